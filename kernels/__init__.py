@@ -1,0 +1,32 @@
+"""Kernels: Triton implementations and their plain-torch references.
+
+`get_ops("torch")` returns the reference module; `get_ops("triton")` returns the Triton
+module. Both expose the same functions with the same signatures:
+store_kv_cache, paged_decode_attention, paged_extend_attention, rms_norm,
+rotary_embedding, silu_and_mul.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from kernels import reference
+
+_BACKENDS = {"torch": "kernels.reference", "triton": "kernels.triton_ops"}
+
+
+def get_ops(name: str) -> ModuleType:
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; choose from {sorted(_BACKENDS)}")
+    return importlib.import_module(_BACKENDS[name])
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+__all__ = ["get_ops", "reference", "triton_available"]

@@ -1,0 +1,141 @@
+"""Plain-torch references for every kernel in this package.
+
+Each function here has the same signature and semantics as its Triton twin. They are
+the CPU path of the engine and the oracle of the kernel tests, so they favour
+clarity and exactness (float32 accumulation) over speed.
+
+Layouts (shared with the Triton kernels):
+  k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], one pair per layer.
+  slot = block_id * block_size + offset; slot -1 means "do not store".
+  block_tables:     [num_seqs, max_blocks_per_seq] int32, padded with 0 (never read past
+                    the sequence's context length).
+  context_lens:     [num_seqs] int32, number of KV positions visible to the sequence,
+                    counting the new tokens of this step (whose K/V are already stored).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write key/value [T, H_kv, D] into the paged caches at slot_mapping [T] (in place)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_flat = k_cache.view(-1, *k_cache.shape[2:])
+    v_flat = v_cache.view(-1, *v_cache.shape[2:])
+    k_flat.index_copy_(0, slots, key[keep].to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, value[keep].to(v_cache.dtype))
+
+
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """Contiguous [length, H_kv, D] view of one sequence's paged K or V."""
+    block_size = cache.shape[1]
+    n_blocks = (length + block_size - 1) // block_size
+    blocks = cache.index_select(0, block_table[:n_blocks].long())
+    return blocks.reshape(-1, *cache.shape[2:])[:length]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """q [Q, H, D], k/v [S, H_kv, D], mask [Q, S] (True = visible) -> [Q, H, D] in float32."""
+    n_q, n_heads, _ = q.shape
+    n_kv = k.shape[1]
+    group = n_heads // n_kv
+    qg = q.float().view(n_q, n_kv, group, -1).permute(1, 2, 0, 3)      # [H_kv, G, Q, D]
+    kt = k.float().permute(1, 2, 0)                                     # [H_kv, D, S]
+    scores = torch.matmul(qg, kt.unsqueeze(1)) * scale                 # [H_kv, G, Q, S]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, v.float().permute(1, 0, 2).unsqueeze(1))  # [H_kv, G, Q, D]
+    return out.permute(2, 0, 1, 3).reshape(n_q, n_heads, -1)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype).
+
+    Sequence b attends to KV positions [0, context_lens[b]).
+    """
+    out = torch.empty_like(q)
+    lens = context_lens.tolist()
+    for b, length in enumerate(lens):
+        k = _gather_kv(k_cache, block_tables[b], length)
+        v = _gather_kv(v_cache, block_tables[b], length)
+        mask = torch.ones(1, length, dtype=torch.bool, device=q.device)
+        out[b] = _attend(q[b:b + 1], k, v, mask, scale)[0].to(q.dtype)
+    return out
+
+
+def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           context_lens: torch.Tensor, max_seqlen_q: int,
+                           scale: float) -> torch.Tensor:
+    """Causal attention of new tokens over a cached prefix plus themselves.
+
+    q [T, H, D] packs the new tokens of B sequences (cu_seqlens_q [B+1]). Sequence b has
+    n_b = cu[b+1]-cu[b] new tokens at positions [ctx_b - n_b, ctx_b) where ctx_b =
+    context_lens[b]; its query i sees KV positions [0, ctx_b - n_b + i].
+    max_seqlen_q is max(n_b), given by the host so kernels need no sync.
+    """
+    out = torch.empty_like(q)
+    starts = cu_seqlens_q.tolist()
+    lens = context_lens.tolist()
+    for b, length in enumerate(lens):
+        s, e = starts[b], starts[b + 1]
+        n_new = e - s
+        if n_new == 0:
+            continue
+        k = _gather_kv(k_cache, block_tables[b], length)
+        v = _gather_kv(v_cache, block_tables[b], length)
+        q_pos = torch.arange(length - n_new, length, device=q.device)
+        kv_pos = torch.arange(length, device=q.device)
+        mask = kv_pos[None, :] <= q_pos[:, None]
+        out[s:e] = _attend(q[s:e], k, v, mask, scale).to(q.dtype)
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """RMSNorm over the last dim. With residual: h = x + residual, returns (norm(h), h)."""
+    if residual is not None:
+        x = (x.float() + residual.float()).to(x.dtype)
+        new_residual = x
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = (normed * weight.float()).to(x.dtype)
+    return out if residual is None else (out, new_residual)
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, is_neox: bool = True):
+    """Apply rotary embedding. query [T, H, D], key [T, H_kv, D]; returns new (q, k).
+
+    cos_sin_cache [max_pos, rot_dim] holds cos in its first half, sin in its second.
+    Only the first rot_dim dims of each head rotate. is_neox: rotate halves (Llama/HF
+    style); otherwise rotate interleaved pairs (GPT-J style).
+    """
+    cos_sin = cos_sin_cache.index_select(0, positions.long())
+    cos, sin = cos_sin.float().chunk(2, dim=-1)                 # [T, rot/2] each
+    return (_rotate(query, cos, sin, is_neox), _rotate(key, cos, sin, is_neox))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool):
+    rot_dim = cos.shape[-1] * 2
+    rot, passthrough = x[..., :rot_dim].float(), x[..., rot_dim:]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if is_neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated.to(x.dtype), passthrough), dim=-1)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2I] = [gate | up] -> silu(gate) * up, [T, I]."""
+    gate, up = x.chunk(2, dim=-1)
+    return (F.silu(gate.float()) * up.float()).to(x.dtype)

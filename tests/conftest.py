@@ -1,0 +1,21 @@
+import os
+
+import pytest
+import torch
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run tests marked slow (long soak)")
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = torch.cuda.is_available()
+    run_slow = config.getoption("--run-slow") or os.environ.get("ROSEPLAY_SLOW") == "1"
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_slow = pytest.mark.skip(reason="slow: pass --run-slow")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
