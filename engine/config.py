@@ -1,0 +1,118 @@
+"""Every knob of the engine, defined once.
+
+`SchedulerConfig` holds the live knobs (changeable from any thread while the engine
+runs, effective at the next step); `EngineConfig` holds what is fixed at start. Each
+field carries its help text in `metadata["help"]`; the CLI builds its flags from these
+fields and the TUI reads the live ones, so a knob is never described twice.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class InvalidRequestError(ValueError):
+    """A request, sampling parameter, knob or model name that the engine refuses."""
+
+
+def _knob(default, help: str, **extra):
+    return field(default=default, metadata={"help": help, **extra})
+
+
+DEFAULT_MODEL = "default"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Live knobs: swap the whole object atomically to change them."""
+
+    enable_prefix_caching: bool = _knob(
+        True, "Reuse KV blocks of identical prompt prefixes (and prefill identical "
+              "prompts once). Turning it off stops lookups and inserts; cached blocks "
+              "stay evictable.", live=True)
+    max_num_batched_tokens: int = _knob(
+        512, "Token budget of one forward: one token per running decode, the rest to "
+             "prefill chunks in FIFO order (the chunked-prefill size).", live=True,
+        minimum=1, step=64)
+    max_num_seqs: int = _knob(
+        64, "Most requests admitted (running) at once.", live=True, minimum=1, step=8)
+
+    def __post_init__(self):
+        for f in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidRequestError(f"{f} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise InvalidRequestError(
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+
+    def replace(self, **changes) -> "SchedulerConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise InvalidRequestError(f"unknown knob(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Fixed at start."""
+
+    model: str = _knob(DEFAULT_MODEL, "Model: 'default' (bundled Shakespeare model), an HF "
+                                      "checkpoint directory or hub id, or dummy:<preset>.")
+    device: str = _knob("auto", "auto (CUDA if present, else CPU), cpu, or cuda.",
+                        choices=("auto", "cpu", "cuda"))
+    dtype: str = _knob("auto", "Weights and KV dtype: auto (bfloat16 on CUDA, float32 on CPU).",
+                       choices=("auto", "float32", "float16", "bfloat16"))
+    block_size: int = _knob(16, "Tokens per KV block.", minimum=1)
+    num_blocks: int | None = _knob(None, "KV blocks in the pool (default: from "
+                                         "gpu_memory_utilization on CUDA, 2048 on CPU).")
+    gpu_memory_utilization: float = _knob(0.85, "Fraction of GPU memory for weights, "
+                                                "activations and the KV pool.")
+    max_model_len: int | None = _knob(None, "Longest prompt + output (default: the model's).")
+    enforce_eager: bool = _knob(False, "Disable CUDA graphs for decode steps.")
+    attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA, torch on CPU), "
+                                           "torch, triton.",
+                                   choices=("auto", "torch", "triton"))
+    seed: int = _knob(0, "Seed for dummy weights and unseeded sampling.")
+    check_invariants: bool = _knob(False, "Check block-pool invariants after every step (slow).")
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise InvalidRequestError(f"block_size must be an integer >= 1, got {self.block_size!r}")
+        if self.num_blocks is not None and (not isinstance(self.num_blocks, int)
+                                            or self.num_blocks < 2):
+            raise InvalidRequestError(f"num_blocks must be an integer >= 2, got {self.num_blocks!r}")
+        if not 0.0 < float(self.gpu_memory_utilization) <= 1.0:
+            raise InvalidRequestError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise InvalidRequestError("max_model_len must be >= 1")
+        for name in ("device", "dtype", "attention_backend"):
+            choices = next(f for f in dataclasses.fields(self) if f.name == name).metadata["choices"]
+            if getattr(self, name) not in choices:
+                raise InvalidRequestError(
+                    f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+
+
+def knob_fields(cls) -> list[dataclasses.Field]:
+    """The documented fields of a config class (what the CLI turns into flags)."""
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def split_kwargs(kwargs: dict) -> tuple[dict, dict]:
+    """Split flat keyword arguments into (engine fields, scheduler fields)."""
+    sched_names = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    engine_names = {f.name for f in dataclasses.fields(EngineConfig)} - {"scheduler"}
+    unknown = set(kwargs) - sched_names - engine_names
+    if unknown:
+        raise InvalidRequestError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
+    return ({k: v for k, v in kwargs.items() if k in engine_names},
+            {k: v for k, v in kwargs.items() if k in sched_names})
+
+
+def make_config(**kwargs) -> EngineConfig:
+    """Build an EngineConfig from flat keyword arguments (LLM(...) style)."""
+    if "num_gpu_blocks" in kwargs:  # vLLM's spelling
+        kwargs["num_blocks"] = kwargs.pop("num_gpu_blocks")
+    engine_kw, sched_kw = split_kwargs(kwargs)
+    return EngineConfig(**engine_kw, scheduler=SchedulerConfig(**sched_kw))

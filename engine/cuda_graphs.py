@@ -1,0 +1,81 @@
+"""CUDA graphs for decode-only steps, one per bucketed batch size.
+
+Static input buffers are filled each step and the graph of the smallest bucket that
+holds the batch is replayed. Padding rows store nothing (slot -1) and attend to one
+position, so they cost almost nothing and touch no live KV.
+"""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import torch
+
+from engine.models.layers import AttentionMetadata
+
+BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+           320, 384, 448, 512, 640, 768, 896, 1024]
+
+
+class DecodeGraphs:
+    def __init__(self, runner, max_batch: int):
+        self.runner = runner
+        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
+        n, dev = self.buckets[-1], runner.device
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        self.block_tables = torch.zeros(n, runner.max_blocks_per_seq, dtype=torch.int32, device=dev)
+        self.context_lens = torch.ones(n, dtype=torch.int32, device=dev)
+        self.logits_indices = torch.arange(n, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def fits(self, batch: int) -> bool:
+        return batch <= self.buckets[-1]
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(slot_mapping=self.slot_mapping[:bs], num_decode_tokens=bs,
+                                 decode_block_tables=self.block_tables[:bs],
+                                 decode_context_lens=self.context_lens[:bs])
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        return self.runner.model(self.input_ids[:bs], self.positions[:bs], self._meta(bs),
+                                 self.logits_indices[:bs])
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = None
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.buckets):
+                self._forward(bs)          # warm up: compile kernels, settle allocations
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = self._forward(bs)
+                pool = graph.pool()
+                self.graphs[bs] = (graph, out)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+
+    def run(self, decodes) -> torch.Tensor:
+        n = len(decodes)
+        bs = self.buckets[bisect.bisect_left(self.buckets, n)]
+        runner = self.runner
+        ids = np.fromiter((c.request.token_at(c.start) for c in decodes), np.int64, n)
+        pos = np.fromiter((c.start for c in decodes), np.int64, n)
+        slots = np.full(bs, -1, dtype=np.int64)
+        lens = np.ones(bs, dtype=np.int32)
+        for i, c in enumerate(decodes):
+            bt = c.request.block_table
+            slots[i] = bt[c.start // runner.block_size] * runner.block_size + c.start % runner.block_size
+        lens[:n] = pos + 1
+        table = runner.block_table_array(decodes)
+        self.input_ids[:n].copy_(torch.from_numpy(ids), non_blocking=True)
+        self.positions[:n].copy_(torch.from_numpy(pos), non_blocking=True)
+        self.slot_mapping[:bs].copy_(torch.from_numpy(slots), non_blocking=True)
+        self.context_lens[:bs].copy_(torch.from_numpy(lens), non_blocking=True)
+        self.block_tables[:n, :table.shape[1]].copy_(torch.from_numpy(table), non_blocking=True)
+        graph, out = self.graphs[bs]
+        graph.replay()
+        return out[:n]

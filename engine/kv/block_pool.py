@@ -1,0 +1,117 @@
+"""The pool of KV blocks: free list, refcounts, LRU of cached-unreferenced blocks.
+
+Every block is in exactly one state:
+  free    refcount 0, not in the prefix index      (in `_free`)
+  used    refcount >= 1 (refcount = block tables holding it; the index holds none)
+  cached  refcount 0, in the prefix index           (in `_cached`, LRU order)
+Allocation takes free blocks first, then evicts the least recently released cached ones.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+import numpy as np
+
+from engine.kv.prefix_cache import PrefixCache
+
+FREE, USED, CACHED = 0, 1, 2
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.refcounts = np.zeros(num_blocks, dtype=np.int32)
+        self._free: deque[int] = deque(range(num_blocks))
+        self._cached: OrderedDict[int, None] = OrderedDict()
+        self.index = PrefixCache()
+        self.evictions = 0
+        self.cow_copies = 0
+
+    # -- queries -------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    @property
+    def num_available(self) -> int:
+        """Blocks an allocation can get: free plus evictable cached."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_available
+
+    def states(self) -> np.ndarray:
+        """Per-block state codes (FREE/USED/CACHED) as a fresh int8 array."""
+        st = (self.refcounts > 0).astype(np.int8)
+        if self._cached:
+            st[np.fromiter(self._cached, dtype=np.int64, count=len(self._cached))] = CACHED
+        return st
+
+    # -- mutations -----------------------------------------------------------
+    def allocate(self, n: int) -> list[int] | None:
+        """n fresh blocks with refcount 1, or None (and no change) if not enough."""
+        if n > self.num_available:
+            return None
+        out = []
+        for _ in range(n):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self._cached.popitem(last=False)
+                self.index.remove(block)
+                self.evictions += 1
+            self.refcounts[block] = 1
+            out.append(block)
+        return out
+
+    def incref(self, block: int) -> None:
+        if self.refcounts[block] == 0:
+            self._cached.pop(block)    # a hit on a cached block: it is no longer evictable
+        self.refcounts[block] += 1
+
+    def decref(self, block: int) -> None:
+        rc = self.refcounts[block] - 1
+        assert rc >= 0, f"block {block} refcount underflow"
+        self.refcounts[block] = rc
+        if rc == 0:
+            if block in self.index:
+                self._cached[block] = None
+            else:
+                self._free.append(block)
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one reference to each block; tail blocks first so they are evicted first."""
+        for block in reversed(blocks):
+            self.decref(block)
+
+    def clear_cache(self) -> int:
+        """Forget every cached prefix; cached-unreferenced blocks become free."""
+        n = len(self._cached)
+        for block in self.index.blocks():
+            self.index.remove(block)
+        self._free.extend(self._cached)
+        self._cached.clear()
+        return n
+
+    # -- checks --------------------------------------------------------------
+    def check(self, tables: list[list[int]]) -> None:
+        """Assert the invariants of DESIGN.md against the given block tables."""
+        expected = np.zeros(self.num_blocks, dtype=np.int32)
+        for table in tables:
+            for b in table:
+                expected[b] += 1
+        bad = np.nonzero(expected != self.refcounts)[0]
+        assert bad.size == 0, f"refcount mismatch at blocks {bad[:8].tolist()}"
+        free, cached = set(self._free), set(self._cached)
+        assert len(free) == len(self._free), "duplicate block in free list"
+        assert not free & cached, "block both free and cached"
+        zero = set(np.nonzero(self.refcounts == 0)[0].tolist())
+        assert zero == free | cached, "a block with refcount 0 is neither free nor cached"
+        assert all(b in self.index for b in cached), "cached block missing from index"
+        assert not any(b in self.index for b in free), "free block still indexed"

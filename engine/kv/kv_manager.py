@@ -1,0 +1,108 @@
+"""Request-level KV bookkeeping on top of the block pool.
+
+Prefix lookup on admission, slot reservation with copy-on-write of a shared partly
+filled block, registration of newly full blocks in the prefix index, and release.
+"""
+from __future__ import annotations
+
+from engine.kv.block_pool import BlockPool
+from engine.kv.prefix_cache import ROOT_HASH, chain_hash
+from engine.request import Request
+
+
+class KVManager:
+    def __init__(self, pool: BlockPool):
+        self.pool = pool
+        self.block_size = pool.block_size
+
+    def _block_key(self, req: Request, i: int, parent: int) -> tuple[int, tuple]:
+        bs = self.block_size
+        start, end = i * bs, (i + 1) * bs
+        n = req.num_prompt_tokens
+        if end <= n:
+            tokens = tuple(req.prompt_token_ids[start:end])
+        else:
+            tokens = tuple(req.token_at(j) for j in range(start, end))
+        key = (parent, tokens)
+        return chain_hash(parent, tokens), key
+
+    # -- admission -------------------------------------------------------------
+    def lookup_prefix(self, req: Request) -> int:
+        """Attach cached full blocks matching the request's tokens; return hit blocks.
+
+        At most (num_tokens - 1) // block_size blocks are reused, so at least the last
+        token is recomputed and yields the logits for the next sample.
+        """
+        assert not req.block_table
+        max_hits = (req.num_tokens - 1) // self.block_size
+        parent, hits = ROOT_HASH, []
+        for i in range(max_hits):
+            h, key = self._block_key(req, i, parent)
+            block = self.pool.index.get(h, key)
+            if block is None:
+                break
+            hits.append((block, h))
+            parent = h
+        for block, h in hits:
+            self.pool.incref(block)
+            req.block_table.append(block)
+            req.block_hashes.append(h)
+        req.num_computed_tokens = len(hits) * self.block_size
+        self.pool.index.record_lookup(req.num_tokens, req.num_computed_tokens)
+        return len(hits)
+
+    def attach_shared(self, req: Request, source: Request) -> None:
+        """Share every block of `source` (same-prompt dedup): refcount +1 each."""
+        for block in source.block_table:
+            self.pool.incref(block)
+        req.block_table = list(source.block_table)
+        req.block_hashes = list(source.block_hashes)
+        req.num_computed_tokens = source.num_computed_tokens
+
+    # -- per step ----------------------------------------------------------------
+    def blocks_needed(self, req: Request, num_new: int) -> int:
+        bs = self.block_size
+        total = -(-(req.num_computed_tokens + num_new) // bs)
+        return max(0, total - len(req.block_table)) + int(self._needs_cow(req))
+
+    def _needs_cow(self, req: Request) -> bool:
+        i = req.num_computed_tokens // self.block_size
+        return i < len(req.block_table) and self.pool.refcounts[req.block_table[i]] > 1
+
+    def reserve(self, req: Request, num_new: int, copies: list[tuple[int, int]]) -> bool:
+        """Make room for tokens [computed, computed+num_new). On a shared partly filled
+        block, swap in a private copy and queue (src, dst) in `copies` (the runner does
+        all copies of a step in one batched op). Returns False, changing nothing, if the
+        pool cannot supply the blocks."""
+        need = self.blocks_needed(req, num_new)
+        if need == 0:
+            return True
+        fresh = self.pool.allocate(need)
+        if fresh is None:
+            return False
+        if self._needs_cow(req):
+            i = req.num_computed_tokens // self.block_size
+            src, dst = req.block_table[i], fresh.pop()
+            copies.append((src, dst))
+            self.pool.decref(src)          # still >= 1: another table holds it
+            self.pool.cow_copies += 1
+            req.block_table[i] = dst
+        req.block_table.extend(fresh)
+        return True
+
+    def register_full_blocks(self, req: Request, enabled: bool) -> None:
+        """Hash blocks that became full and computed; index them when caching is on."""
+        n_full = req.num_computed_tokens // self.block_size
+        parent = req.block_hashes[-1] if req.block_hashes else ROOT_HASH
+        for i in range(len(req.block_hashes), n_full):
+            h, key = self._block_key(req, i, parent)
+            req.block_hashes.append(h)
+            if enabled:
+                self.pool.index.insert(h, key, req.block_table[i])
+            parent = h
+
+    def free(self, req: Request) -> None:
+        self.pool.release(req.block_table)
+        req.block_table = []
+        req.block_hashes = []
+        req.num_computed_tokens = 0

@@ -1,0 +1,53 @@
+"""Latency statistics with vLLM's serving-benchmark definitions.
+
+TTFT = first token - arrival; TPOT = (last - first) / (n - 1) for n > 1;
+ITL = every gap between consecutive tokens, pooled; E2E = last token - arrival.
+Percentiles interpolate linearly between order statistics (numpy's default).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+PERCENTILES = (50, 95, 99)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated q-th percentile (0..100), like numpy.percentile."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Summary:
+    count: int
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> "Summary":
+        xs = [v for v in values if v is not None]
+        if not xs:
+            return cls(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+        return cls(len(xs), sum(xs) / len(xs), percentile(xs, 50), percentile(xs, 95),
+                   percentile(xs, 99), max(xs))
+
+
+def summarize_requests(metrics) -> dict[str, Summary]:
+    """TTFT/TPOT/ITL/E2E summaries over RequestMetrics objects."""
+    metrics = list(metrics)
+    return {
+        "ttft": Summary.of(m.ttft for m in metrics),
+        "tpot": Summary.of(m.tpot for m in metrics),
+        "itl": Summary.of(x for m in metrics for x in m.itls),
+        "e2e": Summary.of(m.e2e for m in metrics),
+    }

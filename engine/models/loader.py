@@ -1,0 +1,166 @@
+"""Load a model: HF checkpoint directory or hub id, the bundled default, or dummy:<preset>.
+
+Configs come from transformers, weights from safetensors, the tokenizer from
+transformers when the checkpoint has one. Dummy presets build the real architecture
+with random weights (like vLLM's load_format="dummy").
+"""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.config import DEFAULT_MODEL, InvalidRequestError
+from engine.models.gpt2 import GPT2LMHeadModel
+from engine.models.llama import LlamaForCausalLM
+from engine.models.presets import PRESETS, preset_config
+
+ARCHITECTURES = {
+    "llama": LlamaForCausalLM, "qwen2": LlamaForCausalLM, "qwen3": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM, "gpt2": GPT2LMHeadModel,
+}
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shakespeare"
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    hf_config: object
+    tokenizer: object | None
+    name: str
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+
+
+def resolve_model_path(name: str) -> str:
+    """Map 'default' to the bundled checkpoint; otherwise return the name unchanged."""
+    if name == DEFAULT_MODEL:
+        if not (DEFAULT_MODEL_DIR / "config.json").exists():
+            raise InvalidRequestError(f"the bundled default model is missing at {DEFAULT_MODEL_DIR}")
+        return str(DEFAULT_MODEL_DIR)
+    return name
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
+    if name.startswith("dummy:"):
+        hf_config = preset_config(name.removeprefix("dummy:"))
+        model = _build(hf_config, device, dtype)
+        _init_dummy(model, seed)
+        return LoadedModel(model, hf_config, None, name, _eos_ids(hf_config, None),
+                           hf_config.max_position_embeddings)
+    path = _local_dir(resolve_model_path(name))
+    hf_config = _read_config(path)
+    model = _build(hf_config, device, dtype)
+    _load_safetensors(model, path)
+    tokenizer = _load_tokenizer(path)
+    max_len = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions")
+    return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path), max_len)
+
+
+def _local_dir(name: str) -> str:
+    if os.path.isdir(name):
+        return name
+    if os.path.exists(name):
+        raise InvalidRequestError(f"model path {name!r} is not a directory")
+    if name.count("/") != 1 or name.startswith(("/", ".")):
+        raise InvalidRequestError(
+            f"unknown model {name!r}: not a directory, a hub id (org/name), 'default', "
+            f"or dummy:<preset> (presets: {', '.join(sorted(PRESETS))})")
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model",
+                                                       "*.txt"])
+    except Exception as exc:  # no network, unknown repo, auth...
+        raise InvalidRequestError(f"cannot fetch model {name!r} from the hub: {exc}") from exc
+
+
+def _read_config(path: str):
+    from transformers import AutoConfig
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise InvalidRequestError(f"{path} has no config.json: not an HF checkpoint")
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+    except Exception as exc:
+        raise InvalidRequestError(f"unreadable config in {path}: {exc}") from exc
+    if cfg.model_type not in ARCHITECTURES:
+        raise InvalidRequestError(f"unsupported architecture {cfg.model_type!r}; supported: "
+                                  f"{', '.join(sorted(ARCHITECTURES))}")
+    return cfg
+
+
+def _build(hf_config, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    with torch.device(device):
+        model = ARCHITECTURES[hf_config.model_type](hf_config)
+    return _keep_fp32_buffers(model, dtype)
+
+
+def _keep_fp32_buffers(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast parameters to dtype; buffers (the rope table) stay float32."""
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    model = model.to(dtype=dtype).eval().requires_grad_(False)
+    for name, buf in buffers.items():
+        module = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        setattr(module, name.rpartition(".")[2], buf)
+    return model
+
+
+def _load_safetensors(model: nn.Module, path: str) -> None:
+    from safetensors import safe_open
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise InvalidRequestError(f"no *.safetensors weights in {path}")
+    expected = {n for n, _ in model.named_parameters()}
+    try:
+        loaded = set()
+        for file in files:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                loaded |= model.load_weights((k, f.get_tensor(k)) for k in f.keys())
+    except Exception as exc:
+        raise InvalidRequestError(f"unreadable weights in {path}: {exc}") from exc
+    missing = expected - loaded
+    if missing:
+        raise InvalidRequestError(f"checkpoint {path} is partial: {len(missing)} missing "
+                                  f"tensors, e.g. {sorted(missing)[:3]}")
+
+
+def _init_dummy(model: nn.Module, seed: int) -> None:
+    """Random N(0, 0.02) weights, unit norms, zero norm biases; seeded, made on the device."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "norm" in name or ".ln_" in name or name.startswith("ln_"):
+            p.data.fill_(0.0 if name.endswith("bias") else 1.0)
+            continue
+        p.data.copy_(torch.empty(p.shape, dtype=torch.float32, device=device)
+                     .normal_(0.0, 0.02, generator=gen))
+
+
+def _load_tokenizer(path: str):
+    has_files = any(os.path.exists(os.path.join(path, f)) for f in
+                    ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"))
+    if not has_files:
+        return None
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:
+        return None
+
+
+def _eos_ids(hf_config, path: str | None) -> tuple[int, ...]:
+    ids = getattr(hf_config, "eos_token_id", None)
+    if path and os.path.exists(os.path.join(path, "generation_config.json")):
+        from transformers import GenerationConfig
+        try:
+            ids = GenerationConfig.from_pretrained(path).eos_token_id or ids
+        except Exception:
+            pass
+    if ids is None:
+        return ()
+    return tuple(ids) if isinstance(ids, (list, tuple)) else (int(ids),)

@@ -1,0 +1,43 @@
+"""Named dummy presets: real architectures (HF configs) for random-weight runs."""
+from __future__ import annotations
+
+from engine.config import InvalidRequestError
+
+PRESETS = {
+    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2,
+                                   vocab_size=151936, max_position_embeddings=32768,
+                                   rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=True)),
+    "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                 vocab_size=151936, max_position_embeddings=40960,
+                                 rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                 tie_word_embeddings=True)),
+    "llama-3.2-1b": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                   num_attention_heads=32, num_key_value_heads=8,
+                                   vocab_size=128256, max_position_embeddings=131072,
+                                   rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                   rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                 "original_max_position_embeddings": 8192},
+                                   rope_theta=500000.0)),
+    "gpt2": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)),
+    "tiny": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                           max_position_embeddings=2048, tie_word_embeddings=False)),
+    "tiny-gpt2": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, vocab_size=512, n_positions=1024)),
+}
+
+
+def preset_config(name: str):
+    if name not in PRESETS:
+        raise InvalidRequestError(f"unknown dummy preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
+    from transformers import AutoConfig
+    model_type, kwargs = PRESETS[name]
+    kwargs = dict(kwargs)
+    if "rope_scaling" in kwargs or "rope_theta" in kwargs:
+        rope = dict(kwargs.pop("rope_scaling", None) or {"rope_type": "default"})
+        rope["rope_theta"] = kwargs.pop("rope_theta", 10000.0)
+        kwargs["rope_parameters"] = rope
+    return AutoConfig.for_model(model_type, **kwargs)

@@ -1,0 +1,176 @@
+"""Requests: sampling parameters, the per-request state machine, and outputs."""
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass, field
+
+from engine.config import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """vLLM-style sampling parameters. temperature 0 means greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = -1          # -1 (or 0): no top-k cut
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] | list[str] | str | None = None
+    stop_token_ids: tuple[int, ...] | list[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        _check_int("max_tokens", self.max_tokens, minimum=1)
+        _check_int("top_k", self.top_k, minimum=-1)
+        _check_number("temperature", self.temperature)
+        _check_number("top_p", self.top_p)
+        if self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=0)
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise InvalidRequestError("stop must be a non-empty string or list of them")
+        object.__setattr__(self, "stop", stop)
+        ids = tuple(self.stop_token_ids or ())
+        for t in ids:
+            _check_int("stop_token_ids entry", t, minimum=0)
+        object.__setattr__(self, "stop_token_ids", ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check_int(name: str, value, minimum: int):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidRequestError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_number(name: str, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"          # queued, nothing computed (or preempted: see .preempted)
+    RUNNING = "running"          # admitted: prefilling or decoding
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+    @property
+    def done(self) -> bool:
+        return self in (RequestStatus.FINISHED, RequestStatus.CANCELLED, RequestStatus.ERROR)
+
+
+@dataclass(eq=False)
+class Request:
+    """One request's mutable state, owned by the engine thread."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)   # hash chain of full blocks
+    num_computed_tokens: int = 0     # tokens whose KV is in block_table
+    num_cached_tokens: int = 0       # prompt tokens served by the prefix cache (last admission)
+    num_prefill_target: int = 0      # tokens to compute before the next sample (set at admission)
+    num_preemptions: int = 0
+    admit_seq: int = -1              # admission order; newest is preempted first
+    dedup_leader: "Request | None" = None
+    finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "error"
+    error: str | None = None
+    text: str = ""
+    generator: object = None          # torch.Generator for seeded sampling
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_at(self, index: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Admitted and still computing more than the one pending decode token."""
+        return self.status is RequestStatus.RUNNING and self.num_uncomputed > 1
+
+    def metrics(self) -> "RequestMetrics":
+        return RequestMetrics.from_times(self.arrival_time, self.token_times,
+                                         self.num_cached_tokens, self.num_preemptions)
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None
+    last_token_time: float | None
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    itls: tuple[float, ...]
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+    @classmethod
+    def from_times(cls, arrival: float, times: list[float], cached: int = 0,
+                   preemptions: int = 0) -> "RequestMetrics":
+        if not times:
+            return cls(arrival, None, None, None, None, None, (), cached, preemptions)
+        first, last = times[0], times[-1]
+        tpot = (last - first) / (len(times) - 1) if len(times) > 1 else None
+        itls = tuple(b - a for a, b in zip(times, times[1:]))
+        return cls(arrival, first, last, first - arrival, tpot, last - arrival, itls,
+                   cached, preemptions)
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    outputs: tuple[CompletionOutput, ...]
+    finished: bool
+    metrics: RequestMetrics
+    error: str | None = None
+
+    @classmethod
+    def from_request(cls, req: Request) -> "RequestOutput":
+        done = req.status.done
+        completion = CompletionOutput(0, req.text, tuple(req.output_token_ids),
+                                      req.finish_reason if done else None)
+        return cls(req.request_id, req.prompt, tuple(req.prompt_token_ids), (completion,),
+                   done, req.metrics(), req.error)

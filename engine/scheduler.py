@@ -1,0 +1,232 @@
+"""The scheduler: one token budget over a mixed decode + chunked-prefill step.
+
+Each step: one token for every running decode (oldest first), then prefill chunks in
+FIFO order (running mid-prefill requests, then waiting ones), each chunk =
+min(tokens still needed, budget left). Admission stops at the first waiting request
+that does not fit (no overtaking). When the pool runs dry for a running request, the
+newest running request is preempted (blocks freed, requeued at the front, recomputed).
+Identical prompts are prefilled once: later copies wait on the first ("leader") and
+share its blocks and last-token logits when it samples.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.config import SchedulerConfig
+from engine.kv.block_pool import BlockPool
+from engine.kv.kv_manager import KVManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    start: int           # first position computed this step
+    num_tokens: int
+    sample: bool         # chunk reaches the end of the known tokens: sample after it
+
+
+@dataclass
+class StepPlan:
+    decodes: list[ScheduledChunk] = field(default_factory=list)
+    prefills: list[ScheduledChunk] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)   # COW (src, dst)
+    preempted: list[Request] = field(default_factory=list)
+    prefix_hit_blocks: int = 0
+    dedup_joined: int = 0
+
+    @property
+    def chunks(self) -> list[ScheduledChunk]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(c.num_tokens for c in self.prefills)
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.prefills)
+
+
+class Scheduler:
+    def __init__(self, knobs: SchedulerConfig, pool: BlockPool):
+        self.knobs = knobs
+        self.pool = pool
+        self.kv = KVManager(pool)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.followers: dict[Request, list[Request]] = {}   # dedup leader -> waiters
+        self._leaders: dict[tuple, Request] = {}            # prompt key -> leader
+        self._admit_counter = 0
+        self._decode_offset = 0
+        self.preemptions = 0
+
+    # -- queue operations (engine thread) ------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out (finished, cancelled, failed) and free its blocks."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self._drop_links(req)
+        self.kv.free(req)
+
+    # -- the step plan ---------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        knobs = self.knobs
+        plan = StepPlan()
+        budget = knobs.max_num_batched_tokens
+        budget = self._schedule_decodes(plan, budget)
+        budget = self._schedule_running_prefills(plan, budget)
+        self._admit_waiting(plan, budget, knobs)
+        return plan
+
+    def _schedule_decodes(self, plan: StepPlan, budget: int) -> int:
+        decodes = [r for r in self.running if r.dedup_leader is None and r.num_uncomputed == 1]
+        if len(decodes) > budget:   # rotate so that every decode gets its turn
+            k = self._decode_offset % len(decodes)
+            decodes = decodes[k:] + decodes[:k]
+            self._decode_offset += budget
+        for req in decodes:
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue    # preempted earlier in this loop
+            if not self._reserve_running(req, 1, plan):
+                continue
+            plan.decodes.append(ScheduledChunk(req, req.num_computed_tokens, 1, True))
+            budget -= 1
+        return budget
+
+    def _schedule_running_prefills(self, plan: StepPlan, budget: int) -> int:
+        for req in [r for r in self.running if r.dedup_leader is None and r.num_uncomputed > 1]:
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            n = min(req.num_uncomputed, budget)
+            if not self._reserve_running(req, n, plan):
+                continue
+            plan.prefills.append(self._chunk(req, n))
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, plan: StepPlan, budget: int, knobs: SchedulerConfig) -> None:
+        caching = knobs.enable_prefix_caching
+        while self.waiting and len(self.running) < knobs.max_num_seqs:
+            req = self.waiting[0]
+            if caching and self._join_leader(req, plan):
+                continue
+            if budget == 0:
+                break
+            hits = self.kv.lookup_prefix(req) if caching else 0
+            n = min(req.num_uncomputed, budget)
+            if not self.kv.reserve(req, n, plan.copies):
+                self.kv.free(req)   # undo the prefix hit; wait for blocks (FIFO, no overtaking)
+                break
+            self.waiting.popleft()
+            self._start(req, hits)
+            if caching:
+                self._leaders.setdefault(self._prompt_key(req), req)
+            plan.prefix_hit_blocks += hits
+            plan.prefills.append(self._chunk(req, n))
+            budget -= n
+
+    # -- helpers -----------------------------------------------------------------------
+    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
+        start = req.num_computed_tokens
+        return ScheduledChunk(req, start, n, start + n == req.num_tokens)
+
+    def _start(self, req: Request, hit_blocks: int) -> None:
+        req.status = RequestStatus.RUNNING
+        req.admit_seq = self._admit_counter
+        self._admit_counter += 1
+        req.num_cached_tokens = hit_blocks * self.pool.block_size
+        req.num_prefill_target = req.num_tokens
+        self.running.append(req)
+
+    @staticmethod
+    def _prompt_key(req: Request) -> tuple:
+        return (req.num_tokens, hash(tuple(req.all_token_ids())))
+
+    def _join_leader(self, req: Request, plan: StepPlan) -> bool:
+        """Same-prompt dedup: wait on a running request with identical tokens that has
+        not sampled yet, instead of prefilling again."""
+        leader = self._leaders.get(self._prompt_key(req))
+        if leader is None or leader.all_token_ids() != req.all_token_ids():
+            return False
+        self.waiting.popleft()
+        self._start(req, 0)
+        req.dedup_leader = leader
+        self.followers.setdefault(leader, []).append(req)
+        plan.dedup_joined += 1
+        return True
+
+    def _reserve_running(self, req: Request, n: int, plan: StepPlan) -> bool:
+        """Reserve KV for a running request, preempting the newest others if needed."""
+        while not self.kv.reserve(req, n, plan.copies):
+            scheduled = {id(c.request) for c in plan.chunks}
+            victims = [r for r in self.running if r is not req and id(r) not in scheduled
+                       and r.dedup_leader is None]
+            victim = max(victims, key=lambda r: r.admit_seq, default=None)
+            if victim is None or victim.admit_seq < req.admit_seq:
+                self.preempt(req, plan)
+                return False
+            self.preempt(victim, plan)
+        return True
+
+    def preempt(self, req: Request, plan: StepPlan | None = None) -> None:
+        """Free the request's blocks and requeue it at the front to recompute."""
+        self.running.remove(req)
+        self._drop_links(req)
+        self.kv.free(req)
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(req)
+        if plan is not None:
+            plan.preempted.append(req)
+
+    def _drop_links(self, req: Request) -> None:
+        """Unlink dedup relations: a leaving leader sends its waiters back to the queue."""
+        key = self._prompt_key(req)
+        if self._leaders.get(key) is req:
+            del self._leaders[key]
+        for follower in reversed(self.followers.pop(req, [])):
+            follower.dedup_leader = None
+            follower.status = RequestStatus.WAITING
+            self.running.remove(follower)
+            self.waiting.appendleft(follower)
+        leader = req.dedup_leader
+        if leader is not None:
+            self.followers[leader].remove(req)
+            req.dedup_leader = None
+
+    def leader_sampled(self, leader: Request) -> list[Request]:
+        """The leader computed its whole prompt: its waiters take its blocks now."""
+        key = self._prompt_key(leader)
+        if self._leaders.get(key) is leader:
+            del self._leaders[key]
+        waiters = self.followers.pop(leader, [])
+        for f in waiters:
+            f.dedup_leader = None
+            self.kv.attach_shared(f, leader)
+        return waiters
+
+    def release_leader(self, req: Request) -> None:
+        """Forget a request as dedup leader (it no longer matches new arrivals)."""
+        key = self._prompt_key(req)
+        if self._leaders.get(key) is req:
+            del self._leaders[key]
+
+    def clear_prefix_cache(self) -> int:
+        return self.pool.clear_cache()
+
+    def block_tables(self) -> list[list[int]]:
+        return [r.block_table for r in self.running]
