@@ -151,11 +151,14 @@ class LLMEngine:
         self.add(req)
         return req
 
-    def abort(self, request_id: str, reason: str = "cancelled") -> Request | None:
+    def abort(self, request_id: str, reason: str = "cancelled",
+              error: str | None = None) -> Request | None:
+        """End a request at any stage (waiting, prefilling, decoding, preempted)."""
         req = self.requests.get(request_id)
         if req is None:
             return None
-        self._finish(req, RequestStatus.CANCELLED, reason)
+        status = RequestStatus.ERROR if reason == "error" else RequestStatus.CANCELLED
+        self._finish(req, status, reason, error)
         return req
 
     def has_unfinished(self) -> bool:
