@@ -1,0 +1,223 @@
+"""paged_decode_attention: split-K ("flash-decoding") attention of one query token per
+sequence over its paged KV cache.
+
+Phase 1, grid (B, H_kv, num_splits): program (b, kvh, s) takes the GROUP = H / H_kv query
+heads that share KV head kvh as the M rows of tl.dot (padded to BLOCK_G >= 16 so GQA runs
+on tensor cores and each K/V tile is read once per group, not once per head), and runs an
+online softmax over KV positions [s * tokens_per_split, (s+1) * tokens_per_split) clipped
+to context_lens[b], BLOCK_N tokens per step, each tile gathered through the block table.
+It writes the partial (running max m, sum l, unnormalised acc) in fp32.
+
+Phase 2, grid (B, H): merges the valid splits of each head (rescaling by exp2(m - max)).
+With a single split, phase 1 normalises and writes the output itself (one launch).
+
+CUDA-graph safety: num_splits and tokens_per_split depend only on B, H_kv and
+block_tables.shape[1] (never on context_lens values); programs whose range starts past
+context_lens[b] return at once, and the reducer derives the number of valid splits from
+context_lens on the device. No host sync, no .item(). A sequence with context 0 yields 0.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check_float, dot_precision, next_pow2, num_sms
+
+TARGET_PROGRAMS_PER_SM = 4      # aim for this many phase-1 programs per multiprocessor
+MIN_SPLIT_TOKENS = 256          # never split finer than this
+MAX_SPLITS = 256
+REDUCE_CHUNK = 16               # splits merged per step of the reducer
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr,
+    scale_log2, tokens_per_split, num_heads, num_splits,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_btb, stride_btm,
+    stride_ob, stride_oh, stride_od,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + b)
+    start = split * tokens_per_split
+    if not SINGLE:
+        if start >= ctx:
+            return
+    end = tl.minimum(start + tokens_per_split, ctx)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kvh * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    b64 = b.to(tl.int64)
+    q = tl.load(q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
+                + offs_d[None, :] * stride_qd,
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + b64 * stride_btb
+    k_head = k_ptr + kvh.to(tl.int64) * stride_kh
+    v_head = v_ptr + kvh.to(tl.int64) * stride_vh
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + offs_n
+        valid = tok < end
+        page = tl.load(bt_row + (tok // PAGE) * stride_btm, mask=valid, other=0).to(tl.int64)
+        row_k = page * stride_kb + (tok % PAGE) * stride_ks
+        row_v = page * stride_vb + (tok % PAGE) * stride_vs
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd,
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd,
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if SINGLE:
+        denom = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / denom[:, None]
+        tl.store(out_ptr + b64 * stride_ob + heads[:, None] * stride_oh
+                 + offs_d[None, :] * stride_od,
+                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        part = (b64 * num_heads + heads) * num_splits + split          # [BLOCK_G]
+        tl.store(pm_ptr + part, m_i, mask=g_mask)
+        tl.store(pl_ptr + part, l_i, mask=g_mask)
+        tl.store(pacc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr,
+    tokens_per_split, num_heads, num_splits,
+    stride_ob, stride_oh, stride_od,
+    BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    ctx = tl.load(ctx_ptr + b)
+    n_valid = (ctx + tokens_per_split - 1) // tokens_per_split
+    base = (b.to(tl.int64) * num_heads + h) * num_splits
+    offs_s = tl.arange(0, BLOCK_S)
+    s_mask = offs_s < n_valid
+    m = tl.load(pm_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
+    l = tl.load(pl_ptr + base + offs_s, mask=s_mask, other=0.0)
+    m_max = tl.max(m, 0)
+    m_max = tl.where(n_valid > 0, m_max, 0.0)
+    w = tl.where(s_mask, tl.exp2(m - m_max), 0.0)
+    l_tot = tl.sum(l * w, 0)
+
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, n_valid, CHUNK):
+        offs_c = s0 + tl.arange(0, CHUNK)
+        c_mask = offs_c < n_valid
+        mc = tl.load(pm_ptr + base + offs_c, mask=c_mask, other=float("-inf"))
+        wc = tl.where(c_mask, tl.exp2(mc - m_max), 0.0)
+        a = tl.load(pacc_ptr + (base + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=c_mask[:, None] & d_mask[None, :], other=0.0)
+        acc += tl.sum(a * wc[:, None], 0)
+    out = acc / tl.where(l_tot > 0.0, l_tot, 1.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def plan_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int, block_n: int,
+                sms: int) -> tuple[int, int]:
+    """(num_splits, tokens_per_split) from shapes only, so a captured graph stays valid."""
+    max_tokens = max(1, max_blocks * page)
+    tiles = triton.cdiv(max_tokens, block_n)
+    want = triton.cdiv(TARGET_PROGRAMS_PER_SM * sms, max(1, batch * num_kv_heads))
+    by_len = triton.cdiv(max_tokens, max(MIN_SPLIT_TOKENS, block_n))
+    splits = max(1, min(want, by_len, MAX_SPLITS))
+    tokens_per_split = triton.cdiv(tiles, splits) * block_n
+    return triton.cdiv(max_tokens, tokens_per_split), tokens_per_split
+
+
+def default_config(head_dim: int, dtype: torch.dtype) -> dict:
+    """KV tile of BLOCK_N tokens: 16-32 KB of K+V per step in 16-bit (no spills at 4 warps);
+    float32 (exact FMA dots) takes 64 tokens, fewer at large head_dim."""
+    if dtype == torch.float32:
+        block_n = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
+    else:
+        block_n = 128 if head_dim <= 64 else (64 if head_dim <= 128 else 32)
+    return {"block_n": block_n, "num_warps": 4, "num_stages": 2}
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           scale: float, *, block_n: int | None = None,
+                           num_warps: int | None = None, num_stages: int | None = None,
+                           num_splits: int | None = None) -> torch.Tensor:
+    """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype).
+
+    The keyword-only knobs exist for the benchmark sweep; callers leave them unset.
+    """
+    check_float(q, k_cache, v_cache)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    assert k_cache.shape[3] == head_dim and v_cache.shape == k_cache.shape
+    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    page = k_cache.shape[1]
+    cfg = default_config(head_dim, q.dtype)
+    block_n = block_n or cfg["block_n"]
+    num_warps = num_warps or cfg["num_warps"]
+    num_stages = num_stages or cfg["num_stages"]
+    splits, tokens_per_split = plan_splits(batch, num_kv_heads, block_tables.shape[1], page,
+                                           block_n, num_sms(q.device))
+    if num_splits is not None:
+        tiles = triton.cdiv(max(1, block_tables.shape[1] * page), block_n)
+        tokens_per_split = triton.cdiv(tiles, num_splits) * block_n
+        splits = triton.cdiv(tiles * block_n, tokens_per_split)
+    single = splits == 1
+    block_d = max(16, next_pow2(head_dim))
+    if single:
+        pm = pl = pacc = out        # unused
+    else:
+        pm = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
+        pl = torch.empty_like(pm)
+        pacc = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32,
+                           device=q.device)
+    _decode_split_kernel[(batch, num_kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, pm, pl, pacc,
+        scale * math.log2(math.e), tokens_per_split, num_heads, splits,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
+        *out.stride(),
+        GROUP=group, BLOCK_G=max(16, next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_N=block_n, PAGE=page, SINGLE=single, PREC=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if not single:
+        _decode_reduce_kernel[(batch, num_heads)](
+            context_lens, out, pm, pl, pacc,
+            tokens_per_split, num_heads, splits, *out.stride(),
+            BLOCK_S=max(16, next_pow2(splits)), CHUNK=REDUCE_CHUNK, HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            num_warps=1 if block_d <= 64 else 2,
+        )
+    return out

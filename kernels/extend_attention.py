@@ -1,0 +1,165 @@
+"""paged_extend_attention: causal flash attention of a chunk of new tokens per sequence
+over its cached prefix plus the chunk itself, K/V read through the block table.
+
+Grid (cdiv(max_seqlen_q * GROUP, BLOCK_M), B, H_kv). GQA packing: the M rows of a program
+are (token, head) pairs of one KV head, row r = token r // GROUP, query head
+kvh * GROUP + r % GROUP, so the GROUP heads that share a K/V tile read it once and any
+group size (1, 2, 7, ...) fills the tensor-core M dimension. Query token i of sequence b
+sits at position ctx_b - n_b + i and sees KV positions [0, pos]. The KV loop has two
+parts: tiles wholly at or below the program's first position (no mask), then the
+diagonal tiles up to its last position (causal mask). Programs past n_b * GROUP return.
+Online softmax in fp32 with exp2 and the scale folded into log2(e).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check_float, dot_precision, next_pow2
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, ctx_ptr, out_ptr, scale_log2,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_btb, stride_btm,
+    stride_ot, stride_oh, stride_od,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    q_start = tl.load(cu_ptr + b)
+    n_q = tl.load(cu_ptr + b + 1) - q_start
+    row0 = pid_m * BLOCK_M
+    if row0 >= n_q * GROUP:
+        return
+    ctx = tl.load(ctx_ptr + b)
+    first = ctx - n_q                       # position of the chunk's first token
+
+    rows = row0 + tl.arange(0, BLOCK_M)
+    tok = rows // GROUP
+    heads = kvh * GROUP + rows % GROUP
+    row_valid = tok < n_q
+    pos = first + tok
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < HEAD_DIM
+    q_rows = (q_start + tok).to(tl.int64) * stride_qt + heads * stride_qh
+    io_mask = row_valid[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :] * stride_qd, mask=io_mask,
+                other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    k_head = k_ptr + kvh.to(tl.int64) * stride_kh
+    v_head = v_ptr + kvh.to(tl.int64) * stride_vh
+
+    pos_lo = first + row0 // GROUP                                  # first row's position
+    pos_hi = first + tl.minimum((row0 + BLOCK_M - 1) // GROUP, n_q - 1)
+    full_end = ((pos_lo + 1) // BLOCK_N) * BLOCK_N                  # tiles all visible
+
+    for n0 in range(0, full_end, BLOCK_N):
+        kv = n0 + offs_n
+        page = tl.load(bt_row + (kv // PAGE) * stride_btm).to(tl.int64)
+        row_k = page * stride_kb + (kv % PAGE) * stride_ks
+        row_v = page * stride_vb + (kv % PAGE) * stride_vs
+        k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd,
+                    mask=d_mask[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd,
+                    mask=d_mask[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+
+    for n0 in range(full_end, pos_hi + 1, BLOCK_N):
+        kv = n0 + offs_n
+        kv_valid = kv <= pos_hi
+        page = tl.load(bt_row + (kv // PAGE) * stride_btm, mask=kv_valid, other=0)
+        page = page.to(tl.int64)
+        row_k = page * stride_kb + (kv % PAGE) * stride_ks
+        row_v = page * stride_vb + (kv % PAGE) * stride_vs
+        kv_mask = kv_valid[:, None] & d_mask[None, :]
+        k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd,
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+        visible = (kv[None, :] <= pos[:, None]) & kv_valid[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd,
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_rows = (q_start + tok).to(tl.int64) * stride_ot + heads * stride_oh
+    tl.store(out_ptr + o_rows[:, None] + offs_d[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> dict:
+    """Tile shape from the packed row count (max_seqlen_q * GROUP), head_dim and dtype.
+
+    16-bit: 128 x 64 tiles on 8 warps (two warpgroups of wgmma on Hopper, ~125-185
+    registers, no spills for D <= 128); fewer rows when the chunk is short. float32 uses
+    exact (non-tf32) dots on FMA units, so it takes small tiles to stay out of local memory.
+    """
+    if dtype == torch.float32:
+        return {"block_m": 16, "block_n": 32 if head_dim <= 64 else 16, "num_warps": 4,
+                "num_stages": 2}
+    block_m = max(16, min(128 if head_dim <= 128 else 64, next_pow2(rows)))
+    block_n = 64 if head_dim <= 128 else 32
+    warps = 8 if block_m >= 64 and head_dim >= 64 and block_m * head_dim >= 8192 else 4
+    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": 3}
+
+
+def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
+                           *, block_m: int | None = None, block_n: int | None = None,
+                           num_warps: int | None = None,
+                           num_stages: int | None = None) -> torch.Tensor:
+    """Causal attention of new tokens q [T, H, D] over cached prefix plus themselves.
+
+    The keyword-only knobs exist for the benchmark sweep; callers leave them unset.
+    """
+    check_float(q, k_cache, v_cache)
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    assert k_cache.shape[3] == head_dim and v_cache.shape == k_cache.shape
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    batch = cu_seqlens_q.shape[0] - 1
+    if num_tokens == 0 or batch <= 0 or max_seqlen_q <= 0:
+        return out
+    group = num_heads // num_kv_heads
+    cfg = default_config(max_seqlen_q * group, head_dim, q.dtype)
+    block_m = block_m or cfg["block_m"]
+    block_n = block_n or cfg["block_n"]
+    grid = (triton.cdiv(max_seqlen_q * group, block_m), batch, num_kv_heads)
+    _extend_kernel[grid](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
+        scale * math.log2(math.e),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
+        *out.stride(),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
+        BLOCK_M=block_m, BLOCK_N=block_n, PAGE=k_cache.shape[1],
+        PREC=dot_precision(q.dtype),
+        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
+    )
+    return out

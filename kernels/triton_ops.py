@@ -1,0 +1,22 @@
+"""Triton backend: same functions, signatures and semantics as kernels/reference.py.
+
+Each kernel lives in its own module (see docs/KERNELS.md for the designs):
+  kv_store.py          store_kv_cache
+  decode_attention.py  paged_decode_attention   (split-K, GQA packed, graph-safe)
+  extend_attention.py  paged_extend_attention   (causal flash attention, paged)
+  norm.py              rms_norm                 (fused residual add)
+  rotary.py            rotary_embedding
+  activation.py        silu_and_mul
+Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors.
+"""
+from __future__ import annotations
+
+from kernels.activation import silu_and_mul
+from kernels.decode_attention import paged_decode_attention
+from kernels.extend_attention import paged_extend_attention
+from kernels.kv_store import store_kv_cache
+from kernels.norm import rms_norm
+from kernels.rotary import rotary_embedding
+
+__all__ = ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
+           "rms_norm", "rotary_embedding", "silu_and_mul"]

@@ -1,0 +1,240 @@
+"""Triton kernels vs kernels/reference.py on the CPU, under the Triton interpreter.
+
+TRITON_INTERPRET=1 must be set before any @triton.jit decorator runs, and it then holds
+for the whole process: a GPU test importing the kernels later in the same pytest process
+would get interpreted kernels (and graph capture would break). So an ordinary pytest run
+collects a single test here, which re-runs this file in a child pytest with
+TRITON_INTERPRET=1; in the child (or when you set TRITON_INTERPRET=1 yourself) the real
+tests below run. Inputs are random with a fresh seed per test (printed on failure; set
+ROSEPLAY_TEST_SEED to replay one), outputs are poisoned with NaN, shapes are tiny, and
+float32 / float16 only (bfloat16 dots are broken in the interpreter).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+REPO = Path(__file__).resolve().parents[1]
+
+if not INTERPRET:
+
+    def test_interpreter_suite():
+        """Run this file's kernel tests in a child process with TRITON_INTERPRET=1."""
+        if importlib.util.find_spec("triton") is None:
+            pytest.skip("triton is not installed")
+        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q",
+               "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(REPO)]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=600)
+        print(proc.stdout[-6000:])
+        assert proc.returncode == 0, (
+            f"interpreter kernel tests failed (rc={proc.returncode}):\n"
+            f"{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}")
+
+else:
+    import random
+
+    import torch
+    import triton.runtime.interpreter as _interp
+
+    from kernels import get_ops
+    from kernels import reference as ref
+
+    # numpy >= 2.4 refuses int() of a 1-element array, which the Triton 3.6 interpreter
+    # does for scalar loop bounds (triton-lang/triton#9171, fixed upstream by #9172).
+    _orig_patch_tensor = _interp._patch_lang_tensor
+
+    def _patch_tensor(tensor, scope):
+        _orig_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__",
+                       lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interp._patch_lang_tensor = _patch_tensor
+
+    tri = get_ops("triton")
+    DTYPES = [torch.float32, torch.float16]
+    TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
+
+    @pytest.fixture
+    def seed():
+        s = int(os.environ.get("ROSEPLAY_TEST_SEED", random.SystemRandom().randrange(2**31)))
+        torch.manual_seed(s)
+        return s
+
+    @pytest.fixture
+    def poison(monkeypatch):
+        """Every torch.empty / empty_like (the kernels' outputs and partial buffers) comes
+        back filled with NaN (floats) or a huge value (ints), so unwritten or wrongly read
+        elements show up."""
+        empty, empty_like = torch.empty, torch.empty_like
+
+        def fill(t):
+            if t.is_floating_point():
+                t.fill_(float("nan"))
+            elif t.dtype != torch.bool:
+                t.fill_(2**30 if t.dtype != torch.int8 else 100)
+            return t
+
+        monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
+        monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+
+    def assert_close(out, expected, dtype, seed, what=""):
+        assert out.shape == expected.shape, (out.shape, expected.shape)
+        assert out.dtype == expected.dtype, (out.dtype, expected.dtype)
+        assert not torch.isnan(out).any(), f"{what}: NaN in output (seed {seed})"
+        o, e = out.double(), expected.double()
+        rel = ((o - e).norm() / e.norm().clamp_min(1e-12)).item()
+        assert rel < TOL[dtype], f"{what}: rel err {rel:.2e} (seed {seed})"
+        assert torch.allclose(o, e, atol=10 * TOL[dtype], rtol=10 * TOL[dtype]), \
+            f"{what}: max abs err {(o - e).abs().max().item():.2e} (seed {seed})"
+
+    def make_paged(seq_lens, block_size, h_kv, d, dtype, spare=3):
+        """Random caches and random (shuffled, non-contiguous) block tables."""
+        need = [(n + block_size - 1) // block_size for n in seq_lens]
+        num_blocks = sum(need) + spare
+        k_cache = torch.randn(num_blocks, block_size, h_kv, d).to(dtype)
+        v_cache = torch.randn(num_blocks, block_size, h_kv, d).to(dtype)
+        perm = torch.randperm(num_blocks)
+        width = max(need + [1]) + 1
+        tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+        i = 0
+        for b, nb in enumerate(need):
+            tables[b, :nb] = perm[i:i + nb].int()
+            i += nb
+        return k_cache, v_cache, tables
+
+    def test_backend_exports():
+        for name in ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
+                     "rms_norm", "rotary_embedding", "silu_and_mul"]:
+            assert callable(getattr(tri, name))
+
+    # ----------------------------------------------------------------- store_kv_cache
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("block_size,h_kv,d", [(16, 2, 32), (4, 3, 16), (32, 1, 64)])
+    def test_store_kv_cache(seed, dtype, block_size, h_kv, d):
+        num_blocks, t = 6, 11
+        slots = torch.randperm(num_blocks * block_size)[:t]
+        slots[torch.rand(t) < 0.3] = -1
+        # key/value as strided views of a fused projection, like the model produces
+        qkv = torch.randn(t, 2 + 2 * h_kv, d).to(dtype)
+        key, value = qkv[:, 2:2 + h_kv], qkv[:, 2 + h_kv:]
+        caches = [torch.randn(num_blocks, block_size, h_kv, d).to(dtype) for _ in range(2)]
+        got = [c.clone() for c in caches]
+        want = [c.clone() for c in caches]
+        tri.store_kv_cache(key, value, got[0], got[1], slots)
+        ref.store_kv_cache(key, value, want[0], want[1], slots)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"seed {seed}"
+
+    def test_store_kv_cache_casts(seed):
+        key, value = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
+        slots = torch.tensor([7, -1, 0, 12, 3])
+        got = [torch.zeros(4, 4, 2, 16, dtype=torch.float16) for _ in range(2)]
+        want = [c.clone() for c in got]
+        tri.store_kv_cache(key, value, got[0], got[1], slots.int())
+        ref.store_kv_cache(key, value, want[0], want[1], slots)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"seed {seed}"
+
+    # ------------------------------------------------------------------ decode
+    DECODE_CASES = [
+        # (group, h_kv, d, block_size, context lens)
+        (1, 2, 32, 16, [1, 37, 300]),
+        (2, 2, 32, 16, [16, 5, 129]),
+        (7, 2, 64, 16, [250, 1, 33]),
+        (7, 1, 32, 4, [0, 61, 9]),
+        (4, 2, 16, 32, [100, 32, 7]),
+    ]
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"g{c[0]}-kv{c[1]}-d{c[2]}-bs{c[3]}")
+    @pytest.mark.parametrize("splits", [None, 1, 3])
+    def test_paged_decode_attention(seed, poison, dtype, case, splits):
+        group, h_kv, d, block_size, lens = case
+        h = group * h_kv
+        k_cache, v_cache, tables = make_paged(lens, block_size, h_kv, d, dtype)
+        ctx = torch.tensor(lens, dtype=torch.int32)
+        q = torch.randn(len(lens), h + 2, d).to(dtype)[:, 1:h + 1]      # strided view
+        scale = d ** -0.5
+        out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, scale,
+                                         num_splits=splits)
+        want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, scale)
+        assert_close(out, want, dtype, seed, f"decode {case} splits={splits}")
+
+    def test_decode_plan_depends_on_shapes_only():
+        from kernels.decode_attention import plan_splits
+        assert plan_splits(1, 2, 512, 16, 128, 132) == plan_splits(1, 2, 512, 16, 128, 132)
+        splits, per = plan_splits(1, 2, 512, 16, 128, 132)
+        assert splits > 1 and per % 128 == 0 and splits * per >= 512 * 16
+        assert plan_splits(256, 8, 4, 16, 128, 132)[0] == 1
+
+    # ------------------------------------------------------------------ extend
+    EXTEND_CASES = [
+        # (group, h_kv, d, block_size, [(context len, new tokens), ...])
+        (1, 2, 32, 16, [(5, 5), (37, 1), (50, 17), (0, 0), (16, 16)]),
+        (2, 1, 32, 4, [(33, 9), (7, 2), (20, 20)]),
+        (7, 2, 64, 16, [(40, 13), (1, 1), (70, 3)]),
+    ]
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("case", EXTEND_CASES, ids=lambda c: f"g{c[0]}-kv{c[1]}-d{c[2]}-bs{c[3]}")
+    @pytest.mark.parametrize("block_m", [None, 16])
+    def test_paged_extend_attention(seed, poison, dtype, case, block_m):
+        group, h_kv, d, block_size, seqs = case
+        h = group * h_kv
+        lens = [c for c, _ in seqs]
+        n_new = [n for _, n in seqs]
+        k_cache, v_cache, tables = make_paged(lens, block_size, h_kv, d, dtype)
+        ctx = torch.tensor(lens, dtype=torch.int32)
+        cu = torch.tensor([0] + n_new, dtype=torch.int32).cumsum(0).int()
+        q = torch.randn(sum(n_new), h, d).to(dtype)
+        scale = d ** -0.5
+        out = tri.paged_extend_attention(q, k_cache, v_cache, tables, cu, ctx, max(n_new),
+                                         scale, block_m=block_m, block_n=16 if block_m else None)
+        want = ref.paged_extend_attention(q, k_cache, v_cache, tables, cu, ctx, max(n_new),
+                                          scale)
+        assert_close(out, want, dtype, seed, f"extend {case} block_m={block_m}")
+
+    # ------------------------------------------------------------- small kernels
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("with_residual", [False, True])
+    def test_rms_norm(seed, poison, dtype, with_residual):
+        x = torch.randn(2, 3, 96).to(dtype)
+        w = (1 + 0.1 * torch.randn(96)).to(dtype)
+        res = torch.randn(2, 3, 96).to(dtype) if with_residual else None
+        x_before = x.clone()
+        got = tri.rms_norm(x, w, 1e-6, res)
+        want = ref.rms_norm(x, w, 1e-6, res)
+        assert torch.equal(x, x_before)
+        if with_residual:
+            assert_close(got[0], want[0], dtype, seed, "rms_norm out")
+            assert torch.equal(got[1], want[1]), f"new residual differs (seed {seed})"
+        else:
+            assert_close(got, want, dtype, seed, "rms_norm")
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("is_neox", [True, False])
+    @pytest.mark.parametrize("rot_dim", [32, 16])
+    def test_rotary_embedding(seed, poison, dtype, is_neox, rot_dim):
+        t, h, h_kv, d, max_pos = 6, 4, 2, 32, 64
+        positions = torch.randint(0, max_pos, (t,))
+        qkv = torch.randn(t, h + 2 * h_kv, d).to(dtype)
+        query, key = qkv[:, :h], qkv[:, h:h + h_kv]                    # strided views
+        cos_sin = torch.randn(max_pos, rot_dim)
+        q_before, k_before = query.clone(), key.clone()
+        gq, gk = tri.rotary_embedding(positions, query, key, cos_sin, is_neox)
+        wq, wk = ref.rotary_embedding(positions, query, key, cos_sin, is_neox)
+        assert torch.equal(query, q_before) and torch.equal(key, k_before)
+        assert_close(gq, wq, dtype, seed, "rope q")
+        assert_close(gk, wk, dtype, seed, "rope k")
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_silu_and_mul(seed, poison, dtype):
+        x = (3 * torch.randn(2, 5, 2 * 40)).to(dtype)
+        assert_close(tri.silu_and_mul(x), ref.silu_and_mul(x), dtype, seed, "silu_and_mul")
