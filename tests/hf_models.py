@@ -6,7 +6,7 @@ import torch
 CONFIGS = {
     "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=320,
-                  max_position_embeddings=512, tie_word_embeddings=False),
+                  max_position_embeddings=2048, tie_word_embeddings=False),
     # Qwen2: qkv bias, GQA group of 3 (not a power of two), tied embeddings
     "qwen2": dict(model_type="qwen2", hidden_size=96, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=6, num_key_value_heads=2, vocab_size=320,
