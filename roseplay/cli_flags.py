@@ -1,0 +1,125 @@
+"""argparse flags generated from engine.config (every knob is defined once, there).
+
+`add_engine_flags(parser)` adds one flag per documented field of EngineConfig and
+SchedulerConfig (`--max-num-batched-tokens`, `--enable-prefix-caching/--no-...`), with
+help, choices and minimum taken from the field metadata. Flags default to None (not
+given), so `engine_kwargs(args)` returns only what the user set and make_config fills
+in the engine's own defaults. `parse_knob_value` converts text ("true", "224") to a
+field's type (for `bench --ab KNOB=V1,V2`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from engine.config import EngineConfig, SchedulerConfig, knob_fields
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def engine_fields() -> list[dataclasses.Field]:
+    """Documented fields of EngineConfig then SchedulerConfig (the flags, in order)."""
+    return knob_fields(EngineConfig) + knob_fields(SchedulerConfig)
+
+
+def field_by_name(name: str) -> dataclasses.Field:
+    name = name.replace("-", "_")
+    for f in engine_fields():
+        if f.name == name:
+            return f
+    raise ValueError(f"unknown knob {name!r}; knobs: {', '.join(f.name for f in engine_fields())}")
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return "--" + f.name.replace("_", "-")
+
+
+def _base_type(f: dataclasses.Field) -> type:
+    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if name in text.replace(" ", "").split("|"):
+            return typ
+    raise TypeError(f"config field {f.name} has an unsupported type {text!r}")
+
+
+def _optional(f: dataclasses.Field) -> bool:
+    return isinstance(f.type, str) and "None" in f.type
+
+
+def parse_bool(text: str) -> bool:
+    low = str(text).strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false/on/off/1/0), got {text!r}")
+
+
+def _converter(f: dataclasses.Field):
+    """A text -> value function enforcing the field's type, choices and minimum."""
+    typ = _base_type(f)
+    minimum = f.metadata.get("minimum")
+    choices = f.metadata.get("choices")
+
+    def convert(text: str):
+        if _optional(f) and str(text).strip().lower() in ("none", "auto", ""):
+            return None
+        if typ is bool:
+            return parse_bool(text)
+        try:
+            value = typ(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{f.name} expects {typ.__name__}, got {text!r}") from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"{f.name} must be >= {minimum}, got {value}")
+        if choices and value not in choices:
+            raise argparse.ArgumentTypeError(
+                f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    convert.__name__ = typ.__name__     # argparse names the type in its errors
+    return convert
+
+
+def parse_knob_value(name: str, text: str):
+    """`parse_knob_value("enable_prefix_caching", "off") -> False` (ValueError if bad)."""
+    try:
+        return _converter(field_by_name(name))(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _help(f: dataclasses.Field) -> str:
+    default = f.default if f.default is not dataclasses.MISSING else None
+    extra = " Live knob." if f.metadata.get("live") else ""
+    text = f.metadata["help"] + extra
+    if "default" not in text:
+        text += f" (default: {default})"
+    return text.replace("%", "%%")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = (),
+                     title: str = "engine") -> argparse._ArgumentGroup:
+    """Add one flag per engine knob (minus `exclude`) to `parser`, in a group."""
+    group = parser.add_argument_group(title, "Engine knobs (engine/config.py).")
+    for f in engine_fields():
+        if f.name in exclude:
+            continue
+        kwargs = dict(dest=f.name, default=None, help=_help(f))
+        if _base_type(f) is bool:
+            group.add_argument(flag_name(f), action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        choices = f.metadata.get("choices")
+        metavar = "{" + ",".join(choices) + "}" if choices else f.name.upper()
+        group.add_argument(flag_name(f), type=_converter(f), metavar=metavar, **kwargs)
+    return group
+
+
+def engine_kwargs(args: argparse.Namespace, **overrides) -> dict:
+    """The knobs the user set on the command line (plus `overrides`), for make_config."""
+    out = {f.name: getattr(args, f.name) for f in engine_fields()
+           if getattr(args, f.name, None) is not None}
+    out.update({k: v for k, v in overrides.items() if v is not None})
+    return out

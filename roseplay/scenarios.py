@@ -1,0 +1,248 @@
+"""Workload scenarios shared by the TUI and `roseplay bench`.
+
+A scenario turns an index i into a `WorkItem` (prompt + SamplingParams), the same item
+for the same (scenario, i, seed, sizes) every time: `build_workload` makes a finite
+list (bench), `iter_workload` an endless generator (TUI). Two prompt kinds:
+
+* text models (pass `tokenizer`): text from roseplay/data/prompts.json
+  ({"system_prompts": [...], "short": [...], "long": [...]}), or a small built-in set
+  of Shakespeare-like lines when that file is missing;
+* models without a tokenizer (dummy:* presets, `tokenizer=None`): token-id prompts
+  {"prompt_token_ids": [...]} with vLLM-random-dataset lengths: input and output lengths
+  uniform in [L*(1-r), L*(1+r)] for `range_ratio` r.
+
+Scenarios (see SCENARIOS): shared-prefix, long-short, identical, random.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from engine.request import SamplingParams
+
+DATA_PATH = Path(__file__).resolve().parent / "data" / "prompts.json"
+
+FALLBACK = {
+    "system_prompts": [
+        "You are a player in a company of actors. Answer in the manner of the old plays, "
+        "in blank verse where you can, and keep to the scene.",
+        "Thou art a learned clerk of the court at Verona. Speak plainly, briefly, and with "
+        "courtesy to all who ask thee questions.",
+        "You are the chorus. Before each act you tell the audience, in a few lines, what "
+        "has passed and what is to come.",
+    ],
+    "short": [
+        "What news from the court?", "Who comes here at this hour?",
+        "Why dost thou weep, good sir?", "Where lies the king tonight?",
+        "What say you to the duke?", "How fares the queen?",
+        "Shall we to the tavern?", "Is the ship come in?",
+        "What hour is it now?", "Who wrote this letter?",
+        "Wherefore art thou sad?", "What is the matter, friend?",
+    ],
+    "long": [
+        "Now is the season of our long discontent made bright by summer sun, and all the "
+        "clouds that lowered upon our house are in the deep bosom of the ocean buried. "
+        "Now are our brows bound with victorious wreaths, our bruised arms hung up for "
+        "monuments, our stern alarums changed to merry meetings.",
+        "The quality of kindness is not strained; it droppeth as the gentle rain from "
+        "heaven upon the place beneath. It is twice blest: it blesseth him that gives and "
+        "him that takes; it is mightiest in the mightiest.",
+    ],
+}
+
+WORDS_FALLBACK = ("rose", "crown", "sword", "night", "king", "queen", "moon", "heart",
+                  "love", "ghost", "storm", "sea", "gold", "bell", "star", "fool")
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One request to submit: `prompt` is text or {"prompt_token_ids": [...]}."""
+    prompt: str | dict
+    params: SamplingParams
+    arrival: float | None = None     # offset (s) from the start; None: the driver decides
+    tag: str = ""                    # e.g. "short" / "long" / "prefix-2"
+
+    @property
+    def prompt_len_hint(self) -> int | None:
+        """Token count for token-id prompts (None for text)."""
+        if isinstance(self.prompt, dict):
+            return len(self.prompt["prompt_token_ids"])
+        return None
+
+
+@dataclass
+class WorkloadSpec:
+    """Sizes and sampling shared by every item of a workload (documented defaults)."""
+    tokenizer: object = None
+    vocab_size: int = 512
+    input_len: int = 64
+    output_len: int = 32
+    range_ratio: float = 0.0
+    seed: int = 0
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    data: dict = field(default_factory=dict)
+    words: tuple[str, ...] = WORDS_FALLBACK
+
+    def rng(self, *key) -> random.Random:
+        return random.Random(":".join(str(k) for k in (self.seed, *key)))
+
+    def sample_len(self, rng: random.Random, length: int) -> int:
+        lo = max(1, int(length * (1 - self.range_ratio)))
+        hi = max(lo, int(length * (1 + self.range_ratio)))
+        return rng.randint(lo, hi)
+
+    def params(self, rng: random.Random) -> SamplingParams:
+        return SamplingParams(max_tokens=self.sample_len(rng, self.output_len),
+                              temperature=self.temperature, ignore_eos=self.ignore_eos)
+
+    def token_ids(self, rng: random.Random, n: int) -> list[int]:
+        return [rng.randrange(self.vocab_size) for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    description: str
+    make: Callable[[WorkloadSpec, int], WorkItem] = field(repr=False, compare=False)
+    default_submit_interval: float | None = None   # seconds; the design-note arrival
+
+
+def load_prompt_data(path: Path | str | None = None) -> dict:
+    """prompts.json if present and well formed, else the built-in fallback."""
+    path = Path(path) if path is not None else DATA_PATH
+    try:
+        data = json.loads(path.read_text())
+        if all(isinstance(data.get(k), list) and data[k] for k in FALLBACK):
+            return {k: [str(x) for x in data[k]] for k in FALLBACK}
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {k: list(v) for k, v in FALLBACK.items()}
+
+
+def _words(data: dict) -> tuple[str, ...]:
+    text = " ".join(s for v in data.values() for s in v)
+    words = sorted({w.lower() for w in re.findall(r"[A-Za-z]{3,}", text)})
+    return tuple(words) or WORDS_FALLBACK
+
+
+# -- scenario builders ------------------------------------------------------------------
+NUM_PREFIXES = 4
+LONG_EVERY = 4          # long-short: items 3, 7, 11, ... are long (1, 1, 1, 64 pattern)
+LONG_REPEATS = 64
+IDENTICAL_REPEATS = 65  # 65 one-token words: 4 full blocks of 16 + a shared, partly filled 5th
+
+
+def _shared_prefix(spec: WorkloadSpec, i: int) -> WorkItem:
+    rng = spec.rng("shared-prefix", i)
+    k = i % NUM_PREFIXES
+    if spec.tokenizer is not None:
+        systems, questions = spec.data["system_prompts"], spec.data["short"]
+        q = questions[i % len(questions)]
+        if i >= len(questions):
+            q = f"{q} (asked again, {i // len(questions)})"
+        prompt = f"{systems[k % len(systems)]}\n\n{q}"
+    else:
+        prefix_len = max(1, spec.input_len * 3 // 4)
+        prefix = spec.token_ids(spec.rng("prefix", k), prefix_len)
+        suffix_len = max(1, spec.sample_len(rng, spec.input_len) - prefix_len)
+        prompt = {"prompt_token_ids": prefix + spec.token_ids(rng, suffix_len)}
+    return WorkItem(prompt, spec.params(rng), tag=f"prefix-{k}")
+
+
+def _repeat_unit(spec: WorkloadSpec, i: int) -> str | list[int]:
+    """A per-request 'word' (so long prompts do not share a cached prefix)."""
+    rng = spec.rng("word", i)
+    if spec.tokenizer is not None:
+        return rng.choice(spec.words)
+    return spec.token_ids(rng, max(1, round(spec.input_len / LONG_REPEATS)))
+
+
+def _repeat(unit, n: int) -> str | dict:
+    if isinstance(unit, str):
+        return " ".join([unit] * n)
+    return {"prompt_token_ids": unit * n}
+
+
+def _long_short(spec: WorkloadSpec, i: int) -> WorkItem:
+    long = i % LONG_EVERY == LONG_EVERY - 1
+    prompt = _repeat(_repeat_unit(spec, i), LONG_REPEATS if long else 1)
+    return WorkItem(prompt, spec.params(spec.rng("long-short", i)), tag="long" if long else "short")
+
+
+def _identical(spec: WorkloadSpec, i: int) -> WorkItem:
+    if spec.tokenizer is not None:
+        prompt = _repeat("rose", IDENTICAL_REPEATS)
+    else:
+        prompt = {"prompt_token_ids": [spec.rng("identical").randrange(spec.vocab_size)]
+                  * spec.input_len}
+    return WorkItem(prompt, spec.params(spec.rng("identical")), tag="identical")
+
+
+def _random(spec: WorkloadSpec, i: int) -> WorkItem:
+    rng = spec.rng("random", i)
+    n = spec.sample_len(rng, spec.input_len)
+    if spec.tokenizer is None:
+        return WorkItem({"prompt_token_ids": spec.token_ids(rng, n)}, spec.params(rng), tag="random")
+    words = spec.words
+    text = " ".join(rng.choice(words) for _ in range(n))
+    ids = list(spec.tokenizer.encode(text))[:n]
+    prompt = {"prompt_token_ids": ids, "prompt": spec.tokenizer.decode(ids)}
+    return WorkItem(prompt, spec.params(rng), tag="random")
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("shared-prefix", "Shared system prompts",
+             f"{NUM_PREFIXES} shared system-prompt openings + distinct short questions: "
+             "the prefix cache serves the shared blocks.", _shared_prefix),
+    Scenario("long-short", "Long/short mix",
+             f"Prompts cycle 1,1,1,{LONG_REPEATS} repeats of a word (a different word per "
+             "request, so no prefix sharing), one every 20 ms: a small token budget "
+             "(chunked prefill) protects decode ITL.", _long_short,
+             default_submit_interval=0.02),
+    Scenario("identical", "Identical burst",
+             "The same prompt many times (text: 65 repeats of one word; token ids: "
+             "input_len copies of one id): dedup prefills it once and every decode "
+             "copies the shared, partly filled last block (copy-on-write).", _identical),
+    Scenario("random", "Random unique prompts",
+             "Unique random prompts of input_len +- range_ratio tokens (vLLM's random "
+             "dataset): no sharing at all.", _random),
+)}
+
+
+def get_scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}") from None
+
+
+def make_spec(*, tokenizer=None, vocab_size: int = 512, input_len: int = 64,
+              output_len: int = 32, range_ratio: float = 0.0, seed: int = 0,
+              temperature: float = 0.0, ignore_eos: bool = True,
+              data: dict | None = None) -> WorkloadSpec:
+    if input_len < 1 or output_len < 1:
+        raise ValueError("input_len and output_len must be >= 1")
+    if not 0.0 <= range_ratio < 1.0:
+        raise ValueError("range_ratio must be in [0, 1)")
+    data = data if data is not None else load_prompt_data()
+    return WorkloadSpec(tokenizer, vocab_size, input_len, output_len, range_ratio, seed,
+                        temperature, ignore_eos, data, _words(data))
+
+
+def iter_workload(name: str, start: int = 0, **spec_kwargs) -> Iterator[WorkItem]:
+    """Endless items of scenario `name` (for the TUI); keywords as `make_spec`."""
+    scenario, spec = get_scenario(name), make_spec(**spec_kwargs)
+    for i in itertools.count(start):
+        yield scenario.make(spec, i)
+
+
+def build_workload(name: str, n: int, **spec_kwargs) -> list[WorkItem]:
+    """The first n items of scenario `name` (deterministic for a given seed)."""
+    return list(itertools.islice(iter_workload(name, **spec_kwargs), n))
