@@ -1,0 +1,197 @@
+"""Triton kernels vs kernels/reference.py on a CUDA GPU, bf16 and fp32, realistic shapes,
+plus decode attention captured in a CUDA graph and replayed on new inputs."""
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("triton")
+
+from kernels import reference as ref  # noqa: E402
+
+# bf16 operands: 1e-3..1e-2 relative; fp32 with exact (ieee) dots: far below 1e-4
+TOL = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+DTYPES = [torch.bfloat16, torch.float32]
+
+
+@pytest.fixture(scope="module")
+def tri():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("TRITON_INTERPRET=1 is set: GPU tests need compiled kernels")
+    from kernels import get_ops
+    return get_ops("triton")
+
+
+@pytest.fixture
+def seed():
+    s = int(os.environ.get("ROSEPLAY_TEST_SEED", random.SystemRandom().randrange(2**31)))
+    torch.manual_seed(s)
+    return s
+
+
+def rel_err(out, expected):
+    o, e = out.double(), expected.double()
+    return ((o - e).norm() / e.norm().clamp_min(1e-12)).item()
+
+
+def check(out, expected, dtype, seed, what):
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    assert torch.isfinite(out).all(), f"{what}: non-finite output (seed {seed})"
+    err = rel_err(out, expected)
+    assert err < TOL[dtype], f"{what}: rel err {err:.2e} (seed {seed})"
+
+
+def paged(lens, block_size, h_kv, d, dtype, spare=16):
+    need = [(n + block_size - 1) // block_size for n in lens]
+    num_blocks = sum(need) + spare
+    k_cache = torch.randn(num_blocks, block_size, h_kv, d, device="cuda").to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, h_kv, d, device="cuda").to(dtype)
+    perm = torch.randperm(num_blocks, device="cuda")
+    tables = torch.zeros(len(lens), max(need) + 3, dtype=torch.int32, device="cuda")
+    i = 0
+    for b, nb in enumerate(need):
+        tables[b, :nb] = perm[i:i + nb].int()
+        i += nb
+    return k_cache, v_cache, tables
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_cache(tri, seed, dtype):
+    t, h_kv, d, bs, nb = 3000, 8, 128, 16, 400
+    qkv = torch.randn(t, 32 + 2 * h_kv, d, device="cuda").to(dtype)
+    key, value = qkv[:, 32:32 + h_kv], qkv[:, 32 + h_kv:]
+    slots = torch.randperm(nb * bs, device="cuda")[:t]
+    slots[torch.rand(t, device="cuda") < 0.1] = -1
+    got = [torch.randn(nb, bs, h_kv, d, device="cuda").to(dtype) for _ in range(2)]
+    want = [c.clone() for c in got]
+    tri.store_kv_cache(key, value, got[0], got[1], slots)
+    ref.store_kv_cache(key, value, want[0], want[1], slots)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+DECODE_SHAPES = [
+    # (batch, heads, kv heads, head_dim, block_size, max context)
+    (64, 14, 2, 64, 16, 3000),      # Qwen2.5-0.5B
+    (8, 32, 8, 128, 16, 5000),      # Llama-3-8B
+    (5, 16, 16, 128, 32, 2000),     # MHA (group 1)
+    (3, 12, 4, 64, 16, 20000),      # long context, many splits
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "-".join(map(str, s)))
+def test_paged_decode_attention(tri, seed, dtype, shape):
+    b, h, h_kv, d, bs, max_ctx = shape
+    lens = torch.randint(1, max_ctx, (b,)).tolist()
+    lens[0] = max_ctx
+    lens[-1] = 1
+    k_cache, v_cache, tables = paged(lens, bs, h_kv, d, dtype)
+    ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, h, d, device="cuda").to(dtype)
+    out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
+    want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
+    check(out, want, dtype, seed, f"decode {shape}")
+
+
+EXTEND_SHAPES = [
+    # (heads, kv heads, head_dim, block_size, [(context, new tokens), ...])
+    (14, 2, 64, 16, [(1500, 700), (300, 300), (2000, 1), (77, 13)]),
+    (32, 8, 128, 16, [(1024, 512), (600, 129), (513, 513)]),
+    (8, 8, 64, 32, [(900, 250), (64, 64)]),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", EXTEND_SHAPES, ids=lambda s: f"h{s[0]}-kv{s[1]}-d{s[2]}")
+def test_paged_extend_attention(tri, seed, dtype, shape):
+    h, h_kv, d, bs, seqs = shape
+    lens = [c for c, _ in seqs]
+    n_new = [n for _, n in seqs]
+    k_cache, v_cache, tables = paged(lens, bs, h_kv, d, dtype)
+    ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0] + n_new, device="cuda").cumsum(0).int()
+    q = torch.randn(sum(n_new), h, d, device="cuda").to(dtype)
+    out = tri.paged_extend_attention(q, k_cache, v_cache, tables, cu, ctx, max(n_new),
+                                     d ** -0.5)
+    want = ref.paged_extend_attention(q, k_cache, v_cache, tables, cu, ctx, max(n_new),
+                                      d ** -0.5)
+    check(out, want, dtype, seed, f"extend {shape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [896, 4096])
+def test_rms_norm(tri, seed, dtype, hidden):
+    x = torch.randn(2048, hidden, device="cuda").to(dtype)
+    res = torch.randn(2048, hidden, device="cuda").to(dtype)
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(dtype)
+    check(tri.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), dtype, seed, "rms_norm")
+    got, want = tri.rms_norm(x, w, 1e-6, res), ref.rms_norm(x, w, 1e-6, res)
+    check(got[0], want[0], dtype, seed, "rms_norm+res")
+    assert torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox,rot_dim", [(True, 128), (False, 128), (True, 64)])
+def test_rotary_embedding(tri, seed, dtype, is_neox, rot_dim):
+    t, h, h_kv, d = 1000, 32, 8, 128
+    positions = torch.randint(0, 4096, (t,), device="cuda")
+    inv = 1.0 / (10000 ** (torch.arange(0, rot_dim, 2, device="cuda").float() / rot_dim))
+    freqs = torch.outer(torch.arange(4096, device="cuda").float(), inv)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    qkv = torch.randn(t, h + 2 * h_kv, d, device="cuda").to(dtype)
+    query, key = qkv[:, :h], qkv[:, h:h + h_kv]
+    gq, gk = tri.rotary_embedding(positions, query, key, cos_sin, is_neox)
+    wq, wk = ref.rotary_embedding(positions, query, key, cos_sin, is_neox)
+    check(gq, wq, dtype, seed, "rope q")
+    check(gk, wk, dtype, seed, "rope k")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(tri, seed, dtype):
+    x = (2 * torch.randn(1500, 2 * 4864, device="cuda")).to(dtype)
+    check(tri.silu_and_mul(x), ref.silu_and_mul(x), dtype, seed, "silu_and_mul")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 32])
+def test_decode_cuda_graph_replay(tri, seed, dtype, batch):
+    """Capture once with fixed buffers; replay with new lengths and tables (incl. 0)."""
+    h, h_kv, d, bs, max_blocks = 14, 2, 64, 16, 256           # up to 4096 tokens
+    num_blocks = batch * max_blocks + 8
+    k_cache = torch.randn(num_blocks, bs, h_kv, d, device="cuda").to(dtype)
+    v_cache = torch.randn(num_blocks, bs, h_kv, d, device="cuda").to(dtype)
+    q = torch.empty(batch, h, d, device="cuda", dtype=dtype)
+    tables = torch.zeros(batch, max_blocks, dtype=torch.int32, device="cuda")
+    ctx = torch.zeros(batch, dtype=torch.int32, device="cuda")
+
+    def fill(max_len):
+        lens = torch.randint(1, max_len + 1, (batch,), device="cuda").int()
+        if batch > 1:
+            lens[-1] = 0                                       # a padded graph slot
+        ctx.copy_(lens)
+        tables.copy_(torch.randperm(num_blocks, device="cuda")[:batch * max_blocks]
+                     .view(batch, max_blocks).int())
+        q.copy_(torch.randn(batch, h, d, device="cuda").to(dtype))
+
+    fill(100)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):                                     # compile + warm up
+            tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
+    for max_len in [100, max_blocks * bs, 17, 2500]:
+        fill(max_len)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
+        check(out, want, dtype, seed, f"graph replay max_len={max_len}")
+        if batch > 1:
+            assert torch.equal(out[-1], torch.zeros_like(out[-1]))
