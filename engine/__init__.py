@@ -1,19 +1,22 @@
 """roseplay's inference engine: paged KV cache, prefix cache, chunked prefill.
 
-The engine never imports textual or rich (the UI lives in `roseplay`).
+The engine never imports textual or rich (the UI lives in `roseplay`). The torch-backed
+parts (LLM, LLMEngine, EngineLoop) load lazily, so `engine.config` and `engine.snapshot`
+can be imported without torch (the TUI's replay mode needs no model).
 """
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
-from engine.core import LLMEngine
-from engine.llm import LLM
 from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SchedulerConfig", "SamplingParams",
            "RequestOutput", "CompletionOutput", "RequestMetrics", "InvalidRequestError",
            "EngineLoop", "RequestStream"]
 
+_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.core",
+         "EngineLoop": "engine.loop", "RequestStream": "engine.loop"}
 
-def __getattr__(name):  # the threaded front loads lazily
-    if name in ("EngineLoop", "RequestStream"):
-        from engine import loop
-        return getattr(loop, name)
+
+def __getattr__(name):  # torch-backed parts load on first use
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)
