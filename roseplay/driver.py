@@ -10,6 +10,7 @@ set_rate, pause/resume, stop. `num_requests=None` runs forever (the TUI).
 """
 from __future__ import annotations
 
+import itertools
 import queue
 import random
 import threading
@@ -20,8 +21,10 @@ from typing import Callable, Iterable, Iterator
 from engine.request import RequestOutput
 from roseplay.scenarios import WorkItem, iter_workload
 
-POLL_INTERVAL = 0.002   # seconds between stream polls while requests are in flight
+POLL_INTERVAL = 0.002   # seconds between stream polls while a submission waits for a slot
+SLOW_POLL_INTERVAL = 0.01  # ... while requests are in flight but nothing waits on them
 IDLE_INTERVAL = 0.02    # seconds between checks while nothing is in flight or due
+_DRIVER_IDS = itertools.count()
 
 
 def next_gap(rng: random.Random, request_rate: float | None,
@@ -50,7 +53,8 @@ class WorkloadDriver:
 
     `scenario` is a scenario name (items from `iter_workload(name, **workload)`) or any
     iterable of WorkItems (e.g. a `build_workload` list). Items with an `arrival`
-    offset are submitted at that offset; others follow the arrival process.
+    offset are submitted at that offset; others follow the arrival process. Request ids
+    are f"{id_prefix}{n}" for the n-th submission (`submission_index` inverts it).
     """
 
     def __init__(self, loop, scenario: str | Iterable[WorkItem] = "shared-prefix", *,
@@ -58,8 +62,9 @@ class WorkloadDriver:
                  submit_interval: float | None = None, num_requests: int | None = None,
                  workload: dict | None = None, seed: int = 0, keep_outputs: int | None = None,
                  on_output: Callable[[RequestOutput], None] | None = None,
-                 cancel_on_stop: bool = True):
+                 cancel_on_stop: bool = True, id_prefix: str | None = None):
         self.loop = loop
+        self.id_prefix = id_prefix if id_prefix is not None else f"w{next(_DRIVER_IDS)}-"
         self.workload = dict(workload or {})
         self.num_requests = num_requests
         self.on_output = on_output
@@ -142,6 +147,10 @@ class WorkloadDriver:
     def finished(self) -> bool:
         return self._done.is_set()
 
+    def submission_index(self, request_id: str) -> int:
+        """n for the n-th request this driver submitted (0-based)."""
+        return int(request_id.removeprefix(self.id_prefix))
+
     @property
     def num_in_flight(self) -> int:
         return len(self.in_flight)
@@ -167,9 +176,7 @@ class WorkloadDriver:
         return (exhausted or (self._items is None and self._held is None)) and not self.in_flight
 
     def _can_submit(self) -> bool:
-        if self._paused or (self._items is None and self._held is None):
-            return False
-        if self.num_requests is not None and self.submitted >= self.num_requests:
+        if not self._more_to_submit():
             return False
         return self.concurrency is None or len(self.in_flight) < self.concurrency
 
@@ -211,9 +218,10 @@ class WorkloadDriver:
             self._next_due += gap
 
     def _submit(self, item: WorkItem) -> None:
+        rid = f"{self.id_prefix}{self.submitted}"
         self.submitted += 1
         try:
-            stream = self.loop.submit(item.prompt, item.params)
+            stream = self.loop.submit(item.prompt, item.params, request_id=rid)
         except Exception as exc:        # invalid request or stopped loop: count, go on
             self.failed += 1
             self.submit_errors.append(f"{type(exc).__name__}: {exc}")
@@ -248,8 +256,20 @@ class WorkloadDriver:
             if self.on_output is not None:
                 self.on_output(output)
 
+    def _more_to_submit(self) -> bool:
+        if self._paused or (self._items is None and self._held is None):
+            return False
+        return self.num_requests is None or self.submitted < self.num_requests
+
     def _sleep(self) -> None:
-        wait = POLL_INTERVAL if self.in_flight else IDLE_INTERVAL
+        """Sleep until the next arrival or poll; poll fast only when a slot is awaited
+        (timings come from the engine, so a slower poll only delays bookkeeping)."""
+        if not self.in_flight:
+            wait = IDLE_INTERVAL
+        elif self.concurrency is not None and self._more_to_submit():
+            wait = POLL_INTERVAL
+        else:
+            wait = SLOW_POLL_INTERVAL
         if self._can_submit():
             wait = min(wait, max(0.0, self._next_due - time.perf_counter()))
         self._stop.wait(wait)

@@ -1,0 +1,293 @@
+"""`roseplay bench`: a vLLM-benchmark_serving-style benchmark of the in-process engine.
+
+The engine runs on its EngineLoop thread (the TUI's streaming front); a WorkloadDriver
+submits a scenario's work items (burst, --submit-interval-ms or Poisson
+--request-rate, optional --max-concurrency) and the timings are the engine's own token
+timestamps (TTFT from submission). --warmup N requests run first and are excluded.
+
+--ab KNOB=V1,V2,...: the same workload once per value. Live knobs (SchedulerConfig:
+enable_prefix_caching, max_num_batched_tokens, max_num_seqs) reuse ONE engine: knob set,
+prefix cache cleared, warm-up, cache cleared again, measured. Fixed knobs (EngineConfig)
+build a fresh engine per value. --compare hf: see roseplay/hf_compare.py.
+
+    python -m roseplay.bench --model dummy:tiny --num-prompts 64 --input-len 32 --output-len 16
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from engine.config import SchedulerConfig
+from roseplay import bench_report as report
+from roseplay.cli_flags import add_engine_flags, engine_kwargs, field_by_name, parse_knob_value
+from roseplay.driver import WorkloadDriver
+from roseplay.scenarios import SCENARIOS, WorkItem, build_workload
+
+LIVE_KNOBS = {f.name for f in dataclasses.fields(SchedulerConfig)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    w = p.add_argument_group("workload")
+    w.add_argument("--scenario", default="random", choices=list(SCENARIOS),
+                   help="Workload scenario (default: random = vLLM's random dataset).")
+    w.add_argument("--num-prompts", type=int, default=64, help="Measured requests (default: 64).")
+    w.add_argument("--input-len", type=int, default=128, help="Prompt tokens (token-id prompts; "
+                   "text scenarios use their own text except 'random') (default: 128).")
+    w.add_argument("--output-len", type=int, default=64, help="max_tokens per request, EOS "
+                   "ignored (default: 64).")
+    w.add_argument("--range-ratio", type=float, default=0.0, help="Lengths uniform in "
+                   "[L*(1-r), L*(1+r)] (default: 0).")
+    rate = w.add_mutually_exclusive_group()
+    rate.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals "
+                      "(req/s); inf or unset: all at t=0.")
+    rate.add_argument("--submit-interval-ms", type=float, default=None,
+                      help="One request every MS milliseconds.")
+    w.add_argument("--max-concurrency", type=int, default=None, help="Most requests in flight.")
+    w.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature (0: greedy).")
+    w.add_argument("--warmup", type=int, default=0, help="Warm-up requests (excluded) per run.")
+    b = p.add_argument_group("bench")
+    b.add_argument("--ab", metavar="KNOB=V1,V2,...", help="Run once per knob value; "
+                   "side-by-side table with ratios vs the first.")
+    b.add_argument("--compare", choices=["hf"], help="Also run HF transformers (continuous "
+                   "batching and plain generate) on the same workload and weights.")
+    b.add_argument("--hf-batch-size", type=int, default=64, help="Batch of HF plain generate.")
+    b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
+    b.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    add_engine_flags(p)
+    return p
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="Benchmark the engine (vLLM benchmark_serving style).",
+                              description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def parse_ab(text: str | None) -> tuple[str, list] | None:
+    """"max_num_batched_tokens=8192,224" -> ("max_num_batched_tokens", [8192, 224])."""
+    if not text:
+        return None
+    name, sep, values = text.partition("=")
+    if not sep or not values:
+        raise ValueError(f"--ab expects KNOB=V1,V2,..., got {text!r}")
+    name = field_by_name(name.strip()).name
+    parsed = [parse_knob_value(name, v.strip()) for v in values.split(",")]
+    if len(parsed) < 2:
+        raise ValueError("--ab needs at least two values")
+    return name, parsed
+
+
+def _check_args(args) -> None:
+    for flag in ("num_prompts", "input_len", "output_len"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError("--max-concurrency must be >= 1")
+    if args.request_rate is not None and args.request_rate <= 0:
+        raise ValueError("--request-rate must be > 0")
+    if args.ab and args.compare:
+        raise ValueError("use --ab or --compare, not both")
+
+
+# -- one measured run ---------------------------------------------------------------------
+def make_loop(args, **overrides):
+    from engine.loop import EngineLoop
+    return EngineLoop(**engine_kwargs(args, **overrides))
+
+
+def _arrivals(args) -> dict:
+    rate = args.request_rate
+    if rate is not None and math.isinf(rate):
+        rate = None
+    interval = args.submit_interval_ms / 1000.0 if args.submit_interval_ms is not None else None
+    return {"request_rate": rate, "submit_interval": interval}
+
+
+def _drive(loop, items, args, *, arrivals: dict, progress: Progress | None = None,
+           description: str = "") -> WorkloadDriver:
+    driver = WorkloadDriver(loop, items, concurrency=args.max_concurrency,
+                            num_requests=len(items), seed=args.seed or 0, **arrivals).start()
+    task = progress.add_task(description, total=len(items)) if progress else None
+    while not driver.wait(0.1):
+        if progress:
+            progress.update(task, completed=driver.completed + driver.failed)
+    if progress:
+        progress.update(task, completed=driver.completed + driver.failed)
+    return driver
+
+
+def _engine_stats(engine, c0, c1) -> dict:
+    d = {f.name: getattr(c1, f.name) - getattr(c0, f.name) for f in dataclasses.fields(c1)}
+    q = d["prefix_queried_tokens"]
+    d["prefix_hit_rate"] = d["prefix_hit_tokens"] / q if q else 0.0
+    d["peak_used_blocks"] = engine.stats.peak_used_blocks
+    d["num_blocks"] = engine.pool.num_blocks
+    d["peak_kv_usage"] = d["peak_used_blocks"] / d["num_blocks"]
+    return d
+
+
+def _fresh_cache(loop) -> None:
+    loop.clear_prefix_cache()
+    loop.wait_idle()
+
+
+def measure(loop, items: list[WorkItem], warmup: list[WorkItem], args, label: str,
+            progress: Progress | None = None) -> tuple[report.RunResult, list]:
+    """Warm up, clear the prefix cache, run `items`; returns the result and the outputs
+    in submission order."""
+    loop.wait_idle()
+    _fresh_cache(loop)
+    if warmup:
+        _drive(loop, warmup, args, arrivals={}, progress=progress, description=f"{label} warm-up")
+        loop.wait_idle()
+        _fresh_cache(loop)
+    engine = loop.engine
+    engine.stats.peak_used_blocks = 0      # engine thread is idle: safe to reset
+    c0 = engine.stats.counters
+    driver = _drive(loop, items, args, arrivals=_arrivals(args), progress=progress, description=label)
+    loop.wait_idle()
+    stats = _engine_stats(engine, c0, engine.stats.counters)
+    outputs = sorted(driver.outputs, key=lambda o: driver.submission_index(o.request_id))
+    records = [report.request_record(o) for o in outputs if o.error is None]
+    for err in driver.submit_errors[:3]:
+        print(f"request failed: {err}", file=sys.stderr)
+    result = report.RunResult(label, report.wall_duration(records), records, stats,
+                              dict(dataclasses.asdict(engine.knobs)), failed=driver.failed)
+    return result, outputs
+
+
+# -- the command ---------------------------------------------------------------------------
+def _workload(loop, args) -> tuple[list[WorkItem], list[WorkItem]]:
+    e = loop.engine
+    kw = dict(tokenizer=e.tokenizer, vocab_size=e.vocab_size, input_len=args.input_len,
+              output_len=args.output_len, range_ratio=args.range_ratio,
+              temperature=args.temperature)
+    seed = args.seed or 0
+    items = build_workload(args.scenario, args.num_prompts, seed=seed, **kw)
+    warmup = build_workload(args.scenario, args.warmup, seed=seed + 1, **kw) if args.warmup else []
+    return items, warmup
+
+
+def _progress(console: Console, args) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True,
+                    disable=args.no_progress)
+
+
+def _run_ab(args, console: Console, ab) -> tuple[list[report.RunResult], dict]:
+    knob, values = ab
+    results, loop = [], None
+    with _progress(console, args) as progress:
+        for value in values:
+            if knob in LIVE_KNOBS:
+                loop = loop or make_loop(args)
+                loop.set_knobs(**{knob: value})
+            else:
+                loop = make_loop(args, **{knob: value})
+            items, warmup = _workload(loop, args)
+            result, _ = measure(loop, items, warmup, args, f"{knob}={value}", progress)
+            results.append(result)
+            if knob not in LIVE_KNOBS:
+                loop.close()
+        loop.close()
+    mode = "same engine, knob set live, prefix cache cleared" if knob in LIVE_KNOBS \
+        else "fresh engine per value"
+    return results, {"knob": knob, "values": values, "mode": mode}
+
+
+def _run_compare(args, console: Console) -> tuple[list[report.RunResult], dict]:
+    from roseplay import hf_compare
+    loop = make_loop(args)
+    engine = loop.engine
+    device, dtype = engine.device, engine.dtype
+    hf_model = hf_compare.build_hf_model(engine.model_name, dtype, args.seed or 0)
+    if engine.model_name.startswith("dummy:"):
+        hf_compare.share_weights(hf_model, engine)
+    items, warmup = _workload(loop, args)
+    budget = engine.knobs.max_num_batched_tokens
+    with _progress(console, args) as progress:
+        ours, outputs = measure(loop, items, warmup, args, "roseplay", progress)
+    loop.close()
+    del loop, engine
+    hf_compare.free_device_memory()
+    prompts = [list(o.prompt_token_ids) for o in outputs if o.error is None]
+    max_new = [it.params.max_tokens for it, o in zip(items, outputs) if o.error is None]
+    hf_model.to(device)
+    console.print("[dim]running HF continuous batching...[/dim]")
+    cb, cb_tokens = hf_compare.run_hf_cb(hf_model, prompts, max_new, device, budget)
+    console.print("[dim]running HF generate...[/dim]")
+    gen = hf_compare.run_hf_generate(hf_model, prompts, max_new, device, args.hf_batch_size)
+    ours_tokens = [list(o.outputs[0].token_ids) for o in outputs if o.error is None]
+    info = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
+            "greedy_agreement_vs_hf_cb": hf_compare.agreement(ours_tokens, cb_tokens)}
+    return [ours, cb, gen], info
+
+
+def _report(console: Console, args, results, extra: dict, mode: str) -> None:
+    summaries = [report.summarize(r) for r in results]
+    if mode == "single":
+        report.print_summary(console, results[0], summaries[0])
+    elif mode == "ab":
+        console.print(f"A/B of {extra['knob']} ({extra['mode']})")
+        console.print(report.side_by_side(f"--ab {args.ab}", [str(v) for v in extra["values"]], summaries))
+    else:
+        report.print_summary(console, results[0], summaries[0])
+        console.print(report.side_by_side("roseplay vs HF transformers (ratio vs roseplay)",
+                                          [r.label for r in results], summaries))
+        ours, cb = summaries[0], summaries[1]
+        console.print(f"output throughput roseplay / HF CB: x{report.ratio(ours['output_throughput'], cb['output_throughput']):.2f}; "
+                      f"TTFT p50 HF CB / roseplay: x{report.ratio(cb['ttft_ms']['median'], ours['ttft_ms']['median']):.2f}; "
+                      f"greedy token agreement: {100 * extra['greedy_agreement_vs_hf_cb']:.0f} %",
+                      highlight=False)
+    if args.json:
+        payload = {"bench": {k: v for k, v in vars(args).items() if k != "func"},
+                   "mode": mode, "summary": summaries[0], "requests": results[0].requests,
+                   "runs": [report.run_payload(r, s) for r, s in zip(results, summaries)]}
+        payload[mode if mode != "single" else "info"] = extra
+        report.dump_json(args.json, payload)
+        console.print(f"wrote {args.json}")
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    try:
+        _check_args(args)
+        ab = parse_ab(args.ab)
+    except ValueError as exc:
+        console.print(f"[red]bench: {exc}[/red]")
+        return 2
+    t0 = time.perf_counter()
+    if ab:
+        results, extra = _run_ab(args, console, ab)
+        mode = "ab"
+    elif args.compare == "hf":
+        results, extra = _run_compare(args, console)
+        mode = "compare"
+    else:
+        loop = make_loop(args)
+        items, warmup = _workload(loop, args)
+        with _progress(console, args) as progress:
+            result, _ = measure(loop, items, warmup, args, "", progress)
+        loop.close()
+        results, extra, mode = [result], {}, "single"
+    _report(console, args, results, extra, mode)
+    console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
+    return 0 if all(r.failed == 0 for r in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="roseplay bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

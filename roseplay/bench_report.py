@@ -1,0 +1,199 @@
+"""Bench results: per-request records, vLLM-style summaries, Rich tables, JSON.
+
+A `RunResult` is one measured run (our engine, or an HF baseline): per-request records
+(prompt/output lengths, TTFT, TPOT, ITLs, E2E, all in seconds) plus the wall duration
+and, for our engine, engine stats. `summarize` turns it into the numbers that vLLM's
+benchmark_serving prints; latencies in the summary are in milliseconds.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.metrics import Summary
+
+LATENCIES = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+             ("itl", "ITL", "Inter-token Latency"), ("e2e", "E2E", "End-to-end Latency"))
+STAT_COLUMNS = (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99"))
+
+
+@dataclass
+class RunResult:
+    label: str
+    duration: float                       # s, first arrival -> last token
+    requests: list[dict]                  # see request_record
+    engine: dict = field(default_factory=dict)
+    knobs: dict = field(default_factory=dict)
+    failed: int = 0
+
+
+def request_record(output) -> dict:
+    """Per-request numbers of one engine RequestOutput (seconds)."""
+    m = output.metrics
+    comp = output.outputs[0]
+    return {"request_id": output.request_id, "prompt_len": len(output.prompt_token_ids),
+            "output_len": len(comp.token_ids), "ttft": m.ttft, "tpot": m.tpot, "e2e": m.e2e,
+            "itls": list(m.itls), "cached_tokens": m.num_cached_tokens,
+            "preemptions": m.num_preemptions, "finish_reason": comp.finish_reason,
+            "arrival_time": m.arrival_time, "last_token_time": m.last_token_time}
+
+
+def times_record(prompt_len: int, arrival: float, times: list[float], **extra) -> dict:
+    """A request record from raw token timestamps (HF baselines)."""
+    itls = [b - a for a, b in zip(times, times[1:])]
+    rec = {"prompt_len": prompt_len, "output_len": len(times),
+           "ttft": times[0] - arrival if times else None,
+           "tpot": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None,
+           "e2e": times[-1] - arrival if times else None, "itls": itls,
+           "arrival_time": arrival, "last_token_time": times[-1] if times else None}
+    rec.update(extra)
+    return rec
+
+
+def wall_duration(records: list[dict]) -> float:
+    """First arrival to last token over the records (0 if none produced a token)."""
+    ends = [r["last_token_time"] for r in records if r.get("last_token_time") is not None]
+    if not ends:
+        return 0.0
+    return max(ends) - min(r["arrival_time"] for r in records)
+
+
+def _ms(s: Summary) -> dict:
+    scale = 1000.0
+    return {"mean": s.mean * scale, "median": s.p50 * scale, "p95": s.p95 * scale,
+            "p99": s.p99 * scale, "max": s.max * scale, "count": s.count}
+
+
+def summarize(result: RunResult) -> dict:
+    """The vLLM benchmark_serving numbers (latencies in ms) plus engine stats."""
+    reqs = result.requests
+    n_in = sum(r["prompt_len"] for r in reqs)
+    n_out = sum(r["output_len"] for r in reqs)
+    dur = result.duration
+    rate = (lambda x: x / dur) if dur > 0 else (lambda x: math.nan)
+    out = {"successful_requests": len(reqs), "failed_requests": result.failed,
+           "duration_s": dur, "total_input_tokens": n_in, "total_output_tokens": n_out,
+           "request_throughput": rate(len(reqs)), "output_throughput": rate(n_out),
+           "total_token_throughput": rate(n_in + n_out)}
+    out["ttft_ms"] = _ms(Summary.of(r["ttft"] for r in reqs))
+    out["tpot_ms"] = _ms(Summary.of(r["tpot"] for r in reqs))
+    out["itl_ms"] = _ms(Summary.of(x for r in reqs for x in r["itls"]))
+    out["e2e_ms"] = _ms(Summary.of(r["e2e"] for r in reqs))
+    if result.engine:
+        out["engine"] = dict(result.engine)
+    return out
+
+
+def print_summary(console: Console, result: RunResult, summary: dict | None = None) -> None:
+    """The vLLM-style result block."""
+    s = summary or summarize(result)
+    w = 50
+    console.print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=w, c="="))
+    if result.label:
+        console.print("{:<40} {:>10}".format("Run:", result.label))
+    rows = [("Successful requests:", s["successful_requests"], "d"),
+            ("Failed requests:", s["failed_requests"], "d"),
+            ("Benchmark duration (s):", s["duration_s"], ".2f"),
+            ("Total input tokens:", s["total_input_tokens"], "d"),
+            ("Total generated tokens:", s["total_output_tokens"], "d"),
+            ("Request throughput (req/s):", s["request_throughput"], ".2f"),
+            ("Output token throughput (tok/s):", s["output_throughput"], ".2f"),
+            ("Total token throughput (tok/s):", s["total_token_throughput"], ".2f")]
+    for label, value, fmt in rows:
+        console.print(f"{label:<40} {value:>10{fmt}}", highlight=False)
+    for key, short, long in LATENCIES:
+        console.print("{s:{c}^{n}}".format(s=f" {long} ", n=w, c="-"))
+        for stat, name in STAT_COLUMNS:
+            console.print(f"{f'{name} {short} (ms):':<40} {s[key + '_ms'][stat]:>10.2f}",
+                          highlight=False)
+    if "engine" in s:
+        _print_engine(console, s["engine"], w)
+    console.print("=" * w)
+
+
+def _print_engine(console: Console, e: dict, w: int) -> None:
+    console.print("{s:{c}^{n}}".format(s=" Engine ", n=w, c="-"))
+    rows = [("Prefix cache hit rate (tokens):", f"{100 * e['prefix_hit_rate']:.1f} %"),
+            ("Preemptions:", e["preemptions"]), ("Evictions:", e["evictions"]),
+            ("COW copies:", e["cow_copies"]), ("Dedup joined:", e["dedup_joined"]),
+            ("Engine steps:", e["steps"]),
+            ("Peak KV usage (blocks):", f"{e['peak_used_blocks']}/{e['num_blocks']} "
+                                        f"({100 * e['peak_kv_usage']:.1f} %)")]
+    for label, value in rows:
+        console.print(f"{label:<40} {value!s:>10}", highlight=False)
+
+
+# -- tables ------------------------------------------------------------------------------
+METRIC_ROWS = (  # (label, getter, higher is better)
+    ("Request throughput (req/s)", lambda s: s["request_throughput"], True),
+    ("Output throughput (tok/s)", lambda s: s["output_throughput"], True),
+    ("Duration (s)", lambda s: s["duration_s"], False),
+    ("TTFT mean (ms)", lambda s: s["ttft_ms"]["mean"], False),
+    ("TTFT p50 (ms)", lambda s: s["ttft_ms"]["median"], False),
+    ("TTFT p99 (ms)", lambda s: s["ttft_ms"]["p99"], False),
+    ("TPOT mean (ms)", lambda s: s["tpot_ms"]["mean"], False),
+    ("ITL p50 (ms)", lambda s: s["itl_ms"]["median"], False),
+    ("ITL p99 (ms)", lambda s: s["itl_ms"]["p99"], False),
+    ("E2E p50 (ms)", lambda s: s["e2e_ms"]["median"], False),
+)
+ENGINE_ROWS = (
+    ("Prefix hit rate (%)", lambda s: 100 * s["engine"]["prefix_hit_rate"]),
+    ("Preemptions", lambda s: s["engine"]["preemptions"]),
+    ("Evictions", lambda s: s["engine"]["evictions"]),
+    ("COW copies", lambda s: s["engine"]["cow_copies"]),
+    ("Peak KV blocks", lambda s: s["engine"]["peak_used_blocks"]),
+)
+
+
+def ratio(value: float, base: float) -> float:
+    if base == 0 or math.isnan(base) or math.isnan(value):
+        return math.nan if value != base else 1.0
+    return value / base
+
+
+def _fmt(x) -> str:
+    if isinstance(x, int):
+        return str(x)
+    if x is None or math.isnan(x):
+        return "-"
+    return f"{x:,.2f}" if abs(x) < 1e5 else f"{x:,.0f}"
+
+
+def side_by_side(title: str, labels: list[str], summaries: list[dict]) -> Table:
+    """One column per run, each cell `value (x ratio vs the first run)`."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    for label in labels:
+        table.add_column(label, justify="right")
+    rows = list(METRIC_ROWS) + [(n, g, None) for n, g in ENGINE_ROWS
+                                if all("engine" in s for s in summaries)]
+    for name, get, _ in rows:
+        values = [get(s) for s in summaries]
+        cells = [_fmt(values[0])]
+        for v in values[1:]:
+            cells.append(f"{_fmt(v)} (x{_fmt(ratio(v, values[0]))})")
+        table.add_row(name, *cells)
+    return table
+
+
+def dump_json(path: str, payload: dict) -> None:
+    def clean(x):
+        if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    with open(path, "w") as f:
+        json.dump(clean(payload), f, indent=1)
+        f.write("\n")
+
+
+def run_payload(result: RunResult, summary: dict | None = None) -> dict:
+    return {"label": result.label, "knobs": result.knobs,
+            "summary": summary or summarize(result), "requests": result.requests}
