@@ -109,7 +109,11 @@ class LLMEngine:
         if isinstance(prompt, dict):
             if "prompt_token_ids" not in prompt:
                 raise InvalidRequestError("a dict prompt needs 'prompt_token_ids'")
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            ids = prompt["prompt_token_ids"]
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+                raise InvalidRequestError("prompt_token_ids must be a list of integers, got "
+                                          f"{type(ids).__name__}")
+            return prompt.get("prompt"), list(ids)
         if isinstance(prompt, (list, tuple)):
             return None, list(prompt)
         if not isinstance(prompt, str):
