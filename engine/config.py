@@ -83,10 +83,14 @@ class EngineConfig:
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int)
                                             or self.num_blocks < 2):
             raise InvalidRequestError(f"num_blocks must be an integer >= 2, got {self.num_blocks!r}")
-        if not 0.0 < float(self.gpu_memory_utilization) <= 1.0:
-            raise InvalidRequestError("gpu_memory_utilization must be in (0, 1]")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise InvalidRequestError("max_model_len must be >= 1")
+        gmu = self.gpu_memory_utilization
+        if isinstance(gmu, bool) or not isinstance(gmu, (int, float)) or not 0.0 < gmu <= 1.0:
+            raise InvalidRequestError(f"gpu_memory_utilization must be in (0, 1], got {gmu!r}")
+        if self.max_model_len is not None and (isinstance(self.max_model_len, bool) or not
+                                               isinstance(self.max_model_len, int)
+                                               or self.max_model_len < 1):
+            raise InvalidRequestError(
+                f"max_model_len must be an integer >= 1, got {self.max_model_len!r}")
         for name in ("device", "dtype", "attention_backend"):
             choices = next(f for f in dataclasses.fields(self) if f.name == name).metadata["choices"]
             if getattr(self, name) not in choices:
