@@ -1,0 +1,158 @@
+"""roseplay bench: percentile maths, summaries, JSON, A/B table, HF comparison (CPU)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from engine.metrics import Summary, percentile
+from roseplay import bench
+from roseplay.bench_report import RunResult, side_by_side, summarize, times_record, wall_duration
+
+BASE = ["--model", "dummy:tiny", "--num-blocks", "256", "--no-progress"]
+
+
+def run_bench(capsys, *argv) -> tuple[int, str]:
+    rc = bench.main([*BASE, *argv])
+    return rc, capsys.readouterr().out
+
+
+# -- maths -------------------------------------------------------------------------------
+def test_percentiles_by_hand():
+    ttft = [0.100, 0.010, 0.040, 0.020, 0.030]          # sorted: 10 20 30 40 100 ms
+    # linear interpolation at position (n - 1) * q / 100
+    assert percentile(ttft, 50) == pytest.approx(0.030)                  # pos 2
+    assert percentile(ttft, 95) == pytest.approx(0.040 + 0.8 * 0.060)   # pos 3.8 -> 88 ms
+    assert percentile(ttft, 99) == pytest.approx(0.040 + 0.96 * 0.060)  # pos 3.96 -> 97.6 ms
+    assert percentile([1.0, 2.0], 25) == pytest.approx(1.25)
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+    s = Summary.of(ttft + [None])
+    assert (s.count, s.mean, s.max) == (5, pytest.approx(0.040), 0.100)
+
+
+def test_summary_of_hand_made_run():
+    # two requests arriving at t=0; tokens at (1, 2, 4) and (3, 4); duration 4 s
+    recs = [times_record(10, 0.0, [1.0, 2.0, 4.0]), times_record(30, 0.0, [3.0, 4.0])]
+    assert recs[0]["itls"] == [1.0, 2.0] and recs[0]["tpot"] == 1.5 and recs[1]["ttft"] == 3.0
+    assert wall_duration(recs) == 4.0
+    s = summarize(RunResult("x", wall_duration(recs), recs))
+    assert s["total_input_tokens"] == 40 and s["total_output_tokens"] == 5
+    assert s["request_throughput"] == 0.5 and s["output_throughput"] == 1.25
+    assert s["total_token_throughput"] == 45 / 4
+    assert s["ttft_ms"]["mean"] == 2000 and s["ttft_ms"]["median"] == 2000
+    assert s["ttft_ms"]["p99"] == pytest.approx(1000 + 0.99 * 2000)
+    assert s["itl_ms"]["count"] == 3                     # pooled: 1, 2, 1 s
+    assert s["itl_ms"]["median"] == 1000 and s["itl_ms"]["mean"] == pytest.approx(4000 / 3)
+    assert s["tpot_ms"]["mean"] == pytest.approx(1250)   # (1.5 + 1.0) / 2
+    assert s["e2e_ms"]["median"] == 4000
+
+
+def test_side_by_side_ratios():
+    from rich.console import Console
+    mk = lambda d: summarize(RunResult("r", d, [times_record(4, 0.0, [d / 2, d])]))
+    table = side_by_side("t", ["a", "b"], [mk(1.0), mk(2.0)])
+    console = Console(width=200, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "(x0.50)" in text and "(x2.00)" in text     # throughput halves, latency doubles
+
+
+def test_parse_ab():
+    assert bench.parse_ab("max-num-batched-tokens=8192,224") == ("max_num_batched_tokens", [8192, 224])
+    assert bench.parse_ab("enable_prefix_caching=true,false") == ("enable_prefix_caching", [True, False])
+    for bad in ("max_num_seqs=4", "nope=1,2", "max_num_seqs", "max_num_seqs=0,1"):
+        with pytest.raises(ValueError):
+            bench.parse_ab(bad)
+
+
+# -- end to end on dummy:tiny --------------------------------------------------------------
+def test_bench_block_and_json(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    rc, out = run_bench(capsys, "--num-prompts", "12", "--input-len", "24", "--output-len", "6",
+                        "--range-ratio", "0.25", "--warmup", "3", "--max-concurrency", "5",
+                        "--json", str(path))
+    assert rc == 0
+    for line in ("Serving Benchmark Result", "Successful requests:", "Benchmark duration (s):",
+                 "Total input tokens:", "Total generated tokens:", "Request throughput (req/s):",
+                 "Output token throughput (tok/s):", "Total token throughput (tok/s):",
+                 "Median TTFT (ms):", "P99 TPOT (ms):", "P95 ITL (ms):", "Mean E2E (ms):",
+                 "Prefix cache hit rate", "Preemptions:", "Evictions:", "COW copies:",
+                 "Peak KV usage"):
+        assert line in out, line
+    data = json.loads(path.read_text())
+    assert {"bench", "summary", "requests", "runs"} <= set(data)
+    s, reqs = data["summary"], data["requests"]
+    assert s["successful_requests"] == 12 == len(reqs)            # warm-up excluded
+    assert {"ttft", "tpot", "itls", "e2e", "prompt_len", "output_len"} <= set(reqs[0])
+    assert s["total_output_tokens"] == sum(r["output_len"] for r in reqs)
+    assert s["total_input_tokens"] == sum(r["prompt_len"] for r in reqs)
+    assert all(18 <= r["prompt_len"] <= 30 and 4 <= r["output_len"] <= 7 for r in reqs)
+    assert all(len(r["itls"]) == r["output_len"] - 1 for r in reqs)
+    assert s["itl_ms"]["count"] == sum(len(r["itls"]) for r in reqs)
+    assert all(0 < r["ttft"] <= r["e2e"] for r in reqs)
+    assert s["engine"]["peak_used_blocks"] > 0 and s["engine"]["num_blocks"] == 256
+
+
+def test_bench_arrival_interval(tmp_path, capsys):
+    path = tmp_path / "o.json"
+    rc, _ = run_bench(capsys, "--num-prompts", "5", "--input-len", "8", "--output-len", "2",
+                      "--submit-interval-ms", "40", "--json", str(path))
+    assert rc == 0
+    arr = [r["arrival_time"] for r in json.loads(path.read_text())["requests"]]
+    assert all(b > a for a, b in zip(arr, arr[1:])) and arr[-1] - arr[0] >= 4 * 0.04 * 0.9
+
+
+def test_ab_prefix_caching_on_shared_prefix(tmp_path, capsys):
+    path = tmp_path / "ab.json"
+    rc, out = run_bench(capsys, "--scenario", "shared-prefix", "--num-prompts", "16",
+                        "--input-len", "64", "--output-len", "4",
+                        "--ab", "enable_prefix_caching=true,false", "--json", str(path))
+    assert rc == 0
+    assert "True" in out and "False" in out and "(x" in out and "Prefix hit rate" in out
+    data = json.loads(path.read_text())
+    assert data["ab"]["mode"].startswith("same engine")
+    rates = [r["summary"]["engine"]["prefix_hit_rate"] for r in data["runs"]]
+    assert rates[0] > 0 and rates[1] == 0
+    assert [r["knobs"]["enable_prefix_caching"] for r in data["runs"]] == [True, False]
+    assert all(len(r["requests"]) == 16 for r in data["runs"])
+
+
+def test_ab_fixed_knob_uses_fresh_engines(tmp_path, capsys):
+    path = tmp_path / "ab.json"
+    rc, _ = run_bench(capsys, "--num-prompts", "4", "--input-len", "20", "--output-len", "3",
+                      "--ab", "block_size=8,16", "--json", str(path))
+    data = json.loads(path.read_text())
+    assert rc == 0 and data["ab"]["mode"] == "fresh engine per value"
+    assert [r["summary"]["total_output_tokens"] for r in data["runs"]] == [12, 12]
+
+
+def test_identical_scenario_exercises_cow(tmp_path, capsys):
+    path = tmp_path / "cow.json"
+    rc, _ = run_bench(capsys, "--scenario", "identical", "--num-prompts", "8",
+                      "--input-len", "65", "--output-len", "3", "--json", str(path))
+    assert rc == 0
+    eng = json.loads(path.read_text())["summary"]["engine"]
+    assert eng["dedup_joined"] == 7          # one prefill, 7 followers share its blocks
+    assert eng["cow_copies"] == 7            # each follower copies the shared last block
+
+
+def test_compare_hf_same_weights(tmp_path, capsys):
+    path = tmp_path / "cmp.json"
+    rc, out = run_bench(capsys, "--num-prompts", "6", "--input-len", "12", "--output-len", "5",
+                        "--range-ratio", "0.3", "--compare", "hf", "--hf-batch-size", "4",
+                        "--json", str(path))
+    assert rc == 0
+    assert "HF CB" in out and "HF generate" in out and "roseplay / HF CB" in out
+    data = json.loads(path.read_text())
+    labels = [r["label"] for r in data["runs"]]
+    assert labels[0] == "roseplay" and labels[1].startswith("HF CB")
+    outs = [[r["output_len"] for r in run["requests"]] for run in data["runs"]]
+    assert outs[0] == outs[1] == outs[2]                 # same max_tokens everywhere
+    assert data["compare"]["greedy_agreement_vs_hf_cb"] == 1.0   # identical weights, fp32
+
+
+def test_bad_args_return_2(capsys):
+    assert bench.main([*BASE, "--num-prompts", "0"]) == 2
+    assert bench.main([*BASE, "--ab", "max_num_seqs=1,2", "--compare", "hf"]) == 2
