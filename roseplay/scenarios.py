@@ -126,9 +126,14 @@ def load_prompt_data(path: Path | str | None = None) -> dict:
     return {k: list(v) for k, v in FALLBACK.items()}
 
 
-def _words(data: dict) -> tuple[str, ...]:
+def _words(data: dict, tokenizer=None, limit: int = 3000) -> tuple[str, ...]:
+    """Distinct words of the data; with a tokenizer, only words that are one token both
+    alone and after a space (so "w w w ..." repeated k times is exactly k tokens)."""
     text = " ".join(s for v in data.values() for s in v)
-    words = sorted({w.lower() for w in re.findall(r"[A-Za-z]{3,}", text)})
+    words = sorted({w.lower() for w in re.findall(r"[A-Za-z]{3,}", text)})[:limit]
+    if tokenizer is not None:
+        words = [w for w in words if len(tokenizer.encode(w)) == 1
+                 and len(tokenizer.encode(" " + w)) == 1]
     return tuple(words) or WORDS_FALLBACK
 
 
@@ -178,7 +183,8 @@ def _long_short(spec: WorkloadSpec, i: int) -> WorkItem:
 
 def _identical(spec: WorkloadSpec, i: int) -> WorkItem:
     if spec.tokenizer is not None:
-        prompt = _repeat("rose", IDENTICAL_REPEATS)
+        word = "rose" if "rose" in spec.words else spec.words[0]
+        prompt = _repeat(word, IDENTICAL_REPEATS)
     else:
         prompt = {"prompt_token_ids": [spec.rng("identical").randrange(spec.vocab_size)]
                   * spec.input_len}
@@ -207,7 +213,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "(chunked prefill) protects decode ITL.", _long_short,
              default_submit_interval=0.02),
     Scenario("identical", "Identical burst",
-             "The same prompt many times (text: 65 repeats of one word; token ids: "
+             "The same prompt many times (text: 65 repeats of a one-token word; token ids: "
              "input_len copies of one id): dedup prefills it once and every decode "
              "copies the shared, partly filled last block (copy-on-write).", _identical),
     Scenario("random", "Random unique prompts",
@@ -233,7 +239,7 @@ def make_spec(*, tokenizer=None, vocab_size: int = 512, input_len: int = 64,
         raise ValueError("range_ratio must be in [0, 1)")
     data = data if data is not None else load_prompt_data()
     return WorkloadSpec(tokenizer, vocab_size, input_len, output_len, range_ratio, seed,
-                        temperature, ignore_eos, data, _words(data))
+                        temperature, ignore_eos, data, _words(data, tokenizer))
 
 
 def iter_workload(name: str, start: int = 0, **spec_kwargs) -> Iterator[WorkItem]:
