@@ -104,7 +104,7 @@ class LlamaForCausalLM(nn.Module):
                    "input_layernorm.weight": "input_layernorm",
                    "post_attention_layernorm.weight": "post_attention_layernorm",
                    "q_norm.weight": "q_norm", "k_norm.weight": "k_norm"}
-        loaded = set()
+        loaded, parts = set(), {}
         for name, tensor in weights:
             if "rotary_emb" in name:
                 continue
@@ -117,11 +117,15 @@ class LlamaForCausalLM(nn.Module):
                 if f".{shard}." in name:
                     target = name.replace(shard, fused)
                     params[target].data[offset:offset + tensor.shape[0]].copy_(tensor)
-                    loaded.add(target)
+                    parts.setdefault(target, set()).add(shard)
                     break
             else:
                 if name not in params:
                     raise KeyError(f"unexpected weight {name!r}")
                 params[name].data.copy_(tensor)
                 loaded.add(name)
+        for target, got in parts.items():   # a fused param is loaded once all its shards are
+            fused = stacked[next(iter(got))][0]
+            if got == {s for s, (f, _) in stacked.items() if f == fused}:
+                loaded.add(target)
         return loaded

@@ -117,10 +117,11 @@ def _load_safetensors(model: nn.Module, path: str) -> None:
         raise InvalidRequestError(f"no *.safetensors weights in {path}")
     expected = {n for n, _ in model.named_parameters()}
     try:
-        loaded = set()
-        for file in files:
-            with safe_open(file, framework="pt", device="cpu") as f:
-                loaded |= model.load_weights((k, f.get_tensor(k)) for k in f.keys())
+        def tensors():   # one stream over all shards: a fused param may span two files
+            for file in files:
+                with safe_open(file, framework="pt", device="cpu") as f:
+                    yield from ((k, f.get_tensor(k)) for k in f.keys())
+        loaded = model.load_weights(tensors())
     except Exception as exc:
         raise InvalidRequestError(f"unreadable weights in {path}: {exc}") from exc
     missing = expected - loaded
