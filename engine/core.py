@@ -61,9 +61,9 @@ class LLMEngine:
         num_blocks = config.num_blocks or self._blocks_from_memory(loaded.model)
         self.pool = BlockPool(num_blocks, config.block_size)
         self.scheduler = Scheduler(config.scheduler, self.pool)
-        use_graphs = not config.enforce_eager and backend == "triton"
         self.runner = ModelRunner(loaded.model, ops, self.device, self.dtype, num_blocks,
-                                  config.block_size, self.max_model_len, use_graphs,
+                                  config.block_size, self.max_model_len,
+                                  not config.enforce_eager, backend == "triton",
                                   max_graph_batch=max(config.scheduler.max_num_seqs, 256))
         self.sampler = Sampler(self.device, config.seed)
         self.stats = StatsRecorder()

@@ -3,6 +3,9 @@
 Static input buffers are filled each step and the graph of the smallest bucket that
 holds the batch is replayed. Padding rows store nothing (slot -1) and attend to one
 position, so they cost almost nothing and touch no live KV.
+
+Without capture (enforce_eager) the same padded buffers run eagerly, so eager and graph
+decode steps have identical shapes, hence identical kernels and bit-identical results.
 """
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 
 
 class DecodeGraphs:
-    def __init__(self, runner, max_batch: int):
+    def __init__(self, runner, max_batch: int, use_graphs: bool = True):
         self.runner = runner
+        self.use_graphs = use_graphs
         self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
         n, dev = self.buckets[-1], runner.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -76,6 +80,8 @@ class DecodeGraphs:
         self.slot_mapping[:bs].copy_(torch.from_numpy(slots), non_blocking=True)
         self.context_lens[:bs].copy_(torch.from_numpy(lens), non_blocking=True)
         self.block_tables[:n, :table.shape[1]].copy_(torch.from_numpy(table), non_blocking=True)
+        if not self.use_graphs:
+            return self._forward(bs)[:n]
         graph, out = self.graphs[bs]
         graph.replay()
         return out[:n]

@@ -28,7 +28,7 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, num_blocks: int,
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
-                 max_graph_batch: int = 512):
+                 graph_safe_ops: bool, max_graph_batch: int = 512):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -41,10 +41,11 @@ class ModelRunner:
             layer.ops = ops
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         self.forward_calls = 0
-        self.graphs = None
-        if use_cuda_graphs and device.type == "cuda":
-            self.graphs = DecodeGraphs(self, max_graph_batch)
-            self.graphs.capture()
+        self.graphs = None    # decode steps through static buffers (captured unless eager)
+        if device.type == "cuda" and graph_safe_ops:
+            self.graphs = DecodeGraphs(self, max_graph_batch, use_cuda_graphs)
+            if use_cuda_graphs:
+                self.graphs.capture()
 
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:

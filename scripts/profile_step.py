@@ -1,0 +1,96 @@
+"""Where does a step's time go? GPU replay time vs whole step, per batch size; top kernels.
+
+PYTHONPATH=. python scripts/profile_step.py --model dummy:qwen2.5-0.5b
+"""
+import argparse
+import time
+
+import torch
+
+from engine import LLM, SamplingParams
+
+
+def fill(llm, bs, input_len=512):
+    eng = llm.engine
+    g = torch.Generator().manual_seed(bs)
+    for _ in range(bs):
+        eng.add_request({"prompt_token_ids": torch.randint(100, 50000, (input_len,), generator=g).tolist()},
+                        SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True))
+    while eng.scheduler.waiting or any(r.num_uncomputed > 1 for r in eng.scheduler.running):
+        eng.step()
+
+
+def time_steps(llm, n=30):
+    eng = llm.engine
+    for _ in range(3):
+        eng.step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        eng.step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n
+
+
+def time_replay(llm, bs, n=50):
+    graphs = llm.engine.runner.graphs
+    bucket = min(b for b in graphs.buckets if b >= bs)
+    g = graphs.graphs[bucket][0]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    start.record()
+    for _ in range(n):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n / 1e3
+
+
+def reset(llm):
+    eng = llm.engine
+    for rid in list(eng.requests):
+        eng.abort(rid)
+    eng.clear_prefix_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="dummy:qwen2.5-0.5b")
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--prefill-tokens", type=int, default=8192)
+    a = ap.parse_args()
+    llm = LLM(model=a.model, max_num_batched_tokens=a.prefill_tokens, max_num_seqs=512,
+              max_model_len=2048)
+    print(f"{'batch':>6} {'step ms':>8} {'replay ms':>9} {'host ms':>8}")
+    for bs in map(int, a.batches.split(",")):
+        fill(llm, bs)
+        step = time_steps(llm)
+        replay = time_replay(llm, bs)
+        print(f"{bs:>6} {step*1e3:8.3f} {replay*1e3:9.3f} {(step-replay)*1e3:8.3f}")
+        reset(llm)
+    # one prefill step of prefill_tokens (512-token prompts)
+    eng = llm.engine
+    g = torch.Generator().manual_seed(1)
+    for _ in range(a.prefill_tokens // 512):
+        eng.add_request({"prompt_token_ids": torch.randint(100, 50000, (512,), generator=g).tolist()},
+                        SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    torch.cuda.synchronize(); t = time.perf_counter()
+    eng.step()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    flops = 2 * sum(p.numel() for p in eng.runner.model.parameters()) * a.prefill_tokens
+    print(f"prefill step {a.prefill_tokens} tokens: {dt*1e3:.2f} ms ({flops/dt/1e12:.0f} TFLOP/s on weights)")
+    reset(llm)
+    # kernel breakdown of one eager decode step at batch 256 (same shapes as the graph)
+    llm.engine.runner.graphs.use_graphs = False
+    fill(llm, 256)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            llm.engine.step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=50))
+
+
+if __name__ == "__main__":
+    main()
