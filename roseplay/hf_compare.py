@@ -83,11 +83,15 @@ def _cb_config(prompts, max_new, device, max_batch_tokens, cuda_graph: bool):
 
 def _cb_generate(model, prompts, max_new, cb_config) -> tuple[list, dict]:
     from transformers import GenerationConfig
+    from transformers.generation.continuous_batching.utils import WorkloadHints
     gen = GenerationConfig(max_new_tokens=max(max_new), do_sample=False, eos_token_id=-1,
                            pad_token_id=0)
+    hints = WorkloadHints(max_prompt_length=max(len(p) for p in prompts),   # as generate_batch
+                          max_generated_length=max(max_new), num_requests=len(prompts))
     results = {}
     with _cpu_memory_probe(), model.continuous_batching_context_manager(
-            generation_config=gen, continuous_batching_config=cb_config, block=True, timeout=10) as mgr:
+            generation_config=gen, continuous_batching_config=cb_config, block=True, timeout=10,
+            workload_hints=hints) as mgr:
         ids = [mgr.add_request(p, max_new_tokens=m, record_timestamps=True, eos_token_id=-1)
                for p, m in zip(prompts, max_new)]
         while len(results) < len(ids):
