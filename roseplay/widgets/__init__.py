@@ -1,0 +1,1 @@
+"""roseplay's panels: one widget (family) per file, each drawing itself from a snapshot."""

@@ -1,0 +1,114 @@
+"""Knobs: the engine's live knobs and the workload, each with its key and current value.
+
+Knob names, help texts, steps and minimums come from engine/config.py (field metadata);
+nothing about a knob is restated here except which key changes it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from rich.console import Group
+from rich.text import Text
+from textual.widget import Widget
+
+from engine.config import SchedulerConfig, knob_fields
+from roseplay.scenarios import SCENARIOS
+
+KNOB_KEYS = {"enable_prefix_caching": "c", "max_num_batched_tokens": "-/+",
+             "max_num_seqs": "[/]"}
+WORKLOAD_HELP = {
+    "scenario": "Which prompts the workload driver sends (s cycles): " + "; ".join(
+        f"{s.name}: {s.description}" for s in SCENARIOS.values()),
+    "concurrency": "Most requests the driver keeps in flight (closed loop, like vLLM's "
+                   "--max-concurrency); a new one is sent as soon as one finishes.",
+    "rate": "Request arrivals per second (Poisson); ∞ sends whenever a slot is free.",
+}
+CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def live_fields() -> list[dataclasses.Field]:
+    return [f for f in knob_fields(SchedulerConfig) if f.metadata.get("live")]
+
+
+def knob_field(name: str) -> dataclasses.Field:
+    return next(f for f in knob_fields(SchedulerConfig) if f.name == name)
+
+
+def stepped(value: int, name: str, direction: int) -> int:
+    """The next value of an integer knob: +/- its metadata step, halving/doubling below it."""
+    meta = knob_field(name).metadata
+    step, minimum = meta.get("step", 1), meta.get("minimum", 1)
+    if direction > 0:
+        return value * 2 if value < step else (value // step + 1) * step
+    if value > step:
+        return -(-value // step - 1) * step
+    return max(minimum, value // 2)
+
+
+def next_in(seq, value, direction: int):
+    """The neighbour of `value` in a sorted sequence (clamped)."""
+    seq = list(seq)
+    if direction > 0:
+        return next((v for v in seq if v > value), seq[-1])
+    return next((v for v in reversed(seq) if v < value), seq[0])
+
+
+def fmt_value(name: str, value) -> str:
+    if isinstance(value, bool):
+        return "ON" if value else "OFF"
+    if name == "max_num_batched_tokens":
+        return f"{value} tok/step"
+    return str(value)
+
+
+class KnobsPanel(Widget):
+    """Current values; the help text of the last knob touched is shown underneath."""
+
+    DEFAULT_CSS = "KnobsPanel { height: 9; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._content: tuple[Text, ...] = (Text(),)
+        self.last_changed: str | None = None
+
+    def show(self, requested: SchedulerConfig, applied: SchedulerConfig, workload: dict,
+             read_only: bool = False) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        for f in live_fields():
+            value, now = getattr(requested, f.name), getattr(applied, f.name)
+            self._row(t, KNOB_KEYS.get(f.name, ""), f.name, fmt_value(f.name, value),
+                      value is True or (value is not False and f.name == self.last_changed),
+                      "" if value == now else "  (from next step)")
+        scen = workload.get("scenario") or "-"
+        title = SCENARIOS[scen].title if scen in SCENARIOS else ""
+        self._row(t, "s", "scenario", scen, False, f"  {title}")
+        self._row(t, "</>", "concurrency", f"{workload.get('concurrency') or '∞'}", False,
+                  f"  in flight {workload.get('in_flight', 0)}")
+        rate = workload.get("rate")
+        self._row(t, "r", "request rate", "∞" if rate is None else f"{rate:g}/s", False,
+                  "  as fast as slots free" if rate is None else "  Poisson arrivals")
+        t.rstrip()
+        content = (t, Text(self._help_line(read_only), "dim italic", overflow="ellipsis"))
+        if content != self._content:
+            self._content = content
+            self.refresh()
+
+    def _row(self, t: Text, key: str, name: str, value: str, on: bool, note: str) -> None:
+        t.append(f" {key:>3} ", "bold reverse #5fb3f0")
+        t.append(f" {name:<24}")
+        color = "#4cc97a" if value == "ON" else "#ff6b6b" if value == "OFF" else "#f2d34f"
+        t.append(f"{value:<16}", f"bold {color}")
+        t.append(note + "\n", "dim")
+
+    def _help_line(self, read_only: bool) -> str:
+        if read_only:
+            return "replay: knobs show what was set while recording"
+        name = self.last_changed
+        if name in WORKLOAD_HELP:
+            return f"{name}: {WORKLOAD_HELP[name]}"
+        if name:
+            return f"{name}: {knob_field(name).metadata['help']}"
+        return "press a key to change a knob; ? explains every panel"
+
+    def render(self) -> Group:
+        return Group(*self._content)

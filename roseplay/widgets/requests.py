@@ -1,0 +1,275 @@
+"""Request list (Line API, sticky header, own cursor) and the selected request's text.
+
+Rows are drawn by us instead of a DataTable (whose update_cell invalidates its whole
+row cache): each visible line remembers the RequestView it drew, and a new snapshot
+refreshes only the lines whose view changed (finished requests keep the very same view
+object), so 256 rows cost only the few lines that moved since the last frame.
+"""
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.binding import Binding
+from textual.geometry import Region
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+
+ACTIVE = ("waiting", "prefilling", "decoding", "preempted", "dedup")
+STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
+               "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "finished": "#6f9fd8",
+               "cancelled": "#777777", "error": "bold #ff5555"}
+COLUMNS = (("id", 8, "<"), ("state", 10, "<"), ("progress", 0, "<"), ("prompt", 6, ">"),
+           ("hit", 5, ">"), ("gen", 5, ">"), ("TTFT", 7, ">"), ("TPOT", 7, ">"))
+PROGRESS_MIN, PROGRESS_MAX = 12, 40
+BAR_EMPTY = "#343a46"
+_STYLES: dict[str, Style] = {}
+
+
+def st(spec: str) -> Style:
+    """Parsed rich styles, cached (rows are built from raw Segments: no markup parsing)."""
+    style = _STYLES.get(spec)
+    if style is None:
+        style = _STYLES[spec] = Style.parse(spec) if spec else Style()
+    return style
+
+
+def fmt_ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    if ms >= 10000:
+        return f"{seconds:.1f}s"
+    return f"{ms:.0f}ms" if ms >= 100 else f"{ms:.1f}ms"
+
+
+def bar(frac: float, width: int, color: str) -> list[Segment]:
+    """A smooth progress bar of exactly `width` cells (eighth blocks)."""
+    frac = min(1.0, max(0.0, frac))
+    full, part = divmod(round(frac * width * 8), 8)
+    segs = [Segment("█" * full, st(color))] if full else []
+    if full < width:
+        segs.append(Segment(" ▏▎▍▌▋▊▉"[part], st(f"{color} on {BAR_EMPTY}")))
+        segs.append(Segment(" " * (width - full - 1), st(f"on {BAR_EMPTY}")))
+    return segs
+
+
+def progress_cell(r, budget: int, width: int) -> list[Segment]:
+    """What the request is doing, as a bar plus words, exactly `width` cells."""
+    if r.state == "prefilling":
+        n = r.chunks_total(budget)
+        label = f" chunk {min(r.chunks_done + 1, n)}/{n} {r.computed_tokens}/{r.prefill_target}"
+        frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
+    elif r.state in ("decoding", "dedup"):
+        label = f" {r.output_tokens}/{r.max_tokens}"
+        frac, color = r.output_tokens / max(1, r.max_tokens), "#4cc97a"
+    else:
+        text, style = {
+            "waiting": ("queued for a slot", "dim"),
+            "preempted": (f"preempted ×{r.preemptions}: recompute", "#ff6b6b"),
+            "error": (f"error: {r.error or ''}", "#ff5555"),
+        }.get(r.state, (r.finish_reason or r.state, "dim"))
+        return [Segment(_fit(text, width, "<"), st(style))]
+    bw = max(3, width - len(label))
+    return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
+
+
+def _fit(text: str, width: int, align: str) -> str:
+    if len(text) > width:
+        return text[:max(0, width - 1)] + "…" if width else ""
+    return text.rjust(width) if align == ">" else text.ljust(width)
+
+
+class RequestList(Widget, can_focus=True):
+    """Active requests (arrival order), then finished ones (newest first).
+
+    Only lines whose content changed are refreshed (`refresh(Region)`), so Textual
+    re-renders a handful of lines per frame rather than the whole table.
+    """
+
+    DEFAULT_CSS = """
+    RequestList { height: 1fr; min-height: 4; }
+    """
+    BINDINGS = [Binding("up,k", "move(-1)", "Select", show=False),
+                Binding("down,j", "move(1)", "Select", show=False),
+                Binding("pageup", "move(-10)", show=False),
+                Binding("pagedown", "move(10)", show=False),
+                Binding("home", "move(-100000)", show=False),
+                Binding("escape", "unselect", "Follow", show=False)]
+
+    class Selected(Message):
+        def __init__(self, request_id: str | None):
+            super().__init__()
+            self.request_id = request_id
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.rows: list = []
+        self.budget = 1
+        self.selected: str | None = None     # chosen by the user (None: follow the first)
+        self.top = 0
+        self._shown: dict[int, tuple] = {}   # line y -> what it showed when last drawn
+
+    # -- data --------------------------------------------------------------------------
+    def show(self, requests, budget: int) -> None:
+        active = [r for r in requests if r.state in ACTIVE]
+        done = [r for r in reversed(requests) if r.state not in ACTIVE]
+        self.rows, self.budget = active + done, budget
+        if self.selected and not any(r.request_id == self.selected for r in self.rows):
+            self.selected = None
+        self._scroll_to_cursor()
+        self._refresh_changed()
+
+    def _line_key(self, y: int) -> tuple:
+        i = self.top + y - 1
+        if y == 0 or i >= len(self.rows):
+            return (y == 0, i < len(self.rows), self.size.width)
+        r = self.rows[i]
+        return (r, r is self.current, self.budget, self.size.width)
+
+    def _refresh_changed(self) -> None:
+        dirty = []
+        for y in range(self.size.height):
+            key, old = self._line_key(y), self._shown.get(y)
+            if old is None or len(old) != len(key) or old[1:] != key[1:] or not (
+                    old[0] is key[0] or old[0] == key[0]):
+                dirty.append(Region(0, y, self.size.width, 1))
+        if len(dirty) > self.size.height // 2:
+            self.refresh()
+        elif dirty:
+            self.refresh(*dirty)
+
+    @property
+    def current(self):
+        """The highlighted request: the user's choice, else the first active one."""
+        if self.selected:
+            return next((r for r in self.rows if r.request_id == self.selected), None)
+        return self.rows[0] if self.rows and self.rows[0].state in ACTIVE else None
+
+    def _cursor(self) -> int:
+        cur = self.current
+        return next((i for i, r in enumerate(self.rows) if r is cur), -1)
+
+    # -- keys and mouse --------------------------------------------------------------------
+    def action_move(self, delta: int) -> None:
+        if not self.rows:
+            return
+        i = self._cursor()
+        i = max(0, min(len(self.rows) - 1, (0 if i < 0 else i + delta)))
+        self.select(self.rows[i].request_id)
+
+    def action_unselect(self) -> None:
+        self.select(None)
+
+    def select(self, request_id: str | None) -> None:
+        self.selected = request_id
+        self._scroll_to_cursor()
+        self._refresh_changed()
+        self.post_message(self.Selected(request_id))
+
+    def on_click(self, event) -> None:
+        i = self.top + event.y - 1
+        if event.y >= 1 and 0 <= i < len(self.rows):
+            self.select(self.rows[i].request_id)
+
+    def _scroll_by(self, delta: int) -> None:
+        self.top = max(0, min(max(0, len(self.rows) - self._visible()), self.top + delta))
+        self._refresh_changed()
+
+    def on_mouse_scroll_down(self, event) -> None:
+        self._scroll_by(3)
+
+    def on_mouse_scroll_up(self, event) -> None:
+        self._scroll_by(-3)
+
+    def _visible(self) -> int:
+        return max(1, self.size.height - 1)
+
+    def _scroll_to_cursor(self) -> None:
+        i, vis = self._cursor(), self._visible()
+        if i >= 0 and self.selected:
+            if i < self.top:
+                self.top = i
+            elif i >= self.top + vis:
+                self.top = i - vis + 1
+        self.top = max(0, min(self.top, max(0, len(self.rows) - vis)))
+
+    # -- drawing -------------------------------------------------------------------------
+    def _widths(self) -> list[int]:
+        fixed = sum(w for _, w, _ in COLUMNS) + len(COLUMNS)
+        progress = max(PROGRESS_MIN, min(PROGRESS_MAX, self.size.width - fixed))
+        return [w or progress for _, w, _ in COLUMNS]
+
+    def _strip(self, cells: list, background: Style | None) -> Strip:
+        segments: list[Segment] = []
+        for (_, _, align), w, cell in zip(COLUMNS, self._widths(), cells):
+            segments.append(Segment(" "))
+            if isinstance(cell, list):
+                segments.extend(cell)
+            else:
+                text, style = cell
+                segments.append(Segment(_fit(text, w, align), st(style)))
+        strip = Strip(segments).adjust_cell_length(self.size.width)
+        return strip.apply_style(background) if background is not None else strip
+
+    def _row(self, r, selected: bool) -> Strip:
+        cells = [(r.request_id, "bold" if r.request_id.startswith("you") else ""),
+                 (r.state, STATE_STYLE.get(r.state, "")),
+                 progress_cell(r, self.budget, self._widths()[2]), (str(r.prompt_tokens), ""),
+                 (str(r.cached_tokens) if r.cached_tokens else "-", "#e08a1e"),
+                 (str(r.output_tokens), ""), (fmt_ms(r.ttft), ""), (fmt_ms(r.tpot), "")]
+        return self._strip(cells, st("on #3b3f5c") if selected else None)
+
+    def render_line(self, y: int) -> Strip:
+        self._shown[y] = self._line_key(y)
+        if y == 0:
+            return self._strip([(name, "bold underline #aab2c0") for name, _, _ in COLUMNS], None)
+        i = self.top + y - 1
+        if i >= len(self.rows):
+            if i == len(self.rows) == 0:
+                return Strip([Segment("  no requests yet", st("dim"))]).adjust_cell_length(
+                    self.size.width)
+            return Strip.blank(self.size.width)
+        r = self.rows[i]
+        return self._row(r, r is self.current)
+
+    def on_resize(self) -> None:
+        self._shown.clear()
+        self.refresh()
+
+
+class RequestDetail(Widget):
+    """The selected request: prompt (dim) and its output text as it streams."""
+
+    DEFAULT_CSS = "RequestDetail { height: 6; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._text = Text()
+
+    def show(self, r, has_text: bool) -> None:
+        t = Text(overflow="fold")
+        if r is None:
+            t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
+        else:
+            t.append(f"{r.request_id} ", STATE_STYLE.get(r.state, ""))
+            t.append(f"[{r.state}] ", STATE_STYLE.get(r.state, ""))
+            t.append(r.prompt_preview.replace("\n", " ⏎ "), "dim italic")
+            t.append("\n")
+            if r.text:
+                room = max(40, self.size.width * (self.size.height - 2))
+                text = r.text if len(r.text) <= room else "…" + r.text[-room:]
+                t.append(text.replace("\n", " ⏎ "), "bold")
+            elif r.output_tokens and not has_text:
+                t.append(f"{r.output_tokens} tokens (this model has no tokenizer: no text)", "dim")
+            if r.state in ("prefilling", "decoding"):
+                t.append("▌", "blink #4cc97a")
+            if r.error:
+                t.append(f"\nerror: {r.error}", "#ff5555")
+        if t != self._text:
+            self._text = t
+            self.refresh()
+
+    def render(self) -> Text:
+        return self._text

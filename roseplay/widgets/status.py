@@ -1,0 +1,49 @@
+"""The top line: model and device, serving/paused, step, replay position, errors."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+
+class StatusBar(Widget):
+    DEFAULT_CSS = "StatusBar { height: 1; background: $boost; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._text = Text(" roseplay ", "bold reverse")
+
+    def loading(self, message: str) -> None:
+        t = Text(" roseplay ", "bold #111111 on #f2d34f")
+        t.append(f"  {message}", "bold")
+        self._set(t)
+
+    def show(self, snap, kind: str, paused: bool, position: str = "") -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(" roseplay ", "bold #111111 on #f2d34f")
+        t.append(f" {snap.model} ", "bold")
+        backend = snap.extra.get("backend")
+        t.append(f"· {snap.device} {snap.dtype}{f' {backend}' if backend else ''}  ", "dim")
+        if kind == "replay":
+            t.append(" REPLAY ", "bold #111111 on #c792ea")
+            t.append(" ❚❚ paused " if paused else " ▶ playing ", "bold")
+            t.append(position + "  ", "#c792ea")
+            t.append("(recorded engine paused)  " if snap.paused else "", "dim")
+        elif paused:
+            t.append(" ❚❚ PAUSED ", "bold #111111 on #ff9f43")
+            t.append("  n: one step · space: resume  ", "dim")
+        else:
+            t.append(" ▶ SERVING ", "bold #111111 on #4cc97a")
+            t.append("  ")
+        t.append(f"step {snap.step}", "bold")
+        t.append(f"  finished {snap.counters.finished}")
+        if snap.error:
+            t.append(f"  ⚠ {snap.error}", "bold #ff5555")
+        self._set(t)
+
+    def _set(self, t: Text) -> None:
+        if t != self._text:
+            self._text = t
+            self.refresh()
+
+    def render(self) -> Text:
+        return self._text

@@ -1,0 +1,90 @@
+"""This step: what the last engine step did with its token budget."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+DECODE, PREFILL, EMPTY = "#4cc97a", "#f2c14e", "#3a3f4a"
+
+
+def budget_bar(decode: int, prefill: int, budget: int, width: int) -> Text:
+    """decode | prefill | unused, in proportion to the token budget."""
+    total = max(budget, decode + prefill, 1)
+    d = round(decode / total * width)
+    p = min(width - d, round(prefill / total * width))
+    if decode and not d:
+        d = 1
+    if prefill and not p and d < width:
+        p = 1
+    t = Text("█" * d, DECODE)
+    t.append("█" * p, PREFILL)
+    t.append("░" * max(0, width - d - p), EMPTY)
+    return t
+
+
+def chunk_words(step, snap) -> Text:
+    t = Text()
+    budget = snap.knobs.max_num_batched_tokens
+    for i, c in enumerate(step.prefill_chunks[:4]):
+        view = snap.request(c.request_id)
+        if i:
+            t.append(" · ")
+        t.append(c.request_id, "bold")
+        if view is not None and view.chunks_done:
+            t.append(f" chunk {view.chunks_done}/{view.chunks_total(budget)}")
+        t.append(f" {c.num_tokens} tok", PREFILL)
+        t.append(f" [{c.start}:{c.start + c.num_tokens}/{c.total}]", "dim")
+    more = len(step.prefill_chunks) - 4
+    if more > 0:
+        t.append(f" · +{more} more", "dim")
+    return t
+
+
+class StepPanel(Widget):
+    """Decode vs prefill tokens against the budget, chunks, prefix hits, COW, evictions."""
+
+    DEFAULT_CSS = "StepPanel { height: 7; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._text = Text()
+        self._key = None
+
+    def show(self, snap) -> None:
+        key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width)
+        if key == self._key:
+            return
+        self._key = key
+        self._text = self._build(snap)
+        self.refresh()
+
+    def _build(self, snap) -> Text:
+        s, budget = snap.last_step, snap.knobs.max_num_batched_tokens
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if s is None:
+            return t.append("no step yet: the engine is waiting for requests", "dim")
+        t.append(f"step {s.step}", "bold")
+        t.append(f"  {s.duration * 1000:7.1f} ms   ")
+        t.append(f"running {s.num_running}  waiting {s.num_waiting}\n")
+        used = s.decode_tokens + s.prefill_tokens
+        t.append("budget ")
+        t.append_text(budget_bar(s.decode_tokens, s.prefill_tokens, budget,
+                                 max(10, self.size.width - 22)))
+        t.append(f" {used:>5}/{budget} tok\n")
+        t.append("■", DECODE)
+        t.append(f" decode {s.decode_tokens} tok ({s.decode_tokens} seqs)   ")
+        t.append("■", PREFILL)
+        t.append(f" prefill {s.prefill_tokens} tok in {len(s.prefill_chunks)} chunk(s)\n")
+        t.append("prefill ", "dim")
+        t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
+        t.append("\n")
+        for name, value in (("prefix-hit blocks", s.prefix_hit_blocks), ("COW", s.cow_copies),
+                            ("evicted", s.evictions), ("preempted", s.preemptions),
+                            ("dedup", s.dedup_joined)):
+            t.append(f"{name} ")
+            t.append(f"{value}", "bold #e08a1e" if value else "dim")
+            t.append("  ")
+        return t
+
+    def render(self) -> Text:
+        return self._text
