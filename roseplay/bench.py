@@ -19,6 +19,7 @@ import dataclasses
 import math
 import sys
 import time
+import weakref
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -216,8 +217,12 @@ def _run_compare(args, console: Console) -> tuple[list[report.RunResult], dict]:
     with _progress(console, args) as progress:
         ours, outputs = measure(loop, items, warmup, args, "roseplay", progress)
     loop.close()
+    alive = weakref.ref(engine)
     del loop, engine
     hf_compare.free_device_memory()
+    if alive() is not None:
+        console.print("[yellow]warning: our engine is still referenced; HF runs with its "
+                      "KV pool still allocated[/yellow]")
     prompts = [list(o.prompt_token_ids) for o in outputs if o.error is None]
     max_new = [it.params.max_tokens for it, o in zip(items, outputs) if o.error is None]
     hf_model.to(device)
