@@ -249,6 +249,10 @@ class LLMEngine:
                     failed.append(f)
                 self._finish(req, RequestStatus.ERROR, "error", msg)
                 failed.append(req)
+        for req in list(self.scheduler.running):   # followers that took a leader's blocks
+            if req.dedup_leader is None and req.num_uncomputed < 1:   # but not its token:
+                self._finish(req, RequestStatus.ERROR, "error", msg)  # never schedulable
+                failed.append(req)
         self.stats.last_error = msg
         return failed
 

@@ -56,7 +56,7 @@ class ModelRunner:
     # -- per step --------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> tuple[torch.Tensor, list[ScheduledChunk]]:
-        """Run the plan's forward; return logits [S, V] (float32) and the sampled chunks."""
+        """Run the plan's forward; return logits [S, V] (model dtype) and the sampled chunks."""
         self.copy_blocks(plan.copies)
         self.forward_calls += 1
         if self.graphs is not None and not plan.prefills and self.graphs.fits(len(plan.decodes)):

@@ -18,9 +18,10 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """logits [S, V] float32, one row per request (same order) -> token ids."""
+        """logits [S, V] (model dtype), one row per request (same order) -> token ids."""
         if all(r.params.greedy for r in requests):
-            return logits.argmax(dim=-1).tolist()
+            return logits.argmax(dim=-1).tolist()   # exact on bf16: no upcast needed
+        logits = logits.float()
         greedy_tokens = logits.argmax(dim=-1)
         temps = torch.tensor([r.params.temperature or 1.0 for r in requests],
                              device=logits.device, dtype=torch.float32)

@@ -16,7 +16,7 @@ CONFIGS = {
                   num_attention_heads=4, num_key_value_heads=4, head_dim=32, vocab_size=320,
                   max_position_embeddings=512, tie_word_embeddings=False),
     # Llama with llama3 rope scaling and group size 7 (Qwen2.5-0.5B's)
-    "llama-gqa7": dict(model_type="llama", hidden_size=112, intermediate_size=160,
+    "llama-gqa7": dict(model_type="llama", hidden_size=224, intermediate_size=160,
                        num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
                        vocab_size=320, max_position_embeddings=1024, tie_word_embeddings=True,
                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

@@ -43,13 +43,26 @@ def test_triton_backend_matches_hf_fp32(kind, tmp_path):
         assert out[0, ids.shape[1]:].tolist() == tokens
 
 
-def test_triton_matches_torch_backend_bf16_mixed_steps():
+def test_triton_matches_torch_backend_bf16_mixed_step():
+    """One mixed step (decodes + chunked prefills) through both backends: same logits
+    within bf16 tolerance. (Greedy tokens of random-weight bf16 models flip on near-ties,
+    so tokens are compared in fp32 above and between graph/eager runs.)"""
     prompts = _workload(151936, n=16)
-    kw = dict(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16", num_blocks=2048,
-              max_num_batched_tokens=96, enforce_eager=True)
-    a = _greedy(LLM(attention_backend="triton", **kw), prompts, n=16)
-    b = _greedy(LLM(attention_backend="torch", **kw), prompts, n=16)
-    same = sum(x == y for x, y in zip(a, b))
-    # bf16 kernels round differently from the fp32 reference: allow rare late divergence
-    prefix = [next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) for x, y in zip(a, b)]
-    assert same >= len(a) - 2 and min(prefix) >= 4, (same, prefix)
+    logits = {}
+    for backend in ("triton", "torch"):
+        llm = LLM(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16", num_blocks=2048,
+                  max_num_batched_tokens=700, enforce_eager=True, attention_backend=backend)
+        eng = llm.engine
+        for p in prompts[:8]:
+            eng.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+        while eng.scheduler.waiting or any(r.num_uncomputed > 1 for r in eng.scheduler.running):
+            eng.step()
+        eng.step()
+        for p in prompts[8:]:
+            eng.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+        plan = eng.scheduler.schedule()
+        assert plan.decodes and plan.prefills
+        out, _ = eng.runner.execute(plan)
+        logits[backend] = out.float()
+    a, b = logits["triton"], logits["torch"]
+    assert (a - b).norm() / b.norm() < 2e-2

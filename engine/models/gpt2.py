@@ -54,7 +54,7 @@ class GPT2LMHeadModel(nn.Module):
         for block in self.h:
             hidden = block(hidden, meta)
         hidden = self.ln_f(hidden[logits_indices])
-        return torch.matmul(hidden, self.wte.weight.t()).float()
+        return torch.matmul(hidden, self.wte.weight.t())   # model dtype
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())

@@ -89,7 +89,7 @@ class LlamaForCausalLM(nn.Module):
         hidden, residual = hidden[logits_indices], residual[logits_indices]
         hidden, _ = self.ops.rms_norm(hidden, self.norm, self.eps, residual)
         weight = self.embed_tokens.weight if self.tie else self.lm_head.weight
-        return torch.matmul(hidden, weight.t()).float()
+        return torch.matmul(hidden, weight.t())   # model dtype: argmax needs no upcast
 
     # -- weights ---------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
