@@ -47,22 +47,26 @@ def test_triton_matches_torch_backend_bf16_mixed_step():
     """One mixed step (decodes + chunked prefills) through both backends: same logits
     within bf16 tolerance. (Greedy tokens of random-weight bf16 models flip on near-ties,
     so tokens are compared in fp32 above and between graph/eager runs.)"""
-    prompts = _workload(151936, n=16)
+    prompts = _workload(151936, n=8)
+    g = torch.Generator().manual_seed(5)
+    short = [{"prompt_token_ids": torch.randint(0, 151936, (n,), generator=g).tolist()}
+             for n in (1, 7, 33, 64, 80)]
     logits = {}
     for backend in ("triton", "torch"):
         llm = LLM(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16", num_blocks=2048,
                   max_num_batched_tokens=700, enforce_eager=True, attention_backend=backend)
         eng = llm.engine
-        for p in prompts[:8]:
+        for p in prompts:
             eng.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         while eng.scheduler.waiting or any(r.num_uncomputed > 1 for r in eng.scheduler.running):
             eng.step()
         eng.step()
-        for p in prompts[8:]:
+        for p in short:
             eng.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         plan = eng.scheduler.schedule()
-        assert plan.decodes and plan.prefills
+        assert plan.decodes and len(plan.prefills) == len(short)
         out, _ = eng.runner.execute(plan)
-        logits[backend] = out.float()
+        # decode rows depend on earlier samples (which may differ); prefill rows do not
+        logits[backend] = out[len(plan.decodes):].float()
     a, b = logits["triton"], logits["torch"]
     assert (a - b).norm() / b.norm() < 2e-2
