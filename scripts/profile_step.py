@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--model", default="dummy:qwen2.5-0.5b")
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--prefill-tokens", type=int, default=8192)
+    ap.add_argument("--profile-batches", default="1,256", help="kernel tables for these batches")
     a = ap.parse_args()
     llm = LLM(model=a.model, max_num_batched_tokens=a.prefill_tokens, max_num_seqs=512,
               max_model_len=2048)
@@ -81,15 +82,20 @@ def main():
     flops = 2 * sum(p.numel() for p in eng.runner.model.parameters()) * a.prefill_tokens
     print(f"prefill step {a.prefill_tokens} tokens: {dt*1e3:.2f} ms ({flops/dt/1e12:.0f} TFLOP/s on weights)")
     reset(llm)
-    # kernel breakdown of one eager decode step at batch 256 (same shapes as the graph)
-    llm.engine.runner.graphs.use_graphs = False
-    fill(llm, 256)
+    # kernel breakdown of eager decode steps (same shapes as the graphs)
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for _ in range(3):
-            llm.engine.step()
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=50))
+    llm.engine.runner.graphs.use_graphs = False
+    for bs in map(int, a.profile_batches.split(",")):
+        fill(llm, bs)
+        llm.engine.step()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                llm.engine.step()
+            torch.cuda.synchronize()
+        print(f"--- batch {bs}: 3 eager decode steps ---")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14,
+                                        max_name_column_width=48))
+        reset(llm)
 
 
 if __name__ == "__main__":
