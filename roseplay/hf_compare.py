@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
 import os
 import time
@@ -108,6 +109,7 @@ def _cb_generate(model, prompts, max_new, cb_config) -> tuple[list, dict]:
 def run_hf_cb(model, prompts: list[list[int]], max_new: list[int], device: torch.device,
               max_batch_tokens: int = 512, warmup: int = 2) -> tuple[RunResult, list]:
     """HF continuous batching; returns the result and each request's generated tokens."""
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)   # psutil chatter
     model.set_attn_implementation("paged|sdpa")
     label = "HF CB"
     for graphs in ((True, False) if device.type == "cuda" else (False,)):
