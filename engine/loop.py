@@ -19,7 +19,8 @@ from typing import Callable, Iterator
 
 from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.core import LLMEngine
-from engine.request import Request, RequestOutput, SamplingParams
+from engine.request import (CompletionOutput, Request, RequestMetrics, RequestOutput,
+                            SamplingParams)
 from engine.snapshot import EngineSnapshot
 
 
@@ -52,8 +53,10 @@ class RequestStream:
 
     def get(self, timeout: float | None = None) -> StreamEvent:
         event = self._q.get(timeout=timeout)
-        if event.finished:
-            self.output = event.output
+        if event.finished:   # refused/failed before it ran: a bare error output, never None
+            self.output = event.output or RequestOutput(
+                event.request_id, None, (), (CompletionOutput(0, "", (), event.finish_reason),),
+                True, RequestMetrics.from_times(0.0, []), event.error)
             self._finalizer.detach()
         return event
 
