@@ -49,7 +49,7 @@ class RequestStream:
         self._loop = weakref.ref(loop)
         self.output: RequestOutput | None = None
         self._finalizer = weakref.finalize(self, EngineLoop._stream_dropped,
-                                           weakref.ref(loop), request_id)
+                                           weakref.ref(loop), request_id, q)
 
     def get(self, timeout: float | None = None) -> StreamEvent:
         event = self._q.get(timeout=timeout)
@@ -166,10 +166,11 @@ class EngineLoop:
         self._wake.set()
 
     @staticmethod
-    def _stream_dropped(loop_ref, request_id: str) -> None:
+    def _stream_dropped(loop_ref, request_id: str, q=None) -> None:
         loop = loop_ref()
-        if loop is not None and not loop._stopped:
-            loop._post(lambda: loop._abort(request_id, "cancelled", "stream dropped by its consumer"))
+        if loop is not None and not loop._stopped:   # only if that stream's request is live
+            loop._post(lambda: loop._sinks.get(request_id, (None,))[0] is q and loop._abort(
+                request_id, "cancelled", "stream dropped by its consumer"))
 
     def _add(self, req: Request, q: queue.SimpleQueue) -> None:
         try:
