@@ -107,6 +107,8 @@ class EngineLoop:
         q: queue.SimpleQueue = queue.SimpleQueue()
         stream = RequestStream(req.request_id, q, self)
         self._post(lambda: self._add(req, q))
+        if self._stopped:   # closed meanwhile: the command may never run
+            raise RuntimeError(f"engine loop is stopped ({self.fatal_error or 'closed'})")
         return stream
 
     def cancel(self, request_id: str) -> None:
@@ -204,6 +206,7 @@ class EngineLoop:
             self._fail_all(f"engine stopped: {type(exc).__name__}: {exc}")
         finally:
             self._stopped = True
+            self._close_streams()
             with self._idle:
                 self._idle.notify_all()
 
@@ -243,6 +246,26 @@ class EngineLoop:
             q.put(event)
             if done:
                 del self._sinks[req.request_id]
+
+    def _close_streams(self) -> None:
+        """The loop ends (close or fatal error): no stream or step_once waits forever."""
+        reason = "error" if self.fatal_error else "cancelled"
+        message = self.fatal_error or "engine loop closed"
+        while self._commands:          # requests submitted before the stop get their end
+            try:
+                self._commands.popleft()()
+            except Exception:
+                pass
+        for rid in list(self.engine.requests):
+            try:
+                self._abort(rid, reason, message)
+            except Exception:
+                pass
+        for rid, (q, _) in list(self._sinks.items()):
+            q.put(StreamEvent(rid, (), (), "", True, reason, message))
+        self._sinks.clear()
+        while self._single_steps:
+            self._single_steps.popleft().set()
 
     def _fail_all(self, message: str) -> None:
         self.fatal_error = message
