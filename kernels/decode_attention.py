@@ -26,8 +26,8 @@ import triton.language as tl
 
 from kernels._common import check_float, dot_precision, next_pow2, num_sms
 
-TARGET_PROGRAMS_PER_SM = 4      # aim for this many phase-1 programs per multiprocessor
-MIN_SPLIT_TOKENS = 256          # never split finer than this
+TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
+MIN_SPLIT_TOKENS = 128          # never split finer than this
 MAX_SPLITS = 256
 REDUCE_CHUNK = 16               # splits merged per step of the reducer
 
@@ -148,7 +148,8 @@ def plan_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int, block
     """(num_splits, tokens_per_split) from shapes only, so a captured graph stays valid."""
     max_tokens = max(1, max_blocks * page)
     tiles = triton.cdiv(max_tokens, block_n)
-    want = triton.cdiv(TARGET_PROGRAMS_PER_SM * sms, max(1, batch * num_kv_heads))
+    # floor, not ceil: a second, mostly empty wave of programs costs more than it gains
+    want = (TARGET_PROGRAMS_PER_SM * sms) // max(1, batch * num_kv_heads)
     by_len = triton.cdiv(max_tokens, max(MIN_SPLIT_TOKENS, block_n))
     splits = max(1, min(want, by_len, MAX_SPLITS))
     tokens_per_split = triton.cdiv(tiles, splits) * block_n
@@ -156,12 +157,13 @@ def plan_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int, block
 
 
 def default_config(head_dim: int, dtype: torch.dtype) -> dict:
-    """KV tile of BLOCK_N tokens: 16-32 KB of K+V per step in 16-bit (no spills at 4 warps);
-    float32 (exact FMA dots) takes 64 tokens, fewer at large head_dim."""
+    """KV tile of BLOCK_N tokens per step, 4 warps, 2 stages (H100 sweep, docs/KERNELS.md):
+    64 tokens beat 128 at batch >= 64 (72 vs 106 registers: more programs resident).
+    float32 (exact FMA dots) takes fewer tokens at large head_dim."""
     if dtype == torch.float32:
         block_n = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
     else:
-        block_n = 128 if head_dim <= 64 else (64 if head_dim <= 128 else 32)
+        block_n = 64 if head_dim <= 128 else 32
     return {"block_n": block_n, "num_warps": 4, "num_stages": 2}
 
 

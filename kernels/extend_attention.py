@@ -115,16 +115,20 @@ def _extend_kernel(
 def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> dict:
     """Tile shape from the packed row count (max_seqlen_q * GROUP), head_dim and dtype.
 
-    16-bit: 128 x 64 tiles on 8 warps (two warpgroups of wgmma on Hopper, ~125-185
-    registers, no spills for D <= 128); fewer rows when the chunk is short. float32 uses
-    exact (non-tf32) dots on FMA units, so it takes small tiles to stay out of local memory.
+    16-bit, head_dim <= 64: 64 x 64 tiles, 4 warps, 2 stages (best of 24 variants in the
+    H100 sweep, docs/KERNELS.md). Larger head_dim: 128 x 64 on 8 warps (two warpgroups of
+    wgmma, ~140-185 registers, no spills). Short chunks take fewer rows. float32 uses exact
+    (non-tf32) dots on FMA units, so it takes small tiles to stay out of local memory.
     """
     if dtype == torch.float32:
         return {"block_m": 16, "block_n": 32 if head_dim <= 64 else 16, "num_warps": 4,
                 "num_stages": 2}
+    if head_dim <= 64:
+        return {"block_m": max(16, min(64, next_pow2(rows))), "block_n": 64,
+                "num_warps": 4, "num_stages": 2}
     block_m = max(16, min(128 if head_dim <= 128 else 64, next_pow2(rows)))
     block_n = 64 if head_dim <= 128 else 32
-    warps = 8 if block_m >= 64 and head_dim >= 64 and block_m * head_dim >= 8192 else 4
+    warps = 8 if block_m >= 64 else 4
     return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": 3}
 
 

@@ -1,6 +1,7 @@
 """Microbenchmark the Triton paged attention kernels on a CUDA GPU.
 
   python scripts/bench_kernels.py results.json [--sweep] [--quick]
+      [--heads 14 --kv-heads 2 --head-dim 64]
 
 Shape: Qwen2.5-0.5B attention (14 query heads, 2 KV heads, head_dim 64), bf16, block 16.
 Decode: batch 1/16/64/256 x context 512/2048/8192, one query token per sequence, random
@@ -9,7 +10,8 @@ min(context, 512) new tokens per sequence on top of a prefix, plus two whole-pro
 prefills. Times are triton.testing.do_bench medians (L2 flushed before each call); decode
 is also timed as a CUDA-graph replay. Bandwidth counts K/V read once plus q and out, and
 is compared with a device-to-device copy measured here (bytes read + written).
---sweep also times tile/warp/stage/split variants at a few points; --quick trims the grid.
+--sweep also times tile/warp/stage/split variants at a few points; --quick trims the grid
+(batch 1/64 x context 512/8192) and the sweep points.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ CONTEXTS = [512, 2048, 8192]
 CHUNK = 512
 REF_BATCHES, REF_CTX = [1, 16], 512           # torch reference contrast points
 DEVICE = "cuda"
+QUICK = False
 FAST = False             # shorter timing while sweeping
 SMOKE = False            # --cpu-smoke: tiny grid on CPU under TRITON_INTERPRET=1
 
@@ -146,12 +149,14 @@ def sweep(pool, ceiling):
     rows = []
     dec_points = [(1, 8192), (16, 2048), (64, 2048), (64, 8192), (256, 2048)]
     ext_points = [(16, 2048, 512), (1, 8192, 8192), (64, 8192, 512)]
+    if QUICK:
+        dec_points, ext_points = [(16, 2048), (64, 8192)], [(16, 2048, 512), (1, 8192, 8192)]
     if SMOKE:
         dec_points, ext_points = [(2, 70)], [(2, 70, 20)]
     dec_cfgs = [dict(block_n=bn, num_warps=w, num_stages=s)
-                for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)]
+                for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3)]
     for batch, ctx in dec_points:
-        for cfg in dec_cfgs + [dict(num_splits=n) for n in (1, 2, 4, 8, 16, 32)]:
+        for cfg in dec_cfgs + [dict(num_splits=n) for n in (1, 2, 4, 8, 16, 32, 64)]:
             try:
                 r = decode_point(pool, batch, ctx, ceiling, graph=False, **cfg)
             except Exception as e:                            # noqa: BLE001
@@ -170,13 +175,18 @@ def sweep(pool, ceiling):
 
 
 def main():
+    global DEVICE, SMOKE, BATCHES, CONTEXTS, CHUNK, REF_BATCHES, REF_CTX, QUICK, H, H_KV, D
+    global FAST
     ap = argparse.ArgumentParser()
     ap.add_argument("out", help="JSON results path")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--heads", type=int, default=H)
+    ap.add_argument("--kv-heads", type=int, default=H_KV)
+    ap.add_argument("--head-dim", type=int, default=D)
     ap.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global DEVICE, SMOKE, BATCHES, CONTEXTS, CHUNK, REF_BATCHES, REF_CTX
+    H, H_KV, D, QUICK = args.heads, args.kv_heads, args.head_dim, args.quick
     if args.cpu_smoke:
         DEVICE, SMOKE, BATCHES, CONTEXTS, CHUNK = "cpu", True, [1, 2], [40, 70], 16
         REF_BATCHES, REF_CTX = [1, 2], 40
@@ -201,7 +211,6 @@ def main():
     res["extend"] = [extend_point(pool, b, c, n, ceiling) for b, c, n in ext]
     res["reference"] = reference_points(pool)
     if args.sweep:
-        global FAST
         FAST = True
         res["sweep"] = sweep(pool, ceiling)
         FAST = False
@@ -211,7 +220,7 @@ def main():
 
     print(f"\n{res['device']}  {res['date']}  torch {res['torch']}  triton {res['triton']}")
     print(f"copy ceiling (D2D, read+write): {ceiling:.2f} TB/s")
-    print("\ndecode  (14 q / 2 kv heads, D=64, bf16, block 16)")
+    print(f"\ndecode  ({H} q / {H_KV} kv heads, D={D}, bf16, block {BS})")
     print(f"{'batch':>5} {'ctx':>5} {'ms':>8} {'TB/s':>6} {'%copy':>6} {'graph ms':>9} {'TB/s':>6}")
     for r in res["decode"]:
         print(f"{r['batch']:>5} {r['context']:>5} {r['ms']:>8.4f} {r['TBps']:>6.2f} "
