@@ -70,6 +70,9 @@ class EngineConfig:
                                                 "activations and the KV pool.")
     max_model_len: int | None = _knob(None, "Longest prompt + output (default: the model's).")
     enforce_eager: bool = _knob(False, "Disable CUDA graphs for decode steps.")
+    async_scheduling: bool = _knob(True, "Overlap host and device: while a decode-only step "
+                                         "runs, prepare and launch the next one (its input "
+                                         "tokens stay on the device).")
     attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA, torch on CPU), "
                                            "torch, triton.",
                                    choices=("auto", "torch", "triton"))

@@ -11,6 +11,7 @@ from collections import deque
 
 import torch
 
+from engine import overlap
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv.block_pool import BlockPool
@@ -64,6 +65,7 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, ops, self.device, self.dtype, num_blocks,
                                   config.block_size, self.max_model_len,
                                   not config.enforce_eager, backend == "triton",
+                                  overlap=config.async_scheduling,
                                   max_graph_batch=max(config.scheduler.max_num_seqs, 256))
         self.sampler = Sampler(self.device, config.seed)
         self.stats = StatsRecorder()
@@ -71,6 +73,8 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._chunks_done: dict[str, int] = {}
         self.requests: dict[str, Request] = {}     # unfinished, by id
+        self._inflight: overlap.Launched | None = None   # overlapped step awaiting its tokens
+        self.allow_chain = True                    # the loop turns overlap off while paused
         self.recent_finished: deque = deque(maxlen=256)
 
     def _blocks_from_memory(self, model) -> int:
@@ -173,48 +177,80 @@ class LLMEngine:
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[Request]:
-        """Run one engine step; return the requests that got tokens or finished."""
-        t0 = time.perf_counter()
-        evictions0 = self.pool.evictions
+        """Run one engine step; return the requests that got tokens or finished.
+
+        With overlap, a call may launch the next decode step before returning the tokens
+        of the previous one (see engine/overlap.py)."""
+        if self._inflight is not None:
+            return self._complete_inflight(chain=True)
+        t0, evictions0 = time.perf_counter(), self.pool.evictions
         plan = self.scheduler.schedule()
         if not plan:
             self._record(plan, t0, evictions0, 0)
             return []
         try:
-            touched = self._run(plan)
+            launched = overlap.launch(self, plan)
+            if overlap.chainable(self, plan):
+                self._inflight = launched
+                return []
+            self._commit(plan)
+            touched = self._emit_tokens(launched)
         except Exception as exc:  # a failing forward fails its requests, not the engine
             touched = self._fail_plan(plan, exc)
+        self._after_step(plan, t0, evictions0, touched)
+        return touched
+
+    def flush(self) -> list[Request]:
+        """Finish an in-flight overlapped step without launching another."""
+        return self._complete_inflight(chain=False) if self._inflight is not None else []
+
+    def _complete_inflight(self, chain: bool) -> list[Request]:
+        prev, self._inflight = self._inflight, None
+        try:
+            self._commit(prev.plan)
+            nxt = overlap.next_plan(self, prev) if chain else None
+            if nxt is not None:
+                self._inflight = overlap.launch(self, *nxt)
+            touched = self._emit_tokens(prev)
+        except Exception as exc:
+            touched = self._fail_plan(prev.plan, exc)
+            if self._inflight is not None:
+                touched += self._fail_plan(self._inflight.plan, exc)
+                self._inflight = None
+        self._after_step(prev.plan, prev.t0, prev.evictions0, touched)
+        return touched
+
+    def _after_step(self, plan: StepPlan, t0: float, evictions0: int, touched) -> None:
         if self.config.check_invariants:
             self.check_invariants()
         self._record(plan, t0, evictions0, sum(1 for r in touched if r.token_times))
-        return touched
 
-    def _run(self, plan: StepPlan) -> list[Request]:
-        logits, sample_chunks = self.runner.execute(plan)
-        rows, reqs = [], []
-        for i, c in enumerate(sample_chunks):
-            rows.append(i)
-            reqs.append(c.request)
-            for f in self.scheduler.followers.get(c.request, ()):
-                rows.append(i)
-                reqs.append(f)
-        if len(rows) != logits.shape[0]:   # followers share their leader's row
-            logits = logits[torch.tensor(rows, device=logits.device)]
-        tokens = self.sampler.sample(logits, reqs)
-        now = time.perf_counter()
+    def _commit(self, plan: StepPlan) -> None:
+        """The plan's KV is computed: advance counters, index newly full blocks, and let
+        dedup followers take the blocks of leaders that finished their prompt."""
         for c in plan.decodes:
-            c.request.num_computed_tokens += 1
-            self.kv_register(c.request)
+            if not c.request.status.done:
+                c.request.num_computed_tokens += 1
+                self.kv_register(c.request)
         for c in plan.prefills:
-            rid = c.request.request_id
-            c.request.num_computed_tokens += c.num_tokens
-            self.kv_register(c.request)
-            self._chunks_done[rid] = self._chunks_done.get(rid, 0) + 1
+            req = c.request
+            if req.status.done:
+                continue
+            req.num_computed_tokens += c.num_tokens
+            self.kv_register(req)
+            self._chunks_done[req.request_id] = self._chunks_done.get(req.request_id, 0) + 1
             if c.sample:
-                self.scheduler.leader_sampled(c.request)
-        for req, token in zip(reqs, tokens):
-            self._append_token(req, token, now)
-        return reqs
+                self.scheduler.leader_sampled(req)
+
+    def _emit_tokens(self, launched: "overlap.Launched") -> list[Request]:
+        tokens = launched.tokens.tolist()     # the step's one host sync
+        now = time.perf_counter()
+        touched = []
+        for req, token in zip(launched.requests, tokens):
+            if req.status is RequestStatus.RUNNING:   # not cancelled meanwhile
+                self._append_token(req, token, now)
+                touched.append(req)
+        return touched
 
     def kv_register(self, req: Request) -> None:
         self.scheduler.kv.register_full_blocks(req, self.knobs.enable_prefix_caching)

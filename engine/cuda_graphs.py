@@ -21,9 +21,10 @@ BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 
 
 class DecodeGraphs:
-    def __init__(self, runner, max_batch: int, use_graphs: bool = True):
+    def __init__(self, runner, max_batch: int, use_graphs: bool = True, pad: bool = True):
         self.runner = runner
         self.use_graphs = use_graphs
+        self.pad = pad or use_graphs   # unpadded only for the CPU overlap path
         self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
         n, dev = self.buckets[-1], runner.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -62,11 +63,12 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
-    def run(self, decodes) -> torch.Tensor:
+    def run(self, decodes, token_source: torch.Tensor | None = None) -> torch.Tensor:
+        """Fill the static buffers and run. token_source: this step's input tokens as a
+        device tensor (the previous step's samples), else they are read from requests."""
         n = len(decodes)
-        bs = self.buckets[bisect.bisect_left(self.buckets, n)]
+        bs = self.buckets[bisect.bisect_left(self.buckets, n)] if self.pad else n
         runner = self.runner
-        ids = np.fromiter((c.request.token_at(c.start) for c in decodes), np.int64, n)
         pos = np.fromiter((c.start for c in decodes), np.int64, n)
         slots = np.full(bs, -1, dtype=np.int64)
         lens = np.ones(bs, dtype=np.int32)
@@ -75,7 +77,11 @@ class DecodeGraphs:
             slots[i] = bt[c.start // runner.block_size] * runner.block_size + c.start % runner.block_size
         lens[:n] = pos + 1
         table = runner.block_table_array(decodes)
-        self.input_ids[:n].copy_(torch.from_numpy(ids), non_blocking=True)
+        if token_source is None:
+            ids = np.fromiter((c.request.token_at(c.start) for c in decodes), np.int64, n)
+            self.input_ids[:n].copy_(torch.from_numpy(ids), non_blocking=True)
+        else:
+            self.input_ids[:n].copy_(token_source)
         self.positions[:n].copy_(torch.from_numpy(pos), non_blocking=True)
         self.slot_mapping[:bs].copy_(torch.from_numpy(slots), non_blocking=True)
         self.context_lens[:bs].copy_(torch.from_numpy(lens), non_blocking=True)

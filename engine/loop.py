@@ -191,6 +191,7 @@ class EngineLoop:
         try:
             while not self._stopped:
                 self._drain_commands()
+                self._sync_overlap()
                 if self._should_step():
                     self._emit(self.engine.step())
                     if self._single_steps and self._paused:
@@ -213,6 +214,12 @@ class EngineLoop:
     def _drain_commands(self) -> None:
         while self._commands:
             self._commands.popleft()()
+
+    def _sync_overlap(self) -> None:
+        """No overlapped step may stay in flight while paused: one step per key press."""
+        self.engine.allow_chain = not self._paused
+        if self._paused:
+            self._emit(self.engine.flush())
 
     def _should_step(self) -> bool:
         if self._paused:

@@ -28,7 +28,7 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, num_blocks: int,
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
-                 graph_safe_ops: bool, max_graph_batch: int = 512):
+                 graph_safe_ops: bool, max_graph_batch: int = 512, overlap: bool = False):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -46,6 +46,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self, max_graph_batch, use_cuda_graphs)
             if use_cuda_graphs:
                 self.graphs.capture()
+        elif overlap:   # CPU: same static-buffer decode path, unpadded, never captured
+            self.graphs = DecodeGraphs(self, max_graph_batch, use_graphs=False, pad=False)
 
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -55,15 +57,23 @@ class ModelRunner:
 
     # -- per step --------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, plan: StepPlan) -> tuple[torch.Tensor, list[ScheduledChunk]]:
-        """Run the plan's forward; return logits [S, V] (model dtype) and the sampled chunks."""
+    def execute(self, plan: StepPlan, token_source: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, list[ScheduledChunk]]:
+        """Run the plan's forward; return logits [S, V] (model dtype) and the sampled chunks.
+        token_source: device tensor of a decode-only step's input tokens (overlap path)."""
         self.copy_blocks(plan.copies)
         self.forward_calls += 1
-        if self.graphs is not None and not plan.prefills and self.graphs.fits(len(plan.decodes)):
-            return self.graphs.run(plan.decodes), plan.decodes
+        if self.static_decode(plan):
+            return self.graphs.run(plan.decodes, token_source), plan.decodes
+        assert token_source is None, "device-fed tokens need the static decode path"
         inputs = self.prepare(plan)
         logits = self.model(inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_indices)
         return logits, inputs.sample_chunks
+
+    def static_decode(self, plan: StepPlan) -> bool:
+        """Does this plan run through the static decode buffers (graphs)?"""
+        return (self.graphs is not None and not plan.prefills
+                and self.graphs.fits(len(plan.decodes)))
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """All copy-on-write copies of a step, every layer, K and V: one batched op."""

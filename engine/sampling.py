@@ -19,8 +19,12 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """logits [S, V] (model dtype), one row per request (same order) -> token ids."""
+        return self.sample_async(logits, requests).tolist()
+
+    def sample_async(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Like sample, but returns the tokens as a device tensor (no host sync)."""
         if all(r.params.greedy for r in requests):
-            return logits.argmax(dim=-1).tolist()   # exact on bf16: no upcast needed
+            return logits.argmax(dim=-1)   # exact on bf16: no upcast needed
         logits = logits.float()
         greedy_tokens = logits.argmax(dim=-1)
         temps = torch.tensor([r.params.temperature or 1.0 for r in requests],
@@ -32,7 +36,7 @@ class Sampler:
         noise = self._noise(probs, requests)
         random_tokens = (probs / noise).argmax(dim=-1)
         is_greedy = torch.tensor([r.params.greedy for r in requests], device=logits.device)
-        return torch.where(is_greedy, greedy_tokens, random_tokens).tolist()
+        return torch.where(is_greedy, greedy_tokens, random_tokens)
 
     def _top_k(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         ks = [r.params.top_k if r.params.top_k > 0 else logits.shape[-1] for r in requests]
