@@ -115,10 +115,11 @@ def _extend_kernel(
 def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> dict:
     """Tile shape from the packed row count (max_seqlen_q * GROUP), head_dim and dtype.
 
-    16-bit, head_dim <= 64: 64 x 64 tiles, 4 warps, 2 stages (best of 24 variants in the
-    H100 sweep, docs/KERNELS.md). Larger head_dim: 128 x 64 on 8 warps (two warpgroups of
-    wgmma, ~140-185 registers, no spills). Short chunks take fewer rows. float32 uses exact
-    (non-tf32) dots on FMA units, so it takes small tiles to stay out of local memory.
+    16-bit, head_dim <= 64: 64 x 64 tiles, 4 warps, 2 stages; head_dim 128: 128 x 64
+    tiles, 4 warps, 3 stages (best or within 1% of best of 24 variants at each swept point
+    on an H100, docs/KERNELS.md). head_dim 256: 64 x 32 on 8 warps (not measured). Short
+    chunks take fewer rows. float32 uses exact (non-tf32) dots on FMA units, so it takes
+    small tiles to stay out of local memory.
     """
     if dtype == torch.float32:
         return {"block_m": 16, "block_n": 32 if head_dim <= 64 else 16, "num_warps": 4,
@@ -126,10 +127,11 @@ def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> dict:
     if head_dim <= 64:
         return {"block_m": max(16, min(64, next_pow2(rows))), "block_n": 64,
                 "num_warps": 4, "num_stages": 2}
-    block_m = max(16, min(128 if head_dim <= 128 else 64, next_pow2(rows)))
-    block_n = 64 if head_dim <= 128 else 32
-    warps = 8 if block_m >= 64 else 4
-    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": 3}
+    if head_dim <= 128:
+        return {"block_m": max(16, min(128, next_pow2(rows))), "block_n": 64,
+                "num_warps": 4, "num_stages": 3}
+    return {"block_m": max(16, min(64, next_pow2(rows))), "block_n": 32,
+            "num_warps": 8 if rows >= 64 else 4, "num_stages": 2}
 
 
 def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
