@@ -192,21 +192,30 @@ def test_driver_counts_invalid_requests_without_hanging(loop):
     assert d.failed == 1 and d.completed == 2 and d.submit_errors
 
 
+def wait_until(cond, timeout=20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_driver_live_controls_endless(loop):
     d = WorkloadDriver(loop, "random", request_rate=200.0, concurrency=4,
                        workload=dict(TOKEN_KW, input_len=8, output_len=4)).start()
-    time.sleep(0.3)
+    assert wait_until(lambda: d.completed >= 3)
     d.pause()
-    time.sleep(0.05)
+    time.sleep(0.2)                     # at most one submission was under way
     n = d.submitted
-    time.sleep(0.15)
+    time.sleep(0.2)
     assert d.submitted == n and d.paused
     d.set_scenario("identical")
     d.set_concurrency(2)
     d.set_rate(submit_interval=0.01)
     d.resume()
-    time.sleep(0.3)
-    assert d.submitted > n and d.scenario_name == "identical"
+    assert wait_until(lambda: d.submitted > n + 2)
+    assert d.scenario_name == "identical"
     d.stop()
     assert d.finished and d.max_in_flight <= 4
     assert loop.wait_idle(30)
