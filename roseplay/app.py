@@ -82,12 +82,16 @@ class RoseplayApp(App):
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
+        q = self.screen.query_one     # keep references: other screens (help) may be on top
+        self.status, self.requests, self.kv = q(StatusBar), q(RequestList), q(KVPanel)
+        self.detail, self.step_panel, self.knobs = q(RequestDetail), q(StepPanel), q(KnobsPanel)
+        self.timing, self.prompt_bar = q(TimingPanel), q(PromptBar)
         titles = {"kv": "KV cache", "step": "This step", "knobs": "Knobs",
                   "requests": "Requests", "detail": "Selected request", "timing": "Timing"}
         for wid, title in titles.items():
-            self.query_one(f"#{wid}").border_title = title
+            q(f"#{wid}").border_title = title
         if self.source is None and self._factory is not None:
-            self.query_one(StatusBar).loading(self._loading_message)
+            self.status.loading(self._loading_message)
             self.run_worker(self._factory, thread=True, name="load", exit_on_error=False)
         self.set_interval(1 / self._refresh_hz, self.refresh_panels)
 
@@ -99,7 +103,7 @@ class RoseplayApp(App):
             self.refresh_panels()
         elif event.state is WorkerState.ERROR:
             self.load_error = f"{type(event.worker.error).__name__}: {event.worker.error}"
-            self.query_one(StatusBar).loading(f"could not start: {self.load_error}  (q quits)")
+            self.status.loading(f"could not start: {self.load_error}  (q quits)")
 
     # -- the pull loop ---------------------------------------------------------------------
     def refresh_panels(self) -> None:
@@ -108,17 +112,16 @@ class RoseplayApp(App):
             return
         snap, workload = src.snapshot(), src.workload()
         self.snapshot = snap
-        requests = self.query_one(RequestList)
         with self.batch_update():
-            self.query_one(StatusBar).show(snap, src.kind, src.paused, src.position())
-            requests.show(snap.requests, snap.knobs.max_num_batched_tokens)
-            current = requests.current
+            self.status.show(snap, src.kind, src.paused, src.position())
+            self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens)
+            current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None
-            self.query_one(KVPanel).show(snap, highlight)
-            self.query_one(RequestDetail).show(current, not snap.model.startswith("dummy:"))
-            self.query_one(StepPanel).show(snap)
-            self.query_one(KnobsPanel).show(src.knobs, snap.knobs, workload, src.kind == "replay")
-            self.query_one(TimingPanel).show(snap)
+            self.kv.show(snap, highlight)
+            self.detail.show(current, not snap.model.startswith("dummy:"))
+            self.step_panel.show(snap)
+            self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")
+            self.timing.show(snap, throttle=not src.paused)
         if src.kind == "replay":
             for event in src.take_events():
                 self.notify(describe_event(event), title="recorded", timeout=3)
@@ -134,7 +137,7 @@ class RoseplayApp(App):
             self.notify(str(exc), severity="warning", timeout=3)
             return None
         if knob:
-            self.query_one(KnobsPanel).last_changed = knob
+            self.knobs.last_changed = knob
         self.refresh_panels()
         return result
 
@@ -196,10 +199,10 @@ class RoseplayApp(App):
         if self.source is not None and self.source.kind == "replay":
             self.notify("this is a replay: nothing to submit to", severity="warning", timeout=3)
             return
-        self.query_one(PromptBar).open()
+        self.prompt_bar.open()
 
     def on_prompt_bar_submitted(self, event: PromptBar.Submitted) -> None:
-        bar = self.query_one(PromptBar)
+        bar = self.prompt_bar
         if self.source is None:
             bar.show_error("the engine is still loading")
             return
@@ -209,10 +212,10 @@ class RoseplayApp(App):
             bar.show_error(str(exc))
             return
         bar.show_ok(f"submitted as {rid}: it is selected in the request list")
-        self.query_one(RequestList).selected = rid
+        self.requests.pending = rid
 
     def on_prompt_bar_closed(self, event: PromptBar.Closed) -> None:
-        self.query_one(RequestList).focus()
+        self.requests.focus()
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

@@ -30,6 +30,7 @@ class LiveSource:
         self.loop, self.driver, self.recorder = loop, driver, recorder
         self._knobs: SchedulerConfig = loop.engine.knobs
         self._user_ids = 0
+        self._user_streams: dict = {}    # a dropped stream cancels its request: keep them
         self.tokenizer = loop.engine.tokenizer
         self.vocab_size = loop.engine.vocab_size
 
@@ -38,6 +39,7 @@ class LiveSource:
         return self.loop.snapshot()
 
     def workload(self) -> dict:
+        self._drain_user_streams()
         d = self.driver
         return {"scenario": d.scenario_name, "concurrency": d.concurrency,
                 "rate": d.request_rate, "submitted": d.submitted, "in_flight": d.num_in_flight,
@@ -111,9 +113,19 @@ class LiveSource:
         self._user_ids += 1
         rid = f"you-{self._user_ids}"
         params = SamplingParams(max_tokens=USER_MAX_TOKENS, temperature=0.8, seed=self._user_ids)
-        self.loop.submit(prompt, params, request_id=rid)
+        self._user_streams[rid] = self.loop.submit(prompt, params, request_id=rid)
         self._event("submit", request_id=rid, prompt=text)
         return rid
+
+    def _drain_user_streams(self) -> None:
+        import queue
+        for rid, stream in list(self._user_streams.items()):
+            try:
+                while not stream.get(timeout=0).finished:
+                    pass
+            except queue.Empty:
+                continue
+            del self._user_streams[rid]
 
     def close(self) -> None:
         self.driver.stop(timeout=5.0)

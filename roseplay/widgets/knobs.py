@@ -41,7 +41,7 @@ def stepped(value: int, name: str, direction: int) -> int:
     if direction > 0:
         return value * 2 if value < step else (value // step + 1) * step
     if value > step:
-        return -(-value // step - 1) * step
+        return (value - 1) // step * step
     return max(minimum, value // 2)
 
 

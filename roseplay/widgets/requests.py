@@ -108,6 +108,7 @@ class RequestList(Widget, can_focus=True):
         self.rows: list = []
         self.budget = 1
         self.selected: str | None = None     # chosen by the user (None: follow the first)
+        self.pending: str | None = None      # select this one as soon as it shows up
         self.top = 0
         self._shown: dict[int, tuple] = {}   # line y -> what it showed when last drawn
 
@@ -116,6 +117,8 @@ class RequestList(Widget, can_focus=True):
         active = [r for r in requests if r.state in ACTIVE]
         done = [r for r in reversed(requests) if r.state not in ACTIVE]
         self.rows, self.budget = active + done, budget
+        if self.pending and any(r.request_id == self.pending for r in self.rows):
+            self.selected, self.pending = self.pending, None
         if self.selected and not any(r.request_id == self.selected for r in self.rows):
             self.selected = None
         self._scroll_to_cursor()

@@ -163,13 +163,13 @@ class TimingPanel(Horizontal):
             yield Plot("TPOT p50", "#4cc97a", fmt_ms, id="plot-tpot")
             yield Plot("tokens/s", "#5fb3f0", lambda v: f"{v:,.0f}", id="plot-tput")
 
-    def show(self, snap) -> None:
-        """Feed the history every frame; redraw at most every UPDATE_EVERY seconds."""
+    def show(self, snap, throttle: bool = True) -> None:
+        """Feed the history every frame; redraw on a new snapshot, at most every
+        UPDATE_EVERY seconds while `throttle` (a running engine: text changes every frame)."""
         self.history.feed(snap)
         last_time, last_mono = self._shown_at
         now = time.monotonic()
-        if snap.time == last_time or (now - last_mono < UPDATE_EVERY and last_time is not None
-                                      and snap.time > last_time):
+        if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):
             return
         self._shown_at = (snap.time, now)
         self.query_one(TimingStats).show(snap, self.history.rate)

@@ -1,0 +1,220 @@
+"""Pilot tests of the live app: keys reach the engine AND show on screen (dummy:tiny, CPU)."""
+from __future__ import annotations
+
+import pytest
+
+from roseplay.app import RoseplayApp
+from roseplay.widgets.knobs import KnobsPanel
+from roseplay.widgets.kv_map import KVLegend, KVMap
+from roseplay.widgets.prompt_input import PromptBar
+from roseplay.widgets.requests import RequestDetail, RequestList
+from roseplay.widgets.status import StatusBar
+from roseplay.widgets.step import StepPanel
+from tui_helpers import SIZE, fast_idle, live_source, settle, sync, wait_for, widget_text
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _fast_idle(monkeypatch):
+    fast_idle(monkeypatch)
+
+
+@pytest.fixture
+def source():
+    src = live_source()
+    yield src
+    src.close()
+
+
+async def _running(pilot, source, n: int = 1) -> None:
+    assert await wait_for(pilot, lambda: source.snapshot().counters.finished >= n), \
+        "the engine finished no request"
+
+
+@sync
+async def test_app_serves_at_once_and_panels_render(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source, 4)
+        await pilot.pause(0.2)
+        assert "SERVING" in widget_text(app.query_one(StatusBar))
+        assert "dummy:tiny" in widget_text(app.query_one(StatusBar))
+        assert "finished" in widget_text(app.query_one(RequestList))
+        legend = widget_text(app.query_one(KVLegend))
+        assert "free" in legend and "cached" in legend and "/96" in legend
+        kv = app.query_one(KVMap)
+        assert kv.mode == "roomy" and kv.cols > 10
+        assert "step" in widget_text(app.query_one(StepPanel))
+
+
+@sync
+async def test_prefix_toggle_reaches_engine_and_knobs_panel(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        assert source.loop.engine.knobs.enable_prefix_caching is True
+        assert "enable_prefix_caching   ON" in widget_text(app.query_one(KnobsPanel))
+        await pilot.press("c")
+        assert await wait_for(pilot, lambda: source.loop.engine.knobs.enable_prefix_caching is False)
+        assert await wait_for(pilot, lambda: "enable_prefix_caching   OFF"
+                              in widget_text(app.query_one(KnobsPanel)), 3)
+        assert "Reuse KV blocks" in widget_text(app.query_one(KnobsPanel))   # help from config
+        await pilot.press("c")
+        assert await wait_for(pilot, lambda: source.loop.engine.knobs.enable_prefix_caching is True)
+
+
+@sync
+async def test_budget_and_max_seqs_keys_reach_engine(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        assert source.loop.engine.knobs.max_num_batched_tokens == 512
+        await pilot.press("plus")
+        assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 576)
+        await pilot.press("minus", "minus", "minus")
+        assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 384)
+        assert await wait_for(pilot, lambda: "384 tok/step" in widget_text(app.query_one(KnobsPanel)), 3)
+        await pilot.press("left_square_bracket")
+        assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_seqs == 56)
+
+
+@sync
+async def test_small_budget_halves_and_chunks_prefill():
+    src = live_source(engine=dict(max_num_batched_tokens=64), input_len=96, concurrency=2)
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("minus", "minus")      # 64 -> 32 -> 16: below the step, halve
+            assert await wait_for(pilot, lambda: src.loop.engine.knobs.max_num_batched_tokens == 16)
+            await pilot.press("c")                   # no prefix hits: every prompt is chunked
+            assert await wait_for(pilot, lambda: any(
+                r.state == "prefilling" and r.chunks_done >= 1 for r in src.snapshot().requests))
+            assert await wait_for(pilot, lambda: "chunk " in widget_text(app.query_one(RequestList)), 5)
+    finally:
+        src.close()
+
+
+@sync
+async def test_pause_stops_steps_and_resume_restarts(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        await pilot.press("space")
+        await settle(pilot, source)
+        step = source.loop.engine.stats.counters.steps
+        await pilot.pause(1.0)
+        assert source.loop.engine.stats.counters.steps == step
+        assert "PAUSED" in widget_text(app.query_one(StatusBar))
+        assert f"step {step}" in widget_text(app.query_one(StatusBar))
+        await pilot.press("space")
+        assert await wait_for(pilot, lambda: source.loop.engine.stats.counters.steps > step + 2)
+        assert "SERVING" in widget_text(app.query_one(StatusBar))
+
+
+@sync
+async def test_single_step_advances_exactly_one_step(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        await pilot.press("space")
+        await settle(pilot, source)
+        assert source.loop.engine.has_unfinished()
+        for _ in range(3):
+            step = source.loop.engine.stats.counters.steps
+            await pilot.press("n")
+            assert await wait_for(pilot, lambda: source.snapshot().step == step + 1)
+            await pilot.pause(0.3)
+            assert source.loop.engine.stats.counters.steps == step + 1
+            assert await wait_for(pilot, lambda: f"step {step + 1}"
+                                  in widget_text(app.query_one(StatusBar)), 3)
+
+
+@sync
+async def test_submitted_prompt_appears_and_finishes(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("i")
+        assert app.query_one(PromptBar).has_class("-open")
+        await pilot.press(*"to be or not to be")
+        await pilot.press("enter")
+        assert await wait_for(pilot, lambda: (r := source.snapshot().request("you-1")) is not None
+                              and r.state == "finished")
+        assert "submitted as you-1" in widget_text(app.query_one("#prompt-status"))
+        await pilot.press("escape")
+        assert await wait_for(pilot, lambda: "you-1" in widget_text(app.query_one(RequestList)), 3)
+        detail = widget_text(app.query_one(RequestDetail))
+        assert "you-1" in detail and "to be or not to be" in detail
+
+
+@sync
+async def test_invalid_prompt_shows_error_and_engine_keeps_serving(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        app.query_one(PromptBar).open()
+        app.query_one("#prompt-input").value = "x" * 2000      # > 96 blocks x 16 tokens
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        text = widget_text(app.query_one("#prompt-status"))
+        assert "✗" in text and "can never fit the KV pool" in text
+        finished = source.snapshot().counters.finished
+        assert await wait_for(pilot, lambda: source.snapshot().counters.finished > finished + 2)
+
+
+@sync
+async def test_scenario_concurrency_and_rate_keys(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("s")
+        assert source.driver.scenario_name == "long-short"
+        assert await wait_for(pilot, lambda: "long-short" in widget_text(app.query_one(KnobsPanel)), 3)
+        await pilot.press("s", "s")
+        assert source.driver.scenario_name == "random"
+        await pilot.press("greater_than_sign")
+        assert source.driver.concurrency == 8
+        await pilot.press("r")
+        assert source.driver.request_rate == 1.0
+        assert await wait_for(pilot, lambda: "1/s" in widget_text(app.query_one(KnobsPanel)), 3)
+        await _running(pilot, source, 2)
+
+
+@sync
+async def test_clear_prefix_cache_frees_cached_blocks(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source, 4)
+        await pilot.press("space")
+        await settle(pilot, source)
+        assert source.snapshot().num_cached > 0
+        await pilot.press("x", "n")     # applied before the next step
+        assert await wait_for(pilot, lambda: source.snapshot().num_cached == 0)
+
+
+@sync
+async def test_help_screen_opens_and_closes(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        assert type(app.screen).__name__ != "HelpScreen"
+
+
+@sync
+async def test_select_request_highlights_its_blocks(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        await pilot.press("space")
+        await settle(pilot, source)
+        await pilot.press("down", "up")
+        lst = app.query_one(RequestList)
+        chosen = lst.current
+        assert chosen is not None and lst.selected == chosen.request_id
+        await pilot.pause(0.2)
+        kv = app.query_one(KVMap)
+        if chosen.state in ("prefilling", "decoding"):
+            from roseplay.widgets.kv_map import SELECTED
+            assert set(map(int, (kv._cat == SELECTED).nonzero()[0])) == set(chosen.blocks)
+        assert chosen.request_id in widget_text(app.query_one(KVLegend))

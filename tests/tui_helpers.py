@@ -1,0 +1,72 @@
+"""Shared helpers for the TUI tests (tests/test_tui*.py)."""
+from __future__ import annotations
+
+import os
+import time
+
+from textual.geometry import Region
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+SESSION = os.path.join(DATA, "tui_session.jsonl.gz")
+SIZE = (160, 48)
+ENGINE = dict(model="dummy:tiny", device="cpu", num_blocks=96, block_size=16, seed=0)
+
+
+def live_source(**workload):
+    """A small live engine + driver (dummy:tiny on the CPU)."""
+    from roseplay.source import start_live
+    engine = dict(ENGINE, **workload.pop("engine", {}))
+    opts = dict(scenario="shared-prefix", concurrency=4, input_len=48, output_len=24,
+                temperature=0.0, seed=0)
+    opts.update(workload)
+    return start_live(engine, **opts)
+
+
+def widget_text(widget) -> str:
+    """What the widget shows on screen now (its rendered lines, border included)."""
+    w, h = widget.outer_size
+    strips = widget.render_lines(Region(0, 0, w, h))
+    return "\n".join(strip.text for strip in strips)
+
+
+async def wait_for(pilot, predicate, timeout: float = 20.0, interval: float = 0.05) -> bool:
+    """Let the app run until `predicate()` holds (False after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await pilot.pause(interval)
+    return bool(predicate())
+
+
+async def settle(pilot, source, timeout: float = 10.0) -> None:
+    """After a pause or step: wait until the published snapshot says so and stops moving."""
+    await wait_for(pilot, lambda: source.snapshot().paused, timeout)
+    step = -1
+    while step != source.snapshot().step:
+        step = source.snapshot().step
+        await pilot.pause(0.15)
+
+
+def sync(fn):
+    """Run an async test function with asyncio.run (no pytest async plugin needed)."""
+    import asyncio
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return wrapper
+
+
+def fast_idle(monkeypatch) -> None:
+    """Textual's Pilot waits after each key until the process *CPU* goes idle (max 1 s);
+    a running engine keeps the process busy, so every key would cost ~2 s. A short cap
+    keeps the semantics (events are still processed: Pilot also waits for the screen)."""
+    import asyncio
+
+    async def wait_for_idle(min_sleep: float = 0.0, max_sleep: float = 1.0) -> None:
+        await asyncio.sleep(0.02)
+
+    monkeypatch.setattr("textual.app.wait_for_idle", wait_for_idle)
+    monkeypatch.setattr("textual.pilot.wait_for_idle", wait_for_idle)
