@@ -34,6 +34,15 @@ class DecodeGraphs:
         self.context_lens = torch.ones(n, dtype=torch.int32, device=dev)
         self.logits_indices = torch.arange(n, dtype=torch.int64, device=dev)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # Host staging, pinned and double-buffered: copies from pageable memory would wait
+        # for the stream (and so for the step in flight); pinned ones are truly async. Two
+        # suffice: a buffer is refilled two steps later, after its step was synced.
+        pin = dev.type == "cuda"
+        self._stage64 = [torch.zeros(3, n, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._stage_lens = [torch.ones(n, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self._stage_table = [torch.zeros(n, runner.max_blocks_per_seq, dtype=torch.int32,
+                                         pin_memory=pin) for _ in range(2)]
+        self._flip = 0
 
     def fits(self, batch: int) -> bool:
         return batch <= self.buckets[-1]
@@ -68,24 +77,29 @@ class DecodeGraphs:
         device tensor (the previous step's samples), else they are read from requests."""
         n = len(decodes)
         bs = self.buckets[bisect.bisect_left(self.buckets, n)] if self.pad else n
-        runner = self.runner
-        pos = np.fromiter((c.start for c in decodes), np.int64, n)
-        slots = np.full(bs, -1, dtype=np.int64)
-        lens = np.ones(bs, dtype=np.int32)
+        k = self._flip
+        self._flip ^= 1
+        s64, s_lens, s_table = self._stage64[k], self._stage_lens[k], self._stage_table[k]
+        ids, pos, slots = s64.numpy()
+        lens, table = s_lens.numpy(), s_table.numpy()
+        page = self.runner.block_size
+        slots[:bs] = -1
+        lens[:bs] = 1
         for i, c in enumerate(decodes):
             bt = c.request.block_table
-            slots[i] = bt[c.start // runner.block_size] * runner.block_size + c.start % runner.block_size
-        lens[:n] = pos + 1
-        table = runner.block_table_array(decodes)
+            pos[i] = c.start
+            slots[i] = bt[c.start // page] * page + c.start % page
+            table[i, :len(bt)] = bt
+        lens[:n] = pos[:n] + 1
         if token_source is None:
-            ids = np.fromiter((c.request.token_at(c.start) for c in decodes), np.int64, n)
-            self.input_ids[:n].copy_(torch.from_numpy(ids), non_blocking=True)
+            ids[:n] = [c.request.token_at(c.start) for c in decodes]
+            self.input_ids[:n].copy_(s64[0, :n], non_blocking=True)
         else:
             self.input_ids[:n].copy_(token_source)
-        self.positions[:n].copy_(torch.from_numpy(pos), non_blocking=True)
-        self.slot_mapping[:bs].copy_(torch.from_numpy(slots), non_blocking=True)
-        self.context_lens[:bs].copy_(torch.from_numpy(lens), non_blocking=True)
-        self.block_tables[:n, :table.shape[1]].copy_(torch.from_numpy(table), non_blocking=True)
+        self.positions[:n].copy_(s64[1, :n], non_blocking=True)
+        self.slot_mapping[:bs].copy_(s64[2, :bs], non_blocking=True)
+        self.context_lens[:bs].copy_(s_lens[:bs], non_blocking=True)
+        self.block_tables[:n].copy_(s_table[:n], non_blocking=True)
         if not self.use_graphs:
             return self._forward(bs)[:n]
         graph, out = self.graphs[bs]
