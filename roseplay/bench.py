@@ -51,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help="One request every MS milliseconds.")
     w.add_argument("--max-concurrency", type=int, default=None, help="Most requests in flight.")
     w.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature (0: greedy).")
-    w.add_argument("--warmup", type=int, default=0, help="Warm-up requests (excluded) per run.")
+    w.add_argument("--warmup", type=int, default=8, help="Warm-up requests of the same scenario "
+                   "(other seed), run and discarded before each measured run; the prefix "
+                   "cache is cleared after them (default: 8).")
     b = p.add_argument_group("bench")
     b.add_argument("--ab", metavar="KNOB=V1,V2,...", help="Run once per knob value; "
                    "side-by-side table with ratios vs the first.")
@@ -90,6 +92,8 @@ def _check_args(args) -> None:
     for flag in ("num_prompts", "input_len", "output_len"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.warmup < 0:
+        raise ValueError("--warmup must be >= 0")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError("--max-concurrency must be >= 1")
     if args.request_rate is not None and args.request_rate <= 0:
