@@ -230,6 +230,9 @@ def _run_compare(args, console: Console) -> tuple[list[report.RunResult], dict]:
     prompts = [list(o.prompt_token_ids) for o in outputs if o.error is None]
     max_new = [it.params.max_tokens for it, o in zip(items, outputs) if o.error is None]
     hf_model.to(device)
+    if any(_arrivals(args).values()):
+        console.print("[yellow]note: HF requests all arrive at t=0 (burst); ours followed "
+                      "the requested arrival process[/yellow]")
     console.print("[dim]running HF continuous batching...[/dim]")
     cb, cb_tokens = hf_compare.run_hf_cb(hf_model, prompts, max_new, device, budget)
     console.print("[dim]running HF generate...[/dim]")
