@@ -136,6 +136,7 @@ async def test_submitted_prompt_appears_and_finishes(source):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("i")
         assert app.query_one(PromptBar).has_class("-open")
+        assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
         await pilot.press(*"to be or not to be")
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: (r := source.snapshot().request("you-1")) is not None
@@ -152,12 +153,13 @@ async def test_invalid_prompt_shows_error_and_engine_keeps_serving(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await _running(pilot, source)
-        app.query_one(PromptBar).open()
+        await pilot.press("i")
+        assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
         app.query_one("#prompt-input").value = "x" * 2000      # > 96 blocks x 16 tokens
         await pilot.press("enter")
-        await pilot.pause(0.2)
-        text = widget_text(app.query_one("#prompt-status"))
-        assert "✗" in text and "can never fit the KV pool" in text
+        status = app.query_one("#prompt-status")
+        assert await wait_for(pilot, lambda: "✗" in widget_text(status), 5)
+        assert "can never fit the KV pool" in widget_text(status)
         finished = source.snapshot().counters.finished
         assert await wait_for(pilot, lambda: source.snapshot().counters.finished > finished + 2)
 

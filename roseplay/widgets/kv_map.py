@@ -22,7 +22,7 @@ from textual.widget import Widget
 FREE, USED, CACHED, SHARED, SELECTED = 0, 1, 2, 3, 4
 COLORS = {FREE: "#30343c", USED: "#2e9e5b", CACHED: "#2f6db5", SHARED: "#e08a1e",
           SELECTED: "#f2d34f"}
-NAMES = {FREE: "free", USED: "in use", SHARED: "shared", CACHED: "cached",
+NAMES = {FREE: "free", USED: "used", SHARED: "shared", CACHED: "cached",
          SELECTED: "selected request"}
 _BG = {k: Style(bgcolor=c, color="#111111" if k in (SHARED, SELECTED) else "#e8e8e8", bold=True)
        for k, c in COLORS.items()}
@@ -224,11 +224,11 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str) -> Text:
     used_pct = 100.0 * snap.num_used / max(1, snap.num_blocks)
     peak = snap.extra.get("peak_used_blocks")
     t.append("\n")
-    t.append(f"used {snap.num_used}/{snap.num_blocks} ({used_pct:.0f}%)", "bold")
+    t.append(f"in use {snap.num_used}/{snap.num_blocks} ({used_pct:.0f}%)", "bold")
     if peak is not None:
-        t.append(f"  peak {peak}")
-    t.append(f"  evictions {c.evictions}  preemptions {c.preemptions}  COW {c.cow_copies}"
-             f"  prefix hit {100 * c.prefix_hit_rate:.0f}%")
+        t.append(f" peak {peak}")
+    t.append(f" · hit rate {100 * c.prefix_hit_rate:.0f}% · evicted {c.evictions}"
+             f" · preempted {c.preemptions} · COW {c.cow_copies}")
     digits = "digit = refcount" if mode in ("roomy", "digits") else (
         "digits when ref>1" if mode == "solid" else "2 blocks per cell (top/bottom)")
     t.append(f"\n{hover or f'{snap.block_size} tokens per block · {digits} · hover a cell'}",

@@ -20,9 +20,9 @@ ACTIVE = ("waiting", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
                "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "finished": "#6f9fd8",
                "cancelled": "#777777", "error": "bold #ff5555"}
-COLUMNS = (("id", 8, "<"), ("state", 10, "<"), ("progress", 0, "<"), ("prompt", 6, ">"),
-           ("hit", 5, ">"), ("gen", 5, ">"), ("TTFT", 7, ">"), ("TPOT", 7, ">"))
-PROGRESS_MIN, PROGRESS_MAX = 12, 40
+COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("progress", 0, "<"), ("prompt", 6, ">"),
+           ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"), ("TPOT", 6, ">"))
+PROGRESS_MIN, PROGRESS_MAX = 8, 40
 BAR_EMPTY = "#343a46"
 _STYLES: dict[str, Style] = {}
 

@@ -72,16 +72,17 @@ class StepPanel(Widget):
                                  max(10, self.size.width - 22)))
         t.append(f" {used:>5}/{budget} tok\n")
         t.append("■", DECODE)
-        t.append(f" decode {s.decode_tokens} tok ({s.decode_tokens} seqs)   ")
+        t.append(f" decode {s.decode_tokens} tok   ")
         t.append("■", PREFILL)
-        t.append(f" prefill {s.prefill_tokens} tok in {len(s.prefill_chunks)} chunk(s)\n")
+        n = len(s.prefill_chunks)
+        t.append(f" prefill {s.prefill_tokens} tok in {n} chunk{'' if n == 1 else 's'}\n")
         t.append("prefill ", "dim")
         t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
         t.append("\n")
         for name, value in (("prefix-hit blocks", s.prefix_hit_blocks), ("COW", s.cow_copies),
                             ("evicted", s.evictions), ("preempted", s.preemptions),
                             ("dedup", s.dedup_joined)):
-            t.append(f"{name} ")
+            t.append(f"{name} ", "" if value else "dim")
             t.append(f"{value}", "bold #e08a1e" if value else "dim")
             t.append("  ")
         return t

@@ -1,0 +1,147 @@
+"""Record/replay: lossless round trip, the file format, and replay in the app without torch."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from roseplay.app import RoseplayApp
+from roseplay.record import FrameDecoder, FrameEncoder, header_for, load_recording
+from roseplay.source import ReadOnlyError, ReplaySource
+from roseplay.widgets.status import StatusBar
+from tui_helpers import SESSION, SIZE, live_source, sync, wait_for, widget_text
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _same(a, b) -> None:
+    """Two snapshots are equal field by field (arrays by value)."""
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert np.array_equal(x, y), f.name
+        else:
+            assert x == y, f.name
+
+
+def test_encoder_decoder_round_trip_is_lossless():
+    src = live_source(concurrency=6, scenario="identical")
+    try:
+        snaps, seen = [], None
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            s = src.snapshot()
+            if s is not seen:
+                snaps.append(s)
+                seen = s
+            time.sleep(0.03)
+        src.set_knobs(enable_prefix_caching=False, max_num_batched_tokens=32)
+        time.sleep(0.3)
+        snaps.append(src.snapshot())
+    finally:
+        src.close()
+    assert len(snaps) > 5 and snaps[-1].counters.finished > 0
+    enc, dec = FrameEncoder(), FrameDecoder(header_for(snaps[0]))
+    for i, s in enumerate(snaps):
+        frame = enc.encode(s, i * 0.1, {"scenario": "identical"})
+        back, workload = dec.decode(frame)
+        _same(s, back)
+        assert workload == {"scenario": "identical"}
+    assert snaps[-1].knobs.enable_prefix_caching is False
+
+
+def test_recorder_writes_header_frames_and_events(tmp_path):
+    path = str(tmp_path / "s.jsonl.gz")
+    src = live_source(record=path)
+    try:
+        time.sleep(0.6)
+        src.set_knobs(enable_prefix_caching=False)
+        src.set_scenario("random")
+        src.pause()
+        time.sleep(0.4)
+    finally:
+        src.close()
+    header, frames = load_recording(path)
+    assert header["model"] == "dummy:tiny" and header["num_blocks"] == 96
+    assert len(frames) >= 5
+    events = [e["what"] for f in frames for e in f.events]
+    assert events[:3] == ["knobs", "scenario", "pause"]
+    assert frames[-1].snapshot.knobs.enable_prefix_caching is False
+    assert frames[-1].workload["scenario"] == "random"
+    assert all(b.t >= a.t for a, b in zip(frames, frames[1:]))
+
+
+def test_committed_session_loads():
+    header, frames = load_recording(SESSION)
+    assert header["model"] == "dummy:tiny" and len(frames) > 20
+    steps = [f.snapshot.step for f in frames]
+    assert steps == sorted(steps) and steps[-1] > steps[0]
+
+
+@sync
+async def test_replay_pause_step_and_back_on_its_timeline():
+    src = ReplaySource(SESSION, start_paused=True)
+    app = RoseplayApp(source=src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("n", "n", "n")
+        assert src.index == 3
+        await pilot.press("b")
+        assert src.index == 2
+        assert app.snapshot is src.frames[2].snapshot
+        assert f"frame 3/{len(src.frames)}" in widget_text(app.query_one(StatusBar))
+        assert f"step {src.frames[2].snapshot.step}" in widget_text(app.query_one(StatusBar))
+        await pilot.press("c")           # read-only: a warning, nothing breaks
+        with pytest.raises(ReadOnlyError):
+            src.set_knobs(enable_prefix_caching=False)
+        await pilot.press("space")
+        assert not src.paused
+        assert await wait_for(pilot, lambda: src.index > 6, 10)
+        await pilot.press("space")
+        idx = src.index
+        await pilot.pause(0.4)
+        assert src.index == idx
+
+
+def test_replay_needs_no_torch():
+    code = f"""
+import asyncio, sys
+from roseplay.app import RoseplayApp
+from roseplay.source import ReplaySource
+
+async def main():
+    app = RoseplayApp(source=ReplaySource({SESSION!r}, start_paused=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("n", "n", "space")
+        await pilot.pause(0.3)
+        await pilot.press("q")
+
+asyncio.run(main())
+bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))
+assert not bad, bad
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ok" in out.stdout
+
+
+def test_cli_replay_does_not_load_a_model(tmp_path):
+    code = f"""
+import sys
+import roseplay.app
+roseplay.app.RoseplayApp.run = lambda self: None     # no terminal here: just build it
+from roseplay.cli import main
+rc = main(["--replay", {SESSION!r}])
+assert rc == 0, rc
+assert "torch" not in sys.modules
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+    bad = subprocess.run([sys.executable, "-m", "roseplay", "--replay", str(tmp_path / "nope.gz")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "cannot replay" in bad.stderr

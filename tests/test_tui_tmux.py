@@ -1,0 +1,92 @@
+"""Smoke test of the real `roseplay` command in tmux: it serves, takes keys, quits with 0."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+
+
+class Tmux:
+    """One private tmux server (own socket) running one command in a 160x48 window."""
+
+    def __init__(self, command: list[str], exit_file: str):
+        self.socket = f"roseplay-test-{os.getpid()}"
+        # COLUMNS/LINES can leak into tmux's environment (80x24) and would win over the pty
+        shell = (f"unset COLUMNS LINES; {shlex.join(command)}; "
+                 f"echo $? > {shlex.quote(exit_file)}; sleep 30")
+        self._tmux("new-session", "-d", "-s", "app", "-x", "160", "-y", "48", shell)
+
+    def _tmux(self, *args: str) -> str:
+        out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
+                             timeout=10)
+        return out.stdout
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "app")
+
+    def keys(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "app", *keys)
+
+    def wait(self, predicate, timeout: float = 40.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.screen()
+            if predicate(text):
+                return text
+            time.sleep(0.1)
+        raise AssertionError(f"timed out; the screen shows:\n{self.screen()}")
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+
+
+def _finished(text: str) -> int:
+    m = re.search(r"finished (\d+)", text)
+    return int(m.group(1)) if m else -1
+
+
+def _step(text: str) -> int:
+    m = re.search(r"step (\d+)", text)
+    return int(m.group(1)) if m else -1
+
+
+def test_roseplay_command_in_tmux(tmp_path):
+    exe = shutil.which("roseplay")
+    cmd = [exe] if exe else [sys.executable, "-m", "roseplay"]
+    cmd += ["--model", "dummy:tiny", "--device", "cpu", "--num-blocks", "128",
+            "--concurrency", "8", "--output-len", "16"]
+    exit_file = str(tmp_path / "exit_code")
+    tmux = Tmux(cmd, exit_file)
+    try:
+        text = tmux.wait(lambda t: _finished(t) >= 8)
+        assert "SERVING" in text and "KV cache · 128 blocks × 16 tokens" in text
+        assert "finished" in text and "Requests" in text and "Timing" in text
+        tmux.keys("c")
+        tmux.wait(lambda t: "enable_prefix_caching   OFF" in t, 10)
+        tmux.keys("+")
+        tmux.wait(lambda t: "576 tok/step" in t, 10)
+        tmux.keys("space")
+        text = tmux.wait(lambda t: "PAUSED" in t, 10)
+        time.sleep(0.5)
+        step = _step(tmux.screen())
+        time.sleep(0.8)
+        assert _step(tmux.screen()) == step, "the engine stepped while paused"
+        tmux.keys("n")
+        tmux.wait(lambda t: _step(t) == step + 1, 10)
+        tmux.keys("q")
+        deadline = time.monotonic() + 20
+        while not os.path.exists(exit_file) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with open(exit_file) as fh:
+            assert fh.read().strip() == "0"
+    finally:
+        tmux.kill()
