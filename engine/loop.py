@@ -37,6 +37,20 @@ class StreamEvent:
     output: RequestOutput | None = None     # the whole result, on the final event
 
 
+class _EventQueue(queue.SimpleQueue):
+    """A stream's event queue; `on_finish` (if set) also gets the final event, called on
+    the engine thread: it must be cheap (e.g. put into the consumer's own queue)."""
+    on_finish: Callable[[StreamEvent], None] | None = None
+
+    def put(self, event, block=True, timeout=None):
+        super().put(event)
+        if event.finished and self.on_finish is not None:
+            try:
+                self.on_finish(event)
+            except Exception:
+                pass
+
+
 class RequestStream:
     """Iterate for StreamEvents; `result()` waits for the final RequestOutput.
 
@@ -99,12 +113,16 @@ class EngineLoop:
 
     # -- public API (any thread) ---------------------------------------------------
     def submit(self, prompt, params: SamplingParams | None = None,
-               request_id: str | None = None) -> RequestStream:
-        """Validate (raises InvalidRequestError here) and queue a request."""
+               request_id: str | None = None,
+               on_finish: Callable[[StreamEvent], None] | None = None) -> RequestStream:
+        """Validate (raises InvalidRequestError here) and queue a request. `on_finish`
+        gets the final StreamEvent on the engine thread (lets one consumer wait on many
+        requests without polling their streams)."""
         if self._stopped:
             raise RuntimeError(f"engine loop is stopped ({self.fatal_error or 'closed'})")
         req = self.engine.make_request(prompt, params, request_id)
-        q: queue.SimpleQueue = queue.SimpleQueue()
+        q = _EventQueue()
+        q.on_finish = on_finish
         stream = RequestStream(req.request_id, q, self)
         self._post(lambda: self._add(req, q))
         if self._stopped:   # closed meanwhile: the command may never run

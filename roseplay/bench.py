@@ -105,7 +105,8 @@ def _check_args(args) -> None:
 # -- one measured run ---------------------------------------------------------------------
 def make_loop(args, **overrides):
     from engine.loop import EngineLoop
-    return EngineLoop(**engine_kwargs(args, **overrides))
+    # nobody watches snapshots during a benchmark: publish them rarely
+    return EngineLoop(snapshot_interval=0.5, **engine_kwargs(args, **overrides))
 
 
 def _arrivals(args) -> dict:

@@ -21,9 +21,10 @@ from typing import Callable, Iterable, Iterator
 from engine.request import RequestOutput
 from roseplay.scenarios import WorkItem, iter_workload
 
-POLL_INTERVAL = 0.002   # seconds between stream polls while a submission waits for a slot
-SLOW_POLL_INTERVAL = 0.01  # ... while requests are in flight but nothing waits on them
-IDLE_INTERVAL = 0.02    # seconds between checks while nothing is in flight or due
+# Longest sleeps (a finishing request or stop() wakes the driver at once)
+POLL_INTERVAL = 0.02    # while a submission waits for a concurrency slot
+SLOW_POLL_INTERVAL = 0.05  # while requests are in flight but nothing waits on them
+IDLE_INTERVAL = 0.02    # while nothing is in flight or due (pause/resume/rate changes)
 _DRIVER_IDS = itertools.count()
 
 
@@ -88,6 +89,7 @@ class WorkloadDriver:
         self._paused = False
         self._stop = threading.Event()
         self._done = threading.Event()
+        self._finished: queue.SimpleQueue = queue.SimpleQueue()   # final events (engine thread)
         self._thread = threading.Thread(target=self._run, name="roseplay-driver", daemon=True)
 
     # -- control (any thread) ----------------------------------------------------------
@@ -136,6 +138,7 @@ class WorkloadDriver:
     def stop(self, timeout: float | None = 10.0) -> None:
         """Stop submitting; cancel in-flight requests if `cancel_on_stop`; join."""
         self._stop.set()
+        self._finished.put(None)       # wake a sleeping driver
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -221,7 +224,8 @@ class WorkloadDriver:
         rid = f"{self.id_prefix}{self.submitted}"
         self.submitted += 1
         try:
-            stream = self.loop.submit(item.prompt, item.params, request_id=rid)
+            stream = self.loop.submit(item.prompt, item.params, request_id=rid,
+                                      on_finish=self._finished.put)
         except Exception as exc:        # invalid request or stopped loop: count, go on
             self.failed += 1
             self.submit_errors.append(f"{type(exc).__name__}: {exc}")
@@ -229,20 +233,24 @@ class WorkloadDriver:
         self.in_flight[stream.request_id] = (stream, item)
         self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
 
-    def _poll(self) -> int:
-        """Drain every in-flight stream without blocking; returns how many finished."""
+    def _poll(self, timeout: float = 0.0) -> int:
+        """Collect finished requests (waiting up to `timeout` for the first); returns how
+        many. The engine pushes final events into one queue: no per-stream polling, and
+        the driver sleeps in a GIL-free wait instead of competing with the engine."""
         done = 0
-        for rid, (stream, _) in list(self.in_flight.items()):
+        while True:
             try:
-                event = stream.get(timeout=0)
-                while not event.finished:
-                    event = stream.get(timeout=0)
+                event = self._finished.get(timeout=timeout) if timeout > 0 else self._finished.get_nowait()
             except queue.Empty:
+                return done
+            timeout = 0.0
+            if event is None:          # stop() wake-up
                 continue
-            del self.in_flight[rid]
+            entry = self.in_flight.pop(event.request_id, None)
+            if entry is None:
+                continue
             done += 1
             self._collect(event.output, event.error)
-        return done
 
     def _collect(self, output: RequestOutput | None, error: str | None = None) -> None:
         if output is None or output.error is not None or error is not None:
@@ -272,5 +280,6 @@ class WorkloadDriver:
             wait = SLOW_POLL_INTERVAL
         if self._can_submit():
             wait = min(wait, max(0.0, self._next_due - time.perf_counter()))
-        self._stop.wait(wait)
+        if wait > 0:
+            self._poll(timeout=wait)
 
