@@ -59,6 +59,8 @@ def main():
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--prefill-tokens", type=int, default=8192)
     ap.add_argument("--profile-batches", default="1,256", help="kernel tables for these batches")
+    ap.add_argument("--cprofile-batch", type=int, default=0,
+                    help="also cProfile the host side of 30 decode steps at this batch")
     a = ap.parse_args()
     llm = LLM(model=a.model, max_num_batched_tokens=a.prefill_tokens, max_num_seqs=512,
               max_model_len=2048)
@@ -82,6 +84,16 @@ def main():
     flops = 2 * sum(p.numel() for p in eng.runner.model.parameters()) * a.prefill_tokens
     print(f"prefill step {a.prefill_tokens} tokens: {dt*1e3:.2f} ms ({flops/dt/1e12:.0f} TFLOP/s on weights)")
     reset(llm)
+    if a.cprofile_batch:
+        import cProfile
+        import pstats
+        fill(llm, a.cprofile_batch)
+        prof = cProfile.Profile()
+        prof.enable()
+        time_steps(llm)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+        reset(llm)
     # kernel breakdown of eager decode steps (same shapes as the graphs)
     from torch.profiler import ProfilerActivity, profile
     llm.engine.runner.graphs.use_graphs = False
