@@ -97,7 +97,7 @@ def main():
     # kernel breakdown of eager decode steps (same shapes as the graphs)
     from torch.profiler import ProfilerActivity, profile
     llm.engine.runner.graphs.use_graphs = False
-    for bs in map(int, a.profile_batches.split(",")):
+    for bs in [int(b) for b in a.profile_batches.split(",") if b]:
         fill(llm, bs)
         llm.engine.step()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -65,7 +65,7 @@ def rope_cos_sin_cache(inv_freq: torch.Tensor, max_positions: int,
                        attention_scaling: float = 1.0) -> torch.Tensor:
     """[max_positions, rot_dim] with cos in the first half, sin in the second (float32)."""
     t = torch.arange(max_positions, dtype=torch.float32)
-    freqs = torch.outer(t, inv_freq.float())
+    freqs = torch.outer(t, inv_freq.float().to(t.device))   # t follows the default device
     return torch.cat((freqs.cos() * attention_scaling, freqs.sin() * attention_scaling), dim=-1)
 
 
