@@ -260,7 +260,9 @@ class LLMEngine:
         req.token_times.append(now)
         self.stats.on_token_times(req)
         p = req.params
-        req.text, hit_stop = self._detok[req.request_id].step(req.output_token_ids, req.text)
+        hit_stop = False
+        if self.tokenizer is not None:
+            req.text, hit_stop = self._detok[req.request_id].step(req.output_token_ids, req.text)
         if hit_stop or token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             self._finish(req, RequestStatus.FINISHED, "stop")
         elif len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:

@@ -54,7 +54,7 @@ def next_plan(engine, prev: Launched) -> tuple[StepPlan, torch.Tensor] | None:
         if (len(r.output_token_ids) + 1 >= r.params.max_tokens
                 or r.num_tokens + 1 >= engine.max_model_len):
             continue                                 # prev's token finishes it
-        if not sched.kv.reserve(r, 1, plan.copies):
+        if not sched.kv.reserve_one(r, plan.copies):
             return None                              # pool dry: let the scheduler preempt
         plan.decodes.append(ScheduledChunk(r, r.num_computed_tokens, 1, True))
         rows.append(i)

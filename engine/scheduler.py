@@ -170,7 +170,8 @@ class Scheduler:
 
     def _reserve_running(self, req: Request, n: int, plan: StepPlan) -> bool:
         """Reserve KV for a running request, preempting the newest others if needed."""
-        while not self.kv.reserve(req, n, plan.copies):
+        reserve = self.kv.reserve_one if n == 1 else (lambda r, c: self.kv.reserve(r, n, c))
+        while not reserve(req, plan.copies):
             scheduled = {id(c.request) for c in plan.chunks}
             victims = [r for r in self.running if r is not req and id(r) not in scheduled
                        and r.dedup_leader is None]

@@ -90,9 +90,20 @@ class KVManager:
         req.block_table.extend(fresh)
         return True
 
+    def reserve_one(self, req: Request, copies: list[tuple[int, int]]) -> bool:
+        """reserve(req, 1, copies) with a fast path for the common decode case: the slot
+        lies in a block the request already owns alone."""
+        i = req.num_computed_tokens // self.block_size
+        table = req.block_table
+        if i < len(table) and self.pool.refcounts[table[i]] == 1:
+            return True
+        return self.reserve(req, 1, copies)
+
     def register_full_blocks(self, req: Request, enabled: bool) -> None:
         """Hash blocks that became full and computed; index them when caching is on."""
         n_full = req.num_computed_tokens // self.block_size
+        if n_full <= len(req.block_hashes):
+            return
         parent = req.block_hashes[-1] if req.block_hashes else ROOT_HASH
         for i in range(len(req.block_hashes), n_full):
             h, key = self._block_key(req, i, parent)
