@@ -7,6 +7,8 @@ controls, which queue commands for the engine thread and return at once.
 """
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Callable
 
 from textual.app import App, ComposeResult
@@ -28,6 +30,7 @@ from roseplay.widgets.step import StepPanel
 from roseplay.widgets.timing import TimingPanel
 
 REFRESH_HZ = 12
+UI_CPU_SHARE = 0.3      # most of one core the UI thread may use before it skips frames
 
 
 class RoseplayApp(App):
@@ -37,6 +40,8 @@ class RoseplayApp(App):
     TITLE = "roseplay"
     ENABLE_COMMAND_PALETTE = False
     AUTO_FOCUS = "RequestList"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
     BINDINGS = [
         Binding("space", "pause", "Pause/resume", key_display="space"),
         Binding("n", "step", "Step once"),
@@ -65,6 +70,8 @@ class RoseplayApp(App):
         self._loading_message = loading_message
         self._refresh_hz = refresh_hz
         self.snapshot = None
+        self._cpu_window: deque = deque(maxlen=REFRESH_HZ)
+        self._skipped = 0
         self.load_error: str | None = None
 
     def compose(self) -> ComposeResult:
@@ -93,7 +100,7 @@ class RoseplayApp(App):
         if self.source is None and self._factory is not None:
             self.status.loading(self._loading_message)
             self.run_worker(self._factory, thread=True, name="load", exit_on_error=False)
-        self.set_interval(1 / self._refresh_hz, self.refresh_panels)
+        self.set_interval(1 / self._refresh_hz, self._tick)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.name != "load":
@@ -106,6 +113,23 @@ class RoseplayApp(App):
             self.status.loading(f"could not start: {self.load_error}  (q quits)")
 
     # -- the pull loop ---------------------------------------------------------------------
+    def _tick(self) -> None:
+        """Timer: pull a snapshot unless the UI thread is using more than its CPU share.
+
+        On a small CPU box a Python-bound engine shares the GIL with the UI; measuring the
+        UI thread's own CPU time (rendering included) and skipping frames above
+        UI_CPU_SHARE keeps the engine fast, while key presses still redraw at once.
+        """
+        now, cpu = time.monotonic(), time.thread_time()
+        window = self._cpu_window
+        window.append((now, cpu))
+        t0, c0 = window[0]
+        if now - t0 > 0.4 and (cpu - c0) / (now - t0) > UI_CPU_SHARE and self._skipped < 4:
+            self._skipped += 1
+            return
+        self._skipped = 0
+        self.refresh_panels()
+
     def refresh_panels(self) -> None:
         src = self.source
         if src is None:
@@ -219,7 +243,7 @@ class RoseplayApp(App):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.BINDINGS))
+            self.push_screen(HelpScreen(self.BINDINGS, self._refresh_hz))
 
     async def action_quit(self) -> None:
         self.close_source()

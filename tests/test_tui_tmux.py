@@ -71,7 +71,7 @@ def test_roseplay_command_in_tmux(tmp_path):
         assert "SERVING" in text and "KV cache · 128 blocks × 16 tokens" in text
         assert "finished" in text and "Requests" in text and "Timing" in text
         tmux.keys("c")
-        tmux.wait(lambda t: "enable_prefix_caching   OFF" in t, 10)
+        tmux.wait(lambda t: re.search(r"OFF +enable_prefix_caching", t), 10)
         tmux.keys("+")
         tmux.wait(lambda t: "576 tok/step" in t, 10)
         tmux.keys("space")

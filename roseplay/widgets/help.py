@@ -18,7 +18,7 @@ PANELS = """\
 # roseplay: what you are looking at
 
 A real inference engine runs in this process. A workload driver keeps sending it
-prompts; every panel redraws 15 times a second from the engine's latest *snapshot*.
+prompts; every panel redraws {hz} times a second from the engine's latest *snapshot*.
 
 ## KV cache
 The GPU/CPU memory for attention keys and values is cut into fixed-size **blocks**
@@ -88,11 +88,13 @@ class HelpScreen(ModalScreen):
     }
     """
 
-    def __init__(self, bindings, **kwargs):
+    def __init__(self, bindings, refresh_hz: float = 12, **kwargs):
         super().__init__(**kwargs)
         self._app_bindings = bindings
+        self._hz = refresh_hz
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Markdown(PANELS + keys_markdown(self._app_bindings) + knobs_markdown()
+            yield Markdown(PANELS.format(hz=f"{self._hz:g}") + keys_markdown(self._app_bindings)
+                           + knobs_markdown()
                            + "\n*esc, q or ? closes this screen.*")

@@ -94,10 +94,11 @@ class KnobsPanel(Widget):
             self.refresh()
 
     def _row(self, t: Text, key: str, name: str, value: str, on: bool, note: str) -> None:
+        """key | value | name | note: the value stays visible however narrow the panel."""
         t.append(f" {key:>3} ", "bold reverse #5fb3f0")
-        t.append(f" {name:<24}")
         color = "#4cc97a" if value == "ON" else "#ff6b6b" if value == "OFF" else "#f2d34f"
-        t.append(f"{value:<16}", f"bold {color}")
+        t.append(f" {value:<14}", f"bold {color}")
+        t.append(f"{name:<23}")
         t.append(note + "\n", "dim")
 
     def _help_line(self, read_only: bool) -> str:

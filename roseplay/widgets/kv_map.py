@@ -252,17 +252,21 @@ class KVPanel(Vertical):
 
     DEFAULT_CSS = "KVPanel { height: 1fr; }"
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.map, self.legend = KVMap(id="kv-map"), KVLegend(id="kv-legend")
+
     def compose(self):
-        yield KVMap(id="kv-map")
-        yield KVLegend(id="kv-legend")
+        yield self.map
+        yield self.legend
 
     def show(self, snap, selected) -> None:
-        kv = self.query_one(KVMap)
+        kv = self.map
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
         kv.show(snap.block_state, snap.block_refcount, blocks)
         title = f"KV cache · {snap.num_blocks} blocks × {snap.block_size} tokens"
         if self.border_title != title:
             self.border_title = title
         hover = hover_text(snap, kv.hover_block)
-        self.query_one(KVLegend).show(
+        self.legend.show(
             legend_text(snap, selected.request_id if selected else None, kv.mode, hover))

@@ -155,13 +155,18 @@ class TimingPanel(Horizontal):
         super().__init__(**kwargs)
         self.history = TimingHistory()
         self._shown_at = (None, -1.0)     # (snapshot time, monotonic) of the last redraw
+        self._make_children()
 
     def compose(self):
-        yield TimingStats()
+        yield self.stats
         with Vertical():
-            yield Plot("TTFT p50", "#f2c14e", fmt_ms, id="plot-ttft")
-            yield Plot("TPOT p50", "#4cc97a", fmt_ms, id="plot-tpot")
-            yield Plot("tokens/s", "#5fb3f0", lambda v: f"{v:,.0f}", id="plot-tput")
+            yield from self.plots.values()
+
+    def _make_children(self) -> None:
+        self.stats = TimingStats()
+        self.plots = {"ttft": Plot("TTFT p50", "#f2c14e", fmt_ms, id="plot-ttft"),
+                      "tpot": Plot("TPOT p50", "#4cc97a", fmt_ms, id="plot-tpot"),
+                      "tput": Plot("tokens/s", "#5fb3f0", lambda v: f"{v:,.0f}", id="plot-tput")}
 
     def show(self, snap, throttle: bool = True) -> None:
         """Feed the history every frame; redraw on a new snapshot, at most every
@@ -172,6 +177,6 @@ class TimingPanel(Horizontal):
         if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):
             return
         self._shown_at = (snap.time, now)
-        self.query_one(TimingStats).show(snap, self.history.rate)
-        for key in ("ttft", "tpot", "tput"):
-            self.query_one(f"#plot-{key}", Plot).show(self.history.series[key])
+        self.stats.show(snap, self.history.rate)
+        for key, plot in self.plots.items():
+            plot.show(self.history.series[key])
