@@ -57,16 +57,26 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float) -> torch.Tensor:
     """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype).
 
-    Sequence b attends to KV positions [0, context_lens[b]).
+    Sequence b attends to KV positions [0, context_lens[b]); a sequence with no context
+    gets zeros. Batched over sequences (padded to the longest, masked), which keeps the
+    CPU engine's decode steps to a handful of ops per layer.
     """
-    out = torch.empty_like(q)
-    lens = context_lens.tolist()
-    for b, length in enumerate(lens):
-        k = _gather_kv(k_cache, block_tables[b], length)
-        v = _gather_kv(v_cache, block_tables[b], length)
-        mask = torch.ones(1, length, dtype=torch.bool, device=q.device)
-        out[b] = _attend(q[b:b + 1], k, v, mask, scale)[0].to(q.dtype)
-    return out
+    batch, n_heads, head_dim = q.shape
+    if batch == 0:
+        return torch.empty_like(q)
+    page, n_kv = k_cache.shape[1], k_cache.shape[2]
+    lens = context_lens.to(torch.int64)
+    n_blocks = max(1, -(-int(lens.max()) // page))
+    blocks = block_tables[:, :n_blocks].long()
+    k = k_cache[blocks].reshape(batch, n_blocks * page, n_kv, head_dim).float()
+    v = v_cache[blocks].reshape(batch, n_blocks * page, n_kv, head_dim).float()
+    visible = torch.arange(n_blocks * page, device=q.device)[None, :] < lens[:, None]
+    qg = q.float().view(batch, n_kv, n_heads // n_kv, head_dim)
+    scores = torch.einsum("bkgd,bskd->bkgs", qg, k) * scale
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)    # no context: all zeros
+    out = torch.einsum("bkgs,bskd->bkgd", probs, v).reshape(batch, n_heads, head_dim)
+    return out.to(q.dtype)
 
 
 def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -139,3 +149,20 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2I] = [gate | up] -> silu(gate) * up, [T, I]."""
     gate, up = x.chunk(2, dim=-1)
     return (F.silu(gate.float()) * up.float()).to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight^T + bias, weight [N, K] in nn.Linear layout (exactly F.linear)."""
+    return F.linear(x, weight, bias)
+
+
+def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> torch.Tensor:
+    """rotary_embedding then store_kv_cache of the rotated key and the value; returns the
+    rotated query (a new tensor). The caches are written in place; inputs are untouched."""
+    q, k = rotary_embedding(positions, query, key, cos_sin_cache, is_neox)
+    store_kv_cache(k, value, k_cache, v_cache, slot_mapping)
+    return q
