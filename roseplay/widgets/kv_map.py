@@ -27,6 +27,8 @@ NAMES = {FREE: "free", USED: "used", SHARED: "shared", CACHED: "cached",
 _BG = {k: Style(bgcolor=c, color="#111111" if k in (SHARED, SELECTED) else "#e8e8e8", bold=True)
        for k, c in COLORS.items()}
 _BG[FREE] = Style(bgcolor=COLORS[FREE], color="#5a606c")
+_FG = {k: Style(color=c) for k, c in COLORS.items()}
+_FG[FREE] = Style(color="#3a3f4a")
 _HALF = {(a, b): Style(color=COLORS[a], bgcolor=COLORS[b]) for a in COLORS for b in COLORS}
 _BLANK = Style()
 
@@ -42,7 +44,7 @@ def categories(state: np.ndarray, refcount: np.ndarray, selected: np.ndarray | N
 
 def _digit(rc: int, cat: int) -> str:
     if cat == FREE:
-        return "·"
+        return " "
     if rc > 9:
         return "+"
     return str(rc) if rc > 1 or cat == SELECTED else " "
@@ -135,8 +137,9 @@ class KVMap(ScrollView):
             char = _digit(rc, cat)
             if self.mode == "roomy":
                 segments += [Segment(" " + char, _BG[cat]), Segment(" ", _BLANK)]
-            elif self.mode == "digits":
-                segments += [Segment(char, _BG[cat]), Segment(" ", _BLANK)]
+            elif self.mode == "digits":     # a 7/8 block leaves a gap between rows
+                cell = Segment(char, _BG[cat]) if char.strip() else Segment("▇", _FG[cat])
+                segments += [cell, Segment(" ", _BLANK)]
             elif segments and segments[-1].style is _BG[cat]:
                 segments[-1] = Segment(segments[-1].text + char, _BG[cat])
             else:

@@ -1,8 +1,8 @@
 """Timing: TTFT / TPOT / ITL percentiles, throughput, and plots over time.
 
 `TimingHistory` turns successive snapshots into one point per `BUCKET` seconds of
-engine time (p50 TTFT and TPOT of the requests that finished in the bucket, output
-tokens per second), so a knob change shows up as a step in the curves. `Plot` draws a
+engine time (p50 TTFT and TPOT of the `RECENT` latest requests, running ones included,
+and output tokens per second), so a knob change shows up as a step in the curves. `Plot` draws a
 series as eighth-block bars over a few rows with the Line API.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from roseplay.widgets.requests import fmt_ms
 BUCKET = 0.5          # seconds of engine time per plotted point
 WINDOW = 10.0         # seconds of recent samples behind the percentiles
 HISTORY = 240
+RECENT = 16           # requests behind each plotted p50 (the latest to get a first token)
 UPDATE_EVERY = 0.5   # seconds between redraws (the text changes every frame otherwise)
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
 
@@ -32,6 +33,15 @@ def pctl(values, qs=(50, 95, 99)) -> list[float | None]:
     if not len(values):
         return [None] * len(qs)
     return [float(x) for x in np.percentile(np.asarray(values, dtype=float), qs)]
+
+
+def recent_p50(requests, field: str) -> float:
+    """p50 of `field` over the RECENT requests that have it (latest first token first):
+    a continuous curve even when requests finish in waves."""
+    have = [r for r in requests if getattr(r, field) is not None]
+    have.sort(key=lambda r: r.arrival_time + (r.ttft or 0.0))
+    values = [getattr(r, field) for r in have[-RECENT:]]
+    return pctl(values, (50,))[0] if values else math.nan
 
 
 class TimingHistory:
@@ -57,10 +67,8 @@ class TimingHistory:
         if now - self._t < BUCKET:
             return
         dt, dtok = now - self._t, tokens - self._tokens
-        lat = [x for x in snap.recent_latencies if self._t < x[0] <= now]
-        self.series["ttft"].append(pctl([x[1] for x in lat], (50,))[0] if lat else math.nan)
-        tpots = [x[2] for x in lat if x[2] is not None]
-        self.series["tpot"].append(pctl(tpots, (50,))[0] if tpots else math.nan)
+        self.series["ttft"].append(recent_p50(snap.requests, "ttft"))
+        self.series["tpot"].append(recent_p50(snap.requests, "tpot"))
         self.series["tput"].append(dtok / dt)
         self._recent.append((dt, dtok))
         self.rate = sum(b for _, b in self._recent) / max(1e-9, sum(a for a, _ in self._recent))
