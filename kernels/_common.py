@@ -38,3 +38,32 @@ def num_sms(device: torch.device) -> int:
         return 4
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _sm_count(index)
+
+
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []     # outgrown buffers stay alive: graphs may use them
+
+
+def zeroed_scratch(device: torch.device, name: str, numel: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """A persistent zero-filled buffer of at least `numel` elements, one per (device, name).
+
+    For kernels that keep counters or accumulators which every launch leaves zeroed again
+    (so no memset is needed per call). Grows only outside CUDA-graph capture: a capture
+    needs the kernels warmed up first anyway, which sizes the buffer (a zeros() inside a
+    capture would only run at replay, leaving it uninitialised for eager calls).
+    """
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device, name, dtype)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"scratch {name!r} must grow to {numel} during CUDA-graph "
+                               "capture: run the op once (warm-up) before capturing")
+        if buf is not None:
+            _RETIRED.append(buf)
+        size = max(numel, 4096 if buf is None else 2 * buf.numel())
+        buf = torch.zeros(size, dtype=dtype, device=device)
+        _SCRATCH[key] = buf
+    return buf

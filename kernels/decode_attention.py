@@ -24,17 +24,19 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_float, dot_precision, next_pow2, num_sms
+from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
 MIN_SPLIT_TOKENS = 128          # never split finer than this
 MAX_SPLITS = 256
 REDUCE_CHUNK = 16               # splits merged per step of the reducer
+MERGE_IN_SPLIT = True           # last split program merges (no reduce launch)
+MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr,
     scale_log2, tokens_per_split, num_heads, num_splits,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
@@ -43,16 +45,13 @@ def _decode_split_kernel(
     stride_ob, stride_oh, stride_od,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
+    MERGE: tl.constexpr, MERGE_S: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
     start = split * tokens_per_split
-    if not SINGLE:
-        if start >= ctx:
-            return
-    end = tl.minimum(start + tokens_per_split, ctx)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -61,6 +60,18 @@ def _decode_split_kernel(
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
     b64 = b.to(tl.int64)
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if not SINGLE:
+        if start >= ctx:
+            if MERGE:
+                if ctx <= 0:
+                    if split == 0:      # no valid split merges: context 0 yields zeros
+                        tl.store(out_ptr + b64 * stride_ob + heads[:, None] * stride_oh
+                                 + offs_d[None, :] * stride_od,
+                                 tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(
+                                     out_ptr.dtype.element_ty), mask=out_mask)
+            return
+    end = tl.minimum(start + tokens_per_split, ctx)
     q = tl.load(q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
                 + offs_d[None, :] * stride_qd,
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
@@ -91,7 +102,6 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
 
-    out_mask = g_mask[:, None] & d_mask[None, :]
     if SINGLE:
         denom = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / denom[:, None]
@@ -103,6 +113,45 @@ def _decode_split_kernel(
         tl.store(pm_ptr + part, m_i, mask=g_mask)
         tl.store(pl_ptr + part, l_i, mask=g_mask)
         tl.store(pacc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+        if MERGE:
+            # The last valid split of (b, kvh) to finish merges them all: every thread's
+            # partials are stored before the barrier, the counter bump releases them and
+            # acquires the others'; the last one resets the counter for the next launch.
+            tl.debug_barrier()
+            n_valid = (ctx + tokens_per_split - 1) // tokens_per_split
+            cidx = b64 * tl.num_programs(1) + kvh
+            done = tl.atomic_add(cnt_ptr + cidx, 1, sem="acq_rel", scope="gpu")
+            if done == n_valid - 1:
+                tl.store(cnt_ptr + cidx, 0)
+                base = (b64 * num_heads + heads) * num_splits                   # [BLOCK_G]
+                m_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                for s0 in range(0, n_valid, MERGE_S):
+                    offs_s = s0 + tl.arange(0, MERGE_S)
+                    sm = g_mask[:, None] & (offs_s < n_valid)[None, :]
+                    mc = tl.load(pm_ptr + base[:, None] + offs_s[None, :], mask=sm,
+                                 other=float("-inf"), cache_modifier=".cg")
+                    m_max = tl.maximum(m_max, tl.max(mc, 1))
+                m_max = tl.where(g_mask, m_max, 0.0)
+                l_tot = tl.zeros([BLOCK_G], tl.float32)
+                acc_tot = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+                for s0 in range(0, n_valid, MERGE_S):
+                    offs_s = s0 + tl.arange(0, MERGE_S)
+                    sm = g_mask[:, None] & (offs_s < n_valid)[None, :]           # [G, S]
+                    idx = base[:, None] + offs_s[None, :]
+                    mc = tl.load(pm_ptr + idx, mask=sm, other=float("-inf"),
+                                 cache_modifier=".cg")
+                    w = tl.where(sm, tl.exp2(mc - m_max[:, None]), 0.0)
+                    lc = tl.load(pl_ptr + idx, mask=sm, other=0.0, cache_modifier=".cg")
+                    l_tot += tl.sum(lc * w, 1)
+                    a = tl.load(pacc_ptr + idx[:, :, None] * HEAD_DIM
+                                + offs_d[None, None, :],
+                                mask=sm[:, :, None] & d_mask[None, None, :], other=0.0,
+                                cache_modifier=".cg")                            # [G, S, D]
+                    acc_tot += tl.sum(a * w[:, :, None], 1)
+                out = acc_tot / tl.where(l_tot > 0.0, l_tot, 1.0)[:, None]
+                tl.store(out_ptr + b64 * stride_ob + heads[:, None] * stride_oh
+                         + offs_d[None, :] * stride_od,
+                         out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -171,10 +220,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float, *, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
-                           num_splits: int | None = None) -> torch.Tensor:
+                           num_splits: int | None = None,
+                           merge: bool | None = None) -> torch.Tensor:
     """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype).
 
-    The keyword-only knobs exist for the benchmark sweep; callers leave them unset.
+    The keyword-only knobs exist for the tests and the benchmark sweep; callers leave them
+    unset. merge: the last split program of each (sequence, KV head) merges the splits
+    (one launch) instead of a second reduce kernel; default MERGE_IN_SPLIT.
     """
     check_float(q, k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
@@ -197,24 +249,31 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         tokens_per_split = triton.cdiv(tiles, num_splits) * block_n
         splits = triton.cdiv(tiles * block_n, tokens_per_split)
     single = splits == 1
+    merge = (MERGE_IN_SPLIT if merge is None else merge) and not single
     block_d = max(16, next_pow2(head_dim))
+    block_g = max(16, next_pow2(group))
+    cnt = out                       # unused unless merge
     if single:
         pm = pl = pacc = out        # unused
     else:
+        if merge:
+            cnt = zeroed_scratch(q.device, "decode_counters", batch * num_kv_heads,
+                                 torch.int32)
         pm = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
         pacc = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32,
                            device=q.device)
     _decode_split_kernel[(batch, num_kv_heads, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, pm, pl, pacc,
+        q, k_cache, v_cache, block_tables, context_lens, out, pm, pl, pacc, cnt,
         scale * math.log2(math.e), tokens_per_split, num_heads, splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
         *out.stride(),
-        GROUP=group, BLOCK_G=max(16, next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_N=block_n, PAGE=page, SINGLE=single, PREC=dot_precision(q.dtype),
+        MERGE=merge, MERGE_S=max(1, min(16, MERGE_TILE // (block_g * block_d))),
         num_warps=num_warps, num_stages=num_stages,
     )
-    if not single:
+    if not single and not merge:
         _decode_reduce_kernel[(batch, num_heads)](
             context_lens, out, pm, pl, pacc,
             tokens_per_split, num_heads, splits, *out.stride(),

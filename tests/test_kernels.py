@@ -113,7 +113,8 @@ else:
 
     def test_backend_exports():
         for name in ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
-                     "rms_norm", "rotary_embedding", "silu_and_mul"]:
+                     "rms_norm", "rotary_embedding", "silu_and_mul", "linear",
+                     "rotary_store_kv"]:
             assert callable(getattr(tri, name))
 
     # ----------------------------------------------------------------- store_kv_cache
@@ -166,6 +167,26 @@ else:
                                          num_splits=splits)
         want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, scale)
         assert_close(out, want, dtype, seed, f"decode {case} splits={splits}")
+
+    @pytest.mark.parametrize("dtype,merge", [(torch.float32, False), (torch.float32, True),
+                                             (torch.float16, True)])
+    def test_paged_decode_attention_merge(seed, poison, dtype, merge):
+        """Both split merges (reduce kernel / last split program) over ragged contexts
+        (incl. 0 and 1), more splits than any context needs, called twice so the
+        self-resetting merge counters are exercised."""
+        group, h_kv, d, block_size = 7, 2, 32, 4
+        for lens in ([0, 70, 1, 33], [19, 0, 64, 5]):
+            k_cache, v_cache, tables = make_paged(lens, block_size, h_kv, d, dtype, spare=8)
+            ctx = torch.tensor(lens, dtype=torch.int32)
+            q = torch.randn(len(lens), group * h_kv, d).to(dtype)
+            out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5,
+                                             num_splits=5, block_n=16, merge=merge)
+            want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
+            assert_close(out, want, dtype, seed, f"decode merge={merge} {lens}")
+        if merge:
+            from kernels._common import zeroed_scratch
+            cnt = zeroed_scratch(q.device, "decode_counters", 1, torch.int32)
+            assert int(cnt.abs().sum()) == 0, "merge counters not reset"
 
     def test_decode_plan_depends_on_shapes_only():
         from kernels.decode_attention import plan_splits
@@ -238,3 +259,68 @@ else:
     def test_silu_and_mul(seed, poison, dtype):
         x = (3 * torch.randn(2, 5, 2 * 40)).to(dtype)
         assert_close(tri.silu_and_mul(x), ref.silu_and_mul(x), dtype, seed, "silu_and_mul")
+
+    # ------------------------------------------------------------------ linear
+    # (M, N, K, bias, overrides): odd N/K, strided x, each split-K merge, FMA and dot paths
+    LINEAR_CASES = [
+        (1, 67, 45, True, {}),
+        (3, 67, 45, False, {}),
+        (16, 37, 80, True, {}),
+        (1, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=False, reduce=1)),
+        (1, 40, 300, False, dict(block_n=16, block_k=32, split_k=3, use_dot=True, reduce=2)),
+        (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, reduce=2)),
+        (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4, reduce=3)),
+        (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7, reduce=1)),
+    ]
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("case", LINEAR_CASES, ids=lambda c: f"m{c[0]}-n{c[1]}-k{c[2]}-"
+                             + "-".join(f"{k}{v}" for k, v in c[4].items()))
+    def test_linear(seed, poison, dtype, case):
+        m, n, k, has_bias, overrides = case
+        xs = torch.randn(m, k + 3).to(dtype)[:, 2:k + 2]                 # strided rows
+        w = (torch.randn(n, k) / k ** 0.5).to(dtype)
+        b = torch.randn(n).to(dtype) if has_bias else None
+        for _ in range(2):            # twice: the split-K counters/buffers must reset
+            got = tri.linear(xs, w, b, **overrides)
+            assert_close(got, ref.linear(xs, w, b), dtype, seed, f"linear {case}")
+        from kernels._common import zeroed_scratch
+        assert int(zeroed_scratch(xs.device, "linear_counters", 1, torch.int32)
+                   .abs().sum()) == 0
+        assert float(zeroed_scratch(xs.device, "linear_accum", 1, torch.float32)
+                     .abs().sum()) == 0.0
+
+    def test_linear_batched_shape_and_fallback(seed, poison):
+        x = torch.randn(2, 3, 24)
+        w, b = torch.randn(10, 24), torch.randn(10)
+        assert_close(tri.linear(x, w, b), ref.linear(x, w, b), torch.float32, seed, "3d")
+        big = torch.randn(40, 24)            # above the skinny limit: torch path
+        assert torch.equal(tri.linear(big, w, b), ref.linear(big, w, b))
+        assert tri.linear(torch.randn(0, 24), w).shape == (0, 10)
+
+    # --------------------------------------------------------- rotary + kv store
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("is_neox,rot_dim,cache_dtype", [
+        (True, 32, None), (False, 32, None), (True, 16, None), (False, 16, torch.float32)])
+    def test_rotary_store_kv(seed, poison, dtype, is_neox, rot_dim, cache_dtype):
+        t, h, h_kv, d, max_pos, page, blocks = 7, 6, 2, 32, 64, 4, 5
+        positions = torch.randint(0, max_pos, (t,))
+        qkv = torch.randn(t, h + 2 * h_kv, d).to(dtype)
+        query, key, value = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
+        cos_sin = torch.randn(max_pos, rot_dim)
+        slots = torch.randperm(blocks * page)[:t]
+        slots[torch.rand(t) < 0.3] = -1
+        cdt = cache_dtype or dtype
+        caches = [torch.randn(blocks, page, h_kv, d).to(cdt) for _ in range(2)]
+        got_c = [c.clone() for c in caches]
+        want_c = [c.clone() for c in caches]
+        before = qkv.clone()
+        gq = tri.rotary_store_kv(positions, query, key, value, cos_sin, is_neox,
+                                 got_c[0], got_c[1], slots)
+        wq = ref.rotary_store_kv(positions, query, key, value, cos_sin, is_neox,
+                                 want_c[0], want_c[1], slots)
+        assert torch.equal(qkv, before)
+        assert_close(gq, wq, dtype, seed, "rotary_store_kv q")
+        assert torch.equal(got_c[1], want_c[1]), f"v cache (seed {seed})"
+        diff = (got_c[0].double() - want_c[0].double()).abs().max().item()
+        assert diff <= (1e-6 if dtype == torch.float32 else 2e-3), f"k cache {diff} ({seed})"

@@ -84,9 +84,10 @@ DECODE_SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("merge", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "-".join(map(str, s)))
-def test_paged_decode_attention(tri, seed, dtype, shape):
+def test_paged_decode_attention(tri, seed, dtype, shape, merge):
     b, h, h_kv, d, bs, max_ctx = shape
     lens = torch.randint(1, max_ctx, (b,)).tolist()
     lens[0] = max_ctx
@@ -94,9 +95,10 @@ def test_paged_decode_attention(tri, seed, dtype, shape):
     k_cache, v_cache, tables = paged(lens, bs, h_kv, d, dtype)
     ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(b, h, d, device="cuda").to(dtype)
-    out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
+    out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5,
+                                     merge=merge)
     want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
-    check(out, want, dtype, seed, f"decode {shape}")
+    check(out, want, dtype, seed, f"decode {shape} merge={merge}")
 
 
 EXTEND_SHAPES = [
@@ -199,3 +201,131 @@ def test_decode_cuda_graph_replay(tri, seed, dtype, batch):
         check(out, want, dtype, seed, f"graph replay max_len={max_len}")
         if batch > 1:
             assert torch.equal(out[-1], torch.zeros_like(out[-1]))
+
+
+LINEAR_SHAPES = [
+    # (N, K, bias): Qwen2.5-0.5B qkv / o / gate_up / down, an odd shape, Llama-3-8B down
+    (1152, 896, True), (896, 896, False), (9728, 896, False), (896, 4864, False),
+    (1000, 333, True), (4096, 14336, False),
+]
+
+
+def linear_want(x, w, b, dtype):
+    return ref.linear(x.double(), w.double(), None if b is None else b.double()).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16, 17])
+@pytest.mark.parametrize("shape", LINEAR_SHAPES, ids=lambda s: f"n{s[0]}-k{s[1]}")
+def test_linear(tri, seed, dtype, m, shape):
+    n, k, has_bias = shape
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype) if has_bias else None
+    check(tri.linear(x, w, b), linear_want(x, w, b, dtype), dtype, seed, f"linear m={m}")
+
+
+@pytest.mark.parametrize("reduce", [1, 2, 3])
+@pytest.mark.parametrize("use_dot", [True, False])
+def test_linear_split_k_modes(tri, seed, reduce, use_dot):
+    dtype, n, k = torch.bfloat16, 896, 4864
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype)
+    for m in ([1] if not use_dot else [1, 5, 16]):
+        for split in (2, 7, 19):
+            x = torch.randn(m, k, device="cuda").to(dtype)
+            got = tri.linear(x, w, b, split_k=split, reduce=reduce, use_dot=use_dot,
+                             block_n=32)
+            check(got, linear_want(x, w, b, dtype), dtype, seed,
+                  f"linear m={m} split={split} reduce={reduce} dot={use_dot}")
+
+
+@pytest.mark.parametrize("reduce", [2, 3])
+def test_linear_cuda_graph_replay(tri, seed, reduce):
+    """Capture the decode projections (split-K, merged in the kernel) once; replay on new x."""
+    dtype = torch.bfloat16
+    shapes = [(1152, 896, True), (896, 4864, False), (9728, 896, False)]
+    ws = [((torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype),
+           torch.randn(n, device="cuda").to(dtype) if bias else None) for n, k, bias in shapes]
+    for m in (1, 4, 16):
+        xs = [torch.empty(m, k, device="cuda", dtype=dtype) for _, k, _ in shapes]
+        for x in xs:
+            x.copy_(torch.randn_like(x, dtype=torch.float32))
+        kw = {"reduce": reduce, "split_k": 4}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                [tri.linear(x, w, b, **kw) for x, (w, b) in zip(xs, ws)]
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [tri.linear(x, w, b, **kw) for x, (w, b) in zip(xs, ws)]
+        for _ in range(3):
+            for x in xs:
+                x.copy_(torch.randn_like(x, dtype=torch.float32))
+            graph.replay()
+            torch.cuda.synchronize()
+            for x, (w, b), out in zip(xs, ws, outs):
+                check(out, linear_want(x, w, b, dtype), dtype, seed,
+                      f"linear graph m={m} reduce={reduce}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox,rot_dim", [(True, 128), (False, 128), (True, 64)])
+def test_rotary_store_kv(tri, seed, dtype, is_neox, rot_dim):
+    t, h, h_kv, d, bs, nb = 1000, 32, 8, 128, 16, 100
+    positions = torch.randint(0, 4096, (t,), device="cuda")
+    inv = 1.0 / (10000 ** (torch.arange(0, rot_dim, 2, device="cuda").float() / rot_dim))
+    freqs = torch.outer(torch.arange(4096, device="cuda").float(), inv)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    qkv = torch.randn(t, h + 2 * h_kv, d, device="cuda").to(dtype)
+    query, key, value = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
+    slots = torch.randperm(nb * bs, device="cuda")[:t]
+    slots[torch.rand(t, device="cuda") < 0.1] = -1
+    caches = [torch.randn(nb, bs, h_kv, d, device="cuda").to(dtype) for _ in range(2)]
+    got, want = [c.clone() for c in caches], [c.clone() for c in caches]
+    gq = tri.rotary_store_kv(positions, query, key, value, cos_sin, is_neox, *got, slots)
+    wq = ref.rotary_store_kv(positions, query, key, value, cos_sin, is_neox, *want, slots)
+    check(gq, wq, dtype, seed, "rotary_store_kv q")
+    check(got[0], want[0], dtype, seed, "rotary_store_kv k cache")
+    assert torch.equal(got[1], want[1])
+
+
+def test_rotary_store_kv_cuda_graph_replay(tri, seed):
+    """Capture at a padded decode shape (slot -1 rows); replay with new positions/slots."""
+    dtype, t, h, h_kv, d, bs, nb = torch.bfloat16, 16, 14, 2, 64, 16, 64
+    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    freqs = torch.outer(torch.arange(2048, device="cuda").float(), inv)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    qkv = torch.empty(t, h + 2 * h_kv, d, device="cuda", dtype=dtype)
+    query, key, value = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
+    positions = torch.zeros(t, dtype=torch.int64, device="cuda")
+    slots = torch.full((t,), -1, dtype=torch.int64, device="cuda")
+    caches = [torch.randn(nb, bs, h_kv, d, device="cuda").to(dtype) for _ in range(2)]
+
+    def fill():
+        qkv.copy_(torch.randn(qkv.shape, device="cuda"))
+        positions.copy_(torch.randint(0, 2048, (t,), device="cuda"))
+        new = torch.randperm(nb * bs, device="cuda")[:t]
+        new[torch.rand(t, device="cuda") < 0.3] = -1
+        slots.copy_(new)
+
+    fill()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tri.rotary_store_kv(positions, query, key, value, cos_sin, True, *caches, slots)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q_out = tri.rotary_store_kv(positions, query, key, value, cos_sin, True, *caches, slots)
+    for _ in range(3):
+        fill()
+        want = [c.clone() for c in caches]
+        wq = ref.rotary_store_kv(positions, query, key, value, cos_sin, True, *want, slots)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(q_out, wq, dtype, seed, "rotary_store_kv graph q")
+        assert torch.equal(caches[1], want[1])
+        check(caches[0], want[0], dtype, seed, "rotary_store_kv graph k")

@@ -41,9 +41,11 @@ class PagedAttention(nn.Module):
         self.v_cache: torch.Tensor | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, kv_stored: bool = False) -> torch.Tensor:
+        """kv_stored: the caller already wrote this step's K/V (ops.rotary_store_kv)."""
         ops = self.ops
-        ops.store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if not kv_stored:
+            ops.store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         n_dec = meta.num_decode_tokens
         if n_dec == q.shape[0]:
             return ops.paged_decode_attention(q, self.k_cache, self.v_cache,

@@ -44,7 +44,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden = ops.rms_norm(hidden, self.input_layernorm, eps)
         else:
             hidden, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)
-        qkv = self.qkv_proj(hidden)
+        qkv = ops.linear(hidden, self.qkv_proj.weight, self.qkv_proj.bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = hidden.shape[0]
         q = q.reshape(t, self.num_heads, self.head_dim)
@@ -53,11 +53,15 @@ class LlamaDecoderLayer(nn.Module):
         if self.qk_norm:
             q = ops.rms_norm(q, self.q_norm, eps)
             k = ops.rms_norm(k, self.k_norm, eps)
-        q, k = ops.rotary_embedding(positions, q, k, self.model.cos_sin_cache, True)
-        attn = self.attn(q, k, v, meta)
-        hidden = self.o_proj(attn.reshape(t, self.q_size))
+        # rotary + this step's K/V into the paged cache in one op; attention skips its store
+        q = ops.rotary_store_kv(positions, q, k, v, self.model.cos_sin_cache, True,
+                                self.attn.k_cache, self.attn.v_cache, meta.slot_mapping)
+        attn = self.attn(q, k, v, meta, kv_stored=True)
+        hidden = ops.linear(attn.reshape(t, self.q_size), self.o_proj.weight, self.o_proj.bias)
         hidden, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)
-        hidden = self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))
+        gate_up = ops.linear(hidden, self.gate_up_proj.weight, self.gate_up_proj.bias)
+        hidden = ops.linear(ops.silu_and_mul(gate_up), self.down_proj.weight,
+                            self.down_proj.bias)
         return hidden, residual
 
 

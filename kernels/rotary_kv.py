@@ -1,0 +1,117 @@
+"""rotary_store_kv: rotary embedding of q and k fused with the paged KV-cache store.
+
+Grid (T,): program t reads the cos | sin row of positions[t] once, writes the rotated
+query heads of token t to a new tensor (as rotary_embedding does), and, unless
+slot_mapping[t] is -1, writes the rotated key heads and the value heads straight into
+their cache slot (block = slot // block_size, offset = slot % block_size). The rotated
+key is never written anywhere else. One launch instead of two, and the key makes one
+trip through registers instead of two through memory.
+
+Rounding matches the reference (rotary_embedding, then store_kv_cache): the rotated key
+is rounded to the key's dtype and then cast to the cache dtype. Dims past rot_dim are
+copied; is_neox pairs (i, i + rot/2), otherwise (2i, 2i + 1). Inputs are never modified.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check_float, next_pow2
+from kernels.rotary import _last_dim_contiguous, _rotate_heads
+
+
+@triton.jit
+def _rotary_store_kv_kernel(
+    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, q_out_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_vd,
+    stride_cs, stride_oqt, stride_oqh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    NUM_Q: tl.constexpr, NUM_K: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R)[None, :]
+    r_mask = offs_r < HALF
+    cos = tl.load(cs_ptr + pos * stride_cs + offs_r, mask=r_mask, other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + offs_r, mask=r_mask,
+                  other=0.0).to(tl.float32)
+    _rotate_heads(q_ptr, q_out_ptr, t, cos, sin, stride_qt, stride_qh, stride_oqt,
+                  stride_oqh, NUM_Q, HEAD_DIM, HALF, BLOCK_H, BLOCK_R, BLOCK_P, IS_NEOX)
+
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        blk = slot // PAGE
+        off = slot % PAGE
+        # key: rotate, round to the key dtype, cast to the cache dtype
+        offs_h = tl.arange(0, BLOCK_KH)[:, None]
+        h_mask = offs_h < NUM_K
+        mask = h_mask & r_mask
+        if IS_NEOX:
+            i1 = offs_r
+            i2 = offs_r + HALF
+        else:
+            i1 = offs_r * 2
+            i2 = offs_r * 2 + 1
+        src = k_ptr + t * stride_kt + offs_h * stride_kh
+        dst = kc_ptr + blk * stride_kcb + off * stride_kcs + offs_h * stride_kch
+        k_ty = k_ptr.dtype.element_ty
+        c_ty = kc_ptr.dtype.element_ty
+        x1 = tl.load(src + i1, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + i2, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dst + i1, (x1 * cos - x2 * sin).to(k_ty).to(c_ty), mask=mask)
+        tl.store(dst + i2, (x2 * cos + x1 * sin).to(k_ty).to(c_ty), mask=mask)
+        if BLOCK_P > 0:
+            offs_p = 2 * HALF + tl.arange(0, BLOCK_P)[None, :]
+            p_mask = h_mask & (offs_p < HEAD_DIM)
+            tl.store(dst + offs_p, tl.load(src + offs_p, mask=p_mask).to(c_ty), mask=p_mask)
+        # value: plain copy with a cast
+        offs_d = tl.arange(0, BLOCK_D)[None, :]
+        v_mask = h_mask & (offs_d < HEAD_DIM)
+        v = tl.load(v_ptr + t * stride_vt + offs_h * stride_vh + offs_d * stride_vd,
+                    mask=v_mask)
+        tl.store(vc_ptr + blk * stride_vcb + off * stride_vcs + offs_h * stride_vch
+                 + offs_d * stride_vcd, v.to(vc_ptr.dtype.element_ty), mask=v_mask)
+
+
+def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotate query [T, H, D] and key [T, H_kv, D]; store the rotated key and value [T, H_kv,
+    D] at slot_mapping [T] (-1: skip) in the paged caches; return the rotated query."""
+    check_float(query, key, value, cos_sin_cache, k_cache, v_cache)
+    num_tokens, num_q, head_dim = query.shape
+    num_k = key.shape[1]
+    rot_dim = cos_sin_cache.shape[-1]
+    assert rot_dim % 2 == 0 and rot_dim <= head_dim, (rot_dim, head_dim)
+    assert value.shape == key.shape, (value.shape, key.shape)
+    assert k_cache.shape == v_cache.shape and tuple(k_cache.shape[2:]) == (num_k, head_dim)
+    assert slot_mapping.shape[0] == num_tokens
+    half = rot_dim // 2
+    query, key = _last_dim_contiguous(query), _last_dim_contiguous(key)
+    cos_sin_cache = _last_dim_contiguous(cos_sin_cache)
+    if k_cache.stride(-1) != 1:
+        raise ValueError("k_cache needs a unit last-dim stride")
+    q_out = torch.empty((num_tokens, num_q, head_dim), dtype=query.dtype, device=query.device)
+    if num_tokens == 0:
+        return q_out
+    block_h = next_pow2(max(num_q, num_k))
+    block_r = next_pow2(half)
+    block_p = next_pow2(head_dim - rot_dim) if head_dim > rot_dim else 0
+    _rotary_store_kv_kernel[(num_tokens,)](
+        positions, query, key, value, cos_sin_cache, q_out, k_cache, v_cache, slot_mapping,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1), value.stride(2),
+        cos_sin_cache.stride(0), q_out.stride(0), q_out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
+        NUM_Q=num_q, NUM_K=num_k, HEAD_DIM=head_dim, HALF=half, PAGE=k_cache.shape[1],
+        BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_KH=next_pow2(num_k),
+        BLOCK_D=next_pow2(head_dim), IS_NEOX=bool(is_neox),
+        num_warps=max(1, min(8, block_h * block_r // 256)),
+    )
+    return q_out
