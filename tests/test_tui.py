@@ -175,6 +175,9 @@ async def test_scenario_concurrency_and_rate_keys(source):
         assert await wait_for(pilot, lambda: "long-short" in widget_text(app.query_one(KnobsPanel)), 3)
         await pilot.press("s", "s")
         assert source.driver.scenario_name == "random"
+        await pilot.press("S")
+        assert source.driver.scenario_name == "identical"
+        await pilot.press("s")
         await pilot.press("greater_than_sign")
         assert source.driver.concurrency == 8
         await pilot.press("r")
@@ -222,3 +225,15 @@ async def test_select_request_highlights_its_blocks(source):
             from roseplay.widgets.kv_map import SELECTED
             assert set(map(int, (kv._cat == SELECTED).nonzero()[0])) == set(chosen.blocks)
         assert chosen.request_id in widget_text(app.query_one(KVLegend))
+
+
+@sync
+async def test_hovering_a_block_describes_it(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        await pilot.press("space")
+        await settle(pilot, source)
+        await pilot.hover(KVMap, offset=(0, 0))
+        assert app.query_one(KVMap).hover_block == 0
+        assert await wait_for(pilot, lambda: "block 0:" in widget_text(app.query_one(KVLegend)), 3)
