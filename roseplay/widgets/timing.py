@@ -1,8 +1,9 @@
 """Timing: TTFT / TPOT / ITL percentiles, throughput, and plots over time.
 
 `TimingHistory` turns successive snapshots into one point per `BUCKET` seconds of
-engine time (p50 TTFT and TPOT of the `RECENT` latest requests, running ones included,
-and output tokens per second), so a knob change shows up as a step in the curves. `Plot` draws a
+engine time (p50 TTFT of the `RECENT` latest requests to get a first token, p50 TPOT of
+the `RECENT` latest to finish, output tokens per second), so a knob change shows up as a
+step in the curves without gaps when requests finish in waves. `Plot` draws a
 series as eighth-block bars over a few rows with the Line API.
 """
 from __future__ import annotations
@@ -68,7 +69,8 @@ class TimingHistory:
             return
         dt, dtok = now - self._t, tokens - self._tokens
         self.series["ttft"].append(recent_p50(snap.requests, "ttft"))
-        self.series["tpot"].append(recent_p50(snap.requests, "tpot"))
+        tpots = [x[2] for x in snap.recent_latencies[-4 * RECENT:] if x[2] is not None]
+        self.series["tpot"].append(pctl(tpots[-RECENT:], (50,))[0] if tpots else math.nan)
         self.series["tput"].append(dtok / dt)
         self._recent.append((dt, dtok))
         self.rate = sum(b for _, b in self._recent) / max(1e-9, sum(a for a, _ in self._recent))
