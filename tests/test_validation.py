@@ -25,6 +25,16 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 VOCAB = 320          # tests.hf_models "llama"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core box OpenMP
+    spinning makes them 10-30x slower; the engine thread inherits this setting."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama-ok")
@@ -199,6 +209,14 @@ def test_refusals_leave_the_engine_serving(ckpt):
 ], ids=lambda v: repr(v)[:60])
 def test_bad_engine_arguments_are_refused(kwargs, match):
     refused(match, LLM, **{"device": "cpu", **kwargs})
+
+
+def test_unknown_hub_id_offline(monkeypatch):
+    """A hub id that cannot be fetched (offline here) is refused with the hub's reason."""
+    import huggingface_hub.constants as hub
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    refused(r"cannot fetch model 'no-such-org/no-such-model' from the hub", LLM,
+            model="no-such-org/no-such-model", device="cpu")
 
 
 def test_missing_path_and_file_path(tmp_path):
