@@ -33,6 +33,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
             _check_int("seed", self.seed, minimum=0)
+            if self.seed >= 2 ** 64:   # torch generators take 64 bits; more fails the batch
+                raise InvalidRequestError(f"seed must be < 2**64, got {self.seed}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidRequestError("stop must be a non-empty string or list of them")
