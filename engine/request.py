@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from engine.config import InvalidRequestError
 
 
+_SAMPLING_EPS = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """vLLM-style sampling parameters. temperature 0 means greedy."""
@@ -46,7 +49,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # like vLLM: a temperature this small is greedy (dividing by it overflows to
+        # inf/NaN logits, and a NaN row's argmax is token 0)
+        return self.temperature < _SAMPLING_EPS
 
 
 def _check_int(name: str, value, minimum: int):
