@@ -157,6 +157,8 @@ class EngineLoop:
         done = threading.Event()
         self._paused = True
         self._post(lambda: self._single_steps.append(done))
+        if self._stopped:   # no engine thread will run it: do not leave the caller waiting
+            done.set()
         return done
 
     def snapshot(self) -> EngineSnapshot:
