@@ -103,6 +103,9 @@ class LLMEngine:
             raise InvalidRequestError("params must be a SamplingParams")
         text, ids = self._tokenize(prompt)
         self._validate_ids(ids, params)
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "
+                                      "can never match (use stop_token_ids)")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         req = Request(rid, ids, params, prompt=text)
         if arrival_time is not None:
