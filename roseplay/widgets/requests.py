@@ -59,7 +59,7 @@ def progress_cell(r, budget: int, width: int) -> list[Segment]:
     """What the request is doing, as a bar plus words, exactly `width` cells."""
     if r.state == "prefilling":
         n = r.chunks_total(budget)
-        label = f" chunk {min(r.chunks_done + 1, n)}/{n} {r.computed_tokens}/{r.prefill_target}"
+        label = f" chunk {r.chunks_done}/{n} {r.computed_tokens}/{r.prefill_target}"
         frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
     elif r.state in ("decoding", "dedup"):
         label = f" {r.output_tokens}/{r.max_tokens}"
