@@ -562,6 +562,9 @@ def test_close_ends_every_stream(ckpt):
     assert pending.wait(TIMEOUT)
     with pytest.raises(RuntimeError, match="stopped"):
         loop.submit({"prompt_token_ids": [1]}, sp(1))
+    assert loop.step_once().wait(1)          # nothing will run it: it must not block
+    loop.cancel("anything")                  # harmless no-ops after close
+    loop.set_knobs(max_num_seqs=3)
     assert not loop.engine.requests
     assert_all_free(loop.engine)
 

@@ -86,6 +86,7 @@ def refused(match, fn, *args, **kwargs):
     (dict(top_k="5"), r"top_k must be an integer"),
     (dict(seed=-1), r"seed must be >= 0"),
     (dict(seed="7"), r"seed must be an integer"),
+    (dict(seed=2**64), r"seed must be < 2\*\*64"),
     (dict(stop=[""]), r"stop must be a non-empty string"),
     (dict(stop=[3]), r"stop must be a non-empty string"),
     (dict(stop_token_ids=[-1]), r"stop_token_ids entry must be >= 0"),
@@ -125,6 +126,7 @@ def test_edge_sampling_params_are_accepted(kwargs):
     (None, None, r"prompt must be a string or token ids, got NoneType"),
     (5, None, r"prompt must be a string or token ids, got int"),
     (b"abc", None, r"prompt must be a string or token ids, got bytes"),
+    ([1, 2], SamplingParams(stop="END"), r"has no tokenizer: stop strings can never match"),
     (list(range(64)), None, r"prompt has 64 tokens; max_model_len is 64"),
     (list(range(300)), None, r"prompt has 300 tokens; max_model_len is 64"),
     # capacity 8 blocks x 4 = 32 tokens: 20 + 13 = 33 can never be held at once
@@ -148,6 +150,25 @@ def test_fits_exactly_is_accepted(tiny):
             SamplingParams(max_tokens=10**6))
     tiny.engine.clear_prefix_cache()
     assert tiny.engine.pool.num_free == tiny.engine.pool.num_blocks
+
+
+def test_odd_but_valid_sampling_does_not_disturb_the_batch(tiny):
+    """Extreme valid params run next to a greedy request, which keeps its tokens;
+    a near-zero temperature is greedy (not NaN logits -> token 0)."""
+    greedy = SamplingParams(max_tokens=6, **GREEDY)
+    ref = tiny.generate([[4, 5, 6]], greedy)[0].outputs[0].token_ids
+    odd = [SamplingParams(max_tokens=6, temperature=1e-45, ignore_eos=True),
+           SamplingParams(max_tokens=6, temperature=1e-6, ignore_eos=True),
+           SamplingParams(max_tokens=6, temperature=float("inf"), ignore_eos=True),
+           SamplingParams(max_tokens=6, temperature=1e300, ignore_eos=True),
+           SamplingParams(max_tokens=6, top_k=10**9, seed=2**64 - 1, ignore_eos=True),
+           SamplingParams(max_tokens=6, top_p=1e-9, seed=0, ignore_eos=True),
+           SamplingParams(max_tokens=6, top_k=1, temperature=5.0, ignore_eos=True)]
+    outs = tiny.generate([[4, 5, 6]] * (len(odd) + 1), odd + [greedy])
+    assert all(o.error is None and len(o.outputs[0].token_ids) == 6 for o in outs)
+    assert outs[-1].outputs[0].token_ids == ref
+    for i in (0, 1, 5, 6):          # all of these reduce to the argmax
+        assert outs[i].outputs[0].token_ids == ref, odd[i]
 
 
 def test_duplicate_request_id_is_refused(tiny):
