@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from engine.config import EngineConfig, make_config
+from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.core import LLMEngine
 from engine.request import RequestOutput, SamplingParams
 
@@ -38,9 +38,13 @@ class LLM:
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:
+            if isinstance(sampling_params, dict) or not hasattr(sampling_params, "__iter__"):
+                raise InvalidRequestError("sampling_params must be a SamplingParams or a list of "
+                                          f"them, got {type(sampling_params).__name__}")
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise ValueError("sampling_params must be one SamplingParams or one per prompt")
+                raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
+                                          f"{len(prompts)} prompts: pass one, or one per prompt")
         reqs = [self.engine.make_request(p, sp) for p, sp in zip(prompts, params)]
         for req in reqs:
             self.engine.add(req)
