@@ -140,6 +140,20 @@ def test_bad_prompts_are_refused(tiny, prompt, params, match):
     assert not tiny.engine.has_unfinished()
 
 
+def test_generate_refuses_bad_batches_atomically(tiny):
+    """LLM.generate validates every prompt before adding any."""
+    sp = SamplingParams(max_tokens=2, **GREEDY)
+    refused(r"token ids must be in", tiny.generate, [[1, 2], [3, 999], [4]], sp)
+    refused(r"sampling_params has 1 entries for 2 prompts", tiny.generate, [[1], [2]], [sp])
+    refused(r"sampling_params must be a SamplingParams or a list of them, got dict",
+            tiny.generate, [[1]], {"max_tokens": 3})
+    refused(r"sampling_params must be a SamplingParams or a list of them, got int",
+            tiny.generate, [[1]], 3)
+    refused(r"prompt must be a string or token ids, got int", tiny.generate, [1, 2, 3], sp)
+    assert not tiny.engine.has_unfinished()
+    assert [len(o.outputs[0].token_ids) for o in tiny.generate([[1, 2], [3]], [sp, sp])] == [2, 2]
+
+
 def test_fits_exactly_is_accepted(tiny):
     # 20 + 12 = 32 tokens = the whole pool: accepted, and it runs to the end alone
     out = tiny.generate([list(range(20))], SamplingParams(max_tokens=12, **GREEDY))
