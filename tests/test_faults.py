@@ -9,6 +9,7 @@ is free.
 from __future__ import annotations
 
 import gc
+import os
 import queue
 import threading
 import time
@@ -21,6 +22,7 @@ from tests.hf_models import make_checkpoint
 
 BS = 4
 VOCAB = 320
+DEVICE = os.environ.get("ROSEPLAY_TEST_DEVICE", "cpu")   # "cuda": same tests on a GPU
 TIMEOUT = 30
 
 
@@ -58,7 +60,7 @@ def reference(ckpt, p, n):
     key = (tuple(p), n)
     if key not in _REF:
         if "llm" not in _REF:
-            _REF["llm"] = LLM(model=ckpt, device="cpu", dtype="float32", block_size=16,
+            _REF["llm"] = LLM(model=ckpt, device=DEVICE, dtype="float32", block_size=16,
                               num_blocks=128, max_num_seqs=1, enable_prefix_caching=False)
         out = _REF["llm"].generate([{"prompt_token_ids": p}], sp(n))[0]
         _REF[key] = list(out.outputs[0].token_ids)
@@ -66,7 +68,7 @@ def reference(ckpt, p, n):
 
 
 def engine_kw(**kw):
-    args = dict(device="cpu", dtype="float32", block_size=BS, num_blocks=64,
+    args = dict(device=DEVICE, dtype="float32", block_size=BS, num_blocks=64,
                 max_num_batched_tokens=64, check_invariants=True)
     args.update(kw)
     return args

@@ -28,6 +28,7 @@ from tests.hf_models import make_checkpoint
 
 VOCAB = 320
 TIMEOUT = 60
+DEVICE = os.environ.get("ROSEPLAY_TEST_DEVICE", "cpu")   # "cuda": same soak on a GPU
 POOL = dict(block_size=4, num_blocks=24)        # 96 tokens for up to 32 running requests
 REFERENCE_KNOBS = dict(block_size=16, num_blocks=512, max_num_seqs=64,
                        max_num_batched_tokens=512, enable_prefix_caching=True)
@@ -70,7 +71,7 @@ def workload(n: int, seed: int):
 
 
 def reference(ckpt, prompts, params):
-    llm = LLM(model=ckpt, device="cpu", dtype="float32", **REFERENCE_KNOBS)
+    llm = LLM(model=ckpt, device=DEVICE, dtype="float32", **REFERENCE_KNOBS)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
 
@@ -95,7 +96,7 @@ def soak(ckpt, n: int, seed: int, max_in_flight: int = 48):
     dropped: set[int] = set()
     stats = dict(knob_flips=0, cache_clears=0, cancel_calls=0, single_steps=0)
     t0 = time.perf_counter()
-    loop = EngineLoop(model=ckpt, device="cpu", dtype="float32", check_invariants=True,
+    loop = EngineLoop(model=ckpt, device=DEVICE, dtype="float32", check_invariants=True,
                       max_num_seqs=16, max_num_batched_tokens=32, **POOL)
     eng = loop.engine
     try:
