@@ -403,6 +403,41 @@ def test_forward_fails_on_a_condition(ckpt, make, monkeypatch):
     assert_all_free(h.engine)
 
 
+@pytest.mark.parametrize("fail_at", [3, 8])
+def test_failure_in_steady_decode_of_running_loop(ckpt, monkeypatch, fail_at):
+    """A forward failing while the loop runs unpaused through steady decode steps (on a
+    GPU these are the overlapped ones: the failure can surface while the next step is
+    already launched). Every request of the failed step errors, none hangs, and the
+    engine serves the next ones with the reference tokens."""
+    prompts = [prompt(120 + i, 5 + i) for i in range(4)]
+    with EngineLoop(model=ckpt, **engine_kw(max_num_seqs=4)) as loop:
+        runner = loop.engine.runner
+        real, calls = runner.execute, {"n": 0}
+
+        def execute(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == fail_at:
+                raise RuntimeError("device fault")
+            return real(*args, **kwargs)
+        monkeypatch.setattr(runner, "execute", execute)
+        streams = [loop.submit({"prompt_token_ids": p}, sp(30)) for p in prompts]
+        outs = [s.result(timeout=TIMEOUT) for s in streams]
+        errored = 0
+        for p, o in zip(prompts, outs):
+            ref, got = reference(ckpt, p, 30), list(o.outputs[0].token_ids)
+            if o.outputs[0].finish_reason == "error":
+                errored += 1
+                assert o.error == "RuntimeError: device fault" and got == ref[:len(got)]
+            else:
+                assert got == ref
+        assert errored >= 1
+        again = [loop.submit({"prompt_token_ids": p}, sp(10)) for p in prompts]
+        for p, s in zip(prompts, again):
+            assert list(s.result(timeout=TIMEOUT).outputs[0].token_ids) == reference(ckpt, p, 10)
+        assert loop.wait_idle(TIMEOUT) and loop.fatal_error is None
+        assert_all_free(loop.engine)
+
+
 def test_sampler_failure(ckpt, make, monkeypatch):
     h = make()
     a = prompt(50, 11)
