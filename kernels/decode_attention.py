@@ -45,7 +45,8 @@ def _decode_split_kernel(
     stride_ob, stride_oh, stride_od,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
-    MERGE: tl.constexpr, MERGE_S: tl.constexpr,
+    MERGE: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
+    MERGE_ALL: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -123,20 +124,21 @@ def _decode_split_kernel(
             done = tl.atomic_add(cnt_ptr + cidx, 1, sem="acq_rel", scope="gpu")
             if done == n_valid - 1:
                 tl.store(cnt_ptr + cidx, 0)
-                base = (b64 * num_heads + heads) * num_splits                   # [BLOCK_G]
-                m_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                # merge rows: the GROUP heads padded to MERGE_G (no tl.dot here, so no
+                # 16-row minimum); the running max of every valid split in one load
+                offs_h = tl.arange(0, MERGE_G)
+                h_mask = offs_h < GROUP
+                base = (b64 * num_heads + kvh * GROUP + offs_h) * num_splits     # [MERGE_G]
+                offs_all = tl.arange(0, MERGE_ALL)
+                am = h_mask[:, None] & (offs_all < n_valid)[None, :]
+                m_max = tl.max(tl.load(pm_ptr + base[:, None] + offs_all[None, :], mask=am,
+                                       other=float("-inf"), cache_modifier=".cg"), 1)
+                m_max = tl.where(h_mask, m_max, 0.0)
+                l_tot = tl.zeros([MERGE_G], tl.float32)
+                acc_tot = tl.zeros([MERGE_G, BLOCK_D], tl.float32)
                 for s0 in range(0, n_valid, MERGE_S):
                     offs_s = s0 + tl.arange(0, MERGE_S)
-                    sm = g_mask[:, None] & (offs_s < n_valid)[None, :]
-                    mc = tl.load(pm_ptr + base[:, None] + offs_s[None, :], mask=sm,
-                                 other=float("-inf"), cache_modifier=".cg")
-                    m_max = tl.maximum(m_max, tl.max(mc, 1))
-                m_max = tl.where(g_mask, m_max, 0.0)
-                l_tot = tl.zeros([BLOCK_G], tl.float32)
-                acc_tot = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-                for s0 in range(0, n_valid, MERGE_S):
-                    offs_s = s0 + tl.arange(0, MERGE_S)
-                    sm = g_mask[:, None] & (offs_s < n_valid)[None, :]           # [G, S]
+                    sm = h_mask[:, None] & (offs_s < n_valid)[None, :]           # [G, S]
                     idx = base[:, None] + offs_s[None, :]
                     mc = tl.load(pm_ptr + idx, mask=sm, other=float("-inf"),
                                  cache_modifier=".cg")
@@ -149,9 +151,9 @@ def _decode_split_kernel(
                                 cache_modifier=".cg")                            # [G, S, D]
                     acc_tot += tl.sum(a * w[:, :, None], 1)
                 out = acc_tot / tl.where(l_tot > 0.0, l_tot, 1.0)[:, None]
-                tl.store(out_ptr + b64 * stride_ob + heads[:, None] * stride_oh
-                         + offs_d[None, :] * stride_od,
-                         out.to(out_ptr.dtype.element_ty), mask=out_mask)
+                tl.store(out_ptr + b64 * stride_ob + (kvh * GROUP + offs_h)[:, None] * stride_oh
+                         + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
+                         mask=h_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -252,6 +254,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     merge = (MERGE_IN_SPLIT if merge is None else merge) and not single
     block_d = max(16, next_pow2(head_dim))
     block_g = max(16, next_pow2(group))
+    merge_g = max(2, next_pow2(group))
     cnt = out                       # unused unless merge
     if single:
         pm = pl = pacc = out        # unused
@@ -270,7 +273,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         *out.stride(),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_N=block_n, PAGE=page, SINGLE=single, PREC=dot_precision(q.dtype),
-        MERGE=merge, MERGE_S=max(1, min(16, MERGE_TILE // (block_g * block_d))),
+        MERGE=merge, MERGE_G=merge_g,
+        MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
+        MERGE_ALL=max(16, next_pow2(splits)),
         num_warps=num_warps, num_stages=num_stages,
     )
     if not single and not merge:

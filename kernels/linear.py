@@ -1,31 +1,43 @@
-"""linear: y = x @ W^T (+ bias) for skinny x (decode batches), W [N, K] in nn.Linear layout.
+"""Skinny GEMM for decode: y = x @ W^T (+ bias), W [N, K] in nn.Linear layout, with
+optional fused prologues on x.
+
+  linear(x, weight, bias)                      y = x W^T + b
+  rms_norm_linear(x, norm_w, eps, weight, bias, residual)
+                                               y = rms_norm(x [+ residual]) W^T + b
+                                               (and the new residual x + residual)
+  silu_mul_linear(x, weight, bias)             y = silu_and_mul(x) W^T + b
 
 At batch 1..16 a projection reads its whole weight to produce a few rows, so it is bound
-by how fast W streams from memory. cuBLAS picks tiles made for large M and reaches ~1.3
-TB/s on Qwen2.5-0.5B's projections at batch 1 (docs/KERNELS.md); this kernel is built for
-the weight stream instead.
+by how fast W streams from memory; cuBLAS's tiles are made for large M (docs/KERNELS.md
+has the measurements). Above SKINNY_MAX_M rows (prefill, large decode batches), and for
+unusual dtypes or layouts, every function here falls back to torch / cuBLAS (with the
+Triton rms_norm / silu_and_mul for the fused variants).
 
 Grid (cdiv(N, BLOCK_N), SPLIT_K). Program (n, s) reads the [BLOCK_N, K/SPLIT_K] slab of W
-(K contiguous: 16-byte loads, BLOCK_K columns a step, software-pipelined by Triton) and
-all M rows of x for that K range, and accumulates in fp32:
-  * DOT (M > 1, or when chosen for M = 1): acc[BLOCK_N, BLOCK_M] += W_tile @ x_tile^T on
-    tensor cores, x padded to BLOCK_M >= 16 rows with zeros (the "swap AB" form, so the
-    weight tile is the large MMA operand);
-  * FMA (M = 1): acc[BLOCK_N, BLOCK_K] += W_tile * x_row, summed over K at the end.
-Split-K partial sums are merged one of three ways (REDUCE):
-  1 = fp32 partials [SPLIT_K, M, N], then a second small kernel sums them (2 launches);
-  2 = fp32 partials; each program then bumps a per-N-tile counter (atomic, acq_rel) and
-      the last of the SPLIT_K programs of a tile sums the partials in split order
-      (deterministic), adds the bias, writes y and resets the counter to 0 (1 launch);
-  3 = fp32 atomic adds into a zeroed [M, N] buffer; the last program (same counter)
-      reads it, writes y and re-zeroes it (1 launch; summation order varies run to run).
-The counters and the REDUCE 3 buffer are persistent, zeroed once, and left zeroed by
-every launch, so the kernel needs no memset and is CUDA-graph safe. They are shared by
-all calls on a device, which is safe as long as launches on that device do not run
-concurrently on several streams (the engine runs one stream).
-
-The grid and every constexpr come from shapes only; no host sync. M above the skinny
-limit (or unusual dtypes / layouts) falls back to torch (cuBLAS).
+(K contiguous: 16-byte loads, BLOCK_K columns a step) and the M rows of x for that K range,
+and accumulates in fp32:
+  * DOT (M > 1): acc[BLOCK_N, BLOCK_M] += W_tile @ x_tile^T on tensor cores, x padded to
+    BLOCK_M >= 16 rows with zeros (the weight tile is the large MMA operand);
+  * FMA (M = 1): acc[BLOCK_N, BLOCK_K] += W_tile * x_row in fp32, summed over K at the end.
+Split-K partial sums (fp32, [SPLIT_K, M, N]) are merged one of two ways (REDUCE):
+  1 = a second small kernel sums them (2 launches);
+  2 = each program bumps a per-N-tile counter (atomic, acq_rel, after a barrier so all its
+      threads' partials are released) and the last of the SPLIT_K programs of a tile sums
+      the partials in split order (deterministic), adds the bias, writes y and resets the
+      counter to 0 (1 launch). The counters are persistent, zeroed once and left zeroed by
+      every launch: no memset per call, CUDA-graph safe. They are shared by all calls on a
+      device, which is safe while launches on a device do not overlap on several streams
+      (the engine runs one stream).
+Prologues (PRO), applied to each x tile as it is loaded (no extra pass over x):
+  1 = RMSNorm: h = x (+ residual, rounded to x.dtype and written out as the new residual by
+      the programs of the first N tile); the MMA operand is h * norm_weight and the sum of
+      h^2 accumulates along the same K loop, so y = rsqrt(mean(h^2) + eps) * acc (+ bias)
+      at the end. Needs the whole K range in one program: no split-K. (The reference rounds
+      h * rstd * w to x.dtype before the GEMM; here rstd is applied in fp32 after it,
+      which differs by bf16 rounding only.)
+  2 = SiLU-and-mul: x [M, 2K] = [gate | up]; the operand is silu(gate) * up, rounded to
+      x.dtype as the reference does.
+The grid and every constexpr come from shapes only; no host sync.
 """
 from __future__ import annotations
 
@@ -36,20 +48,50 @@ import triton.language as tl
 
 from kernels._common import dot_precision, next_pow2, num_sms, zeroed_scratch
 
-# Rows at or below which the Triton kernel runs; above it, cuBLAS (measured crossover,
-# docs/KERNELS.md "linear").
+# Rows at or below which the Triton kernel runs; above it, cuBLAS (docs/KERNELS.md).
 SKINNY_MAX_M = 16
 DEFAULT_REDUCE = 2
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, mask, K,
+            stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
+            BLOCK_M: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
+            OUT_TY: tl.constexpr):
+    """The [BLOCK_K, BLOCK_M] tile of x^T after the prologue, and its per-row sum of
+    squares (RMSNorm prologue only; zeros otherwise)."""
+    xp = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None] * stride_xk
+    x = tl.load(xp, mask=mask, other=0.0)
+    ss = tl.zeros([BLOCK_M], tl.float32)
+    if PRO == 1:
+        if HAS_RES:
+            r = tl.load(r_ptr + offs_m[None, :] * stride_rm + offs_k[:, None], mask=mask,
+                        other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            tl.store(nr_ptr + offs_m[None, :] * stride_nrm + offs_k[:, None], x,
+                     mask=mask & write_res)
+        xf = x.to(tl.float32)
+        nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        ss = tl.sum(xf * xf, 0)
+        xo = (xf * nw[:, None]).to(OUT_TY)
+    elif PRO == 2:
+        up = tl.load(xp + K * stride_xk, mask=mask, other=0.0).to(tl.float32)
+        g = x.to(tl.float32)
+        xo = (g / (1.0 + tl.exp(-g)) * up).to(x_ptr.dtype.element_ty).to(OUT_TY)
+    else:
+        xo = x.to(OUT_TY)
+    return xo, ss
 
 
 @triton.jit
 def _linear_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr,
+    x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, r_ptr, nw_ptr, nr_ptr, eps,
     M, N, K, k_per_split, split_k,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn, stride_rm, stride_nrm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    REDUCE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, PREC: tl.constexpr,
+    REDUCE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr, PREC: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -61,6 +103,9 @@ def _linear_kernel(
     m_mask = offs_m < M
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
+    write_res = pid_n == 0
+    ss = tl.zeros([BLOCK_M], tl.float32)
+    w_ty = w_ptr.dtype.element_ty
 
     if USE_DOT:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -68,14 +113,16 @@ def _linear_kernel(
             offs_k = k + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 w = tl.load(w_rows + offs_k[None, :] * stride_wk)
-                x = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None] * stride_xk,
-                            mask=m_mask[None, :], other=0.0)
+                x_mask = m_mask[None, :]
             else:
                 k_mask = offs_k < K
                 w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=k_mask[None, :],
                             other=0.0)
-                x = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None] * stride_xk,
-                            mask=m_mask[None, :] & k_mask[:, None], other=0.0)
+                x_mask = m_mask[None, :] & k_mask[:, None]
+            x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
+                             stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
+                             BLOCK_M, PRO, HAS_RES, w_ty)
+            ss += ssk
             acc = tl.dot(w, x, acc, input_precision=PREC)
     else:
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -83,14 +130,20 @@ def _linear_kernel(
             offs_k = k + tl.arange(0, BLOCK_K)
             if EVEN_K:
                 w = tl.load(w_rows + offs_k[None, :] * stride_wk)
-                x = tl.load(x_ptr + offs_k * stride_xk)
+                x_mask = m_mask[None, :]
             else:
                 k_mask = offs_k < K
                 w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=k_mask[None, :],
                             other=0.0)
-                x = tl.load(x_ptr + offs_k * stride_xk, mask=k_mask, other=0.0)
-            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        acc = tl.sum(acc2, 1)[:, None]                            # BLOCK_M == 1
+                x_mask = m_mask[None, :] & k_mask[:, None]
+            x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
+                             stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
+                             BLOCK_M, PRO, HAS_RES, tl.float32)
+            ss += ssk
+            acc2 += w.to(tl.float32) * tl.sum(x, 1)[None, :]        # BLOCK_M == 1
+        acc = tl.sum(acc2, 1)[:, None]
+    if PRO == 1:
+        acc = acc * tl.rsqrt(ss / K + eps)[None, :]
 
     out_mask = n_mask[:, None] & m_mask[None, :]
     y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None] * stride_yn
@@ -98,18 +151,6 @@ def _linear_kernel(
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-    elif REDUCE == 3:
-        mn = offs_m[None, :] * N + offs_n[:, None]                 # [BLOCK_N, BLOCK_M]
-        tl.atomic_add(ws_ptr + mn, acc, mask=out_mask, sem="relaxed")
-        tl.debug_barrier()                  # every thread's adds before the release below
-        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if done == split_k - 1:
-            tl.store(cnt_ptr + pid_n, 0)
-            total = tl.load(ws_ptr + mn, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.store(ws_ptr + mn, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), mask=out_mask)
-            if HAS_BIAS:
-                total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:
         mn = offs_m[None, :] * N + offs_n[:, None]
         tl.store(ws_ptr + pid_k * M * N + mn, acc, mask=out_mask)
@@ -144,72 +185,77 @@ def _linear_reduce_kernel(ws_ptr, b_ptr, y_ptr, M, N, split_k, stride_ym, stride
 
 
 def plan_linear(m: int, n: int, k: int, sms: int) -> dict:
-    """Tiles and split-K from shapes only (graph safe). Tuned on H100 (docs/KERNELS.md)."""
-    use_dot = m > 1
-    block_m = max(16, next_pow2(m)) if use_dot else 1
-    block_k = 128
-    # enough N tiles to cover the multiprocessors with wide tiles if possible
-    block_n = 16
-    for bn in (128, 64, 32):
-        if triton.cdiv(n, bn) >= sms:
-            block_n = bn
-            break
-    tiles = triton.cdiv(n, block_n)
-    k_tiles = triton.cdiv(k, block_k)
-    split = max(1, min((2 * sms) // tiles, k_tiles // 2))
-    return {"block_m": block_m, "block_n": block_n, "block_k": block_k, "split_k": split,
-            "num_warps": 4, "num_stages": 4, "use_dot": use_dot, "reduce": DEFAULT_REDUCE}
+    """Tiles and split-K from shapes only (graph safe); rules from the H100 sweep
+    (scripts/bench_decode_ops.py, docs/KERNELS.md)."""
+    if m == 1:
+        # FMA path, 16 rows x 256 columns; split K until ~4 programs per SM
+        block_n, block_k = 16, min(256, max(16, next_pow2(k)))
+        tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
+        split = max(1, min(k_tiles, triton.cdiv(4 * sms, tiles)))
+        use_dot = False
+    else:
+        use_dot, block_k = True, min(128, max(16, next_pow2(k)))
+        k_tiles = triton.cdiv(k, block_k)
+        if k_tiles > 8:                 # long K (down_proj): 32-row tiles, split-K
+            block_n = 32
+            tiles = triton.cdiv(n, block_n)
+            split = max(1, min(k_tiles // 4, triton.cdiv(2 * sms, tiles)))
+        else:                           # one K pass; width by how many tiles N makes
+            block_n = 16 if n <= 16 * sms else (128 if n <= 128 * sms else 64)
+            split = 1
+    return {"block_n": block_n, "block_k": block_k, "split_k": split, "num_warps": 4,
+            "num_stages": 4, "use_dot": use_dot, "reduce": DEFAULT_REDUCE}
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           max_m: int | None = None, **overrides) -> torch.Tensor:
-    """y = x @ weight^T + bias (F.linear semantics). x [..., K], weight [N, K], bias [N].
+def _skinny(x, weight, bias, k_x, limit):
+    """Row count if the Triton path applies, else 0."""
+    if weight.dim() != 2 or x.shape[-1] != k_x or x.dtype != weight.dtype:
+        return 0
+    if x.dtype not in _FLOATS or x.device != weight.device:
+        return 0
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        return 0
+    m = x.numel() // k_x if k_x else 0
+    return m if 0 < m <= limit else 0
 
-    Skinny x (at most SKINNY_MAX_M rows) runs the Triton kernel; anything else, torch.
-    Keyword overrides (block_n, block_k, split_k, num_warps, num_stages, use_dot, reduce)
-    exist for the tests and the benchmark sweep; callers leave them unset.
-    """
-    k = x.shape[-1]
-    n = weight.shape[0]
-    m = x.numel() // k if k else 0
-    limit = SKINNY_MAX_M if max_m is None else max_m
-    if (m == 0 or m > limit or k == 0 or weight.dim() != 2 or weight.shape[1] != k
-            or x.dtype != weight.dtype or x.dtype not in (torch.float32, torch.float16,
-                                                         torch.bfloat16)
-            or (bias is not None and (bias.dim() != 1 or bias.shape[0] != n))
-            or x.device != weight.device):
-        return F.linear(x, weight, bias)
-    x2 = x.reshape(m, k)
-    cfg = plan_linear(m, n, k, num_sms(x.device))
+
+def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps=0.0):
+    cfg = plan_linear(m, n, k, num_sms(x2.device))
     cfg.update({key: v for key, v in overrides.items() if v is not None})
     if cfg["use_dot"]:
-        cfg["block_m"] = max(16, next_pow2(m))
+        block_m = max(16, next_pow2(m))
     else:
         assert m == 1, "the FMA path handles one row"
-        cfg["block_m"] = 1
+        block_m = 1
     block_k, block_n = cfg["block_k"], cfg["block_n"]
     k_tiles = triton.cdiv(k, block_k)
-    split = max(1, min(cfg["split_k"], k_tiles))
+    split = 1 if pro == 1 else max(1, min(cfg["split_k"], k_tiles))
     k_per_split = triton.cdiv(k_tiles, split) * block_k
     split = triton.cdiv(k, k_per_split)
     reduce = cfg["reduce"] if split > 1 else 0
+    assert reduce in (0, 1, 2), reduce
     tiles = triton.cdiv(n, block_n)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     cnt = ws = y
-    if reduce in (2, 3):
-        cnt = zeroed_scratch(x.device, "linear_counters", tiles, torch.int32)
-    if reduce in (1, 2):
-        ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    elif reduce == 3:
-        ws = zeroed_scratch(x.device, "linear_accum", m * n, torch.float32)
+    if reduce == 2:
+        cnt = zeroed_scratch(x2.device, "linear_counters", tiles, torch.int32)
+    if reduce:
+        ws = torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     b = bias if bias is not None else y
+    new_res = None
+    r2 = nw = nr = y
+    if pro == 1:
+        nw = norm_w
+        if res is not None:
+            r2 = res
+            new_res = nr = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
     _linear_kernel[(tiles, split)](
-        x2, weight, b, y, ws, cnt, m, n, k, k_per_split, split,
+        x2, weight, b, y, ws, cnt, r2, nw, nr, float(eps), m, n, k, k_per_split, split,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
-        y.stride(0), y.stride(1),
-        BLOCK_M=cfg["block_m"], BLOCK_N=block_n, BLOCK_K=block_k,
-        REDUCE=reduce, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-        USE_DOT=cfg["use_dot"], PREC=dot_precision(x.dtype),
+        y.stride(0), y.stride(1), r2.stride(0), nr.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, REDUCE=reduce,
+        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_DOT=cfg["use_dot"],
+        PREC=dot_precision(x2.dtype), PRO=pro, HAS_RES=new_res is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if reduce == 1:
@@ -217,4 +263,59 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         _linear_reduce_kernel[(triton.cdiv(n, block), m)](
             ws, b, y, m, n, split, y.stride(0), y.stride(1),
             BLOCK=block, HAS_BIAS=bias is not None, num_warps=4)
-    return y.view(*x.shape[:-1], n)
+    return y, new_res
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           max_m: int | None = None, **overrides) -> torch.Tensor:
+    """y = x @ weight^T + bias (F.linear semantics). x [..., K], weight [N, K], bias [N].
+
+    Keyword overrides (max_m, block_n, block_k, split_k, num_warps, num_stages, use_dot,
+    reduce) exist for the tests and the benchmark sweep; callers leave them unset.
+    """
+    k = weight.shape[-1] if weight.dim() == 2 else -1
+    m = _skinny(x, weight, bias, k, SKINNY_MAX_M if max_m is None else max_m)
+    if not m:
+        return F.linear(x, weight, bias)
+    y, _ = _run(x.reshape(m, k), weight, bias, m, weight.shape[0], k, overrides)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    residual: torch.Tensor | None = None, *, max_m: int | None = None,
+                    **overrides):
+    """linear(rms_norm(x, norm_weight, eps[, residual]), weight, bias).
+
+    Without residual returns y; with it returns (y, x + residual) like rms_norm does.
+    """
+    k = x.shape[-1]
+    m = _skinny(x, weight, bias, k, SKINNY_MAX_M if max_m is None else max_m)
+    if m and (weight.shape[1] != k or norm_weight.shape != (k,)
+              or norm_weight.stride(0) != 1 or x.stride(-1) != 1
+              or (residual is not None and (residual.shape != x.shape
+                                            or residual.stride(-1) != 1))):
+        m = 0
+    if not m:
+        from kernels.norm import rms_norm
+        if residual is None:
+            return F.linear(rms_norm(x, norm_weight, eps), weight, bias)
+        h, new_res = rms_norm(x, norm_weight, eps, residual)
+        return F.linear(h, weight, bias), new_res
+    r2 = None if residual is None else residual.reshape(m, k)
+    y, new_res = _run(x.reshape(m, k), weight, bias, m, weight.shape[0], k, overrides,
+                      pro=1, res=r2, norm_w=norm_weight, eps=eps)
+    y = y.view(*x.shape[:-1], weight.shape[0])
+    return y if residual is None else (y, new_res.view(x.shape))
+
+
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    *, max_m: int | None = None, **overrides) -> torch.Tensor:
+    """linear(silu_and_mul(x), weight, bias): x [..., 2K] = [gate | up], weight [N, K]."""
+    k = weight.shape[-1] if weight.dim() == 2 else -1
+    m = _skinny(x, weight, bias, 2 * k, SKINNY_MAX_M if max_m is None else max_m)
+    if not m:
+        from kernels.activation import silu_and_mul
+        return F.linear(silu_and_mul(x), weight, bias)
+    y, _ = _run(x.reshape(m, 2 * k), weight, bias, m, weight.shape[0], k, overrides, pro=2)
+    return y.view(*x.shape[:-1], weight.shape[0])

@@ -166,3 +166,20 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
     q, k = rotary_embedding(positions, query, key, cos_sin_cache, is_neox)
     store_kv_cache(k, value, k_cache, v_cache, slot_mapping)
     return q
+
+
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    residual: torch.Tensor | None = None):
+    """linear(rms_norm(x, norm_weight, eps[, residual]), weight, bias); with residual
+    returns (y, x + residual) like rms_norm."""
+    if residual is None:
+        return linear(rms_norm(x, norm_weight, eps), weight, bias)
+    h, new_residual = rms_norm(x, norm_weight, eps, residual)
+    return linear(h, weight, bias), new_residual
+
+
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(silu_and_mul(x), weight, bias): x [..., 2K] = [gate | up], weight [N, K]."""
+    return linear(silu_and_mul(x), weight, bias)

@@ -7,7 +7,8 @@ Each kernel lives in its own module (see docs/KERNELS.md for the designs):
   norm.py              rms_norm                 (fused residual add)
   rotary.py            rotary_embedding
   activation.py        silu_and_mul
-  linear.py            linear                   (skinny GEMM; cuBLAS above 16 rows)
+  linear.py            linear, rms_norm_linear, silu_mul_linear
+                       (skinny GEMM + fused prologues; cuBLAS above 16 rows)
   rotary_kv.py         rotary_store_kv          (rotary + KV-cache store, one launch)
 Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors.
 """
@@ -17,10 +18,11 @@ from kernels.activation import silu_and_mul
 from kernels.decode_attention import paged_decode_attention
 from kernels.extend_attention import paged_extend_attention
 from kernels.kv_store import store_kv_cache
-from kernels.linear import linear
+from kernels.linear import linear, rms_norm_linear, silu_mul_linear
 from kernels.norm import rms_norm
 from kernels.rotary import rotary_embedding
 from kernels.rotary_kv import rotary_store_kv
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
-           "rms_norm", "rotary_embedding", "silu_and_mul", "linear", "rotary_store_kv"]
+           "rms_norm", "rotary_embedding", "silu_and_mul", "linear", "rms_norm_linear", "silu_mul_linear",
+           "rotary_store_kv"]

@@ -7,7 +7,8 @@ several replays, with the weights cycled over enough copies that they never sit 
 (like the 24 layers of a real model). Sections:
   sweep   linear tiles x split-K x path (dot / FMA) at M = 1 and 16 for Qwen2.5-0.5B's
           projections and lm_head, then warps/stages around the best, then the split-K
-          merge modes (1 = second kernel, 2 = last program, 3 = fp32 atomics)
+          merge modes (1 = second kernel, 2 = last program)
+  fused   rms_norm_linear / silu_mul_linear vs the two ops they replace
   cross   plan_linear's default config vs cuBLAS for M = 1 .. 64 (the skinny crossover)
   decode  paged decode attention, split merge in the kernel vs a reduce launch
   rope    rotary_store_kv vs rotary_embedding + store_kv_cache
@@ -146,7 +147,7 @@ def sweep(res, budget):
             reduces = {}
             if best["split_k"] > 1:
                 kw = {k2: best[k2] for k2 in ("use_dot", "block_n", "block_k", "split_k")}
-                for r in (1, 2, 3):
+                for r in (1, 2):
                     reduces[r] = time_linear(x, ws, reduce=r, **kw)
             out[f"{name}/m{m}"] = {"cublas_ms": cub, "default_ms": default, "top": rows[:8],
                                    "tuned": sorted(tuned, key=lambda r: r["ms"]),
@@ -180,6 +181,34 @@ def crossover(res):
             out[f"{name}/m{m}"] = {"cublas_ms": c, "triton_ms": t}
             line.append(f"{m}:{t*1e3:.1f}/{c*1e3:.1f}")
         print(f"cross {name:8s} (triton/cublas us) " + " ".join(line), flush=True)
+        del ws
+
+
+def fused(res):
+    out = res.setdefault("fused", {})
+    hd = 48 if DRY else 896
+    nw = (1 + 0.1 * torch.randn(hd, device=DEV)).to(DT)
+    for name in ("qkv", "gate_up", "down", "lm_head"):
+        if name not in SHAPES:
+            continue
+        n, k, bias = SHAPES[name]
+        ws = weights(n, k, bias, 160e6)
+        for m in (1, 16):
+            if name == "down":
+                x = torch.randn(m, 2 * k, device=DEV).to(DT)
+                f = graph_ms([lambda w=w, b=b: tri.silu_mul_linear(x, w, b) for w, b in ws])
+                u = graph_ms([lambda w=w, b=b: tri.linear(tri.silu_and_mul(x), w, b)
+                              for w, b in ws])
+            else:
+                x = torch.randn(m, k, device=DEV).to(DT)
+                r = torch.randn(m, k, device=DEV).to(DT)
+                f = graph_ms([lambda w=w, b=b: tri.rms_norm_linear(x, nw[:k], 1e-6, w, b, r)
+                              for w, b in ws])
+                u = graph_ms([lambda w=w, b=b: tri.linear(tri.rms_norm(x, nw[:k], 1e-6, r)[0],
+                                                          w, b) for w, b in ws])
+            out[f"{name}/m{m}"] = {"fused_ms": f, "unfused_ms": u}
+            print(f"fused {name:8s} m={m:2d} fused {f*1e3:7.2f} us  two ops {u*1e3:7.2f} us",
+                  flush=True)
         del ws
 
 
@@ -245,7 +274,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget", type=float, default=150.0, help="seconds for the sweep")
-    ap.add_argument("--sections", default="sweep,cross,decode,rope")
+    ap.add_argument("--sections", default="sweep,cross,fused,decode,rope")
     ap.add_argument("--dry", action="store_true")
     a = ap.parse_args()
     res = {"device": "cpu" if DRY else torch.cuda.get_device_name(0),
@@ -254,7 +283,8 @@ def main():
     for sec in a.sections.split(","):
         t = time.time()
         {"sweep": lambda: sweep(res, a.budget), "cross": lambda: crossover(res),
-         "decode": lambda: decode(res), "rope": lambda: rope(res)}[sec]()
+         "decode": lambda: decode(res), "rope": lambda: rope(res),
+         "fused": lambda: fused(res)}[sec]()
         print(f"[{sec}: {time.time() - t:.1f} s]", flush=True)
         if a.out:
             with open(a.out, "w") as f:

@@ -114,7 +114,7 @@ else:
     def test_backend_exports():
         for name in ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
                      "rms_norm", "rotary_embedding", "silu_and_mul", "linear",
-                     "rotary_store_kv"]:
+                     "rms_norm_linear", "silu_mul_linear", "rotary_store_kv"]:
             assert callable(getattr(tri, name))
 
     # ----------------------------------------------------------------- store_kv_cache
@@ -269,7 +269,7 @@ else:
         (1, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=False, reduce=1)),
         (1, 40, 300, False, dict(block_n=16, block_k=32, split_k=3, use_dot=True, reduce=2)),
         (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, reduce=2)),
-        (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4, reduce=3)),
+        (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4, reduce=2)),
         (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7, reduce=1)),
     ]
 
@@ -287,8 +287,57 @@ else:
         from kernels._common import zeroed_scratch
         assert int(zeroed_scratch(xs.device, "linear_counters", 1, torch.int32)
                    .abs().sum()) == 0
-        assert float(zeroed_scratch(xs.device, "linear_accum", 1, torch.float32)
-                     .abs().sum()) == 0.0
+
+    # (M, K, N, residual, overrides): FMA (M=1) and dot paths, odd K (masked tail)
+    RMS_LINEAR_CASES = [
+        (1, 96, 40, True, {}),
+        (3, 96, 40, False, {}),
+        (16, 70, 33, True, dict(block_k=32)),
+        (1, 70, 24, False, dict(block_k=32, split_k=4)),     # split is ignored (needs 1)
+    ]
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("case", RMS_LINEAR_CASES, ids=lambda c: f"m{c[0]}-k{c[1]}-"
+                             f"n{c[2]}-res{int(c[3])}-{len(c[4])}")
+    def test_rms_norm_linear(seed, poison, dtype, case):
+        m, k, n, with_res, overrides = case
+        x = torch.randn(m, k).to(dtype)
+        res = torch.randn(m, k).to(dtype) if with_res else None
+        nw = (1 + 0.1 * torch.randn(k)).to(dtype)
+        w = (torch.randn(n, k) / k ** 0.5).to(dtype)
+        b = torch.randn(n).to(dtype)
+        x0 = x.clone()
+        got = tri.rms_norm_linear(x, nw, 1e-6, w, b, res, **overrides)
+        want = ref.rms_norm_linear(x, nw, 1e-6, w, b, res)
+        assert torch.equal(x, x0)
+        if with_res:
+            assert_close(got[0], want[0], dtype, seed, f"rms_norm_linear {case}")
+            assert torch.equal(got[1], want[1]), f"new residual differs (seed {seed})"
+        else:
+            assert_close(got, want, dtype, seed, f"rms_norm_linear {case}")
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("m,k,n,overrides", [
+        (1, 100, 24, {}), (4, 64, 40, dict(block_k=32, split_k=2)),
+        (1, 160, 24, dict(block_k=32, split_k=3))])
+    def test_silu_mul_linear(seed, poison, dtype, m, k, n, overrides):
+        x = (2 * torch.randn(m, 2 * k + 5)).to(dtype)[:, 3:2 * k + 3]      # strided rows
+        w = (torch.randn(n, k) / k ** 0.5).to(dtype)
+        b = torch.randn(n).to(dtype)
+        got = tri.silu_mul_linear(x, w, b, **overrides)
+        assert_close(got, ref.silu_mul_linear(x, w, b), dtype, seed, f"silu_mul_linear {m}")
+
+    def test_fused_linear_fallbacks(seed, poison):
+        """Above the skinny limit the fused ops run rms_norm / silu_and_mul then torch."""
+        x, res = torch.randn(20, 32), torch.randn(20, 32)
+        nw, w = 1 + 0.1 * torch.randn(32), torch.randn(8, 32)
+        got, new_res = tri.rms_norm_linear(x, nw, 1e-6, w, None, res)
+        want, want_res = ref.rms_norm_linear(x, nw, 1e-6, w, None, res)
+        assert_close(got, want, torch.float32, seed, "rms_norm_linear fallback")
+        assert torch.equal(new_res, want_res)
+        g = torch.randn(20, 64)
+        assert_close(tri.silu_mul_linear(g, w), ref.silu_mul_linear(g, w), torch.float32,
+                     seed, "silu_mul_linear fallback")
 
     def test_linear_batched_shape_and_fallback(seed, poison):
         x = torch.randn(2, 3, 24)

@@ -39,12 +39,15 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, residual, meta: AttentionMetadata):
         ops, eps = self.model.ops, self.model.eps
+        # RMSNorm fused into the projections that follow it (skinny decode batches)
         if residual is None:
             residual = hidden
-            hidden = ops.rms_norm(hidden, self.input_layernorm, eps)
+            qkv = ops.rms_norm_linear(hidden, self.input_layernorm, eps,
+                                      self.qkv_proj.weight, self.qkv_proj.bias)
         else:
-            hidden, residual = ops.rms_norm(hidden, self.input_layernorm, eps, residual)
-        qkv = ops.linear(hidden, self.qkv_proj.weight, self.qkv_proj.bias)
+            qkv, residual = ops.rms_norm_linear(hidden, self.input_layernorm, eps,
+                                                self.qkv_proj.weight, self.qkv_proj.bias,
+                                                residual)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = hidden.shape[0]
         q = q.reshape(t, self.num_heads, self.head_dim)
@@ -58,10 +61,10 @@ class LlamaDecoderLayer(nn.Module):
                                 self.attn.k_cache, self.attn.v_cache, meta.slot_mapping)
         attn = self.attn(q, k, v, meta, kv_stored=True)
         hidden = ops.linear(attn.reshape(t, self.q_size), self.o_proj.weight, self.o_proj.bias)
-        hidden, residual = ops.rms_norm(hidden, self.post_attention_layernorm, eps, residual)
-        gate_up = ops.linear(hidden, self.gate_up_proj.weight, self.gate_up_proj.bias)
-        hidden = ops.linear(ops.silu_and_mul(gate_up), self.down_proj.weight,
-                            self.down_proj.bias)
+        gate_up, residual = ops.rms_norm_linear(hidden, self.post_attention_layernorm, eps,
+                                                self.gate_up_proj.weight,
+                                                self.gate_up_proj.bias, residual)
+        hidden = ops.silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
         return hidden, residual
 
 
@@ -91,9 +94,9 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
         hidden, residual = hidden[logits_indices], residual[logits_indices]
-        hidden, _ = self.ops.rms_norm(hidden, self.norm, self.eps, residual)
         weight = self.embed_tokens.weight if self.tie else self.lm_head.weight
-        return torch.matmul(hidden, weight.t())   # model dtype: argmax needs no upcast
+        logits, _ = self.ops.rms_norm_linear(hidden, self.norm, self.eps, weight, None, residual)
+        return logits   # model dtype: argmax needs no upcast
 
     # -- weights ---------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
