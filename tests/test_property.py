@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
@@ -289,6 +289,9 @@ class EngineMachine(RuleBasedStateMachine):
             eng.step()
             check_all(eng)
         assert not eng.has_unfinished(), "engine did not drain"
+        c = eng.stats.counters       # steer generation toward the interesting paths
+        for label in ("preemptions", "evictions", "cow_copies", "dedup_joined", "prefix_hits"):
+            target(float(getattr(c, label)), label=label)
         self._check_outputs()
         for rid, (req, want, reason) in self.reqs.items():
             assert req.finish_reason in ("length", "stop", "cancelled"), (rid, req.finish_reason)
@@ -299,7 +302,7 @@ class EngineMachine(RuleBasedStateMachine):
 
 def test_engine_state_machine():
     run_state_machine_as_test(EngineMachine, settings=settings(
-        max_examples=100, stateful_step_count=50, deadline=None,
+        max_examples=100, stateful_step_count=80, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                HealthCheck.data_too_large]))
 
