@@ -280,6 +280,9 @@ class EngineMachine(RuleBasedStateMachine):
         eng = self.eng
         if eng is None:
             return
+        # (teardown also runs after a failed rule: repeat the root cause, not a symptom)
+        assert not eng.runner.violations, eng.runner.violations[0]
+        assert eng.stats.last_error is None, eng.stats.last_error
         # everything drains: no livelock, whatever the knobs were left at
         limit = 20 + 4 * sum(MAX_MODEL_LEN for _ in eng.requests) * max(
             1, 64 // eng.knobs.max_num_batched_tokens)
