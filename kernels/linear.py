@@ -51,6 +51,7 @@ from kernels._common import dot_precision, next_pow2, num_sms, zeroed_scratch
 # Rows at or below which the Triton kernel runs; above it, cuBLAS (docs/KERNELS.md).
 SKINNY_MAX_M = 16
 DEFAULT_REDUCE = 2
+FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -184,9 +185,10 @@ def _linear_reduce_kernel(ws_ptr, b_ptr, y_ptr, M, N, split_k, stride_ym, stride
              mask=mask)
 
 
-def plan_linear(m: int, n: int, k: int, sms: int) -> dict:
+def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
     """Tiles and split-K from shapes only (graph safe); rules from the H100 sweep
-    (scripts/bench_decode_ops.py, docs/KERNELS.md)."""
+    (scripts/bench_decode_ops.py, docs/KERNELS.md). elem: bytes per weight element
+    (float32 dot tiles take half the K width so 4 pipeline stages fit in shared memory)."""
     if m == 1:
         # FMA path, 16 rows x 256 columns; split K until ~4 programs per SM
         block_n, block_k = 16, min(256, max(16, next_pow2(k)))
@@ -194,7 +196,7 @@ def plan_linear(m: int, n: int, k: int, sms: int) -> dict:
         split = max(1, min(k_tiles, triton.cdiv(4 * sms, tiles)))
         use_dot = False
     else:
-        use_dot, block_k = True, min(128, max(16, next_pow2(k)))
+        use_dot, block_k = True, min(128 if elem <= 2 else 64, max(16, next_pow2(k)))
         k_tiles = triton.cdiv(k, block_k)
         if k_tiles > 8:                 # long K (down_proj): 32-row tiles, split-K
             block_n = 32
@@ -220,7 +222,7 @@ def _skinny(x, weight, bias, k_x, limit):
 
 
 def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps=0.0):
-    cfg = plan_linear(m, n, k, num_sms(x2.device))
+    cfg = plan_linear(m, n, k, num_sms(x2.device), weight.element_size())
     cfg.update({key: v for key, v in overrides.items() if v is not None})
     if cfg["use_dot"]:
         block_m = max(16, next_pow2(m))
@@ -288,20 +290,29 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     """linear(rms_norm(x, norm_weight, eps[, residual]), weight, bias).
 
     Without residual returns y; with it returns (y, x + residual) like rms_norm does.
+    fuse (None = auto): run the norm as the GEMM's prologue, or as its own kernel before
+    a plain linear. Auto fuses at one row with at most FUSE_MAX_TILES_PER_SM N tiles per
+    SM: there it wins (H100, Qwen2.5-0.5B qkv 5.0 vs 6.1 us, gate_up 8.6 vs 10.2 us); with
+    16 rows (tensor-core path) or lm_head's 9496 tiles, which each re-read x, it loses.
     """
     k = x.shape[-1]
-    m = _skinny(x, weight, bias, k, SKINNY_MAX_M if max_m is None else max_m)
+    limit = SKINNY_MAX_M if max_m is None else max_m
+    m = _skinny(x, weight, bias, k, limit)
     if m and (weight.shape[1] != k or norm_weight.shape != (k,)
               or norm_weight.stride(0) != 1 or x.stride(-1) != 1
               or (residual is not None and (residual.shape != x.shape
                                             or residual.stride(-1) != 1))):
         m = 0
-    if not m:
+    fuse = overrides.pop("fuse", None)
+    if fuse is None:
+        fuse = m == 1 and triton.cdiv(weight.shape[0], 16) <= FUSE_MAX_TILES_PER_SM * num_sms(
+            x.device)
+    if not m or not fuse:
         from kernels.norm import rms_norm
         if residual is None:
-            return F.linear(rms_norm(x, norm_weight, eps), weight, bias)
+            return linear(rms_norm(x, norm_weight, eps), weight, bias, max_m=limit, **overrides)
         h, new_res = rms_norm(x, norm_weight, eps, residual)
-        return F.linear(h, weight, bias), new_res
+        return linear(h, weight, bias, max_m=limit, **overrides), new_res
     r2 = None if residual is None else residual.reshape(m, k)
     y, new_res = _run(x.reshape(m, k), weight, bias, m, weight.shape[0], k, overrides,
                       pro=1, res=r2, norm_w=norm_weight, eps=eps)
@@ -311,11 +322,17 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
 
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                     *, max_m: int | None = None, **overrides) -> torch.Tensor:
-    """linear(silu_and_mul(x), weight, bias): x [..., 2K] = [gate | up], weight [N, K]."""
+    """linear(silu_and_mul(x), weight, bias): x [..., 2K] = [gate | up], weight [N, K].
+
+    fuse (None = auto): SiLU-and-mul as the GEMM's prologue (auto: one row only; H100
+    down_proj 7.1 vs 8.2 us at one row, 10.1 vs 8.8 us at 16 rows).
+    """
     k = weight.shape[-1] if weight.dim() == 2 else -1
-    m = _skinny(x, weight, bias, 2 * k, SKINNY_MAX_M if max_m is None else max_m)
-    if not m:
+    limit = SKINNY_MAX_M if max_m is None else max_m
+    m = _skinny(x, weight, bias, 2 * k, limit)
+    fuse = overrides.pop("fuse", None)
+    if not m or not (m == 1 if fuse is None else fuse):
         from kernels.activation import silu_and_mul
-        return F.linear(silu_and_mul(x), weight, bias)
+        return linear(silu_and_mul(x), weight, bias, max_m=limit, **overrides)
     y, _ = _run(x.reshape(m, 2 * k), weight, bias, m, weight.shape[0], k, overrides, pro=2)
     return y.view(*x.shape[:-1], weight.shape[0])

@@ -292,7 +292,9 @@ else:
     RMS_LINEAR_CASES = [
         (1, 96, 40, True, {}),
         (3, 96, 40, False, {}),
-        (16, 70, 33, True, dict(block_k=32)),
+        (3, 96, 40, True, dict(fuse=True)),
+        (16, 70, 33, True, dict(block_k=32, fuse=True)),
+        (16, 70, 33, True, dict(block_k=32, fuse=False)),
         (1, 70, 24, False, dict(block_k=32, split_k=4)),     # split is ignored (needs 1)
     ]
 
@@ -318,7 +320,8 @@ else:
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("m,k,n,overrides", [
-        (1, 100, 24, {}), (4, 64, 40, dict(block_k=32, split_k=2)),
+        (1, 100, 24, {}), (4, 64, 40, dict(block_k=32, split_k=2, fuse=True)),
+        (4, 64, 40, dict(block_k=32, split_k=2)),
         (1, 160, 24, dict(block_k=32, split_k=3))])
     def test_silu_mul_linear(seed, poison, dtype, m, k, n, overrides):
         x = (2 * torch.randn(m, 2 * k + 5)).to(dtype)[:, 3:2 * k + 3]      # strided rows

@@ -272,32 +272,32 @@ def test_linear_cuda_graph_replay(tri, seed, reduce):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 3, 16, 40])
+@pytest.mark.parametrize("m,fuse", [(1, None), (3, None), (3, True), (16, True), (40, None)])
 @pytest.mark.parametrize("k,n", [(896, 1152), (896, 9728), (4096, 6144), (333, 100)])
-def test_rms_norm_linear(tri, seed, dtype, m, k, n):
+def test_rms_norm_linear(tri, seed, dtype, m, fuse, k, n):
     x = torch.randn(m, k, device="cuda").to(dtype)
     res = torch.randn(m, k, device="cuda").to(dtype)
     nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(dtype)
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
     b = torch.randn(n, device="cuda").to(dtype)
-    got = tri.rms_norm_linear(x, nw, 1e-6, w, None, None)
+    got = tri.rms_norm_linear(x, nw, 1e-6, w, None, None, fuse=fuse)
     want = ref.rms_norm_linear(x.double(), nw.double(), 1e-6, w.double()).to(dtype)
     check(got, want, dtype, seed, f"rms_norm_linear m={m}")
-    got, new_res = tri.rms_norm_linear(x, nw, 1e-6, w, b, res)
+    got, new_res = tri.rms_norm_linear(x, nw, 1e-6, w, b, res, fuse=fuse)
     want, want_res = ref.rms_norm_linear(x, nw, 1e-6, w, b, res)
     check(got, want, dtype, seed, f"rms_norm_linear+res m={m}")
     assert torch.equal(new_res, want_res)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 3, 16, 40])
+@pytest.mark.parametrize("m,fuse", [(1, None), (3, None), (16, True), (40, None)])
 @pytest.mark.parametrize("k,n", [(4864, 896), (14336, 4096), (300, 70)])
-def test_silu_mul_linear(tri, seed, dtype, m, k, n):
+def test_silu_mul_linear(tri, seed, dtype, m, fuse, k, n):
     x = (2 * torch.randn(m, 2 * k, device="cuda")).to(dtype)
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
     b = torch.randn(n, device="cuda").to(dtype)
     want = ref.linear(ref.silu_and_mul(x).double(), w.double(), b.double()).to(dtype)
-    check(tri.silu_mul_linear(x, w, b), want, dtype, seed, f"silu_mul_linear m={m}")
+    check(tri.silu_mul_linear(x, w, b, fuse=fuse), want, dtype, seed, f"silu_mul_linear m={m}")
 
 
 @pytest.mark.parametrize("m", [1, 16])
