@@ -10,6 +10,7 @@ decode steps have identical shapes, hence identical kernels and bit-identical re
 from __future__ import annotations
 
 import bisect
+import gc
 
 import numpy as np
 import torch
@@ -58,6 +59,20 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        # A dropped engine held by reference cycles dies in some automatic gc run; if
+        # that run falls inside a capture, destroying its graphs invalidates the capture
+        # (and leaves torch's CUDA RNG unusable for the whole process). Collect now,
+        # and not during capture.
+        gc.collect()
+        gc_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._capture_all()
+        finally:
+            if gc_enabled:
+                gc.enable()
+
+    def _capture_all(self) -> None:
         pool = None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
