@@ -729,3 +729,39 @@ def test_stream_iteration_ends_on_error(ckpt, monkeypatch):
         assert s.output.error == "RuntimeError: x"
         with pytest.raises(queue.Empty):
             s.get(timeout=0.05)       # nothing after the final event
+
+
+# -- engines built and dropped in one process (GPU) -------------------------------------------
+
+@pytest.mark.gpu
+def test_new_engine_while_a_dropped_one_awaits_collection(ckpt, monkeypatch):
+    """A dropped engine held only by reference cycles is freed by some automatic gc run.
+    If that run falls inside the next engine's CUDA graph capture, destroying the old
+    graphs invalidates the capture and torch's CUDA RNG stays broken for the process
+    ('Offset increment outside graph capture'). Here the automatic run is made to come
+    during capture (whenever gc is enabled then): each new engine must still capture
+    and serve."""
+    import gc
+    from engine.cuda_graphs import DecodeGraphs
+    real = DecodeGraphs._forward
+
+    def forward(self, bs):
+        if torch.cuda.is_current_stream_capturing() and gc.isenabled():
+            gc.collect()                    # what an automatic collection would do here
+        return real(self, bs)
+    monkeypatch.setattr(DecodeGraphs, "_forward", forward)
+    kw = dict(device="cuda", dtype="float32", block_size=BS, num_blocks=64)
+    p, params = prompt(400, 7), sp(5)
+    want = None
+    threshold = gc.get_threshold()
+    gc.set_threshold(10**9)                 # no automatic run before the capture
+    try:
+        for _ in range(3):
+            llm = LLM(model=ckpt, **kw)
+            llm.engine.cycle = llm          # only the cyclic collector can free it
+            got = llm.generate([{"prompt_token_ids": p}], params)[0].outputs[0].token_ids
+            assert want is None or got == want
+            want = got
+            del llm
+    finally:
+        gc.set_threshold(*threshold)
