@@ -8,7 +8,11 @@ online softmax over KV positions [s * tokens_per_split, (s+1) * tokens_per_split
 to context_lens[b], BLOCK_N tokens per step, each tile gathered through the block table.
 It writes the partial (running max m, sum l, unnormalised acc) in fp32.
 
-Phase 2, grid (B, H): merges the valid splits of each head (rescaling by exp2(m - max)).
+Merge (default): the last valid split program of each (b, kvh) to finish (a per-(b, kvh)
+counter bumped with an acq_rel atomic after a barrier; the last one resets it, so the
+persistent counters stay zeroed and no memset is needed) merges the splits of its GROUP
+heads (rescaling by exp2(m - max)) and writes the output: one launch. merge=False keeps
+the previous phase 2, a second kernel with grid (B, H).
 With a single split, phase 1 normalises and writes the output itself (one launch).
 
 CUDA-graph safety: num_splits and tokens_per_split depend only on B, H_kv and
