@@ -12,7 +12,6 @@ from __future__ import annotations
 import bisect
 import gc
 
-import numpy as np
 import torch
 
 from engine.models.layers import AttentionMetadata

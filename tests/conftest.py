@@ -19,3 +19,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core box OpenMP
+    spinning makes them 10-30x slower; engine threads inherit this setting."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -40,16 +40,6 @@ VOCAB = 512          # dummy:tiny
 MAX_MODEL_LEN = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core box OpenMP
-    spinning makes them 10-30x slower; the engine thread inherits this setting."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def next_token(ctx) -> int:
     """The fake model: a deterministic function of the whole context."""
     h = len(ctx) * 1000003

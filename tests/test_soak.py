@@ -21,7 +21,6 @@ import time
 from collections import deque
 
 import pytest
-import torch
 
 from engine import LLM, EngineLoop, SamplingParams
 from tests.hf_models import make_checkpoint
@@ -32,16 +31,6 @@ DEVICE = os.environ.get("ROSEPLAY_TEST_DEVICE", "cpu")   # "cuda": same soak on 
 POOL = dict(block_size=4, num_blocks=24)        # 96 tokens for up to 32 running requests
 REFERENCE_KNOBS = dict(block_size=16, num_blocks=512, max_num_seqs=64,
                        max_num_batched_tokens=512, enable_prefix_caching=True)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core box OpenMP
-    spinning makes them 10-30x slower; the engine thread inherits this setting."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

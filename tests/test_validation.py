@@ -25,16 +25,6 @@ GREEDY = dict(temperature=0, ignore_eos=True)
 VOCAB = 320          # tests.hf_models "llama"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core box OpenMP
-    spinning makes them 10-30x slower; the engine thread inherits this setting."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama-ok")
