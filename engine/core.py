@@ -246,7 +246,7 @@ class LLMEngine:
                 self.scheduler.leader_sampled(req)
 
     def _emit_tokens(self, launched: "overlap.Launched") -> list[Request]:
-        tokens = launched.tokens.tolist()     # the step's one host sync
+        tokens = launched.host_tokens.tolist()     # the step's one host sync
         now = time.perf_counter()
         touched = []
         for req, token in zip(launched.requests, tokens):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device_io import HostCopy, to_device
 from engine.request import Request, RequestStatus
 from engine.scheduler import ScheduledChunk, StepPlan
 
@@ -27,7 +28,8 @@ class Launched:
     """A step whose forward and sampling are queued on the device."""
     plan: StepPlan
     requests: list[Request]          # one per sampled token, in row order
-    tokens: torch.Tensor             # device tensor of sampled tokens
+    tokens: torch.Tensor             # device tensor of sampled tokens (feeds the next step)
+    host_tokens: HostCopy            # the same tokens on their way to the host
     t0: float
     evictions0: int
 
@@ -62,7 +64,7 @@ def next_plan(engine, prev: Launched) -> tuple[StepPlan, torch.Tensor] | None:
         return None
     tokens = prev.tokens
     if len(rows) != tokens.shape[0]:
-        tokens = tokens.index_select(0, torch.tensor(rows, device=tokens.device))
+        tokens = tokens.index_select(0, to_device(rows, torch.int64, tokens.device))
     return plan, tokens
 
 
@@ -77,5 +79,8 @@ def launch(engine, plan: StepPlan, token_source: torch.Tensor | None = None) -> 
             rows.append(i)      # followers sample from their leader's row
             reqs.append(f)
     if len(rows) != logits.shape[0]:
-        logits = logits[torch.tensor(rows, device=logits.device)]
-    return Launched(plan, reqs, engine.sampler.sample_async(logits, reqs), t0, ev0)
+        logits = logits.index_select(0, to_device(rows, torch.int64, logits.device))
+    tokens = engine.sampler.sample_async(logits, reqs)
+    # start the copy to the host now: a later .tolist() would be ordered behind (and wait
+    # for) the next step, which is launched before these tokens are read
+    return Launched(plan, reqs, tokens, HostCopy(tokens), t0, ev0)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from engine.cuda_graphs import DecodeGraphs
+from engine.device_io import to_device
 from engine.models.layers import AttentionMetadata
 from engine.scheduler import ScheduledChunk, StepPlan
 
@@ -79,8 +80,8 @@ class ModelRunner:
         """All copy-on-write copies of a step, every layer, K and V: one batched op."""
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = to_device([s for s, _ in copies], torch.int64, self.device)
+        dst = to_device([d for _, d in copies], torch.int64, self.device)
         self.kv_cache.index_copy_(2, dst, self.kv_cache.index_select(2, src))
 
     def block_table_array(self, chunks: list[ScheduledChunk], width: int | None = None) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.device_io import to_device
 from engine.request import Request
 
 
@@ -27,15 +28,15 @@ class Sampler:
             return logits.argmax(dim=-1)   # exact on bf16: no upcast needed
         logits = logits.float()
         greedy_tokens = logits.argmax(dim=-1)
-        temps = torch.tensor([r.params.temperature or 1.0 for r in requests],
-                             device=logits.device, dtype=torch.float32)
+        temps = to_device([r.params.temperature or 1.0 for r in requests], torch.float32,
+                          logits.device)
         scaled = logits / temps[:, None]
         scaled = self._top_k(scaled, requests)
         scaled = self._top_p(scaled, requests)
         probs = torch.softmax(scaled, dim=-1)
         noise = self._noise(probs, requests)
         random_tokens = (probs / noise).argmax(dim=-1)
-        is_greedy = torch.tensor([r.params.greedy for r in requests], device=logits.device)
+        is_greedy = to_device([r.params.greedy for r in requests], torch.bool, logits.device)
         return torch.where(is_greedy, greedy_tokens, random_tokens)
 
     def _top_k(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
@@ -44,7 +45,7 @@ class Sampler:
             return logits
         k_max = min(max(ks), logits.shape[-1])
         top = torch.topk(logits, k_max, dim=-1).values
-        k_idx = torch.tensor([min(k, k_max) - 1 for k in ks], device=logits.device)
+        k_idx = to_device([min(k, k_max) - 1 for k in ks], torch.int64, logits.device)
         threshold = top.gather(1, k_idx[:, None])
         return logits.masked_fill(logits < threshold, float("-inf"))
 
@@ -52,7 +53,7 @@ class Sampler:
         ps = [r.params.top_p for r in requests]
         if min(ps) >= 1.0:
             return logits
-        top_p = torch.tensor(ps, device=logits.device, dtype=torch.float32)
+        top_p = to_device(ps, torch.float32, logits.device)
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs          # mass strictly above each token
