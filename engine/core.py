@@ -231,10 +231,13 @@ class LLMEngine:
     def _commit(self, plan: StepPlan) -> None:
         """The plan's KV is computed: advance counters, index newly full blocks, and let
         dedup followers take the blocks of leaders that finished their prompt."""
-        for c in plan.decodes:
-            if not c.request.status.done:
-                c.request.num_computed_tokens += 1
-                self.kv_register(c.request)
+        page, running = self.pool.block_size, RequestStatus.RUNNING
+        for c in plan.decodes:   # hot loop: one token each; a block fills every `page`
+            req = c.request
+            if req.status is running:
+                req.num_computed_tokens += 1
+                if req.num_computed_tokens % page == 0:
+                    self.kv_register(req)
         for c in plan.prefills:
             req = c.request
             if req.status.done:
@@ -260,8 +263,10 @@ class LLMEngine:
 
     def _append_token(self, req: Request, token: int, now: float) -> None:
         req.output_token_ids.append(token)
-        req.token_times.append(now)
-        self.stats.on_token_times(req)
+        times = req.token_times
+        times.append(now)
+        if len(times) > 1:
+            self.stats.recent_itls.append((now, now - times[-2]))
         p = req.params
         hit_stop = False
         if self.tokenizer is not None:

@@ -39,11 +39,6 @@ class StatsRecorder:
             self.last_step = step
             self.recent_steps.append(step)
 
-    def on_token_times(self, req: Request) -> None:
-        t = req.token_times
-        if len(t) > 1:
-            self.recent_itls.append((t[-1], t[-1] - t[-2]))
-
     def on_finish(self, req: Request) -> None:
         c = self.counters
         st = req.status

@@ -165,16 +165,16 @@ def test_failure_after_leader_sampled_does_not_strand_followers(ckpt, make, monk
     p = prompt(70, 10)
     h.submit(p, sp(), "lead")
     h.submit(p, sp(), "f1")
-    stats = h.engine.stats
-    real = stats.on_token_times
+    eng = h.engine
+    real = eng._append_token
     fired = []
 
-    def on_token_times(req):
+    def append_token(req, token, now):
         if not fired and req.request_id == "lead":
             fired.append(1)
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
-        return real(req)
-    monkeypatch.setattr(stats, "on_token_times", on_token_times)
+        return real(req, token, now)
+    monkeypatch.setattr(eng, "_append_token", append_token)
     h.step()
     assert fired
     reason, tokens, error = h.finish("lead")
