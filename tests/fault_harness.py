@@ -108,6 +108,9 @@ class LoopHarness:
         self.reqs = {}
 
     def submit(self, p, params, rid):
+        # paused again (finish() resumes): a running loop could add and finish the request
+        # between two polls below, and it would never be seen in engine.requests
+        self.loop.pause()
         self.streams[rid] = self.loop.submit({"prompt_token_ids": p}, params, request_id=rid)
         deadline = time.monotonic() + TIMEOUT      # the engine thread adds it asynchronously
         while rid not in self.engine.requests:
