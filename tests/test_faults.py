@@ -8,17 +8,10 @@ is free.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from engine import EngineLoop
-
-BS = 4
-VOCAB = 320
-DEVICE = os.environ.get("ROSEPLAY_TEST_DEVICE", "cpu")   # "cuda": same tests on a GPU
-TIMEOUT = 30
-
 
 from tests.fault_harness import (  # noqa: F401  (fixtures are used by name)
     BS, DEVICE, TIMEOUT, VOCAB, assert_all_free, check_cancelled, ckpt, engine_kw, fail_once, make,

@@ -1,15 +1,8 @@
-"""Loop faults: fatal errors (the loop stops cleanly), close(), racing clients, dropped streams.
-
-Stages are driven deterministically, one engine step at a time: directly with
-LLMEngine.step(), and through a paused EngineLoop with step_once(). After each fault
-the pool invariants hold, the other requests finish with the tokens of a clean
-reference run, and once everything is done and the prefix cache is cleared every block
-is free.
-"""
+"""Loop faults: fatal errors (the loop stops cleanly), close(), racing clients, dropped
+streams. Shared harness and invariants: tests/fault_harness.py."""
 from __future__ import annotations
 
 import gc
-import os
 import queue
 import threading
 import time
@@ -18,12 +11,6 @@ import pytest
 import torch
 
 from engine import LLM, EngineLoop
-
-BS = 4
-VOCAB = 320
-DEVICE = os.environ.get("ROSEPLAY_TEST_DEVICE", "cpu")   # "cuda": same tests on a GPU
-TIMEOUT = 30
-
 
 from tests.fault_harness import (  # noqa: F401  (fixtures are used by name)
     BS, DEVICE, TIMEOUT, VOCAB, assert_all_free, check_cancelled, ckpt, engine_kw, fail_once, make,
