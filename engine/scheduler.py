@@ -65,9 +65,6 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def remove(self, req: Request) -> None:
         """Take a request out (finished, cancelled, failed) and free its blocks."""
         if req.status is RequestStatus.RUNNING:
@@ -219,12 +216,6 @@ class Scheduler:
             f.dedup_leader = None
             self.kv.attach_shared(f, leader)
         return waiters
-
-    def release_leader(self, req: Request) -> None:
-        """Forget a request as dedup leader (it no longer matches new arrivals)."""
-        key = self._prompt_key(req)
-        if self._leaders.get(key) is req:
-            del self._leaders[key]
 
     def clear_prefix_cache(self) -> int:
         return self.pool.clear_cache()
