@@ -13,6 +13,7 @@ import torch
 
 from engine.cuda_graphs import DecodeGraphs
 from engine.device_io import to_device
+from engine.warmup import warm_up_attention
 from engine.models.layers import AttentionMetadata
 from engine.scheduler import ScheduledChunk, StepPlan
 
@@ -42,11 +43,13 @@ class ModelRunner:
             layer.ops = ops
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         self.forward_calls = 0
+        self.warmup_s = 0.0   # start-up kernel compiles (engine/warmup.py)
         self.graphs = None    # decode steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:
             self.graphs = DecodeGraphs(self, max_graph_batch, use_cuda_graphs)
             if use_cuda_graphs:
                 self.graphs.capture()
+            self.warmup_s = warm_up_attention(self)
         elif overlap:   # CPU: same static-buffer decode path, unpadded, never captured
             self.graphs = DecodeGraphs(self, max_graph_batch, use_graphs=False, pad=False)
 

@@ -38,7 +38,9 @@ MERGE_IN_SPLIT = True           # last split program merges (no reduce launch)
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
 
-@triton.jit
+# Ints that vary with the batch's longest context are not specialized on (value 1,
+# divisible by 16): each distinct specialization is one more JIT compile mid-serving.
+@triton.jit(do_not_specialize=["num_splits", "stride_btb"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr,
     scale_log2, tokens_per_split, num_heads, num_splits,
@@ -160,7 +162,7 @@ def _decode_split_kernel(
                          mask=h_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr,
     tokens_per_split, num_heads, num_splits,

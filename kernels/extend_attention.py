@@ -21,7 +21,7 @@ import triton.language as tl
 from kernels._common import check_float, dot_precision, next_pow2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_btb"])   # table width varies per step
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, ctx_ptr, out_ptr, scale_log2,
     stride_qt, stride_qh, stride_qd,

@@ -70,3 +70,33 @@ def test_triton_matches_torch_backend_bf16_mixed_step():
         logits[backend] = out[len(plan.decodes):].float()
     a, b = logits["triton"], logits["torch"]
     assert (a - b).norm() / b.norm() < 2e-2
+
+
+def _compiled_variants() -> int:
+    """How many (kernel, specialization) binaries Triton has built in this process."""
+    import importlib
+    import pathlib
+    from triton.runtime.jit import JITFunction
+    dev = torch.cuda.current_device()
+    names = [p.stem for p in pathlib.Path(__file__).parent.parent.joinpath("kernels").glob("*.py")]
+    fns = {v for n in names for v in vars(importlib.import_module(f"kernels.{n}")).values()
+           if isinstance(v, JITFunction)}
+    return sum(len(fn.device_caches[dev][0]) for fn in fns)
+
+
+def test_serving_compiles_no_new_kernel_variants():
+    """Start-up (graph capture + engine/warmup.py) compiles every variant a step can need:
+    prefix hits (1-token chunks), long and short chunks, growing tables. block_size 32 and
+    float16 are used by no other test, so no earlier test can have compiled them."""
+    llm = LLM(model="dummy:tiny", device="cuda", dtype="float16", block_size=32,
+              num_blocks=1024, max_num_batched_tokens=256, max_num_seqs=64, max_model_len=2048)
+    before = _compiled_variants()
+    g = torch.Generator().manual_seed(7)
+    shared = torch.randint(0, 500, (200,), generator=g).tolist()
+    prompts = [{"prompt_token_ids": shared + torch.randint(0, 500, (k,), generator=g).tolist()}
+               for k in (1, 2, 5, 40, 300, 1500)]
+    prompts += [{"prompt_token_ids": shared}] * 3 + _workload(500, n=12)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 40 for o in outs)
+    assert llm.engine.stats.counters.prefix_hit_tokens > 0   # the prefix-hit path ran
+    assert _compiled_variants() == before

@@ -1,0 +1,43 @@
+"""Compile every attention-kernel variant a step can ask for, at start-up.
+
+Triton compiles a kernel the first time it sees a new set of constexprs. The graph
+capture compiles what decode-only steps use, but mixed (eager) steps pick tile shapes
+from the step itself: the extend kernel's BLOCK_M from the longest chunk, the decode
+kernel's split count (and with it SINGLE / MERGE_ALL) from the widest block table. A
+variant first met mid-serving stalls every running request for the compile (~0.5 s
+on an H100: the first prefix-cache hit of a run showed a 486 ms inter-token gap).
+Both kernels read nothing but the KV cache here, so the warm-up changes no state.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+@torch.inference_mode()
+def warm_up_attention(runner) -> float:
+    """Run decode and extend attention over every shape class; returns seconds taken."""
+    t0 = time.perf_counter()
+    layer = runner.model.attention_layers()[0]
+    ops, dev, page = runner.ops, runner.device, runner.block_size
+    k_cache, v_cache = layer.k_cache, layer.v_cache
+    max_blocks = runner.max_blocks_per_seq
+    q = torch.zeros(128, layer.num_heads, layer.head_dim, dtype=runner.dtype, device=dev)
+    # decode: one sequence at every table width covers every split count a step can plan
+    # (more sequences only lower it), so every SINGLE / MERGE_ALL variant
+    for width in range(1, max_blocks + 1):
+        table = torch.zeros(1, width, dtype=torch.int32, device=dev)
+        lens = torch.full((1,), width * page, dtype=torch.int32, device=dev)
+        ops.paged_decode_attention(q[:1], k_cache, v_cache, table, lens, layer.scale)
+    # extend: chunk lengths 1, 2, 4, ... reach every BLOCK_M (tiles grow in powers of two)
+    n = 1
+    while n <= min(128, max_blocks * page):     # BLOCK_M tops out at 128 rows
+        width = -(-n // page)
+        table = torch.zeros(1, width, dtype=torch.int32, device=dev)
+        cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+        lens = torch.full((1,), n, dtype=torch.int32, device=dev)
+        ops.paged_extend_attention(q[:n], k_cache, v_cache, table, cu, lens, n, layer.scale)
+        n *= 2
+    torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
