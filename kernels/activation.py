@@ -8,12 +8,16 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._common import check_float, next_pow2
+from kernels.pdl import pdl_enter
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_o, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    pdl_enter(PDL)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
@@ -35,8 +39,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     if rows > 0 and inter > 0:
         block = min(1024, next_pow2(inter))
+        use_pdl = pdl.enabled(x.device)
         _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
-            x2, out, inter, x2.stride(0), out.stride(0), BLOCK=block,
-            num_warps=max(1, min(4, block // 256)),
+            x2, out, inter, x2.stride(0), out.stride(0), BLOCK=block, PDL=use_pdl,
+            num_warps=max(1, min(4, block // 256)), **pdl.launch_options(use_pdl),
         )
     return out.view(*x.shape[:-1], inter)

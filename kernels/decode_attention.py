@@ -28,7 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
+from kernels.pdl import pdl_enter
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
 MIN_SPLIT_TOKENS = 128          # never split finer than this
@@ -52,11 +54,12 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
     MERGE: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
-    MERGE_ALL: tl.constexpr,
+    MERGE_ALL: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    pdl_enter(PDL)      # q and this step's K/V come from the previous kernel
     ctx = tl.load(ctx_ptr + b)
     start = split * tokens_per_split
 
@@ -257,6 +260,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         tokens_per_split = triton.cdiv(tiles, num_splits) * block_n
         splits = triton.cdiv(tiles * block_n, tokens_per_split)
     single = splits == 1
+    use_pdl = pdl.enabled(q.device)
     merge = (MERGE_IN_SPLIT if merge is None else merge) and not single
     block_d = max(16, next_pow2(head_dim))
     block_g = max(16, next_pow2(group))
@@ -281,8 +285,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_N=block_n, PAGE=page, SINGLE=single, PREC=dot_precision(q.dtype),
         MERGE=merge, MERGE_G=merge_g,
         MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
-        MERGE_ALL=max(16, next_pow2(splits)),
-        num_warps=num_warps, num_stages=num_stages,
+        MERGE_ALL=max(16, next_pow2(splits)), PDL=use_pdl,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
     )
     if not single and not merge:
         _decode_reduce_kernel[(batch, num_heads)](

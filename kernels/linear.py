@@ -46,7 +46,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._common import dot_precision, next_pow2, num_sms, zeroed_scratch
+from kernels.pdl import pdl_enter
 
 # Rows at or below which the Triton kernel runs; above it, cuBLAS (docs/KERNELS.md).
 SKINNY_MAX_M = 16
@@ -93,6 +95,7 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     REDUCE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr, PREC: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -107,6 +110,7 @@ def _linear_kernel(
     write_res = pid_n == 0
     ss = tl.zeros([BLOCK_M], tl.float32)
     w_ty = w_ptr.dtype.element_ty
+    pdl_enter(PDL)   # x (and the residual) come from the previous kernel
 
     if USE_DOT:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -251,6 +255,7 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
         if res is not None:
             r2 = res
             new_res = nr = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
+    use_pdl = pdl.enabled(x2.device)
     _linear_kernel[(tiles, split)](
         x2, weight, b, y, ws, cnt, r2, nw, nr, float(eps), m, n, k, k_per_split, split,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
@@ -258,7 +263,8 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, REDUCE=reduce,
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_DOT=cfg["use_dot"],
         PREC=dot_precision(x2.dtype), PRO=pro, HAS_RES=new_res is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PDL=use_pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **pdl.launch_options(use_pdl),
     )
     if reduce == 1:
         block = min(1024, next_pow2(n))

@@ -10,16 +10,19 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._common import check_float, next_pow2
+from kernels.pdl import pdl_enter
 
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, eps,
     stride_x, stride_r, stride_o, stride_nr,
-    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr,
+    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    pdl_enter(PDL)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
@@ -56,11 +59,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     w = weight if weight.stride(-1) == 1 else weight.contiguous()
     if rows > 0:
         block = next_pow2(n)
+        use_pdl = pdl.enabled(x.device)
         _rms_norm_kernel[(rows,)](
             x2, r2, w, out, new_res, float(eps),
             x2.stride(0), r2.stride(0), out.stride(0), new_res.stride(0),
-            N=n, BLOCK=block, HAS_RES=has_res,
-            num_warps=max(1, min(16, block // 256)),
+            N=n, BLOCK=block, HAS_RES=has_res, PDL=use_pdl,
+            num_warps=max(1, min(16, block // 256)), **pdl.launch_options(use_pdl),
         )
     out = out.view(x.shape)
     return out if not has_res else (out, new_res.view(x.shape))

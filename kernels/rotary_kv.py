@@ -17,7 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import pdl
 from kernels._common import check_float, next_pow2
+from kernels.pdl import pdl_enter
 from kernels.rotary import _last_dim_contiguous, _rotate_heads
 
 
@@ -30,9 +32,10 @@ def _rotary_store_kv_kernel(
     NUM_Q: tl.constexpr, NUM_K: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_NEOX: tl.constexpr,
+    IS_NEOX: tl.constexpr, PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
+    pdl_enter(PDL)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)[None, :]
     r_mask = offs_r < HALF
@@ -100,6 +103,7 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
     if num_tokens == 0:
         return q_out
     block_h = next_pow2(max(num_q, num_k))
+    use_pdl = pdl.enabled(query.device)
     block_r = next_pow2(half)
     block_p = next_pow2(head_dim - rot_dim) if head_dim > rot_dim else 0
     _rotary_store_kv_kernel[(num_tokens,)](
@@ -111,7 +115,7 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         NUM_Q=num_q, NUM_K=num_k, HEAD_DIM=head_dim, HALF=half, PAGE=k_cache.shape[1],
         BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_KH=next_pow2(num_k),
-        BLOCK_D=next_pow2(head_dim), IS_NEOX=bool(is_neox),
-        num_warps=max(1, min(8, block_h * block_r // 256)),
+        BLOCK_D=next_pow2(head_dim), IS_NEOX=bool(is_neox), PDL=use_pdl,
+        num_warps=max(1, min(8, block_h * block_r // 256)), **pdl.launch_options(use_pdl),
     )
     return q_out

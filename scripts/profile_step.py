@@ -61,7 +61,12 @@ def main():
     ap.add_argument("--profile-batches", default="1,256", help="kernel tables for these batches")
     ap.add_argument("--cprofile-batch", type=int, default=0,
                     help="also cProfile the host side of 30 decode steps at this batch")
+    ap.add_argument("--pdl", choices=("on", "off"), default=None,
+                    help="programmatic dependent launch (kernels/pdl.py) on or off for this run")
     a = ap.parse_args()
+    if a.pdl:
+        from kernels import pdl
+        pdl.ENABLED = a.pdl == "on"
     llm = LLM(model=a.model, max_num_batched_tokens=a.prefill_tokens, max_num_seqs=512,
               max_model_len=2048)
     print(f"{'batch':>6} {'step ms':>8} {'replay ms':>9} {'host ms':>8}")
