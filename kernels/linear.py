@@ -50,8 +50,9 @@ from kernels import pdl
 from kernels._common import dot_precision, next_pow2, num_sms, zeroed_scratch
 from kernels.pdl import pdl_enter
 
-# Rows at or below which the Triton kernel runs; above it, cuBLAS (docs/KERNELS.md).
-SKINNY_MAX_M = 16
+# Rows at or below which the Triton kernel runs; above it, cuBLAS. 32: with PDL the
+# decode buckets 24 and 32 ran 4-6% faster than on cuBLAS, 48 and 64 slower (docs/KERNELS.md).
+SKINNY_MAX_M = 32
 DEFAULT_REDUCE = 2
 FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)

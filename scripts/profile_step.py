@@ -1,13 +1,18 @@
 """Where does a step's time go? GPU replay time vs whole step, per batch size; top kernels.
 
-PYTHONPATH=. python scripts/profile_step.py --model dummy:qwen2.5-0.5b
+python scripts/profile_step.py --model dummy:qwen2.5-0.5b
 """
 import argparse
+import importlib
+import os
+import sys
 import time
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import LLM, SamplingParams
+import torch  # noqa: E402
+
+from engine import LLM, SamplingParams  # noqa: E402
 
 
 def fill(llm, bs, input_len=512):
@@ -61,12 +66,15 @@ def main():
     ap.add_argument("--profile-batches", default="1,256", help="kernel tables for these batches")
     ap.add_argument("--cprofile-batch", type=int, default=0,
                     help="also cProfile the host side of 30 decode steps at this batch")
-    ap.add_argument("--pdl", choices=("on", "off"), default=None,
-                    help="programmatic dependent launch (kernels/pdl.py) on or off for this run")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
+                    help="override a module constant before the engine is built, for A/B "
+                         "runs, e.g. kernels.pdl.ENABLED=0 or kernels.linear.SKINNY_MAX_M=32")
     a = ap.parse_args()
-    if a.pdl:
-        from kernels import pdl
-        pdl.ENABLED = a.pdl == "on"
+    for item in a.set:
+        target, value = item.split("=")
+        module, name = target.rsplit(".", 1)
+        setattr(importlib.import_module(module), name, type(getattr(
+            importlib.import_module(module), name))(int(value)))
     llm = LLM(model=a.model, max_num_batched_tokens=a.prefill_tokens, max_num_seqs=512,
               max_model_len=2048)
     print(f"{'batch':>6} {'step ms':>8} {'replay ms':>9} {'host ms':>8}")

@@ -215,7 +215,7 @@ def linear_want(x, w, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 3, 16, 17])
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 32, 33])
 @pytest.mark.parametrize("shape", LINEAR_SHAPES, ids=lambda s: f"n{s[0]}-k{s[1]}")
 def test_linear(tri, seed, dtype, m, shape):
     n, k, has_bias = shape
