@@ -53,6 +53,7 @@ def time_replay(llm, bs, n=50):
 
 def reset(llm):
     eng = llm.engine
+    eng.flush()          # an overlapped decode step may still be in flight
     for rid in list(eng.requests):
         eng.abort(rid)
     eng.clear_prefix_cache()
