@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
+from kernels._attn_tile import attend_tile
 from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
 from kernels.pdl import pdl_enter
 
@@ -95,22 +96,10 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         tok = n0 + offs_n
         valid = tok < end
-        page = tl.load(bt_row + (tok // PAGE) * stride_btm, mask=valid, other=0).to(tl.int64)
-        row_k = page * stride_kb + (tok % PAGE) * stride_ks
-        row_v = page * stride_vb + (tok % PAGE) * stride_vs
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd,
-                    mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd,
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(
+            q, m_i, l_i, acc, tok, valid, valid[None, :], bt_row, k_head, v_head, offs_d,
+            d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+            stride_vd, scale_log2, PAGE, PREC, True)
 
     if SINGLE:
         denom = tl.where(l_i > 0.0, l_i, 1.0)

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._attn_tile import attend_tile
 from kernels._common import check_float, dot_precision, next_pow2
 
 
@@ -67,44 +68,19 @@ def _extend_kernel(
     pos_hi = first + tl.minimum((row0 + BLOCK_M - 1) // GROUP, n_q - 1)
     full_end = ((pos_lo + 1) // BLOCK_N) * BLOCK_N                  # tiles all visible
 
-    for n0 in range(0, full_end, BLOCK_N):
-        kv = n0 + offs_n
-        page = tl.load(bt_row + (kv // PAGE) * stride_btm).to(tl.int64)
-        row_k = page * stride_kb + (kv % PAGE) * stride_ks
-        row_v = page * stride_vb + (kv % PAGE) * stride_vs
-        k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd,
-                    mask=d_mask[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd,
-                    mask=d_mask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
-
-    for n0 in range(full_end, pos_hi + 1, BLOCK_N):
+    for n0 in range(0, full_end, BLOCK_N):          # tiles every row sees in full
+        m_i, l_i, acc = attend_tile(
+            q, m_i, l_i, acc, n0 + offs_n, offs_n, offs_n, bt_row, k_head, v_head, offs_d,
+            d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+            stride_vd, scale_log2, PAGE, PREC, False)
+    for n0 in range(full_end, pos_hi + 1, BLOCK_N):  # the causal diagonal
         kv = n0 + offs_n
         kv_valid = kv <= pos_hi
-        page = tl.load(bt_row + (kv // PAGE) * stride_btm, mask=kv_valid, other=0)
-        page = page.to(tl.int64)
-        row_k = page * stride_kb + (kv % PAGE) * stride_ks
-        row_v = page * stride_vb + (kv % PAGE) * stride_vs
-        kv_mask = kv_valid[:, None] & d_mask[None, :]
-        k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd,
-                    mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
         visible = (kv[None, :] <= pos[:, None]) & kv_valid[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd,
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(
+            q, m_i, l_i, acc, kv, kv_valid, visible, bt_row, k_head, v_head, offs_d,
+            d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+            stride_vd, scale_log2, PAGE, PREC, True)
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_rows = (q_start + tok).to(tl.int64) * stride_ot + heads * stride_oh

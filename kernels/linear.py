@@ -89,6 +89,19 @@ def _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, mask, K,
 
 
 @triton.jit
+def _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] weight tile at offs_k, and the mask of the matching x tile."""
+    if EVEN_K:
+        w = tl.load(w_rows + offs_k[None, :] * stride_wk)
+        x_mask = m_mask[None, :]
+    else:
+        k_mask = offs_k < K
+        w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=k_mask[None, :], other=0.0)
+        x_mask = m_mask[None, :] & k_mask[:, None]
+    return w, x_mask
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, r_ptr, nw_ptr, nr_ptr, eps,
     M, N, K, k_per_split, split_k,
@@ -117,14 +130,7 @@ def _linear_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             offs_k = k + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                w = tl.load(w_rows + offs_k[None, :] * stride_wk)
-                x_mask = m_mask[None, :]
-            else:
-                k_mask = offs_k < K
-                w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=k_mask[None, :],
-                            other=0.0)
-                x_mask = m_mask[None, :] & k_mask[:, None]
+            w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
             x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
                              stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
                              BLOCK_M, PRO, HAS_RES, w_ty)
@@ -134,14 +140,7 @@ def _linear_kernel(
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             offs_k = k + tl.arange(0, BLOCK_K)
-            if EVEN_K:
-                w = tl.load(w_rows + offs_k[None, :] * stride_wk)
-                x_mask = m_mask[None, :]
-            else:
-                k_mask = offs_k < K
-                w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=k_mask[None, :],
-                            other=0.0)
-                x_mask = m_mask[None, :] & k_mask[:, None]
+            w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
             x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
                              stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
                              BLOCK_M, PRO, HAS_RES, tl.float32)

@@ -16,6 +16,19 @@ from kernels._common import check_float, next_pow2
 
 
 @triton.jit
+def _pair_index(offs_r, HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """Columns of the two halves each rotation mixes: (r, r + HALF) in NeoX style, else
+    the interleaved (2r, 2r + 1)."""
+    if IS_NEOX:
+        i1 = offs_r
+        i2 = offs_r + HALF
+    else:
+        i1 = offs_r * 2
+        i2 = offs_r * 2 + 1
+    return i1, i2
+
+
+@triton.jit
 def _rotate_heads(src_ptr, dst_ptr, t, cos, sin, stride_st, stride_sh, stride_dt,
                   stride_dh, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -25,12 +38,7 @@ def _rotate_heads(src_ptr, dst_ptr, t, cos, sin, stride_st, stride_sh, stride_dt
     mask = (offs_h < NUM_HEADS) & (offs_r < HALF)
     src = src_ptr + t * stride_st + offs_h * stride_sh
     dst = dst_ptr + t * stride_dt + offs_h * stride_dh
-    if IS_NEOX:
-        i1 = offs_r
-        i2 = offs_r + HALF
-    else:
-        i1 = offs_r * 2
-        i2 = offs_r * 2 + 1
+    i1, i2 = _pair_index(offs_r, HALF, IS_NEOX)
     x1 = tl.load(src + i1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + i2, mask=mask, other=0.0).to(tl.float32)
     ty = dst_ptr.dtype.element_ty
@@ -43,6 +51,19 @@ def _rotate_heads(src_ptr, dst_ptr, t, cos, sin, stride_st, stride_sh, stride_dt
 
 
 @triton.jit
+def _cos_sin(cs_ptr, pos_ptr, t, stride_cs, HALF: tl.constexpr, BLOCK_R: tl.constexpr):
+    """cos and sin at token t's position as [1, BLOCK_R] fp32 rows (zero past HALF), with
+    the column offsets and mask they were loaded with."""
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R)[None, :]
+    r_mask = offs_r < HALF
+    cos = tl.load(cs_ptr + pos * stride_cs + offs_r, mask=r_mask, other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + offs_r, mask=r_mask,
+                  other=0.0).to(tl.float32)
+    return cos, sin, offs_r, r_mask
+
+
+@triton.jit
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, cs_ptr, q_out_ptr, k_out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
@@ -52,12 +73,7 @@ def _rotary_kernel(
     IS_NEOX: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)[None, :]
-    r_mask = offs_r < HALF
-    cos = tl.load(cs_ptr + pos * stride_cs + offs_r, mask=r_mask, other=0.0).to(tl.float32)
-    sin = tl.load(cs_ptr + pos * stride_cs + HALF + offs_r, mask=r_mask,
-                  other=0.0).to(tl.float32)
+    cos, sin, offs_r, r_mask = _cos_sin(cs_ptr, pos_ptr, t, stride_cs, HALF, BLOCK_R)
     _rotate_heads(q_ptr, q_out_ptr, t, cos, sin, stride_qt, stride_qh, stride_oqt,
                   stride_oqh, NUM_Q, HEAD_DIM, HALF, BLOCK_H, BLOCK_R, BLOCK_P, IS_NEOX)
     _rotate_heads(k_ptr, k_out_ptr, t, cos, sin, stride_kt, stride_kh, stride_okt,

@@ -20,7 +20,7 @@ import triton.language as tl
 from kernels import pdl
 from kernels._common import check_float, next_pow2
 from kernels.pdl import pdl_enter
-from kernels.rotary import _last_dim_contiguous, _rotate_heads
+from kernels.rotary import _cos_sin, _last_dim_contiguous, _pair_index, _rotate_heads
 
 
 @triton.jit
@@ -36,12 +36,7 @@ def _rotary_store_kv_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     pdl_enter(PDL)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)[None, :]
-    r_mask = offs_r < HALF
-    cos = tl.load(cs_ptr + pos * stride_cs + offs_r, mask=r_mask, other=0.0).to(tl.float32)
-    sin = tl.load(cs_ptr + pos * stride_cs + HALF + offs_r, mask=r_mask,
-                  other=0.0).to(tl.float32)
+    cos, sin, offs_r, r_mask = _cos_sin(cs_ptr, pos_ptr, t, stride_cs, HALF, BLOCK_R)
     _rotate_heads(q_ptr, q_out_ptr, t, cos, sin, stride_qt, stride_qh, stride_oqt,
                   stride_oqh, NUM_Q, HEAD_DIM, HALF, BLOCK_H, BLOCK_R, BLOCK_P, IS_NEOX)
 
@@ -53,12 +48,7 @@ def _rotary_store_kv_kernel(
         offs_h = tl.arange(0, BLOCK_KH)[:, None]
         h_mask = offs_h < NUM_K
         mask = h_mask & r_mask
-        if IS_NEOX:
-            i1 = offs_r
-            i2 = offs_r + HALF
-        else:
-            i1 = offs_r * 2
-            i2 = offs_r * 2 + 1
+        i1, i2 = _pair_index(offs_r, HALF, IS_NEOX)
         src = k_ptr + t * stride_kt + offs_h * stride_kh
         dst = kc_ptr + blk * stride_kcb + off * stride_kcs + offs_h * stride_kch
         k_ty = k_ptr.dtype.element_ty
