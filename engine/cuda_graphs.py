@@ -57,6 +57,14 @@ class DecodeGraphs:
                                  self.logits_indices[:bs])
 
     @torch.inference_mode()
+    def warm(self) -> None:
+        """Eager mode: run every bucket once, so its kernels compile now, not mid-serving
+        (the static buffers hold no slots: nothing is written to the KV cache)."""
+        for bs in self.buckets:
+            self._forward(bs)
+        torch.cuda.synchronize()
+
+    @torch.inference_mode()
     def capture(self) -> None:
         # A dropped engine held by reference cycles dies in some automatic gc run; if
         # that run falls inside a capture, destroying its graphs invalidates the capture

@@ -49,6 +49,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self, max_graph_batch, use_cuda_graphs)
             if use_cuda_graphs:
                 self.graphs.capture()
+            else:
+                self.graphs.warm()
             self.warmup_s = warm_up_attention(self)
         elif overlap:   # CPU: same static-buffer decode path, unpadded, never captured
             self.graphs = DecodeGraphs(self, max_graph_batch, use_graphs=False, pad=False)

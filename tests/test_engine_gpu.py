@@ -84,12 +84,15 @@ def _compiled_variants() -> int:
     return sum(len(fn.device_caches[dev][0]) for fn in fns)
 
 
-def test_serving_compiles_no_new_kernel_variants():
-    """Start-up (graph capture + engine/warmup.py) compiles every variant a step can need:
-    prefix hits (1-token chunks), long and short chunks, growing tables. block_size 32 and
-    float16 are used by no other test, so no earlier test can have compiled them."""
-    llm = LLM(model="dummy:tiny", device="cuda", dtype="float16", block_size=32,
-              num_blocks=1024, max_num_batched_tokens=256, max_num_seqs=64, max_model_len=2048)
+@pytest.mark.parametrize("eager,block_size", [(False, 32), (True, 8)])
+def test_serving_compiles_no_new_kernel_variants(eager, block_size):
+    """Start-up (graph capture or eager warm-up, + engine/warmup.py) compiles every variant
+    a step can need: prefix hits (1-token chunks), long and short chunks, growing tables.
+    Block sizes 32 and 8 with float16 are used by no other test, so no earlier test can
+    have compiled them."""
+    llm = LLM(model="dummy:tiny", device="cuda", dtype="float16", block_size=block_size,
+              num_blocks=8192 // block_size * 4, max_num_batched_tokens=256, max_num_seqs=64,
+              max_model_len=2048, enforce_eager=eager)
     before = _compiled_variants()
     g = torch.Generator().manual_seed(7)
     shared = torch.randint(0, 500, (200,), generator=g).tolist()
