@@ -215,15 +215,22 @@ async def test_select_request_highlights_its_blocks(source):
         await _running(pilot, source)
         await pilot.press("space")
         await settle(pilot, source)
+        live = ("prefilling", "decoding")
+        for _ in range(4):      # paused between a finish and the next admission: step once
+            if any(r.state in live for r in source.snapshot().requests):
+                break
+            await pilot.press("n")
+            await settle(pilot, source)
+        await pilot.pause(0.2)
         await pilot.press("down", "up")
         lst = app.query_one(RequestList)
         # walk down to a live request (finished ones hold no blocks and are not highlighted)
         for _ in range(len(lst.rows)):
-            if lst.current.state in ("prefilling", "decoding"):
+            if lst.current.state in live:
                 break
             await pilot.press("down")
         chosen = lst.current
-        assert chosen.state in ("prefilling", "decoding") and chosen.blocks
+        assert chosen.state in live and chosen.blocks
         assert lst.selected == chosen.request_id
         await pilot.pause(0.2)
         from roseplay.widgets.kv_map import SELECTED
