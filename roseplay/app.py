@@ -150,6 +150,12 @@ class RoseplayApp(App):
             for event in src.take_events():
                 self.notify(describe_event(event), title="recorded", timeout=3)
 
+    def on_request_list_selected(self, event: RequestList.Selected) -> None:
+        """A new selection redraws at once: its KV blocks and details, not at the next tick
+        (which may be skipped under CPU pressure)."""
+        if self.source is not None:
+            self.refresh_panels()
+
     # -- actions ---------------------------------------------------------------------------
     def _control(self, fn, *args, knob: str | None = None, **kwargs):
         if self.source is None:

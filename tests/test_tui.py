@@ -232,10 +232,10 @@ async def test_select_request_highlights_its_blocks(source):
         chosen = lst.current
         assert chosen.state in live and chosen.blocks
         assert lst.selected == chosen.request_id
-        await pilot.pause(0.2)
         from roseplay.widgets.kv_map import SELECTED
         kv = app.query_one(KVMap)
-        assert set(map(int, (kv._cat == SELECTED).nonzero()[0])) == set(chosen.blocks)
+        highlighted = lambda: set(map(int, (kv._cat == SELECTED).nonzero()[0]))  # noqa: E731
+        assert await wait_for(pilot, lambda: highlighted() == set(chosen.blocks), timeout=5)
         assert chosen.request_id in widget_text(app.query_one(KVLegend))
 
 
