@@ -39,9 +39,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     if rows > 0 and inter > 0:
         block = min(1024, next_pow2(inter))
-        use_pdl = pdl.enabled(x.device)
         _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
-            x2, out, inter, x2.stride(0), out.stride(0), BLOCK=block, PDL=use_pdl,
-            num_warps=max(1, min(4, block // 256)), **pdl.launch_options(use_pdl),
+            x2, out, inter, x2.stride(0), out.stride(0), BLOCK=block,
+            num_warps=max(1, min(4, block // 256)), **pdl.launch_args(x.device),
         )
     return out.view(*x.shape[:-1], inter)

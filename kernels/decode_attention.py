@@ -249,7 +249,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         tokens_per_split = triton.cdiv(tiles, num_splits) * block_n
         splits = triton.cdiv(tiles * block_n, tokens_per_split)
     single = splits == 1
-    use_pdl = pdl.enabled(q.device)
     merge = (MERGE_IN_SPLIT if merge is None else merge) and not single
     block_d = max(16, next_pow2(head_dim))
     block_g = max(16, next_pow2(group))
@@ -274,8 +273,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_N=block_n, PAGE=page, SINGLE=single, PREC=dot_precision(q.dtype),
         MERGE=merge, MERGE_G=merge_g,
         MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
-        MERGE_ALL=max(16, next_pow2(splits)), PDL=use_pdl,
-        num_warps=num_warps, num_stages=num_stages, **pdl.launch_options(use_pdl),
+        MERGE_ALL=max(16, next_pow2(splits)),
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
     )
     if not single and not merge:
         _decode_reduce_kernel[(batch, num_heads)](

@@ -255,7 +255,6 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
         if res is not None:
             r2 = res
             new_res = nr = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
-    use_pdl = pdl.enabled(x2.device)
     _linear_kernel[(tiles, split)](
         x2, weight, b, y, ws, cnt, r2, nw, nr, float(eps), m, n, k, k_per_split, split,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
@@ -263,8 +262,7 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, REDUCE=reduce,
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_DOT=cfg["use_dot"],
         PREC=dot_precision(x2.dtype), PRO=pro, HAS_RES=new_res is not None,
-        PDL=use_pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **pdl.launch_options(use_pdl),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.launch_args(x2.device),
     )
     if reduce == 1:
         block = min(1024, next_pow2(n))

@@ -59,12 +59,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     w = weight if weight.stride(-1) == 1 else weight.contiguous()
     if rows > 0:
         block = next_pow2(n)
-        use_pdl = pdl.enabled(x.device)
         _rms_norm_kernel[(rows,)](
             x2, r2, w, out, new_res, float(eps),
             x2.stride(0), r2.stride(0), out.stride(0), new_res.stride(0),
-            N=n, BLOCK=block, HAS_RES=has_res, PDL=use_pdl,
-            num_warps=max(1, min(16, block // 256)), **pdl.launch_options(use_pdl),
+            N=n, BLOCK=block, HAS_RES=has_res,
+            num_warps=max(1, min(16, block // 256)), **pdl.launch_args(x.device),
         )
     out = out.view(x.shape)
     return out if not has_res else (out, new_res.view(x.shape))

@@ -46,9 +46,9 @@ def enabled(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def launch_options(on: bool) -> dict:
-    """Keyword arguments for a kernel launch (empty when PDL is off)."""
-    return {"launch_pdl": True} if on else {}
+def launch_args(device: torch.device) -> dict:
+    """The kernel's PDL constexpr and, when on, the launch option: `**launch_args(dev)`."""
+    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
 
 
 @triton.jit

@@ -93,7 +93,6 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
     if num_tokens == 0:
         return q_out
     block_h = next_pow2(max(num_q, num_k))
-    use_pdl = pdl.enabled(query.device)
     block_r = next_pow2(half)
     block_p = next_pow2(head_dim - rot_dim) if head_dim > rot_dim else 0
     _rotary_store_kv_kernel[(num_tokens,)](
@@ -105,7 +104,7 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         NUM_Q=num_q, NUM_K=num_k, HEAD_DIM=head_dim, HALF=half, PAGE=k_cache.shape[1],
         BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_KH=next_pow2(num_k),
-        BLOCK_D=next_pow2(head_dim), IS_NEOX=bool(is_neox), PDL=use_pdl,
-        num_warps=max(1, min(8, block_h * block_r // 256)), **pdl.launch_options(use_pdl),
+        BLOCK_D=next_pow2(head_dim), IS_NEOX=bool(is_neox),
+        num_warps=max(1, min(8, block_h * block_r // 256)), **pdl.launch_args(query.device),
     )
     return q_out
