@@ -38,17 +38,40 @@ class StreamEvent:
 
 
 class _EventQueue(queue.SimpleQueue):
-    """A stream's event queue; `on_finish` (if set) also gets the final event, called on
-    the engine thread: it must be cheap (e.g. put into the consumer's own queue)."""
+    """A stream's event sink. By default events queue for the RequestStream reader.
+    `on_event` (if set) gets every event instead (nothing queues: e.g. an asyncio server
+    forwards them with call_soon_threadsafe); `on_finish` (if set) also gets the final
+    event. Both are called on the engine thread: they must be cheap."""
     on_finish: Callable[[StreamEvent], None] | None = None
+    on_event: Callable[[StreamEvent], None] | None = None
 
     def put(self, event, block=True, timeout=None):
-        super().put(event)
+        if self.on_event is not None:
+            _call(self.on_event, event)
+        else:
+            super().put(event)
         if event.finished and self.on_finish is not None:
-            try:
-                self.on_finish(event)
-            except Exception:
-                pass
+            _call(self.on_finish, event)
+
+
+def _call(callback, event) -> None:
+    try:
+        callback(event)
+    except Exception:   # a consumer's bug must not stop the engine thread
+        pass
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a client needs to know about the engine it talks to (fixed at start)."""
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    device: str
+    dtype: str
+    backend: str
 
 
 class RequestStream:
@@ -112,17 +135,36 @@ class EngineLoop:
             self._thread.start()
 
     # -- public API (any thread) ---------------------------------------------------
+    @property
+    def info(self) -> EngineInfo:
+        e = self.engine
+        return EngineInfo(e.model_name, e.vocab_size, e.max_model_len, e.pool.num_blocks,
+                          e.pool.block_size, str(e.device), str(e.dtype).removeprefix("torch."),
+                          e.backend)
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (None for dummy models)."""
+        return self.engine.tokenizer
+
+    @property
+    def knobs(self):
+        """The latest requested live knobs (applied at the next step)."""
+        return self._knobs
+
     def submit(self, prompt, params: SamplingParams | None = None,
                request_id: str | None = None,
-               on_finish: Callable[[StreamEvent], None] | None = None) -> RequestStream:
+               on_finish: Callable[[StreamEvent], None] | None = None,
+               on_event: Callable[[StreamEvent], None] | None = None) -> RequestStream:
         """Validate (raises InvalidRequestError here) and queue a request. `on_finish`
         gets the final StreamEvent on the engine thread (lets one consumer wait on many
-        requests without polling their streams)."""
+        requests without polling their streams). `on_event` gets every event (token
+        deltas and the final one) on the engine thread instead of the stream's queue."""
         if self._stopped:
             raise RuntimeError(f"engine loop is stopped ({self.fatal_error or 'closed'})")
         req = self.engine.make_request(prompt, params, request_id)
         q = _EventQueue()
-        q.on_finish = on_finish
+        q.on_finish, q.on_event = on_finish, on_event
         stream = RequestStream(req.request_id, q, self)
         self._post(lambda: self._add(req, q))
         if self._stopped:   # closed meanwhile: the command may never run
@@ -132,10 +174,11 @@ class EngineLoop:
     def cancel(self, request_id: str) -> None:
         self._post(lambda: self._abort(request_id, "cancelled"))
 
-    def set_knobs(self, **changes) -> None:
+    def set_knobs(self, **changes):
         """Validate now (raises InvalidRequestError), apply before the next step."""
         knobs = self._knobs = self._knobs.replace(**changes)
         self._post(lambda: self.engine.set_knobs(knobs))
+        return knobs
 
     def clear_prefix_cache(self) -> None:
         self._post(self.engine.clear_prefix_cache)
