@@ -26,6 +26,27 @@ class ChunkInfo:
     total: int          # tokens this admission must compute before sampling
 
 
+# engine event kinds (EngineEvent.kind), for the event log and the map's highlights
+EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT = "cow", "preempt", "evict", "prefix_hit"
+EV_DEDUP_JOIN, EV_CHUNK_DONE = "dedup_join", "chunk_done"
+EVENT_KINDS = (EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT, EV_DEDUP_JOIN, EV_CHUNK_DONE)
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """Something a learner should see happen, with the KV blocks it involved.
+
+    cow: blocks = (src, dst) pairs flattened; preempt: the blocks freed; evict: the
+    cached blocks reused; prefix_hit: the blocks reused; dedup_join: the leader's request
+    id in `detail`; chunk_done: the blocks the chunk wrote, `detail` = "k/n tokens"."""
+    step: int
+    time: float
+    kind: str
+    request_id: str | None
+    blocks: tuple[int, ...] = ()
+    detail: str = ""
+
+
 @dataclass(frozen=True)
 class StepStats:
     step: int
@@ -141,6 +162,7 @@ class EngineSnapshot:
     recent_itls: tuple[tuple[float, float], ...] = ()                      # (time, gap)
     error: str | None = None
     extra: dict = field(default_factory=dict)
+    events: tuple[EngineEvent, ...] = ()     # the most recent engine events, oldest first
 
     @property
     def num_used(self) -> int:
