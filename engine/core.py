@@ -1,30 +1,45 @@
-"""LLMEngine: the synchronous engine core (one thread owns it).
+"""LLMEngine: the engine core. One thread owns it; it only schedules and steps.
 
-make_request (any thread: tokenize + validate) -> add -> step() repeatedly. A step
-schedules, runs one forward, samples, updates requests, and records step stats.
+add(CoreRequest) -> step() repeatedly -> StepOutput (new token ids, finished requests).
+A step: Scheduler.schedule() -> StepPlan -> build_step_batch() -> StepBatch ->
+ModelRunner.execute() -> logits -> Sampler.sample() -> tokens -> update (append, finish
+by stop token / length, free blocks) -> stats, events. Text is the front's business
+(engine/processor.py): the core sees token ids only.
+
+Async scheduling (the `async_scheduling` knob): a decode-only step on the static path
+is launched and left in flight; the next call commits its KV bookkeeping, asks the
+scheduler for the continuation (Scheduler.schedule_continuation), launches it with the
+in-flight step's samples as input (on the device), and only then reads the tokens.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
-from engine import overlap
+from engine.batch_builder import build_step_batch
+from engine.clock import ServingClock
+from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
-from engine.detokenizer import IncrementalDetokenizer
+from engine.device_io import HostCopy
+from engine.events import EventLog
 from engine.kv.block_pool import BlockPool
 from engine.models.loader import load_model
-from engine.request import Request, RequestStatus, SamplingParams
+from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.sampling import Sampler
 from engine.scheduler import Scheduler, StepPlan
-from engine.snapshot import ChunkInfo, EngineSnapshot, StepStats, request_view
+from engine.snapshot import Counters, EngineSnapshot, request_view
 from engine.stats import StatsRecorder
+from engine.step_batch import StepBatch
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_DEFAULT_BLOCKS = 2048
+_STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
+           REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -41,6 +56,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+@dataclass
+class Launched:
+    """A step whose forward and sampling are queued on the device."""
+    plan: StepPlan
+    batch: StepBatch
+    requests: list[Request]          # one per sample row
+    tokens: torch.Tensor             # device tensor of samples (feeds a continuation)
+    host_tokens: HostCopy            # the same tokens on their way to the host
+    t0: float
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -48,7 +74,8 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
         loaded = load_model(config.model, self.device, self.dtype, config.seed)
-        self.model_name, self.tokenizer = loaded.name, loaded.tokenizer
+        self.model_name = loaded.name
+        self.tokenizer = loaded.tokenizer     # loaded with the model, for the front only
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.model.config.vocab_size
         self.max_model_len = min(config.max_model_len or min(loaded.max_model_len, 8192),
@@ -57,24 +84,23 @@ class LLMEngine:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
         from kernels import get_ops
-        ops = get_ops(backend)
         self.backend = backend
         num_blocks = config.num_blocks or self._blocks_from_memory(loaded.model)
-        self.pool = BlockPool(num_blocks, config.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.pool)
-        self.runner = ModelRunner(loaded.model, ops, self.device, self.dtype, num_blocks,
-                                  config.block_size, self.max_model_len,
+        self.counters = Counters()
+        self.events = EventLog()
+        self.pool = BlockPool(num_blocks, config.block_size, self.counters)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
+        self.runner = ModelRunner(loaded.model, get_ops(backend), self.device, self.dtype,
+                                  num_blocks, config.block_size, self.max_model_len,
                                   not config.enforce_eager, backend == "triton",
-                                  overlap=config.async_scheduling,
+                                  async_scheduling=config.async_scheduling,
                                   max_graph_batch=max(config.scheduler.max_num_seqs, 256))
         self.sampler = Sampler(self.device, config.seed)
-        self.stats = StatsRecorder()
-        self._ids = itertools.count()
-        self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._chunks_done: dict[str, int] = {}
+        self.stats = StatsRecorder(self.counters)
+        self.clock = ServingClock()
         self.requests: dict[str, Request] = {}     # unfinished, by id
-        self._inflight: overlap.Launched | None = None   # overlapped step awaiting its tokens
-        self.allow_chain = True                    # the loop turns overlap off while paused
+        self.async_scheduling = config.async_scheduling   # the loop turns it off while paused
+        self._inflight: Launched | None = None
         self.recent_finished: deque = deque(maxlen=256)
 
     def _blocks_from_memory(self, model) -> int:
@@ -86,7 +112,7 @@ class LLMEngine:
         budget = total * self.config.gpu_memory_utilization - (total - free) - reserve
         return max(16, int(budget // per_block))
 
-    # -- knobs -----------------------------------------------------------------------
+    # -- knobs and requests --------------------------------------------------------------
     @property
     def knobs(self) -> SchedulerConfig:
         return self.scheduler.knobs
@@ -94,224 +120,172 @@ class LLMEngine:
     def set_knobs(self, knobs: SchedulerConfig) -> None:
         self.scheduler.knobs = knobs
 
-    # -- requests ----------------------------------------------------------------------
-    def make_request(self, prompt, params: SamplingParams | None = None,
-                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
-        """Tokenize and validate (safe from any thread: touches no scheduler state)."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError("params must be a SamplingParams")
-        text, ids = self._tokenize(prompt)
-        self._validate_ids(ids, params)
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "
-                                      "can never match (use stop_token_ids)")
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        req = Request(rid, ids, params, prompt=text)
-        if arrival_time is not None:
-            req.arrival_time = arrival_time
-        return req
-
-    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt:
-                raise InvalidRequestError("a dict prompt needs 'prompt_token_ids'")
-            ids = prompt["prompt_token_ids"]
-            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-                raise InvalidRequestError("prompt_token_ids must be a list of integers, got "
-                                          f"{type(ids).__name__}")
-            return prompt.get("prompt"), list(ids)
-        if isinstance(prompt, (list, tuple)):
-            return None, list(prompt)
-        if not isinstance(prompt, str):
-            raise InvalidRequestError(f"prompt must be a string or token ids, got {type(prompt).__name__}")
-        if not prompt:
-            raise InvalidRequestError("prompt is empty")
-        if self.tokenizer is None:
-            raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: pass "
-                                      "{'prompt_token_ids': [...]} instead of text")
-        return prompt, self.tokenizer.encode(prompt)
-
-    def _validate_ids(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise InvalidRequestError("prompt is empty (0 tokens)")
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-            raise InvalidRequestError("prompt_token_ids must be integers")
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size}); got "
-                                      f"min {min(ids)}, max {max(ids)}")
-        if len(ids) >= self.max_model_len:
-            raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_model_len is "
-                                      f"{self.max_model_len} (prompt must leave room for 1 token)")
-        need = min(len(ids) + params.max_tokens, self.max_model_len)
-        capacity = self.pool.num_blocks * self.pool.block_size
-        if need > capacity:
-            raise InvalidRequestError(f"prompt + max_tokens = {need} tokens can never fit the "
-                                      f"KV pool ({self.pool.num_blocks} blocks x "
-                                      f"{self.pool.block_size} = {capacity} tokens)")
-
-    def add(self, req: Request) -> None:
-        if req.request_id in self.requests:
-            raise InvalidRequestError(f"duplicate request id {req.request_id!r}")
+    def add(self, creq: CoreRequest) -> Request:
+        """Queue a validated request (engine/processor.py validated it in the front)."""
+        if creq.request_id in self.requests:
+            raise InvalidRequestError(f"duplicate request id {creq.request_id!r}")
+        req = Request(creq.request_id, list(creq.prompt_token_ids), creq.params,
+                      prompt=creq.prompt_preview,
+                      arrival_time=self.clock.to_serving(creq.arrival_time))
         self.requests[req.request_id] = req
-        self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, req.params.stop)
         self.scheduler.add(req)
-
-    def add_request(self, prompt, params: SamplingParams | None = None, **kw) -> Request:
-        req = self.make_request(prompt, params, **kw)
-        self.add(req)
         return req
 
-    def abort(self, request_id: str, reason: str = "cancelled",
-              error: str | None = None) -> Request | None:
+    def abort(self, request_id: str, reason: str = REASON_CANCELLED,
+              error: str | None = None, out: StepOutput | None = None) -> Request | None:
         """End a request at any stage (waiting, prefilling, decoding, preempted)."""
         req = self.requests.get(request_id)
-        if req is None:
-            return None
-        status = RequestStatus.ERROR if reason == "error" else RequestStatus.CANCELLED
-        self._finish(req, status, reason, error)
+        if req is not None:
+            self._finish(req, reason, error, out)
         return req
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
     def clear_prefix_cache(self) -> int:
-        return self.scheduler.clear_prefix_cache()
+        return self.pool.clear_cache()
 
     # -- the step ------------------------------------------------------------------------
-    def step(self) -> list[Request]:
-        """Run one engine step; return the requests that got tokens or finished.
-
-        With overlap, a call may launch the next decode step before returning the tokens
-        of the previous one (see engine/overlap.py)."""
+    def step(self) -> StepOutput:
+        """Run one engine step; return its new tokens and finished requests. With async
+        scheduling a call may launch the next step before returning this one's tokens."""
         if self._inflight is not None:
             return self._complete_inflight(chain=True)
-        t0, evictions0 = time.perf_counter(), self.pool.evictions
+        t0 = self.clock.now()
         plan = self.scheduler.schedule()
+        out = StepOutput()
         if not plan:
-            self._record(plan, t0, evictions0, 0)
-            return []
+            self._record(plan, t0, 0)
+            return out
         try:
-            launched = overlap.launch(self, plan)
-            if overlap.chainable(self, plan):
+            launched = self._launch(plan)
+            if self._may_chain(launched):
                 self._inflight = launched
-                return []
+                return out
             self._commit(plan)
-            touched = self._emit_tokens(launched)
+            self._emit_tokens(launched, out)
         except Exception as exc:  # a failing forward fails its requests, not the engine
-            touched = self._fail_plan(plan, exc)
-        self._after_step(plan, t0, evictions0, touched)
-        return touched
+            self._fail_plan(plan, exc, out)
+        self._after_step(plan, t0, out)
+        return out
 
-    def flush(self) -> list[Request]:
-        """Finish an in-flight overlapped step without launching another."""
-        return self._complete_inflight(chain=False) if self._inflight is not None else []
+    def flush(self) -> StepOutput:
+        """Finish an in-flight step without launching another."""
+        return self._complete_inflight(chain=False) if self._inflight is not None else StepOutput()
 
-    def _complete_inflight(self, chain: bool) -> list[Request]:
+    def _may_chain(self, launched: Launched) -> bool:
+        plan = launched.plan
+        return (self.async_scheduling and not plan.prefills and not plan.preempted
+                and self.runner.static_decode(launched.batch))
+
+    def _launch(self, plan: StepPlan, prev_tokens: torch.Tensor | None = None) -> Launched:
+        t0 = self.clock.now()
+        batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size)
+        logits = self.runner.execute(batch, prev_tokens)
+        tokens = self.sampler.sample(logits, batch.sampling)
+        # start the copy to the host now: a later .tolist() would be ordered behind (and
+        # wait for) the next step, which is launched before these tokens are read
+        return Launched(plan, batch, requests, tokens, HostCopy(tokens), t0)
+
+    def _complete_inflight(self, chain: bool) -> StepOutput:
         prev, self._inflight = self._inflight, None
+        out = StepOutput()
         try:
             self._commit(prev.plan)
-            nxt = overlap.next_plan(self, prev) if chain else None
-            if nxt is not None:
-                self._inflight = overlap.launch(self, *nxt)
-            touched = self._emit_tokens(prev)
+            nxt = self.scheduler.schedule_continuation(prev.plan, self.max_model_len) \
+                if chain and self.async_scheduling else None
+            if nxt is not None:   # decode-only, no larger than prev: stays on the static path
+                self._inflight = self._launch(nxt, prev.tokens)
+            self._emit_tokens(prev, out)
         except Exception as exc:
-            touched = self._fail_plan(prev.plan, exc)
+            self._fail_plan(prev.plan, exc, out)
             if self._inflight is not None:
-                touched += self._fail_plan(self._inflight.plan, exc)
+                self._fail_plan(self._inflight.plan, exc, out)
                 self._inflight = None
-        self._after_step(prev.plan, prev.t0, prev.evictions0, touched)
-        return touched
+        self._after_step(prev.plan, prev.t0, out)
+        return out
 
-    def _after_step(self, plan: StepPlan, t0: float, evictions0: int, touched) -> None:
+    def _after_step(self, plan: StepPlan, t0: float, out: StepOutput) -> None:
         if self.config.check_invariants:
             self.check_invariants()
-        self._record(plan, t0, evictions0, sum(1 for r in touched if r.token_times))
+        self._record(plan, t0, len(out.request_ids))
 
     def _commit(self, plan: StepPlan) -> None:
         """The plan's KV is computed: advance counters, index newly full blocks, and let
         dedup followers take the blocks of leaders that finished their prompt."""
         page, running = self.pool.block_size, RequestStatus.RUNNING
+        caching = self.knobs.enable_prefix_caching
+        kv = self.scheduler.kv
         for c in plan.decodes:   # hot loop: one token each; a block fills every `page`
             req = c.request
             if req.status is running:
                 req.num_computed_tokens += 1
                 if req.num_computed_tokens % page == 0:
-                    self.kv_register(req)
+                    kv.register_full_blocks(req, caching)
         for c in plan.prefills:
             req = c.request
             if req.status.done:
                 continue
             req.num_computed_tokens += c.num_tokens
-            self.kv_register(req)
-            self._chunks_done[req.request_id] = self._chunks_done.get(req.request_id, 0) + 1
+            req.chunks_done += 1
+            kv.register_full_blocks(req, caching)
             if c.sample:
                 self.scheduler.leader_sampled(req)
 
-    def _emit_tokens(self, launched: "overlap.Launched") -> list[Request]:
+    def _emit_tokens(self, launched: Launched, out: StepOutput) -> None:
         tokens = launched.host_tokens.tolist()     # the step's one host sync
-        now = time.perf_counter()
-        touched = []
+        now = out.time = self.clock.now()
+        rids, toks = out.request_ids, out.token_ids
         for req, token in zip(launched.requests, tokens):
             if req.status is RequestStatus.RUNNING:   # not cancelled meanwhile
-                self._append_token(req, token, now)
-                touched.append(req)
-        return touched
+                self._append_token(req, token, now, out)
+                rids.append(req.request_id)
+                toks.append(token)
 
-    def kv_register(self, req: Request) -> None:
-        self.scheduler.kv.register_full_blocks(req, self.knobs.enable_prefix_caching)
-
-    def _append_token(self, req: Request, token: int, now: float) -> None:
+    def _append_token(self, req: Request, token: int, now: float, out: StepOutput) -> None:
         req.output_token_ids.append(token)
         times = req.token_times
         times.append(now)
         if len(times) > 1:
             self.stats.recent_itls.append((now, now - times[-2]))
         p = req.params
-        hit_stop = False
-        if self.tokenizer is not None:
-            req.text, hit_stop = self._detok[req.request_id].step(req.output_token_ids, req.text)
-        if hit_stop or token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-            self._finish(req, RequestStatus.FINISHED, "stop")
-        elif len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            self._finish(req, RequestStatus.FINISHED, "length")
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            self._finish(req, REASON_STOP, None, out)
+        elif req.reaches_length_limit(0, self.max_model_len):
+            self._finish(req, REASON_LENGTH, None, out)
 
-    def _finish(self, req: Request, status: RequestStatus, reason: str, error: str | None = None) -> None:
+    def _finish(self, req: Request, reason: str, error: str | None,
+                out: StepOutput | None) -> None:
         self.scheduler.remove(req)
-        req.status, req.finish_reason, req.error = status, reason, error
+        req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
         del self.requests[req.request_id]
-        self._detok.pop(req.request_id, None)
-        self.recent_finished.append(request_view(req, self._chunks_done.pop(req.request_id, 0)))
+        self.sampler.release(req.request_id)
+        self.recent_finished.append(request_view(req))
         self.stats.on_finish(req)
+        if out is not None:
+            out.finished.append(FinishedRequest(req.request_id, reason, error, req.arrival_time,
+                                                req.num_cached_tokens, req.num_preemptions))
 
-    def _fail_plan(self, plan: StepPlan, exc: Exception) -> list[Request]:
+    def _fail_plan(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
         msg = f"{type(exc).__name__}: {exc}"
-        failed = []
         for c in plan.chunks:
             req = c.request
             if req.request_id in self.requests:
                 for f in list(self.scheduler.followers.get(req, ())):
-                    self._finish(f, RequestStatus.ERROR, "error", msg)
-                    failed.append(f)
-                self._finish(req, RequestStatus.ERROR, "error", msg)
-                failed.append(req)
+                    self._finish(f, REASON_ERROR, msg, out)
+                self._finish(req, REASON_ERROR, msg, out)
         for req in list(self.scheduler.running):   # followers that took a leader's blocks
             if req.dedup_leader is None and req.num_uncomputed < 1:   # but not its token:
-                self._finish(req, RequestStatus.ERROR, "error", msg)  # never schedulable
-                failed.append(req)
+                self._finish(req, REASON_ERROR, msg, out)             # never schedulable
         self.stats.last_error = msg
-        return failed
 
-    def _record(self, plan: StepPlan, t0: float, evictions0: int, sampled: int) -> None:
-        now = time.perf_counter()
-        chunks = tuple(ChunkInfo(c.request.request_id, c.start, c.num_tokens,
-                                 c.request.num_prefill_target) for c in plan.prefills)
-        step = StepStats(self.stats.counters.steps, now, now - t0, len(plan.decodes),
-                         sum(c.num_tokens for c in plan.prefills), chunks,
-                         plan.prefix_hit_blocks, len(plan.copies),
-                         self.pool.evictions - evictions0, len(plan.preempted), plan.dedup_joined,
-                         len(self.scheduler.running), len(self.scheduler.waiting), sampled)
-        self.stats.on_step(step, bool(plan), self.pool)
+    def _record(self, plan: StepPlan, t0: float, sampled: int) -> None:
+        sched, now = self.scheduler, self.clock.now()
+        evicted = self.pool.take_evicted()
+        self.stats.on_step(plan, t0, now, sampled, len(sched.running), len(sched.waiting),
+                           len(evicted), self.pool)
+        if plan:
+            self.events.record(self.counters.steps, now, plan, evicted, self.pool.block_size)
 
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())
@@ -319,17 +293,16 @@ class LLMEngine:
     def snapshot(self, paused: bool = False) -> EngineSnapshot:
         """An immutable view of the engine now (cheap: arrays copied, views built)."""
         st = self.stats
-        active = tuple(request_view(r, self._chunks_done.get(rid, 0))
-                       for rid, r in self.requests.items())
+        active = tuple(request_view(r) for r in self.requests.values())
         return EngineSnapshot(
-            time=time.perf_counter(), step=st.counters.steps, model=self.model_name,
+            time=self.clock.now(), step=st.counters.steps, model=self.model_name,
             device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
             knobs=self.knobs, paused=paused, num_blocks=self.pool.num_blocks,
             block_size=self.pool.block_size, block_state=self.pool.states(),
             block_refcount=self.pool.refcounts.copy(),
             requests=active + tuple(self.recent_finished), last_step=st.last_step,
-            recent_steps=tuple(st.recent_steps), counters=st.counters,
+            recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
             recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
-            error=st.last_error,
+            error=st.last_error, events=self.events.recent(),
             extra={"peak_used_blocks": st.peak_used_blocks, "backend": self.backend,
                    "max_model_len": self.max_model_len, "forward_calls": self.runner.forward_calls})

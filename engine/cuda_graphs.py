@@ -94,34 +94,33 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
-    def run(self, decodes, token_source: torch.Tensor | None = None) -> torch.Tensor:
-        """Fill the static buffers and run. token_source: this step's input tokens as a
-        device tensor (the previous step's samples), else they are read from requests."""
-        n = len(decodes)
+    def run(self, batch, token_source: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy a decode-only StepBatch into the static buffers and run it. token_source:
+        this step's input tokens as a device tensor (the previous step's samples), else
+        they come from batch.input_ids."""
+        n = batch.num_decodes
         bs = self.buckets[bisect.bisect_left(self.buckets, n)] if self.pad else n
         k = self._flip
         self._flip ^= 1
         s64, s_lens, s_table = self._stage64[k], self._stage_lens[k], self._stage_table[k]
         ids, pos, slots = s64.numpy()
         lens, table = s_lens.numpy(), s_table.numpy()
-        page = self.runner.block_size
-        slots[:bs] = -1
-        lens[:bs] = 1
-        for i, c in enumerate(decodes):
-            bt = c.request.block_table
-            pos[i] = c.start
-            slots[i] = bt[c.start // page] * page + c.start % page
-            table[i, :len(bt)] = bt
-        lens[:n] = pos[:n] + 1
+        width = batch.decode_block_tables.shape[1]
+        slots[n:bs] = -1
+        lens[n:bs] = 1
+        pos[:n] = batch.positions
+        slots[:n] = batch.slot_mapping
+        lens[:n] = batch.decode_context_lens
+        table[:n, :width] = batch.decode_block_tables
         if token_source is None:
-            ids[:n] = [c.request.token_at(c.start) for c in decodes]
+            ids[:n] = batch.input_ids
             self.input_ids[:n].copy_(s64[0, :n], non_blocking=True)
         else:
             self.input_ids[:n].copy_(token_source)
         self.positions[:n].copy_(s64[1, :n], non_blocking=True)
         self.slot_mapping[:bs].copy_(s64[2, :bs], non_blocking=True)
         self.context_lens[:bs].copy_(s_lens[:bs], non_blocking=True)
-        self.block_tables[:n].copy_(s_table[:n], non_blocking=True)
+        self.block_tables[:n, :width].copy_(s_table[:n, :width], non_blocking=True)
         if not self.use_graphs:
             return self._forward(bs)[:n]
         graph, out = self.graphs[bs]

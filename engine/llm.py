@@ -5,6 +5,7 @@ from typing import Callable, Sequence
 
 from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.core import LLMEngine
+from engine.processor import InputProcessor, OutputProcessor
 from engine.request import RequestOutput, SamplingParams
 
 
@@ -19,11 +20,20 @@ class LLM:
             if model is not None:
                 kwargs["model"] = model
             config = make_config(**kwargs)
-        self.engine = LLMEngine(config)
+        self.engine = e = LLMEngine(config)
+        self.inputs = InputProcessor.for_engine(e)
+        self.outputs = OutputProcessor(e.tokenizer)
 
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def add_request(self, prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None):
+        """Validate and queue one request on the core; returns the core's Request (for
+        callers that drive `self.engine.step()` themselves, e.g. tests)."""
+        creq, text = self.inputs.process(prompt, params, request_id)
+        return self.engine.add(creq)
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  on_step: Callable[[LLMEngine], None] | None = None) -> list[RequestOutput]:
@@ -32,24 +42,48 @@ class LLM:
         A prompt is a string, a list of token ids, or {"prompt_token_ids": [...]}.
         `on_step` (optional) is called after every engine step (tests, progress bars).
         """
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            if isinstance(sampling_params, dict) or not hasattr(sampling_params, "__iter__"):
-                raise InvalidRequestError("sampling_params must be a SamplingParams or a list of "
-                                          f"them, got {type(sampling_params).__name__}")
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
-                                          f"{len(prompts)} prompts: pass one, or one per prompt")
-        reqs = [self.engine.make_request(p, sp) for p, sp in zip(prompts, params)]
-        for req in reqs:
-            self.engine.add(req)
+        prompts = _prompt_list(prompts)
+        params = _params_list(sampling_params, len(prompts))
+        made = [self.inputs.process(p, sp) for p, sp in zip(prompts, params)]
+        results: dict[str, RequestOutput] = {}
+        for creq, text in made:
+            self.outputs.add(creq, text, None, lambda ev: results.__setitem__(ev.request_id, ev.output))
+            self.engine.add(creq)
         while self.engine.has_unfinished():
-            self.engine.step()
+            self._apply(self.engine.step())
             if on_step is not None:
                 on_step(self.engine)
-        return [RequestOutput.from_request(r) for r in reqs]
+        return [results[creq.request_id] for creq, _ in made]
+
+    def _apply(self, out) -> None:
+        for rid in self.outputs.process(out):    # stop strings matched
+            self.outputs.process(_aborted(self.engine, rid))
+
+
+def _aborted(engine: LLMEngine, request_id: str):
+    from engine.outputs import StepOutput
+    out = StepOutput()
+    engine.abort(request_id, "stop", None, out)
+    return out
+
+
+def _prompt_list(prompts) -> list:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if prompts is None or not hasattr(prompts, "__iter__") or isinstance(prompts, bytes):
+        raise InvalidRequestError(f"prompts must be a string, token ids, a dict prompt or a "
+                                  f"list of them, got {type(prompts).__name__}")
+    return list(prompts)
+
+
+def _params_list(sampling_params, n: int) -> list[SamplingParams]:
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * n
+    if isinstance(sampling_params, dict) or not hasattr(sampling_params, "__iter__"):
+        raise InvalidRequestError("sampling_params must be a SamplingParams or a list of "
+                                  f"them, got {type(sampling_params).__name__}")
+    params = list(sampling_params)
+    if len(params) != n:
+        raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
+                                  f"{n} prompts: pass one, or one per prompt")
+    return params

@@ -24,6 +24,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def request_latencies(arrival: float, times: Sequence[float]
+                      ) -> tuple[float | None, float | None, float | None]:
+    """(TTFT, TPOT, last ITL) of one request from its token times: the one place these
+    formulas live (RequestMetrics, request views and the stats recorder use it)."""
+    if not times:
+        return None, None, None
+    n = len(times)
+    if n == 1:
+        return times[0] - arrival, None, None
+    return times[0] - arrival, (times[-1] - times[0]) / (n - 1), times[-1] - times[-2]
+
+
 @dataclass(frozen=True)
 class Summary:
     count: int

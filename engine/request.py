@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.config import InvalidRequestError
+from engine.metrics import request_latencies
 
 
 _SAMPLING_EPS = 1e-5
@@ -100,8 +101,7 @@ class Request:
     dedup_leader: "Request | None" = None
     finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "error"
     error: str | None = None
-    text: str = ""
-    generator: object = None          # torch.Generator for seeded sampling
+    chunks_done: int = 0             # prefill chunks computed since the last admission
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -117,6 +117,16 @@ class Request:
 
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def reaches_length_limit(self, extra: int, max_model_len: int) -> bool:
+        """Does the request end by length once `extra` more tokens are appended? (The one
+        length rule: the step's update and the async-scheduling lookahead both ask it.)"""
+        return (len(self.output_token_ids) + extra >= self.params.max_tokens
+                or self.num_tokens + extra >= max_model_len)
 
     @property
     def num_uncomputed(self) -> int:
@@ -149,10 +159,9 @@ class RequestMetrics:
                    preemptions: int = 0) -> "RequestMetrics":
         if not times:
             return cls(arrival, None, None, None, None, None, (), cached, preemptions)
-        first, last = times[0], times[-1]
-        tpot = (last - first) / (len(times) - 1) if len(times) > 1 else None
+        ttft, tpot, _ = request_latencies(arrival, times)
         itls = tuple(b - a for a, b in zip(times, times[1:]))
-        return cls(arrival, first, last, first - arrival, tpot, last - arrival, itls,
+        return cls(arrival, times[0], times[-1], ttft, tpot, times[-1] - arrival, itls,
                    cached, preemptions)
 
 
@@ -173,11 +182,3 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     error: str | None = None
-
-    @classmethod
-    def from_request(cls, req: Request) -> "RequestOutput":
-        done = req.status.done
-        completion = CompletionOutput(0, req.text, tuple(req.output_token_ids),
-                                      req.finish_reason if done else None)
-        return cls(req.request_id, req.prompt, tuple(req.prompt_token_ids), (completion,),
-                   done, req.metrics(), req.error)

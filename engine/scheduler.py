@@ -17,6 +17,7 @@ from engine.config import SchedulerConfig
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVManager
 from engine.request import Request, RequestStatus
+from engine.snapshot import Counters
 
 
 @dataclass
@@ -31,10 +32,12 @@ class ScheduledChunk:
 class StepPlan:
     decodes: list[ScheduledChunk] = field(default_factory=list)
     prefills: list[ScheduledChunk] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)   # COW (src, dst)
-    preempted: list[Request] = field(default_factory=list)
-    prefix_hit_blocks: int = 0
-    dedup_joined: int = 0
+    copies: list[tuple[int, int, str]] = field(default_factory=list)   # COW (src, dst, request id)
+    preempted: list[tuple[Request, tuple[int, ...]]] = field(default_factory=list)  # (req, blocks freed)
+    prefix_hits: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)   # (request id, blocks)
+    dedup_joins: list[tuple[str, str]] = field(default_factory=list)   # (follower id, leader id)
+    prev_rows: list[int] | None = None   # a continuation: decode i's input token is the
+    #                                      previous step's sample prev_rows[i]
 
     @property
     def chunks(self) -> list[ScheduledChunk]:
@@ -44,14 +47,19 @@ class StepPlan:
     def num_tokens(self) -> int:
         return len(self.decodes) + sum(c.num_tokens for c in self.prefills)
 
+    @property
+    def prefix_hit_blocks(self) -> int:
+        return sum(len(blocks) for _, blocks in self.prefix_hits)
+
     def __bool__(self) -> bool:
         return bool(self.decodes or self.prefills)
 
 
 class Scheduler:
-    def __init__(self, knobs: SchedulerConfig, pool: BlockPool):
+    def __init__(self, knobs: SchedulerConfig, pool: BlockPool, counters: Counters):
         self.knobs = knobs
         self.pool = pool
+        self.counters = counters
         self.kv = KVManager(pool)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -59,7 +67,6 @@ class Scheduler:
         self._leaders: dict[tuple, Request] = {}            # prompt key -> leader
         self._admit_counter = 0
         self._decode_offset = 0
-        self.preemptions = 0
 
     # -- queue operations (engine thread) ------------------------------------------
     def add(self, req: Request) -> None:
@@ -83,6 +90,30 @@ class Scheduler:
         budget = self._schedule_running_prefills(plan, budget)
         self._admit_waiting(plan, budget, knobs)
         return plan
+
+    def schedule_continuation(self, prev: StepPlan, max_model_len: int) -> StepPlan | None:
+        """Async scheduling: the decode step after `prev`, planned before prev's tokens
+        are known (its input tokens are prev's samples, still on the device). Only in
+        the steady state: every running request decoded in `prev`, nothing to admit,
+        budget for all. A request that prev's token finishes by length is left out; one
+        that stops on EOS or a stop string computes one token that is then discarded.
+        Returns None when the regular schedule() must run instead."""
+        knobs = self.knobs
+        if self.waiting and len(self.running) < knobs.max_num_seqs:
+            return None                              # admissions pending
+        if prev.prefills or len(prev.decodes) != len(self.running) \
+                or len(self.running) > knobs.max_num_batched_tokens:
+            return None                              # someone else needs the step
+        plan = StepPlan(prev_rows=[])
+        for i, c in enumerate(prev.decodes):
+            r = c.request
+            if r.status is not RequestStatus.RUNNING or r.reaches_length_limit(1, max_model_len):
+                continue
+            if not self.kv.reserve_one(r, plan.copies):
+                return None                          # pool dry: schedule() preempts
+            plan.decodes.append(ScheduledChunk(r, r.num_computed_tokens, 1, True))
+            plan.prev_rows.append(i)
+        return plan if plan.decodes else None
 
     def _schedule_decodes(self, plan: StepPlan, budget: int) -> int:
         decodes = [r for r in self.running if r.dedup_leader is None and r.num_uncomputed == 1]
@@ -131,7 +162,8 @@ class Scheduler:
             self._start(req, hits)
             if caching:
                 self._leaders.setdefault(self._prompt_key(req), req)
-            plan.prefix_hit_blocks += hits
+            if hits:
+                plan.prefix_hits.append((req.request_id, tuple(req.block_table[:hits])))
             plan.prefills.append(self._chunk(req, n))
             budget -= n
 
@@ -162,14 +194,15 @@ class Scheduler:
         self._start(req, 0)
         req.dedup_leader = leader
         self.followers.setdefault(leader, []).append(req)
-        plan.dedup_joined += 1
+        plan.dedup_joins.append((req.request_id, leader.request_id))
+        self.counters.dedup_joined += 1
         return True
 
     def _reserve_running(self, req: Request, n: int, plan: StepPlan) -> bool:
         """Reserve KV for a running request, preempting the newest others if needed."""
         reserve = self.kv.reserve_one if n == 1 else (lambda r, c: self.kv.reserve(r, n, c))
         while not reserve(req, plan.copies):
-            scheduled = {id(c.request) for c in plan.chunks}
+            scheduled = {id(c.request) for c in plan.chunks}  # noqa: the rare path
             victims = [r for r in self.running if r is not req and id(r) not in scheduled
                        and r.dedup_leader is None]
             victim = max(victims, key=lambda r: r.admit_seq, default=None)
@@ -183,13 +216,15 @@ class Scheduler:
         """Free the request's blocks and requeue it at the front to recompute."""
         self.running.remove(req)
         self._drop_links(req)
+        blocks = tuple(req.block_table)
         self.kv.free(req)
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
-        self.preemptions += 1
+        req.chunks_done = 0
+        self.counters.preemptions += 1
         self.waiting.appendleft(req)
         if plan is not None:
-            plan.preempted.append(req)
+            plan.preempted.append((req, blocks))
 
     def _drop_links(self, req: Request) -> None:
         """Unlink dedup relations: a leaving leader sends its waiters back to the queue."""

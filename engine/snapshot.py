@@ -5,17 +5,19 @@ never lock and never see a half-updated state. Block arrays are fresh numpy copi
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.codes import (BLOCK_CACHED, BLOCK_FREE, BLOCK_USED, CANCELLED, DECODING, DEDUP,
+                          ERROR, EVENT_KINDS, FINISHED, PREEMPTED, PREFILLING, WAITING)
 from engine.config import SchedulerConfig
+from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
 
-# request states shown to users
-WAITING, PREFILLING, DECODING, PREEMPTED, DEDUP = "waiting", "prefilling", "decoding", "preempted", "dedup"
-FINISHED, CANCELLED, ERROR = "finished", "cancelled", "error"
+OUTPUT_TAIL = 64    # output token ids a RequestView carries (viewers detokenize them)
 
 
 @dataclass(frozen=True)
@@ -24,12 +26,6 @@ class ChunkInfo:
     start: int
     num_tokens: int
     total: int          # tokens this admission must compute before sampling
-
-
-# engine event kinds (EngineEvent.kind), for the event log and the map's highlights
-EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT = "cow", "preempt", "evict", "prefix_hit"
-EV_DEDUP_JOIN, EV_CHUNK_DONE = "dedup_join", "chunk_done"
-EVENT_KINDS = (EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT, EV_DEDUP_JOIN, EV_CHUNK_DONE)
 
 
 @dataclass(frozen=True)
@@ -87,6 +83,27 @@ class EngineCounters:
     def prefix_hit_rate(self) -> float:
         return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
 
+    def minus(self, earlier: "EngineCounters") -> "EngineCounters":
+        """The counts between two snapshots (windowed rates, a run's share)."""
+        return EngineCounters(**{n: getattr(self, n) - getattr(earlier, n) for n in _COUNTER_NAMES})
+
+
+_COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
+
+
+class Counters:
+    """The engine's cumulative counters: ONE mutable owner, shared by the block pool,
+    the prefix index, the scheduler and the stats recorder (each adds to its own
+    fields); snapshots freeze a copy as EngineCounters."""
+    __slots__ = _COUNTER_NAMES
+
+    def __init__(self):
+        for name in _COUNTER_NAMES:
+            setattr(self, name, 0)
+
+    def freeze(self) -> EngineCounters:
+        return EngineCounters(**{n: getattr(self, n) for n in _COUNTER_NAMES})
+
 
 @dataclass(frozen=True)
 class RequestView:
@@ -106,9 +123,10 @@ class RequestView:
     blocks: tuple[int, ...]
     preemptions: int
     prompt_preview: str
-    text: str
+    text: str                # "" from the engine (it never detokenizes): see output_tail
     finish_reason: str | None
     error: str | None
+    output_tail: tuple[int, ...] = ()   # the last OUTPUT_TAIL output token ids
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""
@@ -128,17 +146,15 @@ def request_state(req: Request) -> str:
             RequestStatus.ERROR: ERROR}[st]
 
 
-def request_view(req: Request, chunks_done: int = 0) -> RequestView:
-    times = req.token_times
-    ttft = times[0] - req.arrival_time if times else None
-    tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-    itl = times[-1] - times[-2] if len(times) > 1 else None
+def request_view(req: Request) -> RequestView:
+    ttft, tpot, itl = request_latencies(req.arrival_time, req.token_times)
     preview = req.prompt[:80] if req.prompt is not None else f"<{req.num_prompt_tokens} token ids>"
     return RequestView(req.request_id, request_state(req), req.arrival_time,
                        req.num_prompt_tokens, req.num_computed_tokens, req.num_prefill_target,
-                       chunks_done, req.num_cached_tokens, len(req.output_token_ids),
+                       req.chunks_done, req.num_cached_tokens, len(req.output_token_ids),
                        req.params.max_tokens, ttft, tpot, itl, tuple(req.block_table),
-                       req.num_preemptions, preview, req.text, req.finish_reason, req.error)
+                       req.num_preemptions, preview, "", req.finish_reason, req.error,
+                       tuple(req.output_token_ids[-OUTPUT_TAIL:]))
 
 
 @dataclass(frozen=True)
@@ -166,15 +182,15 @@ class EngineSnapshot:
 
     @property
     def num_used(self) -> int:
-        return int((self.block_state == 1).sum())
+        return int((self.block_state == BLOCK_USED).sum())
 
     @property
     def num_cached(self) -> int:
-        return int((self.block_state == 2).sum())
+        return int((self.block_state == BLOCK_CACHED).sum())
 
     @property
     def num_free(self) -> int:
-        return int((self.block_state == 0).sum())
+        return int((self.block_state == BLOCK_FREE).sum())
 
     @property
     def num_shared(self) -> int:

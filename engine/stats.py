@@ -1,20 +1,25 @@
-"""Cumulative counters, recent step stats and latency samples for snapshots and plots."""
+"""Step stats, recent step history and latency samples for snapshots and plots.
+
+The cumulative counters themselves live in one `Counters` object (engine/snapshot.py)
+shared with the pool, the prefix index and the scheduler; the recorder adds the step,
+token and finish counts and keeps the recent samples.
+"""
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 
 from engine.kv.block_pool import BlockPool
+from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
-from engine.snapshot import EngineCounters, StepStats
+from engine.snapshot import ChunkInfo, Counters, StepStats
 
 RECENT_STEPS = 256
 RECENT_SAMPLES = 2048
 
 
 class StatsRecorder:
-    def __init__(self):
-        self.counters = EngineCounters()
+    def __init__(self, counters: Counters):
+        self.counters = counters
         self.last_step: StepStats | None = None
         self.recent_steps: deque[StepStats] = deque(maxlen=RECENT_STEPS)
         self.recent_latencies: deque = deque(maxlen=RECENT_SAMPLES)   # (t, ttft, tpot)
@@ -22,30 +27,32 @@ class StatsRecorder:
         self.last_error: str | None = None
         self.peak_used_blocks = 0
 
-    def on_step(self, step: StepStats, ran: bool, pool: BlockPool) -> None:
+    def on_step(self, plan, t0: float, now: float, sampled: int, num_running: int,
+                num_waiting: int, num_evicted: int, pool: BlockPool) -> None:
         c = self.counters
-        idx = pool.index
-        self.counters = dataclasses.replace(
-            c, steps=c.steps + int(ran), prefill_tokens=c.prefill_tokens + step.prefill_tokens,
-            decode_tokens=c.decode_tokens + step.decode_tokens,
-            generated_tokens=c.generated_tokens + step.sampled,
-            prefix_lookups=idx.lookups, prefix_hits=idx.hits,
-            prefix_queried_tokens=idx.queried_tokens, prefix_hit_tokens=idx.hit_tokens,
-            cow_copies=pool.cow_copies, evictions=pool.evictions,
-            preemptions=c.preemptions + step.preemptions,
-            dedup_joined=c.dedup_joined + step.dedup_joined)
+        prefill_tokens = sum(ch.num_tokens for ch in plan.prefills)
+        c.prefill_tokens += prefill_tokens
+        c.decode_tokens += len(plan.decodes)
+        c.generated_tokens += sampled
         self.peak_used_blocks = max(self.peak_used_blocks, pool.num_used)
-        if ran:
-            self.last_step = step
-            self.recent_steps.append(step)
+        if not plan:
+            return
+        c.steps += 1
+        chunks = tuple(ChunkInfo(ch.request.request_id, ch.start, ch.num_tokens,
+                                 ch.request.num_prefill_target) for ch in plan.prefills)
+        step = StepStats(c.steps, now, now - t0, len(plan.decodes), prefill_tokens, chunks,
+                         plan.prefix_hit_blocks, len(plan.copies), num_evicted,
+                         len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
+                         sampled)
+        self.last_step = step
+        self.recent_steps.append(step)
 
     def on_finish(self, req: Request) -> None:
         c = self.counters
         st = req.status
-        self.counters = dataclasses.replace(
-            c, finished=c.finished + (st is RequestStatus.FINISHED),
-            cancelled=c.cancelled + (st is RequestStatus.CANCELLED),
-            errors=c.errors + (st is RequestStatus.ERROR))
-        m = req.metrics()
-        if m.ttft is not None:
-            self.recent_latencies.append((m.last_token_time, m.ttft, m.tpot))
+        c.finished += st is RequestStatus.FINISHED
+        c.cancelled += st is RequestStatus.CANCELLED
+        c.errors += st is RequestStatus.ERROR
+        ttft, tpot, _ = request_latencies(req.arrival_time, req.token_times)
+        if ttft is not None:
+            self.recent_latencies.append((req.token_times[-1], ttft, tpot))

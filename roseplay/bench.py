@@ -130,12 +130,12 @@ def _drive(loop, items, args, *, arrivals: dict, progress: Progress | None = Non
     return driver
 
 
-def _engine_stats(engine, c0, c1) -> dict:
-    d = {f.name: getattr(c1, f.name) - getattr(c0, f.name) for f in dataclasses.fields(c1)}
+def _engine_stats(snap0, snap1) -> dict:
+    d = dataclasses.asdict(snap1.counters.minus(snap0.counters))
     q = d["prefix_queried_tokens"]
     d["prefix_hit_rate"] = d["prefix_hit_tokens"] / q if q else 0.0
-    d["peak_used_blocks"] = engine.stats.peak_used_blocks
-    d["num_blocks"] = engine.pool.num_blocks
+    d["peak_used_blocks"] = snap1.extra["peak_used_blocks"]
+    d["num_blocks"] = snap1.num_blocks
     d["peak_kv_usage"] = d["peak_used_blocks"] / d["num_blocks"]
     return d
 
@@ -155,25 +155,24 @@ def measure(loop, items: list[WorkItem], warmup: list[WorkItem], args, label: st
         _drive(loop, warmup, args, arrivals={}, progress=progress, description=f"{label} warm-up")
         loop.wait_idle()
         _fresh_cache(loop)
-    engine = loop.engine
-    engine.stats.peak_used_blocks = 0      # engine thread is idle: safe to reset
-    c0 = engine.stats.counters
+    loop.reset_peak_usage()
+    loop.wait_idle()
+    snap0 = loop.snapshot()
     driver = _drive(loop, items, args, arrivals=_arrivals(args), progress=progress, description=label)
     loop.wait_idle()
-    stats = _engine_stats(engine, c0, engine.stats.counters)
+    stats = _engine_stats(snap0, loop.snapshot())
     outputs = sorted(driver.outputs, key=lambda o: driver.submission_index(o.request_id))
     records = [report.request_record(o) for o in outputs if o.error is None]
     for err in driver.submit_errors[:3]:
         print(f"request failed: {err}", file=sys.stderr)
     result = report.RunResult(label, report.wall_duration(records), records, stats,
-                              dict(dataclasses.asdict(engine.knobs)), failed=driver.failed)
+                              dict(dataclasses.asdict(loop.knobs)), failed=driver.failed)
     return result, outputs
 
 
 # -- the command ---------------------------------------------------------------------------
 def _workload(loop, args) -> tuple[list[WorkItem], list[WorkItem]]:
-    e = loop.engine
-    kw = dict(tokenizer=e.tokenizer, vocab_size=e.vocab_size, input_len=args.input_len,
+    kw = dict(tokenizer=loop.tokenizer, vocab_size=loop.info.vocab_size, input_len=args.input_len,
               output_len=args.output_len, range_ratio=args.range_ratio,
               temperature=args.temperature)
     seed = args.seed or 0

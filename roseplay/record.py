@@ -27,7 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import SchedulerConfig
-from engine.snapshot import ChunkInfo, EngineCounters, EngineSnapshot, RequestView, StepStats
+from engine.events import MAX_EVENTS
+from engine.snapshot import (ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView,
+                             StepStats)
 
 FORMAT_VERSION = 1
 RECENT_STEPS, RECENT_SAMPLES = 256, 2048     # what a live snapshot keeps (engine/stats.py)
@@ -70,6 +72,7 @@ class FrameEncoder:
         self._order: list[str] = []
         self._step = -1
         self._lat_t = self._itl_t = float("-inf")
+        self._ev_key = (-1, float("-inf"))
 
     def encode(self, snap: EngineSnapshot, t: float, workload: dict) -> dict:
         frame: dict = {"kind": "frame", "t": round(t, 4), "time": snap.time, "step": snap.step,
@@ -92,6 +95,10 @@ class FrameEncoder:
         itl = [x for x in snap.recent_itls if x[0] > self._itl_t]
         if itl:
             frame["itl"], self._itl_t = [list(x) for x in itl], itl[-1][0]
+        ev = [e for e in snap.events if (e.step, e.time) > self._ev_key]
+        if ev:
+            frame["ev"] = [dataclasses.astuple(e) for e in ev]
+            self._ev_key = (ev[-1].step, ev[-1].time)
         return frame
 
     def _changed(self, frame: dict, key: str, value) -> None:
@@ -153,6 +160,7 @@ class FrameDecoder:
         self._steps: deque = deque(maxlen=RECENT_STEPS)
         self._lat: deque = deque(maxlen=RECENT_SAMPLES)
         self._itl: deque = deque(maxlen=RECENT_SAMPLES)
+        self._ev: deque = deque(maxlen=MAX_EVENTS)
 
     def decode(self, frame: dict) -> tuple[EngineSnapshot, dict]:
         for key in ("knobs", "workload", "counters", "extra", "error"):
@@ -166,6 +174,8 @@ class FrameDecoder:
         self._steps.extend(_step_from(s) for s in frame.get("steps", ()))
         self._lat.extend(tuple(x) for x in frame.get("lat", ()))
         self._itl.extend(tuple(x) for x in frame.get("itl", ()))
+        self._ev.extend(EngineEvent(e[0], e[1], e[2], e[3], tuple(e[4]), e[5])
+                        for e in frame.get("ev", ()))
         h, s = self.header, self._state
         snap = EngineSnapshot(
             time=frame["time"], step=frame["step"], model=h["model"], device=h["device"],
@@ -175,7 +185,7 @@ class FrameDecoder:
             last_step=self._steps[-1] if self._steps else None,
             recent_steps=tuple(self._steps), counters=EngineCounters(**s["counters"]),
             recent_latencies=tuple(self._lat), recent_itls=tuple(self._itl),
-            error=s["error"], extra=dict(s["extra"]))
+            error=s["error"], extra=dict(s["extra"]), events=tuple(self._ev))
         return snap, s["workload"]
 
     def _decode_requests(self, frame: dict) -> None:
@@ -196,7 +206,8 @@ class FrameDecoder:
 
     def _set_view(self, rid: str, d: dict) -> None:
         self._dicts[rid] = d
-        self._views[rid] = RequestView(**{**d, "blocks": tuple(d["blocks"])})
+        self._views[rid] = RequestView(**{**d, "blocks": tuple(d["blocks"]),
+                                          "output_tail": tuple(d.get("output_tail", ()))})
 
 
 def header_for(snap: EngineSnapshot, **info) -> dict:

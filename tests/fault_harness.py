@@ -69,11 +69,12 @@ class EngineHarness:
     """LLMEngine driven directly."""
 
     def __init__(self, ckpt, **kw):
-        self.engine = LLM(model=ckpt, **engine_kw(**kw)).engine
+        self.llm = LLM(model=ckpt, **engine_kw(**kw))
+        self.engine = self.llm.engine
         self.reqs = {}
 
     def submit(self, p, params, rid):
-        self.reqs[rid] = self.engine.add_request({"prompt_token_ids": p}, params, request_id=rid)
+        self.reqs[rid] = self.llm.add_request({"prompt_token_ids": p}, params, request_id=rid)
 
     def step(self):
         self.engine.step()

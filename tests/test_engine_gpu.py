@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from engine.batch_builder import build_step_batch
+
 from engine import LLM, SamplingParams
 from tests.hf_models import make_checkpoint
 
@@ -57,15 +59,16 @@ def test_triton_matches_torch_backend_bf16_mixed_step():
                   max_num_batched_tokens=700, enforce_eager=True, attention_backend=backend)
         eng = llm.engine
         for p in prompts:
-            eng.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+            llm.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         while eng.scheduler.waiting or any(r.num_uncomputed > 1 for r in eng.scheduler.running):
             eng.step()
         eng.step()
         for p in short:
-            eng.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+            llm.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         plan = eng.scheduler.schedule()
         assert plan.decodes and len(plan.prefills) == len(short)
-        out, _ = eng.runner.execute(plan)
+        batch, _ = build_step_batch(plan, eng.scheduler.followers, eng.pool.block_size)
+        out = eng.runner.execute(batch)
         # decode rows depend on earlier samples (which may differ); prefill rows do not
         logits[backend] = out[len(plan.decodes):].float()
     a, b = logits["triton"], logits["torch"]

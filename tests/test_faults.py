@@ -162,11 +162,11 @@ def test_failure_after_leader_sampled_does_not_strand_followers(ckpt, make, monk
     real = eng._append_token
     fired = []
 
-    def append_token(req, token, now):
+    def append_token(req, token, *rest):
         if not fired and req.request_id == "lead":
             fired.append(1)
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
-        return real(req, token, now)
+        return real(req, token, *rest)
     monkeypatch.setattr(eng, "_append_token", append_token)
     h.step()
     assert fired

@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
+from tests.helpers import add_request
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
@@ -74,48 +76,49 @@ class KVCheckingRunner:
     def read(self, table, n) -> list[int]:
         return [int(self.kv[table[p // self.bs], p % self.bs]) for p in range(n)]
 
-    def static_decode(self, plan) -> bool:   # no CUDA graphs (and no overlapped steps)
+    def static_decode(self, batch) -> bool:   # no CUDA graphs (and no overlapped steps)
         return False
 
-    def execute(self, plan, token_source=None):
+    def execute(self, batch, prev_tokens=None):
         """The engine turns a failing forward into errored requests; keep the reason so
         that check_all() fails the test with it."""
         try:
-            return self._execute(plan, token_source)
+            return self._execute(batch, prev_tokens)
         except AssertionError as exc:
             self.violations.append(str(exc))
             raise
 
-    def _execute(self, plan, token_source):
-        assert token_source is None
+    def _execute(self, batch, prev_tokens):
+        """Reads only the StepBatch, like the real runner: copy-on-write first, then
+        every token into its slot (never a shared block), then each sequence's whole
+        context read back through its block table (never an unwritten slot)."""
+        assert prev_tokens is None and batch.prev_token_rows is None
         self.forward_calls += 1
-        for src, dst in plan.copies:       # copy-on-write, before anything is written
+        bs = self.bs
+        for src, dst in zip(batch.cow_src.tolist(), batch.cow_dst.tolist()):
             self.kv[dst] = self.kv[src]
-        for c in plan.chunks:              # write this step's tokens into their slots
-            r, bs = c.request, self.bs
-            assert r.dedup_leader is None, "a dedup follower was scheduled"
-            assert c.num_tokens >= 1, f"{r.request_id}: empty chunk (nothing to sample from)"
-            assert c.start == r.num_computed_tokens, f"{r.request_id}: chunk skips/repeats KV"
-            for p in range(c.start, c.start + c.num_tokens):
-                block = r.block_table[p // bs]
-                assert self.pool.refcounts[block] == 1, \
-                    f"{r.request_id} writes position {p} into shared block {block} (no COW)"
-                self.kv[block, p % bs] = r.token_at(p)
-        rows, sampled = [], []
-        for c in plan.chunks:              # attend: read the whole context back
-            r, end = c.request, c.start + c.num_tokens
-            assert len(r.block_table) * self.bs >= end
-            ctx = self.read(r.block_table, end)
-            truth = r.all_token_ids()[:end]
-            assert ctx == truth, f"{r.request_id}: KV holds {ctx} but tokens are {truth}"
-            if c.sample:
-                assert end == r.num_tokens
-                rows.append(next_token(ctx))
-                sampled.append(c)
+        for slot, tok in zip(batch.slot_mapping.tolist(), batch.input_ids.tolist()):
+            block = slot // bs
+            assert self.pool.refcounts[block] == 1, \
+                f"a token is written into shared block {block} (no COW)"
+            self.kv[block, slot % bs] = tok
+        d = batch.num_decodes
+        seqs = [(batch.decode_block_tables[i], int(batch.decode_context_lens[i]), i)
+                for i in range(d)]
+        cu = batch.prefill_cu_seqlens_q.tolist()
+        seqs += [(batch.prefill_block_tables[j], int(batch.prefill_context_lens[j]),
+                  d + cu[j + 1] - 1) for j in range(batch.num_prefills)]
+        next_of_row = {}
+        for table, n, last_row in seqs:
+            assert len(table) * bs >= n, "block table shorter than the context"
+            ctx = self.read(table, n)
+            assert -1 not in ctx, f"context reads an unwritten KV slot: {ctx}"
+            next_of_row[last_row] = next_token(ctx)
+        rows = [next_of_row[int(i)] for i in batch.logits_indices.tolist()]
         logits = torch.zeros(len(rows), self.vocab)
         if rows:
             logits[torch.arange(len(rows)), torch.tensor(rows)] = 1.0
-        return logits, sampled
+        return logits[torch.from_numpy(batch.sample_rows)] if not batch.samples_in_order else logits
 
     def check_index(self):
         """Every indexed block still holds the tokens of its key."""
@@ -178,11 +181,11 @@ class EngineMachine(RuleBasedStateMachine):
         capacity = eng.pool.num_blocks * eng.pool.block_size
         if len(prompt) >= MAX_MODEL_LEN or need > capacity:
             with pytest.raises(InvalidRequestError):
-                eng.add_request({"prompt_token_ids": prompt}, params)
+                add_request(eng, {"prompt_token_ids": prompt}, params)
             return
         rid = f"r{self.n}"
         self.n += 1
-        req = eng.add_request({"prompt_token_ids": prompt}, params, request_id=rid)
+        req = add_request(eng, {"prompt_token_ids": prompt}, params, request_id=rid)
         self.reqs[rid] = (req, *expected(prompt, params, eng.eos_token_ids))
         self.prompts.append(prompt)
 
@@ -315,7 +318,7 @@ def test_outputs_do_not_depend_on_knobs_or_pool(prompts, num_blocks, block_size,
                       enable_prefix_caching=caching, max_num_batched_tokens=budget,
                       max_num_seqs=seqs)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    reqs = [eng.add_request({"prompt_token_ids": p}, params) for p in prompts]
+    reqs = [add_request(eng, {"prompt_token_ids": p}, params) for p in prompts]
     for _ in range(5000):
         if not eng.has_unfinished():
             break

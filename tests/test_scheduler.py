@@ -106,10 +106,10 @@ def test_cow_copies_of_one_step_are_one_call(ckpt):
     calls = []
     real = ModelRunner.copy_blocks
 
-    def spy(self, copies):
-        if copies:
-            calls.append(list(copies))
-        return real(self, copies)
+    def spy(self, src, dst):
+        if len(src):
+            calls.append(list(zip(src.tolist(), dst.tolist())))
+        return real(self, src, dst)
 
     with mock.patch.object(ModelRunner, "copy_blocks", spy):
         llm, _ = run(ckpt[0], [prompt] * 4, max_num_batched_tokens=1024)
@@ -145,10 +145,10 @@ def test_long_prompt_chunked_while_decodes_continue(ckpt):
     llm = LLM(model=str(ckpt[0]), device="cpu", dtype="float32", block_size=BS, num_blocks=128,
               max_num_batched_tokens=64, max_model_len=2048, check_invariants=True)
     eng = llm.engine
-    short = eng.add_request({"prompt_token_ids": [5, 6, 7]},
+    short = llm.add_request({"prompt_token_ids": [5, 6, 7]},
                             SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     eng.step()                                # short prefilled, now decoding
-    long = eng.add_request({"prompt_token_ids": [i % 300 for i in range(1000)]},
+    long = llm.add_request({"prompt_token_ids": [i % 300 for i in range(1000)]},
                            SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
     prefill_steps = 0
     while not long.output_token_ids:

@@ -121,7 +121,7 @@ def test_edge_sampling_params_are_accepted(kwargs):
     ([1, 2, 3], {"max_tokens": 4}, r"params must be a SamplingParams"),
 ], ids=lambda v: repr(v)[:40])
 def test_bad_prompts_are_refused(tiny, prompt, params, match):
-    refused(match, tiny.engine.make_request, prompt, params)
+    refused(match, tiny.inputs.process, prompt, params)
     refused(match, tiny.generate, [prompt], params)
     assert not tiny.engine.has_unfinished()
 
@@ -146,7 +146,7 @@ def test_fits_exactly_is_accepted(tiny):
     assert len(out[0].outputs[0].token_ids) == 12
     # the need is min(prompt + max_tokens, max_model_len): with max_model_len 64 > 32,
     # a huge max_tokens can never fit, even after a 1-token prompt
-    refused(r"prompt \+ max_tokens = 64 tokens can never fit", tiny.engine.make_request, [1],
+    refused(r"prompt \+ max_tokens = 64 tokens can never fit", tiny.inputs.process, [1],
             SamplingParams(max_tokens=10**6))
     tiny.engine.clear_prefix_cache()
     assert tiny.engine.pool.num_free == tiny.engine.pool.num_blocks
@@ -173,8 +173,8 @@ def test_odd_but_valid_sampling_does_not_disturb_the_batch(tiny):
 
 def test_duplicate_request_id_is_refused(tiny):
     eng = tiny.engine
-    a = eng.add_request([1, 2, 3], SamplingParams(max_tokens=2, **GREEDY), request_id="dup")
-    refused(r"duplicate request id 'dup'", eng.add_request, [4, 5],
+    a = tiny.add_request([1, 2, 3], SamplingParams(max_tokens=2, **GREEDY), request_id="dup")
+    refused(r"duplicate request id 'dup'", tiny.add_request, [4, 5],
             SamplingParams(max_tokens=2, **GREEDY), request_id="dup")
     while eng.has_unfinished():
         eng.step()
@@ -194,9 +194,9 @@ def test_refusals_leave_the_engine_serving(ckpt):
            ({"prompt_token_ids": None}, sp), ("text", sp), ([0.5], sp)]
     reqs = []
     for i, p in enumerate(prompts):
-        reqs.append(eng.add_request(p, sp))
+        reqs.append(llm.add_request(p, sp))
         with pytest.raises(InvalidRequestError):
-            eng.add_request(*bad[i % len(bad)])
+            llm.add_request(*bad[i % len(bad)])
         eng.step()
     while eng.has_unfinished():
         eng.step()
@@ -274,7 +274,7 @@ def test_submit_raises_in_caller_thread(ckpt):
         refused(r"prompt \+ max_tokens = 129 tokens can never fit the KV pool "
                 r"\(16 blocks x 8 = 128 tokens\)", loop.submit, [1], SamplingParams(max_tokens=128))
         refused(r"max_tokens must be >= 1", lambda: loop.submit([1], SamplingParams(max_tokens=0)))
-        assert loop.engine.requests == {} and not loop._commands
+        assert loop.engine.requests == {} and not loop.core._commands
 
 
 def test_loop_interleaved_bad_and_good_submissions(ckpt):

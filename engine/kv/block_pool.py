@@ -12,21 +12,21 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+from engine.codes import BLOCK_CACHED, BLOCK_USED
 from engine.kv.prefix_cache import PrefixCache
-
-FREE, USED, CACHED = 0, 1, 2
+from engine.snapshot import Counters
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, counters: Counters | None = None):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.counters = counters if counters is not None else Counters()
         self.refcounts = np.zeros(num_blocks, dtype=np.int32)
         self._free: deque[int] = deque(range(num_blocks))
         self._cached: OrderedDict[int, None] = OrderedDict()
         self.index = PrefixCache()
-        self.evictions = 0
-        self.cow_copies = 0
+        self._evicted: list[int] = []     # evicted since the last take_evicted()
 
     # -- queries -------------------------------------------------------------
     @property
@@ -47,11 +47,23 @@ class BlockPool:
         return self.num_blocks - self.num_available
 
     def states(self) -> np.ndarray:
-        """Per-block state codes (FREE/USED/CACHED) as a fresh int8 array."""
-        st = (self.refcounts > 0).astype(np.int8)
+        """Per-block state codes (engine.codes BLOCK_*) as a fresh int8 array."""
+        st = (self.refcounts > 0).astype(np.int8) * np.int8(BLOCK_USED)
         if self._cached:
-            st[np.fromiter(self._cached, dtype=np.int64, count=len(self._cached))] = CACHED
+            st[np.fromiter(self._cached, dtype=np.int64, count=len(self._cached))] = BLOCK_CACHED
         return st
+
+    def take_evicted(self) -> list[int]:
+        """Blocks evicted from the prefix cache since the last call."""
+        out, self._evicted = self._evicted, []
+        return out
+
+    def record_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
+        c = self.counters
+        c.prefix_lookups += 1
+        c.prefix_hits += hit_tokens > 0
+        c.prefix_queried_tokens += queried_tokens
+        c.prefix_hit_tokens += hit_tokens
 
     # -- mutations -----------------------------------------------------------
     def allocate(self, n: int) -> list[int] | None:
@@ -65,7 +77,8 @@ class BlockPool:
             else:
                 block, _ = self._cached.popitem(last=False)
                 self.index.remove(block)
-                self.evictions += 1
+                self.counters.evictions += 1
+                self._evicted.append(block)
             self.refcounts[block] = 1
             out.append(block)
         return out

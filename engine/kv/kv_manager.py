@@ -48,7 +48,7 @@ class KVManager:
             req.block_table.append(block)
             req.block_hashes.append(h)
         req.num_computed_tokens = len(hits) * self.block_size
-        self.pool.index.record_lookup(req.num_tokens, req.num_computed_tokens)
+        self.pool.record_lookup(req.num_tokens, req.num_computed_tokens)
         return len(hits)
 
     def attach_shared(self, req: Request, source: Request) -> None:
@@ -69,7 +69,7 @@ class KVManager:
         i = req.num_computed_tokens // self.block_size
         return i < len(req.block_table) and self.pool.refcounts[req.block_table[i]] > 1
 
-    def reserve(self, req: Request, num_new: int, copies: list[tuple[int, int]]) -> bool:
+    def reserve(self, req: Request, num_new: int, copies: list[tuple[int, int, str]]) -> bool:
         """Make room for tokens [computed, computed+num_new). On a shared partly filled
         block, swap in a private copy and queue (src, dst) in `copies` (the runner does
         all copies of a step in one batched op). Returns False, changing nothing, if the
@@ -83,14 +83,14 @@ class KVManager:
         if self._needs_cow(req):
             i = req.num_computed_tokens // self.block_size
             src, dst = req.block_table[i], fresh.pop()
-            copies.append((src, dst))
+            copies.append((src, dst, req.request_id))
             self.pool.decref(src)          # still >= 1: another table holds it
-            self.pool.cow_copies += 1
+            self.pool.counters.cow_copies += 1
             req.block_table[i] = dst
         req.block_table.extend(fresh)
         return True
 
-    def reserve_one(self, req: Request, copies: list[tuple[int, int]]) -> bool:
+    def reserve_one(self, req: Request, copies: list[tuple[int, int, str]]) -> bool:
         """reserve(req, 1, copies) with a fast path for the common decode case: the slot
         lies in a block the request already owns alone."""
         i = req.num_computed_tokens // self.block_size

@@ -19,10 +19,6 @@ class PrefixCache:
     def __init__(self):
         self._by_hash: dict[int, tuple[int, tuple]] = {}   # hash -> (block, key)
         self._hash_of: dict[int, int] = {}                 # block -> hash
-        self.lookups = 0       # admissions that queried the index
-        self.hits = 0          # ... of which matched at least one block
-        self.queried_tokens = 0
-        self.hit_tokens = 0
 
     def __len__(self) -> int:
         return len(self._hash_of)
@@ -51,9 +47,3 @@ class PrefixCache:
 
     def blocks(self) -> list[int]:
         return list(self._hash_of)
-
-    def record_lookup(self, queried: int, hit: int) -> None:
-        self.lookups += 1
-        self.hits += hit > 0
-        self.queried_tokens += queried
-        self.hit_tokens += hit

@@ -1,0 +1,112 @@
+"""Builds the StepBatch of a scheduler plan: the one place where requests become arrays.
+
+Vectorized where the batch is wide (decode positions, slots and block tables are
+numpy operations over the whole batch); per-chunk Python only for prefill token ids.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from engine.scheduler import StepPlan
+from engine.step_batch import SamplingColumns, StepBatch
+
+_EMPTY_I32 = np.zeros((0,), dtype=np.int32)
+_EMPTY_I64 = np.zeros((0,), dtype=np.int64)
+
+
+def _dense_tables(tables: list[list[int]]) -> np.ndarray:
+    """Ragged block tables -> [n, widest] int32, zero padded (one vectorized scatter)."""
+    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    width = int(lens.max()) if len(tables) else 0
+    out = np.zeros((len(tables), max(width, 1)), dtype=np.int32)
+    if width:
+        flat = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32,
+                           count=int(lens.sum()))
+        out[np.arange(out.shape[1]) < lens[:, None]] = flat
+    return out
+
+
+def _sampling_columns(requests: list) -> SamplingColumns:
+    params = [r.params for r in requests]
+    greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
+    ids = tuple(r.request_id for r in requests)
+    if greedy.all():
+        n = len(params)
+        return SamplingColumns(ids, True, greedy, np.ones(n, np.float32), np.zeros(n, np.int64),
+                               np.ones(n, np.float32), np.zeros(n, bool), np.zeros(n, np.uint64))
+    temps = np.fromiter((p.temperature if not p.greedy else 1.0 for p in params), np.float32)
+    return SamplingColumns(
+        ids, False, greedy, temps,
+        np.fromiter((p.top_k for p in params), np.int64, count=len(params)),
+        np.fromiter((p.top_p for p in params), np.float32, count=len(params)),
+        np.fromiter((p.seed is not None for p in params), bool, count=len(params)),
+        np.fromiter((p.seed or 0 for p in params), np.uint64, count=len(params)))
+
+
+def _chunk_token_ids(req, start: int, end: int) -> list[int]:
+    n = req.num_prompt_tokens
+    if end <= n:
+        return req.prompt_token_ids[start:end]
+    if start >= n:
+        return req.output_token_ids[start - n:end - n]
+    return req.prompt_token_ids[start:] + req.output_token_ids[:end - n]
+
+
+def build_step_batch(plan: StepPlan, followers: dict, block_size: int
+                     ) -> tuple[StepBatch, list]:
+    """The plan as a StepBatch, and the requests of its sample rows (in row order).
+
+    `followers` maps a dedup leader to the requests that sample from its logits row."""
+    decodes, prefills = plan.decodes, plan.prefills
+    d = len(decodes)
+    dec_tables = _dense_tables([c.request.block_table for c in decodes]) if d else None
+    dec_pos = np.fromiter((c.start for c in decodes), dtype=np.int64, count=d)
+    ids = [c.request.last_token_id for c in decodes] if plan.prev_rows is None else [0] * d
+    pos_parts, slot_parts = [dec_pos], []
+    if d:
+        rows = dec_tables[np.arange(d), dec_pos // block_size].astype(np.int64)
+        slot_parts.append(rows * block_size + dec_pos % block_size)
+    lens = [c.num_tokens for c in prefills]
+    for c in prefills:
+        r = c.request
+        ids.extend(_chunk_token_ids(r, c.start, c.start + c.num_tokens))
+        p = np.arange(c.start, c.start + c.num_tokens, dtype=np.int64)
+        table = np.asarray(r.block_table, dtype=np.int64)
+        pos_parts.append(p)
+        slot_parts.append(table[p // block_size] * block_size + p % block_size)
+    # sample rows: every decode, every prefill chunk that reaches the end of its tokens
+    ends = np.cumsum([1] * d + lens, dtype=np.int64) - 1
+    sampled_chunks = [c for c in itertools.chain(decodes, prefills) if c.sample]
+    logits_indices = ends if len(sampled_chunks) == d + len(prefills) else np.fromiter(
+        (e for e, c in zip(ends, itertools.chain(decodes, prefills)) if c.sample), np.int64)
+    sample_rows, requests = [], []
+    for i, c in enumerate(sampled_chunks):
+        sample_rows.append(i)
+        requests.append(c.request)
+        for f in followers.get(c.request, ()):
+            sample_rows.append(i)
+            requests.append(f)
+    copies = plan.copies
+    batch = StepBatch(
+        input_ids=np.asarray(ids, dtype=np.int64),
+        positions=np.concatenate(pos_parts) if prefills else dec_pos,
+        slot_mapping=np.concatenate(slot_parts) if slot_parts else _EMPTY_I64,
+        num_decodes=d,
+        decode_block_tables=dec_tables if d else np.zeros((0, 1), np.int32),
+        decode_context_lens=(dec_pos + 1).astype(np.int32),
+        prefill_block_tables=(_dense_tables([c.request.block_table for c in prefills])
+                              if prefills else np.zeros((0, 1), np.int32)),
+        prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
+        prefill_context_lens=np.asarray([c.start + c.num_tokens for c in prefills], np.int32)
+        if prefills else _EMPTY_I32,
+        prefill_max_seqlen_q=max(lens, default=0),
+        logits_indices=logits_indices,
+        sample_rows=np.asarray(sample_rows, dtype=np.int64),
+        cow_src=np.asarray([c[0] for c in copies], dtype=np.int64),
+        cow_dst=np.asarray([c[1] for c in copies], dtype=np.int64),
+        sampling=_sampling_columns(requests),
+        prev_token_rows=None if plan.prev_rows is None else np.asarray(plan.prev_rows, np.int64),
+    )
+    return batch, requests

@@ -1,0 +1,202 @@
+"""CoreLoop: the engine core's busy loop (commands, pause / single step, step, publish).
+
+It owns an LLMEngine and runs on one thread: in-process under EngineLoop, or as the
+main loop of the engine-core process. Clients post commands (any thread); the loop
+applies them before its next step, so a knob change takes effect at the next step and
+nothing touches engine state concurrently. After each step it hands the StepOutput to
+`on_output` and, at most every `snapshot_interval` seconds (every step while paused),
+publishes a fresh immutable snapshot by swapping a reference: readers never lock.
+While paused the serving clock stops (engine/clock.py) and runs only during single steps.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from engine.codes import REASON_CANCELLED, REASON_ERROR
+from engine.config import InvalidRequestError, SchedulerConfig
+from engine.core import LLMEngine
+from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.snapshot import EngineSnapshot
+
+
+class CoreLoop:
+    def __init__(self, engine: LLMEngine, on_output: Callable[[StepOutput], None],
+                 snapshot_interval: float = 0.02,
+                 on_snapshot: Callable[[EngineSnapshot], None] | None = None):
+        self.engine = engine
+        self.on_output = on_output
+        self.on_snapshot = on_snapshot
+        self.snapshot_interval = float(snapshot_interval)
+        self._commands: deque[Callable[[], None]] = deque()
+        self._wake = threading.Event()
+        self._idle = threading.Condition()
+        self._paused = False
+        self._single_steps: deque[Callable[[], None]] = deque()
+        self.stopped = False
+        self._idle_published = False   # idle, with a snapshot taken after the last step
+        self.fatal_error: str | None = None
+        self._snapshot = engine.snapshot()
+        self._last_publish = 0.0
+
+    # -- commands (any thread) -------------------------------------------------------
+    def post(self, command: Callable[[], None]) -> None:
+        self._idle_published = False
+        self._commands.append(command)
+        self._wake.set()
+
+    def add(self, creq: CoreRequest) -> None:
+        self.post(lambda: self._add(creq))
+
+    def abort(self, request_id: str, reason: str = REASON_CANCELLED,
+              error: str | None = None) -> None:
+        self.post(lambda: self._emit(self._abort_output(request_id, reason, error)))
+
+    def set_knobs(self, knobs: SchedulerConfig) -> None:
+        self.post(lambda: self.engine.set_knobs(knobs))
+
+    def clear_prefix_cache(self) -> None:
+        self.post(self.engine.clear_prefix_cache)
+
+    def set_paused(self, paused: bool) -> None:
+        self._paused = paused
+        self.post(lambda: None)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def step_once(self, done: Callable[[], None]) -> None:
+        """Pause (if running) and run exactly one step; `done()` is called after it."""
+        self._paused = True
+        self.post(lambda: self._single_steps.append(done))
+        if self.stopped:     # no loop will run it: do not leave the caller waiting
+            done()
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    def reset_peak_usage(self) -> None:
+        self.post(lambda: setattr(self.engine.stats, "peak_used_blocks", self.engine.pool.num_used))
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until nothing is pending and the published snapshot is current."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self.stopped or (
+                self._idle_published and not self._commands), timeout)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._wake.set()
+
+    # -- the loop (its own thread) ---------------------------------------------------
+    def run(self) -> None:
+        try:
+            while not self.stopped:
+                self._drain_commands()
+                self._sync_pause()
+                if self._should_step():
+                    self._idle_published = False
+                    self._step()
+                else:
+                    self._publish(force=True)
+                    with self._idle:
+                        self._idle_published = not self._commands
+                        self._idle.notify_all()
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+        except Exception as exc:   # a bug outside the forward: stop, tell everyone
+            self.fatal_error = f"engine stopped: {type(exc).__name__}: {exc}"
+            self.engine.stats.last_error = self.fatal_error
+        finally:
+            self.stopped = True
+            self._shutdown()
+            with self._idle:
+                self._idle.notify_all()
+
+    def _step(self) -> None:
+        single = self._paused and self._single_steps
+        clock = self.engine.clock
+        if single:
+            clock.resume()     # the serving clock runs only while a single step runs
+        self._emit(self.engine.step())
+        if single:
+            clock.pause()
+            self._single_steps.popleft()()
+        self._publish(force=self._paused)
+
+    def _drain_commands(self) -> None:
+        while self._commands:
+            self._commands.popleft()()
+
+    def _sync_pause(self) -> None:
+        """Paused: no step stays in flight (one step per key press) and the clock stops."""
+        eng = self.engine
+        eng.async_scheduling = eng.config.async_scheduling and not self._paused
+        if self._paused:
+            self._emit(eng.flush())
+            eng.clock.pause()
+        else:
+            eng.clock.resume()
+
+    def _should_step(self) -> bool:
+        if self._paused:
+            if not self._single_steps:
+                return False
+            if not self.engine.has_unfinished():   # nothing to do: the step is a no-op
+                self._single_steps.popleft()()
+                return False
+            return True
+        return self.engine.has_unfinished()
+
+    def _add(self, creq: CoreRequest) -> None:
+        try:
+            self.engine.add(creq)
+        except InvalidRequestError as exc:
+            self._emit(StepOutput(finished=[FinishedRequest(creq.request_id, REASON_ERROR,
+                                                            str(exc), 0.0, 0, 0)]))
+
+    def _abort_output(self, request_id: str, reason: str, error: str | None) -> StepOutput:
+        out = StepOutput()
+        self.engine.abort(request_id, reason, error, out)
+        return out
+
+    def _emit(self, out: StepOutput) -> None:
+        if out:
+            self.on_output(out)
+
+    def _publish(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if force or now - self._last_publish >= self.snapshot_interval:
+            self._snapshot = self.engine.snapshot(paused=self._paused)
+            self._last_publish = now
+            if self.on_snapshot is not None:
+                self.on_snapshot(self._snapshot)
+
+    def _shutdown(self) -> None:
+        """The loop ends (stop or fatal error): every request gets its end."""
+        reason = REASON_ERROR if self.fatal_error else REASON_CANCELLED
+        message = self.fatal_error or "engine loop closed"
+        out = StepOutput()
+        while self._commands:          # requests submitted before the stop get their end
+            try:
+                self._commands.popleft()()
+            except Exception:
+                pass
+        for rid in list(self.engine.requests):
+            try:
+                self.engine.abort(rid, reason, message, out)
+            except Exception:
+                pass
+        try:
+            self._emit(out)
+        except Exception:
+            pass
+        while self._single_steps:
+            self._single_steps.popleft()()
+        try:
+            self._snapshot = self.engine.snapshot(paused=self._paused)
+        except Exception:
+            pass

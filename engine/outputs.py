@@ -1,0 +1,50 @@
+"""What crosses the boundary between the front (tokenizer, streams) and the engine core.
+
+Plain values only, so the same messages serve an in-process loop and an engine in
+another process. The core never sees text it must process: a `CoreRequest` carries
+token ids (the prompt text only as a display preview), and a `StepOutput` carries the
+new token ids of one step, columnar (one entry per token, no object per request).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class CoreRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    arrival_time: float                 # time.perf_counter() when the client submitted it
+    prompt_preview: str | None = None   # display only (snapshots); the core never reads it
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    request_id: str
+    finish_reason: str                  # engine.codes REASON_*
+    error: str | None
+    arrival_time: float                 # on the engine's serving clock (engine/clock.py)
+    num_cached_tokens: int
+    num_preemptions: int
+
+
+@dataclass
+class StepOutput:
+    """One step's results: new tokens (parallel lists) and the requests that ended."""
+    time: float = 0.0                   # serving-clock time the step's tokens were emitted
+    request_ids: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    finished: list[FinishedRequest] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.request_ids or self.finished)
+
+    def extend(self, other: "StepOutput") -> None:
+        """Append another step's results (kept in order; times are per step)."""
+        self.request_ids += other.request_ids
+        self.token_ids += other.token_ids
+        self.finished += other.finished
+        self.time = other.time or self.time

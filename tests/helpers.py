@@ -1,0 +1,8 @@
+"""Small helpers shared by tests that drive the engine core directly."""
+from engine.processor import InputProcessor
+
+
+def add_request(eng, prompt, params=None, request_id=None):
+    """Validate like the front does and queue on the core; returns the core Request."""
+    creq, _ = InputProcessor.for_engine(eng).process(prompt, params, request_id)
+    return eng.add(creq)
