@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     b.add_argument("--compare", choices=["hf"], help="Also run HF transformers (continuous "
                    "batching and plain generate) on the same workload and weights.")
     b.add_argument("--hf-batch-size", type=int, default=64, help="Batch of HF plain generate.")
+    b.add_argument("--repeat", type=int, default=1, help="Measured runs on one engine (prefix "
+                   "cache cleared before each); prints every run's throughput and the median "
+                   "with min..max (default: 1).")
     b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
     b.add_argument("--no-progress", action="store_true", help="No progress bar.")
     add_engine_flags(p)
@@ -100,6 +103,10 @@ def _check_args(args) -> None:
         raise ValueError("--request-rate must be > 0")
     if args.ab and args.compare:
         raise ValueError("use --ab or --compare, not both")
+    if args.repeat < 1:
+        raise ValueError("--repeat must be >= 1")
+    if args.repeat > 1 and (args.ab or args.compare):
+        raise ValueError("--repeat works with a single configuration (not --ab / --compare)")
 
 
 # -- one measured run ---------------------------------------------------------------------
@@ -243,6 +250,33 @@ def _run_compare(args, console: Console) -> tuple[list[report.RunResult], dict]:
     return [ours, cb, gen], info
 
 
+def _run_single(args) -> list[report.RunResult]:
+    """One engine; warm-up once, then `--repeat` measured runs (cache cleared before each)."""
+    loop = make_loop(args)
+    items, warmup = _workload(loop, args)
+    results = []
+    with _progress(console := Console(), args) as progress:
+        for i in range(args.repeat):
+            label = f"run {i + 1}/{args.repeat}" if args.repeat > 1 else ""
+            result, _ = measure(loop, items, warmup if i == 0 else [], args, label, progress)
+            results.append(result)
+    loop.close()
+    return results
+
+
+def host_cpu() -> str:
+    """The host CPU's model name (numbers depend on it: the host prepares every step)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"
+
+
 def _report(console: Console, args, results, extra: dict, mode: str) -> None:
     summaries = [report.summarize(r) for r in results]
     if mode == "single":
@@ -284,13 +318,11 @@ def run(args: argparse.Namespace) -> int:
         results, extra = _run_compare(args, console)
         mode = "compare"
     else:
-        loop = make_loop(args)
-        items, warmup = _workload(loop, args)
-        with _progress(console, args) as progress:
-            result, _ = measure(loop, items, warmup, args, "", progress)
-        loop.close()
-        results, extra, mode = [result], {}, "single"
+        results = _run_single(args)
+        extra, mode = {}, "single"
     _report(console, args, results, extra, mode)
+    if len(results) > 1 and mode == "single":
+        report.print_repeats(console, results, host_cpu())
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
 

@@ -197,3 +197,18 @@ def dump_json(path: str, payload: dict) -> None:
 def run_payload(result: RunResult, summary: dict | None = None) -> dict:
     return {"label": result.label, "knobs": result.knobs,
             "summary": summary or summarize(result), "requests": result.requests}
+
+
+def print_repeats(console: Console, results: list[RunResult], cpu: str) -> None:
+    """Every run's output throughput and TTFT p50, then median and min..max: one lucky
+    run is not a result."""
+    import statistics
+    sums = [summarize(r) for r in results]
+    tput = [s["output_throughput"] for s in sums]
+    ttft = [s["ttft_ms"]["median"] for s in sums]
+    med = statistics.median(tput)
+    console.print(f"runs (output tok/s): {' / '.join(f'{x:,.0f}' for x in tput)}", highlight=False)
+    console.print(f"output throughput: median {med:,.0f} tok/s, min..max {min(tput):,.0f}.."
+                  f"{max(tput):,.0f} (spread {100 * (max(tput) - min(tput)) / med:.1f}% of the "
+                  f"median) over {len(tput)} runs; TTFT p50 median {statistics.median(ttft):.1f} ms "
+                  f"({min(ttft):.1f}..{max(ttft):.1f}); host CPU: {cpu}", highlight=False)

@@ -19,7 +19,7 @@ def fill(llm, bs, input_len=512):
     eng = llm.engine
     g = torch.Generator().manual_seed(bs)
     for _ in range(bs):
-        eng.add_request({"prompt_token_ids": torch.randint(100, 50000, (input_len,), generator=g).tolist()},
+        llm.add_request({"prompt_token_ids": torch.randint(100, 50000, (input_len,), generator=g).tolist()},
                         SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True))
     while eng.scheduler.waiting or any(r.num_uncomputed > 1 for r in eng.scheduler.running):
         eng.step()
@@ -89,7 +89,7 @@ def main():
     eng = llm.engine
     g = torch.Generator().manual_seed(1)
     for _ in range(a.prefill_tokens // 512):
-        eng.add_request({"prompt_token_ids": torch.randint(100, 50000, (512,), generator=g).tolist()},
+        llm.add_request({"prompt_token_ids": torch.randint(100, 50000, (512,), generator=g).tolist()},
                         SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
     torch.cuda.synchronize(); t = time.perf_counter()
     eng.step()
