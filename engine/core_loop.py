@@ -40,6 +40,9 @@ class CoreLoop:
         self.fatal_error: str | None = None
         self._snapshot = engine.snapshot()
         self._last_publish = 0.0
+        self._barriers: list[Callable[[EngineSnapshot], None]] = []
+        self.publish_snapshots = True   # periodic snapshots (the engine process turns them
+        #                                 off while no client subscribes)
 
     # -- commands (any thread) -------------------------------------------------------
     def post(self, command: Callable[[], None]) -> None:
@@ -78,6 +81,11 @@ class CoreLoop:
     def snapshot(self) -> EngineSnapshot:
         return self._snapshot
 
+    def barrier(self, callback: Callable[[EngineSnapshot], None]) -> None:
+        """callback(snapshot) once the loop is idle, with a snapshot taken after its last
+        step (called on the loop's thread)."""
+        self.post(lambda: self._barriers.append(callback))
+
     def reset_peak_usage(self) -> None:
         self.post(lambda: setattr(self.engine.stats, "peak_used_blocks", self.engine.pool.num_used))
 
@@ -105,6 +113,7 @@ class CoreLoop:
                     with self._idle:
                         self._idle_published = not self._commands
                         self._idle.notify_all()
+                    self._release_barriers()
                     self._wake.wait(0.05)
                     self._wake.clear()
         except Exception as exc:   # a bug outside the forward: stop, tell everyone
@@ -126,6 +135,12 @@ class CoreLoop:
             clock.pause()
             self._single_steps.popleft()()
         self._publish(force=self._paused)
+
+    def _release_barriers(self) -> None:
+        if self._barriers and not self._commands:
+            barriers, self._barriers = self._barriers, []
+            for callback in barriers:
+                callback(self._snapshot)
 
     def _drain_commands(self) -> None:
         while self._commands:
@@ -169,7 +184,7 @@ class CoreLoop:
 
     def _publish(self, force: bool = False) -> None:
         now = time.perf_counter()
-        if force or now - self._last_publish >= self.snapshot_interval:
+        if force or (self.publish_snapshots and now - self._last_publish >= self.snapshot_interval):
             self._snapshot = self.engine.snapshot(paused=self._paused)
             self._last_publish = now
             if self.on_snapshot is not None:
@@ -200,3 +215,6 @@ class CoreLoop:
             self._snapshot = self.engine.snapshot(paused=self._paused)
         except Exception:
             pass
+        barriers, self._barriers = self._barriers, []
+        for callback in barriers:
+            callback(self._snapshot)

@@ -8,94 +8,20 @@ and its step outputs go through the front's OutputProcessor on that thread.
 """
 from __future__ import annotations
 
-import queue
 import threading
-import time
-import weakref
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR
 from engine.config import EngineConfig, make_config
 from engine.core import LLMEngine
 from engine.core_loop import CoreLoop
+from engine.outputs import EngineInfo
 from engine.processor import InputProcessor, OutputProcessor, StreamEvent
-from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
+from engine.stream import RequestStream, chain_sinks
+from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
 
 __all__ = ["EngineLoop", "RequestStream", "StreamEvent", "EngineInfo"]
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What a client needs to know about the engine it talks to (fixed at start)."""
-    model_name: str
-    vocab_size: int
-    max_model_len: int
-    num_blocks: int
-    block_size: int
-    device: str
-    dtype: str
-    backend: str
-
-    @classmethod
-    def of(cls, e: LLMEngine) -> "EngineInfo":
-        return cls(e.model_name, e.vocab_size, e.max_model_len, e.pool.num_blocks,
-                   e.pool.block_size, str(e.device), str(e.dtype).removeprefix("torch."),
-                   e.backend)
-
-
-class RequestStream:
-    """Iterate for StreamEvents; `result()` waits for the final RequestOutput.
-
-    If the consumer drops its stream before the request ends, the request is cancelled.
-    Several threads may read one stream: the final event wakes all of them.
-    """
-
-    def __init__(self, request_id: str, cancel: Callable[[str], None]):
-        self.request_id = request_id
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._final: StreamEvent | None = None
-        self.output: RequestOutput | None = None
-        self._cancel = cancel
-        self._finalizer = weakref.finalize(self, cancel, request_id)
-
-    @property
-    def sink(self) -> Callable[[StreamEvent], None]:
-        """Where the engine delivers this stream's events. It holds the queue, not the
-        stream, so a consumer that drops the stream lets it be collected (and cancelled)."""
-        return self._q.put
-
-    def get(self, timeout: float | None = None) -> StreamEvent:
-        if self._final is not None:
-            return self._final
-        event = self._q.get(timeout=timeout)
-        if event.finished:   # refused/failed before it ran: a bare error output, never None
-            self.output = event.output or RequestOutput(
-                event.request_id, None, (), (CompletionOutput(0, "", (), event.finish_reason),),
-                True, RequestMetrics.from_times(0.0, []), event.error)
-            self._final = event
-            self._finalizer.detach()
-            self._q.put(event)          # wake any other reader blocked on the queue
-        return event
-
-    def __iter__(self) -> Iterator[StreamEvent]:
-        while self.output is None:
-            yield self.get()
-
-    def result(self, timeout: float | None = None) -> RequestOutput:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.output is None:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self.get(timeout=left)
-        return self.output
-
-    def cancel(self) -> None:
-        self._cancel(self.request_id)
-
-    def detach(self) -> None:
-        """Keep the request running even if this handle is dropped."""
-        self._finalizer.detach()
 
 
 class EngineLoop:
@@ -142,10 +68,7 @@ class EngineLoop:
         self._check_running()
         creq, text = self.inputs.process(prompt, params, request_id)
         stream = RequestStream(creq.request_id, self._cancel_dropped)
-        if on_event is None and on_finish is None:
-            on_event = stream.sink
-        elif on_finish is not None and on_event is None:
-            on_finish = _chain(stream.sink, on_finish)
+        on_event, on_finish = chain_sinks(stream, on_event, on_finish)
         self.core.post(lambda: self._add(creq, text, on_event, on_finish))
         self._check_running()
         return stream
@@ -223,10 +146,3 @@ class EngineLoop:
         message = self.core.fatal_error or "engine loop closed"
         self.outputs.fail_all(REASON_ERROR if self.core.fatal_error else REASON_CANCELLED,
                               message)
-
-
-def _chain(first: Callable, second: Callable) -> Callable:
-    def both(event):
-        first(event)
-        second(event)
-    return both

@@ -48,3 +48,22 @@ class StepOutput:
         self.token_ids += other.token_ids
         self.finished += other.finished
         self.time = other.time or self.time
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a client needs to know about the engine it talks to (fixed at start)."""
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    device: str
+    dtype: str
+    backend: str
+
+    @classmethod
+    def of(cls, e) -> "EngineInfo":
+        return cls(e.model_name, e.vocab_size, e.max_model_len, e.pool.num_blocks,
+                   e.pool.block_size, str(e.device), str(e.dtype).removeprefix("torch."),
+                   e.backend)

@@ -62,7 +62,7 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams")
         text, ids = self._tokenize(prompt)
-        self._validate_ids(ids, params)
+        self.validate_ids(ids, params)
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "
                                       "can never match (use stop_token_ids)")
@@ -94,7 +94,7 @@ class InputProcessor:
                                       "{'prompt_token_ids': [...]} instead of text")
         return prompt, self.tokenizer.encode(prompt)
 
-    def _validate_ids(self, ids: list[int], params: SamplingParams) -> None:
+    def validate_ids(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise InvalidRequestError("prompt is empty (0 tokens)")
         if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
@@ -237,3 +237,14 @@ def _call(callback, event: StreamEvent) -> None:
         callback(event)
     except Exception:
         pass
+
+
+def load_tokenizer(model_name: str):
+    """The tokenizer of a model by name, for a front that does not load the model (the
+    engine-process client); None for dummy models and checkpoints without one."""
+    if model_name.startswith("dummy:"):
+        return None
+    from engine.models.loader import _load_tokenizer, resolve_model_path
+    import os
+    path = resolve_model_path(model_name)
+    return _load_tokenizer(path) if os.path.isdir(path) else None

@@ -1,0 +1,289 @@
+"""The engine-core process: the model, scheduler, KV cache and runner, and nothing else.
+
+Three threads, as in vLLM V1's EngineCoreProc: the main thread runs the CoreLoop (it
+only steps); an input thread decodes client messages and posts them as commands; an
+output thread encodes step outputs and snapshots and sends them. Encoding, decoding and
+socket work never run inside a step. Text never reaches this process.
+
+Clients are tracked by heartbeat: one silent for CLIENT_TIMEOUT seconds (killed, or
+gone without a Bye) has its requests cancelled and their blocks freed. The process
+stops when its owner (the process that started it) dies.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import queue
+import signal
+import threading
+import time
+
+import msgspec
+import zmq
+
+from engine.codes import REASON_ERROR
+from engine.config import InvalidRequestError, SchedulerConfig, make_config
+from engine.core_loop import CoreLoop
+from engine.ipc import protocol as P
+from engine.outputs import CoreRequest, EngineInfo, StepOutput
+from engine.processor import InputProcessor
+from engine.request import SamplingParams
+
+CLIENT_TIMEOUT = 3.0        # seconds without a heartbeat before a client counts as gone
+SNAPSHOT_INTERVAL = 0.05    # the UI pulls at 12-15 Hz: 20 Hz is enough
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (no orphan engines)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class EngineCoreProc:
+    def __init__(self, engine, address: str, owner_pid: int | None = None):
+        self.engine = engine
+        self.owner_pid = owner_pid
+        self.ctx = zmq.Context()
+        in_ep, out_ep, pub_ep = P.endpoints(address)
+        self.in_sock = self._bind(zmq.ROUTER, in_ep)
+        self.in_sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        self.out_sock = self._bind(zmq.ROUTER, out_ep)
+        self.pub_sock = self._bind(zmq.XPUB, pub_ep)
+        self.pub_sock.setsockopt(zmq.SNDHWM, 2)       # a slow viewer drops frames
+        self.core = CoreLoop(engine, self._on_output, SNAPSHOT_INTERVAL, self._on_snapshot)
+        self.core.publish_snapshots = False
+        self.validator = InputProcessor.for_engine(engine)   # the boundary re-checks ids
+        self.owner_of: dict[str, bytes] = {}          # request id -> client identity
+        self.clients: dict[bytes, float] = {}         # identity -> last message time
+        self._sendq: queue.SimpleQueue = queue.SimpleQueue()
+        self._latest_snapshot = None
+        self._subscribers = 0
+        self._stop = threading.Event()
+
+    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(endpoint)
+        return sock
+
+    # -- main ----------------------------------------------------------------------------
+    def run(self) -> None:
+        threads = [threading.Thread(target=self._input_loop, name="core-in", daemon=True),
+                   threading.Thread(target=self._output_loop, name="core-out", daemon=True)]
+        for t in threads:
+            t.start()
+        try:
+            self.core.run()
+        finally:
+            if self.core.fatal_error:
+                for client in list(self.clients):
+                    self._sendq.put((client, P.Fatal(self.core.fatal_error)))
+            time.sleep(0.05)      # let the output thread flush the last outputs
+            self._stop.set()
+            for t in threads:
+                t.join(2.0)
+            self.ctx.destroy(linger=0)
+
+    # -- core thread callbacks -----------------------------------------------------------
+    def _on_output(self, out: StepOutput) -> None:
+        """Split one step's output by client: one message per client per step."""
+        per: dict[bytes, P.Outputs] = {}
+        owner = self.owner_of
+        for rid, tok in zip(out.request_ids, out.token_ids):
+            client = owner.get(rid)
+            if client is not None:
+                msg = per.get(client)
+                if msg is None:
+                    msg = per[client] = P.Outputs(out.time, [], [], [])
+                msg.request_ids.append(rid)
+                msg.token_ids.append(tok)
+        for f in out.finished:
+            client = owner.pop(f.request_id, None)
+            if client is not None:
+                msg = per.get(client)
+                if msg is None:
+                    msg = per[client] = P.Outputs(out.time, [], [], [])
+                msg.finished.append(P.Finished(f.request_id, f.finish_reason, f.error,
+                                               f.arrival_time, f.num_cached_tokens,
+                                               f.num_preemptions))
+        for client, msg in per.items():
+            self._sendq.put((client, msg))
+
+    def _on_snapshot(self, snap) -> None:
+        if self._subscribers:
+            self._latest_snapshot = snap      # the output thread sends only the newest
+
+    # -- input thread ----------------------------------------------------------------------
+    def _input_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.in_sock, zmq.POLLIN)
+        while not self._stop.is_set() and not self.core.stopped:
+            if poller.poll(100):
+                while True:
+                    try:
+                        client, payload = self.in_sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    except ValueError:       # a frame count we never send: ignore it
+                        continue
+                    self.clients[client] = time.monotonic()
+                    self._dispatch(client, payload)
+            self._check_clients()
+
+    def _dispatch(self, client: bytes, payload: bytes) -> None:
+        try:
+            msg = P.client_decoder.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return        # not our protocol, or a wrong type: the sender gets nothing
+        handler = _HANDLERS.get(type(msg))
+        if handler is not None:
+            handler(self, client, msg)
+
+    def _hello(self, client: bytes, msg: P.Hello) -> None:
+        info = dataclasses.asdict(EngineInfo.of(self.engine))
+        knobs = dataclasses.asdict(self.engine.knobs)
+        self._sendq.put((client, P.Welcome(info, knobs, self.core.paused)))
+
+    def _submit(self, client: bytes, msg: P.Submit) -> None:
+        try:
+            params = SamplingParams(**msg.params)
+            creq = CoreRequest(msg.request_id, tuple(msg.prompt_token_ids), params,
+                               msg.arrival_time, msg.prompt_preview)
+            self.validator.validate_ids(list(creq.prompt_token_ids), params)
+        except (InvalidRequestError, TypeError) as exc:
+            self._refuse(client, msg.request_id, f"{exc}")
+            return
+        if msg.request_id in self.owner_of:
+            self._refuse(client, msg.request_id, f"duplicate request id {msg.request_id!r}")
+            return
+        self.owner_of[msg.request_id] = client
+        self.core.add(creq)
+
+    def _refuse(self, client: bytes, request_id: str, error: str) -> None:
+        fin = P.Finished(request_id, REASON_ERROR, error, 0.0, 0, 0)
+        self._sendq.put((client, P.Outputs(0.0, [], [], [fin])))
+
+    def _set_knobs(self, client: bytes, msg: P.SetKnobs) -> None:
+        try:
+            self.core.set_knobs(SchedulerConfig(**msg.knobs))
+        except (InvalidRequestError, TypeError):
+            pass      # clients validate first; a bad one from elsewhere changes nothing
+
+    def _step_once(self, client: bytes, msg: P.StepOnce) -> None:
+        self.core.step_once(lambda: self._sendq.put((client, P.StepDone(msg.token))))
+
+    def _barrier(self, client: bytes, msg: P.Barrier) -> None:
+        self.core.barrier(lambda snap: self._sendq.put(
+            (client, P.BarrierDone(msg.token, P.encoder.encode(snap)))))
+
+    def _bye(self, client: bytes, msg=None) -> None:
+        self.clients.pop(client, None)
+        for rid in [r for r, c in self.owner_of.items() if c == client]:
+            self.core.abort(rid, "cancelled", "client left")
+
+    def _check_clients(self) -> None:
+        now = time.monotonic()
+        for client, seen in list(self.clients.items()):
+            if now - seen > CLIENT_TIMEOUT:
+                self._bye(client)
+        if self.owner_pid is not None and os.getppid() != self.owner_pid:
+            self.core.stop()          # the owner died (and PDEATHSIG did not reach us)
+
+    # -- output thread ---------------------------------------------------------------------
+    def _output_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, msg = self._sendq.get(timeout=SNAPSHOT_INTERVAL / 2)
+                self.out_sock.send_multipart([client, P.encoder.encode(msg)], copy=False)
+                continue
+            except queue.Empty:
+                pass
+            except zmq.ZMQError:
+                continue
+            self._track_subscribers()
+            snap, self._latest_snapshot = self._latest_snapshot, None
+            if snap is not None:
+                try:
+                    self.pub_sock.send(P.encoder.encode(snap), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass          # nobody keeps up: drop the frame, never wait
+
+    def _track_subscribers(self) -> None:
+        while True:
+            try:
+                event = self.pub_sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if event[:1] == b"\x01":
+                self._subscribers += 1
+            elif event[:1] == b"\x00":
+                self._subscribers = max(0, self._subscribers - 1)
+        self.core.publish_snapshots = self._subscribers > 0
+
+
+_HANDLERS = {
+    P.Hello: EngineCoreProc._hello,
+    P.Submit: EngineCoreProc._submit,
+    P.Abort: lambda self, c, m: self.core.abort(m.request_id, m.reason, m.error),
+    P.SetKnobs: EngineCoreProc._set_knobs,
+    P.SetPaused: lambda self, c, m: self.core.set_paused(m.paused),
+    P.StepOnce: EngineCoreProc._step_once,
+    P.ClearPrefixCache: lambda self, c, m: self.core.clear_prefix_cache(),
+    P.ResetPeakUsage: lambda self, c, m: self.core.reset_peak_usage(),
+    P.Barrier: EngineCoreProc._barrier,
+    P.Heartbeat: lambda self, c, m: None,
+    P.Bye: EngineCoreProc._bye,
+    P.Shutdown: lambda self, c, m: self.core.stop(),
+}
+
+
+def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | None) -> None:
+    """The engine-core process's work. status(kind, text) reports ("progress", text),
+    then ("ready", address) or ("error", message)."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the client, which stops us
+    try:
+        from engine.core import LLMEngine
+        status("progress", f"loading {engine_kwargs.get('model', 'default')}")
+        engine = LLMEngine(make_config(**engine_kwargs))
+        status("progress", "binding sockets")
+        proc = EngineCoreProc(engine, address, owner_pid)
+    except Exception as exc:
+        status("error", f"{type(exc).__name__}: {exc}")
+        return
+    signal.signal(signal.SIGTERM, lambda *a: proc.core.stop())
+    status("ready", address)
+    proc.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m engine.ipc.core_proc --address A --engine-json J [--owner-pid P] [--status-fd F]"""
+    import argparse
+    import json
+    p = argparse.ArgumentParser(prog="python -m engine.ipc.core_proc",
+                                description="Run the roseplay engine core in this process.")
+    p.add_argument("--address", required=True, help="tcp://HOST:PORT or ipc:///PATH")
+    p.add_argument("--engine-json", default="{}", help="engine knobs as a JSON object")
+    p.add_argument("--owner-pid", type=int, default=None, help="stop when this process dies")
+    p.add_argument("--status-fd", type=int, default=None, help="write JSON status lines here")
+    args = p.parse_args(argv)
+    out = os.fdopen(args.status_fd, "w", buffering=1) if args.status_fd is not None else None
+
+    def status(kind: str, text: str) -> None:
+        line = json.dumps({"kind": kind, "text": text})
+        if out is not None:
+            try:
+                out.write(line + "\n")
+            except OSError:
+                pass
+        else:
+            print(line, flush=True)
+    run_engine_core(json.loads(args.engine_json), args.address, status, args.owner_pid)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
