@@ -1,0 +1,171 @@
+"""The engine core in its own process: protocol, outputs, clients that die, an engine that
+dies, a second client attached from another process, clean shutdown."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import msgspec
+import numpy as np
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.client import EngineClient
+from engine.ipc import protocol as P
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+PROMPTS = ["ROMEO:", "JULIET:\nO Romeo", "First Citizen:\nBefore we proceed"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def engine_pids() -> list[int]:
+    """Live engine-core processes started from this test process."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"engine.ipc.core_proc" in cmd and f"{os.getpid()}".encode() in cmd and state != "Z":
+            pids.append(int(d))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def client():
+    c = EngineClient(model="default", device="cpu", num_blocks=256, label="test")
+    yield c
+    c.close()
+    assert not engine_pids(), "engine process left behind"
+
+
+def test_protocol_round_trips():
+    msgs = [P.Hello("tui"), P.Submit("r1", [1, 2, 3], {"max_tokens": 4}, 1.5, "hi"),
+            P.Abort("r1", "stop"), P.SetKnobs({"max_num_seqs": 3}), P.SetPaused(True),
+            P.StepOnce(7), P.ClearPrefixCache(), P.ResetPeakUsage(), P.Barrier(9),
+            P.Heartbeat(), P.Bye(), P.Shutdown()]
+    for m in msgs:
+        assert P.client_decoder.decode(P.encoder.encode(m)) == m
+    out = P.Outputs(2.0, ["a", "b"], [5, 6], [P.Finished("a", "length", None, 1.0, 16, 0)])
+    assert P.core_decoder.decode(P.encoder.encode(out)) == out
+    with pytest.raises(msgspec.ValidationError):     # a wrong type never reaches the core
+        P.client_decoder.decode(P.encoder.encode({"type": "Submit", "request_id": {},
+                                                  "prompt_token_ids": "x", "params": {},
+                                                  "arrival_time": 0.0}))
+
+
+def test_snapshot_round_trip(client):
+    assert client.wait_idle(30)
+    snap = client.snapshot()
+    again = P.snapshot_decoder.decode(P.encoder.encode(snap))
+    assert again.step == snap.step and again.knobs == snap.knobs
+    assert np.array_equal(again.block_state, snap.block_state)
+    assert np.array_equal(again.block_refcount, snap.block_refcount)
+    assert again.requests == snap.requests and again.counters == snap.counters
+
+
+def test_greedy_outputs_equal_in_process(client):
+    sp = SamplingParams(max_tokens=24, **GREEDY)
+    ref = LLM(model="default", device="cpu").generate(PROMPTS, sp)
+    streams = [client.submit(p, sp) for p in PROMPTS]
+    for s, r in zip(streams, ref):
+        out = s.result(timeout=60)
+        assert out.outputs[0].token_ids == r.outputs[0].token_ids
+        assert out.outputs[0].text == r.outputs[0].text and out.metrics.ttft > 0
+    events = list(client.submit(PROMPTS[0], sp))            # a token stream, step by step
+    assert events[-1].finished and sum(len(e.token_ids) for e in events) == 24
+    assert "".join(e.text for e in events) == ref[0].outputs[0].text
+
+
+def test_stop_string_and_refusal(client):
+    out = client.submit("ROMEO:", SamplingParams(max_tokens=40, temperature=0, stop=["King"]))
+    res = out.result(timeout=60)
+    assert res.outputs[0].finish_reason == "stop" and "King" not in res.outputs[0].text
+    bad = client.submit({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2),
+                        request_id="dup-check")
+    assert bad.result(timeout=30).error is None
+    assert client.wait_idle(30)
+    snap = client.snapshot()
+    assert not [r for r in snap.requests if r.state in ("waiting", "prefilling", "decoding")]
+
+
+def test_second_process_sees_the_same_engine(client):
+    client.pause()
+    assert client.step_once().wait(30)
+    assert client.wait_idle(30)
+    step = client.snapshot().step
+    code = textwrap.dedent(f"""
+        from engine.client import EngineClient
+        c = EngineClient(connect={client.address!r}, label="viewer")
+        print("STEP", c.snapshot().step, c.info.model_name, flush=True)
+        c.close()
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    client.resume()
+    assert f"STEP {step} default" in res.stdout, res.stderr[-2000:]
+    assert client.wait_idle(30) and not client.fatal_error      # the viewer left it serving
+
+
+def test_killed_client_cancels_its_requests_and_frees_blocks(client):
+    code = textwrap.dedent(f"""
+        import sys
+        from engine import SamplingParams
+        from engine.client import EngineClient
+        c = EngineClient(connect={client.address!r}, label="doomed")
+        s = c.submit("ROMEO:", SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True),
+                     request_id="doomed-1")
+        s.get(timeout=60)
+        print("STREAMING", flush=True)
+        sys.stdin.readline()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout.readline().strip() == "STREAMING"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(10)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        view = client.snapshot().request("doomed-1")
+        if view is not None and view.state == "cancelled":
+            break
+        time.sleep(0.1)
+    assert view is not None and view.state == "cancelled" and view.output_tokens < 1000
+    assert client.wait_idle(30)
+    snap = client.snapshot()
+    assert snap.num_used == 0            # its blocks went back (free, or cached)
+
+
+def test_killed_engine_ends_every_stream_within_2s():
+    c = EngineClient(model="default", device="cpu", num_blocks=256, label="victim")
+    try:
+        sp = SamplingParams(max_tokens=2000, temperature=0, ignore_eos=True)
+        streams = [c.submit(p, sp) for p in PROMPTS]
+        streams[0].get(timeout=60)
+        os.kill(c.proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        for s in streams:
+            out = s.result(timeout=2.0)
+            assert out.outputs[0].finish_reason == "error" and "engine process died" in out.error
+        assert time.monotonic() - t0 < 2.0
+        with pytest.raises(RuntimeError, match="engine process died"):
+            c.submit("ROMEO:", sp)
+    finally:
+        c.close()
+    assert c.proc.pid not in engine_pids()
+
+
+def test_bad_engine_flags_fail_fast_with_the_engines_message(client):
+    before = set(engine_pids())
+    with pytest.raises(Exception, match="unknown dummy preset"):
+        EngineClient(model="dummy:nosuch", device="cpu")
+    assert set(engine_pids()) <= before
