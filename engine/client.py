@@ -45,6 +45,7 @@ def _child_env() -> dict:
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # idle OpenMP threads sleep, not spin
     return env
 
 
@@ -55,8 +56,13 @@ class EngineDied(RuntimeError):
 class EngineClient:
     def __init__(self, *, connect: str | None = None, address: str | None = None,
                  label: str = "client", on_progress: Callable[[str], None] | None = None,
-                 startup_timeout: float = STARTUP_TIMEOUT, **engine_kwargs):
+                 startup_timeout: float = STARTUP_TIMEOUT, snapshots: bool = True,
+                 **engine_kwargs):
+        """snapshots=False: no periodic snapshots (a bench): snapshot() then returns the
+        one taken by the last wait_idle(), and the engine builds none while nobody else
+        subscribes."""
         self.label = label
+        self.snapshots = snapshots
         self.proc = None
         self._tmpdir = None
         self.fatal_error: str | None = None
@@ -78,6 +84,8 @@ class EngineClient:
         self._connect(startup_timeout if connect else 30.0)
         self._io = threading.Thread(target=self._io_loop, name=f"roseplay-{label}-io", daemon=True)
         self._io.start()
+        if self._snap_bytes is None:
+            self.wait_idle(30.0)
 
     # -- start-up ------------------------------------------------------------------------
     def _start_process(self, kwargs: dict, address: str, on_progress, timeout: float) -> None:
@@ -124,10 +132,10 @@ class EngineClient:
         ident = f"{self.label}-{uuid.uuid4().hex[:8]}".encode()
         self._in = self._socket(zmq.DEALER, in_ep, ident)
         self._out = self._socket(zmq.DEALER, out_ep, ident)
-        self._sub = self._socket(zmq.SUB, pub_ep, None)
+        self._sub = self._socket(zmq.SUB, pub_ep, None) if self.snapshots else None
         welcome = self._handshake(timeout)
         deadline = time.monotonic() + 10.0      # the first snapshot: snapshot() is never None
-        while self._snap_bytes is None and time.monotonic() < deadline:
+        while self._sub is not None and self._snap_bytes is None and time.monotonic() < deadline:
             if self._sub.poll(100):
                 self._snap_bytes = self._sub.recv()
         self.info = EngineInfo(**welcome.info)
@@ -287,14 +295,15 @@ class EngineClient:
     def _io_loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self._out, zmq.POLLIN)
-        poller.register(self._sub, zmq.POLLIN)
+        if self._sub is not None:
+            poller.register(self._sub, zmq.POLLIN)
         last_beat = 0.0
         while not self._closed and self.fatal_error is None:
             try:
                 ready = dict(poller.poll(100))
             except zmq.ZMQError:
                 break
-            if self._sub in ready:
+            if self._sub is not None and self._sub in ready:
                 self._snap_bytes = self._sub.recv()
                 self._last_heard = time.monotonic()
             if self._out in ready:

@@ -63,6 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=1, help="Measured runs on one engine (prefix "
                    "cache cleared before each); prints every run's throughput and the median "
                    "with min..max (default: 1).")
+    b.add_argument("--in-process", action="store_true", help="Run the engine on a thread of "
+                   "this process instead of its own process (the old architecture).")
+    b.add_argument("--engine-address", metavar="ADDR", help="Bind the engine process at ADDR "
+                   "(tcp://127.0.0.1:PORT uses PORT..PORT+2) so that `roseplay --connect ADDR` "
+                   "can watch the run (default: a private socket).")
     b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
     b.add_argument("--no-progress", action="store_true", help="No progress bar.")
     add_engine_flags(p)
@@ -111,9 +116,20 @@ def _check_args(args) -> None:
 
 # -- one measured run ---------------------------------------------------------------------
 def make_loop(args, **overrides):
-    from engine.loop import EngineLoop
-    # nobody watches snapshots during a benchmark: publish them rarely
-    return EngineLoop(snapshot_interval=0.5, **engine_kwargs(args, **overrides))
+    """The engine the bench drives: its own process (the default: the bench's driver and
+    front never share the engine's GIL), or a thread of this one (--in-process; needed by
+    --compare hf, which shares weights with HF in-process)."""
+    kwargs = engine_kwargs(args, **overrides)
+    if args.in_process or args.compare:
+        from engine.loop import EngineLoop
+        # nobody watches snapshots during a benchmark: publish them rarely
+        return EngineLoop(snapshot_interval=0.5, **kwargs)
+    from engine.client import EngineClient
+    if args.engine_address:
+        print(f"engine listening at {args.engine_address}: watch it with "
+              f"`roseplay --connect {args.engine_address}`", file=sys.stderr)
+    return EngineClient(address=args.engine_address, label="bench",
+                        snapshots=bool(args.engine_address), **kwargs)
 
 
 def _arrivals(args) -> dict:

@@ -246,6 +246,10 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the client, which stops us
     try:
+        import torch
+        # leave a core to the clients (the front, the UI): OpenMP threads that spin on a
+        # busy small box slow every step many times over
+        torch.set_num_threads(max(1, min(8, (os.cpu_count() or 2) - 1)))
         from engine.core import LLMEngine
         status("progress", f"loading {engine_kwargs.get('model', 'default')}")
         engine = LLMEngine(make_config(**engine_kwargs))
