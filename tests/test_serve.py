@@ -224,9 +224,11 @@ def test_metrics_running_gauge_during_a_stream(server, loop):
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         rid = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
+        deadline = time.monotonic() + 10          # the first snapshot that shows it
+        while loop.snapshot().request(rid + "-0") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert loop.snapshot().request(rid + "-0").state == "decoding"
         m = scrape(server)
         assert m["vllm:num_requests_running"] >= 1 and m["vllm:kv_cache_usage_perc"] > 0
-        view = loop.snapshot().request(rid + "-0")
-        assert view is not None and view.state in ("prefilling", "decoding")
         assert sum(1 for line in lines if line == "data: [DONE]") == 1
     wait_idle(loop)
