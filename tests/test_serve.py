@@ -219,7 +219,7 @@ def test_metrics_parse_and_match_the_snapshot(server, client, loop):
 
 
 def test_metrics_running_gauge_during_a_stream(server, loop):
-    body = {"model": "default", "prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0,
+    body = {"model": "default", "prompt": PROMPTS[0], "max_tokens": 200, "temperature": 0,
             "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
