@@ -72,7 +72,8 @@ def workload(args, tokenizer, vocab_size: int) -> tuple[list[WorkItem], list[Wor
 def request_body(item: WorkItem, model: str, endpoint: str, tokenizer) -> dict:
     p = item.params
     body = {"model": model, "max_tokens": p.max_tokens, "temperature": p.temperature,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True}     # vLLM's extra: chunks of text-less tokens count too
     if p.ignore_eos:
         body["ignore_eos"] = True          # vLLM's extra (roseplay serve, vLLM, SGLang)
     if p.seed is not None:

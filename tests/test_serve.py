@@ -177,6 +177,7 @@ def test_200_concurrent_streams_complete_and_leak_nothing(server, loop):
     assert not bad, bad[:3]
     snap = wait_idle(loop)
     assert snap.num_used == 0 and (snap.block_refcount == 0).all()
+    assert server.app.state.serve.bridge.pending == 0     # the 429 count is back to zero
     deadline = time.monotonic() + 10        # and every connection is closed
     while server.server.server_state.connections and time.monotonic() < deadline:
         time.sleep(0.05)

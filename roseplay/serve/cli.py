@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{info.num_blocks} KV blocks of {info.block_size}) at "
               f"http://{args.host}:{args.port}/v1", file=sys.stderr)
         serve_forever(build_app(loop, config), args.host, args.port, args.log_level)
+    except KeyboardInterrupt:    # uvicorn re-raises Ctrl-C after its graceful shutdown
+        pass
     except OSError as exc:
         print(f"roseplay serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

@@ -40,6 +40,7 @@ class ServerThread:
     """uvicorn on a daemon thread; `url` is the base URL (http://host:port)."""
 
     def __init__(self, app, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning"):
+        self.app = app
         self._sock = bind(host, port)
         self.host, self.port = self._sock.getsockname()[:2]
         self.server = uvicorn.Server(_config(app, log_level))
