@@ -142,6 +142,18 @@ def test_n_choices_with_seed_are_reproducible(client):
     assert a.usage.completion_tokens == 36
 
 
+def test_request_ids_label_endpoint_and_user(client, loop):
+    """The engine (and so the TUI) sees "chatcmpl-<user>-..." / "cmpl-..." request ids."""
+    r = client.chat.completions.create(model="default", max_tokens=2, user="alice!/x",
+                                       messages=[{"role": "user", "content": "Hail"}])
+    assert r.id.startswith("chatcmpl-alicex-")
+    deadline = time.monotonic() + 10
+    while loop.snapshot().request(r.id + "-0") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loop.snapshot().request(r.id + "-0").state == "finished"
+    assert client.completions.create(model="default", prompt="Hail", max_tokens=2).id.startswith("cmpl-")
+
+
 def test_models_and_health(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["default"]

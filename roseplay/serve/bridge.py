@@ -15,12 +15,16 @@ requests queue in the engine without bound, as in vLLM.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from roseplay.serve.errors import OpenAIError
 from roseplay.serve.metrics import ServerMetrics
+
+
+USER_LABEL_CHARS = 16
 
 
 @dataclass
@@ -38,10 +42,12 @@ class Choice:
     output: object = None
 
 
-def new_id(prefix: str) -> str:
-    """OpenAI-style ids; the prefix labels the endpoint in engine request ids
-    ("cmpl-..." completions, "chatcmpl-..." chat), which the TUI shows."""
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+def new_id(prefix: str, user: str | None = None) -> str:
+    """OpenAI-style ids that label requests in the engine (and the TUI): the prefix says
+    the endpoint ("cmpl-" completions, "chatcmpl-" chat), then the request's OpenAI
+    `user` field when given (so a class's clients tell themselves apart), then random hex."""
+    label = re.sub(r"[^A-Za-z0-9_.]", "", user or "")[:USER_LABEL_CHARS]
+    return f"{prefix}-{label + '-' if label else ''}{uuid.uuid4().hex[:16]}"
 
 
 class EngineBridge:

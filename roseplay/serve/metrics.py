@@ -103,7 +103,8 @@ class ServerMetrics:
 
     def observe_finish(self, output, finish_reason: str | None, finish_time: float,
                        arrival: float) -> None:
-        self._success.labels(self.model, finish_reason or "unknown").inc()
+        reason = "abort" if finish_reason == "cancelled" else finish_reason or "unknown"
+        self._success.labels(self.model, reason).inc()
         self.e2e.observe(max(0.0, finish_time - arrival))
         if output is None:
             return

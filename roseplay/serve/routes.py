@@ -135,7 +135,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     req.check_supported()
     st.check_model(req.model)
     ins = make_inputs(req, st)
-    rid = new_id(fmt_cls.prefix)
+    rid = new_id(fmt_cls.prefix, req.user)
     fmt = fmt_cls(req, rid, req.model, ins)
     gen = st.bridge.start(rid, ins.prompts, ins.params)
     if req.stream:
