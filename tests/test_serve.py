@@ -77,6 +77,7 @@ def test_completions_greedy_equals_llm_generate(client, llm):
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == expected
     assert all(c.finish_reason == "length" for c in r.choices)
+    assert "token_ids" not in r.choices[0].model_extra      # vLLM's extra only when asked
     n_prompt = sum(len(llm.tokenizer.encode(p)) for p in PROMPTS)
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, 3 * MAX_TOKENS)
     assert r.id.startswith("cmpl-") and r.object == "text_completion"

@@ -142,6 +142,9 @@ class ChatCompletionRequest(SamplingFields):
 
 
 # -- responses -----------------------------------------------------------------------
+# vLLM's `token_ids` extra appears in a choice only when the request asked for it
+_TOKEN_IDS = Field(None, exclude_if=lambda v: v is None)
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -158,7 +161,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = None       # with return_token_ids
+    token_ids: list[int] | None = _TOKEN_IDS    # only with return_token_ids
 
 
 class CompletionResponse(BaseModel):
@@ -185,7 +188,7 @@ class ChatChoice(BaseModel):
     message: ChatMessageOut
     logprobs: None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = None
+    token_ids: list[int] | None = _TOKEN_IDS
 
 
 class ChatChunkChoice(BaseModel):
@@ -193,7 +196,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = None
+    token_ids: list[int] | None = _TOKEN_IDS
 
 
 class ChatCompletionResponse(BaseModel):
