@@ -3,6 +3,7 @@
 pool), and models without a tokenizer take token ids only. CPU, 127.0.0.1 only."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -123,6 +124,7 @@ def test_unknown_model_and_route_are_404(server):
     err = check_error(r, 404, "model_not_found", "gpt-4")
     assert err["param"] == "model"
     check_error(httpx.get(server.url + "/v1/nothing"), 404, "not_found")
+    check_error(httpx.get(server.url + "/v1/completions"), 405, "method_not_allowed")
     with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as c:
         with pytest.raises(openai.NotFoundError):
             c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
@@ -188,6 +190,32 @@ def test_stream_disconnect_cancels_and_frees_blocks(server, loop):
     wait_for(lambda: loop.snapshot().num_used == 0)
     view = loop.snapshot().request(rid)
     assert view.finish_reason == "cancelled" and view.output_tokens < 800 and view.blocks == ()
+
+
+def test_many_clients_leaving_at_random_points_leak_nothing(server, loop):
+    """50 streams, each leaves after 1-6 chunks: every one is cancelled, no block stays
+    used and the server's waiting count is back to zero."""
+    async def leave_after(http, i):
+        body = {"model": "default", "prompt": f"{PROMPT} {i}", "max_tokens": 500,
+                "ignore_eos": True, "stream": True, "seed": i}
+        seen = 0
+        async with http.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    rid = json.loads(line[6:])["id"] + "-0"
+                    seen += 1
+                    if seen > i % 6:
+                        return rid
+
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=60)) as http:
+            return await asyncio.gather(*(leave_after(http, i) for i in range(50)))
+    rids = asyncio.run(run())
+    wait_for(lambda: not live(loop) and loop.snapshot().num_used == 0)
+    views = [loop.snapshot().request(rid) for rid in rids]
+    assert all(v.state == "cancelled" and v.output_tokens < 500 for v in views)
+    assert server.app.state.serve.bridge.pending == 0
 
 
 def test_non_streaming_disconnect_cancels(server, loop):

@@ -34,8 +34,7 @@ def completion_prompt(tokenizer, prompt) -> dict:
     return {"prompt_token_ids": list(prompt), "prompt": text}
 
 
-def _max_tokens(req: SamplingFields, requested: int | None, prompt_len: int,
-                max_model_len: int) -> int:
+def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
     if requested is None:
         return max(1, max_model_len - prompt_len)
     if requested >= 1 and prompt_len + requested > max_model_len:
@@ -54,7 +53,7 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
         n_prompt = len(p["prompt_token_ids"])
         if n_prompt == 0:
             raise InvalidRequestError("prompt is empty (0 tokens)")
-        max_tokens = _max_tokens(req, requested, n_prompt, max_model_len)
+        max_tokens = _max_tokens(requested, n_prompt, max_model_len)
         for i in range(req.n):
             all_prompts.append(p)
             params.append(req.sampling_params(max_tokens, seed_offset=i))

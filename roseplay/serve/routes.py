@@ -27,6 +27,19 @@ router = APIRouter()
 FINISH_REASONS = {"cancelled": "abort"}     # engine -> OpenAI/vLLM spelling
 
 
+class SSEResponse(StreamingResponse):
+    """A StreamingResponse that closes its body generator when it ends, however it ends:
+    a client that leaves while a chunk is being sent cancels its requests now, not when
+    the generator is garbage collected."""
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 def _state(request: Request):
     return request.app.state.serve
 
@@ -139,8 +152,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     fmt = fmt_cls(req, rid, req.model, ins)
     gen = st.bridge.start(rid, ins.prompts, ins.params)
     if req.stream:
-        return StreamingResponse(_sse(gen, fmt), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return SSEResponse(_sse(gen, fmt), headers={"Cache-Control": "no-cache"})
     try:
         choices = await _until_disconnect(request, gen.results())
     finally:
