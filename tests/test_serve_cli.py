@@ -46,13 +46,13 @@ def test_serve_subprocess_serves_then_exits_on_ctrl_c():
                              "return_token_ids": True})
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 3
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
-        out = proc.stdout.read()
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
         assert "dummy:tiny on cpu" in out and f"127.0.0.1:{port}" in out
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.communicate()           # reaps it and closes the pipe
 
 
 def test_serve_help_and_flag_errors(capsys):
