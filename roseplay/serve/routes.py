@@ -13,6 +13,7 @@ import json
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from roseplay.serve import prompts as inputs
 from roseplay.serve.bridge import Generation, new_id
@@ -28,16 +29,22 @@ FINISH_REASONS = {"cancelled": "abort"}     # engine -> OpenAI/vLLM spelling
 
 
 class SSEResponse(StreamingResponse):
-    """A StreamingResponse that closes its body generator when it ends, however it ends:
-    a client that leaves while a chunk is being sent cancels its requests now, not when
-    the generator is garbage collected."""
+    """The SSE stream of one Generation. However the response ends, the generator is
+    closed and the Generation's unfinished choices cancelled: a client that leaves while
+    a chunk is being sent, or before the first one, stops its requests now (not when
+    the generator is garbage collected, nor after max_tokens)."""
     media_type = "text/event-stream"
+
+    def __init__(self, gen: Generation, fmt):
+        super().__init__(_sse(gen, fmt), headers={"Cache-Control": "no-cache"})
+        self.generation = gen
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+            self.generation.close()
 
 
 def _state(request: Request):
@@ -152,7 +159,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     fmt = fmt_cls(req, rid, req.model, ins)
     gen = st.bridge.start(rid, ins.prompts, ins.params)
     if req.stream:
-        return SSEResponse(_sse(gen, fmt), headers={"Cache-Control": "no-cache"})
+        return SSEResponse(gen, fmt)
     try:
         choices = await _until_disconnect(request, gen.results())
     finally:
@@ -193,5 +200,4 @@ async def health(request: Request):
 
 @router.get("/metrics")
 async def metrics(request: Request):
-    from prometheus_client import CONTENT_TYPE_LATEST
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
