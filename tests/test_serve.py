@@ -155,6 +155,30 @@ def test_request_ids_label_endpoint_and_user(client, loop):
     assert client.completions.create(model="default", prompt="Hail", max_tokens=2).id.startswith("cmpl-")
 
 
+def test_streamed_chat_with_two_choices(client):
+    stream = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Who comes here?"}], n=2,
+        seed=3, temperature=1.0, max_completion_tokens=6, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    by_index = {0: [], 1: []}
+    for ch in chunks:
+        for c in ch.choices:
+            by_index[c.index].append(c)
+    for parts in by_index.values():      # each choice: role first, then content, then finish
+        assert parts[0].delta.role == "assistant" and all(p.delta.role is None for p in parts[1:])
+        assert parts[-1].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 12
+
+
+def test_served_model_names(loop):
+    app = build_app(loop, ServeConfig(served_model_name=("shakespeare", "default")))
+    with ServerThread(app) as srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="-") as c:
+        assert [m.id for m in c.models.list().data] == ["shakespeare", "default"]
+        for name in ("shakespeare", "default"):
+            assert c.completions.create(model=name, prompt="Hail", max_tokens=2).model == name
+
+
 def test_models_and_health(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["default"]
