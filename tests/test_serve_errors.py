@@ -227,6 +227,21 @@ def test_non_streaming_disconnect_cancels(server, loop):
     assert mine.state == "cancelled" and 0 < mine.output_tokens < 900
 
 
+def test_server_stop_with_an_open_stream_cancels_it(loop):
+    srv = ServerThread(build_app(loop)).start()
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 900, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        rid = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
+        t0 = time.monotonic()
+        srv.stop()                           # uvicorn's bounded graceful shutdown
+        assert time.monotonic() - t0 < 10 and not srv._thread.is_alive()
+    wait_for(lambda: loop.snapshot().request(rid + "-0") is not None
+             and loop.snapshot().request(rid + "-0").state == "cancelled")
+    wait_for(lambda: loop.snapshot().num_used == 0)
+
+
 # -- models without a tokenizer, stopped engines ----------------------------------------------
 def test_dummy_model_takes_token_ids_only():
     with EngineLoop(model="dummy:tiny", device="cpu", num_blocks=64) as dummy, \
