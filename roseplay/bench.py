@@ -70,6 +70,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "can watch the run (default: a private socket).")
     b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
     b.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    h = p.add_argument_group("HTTP client (roseplay/bench_http.py)")
+    h.add_argument("--base-url", metavar="URL", help="Drive an OpenAI-compatible server at URL "
+                   "(roseplay serve, vLLM, SGLang) instead of the in-process engine; engine "
+                   "flags then only name the model (--model: the tokenizer and model name).")
+    h.add_argument("--api-key", default=None, help="Bearer key for --base-url.")
+    h.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                   help="/v1/completions (token-id prompts sent as ids) or "
+                        "/v1/chat/completions (default: completions).")
     add_engine_flags(p)
     return p
 
@@ -326,6 +334,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         console.print(f"[red]bench: {exc}[/red]")
         return 2
+    if args.base_url:
+        from roseplay import bench_http     # lazy: the in-process bench needs no httpx
+        return bench_http.run(args, console)
     t0 = time.perf_counter()
     if ab:
         results, extra = _run_ab(args, console, ab)

@@ -20,6 +20,8 @@ EPILOG = """\
 commands:
   roseplay bench ...      benchmark the engine (vLLM benchmark_serving style);
                           see `roseplay bench --help`
+  roseplay serve ...      an OpenAI-compatible server on the engine;
+                          see `roseplay serve --help`
 
 keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget ·
 [/] max running seqs · s scenario · </> concurrency · r rate · x clear prefix cache ·
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         return _bench(argv)
+    if argv and argv[0] == "serve":
+        from roseplay.serve.cli import main as serve_main   # lazy: the TUI does not need it
+        return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.concurrency < 1:
         build_parser().error("--concurrency must be >= 1")

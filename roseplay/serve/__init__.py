@@ -1,0 +1,17 @@
+"""`roseplay serve`: an OpenAI-compatible HTTP server on the engine (FastAPI + uvicorn).
+
+Modules, one job each:
+  protocol.py   OpenAI request/response models (pydantic) and request -> SamplingParams
+  errors.py     OpenAI error JSON, status mapping, API-key check, body-size limit
+  chat.py       chat templates (the tokenizer's, or the bundled model's own)
+  bridge.py     engine events -> asyncio (on_event + call_soon_threadsafe), cancellation
+  metrics.py    Prometheus metrics with vLLM's names
+  routes.py     /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
+  app.py        build_app(loop, ServeConfig): the FastAPI app
+  server.py     uvicorn in a thread (tests) or in the foreground (the CLI)
+  cli.py        `roseplay serve [engine flags] [--host] [--port] [--api-key] ...`
+
+The server only uses the engine's front API (EngineLoop.submit/cancel/snapshot/info/
+tokenizer/knobs/set_knobs/close), so an engine-process client with the same surface
+can replace the in-process loop.
+"""

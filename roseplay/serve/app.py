@@ -1,0 +1,72 @@
+"""build_app(loop, ServeConfig): the FastAPI app over an engine front (EngineLoop).
+
+The app does not own the engine: whoever built the loop closes it (server.py does,
+after uvicorn has stopped), so tests can read the engine's snapshot around requests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from roseplay.serve import chat
+from roseplay.serve.bridge import EngineBridge
+from roseplay.serve.errors import (ApiKeyMiddleware, BodyLimitMiddleware, OpenAIError,
+                                   install_handlers)
+from roseplay.serve.metrics import ServerMetrics
+from roseplay.serve.routes import router
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The server's own settings (engine knobs live in engine/config.py)."""
+    api_key: str | None = None
+    served_model_name: tuple[str, ...] = ()     # default: the engine's model name
+    max_waiting: int | None = None              # 429 above this many requests without a token
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    chat_template: str | None = None            # a Jinja file or string (see chat.py)
+
+    def __post_init__(self):
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0")
+        if self.max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be >= 1")
+
+
+class ServeState:
+    """What the routes read: the engine front, its tokenizer and template, metrics."""
+
+    def __init__(self, loop, config: ServeConfig):
+        info = loop.info
+        self.loop, self.config = loop, config
+        self.tokenizer = loop.tokenizer
+        self.max_model_len = info.max_model_len
+        self.model_names = config.served_model_name or (info.model_name,)
+        self.chat_template = chat.pick_template(self.tokenizer, chat.load_template(
+            config.chat_template))
+        self.metrics = ServerMetrics(loop, self.model_names[0])
+        self.bridge = EngineBridge(loop, self.metrics, config.max_waiting)
+
+    def check_model(self, name: str) -> None:
+        if name not in self.model_names:
+            raise OpenAIError(404, f"The model `{name}` does not exist. Served: "
+                                   f"{', '.join(self.model_names)}", code="model_not_found",
+                              param="model")
+
+    def engine_error(self) -> str | None:
+        return getattr(self.loop, "fatal_error", None)
+
+
+def build_app(loop, config: ServeConfig | None = None) -> FastAPI:
+    config = config or ServeConfig()
+    app = FastAPI(title="roseplay", description="OpenAI-compatible server on the roseplay engine",
+                  docs_url=None, redoc_url=None)
+    app.state.serve = ServeState(loop, config)
+    install_handlers(app)
+    app.include_router(router)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    return app

@@ -1,0 +1,141 @@
+"""Engine events -> asyncio: one Generation per HTTP request (its n choices).
+
+`EngineLoop.submit(..., on_event=cb)` calls cb on the engine thread for every step
+delta; cb only hands the event to the event loop (`call_soon_threadsafe(put_nowait)`),
+so the engine never waits for the server. A Generation keeps its RequestStream objects
+(dropping one cancels its request) and cancels every unfinished choice when it is
+closed early: a client that disconnects (the handler task is cancelled) frees its KV
+blocks at the engine's next step.
+
+Admission control: `pending` counts this server's requests that have no token yet
+(queued in the engine or prefilling). With `max_waiting` set, a request whose choices
+would take `pending` over it is refused with 429 (nothing is submitted); without it,
+requests queue in the engine without bound, as in vLLM.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from roseplay.serve.errors import OpenAIError
+from roseplay.serve.metrics import ServerMetrics
+
+
+USER_LABEL_CHARS = 16
+
+
+@dataclass
+class Choice:
+    index: int
+    request_id: str
+    prompt_len: int
+    arrival: float
+    stream: object = None
+    last_time: float | None = None
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    output: object = None
+
+
+def new_id(prefix: str, user: str | None = None) -> str:
+    """OpenAI-style ids that label requests in the engine (and the TUI): the prefix says
+    the endpoint ("cmpl-" completions, "chatcmpl-" chat), then the request's OpenAI
+    `user` field when given (so a class's clients tell themselves apart), then random hex."""
+    label = re.sub(r"[^A-Za-z0-9_.]", "", user or "")[:USER_LABEL_CHARS]
+    return f"{prefix}-{label + '-' if label else ''}{uuid.uuid4().hex[:16]}"
+
+
+class EngineBridge:
+    def __init__(self, loop, metrics: ServerMetrics, max_waiting: int | None = None):
+        self.loop, self.metrics, self.max_waiting = loop, metrics, max_waiting
+        self.pending = 0
+
+    def start(self, response_id: str, prompts: list[dict],
+              params: list) -> "Generation":
+        """Submit one engine request per (prompt, params) pair: ids f"{response_id}-{i}"."""
+        if self.max_waiting is not None and self.pending + len(prompts) > self.max_waiting:
+            raise OpenAIError(429, f"server busy: {self.pending} requests are waiting for "
+                                   f"their first token (--max-waiting {self.max_waiting}); "
+                                   "retry later", code="queue_full")
+        gen = Generation(self, asyncio.get_running_loop())
+        try:
+            for i, (prompt, sp) in enumerate(zip(prompts, params)):
+                gen.submit(i, f"{response_id}-{i}", prompt, sp)
+        except BaseException:
+            gen.close()
+            raise
+        return gen
+
+
+class Generation:
+    """The choices of one HTTP request; iterate for (choice, StreamEvent)."""
+
+    def __init__(self, bridge: EngineBridge, aloop: asyncio.AbstractEventLoop):
+        self.bridge, self.choices = bridge, []
+        self._by_id: dict[str, Choice] = {}
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._aloop = aloop
+
+    def _on_event(self, event) -> None:        # engine thread: hand over, nothing more
+        self._aloop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def submit(self, index: int, request_id: str, prompt: dict, params) -> None:
+        choice = Choice(index, request_id, len(prompt["prompt_token_ids"]), time.perf_counter())
+        try:
+            choice.stream = self.bridge.loop.submit(prompt, params, request_id=request_id,
+                                                    on_event=self._on_event)
+        except RuntimeError as exc:        # the engine loop stopped
+            raise OpenAIError(503, str(exc), code="engine_unavailable") from None
+        self.choices.append(choice)
+        self._by_id[request_id] = choice
+        self.bridge.pending += 1
+
+    @property
+    def done(self) -> bool:
+        return all(c.finished for c in self.choices)
+
+    async def events(self):
+        """Yield (choice, event) until every choice has finished."""
+        while not self.done:
+            event = await self._queue.get()
+            choice = self._by_id.get(event.request_id)
+            if choice is None or choice.finished:
+                continue
+            self._account(choice, event)
+            yield choice, event
+
+    async def results(self) -> list[Choice]:
+        async for _ in self.events():
+            pass
+        return self.choices
+
+    def _account(self, c: Choice, event) -> None:
+        m = self.bridge.metrics
+        if event.token_ids and c.last_time is None:
+            self.bridge.pending -= 1
+        m.observe_tokens(c.arrival, c.last_time, event.token_times)
+        if event.token_times:
+            c.last_time = event.token_times[-1]
+        c.token_ids.extend(event.token_ids)
+        if event.finished:
+            self._finish(c, event.finish_reason, event.error, event.output)
+
+    def _finish(self, c: Choice, reason: str | None, error: str | None, output) -> None:
+        if c.last_time is None:
+            self.bridge.pending -= 1
+        c.finished, c.finish_reason, c.error, c.output = True, reason, error, output
+        c.stream = None
+        self.bridge.metrics.observe_finish(output, reason, time.perf_counter(), c.arrival)
+
+    def close(self) -> None:
+        """Cancel what is still running (client gone, or an error): blocks go back to the
+        pool at the engine's next step."""
+        for c in self.choices:
+            if not c.finished:
+                self.bridge.loop.cancel(c.request_id)
+                self._finish(c, "cancelled", None, None)

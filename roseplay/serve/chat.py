@@ -1,0 +1,57 @@
+"""Chat templates: messages -> prompt text -> token ids.
+
+The template is, in order: `--chat-template` (a file or a Jinja string), the tokenizer's
+own `chat_template`, else PLAY_TEMPLATE. The bundled Shakespeare model was trained on
+plays, where a turn is a speaker's name in capitals with a full stop on its own line,
+the speech, and a blank line; PLAY_TEMPLATE writes a chat that way:
+
+    {system text}\\n\\n                 (system / developer messages, as a stage note)
+    ROMEO.\\n{user text}\\n\\n           (user turns)
+    JULIET.\\n{assistant text}\\n\\n     (assistant turns)
+    JULIET.\\n                          (the generation prompt: Juliet answers)
+
+so the model continues as Juliet. Her reply ends where the play's next speaker would
+begin: pass stop=["\\n\\n"] to end it there (the model otherwise goes on with the scene).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.config import InvalidRequestError
+
+PLAY_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] in ('system', 'developer') %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}ROMEO.\n{{ m['content'] }}\n\n"
+    "{% else %}JULIET.\n{{ m['content'] }}\n\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}JULIET.\n{% endif %}"
+)
+
+
+def load_template(value: str | None) -> str | None:
+    """`--chat-template`: a path to a Jinja file, or the template text itself."""
+    if not value:
+        return None
+    path = Path(value)
+    if len(value) < 4096 and path.is_file():
+        return path.read_text()
+    return value
+
+
+def pick_template(tokenizer, override: str | None = None) -> str:
+    return override or getattr(tokenizer, "chat_template", None) or PLAY_TEMPLATE
+
+
+def render(tokenizer, template: str, messages: list[dict],
+           add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    """The prompt text and its token ids (no extra special tokens: the template has them)."""
+    if tokenizer is None:
+        raise InvalidRequestError("this model has no tokenizer: /v1/chat/completions needs "
+                                  "one (use /v1/completions with token-id prompts)")
+    try:
+        text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except Exception as exc:   # a template error is the request's (or the template's) fault
+        raise InvalidRequestError(f"chat template failed: {type(exc).__name__}: {exc}") from None
+    return text, list(tokenizer.encode(text, add_special_tokens=False))

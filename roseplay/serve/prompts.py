@@ -1,0 +1,74 @@
+"""Request -> engine inputs: prompt dicts (token ids + text) and per-choice SamplingParams.
+
+Text is tokenized here with the engine's tokenizer (`tokenizer.encode`, as the engine
+itself would), so the server knows every prompt's length: it fills in the default
+max_tokens (the rest of the context, as vLLM) and refuses prompt + max_tokens over
+max_model_len with vLLM's 400 message instead of silently cutting the output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import InvalidRequestError
+from roseplay.serve import chat
+from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+
+@dataclass(frozen=True)
+class EngineInputs:
+    prompts: list[dict]          # one per choice: {"prompt_token_ids", "prompt"}
+    params: list                 # SamplingParams, one per choice
+    prompt_lens: list[int]       # one per distinct prompt (usage counts each once)
+    prompt_texts: list[str | None]
+
+
+def completion_prompt(tokenizer, prompt) -> dict:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer: send the prompt as token "
+                                      "ids (a list of integers), not text")
+        if not prompt:
+            raise InvalidRequestError("prompt is empty")
+        return {"prompt_token_ids": list(tokenizer.encode(prompt)), "prompt": prompt}
+    text = tokenizer.decode(prompt) if tokenizer is not None else None
+    return {"prompt_token_ids": list(prompt), "prompt": text}
+
+
+def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
+    if requested is None:
+        return max(1, max_model_len - prompt_len)
+    if requested >= 1 and prompt_len + requested > max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
+            f"{requested} in the completion). Please reduce the prompt or max_tokens.")
+    return requested
+
+
+def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
+            max_model_len: int) -> EngineInputs:
+    """n choices per prompt: choice index = prompt_index * n + i (OpenAI's order)."""
+    all_prompts, params = [], []
+    for p in prompts:
+        n_prompt = len(p["prompt_token_ids"])
+        if n_prompt == 0:
+            raise InvalidRequestError("prompt is empty (0 tokens)")
+        max_tokens = _max_tokens(requested, n_prompt, max_model_len)
+        for i in range(req.n):
+            all_prompts.append(p)
+            params.append(req.sampling_params(max_tokens, seed_offset=i))
+    return EngineInputs(all_prompts, params, [len(p["prompt_token_ids"]) for p in prompts],
+                        [p.get("prompt") for p in prompts])
+
+
+def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int) -> EngineInputs:
+    prompts = [completion_prompt(tokenizer, p) for p in req.prompts()]
+    return _expand(req, prompts, req.max_tokens, max_model_len)
+
+
+def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
+                max_model_len: int) -> EngineInputs:
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt)
+    return _expand(req, [{"prompt_token_ids": ids, "prompt": text}],
+                   req.requested_max_tokens, max_model_len)

@@ -1,0 +1,230 @@
+"""OpenAI request/response models (pydantic), as vLLM's protocol.py, for what the engine does.
+
+Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, ignore_eos,
+stop_token_ids, return_token_ids). Fields the engine cannot honour (logprobs, penalties,
+logit_bias, tools, suffix, best_of > n, JSON response formats) are refused with a clear
+400 rather than silently ignored. Unknown fields are ignored, as OpenAI and vLLM do.
+"""
+from __future__ import annotations
+
+import time
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.config import InvalidRequestError
+from engine.request import SamplingParams
+
+MAX_N = 128     # choices per request (each one is an engine request)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class SamplingFields(_Request):
+    """What both endpoints share."""
+    model: str
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None                 # vLLM extra
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM extra
+    ignore_eos: bool = False                 # vLLM extra
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    return_token_ids: bool = False           # vLLM extra: token ids in every choice/chunk
+    user: str | None = None
+
+    def check_supported(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise InvalidRequestError(f"{name} is not supported by this engine (use 0)")
+        if self.logit_bias:
+            raise InvalidRequestError("logit_bias is not supported by this engine")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options is only allowed when stream is true")
+
+    def sampling_params(self, max_tokens: int, seed_offset: int = 0) -> SamplingParams:
+        """One choice's SamplingParams (choice i of a seeded request gets seed + i)."""
+        seed = None if self.seed is None else self.seed + seed_offset
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_k=-1 if self.top_k is None else self.top_k,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+PromptType = Union[str, list[str], list[int], list[list[int]]]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptType
+    max_tokens: int | None = 16              # OpenAI's default for completions
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs is not None:
+            raise InvalidRequestError("logprobs is not supported by this engine")
+        if self.suffix:
+            raise InvalidRequestError("suffix is not supported by this engine")
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequestError("best_of != n is not supported by this engine")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list: one string or token-id list per prompt."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        if not p:
+            raise InvalidRequestError("prompt is empty")
+        return list(p)
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    response_format: dict | None = None
+    add_generation_prompt: bool = True       # vLLM extra
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs or self.top_logprobs:
+            raise InvalidRequestError("logprobs is not supported by this engine")
+        if self.tools:
+            raise InvalidRequestError("tools are not supported by this engine")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise InvalidRequestError("only response_format {'type': 'text'} is supported")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+
+# -- responses -----------------------------------------------------------------------
+# vLLM's `token_ids` extra appears in a choice only when the request asked for it
+_TOKEN_IDS = Field(None, exclude_if=lambda v: v is None)
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 total_tokens=prompt_tokens + completion_tokens)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = _TOKEN_IDS    # only with return_token_ids
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = _TOKEN_IDS
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = _TOKEN_IDS
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "roseplay"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

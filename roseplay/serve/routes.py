@@ -1,0 +1,203 @@
+"""The endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+
+Both generation endpoints share one path (inputs -> Generation -> a Formatter that
+writes the endpoint's JSON). Streaming is SSE (`data: {json}\\n\\n` ... `data: [DONE]`);
+a chunk goes out per engine step delta, so TTFT at the client is the first chunk. The
+chat role is sent with a choice's first tokens (not before), like vLLM, so a client's
+first chunk really is the first token.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from roseplay.serve import prompts as inputs
+from roseplay.serve.bridge import Generation, new_id
+from roseplay.serve.errors import OpenAIError, error_body
+from roseplay.serve.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+                                     ChatCompletionRequest, ChatCompletionResponse,
+                                     ChatMessageOut, CompletionChoice, CompletionRequest,
+                                     CompletionResponse, DeltaMessage, ModelCard, ModelList,
+                                     usage)
+
+router = APIRouter()
+FINISH_REASONS = {"cancelled": "abort"}     # engine -> OpenAI/vLLM spelling
+
+
+class SSEResponse(StreamingResponse):
+    """The SSE stream of one Generation. However the response ends, the generator is
+    closed and the Generation's unfinished choices cancelled: a client that leaves while
+    a chunk is being sent, or before the first one, stops its requests now (not when
+    the generator is garbage collected, nor after max_tokens)."""
+    media_type = "text/event-stream"
+
+    def __init__(self, gen: Generation, fmt):
+        super().__init__(_sse(gen, fmt), headers={"Cache-Control": "no-cache"})
+        self.generation = gen
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+            self.generation.close()
+
+
+def _state(request: Request):
+    return request.app.state.serve
+
+
+def _finish_reason(reason: str | None) -> str | None:
+    return FINISH_REASONS.get(reason, reason)
+
+
+class CompletionFormat:
+    prefix = "cmpl"
+
+    def __init__(self, req: CompletionRequest, rid: str, model: str, ins: inputs.EngineInputs):
+        self.req, self.id, self.model, self.ins = req, rid, model, ins
+
+    def _echo(self, index: int) -> str:
+        return (self.ins.prompt_texts[index // self.req.n] or "") if self.req.echo else ""
+
+    def chunk(self, c, event, first: bool) -> str:
+        text = (self._echo(c.index) if first else "") + event.text
+        choice = CompletionChoice(index=c.index, text=text,
+                                  finish_reason=_finish_reason(event.finish_reason),
+                                  token_ids=list(event.token_ids) if self.req.return_token_ids else None)
+        return CompletionResponse(id=self.id, model=self.model, choices=[choice]).model_dump_json()
+
+    def usage_chunk(self, u) -> str:
+        return CompletionResponse(id=self.id, model=self.model, choices=[], usage=u).model_dump_json()
+
+    def response(self, choices, u) -> dict:
+        out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c),
+                                finish_reason=_finish_reason(c.finish_reason),
+                                token_ids=c.token_ids if self.req.return_token_ids else None)
+               for c in choices]
+        return CompletionResponse(id=self.id, model=self.model, choices=out, usage=u).model_dump()
+
+
+class ChatFormat(CompletionFormat):
+    prefix = "chatcmpl"
+
+    def chunk(self, c, event, first: bool) -> str:
+        delta = DeltaMessage(role="assistant" if first else None, content=event.text)
+        choice = ChatChunkChoice(index=c.index, delta=delta,
+                                 finish_reason=_finish_reason(event.finish_reason),
+                                 token_ids=list(event.token_ids) if self.req.return_token_ids else None)
+        return ChatCompletionChunk(id=self.id, model=self.model, choices=[choice]).model_dump_json()
+
+    def usage_chunk(self, u) -> str:
+        return ChatCompletionChunk(id=self.id, model=self.model, choices=[], usage=u).model_dump_json()
+
+    def response(self, choices, u) -> dict:
+        out = [ChatChoice(index=c.index, message=ChatMessageOut(content=_text(c)),
+                          finish_reason=_finish_reason(c.finish_reason),
+                          token_ids=c.token_ids if self.req.return_token_ids else None)
+               for c in choices]
+        return ChatCompletionResponse(id=self.id, model=self.model, choices=out, usage=u).model_dump()
+
+
+def _text(c) -> str:
+    return c.output.outputs[0].text if c.output is not None else ""
+
+
+def _usage(fmt, choices):
+    return usage(sum(fmt.ins.prompt_lens), sum(len(c.token_ids) for c in choices))
+
+
+def _first_error(choices) -> str | None:
+    return next((c.error or "request failed" for c in choices if c.finish_reason == "error"), None)
+
+
+async def _sse(gen: Generation, fmt):
+    """The SSE body; closing it early (client gone) cancels the unfinished choices."""
+    started: set[int] = set()
+    try:
+        async for c, event in gen.events():
+            if event.finish_reason == "error":
+                yield f"data: {json.dumps(error_body(500, event.error or 'request failed'))}\n\n"
+                continue
+            if not (event.text or event.token_ids or event.finished):
+                continue
+            first = c.index not in started
+            started.add(c.index)
+            yield f"data: {fmt.chunk(c, event, first)}\n\n"
+        if fmt.req.include_usage:
+            yield f"data: {fmt.usage_chunk(_usage(fmt, gen.choices))}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        gen.close()
+
+
+async def _until_disconnect(request: Request, work):
+    """Run `work` (a coroutine) unless the client disconnects first (then cancel it)."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task.done() and not task.cancelled() else None
+
+
+async def _generate(request: Request, fmt_cls, req, make_inputs):
+    st = _state(request)
+    req.check_supported()
+    st.check_model(req.model)
+    ins = make_inputs(req, st)
+    rid = new_id(fmt_cls.prefix, req.user)
+    fmt = fmt_cls(req, rid, req.model, ins)
+    gen = st.bridge.start(rid, ins.prompts, ins.params)
+    if req.stream:
+        return SSEResponse(gen, fmt)
+    try:
+        choices = await _until_disconnect(request, gen.results())
+    finally:
+        gen.close()
+    if choices is None:            # the client left; nobody reads this
+        return Response(status_code=499)
+    if (err := _first_error(choices)) is not None:
+        raise OpenAIError(500, err)
+    return JSONResponse(fmt.response(choices, _usage(fmt, choices)))
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, req: CompletionRequest):
+    return await _generate(request, CompletionFormat, req, lambda r, st: inputs.completion_inputs(
+        r, st.tokenizer, st.max_model_len))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, req: ChatCompletionRequest):
+    return await _generate(request, ChatFormat, req, lambda r, st: inputs.chat_inputs(
+        r, st.tokenizer, st.chat_template, st.max_model_len))
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    st = _state(request)
+    cards = [ModelCard(id=name, max_model_len=st.max_model_len) for name in st.model_names]
+    return JSONResponse(ModelList(data=cards).model_dump())
+
+
+@router.get("/health")
+async def health(request: Request):
+    error = _state(request).engine_error()
+    if error:
+        return JSONResponse(error_body(503, error), status_code=503)
+    return Response(status_code=200)
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

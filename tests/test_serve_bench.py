@@ -1,0 +1,72 @@
+"""`roseplay bench --base-url` against `roseplay serve` (CPU, 127.0.0.1): the same workload
+as the in-process bench (same prompts token for token), every request measured from its
+stream, the API key passed, chat through the template, and clear failures."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.loop import EngineLoop
+from roseplay import bench
+from roseplay.serve.app import ServeConfig, build_app
+from roseplay.serve.server import ServerThread
+
+KEY = "sk-bench"
+WORKLOAD = ["--scenario", "random", "--num-prompts", "8", "--input-len", "16",
+            "--output-len", "4", "--warmup", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def dummy_server():
+    with EngineLoop(model="dummy:tiny", device="cpu", num_blocks=128) as loop, \
+            ServerThread(build_app(loop, ServeConfig(api_key=KEY))) as srv:
+        yield srv
+
+
+def run_json(tmp_path, capsys, *argv) -> tuple[int, dict | None, str]:
+    path = tmp_path / "out.json"
+    rc = bench.main([*WORKLOAD, "--json", str(path), *argv])
+    out = capsys.readouterr().out
+    return rc, (json.loads(path.read_text()) if path.exists() else None), out
+
+
+def test_http_bench_matches_the_in_process_workload(dummy_server, tmp_path, capsys):
+    rc, http, out = run_json(tmp_path, capsys, "--base-url", dummy_server.url,
+                             "--api-key", KEY, "--model", "dummy:tiny")
+    assert rc == 0, out
+    assert "Serving Benchmark Result" in out
+    rc, local, _ = run_json(tmp_path, capsys, "--model", "dummy:tiny", "--num-blocks", "128",
+                            "--device", "cpu")
+    assert rc == 0
+    s, ref = http["summary"], local["summary"]
+    assert (s["successful_requests"], s["failed_requests"]) == (8, 0)
+    # the same token-id prompts, sent as ids: identical lengths request by request
+    assert [r["prompt_len"] for r in http["requests"]] == [r["prompt_len"] for r in local["requests"]]
+    assert s["total_input_tokens"] == ref["total_input_tokens"]
+    assert s["total_output_tokens"] == ref["total_output_tokens"] == 8 * 4
+    for r in http["requests"]:       # one chunk per step: TTFT, then 3 gaps
+        assert 0 < r["ttft"] <= r["e2e"] and len(r["itls"]) == 3 and r["finish_reason"] == "length"
+    assert "api_key" not in http["bench"]              # the key is not written to the JSON
+
+
+def test_http_bench_without_the_key_fails_clearly(dummy_server, tmp_path, capsys):
+    rc, data, out = run_json(tmp_path, capsys, "--base-url", dummy_server.url,
+                             "--model", "dummy:tiny", "--warmup", "0")
+    assert rc == 1 and "HTTP 401" in out and data["summary"]["failed_requests"] == 8
+
+
+def test_http_bench_chat_needs_text(dummy_server, tmp_path, capsys):
+    rc, _, out = run_json(tmp_path, capsys, "--base-url", dummy_server.url, "--api-key", KEY,
+                          "--model", "dummy:tiny", "--endpoint", "chat")
+    assert rc == 2 and "chat needs text prompts" in out
+
+
+def test_http_bench_chat_on_the_bundled_model(tmp_path, capsys):
+    with EngineLoop(device="cpu") as loop, ServerThread(build_app(loop)) as srv:
+        rc, data, out = run_json(tmp_path, capsys, "--base-url", srv.url, "--endpoint", "chat")
+    assert rc == 0, out
+    reqs = data["requests"]
+    assert len(reqs) == 8 and all(r["output_len"] == 4 for r in reqs)
+    # the server's prompt count includes the chat template's speaker lines
+    assert all(r["prompt_len"] > 16 for r in reqs)

@@ -1,0 +1,70 @@
+"""The real `roseplay serve` command: a subprocess on 127.0.0.1 that serves, then exits
+cleanly on Ctrl-C; flag errors and the not-yet --tui say so."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from roseplay.cli import main
+from roseplay.serve.server import bind
+
+
+def free_port() -> int:
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def test_serve_subprocess_serves_then_exits_on_ctrl_c():
+    port = free_port()
+    env = {**os.environ, "ROSEPLAY_API_KEY": "sk-env"}
+    proc = subprocess.Popen([sys.executable, "-m", "roseplay", "serve", "--model", "dummy:tiny",
+                             "--device", "cpu", "--num-blocks", "64", "--port", str(port),
+                             "--log-level", "warning"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, "server did not come up"
+                time.sleep(0.2)
+        assert httpx.get(url + "/v1/models").status_code == 401      # key from the environment
+        r = httpx.post(url + "/v1/completions", headers={"Authorization": "Bearer sk-env"},
+                       json={"model": "dummy:tiny", "prompt": [1, 2, 3], "max_tokens": 3,
+                             "return_token_ids": True})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 3
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert "dummy:tiny on cpu" in out and f"127.0.0.1:{port}" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()           # reaps it and closes the pipe
+
+
+def test_serve_help_and_flag_errors(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--max-waiting" in out and "--max-num-batched-tokens" in out and "127.0.0.1" in out
+    assert main(["serve", "--tui"]) == 2
+    assert "not available yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--max-waiting", "-1"])
+    assert "max_waiting must be >= 0" in capsys.readouterr().err
+    assert main(["serve", "--model", "dummy:nope", "--device", "cpu"]) == 2
+    assert "unknown dummy preset" in capsys.readouterr().err
