@@ -70,3 +70,8 @@ def fast_idle(monkeypatch) -> None:
 
     monkeypatch.setattr("textual.app.wait_for_idle", wait_for_idle)
     monkeypatch.setattr("textual.pilot.wait_for_idle", wait_for_idle)
+
+
+def screen_text(app) -> str:
+    """Every row of the terminal as the user sees it now (all layers composited)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
