@@ -12,7 +12,8 @@ from roseplay.widgets.prompt_input import PromptBar
 from roseplay.widgets.requests import RequestDetail, RequestList
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.step import StepPanel
-from tui_helpers import SIZE, fast_idle, live_source, settle, sync, wait_for, widget_text
+from tui_helpers import (SIZE, fast_idle, live_source, notices, settle, sync, wait_for,
+                         widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,7 +57,8 @@ async def test_prefix_toggle_reaches_engine_and_knobs_panel(source):
     async with app.run_test(size=SIZE) as pilot:
         await _running(pilot, source)
         assert source.loop.engine.knobs.enable_prefix_caching is True
-        assert re.search(r"ON +enable_prefix_caching", widget_text(app.query_one(KnobsPanel)))
+        assert await wait_for(pilot, lambda: re.search(r"ON +enable_prefix_caching",
+                                                     widget_text(app.query_one(KnobsPanel))), 3)
         await pilot.press("c")
         assert await wait_for(pilot, lambda: source.loop.engine.knobs.enable_prefix_caching is False)
         assert await wait_for(pilot, lambda: re.search(r"OFF +enable_prefix_caching",
@@ -72,13 +74,32 @@ async def test_budget_and_max_seqs_keys_reach_engine(source):
     async with app.run_test(size=SIZE) as pilot:
         await _running(pilot, source)
         assert source.loop.engine.knobs.max_num_batched_tokens == 512
-        await pilot.press("plus")
-        assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 576)
+        await pilot.press("plus")              # doubles
+        assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 1024)
+        await pilot.press("plus", "plus")      # capped at the pool: 96 blocks x 16 tokens
+        assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 1536)
+        assert await wait_for(pilot, lambda: "at its cap: 1536 tokens" in notices(app), 3)
         await pilot.press("minus", "minus", "minus")
-        assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 384)
-        assert await wait_for(pilot, lambda: "384 tok/step" in widget_text(app.query_one(KnobsPanel)), 3)
+        assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 192)
+        assert await wait_for(pilot, lambda: "192 tok/step" in widget_text(app.query_one(KnobsPanel)), 3)
         await pilot.press("left_square_bracket")
         assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_seqs == 56)
+
+
+@sync
+async def test_a_budget_below_the_running_requests_warns(source):
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        await pilot.press("space")
+        await settle(pilot, source)
+        running = sum(r.state in ("decoding", "prefilling", "dedup")
+                      for r in source.snapshot().requests)
+        assert running == 4
+        source.set_knobs(max_num_batched_tokens=4)
+        await pilot.press("minus")
+        assert source.loop.knobs.max_num_batched_tokens == 2
+        assert await wait_for(pilot, lambda: "budget 2 < 4 running requests" in notices(app), 3)
 
 
 @sync
@@ -183,6 +204,8 @@ async def test_scenario_concurrency_and_rate_keys(source):
         await pilot.press("r")
         assert source.driver.request_rate == 1.0
         assert await wait_for(pilot, lambda: "1/s" in widget_text(app.query_one(KnobsPanel)), 3)
+        await pilot.press("R", "R")             # r cycles back too: 1/s -> ∞ -> 50/s
+        assert source.driver.request_rate == 50.0
         await _running(pilot, source, 2)
 
 

@@ -32,6 +32,6 @@ async def test_typed_text_and_errors_are_visible(size):
                                   in screen_text(app), 5), screen_text(app)
             rows = screen_text(app).splitlines()
             assert len(rows) == size[1]
-            assert "Quit" in rows[-1]        # the footer is still there, below the box
+            assert "esc Close prompt" in rows[-1]      # the footer is still there, below the box
     finally:
         src.close()

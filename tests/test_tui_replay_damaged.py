@@ -15,7 +15,7 @@ from roseplay.app import RoseplayApp
 from roseplay.record import FrameEncoder, header_for
 from roseplay.replay import Recording
 from roseplay.source import ReplaySource
-from tui_helpers import SESSION, screen_text, sync, wait_for
+from tui_helpers import SESSION, notices, screen_text, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +74,7 @@ def test_a_truncated_file_replays_in_the_app_and_says_where_it_ends(tmp_path):
     async def run():
         app = RoseplayApp(source=src)
         async with app.run_test(size=(120, 40)) as pilot:
-            assert await wait_for(pilot, lambda: "cut off" in screen_text(app), 5)
+            assert await wait_for(pilot, lambda: "cut off" in notices(app), 5)
             src.seek(len(src.recording) - 1)
             app.refresh_panels()
             await pilot.pause()
@@ -90,9 +90,10 @@ def test_damaged_lines_are_skipped_to_the_next_keyframe(tmp_path):
     frame["rc"] = "not base64!"                         # frame 17
     lines[17] = json.dumps(frame)
     rec = Recording(_write(tmp_path / "bad.gz", lines))
-    # frame 8 and the deltas up to keyframe 11, frame 17 and the deltas to keyframe 21
-    assert rec.skipped == 2 + 3 + 1 + 3
-    assert len(rec) == 45 - 2 - 6
+    # keyframes are frames 0, 5, 10, 15, 20 …: bad frame 7 and deltas 8-9, bad frame 16
+    # and deltas 17-19 are skipped
+    assert rec.skipped == 3 + 4
+    assert len(rec) == 45 - 7
     assert "line 9: not JSON" in rec.notes[0] and "line 18: block array" in rec.notes[1]
     steps = [rec[i].snapshot.step for i in range(len(rec))]
     assert steps == sorted(steps)

@@ -75,3 +75,8 @@ def fast_idle(monkeypatch) -> None:
 def screen_text(app) -> str:
     """Every row of the terminal as the user sees it now (all layers composited)."""
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+def notices(app) -> str:
+    """Every toast the app has shown and still holds (their full texts)."""
+    return "\n".join(n.message for n in app._notifications)

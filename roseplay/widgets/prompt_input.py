@@ -26,7 +26,7 @@ class PromptBar(Vertical):
     PromptBar > #prompt-status { height: auto; max-height: 2; color: $text-muted; }
     PromptBar > #prompt-status.-error { color: $error; text-style: bold; }
     """
-    BINDINGS = [Binding("escape", "close", "Close", show=False)]
+    BINDINGS = [Binding("escape", "close", "Close prompt", key_display="esc")]
 
     class Submitted(Message):
         def __init__(self, text: str):
