@@ -121,7 +121,7 @@ async def test_reset_key_restarts_the_totals_on_screen():
         await pilot.press("0")
         await pilot.press("n")
         legend = widget_text(app.query_one(KVLegend))
-        assert "since reset" in legend
+        assert "since reset" in legend  # (160 columns: the long labels)
         assert "stats reset" in notices(app)
 
 

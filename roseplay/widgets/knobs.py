@@ -26,6 +26,8 @@ WORKLOAD_HELP = {
     "rate": "Request arrivals per second (Poisson); ∞ sends whenever a slot is free "
             "(r / R: next / previous).",
 }
+SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens": "budget",
+               "max_num_seqs": "max seqs", "concurrency": "in flight", "request rate": "rate"}
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -95,9 +97,11 @@ class KnobsPanel(Widget):
         rows.append(("r", "request rate", "∞" if rate is None else f"{rate:g}/s",
                       "  as fast as slots free" if rate is None else "  Poisson arrivals"))
         width = max(len(r[2]) for r in rows) + 2      # values never run into their names
+        short = self.size.width and self.size.width < width + 6 + 23    # short names fit
         t = Text(no_wrap=True, overflow="ellipsis")
         for key, name, value, note in rows:
-            self._row(t, key, name, value, note, width)
+            self._row(t, key, SHORT_NAMES.get(name, name) if short else name, value,
+                      "" if short else note, width)
         t.rstrip()
         content = (t, self._help_text(read_only))
         if content != self._content:
@@ -110,7 +114,7 @@ class KnobsPanel(Widget):
         t.append(f" {key:>3} ", "bold reverse #5fb3f0")
         color = "#4cc97a" if value == "ON" else "#ff6b6b" if value == "OFF" else "#f2d34f"
         t.append(f" {value:<{width}}", f"bold {color}")
-        t.append(f"{name:<23}")
+        t.append(f"{name:<23}" if note else name)
         t.append(note + "\n", "dim")
 
     def _help_text(self, read_only: bool) -> Text:

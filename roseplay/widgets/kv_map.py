@@ -247,22 +247,22 @@ def _pct(rate: float | None) -> str:
 def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
                 width: int = 80) -> Text:
     """Four lines: colours with counts; usage (or the hovered block); last 10 s; totals.
-    Under 52 columns the words shrink (f 3 · u 24 …, ev / pre) so nothing is cut."""
-    colors = styles()["colors"]
-    narrow = width < 52
+    The words shrink with the width (60+, 44+, narrower: initials) so nothing is cut."""
+    tier = 2 if width >= 60 else 1 if width >= 44 else 0
     counts = {FREE: snap.num_free, USED: snap.num_used - snap.num_shared,
               SHARED: snap.num_shared, CACHED: snap.num_cached}
     t = Text(no_wrap=True, overflow="ellipsis")
+    bg = styles()["bg"]
     for cat in (FREE, USED, SHARED, CACHED):
-        if narrow:      # the initial on its colour: f(ree) u(sed) s(hared) c(ached)
-            t.append(NAMES[cat][0], _styles["bg"][cat])
+        if tier == 0:       # the initial on its colour: f(ree) u(sed) s(hared) c(ached)
+            t.append(NAMES[cat][0], bg[cat])
             t.append(f" {counts[cat]}  ", "bold")
-            continue
-        t.append("  ", Style(bgcolor=colors[cat]))
-        t.append(f" {NAMES[cat]} ")
-        t.append(f"{counts[cat]}  ", "bold")
+        else:
+            t.append("  " if tier == 2 else " ", Style(bgcolor=styles()["colors"][cat]))
+            t.append(f" {NAMES[cat]} ")
+            t.append(f"{counts[cat]} " + " " * tier, "bold")
     if selected_id:
-        t.append("  ", Style(bgcolor=colors[SELECTED]))
+        t.append(" ", Style(bgcolor=styles()["colors"][SELECTED]))
         t.append(f" {selected_id}")
     t.append("\n")
     if hover:
@@ -273,16 +273,21 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
         t.append(f"in use {snap.num_used}/{snap.num_blocks} ({used_pct:.0f}%)", "bold")
         t.append(f"{f' peak {peak}' if peak is not None else ''} · {_cell_words(mode)}", "dim")
     since = "since reset" if window.base is not None else "total"
-    if narrow:
-        since = "reset" if window.base is not None else "total"
-    for label, recent in ((f"{window.window:.0f} s" if narrow else
-                           f"last {window.window:.0f} s", True), (since, False)):
+    recent_label = f"last {window.window:.0f} s"
+    if tier == 1:
+        since, recent_label = ("reset" if window.base is not None else "total",
+                               f"{window.window:.0f} s")
+    elif tier == 0:
+        since, recent_label = ("rst" if window.base is not None else "all",
+                               f"{window.window:.0f}s")
+    for label, recent in ((recent_label, True), (since, False)):
         get = window.recent if recent else window.total
         hit, ev, pre, cow = (_pct(window.hit_rate(recent)), get("evictions"),
                              get("preemptions"), get("cow_copies"))
-        t.append(f"\n{label:<{5 if narrow else 12}}", "dim")
-        t.append(f"hit {hit} ev {ev} pre {pre} COW {cow}" if narrow else
-                 f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}")
+        t.append(f"\n{label:<{(4, 6, 12)[tier]}}", "dim")
+        t.append((f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
+                  f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
+                  f"hit {hit} ev {ev} pre {pre} COW {cow}")[2 - tier])
     return t
 
 
