@@ -56,7 +56,13 @@ class LiveSource:
         return self.loop.paused
 
     def position(self) -> str:
-        return ""
+        """The recorder's state, when recording (it stops at its size limit)."""
+        rec = self.recorder
+        if rec is None:
+            return ""
+        if rec.full:
+            return f"REC stopped: {rec.max_bytes >> 20} MB limit  "
+        return f"● REC {rec.bytes / 1e6:.1f} MB  "
 
     # -- controls ---------------------------------------------------------------------
     def _event(self, what: str, **data) -> None:

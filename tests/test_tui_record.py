@@ -150,3 +150,23 @@ print("ok")
     bad = subprocess.run([sys.executable, "-m", "roseplay", "--replay", str(tmp_path / "nope.gz")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "cannot replay" in bad.stderr
+
+
+def test_recorder_stops_at_its_size_limit_and_the_status_says_so(tmp_path):
+    from roseplay.record import Recorder
+    src = live_source()
+    try:
+        rec = src.recorder = Recorder(str(tmp_path / "s.gz"), src.snapshot, src.workload,
+                                      interval=0.02, max_bytes=20_000)
+        assert src.position().startswith("● REC")
+        deadline = time.monotonic() + 20
+        while not rec.full and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rec.full and src.position().startswith("REC stopped: ")
+        frames = rec.frames
+        time.sleep(0.2)
+        assert rec.frames == frames                  # nothing more is written
+    finally:
+        src.close()
+    replay = load_recording(str(tmp_path / "s.gz"))
+    assert len(replay) == frames and replay.describe_end() is None

@@ -34,6 +34,8 @@ class StatusBar(Widget):
         else:
             t.append(" ▶ SERVING ", "bold #111111 on #4cc97a")
             t.append("  ")
+        if kind != "replay" and position:
+            t.append(position, "bold #ff6b6b")
         t.append(f"step {snap.step}", "bold")
         t.append(f"  finished {snap.counters.finished}")
         if snap.error:
