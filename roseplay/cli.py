@@ -23,9 +23,10 @@ commands:
   roseplay bench ...      benchmark the engine (vLLM benchmark_serving style);
                           see `roseplay bench --help`
 
-keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget ·
-[/] max running seqs · s scenario · </> concurrency · r rate · x clear prefix cache ·
-i type a prompt · ? help · q quit
+keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget
+(halve/double) · [/] max running seqs · s/S scenario · </> concurrency · r/R rate ·
+x clear prefix cache · i type a prompt · o/f sort/filter requests · z zoom a panel ·
+0 reset stats · t colour-blind theme · ctrl+p commands (type a knob value) · ? help · q quit
 """
 
 
