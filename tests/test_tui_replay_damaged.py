@@ -145,3 +145,51 @@ def test_files_that_are_not_recordings_get_one_line(tmp_path, content):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "cannot replay" in out.stderr
+
+
+ODD_VALUES = (None, -1, 0, 2 ** 40, 1.5, -0.0, "", "x" * 300, [], {}, [1, "a"], True)
+
+
+def _mutate(obj, rng):
+    """Replace one value somewhere inside a frame by an odd one."""
+    path, node = [], obj
+    while isinstance(node, (dict, list)) and node and rng.random() < 0.7:
+        key = rng.choice(list(node)) if isinstance(node, dict) else rng.randrange(len(node))
+        path.append((node, key))
+        node = node[key]
+    if path:
+        parent, key = path[-1]
+        parent[key] = rng.choice(ODD_VALUES)
+
+
+def test_random_damage_is_refused_or_replayed_and_drawn(tmp_path):
+    """150 seeded single-value mutations of a frame: the file loads (the bad frame skipped
+    or harmless) or is refused with a ValueError; whatever loads decodes and draws."""
+    import asyncio
+    import random
+    from tui_helpers import StaticSource
+    base = _session_lines(keyframe_every=10)[:21]      # 20 frames: keyframes 0 and 10
+    rng = random.Random(18)
+    loaded = []
+    for trial in range(150):
+        lines = list(base)
+        i = rng.randrange(1, len(lines))
+        frame = json.loads(lines[i])
+        _mutate(frame, rng)
+        lines[i] = json.dumps(frame)
+        try:
+            rec = Recording(_write(tmp_path / f"f{trial}.gz", lines))
+        except ValueError:
+            continue
+        loaded.append(rec[min(len(rec) - 1, i)].snapshot)
+    assert len(loaded) > 50
+
+    async def draw():
+        app = RoseplayApp(source=StaticSource(loaded[0]))
+        async with app.run_test(size=(120, 40)) as pilot:
+            for snap in loaded:
+                app.source.snap = snap
+                app.refresh_panels()
+            await pilot.pause()
+            assert "KV cache" in screen_text(app)
+    asyncio.run(draw())
