@@ -103,7 +103,12 @@ class RoseplayApp(Actions, App):
 
     # -- layout ----------------------------------------------------------------------------
     def on_resize(self, event) -> None:
-        self.apply_layout()
+        """The app's size settles after a short debounce: lay out once it has."""
+        self.set_timer(0.05, self._layout_if_resized)
+
+    def _layout_if_resized(self) -> None:
+        if getattr(self, "layout_plan", None) is not None and self.size != self._laid_out:
+            self.apply_layout()
 
     def apply_layout(self) -> None:
         """Show the panels that fit (roseplay/layout.py) and say what was hidden."""
@@ -125,7 +130,7 @@ class RoseplayApp(Actions, App):
         self.knobs.help_lines = p.knob_help_lines
         self.note.update(p.note)
         self.note.display = bool(p.note)
-        self.layout_plan = p
+        self.layout_plan, self._laid_out = p, self.size
 
     # -- the pull loop ---------------------------------------------------------------------
     def _tick(self) -> None:
@@ -143,6 +148,7 @@ class RoseplayApp(Actions, App):
             self._skipped += 1
             return
         self._skipped = 0
+        self._layout_if_resized()
         self.refresh_panels()
 
     def refresh_panels(self) -> None:

@@ -119,3 +119,18 @@ def test_an_outlier_does_not_flatten_the_plot():
     values = [0.010] * 50 + [50.3]             # one 50 s TPOT among 10 ms ones
     assert scale_top(values) == pytest.approx(0.020)
     assert scale_top([0.010, 0.012, 0.011]) == 0.012
+
+
+@sync
+async def test_resizing_the_terminal_lays_out_again():
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _at(pilot, app)
+        assert app.layout_plan.note == "" and app.query_one("#events").display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.3)
+        assert app.layout_plan.note.startswith("hidden at 80×24")
+        assert not app.query_one("#events").display
+        await pilot.resize_terminal(200, 60)
+        await pilot.pause(0.3)
+        assert app.layout_plan.timing == "side" and app.query_one("#events").display
