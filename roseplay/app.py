@@ -78,7 +78,8 @@ class RoseplayApp(Actions, App):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        q = self.screen.query_one     # keep references: other screens (help) may be on top
+        self.main_screen = self.screen     # other screens (help, palette) may be on top
+        q = self.main_screen.query_one
         self.status, self.requests, self.kv = q(StatusBar), q(RequestList), q(KVPanel)
         self.detail, self.step_panel, self.knobs = q(RequestDetail), q(StepPanel), q(KnobsPanel)
         self.timing, self.prompt_bar, self.events = q(TimingPanel), q(PromptBar), q(EventLog)
@@ -117,7 +118,7 @@ class RoseplayApp(Actions, App):
         w, h = self.size
         extra = PROMPT_ROWS if self.prompt_bar.has_class("-open") else 0
         p = plan(w, h, self.zoom, extra)
-        q = self.screen.query_one
+        q = self.main_screen.query_one
         for pid in LEFT + RIGHT:
             widget = q(f"#{pid}")
             widget.display = pid in p.heights
