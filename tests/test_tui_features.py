@@ -233,7 +233,7 @@ async def test_command_palette_runs_actions_by_name():
 
 @sync
 async def test_random_keys_and_resizes_never_break_the_app(monkeypatch):
-    """300 seeded key presses (palette, help, prompt, zoom, theme, seek …) and resizes on a
+    """150 seeded key presses (palette, help, prompt, zoom, theme, seek …) and resizes on a
     replay: the app keeps drawing a full screen (a crash would end run_test with it)."""
     import random
     from tui_helpers import fast_idle
@@ -244,9 +244,9 @@ async def test_random_keys_and_resizes_never_break_the_app(monkeypatch):
     rng = random.Random(18)
     app = RoseplayApp(source=ReplaySource(SESSION))
     async with app.run_test(size=(80, 24)) as pilot:
-        for i in range(300):
+        for i in range(150):
             await pilot.press(rng.choice(keys))
-            if i % 40 == 0:
+            if i % 25 == 0:
                 await pilot.resize_terminal(*rng.choice([(80, 24), (120, 40), (200, 60),
                                                          (60, 20)]))
         await pilot.press("escape", "escape")
