@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import SchedulerConfig
-from engine.snapshot import ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView, StepStats
+from engine.snapshot import (ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView,
+                             StepStats)
 from roseplay import record_schema as schema
 from roseplay.record_schema import BadRecording
 
@@ -72,7 +73,8 @@ def _req_dict(view: RequestView) -> dict:
 
 def _step_dict(step: StepStats) -> dict:
     d = {name: getattr(step, name) for name in _STEP_FIELDS}
-    d["prefill_chunks"] = [[c.request_id, c.start, c.num_tokens, c.total] for c in step.prefill_chunks]
+    d["prefill_chunks"] = [[c.request_id, c.start, c.num_tokens, c.total]
+                           for c in step.prefill_chunks]
     return d
 
 
@@ -225,15 +227,17 @@ class FrameDecoder:
         self._steps.extend(_step_from(s) for s in frame.get("steps", ()))
         self._lat.extend(tuple(x) for x in schema.check_samples(frame.get("lat", []), 3, "lat"))
         self._itl.extend(tuple(x) for x in schema.check_samples(frame.get("itl", []), 2, "itl"))
-        self._events.extend(EngineEvent(**{**schema.check_event(e, n), "blocks": tuple(e["blocks"])})
-                            for e in frame.get("ev", ()))
+        self._events.extend(
+            EngineEvent(**{**schema.check_event(e, n), "blocks": tuple(e["blocks"])})
+            for e in frame.get("ev", ()))
         return self._snapshot(frame), self._state["workload"]
 
     def _scalars(self, frame: dict) -> None:
         for key in ("time", "t"):
-            if not schema._ok(frame.get(key), "float"):
+            if not schema.is_type(frame.get(key), "float"):
                 raise BadRecording(f"frame: {key} is not a number")
-        if not schema._ok(frame.get("step"), "int") or not isinstance(frame.get("paused"), bool):
+        if not schema.is_type(frame.get("step"), "int") or not isinstance(frame.get("paused"),
+                                                                          bool):
             raise BadRecording("frame: step/paused missing")
         s = self._state
         if "knobs" in frame:

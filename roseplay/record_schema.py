@@ -38,7 +38,7 @@ def parse_line(line: str) -> dict:
     return obj
 
 
-def _ok(value, typ: str) -> bool:
+def is_type(value, typ: str) -> bool:
     if typ == "None":
         return value is None
     if typ == "int":
@@ -51,7 +51,7 @@ def _ok(value, typ: str) -> bool:
     if typ == "bool":
         return isinstance(value, bool)
     if typ.startswith("tuple[int"):
-        return isinstance(value, list) and all(_ok(v, "int") for v in value)
+        return isinstance(value, list) and all(is_type(v, "int") for v in value)
     return True     # nested types are checked by their own checker
 
 
@@ -64,7 +64,7 @@ def check_fields(cls, d, what: str, skip: tuple[str, ...] = ()) -> dict:
             continue
         if f.name not in d:
             raise BadRecording(f"{what}: missing {f.name}")
-        if not any(_ok(d[f.name], t.strip()) for t in str(f.type).split("|")):
+        if not any(is_type(d[f.name], t.strip()) for t in str(f.type).split("|")):
             raise BadRecording(f"{what}: {f.name} is not {f.type}: {str(d[f.name])[:40]!r}")
     return d
 
@@ -80,7 +80,7 @@ def check_header(h: dict) -> dict:
             raise BadRecording(f"header: {key} must be a string")
     for key, top in (("num_blocks", MAX_NUM_BLOCKS), ("block_size", 1 << 20)):
         v = h.get(key)
-        if not _ok(v, "int") or not 1 <= v <= top:
+        if not is_type(v, "int") or not 1 <= v <= top:
             raise BadRecording(f"header: {key} must be an integer in 1..{top}")
     return h
 
@@ -120,7 +120,7 @@ def check_samples(rows, width: int, what: str) -> list:
         raise BadRecording(f"{what}: expected a list")
     for row in rows:
         if not isinstance(row, list) or len(row) != width or not all(
-                _ok(v, "float") or (i == 2 and v is None) for i, v in enumerate(row)):
+                is_type(v, "float") or (i == 2 and v is None) for i, v in enumerate(row)):
             raise BadRecording(f"{what}: a malformed sample")
     return rows
 
@@ -137,6 +137,6 @@ def check_plain_dict(d, what: str) -> dict:
             for k, v in d.items()):
         raise BadRecording(f"{what}: expected an object of plain values")
     for key, types in WORKLOAD_TYPES.items():
-        if what == "workload" and key in d and not any(_ok(d[key], t) for t in types):
+        if what == "workload" and key in d and not any(is_type(d[key], t) for t in types):
             raise BadRecording(f"workload: {key} has the wrong type")
     return d

@@ -57,7 +57,8 @@ class Recording:
         except BadRecording:
             self.header = {}
         if self.header.get("kind") != "header":
-            raise ValueError(f"not a roseplay recording (no header line{': ' + why if why else ''})")
+            why = f": {why}" if why else ""
+            raise ValueError(f"not a roseplay recording (no header line{why})")
         if self.header.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"recording format {self.header.get('version')!r} is not supported")
         checker = FrameDecoder(self.header)     # BadRecording (a ValueError) if the header is bad

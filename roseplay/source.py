@@ -259,7 +259,8 @@ def validate_workload(*, scenario: str | None = None, concurrency: int | None = 
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InvalidRequestError(f"{name} must be an integer >= {low}, got {value!r}")
     if scenario is not None and scenario not in SCENARIOS:
-        raise InvalidRequestError(f"unknown scenario {scenario!r}; scenarios: {', '.join(SCENARIOS)}")
+        raise InvalidRequestError(
+            f"unknown scenario {scenario!r}; scenarios: {', '.join(SCENARIOS)}")
     if concurrency is not None:
         whole("concurrency", concurrency, 1)
     whole("input_len", input_len, 1)

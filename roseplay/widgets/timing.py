@@ -156,7 +156,8 @@ class TimeAxis(Widget):
 
 
 class TimingStats(Widget):
-    DEFAULT_CSS = "TimingStats { width: 34; height: 5; text-wrap: nowrap; text-overflow: ellipsis; }"
+    DEFAULT_CSS = ("TimingStats { width: 34; height: 5; text-wrap: nowrap; "
+                   "text-overflow: ellipsis; }")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
