@@ -94,3 +94,31 @@ def test_start_live_refuses_a_workload_it_would_not_serve():
                 dict(concurrency=0), dict(scenario="nope")):
         with pytest.raises(InvalidRequestError):
             start_live({"model": "this is never loaded"}, **bad)
+
+
+def test_a_model_that_fails_to_load_closes_the_app_with_one_line(monkeypatch, capsys):
+    import asyncio
+
+    import roseplay.cli as cli
+    from engine.config import InvalidRequestError
+    from roseplay.app import RoseplayApp
+
+    def factory():
+        raise InvalidRequestError("cannot fetch model 'org/x' from the hub: offline\nmore")
+
+    def run_headless(app: RoseplayApp) -> None:
+        async def go():
+            async with app.run_test(size=(80, 24)) as pilot:
+                for _ in range(100):
+                    if app.return_code is not None:
+                        break
+                    await pilot.pause(0.05)
+            assert app.return_code == 1         # the app closed itself
+        asyncio.run(go())
+
+    monkeypatch.setattr(cli, "make_source_factory", lambda args: (factory, "loading"))
+    monkeypatch.setattr(RoseplayApp, "run", run_headless)
+    assert cli.main(["--model", "org/x"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("roseplay: error: could not start: InvalidRequestError: cannot fetch model "
+                   "'org/x' from the hub: offline\n")
