@@ -1,9 +1,11 @@
 """The roseplay TUI: panels that redraw from engine snapshots, keys that turn the knobs.
 
-The app never waits for the engine: a 15 Hz timer pulls the latest published snapshot
+The app never waits for the engine: a 12 Hz timer pulls the latest published snapshot
 (`source.snapshot()` returns a reference, it never blocks) and hands it to every panel
 inside one `batch_update()`; panels redraw only what changed. Keys call the source's
-controls, which queue commands for the engine thread and return at once.
+controls, which queue commands for the engine thread and return at once. Which panels
+show, and how tall, is decided by the terminal size (roseplay/layout.py); the keys are
+defined once in roseplay/keys.py; the actions are in roseplay/actions.py.
 """
 from __future__ import annotations
 
@@ -12,55 +14,37 @@ from collections import deque
 from typing import Callable
 
 from textual.app import App, ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer
+from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
-from engine.config import InvalidRequestError
-from roseplay.scenarios import SCENARIOS
-from roseplay.source import RATE_STEPS, ReadOnlyError
-from roseplay.widgets.help import HelpScreen
-from roseplay.widgets.knobs import CONCURRENCY_STEPS, KnobsPanel, next_in, stepped
+from roseplay.actions import Actions
+from roseplay.commands import RoseplayCommands
+from roseplay.keys import action_mode, bindings
+from roseplay.layout import LEFT, RIGHT, TITLES, plan
+from roseplay.widgets.counters import CounterWindow
+from roseplay.widgets.events import EventLog, flash_blocks
+from roseplay.widgets.knobs import KnobsPanel
 from roseplay.widgets.kv_map import KVPanel
 from roseplay.widgets.prompt_input import PromptBar
-from roseplay.widgets.requests import ACTIVE, RequestDetail, RequestList
+from roseplay.widgets.requests import ACTIVE, RequestDetail, RequestList, waiting_reason
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.step import StepPanel
 from roseplay.widgets.timing import TimingPanel
 
 REFRESH_HZ = 12
 UI_CPU_SHARE = 0.3      # most of one core the UI thread may use before it skips frames
+PROMPT_ROWS = 4         # the open prompt box: its top border, the input, up to 2 status rows
 
 
-class RoseplayApp(App):
+class RoseplayApp(Actions, App):
     """`source` is a LiveSource/ReplaySource, or `source_factory` builds one off-thread."""
 
     CSS_PATH = "app.tcss"
     TITLE = "roseplay"
-    ENABLE_COMMAND_PALETTE = False
+    COMMANDS = App.COMMANDS | {RoseplayCommands}
     AUTO_FOCUS = "RequestList"
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
-    BINDINGS = [
-        Binding("space", "pause", "Pause/resume", key_display="space"),
-        Binding("n", "step", "Step once"),
-        Binding("b", "step_back", "Back (replay)", show=False),
-        Binding("c", "toggle_cache", "Prefix cache"),
-        Binding("plus,equals_sign", "budget(1)", "Budget", key_display="-/+"),
-        Binding("minus,underscore", "budget(-1)", "Budget down", show=False),
-        Binding("right_square_bracket", "seqs(1)", "Max seqs", key_display="[/]"),
-        Binding("left_square_bracket", "seqs(-1)", "Max seqs down", show=False),
-        Binding("s", "scenario(1)", "Scenario"),
-        Binding("S", "scenario(-1)", "Previous scenario", show=False),
-        Binding("greater_than_sign,full_stop", "concurrency(1)", "Concurrency", key_display="</>"),
-        Binding("less_than_sign,comma", "concurrency(-1)", "Concurrency down", show=False),
-        Binding("r", "rate", "Rate"),
-        Binding("x", "clear_cache", "Clear cache"),
-        Binding("i,slash", "prompt", "Prompt", key_display="i"),
-        Binding("question_mark,f1", "help", "Help", key_display="?"),
-        Binding("q", "quit", "Quit"),
-    ]
+    BINDINGS = bindings()
 
     def __init__(self, source=None, source_factory: Callable[[], object] | None = None,
                  loading_message: str = "loading the model…", refresh_hz: float = REFRESH_HZ):
@@ -70,8 +54,11 @@ class RoseplayApp(App):
         self._loading_message = loading_message
         self._refresh_hz = refresh_hz
         self.snapshot = None
+        self.window = CounterWindow()
+        self.zoom: str | None = None
         self._cpu_window: deque = deque(maxlen=REFRESH_HZ)
         self._skipped = 0
+        self._noticed = False
         self.load_error: str | None = None
 
     def compose(self) -> ComposeResult:
@@ -84,19 +71,22 @@ class RoseplayApp(App):
             with Vertical(id="right"):
                 yield RequestList(id="requests")
                 yield RequestDetail(id="detail")
+                yield EventLog(id="events")
                 yield TimingPanel(id="timing")
         yield PromptBar(id="prompt")
-        yield Footer(compact=True, show_command_palette=False)
+        yield Static("", id="layout-note", markup=False)
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        q = self.screen.query_one     # keep references: other screens (help) may be on top
+        self.main_screen = self.screen     # other screens (help, palette) may be on top
+        q = self.main_screen.query_one
         self.status, self.requests, self.kv = q(StatusBar), q(RequestList), q(KVPanel)
         self.detail, self.step_panel, self.knobs = q(RequestDetail), q(StepPanel), q(KnobsPanel)
-        self.timing, self.prompt_bar = q(TimingPanel), q(PromptBar)
-        titles = {"kv": "KV cache", "step": "This step", "knobs": "Knobs",
-                  "requests": "Requests", "detail": "Selected request", "timing": "Timing"}
-        for wid, title in titles.items():
+        self.timing, self.prompt_bar, self.events = q(TimingPanel), q(PromptBar), q(EventLog)
+        self.note = q("#layout-note", Static)
+        for wid, title in TITLES.items():
             q(f"#{wid}").border_title = title
+        self.apply_layout()
         if self.source is None and self._factory is not None:
             self.status.loading(self._loading_message)
             self.run_worker(self._factory, thread=True, name="load", exit_on_error=False)
@@ -108,9 +98,40 @@ class RoseplayApp(App):
         if event.state is WorkerState.SUCCESS:
             self.source = event.worker.result
             self.refresh_panels()
-        elif event.state is WorkerState.ERROR:
+        elif event.state is WorkerState.ERROR:     # the CLI prints it as one line
             self.load_error = f"{type(event.worker.error).__name__}: {event.worker.error}"
-            self.status.loading(f"could not start: {self.load_error}  (q quits)")
+            self.exit(return_code=1)
+
+    # -- layout ----------------------------------------------------------------------------
+    def on_resize(self, event) -> None:
+        """The app's size settles after a short debounce: lay out once it has."""
+        self.set_timer(0.05, self._layout_if_resized)
+
+    def _layout_if_resized(self) -> None:
+        if getattr(self, "layout_plan", None) is not None and self.size != self._laid_out:
+            self.apply_layout()
+
+    def apply_layout(self) -> None:
+        """Show the panels that fit (roseplay/layout.py) and say what was hidden."""
+        if not hasattr(self, "note"):
+            return
+        w, h = self.size
+        extra = PROMPT_ROWS if self.prompt_bar.has_class("-open") else 0
+        p = plan(w, h, self.zoom, extra)
+        q = self.main_screen.query_one
+        for pid in LEFT + RIGHT:
+            widget = q(f"#{pid}")
+            widget.display = pid in p.heights
+            if pid in p.heights:
+                widget.styles.height = p.heights[pid] if p.heights[pid] else "1fr"
+        left, right = q("#left"), q("#right")
+        left.display, right.display = p.left_width > 0, p.left_width < w
+        left.styles.width = p.left_width
+        self.timing.set_mode(p.timing)
+        self.knobs.help_lines = p.knob_help_lines
+        self.note.update(p.note)
+        self.note.display = bool(p.note)
+        self.layout_plan, self._laid_out = p, self.size
 
     # -- the pull loop ---------------------------------------------------------------------
     def _tick(self) -> None:
@@ -128,6 +149,7 @@ class RoseplayApp(App):
             self._skipped += 1
             return
         self._skipped = 0
+        self._layout_if_resized()
         self.refresh_panels()
 
     def refresh_panels(self) -> None:
@@ -136,19 +158,44 @@ class RoseplayApp(App):
             return
         snap, workload = src.snapshot(), src.workload()
         self.snapshot = snap
+        self.window.feed(snap)
         with self.batch_update():
             self.status.show(snap, src.kind, src.paused, src.position())
-            self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens)
+            self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
+                               waiting_reason(snap))
+            self._requests_subtitle()
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None
-            self.kv.show(snap, highlight)
+            self.kv.show(snap, highlight, self.window, flash_blocks(snap))
             self.detail.show(current, not snap.model.startswith("dummy:"))
             self.step_panel.show(snap)
+            self.events.show(snap)
             self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")
-            self.timing.show(snap, throttle=not src.paused)
+            self.timing.show(snap, self.window, throttle=not src.paused)
         if src.kind == "replay":
-            for event in src.take_events():
-                self.notify(describe_event(event), title="recorded", timeout=3)
+            self._replay_notices(src)
+
+    def _requests_subtitle(self) -> None:
+        """Sort, filter and the columns too narrow to show, under the request list."""
+        r = self.requests
+        parts = ([f"sorted by {r.sort}"] if r.sort != "arrival" else []) + (
+            [f"only {r.state_filter}"] if r.state_filter else [])
+        hidden = r.hidden_columns()
+        if hidden:
+            parts.append(f"no room for {', '.join(hidden)}: z zooms")
+        subtitle = " · ".join(parts)
+        if r.border_subtitle != subtitle:
+            r.border_subtitle = subtitle
+
+    def _replay_notices(self, src) -> None:
+        if not self._noticed:
+            self._noticed = True
+            notice = src.notice()
+            if notice:
+                self.notify(notice, title="incomplete recording", severity="warning",
+                            timeout=12)
+        for event in src.take_events():
+            self.notify(describe_event(event), title="recorded", timeout=3)
 
     def on_request_list_selected(self, event: RequestList.Selected) -> None:
         """A new selection redraws at once: its KV blocks and details, not at the next tick
@@ -156,104 +203,12 @@ class RoseplayApp(App):
         if self.source is not None:
             self.refresh_panels()
 
-    # -- actions ---------------------------------------------------------------------------
-    def _control(self, fn, *args, knob: str | None = None, **kwargs):
-        if self.source is None:
-            self.notify("the engine is still loading", severity="warning")
-            return None
-        try:
-            result = fn(*args, **kwargs)
-        except (ReadOnlyError, InvalidRequestError, ValueError) as exc:
-            self.notify(str(exc), severity="warning", timeout=3)
-            return None
-        if knob:
-            self.knobs.last_changed = knob
-        self.refresh_panels()
-        return result
-
-    def action_pause(self) -> None:
-        if self.source is not None:
-            self._control(self.source.resume if self.source.paused else self.source.pause)
-
-    def action_step(self) -> None:
-        if self.source is not None:
-            self._control(self.source.step_once)
-
-    def action_step_back(self) -> None:
-        if self.source is not None:
-            self._control(self.source.step_back)
-
-    def action_toggle_cache(self) -> None:
-        if self.source is not None:
-            on = not self.source.knobs.enable_prefix_caching
-            self._control(self.source.set_knobs, enable_prefix_caching=on,
-                          knob="enable_prefix_caching")
-
-    def _step_knob(self, name: str, direction: int) -> None:
-        if self.source is not None:
-            value = stepped(getattr(self.source.knobs, name), name, direction)
-            self._control(self.source.set_knobs, **{name: value}, knob=name)
-
-    def action_budget(self, direction: int) -> None:
-        self._step_knob("max_num_batched_tokens", direction)
-
-    def action_seqs(self, direction: int) -> None:
-        self._step_knob("max_num_seqs", direction)
-
-    def action_scenario(self, direction: int) -> None:
-        if self.source is not None:
-            names = list(SCENARIOS)
-            cur = self.source.workload().get("scenario")
-            i = names.index(cur) if cur in names else -1
-            self._control(self.source.set_scenario, names[(i + direction) % len(names)],
-                          knob="scenario")
-
-    def action_concurrency(self, direction: int) -> None:
-        if self.source is not None:
-            cur = self.source.workload().get("concurrency") or CONCURRENCY_STEPS[-1]
-            self._control(self.source.set_concurrency, next_in(CONCURRENCY_STEPS, cur, direction),
-                          knob="concurrency")
-
-    def action_rate(self) -> None:
-        if self.source is not None:
-            cur = self.source.workload().get("rate")
-            i = RATE_STEPS.index(cur) if cur in RATE_STEPS else 0
-            self._control(self.source.set_rate, RATE_STEPS[(i + 1) % len(RATE_STEPS)], knob="rate")
-
-    def action_clear_cache(self) -> None:
-        if self.source is not None and self._control(self.source.clear_prefix_cache) is None:
-            if self.source.kind == "live":
-                self.notify("prefix cache cleared: cached blocks are free again", timeout=2)
-
-    def action_prompt(self) -> None:
-        if self.source is not None and self.source.kind == "replay":
-            self.notify("this is a replay: nothing to submit to", severity="warning", timeout=3)
-            return
-        self.prompt_bar.open()
-
-    def on_prompt_bar_submitted(self, event: PromptBar.Submitted) -> None:
-        bar = self.prompt_bar
-        if self.source is None:
-            bar.show_error("the engine is still loading")
-            return
-        try:
-            rid = self.source.submit(event.text)
-        except (InvalidRequestError, ReadOnlyError, RuntimeError) as exc:
-            bar.show_error(str(exc))
-            return
-        bar.show_ok(f"submitted as {rid}: it is selected in the request list")
-        self.requests.pending = rid
-
-    def on_prompt_bar_closed(self, event: PromptBar.Closed) -> None:
-        self.requests.focus()
-
-    def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.BINDINGS, self._refresh_hz))
-
-    async def action_quit(self) -> None:
-        self.close_source()
-        self.exit()
+    def check_action(self, action: str, parameters) -> bool | None:
+        """Keys of the other mode (replay keys on a live engine, the prompt in a replay)
+        are hidden and do nothing."""
+        mode = action_mode(action)
+        kind = self.source.kind if self.source is not None else "live"
+        return mode in ("both", kind)
 
     def close_source(self) -> None:
         src, self.source = self.source, None

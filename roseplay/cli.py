@@ -7,6 +7,8 @@ a model (nor torch).
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 from roseplay.cli_flags import add_engine_flags, engine_kwargs
@@ -23,29 +25,89 @@ commands:
   roseplay serve ...      an OpenAI-compatible server on the engine;
                           see `roseplay serve --help`
 
-keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget ·
-[/] max running seqs · s scenario · </> concurrency · r rate · x clear prefix cache ·
-i type a prompt · ? help · q quit
+keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget
+(halve/double) · [/] max running seqs · s/S scenario · </> concurrency · r/R rate ·
+x clear prefix cache · i type a prompt · o/f sort/filter requests · z zoom a panel ·
+0 reset stats · t colour-blind theme · ctrl+p commands (type a knob value) · ? help · q quit
 """
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags: one line on stderr (not argparse's usage block) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def number(kind: type, low: float, *, strict: bool = False, hint: str = ""):
+    """An argparse type: an int/float >= low (> low if strict), finite."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(
+                f"must be {'>' if strict else '>='} {low:g}, got {text}{hint}")
+        return value
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def check_model(name: str | None) -> str | None:
+    """Why `name` cannot be a model (None if it may be one), without loading anything:
+    the engine's own rules (engine/models/loader.py), checked before the slow start."""
+    from engine.models.presets import PRESETS
+    if name is None or name == "default":
+        return None
+    if name.startswith("dummy:"):
+        preset = name.removeprefix("dummy:")
+        return None if preset in PRESETS else (
+            f"unknown dummy preset {preset!r}; presets: {', '.join(sorted(PRESETS))}")
+    if os.path.isdir(name):
+        return None if os.path.exists(os.path.join(name, "config.json")) else (
+            f"{name} has no config.json: not an HF checkpoint directory")
+    if os.path.exists(name):
+        return f"model path {name!r} is not a directory"
+    if name.count("/") != 1 or name.startswith(("/", ".")):
+        return (f"unknown model {name!r}: not a directory, a hub id (org/name), 'default' or "
+                f"dummy:<preset>")
+    return None
+
+
+def check_record_path(path: str | None) -> str | None:
+    """Why the app could not write a recording to `path` (None if it can)."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"--record {path}: is a directory"
+    if not os.path.isdir(folder):
+        return f"--record {path}: folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"--record {path}: not writable"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="roseplay", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="roseplay", description=DESCRIPTION, epilog=EPILOG,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     w = p.add_argument_group("workload (all live in the app)")
     w.add_argument("--scenario", default="shared-prefix", choices=list(SCENARIOS),
                    help="Scenario served at start (default: shared-prefix). " + " ".join(
                        f"{s.name}: {s.description}" for s in SCENARIOS.values()))
-    w.add_argument("--concurrency", type=int, default=16,
+    w.add_argument("--concurrency", type=number(int, 1), default=16,
                    help="Requests kept in flight (closed loop) (default: 16).")
-    w.add_argument("--rate", type=float, default=None,
+    w.add_argument("--rate", type=number(float, 0, strict=True,
+                                        hint=" (leave it out to send whenever a slot frees)"),
+                   default=None,
                    help="Poisson arrivals per second, on top of the concurrency cap "
                         "(default: none, send whenever a slot frees).")
-    w.add_argument("--input-len", type=int, default=64,
+    w.add_argument("--input-len", type=number(int, 1), default=64,
                    help="Prompt tokens for token-id prompts (dummy models) (default: 64).")
-    w.add_argument("--output-len", type=int, default=64,
+    w.add_argument("--output-len", type=number(int, 1), default=64,
                    help="max_tokens of workload requests (default: 64).")
-    w.add_argument("--temperature", type=float, default=0.8,
+    w.add_argument("--temperature", type=number(float, 0), default=0.8,
                    help="Sampling temperature of workload requests (default: 0.8).")
     s = p.add_argument_group("session")
     s.add_argument("--record", metavar="PATH",
@@ -54,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replay", metavar="PATH",
                    help="Play a recorded session back (no model is loaded); space pauses, "
                         "n / b step forward / back one frame.")
-    s.add_argument("--replay-speed", type=float, default=1.0, help="Replay speed (default: 1).")
+    s.add_argument("--replay-speed", type=number(float, 0, strict=True), default=1.0,
+                   help="Replay speed (default: 1).")
     s.add_argument("--paused", action="store_true",
                    help="Start paused (press n to step, space to run).")
     add_engine_flags(p)
@@ -65,11 +128,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bench(argv: list[str]) -> int:
+    from engine.config import InvalidRequestError
     from roseplay import bench     # lazy: the TUI does not need it
-    parser = argparse.ArgumentParser(prog="roseplay")
-    bench.add_parser(parser.add_subparsers(dest="command", required=True))
+    parser = OneLineParser(prog="roseplay")
+    bench.add_parser(parser.add_subparsers(dest="command", required=True,
+                                           parser_class=OneLineParser))
     args = parser.parse_args(argv)
-    return args.func(args) or 0
+    problem = check_model(getattr(args, "model", None))
+    if problem:
+        return _fail(problem)
+    try:
+        return args.func(args) or 0
+    except (InvalidRequestError, OSError) as exc:
+        return _fail(str(exc), 1)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    first = message.strip().splitlines()[0] if message.strip() else "error"
+    print(f"roseplay: error: {first}", file=sys.stderr)
+    return code
 
 
 def make_source_factory(args):
@@ -92,16 +169,14 @@ def run_tui(args) -> int:
         try:
             source = ReplaySource(args.replay, speed=args.replay_speed, start_paused=args.paused)
         except (OSError, ValueError) as exc:
-            print(f"roseplay: cannot replay {args.replay}: {exc}", file=sys.stderr)
-            return 2
+            return _fail(f"cannot replay {args.replay}: {exc}")
         app = RoseplayApp(source=source)
     else:
         factory, message = make_source_factory(args)
         app = RoseplayApp(source_factory=factory, loading_message=message)
     app.run()
     if app.load_error:
-        print(f"roseplay: {app.load_error}", file=sys.stderr)
-        return 1
+        return _fail(f"could not start: {app.load_error}", 1)
     return 0
 
 
@@ -112,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serve":
         from roseplay.serve.cli import main as serve_main   # lazy: the TUI does not need it
         return serve_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    if args.concurrency < 1:
-        build_parser().error("--concurrency must be >= 1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = None if args.replay else (check_model(args.model) or check_record_path(args.record))
+    if problem:
+        return _fail(problem)
     return run_tui(args)
 
 

@@ -2,47 +2,67 @@
 
 Format: gzipped JSON lines. Line 1 is a header; then, in time order, `frame` lines
 (one engine snapshot, ~10 per second) and `event` lines (knob changes, key actions).
-Frames are deltas against the previous frame so that a long session stays small:
+Frames are deltas against the previous frame so that a long session stays small, with
+a full *keyframe* (`"key": true`) every KEYFRAME_EVERY frames:
 
 * block arrays (`bs` int8 states, `rc` int32 refcounts) as base64, only when changed;
 * requests: the id order when it changed, full views of new requests, changed fields of
   known ones (text as an appended suffix `text+`);
-* recent steps / latencies / ITLs: only the entries added since the last frame;
+* recent steps / latencies / ITLs / engine events (`ev`): only those added since the
+  last frame;
 * counters, knobs, workload, extra, error: only when changed.
 
-Replay decodes every frame up front into `EngineSnapshot`s that share unchanged parts,
-and imports no torch (engine.snapshot and engine.config are torch-free).
+The recorder flushes the gzip stream every second, so a killed session leaves a file
+that replays up to its last flush. Replay (`Recording`) reads the file once, checking
+every line as untrusted data (roseplay/record_schema.py), and keeps the *encoded* frames;
+a frame is decoded when shown, from the nearest keyframe before it, so memory holds
+the compact deltas, not one full snapshot per frame. No torch is imported.
 """
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import gzip
 import json
 import threading
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.config import SchedulerConfig
-from engine.events import MAX_EVENTS
 from engine.snapshot import (ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView,
                              StepStats)
+from roseplay import record_schema as schema
+from roseplay.record_schema import BadRecording
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)           # version 1: no keyframes, no engine events
 RECENT_STEPS, RECENT_SAMPLES = 256, 2048     # what a live snapshot keeps (engine/stats.py)
+RECENT_EVENTS = 256
+KEYFRAME_EVERY = 100                 # frames (~10 s at 10 Hz)
+FLUSH_EVERY = 1.0                    # seconds between gzip flushes (what a kill -9 keeps)
+MAX_RECORDING_BYTES = 256 << 20      # uncompressed JSON a recorder writes / a replay keeps
 _REQ_FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepStats))
+_EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(EngineEvent))
 
 
 def _b64(arr: np.ndarray, dtype: str) -> str:
     return base64.b64encode(np.ascontiguousarray(arr, dtype=dtype).tobytes()).decode("ascii")
 
 
-def _unb64(text: str, dtype: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype=dtype)
+def _unb64(text, dtype: str, n: int) -> np.ndarray:
+    try:
+        arr = np.frombuffer(base64.b64decode(text, validate=True), dtype=dtype)
+    except (binascii.Error, TypeError, ValueError):
+        raise BadRecording("block array: not base64 of the right type") from None
+    if len(arr) != n:
+        raise BadRecording(f"block array of {len(arr)} entries for a pool of {n}")
+    return arr
 
 
 def _req_dict(view: RequestView) -> dict:
@@ -53,30 +73,46 @@ def _req_dict(view: RequestView) -> dict:
 
 def _step_dict(step: StepStats) -> dict:
     d = {name: getattr(step, name) for name in _STEP_FIELDS}
-    d["prefill_chunks"] = [[c.request_id, c.start, c.num_tokens, c.total] for c in step.prefill_chunks]
+    d["prefill_chunks"] = [[c.request_id, c.start, c.num_tokens, c.total]
+                           for c in step.prefill_chunks]
     return d
 
 
 def _step_from(d: dict) -> StepStats:
-    d = dict(d)
+    d = dict(schema.check_step(d))
     d["prefill_chunks"] = tuple(ChunkInfo(*c) for c in d["prefill_chunks"])
-    return StepStats(**d)
+    return StepStats(**{k: d[k] for k in _STEP_FIELDS})
+
+
+def _event_dict(e: EngineEvent) -> dict:
+    d = {name: getattr(e, name) for name in _EVENT_FIELDS}
+    d["blocks"] = list(e.blocks)
+    return d
 
 
 class FrameEncoder:
-    """Turns successive snapshots into compact delta dicts."""
+    """Turns successive snapshots into compact delta dicts (a keyframe now and then)."""
 
-    def __init__(self):
+    def __init__(self, keyframe_every: int = KEYFRAME_EVERY):
+        self.keyframe_every = keyframe_every
+        self.count = 0
+        self._reset()
+
+    def _reset(self) -> None:
         self._last: dict = {}
         self._reqs: dict[str, dict] = {}
         self._order: list[str] = []
         self._step = -1
         self._lat_t = self._itl_t = float("-inf")
-        self._ev_key = (-1, float("-inf"))
+        self._events: set = set()
 
     def encode(self, snap: EngineSnapshot, t: float, workload: dict) -> dict:
         frame: dict = {"kind": "frame", "t": round(t, 4), "time": snap.time, "step": snap.step,
                        "paused": snap.paused}
+        if self.count % self.keyframe_every == 0:
+            self._reset()
+            frame["key"] = True
+        self.count += 1
         self._changed(frame, "knobs", dataclasses.asdict(snap.knobs))
         self._changed(frame, "workload", workload)
         self._changed(frame, "counters", dataclasses.asdict(snap.counters))
@@ -95,10 +131,10 @@ class FrameEncoder:
         itl = [x for x in snap.recent_itls if x[0] > self._itl_t]
         if itl:
             frame["itl"], self._itl_t = [list(x) for x in itl], itl[-1][0]
-        ev = [e for e in snap.events if (e.step, e.time) > self._ev_key]
-        if ev:
-            frame["ev"] = [dataclasses.astuple(e) for e in ev]
-            self._ev_key = (ev[-1].step, ev[-1].time)
+        events = [e for e in snap.events if e not in self._events]
+        if events:
+            frame["ev"] = [_event_dict(e) for e in events]
+        self._events = set(snap.events)
         return frame
 
     def _changed(self, frame: dict, key: str, value) -> None:
@@ -107,7 +143,7 @@ class FrameEncoder:
 
     def _requests(self, frame: dict, views) -> None:
         order = [v.request_id for v in views]
-        if order != self._order:
+        if order != self._order or frame.get("key"):
             frame["order"] = self._order = order
         new, upd, known = {}, {}, {}
         for v in views:
@@ -146,68 +182,118 @@ class ReplayFrame:
 
 
 class FrameDecoder:
-    """Rebuilds full snapshots from a header and a stream of delta frames."""
+    """Rebuilds full snapshots from a header and a stream of delta frames, checking
+    every value (BadRecording); a keyframe starts from a clean state."""
 
     def __init__(self, header: dict):
-        self.header = header
-        self._state: dict = {"knobs": {}, "workload": {}, "counters": {}, "extra": {},
+        self.header = schema.check_header(header)
+        self._reset()
+
+    def _reset(self) -> None:
+        n = self.header["num_blocks"]
+        self._state: dict = {"knobs": None, "workload": {}, "counters": None, "extra": {},
                              "error": None}
-        self._bs = np.zeros(header["num_blocks"], np.int8)
-        self._rc = np.zeros(header["num_blocks"], np.int32)
+        self._bs, self._rc = np.zeros(n, np.int8), np.zeros(n, np.int32)
         self._views: dict[str, RequestView] = {}
         self._dicts: dict[str, dict] = {}
         self._order: list[str] = []
         self._steps: deque = deque(maxlen=RECENT_STEPS)
         self._lat: deque = deque(maxlen=RECENT_SAMPLES)
         self._itl: deque = deque(maxlen=RECENT_SAMPLES)
-        self._ev: deque = deque(maxlen=MAX_EVENTS)
+        self._events: deque = deque(maxlen=RECENT_EVENTS)
 
     def decode(self, frame: dict) -> tuple[EngineSnapshot, dict]:
-        for key in ("knobs", "workload", "counters", "extra", "error"):
-            if key in frame:
-                self._state[key] = frame[key]
+        try:
+            return self._decode(frame)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, BadRecording):
+                raise
+            raise BadRecording(f"frame: {type(exc).__name__} {exc}"[:200]) from None
+
+    def _decode(self, frame: dict) -> tuple[EngineSnapshot, dict]:
+        n = self.header["num_blocks"]
+        if frame.get("key"):
+            self._reset()
+        self._scalars(frame)
         if "bs" in frame:
-            self._bs = _unb64(frame["bs"], "<i1")
+            self._bs = _unb64(frame["bs"], "<i1", n)
+            if self._bs.min(initial=0) < 0 or self._bs.max(initial=0) > 2:
+                raise BadRecording("block states outside 0..2")
         if "rc" in frame:
-            self._rc = _unb64(frame["rc"], "<i4")
+            self._rc = _unb64(frame["rc"], "<i4", n)
+            if self._rc.min(initial=0) < 0:
+                raise BadRecording("a negative refcount")
         self._decode_requests(frame)
         self._steps.extend(_step_from(s) for s in frame.get("steps", ()))
-        self._lat.extend(tuple(x) for x in frame.get("lat", ()))
-        self._itl.extend(tuple(x) for x in frame.get("itl", ()))
-        self._ev.extend(EngineEvent(e[0], e[1], e[2], e[3], tuple(e[4]), e[5])
-                        for e in frame.get("ev", ()))
+        self._lat.extend(tuple(x) for x in schema.check_samples(frame.get("lat", []), 3, "lat"))
+        self._itl.extend(tuple(x) for x in schema.check_samples(frame.get("itl", []), 2, "itl"))
+        self._events.extend(
+            EngineEvent(**{**schema.check_event(e, n), "blocks": tuple(e["blocks"])})
+            for e in frame.get("ev", ()))
+        return self._snapshot(frame), self._state["workload"]
+
+    def _scalars(self, frame: dict) -> None:
+        for key in ("time", "t"):
+            if not schema.is_type(frame.get(key), "float"):
+                raise BadRecording(f"frame: {key} is not a number")
+        if not schema.is_type(frame.get("step"), "int") or not isinstance(frame.get("paused"),
+                                                                          bool):
+            raise BadRecording("frame: step/paused missing")
+        s = self._state
+        if "knobs" in frame:
+            if not isinstance(frame["knobs"], dict):
+                raise BadRecording("frame: knobs is not an object")
+            s["knobs"] = SchedulerConfig(**frame["knobs"])     # validates itself
+        if "counters" in frame:
+            s["counters"] = EngineCounters(**schema.check_counters(frame["counters"]))
+        for key in ("workload", "extra"):
+            if key in frame:
+                s[key] = schema.check_plain_dict(frame[key], key)
+        if "error" in frame:
+            if frame["error"] is not None and not isinstance(frame["error"], str):
+                raise BadRecording("frame: error is not a string")
+            s["error"] = frame["error"]
+        if s["knobs"] is None or s["counters"] is None:
+            raise BadRecording("frame: no knobs/counters yet (a delta without its keyframe)")
+
+    def _snapshot(self, frame: dict) -> EngineSnapshot:
         h, s = self.header, self._state
-        snap = EngineSnapshot(
+        return EngineSnapshot(
             time=frame["time"], step=frame["step"], model=h["model"], device=h["device"],
-            dtype=h["dtype"], knobs=SchedulerConfig(**s["knobs"]), paused=frame["paused"],
+            dtype=h["dtype"], knobs=s["knobs"], paused=frame["paused"],
             num_blocks=h["num_blocks"], block_size=h["block_size"], block_state=self._bs,
             block_refcount=self._rc, requests=tuple(self._views[r] for r in self._order),
             last_step=self._steps[-1] if self._steps else None,
-            recent_steps=tuple(self._steps), counters=EngineCounters(**s["counters"]),
+            recent_steps=tuple(self._steps), counters=s["counters"],
             recent_latencies=tuple(self._lat), recent_itls=tuple(self._itl),
-            error=s["error"], extra=dict(s["extra"]), events=tuple(self._ev))
-        return snap, s["workload"]
+            error=s["error"], extra=dict(s["extra"]), events=tuple(self._events))
 
     def _decode_requests(self, frame: dict) -> None:
+        n = self.header["num_blocks"]
         if "order" in frame:
-            self._order = frame["order"]
-        for rid, d in frame.get("new", {}).items():
-            self._set_view(rid, dict(d))
-        for rid, delta in frame.get("upd", {}).items():
-            d = dict(self._dicts[rid])
-            delta = dict(delta)
+            order = frame["order"]
+            if not isinstance(order, list) or not all(isinstance(r, str) for r in order):
+                raise BadRecording("frame: order is not a list of ids")
+            self._order = order
+        for rid, d in dict(frame.get("new", {})).items():
+            self._set_view(rid, schema.check_request(dict(d), n))
+        for rid, delta in dict(frame.get("upd", {})).items():
+            d, delta = dict(self._dicts[rid]), dict(delta)
             if "text+" in delta:
-                d["text"] = (d.get("text") or "") + delta.pop("text+")
+                d["text"] = (d.get("text") or "") + str(delta.pop("text+"))
             d.update(delta)
-            self._set_view(rid, d)
+            self._set_view(rid, schema.check_request(d, n))
+        missing = [r for r in self._order if r not in self._dicts]
+        if missing:
+            raise BadRecording(f"frame: unknown request {missing[0]!r} in the order")
         live = set(self._order)
         for rid in [r for r in self._dicts if r not in live]:
             del self._dicts[rid], self._views[rid]
 
     def _set_view(self, rid: str, d: dict) -> None:
         self._dicts[rid] = d
-        self._views[rid] = RequestView(**{**d, "blocks": tuple(d["blocks"]),
-                                          "output_tail": tuple(d.get("output_tail", ()))})
+        self._views[rid] = RequestView(**{**{k: d[k] for k in _REQ_FIELDS},
+                                          "blocks": tuple(d["blocks"])})
 
 
 def header_for(snap: EngineSnapshot, **info) -> dict:
@@ -216,49 +302,32 @@ def header_for(snap: EngineSnapshot, **info) -> dict:
             "num_blocks": snap.num_blocks, "block_size": snap.block_size, **info}
 
 
-def load_recording(path: str) -> tuple[dict, list[ReplayFrame]]:
-    """Read and decode a whole recording (header, frames with the events before each)."""
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        lines = (json.loads(line) for line in fh if line.strip())
-        header = next(lines, None)
-        if not header or header.get("kind") != "header":
-            raise ValueError(f"{path}: not a roseplay recording (no header line)")
-        if header.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: recording format {header.get('version')} is not supported")
-        decoder, frames, pending = FrameDecoder(header), [], []
-        for line in lines:
-            if line.get("kind") == "event":
-                pending.append(line)
-            elif line.get("kind") == "frame":
-                snap, workload = decoder.decode(line)
-                frames.append(ReplayFrame(line["t"], snap, workload, tuple(pending)))
-                pending = []
-    if not frames:
-        raise ValueError(f"{path}: the recording holds no frames")
-    return header, frames
-
-
 class Recorder:
     """Samples `snapshot_fn()` at `interval` seconds on its own thread and writes frames.
 
     Never touches the engine: it only reads the published snapshot. `event()` may be
     called from any thread (knob changes, pauses); events are written before the next
-    frame. `close()` writes a final frame and closes the file.
+    frame. The gzip stream is flushed every FLUSH_EVERY seconds (a killed process leaves
+    a readable prefix); past `max_bytes` of JSON it stops and sets `full`. `close()`
+    writes a final frame and closes the file.
     """
 
-    def __init__(self, path: str, snapshot_fn, workload_fn, interval: float = 0.1, **info):
+    def __init__(self, path: str, snapshot_fn, workload_fn, interval: float = 0.1,
+                 max_bytes: int = MAX_RECORDING_BYTES, **info):
         self.path = path
         self._snapshot_fn, self._workload_fn = snapshot_fn, workload_fn
-        self.interval = interval
+        self.interval, self.max_bytes = interval, max_bytes
         self._fh = gzip.open(path, "wt", encoding="utf-8", compresslevel=6)
         self._encoder = FrameEncoder()
         self._events: deque = deque()
         self._t0 = time.perf_counter()
+        self._flushed = self._t0
         self._last_snap = None
         self._last_workload = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.frames = 0
+        self.frames = self.bytes = 0
+        self.full = False
         self._write(header_for(snapshot_fn(), **info))
         self._thread = threading.Thread(target=self._run, name="roseplay-recorder", daemon=True)
         self._thread.start()
@@ -268,11 +337,13 @@ class Recorder:
                              "what": what, **data})
 
     def _write(self, obj: dict) -> None:
-        self._fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        line = json.dumps(obj, separators=(",", ":")) + "\n"
+        self.bytes += len(line)
+        self._fh.write(line)
 
     def capture(self, force: bool = False) -> None:
         with self._lock:
-            if self._fh.closed:
+            if self._fh.closed or self.full:
                 return
             snap, workload = self._snapshot_fn(), self._workload_fn()
             while self._events:
@@ -282,6 +353,13 @@ class Recorder:
             self._last_snap, self._last_workload = snap, workload
             self._write(self._encoder.encode(snap, time.perf_counter() - self._t0, workload))
             self.frames += 1
+            now = time.perf_counter()
+            if now - self._flushed >= FLUSH_EVERY:
+                self._fh.flush()        # a sync flush: everything so far is decodable
+                self._flushed = now
+            if self.bytes >= self.max_bytes:
+                self.full = True
+                self._fh.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -295,3 +373,15 @@ class Recorder:
         with self._lock:
             if not self._fh.closed:
                 self._fh.close()
+
+
+def iter_lines(path: str):
+    """(line, None) for each line of a gzipped file, then (None, why) if it ends early."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                yield line, None
+    except EOFError:
+        yield None, "the file ends early (the recording was cut off)"
+    except (OSError, zlib.error) as exc:
+        yield None, f"the file is damaged from here on ({exc})"

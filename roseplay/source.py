@@ -8,6 +8,7 @@ replay refuses with `ReadOnlyError`.
 """
 from __future__ import annotations
 
+import math
 import time
 
 from engine.config import InvalidRequestError, SchedulerConfig
@@ -28,11 +29,12 @@ class LiveSource:
 
     def __init__(self, loop, driver, recorder=None):
         self.loop, self.driver, self.recorder = loop, driver, recorder
-        self._knobs: SchedulerConfig = loop.engine.knobs
+        self._knobs: SchedulerConfig = loop.knobs
         self._user_ids = 0
         self._user_streams: dict = {}    # a dropped stream cancels its request: keep them
-        self.tokenizer = loop.engine.tokenizer
-        self.vocab_size = loop.engine.vocab_size
+        self.info = loop.info            # EngineInfo: never reach into loop.engine here
+        self.tokenizer = loop.tokenizer
+        self.vocab_size = self.info.vocab_size
 
     # -- reading ---------------------------------------------------------------------
     def snapshot(self):
@@ -54,7 +56,13 @@ class LiveSource:
         return self.loop.paused
 
     def position(self) -> str:
-        return ""
+        """The recorder's state, when recording (it stops at its size limit)."""
+        rec = self.recorder
+        if rec is None:
+            return ""
+        if rec.full:
+            return f"REC stopped: {rec.max_bytes >> 20} MB limit  "
+        return f"● REC {rec.bytes / 1e6:.1f} MB  "
 
     # -- controls ---------------------------------------------------------------------
     def _event(self, what: str, **data) -> None:
@@ -62,8 +70,7 @@ class LiveSource:
             self.recorder.event(what, **data)
 
     def set_knobs(self, **changes) -> SchedulerConfig:
-        self._knobs = self._knobs.replace(**changes)    # validates (InvalidRequestError)
-        self.loop.set_knobs(**changes)
+        self._knobs = self.loop.set_knobs(**changes)    # validates (InvalidRequestError)
         self._event("knobs", **changes)
         return self._knobs
 
@@ -93,10 +100,12 @@ class LiveSource:
         self._event("scenario", scenario=name)
 
     def set_concurrency(self, n: int) -> None:
-        self.driver.set_concurrency(max(1, int(n)))
+        validate_workload(concurrency=n)
+        self.driver.set_concurrency(n)
         self._event("concurrency", concurrency=self.driver.concurrency)
 
     def set_rate(self, rate: float | None) -> None:
+        validate_workload(rate=rate)
         self.driver.set_rate(rate)
         self._event("rate", rate=rate)
 
@@ -135,33 +144,38 @@ class LiveSource:
 
 
 class ReplaySource:
-    """Plays a recording on its own clock; pause/step/step_back move along its frames."""
+    """Plays a recording on its own clock; pause/step/step_back/seek move along its frames."""
 
     kind = "replay"
+    SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
     def __init__(self, path: str, speed: float = 1.0, start_paused: bool = False):
-        from roseplay.record import load_recording
+        from roseplay.replay import Recording
+        if not speed > 0:
+            raise ValueError(f"replay speed must be > 0, got {speed}")
         self.path = path
-        self.header, self.frames = load_recording(path)
+        self.recording = Recording(path)
+        self.header = self.recording.header
         self.speed = speed
         self.index = 0
         self._paused = start_paused
-        self._anchor = (time.monotonic(), self.frames[0].t)
-        self.new_events: list[dict] = list(self.frames[0].events)
+        self._anchor = (time.monotonic(), self.recording.entries[0].t)
+        self.new_events: list[dict] = list(self.recording.entries[0].events)
 
     @property
     def frame(self):
-        return self.frames[self.index]
+        return self.recording[self.index]
 
     def _advance(self) -> None:
         if self._paused:
             return
         start_mono, start_t = self._anchor
         now_t = start_t + (time.monotonic() - start_mono) * self.speed
-        while self.index + 1 < len(self.frames) and self.frames[self.index + 1].t <= now_t:
+        entries = self.recording.entries
+        while self.index + 1 < len(entries) and entries[self.index + 1].t <= now_t:
             self.index += 1
-            self.new_events.extend(self.frames[self.index].events)
-        if self.index + 1 >= len(self.frames):
+            self.new_events.extend(entries[self.index].events)
+        if self.index + 1 >= len(entries):
             self._paused = True      # the end: stay on the last frame
 
     def snapshot(self):
@@ -184,27 +198,47 @@ class ReplaySource:
         return self._paused
 
     def position(self) -> str:
-        end = self.frames[-1].t
-        return f"{self.frame.t:6.1f}/{end:.1f} s  frame {self.index + 1}/{len(self.frames)}"
+        entries = self.recording.entries
+        speed = f"  ×{self.speed:g}" if self.speed != 1 else ""
+        cut = "  (cut off here)" if self.recording.end_note else ""
+        return (f"{entries[self.index].t:6.1f}/{entries[-1].t:.1f} s  frame {self.index + 1}/"
+                f"{len(entries)}{cut if self.index + 1 == len(entries) else ''}{speed}")
+
+    def notice(self) -> str | None:
+        """Where a damaged or cut-off recording ends (shown once when the app opens)."""
+        return self.recording.describe_end()
 
     def pause(self) -> None:
         self._paused = True
 
     def resume(self) -> None:
-        if self.index + 1 >= len(self.frames):
+        if self.index + 1 >= len(self.recording):
             self.index = 0          # at the end: play again from the start
         self._paused = False
-        self._anchor = (time.monotonic(), self.frame.t)
+        self._anchor = (time.monotonic(), self.recording.entries[self.index].t)
 
     def seek(self, index: int) -> None:
-        self._paused = True
-        self.index = max(0, min(len(self.frames) - 1, index))
+        """Jump to a frame; playing goes on from there (a paused replay stays paused)."""
+        self.index = max(0, min(len(self.recording) - 1, index))
+        self._anchor = (time.monotonic(), self.recording.entries[self.index].t)
+
+    def seek_by(self, seconds: float) -> None:
+        entries = self.recording.entries
+        self.seek(self.recording.index_at(entries[self.index].t + seconds))
+
+    def set_speed(self, speed: float) -> None:
+        if not speed > 0:
+            raise ValueError(f"replay speed must be > 0, got {speed}")
+        self.speed = speed
+        self._anchor = (time.monotonic(), self.recording.entries[self.index].t)
 
     def step_once(self) -> None:
+        self._paused = True
         self.seek(self.index + 1)
-        self.new_events.extend(self.frame.events)
+        self.new_events.extend(self.recording.entries[self.index].events)
 
     def step_back(self) -> None:
+        self._paused = True
         self.seek(self.index - 1)
 
     def _read_only(self, *args, **kwargs):
@@ -217,18 +251,43 @@ class ReplaySource:
         pass
 
 
+def validate_workload(*, scenario: str | None = None, concurrency: int | None = 1,
+                      rate: float | None = None, input_len: int = 1, output_len: int = 1,
+                      temperature: float = 0.0) -> None:
+    """Raise InvalidRequestError for a workload the driver would silently not serve."""
+    def whole(name, value, low):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidRequestError(f"{name} must be an integer >= {low}, got {value!r}")
+    if scenario is not None and scenario not in SCENARIOS:
+        raise InvalidRequestError(
+            f"unknown scenario {scenario!r}; scenarios: {', '.join(SCENARIOS)}")
+    if concurrency is not None:
+        whole("concurrency", concurrency, 1)
+    whole("input_len", input_len, 1)
+    whole("output_len", output_len, 1)
+    for name, value, strict in (("rate", rate, True), ("temperature", temperature, False)):
+        if value is None and name == "rate":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+                value) or value < 0 or (strict and value == 0):
+            raise InvalidRequestError(f"{name} must be a number {'>' if strict else '>='} 0, "
+                                      f"got {value!r}")
+
+
 def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurrency: int = 16,
                rate: float | None = None, input_len: int = 64, output_len: int = 64,
                temperature: float = 0.0, seed: int = 0, record: str | None = None,
                paused: bool = False) -> LiveSource:
-    """Load the model, start the engine loop and the workload driver (and a recorder)."""
+    """Check the workload, load the model, start the engine loop and the workload driver
+    (and a recorder)."""
+    validate_workload(scenario=scenario, concurrency=concurrency, rate=rate,
+                      input_len=input_len, output_len=output_len, temperature=temperature)
     from engine.loop import EngineLoop
     from roseplay.driver import WorkloadDriver
     loop = EngineLoop(snapshot_interval=0.02, **engine_kwargs)
     if paused:
         loop.pause()
-    eng = loop.engine
-    workload = dict(tokenizer=eng.tokenizer, vocab_size=eng.vocab_size, input_len=input_len,
+    workload = dict(tokenizer=loop.tokenizer, vocab_size=loop.info.vocab_size, input_len=input_len,
                     output_len=output_len, temperature=temperature, seed=seed)
     driver = WorkloadDriver(loop, scenario, concurrency=concurrency, request_rate=rate,
                             workload=workload, seed=seed)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from roseplay.app import RoseplayApp
-from roseplay.record import FrameDecoder, FrameEncoder, header_for, load_recording
+from roseplay.record import FrameDecoder, FrameEncoder, header_for
+from roseplay.replay import load_recording
 from roseplay.source import ReadOnlyError, ReplaySource
 from roseplay.widgets.status import StatusBar
 from tui_helpers import SESSION, SIZE, live_source, sync, wait_for, widget_text
@@ -45,12 +46,15 @@ def test_encoder_decoder_round_trip_is_lossless():
     finally:
         src.close()
     assert len(snaps) > 5 and snaps[-1].counters.finished > 0
-    enc, dec = FrameEncoder(), FrameDecoder(header_for(snaps[0]))
+    enc, dec = FrameEncoder(keyframe_every=4), FrameDecoder(header_for(snaps[0]))
+    keys = 0
     for i, s in enumerate(snaps):
         frame = enc.encode(s, i * 0.1, {"scenario": "identical"})
+        keys += bool(frame.get("key"))
         back, workload = dec.decode(frame)
         _same(s, back)
         assert workload == {"scenario": "identical"}
+    assert keys == -(-len(snaps) // 4)      # a keyframe every 4th frame, decoded the same
     assert snaps[-1].knobs.enable_prefix_caching is False
 
 
@@ -65,21 +69,22 @@ def test_recorder_writes_header_frames_and_events(tmp_path):
         time.sleep(0.4)
     finally:
         src.close()
-    header, frames = load_recording(path)
-    assert header["model"] == "dummy:tiny" and header["num_blocks"] == 96
-    assert len(frames) >= 5
-    events = [e["what"] for f in frames for e in f.events]
+    rec = load_recording(path)
+    assert rec.header["model"] == "dummy:tiny" and rec.header["num_blocks"] == 96
+    assert len(rec) >= 5 and rec.describe_end() is None
+    events = [e["what"] for e in rec.entries for e in e.events]
     assert events[:3] == ["knobs", "scenario", "pause"]
-    assert frames[-1].snapshot.knobs.enable_prefix_caching is False
-    assert frames[-1].workload["scenario"] == "random"
-    assert all(b.t >= a.t for a, b in zip(frames, frames[1:]))
+    assert rec[-1].snapshot.knobs.enable_prefix_caching is False
+    assert rec[-1].workload["scenario"] == "random"
+    assert all(b.t >= a.t for a, b in zip(rec.entries, rec.entries[1:]))
 
 
 def test_committed_session_loads():
-    header, frames = load_recording(SESSION)
-    assert header["model"] == "dummy:tiny" and len(frames) > 20
-    steps = [f.snapshot.step for f in frames]
+    rec = load_recording(SESSION)        # format 1 (before keyframes): still readable
+    assert rec.header["model"] == "dummy:tiny" and len(rec) > 20
+    steps = [rec[i].snapshot.step for i in range(len(rec))]
     assert steps == sorted(steps) and steps[-1] > steps[0]
+    assert [rec[i].snapshot.step for i in (30, 3, 31)] == [steps[30], steps[3], steps[31]]
 
 
 @sync
@@ -91,9 +96,9 @@ async def test_replay_pause_step_and_back_on_its_timeline():
         assert src.index == 3
         await pilot.press("b")
         assert src.index == 2
-        assert app.snapshot is src.frames[2].snapshot
-        assert f"frame 3/{len(src.frames)}" in widget_text(app.query_one(StatusBar))
-        assert f"step {src.frames[2].snapshot.step}" in widget_text(app.query_one(StatusBar))
+        assert app.snapshot is src.recording[2].snapshot
+        assert f"frame 3/{len(src.recording)}" in widget_text(app.query_one(StatusBar))
+        assert f"step {src.recording[2].snapshot.step}" in widget_text(app.query_one(StatusBar))
         await pilot.press("c")           # read-only: a warning, nothing breaks
         with pytest.raises(ReadOnlyError):
             src.set_knobs(enable_prefix_caching=False)
@@ -145,3 +150,23 @@ print("ok")
     bad = subprocess.run([sys.executable, "-m", "roseplay", "--replay", str(tmp_path / "nope.gz")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "cannot replay" in bad.stderr
+
+
+def test_recorder_stops_at_its_size_limit_and_the_status_says_so(tmp_path):
+    from roseplay.record import Recorder
+    src = live_source()
+    try:
+        rec = src.recorder = Recorder(str(tmp_path / "s.gz"), src.snapshot, src.workload,
+                                      interval=0.02, max_bytes=20_000)
+        assert src.position().startswith("● REC")
+        deadline = time.monotonic() + 20
+        while not rec.full and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rec.full and src.position().startswith("REC stopped: ")
+        frames = rec.frames
+        time.sleep(0.2)
+        assert rec.frames == frames                  # nothing more is written
+    finally:
+        src.close()
+    replay = load_recording(str(tmp_path / "s.gz"))
+    assert len(replay) == frames and replay.describe_end() is None

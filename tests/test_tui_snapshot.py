@@ -1,15 +1,20 @@
 """SVG snapshots of the app in deterministic states: a paused replay of the committed
-recording (tests/data/tui_session.jsonl.gz), so every number on screen is recorded data.
+recording (tests/data/tui_session.jsonl.gz), so every number on screen is recorded data,
+at 80x24 (panels hidden, and said so), 120x40 and 200x60; and one frame with engine
+events (a COW and a preemption flashing on the map, listed in the event log).
 
 Update after an intended visual change: pytest tests/test_tui_snapshot.py --snapshot-update
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from engine.snapshot import EV_COW, EV_PREEMPT, EngineEvent
 from roseplay.app import RoseplayApp
 from roseplay.source import ReplaySource
-from tui_helpers import SESSION, SIZE
+from tui_helpers import SESSION, StaticSource, session_snapshot
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,11 +37,17 @@ def _keys(*keys):
     return run
 
 
-def test_snapshot_replay_mid_run(snap_compare):
-    """Frame 13: shared-prefix with a 64-token budget, refcount-2 prefix blocks, decoding."""
-    assert snap_compare(_app(), terminal_size=SIZE, run_before=_keys(*["n"] * 12))
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_snapshot_replay_mid_run(snap_compare, size):
+    """Frame 13: shared-prefix with a 64-token budget, refcount-2 prefix blocks, decoding;
+    the second request selected."""
+    assert snap_compare(_app(), terminal_size=size, run_before=_keys(*["n"] * 12, "down"))
 
 
-def test_snapshot_replay_selected_request_and_small_terminal(snap_compare):
-    """A smaller terminal (denser KV map), the second request selected."""
-    assert snap_compare(_app(), terminal_size=(120, 36), run_before=_keys(*["n"] * 8, "down"))
+def test_snapshot_cow_and_preemption_events(snap_compare):
+    snap = session_snapshot(12)
+    freed = snap.request("w0-31").blocks
+    events = (EngineEvent(snap.step - 1, snap.time, EV_COW, "w0-28", (0, 40)),
+              EngineEvent(snap.step - 1, snap.time, EV_PREEMPT, "w0-31", freed))
+    app = RoseplayApp(source=StaticSource(dataclasses.replace(snap, events=events)))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=_keys())

@@ -1,4 +1,6 @@
-"""Smoke test of the real `roseplay` command in tmux: it serves, takes keys, quits with 0."""
+"""Smoke test of the real command in tmux at 120x40: it serves, takes keys, shows Help and
+Quit in the footer, quits with 0. It runs `python -m roseplay` from this checkout (the
+installed `roseplay` script may point at another one)."""
 from __future__ import annotations
 
 import os
@@ -15,15 +17,20 @@ pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = (120, 40)
+
+
 class Tmux:
-    """One private tmux server (own socket) running one command in a 160x48 window."""
+    """One private tmux server (own socket) running one command in a 120x40 window."""
 
     def __init__(self, command: list[str], exit_file: str):
         self.socket = f"roseplay-test-{os.getpid()}"
         # COLUMNS/LINES can leak into tmux's environment (80x24) and would win over the pty
         shell = (f"unset COLUMNS LINES; {shlex.join(command)}; "
                  f"echo $? > {shlex.quote(exit_file)}; sleep 30")
-        self._tmux("new-session", "-d", "-s", "app", "-x", "160", "-y", "48", shell)
+        self._tmux("new-session", "-d", "-s", "app", "-x", str(SIZE[0]), "-y", str(SIZE[1]),
+                   "-c", ROOT, shell)
 
     def _tmux(self, *args: str) -> str:
         out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
@@ -60,9 +67,7 @@ def _step(text: str) -> int:
 
 
 def test_roseplay_command_in_tmux(tmp_path):
-    exe = shutil.which("roseplay")
-    cmd = [exe] if exe else [sys.executable, "-m", "roseplay"]
-    cmd += ["--model", "dummy:tiny", "--device", "cpu", "--num-blocks", "128",
+    cmd = [sys.executable, "-m", "roseplay", "--model", "dummy:tiny", "--device", "cpu", "--num-blocks", "128",
             "--concurrency", "8", "--output-len", "16"]
     exit_file = str(tmp_path / "exit_code")
     tmux = Tmux(cmd, exit_file)
@@ -70,10 +75,12 @@ def test_roseplay_command_in_tmux(tmp_path):
         text = tmux.wait(lambda t: _finished(t) >= 8)
         assert "SERVING" in text and "KV cache · 128 blocks × 16 tokens" in text
         assert "finished" in text and "Requests" in text and "Timing" in text
+        footer = text.rstrip("\n").splitlines()[-1]
+        assert "? Help" in footer and "q Quit" in footer, footer
         tmux.keys("c")
         tmux.wait(lambda t: re.search(r"OFF +enable_prefix_caching", t), 10)
-        tmux.keys("+")
-        tmux.wait(lambda t: "576 tok/step" in t, 10)
+        tmux.keys("+")                     # doubles: 512 -> 1024
+        tmux.wait(lambda t: "1024 tok/step" in t, 10)
         tmux.keys("space")
         text = tmux.wait(lambda t: "PAUSED" in t, 10)
         time.sleep(0.5)

@@ -70,3 +70,53 @@ def fast_idle(monkeypatch) -> None:
 
     monkeypatch.setattr("textual.app.wait_for_idle", wait_for_idle)
     monkeypatch.setattr("textual.pilot.wait_for_idle", wait_for_idle)
+
+
+def screen_text(app) -> str:
+    """Every row of the terminal as the user sees it now (all layers composited)."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+def notices(app) -> str:
+    """Every toast the app has shown and still holds (their full texts)."""
+    return "\n".join(n.message for n in app._notifications)
+
+
+class StaticSource:
+    """A replay-like source that serves one given snapshot (events built by a test)."""
+
+    kind = "replay"
+    paused = True
+
+    def __init__(self, snap, workload: dict | None = None):
+        self.snap = snap
+        self._workload = workload or {"scenario": "shared-prefix", "concurrency": 8,
+                                      "rate": None, "in_flight": 8}
+
+    def snapshot(self):
+        return self.snap
+
+    def workload(self) -> dict:
+        return self._workload
+
+    @property
+    def knobs(self):
+        return self.snap.knobs
+
+    def position(self) -> str:
+        return "a built snapshot"
+
+    def notice(self):
+        return None
+
+    def take_events(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def session_snapshot(index: int = 12):
+    """Frame `index` of the committed session (a paused replay's snapshot)."""
+    from roseplay.replay import Recording
+    return Recording(SESSION)[index].snapshot

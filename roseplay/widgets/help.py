@@ -1,7 +1,9 @@
 """The help screen: every panel in plain words, the keys, the knobs and the scenarios.
 
-Keys come from the app's bindings, knob texts from engine/config.py and scenario texts
-from roseplay/scenarios.py, so nothing here can drift from what the app does.
+Keys come from roseplay/keys.py (only those of the current mode: live or replay), knob
+texts from engine/config.py and scenario texts from roseplay/scenarios.py, so nothing
+here can drift from what the app does. The text scrolls from the keyboard at once
+(↑/↓, j/k, PgUp/PgDn, Home/End): the scroll area has the focus.
 """
 from __future__ import annotations
 
@@ -11,14 +13,16 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
+from roseplay.keys import LIST_KEYS, for_mode
 from roseplay.scenarios import SCENARIOS
 from roseplay.widgets.knobs import KNOB_KEYS, live_fields
 
 PANELS = """\
 # roseplay: what you are looking at
 
-A real inference engine runs in this process. A workload driver keeps sending it
-prompts; every panel redraws {hz} times a second from the engine's latest *snapshot*.
+{source} Every panel redraws {hz} times a second from the engine's latest *snapshot*.
+Panels that do not fit the terminal are listed in the line above the footer:
+`z` zooms one panel to the whole screen.
 
 ## KV cache
 The GPU/CPU memory for attention keys and values is cut into fixed-size **blocks**
@@ -28,49 +32,54 @@ The GPU/CPU memory for attention keys and values is cut into fixed-size **blocks
 request uses it, but its contents are kept in the prefix cache and reused if a new
 prompt starts with the same tokens (or evicted, oldest first, when memory runs out).
 **Yellow** cells belong to the selected request. Hover a cell for its details.
-*Evictions* drop cached blocks; *preemptions* push a running request back to the
-queue (its blocks freed) when no block is left; it recomputes later.
+When the engine does something to blocks, they flash for a moment with a letter:
+**C** copy-on-write (a shared, partly filled block copied before a request writes
+into it), **P** preempted (freed: the request goes back to the queue and recomputes),
+**E** evicted (a cached block reused for new tokens), **H** prefix hit (cached blocks
+a new prompt starts with). Under the map: the prefix hit rate, evictions, preemptions
+and COW copies over the **last 10 s** and in total (`0` resets the totals).
 
 ## Requests
-One row per request: *waiting* for a slot, *prefilling* its prompt (the bar and
-"chunk k/n": a long prompt is computed over several steps when the token budget is
-smaller than the prompt: chunked prefill), *decoding* one token per step, *preempted*,
+One row per request: *waiting* (the row says why: `max_num_seqs` full, the token
+budget used up, or no free KV block), *prefilling* its prompt (the bar and "chunk
+k/n": a long prompt is computed over several steps when the token budget is smaller
+than the prompt: chunked prefill), *decoding* one token per step, *preempted*,
 *dedup* (an identical prompt admitted in the same step rides on its twin's prefill),
 *finished*. `hit` = prompt tokens served from the prefix cache; TTFT = time to first
-token, TPOT = time per output token. Select with ↑/↓ (or a click) to see its text.
+token, TPOT = time per output token. `o` sorts, `f` filters by state.
+
+## Events
+The engine's recent events, newest first: COW copies, preemptions, evictions, prefix
+hits, dedup joins, finished prefill chunks, with the request and the blocks involved.
 
 ## This step
 One engine step runs ONE forward pass over a mixed batch: first one token for each
 decoding request, then prefill chunks, until the **token budget** is used. The bar
 shows decode (green) and prefill (yellow) tokens against the budget, which chunks ran,
-and what the block manager did: prefix-hit blocks, copy-on-write copies (a shared,
-partly filled block is copied before a request writes into it), evictions,
-preemptions.
+and what the block manager did. Steps are counted from 1, as in the top line.
 
 ## Timing
 p50/p95/p99 of TTFT, TPOT and ITL (every gap between two tokens of a request) over
-the last 10 seconds, output tokens per second, and their curves over time: change a
-knob and watch the curves move. A small budget protects decode (TPOT/ITL) at the cost
-of TTFT; the prefix cache cuts TTFT when prompts share a prefix.
+the last 10 seconds (or since `0`), output tokens per second, and curves over time
+(one point per 0.5 s; TTFT and TPOT are the p50 of the 16 latest requests). The scale
+ignores rare outliers (a ▲ marks a bar above it). Time the engine spends paused is not
+latency: the engine's serving clock stops while paused.
 """
 
 
-def keys_markdown(bindings) -> str:
+def keys_markdown(kind: str) -> str:
     rows = ["| key | what it does |", "|---|---|"]
-    seen = set()
-    for b in bindings:
-        if not isinstance(b, Binding) or b.action in seen or not b.description:
-            continue
-        seen.add(b.action)
-        rows.append(f"| `{b.key_display or b.key}` | {b.description} |")
-    return "## Keys\n" + "\n".join(rows) + "\n"
+    rows += [f"| `{k.display}` | {k.help} |" for k in for_mode(kind)]
+    rows += [f"| `{keys}` | {text} |" for keys, text in LIST_KEYS]
+    title = "replay" if kind == "replay" else "live engine"
+    return f"## Keys ({title})\n" + "\n".join(rows) + "\n"
 
 
 def knobs_markdown() -> str:
     lines = ["## Knobs (from engine/config.py)"]
     for f in live_fields():
         lines.append(f"* `{KNOB_KEYS.get(f.name, '')}` **{f.name}**: {f.metadata['help']}")
-    lines.append("\n## Scenarios (s cycles)")
+    lines.append("\n## Scenarios (s / S cycle)")
     for s in SCENARIOS.values():
         lines.append(f"* **{s.name}** ({s.title}): {s.description}")
     return "\n".join(lines) + "\n"
@@ -79,7 +88,8 @@ def knobs_markdown() -> str:
 class HelpScreen(ModalScreen):
     """A scrollable explanation; any of esc / q / ? closes it."""
 
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close"),
+                Binding("j", "scroll(1)", show=False), Binding("k", "scroll(-1)", show=False)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll {
@@ -88,13 +98,23 @@ class HelpScreen(ModalScreen):
     }
     """
 
-    def __init__(self, bindings, refresh_hz: float = 12, **kwargs):
+    def __init__(self, kind: str = "live", refresh_hz: float = 12, **kwargs):
         super().__init__(**kwargs)
-        self._app_bindings = bindings
+        self._kind = kind
         self._hz = refresh_hz
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Markdown(PANELS.format(hz=f"{self._hz:g}") + keys_markdown(self._app_bindings)
-                           + knobs_markdown()
+        source = ("A recording of an engine session plays back (no model is loaded)."
+                  if self._kind == "replay" else
+                  "A real inference engine runs in this process; a workload driver keeps "
+                  "sending it prompts.")
+        with VerticalScroll(id="help-scroll"):
+            yield Markdown(PANELS.format(source=source, hz=f"{self._hz:g}")
+                           + keys_markdown(self._kind) + knobs_markdown()
                            + "\n*esc, q or ? closes this screen.*")
+
+    def on_mount(self) -> None:
+        self.query_one(VerticalScroll).focus()
+
+    def action_scroll(self, lines: int) -> None:
+        self.query_one(VerticalScroll).scroll_relative(y=lines, animate=False)

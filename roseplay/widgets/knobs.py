@@ -6,6 +6,7 @@ nothing about a knob is restated here except which key changes it.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 
 from rich.console import Group
 from rich.text import Text
@@ -16,13 +17,17 @@ from roseplay.scenarios import SCENARIOS
 
 KNOB_KEYS = {"enable_prefix_caching": "c", "max_num_batched_tokens": "-/+",
              "max_num_seqs": "[/]"}
+DOUBLING = ("max_num_batched_tokens",)    # keys double / halve these (512 -> 1024 -> ...)
 WORKLOAD_HELP = {
     "scenario": "Which prompts the workload driver sends (s cycles): " + "; ".join(
         f"{s.name}: {s.description}" for s in SCENARIOS.values()),
     "concurrency": "Most requests the driver keeps in flight (closed loop, like vLLM's "
                    "--max-concurrency); a new one is sent as soon as one finishes.",
-    "rate": "Request arrivals per second (Poisson); ∞ sends whenever a slot is free.",
+    "rate": "Request arrivals per second (Poisson); ∞ sends whenever a slot is free "
+            "(r / R: next / previous).",
 }
+SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens": "budget",
+               "max_num_seqs": "max seqs", "concurrency": "in flight", "request rate": "rate"}
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -34,15 +39,19 @@ def knob_field(name: str) -> dataclasses.Field:
     return next(f for f in knob_fields(SchedulerConfig) if f.name == name)
 
 
-def stepped(value: int, name: str, direction: int) -> int:
-    """The next value of an integer knob: +/- its metadata step, halving/doubling below it."""
+def stepped(value: int, name: str, direction: int, upper: int | None = None) -> int:
+    """The next value of an integer knob: DOUBLING knobs double / halve; others move by
+    their metadata step, halving / doubling below it. Clamped to [minimum, upper]."""
     meta = knob_field(name).metadata
     step, minimum = meta.get("step", 1), meta.get("minimum", 1)
-    if direction > 0:
-        return value * 2 if value < step else (value // step + 1) * step
-    if value > step:
-        return (value - 1) // step * step
-    return max(minimum, value // 2)
+    if name in DOUBLING:
+        new = value * 2 if direction > 0 else value // 2
+    elif direction > 0:
+        new = value * 2 if value < step else (value // step + 1) * step
+    else:
+        new = (value - 1) // step * step if value > step else value // 2
+    new = max(minimum, new)
+    return min(upper, new) if upper else new
 
 
 def next_in(seq, value, direction: int):
@@ -70,36 +79,52 @@ class KnobsPanel(Widget):
         super().__init__(**kwargs)
         self._content: tuple[Text, ...] = (Text(),)
         self.last_changed: str | None = None
+        self.help_lines = 1
 
     def show(self, requested: SchedulerConfig, applied: SchedulerConfig, workload: dict,
              read_only: bool = False) -> None:
-        t = Text(no_wrap=True, overflow="ellipsis")
+        rows = []
         for f in live_fields():
             value, now = getattr(requested, f.name), getattr(applied, f.name)
-            self._row(t, KNOB_KEYS.get(f.name, ""), f.name, fmt_value(f.name, value),
-                      value is True or (value is not False and f.name == self.last_changed),
-                      "" if value == now else "  (from next step)")
+            rows.append((KNOB_KEYS.get(f.name, ""), f.name, fmt_value(f.name, value),
+                         "" if value == now else "  (from next step)"))
         scen = workload.get("scenario") or "-"
         title = SCENARIOS[scen].title if scen in SCENARIOS else ""
-        self._row(t, "s", "scenario", scen, False, f"  {title}")
-        self._row(t, "</>", "concurrency", f"{workload.get('concurrency') or '∞'}", False,
-                  f"  in flight {workload.get('in_flight', 0)}")
+        rows.append(("s", "scenario", scen, f"  {title}"))
+        rows.append(("</>", "concurrency", f"{workload.get('concurrency') or '∞'}",
+                     f"  in flight {workload.get('in_flight', 0)}"))
         rate = workload.get("rate")
-        self._row(t, "r", "request rate", "∞" if rate is None else f"{rate:g}/s", False,
-                  "  as fast as slots free" if rate is None else "  Poisson arrivals")
+        rows.append(("r", "request rate", "∞" if rate is None else f"{rate:g}/s",
+                      "  as fast as slots free" if rate is None else "  Poisson arrivals"))
+        width = max(len(r[2]) for r in rows) + 2      # values never run into their names
+        short = self.size.width and self.size.width < width + 6 + 23    # short names fit
+        t = Text(no_wrap=True, overflow="ellipsis")
+        for key, name, value, note in rows:
+            self._row(t, key, SHORT_NAMES.get(name, name) if short else name, value,
+                      "" if short else note, width)
         t.rstrip()
-        content = (t, Text(self._help_line(read_only), "dim italic", overflow="ellipsis"))
+        content = (t, self._help_text(read_only))
         if content != self._content:
             self._content = content
             self.refresh()
 
-    def _row(self, t: Text, key: str, name: str, value: str, on: bool, note: str) -> None:
+    @staticmethod
+    def _row(t: Text, key: str, name: str, value: str, note: str, width: int) -> None:
         """key | value | name | note: the value stays visible however narrow the panel."""
         t.append(f" {key:>3} ", "bold reverse #5fb3f0")
         color = "#4cc97a" if value == "ON" else "#ff6b6b" if value == "OFF" else "#f2d34f"
-        t.append(f" {value:<14}", f"bold {color}")
-        t.append(f"{name:<23}")
+        t.append(f" {value:<{width}}", f"bold {color}")
+        t.append(f"{name:<23}" if note else name)
         t.append(note + "\n", "dim")
+
+    def _help_text(self, read_only: bool) -> Text:
+        """The help line(s), wrapped to the panel; a cut text ends with "… (? help)"."""
+        width = max(20, self.size.width or 60)
+        lines = textwrap.wrap(self._help_line(read_only), width) or [""]
+        if len(lines) > self.help_lines:
+            lines = lines[:self.help_lines]
+            lines[-1] = lines[-1][:max(0, width - 11)].rstrip() + "… (? help)"
+        return Text("\n".join(lines), "dim italic", no_wrap=True, overflow="ellipsis")
 
     def _help_line(self, read_only: bool) -> str:
         if read_only:

@@ -18,31 +18,53 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
-# cell categories
-FREE, USED, CACHED, SHARED, SELECTED = 0, 1, 2, 3, 4
-COLORS = {FREE: "#30343c", USED: "#2e9e5b", CACHED: "#2f6db5", SHARED: "#e08a1e",
-          SELECTED: "#f2d34f"}
+from roseplay.widgets import theme
+
+# cell categories: block states, then the selected request, then recent engine events
+FREE, USED, CACHED, SHARED, SELECTED, COW, PREEMPTED, EVICTED, HIT = range(9)
+THEME_KEY = {FREE: "free", USED: "used", CACHED: "cached", SHARED: "shared",
+             SELECTED: "selected", COW: "cow", PREEMPTED: "preempt", EVICTED: "evict",
+             HIT: "hit"}
 NAMES = {FREE: "free", USED: "used", SHARED: "shared", CACHED: "cached",
-         SELECTED: "selected request"}
-_BG = {k: Style(bgcolor=c, color="#111111" if k in (SHARED, SELECTED) else "#e8e8e8", bold=True)
-       for k, c in COLORS.items()}
-_BG[FREE] = Style(bgcolor=COLORS[FREE], color="#5a606c")
-_FG = {k: Style(color=c) for k, c in COLORS.items()}
-_FG[FREE] = Style(color="#3a3f4a")
-_HALF = {(a, b): Style(color=COLORS[a], bgcolor=COLORS[b]) for a in COLORS for b in COLORS}
+         SELECTED: "selected request", COW: "COW copy", PREEMPTED: "preempted",
+         EVICTED: "evicted", HIT: "prefix hit"}
+LETTER = {COW: "C", PREEMPTED: "P", EVICTED: "E", HIT: "H"}     # flashes read without colour
 _BLANK = Style()
+_styles: dict = {}
 
 
-def categories(state: np.ndarray, refcount: np.ndarray, selected: np.ndarray | None) -> np.ndarray:
-    """Per block: FREE / USED / CACHED / SHARED / SELECTED (int8)."""
+def styles() -> dict:
+    """Cell styles of the current theme: bg (filled cell), fg (glyph), half (two blocks)."""
+    gen = theme.generation()
+    if _styles.get("gen") != gen:
+        colors = {k: theme.color(v) for k, v in THEME_KEY.items()}
+        dark = (SHARED, SELECTED, COW, HIT, PREEMPTED)
+        bg = {k: Style(bgcolor=c, color="#111111" if k in dark else "#e8e8e8", bold=True)
+              for k, c in colors.items()}
+        bg[FREE] = Style(bgcolor=colors[FREE], color="#5a606c")
+        fg = {k: Style(color=c) for k, c in colors.items()}
+        fg[FREE] = Style(color="#3a3f4a")
+        half = {(a, b): Style(color=colors[a], bgcolor=colors[b]) for a in colors for b in colors}
+        _styles.update(gen=gen, colors=colors, bg=bg, fg=fg, half=half)
+    return _styles
+
+
+def categories(state: np.ndarray, refcount: np.ndarray, selected: np.ndarray | None,
+               flash: dict[int, int] | None = None) -> np.ndarray:
+    """Per block: FREE / USED / CACHED / SHARED / SELECTED, or an event category (int8)."""
     cat = state.astype(np.int8, copy=True)
     cat[(state == 1) & (refcount > 1)] = SHARED
     if selected is not None and len(selected):
         cat[selected] = SELECTED
+    for block, kind in (flash or {}).items():
+        if 0 <= block < len(cat):
+            cat[block] = kind
     return cat
 
 
 def _digit(rc: int, cat: int) -> str:
+    if cat in LETTER:
+        return LETTER[cat]
     if cat == FREE:
         return " "
     if rc > 9:
@@ -67,11 +89,14 @@ class KVMap(ScrollView):
         self.mode = "digits"
         self.cols = 1
         self.hover_block: int | None = None
+        self._gen = theme.generation()
 
-    def show(self, state: np.ndarray, refcount: np.ndarray, selected: np.ndarray | None) -> None:
+    def show(self, state: np.ndarray, refcount: np.ndarray, selected: np.ndarray | None,
+             flash: dict[int, int] | None = None) -> None:
         """Take new block arrays; refresh only the text rows whose blocks changed."""
-        cat = categories(state, refcount, selected)
-        if cat.shape != self._cat.shape:
+        cat = categories(state, refcount, selected, flash)
+        if cat.shape != self._cat.shape or self._gen != theme.generation():
+            self._gen = theme.generation()
             self._cat, self._rc = cat, refcount
             self._relayout()
             return
@@ -132,6 +157,8 @@ class KVMap(ScrollView):
             row //= 2
         lo = row * self.cols
         cats, rcs = self._cat[lo:lo + self.cols], self._rc[lo:lo + self.cols]
+        sty = styles()
+        _BG, _FG = sty["bg"], sty["fg"]
         segments: list[Segment] = []
         for cat, rc in zip(cats.tolist(), rcs.tolist()):
             char = _digit(rc, cat)
@@ -152,9 +179,10 @@ class KVMap(ScrollView):
         bottom = self._cat[bot_lo:bot_lo + self.cols].tolist()
         segments: list[Segment] = []
         run, style = 0, None
+        sty = styles()
         for i, a in enumerate(top):
             b = bottom[i] if i < len(bottom) else None
-            st = _HALF[(a, b)] if b is not None else Style(color=COLORS[a])
+            st = sty["half"][(a, b)] if b is not None else sty["fg"][a]
             if st is style or st == style:
                 run += 1
                 continue
@@ -195,9 +223,9 @@ class KVMap(ScrollView):
 
 
 class KVLegend(Widget):
-    """Colour legend, usage figures and the hovered block's details."""
+    """Colour legend, usage, last-10-s and total counters, and the hovered block."""
 
-    DEFAULT_CSS = "KVLegend { height: 3; text-wrap: nowrap; text-overflow: ellipsis; }"
+    DEFAULT_CSS = "KVLegend { height: 4; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -212,31 +240,60 @@ class KVLegend(Widget):
         return self._text
 
 
-def legend_text(snap, selected_id: str | None, mode: str, hover: str) -> Text:
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.0f}%"
+
+
+def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
+                width: int = 80) -> Text:
+    """Four lines: colours with counts; usage (or the hovered block); last 10 s; totals.
+    The words shrink with the width (60+, 44+, narrower: initials) so nothing is cut."""
+    tier = 2 if width >= 60 else 1 if width >= 44 else 0
     counts = {FREE: snap.num_free, USED: snap.num_used - snap.num_shared,
               SHARED: snap.num_shared, CACHED: snap.num_cached}
     t = Text(no_wrap=True, overflow="ellipsis")
+    bg = styles()["bg"]
     for cat in (FREE, USED, SHARED, CACHED):
-        t.append("  ", Style(bgcolor=COLORS[cat]))
-        t.append(f" {NAMES[cat]} ")
-        t.append(f"{counts[cat]}  ", "bold")
+        if tier == 0:       # the initial on its colour: f(ree) u(sed) s(hared) c(ached)
+            t.append(NAMES[cat][0], bg[cat])
+            t.append(f" {counts[cat]}  ", "bold")
+        else:
+            t.append("  " if tier == 2 else " ", Style(bgcolor=styles()["colors"][cat]))
+            t.append(f" {NAMES[cat]} ")
+            t.append(f"{counts[cat]} " + " " * tier, "bold")
     if selected_id:
-        t.append("  ", Style(bgcolor=COLORS[SELECTED]))
+        t.append(" ", Style(bgcolor=styles()["colors"][SELECTED]))
         t.append(f" {selected_id}")
-    c = snap.counters
-    used_pct = 100.0 * snap.num_used / max(1, snap.num_blocks)
-    peak = snap.extra.get("peak_used_blocks")
     t.append("\n")
-    t.append(f"in use {snap.num_used}/{snap.num_blocks} ({used_pct:.0f}%)", "bold")
-    if peak is not None:
-        t.append(f" peak {peak}")
-    t.append(f" · hit rate {100 * c.prefix_hit_rate:.0f}% · evicted {c.evictions}"
-             f" · preempted {c.preemptions} · COW {c.cow_copies}")
-    digits = "digit = refcount" if mode in ("roomy", "digits") else (
-        "digits when ref>1" if mode == "solid" else "2 blocks per cell (top/bottom)")
-    t.append(f"\n{hover or f'{snap.block_size} tokens per block · {digits} · hover a cell'}",
-             "dim" if not hover else "")
+    if hover:
+        t.append(hover)
+    else:
+        used_pct = 100.0 * snap.num_used / max(1, snap.num_blocks)
+        peak = snap.extra.get("peak_used_blocks")
+        t.append(f"in use {snap.num_used}/{snap.num_blocks} ({used_pct:.0f}%)", "bold")
+        t.append(f"{f' peak {peak}' if peak is not None else ''} · {_cell_words(mode)}", "dim")
+    since = "since reset" if window.base is not None else "total"
+    recent_label = f"last {window.window:.0f} s"
+    if tier == 1:
+        since, recent_label = ("reset" if window.base is not None else "total",
+                               f"{window.window:.0f} s")
+    elif tier == 0:
+        since, recent_label = ("rst" if window.base is not None else "all",
+                               f"{window.window:.0f}s")
+    for label, recent in ((recent_label, True), (since, False)):
+        get = window.recent if recent else window.total
+        hit, ev, pre, cow = (_pct(window.hit_rate(recent)), get("evictions"),
+                             get("preemptions"), get("cow_copies"))
+        t.append(f"\n{label:<{(4, 6, 12)[tier]}}", "dim")
+        t.append((f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
+                  f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
+                  f"hit {hit} ev {ev} pre {pre} COW {cow}")[2 - tier])
     return t
+
+
+def _cell_words(mode: str) -> str:
+    return {"roomy": "digit = refcount", "digits": "digit = refcount",
+            "solid": "digit when ref>1"}.get(mode, "2 blocks per cell")
 
 
 def hover_text(snap, block: int | None) -> str:
@@ -263,13 +320,15 @@ class KVPanel(Vertical):
         yield self.map
         yield self.legend
 
-    def show(self, snap, selected) -> None:
+    def show(self, snap, selected, window, flash: dict[int, int] | None = None) -> None:
         kv = self.map
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
-        kv.show(snap.block_state, snap.block_refcount, blocks)
+        kv.show(snap.block_state, snap.block_refcount, blocks, flash)
         title = f"KV cache · {snap.num_blocks} blocks × {snap.block_size} tokens"
+        if len(title) + 6 > self.size.width:
+            title = f"KV · {snap.num_blocks} × {snap.block_size} tok"
         if self.border_title != title:
             self.border_title = title
         hover = hover_text(snap, kv.hover_block)
-        self.legend.show(
-            legend_text(snap, selected.request_id if selected else None, kv.mode, hover))
+        self.legend.show(legend_text(snap, selected.request_id if selected else None, kv.mode,
+                                     hover, window, self.legend.size.width))

@@ -23,6 +23,7 @@ STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "
 COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("progress", 0, "<"), ("prompt", 6, ">"),
            ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"), ("TPOT", 6, ">"))
 PROGRESS_MIN, PROGRESS_MAX = 8, 40
+DROP_ORDER = ("hit", "prompt", "gen", "TPOT")    # columns a narrow list gives up first
 BAR_EMPTY = "#343a46"
 _STYLES: dict[str, Style] = {}
 
@@ -55,7 +56,40 @@ def bar(frac: float, width: int, color: str) -> list[Segment]:
     return segs
 
 
-def progress_cell(r, budget: int, width: int) -> list[Segment]:
+SORTS = {"arrival": None, "state": lambda r: ACTIVE.index(r.state) if r.state in ACTIVE else 9,
+         "TTFT": lambda r: -(r.ttft or 0.0), "TPOT": lambda r: -(r.tpot or 0.0),
+         "prompt": lambda r: -r.prompt_tokens, "hit": lambda r: -r.cached_tokens,
+         "generated": lambda r: -r.output_tokens}
+FILTERS = (None, "active", "waiting", "prefilling", "decoding", "preempted", "finished")
+
+
+def waiting_reason(snap) -> str:
+    """Why waiting requests wait: the seat limit, the token budget, or KV blocks."""
+    k, s = snap.knobs, snap.last_step
+    running = sum(r.state in ("prefilling", "decoding", "dedup") for r in snap.requests)
+    if running >= k.max_num_seqs:
+        return f"max_num_seqs {k.max_num_seqs} full"
+    if s is not None and s.decode_tokens + s.prefill_tokens >= k.max_num_batched_tokens:
+        return "token budget used up"
+    if snap.num_free == 0 and snap.num_cached == 0:
+        return "no free KV block"
+    return "admitted at the next step"
+
+
+def arrange(requests, sort: str = "arrival", state: str | None = None) -> list:
+    """Rows to show: filtered by state ("active" = any active one), then sorted."""
+    if state == "active":
+        requests = [r for r in requests if r.state in ACTIVE]
+    elif state:
+        requests = [r for r in requests if r.state == state]
+    key = SORTS[sort]
+    if key is None:      # active by arrival, then finished ones newest first
+        return [r for r in requests if r.state in ACTIVE] + \
+               [r for r in reversed(requests) if r.state not in ACTIVE]
+    return sorted(requests, key=key)
+
+
+def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot") -> list[Segment]:
     """What the request is doing, as a bar plus words, exactly `width` cells."""
     if r.state == "prefilling":
         n = r.chunks_total(budget)
@@ -66,7 +100,7 @@ def progress_cell(r, budget: int, width: int) -> list[Segment]:
         frac, color = r.output_tokens / max(1, r.max_tokens), "#4cc97a"
     else:
         text, style = {
-            "waiting": ("queued for a slot", "dim"),
+            "waiting": (reason, "dim"),
             "preempted": (f"preempted ×{r.preemptions}: recompute", "#ff6b6b"),
             "error": (f"error: {r.error or ''}", "#ff5555"),
         }.get(r.state, (r.finish_reason or r.state, "dim"))
@@ -107,16 +141,17 @@ class RequestList(Widget, can_focus=True):
         super().__init__(**kwargs)
         self.rows: list = []
         self.budget = 1
+        self.reason = ""
+        self.sort, self.state_filter = "arrival", None
         self.selected: str | None = None     # chosen by the user (None: follow the first)
         self.pending: str | None = None      # select this one as soon as it shows up
         self.top = 0
         self._shown: dict[int, tuple] = {}   # line y -> what it showed when last drawn
 
     # -- data --------------------------------------------------------------------------
-    def show(self, requests, budget: int) -> None:
-        active = [r for r in requests if r.state in ACTIVE]
-        done = [r for r in reversed(requests) if r.state not in ACTIVE]
-        self.rows, self.budget = active + done, budget
+    def show(self, requests, budget: int, reason: str = "") -> None:
+        self.rows, self.budget = arrange(requests, self.sort, self.state_filter), budget
+        self.reason = reason
         if self.pending and any(r.request_id == self.pending for r in self.rows):
             self.selected, self.pending = self.pending, None
         if self.selected and not any(r.request_id == self.selected for r in self.rows):
@@ -129,7 +164,8 @@ class RequestList(Widget, can_focus=True):
         if y == 0 or i >= len(self.rows):
             return (y == 0, i < len(self.rows), self.size.width)
         r = self.rows[i]
-        return (r, r is self.current, self.budget, self.size.width)
+        return (r, r is self.current, self.budget, self.size.width,
+                self.reason if r.state == "waiting" else "")
 
     def _refresh_changed(self) -> None:
         dirty = []
@@ -199,17 +235,32 @@ class RequestList(Widget, can_focus=True):
         self.top = max(0, min(self.top, max(0, len(self.rows) - vis)))
 
     # -- drawing -------------------------------------------------------------------------
-    def _widths(self) -> list[int]:
-        fixed = sum(w for _, w, _ in COLUMNS) + len(COLUMNS)
-        progress = max(PROGRESS_MIN, min(PROGRESS_MAX, self.size.width - fixed))
-        return [w or progress for _, w, _ in COLUMNS]
+    def columns(self) -> list[tuple]:
+        """The columns that fit the width (DROP_ORDER goes first), progress at least 8."""
+        cols = list(COLUMNS)
+        for name in DROP_ORDER:
+            if sum(w for _, w, _ in cols) + len(cols) + PROGRESS_MIN <= self.size.width:
+                break
+            cols = [c for c in cols if c[0] != name]
+        return cols
 
-    def _strip(self, cells: list, background: Style | None) -> Strip:
+    def hidden_columns(self) -> list[str]:
+        shown = {c[0] for c in self.columns()}
+        return [name for name, _, _ in COLUMNS if name not in shown]
+
+    def _widths(self, cols) -> list[int]:
+        fixed = sum(w for _, w, _ in cols) + len(cols)
+        progress = max(PROGRESS_MIN, min(PROGRESS_MAX, self.size.width - fixed))
+        return [w or progress for _, w, _ in cols]
+
+    def _strip(self, cells: dict, background: Style | None) -> Strip:
+        cols = self.columns()
         segments: list[Segment] = []
-        for (_, _, align), w, cell in zip(COLUMNS, self._widths(), cells):
+        for (name, _, align), w in zip(cols, self._widths(cols)):
             segments.append(Segment(" "))
-            if isinstance(cell, list):
-                segments.extend(cell)
+            cell = cells[name]
+            if callable(cell):
+                segments.extend(cell(w))
             else:
                 text, style = cell
                 segments.append(Segment(_fit(text, w, align), st(style)))
@@ -217,22 +268,26 @@ class RequestList(Widget, can_focus=True):
         return strip.apply_style(background) if background is not None else strip
 
     def _row(self, r, selected: bool) -> Strip:
-        cells = [(r.request_id, "bold" if r.request_id.startswith("you") else ""),
-                 (r.state, STATE_STYLE.get(r.state, "")),
-                 progress_cell(r, self.budget, self._widths()[2]), (str(r.prompt_tokens), ""),
-                 (str(r.cached_tokens) if r.cached_tokens else "-", "#e08a1e"),
-                 (str(r.output_tokens), ""), (fmt_ms(r.ttft), ""), (fmt_ms(r.tpot), "")]
+        cells = {"id": (r.request_id, "bold" if r.request_id.startswith("you") else ""),
+                 "state": (r.state, STATE_STYLE.get(r.state, "")),
+                 "progress": lambda w: progress_cell(r, self.budget, w, self.reason),
+                 "prompt": (str(r.prompt_tokens), ""),
+                 "hit": (str(r.cached_tokens) if r.cached_tokens else "-", "#e08a1e"),
+                 "gen": (str(r.output_tokens), ""), "TTFT": (fmt_ms(r.ttft), ""),
+                 "TPOT": (fmt_ms(r.tpot), "")}
         return self._strip(cells, st("on #3b3f5c") if selected else None)
 
     def render_line(self, y: int) -> Strip:
         self._shown[y] = self._line_key(y)
         if y == 0:
-            return self._strip([(name, "bold underline #aab2c0") for name, _, _ in COLUMNS], None)
+            return self._strip({name: (name, "bold underline #aab2c0") for name, _, _ in COLUMNS},
+                               None)
         i = self.top + y - 1
         if i >= len(self.rows):
             if i == len(self.rows) == 0:
-                return Strip([Segment("  no requests yet", st("dim"))]).adjust_cell_length(
-                    self.size.width)
+                empty = f"  no {self.state_filter} request" if self.state_filter else \
+                    "  no requests yet"
+                return Strip([Segment(empty, st("dim"))]).adjust_cell_length(self.size.width)
             return Strip.blank(self.size.width)
         r = self.rows[i]
         return self._row(r, r is self.current)

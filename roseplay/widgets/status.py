@@ -18,11 +18,11 @@ class StatusBar(Widget):
         self._set(t)
 
     def show(self, snap, kind: str, paused: bool, position: str = "") -> None:
+        """Most important first (a narrow terminal cuts the end): mode, position, step,
+        finished, the engine's error, then the model and device."""
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" roseplay ", "bold #111111 on #f2d34f")
-        t.append(f" {snap.model} ", "bold")
-        backend = snap.extra.get("backend")
-        t.append(f"· {snap.device} {snap.dtype}{f' {backend}' if backend else ''}  ", "dim")
+        t.append(" ")
         if kind == "replay":
             t.append(" REPLAY ", "bold #111111 on #c792ea")
             t.append(" ❚❚ paused " if paused else " ▶ playing ", "bold")
@@ -34,10 +34,15 @@ class StatusBar(Widget):
         else:
             t.append(" ▶ SERVING ", "bold #111111 on #4cc97a")
             t.append("  ")
+        if kind != "replay" and position:
+            t.append(position, "bold #ff6b6b")
         t.append(f"step {snap.step}", "bold")
         t.append(f"  finished {snap.counters.finished}")
         if snap.error:
             t.append(f"  ⚠ {snap.error}", "bold #ff5555")
+        backend = snap.extra.get("backend")
+        t.append(f"  {snap.model} ", "bold")
+        t.append(f"· {snap.device} {snap.dtype}{f' {backend}' if backend else ''}", "dim")
         self._set(t)
 
     def _set(self, t: Text) -> None:

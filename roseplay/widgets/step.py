@@ -4,11 +4,14 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-DECODE, PREFILL, EMPTY = "#4cc97a", "#f2c14e", "#3a3f4a"
+from roseplay.widgets import theme
+
+EMPTY = "#3a3f4a"
 
 
 def budget_bar(decode: int, prefill: int, budget: int, width: int) -> Text:
     """decode | prefill | unused, in proportion to the token budget."""
+    DECODE, PREFILL = theme.color("decode"), theme.color("prefill")
     total = max(budget, decode + prefill, 1)
     d = round(decode / total * width)
     p = min(width - d, round(prefill / total * width))
@@ -32,7 +35,7 @@ def chunk_words(step, snap) -> Text:
         t.append(c.request_id, "bold")
         if view is not None and view.chunks_done:
             t.append(f" chunk {view.chunks_done}/{view.chunks_total(budget)}")
-        t.append(f" {c.num_tokens} tok", PREFILL)
+        t.append(f" {c.num_tokens} tok", theme.color("prefill"))
         t.append(f" [{c.start}:{c.start + c.num_tokens}/{c.total}]", "dim")
     more = len(step.prefill_chunks) - 4
     if more > 0:
@@ -51,7 +54,8 @@ class StepPanel(Widget):
         self._key = None
 
     def show(self, snap) -> None:
-        key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width)
+        key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width,
+               theme.generation())
         if key == self._key:
             return
         self._key = key
@@ -63,7 +67,7 @@ class StepPanel(Widget):
         t = Text(no_wrap=True, overflow="ellipsis")
         if s is None:
             return t.append("no step yet: the engine is waiting for requests", "dim")
-        t.append(f"step {s.step}", "bold")
+        t.append(f"step {s.step + 1}", "bold")      # steps are counted from 1, as in the top line
         t.append(f"  {s.duration * 1000:7.1f} ms   ")
         t.append(f"running {s.num_running}  waiting {s.num_waiting}\n")
         used = s.decode_tokens + s.prefill_tokens
@@ -71,16 +75,16 @@ class StepPanel(Widget):
         t.append_text(budget_bar(s.decode_tokens, s.prefill_tokens, budget,
                                  max(10, self.size.width - 22)))
         t.append(f" {used:>5}/{budget} tok\n")
-        t.append("■", DECODE)
+        t.append("■", theme.color("decode"))
         t.append(f" decode {s.decode_tokens} tok   ")
-        t.append("■", PREFILL)
+        t.append("■", theme.color("prefill"))
         n = len(s.prefill_chunks)
         t.append(f" prefill {s.prefill_tokens} tok in {n} chunk{'' if n == 1 else 's'}\n")
         t.append("prefill ", "dim")
         t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
         t.append("\n")
-        for name, value in (("prefix-hit blocks", s.prefix_hit_blocks), ("COW", s.cow_copies),
-                            ("evicted", s.evictions), ("preempted", s.preemptions),
+        for name, value in (("hit blocks", s.prefix_hit_blocks), ("COW", s.cow_copies),
+                            ("evict", s.evictions), ("preempt", s.preemptions),
                             ("dedup", s.dedup_joined)):
             t.append(f"{name} ", "" if value else "dim")
             t.append(f"{value}", "bold #e08a1e" if value else "dim")

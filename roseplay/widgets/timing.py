@@ -4,7 +4,8 @@
 engine time (p50 TTFT of the `RECENT` latest requests to get a first token, p50 TPOT of
 the `RECENT` latest to finish, output tokens per second), so a knob change shows up as a
 step in the curves without gaps when requests finish in waves. `Plot` draws a
-series as eighth-block bars over a few rows with the Line API.
+series as eighth-block bars over a few rows with the Line API. Latencies are the
+engine's (paused time is excluded there, by its serving clock).
 """
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.containers import Horizontal, Vertical
+from textual.containers import Container, Vertical
 from textual.strip import Strip
 from textual.widget import Widget
 
+from roseplay.widgets import theme
+from roseplay.widgets.counters import WINDOW
 from roseplay.widgets.requests import fmt_ms
 
 BUCKET = 0.5          # seconds of engine time per plotted point
-WINDOW = 10.0         # seconds of recent samples behind the percentiles
 HISTORY = 240
 RECENT = 16           # requests behind each plotted p50 (the latest to get a first token)
 UPDATE_EVERY = 0.5   # seconds between redraws (the text changes every frame otherwise)
@@ -78,16 +80,18 @@ class TimingHistory:
 
 
 class Plot(Widget):
-    """A series as bars (Line API); the label column shows name, latest value and max."""
+    """A series as eighth-block bars (Line API) beside a label column: the name with the
+    latest value (units included), and the top of the scale. The scale ignores rare
+    outliers (a bar above it is drawn full with a ▲), so one slow request does not
+    flatten the curve for minutes."""
 
-    DEFAULT_CSS = "Plot { height: 3; }"
-    LABEL = 14
+    DEFAULT_CSS = "Plot { height: 2; }"
+    LABEL = 16
 
-    def __init__(self, name: str, color: str, fmt, **kwargs):
+    def __init__(self, name: str, color_key: str, fmt, **kwargs):
         super().__init__(**kwargs)
-        self.label, self.color, self.fmt = name, color, fmt
+        self.label, self.color_key, self.fmt = name, color_key, fmt
         self.values: list[float] = []
-        self._key = None
 
     def show(self, values) -> None:
         values = list(values)
@@ -95,61 +99,85 @@ class Plot(Widget):
             self.values = values
             self.refresh()
 
+    def points(self) -> int:
+        return max(0, self.size.width - self.LABEL)
+
     def render_line(self, y: int) -> Strip:
         width, height = self.size.width, self.size.height
-        n = max(0, width - self.LABEL)
+        n = self.points()
         vals = self.values[-n:] if n else []
         finite = [v for v in vals if not math.isnan(v)]
-        top = max(finite) if finite else 0.0
-        label = self._label(y, vals, top)
-        segments = [Segment(label.ljust(self.LABEL)[:self.LABEL], self._label_style(y))]
-        style = Style(color=self.color, bgcolor="#1d2027")
+        top = scale_top(finite)
+        color = theme.color(self.color_key)
+        segments = [Segment(self._label(y, finite, top).ljust(self.LABEL)[:self.LABEL],
+                            Style(color=color, bold=y == 0))]
         chars = []
         for v in vals:
             if math.isnan(v) or top <= 0:
                 chars.append(" ")
-                continue
-            eighths = round(v / top * height * 8) - (height - 1 - y) * 8
-            chars.append(_EIGHTHS[max(0, min(8, eighths))])
-        segments.append(Segment("".join(chars).rjust(n), style))
+            elif v > top:
+                chars.append("▲" if y == 0 else "█")
+            else:
+                eighths = round(v / top * height * 8) - (height - 1 - y) * 8
+                chars.append(_EIGHTHS[max(0, min(8, eighths))])
+        segments.append(Segment("".join(chars).rjust(n), Style(color=color, bgcolor="#1d2027")))
         return Strip(segments).adjust_cell_length(width)
 
-    def _label(self, y: int, vals, top: float) -> str:
-        last = next((v for v in reversed(vals) if not math.isnan(v)), None)
+    def _label(self, y: int, finite, top: float) -> str:
         if y == 0:
-            return self.label
+            return f"{self.label} {self.fmt(finite[-1])}" if finite else self.label
         if y == 1:
-            return f" {self.fmt(last)}" if last is not None else " -"
-        return f" max {self.fmt(top)}" if y == 2 and vals else ""
+            return f" top {self.fmt(top)}" if finite and top > 0 else " no data yet"
+        return ""
 
-    def _label_style(self, y: int) -> Style:
-        return Style(color=self.color, bold=True) if y < 2 else Style(dim=True)
+
+def scale_top(finite) -> float:
+    """The plot's full scale: the max, unless a few outliers sit far above the rest."""
+    if not finite:
+        return 0.0
+    top, p90 = max(finite), float(np.percentile(finite, 90))
+    return 2 * p90 if p90 > 0 and top > 3 * p90 else top
+
+
+class TimeAxis(Widget):
+    """-N s … now under the plots (one point per BUCKET seconds)."""
+
+    DEFAULT_CSS = "TimeAxis { height: 1; color: $text-muted; }"
+
+    def render(self) -> Text:
+        n = max(0, self.size.width - Plot.LABEL)
+        if n < 12:
+            return Text("")
+        left, mid = f"-{n * BUCKET:.0f} s", f"-{n * BUCKET / 2:.0f} s"
+        line = list("─" * n)
+        for pos, word in ((0, left), (n // 2 - len(mid) // 2, mid), (n - 3, "now")):
+            line[pos:pos + len(word)] = word
+        return Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
 
 
 class TimingStats(Widget):
-    DEFAULT_CSS = "TimingStats { width: 36; height: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }"
+    DEFAULT_CSS = ("TimingStats { width: 34; height: 5; text-wrap: nowrap; "
+                   "text-overflow: ellipsis; }")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._text = Text()
 
-    def show(self, snap, rate: float) -> None:
+    def show(self, snap, rate: float, since: float | None) -> None:
+        """Percentiles over the last WINDOW seconds (from the last reset, if later)."""
+        start = max(snap.time - WINDOW, since if since is not None else -math.inf)
+        lat = [x for x in snap.recent_latencies if x[0] >= start]
+        itl = [x[1] for x in snap.recent_itls if x[0] >= start]
         t = Text(no_wrap=True)
-        t.append(f"{'':6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")
-        since = snap.time - WINDOW
-        lat = [x for x in snap.recent_latencies if x[0] >= since] or list(snap.recent_latencies)
-        itl = [x[1] for x in snap.recent_itls if x[0] >= since] or [x[1] for x in snap.recent_itls]
-        rows = (("TTFT", [x[1] for x in lat], "#f2c14e"),
-                ("TPOT", [x[2] for x in lat if x[2] is not None], "#4cc97a"),
-                ("ITL", itl, "#5fb3f0"))
+        t.append(f"{'10 s':<6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")
+        rows = (("TTFT", [x[1] for x in lat], "prefill"),
+                ("TPOT", [x[2] for x in lat if x[2] is not None], "decode"),
+                ("ITL", itl, "tput"))
         for name, values, color in rows:
-            t.append(f"{name:<6}", f"bold {color}")
+            t.append(f"{name:<6}", f"bold {theme.color(color)}")
             t.append("".join(f"{fmt_ms(v):>9}" for v in pctl(values)) + "\n")
-        c = snap.counters
-        t.append(f"{rate:8.0f} tok/s ", "bold")
-        t.append(f" {c.generated_tokens} tokens out\n")
-        t.append(f"finished {c.finished}  errors {c.errors}  cancelled {c.cancelled}\n")
-        t.append(f"last {WINDOW:.0f} s: {len(lat)} requests, {len(itl)} gaps", "dim")
+        t.append(f"{rate:,.0f} tok/s", "bold")
+        t.append(f" · {len(lat)} req done in 10 s", "dim")
         if t != self._text:
             self._text = t
             self.refresh()
@@ -158,27 +186,47 @@ class TimingStats(Widget):
         return self._text
 
 
-class TimingPanel(Horizontal):
-    DEFAULT_CSS = "TimingPanel { height: 11; } TimingPanel > Vertical { width: 1fr; }"
+class TimingPanel(Container):
+    """The table, and the plots beside it (`-side`), under it (`-stacked`) or hidden."""
+
+    DEFAULT_CSS = """
+    TimingPanel { height: 9; layout: horizontal; }
+    TimingPanel.-stacked { layout: vertical; }
+    TimingPanel.-stacked TimingStats { width: 1fr; }
+    TimingPanel.-stats #plots { display: none; }
+    TimingPanel #plots { width: 1fr; height: 7; }
+    TimingPanel.-side #plots { margin-left: 2; }
+    """
+    MODES = ("side", "stacked", "stats")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.history = TimingHistory()
         self._shown_at = (None, -1.0)     # (snapshot time, monotonic) of the last redraw
-        self._make_children()
+        self.stats = TimingStats()
+        self.plots = {"ttft": Plot("TTFT", "prefill", fmt_ms, id="plot-ttft"),
+                      "tpot": Plot("TPOT", "decode", fmt_ms, id="plot-tpot"),
+                      "tput": Plot("tok/s", "tput", lambda v: f"{v:,.0f}", id="plot-tput")}
+        self.mode = "side"
+        self.add_class("-side")
 
     def compose(self):
         yield self.stats
-        with Vertical():
+        with Vertical(id="plots"):
             yield from self.plots.values()
+            yield TimeAxis()
 
-    def _make_children(self) -> None:
-        self.stats = TimingStats()
-        self.plots = {"ttft": Plot("TTFT p50", "#f2c14e", fmt_ms, id="plot-ttft"),
-                      "tpot": Plot("TPOT p50", "#4cc97a", fmt_ms, id="plot-tpot"),
-                      "tput": Plot("tokens/s", "#5fb3f0", lambda v: f"{v:,.0f}", id="plot-tput")}
+    def set_mode(self, mode: str) -> None:
+        if mode != self.mode:
+            self.remove_class(f"-{self.mode}")
+            self.mode = mode
+            self.add_class(f"-{mode}")
 
-    def show(self, snap, throttle: bool = True) -> None:
+    def reset(self) -> None:
+        self.history.reset()
+        self._shown_at = (None, -1.0)
+
+    def show(self, snap, window, throttle: bool = True) -> None:
         """Feed the history every frame; redraw on a new snapshot, at most every
         UPDATE_EVERY seconds while `throttle` (a running engine: text changes every frame)."""
         self.history.feed(snap)
@@ -187,6 +235,6 @@ class TimingPanel(Horizontal):
         if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):
             return
         self._shown_at = (snap.time, now)
-        self.stats.show(snap, self.history.rate)
+        self.stats.show(snap, self.history.rate, window.reset_time)
         for key, plot in self.plots.items():
             plot.show(self.history.series[key])

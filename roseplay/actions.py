@@ -1,0 +1,233 @@
+"""What the keys and the command palette do (a mixin of RoseplayApp).
+
+Each action calls one control of the source (roseplay/source.py), which validates and
+queues it for the engine thread; refusals (a replay, an invalid knob value) become a
+warning toast, never an exception.
+"""
+from __future__ import annotations
+
+from engine.config import InvalidRequestError
+from roseplay.layout import TITLES, ZOOM_ORDER
+from roseplay.scenarios import SCENARIOS
+from roseplay.source import RATE_STEPS, ReadOnlyError, ReplaySource
+from roseplay.widgets import theme
+from roseplay.widgets.help import HelpScreen
+from roseplay.widgets.knobs import CONCURRENCY_STEPS, live_fields, next_in, stepped
+from roseplay.widgets.requests import FILTERS, SORTS
+
+WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency",
+                    "rate": "set_rate"}
+
+
+class Actions:
+    def _control(self, fn, *args, knob: str | None = None, **kwargs):
+        if self.source is None:
+            self.notify("the engine is still loading", severity="warning")
+            return None
+        try:
+            result = fn(*args, **kwargs)
+        except (ReadOnlyError, InvalidRequestError, ValueError) as exc:
+            self.notify(str(exc), severity="warning", timeout=4)
+            return None
+        if knob:
+            self.knobs.last_changed = knob
+        self.refresh_panels()
+        return result
+
+    # -- engine ----------------------------------------------------------------------------
+    def action_pause(self) -> None:
+        if self.source is not None:
+            self._control(self.source.resume if self.source.paused else self.source.pause)
+
+    def action_step(self) -> None:
+        if self.source is not None:
+            self._control(self.source.step_once)
+
+    def action_step_back(self) -> None:
+        if self.source is not None:
+            self._control(self.source.step_back)
+
+    def action_toggle_cache(self) -> None:
+        if self.source is not None:
+            on = not self.source.knobs.enable_prefix_caching
+            self._control(self.source.set_knobs, enable_prefix_caching=on,
+                          knob="enable_prefix_caching")
+
+    def budget_cap(self) -> int | None:
+        """The budget's upper bound: the tokens the whole KV pool holds (a step cannot
+        compute more KV than the pool stores)."""
+        info = getattr(self.source, "info", None)
+        return info.num_blocks * info.block_size if info is not None else None
+
+    def action_budget(self, direction: int) -> None:
+        if self.source is None:
+            return
+        old = self.source.knobs.max_num_batched_tokens
+        new = stepped(old, "max_num_batched_tokens", direction, self.budget_cap())
+        if new == old and direction > 0:
+            self.notify(f"the token budget is at its cap: {new} tokens, the whole KV pool",
+                        severity="warning", timeout=4)
+            return
+        if self._control(self.source.set_knobs, max_num_batched_tokens=new,
+                         knob="max_num_batched_tokens") is not None:
+            self._warn_small_budget(new)
+
+    def _warn_small_budget(self, budget: int) -> None:
+        running = sum(r.state in ("decoding", "prefilling", "dedup")
+                      for r in (self.snapshot.requests if self.snapshot else ()))
+        if budget < running:
+            self.notify(f"budget {budget} < {running} running requests: only {budget} of them "
+                        f"decode per step, prefill waits", severity="warning", timeout=5)
+
+    def action_seqs(self, direction: int) -> None:
+        if self.source is not None:
+            value = stepped(self.source.knobs.max_num_seqs, "max_num_seqs", direction)
+            self._control(self.source.set_knobs, max_num_seqs=value, knob="max_num_seqs")
+
+    def action_clear_cache(self) -> None:
+        if self.source is not None and self._control(self.source.clear_prefix_cache) is None:
+            if self.source.kind == "live":
+                self.notify("prefix cache cleared: cached blocks are free again", timeout=2)
+
+    # -- workload --------------------------------------------------------------------------
+    def action_scenario(self, direction: int) -> None:
+        if self.source is not None:
+            names = list(SCENARIOS)
+            cur = self.source.workload().get("scenario")
+            i = names.index(cur) if cur in names else -1
+            self._control(self.source.set_scenario, names[(i + direction) % len(names)],
+                          knob="scenario")
+
+    def action_concurrency(self, direction: int) -> None:
+        if self.source is not None:
+            cur = self.source.workload().get("concurrency") or CONCURRENCY_STEPS[-1]
+            self._control(self.source.set_concurrency, next_in(CONCURRENCY_STEPS, cur, direction),
+                          knob="concurrency")
+
+    def action_rate(self, direction: int) -> None:
+        if self.source is not None:
+            cur = self.source.workload().get("rate")
+            i = RATE_STEPS.index(cur) if cur in RATE_STEPS else 0
+            self._control(self.source.set_rate, RATE_STEPS[(i + direction) % len(RATE_STEPS)],
+                          knob="rate")
+
+    def set_value(self, name: str, text: str) -> None:
+        """A typed value (command palette): a live knob, a workload setting, or replay
+        speed / seek; checked like the CLI's flags (roseplay/cli_flags.py)."""
+        from roseplay.cli_flags import parse_knob_value
+        if self.source is None:
+            return
+        try:
+            if name in {f.name for f in live_fields()}:
+                self._control(self.source.set_knobs, **{name: parse_knob_value(name, text)},
+                              knob=name)
+            elif name in WORKLOAD_SETTERS:
+                value = _workload_value(name, text)
+                self._control(getattr(self.source, WORKLOAD_SETTERS[name]), value, knob=name)
+            elif name in ("speed", "seek") and isinstance(self.source, ReplaySource):
+                fn = self.source.set_speed if name == "speed" else self.source.seek_by
+                self._control(fn, float(text))
+        except ValueError as exc:
+            self.notify(f"{name}: {exc}", severity="warning", timeout=4)
+
+    def action_prompt(self) -> None:
+        self.prompt_bar.open()
+        self.apply_layout()
+
+    def on_prompt_bar_submitted(self, event) -> None:
+        bar = self.prompt_bar
+        if self.source is None:
+            bar.show_error("the engine is still loading")
+            return
+        try:
+            rid = self.source.submit(event.text)
+        except (InvalidRequestError, ReadOnlyError, RuntimeError) as exc:
+            bar.show_error(str(exc))
+            return
+        bar.show_ok(f"submitted as {rid}: it is selected in the request list")
+        self.requests.pending = rid
+
+    def on_prompt_bar_closed(self, event) -> None:
+        self.apply_layout()
+        self.requests.focus()
+
+    # -- replay ------------------------------------------------------------------------------
+    def action_seek(self, seconds: float) -> None:
+        self._control(self.source.seek_by, seconds)
+
+    def action_seek_to(self, index: int) -> None:
+        self._control(self.source.seek, index if index >= 0 else len(self.source.recording) - 1)
+
+    def action_speed(self, direction: int) -> None:
+        speeds = ReplaySource.SPEEDS
+        self._control(self.source.set_speed, next_in(speeds, self.source.speed, direction))
+
+    # -- view --------------------------------------------------------------------------------
+    def action_sort(self, direction: int) -> None:
+        keys = list(SORTS)
+        self.set_sort(keys[(keys.index(self.requests.sort) + direction) % len(keys)])
+
+    def set_sort(self, key: str) -> None:
+        self.requests.sort = key
+        self._view_changed()
+
+    def action_filter(self, direction: int) -> None:
+        i = FILTERS.index(self.requests.state_filter)
+        self.set_filter(FILTERS[(i + direction) % len(FILTERS)])
+
+    def set_filter(self, state: str | None) -> None:
+        self.requests.state_filter = state
+        self._view_changed()
+
+    def _view_changed(self) -> None:
+        if self.source is not None:
+            self.refresh_panels()
+
+    def action_zoom(self, direction: int) -> None:
+        if direction == 0:
+            self.set_zoom(None)
+            return
+        order = list(ZOOM_ORDER)
+        i = order.index(self.zoom) if self.zoom in order else -1
+        self.set_zoom(order[i + 1] if i + 1 < len(order) else None)
+
+    def set_zoom(self, panel: str | None) -> None:
+        self.zoom = panel if panel in TITLES else None
+        self.apply_layout()
+        if self.source is not None:
+            self.refresh_panels()
+
+    def action_reset_stats(self) -> None:
+        self.window.reset()
+        self.timing.reset()
+        self.notify("stats reset: totals, the 10 s window and the plots start now", timeout=3)
+        if self.source is not None:
+            self.refresh_panels()
+
+    def action_theme(self) -> None:
+        theme.set_theme("default" if theme.current() != "default" else "colour-blind")
+        self.notify(f"theme: {theme.current()}", timeout=2)
+        for plot in self.timing.plots.values():
+            plot.refresh()
+        if self.source is not None:
+            self.refresh_panels()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            kind = self.source.kind if self.source is not None else "live"
+            self.push_screen(HelpScreen(kind, self._refresh_hz))
+
+    async def action_quit(self) -> None:
+        self.close_source()
+        self.exit()
+
+
+def _workload_value(name: str, text: str):
+    if name == "scenario":
+        return text
+    if name == "rate" and text.lower() in ("inf", "∞", "none", "max"):
+        return None
+    try:
+        return int(text) if name == "concurrency" else float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None

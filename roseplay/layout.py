@@ -1,0 +1,90 @@
+"""Which panels fit the terminal, and how tall each is: decided by size, and said.
+
+`plan(width, height)` keeps the panels a learner needs most (KV map, requests, the
+selected request's text, timing figures), then adds the others while they fit; what did
+not fit is listed in a note line above the footer ("press z to zoom"). `z` zooms one
+panel to the whole screen (the only way to see a hidden one at a small size).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TITLES = {"kv": "KV cache", "step": "This step", "knobs": "Knobs", "requests": "Requests",
+          "detail": "Selected request", "events": "Events", "timing": "Timing"}
+LEFT, RIGHT = ("kv", "step", "knobs"), ("requests", "detail", "events", "timing")
+ZOOM_ORDER = ("kv", "requests", "events", "timing", "step", "knobs", "detail")
+STATS_WIDTH, PLOT_MIN = 34, 56       # timing: the table, a plot of 40 points + its labels
+TIMING_ROWS = {"stats": 7, "stacked": 14, "side": 9}
+KV_MIN, STEP_ROWS, KNOBS_ROWS, DETAIL_ROWS, REQUESTS_MIN, EVENTS_MIN = 9, 7, 9, 5, 6, 6
+WIDE = 110
+
+
+@dataclass(frozen=True)
+class Plan:
+    heights: dict              # shown panel id -> rows (None: what is left, 1fr)
+    left_width: int            # 0: the left column is hidden (a right panel is zoomed)
+    timing: str                # "side" (plots beside the table), "stacked", "stats" (no plots)
+    knob_help_lines: int
+    note: str                  # what the layout hid, or the zoom; "" when all is shown
+
+
+def _timing_mode(inner_width: int) -> str:
+    return "side" if inner_width >= STATS_WIDTH + 2 + PLOT_MIN else "stacked"
+
+
+def plan(width: int, height: int, zoom: str | None = None, extra_rows: int = 0) -> Plan:
+    """`extra_rows`: rows taken by something else (the open prompt box)."""
+    rows = height - 2 - extra_rows             # the status line and the footer
+    if zoom in TITLES:
+        mode = _timing_mode(width - 4) if zoom == "timing" else "side"
+        note = (f"zoom: {TITLES[zoom]} · z next panel · Z all panels")
+        return Plan({zoom: None}, width if zoom in LEFT else 0, mode, 3, note)
+    left_width = max(40, round(width * 0.45)) if width >= WIDE else round(width * 0.42)
+    first = _fill(width - left_width, rows, left_width)
+    if not first[1]:
+        return _plan(first, left_width, "")
+    second = _fill(width - left_width, rows - 1, left_width)    # a row for the note
+    hidden = ", ".join(second[1])
+    return _plan(second, left_width, f"hidden at {width}×{height}: {hidden} · "
+                                     f"z zooms a panel · ? help")
+
+
+def _plan(filled, left_width: int, note: str) -> Plan:
+    heights, _, timing, help_lines = filled
+    return Plan(heights, left_width, timing, help_lines, note)
+
+
+def _fill(right_width: int, rows: int, left_width: int):
+    heights: dict = {"kv": None, "requests": None}
+    hidden: list[str] = []
+    # left column: the map first, then knobs, then this step; spare rows go to knob help
+    left = rows - KV_MIN
+    for pid, need in (("knobs", KNOBS_ROWS), ("step", STEP_ROWS)):
+        if left >= need and not hidden:
+            heights[pid], left = need, left - need
+        else:
+            hidden.append(TITLES[pid])
+    help_lines = 1
+    if "knobs" in heights and left >= 2 + 8:    # keep 8 spare rows for the map itself
+        heights["knobs"], help_lines = KNOBS_ROWS + 2, 3
+    # right column: requests, the selected text, timing figures, events, then plots
+    right, cut = rows - REQUESTS_MIN, False
+    for pid, need in (("detail", DETAIL_ROWS), ("timing", TIMING_ROWS["stats"]),
+                      ("events", EVENTS_MIN)):
+        cut = cut or right < need
+        if cut:
+            hidden.append(TITLES[pid])
+        else:
+            heights[pid], right = need, right - need
+    timing = "stats"
+    if "timing" in heights:
+        mode = _timing_mode(right_width - 4)
+        grow = TIMING_ROWS[mode] - TIMING_ROWS["stats"]
+        if right >= grow:
+            heights["timing"], right, timing = TIMING_ROWS[mode], right - grow, mode
+        else:
+            hidden.append("timing plots")
+    if "events" in heights:
+        more = max(0, min(4, right - 6))       # events grow while requests keep 12 rows
+        heights["events"] += more
+    return heights, hidden, timing, help_lines

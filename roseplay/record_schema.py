@@ -1,0 +1,142 @@
+"""Checks for recordings read back from disk: a recording is untrusted data.
+
+Every value that the replay puts into a snapshot is checked here against the snapshot
+dataclasses' own field types (engine/snapshot.py), so a damaged or hand-edited file
+is refused line by line with a `BadRecording` message instead of a traceback, and
+nothing odd (a string refcount, a block index past the pool) reaches the panels.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+from engine.snapshot import ChunkInfo, EngineCounters, EngineEvent, RequestView, StepStats
+
+MAX_LINE_CHARS = 64 << 20        # one JSON line (a keyframe of a very large pool fits)
+MAX_NUM_BLOCKS = 10_000_000
+
+
+class BadRecording(ValueError):
+    """A recording line that cannot be replayed (the message says which part)."""
+
+
+def _reject_constant(name: str):
+    raise BadRecording(f"non-finite number {name}")
+
+
+def parse_line(line: str) -> dict:
+    """One JSON object per line; NaN/Infinity and oversized lines are refused."""
+    if len(line) > MAX_LINE_CHARS:
+        raise BadRecording(f"a line of {len(line)} characters (limit {MAX_LINE_CHARS})")
+    try:
+        obj = json.loads(line, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise BadRecording(f"not JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise BadRecording("a line that is not a JSON object")
+    return obj
+
+
+def is_type(value, typ: str) -> bool:
+    if typ == "None":
+        return value is None
+    if typ == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typ == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value)
+    if typ == "str":
+        return isinstance(value, str)
+    if typ == "bool":
+        return isinstance(value, bool)
+    if typ.startswith("tuple[int"):
+        return isinstance(value, list) and all(is_type(v, "int") for v in value)
+    return True     # nested types are checked by their own checker
+
+
+def check_fields(cls, d, what: str, skip: tuple[str, ...] = ()) -> dict:
+    """`d` has every field of dataclass `cls`, each of its declared type."""
+    if not isinstance(d, dict):
+        raise BadRecording(f"{what}: expected an object")
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        if f.name not in d:
+            raise BadRecording(f"{what}: missing {f.name}")
+        if not any(is_type(d[f.name], t.strip()) for t in str(f.type).split("|")):
+            raise BadRecording(f"{what}: {f.name} is not {f.type}: {str(d[f.name])[:40]!r}")
+    return d
+
+
+def check_blocks(blocks, num_blocks: int, what: str) -> None:
+    if any(b < 0 or b >= num_blocks for b in blocks):
+        raise BadRecording(f"{what}: a block index outside the pool of {num_blocks}")
+
+
+def check_header(h: dict) -> dict:
+    for key in ("model", "device", "dtype"):
+        if not isinstance(h.get(key), str):
+            raise BadRecording(f"header: {key} must be a string")
+    for key, top in (("num_blocks", MAX_NUM_BLOCKS), ("block_size", 1 << 20)):
+        v = h.get(key)
+        if not is_type(v, "int") or not 1 <= v <= top:
+            raise BadRecording(f"header: {key} must be an integer in 1..{top}")
+    return h
+
+
+def check_request(d, num_blocks: int) -> dict:
+    check_fields(RequestView, d, "request")
+    check_blocks(d["blocks"], num_blocks, f"request {d['request_id']}")
+    return d
+
+
+def check_step(d) -> dict:
+    check_fields(StepStats, d, "step")
+    chunks = d["prefill_chunks"]
+    if not isinstance(chunks, list):
+        raise BadRecording("step: prefill_chunks must be a list")
+    for c in chunks:
+        if not isinstance(c, list) or len(c) != 4:
+            raise BadRecording("step: a prefill chunk is not [id, start, tokens, total]")
+        check_fields(ChunkInfo, dict(zip(("request_id", "start", "num_tokens", "total"), c)),
+                     "prefill chunk")
+    return d
+
+
+def check_event(d, num_blocks: int) -> dict:
+    check_fields(EngineEvent, d, "engine event")
+    check_blocks(d["blocks"], num_blocks, "engine event")
+    return d
+
+
+def check_counters(d) -> dict:
+    return check_fields(EngineCounters, d, "counters")
+
+
+def check_samples(rows, width: int, what: str) -> list:
+    """(time, value[, value-or-None]) rows of finite numbers."""
+    if not isinstance(rows, list):
+        raise BadRecording(f"{what}: expected a list")
+    for row in rows:
+        if not isinstance(row, list) or len(row) != width or not all(
+                is_type(v, "float") or (i == 2 and v is None) for i, v in enumerate(row)):
+            raise BadRecording(f"{what}: a malformed sample")
+    return rows
+
+
+WORKLOAD_TYPES = {"scenario": ("str",), "concurrency": ("int", "None"),
+                  "rate": ("float", "None"), "submitted": ("int",), "in_flight": ("int",),
+                  "failed": ("int",)}
+
+
+def check_plain_dict(d, what: str) -> dict:
+    """workload / extra: an object of scalars; known workload keys of their type."""
+    if not isinstance(d, dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)))
+            for k, v in d.items()):
+        raise BadRecording(f"{what}: expected an object of plain values")
+    for key, types in WORKLOAD_TYPES.items():
+        if what == "workload" and key in d and not any(is_type(d[key], t) for t in types):
+            raise BadRecording(f"workload: {key} has the wrong type")
+    return d

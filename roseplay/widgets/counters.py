@@ -1,0 +1,51 @@
+"""Engine counters over the last WINDOW seconds and since the last reset (key 0).
+
+The engine's counters are totals since it started; a learner needs "what happens now"
+(a hit rate that drops within seconds of turning the cache off) next to the totals, and
+a way to start counting afresh after changing a knob. Times are engine time (snapshot
+`time`); time going backwards (a replay seek) starts afresh.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+WINDOW = 10.0       # seconds behind the "last 10 s" figures (and the timing percentiles)
+
+
+class CounterWindow:
+    def __init__(self, window: float = WINDOW):
+        self.window = window
+        self._samples: deque = deque()       # (time, EngineCounters), oldest first
+        self.base = None                     # counters at the last reset (None: engine start)
+        self.reset_time: float | None = None
+        self.now = None
+
+    def feed(self, snap) -> None:
+        t, c = snap.time, snap.counters
+        if self._samples and (t < self._samples[-1][0] or c.steps < self._samples[-1][1].steps):
+            self._samples.clear()
+            self.base = self.reset_time = None
+        if not self._samples or self._samples[-1][1] is not c:
+            self._samples.append((t, c))
+        while len(self._samples) > 1 and self._samples[1][0] <= t - self.window:
+            self._samples.popleft()
+        self.now = c
+
+    def reset(self) -> None:
+        """Totals count from now on; the window starts empty."""
+        if self.now is not None:
+            self.base = self.now
+            self.reset_time = self._samples[-1][0]
+            self._samples = deque([self._samples[-1]])
+
+    def recent(self, name: str) -> int:
+        return getattr(self.now, name) - getattr(self._samples[0][1], name)
+
+    def total(self, name: str) -> int:
+        return getattr(self.now, name) - (getattr(self.base, name) if self.base else 0)
+
+    def hit_rate(self, recent: bool) -> float | None:
+        """Prefix-cache hit rate (hit tokens / looked-up tokens); None with no lookups."""
+        get = self.recent if recent else self.total
+        queried = get("prefix_queried_tokens")
+        return get("prefix_hit_tokens") / queried if queried else None

@@ -1,0 +1,91 @@
+"""The event log (COW, preemption, eviction, prefix hit, dedup join, chunk done) and
+the KV map's flashes: blocks an event touched in the last FLASH_SECONDS of engine time
+(paused: until the next step) get the event's colour and letter on the map.
+
+Events come from `EngineSnapshot.events` (engine/snapshot.py: the most recent, oldest
+first), so a replay shows exactly what was recorded.
+"""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from engine.snapshot import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PREEMPT,
+                             EV_PREFIX_HIT)
+from roseplay.widgets import theme
+from roseplay.widgets.kv_map import COW, EVICTED, HIT, LETTER, PREEMPTED
+
+FLASH_SECONDS = 1.5
+FLASH = {EV_COW: COW, EV_PREEMPT: PREEMPTED, EV_EVICT: EVICTED, EV_PREFIX_HIT: HIT}
+LABEL = {EV_COW: ("COW", "cow"), EV_PREEMPT: ("preempt", "preempt"),
+         EV_EVICT: ("evict", "evict"), EV_PREFIX_HIT: ("prefix hit", "hit"),
+         EV_DEDUP_JOIN: ("dedup join", "shared"), EV_CHUNK_DONE: ("chunk done", "prefill")}
+
+
+def flash_blocks(snap) -> dict[int, int]:
+    """block -> event category for the recent events (later events win)."""
+    out: dict[int, int] = {}
+    for e in snap.events:
+        cat = FLASH.get(e.kind)
+        if cat is not None and snap.time - FLASH_SECONDS <= e.time <= snap.time + FLASH_SECONDS:
+            out.update((b, cat) for b in e.blocks)
+    return out
+
+
+def _blocks(blocks, most: int = 6) -> str:
+    shown = " ".join(map(str, blocks[:most]))
+    return shown + (f" …+{len(blocks) - most}" if len(blocks) > most else "")
+
+
+def describe(e) -> str:
+    """What the event did, in words (without its step and kind)."""
+    b = e.blocks
+    if e.kind == EV_COW:
+        pairs = [f"{b[i]}→{b[i + 1]}" for i in range(0, len(b) - 1, 2)]
+        return f"copied shared block {', '.join(pairs[:4])} before writing"
+    if e.kind == EV_PREEMPT:
+        return f"out of blocks: freed {len(b)} ({_blocks(b)}), recomputes later"
+    if e.kind == EV_EVICT:
+        return f"reused {len(b)} cached block(s) ({_blocks(b)})"
+    if e.kind == EV_PREFIX_HIT:
+        return f"prompt prefix found: {len(b)} block(s) reused ({_blocks(b)})"
+    if e.kind == EV_DEDUP_JOIN:
+        return f"identical prompt: rides on {e.detail or 'its twin'}'s prefill"
+    if e.kind == EV_CHUNK_DONE:
+        return f"prefill chunk {e.detail}".strip()
+    return e.detail or ""
+
+
+class EventLog(Widget):
+    """Newest first, one line each: step, kind (colour + word), request, what happened."""
+
+    DEFAULT_CSS = "EventLog { height: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._key = None
+        self._text = Text()
+
+    def show(self, snap) -> None:
+        key = (snap.events[-1] if snap.events else None, len(snap.events), self.size,
+               theme.generation())
+        if key == self._key:
+            return
+        self._key = key
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if not snap.events:
+            t.append("no engine events yet: COW copies, preemptions, evictions, prefix hits,\n"
+                     "dedup joins and finished prefill chunks show here as they happen", "dim")
+        for e in reversed(snap.events[-max(1, self.size.height):]):
+            word, color = LABEL.get(e.kind, (e.kind, "free"))
+            t.append(f"#{e.step + 1:<6}", "dim")
+            letter = LETTER.get(FLASH.get(e.kind), " ")
+            t.append(f"{letter} {word:<10}", f"bold {theme.color(color)}")
+            t.append(f" {(e.request_id or '-'):<8} ")
+            t.append(describe(e) + "\n")
+        t.rstrip()
+        self._text = t
+        self.refresh()
+
+    def render(self) -> Text:
+        return self._text
