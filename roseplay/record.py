@@ -68,6 +68,7 @@ def _unb64(text, dtype: str, n: int) -> np.ndarray:
 def _req_dict(view: RequestView) -> dict:
     d = {name: getattr(view, name) for name in _REQ_FIELDS}
     d["blocks"] = list(view.blocks)
+    d["output_tail"] = list(view.output_tail)
     return d
 
 
@@ -292,8 +293,9 @@ class FrameDecoder:
 
     def _set_view(self, rid: str, d: dict) -> None:
         self._dicts[rid] = d
-        self._views[rid] = RequestView(**{**{k: d[k] for k in _REQ_FIELDS},
-                                          "blocks": tuple(d["blocks"])})
+        self._views[rid] = RequestView(**{**{k: d[k] for k in _REQ_FIELDS if k in d},
+                                          "blocks": tuple(d["blocks"]),
+                                          "output_tail": tuple(d.get("output_tail", ()))})
 
 
 def header_for(snap: EngineSnapshot, **info) -> dict:

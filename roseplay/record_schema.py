@@ -86,7 +86,9 @@ def check_header(h: dict) -> dict:
 
 
 def check_request(d, num_blocks: int) -> dict:
-    check_fields(RequestView, d, "request")
+    check_fields(RequestView, d, "request", skip=("output_tail",))   # newer than format 1
+    if "output_tail" in d and not is_type(d["output_tail"], "tuple[int"):
+        raise BadRecording("request: output_tail is not a list of token ids")
     check_blocks(d["blocks"], num_blocks, f"request {d['request_id']}")
     return d
 

@@ -130,7 +130,7 @@ def test_ab_fixed_knob_uses_fresh_engines(tmp_path, capsys):
 
 def test_identical_scenario_exercises_cow(tmp_path, capsys):
     path = tmp_path / "cow.json"
-    rc, _ = run_bench(capsys, "--scenario", "identical", "--num-prompts", "8",
+    rc, _ = run_bench(capsys, "--in-process", "--scenario", "identical", "--num-prompts", "8",
                       "--input-len", "65", "--output-len", "3", "--json", str(path))
     assert rc == 0
     eng = json.loads(path.read_text())["summary"]["engine"]

@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.snapshot import EV_CHUNK_DONE, EV_COW, EV_PREEMPT, EngineCounters, EngineEvent
+from engine.codes import EV_CHUNK_DONE, EV_COW, EV_PREEMPT
+from engine.snapshot import EngineCounters, EngineEvent
 from roseplay.app import RoseplayApp
 from roseplay.record import FrameDecoder, FrameEncoder, header_for
 from roseplay.source import ReplaySource

@@ -11,7 +11,8 @@ import dataclasses
 
 import pytest
 
-from engine.snapshot import EV_COW, EV_PREEMPT, EngineEvent
+from engine.codes import EV_COW, EV_PREEMPT
+from engine.snapshot import EngineEvent
 from roseplay.app import RoseplayApp
 from roseplay.source import ReplaySource
 from tui_helpers import SESSION, StaticSource, session_snapshot

@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from engine.snapshot import DECODING, DEDUP, PREEMPTED, PREFILLING, WAITING
+from engine.codes import DECODING, DEDUP, PREEMPTED, PREFILLING, WAITING
 
 RUNNING_STATES = (PREFILLING, DECODING, DEDUP)
 WAITING_STATES = (WAITING, PREEMPTED)

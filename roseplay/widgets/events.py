@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.snapshot import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PREEMPT,
+from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PREEMPT,
                              EV_PREFIX_HIT)
 from roseplay.widgets import theme
 from roseplay.widgets.kv_map import COW, EVICTED, HIT, LETTER, PREEMPTED
