@@ -7,7 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config import InvalidRequestError
+from engine.distributed.parallel import TPInfo
+from engine.models.config_check import check_gpt2_config
 from engine.models.layers import AttentionMetadata, PagedAttention
+from engine.models.weights import read_full
 
 
 class GPT2Block(nn.Module):
@@ -36,9 +40,14 @@ class GPT2Block(nn.Module):
 
 
 class GPT2LMHeadModel(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, tp: TPInfo = TPInfo()):
         super().__init__()
-        self.config = cfg
+        check_gpt2_config(cfg)
+        if tp.size > 1:
+            raise InvalidRequestError(
+                f"tensor_parallel_size {tp.size}: gpt2 runs on one GPU only (its layers are "
+                f"not sharded); use a Llama/Qwen/Mistral model or tensor_parallel_size 1")
+        self.config, self.tp = cfg, tp
         self.ops = None
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
@@ -56,19 +65,24 @@ class GPT2LMHeadModel(nn.Module):
         hidden = self.ln_f(hidden[logits_indices])
         return torch.matmul(hidden, self.wte.weight.t())   # model dtype
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    def load_weights(self, weights: Iterable[tuple[str, object]]) -> set[str]:
+        """HF tensors or safetensors slices; each shape checked before it is read."""
         params = dict(self.named_parameters())
         loaded = set()
-        for name, tensor in weights:
-            name = name.removeprefix("transformer.")
+        for hf_name, source in weights:
+            name = hf_name.removeprefix("transformer.")
             if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
                 continue  # tied head; causal-mask buffers of old checkpoints
             name = name.replace("attn.c_attn", "c_attn").replace("attn.c_proj", "c_proj")
             name = name.replace("mlp.c_fc", "c_fc").replace("mlp.c_proj", "mlp_proj")
             if name not in params:
                 raise KeyError(f"unexpected weight {name!r}")
-            if name.endswith(".weight") and any(k in name for k in ("c_attn", "c_proj", "c_fc", "mlp_proj")):
-                tensor = tensor.t()  # HF Conv1D stores [in, out]
-            params[name].data.copy_(tensor)
+            shape = tuple(params[name].shape)
+            conv1d = name.endswith(".weight") and any(
+                k in name for k in ("c_attn", "c_proj", "c_fc", "mlp_proj"))
+            if conv1d:   # HF Conv1D stores [in, out]
+                params[name].data.copy_(read_full(source, hf_name, shape[::-1]).t())
+            else:
+                params[name].data.copy_(read_full(source, hf_name, shape))
             loaded.add(name)
         return loaded
