@@ -1,0 +1,60 @@
+"""The tensor-parallel process group: torch.distributed over a TCP store on 127.0.0.1.
+
+NCCL on CUDA (model collectives, captured by CUDA graphs) plus a gloo group for the CPU
+control path (step broadcasts); gloo for both on CPU. Rank r drives cuda:r.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from engine.distributed.parallel import TPInfo
+
+# NVLink SHARP (multicast) stays off: it needs fabric-manager support the lent hosts lack
+CHILD_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the rendezvous store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_device(device_type: str, rank: int) -> torch.device:
+    return torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+
+
+def init_group(tp: TPInfo, port: int, device_type: str, timeout_s: float):
+    """Join the group (blocks until every rank has); return the CPU control group."""
+    os.environ.update(CHILD_ENV)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    kwargs = {}
+    if device_type == "cuda":
+        torch.cuda.set_device(tp.rank)
+        kwargs["device_id"] = rank_device(device_type, tp.rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=tp.rank,
+                            world_size=tp.size,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+
+
+def abort_group() -> None:
+    """Unblock collectives stuck on a dead peer (NCCL needs an abort; gloo errors out)."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        from torch.distributed.distributed_c10d import _abort_process_group
+        try:
+            _abort_process_group()
+        except Exception:   # already torn down by NCCL's own watchdog
+            pass
+
+
+def destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
