@@ -114,13 +114,17 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+# torch >= 2.13 names it all_gather_single (all_gather_into_tensor: deprecated alias)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def gather_vocab(local: torch.Tensor, tp: TPInfo, vocab_size: int) -> torch.Tensor:
     """[S, V/N] per rank -> [S, V] full logits on every rank (padding columns dropped).
-    all_gather_into_tensor needs one fixed output shape: S is the same on every rank and,
-    under CUDA graphs, fixed per captured batch size."""
+    The single-tensor all-gather needs one fixed output shape: S is the same on every rank
+    and, under CUDA graphs, fixed per captured batch size."""
     s, v_local = local.shape
     out = local.new_empty(tp.size * s, v_local)
-    dist.all_gather_into_tensor(out, local.contiguous())
+    _all_gather_single(out, local.contiguous())
     return out.view(tp.size, s, v_local).permute(1, 0, 2).reshape(s, -1)[:, :vocab_size]
 
 

@@ -193,16 +193,23 @@ class TPWorkerGroup:
         try:
             self.transport.send(message)
         except (TransportError, RuntimeError) as exc:
-            self.check()     # a dead rank explains the transport error
+            self.check(wait_s=1.0)     # a dead rank explains the transport error
             raise TPWorkerError(f"tensor-parallel step broadcast failed: {exc}") from exc
 
     def alive(self) -> bool:
         return self.error is None
 
-    def check(self) -> None:
-        """Raise the group's error, if a rank has failed."""
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise the group's error if a rank has failed. After a collective raised (a
+        peer's socket closed), wait_s gives the watchdog time to name the dead rank."""
+        deadline = time.monotonic() + wait_s
+        while self.error is None and time.monotonic() < deadline and self._watching():
+            time.sleep(0.01)
         if self.error is not None:
             raise self.error
+
+    def _watching(self) -> bool:
+        return self._watchdog is not None and self._watchdog.is_alive()
 
     # -- failure watchdog ------------------------------------------------------------------
     def _watch(self) -> None:
