@@ -138,6 +138,8 @@ class TPWorkerGroup:
             raise
 
     def _start(self) -> TPInfo:
+        from engine.models.loader import check_tensor_parallel, model_config
+        check_tensor_parallel(model_config(self.spec.model), self.spec.size)  # before spawning
         spec, port = self.spec, free_port()
         shm = ShmBroadcast(None, spec.size - 1, 0, alive=self.alive) \
             if spec.transport == "shm" else None

@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from engine.distributed.parallel import (Shard, TPInfo, all_reduce, column, gather_vocab,
+from engine.distributed.parallel import (Segment, Shard, TPInfo, all_reduce, column, gather_vocab,
                                         kv_head_segment, mark, row, row_bias, split,
                                         split_padded, vocab_embedding)
 from engine.models.config_check import check_llama_config
@@ -22,14 +22,23 @@ from engine.models.layers import (AttentionMetadata, PagedAttention, rope_cos_si
 from engine.models.weights import load_param
 
 
+def layer_segments(cfg, tp: TPInfo) -> tuple[Segment, Segment, Segment]:
+    """This rank's rows of q, of k (and v), of gate (and up); refuses sizes that N does
+    not divide (checked before any worker starts: loader.check_tensor_parallel)."""
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    q_seg = split(cfg.num_attention_heads, tp, "the attention heads")
+    return (Segment(q_seg.full * d, q_seg.start * d, q_seg.length * d),
+            kv_head_segment(kv_heads, d, tp),
+            split(cfg.intermediate_size, tp, "intermediate_size"))
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg, model):
         super().__init__()
         object.__setattr__(self, "model", model)  # ops / rope cache / tp; not a submodule
         tp, h, d = model.tp, cfg.hidden_size, model.head_dim
-        q_seg = split(cfg.num_attention_heads * d, tp, "the attention heads")
-        kv_seg = kv_head_segment(model.num_kv_heads, d, tp)
-        inter = split(cfg.intermediate_size, tp, "intermediate_size")
+        q_seg, kv_seg, inter = layer_segments(cfg, tp)
         self.num_heads, self.num_kv_heads, self.head_dim = (q_seg.length // d,
                                                             kv_seg.length // d, d)
         self.q_size, self.kv_size = q_seg.length, kv_seg.length

@@ -18,7 +18,8 @@ from torch import nn
 from engine.config import DEFAULT_MODEL, InvalidRequestError
 from engine.distributed.parallel import TPInfo, take
 from engine.models.gpt2 import GPT2LMHeadModel
-from engine.models.llama import LlamaForCausalLM
+from engine.models.config_check import check_llama_config
+from engine.models.llama import LlamaForCausalLM, layer_segments
 from engine.models.presets import PRESETS, preset_config
 
 ARCHITECTURES = {
@@ -65,6 +66,25 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
     tokenizer = _load_tokenizer(path)
     max_len = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions")
     return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path), max_len)
+
+
+def model_config(name: str):
+    """The HF config of a model name (no weights read): a preset's or the checkpoint's."""
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
+    if name.startswith("dummy:"):
+        return preset_config(name.removeprefix("dummy:"))
+    return _read_config(_local_dir(resolve_model_path(name)))
+
+
+def check_tensor_parallel(hf_config, size: int) -> None:
+    """Refuse a tensor_parallel_size the model cannot be split over, before any rank starts."""
+    if size == 1:
+        return
+    if hf_config.model_type == "gpt2":
+        GPT2LMHeadModel(hf_config, TPInfo(0, size))   # raises its own message
+    check_llama_config(hf_config)
+    layer_segments(hf_config, TPInfo(0, size))
 
 
 def _local_dir(name: str) -> str:
