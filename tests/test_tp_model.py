@@ -44,10 +44,7 @@ def _tp2(name: str, prompts):
         group.allocate_kv(NUM_BLOCKS, BLOCK_SIZE)
         runner = _runner(runner_model)
 
-        def forward(step):
-            group.broadcast(step)
-            return runner.execute(step)
-        result = PagedDriver(prompts).run(forward)
+        result = PagedDriver(prompts).run(lambda step: group.run(step, runner.execute))
     finally:
         group.shutdown()
     assert [p.exitcode for p in group.procs] == [0]

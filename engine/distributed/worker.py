@@ -5,7 +5,7 @@
     loaded = load_model(..., tp=tp)          # rank 0's shard, in the engine process
     group.wait_ready()                       # every worker loaded its shard
     group.allocate_kv(num_blocks, block_size)    # same block ids on every rank
-    per step: group.broadcast(step); logits = rank 0 runner.execute(step); sample
+    per step: logits = group.run(step, runner.execute); sample on rank 0
     group.shutdown()
 Each worker loops: receive a message -> build tensors -> forward (its logits are dropped).
 A watchdog thread watches the workers: a rank that exits ends the group with a
@@ -189,6 +189,16 @@ class TPWorkerGroup:
     def broadcast(self, step) -> None:
         """Send this step's inputs to every worker (rank 0 then runs the same step)."""
         self._send(("step", step))
+
+    def run(self, step, forward):
+        """One step on every rank: broadcast `step`, run rank 0's `forward(step)`, return its
+        result. A collective that fails because a rank died raises TPWorkerError naming it."""
+        self.broadcast(step)
+        try:
+            return forward(step)
+        except RuntimeError as exc:
+            self.check(wait_s=2.0)
+            raise TPWorkerError(f"tensor-parallel step failed on rank 0: {exc}") from exc
 
     def _send(self, message) -> None:
         self.check()

@@ -10,7 +10,8 @@ MAX_POSITIONS = 1 << 21
 
 
 def positive_int(cfg, field: str, maximum: int | None = None, default=None) -> int:
-    value = getattr(cfg, field, default)
+    value = getattr(cfg, field, None)
+    value = default if value is None else value
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (
             maximum is not None and value > maximum):
         bound = f"in [1, {maximum}]" if maximum else ">= 1"
