@@ -60,13 +60,16 @@ class ShmBroadcast:
         self.seq = int(self.header[0])
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
-        spins, last_check = 0, time.monotonic()
+        """Spin briefly (a step is usually microseconds away), then sleep: 0.1 ms while
+        steps flow, 1 ms once idle for a second (an idle engine costs no core)."""
+        spins, start = 0, time.monotonic()
+        last_check = start
         while not ready():
             spins += 1
             if spins < 2000:
-                continue                 # a step is usually microseconds away
-            time.sleep(0 if spins < 4000 else 1e-4)
+                continue
             now = time.monotonic()
+            time.sleep(0 if spins < 4000 else 1e-4 if now - start < 1.0 else 1e-3)
             if now - last_check > 0.05:
                 last_check = now
                 if not self.alive():

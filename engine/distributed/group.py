@@ -30,7 +30,8 @@ def rank_device(device_type: str, rank: int) -> torch.device:
 
 
 def init_group(tp: TPInfo, port: int, device_type: str, timeout_s: float):
-    """Join the group (blocks until every rank has); return the CPU control group."""
+    """Join the group (blocks until every rank has); return the CPU (gloo) control group
+    for step broadcasts, apart from the model's collectives and their timeout."""
     os.environ.update(CHILD_ENV)
     backend = "nccl" if device_type == "cuda" else "gloo"
     kwargs = {}
@@ -40,7 +41,8 @@ def init_group(tp: TPInfo, port: int, device_type: str, timeout_s: float):
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=tp.rank,
                             world_size=tp.size,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    return dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+    # the control group waits for the next step as long as the engine idles
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=365))
 
 
 def abort_group() -> None:
