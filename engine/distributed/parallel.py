@@ -125,7 +125,7 @@ def gather_vocab(local: torch.Tensor, tp: TPInfo, vocab_size: int) -> torch.Tens
     s, v_local = local.shape
     out = local.new_empty(tp.size * s, v_local)
     _all_gather_single(out, local.contiguous())
-    return out.view(tp.size, s, v_local).permute(1, 0, 2).reshape(s, -1)[:, :vocab_size]
+    return out.view(tp.size, s, v_local).permute(1, 0, 2).reshape(s, -1)[:, :vocab_size].contiguous()
 
 
 def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
