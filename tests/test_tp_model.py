@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from engine.distributed.parallel import TPInfo
 from engine.distributed.step import EagerStepRunner
 from engine.distributed.worker import TPWorkerGroup, WorkerSpec
 from engine.models.loader import load_model
@@ -35,8 +34,8 @@ def _tp1(name: str, prompts):
     return PagedDriver(prompts).run(runner.execute)
 
 
-def _tp2(name: str, prompts):
-    group = TPWorkerGroup(WorkerSpec(name, 2))
+def _tp2(name: str, prompts, transport: str = "shm"):
+    group = TPWorkerGroup(WorkerSpec(name, 2, transport=transport))
     try:
         tp = group.start()
         runner_model = load_model(name, CPU, F32, tp=tp).model
@@ -65,10 +64,12 @@ def test_tp2_equals_tp1_on_sharded_checkpoint(kind, tmp_path):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
 
-def test_tp2_dummy_weights_equal_tp1():
-    """Each rank draws the TP=1 dummy tensors and keeps its slice: same greedy tokens."""
+@pytest.mark.parametrize("transport", ["shm", "torch"])
+def test_tp2_dummy_weights_equal_tp1(transport):
+    """Each rank draws the TP=1 dummy tensors and keeps its slice: same greedy tokens
+    (through either step transport)."""
     prompts = _prompts(512)
     logits1, tokens1 = _tp1("dummy:tiny", prompts)
-    logits2, tokens2 = _tp2("dummy:tiny", prompts)
+    logits2, tokens2 = _tp2("dummy:tiny", prompts, transport)
     assert tokens2 == tokens1
     torch.testing.assert_close(logits2[-1], logits1[-1], atol=1e-5, rtol=1e-4)

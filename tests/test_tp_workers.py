@@ -10,12 +10,10 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 import torch
 
 from engine.config import InvalidRequestError
-from engine.distributed.parallel import TPInfo
 from engine.distributed.step import EagerStepRunner
 from engine.distributed.worker import TPWorkerError, TPWorkerGroup, WorkerSpec
 from engine.models.loader import load_model
@@ -138,3 +136,31 @@ def test_killed_engine_leaves_no_orphan_worker(transport):
     finally:
         proc.kill()
         proc.wait()
+
+
+class _KilledAtBirth(TPWorkerGroup):
+    """Kills rank 1 as soon as it is spawned (it is still importing torch)."""
+
+    def _await(self, expected):
+        if expected == "joining":
+            os.kill(self.procs[0].pid, signal.SIGKILL)
+        return super()._await(expected)
+
+
+def test_worker_dead_before_the_rendezvous_does_not_hang_rank0():
+    g = _KilledAtBirth(WorkerSpec("dummy:tiny", 2))
+    t0 = time.monotonic()
+    with pytest.raises(TPWorkerError, match=r"rank 1 .*(exited|failed to start)"):
+        g.start()
+    assert time.monotonic() - t0 < 5.0
+    assert not g.procs[0].is_alive()
+
+
+def test_more_ranks_than_gpus_are_refused():
+    g = TPWorkerGroup(WorkerSpec("dummy:tiny", 2, device_type="cuda"))
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this host has 2 GPUs")
+    with pytest.raises(InvalidRequestError, match=r"tensor_parallel_size 2 needs 2 GPUs, \d "
+                                                  r"visible"):
+        g.start()
+    assert g.procs == []

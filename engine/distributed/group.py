@@ -12,6 +12,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from engine.config import InvalidRequestError
 from engine.distributed.parallel import TPInfo
 
 # NVLink SHARP (multicast) stays off: it needs fabric-manager support the lent hosts lack
@@ -29,15 +30,26 @@ def rank_device(device_type: str, rank: int) -> torch.device:
     return torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
 
 
+def check_devices(device_type: str, size: int) -> None:
+    """N ranks on CUDA need N visible GPUs (rank r on cuda:r)."""
+    if device_type == "cuda" and torch.cuda.device_count() < size:
+        raise InvalidRequestError(f"tensor_parallel_size {size} needs {size} GPUs, "
+                                  f"{torch.cuda.device_count()} visible")
+
+
+def bind_device(device_type: str, rank: int) -> None:
+    """Rank r uses cuda:r."""
+    if device_type == "cuda":
+        check_devices(device_type, rank + 1)
+        torch.cuda.set_device(rank)
+
+
 def init_group(tp: TPInfo, port: int, device_type: str, timeout_s: float):
     """Join the group (blocks until every rank has); return the CPU (gloo) control group
     for step broadcasts, apart from the model's collectives and their timeout."""
     os.environ.update(CHILD_ENV)
     backend = "nccl" if device_type == "cuda" else "gloo"
-    kwargs = {}
-    if device_type == "cuda":
-        torch.cuda.set_device(tp.rank)
-        kwargs["device_id"] = rank_device(device_type, tp.rank)
+    kwargs = {"device_id": rank_device(device_type, tp.rank)} if device_type == "cuda" else {}
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=tp.rank,
                             world_size=tp.size,
                             timeout=datetime.timedelta(seconds=timeout_s), **kwargs)

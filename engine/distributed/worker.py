@@ -28,8 +28,8 @@ from multiprocessing.connection import wait
 import torch
 
 from engine.distributed.broadcast import ShmBroadcast, TorchBroadcast, TransportError
-from engine.distributed.group import (CHILD_ENV, abort_group, destroy_group, free_port,
-                                      init_group, rank_device)
+from engine.distributed.group import (CHILD_ENV, abort_group, bind_device, check_devices,
+                                      destroy_group, free_port, init_group, rank_device)
 from engine.distributed.parallel import TPInfo
 
 
@@ -88,6 +88,8 @@ def worker_main(rank: int, spec: WorkerSpec, port: int, shm_name: str | None, co
         from engine.models.loader import load_model
         from kernels import get_ops
         tp = TPInfo(rank, spec.size)
+        bind_device(spec.device_type, rank)
+        conn.send(("joining", None))   # rank 0 joins the rendezvous only once all can
         group = init_group(tp, port, spec.device_type, spec.timeout_s)
         device, dtype = rank_device(spec.device_type, rank), getattr(torch, spec.dtype)
         model = load_model(spec.model, device, dtype, spec.seed, tp).model
@@ -140,6 +142,7 @@ class TPWorkerGroup:
     def _start(self) -> TPInfo:
         from engine.models.loader import check_tensor_parallel, model_config
         check_tensor_parallel(model_config(self.spec.model), self.spec.size)  # before spawning
+        check_devices(self.spec.device_type, self.spec.size)
         spec, port = self.spec, free_port()
         shm = ShmBroadcast(None, spec.size - 1, 0, alive=self.alive) \
             if spec.transport == "shm" else None
@@ -156,25 +159,36 @@ class TPWorkerGroup:
                 self.conns.append(parent_end)
         self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
         self._watchdog.start()
+        self._await("joining")   # a worker dead before the rendezvous must not hang rank 0
+        bind_device(spec.device_type, 0)
         group = init_group(TPInfo(0, spec.size), port, spec.device_type, spec.timeout_s)
         self.transport = shm or TorchBroadcast(group, 0)
         return TPInfo(0, spec.size)
 
     def wait_ready(self) -> None:
         """Block until every worker has loaded its shard (or raise what one reported)."""
-        deadline = time.monotonic() + self.spec.timeout_s
-        pending = dict(zip(self.conns, range(1, self.spec.size)))
-        while pending:
+        self._await("ready")
+
+    def _await(self, expected: str) -> None:
+        """Every worker's next message is `expected`; a death, an error report or the
+        start-up timeout stops the group and raises a TPWorkerError naming the rank."""
+        try:
+            deadline = time.monotonic() + self.spec.timeout_s
+            pending = dict(zip(self.conns, range(1, self.spec.size)))
+            while pending:
+                self.check()
+                for conn in wait(list(pending), timeout=0.1):
+                    rank = pending.pop(conn)
+                    kind, detail = self._recv(conn, rank)
+                    if kind != expected:
+                        self._set_error(f"tensor-parallel rank {rank} failed to start: {detail}")
+                if time.monotonic() > deadline:
+                    self._set_error(f"tensor-parallel ranks {sorted(pending.values())} not "
+                                    f"{expected} after {self.spec.timeout_s:.0f} s")
             self.check()
-            for conn in wait(list(pending), timeout=0.1):
-                rank = pending.pop(conn)
-                kind, detail = self._recv(conn, rank)
-                if kind != "ready":
-                    self._fail(f"tensor-parallel rank {rank} failed to start: {detail}")
-            if time.monotonic() > deadline:
-                self._fail(f"tensor-parallel ranks {sorted(pending.values())} not ready "
-                           f"after {self.spec.timeout_s:.0f} s")
-        self.check()
+        except BaseException:
+            self.shutdown()
+            raise
 
     def _recv(self, conn, rank: int):
         try:
@@ -252,11 +266,6 @@ class TPWorkerGroup:
     def _set_error(self, message: str) -> None:
         if self.error is None:
             self.error = TPWorkerError(message)
-
-    def _fail(self, message: str):
-        self._set_error(message)
-        self.shutdown()
-        raise self.error
 
     # -- stop ----------------------------------------------------------------------------------
     def shutdown(self, timeout_s: float = 5.0) -> None:
