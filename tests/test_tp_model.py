@@ -1,7 +1,8 @@
 """Tensor parallel at the model level (CPU, gloo, 2 processes, float32): rank 0 in this
 process, rank 1 a TPWorkerGroup worker, both reading their slices of a sharded-index HF
 checkpoint. Over the paged path (a prompt of many blocks in two prefill chunks, a mixed
-step, decodes), TP=2 logits and greedy tokens equal TP=1's."""
+step, decodes), TP=2 logits and greedy tokens equal TP=1's (GPT-2 too: its Conv1D
+weights are read transposed, slice by slice)."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,7 +51,7 @@ def _tp2(name: str, prompts, transport: str = "shm"):
     return result
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "llama-kv1"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "llama-kv1", "gpt2"])
 def test_tp2_equals_tp1_on_sharded_checkpoint(kind, tmp_path):
     make_checkpoint(LLAMA_KV1 if kind == "llama-kv1" else kind, tmp_path)
     shard_checkpoint(tmp_path)

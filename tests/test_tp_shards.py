@@ -62,7 +62,7 @@ def test_rank_slices_are_the_tp1_rows(size):
 @pytest.mark.parametrize("name, size, match", [
     ("dummy:tiny", 3, r"tensor_parallel_size 3 does not divide the attention heads \(4\)"),
     ("dummy:qwen2.5-7b", 8, r"does not divide the attention heads \(28\)"),
-    ("dummy:tiny-gpt2", 2, r"gpt2 runs on one GPU only"),
+    ("dummy:tiny-gpt2", 3, r"tensor_parallel_size 3 does not divide the attention heads \(4\)"),
 ])
 def test_unsplittable_sizes_are_refused(name, size, match):
     with pytest.raises(InvalidRequestError, match=match):

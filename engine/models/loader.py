@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from engine.config import DEFAULT_MODEL, InvalidRequestError
-from engine.distributed.parallel import TPInfo, take
+from engine.distributed.parallel import TPInfo, split, take
 from engine.models.gpt2 import GPT2LMHeadModel
-from engine.models.config_check import check_llama_config
+from engine.models.config_check import check_gpt2_config, check_llama_config
 from engine.models.llama import LlamaForCausalLM, layer_segments
 from engine.models.presets import PRESETS, preset_config
 
@@ -81,10 +81,14 @@ def check_tensor_parallel(hf_config, size: int) -> None:
     """Refuse a tensor_parallel_size the model cannot be split over, before any rank starts."""
     if size == 1:
         return
+    tp = TPInfo(0, size)
     if hf_config.model_type == "gpt2":
-        GPT2LMHeadModel(hf_config, TPInfo(0, size))   # raises its own message
+        check_gpt2_config(hf_config)
+        split(hf_config.n_head, tp, "the attention heads")
+        split(hf_config.n_inner or 4 * hf_config.n_embd, tp, "n_inner")
+        return
     check_llama_config(hf_config)
-    layer_segments(hf_config, TPInfo(0, size))
+    layer_segments(hf_config, tp)
 
 
 def _local_dir(name: str) -> str:

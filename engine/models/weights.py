@@ -13,6 +13,22 @@ from engine.config import InvalidRequestError
 from engine.distributed.parallel import Shard
 
 
+class Transposed:
+    """A 2-D source read as its transpose (HF Conv1D stores [in, out]); slices still read
+    only the requested rows of the file."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def get_shape(self) -> list[int]:
+        return list(source_shape(self.source))[::-1]
+
+    def __getitem__(self, index) -> torch.Tensor:
+        index = index if isinstance(index, tuple) else (index,)
+        rows, cols = (tuple(index) + (slice(None), slice(None)))[:2]
+        return self.source[(cols, rows)].t()
+
+
 def source_shape(source) -> tuple[int, ...]:
     if isinstance(source, torch.Tensor):
         return tuple(source.shape)
@@ -27,7 +43,7 @@ def read_rows(source, dim: int, start: int, stop: int) -> torch.Tensor:
 
 def read_full(source, name: str, expected: tuple[int, ...]) -> torch.Tensor:
     check_shape(name, source, expected)
-    return source if isinstance(source, torch.Tensor) else source[:]
+    return source if isinstance(source, torch.Tensor) else source[(slice(None),)]
 
 
 def check_shape(name: str, source, expected: tuple[int, ...]) -> None:
