@@ -4,7 +4,7 @@
     group = TPWorkerGroup(WorkerSpec(...)); tp = group.start()   # spawn + join the group
     loaded = load_model(..., tp=tp)          # rank 0's shard, in the engine process
     group.wait_ready()                       # every worker loaded its shard
-    group.allocate_kv(num_blocks, block_size)    # same block ids on every rank
+    group.allocate_kv(num_blocks, block_size, **runner_kwargs)   # workers build runners
     per step: logits = group.run(step, runner.execute); sample on rank 0
     group.shutdown()
 Each worker loops: receive a message -> build tensors -> forward (its logits are dropped).
@@ -47,6 +47,8 @@ class WorkerSpec:
     attention_backend: str = "torch"  # kernels.get_ops name
     transport: str = "shm"            # shm | torch (docs/TP.md: cost per step)
     timeout_s: float = 600.0          # collectives and start-up
+    # "module:callable" building a worker's runner at allocate_kv; the engine's own runner
+    # (CUDA graphs) must replace the eager default so every rank pads steps alike
     runner_factory: str = "engine.distributed.step:EagerStepRunner"
 
 
@@ -103,7 +105,7 @@ def worker_main(rank: int, spec: WorkerSpec, port: int, shm_name: str | None, co
                 break
             if kind == "kv":
                 runner = _import(spec.runner_factory)(model, get_ops(spec.attention_backend),
-                                                      device, dtype, *payload)
+                                                      device, dtype, **payload)
             else:
                 runner.execute(payload)
     except BaseException as exc:   # report, then exit non-zero: rank 0's watchdog names it
@@ -122,6 +124,9 @@ class TPWorkerGroup:
     def __init__(self, spec: WorkerSpec):
         if spec.size < 2:
             raise ValueError("a worker group needs tensor_parallel_size >= 2")
+        if spec.transport not in ("shm", "torch") or spec.device_type not in ("cpu", "cuda"):
+            raise ValueError(f"transport must be shm|torch and device_type cpu|cuda, got "
+                             f"{spec.transport!r}, {spec.device_type!r}")
         self.spec = spec
         self.procs: list = []
         self.conns: list = []
@@ -197,8 +202,10 @@ class TPWorkerGroup:
             return "error", f"rank {rank} exited"
 
     # -- per step ------------------------------------------------------------------------
-    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
-        self._send(("kv", (num_blocks, block_size)))
+    def allocate_kv(self, num_blocks: int, block_size: int, **runner_kwargs) -> None:
+        """Every worker builds its runner: `runner_factory(model, ops, device, dtype,
+        num_blocks=, block_size=, **runner_kwargs)` (its KV pool: the same block ids)."""
+        self._send(("kv", dict(num_blocks=num_blocks, block_size=block_size, **runner_kwargs)))
 
     def broadcast(self, step) -> None:
         """Send this step's inputs to every worker (rank 0 then runs the same step)."""
