@@ -20,6 +20,7 @@ def _knob(default, help: str, **extra):
 
 
 DEFAULT_MODEL = "default"
+MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in practice)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ class EngineConfig:
     attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA, torch on CPU), "
                                            "torch, triton.",
                                    choices=("auto", "torch", "triton"))
+    tensor_parallel_size: int = _knob(
+        1, "GPUs (ranks) one model is sharded over: heads, MLP and vocab split, one worker "
+           "process per extra rank, NCCL on CUDA (gloo on CPU). Must divide the attention "
+           "heads.", minimum=1)
     seed: int = _knob(0, "Seed for dummy weights and unseeded sampling.")
     check_invariants: bool = _knob(False, "Check block-pool invariants after every step (slow).")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -86,6 +91,10 @@ class EngineConfig:
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int)
                                             or self.num_blocks < 2):
             raise InvalidRequestError(f"num_blocks must be an integer >= 2, got {self.num_blocks!r}")
+        tps = self.tensor_parallel_size
+        if isinstance(tps, bool) or not isinstance(tps, int) or not 1 <= tps <= MAX_TP_SIZE:
+            raise InvalidRequestError(
+                f"tensor_parallel_size must be an integer in [1, {MAX_TP_SIZE}], got {tps!r}")
         gmu = self.gpu_memory_utilization
         if isinstance(gmu, bool) or not isinstance(gmu, (int, float)) or not 0.0 < gmu <= 1.0:
             raise InvalidRequestError(f"gpu_memory_utilization must be in (0, 1], got {gmu!r}")

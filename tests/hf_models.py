@@ -27,9 +27,10 @@ CONFIGS = {
 
 
 def make_checkpoint(kind: str, path, seed: int = 0, with_tokenizer: bool = False):
-    """Build a random-weight HF model of `kind`, save it (safetensors) to `path`."""
+    """Build a random-weight HF model of `kind` (a CONFIGS key or a config dict), save it
+    (safetensors) to `path`."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    kwargs = dict(CONFIGS[kind])
+    kwargs = dict(CONFIGS[kind] if isinstance(kind, str) else kind)
     model_type = kwargs.pop("model_type")
     cfg = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)

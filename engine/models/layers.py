@@ -11,6 +11,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from engine.config import InvalidRequestError
+
 
 @dataclass
 class AttentionMetadata:
@@ -81,13 +83,20 @@ def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     partial = getattr(config, "partial_rotary_factor", 1.0)
     dim = int(head_dim * partial)
     if rope_type == "default":
-        base = params["rope_theta"]
+        base = params.get("rope_theta", 10000.0)
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
+            raise InvalidRequestError(f"config field rope_theta must be > 0, got {base!r}")
         inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         return inv, 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unsupported rope type {rope_type!r}")
-    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+        raise InvalidRequestError(f"config field rope_type: unsupported rope type "
+                                  f"{rope_type!r}; supported: default, "
+                                  f"{', '.join(sorted(ROPE_INIT_FUNCTIONS))}")
+    try:
+        inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        raise InvalidRequestError(f"config field rope_scaling ({rope_type}): {exc}") from exc
     return inv.float(), float(scaling)
 
 

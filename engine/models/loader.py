@@ -7,6 +7,7 @@ with random weights (like vLLM's load_format="dummy").
 from __future__ import annotations
 
 import glob
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,10 @@ import torch
 from torch import nn
 
 from engine.config import DEFAULT_MODEL, InvalidRequestError
+from engine.distributed.parallel import TPInfo, split, take
 from engine.models.gpt2 import GPT2LMHeadModel
-from engine.models.llama import LlamaForCausalLM
+from engine.models.config_check import check_gpt2_config, check_llama_config
+from engine.models.llama import LlamaForCausalLM, layer_segments
 from engine.models.presets import PRESETS, preset_config
 
 ARCHITECTURES = {
@@ -45,22 +48,47 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
+               tp: TPInfo = TPInfo()) -> LoadedModel:
+    """This rank's model (its shard of every weight when tp.size > 1)."""
     if not isinstance(name, str) or not name:
         raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
     if name.startswith("dummy:"):
         hf_config = preset_config(name.removeprefix("dummy:"))
-        model = _build(hf_config, device, dtype)
+        model = _build(hf_config, device, dtype, tp)
         _init_dummy(model, seed)
         return LoadedModel(model, hf_config, None, name, _eos_ids(hf_config, None),
                            hf_config.max_position_embeddings)
     path = _local_dir(resolve_model_path(name))
     hf_config = _read_config(path)
-    model = _build(hf_config, device, dtype)
+    model = _build(hf_config, device, dtype, tp)
     _load_safetensors(model, path)
     tokenizer = _load_tokenizer(path)
     max_len = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions")
     return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path), max_len)
+
+
+def model_config(name: str):
+    """The HF config of a model name (no weights read): a preset's or the checkpoint's."""
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
+    if name.startswith("dummy:"):
+        return preset_config(name.removeprefix("dummy:"))
+    return _read_config(_local_dir(resolve_model_path(name)))
+
+
+def check_tensor_parallel(hf_config, size: int) -> None:
+    """Refuse a tensor_parallel_size the model cannot be split over, before any rank starts."""
+    if size == 1:
+        return
+    tp = TPInfo(0, size)
+    if hf_config.model_type == "gpt2":
+        check_gpt2_config(hf_config)
+        split(hf_config.n_head, tp, "the attention heads")
+        split(hf_config.n_inner or 4 * hf_config.n_embd, tp, "n_inner")
+        return
+    check_llama_config(hf_config)
+    layer_segments(hf_config, tp)
 
 
 def _local_dir(name: str) -> str:
@@ -94,9 +122,9 @@ def _read_config(path: str):
     return cfg
 
 
-def _build(hf_config, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def _build(hf_config, device: torch.device, dtype: torch.dtype, tp: TPInfo) -> nn.Module:
     with torch.device(device):
-        model = ARCHITECTURES[hf_config.model_type](hf_config)
+        model = ARCHITECTURES[hf_config.model_type](hf_config, tp)
     return _keep_fp32_buffers(model, dtype)
 
 
@@ -110,17 +138,38 @@ def _keep_fp32_buffers(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def _weight_files(path: str) -> list[str]:
+    """The checkpoint's files: those its model.safetensors.index.json names, else *.safetensors."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise InvalidRequestError(f"no *.safetensors weights in {path}")
+        return files
+    try:
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        names = sorted(set(weight_map.values()))
+        assert names and all(isinstance(n, str) and os.sep not in n for n in names)
+    except Exception as exc:
+        raise InvalidRequestError(f"unreadable {index}: needs a weight_map of tensor name -> "
+                                  f"file name ({type(exc).__name__}: {exc})") from exc
+    missing = [n for n in names if not os.path.exists(os.path.join(path, n))]
+    if missing:
+        raise InvalidRequestError(f"checkpoint {path} is partial: its index names missing "
+                                  f"files, e.g. {missing[:3]}")
+    return [os.path.join(path, n) for n in names]
+
+
 def _load_safetensors(model: nn.Module, path: str) -> None:
     from safetensors import safe_open
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise InvalidRequestError(f"no *.safetensors weights in {path}")
+    files = _weight_files(path)
     expected = {n for n, _ in model.named_parameters()}
     try:
-        def tensors():   # one stream over all shards: a fused param may span two files
-            for file in files:
+        def tensors():   # one stream over all files: a fused param may span two of them
+            for file in files:   # slices: each rank reads only its rows of a tensor
                 with safe_open(file, framework="pt", device="cpu") as f:
-                    yield from ((k, f.get_tensor(k)) for k in f.keys())
+                    yield from ((k, f.get_slice(k)) for k in f.keys())
         loaded = model.load_weights(tensors())
     except Exception as exc:
         raise InvalidRequestError(f"unreadable weights in {path}: {exc}") from exc
@@ -131,15 +180,21 @@ def _load_safetensors(model: nn.Module, path: str) -> None:
 
 
 def _init_dummy(model: nn.Module, seed: int) -> None:
-    """Random N(0, 0.02) weights, unit norms, zero norm biases; seeded, made on the device."""
+    """Random N(0, 0.02) weights, unit norms, zero norm biases; seeded, made on the device.
+    Under TP each rank draws every full (TP=1) tensor in the same order and keeps its
+    slice, so a rank's shard equals that slice of the TP=1 weights (TP=N greedy == TP=1);
+    the cost is the TP=1 generation time on every rank, one full tensor at a time."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
         if "norm" in name or ".ln_" in name or name.startswith("ln_"):
             p.data.fill_(0.0 if name.endswith("bias") else 1.0)
             continue
-        p.data.copy_(torch.empty(p.shape, dtype=torch.float32, device=device)
-                     .normal_(0.0, 0.02, generator=gen))
+        shard = getattr(p, "tp_shard", None)
+        shape = shard.full_shape(p.shape) if shard else p.shape
+        full = torch.empty(shape, dtype=torch.float32, device=device).normal_(
+            0.0, 0.02, generator=gen)
+        p.data.copy_(full if tuple(shape) == tuple(p.shape) else take(full, shard))
 
 
 def _load_tokenizer(path: str):
@@ -150,8 +205,10 @@ def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(path)
-    except Exception:
-        return None
+    except Exception as exc:   # a damaged tokenizer is refused, not silently dropped
+        raise InvalidRequestError(f"unreadable tokenizer in {path} (tokenizer.json / "
+                                  f"tokenizer_config.json / vocab files): "
+                                  f"{type(exc).__name__}: {exc}") from exc
 
 
 def _eos_ids(hf_config, path: str | None) -> tuple[int, ...]:

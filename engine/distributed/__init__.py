@@ -1,0 +1,1 @@
+"""Tensor parallelism: process group setup, sharded-layer helpers, rank worker processes."""
