@@ -73,33 +73,66 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
-        loaded = load_model(config.model, self.device, self.dtype, config.seed)
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        self.backend = backend
+        self.tp_group = None                       # ranks 1..N-1 (engine/distributed)
+        try:
+            loaded = self._load(config)
+            self._build(config, loaded)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, config: EngineConfig):
+        """Rank 0's model; with tensor parallelism, workers first (they load their shards
+        alongside)."""
+        n = config.tensor_parallel_size
+        if n == 1:
+            return load_model(config.model, self.device, self.dtype, config.seed)
+        from engine.distributed.worker import TPWorkerGroup, WorkerSpec
+        self.tp_group = TPWorkerGroup(WorkerSpec(
+            config.model, n, self.device.type, str(self.dtype).removeprefix("torch."),
+            config.seed, attention_backend=self.backend,
+            runner_factory="engine.runner:worker_runner"))
+        loaded = load_model(config.model, self.device, self.dtype, config.seed,
+                            tp=self.tp_group.start())
+        self.tp_group.wait_ready()
+        return loaded
+
+    def _build(self, config: EngineConfig, loaded) -> None:
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer     # loaded with the model, for the front only
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.model.config.vocab_size
         self.max_model_len = min(config.max_model_len or min(loaded.max_model_len, 8192),
                                  loaded.max_model_len)
-        backend = config.attention_backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
         from kernels import get_ops
-        self.backend = backend
+        backend = self.backend
         num_blocks = config.num_blocks or self._blocks_from_memory(loaded.model)
         self.counters = Counters()
         self.events = EventLog()
         self.pool = BlockPool(num_blocks, config.block_size, self.counters)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
+        # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
+        # buckets, so the NCCL all-reduces of captured graphs match); no async scheduling
+        # (a continuation's input tokens would have to reach every rank)
+        tp = self.tp_group is not None
+        self.async_scheduling_enabled = config.async_scheduling and not tp
+        runner_kw = dict(max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
+                         graph_safe_ops=backend == "triton",
+                         async_scheduling=self.async_scheduling_enabled,
+                         max_graph_batch=max(config.scheduler.max_num_seqs, 256))
+        if tp:
+            self.tp_group.allocate_kv(num_blocks, config.block_size, **runner_kw)
         self.runner = ModelRunner(loaded.model, get_ops(backend), self.device, self.dtype,
-                                  num_blocks, config.block_size, self.max_model_len,
-                                  not config.enforce_eager, backend == "triton",
-                                  async_scheduling=config.async_scheduling,
-                                  max_graph_batch=max(config.scheduler.max_num_seqs, 256))
+                                  num_blocks, config.block_size, **runner_kw)
         self.sampler = Sampler(self.device, config.seed)
         self.stats = StatsRecorder(self.counters)
         self.clock = ServingClock()
         self.requests: dict[str, Request] = {}     # unfinished, by id
-        self.async_scheduling = config.async_scheduling   # the loop turns it off while paused
+        self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
         self.recent_finished: deque = deque(maxlen=256)
 
@@ -181,7 +214,10 @@ class LLMEngine:
     def _launch(self, plan: StepPlan, prev_tokens: torch.Tensor | None = None) -> Launched:
         t0 = self.clock.now()
         batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size)
-        logits = self.runner.execute(batch, prev_tokens)
+        if self.tp_group is not None:    # every rank runs the batch; rank 0 samples
+            logits = self.tp_group.run(batch, self.runner.execute)
+        else:
+            logits = self.runner.execute(batch, prev_tokens)
         tokens = self.sampler.sample(logits, batch.sampling)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
@@ -286,6 +322,11 @@ class LLMEngine:
                            len(evicted), self.pool)
         if plan:
             self.events.record(self.counters.steps, now, plan, evicted, self.pool.block_size)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (if any)."""
+        if self.tp_group is not None:
+            self.tp_group.shutdown()
 
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())

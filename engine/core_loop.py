@@ -122,6 +122,7 @@ class CoreLoop:
         finally:
             self.stopped = True
             self._shutdown()
+            self.engine.close()
             with self._idle:
                 self._idle.notify_all()
 
@@ -149,7 +150,7 @@ class CoreLoop:
     def _sync_pause(self) -> None:
         """Paused: no step stays in flight (one step per key press) and the clock stops."""
         eng = self.engine
-        eng.async_scheduling = eng.config.async_scheduling and not self._paused
+        eng.async_scheduling = eng.async_scheduling_enabled and not self._paused
         if self._paused:
             self._emit(eng.flush())
             eng.clock.pause()

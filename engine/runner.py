@@ -17,6 +17,12 @@ from engine.step_batch import StepBatch
 from engine.warmup import warm_up_attention
 
 
+def worker_runner(model, ops, device, dtype, num_blocks: int, block_size: int, **kw):
+    """A tensor-parallel rank's runner (engine/distributed/worker.py runner_factory): the
+    same ModelRunner as rank 0, so both pad steps to the same graph buckets."""
+    return ModelRunner(model, ops, device, dtype, num_blocks, block_size, **kw)
+
+
 class ModelRunner:
     def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, num_blocks: int,
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
