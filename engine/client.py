@@ -98,7 +98,7 @@ class EngineClient:
         self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
                                      env=_child_env())
         os.close(write_fd)
-        status = os.fdopen(read_fd, "r")
+        status = os.fdopen(read_fd, "rb", buffering=0)   # unbuffered: select() sees every line
         deadline = time.monotonic() + timeout
         try:
             while True:
@@ -114,7 +114,7 @@ class EngineClient:
                     self.proc.wait(5)
                     raise EngineDied(f"engine process exited during start-up "
                                      f"(code {self.proc.returncode})")
-                msg = json.loads(line)
+                msg = json.loads(line.decode())
                 if msg["kind"] == "ready":
                     return
                 if msg["kind"] == "error":

@@ -346,4 +346,6 @@ class LLMEngine:
             recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
             error=st.last_error, events=self.events.recent(),
             extra={"peak_used_blocks": st.peak_used_blocks, "backend": self.backend,
+                   "tensor_parallel_size": self.config.tensor_parallel_size,
+                   "kv_bytes_per_rank": self.runner.kv_cache.numel() * self.runner.kv_cache.element_size(),
                    "max_model_len": self.max_model_len, "forward_calls": self.runner.forward_calls})

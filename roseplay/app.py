@@ -167,7 +167,7 @@ class RoseplayApp(Actions, App):
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None
             self.kv.show(snap, highlight, self.window, flash_blocks(snap))
-            self.detail.show(current, not snap.model.startswith("dummy:"))
+            self.detail.show(current, getattr(src, "tokenizer", None))
             self.step_panel.show(snap)
             self.events.show(snap)
             self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")

@@ -120,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Replay speed (default: 1).")
     s.add_argument("--paused", action="store_true",
                    help="Start paused (press n to step, space to run).")
+    s.add_argument("--connect", metavar="ADDRESS",
+                   help="Watch (and steer) an engine that another process runs: `roseplay "
+                        "bench --engine-address ADDRESS` or `roseplay serve` print theirs. "
+                        "The app adds no load of its own until you pick a scenario (s); "
+                        "quitting leaves that engine serving.")
+    s.add_argument("--in-process", action="store_true",
+                   help="Run the engine on a thread of the app's process (the old way: the "
+                        "UI then shares the engine's GIL and slows it down).")
     add_engine_flags(p)
     for action in p._actions:
         if action.dest == "num_blocks":
@@ -158,7 +166,10 @@ def make_source_factory(args):
         return start_live(kwargs, scenario=args.scenario, concurrency=args.concurrency,
                           rate=args.rate, input_len=args.input_len, output_len=args.output_len,
                           temperature=args.temperature, seed=kwargs.get("seed", 0) or 0,
-                          record=args.record, paused=args.paused)
+                          record=args.record, paused=args.paused, connect=args.connect,
+                          in_process=args.in_process)
+    if args.connect:
+        return factory, f"connecting to {args.connect} …"
     return factory, f"loading {kwargs.get('model', 'the default model')} …"
 
 
@@ -189,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = None if args.replay else (check_model(args.model) or check_record_path(args.record))
+    problem = None if args.replay or args.connect else (
+        check_model(args.model) or check_record_path(args.record))
     if problem:
         return _fail(problem)
     return run_tui(args)

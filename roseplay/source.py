@@ -277,14 +277,15 @@ def validate_workload(*, scenario: str | None = None, concurrency: int | None = 
 def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurrency: int = 16,
                rate: float | None = None, input_len: int = 64, output_len: int = 64,
                temperature: float = 0.0, seed: int = 0, record: str | None = None,
-               paused: bool = False) -> LiveSource:
-    """Check the workload, load the model, start the engine loop and the workload driver
-    (and a recorder)."""
+               paused: bool = False, connect: str | None = None,
+               in_process: bool = False) -> LiveSource:
+    """Check the workload, start (or attach to) the engine and the workload driver (and a
+    recorder). The engine runs in its own process unless `in_process`: the app's
+    rendering then never shares the engine's GIL (docs/ARCHITECTURE.md)."""
     validate_workload(scenario=scenario, concurrency=concurrency, rate=rate,
                       input_len=input_len, output_len=output_len, temperature=temperature)
-    from engine.loop import EngineLoop
     from roseplay.driver import WorkloadDriver
-    loop = EngineLoop(snapshot_interval=0.02, **engine_kwargs)
+    loop = make_engine(engine_kwargs, connect, in_process)
     if paused:
         loop.pause()
     workload = dict(tokenizer=loop.tokenizer, vocab_size=loop.info.vocab_size, input_len=input_len,
@@ -292,9 +293,22 @@ def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurre
     driver = WorkloadDriver(loop, scenario, concurrency=concurrency, request_rate=rate,
                             workload=workload, seed=seed)
     source = LiveSource(loop, driver)
+    if connect:
+        driver.pause()          # watch what the other process sends; `s` adds our own load
     if record:
         from roseplay.record import Recorder
         source.recorder = Recorder(record, source.snapshot, source.workload,
                                    engine=dict(engine_kwargs))
     driver.start()
     return source
+
+
+def make_engine(engine_kwargs: dict, connect: str | None = None, in_process: bool = False):
+    """The engine the app talks to: attached, in its own process, or on a thread."""
+    if in_process:
+        from engine.loop import EngineLoop
+        return EngineLoop(snapshot_interval=0.02, **engine_kwargs)
+    from engine.client import EngineClient
+    if connect:
+        return EngineClient(connect=connect, label="tui")
+    return EngineClient(label="tui", **engine_kwargs)

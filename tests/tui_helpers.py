@@ -17,7 +17,7 @@ def live_source(**workload):
     from roseplay.source import start_live
     engine = dict(ENGINE, **workload.pop("engine", {}))
     opts = dict(scenario="shared-prefix", concurrency=4, input_len=48, output_len=24,
-                temperature=0.0, seed=0)
+                temperature=0.0, seed=0, in_process=True)   # UI behaviour: no process needed
     opts.update(workload)
     return start_live(engine, **opts)
 

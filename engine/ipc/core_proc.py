@@ -194,22 +194,30 @@ class EngineCoreProc:
 
     # -- output thread ---------------------------------------------------------------------
     def _output_loop(self) -> None:
+        """Send queued outputs as they come; between them (at most every 10 ms) take
+        subscription changes and publish the newest snapshot, if any."""
+        last_pub = 0.0
         while not self._stop.is_set():
             try:
-                client, msg = self._sendq.get(timeout=SNAPSHOT_INTERVAL / 2)
+                client, msg = self._sendq.get(timeout=SNAPSHOT_INTERVAL / 4)
                 self.out_sock.send_multipart([client, P.encoder.encode(msg)], copy=False)
-                continue
             except queue.Empty:
                 pass
             except zmq.ZMQError:
                 continue
-            self._track_subscribers()
-            snap, self._latest_snapshot = self._latest_snapshot, None
-            if snap is not None:
-                try:
-                    self.pub_sock.send(P.encoder.encode(snap), zmq.NOBLOCK)
-                except zmq.Again:
-                    pass          # nobody keeps up: drop the frame, never wait
+            now = time.monotonic()
+            if now - last_pub >= 0.01:
+                last_pub = now
+                self._publish_latest()
+
+    def _publish_latest(self) -> None:
+        self._track_subscribers()
+        snap, self._latest_snapshot = self._latest_snapshot, None
+        if snap is not None:
+            try:
+                self.pub_sock.send(P.encoder.encode(snap), zmq.NOBLOCK)
+            except zmq.Again:
+                pass          # nobody keeps up: drop the frame, never wait
 
     def _track_subscribers(self) -> None:
         while True:

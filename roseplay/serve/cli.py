@@ -52,7 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--tui", action="store_true",
-                   help="Also show the live TUI of the server's engine (not yet: see --help).")
+                   help="Show the live TUI of the server's engine in this terminal (the server "
+                        "runs on a thread; quitting the TUI stops the server).")
+    s.add_argument("--engine-address", metavar="ADDR", default=None,
+                   help="Bind the engine process at ADDR (tcp://127.0.0.1:PORT uses PORT.."
+                        "PORT+2, or ipc:///PATH) so that `roseplay --connect ADDR` can watch "
+                        "it from another terminal (default: a private ipc socket, printed).")
+    s.add_argument("--in-process", action="store_true",
+                   help="Run the engine on a thread of the server process (the old way).")
     add_engine_flags(p)
     return p
 
@@ -66,20 +73,14 @@ def serve_config(args) -> ServeConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.tui:   # hook: the lead attaches the TUI here (a ServerThread + the app in front)
-        print("roseplay serve: --tui is not available yet (the TUI attaches to a server once "
-              "the engine runs in its own process)", file=sys.stderr)
-        return 2
     try:
         config = serve_config(args)
     except ValueError as exc:
         build_parser().error(str(exc))
-    from engine.loop import EngineLoop        # lazy: --help needs no torch
-    from roseplay.serve.app import build_app
-    from roseplay.serve.server import serve_forever
+    from roseplay.serve.app import build_app    # lazy: --help needs no engine
     try:
-        loop = EngineLoop(**engine_kwargs(args))
-    except InvalidRequestError as exc:
+        loop = _engine(args)
+    except (InvalidRequestError, RuntimeError) as exc:
         print(f"roseplay serve: {exc}", file=sys.stderr)
         return 2
     try:
@@ -87,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"roseplay serve: {info.model_name} on {info.device} ({info.dtype}, "
               f"{info.num_blocks} KV blocks of {info.block_size}) at "
               f"http://{args.host}:{args.port}/v1", file=sys.stderr)
+        address = getattr(loop, "address", None)
+        if address:
+            print(f"roseplay serve: watch it live with `roseplay --connect {address}`",
+                  file=sys.stderr)
+        if args.tui:
+            return _serve_with_tui(build_app(loop, config), args, address)
+        from roseplay.serve.server import serve_forever
         serve_forever(build_app(loop, config), args.host, args.port, args.log_level)
     except KeyboardInterrupt:    # uvicorn re-raises Ctrl-C after its graceful shutdown
         pass
@@ -95,6 +103,34 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         loop.close()
+    return 0
+
+
+def _engine(args):
+    kwargs = engine_kwargs(args)
+    if args.in_process:
+        if args.tui:
+            raise InvalidRequestError("--tui needs the engine in its own process "
+                                      "(drop --in-process)")
+        from engine.loop import EngineLoop
+        return EngineLoop(**kwargs)
+    from engine.client import EngineClient
+    return EngineClient(address=args.engine_address, label="server", snapshots=False, **kwargs)
+
+
+def _serve_with_tui(app, args, address: str) -> int:
+    """The server on a thread, the TUI in front attached to the same engine (a second
+    client: it sees every request the server's clients send)."""
+    from roseplay.app import RoseplayApp
+    from roseplay.serve.server import ServerThread
+    from roseplay.source import start_live
+    with ServerThread(app, args.host, args.port, log_level="warning").start():
+        factory = lambda: start_live({}, connect=address)   # noqa: E731
+        tui = RoseplayApp(source_factory=factory, loading_message=f"attaching to {address} …")
+        tui.run()
+        if tui.load_error:
+            print(f"roseplay serve: {tui.load_error}", file=sys.stderr)
+            return 1
     return 0
 
 

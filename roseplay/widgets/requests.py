@@ -297,6 +297,14 @@ class RequestList(Widget, can_focus=True):
         self.refresh()
 
 
+def output_text(r, tokenizer) -> str:
+    """The text of a request's last output tokens ("…" first when older ones are cut)."""
+    if tokenizer is None or not r.output_tail:
+        return ""
+    text = tokenizer.decode(list(r.output_tail), skip_special_tokens=True)
+    return ("…" + text) if r.output_tokens > len(r.output_tail) else text
+
+
 class RequestDetail(Widget):
     """The selected request: prompt (dim) and its output text as it streams."""
 
@@ -306,7 +314,8 @@ class RequestDetail(Widget):
         super().__init__(**kwargs)
         self._text = Text()
 
-    def show(self, r, has_text: bool) -> None:
+    def show(self, r, tokenizer=None) -> None:
+        """tokenizer: decodes the request's last output tokens (the engine sends ids)."""
         t = Text(overflow="fold")
         if r is None:
             t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
@@ -315,11 +324,12 @@ class RequestDetail(Widget):
             t.append(f"[{r.state}] ", STATE_STYLE.get(r.state, ""))
             t.append(r.prompt_preview.replace("\n", " ⏎ "), "dim italic")
             t.append("\n")
-            if r.text:
+            text = r.text or output_text(r, tokenizer)
+            if text:
                 room = max(40, self.size.width * (self.size.height - 2))
-                text = r.text if len(r.text) <= room else "…" + r.text[-room:]
+                text = text if len(text) <= room else "…" + text[-room:]
                 t.append(text.replace("\n", " ⏎ "), "bold")
-            elif r.output_tokens and not has_text:
+            elif r.output_tokens and tokenizer is None:
                 t.append(f"{r.output_tokens} tokens (this model has no tokenizer: no text)", "dim")
             if r.state in ("prefilling", "decoding"):
                 t.append("▌", "blink #4cc97a")

@@ -43,6 +43,10 @@ class StatusBar(Widget):
         backend = snap.extra.get("backend")
         t.append(f"  {snap.model} ", "bold")
         t.append(f"· {snap.device} {snap.dtype}{f' {backend}' if backend else ''}", "dim")
+        tp, kv = snap.extra.get("tensor_parallel_size", 1), snap.extra.get("kv_bytes_per_rank")
+        if kv:
+            where = f" x {tp} ranks (TP={tp})" if tp > 1 else ""
+            t.append(f" · KV {kv / 2 ** 30:.2f} GiB{where}", "dim")
         self._set(t)
 
     def _set(self, t: Text) -> None:

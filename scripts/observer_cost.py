@@ -1,0 +1,110 @@
+"""What does watching the engine cost it? Output tok/s of a closed-loop workload with the
+engine alone, and with the real RoseplayApp rendering headless at 200x60 beside it.
+
+Both architectures: the engine in its own process (the default) and on a thread of the
+app's process (--in-process, the old way: one GIL for everything). Each run is a fresh
+process (a dropped in-process engine would keep its KV pool on the GPU); tokens are the
+engine's own generated-token counter over a window that starts after a warm-up.
+
+    python scripts/observer_cost.py --model dummy:qwen2.5-0.5b --seconds 20
+    python scripts/observer_cost.py --model dummy:tiny --seconds 5 --concurrency 16 \
+        --input-len 32 --output-len 16          # a CPU smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="dummy:qwen2.5-0.5b")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured window per run")
+    p.add_argument("--warmup", type=float, default=8.0, help="seconds before the window")
+    p.add_argument("--concurrency", type=int, default=256, help="requests kept in flight")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--modes", default="process,in-process")
+    p.add_argument("--one", nargs=2, metavar=("MODE", "VIEW"), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def start(args, in_process: bool):
+    from roseplay.source import start_live
+    engine = dict(model=args.model, max_num_seqs=max(args.concurrency, 1),
+                  max_num_batched_tokens=args.max_num_batched_tokens)
+    return start_live(engine, scenario="random", concurrency=args.concurrency,
+                      input_len=args.input_len, output_len=args.output_len, temperature=0.0,
+                      in_process=in_process)
+
+
+def window_tok_s(source, args, wait) -> float:
+    """Generated tokens per second of engine time over the window (snapshot counters)."""
+    wait(args.warmup)
+    s0 = source.snapshot()
+    wait(args.seconds)
+    s1 = source.snapshot()
+    return (s1.counters.generated_tokens - s0.counters.generated_tokens) / (s1.time - s0.time)
+
+
+def alone(source, args) -> float:
+    return window_tok_s(source, args, time.sleep)
+
+
+def with_app(source, args) -> float:
+    from roseplay.app import RoseplayApp
+
+    async def run() -> float:
+        app = RoseplayApp(source=source)
+        async with app.run_test(size=(200, 60)) as pilot:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(
+                None, window_tok_s, source, args, time.sleep)
+            await pilot.pause(0)
+            return result
+    return asyncio.run(run())
+
+
+def run_one(args) -> float:
+    mode, view = args.one
+    source = start(args, mode == "in-process")
+    try:
+        return (alone if view == "alone" else with_app)(source, args)
+    finally:
+        source.close()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.one:
+        print(f"RESULT {run_one(args):.1f}", flush=True)
+        return 0
+    import subprocess
+    rows = []
+    passed = [a for a in (argv if argv is not None else sys.argv[1:])]
+    for mode in args.modes.split(","):
+        for view in ("alone", "tui"):
+            res = subprocess.run([sys.executable, __file__, *passed, "--one", mode, view],
+                                 capture_output=True, text=True)
+            line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
+            if not line:
+                print(res.stdout[-2000:], res.stderr[-3000:], file=sys.stderr)
+                return 1
+            tok_s = float(line[0].split()[1])
+            rows.append((mode, view, tok_s))
+            print(f"{mode:>10}  {view:<6} {tok_s:10,.0f} output tok/s", flush=True)
+    print("\nratio with the TUI (200x60, headless) / alone:")
+    for mode in args.modes.split(","):
+        a, b = [r[2] for r in rows if r[0] == mode]
+        print(f"{mode:>10}: {b / a:.3f} (the TUI costs {100 * (1 - b / a):.1f}% of output tok/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
