@@ -13,7 +13,8 @@ from tests.hf_models import make_checkpoint
 from tests.tp_helpers import shard_checkpoint
 
 PARAMS = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-KNOBS = dict(device="cpu", dtype="float32", num_blocks=40, block_size=4, max_num_seqs=6)
+DEVICE = os.environ.get("ROSEPLAY_TEST_DEVICE", "cpu")     # "cuda": the same on 2 GPUs (NCCL)
+KNOBS = dict(device=DEVICE, dtype="float32", num_blocks=40, block_size=4, max_num_seqs=6)
 
 
 def workload():
