@@ -61,8 +61,8 @@ def test_serve_help_and_flag_errors(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "--max-waiting" in out and "--max-num-batched-tokens" in out and "127.0.0.1" in out
-    assert main(["serve", "--tui"]) == 2
-    assert "not available yet" in capsys.readouterr().err
+    assert main(["serve", "--tui", "--in-process", "--model", "dummy:tiny", "--device", "cpu"]) == 2
+    assert "--tui needs the engine in its own process" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["serve", "--max-waiting", "-1"])
     assert "max_waiting must be >= 0" in capsys.readouterr().err
