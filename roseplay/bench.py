@@ -203,7 +203,12 @@ def measure(loop, items: list[WorkItem], warmup: list[WorkItem], args, label: st
 
 # -- the command ---------------------------------------------------------------------------
 def _workload(loop, args) -> tuple[list[WorkItem], list[WorkItem]]:
-    kw = dict(tokenizer=loop.tokenizer, vocab_size=loop.info.vocab_size, input_len=args.input_len,
+    return workload_items(args, loop.tokenizer, loop.info.vocab_size)
+
+
+def workload_items(args, tokenizer, vocab_size: int) -> tuple[list[WorkItem], list[WorkItem]]:
+    """The measured items and the warm-up items of the bench flags (in-process or HTTP)."""
+    kw = dict(tokenizer=tokenizer, vocab_size=vocab_size, input_len=args.input_len,
               output_len=args.output_len, range_ratio=args.range_ratio,
               temperature=args.temperature)
     seed = args.seed or 0

@@ -26,7 +26,7 @@ from rich.console import Console
 
 from roseplay import bench_report as report
 from roseplay.driver import arrival_offsets
-from roseplay.scenarios import WorkItem, build_workload
+from roseplay.scenarios import WorkItem
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 TIMEOUT_S = 6 * 3600
@@ -59,13 +59,8 @@ def client_tokenizer(model: str):
 
 
 def workload(args, tokenizer, vocab_size: int) -> tuple[list[WorkItem], list[WorkItem]]:
-    kw = dict(tokenizer=tokenizer, vocab_size=vocab_size, input_len=args.input_len,
-              output_len=args.output_len, range_ratio=args.range_ratio,
-              temperature=args.temperature)
-    seed = args.seed or 0
-    items = build_workload(args.scenario, args.num_prompts, seed=seed, **kw)
-    warmup = build_workload(args.scenario, args.warmup, seed=seed + 1, **kw) if args.warmup else []
-    return items, warmup
+    from roseplay.bench import workload_items     # the same items as the in-process bench
+    return workload_items(args, tokenizer, vocab_size)
 
 
 # -- one request --------------------------------------------------------------------------
