@@ -31,6 +31,8 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--modes", default="process,in-process")
+    p.add_argument("--repeat", type=int, default=1, help="alone/TUI pairs per mode "
+                   "(interleaved); the ratio reported is the median of the pairs'")
     p.add_argument("--one", nargs=2, metavar=("MODE", "VIEW"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -86,23 +88,32 @@ def main(argv=None) -> int:
         print(f"RESULT {run_one(args):.1f}", flush=True)
         return 0
     import subprocess
-    rows = []
+    import statistics
+    import subprocess
     passed = [a for a in (argv if argv is not None else sys.argv[1:])]
     for mode in args.modes.split(","):
-        for view in ("alone", "tui"):
-            res = subprocess.run([sys.executable, __file__, *passed, "--one", mode, view],
-                                 capture_output=True, text=True)
-            line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
-            if not line:
-                print(res.stdout[-2000:], res.stderr[-3000:], file=sys.stderr)
-                return 1
-            tok_s = float(line[0].split()[1])
-            rows.append((mode, view, tok_s))
-            print(f"{mode:>10}  {view:<6} {tok_s:10,.0f} output tok/s", flush=True)
-    print("\nratio with the TUI (200x60, headless) / alone:")
-    for mode in args.modes.split(","):
-        a, b = [r[2] for r in rows if r[0] == mode]
-        print(f"{mode:>10}: {b / a:.3f} (the TUI costs {100 * (1 - b / a):.1f}% of output tok/s)")
+        ratios, alone_all, tui_all = [], [], []
+        for _ in range(args.repeat):
+            pair = []
+            for view in ("alone", "tui"):
+                res = subprocess.run([sys.executable, __file__, *passed, "--one", mode, view],
+                                     capture_output=True, text=True)
+                line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
+                if not line:
+                    print(res.stdout[-2000:], res.stderr[-3000:], file=sys.stderr)
+                    return 1
+                pair.append(float(line[0].split()[1]))
+                print(f"{mode:>10}  {view:<6} {pair[-1]:10,.0f} output tok/s", flush=True)
+            alone_all.append(pair[0])
+            tui_all.append(pair[1])
+            ratios.append(pair[1] / pair[0])
+        med = statistics.median(ratios)
+        print(f"{mode:>10}: alone median {statistics.median(alone_all):,.0f} "
+              f"({min(alone_all):,.0f}..{max(alone_all):,.0f}), with the TUI median "
+              f"{statistics.median(tui_all):,.0f} ({min(tui_all):,.0f}..{max(tui_all):,.0f}); "
+              f"TUI/alone median {med:.3f} ({min(ratios):.3f}..{max(ratios):.3f}) over "
+              f"{len(ratios)} pairs: the TUI costs {100 * (1 - med):.1f}% of output tok/s",
+              flush=True)
     return 0
 
 
