@@ -31,7 +31,8 @@ from engine.config import InvalidRequestError, SchedulerConfig, make_config
 from engine.ipc import protocol as P
 from engine.stream import RequestStream, chain_sinks
 from engine.outputs import EngineInfo
-from engine.processor import InputProcessor, OutputProcessor, StreamEvent, load_tokenizer
+from engine.processor import (InputProcessor, OutputProcessor, StreamEvent, check_request_id,
+                              load_tokenizer)
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
 
@@ -201,11 +202,12 @@ class EngineClient:
         return stream
 
     def cancel(self, request_id: str) -> None:
-        self._send(P.Abort(str(request_id), REASON_CANCELLED))
+        self._send(P.Abort(check_request_id(request_id), REASON_CANCELLED))
 
     def set_knobs(self, **changes) -> SchedulerConfig:
         with self._send_lock:
-            knobs = self._knobs = self._knobs.replace(**changes)
+            knobs = self._knobs.replace(**changes).check_caps(self.info.num_blocks, self.info.block_size)
+            self._knobs = knobs
         self._send(P.SetKnobs(dataclasses.asdict(knobs)))
         return knobs
 

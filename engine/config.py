@@ -47,6 +47,18 @@ class SchedulerConfig:
             raise InvalidRequestError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
 
+    def check_caps(self, num_blocks: int, block_size: int) -> "SchedulerConfig":
+        """Refuse values no step can use: more batched tokens than the KV pool holds,
+        more running requests than there are blocks (each holds at least one)."""
+        cap = num_blocks * block_size
+        if self.max_num_batched_tokens > cap:
+            raise InvalidRequestError(f"max_num_batched_tokens must be <= {cap} (the KV pool's "
+                                      f"tokens), got {self.max_num_batched_tokens}")
+        if self.max_num_seqs > num_blocks:
+            raise InvalidRequestError(f"max_num_seqs must be <= {num_blocks} (the KV pool's "
+                                      f"blocks), got {self.max_num_seqs}")
+        return self
+
     def replace(self, **changes) -> "SchedulerConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:

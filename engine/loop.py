@@ -16,7 +16,7 @@ from engine.config import EngineConfig, make_config
 from engine.core import LLMEngine
 from engine.core_loop import CoreLoop
 from engine.outputs import EngineInfo
-from engine.processor import InputProcessor, OutputProcessor, StreamEvent
+from engine.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
 from engine.stream import RequestStream, chain_sinks
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
@@ -74,12 +74,13 @@ class EngineLoop:
         return stream
 
     def cancel(self, request_id: str) -> None:
-        self.core.abort(request_id, REASON_CANCELLED)
+        self.core.abort(check_request_id(request_id), REASON_CANCELLED)
 
     def set_knobs(self, **changes):
         """Validate now (raises InvalidRequestError), apply before the next step."""
         with self._knobs_lock:      # concurrent callers: no update is lost
-            knobs = self._knobs = self._knobs.replace(**changes)
+            knobs = self._knobs.replace(**changes).check_caps(self.info.num_blocks, self.info.block_size)
+            self._knobs = knobs
             self.core.set_knobs(knobs)
         return knobs
 

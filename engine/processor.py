@@ -22,6 +22,16 @@ from engine.request import CompletionOutput, RequestMetrics, RequestOutput, Samp
 
 
 _REQUEST_IDS = itertools.count()     # default ids, unique in this process
+MAX_REQUEST_ID_CHARS = 256
+
+
+def check_request_id(request_id) -> str:
+    """A request id from a client: a non-empty string of bounded length (an unhashable or
+    odd value must be refused here, not fail inside the engine's step loop)."""
+    if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequestError(f"request_id must be a non-empty string of at most "
+                                  f"{MAX_REQUEST_ID_CHARS} characters, got {str(request_id)[:60]!r}")
+    return request_id
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,8 @@ class InputProcessor:
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "
                                       "can never match (use stop_token_ids)")
-        rid = request_id if request_id is not None else f"req-{next(_REQUEST_IDS)}"
+        rid = check_request_id(request_id) if request_id is not None \
+            else f"req-{next(_REQUEST_IDS)}"
         preview = text[:80] if text is not None else None
         return CoreRequest(rid, tuple(ids), params, arrival, preview), text
 

@@ -1,0 +1,133 @@
+"""BlockPool, PrefixCache, KVManager and Scheduler alone: no model, no runner."""
+import pytest
+
+from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
+from engine.config import SchedulerConfig
+from engine.kv.block_pool import BlockPool
+from engine.kv.prefix_cache import ROOT_HASH, PrefixCache, chain_hash
+from engine.request import Request, RequestStatus, SamplingParams
+from engine.scheduler import Scheduler
+from engine.snapshot import Counters
+
+BS = 4
+
+
+def req(rid, tokens, max_tokens=4):
+    return Request(rid, list(tokens), SamplingParams(max_tokens=max_tokens, temperature=0))
+
+
+def make(num_blocks=16, budget=64, seqs=8, caching=True):
+    counters = Counters()
+    pool = BlockPool(num_blocks, BS, counters)
+    knobs = SchedulerConfig(enable_prefix_caching=caching, max_num_batched_tokens=budget,
+                            max_num_seqs=seqs)
+    return Scheduler(knobs, pool, counters), pool, counters
+
+
+def compute(sched, plan):
+    """What the engine's commit does after a forward: advance and index full blocks."""
+    for c in plan.chunks:
+        c.request.num_computed_tokens += c.num_tokens
+        sched.kv.register_full_blocks(c.request, sched.knobs.enable_prefix_caching)
+        if c.sample:
+            sched.leader_sampled(c.request)
+
+
+def test_pool_states_refcounts_and_lru_eviction():
+    counters = Counters()
+    pool = BlockPool(4, BS, counters)
+    a = pool.allocate(3)
+    assert a == [0, 1, 2] and pool.num_free == 1 and list(pool.refcounts) == [1, 1, 1, 0]
+    pool.index.insert(11, ("k", 1), a[0])
+    pool.release(a)                       # tail first: block 0 (indexed) is cached last
+    assert list(pool.states()) == [BLOCK_CACHED, BLOCK_FREE, BLOCK_FREE, BLOCK_FREE]
+    assert pool.allocate(5) is None and pool.num_available == 4    # refused, nothing changed
+    got = pool.allocate(4)                # the cached block is evicted last
+    assert got[-1] == 0 and counters.evictions == 1 and pool.take_evicted() == [0]
+    assert 0 not in pool.index and set(pool.states()) == {BLOCK_USED}
+    pool.check([got])
+
+
+def test_prefix_cache_compares_exact_keys():
+    cache = PrefixCache()
+    h = chain_hash(ROOT_HASH, (1, 2, 3, 4))
+    assert cache.insert(h, (ROOT_HASH, (1, 2, 3, 4)), 7)
+    assert not cache.insert(h, (ROOT_HASH, (1, 2, 3, 4)), 8)        # first writer wins
+    assert cache.get(h, (ROOT_HASH, (1, 2, 3, 4))) == 7
+    assert cache.get(h, (ROOT_HASH, (9, 9, 9, 9))) is None          # a collision never hits
+    cache.remove(7)
+    assert cache.get(h, (ROOT_HASH, (1, 2, 3, 4))) is None and len(cache) == 0
+
+
+def test_budget_chunks_a_long_prompt_fifo_without_overtaking():
+    sched, pool, _ = make(budget=8)
+    long, short = req("long", range(1, 21)), req("short", [5, 6])
+    sched.add(long)
+    sched.add(short)
+    plan = sched.schedule()
+    assert [(c.request.request_id, c.start, c.num_tokens) for c in plan.prefills] == [("long", 0, 8)]
+    compute(sched, plan)
+    plan = sched.schedule()               # the running chunked prefill goes first
+    assert [(c.request.request_id, c.num_tokens) for c in plan.prefills] == [("long", 8)]
+    compute(sched, plan)
+    plan = sched.schedule()               # 4 left for long, then short gets the rest
+    assert [(c.request.request_id, c.num_tokens, c.sample) for c in plan.prefills] == \
+        [("long", 4, True), ("short", 2, True)]
+    pool.check(sched.block_tables())
+
+
+def test_prefix_hit_and_dedup_join_count_once():
+    sched, pool, counters = make()
+    first = req("a", range(1, 11))
+    sched.add(first)
+    compute(sched, sched.schedule())      # 2 full blocks indexed
+    sched.remove(first)
+    b, c = req("b", range(1, 11)), req("c", range(1, 11))
+    sched.add(b)
+    sched.add(c)
+    plan = sched.schedule()
+    assert plan.prefix_hits == [("b", (0, 1))] and b.num_cached_tokens == 8
+    assert plan.dedup_joins == [("c", "b")] and c.dedup_leader is b
+    assert counters.prefix_hits == 1 and counters.dedup_joined == 1
+    compute(sched, plan)                  # the leader samples: its follower shares its blocks
+    assert c.block_table == b.block_table and all(pool.refcounts[x] == 2 for x in b.block_table)
+    pool.check(sched.block_tables())
+
+
+def test_pool_dry_preempts_the_newest_and_requeues_it_first():
+    sched, pool, counters = make(num_blocks=4, budget=64)
+    old, new = req("old", range(1, 9), 20), req("new", range(11, 19), 20)
+    sched.add(old)
+    sched.add(new)
+    compute(sched, sched.schedule())      # 2 + 2 blocks: the pool is full
+    for r in (old, new):
+        r.output_token_ids.append(3)
+    plan = sched.schedule()               # old's next token needs a third block
+    assert [r.request_id for r, _ in plan.preempted] == ["new"]
+    assert new.status is RequestStatus.WAITING and sched.waiting[0] is new
+    assert counters.preemptions == 1 and new.num_preemptions == 1
+    pool.check(sched.block_tables())
+
+
+def test_continuation_reserves_the_next_decode_and_leaves_length_finishers_out():
+    sched, pool, _ = make()
+    a, b = req("a", [1, 2, 3], max_tokens=5), req("b", [4, 5, 6], max_tokens=2)
+    sched.add(a)
+    sched.add(b)
+    compute(sched, sched.schedule())
+    for r in (a, b):
+        r.output_token_ids.append(9)
+    plan = sched.schedule()
+    assert len(plan.decodes) == 2
+    compute(sched, plan)
+    nxt = sched.schedule_continuation(plan, max_model_len=100)
+    assert [c.request.request_id for c in nxt.decodes] == ["a"] and nxt.prev_rows == [0]
+    sched.add(req("c", [7]))                       # an admission pending: no continuation
+    assert sched.schedule_continuation(plan, max_model_len=100) is None
+
+
+@pytest.mark.parametrize("knob,value", [("max_num_batched_tokens", 65), ("max_num_seqs", 17)])
+def test_knob_caps_follow_the_pool(knob, value):
+    from engine.config import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match=knob):
+        SchedulerConfig(**{"max_num_batched_tokens": 64, knob: value}).check_caps(16, 4)
