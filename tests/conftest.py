@@ -21,6 +21,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
 
 
+class Checkpoint(str):
+    """A tiny HF Llama checkpoint directory (the path, as a str) and the HF model saved
+    there (`.hf`, the correctness oracle)."""
+    hf = None
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """One tiny Llama checkpoint per test module (the one definition; tests that damage
+    it copy it first)."""
+    from tests.hf_models import make_checkpoint
+    path = tmp_path_factory.mktemp("llama")
+    out = Checkpoint(path)
+    out.hf = make_checkpoint("llama", path)
+    return out
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_torch_thread():
     """Tiny models gain nothing from intra-op threads, and on a busy 2-core box OpenMP

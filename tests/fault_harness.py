@@ -16,13 +16,6 @@ DEVICE = os.environ.get("ROSEPLAY_TEST_DEVICE", "cpu")   # "cuda": same tests on
 TIMEOUT = 30
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama-faults")
-    make_checkpoint("llama", path)
-    return str(path)
-
-
 def sp(n=8):
     return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fault_harness import (  # noqa: F401  (fixtures are used by name)
-    TIMEOUT, assert_all_free, check_cancelled, ckpt, make, prompt, reference, run_until, sp)
+    TIMEOUT, assert_all_free, check_cancelled, make, prompt, reference, run_until, sp)
 
 # -- cancellation at every stage ----------------------------------------------------------
 

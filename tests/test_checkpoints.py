@@ -14,13 +14,6 @@ from tests.hf_models import make_checkpoint
 from tests.test_validation import GREEDY, refused
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama-ok")
-    make_checkpoint("llama", path)
-    return path
-
-
 # -- engine arguments, model names, checkpoints ---------------------------------------
 
 @pytest.mark.parametrize("kwargs, match", [

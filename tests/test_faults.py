@@ -14,7 +14,7 @@ import pytest
 from engine import EngineLoop
 
 from tests.fault_harness import (  # noqa: F401  (fixtures are used by name)
-    BS, DEVICE, TIMEOUT, VOCAB, assert_all_free, check_cancelled, ckpt, engine_kw, fail_once, make,
+    BS, DEVICE, TIMEOUT, VOCAB, assert_all_free, check_cancelled, engine_kw, fail_once, make,
     prompt, reference, run_until, sp)
 
 # -- failing steps --------------------------------------------------------------------------

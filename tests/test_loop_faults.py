@@ -13,7 +13,7 @@ import torch
 from engine import LLM, EngineLoop
 
 from tests.fault_harness import (  # noqa: F401  (fixtures are used by name)
-    BS, DEVICE, TIMEOUT, VOCAB, assert_all_free, check_cancelled, ckpt, engine_kw, fail_once, make,
+    BS, DEVICE, TIMEOUT, VOCAB, assert_all_free, check_cancelled, engine_kw, fail_once, make,
     prompt, reference, run_until, sp)
 
 # -- fatal errors in the loop -------------------------------------------------------------------

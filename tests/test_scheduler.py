@@ -13,13 +13,6 @@ NEW = 12
 BS = 16
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama")
-    hf = make_checkpoint("llama", path)
-    return path, hf
-
-
 def mixed_workload(vocab=320):
     g = torch.Generator().manual_seed(7)
     rand = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()
@@ -45,7 +38,7 @@ def run(path, prompts, on_step=None, **kw):
 
 @pytest.fixture(scope="module")
 def reference(ckpt):
-    path, hf = ckpt
+    path, hf = ckpt, ckpt.hf
     prompts = mixed_workload()
     _, ref = run(path, prompts, enable_prefix_caching=False, max_num_batched_tokens=4096,
                  max_num_seqs=1)
@@ -53,7 +46,7 @@ def reference(ckpt):
 
 
 def test_reference_matches_hf(ckpt, reference):
-    _, hf = ckpt
+    hf = ckpt.hf
     prompts, ref = reference
     for p, tokens in zip(prompts, ref):
         ids = torch.tensor([p])
@@ -74,7 +67,7 @@ def test_reference_matches_hf(ckpt, reference):
 ], ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
 def test_outputs_do_not_depend_on_knobs(ckpt, reference, knobs):
     prompts, ref = reference
-    llm, got = run(ckpt[0], prompts, **knobs)
+    llm, got = run(ckpt, prompts, **knobs)
     assert got == ref
     llm.engine.clear_prefix_cache()
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
@@ -83,7 +76,7 @@ def test_outputs_do_not_depend_on_knobs(ckpt, reference, knobs):
 def test_outputs_survive_preemption(ckpt, reference):
     prompts, ref = reference
     # 14 blocks of 16 tokens cannot hold all running requests: preemption must happen
-    llm, got = run(ckpt[0], prompts, num_blocks=14, max_num_batched_tokens=64)
+    llm, got = run(ckpt, prompts, num_blocks=14, max_num_batched_tokens=64)
     assert llm.engine.stats.counters.preemptions > 0
     assert got == ref
     llm.engine.clear_prefix_cache()
@@ -92,7 +85,7 @@ def test_outputs_survive_preemption(ckpt, reference):
 
 def test_identical_prompts_prefill_once(ckpt):
     prompt = list(range(1, 41))
-    llm, got = run(ckpt[0], [prompt] * 3, max_num_batched_tokens=1024)
+    llm, got = run(ckpt, [prompt] * 3, max_num_batched_tokens=1024)
     c = llm.engine.stats.counters
     assert c.prefill_tokens == 40
     assert c.dedup_joined == 2
@@ -112,13 +105,13 @@ def test_cow_copies_of_one_step_are_one_call(ckpt):
         return real(self, src, dst)
 
     with mock.patch.object(ModelRunner, "copy_blocks", spy):
-        llm, _ = run(ckpt[0], [prompt] * 4, max_num_batched_tokens=1024)
+        llm, _ = run(ckpt, [prompt] * 4, max_num_batched_tokens=1024)
     assert len(calls) == 1 and len(calls[0]) == 3
 
 
 def test_shared_system_prompt_prefills_only_suffix(ckpt):
     system = list(range(100, 100 + 3 * BS))
-    llm = LLM(model=str(ckpt[0]), device="cpu", dtype="float32", block_size=BS, num_blocks=64,
+    llm = LLM(model=str(ckpt), device="cpu", dtype="float32", block_size=BS, num_blocks=64,
               check_invariants=True)
     sp = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": system + [1, 2, 3]}], sp)
@@ -130,7 +123,7 @@ def test_shared_system_prompt_prefills_only_suffix(ckpt):
 
 def test_full_prompt_hit_still_samples(ckpt):
     prompt = list(range(1, 1 + 2 * BS))       # exactly two full blocks
-    llm = LLM(model=str(ckpt[0]), device="cpu", dtype="float32", block_size=BS, num_blocks=64,
+    llm = LLM(model=str(ckpt), device="cpu", dtype="float32", block_size=BS, num_blocks=64,
               check_invariants=True)
     sp = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     first = llm.generate([{"prompt_token_ids": prompt}], sp)[0]
@@ -142,7 +135,7 @@ def test_full_prompt_hit_still_samples(ckpt):
 
 
 def test_long_prompt_chunked_while_decodes_continue(ckpt):
-    llm = LLM(model=str(ckpt[0]), device="cpu", dtype="float32", block_size=BS, num_blocks=128,
+    llm = LLM(model=str(ckpt), device="cpu", dtype="float32", block_size=BS, num_blocks=128,
               max_num_batched_tokens=64, max_model_len=2048, check_invariants=True)
     eng = llm.engine
     short = llm.add_request({"prompt_token_ids": [5, 6, 7]},
@@ -163,7 +156,7 @@ def test_long_prompt_chunked_while_decodes_continue(ckpt):
 
 
 def test_oversized_prompt_makes_progress_alone(ckpt):
-    llm = LLM(model=str(ckpt[0]), device="cpu", dtype="float32", block_size=BS, num_blocks=128,
+    llm = LLM(model=str(ckpt), device="cpu", dtype="float32", block_size=BS, num_blocks=128,
               max_num_batched_tokens=8, check_invariants=True)
     out = llm.generate([{"prompt_token_ids": list(range(1, 200))}],
                        SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
@@ -172,7 +165,7 @@ def test_oversized_prompt_makes_progress_alone(ckpt):
 
 
 def test_knob_change_from_other_thread_applies_next_step(ckpt):
-    loop = EngineLoop(model=str(ckpt[0]), device="cpu", dtype="float32", block_size=BS,
+    loop = EngineLoop(model=str(ckpt), device="cpu", dtype="float32", block_size=BS,
                       num_blocks=128, max_num_batched_tokens=16)
     try:
         loop.pause()
@@ -194,7 +187,7 @@ def test_knob_change_from_other_thread_applies_next_step(ckpt):
 
 def test_all_blocks_free_after_cache_clear(ckpt, reference):
     prompts, _ = reference
-    llm, _ = run(ckpt[0], prompts, num_blocks=40)
+    llm, _ = run(ckpt, prompts, num_blocks=40)
     pool = llm.engine.pool
     assert pool.num_cached > 0
     llm.engine.clear_prefix_cache()

@@ -33,13 +33,6 @@ REFERENCE_KNOBS = dict(block_size=16, num_blocks=512, max_num_seqs=64,
                        max_num_batched_tokens=512, enable_prefix_caching=True)
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama-soak")
-    make_checkpoint("llama", path)
-    return str(path)
-
-
 def workload(n: int, seed: int):
     """Short prompts: shared system prefixes, identical repeats, random ones."""
     rng = random.Random(seed)

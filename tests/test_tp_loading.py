@@ -17,13 +17,6 @@ from tests.test_validation import GREEDY, refused
 from tests.tp_helpers import shard_checkpoint
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama-ok")
-    make_checkpoint("llama", path)
-    return path
-
-
 def _copy(ckpt, tmp_path):
     dst = tmp_path / "ckpt"
     shutil.copytree(ckpt, dst)

@@ -22,13 +22,6 @@ VOCAB = 320          # tests.hf_models "llama"
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama-ok")
-    make_checkpoint("llama", path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def tiny():
     """dummy:tiny (vocab 512, no tokenizer) with a small pool: 8 blocks x 4 = 32 tokens."""
     return LLM(model="dummy:tiny", device="cpu", dtype="float32", block_size=4, num_blocks=8,

@@ -98,10 +98,3 @@ def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
         raise InvalidRequestError(f"config field rope_scaling ({rope_type}): {exc}") from exc
     return inv.float(), float(scaling)
-
-
-def load_stacked(param: torch.Tensor, tensor: torch.Tensor, offset: int) -> int:
-    """Copy `tensor` into rows [offset, offset+len) of a fused parameter; return new offset."""
-    n = tensor.shape[0]
-    param.data[offset:offset + n].copy_(tensor)
-    return offset + n
