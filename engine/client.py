@@ -206,7 +206,7 @@ class EngineClient:
 
     def set_knobs(self, **changes) -> SchedulerConfig:
         with self._send_lock:
-            knobs = self._knobs.replace(**changes).check_caps(self.info.num_blocks, self.info.block_size)
+            knobs = self._knobs.replace(**changes)
             self._knobs = knobs
         self._send(P.SetKnobs(dataclasses.asdict(knobs)))
         return knobs

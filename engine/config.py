@@ -20,6 +20,9 @@ def _knob(default, help: str, **extra):
 
 
 DEFAULT_MODEL = "default"
+# upper bounds of the live knobs: far above what any pool here fills (a limit above what
+# the pool can hold just never binds), but 10**30 from a client is refused
+KNOB_MAXIMUM = {"max_num_batched_tokens": 1 << 20, "max_num_seqs": 1 << 16}
 MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in practice)
 
 
@@ -39,25 +42,13 @@ class SchedulerConfig:
         64, "Most requests admitted (running) at once.", live=True, minimum=1, step=8)
 
     def __post_init__(self):
-        for f in ("max_num_batched_tokens", "max_num_seqs"):
+        for f, top in KNOB_MAXIMUM.items():
             value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidRequestError(f"{f} must be an integer >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise InvalidRequestError(f"{f} must be an integer in [1, {top}], got {value!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidRequestError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
-
-    def check_caps(self, num_blocks: int, block_size: int) -> "SchedulerConfig":
-        """Refuse values no step can use: more batched tokens than the KV pool holds,
-        more running requests than there are blocks (each holds at least one)."""
-        cap = num_blocks * block_size
-        if self.max_num_batched_tokens > cap:
-            raise InvalidRequestError(f"max_num_batched_tokens must be <= {cap} (the KV pool's "
-                                      f"tokens), got {self.max_num_batched_tokens}")
-        if self.max_num_seqs > num_blocks:
-            raise InvalidRequestError(f"max_num_seqs must be <= {num_blocks} (the KV pool's "
-                                      f"blocks), got {self.max_num_seqs}")
-        return self
 
     def replace(self, **changes) -> "SchedulerConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

@@ -79,7 +79,7 @@ class EngineLoop:
     def set_knobs(self, **changes):
         """Validate now (raises InvalidRequestError), apply before the next step."""
         with self._knobs_lock:      # concurrent callers: no update is lost
-            knobs = self._knobs.replace(**changes).check_caps(self.info.num_blocks, self.info.block_size)
+            knobs = self._knobs.replace(**changes)
             self._knobs = knobs
             self.core.set_knobs(knobs)
         return knobs
