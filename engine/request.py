@@ -11,6 +11,9 @@ from engine.metrics import request_latencies
 
 
 _SAMPLING_EPS = 1e-5
+MAX_TEMPERATURE = 1e4      # flat beyond this; inf would turn every logit into NaN
+MAX_STOP_STRINGS = 64      # each is searched after every token: bounded work per step
+MAX_STOP_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,9 @@ class SamplingParams:
         _check_int("top_k", self.top_k, minimum=-1)
         _check_number("temperature", self.temperature)
         _check_number("top_p", self.top_p)
-        if self.temperature < 0:
-            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise InvalidRequestError(f"temperature must be in [0, {MAX_TEMPERATURE}], got "
+                                      f"{self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
@@ -42,6 +46,10 @@ class SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if any(not isinstance(s, str) or not s for s in stop):
             raise InvalidRequestError("stop must be a non-empty string or list of them")
+        if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise InvalidRequestError(f"stop: at most {MAX_STOP_STRINGS} strings of at most "
+                                      f"{MAX_STOP_CHARS} characters (every one is matched "
+                                      "after every token)")
         object.__setattr__(self, "stop", stop)
         ids = tuple(self.stop_token_ids or ())
         for t in ids:

@@ -132,3 +132,14 @@ def test_knobs_have_an_upper_bound(knob):
     assert getattr(SchedulerConfig(**{knob: KNOB_MAXIMUM[knob]}), knob) == KNOB_MAXIMUM[knob]
     with pytest.raises(InvalidRequestError, match=knob):
         SchedulerConfig(**{knob: 10 ** 30})
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(temperature=float("inf")), "temperature must be in"),
+    (dict(stop=["x"] * 65), "at most 64 strings"),
+    (dict(stop=["y" * 1025]), "at most 1024 characters"),
+])
+def test_sampling_params_bound_the_work_a_request_can_ask_for(kw, match):
+    from engine.config import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match=match):
+        SamplingParams(**kw)

@@ -51,7 +51,8 @@ def refused(match, fn, *args, **kwargs):
     (dict(max_tokens="3"), r"max_tokens must be an integer, got '3'"),
     (dict(max_tokens=True), r"max_tokens must be an integer, got True"),
     (dict(max_tokens=None), r"max_tokens must be an integer, got None"),
-    (dict(temperature=-0.1), r"temperature must be >= 0, got -0\.1"),
+    (dict(temperature=-0.1), r"temperature must be in \[0, 10000\.0\], got -0\.1"),
+    (dict(temperature=float("inf")), r"temperature must be in \[0, 10000\.0\], got inf"),
     (dict(temperature="hot"), r"temperature must be a number, got 'hot'"),
     (dict(temperature=float("nan")), r"temperature must be a number"),
     (dict(temperature=True), r"temperature must be a number, got True"),
@@ -152,8 +153,8 @@ def test_odd_but_valid_sampling_does_not_disturb_the_batch(tiny):
     ref = tiny.generate([[4, 5, 6]], greedy)[0].outputs[0].token_ids
     odd = [SamplingParams(max_tokens=6, temperature=1e-45, ignore_eos=True),
            SamplingParams(max_tokens=6, temperature=1e-6, ignore_eos=True),
-           SamplingParams(max_tokens=6, temperature=float("inf"), ignore_eos=True),
-           SamplingParams(max_tokens=6, temperature=1e300, ignore_eos=True),
+           SamplingParams(max_tokens=6, temperature=1e4, ignore_eos=True),    # the maximum
+           SamplingParams(max_tokens=6, temperature=9999.0, ignore_eos=True),
            SamplingParams(max_tokens=6, top_k=10**9, seed=2**64 - 1, ignore_eos=True),
            SamplingParams(max_tokens=6, top_p=1e-9, seed=0, ignore_eos=True),
            SamplingParams(max_tokens=6, top_k=1, temperature=5.0, ignore_eos=True)]
