@@ -172,6 +172,14 @@ class LLMEngine:
             self._finish(req, reason, error, out)
         return req
 
+    def abort_output(self, request_id: str, reason: str = REASON_CANCELLED,
+                     error: str | None = None) -> StepOutput:
+        """abort(), with the request's end as a StepOutput for the front (empty if the
+        request is unknown or already over)."""
+        out = StepOutput()
+        self.abort(request_id, reason, error, out)
+        return out
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

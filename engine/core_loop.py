@@ -55,7 +55,7 @@ class CoreLoop:
 
     def abort(self, request_id: str, reason: str = REASON_CANCELLED,
               error: str | None = None) -> None:
-        self.post(lambda: self._emit(self._abort_output(request_id, reason, error)))
+        self.post(lambda: self._emit(self.engine.abort_output(request_id, reason, error)))
 
     def set_knobs(self, knobs: SchedulerConfig) -> None:
         self.post(lambda: self.engine.set_knobs(knobs))
@@ -173,11 +173,6 @@ class CoreLoop:
         except InvalidRequestError as exc:
             self._emit(StepOutput(finished=[FinishedRequest(creq.request_id, REASON_ERROR,
                                                             str(exc), 0.0, 0, 0)]))
-
-    def _abort_output(self, request_id: str, reason: str, error: str | None) -> StepOutput:
-        out = StepOutput()
-        self.engine.abort(request_id, reason, error, out)
-        return out
 
     def _emit(self, out: StepOutput) -> None:
         if out:

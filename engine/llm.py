@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from engine.codes import REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.core import LLMEngine
 from engine.processor import InputProcessor, OutputProcessor
@@ -57,14 +58,7 @@ class LLM:
 
     def _apply(self, out) -> None:
         for rid in self.outputs.process(out):    # stop strings matched
-            self.outputs.process(_aborted(self.engine, rid))
-
-
-def _aborted(engine: LLMEngine, request_id: str):
-    from engine.outputs import StepOutput
-    out = StepOutput()
-    engine.abort(request_id, "stop", None, out)
-    return out
+            self.outputs.process(self.engine.abort_output(rid, REASON_STOP))
 
 
 def _prompt_list(prompts) -> list:

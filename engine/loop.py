@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from engine.codes import REASON_CANCELLED, REASON_ERROR
+from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import EngineConfig, make_config
 from engine.core import LLMEngine
 from engine.core_loop import CoreLoop
@@ -140,7 +140,7 @@ class EngineLoop:
 
     def _on_output(self, out) -> None:
         for rid in self.outputs.process(out):     # stop strings matched: end them now
-            self.core._emit(self.core._abort_output(rid, "stop", None))
+            self.core._emit(self.engine.abort_output(rid, REASON_STOP))
 
     def _run(self) -> None:
         self.core.run()

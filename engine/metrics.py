@@ -10,18 +10,21 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 PERCENTILES = (50, 95, 99)
 
 
+def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """Linear-interpolated percentiles (0..100) of values, numpy's default method (the
+    one percentile function: reports, the TUI's timing panel)."""
+    if not len(values):
+        return [math.nan] * len(qs)
+    return [float(x) for x in np.percentile(np.asarray(values, dtype=float), qs)]
+
+
 def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated q-th percentile (0..100), like numpy.percentile."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return percentiles(values, (q,))[0]
 
 
 def request_latencies(arrival: float, times: Sequence[float]
@@ -50,8 +53,8 @@ class Summary:
         xs = [v for v in values if v is not None]
         if not xs:
             return cls(0, math.nan, math.nan, math.nan, math.nan, math.nan)
-        return cls(len(xs), sum(xs) / len(xs), percentile(xs, 50), percentile(xs, 95),
-                   percentile(xs, 99), max(xs))
+        p50, p95, p99 = percentiles(xs, PERCENTILES)
+        return cls(len(xs), sum(xs) / len(xs), p50, p95, p99, max(xs))
 
 
 def summarize_requests(metrics) -> dict[str, Summary]:

@@ -42,13 +42,6 @@ class StepOutput:
     def __bool__(self) -> bool:
         return bool(self.request_ids or self.finished)
 
-    def extend(self, other: "StepOutput") -> None:
-        """Append another step's results (kept in order; times are per step)."""
-        self.request_ids += other.request_ids
-        self.token_ids += other.token_ids
-        self.finished += other.finished
-        self.time = other.time or self.time
-
 
 @dataclass(frozen=True)
 class EngineInfo:

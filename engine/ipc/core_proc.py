@@ -91,24 +91,25 @@ class EngineCoreProc:
     def _on_output(self, out: StepOutput) -> None:
         """Split one step's output by client: one message per client per step."""
         per: dict[bytes, P.Outputs] = {}
+
+        def message(client: bytes) -> P.Outputs:
+            msg = per.get(client)
+            if msg is None:
+                msg = per[client] = P.Outputs(out.time, [], [], [])
+            return msg
         owner = self.owner_of
         for rid, tok in zip(out.request_ids, out.token_ids):
             client = owner.get(rid)
             if client is not None:
-                msg = per.get(client)
-                if msg is None:
-                    msg = per[client] = P.Outputs(out.time, [], [], [])
+                msg = message(client)
                 msg.request_ids.append(rid)
                 msg.token_ids.append(tok)
         for f in out.finished:
             client = owner.pop(f.request_id, None)
             if client is not None:
-                msg = per.get(client)
-                if msg is None:
-                    msg = per[client] = P.Outputs(out.time, [], [], [])
-                msg.finished.append(P.Finished(f.request_id, f.finish_reason, f.error,
-                                               f.arrival_time, f.num_cached_tokens,
-                                               f.num_preemptions))
+                message(client).finished.append(P.Finished(
+                    f.request_id, f.finish_reason, f.error, f.arrival_time,
+                    f.num_cached_tokens, f.num_preemptions))
         for client, msg in per.items():
             self._sendq.put((client, msg))
 

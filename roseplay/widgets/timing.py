@@ -21,6 +21,7 @@ from textual.containers import Container, Vertical
 from textual.strip import Strip
 from textual.widget import Widget
 
+from engine.metrics import percentiles
 from roseplay.widgets import theme
 from roseplay.widgets.counters import WINDOW
 from roseplay.widgets.requests import fmt_ms
@@ -33,9 +34,7 @@ _EIGHTHS = " ▁▂▃▄▅▆▇█"
 
 
 def pctl(values, qs=(50, 95, 99)) -> list[float | None]:
-    if not len(values):
-        return [None] * len(qs)
-    return [float(x) for x in np.percentile(np.asarray(values, dtype=float), qs)]
+    return [None] * len(qs) if not len(values) else percentiles(values, qs)
 
 
 def recent_p50(requests, field: str) -> float:
