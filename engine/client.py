@@ -205,10 +205,11 @@ class EngineClient:
         self._send(P.Abort(check_request_id(request_id), REASON_CANCELLED))
 
     def set_knobs(self, **changes) -> SchedulerConfig:
-        with self._send_lock:
-            knobs = self._knobs.replace(**changes)
-            self._knobs = knobs
-        self._send(P.SetKnobs(dataclasses.asdict(knobs)))
+        """Validate now; the core applies only `changes` to its own knobs at the next step
+        (this client's view may be a snapshot behind another client's change: sending
+        whole knobs from it could undo that change)."""
+        knobs = self._knobs = self._knobs.replace(**changes)
+        self._send(P.SetKnobs(dict(changes)))
         return knobs
 
     def clear_prefix_cache(self) -> None:

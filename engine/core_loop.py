@@ -60,6 +60,11 @@ class CoreLoop:
     def set_knobs(self, knobs: SchedulerConfig) -> None:
         self.post(lambda: self.engine.set_knobs(knobs))
 
+    def update_knobs(self, changes: dict) -> None:
+        """Apply validated field changes to the knobs current at the next step (several
+        clients may change different knobs: none undoes another's)."""
+        self.post(lambda: self.engine.set_knobs(self.engine.knobs.replace(**changes)))
+
     def clear_prefix_cache(self) -> None:
         self.post(self.engine.clear_prefix_cache)
 

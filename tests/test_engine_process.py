@@ -169,3 +169,18 @@ def test_bad_engine_flags_fail_fast_with_the_engines_message(client):
     with pytest.raises(Exception, match="unknown dummy preset"):
         EngineClient(model="dummy:nosuch", device="cpu")
     assert set(engine_pids()) <= before
+
+
+def test_two_clients_changing_different_knobs_lose_neither(client):
+    other = EngineClient(connect=client.address, label="knobs")
+    try:
+        before = client.snapshot().knobs
+        client.set_knobs(max_num_seqs=5)
+        other.set_knobs(max_num_batched_tokens=100)     # its view predates the change above
+        assert other.wait_idle(30) and client.wait_idle(30)   # each one's messages applied
+        knobs = client.snapshot().knobs
+        assert (knobs.max_num_seqs, knobs.max_num_batched_tokens) == (5, 100)
+    finally:
+        client.set_knobs(max_num_seqs=before.max_num_seqs,
+                         max_num_batched_tokens=before.max_num_batched_tokens)
+        other.close()

@@ -23,7 +23,7 @@ import msgspec
 import zmq
 
 from engine.codes import REASON_ERROR
-from engine.config import InvalidRequestError, SchedulerConfig, make_config
+from engine.config import InvalidRequestError, make_config
 from engine.core_loop import CoreLoop
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
@@ -169,9 +169,10 @@ class EngineCoreProc:
 
     def _set_knobs(self, client: bytes, msg: P.SetKnobs) -> None:
         try:
-            self.core.set_knobs(SchedulerConfig(**msg.knobs))
+            self.engine.knobs.replace(**msg.knobs)     # validate here, not in the step loop
         except (InvalidRequestError, TypeError):
-            pass      # clients validate first; a bad one from elsewhere changes nothing
+            return    # clients validate first; a bad one from elsewhere changes nothing
+        self.core.update_knobs(msg.knobs)
 
     def _step_once(self, client: bytes, msg: P.StepOnce) -> None:
         self.core.step_once(lambda: self._sendq.put((client, P.StepDone(msg.token))))

@@ -41,7 +41,7 @@ class Abort(msgspec.Struct, tag=True):
 
 
 class SetKnobs(msgspec.Struct, tag=True):
-    knobs: dict                  # SchedulerConfig fields; the core rebuilds (validates) it
+    knobs: dict                  # the changed SchedulerConfig fields; the core validates them
 
 
 class SetPaused(msgspec.Struct, tag=True):
