@@ -277,7 +277,8 @@ class LLMEngine:
                 self.scheduler.leader_sampled(req)
 
     def _emit_tokens(self, launched: Launched, out: StepOutput) -> None:
-        tokens = launched.host_tokens.tolist()     # the step's one host sync
+        tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync
+        self.counters.device_wait_us += int(waited * 1e6)
         now = out.time = self.clock.now()
         rids, toks = out.request_ids, out.token_ids
         for req, token in zip(launched.requests, tokens):

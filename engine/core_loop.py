@@ -187,7 +187,8 @@ class CoreLoop:
         now = time.perf_counter()
         if force or (self.publish_snapshots and now - self._last_publish >= self.snapshot_interval):
             self._snapshot = self.engine.snapshot(paused=self._paused)
-            self._last_publish = now
+            self._last_publish = time.perf_counter()
+            self.engine.counters.snapshot_build_us += int((self._last_publish - now) * 1e6)
             if self.on_snapshot is not None:
                 self.on_snapshot(self._snapshot)
 

@@ -6,6 +6,8 @@ would wait for the step in flight. These helpers go through pinned memory instea
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 
@@ -34,3 +36,10 @@ class HostCopy:
         if self._event is not None:
             self._event.synchronize()
         return self._tensor.tolist()
+
+    def wait_seconds(self) -> tuple[list, float]:
+        """(values, seconds the host spent blocked on the device for them): the engine's
+        one sync per step, so its sum is the time the host had nothing to do."""
+        t0 = time.perf_counter()
+        values = self.tolist()
+        return values, time.perf_counter() - t0

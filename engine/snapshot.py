@@ -78,6 +78,9 @@ class EngineCounters:
     finished: int = 0
     cancelled: int = 0
     errors: int = 0
+    device_wait_us: int = 0     # host blocked on the GPU (the step's sync): 1 - this / wall
+    #                             = the share of the engine thread's time spent on the host
+    snapshot_build_us: int = 0  # building snapshots for viewers (engine thread)
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -194,9 +194,12 @@ def measure(loop, items: list[WorkItem], warmup: list[WorkItem], args, label: st
     stats = _engine_stats(snap0, loop.snapshot())
     outputs = sorted(driver.outputs, key=lambda o: driver.submission_index(o.request_id))
     records = [report.request_record(o) for o in outputs if o.error is None]
+    wall = report.wall_duration(records)
+    # the engine thread either works on the host or waits for the GPU at the step's sync
+    stats["host_share"] = max(0.0, 1 - stats["device_wait_us"] / 1e6 / wall) if wall else 0.0
     for err in driver.submit_errors[:3]:
         print(f"request failed: {err}", file=sys.stderr)
-    result = report.RunResult(label, report.wall_duration(records), records, stats,
+    result = report.RunResult(label, wall, records, stats,
                               dict(dataclasses.asdict(loop.knobs)), failed=driver.failed)
     return result, outputs
 

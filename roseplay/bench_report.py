@@ -121,6 +121,7 @@ def _print_engine(console: Console, e: dict, w: int) -> None:
             ("Preemptions:", e["preemptions"]), ("Evictions:", e["evictions"]),
             ("COW copies:", e["cow_copies"]), ("Dedup joined:", e["dedup_joined"]),
             ("Engine steps:", e["steps"]),
+            ("Host share of engine time (%):", f"{100 * e.get('host_share', 0):.1f}"),
             ("Peak KV usage (blocks):", f"{e['peak_used_blocks']}/{e['num_blocks']} "
                                         f"({100 * e['peak_kv_usage']:.1f} %)")]
     for label, value in rows:
@@ -206,9 +207,14 @@ def print_repeats(console: Console, results: list[RunResult], cpu: str) -> None:
     sums = [summarize(r) for r in results]
     tput = [s["output_throughput"] for s in sums]
     ttft = [s["ttft_ms"]["median"] for s in sums]
+    host = [100 * s["engine"].get("host_share", 0) for s in sums if "engine" in s]
     med = statistics.median(tput)
     console.print(f"runs (output tok/s): {' / '.join(f'{x:,.0f}' for x in tput)}", highlight=False)
     console.print(f"output throughput: median {med:,.0f} tok/s, min..max {min(tput):,.0f}.."
                   f"{max(tput):,.0f} (spread {100 * (max(tput) - min(tput)) / med:.1f}% of the "
                   f"median) over {len(tput)} runs; TTFT p50 median {statistics.median(ttft):.1f} ms "
                   f"({min(ttft):.1f}..{max(ttft):.1f}); host CPU: {cpu}", highlight=False)
+    if host:
+        console.print(f"host share of engine time (not waiting on the device): median "
+                      f"{statistics.median(host):.1f}% ({min(host):.1f}..{max(host):.1f})",
+                      highlight=False)

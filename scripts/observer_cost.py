@@ -9,6 +9,12 @@ engine's own generated-token counter over a window that starts after a warm-up.
     python scripts/observer_cost.py --model dummy:qwen2.5-0.5b --seconds 20
     python scripts/observer_cost.py --model dummy:tiny --seconds 5 --concurrency 16 \
         --input-len 32 --output-len 16          # a CPU smoke run
+
+--alternate K: ONE engine process and driver, measured in 2K+1 alternating windows (alone,
+TUI, alone, ... alone); each TUI window is compared with the mean of the alone windows on
+either side, so slow drift of the host or the GPU cancels and no run pays a start-up. Each
+window also reports steps/s, tokens per step, the engine thread's host share (1 - time
+blocked on the GPU's sync / wall) and its snapshot-building share.
 """
 from __future__ import annotations
 
@@ -33,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="process,in-process")
     p.add_argument("--repeat", type=int, default=1, help="alone/TUI pairs per mode "
                    "(interleaved); the ratio reported is the median of the pairs'")
+    p.add_argument("--alternate", type=int, default=0, metavar="K",
+                   help="K TUI windows between K+1 alone windows in one engine run")
     p.add_argument("--one", nargs=2, metavar=("MODE", "VIEW"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -46,13 +54,23 @@ def start(args, in_process: bool):
                       in_process=in_process)
 
 
+def window_stats(source, seconds: float, wait=time.sleep) -> dict:
+    """Engine-side rates over one window, from two snapshots' counters."""
+    s0 = source.snapshot()
+    wait(seconds)
+    s1 = source.snapshot()
+    c, dt = s1.counters.minus(s0.counters), s1.time - s0.time
+    return dict(tok_s=c.generated_tokens / dt, steps_s=c.steps / dt,
+                tok_per_step=(c.prefill_tokens + c.decode_tokens) / max(c.steps, 1),
+                decodes_per_step=c.decode_tokens / max(c.steps, 1),
+                host_share=1 - c.device_wait_us / 1e6 / dt,
+                snapshot_share=c.snapshot_build_us / 1e6 / dt)
+
+
 def window_tok_s(source, args, wait) -> float:
     """Generated tokens per second of engine time over the window (snapshot counters)."""
     wait(args.warmup)
-    s0 = source.snapshot()
-    wait(args.seconds)
-    s1 = source.snapshot()
-    return (s1.counters.generated_tokens - s0.counters.generated_tokens) / (s1.time - s0.time)
+    return window_stats(source, args.seconds, wait)["tok_s"]
 
 
 def alone(source, args) -> float:
@@ -73,6 +91,63 @@ def with_app(source, args) -> float:
     return asyncio.run(run())
 
 
+class _Borrowed:
+    """The source, lent to one app: its unmount must not close it."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+    def close(self) -> None:
+        pass
+
+
+def app_window(source, seconds: float, settle: float = 1.0) -> dict:
+    from roseplay.app import RoseplayApp
+
+    async def run() -> dict:
+        app = RoseplayApp(source=_Borrowed(source))
+        async with app.run_test(size=(200, 60)) as pilot:
+            await asyncio.sleep(settle)        # mounted and drawing before the window opens
+            loop = asyncio.get_running_loop()
+            stats = await loop.run_in_executor(None, window_stats, source, seconds)
+            await pilot.pause(0)
+            return stats
+    return asyncio.run(run())
+
+
+def alternate(args) -> int:
+    import statistics
+    source = start(args, in_process=False)
+    rows = []
+    try:
+        time.sleep(args.warmup)
+        for k in range(2 * args.alternate + 1):
+            view = "tui" if k % 2 else "alone"
+            stats = app_window(source, args.seconds) if k % 2 else \
+                window_stats(source, args.seconds)
+            rows.append((view, stats))
+            print(f"{k:>3} {view:<6} {stats['tok_s']:10,.0f} tok/s  {stats['steps_s']:6.1f} "
+                  f"steps/s  {stats['tok_per_step']:7.1f} tok/step ({stats['decodes_per_step']:5.1f} "
+                  f"decodes)  host "
+                  f"{100 * stats['host_share']:5.1f}%  snapshots "
+                  f"{100 * stats['snapshot_share']:4.1f}%", flush=True)
+    finally:
+        source.close()
+    alone = [r["tok_s"] for v, r in rows if v == "alone"]
+    tui = [r["tok_s"] for v, r in rows if v == "tui"]
+    ratios = [t / ((alone[i] + alone[i + 1]) / 2) for i, t in enumerate(tui)]
+    med = statistics.median(ratios)
+    print(f"alternating: alone median {statistics.median(alone):,.0f} "
+          f"({min(alone):,.0f}..{max(alone):,.0f}), with the TUI median "
+          f"{statistics.median(tui):,.0f} ({min(tui):,.0f}..{max(tui):,.0f}); TUI/alone "
+          f"median {med:.3f} ({min(ratios):.3f}..{max(ratios):.3f}) over {len(ratios)} "
+          f"windows: the TUI costs {100 * (1 - med):.1f}% of output tok/s", flush=True)
+    return 0
+
+
 def run_one(args) -> float:
     mode, view = args.one
     source = start(args, mode == "in-process")
@@ -84,10 +159,11 @@ def run_one(args) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.alternate:
+        return alternate(args)
     if args.one:
         print(f"RESULT {run_one(args):.1f}", flush=True)
         return 0
-    import subprocess
     import statistics
     import subprocess
     passed = [a for a in (argv if argv is not None else sys.argv[1:])]
