@@ -192,15 +192,24 @@ def run(args, console: Console) -> int:
             task = progress.add_task("warm-up", total=len(warmup))
             asyncio.run(drive(args, warmup, model, tokenizer, headers, {},
                               lambda: progress.advance(task)))
-        before = scrape_counters(args.base_url, headers)
-        task = progress.add_task(f"{args.endpoint} @ {args.base_url}", total=len(items))
-        outcomes = asyncio.run(drive(args, items, model, tokenizer, headers, _arrivals(args),
-                                     lambda: progress.advance(task)))
-    after = scrape_counters(args.base_url, headers)
-    return _report(console, args, outcomes, before, after, model, t0)
+        runs = []
+        for i in range(args.repeat):      # measured runs on the same server, one by one
+            before = scrape_counters(args.base_url, headers)
+            task = progress.add_task(f"{args.endpoint} @ {args.base_url}"
+                                     + (f" run {i + 1}/{args.repeat}" if args.repeat > 1 else ""),
+                                     total=len(items))
+            outcomes = asyncio.run(drive(args, items, model, tokenizer, headers,
+                                         _arrivals(args), lambda: progress.advance(task)))
+            runs.append((outcomes, before, scrape_counters(args.base_url, headers)))
+    results = [_report(console, args, *run, model) for run in runs]
+    if len(results) > 1:
+        from roseplay.bench import host_cpu
+        report.print_repeats(console, results, host_cpu() + " (the client's)")
+    console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
+    return 0 if all(r.failed == 0 for r in results) else 1
 
 
-def _report(console: Console, args, outcomes, before, after, model, t0) -> int:
+def _report(console: Console, args, outcomes, before, after, model) -> report.RunResult:
     records = [o.record for o in outcomes if o.record is not None]
     failed = [o for o in outcomes if o.error is not None]
     for o in failed[:3]:
@@ -221,5 +230,4 @@ def _report(console: Console, args, outcomes, before, after, model, t0) -> int:
                    "server_metrics_delta": server, "runs": [report.run_payload(result, summary)]}
         report.dump_json(args.json, payload)
         console.print(f"wrote {args.json}")
-    console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
-    return 0 if not failed else 1
+    return result
