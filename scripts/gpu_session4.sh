@@ -21,7 +21,7 @@ for wl in W1 B1; do
 done
 python3 -m roseplay serve --model $M $ENG --port 18731 > "$OUT/serve.log" 2>&1 &
 SERVER=$!
-for i in $(seq 120); do curl -sf http://127.0.0.1:18731/health >/dev/null && break; sleep 1; done
+for i in $(seq 120); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:18731/health', timeout=2)" 2>/dev/null && break; sleep 1; done
 echo "server up after ~${i}s"
 for wl in W1 B1; do
   echo "== $wl bench --base-url (completions)"
