@@ -25,6 +25,9 @@ class BlockPool:
         self.refcounts = np.zeros(num_blocks, dtype=np.int32)
         self._free: deque[int] = deque(range(num_blocks))
         self._cached: OrderedDict[int, None] = OrderedDict()
+        # the same set as a mask, kept in step: states() must not walk a cache that can
+        # hold every block of the pool (O(cached) per snapshot slowed a full pool's engine)
+        self._cached_mask = np.zeros(num_blocks, dtype=bool)
         self.index = PrefixCache()
         self._evicted: list[int] = []     # evicted since the last take_evicted()
 
@@ -49,8 +52,7 @@ class BlockPool:
     def states(self) -> np.ndarray:
         """Per-block state codes (engine.codes BLOCK_*) as a fresh int8 array."""
         st = (self.refcounts > 0).astype(np.int8) * np.int8(BLOCK_USED)
-        if self._cached:
-            st[np.fromiter(self._cached, dtype=np.int64, count=len(self._cached))] = BLOCK_CACHED
+        st[self._cached_mask] = BLOCK_CACHED
         return st
 
     def take_evicted(self) -> list[int]:
@@ -76,6 +78,7 @@ class BlockPool:
                 block = self._free.popleft()
             else:
                 block, _ = self._cached.popitem(last=False)
+                self._cached_mask[block] = False
                 self.index.remove(block)
                 self.counters.evictions += 1
                 self._evicted.append(block)
@@ -86,6 +89,7 @@ class BlockPool:
     def incref(self, block: int) -> None:
         if self.refcounts[block] == 0:
             self._cached.pop(block)    # a hit on a cached block: it is no longer evictable
+            self._cached_mask[block] = False
         self.refcounts[block] += 1
 
     def decref(self, block: int) -> None:
@@ -95,6 +99,7 @@ class BlockPool:
         if rc == 0:
             if block in self.index:
                 self._cached[block] = None
+                self._cached_mask[block] = True
             else:
                 self._free.append(block)
 
@@ -110,6 +115,7 @@ class BlockPool:
             self.index.remove(block)
         self._free.extend(self._cached)
         self._cached.clear()
+        self._cached_mask[:] = False
         return n
 
     # -- checks --------------------------------------------------------------
@@ -128,3 +134,4 @@ class BlockPool:
         assert zero == free | cached, "a block with refcount 0 is neither free nor cached"
         assert all(b in self.index for b in cached), "cached block missing from index"
         assert not any(b in self.index for b in free), "free block still indexed"
+        assert set(np.nonzero(self._cached_mask)[0].tolist()) == cached, "cached mask out of step"
