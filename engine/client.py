@@ -64,6 +64,7 @@ class EngineClient:
         subscribes."""
         self.label = label
         self.snapshots = snapshots
+        self._want_snapshots = True
         self.proc = None
         self._tmpdir = None
         self.fatal_error: str | None = None
@@ -232,6 +233,11 @@ class EngineClient:
         self._send(P.StepOnce(token))
         return event
 
+    def watch(self, on: bool) -> None:
+        """Take (or drop) the periodic snapshots: the engine builds none while no client
+        subscribes. The I/O thread owns the socket and applies this within 0.1 s."""
+        self._want_snapshots = bool(on)
+
     def snapshot(self) -> EngineSnapshot:
         raw, cached = self._snap_cache
         latest = self._snap_bytes
@@ -301,7 +307,11 @@ class EngineClient:
         if self._sub is not None:
             poller.register(self._sub, zmq.POLLIN)
         last_beat = 0.0
+        watching = True
         while not self._closed and self.fatal_error is None:
+            if self._sub is not None and self._want_snapshots != watching:
+                watching = self._want_snapshots
+                self._sub.setsockopt(zmq.SUBSCRIBE if watching else zmq.UNSUBSCRIBE, b"")
             try:
                 ready = dict(poller.poll(100))
             except zmq.ZMQError:

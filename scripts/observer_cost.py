@@ -41,6 +41,9 @@ def parse_args(argv=None):
                    "(interleaved); the ratio reported is the median of the pairs'")
     p.add_argument("--alternate", type=int, default=0, metavar="K",
                    help="K TUI windows between K+1 alone windows in one engine run")
+    p.add_argument("--alone-watches", action="store_true",
+                   help="--alternate: keep the snapshot subscription in the alone windows "
+                        "(default: alone = nobody subscribes, the engine builds no snapshot)")
     p.add_argument("--one", nargs=2, metavar=("MODE", "VIEW"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -54,11 +57,27 @@ def start(args, in_process: bool):
                       in_process=in_process)
 
 
-def window_stats(source, seconds: float, wait=time.sleep) -> dict:
-    """Engine-side rates over one window, from two snapshots' counters."""
-    s0 = source.snapshot()
+def fresh_snapshot(source, timeout: float = 5.0):
+    """Subscribe (if the client had dropped snapshots), then the next new snapshot."""
+    loop = source.loop
+    old = source.snapshot()
+    if hasattr(loop, "watch"):
+        loop.watch(True)
+    deadline = time.monotonic() + timeout
+    while source.snapshot() is old and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return source.snapshot()
+
+
+def window_stats(source, seconds: float, wait=time.sleep, unwatched: bool = False) -> dict:
+    """Engine-side rates over one window, from two snapshots' counters. `unwatched`: no
+    client subscribes during the window (the engine builds no snapshot): the real
+    'alone' (only the two boundary snapshots are taken)."""
+    s0 = fresh_snapshot(source) if unwatched else source.snapshot()
+    if unwatched:
+        source.loop.watch(False)
     wait(seconds)
-    s1 = source.snapshot()
+    s1 = fresh_snapshot(source) if unwatched else source.snapshot()
     c, dt = s1.counters.minus(s0.counters), s1.time - s0.time
     return dict(tok_s=c.generated_tokens / dt, steps_s=c.steps / dt,
                 tok_per_step=(c.prefill_tokens + c.decode_tokens) / max(c.steps, 1),
@@ -127,7 +146,7 @@ def alternate(args) -> int:
         for k in range(2 * args.alternate + 1):
             view = "tui" if k % 2 else "alone"
             stats = app_window(source, args.seconds) if k % 2 else \
-                window_stats(source, args.seconds)
+                window_stats(source, args.seconds, unwatched=not args.alone_watches)
             rows.append((view, stats))
             print(f"{k:>3} {view:<6} {stats['tok_s']:10,.0f} tok/s  {stats['steps_s']:6.1f} "
                   f"steps/s  {stats['tok_per_step']:7.1f} tok/step ({stats['decodes_per_step']:5.1f} "

@@ -71,6 +71,36 @@ def test_snapshot_round_trip(client):
     assert again.requests == snap.requests and again.counters == snap.counters
 
 
+def test_dropping_snapshots_stops_the_engine_building_them(client):
+    """watch(False): no subscriber, so the core builds no snapshot (its build-time
+    counter stands still while it steps); watch(True): snapshots flow again."""
+    sp = SamplingParams(max_tokens=160, **GREEDY)
+    client.watch(False)
+    time.sleep(0.3)                           # the unsubscribe reaches the core
+    stream = client.submit(PROMPTS[2], sp)
+    time.sleep(0.2)
+    held = client._snap_bytes
+    time.sleep(0.6)
+    assert client._snap_bytes is held, "a snapshot arrived while nobody subscribed"
+    client.watch(True)
+    deadline = time.monotonic() + 5
+    while client._snap_bytes is held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first = client.snapshot()
+    assert first.step > 0
+    stream.result(timeout=60)
+    assert client.wait_idle(30)
+    built = client.snapshot().counters.snapshot_build_us
+    client.watch(False)
+    time.sleep(0.3)
+    client.submit(PROMPTS[0], SamplingParams(max_tokens=64, **GREEDY)).result(timeout=60)
+    assert client.wait_idle(30)        # the barrier's snapshot: one build, not one per 50 ms
+    after = client.snapshot()
+    assert after.counters.steps > first.counters.steps
+    client.watch(True)
+    assert after.counters.snapshot_build_us - built < 50_000
+
+
 def test_greedy_outputs_equal_in_process(client):
     sp = SamplingParams(max_tokens=24, **GREEDY)
     ref = LLM(model="default", device="cpu").generate(PROMPTS, sp)
