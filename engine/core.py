@@ -32,7 +32,7 @@ from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.sampling import Sampler
 from engine.scheduler import Scheduler, StepPlan
-from engine.snapshot import Counters, EngineSnapshot, request_view
+from engine.snapshot import Counters, EngineSnapshot, compact_counts, request_view
 from engine.stats import StatsRecorder
 from engine.step_batch import StepBatch
 
@@ -349,7 +349,7 @@ class LLMEngine:
             device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
             knobs=self.knobs, paused=paused, num_blocks=self.pool.num_blocks,
             block_size=self.pool.block_size, block_state=self.pool.states(),
-            block_refcount=self.pool.refcounts.copy(),
+            block_refcount=compact_counts(self.pool.refcounts),
             requests=active + tuple(self.recent_finished), last_step=st.last_step,
             recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
             recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),

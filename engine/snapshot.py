@@ -137,6 +137,14 @@ class RequestView:
         return self.chunks_done + math.ceil(left / max(1, budget))
 
 
+def compact_counts(counts: np.ndarray) -> np.ndarray:
+    """A copy in the smallest unsigned dtype that holds it: refcounts are nearly all 0-1,
+    and a full pool's int32 array is most of a snapshot's bytes (viewers read values)."""
+    top = int(counts.max(initial=0))
+    dtype = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else counts.dtype
+    return counts.astype(dtype)
+
+
 def request_state(req: Request) -> str:
     st = req.status
     if st is RequestStatus.WAITING:
