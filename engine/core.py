@@ -36,6 +36,8 @@ from engine.snapshot import Counters, EngineSnapshot, compact_counts, request_vi
 from engine.stats import StatsRecorder
 from engine.step_batch import StepBatch
 
+# finished requests a snapshot still shows: re-sent in every snapshot, so few
+RECENT_FINISHED = 64
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_DEFAULT_BLOCKS = 2048
 _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
@@ -134,7 +136,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
-        self.recent_finished: deque = deque(maxlen=256)
+        self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
 
     def _blocks_from_memory(self, model) -> int:
         if self.device.type != "cuda":

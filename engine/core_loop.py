@@ -22,6 +22,9 @@ from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.snapshot import EngineSnapshot
 
 
+SNAPSHOT_BUDGET = 0.03    # the most of the engine thread's time that snapshots may take
+
+
 class CoreLoop:
     def __init__(self, engine: LLMEngine, on_output: Callable[[StepOutput], None],
                  snapshot_interval: float = 0.02,
@@ -30,6 +33,8 @@ class CoreLoop:
         self.on_output = on_output
         self.on_snapshot = on_snapshot
         self.snapshot_interval = float(snapshot_interval)
+        self.publish_cost = 0.0        # seconds the last snapshot cost outside this thread
+        #                                (the engine process's encoding: it holds the GIL)
         self._commands: deque[Callable[[], None]] = deque()
         self._wake = threading.Event()
         self._idle = threading.Condition()
@@ -39,7 +44,7 @@ class CoreLoop:
         self._idle_published = False   # idle, with a snapshot taken after the last step
         self.fatal_error: str | None = None
         self._snapshot = engine.snapshot()
-        self._last_publish = 0.0
+        self._next_publish = 0.0
         self._barriers: list[Callable[[EngineSnapshot], None]] = []
         self.publish_snapshots = True   # periodic snapshots (the engine process turns them
         #                                 off while no client subscribes)
@@ -185,10 +190,15 @@ class CoreLoop:
 
     def _publish(self, force: bool = False) -> None:
         now = time.perf_counter()
-        if force or (self.publish_snapshots and now - self._last_publish >= self.snapshot_interval):
+        if force or (self.publish_snapshots and now >= self._next_publish):
             self._snapshot = self.engine.snapshot(paused=self._paused)
-            self._last_publish = time.perf_counter()
-            self.engine.counters.snapshot_build_us += int((self._last_publish - now) * 1e6)
+            done = time.perf_counter()
+            self.engine.counters.snapshot_build_us += int((done - now) * 1e6)
+            # watching may cost the engine at most SNAPSHOT_BUDGET of its time: a costly
+            # snapshot (a full pool, hundreds of requests) comes less often, a cheap one
+            # at the UI's rate; paused or single-stepping, every step still publishes
+            cost = done - now + self.publish_cost
+            self._next_publish = now + max(self.snapshot_interval, cost / SNAPSHOT_BUDGET)
             if self.on_snapshot is not None:
                 self.on_snapshot(self._snapshot)
 

@@ -80,7 +80,8 @@ class EngineCounters:
     errors: int = 0
     device_wait_us: int = 0     # host blocked on the GPU (the step's sync): 1 - this / wall
     #                             = the share of the engine thread's time spent on the host
-    snapshot_build_us: int = 0  # building snapshots for viewers (engine thread)
+    snapshot_build_us: int = 0  # building (and, in the engine process, encoding)
+    #                             snapshots for viewers: what watching costs the engine
 
     @property
     def prefix_hit_rate(self) -> float:
