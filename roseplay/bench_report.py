@@ -157,7 +157,7 @@ ENGINE_ROWS = (
     ("COW copies", lambda s: s["engine"]["cow_copies"]),
     ("Peak KV blocks", lambda s: s["engine"]["peak_used_blocks"]),
     ("KV block lifetime p50 (s)", lambda s: s["engine"]["kv_block"]["lifetime"]["p50_s"]),
-    ("KV block idle before evict p50 (s)",
+    ("KV idle-before-evict p50 (s)",
      lambda s: s["engine"]["kv_block"]["idle_before_evict"]["p50_s"]),
     ("KV block reuse gap p50 (s)", lambda s: s["engine"]["kv_block"]["reuse_gap"]["p50_s"]),
 )
