@@ -153,6 +153,7 @@ class LLMEngine:
 
     def set_knobs(self, knobs: SchedulerConfig) -> None:
         self.scheduler.knobs = knobs
+        self.pool.eviction_policy = knobs.eviction_policy   # continuations allocate too
 
     def add(self, creq: CoreRequest) -> Request:
         """Queue a validated request (engine/processor.py validated it in the front)."""
