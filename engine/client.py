@@ -187,10 +187,11 @@ class EngineClient:
 
     def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
                on_finish: Callable[[StreamEvent], None] | None = None,
-               on_event: Callable[[StreamEvent], None] | None = None) -> RequestStream:
+               on_event: Callable[[StreamEvent], None] | None = None,
+               priority: int = 0) -> RequestStream:
         """As EngineLoop.submit; callbacks run on this client's IO thread."""
         self._check_running()
-        creq, text = self.inputs.process(prompt, params, request_id)
+        creq, text = self.inputs.process(prompt, params, request_id, priority)
         stream = RequestStream(creq.request_id, self._cancel_dropped)
         on_event, on_finish = chain_sinks(stream, on_event, on_finish)
         with self._submit_lock:
@@ -199,7 +200,7 @@ class EngineClient:
             self.outputs.add(creq, text, on_event, on_finish)
         self._send(P.Submit(creq.request_id, list(creq.prompt_token_ids),
                             dataclasses.asdict(creq.params), creq.arrival_time,
-                            creq.prompt_preview))
+                            creq.prompt_preview, creq.priority))
         return stream
 
     def cancel(self, request_id: str) -> None:

@@ -2,8 +2,10 @@
 
 `SchedulerConfig` holds the live knobs (changeable from any thread while the engine
 runs, effective at the next step); `EngineConfig` holds what is fixed at start. Each
-field carries its help text in `metadata["help"]`; the CLI builds its flags from these
-fields and the TUI reads the live ones, so a knob is never described twice.
+field carries its help text in `metadata["help"]` (a choice-valued live knob also its
+`choices` and a paragraph in `metadata["explain"]` for the help screen); the CLI builds
+its flags from these fields and the TUI reads the live ones, so a knob is never
+described twice.
 """
 from __future__ import annotations
 
@@ -24,6 +26,28 @@ DEFAULT_MODEL = "default"
 # the pool can hold just never binds), but 10**30 from a client is refused
 KNOB_MAXIMUM = {"max_num_batched_tokens": 1 << 20, "max_num_seqs": 1 << 16}
 MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in practice)
+SCHEDULING_MODES = ("budget", "prefill-first", "mixed-chunk")
+SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
+EVICTION_POLICIES = ("lru", "lfu")
+MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
+
+
+def check_priority(priority) -> int:
+    """A request's priority (vLLM: lower is served first): an int32."""
+    if isinstance(priority, bool) or not isinstance(priority, int) \
+            or not -MAX_PRIORITY - 1 <= priority <= MAX_PRIORITY:
+        raise InvalidRequestError(f"priority must be an integer in [{-MAX_PRIORITY - 1}, "
+                                  f"{MAX_PRIORITY}], got {str(priority)[:40]!r}")
+    return priority
+
+
+def check_choices(config) -> None:
+    """Every field with `choices` in its metadata holds one of them."""
+    for f in dataclasses.fields(config):
+        choices = f.metadata.get("choices")
+        if choices and getattr(config, f.name) not in choices:
+            raise InvalidRequestError(f"{f.name} must be one of {', '.join(choices)}, "
+                                      f"got {getattr(config, f.name)!r}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +64,47 @@ class SchedulerConfig:
         minimum=1, step=64)
     max_num_seqs: int = _knob(
         64, "Most requests admitted (running) at once.", live=True, minimum=1, step=8)
+    scheduling_mode: str = _knob(
+        "budget", "What one step holds: budget (decodes + prefill chunks under one token "
+                  "budget, vLLM V1), prefill-first (all prefill or all decode, nano-vllm), "
+                  "mixed-chunk (every decode rides along a prefill step, SGLang "
+                  "--enable-mixed-chunk).", live=True, choices=SCHEDULING_MODES,
+        explain="budget: each step first gives one token to every running decode, then "
+                "spends what is left of max_num_batched_tokens on prefill chunks (vLLM V1's "
+                "chunked prefill); more decodes than the budget take turns. prefill-first: "
+                "a step is all prefill whenever some prompt work can be scheduled, and all "
+                "decode otherwise (nano-vllm, and SGLang without mixed chunks): prompts start "
+                "sooner (better TTFT) while every running decode stalls for the prefill "
+                "steps (ITL spikes). mixed-chunk: SGLang's --enable-mixed-chunk: every "
+                "running decode is in every step, never capped by the budget, and prefill "
+                "chunks get the budget minus the decodes (nothing when decodes use it all); "
+                "unlike budget, a step can exceed max_num_batched_tokens when many requests "
+                "decode, and decodes never wait for their turn.")
+    scheduling_policy: str = _knob(
+        "fcfs", "Queue order of admission: fcfs (arrival), priority (lower value first, "
+                "preempts the lowest priority; vLLM), lpm (longest cached prefix first; "
+                "SGLang).", live=True, choices=SCHEDULING_POLICIES,
+        explain="fcfs: waiting requests are admitted in arrival order and the newest "
+                "running request is preempted when blocks run out (vLLM's default). "
+                "priority: each request's priority (an integer, lower first; 0 by default) "
+                "orders the queue, ties by arrival, and preemption takes the running request "
+                "with the largest value, latest arrival (vLLM's --scheduling-policy "
+                "priority). lpm: longest prefix match (SGLang's --schedule-policy lpm): the "
+                "waiting request with the most prompt blocks already in the prefix cache is "
+                "admitted first, so cached blocks are reused before they are evicted; with "
+                "more than 128 waiting (the matching costs time) or prefix caching off it is "
+                "fcfs, as in SGLang.")
+    eviction_policy: str = _knob(
+        "lru", "Which cached prefix block an allocation evicts: lru (least recently "
+               "released, vLLM) or lfu (fewest prefix hits, then least recent; SGLang "
+               "--radix-eviction-policy lfu).", live=True, choices=EVICTION_POLICIES,
+        explain="lru: blocks that no request holds stay cached in the order they were "
+                "released (a request's tail blocks first) and the oldest is reused first "
+                "(vLLM's free block queue). lfu: the block with the fewest prefix-cache hits "
+                "goes first, ties by release order (SGLang's --radix-eviction-policy lfu). A "
+                "system prompt hit by every request survives a burst of one-off prompts under "
+                "lfu but not under lru (scan resistance); under lfu an old block with many "
+                "hits can also outstay its use (cache pollution).")
 
     def __post_init__(self):
         for f, top in KNOB_MAXIMUM.items():
@@ -49,6 +114,7 @@ class SchedulerConfig:
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidRequestError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        check_choices(self)
 
     def replace(self, **changes) -> "SchedulerConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -106,11 +172,7 @@ class EngineConfig:
                                                or self.max_model_len < 1):
             raise InvalidRequestError(
                 f"max_model_len must be an integer >= 1, got {self.max_model_len!r}")
-        for name in ("device", "dtype", "attention_backend"):
-            choices = next(f for f in dataclasses.fields(self) if f.name == name).metadata["choices"]
-            if getattr(self, name) not in choices:
-                raise InvalidRequestError(
-                    f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        check_choices(self)
 
 
 def knob_fields(cls) -> list[dataclasses.Field]:

@@ -116,6 +116,8 @@ class LLMEngine:
         self.counters = Counters()
         self.events = EventLog()
         self.pool = BlockPool(num_blocks, config.block_size, self.counters)
+        self.clock = ServingClock()
+        self.pool.clock = self.clock.now          # block lifetimes on the serving clock
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
         # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
         # buckets, so the NCCL all-reduces of captured graphs match); no async scheduling
@@ -132,7 +134,6 @@ class LLMEngine:
                                   num_blocks, config.block_size, **runner_kw)
         self.sampler = Sampler(self.device, config.seed)
         self.stats = StatsRecorder(self.counters)
-        self.clock = ServingClock()
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
@@ -154,6 +155,7 @@ class LLMEngine:
 
     def set_knobs(self, knobs: SchedulerConfig) -> None:
         self.scheduler.knobs = knobs
+        self.pool.eviction_policy = knobs.eviction_policy   # continuations allocate too
 
     def add(self, creq: CoreRequest) -> Request:
         """Queue a validated request (engine/processor.py validated it in the front)."""
@@ -161,7 +163,8 @@ class LLMEngine:
             raise InvalidRequestError(f"duplicate request id {creq.request_id!r}")
         req = Request(creq.request_id, list(creq.prompt_token_ids), creq.params,
                       prompt=creq.prompt_preview,
-                      arrival_time=self.clock.to_serving(creq.arrival_time))
+                      arrival_time=self.clock.to_serving(creq.arrival_time),
+                      priority=creq.priority)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         return req
@@ -356,6 +359,7 @@ class LLMEngine:
             recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
             recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
             error=st.last_error, events=self.events.recent(),
+            kv_block_metrics=self.pool.lifetimes.freeze(),
             extra={"peak_used_blocks": st.peak_used_blocks, "backend": self.backend,
                    "tensor_parallel_size": self.config.tensor_parallel_size,
                    "kv_bytes_per_rank": self.runner.kv_cache.numel() * self.runner.kv_cache.element_size(),

@@ -30,22 +30,26 @@ class LLM:
         return self.engine.tokenizer
 
     def add_request(self, prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None):
+                    request_id: str | None = None, priority: int = 0):
         """Validate and queue one request on the core; returns the core's Request (for
         callers that drive `self.engine.step()` themselves, e.g. tests)."""
-        creq, text = self.inputs.process(prompt, params, request_id)
+        creq, text = self.inputs.process(prompt, params, request_id, priority)
         return self.engine.add(creq)
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 on_step: Callable[[LLMEngine], None] | None = None) -> list[RequestOutput]:
+                 on_step: Callable[[LLMEngine], None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order.
 
         A prompt is a string, a list of token ids, or {"prompt_token_ids": [...]}.
         `on_step` (optional) is called after every engine step (tests, progress bars).
+        `priority`: one per prompt (vLLM's LLM.generate), used by scheduling_policy=priority.
         """
         prompts = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompts))
-        made = [self.inputs.process(p, sp) for p, sp in zip(prompts, params)]
+        priorities = _priority_list(priority, len(prompts))
+        made = [self.inputs.process(p, sp, priority=pr)
+                for p, sp, pr in zip(prompts, params, priorities)]
         results: dict[str, RequestOutput] = {}
         for creq, text in made:
             self.outputs.add(creq, text, None, lambda ev: results.__setitem__(ev.request_id, ev.output))
@@ -81,3 +85,14 @@ def _params_list(sampling_params, n: int) -> list[SamplingParams]:
         raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
                                   f"{n} prompts: pass one, or one per prompt")
     return params
+
+
+def _priority_list(priority, n: int) -> list[int]:
+    if priority is None:
+        return [0] * n
+    if isinstance(priority, (str, bytes, dict)) or not hasattr(priority, "__iter__"):
+        raise InvalidRequestError("priority must be a list of integers, one per prompt")
+    out = list(priority)
+    if len(out) != n:
+        raise InvalidRequestError(f"priority has {len(out)} entries for {n} prompts")
+    return out

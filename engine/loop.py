@@ -57,8 +57,10 @@ class EngineLoop:
     def submit(self, prompt, params: SamplingParams | None = None,
                request_id: str | None = None,
                on_finish: Callable[[StreamEvent], None] | None = None,
-               on_event: Callable[[StreamEvent], None] | None = None) -> RequestStream:
-        """Validate (raises InvalidRequestError here) and queue a request.
+               on_event: Callable[[StreamEvent], None] | None = None,
+               priority: int = 0) -> RequestStream:
+        """Validate (raises InvalidRequestError here) and queue a request. `priority`
+        orders the queue under scheduling_policy=priority (lower first, as vLLM).
 
         Sinks, chosen per request: by default every step's delta queues for the returned
         stream; `on_event` gets every event instead (e.g. an asyncio server forwards them
@@ -66,7 +68,7 @@ class EngineLoop:
         per-token event is ever built). Callbacks run on the engine thread: keep them
         cheap. Keep the returned stream while the request runs: dropping it cancels."""
         self._check_running()
-        creq, text = self.inputs.process(prompt, params, request_id)
+        creq, text = self.inputs.process(prompt, params, request_id, priority)
         stream = RequestStream(creq.request_id, self._cancel_dropped)
         on_event, on_finish = chain_sinks(stream, on_event, on_finish)
         self.core.post(lambda: self._add(creq, text, on_event, on_finish))

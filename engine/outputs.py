@@ -19,6 +19,7 @@ class CoreRequest:
     params: SamplingParams
     arrival_time: float                 # time.perf_counter() when the client submitted it
     prompt_preview: str | None = None   # display only (snapshots); the core never reads it
+    priority: int = 0                   # scheduling_policy=priority: lower first (vLLM)
 
 
 @dataclass(frozen=True)

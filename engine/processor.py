@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.codes import REASON_ERROR, REASON_STOP
-from engine.config import InvalidRequestError
+from engine.config import InvalidRequestError, check_priority
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
@@ -65,7 +65,8 @@ class InputProcessor:
                    e.pool.num_blocks, e.pool.block_size)
 
     def process(self, prompt, params: SamplingParams | None = None,
-                request_id: str | None = None) -> tuple[CoreRequest, str | None]:
+                request_id: str | None = None, priority: int = 0
+                ) -> tuple[CoreRequest, str | None]:
         """Returns the core request and the prompt text (None for token-id prompts)."""
         arrival = time.perf_counter()
         params = params if params is not None else SamplingParams()
@@ -79,7 +80,8 @@ class InputProcessor:
         rid = check_request_id(request_id) if request_id is not None \
             else f"req-{next(_REQUEST_IDS)}"
         preview = text[:80] if text is not None else None
-        return CoreRequest(rid, tuple(ids), params, arrival, preview), text
+        return CoreRequest(rid, tuple(ids), params, arrival, preview,
+                           check_priority(priority)), text
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

@@ -110,6 +110,7 @@ class Request:
     finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "error"
     error: str | None = None
     chunks_done: int = 0             # prefill chunks computed since the last admission
+    priority: int = 0                # scheduling_policy=priority: lower is served first
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,12 +1,20 @@
-"""The scheduler: one token budget over a mixed decode + chunked-prefill step.
+"""The scheduler: what one step computes, under the live knobs.
 
-Each step: one token for every running decode (oldest first), then prefill chunks in
-FIFO order (running mid-prefill requests, then waiting ones), each chunk =
-min(tokens still needed, budget left). Admission stops at the first waiting request
-that does not fit (no overtaking). When the pool runs dry for a running request, the
-newest running request is preempted (blocks freed, requeued at the front, recomputed).
-Identical prompts are prefilled once: later copies wait on the first ("leader") and
-share its blocks and last-token logits when it samples.
+Step composition (`scheduling_mode`):
+  budget         one token for every running decode (oldest first; more decodes than
+                 the budget take turns), then prefill chunks under what is left of
+                 max_num_batched_tokens: running mid-prefill requests, then waiting ones,
+                 each chunk = min(tokens still needed, budget left) (vLLM V1).
+  prefill-first  a step of prefill chunks alone whenever any can be scheduled, else a
+                 step of decodes alone (nano-vllm; SGLang without mixed chunks).
+  mixed-chunk    every running decode in every step, uncapped, and prefill chunks under
+                 the budget minus the decodes (SGLang --enable-mixed-chunk).
+Admission walks the waiting queue in the `scheduling_policy` order (engine/sched_policy.py)
+and stops at the first request that does not fit (no overtaking). When the pool runs
+dry for a running request, a victim is preempted (blocks freed, requeued at the front,
+recomputed): the newest, or under `priority` the least important. Identical prompts
+are prefilled once: later copies wait on the first ("leader") and share its blocks and
+last-token logits when it samples.
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from engine.config import SchedulerConfig
 from engine.kv.block_pool import BlockPool
 from engine.kv.kv_manager import KVManager
 from engine.request import Request, RequestStatus
+from engine.sched_policy import admission_order, running_order, victim_key
 from engine.snapshot import Counters
 
 
@@ -84,9 +93,19 @@ class Scheduler:
     # -- the step plan ---------------------------------------------------------------
     def schedule(self) -> StepPlan:
         knobs = self.knobs
+        self.pool.eviction_policy = knobs.eviction_policy
         plan = StepPlan()
         budget = knobs.max_num_batched_tokens
-        budget = self._schedule_decodes(plan, budget)
+        if knobs.scheduling_mode == "prefill-first":
+            self._admit_waiting(plan, self._schedule_running_prefills(plan, budget), knobs)
+            if not plan.prefills:
+                self._schedule_decodes(plan, budget)
+            return plan
+        if knobs.scheduling_mode == "mixed-chunk":
+            self._schedule_decodes(plan, None)
+            budget = max(0, budget - len(plan.decodes))
+        else:
+            budget = self._schedule_decodes(plan, budget)
         budget = self._schedule_running_prefills(plan, budget)
         self._admit_waiting(plan, budget, knobs)
         return plan
@@ -101,8 +120,9 @@ class Scheduler:
         knobs = self.knobs
         if self.waiting and len(self.running) < knobs.max_num_seqs:
             return None                              # admissions pending
+        capped = knobs.scheduling_mode != "mixed-chunk"    # mixed-chunk: decodes uncapped
         if prev.prefills or len(prev.decodes) != len(self.running) \
-                or len(self.running) > knobs.max_num_batched_tokens:
+                or (capped and len(self.running) > knobs.max_num_batched_tokens):
             return None                              # someone else needs the step
         plan = StepPlan(prev_rows=[])
         for i, c in enumerate(prev.decodes):
@@ -115,9 +135,13 @@ class Scheduler:
             plan.prev_rows.append(i)
         return plan if plan.decodes else None
 
-    def _schedule_decodes(self, plan: StepPlan, budget: int) -> int:
-        decodes = [r for r in self.running if r.dedup_leader is None and r.num_uncomputed == 1]
-        if len(decodes) > budget:   # rotate so that every decode gets its turn
+    def _running(self) -> list[Request]:
+        return running_order(self.running, self.knobs.scheduling_policy)
+
+    def _schedule_decodes(self, plan: StepPlan, budget: int | None) -> int | None:
+        """One token for each running decode; budget None: all of them (mixed-chunk)."""
+        decodes = [r for r in self._running() if r.dedup_leader is None and r.num_uncomputed == 1]
+        if budget is not None and len(decodes) > budget:   # rotate: every decode gets a turn
             k = self._decode_offset % len(decodes)
             decodes = decodes[k:] + decodes[:k]
             self._decode_offset += budget
@@ -129,11 +153,12 @@ class Scheduler:
             if not self._reserve_running(req, 1, plan):
                 continue
             plan.decodes.append(ScheduledChunk(req, req.num_computed_tokens, 1, True))
-            budget -= 1
+            if budget is not None:
+                budget -= 1
         return budget
 
     def _schedule_running_prefills(self, plan: StepPlan, budget: int) -> int:
-        for req in [r for r in self.running if r.dedup_leader is None and r.num_uncomputed > 1]:
+        for req in [r for r in self._running() if r.dedup_leader is None and r.num_uncomputed > 1]:
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:
@@ -147,8 +172,13 @@ class Scheduler:
 
     def _admit_waiting(self, plan: StepPlan, budget: int, knobs: SchedulerConfig) -> None:
         caching = knobs.enable_prefix_caching
-        while self.waiting and len(self.running) < knobs.max_num_seqs:
-            req = self.waiting[0]
+        if not self.waiting or len(self.running) >= knobs.max_num_seqs:
+            return
+        order = admission_order(self.waiting, knobs.scheduling_policy,
+                                self.kv.cached_prefix_blocks if caching else None)
+        for req in order:
+            if len(self.running) >= knobs.max_num_seqs:
+                break
             if caching and self._join_leader(req, plan):
                 continue
             if budget == 0:
@@ -156,9 +186,9 @@ class Scheduler:
             hits = self.kv.lookup_prefix(req) if caching else 0
             n = min(req.num_uncomputed, budget)
             if not self.kv.reserve(req, n, plan.copies):
-                self.kv.free(req)   # undo the prefix hit; wait for blocks (FIFO, no overtaking)
+                self.kv.free(req)   # undo the prefix hit; wait for blocks (no overtaking)
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)
             self._start(req, hits)
             if caching:
                 self._leaders.setdefault(self._prompt_key(req), req)
@@ -190,7 +220,7 @@ class Scheduler:
         leader = self._leaders.get(self._prompt_key(req))
         if leader is None or leader.all_token_ids() != req.all_token_ids():
             return False
-        self.waiting.popleft()
+        self.waiting.remove(req)
         self._start(req, 0)
         req.dedup_leader = leader
         self.followers.setdefault(leader, []).append(req)
@@ -199,14 +229,17 @@ class Scheduler:
         return True
 
     def _reserve_running(self, req: Request, n: int, plan: StepPlan) -> bool:
-        """Reserve KV for a running request, preempting the newest others if needed."""
+        """Reserve KV for a running request, preempting others if needed: those not yet
+        scheduled this step, the newest (or the least important) first, never one that
+        comes before `req` in that order (then `req` itself waits)."""
         reserve = self.kv.reserve_one if n == 1 else (lambda r, c: self.kv.reserve(r, n, c))
+        key = victim_key(self.knobs.scheduling_policy)
         while not reserve(req, plan.copies):
             scheduled = {id(c.request) for c in plan.chunks}  # noqa: the rare path
             victims = [r for r in self.running if r is not req and id(r) not in scheduled
                        and r.dedup_leader is None]
-            victim = max(victims, key=lambda r: r.admit_seq, default=None)
-            if victim is None or victim.admit_seq < req.admit_seq:
+            victim = max(victims, key=key, default=None)
+            if victim is None or key(victim) < key(req):
                 self.preempt(req, plan)
                 return False
             self.preempt(victim, plan)

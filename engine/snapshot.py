@@ -14,6 +14,7 @@ import numpy as np
 from engine.codes import (BLOCK_CACHED, BLOCK_FREE, BLOCK_USED, CANCELLED, DECODING, DEDUP,
                           ERROR, EVENT_KINDS, FINISHED, PREEMPTED, PREFILLING, WAITING)
 from engine.config import SchedulerConfig
+from engine.kv.block_metrics import KVBlockMetrics
 from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
 
@@ -191,6 +192,7 @@ class EngineSnapshot:
     error: str | None = None
     extra: dict = field(default_factory=dict)
     events: tuple[EngineEvent, ...] = ()     # the most recent engine events, oldest first
+    kv_block_metrics: KVBlockMetrics = KVBlockMetrics()   # residency histograms, cumulative
 
     @property
     def num_used(self) -> int:

@@ -12,7 +12,8 @@ from roseplay.scenarios import SCENARIOS
 from roseplay.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.widgets import theme
 from roseplay.widgets.help import HelpScreen
-from roseplay.widgets.knobs import CONCURRENCY_STEPS, live_fields, next_in, stepped
+from roseplay.widgets.knobs import (CONCURRENCY_STEPS, knob_field, live_fields, next_in,
+                                    stepped)
 from roseplay.widgets.requests import FILTERS, SORTS
 
 WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency",
@@ -83,6 +84,15 @@ class Actions:
         if self.source is not None:
             value = stepped(self.source.knobs.max_num_seqs, "max_num_seqs", direction)
             self._control(self.source.set_knobs, max_num_seqs=value, knob="max_num_seqs")
+
+    def action_cycle_knob(self, name: str, direction: int) -> None:
+        """The next value of a choice-valued knob (its `choices` in engine/config.py)."""
+        if self.source is not None:
+            choices = list(knob_field(name).metadata["choices"])
+            current = getattr(self.source.knobs, name)
+            i = choices.index(current) if current in choices else 0
+            self._control(self.source.set_knobs,
+                          **{name: choices[(i + direction) % len(choices)]}, knob=name)
 
     def action_clear_cache(self) -> None:
         if self.source is not None and self._control(self.source.clear_prefix_cache) is None:

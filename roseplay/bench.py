@@ -168,6 +168,8 @@ def _engine_stats(snap0, snap1) -> dict:
     d["peak_used_blocks"] = snap1.extra["peak_used_blocks"]
     d["num_blocks"] = snap1.num_blocks
     d["peak_kv_usage"] = d["peak_used_blocks"] / d["num_blocks"]
+    # vLLM's kv_block_* residency metrics over the run: count, mean, p50/p90/p99 (s)
+    d["kv_block"] = snap1.kv_block_metrics.minus(snap0.kv_block_metrics).summary()
     return d
 
 

@@ -124,8 +124,18 @@ def _print_engine(console: Console, e: dict, w: int) -> None:
             ("Host share of engine time (%):", f"{100 * e.get('host_share', 0):.1f}"),
             ("Peak KV usage (blocks):", f"{e['peak_used_blocks']}/{e['num_blocks']} "
                                         f"({100 * e['peak_kv_usage']:.1f} %)")]
-    for label, value in rows:
+    for label, value in rows + _block_rows(e.get("kv_block")):
         console.print(f"{label:<40} {value!s:>10}", highlight=False)
+
+
+def _block_rows(blocks: dict | None) -> list[tuple[str, str]]:
+    """KV-block residency (vLLM's kv_block_* histograms): median and p99, in seconds."""
+    if not blocks:
+        return []
+    names = (("lifetime", "KV block lifetime"), ("idle_before_evict", "KV block idle before evict"),
+             ("reuse_gap", "KV block reuse gap"))
+    return [(f"{label} p50/p99 (s):", f"{_fmt(blocks[k]['p50_s'])}/{_fmt(blocks[k]['p99_s'])}")
+            for k, label in names if blocks[k]["count"]]
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -147,6 +157,10 @@ ENGINE_ROWS = (
     ("Evictions", lambda s: s["engine"]["evictions"]),
     ("COW copies", lambda s: s["engine"]["cow_copies"]),
     ("Peak KV blocks", lambda s: s["engine"]["peak_used_blocks"]),
+    ("KV block lifetime p50 (s)", lambda s: s["engine"]["kv_block"]["lifetime"]["p50_s"]),
+    ("KV idle-before-evict p50 (s)",
+     lambda s: s["engine"]["kv_block"]["idle_before_evict"]["p50_s"]),
+    ("KV block reuse gap p50 (s)", lambda s: s["engine"]["kv_block"]["reuse_gap"]["p50_s"]),
 )
 
 

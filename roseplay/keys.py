@@ -43,6 +43,16 @@ KEYS = (
     Key("right_square_bracket", "seqs(1)", "Seqs+", "max_num_seqs up (by 8; doubles below 8)",
         "]", "live"),
     Key("left_square_bracket", "seqs(-1)", "Seqs-", "max_num_seqs down", "[", "live"),
+    Key("m", "cycle_knob('scheduling_mode', 1)", "Mode",
+        "step composition: budget → prefill-first → mixed-chunk (scheduling_mode)", "m", "live"),
+    Key("M", "cycle_knob('scheduling_mode', -1)", "Mode back", "previous scheduling_mode",
+        "M", "live"),
+    Key("p", "cycle_knob('scheduling_policy', 1)", "Queue",
+        "queue order: fcfs → priority → lpm (scheduling_policy)", "p", "live"),
+    Key("P", "cycle_knob('scheduling_policy', -1)", "Queue back", "previous scheduling_policy",
+        "P", "live"),
+    Key("e", "cycle_knob('eviction_policy', 1)", "Evict",
+        "prefix-cache eviction: lru ↔ lfu (eviction_policy)", "e", "live"),
     Key("s", "scenario(1)", "Scenario", "next scenario", "s", "live"),
     Key("S", "scenario(-1)", "Scenario back", "previous scenario", "S", "live"),
     Key("greater_than_sign,full_stop", "concurrency(1)", "Conc+",
@@ -83,6 +93,12 @@ def bindings() -> list[Binding]:
 
 def for_mode(kind: str) -> list[Key]:
     return [k for k in KEYS if k.mode in ("both", kind)]
+
+
+def knob_key(name: str) -> str | None:
+    """How the key that cycles a choice-valued knob is written (the knobs panel shows it)."""
+    return next((k.display for k in KEYS
+                 if k.action.startswith(f"cycle_knob('{name}', 1)")), None)
 
 
 def action_mode(action: str) -> str:

@@ -15,7 +15,7 @@ LEFT, RIGHT = ("kv", "step", "knobs"), ("requests", "detail", "events", "timing"
 ZOOM_ORDER = ("kv", "requests", "events", "timing", "step", "knobs", "detail")
 STATS_WIDTH, PLOT_MIN = 34, 56       # timing: the table, a plot of 40 points + its labels
 TIMING_ROWS = {"stats": 7, "stacked": 14, "side": 9}
-KV_MIN, STEP_ROWS, KNOBS_ROWS, DETAIL_ROWS, REQUESTS_MIN, EVENTS_MIN = 9, 7, 9, 5, 6, 6
+KV_MIN, STEP_ROWS, KNOBS_ROWS, DETAIL_ROWS, REQUESTS_MIN, EVENTS_MIN = 9, 7, 12, 5, 6, 6
 WIDE = 110
 
 

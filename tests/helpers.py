@@ -2,7 +2,7 @@
 from engine.processor import InputProcessor
 
 
-def add_request(eng, prompt, params=None, request_id=None):
+def add_request(eng, prompt, params=None, request_id=None, priority=0):
     """Validate like the front does and queue on the core; returns the core Request."""
-    creq, _ = InputProcessor.for_engine(eng).process(prompt, params, request_id)
+    creq, _ = InputProcessor.for_engine(eng).process(prompt, params, request_id, priority)
     return eng.add(creq)

@@ -156,3 +156,23 @@ def test_compare_hf_same_weights(tmp_path, capsys):
 def test_bad_args_return_2(capsys):
     assert bench.main([*BASE, "--num-prompts", "0"]) == 2
     assert bench.main([*BASE, "--ab", "max_num_seqs=1,2", "--compare", "hf"]) == 2
+
+
+def test_ab_eviction_policy_reports_block_residency(tmp_path, capsys):
+    """A choice-valued live knob in --ab; the JSON's kv_block residency counts every
+    eviction of the run (each evicted block has one lifetime and one idle time)."""
+    path = tmp_path / "lfu.json"
+    rc, out = run_bench(capsys, "--in-process", "--scenario", "shared-prefix",
+                        "--num-prompts", "12", "--input-len", "64", "--output-len", "4",
+                        "--num-blocks", "24", "--ab", "eviction_policy=lru,lfu",
+                        "--json", str(path))
+    assert rc == 0 and "KV block lifetime p50 (s)" in out
+    runs = json.loads(path.read_text())["runs"]
+    assert [r["knobs"]["eviction_policy"] for r in runs] == ["lru", "lfu"]
+    for r in runs:
+        eng = r["summary"]["engine"]
+        blocks = eng["kv_block"]
+        assert eng["evictions"] > 0
+        assert blocks["lifetime"]["count"] == blocks["idle_before_evict"]["count"] == eng["evictions"]
+        assert 0 < blocks["lifetime"]["p50_s"] and blocks["idle_before_evict"]["mean_s"] <= \
+            blocks["lifetime"]["mean_s"]

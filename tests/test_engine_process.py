@@ -13,6 +13,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.client import EngineClient
+from engine.config import InvalidRequestError
 from engine.ipc import protocol as P
 
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -48,6 +49,8 @@ def client():
 
 def test_protocol_round_trips():
     msgs = [P.Hello("tui"), P.Submit("r1", [1, 2, 3], {"max_tokens": 4}, 1.5, "hi"),
+            P.Submit("r2", [4], {}, 2.0, None, priority=-7),
+            P.SetKnobs({"scheduling_policy": "lpm", "eviction_policy": "lfu"}),
             P.Abort("r1", "stop"), P.SetKnobs({"max_num_seqs": 3}), P.SetPaused(True),
             P.StepOnce(7), P.ClearPrefixCache(), P.ResetPeakUsage(), P.Barrier(9),
             P.Heartbeat(), P.Bye(), P.Shutdown()]
@@ -214,3 +217,27 @@ def test_two_clients_changing_different_knobs_lose_neither(client):
         client.set_knobs(max_num_seqs=before.max_num_seqs,
                          max_num_batched_tokens=before.max_num_batched_tokens)
         other.close()
+
+
+def test_policy_knobs_and_priority_reach_the_engine_process(client):
+    """Choice-valued knobs travel in SetKnobs; a request's priority travels in Submit and
+    orders admission under scheduling_policy=priority."""
+    before = client.snapshot().knobs
+    sp = SamplingParams(max_tokens=4, **GREEDY)
+    with pytest.raises(InvalidRequestError, match="priority"):
+        client.submit("ROMEO:", sp, priority=2 ** 40)
+    try:
+        client.pause()
+        client.set_knobs(scheduling_policy="priority", max_num_seqs=1)
+        low = client.submit("ROMEO:", sp, priority=5)
+        high = client.submit("JULIET:", sp, priority=-3)
+        client.resume()
+        low_out, high_out = low.result(timeout=60), high.result(timeout=60)
+        assert high_out.metrics.first_token_time < low_out.metrics.first_token_time
+        assert client.wait_idle(30) and client.snapshot().knobs.scheduling_policy == "priority"
+        again = P.snapshot_decoder.decode(P.encoder.encode(client.snapshot()))
+        assert again.kv_block_metrics == client.snapshot().kv_block_metrics
+    finally:
+        client.set_knobs(scheduling_policy=before.scheduling_policy,
+                         max_num_seqs=before.max_num_seqs)
+        client.resume()

@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
 
-from engine.config import InvalidRequestError, make_config
+from engine.config import (EVICTION_POLICIES, SCHEDULING_MODES, SCHEDULING_POLICIES,
+                           InvalidRequestError, make_config)
 from engine.core import LLMEngine
 from engine.request import SamplingParams
 
@@ -185,7 +186,8 @@ class EngineMachine(RuleBasedStateMachine):
             return
         rid = f"r{self.n}"
         self.n += 1
-        req = add_request(eng, {"prompt_token_ids": prompt}, params, request_id=rid)
+        req = add_request(eng, {"prompt_token_ids": prompt}, params, request_id=rid,
+                          priority=data.draw(st.integers(-2, 2)))   # scheduling_policy=priority
         self.reqs[rid] = (req, *expected(prompt, params, eng.eos_token_ids))
         self.prompts.append(prompt)
 
@@ -239,12 +241,18 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(caching=st.none() | st.booleans(),
           budget=st.none() | st.sampled_from([1, 2, 3, 5, 8, 16, 64, 512]),
-          seqs=st.none() | st.sampled_from([1, 2, 3, 8, 64]))
-    def set_knobs(self, caching, budget, seqs):
-        """Live knob flips: prefix caching, token budget, max_num_seqs (any subset)."""
+          seqs=st.none() | st.sampled_from([1, 2, 3, 8, 64]),
+          mode=st.none() | st.sampled_from(SCHEDULING_MODES),
+          policy=st.none() | st.sampled_from(SCHEDULING_POLICIES),
+          eviction=st.none() | st.sampled_from(EVICTION_POLICIES))
+    def set_knobs(self, caching, budget, seqs, mode, policy, eviction):
+        """Live knob flips: prefix caching, token budget, max_num_seqs and the policies
+        (any subset)."""
         changes = {k: v for k, v in dict(enable_prefix_caching=caching,
                                          max_num_batched_tokens=budget,
-                                         max_num_seqs=seqs).items() if v is not None}
+                                         max_num_seqs=seqs, scheduling_mode=mode,
+                                         scheduling_policy=policy,
+                                         eviction_policy=eviction).items() if v is not None}
         self.eng.set_knobs(self.eng.knobs.replace(**changes))
 
     @rule()

@@ -25,14 +25,14 @@ def mixed_workload(vocab=320):
     return prompts
 
 
-def run(path, prompts, on_step=None, **kw):
+def run(path, prompts, on_step=None, priority=None, **kw):
     args = dict(device="cpu", dtype="float32", block_size=BS, num_blocks=256,
                 check_invariants=True)
     args.update(kw)
     llm = LLM(model=str(path), **args)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True),
-                        on_step=on_step)
+                        on_step=on_step, priority=priority)
     return llm, [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -81,6 +81,36 @@ def test_outputs_survive_preemption(ckpt, reference):
     assert got == ref
     llm.engine.clear_prefix_cache()
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+POLICIES = [dict(scheduling_mode="prefill-first"), dict(scheduling_mode="mixed-chunk"),
+            dict(scheduling_policy="priority"), dict(scheduling_policy="lpm"),
+            dict(eviction_policy="lfu"),
+            dict(scheduling_mode="prefill-first", scheduling_policy="lpm", eviction_policy="lfu")]
+
+
+@pytest.mark.parametrize("knobs", POLICIES, ids=lambda k: ",".join(k.values()))
+def test_policies_keep_greedy_outputs_under_preemption(ckpt, reference, knobs):
+    """Every policy, with a pool too small for the workload (preemptions and evictions);
+    prefill-first never runs a step with both prefill and decode tokens."""
+    prompts, ref = reference
+    mixed = []
+
+    def on_step(engine):
+        s = engine.stats.last_step
+        mixed.append(s is not None and s.decode_tokens > 0 and s.prefill_tokens > 0)
+
+    priority = [(7 * i) % 5 - 2 for i in range(len(prompts))]
+    llm, got = run(ckpt, prompts, on_step=on_step, priority=priority, num_blocks=14,
+                   max_num_batched_tokens=64, **knobs)
+    assert got == ref
+    c = llm.engine.stats.counters
+    assert c.preemptions > 0 and c.evictions > 0
+    if knobs.get("scheduling_mode") == "prefill-first":
+        assert not any(mixed)
+    else:
+        assert any(mixed)
+    assert llm.engine.snapshot().kv_block_metrics.lifetime.count == c.evictions
 
 
 def test_identical_prompts_prefill_once(ckpt):

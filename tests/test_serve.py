@@ -246,6 +246,10 @@ def test_metrics_parse_and_match_the_snapshot(server, client, loop):
     assert m["vllm:prefix_cache_hits_total"] == c.prefix_hit_tokens
     assert m["vllm:generation_tokens_total"] == c.generated_tokens
     assert m["vllm:num_preemptions_total"] == c.preemptions
+    for name in ("lifetime", "idle_before_evict", "reuse_gap"):    # vLLM's kv_block_* names
+        h = getattr(snap.kv_block_metrics, name)
+        assert m[f"vllm:kv_block_{name}_seconds_count"] == h.count
+        assert m[f"vllm:kv_block_{name}_seconds_sum"] == h.sum
     assert m["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 10
     assert m["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == r.usage.prompt_tokens
     assert m["vllm:request_success_total"] - before["vllm:request_success_total"] == 1

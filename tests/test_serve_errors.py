@@ -74,6 +74,7 @@ BAD = [  # (endpoint, body changes, words of the message)
     ("completions", {"n": 0}, "n: Input should be greater than or equal to 1"),
     ("completions", {"stream_options": {"include_usage": True}}, "only allowed when stream"),
     ("completions", {"stop": [""]}, "stop must be a non-empty string"),
+    ("completions", {"priority": 2 ** 40}, "priority must be an integer in"),
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, "role"),
     ("chat/completions", {"tools": [{"type": "function"}]}, "tools are not supported"),

@@ -70,6 +70,28 @@ async def test_prefix_toggle_reaches_engine_and_knobs_panel(source):
 
 
 @sync
+async def test_policy_keys_cycle_choice_knobs_in_engine_and_panel(source):
+    """m / p / e cycle the choice-valued knobs through their `choices` (engine/config.py);
+    the panel shows each value and the knob's help, M / P go back."""
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        await _running(pilot, source)
+        panel = lambda: widget_text(app.query_one(KnobsPanel))
+        assert re.search(r"budget +scheduling_mode", panel())
+        steps = (("m", "scheduling_mode", "prefill-first"), ("m", "scheduling_mode", "mixed-chunk"),
+                 ("M", "scheduling_mode", "prefill-first"), ("p", "scheduling_policy", "priority"),
+                 ("p", "scheduling_policy", "lpm"), ("p", "scheduling_policy", "fcfs"),
+                 ("P", "scheduling_policy", "lpm"), ("e", "eviction_policy", "lfu"))
+        for key, name, value in steps:
+            await pilot.press(key)
+            assert await wait_for(pilot, lambda: getattr(source.loop.engine.knobs, name) == value)
+            assert await wait_for(pilot, lambda: re.search(rf"{value} +{name}", panel()), 3)
+        assert "Which cached prefix block" in panel()          # the eviction knob's help
+        before = source.snapshot().counters.finished
+        assert await wait_for(pilot, lambda: source.snapshot().counters.finished > before + 2)
+
+
+@sync
 async def test_budget_and_max_seqs_keys_reach_engine(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:

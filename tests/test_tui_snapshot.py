@@ -45,6 +45,23 @@ def test_snapshot_replay_mid_run(snap_compare, size):
     assert snap_compare(_app(), terminal_size=size, run_before=_keys(*["n"] * 12, "down"))
 
 
+def test_snapshot_policy_knobs(snap_compare):
+    """The knobs panel zoomed, with every policy knob away from its default (the last one
+    touched explains itself underneath)."""
+    snap = session_snapshot(12)
+    knobs = snap.knobs.replace(scheduling_mode="mixed-chunk", scheduling_policy="lpm",
+                               eviction_policy="lfu")
+    source = StaticSource(dataclasses.replace(snap, knobs=knobs))
+    source.kind = "live"                  # the help line of a live session, not a replay's
+    app = RoseplayApp(source=source)
+
+    async def run(pilot):
+        pilot.app.knobs.last_changed = "scheduling_mode"
+        pilot.app.set_zoom("knobs")
+        await pilot.pause()
+    assert snap_compare(app, terminal_size=(100, 20), run_before=run)
+
+
 def test_snapshot_cow_and_preemption_events(snap_compare):
     snap = session_snapshot(12)
     freed = snap.request("w0-31").blocks

@@ -23,7 +23,7 @@ import msgspec
 import zmq
 
 from engine.codes import REASON_ERROR
-from engine.config import InvalidRequestError, make_config
+from engine.config import InvalidRequestError, check_priority, make_config
 from engine.core_loop import CoreLoop
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
@@ -153,7 +153,8 @@ class EngineCoreProc:
         try:
             params = SamplingParams(**msg.params)
             creq = CoreRequest(msg.request_id, tuple(msg.prompt_token_ids), params,
-                               msg.arrival_time, msg.prompt_preview)
+                               msg.arrival_time, msg.prompt_preview,
+                               check_priority(msg.priority))
             self.validator.validate_ids(list(creq.prompt_token_ids), params)
         except (InvalidRequestError, TypeError) as exc:
             self._refuse(client, msg.request_id, f"{exc}")

@@ -32,6 +32,7 @@ class Submit(msgspec.Struct, tag=True):
     params: dict                 # SamplingParams fields; the core rebuilds (validates) it
     arrival_time: float
     prompt_preview: str | None = None
+    priority: int = 0            # checked by the core (engine.config.check_priority)
 
 
 class Abort(msgspec.Struct, tag=True):

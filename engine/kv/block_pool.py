@@ -1,18 +1,23 @@
-"""The pool of KV blocks: free list, refcounts, LRU of cached-unreferenced blocks.
+"""The pool of KV blocks: free list, refcounts, the evictable cached blocks.
 
 Every block is in exactly one state:
   free    refcount 0, not in the prefix index      (in `_free`)
   used    refcount >= 1 (refcount = block tables holding it; the index holds none)
-  cached  refcount 0, in the prefix index           (in `_cached`, LRU order)
-Allocation takes free blocks first, then evicts the least recently released cached ones.
+  cached  refcount 0, in the prefix index           (in `_cached`, release order)
+Allocation takes free blocks first, then evicts cached ones in the order of the
+`eviction_policy` knob: lru, the least recently released; lfu, the fewest prefix hits
+since allocation, then the least recently released (a heap, kept only under lfu).
 """
 from __future__ import annotations
 
+import heapq
+import time
 from collections import OrderedDict, deque
 
 import numpy as np
 
 from engine.codes import BLOCK_CACHED, BLOCK_USED
+from engine.kv.block_metrics import BlockLifetimes
 from engine.kv.prefix_cache import PrefixCache
 from engine.snapshot import Counters
 
@@ -24,12 +29,55 @@ class BlockPool:
         self.counters = counters if counters is not None else Counters()
         self.refcounts = np.zeros(num_blocks, dtype=np.int32)
         self._free: deque[int] = deque(range(num_blocks))
-        self._cached: OrderedDict[int, None] = OrderedDict()
+        self._cached: OrderedDict[int, int] = OrderedDict()   # block -> release number
         # the same set as a mask, kept in step: states() must not walk a cache that can
         # hold every block of the pool (O(cached) per snapshot slowed a full pool's engine)
         self._cached_mask = np.zeros(num_blocks, dtype=bool)
+        self._released = 0
+        self._lfu: list[tuple[int, int, int]] | None = None   # (hits, release no., block)
         self.index = PrefixCache()
         self._evicted: list[int] = []     # evicted since the last take_evicted()
+        self.clock = time.perf_counter    # the engine sets its serving clock
+        self.lifetimes = BlockLifetimes(num_blocks)
+
+    # -- the eviction policy ---------------------------------------------------
+    @property
+    def eviction_policy(self) -> str:
+        return "lru" if self._lfu is None else "lfu"
+
+    @eviction_policy.setter
+    def eviction_policy(self, name: str) -> None:
+        if name == self.eviction_policy:
+            return
+        if name == "lru":
+            self._lfu = None
+        else:
+            hits = self.lifetimes.num_hits
+            self._lfu = [(int(hits[b]), seq, b) for b, seq in self._cached.items()]
+            heapq.heapify(self._lfu)
+
+    def _pop_evictable(self) -> int:
+        """The cached block the policy evicts next (lfu: skip stale heap entries)."""
+        if self._lfu is None:
+            block = self._cached.popitem(last=False)[0]
+            self._cached_mask[block] = False
+            return block
+        while True:
+            _, seq, block = heapq.heappop(self._lfu)
+            if self._cached.get(block) == seq:
+                del self._cached[block]
+                self._cached_mask[block] = False
+                return block
+
+    def _make_cached(self, block: int) -> None:
+        self._released += 1
+        self._cached[block] = self._released
+        self._cached_mask[block] = True
+        if self._lfu is not None:
+            heapq.heappush(self._lfu, (int(self.lifetimes.num_hits[block]), self._released, block))
+            if len(self._lfu) > 2 * len(self._cached) + 64:     # drop stale entries
+                self._lfu = [e for e in self._lfu if self._cached.get(e[2]) == e[1]]
+                heapq.heapify(self._lfu)
 
     # -- queries -------------------------------------------------------------
     @property
@@ -72,18 +120,22 @@ class BlockPool:
         """n fresh blocks with refcount 1, or None (and no change) if not enough."""
         if n > self.num_available:
             return None
-        out = []
+        out, evicted = [], []
         for _ in range(n):
             if self._free:
                 block = self._free.popleft()
             else:
-                block, _ = self._cached.popitem(last=False)
-                self._cached_mask[block] = False
+                block = self._pop_evictable()
                 self.index.remove(block)
-                self.counters.evictions += 1
-                self._evicted.append(block)
+                evicted.append(block)
             self.refcounts[block] = 1
             out.append(block)
+        now = self.clock()
+        if evicted:
+            self.counters.evictions += len(evicted)
+            self._evicted.extend(evicted)
+            self.lifetimes.on_evicted(evicted, now)
+        self.lifetimes.on_allocated(out, now)
         return out
 
     def incref(self, block: int) -> None:
@@ -92,14 +144,21 @@ class BlockPool:
             self._cached_mask[block] = False
         self.refcounts[block] += 1
 
+    def touch(self, blocks: list[int]) -> None:
+        """Prefix-cache hits: a reference each, and a hit on each block's record (vLLM's
+        BlockPool.touch; the hits feed lfu and the residency metrics)."""
+        now = self.clock()
+        for block in blocks:
+            self.incref(block)
+            self.lifetimes.on_hit(block, now)
+
     def decref(self, block: int) -> None:
         rc = self.refcounts[block] - 1
         assert rc >= 0, f"block {block} refcount underflow"
         self.refcounts[block] = rc
         if rc == 0:
             if block in self.index:
-                self._cached[block] = None
-                self._cached_mask[block] = True
+                self._make_cached(block)
             else:
                 self._free.append(block)
 
@@ -116,6 +175,8 @@ class BlockPool:
         self._free.extend(self._cached)
         self._cached.clear()
         self._cached_mask[:] = False
+        if self._lfu is not None:
+            self._lfu = []
         return n
 
     # -- checks --------------------------------------------------------------

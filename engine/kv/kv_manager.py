@@ -34,6 +34,17 @@ class KVManager:
         token is recomputed and yields the logits for the next sample.
         """
         assert not req.block_table
+        hits = self._match(req)
+        self.pool.touch([block for block, _ in hits])
+        for block, h in hits:
+            req.block_table.append(block)
+            req.block_hashes.append(h)
+        req.num_computed_tokens = len(hits) * self.block_size
+        self.pool.record_lookup(req.num_tokens, req.num_computed_tokens)
+        return len(hits)
+
+    def _match(self, req: Request) -> list[tuple[int, int]]:
+        """(block, hash) of the cached full blocks that match the request's tokens."""
         max_hits = (req.num_tokens - 1) // self.block_size
         parent, hits = ROOT_HASH, []
         for i in range(max_hits):
@@ -43,13 +54,11 @@ class KVManager:
                 break
             hits.append((block, h))
             parent = h
-        for block, h in hits:
-            self.pool.incref(block)
-            req.block_table.append(block)
-            req.block_hashes.append(h)
-        req.num_computed_tokens = len(hits) * self.block_size
-        self.pool.record_lookup(req.num_tokens, req.num_computed_tokens)
-        return len(hits)
+        return hits
+
+    def cached_prefix_blocks(self, req: Request) -> int:
+        """How many blocks lookup_prefix would reuse now (no change: SGLang's lpm order)."""
+        return len(self._match(req))
 
     def attach_shared(self, req: Request, source: Request) -> None:
         """Share every block of `source` (same-prompt dedup): refcount +1 each."""

@@ -56,7 +56,7 @@ class EngineBridge:
         self.pending = 0
 
     def start(self, response_id: str, prompts: list[dict],
-              params: list) -> "Generation":
+              params: list, priority: int = 0) -> "Generation":
         """Submit one engine request per (prompt, params) pair: ids f"{response_id}-{i}"."""
         if self.max_waiting is not None and self.pending + len(prompts) > self.max_waiting:
             raise OpenAIError(429, f"server busy: {self.pending} requests are waiting for "
@@ -65,7 +65,7 @@ class EngineBridge:
         gen = Generation(self, asyncio.get_running_loop())
         try:
             for i, (prompt, sp) in enumerate(zip(prompts, params)):
-                gen.submit(i, f"{response_id}-{i}", prompt, sp)
+                gen.submit(i, f"{response_id}-{i}", prompt, sp, priority)
         except BaseException:
             gen.close()
             raise
@@ -84,11 +84,12 @@ class Generation:
     def _on_event(self, event) -> None:        # engine thread: hand over, nothing more
         self._aloop.call_soon_threadsafe(self._queue.put_nowait, event)
 
-    def submit(self, index: int, request_id: str, prompt: dict, params) -> None:
+    def submit(self, index: int, request_id: str, prompt: dict, params, priority: int = 0) -> None:
         choice = Choice(index, request_id, len(prompt["prompt_token_ids"]), time.perf_counter())
         try:
             choice.stream = self.bridge.loop.submit(prompt, params, request_id=request_id,
-                                                    on_event=self._on_event)
+                                                    on_event=self._on_event,
+                                                    priority=priority)
         except RuntimeError as exc:        # the engine loop stopped
             raise OpenAIError(503, str(exc), code="engine_unavailable") from None
         self.choices.append(choice)

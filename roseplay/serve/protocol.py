@@ -43,6 +43,7 @@ class SamplingFields(_Request):
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
     return_token_ids: bool = False           # vLLM extra: token ids in every choice/chunk
+    priority: int = 0                        # vLLM extra: lower first (scheduling_policy=priority)
     user: str | None = None
 
     def check_supported(self) -> None:

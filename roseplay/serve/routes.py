@@ -157,7 +157,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     ins = make_inputs(req, st)
     rid = new_id(fmt_cls.prefix, req.user)
     fmt = fmt_cls(req, rid, req.model, ins)
-    gen = st.bridge.start(rid, ins.prompts, ins.params)
+    gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority)
     if req.stream:
         return SSEResponse(gen, fmt)
     try:

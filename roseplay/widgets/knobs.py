@@ -13,10 +13,11 @@ from rich.text import Text
 from textual.widget import Widget
 
 from engine.config import SchedulerConfig, knob_fields
+from roseplay.keys import knob_key
 from roseplay.scenarios import SCENARIOS
 
 KNOB_KEYS = {"enable_prefix_caching": "c", "max_num_batched_tokens": "-/+",
-             "max_num_seqs": "[/]"}
+             "max_num_seqs": "[/]"}       # choice-valued knobs: their key in roseplay/keys.py
 DOUBLING = ("max_num_batched_tokens",)    # keys double / halve these (512 -> 1024 -> ...)
 WORKLOAD_HELP = {
     "scenario": "Which prompts the workload driver sends (s cycles): " + "; ".join(
@@ -27,7 +28,8 @@ WORKLOAD_HELP = {
             "(r / R: next / previous).",
 }
 SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens": "budget",
-               "max_num_seqs": "max seqs", "concurrency": "in flight", "request rate": "rate"}
+               "max_num_seqs": "max seqs", "scheduling_mode": "step", "scheduling_policy": "queue",
+               "eviction_policy": "evict", "concurrency": "in flight", "request rate": "rate"}
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -73,7 +75,7 @@ def fmt_value(name: str, value) -> str:
 class KnobsPanel(Widget):
     """Current values; the help text of the last knob touched is shown underneath."""
 
-    DEFAULT_CSS = "KnobsPanel { height: 9; text-wrap: nowrap; text-overflow: ellipsis; }"
+    DEFAULT_CSS = "KnobsPanel { height: 12; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -86,7 +88,8 @@ class KnobsPanel(Widget):
         rows = []
         for f in live_fields():
             value, now = getattr(requested, f.name), getattr(applied, f.name)
-            rows.append((KNOB_KEYS.get(f.name, ""), f.name, fmt_value(f.name, value),
+            key = KNOB_KEYS.get(f.name) or knob_key(f.name) or ""
+            rows.append((key, f.name, fmt_value(f.name, value),
                          "" if value == now else "  (from next step)"))
         scen = workload.get("scenario") or "-"
         title = SCENARIOS[scen].title if scen in SCENARIOS else ""
