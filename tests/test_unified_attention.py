@@ -31,6 +31,80 @@ if os.environ.get("TRITON_INTERPRET") != "1":
         print(proc.stdout[-4000:])
         assert proc.returncode == 0, f"{proc.stdout[-8000:]}\n{proc.stderr[-3000:]}"
 
+    def _gpu_step(mix, cap_tokens, cap_seqs, h, h_kv, d, dtype, block_size=16, blocks=None,
+                  width=None):
+        """One padded mixed step on the GPU (capacities cap_tokens x cap_seqs)."""
+        import torch
+        news = [n for n, _ in mix]
+        need = [-(-c // block_size) for _, c in mix]
+        num_blocks = blocks or sum(need) + 8
+        kc = torch.randn(num_blocks, block_size, h_kv, d, device="cuda").to(dtype)
+        vc = torch.randn(num_blocks, block_size, h_kv, d, device="cuda").to(dtype)
+        width = width or max(need) + 2
+        tables = torch.randint(0, num_blocks, (cap_seqs, width), device="cuda").int()
+        perm = torch.randperm(num_blocks, device="cuda").int()
+        i = 0
+        for b, nb in enumerate(need):
+            tables[b, :nb] = perm[i:i + nb]
+            i += nb
+        q = torch.randn(cap_tokens, h, d, device="cuda").to(dtype)
+        qsl = torch.tensor([0] + news + [0] * (cap_seqs - len(mix)), device="cuda").cumsum(0).int()
+        lens = torch.tensor([c for _, c in mix] + [1] * (cap_seqs - len(mix)),
+                            dtype=torch.int32, device="cuda")
+        return q, kc, vc, tables, qsl, lens, sum(news)
+
+    GPU_MIXES = [
+        [(1, 600)] * 200 + [(900, 900), (1000, 1500)],      # closed-loop-like step
+        [(4000, 6000), (1, 5), (1, 4000), (1, 17)],
+        [(1, 1)] + [(37, 37 + 16 * k) for k in range(40)],
+    ]
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+    @pytest.mark.parametrize("mix", range(len(GPU_MIXES)))
+    @pytest.mark.parametrize("h,h_kv,d", [(14, 2, 64), (32, 8, 128)])
+    def test_unified_gpu_matches_reference(dtype_name, mix, h, h_kv, d):
+        import torch
+        from kernels.unified_attention import (paged_unified_attention,
+                                               unified_attention_reference)
+        dtype = getattr(torch, dtype_name)
+        args = _gpu_step(GPU_MIXES[mix], 8192, 256, h, h_kv, d, dtype)
+        q, kc, vc, tables, qsl, lens, real = args
+        out = paged_unified_attention(q, kc, vc, tables, qsl, lens, d ** -0.5)
+        want = unified_attention_reference(q, kc, vc, tables, qsl, lens, d ** -0.5)
+        o, w = out[:real].double(), want[:real].double()
+        err = ((o - w).norm() / w.norm()).item()
+        assert torch.isfinite(o).all() and err < (1.5e-2 if dtype == torch.bfloat16 else 1e-4), err
+
+    @pytest.mark.gpu
+    def test_unified_cuda_graph_replays_any_mix():
+        """Capture once at a capacity (2048 tokens, 64 sequences); replay other mixes by
+        filling the same buffers: each replay matches the oracle."""
+        import torch
+        from kernels.unified_attention import (paged_unified_attention,
+                                               unified_attention_reference)
+        h, h_kv, d, dtype = 14, 2, 64, torch.bfloat16
+        mixes = [[(1, 50)] * 64, [(2000, 2000)], [(1, 300)] * 30 + [(500, 700), (17, 17)],
+                 [(1, 3000)]]
+        bufs = _gpu_step(mixes[0], 2048, 64, h, h_kv, d, dtype, blocks=4096, width=200)
+        q, kc, vc, tables, qsl, lens, _ = bufs
+        for _ in range(2):                                     # compile + warm up
+            paged_unified_attention(q, kc, vc, tables, qsl, lens, d ** -0.5)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = paged_unified_attention(q, kc, vc, tables, qsl, lens, d ** -0.5)
+        for mix in mixes:
+            step = _gpu_step(mix, 2048, 64, h, h_kv, d, dtype, blocks=4096, width=200)
+            for buf, new in zip(bufs[:6], step[:6]):
+                buf.copy_(new)
+            graph.replay()
+            torch.cuda.synchronize()
+            real = step[-1]
+            want = unified_attention_reference(q, kc, vc, tables, qsl, lens, d ** -0.5)
+            o, w = out[:real].double(), want[:real].double()
+            assert ((o - w).norm() / w.norm()).item() < 1.5e-2, mix
+
 else:
     import torch
 
