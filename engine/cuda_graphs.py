@@ -74,12 +74,12 @@ class StepGraphs:
     # -- forward of one bucket (captured, or run eagerly) ----------------------------------
     def _forward(self, kind: str, size: int) -> tuple:
         buf, model = self.buffers, self.runner.model
+        ids, positions, _ = buf.views(size)
         if kind == "decode":
-            return (model(buf.input_ids[:size], buf.positions[:size], buf.decode_meta(size),
-                          buf.decode_rows[:size]),)
+            return (model(ids, positions, buf.decode_meta(size), buf.decode_rows[:size]),)
         rows = min(size, self.max_seqs)
-        return model.hidden_rows(buf.input_ids[:size], buf.positions[:size],
-                                 buf.mixed_meta(size), buf.logits_indices[:rows])
+        return model.hidden_rows(ids, positions, buf.mixed_meta(size),
+                                 buf.logits_indices[:rows])
 
     def _keys(self) -> list[tuple[str, int]]:
         """Largest first, so smaller captures reuse the pool's freed blocks."""
@@ -92,6 +92,7 @@ class StepGraphs:
         """Eager mode: run every bucket once, so its kernels compile now, not mid-serving
         (the buffers hold no slots: nothing is written to the KV cache)."""
         for kind, size in self._keys():
+            self.buffers.reset(size)
             self._forward(kind, size)
         torch.cuda.synchronize()
 
@@ -116,6 +117,7 @@ class StepGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for kind, size in self._keys():
+                self.buffers.reset(size)      # no slot: the warm-up stores nothing
                 self._forward(kind, size)     # warm up: compile kernels, settle allocations
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):

@@ -8,9 +8,11 @@ padding decode rows attend to one position; padding logits rows read row 0.
 
 Host staging is pinned and double-buffered: copies from pageable memory would wait for
 the stream (and so for the step in flight); pinned ones are truly async. Two suffice: a
-buffer is refilled two steps later, after its step was synced. Each step copies at most
-four ranges: ids | positions | slots (one 2-D copy), the sequence metadata, the block
-tables' used corner and (mixed steps) the logits rows.
+buffer is refilled two steps later, after its step was synced. Every copy is one
+contiguous range (a strided host-to-device copy makes torch stage it through pageable
+temporaries): ids | positions | slots of a bucket of P tokens lie at [0, 3P) of one
+buffer (each bucket's graph is captured with its own views), the block tables go as
+whole rows, the sequence metadata and (mixed steps) the logits rows as they are.
 """
 from __future__ import annotations
 
@@ -25,9 +27,7 @@ class StepBuffers:
                  max_blocks_per_seq: int, max_logits: int):
         t, s, w = max_tokens, max_seqs, max_blocks_per_seq
         self.max_tokens, self.max_seqs = t, s
-        self.tokens = torch.zeros(3, t, dtype=torch.int64, device=device)  # ids, pos, slots
-        self.tokens[2].fill_(-1)
-        self.input_ids, self.positions, self.slot_mapping = self.tokens.unbind(0)
+        self.tokens = torch.zeros(3 * t, dtype=torch.int64, device=device)  # see views()
         # [qsl (S+1) | seq_lens (S)]: a decode-only graph reads seq_lens as its context lens
         self.seq_meta = torch.zeros(2 * s + 1, dtype=torch.int32, device=device)
         self.seq_meta[s + 1:].fill_(1)
@@ -36,21 +36,33 @@ class StepBuffers:
         self.logits_indices = torch.zeros(max_logits, dtype=torch.int64, device=device)
         self.decode_rows = torch.arange(max(s, 1), dtype=torch.int64, device=device)
         pin = device.type == "cuda"
-        self._stage = [(torch.zeros(3, t, dtype=torch.int64, pin_memory=pin),
+        self._stage = [(torch.zeros(3 * t, dtype=torch.int64, pin_memory=pin),
                         torch.ones(2 * s + 1, dtype=torch.int32, pin_memory=pin),
                         torch.zeros(s, w, dtype=torch.int32, pin_memory=pin),
                         torch.zeros(max_logits, dtype=torch.int64, pin_memory=pin))
                        for _ in range(2)]
         self._flip = 0
 
-    # -- metadata views a graph is captured with ---------------------------------------
+    # -- the views a graph is captured with ----------------------------------------------
+    def views(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids, positions, slot_mapping) of a bucket of `size` tokens."""
+        return self.tokens[:size], self.tokens[size:2 * size], self.tokens[2 * size:3 * size]
+
+    def reset(self, size: int) -> None:
+        """Inputs that touch no state, for a warm-up or a capture: no slot (nothing is
+        stored), no sequence, decode rows of length 1."""
+        self.tokens[:2 * size].zero_()
+        self.tokens[2 * size:3 * size].fill_(-1)
+        self.seq_meta[:self.max_seqs + 1].zero_()
+        self.seq_lens.fill_(1)
+
     def decode_meta(self, bs: int) -> AttentionMetadata:
-        return AttentionMetadata(slot_mapping=self.slot_mapping[:bs], num_decode_tokens=bs,
+        return AttentionMetadata(slot_mapping=self.views(bs)[2], num_decode_tokens=bs,
                                  decode_block_tables=self.block_tables[:bs],
                                  decode_context_lens=self.seq_lens[:bs])
 
     def mixed_meta(self, num_tokens: int) -> AttentionMetadata:
-        return AttentionMetadata(slot_mapping=self.slot_mapping[:num_tokens],
+        return AttentionMetadata(slot_mapping=self.views(num_tokens)[2],
                                  num_decode_tokens=0, query_start_loc=self.query_start_loc,
                                  seq_lens=self.seq_lens, block_tables=self.block_tables)
 
@@ -63,18 +75,17 @@ class StepBuffers:
         stage64, stage_meta, stage_table, stage_logits = self._stage[self._flip]
         self._flip ^= 1
         n, d, s = batch.num_tokens, batch.num_decodes, self.max_seqs
-        ids, pos, slots = stage64.numpy()
+        ids, pos, slots = stage64[:3 * padded].numpy().reshape(3, padded)
         ids[:n], pos[:n], slots[:n] = batch.input_ids, batch.positions, batch.slot_mapping
-        ids[n:padded], pos[n:padded], slots[n:padded] = 0, 0, -1
-        self.tokens[:, :padded].copy_(stage64[:, :padded], non_blocking=True)
+        ids[n:], pos[n:], slots[n:] = 0, 0, -1
+        self.tokens[:3 * padded].copy_(stage64[:3 * padded], non_blocking=True)
         if token_source is not None:
-            self.input_ids[:d].copy_(token_source)
+            self.tokens[:d].copy_(token_source)
         meta = stage_meta.numpy()
         lens = meta[s + 1:]
         lens[:d] = batch.decode_context_lens
         nseq = d + batch.num_prefills
-        table = stage_table.numpy()
-        width = self._fill_tables(batch, table)
+        self._fill_tables(batch, stage_table.numpy())
         if mixed:
             qsl = meta[:s + 1]
             qsl[:d + 1] = np.arange(d + 1)
@@ -92,19 +103,14 @@ class StepBuffers:
             lens[d:padded] = 1
             self.seq_lens[:padded].copy_(stage_meta[s + 1:s + 1 + padded], non_blocking=True)
         if nseq:
-            self.block_tables[:nseq, :width].copy_(stage_table[:nseq, :width],
-                                                   non_blocking=True)
+            self.block_tables[:nseq].copy_(stage_table[:nseq], non_blocking=True)
 
     @staticmethod
-    def _fill_tables(batch, table: np.ndarray) -> int:
-        """Decode rows then prefill rows into the staged table; the used width."""
+    def _fill_tables(batch, table: np.ndarray) -> None:
+        """Decode rows then prefill rows into the staged table (columns past a row's
+        blocks keep stale block ids: never read, as the lengths bound every read)."""
         d, p = batch.num_decodes, batch.num_prefills
-        width = 0
         if d:
-            width = batch.decode_block_tables.shape[1]
-            table[:d, :width] = batch.decode_block_tables
+            table[:d, :batch.decode_block_tables.shape[1]] = batch.decode_block_tables
         if p:
-            w = batch.prefill_block_tables.shape[1]
-            table[d:d + p, :w] = batch.prefill_block_tables
-            width = max(width, w)
-        return width
+            table[d:d + p, :batch.prefill_block_tables.shape[1]] = batch.prefill_block_tables
