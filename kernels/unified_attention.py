@@ -47,7 +47,8 @@ def _find_sequence(qsl_ptr, pid, num_seqs, GROUP: tl.constexpr, BLOCK_M: tl.cons
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["stride_btb"])
+# num_seqs is a loop bound of the search: never a constexpr (a value of 1 would be)
+@triton.jit(do_not_specialize=["num_seqs", "stride_btb"])
 def _unified_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, scale_log2, num_seqs,
     stride_qt, stride_qh, stride_qd,

@@ -28,7 +28,7 @@ PYTEST="python3 -m pytest -q -p no:cacheprovider -o addopts= -x"
 step kernel_tests 120 $PYTEST tests/test_unified_attention.py \
   tests/test_kernels_gpu.py -k "gpu or extend or graph"
 tail -3 "$OUT/kernel_tests.log" | tee -a "$SUMMARY"
-step engine_tests 240 $PYTEST tests/test_step_graphs_gpu.py tests/test_engine_gpu.py \
+step engine_tests 240 ${PYTEST% -x} tests/test_step_graphs_gpu.py tests/test_engine_gpu.py \
   -k "not hf_fp32"
 tail -3 "$OUT/engine_tests.log" | tee -a "$SUMMARY"
 
