@@ -10,6 +10,7 @@ described twice.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 
@@ -139,7 +140,14 @@ class EngineConfig:
     gpu_memory_utilization: float = _knob(0.85, "Fraction of GPU memory for weights, "
                                                 "activations and the KV pool.")
     max_model_len: int | None = _knob(None, "Longest prompt + output (default: the model's).")
-    enforce_eager: bool = _knob(False, "Disable CUDA graphs for decode steps.")
+    enforce_eager: bool = _knob(False, "Disable CUDA graphs (steps still run through the "
+                                       "graphs' padded buffers, eagerly).")
+    cudagraph_mode: str = _knob(
+        os.environ.get("ROSEPLAY_CUDAGRAPH_MODE", "full"),
+        "CUDA graphs of whole steps: full (decode-only steps per batch size and mixed "
+        "prefill + decode steps per token count, up to max_num_batched_tokens at start) or "
+        "full_decode_only (mixed steps eager). Default from $ROSEPLAY_CUDAGRAPH_MODE.",
+        choices=("full", "full_decode_only"))
     async_scheduling: bool = _knob(True, "Overlap host and device: while a decode-only step "
                                          "runs, prepare and launch the next one (its input "
                                          "tokens stay on the device).")

@@ -127,7 +127,9 @@ class LLMEngine:
         runner_kw = dict(max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
                          graph_safe_ops=backend == "triton",
                          async_scheduling=self.async_scheduling_enabled,
-                         max_graph_batch=max(config.scheduler.max_num_seqs, 256))
+                         max_graph_batch=max(config.scheduler.max_num_seqs, 256),
+                         max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
+                         if config.cudagraph_mode == "full" else 0)
         if tp:
             self.tp_group.allocate_kv(num_blocks, config.block_size, **runner_kw)
         self.runner = ModelRunner(loaded.model, get_ops(backend), self.device, self.dtype,

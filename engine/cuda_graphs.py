@@ -1,11 +1,20 @@
-"""CUDA graphs for decode-only steps, one per bucketed batch size.
+"""CUDA graphs of whole steps, one per bucket, over the persistent buffers of
+engine/step_buffers.py.
 
-Static input buffers are filled each step and the graph of the smallest bucket that
-holds the batch is replayed. Padding rows store nothing (slot -1) and attend to one
-position, so they cost almost nothing and touch no live KV.
+Two kinds of graph, one mechanism (same buffers, same capture loop, same replay):
+  * decode: decode-only steps, one graph per bucketed batch size (DECODE_BUCKETS), the
+    split-K decode attention and the LM head inside the graph (batch-1 latency);
+  * mixed: any step (prefill chunks and decodes, or decodes beyond the largest decode
+    bucket), one graph per bucketed token count (MIXED_BUCKETS, capped by
+    max_num_batched_tokens), the unified attention kernel (kernels/unified_attention.py,
+    whose launch depends on capacities only), everything up to the hidden states of the
+    rows that sample; the LM head runs after the replay on exactly those rows.
+A step takes the smallest bucket that holds it, padded; a step no graph holds (a larger
+budget set live, more sequences than the capacity) runs eagerly unpadded.
 
 Without capture (enforce_eager) the same padded buffers run eagerly, so eager and graph
-decode steps have identical shapes, hence identical kernels and bit-identical results.
+steps have identical shapes, hence identical kernels and bit-identical results.
+cudagraph_mode="full_decode_only" keeps mixed steps on the eager unpadded path.
 """
 from __future__ import annotations
 
@@ -14,54 +23,77 @@ import gc
 
 import torch
 
-from engine.models.layers import AttentionMetadata
+from engine.step_buffers import StepBuffers
 
-BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
-           320, 384, 448, 512, 640, 768, 896, 1024]
+DECODE_BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+                  320, 384, 448, 512, 640, 768, 896, 1024]
+# padding costs GEMM work in proportion: steps of 25-33% apart up to the budget
+MIXED_BUCKETS = [16, 32, 64, 128, 192, 256, 320, 384, 512, 640, 768, 1024, 1280, 1536,
+                 2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 16384]
 
 
-class DecodeGraphs:
-    def __init__(self, runner, max_batch: int, use_graphs: bool = True, pad: bool = True):
+def mixed_buckets(max_tokens: int) -> list[int]:
+    """Buckets up to the token budget, the budget itself the largest."""
+    return [b for b in MIXED_BUCKETS if b < max_tokens] + [max_tokens]
+
+
+class StepGraphs:
+    def __init__(self, runner, max_batch: int, use_graphs: bool = True, pad: bool = True,
+                 max_mixed_tokens: int = 0):
+        """max_batch: largest decode batch and sequence capacity of mixed steps.
+        max_mixed_tokens: token budget of mixed-step graphs (0: none)."""
         self.runner = runner
         self.use_graphs = use_graphs
         self.pad = pad or use_graphs   # unpadded only for the CPU overlap path
-        self.buckets = [b for b in BUCKETS if b <= max_batch] or [1]
-        n, dev = self.buckets[-1], runner.device
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        self.block_tables = torch.zeros(n, runner.max_blocks_per_seq, dtype=torch.int32, device=dev)
-        self.context_lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.logits_indices = torch.arange(n, dtype=torch.int64, device=dev)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # Host staging, pinned and double-buffered: copies from pageable memory would wait
-        # for the stream (and so for the step in flight); pinned ones are truly async. Two
-        # suffice: a buffer is refilled two steps later, after its step was synced.
-        pin = dev.type == "cuda"
-        self._stage64 = [torch.zeros(3, n, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
-        self._stage_lens = [torch.ones(n, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
-        self._stage_table = [torch.zeros(n, runner.max_blocks_per_seq, dtype=torch.int32,
-                                         pin_memory=pin) for _ in range(2)]
-        self._flip = 0
+        self.decode_buckets = [b for b in DECODE_BUCKETS if b <= max_batch] or [1]
+        self.mixed_buckets = mixed_buckets(max_mixed_tokens) if max_mixed_tokens else []
+        self.max_seqs = max(self.decode_buckets[-1], max_batch)
+        max_tokens = max([self.decode_buckets[-1]] + self.mixed_buckets)
+        self.buffers = StepBuffers(runner.device, max_tokens, self.max_seqs,
+                                   runner.max_blocks_per_seq, self.max_seqs)
+        self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.replays = {"decode": 0, "mixed": 0}   # steps run through the buffers, by kind
+
+    @property
+    def buckets(self) -> list[int]:      # the decode buckets (scripts/profile_*.py)
+        return self.decode_buckets
 
     def fits(self, batch: int) -> bool:
-        return batch <= self.buckets[-1]
+        return batch <= self.decode_buckets[-1]
 
-    def _meta(self, bs: int) -> AttentionMetadata:
-        return AttentionMetadata(slot_mapping=self.slot_mapping[:bs], num_decode_tokens=bs,
-                                 decode_block_tables=self.block_tables[:bs],
-                                 decode_context_lens=self.context_lens[:bs])
+    def key(self, batch) -> tuple[str, int] | None:
+        """(kind, bucket) of the graph that runs this StepBatch, or None (eager)."""
+        if batch.decode_only and batch.num_decodes <= self.decode_buckets[-1]:
+            n, b = batch.num_decodes, self.decode_buckets
+            return "decode", b[bisect.bisect_left(b, n)] if self.pad else n
+        n, b = batch.num_tokens, self.mixed_buckets
+        if b and n <= b[-1] and batch.num_decodes + batch.num_prefills <= self.max_seqs:
+            return "mixed", b[bisect.bisect_left(b, n)]
+        return None
 
-    def _forward(self, bs: int) -> torch.Tensor:
-        return self.runner.model(self.input_ids[:bs], self.positions[:bs], self._meta(bs),
-                                 self.logits_indices[:bs])
+    # -- forward of one bucket (captured, or run eagerly) ----------------------------------
+    def _forward(self, kind: str, size: int) -> tuple:
+        buf, model = self.buffers, self.runner.model
+        ids, positions, _ = buf.views(size)
+        if kind == "decode":
+            return (model(ids, positions, buf.decode_meta(size), buf.decode_rows[:size]),)
+        rows = min(size, self.max_seqs)
+        return model.hidden_rows(ids, positions, buf.mixed_meta(size),
+                                 buf.logits_indices[:rows])
+
+    def _keys(self) -> list[tuple[str, int]]:
+        """Largest first, so smaller captures reuse the pool's freed blocks."""
+        keys = [("mixed", b) for b in self.mixed_buckets] + \
+               [("decode", b) for b in self.decode_buckets]
+        return sorted(keys, key=lambda k: -k[1])
 
     @torch.inference_mode()
     def warm(self) -> None:
         """Eager mode: run every bucket once, so its kernels compile now, not mid-serving
-        (the static buffers hold no slots: nothing is written to the KV cache)."""
-        for bs in self.buckets:
-            self._forward(bs)
+        (the buffers hold no slots: nothing is written to the KV cache)."""
+        for kind, size in self._keys():
+            self.buffers.reset(size)
+            self._forward(kind, size)
         torch.cuda.synchronize()
 
     @torch.inference_mode()
@@ -80,49 +112,34 @@ class DecodeGraphs:
                 gc.enable()
 
     def _capture_all(self) -> None:
-        pool = None
+        pool = torch.cuda.graph_pool_handle()      # one memory pool for every capture
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for bs in reversed(self.buckets):
-                self._forward(bs)          # warm up: compile kernels, settle allocations
+            for kind, size in self._keys():
+                self.buffers.reset(size)      # no slot: the warm-up stores nothing
+                self._forward(kind, size)     # warm up: compile kernels, settle allocations
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    out = self._forward(bs)
-                pool = graph.pool()
-                self.graphs[bs] = (graph, out)
+                    out = self._forward(kind, size)
+                self.graphs[(kind, size)] = (graph, out)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
+    # -- per step --------------------------------------------------------------------------
     def run(self, batch, token_source: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy a decode-only StepBatch into the static buffers and run it. token_source:
-        this step's input tokens as a device tensor (the previous step's samples), else
-        they come from batch.input_ids."""
-        n = batch.num_decodes
-        bs = self.buckets[bisect.bisect_left(self.buckets, n)] if self.pad else n
-        k = self._flip
-        self._flip ^= 1
-        s64, s_lens, s_table = self._stage64[k], self._stage_lens[k], self._stage_table[k]
-        ids, pos, slots = s64.numpy()
-        lens, table = s_lens.numpy(), s_table.numpy()
-        width = batch.decode_block_tables.shape[1]
-        slots[n:bs] = -1
-        lens[n:bs] = 1
-        pos[:n] = batch.positions
-        slots[:n] = batch.slot_mapping
-        lens[:n] = batch.decode_context_lens
-        table[:n, :width] = batch.decode_block_tables
-        if token_source is None:
-            ids[:n] = batch.input_ids
-            self.input_ids[:n].copy_(s64[0, :n], non_blocking=True)
+        """Run a StepBatch that key() accepts; return the logits of its logits rows.
+        token_source: the decodes' input tokens as a device tensor (the previous step's
+        samples), else they come from batch.input_ids."""
+        kind, size = self.key(batch)
+        self.buffers.fill(batch, size, kind == "mixed", token_source)
+        self.replays[kind] += 1
+        if self.use_graphs:
+            graph, out = self.graphs[(kind, size)]
+            graph.replay()
         else:
-            self.input_ids[:n].copy_(token_source)
-        self.positions[:n].copy_(s64[1, :n], non_blocking=True)
-        self.slot_mapping[:bs].copy_(s64[2, :bs], non_blocking=True)
-        self.context_lens[:bs].copy_(s_lens[:bs], non_blocking=True)
-        self.block_tables[:n, :width].copy_(s_table[:n, :width], non_blocking=True)
-        if not self.use_graphs:
-            return self._forward(bs)[:n]
-        graph, out = self.graphs[bs]
-        graph.replay()
-        return out[:n]
+            out = self._forward(kind, size)
+        rows = batch.logits_indices.shape[0]
+        if kind == "decode":
+            return out[0][:rows]
+        return self.runner.model.compute_logits(*(t[:rows] for t in out))

@@ -1,8 +1,8 @@
 """ModelRunner: runs one StepBatch through the model and returns its logits.
 
 Owns the paged KV cache ([2, layers, blocks, block_size, kv_heads, head_dim]) and the
-CUDA graphs of decode-only steps (captured per bucketed batch size; mixed steps run
-eagerly). Reads only the StepBatch (engine/step_batch.py): no request or scheduler
+CUDA graphs of whole steps (engine/cuda_graphs.py: decode-only steps per bucketed batch
+size, mixed steps per bucketed token count; a step no graph holds runs eagerly). Reads only the StepBatch (engine/step_batch.py): no request or scheduler
 objects, so a tensor-parallel worker can run the same code on a batch it received.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import StepGraphs
 from engine.device_io import to_device
 from engine.models.layers import AttentionMetadata
 from engine.step_batch import StepBatch
@@ -26,7 +26,8 @@ def worker_runner(model, ops, device, dtype, num_blocks: int, block_size: int, *
 class ModelRunner:
     def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, num_blocks: int,
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
-                 graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False):
+                 graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
+                 max_mixed_graph_tokens: int = 0):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -40,16 +41,17 @@ class ModelRunner:
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         self.forward_calls = 0
         self.warmup_s = 0.0   # start-up kernel compiles (engine/warmup.py)
-        self.graphs = None    # decode steps through static buffers (captured unless eager)
+        self.graphs = None    # steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:
-            self.graphs = DecodeGraphs(self, max_graph_batch, use_cuda_graphs)
+            self.graphs = StepGraphs(self, max_graph_batch, use_cuda_graphs,
+                                     max_mixed_tokens=max_mixed_graph_tokens)
             if use_cuda_graphs:
                 self.graphs.capture()
             else:
                 self.graphs.warm()
             self.warmup_s = warm_up_attention(self)
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
-            self.graphs = DecodeGraphs(self, max_graph_batch, use_graphs=False, pad=False)
+            self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False)
 
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -71,18 +73,18 @@ class ModelRunner:
             token_source = prev_tokens if rows.shape[0] == prev_tokens.shape[0] and (
                 rows == np.arange(rows.shape[0])).all() else prev_tokens.index_select(
                     0, to_device(rows, torch.int64, prev_tokens.device))
-        if self.static_decode(batch):
+        if self.graphs is not None and self.graphs.key(batch) is not None:
             logits = self.graphs.run(batch, token_source)
         else:
-            assert token_source is None, "device-fed tokens need the static decode path"
+            assert token_source is None, "device-fed tokens need the static buffers"
             logits = self._eager_forward(batch)
         if batch.samples_in_order:
             return logits
         return logits.index_select(0, to_device(batch.sample_rows, torch.int64, logits.device))
 
     def static_decode(self, batch: StepBatch) -> bool:
-        """Does this batch run through the static decode buffers (graphs)?"""
-        return self.graphs is not None and batch.decode_only and self.graphs.fits(batch.num_decodes)
+        """Is this decode-only batch run through the static buffers (graphs)?"""
+        return self.graphs is not None and batch.decode_only and self.graphs.key(batch) is not None
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         """All copy-on-write copies of a step, every layer, K and V: one batched op."""

@@ -22,9 +22,9 @@ from kernels._attn_tile import attend_tile
 from kernels._common import check_float, dot_precision, next_pow2
 
 
-@triton.jit(do_not_specialize=["stride_btb"])   # table width varies per step
-def _extend_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, ctx_ptr, out_ptr, scale_log2,
+@triton.jit
+def attend_chunk_rows(
+    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, scale_log2, b, kvh, q_start, n_q, ctx, row0,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -33,17 +33,10 @@ def _extend_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    kvh = tl.program_id(2)
-    q_start = tl.load(cu_ptr + b)
-    n_q = tl.load(cu_ptr + b + 1) - q_start
-    row0 = pid_m * BLOCK_M
-    if row0 >= n_q * GROUP:
-        return
-    ctx = tl.load(ctx_ptr + b)
+    """Packed rows [row0, row0 + BLOCK_M) of sequence b's chunk (n_q tokens ending at KV
+    position ctx, query rows from q_start): causal attention over the paged prefix and
+    the chunk, written to out. Shared by the extend and the unified kernels."""
     first = ctx - n_q                       # position of the chunk's first token
-
     rows = row0 + tl.arange(0, BLOCK_M)
     tok = rows // GROUP
     heads = kvh * GROUP + rows % GROUP
@@ -86,6 +79,34 @@ def _extend_kernel(
     o_rows = (q_start + tok).to(tl.int64) * stride_ot + heads * stride_oh
     tl.store(out_ptr + o_rows[:, None] + offs_d[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit(do_not_specialize=["stride_btb"])   # table width varies per step
+def _extend_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, ctx_ptr, out_ptr, scale_log2,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_btb, stride_btm,
+    stride_ot, stride_oh, stride_od,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    kvh = tl.program_id(2)
+    q_start = tl.load(cu_ptr + b)
+    n_q = tl.load(cu_ptr + b + 1) - q_start
+    row0 = pid_m * BLOCK_M
+    if row0 >= n_q * GROUP:
+        return
+    attend_chunk_rows(
+        q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, scale_log2, b, kvh, q_start, n_q,
+        tl.load(ctx_ptr + b), row0,
+        stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+        stride_vb, stride_vs, stride_vh, stride_vd, stride_btb, stride_btm,
+        stride_ot, stride_oh, stride_od,
+        GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE, PREC)
 
 
 def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> dict:

@@ -4,6 +4,8 @@ Each kernel lives in its own module (see docs/KERNELS.md for the designs):
   kv_store.py          store_kv_cache
   decode_attention.py  paged_decode_attention   (split-K, GQA packed, graph-safe)
   extend_attention.py  paged_extend_attention   (causal flash attention, paged)
+  unified_attention.py paged_unified_attention  (decodes + chunks in one launch, graph-safe;
+                       CUDA path only: no twin in reference.py, see its oracle there)
   norm.py              rms_norm                 (fused residual add)
   rotary.py            rotary_embedding
   activation.py        silu_and_mul
@@ -22,7 +24,8 @@ from kernels.linear import linear, rms_norm_linear, silu_mul_linear
 from kernels.norm import rms_norm
 from kernels.rotary import rotary_embedding
 from kernels.rotary_kv import rotary_store_kv
+from kernels.unified_attention import paged_unified_attention
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
            "rms_norm", "rotary_embedding", "silu_and_mul", "linear", "rms_norm_linear", "silu_mul_linear",
-           "rotary_store_kv"]
+           "rotary_store_kv", "paged_unified_attention"]

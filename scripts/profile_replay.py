@@ -31,7 +31,7 @@ def main():
         llm.engine.step()
         times = [time_replay(llm, bs) * 1e3 for _ in range(3)]
         graphs = llm.engine.runner.graphs
-        g = graphs.graphs[min(b for b in graphs.buckets if b >= bs)][0]
+        g = graphs.graphs[("decode", min(b for b in graphs.buckets if b >= bs))][0]
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):

@@ -40,7 +40,7 @@ def time_steps(llm, n=30):
 def time_replay(llm, bs, n=50):
     graphs = llm.engine.runner.graphs
     bucket = min(b for b in graphs.buckets if b >= bs)
-    g = graphs.graphs[bucket][0]
+    g = graphs.graphs[("decode", bucket)][0]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     g.replay()
     start.record()

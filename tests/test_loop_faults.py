@@ -228,14 +228,14 @@ def test_new_engine_while_a_dropped_one_awaits_collection(ckpt, monkeypatch):
     during capture (whenever gc is enabled then): each new engine must still capture
     and serve."""
     import gc
-    from engine.cuda_graphs import DecodeGraphs
-    real = DecodeGraphs._forward
+    from engine.cuda_graphs import StepGraphs
+    real = StepGraphs._forward
 
-    def forward(self, bs):
+    def forward(self, kind, size):
         if torch.cuda.is_current_stream_capturing() and gc.isenabled():
             gc.collect()                    # what an automatic collection would do here
-        return real(self, bs)
-    monkeypatch.setattr(DecodeGraphs, "_forward", forward)
+        return real(self, kind, size)
+    monkeypatch.setattr(StepGraphs, "_forward", forward)
     kw = dict(device="cuda", dtype="float32", block_size=BS, num_blocks=64)
     p, params = prompt(400, 7), sp(5)
     want = None

@@ -70,13 +70,21 @@ class GPT2LMHeadModel(nn.Module):
 
     def forward(self, input_ids, positions, meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
+        return self.compute_logits(*self.hidden_rows(input_ids, positions, meta, logits_indices))
+
+    def hidden_rows(self, input_ids, positions, meta: AttentionMetadata,
+                    logits_indices: torch.Tensor) -> tuple[torch.Tensor]:
+        """The last block's output at logits_indices (see LlamaForCausalLM.hidden_rows)."""
         if self.tp.size > 1:
             hidden = vocab_embedding(input_ids, self.wte.weight, self.tp) + self.wpe(positions)
         else:
             hidden = self.wte(input_ids) + self.wpe(positions)
         for block in self.h:
             hidden = block(hidden, meta)
-        hidden = self.ln_f(hidden[logits_indices])
+        return (hidden[logits_indices],)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = self.ln_f(hidden)
         logits = torch.matmul(hidden, self.wte.weight.t())   # model dtype
         if self.tp.size > 1:
             logits = gather_vocab(logits, self.tp, self.config.vocab_size)

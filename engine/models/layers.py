@@ -29,6 +29,11 @@ class AttentionMetadata:
     prefill_cu_seqlens_q: torch.Tensor | None = None  # [P+1] int32
     prefill_context_lens: torch.Tensor | None = None  # [P] int32
     prefill_max_seqlen_q: int = 0
+    # Mixed steps from the CUDA-graph buffers (engine/cuda_graphs.py): every sequence,
+    # decodes first, padded to fixed capacities; one unified attention launch (CUDA only)
+    query_start_loc: torch.Tensor | None = None       # [S+1] int32
+    seq_lens: torch.Tensor | None = None              # [S] int32
+    block_tables: torch.Tensor | None = None          # [S, M] int32
 
 
 class PagedAttention(nn.Module):
@@ -48,6 +53,10 @@ class PagedAttention(nn.Module):
         ops = self.ops
         if not kv_stored:
             ops.store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if meta.query_start_loc is not None:   # CUDA graph of a mixed step
+            return ops.paged_unified_attention(q, self.k_cache, self.v_cache,
+                                               meta.block_tables, meta.query_start_loc,
+                                               meta.seq_lens, self.scale)
         n_dec = meta.num_decode_tokens
         if n_dec == q.shape[0]:
             return ops.paged_decode_attention(q, self.k_cache, self.v_cache,

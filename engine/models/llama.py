@@ -123,13 +123,21 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
+        return self.compute_logits(*self.hidden_rows(input_ids, positions, meta, logits_indices))
+
+    def hidden_rows(self, input_ids, positions, meta: AttentionMetadata,
+                    logits_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's (hidden, residual) at logits_indices: what compute_logits
+        needs (a mixed-step CUDA graph captures this part, engine/cuda_graphs.py)."""
         if self.tp.size > 1:
             hidden, residual = vocab_embedding(input_ids, self.embed_tokens.weight, self.tp), None
         else:
             hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
-        hidden, residual = hidden[logits_indices], residual[logits_indices]
+        return hidden[logits_indices], residual[logits_indices]
+
+    def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.tie else self.lm_head.weight
         logits, _ = self.ops.rms_norm_linear(hidden, self.norm, self.eps, weight, None, residual)
         if self.tp.size > 1:   # every rank's vocab slice, gathered (sampling sees [S, V])

@@ -1,0 +1,116 @@
+"""Persistent step inputs for the CUDA graphs: device buffers of fixed capacity, filled
+in place from a StepBatch (engine/step_batch.py) before each replay.
+
+One set of buffers serves every captured graph (decode-only and mixed): a graph reads
+the leading rows its bucket covers. Padding is harmless by construction: padding tokens
+store no K/V (slot -1) and belong to no sequence (the unified attention skips them);
+padding decode rows attend to one position; padding logits rows read row 0.
+
+Host staging is pinned and double-buffered: copies from pageable memory would wait for
+the stream (and so for the step in flight); pinned ones are truly async. Two suffice: a
+buffer is refilled two steps later, after its step was synced. Every copy is one
+contiguous range (a strided host-to-device copy makes torch stage it through pageable
+temporaries): ids | positions | slots of a bucket of P tokens lie at [0, 3P) of one
+buffer (each bucket's graph is captured with its own views), the block tables go as
+whole rows, the sequence metadata and (mixed steps) the logits rows as they are.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.models.layers import AttentionMetadata
+
+
+class StepBuffers:
+    def __init__(self, device: torch.device, max_tokens: int, max_seqs: int,
+                 max_blocks_per_seq: int, max_logits: int):
+        t, s, w = max_tokens, max_seqs, max_blocks_per_seq
+        self.max_tokens, self.max_seqs = t, s
+        self.tokens = torch.zeros(3 * t, dtype=torch.int64, device=device)  # see views()
+        # [qsl (S+1) | seq_lens (S)]: a decode-only graph reads seq_lens as its context lens
+        self.seq_meta = torch.zeros(2 * s + 1, dtype=torch.int32, device=device)
+        self.seq_meta[s + 1:].fill_(1)
+        self.query_start_loc, self.seq_lens = self.seq_meta[:s + 1], self.seq_meta[s + 1:]
+        self.block_tables = torch.zeros(s, w, dtype=torch.int32, device=device)
+        self.logits_indices = torch.zeros(max_logits, dtype=torch.int64, device=device)
+        self.decode_rows = torch.arange(max(s, 1), dtype=torch.int64, device=device)
+        pin = device.type == "cuda"
+        self._stage = [(torch.zeros(3 * t, dtype=torch.int64, pin_memory=pin),
+                        torch.ones(2 * s + 1, dtype=torch.int32, pin_memory=pin),
+                        torch.zeros(s, w, dtype=torch.int32, pin_memory=pin),
+                        torch.zeros(max_logits, dtype=torch.int64, pin_memory=pin))
+                       for _ in range(2)]
+        self._flip = 0
+
+    # -- the views a graph is captured with ----------------------------------------------
+    def views(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids, positions, slot_mapping) of a bucket of `size` tokens."""
+        return self.tokens[:size], self.tokens[size:2 * size], self.tokens[2 * size:3 * size]
+
+    def reset(self, size: int) -> None:
+        """Inputs that touch no state, for a warm-up or a capture: no slot (nothing is
+        stored), no sequence, decode rows of length 1."""
+        self.tokens[:2 * size].zero_()
+        self.tokens[2 * size:3 * size].fill_(-1)
+        self.seq_meta[:self.max_seqs + 1].zero_()
+        self.seq_lens.fill_(1)
+
+    def decode_meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(slot_mapping=self.views(bs)[2], num_decode_tokens=bs,
+                                 decode_block_tables=self.block_tables[:bs],
+                                 decode_context_lens=self.seq_lens[:bs])
+
+    def mixed_meta(self, num_tokens: int) -> AttentionMetadata:
+        return AttentionMetadata(slot_mapping=self.views(num_tokens)[2],
+                                 num_decode_tokens=0, query_start_loc=self.query_start_loc,
+                                 seq_lens=self.seq_lens, block_tables=self.block_tables)
+
+    # -- per step ------------------------------------------------------------------------
+    def fill(self, batch, padded: int, mixed: bool,
+             token_source: torch.Tensor | None = None) -> None:
+        """Copy the batch into the buffers, padded to `padded` tokens (decode-only: rows).
+        mixed: also the query start locations of every sequence slot and the logits rows.
+        token_source: the decodes' input tokens as a device tensor (async scheduling)."""
+        stage64, stage_meta, stage_table, stage_logits = self._stage[self._flip]
+        self._flip ^= 1
+        n, d, s = batch.num_tokens, batch.num_decodes, self.max_seqs
+        ids, pos, slots = stage64[:3 * padded].numpy().reshape(3, padded)
+        ids[:n], pos[:n], slots[:n] = batch.input_ids, batch.positions, batch.slot_mapping
+        ids[n:], pos[n:], slots[n:] = 0, 0, -1
+        self.tokens[:3 * padded].copy_(stage64[:3 * padded], non_blocking=True)
+        if token_source is not None:
+            self.tokens[:d].copy_(token_source)
+        meta = stage_meta.numpy()
+        lens = meta[s + 1:]
+        lens[:d] = batch.decode_context_lens
+        nseq = d + batch.num_prefills
+        self._fill_tables(batch, stage_table.numpy())
+        if mixed:
+            qsl = meta[:s + 1]
+            qsl[:d + 1] = np.arange(d + 1)
+            qsl[d + 1:nseq + 1] = d + batch.prefill_cu_seqlens_q[1:]
+            qsl[nseq + 1:] = n
+            lens[d:nseq] = batch.prefill_context_lens
+            lens[nseq:] = 1
+            self.seq_meta.copy_(stage_meta, non_blocking=True)
+            rows = batch.logits_indices.shape[0]
+            logits = stage_logits.numpy()
+            logits[:rows] = batch.logits_indices
+            logits[rows:] = 0
+            self.logits_indices.copy_(stage_logits, non_blocking=True)
+        else:
+            lens[d:padded] = 1
+            self.seq_lens[:padded].copy_(stage_meta[s + 1:s + 1 + padded], non_blocking=True)
+        if nseq:
+            self.block_tables[:nseq].copy_(stage_table[:nseq], non_blocking=True)
+
+    @staticmethod
+    def _fill_tables(batch, table: np.ndarray) -> None:
+        """Decode rows then prefill rows into the staged table (columns past a row's
+        blocks keep stale block ids: never read, as the lengths bound every read)."""
+        d, p = batch.num_decodes, batch.num_prefills
+        if d:
+            table[:d, :batch.decode_block_tables.shape[1]] = batch.decode_block_tables
+        if p:
+            table[d:d + p, :batch.prefill_block_tables.shape[1]] = batch.prefill_block_tables

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Mixed-step CUDA graphs on one GPU, one call (~8 min): the kernel and engine GPU tests,
+# then W1 (burst) and the closed loop with mixed-step graphs on (cudagraph_mode=full)
+# and off (full_decode_only: mixed steps eager, as before), and batch 1; a compact
+# summary at the end (full logs in $OUT). Every step has its own timeout; a failing
+# step is reported and the script goes on.
+#   bash scripts/gpu_graphs.sh        (wheels in .whl are installed first if present)
+set -u
+OUT=${OUT:-gpu_graphs}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi -L; date -u; grep -m1 "model name" /proc/cpuinfo; nproc; git log --oneline -1 2>/dev/null
+SUMMARY="$OUT/summary.txt"; : > "$SUMMARY"
+
+step() {   # step NAME SECONDS CMD...: run with a timeout, log to $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$SUMMARY"
+  return 0
+}
+
+PYTEST="python3 -m pytest -q -p no:cacheprovider -o addopts= -x"
+step kernel_tests 120 $PYTEST tests/test_unified_attention.py \
+  tests/test_kernels_gpu.py -k "gpu or extend or graph"
+tail -3 "$OUT/kernel_tests.log" | tee -a "$SUMMARY"
+step engine_tests 240 ${PYTEST% -x} tests/test_step_graphs_gpu.py tests/test_engine_gpu.py \
+  -k "not hf_fp32"
+tail -3 "$OUT/engine_tests.log" | tee -a "$SUMMARY"
+
+M=${MODEL:-dummy:qwen2.5-0.5b}
+W1="--scenario random --num-prompts 256 --input-len 512 --output-len 128 \
+--max-num-batched-tokens 8192 --max-num-seqs 256 --warmup 16"
+B1="--scenario random --num-prompts 1 --input-len 512 --output-len 128 --warmup 2"
+for mode in full full_decode_only; do
+  export ROSEPLAY_CUDAGRAPH_MODE=$mode
+  step "W1_$mode" 110 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $W1
+  grep -E "^runs|^output throughput|^median|^host share|Median TTFT" "$OUT/W1_$mode.log" \
+    | tail -5 | tee -a "$SUMMARY"
+  step "closed_$mode" 120 python3 scripts/observer_cost.py --model "$M" --seconds 8 \
+    --warmup 10 --alternate 2
+  grep -E "tok/s|median" "$OUT/closed_$mode.log" | tail -6 | tee -a "$SUMMARY"
+done
+export ROSEPLAY_CUDAGRAPH_MODE=full
+step B1_full 60 python3 -m roseplay bench --no-progress --repeat 3 --model "$M" $B1
+grep -E "^output throughput|^median|Median TPOT|^host share" "$OUT/B1_full.log" | tail -4 \
+  | tee -a "$SUMMARY"
+echo; echo "==== summary"; cat "$SUMMARY"
