@@ -31,10 +31,10 @@ from engine.config import InvalidRequestError, SchedulerConfig, make_config
 from engine.ipc import protocol as P
 from engine.stream import RequestStream, chain_sinks
 from engine.outputs import EngineInfo
-from engine.processor import (InputProcessor, OutputProcessor, StreamEvent, check_request_id,
-                              load_tokenizer)
+from engine.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
+from engine.tokenizer import load_tokenizer
 
 HEARTBEAT_INTERVAL = 0.5
 CONNECT_DEAD_AFTER = 10.0   # an attached client's engine is gone after this much silence
@@ -69,12 +69,20 @@ class EngineClient:
         self._tmpdir = None
         self.fatal_error: str | None = None
         self._closed = False
+        self.tokenizer = None
         if connect is None:
-            make_config(**engine_kwargs)       # refuse bad knobs here, before a process starts
+            config = make_config(**engine_kwargs)   # refuse bad knobs here, before a process starts
             if address is None:
                 self._tmpdir = tempfile.mkdtemp(prefix="roseplay-")
                 address = f"ipc://{self._tmpdir}/engine"
-            self._start_process(engine_kwargs, address, on_progress, startup_timeout)
+            status = self._spawn(engine_kwargs, address)
+            try:      # while the engine process imports torch and loads the model
+                self.tokenizer = load_tokenizer(config.model)
+            except BaseException:
+                status.close()
+                self._reap()
+                raise
+            self._wait_ready(status, on_progress, startup_timeout)
         self.address = connect or address
         self._ctx = zmq.Context()
         self._send_lock = threading.Lock()
@@ -90,9 +98,9 @@ class EngineClient:
             self.wait_idle(30.0)
 
     # -- start-up ------------------------------------------------------------------------
-    def _start_process(self, kwargs: dict, address: str, on_progress, timeout: float) -> None:
-        """Start `python -m engine.ipc.core_proc` and read its status lines until ready
-        (a subprocess, not multiprocessing: nothing of the caller's __main__ re-runs)."""
+    def _spawn(self, kwargs: dict, address: str):
+        """Start `python -m engine.ipc.core_proc` (a subprocess, not multiprocessing:
+        nothing of the caller's __main__ re-runs); returns its status pipe."""
         read_fd, write_fd = os.pipe()
         cmd = [sys.executable, "-m", "engine.ipc.core_proc", "--address", address,
                "--engine-json", json.dumps(kwargs), "--owner-pid", str(os.getpid()),
@@ -100,7 +108,10 @@ class EngineClient:
         self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
                                      env=_child_env())
         os.close(write_fd)
-        status = os.fdopen(read_fd, "rb", buffering=0)   # unbuffered: select() sees every line
+        return os.fdopen(read_fd, "rb", buffering=0)   # unbuffered: select() sees every line
+
+    def _wait_ready(self, status, on_progress, timeout: float) -> None:
+        """Read the engine process's status lines until it is ready."""
         deadline = time.monotonic() + timeout
         try:
             while True:
@@ -143,7 +154,8 @@ class EngineClient:
         self.info = EngineInfo(**welcome.info)
         self._knobs = SchedulerConfig(**welcome.knobs)
         self._paused = welcome.paused
-        self.tokenizer = load_tokenizer(self.info.model_name)
+        if self.proc is None:     # attached: the engine says which model it serves
+            self.tokenizer = load_tokenizer(self.info.model_name)
         i = self.info
         self.inputs = InputProcessor(self.tokenizer, i.model_name, i.vocab_size, i.max_model_len,
                                      i.num_blocks, i.block_size)

@@ -151,9 +151,11 @@ class EngineConfig:
     async_scheduling: bool = _knob(True, "Overlap host and device: while a decode-only step "
                                          "runs, prepare and launch the next one (its input "
                                          "tokens stay on the device).")
-    attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA, torch on CPU), "
-                                           "torch, triton.",
-                                   choices=("auto", "torch", "triton"))
+    attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA, torch_sdpa on "
+                                           "CPU), torch (the plain references), torch_sdpa "
+                                           "(references + batched SDPA paged attention), "
+                                           "triton.",
+                                   choices=("auto", "torch", "torch_sdpa", "triton"))
     tensor_parallel_size: int = _knob(
         1, "GPUs (ranks) one model is sharded over: heads, MLP and vocab split, one worker "
            "process per extra rank, NCCL on CUDA (gloo on CPU). Must divide the attention "

@@ -77,7 +77,7 @@ class LLMEngine:
         torch.manual_seed(config.seed)
         backend = config.attention_backend
         if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
+            backend = "triton" if self.device.type == "cuda" else "torch_sdpa"
         self.backend = backend
         self.tp_group = None                       # ranks 1..N-1 (engine/distributed)
         try:

@@ -250,14 +250,3 @@ def _call(callback, event: StreamEvent) -> None:
         callback(event)
     except Exception:
         pass
-
-
-def load_tokenizer(model_name: str):
-    """The tokenizer of a model by name, for a front that does not load the model (the
-    engine-process client); None for dummy models and checkpoints without one."""
-    if model_name.startswith("dummy:"):
-        return None
-    from engine.models.loader import _load_tokenizer, resolve_model_path
-    import os
-    path = resolve_model_path(model_name)
-    return _load_tokenizer(path) if os.path.isdir(path) else None

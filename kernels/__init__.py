@@ -1,7 +1,8 @@
 """Kernels: Triton implementations and their plain-torch references.
 
 `get_ops("torch")` returns the reference module; `get_ops("triton")` returns the Triton
-module. Both expose the same functions with the same signatures:
+module; `get_ops("torch_sdpa")` returns the CPU backend (kernels/cpu_ops.py: the
+references with batched SDPA paged attention). All expose the same functions with the same signatures:
 store_kv_cache, paged_decode_attention, paged_extend_attention, rms_norm,
 rotary_embedding, silu_and_mul, linear, rms_norm_linear, silu_mul_linear,
 rotary_store_kv.
@@ -13,7 +14,8 @@ from types import ModuleType
 
 from kernels import reference
 
-_BACKENDS = {"torch": "kernels.reference", "triton": "kernels.triton_ops"}
+_BACKENDS = {"torch": "kernels.reference", "triton": "kernels.triton_ops",
+             "torch_sdpa": "kernels.cpu_ops"}
 
 
 def get_ops(name: str) -> ModuleType:

@@ -1,13 +1,20 @@
 """Seconds from launch to the first engine step and to the first finished request, with
 the engine in its own process and in-process; each run a fresh Python process.
 
-    python scripts/startup_time.py --runs 5        # the bundled model on the CPU
+    python scripts/startup_time.py --runs 5                      # this checkout
+    python scripts/startup_time.py --runs 5 --trees /tmp/before .   # A/B, interleaved
+
+"from launch" counts from just before the interpreter starts (the parent's clock);
+"from start_live" from the child's first line (imports of the app itself excluded).
 """
 import argparse
 import os
-import statistics
 import subprocess
 import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_runs import interleaved, spread  # noqa: E402
 
 ONE = """
 import time
@@ -15,29 +22,41 @@ t0 = time.perf_counter()
 from roseplay.source import start_live
 s = start_live({"num_blocks": 512}, in_process=%r)
 while s.snapshot().counters.steps == 0: time.sleep(0.01)
-t1 = time.perf_counter()
+t1, wall = time.perf_counter(), time.time()
 while s.snapshot().counters.finished == 0: time.sleep(0.01)
-print("RESULT", t1 - t0, time.perf_counter() - t0)
+print("RESULT", t1 - t0, time.perf_counter() - t0, wall)
 s.close()
 """
+
+
+def measure(tree: str, in_process: bool) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    launch = time.time()
+    out = subprocess.run([sys.executable, "-c", ONE % in_process], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=300)
+    if "RESULT" not in out.stdout:
+        raise SystemExit(f"{tree}: no result\n{out.stderr[-3000:]}")
+    step, done, wall = map(float, out.stdout.split("RESULT", 1)[1].split())
+    return {"launch": wall - launch, "step": step, "done": done}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--trees", nargs="+", default=[os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))], help="checkouts to compare (interleaved)")
+    p.add_argument("--modes", nargs="+", default=["process", "in-process"],
+                   choices=["process", "in-process"])
     args = p.parse_args()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for label, in_process in (("engine process", False), ("in-process", True)):
-        step, done = [], []
-        for _ in range(args.runs):
-            out = subprocess.run([sys.executable, "-c", ONE % in_process], cwd=root,
-                                 capture_output=True, text=True, timeout=300).stdout
-            a, b = map(float, out.split("RESULT", 1)[1].split())
-            step.append(a)
-            done.append(b)
-        fmt = lambda xs: f"median {statistics.median(xs):.1f} s ({min(xs):.1f}..{max(xs):.1f})"  # noqa: E731
-        print(f"{label:>14}: first step {fmt(step)}; first finished {fmt(done)} "
-              f"over {args.runs} runs", flush=True)
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    for mode in args.modes:
+        res = interleaved(args.trees, args.runs,
+                          lambda tree: measure(tree, mode == "in-process"))
+        for tree, r in res.items():
+            print(f"{mode:>10} {tree}: first step from launch {spread(r['launch'])} s; "
+                  f"from start_live {spread(r['step'])} s; first finished {spread(r['done'])} s "
+                  f"over {args.runs} runs", flush=True)
+    print(f"load average at end: {os.getloadavg()}")
     return 0
 
 

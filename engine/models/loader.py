@@ -1,8 +1,9 @@
 """Load a model: HF checkpoint directory or hub id, the bundled default, or dummy:<preset>.
 
-Configs come from transformers, weights from safetensors, the tokenizer from
-transformers when the checkpoint has one. Dummy presets build the real architecture
-with random weights (like vLLM's load_format="dummy").
+Configs come from transformers (the bundled model's from its config.json alone: no
+transformers import, seconds saved on a small CPU), weights from safetensors, the
+tokenizer from engine/tokenizer.py when the checkpoint has one. Dummy presets build the
+real architecture with random weights (like vLLM's load_format="dummy").
 """
 from __future__ import annotations
 
@@ -11,22 +12,23 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
-from engine.config import DEFAULT_MODEL, InvalidRequestError
+from engine.config import InvalidRequestError
 from engine.distributed.parallel import TPInfo, split, take
 from engine.models.gpt2 import GPT2LMHeadModel
 from engine.models.config_check import check_gpt2_config, check_llama_config
 from engine.models.llama import LlamaForCausalLM, layer_segments
 from engine.models.presets import PRESETS, preset_config
+from engine.tokenizer import DEFAULT_MODEL_DIR, load_tokenizer_dir, resolve_model_path  # noqa: F401
 
 ARCHITECTURES = {
     "llama": LlamaForCausalLM, "qwen2": LlamaForCausalLM, "qwen3": LlamaForCausalLM,
     "mistral": LlamaForCausalLM, "gpt2": GPT2LMHeadModel,
 }
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "shakespeare"
 
 
 @dataclass
@@ -37,15 +39,6 @@ class LoadedModel:
     name: str
     eos_token_ids: tuple[int, ...]
     max_model_len: int
-
-
-def resolve_model_path(name: str) -> str:
-    """Map 'default' to the bundled checkpoint; otherwise return the name unchanged."""
-    if name == DEFAULT_MODEL:
-        if not (DEFAULT_MODEL_DIR / "config.json").exists():
-            raise InvalidRequestError(f"the bundled default model is missing at {DEFAULT_MODEL_DIR}")
-        return str(DEFAULT_MODEL_DIR)
-    return name
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
@@ -63,7 +56,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
     hf_config = _read_config(path)
     model = _build(hf_config, device, dtype, tp)
     _load_safetensors(model, path)
-    tokenizer = _load_tokenizer(path)
+    tokenizer = load_tokenizer_dir(path)
     max_len = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions")
     return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path), max_len)
 
@@ -109,9 +102,11 @@ def _local_dir(name: str) -> str:
 
 
 def _read_config(path: str):
-    from transformers import AutoConfig
     if not os.path.exists(os.path.join(path, "config.json")):
         raise InvalidRequestError(f"{path} has no config.json: not an HF checkpoint")
+    if Path(path).resolve() == DEFAULT_MODEL_DIR:
+        return bundled_config()
+    from transformers import AutoConfig
     try:
         cfg = AutoConfig.from_pretrained(path)
     except Exception as exc:
@@ -197,27 +192,20 @@ def _init_dummy(model: nn.Module, seed: int) -> None:
         p.data.copy_(full if tuple(shape) == tuple(p.shape) else take(full, shard))
 
 
-def _load_tokenizer(path: str):
-    has_files = any(os.path.exists(os.path.join(path, f)) for f in
-                    ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"))
-    if not has_files:
-        return None
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as exc:   # a damaged tokenizer is refused, not silently dropped
-        raise InvalidRequestError(f"unreadable tokenizer in {path} (tokenizer.json / "
-                                  f"tokenizer_config.json / vocab files): "
-                                  f"{type(exc).__name__}: {exc}") from exc
+def bundled_config() -> SimpleNamespace:
+    """The bundled model's config.json as attributes: it sets every field the Llama
+    code reads (tests/test_startup.py checks them against AutoConfig's)."""
+    with open(DEFAULT_MODEL_DIR / "config.json") as f:
+        return SimpleNamespace(**json.load(f))
 
 
 def _eos_ids(hf_config, path: str | None) -> tuple[int, ...]:
     ids = getattr(hf_config, "eos_token_id", None)
     if path and os.path.exists(os.path.join(path, "generation_config.json")):
-        from transformers import GenerationConfig
-        try:
-            ids = GenerationConfig.from_pretrained(path).eos_token_id or ids
-        except Exception:
+        try:   # the file's eos_token_id, as GenerationConfig reads it
+            with open(os.path.join(path, "generation_config.json")) as f:
+                ids = json.load(f).get("eos_token_id") or ids
+        except (OSError, ValueError, AttributeError):
             pass
     if ids is None:
         return ()
