@@ -94,6 +94,16 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
+    def release(self) -> None:
+        """Destroy the captured graphs (before a process group whose collectives they
+        captured is destroyed: NCCL waits for every such graph to be gone)."""
+        if not self.graphs:
+            return
+        torch.cuda.synchronize()
+        for graph, _ in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+
     def run(self, batch, token_source: torch.Tensor | None = None) -> torch.Tensor:
         """Copy a decode-only StepBatch into the static buffers and run it. token_source:
         this step's input tokens as a device tensor (the previous step's samples), else

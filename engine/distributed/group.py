@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -69,6 +71,21 @@ def abort_group() -> None:
             pass
 
 
-def destroy_group() -> None:
-    if dist.is_initialized():
+def destroy_group(timeout_s: float = 10.0) -> bool:
+    """Leave the process group; False if that did not finish within timeout_s (then it is
+    left to process exit). NCCL's teardown waits for every CUDA graph that captured one of
+    its collectives (release graphs first: ModelRunner.close) and, being collective, for
+    the peers: a bounded wait keeps one missed release from hanging a shutdown."""
+    if not dist.is_initialized():
+        return True
+    done = threading.Event()
+
+    def destroy():
         dist.destroy_process_group()
+        done.set()
+    threading.Thread(target=destroy, name="tp-destroy-group", daemon=True).start()
+    if done.wait(timeout_s):
+        return True
+    print(f"roseplay: destroying the tensor-parallel process group did not finish in "
+          f"{timeout_s:.0f} s; left to process exit", file=sys.stderr)
+    return False
