@@ -39,11 +39,15 @@ def check_devices(device_type: str, size: int) -> None:
                                   f"{torch.cuda.device_count()} visible")
 
 
-def bind_device(device_type: str, rank: int) -> None:
-    """Rank r uses cuda:r."""
+def bind_device(device_type: str, rank: int, size: int) -> None:
+    """Rank r uses cuda:r. On the CPU the ranks share the cores: each gets its share of
+    intra-op threads (N ranks with every core each oversubscribe the machine, and a rank
+    descheduled mid-collective stalls all of them)."""
     if device_type == "cuda":
         check_devices(device_type, rank + 1)
         torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
 
 
 def init_group(tp: TPInfo, port: int, device_type: str, timeout_s: float):

@@ -100,7 +100,7 @@ def worker_main(rank: int, spec: WorkerSpec, port: int, shm_name: str | None, co
         from engine.runner import ModelRunner
         from kernels import get_ops
         tp = TPInfo(rank, spec.size)
-        bind_device(spec.device_type, rank)
+        bind_device(spec.device_type, rank, spec.size)
         conn.send(("joining", None))   # rank 0 joins the rendezvous only once all can
         group = init_group(tp, port, spec.device_type, spec.timeout_s)
         device, dtype = rank_device(spec.device_type, rank), getattr(torch, spec.dtype)
@@ -145,6 +145,7 @@ class TPWorkerGroup:
         self.error: TPWorkerError | None = None
         self.transport = None
         self._stopping = threading.Event()
+        self._cpu_threads = torch.get_num_threads()   # rank 0's, restored at shutdown
         self._watchdog: threading.Thread | None = None
 
     # -- start -------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class TPWorkerGroup:
         self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
         self._watchdog.start()
         self._await("joining")   # a worker dead before the rendezvous must not hang rank 0
-        bind_device(spec.device_type, 0)
+        bind_device(spec.device_type, 0, spec.size)
         group = init_group(TPInfo(0, spec.size), port, spec.device_type, spec.timeout_s)
         self.transport = shm or TorchBroadcast(group, 0)
         return TPInfo(0, spec.size)
@@ -318,3 +319,4 @@ class TPWorkerGroup:
             self.transport.close()
         for conn in self.conns:
             conn.close()
+        torch.set_num_threads(self._cpu_threads)
