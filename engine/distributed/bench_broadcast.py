@@ -1,8 +1,8 @@
-"""Cost per step of sending a step's inputs to the other ranks, on the CPU (gloo).
+"""Cost per step of sending a step (the engine's StepBatch) to the other ranks, on the CPU.
 
     python -m engine.distributed.bench_broadcast [--seqs 64] [--width 128] [--steps 2000]
 
-Rank 0 sends a decode-step-like message (ids, positions, slots of `seqs` tokens and a
+Rank 0 sends the message of a greedy decode step (a StepBatch of `seqs` tokens with a
 [seqs, width] int32 block table); rank 1 receives it, then both join a one-element
 all_reduce, as the model's first collective would. Reported per transport (medians):
 the latency from rank 0's send to rank 1 holding the unpickled message, and the time
@@ -21,16 +21,29 @@ import torch.distributed as dist
 from engine.distributed.broadcast import ShmBroadcast, TorchBroadcast
 from engine.distributed.group import destroy_group, free_port, init_group
 from engine.distributed.parallel import TPInfo
-from engine.distributed.step import StepArrays
+from engine.step_batch import SamplingColumns, StepBatch
 
 
-def message(seqs: int, width: int) -> StepArrays:
+def message(seqs: int, width: int) -> tuple:
+    """What the engine sends for a greedy decode step of `seqs` sequences (no request
+    ended since the last step)."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 32000, seqs)
-    return StepArrays(input_ids=ids, positions=ids.copy(), slot_mapping=ids.copy(),
-                      logits_indices=np.arange(seqs), num_decode_tokens=seqs,
+    empty_i32 = np.zeros(0, np.int32)
+    sampling = SamplingColumns(tuple(f"req-{i}" for i in range(seqs)), True,
+                               np.ones(seqs, bool), np.ones(seqs, np.float32),
+                               np.zeros(seqs, np.int64), np.ones(seqs, np.float32),
+                               np.zeros(seqs, bool), np.zeros(seqs, np.uint64))
+    batch = StepBatch(input_ids=ids, positions=ids.copy(), slot_mapping=ids.copy(),
+                      num_decodes=seqs,
                       decode_block_tables=rng.integers(0, 4096, (seqs, width), dtype=np.int32),
-                      decode_context_lens=np.full(seqs, width * 16, np.int32))
+                      decode_context_lens=np.full(seqs, width * 16, np.int32),
+                      prefill_block_tables=np.zeros((0, 1), np.int32),
+                      prefill_cu_seqlens_q=np.zeros(1, np.int32), prefill_context_lens=empty_i32,
+                      prefill_max_seqlen_q=0, logits_indices=np.arange(seqs),
+                      sample_rows=np.arange(seqs), cow_src=np.zeros(0, np.int64),
+                      cow_dst=np.zeros(0, np.int64), sampling=sampling)
+    return "step", (batch, ())
 
 
 def _channel(kind: str, group, rank: int, shm):
