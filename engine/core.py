@@ -334,7 +334,8 @@ class LLMEngine:
         """Stop the tensor-parallel workers (if any); the runner's CUDA graphs go first
         (they may hold the NCCL communicator the group's teardown waits for)."""
         if self.tp_group is not None:
-            if getattr(self, "runner", None) is not None:
+            # after a rank died, syncing the device could wait on a collective forever
+            if getattr(self, "runner", None) is not None and self.tp_group.error is None:
                 self.runner.close()
             self.tp_group.shutdown()
 

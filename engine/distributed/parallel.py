@@ -136,13 +136,6 @@ def gather_vocab(local: torch.Tensor, tp: TPInfo, vocab_size: int) -> torch.Tens
     return out.view(tp.size, s, v_local).permute(1, 0, 2).reshape(s, -1)[:, :vocab_size].contiguous()
 
 
-def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
-    """Rank 0's tensor on every rank, in place (e.g. sampled ids that feed the next step
-    on the device under async scheduling); graph-capturable on NCCL."""
-    dist.broadcast(x, 0)
-    return x
-
-
 def vocab_embedding(ids: torch.Tensor, weight: torch.Tensor, tp: TPInfo) -> torch.Tensor:
     """Vocab-parallel lookup: rows this rank does not hold read as zero, then all-reduce."""
     start = tp.rank * weight.shape[0]
