@@ -128,14 +128,19 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, get_ops(backend), self.device, self.dtype,
                                   num_blocks, config.block_size, **runner_kw)
         self.sampler = self.runner.sampler
-        self.executor = self.runner if self.tp_group is None else \
-            TPExecutor(self.tp_group, self.runner)
+        self._tp_executor = TPExecutor(self.tp_group, self.runner) if self.tp_group else None
         self.stats = StatsRecorder(self.counters)
         self.clock = ServingClock()
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
         self.recent_finished: deque = deque(maxlen=256)
+
+    @property
+    def executor(self):
+        """What runs a step: the runner itself (TP=1; looked up each time, so a test may
+        swap it), or the TPExecutor that also sends the batch to ranks 1..N-1."""
+        return self._tp_executor or self.runner
 
     def _blocks_from_memory(self, model) -> int:
         if self.device.type != "cuda":
