@@ -78,7 +78,9 @@ def test_tp2_equals_tp1_with_async_scheduling(tmp_path, kind, monkeypatch):
     assert [p.exitcode for p in group.procs] == [0]
 
 
-def test_cancel_under_tp_leaves_the_other_streams_exact(tmp_path):
+def test_cancel_and_reused_ids_under_tp_stay_exact(tmp_path):
+    """A cancelled stream leaves the others exact; a seeded request id used again starts
+    a fresh generator on every rank (the workers release the old one before the step)."""
     make_checkpoint("llama", tmp_path)
     prompts = workload()[:3]
     params = params_mix(3)
@@ -94,6 +96,9 @@ def test_cancel_under_tp_leaves_the_other_streams_exact(tmp_path):
         assert victim.result(timeout=60).outputs[0].finish_reason == "cancelled"
         got = [list(s.result(timeout=120).outputs[0].token_ids) for s in streams]
         assert got == want
+        for _ in range(2):
+            again = loop.submit({"prompt_token_ids": prompts[0]}, params[0], request_id="same")
+            assert list(again.result(timeout=120).outputs[0].token_ids) == want[0]
         assert loop.fatal_error is None
 
 
