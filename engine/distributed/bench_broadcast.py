@@ -52,7 +52,10 @@ def _channel(kind: str, group, rank: int, shm):
         return None
     if kind == "torch":
         return TorchBroadcast(group, rank)
-    return shm if rank == 0 else ShmBroadcast(shm, 1, rank)
+    if rank == 0:
+        return shm
+    name, wakeups = shm
+    return ShmBroadcast(name, 1, rank, wakeups=wakeups)
 
 
 def _loop(rank, port, transport, shm, args, results):
@@ -64,6 +67,7 @@ def _loop(rank, port, transport, shm, args, results):
     dist.barrier()
     for _ in range(args.steps):
         if rank == 0:
+            time.sleep(args.interval_ms / 1e3)   # the GPU step the worker waits through
             t0 = time.perf_counter()
             chan.send((t0, msg))
             sends.append(time.perf_counter() - t0)
@@ -82,9 +86,12 @@ def _loop(rank, port, transport, shm, args, results):
 def run(transport: str, args) -> tuple[float, float]:
     """(median latency to rank 1, median time rank 0 spends sending), microseconds."""
     ctx = mp.get_context("spawn")
-    shm = ShmBroadcast(None, 1, 0, capacity=16 << 20) if transport == "shm" else None
+    wakeups = [ctx.Semaphore(0)] if args.wakeup == "semaphore" else None
+    shm = ShmBroadcast(None, 1, 0, capacity=16 << 20, wakeups=wakeups) \
+        if transport == "shm" else None
     port, results = free_port(), ctx.SimpleQueue()
-    peer = ctx.Process(target=_loop, args=(1, port, transport, shm and shm.name, args, results))
+    peer = ctx.Process(target=_loop, args=(1, port, transport, shm and (shm.name, wakeups),
+                                           args, results))
     peer.start()
     try:
         send = _loop(0, port, transport, shm, args, None)
@@ -101,12 +108,19 @@ def main() -> None:
     p.add_argument("--seqs", type=int, default=64)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--interval-ms", type=float, default=0.0,
+                   help="rank 0 waits this long before each send (the worker's wake-up "
+                        "path depends on how long it has waited)")
+    p.add_argument("--transports", default="torch,shm")
+    p.add_argument("--wakeup", default="semaphore", choices=["semaphore", "poll"],
+                   help="how a shm reader waits: spin then semaphore, or spin then sleeps")
     args = p.parse_args()
     size = len(__import__("pickle").dumps(message(args.seqs, args.width), protocol=5))
-    for transport in ("torch", "shm"):
+    for transport in args.transports.split(","):
         latency, send = run(transport, args)
         print(f"{transport:5s}: latency {latency:7.1f} us, rank 0 busy {send:7.1f} us per step "
-              f"(medians; message {size} bytes, {args.seqs} seqs x {args.width} blocks)")
+              f"(medians; message {size} bytes, {args.seqs} seqs x {args.width} blocks, "
+              f"sent every {args.interval_ms} ms + the step, {args.wakeup})")
 
 
 if __name__ == "__main__":

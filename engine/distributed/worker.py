@@ -73,10 +73,12 @@ def _spawning():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
-def _transport(spec: WorkerSpec, group, rank: int, shm_name: str | None, alive):
+def _transport(spec: WorkerSpec, group, rank: int, shm, alive):
+    """shm: (name, wakeup semaphores) of rank 0's slot, None for the torch transport."""
     if spec.transport == "torch":
         return TorchBroadcast(group, rank)
-    return ShmBroadcast(shm_name, spec.size - 1, rank, alive=alive)
+    name, wakeups = shm
+    return ShmBroadcast(name, spec.size - 1, rank, alive=alive, wakeups=wakeups)
 
 
 def _exit_with_parent(parent) -> None:
@@ -89,7 +91,7 @@ def _exit_with_parent(parent) -> None:
     threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
 
 
-def worker_main(rank: int, spec: WorkerSpec, port: int, shm_name: str | None, conn) -> None:
+def worker_main(rank: int, spec: WorkerSpec, port: int, shm: tuple | None, conn) -> None:
     """Entry of a spawned rank: join, load the shard, then serve steps until 'stop'."""
     transport = runner = None
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # stacks on demand (hangs)
@@ -105,7 +107,7 @@ def worker_main(rank: int, spec: WorkerSpec, port: int, shm_name: str | None, co
         group = init_group(tp, port, spec.device_type, spec.timeout_s)
         device, dtype = rank_device(spec.device_type, rank), getattr(torch, spec.dtype)
         model = load_model(spec.model, device, dtype, spec.seed, tp).model
-        transport = _transport(spec, group, rank, shm_name, alive=parent.is_alive)
+        transport = _transport(spec, group, rank, shm, alive=parent.is_alive)
         conn.send(("ready", None))
         while True:
             kind, payload = transport.recv()
@@ -162,15 +164,18 @@ class TPWorkerGroup:
         check_tensor_parallel(model_config(self.spec.model), self.spec.size)  # before spawning
         check_devices(self.spec.device_type, self.spec.size)
         spec, port = self.spec, free_port()
-        shm = ShmBroadcast(None, spec.size - 1, 0, alive=self.alive) \
+        ctx = mp.get_context("spawn")
+        # a worker waiting for the next step sleeps on its semaphore (docs/TP.md: wake-up)
+        wakeups = [ctx.Semaphore(0) for _ in range(spec.size - 1)]
+        shm = ShmBroadcast(None, spec.size - 1, 0, alive=self.alive, wakeups=wakeups) \
             if spec.transport == "shm" else None
         self.transport = shm
-        ctx = mp.get_context("spawn")
         with _spawning():
             for rank in range(1, spec.size):
                 parent_end, child_end = ctx.Pipe()
                 proc = ctx.Process(target=worker_main, name=f"roseplay-tp{rank}", daemon=True,
-                                   args=(rank, spec, port, shm and shm.name, child_end))
+                                   args=(rank, spec, port, shm and (shm.name, wakeups),
+                                         child_end))
                 proc.start()
                 child_end.close()
                 self.procs.append(proc)
