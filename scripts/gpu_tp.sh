@@ -47,7 +47,7 @@ run() {
 
 STEP="python3 scripts/tp_step_time.py --model $MODEL --device $DEV --dtype $DTYPE $B1 --timeout-s"
 BENCH="python3 -m roseplay.bench --no-progress --in-process --model $MODEL --device $DEV --dtype $DTYPE $W1 --repeat 3"
-ROSEPLAY_TEST_DEVICE=$TEST_DEV run equality 150 python3 -m pytest tests/test_tp_engine.py -q \
+ROSEPLAY_TEST_DEVICE=$TEST_DEV run equality 170 python3 -m pytest tests/test_tp_engine.py -q \
   -p no:cacheprovider -k "(equals_tp1 and llama) or cancel"
 run b1_tp1 80 $STEP 75 --tp 1
 run b1_tp2 80 $STEP 75 --tp 2

@@ -29,7 +29,7 @@ def hard_timeout():
     if DEVICE != "cuda":
         yield
         return
-    cancel = exit_with_stacks_after(180)
+    cancel = exit_with_stacks_after(120)
     yield
     cancel()
 
