@@ -10,6 +10,9 @@ Async scheduling (the `async_scheduling` knob): a decode-only step on the static
 is launched and left in flight; the next call commits its KV bookkeeping, asks the
 scheduler for the continuation (Scheduler.schedule_continuation), launches it with the
 in-flight step's samples as input (on the device), and only then reads the tokens.
+Under tensor parallelism too: every rank samples and keeps its samples on its device
+(engine/distributed/executor.py), so a continuation needs nothing from rank 0's host
+but the batch it broadcasts anyway.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from engine.batch_builder import build_step_batch
 from engine.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
+from engine.distributed.executor import TPExecutor
 from engine.device_io import HostCopy
 from engine.events import EventLog
 from engine.kv.block_pool import BlockPool
@@ -30,7 +34,6 @@ from engine.models.loader import load_model
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
-from engine.sampling import Sampler
 from engine.scheduler import Scheduler, StepPlan
 from engine.snapshot import Counters, EngineSnapshot, compact_counts, request_view
 from engine.stats import StatsRecorder
@@ -64,7 +67,6 @@ class Launched:
     plan: StepPlan
     batch: StepBatch
     requests: list[Request]          # one per sample row
-    tokens: torch.Tensor             # device tensor of samples (feeds a continuation)
     host_tokens: HostCopy            # the same tokens on their way to the host
     t0: float
 
@@ -96,8 +98,7 @@ class LLMEngine:
         from engine.distributed.worker import TPWorkerGroup, WorkerSpec
         self.tp_group = TPWorkerGroup(WorkerSpec(
             config.model, n, self.device.type, str(self.dtype).removeprefix("torch."),
-            config.seed, attention_backend=self.backend,
-            runner_factory="engine.runner:worker_runner"))
+            config.seed, attention_backend=self.backend))
         loaded = load_model(config.model, self.device, self.dtype, config.seed,
                             tp=self.tp_group.start())
         self.tp_group.wait_ready()
@@ -120,26 +121,31 @@ class LLMEngine:
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
         # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
-        # buckets, so the NCCL all-reduces of captured graphs match); no async scheduling
-        # (a continuation's input tokens would have to reach every rank)
-        tp = self.tp_group is not None
-        self.async_scheduling_enabled = config.async_scheduling and not tp
+        # buckets, so the NCCL all-reduces of captured graphs match) and samples alike
+        self.async_scheduling_enabled = config.async_scheduling
         runner_kw = dict(max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
                          graph_safe_ops=backend == "triton",
                          async_scheduling=self.async_scheduling_enabled,
                          max_graph_batch=max(config.scheduler.max_num_seqs, 256),
                          max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
-                         if config.cudagraph_mode == "full" else 0)
-        if tp:
+                         if config.cudagraph_mode == "full" else 0, seed=config.seed)
+        if self.tp_group is not None:
             self.tp_group.allocate_kv(num_blocks, config.block_size, **runner_kw)
         self.runner = ModelRunner(loaded.model, get_ops(backend), self.device, self.dtype,
                                   num_blocks, config.block_size, **runner_kw)
-        self.sampler = Sampler(self.device, config.seed)
+        self.sampler = self.runner.sampler
+        self._tp_executor = TPExecutor(self.tp_group, self.runner) if self.tp_group else None
         self.stats = StatsRecorder(self.counters)
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
+
+    @property
+    def executor(self):
+        """What runs a step: the runner itself (TP=1; looked up each time, so a test may
+        swap it), or the TPExecutor that also sends the batch to ranks 1..N-1."""
+        return self._tp_executor or self.runner
 
     def _blocks_from_memory(self, model) -> int:
         if self.device.type != "cuda":
@@ -226,17 +232,15 @@ class LLMEngine:
         return (self.async_scheduling and not plan.prefills and not plan.preempted
                 and self.runner.static_decode(launched.batch))
 
-    def _launch(self, plan: StepPlan, prev_tokens: torch.Tensor | None = None) -> Launched:
+    def _launch(self, plan: StepPlan) -> Launched:
+        """Build the plan's batch and queue its forward and sampling on every rank (a
+        continuation's decode inputs are the runner's last samples, on the device)."""
         t0 = self.clock.now()
         batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size)
-        if self.tp_group is not None:    # every rank runs the batch; rank 0 samples
-            logits = self.tp_group.run(batch, self.runner.execute)
-        else:
-            logits = self.runner.execute(batch, prev_tokens)
-        tokens = self.sampler.sample(logits, batch.sampling)
+        tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
-        return Launched(plan, batch, requests, tokens, HostCopy(tokens), t0)
+        return Launched(plan, batch, requests, HostCopy(tokens), t0)
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         prev, self._inflight = self._inflight, None
@@ -246,7 +250,7 @@ class LLMEngine:
             nxt = self.scheduler.schedule_continuation(prev.plan, self.max_model_len) \
                 if chain and self.async_scheduling else None
             if nxt is not None:   # decode-only, no larger than prev: stays on the static path
-                self._inflight = self._launch(nxt, prev.tokens)
+                self._inflight = self._launch(nxt)
             self._emit_tokens(prev, out)
         except Exception as exc:
             self._fail_plan(prev.plan, exc, out)
@@ -311,7 +315,7 @@ class LLMEngine:
         self.scheduler.remove(req)
         req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
         del self.requests[req.request_id]
-        self.sampler.release(req.request_id)
+        self.executor.release(req.request_id)
         self.recent_finished.append(request_view(req))
         self.stats.on_finish(req)
         if out is not None:
@@ -340,8 +344,12 @@ class LLMEngine:
             self.events.record(self.counters.steps, now, plan, evicted, self.pool.block_size)
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (if any)."""
+        """Stop the tensor-parallel workers (if any); the runner's CUDA graphs go first
+        (they may hold the NCCL communicator the group's teardown waits for)."""
         if self.tp_group is not None:
+            # after a rank died, syncing the device could wait on a collective forever
+            if getattr(self, "runner", None) is not None and self.tp_group.error is None:
+                self.runner.close()
             self.tp_group.shutdown()
 
     def check_invariants(self) -> None:

@@ -126,6 +126,16 @@ class StepGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
+    def release(self) -> None:
+        """Destroy the captured graphs (before a process group whose collectives they
+        captured is destroyed: NCCL waits for every such graph to be gone)."""
+        if not self.graphs:
+            return
+        torch.cuda.synchronize()
+        for graph, _ in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+
     # -- per step --------------------------------------------------------------------------
     def run(self, batch, token_source: torch.Tensor | None = None) -> torch.Tensor:
         """Run a StepBatch that key() accepts; return the logits of its logits rows.

@@ -1,9 +1,14 @@
-"""ModelRunner: runs one StepBatch through the model and returns its logits.
+"""ModelRunner: runs one StepBatch through the model and samples its tokens.
 
-Owns the paged KV cache ([2, layers, blocks, block_size, kv_heads, head_dim]) and the
+Owns the paged KV cache ([2, layers, blocks, block_size, kv_heads, head_dim]), the
 CUDA graphs of whole steps (engine/cuda_graphs.py: decode-only steps per bucketed batch
-size, mixed steps per bucketed token count; a step no graph holds runs eagerly). Reads only the StepBatch (engine/step_batch.py): no request or scheduler
-objects, so a tensor-parallel worker can run the same code on a batch it received.
+size, mixed steps per bucketed token count; a step no graph holds runs eagerly) and the
+sampler. Reads only the StepBatch (engine/step_batch.py): no request or scheduler
+objects, so a tensor-parallel worker runs the same code on a batch it received. Every
+rank samples (the vocab gather leaves the same full logits on each, and the sampler's
+generators are seeded alike), so each keeps the step's tokens on its own device: a
+continuation step (async scheduling) takes its inputs from there, with no host round
+trip and no broadcast of tokens (as vLLM V1's workers do).
 """
 from __future__ import annotations
 
@@ -13,22 +18,19 @@ import torch
 from engine.cuda_graphs import StepGraphs
 from engine.device_io import to_device
 from engine.models.layers import AttentionMetadata
+from engine.sampling import Sampler
 from engine.step_batch import StepBatch
 from engine.warmup import warm_up_attention
-
-
-def worker_runner(model, ops, device, dtype, num_blocks: int, block_size: int, **kw):
-    """A tensor-parallel rank's runner (engine/distributed/worker.py runner_factory): the
-    same ModelRunner as rank 0, so both pad steps to the same graph buckets."""
-    return ModelRunner(model, ops, device, dtype, num_blocks, block_size, **kw)
 
 
 class ModelRunner:
     def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, num_blocks: int,
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
                  graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
-                 max_mixed_graph_tokens: int = 0):
+                 max_mixed_graph_tokens: int = 0, seed: int = 0):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
+        self.sampler = Sampler(device, seed)
+        self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         model.ops = ops
@@ -59,7 +61,27 @@ class ModelRunner:
         elem = torch.tensor([], dtype=dtype).element_size()
         return 2 * len(layers) * block_size * layers[0].num_kv_heads * layers[0].head_dim * elem
 
+    def close(self) -> None:
+        """Drop the CUDA graphs: a graph that captured NCCL collectives holds a reference
+        on the communicator, and destroying the process group waits for it forever
+        (pytorch#115388), so graphs go first."""
+        if self.graphs is not None:
+            self.graphs.release()
+
     # -- per step --------------------------------------------------------------------
+    def execute_model(self, batch: StepBatch) -> torch.Tensor:
+        """Forward, then sample: the step's tokens, on the device (kept for the next step,
+        whose decode rows may read them: batch.prev_token_rows)."""
+        prev = self.last_tokens if batch.prev_token_rows is not None else None
+        tokens = self.sampler.sample(self.execute(batch, prev), batch.sampling)
+        self.last_tokens = tokens
+        return tokens
+
+    def release(self, request_ids) -> None:
+        """These requests ended: drop their sampler state."""
+        for rid in request_ids:
+            self.sampler.release(rid)
+
     @torch.inference_mode()
     def execute(self, batch: StepBatch, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Run the batch's forward; return the logits of its sample rows [R, V] (model

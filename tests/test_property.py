@@ -38,6 +38,8 @@ from engine.config import (EVICTION_POLICIES, SCHEDULING_MODES, SCHEDULING_POLIC
                            InvalidRequestError, make_config)
 from engine.core import LLMEngine
 from engine.request import SamplingParams
+from engine.runner import ModelRunner
+from engine.sampling import Sampler
 
 VOCAB = 512          # dummy:tiny
 MAX_MODEL_LEN = 64
@@ -73,6 +75,11 @@ class KVCheckingRunner:
         self.vocab = vocab
         self.forward_calls = 0
         self.violations: list[str] = []
+        self.sampler, self.last_tokens = Sampler(torch.device("cpu")), None
+
+    # the real runner's step: this forward, then sampling
+    execute_model = ModelRunner.execute_model
+    release = ModelRunner.release
 
     def read(self, table, n) -> list[int]:
         return [int(self.kv[table[p // self.bs], p % self.bs]) for p in range(n)]

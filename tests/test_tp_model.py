@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.distributed.step import EagerStepRunner
 from engine.distributed.worker import TPWorkerGroup, WorkerSpec
 from engine.models.loader import load_model
 from kernels import get_ops
 from tests.hf_models import CONFIGS, make_checkpoint
-from tests.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, PagedDriver, shard_checkpoint
+from engine.runner import ModelRunner
+from tests.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, RUNNER_KW, PagedDriver, shard_checkpoint
 
 CPU, F32 = torch.device("cpu"), torch.float32
 # one KV head: at TP=2 both ranks hold it (replicated, as vLLM does for N > kv heads)
@@ -26,8 +26,8 @@ def _prompts(vocab: int):
     return [rng.integers(0, vocab, 37).tolist(), rng.integers(0, vocab, 13).tolist()]
 
 
-def _runner(model) -> EagerStepRunner:
-    return EagerStepRunner(model, get_ops("torch"), CPU, F32, NUM_BLOCKS, BLOCK_SIZE)
+def _runner(model) -> ModelRunner:
+    return ModelRunner(model, get_ops("torch"), CPU, F32, NUM_BLOCKS, BLOCK_SIZE, **RUNNER_KW)
 
 
 def _tp1(name: str, prompts):
@@ -41,8 +41,8 @@ def _tp2(name: str, prompts, transport: str = "shm"):
         tp = group.start()
         runner_model = load_model(name, CPU, F32, tp=tp).model
         group.wait_ready()
-        group.allocate_kv(NUM_BLOCKS, BLOCK_SIZE)
-        runner = _runner(runner_model)
+        group.allocate_kv(NUM_BLOCKS, BLOCK_SIZE, **RUNNER_KW)
+        runner = _runner(runner_model)   # rank 0 returns logits; rank 1 samples its own
 
         result = PagedDriver(prompts).run(lambda step: group.run(step, runner.execute))
     finally:

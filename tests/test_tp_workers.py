@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from engine.config import InvalidRequestError
-from engine.distributed.step import EagerStepRunner
 from engine.distributed.worker import TPWorkerError, TPWorkerGroup, WorkerSpec
 from engine.models.loader import load_model
 from kernels import get_ops
-from tests.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, PagedDriver
+from engine.runner import ModelRunner
+from tests.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, RUNNER_KW, PagedDriver
 
 CPU, F32 = torch.device("cpu"), torch.float32
 
@@ -47,8 +47,8 @@ def group():
     tp = g.start()
     model = load_model("dummy:tiny", CPU, F32, tp=tp).model
     g.wait_ready()
-    g.allocate_kv(NUM_BLOCKS, BLOCK_SIZE)
-    g.runner = EagerStepRunner(model, get_ops("torch"), CPU, F32, NUM_BLOCKS, BLOCK_SIZE)
+    g.allocate_kv(NUM_BLOCKS, BLOCK_SIZE, **RUNNER_KW)
+    g.runner = ModelRunner(model, get_ops("torch"), CPU, F32, NUM_BLOCKS, BLOCK_SIZE, **RUNNER_KW)
     yield g
     g.shutdown()
 

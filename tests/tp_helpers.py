@@ -6,10 +6,19 @@ import json
 import numpy as np
 import torch
 
-from engine.distributed.step import StepArrays
+from engine.step_batch import SamplingColumns, StepBatch
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
+MAX_MODEL_LEN = 128
+# the engine's ModelRunner on CPU: eager, unpadded (rank 0 and the workers alike)
+RUNNER_KW = dict(max_model_len=MAX_MODEL_LEN, use_cuda_graphs=False, graph_safe_ops=False)
+
+
+def greedy_columns(n: int) -> SamplingColumns:
+    return SamplingColumns(tuple(f"r{i}" for i in range(n)), True, np.ones(n, bool),
+                           np.ones(n, np.float32), np.zeros(n, np.int64), np.ones(n, np.float32),
+                           np.zeros(n, bool), np.zeros(n, np.uint64))
 
 
 def shard_checkpoint(path, num_files: int = 2) -> None:
@@ -57,20 +66,19 @@ class PagedDriver:
         slots = np.concatenate(slots)
         lens = [e - st for _, st, e in prefills]
         width = max(len(t) for t in self.tables)
-        step = StepArrays(
+        step = StepBatch(
             input_ids=np.array(ids, np.int64), positions=np.array(pos, np.int64),
-            slot_mapping=slots, logits_indices=np.array(sample_rows, np.int64),
-            num_decode_tokens=len(decodes),
-            decode_block_tables=self._tables(decodes, width) if decodes else None,
-            decode_context_lens=np.array([len(self.tokens[s]) for s in decodes], np.int32)
-            if decodes else None,
-            prefill_block_tables=self._tables([s for s, _, _ in prefills], width)
-            if prefills else None,
-            prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32)
-            if prefills else None,
-            prefill_context_lens=np.array([e for _, _, e in prefills], np.int32)
-            if prefills else None,
-            prefill_max_seqlen_q=max(lens, default=0))
+            slot_mapping=slots, num_decodes=len(decodes),
+            decode_block_tables=self._tables(decodes, width),
+            decode_context_lens=np.array([len(self.tokens[s]) for s in decodes], np.int32),
+            prefill_block_tables=self._tables([s for s, _, _ in prefills], width),
+            prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
+            prefill_context_lens=np.array([e for _, _, e in prefills], np.int32),
+            prefill_max_seqlen_q=max(lens, default=0),
+            logits_indices=np.array(sample_rows, np.int64),
+            sample_rows=np.arange(len(sample_rows), dtype=np.int64),
+            cow_src=np.zeros(0, np.int64), cow_dst=np.zeros(0, np.int64),
+            sampling=greedy_columns(len(sample_rows)))
         return step, sampled
 
     def _slots(self, s: int, positions: np.ndarray) -> np.ndarray:
@@ -78,7 +86,8 @@ class PagedDriver:
         return table[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
 
     def _tables(self, seqs: list[int], width: int) -> np.ndarray:
-        return np.stack([np.pad(self.tables[s], (0, width - len(self.tables[s]))) for s in seqs])
+        return np.array([np.pad(self.tables[s], (0, width - len(self.tables[s])))
+                         for s in seqs], np.int32).reshape(len(seqs), width)
 
     def run(self, forward, decode_steps: int = 5) -> tuple[list[torch.Tensor], list[list[int]]]:
         """Every step's logits and the final token lists."""

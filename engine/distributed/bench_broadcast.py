@@ -1,8 +1,8 @@
-"""Cost per step of sending a step's inputs to the other ranks, on the CPU (gloo).
+"""Cost per step of sending a step (the engine's StepBatch) to the other ranks, on the CPU.
 
     python -m engine.distributed.bench_broadcast [--seqs 64] [--width 128] [--steps 2000]
 
-Rank 0 sends a decode-step-like message (ids, positions, slots of `seqs` tokens and a
+Rank 0 sends the message of a greedy decode step (a StepBatch of `seqs` tokens with a
 [seqs, width] int32 block table); rank 1 receives it, then both join a one-element
 all_reduce, as the model's first collective would. Reported per transport (medians):
 the latency from rank 0's send to rank 1 holding the unpickled message, and the time
@@ -21,16 +21,29 @@ import torch.distributed as dist
 from engine.distributed.broadcast import ShmBroadcast, TorchBroadcast
 from engine.distributed.group import destroy_group, free_port, init_group
 from engine.distributed.parallel import TPInfo
-from engine.distributed.step import StepArrays
+from engine.step_batch import SamplingColumns, StepBatch
 
 
-def message(seqs: int, width: int) -> StepArrays:
+def message(seqs: int, width: int) -> tuple:
+    """What the engine sends for a greedy decode step of `seqs` sequences (no request
+    ended since the last step)."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 32000, seqs)
-    return StepArrays(input_ids=ids, positions=ids.copy(), slot_mapping=ids.copy(),
-                      logits_indices=np.arange(seqs), num_decode_tokens=seqs,
+    empty_i32 = np.zeros(0, np.int32)
+    sampling = SamplingColumns(tuple(f"req-{i}" for i in range(seqs)), True,
+                               np.ones(seqs, bool), np.ones(seqs, np.float32),
+                               np.zeros(seqs, np.int64), np.ones(seqs, np.float32),
+                               np.zeros(seqs, bool), np.zeros(seqs, np.uint64))
+    batch = StepBatch(input_ids=ids, positions=ids.copy(), slot_mapping=ids.copy(),
+                      num_decodes=seqs,
                       decode_block_tables=rng.integers(0, 4096, (seqs, width), dtype=np.int32),
-                      decode_context_lens=np.full(seqs, width * 16, np.int32))
+                      decode_context_lens=np.full(seqs, width * 16, np.int32),
+                      prefill_block_tables=np.zeros((0, 1), np.int32),
+                      prefill_cu_seqlens_q=np.zeros(1, np.int32), prefill_context_lens=empty_i32,
+                      prefill_max_seqlen_q=0, logits_indices=np.arange(seqs),
+                      sample_rows=np.arange(seqs), cow_src=np.zeros(0, np.int64),
+                      cow_dst=np.zeros(0, np.int64), sampling=sampling)
+    return "step", (batch, ())
 
 
 def _channel(kind: str, group, rank: int, shm):
@@ -39,7 +52,10 @@ def _channel(kind: str, group, rank: int, shm):
         return None
     if kind == "torch":
         return TorchBroadcast(group, rank)
-    return shm if rank == 0 else ShmBroadcast(shm, 1, rank)
+    if rank == 0:
+        return shm
+    name, wakeups = shm
+    return ShmBroadcast(name, 1, rank, wakeups=wakeups)
 
 
 def _loop(rank, port, transport, shm, args, results):
@@ -51,6 +67,7 @@ def _loop(rank, port, transport, shm, args, results):
     dist.barrier()
     for _ in range(args.steps):
         if rank == 0:
+            time.sleep(args.interval_ms / 1e3)   # the GPU step the worker waits through
             t0 = time.perf_counter()
             chan.send((t0, msg))
             sends.append(time.perf_counter() - t0)
@@ -69,9 +86,12 @@ def _loop(rank, port, transport, shm, args, results):
 def run(transport: str, args) -> tuple[float, float]:
     """(median latency to rank 1, median time rank 0 spends sending), microseconds."""
     ctx = mp.get_context("spawn")
-    shm = ShmBroadcast(None, 1, 0, capacity=16 << 20) if transport == "shm" else None
+    wakeups = [ctx.Semaphore(0)] if args.wakeup == "semaphore" else None
+    shm = ShmBroadcast(None, 1, 0, capacity=16 << 20, wakeups=wakeups) \
+        if transport == "shm" else None
     port, results = free_port(), ctx.SimpleQueue()
-    peer = ctx.Process(target=_loop, args=(1, port, transport, shm and shm.name, args, results))
+    peer = ctx.Process(target=_loop, args=(1, port, transport, shm and (shm.name, wakeups),
+                                           args, results))
     peer.start()
     try:
         send = _loop(0, port, transport, shm, args, None)
@@ -88,12 +108,19 @@ def main() -> None:
     p.add_argument("--seqs", type=int, default=64)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--interval-ms", type=float, default=0.0,
+                   help="rank 0 waits this long before each send (the worker's wake-up "
+                        "path depends on how long it has waited)")
+    p.add_argument("--transports", default="torch,shm")
+    p.add_argument("--wakeup", default="semaphore", choices=["semaphore", "poll"],
+                   help="how a shm reader waits: spin then semaphore, or spin then sleeps")
     args = p.parse_args()
     size = len(__import__("pickle").dumps(message(args.seqs, args.width), protocol=5))
-    for transport in ("torch", "shm"):
+    for transport in args.transports.split(","):
         latency, send = run(transport, args)
         print(f"{transport:5s}: latency {latency:7.1f} us, rank 0 busy {send:7.1f} us per step "
-              f"(medians; message {size} bytes, {args.seqs} seqs x {args.width} blocks)")
+              f"(medians; message {size} bytes, {args.seqs} seqs x {args.width} blocks, "
+              f"sent every {args.interval_ms} ms + the step, {args.wakeup})")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ Two transports with one interface (`send(obj)` on rank 0, `recv()` elsewhere):
   bytes. Needs nothing but the group; a dead peer surfaces as a gloo error.
 - `ShmBroadcast`: one shared-memory slot (multiprocessing.shared_memory) with a sequence
   number; readers poll it and acknowledge, the writer waits for every ack before the next
-  write (vLLM's shm_broadcast, single slot). docs/TP.md has both costs per step.
+  write (vLLM's shm_broadcast, single slot). With `wakeups` (one semaphore per reader) a
+  reader spins briefly, then sleeps in the kernel until the writer posts (a futex wake)
+  instead of polling with sleeps. docs/TP.md has the costs per step.
 Pickle protocol 5 keeps numpy arrays as raw buffers.
 """
 from __future__ import annotations
@@ -48,9 +50,11 @@ class ShmBroadcast:
     """Header of uint64: [seq, size, ack(rank 1), ack(rank 2), ...], then the payload."""
 
     HEADER = 8 * 64   # room for 62 readers' acks
+    SPIN_S = 50e-6    # with wakeups: spin this long before sleeping on the semaphore
 
     def __init__(self, name: str | None, num_readers: int, rank: int,
-                 capacity: int = 64 << 20, alive: Callable[[], bool] = lambda: True):
+                 capacity: int = 64 << 20, alive: Callable[[], bool] = lambda: True,
+                 wakeups: list | None = None):
         create = name is None
         self.shm = shared_memory.SharedMemory(name=name, create=create,
                                               size=self.HEADER + capacity if create else 0)
@@ -58,6 +62,7 @@ class ShmBroadcast:
         self.header = np.ndarray((self.HEADER // 8,), dtype=np.uint64, buffer=self.shm.buf)
         self.capacity = self.shm.size - self.HEADER
         self.seq = int(self.header[0])
+        self.wakeups = wakeups      # multiprocessing semaphores, one per reader (rank r: r-1)
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
         """Spin briefly (a step is usually microseconds away), then sleep: 0.1 ms while
@@ -86,9 +91,25 @@ class ShmBroadcast:
         self.header[1] = len(data)
         self.seq += 1
         self.header[0] = self.seq        # published last: readers see a complete payload
+        for wakeup in self.wakeups or ():
+            wakeup.release()
+
+    def _sleep_until(self, ready: Callable[[], bool], what: str) -> None:
+        """Spin SPIN_S, then block on this reader's semaphore (a post per message; a post
+        left over from a message the spin caught only costs one extra check)."""
+        deadline = time.perf_counter() + self.SPIN_S
+        while not ready():
+            if time.perf_counter() < deadline:
+                continue
+            if not self.wakeups[self.rank - 1].acquire(timeout=0.05) and not self.alive():
+                raise TransportError(f"step broadcast: peer gone while waiting for {what}")
 
     def recv(self):
-        self._wait(lambda: int(self.header[0]) != self.seq, "the next step")
+        ready = lambda: int(self.header[0]) != self.seq   # noqa: E731
+        if self.wakeups:
+            self._sleep_until(ready, "the next step")
+        else:
+            self._wait(ready, "the next step")
         self.seq = int(self.header[0])
         size = int(self.header[1])
         obj = pickle.loads(self.shm.buf[self.HEADER:self.HEADER + size])

@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -37,11 +39,15 @@ def check_devices(device_type: str, size: int) -> None:
                                   f"{torch.cuda.device_count()} visible")
 
 
-def bind_device(device_type: str, rank: int) -> None:
-    """Rank r uses cuda:r."""
+def bind_device(device_type: str, rank: int, size: int) -> None:
+    """Rank r uses cuda:r. On the CPU the ranks share the cores: each gets its share of
+    intra-op threads (N ranks with every core each oversubscribe the machine, and a rank
+    descheduled mid-collective stalls all of them)."""
     if device_type == "cuda":
         check_devices(device_type, rank + 1)
         torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
 
 
 def init_group(tp: TPInfo, port: int, device_type: str, timeout_s: float):
@@ -69,6 +75,21 @@ def abort_group() -> None:
             pass
 
 
-def destroy_group() -> None:
-    if dist.is_initialized():
+def destroy_group(timeout_s: float = 10.0) -> bool:
+    """Leave the process group; False if that did not finish within timeout_s (then it is
+    left to process exit). NCCL's teardown waits for every CUDA graph that captured one of
+    its collectives (release graphs first: ModelRunner.close) and, being collective, for
+    the peers: a bounded wait keeps one missed release from hanging a shutdown."""
+    if not dist.is_initialized():
+        return True
+    done = threading.Event()
+
+    def destroy():
         dist.destroy_process_group()
+        done.set()
+    threading.Thread(target=destroy, name="tp-destroy-group", daemon=True).start()
+    if done.wait(timeout_s):
+        return True
+    print(f"roseplay: destroying the tensor-parallel process group did not finish in "
+          f"{timeout_s:.0f} s; left to process exit", file=sys.stderr)
+    return False

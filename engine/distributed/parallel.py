@@ -8,6 +8,7 @@ models never call into this module's collectives.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -108,9 +109,16 @@ def mark(param: torch.nn.Parameter, shard: Shard | None) -> torch.nn.Parameter:
 
 # -- collectives (only called when size > 1) -----------------------------------------------
 
+# Measurement only (scripts/gpu_tp.sh): skip every all-reduce, so a timing run's
+# difference to a normal run is what the all-reduces cost inside the step (tokens are
+# then wrong). Read at import; spawned workers inherit the environment.
+NOOP_ALL_REDUCE = os.environ.get("ROSEPLAY_TP_NOOP_ALL_REDUCE") == "1"
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum of the ranks' partial results (row-parallel outputs, vocab-parallel lookups)."""
-    dist.all_reduce(x)
+    if not NOOP_ALL_REDUCE:
+        dist.all_reduce(x)
     return x
 
 
@@ -126,13 +134,6 @@ def gather_vocab(local: torch.Tensor, tp: TPInfo, vocab_size: int) -> torch.Tens
     out = local.new_empty(tp.size * s, v_local)
     _all_gather_single(out, local.contiguous())
     return out.view(tp.size, s, v_local).permute(1, 0, 2).reshape(s, -1)[:, :vocab_size].contiguous()
-
-
-def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
-    """Rank 0's tensor on every rank, in place (e.g. sampled ids that feed the next step
-    on the device under async scheduling); graph-capturable on NCCL."""
-    dist.broadcast(x, 0)
-    return x
 
 
 def vocab_embedding(ids: torch.Tensor, weight: torch.Tensor, tp: TPInfo) -> torch.Tensor:

@@ -1,23 +1,27 @@
 """Tensor-parallel ranks 1..N-1 as worker processes; rank 0 is the engine process.
 
-`TPWorkerGroup` is what rank 0's runner drives:
+`TPWorkerGroup` is what rank 0 drives:
     group = TPWorkerGroup(WorkerSpec(...)); tp = group.start()   # spawn + join the group
     loaded = load_model(..., tp=tp)          # rank 0's shard, in the engine process
     group.wait_ready()                       # every worker loaded its shard
     group.allocate_kv(num_blocks, block_size, **runner_kwargs)   # workers build runners
-    per step: logits = group.run(step, runner.execute); sample on rank 0
+    per step: tokens = group.run(batch, runner.execute_model, released_request_ids)
     group.shutdown()
-Each worker loops: receive a message -> build tensors -> forward (its logits are dropped).
-A watchdog thread watches the workers: a rank that exits ends the group with a
-`TPWorkerError` naming it (aborting NCCL so rank 0 never hangs in a collective), which
-`check()` and every later call raise.
+Each worker builds the engine's own ModelRunner (same graph buckets, so the NCCL
+collectives captured in the graphs match rank 0's) and loops: receive a step -> drop the
+sampler state of ended requests -> forward + sample (its tokens stay on its device, for
+the next continuation step). A watchdog thread watches the workers: a rank that exits
+ends the group with a `TPWorkerError` naming it (aborting NCCL so rank 0 never hangs in
+a collective), which `check()` and every later call raise; a worker whose engine
+process is gone exits at once, even when stuck in a CUDA call.
 """
 from __future__ import annotations
 
 import contextlib
-import importlib
+import faulthandler
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import time
@@ -47,9 +51,6 @@ class WorkerSpec:
     attention_backend: str = "torch"  # kernels.get_ops name
     transport: str = "shm"            # shm | torch (docs/TP.md: cost per step)
     timeout_s: float = 600.0          # collectives and start-up
-    # "module:callable" building a worker's runner at allocate_kv; the engine's own runner
-    # (CUDA graphs) must replace the eager default so every rank pads steps alike
-    runner_factory: str = "engine.distributed.step:EagerStepRunner"
 
 
 @contextlib.contextmanager
@@ -72,42 +73,53 @@ def _spawning():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
-def _import(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _transport(spec: WorkerSpec, group, rank: int, shm_name: str | None, alive):
+def _transport(spec: WorkerSpec, group, rank: int, shm, alive):
+    """shm: (name, wakeup semaphores) of rank 0's slot, None for the torch transport."""
     if spec.transport == "torch":
         return TorchBroadcast(group, rank)
-    return ShmBroadcast(shm_name, spec.size - 1, rank, alive=alive)
+    name, wakeups = shm
+    return ShmBroadcast(name, spec.size - 1, rank, alive=alive, wakeups=wakeups)
 
 
-def worker_main(rank: int, spec: WorkerSpec, port: int, shm_name: str | None, conn) -> None:
+def _exit_with_parent(parent) -> None:
+    """A daemon thread: when the engine process is gone, exit now. The main thread may be
+    blocked in a CUDA call (a collective whose peer died) and never reach the step
+    transport's own parent check; an orphan would keep its GPU busy."""
+    def watch():
+        parent.join()
+        os._exit(1)
+    threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
+
+
+def worker_main(rank: int, spec: WorkerSpec, port: int, shm: tuple | None, conn) -> None:
     """Entry of a spawned rank: join, load the shard, then serve steps until 'stop'."""
-    transport = None
+    transport = runner = None
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # stacks on demand (hangs)
+    parent = mp.parent_process()
+    _exit_with_parent(parent)
     try:
         from engine.models.loader import load_model
+        from engine.runner import ModelRunner
         from kernels import get_ops
         tp = TPInfo(rank, spec.size)
-        bind_device(spec.device_type, rank)
+        bind_device(spec.device_type, rank, spec.size)
         conn.send(("joining", None))   # rank 0 joins the rendezvous only once all can
         group = init_group(tp, port, spec.device_type, spec.timeout_s)
         device, dtype = rank_device(spec.device_type, rank), getattr(torch, spec.dtype)
         model = load_model(spec.model, device, dtype, spec.seed, tp).model
-        parent = mp.parent_process()
-        transport = _transport(spec, group, rank, shm_name, alive=parent.is_alive)
+        transport = _transport(spec, group, rank, shm, alive=parent.is_alive)
         conn.send(("ready", None))
-        runner = None
         while True:
             kind, payload = transport.recv()
             if kind == "stop":
                 break
             if kind == "kv":
-                runner = _import(spec.runner_factory)(model, get_ops(spec.attention_backend),
-                                                      device, dtype, **payload)
+                runner = ModelRunner(model, get_ops(spec.attention_backend), device, dtype,
+                                     **payload)
             else:
-                runner.execute(payload)
+                batch, released = payload
+                runner.release(released)
+                runner.execute_model(batch)
     except BaseException as exc:   # report, then exit non-zero: rank 0's watchdog names it
         try:
             conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -117,6 +129,8 @@ def worker_main(rank: int, spec: WorkerSpec, port: int, shm_name: str | None, co
     finally:
         if transport is not None:
             transport.close()
+    if runner is not None:
+        runner.close()         # graphs before the group (NCCL waits for them)
     destroy_group()
 
 
@@ -133,6 +147,7 @@ class TPWorkerGroup:
         self.error: TPWorkerError | None = None
         self.transport = None
         self._stopping = threading.Event()
+        self._cpu_threads = torch.get_num_threads()   # rank 0's, restored at shutdown
         self._watchdog: threading.Thread | None = None
 
     # -- start -------------------------------------------------------------------------
@@ -149,15 +164,18 @@ class TPWorkerGroup:
         check_tensor_parallel(model_config(self.spec.model), self.spec.size)  # before spawning
         check_devices(self.spec.device_type, self.spec.size)
         spec, port = self.spec, free_port()
-        shm = ShmBroadcast(None, spec.size - 1, 0, alive=self.alive) \
+        ctx = mp.get_context("spawn")
+        # a worker waiting for the next step sleeps on its semaphore (docs/TP.md: wake-up)
+        wakeups = [ctx.Semaphore(0) for _ in range(spec.size - 1)]
+        shm = ShmBroadcast(None, spec.size - 1, 0, alive=self.alive, wakeups=wakeups) \
             if spec.transport == "shm" else None
         self.transport = shm
-        ctx = mp.get_context("spawn")
         with _spawning():
             for rank in range(1, spec.size):
                 parent_end, child_end = ctx.Pipe()
                 proc = ctx.Process(target=worker_main, name=f"roseplay-tp{rank}", daemon=True,
-                                   args=(rank, spec, port, shm and shm.name, child_end))
+                                   args=(rank, spec, port, shm and (shm.name, wakeups),
+                                         child_end))
                 proc.start()
                 child_end.close()
                 self.procs.append(proc)
@@ -165,7 +183,7 @@ class TPWorkerGroup:
         self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
         self._watchdog.start()
         self._await("joining")   # a worker dead before the rendezvous must not hang rank 0
-        bind_device(spec.device_type, 0)
+        bind_device(spec.device_type, 0, spec.size)
         group = init_group(TPInfo(0, spec.size), port, spec.device_type, spec.timeout_s)
         self.transport = shm or TorchBroadcast(group, 0)
         return TPInfo(0, spec.size)
@@ -203,20 +221,23 @@ class TPWorkerGroup:
 
     # -- per step ------------------------------------------------------------------------
     def allocate_kv(self, num_blocks: int, block_size: int, **runner_kwargs) -> None:
-        """Every worker builds its runner: `runner_factory(model, ops, device, dtype,
-        num_blocks=, block_size=, **runner_kwargs)` (its KV pool: the same block ids)."""
+        """Every worker builds its runner: `ModelRunner(model, ops, device, dtype,
+        num_blocks=, block_size=, **runner_kwargs)` (its KV pool: the same block ids); rank
+        0 builds its own with the same arguments right after (graph capture in step)."""
         self._send(("kv", dict(num_blocks=num_blocks, block_size=block_size, **runner_kwargs)))
 
-    def broadcast(self, step) -> None:
-        """Send this step's inputs to every worker (rank 0 then runs the same step)."""
-        self._send(("step", step))
+    def broadcast(self, batch, released=()) -> None:
+        """Send a step to every worker (rank 0 then runs the same step), with the request
+        ids whose sampler state ends before it."""
+        self._send(("step", (batch, tuple(released))))
 
-    def run(self, step, forward):
-        """One step on every rank: broadcast `step`, run rank 0's `forward(step)`, return its
-        result. A collective that fails because a rank died raises TPWorkerError naming it."""
-        self.broadcast(step)
+    def run(self, batch, forward, released=()):
+        """One step on every rank: broadcast `batch`, run rank 0's `forward(batch)`, return
+        its result. A collective that fails because a rank died raises TPWorkerError naming
+        it."""
+        self.broadcast(batch, released)
         try:
-            return forward(step)
+            return forward(batch)
         except RuntimeError as exc:
             self.check(wait_s=2.0)
             raise TPWorkerError(f"tensor-parallel step failed on rank 0: {exc}") from exc
@@ -276,7 +297,9 @@ class TPWorkerGroup:
 
     # -- stop ----------------------------------------------------------------------------------
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Stop every worker (politely, then by kill) and leave the group; idempotent."""
+        """Stop every worker (politely, then by kill) and leave the group; idempotent.
+        Rank 0 leaves the group while the workers leave theirs (NCCL's teardown can be
+        collective); rank 0's runner must be closed first (ModelRunner.close)."""
         if self._stopping.is_set():
             return
         self._stopping.set()
@@ -285,6 +308,9 @@ class TPWorkerGroup:
                 self.transport.send(("stop", None))
             except Exception:
                 pass
+        if self.error is not None:   # a peer is gone: a collective teardown could block
+            abort_group()
+        destroy_group(timeout_s)
         deadline = time.monotonic() + timeout_s
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -298,8 +324,4 @@ class TPWorkerGroup:
             self.transport.close()
         for conn in self.conns:
             conn.close()
-        if self.error is None:
-            destroy_group()
-        else:   # a peer is gone: a collective teardown could block
-            abort_group()
-            destroy_group()
+        torch.set_num_threads(self._cpu_threads)
