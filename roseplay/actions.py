@@ -212,6 +212,17 @@ class Actions:
         if self.source is not None:
             self.refresh_panels()
 
+    def action_edit_slos(self) -> None:
+        from roseplay.widgets.slo_input import SloScreen
+        if not isinstance(self.screen, SloScreen):
+            self.push_screen(SloScreen(self.slos), self._slos_entered)
+
+    def _slos_entered(self, slos: dict | None) -> None:
+        if slos is not None:
+            from roseplay.widgets.slo_input import describe
+            self.set_slos(slos)
+            self.notify(describe(slos), timeout=3)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             kind = self.source.kind if self.source is not None else "live"
