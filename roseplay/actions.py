@@ -217,6 +217,16 @@ class Actions:
         if not isinstance(self.screen, SloScreen):
             self.push_screen(SloScreen(self.slos), self._slos_entered)
 
+    def set_slos_text(self, text: str) -> None:
+        """`goodput ttft:200 tpot:50` typed in the palette (an empty text clears)."""
+        from engine.metrics import parse_slos
+        try:
+            slos = parse_slos(text.replace(",", " ").split())
+        except ValueError as exc:
+            self.notify(str(exc), severity="warning", timeout=4)
+            return
+        self._slos_entered(slos)
+
     def _slos_entered(self, slos: dict | None) -> None:
         if slos is not None:
             from roseplay.widgets.slo_input import describe

@@ -13,11 +13,13 @@ the note line says so; narrow tables drop their least important columns.
 from __future__ import annotations
 
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
 from roseplay.app import RoseplayApp
+from roseplay.commands import CompareCommands
+from roseplay.keys import KEYS
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import flash_blocks
 from roseplay.widgets.knobs import SHORT_NAMES, fmt_value, live_fields
@@ -29,6 +31,7 @@ from roseplay.widgets.timing import TimingPanel
 COMPARE_ACTIONS = {"pause", "step", "step_back", "seek", "seek_to", "speed", "toggle_cache",
                    "budget", "seqs", "scenario", "concurrency", "rate", "clear_cache",
                    "edit_slos", "reset_stats", "theme", "help", "quit"}
+KEY_ACTIONS = {k.action.split("(")[0] for k in KEYS}
 SIDE_COLORS = ("#5fb3f0", "#c792ea")
 TIMING_MIN_ROWS = 16         # a column shorter than this shows its KV map only
 STACKED_MIN_ROWS = 34        # tall enough for the timing plots under the table
@@ -42,6 +45,7 @@ class KnobNote:
 
 class CompareApp(RoseplayApp):
     AUTO_FOCUS = None
+    COMMANDS = App.COMMANDS | {CompareCommands}
     DEFAULT_CSS = """
     #scope { height: 2; padding: 0 1; background: #1d2027; }
     #sides { height: 1fr; }
@@ -56,7 +60,7 @@ class CompareApp(RoseplayApp):
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
-        yield Static("", id="scope", markup=False)
+        yield Static("", id="scope")
         with Horizontal(id="sides"):
             for i in range(2):
                 with Vertical(classes="side", id=f"side-{i}"):
@@ -83,7 +87,9 @@ class CompareApp(RoseplayApp):
 
     def check_action(self, action: str, parameters) -> bool | None:
         """Only the keys this screen has (no request list, prompt or zoom here)."""
-        return action in COMPARE_ACTIONS and super().check_action(action, parameters)
+        if action in KEY_ACTIONS and action not in COMPARE_ACTIONS:
+            return False
+        return super().check_action(action, parameters)
 
     # -- layout ----------------------------------------------------------------------------
     def apply_layout(self) -> None:
@@ -156,18 +162,26 @@ class CompareApp(RoseplayApp):
             self.refresh_panels()
 
 
-def scope_text(src, last_changed: str | None) -> str:
-    """What is compared, and what the keys change (both sides, except the compared knob)."""
-    a, b = src.labels()
-    knobs = src.knobs
+def scope_text(src, last_changed: str | None) -> Text:
+    """What is compared, and what the keys change (both sides, except the compared knob);
+    two lines, each cut at the width (the most important words first)."""
+    from roseplay.compare import fmt
+    a, b = (fmt(v) for v in src.values)
+    knobs, w = src.knobs, src.workload()
     shared = [f"{SHORT_NAMES.get(f.name, f.name)} {fmt_value(f.name, getattr(knobs, f.name))}"
               for f in live_fields() if f.name != src.knob]
-    w = src.workload()
     rate = w.get("rate")
     shared += [f"scenario {w.get('scenario')}", f"in flight ≤{w.get('concurrency') or '∞'}",
                f"rate {'∞' if rate is None else f'{rate:g}/s'}"]
     what = ("recorded: both sides replay on one clock" if src.kind == "replay" else
-            f"keys change BOTH sides, except {src.knob} (fixed per side)")
-    touched = f" · last: {last_changed}" if last_changed else ""
-    return (f"comparing {a.split(' · ')[1]} (A) vs {b.split(' · ')[1]} (B) on one workload "
-            f"stream · {what}{touched}\nboth: " + " · ".join(shared))
+            f"keys change both sides, not {src.knob}")
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"compare {src.knob}: ", "bold")
+    t.append(f"A {a}", f"bold {SIDE_COLORS[0]}")
+    t.append(" · ")
+    t.append(f"B {b}", f"bold {SIDE_COLORS[1]}")
+    t.append(f" · {what} · one workload stream\n")
+    t.append("both: ", "bold")
+    t.append(" · ".join(shared) + (f" · last change: {last_changed}" if last_changed else ""),
+             "dim")
+    return t
