@@ -236,7 +236,18 @@ class Actions:
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             kind = self.source.kind if self.source is not None else "live"
-            self.push_screen(HelpScreen(kind, self._refresh_hz))
+            self.push_screen(HelpScreen(kind, self._refresh_hz), self._guide_picked)
+
+    def _guide_picked(self, key: str | None) -> None:
+        """A digit on the help screen: switch to that guide's setup."""
+        from roseplay.guides import BY_KEY, apply_guide
+        guide = BY_KEY.get(key) if key else None
+        if guide is None or self.source is None:
+            return
+        skipped = self._control(apply_guide, self.source, guide, knob="scenario")
+        if skipped is not None:
+            note = f" (skipped {', '.join(skipped)}: not a knob here)" if skipped else ""
+            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=8)
 
     async def action_quit(self) -> None:
         self.close_source()

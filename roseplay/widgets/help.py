@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
+from roseplay.guides import GUIDES, describe, split_knobs
 from roseplay.keys import LIST_KEYS, for_mode
 from roseplay.scenarios import SCENARIOS
 from roseplay.widgets.knobs import KNOB_KEYS, live_fields
@@ -76,20 +77,45 @@ def keys_markdown(kind: str) -> str:
 
 
 def knobs_markdown() -> str:
+    """Every live knob of engine/config.py: its help, its choices, and its `explain`
+    paragraph when it has one (policy knobs do)."""
     lines = ["## Knobs (from engine/config.py)"]
     for f in live_fields():
-        lines.append(f"* `{KNOB_KEYS.get(f.name, '')}` **{f.name}**: {f.metadata['help']}")
+        key = KNOB_KEYS.get(f.name)
+        choices = f.metadata.get("choices")
+        lines.append(f"* {f'`{key}` ' if key else ''}**{f.name}**"
+                     f"{' (' + ' / '.join(map(str, choices)) + ')' if choices else ''}: "
+                     f"{f.metadata['help']}")
+        if f.metadata.get("explain"):
+            lines.append(f"\n  {f.metadata['explain']}\n")
     lines.append("\n## Scenarios (s / S cycle)")
     for s in SCENARIOS.values():
         lines.append(f"* **{s.name}** ({s.title}): {s.description}")
     return "\n".join(lines) + "\n"
 
 
+def guides_markdown(kind: str) -> str:
+    """The tuning guides' claims, each with the key that shows it live."""
+    how = ("Press a digit to switch the engine to that setup (scenario, knobs, workload); "
+           "the help closes and the panels show the effect within seconds."
+           if kind == "live" else "On a live engine a digit switches it to that setup.")
+    lines = ["## Knob guidance (vLLM and SGLang tuning guides)", how, "",
+             "| key | claim | setup | watch |", "|---|---|---|---|"]
+    for g in GUIDES:
+        _, skipped = split_knobs(g)
+        needs = f" *(needs the {', '.join(skipped)} knob)*" if skipped else ""
+        lines.append(f"| `{g.key}` | {g.claim} ({g.source}){needs} | {describe(g)} | "
+                     f"{g.watch} |")
+    return "\n".join(lines) + "\n"
+
+
 class HelpScreen(ModalScreen):
-    """A scrollable explanation; any of esc / q / ? closes it."""
+    """A scrollable explanation; esc / q / ? close it, a digit picks a guide's setup
+    (the screen is dismissed with that guide's key)."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close"),
-                Binding("j", "scroll(1)", show=False), Binding("k", "scroll(-1)", show=False)]
+                Binding("j", "scroll(1)", show=False), Binding("k", "scroll(-1)", show=False),
+                *(Binding(g.key, f"pick('{g.key}')", show=False) for g in GUIDES)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll {
@@ -109,12 +135,17 @@ class HelpScreen(ModalScreen):
                   "A real inference engine runs in this process; a workload driver keeps "
                   "sending it prompts.")
         with VerticalScroll(id="help-scroll"):
-            yield Markdown(PANELS.format(source=source, hz=f"{self._hz:g}")
+            intro, panels = PANELS.format(source=source, hz=f"{self._hz:g}").split(
+                "## KV cache", 1)
+            yield Markdown(intro + guides_markdown(self._kind) + "\n## KV cache" + panels
                            + keys_markdown(self._kind) + knobs_markdown()
                            + "\n*esc, q or ? closes this screen.*")
 
     def on_mount(self) -> None:
         self.query_one(VerticalScroll).focus()
+
+    def action_pick(self, key: str) -> None:
+        self.dismiss(key if self._kind == "live" else None)
 
     def action_scroll(self, lines: int) -> None:
         self.query_one(VerticalScroll).scroll_relative(y=lines, animate=False)
