@@ -47,10 +47,12 @@ class CompareApp(RoseplayApp):
     AUTO_FOCUS = None
     COMMANDS = App.COMMANDS | {CompareCommands}
     DEFAULT_CSS = """
-    #scope { height: 2; padding: 0 1; background: #1d2027; }
+    #scope { height: 2; padding: 0 1; background: #1d2027; text-wrap: nowrap;
+             text-overflow: ellipsis; }
     #sides { height: 1fr; }
     .side { width: 1fr; }
-    .side-head { height: 1; padding: 0 1; text-style: bold; }
+    .side-head { height: 1; padding: 0 1; text-style: bold; text-wrap: nowrap;
+                 text-overflow: ellipsis; }
     #ratios { height: 6; border: round #3d4454; border-title-color: #f2d34f;
               border-title-style: bold; padding: 0 1; }
     .side KVPanel, .side TimingPanel { border: round #3d4454; border-title-color: #f2d34f;
@@ -103,11 +105,10 @@ class CompareApp(RoseplayApp):
             panel.display = show_timing
             panel.set_mode(mode)
             panel.styles.height = 14 if mode == "stacked" else 7
-        hidden = [] if show_timing else ["the timing panels (their numbers are in B / A)"]
+        hidden = [] if show_timing else ["timing panels (their numbers: B / A)"]
         cols = (w - 4 - 6) // 10
         if cols < len(METRICS):
-            names = ", ".join(m.title for m in METRICS[max(1, cols):])
-            hidden.append(f"columns {names}")
+            hidden.append(f"{len(METRICS) - max(1, cols)} B / A columns")
         note = f"hidden at {w}×{h}: {'; '.join(hidden)} · ? help" if hidden else ""
         self.note.update(note)
         self.note.display = bool(note)

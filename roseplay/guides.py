@@ -8,6 +8,7 @@ does not have (yet) are skipped and said, so the table may name policy knobs bef
 they land. Sources (docs/TUI.md cites them):
 
 * vLLM, Optimization and Tuning: https://docs.vllm.ai/en/stable/configuration/optimization/
+* vLLM, Automatic Prefix Caching: https://docs.vllm.ai/en/stable/features/automatic_prefix_caching.html
 * SGLang, Hyperparameter Tuning: https://docs.sglang.io/advanced_features/hyperparameter_tuning.html
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from engine.config import SchedulerConfig, knob_fields
 
 VLLM = "vLLM Optimization and Tuning"
+VLLM_APC = "vLLM Automatic Prefix Caching"
 SGLANG = "SGLang Hyperparameter Tuning"
 
 
@@ -47,14 +49,14 @@ GUIDES = (
           "random", {"max_num_seqs": 256}, concurrency=256),
     Guide("4", "Against preemption: lower max_num_seqs (or max_num_batched_tokens), or "
                "give the KV cache more memory.", VLLM,
-          "no more preemptions; each request needs fewer blocks than the pool frees",
+          "no more P flashes: 32 running requests fit the pool, the rest wait",
           "random", {"max_num_seqs": 32}, concurrency=256),
     Guide("5", "Prefix caching reuses the KV blocks of prompts that start alike: "
-               "shared system prompts are prefilled once.", VLLM,
+               "shared system prompts are prefilled once.", VLLM_APC,
           "orange shared blocks and blue cached ones, a high hit rate, TTFT low",
           "shared-prefix", {"enable_prefix_caching": True}, concurrency=16),
     Guide("6", "The same workload without prefix caching prefills every shared prefix "
-               "again.", VLLM,
+               "again.", VLLM_APC,
           "hit rate 0, no shared blocks, TTFT and KV use up against key 5",
           "shared-prefix", {"enable_prefix_caching": False}, concurrency=16),
     Guide("7", "Throughput needs a large batch: keep requests queued so the running "

@@ -48,7 +48,7 @@ def test_guidance_table_cites_both_guides_and_marks_missing_knobs():
     text = help_mod.guides_markdown("live")
     assert "vLLM Optimization and Tuning" in text and "SGLang Hyperparameter Tuning" in text
     for g in GUIDES:
-        assert f"| `{g.key}` |" in text
+        assert f"* `{g.key}` {g.claim}" in text
     missing = [g for g in GUIDES if split_knobs(g)[1]]
     for g in missing:
         assert f"needs the {', '.join(split_knobs(g)[1])} knob" in text

@@ -99,13 +99,12 @@ def guides_markdown(kind: str) -> str:
     how = ("Press a digit to switch the engine to that setup (scenario, knobs, workload); "
            "the help closes and the panels show the effect within seconds."
            if kind == "live" else "On a live engine a digit switches it to that setup.")
-    lines = ["## Knob guidance (vLLM and SGLang tuning guides)", how, "",
-             "| key | claim | setup | watch |", "|---|---|---|---|"]
+    lines = ["## Knob guidance (vLLM and SGLang tuning guides)", how, ""]
     for g in GUIDES:
         _, skipped = split_knobs(g)
         needs = f" *(needs the {', '.join(skipped)} knob)*" if skipped else ""
-        lines.append(f"| `{g.key}` | {g.claim} ({g.source}){needs} | {describe(g)} | "
-                     f"{g.watch} |")
+        lines.append(f"* `{g.key}` {g.claim} *({g.source})*{needs}  \n"
+                     f"  setup: {describe(g)} · watch: {g.watch}")
     return "\n".join(lines) + "\n"
 
 
