@@ -62,7 +62,8 @@ async def test_one_key_on_the_help_screen_switches_to_a_guide(monkeypatch):
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("question_mark")
         assert type(app.screen).__name__ == "HelpScreen"
-        assert "Knob guidance" in app.screen.query_one("Markdown").source
+        assert await wait_for(pilot, lambda: "Knob guidance" in app.screen.query_one(
+            "Markdown").source, 5)
         await pilot.press("1")                     # small budget on long/short prompts
         assert await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", 5)
         assert src.knobs.max_num_batched_tokens == 32
