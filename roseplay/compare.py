@@ -290,35 +290,14 @@ def start_compare(engine_kwargs: dict, knob: str, values: list, *, scenario: str
 
 
 def _start_engines(configs: list[dict], in_process: bool, make_engine) -> list:
-    """Both engine processes load at once (in-process engines one after the other: two
-    threads importing one module race); if one fails, the other is closed."""
-    loops: list = [None, None]
-    errors: list = []
-    if in_process:
-        loops[0] = make_engine(configs[0], None, True)
-        try:
-            loops[1] = make_engine(configs[1], None, True)
-        except BaseException:
-            loops[0].close()
-            raise
-        return loops
-
-    def start(i):
-        try:
-            loops[i] = make_engine(configs[i], None, in_process)
-        except BaseException as exc:        # re-raised below, on the caller's thread
-            errors.append(exc)
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        for loop in loops:
-            if loop is not None:
-                loop.close()
-        raise errors[0]
-    return loops
+    """Both engines, one after the other (two clients built at once on two threads left
+    their engine processes idle: docs/TUI.md); if the second fails, the first is closed."""
+    first = make_engine(configs[0], None, in_process)
+    try:
+        return [first, make_engine(configs[1], None, in_process)]
+    except BaseException:
+        first.close()
+        raise
 
 
 def _attach_recorders(source: CompareSource, path: str, engine_kwargs: dict) -> None:
