@@ -236,9 +236,9 @@ class Actions:
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             kind = self.source.kind if self.source is not None else "live"
-            self.push_screen(HelpScreen(kind, self._refresh_hz), self._guide_picked)
+            self.push_screen(HelpScreen(kind, self._refresh_hz))
 
-    def _guide_picked(self, key: str | None) -> None:
+    def pick_guide(self, key: str | None) -> None:
         """A digit on the help screen: switch to that guide's setup."""
         from roseplay.guides import BY_KEY, apply_guide
         guide = BY_KEY.get(key) if key else None

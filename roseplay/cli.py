@@ -28,7 +28,8 @@ commands:
 keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget
 (halve/double) · [/] max running seqs · s/S scenario · </> concurrency · r/R rate ·
 x clear prefix cache · i type a prompt · o/f sort/filter requests · z zoom a panel ·
-0 reset stats · t colour-blind theme · ctrl+p commands (type a knob value) · ? help · q quit
+l goodput SLOs · 0 reset stats · t colour-blind theme · ctrl+p commands (type a knob
+value) · ? help (knob guidance: a digit shows a claim live) · q quit
 """
 
 

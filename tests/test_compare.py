@@ -94,6 +94,20 @@ def test_parse_compare():
     assert pair_path("/x/run.jsonl.gz") == "/x/run.B.jsonl.gz" and pair_path("r") == "r.B"
 
 
+def test_cli_refuses_bad_compare_and_goodput_flags(capsys):
+    from roseplay.cli import main
+    for argv in (["--compare", "nope=1,2"], ["--compare", "max_num_seqs=8"],
+                 ["--compare", "max_num_seqs=8,16", "--connect", "tcp://127.0.0.1:1"],
+                 ["--goodput", "ttft:x"], ["--goodput", "itl:5"]):
+        try:
+            code = main(argv)
+        except SystemExit as exc:        # argparse's own errors
+            code = exc.code
+        assert code == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("roseplay: error:"), (argv, err)
+
+
 # -- live: two in-process engines ------------------------------------------------------------
 def _compare(knob="enable_prefix_caching", values=(True, False), **kw):
     opts = dict(scenario="shared-prefix", concurrency=4, rate=None, input_len=48,

@@ -11,7 +11,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from rich.markdown import Markdown as RichMarkdown
+from rich.text import Text
+from textual.widgets import Markdown, Static
 
 from roseplay.guides import GUIDES, describe, split_knobs
 from roseplay.keys import LIST_KEYS, for_mode
@@ -94,29 +96,36 @@ def knobs_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def guides_markdown(kind: str) -> str:
-    """The tuning guides' claims, each with the key that shows it live."""
+def guides_text(kind: str) -> Text:
+    """The tuning guides' claims, each with the digit that shows it live (Rich text, not
+    Markdown: a long Markdown document mounts slowly and delays the first key)."""
     how = ("Press a digit to switch the engine to that setup (scenario, knobs, workload); "
            "the help closes and the panels show the effect within seconds."
            if kind == "live" else "On a live engine a digit switches it to that setup.")
-    lines = ["## Knob guidance (vLLM and SGLang tuning guides)", how, ""]
+    t = Text()
+    t.append("Knob guidance (vLLM and SGLang tuning guides)\n", "bold #f2d34f")
+    t.append(how + "\n\n", "italic")
     for g in GUIDES:
         _, skipped = split_knobs(g)
-        needs = f" *(needs the {', '.join(skipped)} knob)*" if skipped else ""
-        lines.append(f"* `{g.key}` {g.claim} *({g.source})*{needs}  \n"
-                     f"  setup: {describe(g)} · watch: {g.watch}")
-    return "\n".join(lines) + "\n"
+        t.append(f" {g.key} ", "bold reverse #5fb3f0")
+        t.append(f" {g.claim} ", "bold")
+        t.append(f"({g.source})", "dim")
+        if skipped:
+            t.append(f" (needs the {', '.join(skipped)} knob)", "italic #ff9f43")
+        t.append(f"\n    setup: {describe(g)} · watch: {g.watch}\n", "dim")
+    return t
 
 
 class HelpScreen(ModalScreen):
     """A scrollable explanation; esc / q / ? close it, a digit picks a guide's setup
-    (the screen is dismissed with that guide's key)."""
+    (the app's `pick_guide`)."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close"),
                 Binding("j", "scroll(1)", show=False), Binding("k", "scroll(-1)", show=False),
                 *(Binding(g.key, f"pick('{g.key}')", show=False) for g in GUIDES)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
+    HelpScreen #help-guides, HelpScreen #help-intro { padding: 0 2 1 2; }
     HelpScreen > VerticalScroll {
         width: 90%; max-width: 110; height: 90%;
         border: round $accent; background: $surface; padding: 0 2;
@@ -136,15 +145,20 @@ class HelpScreen(ModalScreen):
         with VerticalScroll(id="help-scroll"):
             intro, panels = PANELS.format(source=source, hz=f"{self._hz:g}").split(
                 "## KV cache", 1)
-            yield Markdown(intro + guides_markdown(self._kind) + "\n## KV cache" + panels
-                           + keys_markdown(self._kind) + knobs_markdown()
+            yield Static(RichMarkdown(intro), id="help-intro")
+            yield Static(guides_text(self._kind), id="help-guides")
+            yield Markdown("## KV cache" + panels + keys_markdown(self._kind) + knobs_markdown()
                            + "\n*esc, q or ? closes this screen.*")
 
     def on_mount(self) -> None:
         self.query_one(VerticalScroll).focus()
 
     def action_pick(self, key: str) -> None:
-        self.dismiss(key if self._kind == "live" else None)
+        """A digit: close, then switch the engine to that guide's setup (live only)."""
+        app = self.app
+        self.dismiss()
+        if self._kind == "live":
+            app.pick_guide(key)
 
     def action_scroll(self, lines: int) -> None:
         self.query_one(VerticalScroll).scroll_relative(y=lines, animate=False)
