@@ -128,8 +128,7 @@ class CompareApp(RoseplayApp):
                 self.windows[i].feed(snap)
                 self.kvs[i].show(snap, None, self.windows[i], flash_blocks(snap))
                 self.timings[i].show(snap, self.windows[i], throttle=not src.paused)
-                metrics.append(side_metrics(snap, self.windows[i],
-                                            self.timings[i].history.rate, self.slos))
+                metrics.append(side_metrics(snap, self.windows[i], self.slos))
                 self._head(i, src, snap)
             self.ratios.show(*metrics)
             self.scope.update(scope_text(src, self.knobs.last_changed))

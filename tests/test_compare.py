@@ -2,6 +2,7 @@
 its controls (both sides but the compared knob), and record/replay of both sides."""
 from __future__ import annotations
 
+import math
 import threading
 import time
 from types import SimpleNamespace
@@ -208,3 +209,22 @@ async def test_compare_screen_at_80x24_says_what_it_hid():
         assert "hidden at 80×24: timing panels" in text
         assert "B/A" in text and "TTFT p50" in text and "KV" in text
         assert "compare enable_prefix_caching: A on · B off" in text
+
+
+def test_ratio_table_numbers_and_colours():
+    from roseplay.widgets.counters import CounterWindow
+    from roseplay.widgets.ratios import METRICS, _ratio_style, ratio, side_metrics
+    from tui_helpers import session_snapshot
+    window = CounterWindow()
+    first, last = session_snapshot(5), session_snapshot(25)
+    window.feed(first)
+    window.feed(last)
+    m = side_metrics(last, window, {"ttft": 1e9})
+    made = last.counters.generated_tokens - first.counters.generated_tokens
+    assert m["tput"] == pytest.approx(made / (last.time - first.time))
+    assert m["goodput"] == 1.0 and m["kv_used"] == last.num_used
+    assert set(m) == {x.key for x in METRICS}
+    assert ratio(2.0, 1.0) == 2.0 and ratio(0, 0) == 1.0 and math.isnan(ratio(math.nan, 1.0))
+    assert "#ff6b6b" in _ratio_style(2.0, higher_is_better=False)     # TTFT doubled: worse
+    assert "#4cc97a" in _ratio_style(2.0, higher_is_better=True)      # tok/s doubled: better
+    assert _ratio_style(1.02, True) == "dim"

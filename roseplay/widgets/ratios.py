@@ -54,7 +54,7 @@ METRICS = (
 )
 
 
-def side_metrics(snap, window, tok_rate: float, slos: dict) -> dict[str, float]:
+def side_metrics(snap, window, slos: dict) -> dict[str, float]:
     """One side's numbers over the last WINDOW s (since the reset, if later); NaN where
     there is no data yet (no finished request, no SLO set)."""
     start = max(snap.time - WINDOW, window.reset_time if window.reset_time is not None
@@ -67,6 +67,8 @@ def side_metrics(snap, window, tok_rate: float, slos: dict) -> dict[str, float]:
     good, total = goodput_share(snap, start, slos) if slos else (0, 0)
     hit = window.hit_rate(recent=True)
     nan = math.nan
+    span = window.span()
+    tok_rate = window.recent("generated_tokens") / span if span > 0 else nan
     return {"ttft_p50": _or_nan(t50), "ttft_p95": _or_nan(t95),
             "tpot_p50": _or_nan(pctl(tpot, (50,))[0]), "itl_p50": _or_nan(pctl(itl, (50,))[0]),
             "tput": tok_rate, "goodput": good / total if total else nan,
