@@ -228,3 +228,15 @@ def test_ratio_table_numbers_and_colours():
     assert "#ff6b6b" in _ratio_style(2.0, higher_is_better=False)     # TTFT doubled: worse
     assert "#4cc97a" in _ratio_style(2.0, higher_is_better=True)      # tok/s doubled: better
     assert _ratio_style(1.02, True) == "dim"
+
+
+def test_replay_flag_opens_a_compare_recording_side_by_side():
+    import argparse
+    from roseplay.app import RoseplayApp
+    from roseplay.cli import replay_app
+    from tui_helpers import SESSION
+    args = argparse.Namespace(replay=COMPARE_SESSION, replay_speed=1.0, paused=True)
+    assert isinstance(replay_app(args, {}), CompareApp)
+    args.replay = SESSION
+    app = replay_app(args, {"ttft": 100.0})
+    assert type(app) is RoseplayApp and app.slos == {"ttft": 100.0}
