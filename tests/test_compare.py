@@ -240,3 +240,24 @@ def test_replay_flag_opens_a_compare_recording_side_by_side():
     args.replay = SESSION
     app = replay_app(args, {"ttft": 100.0})
     assert type(app) is RoseplayApp and app.slos == {"ttft": 100.0}
+
+
+@sync
+async def test_random_keys_and_resizes_never_break_the_compare_screen(monkeypatch):
+    import random
+    fast_idle(monkeypatch)
+    keys = list("nbcxsrRoOzZ0t+-[]<>gGvVl?19") + ["space", "left", "right", "escape",
+                                                   "enter", "ctrl+p", "i", "down"]
+    rng = random.Random(7)
+    app = CompareApp(source=CompareReplaySource(COMPARE_SESSION))
+    async with app.run_test(size=(80, 24)) as pilot:
+        for i in range(80):
+            await pilot.press(rng.choice(keys))
+            if i % 20 == 0:
+                await pilot.resize_terminal(*rng.choice([(80, 24), (120, 40), (60, 20)]))
+        await pilot.press("escape", "escape")
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause(0.3)
+        app.refresh_panels()
+        await pilot.pause()
+        assert len(screen_text(app).splitlines()) == 40 and app.return_code is None
