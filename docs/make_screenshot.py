@@ -1,6 +1,7 @@
-"""Regenerate docs/screenshot.svg: the app mid-run on the bundled model (CPU).
+"""Regenerate docs/screenshot.svg: the app mid-run on the bundled model (CPU), or with
+--compare, docs/screenshot_compare.svg: the side-by-side screen (120x40).
 
-    python docs/make_screenshot.py [--model default] [--seconds 24]
+    python docs/make_screenshot.py [--model default] [--seconds 24] [--compare]
 
 Serves shared-prefix with a 128-token budget (so prompts are chunked), turns the prefix
 cache off for a while and back on (the TTFT curve shows it), then saves the screen.
@@ -12,7 +13,9 @@ import os
 from roseplay.app import RoseplayApp
 from roseplay.source import start_live
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "screenshot.svg")
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "screenshot.svg")
+OUT_COMPARE = os.path.join(HERE, "screenshot_compare.svg")
 
 
 async def shoot(model: str, seconds: float) -> None:
@@ -30,9 +33,27 @@ async def shoot(model: str, seconds: float) -> None:
     print(f"wrote {OUT}")
 
 
+async def shoot_compare(model: str, seconds: float) -> None:
+    """`roseplay --compare enable_prefix_caching=true,false --goodput ttft:1000 tpot:150`
+    on shared prefixes: two engine processes, one workload stream."""
+    from roseplay.compare import start_compare
+    from roseplay.compare_app import CompareApp
+    src = start_compare(dict(model=model, device="cpu", num_blocks=512,
+                             max_num_batched_tokens=128), "enable_prefix_caching",
+                        [True, False], scenario="shared-prefix", concurrency=8, rate=None,
+                        input_len=64, output_len=32, temperature=0.8)
+    app = CompareApp(source=src, slos={"ttft": 1000.0, "tpot": 150.0})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(seconds)
+        app.save_screenshot(OUT_COMPARE)
+    src.close()
+    print(f"wrote {OUT_COMPARE}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="default")
     ap.add_argument("--seconds", type=float, default=24.0)
+    ap.add_argument("--compare", action="store_true", help="the side-by-side screen")
     args = ap.parse_args()
-    asyncio.run(shoot(args.model, args.seconds))
+    asyncio.run((shoot_compare if args.compare else shoot)(args.model, args.seconds))

@@ -66,3 +66,46 @@ def summarize_requests(metrics) -> dict[str, Summary]:
         "itl": Summary.of(x for m in metrics for x in m.itls),
         "e2e": Summary.of(m.e2e for m in metrics),
     }
+
+
+# -- goodput (vLLM's --goodput, after DistServe) -------------------------------------------
+SLO_METRICS = ("ttft", "tpot", "e2el")     # vLLM's names: e2el = end-to-end latency
+
+
+def parse_slos(specs: Iterable[str]) -> dict[str, float]:
+    """["ttft:200", "tpot:50"] -> {"ttft": 200.0, "tpot": 50.0} (milliseconds), as vLLM's
+    `--goodput KEY:VALUE ...`; ValueError on an unknown metric or a value that is not > 0."""
+    slos: dict[str, float] = {}
+    for spec in specs:
+        name, sep, value = str(spec).partition(":")
+        name = name.strip().lower()
+        if not sep or name not in SLO_METRICS:
+            raise ValueError(f"goodput SLO {spec!r}: expected one of "
+                             f"{', '.join(m + ':MS' for m in SLO_METRICS)}")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ValueError(f"goodput SLO {spec!r}: {value!r} is not a number") from None
+        if not math.isfinite(ms) or ms <= 0:
+            raise ValueError(f"goodput SLO {spec!r}: the value must be > 0 ms")
+        slos[name] = ms
+    return slos
+
+
+def meets_slos(ttft: float | None, tpot: float | None, e2el: float | None,
+               slos: dict[str, float]) -> bool:
+    """Whether one request (latencies in seconds) meets every SLO (ms) given. A request
+    with one output token has no TPOT and meets a TPOT SLO (vLLM counts its TPOT as 0);
+    a request with no token at all (no TTFT) meets none."""
+    if ttft is None:
+        return False
+    values = {"ttft": ttft, "tpot": tpot or 0.0, "e2el": e2el if e2el is not None else math.inf}
+    return all(values[name] * 1000.0 <= ms for name, ms in slos.items())
+
+
+def goodput(requests: Iterable[tuple[float | None, float | None, float | None]],
+            slos: dict[str, float], duration: float) -> tuple[int, float]:
+    """(requests meeting every SLO, those per second of `duration`): vLLM's request
+    goodput (benchmark_serving's --goodput). `requests` are (ttft, tpot, e2el) in seconds."""
+    good = sum(meets_slos(t, p, e, slos) for t, p, e in requests)
+    return good, good / duration if duration > 0 else math.nan

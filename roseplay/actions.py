@@ -222,10 +222,42 @@ class Actions:
         if self.source is not None:
             self.refresh_panels()
 
+    def action_edit_slos(self) -> None:
+        from roseplay.widgets.slo_input import SloScreen
+        if not isinstance(self.screen, SloScreen):
+            self.push_screen(SloScreen(self.slos), self._slos_entered)
+
+    def set_slos_text(self, text: str) -> None:
+        """`goodput ttft:200 tpot:50` typed in the palette (an empty text clears)."""
+        from engine.metrics import parse_slos
+        try:
+            slos = parse_slos(text.replace(",", " ").split())
+        except ValueError as exc:
+            self.notify(str(exc), severity="warning", timeout=4)
+            return
+        self._slos_entered(slos)
+
+    def _slos_entered(self, slos: dict | None) -> None:
+        if slos is not None:
+            from roseplay.widgets.slo_input import describe
+            self.set_slos(slos)
+            self.notify(describe(slos), timeout=3)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             kind = self.source.kind if self.source is not None else "live"
             self.push_screen(HelpScreen(kind, self._refresh_hz))
+
+    def pick_guide(self, key: str | None) -> None:
+        """A digit on the help screen: switch to that guide's setup."""
+        from roseplay.guides import BY_KEY, apply_guide
+        guide = BY_KEY.get(key) if key else None
+        if guide is None or self.source is None:
+            return
+        skipped = self._control(apply_guide, self.source, guide, knob="scenario")
+        if skipped is not None:
+            note = f" (skipped {', '.join(skipped)}: not a knob here)" if skipped else ""
+            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=8)
 
     async def action_quit(self) -> None:
         self.close_source()

@@ -47,8 +47,10 @@ class RoseplayApp(Actions, App):
     BINDINGS = bindings()
 
     def __init__(self, source=None, source_factory: Callable[[], object] | None = None,
-                 loading_message: str = "loading the model…", refresh_hz: float = REFRESH_HZ):
+                 loading_message: str = "loading the model…", refresh_hz: float = REFRESH_HZ,
+                 slos: dict[str, float] | None = None):
         super().__init__()
+        self.slos: dict[str, float] = dict(slos or {})   # goodput SLOs (ms): --goodput, key l
         self.source = source
         self._factory = source_factory
         self._loading_message = loading_message
@@ -79,6 +81,16 @@ class RoseplayApp(Actions, App):
 
     def on_mount(self) -> None:
         self.main_screen = self.screen     # other screens (help, palette) may be on top
+        self.setup_panels()
+        self.apply_layout()
+        self.set_slos(self.slos)
+        if self.source is None and self._factory is not None:
+            self.status.loading(self._loading_message)
+            self.run_worker(self._factory, thread=True, name="load", exit_on_error=False)
+        self.set_interval(1 / self._refresh_hz, self._tick)
+
+    def setup_panels(self) -> None:
+        """Find the composed panels (a subclass with other panels overrides this)."""
         q = self.main_screen.query_one
         self.status, self.requests, self.kv = q(StatusBar), q(RequestList), q(KVPanel)
         self.detail, self.step_panel, self.knobs = q(RequestDetail), q(StepPanel), q(KnobsPanel)
@@ -86,11 +98,6 @@ class RoseplayApp(Actions, App):
         self.note = q("#layout-note", Static)
         for wid, title in TITLES.items():
             q(f"#{wid}").border_title = title
-        self.apply_layout()
-        if self.source is None and self._factory is not None:
-            self.status.loading(self._loading_message)
-            self.run_worker(self._factory, thread=True, name="load", exit_on_error=False)
-        self.set_interval(1 / self._refresh_hz, self._tick)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.name != "load":
@@ -101,6 +108,15 @@ class RoseplayApp(Actions, App):
         elif event.state is WorkerState.ERROR:     # the CLI prints it as one line
             self.load_error = f"{type(event.worker.error).__name__}: {event.worker.error}"
             self.exit(return_code=1)
+
+    def set_slos(self, slos: dict[str, float]) -> None:
+        """Goodput SLOs for every timing panel (they count from the next redraw)."""
+        self.slos = dict(slos)
+        for panel in self.main_screen.query(TimingPanel):
+            panel.slos = self.slos
+            panel.reset_shown()
+        if self.source is not None:
+            self.refresh_panels()
 
     # -- layout ----------------------------------------------------------------------------
     def on_resize(self, event) -> None:

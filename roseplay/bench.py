@@ -26,7 +26,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from engine.config import SchedulerConfig
 from roseplay import bench_report as report
-from roseplay.cli_flags import add_engine_flags, engine_kwargs, field_by_name, parse_knob_value
+from roseplay.cli_flags import (add_engine_flags, add_goodput_flag, engine_kwargs, field_by_name,
+                                goodput_slos, parse_knob_value)
 from roseplay.driver import WorkloadDriver
 from roseplay.scenarios import SCENARIOS, WorkItem, build_workload
 
@@ -68,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     b.add_argument("--engine-address", metavar="ADDR", help="Bind the engine process at ADDR "
                    "(tcp://127.0.0.1:PORT uses PORT..PORT+2) so that `roseplay --connect ADDR` "
                    "can watch the run (default: a private socket).")
+    add_goodput_flag(b)
     b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
     b.add_argument("--no-progress", action="store_true", help="No progress bar.")
     h = p.add_argument_group("HTTP client (roseplay/bench_http.py)")
@@ -312,7 +314,7 @@ def host_cpu() -> str:
 
 
 def _report(console: Console, args, results, extra: dict, mode: str) -> None:
-    summaries = [report.summarize(r) for r in results]
+    summaries = [report.summarize(r, goodput_slos(args)) for r in results]
     if mode == "single":
         report.print_summary(console, results[0], summaries[0])
     elif mode == "ab":

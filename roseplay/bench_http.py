@@ -25,6 +25,7 @@ import httpx
 from rich.console import Console
 
 from roseplay import bench_report as report
+from roseplay.cli_flags import goodput_slos
 from roseplay.driver import arrival_offsets
 from roseplay.scenarios import WorkItem
 
@@ -216,7 +217,7 @@ def _report(console: Console, args, outcomes, before, after, model) -> report.Ru
         console.print(f"request {o.index} failed: {o.error}", highlight=False)
     result = report.RunResult(f"{args.endpoint} @ {args.base_url} ({model})",
                               report.wall_duration(records), records, failed=len(failed))
-    summary = report.summarize(result)
+    summary = report.summarize(result, goodput_slos(args))
     report.print_summary(console, result, summary)
     server = {k: after[k] - before.get(k, 0.0) for k in after}
     q = server.get("vllm:prefix_cache_queries_total")

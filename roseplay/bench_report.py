@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.table import Table
 
-from engine.metrics import Summary
+from engine.metrics import Summary, goodput
 
 LATENCIES = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
              ("itl", "ITL", "Inter-token Latency"), ("e2e", "E2E", "End-to-end Latency"))
@@ -68,8 +68,9 @@ def _ms(s: Summary) -> dict:
             "p99": s.p99 * scale, "max": s.max * scale, "count": s.count}
 
 
-def summarize(result: RunResult) -> dict:
-    """The vLLM benchmark_serving numbers (latencies in ms) plus engine stats."""
+def summarize(result: RunResult, slos: dict[str, float] | None = None) -> dict:
+    """The vLLM benchmark_serving numbers (latencies in ms) plus engine stats; with SLOs
+    (ms, `--goodput ttft:200 ...`), the request goodput too."""
     reqs = result.requests
     n_in = sum(r["prompt_len"] for r in reqs)
     n_out = sum(r["output_len"] for r in reqs)
@@ -83,6 +84,9 @@ def summarize(result: RunResult) -> dict:
     out["tpot_ms"] = _ms(Summary.of(r["tpot"] for r in reqs))
     out["itl_ms"] = _ms(Summary.of(x for r in reqs for x in r["itls"]))
     out["e2e_ms"] = _ms(Summary.of(r["e2e"] for r in reqs))
+    if slos:
+        good, per_s = goodput(((r["ttft"], r["tpot"], r["e2e"]) for r in reqs), slos, dur)
+        out.update(goodput_slos_ms=dict(slos), good_requests=good, request_goodput=per_s)
     if result.engine:
         out["engine"] = dict(result.engine)
     return out
@@ -101,6 +105,8 @@ def print_summary(console: Console, result: RunResult, summary: dict | None = No
             ("Total input tokens:", s["total_input_tokens"], "d"),
             ("Total generated tokens:", s["total_output_tokens"], "d"),
             ("Request throughput (req/s):", s["request_throughput"], ".2f"),
+            *([("Request goodput (req/s):", s["request_goodput"], ".2f")]
+              if "request_goodput" in s else []),
             ("Output token throughput (tok/s):", s["output_throughput"], ".2f"),
             ("Total token throughput (tok/s):", s["total_token_throughput"], ".2f")]
     for label, value, fmt in rows:
@@ -184,7 +190,9 @@ def side_by_side(title: str, labels: list[str], summaries: list[dict]) -> Table:
     table.add_column("metric")
     for label in labels:
         table.add_column(label, justify="right")
-    rows = list(METRIC_ROWS) + [(n, g, None) for n, g in ENGINE_ROWS
+    good = [("Request goodput (req/s)", lambda s: s["request_goodput"], True)] if all(
+        "request_goodput" in s for s in summaries) else []
+    rows = list(METRIC_ROWS[:1]) + good + list(METRIC_ROWS[1:]) + [(n, g, None) for n, g in ENGINE_ROWS
                                 if all("engine" in s for s in summaries)]
     for name, get, _ in rows:
         values = [get(s) for s in summaries]

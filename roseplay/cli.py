@@ -11,7 +11,7 @@ import math
 import os
 import sys
 
-from roseplay.cli_flags import add_engine_flags, engine_kwargs
+from roseplay.cli_flags import add_engine_flags, add_goodput_flag, engine_kwargs, goodput_slos
 from roseplay.scenarios import SCENARIOS
 
 TUI_NUM_BLOCKS = 512        # a pool small enough to read on the map (override with --num-blocks)
@@ -28,7 +28,8 @@ commands:
 keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget
 (halve/double) · [/] max running seqs · s/S scenario · </> concurrency · r/R rate ·
 x clear prefix cache · i type a prompt · o/f sort/filter requests · z zoom a panel ·
-0 reset stats · t colour-blind theme · ctrl+p commands (type a knob value) · ? help · q quit
+l goodput SLOs · 0 reset stats · t colour-blind theme · ctrl+p commands (type a knob
+value) · ? help (knob guidance: a digit shows a claim live) · q quit
 """
 
 
@@ -89,6 +90,18 @@ def check_record_path(path: str | None) -> str | None:
     return None
 
 
+def check_compare(args) -> str | None:
+    """Parse --compare in place (KNOB, [A, B]); why it cannot run, or None."""
+    from roseplay.compare import parse_compare
+    if args.connect or args.replay:
+        return "--compare starts its own two engines: not with --connect or --replay"
+    try:
+        args.compare = parse_compare(args.compare)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="roseplay", description=DESCRIPTION, epilog=EPILOG,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "bench --engine-address ADDRESS` or `roseplay serve` print theirs. "
                         "The app adds no load of its own until you pick a scenario (s); "
                         "quitting leaves that engine serving.")
+    s.add_argument("--compare", metavar="KNOB=A,B",
+                   help="Two engines side by side on one workload stream (the same prompts, "
+                        "order and arrivals): side A with KNOB=A, side B with KNOB=B, any knob "
+                        "below (e.g. enable_prefix_caching=true,false, "
+                        "max_num_batched_tokens=256,2048); the ratio B/A of every metric. "
+                        "Other knobs and keys apply to both sides.")
+    add_goodput_flag(s)
     s.add_argument("--in-process", action="store_true",
                    help="Run the engine on a thread of the app's process (the old way: the "
                         "UI then shares the engine's GIL and slows it down).")
@@ -173,18 +193,49 @@ def make_source_factory(args):
     return factory, f"loading {kwargs.get('model', 'the default model')} …"
 
 
+def make_compare_factory(args):
+    from roseplay.compare import start_compare
+    knob, values = args.compare
+    kwargs = engine_kwargs(args)
+    kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
+
+    def factory():
+        return start_compare(kwargs, knob, values, scenario=args.scenario,
+                             concurrency=args.concurrency, rate=args.rate,
+                             input_len=args.input_len, output_len=args.output_len,
+                             temperature=args.temperature, seed=kwargs.get("seed", 0) or 0,
+                             record=args.record, paused=args.paused, in_process=args.in_process)
+    return factory, f"loading two engines: {knob}={values[0]} and {values[1]} …"
+
+
+def replay_app(args, slos: dict):
+    """The app for a recording: side by side if it is one side of a compare session."""
+    from roseplay.compare import CompareReplaySource, is_compare_recording
+    from roseplay.source import ReplaySource
+    if is_compare_recording(args.replay):
+        from roseplay.compare_app import CompareApp
+        return CompareApp(source=CompareReplaySource(args.replay, speed=args.replay_speed,
+                                                     start_paused=args.paused), slos=slos)
+    from roseplay.app import RoseplayApp
+    return RoseplayApp(source=ReplaySource(args.replay, speed=args.replay_speed,
+                                           start_paused=args.paused), slos=slos)
+
+
 def run_tui(args) -> int:
     from roseplay.app import RoseplayApp
+    slos = goodput_slos(args)
     if args.replay:
-        from roseplay.source import ReplaySource
         try:
-            source = ReplaySource(args.replay, speed=args.replay_speed, start_paused=args.paused)
+            app = replay_app(args, slos)
         except (OSError, ValueError) as exc:
             return _fail(f"cannot replay {args.replay}: {exc}")
-        app = RoseplayApp(source=source)
+    elif args.compare:
+        from roseplay.compare_app import CompareApp
+        factory, message = make_compare_factory(args)
+        app = CompareApp(source_factory=factory, loading_message=message, slos=slos)
     else:
         factory, message = make_source_factory(args)
-        app = RoseplayApp(source_factory=factory, loading_message=message)
+        app = RoseplayApp(source_factory=factory, loading_message=message, slos=slos)
     app.run()
     if app.load_error:
         return _fail(f"could not start: {app.load_error}", 1)
@@ -202,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     problem = None if args.replay or args.connect else (
         check_model(args.model) or check_record_path(args.record))
+    if args.compare and not problem:
+        problem = check_compare(args)
     if problem:
         return _fail(problem)
     return run_tui(args)

@@ -123,3 +123,24 @@ def engine_kwargs(args: argparse.Namespace, **overrides) -> dict:
            if getattr(args, f.name, None) is not None}
     out.update({k: v for k, v in overrides.items() if v is not None})
     return out
+
+
+def _slo(text: str) -> tuple[str, float]:
+    from engine.metrics import parse_slos
+    try:
+        return next(iter(parse_slos([text]).items()))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_goodput_flag(group) -> None:
+    """`--goodput ttft:MS tpot:MS e2el:MS` (vLLM's spelling), for the bench and the app."""
+    group.add_argument("--goodput", nargs="+", type=_slo, metavar="KEY:MS", default=None,
+                       help="Service-level objectives in ms (keys ttft, tpot, e2el; any "
+                            "subset): goodput counts the requests that meet every one of "
+                            "them, per second (vLLM's --goodput, from DistServe).")
+
+
+def goodput_slos(args: argparse.Namespace) -> dict[str, float]:
+    """The SLOs given with --goodput as {metric: ms} ({} when none)."""
+    return dict(getattr(args, "goodput", None) or ())

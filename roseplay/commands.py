@@ -28,8 +28,12 @@ EXAMPLES = ("max_num_seqs 32", "budget 1024", "cache off", "mode prefill-first",
             "scenario identical", "sort TTFT", "filter decoding", "zoom timing")
 
 
-def typed_command(app, query: str):
-    """(title, callback) for a typed `NAME VALUE` query, or None."""
+def typed_command(app, query: str, views: bool = True):
+    """(title, callback) for a typed `NAME VALUE` query, or None; `views`: the request
+    list and zoom exist (not on the compare screen)."""
+    if query.lower().startswith("goodput"):
+        text = query[len("goodput"):].strip()
+        return f"goodput SLOs {text or '(clear)'}", partial(app.set_slos_text, text)
     parts = query.replace("=", " ").split()
     if len(parts) != 2:
         return None
@@ -37,6 +41,8 @@ def typed_command(app, query: str):
     name = ALIASES.get(name, name)
     if name in {f.name for f in live_fields()} | set(WORKLOAD):
         return f"set {name} = {value}", partial(app.set_value, name, value)
+    if not views:
+        return None
     if name == "sort":
         key = next((k for k in SORTS if k.lower() == value.lower()), None)
         return (f"sort requests by {key}", partial(app.set_sort, key)) if key else None
@@ -57,13 +63,18 @@ def typed_command(app, query: str):
 class RoseplayCommands(Provider):
     """Actions (from roseplay/keys.py) and typed knob / workload / view values."""
 
+    VIEWS = True
+
     def _actions(self):
         app = self.app
         kind = app.source.kind if app.source is not None else "live"
         for k in for_mode(kind):
-            yield f"{k.help} ({k.display})", partial(app.run_action, k.action), k.label
+            if app.check_action(k.action.split("(")[0], ()):
+                yield f"{k.help} ({k.display})", partial(app.run_action, k.action), k.label
         for name in SCENARIOS:
             yield f"scenario {name}", partial(app.set_value, "scenario", name), "workload"
+        if not self.VIEWS:
+            return
         for key in SORTS:
             yield f"sort requests by {key}", partial(app.set_sort, key), "requests"
         for state in FILTERS:
@@ -79,7 +90,7 @@ class RoseplayCommands(Provider):
                            help="knobs and workload")
 
     async def search(self, query: str) -> Hits:
-        typed = typed_command(self.app, query)
+        typed = typed_command(self.app, query, self.VIEWS)
         if typed is not None:
             yield Hit(1.0, typed[0], typed[1], help="press Enter to apply")
         matcher = self.matcher(query)
@@ -87,3 +98,9 @@ class RoseplayCommands(Provider):
             score = matcher.match(title)
             if score > 0:
                 yield Hit(score, matcher.highlight(title), callback, help=group)
+
+
+class CompareCommands(RoseplayCommands):
+    """The compare screen's palette: no request list, no zoom."""
+
+    VIEWS = False

@@ -56,6 +56,8 @@ class WorkloadDriver:
     iterable of WorkItems (e.g. a `build_workload` list). Items with an `arrival`
     offset are submitted at that offset; others follow the arrival process. Request ids
     are f"{id_prefix}{n}" for the n-th submission (`submission_index` inverts it).
+    `epoch` (a perf_counter time) is when arrival offsets count from: drivers that share
+    one workload stream (roseplay/shared_workload.py) share it.
     """
 
     def __init__(self, loop, scenario: str | Iterable[WorkItem] = "shared-prefix", *,
@@ -63,8 +65,10 @@ class WorkloadDriver:
                  submit_interval: float | None = None, num_requests: int | None = None,
                  workload: dict | None = None, seed: int = 0, keep_outputs: int | None = None,
                  on_output: Callable[[RequestOutput], None] | None = None,
-                 cancel_on_stop: bool = True, id_prefix: str | None = None):
+                 cancel_on_stop: bool = True, id_prefix: str | None = None,
+                 epoch: float | None = None):
         self.loop = loop
+        self._epoch = epoch          # perf_counter time item arrivals count from (shared)
         self.id_prefix = id_prefix if id_prefix is not None else f"w{next(_DRIVER_IDS)}-"
         self.workload = dict(workload or {})
         self.num_requests = num_requests
@@ -160,7 +164,8 @@ class WorkloadDriver:
 
     # -- driver thread -------------------------------------------------------------------
     def _run(self) -> None:
-        self.start_time = self._next_due = time.perf_counter()
+        self.start_time = self._next_due = (self._epoch if self._epoch is not None
+                                            else time.perf_counter())
         try:
             while not self._stop.is_set() and not self._all_done():
                 submitted = self._submit_due()

@@ -73,6 +73,8 @@ KEYS = (
     Key("F", "filter(-1)", "Filter back", "previous state filter", "F"),
     Key("z", "zoom(1)", "Zoom", "zoom the next panel to the whole screen", "z", footer=True),
     Key("Z", "zoom(0)", "All", "back to all panels", "Z"),
+    Key("l", "edit_slos", "SLOs", "goodput SLOs: type ttft:MS tpot:MS e2el:MS; the timing "
+        "panel shows the share of finished requests meeting all of them", "l"),
     Key("0", "reset_stats", "Reset", "reset stats: totals, the 10 s window and the plots", "0"),
     Key("t", "theme", "Theme", "colour-blind-safe colours on / off", "t"),
     Key("question_mark,f1", "help", "Help", "this help", "?", footer=True),

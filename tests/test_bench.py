@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.metrics import Summary, percentile
+from engine.metrics import Summary, goodput, meets_slos, parse_slos, percentile
 from roseplay import bench
 from roseplay.bench_report import RunResult, side_by_side, summarize, times_record, wall_duration
 
@@ -67,6 +67,42 @@ def test_parse_ab():
             bench.parse_ab(bad)
 
 
+
+def test_goodput_by_hand():
+    # (ttft, tpot, e2el) in s; SLOs in ms
+    reqs = [(0.10, 0.020, 1.0),     # meets all
+            (0.30, 0.020, 1.0),     # TTFT 300 > 200
+            (0.10, 0.060, 1.0),     # TPOT 60 > 50
+            (0.10, None, 0.1),      # one output token: no TPOT, meets a TPOT SLO
+            (0.20, 0.050, 2.0),     # exactly on TTFT and TPOT: meets them (<=), E2EL 2 s
+            (None, None, None)]     # no token at all: meets none
+    slos = parse_slos(["ttft:200", "tpot:50"])
+    assert slos == {"ttft": 200.0, "tpot": 50.0}
+    assert goodput(reqs, slos, 4.0) == (3, 0.75)          # requests 0, 3, 4 per 4 s
+    assert goodput(reqs, {**slos, "e2el": 1500}, 4.0) == (2, 0.5)   # request 4: 2 s > 1.5 s
+    assert goodput(reqs, {"e2el": 1000}, 2.0) == (4, 2.0)
+    assert meets_slos(0.1, 0.02, 1.0, {}) and not meets_slos(None, None, None, {})
+    for bad in (["ttft"], ["itl:5"], ["ttft:0"], ["ttft:-1"], ["tpot:x"], ["e2el:inf"]):
+        with pytest.raises(ValueError):
+            parse_slos(bad)
+
+
+def test_goodput_in_summary_and_table():
+    # tokens at (1, 2, 4): TTFT 1 s, TPOT 1.5 s; (3, 4): TTFT 3 s, TPOT 1 s; duration 4 s
+    recs = [times_record(10, 0.0, [1.0, 2.0, 4.0]), times_record(30, 0.0, [3.0, 4.0])]
+    run = RunResult("x", wall_duration(recs), recs)
+    s = summarize(run, {"ttft": 2000})
+    assert (s["good_requests"], s["request_goodput"]) == (1, 0.25)
+    assert s["goodput_slos_ms"] == {"ttft": 2000}
+    assert summarize(run, {"ttft": 3000, "tpot": 1000})["good_requests"] == 1   # 2nd only
+    assert "request_goodput" not in summarize(run)
+    from rich.console import Console
+    console = Console(width=200, record=True)
+    console.print(side_by_side("t", ["a", "b"], [s, summarize(run, {"ttft": 3000})]))
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if "Request goodput (req/s)" in line)
+    assert "0.25" in row and "0.50 (x2.00)" in row
+
 # -- end to end on dummy:tiny --------------------------------------------------------------
 def test_bench_block_and_json(tmp_path, capsys):
     path = tmp_path / "out.json"
@@ -97,10 +133,15 @@ def test_bench_block_and_json(tmp_path, capsys):
 
 def test_bench_arrival_interval(tmp_path, capsys):
     path = tmp_path / "o.json"
-    rc, _ = run_bench(capsys, "--num-prompts", "5", "--input-len", "8", "--output-len", "2",
-                      "--submit-interval-ms", "40", "--json", str(path))
-    assert rc == 0
-    arr = [r["arrival_time"] for r in json.loads(path.read_text())["requests"]]
+    rc, out = run_bench(capsys, "--num-prompts", "5", "--input-len", "8", "--output-len", "2",
+                        "--submit-interval-ms", "40", "--json", str(path),
+                        "--goodput", "ttft:60000", "e2el:60000", "tpot:0.001")
+    assert rc == 0 and "Request goodput (req/s):" in out
+    data = json.loads(path.read_text())
+    # every request has 2 tokens, so a TPOT > 1 us: none meets tpot:0.001
+    assert data["summary"]["good_requests"] == 0 and data["summary"]["request_goodput"] == 0
+    assert data["summary"]["goodput_slos_ms"] == {"ttft": 60000, "e2el": 60000, "tpot": 0.001}
+    arr = [r["arrival_time"] for r in data["requests"]]
     assert all(b > a for a, b in zip(arr, arr[1:])) and arr[-1] - arr[0] >= 4 * 0.04 * 0.9
 
 

@@ -41,6 +41,10 @@ class CounterWindow:
     def recent(self, name: str) -> int:
         return getattr(self.now, name) - getattr(self._samples[0][1], name)
 
+    def span(self) -> float:
+        """Seconds of engine time the window's `recent` figures cover."""
+        return self._samples[-1][0] - self._samples[0][0] if self._samples else 0.0
+
     def total(self, name: str) -> int:
         return getattr(self.now, name) - (getattr(self.base, name) if self.base else 0)
 

@@ -11,8 +11,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Markdown
+from rich.markdown import Markdown as RichMarkdown
+from rich.text import Text
+from textual.widgets import Markdown, Static
 
+from roseplay.guides import GUIDES, describe, split_knobs
 from roseplay.keys import LIST_KEYS, for_mode
 from roseplay.scenarios import SCENARIOS
 from roseplay.widgets.knobs import KNOB_KEYS, live_fields
@@ -76,22 +79,53 @@ def keys_markdown(kind: str) -> str:
 
 
 def knobs_markdown() -> str:
+    """Every live knob of engine/config.py: its help, its choices, and its `explain`
+    paragraph when it has one (policy knobs do)."""
     lines = ["## Knobs (from engine/config.py)"]
     for f in live_fields():
-        lines.append(f"* `{KNOB_KEYS.get(f.name, '')}` **{f.name}**: {f.metadata['help']}")
+        key = KNOB_KEYS.get(f.name)
+        choices = f.metadata.get("choices")
+        lines.append(f"* {f'`{key}` ' if key else ''}**{f.name}**"
+                     f"{' (' + ' / '.join(map(str, choices)) + ')' if choices else ''}: "
+                     f"{f.metadata['help']}")
+        if f.metadata.get("explain"):
+            lines.append(f"\n  {f.metadata['explain']}\n")
     lines.append("\n## Scenarios (s / S cycle)")
     for s in SCENARIOS.values():
         lines.append(f"* **{s.name}** ({s.title}): {s.description}")
     return "\n".join(lines) + "\n"
 
 
+def guides_text(kind: str) -> Text:
+    """The tuning guides' claims, each with the digit that shows it live (Rich text, not
+    Markdown: a long Markdown document mounts slowly and delays the first key)."""
+    how = ("Press a digit to switch the engine to that setup (scenario, knobs, workload); "
+           "the help closes and the panels show the effect within seconds."
+           if kind == "live" else "On a live engine a digit switches it to that setup.")
+    t = Text()
+    t.append("Knob guidance (vLLM and SGLang tuning guides)\n", "bold #f2d34f")
+    t.append(how + "\n\n", "italic")
+    for g in GUIDES:
+        _, skipped = split_knobs(g)
+        t.append(f" {g.key} ", "bold reverse #5fb3f0")
+        t.append(f" {g.claim} ", "bold")
+        t.append(f"({g.source})", "dim")
+        if skipped:
+            t.append(f" (needs the {', '.join(skipped)} knob)", "italic #ff9f43")
+        t.append(f"\n    setup: {describe(g)} · watch: {g.watch}\n", "dim")
+    return t
+
+
 class HelpScreen(ModalScreen):
-    """A scrollable explanation; any of esc / q / ? closes it."""
+    """A scrollable explanation; esc / q / ? close it, a digit picks a guide's setup
+    (the app's `pick_guide`)."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close"),
-                Binding("j", "scroll(1)", show=False), Binding("k", "scroll(-1)", show=False)]
+                Binding("j", "scroll(1)", show=False), Binding("k", "scroll(-1)", show=False),
+                *(Binding(g.key, f"pick('{g.key}')", show=False) for g in GUIDES)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
+    HelpScreen #help-guides, HelpScreen #help-intro { padding: 0 2 1 2; }
     HelpScreen > VerticalScroll {
         width: 90%; max-width: 110; height: 90%;
         border: round $accent; background: $surface; padding: 0 2;
@@ -109,12 +143,22 @@ class HelpScreen(ModalScreen):
                   "A real inference engine runs in this process; a workload driver keeps "
                   "sending it prompts.")
         with VerticalScroll(id="help-scroll"):
-            yield Markdown(PANELS.format(source=source, hz=f"{self._hz:g}")
-                           + keys_markdown(self._kind) + knobs_markdown()
+            intro, panels = PANELS.format(source=source, hz=f"{self._hz:g}").split(
+                "## KV cache", 1)
+            yield Static(RichMarkdown(intro), id="help-intro")
+            yield Static(guides_text(self._kind), id="help-guides")
+            yield Markdown("## KV cache" + panels + keys_markdown(self._kind) + knobs_markdown()
                            + "\n*esc, q or ? closes this screen.*")
 
     def on_mount(self) -> None:
         self.query_one(VerticalScroll).focus()
+
+    def action_pick(self, key: str) -> None:
+        """A digit: close, then switch the engine to that guide's setup (live only)."""
+        app = self.app
+        self.dismiss()
+        if self._kind == "live":
+            app.pick_guide(key)
 
     def action_scroll(self, lines: int) -> None:
         self.query_one(VerticalScroll).scroll_relative(y=lines, animate=False)

@@ -21,7 +21,7 @@ from textual.containers import Container, Vertical
 from textual.strip import Strip
 from textual.widget import Widget
 
-from engine.metrics import percentiles
+from engine.metrics import meets_slos, percentiles
 from roseplay.widgets import theme
 from roseplay.widgets.counters import WINDOW
 from roseplay.widgets.requests import fmt_ms
@@ -44,6 +44,35 @@ def recent_p50(requests, field: str) -> float:
     have.sort(key=lambda r: r.arrival_time + (r.ttft or 0.0))
     values = [getattr(r, field) for r in have[-RECENT:]]
     return pctl(values, (50,))[0] if values else math.nan
+
+
+def view_latencies(view) -> tuple[float | None, float | None, float | None]:
+    """(TTFT, TPOT, E2EL) of a finished request view: last token - arrival is
+    TTFT + TPOT x (n - 1) by the definitions in engine/metrics.py."""
+    e2el = None
+    if view.ttft is not None:
+        e2el = view.ttft + (view.tpot or 0.0) * max(0, view.output_tokens - 1)
+    return view.ttft, view.tpot, e2el
+
+
+def goodput_share(snap, start: float, slos: dict) -> tuple[int, int]:
+    """(requests meeting every SLO, requests finished) among the finished requests in
+    the snapshot whose last token came after `start` (engine time)."""
+    good = total = 0
+    for view in snap.requests:
+        if view.state != "finished" or view.ttft is None:
+            continue
+        lat = view_latencies(view)
+        if view.arrival_time + lat[2] < start:
+            continue
+        total += 1
+        good += meets_slos(*lat, slos)
+    return good, total
+
+
+def slo_text(slos: dict) -> str:
+    """"ttft≤200 tpot≤50" (ms), as typed after --goodput."""
+    return " ".join(f"{k}≤{v:g}" for k, v in slos.items())
 
 
 class TimingHistory:
@@ -162,8 +191,9 @@ class TimingStats(Widget):
         super().__init__(**kwargs)
         self._text = Text()
 
-    def show(self, snap, rate: float, since: float | None) -> None:
-        """Percentiles over the last WINDOW seconds (from the last reset, if later)."""
+    def show(self, snap, rate: float, since: float | None, slos: dict | None = None) -> None:
+        """Percentiles over the last WINDOW seconds (from the last reset, if later); with
+        SLOs, the share of the requests finished then that met all of them (goodput)."""
         start = max(snap.time - WINDOW, since if since is not None else -math.inf)
         lat = [x for x in snap.recent_latencies if x[0] >= start]
         itl = [x[1] for x in snap.recent_itls if x[0] >= start]
@@ -176,7 +206,13 @@ class TimingStats(Widget):
             t.append(f"{name:<6}", f"bold {theme.color(color)}")
             t.append("".join(f"{fmt_ms(v):>9}" for v in pctl(values)) + "\n")
         t.append(f"{rate:,.0f} tok/s", "bold")
-        t.append(f" · {len(lat)} req done in 10 s", "dim")
+        if slos:
+            good, total = goodput_share(snap, start, slos)
+            t.append(" · good ", "dim")
+            t.append(f"{100 * good / total:.0f}%" if total else "-", f"bold {theme.color('tput')}")
+            t.append(f" of {total}", "dim")
+        else:
+            t.append(f" · {len(lat)} req done in 10 s", "dim")
         if t != self._text:
             self._text = t
             self.refresh()
@@ -208,6 +244,7 @@ class TimingPanel(Container):
                       "tput": Plot("tok/s", "tput", lambda v: f"{v:,.0f}", id="plot-tput")}
         self.mode = "side"
         self.add_class("-side")
+        self.slos: dict[str, float] = {}      # goodput SLOs (ms), set from the app
 
     def compose(self):
         yield self.stats
@@ -223,6 +260,10 @@ class TimingPanel(Container):
 
     def reset(self) -> None:
         self.history.reset()
+        self.reset_shown()
+
+    def reset_shown(self) -> None:
+        """Redraw at the next show() (a setting changed, not the data)."""
         self._shown_at = (None, -1.0)
 
     def show(self, snap, window, throttle: bool = True) -> None:
@@ -234,6 +275,7 @@ class TimingPanel(Container):
         if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):
             return
         self._shown_at = (snap.time, now)
-        self.stats.show(snap, self.history.rate, window.reset_time)
+        self.stats.show(snap, self.history.rate, window.reset_time, self.slos)
+        self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         for key, plot in self.plots.items():
             plot.show(self.history.series[key])
