@@ -9,6 +9,7 @@ defined once in roseplay/keys.py; the actions are in roseplay/actions.py.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Callable
@@ -16,11 +17,11 @@ from typing import Callable
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
-from textual.worker import Worker, WorkerState
 
 from roseplay.actions import Actions
 from roseplay.commands import RoseplayCommands
 from roseplay.keys import action_mode, bindings
+from roseplay.lifecycle import SourceLoaded, install_exit_signals, remove_exit_signals, start_loading
 from roseplay.layout import LEFT, RIGHT, TITLES, plan
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import EventLog, flash_blocks
@@ -60,6 +61,7 @@ class RoseplayApp(Actions, App):
         self._skipped = 0
         self._noticed = False
         self.load_error: str | None = None
+        self._source_closed = threading.Event()
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -89,18 +91,25 @@ class RoseplayApp(Actions, App):
         self.apply_layout()
         if self.source is None and self._factory is not None:
             self.status.loading(self._loading_message)
-            self.run_worker(self._factory, thread=True, name="load", exit_on_error=False)
+            start_loading(self, self._factory, self._source_closed)
+        if not self.is_headless:
+            install_exit_signals(self, self._exit_on_signal)
         self.set_interval(1 / self._refresh_hz, self._tick)
 
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.worker.name != "load":
-            return
-        if event.state is WorkerState.SUCCESS:
-            self.source = event.worker.result
-            self.refresh_panels()
-        elif event.state is WorkerState.ERROR:     # the CLI prints it as one line
-            self.load_error = f"{type(event.worker.error).__name__}: {event.worker.error}"
+    def on_source_loaded(self, event: SourceLoaded) -> None:
+        if event.error is not None:      # the CLI prints it as one line
+            self.load_error = f"{type(event.error).__name__}: {event.error}"
             self.exit(return_code=1)
+        elif self._source_closed.is_set():
+            event.source.close()         # quit while it loaded
+        else:
+            self.source = event.source
+            self.refresh_panels()
+
+    def _exit_on_signal(self, signum: int) -> None:
+        """SIGTERM / SIGHUP: the normal exit (the terminal is restored), code 128 + N."""
+        self.close_source()
+        self.exit(return_code=128 + signum)
 
     # -- layout ----------------------------------------------------------------------------
     def on_resize(self, event) -> None:
@@ -214,8 +223,11 @@ class RoseplayApp(Actions, App):
         src, self.source = self.source, None
         if src is not None:
             src.close()
+        self._source_closed.set()     # after close: it ends the thread that started the engine
 
     def on_unmount(self) -> None:
+        if not self.is_headless:
+            remove_exit_signals()
         self.close_source()
 
 

@@ -212,3 +212,20 @@ def print_repeats(console: Console, results: list[RunResult], cpu: str) -> None:
                   f"{max(tput):,.0f} (spread {100 * (max(tput) - min(tput)) / med:.1f}% of the "
                   f"median) over {len(tput)} runs; TTFT p50 median {statistics.median(ttft):.1f} ms "
                   f"({min(ttft):.1f}..{max(ttft):.1f}); host CPU: {cpu}", highlight=False)
+
+
+def print_interrupted(console: Console, results: list[RunResult], elapsed: float,
+                      json_path: str | None, bench_args: dict) -> None:
+    """After Ctrl-C: every finished run and the finished part of the interrupted one."""
+    console.print(f"[yellow]interrupted after {elapsed:.1f} s[/yellow]")
+    if not results:
+        console.print("nothing was measured yet")
+        return
+    for result in results:
+        print_summary(console, result)
+    if json_path:
+        summaries = [summarize(r) for r in results]
+        dump_json(json_path, {"bench": bench_args, "mode": "interrupted",
+                              "summary": summaries[-1],
+                              "runs": [run_payload(r, s) for r, s in zip(results, summaries)]})
+        console.print(f"wrote {json_path}")

@@ -254,6 +254,8 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
     """The engine-core process's work. status(kind, text) reports ("progress", text),
     then ("ready", address) or ("error", message)."""
     die_with_parent()
+    if owner_pid is not None and os.getppid() != owner_pid:
+        return        # the owner died before PDEATHSIG was armed (e.g. quit during imports)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the client, which stops us
     try:
         import torch
