@@ -93,8 +93,10 @@ def test_cancel_refuses_or_is_a_no_op(loop, reference, request_id):
 
 
 KNOB_VALUES = st.one_of(st.fixed_dictionaries({}, optional={
-    "max_num_batched_tokens": F.either(st.integers(-2, 2 * KNOB_MAXIMUM["max_num_batched_tokens"])),
-    "max_num_seqs": F.either(st.integers(-2, 2 * KNOB_MAXIMUM["max_num_seqs"])),
+    "max_num_batched_tokens": F.either(st.one_of(
+        st.integers(1, 64), st.integers(-2, 2 * KNOB_MAXIMUM["max_num_batched_tokens"]))),
+    "max_num_seqs": F.either(st.one_of(
+        st.integers(1, 16), st.integers(-2, 2 * KNOB_MAXIMUM["max_num_seqs"]))),
     "enable_prefix_caching": F.either(st.booleans())}),
     st.dictionaries(st.sampled_from(["block_size", "turbo", "num_blocks", ""]), F.ANYTHING,
                     min_size=1, max_size=2))
