@@ -138,7 +138,9 @@ def still_serves(loop, reference: list[int]) -> None:
     free (nothing leaked)."""
     assert loop.fatal_error is None, loop.fatal_error
     out = loop.submit(REF_PROMPT, REF_PARAMS, request_id=f"fuzz-ref-{next(_ref_ids)}").result(timeout=60)
-    assert out.error is None and list(out.outputs[0].token_ids) == reference
+    assert out.error is None, out.error
+    assert list(out.outputs[0].token_ids) == reference, (out.outputs[0].finish_reason,
+                                                         out.outputs[0].token_ids)
     loop.clear_prefix_cache()
     assert loop.wait_idle(60)
 

@@ -72,7 +72,7 @@ def test_sampling_params_refuse_or_hold_in_range(kwargs):
 
 
 # -- EngineLoop ----------------------------------------------------------------------------
-@F.fuzz_settings(60)
+@F.fuzz_settings(40)
 @given(prompt=F.prompts(VOCAB), params=F.sampling_params(),
        request_id=st.one_of(st.none(), st.text(max_size=300), F.ANYTHING))
 def test_submit_refuses_or_serves(loop, reference, prompt, params, request_id):
@@ -85,7 +85,7 @@ def test_submit_refuses_or_serves(loop, reference, prompt, params, request_id):
     F.still_serves(loop, reference)
 
 
-@F.fuzz_settings(60)
+@F.fuzz_settings(40)
 @given(st.one_of(F.ANYTHING, st.text(max_size=400)))
 def test_cancel_refuses_or_is_a_no_op(loop, reference, request_id):
     tried("EngineLoop.cancel", loop.cancel, request_id)
@@ -102,7 +102,7 @@ KNOB_VALUES = st.one_of(st.fixed_dictionaries({}, optional={
                     min_size=1, max_size=2))
 
 
-@F.fuzz_settings(60)
+@F.fuzz_settings(40)
 @given(KNOB_VALUES)
 def test_set_knobs_refuses_or_applies_whole(loop, reference, changes):
     before = loop.knobs
@@ -132,7 +132,7 @@ def llm_serves(llm: LLM, reference: list[int]) -> None:
     assert pool.num_free == pool.num_blocks
 
 
-@F.fuzz_settings(60)
+@F.fuzz_settings(40)
 @given(prompts=st.one_of(F.prompts(VOCAB), st.lists(F.prompts(VOCAB), max_size=4)),
        params=st.one_of(F.sampling_params(), st.lists(F.sampling_params(valid_only=True), max_size=4)))
 def test_generate_refuses_or_serves(llm, reference, prompts, params):
