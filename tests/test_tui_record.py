@@ -228,3 +228,17 @@ def test_disk_full_while_recording_stops_the_recorder_not_the_session(tmp_path, 
     monkeypatch.undo()                    # a real gzip.open again, to read it back
     replay = load_recording(path)         # what was flushed before the disk filled
     assert len(replay) >= 1 and "cut off" in (replay.describe_end() or "")
+
+
+def test_replay_keeps_frames_compressed_and_decodes_them_the_same():
+    """Replay memory is the compressed groups (about the file's size), not the JSON."""
+    import gzip
+    rec = load_recording(SESSION)
+    json_chars = sum(len(line) for line in gzip.open(SESSION, "rt"))
+    held = sum(len(g) for g in rec._groups)
+    assert held < json_chars / 4 and not hasattr(rec.entries[0], "line")
+    keys = [i for i, e in enumerate(rec.entries) if e.key]
+    assert len(rec._groups) == len(keys)
+    forward = [rec[i].snapshot.step for i in range(len(rec))]
+    backward = [rec[i].snapshot.step for i in reversed(range(len(rec)))]   # from keyframes
+    assert forward == backward[::-1] == [e.step for e in rec.entries]
