@@ -152,9 +152,9 @@ class Interrupted(Exception):
     """Ctrl-C during a run: `result` is the part of the measured run that finished
     (None if the interrupt came before it started)."""
 
-    def __init__(self, result: report.RunResult | None = None):
+    def __init__(self, result: report.RunResult | None = None, driver=None):
         super().__init__("interrupted")
-        self.result = result
+        self.result, self.driver = result, driver
 
 
 def _drive(loop, items, args, *, arrivals: dict, progress: Progress | None = None,
@@ -170,9 +170,7 @@ def _drive(loop, items, args, *, arrivals: dict, progress: Progress | None = Non
                 progress.update(task, completed=driver.completed + driver.failed)
     except KeyboardInterrupt:
         driver.stop()
-        exc = Interrupted()
-        exc.driver = driver
-        raise exc from None
+        raise Interrupted(driver=driver) from None
     if progress:
         progress.update(task, completed=driver.completed + driver.failed)
     return driver
@@ -333,19 +331,6 @@ def _run_single(args, console: Console, results: list) -> dict:
     return {}
 
 
-def host_cpu() -> str:
-    """The host CPU's model name (numbers depend on it: the host prepares every step)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "unknown"
-
-
 def _report(console: Console, args, results, extra: dict, mode: str) -> None:
     summaries = [report.summarize(r) for r in results]
     if mode == "single":
@@ -396,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
         return _interrupted(console, args, results, getattr(exc, "result", None), t0)
     _report(console, args, results, extra, mode)
     if len(results) > 1 and mode == "single":
-        report.print_repeats(console, results, host_cpu())
+        report.print_repeats(console, results, report.host_cpu())
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
 

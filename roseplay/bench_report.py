@@ -229,3 +229,16 @@ def print_interrupted(console: Console, results: list[RunResult], elapsed: float
                               "summary": summaries[-1],
                               "runs": [run_payload(r, s) for r, s in zip(results, summaries)]})
         console.print(f"wrote {json_path}")
+
+
+def host_cpu() -> str:
+    """The host CPU's model name (numbers depend on it: the host prepares every step)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"
