@@ -200,13 +200,18 @@ class LLMEngine:
             return out
         try:
             launched = self._launch(plan)
+        except Exception as exc:  # a failing forward fails its requests, not the engine
+            self._isolate(plan, exc, out)
+            self._after_step(plan, t0, out)
+            return out
+        try:
             if self._may_chain(launched):
                 self._inflight = launched
                 return out
             self._commit(plan)
             self._emit_tokens(launched, out)
-        except Exception as exc:  # a failing forward fails its requests, not the engine
-            self._isolate(plan, exc, out)
+        except Exception as exc:  # after the commit began: no rerun
+            self._fail_plan(plan, exc, out)
         self._after_step(plan, t0, out)
         return out
 
@@ -215,7 +220,8 @@ class LLMEngine:
         that a fault one request's input causes fails that request only (and a fault
         that does not come back fails nobody). Nothing of the failed step was committed:
         each part recomputes its KV from the same positions. Costs one forward per
-        request, on failure only."""
+        request, on failure only. Only for a failed launch (forward or sampler): once
+        the commit has begun, a rerun would count the same chunk twice."""
         if len(plan.chunks) < 2:
             self._fail_plan(plan, exc, out)
             return
