@@ -105,8 +105,10 @@ class EngineClient:
         cmd = [sys.executable, "-m", "engine.ipc.core_proc", "--address", address,
                "--engine-json", json.dumps(kwargs), "--owner-pid", str(os.getpid()),
                "--status-fd", str(write_fd)]
-        self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
-                                     env=_child_env())
+        self._owner_token = uuid.uuid4().hex     # only we may stop it (not attached clients)
+        env = _child_env()
+        env["ROSEPLAY_OWNER_TOKEN"] = self._owner_token
+        self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, env=env)
         os.close(write_fd)
         return os.fdopen(read_fd, "rb", buffering=0)   # unbuffered: select() sees every line
 
@@ -273,7 +275,7 @@ class EngineClient:
             return
         self._closed = True
         try:
-            self._send(P.Shutdown() if self.proc is not None else P.Bye())
+            self._send(P.Shutdown(self._owner_token) if self.proc is not None else P.Bye())
         except Exception:
             pass
         if self.proc is not None:

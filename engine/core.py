@@ -213,15 +213,45 @@ class LLMEngine:
             return out
         try:
             launched = self._launch(plan)
+        except Exception as exc:  # a failing forward fails its requests, not the engine
+            self._isolate(plan, exc, out)
+            self._after_step(plan, t0, out)
+            return out
+        try:
             if self._may_chain(launched):
                 self._inflight = launched
                 return out
             self._commit(plan)
             self._emit_tokens(launched, out)
-        except Exception as exc:  # a failing forward fails its requests, not the engine
+        except Exception as exc:  # after the commit began: no rerun
             self._fail_plan(plan, exc, out)
         self._after_step(plan, t0, out)
         return out
+
+    def _isolate(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
+        """A step of several requests failed: run each request's part of it alone, so
+        that a fault one request's input causes fails that request only (and a fault
+        that does not come back fails nobody). Nothing of the failed step was committed:
+        each part recomputes its KV from the same positions. Costs one forward per
+        request, on failure only. Only for a failed launch (forward or sampler): once
+        the commit has begun, a rerun would count the same chunk twice."""
+        if len(plan.chunks) < 2:
+            self._fail_plan(plan, exc, out)
+            return
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"     # reported either way
+        for chunk in plan.chunks:
+            if chunk.request.request_id not in self.requests:
+                continue            # failed (or finished) as a dedup follower meanwhile
+            rid = chunk.request.request_id
+            part = StepPlan(decodes=[chunk] if chunk in plan.decodes else [],
+                            prefills=[chunk] if chunk in plan.prefills else [],
+                            copies=[c for c in plan.copies if c[2] == rid])
+            try:
+                launched = self._launch(part)
+                self._commit(part)
+                self._emit_tokens(launched, out)
+            except Exception as part_exc:
+                self._fail_plan(part, part_exc, out)
 
     def flush(self) -> StepOutput:
         """Finish an in-flight step without launching another."""

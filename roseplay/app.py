@@ -9,6 +9,7 @@ defined once in roseplay/keys.py; the actions are in roseplay/actions.py.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Callable
@@ -16,11 +17,11 @@ from typing import Callable
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
-from textual.worker import Worker, WorkerState
 
 from roseplay.actions import Actions
 from roseplay.commands import RoseplayCommands
 from roseplay.keys import action_mode, bindings
+from roseplay.lifecycle import SourceLoaded, install_exit_signals, remove_exit_signals, start_loading
 from roseplay.layout import LEFT, RIGHT, TITLES, plan
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import EventLog, flash_blocks
@@ -62,6 +63,7 @@ class RoseplayApp(Actions, App):
         self._skipped = 0
         self._noticed = False
         self.load_error: str | None = None
+        self._source_closed = threading.Event()
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -86,7 +88,9 @@ class RoseplayApp(Actions, App):
         self.set_slos(self.slos)
         if self.source is None and self._factory is not None:
             self.status.loading(self._loading_message)
-            self.run_worker(self._factory, thread=True, name="load", exit_on_error=False)
+            start_loading(self, self._factory, self._source_closed)
+        if not self.is_headless:
+            install_exit_signals(self, self._exit_on_signal)
         self.set_interval(1 / self._refresh_hz, self._tick)
 
     def setup_panels(self) -> None:
@@ -99,15 +103,20 @@ class RoseplayApp(Actions, App):
         for wid, title in TITLES.items():
             q(f"#{wid}").border_title = title
 
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.worker.name != "load":
-            return
-        if event.state is WorkerState.SUCCESS:
-            self.source = event.worker.result
-            self.refresh_panels()
-        elif event.state is WorkerState.ERROR:     # the CLI prints it as one line
-            self.load_error = f"{type(event.worker.error).__name__}: {event.worker.error}"
+    def on_source_loaded(self, event: SourceLoaded) -> None:
+        if event.error is not None:      # the CLI prints it as one line
+            self.load_error = f"{type(event.error).__name__}: {event.error}"
             self.exit(return_code=1)
+        elif self._source_closed.is_set():
+            event.source.close()         # quit while it loaded
+        else:
+            self.source = event.source
+            self.refresh_panels()
+
+    def _exit_on_signal(self, signum: int) -> None:
+        """SIGTERM / SIGHUP: the normal exit (the terminal is restored), code 128 + N."""
+        self.close_source()
+        self.exit(return_code=128 + signum)
 
     def set_slos(self, slos: dict[str, float]) -> None:
         """Goodput SLOs for every timing panel (they count from the next redraw)."""
@@ -230,8 +239,11 @@ class RoseplayApp(Actions, App):
         src, self.source = self.source, None
         if src is not None:
             src.close()
+        self._source_closed.set()     # after close: it ends the thread that started the engine
 
     def on_unmount(self) -> None:
+        if not self.is_headless:
+            remove_exit_signals()
         self.close_source()
 
 

@@ -150,14 +150,29 @@ def _arrivals(args) -> dict:
     return {"request_rate": rate, "submit_interval": interval}
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a run: `result` is the part of the measured run that finished
+    (None if the interrupt came before it started)."""
+
+    def __init__(self, result: report.RunResult | None = None, driver=None):
+        super().__init__("interrupted")
+        self.result, self.driver = result, driver
+
+
 def _drive(loop, items, args, *, arrivals: dict, progress: Progress | None = None,
            description: str = "") -> WorkloadDriver:
+    """Run `items` to the end; on Ctrl-C cancel what is in flight and raise Interrupted
+    with the driver (whose finished outputs the caller may still report)."""
     driver = WorkloadDriver(loop, items, concurrency=args.max_concurrency,
                             num_requests=len(items), seed=args.seed or 0, **arrivals).start()
     task = progress.add_task(description, total=len(items)) if progress else None
-    while not driver.wait(0.1):
-        if progress:
-            progress.update(task, completed=driver.completed + driver.failed)
+    try:
+        while not driver.wait(0.1):
+            if progress:
+                progress.update(task, completed=driver.completed + driver.failed)
+    except KeyboardInterrupt:
+        driver.stop()
+        raise Interrupted(driver=driver) from None
     if progress:
         progress.update(task, completed=driver.completed + driver.failed)
     return driver
@@ -193,10 +208,26 @@ def measure(loop, items: list[WorkItem], warmup: list[WorkItem], args, label: st
     loop.reset_peak_usage()
     loop.wait_idle()
     snap0 = loop.snapshot()
-    driver = _drive(loop, items, args, arrivals=_arrivals(args), progress=progress, description=label)
+    try:
+        driver = _drive(loop, items, args, arrivals=_arrivals(args), progress=progress,
+                        description=label)
+    except Interrupted as exc:
+        loop.wait_idle(5.0)
+        result, _ = _result(loop, exc.driver, snap0, f"{label} (interrupted)".strip(),
+                            finished_only=True)
+        raise Interrupted(result) from None
     loop.wait_idle()
+    return _result(loop, driver, snap0, label)
+
+
+def _result(loop, driver: WorkloadDriver, snap0, label: str,
+            finished_only: bool = False) -> tuple[report.RunResult, list]:
+    """The run's result from the driver's outputs (`finished_only`: an interrupted run,
+    whose cancelled requests are left out)."""
     stats = _engine_stats(snap0, loop.snapshot())
     outputs = sorted(driver.outputs, key=lambda o: driver.submission_index(o.request_id))
+    if finished_only:
+        outputs = [o for o in outputs if o.outputs[0].finish_reason != "cancelled"]
     records = [report.request_record(o) for o in outputs if o.error is None]
     wall = report.wall_duration(records)
     # the engine thread either works on the host or waits for the GPU at the step's sync
@@ -230,40 +261,46 @@ def _progress(console: Console, args) -> Progress:
                     disable=args.no_progress)
 
 
-def _run_ab(args, console: Console, ab) -> tuple[list[report.RunResult], dict]:
+def _run_ab(args, console: Console, ab, results: list) -> dict:
     knob, values = ab
-    results, loop = [], None
-    with _progress(console, args) as progress:
-        for value in values:
-            if knob in LIVE_KNOBS:
-                loop = loop or make_loop(args)
-                loop.set_knobs(**{knob: value})
-            else:
-                loop = make_loop(args, **{knob: value})
-            items, warmup = _workload(loop, args)
-            result, _ = measure(loop, items, warmup, args, f"{knob}={value}", progress)
-            results.append(result)
-            if knob not in LIVE_KNOBS:
-                loop.close()
-        loop.close()
+    loop = None
+    try:
+        with _progress(console, args) as progress:
+            for value in values:
+                if knob in LIVE_KNOBS:
+                    loop = loop or make_loop(args)
+                    loop.set_knobs(**{knob: value})
+                else:
+                    loop = make_loop(args, **{knob: value})
+                items, warmup = _workload(loop, args)
+                result, _ = measure(loop, items, warmup, args, f"{knob}={value}", progress)
+                results.append(result)
+                if knob not in LIVE_KNOBS:
+                    loop.close()
+    finally:
+        if loop is not None:
+            loop.close()
     mode = "same engine, knob set live, prefix cache cleared" if knob in LIVE_KNOBS \
         else "fresh engine per value"
-    return results, {"knob": knob, "values": values, "mode": mode}
+    return {"knob": knob, "values": values, "mode": mode}
 
 
-def _run_compare(args, console: Console) -> tuple[list[report.RunResult], dict]:
+def _run_compare(args, console: Console, results: list) -> dict:
     from roseplay import hf_compare
     loop = make_loop(args)
-    engine = loop.engine
-    device, dtype = engine.device, engine.dtype
-    hf_model = hf_compare.build_hf_model(engine.model_name, dtype, args.seed or 0)
-    if engine.model_name.startswith("dummy:"):
-        hf_compare.share_weights(hf_model, engine)
-    items, warmup = _workload(loop, args)
-    budget = engine.knobs.max_num_batched_tokens
-    with _progress(console, args) as progress:
-        ours, outputs = measure(loop, items, warmup, args, "roseplay", progress)
-    loop.close()
+    try:
+        engine = loop.engine
+        device, dtype = engine.device, engine.dtype
+        hf_model = hf_compare.build_hf_model(engine.model_name, dtype, args.seed or 0)
+        if engine.model_name.startswith("dummy:"):
+            hf_compare.share_weights(hf_model, engine)
+        items, warmup = _workload(loop, args)
+        budget = engine.knobs.max_num_batched_tokens
+        with _progress(console, args) as progress:
+            ours, outputs = measure(loop, items, warmup, args, "roseplay", progress)
+        results.append(ours)
+    finally:
+        loop.close()
     alive = weakref.ref(engine)
     del loop, engine
     hf_compare.free_device_memory()
@@ -281,36 +318,24 @@ def _run_compare(args, console: Console) -> tuple[list[report.RunResult], dict]:
     console.print("[dim]running HF generate...[/dim]")
     gen = hf_compare.run_hf_generate(hf_model, prompts, max_new, device, args.hf_batch_size)
     ours_tokens = [list(o.outputs[0].token_ids) for o in outputs if o.error is None]
-    info = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
+    results += [cb, gen]
+    return {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
             "greedy_agreement_vs_hf_cb": hf_compare.agreement(ours_tokens, cb_tokens)}
-    return [ours, cb, gen], info
 
 
-def _run_single(args) -> list[report.RunResult]:
+def _run_single(args, console: Console, results: list) -> dict:
     """One engine; warm-up once, then `--repeat` measured runs (cache cleared before each)."""
     loop = make_loop(args)
-    items, warmup = _workload(loop, args)
-    results = []
-    with _progress(console := Console(), args) as progress:
-        for i in range(args.repeat):
-            label = f"run {i + 1}/{args.repeat}" if args.repeat > 1 else ""
-            result, _ = measure(loop, items, warmup if i == 0 else [], args, label, progress)
-            results.append(result)
-    loop.close()
-    return results
-
-
-def host_cpu() -> str:
-    """The host CPU's model name (numbers depend on it: the host prepares every step)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "unknown"
+        items, warmup = _workload(loop, args)
+        with _progress(console, args) as progress:
+            for i in range(args.repeat):
+                label = f"run {i + 1}/{args.repeat}" if args.repeat > 1 else ""
+                result, _ = measure(loop, items, warmup if i == 0 else [], args, label, progress)
+                results.append(result)
+    finally:
+        loop.close()
+    return {}
 
 
 def _report(console: Console, args, results, extra: dict, mode: str) -> None:
@@ -350,20 +375,31 @@ def run(args: argparse.Namespace) -> int:
         from roseplay import bench_http     # lazy: the in-process bench needs no httpx
         return bench_http.run(args, console)
     t0 = time.perf_counter()
-    if ab:
-        results, extra = _run_ab(args, console, ab)
-        mode = "ab"
-    elif args.compare == "hf":
-        results, extra = _run_compare(args, console)
-        mode = "compare"
-    else:
-        results = _run_single(args)
-        extra, mode = {}, "single"
+    mode = "ab" if ab else ("compare" if args.compare == "hf" else "single")
+    results: list[report.RunResult] = []
+    try:
+        if ab:
+            extra = _run_ab(args, console, ab, results)
+        elif args.compare == "hf":
+            extra = _run_compare(args, console, results)
+        else:
+            extra = _run_single(args, console, results)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        return _interrupted(console, args, results, getattr(exc, "result", None), t0)
     _report(console, args, results, extra, mode)
     if len(results) > 1 and mode == "single":
-        report.print_repeats(console, results, host_cpu())
+        report.print_repeats(console, results, report.host_cpu())
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
+
+
+def _interrupted(console: Console, args, results: list, partial, t0: float) -> int:
+    """Ctrl-C: the engine is closed by now; report what was measured, exit 130 (SIGINT)."""
+    if partial is not None and partial.requests:
+        results.append(partial)
+    bench_args = {k: v for k, v in vars(args).items() if k != "func"}
+    report.print_interrupted(console, results, time.perf_counter() - t0, args.json, bench_args)
+    return 130
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -204,8 +204,7 @@ def run(args, console: Console) -> int:
             runs.append((outcomes, before, scrape_counters(args.base_url, headers)))
     results = [_report(console, args, *run, model) for run in runs]
     if len(results) > 1:
-        from roseplay.bench import host_cpu
-        report.print_repeats(console, results, host_cpu() + " (the client's)")
+        report.print_repeats(console, results, report.host_cpu() + " (the client's)")
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
 

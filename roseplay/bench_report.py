@@ -240,3 +240,33 @@ def print_repeats(console: Console, results: list[RunResult], cpu: str) -> None:
         console.print(f"host share of engine time (not waiting on the device): median "
                       f"{statistics.median(host):.1f}% ({min(host):.1f}..{max(host):.1f})",
                       highlight=False)
+
+
+def print_interrupted(console: Console, results: list[RunResult], elapsed: float,
+                      json_path: str | None, bench_args: dict) -> None:
+    """After Ctrl-C: every finished run and the finished part of the interrupted one."""
+    console.print(f"[yellow]interrupted after {elapsed:.1f} s[/yellow]")
+    if not results:
+        console.print("nothing was measured yet")
+        return
+    for result in results:
+        print_summary(console, result)
+    if json_path:
+        summaries = [summarize(r) for r in results]
+        dump_json(json_path, {"bench": bench_args, "mode": "interrupted",
+                              "summary": summaries[-1],
+                              "runs": [run_payload(r, s) for r, s in zip(results, summaries)]})
+        console.print(f"wrote {json_path}")
+
+
+def host_cpu() -> str:
+    """The host CPU's model name (numbers depend on it: the host prepares every step)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"

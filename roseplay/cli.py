@@ -239,7 +239,7 @@ def run_tui(args) -> int:
     app.run()
     if app.load_error:
         return _fail(f"could not start: {app.load_error}", 1)
-    return 0
+    return app.return_code or 0
 
 
 def main(argv: list[str] | None = None) -> int:

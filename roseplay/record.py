@@ -310,7 +310,9 @@ class Recorder:
     Never touches the engine: it only reads the published snapshot. `event()` may be
     called from any thread (knob changes, pauses); events are written before the next
     frame. The gzip stream is flushed every FLUSH_EVERY seconds (a killed process leaves
-    a readable prefix); past `max_bytes` of JSON it stops and sets `full`. `close()`
+    a readable prefix); past `max_bytes` of JSON it stops and sets `full`. A write that
+    fails (disk full, the file's disk gone) stops it too, with `error` saying why: the
+    session goes on unrecorded, and the file replays up to its last flush. `close()`
     writes a final frame and closes the file.
     """
 
@@ -330,6 +332,7 @@ class Recorder:
         self._lock = threading.Lock()
         self.frames = self.bytes = 0
         self.full = False
+        self.error: str | None = None
         self._write(header_for(snapshot_fn(), **info))
         self._thread = threading.Thread(target=self._run, name="roseplay-recorder", daemon=True)
         self._thread.start()
@@ -347,21 +350,35 @@ class Recorder:
         with self._lock:
             if self._fh.closed or self.full:
                 return
-            snap, workload = self._snapshot_fn(), self._workload_fn()
-            while self._events:
-                self._write(self._events.popleft())
-            if not force and snap is self._last_snap and workload == self._last_workload:
-                return
-            self._last_snap, self._last_workload = snap, workload
-            self._write(self._encoder.encode(snap, time.perf_counter() - self._t0, workload))
-            self.frames += 1
-            now = time.perf_counter()
-            if now - self._flushed >= FLUSH_EVERY:
-                self._fh.flush()        # a sync flush: everything so far is decodable
-                self._flushed = now
-            if self.bytes >= self.max_bytes:
-                self.full = True
-                self._fh.close()
+            try:
+                self._capture(force)
+            except OSError as exc:
+                self._give_up(exc)
+
+    def _give_up(self, exc: OSError) -> None:
+        self.error = exc.strerror or str(exc)
+        self.full = True
+        try:
+            self._fh.close()          # may fail again (its last buffer): nothing more to do
+        except OSError:
+            pass
+
+    def _capture(self, force: bool) -> None:
+        snap, workload = self._snapshot_fn(), self._workload_fn()
+        while self._events:
+            self._write(self._events.popleft())
+        if not force and snap is self._last_snap and workload == self._last_workload:
+            return
+        self._last_snap, self._last_workload = snap, workload
+        self._write(self._encoder.encode(snap, time.perf_counter() - self._t0, workload))
+        self.frames += 1
+        now = time.perf_counter()
+        if now - self._flushed >= FLUSH_EVERY:
+            self._fh.flush()        # a sync flush: everything so far is decodable
+            self._flushed = now
+        if self.bytes >= self.max_bytes:
+            self.full = True
+            self._fh.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -374,7 +391,10 @@ class Recorder:
         self.capture(force=True)
         with self._lock:
             if not self._fh.closed:
-                self._fh.close()
+                try:
+                    self._fh.close()
+                except OSError as exc:
+                    self._give_up(exc)
 
 
 def iter_lines(path: str):

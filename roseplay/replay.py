@@ -4,12 +4,15 @@
 decoded by a checking FrameDecoder (roseplay/record_schema.py); a bad line is skipped
 up to the next keyframe and noted, and a cut-off file (a killed session) replays
 what was written, with `end_note` saying where and why it ends. Only the encoded
-frames are kept; `rec[i]` decodes frame i from the nearest keyframe at or before it
-(sequential play continues from the last decoded frame), and caches a few frames.
+frames are kept, and compressed: each keyframe's group (the keyframe and the deltas up
+to the next one) is one zlib block, so memory holds about the file's size, not the
+JSON's (~10x more). `rec[i]` decompresses one group and decodes frame i from its
+keyframe (sequential play continues from the last decoded frame), caching a few frames.
 """
 from __future__ import annotations
 
 import bisect
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -25,8 +28,9 @@ MAX_NOTES = 5
 class FrameEntry:
     t: float
     step: int
-    line: str                   # the encoded frame, as written
-    key: bool                   # decodable from a clean decoder
+    group: int                  # the compressed block that holds its line
+    offset: int                 # its line's index in that block
+    key: bool                   # decodable from a clean decoder (starts a group)
     events: tuple[dict, ...]    # user actions recorded before this frame
 
 
@@ -38,6 +42,9 @@ class Recording:
             pass
         self.path, self.max_bytes = path, max_bytes
         self.entries: list[FrameEntry] = []
+        self._groups: list[bytes] = []          # zlib blocks of "\n"-joined frame lines
+        self._open: list[str] = []              # lines of the group being read
+        self._group_cache: tuple[int, list[str]] = (-1, [])
         self.notes: list[str] = []      # bad lines skipped (the first few)
         self.skipped = 0
         self.end_note: str | None = None
@@ -63,6 +70,7 @@ class Recording:
             raise ValueError(f"recording format {self.header.get('version')!r} is not supported")
         checker = FrameDecoder(self.header)     # BadRecording (a ValueError) if the header is bad
         self._scan(lines, checker)
+        self._close_group()
         if not self.entries:
             raise ValueError("the recording holds no readable frame"
                              + (f" ({self.end_note})" if self.end_note else ""))
@@ -96,9 +104,25 @@ class Recording:
                 resync = True
                 continue
             resync = False
-            self.entries.append(FrameEntry(obj["t"], obj["step"], line,
-                                           bool(obj.get("key")) or first, tuple(pending)))
+            key = bool(obj.get("key")) or first
+            if key:
+                self._close_group()
+            self.entries.append(FrameEntry(obj["t"], obj["step"], len(self._groups),
+                                           len(self._open), key, tuple(pending)))
+            self._open.append(line.rstrip("\n"))
             pending = []
+
+    def _close_group(self) -> None:
+        if self._open:
+            self._groups.append(zlib.compress("\n".join(self._open).encode("utf-8"), 1))
+            self._open = []
+
+    def _line(self, entry: FrameEntry) -> str:
+        group, lines = self._group_cache
+        if group != entry.group:
+            lines = zlib.decompress(self._groups[entry.group]).decode("utf-8").split("\n")
+            self._group_cache = (entry.group, lines)
+        return lines[entry.offset]
 
     @staticmethod
     def _event(obj: dict) -> dict:
@@ -136,7 +160,7 @@ class Recording:
             self._decoder, self._decoded = FrameDecoder(self.header), start - 1
         snap = workload = None
         for j in range(self._decoded + 1, i + 1):
-            snap, workload = self._decoder.decode(parse_line(self.entries[j].line))
+            snap, workload = self._decoder.decode(parse_line(self._line(self.entries[j])))
         self._decoded = i
         e = self.entries[i]
         return ReplayFrame(e.t, snap, workload, e.events)

@@ -56,10 +56,13 @@ class LiveSource:
         return self.loop.paused
 
     def position(self) -> str:
-        """The recorder's state, when recording (it stops at its size limit)."""
+        """The recorder's state, when recording (it stops at its size limit, or when a
+        write fails: disk full)."""
         rec = self.recorder
         if rec is None:
             return ""
+        if rec.error:
+            return f"REC stopped: {rec.error}  "
         if rec.full:
             return f"REC stopped: {rec.max_bytes >> 20} MB limit  "
         return f"● REC {rec.bytes / 1e6:.1f} MB  "

@@ -266,3 +266,29 @@ def test_stopped_engine_is_503():
         r = httpx.post(srv.url + "/v1/completions", json={"model": "dummy:tiny",
                                                          "prompt": [1, 2], "max_tokens": 2})
         check_error(r, 503, "engine_unavailable", "stopped")
+
+
+def test_slow_reader_does_not_hold_back_the_engine(server, loop):
+    """A streaming client that reads nothing (a tiny receive buffer, never drained): its
+    request still runs to the end in the engine, another client's request is served
+    meanwhile, and closing the socket leaves nothing behind."""
+    import socket
+    body = json.dumps({"model": "default", "prompt": PROMPT, "max_tokens": 300,
+                       "ignore_eos": True, "stream": True}).encode()
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    slow.connect((server.host, server.port))
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    try:
+        wait_for(lambda: any(r.state == "decoding" for r in live(loop)))
+        rid = next(r.request_id for r in live(loop) if r.state == "decoding")
+        good = {"model": "default", "prompt": "ROMEO:", "max_tokens": 16, "temperature": 0}
+        r = httpx.post(server.url + "/v1/completions", json=good, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+        # the slow reader's request is not throttled to its reading speed (nothing)
+        wait_for(lambda: loop.snapshot().request(rid).state == "finished", 60)
+        assert loop.snapshot().request(rid).output_tokens == 300
+    finally:
+        slow.close()
+    wait_for(lambda: not live(loop) and loop.snapshot().num_used == 0)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
+import io
 import subprocess
 import sys
 import time
@@ -170,3 +172,73 @@ def test_recorder_stops_at_its_size_limit_and_the_status_says_so(tmp_path):
         src.close()
     replay = load_recording(str(tmp_path / "s.gz"))
     assert len(replay) == frames and replay.describe_end() is None
+
+
+def poll(cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+class FullDisk:
+    """A file whose writes fail with ENOSPC after `flushes` flushes (a disk that fills
+    while recording); what was written before is really on disk."""
+
+    def __init__(self, path: str, flushes: int):
+        self._f = open(path, "wb")
+        self.flushes = flushes
+
+    def write(self, data) -> int:
+        if self.flushes <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self.flushes -= 1
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+
+def test_disk_full_while_recording_stops_the_recorder_not_the_session(tmp_path, monkeypatch):
+    import gzip
+
+    from roseplay import record
+    path = str(tmp_path / "s.gz")
+    monkeypatch.setattr(record.gzip, "open", lambda p, mode, **kw: io.TextIOWrapper(
+        gzip.GzipFile(fileobj=FullDisk(p, 2), mode="wb", compresslevel=6),
+        encoding="utf-8"))
+    src = live_source()
+    try:
+        rec = src.recorder = record.Recorder(path, src.snapshot, src.workload, interval=0.02)
+        poll(lambda: rec.error is not None)
+        assert rec.full and src.position() == "REC stopped: No space left on device  "
+        assert rec._thread.is_alive(), "the recorder thread died"
+        done = src.driver.completed
+        poll(lambda: src.driver.completed > done + 4)    # the session goes on
+        assert src.loop.fatal_error is None
+    finally:
+        src.close()                       # the final frame cannot be written: no raise
+    monkeypatch.undo()                    # a real gzip.open again, to read it back
+    replay = load_recording(path)         # what was flushed before the disk filled
+    assert len(replay) >= 1 and "cut off" in (replay.describe_end() or "")
+
+
+def test_replay_keeps_frames_compressed_and_decodes_them_the_same():
+    """Replay memory is the compressed groups (about the file's size), not the JSON."""
+    import gzip
+    rec = load_recording(SESSION)
+    json_chars = sum(len(line) for line in gzip.open(SESSION, "rt"))
+    held = sum(len(g) for g in rec._groups)
+    assert held < json_chars / 4 and not hasattr(rec.entries[0], "line")
+    keys = [i for i, e in enumerate(rec.entries) if e.key]
+    assert len(rec._groups) == len(keys)
+    forward = [rec[i].snapshot.step for i in range(len(rec))]
+    backward = [rec[i].snapshot.step for i in reversed(range(len(rec)))]   # from keyframes
+    assert forward == backward[::-1] == [e.step for e in rec.entries]

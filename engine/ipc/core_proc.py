@@ -22,7 +22,7 @@ import time
 import msgspec
 import zmq
 
-from engine.codes import REASON_ERROR
+from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import InvalidRequestError, check_priority, make_config
 from engine.core_loop import CoreLoop
 from engine.ipc import protocol as P
@@ -32,6 +32,7 @@ from engine.request import SamplingParams
 
 CLIENT_TIMEOUT = 3.0        # seconds without a heartbeat before a client counts as gone
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
+ABORT_REASONS = (REASON_CANCELLED, REASON_STOP, REASON_ERROR)
 
 
 def die_with_parent() -> None:
@@ -43,9 +44,11 @@ def die_with_parent() -> None:
 
 
 class EngineCoreProc:
-    def __init__(self, engine, address: str, owner_pid: int | None = None):
+    def __init__(self, engine, address: str, owner_pid: int | None = None,
+                 owner_token: str | None = None):
         self.engine = engine
         self.owner_pid = owner_pid
+        self.owner_token = owner_token
         self.ctx = zmq.Context()
         in_ep, out_ep, pub_ep = P.endpoints(address)
         self.in_sock = self._bind(zmq.ROUTER, in_ep)
@@ -176,6 +179,15 @@ class EngineCoreProc:
             return    # clients validate first; a bad one from elsewhere changes nothing
         self.core.update_knobs(msg.knobs)
 
+    def _abort(self, client: bytes, msg: P.Abort) -> None:
+        """A client ends only its own requests, with a reason the front knows."""
+        if self.owner_of.get(msg.request_id) == client and msg.reason in ABORT_REASONS:
+            self.core.abort(msg.request_id, msg.reason, msg.error)
+
+    def _shutdown(self, client: bytes, msg: P.Shutdown) -> None:
+        if self.owner_token is None or msg.token == self.owner_token:
+            self.core.stop()
+
     def _step_once(self, client: bytes, msg: P.StepOnce) -> None:
         self.core.step_once(lambda: self._sendq.put((client, P.StepDone(msg.token))))
 
@@ -244,7 +256,7 @@ class EngineCoreProc:
 _HANDLERS = {
     P.Hello: EngineCoreProc._hello,
     P.Submit: EngineCoreProc._submit,
-    P.Abort: lambda self, c, m: self.core.abort(m.request_id, m.reason, m.error),
+    P.Abort: EngineCoreProc._abort,
     P.SetKnobs: EngineCoreProc._set_knobs,
     P.SetPaused: lambda self, c, m: self.core.set_paused(m.paused),
     P.StepOnce: EngineCoreProc._step_once,
@@ -253,14 +265,17 @@ _HANDLERS = {
     P.Barrier: EngineCoreProc._barrier,
     P.Heartbeat: lambda self, c, m: None,
     P.Bye: EngineCoreProc._bye,
-    P.Shutdown: lambda self, c, m: self.core.stop(),
+    P.Shutdown: EngineCoreProc._shutdown,
 }
 
 
-def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | None) -> None:
+def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | None,
+                    owner_token: str | None = None) -> None:
     """The engine-core process's work. status(kind, text) reports ("progress", text),
     then ("ready", address) or ("error", message)."""
     die_with_parent()
+    if owner_pid is not None and os.getppid() != owner_pid:
+        return        # the owner died before PDEATHSIG was armed (e.g. quit during imports)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the client, which stops us
     try:
         import torch
@@ -271,7 +286,7 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         status("progress", f"loading {engine_kwargs.get('model', 'default')}")
         engine = LLMEngine(make_config(**engine_kwargs))
         status("progress", "binding sockets")
-        proc = EngineCoreProc(engine, address, owner_pid)
+        proc = EngineCoreProc(engine, address, owner_pid, owner_token)
     except Exception as exc:
         status("error", f"{type(exc).__name__}: {exc}")
         return
@@ -290,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-json", default="{}", help="engine knobs as a JSON object")
     p.add_argument("--owner-pid", type=int, default=None, help="stop when this process dies")
     p.add_argument("--status-fd", type=int, default=None, help="write JSON status lines here")
+    p.add_argument("--owner-token", default=None, help="Shutdown must carry this (default: "
+                   "anyone may stop the engine); read from the environment variable "
+                   "ROSEPLAY_OWNER_TOKEN if unset")
     args = p.parse_args(argv)
     out = os.fdopen(args.status_fd, "w", buffering=1) if args.status_fd is not None else None
 
@@ -302,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         else:
             print(line, flush=True)
-    run_engine_core(json.loads(args.engine_json), args.address, status, args.owner_pid)
+    token = args.owner_token or os.environ.pop("ROSEPLAY_OWNER_TOKEN", None)
+    run_engine_core(json.loads(args.engine_json), args.address, status, args.owner_pid, token)
     return 0
 
 

@@ -75,7 +75,9 @@ class Bye(msgspec.Struct, tag=True):
 
 
 class Shutdown(msgspec.Struct, tag=True):
-    """Stop the engine (the owner's close)."""
+    """Stop the engine (the owner's close): honoured only with the owner's token, given
+    to the core at start (--owner-token), so an attached client cannot stop it."""
+    token: str = ""
 
 
 ClientMessage = (Hello | Submit | Abort | SetKnobs | SetPaused | StepOnce | ClearPrefixCache

@@ -43,6 +43,7 @@ class ServeState:
         self.loop, self.config = loop, config
         self.tokenizer = loop.tokenizer
         self.max_model_len = info.max_model_len
+        self.vocab_size = info.vocab_size
         self.model_names = config.served_model_name or (info.model_name,)
         self.chat_template = chat.pick_template(self.tokenizer, chat.load_template(
             config.chat_template))

@@ -22,7 +22,10 @@ class EngineInputs:
     prompt_texts: list[str | None]
 
 
-def completion_prompt(tokenizer, prompt) -> dict:
+MAX_CHOICES = 1024     # prompts x n of one request: each is an engine request
+
+
+def completion_prompt(tokenizer, prompt, vocab_size: int) -> dict:
     if isinstance(prompt, str):
         if tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer: send the prompt as token "
@@ -30,6 +33,9 @@ def completion_prompt(tokenizer, prompt) -> dict:
         if not prompt:
             raise InvalidRequestError("prompt is empty")
         return {"prompt_token_ids": list(tokenizer.encode(prompt)), "prompt": prompt}
+    if prompt and not 0 <= min(prompt) <= max(prompt) < vocab_size:   # before decoding them
+        raise InvalidRequestError(f"token ids must be in [0, {vocab_size}); got min "
+                                  f"{min(prompt)}, max {max(prompt)}")
     text = tokenizer.decode(prompt) if tokenizer is not None else None
     return {"prompt_token_ids": list(prompt), "prompt": text}
 
@@ -61,8 +67,12 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
                         [p.get("prompt") for p in prompts])
 
 
-def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int) -> EngineInputs:
-    prompts = [completion_prompt(tokenizer, p) for p in req.prompts()]
+def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
+                      vocab_size: int) -> EngineInputs:
+    if len(req.prompts()) * req.n > MAX_CHOICES:      # before tokenizing them all
+        raise InvalidRequestError(f"{len(req.prompts())} prompts x n={req.n} choices; at "
+                                  f"most {MAX_CHOICES} per request")
+    prompts = [completion_prompt(tokenizer, p, vocab_size) for p in req.prompts()]
     return _expand(req, prompts, req.max_tokens, max_model_len)
 
 

@@ -174,7 +174,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
 @router.post("/v1/completions")
 async def completions(request: Request, req: CompletionRequest):
     return await _generate(request, CompletionFormat, req, lambda r, st: inputs.completion_inputs(
-        r, st.tokenizer, st.max_model_len))
+        r, st.tokenizer, st.max_model_len, st.vocab_size))
 
 
 @router.post("/v1/chat/completions")
