@@ -41,6 +41,9 @@ def parse_args(argv=None):
                    "(interleaved); the ratio reported is the median of the pairs'")
     p.add_argument("--alternate", type=int, default=0, metavar="K",
                    help="K TUI windows between K+1 alone windows in one engine run")
+    p.add_argument("--view", choices=("tui", "burn"), default="tui",
+                   help="--alternate: what runs in the odd windows: the app, or a process "
+                        "spinning one core (a control: the cost of any busy neighbour)")
     p.add_argument("--alone-watches", action="store_true",
                    help="--alternate: keep the snapshot subscription in the alone windows "
                         "(default: alone = nobody subscribes, the engine builds no snapshot)")
@@ -137,6 +140,19 @@ def app_window(source, seconds: float, settle: float = 1.0) -> dict:
     return asyncio.run(run())
 
 
+def burn_window(source, seconds: float) -> dict:
+    """The window with a process that spins one core instead of the app: what any busy
+    neighbour on the host costs the engine (turbo and shared cores), not the UI."""
+    import subprocess
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        return window_stats(source, seconds, unwatched=True)
+    finally:
+        spin.kill()
+        spin.wait()
+
+
 def alternate(args) -> int:
     import statistics
     source = start(args, in_process=False)
@@ -144,8 +160,9 @@ def alternate(args) -> int:
     try:
         time.sleep(args.warmup)
         for k in range(2 * args.alternate + 1):
-            view = "tui" if k % 2 else "alone"
-            stats = app_window(source, args.seconds) if k % 2 else \
+            view = args.view if k % 2 else "alone"
+            stats = app_window(source, args.seconds) if view == "tui" else \
+                burn_window(source, args.seconds) if view == "burn" else \
                 window_stats(source, args.seconds, unwatched=not args.alone_watches)
             rows.append((view, stats))
             print(f"{k:>3} {view:<6} {stats['tok_s']:10,.0f} tok/s  {stats['steps_s']:6.1f} "
@@ -156,14 +173,14 @@ def alternate(args) -> int:
     finally:
         source.close()
     alone = [r["tok_s"] for v, r in rows if v == "alone"]
-    tui = [r["tok_s"] for v, r in rows if v == "tui"]
+    tui = [r["tok_s"] for v, r in rows if v != "alone"]
     ratios = [t / ((alone[i] + alone[i + 1]) / 2) for i, t in enumerate(tui)]
     med = statistics.median(ratios)
     print(f"alternating: alone median {statistics.median(alone):,.0f} "
-          f"({min(alone):,.0f}..{max(alone):,.0f}), with the TUI median "
+          f"({min(alone):,.0f}..{max(alone):,.0f}), with the {args.view} median "
           f"{statistics.median(tui):,.0f} ({min(tui):,.0f}..{max(tui):,.0f}); TUI/alone "
           f"median {med:.3f} ({min(ratios):.3f}..{max(ratios):.3f}) over {len(ratios)} "
-          f"windows: the TUI costs {100 * (1 - med):.1f}% of output tok/s", flush=True)
+          f"windows: the {args.view} costs {100 * (1 - med):.1f}% of output tok/s", flush=True)
     return 0
 
 

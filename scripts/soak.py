@@ -167,8 +167,8 @@ class Soak:
 
 
 def soak(seconds: float = 20.0, in_flight: int = 24, flip_every: float = 0.25,
-         sample_every: float = 1.0, seed: int = 0) -> SoakResult:
-    with EngineClient(label="soak", **ENGINE) as client:
+         sample_every: float = 1.0, seed: int = 0, device: str = "cpu") -> SoakResult:
+    with EngineClient(label="soak", **{**ENGINE, "device": device}) as client:
         return Soak(client, seconds, in_flight, flip_every, sample_every, seed).run()
 
 
@@ -204,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flip-every", type=float, default=0.25)
     p.add_argument("--sample-every", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: the same tiny model and churn on the GPU (graphs, async steps)")
     a = p.parse_args(argv)
-    res = soak(a.seconds, a.in_flight, a.flip_every, a.sample_every, a.seed)
+    res = soak(a.seconds, a.in_flight, a.flip_every, a.sample_every, a.seed, a.device)
     print_report(res, a.seconds)
     return 0 if not res.errors and not res.mismatches and res.all_free else 1
 
