@@ -10,6 +10,8 @@ import os
 import time
 from collections import Counter
 
+import pytest
+
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -148,3 +150,11 @@ def still_serves(loop, reference: list[int]) -> None:
         snap = loop.snapshot()
         return snap.num_free == snap.num_blocks
     wait_for(all_free, 20, "every block back in the pool")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def print_counts():
+    """ROSEPLAY_FUZZ_REPORT=1: print how many inputs each boundary was tried with."""
+    yield
+    if os.environ.get("ROSEPLAY_FUZZ_REPORT"):
+        print("\n" + report())

@@ -6,3 +6,20 @@ def add_request(eng, prompt, params=None, request_id=None, priority=0):
     """Validate like the front does and queue on the core; returns the core Request."""
     creq, _ = InputProcessor.for_engine(eng).process(prompt, params, request_id, priority)
     return eng.add(creq)
+
+
+def engines_owned_by(pid: int) -> list[int]:
+    """Live engine-core processes started by (with the command-line owner) `pid`."""
+    import os
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"engine.ipc.core_proc" in cmd and str(pid).encode() in cmd and state != "Z":
+            found.append(int(d))
+    return found

@@ -15,6 +15,7 @@ from engine import LLM, SamplingParams
 from engine.client import EngineClient
 from engine.config import InvalidRequestError
 from engine.ipc import protocol as P
+from tests.helpers import engines_owned_by
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo", "First Citizen:\nBefore we proceed"]
@@ -23,20 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def engine_pids() -> list[int]:
     """Live engine-core processes started from this test process."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            with open(f"/proc/{d}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"engine.ipc.core_proc" in cmd and f"{os.getpid()}".encode() in cmd and state != "Z":
-            pids.append(int(d))
-    return pids
+    return engines_owned_by(os.getpid())
 
 
 @pytest.fixture(scope="module")

@@ -20,17 +20,11 @@ from engine import LLM, EngineLoop, InvalidRequestError, SamplingParams
 from engine.config import KNOB_MAXIMUM, SchedulerConfig, make_config
 from engine.request import MAX_TEMPERATURE
 from tests import fuzz_values as F
+from tests.fuzz_values import print_counts  # noqa: F401 (an autouse fixture)
 
 VOCAB = 512                 # dummy:tiny
 ENGINE = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4, num_blocks=32,
               max_model_len=64)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def print_counts():
-    yield
-    if os.environ.get("ROSEPLAY_FUZZ_REPORT"):
-        print("\n" + F.report())
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,10 @@ from hypothesis import strategies as st
 from engine.client import EngineClient
 from engine.ipc import protocol as P
 from tests import fuzz_values as F
+from tests.fuzz_values import print_counts  # noqa: F401 (an autouse fixture)
 from tests.test_fuzz_api import ENGINE, VOCAB
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def print_counts():
-    yield
-    if os.environ.get("ROSEPLAY_FUZZ_REPORT"):
-        print("\n" + F.report())
 
 
 # -- engine-process protocol ---------------------------------------------------------------

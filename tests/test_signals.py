@@ -17,23 +17,9 @@ import pytest
 from tests.test_tui_tmux import ROOT, Tmux
 
 pytestmark = pytest.mark.timeout(120)
+from tests.helpers import engines_owned_by  # noqa: E402
+
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-
-
-def engines_owned_by(pid: int) -> list[int]:
-    """Live engine-core processes started with --owner-pid `pid`."""
-    found = []
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            with open(f"/proc/{d}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"engine.ipc.core_proc" in cmd and str(pid).encode() in cmd and state != "Z":
-            found.append(int(d))
-    return found
 
 
 def wait_gone(pid: int, timeout: float = 5.0) -> list[int]:
