@@ -83,6 +83,7 @@ class EngineCounters:
     #                             = the share of the engine thread's time spent on the host
     snapshot_build_us: int = 0  # building (and, in the engine process, encoding)
     #                             snapshots for viewers: what watching costs the engine
+    gc_pause_us: int = 0        # the engine process's garbage-collection pauses
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -113,7 +113,7 @@ def check_event(d, num_blocks: int) -> dict:
 
 
 # counters added after format 1 was written: older recordings read them as 0
-LATER_COUNTERS = ("device_wait_us", "snapshot_build_us")
+LATER_COUNTERS = ("device_wait_us", "snapshot_build_us", "gc_pause_us")
 
 
 def check_counters(d) -> dict:

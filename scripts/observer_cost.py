@@ -86,7 +86,7 @@ def window_stats(source, seconds: float, wait=time.sleep, unwatched: bool = Fals
                 tok_per_step=(c.prefill_tokens + c.decode_tokens) / max(c.steps, 1),
                 decodes_per_step=c.decode_tokens / max(c.steps, 1),
                 host_share=1 - c.device_wait_us / 1e6 / dt,
-                snapshot_share=c.snapshot_build_us / 1e6 / dt)
+                snapshot_share=c.snapshot_build_us / 1e6 / dt, gc_share=c.gc_pause_us / 1e6 / dt)
 
 
 def window_tok_s(source, args, wait) -> float:
@@ -169,7 +169,8 @@ def alternate(args) -> int:
                   f"steps/s  {stats['tok_per_step']:7.1f} tok/step ({stats['decodes_per_step']:5.1f} "
                   f"decodes)  host "
                   f"{100 * stats['host_share']:5.1f}%  snapshots "
-                  f"{100 * stats['snapshot_share']:4.1f}%", flush=True)
+                  f"{100 * stats['snapshot_share']:4.1f}%  gc {100 * stats['gc_share']:4.1f}%",
+                  flush=True)
     finally:
         source.close()
     alone = [r["tok_s"] for v, r in rows if v == "alone"]

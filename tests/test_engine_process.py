@@ -92,6 +92,15 @@ def test_dropping_snapshots_stops_the_engine_building_them(client):
     assert after.counters.snapshot_build_us - built < 50_000
 
 
+def test_the_engine_times_its_garbage_collections(client):
+    """Serving allocates: young collections run, and their pauses reach the counters
+    (what watching or serving costs the engine in GC, next to snapshots and the device)."""
+    before = client.snapshot().counters.gc_pause_us
+    client.submit(PROMPTS[1], SamplingParams(max_tokens=48, **GREEDY)).result(timeout=60)
+    assert client.wait_idle(30)
+    assert client.snapshot().counters.gc_pause_us > before
+
+
 def test_greedy_outputs_equal_in_process(client):
     sp = SamplingParams(max_tokens=24, **GREEDY)
     ref = LLM(model="default", device="cpu").generate(PROMPTS, sp)
