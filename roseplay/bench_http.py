@@ -202,14 +202,23 @@ def run(args, console: Console) -> int:
             outcomes = asyncio.run(drive(args, items, model, tokenizer, headers,
                                          _arrivals(args), lambda: progress.advance(task)))
             runs.append((outcomes, before, scrape_counters(args.base_url, headers)))
-    results = [_report(console, args, *run, model) for run in runs]
+    reported = [_report(console, args, *run, model) for run in runs]
+    results = [result for result, _ in reported]
+    if args.json:     # every run; the last one's requests and server deltas in full
+        result, payload = reported[-1]
+        payload["runs"] = [report.run_payload(r, report.summarize(r, goodput_slos(args)))
+                           for r in results]
+        report.dump_json(args.json, payload)
+        console.print(f"wrote {args.json}")
     if len(results) > 1:
         report.print_repeats(console, results, report.host_cpu() + " (the client's)")
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
 
 
-def _report(console: Console, args, outcomes, before, after, model) -> report.RunResult:
+def _report(console: Console, args, outcomes, before, after, model
+            ) -> tuple[report.RunResult, dict]:
+    """Print one run's report; return it and its JSON payload."""
     records = [o.record for o in outcomes if o.record is not None]
     failed = [o for o in outcomes if o.error is not None]
     for o in failed[:3]:
@@ -224,10 +233,7 @@ def _report(console: Console, args, outcomes, before, after, model) -> report.Ru
         console.print(f"server prefix cache hit rate (tokens): "
                       f"{100 * server['vllm:prefix_cache_hits_total'] / q:.1f} %; preemptions: "
                       f"{server.get('vllm:num_preemptions_total', 0):.0f}", highlight=False)
-    if args.json:
-        payload = {"bench": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
-                   "mode": "http", "summary": summary, "requests": records,
-                   "server_metrics_delta": server, "runs": [report.run_payload(result, summary)]}
-        report.dump_json(args.json, payload)
-        console.print(f"wrote {args.json}")
-    return result
+    payload = {"bench": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
+               "mode": "http", "summary": summary, "requests": records,
+               "server_metrics_delta": server}
+    return result, payload

@@ -50,6 +50,16 @@ def test_http_bench_matches_the_in_process_workload(dummy_server, tmp_path, caps
     assert "api_key" not in http["bench"]              # the key is not written to the JSON
 
 
+def test_http_bench_repeats_report_median_and_every_run(dummy_server, tmp_path, capsys):
+    rc, data, out = run_json(tmp_path, capsys, "--base-url", dummy_server.url, "--api-key", KEY,
+                             "--model", "dummy:tiny", "--repeat", "3")
+    assert rc == 0, out
+    assert out.count("Serving Benchmark Result") == 3 and "median" in out
+    runs = [r["summary"]["output_throughput"] for r in data["runs"]]
+    assert len(runs) == 3 and all(t > 0 for t in runs)
+    assert data["summary"]["successful_requests"] == 8        # the last run in full
+
+
 def test_http_bench_without_the_key_fails_clearly(dummy_server, tmp_path, capsys):
     rc, data, out = run_json(tmp_path, capsys, "--base-url", dummy_server.url,
                              "--model", "dummy:tiny", "--warmup", "0")
