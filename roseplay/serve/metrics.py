@@ -105,6 +105,8 @@ class ServerMetrics:
                                      lab, registry=reg).labels(model_name)
         self._success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                 lab + ["finished_reason"], registry=reg)
+        for reason in ("stop", "length", "abort", "error"):   # 0 from the start, as vLLM
+            self._success.labels(model_name, reason)
 
     def observe_tokens(self, arrival: float, prev_time: float | None, times) -> None:
         """One stream event's token timestamps (prev_time: the request's last token)."""
