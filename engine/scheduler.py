@@ -97,9 +97,14 @@ class Scheduler:
         plan = StepPlan()
         budget = knobs.max_num_batched_tokens
         if knobs.scheduling_mode == "prefill-first":
-            self._admit_waiting(plan, self._schedule_running_prefills(plan, budget), knobs)
+            # a prefill never preempts here: one that did could be re-admitted at once
+            # and starve every decode (a prefill-only step each time, forever)
+            left = self._schedule_running_prefills(plan, budget, may_preempt=False)
+            self._admit_waiting(plan, left, knobs)
             if not plan.prefills:
                 self._schedule_decodes(plan, budget)
+            if not plan:       # nothing fits without preempting: the oldest prefill may
+                self._schedule_running_prefills(plan, budget)
             return plan
         if knobs.scheduling_mode == "mixed-chunk":
             self._schedule_decodes(plan, None)
@@ -157,14 +162,16 @@ class Scheduler:
                 budget -= 1
         return budget
 
-    def _schedule_running_prefills(self, plan: StepPlan, budget: int) -> int:
+    def _schedule_running_prefills(self, plan: StepPlan, budget: int,
+                                   may_preempt: bool = True) -> int:
         for req in [r for r in self._running() if r.dedup_leader is None and r.num_uncomputed > 1]:
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue
             n = min(req.num_uncomputed, budget)
-            if not self._reserve_running(req, n, plan):
+            if not (self._reserve_running(req, n, plan) if may_preempt
+                    else self.kv.reserve(req, n, plan.copies)):
                 continue
             plan.prefills.append(self._chunk(req, n))
             budget -= n

@@ -11,6 +11,7 @@ from engine.kv.block_pool import BlockPool
 from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from engine.snapshot import Counters
+from tests.helpers import add_request
 
 BS = 4
 
@@ -203,3 +204,36 @@ def test_histogram_quantile_interpolates_like_prometheus():
     assert h.quantile(0.75) == 15.0
     assert h.mean == 12.5 and math.isnan(Histogram().quantile(0.5))
     assert h.minus(h).count == 0
+
+
+@pytest.mark.parametrize("seed", [17, 80, 93, 96, 105])
+def test_prefill_first_drains_a_full_pool(seed):
+    """Regression (found by the state machine in CI): under prefill-first a prefill that
+    preempted to grow was re-admitted at once, so every step was prefill-only and the
+    running decodes starved forever. Random small pools, tiny budgets, every policy."""
+    import random
+    from tests.test_property import VOCAB, make_engine
+    rng = random.Random(seed)
+    nb, bsz = rng.randint(3, 8), rng.choice([4, 8])
+    eng = make_engine(nb, bsz, enable_prefix_caching=rng.random() < .5,
+                      max_num_batched_tokens=rng.choice([1, 2, 64, 512]),
+                      max_num_seqs=rng.choice([1, 2, 8]))
+    for i in range(rng.randint(1, 8)):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
+        params = SamplingParams(max_tokens=rng.randint(1, 12), temperature=0, ignore_eos=True)
+        try:
+            add_request(eng, {"prompt_token_ids": prompt}, params, request_id=f"r{i}",
+                        priority=rng.randint(-2, 2))
+        except InvalidRequestError:
+            pass
+    knobs = dict(scheduling_mode="prefill-first",
+                 scheduling_policy=rng.choice(["fcfs", "priority", "lpm"]),
+                 eviction_policy=rng.choice(["lru", "lfu"]), max_num_seqs=rng.choice([1, 2, 8, 64]),
+                 max_num_batched_tokens=rng.choice([1, 2, 64, 512]))
+    eng.set_knobs(eng.knobs.replace(**knobs))
+    for _ in range(3000):
+        if not eng.has_unfinished():
+            break
+        eng.step()
+    assert not eng.has_unfinished(), "prefill-first livelocked"
+    eng.pool.check([])
