@@ -6,8 +6,9 @@
 One request (greedy, `--input-len` prompt tokens) decodes `--steps` tokens, `--repeat`
 times on one engine. Per decode step (engine.step() in steady state, async scheduling as
 configured): the wall time (= TPOT), the time rank 0 waits for the device (the step's
-one host sync, HostCopy.tolist), the host's own time (wall - wait: scheduling, batch
-build, the broadcast to the workers, launches) and, under TP, the broadcast alone.
+one host sync: the engine's counters.device_wait_us), the host's own time (wall - wait:
+scheduling, batch build, the broadcast to the workers, launches) and, under TP, the
+broadcast alone.
 Run with ROSEPLAY_TP_NOOP_ALL_REDUCE=1 to drop every all-reduce (tokens wrong): the
 difference in step time to a normal run is the all-reduces' share of the step.
 Prints one `key=value` line per run and a `summary` line (medians over the runs).
@@ -23,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
-from engine import device_io  # noqa: E402
 from engine.distributed.debug import exit_with_stacks_after  # noqa: E402
 
 
@@ -42,7 +42,7 @@ class Timed:
         setattr(owner, name, timed)
 
 
-def one_run(llm, args, rng, wait: Timed, bcast: Timed | None) -> dict:
+def one_run(llm, args, rng, bcast: Timed | None) -> dict:
     eng = llm.engine
     prompt = rng.integers(0, eng.vocab_size, args.input_len).tolist()
     req = llm.add_request({"prompt_token_ids": prompt},
@@ -52,11 +52,11 @@ def one_run(llm, args, rng, wait: Timed, bcast: Timed | None) -> dict:
         eng.step()
     walls, waits, bcasts = [], [], []
     for _ in range(args.steps):
-        w0, b0 = wait.total, bcast.total if bcast else 0.0
+        w0, b0 = eng.counters.device_wait_us, bcast.total if bcast else 0.0
         t0 = time.perf_counter()
         eng.step()
         walls.append(time.perf_counter() - t0)
-        waits.append(wait.total - w0)
+        waits.append((eng.counters.device_wait_us - w0) / 1e6)
         bcasts.append((bcast.total if bcast else 0.0) - b0)
     while eng.has_unfinished():
         eng.step()
@@ -82,12 +82,11 @@ def main() -> None:
               tensor_parallel_size=args.tp, async_scheduling=not args.no_async,
               max_model_len=args.input_len + args.steps + 64)
     try:
-        wait = Timed(device_io.HostCopy, "tolist")
         group = llm.engine.tp_group
         bcast = Timed(group, "broadcast") if group is not None else None
         rng = np.random.default_rng(0)
-        one_run(llm, args, rng, wait, bcast)   # warm-up run
-        runs = [one_run(llm, args, rng, wait, bcast) for _ in range(args.repeat)]
+        one_run(llm, args, rng, bcast)   # warm-up run
+        runs = [one_run(llm, args, rng, bcast) for _ in range(args.repeat)]
     finally:
         llm.engine.close()
     noop = os.environ.get("ROSEPLAY_TP_NOOP_ALL_REDUCE") == "1"
