@@ -72,14 +72,14 @@ def fresh_snapshot(source, timeout: float = 5.0):
     return source.snapshot()
 
 
-def window_stats(source, seconds: float, wait=time.sleep, unwatched: bool = False) -> dict:
+def window_stats(source, seconds: float, unwatched: bool = False) -> dict:
     """Engine-side rates over one window, from two snapshots' counters. `unwatched`: no
     client subscribes during the window (the engine builds no snapshot): the real
     'alone' (only the two boundary snapshots are taken)."""
     s0 = fresh_snapshot(source) if unwatched else source.snapshot()
     if unwatched:
         source.loop.watch(False)
-    wait(seconds)
+    time.sleep(seconds)
     s1 = fresh_snapshot(source) if unwatched else source.snapshot()
     c, dt = s1.counters.minus(s0.counters), s1.time - s0.time
     return dict(tok_s=c.generated_tokens / dt, steps_s=c.steps / dt,
@@ -87,30 +87,6 @@ def window_stats(source, seconds: float, wait=time.sleep, unwatched: bool = Fals
                 decodes_per_step=c.decode_tokens / max(c.steps, 1),
                 host_share=1 - c.device_wait_us / 1e6 / dt,
                 snapshot_share=c.snapshot_build_us / 1e6 / dt, gc_share=c.gc_pause_us / 1e6 / dt)
-
-
-def window_tok_s(source, args, wait) -> float:
-    """Generated tokens per second of engine time over the window (snapshot counters)."""
-    wait(args.warmup)
-    return window_stats(source, args.seconds, wait)["tok_s"]
-
-
-def alone(source, args) -> float:
-    return window_tok_s(source, args, time.sleep)
-
-
-def with_app(source, args) -> float:
-    from roseplay.app import RoseplayApp
-
-    async def run() -> float:
-        app = RoseplayApp(source=source)
-        async with app.run_test(size=(200, 60)) as pilot:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(
-                None, window_tok_s, source, args, time.sleep)
-            await pilot.pause(0)
-            return result
-    return asyncio.run(run())
 
 
 class _Borrowed:
@@ -189,7 +165,10 @@ def run_one(args) -> float:
     mode, view = args.one
     source = start(args, mode == "in-process")
     try:
-        return (alone if view == "alone" else with_app)(source, args)
+        if view == "alone":
+            time.sleep(args.warmup)
+            return window_stats(source, args.seconds)["tok_s"]
+        return app_window(source, args.seconds, settle=args.warmup)["tok_s"]
     finally:
         source.close()
 
