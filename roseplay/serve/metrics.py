@@ -11,7 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from engine.codes import DECODING, DEDUP, PREEMPTED, PREFILLING, WAITING
+from engine.codes import (DECODING, DEDUP, PREEMPTED, PREFILLING, REASON_CANCELLED,
+                          REASON_ERROR, REASON_LENGTH, REASON_STOP, WAITING)
 from engine.kv.block_metrics import BLOCK_METRICS
 
 BLOCK_DOCS = {"lifetime": "KV cache block lifetime from allocation to eviction.",
@@ -87,26 +88,27 @@ class ServerMetrics:
         self.registry.register(SnapshotCollector(loop, model_name))
         lab = ["model_name"]
         reg = self.registry
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
-                              lab, buckets=TTFT_BUCKETS, registry=reg).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Gap between tokens.",
-                             lab, buckets=ITL_BUCKETS, registry=reg).labels(model_name)
-        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
-                              "Per-request (last - first) / (n - 1).", lab,
-                              buckets=ITL_BUCKETS, registry=reg).labels(model_name)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
-                             lab, buckets=E2E_BUCKETS, registry=reg).labels(model_name)
-        self.prompt_len = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
-                                    lab, buckets=TOKEN_BUCKETS, registry=reg).labels(model_name)
-        self.output_len = Histogram("vllm:request_generation_tokens",
-                                    "Generated tokens per request.", lab,
-                                    buckets=TOKEN_BUCKETS, registry=reg).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(name, doc, lab, buckets=buckets, registry=reg).labels(model_name)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+                              TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Gap between tokens.",
+                             ITL_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Per-request (last - first) / (n - 1).", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
+                             E2E_BUCKETS)
+        self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
+                                    TOKEN_BUCKETS)
+        self.output_len = histogram("vllm:request_generation_tokens",
+                                    "Generated tokens per request.", TOKEN_BUCKETS)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.",
                                      lab, registry=reg).labels(model_name)
         self._success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                 lab + ["finished_reason"], registry=reg)
-        for reason in ("stop", "length", "abort", "error"):   # 0 from the start, as vLLM
-            self._success.labels(model_name, reason)
+        for reason in (REASON_STOP, REASON_LENGTH, "abort", REASON_ERROR):
+            self._success.labels(model_name, reason)      # 0 from the start, as vLLM
 
     def observe_tokens(self, arrival: float, prev_time: float | None, times) -> None:
         """One stream event's token timestamps (prev_time: the request's last token)."""
@@ -119,7 +121,7 @@ class ServerMetrics:
 
     def observe_finish(self, output, finish_reason: str | None, finish_time: float,
                        arrival: float) -> None:
-        reason = "abort" if finish_reason == "cancelled" else finish_reason or "unknown"
+        reason = "abort" if finish_reason == REASON_CANCELLED else finish_reason or "unknown"
         self._success.labels(self.model, reason).inc()
         self.e2e.observe(max(0.0, finish_time - arrival))
         if output is None:
