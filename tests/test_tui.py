@@ -36,6 +36,13 @@ async def _running(pilot, source, n: int = 1) -> None:
         "the engine finished no request"
 
 
+async def _paused_while_running(pilot, source) -> None:
+    """Serving, then paused with the space key, with the paused snapshot published."""
+    await _running(pilot, source)
+    await pilot.press("space")
+    await settle(pilot, source)
+
+
 @sync
 async def test_app_serves_at_once_and_panels_render(source):
     app = RoseplayApp(source=source)
@@ -113,9 +120,7 @@ async def test_budget_and_max_seqs_keys_reach_engine(source):
 async def test_a_budget_below_the_running_requests_warns(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
-        await pilot.press("space")
-        await settle(pilot, source)
+        await _paused_while_running(pilot, source)
         running = sum(r.state in ("decoding", "prefilling", "dedup")
                       for r in source.snapshot().requests)
         assert running == 4
@@ -145,9 +150,7 @@ async def test_small_budget_halves_and_chunks_prefill():
 async def test_pause_stops_steps_and_resume_restarts(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
-        await pilot.press("space")
-        await settle(pilot, source)
+        await _paused_while_running(pilot, source)
         step = source.loop.engine.stats.counters.steps
         await pilot.pause(1.0)
         assert source.loop.engine.stats.counters.steps == step
@@ -162,9 +165,7 @@ async def test_pause_stops_steps_and_resume_restarts(source):
 async def test_single_step_advances_exactly_one_step(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
-        await pilot.press("space")
-        await settle(pilot, source)
+        await _paused_while_running(pilot, source)
         assert source.loop.engine.has_unfinished()
         for _ in range(3):
             step = source.loop.engine.stats.counters.steps
@@ -258,9 +259,7 @@ async def test_help_screen_opens_and_closes(source):
 async def test_select_request_highlights_its_blocks(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
-        await pilot.press("space")
-        await settle(pilot, source)
+        await _paused_while_running(pilot, source)
         live = ("prefilling", "decoding")
         for _ in range(4):      # paused between a finish and the next admission: step once
             if any(r.state in live for r in source.snapshot().requests):
@@ -292,9 +291,7 @@ async def test_select_request_highlights_its_blocks(source):
 async def test_hovering_a_block_describes_it(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
-        await pilot.press("space")
-        await settle(pilot, source)
+        await _paused_while_running(pilot, source)
         await pilot.hover(KVMap, offset=(0, 0))
         assert app.query_one(KVMap).hover_block == 0
         assert await wait_for(pilot, lambda: "block 0:" in widget_text(app.query_one(KVLegend)), 3)
