@@ -16,7 +16,8 @@ from roseplay.compare_app import CompareApp
 from roseplay.driver import WorkloadDriver
 from roseplay.shared_workload import SharedWorkload
 from roseplay.source import ReadOnlyError
-from tui_helpers import DATA, ENGINE, fast_idle, notices, screen_text, sync, wait_for
+from tui_helpers import (DATA, ENGINE, fast_idle, notices, press_at_random, screen_text, sync,
+                         wait_for)
 
 pytestmark = pytest.mark.timeout(120)
 COMPARE_SESSION = f"{DATA}/compare_session.jsonl.gz"
@@ -244,20 +245,10 @@ def test_replay_flag_opens_a_compare_recording_side_by_side():
 
 @sync
 async def test_random_keys_and_resizes_never_break_the_compare_screen(monkeypatch):
-    import random
     fast_idle(monkeypatch)
     keys = list("nbcxsrRoOzZ0t+-[]<>gGvVl?19") + ["space", "left", "right", "escape",
                                                    "enter", "ctrl+p", "i", "down"]
-    rng = random.Random(7)
     app = CompareApp(source=CompareReplaySource(COMPARE_SESSION))
     async with app.run_test(size=(80, 24)) as pilot:
-        for i in range(80):
-            await pilot.press(rng.choice(keys))
-            if i % 20 == 0:
-                await pilot.resize_terminal(*rng.choice([(80, 24), (120, 40), (60, 20)]))
-        await pilot.press("escape", "escape")
-        await pilot.resize_terminal(120, 40)
-        await pilot.pause(0.3)
-        app.refresh_panels()
-        await pilot.pause()
-        assert len(screen_text(app).splitlines()) == 40 and app.return_code is None
+        await press_at_random(pilot, app, keys, presses=80, seed=7, resize_every=20,
+                              sizes=[(80, 24), (120, 40), (60, 20)])

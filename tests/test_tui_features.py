@@ -236,23 +236,12 @@ async def test_command_palette_runs_actions_by_name():
 async def test_random_keys_and_resizes_never_break_the_app(monkeypatch):
     """150 seeded key presses (palette, help, prompt, zoom, theme, seek …) and resizes on a
     replay: the app keeps drawing a full screen (a crash would end run_test with it)."""
-    import random
-    from tui_helpers import fast_idle
+    from tui_helpers import fast_idle, press_at_random
     fast_idle(monkeypatch)
     keys = list("nbcxsSrRoOfFzZ0t+-[]<>gGvV?") + [
         "space", "left", "right", "up", "down", "escape", "enter", "ctrl+p", "i", "a",
         "pagedown"]
-    rng = random.Random(18)
     app = RoseplayApp(source=ReplaySource(SESSION))
     async with app.run_test(size=(80, 24)) as pilot:
-        for i in range(150):
-            await pilot.press(rng.choice(keys))
-            if i % 25 == 0:
-                await pilot.resize_terminal(*rng.choice([(80, 24), (120, 40), (200, 60),
-                                                         (60, 20)]))
-        await pilot.press("escape", "escape")
-        await pilot.resize_terminal(120, 40)
-        await pilot.pause(0.3)
-        app.refresh_panels()
-        await pilot.pause()
-        assert len(screen_text(app).splitlines()) == 40 and app.return_code is None
+        await press_at_random(pilot, app, keys, presses=150, seed=18, resize_every=25,
+                              sizes=[(80, 24), (120, 40), (200, 60), (60, 20)])

@@ -120,3 +120,21 @@ def session_snapshot(index: int = 12):
     """Frame `index` of the committed session (a paused replay's snapshot)."""
     from roseplay.replay import Recording
     return Recording(SESSION)[index].snapshot
+
+
+async def press_at_random(pilot, app, keys, *, presses: int, seed: int, resize_every: int,
+                          sizes) -> None:
+    """Seeded key presses with a resize every `resize_every`, then back to 120x40 with
+    the panels redrawn: the screen must still be whole and the app running."""
+    import random
+    rng = random.Random(seed)
+    for i in range(presses):
+        await pilot.press(rng.choice(keys))
+        if i % resize_every == 0:
+            await pilot.resize_terminal(*rng.choice(sizes))
+    await pilot.press("escape", "escape")
+    await pilot.resize_terminal(120, 40)
+    await pilot.pause(0.3)
+    app.refresh_panels()
+    await pilot.pause()
+    assert len(screen_text(app).splitlines()) == 40 and app.return_code is None
