@@ -13,21 +13,10 @@ from roseplay.app import RoseplayApp
 from roseplay.compare import CompareReplaySource
 from roseplay.compare_app import CompareApp
 from roseplay.source import ReplaySource
-from tui_helpers import DATA, SESSION
+from tui_helpers import DATA, SESSION, keys_redrawing
 
 pytestmark = pytest.mark.timeout(120)
 COMPARE_SESSION = f"{DATA}/compare_session.jsonl.gz"
-
-
-def _steps(*keys):
-    async def run(pilot):
-        pilot.app.refresh_panels()
-        await pilot.pause()
-        for key in keys:
-            await pilot.press(key)
-            pilot.app.refresh_panels()
-            await pilot.pause()
-    return run
 
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=lambda s: f"{s[0]}x{s[1]}")
@@ -35,9 +24,9 @@ def test_snapshot_compare_side_by_side(snap_compare, size):
     """Frame 25 of prefix caching on (A) vs off (B) on shared prefixes, goodput SLOs set."""
     app = CompareApp(source=CompareReplaySource(COMPARE_SESSION, start_paused=True),
                      slos={"ttft": 200.0, "tpot": 50.0})
-    assert snap_compare(app, terminal_size=size, run_before=_steps(*["n"] * 24))
+    assert snap_compare(app, terminal_size=size, run_before=keys_redrawing(*["n"] * 24))
 
 
 def test_snapshot_help_guidance(snap_compare):
     app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
-    assert snap_compare(app, terminal_size=(120, 40), run_before=_steps("question_mark"))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=keys_redrawing("question_mark"))

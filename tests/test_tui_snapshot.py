@@ -15,7 +15,7 @@ from engine.codes import EV_COW, EV_PREEMPT
 from engine.snapshot import EngineEvent
 from roseplay.app import RoseplayApp
 from roseplay.source import ReplaySource
-from tui_helpers import SESSION, StaticSource, session_snapshot
+from tui_helpers import SESSION, StaticSource, keys_redrawing, session_snapshot
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,25 +24,11 @@ def _app() -> RoseplayApp:
     return RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
 
 
-def _keys(*keys):
-    """Press keys one by one, redrawing from the source after each: the timing panel's
-    history must see every replay frame, and the app's timer may skip frames (or not fire
-    between two presses) on a loaded machine."""
-    async def run(pilot):
-        pilot.app.refresh_panels()          # the first frame, before any key
-        await pilot.pause()
-        for key in keys:
-            await pilot.press(key)
-            pilot.app.refresh_panels()
-            await pilot.pause()
-    return run
-
-
 @pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_snapshot_replay_mid_run(snap_compare, size):
     """Frame 13: shared-prefix with a 64-token budget, refcount-2 prefix blocks, decoding;
     the second request selected."""
-    assert snap_compare(_app(), terminal_size=size, run_before=_keys(*["n"] * 12, "down"))
+    assert snap_compare(_app(), terminal_size=size, run_before=keys_redrawing(*["n"] * 12, "down"))
 
 
 def test_snapshot_policy_knobs(snap_compare):
@@ -68,4 +54,4 @@ def test_snapshot_cow_and_preemption_events(snap_compare):
     events = (EngineEvent(snap.step - 1, snap.time, EV_COW, "w0-28", (0, 40)),
               EngineEvent(snap.step - 1, snap.time, EV_PREEMPT, "w0-31", freed))
     app = RoseplayApp(source=StaticSource(dataclasses.replace(snap, events=events)))
-    assert snap_compare(app, terminal_size=(120, 40), run_before=_keys())
+    assert snap_compare(app, terminal_size=(120, 40), run_before=keys_redrawing())

@@ -138,3 +138,17 @@ async def press_at_random(pilot, app, keys, *, presses: int, seed: int, resize_e
     app.refresh_panels()
     await pilot.pause()
     assert len(screen_text(app).splitlines()) == 40 and app.return_code is None
+
+
+def keys_redrawing(*keys):
+    """A snapshot test's run_before: press keys one by one, redrawing from the source
+    after each: the timing panel's history must see every replay frame, and the app's
+    timer may skip frames (or not fire between two presses) on a loaded machine."""
+    async def run(pilot):
+        pilot.app.refresh_panels()          # the first frame, before any key
+        await pilot.pause()
+        for key in keys:
+            await pilot.press(key)
+            pilot.app.refresh_panels()
+            await pilot.pause()
+    return run
