@@ -62,10 +62,8 @@ def start(args, in_process: bool):
 
 def fresh_snapshot(source, timeout: float = 5.0):
     """Subscribe (if the client had dropped snapshots), then the next new snapshot."""
-    loop = source.loop
     old = source.snapshot()
-    if hasattr(loop, "watch"):
-        loop.watch(True)
+    source.loop.watch(True)
     deadline = time.monotonic() + timeout
     while source.snapshot() is old and time.monotonic() < deadline:
         time.sleep(0.005)
