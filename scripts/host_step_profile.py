@@ -1,0 +1,114 @@
+"""The engine's host work per step, without the model: the real scheduler, KV manager,
+batch builder, commit, token emission and stats, with the forward replaced by a stub
+that returns token 7 for every sample row. What is left is the Python a GPU step must
+hide behind the device; it runs on any machine.
+
+    python scripts/host_step_profile.py                      # closed loop, 256 in flight
+    python scripts/host_step_profile.py --profile 25         # + cProfile's top 25
+
+Closed loop as observer_cost.py runs it: --concurrency requests in flight, each
+--input-len random prompt tokens -> --output-len tokens, a new one as one finishes.
+Prints host ms per step, steps/s and output tok/s that a zero-time device would allow.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from engine.config import make_config  # noqa: E402
+from engine.core import LLMEngine  # noqa: E402
+from engine.outputs import CoreRequest  # noqa: E402
+from engine.request import SamplingParams  # noqa: E402
+
+
+def stub_forward(engine: LLMEngine) -> None:
+    """Every sample row gets token 7 at once (greedy, EOS ignored): no model runs."""
+    def execute_model(batch):
+        engine.runner.forward_calls += 1
+        return torch.full((batch.sample_rows.shape[0],), 7, dtype=torch.int64)
+    engine.runner.execute_model = execute_model
+
+
+class ClosedLoop:
+    def __init__(self, engine: LLMEngine, concurrency: int, input_len: int, output_len: int,
+                 seed: int = 0):
+        self.engine, self.input_len = engine, input_len
+        self.params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        self.prompts = np.random.default_rng(seed).integers(100, 30000, (64, input_len))
+        self.next_id = 0
+        for i in range(concurrency):   # staggered lengths: finishes spread over the steps
+            self.submit(SamplingParams(max_tokens=1 + i * output_len // concurrency,
+                                       temperature=0.0, ignore_eos=True))
+
+    def submit(self, params: SamplingParams | None = None) -> None:
+        ids = self.prompts[self.next_id % len(self.prompts)].copy()
+        ids[0] = self.next_id          # distinct prompts: no prefix hits, no dedup
+        self.engine.add(CoreRequest(f"r{self.next_id}", tuple(ids.tolist()),
+                                    params or self.params, time.perf_counter()))
+        self.next_id += 1
+
+    def step(self) -> int:
+        out = self.engine.step()
+        for _ in out.finished:
+            self.submit()
+        return len(out.token_ids)
+
+
+def run(args) -> dict:
+    engine = LLMEngine(make_config(model=args.model, device="cpu", num_blocks=args.num_blocks,
+                                   max_num_seqs=args.concurrency,
+                                   max_num_batched_tokens=args.max_num_batched_tokens))
+    stub_forward(engine)
+    loop = ClosedLoop(engine, args.concurrency, args.input_len, args.output_len)
+    for _ in range(args.warmup_steps):
+        loop.step()
+    prof = cProfile.Profile() if args.profile else None
+    tokens, t0 = 0, time.perf_counter()
+    if prof:
+        prof.enable()
+    for _ in range(args.steps):
+        tokens += loop.step()
+    if prof:
+        prof.disable()
+    wall = time.perf_counter() - t0
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+    return {"ms_per_step": 1e3 * wall / args.steps, "steps_per_s": args.steps / wall,
+            "tok_per_s": tokens / wall, "tok_per_step": tokens / args.steps}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="dummy:tiny")
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--num-blocks", type=int, default=340_000,
+                   help="KV pool size (the H100's pool for qwen2.5-0.5b is ~340k blocks)")
+    p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile's top N")
+    args = p.parse_args(argv)
+    runs = [run(args) for _ in range(args.repeat)]
+    ms = sorted(r["ms_per_step"] for r in runs)
+    for r in runs:
+        print(f"host {r['ms_per_step']:.3f} ms/step  {r['steps_per_s']:.0f} steps/s  "
+              f"{r['tok_per_step']:.1f} tok/step  {r['tok_per_s']:,.0f} tok/s")
+    if len(runs) > 1:
+        print(f"median {ms[len(ms) // 2]:.3f} ms/step ({ms[0]:.3f}..{ms[-1]:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
