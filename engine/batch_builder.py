@@ -54,16 +54,31 @@ def _chunk_token_ids(req, start: int, end: int) -> list[int]:
     return req.prompt_token_ids[start:] + req.output_token_ids[:end - n]
 
 
-def build_step_batch(plan: StepPlan, followers: dict, block_size: int
-                     ) -> tuple[StepBatch, list]:
+def _decode_inputs(decodes: list, prev_rows: dict | None) -> tuple[list[int], np.ndarray | None]:
+    """Decode input ids from the host, and (async scheduling) the previous step's sample
+    row that feeds each decode whose token is still pending on the device (-1: host)."""
+    ids = [c.request.last_token_id for c in decodes]
+    if not prev_rows:
+        return ids, None
+    rows = np.fromiter((prev_rows.get(id(c.request), -1) if c.request.num_pending else -1
+                        for c in decodes), dtype=np.int64, count=len(decodes))
+    if not (rows >= 0).any():
+        return ids, None
+    return [0 if t < 0 else t for t in ids], rows
+
+
+def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
+                     prev_rows: dict | None = None) -> tuple[StepBatch, list]:
     """The plan as a StepBatch, and the requests of its sample rows (in row order).
 
-    `followers` maps a dedup leader to the requests that sample from its logits row."""
+    `followers` maps a dedup leader to the requests that sample from its logits row.
+    `prev_rows` (async scheduling) maps id(request) to its sample row in the step still
+    in flight, whose tokens are not read yet."""
     decodes, prefills = plan.decodes, plan.prefills
     d = len(decodes)
     dec_tables = _dense_tables([c.request.block_table for c in decodes]) if d else None
     dec_pos = np.fromiter((c.start for c in decodes), dtype=np.int64, count=d)
-    ids = [c.request.last_token_id for c in decodes] if plan.prev_rows is None else [0] * d
+    ids, token_rows = _decode_inputs(decodes, prev_rows)
     pos_parts, slot_parts = [dec_pos], []
     if d:
         rows = dec_tables[np.arange(d), dec_pos // block_size].astype(np.int64)
@@ -107,6 +122,6 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int
         cow_src=np.asarray([c[0] for c in copies], dtype=np.int64),
         cow_dst=np.asarray([c[1] for c in copies], dtype=np.int64),
         sampling=_sampling_columns(requests),
-        prev_token_rows=None if plan.prev_rows is None else np.asarray(plan.prev_rows, np.int64),
+        prev_token_rows=token_rows,
     )
     return batch, requests

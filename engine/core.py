@@ -6,10 +6,13 @@ ModelRunner.execute() -> logits -> Sampler.sample() -> tokens -> update (append,
 by stop token / length, free blocks) -> stats, events. Text is the front's business
 (engine/processor.py): the core sees token ids only.
 
-Async scheduling (the `async_scheduling` knob): a decode-only step on the static path
-is launched and left in flight; the next call commits its KV bookkeeping, asks the
-scheduler for the continuation (Scheduler.schedule_continuation), launches it with the
-in-flight step's samples as input (on the device), and only then reads the tokens.
+Async scheduling (the `async_scheduling` knob, vLLM V1's): every step is launched and
+left in flight; the next call commits its KV bookkeeping, counts each of its samples as
+a pending token (Request.add_pending), asks the scheduler for the next step as usual,
+launches it with the pending tokens fed from the in-flight step's samples (on the
+device), and only then reads the tokens. So the host's planning of step N+1 overlaps
+the device's step N, prefill chunks and mixed steps included. A request that its token
+ends (EOS, stop) computes one more token in N+1, which is discarded.
 Under tensor parallelism too: every rank samples and keeps its samples on its device
 (engine/distributed/executor.py), so a continuation needs nothing from rank 0's host
 but the batch it broadcasts anyway.
@@ -120,6 +123,7 @@ class LLMEngine:
         self.clock = ServingClock()
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
+        self.scheduler.max_model_len = self.max_model_len
         # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
         # buckets, so the NCCL all-reduces of captured graphs match) and samples alike
         self.async_scheduling_enabled = config.async_scheduling
@@ -202,7 +206,7 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------
     def step(self) -> StepOutput:
         """Run one engine step; return its new tokens and finished requests. With async
-        scheduling a call may launch the next step before returning this one's tokens."""
+        scheduling a call launches the next step before returning this one's tokens."""
         if self._inflight is not None:
             return self._complete_inflight(chain=True)
         t0 = self.clock.now()
@@ -217,10 +221,10 @@ class LLMEngine:
             self._isolate(plan, exc, out)
             self._after_step(plan, t0, out)
             return out
+        if self.async_scheduling:
+            self._inflight = launched
+            return out
         try:
-            if self._may_chain(launched):
-                self._inflight = launched
-                return out
             self._commit(plan)
             self._emit_tokens(launched, out)
         except Exception as exc:  # after the commit began: no rerun
@@ -257,38 +261,57 @@ class LLMEngine:
         """Finish an in-flight step without launching another."""
         return self._complete_inflight(chain=False) if self._inflight is not None else StepOutput()
 
-    def _may_chain(self, launched: Launched) -> bool:
-        plan = launched.plan
-        return (self.async_scheduling and not plan.prefills and not plan.preempted
-                and self.runner.static_decode(launched.batch))
-
-    def _launch(self, plan: StepPlan) -> Launched:
-        """Build the plan's batch and queue its forward and sampling on every rank (a
-        continuation's decode inputs are the runner's last samples, on the device)."""
+    def _launch(self, plan: StepPlan, prev_rows: dict | None = None) -> Launched:
+        """Build the plan's batch and queue its forward and sampling on every rank (the
+        decodes whose tokens are pending read them from the last samples, on the device)."""
         t0 = self.clock.now()
-        batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size)
+        batch, requests = build_step_batch(plan, self.scheduler.followers,
+                                           self.pool.block_size, prev_rows)
         tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
         return Launched(plan, batch, requests, HostCopy(tokens), t0)
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
+        """Commit the step in flight, plan and launch the next one (chain), then read the
+        in-flight step's tokens: the host plans step N+1 while the device runs step N."""
         prev, self._inflight = self._inflight, None
         out = StepOutput()
+        failed = None
         try:
             self._commit(prev.plan)
-            nxt = self.scheduler.schedule_continuation(prev.plan, self.max_model_len) \
-                if chain and self.async_scheduling else None
-            if nxt is not None:   # decode-only, no larger than prev: stays on the static path
-                self._inflight = self._launch(nxt)
+            if chain and self.async_scheduling:
+                failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
         except Exception as exc:
             self._fail_plan(prev.plan, exc, out)
-            if self._inflight is not None:
+            if self._inflight is not None:      # it depends on prev's samples
                 self._fail_plan(self._inflight.plan, exc, out)
                 self._inflight = None
         self._after_step(prev.plan, prev.t0, out)
+        if failed is not None:   # rerun request by request, now that prev's tokens are known
+            plan, exc = failed
+            self._isolate(plan, exc, out)
+            self._record(plan, self.clock.now(), 0)
         return out
+
+    def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
+        """Plan and launch the step after `prev` before prev's tokens are read: each
+        request prev samples counts its token as pending (the scheduler plans with it,
+        the runner feeds it from the device). Returns (plan, error) if the launch failed."""
+        running = RequestStatus.RUNNING
+        for req in prev.requests:
+            if req.status is running and not req.num_pending:
+                req.add_pending()
+        plan = self.scheduler.schedule()
+        if not plan:
+            return None
+        rows = {id(req): i for i, req in enumerate(prev.requests)}
+        try:
+            self._inflight = self._launch(plan, rows)
+        except Exception as exc:
+            return plan, exc
+        return None
 
     def _after_step(self, plan: StepPlan, t0: float, out: StepOutput) -> None:
         if self.config.check_invariants:
@@ -322,14 +345,19 @@ class LLMEngine:
         self.counters.device_wait_us += int(waited * 1e6)
         now = out.time = self.clock.now()
         rids, toks = out.request_ids, out.token_ids
+        running = RequestStatus.RUNNING
         for req, token in zip(launched.requests, tokens):
-            if req.status is RequestStatus.RUNNING:   # not cancelled meanwhile
-                self._append_token(req, token, now, out)
-                rids.append(req.request_id)
-                toks.append(token)
+            if req.num_pending:        # planned with it (even if preempted since)
+                req.resolve_pending(token)
+            elif req.status is running:
+                req.output_token_ids.append(token)
+            else:
+                continue               # cancelled meanwhile
+            self._on_token(req, token, now, out)
+            rids.append(req.request_id)
+            toks.append(token)
 
-    def _append_token(self, req: Request, token: int, now: float, out: StepOutput) -> None:
-        req.output_token_ids.append(token)
+    def _on_token(self, req: Request, token: int, now: float, out: StepOutput) -> None:
         times = req.token_times
         times.append(now)
         if len(times) > 1:

@@ -137,10 +137,10 @@ class StepGraphs:
         self.graphs.clear()
 
     # -- per step --------------------------------------------------------------------------
-    def run(self, batch, token_source: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, batch, token_source: tuple | None = None) -> torch.Tensor:
         """Run a StepBatch that key() accepts; return the logits of its logits rows.
-        token_source: the decodes' input tokens as a device tensor (the previous step's
-        samples), else they come from batch.input_ids."""
+        token_source: (tokens, mask) of the decodes whose inputs are the previous step's
+        samples on the device (step_buffers.device_fed), else all come from batch.input_ids."""
         kind, size = self.key(batch)
         self.buffers.fill(batch, size, kind == "mixed", token_source)
         self.replays[kind] += 1

@@ -11,6 +11,7 @@ from engine.metrics import request_latencies
 
 
 _SAMPLING_EPS = 1e-5
+PENDING_TOKEN = -1         # an output token sampled on the device, not yet read (async)
 MAX_TEMPERATURE = 1e4      # flat beyond this; inf would turn every logit into NaN
 MAX_STOP_STRINGS = 64      # each is searched after every token: bounded work per step
 MAX_STOP_CHARS = 1024
@@ -111,6 +112,8 @@ class Request:
     error: str | None = None
     chunks_done: int = 0             # prefill chunks computed since the last admission
     priority: int = 0                # scheduling_policy=priority: lower is served first
+    num_pending: int = 0             # async scheduling: the last output token is sampled on
+    #                                  the device but not read yet (PENDING_TOKEN holds its place)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -136,6 +139,23 @@ class Request:
         length rule: the step's update and the async-scheduling lookahead both ask it.)"""
         return (len(self.output_token_ids) + extra >= self.params.max_tokens
                 or self.num_tokens + extra >= max_model_len)
+
+    def add_pending(self) -> None:
+        """Async scheduling: count the token the in-flight step samples for this request
+        before its value is known (vLLM V1's output placeholders), so the next step can be
+        planned now: lengths, positions and slots include it."""
+        self.output_token_ids.append(PENDING_TOKEN)
+        self.num_pending = 1
+
+    def resolve_pending(self, token: int) -> None:
+        self.output_token_ids[-1] = token
+        self.num_pending = 0
+
+    def drop_pending(self) -> None:
+        """The request ends before its pending token is read: it is never emitted."""
+        if self.num_pending:
+            self.output_token_ids.pop()
+            self.num_pending = 0
 
     @property
     def num_uncomputed(self) -> int:

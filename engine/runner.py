@@ -19,6 +19,7 @@ from engine.cuda_graphs import StepGraphs
 from engine.device_io import to_device
 from engine.models.layers import AttentionMetadata
 from engine.sampling import Sampler
+from engine.step_buffers import device_fed
 from engine.step_batch import StepBatch
 from engine.warmup import warm_up_attention
 
@@ -91,22 +92,25 @@ class ModelRunner:
         self.forward_calls += 1
         token_source = None
         if batch.prev_token_rows is not None:
-            rows = batch.prev_token_rows
-            token_source = prev_tokens if rows.shape[0] == prev_tokens.shape[0] and (
-                rows == np.arange(rows.shape[0])).all() else prev_tokens.index_select(
-                    0, to_device(rows, torch.int64, prev_tokens.device))
+            token_source = self._token_source(batch.prev_token_rows, prev_tokens)
         if self.graphs is not None and self.graphs.key(batch) is not None:
             logits = self.graphs.run(batch, token_source)
         else:
-            assert token_source is None, "device-fed tokens need the static buffers"
-            logits = self._eager_forward(batch)
+            logits = self._eager_forward(batch, token_source)
         if batch.samples_in_order:
             return logits
         return logits.index_select(0, to_device(batch.sample_rows, torch.int64, logits.device))
 
-    def static_decode(self, batch: StepBatch) -> bool:
-        """Is this decode-only batch run through the static buffers (graphs)?"""
-        return self.graphs is not None and batch.decode_only and self.graphs.key(batch) is not None
+    def _token_source(self, rows: np.ndarray, prev: torch.Tensor) -> tuple:
+        """(tokens, mask): the decodes' inputs gathered from the previous step's samples on
+        the device, and which decode rows take them (None: every row)."""
+        fed = rows >= 0
+        if fed.all():
+            if rows.shape[0] == prev.shape[0] and (rows == np.arange(rows.shape[0])).all():
+                return prev, None
+            return prev.index_select(0, to_device(rows, torch.int64, prev.device)), None
+        src = prev.index_select(0, to_device(np.where(fed, rows, 0), torch.int64, prev.device))
+        return src, to_device(fed, torch.bool, prev.device)
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         """All copy-on-write copies of a step, every layer, K and V: one batched op."""
@@ -116,7 +120,7 @@ class ModelRunner:
         dst_t = to_device(dst, torch.int64, self.device)
         self.kv_cache.index_copy_(2, dst_t, self.kv_cache.index_select(2, src_t))
 
-    def _eager_forward(self, batch: StepBatch) -> torch.Tensor:
+    def _eager_forward(self, batch: StepBatch, token_source: tuple | None) -> torch.Tensor:
         dev = self.device
         to = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(dev, non_blocking=True)
         meta = AttentionMetadata(slot_mapping=to(batch.slot_mapping, np.int64),
@@ -129,5 +133,8 @@ class ModelRunner:
             meta.prefill_cu_seqlens_q = to(batch.prefill_cu_seqlens_q, np.int32)
             meta.prefill_context_lens = to(batch.prefill_context_lens, np.int32)
             meta.prefill_max_seqlen_q = batch.prefill_max_seqlen_q
-        return self.model(to(batch.input_ids, np.int64), to(batch.positions, np.int64), meta,
+        ids = to(batch.input_ids, np.int64)
+        if token_source is not None:
+            ids = torch.cat((device_fed(ids, token_source), ids[batch.num_decodes:]))
+        return self.model(ids, to(batch.positions, np.int64), meta,
                           to(batch.logits_indices, np.int64))

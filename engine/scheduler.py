@@ -15,6 +15,11 @@ dry for a running request, a victim is preempted (blocks freed, requeued at the 
 recomputed): the newest, or under `priority` the least important. Identical prompts
 are prefilled once: later copies wait on the first ("leader") and share its blocks and
 last-token logits when it samples.
+
+Async scheduling plans a step while the previous one is still on the device: a request
+that step samples already counts its token (Request.add_pending), so it is scheduled as
+a decode whose input the runner takes from the device; one that this token ends by
+length is left out, and a preempted one is not re-admitted before the token is read.
 """
 from __future__ import annotations
 
@@ -45,8 +50,6 @@ class StepPlan:
     preempted: list[tuple[Request, tuple[int, ...]]] = field(default_factory=list)  # (req, blocks freed)
     prefix_hits: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)   # (request id, blocks)
     dedup_joins: list[tuple[str, str]] = field(default_factory=list)   # (follower id, leader id)
-    prev_rows: list[int] | None = None   # a continuation: decode i's input token is the
-    #                                      previous step's sample prev_rows[i]
 
     @property
     def chunks(self) -> list[ScheduledChunk]:
@@ -76,6 +79,7 @@ class Scheduler:
         self._leaders: dict[tuple, Request] = {}            # prompt key -> leader
         self._admit_counter = 0
         self._decode_offset = 0
+        self.max_model_len = 1 << 62     # the engine sets its own
 
     # -- queue operations (engine thread) ------------------------------------------
     def add(self, req: Request) -> None:
@@ -115,37 +119,14 @@ class Scheduler:
         self._admit_waiting(plan, budget, knobs)
         return plan
 
-    def schedule_continuation(self, prev: StepPlan, max_model_len: int) -> StepPlan | None:
-        """Async scheduling: the decode step after `prev`, planned before prev's tokens
-        are known (its input tokens are prev's samples, still on the device). Only in
-        the steady state: every running request decoded in `prev`, nothing to admit,
-        budget for all. A request that prev's token finishes by length is left out; one
-        that stops on EOS or a stop string computes one token that is then discarded.
-        Returns None when the regular schedule() must run instead."""
-        knobs = self.knobs
-        if self.waiting and len(self.running) < knobs.max_num_seqs:
-            return None                              # admissions pending
-        capped = knobs.scheduling_mode != "mixed-chunk"    # mixed-chunk: decodes uncapped
-        if prev.prefills or len(prev.decodes) != len(self.running) \
-                or (capped and len(self.running) > knobs.max_num_batched_tokens):
-            return None                              # someone else needs the step
-        plan = StepPlan(prev_rows=[])
-        for i, c in enumerate(prev.decodes):
-            r = c.request
-            if r.status is not RequestStatus.RUNNING or r.reaches_length_limit(1, max_model_len):
-                continue
-            if not self.kv.reserve_one(r, plan.copies):
-                return None                          # pool dry: schedule() preempts
-            plan.decodes.append(ScheduledChunk(r, r.num_computed_tokens, 1, True))
-            plan.prev_rows.append(i)
-        return plan if plan.decodes else None
-
     def _running(self) -> list[Request]:
         return running_order(self.running, self.knobs.scheduling_policy)
 
     def _schedule_decodes(self, plan: StepPlan, budget: int | None) -> int | None:
         """One token for each running decode; budget None: all of them (mixed-chunk)."""
-        decodes = [r for r in self._running() if r.dedup_leader is None and r.num_uncomputed == 1]
+        limit = self.max_model_len
+        decodes = [r for r in self._running() if r.dedup_leader is None and r.num_uncomputed == 1
+                   and not (r.num_pending and r.reaches_length_limit(0, limit))]
         if budget is not None and len(decodes) > budget:   # rotate: every decode gets a turn
             k = self._decode_offset % len(decodes)
             decodes = decodes[k:] + decodes[:k]
@@ -184,8 +165,8 @@ class Scheduler:
         order = admission_order(self.waiting, knobs.scheduling_policy,
                                 self.kv.cached_prefix_blocks if caching else None)
         for req in order:
-            if len(self.running) >= knobs.max_num_seqs:
-                break
+            if len(self.running) >= knobs.max_num_seqs or req.num_pending:
+                break      # (a preempted request's last token is still on the device)
             if caching and self._join_leader(req, plan):
                 continue
             if budget == 0:

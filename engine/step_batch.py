@@ -46,8 +46,8 @@ class StepBatch:
     cow_src: np.ndarray                # [C] int64 copy-on-write: block copied ...
     cow_dst: np.ndarray                # [C] int64 ... into this one, before the forward
     sampling: SamplingColumns
-    prev_token_rows: np.ndarray | None = None   # async scheduling: decode i's input is the
-    #                                             previous step's sample prev_token_rows[i]
+    prev_token_rows: np.ndarray | None = None   # [D] async scheduling: decode i's input is
+    #                  the previous step's sample prev_token_rows[i] (-1: input_ids[i])
 
     @property
     def num_tokens(self) -> int:

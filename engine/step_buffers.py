@@ -22,6 +22,13 @@ import torch
 from engine.models.layers import AttentionMetadata
 
 
+def device_fed(ids: torch.Tensor, token_source: tuple) -> torch.Tensor:
+    """The decode rows' input ids with the device-fed ones (async scheduling) put in:
+    token_source = (tokens gathered from the previous step's samples, row mask or None)."""
+    tokens, mask = token_source
+    return tokens if mask is None else torch.where(mask, tokens, ids[:tokens.shape[0]])
+
+
 class StepBuffers:
     def __init__(self, device: torch.device, max_tokens: int, max_seqs: int,
                  max_blocks_per_seq: int, max_logits: int):
@@ -68,10 +75,10 @@ class StepBuffers:
 
     # -- per step ------------------------------------------------------------------------
     def fill(self, batch, padded: int, mixed: bool,
-             token_source: torch.Tensor | None = None) -> None:
+             token_source: tuple | None = None) -> None:
         """Copy the batch into the buffers, padded to `padded` tokens (decode-only: rows).
         mixed: also the query start locations of every sequence slot and the logits rows.
-        token_source: the decodes' input tokens as a device tensor (async scheduling)."""
+        token_source: (tokens, mask) of the decodes fed from the device (async scheduling)."""
         stage64, stage_meta, stage_table, stage_logits = self._stage[self._flip]
         self._flip ^= 1
         n, d, s = batch.num_tokens, batch.num_decodes, self.max_seqs
@@ -80,7 +87,7 @@ class StepBuffers:
         ids[n:], pos[n:], slots[n:] = 0, 0, -1
         self.tokens[:3 * padded].copy_(stage64[:3 * padded], non_blocking=True)
         if token_source is not None:
-            self.tokens[:d].copy_(token_source)
+            self.tokens[:d].copy_(device_fed(self.tokens, token_source))
         meta = stage_meta.numpy()
         lens = meta[s + 1:]
         lens[:d] = batch.decode_context_lens

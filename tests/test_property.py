@@ -86,9 +86,6 @@ class KVCheckingRunner:
     def read(self, table, n) -> list[int]:
         return [int(self.kv[table[p // self.bs], p % self.bs]) for p in range(n)]
 
-    def static_decode(self, batch) -> bool:   # no CUDA graphs (and no overlapped steps)
-        return False
-
     def execute(self, batch, prev_tokens=None):
         """The engine turns a failing forward into errored requests; keep the reason so
         that check_all() fails the test with it."""
@@ -102,12 +99,17 @@ class KVCheckingRunner:
         """Reads only the StepBatch, like the real runner: copy-on-write first, then
         every token into its slot (never a shared block), then each sequence's whole
         context read back through its block table (never an unwritten slot)."""
-        assert prev_tokens is None and batch.prev_token_rows is None
         self.forward_calls += 1
         bs = self.bs
+        ids = batch.input_ids.tolist()
+        if batch.prev_token_rows is not None:      # async: the previous step's samples
+            for i, row in enumerate(batch.prev_token_rows.tolist()):
+                if row >= 0:
+                    ids[i] = int(prev_tokens[row])
+        assert min(ids, default=0) >= 0, "a pending placeholder reached the forward"
         for src, dst in zip(batch.cow_src.tolist(), batch.cow_dst.tolist()):
             self.kv[dst] = self.kv[src]
-        for slot, tok in zip(batch.slot_mapping.tolist(), batch.input_ids.tolist()):
+        for slot, tok in zip(batch.slot_mapping.tolist(), ids):
             block = slot // bs
             assert self.pool.refcounts[block] == 1, \
                 f"a token is written into shared block {block} (no COW)"

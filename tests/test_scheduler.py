@@ -165,8 +165,11 @@ def test_full_prompt_hit_still_samples(ckpt):
 
 
 def test_long_prompt_chunked_while_decodes_continue(ckpt):
+    # synchronous steps: each step()'s tokens are its own (async scheduling returns them
+    # one call later; the step composition is the same)
     llm = LLM(model=str(ckpt), device="cpu", dtype="float32", block_size=BS, num_blocks=128,
-              max_num_batched_tokens=64, max_model_len=2048, check_invariants=True)
+              max_num_batched_tokens=64, max_model_len=2048, check_invariants=True,
+              async_scheduling=False)
     eng = llm.engine
     short = llm.add_request({"prompt_token_ids": [5, 6, 7]},
                             SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))

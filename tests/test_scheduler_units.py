@@ -109,7 +109,10 @@ def test_pool_dry_preempts_the_newest_and_requeues_it_first():
     pool.check(sched.block_tables())
 
 
-def test_continuation_reserves_the_next_decode_and_leaves_length_finishers_out():
+def test_pending_tokens_plan_the_next_step_and_leave_length_finishers_out():
+    """Async scheduling: requests whose tokens are still on the device are planned with
+    them (decode at the pending position, its slot reserved); one that the pending token
+    ends by length is left out; admissions still happen in the same step."""
     sched, pool, _ = make()
     a, b = req("a", [1, 2, 3], max_tokens=5), req("b", [4, 5, 6], max_tokens=2)
     sched.add(a)
@@ -118,12 +121,30 @@ def test_continuation_reserves_the_next_decode_and_leaves_length_finishers_out()
     for r in (a, b):
         r.output_token_ids.append(9)
     plan = sched.schedule()
-    assert len(plan.decodes) == 2
     compute(sched, plan)
-    nxt = sched.schedule_continuation(plan, max_model_len=100)
-    assert [c.request.request_id for c in nxt.decodes] == ["a"] and nxt.prev_rows == [0]
-    sched.add(req("c", [7]))                       # an admission pending: no continuation
-    assert sched.schedule_continuation(plan, max_model_len=100) is None
+    for r in (a, b):
+        r.add_pending()                       # the step in flight samples their 2nd token
+    sched.add(req("c", [7, 8]))
+    nxt = sched.schedule()
+    assert [(c.request.request_id, c.start) for c in nxt.decodes] == [("a", 4)]
+    assert [(c.request.request_id, c.num_tokens) for c in nxt.prefills] == [("c", 2)]
+    assert len(a.block_table) * BS >= 5 and a.num_uncomputed == 1
+    a.resolve_pending(11)
+    assert a.output_token_ids == [9, 11] and a.last_token_id == 11
+
+
+def test_a_preempted_request_waits_for_its_pending_token():
+    """Its token is not known yet: re-admitting it would prefill a placeholder."""
+    sched, pool, _ = make(num_blocks=16)
+    r = req("r", [1, 2, 3], max_tokens=8)
+    sched.add(r)
+    compute(sched, sched.schedule())
+    r.add_pending()
+    sched.preempt(r)
+    assert not sched.schedule() and sched.waiting[0] is r
+    r.resolve_pending(5)
+    plan = sched.schedule()
+    assert [(c.request.request_id, c.num_tokens) for c in plan.prefills] == [("r", 4)]
 
 
 @pytest.mark.parametrize("knob", ["max_num_batched_tokens", "max_num_seqs"])

@@ -1,6 +1,8 @@
 """CUDA graphs of mixed steps on the GPU (engine/cuda_graphs.py): greedy tokens equal
 to eager runs through chunked prefills, prefix hits and preemption, and mixed steps
-replayed from graphs (not silently eager) in a steady state of arrivals."""
+replayed from graphs (not silently eager) in a steady state of arrivals; async
+scheduling of mixed steps (planned while the previous step runs, its tokens fed on the
+device) equal to synchronous steps."""
 import pytest
 import torch
 
@@ -66,7 +68,7 @@ def test_mixed_steps_replay_graphs_in_steady_state(monkeypatch):
     eager_calls = []
     real = runner._eager_forward
     monkeypatch.setattr(runner, "_eager_forward",
-                        lambda batch: eager_calls.append(batch.num_tokens) or real(batch))
+                        lambda batch, *a: eager_calls.append(batch.num_tokens) or real(batch, *a))
     prompts = _workload(151936, n=64, seed=6)
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     for p in prompts[:24]:
@@ -86,3 +88,21 @@ def test_mixed_steps_replay_graphs_in_steady_state(monkeypatch):
     graphs = runner.graphs
     assert graphs.replays["mixed"] >= 10, graphs.replays
     assert eager_calls == []
+
+
+def test_async_mixed_steps_match_sync_fp32():
+    """Every step chained (the next planned and launched before this one's tokens are
+    read, pending tokens fed from the device into graph replays) vs synchronous steps:
+    fp32, same greedy tokens; chained mixed steps did happen, through the graphs."""
+    prompts = _workload(512, n=24, seed=11)
+    kw = dict(model="dummy:tiny", device="cuda", dtype="float32", num_blocks=160,
+              block_size=8, max_num_batched_tokens=256, max_num_seqs=24)
+    want = _run(LLM(async_scheduling=False, **kw), prompts)
+    llm = LLM(async_scheduling=True, **kw)
+    runner, fed = llm.engine.runner, []
+    real = runner.execute_model
+    runner.execute_model = lambda b: fed.append(
+        b.prev_token_rows is not None and b.num_prefills > 0) or real(b)
+    assert _run(llm, prompts) == want
+    assert sum(fed) >= 5 and runner.graphs.replays["mixed"] > 0
+    assert llm.engine.stats.counters.preemptions > 0

@@ -1,0 +1,90 @@
+"""Async scheduling of every step (engine/core.py): step N+1 is planned and launched
+while step N is in flight, the tokens N samples count as pending and reach N+1 on the
+device. Greedy outputs equal the synchronous engine's through chunked prefills, prefix
+hits, dedup, preemption and stop tokens; mixed steps really are chained."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.request import PENDING_TOKEN
+
+KW = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=8,
+          max_num_batched_tokens=96, max_num_seqs=12)
+
+
+def _prompts(n=20, seed=3, vocab=512):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 200, (n,), generator=g).tolist()
+    out = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lens]
+    shared = torch.randint(0, vocab, (40,), generator=g).tolist()
+    out += [shared + [i] for i in range(4)] + [shared + [1]] * 2     # prefix hits, dedup
+    return [{"prompt_token_ids": p} for p in out]
+
+
+def _generate(llm, prompts, params):
+    return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+            for o in llm.generate(prompts, params)]
+
+
+def _chained_batches(llm):
+    """Record (decodes fed from the device, prefill chunks) of every launched batch."""
+    seen, runner = [], llm.engine.runner
+    real = runner.execute_model
+
+    def execute_model(batch):
+        rows = batch.prev_token_rows
+        seen.append((0 if rows is None else int((rows >= 0).sum()), batch.num_prefills))
+        return real(batch)
+    runner.execute_model = execute_model
+    return seen
+
+
+@pytest.mark.parametrize("num_blocks", [400, 60])      # 60: preemptions
+def test_async_outputs_equal_sync_and_mixed_steps_chain(num_blocks):
+    prompts = _prompts()
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    want = _generate(LLM(async_scheduling=False, num_blocks=num_blocks, **KW), prompts, params)
+    llm = LLM(async_scheduling=True, num_blocks=num_blocks, **KW)
+    seen = _chained_batches(llm)
+    assert _generate(llm, prompts, params) == want
+    assert any(fed and prefills for fed, prefills in seen), "no mixed step was chained"
+    counters = llm.engine.stats.counters
+    assert counters.prefix_hit_tokens > 0 and counters.dedup_joined > 0
+    if num_blocks == 60:
+        assert counters.preemptions > 0
+    assert llm.engine.pool.num_used == 0
+
+
+def test_stop_tokens_end_requests_without_the_extra_token():
+    """A request its pending token stops is still in the next (launched) step: that
+    step's token for it is computed and dropped, never emitted."""
+    prompts = _prompts(n=12, seed=5)
+    probe = _generate(LLM(async_scheduling=False, num_blocks=400, **KW), prompts,
+                      SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    stop = sorted({t for toks, _ in probe for t in toks[2:6]})[:6]   # tokens that occur
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, stop_token_ids=stop)
+    want = _generate(LLM(async_scheduling=False, num_blocks=400, **KW), prompts, params)
+    got = _generate(LLM(async_scheduling=True, num_blocks=400, **KW), prompts, params)
+    assert got == want
+    assert sum(reason == "stop" for _, reason in got) >= 3
+
+
+def test_cancel_while_a_step_is_in_flight_frees_everything():
+    llm = LLM(async_scheduling=True, num_blocks=400, **KW)
+    eng = llm.engine
+    params = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
+    for p in _prompts(n=6, seed=7):
+        llm.add_request(p, params)
+    for _ in range(6):
+        eng.step()
+    assert eng._inflight is not None
+    victim = next(iter(eng.requests.values()))
+    n_before = len(victim.output_token_ids)
+    eng.abort(victim.request_id)
+    assert PENDING_TOKEN not in victim.output_token_ids and victim.num_pending == 0
+    while eng.has_unfinished():
+        out = eng.step()
+        assert victim.request_id not in out.request_ids
+    eng.flush()
+    assert len(victim.output_token_ids) == n_before
+    assert eng.pool.num_used == 0 and all(r.num_pending == 0 for r in eng.requests.values())
