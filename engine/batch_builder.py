@@ -45,13 +45,18 @@ def _sampling_columns(requests: list) -> SamplingColumns:
         np.fromiter((p.seed or 0 for p in params), np.uint64, count=len(params)))
 
 
-def _chunk_token_ids(req, start: int, end: int) -> list[int]:
-    n = req.num_prompt_tokens
-    if end <= n:
-        return req.prompt_token_ids[start:end]
-    if start >= n:
-        return req.output_token_ids[start - n:end - n]
-    return req.prompt_token_ids[start:] + req.output_token_ids[:end - n]
+def _sample_rows(sampled_chunks: list, followers: dict) -> tuple[list[int], list]:
+    """Each sampled chunk's logits row, repeated for the dedup followers of its request."""
+    if not followers:
+        return list(range(len(sampled_chunks))), [c.request for c in sampled_chunks]
+    rows, requests = [], []
+    for i, c in enumerate(sampled_chunks):
+        rows.append(i)
+        requests.append(c.request)
+        for f in followers.get(c.request, ()):
+            rows.append(i)
+            requests.append(f)
+    return rows, requests
 
 
 def _decode_inputs(decodes: list, prev_rows: dict | None) -> tuple[list[int], np.ndarray | None]:
@@ -68,15 +73,18 @@ def _decode_inputs(decodes: list, prev_rows: dict | None) -> tuple[list[int], np
 
 
 def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
-                     prev_rows: dict | None = None) -> tuple[StepBatch, list]:
+                     prev_rows: dict | None = None, tables=None) -> tuple[StepBatch, list]:
     """The plan as a StepBatch, and the requests of its sample rows (in row order).
 
     `followers` maps a dedup leader to the requests that sample from its logits row.
     `prev_rows` (async scheduling) maps id(request) to its sample row in the step still
-    in flight, whose tokens are not read yet."""
+    in flight, whose tokens are not read yet. `tables`: the KV manager's BlockTables
+    (the requests' tables as matrix rows); without it the lists are converted."""
     decodes, prefills = plan.decodes, plan.prefills
     d = len(decodes)
-    dec_tables = _dense_tables([c.request.block_table for c in decodes]) if d else None
+    dense = (lambda reqs: tables.gather(reqs)) if tables is not None else \
+        (lambda reqs: _dense_tables([r.block_table for r in reqs]))
+    dec_tables = dense([c.request for c in decodes]) if d else None
     dec_pos = np.fromiter((c.start for c in decodes), dtype=np.int64, count=d)
     ids, token_rows = _decode_inputs(decodes, prev_rows)
     pos_parts, slot_parts = [dec_pos], []
@@ -86,9 +94,9 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
     lens = [c.num_tokens for c in prefills]
     for c in prefills:
         r = c.request
-        ids.extend(_chunk_token_ids(r, c.start, c.start + c.num_tokens))
+        ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
         p = np.arange(c.start, c.start + c.num_tokens, dtype=np.int64)
-        table = np.asarray(r.block_table, dtype=np.int64)
+        table = tables.row(r) if tables is not None else np.asarray(r.block_table, np.int64)
         pos_parts.append(p)
         slot_parts.append(table[p // block_size] * block_size + p % block_size)
     # sample rows: every decode, every prefill chunk that reaches the end of its tokens
@@ -96,13 +104,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
     sampled_chunks = [c for c in itertools.chain(decodes, prefills) if c.sample]
     logits_indices = ends if len(sampled_chunks) == d + len(prefills) else np.fromiter(
         (e for e, c in zip(ends, itertools.chain(decodes, prefills)) if c.sample), np.int64)
-    sample_rows, requests = [], []
-    for i, c in enumerate(sampled_chunks):
-        sample_rows.append(i)
-        requests.append(c.request)
-        for f in followers.get(c.request, ()):
-            sample_rows.append(i)
-            requests.append(f)
+    sample_rows, requests = _sample_rows(sampled_chunks, followers)
     copies = plan.copies
     batch = StepBatch(
         input_ids=np.asarray(ids, dtype=np.int64),
@@ -111,7 +113,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
         num_decodes=d,
         decode_block_tables=dec_tables if d else np.zeros((0, 1), np.int32),
         decode_context_lens=(dec_pos + 1).astype(np.int32),
-        prefill_block_tables=(_dense_tables([c.request.block_table for c in prefills])
+        prefill_block_tables=(dense([c.request for c in prefills])
                               if prefills else np.zeros((0, 1), np.int32)),
         prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
         prefill_context_lens=np.asarray([c.start + c.num_tokens for c in prefills], np.int32)

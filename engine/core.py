@@ -177,6 +177,9 @@ class LLMEngine:
                       prompt=creq.prompt_preview,
                       arrival_time=self.clock.to_serving(creq.arrival_time),
                       priority=creq.priority)
+        p = creq.params
+        req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos
+                                                      else self.eos_token_ids)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         return req
@@ -265,8 +268,8 @@ class LLMEngine:
         """Build the plan's batch and queue its forward and sampling on every rank (the
         decodes whose tokens are pending read them from the last samples, on the device)."""
         t0 = self.clock.now()
-        batch, requests = build_step_batch(plan, self.scheduler.followers,
-                                           self.pool.block_size, prev_rows)
+        batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size,
+                                           prev_rows, self.scheduler.kv.tables)
         tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
@@ -359,17 +362,17 @@ class LLMEngine:
 
     def _on_token(self, req: Request, token: int, now: float, out: StepOutput) -> None:
         times = req.token_times
+        if times:
+            self.stats.recent_itls.append((now, now - times[-1]))
         times.append(now)
-        if len(times) > 1:
-            self.stats.recent_itls.append((now, now - times[-2]))
-        p = req.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+        if token in req.stop_ids:
             self._finish(req, REASON_STOP, None, out)
         elif req.reaches_length_limit(0, self.max_model_len):
             self._finish(req, REASON_LENGTH, None, out)
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 out: StepOutput | None) -> None:
+        req.drop_pending()
         self.scheduler.remove(req)
         req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
         del self.requests[req.request_id]
@@ -412,6 +415,7 @@ class LLMEngine:
 
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())
+        self.scheduler.kv.tables.check(self.scheduler.running)
 
     def snapshot(self, paused: bool = False) -> EngineSnapshot:
         """An immutable view of the engine now (cheap: arrays copied, views built)."""

@@ -102,6 +102,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)   # hash chain of full blocks
+    table_row: int = -1              # its row in KVManager.tables (engine/kv/block_tables.py)
     num_computed_tokens: int = 0     # tokens whose KV is in block_table
     num_cached_tokens: int = 0       # prompt tokens served by the prefix cache (last admission)
     num_prefill_target: int = 0      # tokens to compute before the next sample (set at admission)
@@ -112,6 +113,7 @@ class Request:
     error: str | None = None
     chunks_done: int = 0             # prefill chunks computed since the last admission
     priority: int = 0                # scheduling_policy=priority: lower is served first
+    stop_ids: frozenset = frozenset()  # token ids that end it: stop_token_ids + EOS (engine.add)
     num_pending: int = 0             # async scheduling: the last output token is sampled on
     #                                  the device but not read yet (PENDING_TOKEN holds its place)
 
@@ -123,9 +125,14 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    def token_at(self, index: int) -> int:
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without joining the two lists."""
         n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
 
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

@@ -100,52 +100,68 @@ class Scheduler:
         self.pool.eviction_policy = knobs.eviction_policy
         plan = StepPlan()
         budget = knobs.max_num_batched_tokens
+        decodes, prefilling = self._partition()
         if knobs.scheduling_mode == "prefill-first":
             # a prefill never preempts here: one that did could be re-admitted at once
             # and starve every decode (a prefill-only step each time, forever)
-            left = self._schedule_running_prefills(plan, budget, may_preempt=False)
+            left = self._schedule_running_prefills(plan, prefilling, budget, may_preempt=False)
             self._admit_waiting(plan, left, knobs)
             if not plan.prefills:
-                self._schedule_decodes(plan, budget)
+                self._schedule_decodes(plan, decodes, budget)
             if not plan:       # nothing fits without preempting: the oldest prefill may
-                self._schedule_running_prefills(plan, budget)
+                self._schedule_running_prefills(plan, prefilling, budget)
             return plan
         if knobs.scheduling_mode == "mixed-chunk":
-            self._schedule_decodes(plan, None)
+            self._schedule_decodes(plan, decodes, None)
             budget = max(0, budget - len(plan.decodes))
         else:
-            budget = self._schedule_decodes(plan, budget)
-        budget = self._schedule_running_prefills(plan, budget)
+            budget = self._schedule_decodes(plan, decodes, budget)
+        budget = self._schedule_running_prefills(plan, prefilling, budget)
         self._admit_waiting(plan, budget, knobs)
         return plan
 
-    def _running(self) -> list[Request]:
-        return running_order(self.running, self.knobs.scheduling_policy)
+    def _partition(self) -> tuple[list[Request], list[Request]]:
+        """Running requests that decode next, and those still prefilling, in the policy's
+        order (one pass: this runs every step over every running request). Left out:
+        dedup followers, and a request its pending token ends by length."""
+        limit, decodes, prefilling = self.max_model_len, [], []
+        for r in running_order(self.running, self.knobs.scheduling_policy):
+            if r.dedup_leader is not None:
+                continue
+            n = len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens
+            if n > 1:
+                prefilling.append(r)
+            elif n == 1 and not (r.num_pending and r.reaches_length_limit(0, limit)):
+                decodes.append(r)
+        return decodes, prefilling
 
-    def _schedule_decodes(self, plan: StepPlan, budget: int | None) -> int | None:
+    def _schedule_decodes(self, plan: StepPlan, decodes: list[Request],
+                          budget: int | None) -> int | None:
         """One token for each running decode; budget None: all of them (mixed-chunk)."""
-        limit = self.max_model_len
-        decodes = [r for r in self._running() if r.dedup_leader is None and r.num_uncomputed == 1
-                   and not (r.num_pending and r.reaches_length_limit(0, limit))]
         if budget is not None and len(decodes) > budget:   # rotate: every decode gets a turn
             k = self._decode_offset % len(decodes)
             decodes = decodes[k:] + decodes[:k]
             self._decode_offset += budget
+        page, refcounts, running = self.pool.block_size, self.pool.refcounts, RequestStatus.RUNNING
+        append = plan.decodes.append
         for req in decodes:
             if budget == 0:
                 break
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue    # preempted earlier in this loop
-            if not self._reserve_running(req, 1, plan):
+            pos, table = req.num_computed_tokens, req.block_table
+            i = pos // page     # fast path: the slot lies in a block the request owns alone
+            if not (i < len(table) and refcounts[table[i]] == 1) \
+                    and not self._reserve_running(req, 1, plan):
                 continue
-            plan.decodes.append(ScheduledChunk(req, req.num_computed_tokens, 1, True))
+            append(ScheduledChunk(req, pos, 1, True))
             if budget is not None:
                 budget -= 1
         return budget
 
-    def _schedule_running_prefills(self, plan: StepPlan, budget: int,
+    def _schedule_running_prefills(self, plan: StepPlan, prefilling: list[Request], budget: int,
                                    may_preempt: bool = True) -> int:
-        for req in [r for r in self._running() if r.dedup_leader is None and r.num_uncomputed > 1]:
+        for req in prefilling:
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import os
 import pstats
 import sys
@@ -68,6 +69,8 @@ def run(args) -> dict:
                                    max_num_seqs=args.concurrency,
                                    max_num_batched_tokens=args.max_num_batched_tokens))
     stub_forward(engine)
+    gc.collect()
+    gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
     loop = ClosedLoop(engine, args.concurrency, args.input_len, args.output_len)
     for _ in range(args.warmup_steps):
         loop.step()

@@ -6,6 +6,7 @@ filled block, registration of newly full blocks in the prefix index, and release
 from __future__ import annotations
 
 from engine.kv.block_pool import BlockPool
+from engine.kv.block_tables import BlockTables
 from engine.kv.prefix_cache import ROOT_HASH, chain_hash
 from engine.request import Request
 
@@ -14,15 +15,12 @@ class KVManager:
     def __init__(self, pool: BlockPool):
         self.pool = pool
         self.block_size = pool.block_size
+        self.tables = BlockTables()      # every change to a block_table is mirrored here
 
     def _block_key(self, req: Request, i: int, parent: int) -> tuple[int, tuple]:
         bs = self.block_size
         start, end = i * bs, (i + 1) * bs
-        n = req.num_prompt_tokens
-        if end <= n:
-            tokens = tuple(req.prompt_token_ids[start:end])
-        else:
-            tokens = tuple(req.token_at(j) for j in range(start, end))
+        tokens = tuple(req.token_slice(start, end))
         key = (parent, tokens)
         return chain_hash(parent, tokens), key
 
@@ -39,6 +37,8 @@ class KVManager:
         for block, h in hits:
             req.block_table.append(block)
             req.block_hashes.append(h)
+        if hits:
+            self.tables.sync(req)
         req.num_computed_tokens = len(hits) * self.block_size
         self.pool.record_lookup(req.num_tokens, req.num_computed_tokens)
         return len(hits)
@@ -65,6 +65,7 @@ class KVManager:
         for block in source.block_table:
             self.pool.incref(block)
         req.block_table = list(source.block_table)
+        self.tables.sync(req)
         req.block_hashes = list(source.block_hashes)
         req.num_computed_tokens = source.num_computed_tokens
 
@@ -89,14 +90,16 @@ class KVManager:
         fresh = self.pool.allocate(need)
         if fresh is None:
             return False
+        start = len(req.block_table)
         if self._needs_cow(req):
-            i = req.num_computed_tokens // self.block_size
+            i = start = req.num_computed_tokens // self.block_size
             src, dst = req.block_table[i], fresh.pop()
             copies.append((src, dst, req.request_id))
             self.pool.decref(src)          # still >= 1: another table holds it
             self.pool.counters.cow_copies += 1
             req.block_table[i] = dst
         req.block_table.extend(fresh)
+        self.tables.sync(req, start)
         return True
 
     def reserve_one(self, req: Request, copies: list[tuple[int, int, str]]) -> bool:
@@ -123,6 +126,7 @@ class KVManager:
 
     def free(self, req: Request) -> None:
         self.pool.release(req.block_table)
+        self.tables.release(req)
         req.block_table = []
         req.block_hashes = []
         req.num_computed_tokens = 0
