@@ -41,9 +41,10 @@ def parse_args(argv=None):
                    "(interleaved); the ratio reported is the median of the pairs'")
     p.add_argument("--alternate", type=int, default=0, metavar="K",
                    help="K TUI windows between K+1 alone windows in one engine run")
-    p.add_argument("--view", choices=("tui", "burn"), default="tui",
-                   help="--alternate: what runs in the odd windows: the app, or a process "
-                        "spinning one core (a control: the cost of any busy neighbour)")
+    p.add_argument("--view", choices=("tui", "burn", "alone"), default="tui",
+                   help="--alternate: what runs in the odd windows: the app, a process "
+                        "spinning one core (a control: the cost of any busy neighbour), or "
+                        "nothing (every window alone: the closed loop's own figure)")
     p.add_argument("--alone-watches", action="store_true",
                    help="--alternate: keep the snapshot subscription in the alone windows "
                         "(default: alone = nobody subscribes, the engine builds no snapshot)")
@@ -147,6 +148,12 @@ def alternate(args) -> int:
                   flush=True)
     finally:
         source.close()
+    if args.view == "alone":
+        every = [r["tok_s"] for _, r in rows]
+        print(f"closed loop alone: median {statistics.median(every):,.0f} "
+              f"({min(every):,.0f}..{max(every):,.0f}) output tok/s over {len(every)} windows "
+              f"of {args.seconds:g} s", flush=True)
+        return 0
     alone = [r["tok_s"] for v, r in rows if v == "alone"]
     tui = [r["tok_s"] for v, r in rows if v != "alone"]
     ratios = [t / ((alone[i] + alone[i + 1]) / 2) for i, t in enumerate(tui)]

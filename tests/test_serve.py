@@ -266,10 +266,12 @@ def test_metrics_running_gauge_during_a_stream(server, loop):
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         rid = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
-        deadline = time.monotonic() + 10          # the first snapshot that shows it
-        while loop.snapshot().request(rid + "-0") is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10   # a snapshot after its first token (the one
+        state = None                       # before may show its last chunk in flight)
+        while state != "decoding" and time.monotonic() < deadline:
+            state = getattr(loop.snapshot().request(rid + "-0"), "state", None)
             time.sleep(0.01)
-        assert loop.snapshot().request(rid + "-0").state == "decoding"
+        assert state == "decoding"
         m = scrape(server)
         assert m["vllm:num_requests_running"] >= 1 and m["vllm:kv_cache_usage_perc"] > 0
         assert sum(1 for line in lines if line == "data: [DONE]") == 1

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One H100 call (session 5, async scheduling of every step): GPU engine tests (graphs
+# vs eager, async vs sync), the host work per step on this host (stub forward), W1 and
+# batch 1 (5 runs each), the closed loop and the TUI's cost (alternating windows on one
+# engine, gc share printed). Each phase has its own timeout; a compact summary at the end.
+#   PHASES="tests bench observer" bash scripts/gpu_session5.sh   (wheels in .whl)
+set -u
+OUT=${OUT:-gpu_session5}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi -L; date -u; grep -m1 "model name" /proc/cpuinfo; nproc; git log --oneline -1 2>/dev/null
+SUMMARY="$OUT/summary.txt"; : > "$SUMMARY"
+step() {   # step NAME SECONDS CMD...: run with a timeout, log to $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name rc=$? ($((SECONDS - t0)) s)" | tee -a "$SUMMARY"
+}
+PHASES=${PHASES:-tests bench observer}
+M=${MODEL:-dummy:qwen2.5-0.5b}
+if [[ " $PHASES " == *" tests "* ]]; then
+  step engine_tests 200 python3 -m pytest -q -p no:cacheprovider -o addopts= \
+    tests/test_step_graphs_gpu.py tests/test_engine_gpu.py -k "not hf_fp32"
+  tail -3 "$OUT/engine_tests.log" | tee -a "$SUMMARY"
+fi
+if [[ " $PHASES " == *" host "* ]]; then
+  step host_step 90 python3 scripts/host_step_profile.py --repeat 5
+  tail -1 "$OUT/host_step.log" | tee -a "$SUMMARY"
+fi
+W1="--scenario random --num-prompts 256 --input-len 512 --output-len 128 \
+--max-num-batched-tokens 8192 --max-num-seqs 256 --warmup 16"
+B1="--scenario random --num-prompts 1 --input-len 512 --output-len 128 --warmup 2"
+if [[ " $PHASES " == *" bench "* ]]; then
+  step W1 120 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $W1
+  grep -E "^runs|^output throughput|^median|^host share|Median TTFT" "$OUT/W1.log" | tail -5 | tee -a "$SUMMARY"
+  step B1 90 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $B1
+  grep -E "^runs|^output throughput|^median|Median TPOT|^host share" "$OUT/B1.log" | tail -5 | tee -a "$SUMMARY"
+fi
+if [[ " $PHASES " == *" observer "* ]]; then
+  step observer 200 python3 scripts/observer_cost.py --model "$M" --seconds ${WINDOW:-8} \
+    --warmup 15 --alternate ${ALTERNATE:-4}
+  grep -E "alone|tui|median" "$OUT/observer.log" | tail -12 | tee -a "$SUMMARY"
+fi
+if [[ " $PHASES " == *" closed30 "* ]]; then   # the closed loop alone, 30 s windows
+  step closed30 200 python3 scripts/observer_cost.py --model "$M" --seconds 30 --warmup 15 \
+    --alternate 2 --view alone
+  grep -E "alone" "$OUT/closed30.log" | tail -6 | tee -a "$SUMMARY"
+fi
+echo; echo "==== summary"; cat "$SUMMARY"
