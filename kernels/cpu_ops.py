@@ -18,9 +18,9 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from kernels.reference import (linear, rms_norm, rms_norm_linear, rotary_embedding,  # noqa: F401
-                               rotary_store_kv, silu_and_mul, silu_mul_linear,
-                               store_kv_cache)
+from kernels.cpu_linear import (linear, rms_norm, rms_norm_linear, silu_and_mul,  # noqa: F401
+                                silu_mul_linear)
+from kernels.reference import rotary_embedding, rotary_store_kv, store_kv_cache  # noqa: F401
 
 _local = threading.local()      # each engine thread's last plans (decode, extend)
 
