@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from kernels.cpu_linear import (linear, rms_norm, rms_norm_linear, silu_and_mul,  # noqa: F401
                                 silu_mul_linear)
-from kernels.reference import rotary_embedding, rotary_store_kv, store_kv_cache  # noqa: F401
+from kernels.cpu_rotary import rotary_store_kv  # noqa: F401
+from kernels.reference import rotary_embedding, store_kv_cache  # noqa: F401
 
 _local = threading.local()      # each engine thread's last plans (decode, extend)
 
