@@ -48,7 +48,18 @@ class _Plan:
         # the `group` query heads of one KV head are `group` rows of the same mask
         self.mask = visible[:, None].expand(batch, group, n_q, -1).reshape(
             batch, 1, group * n_q, -1)
+        self.has_empty_rows = not bool(visible.any(-1).all())   # their output: NaN -> 0
         self.buffers: dict = {}
+        self.additive: dict = {}
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as 0 / -inf in dtype, built once a step (SDPA would otherwise
+        convert the boolean mask in every layer)."""
+        mask = self.additive.get(dtype)
+        if mask is None:
+            mask = self.additive[dtype] = torch.zeros(self.mask.shape, dtype=dtype).masked_fill_(
+                ~self.mask, float("-inf"))
+        return mask
 
     def gather(self, cache: torch.Tensor, which: int) -> torch.Tensor:
         """[B, H_kv, S, D] strided view of each sequence's blocks (whole blocks copied
@@ -92,10 +103,15 @@ def _attend(plan: _Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     # GQA without repeating K/V: the `group` query heads of one KV head become rows
     qg = q.view(batch, n_q, n_kv, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(batch, n_kv, group * n_q, head_dim)
-    out = F.scaled_dot_product_attention(qg.to(k.dtype), k, v, attn_mask=plan.mask, scale=scale)
-    out = out.nan_to_num_(0.0)          # a sequence with no context: zeros, as the reference
-    return out.view(batch, n_kv, group, n_q, head_dim).permute(0, 3, 1, 2, 4).reshape(
-        batch, n_q, n_heads, head_dim).to(q.dtype)
+    if qg.dtype != k.dtype:
+        qg = qg.to(k.dtype)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=plan.additive_mask(k.dtype),
+                                         scale=scale)
+    if plan.has_empty_rows:
+        out = out.nan_to_num_(0.0)      # a sequence with no context: zeros, as the reference
+    out = out.view(batch, n_kv, group, n_q, head_dim).permute(0, 3, 1, 2, 4).reshape(
+        batch, n_q, n_heads, head_dim)
+    return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
