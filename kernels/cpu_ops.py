@@ -1,6 +1,8 @@
-"""The CPU backend ("torch_sdpa", as vLLM's CPU attention backend): the references of
-kernels/reference.py for everything but paged attention, which runs here as one
-batched `scaled_dot_product_attention` per layer (torch's fused CPU flash kernel).
+"""The CPU backend ("torch_sdpa", as vLLM's CPU attention backend): paged attention
+here, as one batched `scaled_dot_product_attention` per layer (torch's fused CPU flash
+kernel); linears, RMSNorm and SiLU-mul from kernels/cpu_linear.py (oneDNN on packed
+weights), rotary + KV store from kernels/cpu_rotary.py, the rest from
+kernels/reference.py.
 
 Why: the reference gathers each sequence's K/V with advanced indexing, casts it to
 float32 and runs an einsum that copies K/V again into head-major layout (extend: one
