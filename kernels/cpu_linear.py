@@ -8,8 +8,10 @@ the bundled model, more than this core's caches hold). F.linear reads the nn.Lin
 its blocked layout reads it sequentially and runs the step's linears about 2x faster
 on one core (docs/PERF.md "CPU decode"). Same math in the weight's dtype (float32:
 only the summation order differs). A weight is packed on first use and the packed
-copy kept on the tensor, keyed by its version (an in-place change repacks it).
-Without oneDNN (or for dtypes it does not pack) these are the references.
+copy kept on the tensor, keyed by its version (an in-place change repacks it); the
+CPU engine so holds each linear weight twice (the original stays for loading, the
+tied embedding and the other backends). Without oneDNN (or for dtypes it does not
+pack) these are the references.
 """
 from __future__ import annotations
 
