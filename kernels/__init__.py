@@ -1,11 +1,11 @@
 """Kernels: Triton implementations and their plain-torch references.
 
 `get_ops("torch")` returns the reference module; `get_ops("triton")` returns the Triton
-module; `get_ops("torch_sdpa")` returns the CPU backend (kernels/cpu_ops.py: the
-references with batched SDPA paged attention). All expose the same functions with the same signatures:
-store_kv_cache, paged_decode_attention, paged_extend_attention, rms_norm,
-rotary_embedding, silu_and_mul, linear, rms_norm_linear, silu_mul_linear,
-rotary_store_kv.
+module; `get_ops("torch_sdpa")` returns the CPU backend (kernels/cpu_ops.py: batched
+SDPA paged attention, oneDNN linears on packed weights, fewer-op rotary/norm/SiLU).
+All expose the same functions with the same signatures: store_kv_cache,
+paged_decode_attention, paged_extend_attention, rms_norm, rotary_embedding,
+silu_and_mul, linear, rms_norm_linear, silu_mul_linear, rotary_store_kv.
 """
 from __future__ import annotations
 

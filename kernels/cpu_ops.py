@@ -1,6 +1,8 @@
-"""The CPU backend ("torch_sdpa", as vLLM's CPU attention backend): the references of
-kernels/reference.py for everything but paged attention, which runs here as one
-batched `scaled_dot_product_attention` per layer (torch's fused CPU flash kernel).
+"""The CPU backend ("torch_sdpa", as vLLM's CPU attention backend): paged attention
+here, as one batched `scaled_dot_product_attention` per layer (torch's fused CPU flash
+kernel); linears, RMSNorm and SiLU-mul from kernels/cpu_linear.py (oneDNN on packed
+weights), rotary + KV store from kernels/cpu_rotary.py, the rest from
+kernels/reference.py.
 
 Why: the reference gathers each sequence's K/V with advanced indexing, casts it to
 float32 and runs an einsum that copies K/V again into head-major layout (extend: one
@@ -18,9 +20,10 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from kernels.reference import (linear, rms_norm, rms_norm_linear, rotary_embedding,  # noqa: F401
-                               rotary_store_kv, silu_and_mul, silu_mul_linear,
-                               store_kv_cache)
+from kernels.cpu_linear import (linear, rms_norm, rms_norm_linear, silu_and_mul,  # noqa: F401
+                                silu_mul_linear)
+from kernels.cpu_rotary import rotary_store_kv  # noqa: F401
+from kernels.reference import rotary_embedding, store_kv_cache  # noqa: F401
 
 _local = threading.local()      # each engine thread's last plans (decode, extend)
 
@@ -47,7 +50,18 @@ class _Plan:
         # the `group` query heads of one KV head are `group` rows of the same mask
         self.mask = visible[:, None].expand(batch, group, n_q, -1).reshape(
             batch, 1, group * n_q, -1)
+        self.has_empty_rows = not bool(visible.any(-1).all())   # their output: NaN -> 0
         self.buffers: dict = {}
+        self.additive: dict = {}
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as 0 / -inf in dtype, built once a step (SDPA would otherwise
+        convert the boolean mask in every layer)."""
+        mask = self.additive.get(dtype)
+        if mask is None:
+            mask = self.additive[dtype] = torch.zeros(self.mask.shape, dtype=dtype).masked_fill_(
+                ~self.mask, float("-inf"))
+        return mask
 
     def gather(self, cache: torch.Tensor, which: int) -> torch.Tensor:
         """[B, H_kv, S, D] strided view of each sequence's blocks (whole blocks copied
@@ -91,10 +105,15 @@ def _attend(plan: _Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     # GQA without repeating K/V: the `group` query heads of one KV head become rows
     qg = q.view(batch, n_q, n_kv, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(batch, n_kv, group * n_q, head_dim)
-    out = F.scaled_dot_product_attention(qg.to(k.dtype), k, v, attn_mask=plan.mask, scale=scale)
-    out = out.nan_to_num_(0.0)          # a sequence with no context: zeros, as the reference
-    return out.view(batch, n_kv, group, n_q, head_dim).permute(0, 3, 1, 2, 4).reshape(
-        batch, n_q, n_heads, head_dim).to(q.dtype)
+    if qg.dtype != k.dtype:
+        qg = qg.to(k.dtype)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=plan.additive_mask(k.dtype),
+                                         scale=scale)
+    if plan.has_empty_rows:
+        out = out.nan_to_num_(0.0)      # a sequence with no context: zeros, as the reference
+    out = out.view(batch, n_kv, group, n_q, head_dim).permute(0, 3, 1, 2, 4).reshape(
+        batch, n_q, n_heads, head_dim)
+    return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
