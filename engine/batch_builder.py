@@ -59,13 +59,13 @@ def _sample_rows(sampled_chunks: list, followers: dict) -> tuple[list[int], list
     return rows, requests
 
 
-def _decode_inputs(decodes: list, prev_rows: dict | None) -> tuple[list[int], np.ndarray | None]:
+def _decode_inputs(decodes: list, device_fed: bool) -> tuple[list[int], np.ndarray | None]:
     """Decode input ids from the host, and (async scheduling) the previous step's sample
     row that feeds each decode whose token is still pending on the device (-1: host)."""
     ids = [c.request.last_token_id for c in decodes]
-    if not prev_rows:
+    if not device_fed:
         return ids, None
-    rows = np.fromiter((prev_rows.get(id(c.request), -1) if c.request.num_pending else -1
+    rows = np.fromiter((c.request.pending_row if c.request.num_pending else -1
                         for c in decodes), dtype=np.int64, count=len(decodes))
     if not (rows >= 0).any():
         return ids, None
@@ -73,12 +73,12 @@ def _decode_inputs(decodes: list, prev_rows: dict | None) -> tuple[list[int], np
 
 
 def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
-                     prev_rows: dict | None = None, tables=None) -> tuple[StepBatch, list]:
+                     device_fed: bool = False, tables=None) -> tuple[StepBatch, list]:
     """The plan as a StepBatch, and the requests of its sample rows (in row order).
 
     `followers` maps a dedup leader to the requests that sample from its logits row.
-    `prev_rows` (async scheduling) maps id(request) to its sample row in the step still
-    in flight, whose tokens are not read yet. `tables`: the KV manager's BlockTables
+    `device_fed` (async scheduling): the decodes whose tokens are pending take them from
+    their sample rows (Request.pending_row) of the step still in flight. `tables`: the KV manager's BlockTables
     (the requests' tables as matrix rows); without it the lists are converted."""
     decodes, prefills = plan.decodes, plan.prefills
     d = len(decodes)
@@ -86,7 +86,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
         (lambda reqs: _dense_tables([r.block_table for r in reqs]))
     dec_tables = dense([c.request for c in decodes]) if d else None
     dec_pos = np.fromiter((c.start for c in decodes), dtype=np.int64, count=d)
-    ids, token_rows = _decode_inputs(decodes, prev_rows)
+    ids, token_rows = _decode_inputs(decodes, device_fed)
     pos_parts, slot_parts = [dec_pos], []
     if d:
         rows = dec_tables[np.arange(d), dec_pos // block_size].astype(np.int64)

@@ -264,12 +264,12 @@ class LLMEngine:
         """Finish an in-flight step without launching another."""
         return self._complete_inflight(chain=False) if self._inflight is not None else StepOutput()
 
-    def _launch(self, plan: StepPlan, prev_rows: dict | None = None) -> Launched:
+    def _launch(self, plan: StepPlan, device_fed: bool = False) -> Launched:
         """Build the plan's batch and queue its forward and sampling on every rank (the
         decodes whose tokens are pending read them from the last samples, on the device)."""
         t0 = self.clock.now()
         batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size,
-                                           prev_rows, self.scheduler.kv.tables)
+                                           device_fed, self.scheduler.kv.tables)
         tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
@@ -303,15 +303,14 @@ class LLMEngine:
         request prev samples counts its token as pending (the scheduler plans with it,
         the runner feeds it from the device). Returns (plan, error) if the launch failed."""
         running = RequestStatus.RUNNING
-        for req in prev.requests:
+        for row, req in enumerate(prev.requests):
             if req.status is running and not req.num_pending:
-                req.add_pending()
+                req.add_pending(row)
         plan = self.scheduler.schedule()
         if not plan:
             return None
-        rows = {id(req): i for i, req in enumerate(prev.requests)}
         try:
-            self._inflight = self._launch(plan, rows)
+            self._inflight = self._launch(plan, device_fed=True)
         except Exception as exc:
             return plan, exc
         return None
@@ -367,7 +366,7 @@ class LLMEngine:
         times.append(now)
         if token in req.stop_ids:
             self._finish(req, REASON_STOP, None, out)
-        elif req.reaches_length_limit(0, self.max_model_len):
+        elif req.ends_by_length(self.max_model_len):
             self._finish(req, REASON_LENGTH, None, out)
 
     def _finish(self, req: Request, reason: str, error: str | None,

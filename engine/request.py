@@ -102,6 +102,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)   # hash chain of full blocks
+    prompt_key: tuple | None = None  # dedup key of its tokens at its last admission try
     table_row: int = -1              # its row in KVManager.tables (engine/kv/block_tables.py)
     num_computed_tokens: int = 0     # tokens whose KV is in block_table
     num_cached_tokens: int = 0       # prompt tokens served by the prefix cache (last admission)
@@ -114,6 +115,8 @@ class Request:
     chunks_done: int = 0             # prefill chunks computed since the last admission
     priority: int = 0                # scheduling_policy=priority: lower is served first
     stop_ids: frozenset = frozenset()  # token ids that end it: stop_token_ids + EOS (engine.add)
+    length_cap: int = 0              # prompt + max_tokens: the token count that ends it
+    pending_row: int = -1            # its sample row in the step in flight (while pending)
     num_pending: int = 0             # async scheduling: the last output token is sampled on
     #                                  the device but not read yet (PENDING_TOKEN holds its place)
 
@@ -124,6 +127,9 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def __post_init__(self):
+        self.length_cap = len(self.prompt_token_ids) + self.params.max_tokens
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without joining the two lists."""
@@ -141,18 +147,20 @@ class Request:
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
 
-    def reaches_length_limit(self, extra: int, max_model_len: int) -> bool:
-        """Does the request end by length once `extra` more tokens are appended? (The one
-        length rule: the step's update and the async-scheduling lookahead both ask it.)"""
-        return (len(self.output_token_ids) + extra >= self.params.max_tokens
-                or self.num_tokens + extra >= max_model_len)
+    def ends_by_length(self, max_model_len: int) -> bool:
+        """Has it as many tokens as max_tokens or the context allow? (The one length rule:
+        the step's update and the scheduler's look at pending tokens both ask it.)"""
+        n = len(self.prompt_token_ids) + len(self.output_token_ids)
+        return n >= self.length_cap or n >= max_model_len
 
-    def add_pending(self) -> None:
+    def add_pending(self, row: int) -> None:
         """Async scheduling: count the token the in-flight step samples for this request
         before its value is known (vLLM V1's output placeholders), so the next step can be
-        planned now: lengths, positions and slots include it."""
+        planned now: lengths, positions and slots include it. `row`: its sample row in
+        that step (the runner feeds the next step's input from there)."""
         self.output_token_ids.append(PENDING_TOKEN)
         self.num_pending = 1
+        self.pending_row = row
 
     def resolve_pending(self, token: int) -> None:
         self.output_token_ids[-1] = token

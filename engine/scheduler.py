@@ -131,7 +131,7 @@ class Scheduler:
             n = len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens
             if n > 1:
                 prefilling.append(r)
-            elif n == 1 and not (r.num_pending and r.reaches_length_limit(0, limit)):
+            elif n == 1 and not (r.num_pending and r.ends_by_length(limit)):
                 decodes.append(r)
         return decodes, prefilling
 
@@ -195,7 +195,7 @@ class Scheduler:
             self.waiting.remove(req)
             self._start(req, hits)
             if caching:
-                self._leaders.setdefault(self._prompt_key(req), req)
+                self._leaders.setdefault(req.prompt_key, req)   # set by _join_leader
             if hits:
                 plan.prefix_hits.append((req.request_id, tuple(req.block_table[:hits])))
             plan.prefills.append(self._chunk(req, n))
@@ -221,7 +221,8 @@ class Scheduler:
     def _join_leader(self, req: Request, plan: StepPlan) -> bool:
         """Same-prompt dedup: wait on a running request with identical tokens that has
         not sampled yet, instead of prefilling again."""
-        leader = self._leaders.get(self._prompt_key(req))
+        req.prompt_key = self._prompt_key(req)    # hashing a prompt once per admission try
+        leader = self._leaders.get(req.prompt_key)
         if leader is None or leader.all_token_ids() != req.all_token_ids():
             return False
         self.waiting.remove(req)
@@ -265,9 +266,7 @@ class Scheduler:
 
     def _drop_links(self, req: Request) -> None:
         """Unlink dedup relations: a leaving leader sends its waiters back to the queue."""
-        key = self._prompt_key(req)
-        if self._leaders.get(key) is req:
-            del self._leaders[key]
+        self._forget_leader(req)
         for follower in reversed(self.followers.pop(req, [])):
             follower.dedup_leader = None
             follower.status = RequestStatus.WAITING
@@ -278,11 +277,14 @@ class Scheduler:
             self.followers[leader].remove(req)
             req.dedup_leader = None
 
+    def _forget_leader(self, req: Request) -> None:
+        key = req.prompt_key      # as it was when the request was admitted
+        if key is not None and self._leaders.get(key) is req:
+            del self._leaders[key]
+
     def leader_sampled(self, leader: Request) -> list[Request]:
         """The leader computed its whole prompt: its waiters take its blocks now."""
-        key = self._prompt_key(leader)
-        if self._leaders.get(key) is leader:
-            del self._leaders[key]
+        self._forget_leader(leader)
         waiters = self.followers.pop(leader, [])
         for f in waiters:
             f.dedup_leader = None

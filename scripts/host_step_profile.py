@@ -96,9 +96,11 @@ def main(argv=None) -> int:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--num-blocks", type=int, default=340_000,
-                   help="KV pool size (the H100's pool for qwen2.5-0.5b is ~340k blocks)")
-    p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--num-blocks", type=int, default=40_000,
+                   help="KV pool size: the closed loop fills this one with cached blocks "
+                        "within the warm-up, so every allocation then evicts, as on a GPU's "
+                        "340k-block pool after ~20 s of serving")
+    p.add_argument("--warmup-steps", type=int, default=600)
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile's top N")

@@ -45,6 +45,7 @@ def parse_args(argv=None):
                    help="--alternate: what runs in the odd windows: the app, a process "
                         "spinning one core (a control: the cost of any busy neighbour), or "
                         "nothing (every window alone: the closed loop's own figure)")
+    p.add_argument("--burn-cores", type=int, default=1, help="--view burn: spinning processes")
     p.add_argument("--alone-watches", action="store_true",
                    help="--alternate: keep the snapshot subscription in the alone windows "
                         "(default: alone = nobody subscribes, the engine builds no snapshot)")
@@ -115,17 +116,18 @@ def app_window(source, seconds: float, settle: float = 1.0) -> dict:
     return asyncio.run(run())
 
 
-def burn_window(source, seconds: float) -> dict:
-    """The window with a process that spins one core instead of the app: what any busy
-    neighbour on the host costs the engine (turbo and shared cores), not the UI."""
+def burn_window(source, seconds: float, cores: int = 1) -> dict:
+    """The window with processes that spin `cores` cores instead of the app: what any
+    busy neighbour on the host costs the engine (turbo and shared caches), not the UI."""
     import subprocess
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    spins = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
     try:
         time.sleep(1.0)
         return window_stats(source, seconds, unwatched=True)
     finally:
-        spin.kill()
-        spin.wait()
+        for spin in spins:
+            spin.kill()
+            spin.wait()
 
 
 def alternate(args) -> int:
@@ -137,7 +139,7 @@ def alternate(args) -> int:
         for k in range(2 * args.alternate + 1):
             view = args.view if k % 2 else "alone"
             stats = app_window(source, args.seconds) if view == "tui" else \
-                burn_window(source, args.seconds) if view == "burn" else \
+                burn_window(source, args.seconds, args.burn_cores) if view == "burn" else \
                 window_stats(source, args.seconds, unwatched=not args.alone_watches)
             rows.append((view, stats))
             print(f"{k:>3} {view:<6} {stats['tok_s']:10,.0f} tok/s  {stats['steps_s']:6.1f} "

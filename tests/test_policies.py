@@ -194,6 +194,23 @@ def test_block_lifetime_idle_and_reuse_gaps_by_hand():
     assert m.lifetime.counts[RESIDENCY_BUCKETS.index(20.0)] == 2
 
 
+def test_a_large_pool_samples_one_block_in_stride_but_counts_every_hit():
+    """Past MAX_TRACKED blocks, residency samples come from block ids divisible by the
+    stride (vLLM samples 1%); hit counts stay exact for every block (lfu reads them)."""
+    from engine.kv.block_metrics import MAX_TRACKED, BlockLifetimes
+    life = BlockLifetimes(3 * MAX_TRACKED)
+    assert life.stride == 3
+    life.on_allocated([3, 4], 1.0)
+    life.on_hit(4, 2.0)
+    life.on_hit(3, 5.0)
+    life.on_evicted([3, 4], 10.0)
+    m = life.freeze()
+    assert (m.lifetime.count, m.lifetime.sum) == (1, 9.0)             # block 3 only
+    assert (m.idle_before_evict.count, m.idle_before_evict.sum) == (1, 5.0)
+    assert life.num_hits[3] == life.num_hits[4] == 1
+    assert BlockLifetimes(MAX_TRACKED).stride == 1
+
+
 def test_histogram_quantile_interpolates_like_prometheus():
     counts = [0] * (len(RESIDENCY_BUCKETS) + 1)
     counts[RESIDENCY_BUCKETS.index(10.0)] = 2     # two samples in (5, 10]

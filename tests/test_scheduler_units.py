@@ -122,8 +122,8 @@ def test_pending_tokens_plan_the_next_step_and_leave_length_finishers_out():
         r.output_token_ids.append(9)
     plan = sched.schedule()
     compute(sched, plan)
-    for r in (a, b):
-        r.add_pending()                       # the step in flight samples their 2nd token
+    for row, r in enumerate((a, b)):
+        r.add_pending(row)                    # the step in flight samples their 2nd token
     sched.add(req("c", [7, 8]))
     nxt = sched.schedule()
     assert [(c.request.request_id, c.start) for c in nxt.decodes] == [("a", 4)]
@@ -139,7 +139,7 @@ def test_a_preempted_request_waits_for_its_pending_token():
     r = req("r", [1, 2, 3], max_tokens=8)
     sched.add(r)
     compute(sched, sched.schedule())
-    r.add_pending()
+    r.add_pending(0)
     sched.preempt(r)
     assert not sched.schedule() and sched.waiting[0] is r
     r.resolve_pending(5)
