@@ -107,10 +107,12 @@ class InputProcessor:
                                       "{'prompt_token_ids': [...]} instead of text")
         return prompt, self.tokenizer.encode(prompt)
 
-    def validate_ids(self, ids: list[int], params: SamplingParams) -> None:
+    def validate_ids(self, ids: list[int], params: SamplingParams, typed: bool = False) -> None:
+        """typed: the ids were decoded into a list[int] field (msgspec rejects bools and
+        other types there), so the per-token type check is skipped."""
         if not ids:
             raise InvalidRequestError("prompt is empty (0 tokens)")
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+        if not typed and any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
             raise InvalidRequestError("prompt_token_ids must be integers")
         if min(ids) < 0 or max(ids) >= self.vocab_size:
             raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size}); got "

@@ -159,7 +159,7 @@ class EngineCoreProc:
             creq = CoreRequest(msg.request_id, tuple(msg.prompt_token_ids), params,
                                msg.arrival_time, msg.prompt_preview,
                                check_priority(msg.priority))
-            self.validator.validate_ids(list(creq.prompt_token_ids), params)
+            self.validator.validate_ids(msg.prompt_token_ids, params, typed=True)
         except (InvalidRequestError, TypeError) as exc:
             self._refuse(client, msg.request_id, f"{exc}")
             return
