@@ -48,6 +48,8 @@ class CoreLoop:
         self._barriers: list[Callable[[EngineSnapshot], None]] = []
         self.publish_snapshots = True   # periodic snapshots (the engine process turns them
         #                                 off while no client subscribes)
+        self.on_idle: Callable[[], None] | None = None   # run when the engine goes idle
+        self._busy = False
 
     # -- commands (any thread) -------------------------------------------------------
     def post(self, command: Callable[[], None]) -> None:
@@ -117,8 +119,12 @@ class CoreLoop:
                 self._sync_pause()
                 if self._should_step():
                     self._idle_published = False
+                    self._busy = True
                     self._step()
                 else:
+                    if self._busy and self.on_idle is not None:
+                        self.on_idle()     # work nobody waits for: between bursts
+                    self._busy = False
                     self._publish(force=True)
                     with self._idle:
                         self._idle_published = not self._commands
