@@ -3,7 +3,8 @@
 # vs eager, async vs sync), the host work per step on this host (stub forward), W1 and
 # batch 1 (5 runs each), the closed loop and the TUI's cost (alternating windows on one
 # engine, gc share printed). Each phase has its own timeout; a compact summary at the end.
-#   PHASES="tests bench observer" bash scripts/gpu_session5.sh   (wheels in .whl)
+#   PHASES="tests host bench observer closed30 hf" bash scripts/gpu_session5.sh   (wheels in .whl)
+#   MODEL=dummy:llama-3.2-1b CLOSED_S=15 PHASES="bench closed30" OUT=... bash scripts/gpu_session5.sh
 set -u
 OUT=${OUT:-gpu_session5}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -45,8 +46,12 @@ if [[ " $PHASES " == *" observer "* ]]; then
   grep -E "alone|tui|median" "$OUT/observer.log" | tail -12 | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" closed30 "* ]]; then   # the closed loop alone, 30 s windows
-  step closed30 200 python3 scripts/observer_cost.py --model "$M" --seconds 30 --warmup 15 \
-    --alternate 2 --view alone
+  step closed30 200 python3 scripts/observer_cost.py --model "$M" --seconds ${CLOSED_S:-30} \
+    --warmup 15 --alternate 2 --view alone
   grep -E "alone" "$OUT/closed30.log" | tail -6 | tee -a "$SUMMARY"
+fi
+if [[ " $PHASES " == *" hf "* ]]; then   # the HF transformers peer (../shared/tools), same call
+  step hf_peer 200 python3 .dev/hf_peer_baseline.py
+  grep -E "^HF" "$OUT/hf_peer.log" | tee -a "$SUMMARY"
 fi
 echo; echo "==== summary"; cat "$SUMMARY"
