@@ -13,12 +13,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import select
 import shutil
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -27,8 +24,9 @@ from typing import Callable
 import zmq
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR
-from engine.config import InvalidRequestError, SchedulerConfig, make_config
+from engine.config import InvalidRequestError, SchedulerConfig
 from engine.ipc import protocol as P
+from engine.ipc.launch import EngineLaunch
 from engine.stream import RequestStream, chain_sinks
 from engine.outputs import EngineInfo
 from engine.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
@@ -41,15 +39,6 @@ CONNECT_DEAD_AFTER = 10.0   # an attached client's engine is gone after this muc
 STARTUP_TIMEOUT = 900.0
 
 
-def _child_env() -> dict:
-    """The engine process finds this package even when it is not installed (a checkout)."""
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # idle OpenMP threads sleep, not spin
-    return env
-
-
 class EngineDied(RuntimeError):
     """The engine-core process is gone."""
 
@@ -58,10 +47,11 @@ class EngineClient:
     def __init__(self, *, connect: str | None = None, address: str | None = None,
                  label: str = "client", on_progress: Callable[[str], None] | None = None,
                  startup_timeout: float = STARTUP_TIMEOUT, snapshots: bool = True,
-                 **engine_kwargs):
+                 launch: EngineLaunch | None = None, **engine_kwargs):
         """snapshots=False: no periodic snapshots (a bench): snapshot() then returns the
         one taken by the last wait_idle(), and the engine builds none while nobody else
-        subscribes."""
+        subscribes. launch: an engine process already spawned (engine/ipc/launch.py),
+        taken over here (several engines then load at once)."""
         self.label = label
         self.snapshots = snapshots
         self._want_snapshots = True
@@ -71,13 +61,11 @@ class EngineClient:
         self._closed = False
         self.tokenizer = None
         if connect is None:
-            config = make_config(**engine_kwargs)   # refuse bad knobs here, before a process starts
-            if address is None:
-                self._tmpdir = tempfile.mkdtemp(prefix="roseplay-")
-                address = f"ipc://{self._tmpdir}/engine"
-            status = self._spawn(engine_kwargs, address)
+            launch = launch or EngineLaunch(engine_kwargs, address)   # bad knobs: refused here
+            self.proc, self._tmpdir = launch.proc, launch.tmpdir
+            self._owner_token, address, status = launch.owner_token, launch.address, launch.status
             try:      # while the engine process imports torch and loads the model
-                self.tokenizer = load_tokenizer(config.model)
+                self.tokenizer = load_tokenizer(launch.config.model)
             except BaseException:
                 status.close()
                 self._reap()
@@ -98,20 +86,6 @@ class EngineClient:
             self.wait_idle(30.0)
 
     # -- start-up ------------------------------------------------------------------------
-    def _spawn(self, kwargs: dict, address: str):
-        """Start `python -m engine.ipc.core_proc` (a subprocess, not multiprocessing:
-        nothing of the caller's __main__ re-runs); returns its status pipe."""
-        read_fd, write_fd = os.pipe()
-        cmd = [sys.executable, "-m", "engine.ipc.core_proc", "--address", address,
-               "--engine-json", json.dumps(kwargs), "--owner-pid", str(os.getpid()),
-               "--status-fd", str(write_fd)]
-        self._owner_token = uuid.uuid4().hex     # only we may stop it (not attached clients)
-        env = _child_env()
-        env["ROSEPLAY_OWNER_TOKEN"] = self._owner_token
-        self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, env=env)
-        os.close(write_fd)
-        return os.fdopen(read_fd, "rb", buffering=0)   # unbuffered: select() sees every line
-
     def _wait_ready(self, status, on_progress, timeout: float) -> None:
         """Read the engine process's status lines until it is ready."""
         deadline = time.monotonic() + timeout

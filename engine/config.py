@@ -148,9 +148,9 @@ class EngineConfig:
         "prefill + decode steps per token count, up to max_num_batched_tokens at start) or "
         "full_decode_only (mixed steps eager). Default from $ROSEPLAY_CUDAGRAPH_MODE.",
         choices=("full", "full_decode_only"))
-    async_scheduling: bool = _knob(True, "Overlap host and device: while a decode-only step "
-                                         "runs, prepare and launch the next one (its input "
-                                         "tokens stay on the device).")
+    async_scheduling: bool = _knob(True, "Overlap host and device: while a step runs, plan "
+                                         "and launch the next one (its pending input tokens "
+                                         "stay on the device; vLLM V1's async scheduling).")
     attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA, torch_sdpa on "
                                            "CPU), torch (the plain references), torch_sdpa "
                                            "(references + batched SDPA paged attention), "

@@ -290,13 +290,30 @@ def start_compare(engine_kwargs: dict, knob: str, values: list, *, scenario: str
 
 
 def _start_engines(configs: list[dict], in_process: bool, make_engine) -> list:
-    """Both engines, one after the other (two clients built at once on two threads left
-    their engine processes idle: docs/TUI.md); if the second fails, the first is closed."""
-    first = make_engine(configs[0], None, in_process)
+    """Both engines. Engine processes load at once: both are spawned first (EngineLaunch),
+    then each client takes its process over; in-process engines start one after the
+    other. If one fails, everything started is stopped."""
+    if in_process:
+        first = make_engine(configs[0], None, True)
+        try:
+            return [first, make_engine(configs[1], None, True)]
+        except BaseException:
+            first.close()
+            raise
+    from engine.client import EngineClient
+    from engine.ipc.launch import EngineLaunch
+    launches, clients = [], []
     try:
-        return [first, make_engine(configs[1], None, in_process)]
+        for cfg in configs:
+            launches.append(EngineLaunch(cfg))
+        for i, (launch, cfg) in enumerate(zip(launches, configs)):
+            clients.append(EngineClient(label=f"tui-{'ab'[i]}", launch=launch, **cfg))
+        return clients
     except BaseException:
-        first.close()
+        for client in clients:
+            client.close()
+        for launch in launches[len(clients):]:
+            launch.abort()
         raise
 
 

@@ -137,6 +137,30 @@ def test_both_engines_serve_the_same_prompts():
         src.close()
 
 
+def test_engine_processes_load_at_once_and_both_serve(monkeypatch):
+    """--compare spawns both engine processes before waiting for either (they load in
+    parallel), then each client takes its process over; both serve; close stops both."""
+    from engine.client import EngineClient
+    from engine.ipc.launch import EngineLaunch
+    order = []
+    real_launch, real_client = EngineLaunch.__init__, EngineClient.__init__
+    monkeypatch.setattr(EngineLaunch, "__init__", lambda self, *a, **k: (
+        order.append("spawn"), real_launch(self, *a, **k))[1])
+    monkeypatch.setattr(EngineClient, "__init__", lambda self, *a, **k: (
+        order.append("client"), real_client(self, *a, **k))[1])
+    src = _compare(in_process=False)
+    procs = [s.loop.proc for s in src.sides]
+    try:
+        assert order == ["spawn", "spawn", "client", "client"]
+        deadline = time.monotonic() + 30
+        while min(s.driver.completed for s in src.sides) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert min(s.driver.completed for s in src.sides) >= 2
+    finally:
+        src.close()
+    assert all(p.poll() is not None for p in procs)
+
+
 @sync
 async def test_compare_screen_keys_change_both_sides_but_the_compared_knob(monkeypatch):
     fast_idle(monkeypatch)

@@ -1,0 +1,73 @@
+"""EngineLaunch: an engine-core process on its way up (spawned, not yet ready).
+
+Split from EngineClient so that several engines can load at once (`roseplay --compare`
+spawns both processes, then waits for each): a launch owns the process, its private
+socket directory and its status pipe until a client takes it over.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+
+from engine.config import make_config
+
+
+def child_env() -> dict:
+    """The engine process finds this package even when it is not installed (a checkout)."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # idle OpenMP threads sleep, not spin
+    return env
+
+
+class EngineLaunch:
+    def __init__(self, engine_kwargs: dict, address: str | None = None):
+        """Check the knobs (a bad one is refused before any process starts), then start
+        `python -m engine.ipc.core_proc` (a subprocess, not multiprocessing: nothing of
+        the caller's __main__ re-runs)."""
+        self.config = make_config(**engine_kwargs)
+        self.tmpdir = None
+        if address is None:
+            self.tmpdir = tempfile.mkdtemp(prefix="roseplay-")
+            address = f"ipc://{self.tmpdir}/engine"
+        self.address = address
+        read_fd, write_fd = os.pipe()
+        cmd = [sys.executable, "-m", "engine.ipc.core_proc", "--address", address,
+               "--engine-json", json.dumps(engine_kwargs), "--owner-pid", str(os.getpid()),
+               "--status-fd", str(write_fd)]
+        self.owner_token = uuid.uuid4().hex     # only the owner may stop it
+        env = child_env()
+        env["ROSEPLAY_OWNER_TOKEN"] = self.owner_token
+        try:
+            self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
+                                         env=env)
+        except BaseException:
+            os.close(read_fd)
+            self._remove_dir()
+            raise
+        finally:
+            os.close(write_fd)
+        self.status = os.fdopen(read_fd, "rb", buffering=0)   # unbuffered: select() sees lines
+
+    def abort(self) -> None:
+        """Never taken over: stop the process, remove its directory."""
+        self.status.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(2.0)
+        self._remove_dir()
+
+    def _remove_dir(self) -> None:
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
