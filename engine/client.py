@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import json
 import select
-import shutil
 import subprocess
 import threading
 import time
@@ -26,7 +25,7 @@ import zmq
 from engine.codes import REASON_CANCELLED, REASON_ERROR
 from engine.config import InvalidRequestError, SchedulerConfig
 from engine.ipc import protocol as P
-from engine.ipc.launch import EngineLaunch
+from engine.ipc.launch import EngineLaunch, stop_engine
 from engine.stream import RequestStream, chain_sinks
 from engine.outputs import EngineInfo
 from engine.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
@@ -349,16 +348,8 @@ class EngineClient:
             event.set()
 
     def _reap(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(2.0)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(2.0)
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        stop_engine(self.proc, self._tmpdir)
+        self._tmpdir = None
 
     def _close_sockets(self) -> None:
         for name in ("_in", "_out", "_sub"):

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.reference import _norm_then_linear
+
 PACK_BATCH_HINT = 16        # rows oneDNN picks its weight layout for: a decode batch
 _PACKABLE = (torch.float32, torch.bfloat16)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
@@ -63,15 +65,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out if residual is None else (out, x)
 
 
-def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                    weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    residual: torch.Tensor | None = None):
-    """linear(rms_norm(x, norm_weight, eps[, residual]), weight, bias); with residual
-    returns (y, x + residual) like rms_norm."""
-    if residual is None:
-        return linear(rms_norm(x, norm_weight, eps), weight, bias)
-    h, new_residual = rms_norm(x, norm_weight, eps, residual)
-    return linear(h, weight, bias), new_residual
+rms_norm_linear = _norm_then_linear(rms_norm, linear)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -168,15 +168,22 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
     return q
 
 
-def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                    weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    residual: torch.Tensor | None = None):
-    """linear(rms_norm(x, norm_weight, eps[, residual]), weight, bias); with residual
-    returns (y, x + residual) like rms_norm."""
-    if residual is None:
-        return linear(rms_norm(x, norm_weight, eps), weight, bias)
-    h, new_residual = rms_norm(x, norm_weight, eps, residual)
-    return linear(h, weight, bias), new_residual
+def _norm_then_linear(rms_norm, linear):
+    """rms_norm_linear of a backend from its rms_norm and linear (one composition for
+    every backend that does not fuse the two)."""
+    def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        residual: torch.Tensor | None = None):
+        """linear(rms_norm(x, norm_weight, eps[, residual]), weight, bias); with residual
+        returns (y, x + residual) like rms_norm."""
+        if residual is None:
+            return linear(rms_norm(x, norm_weight, eps), weight, bias)
+        h, new_residual = rms_norm(x, norm_weight, eps, residual)
+        return linear(h, weight, bias), new_residual
+    return rms_norm_linear
+
+
+rms_norm_linear = _norm_then_linear(rms_norm, linear)
 
 
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,

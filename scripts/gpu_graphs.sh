@@ -6,23 +6,8 @@
 # step is reported and the script goes on.
 #   bash scripts/gpu_graphs.sh        (wheels in .whl are installed first if present)
 set -u
-OUT=${OUT:-gpu_graphs}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-nvidia-smi -L; date -u; grep -m1 "model name" /proc/cpuinfo; nproc; git log --oneline -1 2>/dev/null
-SUMMARY="$OUT/summary.txt"; : > "$SUMMARY"
-
-step() {   # step NAME SECONDS CMD...: run with a timeout, log to $OUT/NAME.log
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$SUMMARY"
-  return 0
-}
+OUT=${OUT:-gpu_graphs}
+source "$(dirname "$0")/gpu_common.sh"
 
 PHASES=${PHASES:-tests bench closed}   # split over two calls when the call limit binds
 PYTEST="python3 -m pytest -q -p no:cacheprovider -o addopts= -x"

@@ -6,20 +6,8 @@
 #   PHASES="tests host bench observer closed30 hf" bash scripts/gpu_session5.sh   (wheels in .whl)
 #   MODEL=dummy:llama-3.2-1b CLOSED_S=15 PHASES="bench closed30" OUT=... bash scripts/gpu_session5.sh
 set -u
-OUT=${OUT:-gpu_session5}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-nvidia-smi -L; date -u; grep -m1 "model name" /proc/cpuinfo; nproc; git log --oneline -1 2>/dev/null
-SUMMARY="$OUT/summary.txt"; : > "$SUMMARY"
-step() {   # step NAME SECONDS CMD...: run with a timeout, log to $OUT/NAME.log
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name rc=$? ($((SECONDS - t0)) s)" | tee -a "$SUMMARY"
-}
+OUT=${OUT:-gpu_session5}
+source "$(dirname "$0")/gpu_common.sh"
 PHASES=${PHASES:-tests bench observer}
 M=${MODEL:-dummy:qwen2.5-0.5b}
 if [[ " $PHASES " == *" tests "* ]]; then

@@ -58,16 +58,22 @@ class EngineLaunch:
     def abort(self) -> None:
         """Never taken over: stop the process, remove its directory."""
         self.status.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(2.0)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(2.0)
-        self._remove_dir()
+        stop_engine(self.proc, self.tmpdir)
+        self.tmpdir = None
 
     def _remove_dir(self) -> None:
-        if self.tmpdir is not None:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            self.tmpdir = None
+        stop_engine(None, self.tmpdir)
+        self.tmpdir = None
+
+
+def stop_engine(proc: subprocess.Popen | None, tmpdir: str | None) -> None:
+    """SIGTERM (SIGKILL after 2 s) the engine process if it runs; remove its socket dir."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(2.0)
+    if tmpdir is not None:
+        shutil.rmtree(tmpdir, ignore_errors=True)
