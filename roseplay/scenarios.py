@@ -11,7 +11,7 @@ list (bench), `iter_workload` an endless generator (TUI). Two prompt kinds:
   {"prompt_token_ids": [...]} with vLLM-random-dataset lengths: input and output lengths
   uniform in [L*(1-r), L*(1+r)] for `range_ratio` r.
 
-Scenarios (see SCENARIOS): shared-prefix, long-short, identical, random.
+Scenarios (see SCENARIOS): shared-prefix, long-short, identical, hot-scan, random.
 """
 from __future__ import annotations
 
@@ -144,9 +144,10 @@ LONG_REPEATS = 64
 IDENTICAL_REPEATS = 65  # 65 one-token words: 4 full blocks of 16 + a shared, partly filled 5th
 
 
-def _shared_prefix(spec: WorkloadSpec, i: int) -> WorkItem:
+def _shared_prefix(spec: WorkloadSpec, i: int, k: int | None = None) -> WorkItem:
+    """System prompt k (default: i's turn of NUM_PREFIXES) + a distinct question."""
     rng = spec.rng("shared-prefix", i)
-    k = i % NUM_PREFIXES
+    k = i % NUM_PREFIXES if k is None else k
     if spec.tokenizer is not None:
         systems, questions = spec.data["system_prompts"], spec.data["short"]
         q = questions[i % len(questions)]
@@ -191,16 +192,37 @@ def _identical(spec: WorkloadSpec, i: int) -> WorkItem:
     return WorkItem(prompt, spec.params(spec.rng("identical")), tag="identical")
 
 
-def _random(spec: WorkloadSpec, i: int) -> WorkItem:
-    rng = spec.rng("random", i)
-    n = spec.sample_len(rng, spec.input_len)
+def _random(spec: WorkloadSpec, i: int, scale: int = 1, tag: str = "random") -> WorkItem:
+    rng = spec.rng(tag, i)
+    n = spec.sample_len(rng, scale * spec.input_len)
     if spec.tokenizer is None:
-        return WorkItem({"prompt_token_ids": spec.token_ids(rng, n)}, spec.params(rng), tag="random")
+        return WorkItem({"prompt_token_ids": spec.token_ids(rng, n)}, spec.params(rng), tag=tag)
     words = spec.words
     text = " ".join(rng.choice(words) for _ in range(n))
     ids = list(spec.tokenizer.encode(text))[:n]
     prompt = {"prompt_token_ids": ids, "prompt": spec.tokenizer.decode(ids)}
-    return WorkItem(prompt, spec.params(rng), tag="random")
+    return WorkItem(prompt, spec.params(rng), tag=tag)
+
+
+HOT_RUN, SCAN_RUN, SCAN_SCALE = 2, 4, 4   # hot-scan: 2 requests on the hot prompt, then 4
+#                                           one-off prompts of 4x input_len, again and again
+
+
+def _hot_scan(spec: WorkloadSpec, i: int) -> WorkItem:
+    """Recency against frequency: a hot system prompt asked twice, then a scan of long
+    one-off prompts no one asks again. On a pool the scan overflows, lru evicts the hot
+    prompt's blocks (released before the scan's) and its next first request misses; lfu
+    keeps them (they have hits, the scan's have none), so every hot request hits."""
+    if i % (HOT_RUN + SCAN_RUN) >= HOT_RUN:
+        return _random(spec, i, scale=SCAN_SCALE, tag="scan")
+    rng = spec.rng("hot", i)
+    if spec.tokenizer is not None:
+        q = spec.data["short"][i % len(spec.data["short"])]
+        prompt = f"{spec.data['system_prompts'][0]}\n\n{q} ({i})"
+    else:        # a hot prefix of 2x input_len tokens, and a short distinct question
+        hot = spec.token_ids(spec.rng("hot-prefix"), 2 * spec.input_len)
+        prompt = {"prompt_token_ids": hot + spec.token_ids(rng, 8)}
+    return WorkItem(prompt, spec.params(rng), tag="hot")
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -216,6 +238,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "The same prompt many times (text: 65 repeats of a one-token word; token ids: "
              "input_len copies of one id): dedup prefills it once and every decode "
              "copies the shared, partly filled last block (copy-on-write).", _identical),
+    Scenario("hot-scan", "Hot prompt + scans",
+             f"{HOT_RUN} requests on one hot system prompt, then {SCAN_RUN} long one-off "
+             f"prompts ({SCAN_SCALE}x input_len), repeated: on a small pool lru evicts the "
+             "hot prompt during each scan, lfu keeps it (compare eviction_policy).", _hot_scan),
     Scenario("random", "Random unique prompts",
              "Unique random prompts of input_len +- range_ratio tokens (vLLM's random "
              "dataset): no sharing at all.", _random),

@@ -163,6 +163,29 @@ def test_eviction_policy_switches_live():
     assert pool.allocate(2)[-1] == b and pool.allocate(1) == [a]
 
 
+def test_hot_scan_scenario_separates_lfu_from_lru():
+    """The hot-scan scenario on a pool its scans overflow: under lru the hot prompt is
+    evicted during every scan (the first hot request after a scan misses), under lfu it
+    stays cached (every hot request after the very first hits); outputs are equal."""
+    from engine import LLM
+    from roseplay.scenarios import HOT_RUN, SCAN_RUN, build_workload
+    items = build_workload("hot-scan", 3 * (HOT_RUN + SCAN_RUN), vocab_size=512, input_len=64,
+                           output_len=4, seed=0)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    hits, outputs = {}, {}
+    for policy in ("lru", "lfu"):
+        llm = LLM(model="dummy:tiny", device="cpu", num_blocks=64, eviction_policy=policy)
+        hits[policy], outputs[policy] = [], []
+        for item in items:            # one at a time: the release order is the item order
+            out = llm.generate([item.prompt], params)[0]
+            outputs[policy].append(out.outputs[0].token_ids)
+            if item.tag == "hot":
+                hits[policy].append(out.metrics.num_cached_tokens > 0)
+    assert hits["lfu"] == [False] + [True] * 5
+    assert hits["lru"] == [False, True] * 3
+    assert outputs["lru"] == outputs["lfu"]
+
+
 # -- residency metrics ------------------------------------------------------------------------
 class Clock:
     t = 0.0
