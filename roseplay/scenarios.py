@@ -11,7 +11,7 @@ list (bench), `iter_workload` an endless generator (TUI). Two prompt kinds:
   {"prompt_token_ids": [...]} with vLLM-random-dataset lengths: input and output lengths
   uniform in [L*(1-r), L*(1+r)] for `range_ratio` r.
 
-Scenarios (see SCENARIOS): shared-prefix, long-short, identical, hot-scan, random.
+Scenarios (see SCENARIOS): shared-prefix, long-short, identical, random, hot-scan.
 """
 from __future__ import annotations
 
@@ -238,13 +238,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "The same prompt many times (text: 65 repeats of a one-token word; token ids: "
              "input_len copies of one id): dedup prefills it once and every decode "
              "copies the shared, partly filled last block (copy-on-write).", _identical),
+    Scenario("random", "Random unique prompts",
+             "Unique random prompts of input_len +- range_ratio tokens (vLLM's random "
+             "dataset): no sharing at all.", _random),
     Scenario("hot-scan", "Hot prompt + scans",
              f"{HOT_RUN} requests on one hot system prompt, then {SCAN_RUN} long one-off "
              f"prompts ({SCAN_SCALE}x input_len), repeated: on a small pool lru evicts the "
              "hot prompt during each scan, lfu keeps it (compare eviction_policy).", _hot_scan),
-    Scenario("random", "Random unique prompts",
-             "Unique random prompts of input_len +- range_ratio tokens (vLLM's random "
-             "dataset): no sharing at all.", _random),
 )}
 
 

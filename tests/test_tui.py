@@ -123,11 +123,12 @@ async def test_a_budget_below_the_running_requests_warns(source):
         await _paused_while_running(pilot, source)
         running = sum(r.state in ("decoding", "prefilling", "dedup")
                       for r in source.snapshot().requests)
-        assert running == 4
+        assert running >= 3     # 4 in flight (one may sit between finishing and its successor)
         source.set_knobs(max_num_batched_tokens=4)
         await pilot.press("minus")
         assert source.loop.knobs.max_num_batched_tokens == 2
-        assert await wait_for(pilot, lambda: "budget 2 < 4 running requests" in notices(app), 3)
+        assert await wait_for(
+            pilot, lambda: f"budget 2 < {running} running requests" in notices(app), 3)
 
 
 @sync
