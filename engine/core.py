@@ -19,7 +19,6 @@ but the batch it broadcasts anyway.
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -35,33 +34,19 @@ from engine.events import EventLog
 from engine.kv.block_pool import BlockPool
 from engine.models.loader import load_model
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.placement import resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler, StepPlan
-from engine.snapshot import Counters, EngineSnapshot, compact_counts, request_view
+from engine.snapshot import Counters, EngineSnapshot, engine_snapshot, request_view
 from engine.stats import StatsRecorder
 from engine.step_batch import StepBatch
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_DEFAULT_BLOCKS = 2048
 _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
            REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise InvalidRequestError("device 'cuda' requested but no CUDA GPU is available")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
 
 
 @dataclass
@@ -418,20 +403,4 @@ class LLMEngine:
 
     def snapshot(self, paused: bool = False) -> EngineSnapshot:
         """An immutable view of the engine now (cheap: arrays copied, views built)."""
-        st = self.stats
-        active = tuple(request_view(r) for r in self.requests.values())
-        return EngineSnapshot(
-            time=self.clock.now(), step=st.counters.steps, model=self.model_name,
-            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
-            knobs=self.knobs, paused=paused, num_blocks=self.pool.num_blocks,
-            block_size=self.pool.block_size, block_state=self.pool.states(),
-            block_refcount=compact_counts(self.pool.refcounts),
-            requests=active + tuple(self.recent_finished), last_step=st.last_step,
-            recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
-            recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
-            error=st.last_error, events=self.events.recent(),
-            kv_block_metrics=self.pool.lifetimes.freeze(),
-            extra={"peak_used_blocks": st.peak_used_blocks, "backend": self.backend,
-                   "tensor_parallel_size": self.config.tensor_parallel_size,
-                   "kv_bytes_per_rank": self.runner.kv_cache.numel() * self.runner.kv_cache.element_size(),
-                   "max_model_len": self.max_model_len, "forward_calls": self.runner.forward_calls})
+        return engine_snapshot(self, paused)

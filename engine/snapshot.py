@@ -213,3 +213,25 @@ class EngineSnapshot:
 
     def request(self, request_id: str) -> RequestView | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
+
+
+def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
+    """An immutable view of an LLMEngine now (cheap: arrays copied, views built)."""
+    st, pool, kv = engine.stats, engine.pool, engine.runner.kv_cache
+    active = tuple(request_view(r) for r in engine.requests.values())
+    return EngineSnapshot(
+        time=engine.clock.now(), step=st.counters.steps, model=engine.model_name,
+        device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."),
+        knobs=engine.knobs, paused=paused, num_blocks=pool.num_blocks,
+        block_size=pool.block_size, block_state=pool.states(),
+        block_refcount=compact_counts(pool.refcounts),
+        requests=active + tuple(engine.recent_finished), last_step=st.last_step,
+        recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
+        recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
+        error=st.last_error, events=engine.events.recent(),
+        kv_block_metrics=pool.lifetimes.freeze(),
+        extra={"peak_used_blocks": st.peak_used_blocks, "backend": engine.backend,
+               "tensor_parallel_size": engine.config.tensor_parallel_size,
+               "kv_bytes_per_rank": kv.numel() * kv.element_size(),
+               "max_model_len": engine.max_model_len,
+               "forward_calls": engine.runner.forward_calls})
