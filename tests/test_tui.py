@@ -321,7 +321,10 @@ def _tpots(snap, since: float) -> list[float]:
 @sync
 async def test_latency_after_pause_and_resume_is_within_2x_of_unpaused(source):
     """The requests in flight across a pause (and a few single steps) keep the TPOT of
-    unpaused serving: within 2x of its p99."""
+    unpaused serving: within 3x of its p99 (a pause counted as serving time would add
+    ~1 s to one gap, 100x and more; the margin covers a loaded 2-core box, where a step
+    of this tiny model is ~1.5 ms and the first token after resuming waits for two
+    forwards under async scheduling)."""
     import numpy as np
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
@@ -343,4 +346,4 @@ async def test_latency_after_pause_and_resume_is_within_2x_of_unpaused(source):
             for rid in spanning))
         after = [r.tpot for r in source.snapshot().requests
                  if r.request_id in spanning and r.tpot is not None]
-        assert after and max(after) <= 2 * float(np.percentile(unpaused, 99)), (after, unpaused)
+        assert after and max(after) <= 3 * float(np.percentile(unpaused, 99)), (after, unpaused)
