@@ -271,11 +271,15 @@ class LLMEngine:
             if chain and self.async_scheduling:
                 failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
-        except Exception as exc:
-            self._fail_plan(prev.plan, exc, out)
-            if self._inflight is not None:      # it depends on prev's samples
-                self._fail_plan(self._inflight.plan, exc, out)
-                self._inflight = None
+        except Exception as exc:     # every plan that depends on prev's samples fails
+            plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
+                                               failed and failed[0]) if p is not None]
+            self._inflight = failed = None
+            for plan in plans:
+                self._fail_plan(plan, exc, out)
+            for req in prev.requests:       # followers too: their tokens are never read
+                if req.num_pending and req.request_id in self.requests:
+                    self._finish(req, REASON_ERROR, f"{type(exc).__name__}: {exc}", out)
         self._after_step(prev.plan, prev.t0, out)
         if failed is not None:   # rerun request by request, now that prev's tokens are known
             plan, exc = failed

@@ -88,3 +88,31 @@ def test_cancel_while_a_step_is_in_flight_frees_everything():
     eng.flush()
     assert len(victim.output_token_ids) == n_before
     assert eng.pool.num_used == 0 and all(r.num_pending == 0 for r in eng.requests.values())
+
+
+def test_a_failed_token_read_fails_the_chained_steps_and_nothing_hangs(monkeypatch):
+    """Reading a step's tokens fails (the device died mid-run): the step, the one
+    launched after it and every request whose token was still pending end with the
+    error (dedup followers included); no placeholder stays behind, every block is
+    freed, and the engine serves the next requests with the reference tokens."""
+    prompts = _prompts(n=8, seed=13)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    want = _generate(LLM(async_scheduling=False, num_blocks=400, **KW), prompts, params)
+    llm = LLM(async_scheduling=True, num_blocks=400, **KW)
+    eng, calls = llm.engine, {"n": 0}
+    real = eng._emit_tokens
+
+    def emit(launched, out):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("device lost")
+        return real(launched, out)
+    monkeypatch.setattr(eng, "_emit_tokens", emit)
+    got = [o for o in llm.generate(prompts, params)]
+    errored = [o for o in got if o.outputs[0].finish_reason == "error"]
+    assert errored and all("device lost" in o.error for o in errored)
+    for o, (tokens, _) in zip(got, want):
+        assert list(o.outputs[0].token_ids) == tokens[:len(o.outputs[0].token_ids)]
+    assert eng.pool.num_used == 0 and not eng.requests and eng._inflight is None
+    monkeypatch.setattr(eng, "_emit_tokens", real)
+    assert _generate(llm, prompts, params) == want
