@@ -319,7 +319,7 @@ def _tpots(snap, since: float) -> list[float]:
 
 
 @sync
-async def test_latency_after_pause_and_resume_is_within_2x_of_unpaused(source):
+async def test_latency_after_pause_and_resume_is_within_3x_of_unpaused(source):
     """The requests in flight across a pause (and a few single steps) keep the TPOT of
     unpaused serving: within 3x of its p99 (a pause counted as serving time would add
     ~1 s to one gap, 100x and more; the margin covers a loaded 2-core box, where a step
@@ -333,9 +333,15 @@ async def test_latency_after_pause_and_resume_is_within_2x_of_unpaused(source):
         await pilot.pause(1.5)
         unpaused = _tpots(source.snapshot(), t0)
         assert len(unpaused) >= 8
-        await pilot.press("space")
-        await settle(pilot, source)
-        spanning = {r.request_id for r in source.snapshot().requests if r.state == "decoding"}
+        for _ in range(5):     # pausing right as a wave of requests ends leaves none
+            await pilot.press("space")     # decoding (the next wave waits): go on, again
+            await settle(pilot, source)
+            spanning = {r.request_id for r in source.snapshot().requests
+                        if r.state == "decoding"}
+            if spanning:
+                break
+            await pilot.press("space")
+            await pilot.pause(0.2)
         assert spanning
         await pilot.pause(1.0)
         await pilot.press("n", "n", "n")
