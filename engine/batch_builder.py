@@ -1,7 +1,8 @@
 """Builds the StepBatch of a scheduler plan: the one place where requests become arrays.
 
-Vectorized where the batch is wide (decode positions, slots and block tables are
-numpy operations over the whole batch); per-chunk Python only for prefill token ids.
+Vectorized where the batch is wide (decode positions and slots are numpy operations,
+block tables rows of the KV manager's BlockTables); per-chunk Python only for prefill
+token ids.
 """
 from __future__ import annotations
 
@@ -9,23 +10,12 @@ import itertools
 
 import numpy as np
 
+from engine.kv.block_tables import BlockTables
 from engine.scheduler import StepPlan
 from engine.step_batch import SamplingColumns, StepBatch
 
 _EMPTY_I32 = np.zeros((0,), dtype=np.int32)
 _EMPTY_I64 = np.zeros((0,), dtype=np.int64)
-
-
-def _dense_tables(tables: list[list[int]]) -> np.ndarray:
-    """Ragged block tables -> [n, widest] int32, zero padded (one vectorized scatter)."""
-    lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
-    width = int(lens.max()) if len(tables) else 0
-    out = np.zeros((len(tables), max(width, 1)), dtype=np.int32)
-    if width:
-        flat = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32,
-                           count=int(lens.sum()))
-        out[np.arange(out.shape[1]) < lens[:, None]] = flat
-    return out
 
 
 def _sampling_columns(requests: list) -> SamplingColumns:
@@ -65,26 +55,24 @@ def _decode_inputs(decodes: list, device_fed: bool) -> tuple[list[int], np.ndarr
     ids = [c.request.last_token_id for c in decodes]
     if not device_fed:
         return ids, None
-    rows = np.fromiter((c.request.pending_row if c.request.num_pending else -1
-                        for c in decodes), dtype=np.int64, count=len(decodes))
+    rows = np.fromiter((c.request.pending_row for c in decodes), dtype=np.int64,
+                       count=len(decodes))
     if not (rows >= 0).any():
         return ids, None
     return [0 if t < 0 else t for t in ids], rows
 
 
-def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
-                     device_fed: bool = False, tables=None) -> tuple[StepBatch, list]:
+def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: BlockTables,
+                     device_fed: bool = False) -> tuple[StepBatch, list]:
     """The plan as a StepBatch, and the requests of its sample rows (in row order).
 
     `followers` maps a dedup leader to the requests that sample from its logits row.
+    `tables`: the KV manager's BlockTables (every request's table as a matrix row).
     `device_fed` (async scheduling): the decodes whose tokens are pending take them from
-    their sample rows (Request.pending_row) of the step still in flight. `tables`: the KV manager's BlockTables
-    (the requests' tables as matrix rows); without it the lists are converted."""
+    their sample rows (Request.pending_row) of the step still in flight."""
     decodes, prefills = plan.decodes, plan.prefills
     d = len(decodes)
-    dense = (lambda reqs: tables.gather(reqs)) if tables is not None else \
-        (lambda reqs: _dense_tables([r.block_table for r in reqs]))
-    dec_tables = dense([c.request for c in decodes]) if d else None
+    dec_tables = tables.gather([c.request for c in decodes]) if d else None
     dec_pos = np.fromiter((c.start for c in decodes), dtype=np.int64, count=d)
     ids, token_rows = _decode_inputs(decodes, device_fed)
     pos_parts, slot_parts = [dec_pos], []
@@ -96,7 +84,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
         r = c.request
         ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
         p = np.arange(c.start, c.start + c.num_tokens, dtype=np.int64)
-        table = tables.row(r) if tables is not None else np.asarray(r.block_table, np.int64)
+        table = tables.row(r)
         pos_parts.append(p)
         slot_parts.append(table[p // block_size] * block_size + p % block_size)
     # sample rows: every decode, every prefill chunk that reaches the end of its tokens
@@ -113,7 +101,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int,
         num_decodes=d,
         decode_block_tables=dec_tables if d else np.zeros((0, 1), np.int32),
         decode_context_lens=(dec_pos + 1).astype(np.int32),
-        prefill_block_tables=(dense([c.request for c in prefills])
+        prefill_block_tables=(tables.gather([c.request for c in prefills])
                               if prefills else np.zeros((0, 1), np.int32)),
         prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
         prefill_context_lens=np.asarray([c.start + c.num_tokens for c in prefills], np.int32)

@@ -254,7 +254,7 @@ class LLMEngine:
         decodes whose tokens are pending read them from the last samples, on the device)."""
         t0 = self.clock.now()
         batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size,
-                                           device_fed, self.scheduler.kv.tables)
+                                           self.scheduler.kv.tables, device_fed)
         tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read

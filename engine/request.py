@@ -116,9 +116,8 @@ class Request:
     priority: int = 0                # scheduling_policy=priority: lower is served first
     stop_ids: frozenset = frozenset()  # token ids that end it: stop_token_ids + EOS (engine.add)
     length_cap: int = 0              # prompt + max_tokens: the token count that ends it
-    pending_row: int = -1            # its sample row in the step in flight (while pending)
-    num_pending: int = 0             # async scheduling: the last output token is sampled on
-    #                                  the device but not read yet (PENDING_TOKEN holds its place)
+    pending_row: int = -1            # async scheduling: its sample row in the step in flight
+    #                                  while its last output token (PENDING_TOKEN) is unread
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -159,18 +158,22 @@ class Request:
         planned now: lengths, positions and slots include it. `row`: its sample row in
         that step (the runner feeds the next step's input from there)."""
         self.output_token_ids.append(PENDING_TOKEN)
-        self.num_pending = 1
         self.pending_row = row
+
+    @property
+    def num_pending(self) -> int:
+        """Output tokens sampled on the device but not read yet (0 or 1)."""
+        return int(self.pending_row >= 0)
 
     def resolve_pending(self, token: int) -> None:
         self.output_token_ids[-1] = token
-        self.num_pending = 0
+        self.pending_row = -1
 
     def drop_pending(self) -> None:
         """The request ends before its pending token is read: it is never emitted."""
-        if self.num_pending:
+        if self.pending_row >= 0:
             self.output_token_ids.pop()
-            self.num_pending = 0
+            self.pending_row = -1
 
     @property
     def num_uncomputed(self) -> int:

@@ -67,7 +67,8 @@ def test_triton_matches_torch_backend_bf16_mixed_step():
             llm.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
         plan = eng.scheduler.schedule()
         assert plan.decodes and len(plan.prefills) == len(short)
-        batch, _ = build_step_batch(plan, eng.scheduler.followers, eng.pool.block_size)
+        batch, _ = build_step_batch(plan, eng.scheduler.followers, eng.pool.block_size,
+                                       eng.scheduler.kv.tables)
         out = eng.runner.execute(batch)
         # decode rows depend on earlier samples (which may differ); prefill rows do not
         logits[backend] = out[len(plan.decodes):].float()

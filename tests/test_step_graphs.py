@@ -88,7 +88,8 @@ def test_fill_pads_mixed_step():
     for p in (_prompts()[0], _prompts()[2]):   # 3 + 9 tokens: padded to 16
         llm.add_request(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     plan = eng.scheduler.schedule()
-    batch, _ = build_step_batch(plan, eng.scheduler.followers, eng.pool.block_size)
+    batch, _ = build_step_batch(plan, eng.scheduler.followers, eng.pool.block_size,
+                                   eng.scheduler.kv.tables)
     kind, size = graphs.key(batch)
     graphs.buffers.fill(batch, size, kind == "mixed")
     buf, n = graphs.buffers, batch.num_tokens
