@@ -144,10 +144,9 @@ LONG_REPEATS = 64
 IDENTICAL_REPEATS = 65  # 65 one-token words: 4 full blocks of 16 + a shared, partly filled 5th
 
 
-def _shared_prefix(spec: WorkloadSpec, i: int, k: int | None = None) -> WorkItem:
-    """System prompt k (default: i's turn of NUM_PREFIXES) + a distinct question."""
+def _shared_prefix(spec: WorkloadSpec, i: int) -> WorkItem:
     rng = spec.rng("shared-prefix", i)
-    k = i % NUM_PREFIXES if k is None else k
+    k = i % NUM_PREFIXES
     if spec.tokenizer is not None:
         systems, questions = spec.data["system_prompts"], spec.data["short"]
         q = questions[i % len(questions)]
