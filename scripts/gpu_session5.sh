@@ -15,6 +15,14 @@ if [[ " $PHASES " == *" tests "* ]]; then
     tests/test_step_graphs_gpu.py tests/test_engine_gpu.py -k "not hf_fp32"
   tail -3 "$OUT/engine_tests.log" | tee -a "$SUMMARY"
 fi
+if [[ " $PHASES " == *" prefill "* ]]; then   # prefill TFLOP/s, 5 runs, and its kernels
+  step prefill 150 python3 scripts/profile_prefill.py --model "$M" --repeat ${PREFILL_REPEAT:-5} ${PREFILL_ARGS:-}
+  grep -E "^prefill" "$OUT/prefill.log" | tee -a "$SUMMARY"
+fi
+if [[ " $PHASES " == *" replay "* ]]; then   # kernels inside the batch-1 decode graph
+  step replay 120 python3 scripts/profile_replay.py --model "$M" --batches ${REPLAY_BATCHES:-1}
+  grep -E "^---" "$OUT/replay.log" | tee -a "$SUMMARY"
+fi
 if [[ " $PHASES " == *" host "* ]]; then
   step host_step 90 python3 scripts/host_step_profile.py --repeat 5
   tail -1 "$OUT/host_step.log" | tee -a "$SUMMARY"

@@ -1,0 +1,94 @@
+"""One prefill step of N tokens (N/512 fresh 512-token prompts): wall time and TFLOP/s,
+median of --repeat runs with min..max, then the kernels of one step by total GPU time.
+
+TFLOP/s "on weights" is issue 10's measure: 2 x all parameters x tokens (the tied
+embedding counted once, as the LM head it also is). "matmul" counts only the GEMMs that
+run: the layers' projections for every token and the LM head for the last token of each
+prompt (a prefill samples one token per prompt).
+
+PYTHONPATH=. python3 scripts/profile_prefill.py --model dummy:qwen2.5-0.5b --repeat 5
+"""
+import argparse
+import importlib
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from engine import LLM, SamplingParams  # noqa: E402
+
+
+def add_prompts(llm, tokens: int, seed: int, input_len: int = 512) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(tokens // input_len):
+        llm.add_request({"prompt_token_ids": torch.randint(100, 50000, (input_len,),
+                                                           generator=g).tolist()},
+                        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+
+
+def one_prefill(llm, tokens: int, seed: int) -> float:
+    add_prompts(llm, tokens, seed)
+    eng = llm.engine
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    eng.step()
+    eng.flush()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    while eng.has_unfinished():
+        eng.step()
+    eng.flush()
+    return dt
+
+
+def matmul_flops(model, tokens: int, prompts: int) -> float:
+    layers = sum(p.numel() for n, p in model.named_parameters()
+                 if p.dim() == 2 and n.startswith("layers."))
+    head = model.config.vocab_size * model.config.hidden_size
+    return 2 * (layers * tokens + head * prompts)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="dummy:qwen2.5-0.5b")
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT")
+    a = ap.parse_args()
+    for item in a.set:
+        target, value = item.split("=")
+        module, name = target.rsplit(".", 1)
+        mod = importlib.import_module(module)
+        setattr(mod, name, type(getattr(mod, name))(int(value)))
+    llm = LLM(model=a.model, max_num_batched_tokens=a.tokens, max_num_seqs=512,
+              max_model_len=2048, enable_prefix_caching=False)
+    model = llm.engine.runner.model
+    for seed in range(2):
+        one_prefill(llm, a.tokens, 1000 + seed)
+    times = [one_prefill(llm, a.tokens, seed) for seed in range(a.repeat)]
+    med = statistics.median(times)
+    weights = 2 * sum(p.numel() for p in model.parameters()) * a.tokens
+    mm = matmul_flops(model, a.tokens, a.tokens // 512)
+    print(f"prefill {a.tokens} tokens: {med * 1e3:.2f} ms ({min(times) * 1e3:.2f}.."
+          f"{max(times) * 1e3:.2f}) over {a.repeat}; {weights / med / 1e12:.0f} TFLOP/s on "
+          f"weights ({weights / max(times) / 1e12:.0f}..{weights / min(times) / 1e12:.0f}), "
+          f"{mm / med / 1e12:.0f} TFLOP/s of matmuls run")
+    if a.no_profile:
+        return
+    from torch.profiler import ProfilerActivity, profile
+    add_prompts(llm, a.tokens, 99)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.engine.step()
+        llm.engine.flush()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=24,
+                                    max_name_column_width=70))
+
+
+if __name__ == "__main__":
+    main()
