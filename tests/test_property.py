@@ -39,6 +39,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from engine.config import (EVICTION_POLICIES, SCHEDULING_MODES, SCHEDULING_POLICIES,
                            InvalidRequestError, make_config)
 from engine.core import LLMEngine
+from engine.kv.prefix_cache import key_tokens
 from engine.request import SamplingParams
 from engine.runner import ModelRunner
 from engine.sampling import Sampler
@@ -134,8 +135,8 @@ class KVCheckingRunner:
 
     def check_index(self):
         """Every indexed block still holds the tokens of its key."""
-        for block, key in [(b, k) for b, k in self.pool.index._by_hash.values()]:
-            assert self.kv[block].tolist() == list(key[1]), f"cached block {block} overwritten"
+        for block, key in self.pool.index.items():
+            assert self.kv[block].tolist() == key_tokens(key), f"cached block {block} overwritten"
 
 
 def make_engine(num_blocks: int, block_size: int, **knobs) -> LLMEngine:

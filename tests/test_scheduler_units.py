@@ -4,7 +4,9 @@ import pytest
 from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
 from engine.config import SchedulerConfig
 from engine.kv.block_pool import BlockPool
-from engine.kv.prefix_cache import ROOT_HASH, PrefixCache, chain_hash
+import gc
+
+from engine.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key
 from engine.request import Request, RequestStatus, SamplingParams
 from engine.scheduler import Scheduler
 from engine.snapshot import Counters
@@ -38,7 +40,7 @@ def test_pool_states_refcounts_and_lru_eviction():
     pool = BlockPool(4, BS, counters)
     a = pool.allocate(3)
     assert a == [0, 1, 2] and pool.num_free == 1 and list(pool.refcounts) == [1, 1, 1, 0]
-    pool.index.insert(11, ("k", 1), a[0])
+    pool.index.insert(block_key(ROOT_HASH, [1]), a[0])
     pool.release(a)                       # tail first: block 0 (indexed) is cached last
     assert list(pool.states()) == [BLOCK_CACHED, BLOCK_FREE, BLOCK_FREE, BLOCK_FREE]
     assert pool.allocate(5) is None and pool.num_available == 4    # refused, nothing changed
@@ -50,13 +52,26 @@ def test_pool_states_refcounts_and_lru_eviction():
 
 def test_prefix_cache_compares_exact_keys():
     cache = PrefixCache()
-    h = chain_hash(ROOT_HASH, (1, 2, 3, 4))
-    assert cache.insert(h, (ROOT_HASH, (1, 2, 3, 4)), 7)
-    assert not cache.insert(h, (ROOT_HASH, (1, 2, 3, 4)), 8)        # first writer wins
-    assert cache.get(h, (ROOT_HASH, (1, 2, 3, 4))) == 7
-    assert cache.get(h, (ROOT_HASH, (9, 9, 9, 9))) is None          # a collision never hits
+    key = block_key(ROOT_HASH, (1, 2, 3, 4))
+    assert cache.insert(key, 7)
+    assert not cache.insert(block_key(ROOT_HASH, [1, 2, 3, 4]), 8)   # first writer wins
+    assert cache.get(block_key(ROOT_HASH, [1, 2, 3, 4])) == 7
+    assert cache.get(block_key(ROOT_HASH, [9, 9, 9, 9])) is None
+    assert cache.get(block_key(hash(key), [1, 2, 3, 4])) is None      # same tokens, other parent
+    assert cache.get(block_key(ROOT_HASH, [1, 2, 3, 4 + (1 << 16)])) is None   # all bits count
     cache.remove(7)
-    assert cache.get(h, (ROOT_HASH, (1, 2, 3, 4))) is None and len(cache) == 0
+    assert cache.get(key) is None and len(cache) == 0
+
+
+def test_prefix_index_holds_nothing_the_garbage_collector_tracks():
+    """Its dicts hold ints and bytes only: a GPU's 340k-block index adds nothing to walk."""
+    cache = PrefixCache()
+    parent = ROOT_HASH
+    for block in range(64):
+        key = block_key(parent, range(block * 16, block * 16 + 16))
+        assert cache.insert(key, block)
+        parent = hash(key)
+    assert not gc.is_tracked(cache._block_of) and not gc.is_tracked(cache._key_of)
 
 
 def test_budget_chunks_a_long_prompt_fifo_without_overtaking():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from engine.kv.block_pool import BlockPool
 from engine.kv.block_tables import BlockTables
-from engine.kv.prefix_cache import ROOT_HASH, chain_hash
+from engine.kv.prefix_cache import ROOT_HASH, block_key
 from engine.request import Request
 
 
@@ -17,12 +17,9 @@ class KVManager:
         self.block_size = pool.block_size
         self.tables = BlockTables()      # every change to a block_table is mirrored here
 
-    def _block_key(self, req: Request, i: int, parent: int) -> tuple[int, tuple]:
+    def _block_key(self, req: Request, i: int, parent: int) -> bytes:
         bs = self.block_size
-        start, end = i * bs, (i + 1) * bs
-        tokens = tuple(req.token_slice(start, end))
-        key = (parent, tokens)
-        return chain_hash(parent, tokens), key
+        return block_key(parent, req.token_slice(i * bs, (i + 1) * bs))
 
     # -- admission -------------------------------------------------------------
     def lookup_prefix(self, req: Request) -> int:
@@ -48,12 +45,12 @@ class KVManager:
         max_hits = (req.num_tokens - 1) // self.block_size
         parent, hits = ROOT_HASH, []
         for i in range(max_hits):
-            h, key = self._block_key(req, i, parent)
-            block = self.pool.index.get(h, key)
+            key = self._block_key(req, i, parent)
+            block = self.pool.index.get(key)
             if block is None:
                 break
-            hits.append((block, h))
-            parent = h
+            parent = hash(key)
+            hits.append((block, parent))
         return hits
 
     def cached_prefix_blocks(self, req: Request) -> int:
@@ -118,11 +115,11 @@ class KVManager:
             return
         parent = req.block_hashes[-1] if req.block_hashes else ROOT_HASH
         for i in range(len(req.block_hashes), n_full):
-            h, key = self._block_key(req, i, parent)
-            req.block_hashes.append(h)
+            key = self._block_key(req, i, parent)
+            parent = hash(key)
+            req.block_hashes.append(parent)
             if enabled:
-                self.pool.index.insert(h, key, req.block_table[i])
-            parent = h
+                self.pool.index.insert(key, req.block_table[i])
 
     def free(self, req: Request) -> None:
         self.pool.release(req.block_table)
