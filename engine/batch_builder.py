@@ -6,8 +6,6 @@ token ids.
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from engine.kv.block_tables import BlockTables
@@ -49,17 +47,26 @@ def _sample_rows(sampled_chunks: list, followers: dict) -> tuple[list[int], list
     return rows, requests
 
 
-def _decode_inputs(decodes: list, device_fed: bool) -> tuple[list[int], np.ndarray | None]:
-    """Decode input ids from the host, and (async scheduling) the previous step's sample
-    row that feeds each decode whose token is still pending on the device (-1: host)."""
-    ids = [c.request.last_token_id for c in decodes]
-    if not device_fed:
-        return ids, None
-    rows = np.fromiter((c.request.pending_row for c in decodes), dtype=np.int64,
-                       count=len(decodes))
-    if not (rows >= 0).any():
-        return ids, None
-    return [0 if t < 0 else t for t in ids], rows
+def _decode_columns(decodes: list, device_fed: bool):
+    """One pass over the decodes (the wide part of a step): their requests, table rows,
+    positions and host input ids, and (async scheduling) the previous step's sample row
+    that feeds each decode whose token is still pending on the device (None: none is)."""
+    reqs, rows, pos, ids, fed = [], [], [], [], []
+    for c in decodes:
+        r = c.request
+        reqs.append(r)
+        rows.append(r.table_row)
+        pos.append(c.start)
+        out = r.output_token_ids
+        ids.append(out[-1] if out else r.prompt_token_ids[-1])
+        fed.append(r.pending_row)
+    pos = np.array(pos, dtype=np.int64)
+    token_rows = np.array(fed, dtype=np.int64) if device_fed else None
+    if token_rows is not None and (token_rows >= 0).any():
+        ids = [0 if t < 0 else t for t in ids]      # PENDING_TOKEN: the device feeds it
+    else:
+        token_rows = None
+    return reqs, np.array(rows, dtype=np.int64), pos, ids, token_rows
 
 
 def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: BlockTables,
@@ -72,9 +79,8 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     their sample rows (Request.pending_row) of the step still in flight."""
     decodes, prefills = plan.decodes, plan.prefills
     d = len(decodes)
-    dec_tables = tables.gather([c.request for c in decodes]) if d else None
-    dec_pos = np.fromiter((c.start for c in decodes), dtype=np.int64, count=d)
-    ids, token_rows = _decode_inputs(decodes, device_fed)
+    dec_reqs, dec_rows, dec_pos, ids, token_rows = _decode_columns(decodes, device_fed)
+    dec_tables = tables.gather_rows(dec_rows) if d else None
     pos_parts, slot_parts = [dec_pos], []
     if d:
         rows = dec_tables[np.arange(d), dec_pos // block_size].astype(np.int64)
@@ -88,11 +94,17 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         pos_parts.append(p)
         slot_parts.append(table[p // block_size] * block_size + p % block_size)
     # sample rows: every decode, every prefill chunk that reaches the end of its tokens
-    ends = np.cumsum([1] * d + lens, dtype=np.int64) - 1
-    sampled_chunks = [c for c in itertools.chain(decodes, prefills) if c.sample]
-    logits_indices = ends if len(sampled_chunks) == d + len(prefills) else np.fromiter(
-        (e for e, c in zip(ends, itertools.chain(decodes, prefills)) if c.sample), np.int64)
-    sample_rows, requests = _sample_rows(sampled_chunks, followers)
+    ends = np.arange(d, dtype=np.int64)
+    if prefills:
+        ends = np.concatenate((ends, d - 1 + np.cumsum(lens, dtype=np.int64)))
+    sampled_prefills = [c for c in prefills if c.sample]   # every decode samples
+    logits_indices = ends if len(sampled_prefills) == len(prefills) else np.concatenate(
+        (ends[:d], ends[d:][[c.sample for c in prefills]]))
+    if followers or sampled_prefills:
+        rows, requests = _sample_rows(decodes + sampled_prefills, followers)
+        sample_rows = np.asarray(rows, dtype=np.int64)
+    else:                     # a decode-only step without dedup: row i samples decode i
+        sample_rows, requests = np.arange(d, dtype=np.int64), dec_reqs
     copies = plan.copies
     batch = StepBatch(
         input_ids=np.asarray(ids, dtype=np.int64),
@@ -108,7 +120,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         if prefills else _EMPTY_I32,
         prefill_max_seqlen_q=max(lens, default=0),
         logits_indices=logits_indices,
-        sample_rows=np.asarray(sample_rows, dtype=np.int64),
+        sample_rows=sample_rows,
         cow_src=np.asarray([c[0] for c in copies], dtype=np.int64),
         cow_dst=np.asarray([c[1] for c in copies], dtype=np.int64),
         sampling=_sampling_columns(requests),

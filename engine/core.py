@@ -293,7 +293,7 @@ class LLMEngine:
         the runner feeds it from the device). Returns (plan, error) if the launch failed."""
         running = RequestStatus.RUNNING
         for row, req in enumerate(prev.requests):
-            if req.status is running and not req.num_pending:
+            if req.status is running and req.pending_row < 0:
                 req.add_pending(row)
         plan = self.scheduler.schedule()
         if not plan:
@@ -337,26 +337,26 @@ class LLMEngine:
         now = out.time = self.clock.now()
         rids, toks = out.request_ids, out.token_ids
         running = RequestStatus.RUNNING
-        for req, token in zip(launched.requests, tokens):
-            if req.num_pending:        # planned with it (even if preempted since)
-                req.resolve_pending(token)
+        itls = self.stats.recent_itls
+        for req, token in zip(launched.requests, tokens):   # hot loop: one token each
+            output = req.output_token_ids
+            if req.pending_row >= 0:   # planned with it (even if preempted since):
+                output[-1] = token     # Request.resolve_pending, inlined
+                req.pending_row = -1
             elif req.status is running:
-                req.output_token_ids.append(token)
+                output.append(token)
             else:
                 continue               # cancelled meanwhile
-            self._on_token(req, token, now, out)
+            times = req.token_times
+            if times:
+                itls.append((now, now - times[-1]))
+            times.append(now)
             rids.append(req.request_id)
             toks.append(token)
-
-    def _on_token(self, req: Request, token: int, now: float, out: StepOutput) -> None:
-        times = req.token_times
-        if times:
-            self.stats.recent_itls.append((now, now - times[-1]))
-        times.append(now)
-        if token in req.stop_ids:
-            self._finish(req, REASON_STOP, None, out)
-        elif req.ends_by_length(self.max_model_len):
-            self._finish(req, REASON_LENGTH, None, out)
+            if token in req.stop_ids:
+                self._finish(req, REASON_STOP, None, out)
+            elif len(req.prompt_token_ids) + len(output) >= req.length_cap:  # ends_by_length
+                self._finish(req, REASON_LENGTH, None, out)
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 out: StepOutput | None) -> None:

@@ -115,7 +115,8 @@ class Request:
     chunks_done: int = 0             # prefill chunks computed since the last admission
     priority: int = 0                # scheduling_policy=priority: lower is served first
     stop_ids: frozenset = frozenset()  # token ids that end it: stop_token_ids + EOS (engine.add)
-    length_cap: int = 0              # prompt + max_tokens: the token count that ends it
+    length_cap: int = 0              # min(prompt + max_tokens, max_model_len): the
+    #                                  token count that ends it
     pending_row: int = -1            # async scheduling: its sample row in the step in flight
     #                                  while its last output token (PENDING_TOKEN) is unread
 
@@ -146,11 +147,11 @@ class Request:
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
 
-    def ends_by_length(self, max_model_len: int) -> bool:
-        """Has it as many tokens as max_tokens or the context allow? (The one length rule:
-        the step's update and the scheduler's look at pending tokens both ask it.)"""
-        n = len(self.prompt_token_ids) + len(self.output_token_ids)
-        return n >= self.length_cap or n >= max_model_len
+    def ends_by_length(self) -> bool:
+        """Has it as many tokens as max_tokens and the context allow? (The one length
+        rule, `num_tokens >= length_cap`: the step's update and the scheduler's look at
+        pending tokens both apply it; the scheduler caps length_cap at max_model_len.)"""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) >= self.length_cap
 
     def add_pending(self, row: int) -> None:
         """Async scheduling: count the token the in-flight step samples for this request

@@ -34,12 +34,20 @@ from engine.sched_policy import admission_order, running_order, victim_key
 from engine.snapshot import Counters
 
 
-@dataclass
 class ScheduledChunk:
-    request: Request
-    start: int           # first position computed this step
-    num_tokens: int
-    sample: bool         # chunk reaches the end of the known tokens: sample after it
+    """Part of a request computed in one step (a plain slots class: a wide step makes
+    hundreds a step, and a dataclass's init and field-wise equality cost more)."""
+    __slots__ = ("request", "start", "num_tokens", "sample")
+
+    def __init__(self, request: Request, start: int, num_tokens: int, sample: bool):
+        self.request = request
+        self.start = start             # first position computed this step
+        self.num_tokens = num_tokens
+        self.sample = sample           # reaches the end of the known tokens: sample after it
+
+    def __repr__(self) -> str:
+        return (f"ScheduledChunk({self.request.request_id!r}, start={self.start}, "
+                f"num_tokens={self.num_tokens}, sample={self.sample})")
 
 
 @dataclass
@@ -83,6 +91,7 @@ class Scheduler:
 
     # -- queue operations (engine thread) ------------------------------------------
     def add(self, req: Request) -> None:
+        req.length_cap = min(req.length_cap, self.max_model_len)
         self.waiting.append(req)
 
     def remove(self, req: Request) -> None:
@@ -124,14 +133,15 @@ class Scheduler:
         """Running requests that decode next, and those still prefilling, in the policy's
         order (one pass: this runs every step over every running request). Left out:
         dedup followers, and a request its pending token ends by length."""
-        limit, decodes, prefilling = self.max_model_len, [], []
+        decodes, prefilling = [], []
         for r in running_order(self.running, self.knobs.scheduling_policy):
             if r.dedup_leader is not None:
                 continue
-            n = len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens
+            total = len(r.prompt_token_ids) + len(r.output_token_ids)
+            n = total - r.num_computed_tokens
             if n > 1:
                 prefilling.append(r)
-            elif n == 1 and not (r.num_pending and r.ends_by_length(limit)):
+            elif n == 1 and (r.pending_row < 0 or total < r.length_cap):  # ends_by_length
                 decodes.append(r)
         return decodes, prefilling
 
@@ -143,9 +153,11 @@ class Scheduler:
             decodes = decodes[k:] + decodes[:k]
             self._decode_offset += budget
         page, refcounts, running = self.pool.block_size, self.pool.refcounts, RequestStatus.RUNNING
-        append = plan.decodes.append
+        scheduled = plan.decodes
+        base = len(scheduled)
+        stop = base + (len(decodes) if budget is None else min(budget, len(decodes)))
         for req in decodes:
-            if budget == 0:
+            if len(scheduled) == stop:
                 break
             if req.status is not running:
                 continue    # preempted earlier in this loop
@@ -154,10 +166,8 @@ class Scheduler:
             if not (i < len(table) and refcounts[table[i]] == 1) \
                     and not self._reserve_running(req, 1, plan):
                 continue
-            append(ScheduledChunk(req, pos, 1, True))
-            if budget is not None:
-                budget -= 1
-        return budget
+            scheduled.append(ScheduledChunk(req, pos, 1, True))
+        return None if budget is None else budget - (len(scheduled) - base)
 
     def _schedule_running_prefills(self, plan: StepPlan, prefilling: list[Request], budget: int,
                                    may_preempt: bool = True) -> int:

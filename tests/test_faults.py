@@ -176,15 +176,18 @@ def test_failure_after_leader_sampled_does_not_strand_followers(ckpt, make, monk
     h.submit(p, sp(), "lead")
     h.submit(p, sp(), "f1")
     eng = h.engine
-    real = eng._on_token
     fired = []
 
-    def on_token(req, token, *rest):
-        if not fired and req.request_id == "lead":
-            fired.append(1)
-            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
-        return real(req, token, *rest)
-    monkeypatch.setattr(eng, "_on_token", on_token)
+    class FailingStopIds(frozenset):
+        """The leader's stop-token check (per-token bookkeeping) raises once."""
+        def __contains__(self, token):
+            if not fired:
+                fired.append(1)
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
+            return frozenset.__contains__(self, token)
+
+    lead = eng.requests["lead"]     # both harnesses hold it (paused) once submitted
+    lead.stop_ids = FailingStopIds(lead.stop_ids)
     run_until(h, lambda: fired)
     reason, tokens, error = h.finish("lead")
     assert reason == "error" and "UnicodeDecodeError" in error

@@ -137,8 +137,8 @@ def _cached_pool(policy):
     pool = BlockPool(3, BS, Counters())
     pool.eviction_policy = policy
     a, b = pool.allocate(2)
-    pool.index.insert(1, ("a",), a)
-    pool.index.insert(2, ("b",), b)
+    pool.index.insert(b"a", a)
+    pool.index.insert(b"b", b)
     pool.release([a])                             # a released first: lru evicts it first
     pool.touch([a])                               # ... but a is hit twice
     pool.release([a])
@@ -199,8 +199,8 @@ def test_block_lifetime_idle_and_reuse_gaps_by_hand():
     pool = BlockPool(2, BS, Counters())
     pool.clock = clock
     a, b = pool.allocate(2)                       # both born at t=0
-    pool.index.insert(1, ("a",), a)
-    pool.index.insert(2, ("b",), b)
+    pool.index.insert(b"a", a)
+    pool.index.insert(b"b", b)
     pool.release([a, b])
     for t in (1.0, 2.0, 4.0, 7.0, 11.0):          # a: 5 hits, the last 4 are kept
         clock.t = t

@@ -39,8 +39,12 @@ class BlockTables:
 
     def gather(self, reqs: list) -> np.ndarray:
         """[len(reqs), widest] int32: the requests' tables, zero padded."""
-        rows = np.fromiter((r.table_row for r in reqs), dtype=np.int64, count=len(reqs))
-        width = int(self.lengths[rows].max()) if len(reqs) else 0
+        return self.gather_rows(np.fromiter((r.table_row for r in reqs), dtype=np.int64,
+                                            count=len(reqs)))
+
+    def gather_rows(self, rows: np.ndarray) -> np.ndarray:
+        """gather() by table rows (Request.table_row) already collected."""
+        width = int(self.lengths[rows].max()) if len(rows) else 0
         return self.matrix[rows, :max(width, 1)]
 
     def row(self, req) -> np.ndarray:
