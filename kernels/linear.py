@@ -54,6 +54,9 @@ from kernels.pdl import pdl_enter
 # decode buckets 24 and 32 ran 4-6% faster than on cuBLAS, 48 and 64 slower (docs/KERNELS.md).
 SKINNY_MAX_M = 32
 DEFAULT_REDUCE = 2
+# Load the first weight tile before the PDL wait (1) or after it (0: the A/B baseline,
+# scripts/profile_step.py --set kernels.linear.PRELOAD_WEIGHTS=0).
+PRELOAD_WEIGHTS = 1
 FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -109,7 +112,7 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     REDUCE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr, PREC: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PRELOAD: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -124,11 +127,22 @@ def _linear_kernel(
     write_res = pid_n == 0
     ss = tl.zeros([BLOCK_M], tl.float32)
     w_ty = w_ptr.dtype.element_ty
-    pdl_enter(PDL)   # x (and the residual) come from the previous kernel
-
+    # The first weight tile is loaded before the PDL wait: no kernel writes the weights,
+    # so its DRAM round trip overlaps the predecessor's tail instead of following it.
+    offs_k = k_lo + tl.arange(0, BLOCK_K)
+    if PRELOAD:
+        w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
+        pdl_enter(PDL)   # x (and the residual) come from the previous kernel
+    else:
+        pdl_enter(PDL)
+        w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
+    x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
+                     stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
+                     BLOCK_M, PRO, HAS_RES, w_ty if USE_DOT else tl.float32)
+    ss += ssk
     if USE_DOT:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        for k in range(k_lo, k_hi, BLOCK_K):
+        acc = tl.dot(w, x, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), input_precision=PREC)
+        for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             offs_k = k + tl.arange(0, BLOCK_K)
             w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
             x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
@@ -137,15 +151,15 @@ def _linear_kernel(
             ss += ssk
             acc = tl.dot(w, x, acc, input_precision=PREC)
     else:
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k in range(k_lo, k_hi, BLOCK_K):
+        acc2 = w.to(tl.float32) * tl.sum(x, 1)[None, :]                # BLOCK_M == 1
+        for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             offs_k = k + tl.arange(0, BLOCK_K)
             w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
             x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
                              stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
                              BLOCK_M, PRO, HAS_RES, tl.float32)
             ss += ssk
-            acc2 += w.to(tl.float32) * tl.sum(x, 1)[None, :]        # BLOCK_M == 1
+            acc2 += w.to(tl.float32) * tl.sum(x, 1)[None, :]
         acc = tl.sum(acc2, 1)[:, None]
     if PRO == 1:
         acc = acc * tl.rsqrt(ss / K + eps)[None, :]
@@ -262,6 +276,7 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, REDUCE=reduce,
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_DOT=cfg["use_dot"],
         PREC=dot_precision(x2.dtype), PRO=pro, HAS_RES=new_res is not None,
+        PRELOAD=bool(PRELOAD_WEIGHTS),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.launch_args(x2.device),
     )
     if reduce == 1:

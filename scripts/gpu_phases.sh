@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# One H100 call (session 5, async scheduling of every step): GPU engine tests (graphs
-# vs eager, async vs sync), the host work per step on this host (stub forward), W1 and
-# batch 1 (5 runs each), the closed loop and the TUI's cost (alternating windows on one
-# engine, gc share printed). Each phase has its own timeout; a compact summary at the end.
-#   PHASES="tests host bench observer closed30 hf" bash scripts/gpu_session5.sh   (wheels in .whl)
-#   MODEL=dummy:llama-3.2-1b CLOSED_S=15 PHASES="bench closed30" OUT=... bash scripts/gpu_session5.sh
+# One GPU call made of phases (sessions 5 and 6): GPU engine tests (graphs vs eager,
+# async vs sync, PDL), prefill TFLOP/s, batch-1 graph kernels and an A/B of the GEMV's
+# weight preload, the host work per step on this host (stub forward), W1 and batch 1
+# (5 runs each), the closed loop and the TUI's cost (alternating windows on one engine),
+# the HF peer. Each phase has its own timeout; a compact summary at the end.
+#   PHASES="tests host bench observer closed30 hf" bash scripts/gpu_phases.sh   (wheels in .whl)
+#   MODEL=dummy:llama-3.2-1b CLOSED_S=15 PHASES="bench closed30" OUT=... bash scripts/gpu_phases.sh
 set -u
-OUT=${OUT:-gpu_session5}
+OUT=${OUT:-gpu_phases}
 source "$(dirname "$0")/gpu_common.sh"
 PHASES=${PHASES:-tests bench observer}
 M=${MODEL:-dummy:qwen2.5-0.5b}
 if [[ " $PHASES " == *" tests "* ]]; then
-  step engine_tests 200 python3 -m pytest -q -p no:cacheprovider -o addopts= \
-    tests/test_step_graphs_gpu.py tests/test_engine_gpu.py -k "not hf_fp32"
+  step engine_tests 300 python3 -m pytest -q -p no:cacheprovider -o addopts= \
+    tests/test_kernels_gpu.py tests/test_step_graphs_gpu.py tests/test_engine_gpu.py -k "not hf_fp32"
   tail -3 "$OUT/engine_tests.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" prefill "* ]]; then   # prefill TFLOP/s, 5 runs, and its kernels
@@ -23,9 +24,20 @@ if [[ " $PHASES " == *" replay "* ]]; then   # kernels inside the batch-1 decode
   step replay 120 python3 scripts/profile_replay.py --model "$M" --batches ${REPLAY_BATCHES:-1}
   grep -E "^---" "$OUT/replay.log" | tee -a "$SUMMARY"
 fi
+if [[ " $PHASES " == *" preload "* ]]; then   # GEMV weight preload on/off, alternating
+  for i in 1 2; do
+    for v in 1 0; do
+      step preload${v}_$i 120 python3 scripts/profile_step.py --batches 1,4,16,32 \
+        --profile-batches "" --set kernels.linear.PRELOAD_WEIGHTS=$v
+      grep -E "^ +(1|4|16|32) " "$OUT/preload${v}_$i.log" | tr '\n' ';' | sed "s/^/preload=$v: /" | tee -a "$SUMMARY"; echo | tee -a "$SUMMARY"
+    done
+  done
+fi
 if [[ " $PHASES " == *" host "* ]]; then
   step host_step 90 python3 scripts/host_step_profile.py --repeat 5
   tail -1 "$OUT/host_step.log" | tee -a "$SUMMARY"
+  step host_decode 90 python3 scripts/host_step_profile.py --repeat 5 --output-len 100000
+  tail -1 "$OUT/host_decode.log" | tee -a "$SUMMARY"
 fi
 W1="--scenario random --num-prompts 256 --input-len 512 --output-len 128 \
 --max-num-batched-tokens 8192 --max-num-seqs 256 --warmup 16"
