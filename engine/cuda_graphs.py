@@ -124,6 +124,10 @@ class StepGraphs:
                     out = self._forward(kind, size)
                 self.graphs[(kind, size)] = (graph, out)
         torch.cuda.current_stream().wait_stream(stream)
+        if self.runner.model.tp.size == 1:   # (under TP every rank would have to join)
+            for kind, size in self._keys():   # a graph's first replay uploads it (slow):
+                self.buffers.reset(size)      # now, not in the first burst; no slot: the
+                self.graphs[(kind, size)][0].replay()     # replay stores nothing
         torch.cuda.synchronize()
 
     def release(self) -> None:

@@ -21,7 +21,7 @@ from engine.models.layers import AttentionMetadata
 from engine.sampling import Sampler
 from engine.step_buffers import device_fed
 from engine.step_batch import StepBatch
-from engine.warmup import warm_up_attention
+from engine.warmup import warm_up_attention, warm_up_logits
 
 
 class ModelRunner:
@@ -52,7 +52,7 @@ class ModelRunner:
                 self.graphs.capture()
             else:
                 self.graphs.warm()
-            self.warmup_s = warm_up_attention(self)
+            self.warmup_s = warm_up_attention(self) + warm_up_logits(self, max_graph_batch)
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
             self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False)
 

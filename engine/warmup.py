@@ -1,4 +1,4 @@
-"""Compile every attention-kernel variant a step can ask for, at start-up.
+"""Compile every kernel variant a step can ask for, and upload every graph, at start-up.
 
 Triton compiles a kernel the first time it sees a new set of constexprs. The graph
 capture compiles what decode-only steps use, but mixed (eager) steps pick tile shapes
@@ -7,9 +7,15 @@ kernel's split count (and with it SINGLE / MERGE_ALL) from the widest block tabl
 variant first met mid-serving stalls every running request for the compile (~0.5 s
 on an H100: the first prefix-cache hit of a run showed a 486 ms inter-token gap).
 Both kernels read nothing but the KV cache here, so the warm-up changes no state.
+
+The same holds for the LM head of a mixed step, which runs eagerly on however many rows
+sample (the skinny GEMM's BLOCK_M is 16 or 32 up to 32 rows, cuBLAS above), and for the
+first replay of each CUDA graph, which uploads it to the device: W1's first timed run,
+the first to reach 256 sampled rows, ran 15 % slower than the next four (session 6).
 """
 from __future__ import annotations
 
+import inspect
 import time
 
 import torch
@@ -40,4 +46,23 @@ def warm_up_attention(runner) -> float:
         ops.paged_extend_attention(q[:n], k_cache, v_cache, table, cu, lens, n, layer.scale)
         n *= 2
     torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def warm_up_logits(runner, max_rows: int) -> float:
+    """compute_logits and greedy sampling at every row-count class a mixed step can
+    sample (1, 2..16, 17..32, more); returns seconds taken. Not under tensor
+    parallelism (its gather would have to be met by every rank at the same point)."""
+    t0 = time.perf_counter()
+    model = runner.model
+    if model.tp.size > 1:
+        return 0.0
+    hidden = torch.zeros(max_rows, model.config.hidden_size, dtype=runner.dtype,
+                         device=runner.device)
+    inputs = len(inspect.signature(model.compute_logits).parameters)  # (hidden[, residual])
+    for rows in sorted({1, 2, 17, 33, max_rows}):
+        if rows <= max_rows:
+            model.compute_logits(*[hidden[:rows]] * inputs).argmax(dim=-1)
+    torch.cuda.synchronize(runner.device)
     return time.perf_counter() - t0
