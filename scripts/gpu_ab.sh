@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Before/after on one GPU in one call: W1 and batch-1 of an older tree (.dev/before, from
-# `git archive <rev>`) and of this tree, 5 measured runs each in one process.
-#   bash scripts/gpu_ab.sh    (the older tree's runner: .dev/old_repeat.py)
+# Before/after on one GPU in one call: W1 (and batch 1 with WORKLOADS="W1 B1") of an
+# older tree and of this tree, alternating PASSES times, `roseplay bench --repeat 5`
+# each (so the host's drift hits both). The older tree must have `bench --repeat`:
+#   git archive <rev> | tar -x -C .dev/before   (.dev is ignored; carry it)
+#   BASE=.dev/before PASSES=2 bash scripts/gpu_ab.sh
 set -u
-OUT=${OUT:-gpu_ab}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-W1="--num-prompts 256 --input-len 512 --output-len 128 --max-num-batched-tokens 8192 --max-num-seqs 256 --warmup 16 --repeat 5"
-B1="--num-prompts 1 --input-len 512 --output-len 128 --warmup 2 --repeat 5"
-nvidia-smi -L; date -u; grep -m1 "model name" /proc/cpuinfo
-for model in dummy:qwen2.5-0.5b; do
-  for wl in W1 B1; do
-    echo "== before $wl $model"; python3 .dev/old_repeat.py .dev/before --model $model ${!wl} --no-progress 2>&1 | tail -2
-    echo "== after  $wl $model"; python3 -m roseplay.bench --model $model ${!wl} --no-progress 2>&1 | grep -E "^runs|^output throughput|median|CPU" | tail -3
+OUT=${OUT:-gpu_ab}
+source "$(dirname "$0")/gpu_common.sh"
+BASE=${BASE:-.dev/before}
+M=${MODEL:-dummy:qwen2.5-0.5b}
+LOGS=$(cd "$OUT" && pwd)
+W1="--scenario random --num-prompts 256 --input-len 512 --output-len 128 \
+--max-num-batched-tokens 8192 --max-num-seqs 256 --warmup 16"
+B1="--scenario random --num-prompts 1 --input-len 512 --output-len 128 --warmup 2"
+for i in $(seq ${PASSES:-2}); do
+  for wl in ${WORKLOADS:-W1}; do
+    for tree in "$BASE" .; do
+      name=$( [ "$tree" = . ] && echo after || echo before )_${wl}_$i
+      (cd "$tree" && timeout 120 python3 -m roseplay bench --no-progress --repeat 5 \
+        --model "$M" ${!wl} > "$LOGS/$name.log" 2>&1)
+      echo "$name: $(grep -E '^runs' "$LOGS/$name.log") | $(grep -o 'host share.*' \
+        "$LOGS/$name.log" | tail -1)" | tee -a "$SUMMARY"
+    done
   done
 done
