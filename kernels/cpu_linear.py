@@ -12,6 +12,11 @@ copy kept on the tensor, keyed by its version (an in-place change repacks it); t
 CPU engine so holds each linear weight twice (the original stays for loading, the
 tied embedding and the other backends). Without oneDNN (or for dtypes it does not
 pack) these are the references.
+
+Only skinny inputs (at most ONEDNN_MAX_ROWS rows) take the oneDNN path: oneDNN builds
+and keeps a JIT kernel for every row count it meets, so a mixed step's arbitrary token
+counts grew the engine process by ~20 MB per 6,000 churned steps (soak, session 6);
+wide inputs (prefill chunks), where MKL's GEMM is efficient anyway, use F.linear.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import torch.nn.functional as F
 from kernels.reference import _norm_then_linear
 
 PACK_BATCH_HINT = 16        # rows oneDNN picks its weight layout for: a decode batch
+ONEDNN_MAX_ROWS = 32        # wider inputs use F.linear (bounds oneDNN's kernels per weight)
 _PACKABLE = (torch.float32, torch.bfloat16)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
                                                              "_reorder_linear_weight")
@@ -43,10 +49,11 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight^T + bias (as F.linear), through the packed weight."""
-    packed = packed_weight(weight) if x.dtype == weight.dtype else None
+    shape = x.shape
+    skinny = x.dtype == weight.dtype and x.numel() <= ONEDNN_MAX_ROWS * shape[-1]
+    packed = packed_weight(weight) if skinny else None
     if packed is None:
         return F.linear(x, weight, bias)
-    shape = x.shape
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).contiguous(), packed,
                                            bias, "none", [], "")
     return y.view(*shape[:-1], weight.shape[0])

@@ -49,6 +49,23 @@ def test_weight_is_packed_once_and_repacked_after_a_change():
     torch.testing.assert_close(cpu_linear.linear(x, w), x @ w.t(), atol=2e-5, rtol=2e-5)
 
 
+def test_only_skinny_inputs_take_onednn(monkeypatch):
+    """Wide inputs (prefill chunks) go to F.linear: oneDNN keeps a JIT kernel per row
+    count, and a mixed step's arbitrary token counts grew the engine's memory."""
+    if cpu_linear.packed_weight(_randn(8, 8)) is None:
+        pytest.skip("torch without oneDNN: the reference runs")
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(cpu_linear.torch.ops.mkldnn, "_linear_pointwise",
+                        lambda x, *a: calls.append(x.shape[0]) or real(x, *a), raising=False)
+    w = _randn(32, 16, seed=1)
+    limit = cpu_linear.ONEDNN_MAX_ROWS
+    for rows in (1, limit, limit + 1, 4 * limit + 3):
+        x = _randn(rows, 16, seed=rows)
+        torch.testing.assert_close(cpu_linear.linear(x, w), x @ w.t(), atol=2e-5, rtol=2e-5)
+    assert calls == [1, limit]
+
+
 def test_half_weights_use_the_reference():
     x, w = _randn(4, 16, dtype=torch.float16), _randn(8, 16, seed=1, dtype=torch.float16)
     assert cpu_linear.packed_weight(w) is None
