@@ -339,12 +339,10 @@ class LLMEngine:
         running = RequestStatus.RUNNING
         itls = self.stats.recent_itls
         for req, token in zip(launched.requests, tokens):   # hot loop: one token each
-            output = req.output_token_ids
-            if req.pending_row >= 0:   # planned with it (even if preempted since):
-                output[-1] = token     # Request.resolve_pending, inlined
-                req.pending_row = -1
+            if req.pending_row >= 0:   # planned with it (even if preempted since)
+                req.resolve_pending(token)
             elif req.status is running:
-                output.append(token)
+                req.output_token_ids.append(token)
             else:
                 continue               # cancelled meanwhile
             times = req.token_times
@@ -355,7 +353,7 @@ class LLMEngine:
             toks.append(token)
             if token in req.stop_ids:
                 self._finish(req, REASON_STOP, None, out)
-            elif len(req.prompt_token_ids) + len(output) >= req.length_cap:  # ends_by_length
+            elif len(req.prompt_token_ids) + len(req.output_token_ids) >= req.length_cap:
                 self._finish(req, REASON_LENGTH, None, out)
 
     def _finish(self, req: Request, reason: str, error: str | None,

@@ -116,7 +116,10 @@ class Request:
     priority: int = 0                # scheduling_policy=priority: lower is served first
     stop_ids: frozenset = frozenset()  # token ids that end it: stop_token_ids + EOS (engine.add)
     length_cap: int = 0              # min(prompt + max_tokens, max_model_len): the
-    #                                  token count that ends it
+    #                                  token count that ends it (the one length rule: the
+    #                                  step's update and the scheduler's look at pending
+    #                                  tokens both compare num_tokens with it; the
+    #                                  scheduler applies max_model_len when it is added)
     pending_row: int = -1            # async scheduling: its sample row in the step in flight
     #                                  while its last output token (PENDING_TOKEN) is unread
 
@@ -146,12 +149,6 @@ class Request:
     @property
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
-
-    def ends_by_length(self) -> bool:
-        """Has it as many tokens as max_tokens and the context allow? (The one length
-        rule, `num_tokens >= length_cap`: the step's update and the scheduler's look at
-        pending tokens both apply it; the scheduler caps length_cap at max_model_len.)"""
-        return len(self.prompt_token_ids) + len(self.output_token_ids) >= self.length_cap
 
     def add_pending(self, row: int) -> None:
         """Async scheduling: count the token the in-flight step samples for this request

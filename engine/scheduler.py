@@ -132,7 +132,8 @@ class Scheduler:
     def _partition(self) -> tuple[list[Request], list[Request]]:
         """Running requests that decode next, and those still prefilling, in the policy's
         order (one pass: this runs every step over every running request). Left out:
-        dedup followers, and a request its pending token ends by length."""
+        dedup followers, and a request its pending token ends by length (its token count
+        reaches Request.length_cap)."""
         decodes, prefilling = [], []
         for r in running_order(self.running, self.knobs.scheduling_policy):
             if r.dedup_leader is not None:
@@ -141,7 +142,7 @@ class Scheduler:
             n = total - r.num_computed_tokens
             if n > 1:
                 prefilling.append(r)
-            elif n == 1 and (r.pending_row < 0 or total < r.length_cap):  # ends_by_length
+            elif n == 1 and (r.pending_row < 0 or total < r.length_cap):
                 decodes.append(r)
         return decodes, prefilling
 

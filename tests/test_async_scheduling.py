@@ -69,6 +69,23 @@ def test_stop_tokens_end_requests_without_the_extra_token():
     assert sum(reason == "stop" for _, reason in got) >= 3
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_context_limit_ends_requests_by_length(async_scheduling):
+    """max_tokens past max_model_len: a request ends with exactly max_model_len tokens
+    (Request.length_cap takes the smaller of the two); async scheduling never plans a
+    token past it."""
+    llm = LLM(async_scheduling=async_scheduling, num_blocks=400, max_model_len=48, **KW)
+    prompts = [{"prompt_token_ids": list(range(1, 1 + n))} for n in (1, 20, 47)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=500, temperature=0,
+                                                ignore_eos=True))
+    assert [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs] == \
+        [(47, "length"), (28, "length"), (1, "length")]
+    short = llm.generate(prompts[:1], SamplingParams(max_tokens=5, temperature=0,
+                                                     ignore_eos=True))
+    assert len(short[0].outputs[0].token_ids) == 5       # max_tokens, when it is smaller
+    assert llm.engine.pool.num_used == 0
+
+
 def test_cancel_while_a_step_is_in_flight_frees_everything():
     llm = LLM(async_scheduling=True, num_blocks=400, **KW)
     eng = llm.engine
