@@ -5,6 +5,7 @@ hide behind the device; it runs on any machine.
 
     python scripts/host_step_profile.py                      # closed loop, 256 in flight
     python scripts/host_step_profile.py --profile 25         # + cProfile's top 25
+    python scripts/host_step_profile.py --output-len 100000  # pure decode (W1's decode phase)
 
 Closed loop as observer_cost.py runs it: --concurrency requests in flight, each
 --input-len random prompt tokens -> --output-len tokens, a new one as one finishes.
