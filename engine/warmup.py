@@ -9,9 +9,10 @@ on an H100: the first prefix-cache hit of a run showed a 486 ms inter-token gap)
 Both kernels read nothing but the KV cache here, so the warm-up changes no state.
 
 The same holds for the LM head of a mixed step, which runs eagerly on however many rows
-sample (the skinny GEMM's BLOCK_M is 16 or 32 up to 32 rows, cuBLAS above), and for the
-first replay of each CUDA graph, which uploads it to the device: W1's first timed run,
-the first to reach 256 sampled rows, ran 15 % slower than the next four (session 6).
+sample, and for the first replay of each CUDA graph, which uploads it to the device:
+W1's first timed run, the first to reach 256 sampled rows, ran 15 % slower than the
+next four (session 6; warming a few row counts and the graphs did not remove that, so
+every row count is warmed now).
 """
 from __future__ import annotations
 
@@ -49,10 +50,17 @@ def warm_up_attention(runner) -> float:
     return time.perf_counter() - t0
 
 
+WARM_EVERY_ROWS_UP_TO = 256   # then every 32nd row count
+
+
 @torch.inference_mode()
 def warm_up_logits(runner, max_rows: int) -> float:
-    """compute_logits and greedy sampling at every row-count class a mixed step can
-    sample (1, 2..16, 17..32, more); returns seconds taken. Not under tensor
+    """compute_logits and greedy sampling at every row count a mixed step can sample
+    (up to WARM_EVERY_ROWS_UP_TO, then every 32nd); returns seconds taken. Each row
+    count can meet a new kernel: the skinny GEMM's Triton variants (BLOCK_M 16 or 32,
+    M divisible by 16 or not, M = 1), and above 32 rows whichever cuBLAS kernel its
+    heuristic picks for that M, loaded on first use (CUDA's lazy module loading).
+    Not under tensor
     parallelism (its gather would have to be met by every rank at the same point)."""
     t0 = time.perf_counter()
     model = runner.model
@@ -61,8 +69,8 @@ def warm_up_logits(runner, max_rows: int) -> float:
     hidden = torch.zeros(max_rows, model.config.hidden_size, dtype=runner.dtype,
                          device=runner.device)
     inputs = len(inspect.signature(model.compute_logits).parameters)  # (hidden[, residual])
-    for rows in sorted({1, 2, 17, 33, max_rows}):
-        if rows <= max_rows:
-            model.compute_logits(*[hidden[:rows]] * inputs).argmax(dim=-1)
+    every = list(range(1, min(max_rows, WARM_EVERY_ROWS_UP_TO) + 1))
+    for rows in sorted(set(every + list(range(every[-1], max_rows + 1, 32)) + [max_rows])):
+        model.compute_logits(*[hidden[:rows]] * inputs).argmax(dim=-1)
     torch.cuda.synchronize(runner.device)
     return time.perf_counter() - t0
