@@ -224,7 +224,8 @@ def _result(loop, driver: WorkloadDriver, snap0, label: str,
             finished_only: bool = False) -> tuple[report.RunResult, list]:
     """The run's result from the driver's outputs (`finished_only`: an interrupted run,
     whose cancelled requests are left out)."""
-    stats = _engine_stats(snap0, loop.snapshot())
+    snap1 = loop.snapshot()
+    stats = _engine_stats(snap0, snap1)
     outputs = sorted(driver.outputs, key=lambda o: driver.submission_index(o.request_id))
     if finished_only:
         outputs = [o for o in outputs if o.outputs[0].finish_reason != "cancelled"]
@@ -234,8 +235,8 @@ def _result(loop, driver: WorkloadDriver, snap0, label: str,
     stats["host_share"] = max(0.0, 1 - stats["device_wait_us"] / 1e6 / wall) if wall else 0.0
     for err in driver.submit_errors[:3]:
         print(f"request failed: {err}", file=sys.stderr)
-    result = report.RunResult(label, wall, records, stats,
-                              dict(dataclasses.asdict(loop.knobs)), failed=driver.failed)
+    result = report.RunResult(label, wall, records, stats, dict(dataclasses.asdict(loop.knobs)),
+                              failed=driver.failed, steps=report.step_records(snap0, snap1))
     return result, outputs
 
 

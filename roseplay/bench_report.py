@@ -29,6 +29,25 @@ class RunResult:
     engine: dict = field(default_factory=dict)
     knobs: dict = field(default_factory=dict)
     failed: int = 0
+    steps: list[dict] = field(default_factory=list)   # see step_records
+
+
+def step_records(snap0, snap1) -> list[dict]:
+    """The engine's steps between two snapshots (at most its last 256, the snapshot's
+    ring): when each ended (t, s after the first), the gap since the one before (dt),
+    its own duration and its tokens. `--json` keeps them per run, so a slow run can be
+    compared with a fast one step by step."""
+    steps = [s for s in snap1.recent_steps if s.step > snap0.counters.steps]
+    if not steps:
+        return []
+    first, prev = steps[0].wall_time, steps[0].wall_time
+    out = []
+    for s in steps:
+        out.append({"step": s.step, "t": s.wall_time - first, "dt": s.wall_time - prev,
+                    "duration": s.duration, "decode_tokens": s.decode_tokens,
+                    "prefill_tokens": s.prefill_tokens, "running": s.num_running})
+        prev = s.wall_time
+    return out
 
 
 def request_record(output) -> dict:
@@ -219,7 +238,8 @@ def dump_json(path: str, payload: dict) -> None:
 
 def run_payload(result: RunResult, summary: dict | None = None) -> dict:
     return {"label": result.label, "knobs": result.knobs,
-            "summary": summary or summarize(result), "requests": result.requests}
+            "summary": summary or summarize(result), "requests": result.requests,
+            "steps": result.steps}
 
 
 def print_repeats(console: Console, results: list[RunResult], cpu: str) -> None:

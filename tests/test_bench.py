@@ -129,6 +129,12 @@ def test_bench_block_and_json(tmp_path, capsys):
     assert s["itl_ms"]["count"] == sum(len(r["itls"]) for r in reqs)
     assert all(0 < r["ttft"] <= r["e2e"] for r in reqs)
     assert s["engine"]["peak_used_blocks"] > 0 and s["engine"]["num_blocks"] == 256
+    steps = data["runs"][0]["steps"]                # the run's engine steps, warm-up excluded
+    assert len(steps) == s["engine"]["steps"] and steps[0]["t"] == steps[0]["dt"] == 0
+    assert [x["step"] for x in steps] == list(range(steps[0]["step"], steps[-1]["step"] + 1))
+    assert sum(x["decode_tokens"] + x["prefill_tokens"] for x in steps) == \
+        s["engine"]["decode_tokens"] + s["engine"]["prefill_tokens"]
+    assert all(x["dt"] >= 0 and x["duration"] > 0 for x in steps)
 
 
 def test_bench_arrival_interval(tmp_path, capsys):
