@@ -43,7 +43,7 @@ W1="--scenario random --num-prompts 256 --input-len 512 --output-len 128 \
 --max-num-batched-tokens 8192 --max-num-seqs 256 --warmup 16"
 B1="--scenario random --num-prompts 1 --input-len 512 --output-len 128 --warmup 2"
 if [[ " $PHASES " == *" bench "* ]]; then
-  step W1 120 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $W1
+  step W1 120 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $W1 --json "$OUT/W1.json"
   grep -E "^runs|^output throughput|^median|^host share|Median TTFT" "$OUT/W1.log" | tail -5 | tee -a "$SUMMARY"
   step B1 90 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $B1
   grep -E "^runs|^output throughput|^median|Median TPOT|^host share" "$OUT/B1.log" | tail -5 | tee -a "$SUMMARY"
