@@ -146,10 +146,6 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
-    @property
-    def last_token_id(self) -> int:
-        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
-
     def add_pending(self, row: int) -> None:
         """Async scheduling: count the token the in-flight step samples for this request
         before its value is known (vLLM V1's output placeholders), so the next step can be

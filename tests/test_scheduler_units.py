@@ -145,7 +145,7 @@ def test_pending_tokens_plan_the_next_step_and_leave_length_finishers_out():
     assert [(c.request.request_id, c.num_tokens) for c in nxt.prefills] == [("c", 2)]
     assert len(a.block_table) * BS >= 5 and a.num_uncomputed == 1
     a.resolve_pending(11)
-    assert a.output_token_ids == [9, 11] and a.last_token_id == 11
+    assert a.output_token_ids == [9, 11] and a.pending_row == -1 and not a.num_pending
 
 
 def test_a_preempted_request_waits_for_its_pending_token():
