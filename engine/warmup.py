@@ -59,9 +59,9 @@ def warm_up_logits(runner, max_rows: int) -> float:
     (up to WARM_EVERY_ROWS_UP_TO, then every 32nd); returns seconds taken. Each row
     count can meet a new kernel: the skinny GEMM's Triton variants (BLOCK_M 16 or 32,
     M divisible by 16 or not, M = 1), and above 32 rows whichever cuBLAS kernel its
-    heuristic picks for that M, loaded on first use (CUDA's lazy module loading).
-    Not under tensor
-    parallelism (its gather would have to be met by every rank at the same point)."""
+    heuristic picks for that M, loaded on first use (CUDA's lazy module loading). Not
+    under tensor parallelism (its gather would have to be met by every rank at the same
+    point)."""
     t0 = time.perf_counter()
     model = runner.model
     if model.tp.size > 1:

@@ -178,18 +178,6 @@ def _drive(loop, items, args, *, arrivals: dict, progress: Progress | None = Non
     return driver
 
 
-def _engine_stats(snap0, snap1) -> dict:
-    d = dataclasses.asdict(snap1.counters.minus(snap0.counters))
-    q = d["prefix_queried_tokens"]
-    d["prefix_hit_rate"] = d["prefix_hit_tokens"] / q if q else 0.0
-    d["peak_used_blocks"] = snap1.extra["peak_used_blocks"]
-    d["num_blocks"] = snap1.num_blocks
-    d["peak_kv_usage"] = d["peak_used_blocks"] / d["num_blocks"]
-    # vLLM's kv_block_* residency metrics over the run: count, mean, p50/p90/p99 (s)
-    d["kv_block"] = snap1.kv_block_metrics.minus(snap0.kv_block_metrics).summary()
-    return d
-
-
 def _fresh_cache(loop) -> None:
     loop.clear_prefix_cache()
     loop.wait_idle()
@@ -225,7 +213,7 @@ def _result(loop, driver: WorkloadDriver, snap0, label: str,
     """The run's result from the driver's outputs (`finished_only`: an interrupted run,
     whose cancelled requests are left out)."""
     snap1 = loop.snapshot()
-    stats = _engine_stats(snap0, snap1)
+    stats = report.engine_stats(snap0, snap1)
     outputs = sorted(driver.outputs, key=lambda o: driver.submission_index(o.request_id))
     if finished_only:
         outputs = [o for o in outputs if o.outputs[0].finish_reason != "cancelled"]

@@ -7,6 +7,7 @@ benchmark_serving prints; latencies in the summary are in milliseconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -30,6 +31,19 @@ class RunResult:
     knobs: dict = field(default_factory=dict)
     failed: int = 0
     steps: list[dict] = field(default_factory=list)   # see step_records
+
+
+def engine_stats(snap0, snap1) -> dict:
+    """The engine's counters over a run (two snapshots), with its prefix hit rate, peak
+    KV usage and vLLM's kv_block_* residency metrics (count, mean, p50/p90/p99 in s)."""
+    d = dataclasses.asdict(snap1.counters.minus(snap0.counters))
+    q = d["prefix_queried_tokens"]
+    d["prefix_hit_rate"] = d["prefix_hit_tokens"] / q if q else 0.0
+    d["peak_used_blocks"] = snap1.extra["peak_used_blocks"]
+    d["num_blocks"] = snap1.num_blocks
+    d["peak_kv_usage"] = d["peak_used_blocks"] / d["num_blocks"]
+    d["kv_block"] = snap1.kv_block_metrics.minus(snap0.kv_block_metrics).summary()
+    return d
 
 
 def step_records(snap0, snap1) -> list[dict]:
