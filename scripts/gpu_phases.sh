@@ -48,6 +48,21 @@ if [[ " $PHASES " == *" bench "* ]]; then
   step B1 90 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $B1
   grep -E "^runs|^output throughput|^median|Median TPOT|^host share" "$OUT/B1.log" | tail -5 | tee -a "$SUMMARY"
 fi
+if [[ " $PHASES " == *" spy "* ]]; then   # py-spy of the engine process during W1 and B1
+  python3 -m pip install -q --no-index --no-deps --target /tmp/spy .dev/py_spy*.whl
+  for w in W1 B1; do
+    if [[ $w == W1 ]]; then args="$W1 --repeat 8"; else args="$B1 --output-len 2048 --repeat 3"; fi
+    python3 -m roseplay bench --no-progress --model "$M" $args > "$OUT/spy_$w.bench.log" 2>&1 &
+    bpid=$!
+    for i in $(seq 100); do pid=$(pgrep -f engine.ipc.core_proc | head -1); [[ -n $pid ]] && break; sleep 0.3; done
+    timeout 150 /tmp/spy/bin/py-spy record -p "$pid" -r 400 -f raw -o "$OUT/spy_$w.txt" \
+      --threads --nonblocking -d 140 > "$OUT/spy_$w.log" 2>&1 &
+    spid=$!
+    timeout 150 tail --pid=$bpid -f /dev/null
+    kill -INT $spid 2>/dev/null; wait $spid
+    grep -E "^output throughput|^median|^host share" "$OUT/spy_$w.bench.log" | tail -3 | sed "s/^/spy $w: /" | tee -a "$SUMMARY"
+  done
+fi
 if [[ " $PHASES " == *" observer "* ]]; then
   step observer 200 python3 scripts/observer_cost.py --model "$M" --seconds ${WINDOW:-8} \
     --warmup 15 --alternate ${ALTERNATE:-4}
