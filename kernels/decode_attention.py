@@ -15,10 +15,17 @@ heads (rescaling by exp2(m - max)) and writes the output: one launch. merge=Fals
 the previous phase 2, a second kernel with grid (B, H).
 With a single split, phase 1 normalises and writes the output itself (one launch).
 
-CUDA-graph safety: num_splits and tokens_per_split depend only on B, H_kv and
-block_tables.shape[1] (never on context_lens values); programs whose range starts past
-context_lens[b] return at once, and the reducer derives the number of valid splits from
-context_lens on the device. No host sync, no .item(). A sequence with context 0 yields 0.
+Split sizes (session 7): each sequence's context is cut into num_splits ranges of
+max(ceil(ctx / num_splits) rounded up to BLOCK_N, min_split_tokens) tokens, computed on
+the device from context_lens[b]. Sized by the table width instead (DYNAMIC_SPLITS = 0,
+the earlier plan), a graph captured for max_model_len = 8192 gave every split 4096
+tokens at batch 2-16 and one split at batch >= 256, so a 600-token context ran on one or
+two programs per KV head whatever num_splits was.
+
+CUDA-graph safety: the grid (num_splits) depends only on B, H_kv and block_tables.shape[1]
+(never on context_lens values); programs whose range starts past context_lens[b] return
+at once, and the merge derives the number of valid splits from context_lens on the
+device. No host sync, no .item(). A sequence with context 0 yields 0.
 """
 from __future__ import annotations
 
@@ -34,19 +41,31 @@ from kernels._common import check_float, dot_precision, next_pow2, num_sms, zero
 from kernels.pdl import pdl_enter
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
-MIN_SPLIT_TOKENS = 128          # never split finer than this
+MIN_SPLIT_TOKENS = 128          # never split finer than this (by table width)
+DYNAMIC_SPLITS = 1              # split each context by its own length (see above)
+DYNAMIC_MIN_TOKENS = 64         # ... into ranges of at least this many tokens
+NUM_WARPS = 4
+NUM_STAGES = 2
 MAX_SPLITS = 256
 REDUCE_CHUNK = 16               # splits merged per step of the reducer
 MERGE_IN_SPLIT = True           # last split program merges (no reduce launch)
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
 
+@triton.jit
+def _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N: tl.constexpr):
+    """Tokens per split of a context of ctx tokens: its share of num_splits, whole tiles,
+    at least min_split_tokens (a multiple of BLOCK_N)."""
+    share = (ctx + num_splits * BLOCK_N - 1) // (num_splits * BLOCK_N) * BLOCK_N
+    return tl.maximum(share, min_split_tokens)
+
+
 # Ints that vary with the batch's longest context are not specialized on (value 1,
 # divisible by 16): each distinct specialization is one more JIT compile mid-serving.
-@triton.jit(do_not_specialize=["num_splits", "stride_btb"])
+@triton.jit(do_not_specialize=["num_splits", "stride_btb", "min_split_tokens"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr,
-    scale_log2, tokens_per_split, num_heads, num_splits,
+    scale_log2, min_split_tokens, num_heads, num_splits,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -62,6 +81,7 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     pdl_enter(PDL)      # q and this step's K/V come from the previous kernel
     ctx = tl.load(ctx_ptr + b)
+    tokens_per_split = _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N)
     start = split * tokens_per_split
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -154,17 +174,18 @@ def _decode_split_kernel(
                          mask=h_mask[:, None] & d_mask[None, :])
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "min_split_tokens"])
 def _decode_reduce_kernel(
     ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr,
-    tokens_per_split, num_heads, num_splits,
+    min_split_tokens, num_heads, num_splits,
     stride_ob, stride_oh, stride_od,
     BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
+    tokens_per_split = _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N)
     n_valid = (ctx + tokens_per_split - 1) // tokens_per_split
     base = (b.to(tl.int64) * num_heads + h) * num_splits
     offs_s = tl.arange(0, BLOCK_S)
@@ -213,7 +234,7 @@ def default_config(head_dim: int, dtype: torch.dtype) -> dict:
         block_n = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
     else:
         block_n = 64 if head_dim <= 128 else 32
-    return {"block_n": block_n, "num_warps": 4, "num_stages": 2}
+    return {"block_n": block_n, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -249,6 +270,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         tokens_per_split = triton.cdiv(tiles, num_splits) * block_n
         splits = triton.cdiv(tiles * block_n, tokens_per_split)
     single = splits == 1
+    # the earlier plan is the dynamic one with every split at its fixed size
+    min_tokens = (triton.cdiv(DYNAMIC_MIN_TOKENS, block_n) * block_n if DYNAMIC_SPLITS
+                  else tokens_per_split)
     merge = (MERGE_IN_SPLIT if merge is None else merge) and not single
     block_d = max(16, next_pow2(head_dim))
     block_g = max(16, next_pow2(group))
@@ -266,7 +290,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            device=q.device)
     _decode_split_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, pm, pl, pacc, cnt,
-        scale * math.log2(math.e), tokens_per_split, num_heads, splits,
+        scale * math.log2(math.e), min_tokens, num_heads, splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
         *out.stride(),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
@@ -279,9 +303,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not single and not merge:
         _decode_reduce_kernel[(batch, num_heads)](
             context_lens, out, pm, pl, pacc,
-            tokens_per_split, num_heads, splits, *out.stride(),
+            min_tokens, num_heads, splits, *out.stride(),
             BLOCK_S=max(16, next_pow2(splits)), CHUNK=REDUCE_CHUNK, HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
+            BLOCK_D=block_d, BLOCK_N=block_n,
             num_warps=1 if block_d <= 64 else 2,
         )
     return out

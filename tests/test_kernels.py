@@ -170,10 +170,16 @@ else:
 
     @pytest.mark.parametrize("dtype,merge", [(torch.float32, False), (torch.float32, True),
                                              (torch.float16, True)])
-    def test_paged_decode_attention_merge(seed, poison, dtype, merge):
+    @pytest.mark.parametrize("dynamic", [0, 1])
+    def test_paged_decode_attention_merge(seed, poison, dtype, merge, dynamic, monkeypatch):
         """Both split merges (reduce kernel / last split program) over ragged contexts
         (incl. 0 and 1), more splits than any context needs, called twice so the
-        self-resetting merge counters are exercised."""
+        self-resetting merge counters are exercised; splits sized by the table width or by
+        each context (one tile each at the smallest: every split of a 70-token context
+        holds a share of it)."""
+        import kernels.decode_attention as da
+        monkeypatch.setattr(da, "DYNAMIC_SPLITS", dynamic)
+        monkeypatch.setattr(da, "DYNAMIC_MIN_TOKENS", 16)
         group, h_kv, d, block_size = 7, 2, 32, 4
         for lens in ([0, 70, 1, 33], [19, 0, 64, 5]):
             k_cache, v_cache, tables = make_paged(lens, block_size, h_kv, d, dtype, spare=8)
