@@ -5,7 +5,8 @@ module; `get_ops("torch_sdpa")` returns the CPU backend (kernels/cpu_ops.py: bat
 SDPA paged attention, oneDNN linears on packed weights, fewer-op rotary/norm/SiLU).
 All expose the same functions with the same signatures: store_kv_cache,
 paged_decode_attention, paged_extend_attention, rms_norm, rotary_embedding,
-silu_and_mul, linear, rms_norm_linear, silu_mul_linear, rotary_store_kv.
+silu_and_mul, linear, rms_norm_linear, silu_mul_linear, rotary_store_kv,
+rotary_decode_attention.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from kernels.cpu_linear import (linear, rms_norm, rms_norm_linear, silu_and_mul,  # noqa: F401
                                 silu_mul_linear)
 from kernels.cpu_rotary import rotary_store_kv  # noqa: F401
-from kernels.reference import rotary_embedding, store_kv_cache  # noqa: F401
+from kernels.reference import _rotary_then_decode, rotary_embedding, store_kv_cache  # noqa: F401
 
 _local = threading.local()      # each engine thread's last plans (decode, extend)
 
@@ -125,6 +125,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     plan = _plan(block_tables, context_lens, None, 1,
                  q.shape[1] // k_cache.shape[2], k_cache.shape[1])
     return _attend(plan, q[:, None], k_cache, v_cache, scale)[:, 0]
+
+
+rotary_decode_attention = _rotary_then_decode(rotary_store_kv, paged_decode_attention)
 
 
 def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

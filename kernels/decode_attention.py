@@ -39,6 +39,7 @@ from kernels import pdl
 from kernels._attn_tile import attend_tile
 from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
 from kernels.pdl import pdl_enter
+from kernels.rotary_kv import rotary_store_kv
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
 MIN_SPLIT_TOKENS = 128          # never split finer than this (by table width)
@@ -46,10 +47,55 @@ DYNAMIC_SPLITS = 1              # split each context by its own length (see abov
 DYNAMIC_MIN_TOKENS = 64         # ... into ranges of at least this many tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
+FUSE_ROPE = 1                   # rotary_decode_attention in one launch (0: two ops)
 MAX_SPLITS = 256
 REDUCE_CHUNK = 16               # splits merged per step of the reducer
 MERGE_IN_SPLIT = True           # last split program merges (no reduce launch)
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
+
+
+@triton.jit
+def _rotate(x, partner, cos, sin, lo):
+    """Neox rotary of a row tile x (fp32) whose dims' partners (d +- HALF) are `partner`,
+    as rotary_store_kv computes it: x1 * cos - x2 * sin | x2 * cos + x1 * sin."""
+    return tl.where(lo, x * cos - partner * sin, x * cos + partner * sin)
+
+
+@triton.jit
+def _rope_store_kv(q, q_rows, b64, kvh, last, offs_d, d_mask, g_mask, pos_ptr, cs_ptr,
+                   stride_cs, stride_qd, nk_ptr, nv_ptr, slot_ptr, stride_nkb, stride_nkh,
+                   stride_nvb, stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh,
+                   stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
+                   HALF: tl.constexpr, PAGE: tl.constexpr):
+    """The rotated query tile (rounded to q's dtype, as rotary_store_kv writes it); the
+    split that covers the context's last position (`last`) stores this step's rotated
+    key and value in their slot first, then a barrier makes them visible to the whole
+    program, which is the only one to read that position."""
+    pos = tl.load(pos_ptr + b64).to(tl.int64)
+    lo = offs_d < HALF
+    half_i = tl.where(lo, offs_d, offs_d - HALF)
+    partner = tl.where(lo, offs_d + HALF, offs_d - HALF)
+    cs_row = cs_ptr + pos * stride_cs
+    cos = tl.load(cs_row + half_i, mask=d_mask, other=1.0)
+    sin = tl.load(cs_row + HALF + half_i, mask=d_mask, other=0.0)
+    qp = tl.load(q_rows + partner[None, :] * stride_qd,
+                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q_rot = _rotate(q.to(tl.float32), qp.to(tl.float32), cos[None, :], sin[None, :],
+                    lo[None, :]).to(q.dtype)
+    slot = tl.load(slot_ptr + b64).to(tl.int64)
+    if last & (slot >= 0):
+        k_row = nk_ptr + b64 * stride_nkb + kvh * stride_nkh
+        k = tl.load(k_row + offs_d, mask=d_mask, other=0.0)
+        kp = tl.load(k_row + partner, mask=d_mask, other=0.0)
+        k_rot = _rotate(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo).to(k.dtype)
+        v = tl.load(nv_ptr + b64 * stride_nvb + kvh * stride_nvh + offs_d, mask=d_mask)
+        blk, off = slot // PAGE, slot % PAGE
+        tl.store(k_ptr + blk * stride_kb + off * stride_ks + kvh * stride_kh
+                 + offs_d * stride_kd, k_rot.to(k_ptr.dtype.element_ty), mask=d_mask)
+        tl.store(v_ptr + blk * stride_vb + off * stride_vs + kvh * stride_vh
+                 + offs_d * stride_vd, v.to(v_ptr.dtype.element_ty), mask=d_mask)
+        tl.debug_barrier()
+    return q_rot
 
 
 @triton.jit
@@ -65,7 +111,9 @@ def _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N: tl.constexpr):
 @triton.jit(do_not_specialize=["num_splits", "stride_btb", "min_split_tokens"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr,
+    pos_ptr, nk_ptr, nv_ptr, cs_ptr, slot_ptr,
     scale_log2, min_split_tokens, num_heads, num_splits,
+    stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cs,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -74,7 +122,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
     MERGE: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
-    MERGE_ALL: tl.constexpr, PDL: tl.constexpr,
+    MERGE_ALL: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -103,9 +151,15 @@ def _decode_split_kernel(
                                      out_ptr.dtype.element_ty), mask=out_mask)
             return
     end = tl.minimum(start + tokens_per_split, ctx)
-    q = tl.load(q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
-                + offs_d[None, :] * stride_qd,
+    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_rows + offs_d[None, :] * stride_qd,
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    if ROPE:    # rotary_decode_attention: rotate q here; the last split stores K/V
+        q = _rope_store_kv(q, q_rows, b64, kvh, end == ctx, offs_d, d_mask, g_mask,
+                           pos_ptr, cs_ptr, stride_cs, stride_qd, nk_ptr, nv_ptr, slot_ptr,
+                           stride_nkb, stride_nkh, stride_nvb, stride_nvh, k_ptr, v_ptr,
+                           stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs,
+                           stride_vh, stride_vd, HALF, PAGE)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -237,17 +291,42 @@ def default_config(head_dim: int, dtype: torch.dtype) -> dict:
     return {"block_n": block_n, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 
 
+def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                            k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                            context_lens: torch.Tensor, scale: float,
+                            **knobs) -> torch.Tensor:
+    """rotary_store_kv then paged_decode_attention in one launch (a decode-only step):
+    each program rotates its query heads itself, and the split that covers a sequence's
+    last position stores the rotated key and the value there before reading it. Neox
+    rotary over the whole head only; otherwise the two ops run one after the other."""
+    if (not FUSE_ROPE or not is_neox or cos_sin_cache.shape[-1] != query.shape[-1]
+            or query.shape[0] == 0):
+        q = rotary_store_kv(positions, query, key, value, cos_sin_cache, is_neox,
+                            k_cache, v_cache, slot_mapping)
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
+                                      scale, **knobs)
+    check_float(query, key, value, cos_sin_cache)
+    assert key.shape == value.shape and key.stride(-1) == 1 and value.stride(-1) == 1
+    assert cos_sin_cache.stride(-1) == 1 and slot_mapping.shape[0] == query.shape[0]
+    rope = (positions, key, value, cos_sin_cache, slot_mapping)
+    return paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale,
+                                  _rope=rope, **knobs)
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float, *, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            num_splits: int | None = None,
-                           merge: bool | None = None) -> torch.Tensor:
+                           merge: bool | None = None, _rope: tuple | None = None) -> torch.Tensor:
     """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype).
 
     The keyword-only knobs exist for the tests and the benchmark sweep; callers leave them
     unset. merge: the last split program of each (sequence, KV head) merges the splits
-    (one launch) instead of a second reduce kernel; default MERGE_IN_SPLIT.
+    (one launch) instead of a second reduce kernel; default MERGE_IN_SPLIT. _rope:
+    (positions, key, value, cos_sin_cache, slot_mapping) from rotary_decode_attention.
     """
     check_float(q, k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
@@ -288,16 +367,19 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         pl = torch.empty_like(pm)
         pacc = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32,
                            device=q.device)
+    pos, nk, nv, cs, slots = _rope if _rope is not None else (q, q, q, q, q)
     _decode_split_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, pm, pl, pacc, cnt,
+        pos, nk, nv, cs, slots,
         scale * math.log2(math.e), min_tokens, num_heads, splits,
+        nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cs.stride(0),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
         *out.stride(),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_N=block_n, PAGE=page, SINGLE=single, PREC=dot_precision(q.dtype),
         MERGE=merge, MERGE_G=merge_g,
         MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
-        MERGE_ALL=max(16, next_pow2(splits)),
+        MERGE_ALL=max(16, next_pow2(splits)), ROPE=_rope is not None, HALF=head_dim // 2,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
     )
     if not single and not merge:

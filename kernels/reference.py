@@ -168,6 +168,23 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
     return q
 
 
+def _rotary_then_decode(rotary_store_kv, paged_decode_attention):
+    """rotary_decode_attention of a backend from its rotary_store_kv and decode attention
+    (the Triton backend fuses the two into one launch)."""
+    def rotary_decode_attention(positions, query, key, value, cos_sin_cache, is_neox: bool,
+                                k_cache, v_cache, slot_mapping, block_tables, context_lens,
+                                scale: float) -> torch.Tensor:
+        """A decode-only step's attention: rotary_store_kv, then paged_decode_attention
+        of the rotated query."""
+        q = rotary_store_kv(positions, query, key, value, cos_sin_cache, is_neox,
+                            k_cache, v_cache, slot_mapping)
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return rotary_decode_attention
+
+
+rotary_decode_attention = _rotary_then_decode(rotary_store_kv, paged_decode_attention)
+
+
 def _norm_then_linear(rms_norm, linear):
     """rms_norm_linear of a backend from its rms_norm and linear (one composition for
     every backend that does not fuse the two)."""

@@ -2,7 +2,8 @@
 
 Each kernel lives in its own module (see docs/KERNELS.md for the designs):
   kv_store.py          store_kv_cache
-  decode_attention.py  paged_decode_attention   (split-K, GQA packed, graph-safe)
+  decode_attention.py  paged_decode_attention   (split-K, GQA packed, graph-safe),
+                       rotary_decode_attention  (+ rotary and the K/V store, one launch)
   extend_attention.py  paged_extend_attention   (causal flash attention, paged)
   unified_attention.py paged_unified_attention  (decodes + chunks in one launch, graph-safe;
                        CUDA path only: no twin in reference.py, see its oracle there)
@@ -17,7 +18,7 @@ Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors.
 from __future__ import annotations
 
 from kernels.activation import silu_and_mul
-from kernels.decode_attention import paged_decode_attention
+from kernels.decode_attention import paged_decode_attention, rotary_decode_attention
 from kernels.extend_attention import paged_extend_attention
 from kernels.kv_store import store_kv_cache
 from kernels.linear import linear, rms_norm_linear, silu_mul_linear
@@ -28,4 +29,4 @@ from kernels.unified_attention import paged_unified_attention
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
            "rms_norm", "rotary_embedding", "silu_and_mul", "linear", "rms_norm_linear", "silu_mul_linear",
-           "rotary_store_kv", "paged_unified_attention"]
+           "rotary_store_kv", "paged_unified_attention", "rotary_decode_attention"]

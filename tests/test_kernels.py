@@ -114,7 +114,8 @@ else:
     def test_backend_exports():
         for name in ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
                      "rms_norm", "rotary_embedding", "silu_and_mul", "linear",
-                     "rms_norm_linear", "silu_mul_linear", "rotary_store_kv"]:
+                     "rms_norm_linear", "silu_mul_linear", "rotary_store_kv",
+                     "rotary_decode_attention"]:
             assert callable(getattr(tri, name))
 
     # ----------------------------------------------------------------- store_kv_cache
@@ -355,6 +356,47 @@ else:
         big = torch.randn(40, 24)            # above the skinny limit: torch path
         assert torch.equal(tri.linear(big, w, b), ref.linear(big, w, b))
         assert tri.linear(torch.randn(0, 24), w).shape == (0, 10)
+
+    # ------------------------------------------- rotary + kv store + decode, fused
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("case", [(7, 2, 64, 16, [250, 1, 33, 64]), (2, 2, 32, 4, [5, 17, 1])],
+                             ids=["g7-d64", "g2-d32"])
+    @pytest.mark.parametrize("splits", [None, 1, 3])
+    def test_rotary_decode_attention(seed, poison, dtype, case, splits):
+        """One launch rotates q, stores the new token's rotated K and V (in the split that
+        reads that position) and attends: the same output as rotary_store_kv + decode
+        attention (bit for bit in Triton; within tolerance of the torch reference), the
+        same caches, and a padding row (slot -1) stores nothing."""
+        group, h_kv, d, page, lens = case
+        h = group * h_kv
+        k_cache, v_cache, tables = make_paged(lens, page, h_kv, d, dtype)
+        ctx = torch.tensor(lens + [1], dtype=torch.int32)
+        tables = torch.cat((tables, tables[:1]))                  # padding row: ctx 1
+        positions = ctx.long() - 1
+        last = positions.clone()
+        slots = tables[torch.arange(len(ctx)), last // page].long() * page + last % page
+        slots[-1] = -1
+        qkv = torch.randn(len(ctx), h + 2 * h_kv, d).to(dtype)
+        query, key, value = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
+        cos_sin = torch.randn(300, d)
+        args = (positions, query, key, value, cos_sin, True)
+        runs = {}
+        for name, fn in [("fused", lambda kc, vc: tri.rotary_decode_attention(
+                              *args, kc, vc, slots, tables, ctx, d ** -0.5, num_splits=splits)),
+                         ("composed", lambda kc, vc: tri.paged_decode_attention(
+                              tri.rotary_store_kv(*args, kc, vc, slots), kc, vc, tables, ctx,
+                              d ** -0.5, num_splits=splits)),
+                         ("ref", lambda kc, vc: ref.rotary_decode_attention(
+                              *args, kc, vc, slots, tables, ctx, d ** -0.5))]:
+            kc, vc = k_cache.clone(), v_cache.clone()
+            runs[name] = (fn(kc, vc), kc, vc)
+        fused, composed, want = runs["fused"], runs["composed"], runs["ref"]
+        assert torch.equal(fused[0], composed[0]), f"fused != composed (seed {seed})"
+        assert torch.equal(fused[1], composed[1]) and torch.equal(fused[2], composed[2])
+        assert_close(fused[0], want[0], dtype, seed, f"rotary_decode_attention {case}")
+        assert torch.equal(fused[2], want[2]), f"v cache (seed {seed})"
+        pad_block = int(tables[-1, 0])
+        assert torch.equal(fused[1][pad_block, 0], k_cache[pad_block, 0]) or lens[0] == 1
 
     # --------------------------------------------------------- rotary + kv store
     @pytest.mark.parametrize("dtype", DTYPES)

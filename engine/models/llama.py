@@ -78,10 +78,7 @@ class LlamaDecoderLayer(nn.Module):
         if self.qk_norm:
             q = ops.rms_norm(q, self.q_norm, eps)
             k = ops.rms_norm(k, self.k_norm, eps)
-        # rotary + this step's K/V into the paged cache in one op; attention skips its store
-        q = ops.rotary_store_kv(positions, q, k, v, self.model.cos_sin_cache, True,
-                                self.attn.k_cache, self.attn.v_cache, meta.slot_mapping)
-        attn = self.attn(q, k, v, meta, kv_stored=True)
+        attn = self._attention(positions, q, k, v, meta)
         hidden = ops.linear(attn.reshape(t, self.q_size), self.o_proj.weight,
                             row_bias(self.o_proj, tp))
         if tp.size > 1:
@@ -94,6 +91,21 @@ class LlamaDecoderLayer(nn.Module):
         if tp.size > 1:
             hidden = all_reduce(hidden)
         return hidden, residual
+
+
+    def _attention(self, positions, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
+        """Rotary, this step's K/V into the paged cache, attention: one launch for a
+        decode-only step (ops.rotary_decode_attention), else rotary_store_kv then the
+        attention (which skips its own store)."""
+        ops, attn, cos_sin = self.model.ops, self.attn, self.model.cos_sin_cache
+        if meta.query_start_loc is None and meta.num_decode_tokens == q.shape[0]:
+            return ops.rotary_decode_attention(
+                positions, q, k, v, cos_sin, True, attn.k_cache, attn.v_cache,
+                meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
+                attn.scale)
+        q = ops.rotary_store_kv(positions, q, k, v, cos_sin, True, attn.k_cache,
+                                attn.v_cache, meta.slot_mapping)
+        return attn(q, k, v, meta, kv_stored=True)
 
 
 class LlamaForCausalLM(nn.Module):
