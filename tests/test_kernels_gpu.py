@@ -397,3 +397,36 @@ def test_rotary_store_kv_cuda_graph_replay(tri, seed):
         check(q_out, wq, dtype, seed, "rotary_store_kv graph q")
         assert torch.equal(caches[1], want[1])
         check(caches[0], want[0], dtype, seed, "rotary_store_kv graph k")
+
+
+@pytest.mark.parametrize("batch", [1, 16, 256])
+def test_rotary_decode_attention_matches_two_ops(tri, seed, batch):
+    """The fused launch on real parallel programs (the split that reads the new position
+    is the one that stored it): bit-equal to rotary_store_kv + decode attention, caches
+    included, with the engine's shapes and a table as wide as max_model_len 8192."""
+    h, h_kv, d, bs, width = 14, 2, 64, 16, 512
+    lens = torch.randint(1, 3000, (batch,))
+    need = [(int(n) + bs - 1) // bs for n in lens]
+    num_blocks = sum(need) + 4
+    perm = torch.randperm(num_blocks)
+    tables = torch.zeros(batch, width, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = perm[at:at + n].int()
+        at += n
+    tables, ctx = tables.cuda(), lens.int().cuda()
+    pos = (lens - 1).cuda()
+    slots = tables[torch.arange(batch, device="cuda"), pos // bs].long() * bs + pos % bs
+    qkv = torch.randn(batch, h + 2 * h_kv, d, device="cuda").bfloat16()
+    q, k, v = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
+    cos_sin = torch.randn(4096, d, device="cuda")
+    caches = [torch.randn(num_blocks, bs, h_kv, d, device="cuda").bfloat16() for _ in range(2)]
+    a = [c.clone() for c in caches]
+    b_ = [c.clone() for c in caches]
+    fused = tri.rotary_decode_attention(pos, q, k, v, cos_sin, True, a[0], a[1], slots,
+                                        tables, ctx, d ** -0.5)
+    q_rot = tri.rotary_store_kv(pos, q, k, v, cos_sin, True, b_[0], b_[1], slots)
+    composed = tri.paged_decode_attention(q_rot, b_[0], b_[1], tables, ctx, d ** -0.5)
+    torch.cuda.synchronize()
+    assert torch.equal(a[0], b_[0]) and torch.equal(a[1], b_[1]), f"caches (seed {seed})"
+    assert torch.equal(fused, composed), f"outputs (seed {seed})"
