@@ -57,8 +57,9 @@ MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x 
 @triton.jit
 def _rotate(x, partner, cos, sin, lo):
     """Neox rotary of a row tile x (fp32) whose dims' partners (d +- HALF) are `partner`,
-    as rotary_store_kv computes it: x1 * cos - x2 * sin | x2 * cos + x1 * sin."""
-    return tl.where(lo, x * cos - partner * sin, x * cos + partner * sin)
+    rounded exactly as kernels/rotary.py's rotate_pair: fma(x1, cos, -(x2 sin)) in the
+    low half (lo), fma(x2, cos, x1 sin) in the high half."""
+    return tl.fma(x, cos, tl.where(lo, -(partner * sin), partner * sin))
 
 
 @triton.jit

@@ -29,6 +29,14 @@ def _pair_index(offs_r, HALF: tl.constexpr, IS_NEOX: tl.constexpr):
 
 
 @triton.jit
+def rotate_pair(x1, x2, cos, sin):
+    """(x1 cos - x2 sin, x2 cos + x1 sin) in fp32 with the roundings pinned by explicit
+    FMAs: every kernel that rotates (rotary_embedding, rotary_store_kv, the fused decode
+    attention) gets bit-identical results, whatever the compiler would contract."""
+    return tl.fma(x1, cos, -(x2 * sin)), tl.fma(x2, cos, x1 * sin)
+
+
+@triton.jit
 def _rotate_heads(src_ptr, dst_ptr, t, cos, sin, stride_st, stride_sh, stride_dt,
                   stride_dh, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -42,8 +50,9 @@ def _rotate_heads(src_ptr, dst_ptr, t, cos, sin, stride_st, stride_sh, stride_dt
     x1 = tl.load(src + i1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + i2, mask=mask, other=0.0).to(tl.float32)
     ty = dst_ptr.dtype.element_ty
-    tl.store(dst + i1, (x1 * cos - x2 * sin).to(ty), mask=mask)
-    tl.store(dst + i2, (x2 * cos + x1 * sin).to(ty), mask=mask)
+    r1, r2 = rotate_pair(x1, x2, cos, sin)
+    tl.store(dst + i1, r1.to(ty), mask=mask)
+    tl.store(dst + i2, r2.to(ty), mask=mask)
     if BLOCK_P > 0:
         offs_p = 2 * HALF + tl.arange(0, BLOCK_P)[None, :]
         p_mask = (offs_h < NUM_HEADS) & (offs_p < HEAD_DIM)

@@ -20,7 +20,8 @@ import triton.language as tl
 from kernels import pdl
 from kernels._common import check_float, next_pow2
 from kernels.pdl import pdl_enter
-from kernels.rotary import _cos_sin, _last_dim_contiguous, _pair_index, _rotate_heads
+from kernels.rotary import (_cos_sin, _last_dim_contiguous, _pair_index, _rotate_heads,
+                            rotate_pair)
 
 
 @triton.jit
@@ -55,8 +56,9 @@ def _rotary_store_kv_kernel(
         c_ty = kc_ptr.dtype.element_ty
         x1 = tl.load(src + i1, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + i2, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dst + i1, (x1 * cos - x2 * sin).to(k_ty).to(c_ty), mask=mask)
-        tl.store(dst + i2, (x2 * cos + x1 * sin).to(k_ty).to(c_ty), mask=mask)
+        r1, r2 = rotate_pair(x1, x2, cos, sin)
+        tl.store(dst + i1, r1.to(k_ty).to(c_ty), mask=mask)
+        tl.store(dst + i2, r2.to(k_ty).to(c_ty), mask=mask)
         if BLOCK_P > 0:
             offs_p = 2 * HALF + tl.arange(0, BLOCK_P)[None, :]
             p_mask = h_mask & (offs_p < HEAD_DIM)
