@@ -6,6 +6,10 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py                      # closed loop, 256 in flight
     python scripts/host_step_profile.py --profile 25         # + cProfile's top 25
     python scripts/host_step_profile.py --output-len 100000  # pure decode (W1's decode phase)
+    python scripts/host_step_profile.py --runner             # + the runner's host work
+
+--runner keeps the real ModelRunner (StepBuffers.fill, the sampler, HostCopy) and stubs
+only the model's forward: logits of the right shape with token 7 on top.
 
 Closed loop as observer_cost.py runs it: --concurrency requests in flight, each
 --input-len random prompt tokens -> --output-len tokens, a new one as one finishes.
@@ -40,6 +44,19 @@ def stub_forward(engine: LLMEngine) -> None:
     engine.runner.execute_model = execute_model
 
 
+def stub_model_forward(engine: LLMEngine) -> None:
+    """Keep the runner; the model's forward returns logits [rows, V] with token 7 on top
+    (a slice of one preallocated tensor: the stub itself costs next to nothing)."""
+    model = engine.runner.model
+    logits = torch.zeros(max(engine.config.scheduler.max_num_batched_tokens, 1024),
+                         engine.vocab_size, dtype=engine.dtype)
+    logits[:, 7] = 1
+
+    def forward(input_ids, positions, meta, logits_indices):
+        return logits[:logits_indices.shape[0]]
+    model.forward = forward
+
+
 class ClosedLoop:
     def __init__(self, engine: LLMEngine, concurrency: int, input_len: int, output_len: int,
                  seed: int = 0):
@@ -69,7 +86,7 @@ def run(args) -> dict:
     engine = LLMEngine(make_config(model=args.model, device="cpu", num_blocks=args.num_blocks,
                                    max_num_seqs=args.concurrency,
                                    max_num_batched_tokens=args.max_num_batched_tokens))
-    stub_forward(engine)
+    (stub_model_forward if args.runner else stub_forward)(engine)
     gc.collect()
     gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
     loop = ClosedLoop(engine, args.concurrency, args.input_len, args.output_len)
@@ -105,6 +122,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile's top N")
+    p.add_argument("--runner", action="store_true",
+                   help="keep the real runner (buffers, sampler, host copy); stub only the "
+                        "model's forward")
     args = p.parse_args(argv)
     runs = [run(args) for _ in range(args.repeat)]
     ms = sorted(r["ms_per_step"] for r in runs)
