@@ -6,6 +6,8 @@ token ids.
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from engine.kv.block_tables import BlockTables
@@ -16,17 +18,31 @@ _EMPTY_I32 = np.zeros((0,), dtype=np.int32)
 _EMPTY_I64 = np.zeros((0,), dtype=np.int64)
 
 
+_GREEDY_COLUMNS: dict[int, SamplingColumns] = {}   # by row count: the common case, built once
+_is_greedy = attrgetter("greedy")
+
+
+def _greedy_columns(n: int) -> SamplingColumns:
+    """Columns of n greedy rows (read-only, shared by every all-greedy step of n rows; no
+    request ids: only seeded random rows need theirs)."""
+    cols = _GREEDY_COLUMNS.get(n)
+    if cols is None:
+        arrays = (np.ones(n, bool), np.ones(n, np.float32), np.zeros(n, np.int64),
+                  np.ones(n, np.float32), np.zeros(n, bool), np.zeros(n, np.uint64))
+        for a in arrays:
+            a.flags.writeable = False
+        cols = _GREEDY_COLUMNS[n] = SamplingColumns((), True, *arrays)
+    return cols
+
+
 def _sampling_columns(requests: list) -> SamplingColumns:
+    if all(map(_is_greedy, requests)):
+        return _greedy_columns(len(requests))
     params = [r.params for r in requests]
     greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
-    ids = tuple(r.request_id for r in requests)
-    if greedy.all():
-        n = len(params)
-        return SamplingColumns(ids, True, greedy, np.ones(n, np.float32), np.zeros(n, np.int64),
-                               np.ones(n, np.float32), np.zeros(n, bool), np.zeros(n, np.uint64))
     temps = np.fromiter((p.temperature if not p.greedy else 1.0 for p in params), np.float32)
     return SamplingColumns(
-        ids, False, greedy, temps,
+        tuple(r.request_id for r in requests), False, greedy, temps,
         np.fromiter((p.top_k for p in params), np.int64, count=len(params)),
         np.fromiter((p.top_p for p in params), np.float32, count=len(params)),
         np.fromiter((p.seed is not None for p in params), bool, count=len(params)),
@@ -62,10 +78,8 @@ def _decode_columns(decodes: list, device_fed: bool):
         fed.append(r.pending_row)
     pos = np.array(pos, dtype=np.int64)
     token_rows = np.array(fed, dtype=np.int64) if device_fed else None
-    if token_rows is not None and (token_rows >= 0).any():
-        ids = [0 if t < 0 else t for t in ids]      # PENDING_TOKEN: the device feeds it
-    else:
-        token_rows = None
+    if token_rows is not None and not (token_rows >= 0).any():
+        token_rows = None      # (where it is set, build_step_batch zeroes PENDING_TOKEN ids)
     return reqs, np.array(rows, dtype=np.int64), pos, ids, token_rows
 
 
@@ -105,9 +119,12 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         sample_rows = np.asarray(rows, dtype=np.int64)
     else:                     # a decode-only step without dedup: row i samples decode i
         sample_rows, requests = np.arange(d, dtype=np.int64), dec_reqs
+    input_ids = np.asarray(ids, dtype=np.int64)
+    if token_rows is not None:      # PENDING_TOKEN (-1) inputs: the device feeds them
+        np.maximum(input_ids[:d], 0, out=input_ids[:d])
     copies = plan.copies
     batch = StepBatch(
-        input_ids=np.asarray(ids, dtype=np.int64),
+        input_ids=input_ids,
         positions=np.concatenate(pos_parts) if prefills else dec_pos,
         slot_mapping=np.concatenate(slot_parts) if slot_parts else _EMPTY_I64,
         num_decodes=d,
