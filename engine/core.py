@@ -29,7 +29,7 @@ from engine.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
 from engine.distributed.executor import TPExecutor
-from engine.device_io import HostCopy
+from engine.device_io import HostCopy, HostCopyRing
 from engine.events import EventLog
 from engine.kv.block_pool import BlockPool
 from engine.models.loader import load_model
@@ -128,6 +128,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
+        self._host_copies = HostCopyRing()         # the sampled tokens' way to the host
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
 
     @property
@@ -258,7 +259,7 @@ class LLMEngine:
         tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
-        return Launched(plan, batch, requests, HostCopy(tokens), t0)
+        return Launched(plan, batch, requests, self._host_copies.start(tokens), t0)
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
