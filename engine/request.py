@@ -5,6 +5,7 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from engine.codes import REASON_LENGTH, REASON_STOP
 from engine.config import InvalidRequestError
@@ -186,6 +187,9 @@ class Request:
                                          self.num_cached_tokens, self.num_preemptions)
 
 
+_request_id = attrgetter("request_id")
+
+
 def add_pending_tokens(requests: list[Request]) -> None:
     """Request.add_pending(row) for each running request of a step's sample rows (row i:
     requests[i]) with no token pending yet. One loop over a wide step, so inlined."""
@@ -203,7 +207,7 @@ def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
     inter-token gaps (into `itls`), and the ids and tokens emitted. Returns the requests
     a token ends, with the reason (stop token, or the length cap). One loop over a wide
     step, so inlined."""
-    running, ended = RequestStatus.RUNNING, []
+    running, ended, skipped = RequestStatus.RUNNING, [], []
     for req, token in zip(requests, tokens):
         out = req.output_token_ids
         if req.pending_row >= 0:   # planned with it (even if preempted since)
@@ -212,17 +216,22 @@ def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
         elif req.status is running:
             out.append(token)
         else:
-            continue               # cancelled meanwhile
+            skipped.append(id(req))    # cancelled meanwhile
+            continue
         times = req.token_times
         if times:
             itls.append((now, now - times[-1]))
         times.append(now)
-        request_ids.append(req.request_id)
-        token_ids.append(token)
         if token in req.stop_ids:
             ended.append((req, REASON_STOP))
         elif len(req.prompt_token_ids) + len(out) >= req.length_cap:
             ended.append((req, REASON_LENGTH))
+    if skipped:                    # rare: emit the others only
+        skip = set(skipped)
+        kept = [(r, t) for r, t in zip(requests, tokens) if id(r) not in skip]
+        requests, tokens = [r for r, _ in kept], [t for _, t in kept]
+    request_ids.extend(map(_request_id, requests))
+    token_ids.extend(tokens)
     return ended
 
 
