@@ -65,21 +65,24 @@ def _sample_rows(sampled_chunks: list, followers: dict) -> tuple[list[int], list
 
 def _decode_columns(decodes: list, device_fed: bool):
     """One pass over the decodes (the wide part of a step): their requests, table rows,
-    positions and host input ids, and (async scheduling) the previous step's sample row
-    that feeds each decode whose token is still pending on the device (None: none is)."""
-    reqs, rows, pos, ids, fed = [], [], [], [], []
+    positions and (async scheduling) the previous step's sample row that feeds each
+    decode whose token is still pending on the device (None: none is); then their host
+    input ids, unless the device feeds every one (a steady async decode step)."""
+    reqs, rows, pos, fed = [], [], [], []
     for c in decodes:
         r = c.request
         reqs.append(r)
         rows.append(r.table_row)
         pos.append(c.start)
-        out = r.output_token_ids
-        ids.append(out[-1] if out else r.prompt_token_ids[-1])
         fed.append(r.pending_row)
     pos = np.array(pos, dtype=np.int64)
     token_rows = np.array(fed, dtype=np.int64) if device_fed else None
-    if token_rows is not None and not (token_rows >= 0).any():
-        token_rows = None      # (where it is set, build_step_batch zeroes PENDING_TOKEN ids)
+    if token_rows is not None and reqs and (token_rows >= 0).all():
+        ids = [0] * len(reqs)
+    else:   # (PENDING_TOKEN ids of fed rows: build_step_batch zeroes them)
+        ids = [(r.output_token_ids or r.prompt_token_ids)[-1] for r in reqs]
+        if token_rows is not None and not (token_rows >= 0).any():
+            token_rows = None
     return reqs, np.array(rows, dtype=np.int64), pos, ids, token_rows
 
 
