@@ -104,7 +104,8 @@ def run(args) -> dict:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
-    return {"ms_per_step": 1e3 * wall / args.steps, "cpu_ms_per_step": 1e3 * cpu / args.steps, "steps_per_s": args.steps / wall,
+    return {"ms_per_step": 1e3 * wall / args.steps, "cpu_ms_per_step": 1e3 * cpu / args.steps,
+            "steps_per_s": args.steps / wall,
             "tok_per_s": tokens / wall, "tok_per_step": tokens / args.steps}
 
 

@@ -68,7 +68,8 @@ def test_prefix_cache_compares_exact_keys():
 def test_block_key_layout():
     """The parent's hash as int64 then the tokens as int32, little-endian, for any block
     size (one packer per size)."""
-    for parent, tokens in ((ROOT_HASH, [1, 2, 3]), (-(1 << 63), [0] * 16), (hash("x"), [2**31 - 1])):
+    for parent, tokens in ((ROOT_HASH, [1, 2, 3]), (-(1 << 63), [0] * 16),
+                           (hash("x"), [2**31 - 1])):
         key = block_key(parent, tokens)
         assert key == struct.pack("<q", parent) + struct.pack(f"<{len(tokens)}i", *tokens)
         assert key_tokens(key) == tokens
