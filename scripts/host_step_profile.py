@@ -14,6 +14,12 @@ only the model's forward: logits of the right shape with token 7 on top.
 Closed loop as observer_cost.py runs it: --concurrency requests in flight, each
 --input-len random prompt tokens -> --output-len tokens, a new one as one finishes.
 Prints host ms per step, steps/s and output tok/s that a zero-time device would allow.
+
+    python scripts/host_step_profile.py --trees /tmp/host_base . --runs 5 [options]
+
+runs the same measurement on each checkout (its own engine, this script), interleaved,
+and prints each tree's median (min..max) and the per-round ratios of each tree to the
+first: the box's load drifts, so the ratios are the steadier figure.
 """
 from __future__ import annotations
 
@@ -22,10 +28,15 @@ import cProfile
 import gc
 import os
 import pstats
+import re
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+# the engine measured: this checkout's, or (--trees) the one each run is started for
+sys.path.insert(0, os.environ.get("HOST_STEP_TREE") or os.path.dirname(SCRIPTS))
+sys.path.insert(0, SCRIPTS)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -33,6 +44,7 @@ import torch  # noqa: E402
 from engine.config import make_config  # noqa: E402
 from engine.core import LLMEngine  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
+from ab_runs import interleaved, spread  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
 
 
@@ -109,6 +121,34 @@ def run(args) -> dict:
             "tok_per_s": tokens / wall, "tok_per_step": tokens / args.steps}
 
 
+def measure_tree(tree: str, args) -> dict:
+    """One run of this measurement on `tree`'s engine (a fresh process)."""
+    argv = ["--model", args.model, "--concurrency", str(args.concurrency),
+            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+            "--num-blocks", str(args.num_blocks), "--warmup-steps", str(args.warmup_steps),
+            "--steps", str(args.steps)] + (["--runner"] if args.runner else [])
+    env = dict(os.environ, HOST_STEP_TREE=os.path.abspath(tree))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=900)
+    found = re.search(r"^host ([\d.]+) ms/step", out.stdout, re.M)
+    if out.returncode or not found:
+        raise SystemExit(f"{tree}: run failed\n{out.stderr[-3000:]}")
+    return {"ms": float(found.group(1))}
+
+
+def compare_trees(args) -> int:
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    res = interleaved(args.trees, args.runs, lambda tree: measure_tree(tree, args))
+    first = res[args.trees[0]]["ms"]
+    for tree, r in res.items():
+        ratios = [b / a for a, b in zip(first, r["ms"])]
+        print(f"{tree}: host {spread(r['ms'], '.3f')} ms/step; per-round ratio to "
+              f"{args.trees[0]}: {spread(ratios, '.3f')}; runs {r['ms']}", flush=True)
+    print(f"load average at end: {os.getloadavg()}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="dummy:tiny")
@@ -127,7 +167,12 @@ def main(argv=None) -> int:
     p.add_argument("--runner", action="store_true",
                    help="keep the real runner (buffers, sampler, host copy); stub only the "
                         "model's forward")
+    p.add_argument("--trees", nargs="+", metavar="DIR",
+                   help="checkouts to compare (interleaved runs of this measurement)")
+    p.add_argument("--runs", type=int, default=5, help="rounds over --trees")
     args = p.parse_args(argv)
+    if args.trees:
+        return compare_trees(args)
     runs = [run(args) for _ in range(args.repeat)]
     ms = sorted(r["ms_per_step"] for r in runs)
     for r in runs:
