@@ -6,6 +6,8 @@ token ids.
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from engine.kv.block_tables import BlockTables
@@ -14,19 +16,36 @@ from engine.step_batch import SamplingColumns, StepBatch
 
 _EMPTY_I32 = np.zeros((0,), dtype=np.int32)
 _EMPTY_I64 = np.zeros((0,), dtype=np.int64)
+_NO_TABLES = np.zeros((0, 1), dtype=np.int32)
+_NO_PREFILLS = dict(prefill_block_tables=_NO_TABLES, prefill_cu_seqlens_q=np.zeros(1, np.int32),
+                    prefill_context_lens=_EMPTY_I32, prefill_max_seqlen_q=0)
+
+
+_GREEDY_COLUMNS: dict[int, SamplingColumns] = {}   # by row count: the common case, built once
+_is_greedy = attrgetter("greedy")
+
+
+def _greedy_columns(n: int) -> SamplingColumns:
+    """Columns of n greedy rows (read-only, shared by every all-greedy step of n rows; no
+    request ids: only seeded random rows need theirs)."""
+    cols = _GREEDY_COLUMNS.get(n)
+    if cols is None:
+        arrays = (np.ones(n, bool), np.ones(n, np.float32), np.zeros(n, np.int64),
+                  np.ones(n, np.float32), np.zeros(n, bool), np.zeros(n, np.uint64))
+        for a in arrays:
+            a.flags.writeable = False
+        cols = _GREEDY_COLUMNS[n] = SamplingColumns((), True, *arrays)
+    return cols
 
 
 def _sampling_columns(requests: list) -> SamplingColumns:
+    if all(map(_is_greedy, requests)):
+        return _greedy_columns(len(requests))
     params = [r.params for r in requests]
     greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
-    ids = tuple(r.request_id for r in requests)
-    if greedy.all():
-        n = len(params)
-        return SamplingColumns(ids, True, greedy, np.ones(n, np.float32), np.zeros(n, np.int64),
-                               np.ones(n, np.float32), np.zeros(n, bool), np.zeros(n, np.uint64))
     temps = np.fromiter((p.temperature if not p.greedy else 1.0 for p in params), np.float32)
     return SamplingColumns(
-        ids, False, greedy, temps,
+        tuple(r.request_id for r in requests), False, greedy, temps,
         np.fromiter((p.top_k for p in params), np.int64, count=len(params)),
         np.fromiter((p.top_p for p in params), np.float32, count=len(params)),
         np.fromiter((p.seed is not None for p in params), bool, count=len(params)),
@@ -49,24 +68,51 @@ def _sample_rows(sampled_chunks: list, followers: dict) -> tuple[list[int], list
 
 def _decode_columns(decodes: list, device_fed: bool):
     """One pass over the decodes (the wide part of a step): their requests, table rows,
-    positions and host input ids, and (async scheduling) the previous step's sample row
-    that feeds each decode whose token is still pending on the device (None: none is)."""
-    reqs, rows, pos, ids, fed = [], [], [], [], []
+    positions and (async scheduling) the previous step's sample row that feeds each
+    decode whose token is still pending on the device (None: none is); then their host
+    input ids, unless the device feeds every one (a steady async decode step)."""
+    reqs, rows, pos, fed = [], [], [], []
     for c in decodes:
         r = c.request
         reqs.append(r)
         rows.append(r.table_row)
         pos.append(c.start)
-        out = r.output_token_ids
-        ids.append(out[-1] if out else r.prompt_token_ids[-1])
         fed.append(r.pending_row)
     pos = np.array(pos, dtype=np.int64)
     token_rows = np.array(fed, dtype=np.int64) if device_fed else None
-    if token_rows is not None and (token_rows >= 0).any():
-        ids = [0 if t < 0 else t for t in ids]      # PENDING_TOKEN: the device feeds it
-    else:
-        token_rows = None
+    if token_rows is not None and reqs and (token_rows >= 0).all():
+        ids = [0] * len(reqs)
+    else:   # (PENDING_TOKEN ids of fed rows: build_step_batch zeroes them)
+        ids = [(r.output_token_ids or r.prompt_token_ids)[-1] for r in reqs]
+        if token_rows is not None and not (token_rows >= 0).any():
+            token_rows = None
     return reqs, np.array(rows, dtype=np.int64), pos, ids, token_rows
+
+
+def _prefill_columns(prefills: list, ids: list, tables: BlockTables, block_size: int,
+                     d: int) -> tuple[list, list, np.ndarray, list, dict]:
+    """The prefill chunks' columns (their token ids appended to `ids`): positions and
+    slots (one array per chunk), the logits rows of the chunks that sample, those
+    chunks, and the StepBatch's prefill fields."""
+    lens = [c.num_tokens for c in prefills]
+    pos_parts, slot_parts = [], []
+    for c in prefills:
+        r = c.request
+        ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
+        p = np.arange(c.start, c.start + c.num_tokens, dtype=np.int64)
+        table = tables.row(r)
+        pos_parts.append(p)
+        slot_parts.append(table[p // block_size] * block_size + p % block_size)
+    ends = d - 1 + np.cumsum(lens, dtype=np.int64)   # a chunk's last token: its logits row
+    sampled = [c for c in prefills if c.sample]
+    if len(sampled) < len(prefills):
+        ends = ends[[c.sample for c in prefills]]
+    fields = dict(
+        prefill_block_tables=tables.gather([c.request for c in prefills]),
+        prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
+        prefill_context_lens=np.asarray([c.start + c.num_tokens for c in prefills], np.int32),
+        prefill_max_seqlen_q=max(lens))
+    return pos_parts, slot_parts, ends, sampled, fields
 
 
 def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: BlockTables,
@@ -80,49 +126,44 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     decodes, prefills = plan.decodes, plan.prefills
     d = len(decodes)
     dec_reqs, dec_rows, dec_pos, ids, token_rows = _decode_columns(decodes, device_fed)
-    dec_tables = tables.gather_rows(dec_rows) if d else None
-    pos_parts, slot_parts = [dec_pos], []
     if d:
-        rows = dec_tables[np.arange(d), dec_pos // block_size].astype(np.int64)
-        slot_parts.append(rows * block_size + dec_pos % block_size)
-    lens = [c.num_tokens for c in prefills]
-    for c in prefills:
-        r = c.request
-        ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
-        p = np.arange(c.start, c.start + c.num_tokens, dtype=np.int64)
-        table = tables.row(r)
-        pos_parts.append(p)
-        slot_parts.append(table[p // block_size] * block_size + p % block_size)
+        dec_tables = tables.gather_rows(dec_rows)
+        blocks = dec_tables[np.arange(d), dec_pos // block_size].astype(np.int64)
+        dec_slots = blocks * block_size + dec_pos % block_size
+    else:
+        dec_tables, dec_slots = _NO_TABLES, _EMPTY_I64
     # sample rows: every decode, every prefill chunk that reaches the end of its tokens
-    ends = np.arange(d, dtype=np.int64)
+    dec_ends = np.arange(d, dtype=np.int64)
     if prefills:
-        ends = np.concatenate((ends, d - 1 + np.cumsum(lens, dtype=np.int64)))
-    sampled_prefills = [c for c in prefills if c.sample]   # every decode samples
-    logits_indices = ends if len(sampled_prefills) == len(prefills) else np.concatenate(
-        (ends[:d], ends[d:][[c.sample for c in prefills]]))
-    if followers or sampled_prefills:
-        rows, requests = _sample_rows(decodes + sampled_prefills, followers)
+        pos_parts, slot_parts, ends, sampled, prefill = _prefill_columns(
+            prefills, ids, tables, block_size, d)
+        positions = np.concatenate([dec_pos] + pos_parts)
+        slots = np.concatenate([dec_slots] + slot_parts)
+        logits_indices = np.concatenate((dec_ends, ends))
+    else:
+        positions, slots, logits_indices, sampled, prefill = \
+            dec_pos, dec_slots, dec_ends, [], _NO_PREFILLS
+    if followers or sampled:
+        rows, requests = _sample_rows(decodes + sampled, followers)
         sample_rows = np.asarray(rows, dtype=np.int64)
     else:                     # a decode-only step without dedup: row i samples decode i
-        sample_rows, requests = np.arange(d, dtype=np.int64), dec_reqs
+        sample_rows, requests = dec_ends, dec_reqs
+    input_ids = np.asarray(ids, dtype=np.int64)
+    if token_rows is not None:      # PENDING_TOKEN (-1) inputs: the device feeds them
+        np.maximum(input_ids[:d], 0, out=input_ids[:d])
     copies = plan.copies
     batch = StepBatch(
-        input_ids=np.asarray(ids, dtype=np.int64),
-        positions=np.concatenate(pos_parts) if prefills else dec_pos,
-        slot_mapping=np.concatenate(slot_parts) if slot_parts else _EMPTY_I64,
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slots,
         num_decodes=d,
-        decode_block_tables=dec_tables if d else np.zeros((0, 1), np.int32),
+        decode_block_tables=dec_tables,
         decode_context_lens=(dec_pos + 1).astype(np.int32),
-        prefill_block_tables=(tables.gather([c.request for c in prefills])
-                              if prefills else np.zeros((0, 1), np.int32)),
-        prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
-        prefill_context_lens=np.asarray([c.start + c.num_tokens for c in prefills], np.int32)
-        if prefills else _EMPTY_I32,
-        prefill_max_seqlen_q=max(lens, default=0),
+        **prefill,
         logits_indices=logits_indices,
         sample_rows=sample_rows,
-        cow_src=np.asarray([c[0] for c in copies], dtype=np.int64),
-        cow_dst=np.asarray([c[1] for c in copies], dtype=np.int64),
+        cow_src=np.asarray([c[0] for c in copies], dtype=np.int64) if copies else _EMPTY_I64,
+        cow_dst=np.asarray([c[1] for c in copies], dtype=np.int64) if copies else _EMPTY_I64,
         sampling=_sampling_columns(requests),
         prev_token_rows=token_rows,
     )

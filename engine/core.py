@@ -29,13 +29,13 @@ from engine.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
 from engine.distributed.executor import TPExecutor
-from engine.device_io import HostCopy
+from engine.device_io import HostCopy, HostCopyRing
 from engine.events import EventLog
 from engine.kv.block_pool import BlockPool
 from engine.models.loader import load_model
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.placement import resolve_device, resolve_dtype
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler, StepPlan
 from engine.snapshot import Counters, EngineSnapshot, engine_snapshot, request_view
@@ -128,6 +128,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
+        self._host_copies = HostCopyRing()         # the sampled tokens' way to the host
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
 
     @property
@@ -258,7 +259,7 @@ class LLMEngine:
         tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
-        return Launched(plan, batch, requests, HostCopy(tokens), t0)
+        return Launched(plan, batch, requests, self._host_copies.start(tokens), t0)
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
@@ -291,10 +292,7 @@ class LLMEngine:
         """Plan and launch the step after `prev` before prev's tokens are read: each
         request prev samples counts its token as pending (the scheduler plans with it,
         the runner feeds it from the device). Returns (plan, error) if the launch failed."""
-        running = RequestStatus.RUNNING
-        for row, req in enumerate(prev.requests):
-            if req.status is running and req.pending_row < 0:
-                req.add_pending(row)
+        add_pending_tokens(prev.requests)
         plan = self.scheduler.schedule()
         if not plan:
             return None
@@ -318,8 +316,8 @@ class LLMEngine:
         for c in plan.decodes:   # hot loop: one token each; a block fills every `page`
             req = c.request
             if req.status is running:
-                req.num_computed_tokens += 1
-                if req.num_computed_tokens % page == 0:
+                n = req.num_computed_tokens = req.num_computed_tokens + 1
+                if n % page == 0:
                     kv.register_full_blocks(req, caching)
         for c in plan.prefills:
             req = c.request
@@ -335,26 +333,10 @@ class LLMEngine:
         tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync
         self.counters.device_wait_us += int(waited * 1e6)
         now = out.time = self.clock.now()
-        rids, toks = out.request_ids, out.token_ids
-        running = RequestStatus.RUNNING
-        itls = self.stats.recent_itls
-        for req, token in zip(launched.requests, tokens):   # hot loop: one token each
-            if req.pending_row >= 0:   # planned with it (even if preempted since)
-                req.resolve_pending(token)
-            elif req.status is running:
-                req.output_token_ids.append(token)
-            else:
-                continue               # cancelled meanwhile
-            times = req.token_times
-            if times:
-                itls.append((now, now - times[-1]))
-            times.append(now)
-            rids.append(req.request_id)
-            toks.append(token)
-            if token in req.stop_ids:
-                self._finish(req, REASON_STOP, None, out)
-            elif len(req.prompt_token_ids) + len(req.output_token_ids) >= req.length_cap:
-                self._finish(req, REASON_LENGTH, None, out)
+        ended = append_sampled(launched.requests, tokens, now, self.stats.recent_itls,
+                               out.request_ids, out.token_ids)
+        for req, reason in ended:
+            self._finish(req, reason, None, out)
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 out: StepOutput | None) -> None:

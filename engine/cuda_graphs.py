@@ -141,11 +141,13 @@ class StepGraphs:
         self.graphs.clear()
 
     # -- per step --------------------------------------------------------------------------
-    def run(self, batch, token_source: tuple | None = None) -> torch.Tensor:
-        """Run a StepBatch that key() accepts; return the logits of its logits rows.
-        token_source: (tokens, mask) of the decodes whose inputs are the previous step's
-        samples on the device (step_buffers.device_fed), else all come from batch.input_ids."""
-        kind, size = self.key(batch)
+    def run(self, batch, token_source: tuple | None = None,
+            key: tuple[str, int] | None = None) -> torch.Tensor:
+        """Run a StepBatch that key() accepts (key: its key(), if the caller has it);
+        return the logits of its logits rows. token_source: (tokens, mask) of the decodes
+        whose inputs are the previous step's samples on the device
+        (step_buffers.device_fed), else all come from batch.input_ids."""
+        kind, size = key or self.key(batch)
         self.buffers.fill(batch, size, kind == "mixed", token_source)
         self.replays[kind] += 1
         if self.use_graphs:

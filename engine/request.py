@@ -5,7 +5,9 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
+from engine.codes import REASON_LENGTH, REASON_STOP
 from engine.config import InvalidRequestError
 from engine.metrics import request_latencies
 
@@ -122,6 +124,7 @@ class Request:
     #                                  scheduler applies max_model_len when it is added)
     pending_row: int = -1            # async scheduling: its sample row in the step in flight
     #                                  while its last output token (PENDING_TOKEN) is unread
+    greedy: bool = field(init=False, default=True)   # params.greedy, read once per step
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -133,6 +136,7 @@ class Request:
 
     def __post_init__(self):
         self.length_cap = len(self.prompt_token_ids) + self.params.max_tokens
+        self.greedy = self.params.greedy
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without joining the two lists."""
@@ -181,6 +185,54 @@ class Request:
     def metrics(self) -> "RequestMetrics":
         return RequestMetrics.from_times(self.arrival_time, self.token_times,
                                          self.num_cached_tokens, self.num_preemptions)
+
+
+_request_id = attrgetter("request_id")
+
+
+def add_pending_tokens(requests: list[Request]) -> None:
+    """Request.add_pending(row) for each running request of a step's sample rows (row i:
+    requests[i]) with no token pending yet. One loop over a wide step, so inlined."""
+    running, pending = RequestStatus.RUNNING, PENDING_TOKEN
+    for row, req in enumerate(requests):
+        if req.status is running and req.pending_row < 0:
+            req.output_token_ids.append(pending)
+            req.pending_row = row
+
+
+def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
+                   request_ids: list[str], token_ids: list[int]) -> list[tuple[Request, str]]:
+    """A step's tokens into their requests (a pending one resolves its placeholder, as
+    Request.resolve_pending; one that ended meanwhile takes none), with their times, the
+    inter-token gaps (into `itls`), and the ids and tokens emitted. Returns the requests
+    a token ends, with the reason (stop token, or the length cap). One loop over a wide
+    step, so inlined."""
+    running, ended, skipped = RequestStatus.RUNNING, [], []
+    for req, token in zip(requests, tokens):
+        out = req.output_token_ids
+        if req.pending_row >= 0:   # planned with it (even if preempted since)
+            out[-1] = token
+            req.pending_row = -1
+        elif req.status is running:
+            out.append(token)
+        else:
+            skipped.append(id(req))    # cancelled meanwhile
+            continue
+        times = req.token_times
+        if times:
+            itls.append((now, now - times[-1]))
+        times.append(now)
+        if token in req.stop_ids:
+            ended.append((req, REASON_STOP))
+        elif len(req.prompt_token_ids) + len(out) >= req.length_cap:
+            ended.append((req, REASON_LENGTH))
+    if skipped:                    # rare: emit the others only
+        skip = set(skipped)
+        kept = [(r, t) for r, t in zip(requests, tokens) if id(r) not in skip]
+        requests, tokens = [r for r, _ in kept], [t for _, t in kept]
+    request_ids.extend(map(_request_id, requests))
+    token_ids.extend(tokens)
+    return ended
 
 
 @dataclass(frozen=True)

@@ -93,8 +93,9 @@ class ModelRunner:
         token_source = None
         if batch.prev_token_rows is not None:
             token_source = self._token_source(batch.prev_token_rows, prev_tokens)
-        if self.graphs is not None and self.graphs.key(batch) is not None:
-            logits = self.graphs.run(batch, token_source)
+        key = self.graphs.key(batch) if self.graphs is not None else None
+        if key is not None:
+            logits = self.graphs.run(batch, token_source, key)
         else:
             logits = self._eager_forward(batch, token_source)
         if batch.samples_in_order:

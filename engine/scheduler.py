@@ -156,9 +156,9 @@ class Scheduler:
         page, refcounts, running = self.pool.block_size, self.pool.refcounts, RequestStatus.RUNNING
         scheduled = plan.decodes
         base = len(scheduled)
-        stop = base + (len(decodes) if budget is None else min(budget, len(decodes)))
+        left = len(decodes) if budget is None else min(budget, len(decodes))
         for req in decodes:
-            if len(scheduled) == stop:
+            if not left:
                 break
             if req.status is not running:
                 continue    # preempted earlier in this loop
@@ -168,6 +168,7 @@ class Scheduler:
                     and not self._reserve_running(req, 1, plan):
                 continue
             scheduled.append(ScheduledChunk(req, pos, 1, True))
+            left -= 1
         return None if budget is None else budget - (len(scheduled) - base)
 
     def _schedule_running_prefills(self, plan: StepPlan, prefilling: list[Request], budget: int,

@@ -29,6 +29,9 @@ def device_fed(ids: torch.Tensor, token_source: tuple) -> torch.Tensor:
     return tokens if mask is None else torch.where(mask, tokens, ids[:tokens.shape[0]])
 
 
+_PAD_TOKEN = np.array([[0], [0], [-1]], dtype=np.int64)   # id, position, slot (none)
+
+
 class StepBuffers:
     def __init__(self, device: torch.device, max_tokens: int, max_seqs: int,
                  max_blocks_per_seq: int, max_logits: int):
@@ -49,6 +52,7 @@ class StepBuffers:
                         torch.zeros(max_logits, dtype=torch.int64, pin_memory=pin))
                        for _ in range(2)]
         self._flip = 0
+        self._decode_views: dict[tuple[int, int], tuple] = {}   # (flip, rows): see _views
 
     # -- the views a graph is captured with ----------------------------------------------
     def views(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -79,6 +83,9 @@ class StepBuffers:
         """Copy the batch into the buffers, padded to `padded` tokens (decode-only: rows).
         mixed: also the query start locations of every sequence slot and the logits rows.
         token_source: (tokens, mask) of the decodes fed from the device (async scheduling)."""
+        if not mixed:
+            self._fill_decode(batch, padded, token_source)
+            return
         stage64, stage_meta, stage_table, stage_logits = self._stage[self._flip]
         self._flip ^= 1
         n, d, s = batch.num_tokens, batch.num_decodes, self.max_seqs
@@ -93,24 +100,57 @@ class StepBuffers:
         lens[:d] = batch.decode_context_lens
         nseq = d + batch.num_prefills
         self._fill_tables(batch, stage_table.numpy())
-        if mixed:
-            qsl = meta[:s + 1]
-            qsl[:d + 1] = np.arange(d + 1)
-            qsl[d + 1:nseq + 1] = d + batch.prefill_cu_seqlens_q[1:]
-            qsl[nseq + 1:] = n
-            lens[d:nseq] = batch.prefill_context_lens
-            lens[nseq:] = 1
-            self.seq_meta.copy_(stage_meta, non_blocking=True)
-            rows = batch.logits_indices.shape[0]
-            logits = stage_logits.numpy()
-            logits[:rows] = batch.logits_indices
-            logits[rows:] = 0
-            self.logits_indices.copy_(stage_logits, non_blocking=True)
-        else:
-            lens[d:padded] = 1
-            self.seq_lens[:padded].copy_(stage_meta[s + 1:s + 1 + padded], non_blocking=True)
+        qsl = meta[:s + 1]
+        qsl[:d + 1] = np.arange(d + 1)
+        qsl[d + 1:nseq + 1] = d + batch.prefill_cu_seqlens_q[1:]
+        qsl[nseq + 1:] = n
+        lens[d:nseq] = batch.prefill_context_lens
+        lens[nseq:] = 1
+        self.seq_meta.copy_(stage_meta, non_blocking=True)
+        rows = batch.logits_indices.shape[0]
+        logits = stage_logits.numpy()
+        logits[:rows] = batch.logits_indices
+        logits[rows:] = 0
+        self.logits_indices.copy_(stage_logits, non_blocking=True)
         if nseq:
             self.block_tables[:nseq].copy_(stage_table[:nseq], non_blocking=True)
+
+    def _fill_decode(self, batch, padded: int, token_source: tuple | None) -> None:
+        """fill() of a decode-only step: the same three copies (tokens, lengths, whole
+        table rows of all `padded` rows: a padding row's stale block ids are never read
+        past its length of 1) through views made once per bucket."""
+        tokens, tokens_src, tokens_dst, lens, lens_src, lens_dst, table, table_src, \
+            table_dst = self._views(padded)
+        d = batch.num_decodes
+        tokens[0, :d], tokens[1, :d], tokens[2, :d] = \
+            batch.input_ids, batch.positions, batch.slot_mapping
+        tokens[:, d:] = _PAD_TOKEN
+        tokens_dst.copy_(tokens_src, non_blocking=True)
+        if token_source is not None:
+            self.tokens[:d].copy_(device_fed(self.tokens, token_source))
+        lens[:d] = batch.decode_context_lens
+        lens[d:] = 1
+        lens_dst.copy_(lens_src, non_blocking=True)
+        if d:
+            table[:d, :batch.decode_block_tables.shape[1]] = batch.decode_block_tables
+        table_dst.copy_(table_src, non_blocking=True)
+
+    def _views(self, rows: int) -> tuple:
+        """The staging buffer's numpy and tensor views a decode step of `rows` (padded)
+        uses, and the device views they are copied into (views cost the host more than
+        a small copy: made once per bucket and staging buffer)."""
+        key = (self._flip, rows)
+        self._flip ^= 1
+        views = self._decode_views.get(key)
+        if views is None:
+            stage64, stage_meta, stage_table, _ = self._stage[key[0]]
+            s = self.max_seqs
+            tokens, lens = stage64[:3 * rows], stage_meta[s + 1:s + 1 + rows]
+            views = self._decode_views[key] = (
+                tokens.numpy().reshape(3, rows), tokens, self.tokens[:3 * rows],
+                lens.numpy(), lens, self.seq_lens[:rows],
+                stage_table[:rows].numpy(), stage_table[:rows], self.block_tables[:rows])
+        return views
 
     @staticmethod
     def _fill_tables(batch, table: np.ndarray) -> None:

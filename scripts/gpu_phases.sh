@@ -38,6 +38,8 @@ if [[ " $PHASES " == *" host "* ]]; then
   tail -1 "$OUT/host_step.log" | tee -a "$SUMMARY"
   step host_decode 90 python3 scripts/host_step_profile.py --repeat 5 --output-len 100000
   tail -1 "$OUT/host_decode.log" | tee -a "$SUMMARY"
+  step host_decode_runner 90 python3 scripts/host_step_profile.py --repeat 5 --output-len 100000 --runner
+  tail -1 "$OUT/host_decode_runner.log" | tee -a "$SUMMARY"
 fi
 W1="--scenario random --num-prompts 256 --input-len 512 --output-len 128 \
 --max-num-batched-tokens 8192 --max-num-seqs 256 --warmup 16"

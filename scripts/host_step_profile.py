@@ -6,10 +6,20 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py                      # closed loop, 256 in flight
     python scripts/host_step_profile.py --profile 25         # + cProfile's top 25
     python scripts/host_step_profile.py --output-len 100000  # pure decode (W1's decode phase)
+    python scripts/host_step_profile.py --runner             # + the runner's host work
+
+--runner keeps the real ModelRunner (StepBuffers.fill, the sampler, HostCopy) and stubs
+only the model's forward: logits of the right shape with token 7 on top.
 
 Closed loop as observer_cost.py runs it: --concurrency requests in flight, each
 --input-len random prompt tokens -> --output-len tokens, a new one as one finishes.
 Prints host ms per step, steps/s and output tok/s that a zero-time device would allow.
+
+    python scripts/host_step_profile.py --trees /tmp/host_base . --runs 5 [options]
+
+runs the same measurement on each checkout (its own engine, this script), interleaved,
+and prints each tree's median (min..max) and the per-round ratios of each tree to the
+first: the box's load drifts, so the ratios are the steadier figure.
 """
 from __future__ import annotations
 
@@ -18,10 +28,15 @@ import cProfile
 import gc
 import os
 import pstats
+import re
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+# the engine measured: this checkout's, or (--trees) the one each run is started for
+sys.path.insert(0, os.environ.get("HOST_STEP_TREE") or os.path.dirname(SCRIPTS))
+sys.path.insert(0, SCRIPTS)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -29,6 +44,7 @@ import torch  # noqa: E402
 from engine.config import make_config  # noqa: E402
 from engine.core import LLMEngine  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
+from ab_runs import interleaved, spread  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
 
 
@@ -38,6 +54,19 @@ def stub_forward(engine: LLMEngine) -> None:
         engine.runner.forward_calls += 1
         return torch.full((batch.sample_rows.shape[0],), 7, dtype=torch.int64)
     engine.runner.execute_model = execute_model
+
+
+def stub_model_forward(engine: LLMEngine) -> None:
+    """Keep the runner; the model's forward returns logits [rows, V] with token 7 on top
+    (a slice of one preallocated tensor: the stub itself costs next to nothing)."""
+    model = engine.runner.model
+    logits = torch.zeros(max(engine.config.scheduler.max_num_batched_tokens, 1024),
+                         engine.vocab_size, dtype=engine.dtype)
+    logits[:, 7] = 1
+
+    def forward(input_ids, positions, meta, logits_indices):
+        return logits[:logits_indices.shape[0]]
+    model.forward = forward
 
 
 class ClosedLoop:
@@ -66,28 +95,58 @@ class ClosedLoop:
 
 
 def run(args) -> dict:
+    torch.set_num_threads(1)   # the host thread's work only (no intra-op pool spinning)
     engine = LLMEngine(make_config(model=args.model, device="cpu", num_blocks=args.num_blocks,
                                    max_num_seqs=args.concurrency,
                                    max_num_batched_tokens=args.max_num_batched_tokens))
-    stub_forward(engine)
+    (stub_model_forward if args.runner else stub_forward)(engine)
     gc.collect()
     gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
     loop = ClosedLoop(engine, args.concurrency, args.input_len, args.output_len)
     for _ in range(args.warmup_steps):
         loop.step()
     prof = cProfile.Profile() if args.profile else None
-    tokens, t0 = 0, time.perf_counter()
+    tokens, t0, c0 = 0, time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
     for _ in range(args.steps):
         tokens += loop.step()
     if prof:
         prof.disable()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
-    return {"ms_per_step": 1e3 * wall / args.steps, "steps_per_s": args.steps / wall,
+    return {"ms_per_step": 1e3 * wall / args.steps, "cpu_ms_per_step": 1e3 * cpu / args.steps,
+            "steps_per_s": args.steps / wall,
             "tok_per_s": tokens / wall, "tok_per_step": tokens / args.steps}
+
+
+def measure_tree(tree: str, args) -> dict:
+    """One run of this measurement on `tree`'s engine (a fresh process)."""
+    argv = ["--model", args.model, "--concurrency", str(args.concurrency),
+            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+            "--num-blocks", str(args.num_blocks), "--warmup-steps", str(args.warmup_steps),
+            "--steps", str(args.steps)] + (["--runner"] if args.runner else [])
+    env = dict(os.environ, HOST_STEP_TREE=os.path.abspath(tree))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=900)
+    found = re.search(r"^host ([\d.]+) ms/step", out.stdout, re.M)
+    if out.returncode or not found:
+        raise SystemExit(f"{tree}: run failed\n{out.stderr[-3000:]}")
+    return {"ms": float(found.group(1))}
+
+
+def compare_trees(args) -> int:
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    res = interleaved(args.trees, args.runs, lambda tree: measure_tree(tree, args))
+    first = res[args.trees[0]]["ms"]
+    for tree, r in res.items():
+        ratios = [b / a for a, b in zip(first, r["ms"])]
+        print(f"{tree}: host {spread(r['ms'], '.3f')} ms/step; per-round ratio to "
+              f"{args.trees[0]}: {spread(ratios, '.3f')}; runs {r['ms']}", flush=True)
+    print(f"load average at end: {os.getloadavg()}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -105,12 +164,21 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile's top N")
+    p.add_argument("--runner", action="store_true",
+                   help="keep the real runner (buffers, sampler, host copy); stub only the "
+                        "model's forward")
+    p.add_argument("--trees", nargs="+", metavar="DIR",
+                   help="checkouts to compare (interleaved runs of this measurement)")
+    p.add_argument("--runs", type=int, default=5, help="rounds over --trees")
     args = p.parse_args(argv)
+    if args.trees:
+        return compare_trees(args)
     runs = [run(args) for _ in range(args.repeat)]
     ms = sorted(r["ms_per_step"] for r in runs)
     for r in runs:
         print(f"host {r['ms_per_step']:.3f} ms/step  {r['steps_per_s']:.0f} steps/s  "
-              f"{r['tok_per_step']:.1f} tok/step  {r['tok_per_s']:,.0f} tok/s")
+              f"{r['tok_per_step']:.1f} tok/step  {r['tok_per_s']:,.0f} tok/s  "
+              f"(cpu {r['cpu_ms_per_step']:.3f} ms/step)")
     if len(runs) > 1:
         print(f"median {ms[len(ms) // 2]:.3f} ms/step ({ms[0]:.3f}..{ms[-1]:.3f})")
     return 0

@@ -53,6 +53,7 @@ def test_async_outputs_equal_sync_and_mixed_steps_chain(num_blocks):
     if num_blocks == 60:
         assert counters.preemptions > 0
     assert llm.engine.pool.num_used == 0
+    assert llm.engine._host_copies.allocations == 3     # its ring slots, reused every step
 
 
 def test_stop_tokens_end_requests_without_the_extra_token():

@@ -1,4 +1,6 @@
 """BlockPool, PrefixCache, KVManager and Scheduler alone: no model, no runner."""
+import struct
+
 import pytest
 
 from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
@@ -6,7 +8,7 @@ from engine.config import SchedulerConfig
 from engine.kv.block_pool import BlockPool
 import gc
 
-from engine.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key
+from engine.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key, key_tokens
 from engine.request import Request, RequestStatus, SamplingParams
 from engine.scheduler import Scheduler
 from engine.snapshot import Counters
@@ -61,6 +63,16 @@ def test_prefix_cache_compares_exact_keys():
     assert cache.get(block_key(ROOT_HASH, [1, 2, 3, 4 + (1 << 16)])) is None   # all bits count
     cache.remove(7)
     assert cache.get(key) is None and len(cache) == 0
+
+
+def test_block_key_layout():
+    """The parent's hash as int64 then the tokens as int32, little-endian, for any block
+    size (one packer per size)."""
+    for parent, tokens in ((ROOT_HASH, [1, 2, 3]), (-(1 << 63), [0] * 16),
+                           (hash("x"), [2**31 - 1])):
+        key = block_key(parent, tokens)
+        assert key == struct.pack("<q", parent) + struct.pack(f"<{len(tokens)}i", *tokens)
+        assert key_tokens(key) == tokens
 
 
 def test_prefix_index_holds_nothing_the_garbage_collector_tracks():

@@ -102,13 +102,15 @@ class EngineCoreProc:
             if msg is None:
                 msg = per[client] = P.Outputs(out.time, [], [], [])
             return msg
-        owner = self.owner_of
-        for rid, tok in zip(out.request_ids, out.token_ids):
+        owner, last, msg = self.owner_of, None, None
+        for rid, tok in zip(out.request_ids, out.token_ids):   # hot loop: one token each
             client = owner.get(rid)
-            if client is not None:
-                msg = message(client)
-                msg.request_ids.append(rid)
-                msg.token_ids.append(tok)
+            if client is None:
+                continue
+            if client != last:     # (mostly one client: the front of the server)
+                last, msg = client, message(client)
+            msg.request_ids.append(rid)
+            msg.token_ids.append(tok)
         for f in out.finished:
             client = owner.pop(f.request_id, None)
             if client is not None:

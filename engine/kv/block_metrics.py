@@ -111,6 +111,12 @@ class BlockLifetimes:
         return blocks if s == 1 else [b for b in blocks if b % s == 0]
 
     def on_allocated(self, blocks: list[int], now: float) -> None:
+        if len(blocks) == 1:        # a decode's next block: scalar stores, not fancy indexing
+            block = blocks[0]
+            self.num_hits[block] = 0
+            if block % self.stride == 0:
+                self.birth[block] = now
+            return
         self.num_hits[blocks] = 0
         tracked = self._tracked(blocks)
         if tracked:

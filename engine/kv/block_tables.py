@@ -25,9 +25,12 @@ class BlockTables:
             start = 0
         if len(table) > self.matrix.shape[1]:
             self._grow(cols=max(len(table), 2 * self.matrix.shape[1]))
-        row = req.table_row
-        self.matrix[row, start:len(table)] = table[start:]
-        self.lengths[row] = len(table)
+        row, n = req.table_row, len(table)
+        if n - start == 1:          # a decode's next block: a scalar store, not a slice
+            self.matrix[row, start] = table[start]
+        else:
+            self.matrix[row, start:n] = table[start:]
+        self.lengths[row] = n
 
     def release(self, req) -> None:
         row = req.table_row

@@ -100,11 +100,20 @@ class KVManager:
         return True
 
     def reserve_one(self, req: Request, copies: list[tuple[int, int, str]]) -> bool:
-        """reserve(req, 1, copies) with a fast path for the common decode case: the slot
-        lies in a block the request already owns alone."""
+        """reserve(req, 1, copies) with fast paths for the two decode cases: the slot lies
+        in a block the request already owns alone, or in the next block (one fresh
+        block, nothing shared to copy: every `block_size` tokens of every decode)."""
         i = req.num_computed_tokens // self.block_size
         table = req.block_table
-        if i < len(table) and self.pool.refcounts[table[i]] == 1:
+        if i < len(table):
+            if self.pool.refcounts[table[i]] == 1:
+                return True
+        elif i == len(table):
+            fresh = self.pool.allocate(1)
+            if fresh is None:
+                return False
+            table.append(fresh[0])
+            self.tables.sync(req, i)
             return True
         return self.reserve(req, 1, copies)
 
