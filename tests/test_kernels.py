@@ -359,8 +359,9 @@ else:
 
     # ------------------------------------------- rotary + kv store + decode, fused
     @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize("case", [(7, 2, 64, 16, [250, 1, 33, 64]), (2, 2, 32, 4, [5, 17, 1])],
-                             ids=["g7-d64", "g2-d32"])
+    @pytest.mark.parametrize("case", [(7, 2, 64, 16, [250, 1, 33, 64]), (2, 2, 32, 4, [5, 17, 1]),
+                                      (7, 1, 64, 16, [40, 129])],          # a TP=2 shard
+                             ids=["g7-d64", "g2-d32", "g7-kv1"])
     @pytest.mark.parametrize("splits", [None, 1, 3])
     def test_rotary_decode_attention(seed, poison, dtype, case, splits):
         """One launch rotates q, stores the new token's rotated K and V (in the split that
