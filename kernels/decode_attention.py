@@ -18,8 +18,8 @@ With a single split, phase 1 normalises and writes the output itself (one launch
 Split sizes (session 7): each sequence's context is cut into num_splits ranges of
 max(ceil(ctx / num_splits) rounded up to BLOCK_N, min_split_tokens) tokens, computed on
 the device from context_lens[b]. Sized by the table width instead (DYNAMIC_SPLITS = 0,
-the earlier plan), a graph captured for max_model_len = 8192 gave every split 4096
-tokens at batch 2-16 and one split at batch >= 256, so a 600-token context ran on one or
+the earlier plan), a graph captured for max_model_len = 8192 gave every split 512
+tokens at batch 16, 2048 at 64 and 4096 at 128, so a 600-token context ran on one or
 two programs per KV head whatever num_splits was.
 
 CUDA-graph safety: the grid (num_splits) depends only on B, H_kv and block_tables.shape[1]
@@ -39,6 +39,7 @@ from kernels import pdl
 from kernels._attn_tile import attend_tile
 from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
 from kernels.pdl import pdl_enter
+from kernels.rotary import rotate_tile
 from kernels.rotary_kv import rotary_store_kv
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
@@ -52,14 +53,6 @@ MAX_SPLITS = 256
 REDUCE_CHUNK = 16               # splits merged per step of the reducer
 MERGE_IN_SPLIT = True           # last split program merges (no reduce launch)
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
-
-
-@triton.jit
-def _rotate(x, partner, cos, sin, lo):
-    """Neox rotary of a row tile x (fp32) whose dims' partners (d +- HALF) are `partner`,
-    rounded exactly as kernels/rotary.py's rotate_pair: fma(x1, cos, -(x2 sin)) in the
-    low half (lo), fma(x2, cos, x1 sin) in the high half."""
-    return tl.fma(x, cos, tl.where(lo, -(partner * sin), partner * sin))
 
 
 @triton.jit
@@ -81,14 +74,14 @@ def _rope_store_kv(q, q_rows, b64, kvh, last, offs_d, d_mask, g_mask, pos_ptr, c
     sin = tl.load(cs_row + HALF + half_i, mask=d_mask, other=0.0)
     qp = tl.load(q_rows + partner[None, :] * stride_qd,
                  mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    q_rot = _rotate(q.to(tl.float32), qp.to(tl.float32), cos[None, :], sin[None, :],
+    q_rot = rotate_tile(q.to(tl.float32), qp.to(tl.float32), cos[None, :], sin[None, :],
                     lo[None, :]).to(q.dtype)
     slot = tl.load(slot_ptr + b64).to(tl.int64)
     if last & (slot >= 0):
         k_row = nk_ptr + b64 * stride_nkb + kvh * stride_nkh
         k = tl.load(k_row + offs_d, mask=d_mask, other=0.0)
         kp = tl.load(k_row + partner, mask=d_mask, other=0.0)
-        k_rot = _rotate(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo).to(k.dtype)
+        k_rot = rotate_tile(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo).to(k.dtype)
         v = tl.load(nv_ptr + b64 * stride_nvb + kvh * stride_nvh + offs_d, mask=d_mask)
         blk, off = slot // PAGE, slot % PAGE
         tl.store(k_ptr + blk * stride_kb + off * stride_ks + kvh * stride_kh

@@ -37,6 +37,13 @@ def rotate_pair(x1, x2, cos, sin):
 
 
 @triton.jit
+def rotate_tile(x, partner, cos, sin, lo):
+    """rotate_pair on a whole-head tile (Neox): x (fp32) holds both halves, `partner`
+    each dim's partner d +- HALF, lo marks the low half; the same two roundings."""
+    return tl.fma(x, cos, tl.where(lo, -(partner * sin), partner * sin))
+
+
+@triton.jit
 def _rotate_heads(src_ptr, dst_ptr, t, cos, sin, stride_st, stride_sh, stride_dt,
                   stride_dh, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,

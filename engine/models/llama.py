@@ -92,7 +92,6 @@ class LlamaDecoderLayer(nn.Module):
             hidden = all_reduce(hidden)
         return hidden, residual
 
-
     def _attention(self, positions, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
         """Rotary, this step's K/V into the paged cache, attention: one launch for a
         decode-only step (ops.rotary_decode_attention), else rotary_store_kv then the
