@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels._attn_tile import attend_tile
+from kernels._attn_tile import attend_tile, kv_rows, softmax_step
 from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
 from kernels.pdl import pdl_enter
 from kernels.rotary import rotate_tile
@@ -49,6 +49,7 @@ DYNAMIC_MIN_TOKENS = 64         # ... into ranges of at least this many tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
 FUSE_ROPE = 1                   # rotary_decode_attention in one launch (0: two ops)
+EARLY_LOADS = 1                 # fused path: first KV tile, tables, cos/sin before the PDL wait
 MAX_SPLITS = 256
 REDUCE_CHUNK = 16               # splits merged per step of the reducer
 MERGE_IN_SPLIT = True           # last split program merges (no reduce launch)
@@ -56,15 +57,10 @@ MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x 
 
 
 @triton.jit
-def _rope_store_kv(q, q_rows, b64, kvh, last, offs_d, d_mask, g_mask, pos_ptr, cs_ptr,
-                   stride_cs, stride_qd, nk_ptr, nv_ptr, slot_ptr, stride_nkb, stride_nkh,
-                   stride_nvb, stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh,
-                   stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-                   HALF: tl.constexpr, PAGE: tl.constexpr):
-    """The rotated query tile (rounded to q's dtype, as rotary_store_kv writes it); the
-    split that covers the context's last position (`last`) stores this step's rotated
-    key and value in their slot first, then a barrier makes them visible to the whole
-    program, which is the only one to read that position."""
+def _rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d, d_mask, stride_cs,
+                 HALF: tl.constexpr):
+    """What rotating this row needs besides q, k, v: (cos, sin, lower-half mask, partner
+    lane, slot). Host-filled inputs, not the previous kernel's: readable before the wait."""
     pos = tl.load(pos_ptr + b64).to(tl.int64)
     lo = offs_d < HALF
     half_i = tl.where(lo, offs_d, offs_d - HALF)
@@ -72,24 +68,38 @@ def _rope_store_kv(q, q_rows, b64, kvh, last, offs_d, d_mask, g_mask, pos_ptr, c
     cs_row = cs_ptr + pos * stride_cs
     cos = tl.load(cs_row + half_i, mask=d_mask, other=1.0)
     sin = tl.load(cs_row + HALF + half_i, mask=d_mask, other=0.0)
+    slot = tl.load(slot_ptr + b64).to(tl.int64)
+    return cos, sin, lo, partner, slot
+
+
+@triton.jit
+def _rope_store_kv(q, q_rows, b64, kvh, last, cos, sin, lo, partner, slot, offs_d, d_mask,
+                   g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
+                   stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd,
+                   stride_vb, stride_vs, stride_vh, stride_vd, PAGE: tl.constexpr):
+    """(rotated query tile rounded to q's dtype, as rotary_store_kv writes it; this step's
+    rotated key and value in the cache's dtype). The split that covers the context's last
+    position (`last`) stores the key and value in their slot, then a barrier makes them
+    visible to the whole program, which is the only one to read that position."""
     qp = tl.load(q_rows + partner[None, :] * stride_qd,
                  mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     q_rot = rotate_tile(q.to(tl.float32), qp.to(tl.float32), cos[None, :], sin[None, :],
-                    lo[None, :]).to(q.dtype)
-    slot = tl.load(slot_ptr + b64).to(tl.int64)
+                        lo[None, :]).to(q.dtype)
+    k_row = nk_ptr + b64 * stride_nkb + kvh * stride_nkh
+    k = tl.load(k_row + offs_d, mask=d_mask, other=0.0)
+    kp = tl.load(k_row + partner, mask=d_mask, other=0.0)
+    k_new = rotate_tile(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo).to(k.dtype)
+    k_new = k_new.to(k_ptr.dtype.element_ty)
+    v_new = tl.load(nv_ptr + b64 * stride_nvb + kvh * stride_nvh + offs_d,
+                    mask=d_mask).to(v_ptr.dtype.element_ty)
     if last & (slot >= 0):
-        k_row = nk_ptr + b64 * stride_nkb + kvh * stride_nkh
-        k = tl.load(k_row + offs_d, mask=d_mask, other=0.0)
-        kp = tl.load(k_row + partner, mask=d_mask, other=0.0)
-        k_rot = rotate_tile(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo).to(k.dtype)
-        v = tl.load(nv_ptr + b64 * stride_nvb + kvh * stride_nvh + offs_d, mask=d_mask)
         blk, off = slot // PAGE, slot % PAGE
         tl.store(k_ptr + blk * stride_kb + off * stride_ks + kvh * stride_kh
-                 + offs_d * stride_kd, k_rot.to(k_ptr.dtype.element_ty), mask=d_mask)
+                 + offs_d * stride_kd, k_new, mask=d_mask)
         tl.store(v_ptr + blk * stride_vb + off * stride_vs + kvh * stride_vh
-                 + offs_d * stride_vd, v.to(v_ptr.dtype.element_ty), mask=d_mask)
+                 + offs_d * stride_vd, v_new, mask=d_mask)
         tl.debug_barrier()
-    return q_rot
+    return q_rot, k_new, v_new
 
 
 @triton.jit
@@ -117,11 +127,13 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
     MERGE: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
     MERGE_ALL: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    pdl_enter(PDL)      # q and this step's K/V come from the previous kernel
+    if not EARLY:
+        pdl_enter(PDL)      # q and this step's K/V come from the previous kernel
     ctx = tl.load(ctx_ptr + b)
     tokens_per_split = _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N)
     start = split * tokens_per_split
@@ -139,29 +151,64 @@ def _decode_split_kernel(
             if MERGE:
                 if ctx <= 0:
                     if split == 0:      # no valid split merges: context 0 yields zeros
+                        if EARLY:
+                            pdl_enter(PDL)
                         tl.store(out_ptr + b64 * stride_ob + heads[:, None] * stride_oh
                                  + offs_d[None, :] * stride_od,
                                  tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(
                                      out_ptr.dtype.element_ty), mask=out_mask)
             return
     end = tl.minimum(start + tokens_per_split, ctx)
-    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
-    q = tl.load(q_rows + offs_d[None, :] * stride_qd,
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    if ROPE:    # rotary_decode_attention: rotate q here; the last split stores K/V
-        q = _rope_store_kv(q, q_rows, b64, kvh, end == ctx, offs_d, d_mask, g_mask,
-                           pos_ptr, cs_ptr, stride_cs, stride_qd, nk_ptr, nv_ptr, slot_ptr,
-                           stride_nkb, stride_nkh, stride_nvb, stride_nvh, k_ptr, v_ptr,
-                           stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs,
-                           stride_vh, stride_vd, HALF, PAGE)
-
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     bt_row = bt_ptr + b64 * stride_btb
     k_head = k_ptr + kvh.to(tl.int64) * stride_kh
     v_head = v_ptr + kvh.to(tl.int64) * stride_vh
-    for n0 in range(start, end, BLOCK_N):
+    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    first = start
+    if EARLY:
+        # Before the wait: everything but q and this step's K/V, which the previous
+        # kernel writes. Only this kernel writes the cache, and the position it writes
+        # now (ctx - 1, when slot >= 0) is left out of the early tile and put in from
+        # registers below; the tables, lengths, positions and slots are host-filled.
+        cos, sin, lo, partner, slot = _rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d,
+                                                   d_mask, stride_cs, HALF)
+        tok = start + offs_n
+        valid = tok < end
+        new = (tok == ctx - 1) & (slot >= 0)
+        row_k, row_v = kv_rows(tok, valid, bt_row, stride_btm, stride_kb, stride_ks,
+                               stride_vb, stride_vs, PAGE, True)
+        early = (valid & ~new)[:, None] & d_mask[None, :]
+        k0 = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd, mask=early,
+                     other=0.0)
+        v0 = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd, mask=early,
+                     other=0.0)
+        pdl_enter(PDL)
+        q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
+        q, k_new, v_new = _rope_store_kv(
+            q, q_rows, b64, kvh, end == ctx, cos, sin, lo, partner, slot, offs_d, d_mask,
+            g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
+            stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb,
+            stride_vs, stride_vh, stride_vd, PAGE)
+        k0 = tl.where(new[:, None], k_new[None, :], k0)
+        v0 = tl.where(new[:, None], v_new[None, :], v0)
+        m_i, alpha, p, l_i = softmax_step(q, m_i, l_i, k0, valid[None, :], scale_log2, PREC,
+                                          True)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v0.dtype), v0, input_precision=PREC)
+        first = start + BLOCK_N
+    else:
+        q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
+        if ROPE:    # rotary_decode_attention: rotate q here; the last split stores K/V
+            cos, sin, lo, partner, slot = _rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64,
+                                                       offs_d, d_mask, stride_cs, HALF)
+            q, k_new, v_new = _rope_store_kv(
+                q, q_rows, b64, kvh, end == ctx, cos, sin, lo, partner, slot, offs_d,
+                d_mask, g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh,
+                stride_nvb, stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh,
+                stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, PAGE)
+
+    for n0 in range(first, end, BLOCK_N):
         tok = n0 + offs_n
         valid = tok < end
         m_i, l_i, acc = attend_tile(
@@ -374,6 +421,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         MERGE=merge, MERGE_G=merge_g,
         MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
         MERGE_ALL=max(16, next_pow2(splits)), ROPE=_rope is not None, HALF=head_dim // 2,
+        EARLY=_rope is not None and bool(EARLY_LOADS),
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
     )
     if not single and not merge:

@@ -278,6 +278,7 @@ else:
         (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, reduce=2)),
         (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4, reduce=2)),
         (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7, reduce=1)),
+        (1, 40, 2000, True, {}),          # one 512-column K step per split (WHOLE_K_MAX)
     ]
 
     @pytest.mark.parametrize("dtype", DTYPES)
@@ -303,6 +304,7 @@ else:
         (16, 70, 33, True, dict(block_k=32, fuse=True)),
         (16, 70, 33, True, dict(block_k=32, fuse=False)),
         (1, 70, 24, False, dict(block_k=32, split_k=4)),     # split is ignored (needs 1)
+        (1, 300, 40, True, {}),           # the whole K in one masked 512-column step
     ]
 
     @pytest.mark.parametrize("dtype", DTYPES)
@@ -363,11 +365,14 @@ else:
                                       (7, 1, 64, 16, [40, 129])],          # a TP=2 shard
                              ids=["g7-d64", "g2-d32", "g7-kv1"])
     @pytest.mark.parametrize("splits", [None, 1, 3])
-    def test_rotary_decode_attention(seed, poison, dtype, case, splits):
+    @pytest.mark.parametrize("early", [1, 0])
+    def test_rotary_decode_attention(seed, poison, dtype, case, splits, early, monkeypatch):
         """One launch rotates q, stores the new token's rotated K and V (in the split that
         reads that position) and attends: the same output as rotary_store_kv + decode
         attention (bit for bit in Triton; within tolerance of the torch reference), the
-        same caches, and a padding row (slot -1) stores nothing."""
+        same caches, and a padding row (slot -1) stores nothing. early: the first KV tile
+        loaded before the query is (this step's own position put in from registers)."""
+        monkeypatch.setattr("kernels.decode_attention.EARLY_LOADS", early)
         group, h_kv, d, page, lens = case
         h = group * h_kv
         k_cache, v_cache, tables = make_paged(lens, page, h_kv, d, dtype)
