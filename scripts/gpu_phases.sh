@@ -33,6 +33,15 @@ if [[ " $PHASES " == *" preload "* ]]; then   # GEMV weight preload on/off, alte
     done
   done
 fi
+if [[ " $PHASES " == *" ab "* ]]; then   # decode step/replay of VARIANTS, alternating, one engine
+  step ab ${AB_S:-300} python3 scripts/profile_step.py --model "$M" --batches ${AB_BATCHES:-1,4,16,32} \
+    --rounds ${AB_ROUNDS:-2} --variants "$VARIANTS"
+  grep -E "^ +[0-9]+ +[0-9]+ +[0-9]+ " "$OUT/ab.log" | tee -a "$SUMMARY"
+fi
+if [[ " $PHASES " == *" timeline "* ]]; then   # the GPU between two batch-1 decode graphs
+  step timeline 150 python3 scripts/step_timeline.py --model "$M" --batch ${TL_BATCH:-1} ${TL_ARGS:-}
+  grep -E "^batch" "$OUT/timeline.log" | tee -a "$SUMMARY"
+fi
 if [[ " $PHASES " == *" host "* ]]; then
   step host_step 90 python3 scripts/host_step_profile.py --repeat 5
   tail -1 "$OUT/host_step.log" | tee -a "$SUMMARY"

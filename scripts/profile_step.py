@@ -59,6 +59,37 @@ def reset(llm):
     eng.clear_prefix_cache()
 
 
+def apply_settings(items):
+    for item in items:
+        target, value = item.split("=")
+        module, name = target.rsplit(".", 1)
+        mod = importlib.import_module(module)
+        setattr(mod, name, type(getattr(mod, name))(int(value)))
+
+
+def ab_variants(a):
+    """Decode step and graph replay per batch, for each variant, alternating: one engine
+    (decode graphs only, up to the largest batch asked), graphs recaptured per variant."""
+    batches = [int(b) for b in a.batches.split(",")]
+    variants = [v.split(",") if v else [] for v in a.variants.split(";")]
+    llm = LLM(model=a.model, max_num_batched_tokens=4096, max_num_seqs=max(batches),
+              max_model_len=2048, cudagraph_mode="full_decode_only")
+    graphs = llm.engine.runner.graphs
+    print(f"{'variant':>7} {'round':>5} {'batch':>6} {'step ms':>8} {'replay ms':>9}")
+    for r in range(a.rounds):
+        for i, settings in enumerate(variants):
+            apply_settings(settings)
+            graphs.release()
+            graphs.capture()
+            for bs in batches:
+                fill(llm, bs)
+                step = time_steps(llm)
+                replay = time_replay(llm, bs)
+                print(f"{i:>7} {r:>5} {bs:>6} {step * 1e3:8.3f} {replay * 1e3:9.3f}"
+                      f"   {' '.join(settings)}", flush=True)
+                reset(llm)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="dummy:qwen2.5-0.5b")
@@ -70,12 +101,15 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
                     help="override a module constant before the engine is built, for A/B "
                          "runs, e.g. kernels.pdl.ENABLED=0 or kernels.linear.SKINNY_MAX_M=32")
+    ap.add_argument("--variants", default="",
+                    help="A/B in one process: ';'-separated variants, each a ','-separated "
+                         "list of MODULE.NAME=INT; the decode graphs are recaptured for each "
+                         "and the variants alternate for --rounds rounds (step/replay only)")
+    ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    for item in a.set:
-        target, value = item.split("=")
-        module, name = target.rsplit(".", 1)
-        setattr(importlib.import_module(module), name, type(getattr(
-            importlib.import_module(module), name))(int(value)))
+    apply_settings(a.set)
+    if a.variants:
+        return ab_variants(a)
     llm = LLM(model=a.model, max_num_batched_tokens=a.prefill_tokens, max_num_seqs=512,
               max_model_len=2048)
     print(f"{'batch':>6} {'step ms':>8} {'replay ms':>9} {'host ms':>8}")
