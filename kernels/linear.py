@@ -57,11 +57,6 @@ DEFAULT_REDUCE = 2
 # Load the first weight tile before the PDL wait (1) or after it (0: the A/B baseline,
 # scripts/profile_step.py --set kernels.linear.PRELOAD_WEIGHTS=0).
 PRELOAD_WEIGHTS = 1
-# One row (FMA path): a program whose K range is at most this many columns reads it as one
-# tile (so all of its weights are loaded before the PDL wait), if there are at most
-# FUSE_MAX_TILES_PER_SM N tiles per SM (not lm_head). 0: 256-column tiles (the A/B baseline).
-WHOLE_K_MAX = 1024
-WHOLE_K_WARPS = 0               # 0: BLOCK_K / 64 (as many weights per thread as 256 x 4 warps)
 FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -244,38 +239,22 @@ def _skinny(x, weight, bias, k_x, limit):
     return m if 0 < m <= limit else 0
 
 
-def launch_plan(m: int, n: int, k: int, sms: int, elem: int = 2, pro: int = 0,
-                overrides: dict | None = None) -> dict:
-    """plan_linear with the caller's overrides, resolved into what one launch uses: the
-    tiles (block_m, block_n, block_k), split-K (split, k_per_split, reduce), warps."""
-    overrides = overrides or {}
-    cfg = plan_linear(m, n, k, sms, elem)
+def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps=0.0):
+    cfg = plan_linear(m, n, k, num_sms(x2.device), weight.element_size())
     cfg.update({key: v for key, v in overrides.items() if v is not None})
     if cfg["use_dot"]:
         block_m = max(16, next_pow2(m))
     else:
         assert m == 1, "the FMA path handles one row"
         block_m = 1
-    block_k, num_warps = cfg["block_k"], cfg["num_warps"]
+    block_k, block_n = cfg["block_k"], cfg["block_n"]
     k_tiles = triton.cdiv(k, block_k)
     split = 1 if pro == 1 else max(1, min(cfg["split_k"], k_tiles))
-    tiles = triton.cdiv(n, cfg["block_n"])
-    whole = next_pow2(triton.cdiv(k, split))
-    if (block_m == 1 and block_k < whole <= WHOLE_K_MAX and overrides.get("block_k") is None
-            and tiles <= FUSE_MAX_TILES_PER_SM * sms):
-        block_k, num_warps = whole, WHOLE_K_WARPS or max(4, whole // 64)   # one K step
-        k_tiles = triton.cdiv(k, block_k)
     k_per_split = triton.cdiv(k_tiles, split) * block_k
     split = triton.cdiv(k, k_per_split)
     reduce = cfg["reduce"] if split > 1 else 0
     assert reduce in (0, 1, 2), reduce
-    return dict(cfg, block_m=block_m, block_k=block_k, num_warps=num_warps, split=split,
-                k_per_split=k_per_split, reduce=reduce, tiles=tiles)
-
-
-def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps=0.0):
-    plan = launch_plan(m, n, k, num_sms(x2.device), weight.element_size(), pro, overrides)
-    split, reduce, tiles = plan["split"], plan["reduce"], plan["tiles"]
+    tiles = triton.cdiv(n, block_n)
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     cnt = ws = y
     if reduce == 2:
@@ -291,15 +270,14 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
             r2 = res
             new_res = nr = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
     _linear_kernel[(tiles, split)](
-        x2, weight, b, y, ws, cnt, r2, nw, nr, float(eps), m, n, k, plan["k_per_split"],
-        split, x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+        x2, weight, b, y, ws, cnt, r2, nw, nr, float(eps), m, n, k, k_per_split, split,
+        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         y.stride(0), y.stride(1), r2.stride(0), nr.stride(0),
-        BLOCK_M=plan["block_m"], BLOCK_N=plan["block_n"], BLOCK_K=plan["block_k"],
-        REDUCE=reduce, HAS_BIAS=bias is not None, EVEN_K=k % plan["block_k"] == 0,
-        USE_DOT=plan["use_dot"], PREC=dot_precision(x2.dtype), PRO=pro,
-        HAS_RES=new_res is not None, PRELOAD=bool(PRELOAD_WEIGHTS),
-        num_warps=plan["num_warps"], num_stages=plan["num_stages"],
-        **pdl.launch_args(x2.device),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, REDUCE=reduce,
+        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_DOT=cfg["use_dot"],
+        PREC=dot_precision(x2.dtype), PRO=pro, HAS_RES=new_res is not None,
+        PRELOAD=bool(PRELOAD_WEIGHTS),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.launch_args(x2.device),
     )
     if reduce == 1:
         block = min(1024, next_pow2(n))
