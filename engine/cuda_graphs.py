@@ -3,7 +3,8 @@ engine/step_buffers.py.
 
 Two kinds of graph, one mechanism (same buffers, same capture loop, same replay):
   * decode: decode-only steps, one graph per bucketed batch size (DECODE_BUCKETS), the
-    split-K decode attention and the LM head inside the graph (batch-1 latency);
+    split-K decode attention, the LM head and the greedy argmax inside the graph (batch-1
+    latency: the argmax is used when every row is greedy, else the sampler runs after);
   * mixed: any step (prefill chunks and decodes, or decodes beyond the largest decode
     bucket), one graph per bucketed token count (MIXED_BUCKETS, capped by
     max_num_batched_tokens), the unified attention kernel (kernels/unified_attention.py,
@@ -25,6 +26,7 @@ import torch
 
 from engine.step_buffers import StepBuffers
 
+GREEDY_IN_GRAPH = 1     # decode graphs end with the argmax (0: the sampler's, after the replay)
 DECODE_BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
                   320, 384, 448, 512, 640, 768, 896, 1024]
 # padding costs GEMM work in proportion: steps of 25-33% apart up to the budget
@@ -53,6 +55,7 @@ class StepGraphs:
                                    runner.max_blocks_per_seq, self.max_seqs)
         self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self.replays = {"decode": 0, "mixed": 0}   # steps run through the buffers, by kind
+        self.greedy: torch.Tensor | None = None    # the last run's argmax rows (decode graphs)
 
     @property
     def buckets(self) -> list[int]:      # the decode buckets (scripts/profile_*.py)
@@ -75,8 +78,11 @@ class StepGraphs:
     def _forward(self, kind: str, size: int) -> tuple:
         buf, model = self.buffers, self.runner.model
         ids, positions, _ = buf.views(size)
-        if kind == "decode":
-            return (model(ids, positions, buf.decode_meta(size), buf.decode_rows[:size]),)
+        if kind == "decode":        # every row samples: no logits rows to gather
+            logits = model(ids, positions, buf.decode_meta(size), None)
+            if not (self.use_graphs and GREEDY_IN_GRAPH):
+                return (logits,)
+            return logits, self.runner.ops.argmax(logits)
         rows = min(size, self.max_seqs)
         return model.hidden_rows(ids, positions, buf.mixed_meta(size),
                                  buf.logits_indices[:rows])
@@ -156,6 +162,7 @@ class StepGraphs:
         else:
             out = self._forward(kind, size)
         rows = batch.logits_indices.shape[0]
+        self.greedy = out[1][:rows] if kind == "decode" and len(out) > 1 else None
         if kind == "decode":
             return out[0][:rows]
         return self.runner.model.compute_logits(*(t[:rows] for t in out))

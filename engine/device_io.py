@@ -3,12 +3,61 @@
 A copy from pageable host memory, or a blocking `.tolist()` of a device tensor, is
 ordered after everything already queued on the stream, so in an overlapped step it
 would wait for the step in flight. These helpers go through pinned memory instead.
+
+Small copies between pinned memory and the device run as a kernel through a CUDA view
+of the pinned buffer (`device_alias`: pinned memory is addressable from the GPU), not
+as a cudaMemcpy: at batch 1 each memcpy between two kernels left the GPU idle 1-9 us
+while the stream handed over to a copy engine and back (scripts/step_timeline.py: ~27
+us from one decode graph to the next, five copies).
 """
 from __future__ import annotations
 
 import time
 
 import torch
+
+KERNEL_COPIES = 1               # 0: every copy a cudaMemcpy (the A/B baseline)
+KERNEL_COPY_MAX_BYTES = 1 << 16  # larger copies stay on the copy engine (bandwidth)
+_TYPESTR = {torch.int64: "<i8", torch.int32: "<i4", torch.float32: "<f4"}
+
+
+class _CudaArray:
+    """__cuda_array_interface__ of a pinned tensor (kept alive by this object)."""
+
+    def __init__(self, pinned: torch.Tensor):
+        self.owner = pinned
+        self.__cuda_array_interface__ = {
+            "shape": tuple(pinned.shape), "typestr": _TYPESTR[pinned.dtype],
+            "data": (pinned.data_ptr(), False), "version": 2, "strides": None}
+
+
+def device_alias(pinned: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """A CUDA tensor over the same pinned host memory (None if that cannot be made): a
+    kernel writing it writes host memory, one reading it reads host memory."""
+    if device.type != "cuda" or not pinned.is_pinned() or pinned.dtype not in _TYPESTR \
+            or not pinned.is_contiguous():
+        return None
+    try:
+        with torch.cuda.device(device):
+            return torch.as_tensor(_CudaArray(pinned), device=device)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def copy_(dst: torch.Tensor, src: torch.Tensor, src_alias: torch.Tensor | None = None,
+          dst_alias: torch.Tensor | None = None) -> None:
+    """dst.copy_(src, non_blocking=True); a small one between pinned host memory and the
+    device runs as a kernel through the pinned side's alias (see above), and so does a
+    small device-to-device one (no aliases needed)."""
+    if KERNEL_COPIES and dst.numel() * dst.element_size() <= KERNEL_COPY_MAX_BYTES:
+        if src_alias is not None:
+            src = src_alias
+        elif dst_alias is not None:
+            dst = dst_alias
+        if src.is_cuda and dst.is_cuda:
+            torch.add(src, 0, out=dst)      # an elementwise kernel (a copy_ is a memcpy)
+            return
+    dst.copy_(src, non_blocking=True)
 
 
 def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -43,10 +92,10 @@ class HostCopy:
 
 
 class _Slot:
-    __slots__ = ("buf", "event", "copy", "cuda")
+    __slots__ = ("buf", "alias", "event", "copy", "cuda")
 
     def __init__(self):
-        self.buf = self.event = self.copy = None   # copy: the last HostCopy made in it
+        self.buf = self.alias = self.event = self.copy = None   # copy: its last HostCopy
         self.cuda = False
 
 
@@ -73,10 +122,11 @@ class HostCopyRing:
                 or not (slot.copy is None or slot.copy.read):
             slot.buf = buf = torch.empty(max(n, self._min_size), dtype=tensor.dtype,
                                          pin_memory=cuda)
+            slot.alias = device_alias(buf, tensor.device) if cuda else None
             slot.event, slot.cuda = (torch.cuda.Event() if cuda else None), cuda
             self.allocations += 1
         host = buf[:n]
-        host.copy_(tensor, non_blocking=True)
+        copy_(host, tensor, dst_alias=None if slot.alias is None else slot.alias[:n])
         if slot.event is not None:
             slot.event.record()
         slot.copy = HostCopy(host, slot.event)

@@ -74,7 +74,12 @@ class ModelRunner:
         """Forward, then sample: the step's tokens, on the device (kept for the next step,
         whose decode rows may read them: batch.prev_token_rows)."""
         prev = self.last_tokens if batch.prev_token_rows is not None else None
-        tokens = self.sampler.sample(self.execute(batch, prev), batch.sampling)
+        logits = self.execute(batch, prev)
+        greedy = self.graphs.greedy if self.graphs is not None else None
+        if greedy is not None and batch.sampling.all_greedy and batch.samples_in_order:
+            tokens = greedy         # the decode graph's own argmax: no launch after it
+        else:
+            tokens = self.sampler.sample(logits, batch.sampling)
         self.last_tokens = tokens
         return tokens
 
@@ -90,6 +95,8 @@ class ModelRunner:
         decode inputs come from them (batch.prev_token_rows, async scheduling)."""
         self.copy_blocks(batch.cow_src, batch.cow_dst)
         self.forward_calls += 1
+        if self.graphs is not None:
+            self.graphs.greedy = None
         token_source = None
         if batch.prev_token_rows is not None:
             token_source = self._token_source(batch.prev_token_rows, prev_tokens)

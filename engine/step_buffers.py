@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine.device_io import copy_, device_alias
 from engine.models.layers import AttentionMetadata
 
 
@@ -44,13 +45,15 @@ class StepBuffers:
         self.query_start_loc, self.seq_lens = self.seq_meta[:s + 1], self.seq_meta[s + 1:]
         self.block_tables = torch.zeros(s, w, dtype=torch.int32, device=device)
         self.logits_indices = torch.zeros(max_logits, dtype=torch.int64, device=device)
-        self.decode_rows = torch.arange(max(s, 1), dtype=torch.int64, device=device)
         pin = device.type == "cuda"
         self._stage = [(torch.zeros(3 * t, dtype=torch.int64, pin_memory=pin),
                         torch.ones(2 * s + 1, dtype=torch.int32, pin_memory=pin),
                         torch.zeros(s, w, dtype=torch.int32, pin_memory=pin),
                         torch.zeros(max_logits, dtype=torch.int64, pin_memory=pin))
                        for _ in range(2)]
+        # the same staging seen from the GPU: a decode step's small inputs go in by a
+        # kernel, not a memcpy (engine/device_io.py)
+        self._alias = [tuple(device_alias(t, device) for t in stage) for stage in self._stage]
         self._flip = 0
         self._decode_views: dict[tuple[int, int], tuple] = {}   # (flip, rows): see _views
 
@@ -119,37 +122,39 @@ class StepBuffers:
         """fill() of a decode-only step: the same three copies (tokens, lengths, whole
         table rows of all `padded` rows: a padding row's stale block ids are never read
         past its length of 1) through views made once per bucket."""
-        tokens, tokens_src, tokens_dst, lens, lens_src, lens_dst, table, table_src, \
-            table_dst = self._views(padded)
+        tokens, lens, table, copies = self._views(padded)
         d = batch.num_decodes
         tokens[0, :d], tokens[1, :d], tokens[2, :d] = \
             batch.input_ids, batch.positions, batch.slot_mapping
         tokens[:, d:] = _PAD_TOKEN
-        tokens_dst.copy_(tokens_src, non_blocking=True)
-        if token_source is not None:
-            self.tokens[:d].copy_(device_fed(self.tokens, token_source))
         lens[:d] = batch.decode_context_lens
         lens[d:] = 1
-        lens_dst.copy_(lens_src, non_blocking=True)
         if d:
             table[:d, :batch.decode_block_tables.shape[1]] = batch.decode_block_tables
-        table_dst.copy_(table_src, non_blocking=True)
+        for dst, src, alias in copies:
+            copy_(dst, src, alias)
+        if token_source is not None:
+            copy_(self.tokens[:d], device_fed(self.tokens, token_source))
 
     def _views(self, rows: int) -> tuple:
-        """The staging buffer's numpy and tensor views a decode step of `rows` (padded)
-        uses, and the device views they are copied into (views cost the host more than
-        a small copy: made once per bucket and staging buffer)."""
+        """The staging buffer's numpy views a decode step of `rows` (padded) fills, and
+        its copies (device view, staging view, staging alias or None), made once per
+        bucket and staging buffer (views cost the host more than a small copy)."""
         key = (self._flip, rows)
         self._flip ^= 1
         views = self._decode_views.get(key)
         if views is None:
             stage64, stage_meta, stage_table, _ = self._stage[key[0]]
+            alias64, alias_meta, alias_table, _ = self._alias[key[0]]
             s = self.max_seqs
-            tokens, lens = stage64[:3 * rows], stage_meta[s + 1:s + 1 + rows]
+            cut = lambda t, a, b: None if t is None else t[a:b]     # noqa: E731
+            copies = ((self.tokens[:3 * rows], stage64[:3 * rows], cut(alias64, 0, 3 * rows)),
+                      (self.seq_lens[:rows], stage_meta[s + 1:s + 1 + rows],
+                       cut(alias_meta, s + 1, s + 1 + rows)),
+                      (self.block_tables[:rows], stage_table[:rows], cut(alias_table, 0, rows)))
             views = self._decode_views[key] = (
-                tokens.numpy().reshape(3, rows), tokens, self.tokens[:3 * rows],
-                lens.numpy(), lens, self.seq_lens[:rows],
-                stage_table[:rows].numpy(), stage_table[:rows], self.block_tables[:rows])
+                stage64[:3 * rows].numpy().reshape(3, rows),
+                stage_meta[s + 1:s + 1 + rows].numpy(), stage_table[:rows].numpy(), copies)
         return views
 
     @staticmethod

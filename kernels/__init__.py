@@ -6,7 +6,7 @@ SDPA paged attention, oneDNN linears on packed weights, fewer-op rotary/norm/SiL
 All expose the same functions with the same signatures: store_kv_cache,
 paged_decode_attention, paged_extend_attention, rms_norm, rotary_embedding,
 silu_and_mul, linear, rms_norm_linear, silu_mul_linear, rotary_store_kv,
-rotary_decode_attention.
+rotary_decode_attention, argmax.
 """
 from __future__ import annotations
 

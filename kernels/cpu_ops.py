@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from kernels.cpu_linear import (linear, rms_norm, rms_norm_linear, silu_and_mul,  # noqa: F401
                                 silu_mul_linear)
 from kernels.cpu_rotary import rotary_store_kv  # noqa: F401
-from kernels.reference import _rotary_then_decode, rotary_embedding, store_kv_cache  # noqa: F401
+from kernels.reference import (_rotary_then_decode, argmax, rotary_embedding,  # noqa: F401
+                               store_kv_cache)
 
 _local = threading.local()      # each engine thread's last plans (decode, extend)
 

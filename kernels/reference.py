@@ -207,3 +207,8 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """linear(silu_and_mul(x), weight, bias): x [..., 2K] = [gate | up], weight [N, K]."""
     return linear(silu_and_mul(x), weight, bias)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The greedy token of each row: [M, V] -> int64 [M] (first index of the maximum)."""
+    return logits.argmax(dim=-1)

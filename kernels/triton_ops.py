@@ -13,11 +13,13 @@ Each kernel lives in its own module (see docs/KERNELS.md for the designs):
   linear.py            linear, rms_norm_linear, silu_mul_linear
                        (skinny GEMM + fused prologues; cuBLAS above 16 rows)
   rotary_kv.py         rotary_store_kv          (rotary + KV-cache store, one launch)
+  argmax.py            argmax                   (greedy tokens, one launch, graph-safe)
 Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors.
 """
 from __future__ import annotations
 
 from kernels.activation import silu_and_mul
+from kernels.argmax import argmax
 from kernels.decode_attention import paged_decode_attention, rotary_decode_attention
 from kernels.extend_attention import paged_extend_attention
 from kernels.kv_store import store_kv_cache
@@ -29,4 +31,4 @@ from kernels.unified_attention import paged_unified_attention
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
            "rms_norm", "rotary_embedding", "silu_and_mul", "linear", "rms_norm_linear", "silu_mul_linear",
-           "rotary_store_kv", "paged_unified_attention", "rotary_decode_attention"]
+           "rotary_store_kv", "paged_unified_attention", "rotary_decode_attention", "argmax"]

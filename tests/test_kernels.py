@@ -3,8 +3,8 @@
 TRITON_INTERPRET=1 must be set before any @triton.jit decorator runs, and it then holds
 for the whole process: a GPU test importing the kernels later in the same pytest process
 would get interpreted kernels (and graph capture would break). So an ordinary pytest run
-collects a single test here, which re-runs this file in a child pytest with
-TRITON_INTERPRET=1; in the child (or when you set TRITON_INTERPRET=1 yourself) the real
+collects a single test here, which re-runs this file and test_kernels_linear.py in a
+child pytest with TRITON_INTERPRET=1; in the child (or when you set TRITON_INTERPRET=1 yourself) the real
 tests below run. Inputs are random with a fresh seed per test (printed on failure; set
 ROSEPLAY_TEST_SEED to replay one), outputs are poisoned with NaN, shapes are tiny, and
 float32 / float16 only (bfloat16 dots are broken in the interpreter).
@@ -25,13 +25,14 @@ REPO = Path(__file__).resolve().parents[1]
 if not INTERPRET:
 
     def test_interpreter_suite():
-        """Run this file's kernel tests in a child process with TRITON_INTERPRET=1."""
+        """Run the interpreter kernel tests in a child process with TRITON_INTERPRET=1."""
         if importlib.util.find_spec("triton") is None:
             pytest.skip("triton is not installed")
         env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q",
-               "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(REPO)]
+        here = Path(__file__).resolve()
+        cmd = [sys.executable, "-m", "pytest", str(here),
+               str(here.with_name("test_kernels_linear.py")), "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(REPO)]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=600)
         print(proc.stdout[-6000:])
@@ -40,76 +41,9 @@ if not INTERPRET:
             f"{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}")
 
 else:
-    import random
-
     import torch
-    import triton.runtime.interpreter as _interp
 
-    from kernels import get_ops
-    from kernels import reference as ref
-
-    # numpy >= 2.4 refuses int() of a 1-element array, which the Triton 3.6 interpreter
-    # does for scalar loop bounds (triton-lang/triton#9171, fixed upstream by #9172).
-    _orig_patch_tensor = _interp._patch_lang_tensor
-
-    def _patch_tensor(tensor, scope):
-        _orig_patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__",
-                       lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    _interp._patch_lang_tensor = _patch_tensor
-
-    tri = get_ops("triton")
-    DTYPES = [torch.float32, torch.float16]
-    TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
-
-    @pytest.fixture
-    def seed():
-        s = int(os.environ.get("ROSEPLAY_TEST_SEED", random.SystemRandom().randrange(2**31)))
-        torch.manual_seed(s)
-        return s
-
-    @pytest.fixture
-    def poison(monkeypatch):
-        """Every torch.empty / empty_like (the kernels' outputs and partial buffers) comes
-        back filled with NaN (floats) or a huge value (ints), so unwritten or wrongly read
-        elements show up."""
-        empty, empty_like = torch.empty, torch.empty_like
-
-        def fill(t):
-            if t.is_floating_point():
-                t.fill_(float("nan"))
-            elif t.dtype != torch.bool:
-                t.fill_(2**30 if t.dtype != torch.int8 else 100)
-            return t
-
-        monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
-        monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
-
-    def assert_close(out, expected, dtype, seed, what=""):
-        assert out.shape == expected.shape, (out.shape, expected.shape)
-        assert out.dtype == expected.dtype, (out.dtype, expected.dtype)
-        assert not torch.isnan(out).any(), f"{what}: NaN in output (seed {seed})"
-        o, e = out.double(), expected.double()
-        rel = ((o - e).norm() / e.norm().clamp_min(1e-12)).item()
-        assert rel < TOL[dtype], f"{what}: rel err {rel:.2e} (seed {seed})"
-        assert torch.allclose(o, e, atol=10 * TOL[dtype], rtol=10 * TOL[dtype]), \
-            f"{what}: max abs err {(o - e).abs().max().item():.2e} (seed {seed})"
-
-    def make_paged(seq_lens, block_size, h_kv, d, dtype, spare=3):
-        """Random caches and random (shuffled, non-contiguous) block tables."""
-        need = [(n + block_size - 1) // block_size for n in seq_lens]
-        num_blocks = sum(need) + spare
-        k_cache = torch.randn(num_blocks, block_size, h_kv, d).to(dtype)
-        v_cache = torch.randn(num_blocks, block_size, h_kv, d).to(dtype)
-        perm = torch.randperm(num_blocks)
-        width = max(need + [1]) + 1
-        tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
-        i = 0
-        for b, nb in enumerate(need):
-            tables[b, :nb] = perm[i:i + nb].int()
-            i += nb
-        return k_cache, v_cache, tables
+    from kernel_helpers import DTYPES, assert_close, make_paged, poison, ref, seed, tri  # noqa: F401
 
     def test_backend_exports():
         for name in ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
@@ -266,97 +200,6 @@ else:
     def test_silu_and_mul(seed, poison, dtype):
         x = (3 * torch.randn(2, 5, 2 * 40)).to(dtype)
         assert_close(tri.silu_and_mul(x), ref.silu_and_mul(x), dtype, seed, "silu_and_mul")
-
-    # ------------------------------------------------------------------ linear
-    # (M, N, K, bias, overrides): odd N/K, strided x, each split-K merge, FMA and dot paths
-    LINEAR_CASES = [
-        (1, 67, 45, True, {}),
-        (3, 67, 45, False, {}),
-        (16, 37, 80, True, {}),
-        (1, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=False, reduce=1)),
-        (1, 40, 300, False, dict(block_n=16, block_k=32, split_k=3, use_dot=True, reduce=2)),
-        (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, reduce=2)),
-        (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4, reduce=2)),
-        (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7, reduce=1)),
-    ]
-
-    @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize("case", LINEAR_CASES, ids=lambda c: f"m{c[0]}-n{c[1]}-k{c[2]}-"
-                             + "-".join(f"{k}{v}" for k, v in c[4].items()))
-    def test_linear(seed, poison, dtype, case):
-        m, n, k, has_bias, overrides = case
-        xs = torch.randn(m, k + 3).to(dtype)[:, 2:k + 2]                 # strided rows
-        w = (torch.randn(n, k) / k ** 0.5).to(dtype)
-        b = torch.randn(n).to(dtype) if has_bias else None
-        for _ in range(2):            # twice: the split-K counters/buffers must reset
-            got = tri.linear(xs, w, b, **overrides)
-            assert_close(got, ref.linear(xs, w, b), dtype, seed, f"linear {case}")
-        from kernels._common import zeroed_scratch
-        assert int(zeroed_scratch(xs.device, "linear_counters", 1, torch.int32)
-                   .abs().sum()) == 0
-
-    # (M, K, N, residual, overrides): FMA (M=1) and dot paths, odd K (masked tail)
-    RMS_LINEAR_CASES = [
-        (1, 96, 40, True, {}),
-        (3, 96, 40, False, {}),
-        (3, 96, 40, True, dict(fuse=True)),
-        (16, 70, 33, True, dict(block_k=32, fuse=True)),
-        (16, 70, 33, True, dict(block_k=32, fuse=False)),
-        (1, 70, 24, False, dict(block_k=32, split_k=4)),     # split is ignored (needs 1)
-        (1, 300, 40, True, {}),           # two K steps, the second one masked
-    ]
-
-    @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize("case", RMS_LINEAR_CASES, ids=lambda c: f"m{c[0]}-k{c[1]}-"
-                             f"n{c[2]}-res{int(c[3])}-{len(c[4])}")
-    def test_rms_norm_linear(seed, poison, dtype, case):
-        m, k, n, with_res, overrides = case
-        x = torch.randn(m, k).to(dtype)
-        res = torch.randn(m, k).to(dtype) if with_res else None
-        nw = (1 + 0.1 * torch.randn(k)).to(dtype)
-        w = (torch.randn(n, k) / k ** 0.5).to(dtype)
-        b = torch.randn(n).to(dtype)
-        x0 = x.clone()
-        got = tri.rms_norm_linear(x, nw, 1e-6, w, b, res, **overrides)
-        want = ref.rms_norm_linear(x, nw, 1e-6, w, b, res)
-        assert torch.equal(x, x0)
-        if with_res:
-            assert_close(got[0], want[0], dtype, seed, f"rms_norm_linear {case}")
-            assert torch.equal(got[1], want[1]), f"new residual differs (seed {seed})"
-        else:
-            assert_close(got, want, dtype, seed, f"rms_norm_linear {case}")
-
-    @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize("m,k,n,overrides", [
-        (1, 100, 24, {}), (4, 64, 40, dict(block_k=32, split_k=2, fuse=True)),
-        (4, 64, 40, dict(block_k=32, split_k=2)),
-        (1, 160, 24, dict(block_k=32, split_k=3))])
-    def test_silu_mul_linear(seed, poison, dtype, m, k, n, overrides):
-        x = (2 * torch.randn(m, 2 * k + 5)).to(dtype)[:, 3:2 * k + 3]      # strided rows
-        w = (torch.randn(n, k) / k ** 0.5).to(dtype)
-        b = torch.randn(n).to(dtype)
-        got = tri.silu_mul_linear(x, w, b, **overrides)
-        assert_close(got, ref.silu_mul_linear(x, w, b), dtype, seed, f"silu_mul_linear {m}")
-
-    def test_fused_linear_fallbacks(seed, poison):
-        """Above the skinny limit the fused ops run rms_norm / silu_and_mul then torch."""
-        x, res = torch.randn(20, 32), torch.randn(20, 32)
-        nw, w = 1 + 0.1 * torch.randn(32), torch.randn(8, 32)
-        got, new_res = tri.rms_norm_linear(x, nw, 1e-6, w, None, res)
-        want, want_res = ref.rms_norm_linear(x, nw, 1e-6, w, None, res)
-        assert_close(got, want, torch.float32, seed, "rms_norm_linear fallback")
-        assert torch.equal(new_res, want_res)
-        g = torch.randn(20, 64)
-        assert_close(tri.silu_mul_linear(g, w), ref.silu_mul_linear(g, w), torch.float32,
-                     seed, "silu_mul_linear fallback")
-
-    def test_linear_batched_shape_and_fallback(seed, poison):
-        x = torch.randn(2, 3, 24)
-        w, b = torch.randn(10, 24), torch.randn(10)
-        assert_close(tri.linear(x, w, b), ref.linear(x, w, b), torch.float32, seed, "3d")
-        big = torch.randn(40, 24)            # above the skinny limit: torch path
-        assert torch.equal(tri.linear(big, w, b), ref.linear(big, w, b))
-        assert tri.linear(torch.randn(0, 24), w).shape == (0, 10)
 
     # ------------------------------------------- rotary + kv store + decode, fused
     @pytest.mark.parametrize("dtype", DTYPES)

@@ -430,3 +430,21 @@ def test_rotary_decode_attention_matches_two_ops(tri, seed, batch):
     torch.cuda.synchronize()
     assert torch.equal(a[0], b_[0]) and torch.equal(a[1], b_[1]), f"caches (seed {seed})"
     assert torch.equal(fused, composed), f"outputs (seed {seed})"
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 256])
+def test_argmax_matches_torch(tri, seed, rows):
+    """Greedy tokens of bf16 logits of Qwen2.5's vocabulary: torch.argmax's, ties
+    included (first index), eagerly and replayed from a CUDA graph on new logits."""
+    vocab = 151936
+    x = torch.randn(rows, vocab, device="cuda").bfloat16()
+    x[0, [11, vocab - 5]] = 50.0                       # a tie far apart: the first wins
+    want = x.argmax(-1)
+    assert torch.equal(tri.argmax(x), want), f"seed {seed}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tri.argmax(x)
+    x.copy_(torch.randn(rows, vocab, device="cuda").bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, x.argmax(-1)), f"graph (seed {seed})"

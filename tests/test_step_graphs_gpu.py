@@ -106,3 +106,24 @@ def test_async_mixed_steps_match_sync_fp32():
     assert _run(llm, prompts) == want
     assert sum(fed) >= 5 and runner.graphs.replays["mixed"] > 0
     assert llm.engine.stats.counters.preemptions > 0
+
+
+def test_greedy_decode_steps_take_the_graphs_argmax(monkeypatch):
+    """All-greedy decode steps take their tokens from the argmax captured in the decode
+    graph (the sampler is not called for them); a sampling batch still goes through the
+    sampler, and greedy tokens equal an eager engine's."""
+    llm = LLM(**_kw())
+    runner = llm.engine.runner
+    calls = []
+    real = runner.sampler.sample
+    monkeypatch.setattr(runner.sampler, "sample",
+                        lambda logits, cols: calls.append(logits.shape[0]) or real(logits, cols))
+    prompts = _workload(151936, n=6, seed=8)
+    got = _run(llm, prompts, n=24)
+    decode_replays = runner.graphs.replays["decode"]
+    assert decode_replays >= 20 and len(calls) < decode_replays / 2, (decode_replays, calls)
+    eager = LLM(**_kw(enforce_eager=True))
+    assert _run(eager, prompts, n=24) == got
+    calls.clear()
+    llm.generate(prompts[:2], SamplingParams(max_tokens=8, temperature=0.8, seed=1))
+    assert len(calls) >= 8          # every step of a sampling batch samples

@@ -69,19 +69,20 @@ class GPT2LMHeadModel(nn.Module):
         return [block.attn for block in self.h]
 
     def forward(self, input_ids, positions, meta: AttentionMetadata,
-                logits_indices: torch.Tensor) -> torch.Tensor:
+                logits_indices: torch.Tensor | None) -> torch.Tensor:
         return self.compute_logits(*self.hidden_rows(input_ids, positions, meta, logits_indices))
 
     def hidden_rows(self, input_ids, positions, meta: AttentionMetadata,
-                    logits_indices: torch.Tensor) -> tuple[torch.Tensor]:
-        """The last block's output at logits_indices (see LlamaForCausalLM.hidden_rows)."""
+                    logits_indices: torch.Tensor | None) -> tuple[torch.Tensor]:
+        """The last block's output at logits_indices, None: every row (see
+        LlamaForCausalLM.hidden_rows)."""
         if self.tp.size > 1:
             hidden = vocab_embedding(input_ids, self.wte.weight, self.tp) + self.wpe(positions)
         else:
             hidden = self.wte(input_ids) + self.wpe(positions)
         for block in self.h:
             hidden = block(hidden, meta)
-        return (hidden[logits_indices],)
+        return (hidden if logits_indices is None else hidden[logits_indices],)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.ln_f(hidden)

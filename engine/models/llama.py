@@ -133,12 +133,13 @@ class LlamaForCausalLM(nn.Module):
         return [layer.attn for layer in self.layers]
 
     def forward(self, input_ids, positions, meta: AttentionMetadata,
-                logits_indices: torch.Tensor) -> torch.Tensor:
+                logits_indices: torch.Tensor | None) -> torch.Tensor:
         return self.compute_logits(*self.hidden_rows(input_ids, positions, meta, logits_indices))
 
     def hidden_rows(self, input_ids, positions, meta: AttentionMetadata,
-                    logits_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last layer's (hidden, residual) at logits_indices: what compute_logits
+                    logits_indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last layer's (hidden, residual) at logits_indices, None: every row (a
+        decode-only step, whose rows all sample: no gather kernels). What compute_logits
         needs (a mixed-step CUDA graph captures this part, engine/cuda_graphs.py)."""
         if self.tp.size > 1:
             hidden, residual = vocab_embedding(input_ids, self.embed_tokens.weight, self.tp), None
@@ -146,6 +147,8 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
+        if logits_indices is None:
+            return hidden, residual
         return hidden[logits_indices], residual[logits_indices]
 
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

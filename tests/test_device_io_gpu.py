@@ -1,0 +1,37 @@
+"""engine/device_io.py on the GPU: copies between pinned host memory and the device made
+by kernels through a device view of the pinned buffer give the same values as memcpys."""
+import pytest
+import torch
+
+from engine import device_io
+from engine.device_io import HostCopyRing, copy_, device_alias
+
+pytestmark = pytest.mark.gpu
+
+
+def test_device_alias_reads_and_writes_host_memory():
+    host = torch.arange(64, dtype=torch.int64).pin_memory()
+    alias = device_alias(host, torch.device("cuda"))
+    assert alias is not None and alias.is_cuda and alias.data_ptr() == host.data_ptr()
+    dev = torch.zeros(64, dtype=torch.int64, device="cuda")
+    copy_(dev, host, src_alias=alias)                        # host -> device, a kernel
+    torch.cuda.synchronize()
+    assert dev.tolist() == list(range(64))
+    copy_(host, dev * 3, dst_alias=alias)                    # device -> host, a kernel
+    torch.cuda.synchronize()
+    assert host.tolist() == [3 * i for i in range(64)]
+    assert device_alias(torch.zeros(4), torch.device("cuda")) is None     # not pinned
+
+
+@pytest.mark.parametrize("kernel", [1, 0])
+def test_host_copy_ring_on_the_gpu(kernel, monkeypatch):
+    monkeypatch.setattr(device_io, "KERNEL_COPIES", kernel)
+    ring = HostCopyRing(slots=3)
+    inflight = ring.start(torch.tensor([0, 0], device="cuda"))
+    for step in range(1, 20):
+        nxt = ring.start(torch.tensor([step, -step], device="cuda") * 1)
+        assert inflight.tolist() == [step - 1, 1 - step]
+        inflight = nxt
+    assert ring.allocations == 3
+    big = torch.arange(40000, device="cuda")                 # over the kernel-copy limit
+    assert ring.start(big).tolist() == list(range(40000))
