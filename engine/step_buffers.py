@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine import device_io
 from engine.device_io import copy_, device_alias
 from engine.models.layers import AttentionMetadata
 
@@ -30,6 +31,7 @@ def device_fed(ids: torch.Tensor, token_source: tuple) -> torch.Tensor:
     return tokens if mask is None else torch.where(mask, tokens, ids[:tokens.shape[0]])
 
 
+ONE_INPUT_KERNEL = 1     # a decode step's inputs in one launch (kernels/step_inputs.py)
 _PAD_TOKEN = np.array([[0], [0], [-1]], dtype=np.int64)   # id, position, slot (none)
 
 
@@ -131,10 +133,29 @@ class StepBuffers:
         lens[d:] = 1
         if d:
             table[:d, :batch.decode_block_tables.shape[1]] = batch.decode_block_tables
+        if self._one_launch(copies, token_source):
+            return
         for dst, src, alias in copies:
             copy_(dst, src, alias)
         if token_source is not None:
             copy_(self.tokens[:d], device_fed(self.tokens, token_source))
+
+    def _one_launch(self, copies, token_source: tuple | None) -> bool:
+        """The decode inputs in one kernel reading the staging over the bus, if it has
+        a device view and the device-fed rows (if any) all are (the table rows go by
+        memcpy when large). False: nothing was copied."""
+        (tok, _, tok_alias), (lens, _, lens_alias), (table, table_src, table_alias) = copies
+        if not (ONE_INPUT_KERNEL and device_io.KERNEL_COPIES) or tok_alias is None \
+                or lens_alias is None or table_alias is None \
+                or (token_source is not None and token_source[1] is not None):
+            return False
+        from kernels.step_inputs import copy_decode_inputs
+        small = table.numel() * table.element_size() <= device_io.KERNEL_COPY_MAX_BYTES
+        if not small:
+            table.copy_(table_src, non_blocking=True)
+        copy_decode_inputs(tok_alias, lens_alias, table_alias, tok, lens, table,
+                           None if token_source is None else token_source[0], table=small)
+        return True
 
     def _views(self, rows: int) -> tuple:
         """The staging buffer's numpy views a decode step of `rows` (padded) fills, and

@@ -35,3 +35,34 @@ def test_host_copy_ring_on_the_gpu(kernel, monkeypatch):
     assert ring.allocations == 3
     big = torch.arange(40000, device="cuda")                 # over the kernel-copy limit
     assert ring.start(big).tolist() == list(range(40000))
+
+
+@pytest.mark.parametrize("rows,width", [(1, 512), (5, 128), (200, 512)])   # 200x512: table by memcpy
+def test_decode_inputs_one_launch_equals_copies(rows, width, monkeypatch):
+    """StepBuffers' decode fill in one kernel (kernels/step_inputs.py) leaves the device
+    buffers exactly as the four separate copies do, device-fed ids included."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from engine import step_buffers
+    g = np.random.default_rng(rows)
+    batch = SimpleNamespace(
+        num_decodes=rows, input_ids=g.integers(0, 999, rows),
+        positions=g.integers(0, 4000, rows), slot_mapping=g.integers(0, 9999, rows),
+        decode_context_lens=g.integers(1, 4000, rows).astype(np.int32),
+        decode_block_tables=g.integers(0, 600, (rows, width // 2)).astype(np.int32))
+    prev = torch.arange(rows, device="cuda") + 70000
+    dev = torch.device("cuda")
+    got = []
+    for one in (1, 0):
+        monkeypatch.setattr(step_buffers, "ONE_INPUT_KERNEL", one)
+        buf = step_buffers.StepBuffers(dev, 256, 256, width, 256)
+        for source in (None, (prev, None)):
+            buf._fill_decode(batch, rows + 3, source)
+            torch.cuda.synchronize()
+            got.append((buf.tokens.clone(), buf.seq_lens.clone(), buf.block_tables.clone()))
+    for a, b in zip(got[:2], got[2:]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert got[1][0][:rows].tolist() == prev.tolist()
+    assert got[0][0][:rows].tolist() == batch.input_ids.tolist()

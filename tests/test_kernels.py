@@ -3,7 +3,7 @@
 TRITON_INTERPRET=1 must be set before any @triton.jit decorator runs, and it then holds
 for the whole process: a GPU test importing the kernels later in the same pytest process
 would get interpreted kernels (and graph capture would break). So an ordinary pytest run
-collects a single test here, which re-runs this file and test_kernels_linear.py in a
+collects a single test here, which re-runs this file and test_kernels_more.py in a
 child pytest with TRITON_INTERPRET=1; in the child (or when you set TRITON_INTERPRET=1 yourself) the real
 tests below run. Inputs are random with a fresh seed per test (printed on failure; set
 ROSEPLAY_TEST_SEED to replay one), outputs are poisoned with NaN, shapes are tiny, and
@@ -32,7 +32,7 @@ if not INTERPRET:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         here = Path(__file__).resolve()
         cmd = [sys.executable, "-m", "pytest", str(here),
-               str(here.with_name("test_kernels_linear.py")), "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(REPO)]
+               str(here.with_name("test_kernels_more.py")), "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(REPO)]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=600)
         print(proc.stdout[-6000:])

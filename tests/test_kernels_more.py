@@ -1,5 +1,5 @@
-"""Skinny GEMM (kernels/linear.py) and argmax (kernels/argmax.py) vs kernels/reference.py
-under the Triton interpreter: run by tests/test_kernels.py's child process (TRITON_INTERPRET=1
+"""Skinny GEMM (kernels/linear.py), argmax (kernels/argmax.py) and the decode-step input
+copy (kernels/step_inputs.py) vs torch under the Triton interpreter: run by tests/test_kernels.py's child process (TRITON_INTERPRET=1
 set there); collected alone without it, this file has no tests."""
 from __future__ import annotations
 
@@ -125,3 +125,25 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         assert splits > 1 or rows == 40 or vocab <= 256
         assert int(zeroed_scratch(x.device, "argmax_counters", 1, torch.int32).abs().sum()) == 0
         assert tri.argmax(x[:0]).shape == (0,)
+
+    # ------------------------------------------------------------ decode inputs
+    @pytest.mark.parametrize("fed,table", [(None, True), (2, True), (3, False)])
+    def test_copy_decode_inputs(seed, fed, table):
+        """Every row's id, position, slot, length and table row copied; fed ids replace
+        the first rows' ids; table=False leaves the device table alone."""
+        from kernels.step_inputs import copy_decode_inputs
+        rows, width = 3, 700                                  # two BLOCK_W steps a row
+        src_tok = torch.randint(0, 1000, (3 * rows,))
+        src_lens = torch.randint(1, 99, (rows,), dtype=torch.int32)
+        src_table = torch.randint(0, 50, (rows + 2, width), dtype=torch.int32)[:rows]
+        dst_tok = torch.full((3 * rows,), -7)
+        dst_lens = torch.zeros(rows, dtype=torch.int32)
+        dst_table = torch.full((rows, width), -1, dtype=torch.int32)
+        fed_ids = None if fed is None else torch.arange(fed) + 5000
+        copy_decode_inputs(src_tok, src_lens, src_table, dst_tok, dst_lens, dst_table,
+                           fed_ids, table=table)
+        want = src_tok.clone()
+        if fed:
+            want[:fed] = fed_ids
+        assert torch.equal(dst_tok, want) and torch.equal(dst_lens, src_lens)
+        assert torch.equal(dst_table, src_table if table else torch.full_like(dst_table, -1))
