@@ -100,6 +100,7 @@ class StepGraphs:
         for kind, size in self._keys():
             self.buffers.reset(size)
             self._forward(kind, size)
+        self.buffers.warm_decode_inputs()
         torch.cuda.synchronize()
 
     @torch.inference_mode()
@@ -118,6 +119,7 @@ class StepGraphs:
                 gc.enable()
 
     def _capture_all(self) -> None:
+        self.buffers.warm_decode_inputs()
         pool = torch.cuda.graph_pool_handle()      # one memory pool for every capture
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -140,6 +140,22 @@ class StepBuffers:
         if token_source is not None:
             copy_(self.tokens[:d], device_fed(self.tokens, token_source))
 
+    def warm_decode_inputs(self) -> None:
+        """Compile the one-launch input copy's variants (fed ids or not, table rows or
+        not) at start-up, on the real buffers (pointer alignment is specialized on),
+        not at the first step that needs each. Leaves the buffers as reset() does."""
+        if self._alias[0][0] is None:
+            return
+        from kernels.step_inputs import copy_decode_inputs
+        for flip in (0, 1):
+            _, _, _, copies = self._views(1)
+            (tok, _, tok_alias), (lens, _, lens_alias), (table, _, table_alias) = copies
+            for fed in (None, tok[:1]):
+                for table_rows in (True, False):
+                    copy_decode_inputs(tok_alias, lens_alias, table_alias, tok, lens, table,
+                                       fed, table=table_rows)
+        self.reset(1)
+
     def _one_launch(self, copies, token_source: tuple | None) -> bool:
         """The decode inputs in one kernel reading the staging over the bus, if it has
         a device view and the device-fed rows (if any) all are (the table rows go by

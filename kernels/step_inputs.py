@@ -20,7 +20,9 @@ import triton.language as tl
 BLOCK_W = 512           # table entries per step of a row's copy
 
 
-@triton.jit
+# No int is specialized on (1, divisible by 16): the batch size and the fed count change
+# from step to step, and each specialization would be a compile mid-serving.
+@triton.jit(do_not_specialize=["P", "W", "d", "stride_src_table", "stride_dst_table"])
 def _decode_inputs_kernel(src_tok, src_lens, src_table, dst_tok, dst_lens, dst_table, fed,
                           P, W, d, stride_src_table, stride_dst_table,
                           FED: tl.constexpr, TABLE: tl.constexpr, BLOCK_W: tl.constexpr):
