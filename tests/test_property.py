@@ -79,6 +79,7 @@ class KVCheckingRunner:
         self.forward_calls = 0
         self.violations: list[str] = []
         self.sampler, self.last_tokens = Sampler(torch.device("cpu")), None
+        self.graphs = None          # no step graphs: tokens always come from the sampler
 
     # the real runner's step: this forward, then sampling
     execute_model = ModelRunner.execute_model
