@@ -39,8 +39,7 @@ from kernels import pdl
 from kernels._attn_tile import attend_tile, kv_rows, softmax_step
 from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
 from kernels.pdl import pdl_enter
-from kernels.rotary import rotate_tile
-from kernels.rotary_kv import rotary_store_kv
+from kernels.rotary_kv import rope_inputs, rope_store_new_kv, rotary_store_kv
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
 MIN_SPLIT_TOKENS = 128          # never split finer than this (by table width)
@@ -54,52 +53,6 @@ MAX_SPLITS = 256
 REDUCE_CHUNK = 16               # splits merged per step of the reducer
 MERGE_IN_SPLIT = True           # last split program merges (no reduce launch)
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
-
-
-@triton.jit
-def _rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d, d_mask, stride_cs,
-                 HALF: tl.constexpr):
-    """What rotating this row needs besides q, k, v: (cos, sin, lower-half mask, partner
-    lane, slot). Host-filled inputs, not the previous kernel's: readable before the wait."""
-    pos = tl.load(pos_ptr + b64).to(tl.int64)
-    lo = offs_d < HALF
-    half_i = tl.where(lo, offs_d, offs_d - HALF)
-    partner = tl.where(lo, offs_d + HALF, offs_d - HALF)
-    cs_row = cs_ptr + pos * stride_cs
-    cos = tl.load(cs_row + half_i, mask=d_mask, other=1.0)
-    sin = tl.load(cs_row + HALF + half_i, mask=d_mask, other=0.0)
-    slot = tl.load(slot_ptr + b64).to(tl.int64)
-    return cos, sin, lo, partner, slot
-
-
-@triton.jit
-def _rope_store_kv(q, q_rows, b64, kvh, last, cos, sin, lo, partner, slot, offs_d, d_mask,
-                   g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
-                   stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd,
-                   stride_vb, stride_vs, stride_vh, stride_vd, PAGE: tl.constexpr):
-    """(rotated query tile rounded to q's dtype, as rotary_store_kv writes it; this step's
-    rotated key and value in the cache's dtype). The split that covers the context's last
-    position (`last`) stores the key and value in their slot, then a barrier makes them
-    visible to the whole program, which is the only one to read that position."""
-    qp = tl.load(q_rows + partner[None, :] * stride_qd,
-                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    q_rot = rotate_tile(q.to(tl.float32), qp.to(tl.float32), cos[None, :], sin[None, :],
-                        lo[None, :]).to(q.dtype)
-    k_row = nk_ptr + b64 * stride_nkb + kvh * stride_nkh
-    k = tl.load(k_row + offs_d, mask=d_mask, other=0.0)
-    kp = tl.load(k_row + partner, mask=d_mask, other=0.0)
-    k_new = rotate_tile(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo).to(k.dtype)
-    k_new = k_new.to(k_ptr.dtype.element_ty)
-    v_new = tl.load(nv_ptr + b64 * stride_nvb + kvh * stride_nvh + offs_d,
-                    mask=d_mask).to(v_ptr.dtype.element_ty)
-    if last & (slot >= 0):
-        blk, off = slot // PAGE, slot % PAGE
-        tl.store(k_ptr + blk * stride_kb + off * stride_ks + kvh * stride_kh
-                 + offs_d * stride_kd, k_new, mask=d_mask)
-        tl.store(v_ptr + blk * stride_vb + off * stride_vs + kvh * stride_vh
-                 + offs_d * stride_vd, v_new, mask=d_mask)
-        tl.debug_barrier()
-    return q_rot, k_new, v_new
 
 
 @triton.jit
@@ -172,7 +125,7 @@ def _decode_split_kernel(
         # kernel writes. Only this kernel writes the cache, and the position it writes
         # now (ctx - 1, when slot >= 0) is left out of the early tile and put in from
         # registers below; the tables, lengths, positions and slots are host-filled.
-        cos, sin, lo, partner, slot = _rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d,
+        cos, sin, lo, partner, slot = rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d,
                                                    d_mask, stride_cs, HALF)
         tok = start + offs_n
         valid = tok < end
@@ -186,7 +139,7 @@ def _decode_split_kernel(
                      other=0.0)
         pdl_enter(PDL)
         q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
-        q, k_new, v_new = _rope_store_kv(
+        q, k_new, v_new = rope_store_new_kv(
             q, q_rows, b64, kvh, end == ctx, cos, sin, lo, partner, slot, offs_d, d_mask,
             g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
             stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb,
@@ -200,9 +153,9 @@ def _decode_split_kernel(
     else:
         q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
         if ROPE:    # rotary_decode_attention: rotate q here; the last split stores K/V
-            cos, sin, lo, partner, slot = _rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64,
+            cos, sin, lo, partner, slot = rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64,
                                                        offs_d, d_mask, stride_cs, HALF)
-            q, k_new, v_new = _rope_store_kv(
+            q, k_new, v_new = rope_store_new_kv(
                 q, q_rows, b64, kvh, end == ctx, cos, sin, lo, partner, slot, offs_d,
                 d_mask, g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh,
                 stride_nvb, stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh,

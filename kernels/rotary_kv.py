@@ -10,6 +10,10 @@ trip through registers instead of two through memory.
 Rounding matches the reference (rotary_embedding, then store_kv_cache): the rotated key
 is rounded to the key's dtype and then cast to the cache dtype. Dims past rot_dim are
 copied; is_neox pairs (i, i + rot/2), otherwise (2i, 2i + 1). Inputs are never modified.
+
+rope_inputs and rope_store_new_kv are the same work inside decode attention's fused
+path (kernels/decode_attention.py, rotary_decode_attention): a program's query heads,
+and the one new key and value it stores.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from kernels import pdl
 from kernels._common import check_float, next_pow2
 from kernels.pdl import pdl_enter
 from kernels.rotary import (_cos_sin, _last_dim_contiguous, _pair_index, _rotate_heads,
-                            rotate_pair)
+                            rotate_pair, rotate_tile)
 
 
 @triton.jit
@@ -110,3 +114,50 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
         num_warps=max(1, min(8, block_h * block_r // 256)), **pdl.launch_args(query.device),
     )
     return q_out
+
+
+# -- pieces of kernels/decode_attention.py's fused rotary path ------------------------
+@triton.jit
+def rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d, d_mask, stride_cs,
+                 HALF: tl.constexpr):
+    """What rotating this row needs besides q, k, v: (cos, sin, lower-half mask, partner
+    lane, slot). Host-filled inputs, not the previous kernel's: readable before the wait."""
+    pos = tl.load(pos_ptr + b64).to(tl.int64)
+    lo = offs_d < HALF
+    half_i = tl.where(lo, offs_d, offs_d - HALF)
+    partner = tl.where(lo, offs_d + HALF, offs_d - HALF)
+    cs_row = cs_ptr + pos * stride_cs
+    cos = tl.load(cs_row + half_i, mask=d_mask, other=1.0)
+    sin = tl.load(cs_row + HALF + half_i, mask=d_mask, other=0.0)
+    slot = tl.load(slot_ptr + b64).to(tl.int64)
+    return cos, sin, lo, partner, slot
+
+
+@triton.jit
+def rope_store_new_kv(q, q_rows, b64, kvh, last, cos, sin, lo, partner, slot, offs_d, d_mask,
+                   g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
+                   stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd,
+                   stride_vb, stride_vs, stride_vh, stride_vd, PAGE: tl.constexpr):
+    """(rotated query tile rounded to q's dtype, as rotary_store_kv writes it; this step's
+    rotated key and value in the cache's dtype). The split that covers the context's last
+    position (`last`) stores the key and value in their slot, then a barrier makes them
+    visible to the whole program, which is the only one to read that position."""
+    qp = tl.load(q_rows + partner[None, :] * stride_qd,
+                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q_rot = rotate_tile(q.to(tl.float32), qp.to(tl.float32), cos[None, :], sin[None, :],
+                        lo[None, :]).to(q.dtype)
+    k_row = nk_ptr + b64 * stride_nkb + kvh * stride_nkh
+    k = tl.load(k_row + offs_d, mask=d_mask, other=0.0)
+    kp = tl.load(k_row + partner, mask=d_mask, other=0.0)
+    k_new = rotate_tile(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo).to(k.dtype)
+    k_new = k_new.to(k_ptr.dtype.element_ty)
+    v_new = tl.load(nv_ptr + b64 * stride_nvb + kvh * stride_nvh + offs_d,
+                    mask=d_mask).to(v_ptr.dtype.element_ty)
+    if last & (slot >= 0):
+        blk, off = slot // PAGE, slot % PAGE
+        tl.store(k_ptr + blk * stride_kb + off * stride_ks + kvh * stride_kh
+                 + offs_d * stride_kd, k_new, mask=d_mask)
+        tl.store(v_ptr + blk * stride_vb + off * stride_vs + kvh * stride_vh
+                 + offs_d * stride_vd, v_new, mask=d_mask)
+        tl.debug_barrier()
+    return q_rot, k_new, v_new
