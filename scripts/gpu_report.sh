@@ -9,7 +9,7 @@ B="python3 -m roseplay.bench --no-progress"
 W1="--num-prompts 256 --input-len 512 --output-len 128 --max-num-batched-tokens 8192 --max-num-seqs 256 --warmup 16"
 B1="--num-prompts 1 --input-len 512 --output-len 128 --warmup 2"
 nvidia-smi -L; date -u
-python3 -m pytest tests/test_engine_gpu.py tests/test_kernels_gpu.py -q -p no:cacheprovider 2>&1 | tail -3
+python3 -m pytest tests/test_engine_gpu.py tests/test_kernels_gpu.py tests/test_kernels_gpu_linear.py -q -p no:cacheprovider 2>&1 | tail -3
 $B --model dummy:qwen2.5-0.5b $W1 --compare hf --json $OUT/w1_qwen.json > $OUT/w1_qwen.log 2>&1
 $B --model dummy:qwen2.5-0.5b $B1 > $OUT/b1_qwen.log 2>&1
 $B --model dummy:llama-3.2-1b $W1 --json $OUT/w1_llama.json > $OUT/w1_llama.log 2>&1
