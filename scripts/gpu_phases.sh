@@ -65,7 +65,7 @@ if [[ " $PHASES " == *" spy "* ]]; then   # py-spy of the engine process during 
     if [[ $w == W1 ]]; then args="$W1 --repeat 8"; else args="$B1 --output-len 2048 --repeat 3"; fi
     python3 -m roseplay bench --no-progress --model "$M" $args > "$OUT/spy_$w.bench.log" 2>&1 &
     bpid=$!
-    for i in $(seq 100); do pid=$(pgrep -f engine.ipc.core_proc | head -1); [[ -n $pid ]] && break; sleep 0.3; done
+    for i in $(seq 100); do pid=$(pgrep -n -f engine.ipc.core_proc); [[ -n $pid ]] && break; sleep 0.3; done
     timeout 150 /tmp/spy/bin/py-spy record -p "$pid" -r 400 -f raw -o "$OUT/spy_$w.txt" \
       --threads --nonblocking -d 140 > "$OUT/spy_$w.log" 2>&1 &
     spid=$!
