@@ -121,9 +121,10 @@ class StepBuffers:
             self.block_tables[:nseq].copy_(stage_table[:nseq], non_blocking=True)
 
     def _fill_decode(self, batch, padded: int, token_source: tuple | None) -> None:
-        """fill() of a decode-only step: the same three copies (tokens, lengths, whole
-        table rows of all `padded` rows: a padding row's stale block ids are never read
-        past its length of 1) through views made once per bucket."""
+        """fill() of a decode-only step: tokens, lengths and whole table rows of all
+        `padded` rows (a padding row's stale block ids are never read past its length
+        of 1), staged through views made once per bucket, then copied in one launch
+        (else as three copies and the device-fed ids)."""
         tokens, lens, table, copies = self._views(padded)
         d = batch.num_decodes
         tokens[0, :d], tokens[1, :d], tokens[2, :d] = \
@@ -147,7 +148,7 @@ class StepBuffers:
         if self._alias[0][0] is None:
             return
         from kernels.step_inputs import copy_decode_inputs
-        for flip in (0, 1):
+        for _ in range(2):                  # each call to _views takes the other staging
             _, _, _, copies = self._views(1)
             (tok, _, tok_alias), (lens, _, lens_alias), (table, _, table_alias) = copies
             for fed in (None, tok[:1]):
