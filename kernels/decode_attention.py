@@ -22,6 +22,12 @@ the earlier plan), a graph captured for max_model_len = 8192 gave every split 51
 tokens at batch 16, 2048 at 64 and 4096 at 128, so a 600-token context ran on one or
 two programs per KV head whatever num_splits was.
 
+Early loads (session 8, rotary_decode_attention's path): before the PDL wait a program
+loads what the previous kernel does not write (its context length, first tile's
+block-table entries and K/V rows, cos/sin, slot); only q and this step's K/V wait. The
+position this launch stores is masked out of that tile and put in from registers, so
+the result is bit-equal to the two-op path. Batch-1 graph replay 0.729 -> 0.693 ms (H100).
+
 CUDA-graph safety: the grid (num_splits) depends only on B, H_kv and block_tables.shape[1]
 (never on context_lens values); programs whose range starts past context_lens[b] return
 at once, and the merge derives the number of valid splits from context_lens on the
