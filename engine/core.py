@@ -8,7 +8,7 @@ by stop token / length, free blocks) -> stats, events. Text is the front's busin
 
 Async scheduling (the `async_scheduling` knob, vLLM V1's): every step is launched and
 left in flight; the next call commits its KV bookkeeping, counts each of its samples as
-a pending token (Request.add_pending), asks the scheduler for the next step as usual,
+a pending token (request.add_pending_tokens), asks the scheduler for the next step as usual,
 launches it with the pending tokens fed from the in-flight step's samples (on the
 device), and only then reads the tokens. So the host's planning of step N+1 overlaps
 the device's step N, prefill chunks and mixed steps included. A request that its token

@@ -150,22 +150,10 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
-    def add_pending(self, row: int) -> None:
-        """Async scheduling: count the token the in-flight step samples for this request
-        before its value is known (vLLM V1's output placeholders), so the next step can be
-        planned now: lengths, positions and slots include it. `row`: its sample row in
-        that step (the runner feeds the next step's input from there)."""
-        self.output_token_ids.append(PENDING_TOKEN)
-        self.pending_row = row
-
     @property
     def num_pending(self) -> int:
         """Output tokens sampled on the device but not read yet (0 or 1)."""
         return int(self.pending_row >= 0)
-
-    def resolve_pending(self, token: int) -> None:
-        self.output_token_ids[-1] = token
-        self.pending_row = -1
 
     def drop_pending(self) -> None:
         """The request ends before its pending token is read: it is never emitted."""
@@ -191,8 +179,11 @@ _request_id = attrgetter("request_id")
 
 
 def add_pending_tokens(requests: list[Request]) -> None:
-    """Request.add_pending(row) for each running request of a step's sample rows (row i:
-    requests[i]) with no token pending yet. One loop over a wide step, so inlined."""
+    """Async scheduling: each running request of a step's sample rows (row i: requests[i])
+    with no token pending yet counts the token that step samples for it before its value
+    is known (PENDING_TOKEN, vLLM V1's output placeholders), so the next step can be
+    planned now: lengths, positions and slots include it. pending_row: its sample row
+    (the runner feeds the next step's input from there). One loop over a wide step."""
     running, pending = RequestStatus.RUNNING, PENDING_TOKEN
     for row, req in enumerate(requests):
         if req.status is running and req.pending_row < 0:
@@ -202,8 +193,8 @@ def add_pending_tokens(requests: list[Request]) -> None:
 
 def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
                    request_ids: list[str], token_ids: list[int]) -> list[tuple[Request, str]]:
-    """A step's tokens into their requests (a pending one resolves its placeholder, as
-    Request.resolve_pending; one that ended meanwhile takes none), with their times, the
+    """A step's tokens into their requests (a pending one resolves its placeholder; one
+    that ended meanwhile takes none), with their times, the
     inter-token gaps (into `itls`), and the ids and tokens emitted. Returns the requests
     a token ends, with the reason (stop token, or the length cap). One loop over a wide
     step, so inlined."""

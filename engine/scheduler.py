@@ -17,7 +17,7 @@ are prefilled once: later copies wait on the first ("leader") and share its bloc
 last-token logits when it samples.
 
 Async scheduling plans a step while the previous one is still on the device: a request
-that step samples already counts its token (Request.add_pending), so it is scheduled as
+that step samples already counts its token (request.add_pending_tokens), so it is scheduled as
 a decode whose input the runner takes from the device; one that this token ends by
 length is left out, and a preempted one is not re-admitted before the token is read.
 """

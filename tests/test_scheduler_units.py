@@ -1,4 +1,5 @@
 """BlockPool, PrefixCache, KVManager and Scheduler alone: no model, no runner."""
+import gc
 import struct
 
 import pytest
@@ -6,10 +7,9 @@ import pytest
 from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
 from engine.config import SchedulerConfig
 from engine.kv.block_pool import BlockPool
-import gc
-
 from engine.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key, key_tokens
-from engine.request import Request, RequestStatus, SamplingParams
+from engine.request import (Request, RequestStatus, SamplingParams, add_pending_tokens,
+                            append_sampled)
 from engine.scheduler import Scheduler
 from engine.snapshot import Counters
 
@@ -149,14 +149,14 @@ def test_pending_tokens_plan_the_next_step_and_leave_length_finishers_out():
         r.output_token_ids.append(9)
     plan = sched.schedule()
     compute(sched, plan)
-    for row, r in enumerate((a, b)):
-        r.add_pending(row)                    # the step in flight samples their 2nd token
+    add_pending_tokens([a, b])                # the step in flight samples their 2nd token
     sched.add(req("c", [7, 8]))
     nxt = sched.schedule()
     assert [(c.request.request_id, c.start) for c in nxt.decodes] == [("a", 4)]
     assert [(c.request.request_id, c.num_tokens) for c in nxt.prefills] == [("c", 2)]
     assert len(a.block_table) * BS >= 5 and a.num_uncomputed == 1
-    a.resolve_pending(11)
+    assert (a.pending_row, b.pending_row) == (0, 1)
+    assert append_sampled([a], [11], 0.0, [], [], []) == []
     assert a.output_token_ids == [9, 11] and a.pending_row == -1 and not a.num_pending
 
 
@@ -166,10 +166,10 @@ def test_a_preempted_request_waits_for_its_pending_token():
     r = req("r", [1, 2, 3], max_tokens=8)
     sched.add(r)
     compute(sched, sched.schedule())
-    r.add_pending(0)
+    add_pending_tokens([r])
     sched.preempt(r)
     assert not sched.schedule() and sched.waiting[0] is r
-    r.resolve_pending(5)
+    append_sampled([r], [5], 0.0, [], [], [])     # planned with it: resolves, though preempted
     plan = sched.schedule()
     assert [(c.request.request_id, c.num_tokens) for c in plan.prefills] == [("r", 4)]
 
