@@ -17,7 +17,6 @@ import gc
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 
@@ -296,9 +295,6 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         return
     signal.signal(signal.SIGTERM, lambda *a: proc.core.stop())
     time_collections(engine.counters)
-    switch = float(os.environ.get("ROSEPLAY_SWITCH_INTERVAL_S", "0") or 0)
-    if switch > 0:      # A/B knob: how long a thread holds the GIL before others may run
-        sys.setswitchinterval(switch)
     proc.core.on_idle = collect_when_idle()
     status("ready", address)
     proc.run()
