@@ -125,7 +125,6 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    first = start
     if EARLY:
         # Before the wait: everything but q and this step's K/V, which the previous
         # kernel writes. Only this kernel writes the cache, and the position it writes
@@ -144,28 +143,24 @@ def _decode_split_kernel(
         v0 = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd, mask=early,
                      other=0.0)
         pdl_enter(PDL)
-        q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
+    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
+    if ROPE:    # rotary_decode_attention: rotate q here; the last split stores K/V
+        if not EARLY:
+            cos, sin, lo, partner, slot = rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64,
+                                                       offs_d, d_mask, stride_cs, HALF)
         q, k_new, v_new = rope_store_new_kv(
             q, q_rows, b64, kvh, end == ctx, cos, sin, lo, partner, slot, offs_d, d_mask,
             g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
             stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb,
             stride_vs, stride_vh, stride_vd, PAGE)
+    first = start
+    if EARLY:   # fold the early tile, this step's position from registers
         k0 = tl.where(new[:, None], k_new[None, :], k0)
         v0 = tl.where(new[:, None], v_new[None, :], v0)
         m_i, alpha, p, l_i = softmax_step(q, m_i, l_i, k0, valid[None, :], scale_log2, PREC,
                                           True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v0.dtype), v0, input_precision=PREC)
         first = start + BLOCK_N
-    else:
-        q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
-        if ROPE:    # rotary_decode_attention: rotate q here; the last split stores K/V
-            cos, sin, lo, partner, slot = rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64,
-                                                       offs_d, d_mask, stride_cs, HALF)
-            q, k_new, v_new = rope_store_new_kv(
-                q, q_rows, b64, kvh, end == ctx, cos, sin, lo, partner, slot, offs_d,
-                d_mask, g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh,
-                stride_nvb, stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh,
-                stride_kd, stride_vb, stride_vs, stride_vh, stride_vd, PAGE)
 
     for n0 in range(first, end, BLOCK_N):
         tok = n0 + offs_n
