@@ -65,7 +65,10 @@ def stub_model_forward(engine: LLMEngine) -> None:
     logits[:, 7] = 1
 
     def forward(input_ids, positions, meta, logits_indices):
-        return logits[:logits_indices.shape[0]]
+        # logits_indices None: a decode-only step through the step graphs' buffers,
+        # where every row samples
+        rows = input_ids.shape[0] if logits_indices is None else logits_indices.shape[0]
+        return logits[:rows]
     model.forward = forward
 
 
@@ -114,6 +117,8 @@ def run(args) -> dict:
     if prof:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if engine.stats.last_error:     # a failing (stubbed) forward errors requests quietly
+        raise SystemExit(f"the engine failed a step: {engine.stats.last_error}")
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     return {"ms_per_step": 1e3 * wall / args.steps, "cpu_ms_per_step": 1e3 * cpu / args.steps,
