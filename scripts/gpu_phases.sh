@@ -42,6 +42,10 @@ if [[ " $PHASES " == *" timeline "* ]]; then   # the GPU between two batch-1 dec
   step timeline 150 python3 scripts/step_timeline.py --model "$M" --batch ${TL_BATCH:-1} ${TL_ARGS:-}
   grep -E "^batch" "$OUT/timeline.log" | tee -a "$SUMMARY"
 fi
+if [[ " $PHASES " == *" hostops "* ]]; then   # host µs of each call of a batch-1 step
+  step hostops 150 python3 scripts/host_ops_gpu.py --model "$M"
+  grep -E "^step|us \\(" "$OUT/hostops.log" | tee -a "$SUMMARY"
+fi
 if [[ " $PHASES " == *" host "* ]]; then
   step host_step 90 python3 scripts/host_step_profile.py --repeat 5
   tail -1 "$OUT/host_step.log" | tee -a "$SUMMARY"
@@ -61,13 +65,13 @@ if [[ " $PHASES " == *" bench "* ]]; then
 fi
 if [[ " $PHASES " == *" spy "* ]]; then   # py-spy of the engine process during W1 and B1
   python3 -m pip install -q --no-index --no-deps --target /tmp/spy .dev/py_spy*.whl
-  for w in W1 B1; do
-    if [[ $w == W1 ]]; then args="$W1 --repeat 8"; else args="$B1 --output-len 2048 --repeat 3"; fi
+  for w in ${SPY_RUNS:-W1 B1}; do   # SPY_ARGS="--native": C frames too (pauses the process)
+    if [[ $w == W1 ]]; then args="$W1 --repeat 8"; else args="$B1 --output-len 4096 --repeat 4"; fi
     python3 -m roseplay bench --no-progress --model "$M" $args > "$OUT/spy_$w.bench.log" 2>&1 &
     bpid=$!
     for i in $(seq 100); do pid=$(pgrep -n -f engine.ipc.core_proc); [[ -n $pid ]] && break; sleep 0.3; done
     timeout 150 /tmp/spy/bin/py-spy record -p "$pid" -r 400 -f raw -o "$OUT/spy_$w.txt" \
-      --threads --nonblocking -d 140 > "$OUT/spy_$w.log" 2>&1 &
+      --threads ${SPY_ARGS:---nonblocking} -d 140 > "$OUT/spy_$w.log" 2>&1 &
     spid=$!
     timeout 150 tail --pid=$bpid -f /dev/null
     kill -INT $spid 2>/dev/null; wait $spid

@@ -66,3 +66,44 @@ def test_decode_inputs_one_launch_equals_copies(rows, width, monkeypatch):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert got[1][0][:rows].tolist() == prev.tolist()
     assert got[0][0][:rows].tolist() == batch.input_ids.tolist()
+
+
+def test_decode_inputs_direct_launch(monkeypatch):
+    """After its first (Triton-dispatched) call, copy_decode_inputs launches the compiled
+    kernel directly, per variant and pointer alignment, with the same results; a
+    profiler's launch hook turns the direct path off."""
+    import triton
+
+    from kernels import step_inputs
+    from kernels.step_inputs import copy_decode_inputs
+    monkeypatch.setattr(step_inputs, "_COMPILED", {})
+    dispatched = []
+    run = step_inputs._decode_inputs_kernel.run
+    monkeypatch.setattr(step_inputs._decode_inputs_kernel, "run",
+                        lambda *a, **k: dispatched.append(1) or run(*a, **k))
+    rows, width = 4, 40
+    dst_tok = torch.zeros(3 * rows + 1, dtype=torch.int64, device="cuda")
+    dst_lens = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    dst_table = torch.zeros(rows, width, dtype=torch.int32, device="cuda")
+    for call in range(6):
+        fed = torch.arange(2, device="cuda") + 100 * call if call % 2 else None
+        tok = torch.randint(0, 999, (3 * rows,), device="cuda")
+        lens = torch.randint(1, 99, (rows,), dtype=torch.int32, device="cuda")
+        table = torch.randint(0, 50, (rows, width), dtype=torch.int32, device="cuda")
+        off = 1 if call == 4 else 0                          # call 4: a misaligned pointer
+        out = dst_tok[off:off + 3 * rows]
+        copy_decode_inputs(tok, lens, table, out, dst_lens, dst_table, fed)
+        want = tok.clone()
+        if fed is not None:
+            want[:2] = fed
+        assert torch.equal(out, want) and torch.equal(dst_lens, lens)
+        assert torch.equal(dst_table, table)
+    assert len(dispatched) == 3            # calls 0, 1 (fed) and 4 (alignment) compiled
+    assert len(step_inputs._COMPILED) == 3
+    hook = lambda metadata: None            # noqa: E731
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        copy_decode_inputs(tok, lens, table, dst_tok[:3 * rows], dst_lens, dst_table)
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(dispatched) == 4
