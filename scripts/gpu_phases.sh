@@ -35,7 +35,7 @@ if [[ " $PHASES " == *" preload "* ]]; then   # GEMV weight preload on/off, alte
 fi
 if [[ " $PHASES " == *" ab "* ]]; then   # decode step/replay of VARIANTS, alternating, one engine
   step ab ${AB_S:-300} python3 scripts/profile_step.py --model "$M" --batches ${AB_BATCHES:-1,4,16,32} \
-    --rounds ${AB_ROUNDS:-2} --variants "$VARIANTS"
+    --rounds ${AB_ROUNDS:-2} --variants "$VARIANTS" ${AB_ARGS:-}
   grep -E "^ +[0-9]+ +[0-9]+ +[0-9]+ " "$OUT/ab.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" timeline "* ]]; then   # the GPU between two batch-1 decode graphs
@@ -43,7 +43,7 @@ if [[ " $PHASES " == *" timeline "* ]]; then   # the GPU between two batch-1 dec
   grep -E "^batch" "$OUT/timeline.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" hostops "* ]]; then   # host µs of each call of a batch-1 step
-  step hostops 150 python3 scripts/host_ops_gpu.py --model "$M"
+  step hostops 150 python3 scripts/host_ops_gpu.py --model "$M" ${HOSTOPS_ARGS:-}
   grep -E "^step|us \\(" "$OUT/hostops.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" host "* ]]; then

@@ -77,23 +77,83 @@ def ops(llm) -> None:
     print("tensor slice [:1]     ", per_call_us(lambda: out[0][:1]))
 
 
+def pipelined(parts, steps: int = 400) -> str:
+    """The engine's pattern without the engine: launch iteration i's parts, record an
+    event, wait for iteration i-1's. Median host µs of each part, of the wait, and the
+    loop's period."""
+    events = [torch.cuda.Event() for _ in range(2)]
+    times = {name: [] for name, _ in parts + [("wait", None)]}
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        for name, fn in parts:
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+        events[i % 2].record()
+        if i:
+            t = time.perf_counter()
+            events[(i - 1) % 2].synchronize()
+            times["wait"].append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    period = (time.perf_counter() - t0) / steps * 1e3
+    each = " ".join(f"{k} {statistics.median(v) * 1e6:.1f}" for k, v in times.items())
+    return f"period {period:.3f} ms; host us: {each}"
+
+
+def sequences(llm) -> None:
+    """Which launch makes another slow: the step's launches in the engine's order."""
+    from kernels.step_inputs import copy_decode_inputs
+    from engine.device_io import device_alias
+    graphs = llm.engine.runner.graphs
+    graph, out = graphs.graphs[("decode", 1)]
+    _, _, _, copies = graphs.buffers._views(1)
+    (tok, _, tok_a), (lens, _, lens_a), (table, _, table_a) = copies
+    host = torch.zeros(256, dtype=torch.int64, pin_memory=True)
+    alias, tokens = device_alias(host, tok.device)[:1], out[1][:1]
+    inputs = ("inputs", lambda: copy_decode_inputs(tok_a, lens_a, table_a, tok, lens, table, tokens))
+    replay = ("replay", graph.replay)
+    add = ("add", lambda: torch.add(tokens, 0, out=alias))
+    memcpy = ("memcpy", lambda: host[:1].copy_(tokens, non_blocking=True))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(2):
+        start.record()
+        for _ in range(50):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        print(f"back-to-back replays   {start.elapsed_time(end) / 50:.3f} ms each")
+    for name, parts in (("replay", [replay]), ("inputs+replay", [inputs, replay]),
+                        ("replay+add", [replay, add]), ("inputs+replay+add", [inputs, replay, add]),
+                        ("inputs+replay+memcpy", [inputs, replay, memcpy]),
+                        ("add+inputs+replay", [add, inputs, replay])):
+        for _ in range(2):
+            print(f"{name:22}", pipelined(parts))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="dummy:qwen2.5-0.5b")
     ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--max-model-len", type=int, default=8192, help="the engine's default")
     a = ap.parse_args()
-    llm = LLM(model=a.model, max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=4096)
+    llm = LLM(model=a.model, max_num_batched_tokens=8192, max_num_seqs=256,
+              max_model_len=a.max_model_len)
     fill(llm, 1)
     for direct in (1, 0, 1, 0):
         step_inputs.DIRECT_LAUNCH = direct
         print(f"DIRECT_LAUNCH={direct}: ", end="")
         host_per_step(llm, a.steps)
     ops(llm)
+    sequences(llm)
     prof = cProfile.Profile()
     prof.enable()
     host_per_step(llm, a.steps)
     prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(28)
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(28)
+    stats.sort_stats("cumulative").print_stats(40)
+    stats.print_callees("__exit__|replay|start")
 
 
 if __name__ == "__main__":
