@@ -60,8 +60,10 @@ B1="--scenario random --num-prompts 1 --input-len 512 --output-len 128 --warmup 
 if [[ " $PHASES " == *" bench "* ]]; then
   step W1 120 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $W1 --json "$OUT/W1.json"
   grep -E "^runs|^output throughput|^median|^host share|Median TTFT" "$OUT/W1.log" | tail -5 | tee -a "$SUMMARY"
-  step B1 90 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $B1
-  grep -E "^runs|^output throughput|^median|Median TPOT|^host share" "$OUT/B1.log" | tail -5 | tee -a "$SUMMARY"
+  if [[ " ${BENCH_RUNS:-W1 B1} " == *" B1 "* ]]; then
+    step B1 90 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $B1
+    grep -E "^runs|^output throughput|^median|Median TPOT|^host share" "$OUT/B1.log" | tail -5 | tee -a "$SUMMARY"
+  fi
 fi
 if [[ " $PHASES " == *" spy "* ]]; then   # py-spy of the engine process during W1 and B1
   python3 -m pip install -q --no-index --no-deps --target /tmp/spy .dev/py_spy*.whl
@@ -85,7 +87,7 @@ if [[ " $PHASES " == *" observer "* ]]; then
 fi
 if [[ " $PHASES " == *" closed30 "* ]]; then   # the closed loop alone, 30 s windows
   step closed30 200 python3 scripts/observer_cost.py --model "$M" --seconds ${CLOSED_S:-30} \
-    --warmup 15 --alternate 2 --view alone
+    --warmup ${CLOSED_WARMUP:-15} --alternate 2 --view alone
   grep -E "alone" "$OUT/closed30.log" | tail -6 | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" hf "* ]]; then   # the HF transformers peer (../shared/tools), same call
