@@ -58,6 +58,9 @@ def test_http_bench_repeats_report_median_and_every_run(dummy_server, tmp_path, 
     runs = [r["summary"]["output_throughput"] for r in data["runs"]]
     assert len(runs) == 3 and all(t > 0 for t in runs)
     assert data["summary"]["successful_requests"] == 8        # the last run in full
+    tpots = sorted(r["summary"]["tpot_ms"]["median"] for r in data["runs"])
+    assert (f"TPOT p50: median {tpots[1]:.3f} ms ({tpots[0]:.3f}..{tpots[2]:.3f})"
+            in " ".join(out.split()))
 
 
 def test_http_bench_without_the_key_fails_clearly(dummy_server, tmp_path, capsys):
