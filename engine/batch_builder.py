@@ -68,9 +68,10 @@ def _sample_rows(sampled_chunks: list, followers: dict) -> tuple[list[int], list
 
 def _decode_columns(decodes: list, device_fed: bool):
     """One pass over the decodes (the wide part of a step): their requests, table rows,
-    positions and (async scheduling) the previous step's sample row that feeds each
-    decode whose token is still pending on the device (None: none is); then their host
-    input ids, unless the device feeds every one (a steady async decode step)."""
+    positions, context lengths and (async scheduling) the previous step's sample row
+    that feeds each decode whose token is still pending on the device (None: none is);
+    then their host input ids (PENDING_TOKEN ones as 0: the device feeds those), all 0
+    when the device feeds every one (a steady async decode step)."""
     reqs, rows, pos, fed = [], [], [], []
     for c in decodes:
         r = c.request
@@ -78,15 +79,17 @@ def _decode_columns(decodes: list, device_fed: bool):
         rows.append(r.table_row)
         pos.append(c.start)
         fed.append(r.pending_row)
-    pos = np.array(pos, dtype=np.int64)
-    token_rows = np.array(fed, dtype=np.int64) if device_fed else None
-    if token_rows is not None and reqs and (token_rows >= 0).all():
-        ids = [0] * len(reqs)
-    else:   # (PENDING_TOKEN ids of fed rows: build_step_batch zeroes them)
-        ids = [(r.output_token_ids or r.prompt_token_ids)[-1] for r in reqs]
-        if token_rows is not None and not (token_rows >= 0).any():
-            token_rows = None
-    return reqs, np.array(rows, dtype=np.int64), pos, ids, token_rows
+    positions = np.array(pos, dtype=np.int64)
+    lens = np.array(pos, dtype=np.int32)
+    lens += 1
+    token_rows = None
+    if device_fed and reqs and max(fed) >= 0:
+        token_rows = np.array(fed, dtype=np.int64)
+        if min(fed) >= 0:
+            return reqs, np.array(rows, dtype=np.int64), positions, lens, [0] * len(reqs), \
+                token_rows, fed == list(range(len(fed)))
+    ids = [max((r.output_token_ids or r.prompt_token_ids)[-1], 0) for r in reqs]
+    return reqs, np.array(rows, dtype=np.int64), positions, lens, ids, token_rows, False
 
 
 def _prefill_columns(prefills: list, ids: list, tables: BlockTables, block_size: int,
@@ -125,11 +128,12 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     their sample rows (Request.pending_row) of the step still in flight."""
     decodes, prefills = plan.decodes, plan.prefills
     d = len(decodes)
-    dec_reqs, dec_rows, dec_pos, ids, token_rows = _decode_columns(decodes, device_fed)
+    dec_reqs, dec_rows, dec_pos, dec_lens, ids, token_rows, fed_in_order = \
+        _decode_columns(decodes, device_fed)
     if d:
         dec_tables = tables.gather_rows(dec_rows)
-        blocks = dec_tables[np.arange(d), dec_pos // block_size].astype(np.int64)
-        dec_slots = blocks * block_size + dec_pos % block_size
+        block, offset = np.divmod(dec_pos, block_size)
+        dec_slots = tables.matrix[dec_rows, block] * block_size + offset   # int64
     else:
         dec_tables, dec_slots = _NO_TABLES, _EMPTY_I64
     # sample rows: every decode, every prefill chunk that reaches the end of its tokens
@@ -149,8 +153,6 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     else:                     # a decode-only step without dedup: row i samples decode i
         sample_rows, requests = dec_ends, dec_reqs
     input_ids = np.asarray(ids, dtype=np.int64)
-    if token_rows is not None:      # PENDING_TOKEN (-1) inputs: the device feeds them
-        np.maximum(input_ids[:d], 0, out=input_ids[:d])
     copies = plan.copies
     batch = StepBatch(
         input_ids=input_ids,
@@ -158,7 +160,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         slot_mapping=slots,
         num_decodes=d,
         decode_block_tables=dec_tables,
-        decode_context_lens=(dec_pos + 1).astype(np.int32),
+        decode_context_lens=dec_lens,
         **prefill,
         logits_indices=logits_indices,
         sample_rows=sample_rows,
@@ -166,5 +168,6 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         cow_dst=np.asarray([c[1] for c in copies], dtype=np.int64) if copies else _EMPTY_I64,
         sampling=_sampling_columns(requests),
         prev_token_rows=token_rows,
+        prev_rows_in_order=fed_in_order,
     )
     return batch, requests

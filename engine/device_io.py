@@ -92,11 +92,25 @@ class HostCopy:
 
 
 class _Slot:
-    __slots__ = ("buf", "alias", "event", "copy", "cuda")
+    __slots__ = ("buf", "alias", "event", "copy", "cuda", "views")
 
     def __init__(self):
         self.buf = self.alias = self.event = self.copy = None   # copy: its last HostCopy
         self.cuda = False
+        self.views: dict[int, tuple] = {}    # n -> (buf[:n], alias[:n]): made once
+
+
+_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
+def current_stream(device_index: int) -> "torch.cuda.Stream":
+    """torch.cuda.current_stream(), one Stream object per raw stream (building one costs
+    the host more than the event record it is for)."""
+    key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
+    stream = _STREAMS.get(key)
+    if stream is None:
+        stream = _STREAMS[key] = torch.cuda.current_stream(device_index)
+    return stream
 
 
 class HostCopyRing:
@@ -124,10 +138,14 @@ class HostCopyRing:
                                          pin_memory=cuda)
             slot.alias = device_alias(buf, tensor.device) if cuda else None
             slot.event, slot.cuda = (torch.cuda.Event() if cuda else None), cuda
+            slot.views = {}
             self.allocations += 1
-        host = buf[:n]
-        copy_(host, tensor, dst_alias=None if slot.alias is None else slot.alias[:n])
+        views = slot.views.get(n)
+        if views is None:
+            views = slot.views[n] = (buf[:n], None if slot.alias is None else slot.alias[:n])
+        host, alias = views
+        copy_(host, tensor, dst_alias=alias)
         if slot.event is not None:
-            slot.event.record()
+            slot.event.record(current_stream(tensor.get_device()))
         slot.copy = HostCopy(host, slot.event)
         return slot.copy

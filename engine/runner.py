@@ -98,7 +98,9 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.greedy = None
         token_source = None
-        if batch.prev_token_rows is not None:
+        if batch.prev_rows_in_order and prev_tokens.shape[0] == batch.num_decodes:
+            token_source = prev_tokens, None      # (the steady case, without numpy)
+        elif batch.prev_token_rows is not None:
             token_source = self._token_source(batch.prev_token_rows, prev_tokens)
         key = self.graphs.key(batch) if self.graphs is not None else None
         if key is not None:

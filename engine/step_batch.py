@@ -48,6 +48,7 @@ class StepBatch:
     sampling: SamplingColumns
     prev_token_rows: np.ndarray | None = None   # [D] async scheduling: decode i's input is
     #                  the previous step's sample prev_token_rows[i] (-1: input_ids[i])
+    prev_rows_in_order: bool = False   # prev_token_rows is 0..D-1: decode i takes sample i
 
     @property
     def num_tokens(self) -> int:

@@ -127,11 +127,13 @@ class StepBuffers:
         (else as three copies and the device-fed ids)."""
         tokens, lens, table, copies = self._views(padded)
         d = batch.num_decodes
-        tokens[0, :d], tokens[1, :d], tokens[2, :d] = \
-            batch.input_ids, batch.positions, batch.slot_mapping
-        tokens[:, d:] = _PAD_TOKEN
+        if token_source is None or token_source[1] is not None:   # (else every id is fed)
+            tokens[0, :d] = batch.input_ids
+        tokens[1, :d], tokens[2, :d] = batch.positions, batch.slot_mapping
         lens[:d] = batch.decode_context_lens
-        lens[d:] = 1
+        if padded > d:
+            tokens[:, d:] = _PAD_TOKEN
+            lens[d:] = 1
         if d:
             table[:d, :batch.decode_block_tables.shape[1]] = batch.decode_block_tables
         if self._one_launch(copies, token_source):

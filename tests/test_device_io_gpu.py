@@ -33,6 +33,14 @@ def test_host_copy_ring_on_the_gpu(kernel, monkeypatch):
         assert inflight.tolist() == [step - 1, 1 - step]
         inflight = nxt
     assert ring.allocations == 3
+    for n in (1, 3, 1, 5, 2):                                # each slot's views by size
+        assert ring.start(torch.arange(n, device="cuda") + n).tolist() == [n + i for i in range(n)]
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):         # the event goes on the stream that is current
+        torch.cuda._sleep(20_000_000)     # (~10 ms: a copy waited on the wrong stream
+        late = torch.full((4,), 9, device="cuda")   # would read before the fill)
+        assert ring.start(late).tolist() == [9, 9, 9, 9]
+    assert ring.allocations == 3
     big = torch.arange(40000, device="cuda")                 # over the kernel-copy limit
     assert ring.start(big).tolist() == list(range(40000))
 
