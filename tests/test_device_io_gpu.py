@@ -33,6 +33,7 @@ def test_host_copy_ring_on_the_gpu(kernel, monkeypatch):
         assert inflight.tolist() == [step - 1, 1 - step]
         inflight = nxt
     assert ring.allocations == 3
+    assert inflight.tolist() == [19, -19]     # (an unread copy would keep its slot's buffer)
     for n in (1, 3, 1, 5, 2):                                # each slot's views by size
         assert ring.start(torch.arange(n, device="cuda") + n).tolist() == [n + i for i in range(n)]
     side = torch.cuda.Stream()
