@@ -19,7 +19,7 @@ import triton.language as tl
 
 BLOCK_W = 512           # table entries per step of a row's copy
 DIRECT_LAUNCH = 1       # later calls launch the compiled kernel, past Triton's dispatch
-_COMPILED: dict[tuple, object] = {}     # (FED, TABLE, device, pointer alignments) -> kernel
+_COMPILED: dict[tuple, object] = {}     # _direct_key(...) -> compiled kernel
 
 
 # No int is specialized on (1, divisible by 16): the batch size and the fed count change
@@ -67,13 +67,15 @@ def copy_decode_inputs(src_tok: torch.Tensor, src_lens: torch.Tensor, src_table:
 
 
 def _direct_key(args: tuple, fed: bool, table: bool) -> tuple | None:
-    """What Triton specializes this kernel on (the constexprs and whether each pointer
-    is 16-byte aligned; no int is specialized), or None: no direct launch."""
+    """What Triton compiles this kernel for: the constexprs, each pointer's dtype and
+    16-byte alignment (no int is specialized; all stay far below 2**31, so every one is
+    an i32), or None: no direct launch."""
     hooks = triton.knobs.runtime
     if not (DIRECT_LAUNCH and args[0].is_cuda) or _hooked(hooks.launch_enter_hook) \
             or _hooked(hooks.launch_exit_hook):
         return None     # (a profiler's launch hooks need Triton's own launch metadata)
-    return (fed, table, args[0].get_device()) + tuple(t.data_ptr() % 16 == 0 for t in args[:7])
+    return (fed, table, args[0].get_device()) + tuple(
+        (t.dtype, t.data_ptr() % 16 == 0) for t in args[:7])
 
 
 def _hooked(hook) -> bool:

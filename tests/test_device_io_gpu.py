@@ -109,6 +109,9 @@ def test_decode_inputs_direct_launch(monkeypatch):
         assert torch.equal(dst_table, table)
     assert len(dispatched) == 3            # calls 0, 1 (fed) and 4 (alignment) compiled
     assert len(step_inputs._COMPILED) == 3
+    fed32 = torch.tensor([7, 8], dtype=torch.int32, device="cuda")    # another dtype: its
+    copy_decode_inputs(tok, lens, table, dst_tok[:3 * rows], dst_lens, dst_table, fed32)
+    assert dst_tok[:2].tolist() == [7, 8] and len(dispatched) == 4    # own compile
     hook = lambda metadata: None            # noqa: E731
     triton.knobs.runtime.launch_enter_hook.add(hook)
     try:
