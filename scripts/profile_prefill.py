@@ -9,17 +9,18 @@ prompt (a prefill samples one token per prompt).
 PYTHONPATH=. python3 scripts/profile_prefill.py --model dummy:qwen2.5-0.5b --repeat 5
 """
 import argparse
-import importlib
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
+from profile_step import apply_settings  # noqa: E402
 
 
 def add_prompts(llm, tokens: int, seed: int, input_len: int = 512) -> None:
@@ -60,11 +61,7 @@ def main():
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT")
     a = ap.parse_args()
-    for item in a.set:
-        target, value = item.split("=")
-        module, name = target.rsplit(".", 1)
-        mod = importlib.import_module(module)
-        setattr(mod, name, type(getattr(mod, name))(int(value)))
+    apply_settings(a.set)
     llm = LLM(model=a.model, max_num_batched_tokens=a.tokens, max_num_seqs=512,
               max_model_len=2048, enable_prefix_caching=False)
     model = llm.engine.runner.model
