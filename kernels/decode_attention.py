@@ -45,6 +45,7 @@ from kernels import pdl
 from kernels._attn_tile import attend_tile, kv_rows, softmax_step
 from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
 from kernels.pdl import pdl_enter
+from kernels.reference import _rotary_then_decode
 from kernels.rotary_kv import rope_inputs, rope_store_new_kv, rotary_store_kv
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
@@ -298,10 +299,9 @@ def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: t
     rotary over the whole head only; otherwise the two ops run one after the other."""
     if (not FUSE_ROPE or not is_neox or cos_sin_cache.shape[-1] != query.shape[-1]
             or query.shape[0] == 0):
-        q = rotary_store_kv(positions, query, key, value, cos_sin_cache, is_neox,
-                            k_cache, v_cache, slot_mapping)
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
-                                      scale, **knobs)
+        return _rotary_store_then_decode(
+            positions, query, key, value, cos_sin_cache, is_neox, k_cache, v_cache,
+            slot_mapping, block_tables, context_lens, scale, **knobs)
     check_float(query, key, value, cos_sin_cache)
     assert key.shape == value.shape and key.stride(-1) == 1 and value.stride(-1) == 1
     assert cos_sin_cache.stride(-1) == 1 and slot_mapping.shape[0] == query.shape[0]
@@ -387,3 +387,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             num_warps=1 if block_d <= 64 else 2,
         )
     return out
+
+
+# the two-op path of rotary_decode_attention: the reference composition of this backend's ops
+_rotary_store_then_decode = _rotary_then_decode(rotary_store_kv, paged_decode_attention)

@@ -173,12 +173,13 @@ def _rotary_then_decode(rotary_store_kv, paged_decode_attention):
     (the Triton backend fuses the two into one launch)."""
     def rotary_decode_attention(positions, query, key, value, cos_sin_cache, is_neox: bool,
                                 k_cache, v_cache, slot_mapping, block_tables, context_lens,
-                                scale: float) -> torch.Tensor:
+                                scale: float, **knobs) -> torch.Tensor:
         """A decode-only step's attention: rotary_store_kv, then paged_decode_attention
-        of the rotated query."""
+        of the rotated query (knobs: the decode attention's own)."""
         q = rotary_store_kv(positions, query, key, value, cos_sin_cache, is_neox,
                             k_cache, v_cache, slot_mapping)
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                      **knobs)
     return rotary_decode_attention
 
 
