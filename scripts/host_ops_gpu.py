@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from engine import LLM  # noqa: E402
 from kernels import step_inputs  # noqa: E402
-from profile_step import fill  # noqa: E402
+from profile_step import fill, time_replay  # noqa: E402
 
 
 def per_call_us(fn, calls: int = 400, sync_every: int = 20) -> str:
@@ -115,14 +115,8 @@ def sequences(llm) -> None:
     replay = ("replay", graph.replay)
     add = ("add", lambda: torch.add(tokens, 0, out=alias))
     memcpy = ("memcpy", lambda: host[:1].copy_(tokens, non_blocking=True))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(2):
-        start.record()
-        for _ in range(50):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        print(f"back-to-back replays   {start.elapsed_time(end) / 50:.3f} ms each")
+        print(f"back-to-back replays   {time_replay(llm, 1) * 1e3:.3f} ms each")
     for name, parts in (("replay", [replay]), ("inputs+replay", [inputs, replay]),
                         ("replay+add", [replay, add]), ("inputs+replay+add", [inputs, replay, add]),
                         ("inputs+replay+memcpy", [inputs, replay, memcpy]),
