@@ -151,11 +151,15 @@ class EngineConfig:
     async_scheduling: bool = _knob(True, "Overlap host and device: while a step runs, plan "
                                          "and launch the next one (its pending input tokens "
                                          "stay on the device; vLLM V1's async scheduling).")
-    attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA, torch_sdpa on "
-                                           "CPU), torch (the plain references), torch_sdpa "
-                                           "(references + batched SDPA paged attention), "
+    attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA; on CPU "
+                                           "cpu_native where a C compiler builds it, else "
+                                           "torch_sdpa), torch (the plain references), "
+                                           "torch_sdpa (oneDNN linears + batched SDPA paged "
+                                           "attention), cpu_native (torch_sdpa with the "
+                                           "decode step's linears and attention in C), "
                                            "triton.",
-                                   choices=("auto", "torch", "torch_sdpa", "triton"))
+                                   choices=("auto", "torch", "torch_sdpa", "cpu_native",
+                                            "triton"))
     tensor_parallel_size: int = _knob(
         1, "GPUs (ranks) one model is sharded over: heads, MLP and vocab split, one worker "
            "process per extra rank, NCCL on CUDA (gloo on CPU). Must divide the attention "

@@ -41,6 +41,7 @@ from engine.scheduler import Scheduler, StepPlan
 from engine.snapshot import Counters, EngineSnapshot, engine_snapshot, request_view
 from engine.stats import StatsRecorder
 from engine.step_batch import StepBatch
+from kernels import default_cpu_backend
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
@@ -67,7 +68,7 @@ class LLMEngine:
         torch.manual_seed(config.seed)
         backend = config.attention_backend
         if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch_sdpa"
+            backend = "triton" if self.device.type == "cuda" else default_cpu_backend()
         self.backend = backend
         self.tp_group = None                       # ranks 1..N-1 (engine/distributed)
         try:

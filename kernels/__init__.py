@@ -2,7 +2,9 @@
 
 `get_ops("torch")` returns the reference module; `get_ops("triton")` returns the Triton
 module; `get_ops("torch_sdpa")` returns the CPU backend (kernels/cpu_ops.py: batched
-SDPA paged attention, oneDNN linears on packed weights, fewer-op rotary/norm/SiLU).
+SDPA paged attention, oneDNN linears on packed weights, fewer-op rotary/norm/SiLU);
+`get_ops("cpu_native")` that backend with a decode step's linears and attention in C
+(kernels/cpu_native.py).
 All expose the same functions with the same signatures: store_kv_cache,
 paged_decode_attention, paged_extend_attention, rms_norm, rotary_embedding,
 silu_and_mul, linear, rms_norm_linear, silu_mul_linear, rotary_store_kv,
@@ -16,13 +18,19 @@ from types import ModuleType
 from kernels import reference
 
 _BACKENDS = {"torch": "kernels.reference", "triton": "kernels.triton_ops",
-             "torch_sdpa": "kernels.cpu_ops"}
+             "torch_sdpa": "kernels.cpu_ops", "cpu_native": "kernels.cpu_native"}
 
 
 def get_ops(name: str) -> ModuleType:
     if name not in _BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}; choose from {sorted(_BACKENDS)}")
     return importlib.import_module(_BACKENDS[name])
+
+
+def default_cpu_backend() -> str:
+    """cpu_native where its C kernels build (kernels/cpu_native_build.py), else torch_sdpa."""
+    from kernels.cpu_native_build import load
+    return "cpu_native" if load() is not None else "torch_sdpa"
 
 
 def triton_available() -> bool:
@@ -33,4 +41,4 @@ def triton_available() -> bool:
     return True
 
 
-__all__ = ["get_ops", "reference", "triton_available"]
+__all__ = ["default_cpu_backend", "get_ops", "reference", "triton_available"]
