@@ -18,6 +18,7 @@ import torch
 from engine.cuda_graphs import StepGraphs
 from engine.device_io import to_device
 from engine.models.layers import AttentionMetadata
+from engine.placement import kv_cache_zeros
 from engine.sampling import Sampler
 from engine.step_buffers import device_fed
 from engine.step_batch import StepBatch
@@ -37,8 +38,8 @@ class ModelRunner:
         model.ops = ops
         layers = model.attention_layers()
         first = layers[0]
-        self.kv_cache = torch.zeros(2, len(layers), num_blocks, block_size, first.num_kv_heads,
-                                    first.head_dim, dtype=dtype, device=device)
+        self.kv_cache = kv_cache_zeros((2, len(layers), num_blocks, block_size,
+                                        first.num_kv_heads, first.head_dim), dtype, device)
         for i, layer in enumerate(layers):
             layer.ops = ops
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]

@@ -21,7 +21,7 @@ enum { IN_PLAIN = 0, IN_RMS_NORM = 1, IN_SILU_MUL = 2 };
 #define PANEL 16            /* output columns of one packed weight panel */
 #define ROWS 16             /* input rows one pass over the weights serves */
 
-int rp_abi_version(void) { return 1; }
+int rp_abi_version(void) { return 2; }
 
 /* one thread-local scratch buffer per use, grown on demand (never shrunk) */
 typedef struct { float *ptr; size_t len; } scratch_t;
@@ -498,4 +498,46 @@ int rp_decode_attention(int64_t batch, int64_t h, int64_t h_kv, int64_t d,
     _mm_setcsr(csr);
 #endif
     return 0;
+}
+
+/* ---- one whole Llama decoder layer for a decode-only step ------------------------- */
+/* out, res_out [t][hs] = the layer applied to hidden (+ res_in), chaining the calls above
+ * through thread-local scratch: RMSNorm + qkv, rotary + KV store + attention, o, the
+ * residual add + RMSNorm + gate|up, SiLU-mul + down. One call a layer instead of five
+ * from Python (their argument checks and tensors cost as much as the attention).
+ * res_in may be NULL (the first layer: the residual is hidden itself). Weights: packed
+ * panels with their dtype codes; biases may be NULL. Returns 0, -1 or -2 as
+ * rp_decode_attention (on -2 no cache was written). */
+int rp_llama_decode_layer(int64_t t, int64_t hs, const float *hidden, const float *res_in,
+                          float *res_out, float *out, float eps, const float *norm1,
+                          const float *norm2, const void *w_qkv, int dt_qkv, const float *b_qkv,
+                          const void *w_o, int dt_o, const float *b_o, const void *w_gu,
+                          int dt_gu, const float *b_gu, int64_t inter, const void *w_down,
+                          int dt_down, const float *b_down, int64_t h, int64_t h_kv, int64_t d,
+                          const int64_t *positions, const float *cos_sin, int64_t n_positions,
+                          const int64_t *slots, float *k_cache, float *v_cache,
+                          int64_t num_blocks, int64_t block_size, const int32_t *block_tables,
+                          int64_t ld_tables, int64_t table_width, const int32_t *context_lens,
+                          float scale) {
+    static __thread scratch_t s_layer;
+    const int64_t n_qkv = (h + 2 * h_kv) * d;
+    float *qkv = scratch(&s_layer, (size_t)(t * (n_qkv + h * d + hs + 2 * inter)));
+    if (!qkv) return -1;
+    float *attn = qkv + t * n_qkv, *o = attn + t * h * d, *gate_up = o + t * hs;
+    int status = rp_linear(hidden, t, hs, hs, w_qkv, dt_qkv, n_qkv, b_qkv, qkv, n_qkv,
+                           IN_RMS_NORM, norm1, eps, res_in, hs, res_out, hs);
+    if (status) return status;
+    status = rp_decode_attention(t, h, h_kv, d, qkv, n_qkv, qkv + h * d, n_qkv,
+                                 qkv + (h + h_kv) * d, n_qkv, positions, cos_sin, n_positions,
+                                 slots, k_cache, v_cache, num_blocks, block_size, block_tables,
+                                 ld_tables, table_width, context_lens, scale, attn);
+    if (status) return status;
+    status = rp_linear(attn, t, h * d, h * d, w_o, dt_o, hs, b_o, o, hs, IN_PLAIN, NULL, 0.0f,
+                       NULL, 0, NULL, 0);
+    if (status) return status;
+    status = rp_linear(o, t, hs, hs, w_gu, dt_gu, 2 * inter, b_gu, gate_up, 2 * inter,
+                       IN_RMS_NORM, norm2, eps, res_out, hs, res_out, hs);
+    if (status) return status;
+    return rp_linear(gate_up, t, inter, 2 * inter, w_down, dt_down, hs, b_down, out, hs,
+                     IN_SILU_MUL, NULL, 0.0f, NULL, 0, NULL, 0);
 }

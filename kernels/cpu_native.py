@@ -195,3 +195,67 @@ def rotary_decode_attention(positions, query, key, value, cos_sin_cache, is_neox
                                                block_tables, context_lens, scale, **knobs)
     return _decode(query, key, value, positions, cos_sin_cache, slot_mapping, k_cache,
                    v_cache, block_tables, context_lens, scale)
+
+
+def _layer_weights(layer) -> tuple | None:
+    """The C layer's weight arguments (packed panels, dtype codes, biases, norms) for a
+    Llama decoder layer, kept on the layer until a weight changes in place; None where
+    a weight or bias does not fit the kernels."""
+    projections = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    key = tuple(p.weight._version for p in projections) + tuple(n._version for n in norms)
+    cached = getattr(layer, "_native_args", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    args = None
+    if (all(_weight_ok(p.weight, p.bias) for p in projections)
+            and all(n.dtype == torch.float32 and n.is_contiguous() for n in norms)):
+        panels = [packed_panels(p.weight) for p in projections]
+        triples = [(w.data_ptr(), _W_CODES[w.dtype], None if p.bias is None else p.bias.data_ptr())
+                   for w, p in zip(panels, projections)]
+        args = (norms[0].data_ptr(), norms[1].data_ptr(), *triples[0], *triples[1],
+                *triples[2], layer.down_proj.weight.shape[1], *triples[3])
+        args = (args, panels)                   # the panels stay referenced with their pointers
+    layer._native_args = (key, args)
+    return args
+
+
+def llama_decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor,
+                       residual: torch.Tensor | None, meta, cos_sin: torch.Tensor, eps: float):
+    """A Llama decoder layer (engine/models/llama.py) on a decode-only step in one C call:
+    (hidden, residual) out, or None where the step or the layer does not fit (the model
+    then runs its ops one by one)."""
+    attn, t = layer.attn, hidden.shape[0]
+    k_cache, v_cache = attn.k_cache, attn.v_cache
+    tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
+    if (_LIB is None or not 0 < t <= NATIVE_MAX_ROWS or hidden.dtype != torch.float32
+            or not hidden.is_contiguous() or hidden.dim() != 2
+            or (residual is not None and not residual.is_contiguous())
+            or tables is None or lens is None or slots.dtype != torch.int64
+            or positions.dtype != torch.int64 or not positions.is_contiguous()
+            or cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous()
+            or cos_sin.shape[-1] != layer.head_dim
+            or not (tables.dtype == lens.dtype == torch.int32) or tables.dim() != 2
+            or tables.stride(-1) != 1 or not lens.is_contiguous()
+            or k_cache.dtype != torch.float32 or not k_cache.is_contiguous()
+            or layer.num_heads // layer.num_kv_heads > MAX_GROUP
+            or not (positions.shape[0] == slots.shape[0] == tables.shape[0] == t)):
+        return None
+    weights = _layer_weights(layer)
+    if weights is None:
+        return None
+    args, _ = weights
+    out, new_residual = torch.empty_like(hidden), torch.empty_like(hidden)
+    status = _LIB.rp_llama_decode_layer(
+        t, hidden.shape[1], hidden.data_ptr(), None if residual is None else residual.data_ptr(),
+        new_residual.data_ptr(), out.data_ptr(), eps, *args, layer.num_heads,
+        layer.num_kv_heads, layer.head_dim, positions.data_ptr(), cos_sin.data_ptr(),
+        cos_sin.shape[0], slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.shape[0], k_cache.shape[1], tables.data_ptr(), tables.stride(0),
+        tables.shape[1], lens.data_ptr(), attn.scale)
+    if status == -2:
+        raise IndexError("native decoder layer: a position, slot, block table entry or "
+                         "context length is out of range")
+    if status != 0:
+        raise MemoryError("native decoder layer: out of memory for its scratch buffers")
+    return out, new_residual

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_native.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
-ABI_VERSION = 1                 # rp_abi_version() of the source this module binds
+ABI_VERSION = 2                 # rp_abi_version() of the source this module binds
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
@@ -78,6 +78,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.rp_decode_attention.argtypes = [i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64,
                                         ptr, ptr, i64, ptr, ptr, ptr, i64, i64, ptr, i64,
                                         i64, ptr, f32, ptr]
+    lib.rp_llama_decode_layer.restype = i32
+    lib.rp_llama_decode_layer.argtypes = (
+        [i64, i64, ptr, ptr, ptr, ptr, f32, ptr, ptr] + [ptr, i32, ptr] * 3 + [i64, ptr, i32, ptr]
+        + [i64, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, f32])
     return lib
 
 

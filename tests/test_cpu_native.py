@@ -165,7 +165,7 @@ def test_no_compiler_or_a_failed_build_means_no_library(tmp_path, monkeypatch):
     assert _load() is None
     monkeypatch.delenv("ROSEPLAY_CPU_NATIVE")
     lib = _load()                                            # builds into tmp_path
-    assert lib is not None and lib.rp_abi_version() == 1
+    assert lib is not None and lib.rp_abi_version() == 2
     assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
 
 

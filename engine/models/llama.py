@@ -61,6 +61,12 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, residual, meta: AttentionMetadata):
         ops, eps, tp = self.model.ops, self.model.eps, self.model.tp
+        fused = getattr(ops, "llama_decode_layer", None)      # the native CPU backend's
+        if (fused is not None and tp.size == 1 and not self.qk_norm
+                and meta.query_start_loc is None and meta.num_decode_tokens == hidden.shape[0]):
+            done = fused(self, positions, hidden, residual, meta, self.model.cos_sin_cache, eps)
+            if done is not None:
+                return done
         # RMSNorm fused into the projections that follow it (skinny decode batches)
         if residual is None:
             residual = hidden
