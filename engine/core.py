@@ -42,6 +42,7 @@ from engine.snapshot import Counters, EngineSnapshot, engine_snapshot, request_v
 from engine.stats import StatsRecorder
 from engine.step_batch import StepBatch
 from kernels import default_cpu_backend
+from kernels.cpu_native_build import build_in_background
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
@@ -66,10 +67,11 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
-        backend = config.attention_backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else default_cpu_backend()
-        self.backend = backend
+        self.backend = config.attention_backend     # "auto" on CPU until _resolve_backend
+        if self.backend == "auto" and self.device.type == "cuda":
+            self.backend = "triton"
+        elif self.backend == "auto":
+            build_in_background()       # on a first launch cc runs while the model loads
         self.tp_group = None                       # ranks 1..N-1 (engine/distributed)
         try:
             loaded = self._load(config)
@@ -87,11 +89,18 @@ class LLMEngine:
         from engine.distributed.worker import TPWorkerGroup, WorkerSpec
         self.tp_group = TPWorkerGroup(WorkerSpec(
             config.model, n, self.device.type, str(self.dtype).removeprefix("torch."),
-            config.seed, attention_backend=self.backend))
+            config.seed, attention_backend=self._resolve_backend()))
         loaded = load_model(config.model, self.device, self.dtype, config.seed,
                             tp=self.tp_group.start())
         self.tp_group.wait_ready()
         return loaded
+
+    def _resolve_backend(self) -> str:
+        """auto on CPU: cpu_native where its C kernels built (waits for the build), else
+        torch_sdpa."""
+        if self.backend == "auto":
+            self.backend = default_cpu_backend()
+        return self.backend
 
     def _build(self, config: EngineConfig, loaded) -> None:
         self.model_name = loaded.name
@@ -101,7 +110,7 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or min(loaded.max_model_len, 8192),
                                  loaded.max_model_len)
         from kernels import get_ops
-        backend = self.backend
+        backend = self._resolve_backend()
         num_blocks = config.num_blocks or self._blocks_from_memory(loaded.model)
         self.counters = Counters()
         self.events = EventLog()

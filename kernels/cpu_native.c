@@ -278,6 +278,13 @@ static float softmax_numerators(float *s, int64_t len) {
         _mm512_storeu_ps(s + i, e);
         acc = _mm512_add_ps(acc, e);
     }
+    if (i < len) {                      /* the tail, masked: no scalar expf per element */
+        const __mmask16 m = (__mmask16)((1u << (len - i)) - 1u);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), vmx));
+        _mm512_mask_storeu_ps(s + i, m, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
+        i = len;
+    }
     sum = _mm512_reduce_add_ps(acc);
 #endif
     for (; i < len; i++) {

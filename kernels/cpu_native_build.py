@@ -95,6 +95,13 @@ def load() -> ctypes.CDLL | None:
         return lib
 
 
+def build_in_background() -> None:
+    """Starts load() on a thread (a first launch's compile overlaps the model's load on
+    the other core); the next load() waits for it."""
+    if "lib" not in _loaded:
+        threading.Thread(target=load, name="cpu-native-build", daemon=True).start()
+
+
 def _load() -> ctypes.CDLL | None:
     if os.environ.get("ROSEPLAY_CPU_NATIVE", "1") == "0":
         return None

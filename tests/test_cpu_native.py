@@ -192,3 +192,26 @@ def test_bundled_model_greedy_tokens_equal_hf_float32():
                         SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
     llm.engine.close()
     assert [list(o.outputs[0].token_ids) for o in outs] == expected
+
+
+def test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(monkeypatch):
+    from engine.llm import LLM
+    from engine.request import SamplingParams
+    prompts = ["ROMEO:", "To be, or not to be", "KING HENRY:\nWhat", "O"]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    fused = []
+    real = cpu_native.llama_decode_layer
+
+    def spy(*args):
+        out = real(*args)
+        fused.append(out is not None)
+        return out
+    monkeypatch.setattr(cpu_native, "llama_decode_layer", spy)
+    outs = {}
+    for backend in ("torch", "cpu_native"):
+        llm = LLM(device="cpu", attention_backend=backend, num_blocks=64,
+                  max_num_batched_tokens=16)               # chunked prefill + decode mixed
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        llm.engine.close()
+    assert outs["torch"] == outs["cpu_native"]
+    assert len(fused) >= 6 * 20 and all(fused)             # 6 layers x the decode-only steps

@@ -163,6 +163,7 @@ def test_killed_client_cancels_its_requests_and_frees_blocks(client):
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert proc.stdout.readline().strip() == "STREAMING"
+        client.pause()        # 1000 tokens take under the 3 s heartbeat timeout on cpu_native
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(10)
@@ -172,6 +173,7 @@ def test_killed_client_cancels_its_requests_and_frees_blocks(client):
         if view is not None and view.state == "cancelled":
             break
         time.sleep(0.1)
+    client.resume()
     assert view is not None and view.state == "cancelled" and view.output_tokens < 1000
     assert client.wait_idle(30)
     snap = client.snapshot()
