@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -160,6 +161,7 @@ def test_queue_over_max_waiting_is_429(strict, loop):
             with a.stream("POST", "/v1/completions", json=body) as running:
                 lines = running.iter_lines()    # keep it: a dropped iterator closes the connection
                 next(line for line in lines if line.startswith("data: "))
+                loop.pause()            # it must not finish (in ~1 s) before the check
                 with b.stream("POST", "/v1/completions", json=body) as w1, \
                         b.stream("POST", "/v1/completions", json=body) as w2:
                     assert w1.status_code == w2.status_code == 200
@@ -169,6 +171,7 @@ def test_queue_over_max_waiting_is_429(strict, loop):
                     check_error(r, 429, "queue_full", "--max-waiting 2")
                     assert r.json()["error"]["type"] == "rate_limit_error"
     finally:
+        loop.resume()
         loop.set_knobs(max_num_seqs=64)
     wait_for(lambda: not live(loop) and loop.snapshot().num_used == 0)
     r = httpx.post(strict.url + "/v1/completions", headers=headers,
@@ -222,8 +225,17 @@ def test_many_clients_leaving_at_random_points_leak_nothing(server, loop):
 
 def test_non_streaming_disconnect_cancels(server, loop):
     body = {"model": "default", "prompt": PROMPT, "max_tokens": 900, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    pause = threading.Timer(0.25, loop.pause)   # 900 tokens can finish inside the timeout
+    pause.start()
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body,
+                       timeout=httpx.Timeout(60, read=0.5))
+        wait_for(lambda: [r.state for r in loop.snapshot().requests
+                          if r.request_id.startswith("cmpl-")][-1] == "cancelled")
+    finally:
+        pause.join()
+        loop.resume()
     wait_for(lambda: not live(loop) and loop.snapshot().num_used == 0)
     mine = [r for r in loop.snapshot().requests if r.request_id.startswith("cmpl-")][-1]
     assert mine.state == "cancelled" and 0 < mine.output_tokens < 900
@@ -236,11 +248,15 @@ def test_server_stop_with_an_open_stream_cancels_it(loop):
     with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         rid = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
+        loop.pause()                         # 900 tokens finish within a second on cpu_native
         t0 = time.monotonic()
         srv.stop()                           # uvicorn's bounded graceful shutdown
         assert time.monotonic() - t0 < 10 and not srv._thread.is_alive()
-    wait_for(lambda: loop.snapshot().request(rid + "-0") is not None
-             and loop.snapshot().request(rid + "-0").state == "cancelled")
+    try:
+        wait_for(lambda: loop.snapshot().request(rid + "-0") is not None
+                 and loop.snapshot().request(rid + "-0").state == "cancelled")
+    finally:
+        loop.resume()
     wait_for(lambda: loop.snapshot().num_used == 0)
 
 
