@@ -11,6 +11,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -29,11 +30,14 @@ s.close()
 """
 
 
-def measure(tree: str, in_process: bool) -> dict:
+def measure(tree: str, in_process: bool, fresh_cache: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-    launch = time.time()
-    out = subprocess.run([sys.executable, "-c", ONE % in_process], cwd=tree, env=env,
-                         capture_output=True, text=True, timeout=300)
+    with tempfile.TemporaryDirectory() as cache:
+        if fresh_cache:             # a first launch: the native CPU kernels build too
+            env["ROSEPLAY_CACHE_DIR"] = cache
+        launch = time.time()
+        out = subprocess.run([sys.executable, "-c", ONE % in_process], cwd=tree, env=env,
+                             capture_output=True, text=True, timeout=300)
     if "RESULT" not in out.stdout:
         raise SystemExit(f"{tree}: no result\n{out.stderr[-3000:]}")
     step, done, wall = map(float, out.stdout.split("RESULT", 1)[1].split())
@@ -47,11 +51,14 @@ def main() -> int:
         os.path.abspath(__file__)))], help="checkouts to compare (interleaved)")
     p.add_argument("--modes", nargs="+", default=["process", "in-process"],
                    choices=["process", "in-process"])
+    p.add_argument("--fresh-cache", action="store_true",
+                   help="each run in an empty ROSEPLAY_CACHE_DIR (a first launch, which "
+                        "builds the native CPU kernels)")
     args = p.parse_args()
     print(f"load average at start: {os.getloadavg()}", flush=True)
     for mode in args.modes:
         res = interleaved(args.trees, args.runs,
-                          lambda tree: measure(tree, mode == "in-process"))
+                          lambda tree: measure(tree, mode == "in-process", args.fresh_cache))
         for tree, r in res.items():
             print(f"{mode:>10} {tree}: first step from launch {spread(r['launch'])} s; "
                   f"from start_live {spread(r['step'])} s; first finished {spread(r['done'])} s "
