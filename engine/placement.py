@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import sys
 
 import torch
@@ -34,10 +33,10 @@ _MADV_HUGEPAGE = 14
 def kv_cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The KV cache, zeroed. On a Linux CPU its memory is asked for in transparent huge
     pages (madvise, before the first touch): a decode step reads every sequence's blocks
-    scattered over hundreds of MB, and with 4 KB pages those reads miss the TLB (the
-    native attention is ~10 % faster a step on huge pages, docs/PERF.md). Elsewhere, or
-    where madvise is refused, plain torch.zeros."""
-    if device.type != "cpu" or not hasattr(os, "sysconf") or sys.platform != "linux":
+    scattered over hundreds of MB, and with 4 KB pages those reads miss the TLB (one
+    in-process timing of the bundled model's native attention: 1.26 -> 1.04 ms a step).
+    Elsewhere, or where madvise is refused, plain torch.zeros."""
+    if device.type != "cpu" or sys.platform != "linux":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)

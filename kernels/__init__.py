@@ -28,9 +28,12 @@ def get_ops(name: str) -> ModuleType:
 
 
 def default_cpu_backend() -> str:
-    """cpu_native where its C kernels build (kernels/cpu_native_build.py), else torch_sdpa."""
+    """cpu_native where its C kernels build with their AVX-512 paths
+    (kernels/cpu_native_build.py), else torch_sdpa (the portable C loops are slower than
+    oneDNN: without AVX-512 they are there for correctness, not speed)."""
     from kernels.cpu_native_build import load
-    return "cpu_native" if load() is not None else "torch_sdpa"
+    lib = load()
+    return "cpu_native" if lib is not None and lib.rp_vector_width() >= 16 else "torch_sdpa"
 
 
 def triton_available() -> bool:

@@ -21,7 +21,17 @@ enum { IN_PLAIN = 0, IN_RMS_NORM = 1, IN_SILU_MUL = 2 };
 #define PANEL 16            /* output columns of one packed weight panel */
 #define ROWS 16             /* input rows one pass over the weights serves */
 
-int rp_abi_version(void) { return 2; }
+int rp_abi_version(void) { return 3; }
+
+/* floats per vector of the build's fast paths: 16 with AVX-512, 1 for the portable loops
+ * (the engine takes this backend by default only when it is 16) */
+int rp_vector_width(void) {
+#if defined(__AVX512F__)
+    return 16;
+#else
+    return 1;
+#endif
+}
 
 /* one thread-local scratch buffer per use, grown on demand (never shrunk) */
 typedef struct { float *ptr; size_t len; } scratch_t;
@@ -196,7 +206,9 @@ static float weight_at(const void *w, int wdt, int64_t i) {
 #if defined(__F16C__) || defined(__AVX512F__)
     return _cvtsh_ss(h);
 #else
-    return (float)*(const _Float16 *)&h;
+    _Float16 f;
+    memcpy(&f, &h, sizeof f);
+    return (float)f;
 #endif
 }
 
@@ -294,19 +306,6 @@ static float softmax_numerators(float *s, int64_t len) {
     return sum;
 }
 
-#define PREFETCH_TOKENS 6      /* how far ahead the attention asks for K / V rows */
-
-/* Asks for the K (or V) row of a token a few tokens ahead: a sequence's blocks are
- * scattered and, between steps, the weights push the KV cache out of this core's
- * caches; the hardware prefetcher does not follow a block table. */
-static inline void prefetch_row(const float *row, int64_t row_bytes) {
-#if defined(__AVX512F__) || defined(__SSE__)
-    for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch((const char *)row + off, _MM_HINT_T0);
-#else
-    (void)row; (void)row_bytes;
-#endif
-}
-
 #if defined(__AVX512F__)
 /* The heads [0, nh) of one sequence (at most 256 / HD of them: their value accumulators
  * fill 16 registers) against its cached keys and values, each token's row of all KV
@@ -316,13 +315,11 @@ static inline void prefetch_row(const float *row, int64_t row_bytes) {
  * instantiation so the loops unroll into registers. */
 static inline __attribute__((always_inline)) void attend_heads(
         const float *q, int64_t nh, const int64_t *kv_of, const float *k_cache,
-        const float *v_cache, const int64_t *rows, int64_t row_stride, int64_t len,
-        float scale, float *scores, float *out, const int HD) {
+        const float *v_cache, const int64_t *rows, int64_t len, float scale, float *scores,
+        float *out, const int HD) {
     const int C = 256 / HD, V = HD / 16;         /* constants once inlined */
-    const int64_t row_bytes = row_stride * (int64_t)sizeof(float);
     __m512 acc[16][8];
     for (int64_t t = 0; t < len; t++) {
-        if (t + PREFETCH_TOKENS < len) prefetch_row(k_cache + rows[t + PREFETCH_TOKENS], row_bytes);
         const float *kt = k_cache + rows[t];
 #pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
@@ -335,7 +332,6 @@ static inline __attribute__((always_inline)) void attend_heads(
             scores[c * len + t] = _mm512_reduce_add_ps(prod) * scale;
         }
     }
-    for (int64_t t = 0; t < PREFETCH_TOKENS && t < len; t++) prefetch_row(v_cache + rows[t], row_bytes);
     float inv[16];
 #pragma GCC unroll 16
     for (int c = 0; c < C; c++) {
@@ -344,7 +340,6 @@ static inline __attribute__((always_inline)) void attend_heads(
         for (int v = 0; v < V; v++) acc[c][v] = _mm512_setzero_ps();
     }
     for (int64_t t = 0; t < len; t++) {
-        if (t + PREFETCH_TOKENS < len) prefetch_row(v_cache + rows[t + PREFETCH_TOKENS], row_bytes);
         const float *vt = v_cache + rows[t];
 #pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
@@ -367,9 +362,8 @@ static inline __attribute__((always_inline)) void attend_heads(
 #define ATTEND_HEADS(HD)                                                                 \
     static void attend_heads_##HD(const float *q, int64_t nh, const int64_t *kv_of,        \
                                   const float *kc, const float *vc, const int64_t *rows,   \
-                                  int64_t rs, int64_t len, float scale, float *scores,     \
-                                  float *out) {                                            \
-        attend_heads(q, nh, kv_of, kc, vc, rows, rs, len, scale, scores, out, HD);        \
+                                  int64_t len, float scale, float *scores, float *out) {   \
+        attend_heads(q, nh, kv_of, kc, vc, rows, len, scale, scores, out, HD);            \
     }
 ATTEND_HEADS(16)
 ATTEND_HEADS(32)
@@ -393,8 +387,7 @@ static void attend_head(const float *q, int64_t d, const float *k_cache, const f
  * register-sized groups of heads where an AVX-512 instantiation fits d */
 static void attend_sequence(const float *q, int64_t h, int64_t group, int64_t d,
                             const float *k_cache, const float *v_cache, const int64_t *rows,
-                            int64_t row_stride, int64_t len, float scale, float *scores,
-                            float *out) {
+                            int64_t len, float scale, float *scores, float *out) {
 #if defined(__AVX512F__)
     if (d == 16 || d == 32 || d == 64 || d == 128) {
         const int64_t per = 256 / d;
@@ -404,15 +397,14 @@ static void attend_sequence(const float *q, int64_t h, int64_t group, int64_t d,
             for (int64_t c = 0; c < nh; c++) kv_of[c] = (h0 + c) / group;
             const float *qh = q + h0 * d;
             float *oh = out + h0 * d;
-            if (d == 16) attend_heads_16(qh, nh, kv_of, k_cache, v_cache, rows, row_stride, len, scale, scores, oh);
-            else if (d == 32) attend_heads_32(qh, nh, kv_of, k_cache, v_cache, rows, row_stride, len, scale, scores, oh);
-            else if (d == 64) attend_heads_64(qh, nh, kv_of, k_cache, v_cache, rows, row_stride, len, scale, scores, oh);
-            else attend_heads_128(qh, nh, kv_of, k_cache, v_cache, rows, row_stride, len, scale, scores, oh);
+            if (d == 16) attend_heads_16(qh, nh, kv_of, k_cache, v_cache, rows, len, scale, scores, oh);
+            else if (d == 32) attend_heads_32(qh, nh, kv_of, k_cache, v_cache, rows, len, scale, scores, oh);
+            else if (d == 64) attend_heads_64(qh, nh, kv_of, k_cache, v_cache, rows, len, scale, scores, oh);
+            else attend_heads_128(qh, nh, kv_of, k_cache, v_cache, rows, len, scale, scores, oh);
         }
         return;
     }
 #endif
-    (void)row_stride;
     for (int64_t head = 0; head < h; head++)
         attend_head(q + head * d, d, k_cache + (head / group) * d, v_cache + (head / group) * d,
                     rows, len, scale, scores, out + head * d);
@@ -498,7 +490,7 @@ int rp_decode_attention(int64_t batch, int64_t h, int64_t h_kv, int64_t d,
             continue;
         }
         token_rows(block_tables + b * ld_tables, block_size, row_stride, len, rows);
-        attend_sequence(qb, h, group, d, k_cache, v_cache, rows, row_stride, len, scale,
+        attend_sequence(qb, h, group, d, k_cache, v_cache, rows, len, scale,
                         scores, out + b * h * d);
     }
 #if defined(__AVX512F__) || defined(__SSE__)

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_native.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
-ABI_VERSION = 2                 # rp_abi_version() of the source this module binds
+ABI_VERSION = 3                 # rp_abi_version() of the source this module binds
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
@@ -48,19 +48,19 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def library_path(compiler: str) -> Path:
+def library_path(compiler: str, flags: tuple[str, ...] = FLAGS) -> Path:
     key = hashlib.sha256(SOURCE.read_bytes())
-    for part in (compiler, " ".join(FLAGS), platform.machine(), _cpu_flags()):
+    for part in (compiler, " ".join(flags), platform.machine(), _cpu_flags()):
         key.update(part.encode())
     return cache_dir() / f"cpu_native-{key.hexdigest()[:16]}.so"
 
 
-def _build(compiler: str, target: Path) -> None:
+def _build(compiler: str, target: Path, flags: tuple[str, ...] = FLAGS) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True,
+        subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lm"], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(tmp, target)      # atomic: concurrent builders each install a whole file
     finally:
@@ -71,6 +71,7 @@ def _build(compiler: str, target: Path) -> None:
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     lib.rp_abi_version.restype = i32
+    lib.rp_vector_width.restype = i32
     lib.rp_linear.restype = i32
     lib.rp_linear.argtypes = [ptr, i64, i64, i64, ptr, i32, i64, ptr, ptr, i64, i32, ptr,
                               f32, ptr, i64, ptr, i64]
@@ -102,7 +103,9 @@ def build_in_background() -> None:
         threading.Thread(target=load, name="cpu-native-build", daemon=True).start()
 
 
-def _load() -> ctypes.CDLL | None:
+def _load(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
+    """The library built with `flags` (tests build the portable variant with
+    -mno-avx512f), or None."""
     if os.environ.get("ROSEPLAY_CPU_NATIVE", "1") == "0":
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -110,9 +113,9 @@ def _load() -> ctypes.CDLL | None:
         log.warning("no C compiler: the CPU engine uses torch ops (torch_sdpa)")
         return None
     try:
-        target = library_path(compiler)
+        target = library_path(compiler, flags)
         if not target.exists():
-            _build(compiler, target)
+            _build(compiler, target, flags)
         lib = _bind(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc

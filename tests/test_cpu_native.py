@@ -10,7 +10,7 @@ import torch
 
 from kernels import cpu_native, cpu_ops, default_cpu_backend, get_ops
 from kernels import reference as ref
-from kernels.cpu_native_build import _load
+from kernels.cpu_native_build import FLAGS, _load
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(),
                                 reason="no C compiler: the native CPU kernels cannot build")
@@ -165,7 +165,7 @@ def test_no_compiler_or_a_failed_build_means_no_library(tmp_path, monkeypatch):
     assert _load() is None
     monkeypatch.delenv("ROSEPLAY_CPU_NATIVE")
     lib = _load()                                            # builds into tmp_path
-    assert lib is not None and lib.rp_abi_version() == 2
+    assert lib is not None and lib.rp_abi_version() == 3 and lib.rp_vector_width() == 16
     assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
 
 
@@ -215,3 +215,30 @@ def test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(monkeypatc
         llm.engine.close()
     assert outs["torch"] == outs["cpu_native"]
     assert len(fused) >= 6 * 20 and all(fused)             # 6 layers x the decode-only steps
+
+
+def test_the_portable_build_computes_the_same(tmp_path, monkeypatch):
+    """The loops a CPU without AVX-512 runs (built here with -mno-avx512f): the same
+    results and greedy tokens; and the engine would not pick them by default."""
+    monkeypatch.setenv("ROSEPLAY_CACHE_DIR", str(tmp_path))
+    portable = _load(FLAGS + ("-mno-avx512f",))
+    assert portable is not None and portable.rp_vector_width() == 1
+    monkeypatch.setattr(cpu_native, "_LIB", portable)
+    gen = torch.Generator().manual_seed(9)
+    w, norm = _weight(40, 48, torch.float16, 7), torch.rand(48, generator=gen) + 0.5
+    for m in (1, 5, 16, 20):
+        x, res = torch.randn(m, 48, generator=gen), torch.randn(m, 48, generator=gen)
+        torch.testing.assert_close(cpu_native.linear(x, w), x @ w.T, atol=1e-5, rtol=1e-5)
+        y, new_res = cpu_native.rms_norm_linear(x, norm, 1e-5, w, None, res)
+        h, want_res = ref.rms_norm(x, norm, 1e-5, res)
+        torch.testing.assert_close(y, h @ w.T, atol=1e-5, rtol=1e-5)
+        gate_up = torch.randn(m, 96, generator=gen)
+        torch.testing.assert_close(cpu_native.silu_mul_linear(gate_up, w),
+                                   ref.silu_and_mul(gate_up) @ w.T, atol=1e-5, rtol=1e-5)
+    lens = [1, 7, 0, 33]
+    kc, vc, table = _paged(lens, 4, 2, 32, gen)
+    q, ctx = torch.randn(4, 8, 32, generator=gen), torch.tensor(lens, dtype=torch.int32)
+    torch.testing.assert_close(cpu_native.paged_decode_attention(q, kc, vc, table, ctx, 0.2),
+                               ref.paged_decode_attention(q, kc, vc, table, ctx, 0.2),
+                               atol=2e-6, rtol=2e-5)
+    test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(monkeypatch)
