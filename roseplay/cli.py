@@ -12,6 +12,7 @@ import os
 import sys
 
 from roseplay.cli_flags import add_engine_flags, add_goodput_flag, engine_kwargs, goodput_slos
+from roseplay.early_start import EarlyStart
 from roseplay.scenarios import SCENARIOS
 
 TUI_NUM_BLOCKS = 512        # a pool small enough to read on the map (override with --num-blocks)
@@ -222,8 +223,12 @@ def replay_app(args, slos: dict):
 
 
 def run_tui(args) -> int:
-    from roseplay.app import RoseplayApp
     slos = goodput_slos(args)
+    early = None
+    if not args.replay:             # the engine starts loading before Textual is imported
+        factory, message = (make_compare_factory if args.compare else make_source_factory)(args)
+        early = EarlyStart(factory)
+    from roseplay.app import RoseplayApp
     if args.replay:
         try:
             app = replay_app(args, slos)
@@ -231,12 +236,14 @@ def run_tui(args) -> int:
             return _fail(f"cannot replay {args.replay}: {exc}")
     elif args.compare:
         from roseplay.compare_app import CompareApp
-        factory, message = make_compare_factory(args)
-        app = CompareApp(source_factory=factory, loading_message=message, slos=slos)
+        app = CompareApp(source_factory=early, loading_message=message, slos=slos)
     else:
-        factory, message = make_source_factory(args)
-        app = RoseplayApp(source_factory=factory, loading_message=message, slos=slos)
-    app.run()
+        app = RoseplayApp(source_factory=early, loading_message=message, slos=slos)
+    try:
+        app.run()
+    finally:
+        if early is not None:
+            early.release()
     if app.load_error:
         return _fail(f"could not start: {app.load_error}", 1)
     return app.return_code or 0
