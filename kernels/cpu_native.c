@@ -137,15 +137,13 @@ static inline __attribute__((always_inline)) __m512 load_w(const void *w, int64_
 
 /* RM rows x NP panels of accumulators (at most 16 registers), one pass over k */
 static inline __attribute__((always_inline)) void tile(
-        const float *at, const void *w, int64_t k, int64_t panel, int64_t n_panels_total,
-        int RM, int NP, int wdt, const float *bias, float *out, int64_t ldo, int64_t rows,
+        const float *at, const void *w, int64_t k, int64_t panel, int RM, int NP, int wdt, const float *bias, float *out, int64_t ldo, int64_t rows,
         int64_t n) {
     __m512 acc[16][4];
 #pragma GCC unroll 16
     for (int r = 0; r < RM; r++)
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) acc[r][p] = _mm512_setzero_ps();
-    (void)n_panels_total;
     for (int64_t kk = 0; kk < k; kk++) {
         __m512 b[4];
 #pragma GCC unroll 4
@@ -176,24 +174,30 @@ static inline __attribute__((always_inline)) void tile(
         int64_t panels = (n + PANEL - 1) / PANEL, p = 0;                               \
         if (rows <= 4) {                                                               \
             for (; p + 4 <= panels; p += 4)                                            \
-                tile(at, w, k, p, panels, 4, 4, WDT, bias, out, ldo, rows, n);         \
+                tile(at, w, k, p, 4, 4, WDT, bias, out, ldo, rows, n);         \
             for (; p < panels; p++)                                                    \
-                tile(at, w, k, p, panels, 4, 1, WDT, bias, out, ldo, rows, n);         \
+                tile(at, w, k, p, 4, 1, WDT, bias, out, ldo, rows, n);         \
         } else if (rows <= 8) {                                                        \
             for (; p + 2 <= panels; p += 2)                                            \
-                tile(at, w, k, p, panels, 8, 2, WDT, bias, out, ldo, rows, n);         \
+                tile(at, w, k, p, 8, 2, WDT, bias, out, ldo, rows, n);         \
             for (; p < panels; p++)                                                    \
-                tile(at, w, k, p, panels, 8, 1, WDT, bias, out, ldo, rows, n);         \
+                tile(at, w, k, p, 8, 1, WDT, bias, out, ldo, rows, n);         \
         } else {                                                                       \
             for (; p < panels; p++)                                                    \
-                tile(at, w, k, p, panels, 16, 1, WDT, bias, out, ldo, rows, n);        \
+                tile(at, w, k, p, 16, 1, WDT, bias, out, ldo, rows, n);        \
         }                                                                              \
     }
 TILES(W_F32)
 TILES(W_F16)
 TILES(W_BF16)
-#endif
 
+static void gemm(const float *at, const void *w, int wdt, int64_t k, int64_t n,
+                 const float *bias, float *out, int64_t ldo, int64_t rows) {
+    if (wdt == W_F16) gemm_W_F16(at, w, k, n, bias, out, ldo, rows);
+    else if (wdt == W_BF16) gemm_W_BF16(at, w, k, n, bias, out, ldo, rows);
+    else gemm_W_F32(at, w, k, n, bias, out, ldo, rows);
+}
+#else
 static float weight_at(const void *w, int wdt, int64_t i) {
     if (wdt == W_F32) return ((const float *)w)[i];
     uint16_t h = ((const uint16_t *)w)[i];
@@ -203,7 +207,7 @@ static float weight_at(const void *w, int wdt, int64_t i) {
         memcpy(&f, &bits, sizeof f);
         return f;
     }
-#if defined(__F16C__) || defined(__AVX512F__)
+#if defined(__F16C__)
     return _cvtsh_ss(h);
 #else
     _Float16 f;
@@ -212,8 +216,9 @@ static float weight_at(const void *w, int wdt, int64_t i) {
 #endif
 }
 
-static void gemm_portable(const float *at, const void *w, int wdt, int64_t k, int64_t n,
-                          const float *bias, float *out, int64_t ldo, int64_t rows) {
+/* the portable loops: one output at a time */
+static void gemm(const float *at, const void *w, int wdt, int64_t k, int64_t n,
+                 const float *bias, float *out, int64_t ldo, int64_t rows) {
     for (int64_t col = 0; col < n; col++) {
         const int64_t base = (col / PANEL) * k * PANEL + col % PANEL;
         for (int64_t r = 0; r < rows; r++) {
@@ -224,6 +229,7 @@ static void gemm_portable(const float *at, const void *w, int wdt, int64_t k, in
         }
     }
 }
+#endif
 
 /* y[m][n] = prologue(x)[m][k] . W^T + bias. x rows are ldx apart (in floats); for
  * IN_SILU_MUL a row holds 2k values [gate | up]. Returns 0, or -1 without memory. */
@@ -239,16 +245,8 @@ int rp_linear(const float *x, int64_t m, int64_t k, int64_t ldx, const void *w, 
         pack_input(x + r0 * ldx, ldx, rows, k, mode, norm_w, eps,
                    res_in ? res_in + r0 * ld_res_in : NULL, ld_res_in,
                    res_out ? res_out + r0 * ld_res_out : NULL, ld_res_out, at, row);
-        float *out = y + r0 * ldy;
-#if defined(__AVX512F__)
-        if (wdt == W_F16) gemm_W_F16(at, w, k, n, bias, out, ldy, rows);
-        else if (wdt == W_BF16) gemm_W_BF16(at, w, k, n, bias, out, ldy, rows);
-        else gemm_W_F32(at, w, k, n, bias, out, ldy, rows);
-#else
-        gemm_portable(at, w, wdt, k, n, bias, out, ldy, rows);
-#endif
+        gemm(at, w, wdt, k, n, bias, y + r0 * ldy, ldy, rows);
     }
-    (void)gemm_portable;
     return 0;
 }
 
