@@ -38,7 +38,7 @@ def kv_cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     Elsewhere, or where madvise is refused, plain torch.zeros."""
     if device.type != "cpu" or sys.platform != "linux":
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
     offset = -raw.data_ptr() % HUGE_PAGE
     cache = raw[offset:offset + nbytes].view(dtype).view(shape)

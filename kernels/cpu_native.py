@@ -74,6 +74,15 @@ def _weight_ok(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())))
 
 
+def _check(status: int, what: str) -> None:
+    """A C call's status as the exception it stands for (0: done)."""
+    if status == -2:
+        raise IndexError(f"native {what}: a position, slot, block table entry or context "
+                         "length is out of range")
+    if status != 0:
+        raise MemoryError(f"native {what}: out of memory for its scratch buffers")
+
+
 def _run_linear(rows: torch.Tensor, k: int, weight: torch.Tensor, bias, mode: int,
                 norm_weight=None, eps: float = 0.0, residual=None, new_residual=None):
     panels = packed_panels(weight)
@@ -85,8 +94,7 @@ def _run_linear(rows: torch.Tensor, k: int, weight: torch.Tensor, bias, mode: in
         mode, None if norm_weight is None else norm_weight.data_ptr(), eps,
         None if residual is None else residual.data_ptr(), 0 if residual is None else k,
         None if new_residual is None else new_residual.data_ptr(), k)
-    if status != 0:
-        raise MemoryError("native linear: out of memory for its scratch buffers")
+    _check(status, "linear")
     return y
 
 
@@ -134,15 +142,26 @@ def _heads_ok(t: torch.Tensor) -> bool:
             and t.stride(2) == 1 and t.stride(1) == t.shape[2])
 
 
-def _attention_ok(q, k_cache, v_cache, block_tables, context_lens) -> bool:
+def _cache_ok(n_tokens: int, n_heads: int, k_cache, v_cache, block_tables,
+              context_lens) -> bool:
+    """The paged caches and a decode step's tables as the C attention reads them, for
+    n_tokens decodes of n_heads query heads."""
     n_kv = k_cache.shape[2] if k_cache.dim() == 4 else 0
-    return (_LIB is not None and _heads_ok(q) and n_kv > 0 and q.shape[1] % n_kv == 0
-            and q.shape[1] // n_kv <= MAX_GROUP and k_cache.dtype == v_cache.dtype == torch.float32
+    return (_LIB is not None and n_kv > 0 and n_heads % n_kv == 0
+            and n_heads // n_kv <= MAX_GROUP and k_cache.dtype == v_cache.dtype == torch.float32
             and k_cache.is_contiguous() and v_cache.is_contiguous()
             and block_tables.dtype == torch.int32 and block_tables.dim() == 2
             and block_tables.stride(-1) == 1
             and context_lens.dtype == torch.int32 and context_lens.is_contiguous()
-            and q.shape[0] == block_tables.shape[0] == context_lens.shape[0])
+            and n_tokens == block_tables.shape[0] == context_lens.shape[0])
+
+
+def _rotary_ok(n_tokens: int, head_dim: int, positions, slot_mapping, cos_sin) -> bool:
+    """Positions, slots and the [cos | sin] cache as the C rotary + store reads them."""
+    return (positions.dtype == slot_mapping.dtype == torch.int64 and positions.is_contiguous()
+            and slot_mapping.is_contiguous() and cos_sin.dtype == torch.float32
+            and cos_sin.is_contiguous() and cos_sin.shape[-1] == head_dim
+            and positions.shape[0] == slot_mapping.shape[0] == n_tokens)
 
 
 def _decode(q, k, v, positions, cos_sin, slots, k_cache, v_cache, block_tables,
@@ -159,11 +178,7 @@ def _decode(q, k, v, positions, cos_sin, slots, k_cache, v_cache, block_tables,
         k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], k_cache.shape[1],
         block_tables.data_ptr(), block_tables.stride(0), block_tables.shape[1],
         context_lens.data_ptr(), scale, out.data_ptr())
-    if status == -2:
-        raise IndexError("native decode attention: a position, slot, block table entry or "
-                         "context length is out of range")
-    if status != 0:
-        raise MemoryError("native decode attention: out of memory for its scratch buffers")
+    _check(status, "decode attention")
     return out
 
 
@@ -171,7 +186,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
     """As reference.paged_decode_attention: q [B, H, D] -> [B, H, D]."""
-    if not _attention_ok(q, k_cache, v_cache, block_tables, context_lens):
+    if not (_heads_ok(q) and _cache_ok(q.shape[0], q.shape[1], k_cache, v_cache,
+                                       block_tables, context_lens)):
         return cpu_ops.paged_decode_attention(q, k_cache, v_cache, block_tables,
                                               context_lens, scale)
     return _decode(q, None, None, None, None, None, k_cache, v_cache, block_tables,
@@ -183,12 +199,10 @@ def rotary_decode_attention(positions, query, key, value, cos_sin_cache, is_neox
                             scale: float, **knobs) -> torch.Tensor:
     """As reference.rotary_decode_attention: rotary, K/V stored at slot_mapping (-1:
     not stored), then decode attention of the rotated query."""
-    ok = (is_neox and _attention_ok(query, k_cache, v_cache, block_tables, context_lens)
-          and _heads_ok(key) and _heads_ok(value) and positions.dtype == torch.int64
-          and positions.is_contiguous() and slot_mapping.dtype == torch.int64
-          and slot_mapping.is_contiguous() and cos_sin_cache.dtype == torch.float32
-          and cos_sin_cache.is_contiguous() and cos_sin_cache.shape[-1] == query.shape[-1]
-          and positions.shape[0] == slot_mapping.shape[0] == query.shape[0])
+    t, n_heads, head_dim = query.shape if query.dim() == 3 else (0, 0, 0)
+    ok = (is_neox and _heads_ok(query) and _heads_ok(key) and _heads_ok(value)
+          and _cache_ok(t, n_heads, k_cache, v_cache, block_tables, context_lens)
+          and _rotary_ok(t, head_dim, positions, slot_mapping, cos_sin_cache))
     if not ok:
         return cpu_ops.rotary_decode_attention(positions, query, key, value, cos_sin_cache,
                                                is_neox, k_cache, v_cache, slot_mapping,
@@ -228,18 +242,12 @@ def llama_decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor,
     attn, t = layer.attn, hidden.shape[0]
     k_cache, v_cache = attn.k_cache, attn.v_cache
     tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
-    if (_LIB is None or not 0 < t <= NATIVE_MAX_ROWS or hidden.dtype != torch.float32
+    if (not 0 < t <= NATIVE_MAX_ROWS or hidden.dtype != torch.float32
             or not hidden.is_contiguous() or hidden.dim() != 2
             or (residual is not None and not residual.is_contiguous())
-            or tables is None or lens is None or slots.dtype != torch.int64
-            or positions.dtype != torch.int64 or not positions.is_contiguous()
-            or cos_sin.dtype != torch.float32 or not cos_sin.is_contiguous()
-            or cos_sin.shape[-1] != layer.head_dim
-            or not (tables.dtype == lens.dtype == torch.int32) or tables.dim() != 2
-            or tables.stride(-1) != 1 or not lens.is_contiguous()
-            or k_cache.dtype != torch.float32 or not k_cache.is_contiguous()
-            or layer.num_heads // layer.num_kv_heads > MAX_GROUP
-            or not (positions.shape[0] == slots.shape[0] == tables.shape[0] == t)):
+            or tables is None or lens is None
+            or not _cache_ok(t, layer.num_heads, k_cache, v_cache, tables, lens)
+            or not _rotary_ok(t, layer.head_dim, positions, slots, cos_sin)):
         return None
     weights = _layer_weights(layer)
     if weights is None:
@@ -253,9 +261,5 @@ def llama_decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor,
         cos_sin.shape[0], slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
         k_cache.shape[0], k_cache.shape[1], tables.data_ptr(), tables.stride(0),
         tables.shape[1], lens.data_ptr(), attn.scale)
-    if status == -2:
-        raise IndexError("native decoder layer: a position, slot, block table entry or "
-                         "context length is out of range")
-    if status != 0:
-        raise MemoryError("native decoder layer: out of memory for its scratch buffers")
+    _check(status, "decoder layer")
     return out, new_residual

@@ -195,6 +195,12 @@ def test_bundled_model_greedy_tokens_equal_hf_float32():
 
 
 def test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(monkeypatch):
+    _assert_one_call_layers_give_the_torch_tokens(monkeypatch)
+
+
+def _assert_one_call_layers_give_the_torch_tokens(monkeypatch):
+    """Greedy tokens of the bundled model under cpu_native equal the torch backend's, and
+    every decode-only step took the one-call layer."""
     from engine.llm import LLM
     from engine.request import SamplingParams
     prompts = ["ROMEO:", "To be, or not to be", "KING HENRY:\nWhat", "O"]
@@ -241,4 +247,4 @@ def test_the_portable_build_computes_the_same(tmp_path, monkeypatch):
     torch.testing.assert_close(cpu_native.paged_decode_attention(q, kc, vc, table, ctx, 0.2),
                                ref.paged_decode_attention(q, kc, vc, table, ctx, 0.2),
                                atol=2e-6, rtol=2e-5)
-    test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(monkeypatch)
+    _assert_one_call_layers_give_the_torch_tokens(monkeypatch)
