@@ -16,8 +16,8 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from roseplay.record import (MAX_RECORDING_BYTES, READABLE_VERSIONS, FrameDecoder, ReplayFrame,
-                             iter_lines)
+from roseplay.frames import FrameDecoder, ReplayFrame
+from roseplay.record import MAX_RECORDING_BYTES, READABLE_VERSIONS, iter_lines
 from roseplay.record_schema import BadRecording, check_plain_dict, parse_line
 
 CACHED_FRAMES = 16

@@ -10,7 +10,8 @@ import pytest
 from engine.codes import EV_CHUNK_DONE, EV_COW, EV_PREEMPT
 from engine.snapshot import EngineCounters, EngineEvent
 from roseplay.app import RoseplayApp
-from roseplay.record import FrameDecoder, FrameEncoder, header_for
+from roseplay.frames import FrameDecoder, FrameEncoder
+from roseplay.record import header_for
 from roseplay.source import ReplaySource
 from roseplay.widgets import theme
 from roseplay.widgets.counters import CounterWindow

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from roseplay.app import RoseplayApp
-from roseplay.record import FrameDecoder, FrameEncoder, header_for
+from roseplay.frames import FrameDecoder, FrameEncoder
+from roseplay.record import header_for
 from roseplay.replay import load_recording
 from roseplay.source import ReadOnlyError, ReplaySource
 from roseplay.widgets.status import StatusBar

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from roseplay.app import RoseplayApp
-from roseplay.record import FrameEncoder, header_for
+from roseplay.frames import FrameEncoder
+from roseplay.record import header_for
 from roseplay.replay import Recording
 from roseplay.source import ReplaySource
 from tui_helpers import SESSION, notices, screen_text, wait_for
