@@ -26,62 +26,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from engine.config import SchedulerConfig
 from roseplay import bench_report as report
-from roseplay.cli_flags import (add_engine_flags, add_goodput_flag, engine_kwargs, field_by_name,
-                                goodput_slos, parse_knob_value)
+from roseplay.bench_args import add_arguments, check_args, parse_ab
+from roseplay.cli_flags import engine_kwargs, goodput_slos
 from roseplay.driver import WorkloadDriver
-from roseplay.scenarios import SCENARIOS, WorkItem, build_workload
+from roseplay.scenarios import WorkItem, build_workload
 
 LIVE_KNOBS = {f.name for f in dataclasses.fields(SchedulerConfig)}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    w = p.add_argument_group("workload")
-    w.add_argument("--scenario", default="random", choices=list(SCENARIOS),
-                   help="Workload scenario (default: random = vLLM's random dataset).")
-    w.add_argument("--num-prompts", type=int, default=64, help="Measured requests (default: 64).")
-    w.add_argument("--input-len", type=int, default=128, help="Prompt tokens (token-id prompts; "
-                   "text scenarios use their own text except 'random') (default: 128).")
-    w.add_argument("--output-len", type=int, default=64, help="max_tokens per request, EOS "
-                   "ignored (default: 64).")
-    w.add_argument("--range-ratio", type=float, default=0.0, help="Lengths uniform in "
-                   "[L*(1-r), L*(1+r)] (default: 0).")
-    rate = w.add_mutually_exclusive_group()
-    rate.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals "
-                      "(req/s); inf or unset: all at t=0.")
-    rate.add_argument("--submit-interval-ms", type=float, default=None,
-                      help="One request every MS milliseconds.")
-    w.add_argument("--max-concurrency", type=int, default=None, help="Most requests in flight.")
-    w.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature (0: greedy).")
-    w.add_argument("--warmup", type=int, default=8, help="Warm-up requests of the same scenario "
-                   "(other seed), run and discarded before each measured run; the prefix "
-                   "cache is cleared after them (default: 8).")
-    b = p.add_argument_group("bench")
-    b.add_argument("--ab", metavar="KNOB=V1,V2,...", help="Run once per knob value; "
-                   "side-by-side table with ratios vs the first.")
-    b.add_argument("--compare", choices=["hf"], help="Also run HF transformers (continuous "
-                   "batching and plain generate) on the same workload and weights.")
-    b.add_argument("--hf-batch-size", type=int, default=64, help="Batch of HF plain generate.")
-    b.add_argument("--repeat", type=int, default=1, help="Measured runs on one engine (prefix "
-                   "cache cleared before each); prints every run's throughput and the median "
-                   "with min..max (default: 1).")
-    b.add_argument("--in-process", action="store_true", help="Run the engine on a thread of "
-                   "this process instead of its own process (the old architecture).")
-    b.add_argument("--engine-address", metavar="ADDR", help="Bind the engine process at ADDR "
-                   "(tcp://127.0.0.1:PORT uses PORT..PORT+2) so that `roseplay --connect ADDR` "
-                   "can watch the run (default: a private socket).")
-    add_goodput_flag(b)
-    b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
-    b.add_argument("--no-progress", action="store_true", help="No progress bar.")
-    h = p.add_argument_group("HTTP client (roseplay/bench_http.py)")
-    h.add_argument("--base-url", metavar="URL", help="Drive an OpenAI-compatible server at URL "
-                   "(roseplay serve, vLLM, SGLang) instead of the in-process engine; engine "
-                   "flags then only name the model (--model: the tokenizer and model name).")
-    h.add_argument("--api-key", default=None, help="Bearer key for --base-url.")
-    h.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
-                   help="/v1/completions (token-id prompts sent as ids) or "
-                        "/v1/chat/completions (default: completions).")
-    add_engine_flags(p)
-    return p
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -90,38 +40,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_arguments(p)
     p.set_defaults(func=run)
     return p
-
-
-def parse_ab(text: str | None) -> tuple[str, list] | None:
-    """"max_num_batched_tokens=8192,224" -> ("max_num_batched_tokens", [8192, 224])."""
-    if not text:
-        return None
-    name, sep, values = text.partition("=")
-    if not sep or not values:
-        raise ValueError(f"--ab expects KNOB=V1,V2,..., got {text!r}")
-    name = field_by_name(name.strip()).name
-    parsed = [parse_knob_value(name, v.strip()) for v in values.split(",")]
-    if len(parsed) < 2:
-        raise ValueError("--ab needs at least two values")
-    return name, parsed
-
-
-def _check_args(args) -> None:
-    for flag in ("num_prompts", "input_len", "output_len"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
-    if args.warmup < 0:
-        raise ValueError("--warmup must be >= 0")
-    if args.max_concurrency is not None and args.max_concurrency < 1:
-        raise ValueError("--max-concurrency must be >= 1")
-    if args.request_rate is not None and args.request_rate <= 0:
-        raise ValueError("--request-rate must be > 0")
-    if args.ab and args.compare:
-        raise ValueError("use --ab or --compare, not both")
-    if args.repeat < 1:
-        raise ValueError("--repeat must be >= 1")
-    if args.repeat > 1 and (args.ab or args.compare):
-        raise ValueError("--repeat works with a single configuration (not --ab / --compare)")
 
 
 # -- one measured run ---------------------------------------------------------------------
@@ -355,7 +273,7 @@ def _report(console: Console, args, results, extra: dict, mode: str) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console()
     try:
-        _check_args(args)
+        check_args(args)
         ab = parse_ab(args.ab)
     except ValueError as exc:
         console.print(f"[red]bench: {exc}[/red]")

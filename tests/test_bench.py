@@ -7,7 +7,7 @@ import math
 import pytest
 
 from engine.metrics import Summary, goodput, meets_slos, parse_slos, percentile
-from roseplay import bench
+from roseplay import bench, bench_args
 from roseplay.bench_report import RunResult, side_by_side, summarize, times_record, wall_duration
 
 BASE = ["--model", "dummy:tiny", "--num-blocks", "256", "--no-progress"]
@@ -60,11 +60,11 @@ def test_side_by_side_ratios():
 
 
 def test_parse_ab():
-    assert bench.parse_ab("max-num-batched-tokens=8192,224") == ("max_num_batched_tokens", [8192, 224])
-    assert bench.parse_ab("enable_prefix_caching=true,false") == ("enable_prefix_caching", [True, False])
+    assert bench_args.parse_ab("max-num-batched-tokens=8192,224") == ("max_num_batched_tokens", [8192, 224])
+    assert bench_args.parse_ab("enable_prefix_caching=true,false") == ("enable_prefix_caching", [True, False])
     for bad in ("max_num_seqs=4", "nope=1,2", "max_num_seqs", "max_num_seqs=0,1"):
         with pytest.raises(ValueError):
-            bench.parse_ab(bad)
+            bench_args.parse_ab(bad)
 
 
 

@@ -141,10 +141,10 @@ def test_generate_refuses_or_serves(llm, reference, prompts, params):
 
 # -- CLI flags ---------------------------------------------------------------------------
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    from roseplay import bench, cli
+    from roseplay import bench_args, cli
     from roseplay.serve import cli as serve_cli
     b = argparse.ArgumentParser(prog="roseplay bench")
-    bench.add_arguments(b)
+    bench_args.add_arguments(b)
     return {"tui": cli.build_parser(), "bench": b, "serve": serve_cli.build_parser()}
 
 
@@ -192,9 +192,9 @@ def test_cli_flags_exit_2_or_make_a_valid_config(data, which):
     kwargs = engine_kwargs(args)
     _, error = tried(f"CLI ({which}) -> config", make_config, **kwargs)
     if error is None and which == "bench":
-        from roseplay.bench import _check_args, parse_ab
+        from roseplay.bench_args import check_args, parse_ab
         try:
-            _check_args(args)
+            check_args(args)
             parse_ab(args.ab)
         except ValueError:
             F.REFUSED[f"CLI ({which})"] += 1
