@@ -58,6 +58,12 @@ DEFAULT_REDUCE = 2
 # scripts/profile_step.py --set kernels.linear.PRELOAD_WEIGHTS=0).
 PRELOAD_WEIGHTS = 1
 FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
+# M = 1 plan: 0 = 16 x 256 tiles looping over K; 1 = one K step per program (the whole
+# slab loads before the PDL wait), narrow tiles; 2 = 1 for weights of at most
+# ONE_STEP_MAX_ELEMS elements only (the small projections), 0 for the rest.
+PLAN_M1 = 0
+ONE_STEP_MAX_ELEMS = 1 << 22
+ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at 4 warps
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -207,6 +213,8 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
     """Tiles and split-K from shapes only (graph safe); rules from the H100 sweep
     (scripts/bench_decode_ops.py, docs/KERNELS.md). elem: bytes per weight element
     (float32 dot tiles take half the K width so 4 pipeline stages fit in shared memory)."""
+    if m == 1 and (PLAN_M1 == 1 or (PLAN_M1 == 2 and n * k <= ONE_STEP_MAX_ELEMS)):
+        return _plan_one_step(n, k, sms)
     if m == 1:
         # FMA path, 16 rows x 256 columns; split K until ~4 programs per SM
         block_n, block_k = 16, min(256, max(16, next_pow2(k)))
@@ -225,6 +233,19 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
             split = 1
     return {"block_n": block_n, "block_k": block_k, "split_k": split, "num_warps": 4,
             "num_stages": 4, "use_dot": use_dot, "reduce": DEFAULT_REDUCE}
+
+
+def _plan_one_step(n: int, k: int, sms: int) -> dict:
+    """M = 1, one K step per program: the program's whole slab is in flight at once (and
+    loaded before the PDL wait). K up to 1024 in one step, else 512-wide splits; the tile
+    narrows until there are >= 2 programs per SM."""
+    block_k = max(16, next_pow2(k)) if k <= 1024 else 512
+    split = triton.cdiv(k, block_k)
+    block_n = max(1, ONE_STEP_TILE_ELEMS // block_k)
+    while block_n > 2 and triton.cdiv(n, block_n) * split < 2 * sms:
+        block_n //= 2
+    return {"block_n": block_n, "block_k": block_k, "split_k": split, "num_warps": 4,
+            "num_stages": 1, "use_dot": False, "reduce": DEFAULT_REDUCE}
 
 
 def _skinny(x, weight, bias, k_x, limit):

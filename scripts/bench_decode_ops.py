@@ -49,8 +49,9 @@ if DRY:
     SHAPES = {"qkv": (72, 48, True), "down": (40, 160, False)}
 DOT_TILES = [(16, 128), (16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64),
              (128, 128)]
-FMA_TILES = [(16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64)]
-SPLITS = [1, 2, 4, 8, 16]
+FMA_TILES = [(16, 256), (32, 128), (32, 256), (64, 64), (64, 128), (128, 64),
+             (2, 1024), (4, 1024), (8, 1024), (4, 512), (8, 512), (16, 512)]   # one K step
+SPLITS = [1, 2, 4, 8, 10, 16]
 if DRY:
     DOT_TILES, FMA_TILES, SPLITS = [(16, 32)], [(16, 32)], [1, 2]
 
@@ -104,12 +105,12 @@ def gbps(n, k, ms):
     return n * k * 2 / (ms * 1e-3) / 1e12
 
 
-def sweep(res, budget):
+def sweep(res, budget, row_counts=(1, 16)):
     sms = torch.cuda.get_device_properties(0).multi_processor_count if not DRY else 4
     out = res.setdefault("sweep", {})
     for name, (n, k, bias) in SHAPES.items():
         ws = weights(n, k, bias)
-        for m in (1, 16):
+        for m in row_counts:
             x = torch.randn(m, k, device=DEV).to(DT)
             want = ref.linear(x.double(), ws[0][0].double(),
                               None if ws[0][1] is None else ws[0][1].double())
@@ -275,6 +276,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget", type=float, default=150.0, help="seconds for the sweep")
     ap.add_argument("--sections", default="sweep,cross,fused,decode,rope")
+    ap.add_argument("--rows", default="1,16", help="sweep: the row counts")
     ap.add_argument("--dry", action="store_true")
     a = ap.parse_args()
     res = {"device": "cpu" if DRY else torch.cuda.get_device_name(0),
@@ -282,7 +284,7 @@ def main():
     torch.manual_seed(0)
     for sec in a.sections.split(","):
         t = time.time()
-        {"sweep": lambda: sweep(res, a.budget), "cross": lambda: crossover(res),
+        {"sweep": lambda: sweep(res, a.budget, [int(r) for r in a.rows.split(",")]), "cross": lambda: crossover(res),
          "decode": lambda: decode(res), "rope": lambda: rope(res),
          "fused": lambda: fused(res)}[sec]()
         print(f"[{sec}: {time.time() - t:.1f} s]", flush=True)

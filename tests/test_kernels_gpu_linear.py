@@ -35,6 +35,42 @@ def test_linear(tri, seed, dtype, m, shape):
     check(tri.linear(x, w, b), linear_want(x, w, b, dtype), dtype, seed, f"linear m={m}")
 
 
+@pytest.mark.parametrize("plan", [1, 2])
+@pytest.mark.parametrize("shape", LINEAR_SHAPES[:5], ids=lambda s: f"n{s[0]}-k{s[1]}")
+def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
+    """kernels.linear.PLAN_M1 1 and 2 (one K step per program): linear, rms_norm_linear
+    (+residual) and silu_mul_linear at one row, eagerly and from a replayed graph."""
+    import kernels.linear as lin
+    monkeypatch.setattr(lin, "PLAN_M1", plan)
+    dtype, (n, k, has_bias) = torch.bfloat16, shape
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype) if has_bias else None
+    nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(dtype)
+    x, res = (torch.empty(1, k, device="cuda", dtype=dtype) for _ in range(2))
+    xs = torch.empty(1, 2 * k, device="cuda", dtype=dtype)
+
+    def fwd(ops):
+        return (ops.linear(x, w, b), *ops.rms_norm_linear(x, nw, 1e-6, w, b, res),
+                ops.silu_mul_linear(xs, w, b))
+
+    def fill():
+        for t in (x, res, xs):
+            t.copy_(torch.randn(t.shape, device="cuda"))
+
+    fill()
+    for got, want in zip(fwd(tri), fwd(ref)):
+        check(got, want, dtype, seed, f"one-step plan {plan} eager")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fwd(tri)
+    for _ in range(2):
+        fill()
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(outs, fwd(ref)):
+            check(got, want, dtype, seed, f"one-step plan {plan} graph")
+
+
 @pytest.mark.parametrize("reduce", [1, 2])
 @pytest.mark.parametrize("use_dot", [True, False])
 def test_linear_split_k_modes(tri, seed, reduce, use_dot):
