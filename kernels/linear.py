@@ -64,6 +64,7 @@ FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many
 PLAN_M1 = 0
 ONE_STEP_MAX_ELEMS = 1 << 22
 ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at 4 warps
+M1_BLOCK_N, M1_BLOCK_K = 16, 256   # the looping M = 1 tile
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -217,7 +218,7 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
         return _plan_one_step(n, k, sms)
     if m == 1:
         # FMA path, 16 rows x 256 columns; split K until ~4 programs per SM
-        block_n, block_k = 16, min(256, max(16, next_pow2(k)))
+        block_n, block_k = M1_BLOCK_N, min(M1_BLOCK_K, max(16, next_pow2(k)))
         tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
         split = max(1, min(k_tiles, triton.cdiv(4 * sms, tiles)))
         use_dot = False
