@@ -58,13 +58,16 @@ DEFAULT_REDUCE = 2
 # scripts/profile_step.py --set kernels.linear.PRELOAD_WEIGHTS=0).
 PRELOAD_WEIGHTS = 1
 FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
-# M = 1 plan: 0 = 16 x 256 tiles looping over K; 1 = one K step per program (the whole
-# slab loads before the PDL wait), narrow tiles; 2 = 1 for weights of at most
-# ONE_STEP_MAX_ELEMS elements only (the small projections), 0 for the rest.
-PLAN_M1 = 0
+# The M = 1 plan (session 11, docs/KERNELS.md "One row"): weights of at most
+# ONE_STEP_MAX_ELEMS elements (qkv, o) take one K step per program with narrow tiles, so a
+# program's whole slab loads before the PDL wait; larger ones loop over K in
+# M1_BLOCK_N x M1_BLOCK_K tiles. PLAN_M1 = 0 is the session 10 plan (16 x 256 tiles
+# everywhere), 1 one K step for every weight; both kept for A/B runs
+# (scripts/profile_step.py --variants).
+PLAN_M1 = 2
 ONE_STEP_MAX_ELEMS = 1 << 22
 ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at 4 warps
-M1_BLOCK_N, M1_BLOCK_K = 16, 256   # the looping M = 1 tile
+M1_BLOCK_N, M1_BLOCK_K = 8, 512
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -217,8 +220,9 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
     if m == 1 and (PLAN_M1 == 1 or (PLAN_M1 == 2 and n * k <= ONE_STEP_MAX_ELEMS)):
         return _plan_one_step(n, k, sms)
     if m == 1:
-        # FMA path, 16 rows x 256 columns; split K until ~4 programs per SM
-        block_n, block_k = M1_BLOCK_N, min(M1_BLOCK_K, max(16, next_pow2(k)))
+        # FMA path, looping over K; split K until ~4 programs per SM
+        block_n, block_k = (16, 256) if PLAN_M1 == 0 else (M1_BLOCK_N, M1_BLOCK_K)
+        block_k = min(block_k, max(16, next_pow2(k)))
         tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
         split = max(1, min(k_tiles, triton.cdiv(4 * sms, tiles)))
         use_dot = False

@@ -35,10 +35,11 @@ def test_linear(tri, seed, dtype, m, shape):
     check(tri.linear(x, w, b), linear_want(x, w, b, dtype), dtype, seed, f"linear m={m}")
 
 
-@pytest.mark.parametrize("plan", [1, 2])
+@pytest.mark.parametrize("plan", [0, 1, 2])
 @pytest.mark.parametrize("shape", LINEAR_SHAPES[:5], ids=lambda s: f"n{s[0]}-k{s[1]}")
 def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
-    """kernels.linear.PLAN_M1 1 and 2 (one K step per program): linear, rms_norm_linear
+    """Each kernels.linear.PLAN_M1 (0: 16 x 256 tiles; 1, 2: one K step per program for all or
+    the small weights): linear, rms_norm_linear
     (+residual) and silu_mul_linear at one row, eagerly and from a replayed graph."""
     import kernels.linear as lin
     monkeypatch.setattr(lin, "PLAN_M1", plan)
