@@ -282,9 +282,10 @@ def main():
     res = {"device": "cpu" if DRY else torch.cuda.get_device_name(0),
            "torch": torch.__version__, "triton": triton.__version__}
     torch.manual_seed(0)
+    rows = [int(r) for r in a.rows.split(",")]
     for sec in a.sections.split(","):
         t = time.time()
-        {"sweep": lambda: sweep(res, a.budget, [int(r) for r in a.rows.split(",")]), "cross": lambda: crossover(res),
+        {"sweep": lambda: sweep(res, a.budget, rows), "cross": lambda: crossover(res),
          "decode": lambda: decode(res), "rope": lambda: rope(res),
          "fused": lambda: fused(res)}[sec]()
         print(f"[{sec}: {time.time() - t:.1f} s]", flush=True)

@@ -38,9 +38,9 @@ def test_linear(tri, seed, dtype, m, shape):
 @pytest.mark.parametrize("plan", [0, 1, 2])
 @pytest.mark.parametrize("shape", LINEAR_SHAPES[:5], ids=lambda s: f"n{s[0]}-k{s[1]}")
 def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
-    """Each kernels.linear.PLAN_M1 (0: 16 x 256 tiles; 1, 2: one K step per program for all or
-    the small weights): linear, rms_norm_linear
-    (+residual) and silu_mul_linear at one row, eagerly and from a replayed graph."""
+    """Every kernels.linear.PLAN_M1 (0: 16 x 256 tiles; 1: one K step per program for all
+    weights; 2: for the small ones) on linear, rms_norm_linear (+residual) and
+    silu_mul_linear at one row, eagerly and replayed from a graph on new inputs."""
     import kernels.linear as lin
     monkeypatch.setattr(lin, "PLAN_M1", plan)
     dtype, (n, k, has_bias) = torch.bfloat16, shape
