@@ -25,7 +25,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7, reduce=1)),
         # one K step per program (the PLAN_M1 tiles): narrow rows, a masked K, split-K
         (1, 67, 45, True, dict(block_n=2, block_k=64, split_k=1, use_dot=False, num_stages=1)),
-        (1, 40, 300, False, dict(block_n=4, block_k=64, split_k=5, use_dot=False, num_stages=1)),
+        (1, 12, 300, False, dict(block_n=4, block_k=64, split_k=5, use_dot=False, num_stages=1)),
     ]
 
     @pytest.mark.parametrize("dtype", DTYPES)
