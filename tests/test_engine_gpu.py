@@ -31,10 +31,11 @@ def test_cuda_graphs_match_eager_bf16():
     assert _greedy(graphs, prompts) == eager
 
 
+@pytest.mark.parametrize("n_prompts", [6, 1])   # 1: every decode step is a one-row GEMV
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "gpt2", "llama-gqa7"])
-def test_triton_backend_matches_hf_fp32(kind, tmp_path):
+def test_triton_backend_matches_hf_fp32(kind, n_prompts, tmp_path):
     hf = make_checkpoint(kind, tmp_path)
-    prompts = _workload(hf.config.vocab_size, n=6)
+    prompts = _workload(hf.config.vocab_size, n=n_prompts)
     llm = LLM(model=str(tmp_path), device="cuda", dtype="float32", num_blocks=512,
               attention_backend="triton", max_num_batched_tokens=64)
     got = _greedy(llm, prompts, n=24)
