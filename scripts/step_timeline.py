@@ -34,17 +34,19 @@ def _label(e):
     return e["name"] + (f" grid{tuple(grid)}" if grid else "")
 
 
-def critical_path(events, starts):
-    """Per kernel (name + grid), how far its end moves the stream's end forward: with PDL
-    kernels overlap, so durations double count; these increments add up to the span."""
-    adds = {}
+def per_kernel(events, starts):
+    """Per kernel (name + grid) over the whole steps: calls, summed duration, and how far
+    its end moves the stream's end forward (with PDL kernels overlap, so durations double
+    count; these increments add up to the span)."""
+    rows = {}
     prev_end = events[starts[0]][0]
     for ts, dur, name, _ in events[starts[0]:starts[-1]]:
-        k = adds.setdefault(name[:90], [0, 0.0])
-        k[0] += 1
-        k[1] += max(0.0, ts + dur - prev_end)
+        row = rows.setdefault(name[:90], [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += dur
+        row[2] += max(0.0, ts + dur - prev_end)
         prev_end = max(prev_end, ts + dur)
-    return adds
+    return rows
 
 
 def summarize(events):
@@ -95,21 +97,15 @@ def main():
     # one step in order, with the gap before each event
     i0, i1 = starts[len(starts) // 2], starts[len(starts) // 2 + 1]
     prev_end = events[i0 - 1][0] + events[i0 - 1][1]
-    kinds = {}
     for ts, dur, name, cat in events[i0 - 3:i1 + 1]:
         print(f"  gap {ts - prev_end:7.2f}  dur {dur:7.2f}  {cat[:10]:10s} {name[:80]}")
         prev_end = max(prev_end, ts + dur)
-    for ts, dur, name, cat in events[starts[0]:starts[-1]]:
-        k = kinds.setdefault(name[:70], [0, 0.0])
-        k[0] += 1
-        k[1] += dur
-    n = len(spans)
+    rows, n = per_kernel(events, starts), len(spans)
     print("per step, by operation (calls, us):")
-    for name, (c, us) in sorted(kinds.items(), key=lambda kv: -kv[1][1])[:25]:
+    for name, (c, us, _) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:25]:
         print(f"  {c / n:6.1f} {us / n:9.2f}  {name}")
     print("per step, by kernel and grid, what each adds to the span (calls, us):")
-    adds = critical_path(events, starts)
-    for name, (c, us) in sorted(adds.items(), key=lambda kv: -kv[1][1])[:25]:
+    for name, (c, _, us) in sorted(rows.items(), key=lambda kv: -kv[1][2])[:25]:
         print(f"  {c / n:6.1f} {us / n:9.2f}  {us / c:7.2f}/call  {name}")
     reset(llm)
 
