@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Callable
 
+import msgspec
 import zmq
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR
@@ -179,19 +180,32 @@ class EngineClient:
         """As EngineLoop.submit; callbacks run on this client's IO thread."""
         self._check_running()
         creq, text = self.inputs.process(prompt, params, request_id, priority)
+        try:      # encoded before any state exists: a value the codec refuses leaves none
+            data = P.encoder.encode(P.Submit(
+                creq.request_id, list(creq.prompt_token_ids), dataclasses.asdict(creq.params),
+                creq.arrival_time, creq.prompt_preview, creq.priority))
+        except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
+            raise InvalidRequestError(f"request cannot be sent to the engine: {exc}") from None
         stream = RequestStream(creq.request_id, self._cancel_dropped)
         on_event, on_finish = chain_sinks(stream, on_event, on_finish)
         with self._submit_lock:
             if self.outputs.has(creq.request_id):
                 raise InvalidRequestError(f"duplicate request id {creq.request_id!r}")
             self.outputs.add(creq, text, on_event, on_finish)
-        self._send(P.Submit(creq.request_id, list(creq.prompt_token_ids),
-                            dataclasses.asdict(creq.params), creq.arrival_time,
-                            creq.prompt_preview, creq.priority))
+            try:
+                self._send_bytes(data)
+            except BaseException:
+                self.outputs.states.pop(creq.request_id, None)   # never sent: no state
+                raise
         return stream
 
     def cancel(self, request_id: str) -> None:
-        self._send(P.Abort(check_request_id(request_id), REASON_CANCELLED))
+        """Safe for any value: an id no request can have is nothing to cancel."""
+        try:
+            request_id = check_request_id(request_id)
+        except InvalidRequestError:
+            return
+        self._send(P.Abort(request_id, REASON_CANCELLED))
 
     def set_knobs(self, **changes) -> SchedulerConfig:
         """Validate now; the core applies only `changes` to its own knobs at the next step
@@ -269,7 +283,9 @@ class EngineClient:
 
     # -- internals -------------------------------------------------------------------------
     def _send(self, msg) -> None:
-        data = P.encoder.encode(msg)
+        self._send_bytes(P.encoder.encode(msg))
+
+    def _send_bytes(self, data: bytes) -> None:
         with self._send_lock:
             self._in.send(data, copy=False)
 

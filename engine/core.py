@@ -288,9 +288,11 @@ class LLMEngine:
             self._inflight = failed = None
             for plan in plans:
                 self._fail_plan(plan, exc, out)
-            for req in prev.requests:       # followers too: their tokens are never read
-                if req.num_pending and req.request_id in self.requests:
-                    self._finish(req, REASON_ERROR, f"{type(exc).__name__}: {exc}", out)
+            for req in prev.requests:       # followers: their tokens are never read, so
+                if req.num_pending and req.request_id in self.requests:   # recompute them
+                    req.drop_pending()
+                    if req.status is RequestStatus.RUNNING:
+                        self.scheduler.preempt(req)
         self._after_step(prev.plan, prev.t0, out)
         if failed is not None:   # rerun request by request, now that prev's tokens are known
             plan, exc = failed
@@ -362,16 +364,17 @@ class LLMEngine:
                                                 req.num_cached_tokens, req.num_preemptions))
 
     def _fail_plan(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
+        """Fail the plan's own requests. Their dedup followers computed nothing of their
+        own: finishing the leader sends them back to the queue (Scheduler._drop_links),
+        where one of them leads a fresh prefill; a failed request never fails another."""
         msg = f"{type(exc).__name__}: {exc}"
         for c in plan.chunks:
             req = c.request
             if req.request_id in self.requests:
-                for f in list(self.scheduler.followers.get(req, ())):
-                    self._finish(f, REASON_ERROR, msg, out)
                 self._finish(req, REASON_ERROR, msg, out)
         for req in list(self.scheduler.running):   # followers that took a leader's blocks
             if req.dedup_leader is None and req.num_uncomputed < 1:   # but not its token:
-                self._finish(req, REASON_ERROR, msg, out)             # never schedulable
+                self.scheduler.preempt(req)       # never schedulable as is: recompute it
         self.stats.last_error = msg
 
     def _record(self, plan: StepPlan, t0: float, sampled: int) -> None:

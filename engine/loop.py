@@ -12,7 +12,7 @@ import threading
 from typing import Callable
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
-from engine.config import EngineConfig, make_config
+from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.core import LLMEngine
 from engine.core_loop import CoreLoop
 from engine.outputs import EngineInfo
@@ -76,7 +76,12 @@ class EngineLoop:
         return stream
 
     def cancel(self, request_id: str) -> None:
-        self.core.abort(check_request_id(request_id), REASON_CANCELLED)
+        """Safe for any value: an id no request can have is nothing to cancel."""
+        try:
+            request_id = check_request_id(request_id)
+        except InvalidRequestError:
+            return
+        self.core.abort(request_id, REASON_CANCELLED)
 
     def set_knobs(self, **changes):
         """Validate now (raises InvalidRequestError), apply before the next step."""

@@ -19,19 +19,10 @@ from engine.config import InvalidRequestError, check_priority
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
+from engine.validation import check_request_id, check_text
 
 
 _REQUEST_IDS = itertools.count()     # default ids, unique in this process
-MAX_REQUEST_ID_CHARS = 256
-
-
-def check_request_id(request_id) -> str:
-    """A request id from a client: a non-empty string of bounded length (an unhashable or
-    odd value must be refused here, not fail inside the engine's step loop)."""
-    if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_REQUEST_ID_CHARS:
-        raise InvalidRequestError(f"request_id must be a non-empty string of at most "
-                                  f"{MAX_REQUEST_ID_CHARS} characters, got {str(request_id)[:60]!r}")
-    return request_id
 
 
 @dataclass(frozen=True)
@@ -95,7 +86,7 @@ class InputProcessor:
             if text is not None and not isinstance(text, str):
                 raise InvalidRequestError(f"a dict prompt's 'prompt' must be a string, got "
                                           f"{type(text).__name__}")
-            return text, list(ids)
+            return text and check_text("prompt", text), list(ids)
         if isinstance(prompt, (list, tuple)):
             return None, list(prompt)
         if not isinstance(prompt, str):
@@ -105,7 +96,7 @@ class InputProcessor:
         if self.tokenizer is None:
             raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: pass "
                                       "{'prompt_token_ids': [...]} instead of text")
-        return prompt, self.tokenizer.encode(prompt)
+        return prompt, self.tokenizer.encode(check_text("prompt", prompt))
 
     def validate_ids(self, ids: list[int], params: SamplingParams, typed: bool = False) -> None:
         """typed: the ids were decoded into a list[int] field (msgspec rejects bools and

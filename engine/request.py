@@ -2,21 +2,19 @@
 from __future__ import annotations
 
 import enum
-import math
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 from engine.codes import REASON_LENGTH, REASON_STOP
+from engine import validation as V
 from engine.config import InvalidRequestError
 from engine.metrics import request_latencies
 
 
 _SAMPLING_EPS = 1e-5
 PENDING_TOKEN = -1         # an output token sampled on the device, not yet read (async)
-MAX_TEMPERATURE = 1e4      # flat beyond this; inf would turn every logit into NaN
-MAX_STOP_STRINGS = 64      # each is searched after every token: bounded work per step
-MAX_STOP_CHARS = 1024
+MAX_TEMPERATURE = V.MAX_TEMPERATURE
 
 
 @dataclass(frozen=True)
@@ -33,49 +31,23 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        _check_int("max_tokens", self.max_tokens, minimum=1)
-        _check_int("top_k", self.top_k, minimum=-1)
-        _check_number("temperature", self.temperature)
-        _check_number("top_p", self.top_p)
-        if not 0 <= self.temperature <= MAX_TEMPERATURE:
-            raise InvalidRequestError(f"temperature must be in [0, {MAX_TEMPERATURE}], got "
-                                      f"{self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        # one validation layer (engine/validation.py): named field, accepted range
+        V.check_int("max_tokens", self.max_tokens, 1, V.MAX_TOKENS)
+        V.check_int("top_k", self.top_k, -1, V.MAX_TOP_K)     # -1 or 0: no top-k cut
+        V.check_number("temperature", self.temperature, 0, V.MAX_TEMPERATURE)
+        V.check_number("top_p", self.top_p, 0, 1, lo_open=True)
         if self.seed is not None:
-            _check_int("seed", self.seed, minimum=0)
-            if self.seed >= 2 ** 64:   # torch generators take 64 bits; more fails the batch
-                raise InvalidRequestError(f"seed must be < 2**64, got {self.seed}")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise InvalidRequestError("stop must be a non-empty string or list of them")
-        if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
-            raise InvalidRequestError(f"stop: at most {MAX_STOP_STRINGS} strings of at most "
-                                      f"{MAX_STOP_CHARS} characters (every one is matched "
-                                      "after every token)")
-        object.__setattr__(self, "stop", stop)
-        ids = tuple(self.stop_token_ids or ())
-        for t in ids:
-            _check_int("stop_token_ids entry", t, minimum=0)
-        object.__setattr__(self, "stop_token_ids", ids)
+            V.check_int("seed", self.seed, 0, V.MAX_SEED)
+        object.__setattr__(self, "stop", V.check_stop(self.stop))
+        object.__setattr__(self, "stop_token_ids", V.check_stop_token_ids(self.stop_token_ids))
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:
         # like vLLM: a temperature this small is greedy (dividing by it overflows to
         # inf/NaN logits, and a NaN row's argmax is token 0)
         return self.temperature < _SAMPLING_EPS
-
-
-def _check_int(name: str, value, minimum: int):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidRequestError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_number(name: str, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
 
 
 class RequestStatus(enum.Enum):

@@ -64,8 +64,8 @@ def wait_for(cond, timeout=20.0):
 BAD = [  # (endpoint, body changes, words of the message)
     ("completions", {"temperature": -1}, "temperature must be in [0, "),
     ("completions", {"top_p": 0}, "top_p must be in (0, 1]"),
-    ("completions", {"max_tokens": 0}, "max_tokens must be >= 1"),
-    ("completions", {"top_k": -2}, "top_k must be >= -1"),
+    ("completions", {"max_tokens": 0}, "max_tokens must be an integer in [1, "),
+    ("completions", {"top_k": -2}, "top_k must be an integer in [-1, "),
     ("completions", {"prompt": 5}, "prompt"),
     ("completions", {"prompt": ""}, "prompt is empty"),
     ("completions", {"prompt": [4096]}, "token ids must be in [0, 4096)"),

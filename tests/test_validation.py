@@ -45,12 +45,12 @@ def refused(match, fn, *args, **kwargs):
 # -- SamplingParams -------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(max_tokens=0), r"max_tokens must be >= 1, got 0"),
-    (dict(max_tokens=-5), r"max_tokens must be >= 1, got -5"),
-    (dict(max_tokens=1.5), r"max_tokens must be an integer, got 1\.5"),
-    (dict(max_tokens="3"), r"max_tokens must be an integer, got '3'"),
-    (dict(max_tokens=True), r"max_tokens must be an integer, got True"),
-    (dict(max_tokens=None), r"max_tokens must be an integer, got None"),
+    (dict(max_tokens=0), r"max_tokens must be an integer in \[1, 2147483647\], got 0"),
+    (dict(max_tokens=-5), r"max_tokens must be an integer in \[1, 2147483647\], got -5"),
+    (dict(max_tokens=1.5), r"max_tokens must be an integer in \[1, 2147483647\], got 1\.5"),
+    (dict(max_tokens="3"), r"max_tokens must be an integer in \[1, 2147483647\], got '3'"),
+    (dict(max_tokens=True), r"max_tokens must be an integer in .*, got True"),
+    (dict(max_tokens=None), r"max_tokens must be an integer in .*, got None"),
     (dict(temperature=-0.1), r"temperature must be in \[0, 10000\.0\], got -0\.1"),
     (dict(temperature=float("inf")), r"temperature must be in \[0, 10000\.0\], got inf"),
     (dict(temperature="hot"), r"temperature must be a number, got 'hot'"),
@@ -61,16 +61,22 @@ def refused(match, fn, *args, **kwargs):
     (dict(top_p=-0.2), r"top_p must be in \(0, 1\]"),
     (dict(top_p=float("nan")), r"top_p must be a number"),
     (dict(top_p="0.9"), r"top_p must be a number, got '0.9'"),
-    (dict(top_k=-2), r"top_k must be >= -1, got -2"),
-    (dict(top_k=2.5), r"top_k must be an integer, got 2\.5"),
+    (dict(top_k=-2), r"top_k must be an integer in \[-1, 2147483647\], got -2"),
+    (dict(top_k=2.5), r"top_k must be an integer in .*, got 2\.5"),
     (dict(top_k="5"), r"top_k must be an integer"),
-    (dict(seed=-1), r"seed must be >= 0"),
+    (dict(seed=-1), r"seed must be an integer in \[0, 18446744073709551615\], got -1"),
     (dict(seed="7"), r"seed must be an integer"),
-    (dict(seed=2**64), r"seed must be < 2\*\*64"),
+    (dict(seed=2**64), r"seed must be an integer in \[0, 18446744073709551615\]"),
     (dict(stop=[""]), r"stop must be a non-empty string"),
     (dict(stop=[3]), r"stop must be a non-empty string"),
-    (dict(stop_token_ids=[-1]), r"stop_token_ids entry must be >= 0"),
+    (dict(stop_token_ids=[-1]), r"stop_token_ids entry must be an integer in \[0, 2147483647\], got -1"),
     (dict(stop_token_ids=["a"]), r"stop_token_ids entry must be an integer"),
+    (dict(top_k=2**63), r"top_k must be an integer in \[-1, 2147483647\], got 9223372036854775808"),
+    (dict(max_tokens=10**30), r"max_tokens must be an integer in \[1, 2147483647\]"),
+    (dict(stop_token_ids=[2**64]), r"stop_token_ids entry must be an integer in \[0, 2147483647\]"),
+    (dict(stop_token_ids=list(range(1025))), r"stop_token_ids: at most 1024 entries"),
+    (dict(stop=["ok", "\ud800"]), r"stop is not valid Unicode \(lone surrogate at position 0\)"),
+    (dict(ignore_eos="yes"), r"ignore_eos must be a boolean"),
 ], ids=lambda v: repr(v) if isinstance(v, dict) else "")
 def test_bad_sampling_params_are_refused(kwargs, match):
     refused(match, SamplingParams, **kwargs)
@@ -267,7 +273,7 @@ def test_submit_raises_in_caller_thread(ckpt):
         refused(r"prompt has 200 tokens; max_model_len is 200", loop.submit, [7] * 200)
         refused(r"prompt \+ max_tokens = 129 tokens can never fit the KV pool "
                 r"\(16 blocks x 8 = 128 tokens\)", loop.submit, [1], SamplingParams(max_tokens=128))
-        refused(r"max_tokens must be >= 1", lambda: loop.submit([1], SamplingParams(max_tokens=0)))
+        refused(r"max_tokens must be an integer in \[1, ", lambda: loop.submit([1], SamplingParams(max_tokens=0)))
         assert loop.engine.requests == {} and not loop.core._commands
 
 

@@ -1,0 +1,109 @@
+"""The one validation layer at the engine's boundary: every client value gets a type and
+a bound here, named with the accepted range in the message.
+
+Why bounds and not just types: a value the engine accepts must survive every stage
+after it (the msgpack codec of the engine address, numpy int64/int32 columns of the step
+batch, torch generators). A value that passes here and overflows later fails inside a
+step, where it costs the other requests of that step a re-run; one refused here fails
+only its own submit. SamplingParams, InputProcessor and the engine-core process call
+these functions; nothing else re-implements them.
+"""
+from __future__ import annotations
+
+import math
+
+from engine.config import InvalidRequestError, check_priority
+
+INT32_MAX = 2 ** 31 - 1
+MAX_TOKENS = INT32_MAX            # a bound a numpy int32 column and msgpack both carry
+MAX_TOP_K = INT32_MAX             # larger than any vocabulary: clamped to it when sampling
+MAX_SEED = 2 ** 64 - 1            # torch generators take 64 bits
+MAX_TEMPERATURE = 1e4             # flat beyond this; inf would turn every logit into NaN
+MAX_STOP_STRINGS = 64             # each is searched after every token: bounded work per step
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+MAX_REQUEST_ID_CHARS = 256
+
+__all__ = ["check_int", "check_number", "check_text", "check_request_id", "check_stop",
+           "check_stop_token_ids", "check_priority", "INT32_MAX", "MAX_TOKENS", "MAX_TOP_K",
+           "MAX_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
+           "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS"]
+
+
+def _show(value) -> str:
+    return repr(value)[:60]
+
+
+def check_int(name: str, value, lo: int, hi: int) -> int:
+    """An int (not a bool) in [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an integer in [{lo}, {hi}], got {_show(value)}")
+    if not lo <= value <= hi:
+        raise InvalidRequestError(f"{name} must be an integer in [{lo}, {hi}], got {_show(value)}")
+    return value
+
+
+def check_number(name: str, value, lo: float, hi: float, lo_open: bool = False) -> float:
+    """A finite int or float (not a bool) in [lo, hi] ((lo, hi] with lo_open)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and math.isnan(value)):
+        raise InvalidRequestError(f"{name} must be a number, got {_show(value)}")
+    inside = (lo < value if lo_open else lo <= value) and value <= hi
+    if not inside:
+        raise InvalidRequestError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], "
+                                  f"got {_show(value)}")
+    return value
+
+
+def check_text(name: str, value: str) -> str:
+    """Text that UTF-8 can carry (a lone surrogate such as '\\ud800' cannot: it would fail
+    in the tokenizer or the wire codec, far from the caller)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(f"{name} is not valid Unicode (lone surrogate at "
+                                  f"position {exc.start})") from None
+    return value
+
+
+def check_request_id(request_id) -> str:
+    """A non-empty string of at most MAX_REQUEST_ID_CHARS characters, valid UTF-8."""
+    if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequestError(f"request_id must be a non-empty string of at most "
+                                  f"{MAX_REQUEST_ID_CHARS} characters, got "
+                                  f"{str(request_id)[:60]!r}")
+    return check_text("request_id", request_id)
+
+
+def check_stop(stop) -> tuple[str, ...]:
+    """None, a string or a list of strings -> a tuple of non-empty, bounded strings."""
+    strings = (stop,) if isinstance(stop, str) else stop
+    if strings is None:
+        return ()
+    if isinstance(strings, (bytes, dict)) or not hasattr(strings, "__iter__"):
+        raise InvalidRequestError("stop must be a non-empty string or list of them")
+    strings = tuple(strings)
+    if any(not isinstance(s, str) or not s for s in strings):
+        raise InvalidRequestError("stop must be a non-empty string or list of them")
+    if len(strings) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in strings):
+        raise InvalidRequestError(f"stop: at most {MAX_STOP_STRINGS} strings of at most "
+                                  f"{MAX_STOP_CHARS} characters (every one is matched "
+                                  "after every token)")
+    for s in strings:
+        check_text("stop", s)
+    return strings
+
+
+def check_stop_token_ids(ids) -> tuple[int, ...]:
+    """None or a list of token ids, each in [0, INT32_MAX]."""
+    if ids is None:
+        return ()
+    if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
+        raise InvalidRequestError("stop_token_ids must be a list of integers")
+    ids = tuple(ids)
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidRequestError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} entries, "
+                                  f"got {len(ids)}")
+    for t in ids:
+        check_int("stop_token_ids entry", t, 0, INT32_MAX)
+    return ids
