@@ -6,7 +6,9 @@ process (a bench, a server) started and leaves it serving on close. Either way t
 front runs here: tokenizing and validation (InputProcessor), detokenizing, stop strings
 and stream events (OutputProcessor) happen in this process, off the engine's GIL. One
 IO thread receives step outputs (one message per step for all of this client's
-requests) and snapshots (conflated: only the newest is kept, decoded when read).
+requests), engine stats and snapshots (conflated: only the newest is kept, decoded when
+read); a heartbeat thread of its own keeps the client alive while a consumer's callback
+holds the IO thread. Attaching needs the engine key (engine/ipc/auth.py).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import zmq
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR
 from engine.config import InvalidRequestError, SchedulerConfig
+from engine.ipc import auth
 from engine.ipc import protocol as P
 from engine.ipc.launch import EngineLaunch, stop_engine
 from engine.stream import RequestStream, chain_sinks
@@ -32,6 +35,7 @@ from engine.outputs import EngineInfo
 from engine.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
+from engine.stats import EngineStats
 from engine.tokenizer import load_tokenizer
 
 HEARTBEAT_INTERVAL = 0.5
@@ -43,15 +47,22 @@ class EngineDied(RuntimeError):
     """The engine-core process is gone."""
 
 
+class EngineKeyRefused(EngineDied):
+    """The engine at the address refused this client's engine key."""
+
+
 class EngineClient:
     def __init__(self, *, connect: str | None = None, address: str | None = None,
                  label: str = "client", on_progress: Callable[[str], None] | None = None,
                  startup_timeout: float = STARTUP_TIMEOUT, snapshots: bool = True,
-                 launch: EngineLaunch | None = None, **engine_kwargs):
+                 launch: EngineLaunch | None = None, engine_key: str | None = None,
+                 **engine_kwargs):
         """snapshots=False: no periodic snapshots (a bench): snapshot() then returns the
         one taken by the last wait_idle(), and the engine builds none while nobody else
         subscribes. launch: an engine process already spawned (engine/ipc/launch.py),
-        taken over here (several engines then load at once)."""
+        taken over here (several engines then load at once). engine_key: the key to
+        show (default: $ROSEPLAY_ENGINE_KEY, else the address's key file; an owner
+        without either makes a random one)."""
         self.label = label
         self.snapshots = snapshots
         self._want_snapshots = True
@@ -61,8 +72,9 @@ class EngineClient:
         self._closed = False
         self.tokenizer = None
         if connect is None:
-            launch = launch or EngineLaunch(engine_kwargs, address)   # bad knobs: refused here
-            self.proc, self._tmpdir = launch.proc, launch.tmpdir
+            launch = launch or EngineLaunch(engine_kwargs, address, engine_key)   # bad knobs:
+            self.proc, self._tmpdir = launch.proc, launch.tmpdir                # refused here
+            self._engine_key = launch.engine_key
             self._owner_token, address, status = launch.owner_token, launch.address, launch.status
             try:      # while the engine process imports torch and loads the model
                 self.tokenizer = load_tokenizer(launch.config.model)
@@ -71,7 +83,12 @@ class EngineClient:
                 self._reap()
                 raise
             self._wait_ready(status, on_progress, startup_timeout)
+        else:
+            self._engine_key = auth.read_key(connect, engine_key) or ""
         self.address = connect or address
+        self._topic = auth.snapshot_topic(self._engine_key)
+        self._stats = EngineStats()
+        self._closing = threading.Event()     # wakes the heartbeat thread at close
         self._ctx = zmq.Context()
         self._send_lock = threading.Lock()
         self._tokens = itertools.count(1)
@@ -82,6 +99,9 @@ class EngineClient:
         self._connect(startup_timeout if connect else 30.0)
         self._io = threading.Thread(target=self._io_loop, name=f"roseplay-{label}-io", daemon=True)
         self._io.start()
+        self._beat = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                      name=f"roseplay-{label}-heartbeat")
+        self._beat.start()
         if self._snap_bytes is None:
             self.wait_idle(30.0)
 
@@ -126,7 +146,7 @@ class EngineClient:
         deadline = time.monotonic() + 10.0      # the first snapshot: snapshot() is never None
         while self._sub is not None and self._snap_bytes is None and time.monotonic() < deadline:
             if self._sub.poll(100):
-                self._snap_bytes = self._sub.recv()
+                self._snap_bytes = self._recv_snapshot()
         self.info = EngineInfo(**welcome.info)
         self._knobs = SchedulerConfig(**welcome.knobs)
         self._paused = welcome.paused
@@ -145,7 +165,7 @@ class EngineClient:
             sock.setsockopt(zmq.IDENTITY, ident)
         if kind == zmq.SUB:
             sock.setsockopt(zmq.CONFLATE, 1)      # keep only the newest snapshot
-            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            sock.setsockopt(zmq.SUBSCRIBE, self._topic)   # the key's topic (auth.py)
         sock.connect(endpoint)
         return sock
 
@@ -154,11 +174,14 @@ class EngineClient:
         connected, so an early Welcome may be dropped; ask again."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self._send(P.Hello(self.label))
+            self._send(P.Hello(self.label, self._engine_key))
             if self._out.poll(500):
                 msg = P.core_decoder.decode(self._out.recv())
                 if isinstance(msg, P.Welcome):
                     return msg
+                if isinstance(msg, P.Refused):
+                    self._close_sockets()
+                    raise EngineKeyRefused(f"engine at {self.address}: {msg.message}")
             if self.proc is not None and self.proc.poll() is not None:
                 break
         self._close_sockets()
@@ -240,6 +263,11 @@ class EngineClient:
         subscribes. The I/O thread owns the socket and applies this within 0.1 s."""
         self._want_snapshots = bool(on)
 
+    def engine_stats(self) -> EngineStats:
+        """The engine's latest gauges and counters (sent to every client, at most 20 Hz
+        while it steps, and when it goes idle): what /metrics serves."""
+        return self._stats
+
     def snapshot(self) -> EngineSnapshot:
         raw, cached = self._snap_cache
         latest = self._snap_bytes
@@ -261,6 +289,7 @@ class EngineClient:
         if self._closed:
             return
         self._closed = True
+        self._closing.set()
         try:
             self._send(P.Shutdown(self._owner_token) if self.proc is not None else P.Bye())
         except Exception:
@@ -272,6 +301,7 @@ class EngineClient:
                 pass
         self._reap()
         self._io.join(timeout)
+        self._beat.join(timeout)
         self.outputs.fail_all(REASON_CANCELLED, "engine client closed")
         self._close_sockets()
 
@@ -310,26 +340,33 @@ class EngineClient:
         poller.register(self._out, zmq.POLLIN)
         if self._sub is not None:
             poller.register(self._sub, zmq.POLLIN)
-        last_beat = 0.0
         watching = True
         while not self._closed and self.fatal_error is None:
             if self._sub is not None and self._want_snapshots != watching:
                 watching = self._want_snapshots
-                self._sub.setsockopt(zmq.SUBSCRIBE if watching else zmq.UNSUBSCRIBE, b"")
+                self._sub.setsockopt(zmq.SUBSCRIBE if watching else zmq.UNSUBSCRIBE, self._topic)
             try:
                 ready = dict(poller.poll(100))
             except zmq.ZMQError:
                 break
             if self._sub is not None and self._sub in ready:
-                self._snap_bytes = self._sub.recv()
+                self._snap_bytes = self._recv_snapshot()
                 self._last_heard = time.monotonic()
             if self._out in ready:
                 self._drain_out()
-            now = time.monotonic()
-            if now - last_beat > HEARTBEAT_INTERVAL:
+            self._check_alive(time.monotonic())
+
+    def _heartbeat_loop(self) -> None:
+        """Heartbeats on their own thread: never late because a consumer's callback (run
+        on the IO thread) is slow."""
+        while self.fatal_error is None and not self._closing.wait(HEARTBEAT_INTERVAL):
+            try:
                 self._send(P.Heartbeat())
-                last_beat = now
-            self._check_alive(now)
+            except zmq.ZMQError:
+                return
+
+    def _recv_snapshot(self) -> memoryview:
+        return memoryview(self._sub.recv())[len(self._topic):]    # past the topic
 
     def _drain_out(self) -> None:
         while True:
@@ -338,7 +375,9 @@ class EngineClient:
             except zmq.Again:
                 return
             self._last_heard = time.monotonic()
-            if isinstance(msg, P.Outputs):
+            if isinstance(msg, P.Stats):
+                self._stats = msg.stats
+            elif isinstance(msg, P.Outputs):
                 for rid in self.outputs.process(msg):      # stop strings matched
                     self._send(P.Abort(rid, "stop"))
             elif isinstance(msg, (P.StepDone, P.BarrierDone)):
@@ -368,8 +407,9 @@ class EngineClient:
         self._tmpdir = None
 
     def _close_sockets(self) -> None:
-        for name in ("_in", "_out", "_sub"):
-            sock = getattr(self, name, None)
-            if sock is not None:
-                sock.close(0)
+        with self._send_lock:         # not while another thread sends on one
+            for name in ("_in", "_out", "_sub"):
+                sock = getattr(self, name, None)
+                if sock is not None:
+                    sock.close(0)
         self._ctx.term()

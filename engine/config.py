@@ -166,6 +166,10 @@ class EngineConfig:
            "heads.", minimum=1)
     seed: int = _knob(0, "Seed for dummy weights and unseeded sampling.")
     check_invariants: bool = _knob(False, "Check block-pool invariants after every step (slow).")
+    client_timeout: float = _knob(
+        60.0, "Seconds without a message (clients send a heartbeat every 0.5 s) after which "
+              "the engine process judges a client dead: its requests end with an error and "
+              "its pause ends. Far above a GC pause or a stop of tens of seconds.")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self):
@@ -186,6 +190,9 @@ class EngineConfig:
                                                or self.max_model_len < 1):
             raise InvalidRequestError(
                 f"max_model_len must be an integer >= 1, got {self.max_model_len!r}")
+        ct = self.client_timeout
+        if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not 0 < ct <= 86400:
+            raise InvalidRequestError(f"client_timeout must be in (0, 86400] seconds, got {ct!r}")
         check_choices(self)
 
 

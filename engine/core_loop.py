@@ -20,9 +20,12 @@ from engine.config import InvalidRequestError, SchedulerConfig
 from engine.core import LLMEngine
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.snapshot import EngineSnapshot
+from engine.stats import EngineStats, engine_stats
 
 
 SNAPSHOT_BUDGET = 0.03    # the most of the engine thread's time that snapshots may take
+STATS_INTERVAL = 0.05     # EngineStats at most 20 Hz while busy (a Prometheus scrape is
+STATS_IDLE_INTERVAL = 1.0  # seconds apart); idle: once on going idle, then this often
 
 
 class CoreLoop:
@@ -50,6 +53,9 @@ class CoreLoop:
         #                                 off while no client subscribes)
         self.on_idle: Callable[[], None] | None = None   # run when the engine goes idle
         self._busy = False
+        self.on_stats: Callable[[EngineStats], None] | None = None   # each EngineStats
+        self.stats = engine_stats(engine, time.perf_counter())   # the latest (any thread)
+        self._last_stats = 0.0
 
     # -- commands (any thread) -------------------------------------------------------
     def post(self, command: Callable[[], None]) -> None:
@@ -121,7 +127,9 @@ class CoreLoop:
                     self._idle_published = False
                     self._busy = True
                     self._step()
+                    self._publish_stats(STATS_INTERVAL)
                 else:
+                    self._publish_stats(0.0 if self._busy else STATS_IDLE_INTERVAL)
                     if self._busy and self.on_idle is not None:
                         self.on_idle()     # work nobody waits for: between bursts
                     self._busy = False
@@ -193,6 +201,15 @@ class CoreLoop:
     def _emit(self, out: StepOutput) -> None:
         if out:
             self.on_output(out)
+
+    def _publish_stats(self, interval: float) -> None:
+        """A fresh EngineStats if `interval` passed since the last one (0: now)."""
+        now = time.perf_counter()
+        if now - self._last_stats >= interval:
+            self._last_stats = now
+            self.stats = engine_stats(self.engine, now)
+            if self.on_stats is not None:
+                self.on_stats(self.stats)
 
     def _publish(self, force: bool = False) -> None:
         now = time.perf_counter()

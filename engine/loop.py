@@ -20,6 +20,7 @@ from engine.processor import InputProcessor, OutputProcessor, StreamEvent, check
 from engine.stream import RequestStream, chain_sinks
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
+from engine.stats import EngineStats
 
 __all__ = ["EngineLoop", "RequestStream", "StreamEvent", "EngineInfo"]
 
@@ -108,6 +109,10 @@ class EngineLoop:
 
     def snapshot(self) -> EngineSnapshot:
         return self.core.snapshot()
+
+    def engine_stats(self) -> EngineStats:
+        """The latest gauges and counters (what /metrics serves; engine/stats.py)."""
+        return self.core.stats
 
     def reset_peak_usage(self) -> None:
         """Restart the peak-KV-usage watermark (snapshot.extra["peak_used_blocks"])."""

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from collections import deque
 
+import msgspec
+
+from engine.kv.block_metrics import KVBlockMetrics
 from engine.kv.block_pool import BlockPool
 from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
@@ -56,3 +59,31 @@ class StatsRecorder:
         ttft, tpot, _ = request_latencies(req.arrival_time, req.token_times)
         if ttft is not None:
             self.recent_latencies.append((req.token_times[-1], ttft, tpot))
+
+
+class EngineStats(msgspec.Struct, frozen=True):
+    """The engine's gauges and counters for /metrics (vLLM's SchedulerStats/IterationStats
+    in one message): built on the engine thread after steps (at most every
+    CoreLoop.stats_interval) and when it goes idle, and sent to every client of the
+    engine process whether or not anyone renders snapshots."""
+    time: float = 0.0                  # perf_counter in the engine's process
+    num_running: int = 0               # admitted: prefilling, decoding, dedup followers
+    num_waiting: int = 0               # queued or preempted
+    num_used_blocks: int = 0           # cached evictable blocks count as free (vLLM)
+    num_blocks: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+    prefill_tokens: int = 0            # prompt tokens computed (recomputation included)
+    generation_tokens: int = 0
+    finished: int = 0
+    kv_block_metrics: KVBlockMetrics = msgspec.field(default_factory=KVBlockMetrics)
+
+
+def engine_stats(engine, now: float) -> EngineStats:
+    """The stats of an LLMEngine now (cheap: counts and the residency histograms)."""
+    c, sched, pool = engine.counters, engine.scheduler, engine.pool
+    return EngineStats(now, len(sched.running), len(sched.waiting), pool.num_used,
+                       pool.num_blocks, c.prefix_queried_tokens, c.prefix_hit_tokens,
+                       c.preemptions, c.prefill_tokens, c.generated_tokens, c.finished,
+                       pool.lifetimes.freeze())

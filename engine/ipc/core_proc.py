@@ -5,9 +5,13 @@ only steps); an input thread decodes client messages and posts them as commands;
 output thread encodes step outputs and snapshots and sends them. Encoding, decoding and
 socket work never run inside a step. Text never reaches this process.
 
-Clients are tracked by heartbeat: one silent for CLIENT_TIMEOUT seconds (killed, or
-gone without a Bye) has its requests cancelled and their blocks freed. The process
-stops when its owner (the process that started it) dies.
+Only clients whose Hello carries the engine key are served (engine/ipc/auth.py). They
+are tracked by heartbeat: one silent for `client_timeout` seconds (EngineConfig; killed,
+or gone without a Bye) has its requests ended with an error and their blocks freed, and
+its pause (a pause belongs to the client that made it) ends; so does a Bye's, whose
+requests are cancelled. Silence is judged only after the queued messages were read, and
+time this process itself did not run (SIGSTOP, swapping) never counts as a client's
+silence. The process stops when its owner (the process that started it) dies.
 """
 from __future__ import annotations
 
@@ -26,12 +30,14 @@ import zmq
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import InvalidRequestError, check_priority, make_config
 from engine.core_loop import CoreLoop
+from engine.ipc import auth
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
 from engine.processor import InputProcessor
 from engine.request import SamplingParams
+from engine.validation import check_request_id
 
-CLIENT_TIMEOUT = 3.0        # seconds without a heartbeat before a client counts as gone
+STALL_GAP = 1.0             # seconds between two liveness checks that mean we were stopped
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
 ABORT_REASONS = (REASON_CANCELLED, REASON_STOP, REASON_ERROR)
 
@@ -46,31 +52,38 @@ def die_with_parent() -> None:
 
 class EngineCoreProc:
     def __init__(self, engine, address: str, owner_pid: int | None = None,
-                 owner_token: str | None = None):
+                 owner_token: str | None = None, engine_key: str | None = None):
         self.engine = engine
         self.owner_pid = owner_pid
         self.owner_token = owner_token
+        self.engine_key = engine_key or auth.new_key()
+        self.client_timeout = float(engine.config.client_timeout)
         self.ctx = zmq.Context()
         in_ep, out_ep, pub_ep = P.endpoints(address)
-        self.in_sock = self._bind(zmq.ROUTER, in_ep)
-        self.in_sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        self.in_sock = self._bind(zmq.ROUTER, in_ep, {zmq.MAXMSGSIZE: P.MAX_MESSAGE_BYTES})
         self.out_sock = self._bind(zmq.ROUTER, out_ep)
-        self.pub_sock = self._bind(zmq.XPUB, pub_ep)
-        self.pub_sock.setsockopt(zmq.SNDHWM, 2)       # a slow viewer drops frames
+        # a slow viewer drops frames; only key holders' subscriptions are applied (manual)
+        self.pub_sock = self._bind(zmq.XPUB, pub_ep, {zmq.SNDHWM: 2, zmq.XPUB_MANUAL: 1})
+        self._topic = auth.snapshot_topic(self.engine_key)
         self.core = CoreLoop(engine, self._on_output, SNAPSHOT_INTERVAL, self._on_snapshot)
         self.core.publish_snapshots = False
+        self.core.on_stats = lambda stats: self._sendq.put((None, P.Stats(stats)))
         self.validator = InputProcessor.for_engine(engine)   # the boundary re-checks ids
         self.owner_of: dict[str, bytes] = {}          # request id -> client identity
-        self.clients: dict[bytes, float] = {}         # identity -> last message time
+        self.clients: dict[bytes, float] = {}         # key holders -> last message time
+        self.paused_by: bytes | None = None           # the client whose pause holds
+        self._last_check = time.monotonic()
         self._sendq: queue.SimpleQueue = queue.SimpleQueue()
         self._latest_snapshot = None
-        self._snap_buf = bytearray(1 << 20)
+        self._snap_buf = bytearray(self._topic) + bytearray(1 << 20)
         self._subscribers = 0
         self._stop = threading.Event()
 
-    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+    def _bind(self, kind: int, endpoint: str, options: dict | None = None) -> zmq.Socket:
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        for option, value in (options or {}).items():
+            sock.setsockopt(option, value)
         sock.bind(endpoint)
         return sock
 
@@ -137,26 +150,38 @@ class EngineCoreProc:
                         break
                     except ValueError:       # a frame count we never send: ignore it
                         continue
-                    self.clients[client] = time.monotonic()
+                    if client in self.clients:
+                        self.clients[client] = time.monotonic()
                     self._dispatch(client, payload)
-            self._check_clients()
+            self._check_clients()      # after draining: queued heartbeats count
 
     def _dispatch(self, client: bytes, payload: bytes) -> None:
         try:
             msg = P.client_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return        # not our protocol, or a wrong type: the sender gets nothing
+        if client not in self.clients and not isinstance(msg, P.Hello):
+            return        # no key shown yet: nothing is served
         handler = _HANDLERS.get(type(msg))
         if handler is not None:
             handler(self, client, msg)
 
     def _hello(self, client: bytes, msg: P.Hello) -> None:
+        if not auth.same_key(self.engine_key, msg.key):
+            self._sendq.put((client, P.Refused(
+                "engine key missing or wrong: give it with --engine-key or "
+                f"${auth.ENGINE_KEY_ENV} (the engine's owner wrote it, mode 0600, to its "
+                "key file: docs/SERVE.md, Security)")))
+            return
+        self.clients[client] = time.monotonic()
         info = dataclasses.asdict(EngineInfo.of(self.engine))
         knobs = dataclasses.asdict(self.engine.knobs)
         self._sendq.put((client, P.Welcome(info, knobs, self.core.paused)))
+        self._sendq.put((client, P.Stats(self.core.stats)))
 
     def _submit(self, client: bytes, msg: P.Submit) -> None:
         try:
+            check_request_id(msg.request_id)
             params = SamplingParams(**msg.params)
             creq = CoreRequest(msg.request_id, tuple(msg.prompt_token_ids), params,
                                msg.arrival_time, msg.prompt_preview,
@@ -191,23 +216,43 @@ class EngineCoreProc:
         if self.owner_token is None or msg.token == self.owner_token:
             self.core.stop()
 
-    def _step_once(self, client: bytes, msg: P.StepOnce) -> None:
-        self.core.step_once(lambda: self._sendq.put((client, P.StepDone(msg.token))))
-
     def _barrier(self, client: bytes, msg: P.Barrier) -> None:
         self.core.barrier(lambda snap: self._sendq.put(
             (client, P.BarrierDone(msg.token, P.encoder.encode(snap)))))
 
+    def _set_paused(self, client: bytes, msg: P.SetPaused) -> None:
+        self.paused_by = client if msg.paused else None
+        self.core.set_paused(msg.paused)
+
+    def _step_once(self, client: bytes, msg: P.StepOnce) -> None:
+        self.paused_by = client
+        self.core.step_once(lambda: self._sendq.put((client, P.StepDone(msg.token))))
+
     def _bye(self, client: bytes, msg=None) -> None:
-        self.clients.pop(client, None)
+        self._drop_client(client, REASON_CANCELLED, "client left")
+
+    def _drop_client(self, client: bytes, reason: str, error: str) -> None:
+        """The client is gone: its requests end (`reason`), its pause ends."""
+        if self.clients.pop(client, None) is None:
+            return
         for rid in [r for r, c in self.owner_of.items() if c == client]:
-            self.core.abort(rid, "cancelled", "client left")
+            self.core.abort(rid, reason, error)
+        if self.paused_by == client:
+            self.paused_by = None
+            self.core.set_paused(False)
 
     def _check_clients(self) -> None:
         now = time.monotonic()
+        if now - self._last_check > STALL_GAP:
+            # this thread did not run for a while (the process was stopped, or starved):
+            # the clients' heartbeats of that time may still be on their way in
+            for client in self.clients:
+                self.clients[client] = now
+        self._last_check = now
         for client, seen in list(self.clients.items()):
-            if now - seen > CLIENT_TIMEOUT:
-                self._bye(client)
+            if now - seen > self.client_timeout:
+                self._drop_client(client, REASON_ERROR, f"the engine heard nothing from this "
+                                  f"client for {self.client_timeout:g} s and gave up on it")
         if self.owner_pid is not None and os.getppid() != self.owner_pid:
             self.core.stop()          # the owner died (and PDEATHSIG did not reach us)
 
@@ -219,7 +264,12 @@ class EngineCoreProc:
         while not self._stop.is_set():
             try:
                 client, msg = self._sendq.get(timeout=SNAPSHOT_INTERVAL / 4)
-                self.out_sock.send_multipart([client, P.encoder.encode(msg)], copy=False)
+                if client is None:           # to every client (stats)
+                    data = P.encoder.encode(msg)
+                    for c in tuple(self.clients):
+                        self.out_sock.send_multipart([c, data], copy=False)
+                else:
+                    self.out_sock.send_multipart([client, P.encoder.encode(msg)], copy=False)
             except queue.Empty:
                 pass
             except zmq.ZMQError:
@@ -236,7 +286,7 @@ class EngineCoreProc:
             # into one reused buffer: a growing buffer re-copies a 1-2 MB snapshot several
             # times, and this thread holds the GIL the engine thread needs meanwhile
             t0 = time.perf_counter()
-            P.encoder.encode_into(snap, self._snap_buf)
+            P.encoder.encode_into(snap, self._snap_buf, len(self._topic))   # topic first
             try:
                 self.pub_sock.send(self._snap_buf, zmq.NOBLOCK, copy=True)
             except zmq.Again:
@@ -249,9 +299,13 @@ class EngineCoreProc:
         """(Un)subscriptions, read only when the socket has one (no exception per call)."""
         while self.pub_sock.poll(0, zmq.POLLIN):
             event = self.pub_sock.recv(zmq.NOBLOCK)
+            if event[1:] != self._topic:
+                continue        # not the key's topic (a stranger's ""): never applied
             if event[:1] == b"\x01":
+                self.pub_sock.setsockopt(zmq.SUBSCRIBE, self._topic)
                 self._subscribers += 1
             elif event[:1] == b"\x00":
+                self.pub_sock.setsockopt(zmq.UNSUBSCRIBE, self._topic)
                 self._subscribers = max(0, self._subscribers - 1)
         self.core.publish_snapshots = self._subscribers > 0
 
@@ -261,7 +315,7 @@ _HANDLERS = {
     P.Submit: EngineCoreProc._submit,
     P.Abort: EngineCoreProc._abort,
     P.SetKnobs: EngineCoreProc._set_knobs,
-    P.SetPaused: lambda self, c, m: self.core.set_paused(m.paused),
+    P.SetPaused: EngineCoreProc._set_paused,
     P.StepOnce: EngineCoreProc._step_once,
     P.ClearPrefixCache: lambda self, c, m: self.core.clear_prefix_cache(),
     P.ResetPeakUsage: lambda self, c, m: self.core.reset_peak_usage(),
@@ -273,14 +327,16 @@ _HANDLERS = {
 
 
 def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | None,
-                    owner_token: str | None = None) -> None:
+                    owner_token: str | None = None, engine_key: str | None = None) -> None:
     """The engine-core process's work. status(kind, text) reports ("progress", text),
-    then ("ready", address) or ("error", message)."""
+    then ("ready", address) or ("error", message). engine_key: the key clients must show
+    (None: a random one); either way it is written 0600 to the address's key file."""
     die_with_parent()
     if owner_pid is not None and os.getppid() != owner_pid:
         return        # the owner died before PDEATHSIG was armed (e.g. quit during imports)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the client, which stops us
     try:
+        auth.check_bind(address, key_given=engine_key is not None)
         import torch
         # leave a core to the clients (the front, the UI): OpenMP threads that spin on a
         # busy small box slow every step many times over
@@ -289,7 +345,8 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         status("progress", f"loading {engine_kwargs.get('model', 'default')}")
         engine = LLMEngine(make_config(**engine_kwargs))
         status("progress", "binding sockets")
-        proc = EngineCoreProc(engine, address, owner_pid, owner_token)
+        proc = EngineCoreProc(engine, address, owner_pid, owner_token, engine_key)
+        key_path = auth.write_key(address, proc.engine_key)
     except Exception as exc:
         status("error", f"{type(exc).__name__}: {exc}")
         return
@@ -297,7 +354,10 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
     time_collections(engine.counters)
     proc.core.on_idle = collect_when_idle()
     status("ready", address)
-    proc.run()
+    try:
+        proc.run()
+    finally:
+        auth.remove_key(key_path)
 
 
 def time_collections(counters) -> None:
@@ -359,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(line, flush=True)
     token = args.owner_token or os.environ.pop("ROSEPLAY_OWNER_TOKEN", None)
-    run_engine_core(json.loads(args.engine_json), args.address, status, args.owner_pid, token)
+    key = os.environ.pop(auth.ENGINE_KEY_ENV, None)    # never on the command line (ps)
+    run_engine_core(json.loads(args.engine_json), args.address, status, args.owner_pid,
+                    token, key)
     return 0
 
 

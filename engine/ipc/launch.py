@@ -14,7 +14,9 @@ import sys
 import tempfile
 import uuid
 
-from engine.config import make_config
+from engine.config import InvalidRequestError, make_config
+from engine.ipc import auth
+from engine.ipc import protocol as P
 
 
 def child_env() -> dict:
@@ -27,11 +29,21 @@ def child_env() -> dict:
 
 
 class EngineLaunch:
-    def __init__(self, engine_kwargs: dict, address: str | None = None):
-        """Check the knobs (a bad one is refused before any process starts), then start
-        `python -m engine.ipc.core_proc` (a subprocess, not multiprocessing: nothing of
-        the caller's __main__ re-runs)."""
+    def __init__(self, engine_kwargs: dict, address: str | None = None,
+                 engine_key: str | None = None):
+        """Check the knobs and the address (a bad one is refused before any process
+        starts), then start `python -m engine.ipc.core_proc` (a subprocess, not
+        multiprocessing: nothing of the caller's __main__ re-runs). engine_key: the key
+        clients must show (default: $ROSEPLAY_ENGINE_KEY, else a random one)."""
         self.config = make_config(**engine_kwargs)
+        given = auth.given_key(engine_key)
+        if address is not None:
+            try:
+                P.endpoints(address)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from None
+            auth.check_bind(address, key_given=given is not None)
+        self.engine_key = given or auth.new_key()
         self.tmpdir = None
         if address is None:
             self.tmpdir = tempfile.mkdtemp(prefix="roseplay-")
@@ -44,6 +56,7 @@ class EngineLaunch:
         self.owner_token = uuid.uuid4().hex     # only the owner may stop it
         env = child_env()
         env["ROSEPLAY_OWNER_TOKEN"] = self.owner_token
+        env[auth.ENGINE_KEY_ENV] = self.engine_key      # the environment: not seen in ps
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
                                          env=env)

@@ -11,6 +11,8 @@ Sockets (ADDRESS = tcp://127.0.0.1:PORT or ipc:///path/name):
   in   ROUTER at PORT   / name.in    clients (DEALER) -> core: commands
   out  ROUTER at PORT+1 / name.out   core -> clients (DEALER): outputs, replies
   pub  XPUB   at PORT+2 / name.pub   core -> clients (SUB, conflated): snapshots
+
+Only a client whose Hello carries the engine key is served (engine/ipc/auth.py).
 """
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ import msgspec
 import numpy as np
 
 from engine.snapshot import EngineSnapshot
+from engine.stats import EngineStats
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024     # zmq MAXMSGSIZE on the core's input socket
 
 
 class Hello(msgspec.Struct, tag=True):
     client: str                  # a label shown with the client's requests (e.g. "tui")
+    key: str = ""                # the engine key (engine/ipc/auth.py): no key, no service
 
 
 class Submit(msgspec.Struct, tag=True):
@@ -120,7 +124,17 @@ class Fatal(msgspec.Struct, tag=True):
     message: str
 
 
-CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal
+class Refused(msgspec.Struct, tag=True):
+    """The answer to a Hello without the right key (and the only one such a client gets)."""
+    message: str
+
+
+class Stats(msgspec.Struct, tag=True):
+    """The engine's gauges and counters, to every client (engine/stats.py EngineStats)."""
+    stats: EngineStats
+
+
+CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal | Refused | Stats
 
 
 def _enc_hook(obj):
