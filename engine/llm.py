@@ -1,7 +1,10 @@
 """The vLLM-like offline API: LLM(model=...).generate(prompts, sampling_params)."""
 from __future__ import annotations
 
+import gc
 from typing import Callable, Sequence
+
+import torch
 
 from engine.codes import REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, make_config
@@ -14,7 +17,11 @@ class LLM:
     """Offline batched generation. Keyword arguments are the knobs of engine.config
     (model, device, dtype, block_size, num_blocks / num_gpu_blocks,
     gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
-    max_model_len, enforce_eager, attention_backend, seed, check_invariants)."""
+    max_model_len, enforce_eager, attention_backend, seed, check_invariants).
+
+    `close()` (or `with LLM(...) as llm:`) releases the tensor-parallel workers, the
+    process group, CUDA graphs, the weights and the KV cache, so that another LLM (any
+    tensor-parallel size) can start in the same process (a notebook, a test)."""
 
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs):
         if config is None:
@@ -27,14 +34,42 @@ class LLM:
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self._engine().tokenizer
+
+    def close(self) -> None:
+        """Release everything the engine holds; idempotent. The LLM is unusable after."""
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        try:
+            engine.close()               # workers and process group (TP), graphs first
+            if engine.tp_group is None and getattr(engine, "runner", None) is not None:
+                engine.runner.close()    # TP=1: the CUDA graphs
+        finally:
+            self.inputs = self.outputs = None
+            del engine
+            gc.collect()                 # the model and KV cache go now, not at exit
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _engine(self) -> LLMEngine:
+        if self.engine is None:
+            raise RuntimeError("this LLM is closed")
+        return self.engine
 
     def add_request(self, prompt, params: SamplingParams | None = None,
                     request_id: str | None = None, priority: int = 0):
         """Validate and queue one request on the core; returns the core's Request (for
         callers that drive `self.engine.step()` themselves, e.g. tests)."""
+        engine = self._engine()
         creq, text = self.inputs.process(prompt, params, request_id, priority)
-        return self.engine.add(creq)
+        return engine.add(creq)
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  on_step: Callable[[LLMEngine], None] | None = None,
@@ -45,6 +80,7 @@ class LLM:
         `on_step` (optional) is called after every engine step (tests, progress bars).
         `priority`: one per prompt (vLLM's LLM.generate), used by scheduling_policy=priority.
         """
+        self._engine()
         prompts = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompts))
         priorities = _priority_list(priority, len(prompts))

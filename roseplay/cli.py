@@ -11,7 +11,8 @@ import math
 import os
 import sys
 
-from roseplay.cli_flags import add_engine_flags, add_goodput_flag, engine_kwargs, goodput_slos
+from roseplay.cli_flags import (add_engine_flags, add_engine_key_flag, add_goodput_flag,
+                                engine_kwargs, goodput_slos)
 from roseplay.early_start import EarlyStart
 from roseplay.scenarios import SCENARIOS
 
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "bench --engine-address ADDRESS` or `roseplay serve` print theirs. "
                         "The app adds no load of its own until you pick a scenario (s); "
                         "quitting leaves that engine serving.")
+    add_engine_key_flag(s)
     s.add_argument("--compare", metavar="KNOB=A,B",
                    help="Two engines side by side on one workload stream (the same prompts, "
                         "order and arrivals): side A with KNOB=A, side B with KNOB=B, any knob "
@@ -258,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.engine_key:          # read by every EngineClient of this process
+        from engine.ipc.auth import ENGINE_KEY_ENV
+        os.environ[ENGINE_KEY_ENV] = args.engine_key
     problem = None if args.replay or args.connect else (
         check_model(args.model) or check_record_path(args.record))
     if args.compare and not problem:

@@ -144,3 +144,13 @@ def add_goodput_flag(group) -> None:
 def goodput_slos(args: argparse.Namespace) -> dict[str, float]:
     """The SLOs given with --goodput as {metric: ms} ({} when none)."""
     return dict(getattr(args, "goodput", None) or ())
+
+
+ENGINE_KEY_HELP = ("The engine key: attaching to the engine address needs it (docs/SERVE.md, "
+                   "Security). KEY, or @PATH to read it from a file (a flag is visible in "
+                   "ps). Default: $ROSEPLAY_ENGINE_KEY, else the key file the engine's "
+                   "owner wrote (mode 0600) for the address.")
+
+
+def add_engine_key_flag(group) -> None:
+    group.add_argument("--engine-key", metavar="KEY|@PATH", default=None, help=ENGINE_KEY_HELP)

@@ -73,8 +73,19 @@ def remove_key(path: str | None) -> None:
 
 
 def given_key(key: str | None = None) -> str | None:
-    """The key given explicitly: the argument (a flag), else $ROSEPLAY_ENGINE_KEY."""
-    return key or os.environ.get(ENGINE_KEY_ENV) or None
+    """The key given explicitly: the argument (a flag), else $ROSEPLAY_ENGINE_KEY. "@PATH"
+    means the key is in the file PATH (a flag's value is visible to others in ps)."""
+    key = key or os.environ.get(ENGINE_KEY_ENV) or None
+    if key and key.startswith("@"):
+        try:
+            with open(key[1:]) as f:
+                key = f.read().strip()
+        except OSError as exc:
+            raise InvalidRequestError(f"cannot read the engine key file {key[1:]}: "
+                                      f"{exc.strerror}") from None
+        if not key:
+            raise InvalidRequestError("the engine key file is empty")
+    return key
 
 
 def read_key(address: str, key: str | None = None) -> str | None:

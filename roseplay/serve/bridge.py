@@ -40,6 +40,7 @@ class Choice:
     finish_reason: str | None = None
     error: str | None = None
     output: object = None
+    counts_prompt: bool = True      # the first choice of its prompt (n > 1: one counts it)
 
 
 def new_id(prefix: str, user: str | None = None) -> str:
@@ -63,9 +64,12 @@ class EngineBridge:
                                    f"their first token (--max-waiting {self.max_waiting}); "
                                    "retry later", code="queue_full")
         gen = Generation(self, asyncio.get_running_loop())
+        seen: set[int] = set()       # the n choices of a prompt share its dict
         try:
             for i, (prompt, sp) in enumerate(zip(prompts, params)):
                 gen.submit(i, f"{response_id}-{i}", prompt, sp, priority)
+                gen.choices[-1].counts_prompt = id(prompt) not in seen
+                seen.add(id(prompt))
         except BaseException:
             gen.close()
             raise
@@ -131,7 +135,8 @@ class Generation:
             self.bridge.pending -= 1
         c.finished, c.finish_reason, c.error, c.output = True, reason, error, output
         c.stream = None
-        self.bridge.metrics.observe_finish(output, reason, time.perf_counter(), c.arrival)
+        self.bridge.metrics.observe_finish(output, reason, time.perf_counter(), c.arrival,
+                                           c.counts_prompt)
 
     def close(self) -> None:
         """Cancel what is still running (client gone, or an error): blocks go back to the

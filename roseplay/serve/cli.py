@@ -10,7 +10,7 @@ import os
 import sys
 
 from engine.config import InvalidRequestError
-from roseplay.cli_flags import add_engine_flags, engine_kwargs
+from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, engine_kwargs
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST
 
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Bind the engine process at ADDR (tcp://127.0.0.1:PORT uses PORT.."
                         "PORT+2, or ipc:///PATH) so that `roseplay --connect ADDR` can watch "
                         "it from another terminal (default: a private ipc socket, printed).")
+    add_engine_key_flag(s)
     s.add_argument("--in-process", action="store_true",
                    help="Run the engine on a thread of the server process (the old way).")
     add_engine_flags(p)
@@ -115,7 +116,8 @@ def _engine(args):
         from engine.loop import EngineLoop
         return EngineLoop(**kwargs)
     from engine.client import EngineClient
-    return EngineClient(address=args.engine_address, label="server", snapshots=False, **kwargs)
+    return EngineClient(address=args.engine_address, label="server", snapshots=False,
+                        engine_key=args.engine_key, **kwargs)
 
 
 def _serve_with_tui(app, args, address: str) -> int:
