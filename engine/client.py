@@ -213,11 +213,13 @@ class EngineClient:
         on_event, on_finish = chain_sinks(stream, on_event, on_finish)
         with self._submit_lock:
             if self.outputs.has(creq.request_id):
+                stream.detach()      # dropping it must not cancel the live request of that id
                 raise InvalidRequestError(f"duplicate request id {creq.request_id!r}")
             self.outputs.add(creq, text, on_event, on_finish)
             try:
                 self._send_bytes(data)
             except BaseException:
+                stream.detach()
                 self.outputs.states.pop(creq.request_id, None)   # never sent: no state
                 raise
         return stream

@@ -1,0 +1,127 @@
+"""Isolation on the default path (the engine in its own process): one client's bad
+request fails only itself. Poison requests mixed into good ones with the same prompt are
+refused with the field named, at the client (SamplingParams) or at the core's boundary
+(a raw Submit from a key holder); every good request gets the tokens of its solo run. A
+submit that fails leaves no state and its id can be used again; cancel() of any value
+is safe. (Followers of a failed dedup leader: tests/test_faults.py.)"""
+import threading
+
+import pytest
+import zmq
+
+from engine import InvalidRequestError, SamplingParams
+from engine.client import EngineClient
+from engine.ipc import auth
+from engine.ipc import protocol as P
+
+PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
+GOOD = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def client():
+    c = EngineClient(model="default", device="cpu", num_blocks=256, label="iso")
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def solo(client):
+    return list(client.submit(PROMPT, GOOD).result(TIMEOUT).outputs[0].token_ids)
+
+
+def raw_submit(address: str, request_id: str, params: dict, prompt_ids: list[int]) -> P.Finished:
+    """A Submit as another program would send it (with the key): the core must refuse
+    it by itself, with the field named."""
+    ctx = zmq.Context()
+    ident = f"raw-{request_id}".encode()
+    socks = []
+    try:
+        for ep in P.endpoints(address)[:2]:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, ident)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(ep)
+            socks.append(s)
+        send, recv = socks
+        while True:                         # Hello until Welcome (the out route may lag)
+            send.send(P.encoder.encode(P.Hello("raw", auth.read_key(address))))
+            if recv.poll(500) and isinstance(P.core_decoder.decode(recv.recv()), P.Welcome):
+                break
+        send.send(P.encoder.encode(P.Submit(request_id, prompt_ids, params, 0.0)))
+        while recv.poll(TIMEOUT * 1000):
+            msg = P.core_decoder.decode(recv.recv())
+            if isinstance(msg, P.Outputs) and msg.finished:
+                return msg.finished[0]
+        raise AssertionError("no answer to the raw Submit")
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
+
+
+POISON_PARAMS = [  # (SamplingParams kwargs, words of the refusal)
+    (dict(temperature=1, top_k=2 ** 63), "top_k must be an integer in [-1, 2147483647]"),
+    (dict(max_tokens=10 ** 30), "max_tokens must be an integer in [1, 2147483647]"),
+    (dict(stop_token_ids=[2 ** 64]), "stop_token_ids entry must be an integer in [0, 2147483647]"),
+    (dict(stop=["\ud800"]), "stop is not valid Unicode"),
+]
+
+
+def test_poison_requests_fail_alone_and_good_ones_match_their_solo_run(client, solo):
+    results, errors = {}, []
+
+    def good(i):
+        results[i] = client.submit(PROMPT, GOOD, request_id=f"good-{i}").result(TIMEOUT)
+
+    def poison(kwargs, words):
+        try:
+            SamplingParams(**kwargs)
+        except InvalidRequestError as exc:
+            errors.append((words, str(exc)))
+    threads = [threading.Thread(target=good, args=(i,)) for i in range(16)]
+    threads[8:8] = [threading.Thread(target=poison, args=p) for p in POISON_PARAMS]
+    for t in threads:
+        t.start()
+    # the same poison past the client, straight to the core, while the good ones run
+    ids = client.inputs.process(PROMPT)[0].prompt_token_ids
+    raw = [raw_submit(client.address, f"raw-{n}", params, list(ids)) for n, params in
+           enumerate([{"temperature": 1, "top_k": 2 ** 63}, {"max_tokens": 2 ** 63},
+                      {"stop_token_ids": [2 ** 63]}, {"seed": -1}, {"top_k": "x"}])]
+    for t in threads:
+        t.join(TIMEOUT)
+    assert sorted(results) == list(range(16))
+    for out in results.values():
+        assert out.error is None and out.outputs[0].finish_reason == "length"
+        assert list(out.outputs[0].token_ids) == solo
+    assert len(errors) == 4 and all(words in msg for words, msg in errors), errors
+    assert [f.finish_reason for f in raw] == ["error"] * 5
+    for f, field in zip(raw, ["top_k", "max_tokens", "stop_token_ids", "seed", "top_k"]):
+        assert f.error.startswith(field), f.error
+    assert client.wait_idle(TIMEOUT) and client.snapshot().num_used == 0
+
+
+def test_a_failed_submit_leaves_no_state_and_its_id_is_reusable(client, solo):
+    bad = [("bad \ud800 prompt", GOOD, "prompt is not valid Unicode"),
+           ([2 ** 64], GOOD, "token ids must be in [0, "),
+           ({"prompt_token_ids": [1, 2], "prompt": "\udfff"}, GOOD, "prompt is not valid")]
+    for prompt, params, words in bad:
+        with pytest.raises(InvalidRequestError) as info:
+            client.submit(prompt, params, request_id="again")
+        assert words in str(info.value)
+        assert not client.outputs.has("again")
+    with pytest.raises(InvalidRequestError, match="request_id is not valid Unicode"):
+        client.submit(PROMPT, GOOD, request_id="\ud800")
+    long = client.submit(PROMPT, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+                         request_id="again")
+    with pytest.raises(InvalidRequestError, match="duplicate request id 'again'"):
+        client.submit(PROMPT, GOOD, request_id="again")
+    assert long.result(TIMEOUT).outputs[0].finish_reason == "length"    # the first is intact
+    again = client.submit(PROMPT, GOOD, request_id="again").result(TIMEOUT)
+    assert list(again.outputs[0].token_ids) == solo
+    for rid in ("\ud800", "", 5, None, "x" * 10000, "never-submitted"):
+        client.cancel(rid)                          # nothing to cancel: no exception
+    assert client.wait_idle(TIMEOUT)
+    assert client.outputs.states == {}              # nothing leaked in the front
+    assert client.fatal_error is None
