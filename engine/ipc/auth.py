@@ -35,6 +35,10 @@ def _runtime_dir() -> str:
                                                              f"roseplay-{os.getuid()}")
     path = os.path.join(base, "roseplay") if os.environ.get("XDG_RUNTIME_DIR") else base
     os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:    # planted by someone else
+        raise InvalidRequestError(f"{path} must be a directory of this user's, mode 0700, "
+                                  "to hold engine key files")
     return path
 
 

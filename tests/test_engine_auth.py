@@ -1,0 +1,155 @@
+"""The engine key (engine/ipc/auth.py) on the default path: a stranger on the engine
+address without the key gets no Welcome, no snapshot byte, no stats, and none of its
+commands (pause, knobs, submit) has any effect; with the key (given, from the
+environment, or from the owner's 0600 key file) a client attaches and works. A
+non-loopback bind without a given key is refused before any process starts."""
+import os
+import stat
+import time
+
+import pytest
+import zmq
+
+from engine import InvalidRequestError, SamplingParams
+from engine.client import EngineClient, EngineKeyRefused
+from engine.ipc import auth
+from engine.ipc import protocol as P
+from roseplay.serve.cli import main as serve_main
+
+TIMEOUT = 60
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def owner():
+    c = EngineClient(model="default", device="cpu", num_blocks=256, label="owner",
+                     address=f"tcp://127.0.0.1:{_free_port_base()}")
+    yield c
+    path = auth.key_file(c.address)
+    c.close()
+    assert not os.path.exists(path)          # the engine removes its key file on exit
+
+
+def _free_port_base() -> int:
+    """Three consecutive free ports (the engine binds PORT..PORT+2)."""
+    import socket
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + 2 < 65536 and all(_port_free(base + i) for i in (1, 2)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+class Stranger:
+    """Raw sockets on the engine address, as any local process could open them."""
+
+    def __init__(self, address: str):
+        self.ctx = zmq.Context()
+        in_ep, out_ep, pub_ep = P.endpoints(address)
+        self.send_sock = self._socket(zmq.DEALER, in_ep)
+        self.recv_sock = self._socket(zmq.DEALER, out_ep)
+        self.sub = self._socket(zmq.SUB, pub_ep)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")       # everything, were it applied
+
+    def _socket(self, kind, endpoint):
+        s = self.ctx.socket(kind)
+        if kind == zmq.DEALER:
+            s.setsockopt(zmq.IDENTITY, b"stranger")
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        return s
+
+    def send(self, msg):
+        self.send_sock.send(P.encoder.encode(msg))
+
+    def received(self, seconds: float) -> list:
+        """Everything the engine sent this stranger within `seconds`."""
+        got, deadline = [], time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            for sock in (self.recv_sock, self.sub):
+                if sock.poll(min(50, int(left * 1000) + 1)):
+                    got.append((sock is self.sub, sock.recv()))
+        return got
+
+    def close(self):
+        for s in (self.send_sock, self.recv_sock, self.sub):
+            s.close(0)
+        self.ctx.term()
+
+
+def test_the_key_file_is_private(owner):
+    path = auth.key_file(owner.address)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with open(path) as f:
+        assert len(f.read().strip()) == 64
+
+
+def test_a_stranger_gets_nothing_and_changes_nothing(owner):
+    watcher = EngineClient(connect=owner.address, label="watcher")   # key from the key file
+    stranger = Stranger(owner.address)
+    try:
+        knobs = owner.knobs
+        ids = owner.inputs.process("ROMEO:")[0].prompt_token_ids
+        for msg in (P.Hello("stranger", "wrong"), P.SetPaused(True), P.StepOnce(1),
+                    P.SetKnobs({"max_num_seqs": 1}), P.ClearPrefixCache(), P.Barrier(2),
+                    P.Submit("stolen", list(ids), {"max_tokens": 4}, 0.0), P.Shutdown()):
+            stranger.send(msg)
+        busy = owner.submit("JULIET:", SamplingParams(max_tokens=200, temperature=0))
+        got = stranger.received(1.5)              # while snapshots flow to the watcher
+        assert busy.result(TIMEOUT).outputs[0].finish_reason in ("length", "stop")
+        assert watcher.wait_idle(TIMEOUT)
+        snap = watcher.snapshot()
+    finally:
+        stranger.close()
+        watcher.close()
+    assert not any(on_sub for on_sub, _ in got)   # not one snapshot byte
+    answers = [P.core_decoder.decode(raw) for _, raw in got]
+    assert len(answers) == 1 and isinstance(answers[0], P.Refused)   # no Welcome, no stats
+    assert "engine key missing or wrong" in answers[0].message
+    assert not snap.paused and snap.knobs == knobs
+    assert snap.request("stolen") is None and owner.fatal_error is None
+    assert owner.submit("ROMEO:", GREEDY).result(TIMEOUT).outputs[0].finish_reason == "length"
+
+
+def test_a_client_with_a_wrong_key_is_refused_at_once(owner):
+    t0 = time.monotonic()
+    with pytest.raises(EngineKeyRefused, match="engine key missing or wrong"):
+        EngineClient(connect=owner.address, engine_key="not-the-key", label="guess")
+    assert time.monotonic() - t0 < 30
+
+
+def test_the_key_from_the_environment_or_a_file_works(owner, monkeypatch, tmp_path):
+    with open(auth.key_file(owner.address)) as f:
+        key = f.read().strip()
+    key_copy = tmp_path / "key"
+    key_copy.write_text(key + "\n")
+    monkeypatch.setenv(auth.ENGINE_KEY_ENV, f"@{key_copy}")
+    with EngineClient(connect=owner.address, label="from-env") as c:
+        out = c.submit("ROMEO:", GREEDY).result(TIMEOUT)
+        assert out.outputs[0].finish_reason == "length" and c.snapshot() is not None
+        assert c.engine_stats().num_blocks == 256
+    monkeypatch.setenv(auth.ENGINE_KEY_ENV, "wrong")
+    with pytest.raises(EngineKeyRefused):
+        EngineClient(connect=owner.address, label="env-wrong")
+
+
+def test_a_non_loopback_bind_without_a_key_is_refused(monkeypatch, capsys):
+    monkeypatch.delenv(auth.ENGINE_KEY_ENV, raising=False)
+    with pytest.raises(InvalidRequestError, match="not a loopback address.*--engine-key"):
+        EngineClient(model="default", device="cpu", address="tcp://0.0.0.0:5555")
+    assert serve_main(["--engine-address", "tcp://0.0.0.0:5555", "--device", "cpu"]) == 2
+    assert "refusing to serve the engine at tcp://0.0.0.0:5555" in capsys.readouterr().err
+    assert auth.is_loopback("tcp://127.0.0.1:5") and auth.is_loopback("tcp://[::1]:5")
+    assert not auth.is_loopback("tcp://*:5") and not auth.is_loopback("tcp://10.0.0.1:5")
