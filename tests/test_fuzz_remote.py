@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.client import EngineClient
+from engine.ipc import auth
 from engine.ipc import protocol as P
 from tests import fuzz_values as F
 from tests.fuzz_values import print_counts  # noqa: F401 (an autouse fixture)
@@ -40,15 +41,22 @@ def core_reference(core):
 
 @pytest.fixture(scope="module")
 def stranger(core):
-    """A raw DEALER on the core's command socket: a peer that is not our client."""
+    """A raw DEALER on the core's command socket: a peer that is not our client, but holds
+    the engine key (it says Hello with it: without, nothing it sends is even looked at,
+    tests/test_engine_auth.py)."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IDENTITY, b"stranger")
     sock.connect(P.endpoints(core.address)[0])
+    sock.send(hello(core))
     yield sock
     sock.close()
     ctx.term()
+
+
+def hello(core) -> bytes:
+    return P.encoder.encode(P.Hello("stranger", auth.read_key(core.address)))
 
 
 TAGS = [cls.__name__ for cls in P.ClientMessage.__args__]
@@ -93,11 +101,13 @@ FRAMES = st.one_of(
 @F.fuzz_settings(80)
 @given(st.lists(FRAMES, min_size=1, max_size=4))
 def test_protocol_garbage_never_stops_the_core(core, core_reference, stranger, messages):
+    stranger.send(hello(core))         # a fuzzed Bye of the last example logged it out
     for frames in messages:
         F.TRIED["engine-process protocol"] += 1
         stranger.send_multipart(frames)
     # pausing is a shared control (the TUI pauses a bench's engine): the stranger's last
     # word resumes it (one socket's messages are handled in order)
+    stranger.send(hello(core))
     stranger.send(P.encoder.encode(P.SetPaused(False)))
     F.still_serves(core, core_reference)
 
