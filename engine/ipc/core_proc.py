@@ -6,12 +6,11 @@ output thread encodes step outputs and snapshots and sends them. Encoding, decod
 socket work never run inside a step. Text never reaches this process.
 
 Only clients whose Hello carries the engine key are served (engine/ipc/auth.py). They
-are tracked by heartbeat: one silent for `client_timeout` seconds (EngineConfig; killed,
-or gone without a Bye) has its requests ended with an error and their blocks freed, and
-its pause (a pause belongs to the client that made it) ends; so does a Bye's, whose
-requests are cancelled. Silence is judged only after the queued messages were read, and
-time this process itself did not run (SIGSTOP, swapping) never counts as a client's
-silence. The process stops when its owner (the process that started it) dies.
+are tracked by heartbeat (engine/ipc/clients.py): one silent for `client_timeout` seconds
+(EngineConfig; killed, or gone without a Bye) has its requests ended with an error and
+their blocks freed, and its pause (a pause belongs to the client that made it) ends; so
+does a Bye's, whose requests are cancelled. The process stops when its owner (the
+process that started it) dies.
 """
 from __future__ import annotations
 
@@ -31,13 +30,13 @@ from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import InvalidRequestError, check_priority, make_config
 from engine.core_loop import CoreLoop
 from engine.ipc import auth
+from engine.ipc.clients import ClientTable
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
 from engine.processor import InputProcessor
 from engine.request import SamplingParams
 from engine.validation import check_request_id
 
-STALL_GAP = 1.0             # seconds between two liveness checks that mean we were stopped
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
 ABORT_REASONS = (REASON_CANCELLED, REASON_STOP, REASON_ERROR)
 
@@ -57,7 +56,6 @@ class EngineCoreProc:
         self.owner_pid = owner_pid
         self.owner_token = owner_token
         self.engine_key = engine_key or auth.new_key()
-        self.client_timeout = float(engine.config.client_timeout)
         self.ctx = zmq.Context()
         in_ep, out_ep, pub_ep = P.endpoints(address)
         self.in_sock = self._bind(zmq.ROUTER, in_ep, {zmq.MAXMSGSIZE: P.MAX_MESSAGE_BYTES})
@@ -70,9 +68,7 @@ class EngineCoreProc:
         self.core.on_stats = lambda stats: self._sendq.put((None, P.Stats(stats)))
         self.validator = InputProcessor.for_engine(engine)   # the boundary re-checks ids
         self.owner_of: dict[str, bytes] = {}          # request id -> client identity
-        self.clients: dict[bytes, float] = {}         # key holders -> last message time
-        self.paused_by: bytes | None = None           # the client whose pause holds
-        self._last_check = time.monotonic()
+        self.clients = ClientTable(engine.config.client_timeout)   # the key holders
         self._sendq: queue.SimpleQueue = queue.SimpleQueue()
         self._latest_snapshot = None
         self._snap_buf = bytearray(self._topic) + bytearray(1 << 20)
@@ -97,7 +93,7 @@ class EngineCoreProc:
             self.core.run()
         finally:
             if self.core.fatal_error:
-                for client in list(self.clients):
+                for client in self.clients.members():
                     self._sendq.put((client, P.Fatal(self.core.fatal_error)))
             time.sleep(0.05)      # let the output thread flush the last outputs
             self._stop.set()
@@ -150,8 +146,7 @@ class EngineCoreProc:
                         break
                     except ValueError:       # a frame count we never send: ignore it
                         continue
-                    if client in self.clients:
-                        self.clients[client] = time.monotonic()
+                    self.clients.heard(client)
                     self._dispatch(client, payload)
             self._check_clients()      # after draining: queued heartbeats count
 
@@ -173,7 +168,7 @@ class EngineCoreProc:
                 f"${auth.ENGINE_KEY_ENV} (the engine's owner wrote it, mode 0600, to its "
                 "key file: docs/SERVE.md, Security)")))
             return
-        self.clients[client] = time.monotonic()
+        self.clients.admit(client)
         info = dataclasses.asdict(EngineInfo.of(self.engine))
         knobs = dataclasses.asdict(self.engine.knobs)
         self._sendq.put((client, P.Welcome(info, knobs, self.core.paused)))
@@ -221,11 +216,11 @@ class EngineCoreProc:
             (client, P.BarrierDone(msg.token, P.encoder.encode(snap)))))
 
     def _set_paused(self, client: bytes, msg: P.SetPaused) -> None:
-        self.paused_by = client if msg.paused else None
+        self.clients.paused_by = client if msg.paused else None
         self.core.set_paused(msg.paused)
 
     def _step_once(self, client: bytes, msg: P.StepOnce) -> None:
-        self.paused_by = client
+        self.clients.paused_by = client
         self.core.step_once(lambda: self._sendq.put((client, P.StepDone(msg.token))))
 
     def _bye(self, client: bytes, msg=None) -> None:
@@ -233,26 +228,18 @@ class EngineCoreProc:
 
     def _drop_client(self, client: bytes, reason: str, error: str) -> None:
         """The client is gone: its requests end (`reason`), its pause ends."""
-        if self.clients.pop(client, None) is None:
+        member, held_pause = self.clients.remove(client)
+        if not member:
             return
         for rid in [r for r, c in self.owner_of.items() if c == client]:
             self.core.abort(rid, reason, error)
-        if self.paused_by == client:
-            self.paused_by = None
+        if held_pause:
             self.core.set_paused(False)
 
     def _check_clients(self) -> None:
-        now = time.monotonic()
-        if now - self._last_check > STALL_GAP:
-            # this thread did not run for a while (the process was stopped, or starved):
-            # the clients' heartbeats of that time may still be on their way in
-            for client in self.clients:
-                self.clients[client] = now
-        self._last_check = now
-        for client, seen in list(self.clients.items()):
-            if now - seen > self.client_timeout:
-                self._drop_client(client, REASON_ERROR, f"the engine heard nothing from this "
-                                  f"client for {self.client_timeout:g} s and gave up on it")
+        for client in self.clients.silent():
+            self._drop_client(client, REASON_ERROR, f"the engine heard nothing from this "
+                              f"client for {self.clients.timeout:g} s and gave up on it")
         if self.owner_pid is not None and os.getppid() != self.owner_pid:
             self.core.stop()          # the owner died (and PDEATHSIG did not reach us)
 
@@ -266,7 +253,7 @@ class EngineCoreProc:
                 client, msg = self._sendq.get(timeout=SNAPSHOT_INTERVAL / 4)
                 if client is None:           # to every client (stats)
                     data = P.encoder.encode(msg)
-                    for c in tuple(self.clients):
+                    for c in self.clients.members():
                         self.out_sock.send_multipart([c, data], copy=False)
                 else:
                     self.out_sock.send_multipart([client, P.encoder.encode(msg)], copy=False)
