@@ -42,6 +42,20 @@ class Choice:
     output: object = None
 
 
+@dataclass(frozen=True)
+class EndEvent:
+    """A finish the server gives a choice itself (shutdown): shaped as a StreamEvent."""
+    request_id: str
+    error: str
+    status: int = 503
+    text: str = ""
+    token_ids: tuple = ()
+    token_times: tuple = ()
+    finished: bool = True
+    finish_reason: str = "error"
+    output: object = None
+
+
 def new_id(prefix: str, user: str | None = None) -> str:
     """OpenAI-style ids that label requests in the engine (and the TUI): the prefix says
     the endpoint ("cmpl-" completions, "chatcmpl-" chat), then the request's OpenAI
@@ -80,6 +94,7 @@ class Generation:
         self._by_id: dict[str, Choice] = {}
         self._queue: asyncio.Queue = asyncio.Queue()
         self._aloop = aloop
+        self.error_status = 500        # the HTTP status of a failed choice
 
     def _on_event(self, event) -> None:        # engine thread: hand over, nothing more
         self._aloop.call_soon_threadsafe(self._queue.put_nowait, event)
@@ -132,6 +147,16 @@ class Generation:
         c.finished, c.finish_reason, c.error, c.output = True, reason, error, output
         c.stream = None
         self.bridge.metrics.observe_finish(output, reason, time.perf_counter(), c.arrival)
+
+    def end_with_error(self, message: str, status: int = 503) -> int:
+        """End every unfinished choice with an error event (after the events already
+        queued) and cancel its engine request; returns how many."""
+        ended = [c for c in self.choices if not c.finished]
+        self.error_status = status
+        for c in ended:
+            self.bridge.loop.cancel(c.request_id)
+            self._queue.put_nowait(EndEvent(c.request_id, message, status))
+        return len(ended)
 
     def close(self) -> None:
         """Cancel what is still running (client gone, or an error): blocks go back to the
