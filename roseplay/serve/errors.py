@@ -8,6 +8,7 @@ before FastAPI reads or parses anything.
 """
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 
@@ -53,12 +54,10 @@ def error_response(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-def _request_fields() -> frozenset[str]:
-    from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
+@functools.cache
+def request_fields() -> frozenset[str]:
+    from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest  # a cycle
     return frozenset(CompletionRequest.model_fields) | frozenset(ChatCompletionRequest.model_fields)
-
-
-REQUEST_FIELDS = _request_fields()
 
 
 def param_of(exc: Exception) -> str | None:
@@ -68,7 +67,7 @@ def param_of(exc: Exception) -> str | None:
     if param:
         return param
     first = str(exc).split(" ", 1)[0].rstrip(":,")
-    return first if first in REQUEST_FIELDS else None
+    return first if first in request_fields() else None
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -81,7 +80,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             where = f" at character {loc[0]}" if loc else ""
             parts.append(f"JSON decode error{where}: {err.get('ctx', {}).get('error', '')}")
             continue
-        field = next((x for x in loc if x in REQUEST_FIELDS), loc[0] if loc else None)
+        field = next((x for x in loc if x in request_fields()), loc[0] if loc else None)
         param = param or field
         parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request", param
@@ -100,6 +99,11 @@ def install_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
         return error_response(OpenAIError(400, message, param=param))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        # still a bug (Starlette logs the traceback), but the client gets OpenAI's format
+        return error_response(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

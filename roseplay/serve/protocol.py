@@ -16,8 +16,31 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import InvalidRequestError
 from engine.request import SamplingParams
+from roseplay.serve.errors import invalid
 
 MAX_N = 128     # choices per request (each one is an engine request)
+
+
+def _check_utf8(value, param: str) -> None:
+    """Refuse lone surrogates (JSON's "\\ud800" escapes decode to them): no tokenizer,
+    stop matcher or wire codec can encode them to UTF-8."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid(f"{param} is not valid Unicode (a lone surrogate)",
+                              param) from None
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_utf8(item, param)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_utf8(key, param)
+            _check_utf8(item, param)
+    elif isinstance(value, BaseModel):
+        for _, item in value:
+            _check_utf8(item, param)
 
 
 class _Request(BaseModel):
@@ -49,6 +72,8 @@ class SamplingFields(_Request):
     user: str | None = None
 
     def check_supported(self) -> None:
+        for name, value in self:
+            _check_utf8(value, name)
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise InvalidRequestError(f"{name} is not supported by this engine (use 0)")
