@@ -66,7 +66,8 @@ class ServeProc:
         for _ in range(2):     # printed before uvicorn starts: already in the pipe
             self.output += self.proc.stdout.readline()
         match = re.search(r"--connect ipc://(\S+)/engine`", self.output)
-        self.engine_dir = match.group(1) if match and "roseplay-" in match.group(1) else None
+        if match and "--engine-address" not in self.args:
+            self.engine_dir = match.group(1)        # made by serve: it must remove it
         return self
 
     def _engine_pid(self) -> int:
