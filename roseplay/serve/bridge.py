@@ -42,20 +42,6 @@ class Choice:
     output: object = None
 
 
-@dataclass(frozen=True)
-class EndEvent:
-    """A finish the server gives a choice itself (shutdown): shaped as a StreamEvent."""
-    request_id: str
-    error: str
-    status: int = 503
-    text: str = ""
-    token_ids: tuple = ()
-    token_times: tuple = ()
-    finished: bool = True
-    finish_reason: str = "error"
-    output: object = None
-
-
 def new_id(prefix: str, user: str | None = None) -> str:
     """OpenAI-style ids that label requests in the engine (and the TUI): the prefix says
     the endpoint ("cmpl-" completions, "chatcmpl-" chat), then the request's OpenAI
@@ -148,6 +134,14 @@ class Generation:
         c.stream = None
         self.bridge.metrics.observe_finish(output, reason, time.perf_counter(), c.arrival)
 
+    def close(self) -> None:
+        """Cancel what is still running (client gone, or an error): blocks go back to the
+        pool at the engine's next step."""
+        for c in self.choices:
+            if not c.finished:
+                self.bridge.loop.cancel(c.request_id)
+                self._finish(c, "cancelled", None, None)
+
     def end_with_error(self, message: str, status: int = 503) -> int:
         """End every unfinished choice with an error event (after the events already
         queued) and cancel its engine request; returns how many."""
@@ -158,10 +152,16 @@ class Generation:
             self._queue.put_nowait(EndEvent(c.request_id, message, status))
         return len(ended)
 
-    def close(self) -> None:
-        """Cancel what is still running (client gone, or an error): blocks go back to the
-        pool at the engine's next step."""
-        for c in self.choices:
-            if not c.finished:
-                self.bridge.loop.cancel(c.request_id)
-                self._finish(c, "cancelled", None, None)
+
+@dataclass(frozen=True)
+class EndEvent:
+    """A finish the server gives a choice itself (shutdown): shaped as a StreamEvent."""
+    request_id: str
+    error: str
+    status: int = 503
+    text: str = ""
+    token_ids: tuple = ()
+    token_times: tuple = ()
+    finished: bool = True
+    finish_reason: str = "error"
+    output: object = None

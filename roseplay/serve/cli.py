@@ -11,9 +11,9 @@ import sys
 
 from engine.config import InvalidRequestError
 from roseplay.cli_flags import add_engine_flags, engine_kwargs
-from roseplay.serve.app import (DEFAULT_MAX_BODY_BYTES, DEFAULT_TIMEOUT_KEEP_ALIVE_S,
-                                DEFAULT_TIMEOUT_REQUEST_READ_S, ServeConfig)
+from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST
+from roseplay.serve.app import DEFAULT_TIMEOUT_KEEP_ALIVE_S, DEFAULT_TIMEOUT_REQUEST_READ_S
 from roseplay.serve.shutdown import (DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_CUT, EXIT_DRAINED,
                                      EXIT_ENGINE_DIED)
 
