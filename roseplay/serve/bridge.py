@@ -149,13 +149,14 @@ class Generation:
         self.error_status = status
         for c in ended:
             self.bridge.loop.cancel(c.request_id)
-            self._queue.put_nowait(EndEvent(c.request_id, message, status))
+            self._on_event(EndEvent(c.request_id, message, status))   # the engine's path
         return len(ended)
 
 
 @dataclass(frozen=True)
 class EndEvent:
-    """A finish the server gives a choice itself (shutdown): shaped as a StreamEvent."""
+    """A finish the server gives a choice itself (shutdown): shaped as a StreamEvent
+    (its status is the HTTP status of a non-streamed request's error)."""
     request_id: str
     error: str
     status: int = 503

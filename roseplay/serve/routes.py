@@ -35,9 +35,9 @@ class SSEResponse(StreamingResponse):
     the generator is garbage collected, nor after max_tokens)."""
     media_type = "text/event-stream"
 
-    def __init__(self, gen: Generation, fmt, drain):
+    def __init__(self, gen: Generation, fmt):
         super().__init__(_sse(gen, fmt), headers={"Cache-Control": "no-cache"})
-        self.generation, self.drain = gen, drain
+        self.generation = gen
 
     async def __call__(self, scope, receive, send):
         try:
@@ -45,7 +45,6 @@ class SSEResponse(StreamingResponse):
         finally:
             await self.body_iterator.aclose()
             self.generation.close()
-            self.drain.discard(self.generation)
 
 
 def _state(request: Request):
@@ -121,9 +120,8 @@ async def _sse(gen: Generation, fmt):
     started: set[int] = set()
     try:
         async for c, event in gen.events():
-            if event.finish_reason == "error":     # 503 when the server ends it (shutdown)
-                body = error_body(getattr(event, "status", 500), event.error or "request failed")
-                yield f"data: {json.dumps(body)}\n\n"
+            if event.finish_reason == "error":
+                yield f"data: {json.dumps(error_body(500, event.error or 'request failed'))}\n\n"
                 continue
             if not (event.text or event.token_ids or event.finished):
                 continue
@@ -161,14 +159,13 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     rid = new_id(fmt_cls.prefix, req.user)
     fmt = fmt_cls(req, rid, req.model, ins)
     gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority)
-    st.drain.add(gen)
+    st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
-        return SSEResponse(gen, fmt, st.drain)
+        return SSEResponse(gen, fmt)
     try:
         choices = await _until_disconnect(request, gen.results())
     finally:
         gen.close()
-        st.drain.discard(gen)
     if choices is None:            # the client left; nobody reads this
         return Response(status_code=499)
     if (err := _first_error(choices)) is not None:

@@ -122,10 +122,9 @@ class Server(uvicorn.Server):
             n = drain.cut()
             logger.warning("roseplay serve: drain time (%s s) over; ended %d open "
                            "request(s) with an error", timeout, n)
-            await drain.flushed(FLUSH_S)
         if drain.cut_count and self.exit_code == EXIT_DRAINED:
             self.exit_code = EXIT_CUT
-        await super().shutdown(sockets)
+        await super().shutdown(sockets)      # waits up to FLUSH_S for the last writes
 
     @contextlib.contextmanager
     def capture_signals(self):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0     # as Kubernetes' default terminationGracePeriodSeconds
 SHUTDOWN_MESSAGE = "the server is shutting down; retry on another replica or later"
@@ -20,14 +21,13 @@ EXIT_DRAINED, EXIT_CUT, EXIT_ENGINE_DIED = 0, 3, 4     # `roseplay serve` exit c
 class Drain:
     def __init__(self) -> None:
         self.draining = False
-        self.open: set = set()           # Generations not closed yet
+        # every Generation the routes started (a closed one is done; the set forgets
+        # it once it is garbage)
+        self.open: weakref.WeakSet = weakref.WeakSet()
         self.cut_count = 0               # choices ended by cut()
 
     def add(self, gen) -> None:
         self.open.add(gen)
-
-    def discard(self, gen) -> None:
-        self.open.discard(gen)
 
     def begin(self) -> None:
         self.draining = True
@@ -43,12 +43,6 @@ class Drain:
 
     def cut(self, message: str = SHUTDOWN_MESSAGE) -> int:
         """End every unfinished choice with an error event; returns how many."""
-        n = sum(g.end_with_error(message, status=503) for g in list(self.open))
+        n = sum(g.end_with_error(message, status=503) for g in list(self.open) if not g.done)
         self.cut_count += n
         return n
-
-    async def flushed(self, timeout: float) -> None:
-        """Give the cut streams a moment to write their error event and [DONE]."""
-        deadline = time.monotonic() + timeout
-        while self.open and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
