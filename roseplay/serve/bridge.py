@@ -80,7 +80,6 @@ class Generation:
         self._by_id: dict[str, Choice] = {}
         self._queue: asyncio.Queue = asyncio.Queue()
         self._aloop = aloop
-        self.error_status = 500        # the HTTP status of a failed choice
 
     def _on_event(self, event) -> None:        # engine thread: hand over, nothing more
         self._aloop.call_soon_threadsafe(self._queue.put_nowait, event)
@@ -146,7 +145,7 @@ class Generation:
         """End every unfinished choice with an error event (after the events already
         queued) and cancel its engine request; returns how many."""
         ended = [c for c in self.choices if not c.finished]
-        self.error_status = status
+        self.error_status = status       # a non-streamed request's (else 500)
         for c in ended:
             self.bridge.loop.cancel(c.request_id)
             self._on_event(EndEvent(c.request_id, message, status))   # the engine's path

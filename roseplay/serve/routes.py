@@ -169,7 +169,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     if choices is None:            # the client left; nobody reads this
         return Response(status_code=499)
     if (err := _first_error(choices)) is not None:
-        raise OpenAIError(gen.error_status, err)
+        raise OpenAIError(getattr(gen, "error_status", 500), err)
     return JSONResponse(fmt.response(choices, _usage(fmt, choices)))
 
 
