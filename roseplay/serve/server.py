@@ -118,7 +118,7 @@ class Server(uvicorn.Server):
         drain = self.serve_state.drain
         drain.begin()
         timeout = 0 if self.force_exit else self.serve_state.config.shutdown_timeout
-        if not await drain.wait(timeout):
+        if not await drain.wait(timeout, lambda: self.force_exit):
             n = drain.cut()
             logger.warning("roseplay serve: drain time (%s s) over; ended %d open "
                            "request(s) with an error", timeout, n)

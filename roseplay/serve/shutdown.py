@@ -32,11 +32,12 @@ class Drain:
     def begin(self) -> None:
         self.draining = True
 
-    async def wait(self, timeout: float) -> bool:
-        """Wait until every open generation is done (True) or `timeout` passed (False)."""
+    async def wait(self, timeout: float, give_up=lambda: False) -> bool:
+        """Wait until every open generation is done (True), or `timeout` passed or
+        `give_up()` (a second Ctrl-C) holds (False)."""
         deadline = time.monotonic() + timeout
         while any(not g.done for g in self.open):
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or give_up():
                 return False
             await asyncio.sleep(0.05)
         return True
