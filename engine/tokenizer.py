@@ -47,7 +47,9 @@ class FastTokenizer:
         self._hf = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch, not encode: it releases the GIL, so a server that tokenizes a long
+        # prompt on a worker thread keeps its event loop (and every stream) running
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -11,6 +11,11 @@ finishes (a cancelled one: a prefix of them); at the end every block is free. Th
 test (tests/test_soak_process.py) runs it for ~20 s; for a longer run:
 
     python scripts/soak.py --seconds 180
+
+`--server` soaks `roseplay serve` through HTTP instead (scripts/soak_http.py: good, bad,
+cancelled, stalled and slow-loris clients; docs/RELIABILITY.md has a 10-minute run):
+
+    python scripts/soak.py --server --seconds 600 --clients 24
 """
 from __future__ import annotations
 
@@ -206,10 +211,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: the same tiny model and churn on the GPU (graphs, async steps)")
+    p.add_argument("--server", action="store_true",
+                   help="soak `roseplay serve` over HTTP (scripts/soak_http.py)")
+    p.add_argument("--clients", type=int, default=24, help="--server: concurrent clients")
     a = p.parse_args(argv)
+    if a.server:
+        return _soak_server(a)
     res = soak(a.seconds, a.in_flight, a.flip_every, a.sample_every, a.seed, a.device)
     print_report(res, a.seconds)
     return 0 if not res.errors and not res.mismatches and res.all_free else 1
+
+
+def _soak_server(a) -> int:
+    from scripts.soak_http import ok, print_http_report, soak_http
+    extra = ["--device", a.device] if a.device != "cpu" else []
+    rep, end = soak_http(a.seconds, a.clients, a.seed, extra)
+    print_http_report(rep, end, a.seconds, a.clients)
+    return 0 if ok(rep, end) else 1
 
 
 if __name__ == "__main__":

@@ -242,7 +242,7 @@ def test_non_streaming_disconnect_cancels(server, loop):
 
 
 def test_server_stop_with_an_open_stream_cancels_it(loop):
-    srv = ServerThread(build_app(loop)).start()
+    srv = ServerThread(build_app(loop, ServeConfig(shutdown_timeout=1))).start()
     body = {"model": "default", "prompt": PROMPT, "max_tokens": 900, "ignore_eos": True,
             "stream": True}
     with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
@@ -250,8 +250,11 @@ def test_server_stop_with_an_open_stream_cancels_it(loop):
         rid = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
         loop.pause()                         # 900 tokens finish within a second on cpu_native
         t0 = time.monotonic()
-        srv.stop()                           # uvicorn's bounded graceful shutdown
+        srv.stop()                           # a 1 s drain, then the stream is ended
         assert time.monotonic() - t0 < 10 and not srv._thread.is_alive()
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]" and srv.server.exit_code == 3
+    assert json.loads(rest[-2][6:])["error"]["message"].startswith("the server is shutting down")
     try:
         wait_for(lambda: loop.snapshot().request(rid + "-0") is not None
                  and loop.snapshot().request(rid + "-0").state == "cancelled")

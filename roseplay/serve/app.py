@@ -11,12 +11,15 @@ from fastapi import FastAPI
 
 from roseplay.serve import chat
 from roseplay.serve.bridge import EngineBridge
-from roseplay.serve.errors import (ApiKeyMiddleware, BodyLimitMiddleware, OpenAIError,
-                                   install_handlers)
+from roseplay.serve.errors import (ApiKeyMiddleware, BodyLimitMiddleware, DrainMiddleware,
+                                   OpenAIError, install_handlers)
 from roseplay.serve.metrics import ServerMetrics
 from roseplay.serve.routes import router
+from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5        # as uvicorn's and vLLM's
+DEFAULT_TIMEOUT_REQUEST_READ_S = 30.0   # headers + body of one request (slow-loris)
 
 
 @dataclass(frozen=True)
@@ -27,12 +30,19 @@ class ServeConfig:
     max_waiting: int | None = None              # 429 above this many requests without a token
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     chat_template: str | None = None            # a Jinja file or string (see chat.py)
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S     # drain time on SIGTERM
+    timeout_keep_alive: float = DEFAULT_TIMEOUT_KEEP_ALIVE_S  # idle keep-alive connection
+    timeout_request_read: float = DEFAULT_TIMEOUT_REQUEST_READ_S
 
     def __post_init__(self):
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError("max_waiting must be >= 0")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
+        if self.shutdown_timeout < 0:
+            raise ValueError("shutdown_timeout must be >= 0")
+        if self.timeout_keep_alive <= 0 or self.timeout_request_read <= 0:
+            raise ValueError("timeout_keep_alive and timeout_request_read must be > 0")
 
 
 class ServeState:
@@ -49,6 +59,7 @@ class ServeState:
             config.chat_template))
         self.metrics = ServerMetrics(loop, self.model_names[0])
         self.bridge = EngineBridge(loop, self.metrics, config.max_waiting)
+        self.drain = Drain()
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:
@@ -70,4 +81,5 @@ def build_app(loop, config: ServeConfig | None = None) -> FastAPI:
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(DrainMiddleware, drain=app.state.serve.drain)
     return app

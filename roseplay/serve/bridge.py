@@ -145,3 +145,28 @@ class Generation:
             if not c.finished:
                 self.bridge.loop.cancel(c.request_id)
                 self._finish(c, "cancelled", None, None)
+
+    def end_with_error(self, message: str, status: int = 503) -> int:
+        """End every unfinished choice with an error event (after the events already
+        queued) and cancel its engine request; returns how many."""
+        ended = [c for c in self.choices if not c.finished]
+        self.error_status = status       # a non-streamed request's (else 500)
+        for c in ended:
+            self.bridge.loop.cancel(c.request_id)
+            self._on_event(EndEvent(c.request_id, message, status))   # the engine's path
+        return len(ended)
+
+
+@dataclass(frozen=True)
+class EndEvent:
+    """A finish the server gives a choice itself (shutdown): shaped as a StreamEvent
+    (its status is the HTTP status of a non-streamed request's error)."""
+    request_id: str
+    error: str
+    status: int = 503
+    text: str = ""
+    token_ids: tuple = ()
+    token_times: tuple = ()
+    finished: bool = True
+    finish_reason: str = "error"
+    output: object = None

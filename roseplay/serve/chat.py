@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.config import InvalidRequestError
+from roseplay.serve.errors import invalid
 
 PLAY_TEMPLATE = (
     "{% for m in messages %}"
@@ -47,11 +47,11 @@ def render(tokenizer, template: str, messages: list[dict],
            add_generation_prompt: bool = True) -> tuple[str, list[int]]:
     """The prompt text and its token ids (no extra special tokens: the template has them)."""
     if tokenizer is None:
-        raise InvalidRequestError("this model has no tokenizer: /v1/chat/completions needs "
-                                  "one (use /v1/completions with token-id prompts)")
+        raise invalid("this model has no tokenizer: /v1/chat/completions needs one (use "
+                      "/v1/completions with token-id prompts)", "messages")
     try:
         text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                              add_generation_prompt=add_generation_prompt)
     except Exception as exc:   # a template error is the request's (or the template's) fault
-        raise InvalidRequestError(f"chat template failed: {type(exc).__name__}: {exc}") from None
+        raise invalid(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
     return text, list(tokenizer.encode(text, add_special_tokens=False))

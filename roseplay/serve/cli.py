@@ -13,6 +13,9 @@ from engine.config import InvalidRequestError
 from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, engine_kwargs
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST
+from roseplay.serve.app import DEFAULT_TIMEOUT_KEEP_ALIVE_S, DEFAULT_TIMEOUT_REQUEST_READ_S
+from roseplay.serve.shutdown import (DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_CUT, EXIT_DRAINED,
+                                     EXIT_ENGINE_DIED)
 
 EPILOG = """\
 example (two terminals):
@@ -22,8 +25,13 @@ example (two terminals):
 
 status codes: 400 invalid parameters, 401 missing/wrong key (with --api-key), 404 unknown
 model, 413 body over --max-body-bytes, 429 more than --max-waiting requests without a
-first token yet (default: no cap, requests queue in the engine), 503 engine stopped.
-"""
+first token yet (default: no cap, requests queue in the engine), 503 engine stopped or
+server shutting down.
+
+exit codes: %d stopped (SIGTERM/Ctrl-C) after every open request finished, %d stopped
+with requests ended by an error at the --shutdown-timeout, %d the engine process failed
+(every open request got an error first), 2 bad flags or model.
+""" % (EXIT_DRAINED, EXIT_CUT, EXIT_ENGINE_DIED)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "first token yet (default: no cap; they queue in the engine).")
     s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help=f"Largest request body; more gets 413 (default: {DEFAULT_MAX_BODY_BYTES}).")
+    s.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                   help="On SIGTERM/Ctrl-C, stop accepting and let open requests finish for "
+                        "this many seconds; then end the rest with an error event and [DONE] "
+                        f"(default: {DEFAULT_SHUTDOWN_TIMEOUT_S:g}).")
+    s.add_argument("--timeout-keep-alive", type=float, default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+                   help="Close an idle keep-alive connection after this many seconds "
+                        f"(default: {DEFAULT_TIMEOUT_KEEP_ALIVE_S}).")
+    s.add_argument("--timeout-request-read", type=float,
+                   default=DEFAULT_TIMEOUT_REQUEST_READ_S,
+                   help="Close a connection that has not sent a whole request (headers and "
+                        "body) this many seconds after it opened or after its last response "
+                        f"(slow clients; default: {DEFAULT_TIMEOUT_REQUEST_READ_S:g}).")
     s.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file or the text) instead of the tokenizer's "
                         "(or, without one, the play template of docs/SERVE.md).")
@@ -69,7 +89,10 @@ def serve_config(args) -> ServeConfig:
     return ServeConfig(api_key=args.api_key or None,
                        served_model_name=tuple(args.served_model_name or ()),
                        max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
-                       chat_template=args.chat_template)
+                       chat_template=args.chat_template,
+                       shutdown_timeout=args.shutdown_timeout,
+                       timeout_keep_alive=args.timeout_keep_alive,
+                       timeout_request_read=args.timeout_request_read)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,15 +119,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.tui:
             return _serve_with_tui(build_app(loop, config), args, address)
         from roseplay.serve.server import serve_forever
-        serve_forever(build_app(loop, config), args.host, args.port, args.log_level)
-    except KeyboardInterrupt:    # uvicorn re-raises Ctrl-C after its graceful shutdown
-        pass
+        code = serve_forever(build_app(loop, config), args.host, args.port, args.log_level)
+    except KeyboardInterrupt:    # a second Ctrl-C during the drain
+        code = EXIT_CUT
     except OSError as exc:
         print(f"roseplay serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
     finally:
         loop.close()
-    return 0
+    _report_exit(code, getattr(loop, "fatal_error", None))
+    return code
+
+
+def _report_exit(code: int, engine_error: str | None) -> None:
+    if code == EXIT_ENGINE_DIED:
+        print(f"roseplay serve: the engine failed ({engine_error}); every open request "
+              f"got an error; exiting with {code} so a supervisor restarts the server",
+              file=sys.stderr)
+    elif code == EXIT_CUT:
+        print(f"roseplay serve: stopped; open requests were ended with an error at the "
+              f"--shutdown-timeout (exit code {code})", file=sys.stderr)
 
 
 def _engine(args):

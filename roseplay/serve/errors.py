@@ -8,6 +8,7 @@ before FastAPI reads or parses anything.
 """
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 
@@ -42,15 +43,45 @@ def error_body(status: int, message: str, code: str | None = None,
                       "param": param, "code": code}}
 
 
+def invalid(message: str, param: str) -> InvalidRequestError:
+    """A 400 about request field `param` (param_of reads it back)."""
+    exc = InvalidRequestError(message)
+    exc.param = param
+    return exc
+
+
 def error_response(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+@functools.cache
+def request_fields() -> frozenset[str]:
+    from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest  # a cycle
+    return frozenset(CompletionRequest.model_fields) | frozenset(ChatCompletionRequest.model_fields)
+
+
+def param_of(exc: Exception) -> str | None:
+    """The request field an engine/server 400 is about: its own `param`, else the field
+    its message starts with ("temperature must be in ...", "prompt: ...")."""
+    param = getattr(exc, "param", None)
+    if param:
+        return param
+    first = str(exc).split(" ", 1)[0].rstrip(":,")
+    return first if first in request_fields() else None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """pydantic's errors as one message; `param` is the first error's field (its loc
+    without "body", union-branch names or list indices), None for a body that is not JSON."""
     parts, param = [], None
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        param = param or (loc[0] if loc else None)
+        if err.get("type") == "json_invalid":
+            where = f" at character {loc[0]}" if loc else ""
+            parts.append(f"JSON decode error{where}: {err.get('ctx', {}).get('error', '')}")
+            continue
+        field = next((x for x in loc if x in request_fields()), loc[0] if loc else None)
+        param = param or field
         parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request", param
 
@@ -62,12 +93,17 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidRequestError)
     async def _invalid(request: Request, exc: InvalidRequestError):
-        return error_response(OpenAIError(400, str(exc)))
+        return error_response(OpenAIError(400, str(exc), param=param_of(exc)))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
         return error_response(OpenAIError(400, message, param=param))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        # still a bug (Starlette logs the traceback), but the client gets OpenAI's format
+        return error_response(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -75,12 +111,34 @@ def install_handlers(app: FastAPI) -> None:
                                            code=_CODES.get(exc.status_code)))
 
 
-async def _send_error(send, exc: OpenAIError) -> None:
+async def _send_error(send, exc: OpenAIError, headers=()) -> None:
     body = json.dumps(exc.body()).encode()
     await send({"type": "http.response.start", "status": exc.status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+class DrainMiddleware:
+    """503 to every request that arrives while the server drains for shutdown (one on a
+    kept-alive connection: new connections are already refused)."""
+
+    def __init__(self, app, drain):
+        self.app, self.drain = app, drain
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.drain.draining:
+            return await _send_error(send, OpenAIError(
+                503, "the server is shutting down", code="server_shutting_down"),
+                [(b"connection", b"close")])
+        await self.app(scope, receive, send)
+
+
+def bearer_token(header: bytes) -> bytes | None:
+    """The token of `Authorization: Bearer TOKEN`; the scheme is case-insensitive
+    (RFC 9110 section 11.1)."""
+    scheme, _, token = header.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
 
 
 class ApiKeyMiddleware:
@@ -88,11 +146,11 @@ class ApiKeyMiddleware:
     /metrics stay open for probes and scrapers."""
 
     def __init__(self, app, api_key: str):
-        self.app, self._expected = app, f"Bearer {api_key}".encode()
+        self.app, self._expected = app, api_key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            got = dict(scope["headers"]).get(b"authorization", b"")
+            got = bearer_token(dict(scope["headers"]).get(b"authorization", b"")) or b""
             if not secrets.compare_digest(got, self._expected):
                 return await _send_error(send, OpenAIError(
                     401, "missing or invalid API key (send 'Authorization: Bearer KEY')",

@@ -3,7 +3,9 @@
 Text is tokenized here with the engine's tokenizer (`tokenizer.encode`, as the engine
 itself would), so the server knows every prompt's length: it fills in the default
 max_tokens (the rest of the context, as vLLM) and refuses prompt + max_tokens over
-max_model_len with vLLM's 400 message instead of silently cutting the output.
+max_model_len with vLLM's 400 message instead of silently cutting the output. The
+routes call these on a worker thread (tokenizing a long prompt takes seconds); every
+400 names its request field (`param`).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 from engine.config import InvalidRequestError
 from roseplay.serve import chat
+from roseplay.serve.errors import invalid
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
@@ -25,29 +28,32 @@ class EngineInputs:
 MAX_CHOICES = 1024     # prompts x n of one request: each is an engine request
 
 
-def completion_prompt(tokenizer, prompt, vocab_size: int) -> dict:
+def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int) -> dict:
     if isinstance(prompt, str):
         if tokenizer is None:
-            raise InvalidRequestError("this model has no tokenizer: send the prompt as token "
-                                      "ids (a list of integers), not text")
+            raise invalid("this model has no tokenizer: send the prompt as token ids (a "
+                          "list of integers), not text", "prompt")
         if not prompt:
             raise InvalidRequestError("prompt is empty")
         return {"prompt_token_ids": list(tokenizer.encode(prompt)), "prompt": prompt}
     if prompt and not 0 <= min(prompt) <= max(prompt) < vocab_size:   # before decoding them
-        raise InvalidRequestError(f"token ids must be in [0, {vocab_size}); got min "
-                                  f"{min(prompt)}, max {max(prompt)}")
+        raise invalid(f"token ids must be in [0, {vocab_size}); got min "
+                      f"{min(prompt)}, max {max(prompt)}", "prompt")
+    if len(prompt) >= max_model_len:         # before decoding a long list of them
+        _max_tokens(1, len(prompt), max_model_len)
     text = tokenizer.decode(prompt) if tokenizer is not None else None
     return {"prompt_token_ids": list(prompt), "prompt": text}
 
 
 def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
     if requested is None:
-        return max(1, max_model_len - prompt_len)
+        requested = max(1, max_model_len - prompt_len)
     if requested >= 1 and prompt_len + requested > max_model_len:
-        raise InvalidRequestError(
+        raise invalid(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
-            f"{requested} in the completion). Please reduce the prompt or max_tokens.")
+            f"{requested} in the completion). Please reduce the prompt or max_tokens.",
+            "max_tokens" if prompt_len < max_model_len else "prompt")
     return requested
 
 
@@ -70,9 +76,10 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
 def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
                       vocab_size: int) -> EngineInputs:
     if len(req.prompts()) * req.n > MAX_CHOICES:      # before tokenizing them all
-        raise InvalidRequestError(f"{len(req.prompts())} prompts x n={req.n} choices; at "
-                                  f"most {MAX_CHOICES} per request")
-    prompts = [completion_prompt(tokenizer, p, vocab_size) for p in req.prompts()]
+        raise invalid(f"{len(req.prompts())} prompts x n={req.n} choices; at "
+                      f"most {MAX_CHOICES} per request", "n")
+    prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len)
+               for p in req.prompts()]
     return _expand(req, prompts, req.max_tokens, max_model_len)
 
 

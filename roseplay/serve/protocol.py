@@ -4,6 +4,8 @@ Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, ignore_eos,
 stop_token_ids, return_token_ids). Fields the engine cannot honour (logprobs, penalties,
 logit_bias, tools, suffix, best_of > n, JSON response formats) are refused with a clear
 400 rather than silently ignored. Unknown fields are ignored, as OpenAI and vLLM do.
+Types are strict (JSON's): `true` is not an integer and `"5"` not a number, so a
+client's type mistake gets a 400 naming the field instead of a surprising meaning.
 """
 from __future__ import annotations
 
@@ -14,12 +16,35 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import InvalidRequestError
 from engine.request import SamplingParams
+from roseplay.serve.errors import invalid
 
 MAX_N = 128     # choices per request (each one is an engine request)
 
 
+def _check_utf8(value, param: str) -> None:
+    """Refuse lone surrogates (JSON's "\\ud800" escapes decode to them): no tokenizer,
+    stop matcher or wire codec can encode them to UTF-8."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid(f"{param} is not valid Unicode (a lone surrogate)",
+                              param) from None
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_utf8(item, param)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_utf8(key, param)
+            _check_utf8(item, param)
+    elif isinstance(value, BaseModel):
+        for _, item in value:
+            _check_utf8(item, param)
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Request):
@@ -47,6 +72,8 @@ class SamplingFields(_Request):
     user: str | None = None
 
     def check_supported(self) -> None:
+        for name, value in self:
+            _check_utf8(value, name)
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise InvalidRequestError(f"{name} is not supported by this engine (use 0)")
@@ -124,6 +151,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
     response_format: dict | None = None
     add_generation_prompt: bool = True       # vLLM extra
 
@@ -133,8 +161,12 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequestError("logprobs is not supported by this engine")
         if self.tools:
             raise InvalidRequestError("tools are not supported by this engine")
+        if self.tool_choice not in (None, "none", "auto"):
+            # "required" or a named tool with no tools: OpenAI refuses it too
+            raise InvalidRequestError(f"tool_choice {self.tool_choice!r} needs tools, and "
+                                      "tools are not supported by this engine")
         if self.response_format and self.response_format.get("type") != "text":
-            raise InvalidRequestError("only response_format {'type': 'text'} is supported")
+            raise InvalidRequestError("response_format: only {'type': 'text'} is supported")
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -154,10 +154,12 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     st = _state(request)
     req.check_supported()
     st.check_model(req.model)
-    ins = make_inputs(req, st)
+    # a worker thread: tokenizing a long prompt takes seconds (the tokenizer releases the GIL)
+    ins = await asyncio.to_thread(make_inputs, req, st)
     rid = new_id(fmt_cls.prefix, req.user)
     fmt = fmt_cls(req, rid, req.model, ins)
     gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority)
+    st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
         return SSEResponse(gen, fmt)
     try:
@@ -167,7 +169,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     if choices is None:            # the client left; nobody reads this
         return Response(status_code=499)
     if (err := _first_error(choices)) is not None:
-        raise OpenAIError(500, err)
+        raise OpenAIError(getattr(gen, "error_status", 500), err)
     return JSONResponse(fmt.response(choices, _usage(fmt, choices)))
 
 

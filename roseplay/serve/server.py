@@ -2,19 +2,73 @@
 TUI attach that `serve --tui` will use: the server on a thread, the app in front).
 
 The socket is bound here (127.0.0.1 unless told otherwise; port 0 picks a free one)
-before uvicorn starts, so the caller knows the port at once. Stopping asks uvicorn to
-exit, waits a bounded time for open streams, and joins the thread.
+before uvicorn starts, so the caller knows the port at once. Stopping (SIGTERM, Ctrl-C,
+stop()) closes the listening socket, drains the open generations for the app's
+shutdown_timeout, ends the rest with an error event (shutdown.py), then lets uvicorn
+close the connections. If the engine dies the server reports it and stops the same way,
+with `exit_code` EXIT_ENGINE_DIED so that a supervisor restarts it.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import socket
 import threading
 import time
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from roseplay.serve.shutdown import EXIT_CUT, EXIT_DRAINED, EXIT_ENGINE_DIED
 
 DEFAULT_HOST = "127.0.0.1"
-GRACEFUL_SHUTDOWN_S = 3
+FLUSH_S = 2.0          # after the drain: time for cut streams to write their last events
+logger = logging.getLogger("roseplay.serve")
+
+
+class ReadTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a request-read timeout: a connection that has not
+    sent a whole request (headers and body) within `read_timeout` seconds of opening,
+    or of its previous response, is closed (slow-loris clients hold no socket for long).
+    uvicorn's own keep-alive timeout still closes idle connections sooner."""
+
+    def __init__(self, *args, read_timeout: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read_timeout, self._read_timer = read_timeout, None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._read_timer = self.loop.call_later(self.read_timeout, self._read_timed_out)
+
+    def _disarm(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if self.conn.their_state is not h11.DONE and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE and self.conn.their_state is not \
+                h11.SEND_BODY:
+            self._disarm()         # the request is in (or the connection is ending)
+
+    def on_response_complete(self) -> None:
+        self._arm()
+        super().on_response_complete()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
 
 def bind(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
@@ -32,8 +86,52 @@ def bind(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
 
 def _config(app, log_level: str) -> uvicorn.Config:
     # lifespan off: the app holds no resources of its own (the engine belongs to the caller)
+    cfg = app.state.serve.config
+    protocol = functools.partial(ReadTimeoutProtocol, read_timeout=cfg.timeout_request_read)
     return uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False,
-                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, backlog=2048)
+                          http=protocol, timeout_keep_alive=cfg.timeout_keep_alive,
+                          timeout_graceful_shutdown=FLUSH_S, backlog=2048)
+
+
+class Server(uvicorn.Server):
+    """uvicorn with a drain before its own shutdown, and a watch on the engine."""
+
+    def __init__(self, app, log_level: str):
+        super().__init__(_config(app, log_level))
+        self.serve_state = app.state.serve
+        self.exit_code = EXIT_DRAINED
+        self.engine_error: str | None = None
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.engine_error is None and (err := self.serve_state.engine_error()):
+            self.engine_error = err
+            self.exit_code = EXIT_ENGINE_DIED
+            logger.error("roseplay serve: the engine failed (%s); stopping", err)
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets=None) -> None:
+        for server in self.servers:          # stop accepting: new connections are refused
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        drain = self.serve_state.drain
+        drain.begin()
+        timeout = 0 if self.force_exit else self.serve_state.config.shutdown_timeout
+        if not await drain.wait(timeout, lambda: self.force_exit):
+            n = drain.cut()
+            logger.warning("roseplay serve: drain time (%s s) over; ended %d open "
+                           "request(s) with an error", timeout, n)
+        if drain.cut_count and self.exit_code == EXIT_DRAINED:
+            self.exit_code = EXIT_CUT
+        await super().shutdown(sockets)      # waits up to FLUSH_S for the last writes
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """As uvicorn's, without re-raising SIGTERM afterwards: the exit code is ours."""
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
 
 class ServerThread:
@@ -43,7 +141,7 @@ class ServerThread:
         self.app = app
         self._sock = bind(host, port)
         self.host, self.port = self._sock.getsockname()[:2]
-        self.server = uvicorn.Server(_config(app, log_level))
+        self.server = Server(app, log_level)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
                                         name="roseplay-serve", daemon=True)
 
@@ -62,7 +160,9 @@ class ServerThread:
             time.sleep(0.01)
         return self
 
-    def stop(self, timeout: float = GRACEFUL_SHUTDOWN_S + 5) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        if timeout is None:
+            timeout = self.app.state.serve.config.shutdown_timeout + FLUSH_S * 2 + 5
         self.server.should_exit = True
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -75,10 +175,13 @@ class ServerThread:
         self.stop()
 
 
-def serve_forever(app, host: str, port: int, log_level: str = "info") -> None:
-    """The CLI: uvicorn in the foreground until Ctrl-C (uvicorn handles the signals)."""
+def serve_forever(app, host: str, port: int, log_level: str = "info") -> int:
+    """The CLI: uvicorn in the foreground until SIGTERM or Ctrl-C (uvicorn takes the
+    signals); returns the exit code (shutdown.py: drained, cut, or the engine died)."""
     sock = bind(host, port)
+    server = Server(app, log_level)
     try:
-        uvicorn.Server(_config(app, log_level)).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         sock.close()
+    return server.exit_code
