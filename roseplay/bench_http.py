@@ -84,17 +84,36 @@ def load_job(args, items: list[WorkItem], model: str, tokenizer, headers: dict,
                args.max_concurrency or len(items))
 
 
+SERVER_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                   "vllm:num_preemptions_total")
+SERVER_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
+                     "tpot": "vllm:request_time_per_output_token_seconds",
+                     "itl": "vllm:inter_token_latency_seconds",
+                     "e2e": "vllm:e2e_request_latency_seconds"}
+
+
 def scrape_counters(base_url: str, headers: dict) -> dict[str, float]:
-    """Prefix-cache and preemption counters from /metrics (roseplay serve, vLLM)."""
+    """Prefix-cache and preemption counters and the latency histograms' sums and counts
+    from /metrics (roseplay serve, vLLM)."""
     from prometheus_client.parser import text_string_to_metric_families
+    wanted = set(SERVER_COUNTERS) | {h + x for h in SERVER_HISTOGRAMS.values()
+                                     for x in ("_sum", "_count")}
     try:
         text = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=10).text
         fams = text_string_to_metric_families(text)
-        return {s.name: s.value for f in fams for s in f.samples
-                if s.name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                              "vllm:num_preemptions_total")}
+        return {s.name: s.value for f in fams for s in f.samples if s.name in wanted}
     except Exception:     # a server without /metrics: the report simply omits these
         return {}
+
+
+def server_means(delta: dict[str, float]) -> dict[str, float]:
+    """The server's own mean latencies over a run (ms), from its histogram deltas."""
+    out = {}
+    for key, name in SERVER_HISTOGRAMS.items():
+        n = delta.get(name + "_count")
+        if n:
+            out[key] = 1000 * delta[name + "_sum"] / n
+    return out
 
 
 def run(args, console: Console) -> int:
@@ -163,6 +182,11 @@ def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad,
     report.print_summary(console, result, summary)
     console.print(client_line([client]), highlight=False)
     server = {k: after[k] - before.get(k, 0.0) for k in after}
+    own = server_means(server)
+    if own:      # the server's view: arrival in its front -> the engine's token times
+        console.print("server's own means (ms; the client's in brackets): " + ", ".join(
+            f"{k.upper()} {v:.2f} ({summary[k + '_ms']['mean']:.2f})" for k, v in own.items()),
+            highlight=False)
     q = server.get("vllm:prefix_cache_queries_total")
     if q:
         console.print(f"server prefix cache hit rate (tokens): "
@@ -170,5 +194,6 @@ def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad,
                       f"{server.get('vllm:num_preemptions_total', 0):.0f}", highlight=False)
     payload = {"bench": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
                "mode": "http", "summary": summary, "requests": records,
-               "server_metrics_delta": server, "client": client.as_dict()}
+               "server_metrics_delta": server, "server_means_ms": own,
+               "client": client.as_dict()}
     return result, payload
