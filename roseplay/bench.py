@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 import time
 import weakref
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from engine.config import SchedulerConfig
 from roseplay import bench_report as report
 from roseplay.bench_args import add_arguments, check_args, parse_ab
+from roseplay.bench_common import arrivals as _arrivals, progress as _progress, workload_items
 from roseplay.cli_flags import engine_kwargs, goodput_slos
 from roseplay.driver import WorkloadDriver
-from roseplay.scenarios import WorkItem, build_workload
+from roseplay.scenarios import WorkItem
 
 LIVE_KNOBS = {f.name for f in dataclasses.fields(SchedulerConfig)}
 
@@ -58,14 +58,6 @@ def make_loop(args, **overrides):
               f"`roseplay --connect {args.engine_address}`", file=sys.stderr)
     return EngineClient(address=args.engine_address, label="bench",
                         snapshots=bool(args.engine_address), **kwargs)
-
-
-def _arrivals(args) -> dict:
-    rate = args.request_rate
-    if rate is not None and math.isinf(rate):
-        rate = None
-    interval = args.submit_interval_ms / 1000.0 if args.submit_interval_ms is not None else None
-    return {"request_rate": rate, "submit_interval": interval}
 
 
 class Interrupted(Exception):
@@ -149,23 +141,6 @@ def _result(loop, driver: WorkloadDriver, snap0, label: str,
 # -- the command ---------------------------------------------------------------------------
 def _workload(loop, args) -> tuple[list[WorkItem], list[WorkItem]]:
     return workload_items(args, loop.tokenizer, loop.info.vocab_size)
-
-
-def workload_items(args, tokenizer, vocab_size: int) -> tuple[list[WorkItem], list[WorkItem]]:
-    """The measured items and the warm-up items of the bench flags (in-process or HTTP)."""
-    kw = dict(tokenizer=tokenizer, vocab_size=vocab_size, input_len=args.input_len,
-              output_len=args.output_len, range_ratio=args.range_ratio,
-              temperature=args.temperature)
-    seed = args.seed or 0
-    items = build_workload(args.scenario, args.num_prompts, seed=seed, **kw)
-    warmup = build_workload(args.scenario, args.warmup, seed=seed + 1, **kw) if args.warmup else []
-    return items, warmup
-
-
-def _progress(console: Console, args) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=True,
-                    disable=args.no_progress)
 
 
 def _run_ab(args, console: Console, ab, results: list) -> dict:

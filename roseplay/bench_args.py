@@ -56,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     h.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                    help="/v1/completions (token-id prompts sent as ids) or "
                         "/v1/chat/completions (default: completions).")
+    h.add_argument("--num-clients", type=int, default=1, metavar="N",
+                   help="Client processes sharing the load and one report: request i goes "
+                        "to process i %% N, each keeps its share of --max-concurrency. One "
+                        "process reads a few 10k SSE chunks/s; the report prints each run's "
+                        "client CPU (a busiest process near 100 %% of a core is the limit) "
+                        "(default: 1).")
     add_engine_flags(p)
     return p
 
@@ -87,6 +93,8 @@ def check_args(args) -> None:
         raise ValueError("--request-rate must be > 0")
     if args.ab and args.compare:
         raise ValueError("use --ab or --compare, not both")
+    if args.num_clients < 1:
+        raise ValueError("--num-clients must be >= 1")
     if args.repeat < 1:
         raise ValueError("--repeat must be >= 1")
     if args.repeat > 1 and (args.ab or args.compare):

@@ -16,29 +16,20 @@ Warm-up requests run first, as in-process, but a remote prefix cache cannot be c
 """
 from __future__ import annotations
 
-import asyncio
-import json
 import time
-from dataclasses import dataclass, field
 
 import httpx
 from rich.console import Console
 
 from roseplay import bench_report as report
+from roseplay.bench_clients import ClientLoad, Job, run_load
+from roseplay.bench_common import arrivals, progress, workload_items
+from roseplay.bench_sse import Outcome
 from roseplay.cli_flags import goodput_slos
 from roseplay.driver import arrival_offsets
 from roseplay.scenarios import WorkItem
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-TIMEOUT_S = 6 * 3600
-
-
-@dataclass
-class Outcome:
-    index: int
-    record: dict | None = None
-    error: str | None = None
-    times: list[float] = field(default_factory=list)
 
 
 # -- model / tokenizer ----------------------------------------------------------------------
@@ -59,12 +50,7 @@ def client_tokenizer(model: str):
     return tok, len(tok)
 
 
-def workload(args, tokenizer, vocab_size: int) -> tuple[list[WorkItem], list[WorkItem]]:
-    from roseplay.bench import workload_items     # the same items as the in-process bench
-    return workload_items(args, tokenizer, vocab_size)
-
-
-# -- one request --------------------------------------------------------------------------
+# -- one request body ---------------------------------------------------------------------
 def request_body(item: WorkItem, model: str, endpoint: str, tokenizer) -> dict:
     p = item.params
     body = {"model": model, "max_tokens": p.max_tokens, "temperature": p.temperature,
@@ -88,92 +74,50 @@ def request_body(item: WorkItem, model: str, endpoint: str, tokenizer) -> dict:
     return body
 
 
-def _has_output(choice: dict) -> bool:
-    delta = choice.get("delta", choice)          # chat: delta.content; completions: text
-    return bool(delta.get("content") or choice.get("text") or choice.get("token_ids"))
-
-
-async def send(http: httpx.AsyncClient, path: str, body: dict, index: int,
-               prompt_len: int | None) -> Outcome:
-    out = Outcome(index)
-    usage, finish = None, None
-    start = time.perf_counter()
-    try:
-        async with http.stream("POST", path, json=body) as r:
-            if r.status_code != 200:
-                await r.aread()
-                out.error = f"HTTP {r.status_code}: {r.text[:300]}"
-                return out
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                if "error" in data:
-                    out.error = str(data["error"].get("message"))
-                for choice in data.get("choices") or ():
-                    if _has_output(choice):
-                        out.times.append(time.perf_counter())
-                    finish = choice.get("finish_reason") or finish
-                usage = data.get("usage") or usage
-    except httpx.HTTPError as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
-    if out.error is None:
-        out.record = make_record(start, out.times, usage, prompt_len, finish)
-    return out
-
-
-def make_record(start: float, times: list[float], usage: dict | None,
-                prompt_len: int | None, finish: str | None) -> dict:
-    n_out = usage["completion_tokens"] if usage else len(times)
-    n_prompt = usage["prompt_tokens"] if usage else (prompt_len or 0)
-    ttft = times[0] - start if times else None
-    e2e = times[-1] - start if times else None
-    tpot = (e2e - ttft) / (n_out - 1) if times and n_out > 1 else None
-    return {"prompt_len": n_prompt, "output_len": n_out, "ttft": ttft, "tpot": tpot,
-            "e2e": e2e, "itls": [b - a for a, b in zip(times, times[1:])],
-            "finish_reason": finish, "arrival_time": start,
-            "last_token_time": times[-1] if times else None}
-
-
 # -- a run ----------------------------------------------------------------------------------
-async def drive(args, items: list[WorkItem], model: str, tokenizer, headers: dict,
-                arrivals: dict, on_done=None) -> list[Outcome]:
-    offsets = arrival_offsets(len(items), seed=args.seed or 0, **arrivals)
-    slots = asyncio.Semaphore(args.max_concurrency or len(items))
-    path = ENDPOINTS[args.endpoint]
-    limits = httpx.Limits(max_connections=args.max_concurrency or len(items),
-                          max_keepalive_connections=args.max_concurrency or len(items))
-    async with httpx.AsyncClient(base_url=args.base_url.rstrip("/"), headers=headers,
-                                 limits=limits, timeout=TIMEOUT_S) as http:
-        t0 = time.perf_counter()
+def load_job(args, items: list[WorkItem], model: str, tokenizer, headers: dict,
+             arrival: dict) -> Job:
+    offsets = arrival_offsets(len(items), seed=args.seed or 0, **arrival)
+    requests = [(i, request_body(it, model, args.endpoint, tokenizer), it.prompt_len_hint)
+                for i, it in enumerate(items)]
+    return Job(args.base_url, ENDPOINTS[args.endpoint], headers, requests, offsets,
+               args.max_concurrency or len(items))
 
-        async def one(i: int, item: WorkItem) -> Outcome:
-            await asyncio.sleep(max(0.0, t0 + offsets[i] - time.perf_counter()))
-            async with slots:
-                out = await send(http, path, request_body(item, model, args.endpoint, tokenizer),
-                                 i, item.prompt_len_hint)
-            if on_done:
-                on_done()
-            return out
-        return await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
+
+SERVER_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                   "vllm:num_preemptions_total")
+SERVER_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
+                     "tpot": "vllm:request_time_per_output_token_seconds",
+                     "itl": "vllm:inter_token_latency_seconds",
+                     "e2e": "vllm:e2e_request_latency_seconds"}
 
 
 def scrape_counters(base_url: str, headers: dict) -> dict[str, float]:
-    """Prefix-cache and preemption counters from /metrics (roseplay serve, vLLM)."""
+    """Prefix-cache and preemption counters and the latency histograms' sums and counts
+    from /metrics (roseplay serve, vLLM)."""
     from prometheus_client.parser import text_string_to_metric_families
+    wanted = set(SERVER_COUNTERS) | {h + x for h in SERVER_HISTOGRAMS.values()
+                                     for x in ("_sum", "_count")}
     try:
         text = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=10).text
         fams = text_string_to_metric_families(text)
-        return {s.name: s.value for f in fams for s in f.samples
-                if s.name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                              "vllm:num_preemptions_total")}
+        return {s.name: s.value for f in fams for s in f.samples if s.name in wanted}
     except Exception:     # a server without /metrics: the report simply omits these
         return {}
 
 
+def server_means(delta: dict[str, float]) -> dict[str, float]:
+    """The server's own mean latencies over a run (ms), from its histogram deltas."""
+    out = {}
+    for key, name in SERVER_HISTOGRAMS.items():
+        n = delta.get(name + "_count")
+        if n:
+            out[key] = 1000 * delta[name + "_sum"] / n
+    return out
+
+
 def run(args, console: Console) -> int:
     """The --base-url branch of `roseplay bench`."""
-    from roseplay.bench import _arrivals, _progress
     if args.ab or args.compare:
         console.print("[red]bench: --ab and --compare need the in-process engine (drop --base-url)[/red]")
         return 2
@@ -181,43 +125,52 @@ def run(args, console: Console) -> int:
     try:
         model = args.model or served_models(args.base_url, headers)[0]
         tokenizer, vocab = client_tokenizer(model)
-        items, warmup = workload(args, tokenizer, vocab)
-        for item in items[:1]:
-            request_body(item, model, args.endpoint, tokenizer)     # fail early on bad input
+        items, warmup = workload_items(args, tokenizer, vocab)
+        job = load_job(args, items, model, tokenizer, headers, arrivals(args))
+        warm_job = load_job(args, warmup, model, tokenizer, headers, {}) if warmup else None
     except (httpx.HTTPError, OSError, ValueError) as exc:
         console.print(f"[red]bench: {type(exc).__name__}: {exc}[/red]")
         return 2
     t0 = time.perf_counter()
-    with _progress(console, args) as progress:
-        if warmup:
-            task = progress.add_task("warm-up", total=len(warmup))
-            asyncio.run(drive(args, warmup, model, tokenizer, headers, {},
-                              lambda: progress.advance(task)))
-        runs = []
+    runs = []
+    with progress(console, args) as bar:
+        def load(j: Job, label: str):
+            task = bar.add_task(label, total=len(j.requests))
+            return run_load(j, args.num_clients, lambda n: bar.update(task, completed=n))
+        if warm_job:
+            load(warm_job, "warm-up")
         for i in range(args.repeat):      # measured runs on the same server, one by one
             before = scrape_counters(args.base_url, headers)
-            task = progress.add_task(f"{args.endpoint} @ {args.base_url}"
-                                     + (f" run {i + 1}/{args.repeat}" if args.repeat > 1 else ""),
-                                     total=len(items))
-            outcomes = asyncio.run(drive(args, items, model, tokenizer, headers,
-                                         _arrivals(args), lambda: progress.advance(task)))
-            runs.append((outcomes, before, scrape_counters(args.base_url, headers)))
+            outcomes, client = load(job, f"{args.endpoint} @ {args.base_url}" + (
+                f" run {i + 1}/{args.repeat}" if args.repeat > 1 else ""))
+            runs.append((outcomes, client, before, scrape_counters(args.base_url, headers)))
     reported = [_report(console, args, *run, model) for run in runs]
     results = [result for result, _ in reported]
     if args.json:     # every run; the last one's requests and server deltas in full
         result, payload = reported[-1]
-        payload["runs"] = [report.run_payload(r, report.summarize(r, goodput_slos(args)))
-                           for r in results]
+        payload["runs"] = [dict(report.run_payload(r, report.summarize(r, goodput_slos(args))),
+                                client=p["client"]) for r, p in reported]
         report.dump_json(args.json, payload)
         console.print(f"wrote {args.json}")
     if len(results) > 1:
         report.print_repeats(console, results, report.host_cpu() + " (the client's)")
+        console.print(client_line([run[1] for run in runs]), highlight=False)
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
 
 
-def _report(console: Console, args, outcomes, before, after, model
-            ) -> tuple[report.RunResult, dict]:
+def client_line(loads: list[ClientLoad]) -> str:
+    """The client's CPU next to the figures it measured: a busiest process near 100 %
+    of a core means the client, not the server, may be the limit."""
+    d = [c.as_dict() for c in loads]
+    return (f"client CPU ({loads[0].processes} process{'es' if loads[0].processes > 1 else ''}): "
+            + " / ".join(f"{x['cores']:.2f}" for x in d) + " cores; busiest process "
+            + " / ".join(f"{100 * x['max_process_util']:.0f}" for x in d) + " % of a core; "
+            + "SSE chunks/s " + " / ".join(f"{x['chunks_per_s']:,.0f}" for x in d))
+
+
+def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad, before, after,
+            model) -> tuple[report.RunResult, dict]:
     """Print one run's report; return it and its JSON payload."""
     records = [o.record for o in outcomes if o.record is not None]
     failed = [o for o in outcomes if o.error is not None]
@@ -227,7 +180,13 @@ def _report(console: Console, args, outcomes, before, after, model
                               report.wall_duration(records), records, failed=len(failed))
     summary = report.summarize(result, goodput_slos(args))
     report.print_summary(console, result, summary)
+    console.print(client_line([client]), highlight=False)
     server = {k: after[k] - before.get(k, 0.0) for k in after}
+    own = server_means(server)
+    if own:      # the server's view: arrival in its front -> the engine's token times
+        console.print("server's own means (ms; the client's in brackets): " + ", ".join(
+            f"{k.upper()} {v:.2f} ({summary[k + '_ms']['mean']:.2f})" for k, v in own.items()),
+            highlight=False)
     q = server.get("vllm:prefix_cache_queries_total")
     if q:
         console.print(f"server prefix cache hit rate (tokens): "
@@ -235,5 +194,6 @@ def _report(console: Console, args, outcomes, before, after, model
                       f"{server.get('vllm:num_preemptions_total', 0):.0f}", highlight=False)
     payload = {"bench": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
                "mode": "http", "summary": summary, "requests": records,
-               "server_metrics_delta": server}
+               "server_metrics_delta": server, "server_means_ms": own,
+               "client": client.as_dict()}
     return result, payload

@@ -45,8 +45,9 @@ def test_http_bench_matches_the_in_process_workload(dummy_server, tmp_path, caps
     assert [r["prompt_len"] for r in http["requests"]] == [r["prompt_len"] for r in local["requests"]]
     assert s["total_input_tokens"] == ref["total_input_tokens"]
     assert s["total_output_tokens"] == ref["total_output_tokens"] == 8 * 4
-    for r in http["requests"]:       # one chunk per step: TTFT, then 3 gaps
-        assert 0 < r["ttft"] <= r["e2e"] and len(r["itls"]) == 3 and r["finish_reason"] == "length"
+    for r in http["requests"]:       # a chunk per step, or fewer when coalesced under load
+        assert 0 < r["ttft"] <= r["e2e"] and r["finish_reason"] == "length"
+        assert 1 <= r["chunks"] <= 4 and len(r["itls"]) == r["chunks"] - 1
     assert "api_key" not in http["bench"]              # the key is not written to the JSON
 
 

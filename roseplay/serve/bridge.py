@@ -1,8 +1,12 @@
 """Engine events -> asyncio: one Generation per HTTP request (its n choices).
 
-`EngineLoop.submit(..., on_event=cb)` calls cb on the engine thread for every step
-delta; cb only hands the event to the event loop (`call_soon_threadsafe(put_nowait)`),
-so the engine never waits for the server. A Generation keeps its RequestStream objects
+`EngineLoop.submit(..., on_event=cb)` calls cb on the engine thread (the client's IO
+thread) for every step delta; cb only drops the event in the event loop's Mailbox, so
+the engine never waits for the server. One step delivers an event per running request
+(256 under W1): the mailbox wakes the event loop once per batch, not once per event
+(each wake is a write to the loop's self-pipe and a callback), and a Generation hands
+its reader every event that is queued at once (roseplay/serve/streaming.py coalesces
+them into one SSE write per choice). A Generation keeps its RequestStream objects
 (dropping one cancels its request) and cancels every unfinished choice when it is
 closed early: a client that disconnects (the handler task is cancelled) frees its KV
 blocks at the engine's next step.
@@ -16,8 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 import uuid
+import weakref
+from collections import deque
 from dataclasses import dataclass, field
 
 from roseplay.serve.errors import OpenAIError
@@ -51,10 +58,43 @@ def new_id(prefix: str, user: str | None = None) -> str:
     return f"{prefix}-{label + '-' if label else ''}{uuid.uuid4().hex[:16]}"
 
 
+class Mailbox:
+    """Events from the engine's thread to one asyncio loop, one wake-up per batch."""
+
+    def __init__(self, aloop: asyncio.AbstractEventLoop):
+        self._aloop, self._lock = aloop, threading.Lock()
+        self._inbox: list = []
+        self._scheduled = False
+
+    def post(self, gen: "Generation", event) -> None:      # any thread
+        with self._lock:
+            self._inbox.append((gen, event))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._aloop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:          # the event loop is closed: nobody reads these
+            pass
+
+    def _deliver(self) -> None:       # the event loop
+        with self._lock:
+            batch, self._inbox, self._scheduled = self._inbox, [], False
+        for gen, event in batch:
+            gen._receive(event)
+
+
 class EngineBridge:
     def __init__(self, loop, metrics: ServerMetrics, max_waiting: int | None = None):
         self.loop, self.metrics, self.max_waiting = loop, metrics, max_waiting
         self.pending = 0
+        self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def mailbox(self, aloop: asyncio.AbstractEventLoop) -> Mailbox:
+        box = self._mailboxes.get(aloop)
+        if box is None:
+            box = self._mailboxes[aloop] = Mailbox(aloop)
+        return box
 
     def start(self, response_id: str, prompts: list[dict],
               params: list, priority: int = 0) -> "Generation":
@@ -63,7 +103,7 @@ class EngineBridge:
             raise OpenAIError(429, f"server busy: {self.pending} requests are waiting for "
                                    f"their first token (--max-waiting {self.max_waiting}); "
                                    "retry later", code="queue_full")
-        gen = Generation(self, asyncio.get_running_loop())
+        gen = Generation(self, self.mailbox(asyncio.get_running_loop()))
         seen: set[int] = set()       # the n choices of a prompt share its dict
         try:
             for i, (prompt, sp) in enumerate(zip(prompts, params)):
@@ -77,16 +117,23 @@ class EngineBridge:
 
 
 class Generation:
-    """The choices of one HTTP request; iterate for (choice, StreamEvent)."""
+    """The choices of one HTTP request; iterate `batches()` for what is queued at once,
+    or `events()` for (choice, StreamEvent) one by one."""
 
-    def __init__(self, bridge: EngineBridge, aloop: asyncio.AbstractEventLoop):
+    def __init__(self, bridge: EngineBridge, mailbox: Mailbox):
         self.bridge, self.choices = bridge, []
         self._by_id: dict[str, Choice] = {}
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._aloop = aloop
+        self._queue: deque = deque()
+        self._wake: asyncio.Future | None = None
+        self._mailbox = mailbox
 
     def _on_event(self, event) -> None:        # engine thread: hand over, nothing more
-        self._aloop.call_soon_threadsafe(self._queue.put_nowait, event)
+        self._mailbox.post(self, event)
+
+    def _receive(self, event) -> None:         # the event loop (Mailbox._deliver)
+        self._queue.append(event)
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     def submit(self, index: int, request_id: str, prompt: dict, params, priority: int = 0) -> None:
         choice = Choice(index, request_id, len(prompt["prompt_token_ids"]), time.perf_counter())
@@ -104,15 +151,32 @@ class Generation:
     def done(self) -> bool:
         return all(c.finished for c in self.choices)
 
+    async def batches(self):
+        """Yield lists of (choice, event), everything queued at each wake-up, until
+        every choice has finished."""
+        while not self.done:
+            if not self._queue:
+                self._wake = asyncio.get_running_loop().create_future()
+                try:
+                    await self._wake
+                finally:
+                    self._wake = None
+            batch = []
+            while self._queue and not self.done:
+                event = self._queue.popleft()
+                choice = self._by_id.get(event.request_id)
+                if choice is None or choice.finished:
+                    continue
+                self._account(choice, event)
+                batch.append((choice, event))
+            if batch:
+                yield batch
+
     async def events(self):
         """Yield (choice, event) until every choice has finished."""
-        while not self.done:
-            event = await self._queue.get()
-            choice = self._by_id.get(event.request_id)
-            if choice is None or choice.finished:
-                continue
-            self._account(choice, event)
-            yield choice, event
+        async for batch in self.batches():
+            for item in batch:
+                yield item
 
     async def results(self) -> list[Choice]:
         async for _ in self.events():

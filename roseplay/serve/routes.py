@@ -1,15 +1,15 @@
 """The endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
 Both generation endpoints share one path (inputs -> Generation -> a Formatter that
-writes the endpoint's JSON). Streaming is SSE (`data: {json}\\n\\n` ... `data: [DONE]`);
-a chunk goes out per engine step delta, so TTFT at the client is the first chunk. The
-chat role is sent with a choice's first tokens (not before), like vLLM, so a client's
+writes the endpoint's JSON). Streaming is SSE (`data: {json}\\n\\n` ... `data: [DONE]`),
+written by roseplay/serve/streaming.py: a chunk per engine step delta while the
+server keeps up, coalesced per choice when it does not; TTFT at the client is the first
+chunk. The chat role is sent with a choice's first tokens (not before), like vLLM, so a client's
 first chunk really is the first token.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -18,14 +18,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from roseplay.serve import prompts as inputs
 from roseplay.serve.bridge import Generation, new_id
 from roseplay.serve.errors import OpenAIError, error_body
-from roseplay.serve.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
+from roseplay.serve.protocol import (ChatChoice, ChatCompletionChunk,
                                      ChatCompletionRequest, ChatCompletionResponse,
                                      ChatMessageOut, CompletionChoice, CompletionRequest,
-                                     CompletionResponse, DeltaMessage, ModelCard, ModelList,
-                                     usage)
+                                     CompletionResponse, ModelCard, ModelList, usage)
+from roseplay.serve.streaming import FINISH_REASONS, sse_body
 
 router = APIRouter()
-FINISH_REASONS = {"cancelled": "abort"}     # engine -> OpenAI/vLLM spelling
 
 
 class SSEResponse(StreamingResponse):
@@ -36,7 +35,8 @@ class SSEResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(self, gen: Generation, fmt):
-        super().__init__(_sse(gen, fmt), headers={"Cache-Control": "no-cache"})
+        super().__init__(sse_body(gen, fmt, lambda: _usage(fmt, gen.choices)),
+                         headers={"Cache-Control": "no-cache"})
         self.generation = gen
 
     async def __call__(self, scope, receive, send):
@@ -64,13 +64,6 @@ class CompletionFormat:
     def _echo(self, index: int) -> str:
         return (self.ins.prompt_texts[index // self.req.n] or "") if self.req.echo else ""
 
-    def chunk(self, c, event, first: bool) -> str:
-        text = (self._echo(c.index) if first else "") + event.text
-        choice = CompletionChoice(index=c.index, text=text,
-                                  finish_reason=_finish_reason(event.finish_reason),
-                                  token_ids=list(event.token_ids) if self.req.return_token_ids else None)
-        return CompletionResponse(id=self.id, model=self.model, choices=[choice]).model_dump_json()
-
     def usage_chunk(self, u) -> str:
         return CompletionResponse(id=self.id, model=self.model, choices=[], usage=u).model_dump_json()
 
@@ -84,13 +77,6 @@ class CompletionFormat:
 
 class ChatFormat(CompletionFormat):
     prefix = "chatcmpl"
-
-    def chunk(self, c, event, first: bool) -> str:
-        delta = DeltaMessage(role="assistant" if first else None, content=event.text)
-        choice = ChatChunkChoice(index=c.index, delta=delta,
-                                 finish_reason=_finish_reason(event.finish_reason),
-                                 token_ids=list(event.token_ids) if self.req.return_token_ids else None)
-        return ChatCompletionChunk(id=self.id, model=self.model, choices=[choice]).model_dump_json()
 
     def usage_chunk(self, u) -> str:
         return ChatCompletionChunk(id=self.id, model=self.model, choices=[], usage=u).model_dump_json()
@@ -113,26 +99,6 @@ def _usage(fmt, choices):
 
 def _first_error(choices) -> str | None:
     return next((c.error or "request failed" for c in choices if c.finish_reason == "error"), None)
-
-
-async def _sse(gen: Generation, fmt):
-    """The SSE body; closing it early (client gone) cancels the unfinished choices."""
-    started: set[int] = set()
-    try:
-        async for c, event in gen.events():
-            if event.finish_reason == "error":
-                yield f"data: {json.dumps(error_body(500, event.error or 'request failed'))}\n\n"
-                continue
-            if not (event.text or event.token_ids or event.finished):
-                continue
-            first = c.index not in started
-            started.add(c.index)
-            yield f"data: {fmt.chunk(c, event, first)}\n\n"
-        if fmt.req.include_usage:
-            yield f"data: {fmt.usage_chunk(_usage(fmt, gen.choices))}\n\n"
-        yield "data: [DONE]\n\n"
-    finally:
-        gen.close()
 
 
 async def _until_disconnect(request: Request, work):

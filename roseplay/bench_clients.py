@@ -1,0 +1,149 @@
+"""The load of `roseplay bench --base-url`: one asyncio client, or `--num-clients N`
+processes of them sharing one report.
+
+One Python process reads some tens of thousands of SSE events per second; a GPU engine
+streams more (W1: ~65k tokens/s), so the load splits over processes: request i goes to
+process i % N, each keeps its share of --max-concurrency, all start together (a
+barrier) and follow the one arrival schedule. Their perf_counter clocks are the host's
+monotonic clock, so their records merge into one run. Each reports its CPU time:
+a client process near 1 core is the limit, not the server (docs/SERVE.md "Performance").
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing as mp
+import queue
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from roseplay.bench_sse import Outcome, send
+
+TIMEOUT_S = 6 * 3600
+JOIN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Job:
+    """One client's share of a run (everything picklable: workers import no engine)."""
+    base_url: str
+    path: str
+    headers: dict
+    requests: list[tuple[int, dict, int | None]]    # (index, body, prompt length)
+    offsets: list[float]                            # arrival offsets, by request
+    max_concurrency: int
+
+
+@dataclass
+class ClientLoad:
+    """What the client processes spent on a run."""
+    processes: int
+    cpu_s: float           # user + system CPU of all client processes
+    wall_s: float          # the longest client's wall time
+    max_util: float        # the busiest process's CPU / its wall (1.0 = one core saturated)
+    chunks: int = 0        # SSE chunks carrying output
+
+    def as_dict(self) -> dict:
+        return {"processes": self.processes, "cpu_s": self.cpu_s, "wall_s": self.wall_s,
+                "cores": self.cpu_s / self.wall_s if self.wall_s else 0.0,
+                "max_process_util": self.max_util, "chunks": self.chunks,
+                "chunks_per_s": self.chunks / self.wall_s if self.wall_s else 0.0}
+
+
+async def drive(job: Job, on_done=None) -> tuple[list[Outcome], float, float]:
+    """The job's outcomes, and the CPU and wall time from the first arrival to the last
+    answer (connection pool set-up and tear-down left out)."""
+    slots = asyncio.Semaphore(job.max_concurrency)
+    limits = httpx.Limits(max_connections=job.max_concurrency,
+                          max_keepalive_connections=job.max_concurrency)
+    async with httpx.AsyncClient(base_url=job.base_url.rstrip("/"), headers=job.headers,
+                                 limits=limits, timeout=TIMEOUT_S) as http:
+        t0, cpu0 = time.perf_counter(), time.process_time()
+
+        async def one(index: int, body: dict, prompt_len: int | None) -> Outcome:
+            await asyncio.sleep(max(0.0, t0 + job.offsets[index] - time.perf_counter()))
+            async with slots:
+                out = await send(http, job.path, body, index, prompt_len)
+            if on_done:
+                on_done()
+            return out
+        outcomes = await asyncio.gather(*(one(*r) for r in job.requests))
+        return outcomes, time.process_time() - cpu0, time.perf_counter() - t0
+
+
+def _timed(job: Job, on_done=None) -> tuple[list[Outcome], float, float]:
+    return asyncio.run(drive(job, on_done))
+
+
+def _worker(job: Job, barrier, done, results) -> None:
+    """A client process: wait for the others, run its share, send back what it saw."""
+    try:
+        barrier.wait(JOIN_TIMEOUT_S)
+
+        def tick():
+            with done.get_lock():
+                done.value += 1
+        results.put(_timed(job, tick))
+    except BaseException as exc:          # the parent must hear of it, not wait forever
+        results.put(exc)
+
+
+def split(job: Job, n: int) -> list[Job]:
+    """Request i to client i % n; each client its share of the concurrency cap."""
+    cap = math.ceil(job.max_concurrency / n)
+    return [Job(job.base_url, job.path, job.headers, job.requests[k::n], job.offsets, cap)
+            for k in range(n)]
+
+
+def run_load(job: Job, num_clients: int = 1, on_progress=None
+             ) -> tuple[list[Outcome], ClientLoad]:
+    """Run `job` from this process (1) or `num_clients` spawned processes; outcomes in
+    request order. on_progress(n finished) is called from this process."""
+    if num_clients <= 1:
+        count = [0]
+
+        def tick():
+            count[0] += 1
+            if on_progress:
+                on_progress(count[0])
+        outcomes, cpu, wall = _timed(job, tick)
+        load = ClientLoad(1, cpu, wall, cpu / wall if wall else 0.0)
+    else:
+        outcomes, load = _run_processes(split(job, num_clients), on_progress)
+    outcomes.sort(key=lambda o: o.index)
+    load.chunks = sum(len(o.times) for o in outcomes)
+    return outcomes, load
+
+
+def _run_processes(jobs: list[Job], on_progress) -> tuple[list[Outcome], ClientLoad]:
+    ctx = mp.get_context("spawn")          # no fork of a process with threads and sockets
+    barrier, done, results = ctx.Barrier(len(jobs)), ctx.Value("i", 0), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(j, barrier, done, results), daemon=True,
+                         name=f"roseplay-bench-client-{k}") for k, j in enumerate(jobs)]
+    for p in procs:
+        p.start()
+    got: list = []
+    try:
+        while len(got) < len(procs):
+            try:
+                got.append(results.get(timeout=0.1))
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs) and results.empty():
+                    raise RuntimeError("a bench client process died") from None
+            if on_progress:
+                on_progress(done.value)
+    finally:
+        for p in procs:
+            p.join(JOIN_TIMEOUT_S if not got or len(got) == len(procs) else 0.1)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    errors = [g for g in got if isinstance(g, BaseException)]
+    if errors:
+        raise RuntimeError(f"bench client process failed: {errors[0]!r}")
+    outcomes = [o for g in got for o in g[0]]
+    load = ClientLoad(len(jobs), sum(g[1] for g in got), max(g[2] for g in got),
+                      max(g[1] / g[2] for g in got if g[2]))
+    return outcomes, load

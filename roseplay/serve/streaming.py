@@ -1,0 +1,106 @@
+"""The SSE body of a streamed completion or chat: engine events -> `data: {json}` bytes.
+
+Per-token work on the event loop was the server's limit under load (docs/SERVE.md
+"Performance"): a pydantic chunk, a JSON encode and one socket write per token per
+request. Here every event a Generation has queued when its reader wakes goes out in
+ONE write, and the events of one choice are coalesced into one chunk (their text and
+token ids joined: vLLM's stream interval, adaptive). An idle server still sends a
+chunk per engine step; a loaded one sends fewer, larger chunks instead of falling
+behind. Chunks are encoded by msgspec, each request's fixed fields (id, object,
+created, model) once. The JSON is the pydantic models' (roseplay/serve/protocol.py).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from roseplay.serve.errors import error_body
+
+FINISH_REASONS = {"cancelled": "abort"}     # engine -> OpenAI/vLLM spelling
+DONE = b"data: [DONE]\n\n"
+
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass
+class Piece:
+    """One choice's coalesced events of a batch."""
+    choice: object
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    finished: bool
+
+
+def coalesce(batch) -> tuple[list[Piece], list[str]]:
+    """(choice, StreamEvent) pairs -> one Piece per choice in first-seen order, and the
+    error messages of failed choices (an error event each, as before)."""
+    pieces: dict[int, Piece] = {}
+    errors = []
+    for c, event in batch:
+        if event.finish_reason == "error":
+            errors.append(event.error or "request failed")
+            continue
+        if not (event.text or event.token_ids or event.finished):
+            continue
+        p = pieces.get(c.index)
+        if p is None:
+            pieces[c.index] = Piece(c, event.text, list(event.token_ids), event.finish_reason,
+                                    event.finished)
+        else:
+            p.text += event.text
+            p.token_ids.extend(event.token_ids)
+            p.finish_reason, p.finished = event.finish_reason, event.finished
+    return list(pieces.values()), errors
+
+
+class ChunkEncoder:
+    """Bytes of `data: {chunk}\\n\\n` for one request (completions or chat)."""
+
+    def __init__(self, fmt):
+        self.chat = fmt.prefix == "chatcmpl"
+        self.ids = bool(fmt.req.return_token_ids)
+        self.echo = None if self.chat or not fmt.req.echo else fmt._echo
+        head = {"id": fmt.id, "object": "chat.completion.chunk" if self.chat else
+                "text_completion", "created": int(time.time()), "model": fmt.model}
+        self._head = b"data: " + _encode(head)[:-1] + b',"choices":['
+        self._tail = b'],"usage":null}\n\n'
+
+    def chunk(self, p: Piece, first: bool) -> bytes:
+        text = (self.echo(p.choice.index) + p.text) if first and self.echo else p.text
+        reason = FINISH_REASONS.get(p.finish_reason, p.finish_reason)
+        if self.chat:
+            choice = {"index": p.choice.index, "delta": {"role": "assistant" if first else None,
+                                                         "content": text},
+                      "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": p.choice.index, "text": text, "logprobs": None,
+                      "finish_reason": reason}
+        if self.ids:
+            choice["token_ids"] = p.token_ids
+        return self._head + _encode(choice) + self._tail
+
+
+async def sse_body(gen, fmt, usage):
+    """The SSE body; closing it early (client gone) cancels the unfinished choices.
+    usage(): the Usage of the finished choices, for stream_options.include_usage."""
+    enc, started = ChunkEncoder(fmt), set()
+    try:
+        async for batch in gen.batches():
+            pieces, errors = coalesce(batch)
+            out = [f"data: {json.dumps(error_body(500, e))}\n\n".encode() for e in errors]
+            for p in pieces:
+                first = p.choice.index not in started
+                started.add(p.choice.index)
+                out.append(enc.chunk(p, first))
+            if out:
+                yield b"".join(out)
+        tail = [DONE]
+        if fmt.req.include_usage:
+            tail.insert(0, f"data: {fmt.usage_chunk(usage())}\n\n".encode())
+        yield b"".join(tail)
+    finally:
+        gen.close()
