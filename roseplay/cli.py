@@ -16,7 +16,8 @@ from roseplay.early_start import EarlyStart
 from roseplay.scenarios import SCENARIOS
 
 TUI_NUM_BLOCKS = 512        # a pool small enough to read on the map (override with --num-blocks)
-DESCRIPTION = ("An interactive terminal playground on a real in-process LLM inference engine: "
+DESCRIPTION = ("An interactive terminal playground on a real LLM inference engine (its own process, "
+               "two with --compare): "
                "paged KV blocks, prefix-cache sharing, chunked prefill and per-token timing, "
                "live, while you turn the knobs.")
 EPILOG = """\
@@ -27,7 +28,8 @@ commands:
                           see `roseplay serve --help`
 
 keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget
-(halve/double) · [/] max running seqs · s/S scenario · </> concurrency · r/R rate ·
+(halve/double) · [/] max running seqs · m/M scheduling mode · p/P queue policy ·
+e eviction policy · s/S scenario · </> concurrency · r/R rate ·
 x clear prefix cache · i type a prompt · o/f sort/filter requests · z zoom a panel ·
 l goodput SLOs · 0 reset stats · t colour-blind theme · ctrl+p commands (type a knob
 value) · ? help (knob guidance: a digit shows a claim live) · q quit

@@ -65,7 +65,7 @@ class LiveSource:
             return f"REC stopped: {rec.error}  "
         if rec.full:
             return f"REC stopped: {rec.max_bytes >> 20} MB limit  "
-        return f"● REC {rec.bytes / 1e6:.1f} MB  "
+        return f"● REC {rec.file_bytes() / 1e6:.1f} MB  "     # the file, not the JSON in it
 
     # -- controls ---------------------------------------------------------------------
     def _event(self, what: str, **data) -> None:
