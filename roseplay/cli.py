@@ -93,6 +93,31 @@ def check_record_path(path: str | None) -> str | None:
     return None
 
 
+def check_engine(args) -> str | None:
+    """Why the engine could not serve this workload, before the app opens (None if it
+    can): the knobs as the engine checks them, a KV pool too small for one request of
+    the workload (it would wait forever), and --device cuda without CUDA."""
+    from engine.config import InvalidRequestError, make_config
+    kwargs = engine_kwargs(args)
+    kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
+    try:
+        config = make_config(**kwargs)
+    except InvalidRequestError as exc:
+        return str(exc)
+    tokens = args.input_len + args.output_len
+    need = -(-tokens // config.block_size) + 1      # + 1: a partly filled block's COW copy
+    if config.num_blocks < need:
+        return (f"--num-blocks {config.num_blocks} holds {config.num_blocks * config.block_size} "
+                f"tokens; one request of this workload needs {tokens} (--input-len "
+                f"{args.input_len} + --output-len {args.output_len}): use --num-blocks {need} "
+                f"or more")
+    if config.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            return "--device cuda: no CUDA device is visible here; use --device cpu (or auto)"
+    return None
+
+
 def check_compare(args) -> str | None:
     """Parse --compare in place (KNOB, [A, B]); why it cannot run, or None."""
     from roseplay.compare import parse_compare
@@ -261,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     problem = None if args.replay or args.connect else (
-        check_model(args.model) or check_record_path(args.record))
+        check_model(args.model) or check_record_path(args.record) or check_engine(args))
     if args.compare and not problem:
         problem = check_compare(args)
     if problem:
