@@ -109,6 +109,9 @@ class CompareSource:
     def clear_prefix_cache(self) -> None:
         self._both("clear_prefix_cache")
 
+    def cancel_workload(self) -> None:
+        self._both("cancel_workload")
+
     def set_scenario(self, name: str) -> None:
         from roseplay.scenarios import SCENARIOS
         if name not in SCENARIOS:

@@ -96,6 +96,11 @@ class LiveSource:
         self.loop.clear_prefix_cache()
         self._event("clear_prefix_cache")
 
+    def cancel_workload(self) -> None:
+        """Cancel the workload's requests in flight (typed prompts stay)."""
+        self.driver.cancel_in_flight()
+        self._event("cancel_workload")
+
     def set_scenario(self, name: str) -> None:
         if name not in SCENARIOS:
             raise InvalidRequestError(f"unknown scenario {name!r}")
