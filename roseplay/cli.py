@@ -16,6 +16,9 @@ from roseplay.early_start import EarlyStart
 from roseplay.scenarios import SCENARIOS
 
 TUI_NUM_BLOCKS = 512        # a pool small enough to read on the map (override with --num-blocks)
+TUI_MAX_NUM_SEQS = 16       # fewer running than in flight: a queue, so the scheduling policy
+#                             and priorities show (override with --max-num-seqs)
+TUI_SCENARIO, TUI_CONCURRENCY = "mixed", 32
 DESCRIPTION = ("An interactive terminal playground on a real LLM inference engine (its own process, "
                "two with --compare): "
                "paged KV blocks, prefix-cache sharing, chunked prefill and per-token timing, "
@@ -100,6 +103,7 @@ def check_engine(args) -> str | None:
     from engine.config import InvalidRequestError, make_config
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
+    kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
     try:
         config = make_config(**kwargs)
     except InvalidRequestError as exc:
@@ -134,11 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="roseplay", description=DESCRIPTION, epilog=EPILOG,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     w = p.add_argument_group("workload (all live in the app)")
-    w.add_argument("--scenario", default="shared-prefix", choices=list(SCENARIOS),
-                   help="Scenario served at start (default: shared-prefix). " + " ".join(
+    w.add_argument("--scenario", default=TUI_SCENARIO, choices=list(SCENARIOS),
+                   help=f"Scenario served at start (default: {TUI_SCENARIO}). " + " ".join(
                        f"{s.name}: {s.description}" for s in SCENARIOS.values()))
-    w.add_argument("--concurrency", type=number(int, 1), default=16,
-                   help="Requests kept in flight (closed loop) (default: 16).")
+    w.add_argument("--concurrency", type=number(int, 1), default=TUI_CONCURRENCY,
+                   help=f"Requests kept in flight (closed loop) (default: {TUI_CONCURRENCY}).")
     w.add_argument("--rate", type=number(float, 0, strict=True,
                                         hint=" (leave it out to send whenever a slot frees)"),
                    default=None,
@@ -180,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     for action in p._actions:
         if action.dest == "num_blocks":
             action.help += f" The app defaults to {TUI_NUM_BLOCKS} so that the map stays readable."
+        if action.dest == "max_num_seqs":
+            action.help += (f" The app defaults to {TUI_MAX_NUM_SEQS}, fewer than the requests in "
+                            "flight: a queue forms and the scheduling policy shows.")
     return p
 
 
@@ -209,6 +216,7 @@ def make_source_factory(args):
     from roseplay.source import start_live
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
+    kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
 
     def factory():
         return start_live(kwargs, scenario=args.scenario, concurrency=args.concurrency,
@@ -226,6 +234,7 @@ def make_compare_factory(args):
     knob, values = args.compare
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
+    kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
 
     def factory():
         return start_compare(kwargs, knob, values, scenario=args.scenario,
