@@ -150,11 +150,12 @@ class Actions:
             bar.show_error("the engine is still loading")
             return
         try:
-            rid = self.source.submit(event.text)
+            rid = self.source.submit(event.text, priority=event.priority)
         except (InvalidRequestError, ReadOnlyError, RuntimeError) as exc:
             bar.show_error(str(exc))
             return
-        bar.show_ok(f"submitted as {rid}: it is selected in the request list")
+        bar.show_ok(f"submitted as {rid} (priority {event.priority}): it is selected in the "
+                    f"request list")
         self.requests.pending = rid
 
     def on_prompt_bar_closed(self, event) -> None:

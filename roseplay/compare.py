@@ -130,8 +130,8 @@ class CompareSource:
     def set_concurrency(self, n: int) -> None:
         self._both("set_concurrency", n)
 
-    def submit(self, text: str) -> str:
-        return self._both("submit", text)[0]
+    def submit(self, text: str, priority: int = 0) -> str:
+        return self._both("submit", text, priority=priority)[0]
 
     def close(self) -> None:
         """Stop both sides at once (each joins its engine process)."""

@@ -117,8 +117,9 @@ class LiveSource:
         self.driver.set_rate(rate)
         self._event("rate", rate=rate)
 
-    def submit(self, text: str) -> str:
-        """Submit a user prompt; raises InvalidRequestError (the engine keeps serving)."""
+    def submit(self, text: str, priority: int = 0) -> str:
+        """Submit a user prompt (with its scheduling priority: lower goes first); raises
+        InvalidRequestError (the engine keeps serving)."""
         from engine.request import SamplingParams
         text = text.strip()
         if not text:
@@ -130,8 +131,9 @@ class LiveSource:
         self._user_ids += 1
         rid = f"you-{self._user_ids}"
         params = SamplingParams(max_tokens=USER_MAX_TOKENS, temperature=0.8, seed=self._user_ids)
-        self._user_streams[rid] = self.loop.submit(prompt, params, request_id=rid)
-        self._event("submit", request_id=rid, prompt=text)
+        self._user_streams[rid] = self.loop.submit(prompt, params, request_id=rid,
+                                                   priority=priority)
+        self._event("submit", request_id=rid, prompt=text, priority=priority)
         return rid
 
     def _drain_user_streams(self) -> None:

@@ -197,3 +197,22 @@ def test_the_default_pool_is_accepted(monkeypatch):
     monkeypatch.setattr(cli, "run_tui", lambda args: 0)
     assert cli.main([]) == 0 and cli.main(["--num-blocks", "9"]) == 0
 
+
+
+@sync
+async def test_escape_brings_the_followed_request_back_into_view():
+    from roseplay.widgets.requests import ACTIVE, RequestList
+    app = RoseplayApp(source=StaticSource(session_snapshot(12)))
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        lst = app.query_one(RequestList)
+        assert len(lst.rows) > lst._visible() and lst.rows[0].state in ACTIVE
+        lst.select(lst.rows[-1].request_id)        # as a typed prompt, the newest row
+        await pilot.pause()
+        assert lst.top > 0
+        lst.focus()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert lst.selected is None and lst.current is lst.rows[0]
+        assert lst.top == 0 and lst.rows[0].request_id in widget_text(lst)
