@@ -130,7 +130,7 @@ async def test_a_flash_never_hides_a_refcount_digit_and_cached_blocks_are_a_shad
         assert kv._fl[shared] == COW and kv.cell_text(shared) == ("+" if rc > 9 else str(rc))
         if len(cached):
             assert kv._cat[cached[0]] == CACHED and kv.cell_text(int(cached[0])) == CACHED_GLYPH
-        assert "cached (free)" in widget_text(app.query_one(KVLegend))
+        assert f"{CACHED_GLYPH} cached" in widget_text(app.query_one(KVLegend))
 
 
 @sync
@@ -216,3 +216,32 @@ async def test_escape_brings_the_followed_request_back_into_view():
         await pilot.pause()
         assert lst.selected is None and lst.current is lst.rows[0]
         assert lst.top == 0 and lst.rows[0].request_id in widget_text(lst)
+
+
+@sync
+async def test_time_series_for_a_tuner_with_a_mark_where_a_knob_changed():
+    from roseplay.widgets.timing import MARK_BG, Plot, TimeAxis
+    snap = session_snapshot(12)
+    source = StaticSource(snap)
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=(200, 60)) as pilot:
+        for i in range(12):                     # 6 s of engine time, a knob change at 3 s
+            if i == 6:
+                app.mark_change("budget 32")
+            source.snap = dataclasses.replace(snap, time=snap.time + 0.5 * i)
+            app.timing._shown_at = (None, -1.0)
+            app.refresh_panels()
+            await pilot.pause()
+        shown = {p.label: widget_text(p) for p in app.query(Plot) if p.display}
+        # a static snapshot: no new token gaps or lookups, so ITL and hit rate say "-"
+        assert set(shown) == {"TTFT", "ITL", "tok/s", "running", "waiting", "KV used",
+                              "hit rate"}
+        assert shown["ITL"].startswith("ITL -") and shown["hit rate"].startswith("hit rate -")
+        assert re.match(r"TTFT [\d.]+ms/", shown["TTFT"])
+        assert shown["running"].startswith(f"running {snap.last_step.num_running}/")
+        kv = f"{100 * snap.num_used / snap.num_blocks:.0f}%"
+        assert shown["KV used"].startswith(f"KV used {kv}/100%")
+        assert "▲budget 32" in widget_text(app.query_one(TimeAxis))
+        plot = app.query_one("#plot-kv", Plot)
+        styles = [seg.style.bgcolor for seg in plot.render_line(0) if seg.style and seg.style.bgcolor]
+        assert sum(str(c.name).lower() == MARK_BG for c in styles) == 1     # one marked column

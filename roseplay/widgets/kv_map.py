@@ -25,7 +25,7 @@ FREE, USED, CACHED, SHARED, SELECTED, COW, PREEMPTED, EVICTED, HIT = range(9)
 THEME_KEY = {FREE: "free", USED: "used", CACHED: "cached", SHARED: "shared",
              SELECTED: "selected", COW: "cow", PREEMPTED: "preempt", EVICTED: "evict",
              HIT: "hit"}
-NAMES = {FREE: "free", USED: "used", SHARED: "shared", CACHED: "cached (free)",
+NAMES = {FREE: "free", USED: "used", SHARED: "shared", CACHED: "cached",
          SELECTED: "selected request", COW: "COW copy", PREEMPTED: "preempted",
          EVICTED: "evicted", HIT: "prefix hit"}
 LETTER = {COW: "C", PREEMPTED: "P", EVICTED: "E", HIT: "H"}     # flashes read without colour
@@ -325,7 +325,7 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
         t.append(f"\n{label:<{(4, 6, 12)[tier]}}", "dim")
         t.append((f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
                   f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
-                  f"hit {hit} ev {ev} pre {pre} COW {cow}")[2 - tier])
+                  f"hit {hit} ev {ev} pre {pre} C {cow}")[2 - tier])
     return t
 
 
