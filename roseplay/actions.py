@@ -264,7 +264,7 @@ class Actions:
         if skipped is not None:
             self.mark_change(f"guide {key}")
             note = f" (skipped {', '.join(skipped)}: not a knob here)" if skipped else ""
-            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=8)
+            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=5)
 
     async def action_quit(self) -> None:
         self.close_source()

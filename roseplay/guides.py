@@ -44,6 +44,8 @@ class Guide:
     versus: str | None = None
     expect: dict = field(default_factory=dict)
     compare: str | None = None     # KNOB=A,B for `roseplay --compare`
+    shows: tuple = ()              # what appears on a 120x40 screen (regexes), within
+    within: float = 5.0            # this many seconds (tests/test_tui_guides_tmux.py)
 
 
 GUIDES = (
@@ -55,48 +57,56 @@ GUIDES = (
           "against key 2",
           "mixed", {"max_num_batched_tokens": 32}, concurrency=16, versus="2",
           expect={"itl_p99": "lower", "ttft_p50": "higher"},
-          compare="max_num_batched_tokens=32,2048"),
+          compare="max_num_batched_tokens=32,2048",
+          shows=(r"32 tok/step", r"chunk \d+/\d+")),
     Guide("2", "A large token budget gives better time to first token: a whole prompt is "
                "prefilled in one step; the decodes sharing that step wait for it (ITL "
                "spikes).", VLLM,
           "TTFT p50 down against key 1; ITL p99 up when a document's prefill fills a step",
           "mixed", {"max_num_batched_tokens": 2048}, concurrency=16, versus="1",
           expect={"ttft_p50": "lower", "itl_p99": "higher"},
-          compare="max_num_batched_tokens=32,2048"),
+          compare="max_num_batched_tokens=32,2048",
+          shows=(r"2048 tok/step", r"prefill \d{3,} tok in \d+ chunk")),
     Guide("3", "More running requests than the KV pool holds (max_num_seqs 256 on 512 "
                "blocks) forces preemption: requests are freed and recompute their prompt "
                "later.", VLLM,
           "P flashes on the KV map, the preempted count rising, KV use near 100%",
           "random", {"max_num_seqs": 256}, concurrency=256, versus="4",
-          expect={"preemptions": ">0", "kv_used": "higher"}, compare="max_num_seqs=256,32"),
+          expect={"preemptions": ">0", "kv_used": "higher"}, compare="max_num_seqs=256,32",
+          shows=(r"\b256 +max_num_seqs", r"preempted [1-9]"), within=10.0),
     Guide("4", "Against preemption: lower max_num_seqs (or give the KV cache more memory); "
                "the requests that do not fit wait in the queue instead.", VLLM,
           "no P flashes, preempted stays 0; the waiting column fills, KV use lower",
           "random", {"max_num_seqs": 32}, concurrency=256, versus="3",
-          expect={"preemptions": "=0", "waiting": "higher"}, compare="max_num_seqs=256,32"),
+          expect={"preemptions": "=0", "waiting": "higher"}, compare="max_num_seqs=256,32",
+          shows=(r"\b32 +max_num_seqs", r"running 3[0-2] +waiting \d{3}")),
     Guide("5", "Prefix caching reuses the KV blocks of prompts that start alike: "
                "shared system prompts are prefilled once.", VLLM_APC,
           "orange shared blocks (digit = refcount), blue ░ cached ones, hit rate high, "
           "TTFT low against key 6",
           "shared-prefix", {"enable_prefix_caching": True}, concurrency=16, versus="6",
           expect={"hit_rate": "higher", "ttft_p50": "lower"},
-          compare="enable_prefix_caching=true,false"),
+          compare="enable_prefix_caching=true,false",
+          shows=(r"ON +enable_prefix_caching", r"10 s +hit +[5-9]\d%"), within=8.0),
     Guide("6", "The same workload without prefix caching prefills every shared prefix "
                "again.", VLLM_APC,
           "hit rate 0, TTFT and KV use up against key 5",
           "shared-prefix", {"enable_prefix_caching": False}, concurrency=16, versus="5",
           expect={"hit_rate": "=0", "kv_used": "higher"},
-          compare="enable_prefix_caching=true,false"),
+          compare="enable_prefix_caching=true,false",
+          shows=(r"OFF +enable_prefix_caching", r"hit rate 0%/"), within=7.0),
     Guide("7", "Throughput needs a large batch: keep requests queued so the running "
                "batch stays full (a queue that is always empty means the client sends "
                "too slowly).", SGLANG,
           "tok/s low with 2 in flight; compare key 8",
-          "random", {}, concurrency=2, versus="8", expect={"tok_s": "lower"}),
+          "random", {}, concurrency=2, versus="8", expect={"tok_s": "lower"},
+          shows=(r"\b2 +concurrency", r"running [0-2] +waiting 0")),
     Guide("8", "With enough requests waiting, the batch and the KV usage grow, and so "
                "does throughput (until preemption starts).", SGLANG,
           "tok/s several times key 7's; the running and waiting counts up",
           "random", {}, concurrency=96, versus="7",
-          expect={"tok_s": "higher", "running": "higher"}),
+          expect={"tok_s": "higher", "running": "higher"},
+          shows=(r"\b96 +concurrency", r"running (6[0-4]|[4-5]\d) ")),
     Guide("9", "A priority queue (scheduling_policy priority) serves the chat turns "
                "(priority 0, most requests) before the queued documents (priority 1): "
                "the median time to first token drops against fcfs.", VLLM,
@@ -104,7 +114,8 @@ GUIDES = (
           "p back to fcfs",
           "mixed", {"scheduling_policy": "priority", "max_num_seqs": 8}, concurrency=32,
           versus="9-fcfs", expect={"ttft_p50": "lower"},
-          compare="scheduling_policy=priority,fcfs"),
+          compare="scheduling_policy=priority,fcfs",
+          shows=(r"priority +scheduling_policy", r"\b8 +max_num_seqs", r"waiting \d{2}")),
 )
 BY_KEY = {g.key: g for g in GUIDES}
 # the baselines a guide is measured against that have no key of their own

@@ -123,8 +123,9 @@ class TimingHistory:
         add["kv"](100.0 * snap.num_used / max(1, snap.num_blocks))
         a, b = self._counters, snap.counters
         queried = b.prefix_queried_tokens - a.prefix_queried_tokens
+        off = not snap.knobs.enable_prefix_caching      # no lookups at all: nothing hits
         add["hit"](100.0 * (b.prefix_hit_tokens - a.prefix_hit_tokens) / queried if queried
-                   else math.nan)
+                   else 0.0 if off else math.nan)
         self.marks.append(self._mark)
         self._mark = None
         self._recent.append((dt, dtok))
@@ -186,8 +187,8 @@ class Plot(Widget):
     def _label(self, y: int, height: int, finite, top: float) -> str:
         """Name and latest value (units included); the full scale on the second row, or
         after a slash on a one-row plot."""
-        if y == 0:
-            if not finite:
+        if y == 0:      # the latest point's value ("-": none in it, not an older one)
+            if not finite or math.isnan(self.values[-1]):
                 return f"{self.label} -"
             text = f"{self.label} {self.fmt(finite[-1])}"
             return text + (f"/{self.fmt(top)}" if height == 1 and top > 0 and
