@@ -32,8 +32,13 @@ class Actions:
             return None
         if knob:
             self.knobs.last_changed = knob
+            self.mark_change(change_label(self.source, knob))
         self.refresh_panels()
         return result
+
+    def mark_change(self, label: str) -> None:
+        """A mark with `label` on the time series where a knob changed."""
+        self.timing.mark(label)
 
     # -- engine ----------------------------------------------------------------------------
     def action_pause(self) -> None:
@@ -150,11 +155,12 @@ class Actions:
             bar.show_error("the engine is still loading")
             return
         try:
-            rid = self.source.submit(event.text)
+            rid = self.source.submit(event.text, priority=event.priority)
         except (InvalidRequestError, ReadOnlyError, RuntimeError) as exc:
             bar.show_error(str(exc))
             return
-        bar.show_ok(f"submitted as {rid}: it is selected in the request list")
+        bar.show_ok(f"submitted as {rid} (priority {event.priority}): it is selected in the "
+                    f"request list")
         self.requests.pending = rid
 
     def on_prompt_bar_closed(self, event) -> None:
@@ -256,12 +262,25 @@ class Actions:
             return
         skipped = self._control(apply_guide, self.source, guide, knob="scenario")
         if skipped is not None:
+            self.mark_change(f"guide {key}")
             note = f" (skipped {', '.join(skipped)}: not a knob here)" if skipped else ""
-            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=8)
+            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=5)
 
     async def action_quit(self) -> None:
         self.close_source()
         self.exit()
+
+
+def change_label(source, knob: str) -> str:
+    """`budget 32`, `prefix cache OFF`, `scenario mixed`: a knob's short name and new value."""
+    from roseplay.widgets.knobs import SHORT_NAMES
+    if knob in {f.name for f in live_fields()}:
+        value = getattr(source.knobs, knob)
+        value = ("ON" if value else "OFF") if isinstance(value, bool) else value
+    else:
+        value = source.workload().get(knob)
+        value = "∞" if value is None and knob == "rate" else value
+    return f"{SHORT_NAMES.get(knob, knob)} {value}"
 
 
 def _workload_value(name: str, text: str):

@@ -105,7 +105,7 @@ class RoseplayApp(Actions, App):
 
     def on_source_loaded(self, event: SourceLoaded) -> None:
         if event.error is not None:      # the CLI prints it as one line
-            self.load_error = f"{type(event.error).__name__}: {event.error}"
+            self.load_error = error_line(event.error)
             self.exit(return_code=1)
         elif self._source_closed.is_set():
             event.source.close()         # quit while it loaded
@@ -245,6 +245,15 @@ class RoseplayApp(Actions, App):
         if not self.is_headless:
             remove_exit_signals()
         self.close_source()
+
+
+def error_line(exc: BaseException) -> str:
+    """`Type: message` once: an engine process's error arrives with its type already
+    in the message ("InvalidRequestError: ...")."""
+    name, text = type(exc).__name__, str(exc).strip()
+    if not text:
+        return name
+    return text if text.startswith(f"{name}:") else f"{name}: {text}"
 
 
 def describe_event(event: dict) -> str:

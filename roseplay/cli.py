@@ -17,7 +17,11 @@ from roseplay.early_start import EarlyStart
 from roseplay.scenarios import SCENARIOS
 
 TUI_NUM_BLOCKS = 512        # a pool small enough to read on the map (override with --num-blocks)
-DESCRIPTION = ("An interactive terminal playground on a real in-process LLM inference engine: "
+TUI_MAX_NUM_SEQS = 16       # fewer running than in flight: a queue, so the scheduling policy
+#                             and priorities show (override with --max-num-seqs)
+TUI_SCENARIO, TUI_CONCURRENCY = "mixed", 32
+DESCRIPTION = ("An interactive terminal playground on a real LLM inference engine (its own process, "
+               "two with --compare): "
                "paged KV blocks, prefix-cache sharing, chunked prefill and per-token timing, "
                "live, while you turn the knobs.")
 EPILOG = """\
@@ -28,7 +32,8 @@ commands:
                           see `roseplay serve --help`
 
 keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget
-(halve/double) · [/] max running seqs · s/S scenario · </> concurrency · r/R rate ·
+(halve/double) · [/] max running seqs · m/M scheduling mode · p/P queue policy ·
+e eviction policy · s/S scenario · </> concurrency · r/R rate ·
 x clear prefix cache · i type a prompt · o/f sort/filter requests · z zoom a panel ·
 l goodput SLOs · 0 reset stats · t colour-blind theme · ctrl+p commands (type a knob
 value) · ? help (knob guidance: a digit shows a claim live) · q quit
@@ -92,6 +97,32 @@ def check_record_path(path: str | None) -> str | None:
     return None
 
 
+def check_engine(args) -> str | None:
+    """Why the engine could not serve this workload, before the app opens (None if it
+    can): the knobs as the engine checks them, a KV pool too small for one request of
+    the workload (it would wait forever), and --device cuda without CUDA."""
+    from engine.config import InvalidRequestError, make_config
+    kwargs = engine_kwargs(args)
+    kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
+    kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
+    try:
+        config = make_config(**kwargs)
+    except InvalidRequestError as exc:
+        return str(exc)
+    tokens = args.input_len + args.output_len
+    need = -(-tokens // config.block_size) + 1      # + 1: a partly filled block's COW copy
+    if config.num_blocks < need:
+        return (f"--num-blocks {config.num_blocks} holds {config.num_blocks * config.block_size} "
+                f"tokens; one request of this workload needs {tokens} (--input-len "
+                f"{args.input_len} + --output-len {args.output_len}): use --num-blocks {need} "
+                f"or more")
+    if config.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            return "--device cuda: no CUDA device is visible here; use --device cpu (or auto)"
+    return None
+
+
 def check_compare(args) -> str | None:
     """Parse --compare in place (KNOB, [A, B]); why it cannot run, or None."""
     from roseplay.compare import parse_compare
@@ -108,11 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="roseplay", description=DESCRIPTION, epilog=EPILOG,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     w = p.add_argument_group("workload (all live in the app)")
-    w.add_argument("--scenario", default="shared-prefix", choices=list(SCENARIOS),
-                   help="Scenario served at start (default: shared-prefix). " + " ".join(
+    w.add_argument("--scenario", default=TUI_SCENARIO, choices=list(SCENARIOS),
+                   help=f"Scenario served at start (default: {TUI_SCENARIO}). " + " ".join(
                        f"{s.name}: {s.description}" for s in SCENARIOS.values()))
-    w.add_argument("--concurrency", type=number(int, 1), default=16,
-                   help="Requests kept in flight (closed loop) (default: 16).")
+    w.add_argument("--concurrency", type=number(int, 1), default=TUI_CONCURRENCY,
+                   help=f"Requests kept in flight (closed loop) (default: {TUI_CONCURRENCY}).")
     w.add_argument("--rate", type=number(float, 0, strict=True,
                                         hint=" (leave it out to send whenever a slot frees)"),
                    default=None,
@@ -155,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     for action in p._actions:
         if action.dest == "num_blocks":
             action.help += f" The app defaults to {TUI_NUM_BLOCKS} so that the map stays readable."
+        if action.dest == "max_num_seqs":
+            action.help += (f" The app defaults to {TUI_MAX_NUM_SEQS}, fewer than the requests in "
+                            "flight: a queue forms and the scheduling policy shows.")
     return p
 
 
@@ -184,6 +218,7 @@ def make_source_factory(args):
     from roseplay.source import start_live
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
+    kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
 
     def factory():
         return start_live(kwargs, scenario=args.scenario, concurrency=args.concurrency,
@@ -201,6 +236,7 @@ def make_compare_factory(args):
     knob, values = args.compare
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
+    kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
 
     def factory():
         return start_compare(kwargs, knob, values, scenario=args.scenario,
@@ -264,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.ipc.auth import ENGINE_KEY_ENV
         os.environ[ENGINE_KEY_ENV] = args.engine_key
     problem = None if args.replay or args.connect else (
-        check_model(args.model) or check_record_path(args.record))
+        check_model(args.model) or check_record_path(args.record) or check_engine(args))
     if args.compare and not problem:
         problem = check_compare(args)
     if problem:

@@ -91,8 +91,9 @@ class RoseplayCommands(Provider):
 
     async def search(self, query: str) -> Hits:
         typed = typed_command(self.app, query, self.VIEWS)
-        if typed is not None:
-            yield Hit(1.0, typed[0], typed[1], help="press Enter to apply")
+        if typed is not None:       # alone: a fuzzy match (the `c` toggle for `cache off`,
+            yield Hit(1.0, typed[0], typed[1], help="press Enter to apply")   # `r` for
+            return                  # `rate 5`) must never be what Enter runs
         matcher = self.matcher(query)
         for title, callback, group in self._actions():
             score = matcher.match(title)

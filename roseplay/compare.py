@@ -109,6 +109,9 @@ class CompareSource:
     def clear_prefix_cache(self) -> None:
         self._both("clear_prefix_cache")
 
+    def cancel_workload(self) -> None:
+        self._both("cancel_workload")
+
     def set_scenario(self, name: str) -> None:
         from roseplay.scenarios import SCENARIOS
         if name not in SCENARIOS:
@@ -127,8 +130,8 @@ class CompareSource:
     def set_concurrency(self, n: int) -> None:
         self._both("set_concurrency", n)
 
-    def submit(self, text: str) -> str:
-        return self._both("submit", text)[0]
+    def submit(self, text: str, priority: int = 0) -> str:
+        return self._both("submit", text, priority=priority)[0]
 
     def close(self) -> None:
         """Stop both sides at once (each joins its engine process)."""

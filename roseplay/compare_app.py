@@ -143,6 +143,10 @@ class CompareApp(RoseplayApp):
                  f"{w.get('in_flight', 0)}", "bold")
         self.heads[i].update(t)
 
+    def mark_change(self, label: str) -> None:
+        for panel in self.timings:
+            panel.mark(label)
+
     # -- view keys -------------------------------------------------------------------------
     def action_reset_stats(self) -> None:
         for window, panel in zip(self.windows, self.timings):

@@ -92,6 +92,7 @@ class WorkloadDriver:
         self._next_due = 0.0
         self._paused = False
         self._stop = threading.Event()
+        self._cancel = threading.Event()
         self._done = threading.Event()
         self._finished: queue.SimpleQueue = queue.SimpleQueue()   # final events (engine thread)
         self._thread = threading.Thread(target=self._run, name="roseplay-driver", daemon=True)
@@ -139,6 +140,12 @@ class WorkloadDriver:
     def paused(self) -> bool:
         return self._paused
 
+    def cancel_in_flight(self) -> None:
+        """Cancel every request this driver has in flight (on its thread, soon): a new
+        setup (a guide) starts from an empty queue, not behind the old one's backlog."""
+        self._cancel.set()
+        self._finished.put(None)       # wake a sleeping driver
+
     def stop(self, timeout: float | None = 10.0) -> None:
         """Stop submitting; cancel in-flight requests if `cancel_on_stop`; join."""
         self._stop.set()
@@ -168,6 +175,10 @@ class WorkloadDriver:
                                             else time.perf_counter())
         try:
             while not self._stop.is_set() and not self._all_done():
+                if self._cancel.is_set():
+                    self._cancel.clear()
+                    for stream, _ in list(self.in_flight.values()):
+                        stream.cancel()
                 submitted = self._submit_due()
                 polled = self._poll()
                 if not submitted and not polled:
@@ -230,7 +241,7 @@ class WorkloadDriver:
         self.submitted += 1
         try:
             stream = self.loop.submit(item.prompt, item.params, request_id=rid,
-                                      on_finish=self._finished.put)
+                                      on_finish=self._finished.put, priority=item.priority)
         except Exception as exc:        # invalid request or stopped loop: count, go on
             self.failed += 1
             self.submit_errors.append(f"{type(exc).__name__}: {exc}")

@@ -12,6 +12,9 @@ import threading
 from typing import Callable
 
 
+LOAD_WAIT_S = 30.0      # a quit during the load waits this long at most for it to end
+
+
 class EarlyStart:
     """`factory()` running from now on, on a thread of its own; calling this object (the
     app's source factory, from its loader thread) waits for it and returns its source
@@ -20,6 +23,7 @@ class EarlyStart:
     def __init__(self, factory: Callable[[], object]):
         self._ready, self._release = threading.Event(), threading.Event()
         self.source, self.error, self.taken = None, None, False
+        self._lock, self._closing = threading.Lock(), False
         threading.Thread(target=self._run, args=(factory,), name="roseplay-start",
                          daemon=True).start()
 
@@ -33,14 +37,24 @@ class EarlyStart:
 
     def __call__(self):
         self._ready.wait()
-        self.taken = True
+        with self._lock:
+            if self._closing:           # the app has gone: release() closes it
+                raise RuntimeError("the app quit during the load")
+            self.taken = True
         if self.error is not None:
             raise self.error
         return self.source
 
-    def release(self) -> None:
+    def release(self, wait: float = LOAD_WAIT_S) -> None:
         """After the app: close a source it never took (it failed before loading, or quit
-        first), and let the thread end."""
-        if self._ready.is_set() and not self.taken and self.source is not None:
+        first), and let the thread end. A quit during the load waits (up to `wait` s)
+        for it to end: the engine's socket folder in /tmp goes with its close, not with
+        the interpreter's exit, which would kill this daemon thread halfway."""
+        if not self.taken:
+            self._ready.wait(wait)
+        with self._lock:
+            self._closing = True
+            mine = self._ready.is_set() and not self.taken
+        if mine and self.source is not None:
             self.source.close()
         self._release.set()

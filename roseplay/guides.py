@@ -1,5 +1,5 @@
-"""Knob guidance: what vLLM's and SGLang's tuning guides say, each claim with a setup
-that shows it live.
+"""Knob guidance: what vLLM's and SGLang's tuning guides say, each claim an experiment
+with a setup that shows it live, rewritten where this engine shows something else.
 
 A `Guide` pairs one claim (and where it comes from) with a scenario, knob values and
 a workload; the help screen lists them and one key (1-9) switches the running engine
@@ -24,6 +24,15 @@ SGLANG = "SGLang Hyperparameter Tuning"
 
 @dataclass(frozen=True)
 class Guide:
+    """One experiment: `knobs` over the clean default (every other live knob at its
+    engine/config.py default), a scenario, the requests in flight and the rate.
+
+    `versus` is the guide it is measured against (the other side of its compare pair,
+    `compare`: run both at once with `roseplay --compare KNOB=A,B`), and `expect` the
+    direction of each named number: "lower" / "higher" than the `versus` guide's, or
+    ">0" / "=0" on its own. tests/test_guides_verified.py checks every one of them on
+    the bundled model on the CPU.
+    """
     key: str
     claim: str
     source: str
@@ -32,49 +41,87 @@ class Guide:
     knobs: dict = field(default_factory=dict)
     concurrency: int | None = None
     rate: float | None = None
+    versus: str | None = None
+    expect: dict = field(default_factory=dict)
+    compare: str | None = None     # KNOB=A,B for `roseplay --compare`
+    shows: tuple = ()              # what appears on a 120x40 screen (regexes), within
+    within: float = 5.0            # this many seconds (tests/test_tui_guides_tmux.py)
 
 
 GUIDES = (
     Guide("1", "A small token budget (max_num_batched_tokens) gives better inter-token "
-               "latency: fewer prefill tokens slow down each step's decodes.", VLLM,
-          "ITL and TPOT low and flat; long prompts take many chunks (TTFT up)",
-          "long-short", {"max_num_batched_tokens": 32}, concurrency=16),
-    Guide("2", "A large token budget gives better time to first token: more prompt "
-               "tokens are prefilled per step.", VLLM,
-          "TTFT down against key 1; ITL spikes when a long prompt is prefilled",
-          "long-short", {"max_num_batched_tokens": 2048}, concurrency=16),
-    Guide("3", "Frequent preemption (not enough KV blocks for every running request) "
-               "costs end-to-end latency: the preempted requests recompute.", VLLM,
-          "P flashes on the KV map, the preempted count rising, TPOT p99 up",
-          "random", {"max_num_seqs": 256}, concurrency=256),
-    Guide("4", "Against preemption: lower max_num_seqs (or max_num_batched_tokens), or "
-               "give the KV cache more memory.", VLLM,
-          "no more P flashes: 32 running requests fit the pool, the rest wait",
-          "random", {"max_num_seqs": 32}, concurrency=256),
+               "latency: a long prompt is cut into many small chunks, so no step is slowed "
+               "by a big prefill (ITL p99 down), but that prompt waits longer for its first "
+               "token (TTFT up).", VLLM,
+          "ITL p99 low and the long documents' chunk k/n in the request list; TTFT p50 up "
+          "against key 2",
+          "mixed", {"max_num_batched_tokens": 32}, concurrency=16, versus="2",
+          expect={"itl_p99": "lower", "ttft_p50": "higher"},
+          compare="max_num_batched_tokens=32,2048",
+          shows=(r"32 tok/step", r"chunk \d+/\d+")),
+    Guide("2", "A large token budget gives better time to first token: a whole prompt is "
+               "prefilled in one step; the decodes sharing that step wait for it (ITL "
+               "spikes).", VLLM,
+          "TTFT p50 down against key 1; ITL p99 up when a document's prefill fills a step",
+          "mixed", {"max_num_batched_tokens": 2048}, concurrency=16, versus="1",
+          expect={"ttft_p50": "lower", "itl_p99": "higher"},
+          compare="max_num_batched_tokens=32,2048",
+          shows=(r"2048 tok/step", r"prefill \d{3,} tok in \d+ chunk")),
+    Guide("3", "More running requests than the KV pool holds (max_num_seqs 256 on 512 "
+               "blocks) forces preemption: requests are freed and recompute their prompt "
+               "later.", VLLM,
+          "P flashes on the KV map, the preempted count rising, KV use near 100%",
+          "random", {"max_num_seqs": 256}, concurrency=256, versus="4",
+          expect={"preemptions": ">0", "kv_used": "higher"}, compare="max_num_seqs=256,32",
+          shows=(r"\b256 +max_num_seqs", r"preempted [1-9]"), within=10.0),
+    Guide("4", "Against preemption: lower max_num_seqs (or give the KV cache more memory); "
+               "the requests that do not fit wait in the queue instead.", VLLM,
+          "no P flashes, preempted stays 0; the waiting column fills, KV use lower",
+          "random", {"max_num_seqs": 32}, concurrency=256, versus="3",
+          expect={"preemptions": "=0", "waiting": "higher"}, compare="max_num_seqs=256,32",
+          shows=(r"\b32 +max_num_seqs", r"running 3[0-2] +waiting \d{3}")),
     Guide("5", "Prefix caching reuses the KV blocks of prompts that start alike: "
                "shared system prompts are prefilled once.", VLLM_APC,
-          "orange shared blocks and blue cached ones, a high hit rate, TTFT low",
-          "shared-prefix", {"enable_prefix_caching": True}, concurrency=16),
+          "orange shared blocks (digit = refcount), blue ░ cached ones, hit rate high, "
+          "TTFT low against key 6",
+          "shared-prefix", {"enable_prefix_caching": True}, concurrency=16, versus="6",
+          expect={"hit_rate": "higher", "ttft_p50": "lower"},
+          compare="enable_prefix_caching=true,false",
+          shows=(r"ON +enable_prefix_caching", r"10 s +hit +[5-9]\d%"), within=8.0),
     Guide("6", "The same workload without prefix caching prefills every shared prefix "
                "again.", VLLM_APC,
-          "hit rate 0, no shared blocks, TTFT and KV use up against key 5",
-          "shared-prefix", {"enable_prefix_caching": False}, concurrency=16),
+          "hit rate 0, TTFT and KV use up against key 5",
+          "shared-prefix", {"enable_prefix_caching": False}, concurrency=16, versus="5",
+          expect={"hit_rate": "=0", "kv_used": "higher"},
+          compare="enable_prefix_caching=true,false",
+          shows=(r"OFF +enable_prefix_caching", r"hit rate 0%/"), within=7.0),
     Guide("7", "Throughput needs a large batch: keep requests queued so the running "
                "batch stays full (a queue that is always empty means the client sends "
                "too slowly).", SGLANG,
           "tok/s low with 2 in flight; compare key 8",
-          "random", {"max_num_seqs": 64}, concurrency=2),
+          "random", {}, concurrency=2, versus="8", expect={"tok_s": "lower"},
+          shows=(r"\b2 +concurrency", r"running [0-2] +waiting 0")),
     Guide("8", "With enough requests waiting, the batch and the KV usage grow, and so "
                "does throughput (until preemption starts).", SGLANG,
-          "tok/s several times key 7's; the waiting column non-empty",
-          "random", {"max_num_seqs": 64}, concurrency=96),
-    Guide("9", "Longest-prefix-match ordering (schedule policy lpm) suits workloads with "
-               "many shared prefixes: requests whose prefix is cached go first.", SGLANG,
-          "with the scheduling_policy knob: hit rate and TTFT against fcfs",
-          "shared-prefix", {"scheduling_policy": "lpm", "enable_prefix_caching": True},
-          concurrency=48),
+          "tok/s several times key 7's; the running and waiting counts up",
+          "random", {}, concurrency=96, versus="7",
+          expect={"tok_s": "higher", "running": "higher"},
+          shows=(r"\b96 +concurrency", r"running (6[0-4]|[4-5]\d) ")),
+    Guide("9", "A priority queue (scheduling_policy priority) serves the chat turns "
+               "(priority 0, most requests) before the queued documents (priority 1): "
+               "the median time to first token drops against fcfs.", VLLM,
+          "the request list: documents wait while chat turns start; TTFT down against "
+          "p back to fcfs",
+          "mixed", {"scheduling_policy": "priority", "max_num_seqs": 8}, concurrency=32,
+          versus="9-fcfs", expect={"ttft_p50": "lower"},
+          compare="scheduling_policy=priority,fcfs",
+          shows=(r"priority +scheduling_policy", r"\b8 +max_num_seqs", r"waiting \d{2}")),
 )
 BY_KEY = {g.key: g for g in GUIDES}
+# the baselines a guide is measured against that have no key of their own
+BASELINES = {"9-fcfs": Guide("9-fcfs", "fcfs baseline of guide 9", VLLM, "", "mixed",
+                             {"scheduling_policy": "fcfs", "max_num_seqs": 8}, concurrency=32)}
+POOL_BLOCKS = 512     # the pool the guides are tuned for: the app's default (roseplay/cli.py)
 
 
 def live_names() -> set[str]:
@@ -89,19 +136,36 @@ def split_knobs(guide: Guide, fixed: str | None = None) -> tuple[dict, list[str]
     return usable, [k for k in guide.knobs if k not in usable]
 
 
+def clean_knobs(guide: Guide, fixed: str | None = None) -> dict:
+    """Every live knob: the guide's value, else engine/config.py's default (`fixed`, the
+    knob a compare view holds per side, left out)."""
+    defaults = SchedulerConfig()
+    usable, _ = split_knobs(guide, fixed)
+    return {name: usable.get(name, getattr(defaults, name)) for name in sorted(live_names())
+            if name != fixed}
+
+
 def apply_guide(source, guide: Guide) -> list[str]:
-    """Switch a live source to the guide's setup; returns the knob names skipped."""
-    knobs, skipped = split_knobs(guide, getattr(source, "knob", None))
-    if knobs:
-        source.set_knobs(**knobs)
+    """Switch a live source to the guide's whole setup from a clean default: every knob,
+    an empty queue (the old workload's requests cancelled), an empty prefix cache, the
+    scenario, the requests in flight and the rate. Returns the knob names skipped."""
+    fixed = getattr(source, "knob", None)
+    _, skipped = split_knobs(guide, fixed)
+    source.set_knobs(**clean_knobs(guide, fixed))
+    cancel = getattr(source, "cancel_workload", None)
+    if cancel is not None:
+        cancel()
+    source.clear_prefix_cache()
     source.set_scenario(guide.scenario)
-    if guide.concurrency is not None:
-        source.set_concurrency(guide.concurrency)
+    source.set_concurrency(guide.concurrency or 16)
     source.set_rate(guide.rate)
     return skipped
 
 
 def describe(guide: Guide) -> str:
-    setup = ", ".join(f"{k}={v}" for k, v in guide.knobs.items())
-    return (f"{guide.scenario}, {setup}, {guide.concurrency or '∞'} in flight"
-            + (f", {guide.rate:g} req/s" if guide.rate else ""))
+    setup = ", ".join(f"{k}={v}" for k, v in guide.knobs.items()) or "default knobs"
+    text = (f"{guide.scenario}, {setup} (others default), {guide.concurrency or 16} in "
+            f"flight" + (f", {guide.rate:g} req/s" if guide.rate else ""))
+    if guide.compare:
+        text += f"; side by side: roseplay --compare {guide.compare} --scenario {guide.scenario}"
+    return text

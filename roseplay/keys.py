@@ -78,7 +78,8 @@ KEYS = (
     Key("0", "reset_stats", "Reset", "reset stats: totals, the 10 s window and the plots", "0"),
     Key("t", "theme", "Theme", "colour-blind-safe colours on / off", "t"),
     Key("question_mark,f1", "help", "Help", "this help", "?", footer=True),
-    Key("q", "quit", "Quit", "quit (stops the workload, joins the engine, exit code 0)", "q",
+    Key("q", "quit", "Quit", "quit (stops the workload, joins the engine, exit code 0); "
+        "ctrl+c too", "q",
         footer=True),
 )
 LIST_KEYS = (("↑ ↓  k j", "select a request (its blocks turn yellow on the map)"),
@@ -89,8 +90,10 @@ LIST_KEYS = (("↑ ↓  k j", "select a request (its blocks turn yellow on the m
 
 
 def bindings() -> list[Binding]:
+    # ctrl+c quits too, from any widget (Textual's default only toasts "press ctrl+q")
     return [Binding(k.keys, k.action, k.label, show=k.footer, key_display=k.display,
-                    tooltip=k.help) for k in KEYS]
+                    tooltip=k.help) for k in KEYS] + [
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
 
 
 def for_mode(kind: str) -> list[Key]:

@@ -14,7 +14,7 @@ TITLES = {"kv": "KV cache", "step": "This step", "knobs": "Knobs", "requests": "
 LEFT, RIGHT = ("kv", "step", "knobs"), ("requests", "detail", "events", "timing")
 ZOOM_ORDER = ("kv", "requests", "events", "timing", "step", "knobs", "detail")
 STATS_WIDTH, PLOT_MIN = 34, 56       # timing: the table, a plot of 40 points + its labels
-TIMING_ROWS = {"stats": 7, "stacked": 14, "side": 9}
+TIMING_ROWS = {"stats": 7, "stacked": 15, "side": 10}   # plots: a time axis + 7 rows
 KV_MIN, STEP_ROWS, KNOBS_ROWS, DETAIL_ROWS, REQUESTS_MIN, EVENTS_MIN = 9, 7, 12, 5, 6, 6
 WIDE = 110
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import threading
 import time
 import zlib
@@ -109,6 +110,14 @@ class Recorder:
         if self.bytes >= self.max_bytes:
             self.full = True
             self._fh.close()
+
+    def file_bytes(self) -> int:
+        """The gzipped file's size on disk (up to its last flush), what the REC badge shows:
+        `bytes` counts the uncompressed JSON, for the size limit."""
+        try:
+            return os.path.getsize(self.path)
+        except OSError:
+            return 0
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -11,7 +11,7 @@ list (bench), `iter_workload` an endless generator (TUI). Two prompt kinds:
   {"prompt_token_ids": [...]} with vLLM-random-dataset lengths: input and output lengths
   uniform in [L*(1-r), L*(1+r)] for `range_ratio` r.
 
-Scenarios (see SCENARIOS): shared-prefix, long-short, identical, random, hot-scan.
+Scenarios (see SCENARIOS): mixed, shared-prefix, long-short, identical, random, hot-scan.
 """
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ class WorkItem:
     params: SamplingParams
     arrival: float | None = None     # offset (s) from the start; None: the driver decides
     tag: str = ""                    # e.g. "short" / "long" / "prefix-2"
+    priority: int = 0                # scheduling_policy=priority: lower is served first
 
     @property
     def prompt_len_hint(self) -> int | None:
@@ -224,7 +225,33 @@ def _hot_scan(spec: WorkloadSpec, i: int) -> WorkItem:
     return WorkItem(prompt, spec.params(rng), tag="hot")
 
 
+MIXED_LONG_SCALE = 4        # mixed: a long prompt is 4x input_len tokens
+MIXED_PATTERN = "ssslsssl"  # mixed: s = chat on a shared system prompt, l = long one-off
+
+
+def _mixed(spec: WorkloadSpec, i: int) -> WorkItem:
+    """Chat turns on shared system prompts (priority 0) and long one-off documents
+    (priority 1), with output lengths from 1/4 to 7/4 of output_len: requests start and
+    finish at their own times, long prompts chunk, the prefix cache serves the chat
+    turns, and a queue ordered by priority lets the chat turns go first."""
+    rng = spec.rng("mixed", i)
+    out = SamplingParams(max_tokens=rng.randint(max(1, spec.output_len // 4),
+                                                max(1, spec.output_len * 7 // 4)),
+                         temperature=spec.temperature, ignore_eos=spec.ignore_eos)
+    if MIXED_PATTERN[i % len(MIXED_PATTERN)] == "l":
+        item = _random(spec, i, scale=MIXED_LONG_SCALE, tag="long")
+        return WorkItem(item.prompt, out, tag="long", priority=1)
+    item = _shared_prefix(spec, i)
+    return WorkItem(item.prompt, out, tag=item.tag, priority=0)
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("mixed", "Chat + documents",
+             f"Chat turns on {NUM_PREFIXES} shared system prompts (priority 0) mixed with "
+             f"long one-off documents ({MIXED_LONG_SCALE}x input_len, priority 1), output "
+             "lengths spread over 1/4 to 7/4 of output_len: every headline knob (prefix "
+             "cache, budget, scheduling mode and policy, eviction) changes something.",
+             _mixed),
     Scenario("shared-prefix", "Shared system prompts",
              f"{NUM_PREFIXES} shared system-prompt openings + distinct short questions: "
              "the prefix cache serves the shared blocks.", _shared_prefix),

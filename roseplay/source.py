@@ -65,7 +65,7 @@ class LiveSource:
             return f"REC stopped: {rec.error}  "
         if rec.full:
             return f"REC stopped: {rec.max_bytes >> 20} MB limit  "
-        return f"● REC {rec.bytes / 1e6:.1f} MB  "
+        return f"● REC {rec.file_bytes() / 1e6:.1f} MB  "     # the file, not the JSON in it
 
     # -- controls ---------------------------------------------------------------------
     def _event(self, what: str, **data) -> None:
@@ -96,6 +96,11 @@ class LiveSource:
         self.loop.clear_prefix_cache()
         self._event("clear_prefix_cache")
 
+    def cancel_workload(self) -> None:
+        """Cancel the workload's requests in flight (typed prompts stay)."""
+        self.driver.cancel_in_flight()
+        self._event("cancel_workload")
+
     def set_scenario(self, name: str) -> None:
         if name not in SCENARIOS:
             raise InvalidRequestError(f"unknown scenario {name!r}")
@@ -112,8 +117,9 @@ class LiveSource:
         self.driver.set_rate(rate)
         self._event("rate", rate=rate)
 
-    def submit(self, text: str) -> str:
-        """Submit a user prompt; raises InvalidRequestError (the engine keeps serving)."""
+    def submit(self, text: str, priority: int = 0) -> str:
+        """Submit a user prompt (with its scheduling priority: lower goes first); raises
+        InvalidRequestError (the engine keeps serving)."""
         from engine.request import SamplingParams
         text = text.strip()
         if not text:
@@ -125,8 +131,9 @@ class LiveSource:
         self._user_ids += 1
         rid = f"you-{self._user_ids}"
         params = SamplingParams(max_tokens=USER_MAX_TOKENS, temperature=0.8, seed=self._user_ids)
-        self._user_streams[rid] = self.loop.submit(prompt, params, request_id=rid)
-        self._event("submit", request_id=rid, prompt=text)
+        self._user_streams[rid] = self.loop.submit(prompt, params, request_id=rid,
+                                                   priority=priority)
+        self._event("submit", request_id=rid, prompt=text, priority=priority)
         return rid
 
     def _drain_user_streams(self) -> None:

@@ -56,7 +56,7 @@ class FakeLoop:
     def __init__(self, delay: float):
         self.delay, self.log = delay, []
 
-    def submit(self, prompt, params, request_id, on_finish):
+    def submit(self, prompt, params, request_id, on_finish, priority=0):
         self.log.append((time.perf_counter(), request_id, prompt))
         done = SimpleNamespace(request_id=request_id, output=None, error="fake")
         threading.Timer(self.delay, on_finish, args=(done,)).start()

@@ -27,6 +27,7 @@ def test_every_guide_names_a_scenario_and_real_knob_values():
         SchedulerConfig().replace(**usable)        # the values a guide sets are valid
         assert set(usable) | set(skipped) == set(g.knobs)
     assert "max_num_batched_tokens" in split_knobs(BY_KEY["1"], "max_num_batched_tokens")[1]
+    assert {g.scenario for g in GUIDES} >= {"mixed", "shared-prefix", "random"}
 
 
 def test_help_renders_every_live_knob_with_its_explain_paragraph(monkeypatch):
@@ -61,13 +62,17 @@ async def test_one_key_on_the_help_screen_switches_to_a_guide(monkeypatch):
     src = live_source()
     app = RoseplayApp(source=src)
     async with app.run_test(size=(120, 40)) as pilot:
+        src.set_knobs(max_num_seqs=8, scheduling_policy="lpm")   # left from an earlier setup
         await pilot.press("question_mark")
         assert type(app.screen).__name__ == "HelpScreen"
-        assert "Knob guidance" in screen_text(app)
-        await pilot.press("1")                     # small budget on long/short prompts
+        assert await wait_for(pilot, lambda: "Knob guidance" in screen_text(app), 5)
+        await pilot.press("1")                     # a small budget on the mixed workload
         assert await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", 5)
         assert src.knobs.max_num_batched_tokens == 32
-        assert src.workload()["scenario"] == "long-short"
+        # the whole setup from a clean default: the other knobs are back at theirs
+        assert src.knobs.max_num_seqs == SchedulerConfig().max_num_seqs
+        assert src.knobs.scheduling_policy == SchedulerConfig().scheduling_policy
+        assert src.workload()["scenario"] == "mixed"
         assert src.workload()["concurrency"] == 16
         await pilot.press("question_mark", "6")    # the prefix cache off on shared prefixes
         await pilot.pause(0.1)

@@ -33,7 +33,11 @@ def test_workloads_are_deterministic_and_seeded(name):
     a = sc.build_workload(name, 12, seed=3, **TOKEN_KW)
     b = sc.build_workload(name, 12, seed=3, **TOKEN_KW)
     assert a == b and len(a) == 12
-    assert [x.params.max_tokens for x in a] == [8] * 12
+    if name == "mixed":     # output lengths spread: requests do not finish in lockstep
+        assert all(2 <= x.params.max_tokens <= 14 for x in a)
+        assert len({x.params.max_tokens for x in a}) > 3
+    else:
+        assert [x.params.max_tokens for x in a] == [8] * 12
     assert all(x.params.ignore_eos and x.params.temperature == 0 for x in a)
     if name != "identical":
         assert a != sc.build_workload(name, 12, seed=4, **TOKEN_KW)
@@ -250,3 +254,18 @@ def test_parse_knob_value():
         parse_knob_value("max_num_seqs", "0")
     with pytest.raises(ValueError):
         parse_knob_value("nope", "1")
+
+
+def test_mixed_has_chat_turns_on_shared_prefixes_and_long_low_priority_documents():
+    items = sc.build_workload("mixed", 16, seed=0, **TOKEN_KW)
+    long = [x for x in items if x.tag == "long"]
+    chat = [x for x in items if x.tag != "long"]
+    assert len(long) == 4 and all(x.priority == 1 for x in long)
+    assert all(x.priority == 0 and x.tag.startswith("prefix-") for x in chat)
+    n = TOKEN_KW["input_len"]
+    assert all(len(ids(x)) == sc.MIXED_LONG_SCALE * n for x in long)
+    assert all(len(ids(x)) <= n for x in chat)
+    by_prefix = {}
+    for x in chat:        # chat turns of one system prompt share its first tokens
+        by_prefix.setdefault(x.tag, []).append(ids(x)[: n * 3 // 4])
+    assert all(len({tuple(p) for p in group}) == 1 for group in by_prefix.values())

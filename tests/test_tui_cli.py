@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from roseplay.cli import TUI_NUM_BLOCKS, build_parser, make_source_factory
+from roseplay.cli import TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, build_parser, make_source_factory
 
 FLAGS = ("--model", "--device", "--dtype", "--block-size", "--num-blocks",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-num-batched-tokens",
@@ -31,7 +31,9 @@ def test_bench_subcommand_is_wired():
 
 def test_defaults_and_engine_kwargs():
     args = build_parser().parse_args([])
-    assert args.scenario == "shared-prefix" and args.concurrency == 16 and args.rate is None
+    # the mixed workload, more in flight than running: a queue for the policy knob
+    assert args.scenario == "mixed" and args.concurrency == 32 and args.rate is None
+    assert TUI_MAX_NUM_SEQS < args.concurrency
     args = build_parser().parse_args(["--model", "dummy:tiny", "--no-enable-prefix-caching",
                                       "--max-num-batched-tokens", "64"])
     factory, message = make_source_factory(args)

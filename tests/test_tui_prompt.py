@@ -35,3 +35,27 @@ async def test_typed_text_and_errors_are_visible(size):
             assert "esc Close prompt" in rows[-1]      # the footer is still there, below the box
     finally:
         src.close()
+
+
+@sync
+async def test_the_prompt_box_sends_the_priority_typed():
+    src = live_source()
+    sent = []
+    submit = src.loop.submit
+
+    def spy(*args, **kwargs):
+        sent.append((kwargs.get("request_id"), kwargs.get("priority")))
+        return submit(*args, **kwargs)
+    src.loop.submit = spy
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("i")
+            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
+            await pilot.press(*"to the front", "tab", "minus", "5", "enter")
+            assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 5)
+            assert ("you-1", -5) in sent
+            await pilot.press("shift+tab", *"default", "enter")
+            assert await wait_for(pilot, lambda: ("you-2", -5) in sent, 5)   # the box keeps it
+    finally:
+        src.close()

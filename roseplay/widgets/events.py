@@ -13,10 +13,13 @@ from textual.widget import Widget
 from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PREEMPT,
                              EV_PREFIX_HIT)
 from roseplay.widgets import theme
-from roseplay.widgets.kv_map import COW, EVICTED, HIT, LETTER, PREEMPTED
+from roseplay.widgets.kv_map import COW, HIT, LETTER, PREEMPTED
 
 FLASH_SECONDS = 1.5
-FLASH = {EV_COW: COW, EV_PREEMPT: PREEMPTED, EV_EVICT: EVICTED, EV_PREFIX_HIT: HIT}
+# evictions do not flash: once the pool is full nearly every allocation evicts a cached
+# block, and a map of `E`s hides the rest; the legend and the log give their rate instead
+FLASH = {EV_COW: COW, EV_PREEMPT: PREEMPTED, EV_PREFIX_HIT: HIT}
+RATE_SECONDS = 1.0      # the log's eviction line: blocks evicted per second over this
 LABEL = {EV_COW: ("COW", "cow"), EV_PREEMPT: ("preempt", "preempt"),
          EV_EVICT: ("evict", "evict"), EV_PREFIX_HIT: ("prefix hit", "hit"),
          EV_DEDUP_JOIN: ("dedup join", "shared"), EV_CHUNK_DONE: ("chunk done", "prefill")}
@@ -30,6 +33,16 @@ def flash_blocks(snap) -> dict[int, int]:
         if cat is not None and snap.time - FLASH_SECONDS <= e.time <= snap.time + FLASH_SECONDS:
             out.update((b, cat) for b in e.blocks)
     return out
+
+
+def eviction_rate(snap) -> float | None:
+    """Blocks evicted per second over the last RATE_SECONDS of engine time (None: no
+    eviction event among the snapshot's recent events)."""
+    recent = [e for e in snap.events if e.kind == EV_EVICT]
+    if not recent:
+        return None
+    since = snap.time - RATE_SECONDS
+    return sum(len(e.blocks) for e in recent if e.time >= since) / RATE_SECONDS
 
 
 def _blocks(blocks, most: int = 6) -> str:
@@ -76,9 +89,18 @@ class EventLog(Widget):
         if not snap.events:
             t.append("no engine events yet: COW copies, preemptions, evictions, prefix hits,\n"
                      "dedup joins and finished prefill chunks show here as they happen", "dim")
-        for e in reversed(snap.events[-max(1, self.size.height):]):
+        rows = max(1, self.size.height)
+        evicted = eviction_rate(snap)
+        if evicted is not None:
+            rows -= 1
+            t.append(f"{'now':<7}", "dim")
+            t.append(f"  {'evict':<10}", f"bold {theme.color('evict')}")
+            t.append(f" {evicted:.0f} cached blocks/s reused for new tokens (routine once "
+                     f"the pool is full)\n")
+        shown = [e for e in snap.events if e.kind != EV_EVICT]
+        for e in reversed(shown[-max(1, rows):]):
             word, color = LABEL.get(e.kind, (e.kind, "free"))
-            t.append(f"#{e.step + 1:<6}", "dim")
+            t.append(f"#{e.step:<6}", "dim")     # 1-based (engine/stats.py)
             letter = LETTER.get(FLASH.get(e.kind), " ")
             t.append(f"{letter} {word:<10}", f"bold {theme.color(color)}")
             t.append(f" {(e.request_id or '-'):<8} ")

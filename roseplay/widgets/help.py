@@ -31,16 +31,19 @@ Panels that do not fit the terminal are listed in the line above the footer:
 The GPU/CPU memory for attention keys and values is cut into fixed-size **blocks**
 (a block holds the KV of `block_size` tokens). Each cell is one block:
 **grey** free, **green** in use by one request, **orange** shared by several requests
-(the digit is the *refcount*: how many requests point at it), **blue** cached: no
-request uses it, but its contents are kept in the prefix cache and reused if a new
-prompt starts with the same tokens (or evicted, oldest first, when memory runs out).
+(the digit is the *refcount*: how many requests point at it), **blue shade ░**
+cached: free, no request uses it, but its contents are kept in the prefix cache and
+reused if a new prompt starts with the same tokens (or evicted when memory runs out).
 **Yellow** cells belong to the selected request. Hover a cell for its details.
-When the engine does something to blocks, they flash for a moment with a letter:
-**C** copy-on-write (a shared, partly filled block copied before a request writes
-into it), **P** preempted (freed: the request goes back to the queue and recomputes),
-**E** evicted (a cached block reused for new tokens), **H** prefix hit (cached blocks
-a new prompt starts with). Under the map: the prefix hit rate, evictions, preemptions
-and COW copies over the **last 10 s** and in total (`0` resets the totals).
+When the engine does something to blocks, they flash for a moment: the event's colour
+behind the cell, underlined, with its letter where no refcount digit is shown (a digit
+is never hidden): **C** copy-on-write (a shared, partly filled block copied before a
+request writes into it), **P** preempted (freed: the request goes back to the queue and
+recomputes), **H** prefix hit (cached blocks a new prompt starts with). Evictions (a
+cached block reused for new tokens) are routine once the pool is full: they do not
+flash; the legend and the event log give their rate per second. Under the map: the
+prefix hit rate, evictions, preemptions and COW copies over the **last 10 s** and in
+total (`0` resets the totals).
 
 ## Requests
 One row per request: *waiting* (the row says why: `max_num_seqs` full, the token
@@ -140,8 +143,8 @@ class HelpScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         source = ("A recording of an engine session plays back (no model is loaded)."
                   if self._kind == "replay" else
-                  "A real inference engine runs in this process; a workload driver keeps "
-                  "sending it prompts.")
+                  "A real inference engine runs in its own process (two in a compare view), "
+                  "steered over ZMQ; a workload driver keeps sending it prompts.")
         with VerticalScroll(id="help-scroll"):
             intro, panels = PANELS.format(source=source, hz=f"{self._hz:g}").split(
                 "## KV cache", 1)

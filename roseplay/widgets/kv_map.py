@@ -29,6 +29,7 @@ NAMES = {FREE: "free", USED: "used", SHARED: "shared", CACHED: "cached",
          SELECTED: "selected request", COW: "COW copy", PREEMPTED: "preempted",
          EVICTED: "evicted", HIT: "prefix hit"}
 LETTER = {COW: "C", PREEMPTED: "P", EVICTED: "E", HIT: "H"}     # flashes read without colour
+CACHED_GLYPH = "░"      # cached-but-free: a shade, never the solid cell of a block in use
 _BLANK = Style()
 _styles: dict = {}
 
@@ -44,32 +45,43 @@ def styles() -> dict:
         bg[FREE] = Style(bgcolor=colors[FREE], color="#5a606c")
         fg = {k: Style(color=c) for k, c in colors.items()}
         fg[FREE] = Style(color="#3a3f4a")
+        fg[CACHED] = Style(color=colors[CACHED], bgcolor="#1c2230")
         half = {(a, b): Style(color=colors[a], bgcolor=colors[b]) for a in colors for b in colors}
-        _styles.update(gen=gen, colors=colors, bg=bg, fg=fg, half=half)
+        # a flash: the event's colour behind the cell, underlined; the digit stays
+        flash = {k: Style(bgcolor=colors[k], color="#111111", bold=True, underline=True)
+                 for k in LETTER}
+        _styles.update(gen=gen, colors=colors, bg=bg, fg=fg, half=half, flash=flash)
     return _styles
 
 
-def categories(state: np.ndarray, refcount: np.ndarray, selected: np.ndarray | None,
-               flash: dict[int, int] | None = None) -> np.ndarray:
-    """Per block: FREE / USED / CACHED / SHARED / SELECTED, or an event category (int8)."""
+def categories(state: np.ndarray, refcount: np.ndarray, selected: np.ndarray | None) -> np.ndarray:
+    """Per block: FREE / USED / CACHED / SHARED / SELECTED (int8)."""
     cat = state.astype(np.int8, copy=True)
     cat[(state == 1) & (refcount > 1)] = SHARED
     if selected is not None and len(selected):
         cat[selected] = SELECTED
-    for block, kind in (flash or {}).items():
-        if 0 <= block < len(cat):
-            cat[block] = kind
     return cat
 
 
-def _digit(rc: int, cat: int) -> str:
-    if cat in LETTER:
-        return LETTER[cat]
-    if cat == FREE:
+def flashes(n: int, flash: dict[int, int] | None) -> np.ndarray:
+    """Per block: the event category of a recent flash, or 0 (FREE: none)."""
+    out = np.zeros(n, np.int8)
+    for block, kind in (flash or {}).items():
+        if 0 <= block < n:
+            out[block] = kind
+    return out
+
+
+def _digit(rc: int, cat: int, fl: int = 0) -> str:
+    """The refcount when it says something (> 1, or the selected request's blocks); else
+    a flash's letter; a refcount digit is never replaced by a flash."""
+    if cat == FREE and not fl:
         return " "
     if rc > 9:
         return "+"
-    return str(rc) if rc > 1 or cat == SELECTED else " "
+    if rc > 1 or (cat == SELECTED and rc):
+        return str(rc)
+    return LETTER.get(fl, " ")
 
 
 class KVMap(ScrollView):
@@ -84,6 +96,7 @@ class KVMap(ScrollView):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._cat = np.zeros(0, np.int8)
+        self._fl = np.zeros(0, np.int8)         # flashes (event category per block, 0: none)
         self._rc = np.zeros(0, np.int32)
         self._strips: dict[int, Strip] = {}
         self.mode = "digits"
@@ -94,14 +107,14 @@ class KVMap(ScrollView):
     def show(self, state: np.ndarray, refcount: np.ndarray, selected: np.ndarray | None,
              flash: dict[int, int] | None = None) -> None:
         """Take new block arrays; refresh only the text rows whose blocks changed."""
-        cat = categories(state, refcount, selected, flash)
+        cat, fl = categories(state, refcount, selected), flashes(len(state), flash)
         if cat.shape != self._cat.shape or self._gen != theme.generation():
             self._gen = theme.generation()
-            self._cat, self._rc = cat, refcount
+            self._cat, self._fl, self._rc = cat, fl, refcount
             self._relayout()
             return
-        changed = np.flatnonzero((cat != self._cat) | (refcount != self._rc))
-        self._cat, self._rc = cat, refcount
+        changed = np.flatnonzero((cat != self._cat) | (fl != self._fl) | (refcount != self._rc))
+        self._cat, self._fl, self._rc = cat, fl, refcount
         if not len(changed):
             return
         rows = np.unique(changed // self.cols)
@@ -122,7 +135,10 @@ class KVMap(ScrollView):
         self._relayout()
 
     def _relayout(self) -> None:
-        region = self.scrollable_content_region
+        # the whole widget, not scrollable_content_region: that one still lacks the
+        # scrollbar column of the previous (zoomed) layout, and no resize follows when the
+        # scrollbar goes, so `z` then `Z` used to leave the map a mode too dense
+        region = self.size
         n, width, height = len(self._cat), max(1, region.width - 1), max(1, region.height)
         for mode in self.MODES:
             cols, rows = self._geometry(mode, n, width)
@@ -156,27 +172,26 @@ class KVMap(ScrollView):
                 return Strip([])
             row //= 2
         lo = row * self.cols
-        cats, rcs = self._cat[lo:lo + self.cols], self._rc[lo:lo + self.cols]
-        sty = styles()
-        _BG, _FG = sty["bg"], sty["fg"]
+        sl = slice(lo, lo + self.cols)
         segments: list[Segment] = []
-        for cat, rc in zip(cats.tolist(), rcs.tolist()):
-            char = _digit(rc, cat)
+        for cat, fl, rc in zip(self._cat[sl].tolist(), self._fl[sl].tolist(),
+                               self._rc[sl].tolist()):
+            char, style = _cell(cat, fl, rc, self.mode)
             if self.mode == "roomy":
-                segments += [Segment(" " + char, _BG[cat]), Segment(" ", _BLANK)]
-            elif self.mode == "digits":     # a 7/8 block leaves a gap between rows
-                cell = Segment(char, _BG[cat]) if char.strip() else Segment("▇", _FG[cat])
-                segments += [cell, Segment(" ", _BLANK)]
-            elif segments and segments[-1].style is _BG[cat]:
-                segments[-1] = Segment(segments[-1].text + char, _BG[cat])
+                segments += [Segment(" " + char, style), Segment(" ", _BLANK)]
+            elif self.mode == "digits":
+                segments += [Segment(char, style), Segment(" ", _BLANK)]
+            elif segments and segments[-1].style is style:
+                segments[-1] = Segment(segments[-1].text + char, style)
             else:
-                segments.append(Segment(char, _BG[cat]))
+                segments.append(Segment(char, style))
         return Strip(segments)
 
     def _build_half(self, row: int) -> Strip:
         top_lo, bot_lo = 2 * row * self.cols, (2 * row + 1) * self.cols
-        top = self._cat[top_lo:top_lo + self.cols].tolist()
-        bottom = self._cat[bot_lo:bot_lo + self.cols].tolist()
+        shown = np.where(self._fl > 0, self._fl, self._cat)     # no room for a mark: colour
+        top = shown[top_lo:top_lo + self.cols].tolist()
+        bottom = shown[bot_lo:bot_lo + self.cols].tolist()
         segments: list[Segment] = []
         run, style = 0, None
         sty = styles()
@@ -192,6 +207,11 @@ class KVMap(ScrollView):
         if style is not None:
             segments.append(Segment("▀" * run, style))
         return Strip(segments)
+
+    def cell_text(self, block: int) -> str:
+        """What the cell of `block` reads (its glyph), for tests and the hover line."""
+        return _cell(int(self._cat[block]), int(self._fl[block]), int(self._rc[block]),
+                     self.mode)[0]
 
     def block_at(self, x: int, y: int) -> int | None:
         row = y + int(self.scroll_offset.y)
@@ -220,6 +240,20 @@ class KVMap(ScrollView):
 
     def on_leave(self) -> None:
         self.hover_block = None
+
+
+def _cell(cat: int, fl: int, rc: int, mode: str) -> tuple[str, Style]:
+    """(glyph, style) of one block: a flash keeps the digit and marks the cell with the
+    event's colour, underlined; cached blocks are a shade, blocks in use a solid cell."""
+    sty = styles()
+    char = _digit(rc, cat, fl)
+    if fl:
+        return char, sty["flash"][fl]
+    if cat == CACHED:
+        return CACHED_GLYPH, sty["fg"][CACHED]
+    if mode == "digits" and not char.strip():   # a 7/8 block leaves a gap between rows
+        return "▇", sty["fg"][cat]
+    return char, sty["bg"][cat]
 
 
 class KVLegend(Widget):
@@ -258,7 +292,9 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
             t.append(NAMES[cat][0], bg[cat])
             t.append(f" {counts[cat]}  ", "bold")
         else:
-            t.append("  " if tier == 2 else " ", Style(bgcolor=styles()["colors"][cat]))
+            swatch = "  " if tier == 2 else " "
+            t.append(*((CACHED_GLYPH * len(swatch), styles()["fg"][CACHED]) if cat == CACHED
+                       else (swatch, Style(bgcolor=styles()["colors"][cat]))))
             t.append(f" {NAMES[cat]} ")
             t.append(f"{counts[cat]} " + " " * tier, "bold")
     if selected_id:
@@ -284,10 +320,12 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
         get = window.recent if recent else window.total
         hit, ev, pre, cow = (_pct(window.hit_rate(recent)), get("evictions"),
                              get("preemptions"), get("cow_copies"))
+        if recent:      # routine once the pool is full: a rate, not a flash or event each
+            ev = f"{ev / max(window.span(), 1.0):.0f}/s"
         t.append(f"\n{label:<{(4, 6, 12)[tier]}}", "dim")
         t.append((f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
                   f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
-                  f"hit {hit} ev {ev} pre {pre} COW {cow}")[2 - tier])
+                  f"hit {hit} ev {ev} pre {pre} C {cow}")[2 - tier])
     return t
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Input, Static
 
@@ -22,28 +22,41 @@ class PromptBar(Vertical):
     PromptBar { height: auto; display: none; border-top: tall $accent;
                 background: $panel; padding: 0 1; }
     PromptBar.-open { display: block; }
-    PromptBar > Input { height: 1; padding: 0; }
+    PromptBar > Horizontal { height: 1; }
+    PromptBar Input { height: 1; padding: 0; }
+    PromptBar #prompt-priority { width: 14; margin-left: 1; }
     PromptBar > #prompt-status { height: auto; max-height: 2; color: $text-muted; }
     PromptBar > #prompt-status.-error { color: $error; text-style: bold; }
     """
     BINDINGS = [Binding("escape", "close", "Close prompt", key_display="esc")]
 
     class Submitted(Message):
-        def __init__(self, text: str):
+        def __init__(self, text: str, priority: int = 0):
             super().__init__()
             self.text = text
+            self.priority = priority     # scheduling_policy=priority: lower goes first
 
     class Closed(Message):
         pass
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="Type a prompt, Enter sends it to the engine (Esc closes)",
-                    id="prompt-input", compact=True, max_length=MAX_PROMPT_CHARS)
+        with Horizontal():
+            yield Input(placeholder="Type a prompt, Enter sends it to the engine (Tab: its "
+                                    "priority, Esc closes)",
+                        id="prompt-input", compact=True, max_length=MAX_PROMPT_CHARS)
+            yield Input(placeholder="priority 0", id="prompt-priority", compact=True,
+                        type="integer", max_length=11, tooltip="scheduling_policy=priority: "
+                        "lower goes first (the workload's chat turns are 0, documents 1)")
         yield Static("", id="prompt-status", markup=False)
 
     def open(self) -> None:
         self.add_class("-open")
-        self.query_one(Input).focus()
+        self.query_one("#prompt-input", Input).focus()
+
+    @property
+    def priority(self) -> int:
+        text = self.query_one("#prompt-priority", Input).value.strip()
+        return int(text) if text.lstrip("-").isdigit() else 0
 
     def action_close(self) -> None:
         self.remove_class("-open")
@@ -51,8 +64,10 @@ class PromptBar(Vertical):
         self.post_message(self.Closed())
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in either box sends the prompt with the priority typed (0 if none)."""
         event.stop()
-        self.post_message(self.Submitted(event.value))
+        self.post_message(self.Submitted(self.query_one("#prompt-input", Input).value,
+                                          self.priority))
 
     def show_error(self, message: str) -> None:
         status = self.query_one("#prompt-status", Static)
@@ -63,4 +78,4 @@ class PromptBar(Vertical):
         status = self.query_one("#prompt-status", Static)
         status.update(f"✓ {message}")
         status.remove_class("-error")
-        self.query_one(Input).value = ""
+        self.query_one("#prompt-input", Input).value = ""

@@ -203,6 +203,8 @@ class RequestList(Widget, can_focus=True):
 
     def select(self, request_id: str | None) -> None:
         self.selected = request_id
+        if request_id is None:      # follow again: bring the followed row into view (the
+            self.top = max(0, self._cursor())   # list stayed where a typed prompt was)
         self._scroll_to_cursor()
         self._refresh_changed()
         self.post_message(self.Selected(request_id))

@@ -67,7 +67,9 @@ class StepPanel(Widget):
         t = Text(no_wrap=True, overflow="ellipsis")
         if s is None:
             return t.append("no step yet: the engine is waiting for requests", "dim")
-        t.append(f"step {s.step + 1}", "bold")      # steps are counted from 1, as in the top line
+        # the top line's number: last_step is that step (StepStats.step is 1-based in a
+        # live engine; recordings made before 2026-11 stored it 0-based)
+        t.append(f"step {snap.step}", "bold")
         t.append(f"  {s.duration * 1000:7.1f} ms   ")
         t.append(f"running {s.num_running}  waiting {s.num_waiting}\n")
         used = s.decode_tokens + s.prefill_tokens

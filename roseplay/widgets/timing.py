@@ -31,6 +31,7 @@ HISTORY = 240
 RECENT = 16           # requests behind each plotted p50 (the latest to get a first token)
 UPDATE_EVERY = 0.5   # seconds between redraws (the text changes every frame otherwise)
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
+PLOT_BG, MARK_BG = "#1d2027", "#5a4a10"    # a plot's ground; the column of a knob change
 
 
 def pctl(values, qs=(50, 95, 99)) -> list[float | None]:
@@ -75,36 +76,61 @@ def slo_text(slos: dict) -> str:
     return " ".join(f"{k}≤{v:g}" for k, v in slos.items())
 
 
+SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot")
+
+
 class TimingHistory:
-    """Bucketed series computed from snapshots (resets if time goes backwards)."""
+    """Bucketed series computed from snapshots (resets if time goes backwards), and the
+    knob changes as marks on the bucket they happened in."""
 
     def __init__(self):
         self.reset()
 
     def reset(self) -> None:
-        self.series = {k: deque(maxlen=HISTORY) for k in ("ttft", "tpot", "tput")}
+        self.series = {k: deque(maxlen=HISTORY) for k in SERIES}
+        self.marks: deque = deque(maxlen=HISTORY)     # per point: a knob change's label or None
+        self._mark: str | None = None
         self._t = None
         self._tokens = 0
+        self._counters = None
         self.rate = 0.0          # output tokens / s over the last few buckets
         self._recent: deque = deque(maxlen=4)
+
+    def mark(self, label: str) -> None:
+        """A knob changed: the next point carries `label` (a later change replaces it)."""
+        self._mark = label
 
     def feed(self, snap) -> None:
         now, tokens = snap.time, snap.counters.generated_tokens
         if self._t is not None and (now < self._t or tokens < self._tokens):
             self.reset()
         if self._t is None:
-            self._t, self._tokens = now, tokens
+            self._t, self._tokens, self._counters = now, tokens, snap.counters
             return
         if now - self._t < BUCKET:
             return
         dt, dtok = now - self._t, tokens - self._tokens
-        self.series["ttft"].append(recent_p50(snap.requests, "ttft"))
+        add = {k: s.append for k, s in self.series.items()}
+        add["ttft"](recent_p50(snap.requests, "ttft"))
         tpots = [x[2] for x in snap.recent_latencies[-4 * RECENT:] if x[2] is not None]
-        self.series["tpot"].append(pctl(tpots[-RECENT:], (50,))[0] if tpots else math.nan)
-        self.series["tput"].append(dtok / dt)
+        add["tpot"](pctl(tpots[-RECENT:], (50,))[0] if tpots else math.nan)
+        gaps = [g for t, g in snap.recent_itls if t > self._t]
+        add["itl"](pctl(gaps, (50,))[0] if gaps else math.nan)
+        add["tput"](dtok / dt)
+        step = snap.last_step
+        add["running"](step.num_running if step else 0)
+        add["waiting"](step.num_waiting if step else 0)
+        add["kv"](100.0 * snap.num_used / max(1, snap.num_blocks))
+        a, b = self._counters, snap.counters
+        queried = b.prefix_queried_tokens - a.prefix_queried_tokens
+        off = not snap.knobs.enable_prefix_caching      # no lookups at all: nothing hits
+        add["hit"](100.0 * (b.prefix_hit_tokens - a.prefix_hit_tokens) / queried if queried
+                   else 0.0 if off else math.nan)
+        self.marks.append(self._mark)
+        self._mark = None
         self._recent.append((dt, dtok))
         self.rate = sum(b for _, b in self._recent) / max(1e-9, sum(a for a, _ in self._recent))
-        self._t, self._tokens = now, tokens
+        self._t, self._tokens, self._counters = now, tokens, snap.counters
 
 
 class Plot(Widget):
@@ -113,18 +139,21 @@ class Plot(Widget):
     outliers (a bar above it is drawn full with a ▲), so one slow request does not
     flatten the curve for minutes."""
 
-    DEFAULT_CSS = "Plot { height: 2; }"
-    LABEL = 16
+    DEFAULT_CSS = "Plot { height: 1; }"
+    LABEL = 18
 
-    def __init__(self, name: str, color_key: str, fmt, **kwargs):
+    def __init__(self, name: str, color_key: str, fmt, fixed_top: float | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.label, self.color_key, self.fmt = name, color_key, fmt
+        self.fixed_top = fixed_top      # a fixed full scale (percentages: 100)
         self.values: list[float] = []
+        self.marks: list = []
 
-    def show(self, values) -> None:
-        values = list(values)
-        if values != self.values:
-            self.values = values
+    def show(self, values, marks=()) -> None:
+        values, marks = list(values), list(marks)
+        if values != self.values or marks != self.marks:
+            self.values, self.marks = values, marks
             self.refresh()
 
     def points(self) -> int:
@@ -134,26 +163,36 @@ class Plot(Widget):
         width, height = self.size.width, self.size.height
         n = self.points()
         vals = self.values[-n:] if n else []
+        marks = self.marks[-len(vals):] if vals else []
         finite = [v for v in vals if not math.isnan(v)]
-        top = scale_top(finite)
+        top = self.fixed_top or scale_top(finite)
         color = theme.color(self.color_key)
-        segments = [Segment(self._label(y, finite, top).ljust(self.LABEL)[:self.LABEL],
+        segments = [Segment(self._label(y, height, finite, top).ljust(self.LABEL)[:self.LABEL],
                             Style(color=color, bold=y == 0))]
-        chars = []
-        for v in vals:
+        if len(vals) < n:
+            segments.append(Segment(" " * (n - len(vals)), Style(bgcolor=PLOT_BG)))
+        plain, marked = Style(color=color, bgcolor=PLOT_BG), Style(color=color, bgcolor=MARK_BG)
+        for i, v in enumerate(vals):
             if math.isnan(v) or top <= 0:
-                chars.append(" ")
+                char = " "
             elif v > top:
-                chars.append("▲" if y == 0 else "█")
+                char = "▲" if y == 0 else "█"
             else:
                 eighths = round(v / top * height * 8) - (height - 1 - y) * 8
-                chars.append(_EIGHTHS[max(0, min(8, eighths))])
-        segments.append(Segment("".join(chars).rjust(n), Style(color=color, bgcolor="#1d2027")))
-        return Strip(segments).adjust_cell_length(width)
+                char = _EIGHTHS[max(0, min(8, eighths))]
+            # a knob change: a column of its own background down every plot
+            segments.append(Segment(char, marked if i < len(marks) and marks[i] else plain))
+        return Strip(Segment.simplify(segments)).adjust_cell_length(width)
 
-    def _label(self, y: int, finite, top: float) -> str:
-        if y == 0:
-            return f"{self.label} {self.fmt(finite[-1])}" if finite else self.label
+    def _label(self, y: int, height: int, finite, top: float) -> str:
+        """Name and latest value (units included); the full scale on the second row, or
+        after a slash on a one-row plot."""
+        if y == 0:      # the latest point's value ("-": none in it, not an older one)
+            if not finite or math.isnan(self.values[-1]):
+                return f"{self.label} -"
+            text = f"{self.label} {self.fmt(finite[-1])}"
+            return text + (f"/{self.fmt(top)}" if height == 1 and top > 0 and
+                           len(text) + 1 + len(self.fmt(top)) <= self.LABEL else "")
         if y == 1:
             return f" top {self.fmt(top)}" if finite and top > 0 else " no data yet"
         return ""
@@ -168,9 +207,17 @@ def scale_top(finite) -> float:
 
 
 class TimeAxis(Widget):
-    """-N s … now under the plots (one point per BUCKET seconds)."""
+    """-N s … now under the plots (one point per BUCKET seconds), and the label of each
+    knob change under its mark."""
 
     DEFAULT_CSS = "TimeAxis { height: 1; color: $text-muted; }"
+    marks: list = []
+
+    def show(self, marks) -> None:
+        marks = list(marks)
+        if marks != self.marks:
+            self.marks = marks
+            self.refresh()
 
     def render(self) -> Text:
         n = max(0, self.size.width - Plot.LABEL)
@@ -180,7 +227,15 @@ class TimeAxis(Widget):
         line = list("─" * n)
         for pos, word in ((0, left), (n // 2 - len(mid) // 2, mid), (n - 3, "now")):
             line[pos:pos + len(word)] = word
-        return Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
+        t = Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
+        shown = self.marks[-n:]
+        pad = n - len(shown)
+        for i, label in enumerate(shown):     # later labels overwrite earlier ones
+            if label:
+                word = ("▲" + label)[:n]
+                start = Plot.LABEL + min(pad + i, n - len(word))
+                t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
+        return t
 
 
 class TimingStats(Widget):
@@ -229,7 +284,7 @@ class TimingPanel(Container):
     TimingPanel.-stacked { layout: vertical; }
     TimingPanel.-stacked TimingStats { width: 1fr; }
     TimingPanel.-stats #plots { display: none; }
-    TimingPanel #plots { width: 1fr; height: 7; }
+    TimingPanel #plots { width: 1fr; height: 1fr; overflow: hidden; }
     TimingPanel.-side #plots { margin-left: 2; }
     """
     MODES = ("side", "stacked", "stats")
@@ -239,9 +294,17 @@ class TimingPanel(Container):
         self.history = TimingHistory()
         self._shown_at = (None, -1.0)     # (snapshot time, monotonic) of the last redraw
         self.stats = TimingStats()
+        count = lambda v: f"{v:.0f}"          # noqa: E731
+        pct = lambda v: f"{v:.0f}%"           # noqa: E731
+        # most needed first: the plots that do not fit the panel's height are cut
         self.plots = {"ttft": Plot("TTFT", "prefill", fmt_ms, id="plot-ttft"),
-                      "tpot": Plot("TPOT", "decode", fmt_ms, id="plot-tpot"),
-                      "tput": Plot("tok/s", "tput", lambda v: f"{v:,.0f}", id="plot-tput")}
+                      "itl": Plot("ITL", "decode", fmt_ms, id="plot-itl"),
+                      "tput": Plot("tok/s", "tput", lambda v: f"{v:,.0f}", id="plot-tput"),
+                      "running": Plot("running", "used", count, id="plot-running"),
+                      "waiting": Plot("waiting", "preempt", count, id="plot-waiting"),
+                      "kv": Plot("KV used", "shared", pct, 100.0, id="plot-kv"),
+                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit")}
+        self.axis = TimeAxis()
         self.mode = "side"
         self.add_class("-side")
         self.slos: dict[str, float] = {}      # goodput SLOs (ms), set from the app
@@ -249,8 +312,8 @@ class TimingPanel(Container):
     def compose(self):
         yield self.stats
         with Vertical(id="plots"):
+            yield self.axis
             yield from self.plots.values()
-            yield TimeAxis()
 
     def set_mode(self, mode: str) -> None:
         if mode != self.mode:
@@ -277,5 +340,11 @@ class TimingPanel(Container):
         self._shown_at = (snap.time, now)
         self.stats.show(snap, self.history.rate, window.reset_time, self.slos)
         self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
+        marks = self.history.marks
         for key, plot in self.plots.items():
-            plot.show(self.history.series[key])
+            plot.show(self.history.series[key], marks)
+        self.axis.show(marks)
+
+    def mark(self, label: str) -> None:
+        """A knob changed now: a mark and its label on every plot."""
+        self.history.mark(label)

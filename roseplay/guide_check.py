@@ -1,0 +1,65 @@
+"""Measure a guide's setup headless: the numbers its claim names, over a few seconds of
+a live source (engine counters and latency samples of the snapshots, no UI).
+
+`measure(source, seconds)` samples what the TUI's panels show: TTFT percentiles of the
+requests whose first token came in the window, ITL percentiles of its token gaps,
+output tokens per second, the prefix hit rate, preemptions, and the mean running /
+waiting counts and KV use. tests/test_guides_verified.py runs each guide's setup with
+it and checks the direction its claim names.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+SAMPLE_EVERY = 0.1      # seconds between snapshots read while measuring
+
+
+def _pct(values, q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def measure(source, seconds: float, warmup: float = 1.0) -> dict:
+    """Let the setup settle for `warmup` s, then read `seconds` of it."""
+    time.sleep(warmup)
+    first = source.snapshot()
+    running, waiting, used = [], [], []
+    # TTFT of every request whose first token came in the window, running or finished
+    # (finished ones alone would leave a slow setup with no sample at all)
+    seen = {r.request_id for r in first.requests if r.ttft is not None}
+    ttfts: dict[str, float] = {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(SAMPLE_EVERY)
+        snap = source.snapshot()
+        if snap.last_step is not None:
+            running.append(snap.last_step.num_running)
+            waiting.append(snap.last_step.num_waiting)
+        used.append(snap.num_used / max(1, snap.num_blocks))
+        ttfts.update((r.request_id, r.ttft) for r in snap.requests
+                     if r.ttft is not None and r.request_id not in seen
+                     and r.state not in ("cancelled", "error"))
+    last = source.snapshot()
+    t0, t1 = first.time, last.time
+    a, b = first.counters, last.counters
+    ttft = list(ttfts.values())
+    itl = [g for t, g in last.recent_itls if t0 < t <= t1]
+    queried = b.prefix_queried_tokens - a.prefix_queried_tokens
+    return dict(
+        seconds=t1 - t0, finished=b.finished - a.finished,
+        tok_s=(b.generated_tokens - a.generated_tokens) / max(t1 - t0, 1e-9),
+        ttft_p50=_pct(ttft, 50), ttft_p90=_pct(ttft, 90),
+        itl_p50=_pct(itl, 50), itl_p99=_pct(itl, 99),
+        hit_rate=(b.prefix_hit_tokens - a.prefix_hit_tokens) / queried if queried else 0.0,
+        preemptions=b.preemptions - a.preemptions, evictions=b.evictions - a.evictions,
+        running=float(np.mean(running)) if running else 0.0,
+        waiting=float(np.mean(waiting)) if waiting else 0.0,
+        kv_used=float(np.mean(used)) if used else 0.0)
+
+
+def run_setup(source, guide, seconds: float, warmup: float = 1.0) -> dict:
+    """Apply `guide` (its whole setup) to a live source and measure it."""
+    from roseplay.guides import apply_guide
+    apply_guide(source, guide)
+    return measure(source, seconds, warmup)

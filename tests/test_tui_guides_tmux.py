@@ -1,0 +1,40 @@
+"""Every guide, walked as a user would: the real `roseplay` command (the bundled model,
+the app's defaults) in tmux at 120x40; `?` then the guide's digit; what the guide says
+to watch (its `shows`, roseplay/guides.py) must appear on screen within its `within`
+seconds. One app for all nine guides (about 45 s)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+
+import pytest
+
+from roseplay.guides import GUIDES
+from test_tui_tmux import Tmux
+
+pytestmark = [pytest.mark.timeout(150),
+              pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+
+
+def test_every_guide_shows_its_claim_on_screen_in_time(tmp_path):
+    exit_file = str(tmp_path / "exit_code")
+    tmux = Tmux([sys.executable, "-m", "roseplay"], exit_file)
+    try:
+        tmux.wait(lambda t: re.search(r"finished [1-9]", t) is not None, 60)
+        for guide in GUIDES:
+            tmux.keys("?")
+            tmux.wait(lambda t: "Knob guidance" in t, 10)
+            tmux.keys(guide.key)
+            tmux.wait(lambda t: all(re.search(p, t) for p in guide.shows),
+                      guide.within + 2.0)      # + the key's way through tmux
+        tmux.keys("q")
+        deadline = time.monotonic() + 20
+        while not os.path.exists(exit_file) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with open(exit_file) as fh:
+            assert fh.read().strip() == "0"
+    finally:
+        tmux.kill()
