@@ -271,9 +271,9 @@ def print_http_report(rep: Report, end: dict, seconds: float, clients: int) -> N
     print(f"slow-loris connections held at most {rep.loris_max_s:.1f} s "
           f"(--timeout-request-read {READ_TIMEOUT_S:g})")
     print(f"problems: {len(rep.problems)}" + "".join(f"\n  {p}" for p in rep.problems[:10]))
-    print(f"at the end: engine live requests {end['live_requests']}, used blocks "
-          f"{end['used_blocks']}; SIGTERM exit code {end['exit_code']}, engine process gone "
-          f"{end['engine_gone']}")
+    print(f"at the end: leaked states {end['live_requests']} (live requests in the engine), "
+          f"used blocks {end['used_blocks']}; SIGTERM exit code {end['exit_code']}, engine "
+          f"process gone {end['engine_gone']}")
     print(f"{'t (s)':>6} {'server RSS MB':>14} {'threads':>8} {'engine RSS MB':>14} {'threads':>8}")
     step = max(1, len(rep.samples) // 12)
     rows = rep.samples[::step] + ([rep.samples[-1]] if (len(rep.samples) - 1) % step else [])

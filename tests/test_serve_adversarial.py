@@ -172,6 +172,8 @@ def test_long_prompt_is_tokenized_off_the_event_loop(served):
 
     r, took, gap, worst = asyncio.run(run())
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text[:200]
-    assert took > 2 * max(worst, gap), f"the big prompt took only {took:.2f} s"
-    assert worst < 1.0, f"/health took {worst:.2f} s while the big prompt was tokenized"
-    assert gap < 1.0, f"a neighbour's stream stalled {gap:.2f} s"
+    # on the loop, tokenizing would hold /health for all of `took`; a busy box stretches
+    # both, so the bound grows with it: 1 s, or a third of `took` when that is more
+    bound = max(1.0, took / 3)
+    assert worst < bound, f"/health took {worst:.2f} s while the big prompt took {took:.2f} s"
+    assert gap < bound, f"a neighbour's stream stalled {gap:.2f} s (the big one {took:.2f} s)"
