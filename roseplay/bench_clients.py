@@ -52,14 +52,17 @@ class ClientLoad:
                 "chunks_per_s": self.chunks / self.wall_s if self.wall_s else 0.0}
 
 
-async def drive(job: Job, on_done=None) -> tuple[list[Outcome], float, float]:
+async def drive(job: Job, on_done=None, ready=None) -> tuple[list[Outcome], float, float]:
     """The job's outcomes, and the CPU and wall time from the first arrival to the last
-    answer (connection pool set-up and tear-down left out)."""
+    answer (connection pool set-up and tear-down left out). ready(): called once the
+    client is built, just before the first arrival (client processes meet there)."""
     slots = asyncio.Semaphore(job.max_concurrency)
     limits = httpx.Limits(max_connections=job.max_concurrency,
                           max_keepalive_connections=job.max_concurrency)
     async with httpx.AsyncClient(base_url=job.base_url.rstrip("/"), headers=job.headers,
                                  limits=limits, timeout=TIMEOUT_S) as http:
+        if ready is not None:
+            ready()
         t0, cpu0 = time.perf_counter(), time.process_time()
 
         async def one(index: int, body: dict, prompt_len: int | None) -> Outcome:
@@ -73,19 +76,14 @@ async def drive(job: Job, on_done=None) -> tuple[list[Outcome], float, float]:
         return outcomes, time.process_time() - cpu0, time.perf_counter() - t0
 
 
-def _timed(job: Job, on_done=None) -> tuple[list[Outcome], float, float]:
-    return asyncio.run(drive(job, on_done))
-
-
 def _worker(job: Job, barrier, done, results) -> None:
-    """A client process: wait for the others, run its share, send back what it saw."""
+    """A client process: build its client, wait for the others, run its share, send
+    back what it saw."""
     try:
-        barrier.wait(JOIN_TIMEOUT_S)
-
         def tick():
             with done.get_lock():
                 done.value += 1
-        results.put(_timed(job, tick))
+        results.put(asyncio.run(drive(job, tick, lambda: barrier.wait(JOIN_TIMEOUT_S))))
     except BaseException as exc:          # the parent must hear of it, not wait forever
         results.put(exc)
 
@@ -108,7 +106,7 @@ def run_load(job: Job, num_clients: int = 1, on_progress=None
             count[0] += 1
             if on_progress:
                 on_progress(count[0])
-        outcomes, cpu, wall = _timed(job, tick)
+        outcomes, cpu, wall = asyncio.run(drive(job, tick))
         load = ClientLoad(1, cpu, wall, cpu / wall if wall else 0.0)
     else:
         outcomes, load = _run_processes(split(job, num_clients), on_progress)

@@ -2,9 +2,11 @@
 # One call: W1 through `roseplay serve` next to the direct bench (issue 31; docs/SERVE.md
 # "Performance"). In order: the load client's ceiling against canned tokens, the direct
 # W1 (--repeat 5), the direct closed loop, then `roseplay serve` + `bench --base-url`
-# W1 (--repeat 5, the client's CPU, the server's and engine's CPU, py-spy of the server
-# when it is installed) and the closed loop of CLOSED_INFLIGHT requests in flight through
-# HTTP. Logs and JSON in $OUT; $OUT/summary.md at the end. About 5 minutes on an H100.
+# W1 (--repeat 5, the client's CPU, the server's and engine's CPU), the closed loop of
+# CLOSED_INFLIGHT requests in flight through HTTP, W1 from one client process, and last
+# py-spy of the server (when installed) over runs of its own. Logs and JSON in $OUT; $OUT/summary.md at the end. About 5 minutes on an H100;
+# every step's timeout is cut to what is left of BUDGET_S (default 480 s), so the summary
+# is written within one device call even when a step hangs.
 #   bash scripts/gpu_serve.sh                     (wheels in .whl are installed first)
 #   MODEL=default DEVICE=cpu NUM_PROMPTS=16 INPUT_LEN=32 OUTPUT_LEN=8 WARMUP=2 REPEAT=2 \
 #     CLOSED_PROMPTS=32 CLOSED_INFLIGHT=8 OUT=/tmp/gs bash scripts/gpu_serve.sh   (CPU smoke)
@@ -20,12 +22,14 @@ ENG="--model $MODEL --device $DEVICE --max-num-batched-tokens 8192 --max-num-seq
 W1="--scenario random --num-prompts $NUM_PROMPTS --input-len $INPUT_LEN --output-len $OUTPUT_LEN --warmup $WARMUP --no-progress"
 CLOSED="--scenario random --num-prompts $CLOSED_PROMPTS --max-concurrency $CLOSED_INFLIGHT --input-len $INPUT_LEN --output-len $OUTPUT_LEN --warmup $WARMUP --no-progress"
 URL=http://127.0.0.1:$PORT
+BUDGET_S=${BUDGET_S:-480}; T_END=$((SECONDS + BUDGET_S))
+lim() { local left=$((T_END - SECONDS - 15)); [ $left -lt 5 ] && left=5; [ $1 -lt $left ] && echo $1 || echo $left; }
 SPY=${SPY:-$(command -v py-spy || ls /tmp/site/bin/py-spy 2>/dev/null || true)}
 
-step ceiling 120 python3 scripts/client_ceiling.py --num-prompts 256 --output-len 128 \
+step ceiling $(lim 120) python3 scripts/client_ceiling.py --num-prompts 256 --output-len 128 \
   --num-clients 1 $NUM_CLIENTS --server-workers $NUM_CLIENTS --repeat 3 --json "$OUT/ceiling.json"
-step direct_w1 200 python3 -m roseplay bench $ENG $W1 --repeat $REPEAT --json "$OUT/direct_w1.json"
-step direct_closed 200 python3 -m roseplay bench $ENG $CLOSED --json "$OUT/direct_closed.json"
+step direct_w1 $(lim 200) python3 -m roseplay bench $ENG $W1 --repeat $REPEAT --json "$OUT/direct_w1.json"
+step direct_closed $(lim 200) python3 -m roseplay bench $ENG $CLOSED --json "$OUT/direct_closed.json"
 
 # the server in its own process group: whatever happens, the group (server + engine) goes
 setsid python3 -m roseplay serve $ENG --port $PORT --log-level warning > "$OUT/serve.log" 2>&1 &
@@ -36,7 +40,11 @@ stop_server() {
   kill -9 -- -$SERVER 2>/dev/null; wait $SERVER 2>/dev/null
 }
 trap stop_server EXIT
-python3 - "$URL" "$SERVER_START_S" $SERVER <<'PY' || { echo "== server did not start" | tee -a "$SUMMARY"; tail -20 "$OUT/serve.log"; exit 1; }
+server_failed() {
+  echo "== server did not start" | tee -a "$SUMMARY"; tail -20 "$OUT/serve.log"
+  python3 scripts/serve_perf_summary.py "$OUT" | tee "$OUT/summary.md"; exit 1
+}
+python3 - "$URL" "$(lim $SERVER_START_S)" $SERVER <<'PY' || server_failed
 import os, sys, time, urllib.request
 url, limit, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 deadline = time.monotonic() + limit
@@ -51,19 +59,21 @@ PY
 echo "== server up" | tee -a "$SUMMARY"
 cpu() { for p in $SERVER $(cat /proc/$SERVER/task/*/children 2>/dev/null); do awk -v p=$p '{printf "%s %.2f ", p, ($14+$15)/100}' /proc/$p/stat; done; }
 echo "before $(date +%s.%N) $(cpu)" > "$OUT/server_cpu.txt"
-SPY_PID=
-if [ -n "$SPY" ]; then
-  timeout 60 "$SPY" record -p $SERVER -r 200 -d 12 -f raw -o "$OUT/server_spy.txt" > "$OUT/spy.log" 2>&1 &
-  SPY_PID=$!
-fi
-step http_w1 200 python3 -m roseplay bench --base-url $URL --model $MODEL $W1 --repeat $REPEAT \
+step http_w1 $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 --repeat $REPEAT \
   --num-clients $NUM_CLIENTS --json "$OUT/http_w1.json"
 echo "after $(date +%s.%N) $(cpu)" >> "$OUT/server_cpu.txt"
-[ -n "$SPY_PID" ] && wait $SPY_PID
-step http_w1_one_client 200 python3 -m roseplay bench --base-url $URL --model $MODEL $W1 \
-  --repeat $REPEAT --num-clients 1 --json "$OUT/http_w1_one_client.json"
-step http_closed 200 python3 -m roseplay bench --base-url $URL --model $MODEL $CLOSED \
+step http_closed $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $CLOSED \
   --num-clients $NUM_CLIENTS --json "$OUT/http_closed.json"
+step http_w1_one_client $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 \
+  --repeat $REPEAT --num-clients 1 --json "$OUT/http_w1_one_client.json"
+if [ -n "$SPY" ]; then    # last, on runs of their own: sampling must not touch the figures above
+  timeout 60 "$SPY" record --nonblocking -p $SERVER -r 200 -d 15 -f raw -o "$OUT/server_spy.txt" \
+    > "$OUT/spy.log" 2>&1 &
+  SPY_PID=$!
+  step http_w1_profiled $(lim 60) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 \
+    --repeat 3 --num-clients $NUM_CLIENTS
+  wait $SPY_PID
+fi
 stop_server
 trap - EXIT
 python3 scripts/serve_perf_summary.py "$OUT" | tee "$OUT/summary.md"

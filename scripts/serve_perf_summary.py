@@ -57,7 +57,11 @@ def server_cpu(out: str) -> str:
             f"server, then the engine): " + ", ".join(parts))
 
 
+IDLE_FRAMES = ("EpollSelector.select", "Poller.poll", "Condition.wait", "Event.wait")
+
+
 def spy_top(out: str, n: int = 15) -> list[str]:
+    """The busiest frames (own time; threads waiting in select/poll left out)."""
     path = os.path.join(out, "server_spy.txt")
     if not os.path.exists(path):
         return []
@@ -66,8 +70,11 @@ def spy_top(out: str, n: int = 15) -> list[str]:
         stack, _, count = line.rstrip().rpartition(" ")
         if not count.isdigit():
             continue
+        frame = stack.split(";")[-1]
+        if frame.startswith(IDLE_FRAMES):
+            continue
         total += int(count)
-        own[stack.split(";")[-1]] += int(count)
+        own[frame] += int(count)
     return [f"  {100 * c / total:5.1f} %  {frame[:120]}" for frame, c in own.most_common(n)]
 
 
@@ -101,7 +108,8 @@ def main(out: str) -> int:
             f"{r['client_cores']:.2f} cores" for r in ceiling))
     top = spy_top(out)
     if top:
-        print("\nserver py-spy, own time of the top frames (all threads):\n" + "\n".join(top))
+        print("\nserver py-spy, own time of the busiest frames (all threads, waits in "
+              "select/poll left out):\n" + "\n".join(top))
     return 0
 
 
