@@ -76,6 +76,15 @@ def waiting_reason(snap) -> str:
     return "admitted at the next step"
 
 
+SHORT_REASONS = (("max_num_seqs", "seqs full"), ("token budget", "budget full"),
+                 ("no free KV", "no KV block"), ("admitted", "next step"))
+
+
+def short_reason(reason: str) -> str:
+    """A waiting reason in a narrow progress column (the full words are in ? help)."""
+    return next((short for start, short in SHORT_REASONS if reason.startswith(start)), reason)
+
+
 def arrange(requests, sort: str = "arrival", state: str | None = None) -> list:
     """Rows to show: filtered by state ("active" = any active one), then sorted."""
     if state == "active":
@@ -93,7 +102,11 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
     """What the request is doing, as a bar plus words, exactly `width` cells."""
     if r.state == "prefilling":
         n = r.chunks_total(budget)
-        label = f" chunk {r.chunks_done}/{n} {r.computed_tokens}/{r.prefill_target}"
+        # the longest words that leave the bar 3 cells: "chunk k/n" is never cut
+        label = next((w for w in (f" chunk {r.chunks_done}/{n} {r.computed_tokens}/"
+                                  f"{r.prefill_target}", f" chunk {r.chunks_done}/{n}",
+                                  f" {r.chunks_done}/{n}") if len(w) + 3 <= width),
+                     f" {r.chunks_done}/{n}")
         frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
     elif r.state in ("decoding", "dedup"):
         label = f" {r.output_tokens}/{r.max_tokens}"
@@ -104,6 +117,8 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
             "preempted": (f"preempted ×{r.preemptions}: recompute", "#ff6b6b"),
             "error": (f"error: {r.error or ''}", "#ff5555"),
         }.get(r.state, (r.finish_reason or r.state, "dim"))
+        if r.state == "waiting" and len(text) > width:
+            text = short_reason(text)
         return [Segment(_fit(text, width, "<"), st(style))]
     bw = max(3, width - len(label))
     return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
