@@ -271,3 +271,20 @@ async def test_nothing_is_cut_mid_word_at_120x40():
     waiting = dataclasses.replace(view, state="waiting")
     text = "".join(seg.text for seg in progress_cell(waiting, 32, 11, "max_num_seqs 16 full"))
     assert text.strip() == "seqs full"
+
+
+@sync
+async def test_the_selected_request_shows_its_output_at_80x24():
+    from roseplay.widgets.requests import RequestDetail
+    snap = session_snapshot(12)
+    view = next(r for r in snap.requests if r.state == "decoding")
+    view = dataclasses.replace(view, prompt_preview="a long system prompt " * 20,
+                               text="GENERATED words stream here")
+    snap = dataclasses.replace(snap, requests=(view,) + tuple(
+        r for r in snap.requests if r.request_id != view.request_id))
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        detail = widget_text(app.query_one(RequestDetail))
+        assert "GENERATED words stream here" in detail and "a long system prompt" in detail

@@ -337,13 +337,20 @@ class RequestDetail(Widget):
         if r is None:
             t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
         else:
+            # the prompt gets at most half the lines: the output always shows (80x24: 3)
+            width, lines = max(20, self.size.width), max(2, self.size.height)
+            prompt_lines = max(1, lines // 2)
+            head = f"{r.request_id} [{r.state}] "
             t.append(f"{r.request_id} ", STATE_STYLE.get(r.state, ""))
             t.append(f"[{r.state}] ", STATE_STYLE.get(r.state, ""))
-            t.append(r.prompt_preview.replace("\n", " ⏎ "), "dim italic")
+            prompt = r.prompt_preview.replace("\n", " ⏎ ")
+            fits = width * prompt_lines - len(head)
+            t.append(prompt if len(prompt) <= fits else prompt[:max(0, fits - 1)] + "…",
+                     "dim italic")
             t.append("\n")
             text = r.text or output_text(r, tokenizer)
             if text:
-                room = max(40, self.size.width * (self.size.height - 2))
+                room = max(20, width * (lines - prompt_lines) - 2)
                 text = text if len(text) <= room else "…" + text[-room:]
                 t.append(text.replace("\n", " ⏎ "), "bold")
             elif r.output_tokens and tokenizer is None:
