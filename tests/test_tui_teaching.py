@@ -288,3 +288,20 @@ async def test_the_selected_request_shows_its_output_at_80x24():
         await pilot.pause()
         detail = widget_text(app.query_one(RequestDetail))
         assert "GENERATED words stream here" in detail and "a long system prompt" in detail
+
+
+def test_a_quit_during_the_load_stops_only_this_processes_engine():
+    import subprocess
+    import sys
+
+    from roseplay.early_start import ENGINE_MODULE, stop_loading_engines
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              ENGINE_MODULE])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert stop_loading_engines() == [child.pid]
+        assert child.wait(10) != 0 and other.poll() is None
+    finally:
+        for p in (child, other):
+            p.kill()
+            p.wait()
