@@ -3,14 +3,16 @@
 
     python docs/make_screenshot.py [--model default] [--seconds 24] [--compare]
 
-Serves shared-prefix with a 128-token budget (so prompts are chunked), turns the prefix
-cache off for a while and back on (the TTFT curve shows it), then saves the screen.
+Serves the app's default workload (scenario mixed, 32 in flight over max_num_seqs 16,
+roseplay/cli.py), turns the prefix cache off for a while and back on, then switches the
+queue to priority order (the plots mark each change), and saves the screen.
 """
 import argparse
 import asyncio
 import os
 
 from roseplay.app import RoseplayApp
+from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, TUI_SCENARIO
 from roseplay.source import start_live
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -19,14 +21,17 @@ OUT_COMPARE = os.path.join(HERE, "screenshot_compare.svg")
 
 
 async def shoot(model: str, seconds: float) -> None:
-    src = start_live(dict(model=model, device="cpu", num_blocks=512, max_num_batched_tokens=128),
-                     scenario="shared-prefix", concurrency=16, temperature=0.8)
+    src = start_live(dict(model=model, device="cpu", num_blocks=TUI_NUM_BLOCKS,
+                          max_num_seqs=TUI_MAX_NUM_SEQS), scenario=TUI_SCENARIO,
+                     concurrency=TUI_CONCURRENCY, temperature=0.8)
     app = RoseplayApp(source=src)
     async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.pause(seconds * 0.45)
+        await pilot.pause(seconds * 0.35)
         await pilot.press("c")                # prefix cache off ...
-        await pilot.pause(seconds * 0.3)
+        await pilot.pause(seconds * 0.25)
         await pilot.press("c")                # ... and on again
+        await pilot.pause(seconds * 0.15)
+        await pilot.press("p")                # fcfs -> priority: the chat turns go first
         await pilot.pause(seconds * 0.25)
         app.save_screenshot(OUT)
     src.close()

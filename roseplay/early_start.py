@@ -12,7 +12,33 @@ import threading
 from typing import Callable
 
 
-LOAD_WAIT_S = 30.0      # a quit during the load waits this long at most for it to end
+LOAD_WAIT_S = 5.0       # a quit during the load waits this long at most for it to end
+ENGINE_MODULE = "engine.ipc.core_proc"    # the engine process's `python -m` module
+
+
+def stop_loading_engines() -> list[int]:
+    """SIGTERM this process's engine children (a quit during the load): the client
+    waiting for one sees it end, fails at once and removes the engine's /tmp folder,
+    instead of the interpreter's exit killing that thread halfway (the folder stayed)."""
+    import os
+    import signal
+    me, stopped = os.getpid(), []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if ENGINE_MODULE.encode() not in fh.read():
+                    continue
+            os.kill(int(entry), signal.SIGTERM)
+            stopped.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue        # gone meanwhile, or not ours to read
+    return stopped
 
 
 class EarlyStart:
@@ -47,10 +73,10 @@ class EarlyStart:
 
     def release(self, wait: float = LOAD_WAIT_S) -> None:
         """After the app: close a source it never took (it failed before loading, or quit
-        first), and let the thread end. A quit during the load waits (up to `wait` s)
-        for it to end: the engine's socket folder in /tmp goes with its close, not with
-        the interpreter's exit, which would kill this daemon thread halfway."""
-        if not self.taken:
+        first), and let the thread end. A quit during the load stops the engine process
+        being started and waits (up to `wait` s) for its client to clean up."""
+        if not self.taken and not self._ready.is_set():
+            stop_loading_engines()      # its client then fails, and removes its folder
             self._ready.wait(wait)
         with self._lock:
             self._closing = True

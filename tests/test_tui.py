@@ -249,10 +249,10 @@ async def test_clear_prefix_cache_frees_cached_blocks(source):
 async def test_help_screen_opens_and_closes(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("question_mark")
-        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("question_mark")      # a loaded machine may take a few frames
+        assert await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", 10)
         await pilot.press("escape")
-        assert type(app.screen).__name__ != "HelpScreen"
+        assert await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", 10)
 
 
 @sync

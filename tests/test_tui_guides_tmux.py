@@ -38,3 +38,28 @@ def test_every_guide_shows_its_claim_on_screen_in_time(tmp_path):
             assert fh.read().strip() == "0"
     finally:
         tmux.kill()
+
+
+def test_quit_during_the_load_leaves_nothing_in_tmp(tmp_path):
+    """The engine's socket folder (/tmp/roseplay-*) goes with a quit while it loads."""
+    import glob
+    exit_file = str(tmp_path / "exit_code")
+    before = set(glob.glob("/tmp/roseplay-*"))
+    tmux = Tmux([sys.executable, "-m", "roseplay"], exit_file)
+    try:
+        tmux.wait(lambda t: "loading" in t, 30)
+        deadline = time.monotonic() + 20
+        mine: set = set()
+        while not mine and time.monotonic() < deadline:    # the engine's folder exists
+            mine = set(glob.glob("/tmp/roseplay-*")) - before
+            time.sleep(0.05)
+        assert mine
+        tmux.keys("q")
+        deadline = time.monotonic() + 10
+        while not os.path.exists(exit_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(exit_file) as fh:
+            assert fh.read().strip() == "0"
+        assert not [d for d in mine if os.path.exists(d)], mine
+    finally:
+        tmux.kill()

@@ -245,3 +245,63 @@ async def test_time_series_for_a_tuner_with_a_mark_where_a_knob_changed():
         plot = app.query_one("#plot-kv", Plot)
         styles = [seg.style.bgcolor for seg in plot.render_line(0) if seg.style and seg.style.bgcolor]
         assert sum(str(c.name).lower() == MARK_BG for c in styles) == 1     # one marked column
+
+
+@sync
+async def test_nothing_is_cut_mid_word_at_120x40():
+    from roseplay.widgets.knobs import KnobsPanel
+    from roseplay.widgets.requests import progress_cell
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.source.seek(12)
+        app.refresh_panels()
+        await pilot.pause()
+        legend = widget_text(app.query_one(KVLegend)).splitlines()
+        assert not legend[0].rstrip("│ ").endswith("…") and "cached" in legend[0]
+        knobs = widget_text(app.query_one(KnobsPanel)).splitlines()[1:-1]
+        rows = [line for line in knobs if "…" in line and "(? help)" not in line]
+        assert not rows, rows
+    snap = session_snapshot(12)
+    view = dataclasses.replace(next(r for r in snap.requests if r.state == "decoding"),
+                               state="prefilling", chunks_done=2, computed_tokens=64,
+                               prefill_target=256)
+    for width in (11, 16, 30):      # the progress column at 80, 120 and 200 columns
+        text = "".join(seg.text for seg in progress_cell(view, 32, width))
+        assert len(text) == width and "2/8" in text and "…" not in text, text
+    waiting = dataclasses.replace(view, state="waiting")
+    text = "".join(seg.text for seg in progress_cell(waiting, 32, 11, "max_num_seqs 16 full"))
+    assert text.strip() == "seqs full"
+
+
+@sync
+async def test_the_selected_request_shows_its_output_at_80x24():
+    from roseplay.widgets.requests import RequestDetail
+    snap = session_snapshot(12)
+    view = next(r for r in snap.requests if r.state == "decoding")
+    view = dataclasses.replace(view, prompt_preview="a long system prompt " * 20,
+                               text="GENERATED words stream here")
+    snap = dataclasses.replace(snap, requests=(view,) + tuple(
+        r for r in snap.requests if r.request_id != view.request_id))
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        detail = widget_text(app.query_one(RequestDetail))
+        assert "GENERATED words stream here" in detail and "a long system prompt" in detail
+
+
+def test_a_quit_during_the_load_stops_only_this_processes_engine():
+    import subprocess
+    import sys
+
+    from roseplay.early_start import ENGINE_MODULE, stop_loading_engines
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              ENGINE_MODULE])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert stop_loading_engines() == [child.pid]
+        assert child.wait(10) != 0 and other.poll() is None
+    finally:
+        for p in (child, other):
+            p.kill()
+            p.wait()

@@ -101,10 +101,11 @@ class KnobsPanel(Widget):
                       "  as fast as slots free" if rate is None else "  Poisson arrivals"))
         width = max(len(r[2]) for r in rows) + 2      # values never run into their names
         short = self.size.width and self.size.width < width + 6 + 23    # short names fit
+        room = (self.size.width or 200) - (6 + width + 23)     # what a note may take
         t = Text(no_wrap=True, overflow="ellipsis")
-        for key, name, value, note in rows:
+        for key, name, value, note in rows:     # a note is shown whole or not at all
             self._row(t, key, SHORT_NAMES.get(name, name) if short else name, value,
-                      "" if short else note, width)
+                      "" if short or len(note) > room else note, width)
         t.rstrip()
         content = (t, self._help_text(read_only))
         if content != self._content:

@@ -291,12 +291,12 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
         if tier == 0:       # the initial on its colour: f(ree) u(sed) s(hared) c(ached)
             t.append(NAMES[cat][0], bg[cat])
             t.append(f" {counts[cat]}  ", "bold")
-        else:
+        else:       # tier 1 (a 120-column screen): no padding, so the four fit in 44
             swatch = "  " if tier == 2 else " "
             t.append(*((CACHED_GLYPH * len(swatch), styles()["fg"][CACHED]) if cat == CACHED
                        else (swatch, Style(bgcolor=styles()["colors"][cat]))))
-            t.append(f" {NAMES[cat]} ")
-            t.append(f"{counts[cat]} " + " " * tier, "bold")
+            t.append(f" {NAMES[cat]} " if tier == 2 else f"{NAMES[cat]} ")
+            t.append(f"{counts[cat]} " + "  " * (tier == 2), "bold")
     if selected_id:
         t.append(" ", Style(bgcolor=styles()["colors"][SELECTED]))
         t.append(f" {selected_id}")

@@ -76,6 +76,15 @@ def waiting_reason(snap) -> str:
     return "admitted at the next step"
 
 
+SHORT_REASONS = (("max_num_seqs", "seqs full"), ("token budget", "budget full"),
+                 ("no free KV", "no KV block"), ("admitted", "next step"))
+
+
+def short_reason(reason: str) -> str:
+    """A waiting reason in a narrow progress column (the full words are in ? help)."""
+    return next((short for start, short in SHORT_REASONS if reason.startswith(start)), reason)
+
+
 def arrange(requests, sort: str = "arrival", state: str | None = None) -> list:
     """Rows to show: filtered by state ("active" = any active one), then sorted."""
     if state == "active":
@@ -93,7 +102,11 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
     """What the request is doing, as a bar plus words, exactly `width` cells."""
     if r.state == "prefilling":
         n = r.chunks_total(budget)
-        label = f" chunk {r.chunks_done}/{n} {r.computed_tokens}/{r.prefill_target}"
+        # the longest words that leave the bar 3 cells: "chunk k/n" is never cut
+        label = next((w for w in (f" chunk {r.chunks_done}/{n} {r.computed_tokens}/"
+                                  f"{r.prefill_target}", f" chunk {r.chunks_done}/{n}",
+                                  f" {r.chunks_done}/{n}") if len(w) + 3 <= width),
+                     f" {r.chunks_done}/{n}")
         frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
     elif r.state in ("decoding", "dedup"):
         label = f" {r.output_tokens}/{r.max_tokens}"
@@ -104,6 +117,8 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
             "preempted": (f"preempted ×{r.preemptions}: recompute", "#ff6b6b"),
             "error": (f"error: {r.error or ''}", "#ff5555"),
         }.get(r.state, (r.finish_reason or r.state, "dim"))
+        if r.state == "waiting" and len(text) > width:
+            text = short_reason(text)
         return [Segment(_fit(text, width, "<"), st(style))]
     bw = max(3, width - len(label))
     return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
@@ -322,13 +337,20 @@ class RequestDetail(Widget):
         if r is None:
             t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
         else:
+            # the prompt gets at most half the lines: the output always shows (80x24: 3)
+            width, lines = max(20, self.size.width), max(2, self.size.height)
+            prompt_lines = max(1, lines // 2)
+            head = f"{r.request_id} [{r.state}] "
             t.append(f"{r.request_id} ", STATE_STYLE.get(r.state, ""))
             t.append(f"[{r.state}] ", STATE_STYLE.get(r.state, ""))
-            t.append(r.prompt_preview.replace("\n", " ⏎ "), "dim italic")
+            prompt = r.prompt_preview.replace("\n", " ⏎ ")
+            fits = width * prompt_lines - len(head)
+            t.append(prompt if len(prompt) <= fits else prompt[:max(0, fits - 1)] + "…",
+                     "dim italic")
             t.append("\n")
             text = r.text or output_text(r, tokenizer)
             if text:
-                room = max(40, self.size.width * (self.size.height - 2))
+                room = max(20, width * (lines - prompt_lines) - 2)
                 text = text if len(text) <= room else "…" + text[-room:]
                 t.append(text.replace("\n", " ⏎ "), "bold")
             elif r.output_tokens and tokenizer is None:
