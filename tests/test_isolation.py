@@ -125,3 +125,38 @@ def test_a_failed_submit_leaves_no_state_and_its_id_is_reusable(client, solo):
     assert client.wait_idle(TIMEOUT)
     assert client.outputs.states == {}              # nothing leaked in the front
     assert client.fatal_error is None
+
+
+HOSTILE_BODIES = [  # (body changes, words of the 400's message)
+    ({"top_k": 2 ** 64}, "top_k must be an integer in [-1, 2147483647]"),
+    ({"top_k": 2 ** 63, "temperature": 1}, "top_k must be an integer in [-1, 2147483647]"),
+    ({"stop_token_ids": [2 ** 64]}, "stop_token_ids entry must be an integer in [0, "),
+    ({"seed": 2 ** 70}, "seed must be an integer in [0, 18446744073709551615]"),
+    ({"stop": ["\ud800"]}, "stop is not valid Unicode"),
+    ({"prompt": "a\ud800b"}, "prompt is not valid Unicode"),
+]
+
+
+def test_hostile_values_over_http_get_a_400_naming_the_field(client):
+    """The same boundary behind `roseplay serve` (its app on this engine process)."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from roseplay.serve.app import build_app
+    with TestClient(build_app(client), raise_server_exceptions=False) as http:
+        for changes, words in HOSTILE_BODIES:
+            body = {"model": "default", "prompt": PROMPT, "max_tokens": 8, **changes}
+            r = http.post("/v1/completions", content=json.dumps(body),   # lone surrogates:
+                          headers={"content-type": "application/json"})  # json.dumps escapes
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        chat = {"model": "default", "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hi \udfff"}]}
+        r = http.post("/v1/chat/completions", content=json.dumps(chat),
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "messages is not valid Unicode" in r.text
+        r = http.post("/v1/completions", json={"model": "default", "prompt": PROMPT,
+                                               "max_tokens": 8, "temperature": 0,
+                                               "ignore_eos": True})
+        assert r.status_code == 200
+    assert client.wait_idle(TIMEOUT) and client.outputs.states == {}

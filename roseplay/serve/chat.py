@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.validation import check_text
 from roseplay.serve.errors import invalid
 
 PLAY_TEMPLATE = (
@@ -54,4 +55,5 @@ def render(tokenizer, template: str, messages: list[dict],
                                              add_generation_prompt=add_generation_prompt)
     except Exception as exc:   # a template error is the request's (or the template's) fault
         raise invalid(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
+    check_text("messages", text)      # a lone surrogate fails in the tokenizer: a 400 here
     return text, list(tokenizer.encode(text, add_special_tokens=False))

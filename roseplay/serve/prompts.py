@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.config import InvalidRequestError
+from engine.validation import check_text
 from roseplay.serve import chat
 from roseplay.serve.errors import invalid
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -35,6 +36,7 @@ def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int) ->
                           "list of integers), not text", "prompt")
         if not prompt:
             raise InvalidRequestError("prompt is empty")
+        check_text("prompt", prompt)    # a lone surrogate fails in the tokenizer: a 400 here
         return {"prompt_token_ids": list(tokenizer.encode(prompt)), "prompt": prompt}
     if prompt and not 0 <= min(prompt) <= max(prompt) < vocab_size:   # before decoding them
         raise invalid(f"token ids must be in [0, {vocab_size}); got min "
