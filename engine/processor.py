@@ -16,7 +16,7 @@ from typing import Callable
 
 from engine.codes import REASON_ERROR, REASON_STOP
 from engine.config import InvalidRequestError, check_priority
-from engine.detokenizer import IncrementalDetokenizer
+from engine.detokenizer import make_detokenizer
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
 from engine.validation import check_request_id, check_text
@@ -128,7 +128,7 @@ class RequestState:
     params: SamplingParams
     on_event: Callable[[StreamEvent], None] | None    # token stream (None: finish only)
     on_finish: Callable[[StreamEvent], None] | None
-    detok: IncrementalDetokenizer | None
+    detok: object | None           # engine/detokenizer.py: step(output_ids, text)
     output_ids: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     text: str = ""
@@ -152,7 +152,7 @@ class OutputProcessor:
         p = creq.params
         # text is decoded incrementally only when someone reads it per step or it is
         # needed for stop strings; otherwise once, at the end
-        detok = (IncrementalDetokenizer(self.tokenizer, p.stop)
+        detok = (make_detokenizer(self.tokenizer, p.stop)
                  if self.tokenizer is not None and (p.stop or on_event is not None) else None)
         self.states[creq.request_id] = RequestState(
             creq.request_id, prompt_text, creq.prompt_token_ids, p, on_event, on_finish, detok)
