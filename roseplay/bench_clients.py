@@ -1,5 +1,5 @@
 """The load of `roseplay bench --base-url`: one asyncio client, or `--num-clients N`
-processes of them sharing one report.
+processes of them sharing one report (a ClientPool, alive for the whole bench).
 
 One Python process reads some tens of thousands of SSE events per second; a GPU engine
 streams more (W1: ~65k tokens/s), so the load splits over processes: request i goes to
@@ -76,16 +76,18 @@ async def drive(job: Job, on_done=None, ready=None) -> tuple[list[Outcome], floa
         return outcomes, time.process_time() - cpu0, time.perf_counter() - t0
 
 
-def _worker(job: Job, barrier, done, results) -> None:
-    """A client process: build its client, wait for the others, run its share, send
-    back what it saw."""
-    try:
-        def tick():
-            with done.get_lock():
-                done.value += 1
-        results.put(asyncio.run(drive(job, tick, lambda: barrier.wait(JOIN_TIMEOUT_S))))
-    except BaseException as exc:          # the parent must hear of it, not wait forever
-        results.put(exc)
+def _worker(inbox, barrier, done, results) -> None:
+    """A client process: for each job (None: stop), build its HTTP client, wait for the
+    others, run its share, send back what it saw. It lives for the whole bench, so the
+    warm-up also warms it (lazy imports, first-call code paths)."""
+    def tick():
+        with done.get_lock():
+            done.value += 1
+    while (job := inbox.get()) is not None:
+        try:
+            results.put(asyncio.run(drive(job, tick, lambda: barrier.wait(JOIN_TIMEOUT_S))))
+        except BaseException as exc:      # the parent must hear of it, not wait forever
+            results.put(exc)
 
 
 def split(job: Job, n: int) -> list[Job]:
@@ -95,11 +97,11 @@ def split(job: Job, n: int) -> list[Job]:
             for k in range(n)]
 
 
-def run_load(job: Job, num_clients: int = 1, on_progress=None
+def run_load(job: Job, pool: "ClientPool | None" = None, on_progress=None
              ) -> tuple[list[Outcome], ClientLoad]:
-    """Run `job` from this process (1) or `num_clients` spawned processes; outcomes in
+    """Run `job` from this process (no pool) or the pool's processes; outcomes in
     request order. on_progress(n finished) is called from this process."""
-    if num_clients <= 1:
+    if pool is None:
         count = [0]
 
         def tick():
@@ -109,39 +111,59 @@ def run_load(job: Job, num_clients: int = 1, on_progress=None
         outcomes, cpu, wall = asyncio.run(drive(job, tick))
         load = ClientLoad(1, cpu, wall, cpu / wall if wall else 0.0)
     else:
-        outcomes, load = _run_processes(split(job, num_clients), on_progress)
+        outcomes, load = pool.run(job, on_progress)
     outcomes.sort(key=lambda o: o.index)
     load.chunks = sum(len(o.times) for o in outcomes)
     return outcomes, load
 
 
-def _run_processes(jobs: list[Job], on_progress) -> tuple[list[Outcome], ClientLoad]:
-    ctx = mp.get_context("spawn")          # no fork of a process with threads and sockets
-    barrier, done, results = ctx.Barrier(len(jobs)), ctx.Value("i", 0), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(j, barrier, done, results), daemon=True,
-                         name=f"roseplay-bench-client-{k}") for k, j in enumerate(jobs)]
-    for p in procs:
-        p.start()
-    got: list = []
-    try:
-        while len(got) < len(procs):
+class ClientPool:
+    """N spawned client processes for the whole bench (warm-up and every run)."""
+
+    def __init__(self, n: int):
+        ctx = mp.get_context("spawn")      # no fork of a process with threads and sockets
+        self.n = n
+        self._barrier, self._done, self._results = ctx.Barrier(n), ctx.Value("i", 0), ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(n)]
+        self._procs = [ctx.Process(target=_worker, daemon=True, name=f"roseplay-bench-client-{k}",
+                                   args=(q, self._barrier, self._done, self._results))
+                       for k, q in enumerate(self._inboxes)]
+        for p in self._procs:
+            p.start()
+
+    def run(self, job: Job, on_progress=None) -> tuple[list[Outcome], ClientLoad]:
+        with self._done.get_lock():
+            self._done.value = 0
+        for inbox, share in zip(self._inboxes, split(job, self.n)):
+            inbox.put(share)
+        got: list = []
+        while len(got) < self.n:
             try:
-                got.append(results.get(timeout=0.1))
+                got.append(self._results.get(timeout=0.1))
             except queue.Empty:
-                if not any(p.is_alive() for p in procs) and results.empty():
+                if not all(p.is_alive() for p in self._procs):
                     raise RuntimeError("a bench client process died") from None
             if on_progress:
-                on_progress(done.value)
-    finally:
-        for p in procs:
-            p.join(JOIN_TIMEOUT_S if not got or len(got) == len(procs) else 0.1)
+                on_progress(self._done.value)
+        errors = [g for g in got if isinstance(g, BaseException)]
+        if errors:
+            raise RuntimeError(f"bench client process failed: {errors[0]!r}")
+        outcomes = [o for g in got for o in g[0]]
+        load = ClientLoad(self.n, sum(g[1] for g in got), max(g[2] for g in got),
+                          max(g[1] / g[2] for g in got if g[2]))
+        return outcomes, load
+
+    def close(self) -> None:
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for p in self._procs:
+            p.join(JOIN_TIMEOUT_S)
             if p.is_alive():
                 p.terminate()
                 p.join(5)
-    errors = [g for g in got if isinstance(g, BaseException)]
-    if errors:
-        raise RuntimeError(f"bench client process failed: {errors[0]!r}")
-    outcomes = [o for g in got for o in g[0]]
-    load = ClientLoad(len(jobs), sum(g[1] for g in got), max(g[2] for g in got),
-                      max(g[1] / g[2] for g in got if g[2]))
-    return outcomes, load
+
+    def __enter__(self) -> "ClientPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -16,13 +16,14 @@ Warm-up requests run first, as in-process, but a remote prefix cache cannot be c
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import httpx
 from rich.console import Console
 
 from roseplay import bench_report as report
-from roseplay.bench_clients import ClientLoad, Job, run_load
+from roseplay.bench_clients import ClientLoad, ClientPool, Job, run_load
 from roseplay.bench_common import arrivals, progress, workload_items
 from roseplay.bench_sse import Outcome
 from roseplay.cli_flags import goodput_slos
@@ -133,10 +134,11 @@ def run(args, console: Console) -> int:
         return 2
     t0 = time.perf_counter()
     runs = []
-    with progress(console, args) as bar:
+    pool = ClientPool(args.num_clients) if args.num_clients > 1 else None
+    with progress(console, args) as bar, (pool or contextlib.nullcontext()):
         def load(j: Job, label: str):
             task = bar.add_task(label, total=len(j.requests))
-            return run_load(j, args.num_clients, lambda n: bar.update(task, completed=n))
+            return run_load(j, pool, lambda n: bar.update(task, completed=n))
         if warm_job:
             load(warm_job, "warm-up")
         for i in range(args.repeat):      # measured runs on the same server, one by one

@@ -13,6 +13,7 @@
 set -u
 OUT=${OUT:-gpu_serve}
 source "$(dirname "$0")/gpu_common.sh"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}     # scripts/*.py import roseplay from here
 MODEL=${MODEL:-dummy:qwen2.5-0.5b}; DEVICE=${DEVICE:-auto}
 NUM_PROMPTS=${NUM_PROMPTS:-256}; INPUT_LEN=${INPUT_LEN:-512}; OUTPUT_LEN=${OUTPUT_LEN:-128}
 WARMUP=${WARMUP:-16}; REPEAT=${REPEAT:-5}; NUM_CLIENTS=${NUM_CLIENTS:-4}

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from roseplay.bench_clients import Job, run_load, split
+from roseplay.bench_clients import ClientPool, Job, run_load, split
 from roseplay.bench_sse import SSEParser, has_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +77,11 @@ def test_two_client_processes_share_one_report(canned):
     reqs = [(i, body(10 + i), 3) for i in range(12)]
     job = Job(canned, "/v1/completions", {}, reqs, [0.0] * 12, 12)
     seen = []
-    outcomes, load = run_load(job, num_clients=2, on_progress=seen.append)
+    with ClientPool(2) as pool:
+        run_load(job, pool)                    # a warm-up: the same processes run again
+        outcomes, load = run_load(job, pool, on_progress=seen.append)
+        procs = pool._procs
+    assert not any(p.is_alive() for p in procs)
     assert [o.index for o in outcomes] == list(range(12))
     assert all(o.error is None for o in outcomes)
     # 4 tokens a chunk: ceil((10 + i) / 4) chunks, the usage's tokens, from both processes
@@ -93,11 +97,11 @@ def test_two_client_processes_share_one_report(canned):
 def test_ceiling_tool_reports_rates_and_client_cpu(tmp_path, capsys):
     out = tmp_path / "ceiling.json"
     assert client_ceiling.main(["--num-prompts", "16", "--output-len", "8", "--repeat", "1",
-                                "--num-clients", "1", "--json", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "--num-clients 1:" in text and "chunks/s" in text and "cores" in text
+                                "--num-clients", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out      # `roseplay bench --num-clients 2` end to end
+    assert "--num-clients 2:" in text and "chunks/s" in text and "cores" in text
     (row,) = __import__("json").loads(out.read_text())
-    assert row["output_tok_s"] > 0 and row["chunks_per_s"] > 0 and row["client_cores"] > 0
+    assert row["num_clients"] == 2 and row["output_tok_s"] > 0 and row["chunks_per_s"] > 0 and row["client_cores"] > 0
 
 
 def test_canned_server_and_its_workers_exit_on_terminate():

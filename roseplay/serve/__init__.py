@@ -4,7 +4,8 @@ Modules, one job each:
   protocol.py   OpenAI request/response models (pydantic) and request -> SamplingParams
   errors.py     OpenAI error JSON, status mapping, API-key check, body-size limit
   chat.py       chat templates (the tokenizer's, or the bundled model's own)
-  bridge.py     engine events -> asyncio (on_event + call_soon_threadsafe), cancellation
+  bridge.py     engine events -> asyncio (a Mailbox: one wake-up per batch), cancellation
+  streaming.py  the SSE body: queued events coalesced per choice, msgspec-encoded chunks
   metrics.py    Prometheus metrics with vLLM's names
   routes.py     /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
   app.py        build_app(loop, ServeConfig): the FastAPI app
