@@ -263,7 +263,9 @@ class Actions:
         skipped = self._control(apply_guide, self.source, guide, knob="scenario")
         if skipped is not None:
             self.mark_change(f"guide {key}")
-            note = f" (skipped {', '.join(skipped)}: not a knob here)" if skipped else ""
+            fixed = getattr(self.source, "knob", None)
+            why = "this view compares it" if skipped == [fixed] else "not a knob here"
+            note = f" (skipped {', '.join(skipped)}: {why})" if skipped else ""
             self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=5)
 
     async def action_quit(self) -> None:
