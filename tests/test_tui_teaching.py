@@ -322,3 +322,11 @@ async def test_a_replay_seek_keeps_the_plots_history():
         # bridging the jump (nor, after a seek back, a fresh start)
         assert points >= int((entries[-1].t - entries[0].t) / 0.75), points
         assert len(app.query_one("#plot-tput", Plot).values) == points
+
+
+def test_a_tall_map_panel_uses_its_rows():
+    # 512 blocks in the map of a 200x60 screen (85 columns, 31 rows): two columns per
+    # block with a blank row between (25 rows), not the packed 13 rows
+    assert KVMap.pick_mode(512, 85, 31)[::2] == ("tall", 25)
+    assert KVMap.pick_mode(512, 85, 20)[0] == "digits"
+    assert KVMap.pick_mode(96, 85, 31)[0] == "roomy"
