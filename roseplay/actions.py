@@ -142,6 +142,8 @@ class Actions:
             elif name in ("speed", "seek") and isinstance(self.source, ReplaySource):
                 fn = self.source.set_speed if name == "speed" else self.source.seek_by
                 self._control(fn, float(text))
+                if name == "seek":
+                    self.replay_history()
         except ValueError as exc:
             self.notify(f"{name}: {exc}", severity="warning", timeout=4)
 
@@ -170,9 +172,31 @@ class Actions:
     # -- replay ------------------------------------------------------------------------------
     def action_seek(self, seconds: float) -> None:
         self._control(self.source.seek_by, seconds)
+        self.replay_history()
 
     def action_seek_to(self, index: int) -> None:
         self._control(self.source.seek, index if index >= 0 else len(self.source.recording) - 1)
+        self.replay_history()
+
+    def replay_history(self) -> None:
+        """After a seek: the plots' history up to the new position, from the recording
+        (the plots would otherwise start empty, or bridge the jump with one point)."""
+        from roseplay.widgets.timing import BUCKET, HISTORY
+        src = self.source
+        if not isinstance(src, ReplaySource):
+            return
+        entries, end = src.recording.entries, src.index
+        since, last = entries[end].t - HISTORY * BUCKET, None
+        history = self.timing.history
+        history.reset()
+        for i, entry in enumerate(entries[:end + 1]):
+            if entry.t < since or (last is not None and entry.t - last < BUCKET / 2
+                                   and i < end):
+                continue
+            history.feed(src.recording[i].snapshot)     # two frames per point: < 0.5 s
+            last = entry.t                              # for 2 minutes of history
+        self.timing.reset_shown()
+        self.refresh_panels()
 
     def action_speed(self, direction: int) -> None:
         speeds = ReplaySource.SPEEDS
@@ -263,7 +287,9 @@ class Actions:
         skipped = self._control(apply_guide, self.source, guide, knob="scenario")
         if skipped is not None:
             self.mark_change(f"guide {key}")
-            note = f" (skipped {', '.join(skipped)}: not a knob here)" if skipped else ""
+            fixed = getattr(self.source, "knob", None)
+            why = "this view compares it" if skipped == [fixed] else "not a knob here"
+            note = f" (skipped {', '.join(skipped)}: {why})" if skipped else ""
             self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=5)
 
     async def action_quit(self) -> None:

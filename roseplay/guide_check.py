@@ -43,7 +43,14 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
     last = source.snapshot()
     t0, t1 = first.time, last.time
     a, b = first.counters, last.counters
-    ttft = list(ttfts.values())
+    # a request still waiting for its first token at the end counts with its age so far
+    # (a lower bound): without it a setup that delays long prompts past the window would
+    # look fast, its slowest requests left out
+    ttft = list(ttfts.values()) + [
+        last.time - r.arrival_time for r in last.requests
+        if r.ttft is None and r.state in ("waiting", "prefilling", "preempted")
+        and r.arrival_time >= first.time and r.request_id not in ttfts]
+    steps = [s for s in last.recent_steps if s.step > first.step]
     itl = [g for t, g in last.recent_itls if t0 < t <= t1]
     queried = b.prefix_queried_tokens - a.prefix_queried_tokens
     return dict(
@@ -55,7 +62,10 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
         preemptions=b.preemptions - a.preemptions, evictions=b.evictions - a.evictions,
         running=float(np.mean(running)) if running else 0.0,
         waiting=float(np.mean(waiting)) if waiting else 0.0,
-        kv_used=float(np.mean(used)) if used else 0.0)
+        kv_used=float(np.mean(used)) if used else 0.0,
+        # steps that ran decodes and prefill chunks together (budget, mixed-chunk modes)
+        mixed_steps=sum(bool(s.decode_tokens and s.prefill_tokens) for s in steps)
+        / max(1, len(steps)))
 
 
 def run_setup(source, guide, seconds: float, warmup: float = 1.0) -> dict:

@@ -305,3 +305,28 @@ def test_a_quit_during_the_load_stops_only_this_processes_engine():
         for p in (child, other):
             p.kill()
             p.wait()
+
+
+@sync
+async def test_a_replay_seek_keeps_the_plots_history():
+    from roseplay.widgets.timing import Plot
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        entries = app.source.recording.entries
+        await pilot.press("G")                  # from the first frame to the last
+        await pilot.pause()
+        points = len(app.timing.history.series["tput"])
+        # one point per 0.5 s of the recording up to the new position, not one point
+        # bridging the jump (nor, after a seek back, a fresh start)
+        assert points >= int((entries[-1].t - entries[0].t) / 0.75), points
+        assert len(app.query_one("#plot-tput", Plot).values) == points
+
+
+def test_a_tall_map_panel_uses_its_rows():
+    # 512 blocks in the map of a 200x60 screen (85 columns, 31 rows): two columns per
+    # block with a blank row between (25 rows), not the packed 13 rows
+    assert KVMap.pick_mode(512, 85, 31)[::2] == ("tall", 25)
+    assert KVMap.pick_mode(512, 85, 20)[0] == "digits"
+    assert KVMap.pick_mode(96, 85, 31)[0] == "roomy"

@@ -90,8 +90,11 @@ class KVMap(ScrollView):
     DEFAULT_CSS = """
     KVMap { height: 1fr; min-height: 3; scrollbar-size-vertical: 1; }
     """
-    MODES = ("roomy", "digits", "solid", "half")
-    CELL = {"roomy": 3, "digits": 2, "solid": 1, "half": 1}     # columns per block
+    # roomiest first; "roomy" and "tall" leave a blank row between block rows (a tall
+    # panel, 200x60, used to fall to "digits" and fill half its rows)
+    MODES = ("roomy", "tall", "digits", "solid", "half")
+    CELL = {"roomy": 3, "tall": 2, "digits": 2, "solid": 1, "half": 1}     # columns per block
+    SPACED = ("roomy", "tall")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -120,7 +123,7 @@ class KVMap(ScrollView):
         rows = np.unique(changed // self.cols)
         if self.mode == "half":
             rows = np.unique(rows // 2)
-        elif self.mode == "roomy":
+        elif self.mode in self.SPACED:
             rows = rows * 2
         top = int(self.scroll_offset.y)
         for row in rows.tolist():
@@ -140,20 +143,25 @@ class KVMap(ScrollView):
         # scrollbar goes, so `z` then `Z` used to leave the map a mode too dense
         region = self.size
         n, width, height = len(self._cat), max(1, region.width - 1), max(1, region.height)
-        for mode in self.MODES:
-            cols, rows = self._geometry(mode, n, width)
-            if rows <= height:
-                break
-        self.mode, self.cols = mode, cols
+        self.mode, self.cols, rows = self.pick_mode(n, width, height)
         self._strips.clear()
         self.virtual_size = Size(width, rows)
         self.refresh()
+
+    @classmethod
+    def pick_mode(cls, n: int, width: int, height: int) -> tuple[str, int, int]:
+        """(mode, blocks per row, text rows): the roomiest mode whose rows fit."""
+        for mode in cls.MODES:
+            cols, rows = cls._geometry(mode, n, width)
+            if rows <= height:
+                break
+        return mode, cols, rows
 
     @staticmethod
     def _geometry(mode: str, n: int, width: int) -> tuple[int, int]:
         cols = max(1, width // KVMap.CELL[mode])
         block_rows = -(-n // cols)
-        if mode == "roomy":
+        if mode in KVMap.SPACED:
             return cols, 2 * block_rows - 1
         return cols, (-(-block_rows // 2) if mode == "half" else block_rows)
 
@@ -167,7 +175,7 @@ class KVMap(ScrollView):
     def _build(self, row: int) -> Strip:
         if self.mode == "half":
             return self._build_half(row)
-        if self.mode == "roomy":
+        if self.mode in self.SPACED:
             if row % 2:
                 return Strip([])
             row //= 2
@@ -179,7 +187,7 @@ class KVMap(ScrollView):
             char, style = _cell(cat, fl, rc, self.mode)
             if self.mode == "roomy":
                 segments += [Segment(" " + char, style), Segment(" ", _BLANK)]
-            elif self.mode == "digits":
+            elif self.mode in ("digits", "tall"):
                 segments += [Segment(char, style), Segment(" ", _BLANK)]
             elif segments and segments[-1].style is style:
                 segments[-1] = Segment(segments[-1].text + char, style)
@@ -215,7 +223,7 @@ class KVMap(ScrollView):
 
     def block_at(self, x: int, y: int) -> int | None:
         row = y + int(self.scroll_offset.y)
-        if self.mode == "roomy":
+        if self.mode in self.SPACED:
             if row % 2:
                 return None
             row //= 2
@@ -251,7 +259,7 @@ def _cell(cat: int, fl: int, rc: int, mode: str) -> tuple[str, Style]:
         return char, sty["flash"][fl]
     if cat == CACHED:
         return CACHED_GLYPH, sty["fg"][CACHED]
-    if mode == "digits" and not char.strip():   # a 7/8 block leaves a gap between rows
+    if mode in ("digits", "tall") and not char.strip():   # 7/8 of a cell: rows stay apart
         return "▇", sty["fg"][cat]
     return char, sty["bg"][cat]
 
@@ -330,7 +338,7 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
 
 
 def _cell_words(mode: str) -> str:
-    return {"roomy": "digit = refcount", "digits": "digit = refcount",
+    return {"roomy": "digit = refcount", "tall": "digit = refcount", "digits": "digit = refcount",
             "solid": "digit when ref>1"}.get(mode, "2 blocks per cell")
 
 
