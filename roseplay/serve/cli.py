@@ -176,7 +176,9 @@ def _serve_group(loop, config, args) -> int:
         group = ApiServerGroup(args.api_server_count, loop, config, args.host,
                                sock.getsockname()[1], args.log_level)
         try:
-            code = serve_forever(build_app(loop, config), args.host, args.port, args.log_level,
+            app = build_app(loop, config)        # while the API servers start
+            group.wait_ready()
+            code = serve_forever(app, args.host, args.port, args.log_level,
                                  sock=sock, watch=group.check, on_stop=group.stop)
             return group.wait(code, config.shutdown_timeout + 2 * FLUSH_S + 5)
         finally:

@@ -74,11 +74,14 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 
 
 class ApiServerGroup:
-    """The serve process's API servers 1..N-1: start, watch, stop, reap."""
+    """The serve process's API servers 1..N-1: start, watch, stop, reap. They start
+    while this process builds its own app (both import the tokenizer's libraries);
+    `wait_ready()` before serving."""
 
     def __init__(self, count: int, loop, config, host: str, port: int, log_level: str):
         self.metrics_dir = tempfile.mkdtemp(prefix="roseplay-metrics-")   # mode 0700
         self.procs: list[subprocess.Popen] = []
+        self._pipes: list = []
         self.stopping = False
         self.died: str | None = None
         enable_metrics(self.metrics_dir, 0)
@@ -99,7 +102,6 @@ class ApiServerGroup:
                            if k != "api_key"},
                 "host": host, "port": port, "log_level": log_level, "address": loop.address,
                 "engine_pid": loop.proc.pid, "parent_pid": os.getpid()}
-        pipes = []
         for index in range(1, count):
             read_fd, write_fd = os.pipe()
             env[API_SERVER_INDEX_ENV] = str(index)
@@ -110,16 +112,19 @@ class ApiServerGroup:
                                                    stdin=subprocess.DEVNULL, process_group=0))
             finally:
                 os.close(write_fd)
-            pipes.append(os.fdopen(read_fd, "rb", buffering=0))
+            self._pipes.append(os.fdopen(read_fd, "rb", buffering=0))
+
+    def wait_ready(self) -> None:
+        """Until every API server listens (RuntimeError if one failed)."""
         try:
-            self._wait_ready(pipes)
+            self._wait_ready()
         finally:
-            for p in pipes:
+            for p in self._pipes:
                 p.close()
 
-    def _wait_ready(self, pipes) -> None:
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        waiting = dict(zip(pipes, self.procs))
+        waiting = dict(zip(self._pipes, self.procs))
         while waiting:
             ready = select.select(list(waiting), [], [], 0.5)[0]
             for pipe in ready:
@@ -171,6 +176,8 @@ class ApiServerGroup:
 
     def close(self) -> None:
         """Nothing left behind: no process, no metrics directory."""
+        for p in self._pipes:
+            p.close()
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
