@@ -7,6 +7,7 @@ stops the group (exit 5). Each server check ends with nothing left: no process, 
 engine socket dir or metrics dir."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -156,6 +157,20 @@ def test_reset_prefix_cache_clears_the_engine_cache(group):
     assert httpx.post(group.url + "/reset_prefix_cache", timeout=10).status_code == 200
     _, hits3 = _after_request(group.url, prompt)        # cold again: no new hits
     assert hits3 == hits2
+
+
+def test_bench_repeats_start_with_a_cold_prefix_cache(group, tmp_path, capsys):
+    """bench --base-url clears the server's prefix cache before each run: the second run
+    of the same prompts finds none of the first's (without the reset it would hit them
+    all)."""
+    from roseplay import bench
+    path = tmp_path / "out.json"
+    rc = bench.main(["--base-url", group.url, "--scenario", "random", "--num-prompts", "4",
+                     "--input-len", "64", "--output-len", "2", "--warmup", "0", "--repeat",
+                     "2", "--no-progress", "--json", str(path)])
+    assert rc == 0, capsys.readouterr().out
+    delta = json.loads(path.read_text())["server_metrics_delta"]      # the last run's
+    assert delta[QUERIES] >= 4 * 48 and delta[HITS] == 0, delta
 
 
 def test_sigterm_drains_every_process_and_exits_0(group):
