@@ -14,7 +14,8 @@ the kernel spreads new connections over them.
   at exit), so any process's /metrics sums every process's histograms and counters;
   `roseplay:api_server_requests_total{api_server}` says which process served what.
 - Shutdown: SIGTERM/Ctrl-C to the serve process is passed on once to every API server
-  (each in its own process group, so a terminal's Ctrl-C reaches them only this way);
+  (each in its own process group, so a terminal's Ctrl-C reaches them only this way; a
+  second Ctrl-C goes on as SIGINT, which skips their drain too);
   each drains for --shutdown-timeout; the engine stops after the last one exits. An API
   server that dies makes the serve process stop the rest and exit EXIT_API_SERVER_DIED.
   Each API server watches the engine and the serve process (pidfd): if either goes, its
@@ -146,14 +147,15 @@ class ApiServerGroup:
                 return EXIT_API_SERVER_DIED, self.died
         return None
 
-    def stop(self) -> None:
-        """Pass the stop on, once: every API server drains on its own."""
-        if self.stopping:
+    def stop(self, force: bool = False) -> None:
+        """Pass the stop on: SIGTERM once (every API server drains on its own); with
+        force (a second Ctrl-C here) SIGINT, which makes uvicorn skip the drain there."""
+        if self.stopping and not force:
             return
         self.stopping = True
         for proc in self.procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGINT if force else signal.SIGTERM)
 
     def wait(self, own_code: int, timeout: float) -> int:
         """Wait for the API servers (each drains up to --shutdown-timeout); the group's

@@ -98,7 +98,8 @@ class Server(uvicorn.Server):
 
     def __init__(self, app, log_level: str, watch=None, on_stop=None):
         """watch() -> (exit code, reason) or None, checked every tick (a process of the
-        group gone: multiproc.py); on_stop() runs as the shutdown begins."""
+        group gone: multiproc.py); on_stop(force) runs as the shutdown begins (False)
+        and at a second Ctrl-C (True: skip the drain)."""
         super().__init__(_config(app, log_level))
         self.serve_state = app.state.serve
         self.exit_code = EXIT_DRAINED
@@ -117,9 +118,14 @@ class Server(uvicorn.Server):
             self.should_exit = True
         return await super().on_tick(counter)
 
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        if self.force_exit and self.on_stop is not None:
+            self.on_stop(True)
+
     async def shutdown(self, sockets=None) -> None:
         if self.on_stop is not None:
-            self.on_stop()
+            self.on_stop(False)
         for server in self.servers:          # stop accepting: new connections are refused
             server.close()
         for sock in sockets or []:
