@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 
@@ -65,11 +66,18 @@ class GroupProc(ServeProc):
         return engine[0]
 
     def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:
-            for pid in self.api_pids:
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+        if self.proc.poll() is None:     # the module's server (a test failed): stop it
+            self.signal(signal.SIGINT)
+            self.signal(signal.SIGINT)   # a second Ctrl-C: no drain
+            try:
+                self.wait(60)
+            except Exception:            # noqa: BLE001 - killed below
+                for pid in self.api_pids:
+                    if alive(pid):
+                        os.kill(pid, signal.SIGKILL)
         super().__exit__(*exc)
+        if self.metrics_dir:             # what a killed serve process cannot remove
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
     def assert_clean(self) -> None:
         super().assert_clean()
