@@ -47,7 +47,6 @@ from roseplay.serve.shutdown import EXIT_CUT, EXIT_DRAINED, EXIT_ENGINE_DIED
 API_KEY_ENV = "ROSEPLAY_API_KEY"                    # as `roseplay serve --api-key`'s default
 EXIT_API_SERVER_DIED = 5
 START_TIMEOUT_S = 300.0     # an API server loads the tokenizer and imports torch
-WATCH_INTERVAL_S = 0.2
 
 
 def enable_metrics(path: str, index: int) -> None:
@@ -207,6 +206,8 @@ def watch_group(loop, engine_pid: int, parent_pid: int) -> None:
 
 
 def api_server_main(argv: list[str] | None = None) -> int:
+    """API server 1..N-1: attach to the engine, bind the shared port, say "ready" on the
+    status pipe, serve until the serve process says stop (exit codes as serve's)."""
     p = argparse.ArgumentParser(prog="python -m roseplay.serve.multiproc")
     p.add_argument("--spec", required=True, help="JSON: ServeConfig, host, port, address...")
     p.add_argument("--status-fd", type=int, required=True)
