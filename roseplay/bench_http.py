@@ -12,7 +12,9 @@ token ids (exactly the in-process prompt); /v1/chat/completions gets their text.
 
 The tokenizer comes from --model (default: the server's first model, which for
 `roseplay serve` on the bundled model is "default"); dummy:* presets need none.
-Warm-up requests run first, as in-process, but a remote prefix cache cannot be cleared.
+Warm-up requests run first, as in-process; before each measured run the server's prefix
+cache is cleared (POST /reset_prefix_cache, vLLM's dev endpoint, which `roseplay serve`
+has; a server without it answers 404 and keeps its cache), as the direct bench clears it.
 """
 from __future__ import annotations
 
@@ -93,6 +95,16 @@ SERVER_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
                      "e2e": "vllm:e2e_request_latency_seconds"}
 
 
+def reset_prefix_cache(base_url: str, headers: dict) -> bool:
+    """Clear the server's prefix cache so that a run does not hit the previous run's
+    prompts; False when the server has no such endpoint (404/405) or it failed."""
+    try:
+        r = httpx.post(base_url.rstrip("/") + "/reset_prefix_cache", headers=headers, timeout=10)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200
+
+
 def scrape_counters(base_url: str, headers: dict) -> dict[str, float]:
     """Prefix-cache and preemption counters and the latency histograms' sums and counts
     from /metrics (roseplay serve, vLLM)."""
@@ -142,6 +154,7 @@ def run(args, console: Console) -> int:
         if warm_job:
             load(warm_job, "warm-up")
         for i in range(args.repeat):      # measured runs on the same server, one by one
+            reset_prefix_cache(args.base_url, headers)
             before = scrape_counters(args.base_url, headers)
             outcomes, client = load(job, f"{args.endpoint} @ {args.base_url}" + (
                 f" run {i + 1}/{args.repeat}" if args.repeat > 1 else ""))

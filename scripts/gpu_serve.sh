@@ -2,7 +2,8 @@
 # One call: W1 through `roseplay serve` next to the direct bench (issue 31; docs/SERVE.md
 # "Performance"). In order: the load client's ceiling against canned tokens, the direct
 # W1 (--repeat 5), the direct closed loop, then `roseplay serve` + `bench --base-url`
-# W1 (--repeat 5, the client's CPU, the server's and engine's CPU), the closed loop of
+# W1 (--repeat 5, the client's CPU, the server's and engine's CPU; API_SERVERS API-server
+# processes, `serve --api-server-count`, default 4), the closed loop of
 # CLOSED_INFLIGHT requests in flight through HTTP, W1 from one client process, and last
 # py-spy of the server (when installed) over runs of its own. Logs and JSON in $OUT; $OUT/summary.md at the end. About 5 minutes on an H100;
 # every step's timeout is cut to what is left of BUDGET_S (default 480 s), so the summary
@@ -18,7 +19,7 @@ MODEL=${MODEL:-dummy:qwen2.5-0.5b}; DEVICE=${DEVICE:-auto}
 NUM_PROMPTS=${NUM_PROMPTS:-256}; INPUT_LEN=${INPUT_LEN:-512}; OUTPUT_LEN=${OUTPUT_LEN:-128}
 WARMUP=${WARMUP:-16}; REPEAT=${REPEAT:-5}; NUM_CLIENTS=${NUM_CLIENTS:-4}
 CLOSED_PROMPTS=${CLOSED_PROMPTS:-1024}; CLOSED_INFLIGHT=${CLOSED_INFLIGHT:-256}
-PORT=${PORT:-18731}; SERVER_START_S=${SERVER_START_S:-300}
+PORT=${PORT:-18731}; SERVER_START_S=${SERVER_START_S:-300}; API_SERVERS=${API_SERVERS:-4}
 ENG="--model $MODEL --device $DEVICE --max-num-batched-tokens 8192 --max-num-seqs 256"
 W1="--scenario random --num-prompts $NUM_PROMPTS --input-len $INPUT_LEN --output-len $OUTPUT_LEN --warmup $WARMUP --no-progress"
 CLOSED="--scenario random --num-prompts $CLOSED_PROMPTS --max-concurrency $CLOSED_INFLIGHT --input-len $INPUT_LEN --output-len $OUTPUT_LEN --warmup $WARMUP --no-progress"
@@ -33,7 +34,8 @@ step direct_w1 $(lim 200) python3 -m roseplay bench $ENG $W1 --repeat $REPEAT --
 step direct_closed $(lim 200) python3 -m roseplay bench $ENG $CLOSED --json "$OUT/direct_closed.json"
 
 # the server in its own process group: whatever happens, the group (server + engine) goes
-setsid python3 -m roseplay serve $ENG --port $PORT --log-level warning > "$OUT/serve.log" 2>&1 &
+setsid python3 -m roseplay serve $ENG --port $PORT --api-server-count $API_SERVERS \
+  --log-level warning > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 stop_server() {
   kill -INT -- -$SERVER 2>/dev/null
@@ -59,6 +61,8 @@ sys.exit(1)
 PY
 echo "== server up" | tee -a "$SUMMARY"
 cpu() { for p in $SERVER $(cat /proc/$SERVER/task/*/children 2>/dev/null); do awk -v p=$p '{printf "%s %.2f ", p, ($14+$15)/100}' /proc/$p/stat; done; }
+for p in $SERVER $(cat /proc/$SERVER/task/*/children 2>/dev/null); do    # which pid is what
+  echo "$p $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-80)"; done > "$OUT/server_pids.txt"
 echo "before $(date +%s.%N) $(cpu)" > "$OUT/server_cpu.txt"
 step http_w1 $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 --repeat $REPEAT \
   --num-clients $NUM_CLIENTS --json "$OUT/http_w1.json"

@@ -14,6 +14,7 @@ from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, engine_kwa
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST
 from roseplay.serve.app import DEFAULT_TIMEOUT_KEEP_ALIVE_S, DEFAULT_TIMEOUT_REQUEST_READ_S
+from roseplay.serve.multiproc import EXIT_API_SERVER_DIED
 from roseplay.serve.shutdown import (DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_CUT, EXIT_DRAINED,
                                      EXIT_ENGINE_DIED)
 
@@ -30,8 +31,9 @@ server shutting down.
 
 exit codes: %d stopped (SIGTERM/Ctrl-C) after every open request finished, %d stopped
 with requests ended by an error at the --shutdown-timeout, %d the engine process failed
-(every open request got an error first), 2 bad flags or model.
-""" % (EXIT_DRAINED, EXIT_CUT, EXIT_ENGINE_DIED)
+(every open request got an error first), %d an API-server process died
+(--api-server-count), 2 bad flags or model.
+""" % (EXIT_DRAINED, EXIT_CUT, EXIT_ENGINE_DIED, EXIT_API_SERVER_DIED)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_key_flag(s)
     s.add_argument("--in-process", action="store_true",
                    help="Run the engine on a thread of the server process (the old way).")
+    s.add_argument("--api-server-count", type=int, default=1, metavar="N",
+                   help="API-server processes on the one engine process (default: 1). With "
+                        "N > 1 the kernel spreads connections over N processes on the same "
+                        "host:port (SO_REUSEPORT), for when one server process's CPU is the "
+                        "limit; /metrics sums them all (docs/SERVE.md \"Performance\").")
     add_engine_flags(p)
     return p
 
@@ -99,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = serve_config(args)
+        check_api_server_count(args)
     except ValueError as exc:
         build_parser().error(str(exc))
     from roseplay.serve.app import build_app    # lazy: --help needs no engine
@@ -118,12 +126,18 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         if args.tui:
             return _serve_with_tui(build_app(loop, config), args, address)
-        from roseplay.serve.server import serve_forever
-        code = serve_forever(build_app(loop, config), args.host, args.port, args.log_level)
+        if args.api_server_count > 1:
+            code = _serve_group(loop, config, args)
+        else:
+            from roseplay.serve.server import serve_forever
+            code = serve_forever(build_app(loop, config), args.host, args.port, args.log_level)
     except KeyboardInterrupt:    # a second Ctrl-C during the drain
         code = EXIT_CUT
     except OSError as exc:
         print(f"roseplay serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:     # an API-server process did not start
+        print(f"roseplay serve: {exc}", file=sys.stderr)
         return 1
     finally:
         loop.close()
@@ -136,9 +150,41 @@ def _report_exit(code: int, engine_error: str | None) -> None:
         print(f"roseplay serve: the engine failed ({engine_error}); every open request "
               f"got an error; exiting with {code} so a supervisor restarts the server",
               file=sys.stderr)
+    elif code == EXIT_API_SERVER_DIED:
+        print(f"roseplay serve: an API-server process died; stopped the others (exit code "
+              f"{code})", file=sys.stderr)
     elif code == EXIT_CUT:
         print(f"roseplay serve: stopped; open requests were ended with an error at the "
               f"--shutdown-timeout (exit code {code})", file=sys.stderr)
+
+
+def check_api_server_count(args) -> None:
+    if args.api_server_count < 1:
+        raise ValueError("--api-server-count must be >= 1")
+    if args.api_server_count > 1 and (args.tui or args.in_process):
+        raise ValueError("--api-server-count > 1 needs the engine in its own process and "
+                         "no --tui (drop --in-process / --tui)")
+
+
+def _serve_group(loop, config, args) -> int:
+    """API server 0 here, 1..N-1 in processes of their own (multiproc.py)."""
+    from roseplay.serve.app import build_app
+    from roseplay.serve.multiproc import ApiServerGroup, reuse_port_socket
+    from roseplay.serve.server import FLUSH_S, serve_forever
+    sock = reuse_port_socket(args.host, args.port)
+    try:
+        group = ApiServerGroup(args.api_server_count, loop, config, args.host,
+                               sock.getsockname()[1], args.log_level)
+        try:
+            app = build_app(loop, config)        # while the API servers start
+            group.wait_ready()
+            code = serve_forever(app, args.host, args.port, args.log_level,
+                                 sock=sock, watch=group.check, on_stop=group.stop)
+            return group.wait(code, config.shutdown_timeout + 2 * FLUSH_S + 5)
+        finally:
+            group.close()
+    finally:
+        sock.close()
 
 
 def _engine(args):

@@ -141,15 +141,19 @@ def bearer_token(header: bytes) -> bytes | None:
     return token.strip() if scheme.lower() == b"bearer" else None
 
 
+KEYED_DEV_PATHS = frozenset({"/reset_prefix_cache"})
+
+
 class ApiKeyMiddleware:
-    """Require `Authorization: Bearer KEY` on /v1/* (as vLLM's --api-key); /health and
-    /metrics stay open for probes and scrapers."""
+    """Require `Authorization: Bearer KEY` on /v1/* and the dev endpoints (as vLLM's
+    --api-key); /health and /metrics stay open for probes and scrapers."""
 
     def __init__(self, app, api_key: str):
         self.app, self._expected = app, api_key.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and (scope["path"].startswith("/v1")
+                                        or scope["path"] in KEYED_DEV_PATHS):
             got = bearer_token(dict(scope["headers"]).get(b"authorization", b"")) or b""
             if not secrets.compare_digest(got, self._expected):
                 return await _send_error(send, OpenAIError(

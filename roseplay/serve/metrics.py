@@ -6,10 +6,18 @@ snapshots, so they are true on the default engine-process path too. Latency
 histograms and per-request counters are observed in the front from the stream events
 (token_times are the engine's emit timestamps, on the perf_counter clock of arrival).
 Names and buckets follow vLLM's v1 metrics (vllm/v1/metrics/loggers.py).
+
+With several API-server processes (multiproc.py sets $PROMETHEUS_MULTIPROC_DIR) the
+front's histograms and counters live in prometheus_client's per-process files and
+/metrics sums every process's (MultiProcessCollector); the engine's figures come from
+this process's EngineStats, which every client of the engine receives alike.
 """
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
@@ -27,6 +35,8 @@ ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
                0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.01, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"         # prometheus_client's own variable
+API_SERVER_INDEX_ENV = "ROSEPLAY_API_SERVER_INDEX"  # which process observed a request
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
@@ -107,6 +117,16 @@ class ServerMetrics:
                                 lab + ["finished_reason"], registry=reg)
         for reason in (REASON_STOP, REASON_LENGTH, "abort", REASON_ERROR):
             self._success.labels(model_name, reason)      # 0 from the start, as vLLM
+        self._served = None
+        multiproc_dir = os.environ.get(MULTIPROC_ENV)
+        if multiproc_dir:     # a registry that reads every process's files
+            self.registry = CollectorRegistry()
+            self.registry.register(EngineStatsCollector(loop, model_name))
+            MultiProcessCollector(self.registry, multiproc_dir)
+            self._served = Counter("roseplay:api_server_requests", "Finished requests "
+                                   "(choices) by API-server process (--api-server-count).",
+                                   lab + ["api_server"], registry=None).labels(
+                model_name, os.environ.get(API_SERVER_INDEX_ENV, "0"))
 
     def observe_tokens(self, arrival: float, prev_time: float | None, times) -> None:
         """One stream event's token timestamps (prev_time: the request's last token)."""
@@ -123,6 +143,8 @@ class ServerMetrics:
         are counted once, with the first."""
         reason = "abort" if finish_reason == REASON_CANCELLED else finish_reason or "unknown"
         self._success.labels(self.model, reason).inc()
+        if self._served is not None:
+            self._served.inc()
         self.e2e.observe(max(0.0, finish_time - arrival))
         if output is None:
             return

@@ -1,4 +1,5 @@
-"""The endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+"""The endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics,
+and vLLM's dev endpoint POST /reset_prefix_cache.
 
 Both generation endpoints share one path (inputs -> Generation -> a Formatter that
 writes the endpoint's JSON). Streaming is SSE (`data: {json}\\n\\n` ... `data: [DONE]`),
@@ -169,3 +170,12 @@ async def health(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(request: Request):
+    """Drop the engine's cached prefix blocks (as vLLM's dev endpoint): a bench's repeated
+    runs each start cold. Sent before any later request of this process reaches the
+    engine; running requests keep their blocks (they are no longer found as prefixes)."""
+    _state(request).loop.clear_prefix_cache()
+    return Response(status_code=200)

@@ -96,11 +96,15 @@ def _config(app, log_level: str) -> uvicorn.Config:
 class Server(uvicorn.Server):
     """uvicorn with a drain before its own shutdown, and a watch on the engine."""
 
-    def __init__(self, app, log_level: str):
+    def __init__(self, app, log_level: str, watch=None, on_stop=None):
+        """watch() -> (exit code, reason) or None, checked every tick (a process of the
+        group gone: multiproc.py); on_stop(force) runs as the shutdown begins (False)
+        and at a second Ctrl-C (True: skip the drain)."""
         super().__init__(_config(app, log_level))
         self.serve_state = app.state.serve
         self.exit_code = EXIT_DRAINED
         self.engine_error: str | None = None
+        self.watch, self.on_stop = watch, on_stop
 
     async def on_tick(self, counter: int) -> bool:
         if self.engine_error is None and (err := self.serve_state.engine_error()):
@@ -108,9 +112,20 @@ class Server(uvicorn.Server):
             self.exit_code = EXIT_ENGINE_DIED
             logger.error("roseplay serve: the engine failed (%s); stopping", err)
             self.should_exit = True
+        elif self.watch is not None and (failed := self.watch()):
+            self.exit_code, reason = failed
+            logger.error("roseplay serve: %s; stopping", reason)
+            self.should_exit = True
         return await super().on_tick(counter)
 
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        if self.force_exit and self.on_stop is not None:
+            self.on_stop(True)
+
     async def shutdown(self, sockets=None) -> None:
+        if self.on_stop is not None:
+            self.on_stop(False)
         for server in self.servers:          # stop accepting: new connections are refused
             server.close()
         for sock in sockets or []:
@@ -175,11 +190,13 @@ class ServerThread:
         self.stop()
 
 
-def serve_forever(app, host: str, port: int, log_level: str = "info") -> int:
+def serve_forever(app, host: str, port: int, log_level: str = "info", sock=None,
+                  watch=None, on_stop=None) -> int:
     """The CLI: uvicorn in the foreground until SIGTERM or Ctrl-C (uvicorn takes the
-    signals); returns the exit code (shutdown.py: drained, cut, or the engine died)."""
-    sock = bind(host, port)
-    server = Server(app, log_level)
+    signals); returns the exit code (shutdown.py: drained, cut, or the engine died).
+    sock: a socket bound already (SO_REUSEPORT, multiproc.py); watch, on_stop: Server's."""
+    sock = sock or bind(host, port)
+    server = Server(app, log_level, watch, on_stop)
     try:
         server.run(sockets=[sock])
     finally:
