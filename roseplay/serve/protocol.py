@@ -33,7 +33,8 @@ def _check_utf8(value, param: str) -> None:
                               param) from None
     elif isinstance(value, (list, tuple)):
         for item in value:
-            _check_utf8(item, param)
+            if type(item) is not int:       # token-id prompts: nothing to check, skip fast
+                _check_utf8(item, param)
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_utf8(key, param)
