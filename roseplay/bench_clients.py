@@ -76,6 +76,16 @@ async def drive(job: Job, on_done=None, ready=None) -> tuple[list[Outcome], floa
         return outcomes, time.process_time() - cpu0, time.perf_counter() - t0
 
 
+
+def run_loop(coro):
+    """Run the client's event loop: uvloop's when installed (uvicorn picks it for the server
+    the same way), since the client's per-chunk work is event-loop work."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
 def _worker(inbox, barrier, done, results) -> None:
     """A client process: for each job (None: stop), build its HTTP client, wait for the
     others, run its share, send back what it saw. It lives for the whole bench, so the
@@ -85,7 +95,7 @@ def _worker(inbox, barrier, done, results) -> None:
             done.value += 1
     while (job := inbox.get()) is not None:
         try:
-            results.put(asyncio.run(drive(job, tick, lambda: barrier.wait(JOIN_TIMEOUT_S))))
+            results.put(run_loop(drive(job, tick, lambda: barrier.wait(JOIN_TIMEOUT_S))))
         except BaseException as exc:      # the parent must hear of it, not wait forever
             results.put(exc)
 
@@ -108,7 +118,7 @@ def run_load(job: Job, pool: "ClientPool | None" = None, on_progress=None
             count[0] += 1
             if on_progress:
                 on_progress(count[0])
-        outcomes, cpu, wall = asyncio.run(drive(job, tick))
+        outcomes, cpu, wall = run_loop(drive(job, tick))
         load = ClientLoad(1, cpu, wall, cpu / wall if wall else 0.0)
     else:
         outcomes, load = pool.run(job, on_progress)
