@@ -3,7 +3,7 @@
 # "Performance"). In order: the load client's ceiling against canned tokens, the direct
 # W1 (--repeat 5), the direct closed loop, then `roseplay serve` + `bench --base-url`
 # W1 (--repeat 5, the client's CPU, the server's and engine's CPU; API_SERVERS API-server
-# processes, `serve --api-server-count`, default 4), the closed loop of
+# processes, `serve --api-server-count`, default 8; NUM_CLIENTS client processes, default 6), the closed loop of
 # CLOSED_INFLIGHT requests in flight through HTTP, W1 from one client process, and last
 # py-spy of the server (when installed) over runs of its own. Logs and JSON in $OUT; $OUT/summary.md at the end. About 5 minutes on an H100;
 # every step's timeout is cut to what is left of BUDGET_S (default 480 s), so the summary
@@ -17,9 +17,9 @@ source "$(dirname "$0")/gpu_common.sh"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}     # scripts/*.py import roseplay from here
 MODEL=${MODEL:-dummy:qwen2.5-0.5b}; DEVICE=${DEVICE:-auto}
 NUM_PROMPTS=${NUM_PROMPTS:-256}; INPUT_LEN=${INPUT_LEN:-512}; OUTPUT_LEN=${OUTPUT_LEN:-128}
-WARMUP=${WARMUP:-16}; REPEAT=${REPEAT:-5}; NUM_CLIENTS=${NUM_CLIENTS:-4}
+WARMUP=${WARMUP:-16}; REPEAT=${REPEAT:-5}; NUM_CLIENTS=${NUM_CLIENTS:-6}
 CLOSED_PROMPTS=${CLOSED_PROMPTS:-1024}; CLOSED_INFLIGHT=${CLOSED_INFLIGHT:-256}
-PORT=${PORT:-18731}; SERVER_START_S=${SERVER_START_S:-300}; API_SERVERS=${API_SERVERS:-4}
+PORT=${PORT:-18731}; SERVER_START_S=${SERVER_START_S:-300}; API_SERVERS=${API_SERVERS:-8}
 ENG="--model $MODEL --device $DEVICE --max-num-batched-tokens 8192 --max-num-seqs 256"
 W1="--scenario random --num-prompts $NUM_PROMPTS --input-len $INPUT_LEN --output-len $OUTPUT_LEN --warmup $WARMUP --no-progress"
 CLOSED="--scenario random --num-prompts $CLOSED_PROMPTS --max-concurrency $CLOSED_INFLIGHT --input-len $INPUT_LEN --output-len $OUTPUT_LEN --warmup $WARMUP --no-progress"
@@ -31,7 +31,7 @@ SPY=${SPY:-$(command -v py-spy || ls /tmp/site/bin/py-spy 2>/dev/null || true)}
 step ceiling $(lim 120) python3 scripts/client_ceiling.py --num-prompts 256 --output-len 128 \
   --num-clients 1 $NUM_CLIENTS --server-workers $NUM_CLIENTS --repeat 3 --json "$OUT/ceiling.json"
 step direct_w1 $(lim 200) python3 -m roseplay bench $ENG $W1 --repeat $REPEAT --json "$OUT/direct_w1.json"
-step direct_closed $(lim 200) python3 -m roseplay bench $ENG $CLOSED --json "$OUT/direct_closed.json"
+step direct_closed $(lim 200) python3 -m roseplay bench $ENG $CLOSED --repeat $REPEAT --json "$OUT/direct_closed.json"
 
 # the server in its own process group: whatever happens, the group (server + engine) goes
 setsid python3 -m roseplay serve $ENG --port $PORT --api-server-count $API_SERVERS \
@@ -67,7 +67,7 @@ echo "before $(date +%s.%N) $(cpu)" > "$OUT/server_cpu.txt"
 step http_w1 $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 --repeat $REPEAT \
   --num-clients $NUM_CLIENTS --json "$OUT/http_w1.json"
 echo "after $(date +%s.%N) $(cpu)" >> "$OUT/server_cpu.txt"
-step http_closed $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $CLOSED \
+step http_closed $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $CLOSED --repeat $REPEAT \
   --num-clients $NUM_CLIENTS --json "$OUT/http_closed.json"
 step http_w1_one_client $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 \
   --repeat $REPEAT --num-clients 1 --json "$OUT/http_w1_one_client.json"
