@@ -21,7 +21,8 @@ from textual.widgets import Footer, Static
 from roseplay.actions import Actions
 from roseplay.commands import RoseplayCommands
 from roseplay.keys import action_mode, bindings
-from roseplay.lifecycle import SourceLoaded, install_exit_signals, remove_exit_signals, start_loading
+from roseplay.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
+                                remove_exit_signals, start_loading)
 from roseplay.layout import LEFT, RIGHT, TITLES, plan
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import EventLog, flash_blocks
@@ -114,9 +115,13 @@ class RoseplayApp(Actions, App):
             self.refresh_panels()
 
     def _exit_on_signal(self, signum: int) -> None:
-        """SIGTERM / SIGHUP: the normal exit (the terminal is restored), code 128 + N."""
+        """SIGTERM / SIGHUP: the normal exit (the terminal is restored), code 128 + N.
+        A hang-up often means the terminal is gone, and then the driver's last writes can
+        block or fail forever: a watchdog ends the process if the exit has not within
+        EXIT_GRACE_S (the engine is closed first either way)."""
         self.close_source()
         self.exit(return_code=128 + signum)
+        exit_watchdog(128 + signum)
 
     def set_slos(self, slos: dict[str, float]) -> None:
         """Goodput SLOs for every timing panel (they count from the next redraw)."""

@@ -24,11 +24,12 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
     """Let the setup settle for `warmup` s, then read `seconds` of it."""
     time.sleep(warmup)
     first = source.snapshot()
-    running, waiting, used = [], [], []
+    running, waiting, used, waiting_len = [], [], [], []
     # TTFT of every request whose first token came in the window, running or finished
     # (finished ones alone would leave a slow setup with no sample at all)
     seen = {r.request_id for r in first.requests if r.ttft is not None}
     ttfts: dict[str, float] = {}
+    chunks: dict[str, int] = {}       # prefill chunks of each request that got its first token
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         time.sleep(SAMPLE_EVERY)
@@ -37,6 +38,9 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
             running.append(snap.last_step.num_running)
             waiting.append(snap.last_step.num_waiting)
         used.append(snap.num_used / max(1, snap.num_blocks))
+        waiting_len.extend(r.prompt_tokens for r in snap.requests if r.state == "waiting")
+        chunks.update((r.request_id, r.chunks_done) for r in snap.requests
+                      if r.ttft is not None and r.request_id not in seen)
         ttfts.update((r.request_id, r.ttft) for r in snap.requests
                      if r.ttft is not None and r.request_id not in seen
                      and r.state not in ("cancelled", "error"))
@@ -57,6 +61,9 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
         seconds=t1 - t0, finished=b.finished - a.finished,
         tok_s=(b.generated_tokens - a.generated_tokens) / max(t1 - t0, 1e-9),
         ttft_p50=_pct(ttft, 50), ttft_p90=_pct(ttft, 90),
+        chunks_p90=_pct(list(chunks.values()), 90),
+        # what the queue holds: a priority policy leaves the long low-priority documents
+        waiting_prompt_len=float(np.mean(waiting_len)) if waiting_len else 0.0,
         itl_p50=_pct(itl, 50), itl_p99=_pct(itl, 99),
         hit_rate=(b.prefix_hit_tokens - a.prefix_hit_tokens) / queried if queried else 0.0,
         preemptions=b.preemptions - a.preemptions, evictions=b.evictions - a.evictions,

@@ -14,6 +14,7 @@ would kill the process with the terminal still in the app's modes.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import threading
 from typing import Callable
@@ -21,6 +22,7 @@ from typing import Callable
 from textual.message import Message
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+EXIT_GRACE_S = 3.0      # after an exit signal: the normal exit's time, then a hard exit
 
 
 class SourceLoaded(Message):
@@ -68,3 +70,11 @@ def remove_exit_signals() -> None:
         return
     for sig in EXIT_SIGNALS:
         loop.remove_signal_handler(sig)
+
+
+def exit_watchdog(code: int, grace: float = EXIT_GRACE_S) -> None:
+    """End the process with `code` if it is still alive `grace` s from now (a daemon timer:
+    a normal exit ends the interpreter first and the timer with it)."""
+    timer = threading.Timer(grace, os._exit, (code,))
+    timer.daemon = True
+    timer.start()

@@ -3,10 +3,12 @@ Quit in the footer, quits with 0. It runs `python -m roseplay` from this checkou
 installed `roseplay` script may point at another one)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -52,8 +54,32 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"timed out; the screen shows:\n{self.screen()}")
 
+    def pane_pid(self) -> int | None:
+        out = self._tmux("list-panes", "-t", "app", "-F", "#{pane_pid}").strip()
+        return int(out) if out.isdigit() else None
+
     def kill(self) -> None:
+        """Kill the server, then whatever still runs in the pane (nothing may outlive a test)."""
+        pids = _descendants(self.pane_pid())
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int | None) -> list[int]:
+    """pid and every process below it (from /proc)."""
+    if pid is None:
+        return []
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+    return out
 
 
 def _finished(text: str) -> int:
@@ -97,3 +123,34 @@ def test_roseplay_command_in_tmux(tmp_path):
             assert fh.read().strip() == "0"
     finally:
         tmux.kill()
+
+
+def test_a_vanished_terminal_ends_the_app_and_its_engine(tmp_path):
+    """The terminal goes away (tmux killed: SIGHUP, and the pty is gone): the app and its
+    engine process exit within seconds instead of spinning on a dead terminal."""
+    cmd = [sys.executable, "-m", "roseplay", "--model", "dummy:tiny", "--device", "cpu",
+           "--num-blocks", "128", "--concurrency", "8", "--output-len", "16"]
+    tmux = Tmux(cmd, str(tmp_path / "exit_code"))
+    pids = []
+    try:
+        tmux.wait(lambda t: _finished(t) >= 1)
+        pids = _descendants(tmux.pane_pid())
+        assert len(pids) >= 3, pids          # the shell, the app, its engine process
+        subprocess.run(["tmux", "-L", tmux.socket, "kill-server"], capture_output=True)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], "still running after the terminal went"
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        tmux.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
