@@ -119,10 +119,18 @@ async def test_budget_and_max_seqs_keys_reach_engine(source):
 async def test_a_budget_below_the_running_requests_warns(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _paused_while_running(pilot, source)
-        running = sum(r.state in ("decoding", "prefilling", "dedup")
-                      for r in source.snapshot().requests)
-        assert running >= 3     # 4 in flight (one may sit between finishing and its successor)
+        def in_step() -> int:
+            return sum(r.state in ("decoding", "prefilling", "dedup")
+                       for r in source.snapshot().requests)
+        await _running(pilot, source)
+        for _ in range(5):      # 4 in flight; a pause may fall while some sit between
+            assert await wait_for(pilot, lambda: in_step() >= 3)     # finishing and successor
+            await pilot.press("space")
+            await settle(pilot, source)
+            if (running := in_step()) >= 3:
+                break
+            await pilot.press("space")
+        assert running >= 3
         source.set_knobs(max_num_batched_tokens=4)
         await pilot.press("minus")
         assert source.loop.knobs.max_num_batched_tokens == 2
