@@ -222,15 +222,18 @@ def engine_leaks(address: str) -> tuple[int, int]:
         return len(live), snap.num_blocks - snap.num_free
 
 
-def start_server(port: int, address: str, extra: list[str]) -> subprocess.Popen:
+def start_server(port: int, address: str, extra: list[str], log) -> subprocess.Popen:
+    """The server's output goes to the file `log` (a pipe nobody reads would fill up and
+    block the server's logging, and with it its event loop)."""
     cmd = [sys.executable, "-m", "roseplay", "serve", "--port", str(port), "--engine-address",
            address, "--timeout-request-read", str(READ_TIMEOUT_S), "--log-level", "error",
            *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"roseplay serve exited: {proc.stderr.read()}")
+            log.seek(0)
+            raise RuntimeError(f"roseplay serve exited: {log.read()[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
                 return proc
@@ -244,9 +247,10 @@ def start_server(port: int, address: str, extra: list[str]) -> subprocess.Popen:
 
 def soak_http(seconds: float, clients: int, seed: int, extra: list[str]) -> tuple[Report, dict]:
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="roseplay-soak-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="roseplay-soak-") as tmp, \
+            open(os.path.join(tmp, "serve.log"), "w+") as log:
         address = f"ipc://{tmp}/engine"
-        proc = start_server(port, address, extra)
+        proc = start_server(port, address, extra, log)
         try:
             engine_pid = children(proc.pid)[0]
             sample = lambda: (*proc_status(proc.pid), *proc_status(engine_pid))  # noqa: E731
@@ -254,8 +258,10 @@ def soak_http(seconds: float, clients: int, seed: int, extra: list[str]) -> tupl
             live, used = engine_leaks(address)
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
+            log.seek(0)
             end = {"live_requests": live, "used_blocks": used, "exit_code": code,
-                   "engine_gone": not os.path.exists(f"/proc/{engine_pid}")}
+                   "engine_gone": not os.path.exists(f"/proc/{engine_pid}"),
+                   "log_lines": len(log.read().splitlines())}
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -273,7 +279,7 @@ def print_http_report(rep: Report, end: dict, seconds: float, clients: int) -> N
     print(f"problems: {len(rep.problems)}" + "".join(f"\n  {p}" for p in rep.problems[:10]))
     print(f"at the end: leaked states {end['live_requests']} (live requests in the engine), "
           f"used blocks {end['used_blocks']}; SIGTERM exit code {end['exit_code']}, engine "
-          f"process gone {end['engine_gone']}")
+          f"process gone {end['engine_gone']}; {end['log_lines']} lines of server log")
     print(f"{'t (s)':>6} {'server RSS MB':>14} {'threads':>8} {'engine RSS MB':>14} {'threads':>8}")
     step = max(1, len(rep.samples) // 12)
     rows = rep.samples[::step] + ([rep.samples[-1]] if (len(rep.samples) - 1) % step else [])

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -50,11 +51,13 @@ class ServeProc:
         self.output = ""
 
     def __enter__(self) -> "ServeProc":
+        # output to a file: a pipe read only at the end could fill up and block the server
+        self._log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "roseplay", "serve", *self.args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT
         while True:
-            assert self.proc.poll() is None, self.proc.stdout.read()
+            assert self.proc.poll() is None, self._read_log()
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
                     break
@@ -63,8 +66,7 @@ class ServeProc:
             assert time.monotonic() < deadline, "roseplay serve did not come up"
             time.sleep(0.2)
         self.engine_pid = self._engine_pid()
-        for _ in range(2):     # printed before uvicorn starts: already in the pipe
-            self.output += self.proc.stdout.readline()
+        self._read_log()       # the address was printed before uvicorn started
         match = re.search(r"--connect ipc://(\S+)/engine`", self.output)
         if match and "--engine-address" not in self.args:
             self.engine_dir = match.group(1)        # made by serve: it must remove it
@@ -82,13 +84,24 @@ class ServeProc:
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
+    def _read_log(self) -> str:
+        self._log.seek(0)
+        self.output = self._log.read()
+        return self.output
+
     def wait(self, timeout: float = 60) -> int:
         """Exit code; the output is kept in self.output."""
-        out, _ = self.proc.communicate(timeout=timeout)
-        self.output += out
-        return self.proc.returncode
+        code = self.proc.wait(timeout)
+        self._read_log()
+        return code
 
     def __exit__(self, *exc) -> None:
+        try:
+            self._stop(exc[0] is None)
+        finally:
+            self._log.close()
+
+    def _stop(self, check: bool) -> None:
         if self.proc.poll() is None:         # the test failed: clean up, check nothing
             if self.engine_pid and alive(self.engine_pid):
                 os.kill(self.engine_pid, signal.SIGCONT)     # a test may have stopped it
@@ -97,7 +110,7 @@ class ServeProc:
             if self.engine_dir:
                 shutil.rmtree(self.engine_dir, ignore_errors=True)
             return
-        if exc[0] is None:
+        if check:
             self.assert_clean()
 
     def assert_clean(self) -> None:
