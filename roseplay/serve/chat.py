@@ -16,8 +16,9 @@ begin: pass stop=["\\n\\n"] to end it there (the model otherwise goes on with th
 from __future__ import annotations
 
 from pathlib import Path
-
 from roseplay.serve.errors import invalid
+
+from engine.config import InvalidRequestError
 
 PLAY_TEMPLATE = (
     "{% for m in messages %}"
@@ -53,5 +54,5 @@ def render(tokenizer, template: str, messages: list[dict],
         text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                              add_generation_prompt=add_generation_prompt)
     except Exception as exc:   # a template error is the request's (or the template's) fault
-        raise invalid(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
+        raise InvalidRequestError(f"chat template failed: {type(exc).__name__}: {exc}") from None
     return text, list(tokenizer.encode(text, add_special_tokens=False))
