@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from roseplay.serve import chat
 from roseplay.serve.bridge import EngineBridge
 from roseplay.serve.errors import (ApiKeyMiddleware, BodyLimitMiddleware, DrainMiddleware,
-                                   OpenAIError, install_handlers)
+                                   InternalErrorMiddleware, OpenAIError, install_handlers)
 from roseplay.serve.metrics import ServerMetrics
 from roseplay.serve.routes import router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
@@ -78,6 +78,7 @@ def build_app(loop, config: ServeConfig | None = None) -> FastAPI:
     app.state.serve = ServeState(loop, config)
     install_handlers(app)
     app.include_router(router)
+    app.add_middleware(InternalErrorMiddleware)      # innermost: right around the routes
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

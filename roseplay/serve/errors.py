@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import secrets
 
 from fastapi import FastAPI, HTTPException, Request
@@ -117,6 +118,33 @@ async def _send_error(send, exc: OpenAIError, headers=()) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+class InternalErrorMiddleware:
+    """An unexpected exception before the response started becomes a 500 in OpenAI's
+    format, and the connection stays usable: were it re-raised, uvicorn would close the
+    connection after the response, under a client that already reuses it (a ReadError)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            if started:
+                raise
+            logging.getLogger("roseplay.serve").exception("internal error")
+            await _send_error(send, OpenAIError(500, f"internal error: {type(exc).__name__}: "
+                                                     f"{exc}"))
 
 
 class DrainMiddleware:
