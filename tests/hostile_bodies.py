@@ -75,8 +75,7 @@ FIXED = [
     ("response-format-json", "chat/completions", {**GOOD_CHAT, "response_format": {"type": "json_object"}}),
     ("max-completion-tokens-bool", "chat/completions", {**GOOD_CHAT, "max_completion_tokens": False}),
 ]
-# need the engine-side validation layer (bounds before the wire codec)
-LOOSE = {"top-k-int64", "stop-token-ids-uint64"}
+LOOSE: set[str] = set()     # every hostile value is refused with a 400 (engine/validation.py)
 
 FIELDS = ["max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop", "stop_token_ids",
           "ignore_eos", "stream", "echo", "priority", "prompt", "model", "user", "logprobs"]

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from engine.ipc import core_proc
+from roseplay.serve.app import DEFAULT_TIMEOUT_KEEP_ALIVE_S
 from scripts.soak_http import engine_leaks
 from tests.hostile_bodies import check_refusal, hostile_bodies
 from tests.serve_proc import PROMPT, ServeProc, parse_sse, stream_body
@@ -28,8 +28,9 @@ SEED, MUTATIONS, PARALLEL = 0, 40, 8
 NEIGHBOURS = ["ROMEO.\nWhat news from the court?\n\nJULIET.\n", "HAMLET.\nTo be, or not to be",
               "KING HENRY.\nOnce more unto the breach", "PORTIA.\nThe quality of mercy"]
 NEIGHBOUR_TOKENS, ROUNDS = 48, 3
-# a stall the engine must sit out (below its dead-client silence, whatever that is now)
-STALL_S = max(1.0, min(5.0, getattr(core_proc, "CLIENT_TIMEOUT", 6.5) - 1.5))
+# a stall of the server longer than its keep-alive timeout (kept-alive connections with a
+# request waiting must not be closed) and shorter than the engine's dead-client silence
+STALL_S = DEFAULT_TIMEOUT_KEEP_ALIVE_S + 1.0
 KILLED_CLIENT = """
 import httpx, sys, time
 with httpx.stream("POST", sys.argv[1] + "/v1/completions", timeout=60, json={

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import socket
 import threading
 import time
@@ -69,6 +70,24 @@ class ReadTimeoutProtocol(H11Protocol):
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's keep-alive close, unless a request already waits in the socket: after
+        a stall of this process longer than the timeout (SIGSTOP, swapping) the timer
+        fired before the loop read the client's next request, which got a reset."""
+        if not _has_unread_bytes(self.transport):
+            super().timeout_keep_alive_handler()
+
+
+def _has_unread_bytes(transport) -> bool:
+    fileno = getattr(transport.get_extra_info("socket"), "fileno", None)
+    if fileno is None:
+        return False
+    try:
+        with socket.socket(fileno=os.dup(fileno())) as sock:
+            return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:            # BlockingIOError: nothing there; others: let uvicorn close
+        return False
 
 
 def bind(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
