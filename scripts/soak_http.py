@@ -34,6 +34,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from scripts.soak import proc_status  # noqa: E402
 from tests.hostile_bodies import check_refusal, hostile_bodies  # noqa: E402
 
 PROMPTS = ["ROMEO.\nWhat news from the court?\n\nJULIET.\n", "First Citizen:\nBefore we proceed",
@@ -52,17 +53,6 @@ class Report:
     samples: list[tuple] = field(default_factory=list)   # (t, server MB, thr, engine MB, thr)
     refs: dict = field(default_factory=dict)             # (prompt, max_tokens) -> token ids
     loris_max_s: float = 0.0                             # longest a slow-loris was held
-
-
-def proc_status(pid: int) -> tuple[float, int]:
-    rss = threads = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-            elif line.startswith("Threads:"):
-                threads = int(line.split()[1])
-    return rss, threads
 
 
 def children(pid: int) -> list[int]:

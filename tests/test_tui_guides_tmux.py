@@ -31,11 +31,7 @@ def test_every_guide_shows_its_claim_on_screen_in_time(tmp_path):
             tmux.wait(lambda t: all(re.search(p, t) for p in guide.shows),
                       guide.within + 2.0)      # + the key's way through tmux
         tmux.keys("q")
-        deadline = time.monotonic() + 20
-        while not os.path.exists(exit_file) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        with open(exit_file) as fh:
-            assert fh.read().strip() == "0"
+        assert tmux.exit_code() == "0"
     finally:
         tmux.kill()
 
@@ -55,11 +51,7 @@ def test_quit_during_the_load_leaves_nothing_in_tmp(tmp_path):
             time.sleep(0.05)
         assert mine
         tmux.keys("q")
-        deadline = time.monotonic() + 10
-        while not os.path.exists(exit_file) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with open(exit_file) as fh:
-            assert fh.read().strip() == "0"
+        assert tmux.exit_code(10) == "0"
         assert not [d for d in mine if os.path.exists(d)], mine
     finally:
         tmux.kill()

@@ -28,6 +28,7 @@ class Tmux:
 
     def __init__(self, command: list[str], exit_file: str):
         self.socket = f"roseplay-test-{os.getpid()}"
+        self.exit_file = exit_file
         # COLUMNS/LINES can leak into tmux's environment (80x24) and would win over the pty
         shell = (f"unset COLUMNS LINES; {shlex.join(command)}; "
                  f"echo $? > {shlex.quote(exit_file)}; sleep 30")
@@ -53,6 +54,14 @@ class Tmux:
                 return text
             time.sleep(0.1)
         raise AssertionError(f"timed out; the screen shows:\n{self.screen()}")
+
+    def exit_code(self, timeout: float = 20.0) -> str:
+        """The command's exit status once it has quit (the pane's shell writes it)."""
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.exit_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(self.exit_file) as fh:
+            return fh.read().strip()
 
     def pane_pid(self) -> int | None:
         out = self._tmux("list-panes", "-t", "app", "-F", "#{pane_pid}").strip()
@@ -116,11 +125,7 @@ def test_roseplay_command_in_tmux(tmp_path):
         tmux.keys("n")
         tmux.wait(lambda t: _step(t) == step + 1, 10)
         tmux.keys("q")
-        deadline = time.monotonic() + 20
-        while not os.path.exists(exit_file) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        with open(exit_file) as fh:
-            assert fh.read().strip() == "0"
+        assert tmux.exit_code() == "0"
     finally:
         tmux.kill()
 

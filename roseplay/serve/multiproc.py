@@ -43,6 +43,7 @@ from engine.ipc import auth
 from engine.ipc.launch import child_env
 from roseplay.serve.metrics import API_SERVER_INDEX_ENV, MULTIPROC_ENV
 from roseplay.serve.shutdown import EXIT_CUT, EXIT_DRAINED, EXIT_ENGINE_DIED
+from roseplay.serve.server import bind
 
 API_KEY_ENV = "ROSEPLAY_API_KEY"                    # as `roseplay serve --api-key`'s default
 EXIT_API_SERVER_DIED = 5
@@ -61,16 +62,7 @@ def enable_metrics(path: str, index: int) -> None:
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
     """A listening address several processes bind (the kernel spreads connections)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return bind(host, port, reuse_port=True)
 
 
 class ApiServerGroup:

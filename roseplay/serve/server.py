@@ -90,10 +90,14 @@ def _has_unread_bytes(transport) -> bool:
         return False
 
 
-def bind(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
+def bind(host: str = DEFAULT_HOST, port: int = 0, reuse_port: bool = False) -> socket.socket:
+    """The listening socket; reuse_port: one address that several API-server processes
+    bind, the kernel spreading connections over them (multiproc.py)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
