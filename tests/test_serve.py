@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import httpx
@@ -14,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
-from engine.loop import EngineLoop
+from engine.client import EngineClient
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 
@@ -26,10 +25,12 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def loop():
-    loop = EngineLoop(device="cpu")
+    """The engine in its own process, as `roseplay serve` runs it (tests/test_serve_errors.py
+    keeps the in-process EngineLoop as the comparison)."""
+    loop = EngineClient(device="cpu")
     yield loop
     loop.close()
-    assert not any(t.name == "roseplay-engine" and t.is_alive() for t in threading.enumerate())
+    assert loop.proc.poll() is not None          # the engine process is gone
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,9 @@ def greedy(llm, prompts, max_tokens=MAX_TOKENS) -> list[str]:
 
 
 def wait_idle(loop, timeout=20.0):
-    """Until the snapshot shows no live request and no block in use."""
+    """Until the snapshot shows no live request and no block in use (after a barrier: the
+    engine process's published snapshot can be older than the last request)."""
+    assert loop.wait_idle(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         snap = loop.snapshot()
@@ -238,8 +241,11 @@ def test_metrics_parse_and_match_the_snapshot(server, client, loop):
     r = client.completions.create(model="default", prompt=PROMPTS[2] + " again", max_tokens=10,
                                   temperature=0)
     snap = wait_idle(loop)
-    m = scrape(server)
     c = snap.counters
+    deadline = time.monotonic() + 5      # the engine's idle EngineStats follow the barrier
+    while (m := scrape(server))["vllm:generation_tokens_total"] != c.generated_tokens \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
     assert m["vllm:kv_cache_usage_perc"] == snap.num_used / snap.num_blocks
     assert m["vllm:prefix_cache_queries_total"] == c.prefix_queried_tokens
