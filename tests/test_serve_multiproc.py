@@ -19,20 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from roseplay.serve.multiproc import EXIT_API_SERVER_DIED
 from tests.serve_proc import PROMPT, ServeProc, alive, free_port
-from tests.test_serve_shutdown import open_streams, refused, solo_tokens
+from scripts.soak_http import children
+from tests.test_serve_shutdown import assert_sigterm_drains_open_streams, open_streams, solo_tokens
 
 pytestmark = pytest.mark.timeout(120)
 MAX_TOKENS = 24
 STREAMS = 8
 API_KEY = "test-key-1"
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            kids += [int(x) for x in f.read().split()]
-    return kids
 
 
 def _cmdline(pid: int) -> str:
@@ -55,7 +48,7 @@ class GroupProc(ServeProc):
         self.metrics_dir: str | None = None
 
     def _engine_pid(self) -> int:
-        kids = _children(self.proc.pid)
+        kids = children(self.proc.pid)
         self.api_pids = [k for k in kids if "roseplay.serve.multiproc" in _cmdline(k)]
         engine = [k for k in kids if "engine.ipc.core_proc" in _cmdline(k)]
         assert len(self.api_pids) == 1 and len(engine) == 1, kids
@@ -183,18 +176,7 @@ def test_bench_repeats_start_with_a_cold_prefix_cache(group, tmp_path, capsys):
 
 def test_sigterm_drains_every_process_and_exits_0(group):
     """Last on the module's server: streams of both processes finish in the drain."""
-    ref = solo_tokens(group.url, MAX_TOKENS)
-    readers = open_streams(group.url, STREAMS, MAX_TOKENS)
-    os.kill(group.engine_pid, signal.SIGSTOP)       # the streams stay open ...
-    try:
-        group.signal(signal.SIGTERM)
-        assert refused(group.url), "still accepting after SIGTERM"   # ... while it drains
-    finally:
-        os.kill(group.engine_pid, signal.SIGCONT)
-    for r in readers:
-        ids, errors, reasons, done = r.result()
-        assert errors == [] and reasons == ["length"] and done and ids == ref
-    assert group.wait() == 0, group.output
+    assert_sigterm_drains_open_streams(group, STREAMS, MAX_TOKENS)
     group.assert_clean()
 
 

@@ -81,21 +81,27 @@ def solo_tokens(url: str, max_tokens: int = MAX_TOKENS) -> list[int]:
     return r.json()["choices"][0]["token_ids"]
 
 
+def assert_sigterm_drains_open_streams(srv, streams: int, max_tokens: int = MAX_TOKENS) -> None:
+    """SIGTERM while `streams` streams are open: new requests are refused at once, every
+    open stream then finishes with a solo run's tokens, and the server exits 0."""
+    ref = solo_tokens(srv.url, max_tokens)
+    readers = open_streams(srv.url, streams, max_tokens)
+    os.kill(srv.engine_pid, signal.SIGSTOP)       # the streams stay open ...
+    try:
+        srv.signal(signal.SIGTERM)
+        assert refused(srv.url), "still accepting after SIGTERM"   # ... while it drains
+    finally:
+        os.kill(srv.engine_pid, signal.SIGCONT)
+    for r in readers:
+        ids, errors, reasons, done = r.result()
+        assert errors == [] and reasons == ["length"] and done
+        assert ids == ref                          # every token, as a solo run
+    assert srv.wait() == 0, srv.output
+
+
 def test_sigterm_lets_open_streams_finish_then_exits_0():
     with ServeProc("--shutdown-timeout", "60") as srv:
-        ref = solo_tokens(srv.url)
-        readers = open_streams(srv.url, 3)
-        os.kill(srv.engine_pid, signal.SIGSTOP)       # the streams stay open ...
-        try:
-            srv.signal(signal.SIGTERM)
-            assert refused(srv.url), "still accepting after SIGTERM"   # ... while it drains
-        finally:
-            os.kill(srv.engine_pid, signal.SIGCONT)
-        for r in readers:
-            ids, errors, reasons, done = r.result()
-            assert errors == [] and reasons == ["length"] and done
-            assert ids == ref                          # every token, as a solo run
-        assert srv.wait() == 0, srv.output
+        assert_sigterm_drains_open_streams(srv, 3)
 
 
 def test_sigterm_ends_streams_with_an_error_after_the_drain_time():
