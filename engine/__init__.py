@@ -11,8 +11,8 @@ __all__ = ["LLM", "LLMEngine", "EngineConfig", "SchedulerConfig", "SamplingParam
            "RequestOutput", "CompletionOutput", "RequestMetrics", "InvalidRequestError",
            "EngineLoop", "RequestStream"]
 
-_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.core",
-         "EngineLoop": "engine.loop", "RequestStream": "engine.loop"}
+_LAZY = {"LLM": "engine.front.llm", "LLMEngine": "engine.core.core",
+         "EngineLoop": "engine.front.loop", "RequestStream": "engine.front.loop"}
 
 
 def __getattr__(name):  # torch-backed parts load on first use

@@ -27,7 +27,7 @@ class FinishedRequest:
     request_id: str
     finish_reason: str                  # engine.codes REASON_*
     error: str | None
-    arrival_time: float                 # on the engine's serving clock (engine/clock.py)
+    arrival_time: float                 # on the engine's serving clock (engine/core/clock.py)
     num_cached_tokens: int
     num_preemptions: int
 

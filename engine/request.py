@@ -77,7 +77,7 @@ class Request:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)   # hash chain of full blocks
     prompt_key: tuple | None = None  # dedup key of its tokens at its last admission try
-    table_row: int = -1              # its row in KVManager.tables (engine/kv/block_tables.py)
+    table_row: int = -1              # its row in KVManager.tables (engine/core/kv/block_tables.py)
     num_computed_tokens: int = 0     # tokens whose KV is in block_table
     num_cached_tokens: int = 0       # prompt tokens served by the prefix cache (last admission)
     num_prefill_target: int = 0      # tokens to compute before the next sample (set at admission)

@@ -14,7 +14,7 @@ import numpy as np
 from engine.codes import (BLOCK_CACHED, BLOCK_FREE, BLOCK_USED, CANCELLED, DECODING, DEDUP,
                           ERROR, EVENT_KINDS, FINISHED, PREEMPTED, PREFILLING, WAITING)
 from engine.config import SchedulerConfig
-from engine.kv.block_metrics import KVBlockMetrics
+from engine.core.kv.block_metrics import KVBlockMetrics
 from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
 

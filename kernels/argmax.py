@@ -9,7 +9,7 @@ per-row counter bumped with an acq_rel atomic after a barrier, reset by that pro
 in kernels/linear.py's split-K) picks the largest partial, the smallest split on ties.
 So the result is torch.argmax's: the first index of the maximum. (NaN is ignored here;
 torch returns the first NaN's index.) Grid and constexprs depend on shapes only: CUDA
-graph safe (the decode graphs capture it, engine/cuda_graphs.py).
+graph safe (the decode graphs capture it, engine/worker/cuda_graphs.py).
 """
 from __future__ import annotations
 

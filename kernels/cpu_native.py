@@ -236,7 +236,7 @@ def _layer_weights(layer) -> tuple | None:
 
 def llama_decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor,
                        residual: torch.Tensor | None, meta, cos_sin: torch.Tensor, eps: float):
-    """A Llama decoder layer (engine/models/llama.py) on a decode-only step in one C call:
+    """A Llama decoder layer (engine/worker/models/llama.py) on a decode-only step in one C call:
     (hidden, residual) out, or None where the step or the layer does not fit (the model
     then runs its ops one by one)."""
     attn, t = layer.attn, hidden.shape[0]

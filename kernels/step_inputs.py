@@ -3,7 +3,7 @@ decode graphs' device buffers, in one launch.
 
 A batch-1 decode step has four small inputs (token ids | positions | slots, context
 lengths, block-table rows, and the ids fed from the previous step's samples). As four
-copies, each a kernel through the staging's device view (engine/device_io.py), they
+copies, each a kernel through the staging's device view (engine/worker/device_io.py), they
 left ~14 us of the GPU between two decode graphs to launch gaps (scripts/
 step_timeline.py). Here program p copies row p of each: reads pinned host memory
 directly (the staging's device view), writes the device buffers; `fed` (the previous

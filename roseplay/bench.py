@@ -49,10 +49,10 @@ def make_loop(args, **overrides):
     --compare hf, which shares weights with HF in-process)."""
     kwargs = engine_kwargs(args, **overrides)
     if args.in_process or args.compare:
-        from engine.loop import EngineLoop
+        from engine.front.loop import EngineLoop
         # nobody watches snapshots during a benchmark: publish them rarely
         return EngineLoop(snapshot_interval=0.5, **kwargs)
-    from engine.client import EngineClient
+    from engine.front.client import EngineClient
     if args.engine_address:
         print(f"engine listening at {args.engine_address}: watch it with "
               f"`roseplay --connect {args.engine_address}`", file=sys.stderr)

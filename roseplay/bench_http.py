@@ -45,10 +45,10 @@ def served_models(base_url: str, headers: dict) -> list[str]:
 def client_tokenizer(model: str):
     """(tokenizer or None, vocab size) for building the workload on the client side."""
     if model.startswith("dummy:"):
-        from engine.models.presets import preset_config
+        from engine.worker.models.presets import preset_config
         return None, preset_config(model.removeprefix("dummy:")).vocab_size
     from transformers import AutoTokenizer
-    from engine.models.loader import resolve_model_path
+    from engine.worker.models.loader import resolve_model_path
     tok = AutoTokenizer.from_pretrained(resolve_model_path(model))
     return tok, len(tok)
 

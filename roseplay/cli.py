@@ -64,8 +64,8 @@ def number(kind: type, low: float, *, strict: bool = False, hint: str = ""):
 
 def check_model(name: str | None) -> str | None:
     """Why `name` cannot be a model (None if it may be one), without loading anything:
-    the engine's own rules (engine/models/loader.py), checked before the slow start."""
-    from engine.models.presets import PRESETS
+    the engine's own rules (engine/worker/models/loader.py), checked before the slow start."""
+    from engine.worker.models.presets import PRESETS
     if name is None or name == "default":
         return None
     if name.startswith("dummy:"):

@@ -303,7 +303,7 @@ def _start_engines(configs: list[dict], in_process: bool, make_engine) -> list:
         except BaseException:
             first.close()
             raise
-    from engine.client import EngineClient
+    from engine.front.client import EngineClient
     from engine.ipc.launch import EngineLaunch
     launches, clients = [], []
     try:

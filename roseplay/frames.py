@@ -30,7 +30,7 @@ from engine.snapshot import (ChunkInfo, EngineCounters, EngineEvent, EngineSnaps
 from roseplay import record_schema as schema
 from roseplay.record_schema import BadRecording
 
-RECENT_STEPS, RECENT_SAMPLES = 256, 2048     # what a live snapshot keeps (engine/stats.py)
+RECENT_STEPS, RECENT_SAMPLES = 256, 2048     # what a live snapshot keeps (engine/core/stats.py)
 RECENT_EVENTS = 256
 KEYFRAME_EVERY = 100                 # frames (~10 s at 10 Hz)
 _REQ_FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))

@@ -28,12 +28,12 @@ def build_hf_model(model_name: str, dtype: torch.dtype, seed: int = 0):
     """The HF model of `model_name` on the CPU in `dtype` (seeded random for dummy:*)."""
     from transformers import AutoModelForCausalLM
     if model_name.startswith("dummy:"):
-        from engine.models.presets import preset_config
+        from engine.worker.models.presets import preset_config
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(preset_config(model_name.removeprefix("dummy:")),
                                                  dtype=dtype)
     else:
-        from engine.models.loader import resolve_model_path
+        from engine.worker.models.loader import resolve_model_path
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_name), dtype=dtype)
     return model.eval().requires_grad_(False)
 

@@ -316,9 +316,9 @@ def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurre
 def make_engine(engine_kwargs: dict, connect: str | None = None, in_process: bool = False):
     """The engine the app talks to: attached, in its own process, or on a thread."""
     if in_process:
-        from engine.loop import EngineLoop
+        from engine.front.loop import EngineLoop
         return EngineLoop(snapshot_interval=0.02, **engine_kwargs)
-    from engine.client import EngineClient
+    from engine.front.client import EngineClient
     if connect:
         return EngineClient(connect=connect, label="tui")
     return EngineClient(label="tui", **engine_kwargs)

@@ -41,7 +41,7 @@ def main() -> int:
     args = p.parse_args()
     import torch
 
-    from engine.llm import LLM
+    from engine.front.llm import LLM
     from engine.request import SamplingParams
     from kernels import cpu_native
     torch.set_num_threads(1)

@@ -104,7 +104,7 @@ def pipelined(parts, steps: int = 400) -> str:
 def sequences(llm) -> None:
     """Which launch makes another slow: the step's launches in the engine's order."""
     from kernels.step_inputs import copy_decode_inputs
-    from engine.device_io import device_alias
+    from engine.worker.device_io import device_alias
     graphs = llm.engine.runner.graphs
     graph, out = graphs.graphs[("decode", 1)]
     _, _, _, copies = graphs.buffers._views(1)

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from engine.config import make_config  # noqa: E402
-from engine.core import LLMEngine  # noqa: E402
+from engine.core.core import LLMEngine  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
 from ab_runs import interleaved, spread  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
@@ -118,7 +118,7 @@ def run(args) -> dict:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if engine.stats.last_error:     # a failing (stubbed) forward errors requests quietly
-        raise SystemExit(f"the engine failed a step: {engine.stats.last_error}")
+        raise SystemExit(f"the engine failed a step: {engine.core.stats.last_error}")
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     return {"ms_per_step": 1e3 * wall / args.steps, "cpu_ms_per_step": 1e3 * cpu / args.steps,

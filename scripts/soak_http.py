@@ -202,7 +202,7 @@ SAMPLE_EVERY_S = 10.0
 
 def engine_leaks(address: str) -> tuple[int, int]:
     """(live requests, used blocks) of the engine once idle, seen by an attached client."""
-    from engine.client import EngineClient
+    from engine.front.client import EngineClient
     with EngineClient(address=address, label="soak-check") as c:
         assert c.wait_idle(60)
         c.clear_prefix_cache()

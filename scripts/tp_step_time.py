@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
-from engine.distributed.debug import exit_with_stacks_after  # noqa: E402
+from tests.tp_timeout import exit_with_stacks_after  # noqa: E402
 
 
 class Timed:

@@ -1,5 +1,5 @@
 """Small helpers shared by tests that drive the engine core directly."""
-from engine.processor import InputProcessor
+from engine.front.processor import InputProcessor
 
 
 def add_request(eng, prompt, params=None, request_id=None, priority=0):

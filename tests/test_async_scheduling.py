@@ -1,4 +1,4 @@
-"""Async scheduling of every step (engine/core.py): step N+1 is planned and launched
+"""Async scheduling of every step (engine/core/core.py): step N+1 is planned and launched
 while step N is in flight, the tokens N samples count as pending and reach N+1 on the
 device. Greedy outputs equal the synchronous engine's through chunked prefills, prefix
 hits, dedup, preemption and stop tokens; mixed steps really are chained."""

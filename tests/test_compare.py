@@ -140,7 +140,7 @@ def test_both_engines_serve_the_same_prompts():
 def test_engine_processes_load_at_once_and_both_serve(monkeypatch):
     """--compare spawns both engine processes before waiting for either (they load in
     parallel), then each client takes its process over; both serve; close stops both."""
-    from engine.client import EngineClient
+    from engine.front.client import EngineClient
     from engine.ipc.launch import EngineLaunch
     order = []
     real_launch, real_client = EngineLaunch.__init__, EngineClient.__init__

@@ -174,7 +174,7 @@ def test_bundled_model_greedy_tokens_equal_hf_float32():
     transformers' greedy tokens (float32, eager) for prompts decoded together."""
     from transformers import AutoModelForCausalLM
 
-    from engine.llm import LLM
+    from engine.front.llm import LLM
     from engine.request import SamplingParams
     from engine.tokenizer import DEFAULT_MODEL_DIR
     path = str(DEFAULT_MODEL_DIR)
@@ -201,7 +201,7 @@ def test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(monkeypatc
 def _assert_one_call_layers_give_the_torch_tokens(monkeypatch):
     """Greedy tokens of the bundled model under cpu_native equal the torch backend's, and
     every decode-only step took the one-call layer."""
-    from engine.llm import LLM
+    from engine.front.llm import LLM
     from engine.request import SamplingParams
     prompts = ["ROMEO:", "To be, or not to be", "KING HENRY:\nWhat", "O"]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)

@@ -75,7 +75,7 @@ def test_backend_exports_every_op():
 
 
 def test_bundled_model_greedy_tokens_equal_across_backends():
-    from engine.llm import LLM
+    from engine.front.llm import LLM
     from engine.request import SamplingParams
     prompts = ["ROMEO:", "To be, or not to be", "KING HENRY:\nWhat", "O"]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)

@@ -5,7 +5,7 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models
 
-from engine.detokenizer import (ByteTableDetokenizer, IncrementalDetokenizer, byte_table,
+from engine.front.detokenizer import (ByteTableDetokenizer, IncrementalDetokenizer, byte_table,
                                 make_detokenizer)
 from engine.tokenizer import load_tokenizer
 

@@ -1,8 +1,8 @@
-"""HostCopyRing (engine/device_io.py): host buffers reused in turn, never one whose copy
+"""HostCopyRing (engine/worker/device_io.py): host buffers reused in turn, never one whose copy
 is still unread. (CPU tensors take the same path, unpinned and without events.)"""
 import torch
 
-from engine.device_io import HostCopyRing
+from engine.worker.device_io import HostCopyRing
 
 
 def test_steady_reads_reuse_the_slots():

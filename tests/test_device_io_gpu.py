@@ -1,10 +1,10 @@
-"""engine/device_io.py on the GPU: copies between pinned host memory and the device made
+"""engine/worker/device_io.py on the GPU: copies between pinned host memory and the device made
 by kernels through a device view of the pinned buffer give the same values as memcpys."""
 import pytest
 import torch
 
-from engine import device_io
-from engine.device_io import HostCopyRing, copy_, device_alias
+from engine.worker import device_io
+from engine.worker.device_io import HostCopyRing, copy_, device_alias
 
 pytestmark = pytest.mark.gpu
 
@@ -54,7 +54,7 @@ def test_decode_inputs_one_launch_equals_copies(rows, width, monkeypatch):
 
     import numpy as np
 
-    from engine import step_buffers
+    from engine.worker import step_buffers
     g = np.random.default_rng(rows)
     batch = SimpleNamespace(
         num_decodes=rows, input_ids=g.integers(0, 999, rows),

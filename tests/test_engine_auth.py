@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from engine import InvalidRequestError, SamplingParams
-from engine.client import EngineClient, EngineKeyRefused
+from engine.front.client import EngineClient, EngineKeyRefused
 from engine.ipc import auth
 from engine.ipc import protocol as P
 from roseplay.serve.cli import main as serve_main

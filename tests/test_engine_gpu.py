@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.batch_builder import build_step_batch
+from engine.core.batch_builder import build_step_batch
 
 from engine import LLM, SamplingParams
 from tests.hf_models import make_checkpoint
@@ -91,7 +91,7 @@ def _compiled_variants() -> int:
 
 @pytest.mark.parametrize("eager,block_size", [(False, 32), (True, 8)])
 def test_serving_compiles_no_new_kernel_variants(eager, block_size):
-    """Start-up (graph capture or eager warm-up, + engine/warmup.py) compiles every variant
+    """Start-up (graph capture or eager warm-up, + engine/worker/warmup.py) compiles every variant
     a step can need: prefix hits (1-token chunks), long and short chunks, growing tables.
     Block sizes 32 and 8 with float16 are used by no other test, so no earlier test can
     have compiled them."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.client import EngineClient
+from engine.front.client import EngineClient
 from engine.config import InvalidRequestError
 from engine.ipc import protocol as P
 from tests.helpers import engines_owned_by
@@ -137,7 +137,7 @@ def test_second_process_sees_the_same_engine(client):
     assert client.wait_idle(30)
     step = client.snapshot().step
     code = textwrap.dedent(f"""
-        from engine.client import EngineClient
+        from engine.front.client import EngineClient
         c = EngineClient(connect={client.address!r}, label="viewer")
         print("STEP", c.snapshot().step, c.info.model_name, flush=True)
         c.close()
@@ -153,7 +153,7 @@ def test_killed_client_gets_an_error_and_its_blocks_are_freed(client):
     code = textwrap.dedent(f"""
         import sys
         from engine import SamplingParams
-        from engine.client import EngineClient
+        from engine.front.client import EngineClient
         c = EngineClient(connect={client.address!r}, label="doomed")
         s = c.submit("ROMEO:", SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True),
                      request_id="doomed-1")

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.client import EngineClient
-from engine.loop import EngineLoop
+from engine.front.client import EngineClient
+from engine.front.loop import EngineLoop
 from roseplay.serve.app import build_app
 from roseplay.serve.server import ServerThread
 

@@ -15,7 +15,7 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.client import EngineClient
+from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
 from tests import fuzz_values as F
@@ -132,7 +132,7 @@ def test_a_stranger_cannot_cancel_or_stop_anothers_requests(core, core_reference
 def http():
     from fastapi.testclient import TestClient
 
-    from engine.loop import EngineLoop
+    from engine.front.loop import EngineLoop
     from roseplay.serve.app import build_app
     loop = EngineLoop(device="cpu", num_blocks=64, max_model_len=64)   # bounded outputs
     with TestClient(build_app(loop)) as client:

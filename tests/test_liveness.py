@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from engine import SamplingParams
-from engine.client import EngineClient
+from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
 
@@ -157,7 +157,7 @@ def test_a_pause_ends_when_its_client_closes(owner):
 def test_a_pause_ends_when_its_client_is_killed(owner):
     code = textwrap.dedent(f"""
         import sys
-        from engine.client import EngineClient
+        from engine.front.client import EngineClient
         c = EngineClient(connect={owner.address!r}, label="doomed-pauser")
         c.pause()
         print("PAUSED", flush=True)

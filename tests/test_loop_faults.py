@@ -228,7 +228,7 @@ def test_new_engine_while_a_dropped_one_awaits_collection(ckpt, monkeypatch):
     during capture (whenever gc is enabled then): each new engine must still capture
     and serve."""
     import gc
-    from engine.cuda_graphs import StepGraphs
+    from engine.worker.cuda_graphs import StepGraphs
     real = StepGraphs._forward
 
     def forward(self, kind, size):

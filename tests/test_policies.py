@@ -6,10 +6,10 @@ import math
 import pytest
 
 from engine.config import InvalidRequestError, SchedulerConfig
-from engine.kv.block_metrics import RESIDENCY_BUCKETS, Histogram
-from engine.kv.block_pool import BlockPool
+from engine.core.kv.block_metrics import RESIDENCY_BUCKETS, Histogram
+from engine.core.kv.block_pool import BlockPool
 from engine.request import Request, SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.scheduler import Scheduler
 from engine.snapshot import Counters
 from tests.helpers import add_request
 
@@ -220,7 +220,7 @@ def test_block_lifetime_idle_and_reuse_gaps_by_hand():
 def test_a_large_pool_samples_one_block_in_stride_but_counts_every_hit():
     """Past MAX_TRACKED blocks, residency samples come from block ids divisible by the
     stride (vLLM samples 1%); hit counts stay exact for every block (lfu reads them)."""
-    from engine.kv.block_metrics import MAX_TRACKED, BlockLifetimes
+    from engine.core.kv.block_metrics import MAX_TRACKED, BlockLifetimes
     life = BlockLifetimes(3 * MAX_TRACKED)
     assert life.stride == 3
     life.on_allocated([3, 4], 1.0)

@@ -38,11 +38,11 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 from engine.config import (EVICTION_POLICIES, SCHEDULING_MODES, SCHEDULING_POLICIES,
                            InvalidRequestError, make_config)
-from engine.core import LLMEngine
-from engine.kv.prefix_cache import key_tokens
+from engine.core.core import LLMEngine
+from engine.core.kv.prefix_cache import key_tokens
 from engine.request import SamplingParams
-from engine.runner import ModelRunner
-from engine.sampling import Sampler
+from engine.worker.runner import ModelRunner
+from engine.worker.sampling import Sampler
 
 VOCAB = 512          # dummy:tiny
 MAX_MODEL_LEN = 64

@@ -148,7 +148,7 @@ def test_arrival_offsets_interval_poisson_burst():
 # -- driver --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def loop():
-    from engine.loop import EngineLoop
+    from engine.front.loop import EngineLoop
     lp = EngineLoop(model="dummy:tiny", num_blocks=128, max_num_seqs=16)
     yield lp
     lp.close()

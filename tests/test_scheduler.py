@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, EngineLoop, SamplingParams
-from engine.runner import ModelRunner
+from engine.worker.runner import ModelRunner
 from tests.hf_models import make_checkpoint
 
 NEW = 12

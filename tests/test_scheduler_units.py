@@ -6,11 +6,11 @@ import pytest
 
 from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
 from engine.config import SchedulerConfig
-from engine.kv.block_pool import BlockPool
-from engine.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key, key_tokens
+from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key, key_tokens
 from engine.request import (Request, RequestStatus, SamplingParams, add_pending_tokens,
                             append_sampled)
-from engine.scheduler import Scheduler
+from engine.core.scheduler import Scheduler
 from engine.snapshot import Counters
 
 BS = 4

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
-from engine.client import EngineClient
+from engine.front.client import EngineClient
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from engine.loop import EngineLoop
+from engine.front.loop import EngineLoop
 from roseplay import bench
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread

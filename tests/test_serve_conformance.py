@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from engine.client import EngineClient
+from engine.front.client import EngineClient
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 

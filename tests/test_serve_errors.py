@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from engine.loop import EngineLoop
+from engine.front.loop import EngineLoop
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 

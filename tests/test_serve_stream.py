@@ -14,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.client import EngineClient
+from engine.front.client import EngineClient
 from roseplay.bench_clients import Job, run_load
 from roseplay.serve.app import build_app
 from roseplay.serve.protocol import (ChatChunkChoice, ChatCompletionChunk, CompletionChoice,

@@ -48,7 +48,7 @@ def free_port_triple() -> int:
 def wait_for_measured_requests(address: str, count: int, timeout: float = 60.0) -> None:
     """Watch the bench's engine (as `roseplay --connect` would) until `count` requests
     have finished, so that the interrupt lands inside the measured run."""
-    from engine.client import EngineClient
+    from engine.front.client import EngineClient
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 CLIENT_IMPORTS = """
 import json, sys
-import roseplay.source, roseplay.cli, engine.client, engine.processor, engine.stream
-import engine.detokenizer
+import roseplay.source, roseplay.cli, engine.front.client, engine.front.processor, engine.front.stream
+import engine.front.detokenizer
 from engine.tokenizer import load_tokenizer
 tok = load_tokenizer("default")
 tok.decode(tok.encode("ROMEO: what light"), skip_special_tokens=True)
@@ -67,8 +67,8 @@ def test_tokenizer_with_altering_options_uses_transformers(tmp_path):
 def test_bundled_config_equals_autoconfig_on_every_field_the_model_reads():
     from transformers import AutoConfig
 
-    from engine.models.layers import rope_inv_freq
-    from engine.models.loader import DEFAULT_MODEL_DIR, _eos_ids, _read_config
+    from engine.worker.models.layers import rope_inv_freq
+    from engine.worker.models.loader import DEFAULT_MODEL_DIR, _eos_ids, _read_config
     plain = _read_config(str(DEFAULT_MODEL_DIR))
     hf = AutoConfig.from_pretrained(str(DEFAULT_MODEL_DIR))
     assert type(plain).__name__ == "SimpleNamespace"

@@ -1,5 +1,5 @@
 """The CUDA-graph step buffers on the CPU: whole engine runs where every step goes
-through engine/cuda_graphs.py's padded buffers (eagerly: no capture on the CPU), with
+through engine/worker/cuda_graphs.py's padded buffers (eagerly: no capture on the CPU), with
 the unified attention's torch oracle standing in for the Triton kernel. Greedy tokens
 must equal the plain CPU engine's through chunked prefills, prefix hits, preemption and
 async-scheduled decodes; this checks the buffer filling (padding, query start
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cuda_graphs import StepGraphs, mixed_buckets
+from engine.worker.cuda_graphs import StepGraphs, mixed_buckets
 from kernels import reference
 from kernels.unified_attention import unified_attention_reference
 
@@ -83,7 +83,7 @@ def test_fill_pads_mixed_step():
     """Buffers after one mixed step: slots -1 and no sequence past the real tokens."""
     llm = LLM(**KW)
     graphs = _through_buffers(llm)
-    from engine.batch_builder import build_step_batch
+    from engine.core.batch_builder import build_step_batch
     eng = llm.engine
     for p in (_prompts()[0], _prompts()[2]):   # 3 + 9 tokens: padded to 16
         llm.add_request(p, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))

@@ -1,4 +1,4 @@
-"""CUDA graphs of mixed steps on the GPU (engine/cuda_graphs.py): greedy tokens equal
+"""CUDA graphs of mixed steps on the GPU (engine/worker/cuda_graphs.py): greedy tokens equal
 to eager runs through chunked prefills, prefix hits and preemption, and mixed steps
 replayed from graphs (not silently eager) in a steady state of arrivals; async
 scheduling of mixed steps (planned while the previous step runs, its tokens fed on the

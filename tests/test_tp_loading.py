@@ -1,4 +1,4 @@
-"""Checkpoints read as data from a stranger (issue 17, engine/models): every tensor's shape
+"""Checkpoints read as data from a stranger (issue 17, engine/worker/models): every tensor's shape
 is checked against the full expected shape before it is read or sliced (a broadcastable
 wrong shape is refused, not loaded as garbage), config sizes are checked by field name,
 a damaged tokenizer or index is refused; a sharded index checkpoint loads."""

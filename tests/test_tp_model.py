@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.distributed.worker import TPWorkerGroup, WorkerSpec
-from engine.models.loader import load_model
+from engine.worker.distributed.worker import TPWorkerGroup, WorkerSpec
+from engine.worker.models.loader import load_model
 from kernels import get_ops
 from tests.hf_models import CONFIGS, make_checkpoint
-from engine.runner import ModelRunner
+from engine.worker.runner import ModelRunner
 from tests.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, RUNNER_KW, PagedDriver, shard_checkpoint
 
 CPU, F32 = torch.device("cpu"), torch.float32

@@ -8,9 +8,9 @@ import torch
 from transformers import AutoConfig
 
 from engine.config import InvalidRequestError
-from engine.distributed.parallel import TPInfo
-from engine.models.llama import LlamaForCausalLM
-from engine.models.loader import _init_dummy, check_tensor_parallel, model_config
+from engine.worker.models.parallel import TPInfo
+from engine.worker.models.llama import LlamaForCausalLM
+from engine.worker.models.loader import _init_dummy, check_tensor_parallel, model_config
 
 # 8 q heads of 8 dims, 2 KV heads, vocab 321 (padded to 322 at N=2, 324 at N=4)
 CFG = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=1,

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from engine.config import InvalidRequestError
-from engine.distributed.worker import TPWorkerError, TPWorkerGroup, WorkerSpec
-from engine.models.loader import load_model
+from engine.worker.distributed.worker import TPWorkerError, TPWorkerGroup, WorkerSpec
+from engine.worker.models.loader import load_model
 from kernels import get_ops
-from engine.runner import ModelRunner
+from engine.worker.runner import ModelRunner
 from tests.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, RUNNER_KW, PagedDriver
 
 CPU, F32 = torch.device("cpu"), torch.float32
@@ -112,8 +112,8 @@ def test_indivisible_heads_are_refused_before_any_worker_starts():
 
 ENGINE = textwrap.dedent("""
     import sys, time, torch
-    from engine.distributed.worker import TPWorkerGroup, WorkerSpec
-    from engine.models.loader import load_model
+    from engine.worker.distributed.worker import TPWorkerGroup, WorkerSpec
+    from engine.worker.models.loader import load_model
     g = TPWorkerGroup(WorkerSpec("dummy:tiny", 2, transport=sys.argv[1]))
     tp = g.start()
     load_model("dummy:tiny", torch.device("cpu"), torch.float32, tp=tp)

@@ -38,7 +38,7 @@ def _with(snap, *events):
 
 @sync
 async def test_the_top_line_and_this_step_give_the_same_step_number():
-    """A live engine's StepStats.step and snapshot step are both 1-based (engine/stats.py
+    """A live engine's StepStats.step and snapshot step are both 1-based (engine/core/stats.py
     counts the step before recording it), so neither panel adds 1."""
     snap = session_snapshot(12)
     snap = dataclasses.replace(snap, last_step=dataclasses.replace(snap.last_step,

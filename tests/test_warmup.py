@@ -1,10 +1,10 @@
-"""engine/warmup.py's LM-head warm-up: which row counts it runs (CPU, the sync stubbed)."""
+"""engine/worker/warmup.py's LM-head warm-up: which row counts it runs (CPU, the sync stubbed)."""
 from __future__ import annotations
 
 import torch
 
 from engine import LLM
-from engine.warmup import WARM_EVERY_ROWS_UP_TO, warm_up_logits
+from engine.worker.warmup import WARM_EVERY_ROWS_UP_TO, warm_up_logits
 
 
 def test_logits_warm_up_covers_every_row_count_a_mixed_step_samples(monkeypatch):

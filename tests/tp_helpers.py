@@ -6,7 +6,7 @@ import json
 import numpy as np
 import torch
 
-from engine.step_batch import SamplingColumns, StepBatch
+from engine.worker.step_batch import SamplingColumns, StepBatch
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64

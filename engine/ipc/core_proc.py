@@ -28,12 +28,12 @@ import zmq
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import InvalidRequestError, check_priority, make_config
-from engine.core_loop import CoreLoop
+from engine.core.core_loop import CoreLoop
 from engine.ipc import auth
 from engine.ipc.clients import ClientTable
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
-from engine.processor import InputProcessor
+from engine.front.processor import InputProcessor
 from engine.request import SamplingParams
 from engine.validation import check_request_id
 
@@ -328,7 +328,7 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         # leave a core to the clients (the front, the UI): OpenMP threads that spin on a
         # busy small box slow every step many times over
         torch.set_num_threads(max(1, min(8, (os.cpu_count() or 2) - 1)))
-        from engine.core import LLMEngine
+        from engine.core.core import LLMEngine
         status("progress", f"loading {engine_kwargs.get('model', 'default')}")
         engine = LLMEngine(make_config(**engine_kwargs))
         status("progress", "binding sockets")

@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from engine.snapshot import EngineSnapshot
-from engine.stats import EngineStats
+from engine.core.stats import EngineStats
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024     # zmq MAXMSGSIZE on the core's input socket
 
@@ -130,7 +130,7 @@ class Refused(msgspec.Struct, tag=True):
 
 
 class Stats(msgspec.Struct, tag=True):
-    """The engine's gauges and counters, to every client (engine/stats.py EngineStats)."""
+    """The engine's gauges and counters, to every client (engine/core/stats.py EngineStats)."""
     stats: EngineStats
 
 

@@ -193,9 +193,9 @@ def _engine(args):
         if args.tui:
             raise InvalidRequestError("--tui needs the engine in its own process "
                                       "(drop --in-process)")
-        from engine.loop import EngineLoop
+        from engine.front.loop import EngineLoop
         return EngineLoop(**kwargs)
-    from engine.client import EngineClient
+    from engine.front.client import EngineClient
     return EngineClient(address=args.engine_address, label="server", snapshots=False,
                         engine_key=args.engine_key, **kwargs)
 

@@ -21,7 +21,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
-from engine.kv.block_metrics import BLOCK_METRICS
+from engine.core.kv.block_metrics import BLOCK_METRICS
 
 BLOCK_DOCS = {"lifetime": "KV cache block lifetime from allocation to eviction.",
               "idle_before_evict": "Idle time before KV cache block eviction (since its last "
@@ -41,7 +41,7 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
 class EngineStatsCollector:
-    """Engine state at scrape time: the latest EngineStats (engine/stats.py) the engine
+    """Engine state at scrape time: the latest EngineStats (engine/core/stats.py) the engine
     sent, on every path (its own process or a thread here), whether or not anyone
     watches snapshots. One reference read, no lock, no engine call."""
 

@@ -206,7 +206,7 @@ def api_server_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     spec = json.loads(args.spec)
     status = os.fdopen(args.status_fd, "wb", buffering=0)
-    from engine.client import EngineClient
+    from engine.front.client import EngineClient
     from roseplay.serve.app import ServeConfig, build_app
     from roseplay.serve.server import serve_forever
     cfg = dict(spec["config"], api_key=os.environ.get(API_KEY_ENV) or None)

@@ -100,7 +100,7 @@ class EventLog(Widget):
         shown = [e for e in snap.events if e.kind != EV_EVICT]
         for e in reversed(shown[-max(1, rows):]):
             word, color = LABEL.get(e.kind, (e.kind, "free"))
-            t.append(f"#{e.step:<6}", "dim")     # 1-based (engine/stats.py)
+            t.append(f"#{e.step:<6}", "dim")     # 1-based (engine/core/stats.py)
             letter = LETTER.get(FLASH.get(e.kind), " ")
             t.append(f"{letter} {word:<10}", f"bold {theme.color(color)}")
             t.append(f" {(e.request_id or '-'):<8} ")

@@ -1,0 +1,403 @@
+"""LLMEngine: the engine core. One thread owns it; it only schedules and steps.
+
+add(CoreRequest) -> step() repeatedly -> StepOutput (new token ids, finished requests).
+A step: Scheduler.schedule() -> StepPlan -> build_step_batch() -> StepBatch ->
+ModelRunner.execute() -> logits -> Sampler.sample() -> tokens -> update (append, finish
+by stop token / length, free blocks) -> stats, events. Text is the front's business
+(engine/front/processor.py): the core sees token ids only.
+
+Async scheduling (the `async_scheduling` knob, vLLM V1's): every step is launched and
+left in flight; the next call commits its KV bookkeeping, counts each of its samples as
+a pending token (request.add_pending_tokens), asks the scheduler for the next step as usual,
+launches it with the pending tokens fed from the in-flight step's samples (on the
+device), and only then reads the tokens. So the host's planning of step N+1 overlaps
+the device's step N, prefill chunks and mixed steps included. A request that its token
+ends (EOS, stop) computes one more token in N+1, which is discarded.
+Under tensor parallelism too: every rank samples and keeps its samples on its device
+(engine/worker/distributed/executor.py), so a continuation needs nothing from rank 0's host
+but the batch it broadcasts anyway.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from engine.core.batch_builder import build_step_batch
+from engine.core.clock import ServingClock
+from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
+from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
+from engine.worker.distributed.executor import TPExecutor
+from engine.worker.device_io import HostCopy, HostCopyRing
+from engine.core.events import EventLog
+from engine.core.kv.block_pool import BlockPool
+from engine.worker.models.loader import load_model
+from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.worker.placement import resolve_device, resolve_dtype
+from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
+from engine.worker.runner import ModelRunner
+from engine.core.scheduler import Scheduler, StepPlan
+from engine.snapshot import Counters, EngineSnapshot, engine_snapshot, request_view
+from engine.core.stats import StatsRecorder
+from engine.worker.step_batch import StepBatch
+from kernels import default_cpu_backend
+from kernels.cpu_native_build import build_in_background
+
+# finished requests a snapshot still shows: re-sent in every snapshot, so few
+RECENT_FINISHED = 64
+CPU_DEFAULT_BLOCKS = 2048
+_STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
+           REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
+
+
+@dataclass
+class Launched:
+    """A step whose forward and sampling are queued on the device."""
+    plan: StepPlan
+    batch: StepBatch
+    requests: list[Request]          # one per sample row
+    host_tokens: HostCopy            # the same tokens on their way to the host
+    t0: float
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        torch.manual_seed(config.seed)
+        self.backend = config.attention_backend     # "auto" on CPU until _resolve_backend
+        if self.backend == "auto" and self.device.type == "cuda":
+            self.backend = "triton"
+        elif self.backend == "auto":
+            build_in_background()       # on a first launch cc runs while the model loads
+        self.tp_group = None                       # ranks 1..N-1 (engine/worker/distributed)
+        try:
+            loaded = self._load(config)
+            self._build(config, loaded)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, config: EngineConfig):
+        """Rank 0's model; with tensor parallelism, workers first (they load their shards
+        alongside)."""
+        n = config.tensor_parallel_size
+        if n == 1:
+            return load_model(config.model, self.device, self.dtype, config.seed)
+        from engine.worker.distributed.worker import TPWorkerGroup, WorkerSpec
+        self.tp_group = TPWorkerGroup(WorkerSpec(
+            config.model, n, self.device.type, str(self.dtype).removeprefix("torch."),
+            config.seed, attention_backend=self._resolve_backend()))
+        loaded = load_model(config.model, self.device, self.dtype, config.seed,
+                            tp=self.tp_group.start())
+        self.tp_group.wait_ready()
+        return loaded
+
+    def _resolve_backend(self) -> str:
+        """auto on CPU: cpu_native where its C kernels built (waits for the build), else
+        torch_sdpa."""
+        if self.backend == "auto":
+            self.backend = default_cpu_backend()
+        return self.backend
+
+    def _build(self, config: EngineConfig, loaded) -> None:
+        self.model_name = loaded.name
+        self.tokenizer = loaded.tokenizer     # loaded with the model, for the front only
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.vocab_size = loaded.model.config.vocab_size
+        self.max_model_len = min(config.max_model_len or min(loaded.max_model_len, 8192),
+                                 loaded.max_model_len)
+        from kernels import get_ops
+        backend = self._resolve_backend()
+        num_blocks = config.num_blocks or self._blocks_from_memory(loaded.model)
+        self.counters = Counters()
+        self.events = EventLog()
+        self.pool = BlockPool(num_blocks, config.block_size, self.counters)
+        self.clock = ServingClock()
+        self.pool.clock = self.clock.now          # block lifetimes on the serving clock
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
+        self.scheduler.max_model_len = self.max_model_len
+        # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
+        # buckets, so the NCCL all-reduces of captured graphs match) and samples alike
+        self.async_scheduling_enabled = config.async_scheduling
+        runner_kw = dict(max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
+                         graph_safe_ops=backend == "triton",
+                         async_scheduling=self.async_scheduling_enabled,
+                         max_graph_batch=max(config.scheduler.max_num_seqs, 256),
+                         max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
+                         if config.cudagraph_mode == "full" else 0, seed=config.seed)
+        if self.tp_group is not None:
+            self.tp_group.allocate_kv(num_blocks, config.block_size, **runner_kw)
+        self.runner = ModelRunner(loaded.model, get_ops(backend), self.device, self.dtype,
+                                  num_blocks, config.block_size, **runner_kw)
+        self.sampler = self.runner.sampler
+        self._tp_executor = TPExecutor(self.tp_group, self.runner) if self.tp_group else None
+        self.stats = StatsRecorder(self.counters)
+        self.requests: dict[str, Request] = {}     # unfinished, by id
+        self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
+        self._inflight: Launched | None = None
+        self._host_copies = HostCopyRing()         # the sampled tokens' way to the host
+        self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
+
+    @property
+    def executor(self):
+        """What runs a step: the runner itself (TP=1; looked up each time, so a test may
+        swap it), or the TPExecutor that also sends the batch to ranks 1..N-1."""
+        return self._tp_executor or self.runner
+
+    def _blocks_from_memory(self, model) -> int:
+        if self.device.type != "cuda":
+            return CPU_DEFAULT_BLOCKS
+        free, total = torch.cuda.mem_get_info(self.device)
+        per_block = ModelRunner.kv_bytes_per_block(model, self.config.block_size, self.dtype)
+        reserve = 2 * 1024 ** 3  # activations, logits, CUDA graphs
+        budget = total * self.config.gpu_memory_utilization - (total - free) - reserve
+        return max(16, int(budget // per_block))
+
+    # -- knobs and requests --------------------------------------------------------------
+    @property
+    def knobs(self) -> SchedulerConfig:
+        return self.scheduler.knobs
+
+    def set_knobs(self, knobs: SchedulerConfig) -> None:
+        self.scheduler.knobs = knobs
+        self.pool.eviction_policy = knobs.eviction_policy   # continuations allocate too
+
+    def add(self, creq: CoreRequest) -> Request:
+        """Queue a validated request (engine/front/processor.py validated it in the front)."""
+        if creq.request_id in self.requests:
+            raise InvalidRequestError(f"duplicate request id {creq.request_id!r}")
+        req = Request(creq.request_id, list(creq.prompt_token_ids), creq.params,
+                      prompt=creq.prompt_preview,
+                      arrival_time=self.clock.to_serving(creq.arrival_time),
+                      priority=creq.priority)
+        p = creq.params
+        req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos
+                                                      else self.eos_token_ids)
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, request_id: str, reason: str = REASON_CANCELLED,
+              error: str | None = None, out: StepOutput | None = None) -> Request | None:
+        """End a request at any stage (waiting, prefilling, decoding, preempted)."""
+        req = self.requests.get(request_id)
+        if req is not None:
+            self._finish(req, reason, error, out)
+        return req
+
+    def abort_output(self, request_id: str, reason: str = REASON_CANCELLED,
+                     error: str | None = None) -> StepOutput:
+        """abort(), with the request's end as a StepOutput for the front (empty if the
+        request is unknown or already over)."""
+        out = StepOutput()
+        self.abort(request_id, reason, error, out)
+        return out
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def clear_prefix_cache(self) -> int:
+        return self.pool.clear_cache()
+
+    # -- the step ------------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        """Run one engine step; return its new tokens and finished requests. With async
+        scheduling a call launches the next step before returning this one's tokens."""
+        if self._inflight is not None:
+            return self._complete_inflight(chain=True)
+        t0 = self.clock.now()
+        plan = self.scheduler.schedule()
+        out = StepOutput()
+        if not plan:
+            self._record(plan, t0, 0)
+            return out
+        try:
+            launched = self._launch(plan)
+        except Exception as exc:  # a failing forward fails its requests, not the engine
+            self._isolate(plan, exc, out)
+            self._after_step(plan, t0, out)
+            return out
+        if self.async_scheduling:
+            self._inflight = launched
+            return out
+        try:
+            self._commit(plan)
+            self._emit_tokens(launched, out)
+        except Exception as exc:  # after the commit began: no rerun
+            self._fail_plan(plan, exc, out)
+        self._after_step(plan, t0, out)
+        return out
+
+    def _isolate(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
+        """A step of several requests failed: run each request's part of it alone, so
+        that a fault one request's input causes fails that request only (and a fault
+        that does not come back fails nobody). Nothing of the failed step was committed:
+        each part recomputes its KV from the same positions. Costs one forward per
+        request, on failure only. Only for a failed launch (forward or sampler): once
+        the commit has begun, a rerun would count the same chunk twice."""
+        if len(plan.chunks) < 2:
+            self._fail_plan(plan, exc, out)
+            return
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"     # reported either way
+        for chunk in plan.chunks:
+            if chunk.request.request_id not in self.requests:
+                continue            # failed (or finished) as a dedup follower meanwhile
+            rid = chunk.request.request_id
+            part = StepPlan(decodes=[chunk] if chunk in plan.decodes else [],
+                            prefills=[chunk] if chunk in plan.prefills else [],
+                            copies=[c for c in plan.copies if c[2] == rid])
+            try:
+                launched = self._launch(part)
+                self._commit(part)
+                self._emit_tokens(launched, out)
+            except Exception as part_exc:
+                self._fail_plan(part, part_exc, out)
+
+    def flush(self) -> StepOutput:
+        """Finish an in-flight step without launching another."""
+        return self._complete_inflight(chain=False) if self._inflight is not None else StepOutput()
+
+    def _launch(self, plan: StepPlan, device_fed: bool = False) -> Launched:
+        """Build the plan's batch and queue its forward and sampling on every rank (the
+        decodes whose tokens are pending read them from the last samples, on the device)."""
+        t0 = self.clock.now()
+        batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size,
+                                           self.scheduler.kv.tables, device_fed)
+        tokens = self.executor.execute_model(batch)
+        # start the copy to the host now: a later .tolist() would be ordered behind (and
+        # wait for) the next step, which is launched before these tokens are read
+        return Launched(plan, batch, requests, self._host_copies.start(tokens), t0)
+
+    def _complete_inflight(self, chain: bool) -> StepOutput:
+        """Commit the step in flight, plan and launch the next one (chain), then read the
+        in-flight step's tokens: the host plans step N+1 while the device runs step N."""
+        prev, self._inflight = self._inflight, None
+        out = StepOutput()
+        failed = None
+        try:
+            self._commit(prev.plan)
+            if chain and self.async_scheduling:
+                failed = self._launch_next(prev)
+            self._emit_tokens(prev, out)
+        except Exception as exc:     # every plan that depends on prev's samples fails
+            plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
+                                               failed and failed[0]) if p is not None]
+            self._inflight = failed = None
+            for plan in plans:
+                self._fail_plan(plan, exc, out)
+            for req in prev.requests:       # followers: their tokens are never read, so
+                if req.num_pending and req.request_id in self.requests:   # recompute them
+                    req.drop_pending()
+                    if req.status is RequestStatus.RUNNING:
+                        self.scheduler.preempt(req)
+        self._after_step(prev.plan, prev.t0, out)
+        if failed is not None:   # rerun request by request, now that prev's tokens are known
+            plan, exc = failed
+            self._isolate(plan, exc, out)
+            self._record(plan, self.clock.now(), 0)
+        return out
+
+    def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
+        """Plan and launch the step after `prev` before prev's tokens are read: each
+        request prev samples counts its token as pending (the scheduler plans with it,
+        the runner feeds it from the device). Returns (plan, error) if the launch failed."""
+        add_pending_tokens(prev.requests)
+        plan = self.scheduler.schedule()
+        if not plan:
+            return None
+        try:
+            self._inflight = self._launch(plan, device_fed=True)
+        except Exception as exc:
+            return plan, exc
+        return None
+
+    def _after_step(self, plan: StepPlan, t0: float, out: StepOutput) -> None:
+        if self.config.check_invariants:
+            self.check_invariants()
+        self._record(plan, t0, len(out.request_ids))
+
+    def _commit(self, plan: StepPlan) -> None:
+        """The plan's KV is computed: advance counters, index newly full blocks, and let
+        dedup followers take the blocks of leaders that finished their prompt."""
+        page, running = self.pool.block_size, RequestStatus.RUNNING
+        caching = self.knobs.enable_prefix_caching
+        kv = self.scheduler.kv
+        for c in plan.decodes:   # hot loop: one token each; a block fills every `page`
+            req = c.request
+            if req.status is running:
+                n = req.num_computed_tokens = req.num_computed_tokens + 1
+                if n % page == 0:
+                    kv.register_full_blocks(req, caching)
+        for c in plan.prefills:
+            req = c.request
+            if req.status.done:
+                continue
+            req.num_computed_tokens += c.num_tokens
+            req.chunks_done += 1
+            kv.register_full_blocks(req, caching)
+            if c.sample:
+                self.scheduler.leader_sampled(req)
+
+    def _emit_tokens(self, launched: Launched, out: StepOutput) -> None:
+        tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync
+        self.counters.device_wait_us += int(waited * 1e6)
+        now = out.time = self.clock.now()
+        ended = append_sampled(launched.requests, tokens, now, self.stats.recent_itls,
+                               out.request_ids, out.token_ids)
+        for req, reason in ended:
+            self._finish(req, reason, None, out)
+
+    def _finish(self, req: Request, reason: str, error: str | None,
+                out: StepOutput | None) -> None:
+        req.drop_pending()
+        self.scheduler.remove(req)
+        req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
+        del self.requests[req.request_id]
+        self.executor.release(req.request_id)
+        self.recent_finished.append(request_view(req))
+        self.stats.on_finish(req)
+        if out is not None:
+            out.finished.append(FinishedRequest(req.request_id, reason, error, req.arrival_time,
+                                                req.num_cached_tokens, req.num_preemptions))
+
+    def _fail_plan(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
+        """Fail the plan's own requests. Their dedup followers computed nothing of their
+        own: finishing the leader sends them back to the queue (Scheduler._drop_links),
+        where one of them leads a fresh prefill; a failed request never fails another."""
+        msg = f"{type(exc).__name__}: {exc}"
+        for c in plan.chunks:
+            req = c.request
+            if req.request_id in self.requests:
+                self._finish(req, REASON_ERROR, msg, out)
+        for req in list(self.scheduler.running):   # followers that took a leader's blocks
+            if req.dedup_leader is None and req.num_uncomputed < 1:   # but not its token:
+                self.scheduler.preempt(req)       # never schedulable as is: recompute it
+        self.stats.last_error = msg
+
+    def _record(self, plan: StepPlan, t0: float, sampled: int) -> None:
+        sched, now = self.scheduler, self.clock.now()
+        evicted = self.pool.take_evicted()
+        self.stats.on_step(plan, t0, now, sampled, len(sched.running), len(sched.waiting),
+                           len(evicted), self.pool)
+        if plan:
+            self.events.record(self.counters.steps, now, plan, evicted, self.pool.block_size)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (if any); the runner's CUDA graphs go first
+        (they may hold the NCCL communicator the group's teardown waits for)."""
+        if self.tp_group is not None:
+            # after a rank died, syncing the device could wait on a collective forever
+            if getattr(self, "runner", None) is not None and self.tp_group.error is None:
+                self.runner.close()
+            self.tp_group.shutdown()
+
+    def check_invariants(self) -> None:
+        self.pool.check(self.scheduler.block_tables())
+        self.scheduler.kv.tables.check(self.scheduler.running)
+
+    def snapshot(self, paused: bool = False) -> EngineSnapshot:
+        """An immutable view of the engine now (cheap: arrays copied, views built)."""
+        return engine_snapshot(self, paused)

@@ -1,0 +1,255 @@
+"""CoreLoop: the engine core's busy loop (commands, pause / single step, step, publish).
+
+It owns an LLMEngine and runs on one thread: in-process under EngineLoop, or as the
+main loop of the engine-core process. Clients post commands (any thread); the loop
+applies them before its next step, so a knob change takes effect at the next step and
+nothing touches engine state concurrently. After each step it hands the StepOutput to
+`on_output` and, at most every `snapshot_interval` seconds (every step while paused),
+publishes a fresh immutable snapshot by swapping a reference: readers never lock.
+While paused the serving clock stops (engine/core/clock.py) and runs only during single steps.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from engine.codes import REASON_CANCELLED, REASON_ERROR
+from engine.config import InvalidRequestError, SchedulerConfig
+from engine.core.core import LLMEngine
+from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.snapshot import EngineSnapshot
+from engine.core.stats import EngineStats, engine_stats
+
+
+SNAPSHOT_BUDGET = 0.03    # the most of the engine thread's time that snapshots may take
+STATS_INTERVAL = 0.05     # EngineStats at most 20 Hz while busy (a Prometheus scrape is
+STATS_IDLE_INTERVAL = 1.0  # seconds apart); idle: once on going idle, then this often
+
+
+class CoreLoop:
+    def __init__(self, engine: LLMEngine, on_output: Callable[[StepOutput], None],
+                 snapshot_interval: float = 0.02,
+                 on_snapshot: Callable[[EngineSnapshot], None] | None = None):
+        self.engine = engine
+        self.on_output = on_output
+        self.on_snapshot = on_snapshot
+        self.snapshot_interval = float(snapshot_interval)
+        self.publish_cost = 0.0        # seconds the last snapshot cost outside this thread
+        #                                (the engine process's encoding: it holds the GIL)
+        self._commands: deque[Callable[[], None]] = deque()
+        self._wake = threading.Event()
+        self._idle = threading.Condition()
+        self._paused = False
+        self._single_steps: deque[Callable[[], None]] = deque()
+        self.stopped = False
+        self._idle_published = False   # idle, with a snapshot taken after the last step
+        self.fatal_error: str | None = None
+        self._snapshot = engine.snapshot()
+        self._next_publish = 0.0
+        self._barriers: list[Callable[[EngineSnapshot], None]] = []
+        self.publish_snapshots = True   # periodic snapshots (the engine process turns them
+        #                                 off while no client subscribes)
+        self.on_idle: Callable[[], None] | None = None   # run when the engine goes idle
+        self._busy = False
+        self.on_stats: Callable[[EngineStats], None] | None = None   # each EngineStats
+        self.stats = engine_stats(engine, time.perf_counter())   # the latest (any thread)
+        self._last_stats = 0.0
+
+    # -- commands (any thread) -------------------------------------------------------
+    def post(self, command: Callable[[], None]) -> None:
+        self._idle_published = False
+        self._commands.append(command)
+        self._wake.set()
+
+    def add(self, creq: CoreRequest) -> None:
+        self.post(lambda: self._add(creq))
+
+    def abort(self, request_id: str, reason: str = REASON_CANCELLED,
+              error: str | None = None) -> None:
+        self.post(lambda: self._emit(self.engine.abort_output(request_id, reason, error)))
+
+    def set_knobs(self, knobs: SchedulerConfig) -> None:
+        self.post(lambda: self.engine.set_knobs(knobs))
+
+    def update_knobs(self, changes: dict) -> None:
+        """Apply validated field changes to the knobs current at the next step (several
+        clients may change different knobs: none undoes another's)."""
+        self.post(lambda: self.engine.set_knobs(self.engine.knobs.replace(**changes)))
+
+    def clear_prefix_cache(self) -> None:
+        self.post(self.engine.clear_prefix_cache)
+
+    def set_paused(self, paused: bool) -> None:
+        self._paused = paused
+        self.post(lambda: None)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def step_once(self, done: Callable[[], None]) -> None:
+        """Pause (if running) and run exactly one step; `done()` is called after it."""
+        self._paused = True
+        self.post(lambda: self._single_steps.append(done))
+        if self.stopped:     # no loop will run it: do not leave the caller waiting
+            done()
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    def barrier(self, callback: Callable[[EngineSnapshot], None]) -> None:
+        """callback(snapshot) once the loop is idle, with a snapshot taken after its last
+        step (called on the loop's thread)."""
+        self.post(lambda: self._barriers.append(callback))
+
+    def reset_peak_usage(self) -> None:
+        self.post(lambda: setattr(self.engine.stats, "peak_used_blocks", self.engine.pool.num_used))
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until nothing is pending and the published snapshot is current."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self.stopped or (
+                self._idle_published and not self._commands), timeout)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._wake.set()
+
+    # -- the loop (its own thread) ---------------------------------------------------
+    def run(self) -> None:
+        try:
+            while not self.stopped:
+                self._drain_commands()
+                self._sync_pause()
+                if self._should_step():
+                    self._idle_published = False
+                    self._busy = True
+                    self._step()
+                    self._publish_stats(STATS_INTERVAL)
+                else:
+                    self._publish_stats(0.0 if self._busy else STATS_IDLE_INTERVAL)
+                    if self._busy and self.on_idle is not None:
+                        self.on_idle()     # work nobody waits for: between bursts
+                    self._busy = False
+                    self._publish(force=True)
+                    with self._idle:
+                        self._idle_published = not self._commands
+                        self._idle.notify_all()
+                    self._release_barriers()
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+        except Exception as exc:   # a bug outside the forward: stop, tell everyone
+            self.fatal_error = f"engine stopped: {type(exc).__name__}: {exc}"
+            self.engine.stats.last_error = self.fatal_error
+        finally:
+            self.stopped = True
+            self._shutdown()
+            self.engine.close()
+            with self._idle:
+                self._idle.notify_all()
+
+    def _step(self) -> None:
+        single = self._paused and self._single_steps
+        clock = self.engine.clock
+        if single:
+            clock.resume()     # the serving clock runs only while a single step runs
+        self._emit(self.engine.step())
+        if single:
+            clock.pause()
+            self._single_steps.popleft()()
+        self._publish(force=self._paused)
+
+    def _release_barriers(self) -> None:
+        if self._barriers and not self._commands:
+            barriers, self._barriers = self._barriers, []
+            for callback in barriers:
+                callback(self._snapshot)
+
+    def _drain_commands(self) -> None:
+        while self._commands:
+            self._commands.popleft()()
+
+    def _sync_pause(self) -> None:
+        """Paused: no step stays in flight (one step per key press) and the clock stops."""
+        eng = self.engine
+        eng.async_scheduling = eng.async_scheduling_enabled and not self._paused
+        if self._paused:
+            self._emit(eng.flush())
+            eng.clock.pause()
+        else:
+            eng.clock.resume()
+
+    def _should_step(self) -> bool:
+        if self._paused:
+            if not self._single_steps:
+                return False
+            if not self.engine.has_unfinished():   # nothing to do: the step is a no-op
+                self._single_steps.popleft()()
+                return False
+            return True
+        return self.engine.has_unfinished()
+
+    def _add(self, creq: CoreRequest) -> None:
+        try:
+            self.engine.add(creq)
+        except InvalidRequestError as exc:
+            self._emit(StepOutput(finished=[FinishedRequest(creq.request_id, REASON_ERROR,
+                                                            str(exc), 0.0, 0, 0)]))
+
+    def _emit(self, out: StepOutput) -> None:
+        if out:
+            self.on_output(out)
+
+    def _publish_stats(self, interval: float) -> None:
+        """A fresh EngineStats if `interval` passed since the last one (0: now)."""
+        now = time.perf_counter()
+        if now - self._last_stats >= interval:
+            self._last_stats = now
+            self.stats = engine_stats(self.engine, now)
+            if self.on_stats is not None:
+                self.on_stats(self.stats)
+
+    def _publish(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if force or (self.publish_snapshots and now >= self._next_publish):
+            self._snapshot = self.engine.snapshot(paused=self._paused)
+            done = time.perf_counter()
+            self.engine.counters.snapshot_build_us += int((done - now) * 1e6)
+            # watching may cost the engine at most SNAPSHOT_BUDGET of its time: a costly
+            # snapshot (a full pool, hundreds of requests) comes less often, a cheap one
+            # at the UI's rate; paused or single-stepping, every step still publishes
+            cost = done - now + self.publish_cost
+            self._next_publish = now + max(self.snapshot_interval, cost / SNAPSHOT_BUDGET)
+            if self.on_snapshot is not None:
+                self.on_snapshot(self._snapshot)
+
+    def _shutdown(self) -> None:
+        """The loop ends (stop or fatal error): every request gets its end."""
+        reason = REASON_ERROR if self.fatal_error else REASON_CANCELLED
+        message = self.fatal_error or "engine loop closed"
+        out = StepOutput()
+        while self._commands:          # requests submitted before the stop get their end
+            try:
+                self._commands.popleft()()
+            except Exception:
+                pass
+        for rid in list(self.engine.requests):
+            try:
+                self.engine.abort(rid, reason, message, out)
+            except Exception:
+                pass
+        try:
+            self._emit(out)
+        except Exception:
+            pass
+        while self._single_steps:
+            self._single_steps.popleft()()
+        try:
+            self._snapshot = self.engine.snapshot(paused=self._paused)
+        except Exception:
+            pass
+        barriers, self._barriers = self._barriers, []
+        for callback in barriers:
+            callback(self._snapshot)

@@ -1,0 +1,138 @@
+"""Request-level KV bookkeeping on top of the block pool.
+
+Prefix lookup on admission, slot reservation with copy-on-write of a shared partly
+filled block, registration of newly full blocks in the prefix index, and release.
+"""
+from __future__ import annotations
+
+from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.block_tables import BlockTables
+from engine.core.kv.prefix_cache import ROOT_HASH, block_key
+from engine.request import Request
+
+
+class KVManager:
+    def __init__(self, pool: BlockPool):
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.tables = BlockTables()      # every change to a block_table is mirrored here
+
+    def _block_key(self, req: Request, i: int, parent: int) -> bytes:
+        bs = self.block_size
+        return block_key(parent, req.token_slice(i * bs, (i + 1) * bs))
+
+    # -- admission -------------------------------------------------------------
+    def lookup_prefix(self, req: Request) -> int:
+        """Attach cached full blocks matching the request's tokens; return hit blocks.
+
+        At most (num_tokens - 1) // block_size blocks are reused, so at least the last
+        token is recomputed and yields the logits for the next sample.
+        """
+        assert not req.block_table
+        hits = self._match(req)
+        self.pool.touch([block for block, _ in hits])
+        for block, h in hits:
+            req.block_table.append(block)
+            req.block_hashes.append(h)
+        if hits:
+            self.tables.sync(req)
+        req.num_computed_tokens = len(hits) * self.block_size
+        self.pool.record_lookup(req.num_tokens, req.num_computed_tokens)
+        return len(hits)
+
+    def _match(self, req: Request) -> list[tuple[int, int]]:
+        """(block, hash) of the cached full blocks that match the request's tokens."""
+        max_hits = (req.num_tokens - 1) // self.block_size
+        parent, hits = ROOT_HASH, []
+        for i in range(max_hits):
+            key = self._block_key(req, i, parent)
+            block = self.pool.index.get(key)
+            if block is None:
+                break
+            parent = hash(key)
+            hits.append((block, parent))
+        return hits
+
+    def cached_prefix_blocks(self, req: Request) -> int:
+        """How many blocks lookup_prefix would reuse now (no change: SGLang's lpm order)."""
+        return len(self._match(req))
+
+    def attach_shared(self, req: Request, source: Request) -> None:
+        """Share every block of `source` (same-prompt dedup): refcount +1 each."""
+        for block in source.block_table:
+            self.pool.incref(block)
+        req.block_table = list(source.block_table)
+        self.tables.sync(req)
+        req.block_hashes = list(source.block_hashes)
+        req.num_computed_tokens = source.num_computed_tokens
+
+    # -- per step ----------------------------------------------------------------
+    def blocks_needed(self, req: Request, num_new: int) -> int:
+        bs = self.block_size
+        total = -(-(req.num_computed_tokens + num_new) // bs)
+        return max(0, total - len(req.block_table)) + int(self._needs_cow(req))
+
+    def _needs_cow(self, req: Request) -> bool:
+        i = req.num_computed_tokens // self.block_size
+        return i < len(req.block_table) and self.pool.refcounts[req.block_table[i]] > 1
+
+    def reserve(self, req: Request, num_new: int, copies: list[tuple[int, int, str]]) -> bool:
+        """Make room for tokens [computed, computed+num_new). On a shared partly filled
+        block, swap in a private copy and queue (src, dst) in `copies` (the runner does
+        all copies of a step in one batched op). Returns False, changing nothing, if the
+        pool cannot supply the blocks."""
+        need = self.blocks_needed(req, num_new)
+        if need == 0:
+            return True
+        fresh = self.pool.allocate(need)
+        if fresh is None:
+            return False
+        start = len(req.block_table)
+        if self._needs_cow(req):
+            i = start = req.num_computed_tokens // self.block_size
+            src, dst = req.block_table[i], fresh.pop()
+            copies.append((src, dst, req.request_id))
+            self.pool.decref(src)          # still >= 1: another table holds it
+            self.pool.counters.cow_copies += 1
+            req.block_table[i] = dst
+        req.block_table.extend(fresh)
+        self.tables.sync(req, start)
+        return True
+
+    def reserve_one(self, req: Request, copies: list[tuple[int, int, str]]) -> bool:
+        """reserve(req, 1, copies) with fast paths for the two decode cases: the slot lies
+        in a block the request already owns alone, or in the next block (one fresh
+        block, nothing shared to copy: every `block_size` tokens of every decode)."""
+        i = req.num_computed_tokens // self.block_size
+        table = req.block_table
+        if i < len(table):
+            if self.pool.refcounts[table[i]] == 1:
+                return True
+        elif i == len(table):
+            fresh = self.pool.allocate(1)
+            if fresh is None:
+                return False
+            table.append(fresh[0])
+            self.tables.sync(req, i)
+            return True
+        return self.reserve(req, 1, copies)
+
+    def register_full_blocks(self, req: Request, enabled: bool) -> None:
+        """Hash blocks that became full and computed; index them when caching is on."""
+        n_full = req.num_computed_tokens // self.block_size
+        if n_full <= len(req.block_hashes):
+            return
+        parent = req.block_hashes[-1] if req.block_hashes else ROOT_HASH
+        for i in range(len(req.block_hashes), n_full):
+            key = self._block_key(req, i, parent)
+            parent = hash(key)
+            req.block_hashes.append(parent)
+            if enabled:
+                self.pool.index.insert(key, req.block_table[i])
+
+    def free(self, req: Request) -> None:
+        self.pool.release(req.block_table)
+        self.tables.release(req)
+        req.block_table = []
+        req.block_hashes = []
+        req.num_computed_tokens = 0

@@ -1,0 +1,310 @@
+"""The scheduler: what one step computes, under the live knobs.
+
+Step composition (`scheduling_mode`):
+  budget         one token for every running decode (oldest first; more decodes than
+                 the budget take turns), then prefill chunks under what is left of
+                 max_num_batched_tokens: running mid-prefill requests, then waiting ones,
+                 each chunk = min(tokens still needed, budget left) (vLLM V1).
+  prefill-first  a step of prefill chunks alone whenever any can be scheduled, else a
+                 step of decodes alone (nano-vllm; SGLang without mixed chunks).
+  mixed-chunk    every running decode in every step, uncapped, and prefill chunks under
+                 the budget minus the decodes (SGLang --enable-mixed-chunk).
+Admission walks the waiting queue in the `scheduling_policy` order (engine/core/sched_policy.py)
+and stops at the first request that does not fit (no overtaking). When the pool runs
+dry for a running request, a victim is preempted (blocks freed, requeued at the front,
+recomputed): the newest, or under `priority` the least important. Identical prompts
+are prefilled once: later copies wait on the first ("leader") and share its blocks and
+last-token logits when it samples.
+
+Async scheduling plans a step while the previous one is still on the device: a request
+that step samples already counts its token (request.add_pending_tokens), so it is scheduled as
+a decode whose input the runner takes from the device; one that this token ends by
+length is left out, and a preempted one is not re-admitted before the token is read.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.config import SchedulerConfig
+from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.kv_manager import KVManager
+from engine.request import Request, RequestStatus
+from engine.core.sched_policy import admission_order, running_order, victim_key
+from engine.snapshot import Counters
+
+
+class ScheduledChunk:
+    """Part of a request computed in one step (a plain slots class: a wide step makes
+    hundreds a step, and a dataclass's init and field-wise equality cost more)."""
+    __slots__ = ("request", "start", "num_tokens", "sample")
+
+    def __init__(self, request: Request, start: int, num_tokens: int, sample: bool):
+        self.request = request
+        self.start = start             # first position computed this step
+        self.num_tokens = num_tokens
+        self.sample = sample           # reaches the end of the known tokens: sample after it
+
+    def __repr__(self) -> str:
+        return (f"ScheduledChunk({self.request.request_id!r}, start={self.start}, "
+                f"num_tokens={self.num_tokens}, sample={self.sample})")
+
+
+@dataclass
+class StepPlan:
+    decodes: list[ScheduledChunk] = field(default_factory=list)
+    prefills: list[ScheduledChunk] = field(default_factory=list)
+    copies: list[tuple[int, int, str]] = field(default_factory=list)   # COW (src, dst, request id)
+    preempted: list[tuple[Request, tuple[int, ...]]] = field(default_factory=list)  # (req, blocks freed)
+    prefix_hits: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)   # (request id, blocks)
+    dedup_joins: list[tuple[str, str]] = field(default_factory=list)   # (follower id, leader id)
+
+    @property
+    def chunks(self) -> list[ScheduledChunk]:
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(c.num_tokens for c in self.prefills)
+
+    @property
+    def prefix_hit_blocks(self) -> int:
+        return sum(len(blocks) for _, blocks in self.prefix_hits)
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.prefills)
+
+
+class Scheduler:
+    def __init__(self, knobs: SchedulerConfig, pool: BlockPool, counters: Counters):
+        self.knobs = knobs
+        self.pool = pool
+        self.counters = counters
+        self.kv = KVManager(pool)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.followers: dict[Request, list[Request]] = {}   # dedup leader -> waiters
+        self._leaders: dict[tuple, Request] = {}            # prompt key -> leader
+        self._admit_counter = 0
+        self._decode_offset = 0
+        self.max_model_len = 1 << 62     # the engine sets its own
+
+    # -- queue operations (engine thread) ------------------------------------------
+    def add(self, req: Request) -> None:
+        req.length_cap = min(req.length_cap, self.max_model_len)
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out (finished, cancelled, failed) and free its blocks."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self._drop_links(req)
+        self.kv.free(req)
+
+    # -- the step plan ---------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        knobs = self.knobs
+        self.pool.eviction_policy = knobs.eviction_policy
+        plan = StepPlan()
+        budget = knobs.max_num_batched_tokens
+        decodes, prefilling = self._partition()
+        if knobs.scheduling_mode == "prefill-first":
+            # a prefill never preempts here: one that did could be re-admitted at once
+            # and starve every decode (a prefill-only step each time, forever)
+            left = self._schedule_running_prefills(plan, prefilling, budget, may_preempt=False)
+            self._admit_waiting(plan, left, knobs)
+            if not plan.prefills:
+                self._schedule_decodes(plan, decodes, budget)
+            if not plan:       # nothing fits without preempting: the oldest prefill may
+                self._schedule_running_prefills(plan, prefilling, budget)
+            return plan
+        if knobs.scheduling_mode == "mixed-chunk":
+            self._schedule_decodes(plan, decodes, None)
+            budget = max(0, budget - len(plan.decodes))
+        else:
+            budget = self._schedule_decodes(plan, decodes, budget)
+        budget = self._schedule_running_prefills(plan, prefilling, budget)
+        self._admit_waiting(plan, budget, knobs)
+        return plan
+
+    def _partition(self) -> tuple[list[Request], list[Request]]:
+        """Running requests that decode next, and those still prefilling, in the policy's
+        order (one pass: this runs every step over every running request). Left out:
+        dedup followers, and a request its pending token ends by length (its token count
+        reaches Request.length_cap)."""
+        decodes, prefilling = [], []
+        for r in running_order(self.running, self.knobs.scheduling_policy):
+            if r.dedup_leader is not None:
+                continue
+            total = len(r.prompt_token_ids) + len(r.output_token_ids)
+            n = total - r.num_computed_tokens
+            if n > 1:
+                prefilling.append(r)
+            elif n == 1 and (r.pending_row < 0 or total < r.length_cap):
+                decodes.append(r)
+        return decodes, prefilling
+
+    def _schedule_decodes(self, plan: StepPlan, decodes: list[Request],
+                          budget: int | None) -> int | None:
+        """One token for each running decode; budget None: all of them (mixed-chunk)."""
+        if budget is not None and len(decodes) > budget:   # rotate: every decode gets a turn
+            k = self._decode_offset % len(decodes)
+            decodes = decodes[k:] + decodes[:k]
+            self._decode_offset += budget
+        page, refcounts, running = self.pool.block_size, self.pool.refcounts, RequestStatus.RUNNING
+        scheduled = plan.decodes
+        base = len(scheduled)
+        left = len(decodes) if budget is None else min(budget, len(decodes))
+        for req in decodes:
+            if not left:
+                break
+            if req.status is not running:
+                continue    # preempted earlier in this loop
+            pos, table = req.num_computed_tokens, req.block_table
+            i = pos // page     # fast path: the slot lies in a block the request owns alone
+            if not (i < len(table) and refcounts[table[i]] == 1) \
+                    and not self._reserve_running(req, 1, plan):
+                continue
+            scheduled.append(ScheduledChunk(req, pos, 1, True))
+            left -= 1
+        return None if budget is None else budget - (len(scheduled) - base)
+
+    def _schedule_running_prefills(self, plan: StepPlan, prefilling: list[Request], budget: int,
+                                   may_preempt: bool = True) -> int:
+        for req in prefilling:
+            if budget == 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            n = min(req.num_uncomputed, budget)
+            if not (self._reserve_running(req, n, plan) if may_preempt
+                    else self.kv.reserve(req, n, plan.copies)):
+                continue
+            plan.prefills.append(self._chunk(req, n))
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, plan: StepPlan, budget: int, knobs: SchedulerConfig) -> None:
+        caching = knobs.enable_prefix_caching
+        if not self.waiting or len(self.running) >= knobs.max_num_seqs:
+            return
+        order = admission_order(self.waiting, knobs.scheduling_policy,
+                                self.kv.cached_prefix_blocks if caching else None)
+        for req in order:
+            if len(self.running) >= knobs.max_num_seqs or req.num_pending:
+                break      # (a preempted request's last token is still on the device)
+            if caching and self._join_leader(req, plan):
+                continue
+            if budget == 0:
+                break
+            hits = self.kv.lookup_prefix(req) if caching else 0
+            n = min(req.num_uncomputed, budget)
+            if not self.kv.reserve(req, n, plan.copies):
+                self.kv.free(req)   # undo the prefix hit; wait for blocks (no overtaking)
+                break
+            self.waiting.remove(req)
+            self._start(req, hits)
+            if caching:
+                self._leaders.setdefault(req.prompt_key, req)   # set by _join_leader
+            if hits:
+                plan.prefix_hits.append((req.request_id, tuple(req.block_table[:hits])))
+            plan.prefills.append(self._chunk(req, n))
+            budget -= n
+
+    # -- helpers -----------------------------------------------------------------------
+    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
+        start = req.num_computed_tokens
+        return ScheduledChunk(req, start, n, start + n == req.num_tokens)
+
+    def _start(self, req: Request, hit_blocks: int) -> None:
+        req.status = RequestStatus.RUNNING
+        req.admit_seq = self._admit_counter
+        self._admit_counter += 1
+        req.num_cached_tokens = hit_blocks * self.pool.block_size
+        req.num_prefill_target = req.num_tokens
+        self.running.append(req)
+
+    @staticmethod
+    def _prompt_key(req: Request) -> tuple:
+        return (req.num_tokens, hash(tuple(req.all_token_ids())))
+
+    def _join_leader(self, req: Request, plan: StepPlan) -> bool:
+        """Same-prompt dedup: wait on a running request with identical tokens that has
+        not sampled yet, instead of prefilling again."""
+        req.prompt_key = self._prompt_key(req)    # hashing a prompt once per admission try
+        leader = self._leaders.get(req.prompt_key)
+        if leader is None or leader.all_token_ids() != req.all_token_ids():
+            return False
+        self.waiting.remove(req)
+        self._start(req, 0)
+        req.dedup_leader = leader
+        self.followers.setdefault(leader, []).append(req)
+        plan.dedup_joins.append((req.request_id, leader.request_id))
+        self.counters.dedup_joined += 1
+        return True
+
+    def _reserve_running(self, req: Request, n: int, plan: StepPlan) -> bool:
+        """Reserve KV for a running request, preempting others if needed: those not yet
+        scheduled this step, the newest (or the least important) first, never one that
+        comes before `req` in that order (then `req` itself waits)."""
+        reserve = self.kv.reserve_one if n == 1 else (lambda r, c: self.kv.reserve(r, n, c))
+        key = victim_key(self.knobs.scheduling_policy)
+        while not reserve(req, plan.copies):
+            scheduled = {id(c.request) for c in plan.chunks}  # noqa: the rare path
+            victims = [r for r in self.running if r is not req and id(r) not in scheduled
+                       and r.dedup_leader is None]
+            victim = max(victims, key=key, default=None)
+            if victim is None or key(victim) < key(req):
+                self.preempt(req, plan)
+                return False
+            self.preempt(victim, plan)
+        return True
+
+    def preempt(self, req: Request, plan: StepPlan | None = None) -> None:
+        """Free the request's blocks and requeue it at the front to recompute."""
+        self.running.remove(req)
+        self._drop_links(req)
+        blocks = tuple(req.block_table)
+        self.kv.free(req)
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        req.chunks_done = 0
+        self.counters.preemptions += 1
+        self.waiting.appendleft(req)
+        if plan is not None:
+            plan.preempted.append((req, blocks))
+
+    def _drop_links(self, req: Request) -> None:
+        """Unlink dedup relations: a leaving leader sends its waiters back to the queue."""
+        self._forget_leader(req)
+        for follower in reversed(self.followers.pop(req, [])):
+            follower.dedup_leader = None
+            follower.status = RequestStatus.WAITING
+            self.running.remove(follower)
+            self.waiting.appendleft(follower)
+        leader = req.dedup_leader
+        if leader is not None:
+            self.followers[leader].remove(req)
+            req.dedup_leader = None
+
+    def _forget_leader(self, req: Request) -> None:
+        key = req.prompt_key      # as it was when the request was admitted
+        if key is not None and self._leaders.get(key) is req:
+            del self._leaders[key]
+
+    def leader_sampled(self, leader: Request) -> list[Request]:
+        """The leader computed its whole prompt: its waiters take its blocks now."""
+        self._forget_leader(leader)
+        waiters = self.followers.pop(leader, [])
+        for f in waiters:
+            f.dedup_leader = None
+            self.kv.attach_shared(f, leader)
+        return waiters
+
+    def clear_prefix_cache(self) -> int:
+        return self.pool.clear_cache()
+
+    def block_tables(self) -> list[list[int]]:
+        return [r.block_table for r in self.running]

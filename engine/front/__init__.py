@@ -1,0 +1,1 @@
+"""The client side: LLM, EngineClient, EngineLoop and the request/output processing they share."""

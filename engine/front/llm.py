@@ -1,0 +1,134 @@
+"""The vLLM-like offline API: LLM(model=...).generate(prompts, sampling_params)."""
+from __future__ import annotations
+
+import gc
+from typing import Callable, Sequence
+
+import torch
+
+from engine.codes import REASON_STOP
+from engine.config import EngineConfig, InvalidRequestError, make_config
+from engine.core.core import LLMEngine
+from engine.front.processor import InputProcessor, OutputProcessor
+from engine.request import RequestOutput, SamplingParams
+
+
+class LLM:
+    """Offline batched generation. Keyword arguments are the knobs of engine.config
+    (model, device, dtype, block_size, num_blocks / num_gpu_blocks,
+    gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
+    max_model_len, enforce_eager, attention_backend, seed, check_invariants).
+
+    `close()` (or `with LLM(...) as llm:`) releases the tensor-parallel workers, the
+    process group, CUDA graphs, the weights and the KV cache, so that another LLM (any
+    tensor-parallel size) can start in the same process (a notebook, a test)."""
+
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs):
+        if config is None:
+            if model is not None:
+                kwargs["model"] = model
+            config = make_config(**kwargs)
+        self.engine = e = LLMEngine(config)
+        self.inputs = InputProcessor.for_engine(e)
+        self.outputs = OutputProcessor(e.tokenizer)
+
+    @property
+    def tokenizer(self):
+        return self._engine().tokenizer
+
+    def close(self) -> None:
+        """Release everything the engine holds; idempotent. The LLM is unusable after."""
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        try:
+            engine.close()               # workers and process group (TP), graphs first
+            if engine.tp_group is None and getattr(engine, "runner", None) is not None:
+                engine.runner.close()    # TP=1: the CUDA graphs
+        finally:
+            self.inputs = self.outputs = None
+            del engine
+            gc.collect()                 # the model and KV cache go now, not at exit
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _engine(self) -> LLMEngine:
+        if self.engine is None:
+            raise RuntimeError("this LLM is closed")
+        return self.engine
+
+    def add_request(self, prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None, priority: int = 0):
+        """Validate and queue one request on the core; returns the core's Request (for
+        callers that drive `self.engine.step()` themselves, e.g. tests)."""
+        engine = self._engine()
+        creq, text = self.inputs.process(prompt, params, request_id, priority)
+        return engine.add(creq)
+
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_step: Callable[[LLMEngine], None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order.
+
+        A prompt is a string, a list of token ids, or {"prompt_token_ids": [...]}.
+        `on_step` (optional) is called after every engine step (tests, progress bars).
+        `priority`: one per prompt (vLLM's LLM.generate), used by scheduling_policy=priority.
+        """
+        self._engine()
+        prompts = _prompt_list(prompts)
+        params = _params_list(sampling_params, len(prompts))
+        priorities = _priority_list(priority, len(prompts))
+        made = [self.inputs.process(p, sp, priority=pr)
+                for p, sp, pr in zip(prompts, params, priorities)]
+        results: dict[str, RequestOutput] = {}
+        for creq, text in made:
+            self.outputs.add(creq, text, None, lambda ev: results.__setitem__(ev.request_id, ev.output))
+            self.engine.add(creq)
+        while self.engine.has_unfinished():
+            self._apply(self.engine.step())
+            if on_step is not None:
+                on_step(self.engine)
+        return [results[creq.request_id] for creq, _ in made]
+
+    def _apply(self, out) -> None:
+        for rid in self.outputs.process(out):    # stop strings matched
+            self.outputs.process(self.engine.abort_output(rid, REASON_STOP))
+
+
+def _prompt_list(prompts) -> list:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if prompts is None or not hasattr(prompts, "__iter__") or isinstance(prompts, bytes):
+        raise InvalidRequestError(f"prompts must be a string, token ids, a dict prompt or a "
+                                  f"list of them, got {type(prompts).__name__}")
+    return list(prompts)
+
+
+def _params_list(sampling_params, n: int) -> list[SamplingParams]:
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * n
+    if isinstance(sampling_params, dict) or not hasattr(sampling_params, "__iter__"):
+        raise InvalidRequestError("sampling_params must be a SamplingParams or a list of "
+                                  f"them, got {type(sampling_params).__name__}")
+    params = list(sampling_params)
+    if len(params) != n:
+        raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
+                                  f"{n} prompts: pass one, or one per prompt")
+    return params
+
+
+def _priority_list(priority, n: int) -> list[int]:
+    if priority is None:
+        return [0] * n
+    if isinstance(priority, (str, bytes, dict)) or not hasattr(priority, "__iter__"):
+        raise InvalidRequestError("priority must be a list of integers, one per prompt")
+    out = list(priority)
+    if len(out) != n:
+        raise InvalidRequestError(f"priority has {len(out)} entries for {n} prompts")
+    return out

@@ -1,0 +1,161 @@
+"""EngineLoop: the engine on a background thread, behind the client API.
+
+The client API (what the TUI, the bench, the server and tests use): submit -> stream,
+cancel, set_knobs / knobs, pause / resume / step_once, clear_prefix_cache, snapshot,
+info / tokenizer, wait_idle, close. The engine-process client (engine/front/client.py) has the
+same surface. Here the core loop (engine/core/core_loop.py) runs on a thread of this process,
+and its step outputs go through the front's OutputProcessor on that thread.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
+from engine.config import EngineConfig, InvalidRequestError, make_config
+from engine.core.core import LLMEngine
+from engine.core.core_loop import CoreLoop
+from engine.outputs import EngineInfo
+from engine.front.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
+from engine.front.stream import RequestStream, chain_sinks
+from engine.request import SamplingParams
+from engine.snapshot import EngineSnapshot
+from engine.core.stats import EngineStats
+
+__all__ = ["EngineLoop", "RequestStream", "StreamEvent", "EngineInfo"]
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine | None = None, *, config: EngineConfig | None = None,
+                 snapshot_interval: float = 0.02, start: bool = True, **kwargs):
+        self.engine = engine or LLMEngine(config or make_config(**kwargs))
+        e = self.engine
+        self.info = EngineInfo.of(e)
+        self.tokenizer = e.tokenizer
+        self.inputs = InputProcessor.for_engine(e)
+        self.outputs = OutputProcessor(e.tokenizer)
+        self._knobs = e.knobs
+        self._knobs_lock = threading.Lock()
+        self.core = CoreLoop(e, self._on_output, snapshot_interval)
+        self._thread = threading.Thread(target=self._run, name="roseplay-engine", daemon=True)
+        if start:
+            self._thread.start()
+
+    # -- the client API (any thread) ---------------------------------------------------
+    @property
+    def knobs(self):
+        """The latest requested live knobs (applied at the next step)."""
+        return self._knobs
+
+    @property
+    def fatal_error(self) -> str | None:
+        return self.core.fatal_error
+
+    @property
+    def paused(self) -> bool:
+        return self.core.paused
+
+    def submit(self, prompt, params: SamplingParams | None = None,
+               request_id: str | None = None,
+               on_finish: Callable[[StreamEvent], None] | None = None,
+               on_event: Callable[[StreamEvent], None] | None = None,
+               priority: int = 0) -> RequestStream:
+        """Validate (raises InvalidRequestError here) and queue a request. `priority`
+        orders the queue under scheduling_policy=priority (lower first, as vLLM).
+
+        Sinks, chosen per request: by default every step's delta queues for the returned
+        stream; `on_event` gets every event instead (e.g. an asyncio server forwards them
+        with call_soon_threadsafe); `on_finish` alone gets only the final event (no
+        per-token event is ever built). Callbacks run on the engine thread: keep them
+        cheap. Keep the returned stream while the request runs: dropping it cancels."""
+        self._check_running()
+        creq, text = self.inputs.process(prompt, params, request_id, priority)
+        stream = RequestStream(creq.request_id, self._cancel_dropped)
+        on_event, on_finish = chain_sinks(stream, on_event, on_finish)
+        self.core.post(lambda: self._add(creq, text, on_event, on_finish))
+        self._check_running()
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        """Safe for any value: an id no request can have is nothing to cancel."""
+        try:
+            request_id = check_request_id(request_id)
+        except InvalidRequestError:
+            return
+        self.core.abort(request_id, REASON_CANCELLED)
+
+    def set_knobs(self, **changes):
+        """Validate now (raises InvalidRequestError), apply before the next step."""
+        with self._knobs_lock:      # concurrent callers: no update is lost
+            knobs = self._knobs.replace(**changes)
+            self._knobs = knobs
+            self.core.set_knobs(knobs)
+        return knobs
+
+    def clear_prefix_cache(self) -> None:
+        self.core.clear_prefix_cache()
+
+    def pause(self) -> None:
+        self.core.set_paused(True)
+
+    def resume(self) -> None:
+        self.core.set_paused(False)
+
+    def step_once(self) -> threading.Event:
+        """Pause (if running) and run exactly one engine step; the event fires after it."""
+        done = threading.Event()
+        self.core.step_once(done.set)
+        return done
+
+    def snapshot(self) -> EngineSnapshot:
+        return self.core.snapshot()
+
+    def engine_stats(self) -> EngineStats:
+        """The latest gauges and counters (what /metrics serves; engine/core/stats.py)."""
+        return self.core.stats
+
+    def reset_peak_usage(self) -> None:
+        """Restart the peak-KV-usage watermark (snapshot.extra["peak_used_blocks"])."""
+        self.core.reset_peak_usage()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request is unfinished and no command is pending."""
+        return self.core.wait_idle(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.core.stop()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "EngineLoop":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- engine thread -------------------------------------------------------------------
+    def _check_running(self) -> None:
+        if self.core.stopped:
+            raise RuntimeError(f"engine loop is stopped ({self.fatal_error or 'closed'})")
+
+    def _cancel_dropped(self, request_id: str) -> None:
+        if not self.core.stopped:
+            self.core.abort(request_id, REASON_CANCELLED, "stream dropped by its consumer")
+
+    def _add(self, creq, text, on_event, on_finish) -> None:
+        if self.outputs.has(creq.request_id):
+            self.outputs.refuse(creq, text, on_event, on_finish,
+                                f"duplicate request id {creq.request_id!r}")
+            return
+        self.outputs.add(creq, text, on_event, on_finish)
+        self.core._add(creq)
+
+    def _on_output(self, out) -> None:
+        for rid in self.outputs.process(out):     # stop strings matched: end them now
+            self.core._emit(self.engine.abort_output(rid, REASON_STOP))
+
+    def _run(self) -> None:
+        self.core.run()
+        message = self.core.fatal_error or "engine loop closed"
+        self.outputs.fail_all(REASON_ERROR if self.core.fatal_error else REASON_CANCELLED,
+                              message)

@@ -1,0 +1,245 @@
+"""The front's text handling: prompts in (tokenize, validate), tokens out (detokenize,
+stop strings, stream events, final RequestOutputs).
+
+This runs wherever the client runs (the EngineLoop thread today, the client process
+once the core has its own), never inside the engine core: the core's step sees token
+ids only. Stop strings are matched here, on the detokenized text; a hit ends the
+request for its consumer at once and the front tells the core to abort it (the core
+may have computed one more token by then, which is dropped, as in vLLM V1).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.codes import REASON_ERROR, REASON_STOP
+from engine.config import InvalidRequestError, check_priority
+from engine.front.detokenizer import make_detokenizer
+from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
+from engine.validation import check_request_id, check_text
+
+
+_REQUEST_IDS = itertools.count()     # default ids, unique in this process
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """What one step added to a request: new tokens (with emit times) and text."""
+    request_id: str
+    token_ids: tuple[int, ...]
+    token_times: tuple[float, ...]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    output: RequestOutput | None = None     # the whole result, on the final event
+
+
+class InputProcessor:
+    """Prompt (text, token ids, or {"prompt_token_ids", "prompt"}) -> validated CoreRequest."""
+
+    def __init__(self, tokenizer, model_name: str, vocab_size: int, max_model_len: int,
+                 num_blocks: int, block_size: int):
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    @classmethod
+    def for_engine(cls, e) -> "InputProcessor":
+        """For an in-process LLMEngine (the engine-process client builds one from EngineInfo)."""
+        return cls(e.tokenizer, e.model_name, e.vocab_size, e.max_model_len,
+                   e.pool.num_blocks, e.pool.block_size)
+
+    def process(self, prompt, params: SamplingParams | None = None,
+                request_id: str | None = None, priority: int = 0
+                ) -> tuple[CoreRequest, str | None]:
+        """Returns the core request and the prompt text (None for token-id prompts)."""
+        arrival = time.perf_counter()
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams")
+        text, ids = self._tokenize(prompt)
+        self.validate_ids(ids, params)
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "
+                                      "can never match (use stop_token_ids)")
+        rid = check_request_id(request_id) if request_id is not None \
+            else f"req-{next(_REQUEST_IDS)}"
+        preview = text[:80] if text is not None else None
+        return CoreRequest(rid, tuple(ids), params, arrival, preview,
+                           check_priority(priority)), text
+
+    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt:
+                raise InvalidRequestError("a dict prompt needs 'prompt_token_ids'")
+            ids = prompt["prompt_token_ids"]
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+                raise InvalidRequestError("prompt_token_ids must be a list of integers, got "
+                                          f"{type(ids).__name__}")
+            text = prompt.get("prompt")
+            if text is not None and not isinstance(text, str):
+                raise InvalidRequestError(f"a dict prompt's 'prompt' must be a string, got "
+                                          f"{type(text).__name__}")
+            return text and check_text("prompt", text), list(ids)
+        if isinstance(prompt, (list, tuple)):
+            return None, list(prompt)
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(f"prompt must be a string or token ids, got {type(prompt).__name__}")
+        if not prompt:
+            raise InvalidRequestError("prompt is empty")
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: pass "
+                                      "{'prompt_token_ids': [...]} instead of text")
+        return prompt, self.tokenizer.encode(check_text("prompt", prompt))
+
+    def validate_ids(self, ids: list[int], params: SamplingParams, typed: bool = False) -> None:
+        """typed: the ids were decoded into a list[int] field (msgspec rejects bools and
+        other types there), so the per-token type check is skipped."""
+        if not ids:
+            raise InvalidRequestError("prompt is empty (0 tokens)")
+        if not typed and any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            raise InvalidRequestError("prompt_token_ids must be integers")
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size}); got "
+                                      f"min {min(ids)}, max {max(ids)}")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_model_len is "
+                                      f"{self.max_model_len} (prompt must leave room for 1 token)")
+        need = min(len(ids) + params.max_tokens, self.max_model_len)
+        capacity = self.num_blocks * self.block_size
+        if need > capacity:
+            raise InvalidRequestError(f"prompt + max_tokens = {need} tokens can never fit the "
+                                      f"KV pool ({self.num_blocks} blocks x {self.block_size} "
+                                      f"= {capacity} tokens)")
+
+
+@dataclass
+class RequestState:
+    """The front's view of one request: its output so far and where its events go."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    on_event: Callable[[StreamEvent], None] | None    # token stream (None: finish only)
+    on_finish: Callable[[StreamEvent], None] | None
+    detok: object | None           # engine/front/detokenizer.py: step(output_ids, text)
+    output_ids: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    text: str = ""
+    sent_tokens: int = 0
+    sent_text: int = 0
+    stopped: bool = False          # a stop string matched: ended here, the core aborts it
+
+
+class OutputProcessor:
+    """StepOutputs -> per-request state -> StreamEvents to each request's sinks."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+
+    def add(self, creq: CoreRequest, prompt_text: str | None,
+            on_event: Callable[[StreamEvent], None] | None,
+            on_finish: Callable[[StreamEvent], None] | None) -> None:
+        """Register a request's sinks: `on_event` gets every step's delta (and the final
+        event); `on_finish` gets the final event only. No event is built for nobody."""
+        p = creq.params
+        # text is decoded incrementally only when someone reads it per step or it is
+        # needed for stop strings; otherwise once, at the end
+        detok = (make_detokenizer(self.tokenizer, p.stop)
+                 if self.tokenizer is not None and (p.stop or on_event is not None) else None)
+        self.states[creq.request_id] = RequestState(
+            creq.request_id, prompt_text, creq.prompt_token_ids, p, on_event, on_finish, detok)
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self.states
+
+    def refuse(self, creq: CoreRequest, prompt_text: str | None, on_event, on_finish,
+               error: str) -> None:
+        """End a request that never reached the core (its id is taken, say) without
+        touching the live request of that id."""
+        st = RequestState(creq.request_id, prompt_text, creq.prompt_token_ids, creq.params,
+                          on_event, on_finish, None)
+        self._deliver(st, REASON_ERROR, error, None)
+
+    def process(self, out: StepOutput) -> list[str]:
+        """Apply one step; returns the ids the core must abort (stop strings matched:
+        their final event comes with the core's FinishedRequest, reason "stop")."""
+        states, now, aborts, touched = self.states, out.time, [], {}
+        for rid, token in zip(out.request_ids, out.token_ids):
+            st = states.get(rid)
+            if st is None or st.stopped:
+                continue
+            st.output_ids.append(token)
+            st.times.append(now)
+            if st.detok is not None:
+                st.text, hit = st.detok.step(st.output_ids, st.text)
+                if hit:
+                    st.stopped = True
+                    aborts.append(rid)
+            if st.on_event is not None:
+                touched[rid] = st
+        for fin in out.finished:
+            st = states.get(fin.request_id)
+            if st is not None:
+                reason = REASON_STOP if st.stopped else fin.finish_reason
+                self._finish(st, reason, fin.error, fin)
+                touched.pop(fin.request_id, None)
+        for st in touched.values():
+            _call(st.on_event, self._delta(st, False, None, None, None))
+        return aborts
+
+    def fail(self, request_id: str, reason: str, error: str | None) -> None:
+        """End a request the core never ran (refused at add, or the engine died)."""
+        st = self.states.get(request_id)
+        if st is not None:
+            self._finish(st, reason, error, None)
+
+    def fail_all(self, reason: str, error: str | None) -> None:
+        for rid in list(self.states):
+            self.fail(rid, reason, error)
+
+    def _finish(self, st: RequestState, reason: str, error: str | None,
+                fin: FinishedRequest | None) -> None:
+        del self.states[st.request_id]
+        self._deliver(st, reason, error, fin)
+
+    def _deliver(self, st: RequestState, reason: str, error: str | None,
+                 fin: FinishedRequest | None) -> None:
+        if st.detok is None and self.tokenizer is not None and st.output_ids:
+            st.text = self.tokenizer.decode(st.output_ids, skip_special_tokens=True)
+        arrival = fin.arrival_time if fin is not None else (st.times[0] if st.times else 0.0)
+        metrics = RequestMetrics.from_times(arrival, st.times,
+                                            fin.num_cached_tokens if fin else 0,
+                                            fin.num_preemptions if fin else 0)
+        output = RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,
+                               (CompletionOutput(0, st.text, tuple(st.output_ids), reason),),
+                               True, metrics, error)
+        event = self._delta(st, True, reason, error, output)
+        _call(st.on_event, event)
+        _call(st.on_finish, event)
+
+    @staticmethod
+    def _delta(st: RequestState, finished: bool, reason: str | None, error: str | None,
+               output: RequestOutput | None) -> StreamEvent:
+        n_tok, n_text = st.sent_tokens, st.sent_text
+        event = StreamEvent(st.request_id, tuple(st.output_ids[n_tok:]), tuple(st.times[n_tok:]),
+                            st.text[n_text:], finished, reason, error, output)
+        st.sent_tokens, st.sent_text = len(st.output_ids), max(n_text, len(st.text))
+        return event
+
+
+def _call(callback, event: StreamEvent) -> None:
+    """Deliver to a consumer's sink; a consumer's bug must not stop the engine thread."""
+    if callback is None:
+        return
+    try:
+        callback(event)
+    except Exception:
+        pass

@@ -1,0 +1,1 @@
+"""The model side: runner, CUDA graphs, step buffers, sampling, models, tensor-parallel workers."""

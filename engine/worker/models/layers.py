@@ -1,0 +1,109 @@
+"""Building blocks shared by the model implementations.
+
+Layers call the active kernel backend through `ops` (torch references on CPU, Triton on
+CUDA), so one model definition serves both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from engine.config import InvalidRequestError
+
+
+@dataclass
+class AttentionMetadata:
+    """How the flattened tokens of one step map onto the paged KV cache.
+
+    Tokens are laid out decodes first (one per sequence), then prefill chunks.
+    """
+
+    slot_mapping: torch.Tensor          # [T] int64, -1 = padding (not stored)
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None = None   # [D, M] int32
+    decode_context_lens: torch.Tensor | None = None   # [D] int32
+    prefill_block_tables: torch.Tensor | None = None  # [P, M] int32
+    prefill_cu_seqlens_q: torch.Tensor | None = None  # [P+1] int32
+    prefill_context_lens: torch.Tensor | None = None  # [P] int32
+    prefill_max_seqlen_q: int = 0
+    # Mixed steps from the CUDA-graph buffers (engine/worker/cuda_graphs.py): every sequence,
+    # decodes first, padded to fixed capacities; one unified attention launch (CUDA only)
+    query_start_loc: torch.Tensor | None = None       # [S+1] int32
+    seq_lens: torch.Tensor | None = None              # [S] int32
+    block_tables: torch.Tensor | None = None          # [S, M] int32
+
+
+class PagedAttention(nn.Module):
+    """Stores this step's K/V in the layer's paged cache, then attends (decode + extend)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.ops: ModuleType | None = None
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata, kv_stored: bool = False) -> torch.Tensor:
+        """kv_stored: the caller already wrote this step's K/V (ops.rotary_store_kv)."""
+        ops = self.ops
+        if not kv_stored:
+            ops.store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if meta.query_start_loc is not None:   # CUDA graph of a mixed step
+            return ops.paged_unified_attention(q, self.k_cache, self.v_cache,
+                                               meta.block_tables, meta.query_start_loc,
+                                               meta.seq_lens, self.scale)
+        n_dec = meta.num_decode_tokens
+        if n_dec == q.shape[0]:
+            return ops.paged_decode_attention(q, self.k_cache, self.v_cache,
+                                              meta.decode_block_tables,
+                                              meta.decode_context_lens, self.scale)
+        out = torch.empty_like(q)
+        if n_dec:
+            out[:n_dec] = ops.paged_decode_attention(
+                q[:n_dec], self.k_cache, self.v_cache, meta.decode_block_tables,
+                meta.decode_context_lens, self.scale)
+        out[n_dec:] = ops.paged_extend_attention(
+            q[n_dec:], self.k_cache, self.v_cache, meta.prefill_block_tables,
+            meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
+            meta.prefill_max_seqlen_q, self.scale)
+        return out
+
+
+def rope_cos_sin_cache(inv_freq: torch.Tensor, max_positions: int,
+                       attention_scaling: float = 1.0) -> torch.Tensor:
+    """[max_positions, rot_dim] with cos in the first half, sin in the second (float32)."""
+    t = torch.arange(max_positions, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq.float().to(t.device))   # t follows the default device
+    return torch.cat((freqs.cos() * attention_scaling, freqs.sin() * attention_scaling), dim=-1)
+
+
+def rope_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling as the HF config asks (any rope type)."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if not params:  # transformers 4.x spelling
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    partial = getattr(config, "partial_rotary_factor", 1.0)
+    dim = int(head_dim * partial)
+    if rope_type == "default":
+        base = params.get("rope_theta", 10000.0)
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
+            raise InvalidRequestError(f"config field rope_theta must be > 0, got {base!r}")
+        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise InvalidRequestError(f"config field rope_type: unsupported rope type "
+                                  f"{rope_type!r}; supported: default, "
+                                  f"{', '.join(sorted(ROPE_INIT_FUNCTIONS))}")
+    try:
+        inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        raise InvalidRequestError(f"config field rope_scaling ({rope_type}): {exc}") from exc
+    return inv.float(), float(scaling)

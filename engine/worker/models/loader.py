@@ -1,0 +1,212 @@
+"""Load a model: HF checkpoint directory or hub id, the bundled default, or dummy:<preset>.
+
+Configs come from transformers (the bundled model's from its config.json alone: no
+transformers import, seconds saved on a small CPU), weights from safetensors, the
+tokenizer from engine/tokenizer.py when the checkpoint has one. Dummy presets build the
+real architecture with random weights (like vLLM's load_format="dummy").
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from engine.config import InvalidRequestError
+from engine.worker.models.parallel import TPInfo, split, take
+from engine.worker.models.gpt2 import GPT2LMHeadModel
+from engine.worker.models.config_check import check_gpt2_config, check_llama_config
+from engine.worker.models.llama import LlamaForCausalLM, layer_segments
+from engine.worker.models.presets import PRESETS, preset_config
+from engine.tokenizer import DEFAULT_MODEL_DIR, load_tokenizer_dir, resolve_model_path  # noqa: F401
+
+ARCHITECTURES = {
+    "llama": LlamaForCausalLM, "qwen2": LlamaForCausalLM, "qwen3": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM, "gpt2": GPT2LMHeadModel,
+}
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    hf_config: object
+    tokenizer: object | None
+    name: str
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
+               tp: TPInfo = TPInfo()) -> LoadedModel:
+    """This rank's model (its shard of every weight when tp.size > 1)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
+    if name.startswith("dummy:"):
+        hf_config = preset_config(name.removeprefix("dummy:"))
+        model = _build(hf_config, device, dtype, tp)
+        _init_dummy(model, seed)
+        return LoadedModel(model, hf_config, None, name, _eos_ids(hf_config, None),
+                           hf_config.max_position_embeddings)
+    path = _local_dir(resolve_model_path(name))
+    hf_config = _read_config(path)
+    model = _build(hf_config, device, dtype, tp)
+    _load_safetensors(model, path)
+    tokenizer = load_tokenizer_dir(path)
+    max_len = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions")
+    return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path), max_len)
+
+
+def model_config(name: str):
+    """The HF config of a model name (no weights read): a preset's or the checkpoint's."""
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
+    if name.startswith("dummy:"):
+        return preset_config(name.removeprefix("dummy:"))
+    return _read_config(_local_dir(resolve_model_path(name)))
+
+
+def check_tensor_parallel(hf_config, size: int) -> None:
+    """Refuse a tensor_parallel_size the model cannot be split over, before any rank starts."""
+    if size == 1:
+        return
+    tp = TPInfo(0, size)
+    if hf_config.model_type == "gpt2":
+        check_gpt2_config(hf_config)
+        split(hf_config.n_head, tp, "the attention heads")
+        split(hf_config.n_inner or 4 * hf_config.n_embd, tp, "n_inner")
+        return
+    check_llama_config(hf_config)
+    layer_segments(hf_config, tp)
+
+
+def _local_dir(name: str) -> str:
+    if os.path.isdir(name):
+        return name
+    if os.path.exists(name):
+        raise InvalidRequestError(f"model path {name!r} is not a directory")
+    if name.count("/") != 1 or name.startswith(("/", ".")):
+        raise InvalidRequestError(
+            f"unknown model {name!r}: not a directory, a hub id (org/name), 'default', "
+            f"or dummy:<preset> (presets: {', '.join(sorted(PRESETS))})")
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model",
+                                                       "*.txt"])
+    except Exception as exc:  # no network, unknown repo, auth...
+        raise InvalidRequestError(f"cannot fetch model {name!r} from the hub: {exc}") from exc
+
+
+def _read_config(path: str):
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise InvalidRequestError(f"{path} has no config.json: not an HF checkpoint")
+    if Path(path).resolve() == DEFAULT_MODEL_DIR:
+        return bundled_config()
+    from transformers import AutoConfig
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+    except Exception as exc:
+        raise InvalidRequestError(f"unreadable config in {path}: {exc}") from exc
+    if cfg.model_type not in ARCHITECTURES:
+        raise InvalidRequestError(f"unsupported architecture {cfg.model_type!r}; supported: "
+                                  f"{', '.join(sorted(ARCHITECTURES))}")
+    return cfg
+
+
+def _build(hf_config, device: torch.device, dtype: torch.dtype, tp: TPInfo) -> nn.Module:
+    with torch.device(device):
+        model = ARCHITECTURES[hf_config.model_type](hf_config, tp)
+    return _keep_fp32_buffers(model, dtype)
+
+
+def _keep_fp32_buffers(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast parameters to dtype; buffers (the rope table) stay float32."""
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    model = model.to(dtype=dtype).eval().requires_grad_(False)
+    for name, buf in buffers.items():
+        module = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        setattr(module, name.rpartition(".")[2], buf)
+    return model
+
+
+def _weight_files(path: str) -> list[str]:
+    """The checkpoint's files: those its model.safetensors.index.json names, else *.safetensors."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise InvalidRequestError(f"no *.safetensors weights in {path}")
+        return files
+    try:
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        names = sorted(set(weight_map.values()))
+        assert names and all(isinstance(n, str) and os.sep not in n for n in names)
+    except Exception as exc:
+        raise InvalidRequestError(f"unreadable {index}: needs a weight_map of tensor name -> "
+                                  f"file name ({type(exc).__name__}: {exc})") from exc
+    missing = [n for n in names if not os.path.exists(os.path.join(path, n))]
+    if missing:
+        raise InvalidRequestError(f"checkpoint {path} is partial: its index names missing "
+                                  f"files, e.g. {missing[:3]}")
+    return [os.path.join(path, n) for n in names]
+
+
+def _load_safetensors(model: nn.Module, path: str) -> None:
+    from safetensors import safe_open
+    files = _weight_files(path)
+    expected = {n for n, _ in model.named_parameters()}
+    try:
+        def tensors():   # one stream over all files: a fused param may span two of them
+            for file in files:   # slices: each rank reads only its rows of a tensor
+                with safe_open(file, framework="pt", device="cpu") as f:
+                    yield from ((k, f.get_slice(k)) for k in f.keys())
+        loaded = model.load_weights(tensors())
+    except Exception as exc:
+        raise InvalidRequestError(f"unreadable weights in {path}: {exc}") from exc
+    missing = expected - loaded
+    if missing:
+        raise InvalidRequestError(f"checkpoint {path} is partial: {len(missing)} missing "
+                                  f"tensors, e.g. {sorted(missing)[:3]}")
+
+
+def _init_dummy(model: nn.Module, seed: int) -> None:
+    """Random N(0, 0.02) weights, unit norms, zero norm biases; seeded, made on the device.
+    Under TP each rank draws every full (TP=1) tensor in the same order and keeps its
+    slice, so a rank's shard equals that slice of the TP=1 weights (TP=N greedy == TP=1);
+    the cost is the TP=1 generation time on every rank, one full tensor at a time."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "norm" in name or ".ln_" in name or name.startswith("ln_"):
+            p.data.fill_(0.0 if name.endswith("bias") else 1.0)
+            continue
+        shard = getattr(p, "tp_shard", None)
+        shape = shard.full_shape(p.shape) if shard else p.shape
+        full = torch.empty(shape, dtype=torch.float32, device=device).normal_(
+            0.0, 0.02, generator=gen)
+        p.data.copy_(full if tuple(shape) == tuple(p.shape) else take(full, shard))
+
+
+def bundled_config() -> SimpleNamespace:
+    """The bundled model's config.json as attributes: it sets every field the Llama
+    code reads (tests/test_startup.py checks them against AutoConfig's)."""
+    with open(DEFAULT_MODEL_DIR / "config.json") as f:
+        return SimpleNamespace(**json.load(f))
+
+
+def _eos_ids(hf_config, path: str | None) -> tuple[int, ...]:
+    ids = getattr(hf_config, "eos_token_id", None)
+    if path and os.path.exists(os.path.join(path, "generation_config.json")):
+        try:   # the file's eos_token_id, as GenerationConfig reads it
+            with open(os.path.join(path, "generation_config.json")) as f:
+                ids = json.load(f).get("eos_token_id") or ids
+        except (OSError, ValueError, AttributeError):
+            pass
+    if ids is None:
+        return ()
+    return tuple(ids) if isinstance(ids, (list, tuple)) else (int(ids),)

@@ -1,0 +1,151 @@
+"""ModelRunner: runs one StepBatch through the model and samples its tokens.
+
+Owns the paged KV cache ([2, layers, blocks, block_size, kv_heads, head_dim]), the
+CUDA graphs of whole steps (engine/worker/cuda_graphs.py: decode-only steps per bucketed batch
+size, mixed steps per bucketed token count; a step no graph holds runs eagerly) and the
+sampler. Reads only the StepBatch (engine/worker/step_batch.py): no request or scheduler
+objects, so a tensor-parallel worker runs the same code on a batch it received. Every
+rank samples (the vocab gather leaves the same full logits on each, and the sampler's
+generators are seeded alike), so each keeps the step's tokens on its own device: a
+continuation step (async scheduling) takes its inputs from there, with no host round
+trip and no broadcast of tokens (as vLLM V1's workers do).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.worker.cuda_graphs import StepGraphs
+from engine.worker.device_io import to_device
+from engine.worker.models.layers import AttentionMetadata
+from engine.worker.placement import kv_cache_zeros
+from engine.worker.sampling import Sampler
+from engine.worker.step_buffers import device_fed
+from engine.worker.step_batch import StepBatch
+from engine.worker.warmup import warm_up_attention, warm_up_logits
+
+
+class ModelRunner:
+    def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, num_blocks: int,
+                 block_size: int, max_model_len: int, use_cuda_graphs: bool,
+                 graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
+                 max_mixed_graph_tokens: int = 0, seed: int = 0):
+        self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
+        self.sampler = Sampler(device, seed)
+        self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
+        self.block_size = block_size
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        model.ops = ops
+        layers = model.attention_layers()
+        first = layers[0]
+        self.kv_cache = kv_cache_zeros((2, len(layers), num_blocks, block_size,
+                                        first.num_kv_heads, first.head_dim), dtype, device)
+        for i, layer in enumerate(layers):
+            layer.ops = ops
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        self.forward_calls = 0
+        self.warmup_s = 0.0   # start-up kernel compiles (engine/worker/warmup.py)
+        self.graphs = None    # steps through static buffers (captured unless eager)
+        if device.type == "cuda" and graph_safe_ops:
+            self.graphs = StepGraphs(self, max_graph_batch, use_cuda_graphs,
+                                     max_mixed_tokens=max_mixed_graph_tokens)
+            if use_cuda_graphs:
+                self.graphs.capture()
+            else:
+                self.graphs.warm()
+            self.warmup_s = warm_up_attention(self) + warm_up_logits(self, max_graph_batch)
+        elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
+            self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False)
+
+    @staticmethod
+    def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
+        layers = model.attention_layers()
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * len(layers) * block_size * layers[0].num_kv_heads * layers[0].head_dim * elem
+
+    def close(self) -> None:
+        """Drop the CUDA graphs: a graph that captured NCCL collectives holds a reference
+        on the communicator, and destroying the process group waits for it forever
+        (pytorch#115388), so graphs go first."""
+        if self.graphs is not None:
+            self.graphs.release()
+
+    # -- per step --------------------------------------------------------------------
+    def execute_model(self, batch: StepBatch) -> torch.Tensor:
+        """Forward, then sample: the step's tokens, on the device (kept for the next step,
+        whose decode rows may read them: batch.prev_token_rows)."""
+        prev = self.last_tokens if batch.prev_token_rows is not None else None
+        logits = self.execute(batch, prev)
+        greedy = self.graphs.greedy if self.graphs is not None else None
+        if greedy is not None and batch.sampling.all_greedy and batch.samples_in_order:
+            tokens = greedy         # the decode graph's own argmax: no launch after it
+        else:
+            tokens = self.sampler.sample(logits, batch.sampling)
+        self.last_tokens = tokens
+        return tokens
+
+    def release(self, request_ids) -> None:
+        """These requests ended: drop their sampler state."""
+        for rid in request_ids:
+            self.sampler.release(rid)
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the batch's forward; return the logits of its sample rows [R, V] (model
+        dtype). prev_tokens: the previous step's samples on the device, when the batch's
+        decode inputs come from them (batch.prev_token_rows, async scheduling)."""
+        self.copy_blocks(batch.cow_src, batch.cow_dst)
+        self.forward_calls += 1
+        if self.graphs is not None:
+            self.graphs.greedy = None
+        token_source = None
+        if batch.prev_rows_in_order and prev_tokens.shape[0] == batch.num_decodes:
+            token_source = prev_tokens, None      # (the steady case, without numpy)
+        elif batch.prev_token_rows is not None:
+            token_source = self._token_source(batch.prev_token_rows, prev_tokens)
+        key = self.graphs.key(batch) if self.graphs is not None else None
+        if key is not None:
+            logits = self.graphs.run(batch, token_source, key)
+        else:
+            logits = self._eager_forward(batch, token_source)
+        if batch.samples_in_order:
+            return logits
+        return logits.index_select(0, to_device(batch.sample_rows, torch.int64, logits.device))
+
+    def _token_source(self, rows: np.ndarray, prev: torch.Tensor) -> tuple:
+        """(tokens, mask): the decodes' inputs gathered from the previous step's samples on
+        the device, and which decode rows take them (None: every row)."""
+        fed = rows >= 0
+        if fed.all():
+            if rows.shape[0] == prev.shape[0] and (rows == np.arange(rows.shape[0])).all():
+                return prev, None
+            return prev.index_select(0, to_device(rows, torch.int64, prev.device)), None
+        src = prev.index_select(0, to_device(np.where(fed, rows, 0), torch.int64, prev.device))
+        return src, to_device(fed, torch.bool, prev.device)
+
+    def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """All copy-on-write copies of a step, every layer, K and V: one batched op."""
+        if not src.shape[0]:
+            return
+        src_t = to_device(src, torch.int64, self.device)
+        dst_t = to_device(dst, torch.int64, self.device)
+        self.kv_cache.index_copy_(2, dst_t, self.kv_cache.index_select(2, src_t))
+
+    def _eager_forward(self, batch: StepBatch, token_source: tuple | None) -> torch.Tensor:
+        dev = self.device
+        to = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(dev, non_blocking=True)
+        meta = AttentionMetadata(slot_mapping=to(batch.slot_mapping, np.int64),
+                                 num_decode_tokens=batch.num_decodes)
+        if batch.num_decodes:
+            meta.decode_block_tables = to(batch.decode_block_tables, np.int32)
+            meta.decode_context_lens = to(batch.decode_context_lens, np.int32)
+        if batch.num_prefills:
+            meta.prefill_block_tables = to(batch.prefill_block_tables, np.int32)
+            meta.prefill_cu_seqlens_q = to(batch.prefill_cu_seqlens_q, np.int32)
+            meta.prefill_context_lens = to(batch.prefill_context_lens, np.int32)
+            meta.prefill_max_seqlen_q = batch.prefill_max_seqlen_q
+        ids = to(batch.input_ids, np.int64)
+        if token_source is not None:
+            ids = torch.cat((device_fed(ids, token_source), ids[batch.num_decodes:]))
+        return self.model(ids, to(batch.positions, np.int64), meta,
+                          to(batch.logits_indices, np.int64))

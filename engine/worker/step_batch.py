@@ -1,0 +1,68 @@
+"""The step batch: one engine step as plain arrays (built by engine/core/batch_builder.py).
+
+Everything downstream of the scheduler (the runner, the CUDA graphs, the sampler, and
+the tensor-parallel workers that receive it) reads a `StepBatch` and nothing else: no
+live `Request` objects, no scheduler types. It is frozen, made of numpy arrays and
+plain values, so it can be copied to another process as it is.
+
+Token layout: decodes first (one token each), then prefill chunks. Logits are computed
+for `logits_indices` (the last token of every chunk that samples); `sample_rows` maps
+each sample to its logits row (a dedup follower repeats its leader's row).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingColumns:
+    """Sampling parameters of every sample row, as columns."""
+    request_ids: tuple[str, ...]   # seeded rows draw from a generator kept per request id
+    all_greedy: bool
+    greedy: np.ndarray             # [R] bool
+    temperature: np.ndarray        # [R] float32 (1.0 on greedy rows)
+    top_k: np.ndarray              # [R] int64 (<= 0: no cut)
+    top_p: np.ndarray              # [R] float32
+    seeded: np.ndarray             # [R] bool
+    seed: np.ndarray               # [R] uint64 (0 on unseeded rows)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    input_ids: np.ndarray              # [T] int64 (decode rows from the device if prev_token_rows)
+    positions: np.ndarray              # [T] int64
+    slot_mapping: np.ndarray           # [T] int64 KV slot each token writes
+    num_decodes: int                   # D: tokens [0, D) are decodes
+    decode_block_tables: np.ndarray    # [D, W] int32
+    decode_context_lens: np.ndarray    # [D] int32
+    prefill_block_tables: np.ndarray   # [P, W] int32
+    prefill_cu_seqlens_q: np.ndarray   # [P+1] int32
+    prefill_context_lens: np.ndarray   # [P] int32
+    prefill_max_seqlen_q: int
+    logits_indices: np.ndarray         # [L] int64 token rows whose logits are computed
+    sample_rows: np.ndarray            # [R] int64 logits row of each sample
+    cow_src: np.ndarray                # [C] int64 copy-on-write: block copied ...
+    cow_dst: np.ndarray                # [C] int64 ... into this one, before the forward
+    sampling: SamplingColumns
+    prev_token_rows: np.ndarray | None = None   # [D] async scheduling: decode i's input is
+    #                  the previous step's sample prev_token_rows[i] (-1: input_ids[i])
+    prev_rows_in_order: bool = False   # prev_token_rows is 0..D-1: decode i takes sample i
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def num_prefills(self) -> int:
+        return int(self.prefill_context_lens.shape[0])
+
+    @property
+    def decode_only(self) -> bool:
+        return self.num_prefills == 0
+
+    @property
+    def samples_in_order(self) -> bool:
+        """Every logits row is sampled once, in order (no follower repeats a row)."""
+        return self.sample_rows.shape[0] == self.logits_indices.shape[0]
