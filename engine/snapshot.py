@@ -1,7 +1,9 @@
-"""Immutable views of the engine for the UI (and tests, and recordings).
+"""Immutable views of the engine for the UI (and tests, and recordings): the schema.
 
 The engine thread builds an `EngineSnapshot` after a step and swaps a reference; readers
-never lock and never see a half-updated state. Block arrays are fresh numpy copies.
+never lock and never see a half-updated state. Block arrays are fresh numpy copies. The
+builders and the mutable counters live in the core (engine/core/views.py,
+engine/core/kv/counters.py).
 """
 from __future__ import annotations
 
@@ -11,12 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.codes import (BLOCK_CACHED, BLOCK_FREE, BLOCK_USED, CANCELLED, DECODING, DEDUP,
-                          ERROR, EVENT_KINDS, FINISHED, PREEMPTED, PREFILLING, WAITING)
+from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
 from engine.config import SchedulerConfig
-from engine.core.kv.block_metrics import KVBlockMetrics
-from engine.metrics import request_latencies
-from engine.request import Request, RequestStatus
+from engine.kv_metrics import KVBlockMetrics
 
 OUTPUT_TAIL = 64    # output token ids a RequestView carries (viewers detokenize them)
 
@@ -97,20 +96,6 @@ class EngineCounters:
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
 
 
-class Counters:
-    """The engine's cumulative counters: ONE mutable owner, shared by the block pool,
-    the prefix index, the scheduler and the stats recorder (each adds to its own
-    fields); snapshots freeze a copy as EngineCounters."""
-    __slots__ = _COUNTER_NAMES
-
-    def __init__(self):
-        for name in _COUNTER_NAMES:
-            setattr(self, name, 0)
-
-    def freeze(self) -> EngineCounters:
-        return EngineCounters(**{n: getattr(self, n) for n in _COUNTER_NAMES})
-
-
 @dataclass(slots=True, unsafe_hash=True)   # not frozen: hundreds are built per snapshot,
 class RequestView:                          # and a frozen init costs 8x (treat as read-only)
     request_id: str
@@ -138,37 +123,6 @@ class RequestView:                          # and a frozen init costs 8x (treat 
         """Chunks this prefill takes at the given budget (done + still needed)."""
         left = max(0, self.prefill_target - self.computed_tokens)
         return self.chunks_done + math.ceil(left / max(1, budget))
-
-
-def compact_counts(counts: np.ndarray) -> np.ndarray:
-    """A copy in the smallest unsigned dtype that holds it: refcounts are nearly all 0-1,
-    and a full pool's int32 array is most of a snapshot's bytes (viewers read values)."""
-    top = int(counts.max(initial=0))
-    dtype = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else counts.dtype
-    return counts.astype(dtype)
-
-
-def request_state(req: Request) -> str:
-    st = req.status
-    if st is RequestStatus.WAITING:
-        return PREEMPTED if req.num_preemptions else WAITING
-    if st is RequestStatus.RUNNING:
-        if req.dedup_leader is not None:
-            return DEDUP
-        return PREFILLING if req.num_uncomputed > 1 else DECODING
-    return {RequestStatus.FINISHED: FINISHED, RequestStatus.CANCELLED: CANCELLED,
-            RequestStatus.ERROR: ERROR}[st]
-
-
-def request_view(req: Request) -> RequestView:
-    ttft, tpot, itl = request_latencies(req.arrival_time, req.token_times)
-    preview = req.prompt[:80] if req.prompt is not None else f"<{req.num_prompt_tokens} token ids>"
-    return RequestView(req.request_id, request_state(req), req.arrival_time,
-                       req.num_prompt_tokens, req.num_computed_tokens, req.num_prefill_target,
-                       req.chunks_done, req.num_cached_tokens, len(req.output_token_ids),
-                       req.params.max_tokens, ttft, tpot, itl, tuple(req.block_table),
-                       req.num_preemptions, preview, "", req.finish_reason, req.error,
-                       tuple(req.output_token_ids[-OUTPUT_TAIL:]))
 
 
 @dataclass(frozen=True)
@@ -213,25 +167,3 @@ class EngineSnapshot:
 
     def request(self, request_id: str) -> RequestView | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
-
-
-def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
-    """An immutable view of an LLMEngine now (cheap: arrays copied, views built)."""
-    st, pool, kv = engine.stats, engine.pool, engine.runner.kv_cache
-    active = tuple(request_view(r) for r in engine.requests.values())
-    return EngineSnapshot(
-        time=engine.clock.now(), step=st.counters.steps, model=engine.model_name,
-        device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."),
-        knobs=engine.knobs, paused=paused, num_blocks=pool.num_blocks,
-        block_size=pool.block_size, block_state=pool.states(),
-        block_refcount=compact_counts(pool.refcounts),
-        requests=active + tuple(engine.recent_finished), last_step=st.last_step,
-        recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
-        recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
-        error=st.last_error, events=engine.events.recent(),
-        kv_block_metrics=pool.lifetimes.freeze(),
-        extra={"peak_used_blocks": st.peak_used_blocks, "backend": engine.backend,
-               "tensor_parallel_size": engine.config.tensor_parallel_size,
-               "kv_bytes_per_rank": kv.numel() * kv.element_size(),
-               "max_model_len": engine.max_model_len,
-               "forward_calls": engine.runner.forward_calls})

@@ -27,7 +27,7 @@ MAX_REQUEST_ID_CHARS = 256
 __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check_stop",
            "check_stop_token_ids", "check_priority", "INT32_MAX", "MAX_TOKENS", "MAX_TOP_K",
            "MAX_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
-           "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS"]
+           "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids"]
 
 
 def _show(value) -> str:
@@ -107,3 +107,26 @@ def check_stop_token_ids(ids) -> tuple[int, ...]:
     for t in ids:
         check_int("stop_token_ids entry", t, 0, INT32_MAX)
     return ids
+
+
+def check_prompt_ids(ids: list[int], max_tokens: int, vocab_size: int, max_model_len: int,
+                     kv_capacity: int, block_size: int, typed: bool = False) -> None:
+    """A token-id prompt the model can hold: in the vocabulary, under max_model_len, and
+    (with max_tokens) within the KV pool. The front checks it; the engine process re-checks.
+    typed: the ids were decoded into a list[int] field (msgspec rejects bools and other
+    types there), so the per-token type check is skipped."""
+    if not ids:
+        raise InvalidRequestError("prompt is empty (0 tokens)")
+    if not typed and any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+        raise InvalidRequestError("prompt_token_ids must be integers")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        raise InvalidRequestError(f"token ids must be in [0, {vocab_size}); got "
+                                  f"min {min(ids)}, max {max(ids)}")
+    if len(ids) >= max_model_len:
+        raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_model_len is "
+                                  f"{max_model_len} (prompt must leave room for 1 token)")
+    need = min(len(ids) + max_tokens, max_model_len)
+    if need > kv_capacity:
+        raise InvalidRequestError(f"prompt + max_tokens = {need} tokens can never fit the "
+                                  f"KV pool ({kv_capacity // block_size} blocks x {block_size} "
+                                  f"= {kv_capacity} tokens)")

@@ -6,11 +6,11 @@ import math
 import pytest
 
 from engine.config import InvalidRequestError, SchedulerConfig
-from engine.core.kv.block_metrics import RESIDENCY_BUCKETS, Histogram
+from engine.kv_metrics import RESIDENCY_BUCKETS, Histogram
 from engine.core.kv.block_pool import BlockPool
 from engine.request import Request, SamplingParams
 from engine.core.scheduler import Scheduler
-from engine.snapshot import Counters
+from engine.core.kv.counters import Counters
 from tests.helpers import add_request
 
 BS = 4

@@ -11,7 +11,7 @@ from engine.core.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key, key_t
 from engine.request import (Request, RequestStatus, SamplingParams, add_pending_tokens,
                             append_sampled)
 from engine.core.scheduler import Scheduler
-from engine.snapshot import Counters
+from engine.core.kv.counters import Counters
 
 BS = 4
 

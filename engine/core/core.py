@@ -38,7 +38,9 @@ from engine.worker.placement import resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.worker.runner import ModelRunner
 from engine.core.scheduler import Scheduler, StepPlan
-from engine.snapshot import Counters, EngineSnapshot, engine_snapshot, request_view
+from engine.core.kv.counters import Counters
+from engine.core.views import engine_snapshot, request_view
+from engine.snapshot import EngineSnapshot
 from engine.core.stats import StatsRecorder
 from engine.worker.step_batch import StepBatch
 from kernels import default_cpu_backend

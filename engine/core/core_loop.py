@@ -20,7 +20,8 @@ from engine.config import InvalidRequestError, SchedulerConfig
 from engine.core.core import LLMEngine
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.snapshot import EngineSnapshot
-from engine.core.stats import EngineStats, engine_stats
+from engine.core.stats import engine_stats
+from engine.engine_stats import EngineStats
 
 
 SNAPSHOT_BUDGET = 0.03    # the most of the engine thread's time that snapshots may take

@@ -31,7 +31,7 @@ from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.kv_manager import KVManager
 from engine.request import Request, RequestStatus
 from engine.core.sched_policy import admission_order, running_order, victim_key
-from engine.snapshot import Counters
+from engine.core.kv.counters import Counters
 
 
 class ScheduledChunk:

@@ -1,6 +1,6 @@
 """Step stats, recent step history and latency samples for snapshots and plots.
 
-The cumulative counters themselves live in one `Counters` object (engine/snapshot.py)
+The cumulative counters themselves live in one `Counters` object (engine/core/kv/counters.py)
 shared with the pool, the prefix index and the scheduler; the recorder adds the step,
 token and finish counts and keeps the recent samples.
 """
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections import deque
 
-import msgspec
-
-from engine.core.kv.block_metrics import KVBlockMetrics
 from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.counters import Counters
+from engine.engine_stats import EngineStats
 from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
-from engine.snapshot import ChunkInfo, Counters, StepStats
+from engine.snapshot import ChunkInfo, StepStats
 
 RECENT_STEPS = 256
 RECENT_SAMPLES = 2048
@@ -59,25 +58,6 @@ class StatsRecorder:
         ttft, tpot, _ = request_latencies(req.arrival_time, req.token_times)
         if ttft is not None:
             self.recent_latencies.append((req.token_times[-1], ttft, tpot))
-
-
-class EngineStats(msgspec.Struct, frozen=True):
-    """The engine's gauges and counters for /metrics (vLLM's SchedulerStats/IterationStats
-    in one message): built on the engine thread after steps (at most every
-    CoreLoop.stats_interval) and when it goes idle, and sent to every client of the
-    engine process whether or not anyone renders snapshots."""
-    time: float = 0.0                  # perf_counter in the engine's process
-    num_running: int = 0               # admitted: prefilling, decoding, dedup followers
-    num_waiting: int = 0               # queued or preempted
-    num_used_blocks: int = 0           # cached evictable blocks count as free (vLLM)
-    num_blocks: int = 0
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    preemptions: int = 0
-    prefill_tokens: int = 0            # prompt tokens computed (recomputation included)
-    generation_tokens: int = 0
-    finished: int = 0
-    kv_block_metrics: KVBlockMetrics = msgspec.field(default_factory=KVBlockMetrics)
 
 
 def engine_stats(engine, now: float) -> EngineStats:

@@ -35,7 +35,7 @@ from engine.outputs import EngineInfo
 from engine.front.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
-from engine.core.stats import EngineStats
+from engine.engine_stats import EngineStats
 from engine.tokenizer import load_tokenizer
 
 HEARTBEAT_INTERVAL = 0.5

@@ -8,7 +8,7 @@ import torch
 
 from engine.codes import REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, make_config
-from engine.core.core import LLMEngine
+from engine.ipc.inproc import LLMEngine
 from engine.front.processor import InputProcessor, OutputProcessor
 from engine.request import RequestOutput, SamplingParams
 

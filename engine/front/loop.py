@@ -13,14 +13,13 @@ from typing import Callable
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, make_config
-from engine.core.core import LLMEngine
-from engine.core.core_loop import CoreLoop
+from engine.ipc.inproc import CoreLoop, LLMEngine
 from engine.outputs import EngineInfo
 from engine.front.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
 from engine.front.stream import RequestStream, chain_sinks
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
-from engine.core.stats import EngineStats
+from engine.engine_stats import EngineStats
 
 __all__ = ["EngineLoop", "RequestStream", "StreamEvent", "EngineInfo"]
 

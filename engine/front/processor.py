@@ -19,7 +19,7 @@ from engine.config import InvalidRequestError, check_priority
 from engine.front.detokenizer import make_detokenizer
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
-from engine.validation import check_request_id, check_text
+from engine.validation import check_prompt_ids, check_request_id, check_text
 
 
 _REQUEST_IDS = itertools.count()     # default ids, unique in this process
@@ -99,24 +99,8 @@ class InputProcessor:
         return prompt, self.tokenizer.encode(check_text("prompt", prompt))
 
     def validate_ids(self, ids: list[int], params: SamplingParams, typed: bool = False) -> None:
-        """typed: the ids were decoded into a list[int] field (msgspec rejects bools and
-        other types there), so the per-token type check is skipped."""
-        if not ids:
-            raise InvalidRequestError("prompt is empty (0 tokens)")
-        if not typed and any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-            raise InvalidRequestError("prompt_token_ids must be integers")
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise InvalidRequestError(f"token ids must be in [0, {self.vocab_size}); got "
-                                      f"min {min(ids)}, max {max(ids)}")
-        if len(ids) >= self.max_model_len:
-            raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_model_len is "
-                                      f"{self.max_model_len} (prompt must leave room for 1 token)")
-        need = min(len(ids) + params.max_tokens, self.max_model_len)
-        capacity = self.num_blocks * self.block_size
-        if need > capacity:
-            raise InvalidRequestError(f"prompt + max_tokens = {need} tokens can never fit the "
-                                      f"KV pool ({self.num_blocks} blocks x {self.block_size} "
-                                      f"= {capacity} tokens)")
+        check_prompt_ids(ids, params.max_tokens, self.vocab_size, self.max_model_len,
+                         self.num_blocks * self.block_size, self.block_size, typed)
 
 
 @dataclass

@@ -33,9 +33,8 @@ from engine.ipc import auth
 from engine.ipc.clients import ClientTable
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
-from engine.front.processor import InputProcessor
 from engine.request import SamplingParams
-from engine.validation import check_request_id
+from engine.validation import check_prompt_ids, check_request_id
 
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
 ABORT_REASONS = (REASON_CANCELLED, REASON_STOP, REASON_ERROR)
@@ -66,7 +65,6 @@ class EngineCoreProc:
         self.core = CoreLoop(engine, self._on_output, SNAPSHOT_INTERVAL, self._on_snapshot)
         self.core.publish_snapshots = False
         self.core.on_stats = lambda stats: self._sendq.put((None, P.Stats(stats)))
-        self.validator = InputProcessor.for_engine(engine)   # the boundary re-checks ids
         self.owner_of: dict[str, bytes] = {}          # request id -> client identity
         self.clients = ClientTable(engine.config.client_timeout)   # the key holders
         self._sendq: queue.SimpleQueue = queue.SimpleQueue()
@@ -181,7 +179,10 @@ class EngineCoreProc:
             creq = CoreRequest(msg.request_id, tuple(msg.prompt_token_ids), params,
                                msg.arrival_time, msg.prompt_preview,
                                check_priority(msg.priority))
-            self.validator.validate_ids(msg.prompt_token_ids, params, typed=True)
+            e = self.engine    # the boundary re-checks what the front checked
+            check_prompt_ids(msg.prompt_token_ids, params.max_tokens, e.vocab_size,
+                             e.max_model_len, e.pool.num_blocks * e.pool.block_size,
+                             e.pool.block_size, typed=True)
         except (InvalidRequestError, TypeError) as exc:
             self._refuse(client, msg.request_id, f"{exc}")
             return

@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from engine.snapshot import EngineSnapshot
-from engine.core.stats import EngineStats
+from engine.engine_stats import EngineStats
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024     # zmq MAXMSGSIZE on the core's input socket
 

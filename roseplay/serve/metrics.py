@@ -21,7 +21,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
-from engine.core.kv.block_metrics import BLOCK_METRICS
+from engine.kv_metrics import BLOCK_METRICS
 
 BLOCK_DOCS = {"lifetime": "KV cache block lifetime from allocation to eviction.",
               "idle_before_evict": "Idle time before KV cache block eviction (since its last "

@@ -19,7 +19,7 @@ import numpy as np
 from engine.codes import BLOCK_CACHED, BLOCK_USED
 from engine.core.kv.block_metrics import BlockLifetimes
 from engine.core.kv.prefix_cache import PrefixCache
-from engine.snapshot import Counters
+from engine.core.kv.counters import Counters
 
 
 class BlockPool:

@@ -1,0 +1,1 @@
+"""The paged KV cache's bookkeeping: block pool, prefix index, block tables, counters."""

@@ -1,0 +1,64 @@
+"""Builders of the UI views (engine/snapshot.py) from the core's live objects: run on the
+engine thread, after a step."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.codes import (CANCELLED, DECODING, DEDUP, ERROR, FINISHED, PREEMPTED, PREFILLING,
+                          WAITING)
+from engine.metrics import request_latencies
+from engine.request import Request, RequestStatus
+from engine.snapshot import OUTPUT_TAIL, EngineSnapshot, RequestView
+
+
+def compact_counts(counts: np.ndarray) -> np.ndarray:
+    """A copy in the smallest unsigned dtype that holds it: refcounts are nearly all 0-1,
+    and a full pool's int32 array is most of a snapshot's bytes (viewers read values)."""
+    top = int(counts.max(initial=0))
+    dtype = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else counts.dtype
+    return counts.astype(dtype)
+
+
+def request_state(req: Request) -> str:
+    st = req.status
+    if st is RequestStatus.WAITING:
+        return PREEMPTED if req.num_preemptions else WAITING
+    if st is RequestStatus.RUNNING:
+        if req.dedup_leader is not None:
+            return DEDUP
+        return PREFILLING if req.num_uncomputed > 1 else DECODING
+    return {RequestStatus.FINISHED: FINISHED, RequestStatus.CANCELLED: CANCELLED,
+            RequestStatus.ERROR: ERROR}[st]
+
+
+def request_view(req: Request) -> RequestView:
+    ttft, tpot, itl = request_latencies(req.arrival_time, req.token_times)
+    preview = req.prompt[:80] if req.prompt is not None else f"<{req.num_prompt_tokens} token ids>"
+    return RequestView(req.request_id, request_state(req), req.arrival_time,
+                       req.num_prompt_tokens, req.num_computed_tokens, req.num_prefill_target,
+                       req.chunks_done, req.num_cached_tokens, len(req.output_token_ids),
+                       req.params.max_tokens, ttft, tpot, itl, tuple(req.block_table),
+                       req.num_preemptions, preview, "", req.finish_reason, req.error,
+                       tuple(req.output_token_ids[-OUTPUT_TAIL:]))
+
+
+def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
+    """An immutable view of an LLMEngine now (cheap: arrays copied, views built)."""
+    st, pool, kv = engine.stats, engine.pool, engine.runner.kv_cache
+    active = tuple(request_view(r) for r in engine.requests.values())
+    return EngineSnapshot(
+        time=engine.clock.now(), step=st.counters.steps, model=engine.model_name,
+        device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."),
+        knobs=engine.knobs, paused=paused, num_blocks=pool.num_blocks,
+        block_size=pool.block_size, block_state=pool.states(),
+        block_refcount=compact_counts(pool.refcounts),
+        requests=active + tuple(engine.recent_finished), last_step=st.last_step,
+        recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
+        recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
+        error=st.last_error, events=engine.events.recent(),
+        kv_block_metrics=pool.lifetimes.freeze(),
+        extra={"peak_used_blocks": st.peak_used_blocks, "backend": engine.backend,
+               "tensor_parallel_size": engine.config.tensor_parallel_size,
+               "kv_bytes_per_rank": kv.numel() * kv.element_size(),
+               "max_model_len": engine.max_model_len,
+               "forward_calls": engine.runner.forward_calls})

@@ -1,0 +1,26 @@
+"""EngineStats: the gauges and counters the core sends every client (the schema; the core's
+engine/core/stats.py builds it)."""
+from __future__ import annotations
+
+import msgspec
+
+from engine.kv_metrics import KVBlockMetrics
+
+
+class EngineStats(msgspec.Struct, frozen=True):
+    """The engine's gauges and counters for /metrics (vLLM's SchedulerStats/IterationStats
+    in one message): built on the engine thread after steps (at most every
+    CoreLoop.stats_interval) and when it goes idle, and sent to every client of the
+    engine process whether or not anyone renders snapshots."""
+    time: float = 0.0                  # perf_counter in the engine's process
+    num_running: int = 0               # admitted: prefilling, decoding, dedup followers
+    num_waiting: int = 0               # queued or preempted
+    num_used_blocks: int = 0           # cached evictable blocks count as free (vLLM)
+    num_blocks: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+    prefill_tokens: int = 0            # prompt tokens computed (recomputation included)
+    generation_tokens: int = 0
+    finished: int = 0
+    kv_block_metrics: KVBlockMetrics = msgspec.field(default_factory=KVBlockMetrics)
