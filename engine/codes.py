@@ -8,7 +8,6 @@ BLOCK_FREE, BLOCK_USED, BLOCK_CACHED = 0, 1, 2
 # request states shown to users (RequestView.state)
 WAITING, PREFILLING, DECODING, PREEMPTED, DEDUP = "waiting", "prefilling", "decoding", "preempted", "dedup"
 FINISHED, CANCELLED, ERROR = "finished", "cancelled", "error"
-DONE_STATES = (FINISHED, CANCELLED, ERROR)
 
 # finish reasons (vLLM's): RequestOutput.outputs[i].finish_reason, StreamEvent.finish_reason
 REASON_STOP, REASON_LENGTH, REASON_CANCELLED, REASON_ERROR = "stop", "length", "cancelled", "error"
@@ -16,4 +15,3 @@ REASON_STOP, REASON_LENGTH, REASON_CANCELLED, REASON_ERROR = "stop", "length", "
 # engine event kinds (EngineEvent.kind), for the event log and the map's highlights
 EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT = "cow", "preempt", "evict", "prefix_hit"
 EV_DEDUP_JOIN, EV_CHUNK_DONE = "dedup_join", "chunk_done"
-EVENT_KINDS = (EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT, EV_DEDUP_JOIN, EV_CHUNK_DONE)

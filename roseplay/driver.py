@@ -88,7 +88,6 @@ class WorkloadDriver:
         self.submitted = self.completed = self.failed = self.max_in_flight = 0
         self.submit_errors: list[str] = []
         self.start_time: float | None = None
-        self.end_time: float | None = None
         self._next_due = 0.0
         self._paused = False
         self._stop = threading.Event()
@@ -187,7 +186,6 @@ class WorkloadDriver:
                 for stream, _ in list(self.in_flight.values()):
                     stream.cancel()
         finally:
-            self.end_time = time.perf_counter()
             self._done.set()
 
     def _all_done(self) -> bool:

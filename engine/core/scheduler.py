@@ -303,8 +303,5 @@ class Scheduler:
             self.kv.attach_shared(f, leader)
         return waiters
 
-    def clear_prefix_cache(self) -> int:
-        return self.pool.clear_cache()
-
     def block_tables(self) -> list[list[int]]:
         return [r.block_table for r in self.running]

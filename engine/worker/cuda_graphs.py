@@ -61,9 +61,6 @@ class StepGraphs:
     def buckets(self) -> list[int]:      # the decode buckets (scripts/profile_*.py)
         return self.decode_buckets
 
-    def fits(self, batch: int) -> bool:
-        return batch <= self.decode_buckets[-1]
-
     def key(self, batch) -> tuple[str, int] | None:
         """(kind, bucket) of the graph that runs this StepBatch, or None (eager)."""
         if batch.decode_only and batch.num_decodes <= self.decode_buckets[-1]:

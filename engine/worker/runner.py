@@ -44,7 +44,6 @@ class ModelRunner:
             layer.ops = ops
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         self.forward_calls = 0
-        self.warmup_s = 0.0   # start-up kernel compiles (engine/worker/warmup.py)
         self.graphs = None    # steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:
             self.graphs = StepGraphs(self, max_graph_batch, use_cuda_graphs,
@@ -53,7 +52,8 @@ class ModelRunner:
                 self.graphs.capture()
             else:
                 self.graphs.warm()
-            self.warmup_s = warm_up_attention(self) + warm_up_logits(self, max_graph_batch)
+            warm_up_attention(self)   # start-up kernel compiles (engine/worker/warmup.py)
+            warm_up_logits(self, max_graph_batch)
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
             self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False)
 
