@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# One GPU call made of phases (sessions 5 and 6): GPU engine tests (graphs vs eager,
-# async vs sync, PDL), prefill TFLOP/s, batch-1 graph kernels and an A/B of the GEMV's
-# weight preload, the host work per step on this host (stub forward), W1 and batch 1
-# (5 runs each), the closed loop and the TUI's cost (alternating windows on one engine),
-# the HF peer. Each phase has its own timeout; a compact summary at the end.
+# The GPU run script: one device call made of phases, each with its own timeout and a
+# compact summary at the end (full logs in $OUT). Phases (PHASES, default "tests bench observer"):
+#   tests     GPU kernel and engine tests (GPU_TESTS, GPU_TESTS_K)
+#   prefill   prefill TFLOP/s (5 runs) and its kernels      replay    kernels of the batch-1 graph
+#   preload   GEMV weight preload on/off                    ab        profile_step.py VARIANTS
+#   timeline  the GPU between two batch-1 graphs            hostops   host us of each call
+#   host      host work per step (stub forward)             bench     W1 and batch 1, 5 runs each
+#   graphs    W1 and the closed loop with mixed-step graphs on (cudagraph_mode=full) and off
+#   before_after  W1 (WORKLOADS="W1 B1") of an older tree (BASE) and this tree, alternating
+#   design    the three --ab runs of docs/PERF.md (max_num_seqs, chunk budget, prefix cache)
+#   spy       py-spy of the engine process              observer  the TUI's cost (alternating)
+#   closed30  the closed loop alone, 30 s windows        hf        the HF transformers peer
 #   PHASES="tests host bench observer closed30 hf" bash scripts/gpu_phases.sh   (wheels in .whl)
 #   MODEL=dummy:llama-3.2-1b CLOSED_S=15 PHASES="bench closed30" OUT=... bash scripts/gpu_phases.sh
+#   git archive <rev> | tar -x -C .dev/before; BASE=.dev/before PHASES=before_after bash scripts/gpu_phases.sh
+# Tensor parallel runs on two GPUs: scripts/gpu_tp.sh; the HTTP server: scripts/gpu_serve.sh.
 set -u
 OUT=${OUT:-gpu_phases}
 source "$(dirname "$0")/gpu_common.sh"
@@ -64,6 +73,40 @@ if [[ " $PHASES " == *" bench "* ]]; then
     step B1 90 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $B1
     grep -E "^runs|^output throughput|^median|Median TPOT|^host share" "$OUT/B1.log" | tail -5 | tee -a "$SUMMARY"
   fi
+fi
+if [[ " $PHASES " == *" graphs "* ]]; then   # mixed-step CUDA graphs on and off
+  for mode in full full_decode_only; do
+    ROSEPLAY_CUDAGRAPH_MODE=$mode step "W1_$mode" 110 python3 -m roseplay bench --no-progress \
+      --repeat 5 --model "$M" $W1
+    grep -E "^runs|^output throughput|^median|^host share|Median TTFT" "$OUT/W1_$mode.log" \
+      | tail -5 | tee -a "$SUMMARY"
+    ROSEPLAY_CUDAGRAPH_MODE=$mode step "closed_$mode" 150 python3 scripts/observer_cost.py \
+      --model "$M" --seconds 10 --warmup 20 --alternate 1
+    grep -E "tok/s|median" "$OUT/closed_$mode.log" | tail -4 | tee -a "$SUMMARY"
+  done
+fi
+if [[ " $PHASES " == *" before_after "* ]]; then   # an older tree (BASE, with bench --repeat) vs this one
+  BASE=${BASE:-.dev/before}; LOGS=$(cd "$OUT" && pwd)
+  for i in $(seq ${PASSES:-2}); do
+    for wl in ${WORKLOADS:-W1}; do
+      for tree in "$BASE" .; do
+        name=$( [ "$tree" = . ] && echo after || echo before )_${wl}_$i
+        (cd "$tree" && timeout 120 python3 -m roseplay bench --no-progress --repeat 5 \
+          --model "$M" ${!wl} > "$LOGS/$name.log" 2>&1)
+        echo "$name: $(grep -E '^runs' "$LOGS/$name.log") | $(grep -o 'host share.*' \
+          "$LOGS/$name.log" | tail -1)" | tee -a "$SUMMARY"
+      done
+    done
+  done
+fi
+if [[ " $PHASES " == *" design "* ]]; then   # the design notes' three A/B runs
+  B="python3 -m roseplay bench --no-progress --model $M"
+  step design_seqs 150 $B --scenario random --num-prompts 32 --input-len 16 --output-len 8 \
+    --max-num-batched-tokens 8192 --warmup 8 --ab max_num_seqs=64,1
+  step design_chunk 200 $B --scenario long-short --num-prompts 64 --input-len 4096 --output-len 64 \
+    --submit-interval-ms 20 --max-num-seqs 8 --warmup 8 --ab max_num_batched_tokens=8192,224
+  step design_prefix 150 $B --scenario identical --num-prompts 512 --input-len 65 --output-len 2 \
+    --max-num-seqs 512 --max-num-batched-tokens 8192 --warmup 8 --ab enable_prefix_caching=true,false
 fi
 if [[ " $PHASES " == *" spy "* ]]; then   # py-spy of the engine process during W1 and B1
   python3 -m pip install -q --no-index --no-deps --target /tmp/spy .dev/py_spy*.whl
