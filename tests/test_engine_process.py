@@ -98,7 +98,7 @@ def test_the_engine_times_its_garbage_collections(client):
     """The engine collects when it goes idle (at most every IDLE_COLLECT_EVERY s), and
     every collection's pause reaches the counters (what watching or serving costs the
     engine in GC, next to snapshots and the device)."""
-    from engine.ipc.core_proc import IDLE_COLLECT_EVERY
+    from engine.ipc.proc_setup import IDLE_COLLECT_EVERY
     time.sleep(IDLE_COLLECT_EVERY + 0.2)     # the last idle collection is old enough
     before = client.snapshot().counters.gc_pause_us
     client.submit(PROMPTS[1], SamplingParams(max_tokens=48, **GREEDY)).result(timeout=60)

@@ -34,7 +34,7 @@ from engine.core.events import EventLog
 from engine.core.kv.block_pool import BlockPool
 from engine.worker.models.loader import load_model
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
-from engine.worker.placement import resolve_device, resolve_dtype
+from engine.worker.placement import blocks_from_memory, resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.worker.runner import ModelRunner
 from engine.core.scheduler import Scheduler, StepPlan
@@ -113,7 +113,10 @@ class LLMEngine:
                                  loaded.max_model_len)
         from kernels import get_ops
         backend = self._resolve_backend()
-        num_blocks = config.num_blocks or self._blocks_from_memory(loaded.model)
+        per_block = ModelRunner.kv_bytes_per_block(loaded.model, config.block_size, self.dtype)
+        num_blocks = config.num_blocks or (
+            blocks_from_memory(self.device, per_block, config.gpu_memory_utilization)
+            if self.device.type == "cuda" else CPU_DEFAULT_BLOCKS)
         self.counters = Counters()
         self.events = EventLog()
         self.pool = BlockPool(num_blocks, config.block_size, self.counters)
@@ -148,15 +151,6 @@ class LLMEngine:
         """What runs a step: the runner itself (TP=1; looked up each time, so a test may
         swap it), or the TPExecutor that also sends the batch to ranks 1..N-1."""
         return self._tp_executor or self.runner
-
-    def _blocks_from_memory(self, model) -> int:
-        if self.device.type != "cuda":
-            return CPU_DEFAULT_BLOCKS
-        free, total = torch.cuda.mem_get_info(self.device)
-        per_block = ModelRunner.kv_bytes_per_block(model, self.config.block_size, self.dtype)
-        reserve = 2 * 1024 ** 3  # activations, logits, CUDA graphs
-        budget = total * self.config.gpu_memory_utilization - (total - free) - reserve
-        return max(16, int(budget // per_block))
 
     # -- knobs and requests --------------------------------------------------------------
     @property

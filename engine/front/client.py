@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import select
 import subprocess
 import threading
 import time
@@ -29,7 +27,7 @@ from engine.codes import REASON_CANCELLED, REASON_ERROR
 from engine.config import InvalidRequestError, SchedulerConfig
 from engine.ipc import auth
 from engine.ipc import protocol as P
-from engine.ipc.launch import EngineLaunch, stop_engine
+from engine.ipc.launch import EngineDied, EngineLaunch, stop_engine, wait_ready
 from engine.front.stream import RequestStream, chain_sinks
 from engine.outputs import EngineInfo
 from engine.front.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
@@ -41,10 +39,6 @@ from engine.tokenizer import load_tokenizer
 HEARTBEAT_INTERVAL = 0.5
 CONNECT_DEAD_AFTER = 10.0   # an attached client's engine is gone after this much silence
 STARTUP_TIMEOUT = 900.0
-
-
-class EngineDied(RuntimeError):
-    """The engine-core process is gone."""
 
 
 class EngineKeyRefused(EngineDied):
@@ -82,7 +76,11 @@ class EngineClient:
                 status.close()
                 self._reap()
                 raise
-            self._wait_ready(status, on_progress, startup_timeout)
+            try:
+                wait_ready(self.proc, status, on_progress, startup_timeout)
+            except BaseException:
+                self._reap()
+                raise
         else:
             self._engine_key = auth.read_key(connect, engine_key) or ""
         self.address = connect or address
@@ -106,36 +104,6 @@ class EngineClient:
             self.wait_idle(30.0)
 
     # -- start-up ------------------------------------------------------------------------
-    def _wait_ready(self, status, on_progress, timeout: float) -> None:
-        """Read the engine process's status lines until it is ready."""
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                if time.monotonic() > deadline:
-                    raise EngineDied(f"engine process not ready after {timeout:.0f} s")
-                if not select.select([status], [], [], 0.2)[0]:
-                    if self.proc.poll() is not None:
-                        raise EngineDied(f"engine process exited during start-up "
-                                         f"(code {self.proc.returncode})")
-                    continue
-                line = status.readline()
-                if not line:
-                    self.proc.wait(5)
-                    raise EngineDied(f"engine process exited during start-up "
-                                     f"(code {self.proc.returncode})")
-                msg = json.loads(line.decode())
-                if msg["kind"] == "ready":
-                    return
-                if msg["kind"] == "error":
-                    raise InvalidRequestError(msg["text"])
-                if on_progress is not None:
-                    on_progress(msg["text"])
-        except BaseException:
-            self._reap()
-            raise
-        finally:
-            status.close()
-
     def _connect(self, timeout: float) -> None:
         in_ep, out_ep, pub_ep = P.endpoints(self.address)
         ident = f"{self.label}-{uuid.uuid4().hex[:8]}".encode()

@@ -14,9 +14,7 @@ process that started it) dies.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import gc
 import os
 import queue
 import signal
@@ -31,6 +29,7 @@ from engine.config import InvalidRequestError, check_priority, make_config
 from engine.core.core_loop import CoreLoop
 from engine.ipc import auth
 from engine.ipc.clients import ClientTable
+from engine.ipc.proc_setup import collect_when_idle, die_with_parent, time_collections
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
 from engine.request import SamplingParams
@@ -38,14 +37,6 @@ from engine.validation import check_prompt_ids, check_request_id
 
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
 ABORT_REASONS = (REASON_CANCELLED, REASON_STOP, REASON_ERROR)
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies (no orphan engines)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class EngineCoreProc:
@@ -346,39 +337,6 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         proc.run()
     finally:
         auth.remove_key(key_path)
-
-
-def time_collections(counters) -> None:
-    """Count this process's garbage-collection pauses (counters.gc_pause_us: a pause stops
-    the engine thread) and freeze what start-up built (model, tokenizer, kernels) out of
-    every later collection, as serving engines do after warm-up."""
-    started = [0.0]
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            counters.gc_pause_us += int((time.perf_counter() - started[0]) * 1e6)
-    gc.collect()
-    gc.freeze()
-    gc.callbacks.append(on_gc)
-
-
-IDLE_COLLECT_EVERY = 2.0   # seconds: the least time between two idle-time collections
-
-
-def collect_when_idle():
-    """A full collection each time the engine goes idle (at most every IDLE_COLLECT_EVERY
-    s): the young generations a burst left behind are collected between bursts, not in
-    the middle of the next one (a 30-60 ms pause in a 0.5 s burst is a tenth of it)."""
-    last = [0.0]
-
-    def collect() -> None:
-        now = time.monotonic()
-        if now - last[0] >= IDLE_COLLECT_EVERY:
-            last[0] = now
-            gc.collect()
-    return collect
 
 
 def main(argv: list[str] | None = None) -> int:

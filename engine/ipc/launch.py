@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 from engine.config import InvalidRequestError, make_config
@@ -26,6 +28,10 @@ def child_env() -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # idle OpenMP threads sleep, not spin
     return env
+
+
+class EngineDied(RuntimeError):
+    """The engine-core process is gone."""
 
 
 class EngineLaunch:
@@ -90,3 +96,31 @@ def stop_engine(proc: subprocess.Popen | None, tmpdir: str | None) -> None:
             proc.wait(2.0)
     if tmpdir is not None:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def wait_ready(proc: subprocess.Popen, status, on_progress, timeout: float) -> None:
+    """Read the engine process's status lines until it is ready (closes `status`)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise EngineDied(f"engine process not ready after {timeout:.0f} s")
+            if not select.select([status], [], [], 0.2)[0]:
+                if proc.poll() is not None:
+                    raise EngineDied(f"engine process exited during start-up "
+                                     f"(code {proc.returncode})")
+                continue
+            line = status.readline()
+            if not line:
+                proc.wait(5)
+                raise EngineDied(f"engine process exited during start-up "
+                                 f"(code {proc.returncode})")
+            msg = json.loads(line.decode())
+            if msg["kind"] == "ready":
+                return
+            if msg["kind"] == "error":
+                raise InvalidRequestError(msg["text"])
+            if on_progress is not None:
+                on_progress(msg["text"])
+    finally:
+        status.close()

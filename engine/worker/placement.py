@@ -49,3 +49,13 @@ def kv_cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     except (OSError, AttributeError):
         pass                                # a hint only: 4 KB pages work the same
     return cache.zero_()
+
+
+def blocks_from_memory(device: torch.device, bytes_per_block: int,
+                       gpu_memory_utilization: float) -> int:
+    """KV blocks that fit the GPU's memory at the utilization, after what is in use and a
+    reserve."""
+    free, total = torch.cuda.mem_get_info(device)
+    reserve = 2 * 1024 ** 3  # activations, logits, CUDA graphs
+    budget = total * gpu_memory_utilization - (total - free) - reserve
+    return max(16, int(budget // bytes_per_block))
