@@ -12,7 +12,6 @@ holds the IO thread. Attaching needs the engine key (engine/ipc/auth.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import select
@@ -26,7 +25,7 @@ import msgspec
 import zmq
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR
-from engine.config import InvalidRequestError, SchedulerConfig
+from engine.config import InvalidRequestError, SchedulerConfig, knob_changes
 from engine.ipc import auth
 from engine.ipc import protocol as P
 from engine.ipc.launch import EngineLaunch, stop_engine
@@ -147,8 +146,8 @@ class EngineClient:
         while self._sub is not None and self._snap_bytes is None and time.monotonic() < deadline:
             if self._sub.poll(100):
                 self._snap_bytes = self._recv_snapshot()
-        self.info = EngineInfo(**welcome.info)
-        self._knobs = SchedulerConfig(**welcome.knobs)
+        self.info: EngineInfo = welcome.info
+        self._knobs: SchedulerConfig = welcome.knobs
         self._paused = welcome.paused
         if self.proc is None:     # attached: the engine says which model it serves
             self.tokenizer = load_tokenizer(self.info.model_name)
@@ -205,7 +204,7 @@ class EngineClient:
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         try:      # encoded before any state exists: a value the codec refuses leaves none
             data = P.encoder.encode(P.Submit(
-                creq.request_id, list(creq.prompt_token_ids), dataclasses.asdict(creq.params),
+                creq.request_id, list(creq.prompt_token_ids), creq.params,
                 creq.arrival_time, creq.prompt_preview, creq.priority))
         except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
             raise InvalidRequestError(f"request cannot be sent to the engine: {exc}") from None
@@ -237,7 +236,7 @@ class EngineClient:
         (this client's view may be a snapshot behind another client's change: sending
         whole knobs from it could undo that change)."""
         knobs = self._knobs = self._knobs.replace(**changes)
-        self._send(P.SetKnobs(dict(changes)))
+        self._send(P.SetKnobs(knob_changes(**changes)))
         return knobs
 
     def clear_prefix_cache(self) -> None:

@@ -19,6 +19,9 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from engine.config import KnobChanges, SchedulerConfig
+from engine.outputs import EngineInfo
+from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
 from engine.stats import EngineStats
 
@@ -33,10 +36,16 @@ class Hello(msgspec.Struct, tag=True):
 class Submit(msgspec.Struct, tag=True):
     request_id: str
     prompt_token_ids: list[int]
-    params: dict                 # SamplingParams fields; the core rebuilds (validates) it
+    params: SamplingParams       # decoding checks its types and bounds (a refusal names
+    #                              the field: wire_error)
     arrival_time: float
     prompt_preview: str | None = None
     priority: int = 0            # checked by the core (engine.config.check_priority)
+
+
+class SubmitHead(msgspec.Struct, tag="Submit"):
+    """The request id of a Submit that failed to decode, to refuse it by its id."""
+    request_id: str
 
 
 class Abort(msgspec.Struct, tag=True):
@@ -46,7 +55,8 @@ class Abort(msgspec.Struct, tag=True):
 
 
 class SetKnobs(msgspec.Struct, tag=True):
-    knobs: dict                  # the changed SchedulerConfig fields; the core validates them
+    knobs: KnobChanges           # the changed SchedulerConfig fields (typed, UNSET if not
+    #                              changed); the core checks their bounds
 
 
 class SetPaused(msgspec.Struct, tag=True):
@@ -89,8 +99,8 @@ ClientMessage = (Hello | Submit | Abort | SetKnobs | SetPaused | StepOnce | Clea
 
 
 class Welcome(msgspec.Struct, tag=True):
-    info: dict                   # EngineInfo fields
-    knobs: dict
+    info: EngineInfo
+    knobs: SchedulerConfig
     paused: bool
 
 
@@ -152,8 +162,17 @@ def _dec_hook(tp, obj):
 
 encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 client_decoder = msgspec.msgpack.Decoder(ClientMessage)
+submit_head_decoder = msgspec.msgpack.Decoder(SubmitHead)
 core_decoder = msgspec.msgpack.Decoder(CoreMessage)
 snapshot_decoder = msgspec.msgpack.Decoder(EngineSnapshot, dec_hook=_dec_hook)
+
+
+def wire_error(exc: msgspec.ValidationError) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.params.top_k`" as "top_k: Expected
+    `int`, got `str`" (a bound failed in __post_init__ already names its field)."""
+    text, _, path = str(exc).partition(" - at `$")
+    field = path.rstrip("`").lstrip(".").removeprefix("params").lstrip(".")
+    return f"{field}: {text}" if field else text
 
 
 def endpoints(address: str) -> tuple[str, str, str]:
