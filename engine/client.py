@@ -1,4 +1,4 @@
-"""EngineClient: the client API of EngineLoop, for an engine core in another process.
+"""EngineClient: EngineAPI (engine/api.py) for an engine core in another process.
 
 `EngineClient(model=...)` starts the engine-core process (engine/ipc/core_proc.py) and
 owns it; `EngineClient(connect="tcp://127.0.0.1:PORT")` attaches to one that another
@@ -24,6 +24,7 @@ from typing import Callable
 import msgspec
 import zmq
 
+from engine.api import CLOSE_TIMEOUT, EngineStopped
 from engine.codes import REASON_CANCELLED, REASON_ERROR
 from engine.config import InvalidRequestError, SchedulerConfig, knob_changes
 from engine.ipc import auth
@@ -199,7 +200,7 @@ class EngineClient:
                on_finish: Callable[[StreamEvent], None] | None = None,
                on_event: Callable[[StreamEvent], None] | None = None,
                priority: int = 0) -> RequestStream:
-        """As EngineLoop.submit; callbacks run on this client's IO thread."""
+        """EngineAPI.submit; callbacks run on this client's IO thread."""
         self._check_running()
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         try:      # encoded before any state exists: a value the codec refuses leaves none
@@ -286,7 +287,7 @@ class EngineClient:
             self._snap_bytes = box[0]
         return ok and self.fatal_error is None
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         if self._closed:
             return
         self._closed = True
@@ -322,7 +323,7 @@ class EngineClient:
 
     def _check_running(self) -> None:
         if self._closed or self.fatal_error:
-            raise RuntimeError(f"engine client is stopped ({self.fatal_error or 'closed'})")
+            raise EngineStopped(f"engine is stopped ({self.fatal_error or 'closed'})")
 
     def _cancel_dropped(self, request_id: str) -> None:
         if not self._closed and not self.fatal_error:

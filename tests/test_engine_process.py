@@ -13,7 +13,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.client import EngineClient
-from engine.config import InvalidRequestError
+from engine.config import InvalidRequestError, knob_changes
 from engine.ipc import protocol as P
 from tests.helpers import engines_owned_by
 
@@ -38,10 +38,10 @@ def client():
 
 
 def test_protocol_round_trips():
-    msgs = [P.Hello("tui"), P.Submit("r1", [1, 2, 3], {"max_tokens": 4}, 1.5, "hi"),
-            P.Submit("r2", [4], {}, 2.0, None, priority=-7),
-            P.SetKnobs({"scheduling_policy": "lpm", "eviction_policy": "lfu"}),
-            P.Abort("r1", "stop"), P.SetKnobs({"max_num_seqs": 3}), P.SetPaused(True),
+    msgs = [P.Hello("tui"), P.Submit("r1", [1, 2, 3], SamplingParams(max_tokens=4), 1.5, "hi"),
+            P.Submit("r2", [4], SamplingParams(stop=["x"], seed=3), 2.0, None, priority=-7),
+            P.SetKnobs(knob_changes(scheduling_policy="lpm", eviction_policy="lfu")),
+            P.Abort("r1", "stop"), P.SetKnobs(knob_changes(max_num_seqs=3)), P.SetPaused(True),
             P.StepOnce(7), P.ClearPrefixCache(), P.ResetPeakUsage(), P.Barrier(9),
             P.Heartbeat(), P.Bye(), P.Shutdown()]
     for m in msgs:

@@ -39,7 +39,7 @@ def test_scheduler_exception_stops_loop_cleanly(ckpt):
         assert done.wait(TIMEOUT)                    # a pending single step is released
         assert loop.wait_idle(TIMEOUT)
         assert "scheduler state corrupted" in loop.snapshot().error
-        with pytest.raises(RuntimeError, match="engine loop is stopped.*scheduler state corrupted"):
+        with pytest.raises(RuntimeError, match="engine is stopped.*scheduler state corrupted"):
             loop.submit({"prompt_token_ids": [1, 2]}, sp(2))
         loop.engine.scheduler.schedule = real
         assert loop.engine.requests == {}
