@@ -11,7 +11,8 @@ differ, the behaviour is settled here, once:
   untouched, and the id is free again once that request has ended;
 - bad input (prompt, SamplingParams, priority, knobs): InvalidRequestError from the
   call, naming the field; nothing is queued;
-- any call after `close()` or after the engine died: EngineStopped;
+- `submit` after `close()` or after the engine died: EngineStopped; any other call
+  after `close()` is a harmless no-op (step_once's event is set, wait_idle is True);
 - `cancel(id)` ends the request with one final event, finish_reason "cancelled" and no
   error; dropping a stream unread cancels it the same way (error "stream dropped by its
   consumer"); `close()` ends every live request with finish_reason "cancelled";

@@ -274,7 +274,7 @@ class EngineClient:
         raw, cached = self._snap_cache
         latest = self._snap_bytes
         if latest is not None and latest is not raw:
-            cached = P.snapshot_decoder.decode(latest)
+            cached = P.decode_snapshot(latest)
             self._snap_cache = (latest, cached)
             self._knobs, self._paused = cached.knobs, cached.paused
         return cached
@@ -293,7 +293,8 @@ class EngineClient:
         self._closed = True
         self._closing.set()
         try:
-            self._send(P.Shutdown(self._owner_token) if self.proc is not None else P.Bye())
+            self._send_bytes(P.encoder.encode(
+                P.Shutdown(self._owner_token) if self.proc is not None else P.Bye()))
         except Exception:
             pass
         if self.proc is not None:
@@ -315,7 +316,8 @@ class EngineClient:
 
     # -- internals -------------------------------------------------------------------------
     def _send(self, msg) -> None:
-        self._send_bytes(P.encoder.encode(msg))
+        if not self._closed:       # after close every command is a no-op (EngineAPI)
+            self._send_bytes(P.encoder.encode(msg))
 
     def _send_bytes(self, data: bytes) -> None:
         with self._send_lock:

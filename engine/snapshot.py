@@ -2,12 +2,14 @@
 
 The engine thread builds an `EngineSnapshot` after a step and swaps a reference; readers
 never lock and never see a half-updated state. Block arrays are fresh numpy copies.
+Between processes a snapshot travels as a typed SnapshotFrame (engine/ipc/protocol.py)
+and is rebuilt into this view on the client side.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -191,9 +193,14 @@ class EngineSnapshot:
     recent_latencies: tuple[tuple[float, float, float | None], ...] = ()  # (finish time, ttft, tpot)
     recent_itls: tuple[tuple[float, float], ...] = ()                      # (time, gap)
     error: str | None = None
-    extra: dict = field(default_factory=dict)
     events: tuple[EngineEvent, ...] = ()     # the most recent engine events, oldest first
     kv_block_metrics: KVBlockMetrics = KVBlockMetrics()   # residency histograms, cumulative
+    peak_used_blocks: int = 0        # since start or reset_peak_usage()
+    backend: str = ""                # the attention backend serving
+    tensor_parallel_size: int = 1
+    kv_bytes_per_rank: int = 0       # the KV cache of one rank
+    max_model_len: int = 0
+    forward_calls: int = 0           # model forwards since start
 
     @property
     def num_used(self) -> int:
@@ -215,6 +222,11 @@ class EngineSnapshot:
         return next((r for r in self.requests if r.request_id == request_id), None)
 
 
+# the engine-wide figures besides the pool and requests (recordings keep them as "extra")
+RUNTIME_FIELDS = ("peak_used_blocks", "backend", "tensor_parallel_size", "kv_bytes_per_rank",
+                  "max_model_len", "forward_calls")
+
+
 def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
     """An immutable view of an LLMEngine now (cheap: arrays copied, views built)."""
     st, pool, kv = engine.stats, engine.pool, engine.runner.kv_cache
@@ -229,9 +241,7 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
         recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
         error=st.last_error, events=engine.events.recent(),
-        kv_block_metrics=pool.lifetimes.freeze(),
-        extra={"peak_used_blocks": st.peak_used_blocks, "backend": engine.backend,
-               "tensor_parallel_size": engine.config.tensor_parallel_size,
-               "kv_bytes_per_rank": kv.numel() * kv.element_size(),
-               "max_model_len": engine.max_model_len,
-               "forward_calls": engine.runner.forward_calls})
+        kv_block_metrics=pool.lifetimes.freeze(), peak_used_blocks=st.peak_used_blocks,
+        backend=engine.backend, tensor_parallel_size=engine.config.tensor_parallel_size,
+        kv_bytes_per_rank=kv.numel() * kv.element_size(), max_model_len=engine.max_model_len,
+        forward_calls=engine.runner.forward_calls)

@@ -228,7 +228,7 @@ class EngineCoreProc:
 
     def _barrier(self, client: bytes, msg: P.Barrier) -> None:
         self.core.barrier(lambda snap: self._sendq.put(
-            (client, P.BarrierDone(msg.token, P.encoder.encode(snap)))))
+            (client, P.BarrierDone(msg.token, P.encoder.encode(P.snapshot_frame(snap))))))
 
     def _set_paused(self, client: bytes, msg: P.SetPaused) -> None:
         self.clients.paused_by = client if msg.paused else None
@@ -288,7 +288,8 @@ class EngineCoreProc:
             # into one reused buffer: a growing buffer re-copies a 1-2 MB snapshot several
             # times, and this thread holds the GIL the engine thread needs meanwhile
             t0 = time.perf_counter()
-            P.encoder.encode_into(snap, self._snap_buf, len(self._topic))   # topic first
+            frame = P.snapshot_frame(snap)
+            P.encoder.encode_into(frame, self._snap_buf, len(self._topic))   # topic first
             try:
                 self.pub_sock.send(self._snap_buf, zmq.NOBLOCK, copy=True)
             except zmq.Again:

@@ -16,6 +16,9 @@ Only a client whose Hello carries the engine key is served (engine/ipc/auth.py).
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 import msgspec
 import numpy as np
 
@@ -147,24 +150,52 @@ class Stats(msgspec.Struct, tag=True):
 CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal | Refused | Stats
 
 
-def _enc_hook(obj):
-    if isinstance(obj, np.ndarray):
-        return (obj.dtype.str, obj.tobytes())
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+class BlockArray(msgspec.Struct, array_like=True):
+    """A numpy array on the wire: its dtype (numpy's str) and raw bytes."""
+    dtype: str
+    data: bytes
 
 
-def _dec_hook(tp, obj):
-    if tp is np.ndarray:
-        dtype, raw = obj
-        return np.frombuffer(raw, dtype=np.dtype(dtype)).copy()
-    raise NotImplementedError(f"cannot decode {tp}")
+def _frame_struct() -> type[msgspec.Struct]:
+    """SnapshotFrame: EngineSnapshot's fields, typed, with its numpy arrays as
+    BlockArray; built from the view's own fields so a field is declared once."""
+    hints = typing.get_type_hints(EngineSnapshot)
+    fields = [(f.name, BlockArray if hints[f.name] is np.ndarray else hints[f.name])
+              for f in dataclasses.fields(EngineSnapshot)]
+    return msgspec.defstruct("SnapshotFrame", fields, array_like=True, module=__name__)
 
 
-encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+SnapshotFrame = _frame_struct()
+_ARRAYS = tuple(name for name, tp in zip(SnapshotFrame.__struct_fields__,
+                                         typing.get_type_hints(SnapshotFrame).values())
+                if tp is BlockArray)
+
+
+def snapshot_frame(snap: EngineSnapshot) -> SnapshotFrame:
+    """The engine process's snapshot as it goes on the wire (shallow: no copies but
+    the block arrays' bytes)."""
+    values = {f: getattr(snap, f) for f in SnapshotFrame.__struct_fields__}
+    for name in _ARRAYS:
+        arr = values[name]
+        values[name] = BlockArray(arr.dtype.str, arr.tobytes())
+    return SnapshotFrame(**values)
+
+
+def decode_snapshot(data) -> EngineSnapshot:
+    """A SnapshotFrame's bytes -> the client's EngineSnapshot view (types checked)."""
+    frame = snapshot_decoder.decode(data)
+    values = {f: getattr(frame, f) for f in SnapshotFrame.__struct_fields__}
+    for name in _ARRAYS:
+        arr = values[name]
+        values[name] = np.frombuffer(arr.data, dtype=np.dtype(arr.dtype)).copy()
+    return EngineSnapshot(**values)
+
+
+encoder = msgspec.msgpack.Encoder()
 client_decoder = msgspec.msgpack.Decoder(ClientMessage)
 submit_head_decoder = msgspec.msgpack.Decoder(SubmitHead)
 core_decoder = msgspec.msgpack.Decoder(CoreMessage)
-snapshot_decoder = msgspec.msgpack.Decoder(EngineSnapshot, dec_hook=_dec_hook)
+snapshot_decoder = msgspec.msgpack.Decoder(SnapshotFrame)
 
 
 def wire_error(exc: msgspec.ValidationError) -> str:
