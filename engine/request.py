@@ -20,12 +20,13 @@ PENDING_TOKEN = -1         # an output token sampled on the device, not yet read
 MAX_TEMPERATURE = V.MAX_TEMPERATURE
 
 
-class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     """vLLM-style sampling parameters. temperature 0 means greedy.
 
     A msgspec Struct (as vLLM's): the engine-process wire carries it as it is, and
     decoding checks each field's type, then runs __post_init__'s bounds (a failure there
-    is a msgspec.ValidationError naming the field). The field list is here only."""
+    is a msgspec.ValidationError naming the field); a field this engine does not know is
+    refused, not ignored. The field list is here only."""
 
     max_tokens: int = 16
     temperature: float = 1.0

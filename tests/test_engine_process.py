@@ -244,7 +244,7 @@ def test_policy_knobs_and_priority_reach_the_engine_process(client):
         low_out, high_out = low.result(timeout=60), high.result(timeout=60)
         assert high_out.metrics.first_token_time < low_out.metrics.first_token_time
         assert client.wait_idle(30) and client.snapshot().knobs.scheduling_policy == "priority"
-        again = P.snapshot_decoder.decode(P.encoder.encode(client.snapshot()))
+        again = P.decode_snapshot(P.encoder.encode(P.snapshot_frame(client.snapshot())))
         assert again.kv_block_metrics == client.snapshot().kv_block_metrics
     finally:
         client.set_knobs(scheduling_policy=before.scheduling_policy,
