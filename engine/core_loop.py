@@ -16,7 +16,7 @@ from collections import deque
 from typing import Callable
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR
-from engine.config import InvalidRequestError, SchedulerConfig
+from engine.config import InvalidRequestError
 from engine.core import LLMEngine
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.snapshot import EngineSnapshot
@@ -69,9 +69,6 @@ class CoreLoop:
     def abort(self, request_id: str, reason: str = REASON_CANCELLED,
               error: str | None = None) -> None:
         self.post(lambda: self._emit(self.engine.abort_output(request_id, reason, error)))
-
-    def set_knobs(self, knobs: SchedulerConfig) -> None:
-        self.post(lambda: self.engine.set_knobs(knobs))
 
     def update_knobs(self, changes: dict) -> None:
         """Apply validated field changes to the knobs current at the next step (several

@@ -3,6 +3,7 @@ engine in its own process (EngineClient, the default path) and on a thread of th
 process (EngineLoop). Each test runs on each; the cross-transport tests compare them.
 One engine of each per module; the last test closes them."""
 import gc
+import inspect
 
 import pytest
 
@@ -51,6 +52,18 @@ def test_both_implement_the_protocol_with_the_same_info(client, loop):
     assert client.info == loop.info
     assert client.info.model_name and client.info.num_blocks == 256
     assert client.knobs == loop.knobs == SchedulerConfig()
+
+
+@pytest.mark.parametrize("cls", [EngineClient, EngineLoop])
+def test_every_call_has_the_protocols_signature(cls):
+    """Same parameter names, kinds and defaults (annotations aside) as EngineAPI."""
+    def shape(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+    calls = [n for n, v in vars(EngineAPI).items() if inspect.isfunction(v)
+             and not n.startswith("_")]
+    assert len(calls) == 13       # (attributes and properties: isinstance, below)
+    for name in calls:
+        assert shape(getattr(cls, name)) == shape(getattr(EngineAPI, name)), name
 
 
 def test_greedy_tokens_and_text_equal_across_transports(client, loop):
