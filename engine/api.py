@@ -15,7 +15,8 @@ differ, the behaviour is settled here, once:
   after `close()` is a harmless no-op (step_once's event is set, wait_idle is True);
 - `cancel(id)` ends the request with one final event, finish_reason "cancelled" and no
   error; dropping a stream unread cancels it the same way (error "stream dropped by its
-  consumer"); `close()` ends every live request with finish_reason "cancelled";
+  consumer"); `close()` ends every live request with finish_reason "cancelled" and
+  error "engine closed" (engine.codes.ENGINE_CLOSED);
 - `close()` is idempotent and waits at most CLOSE_TIMEOUT seconds for each part;
 - `info` is an EngineInfo with the same fields on both; `watch()` exists on both.
 """

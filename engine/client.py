@@ -25,7 +25,7 @@ import msgspec
 import zmq
 
 from engine.api import CLOSE_TIMEOUT, EngineStopped
-from engine.codes import REASON_CANCELLED, REASON_ERROR
+from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR
 from engine.config import InvalidRequestError, SchedulerConfig, knob_changes
 from engine.ipc import auth
 from engine.ipc import protocol as P
@@ -305,7 +305,7 @@ class EngineClient:
         self._reap()
         self._io.join(timeout)
         self._beat.join(timeout)
-        self.outputs.fail_all(REASON_CANCELLED, "engine client closed")
+        self.outputs.fail_all(REASON_CANCELLED, ENGINE_CLOSED)
         self._close_sockets()
 
     def __enter__(self) -> "EngineClient":

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from engine.codes import REASON_CANCELLED, REASON_ERROR
+from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR
 from engine.config import InvalidRequestError
 from engine.core import LLMEngine
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
@@ -225,7 +225,7 @@ class CoreLoop:
     def _shutdown(self) -> None:
         """The loop ends (stop or fatal error): every request gets its end."""
         reason = REASON_ERROR if self.fatal_error else REASON_CANCELLED
-        message = self.fatal_error or "engine loop closed"
+        message = self.fatal_error or ENGINE_CLOSED
         out = StepOutput()
         while self._commands:          # requests submitted before the stop get their end
             try:

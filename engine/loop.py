@@ -11,7 +11,7 @@ import threading
 from typing import Callable
 
 from engine.api import CLOSE_TIMEOUT, EngineStopped
-from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
+from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, make_config
 from engine.core import LLMEngine
 from engine.core_loop import CoreLoop
@@ -75,7 +75,7 @@ class EngineLoop:
             self.outputs.add(creq, text, on_event, on_finish)
             self.core.add(creq)
         if self.core.stopped:         # closed meanwhile: its end may already have passed
-            self.outputs.fail(creq.request_id, REASON_CANCELLED, "engine loop closed")
+            self.outputs.fail(creq.request_id, REASON_CANCELLED, ENGINE_CLOSED)
             self._check_running()
         return stream
 
@@ -126,7 +126,7 @@ class EngineLoop:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request is unfinished and no command is pending."""
-        return self.core.wait_idle(timeout)
+        return self.core.wait_idle(timeout) and self.fatal_error is None
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         self.core.stop()
@@ -154,6 +154,6 @@ class EngineLoop:
 
     def _run(self) -> None:
         self.core.run()
-        message = self.core.fatal_error or "engine loop closed"
+        message = self.core.fatal_error or ENGINE_CLOSED
         self.outputs.fail_all(REASON_ERROR if self.core.fatal_error else REASON_CANCELLED,
                               message)

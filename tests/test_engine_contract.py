@@ -4,6 +4,8 @@ process (EngineLoop). Each test runs on each; the cross-transport tests compare 
 One engine of each per module; the last test closes them."""
 import gc
 import inspect
+import os
+import signal
 
 import pytest
 
@@ -23,7 +25,6 @@ TRANSPORTS = ["client", "loop"]
 
 @pytest.fixture(scope="module")
 def client():
-    import os
     c = EngineClient(label="contract", **ENGINE)
     yield c
     c.close()
@@ -223,6 +224,39 @@ def test_snapshot_describes_the_engine(api):
         api.watch(True)
 
 
+def _kill_loop(loop: EngineLoop) -> str:
+    def schedule():
+        raise KeyError("scheduler state corrupted")
+    loop.engine.scheduler.schedule = schedule
+    loop.step_once()
+    return "scheduler state corrupted"
+
+
+def _kill_client(client: EngineClient) -> str:
+    os.kill(client.proc.pid, signal.SIGKILL)
+    return "engine process died"
+
+
+@pytest.mark.parametrize("make,kill", [(EngineClient, _kill_client), (EngineLoop, _kill_loop)],
+                         ids=TRANSPORTS)
+def test_a_dead_engine_ends_every_request_with_its_error(make, kill):
+    api = make(**ENGINE)
+    try:
+        api.pause()
+        streams = [api.submit(p, GREEDY) for p in PROMPTS]
+        words = kill(api)
+        for s in streams:
+            out = s.result(TIMEOUT)
+            assert out.outputs[0].finish_reason == "error" and words in out.error
+        assert words in api.fatal_error and out.error == api.fatal_error
+        assert not api.wait_idle(TIMEOUT)
+        with pytest.raises(EngineStopped, match=f"engine is stopped.*{words}"):
+            api.submit(PROMPTS[0], GREEDY)
+    finally:
+        api.close()
+        api.close()
+
+
 def test_close_is_idempotent_and_cancels_live_requests(api):
     """Last: closes the module's engines."""
     api.pause()
@@ -230,7 +264,7 @@ def test_close_is_idempotent_and_cancels_live_requests(api):
     api.close()
     api.close()
     out = stream.result(TIMEOUT)
-    assert out.outputs[0].finish_reason == "cancelled" and "closed" in out.error
+    assert (out.outputs[0].finish_reason, out.error) == ("cancelled", "engine closed")
     with pytest.raises(EngineStopped, match="engine is stopped"):
         api.submit(PROMPTS[0], GREEDY)
     api.cancel(stream.request_id)              # every other call: harmless after close
