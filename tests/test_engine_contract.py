@@ -1,7 +1,8 @@
 """The EngineAPI contract (engine/api.py), one suite run against both transports: the
 engine in its own process (EngineClient, the default path) and on a thread of this
 process (EngineLoop). Each test runs on each; the cross-transport tests compare them.
-One engine of each per module; the last test closes them."""
+One engine of each per module (the last test closes them), and one more of each that
+test_a_dead_engine_... kills."""
 import gc
 import inspect
 import os
