@@ -11,6 +11,7 @@ FINISHED, CANCELLED, ERROR = "finished", "cancelled", "error"
 
 # finish reasons (vLLM's): RequestOutput.outputs[i].finish_reason, StreamEvent.finish_reason
 REASON_STOP, REASON_LENGTH, REASON_CANCELLED, REASON_ERROR = "stop", "length", "cancelled", "error"
+ENGINE_CLOSED = "engine closed"   # the error of requests that close() cancelled (any transport)
 
 # engine event kinds (EngineEvent.kind), for the event log and the map's highlights
 EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT = "cow", "preempt", "evict", "prefix_hit"

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
+
+import msgspec
 
 
 class InvalidRequestError(ValueError):
@@ -122,6 +125,33 @@ class SchedulerConfig:
         if unknown:
             raise InvalidRequestError(f"unknown knob(s): {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **changes)
+
+
+def _changes_struct(cls) -> type[msgspec.Struct]:
+    """A typed message of some of `cls`'s fields (each UNSET unless changed), built from
+    the dataclass itself so a knob is declared once: decoding it checks every value's
+    type and refuses unknown names."""
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, hints[f.name] | msgspec.UnsetType, msgspec.UNSET)
+              for f in dataclasses.fields(cls)]
+    return msgspec.defstruct(f"{cls.__name__}Changes", fields, frozen=True,
+                             omit_defaults=True, forbid_unknown_fields=True, module=__name__)
+
+
+KnobChanges = _changes_struct(SchedulerConfig)
+
+
+def knob_changes(**changes) -> KnobChanges:
+    """Changed live knobs as the typed message (unknown names refused)."""
+    unknown = set(changes) - set(KnobChanges.__struct_fields__)
+    if unknown:
+        raise InvalidRequestError(f"unknown knob(s): {', '.join(sorted(unknown))}")
+    return KnobChanges(**changes)
+
+
+def changed_knobs(changes: KnobChanges) -> dict:
+    """The fields a KnobChanges sets, as keyword arguments for SchedulerConfig.replace."""
+    return {k: v for k, v in msgspec.structs.asdict(changes).items() if v is not msgspec.UNSET}
 
 
 @dataclass(frozen=True)

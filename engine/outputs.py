@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from engine.request import SamplingParams
 
 
@@ -44,9 +46,10 @@ class StepOutput:
         return bool(self.request_ids or self.finished)
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    """What a client needs to know about the engine it talks to (fixed at start)."""
+class EngineInfo(msgspec.Struct, frozen=True):
+    """What a client needs to know about the engine it talks to (fixed at start). The
+    same fields on both transports: EngineLoop builds it from its engine, the engine
+    process sends it in its Welcome (engine/ipc/protocol.py)."""
     model_name: str
     vocab_size: int
     max_model_len: int

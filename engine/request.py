@@ -6,6 +6,9 @@ import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+import msgspec
+from msgspec.structs import force_setattr
+
 from engine.codes import REASON_LENGTH, REASON_STOP
 from engine import validation as V
 from engine.config import InvalidRequestError
@@ -17,17 +20,21 @@ PENDING_TOKEN = -1         # an output token sampled on the device, not yet read
 MAX_TEMPERATURE = V.MAX_TEMPERATURE
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """vLLM-style sampling parameters. temperature 0 means greedy."""
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """vLLM-style sampling parameters. temperature 0 means greedy.
+
+    A msgspec Struct (as vLLM's): the engine-process wire carries it as it is, and
+    decoding checks each field's type, then runs __post_init__'s bounds (a failure there
+    is a msgspec.ValidationError naming the field); a field this engine does not know is
+    refused, not ignored. The field list is here only."""
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_k: int = -1          # -1 (or 0): no top-k cut
     top_p: float = 1.0
     seed: int | None = None
-    stop: tuple[str, ...] | list[str] | str | None = None
-    stop_token_ids: tuple[int, ...] | list[int] | None = None
+    stop: str | tuple[str, ...] | None = None     # a list is accepted; stored as a tuple
+    stop_token_ids: tuple[int, ...] | None = None
     ignore_eos: bool = False
 
     def __post_init__(self):
@@ -38,8 +45,8 @@ class SamplingParams:
         V.check_number("top_p", self.top_p, 0, 1, lo_open=True)
         if self.seed is not None:
             V.check_int("seed", self.seed, 0, V.MAX_SEED)
-        object.__setattr__(self, "stop", V.check_stop(self.stop))
-        object.__setattr__(self, "stop_token_ids", V.check_stop_token_ids(self.stop_token_ids))
+        force_setattr(self, "stop", V.check_stop(self.stop))
+        force_setattr(self, "stop_token_ids", V.check_stop_token_ids(self.stop_token_ids))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
 
@@ -48,6 +55,10 @@ class SamplingParams:
         # like vLLM: a temperature this small is greedy (dividing by it overflows to
         # inf/NaN logits, and a NaN row's argmax is token 0)
         return self.temperature < _SAMPLING_EPS
+
+    def replace(self, **changes) -> "SamplingParams":
+        """A validated copy with `changes` (as dataclasses.replace)."""
+        return SamplingParams(**{**msgspec.structs.asdict(self), **changes})
 
 
 class RequestStatus(enum.Enum):

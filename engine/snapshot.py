@@ -4,12 +4,14 @@ The engine thread builds an `EngineSnapshot` after a step and swaps a reference;
 never lock and never see a half-updated state. Block arrays are fresh numpy copies. The
 builders and the mutable counters live in the core (engine/core/views.py,
 engine/core/kv/counters.py).
+Between processes a snapshot travels as a typed SnapshotFrame (engine/ipc/protocol.py)
+and is rebuilt into this view on the client side.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -141,9 +143,14 @@ class EngineSnapshot:
     recent_latencies: tuple[tuple[float, float, float | None], ...] = ()  # (finish time, ttft, tpot)
     recent_itls: tuple[tuple[float, float], ...] = ()                      # (time, gap)
     error: str | None = None
-    extra: dict = field(default_factory=dict)
     events: tuple[EngineEvent, ...] = ()     # the most recent engine events, oldest first
     kv_block_metrics: KVBlockMetrics = KVBlockMetrics()   # residency histograms, cumulative
+    peak_used_blocks: int = 0        # since start or reset_peak_usage()
+    backend: str = ""                # the attention backend serving
+    tensor_parallel_size: int = 1
+    kv_bytes_per_rank: int = 0       # the KV cache of one rank
+    max_model_len: int = 0
+    forward_calls: int = 0           # model forwards since start
 
     @property
     def num_used(self) -> int:
@@ -163,3 +170,8 @@ class EngineSnapshot:
 
     def request(self, request_id: str) -> RequestView | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
+
+
+# the engine-wide figures besides the pool and requests (recordings keep them as "extra")
+RUNTIME_FIELDS = ("peak_used_blocks", "backend", "tensor_parallel_size", "kv_bytes_per_rank",
+                  "max_model_len", "forward_calls")

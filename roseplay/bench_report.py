@@ -39,7 +39,7 @@ def engine_stats(snap0, snap1) -> dict:
     d = dataclasses.asdict(snap1.counters.minus(snap0.counters))
     q = d["prefix_queried_tokens"]
     d["prefix_hit_rate"] = d["prefix_hit_tokens"] / q if q else 0.0
-    d["peak_used_blocks"] = snap1.extra["peak_used_blocks"]
+    d["peak_used_blocks"] = snap1.peak_used_blocks
     d["num_blocks"] = snap1.num_blocks
     d["peak_kv_usage"] = d["peak_used_blocks"] / d["num_blocks"]
     d["kv_block"] = snap1.kv_block_metrics.minus(snap0.kv_block_metrics).summary()

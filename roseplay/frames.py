@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import SchedulerConfig
-from engine.snapshot import (ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView,
+from engine.snapshot import (RUNTIME_FIELDS, ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView,
                              StepStats)
 from roseplay import record_schema as schema
 from roseplay.record_schema import BadRecording
@@ -104,7 +104,7 @@ class FrameEncoder:
         self._changed(frame, "knobs", dataclasses.asdict(snap.knobs))
         self._changed(frame, "workload", workload)
         self._changed(frame, "counters", dataclasses.asdict(snap.counters))
-        self._changed(frame, "extra", dict(snap.extra))
+        self._changed(frame, "extra", {f: getattr(snap, f) for f in RUNTIME_FIELDS})
         self._changed(frame, "error", snap.error)
         self._changed(frame, "bs", _b64(snap.block_state, "<i1"))
         self._changed(frame, "rc", _b64(snap.block_refcount, "<i4"))
@@ -254,7 +254,7 @@ class FrameDecoder:
             last_step=self._steps[-1] if self._steps else None,
             recent_steps=tuple(self._steps), counters=s["counters"],
             recent_latencies=tuple(self._lat), recent_itls=tuple(self._itl),
-            error=s["error"], extra=dict(s["extra"]), events=tuple(self._events))
+            error=s["error"], events=tuple(self._events), **_runtime(s["extra"]))
 
     def _decode_requests(self, frame: dict) -> None:
         n = self.header["num_blocks"]
@@ -283,3 +283,11 @@ class FrameDecoder:
         self._views[rid] = RequestView(**{**{k: d[k] for k in _REQ_FIELDS if k in d},
                                           "blocks": tuple(d["blocks"]),
                                           "output_tail": tuple(d.get("output_tail", ()))})
+
+
+def _runtime(extra: dict) -> dict:
+    """A recording's "extra" object -> EngineSnapshot's runtime fields (a value of the
+    wrong type, or a name it does not have, is left out: the field keeps its default)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineSnapshot)}
+    return {k: v for k, v in extra.items() if k in RUNTIME_FIELDS
+            and type(v) is type(defaults[k])}

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 from engine.config import InvalidRequestError, SchedulerConfig
 from roseplay.scenarios import SCENARIOS
+
+if TYPE_CHECKING:      # the client API both transports implement
+    from engine.api import EngineAPI
 
 RATE_STEPS = (None, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)   # req/s; None: as fast as slots free
 USER_MAX_TOKENS = 96
@@ -27,7 +31,7 @@ class LiveSource:
 
     kind = "live"
 
-    def __init__(self, loop, driver, recorder=None):
+    def __init__(self, loop: EngineAPI, driver, recorder=None):
         self.loop, self.driver, self.recorder = loop, driver, recorder
         self._knobs: SchedulerConfig = loop.knobs
         self._user_ids = 0

@@ -1,5 +1,6 @@
 """The engine core in its own process: protocol, outputs, clients that die, an engine that
 dies, a second client attached from another process, clean shutdown."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.front.client import EngineClient
-from engine.config import InvalidRequestError
+from engine.config import InvalidRequestError, knob_changes
 from engine.ipc import protocol as P
 from tests.helpers import engines_owned_by
 
@@ -38,10 +39,10 @@ def client():
 
 
 def test_protocol_round_trips():
-    msgs = [P.Hello("tui"), P.Submit("r1", [1, 2, 3], {"max_tokens": 4}, 1.5, "hi"),
-            P.Submit("r2", [4], {}, 2.0, None, priority=-7),
-            P.SetKnobs({"scheduling_policy": "lpm", "eviction_policy": "lfu"}),
-            P.Abort("r1", "stop"), P.SetKnobs({"max_num_seqs": 3}), P.SetPaused(True),
+    msgs = [P.Hello("tui"), P.Submit("r1", [1, 2, 3], SamplingParams(max_tokens=4), 1.5, "hi"),
+            P.Submit("r2", [4], SamplingParams(stop=["x"], seed=3), 2.0, None, priority=-7),
+            P.SetKnobs(knob_changes(scheduling_policy="lpm", eviction_policy="lfu")),
+            P.Abort("r1", "stop"), P.SetKnobs(knob_changes(max_num_seqs=3)), P.SetPaused(True),
             P.StepOnce(7), P.ClearPrefixCache(), P.ResetPeakUsage(), P.Barrier(9),
             P.Heartbeat(), P.Bye(), P.Shutdown()]
     for m in msgs:
@@ -57,7 +58,9 @@ def test_protocol_round_trips():
 def test_snapshot_round_trip(client):
     assert client.wait_idle(30)
     snap = client.snapshot()
-    again = P.snapshot_decoder.decode(P.encoder.encode(snap))
+    again = P.decode_snapshot(P.encoder.encode(P.snapshot_frame(snap)))
+    assert type(again) is type(snap) and again == dataclasses.replace(
+        snap, block_state=again.block_state, block_refcount=again.block_refcount)
     assert again.step == snap.step and again.knobs == snap.knobs
     assert np.array_equal(again.block_state, snap.block_state)
     assert np.array_equal(again.block_refcount, snap.block_refcount)
@@ -241,7 +244,7 @@ def test_policy_knobs_and_priority_reach_the_engine_process(client):
         low_out, high_out = low.result(timeout=60), high.result(timeout=60)
         assert high_out.metrics.first_token_time < low_out.metrics.first_token_time
         assert client.wait_idle(30) and client.snapshot().knobs.scheduling_policy == "priority"
-        again = P.snapshot_decoder.decode(P.encoder.encode(client.snapshot()))
+        again = P.decode_snapshot(P.encoder.encode(P.snapshot_frame(client.snapshot())))
         assert again.kv_block_metrics == client.snapshot().kv_block_metrics
     finally:
         client.set_knobs(scheduling_policy=before.scheduling_policy,

@@ -127,6 +127,24 @@ def test_a_failed_submit_leaves_no_state_and_its_id_is_reusable(client, solo):
     assert client.fatal_error is None
 
 
+def test_a_wrong_typed_raw_submit_is_refused_naming_the_field(client, solo):
+    """msgspec checks every field's type as the core decodes a Submit: the sender's
+    request ends with an error naming the field, and the engine serves on."""
+    ids = list(client.inputs.process(PROMPT)[0].prompt_token_ids)
+    cases = [({"max_tokens": "8"}, ids, "max_tokens: Expected `int`, got `str`"),
+             ({"temperature": True}, ids, "temperature: Expected `float`, got `bool`"),
+             ({"stop": 5}, ids, "stop: Expected `str | array | null`, got `int`"),
+             ({"logprobs": 5}, ids, "Object contains unknown field `logprobs`"),
+             ({"max_tokens": 4}, ["1"] + ids, "prompt_token_ids[0]: Expected `int`, got `str`"),
+             ({"top_p": 2.0}, ids, "top_p must be in (0, 1], got 2.0")]
+    for n, (params, prompt_ids, message) in enumerate(cases):
+        fin = raw_submit(client.address, f"typed-{n}", params, prompt_ids)
+        assert (fin.finish_reason, fin.error) == ("error", message)
+    out = client.submit(PROMPT, GOOD).result(TIMEOUT)
+    assert list(out.outputs[0].token_ids) == solo and client.fatal_error is None
+    assert client.wait_idle(TIMEOUT) and client.snapshot().num_used == 0
+
+
 HOSTILE_BODIES = [  # (body changes, words of the 400's message)
     ({"top_k": 2 ** 64}, "top_k must be an integer in [-1, 2147483647]"),
     ({"top_k": 2 ** 63, "temperature": 1}, "top_k must be an integer in [-1, 2147483647]"),

@@ -310,20 +310,17 @@ def test_loop_interleaved_bad_and_good_submissions(ckpt):
         assert eng.pool.num_free == eng.pool.num_blocks
 
 
-def test_loop_duplicate_request_id_ends_that_stream_only(ckpt):
+def test_loop_duplicate_request_id_is_refused_at_submit(ckpt):
+    """As EngineClient (engine/api.py): a live id raises; the live request is intact."""
     sp = SamplingParams(max_tokens=6, **GREEDY)
     with EngineLoop(model=str(ckpt), device="cpu", dtype="float32", block_size=8,
                     num_blocks=32) as loop:
         loop.pause()
         first = loop.submit([1, 2, 3], sp, request_id="same")
-        second = loop.submit([4, 5, 6], sp, request_id="same")
-        assert loop.step_once().wait(10)
-        out2 = second.result(timeout=10)        # must not hang: an error output comes back
-        assert out2.finished and out2.outputs[0].finish_reason == "error"
-        assert "duplicate request id 'same'" in out2.error
-        del second                              # dropping it must not cancel the first
+        with pytest.raises(InvalidRequestError, match="duplicate request id 'same'"):
+            loop.submit([4, 5, 6], sp, request_id="same")
         import gc
-        gc.collect()
+        gc.collect()                            # the refused stream: must not cancel the first
         loop.resume()
         out1 = first.result(timeout=30)
         assert out1.outputs[0].finish_reason == "length"

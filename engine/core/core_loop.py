@@ -15,8 +15,8 @@ import time
 from collections import deque
 from typing import Callable
 
-from engine.codes import REASON_CANCELLED, REASON_ERROR
-from engine.config import InvalidRequestError, SchedulerConfig
+from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR
+from engine.config import InvalidRequestError
 from engine.core.core import LLMEngine
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.snapshot import EngineSnapshot
@@ -70,9 +70,6 @@ class CoreLoop:
     def abort(self, request_id: str, reason: str = REASON_CANCELLED,
               error: str | None = None) -> None:
         self.post(lambda: self._emit(self.engine.abort_output(request_id, reason, error)))
-
-    def set_knobs(self, knobs: SchedulerConfig) -> None:
-        self.post(lambda: self.engine.set_knobs(knobs))
 
     def update_knobs(self, changes: dict) -> None:
         """Apply validated field changes to the knobs current at the next step (several
@@ -229,7 +226,7 @@ class CoreLoop:
     def _shutdown(self) -> None:
         """The loop ends (stop or fatal error): every request gets its end."""
         reason = REASON_ERROR if self.fatal_error else REASON_CANCELLED
-        message = self.fatal_error or "engine loop closed"
+        message = self.fatal_error or ENGINE_CLOSED
         out = StepOutput()
         while self._commands:          # requests submitted before the stop get their end
             try:

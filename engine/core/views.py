@@ -57,8 +57,7 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
         error=st.last_error, events=engine.events.recent(),
         kv_block_metrics=pool.lifetimes.freeze(),
-        extra={"peak_used_blocks": st.peak_used_blocks, "backend": engine.backend,
-               "tensor_parallel_size": engine.config.tensor_parallel_size,
-               "kv_bytes_per_rank": kv.numel() * kv.element_size(),
-               "max_model_len": engine.max_model_len,
-               "forward_calls": engine.runner.forward_calls})
+        peak_used_blocks=st.peak_used_blocks, backend=engine.backend,
+        tensor_parallel_size=engine.config.tensor_parallel_size,
+        kv_bytes_per_rank=kv.numel() * kv.element_size(), max_model_len=engine.max_model_len,
+        forward_calls=engine.runner.forward_calls)

@@ -1,4 +1,4 @@
-"""EngineClient: the client API of EngineLoop, for an engine core in another process.
+"""EngineClient: EngineAPI (engine/api.py) for an engine core in another process.
 
 `EngineClient(model=...)` starts the engine-core process (engine/ipc/core_proc.py) and
 owns it; `EngineClient(connect="tcp://127.0.0.1:PORT")` attaches to one that another
@@ -12,7 +12,6 @@ holds the IO thread. Attaching needs the engine key (engine/ipc/auth.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import subprocess
 import threading
@@ -23,8 +22,9 @@ from typing import Callable
 import msgspec
 import zmq
 
-from engine.codes import REASON_CANCELLED, REASON_ERROR
-from engine.config import InvalidRequestError, SchedulerConfig
+from engine.api import CLOSE_TIMEOUT, EngineStopped
+from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR
+from engine.config import InvalidRequestError, SchedulerConfig, knob_changes
 from engine.ipc import auth
 from engine.ipc import protocol as P
 from engine.ipc.launch import EngineDied, EngineLaunch, stop_engine, wait_ready
@@ -115,8 +115,8 @@ class EngineClient:
         while self._sub is not None and self._snap_bytes is None and time.monotonic() < deadline:
             if self._sub.poll(100):
                 self._snap_bytes = self._recv_snapshot()
-        self.info = EngineInfo(**welcome.info)
-        self._knobs = SchedulerConfig(**welcome.knobs)
+        self.info: EngineInfo = welcome.info
+        self._knobs: SchedulerConfig = welcome.knobs
         self._paused = welcome.paused
         if self.proc is None:     # attached: the engine says which model it serves
             self.tokenizer = load_tokenizer(self.info.model_name)
@@ -168,12 +168,12 @@ class EngineClient:
                on_finish: Callable[[StreamEvent], None] | None = None,
                on_event: Callable[[StreamEvent], None] | None = None,
                priority: int = 0) -> RequestStream:
-        """As EngineLoop.submit; callbacks run on this client's IO thread."""
+        """EngineAPI.submit; callbacks run on this client's IO thread."""
         self._check_running()
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         try:      # encoded before any state exists: a value the codec refuses leaves none
             data = P.encoder.encode(P.Submit(
-                creq.request_id, list(creq.prompt_token_ids), dataclasses.asdict(creq.params),
+                creq.request_id, list(creq.prompt_token_ids), creq.params,
                 creq.arrival_time, creq.prompt_preview, creq.priority))
         except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
             raise InvalidRequestError(f"request cannot be sent to the engine: {exc}") from None
@@ -205,7 +205,7 @@ class EngineClient:
         (this client's view may be a snapshot behind another client's change: sending
         whole knobs from it could undo that change)."""
         knobs = self._knobs = self._knobs.replace(**changes)
-        self._send(P.SetKnobs(dict(changes)))
+        self._send(P.SetKnobs(knob_changes(**changes)))
         return knobs
 
     def clear_prefix_cache(self) -> None:
@@ -242,7 +242,7 @@ class EngineClient:
         raw, cached = self._snap_cache
         latest = self._snap_bytes
         if latest is not None and latest is not raw:
-            cached = P.snapshot_decoder.decode(latest)
+            cached = P.decode_snapshot(latest)
             self._snap_cache = (latest, cached)
             self._knobs, self._paused = cached.knobs, cached.paused
         return cached
@@ -255,13 +255,14 @@ class EngineClient:
             self._snap_bytes = box[0]
         return ok and self.fatal_error is None
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         if self._closed:
             return
         self._closed = True
         self._closing.set()
         try:
-            self._send(P.Shutdown(self._owner_token) if self.proc is not None else P.Bye())
+            self._send_bytes(P.encoder.encode(
+                P.Shutdown(self._owner_token) if self.proc is not None else P.Bye()))
         except Exception:
             pass
         if self.proc is not None:
@@ -272,7 +273,7 @@ class EngineClient:
         self._reap()
         self._io.join(timeout)
         self._beat.join(timeout)
-        self.outputs.fail_all(REASON_CANCELLED, "engine client closed")
+        self.outputs.fail_all(REASON_CANCELLED, ENGINE_CLOSED)
         self._close_sockets()
 
     def __enter__(self) -> "EngineClient":
@@ -283,7 +284,8 @@ class EngineClient:
 
     # -- internals -------------------------------------------------------------------------
     def _send(self, msg) -> None:
-        self._send_bytes(P.encoder.encode(msg))
+        if not self._closed:       # after close every command is a no-op (EngineAPI)
+            self._send_bytes(P.encoder.encode(msg))
 
     def _send_bytes(self, data: bytes) -> None:
         with self._send_lock:
@@ -291,7 +293,7 @@ class EngineClient:
 
     def _check_running(self) -> None:
         if self._closed or self.fatal_error:
-            raise RuntimeError(f"engine client is stopped ({self.fatal_error or 'closed'})")
+            raise EngineStopped(f"engine is stopped ({self.fatal_error or 'closed'})")
 
     def _cancel_dropped(self, request_id: str) -> None:
         if not self._closed and not self.fatal_error:

@@ -1,18 +1,18 @@
 """EngineLoop: the engine on a background thread, behind the client API.
 
-The client API (what the TUI, the bench, the server and tests use): submit -> stream,
-cancel, set_knobs / knobs, pause / resume / step_once, clear_prefix_cache, snapshot,
-info / tokenizer, wait_idle, close. The engine-process client (engine/front/client.py) has the
-same surface. Here the core loop (engine/core/core_loop.py) runs on a thread of this process,
-and its step outputs go through the front's OutputProcessor on that thread.
+It implements EngineAPI (engine/api.py: the calls, and how each behaves, defined once),
+as the engine-process client (engine/front/client.py) does. Here the core loop
+(engine/core/core_loop.py) runs on a thread of this process, and its step outputs go through
+the front's OutputProcessor on that thread.
 """
 from __future__ import annotations
 
 import threading
 from typing import Callable
 
-from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
-from engine.config import EngineConfig, InvalidRequestError, make_config
+from engine.api import CLOSE_TIMEOUT, EngineStopped
+from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR, REASON_STOP
+from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, make_config
 from engine.ipc.inproc import CoreLoop, LLMEngine
 from engine.outputs import EngineInfo
 from engine.front.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
@@ -35,6 +35,7 @@ class EngineLoop:
         self.outputs = OutputProcessor(e.tokenizer)
         self._knobs = e.knobs
         self._knobs_lock = threading.Lock()
+        self._submit_lock = threading.Lock()
         self.core = CoreLoop(e, self._on_output, snapshot_interval)
         self._thread = threading.Thread(target=self._run, name="roseplay-engine", daemon=True)
         if start:
@@ -59,20 +60,22 @@ class EngineLoop:
                on_finish: Callable[[StreamEvent], None] | None = None,
                on_event: Callable[[StreamEvent], None] | None = None,
                priority: int = 0) -> RequestStream:
-        """Validate (raises InvalidRequestError here) and queue a request. `priority`
-        orders the queue under scheduling_policy=priority (lower first, as vLLM).
-
-        Sinks, chosen per request: by default every step's delta queues for the returned
-        stream; `on_event` gets every event instead (e.g. an asyncio server forwards them
-        with call_soon_threadsafe); `on_finish` alone gets only the final event (no
-        per-token event is ever built). Callbacks run on the engine thread: keep them
-        cheap. Keep the returned stream while the request runs: dropping it cancels."""
+        """EngineAPI.submit. `priority` orders the queue under scheduling_policy=priority
+        (lower first, as vLLM). Callbacks run on the engine thread (an asyncio server
+        forwards them with call_soon_threadsafe)."""
         self._check_running()
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         stream = RequestStream(creq.request_id, self._cancel_dropped)
         on_event, on_finish = chain_sinks(stream, on_event, on_finish)
-        self.core.post(lambda: self._add(creq, text, on_event, on_finish))
-        self._check_running()
+        with self._submit_lock:       # the front's table is the one place ids are live
+            if self.outputs.has(creq.request_id):
+                stream.detach()       # dropping it must not cancel the live request
+                raise InvalidRequestError(f"duplicate request id {creq.request_id!r}")
+            self.outputs.add(creq, text, on_event, on_finish)
+            self.core.add(creq)
+        if self.core.stopped:         # closed meanwhile: its end may already have passed
+            self.outputs.fail(creq.request_id, REASON_CANCELLED, ENGINE_CLOSED)
+            self._check_running()
         return stream
 
     def cancel(self, request_id: str) -> None:
@@ -83,12 +86,11 @@ class EngineLoop:
             return
         self.core.abort(request_id, REASON_CANCELLED)
 
-    def set_knobs(self, **changes):
-        """Validate now (raises InvalidRequestError), apply before the next step."""
+    def set_knobs(self, **changes) -> SchedulerConfig:
+        """EngineAPI.set_knobs: only `changes` are applied, as over the wire."""
         with self._knobs_lock:      # concurrent callers: no update is lost
-            knobs = self._knobs.replace(**changes)
-            self._knobs = knobs
-            self.core.set_knobs(knobs)
+            knobs = self._knobs = self._knobs.replace(**changes)
+            self.core.update_knobs(changes)
         return knobs
 
     def clear_prefix_cache(self) -> None:
@@ -114,14 +116,18 @@ class EngineLoop:
         return self.core.stats
 
     def reset_peak_usage(self) -> None:
-        """Restart the peak-KV-usage watermark (snapshot.extra["peak_used_blocks"])."""
         self.core.reset_peak_usage()
+
+    def watch(self, on: bool) -> None:
+        """Take (or drop) the periodic snapshots: while dropped the engine thread builds
+        one only when it goes idle, pauses or single-steps."""
+        self.core.publish_snapshots = bool(on)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request is unfinished and no command is pending."""
-        return self.core.wait_idle(timeout)
+        return self.core.wait_idle(timeout) and self.fatal_error is None
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         self.core.stop()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
@@ -135,19 +141,11 @@ class EngineLoop:
     # -- engine thread -------------------------------------------------------------------
     def _check_running(self) -> None:
         if self.core.stopped:
-            raise RuntimeError(f"engine loop is stopped ({self.fatal_error or 'closed'})")
+            raise EngineStopped(f"engine is stopped ({self.fatal_error or 'closed'})")
 
     def _cancel_dropped(self, request_id: str) -> None:
         if not self.core.stopped:
             self.core.abort(request_id, REASON_CANCELLED, "stream dropped by its consumer")
-
-    def _add(self, creq, text, on_event, on_finish) -> None:
-        if self.outputs.has(creq.request_id):
-            self.outputs.refuse(creq, text, on_event, on_finish,
-                                f"duplicate request id {creq.request_id!r}")
-            return
-        self.outputs.add(creq, text, on_event, on_finish)
-        self.core._add(creq)
 
     def _on_output(self, out) -> None:
         for rid in self.outputs.process(out):     # stop strings matched: end them now
@@ -155,6 +153,6 @@ class EngineLoop:
 
     def _run(self) -> None:
         self.core.run()
-        message = self.core.fatal_error or "engine loop closed"
+        message = self.core.fatal_error or ENGINE_CLOSED
         self.outputs.fail_all(REASON_ERROR if self.core.fatal_error else REASON_CANCELLED,
                               message)

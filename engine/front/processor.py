@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.codes import REASON_ERROR, REASON_STOP
+from engine.codes import REASON_STOP
 from engine.config import InvalidRequestError, check_priority
 from engine.front.detokenizer import make_detokenizer
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
@@ -143,14 +143,6 @@ class OutputProcessor:
 
     def has(self, request_id: str) -> bool:
         return request_id in self.states
-
-    def refuse(self, creq: CoreRequest, prompt_text: str | None, on_event, on_finish,
-               error: str) -> None:
-        """End a request that never reached the core (its id is taken, say) without
-        touching the live request of that id."""
-        st = RequestState(creq.request_id, prompt_text, creq.prompt_token_ids, creq.params,
-                          on_event, on_finish, None)
-        self._deliver(st, REASON_ERROR, error, None)
 
     def process(self, out: StepOutput) -> list[str]:
         """Apply one step; returns the ids the core must abort (stop strings matched:

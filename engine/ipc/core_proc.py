@@ -14,7 +14,6 @@ process that started it) dies.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue
 import signal
@@ -25,14 +24,13 @@ import msgspec
 import zmq
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
-from engine.config import InvalidRequestError, check_priority, make_config
+from engine.config import InvalidRequestError, changed_knobs, check_priority, make_config
 from engine.core.core_loop import CoreLoop
 from engine.ipc import auth
 from engine.ipc.clients import ClientTable
 from engine.ipc.proc_setup import collect_when_idle, die_with_parent, time_collections
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
-from engine.request import SamplingParams
 from engine.validation import check_prompt_ids, check_request_id
 
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
@@ -142,13 +140,30 @@ class EngineCoreProc:
     def _dispatch(self, client: bytes, payload: bytes) -> None:
         try:
             msg = P.client_decoder.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return        # not our protocol, or a wrong type: the sender gets nothing
+        except msgspec.ValidationError as exc:
+            self._refuse_undecodable(client, payload, exc)
+            return
+        except msgspec.DecodeError:
+            return        # not our protocol: the sender gets nothing
         if client not in self.clients and not isinstance(msg, P.Hello):
             return        # no key shown yet: nothing is served
         handler = _HANDLERS.get(type(msg))
         if handler is not None:
             handler(self, client, msg)
+
+    def _refuse_undecodable(self, client: bytes, payload: bytes,
+                            exc: msgspec.ValidationError) -> None:
+        """A key holder's Submit with a wrong-typed or out-of-bounds field ends with an
+        error naming the field; any other message that fails to decode changes nothing."""
+        if client not in self.clients:
+            return
+        try:
+            head = P.submit_head_decoder.decode(payload)
+            check_request_id(head.request_id)
+        except (msgspec.DecodeError, msgspec.ValidationError, InvalidRequestError):
+            return
+        if head.request_id not in self.owner_of:      # never end another's live request
+            self._refuse(client, head.request_id, P.wire_error(exc))
 
     def _hello(self, client: bytes, msg: P.Hello) -> None:
         if not auth.same_key(self.engine_key, msg.key):
@@ -158,15 +173,14 @@ class EngineCoreProc:
                 "key file: docs/SERVE.md, Security)")))
             return
         self.clients.admit(client)
-        info = dataclasses.asdict(EngineInfo.of(self.engine))
-        knobs = dataclasses.asdict(self.engine.knobs)
-        self._sendq.put((client, P.Welcome(info, knobs, self.core.paused)))
+        welcome = P.Welcome(EngineInfo.of(self.engine), self.engine.knobs, self.core.paused)
+        self._sendq.put((client, welcome))
         self._sendq.put((client, P.Stats(self.core.stats)))
 
     def _submit(self, client: bytes, msg: P.Submit) -> None:
         try:
             check_request_id(msg.request_id)
-            params = SamplingParams(**msg.params)
+            params = msg.params          # typed and bounded by the decoder
             creq = CoreRequest(msg.request_id, tuple(msg.prompt_token_ids), params,
                                msg.arrival_time, msg.prompt_preview,
                                check_priority(msg.priority))
@@ -188,11 +202,12 @@ class EngineCoreProc:
         self._sendq.put((client, P.Outputs(0.0, [], [], [fin])))
 
     def _set_knobs(self, client: bytes, msg: P.SetKnobs) -> None:
+        changes = changed_knobs(msg.knobs)     # types checked by the decoder
         try:
-            self.engine.knobs.replace(**msg.knobs)     # validate here, not in the step loop
-        except (InvalidRequestError, TypeError):
+            self.engine.knobs.replace(**changes)     # bounds here, not in the step loop
+        except InvalidRequestError:
             return    # clients validate first; a bad one from elsewhere changes nothing
-        self.core.update_knobs(msg.knobs)
+        self.core.update_knobs(changes)
 
     def _abort(self, client: bytes, msg: P.Abort) -> None:
         """A client ends only its own requests, with a reason the front knows."""
@@ -205,7 +220,7 @@ class EngineCoreProc:
 
     def _barrier(self, client: bytes, msg: P.Barrier) -> None:
         self.core.barrier(lambda snap: self._sendq.put(
-            (client, P.BarrierDone(msg.token, P.encoder.encode(snap)))))
+            (client, P.BarrierDone(msg.token, P.encoder.encode(P.snapshot_frame(snap))))))
 
     def _set_paused(self, client: bytes, msg: P.SetPaused) -> None:
         self.clients.paused_by = client if msg.paused else None
@@ -265,7 +280,8 @@ class EngineCoreProc:
             # into one reused buffer: a growing buffer re-copies a 1-2 MB snapshot several
             # times, and this thread holds the GIL the engine thread needs meanwhile
             t0 = time.perf_counter()
-            P.encoder.encode_into(snap, self._snap_buf, len(self._topic))   # topic first
+            frame = P.snapshot_frame(snap)
+            P.encoder.encode_into(frame, self._snap_buf, len(self._topic))   # topic first
             try:
                 self.pub_sock.send(self._snap_buf, zmq.NOBLOCK, copy=True)
             except zmq.Again:

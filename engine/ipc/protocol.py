@@ -16,9 +16,15 @@ Only a client whose Hello carries the engine key is served (engine/ipc/auth.py).
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 import msgspec
 import numpy as np
 
+from engine.config import KnobChanges, SchedulerConfig
+from engine.outputs import EngineInfo
+from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
 from engine.engine_stats import EngineStats
 
@@ -33,10 +39,16 @@ class Hello(msgspec.Struct, tag=True):
 class Submit(msgspec.Struct, tag=True):
     request_id: str
     prompt_token_ids: list[int]
-    params: dict                 # SamplingParams fields; the core rebuilds (validates) it
+    params: SamplingParams       # decoding checks its types and bounds (a refusal names
+    #                              the field: wire_error)
     arrival_time: float
     prompt_preview: str | None = None
     priority: int = 0            # checked by the core (engine.config.check_priority)
+
+
+class SubmitHead(msgspec.Struct, tag="Submit"):
+    """The request id of a Submit that failed to decode, to refuse it by its id."""
+    request_id: str
 
 
 class Abort(msgspec.Struct, tag=True):
@@ -46,7 +58,8 @@ class Abort(msgspec.Struct, tag=True):
 
 
 class SetKnobs(msgspec.Struct, tag=True):
-    knobs: dict                  # the changed SchedulerConfig fields; the core validates them
+    knobs: KnobChanges           # the changed SchedulerConfig fields (typed, UNSET if not
+    #                              changed); the core checks their bounds
 
 
 class SetPaused(msgspec.Struct, tag=True):
@@ -89,8 +102,8 @@ ClientMessage = (Hello | Submit | Abort | SetKnobs | SetPaused | StepOnce | Clea
 
 
 class Welcome(msgspec.Struct, tag=True):
-    info: dict                   # EngineInfo fields
-    knobs: dict
+    info: EngineInfo
+    knobs: SchedulerConfig
     paused: bool
 
 
@@ -137,23 +150,60 @@ class Stats(msgspec.Struct, tag=True):
 CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal | Refused | Stats
 
 
-def _enc_hook(obj):
-    if isinstance(obj, np.ndarray):
-        return (obj.dtype.str, obj.tobytes())
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+class BlockArray(msgspec.Struct, array_like=True):
+    """A numpy array on the wire: its dtype (numpy's str) and raw bytes."""
+    dtype: str
+    data: bytes
 
 
-def _dec_hook(tp, obj):
-    if tp is np.ndarray:
-        dtype, raw = obj
-        return np.frombuffer(raw, dtype=np.dtype(dtype)).copy()
-    raise NotImplementedError(f"cannot decode {tp}")
+def _frame_struct() -> type[msgspec.Struct]:
+    """SnapshotFrame: EngineSnapshot's fields, typed, with its numpy arrays as
+    BlockArray; built from the view's own fields so a field is declared once."""
+    hints = typing.get_type_hints(EngineSnapshot)
+    fields = [(f.name, BlockArray if hints[f.name] is np.ndarray else hints[f.name])
+              for f in dataclasses.fields(EngineSnapshot)]
+    return msgspec.defstruct("SnapshotFrame", fields, array_like=True, module=__name__)
 
 
-encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+SnapshotFrame = _frame_struct()
+_ARRAYS = tuple(name for name, tp in zip(SnapshotFrame.__struct_fields__,
+                                         typing.get_type_hints(SnapshotFrame).values())
+                if tp is BlockArray)
+
+
+def snapshot_frame(snap: EngineSnapshot) -> SnapshotFrame:
+    """The engine process's snapshot as it goes on the wire (shallow: no copies but
+    the block arrays' bytes)."""
+    values = {f: getattr(snap, f) for f in SnapshotFrame.__struct_fields__}
+    for name in _ARRAYS:
+        arr = values[name]
+        values[name] = BlockArray(arr.dtype.str, arr.tobytes())
+    return SnapshotFrame(**values)
+
+
+def decode_snapshot(data) -> EngineSnapshot:
+    """A SnapshotFrame's bytes -> the client's EngineSnapshot view (types checked)."""
+    frame = snapshot_decoder.decode(data)
+    values = {f: getattr(frame, f) for f in SnapshotFrame.__struct_fields__}
+    for name in _ARRAYS:
+        arr = values[name]
+        values[name] = np.frombuffer(arr.data, dtype=np.dtype(arr.dtype)).copy()
+    return EngineSnapshot(**values)
+
+
+encoder = msgspec.msgpack.Encoder()
 client_decoder = msgspec.msgpack.Decoder(ClientMessage)
+submit_head_decoder = msgspec.msgpack.Decoder(SubmitHead)
 core_decoder = msgspec.msgpack.Decoder(CoreMessage)
-snapshot_decoder = msgspec.msgpack.Decoder(EngineSnapshot, dec_hook=_dec_hook)
+snapshot_decoder = msgspec.msgpack.Decoder(SnapshotFrame)
+
+
+def wire_error(exc: msgspec.ValidationError) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.params.top_k`" as "top_k: Expected
+    `int`, got `str`" (a bound failed in __post_init__ already names its field)."""
+    text, _, path = str(exc).partition(" - at `$")
+    field = path.rstrip("`").lstrip(".").removeprefix("params").lstrip(".")
+    return f"{field}: {text}" if field else text
 
 
 def endpoints(address: str) -> tuple[str, str, str]:

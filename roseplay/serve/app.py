@@ -6,6 +6,7 @@ after uvicorn has stopped), so tests can read the engine's snapshot around reque
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -16,6 +17,9 @@ from roseplay.serve.errors import (ApiKeyMiddleware, BodyLimitMiddleware, DrainM
 from roseplay.serve.metrics import ServerMetrics
 from roseplay.serve.routes import router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
+
+if TYPE_CHECKING:      # the client API both transports implement
+    from engine.api import EngineAPI
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5        # as uvicorn's and vLLM's
@@ -48,7 +52,7 @@ class ServeConfig:
 class ServeState:
     """What the routes read: the engine front, its tokenizer and template, metrics."""
 
-    def __init__(self, loop, config: ServeConfig):
+    def __init__(self, loop: EngineAPI, config: ServeConfig):
         info = loop.info
         self.loop, self.config = loop, config
         self.tokenizer = loop.tokenizer
@@ -71,7 +75,7 @@ class ServeState:
         return getattr(self.loop, "fatal_error", None)
 
 
-def build_app(loop, config: ServeConfig | None = None) -> FastAPI:
+def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
     config = config or ServeConfig()
     app = FastAPI(title="roseplay", description="OpenAI-compatible server on the roseplay engine",
                   docs_url=None, redoc_url=None)

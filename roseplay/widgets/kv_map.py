@@ -313,7 +313,7 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
         t.append(hover)
     else:
         used_pct = 100.0 * snap.num_used / max(1, snap.num_blocks)
-        peak = snap.extra.get("peak_used_blocks")
+        peak = snap.peak_used_blocks
         t.append(f"in use {snap.num_used}/{snap.num_blocks} ({used_pct:.0f}%)", "bold")
         t.append(f"{f' peak {peak}' if peak is not None else ''} · {_cell_words(mode)}", "dim")
     since = "since reset" if window.base is not None else "total"

@@ -40,10 +40,10 @@ class StatusBar(Widget):
         t.append(f"  finished {snap.counters.finished}")
         if snap.error:
             t.append(f"  ⚠ {snap.error}", "bold #ff5555")
-        backend = snap.extra.get("backend")
+        backend = snap.backend
         t.append(f"  {snap.model} ", "bold")
         t.append(f"· {snap.device} {snap.dtype}{f' {backend}' if backend else ''}", "dim")
-        tp, kv = snap.extra.get("tensor_parallel_size", 1), snap.extra.get("kv_bytes_per_rank")
+        tp, kv = snap.tensor_parallel_size, snap.kv_bytes_per_rank
         if kv:
             where = f" x {tp} ranks (TP={tp})" if tp > 1 else ""
             t.append(f" · KV {kv / 2 ** 30:.2f} GiB{where}", "dim")
