@@ -16,7 +16,7 @@ from engine.config import InvalidRequestError, SchedulerConfig
 from roseplay.scenarios import SCENARIOS
 
 if TYPE_CHECKING:      # the client API both transports implement
-    from engine.api import EngineAPI
+    from engine.front.api import EngineAPI
 
 RATE_STEPS = (None, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)   # req/s; None: as fast as slots free
 USER_MAX_TOKENS = 96

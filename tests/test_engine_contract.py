@@ -1,4 +1,4 @@
-"""The EngineAPI contract (engine/api.py), one suite run against both transports: the
+"""The EngineAPI contract (engine/front/api.py), one suite run against both transports: the
 engine in its own process (EngineClient, the default path) and on a thread of this
 process (EngineLoop). Each test runs on each; the cross-transport tests compare them.
 One engine of each per module (the last test closes them), and one more of each that
@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from engine import InvalidRequestError, SamplingParams, SchedulerConfig
-from engine.api import EngineAPI, EngineStopped
+from engine.front.api import EngineAPI, EngineStopped
 from engine.front.client import EngineClient
 from engine.front.loop import EngineLoop
 from engine.outputs import EngineInfo

@@ -37,7 +37,7 @@ def test_scheduler_exception_stops_loop_cleanly(ckpt):
             assert "scheduler state corrupted" in out.error
         assert "KeyError" in loop.fatal_error and "scheduler state corrupted" in loop.fatal_error
         assert done.wait(TIMEOUT)                    # a pending single step is released
-        assert not loop.wait_idle(TIMEOUT)           # died: never "idle" (engine/api.py)
+        assert not loop.wait_idle(TIMEOUT)           # died: never "idle" (engine/front/api.py)
         assert "scheduler state corrupted" in loop.snapshot().error
         with pytest.raises(RuntimeError, match="engine is stopped.*scheduler state corrupted"):
             loop.submit({"prompt_token_ids": [1, 2]}, sp(2))

@@ -311,7 +311,7 @@ def test_loop_interleaved_bad_and_good_submissions(ckpt):
 
 
 def test_loop_duplicate_request_id_is_refused_at_submit(ckpt):
-    """As EngineClient (engine/api.py): a live id raises; the live request is intact."""
+    """As EngineClient (engine/front/api.py): a live id raises; the live request is intact."""
     sp = SamplingParams(max_tokens=6, **GREEDY)
     with EngineLoop(model=str(ckpt), device="cpu", dtype="float32", block_size=8,
                     num_blocks=32) as loop:

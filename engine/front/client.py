@@ -1,4 +1,4 @@
-"""EngineClient: EngineAPI (engine/api.py) for an engine core in another process.
+"""EngineClient: EngineAPI (engine/front/api.py) for an engine core in another process.
 
 `EngineClient(model=...)` starts the engine-core process (engine/ipc/core_proc.py) and
 owns it; `EngineClient(connect="tcp://127.0.0.1:PORT")` attaches to one that another
@@ -22,7 +22,7 @@ from typing import Callable
 import msgspec
 import zmq
 
-from engine.api import CLOSE_TIMEOUT, EngineStopped
+from engine.front.api import CLOSE_TIMEOUT, EngineStopped
 from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR
 from engine.config import InvalidRequestError, SchedulerConfig, knob_changes
 from engine.ipc import auth

@@ -1,6 +1,6 @@
 """EngineLoop: the engine on a background thread, behind the client API.
 
-It implements EngineAPI (engine/api.py: the calls, and how each behaves, defined once),
+It implements EngineAPI (engine/front/api.py: the calls, and how each behaves, defined once),
 as the engine-process client (engine/front/client.py) does. Here the core loop
 (engine/core/core_loop.py) runs on a thread of this process, and its step outputs go through
 the front's OutputProcessor on that thread.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from engine.api import CLOSE_TIMEOUT, EngineStopped
+from engine.front.api import CLOSE_TIMEOUT, EngineStopped
 from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, make_config
 from engine.ipc.inproc import CoreLoop, LLMEngine

@@ -19,7 +19,7 @@ from roseplay.serve.routes import router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
 
 if TYPE_CHECKING:      # the client API both transports implement
-    from engine.api import EngineAPI
+    from engine.front.api import EngineAPI
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5        # as uvicorn's and vLLM's
