@@ -10,7 +10,6 @@ described twice.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 
 
@@ -26,6 +25,9 @@ DEFAULT_MODEL = "default"
 # upper bounds of the live knobs: far above what any pool here fills (a limit above what
 # the pool can hold just never binds), but 10**30 from a client is refused
 KNOB_MAXIMUM = {"max_num_batched_tokens": 1 << 20, "max_num_seqs": 1 << 16}
+# max_model_len when none is given: the model's, at most this (a 128k-context model
+# would otherwise size every block table and decode graph for 128k tokens)
+DEFAULT_MAX_MODEL_LEN = 8192
 MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in practice)
 SCHEDULING_MODES = ("budget", "prefill-first", "mixed-chunk")
 SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
@@ -139,14 +141,16 @@ class EngineConfig:
                                          "gpu_memory_utilization on CUDA, 2048 on CPU).")
     gpu_memory_utilization: float = _knob(0.85, "Fraction of GPU memory for weights, "
                                                 "activations and the KV pool.")
-    max_model_len: int | None = _knob(None, "Longest prompt + output (default: the model's).")
+    max_model_len: int | None = _knob(
+        None, f"Longest prompt + output (default: the model's, capped at "
+              f"{DEFAULT_MAX_MODEL_LEN}; a value above the model's is lowered to it).")
     enforce_eager: bool = _knob(False, "Disable CUDA graphs (steps still run through the "
                                        "graphs' padded buffers, eagerly).")
     cudagraph_mode: str = _knob(
-        os.environ.get("ROSEPLAY_CUDAGRAPH_MODE", "full"),
+        "full",
         "CUDA graphs of whole steps: full (decode-only steps per batch size and mixed "
         "prefill + decode steps per token count, up to max_num_batched_tokens at start) or "
-        "full_decode_only (mixed steps eager). Default from $ROSEPLAY_CUDAGRAPH_MODE.",
+        "full_decode_only (mixed steps eager: fewer captures, a faster start).",
         choices=("full", "full_decode_only"))
     async_scheduling: bool = _knob(True, "Overlap host and device: while a step runs, plan "
                                          "and launch the next one (its pending input tokens "

@@ -27,7 +27,7 @@ import torch
 from engine.batch_builder import build_step_batch
 from engine.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
-from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
+from engine.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, InvalidRequestError, SchedulerConfig
 from engine.distributed.executor import TPExecutor
 from engine.device_io import HostCopy, HostCopyRing
 from engine.events import EventLog
@@ -107,7 +107,7 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer     # loaded with the model, for the front only
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.model.config.vocab_size
-        self.max_model_len = min(config.max_model_len or min(loaded.max_model_len, 8192),
+        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN,
                                  loaded.max_model_len)
         from kernels import get_ops
         backend = self._resolve_backend()

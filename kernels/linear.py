@@ -54,17 +54,11 @@ from kernels.pdl import pdl_enter
 # decode buckets 24 and 32 ran 4-6% faster than on cuBLAS, 48 and 64 slower (docs/KERNELS.md).
 SKINNY_MAX_M = 32
 DEFAULT_REDUCE = 2
-# Load the first weight tile before the PDL wait (1) or after it (0: the A/B baseline,
-# scripts/profile_step.py --set kernels.linear.PRELOAD_WEIGHTS=0).
-PRELOAD_WEIGHTS = 1
 FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
-# The M = 1 plan (session 11, docs/KERNELS.md "One row"): weights of at most
-# ONE_STEP_MAX_ELEMS elements (qkv, o) take one K step per program with narrow tiles, so a
-# program's whole slab loads before the PDL wait; larger ones loop over K in
-# M1_BLOCK_N x M1_BLOCK_K tiles. PLAN_M1 = 0 is the session 10 plan (16 x 256 tiles
-# everywhere), 1 one K step for every weight; both kept for A/B runs
-# (scripts/profile_step.py --variants).
-PLAN_M1 = 2
+# The M = 1 plan (docs/KERNELS.md "One row"): weights of at most ONE_STEP_MAX_ELEMS
+# elements (qkv, o) take one K step per program with narrow tiles, so a program's whole
+# slab loads before the PDL wait; larger ones loop over K in M1_BLOCK_N x M1_BLOCK_K
+# tiles (one K step for every weight, or 16 x 256 tiles everywhere, were slower).
 ONE_STEP_MAX_ELEMS = 1 << 22
 ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at 4 warps
 M1_BLOCK_N, M1_BLOCK_K = 8, 512
@@ -122,7 +116,7 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     REDUCE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr, PREC: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
-    PDL: tl.constexpr, PRELOAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -140,12 +134,8 @@ def _linear_kernel(
     # The first weight tile is loaded before the PDL wait: no kernel writes the weights,
     # so its DRAM round trip overlaps the predecessor's tail instead of following it.
     offs_k = k_lo + tl.arange(0, BLOCK_K)
-    if PRELOAD:
-        w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
-        pdl_enter(PDL)   # x (and the residual) come from the previous kernel
-    else:
-        pdl_enter(PDL)
-        w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
+    w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
+    pdl_enter(PDL)       # x (and the residual) come from the previous kernel
     x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
                      stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
                      BLOCK_M, PRO, HAS_RES, w_ty if USE_DOT else tl.float32)
@@ -217,12 +207,11 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
     """Tiles and split-K from shapes only (graph safe); rules from the H100 sweep
     (scripts/bench_decode_ops.py, docs/KERNELS.md). elem: bytes per weight element
     (float32 dot tiles take half the K width so 4 pipeline stages fit in shared memory)."""
-    if m == 1 and (PLAN_M1 == 1 or (PLAN_M1 == 2 and n * k <= ONE_STEP_MAX_ELEMS)):
+    if m == 1 and n * k <= ONE_STEP_MAX_ELEMS:
         return _plan_one_step(n, k, sms)
     if m == 1:
         # FMA path, looping over K; split K until ~4 programs per SM
-        block_n, block_k = (16, 256) if PLAN_M1 == 0 else (M1_BLOCK_N, M1_BLOCK_K)
-        block_k = min(block_k, max(16, next_pow2(k)))
+        block_n, block_k = M1_BLOCK_N, min(M1_BLOCK_K, max(16, next_pow2(k)))
         tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
         split = max(1, min(k_tiles, triton.cdiv(4 * sms, tiles)))
         use_dot = False
@@ -302,7 +291,6 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, REDUCE=reduce,
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_DOT=cfg["use_dot"],
         PREC=dot_precision(x2.dtype), PRO=pro, HAS_RES=new_res is not None,
-        PRELOAD=bool(PRELOAD_WEIGHTS),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.launch_args(x2.device),
     )
     if reduce == 1:

@@ -10,7 +10,7 @@ several replays, with the weights cycled over enough copies that they never sit 
           merge modes (1 = second kernel, 2 = last program)
   fused   rms_norm_linear / silu_mul_linear vs the two ops they replace
   cross   plan_linear's default config vs cuBLAS for M = 1 .. 64 (the skinny crossover)
-  decode  paged decode attention, split merge in the kernel vs a reduce launch
+  decode  paged decode attention (splits merged by the last split program)
   rope    rotary_store_kv vs rotary_embedding + store_kv_cache
 --dry runs a tiny version on CPU (TRITON_INTERPRET=1, eager timing) to check the script.
 """
@@ -228,19 +228,17 @@ def decode(res):
         kc = torch.randn(blocks, page, h_kv, d, device=DEV).to(DT)
         vc = torch.randn_like(kc)
         perm = torch.randperm(blocks, device=DEV)
-        calls = {True: [], False: []}
+        calls = []
         for li in range(layers):
             tab = torch.zeros(b, width, dtype=torch.int32, device=DEV)
             tab[:, :nb_seq] = perm[li * b * nb_seq:(li + 1) * b * nb_seq].view(b, nb_seq).int()
             lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
             q = torch.randn(b, h, d, device=DEV).to(DT)
-            for mg in (True, False):
-                calls[mg].append(lambda q=q, t=tab, c=lens, mg=mg: tri.paged_decode_attention(
-                    q, kc, vc, t, c, d ** -0.5, merge=mg))
-        r = {str(mg): graph_ms(calls[mg]) for mg in (True, False)}
-        out[f"b{b}/ctx{ctx}"] = r
-        print(f"decode b={b:3d} ctx={ctx:5d} merge {r['True']*1e3:6.2f} us  "
-              f"reduce-kernel {r['False']*1e3:6.2f} us", flush=True)
+            calls.append(lambda q=q, t=tab, c=lens: tri.paged_decode_attention(
+                q, kc, vc, t, c, d ** -0.5))
+        ms = graph_ms(calls)
+        out[f"b{b}/ctx{ctx}"] = {"ms": ms}
+        print(f"decode b={b:3d} ctx={ctx:5d} {ms*1e3:6.2f} us", flush=True)
         del kc, vc
 
 

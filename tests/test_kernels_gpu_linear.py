@@ -35,14 +35,15 @@ def test_linear(tri, seed, dtype, m, shape):
     check(tri.linear(x, w, b), linear_want(x, w, b, dtype), dtype, seed, f"linear m={m}")
 
 
-@pytest.mark.parametrize("plan", [0, 1, 2])
+@pytest.mark.parametrize("one_step_max", [0, 1 << 22], ids=["k-loop", "default"])
 @pytest.mark.parametrize("shape", LINEAR_SHAPES[:5], ids=lambda s: f"n{s[0]}-k{s[1]}")
-def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
-    """Every kernels.linear.PLAN_M1 (0: 16 x 256 tiles; 1: one K step per program for all
-    weights; 2: for the small ones) on linear, rms_norm_linear (+residual) and
-    silu_mul_linear at one row, eagerly and replayed from a graph on new inputs."""
+def test_one_step_plans_at_one_row(tri, seed, monkeypatch, one_step_max, shape):
+    """Both branches of the one-row plan (0: every weight loops over K in M1 tiles; the
+    default: one K step per program for the small ones) on linear, rms_norm_linear
+    (+residual) and silu_mul_linear at one row, eagerly and replayed from a graph on new
+    inputs."""
     import kernels.linear as lin
-    monkeypatch.setattr(lin, "PLAN_M1", plan)
+    monkeypatch.setattr(lin, "ONE_STEP_MAX_ELEMS", one_step_max)
     dtype, (n, k, has_bias) = torch.bfloat16, shape
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
     b = torch.randn(n, device="cuda").to(dtype) if has_bias else None
@@ -60,7 +61,7 @@ def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
 
     fill()
     for got, want in zip(fwd(tri), fwd(ref)):
-        check(got, want, dtype, seed, f"one-step plan {plan} eager")
+        check(got, want, dtype, seed, f"one-row plan {one_step_max} eager")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = fwd(tri)
@@ -69,7 +70,7 @@ def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
         graph.replay()
         torch.cuda.synchronize()
         for got, want in zip(outs, fwd(ref)):
-            check(got, want, dtype, seed, f"one-step plan {plan} graph")
+            check(got, want, dtype, seed, f"one-row plan {one_step_max} graph")
 
 
 @pytest.mark.parametrize("reduce", [1, 2])
