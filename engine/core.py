@@ -27,7 +27,8 @@ import torch
 from engine.batch_builder import build_step_batch
 from engine.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
-from engine.config import DEFAULT_MAX_MODEL_LEN, EngineConfig, InvalidRequestError, SchedulerConfig
+from engine.config import (DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig,
+                           InvalidRequestError, SchedulerConfig)
 from engine.distributed.executor import TPExecutor
 from engine.device_io import HostCopy, HostCopyRing
 from engine.events import EventLog
@@ -46,7 +47,6 @@ from kernels.cpu_native_build import build_in_background
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
-CPU_DEFAULT_BLOCKS = 2048
 _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
            REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
 
@@ -149,7 +149,7 @@ class LLMEngine:
 
     def _blocks_from_memory(self, model) -> int:
         if self.device.type != "cuda":
-            return CPU_DEFAULT_BLOCKS
+            return DEFAULT_CPU_BLOCKS
         free, total = torch.cuda.mem_get_info(self.device)
         per_block = ModelRunner.kv_bytes_per_block(model, self.config.block_size, self.dtype)
         reserve = 2 * 1024 ** 3  # activations, logits, CUDA graphs
@@ -163,7 +163,6 @@ class LLMEngine:
 
     def set_knobs(self, knobs: SchedulerConfig) -> None:
         self.scheduler.knobs = knobs
-        self.pool.eviction_policy = knobs.eviction_policy   # continuations allocate too
 
     def add(self, creq: CoreRequest) -> Request:
         """Queue a validated request (engine/processor.py validated it in the front)."""

@@ -85,10 +85,6 @@ class EngineCounters:
     #                             snapshots for viewers: what watching costs the engine
     gc_pause_us: int = 0        # the engine process's garbage-collection pauses
 
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
-
     def minus(self, earlier: "EngineCounters") -> "EngineCounters":
         """The counts between two snapshots (windowed rates, a run's share)."""
         return EngineCounters(**{n: getattr(self, n) - getattr(earlier, n) for n in _COUNTER_NAMES})
