@@ -73,23 +73,20 @@ def test_one_step_plans_at_one_row(tri, seed, monkeypatch, one_step_max, shape):
             check(got, want, dtype, seed, f"one-row plan {one_step_max} graph")
 
 
-@pytest.mark.parametrize("reduce", [1, 2])
 @pytest.mark.parametrize("use_dot", [True, False])
-def test_linear_split_k_modes(tri, seed, reduce, use_dot):
+def test_linear_split_k_modes(tri, seed, use_dot):
     dtype, n, k = torch.bfloat16, 896, 4864
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
     b = torch.randn(n, device="cuda").to(dtype)
     for m in ([1] if not use_dot else [1, 5, 16]):
         for split in (2, 7, 19):
             x = torch.randn(m, k, device="cuda").to(dtype)
-            got = tri.linear(x, w, b, split_k=split, reduce=reduce, use_dot=use_dot,
-                             block_n=32)
+            got = tri.linear(x, w, b, split_k=split, use_dot=use_dot, block_n=32)
             check(got, linear_want(x, w, b, dtype), dtype, seed,
-                  f"linear m={m} split={split} reduce={reduce} dot={use_dot}")
+                  f"linear m={m} split={split} dot={use_dot}")
 
 
-@pytest.mark.parametrize("reduce", [1, 2])
-def test_linear_cuda_graph_replay(tri, seed, reduce):
+def test_linear_cuda_graph_replay(tri, seed):
     """Capture the decode projections (split-K, merged in the kernel) once; replay on new x."""
     dtype = torch.bfloat16
     shapes = [(1152, 896, True), (896, 4864, False), (9728, 896, False)]
@@ -99,7 +96,7 @@ def test_linear_cuda_graph_replay(tri, seed, reduce):
         xs = [torch.empty(m, k, device="cuda", dtype=dtype) for _, k, _ in shapes]
         for x in xs:
             x.copy_(torch.randn_like(x, dtype=torch.float32))
-        kw = {"reduce": reduce, "split_k": 4}
+        kw = {"split_k": 4}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -116,7 +113,7 @@ def test_linear_cuda_graph_replay(tri, seed, reduce):
             torch.cuda.synchronize()
             for x, (w, b), out in zip(xs, ws, outs):
                 check(out, linear_want(x, w, b, dtype), dtype, seed,
-                      f"linear graph m={m} reduce={reduce}")
+                      f"linear graph m={m}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,16 +13,16 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     from kernel_helpers import DTYPES, assert_close, poison, ref, seed, tri  # noqa: F401
 
     # ------------------------------------------------------------------ linear
-    # (M, N, K, bias, overrides): odd N/K, strided x, each split-K merge, FMA and dot paths
+    # (M, N, K, bias, overrides): odd N/K, strided x, split-K, FMA and dot paths
     LINEAR_CASES = [
         (1, 67, 45, True, {}),
         (3, 67, 45, False, {}),
         (16, 37, 80, True, {}),
-        (1, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=False, reduce=1)),
-        (1, 40, 300, False, dict(block_n=16, block_k=32, split_k=3, use_dot=True, reduce=2)),
-        (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, reduce=2)),
-        (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4, reduce=2)),
-        (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7, reduce=1)),
+        (1, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=False)),
+        (1, 40, 300, False, dict(block_n=16, block_k=32, split_k=3, use_dot=True)),
+        (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4)),
+        (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4)),
+        (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7)),
         # one K step per program (the one-row plan's tiles): narrow rows, a masked K, split-K
         (1, 67, 45, True, dict(block_n=2, block_k=64, split_k=1, use_dot=False, num_stages=1)),
         (1, 12, 300, False, dict(block_n=4, block_k=64, split_k=5, use_dot=False, num_stages=1)),
