@@ -6,11 +6,17 @@ field carries its help text in `metadata["help"]` (a choice-valued live knob als
 `choices` and a paragraph in `metadata["explain"]` for the help screen); the CLI builds
 its flags from these fields and the TUI reads the live ones, so a knob is never
 described twice.
+
+Who holds the live knobs (docs/ARCHITECTURE.md's front and core): the core's Scheduler
+holds the ones in force (`Scheduler.knobs`; setting it also sets the block pool's
+eviction policy, the one place that happens). A change enters the core only between
+steps, through EngineCore.set_knobs (the core loop queues one that arrives mid-step).
+The front's copies (EngineLoop.knobs, EngineClient.knobs) are the last value a caller
+asked for, shown to viewers; they are never written back into the core.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import typing
 from dataclasses import dataclass, field
 
@@ -29,6 +35,10 @@ DEFAULT_MODEL = "default"
 # upper bounds of the live knobs: far above what any pool here fills (a limit above what
 # the pool can hold just never binds), but 10**30 from a client is refused
 KNOB_MAXIMUM = {"max_num_batched_tokens": 1 << 20, "max_num_seqs": 1 << 16}
+# max_model_len when none is given: the model's, at most this (a 128k-context model
+# would otherwise size every block table and decode graph for 128k tokens)
+DEFAULT_MAX_MODEL_LEN = 8192
+DEFAULT_CPU_BLOCKS = 2048      # the KV pool on CPU when num_blocks is not given
 MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in practice)
 SCHEDULING_MODES = ("budget", "prefill-first", "mixed-chunk")
 SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
@@ -166,17 +176,20 @@ class EngineConfig:
                        choices=("auto", "float32", "float16", "bfloat16"))
     block_size: int = _knob(16, "Tokens per KV block.", minimum=1)
     num_blocks: int | None = _knob(None, "KV blocks in the pool (default: from "
-                                         "gpu_memory_utilization on CUDA, 2048 on CPU).")
+                                         "gpu_memory_utilization on CUDA, "
+                                         f"{DEFAULT_CPU_BLOCKS} on CPU).")
     gpu_memory_utilization: float = _knob(0.85, "Fraction of GPU memory for weights, "
                                                 "activations and the KV pool.")
-    max_model_len: int | None = _knob(None, "Longest prompt + output (default: the model's).")
+    max_model_len: int | None = _knob(
+        None, f"Longest prompt + output (default: the model's, capped at "
+              f"{DEFAULT_MAX_MODEL_LEN}; a value above the model's is lowered to it).")
     enforce_eager: bool = _knob(False, "Disable CUDA graphs (steps still run through the "
                                        "graphs' padded buffers, eagerly).")
     cudagraph_mode: str = _knob(
-        os.environ.get("ROSEPLAY_CUDAGRAPH_MODE", "full"),
+        "full",
         "CUDA graphs of whole steps: full (decode-only steps per batch size and mixed "
         "prefill + decode steps per token count, up to max_num_batched_tokens at start) or "
-        "full_decode_only (mixed steps eager). Default from $ROSEPLAY_CUDAGRAPH_MODE.",
+        "full_decode_only (mixed steps eager: fewer captures, a faster start).",
         choices=("full", "full_decode_only"))
     async_scheduling: bool = _knob(True, "Overlap host and device: while a step runs, plan "
                                          "and launch the next one (its pending input tokens "

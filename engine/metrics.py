@@ -27,6 +27,13 @@ def percentile(values: Sequence[float], q: float) -> float:
     return percentiles(values, (q,))[0]
 
 
+def prefix_hit_rate(hit_tokens: int, queried_tokens: int) -> float | None:
+    """Prefix-cache hit rate over a span: prompt tokens found cached / prompt tokens looked
+    up (vLLM's prefix_cache_hits / prefix_cache_queries); None when nothing was looked up
+    (the one formula: bench reports, the TUI's counters and charts, guide checks)."""
+    return hit_tokens / queried_tokens if queried_tokens else None
+
+
 def request_latencies(arrival: float, times: Sequence[float]
                       ) -> tuple[float | None, float | None, float | None]:
     """(TTFT, TPOT, last ITL) of one request from its token times: the one place these

@@ -15,7 +15,7 @@ pack) these are the references.
 
 Only skinny inputs (at most ONEDNN_MAX_ROWS rows) take the oneDNN path: oneDNN builds
 and keeps a JIT kernel for every row count it meets, so a mixed step's arbitrary token
-counts grew the engine process by ~20 MB per 6,000 churned steps (soak, session 6);
+counts grew the engine process by ~20 MB per 6,000 churned steps (soak, 2026-11-23);
 wide inputs (prefill chunks), where MKL's GEMM is efficient anyway, use F.linear.
 """
 from __future__ import annotations

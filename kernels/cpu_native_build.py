@@ -88,7 +88,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def load() -> ctypes.CDLL | None:
     """The library, built on first use (about a second), or None where it cannot be
-    (ROSEPLAY_CPU_NATIVE=0, no C compiler, a failed build: logged once)."""
+    (no C compiler, a failed build: logged once). Not wanted: --attention-backend
+    torch_sdpa never builds it."""
     with _lock:
         if "lib" in _loaded:
             return _loaded["lib"]
@@ -106,8 +107,6 @@ def build_in_background() -> None:
 def _load(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
     """The library built with `flags` (tests build the portable variant with
     -mno-avx512f), or None."""
-    if os.environ.get("ROSEPLAY_CPU_NATIVE", "1") == "0":
-        return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.warning("no C compiler: the CPU engine uses torch ops (torch_sdpa)")

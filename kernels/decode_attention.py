@@ -8,25 +8,25 @@ online softmax over KV positions [s * tokens_per_split, (s+1) * tokens_per_split
 to context_lens[b], BLOCK_N tokens per step, each tile gathered through the block table.
 It writes the partial (running max m, sum l, unnormalised acc) in fp32.
 
-Merge (default): the last valid split program of each (b, kvh) to finish (a per-(b, kvh)
-counter bumped with an acq_rel atomic after a barrier; the last one resets it, so the
-persistent counters stay zeroed and no memset is needed) merges the splits of its GROUP
-heads (rescaling by exp2(m - max)) and writes the output: one launch. merge=False keeps
-the previous phase 2, a second kernel with grid (B, H).
+Merge: the last valid split program of each (b, kvh) to finish (a per-(b, kvh) counter
+bumped with an acq_rel atomic after a barrier; the last one resets it, so the persistent
+counters stay zeroed and no memset is needed) merges the splits of its GROUP heads
+(rescaling by exp2(m - max)) and writes the output: one launch, no reduce kernel.
 With a single split, phase 1 normalises and writes the output itself (one launch).
 
-Split sizes (session 7): each sequence's context is cut into num_splits ranges of
-max(ceil(ctx / num_splits) rounded up to BLOCK_N, min_split_tokens) tokens, computed on
-the device from context_lens[b]. Sized by the table width instead (DYNAMIC_SPLITS = 0,
-the earlier plan), a graph captured for max_model_len = 8192 gave every split 512
+Split sizes (docs/KERNELS.md "Splits sized by each context"): each sequence's context is
+cut into num_splits ranges of max(ceil(ctx / num_splits) rounded up to BLOCK_N,
+min_split_tokens) tokens, computed on the device from context_lens[b]. Sized by the
+table width instead, a graph captured for max_model_len = 8192 gave every split 512
 tokens at batch 16, 2048 at 64 and 4096 at 128, so a 600-token context ran on one or
 two programs per KV head whatever num_splits was.
 
-Early loads (session 8, rotary_decode_attention's path): before the PDL wait a program
-loads what the previous kernel does not write (its context length, first tile's
-block-table entries and K/V rows, cos/sin, slot); only q and this step's K/V wait. The
-position this launch stores is masked out of that tile and put in from registers, so
-the result is bit-equal to the two-op path. Batch-1 graph replay 0.729 -> 0.693 ms (H100).
+Early loads (rotary_decode_attention's path, docs/KERNELS.md "Early loads"): before the
+PDL wait a program loads what the previous kernel does not write (its context length,
+first tile's block-table entries and K/V rows, cos/sin, slot); only q and this step's
+K/V wait. The position this launch stores is masked out of that tile and put in from
+registers, so the result is bit-equal to the two-op path. Batch-1 graph replay 0.729 ->
+0.693 ms (H100).
 
 CUDA-graph safety: the grid (num_splits) depends only on B, H_kv and block_tables.shape[1]
 (never on context_lens values); programs whose range starts past context_lens[b] return
@@ -50,15 +50,10 @@ from kernels.rotary_kv import rope_inputs, rope_store_new_kv, rotary_store_kv
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
 MIN_SPLIT_TOKENS = 128          # never split finer than this (by table width)
-DYNAMIC_SPLITS = 1              # split each context by its own length (see above)
-DYNAMIC_MIN_TOKENS = 64         # ... into ranges of at least this many tokens
+DYNAMIC_MIN_TOKENS = 64         # each context split into ranges of at least this many tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
-FUSE_ROPE = 1                   # rotary_decode_attention in one launch (0: two ops)
-EARLY_LOADS = 1                 # fused path: first KV tile, tables, cos/sin before the PDL wait
 MAX_SPLITS = 256
-REDUCE_CHUNK = 16               # splits merged per step of the reducer
-MERGE_IN_SPLIT = True           # last split program merges (no reduce launch)
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
 
@@ -85,14 +80,13 @@ def _decode_split_kernel(
     stride_ob, stride_oh, stride_od,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
-    MERGE: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
+    MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
     MERGE_ALL: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
-    EARLY: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if not EARLY:
+    if not ROPE:
         pdl_enter(PDL)      # q and this step's K/V come from the previous kernel
     ctx = tl.load(ctx_ptr + b)
     tokens_per_split = _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N)
@@ -108,15 +102,14 @@ def _decode_split_kernel(
     out_mask = g_mask[:, None] & d_mask[None, :]
     if not SINGLE:
         if start >= ctx:
-            if MERGE:
-                if ctx <= 0:
-                    if split == 0:      # no valid split merges: context 0 yields zeros
-                        if EARLY:
-                            pdl_enter(PDL)
-                        tl.store(out_ptr + b64 * stride_ob + heads[:, None] * stride_oh
-                                 + offs_d[None, :] * stride_od,
-                                 tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(
-                                     out_ptr.dtype.element_ty), mask=out_mask)
+            if ctx <= 0:
+                if split == 0:          # no valid split merges: context 0 yields zeros
+                    if ROPE:
+                        pdl_enter(PDL)
+                    tl.store(out_ptr + b64 * stride_ob + heads[:, None] * stride_oh
+                             + offs_d[None, :] * stride_od,
+                             tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(
+                                 out_ptr.dtype.element_ty), mask=out_mask)
             return
     end = tl.minimum(start + tokens_per_split, ctx)
     bt_row = bt_ptr + b64 * stride_btb
@@ -126,7 +119,7 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    if EARLY:
+    if ROPE:
         # Before the wait: everything but q and this step's K/V, which the previous
         # kernel writes. Only this kernel writes the cache, and the position it writes
         # now (ctx - 1, when slot >= 0) is left out of the early tile and put in from
@@ -145,17 +138,14 @@ def _decode_split_kernel(
                      other=0.0)
         pdl_enter(PDL)
     q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
+    first = start
     if ROPE:    # rotary_decode_attention: rotate q here; the last split stores K/V
-        if not EARLY:
-            cos, sin, lo, partner, slot = rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64,
-                                                       offs_d, d_mask, stride_cs, HALF)
         q, k_new, v_new = rope_store_new_kv(
             q, q_rows, b64, kvh, end == ctx, cos, sin, lo, partner, slot, offs_d, d_mask,
             g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
             stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb,
             stride_vs, stride_vh, stride_vd, PAGE)
-    first = start
-    if EARLY:   # fold the early tile, this step's position from registers
+        # fold the early tile, this step's position from registers
         k0 = tl.where(new[:, None], k_new[None, :], k0)
         v0 = tl.where(new[:, None], v_new[None, :], v0)
         m_i, alpha, p, l_i = softmax_step(q, m_i, l_i, k0, valid[None, :], scale_log2, PREC,
@@ -182,85 +172,46 @@ def _decode_split_kernel(
         tl.store(pm_ptr + part, m_i, mask=g_mask)
         tl.store(pl_ptr + part, l_i, mask=g_mask)
         tl.store(pacc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
-        if MERGE:
-            # The last valid split of (b, kvh) to finish merges them all: every thread's
-            # partials are stored before the barrier, the counter bump releases them and
-            # acquires the others'; the last one resets the counter for the next launch.
-            tl.debug_barrier()
-            n_valid = (ctx + tokens_per_split - 1) // tokens_per_split
-            cidx = b64 * tl.num_programs(1) + kvh
-            done = tl.atomic_add(cnt_ptr + cidx, 1, sem="acq_rel", scope="gpu")
-            if done == n_valid - 1:
-                tl.store(cnt_ptr + cidx, 0)
-                # merge rows: the GROUP heads padded to MERGE_G (no tl.dot here, so no
-                # 16-row minimum); the running max of every valid split in one load
-                offs_h = tl.arange(0, MERGE_G)
-                h_mask = offs_h < GROUP
-                base = (b64 * num_heads + kvh * GROUP + offs_h) * num_splits     # [MERGE_G]
-                offs_all = tl.arange(0, MERGE_ALL)
-                am = h_mask[:, None] & (offs_all < n_valid)[None, :]
-                m_max = tl.max(tl.load(pm_ptr + base[:, None] + offs_all[None, :], mask=am,
-                                       other=float("-inf"), cache_modifier=".cg"), 1)
-                m_max = tl.where(h_mask, m_max, 0.0)
-                l_tot = tl.zeros([MERGE_G], tl.float32)
-                acc_tot = tl.zeros([MERGE_G, BLOCK_D], tl.float32)
-                for s0 in range(0, n_valid, MERGE_S):
-                    offs_s = s0 + tl.arange(0, MERGE_S)
-                    sm = h_mask[:, None] & (offs_s < n_valid)[None, :]           # [G, S]
-                    idx = base[:, None] + offs_s[None, :]
-                    mc = tl.load(pm_ptr + idx, mask=sm, other=float("-inf"),
-                                 cache_modifier=".cg")
-                    w = tl.where(sm, tl.exp2(mc - m_max[:, None]), 0.0)
-                    lc = tl.load(pl_ptr + idx, mask=sm, other=0.0, cache_modifier=".cg")
-                    l_tot += tl.sum(lc * w, 1)
-                    a = tl.load(pacc_ptr + idx[:, :, None] * HEAD_DIM
-                                + offs_d[None, None, :],
-                                mask=sm[:, :, None] & d_mask[None, None, :], other=0.0,
-                                cache_modifier=".cg")                            # [G, S, D]
-                    acc_tot += tl.sum(a * w[:, :, None], 1)
-                out = acc_tot / tl.where(l_tot > 0.0, l_tot, 1.0)[:, None]
-                tl.store(out_ptr + b64 * stride_ob + (kvh * GROUP + offs_h)[:, None] * stride_oh
-                         + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
-                         mask=h_mask[:, None] & d_mask[None, :])
+        # The last valid split of (b, kvh) to finish merges them all: every thread's
+        # partials are stored before the barrier, the counter bump releases them and
+        # acquires the others'; the last one resets the counter for the next launch.
+        tl.debug_barrier()
+        n_valid = (ctx + tokens_per_split - 1) // tokens_per_split
+        cidx = b64 * tl.num_programs(1) + kvh
+        done = tl.atomic_add(cnt_ptr + cidx, 1, sem="acq_rel", scope="gpu")
+        if done == n_valid - 1:
+            tl.store(cnt_ptr + cidx, 0)
+            # merge rows: the GROUP heads padded to MERGE_G (no tl.dot here, so no
+            # 16-row minimum); the running max of every valid split in one load
+            offs_h = tl.arange(0, MERGE_G)
+            h_mask = offs_h < GROUP
+            base = (b64 * num_heads + kvh * GROUP + offs_h) * num_splits     # [MERGE_G]
+            offs_all = tl.arange(0, MERGE_ALL)
+            am = h_mask[:, None] & (offs_all < n_valid)[None, :]
+            m_max = tl.max(tl.load(pm_ptr + base[:, None] + offs_all[None, :], mask=am,
+                                   other=float("-inf"), cache_modifier=".cg"), 1)
+            m_max = tl.where(h_mask, m_max, 0.0)
+            l_tot = tl.zeros([MERGE_G], tl.float32)
+            acc_tot = tl.zeros([MERGE_G, BLOCK_D], tl.float32)
+            for s0 in range(0, n_valid, MERGE_S):
+                offs_s = s0 + tl.arange(0, MERGE_S)
+                sm = h_mask[:, None] & (offs_s < n_valid)[None, :]           # [G, S]
+                idx = base[:, None] + offs_s[None, :]
+                mc = tl.load(pm_ptr + idx, mask=sm, other=float("-inf"),
+                             cache_modifier=".cg")
+                w = tl.where(sm, tl.exp2(mc - m_max[:, None]), 0.0)
+                lc = tl.load(pl_ptr + idx, mask=sm, other=0.0, cache_modifier=".cg")
+                l_tot += tl.sum(lc * w, 1)
+                a = tl.load(pacc_ptr + idx[:, :, None] * HEAD_DIM
+                            + offs_d[None, None, :],
+                            mask=sm[:, :, None] & d_mask[None, None, :], other=0.0,
+                            cache_modifier=".cg")                            # [G, S, D]
+                acc_tot += tl.sum(a * w[:, :, None], 1)
+            out = acc_tot / tl.where(l_tot > 0.0, l_tot, 1.0)[:, None]
+            tl.store(out_ptr + b64 * stride_ob + (kvh * GROUP + offs_h)[:, None] * stride_oh
+                     + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
+                     mask=h_mask[:, None] & d_mask[None, :])
 
-
-@triton.jit(do_not_specialize=["num_splits", "min_split_tokens"])
-def _decode_reduce_kernel(
-    ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr,
-    min_split_tokens, num_heads, num_splits,
-    stride_ob, stride_oh, stride_od,
-    BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    ctx = tl.load(ctx_ptr + b)
-    tokens_per_split = _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N)
-    n_valid = (ctx + tokens_per_split - 1) // tokens_per_split
-    base = (b.to(tl.int64) * num_heads + h) * num_splits
-    offs_s = tl.arange(0, BLOCK_S)
-    s_mask = offs_s < n_valid
-    m = tl.load(pm_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
-    l = tl.load(pl_ptr + base + offs_s, mask=s_mask, other=0.0)
-    m_max = tl.max(m, 0)
-    m_max = tl.where(n_valid > 0, m_max, 0.0)
-    w = tl.where(s_mask, tl.exp2(m - m_max), 0.0)
-    l_tot = tl.sum(l * w, 0)
-
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, n_valid, CHUNK):
-        offs_c = s0 + tl.arange(0, CHUNK)
-        c_mask = offs_c < n_valid
-        mc = tl.load(pm_ptr + base + offs_c, mask=c_mask, other=float("-inf"))
-        wc = tl.where(c_mask, tl.exp2(mc - m_max), 0.0)
-        a = tl.load(pacc_ptr + (base + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=c_mask[:, None] & d_mask[None, :], other=0.0)
-        acc += tl.sum(a * wc[:, None], 0)
-    out = acc / tl.where(l_tot > 0.0, l_tot, 1.0)
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d * stride_od,
-             out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def plan_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int, block_n: int,
@@ -297,8 +248,7 @@ def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: t
     each program rotates its query heads itself, and the split that covers a sequence's
     last position stores the rotated key and the value there before reading it. Neox
     rotary over the whole head only; otherwise the two ops run one after the other."""
-    if (not FUSE_ROPE or not is_neox or cos_sin_cache.shape[-1] != query.shape[-1]
-            or query.shape[0] == 0):
+    if not is_neox or cos_sin_cache.shape[-1] != query.shape[-1] or query.shape[0] == 0:
         return _rotary_store_then_decode(
             positions, query, key, value, cos_sin_cache, is_neox, k_cache, v_cache,
             slot_mapping, block_tables, context_lens, scale, **knobs)
@@ -315,13 +265,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float, *, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            num_splits: int | None = None,
-                           merge: bool | None = None, _rope: tuple | None = None) -> torch.Tensor:
+                           _rope: tuple | None = None) -> torch.Tensor:
     """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype).
 
     The keyword-only knobs exist for the tests and the benchmark sweep; callers leave them
-    unset. merge: the last split program of each (sequence, KV head) merges the splits
-    (one launch) instead of a second reduce kernel; default MERGE_IN_SPLIT. _rope:
-    (positions, key, value, cos_sin_cache, slot_mapping) from rotary_decode_attention.
+    unset. _rope: (positions, key, value, cos_sin_cache, slot_mapping) from
+    rotary_decode_attention.
     """
     check_float(q, k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
@@ -344,20 +293,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         tokens_per_split = triton.cdiv(tiles, num_splits) * block_n
         splits = triton.cdiv(tiles * block_n, tokens_per_split)
     single = splits == 1
-    # the earlier plan is the dynamic one with every split at its fixed size
-    min_tokens = (triton.cdiv(DYNAMIC_MIN_TOKENS, block_n) * block_n if DYNAMIC_SPLITS
-                  else tokens_per_split)
-    merge = (MERGE_IN_SPLIT if merge is None else merge) and not single
+    min_tokens = triton.cdiv(DYNAMIC_MIN_TOKENS, block_n) * block_n
     block_d = max(16, next_pow2(head_dim))
     block_g = max(16, next_pow2(group))
     merge_g = max(2, next_pow2(group))
-    cnt = out                       # unused unless merge
     if single:
-        pm = pl = pacc = out        # unused
+        cnt = pm = pl = pacc = out  # unused
     else:
-        if merge:
-            cnt = zeroed_scratch(q.device, "decode_counters", batch * num_kv_heads,
-                                 torch.int32)
+        cnt = zeroed_scratch(q.device, "decode_counters", batch * num_kv_heads, torch.int32)
         pm = torch.empty((batch, num_heads, splits), dtype=torch.float32, device=q.device)
         pl = torch.empty_like(pm)
         pacc = torch.empty((batch, num_heads, splits, head_dim), dtype=torch.float32,
@@ -372,20 +315,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         *out.stride(),
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_N=block_n, PAGE=page, SINGLE=single, PREC=dot_precision(q.dtype),
-        MERGE=merge, MERGE_G=merge_g,
+        MERGE_G=merge_g,
         MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
         MERGE_ALL=max(16, next_pow2(splits)), ROPE=_rope is not None, HALF=head_dim // 2,
-        EARLY=_rope is not None and bool(EARLY_LOADS),
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
     )
-    if not single and not merge:
-        _decode_reduce_kernel[(batch, num_heads)](
-            context_lens, out, pm, pl, pacc,
-            min_tokens, num_heads, splits, *out.stride(),
-            BLOCK_S=max(16, next_pow2(splits)), CHUNK=REDUCE_CHUNK, HEAD_DIM=head_dim,
-            BLOCK_D=block_d, BLOCK_N=block_n,
-            num_warps=1 if block_d <= 64 else 2,
-        )
     return out
 
 

@@ -19,15 +19,14 @@ and accumulates in fp32:
   * DOT (M > 1): acc[BLOCK_N, BLOCK_M] += W_tile @ x_tile^T on tensor cores, x padded to
     BLOCK_M >= 16 rows with zeros (the weight tile is the large MMA operand);
   * FMA (M = 1): acc[BLOCK_N, BLOCK_K] += W_tile * x_row in fp32, summed over K at the end.
-Split-K partial sums (fp32, [SPLIT_K, M, N]) are merged one of two ways (REDUCE):
-  1 = a second small kernel sums them (2 launches);
-  2 = each program bumps a per-N-tile counter (atomic, acq_rel, after a barrier so all its
-      threads' partials are released) and the last of the SPLIT_K programs of a tile sums
-      the partials in split order (deterministic), adds the bias, writes y and resets the
-      counter to 0 (1 launch). The counters are persistent, zeroed once and left zeroed by
-      every launch: no memset per call, CUDA-graph safe. They are shared by all calls on a
-      device, which is safe while launches on a device do not overlap on several streams
-      (the engine runs one stream).
+Split-K partial sums (fp32, [SPLIT_K, M, N]) are merged in the same launch: each program
+bumps a per-N-tile counter (atomic, acq_rel, after a barrier so all its threads' partials
+are released) and the last of the SPLIT_K programs of a tile sums the partials in split
+order (deterministic), adds the bias, writes y and resets the counter to 0 (a second
+reduce kernel was slower: docs/KERNELS.md). The counters are persistent, zeroed once and
+left zeroed by every launch: no memset per call, CUDA-graph safe. They are shared by all
+calls on a device, which is safe while launches on a device do not overlap on several
+streams (the engine runs one stream).
 Prologues (PRO), applied to each x tile as it is loaded (no extra pass over x):
   1 = RMSNorm: h = x (+ residual, rounded to x.dtype and written out as the new residual by
       the programs of the first N tile); the MMA operand is h * norm_weight and the sum of
@@ -53,18 +52,11 @@ from kernels.pdl import pdl_enter
 # Rows at or below which the Triton kernel runs; above it, cuBLAS. 32: with PDL the
 # decode buckets 24 and 32 ran 4-6% faster than on cuBLAS, 48 and 64 slower (docs/KERNELS.md).
 SKINNY_MAX_M = 32
-DEFAULT_REDUCE = 2
-# Load the first weight tile before the PDL wait (1) or after it (0: the A/B baseline,
-# scripts/profile_step.py --set kernels.linear.PRELOAD_WEIGHTS=0).
-PRELOAD_WEIGHTS = 1
 FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
-# The M = 1 plan (session 11, docs/KERNELS.md "One row"): weights of at most
-# ONE_STEP_MAX_ELEMS elements (qkv, o) take one K step per program with narrow tiles, so a
-# program's whole slab loads before the PDL wait; larger ones loop over K in
-# M1_BLOCK_N x M1_BLOCK_K tiles. PLAN_M1 = 0 is the session 10 plan (16 x 256 tiles
-# everywhere), 1 one K step for every weight; both kept for A/B runs
-# (scripts/profile_step.py --variants).
-PLAN_M1 = 2
+# The M = 1 plan (docs/KERNELS.md "One row"): weights of at most ONE_STEP_MAX_ELEMS
+# elements (qkv, o) take one K step per program with narrow tiles, so a program's whole
+# slab loads before the PDL wait; larger ones loop over K in M1_BLOCK_N x M1_BLOCK_K
+# tiles (one K step for every weight, or 16 x 256 tiles everywhere, were slower).
 ONE_STEP_MAX_ELEMS = 1 << 22
 ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at 4 warps
 M1_BLOCK_N, M1_BLOCK_K = 8, 512
@@ -120,9 +112,9 @@ def _linear_kernel(
     M, N, K, k_per_split, split_k,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn, stride_rm, stride_nrm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    REDUCE: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr, PREC: tl.constexpr, PRO: tl.constexpr, HAS_RES: tl.constexpr,
-    PDL: tl.constexpr, PRELOAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -140,12 +132,8 @@ def _linear_kernel(
     # The first weight tile is loaded before the PDL wait: no kernel writes the weights,
     # so its DRAM round trip overlaps the predecessor's tail instead of following it.
     offs_k = k_lo + tl.arange(0, BLOCK_K)
-    if PRELOAD:
-        w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
-        pdl_enter(PDL)   # x (and the residual) come from the previous kernel
-    else:
-        pdl_enter(PDL)
-        w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
+    w, x_mask = _w_tile(w_rows, offs_k, m_mask, K, stride_wk, EVEN_K)
+    pdl_enter(PDL)       # x (and the residual) come from the previous kernel
     x, ssk = _x_tile(x_ptr, r_ptr, nw_ptr, nr_ptr, offs_k, offs_m, x_mask, K,
                      stride_xm, stride_xk, stride_rm, stride_nrm, write_res,
                      BLOCK_M, PRO, HAS_RES, w_ty if USE_DOT else tl.float32)
@@ -176,53 +164,36 @@ def _linear_kernel(
 
     out_mask = n_mask[:, None] & m_mask[None, :]
     y_ptrs = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None] * stride_yn
-    if REDUCE == 0:                         # no split: this program owns its outputs
+    if not SPLIT:                           # this program owns its outputs
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:
         mn = offs_m[None, :] * N + offs_n[:, None]
         tl.store(ws_ptr + pid_k * M * N + mn, acc, mask=out_mask)
-        if REDUCE == 2:
-            tl.debug_barrier()              # every thread's partial before the release below
-            done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if done == split_k - 1:
-                tl.store(cnt_ptr + pid_n, 0)
-                total = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-                for s in range(0, split_k):
-                    total += tl.load(ws_ptr + s * M * N + mn, mask=out_mask, other=0.0,
-                                     cache_modifier=".cg")
-                if HAS_BIAS:
-                    total += tl.load(b_ptr + offs_n, mask=n_mask,
-                                     other=0.0).to(tl.float32)[:, None]
-                tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
-
-
-@triton.jit
-def _linear_reduce_kernel(ws_ptr, b_ptr, y_ptr, M, N, split_k, stride_ym, stride_yn,
-                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
-    m = tl.program_id(1)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    total = tl.zeros([BLOCK], tl.float32)
-    for s in range(0, split_k):
-        total += tl.load(ws_ptr + (s * M + m) * N + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        total += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * stride_ym + offs * stride_yn, total.to(y_ptr.dtype.element_ty),
-             mask=mask)
+        tl.debug_barrier()                  # every thread's partial before the release below
+        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if done == split_k - 1:
+            tl.store(cnt_ptr + pid_n, 0)
+            total = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            for s in range(0, split_k):
+                total += tl.load(ws_ptr + s * M * N + mn, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + offs_n, mask=n_mask,
+                                 other=0.0).to(tl.float32)[:, None]
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
 def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
     """Tiles and split-K from shapes only (graph safe); rules from the H100 sweep
     (scripts/bench_decode_ops.py, docs/KERNELS.md). elem: bytes per weight element
     (float32 dot tiles take half the K width so 4 pipeline stages fit in shared memory)."""
-    if m == 1 and (PLAN_M1 == 1 or (PLAN_M1 == 2 and n * k <= ONE_STEP_MAX_ELEMS)):
+    if m == 1 and n * k <= ONE_STEP_MAX_ELEMS:
         return _plan_one_step(n, k, sms)
     if m == 1:
         # FMA path, looping over K; split K until ~4 programs per SM
-        block_n, block_k = (16, 256) if PLAN_M1 == 0 else (M1_BLOCK_N, M1_BLOCK_K)
-        block_k = min(block_k, max(16, next_pow2(k)))
+        block_n, block_k = M1_BLOCK_N, min(M1_BLOCK_K, max(16, next_pow2(k)))
         tiles, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
         split = max(1, min(k_tiles, triton.cdiv(4 * sms, tiles)))
         use_dot = False
@@ -237,7 +208,7 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
             block_n = 16 if n <= 16 * sms else (128 if n <= 128 * sms else 64)
             split = 1
     return {"block_n": block_n, "block_k": block_k, "split_k": split, "num_warps": 4,
-            "num_stages": 4, "use_dot": use_dot, "reduce": DEFAULT_REDUCE}
+            "num_stages": 4, "use_dot": use_dot}
 
 
 def _plan_one_step(n: int, k: int, sms: int) -> dict:
@@ -250,7 +221,7 @@ def _plan_one_step(n: int, k: int, sms: int) -> dict:
     while block_n > 2 and triton.cdiv(n, block_n) * split < 2 * sms:
         block_n //= 2
     return {"block_n": block_n, "block_k": block_k, "split_k": split, "num_warps": 4,
-            "num_stages": 1, "use_dot": False, "reduce": DEFAULT_REDUCE}
+            "num_stages": 1, "use_dot": False}
 
 
 def _skinny(x, weight, bias, k_x, limit):
@@ -278,14 +249,11 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
     split = 1 if pro == 1 else max(1, min(cfg["split_k"], k_tiles))
     k_per_split = triton.cdiv(k_tiles, split) * block_k
     split = triton.cdiv(k, k_per_split)
-    reduce = cfg["reduce"] if split > 1 else 0
-    assert reduce in (0, 1, 2), reduce
     tiles = triton.cdiv(n, block_n)
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     cnt = ws = y
-    if reduce == 2:
+    if split > 1:
         cnt = zeroed_scratch(x2.device, "linear_counters", tiles, torch.int32)
-    if reduce:
         ws = torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     b = bias if bias is not None else y
     new_res = None
@@ -299,17 +267,11 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
         x2, weight, b, y, ws, cnt, r2, nw, nr, float(eps), m, n, k, k_per_split, split,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         y.stride(0), y.stride(1), r2.stride(0), nr.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, REDUCE=reduce,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split > 1,
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_DOT=cfg["use_dot"],
         PREC=dot_precision(x2.dtype), PRO=pro, HAS_RES=new_res is not None,
-        PRELOAD=bool(PRELOAD_WEIGHTS),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.launch_args(x2.device),
     )
-    if reduce == 1:
-        block = min(1024, next_pow2(n))
-        _linear_reduce_kernel[(triton.cdiv(n, block), m)](
-            ws, b, y, m, n, split, y.stride(0), y.stride(1),
-            BLOCK=block, HAS_BIAS=bias is not None, num_warps=4)
     return y, new_res
 
 
@@ -317,8 +279,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            max_m: int | None = None, **overrides) -> torch.Tensor:
     """y = x @ weight^T + bias (F.linear semantics). x [..., K], weight [N, K], bias [N].
 
-    Keyword overrides (max_m, block_n, block_k, split_k, num_warps, num_stages, use_dot,
-    reduce) exist for the tests and the benchmark sweep; callers leave them unset.
+    Keyword overrides (max_m, block_n, block_k, split_k, num_warps, num_stages, use_dot)
+    exist for the tests and the benchmark sweep; callers leave them unset.
     """
     k = weight.shape[-1] if weight.dim() == 2 else -1
     m = _skinny(x, weight, bias, k, SKINNY_MAX_M if max_m is None else max_m)

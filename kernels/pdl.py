@@ -27,9 +27,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-ENABLED = True      # tests and scripts/profile_step.py --pdl switch it for A/B runs
-
-
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # fixed before any @triton.jit
 
 
@@ -41,7 +38,7 @@ def _capable(index: int) -> bool:
 def enabled(device: torch.device) -> bool:
     """PDL on this device: CUDA compute capability >= 9.0, not the interpreter (cached:
     it is asked at every launch)."""
-    if not ENABLED or _INTERPRETED or device.type != "cuda":
+    if _INTERPRETED or device.type != "cuda":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 BLOCK_W = 512           # table entries per step of a row's copy
-DIRECT_LAUNCH = 1       # later calls launch the compiled kernel, past Triton's dispatch
 _COMPILED: dict[tuple, object] = {}     # _direct_key(...) -> compiled kernel
 
 
@@ -71,7 +70,7 @@ def _direct_key(args: tuple, fed: bool, table: bool) -> tuple | None:
     16-byte alignment (no int is specialized; all stay far below 2**31, so every one is
     an i32), or None: no direct launch."""
     hooks = triton.knobs.runtime
-    if not (DIRECT_LAUNCH and args[0].is_cuda) or _hooked(hooks.launch_enter_hook) \
+    if not args[0].is_cuda or _hooked(hooks.launch_enter_hook) \
             or _hooked(hooks.launch_exit_hook):
         return None     # (a profiler's launch hooks need Triton's own launch metadata)
     return (fed, table, args[0].get_device()) + tuple(

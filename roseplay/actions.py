@@ -6,6 +6,7 @@ warning toast, never an exception.
 """
 from __future__ import annotations
 
+from engine.codes import RUNNING_STATES
 from engine.config import InvalidRequestError
 from roseplay.layout import TITLES, ZOOM_ORDER
 from roseplay.scenarios import SCENARIOS
@@ -79,7 +80,7 @@ class Actions:
             self._warn_small_budget(new)
 
     def _warn_small_budget(self, budget: int) -> None:
-        running = sum(r.state in ("decoding", "prefilling", "dedup")
+        running = sum(r.state in RUNNING_STATES
                       for r in (self.snapshot.requests if self.snapshot else ()))
         if budget < running:
             self.notify(f"budget {budget} < {running} running requests: only {budget} of them "

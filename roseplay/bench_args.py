@@ -7,27 +7,17 @@ from __future__ import annotations
 import argparse
 
 from roseplay.cli_flags import add_engine_flags, add_goodput_flag, field_by_name, parse_knob_value
-from roseplay.scenarios import SCENARIOS
+from roseplay.workload_flags import add_workload_flags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    w = p.add_argument_group("workload")
-    w.add_argument("--scenario", default="random", choices=list(SCENARIOS),
-                   help="Workload scenario (default: random = vLLM's random dataset).")
-    w.add_argument("--num-prompts", type=int, default=64, help="Measured requests (default: 64).")
-    w.add_argument("--input-len", type=int, default=128, help="Prompt tokens (token-id prompts; "
-                   "text scenarios use their own text except 'random') (default: 128).")
-    w.add_argument("--output-len", type=int, default=64, help="max_tokens per request, EOS "
-                   "ignored (default: 64).")
-    w.add_argument("--range-ratio", type=float, default=0.0, help="Lengths uniform in "
-                   "[L*(1-r), L*(1+r)] (default: 0).")
-    rate = w.add_mutually_exclusive_group()
-    rate.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals "
-                      "(req/s); inf or unset: all at t=0.")
+    w = p.add_argument_group("workload (EOS ignored)")
+    rate = add_workload_flags(w, "bench")
     rate.add_argument("--submit-interval-ms", type=float, default=None,
                       help="One request every MS milliseconds.")
-    w.add_argument("--max-concurrency", type=int, default=None, help="Most requests in flight.")
-    w.add_argument("--temperature", type=float, default=0.0, help="Sampling temperature (0: greedy).")
+    w.add_argument("--num-prompts", type=int, default=64, help="Measured requests (default: 64).")
+    w.add_argument("--range-ratio", type=float, default=0.0, help="Lengths uniform in "
+                   "[L*(1-r), L*(1+r)] (default: 0).")
     w.add_argument("--warmup", type=int, default=8, help="Warm-up requests of the same scenario "
                    "(other seed), run and discarded before each measured run; the prefix "
                    "cache is cleared after them (default: 8).")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.table import Table
 
-from engine.metrics import Summary, goodput
+from engine.metrics import Summary, goodput, prefix_hit_rate
 
 LATENCIES = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
              ("itl", "ITL", "Inter-token Latency"), ("e2e", "E2E", "End-to-end Latency"))
@@ -37,8 +37,7 @@ def engine_stats(snap0, snap1) -> dict:
     """The engine's counters over a run (two snapshots), with its prefix hit rate, peak
     KV usage and vLLM's kv_block_* residency metrics (count, mean, p50/p90/p99 in s)."""
     d = dataclasses.asdict(snap1.counters.minus(snap0.counters))
-    q = d["prefix_queried_tokens"]
-    d["prefix_hit_rate"] = d["prefix_hit_tokens"] / q if q else 0.0
+    d["prefix_hit_rate"] = prefix_hit_rate(d["prefix_hit_tokens"], d["prefix_queried_tokens"]) or 0.0
     d["peak_used_blocks"] = snap1.peak_used_blocks
     d["num_blocks"] = snap1.num_blocks
     d["peak_kv_usage"] = d["peak_used_blocks"] / d["num_blocks"]

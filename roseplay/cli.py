@@ -7,19 +7,19 @@ a model (nor torch).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
 from roseplay.cli_flags import (add_engine_flags, add_engine_key_flag, add_goodput_flag,
                                 engine_kwargs, goodput_slos)
 from roseplay.early_start import EarlyStart
-from roseplay.scenarios import SCENARIOS
+from roseplay.workload_flags import WORKLOAD_DEFAULTS, add_workload_flags, number
 
 TUI_NUM_BLOCKS = 512        # a pool small enough to read on the map (override with --num-blocks)
 TUI_MAX_NUM_SEQS = 16       # fewer running than in flight: a queue, so the scheduling policy
 #                             and priorities show (override with --max-num-seqs)
-TUI_SCENARIO, TUI_CONCURRENCY = "mixed", 32
+TUI_SCENARIO = WORKLOAD_DEFAULTS["roseplay"].scenario
+TUI_CONCURRENCY = WORKLOAD_DEFAULTS["roseplay"].concurrency
 DESCRIPTION = ("An interactive terminal playground on a real LLM inference engine (its own process, "
                "two with --compare): "
                "paged KV blocks, prefix-cache sharing, chunked prefill and per-token timing, "
@@ -45,21 +45,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def number(kind: type, low: float, *, strict: bool = False, hint: str = ""):
-    """An argparse type: an int/float >= low (> low if strict), finite."""
-    def convert(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(
-                f"must be {'>' if strict else '>='} {low:g}, got {text}{hint}")
-        return value
-    convert.__name__ = kind.__name__
-    return convert
 
 
 def check_model(name: str | None) -> str | None:
@@ -138,23 +123,7 @@ def check_compare(args) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="roseplay", description=DESCRIPTION, epilog=EPILOG,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    w = p.add_argument_group("workload (all live in the app)")
-    w.add_argument("--scenario", default=TUI_SCENARIO, choices=list(SCENARIOS),
-                   help=f"Scenario served at start (default: {TUI_SCENARIO}). " + " ".join(
-                       f"{s.name}: {s.description}" for s in SCENARIOS.values()))
-    w.add_argument("--concurrency", type=number(int, 1), default=TUI_CONCURRENCY,
-                   help=f"Requests kept in flight (closed loop) (default: {TUI_CONCURRENCY}).")
-    w.add_argument("--rate", type=number(float, 0, strict=True,
-                                        hint=" (leave it out to send whenever a slot frees)"),
-                   default=None,
-                   help="Poisson arrivals per second, on top of the concurrency cap "
-                        "(default: none, send whenever a slot frees).")
-    w.add_argument("--input-len", type=number(int, 1), default=64,
-                   help="Prompt tokens for token-id prompts (dummy models) (default: 64).")
-    w.add_argument("--output-len", type=number(int, 1), default=64,
-                   help="max_tokens of workload requests (default: 64).")
-    w.add_argument("--temperature", type=number(float, 0), default=0.8,
-                   help="Sampling temperature of workload requests (default: 0.8).")
+    add_workload_flags(p.add_argument_group("workload (all live in the app)"), "roseplay")
     s = p.add_argument_group("session")
     s.add_argument("--record", metavar="PATH",
                    help="Write the session (snapshots at ~10 Hz, knob changes, timings) to "

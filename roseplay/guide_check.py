@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from engine.metrics import prefix_hit_rate
+
 SAMPLE_EVERY = 0.1      # seconds between snapshots read while measuring
 
 
@@ -56,7 +58,6 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
         and r.arrival_time >= first.time and r.request_id not in ttfts]
     steps = [s for s in last.recent_steps if s.step > first.step]
     itl = [g for t, g in last.recent_itls if t0 < t <= t1]
-    queried = b.prefix_queried_tokens - a.prefix_queried_tokens
     return dict(
         seconds=t1 - t0, finished=b.finished - a.finished,
         tok_s=(b.generated_tokens - a.generated_tokens) / max(t1 - t0, 1e-9),
@@ -65,7 +66,8 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
         # what the queue holds: a priority policy leaves the long low-priority documents
         waiting_prompt_len=float(np.mean(waiting_len)) if waiting_len else 0.0,
         itl_p50=_pct(itl, 50), itl_p99=_pct(itl, 99),
-        hit_rate=(b.prefix_hit_tokens - a.prefix_hit_tokens) / queried if queried else 0.0,
+        hit_rate=prefix_hit_rate(b.prefix_hit_tokens - a.prefix_hit_tokens,
+                                 b.prefix_queried_tokens - a.prefix_queried_tokens) or 0.0,
         preemptions=b.preemptions - a.preemptions, evictions=b.evictions - a.evictions,
         running=float(np.mean(running)) if running else 0.0,
         waiting=float(np.mean(waiting)) if waiting else 0.0,

@@ -6,11 +6,10 @@ Every time is a CUDA-graph replay (how the engine runs decode), per call, median
 several replays, with the weights cycled over enough copies that they never sit in L2
 (like the 24 layers of a real model). Sections:
   sweep   linear tiles x split-K x path (dot / FMA) at M = 1 and 16 for Qwen2.5-0.5B's
-          projections and lm_head, then warps/stages around the best, then the split-K
-          merge modes (1 = second kernel, 2 = last program)
+          projections and lm_head, then warps/stages around the best
   fused   rms_norm_linear / silu_mul_linear vs the two ops they replace
   cross   plan_linear's default config vs cuBLAS for M = 1 .. 64 (the skinny crossover)
-  decode  paged decode attention, split merge in the kernel vs a reduce launch
+  decode  paged decode attention (splits merged by the last split program)
   rope    rotary_store_kv vs rotary_embedding + store_kv_cache
 --dry runs a tiny version on CPU (TRITON_INTERPRET=1, eager timing) to check the script.
 """
@@ -145,23 +144,16 @@ def sweep(res, budget, row_counts=(1, 16)):
                 kw = {k2: best[k2] for k2 in ("use_dot", "block_n", "block_k", "split_k")}
                 tuned.append({"ms": time_linear(x, ws, num_warps=nw, num_stages=ns, **kw),
                               "num_warps": nw, "num_stages": ns, **kw})
-            reduces = {}
-            if best["split_k"] > 1:
-                kw = {k2: best[k2] for k2 in ("use_dot", "block_n", "block_k", "split_k")}
-                for r in (1, 2):
-                    reduces[r] = time_linear(x, ws, reduce=r, **kw)
             out[f"{name}/m{m}"] = {"cublas_ms": cub, "default_ms": default, "top": rows[:8],
                                    "tuned": sorted(tuned, key=lambda r: r["ms"]),
-                                   "reduce_ms": reduces, "max_err": max(r["err"] for r in rows)}
+                                   "max_err": max(r["err"] for r in rows)}
             b0 = rows[0]
             print(f"{name:8s} m={m:2d} cublas {cub*1e3:7.2f} us ({gbps(n, k, cub):4.2f} TB/s) "
                   f"default {default*1e3:7.2f} best {b0['ms']*1e3:7.2f} us "
                   f"({gbps(n, k, b0['ms']):4.2f} TB/s) dot={b0['use_dot']} bn={b0['block_n']} "
                   f"bk={b0['block_k']} split={b0['split_k']}"
                   + (f" | tuned {tuned[0]['ms']*1e3:.2f} w{tuned[0]['num_warps']}"
-                     f"s{tuned[0]['num_stages']}" if tuned else "")
-                  + (" | reduce " + " ".join(f"{r}:{v*1e3:.2f}" for r, v in reduces.items())
-                     if reduces else ""), flush=True)
+                     f"s{tuned[0]['num_stages']}" if tuned else ""), flush=True)
         del ws
         if not DRY:
             torch.cuda.empty_cache()
@@ -228,19 +220,17 @@ def decode(res):
         kc = torch.randn(blocks, page, h_kv, d, device=DEV).to(DT)
         vc = torch.randn_like(kc)
         perm = torch.randperm(blocks, device=DEV)
-        calls = {True: [], False: []}
+        calls = []
         for li in range(layers):
             tab = torch.zeros(b, width, dtype=torch.int32, device=DEV)
             tab[:, :nb_seq] = perm[li * b * nb_seq:(li + 1) * b * nb_seq].view(b, nb_seq).int()
             lens = torch.full((b,), ctx, dtype=torch.int32, device=DEV)
             q = torch.randn(b, h, d, device=DEV).to(DT)
-            for mg in (True, False):
-                calls[mg].append(lambda q=q, t=tab, c=lens, mg=mg: tri.paged_decode_attention(
-                    q, kc, vc, t, c, d ** -0.5, merge=mg))
-        r = {str(mg): graph_ms(calls[mg]) for mg in (True, False)}
-        out[f"b{b}/ctx{ctx}"] = r
-        print(f"decode b={b:3d} ctx={ctx:5d} merge {r['True']*1e3:6.2f} us  "
-              f"reduce-kernel {r['False']*1e3:6.2f} us", flush=True)
+            calls.append(lambda q=q, t=tab, c=lens: tri.paged_decode_attention(
+                q, kc, vc, t, c, d ** -0.5))
+        ms = graph_ms(calls)
+        out[f"b{b}/ctx{ctx}"] = {"ms": ms}
+        print(f"decode b={b:3d} ctx={ctx:5d} {ms*1e3:6.2f} us", flush=True)
         del kc, vc
 
 

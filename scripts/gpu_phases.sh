@@ -33,15 +33,6 @@ if [[ " $PHASES " == *" replay "* ]]; then   # kernels inside the batch-1 decode
   step replay 120 python3 scripts/profile_replay.py --model "$M" --batches ${REPLAY_BATCHES:-1}
   grep -E "^---" "$OUT/replay.log" | tee -a "$SUMMARY"
 fi
-if [[ " $PHASES " == *" preload "* ]]; then   # GEMV weight preload on/off, alternating
-  for i in 1 2; do
-    for v in 1 0; do
-      step preload${v}_$i 120 python3 scripts/profile_step.py --batches 1,4,16,32 \
-        --profile-batches "" --set kernels.linear.PRELOAD_WEIGHTS=$v
-      grep -E "^ +(1|4|16|32) " "$OUT/preload${v}_$i.log" | tr '\n' ';' | sed "s/^/preload=$v: /" | tee -a "$SUMMARY"; echo | tee -a "$SUMMARY"
-    done
-  done
-fi
 if [[ " $PHASES " == *" ab "* ]]; then   # decode step/replay of VARIANTS, alternating, one engine
   step ab ${AB_S:-300} python3 scripts/profile_step.py --model "$M" --batches ${AB_BATCHES:-1,4,16,32} \
     --rounds ${AB_ROUNDS:-2} --variants "$VARIANTS" ${AB_ARGS:-}

@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from engine import LLM  # noqa: E402
-from kernels import step_inputs  # noqa: E402
 from profile_step import fill, time_replay  # noqa: E402
 
 
@@ -62,12 +61,10 @@ def ops(llm) -> None:
     print("graph.replay()        ", per_call_us(graph.replay))
     _, _, _, copies = graphs.buffers._views(1)
     (tok, _, tok_a), (lens, _, lens_a), (table, _, table_a) = copies
-    for direct in (0, 1):
-        step_inputs.DIRECT_LAUNCH = direct
-        print(f"copy_decode_inputs direct={direct}    ", per_call_us(
-            lambda: copy_decode_inputs(tok_a, lens_a, table_a, tok, lens, table, None)))
-        print(f"copy_decode_inputs fed direct={direct}", per_call_us(
-            lambda: copy_decode_inputs(tok_a, lens_a, table_a, tok, lens, table, tok[:1])))
+    print("copy_decode_inputs    ", per_call_us(
+        lambda: copy_decode_inputs(tok_a, lens_a, table_a, tok, lens, table, None)))
+    print("copy_decode_inputs fed", per_call_us(
+        lambda: copy_decode_inputs(tok_a, lens_a, table_a, tok, lens, table, tok[:1])))
     small = torch.zeros(4, device="cuda")
     print("torch.add (copy)      ", per_call_us(lambda: torch.add(small, 0, out=small)))
     ev = torch.cuda.Event()
@@ -134,9 +131,7 @@ def main():
     llm = LLM(model=a.model, max_num_batched_tokens=8192, max_num_seqs=256,
               max_model_len=a.max_model_len)
     fill(llm, 1)
-    for direct in (1, 0, 1, 0):
-        step_inputs.DIRECT_LAUNCH = direct
-        print(f"DIRECT_LAUNCH={direct}: ", end="")
+    for _ in range(2):
         host_per_step(llm, a.steps)
     ops(llm)
     sequences(llm)

@@ -100,7 +100,8 @@ def main():
                     help="also cProfile the host side of 30 decode steps at this batch")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
                     help="override a module constant before the engine is built, for A/B "
-                         "runs, e.g. kernels.pdl.ENABLED=0 or kernels.linear.SKINNY_MAX_M=32")
+                         "runs, e.g. kernels.linear.SKINNY_MAX_M=16 or "
+                         "kernels.decode_attention.TARGET_PROGRAMS_PER_SM=8")
     ap.add_argument("--variants", default="",
                     help="A/B in one process: ';'-separated variants, each a ','-separated "
                          "list of MODULE.NAME=INT; the decode graphs are recaptured for each "

@@ -4,8 +4,8 @@ max_model_len (8192 tokens = 512 blocks), per batch size and kernel variant.
 
 PYTHONPATH=. python3 scripts/sweep_decode.py [--batches 1,16,64,256] [--quick]
 
-Variants are the module knobs of kernels/decode_attention.py (DYNAMIC_SPLITS,
-TARGET_PROGRAMS_PER_SM, NUM_STAGES, NUM_WARPS) and the tile (block_n). Prints us per call
+Variants are the tuning constants of kernels/decode_attention.py (DYNAMIC_MIN_TOKENS,
+TARGET_PROGRAMS_PER_SM, NUM_STAGES) and the tile (block_n); "base" is the shipped set. Prints us per call
 (median of 5 timings of 20 replays) and the KV bandwidth it reaches.
 """
 import argparse
@@ -70,10 +70,10 @@ def main():
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--quick", action="store_true", help="fewer variants")
     a = ap.parse_args()
-    grid = dict(DYNAMIC_SPLITS=[0, 1], TARGET_PROGRAMS_PER_SM=[4, 8, 16], NUM_STAGES=[2, 3, 4],
-                block_n=[64, 128])
+    grid = dict(DYNAMIC_MIN_TOKENS=[64, 128], TARGET_PROGRAMS_PER_SM=[4, 8, 16],
+                NUM_STAGES=[2, 3, 4], block_n=[64, 128])
     if a.quick:
-        grid = dict(DYNAMIC_SPLITS=[0, 1], TARGET_PROGRAMS_PER_SM=[4, 8], NUM_STAGES=[2, 3],
+        grid = dict(DYNAMIC_MIN_TOKENS=[64], TARGET_PROGRAMS_PER_SM=[4, 8], NUM_STAGES=[2, 3],
                     block_n=[64])
     for batch in map(int, a.batches.split(",")):
         q, caches, table, lens, kv_bytes = make(batch)
@@ -88,7 +88,8 @@ def main():
             print(f"batch {batch:4d} {us:8.2f} us  {kv_bytes / us / 1e6:6.2f} TB/s  {cfg}",
                   flush=True)
         best = min(rows, key=lambda r: r[0])
-        base = next(us for us, c in rows if c == dict(DYNAMIC_SPLITS=0, TARGET_PROGRAMS_PER_SM=4,
+        base = next(us for us, c in rows if c == dict(DYNAMIC_MIN_TOKENS=64,
+                                                      TARGET_PROGRAMS_PER_SM=4,
                                                       NUM_STAGES=2, block_n=64))
         print(f"=== batch {batch}: base {base:.2f} us, best {best[0]:.2f} us {best[1]}", flush=True)
         del q, caches

@@ -9,8 +9,10 @@ configured): the wall time (= TPOT), the time rank 0 waits for the device (the s
 one host sync: the engine's counters.device_wait_us), the host's own time (wall - wait:
 scheduling, batch build, the broadcast to the workers, launches) and, under TP, the
 broadcast alone.
-Run with ROSEPLAY_TP_NOOP_ALL_REDUCE=1 to drop every all-reduce (tokens wrong): the
-difference in step time to a normal run is the all-reduces' share of the step.
+With --noop-all-reduce (or ROSEPLAY_TP_NOOP_ALL_REDUCE=1) every all-reduce is dropped
+(tokens wrong): the difference in step time to a normal run is the all-reduces' share of
+the step. The hook lives here, not in the engine: the ranks are spawned with this file's
+_rank_main as their entry, which drops their all-reduces before it runs the engine's.
 Prints one `key=value` line per run and a `summary` line (medians over the runs).
 """
 import argparse
@@ -22,9 +24,32 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
 from tests.tp_timeout import exit_with_stacks_after  # noqa: E402
+
+NOOP_ENV = "ROSEPLAY_TP_NOOP_ALL_REDUCE"
+
+
+def _no_all_reduce(tensor, *args, **kwargs) -> None:
+    return None
+
+
+def drop_all_reduces() -> None:
+    """Every torch.distributed.all_reduce of this process, and of the TP ranks it spawns
+    from now on, a no-op: measurement only, the tokens are wrong."""
+    import tp_step_time        # this file by its module name, which a spawned rank imports
+    from engine.worker.distributed import worker
+    dist.all_reduce = _no_all_reduce
+    worker.worker_main = tp_step_time._rank_main
+
+
+def _rank_main(*args) -> None:
+    """A spawned rank's entry under --noop-all-reduce: the engine's, all-reduces dropped."""
+    from engine.worker.distributed.worker import worker_main
+    dist.all_reduce = _no_all_reduce
+    worker_main(*args)
 
 
 class Timed:
@@ -76,7 +101,12 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-async", action="store_true", help="async_scheduling off")
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--noop-all-reduce", action="store_true",
+                   help=f"drop every all-reduce (tokens wrong; also ${NOOP_ENV}=1)")
     args = p.parse_args()
+    noop = args.noop_all_reduce or os.environ.get(NOOP_ENV) == "1"
+    if noop:
+        drop_all_reduces()
     cancel = exit_with_stacks_after(args.timeout_s)
     llm = LLM(model=args.model, device=args.device, dtype=args.dtype,
               tensor_parallel_size=args.tp, async_scheduling=not args.no_async,
@@ -89,7 +119,6 @@ def main() -> None:
         runs = [one_run(llm, args, rng, bcast) for _ in range(args.repeat)]
     finally:
         llm.engine.close()
-    noop = os.environ.get("ROSEPLAY_TP_NOOP_ALL_REDUCE") == "1"
     tag = f"tp={args.tp} batch=1 async={int(not args.no_async)} noop_all_reduce={int(noop)}"
     for i, r in enumerate(runs):
         print(f"run {i + 1}/{args.repeat} {tag} " + " ".join(f"{k}={v:.3f}" for k, v in r.items()))

@@ -3,7 +3,6 @@ by kernels through a device view of the pinned buffer give the same values as me
 import pytest
 import torch
 
-from engine.worker import device_io
 from engine.worker.device_io import HostCopyRing, copy_, device_alias
 
 pytestmark = pytest.mark.gpu
@@ -23,9 +22,7 @@ def test_device_alias_reads_and_writes_host_memory():
     assert device_alias(torch.zeros(4), torch.device("cuda")) is None     # not pinned
 
 
-@pytest.mark.parametrize("kernel", [1, 0])
-def test_host_copy_ring_on_the_gpu(kernel, monkeypatch):
-    monkeypatch.setattr(device_io, "KERNEL_COPIES", kernel)
+def test_host_copy_ring_on_the_gpu():
     ring = HostCopyRing(slots=3)
     inflight = ring.start(torch.tensor([0, 0], device="cuda"))
     for step in range(1, 20):
@@ -49,7 +46,8 @@ def test_host_copy_ring_on_the_gpu(kernel, monkeypatch):
 @pytest.mark.parametrize("rows,width", [(1, 512), (5, 128), (200, 512)])   # 200x512: table by memcpy
 def test_decode_inputs_one_launch_equals_copies(rows, width, monkeypatch):
     """StepBuffers' decode fill in one kernel (kernels/step_inputs.py) leaves the device
-    buffers exactly as the four separate copies do, device-fed ids included."""
+    buffers exactly as the separate copies (its fallback, forced here) do, device-fed ids
+    included."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -64,9 +62,10 @@ def test_decode_inputs_one_launch_equals_copies(rows, width, monkeypatch):
     prev = torch.arange(rows, device="cuda") + 70000
     dev = torch.device("cuda")
     got = []
-    for one in (1, 0):
-        monkeypatch.setattr(step_buffers, "ONE_INPUT_KERNEL", one)
+    for one in (True, False):
         buf = step_buffers.StepBuffers(dev, 256, 256, width, 256)
+        if not one:
+            monkeypatch.setattr(buf, "_one_launch", lambda copies, token_source: False)
         for source in (None, (prev, None)):
             buf._fill_decode(batch, rows + 3, source)
             torch.cuda.synchronize()
@@ -94,12 +93,12 @@ def test_decode_inputs_direct_launch(monkeypatch):
     dst_tok = torch.zeros(3 * rows + 1, dtype=torch.int64, device="cuda")
     dst_lens = torch.zeros(rows, dtype=torch.int32, device="cuda")
     dst_table = torch.zeros(rows, width, dtype=torch.int32, device="cuda")
-    for call in range(6):
-        fed = torch.arange(2, device="cuda") + 100 * call if call % 2 else None
+    for i in range(6):
+        fed = torch.arange(2, device="cuda") + 100 * i if i % 2 else None
         tok = torch.randint(0, 999, (3 * rows,), device="cuda")
         lens = torch.randint(1, 99, (rows,), dtype=torch.int32, device="cuda")
         table = torch.randint(0, 50, (rows, width), dtype=torch.int32, device="cuda")
-        off = 1 if call == 4 else 0                          # call 4: a misaligned pointer
+        off = 1 if i == 4 else 0                             # i = 4: a misaligned pointer
         out = dst_tok[off:off + 3 * rows]
         copy_decode_inputs(tok, lens, table, out, dst_lens, dst_table, fed)
         want = tok.clone()
@@ -107,7 +106,7 @@ def test_decode_inputs_direct_launch(monkeypatch):
             want[:2] = fed
         assert torch.equal(out, want) and torch.equal(dst_lens, lens)
         assert torch.equal(dst_table, table)
-    assert len(dispatched) == 3            # calls 0, 1 (fed) and 4 (alignment) compiled
+    assert len(dispatched) == 3            # i = 0, 1 (fed) and 4 (alignment) compiled
     assert len(step_inputs._COMPILED) == 3
     fed32 = torch.tensor([7, 8], dtype=torch.int32, device="cuda")    # another dtype: its
     copy_decode_inputs(tok, lens, table, dst_tok[:3 * rows], dst_lens, dst_table, fed32)

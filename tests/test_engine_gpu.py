@@ -117,8 +117,9 @@ def test_pdl_modes_give_identical_tokens(monkeypatch):
     from kernels import pdl
     prompts = _workload(151936, n=12, seed=11)
     got = {}
-    for mode in (False, True):
-        monkeypatch.setattr(pdl, "ENABLED", mode)
+    enabled = pdl.enabled
+    for mode in (False, True):          # off: every kernel launched as without PDL support
+        monkeypatch.setattr(pdl, "enabled", enabled if mode else lambda device: False)
         llm = LLM(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16", num_blocks=2048,
                   max_num_batched_tokens=256, max_num_seqs=12)
         got[mode] = _greedy(llm, prompts, n=64)

@@ -103,17 +103,13 @@ else:
         want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, scale)
         assert_close(out, want, dtype, seed, f"decode {case} splits={splits}")
 
-    @pytest.mark.parametrize("dtype,merge", [(torch.float32, False), (torch.float32, True),
-                                             (torch.float16, True)])
-    @pytest.mark.parametrize("dynamic", [0, 1])
-    def test_paged_decode_attention_merge(seed, poison, dtype, merge, dynamic, monkeypatch):
-        """Both split merges (reduce kernel / last split program) over ragged contexts
-        (incl. 0 and 1), more splits than any context needs, called twice so the
-        self-resetting merge counters are exercised; splits sized by the table width or by
-        each context (one tile each at the smallest: every split of a 70-token context
-        holds a share of it)."""
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_paged_decode_attention_merge(seed, poison, dtype, monkeypatch):
+        """The last split program's merge over ragged contexts (incl. 0 and 1), more splits
+        than any context needs, called twice so the self-resetting merge counters are
+        exercised; splits sized by each context (one tile each at the smallest: every
+        split of a 70-token context holds a share of it)."""
         import kernels.decode_attention as da
-        monkeypatch.setattr(da, "DYNAMIC_SPLITS", dynamic)
         monkeypatch.setattr(da, "DYNAMIC_MIN_TOKENS", 16)
         group, h_kv, d, block_size = 7, 2, 32, 4
         for lens in ([0, 70, 1, 33], [19, 0, 64, 5]):
@@ -121,13 +117,12 @@ else:
             ctx = torch.tensor(lens, dtype=torch.int32)
             q = torch.randn(len(lens), group * h_kv, d).to(dtype)
             out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5,
-                                             num_splits=5, block_n=16, merge=merge)
+                                             num_splits=5, block_n=16)
             want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
-            assert_close(out, want, dtype, seed, f"decode merge={merge} {lens}")
-        if merge:
-            from kernels._common import zeroed_scratch
-            cnt = zeroed_scratch(q.device, "decode_counters", 1, torch.int32)
-            assert int(cnt.abs().sum()) == 0, "merge counters not reset"
+            assert_close(out, want, dtype, seed, f"decode merge {lens}")
+        from kernels._common import zeroed_scratch
+        cnt = zeroed_scratch(q.device, "decode_counters", 1, torch.int32)
+        assert int(cnt.abs().sum()) == 0, "merge counters not reset"
 
     def test_decode_plan_depends_on_shapes_only():
         from kernels.decode_attention import plan_splits
@@ -207,14 +202,12 @@ else:
                                       (7, 1, 64, 16, [40, 129])],          # a TP=2 shard
                              ids=["g7-d64", "g2-d32", "g7-kv1"])
     @pytest.mark.parametrize("splits", [None, 1, 3])
-    @pytest.mark.parametrize("early", [1, 0])
-    def test_rotary_decode_attention(seed, poison, dtype, case, splits, early, monkeypatch):
+    def test_rotary_decode_attention(seed, poison, dtype, case, splits):
         """One launch rotates q, stores the new token's rotated K and V (in the split that
         reads that position) and attends: the same output as rotary_store_kv + decode
         attention (bit for bit in Triton; within tolerance of the torch reference), the
-        same caches, and a padding row (slot -1) stores nothing. early: the first KV tile
+        same caches, and a padding row (slot -1) stores nothing. The first KV tile is
         loaded before the query is (this step's own position put in from registers)."""
-        monkeypatch.setattr("kernels.decode_attention.EARLY_LOADS", early)
         group, h_kv, d, page, lens = case
         h = group * h_kv
         k_cache, v_cache, tables = make_paged(lens, page, h_kv, d, dtype)

@@ -37,10 +37,9 @@ DECODE_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("merge", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "-".join(map(str, s)))
-def test_paged_decode_attention(tri, seed, dtype, shape, merge):
+def test_paged_decode_attention(tri, seed, dtype, shape):
     b, h, h_kv, d, bs, max_ctx = shape
     lens = torch.randint(1, max_ctx, (b,)).tolist()
     lens[0] = max_ctx
@@ -48,10 +47,9 @@ def test_paged_decode_attention(tri, seed, dtype, shape, merge):
     k_cache, v_cache, tables = paged(lens, bs, h_kv, d, dtype)
     ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(b, h, d, device="cuda").to(dtype)
-    out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5,
-                                     merge=merge)
+    out = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
     want = ref.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5)
-    check(out, want, dtype, seed, f"decode {shape} merge={merge}")
+    check(out, want, dtype, seed, f"decode {shape}")
 
 
 EXTEND_SHAPES = [

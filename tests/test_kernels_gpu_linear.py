@@ -35,14 +35,15 @@ def test_linear(tri, seed, dtype, m, shape):
     check(tri.linear(x, w, b), linear_want(x, w, b, dtype), dtype, seed, f"linear m={m}")
 
 
-@pytest.mark.parametrize("plan", [0, 1, 2])
+@pytest.mark.parametrize("one_step_max", [0, 1 << 22], ids=["k-loop", "default"])
 @pytest.mark.parametrize("shape", LINEAR_SHAPES[:5], ids=lambda s: f"n{s[0]}-k{s[1]}")
-def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
-    """Every kernels.linear.PLAN_M1 (0: 16 x 256 tiles; 1: one K step per program for all
-    weights; 2: for the small ones) on linear, rms_norm_linear (+residual) and
-    silu_mul_linear at one row, eagerly and replayed from a graph on new inputs."""
+def test_one_step_plans_at_one_row(tri, seed, monkeypatch, one_step_max, shape):
+    """Both branches of the one-row plan (0: every weight loops over K in M1 tiles; the
+    default: one K step per program for the small ones) on linear, rms_norm_linear
+    (+residual) and silu_mul_linear at one row, eagerly and replayed from a graph on new
+    inputs."""
     import kernels.linear as lin
-    monkeypatch.setattr(lin, "PLAN_M1", plan)
+    monkeypatch.setattr(lin, "ONE_STEP_MAX_ELEMS", one_step_max)
     dtype, (n, k, has_bias) = torch.bfloat16, shape
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
     b = torch.randn(n, device="cuda").to(dtype) if has_bias else None
@@ -60,7 +61,7 @@ def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
 
     fill()
     for got, want in zip(fwd(tri), fwd(ref)):
-        check(got, want, dtype, seed, f"one-step plan {plan} eager")
+        check(got, want, dtype, seed, f"one-row plan {one_step_max} eager")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = fwd(tri)
@@ -69,26 +70,23 @@ def test_one_step_plans_at_one_row(tri, seed, monkeypatch, plan, shape):
         graph.replay()
         torch.cuda.synchronize()
         for got, want in zip(outs, fwd(ref)):
-            check(got, want, dtype, seed, f"one-step plan {plan} graph")
+            check(got, want, dtype, seed, f"one-row plan {one_step_max} graph")
 
 
-@pytest.mark.parametrize("reduce", [1, 2])
 @pytest.mark.parametrize("use_dot", [True, False])
-def test_linear_split_k_modes(tri, seed, reduce, use_dot):
+def test_linear_split_k_modes(tri, seed, use_dot):
     dtype, n, k = torch.bfloat16, 896, 4864
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
     b = torch.randn(n, device="cuda").to(dtype)
     for m in ([1] if not use_dot else [1, 5, 16]):
         for split in (2, 7, 19):
             x = torch.randn(m, k, device="cuda").to(dtype)
-            got = tri.linear(x, w, b, split_k=split, reduce=reduce, use_dot=use_dot,
-                             block_n=32)
+            got = tri.linear(x, w, b, split_k=split, use_dot=use_dot, block_n=32)
             check(got, linear_want(x, w, b, dtype), dtype, seed,
-                  f"linear m={m} split={split} reduce={reduce} dot={use_dot}")
+                  f"linear m={m} split={split} dot={use_dot}")
 
 
-@pytest.mark.parametrize("reduce", [1, 2])
-def test_linear_cuda_graph_replay(tri, seed, reduce):
+def test_linear_cuda_graph_replay(tri, seed):
     """Capture the decode projections (split-K, merged in the kernel) once; replay on new x."""
     dtype = torch.bfloat16
     shapes = [(1152, 896, True), (896, 4864, False), (9728, 896, False)]
@@ -98,7 +96,7 @@ def test_linear_cuda_graph_replay(tri, seed, reduce):
         xs = [torch.empty(m, k, device="cuda", dtype=dtype) for _, k, _ in shapes]
         for x in xs:
             x.copy_(torch.randn_like(x, dtype=torch.float32))
-        kw = {"reduce": reduce, "split_k": 4}
+        kw = {"split_k": 4}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -115,7 +113,7 @@ def test_linear_cuda_graph_replay(tri, seed, reduce):
             torch.cuda.synchronize()
             for x, (w, b), out in zip(xs, ws, outs):
                 check(out, linear_want(x, w, b, dtype), dtype, seed,
-                      f"linear graph m={m} reduce={reduce}")
+                      f"linear graph m={m}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,17 +13,17 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     from kernel_helpers import DTYPES, assert_close, poison, ref, seed, tri  # noqa: F401
 
     # ------------------------------------------------------------------ linear
-    # (M, N, K, bias, overrides): odd N/K, strided x, each split-K merge, FMA and dot paths
+    # (M, N, K, bias, overrides): odd N/K, strided x, split-K, FMA and dot paths
     LINEAR_CASES = [
         (1, 67, 45, True, {}),
         (3, 67, 45, False, {}),
         (16, 37, 80, True, {}),
-        (1, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=False, reduce=1)),
-        (1, 40, 300, False, dict(block_n=16, block_k=32, split_k=3, use_dot=True, reduce=2)),
-        (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, reduce=2)),
-        (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4, reduce=2)),
-        (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7, reduce=1)),
-        # one K step per program (the PLAN_M1 tiles): narrow rows, a masked K, split-K
+        (1, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=False)),
+        (1, 40, 300, False, dict(block_n=16, block_k=32, split_k=3, use_dot=True)),
+        (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4)),
+        (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4)),
+        (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7)),
+        # one K step per program (the one-row plan's tiles): narrow rows, a masked K, split-K
         (1, 67, 45, True, dict(block_n=2, block_k=64, split_k=1, use_dot=False, num_stages=1)),
         (1, 12, 300, False, dict(block_n=4, block_k=64, split_k=5, use_dot=False, num_stages=1)),
     ]
@@ -43,26 +43,24 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         assert int(zeroed_scratch(xs.device, "linear_counters", 1, torch.int32)
                    .abs().sum()) == 0
 
-    @pytest.mark.parametrize("plan", [0, 1, 2])
     @pytest.mark.parametrize("one_step_max", [0, 1 << 22])
-    def test_one_row_plans(seed, poison, monkeypatch, plan, one_step_max):
-        """Each one-row plan (kernels.linear.PLAN_M1), with the one-step threshold below
-        and above the weight, on a masked K and a split K."""
+    def test_one_row_plans(seed, poison, monkeypatch, one_step_max):
+        """Both branches of the one-row plan (kernels.linear.plan_linear at M = 1): with the
+        one-step threshold below the weight (a K loop over M1 tiles) and above it (one K
+        step per program), on a masked K and a split K."""
         import kernels.linear as lin
-        monkeypatch.setattr(lin, "PLAN_M1", plan)
         monkeypatch.setattr(lin, "ONE_STEP_MAX_ELEMS", one_step_max)
         for n, k in ((40, 300), (24, 1100)):
             cfg = lin.plan_linear(1, n, k, 132)
-            one_step = plan == 1 or (plan == 2 and n * k <= one_step_max)
-            if one_step:          # every program's K range is one step of the tile
+            if n * k <= one_step_max:   # every program's K range is one step of the tile
                 assert cfg["split_k"] == -(-k // cfg["block_k"]), cfg
                 assert cfg["block_n"] * cfg["block_k"] <= lin.ONE_STEP_TILE_ELEMS, cfg
             else:
-                assert cfg["block_n"] == (16 if plan == 0 else lin.M1_BLOCK_N), cfg
+                assert cfg["block_n"] == lin.M1_BLOCK_N and cfg["num_stages"] == 4, cfg
             x = torch.randn(1, k)
             w, b = torch.randn(n, k) / k ** 0.5, torch.randn(n)
             assert_close(tri.linear(x, w, b), ref.linear(x, w, b), torch.float32, seed,
-                         f"plan {plan} n={n} k={k}")
+                         f"one_step_max={one_step_max} n={n} k={k}")
 
     # (M, K, N, residual, overrides): FMA (M=1) and dot paths, odd K (masked tail)
     RMS_LINEAR_CASES = [

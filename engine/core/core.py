@@ -27,7 +27,8 @@ import torch
 from engine.core.batch_builder import build_step_batch
 from engine.core.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
-from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
+from engine.config import (DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig,
+                           InvalidRequestError, SchedulerConfig)
 from engine.worker.distributed.executor import TPExecutor
 from engine.worker.device_io import HostCopy, HostCopyRing
 from engine.core.events import EventLog
@@ -48,7 +49,6 @@ from kernels.cpu_native_build import build_in_background
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
-CPU_DEFAULT_BLOCKS = 2048
 _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
            REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
 
@@ -109,14 +109,14 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer     # loaded with the model, for the front only
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.model.config.vocab_size
-        self.max_model_len = min(config.max_model_len or min(loaded.max_model_len, 8192),
+        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN,
                                  loaded.max_model_len)
         from kernels import get_ops
         backend = self._resolve_backend()
         per_block = ModelRunner.kv_bytes_per_block(loaded.model, config.block_size, self.dtype)
         num_blocks = config.num_blocks or (
             blocks_from_memory(self.device, per_block, config.gpu_memory_utilization)
-            if self.device.type == "cuda" else CPU_DEFAULT_BLOCKS)
+            if self.device.type == "cuda" else DEFAULT_CPU_BLOCKS)
         self.counters = Counters()
         self.events = EventLog()
         self.pool = BlockPool(num_blocks, config.block_size, self.counters)
@@ -159,7 +159,6 @@ class LLMEngine:
 
     def set_knobs(self, knobs: SchedulerConfig) -> None:
         self.scheduler.knobs = knobs
-        self.pool.eviction_policy = knobs.eviction_policy   # continuations allocate too
 
     def add(self, creq: CoreRequest) -> Request:
         """Queue a validated request (engine/front/processor.py validated it in the front)."""

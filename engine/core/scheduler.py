@@ -77,8 +77,8 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, knobs: SchedulerConfig, pool: BlockPool, counters: Counters):
-        self.knobs = knobs
         self.pool = pool
+        self.knobs = knobs
         self.counters = counters
         self.kv = KVManager(pool)
         self.waiting: deque[Request] = deque()
@@ -88,6 +88,17 @@ class Scheduler:
         self._admit_counter = 0
         self._decode_offset = 0
         self.max_model_len = 1 << 62     # the engine sets its own
+
+    @property
+    def knobs(self) -> SchedulerConfig:
+        return self._knobs
+
+    @knobs.setter
+    def knobs(self, knobs: SchedulerConfig) -> None:
+        """The live knobs, swapped whole; the pool's eviction follows them from now on
+        (every allocation evicts by it: admissions and continuations alike)."""
+        self._knobs = knobs
+        self.pool.eviction_policy = knobs.eviction_policy
 
     # -- queue operations (engine thread) ------------------------------------------
     def add(self, req: Request) -> None:
@@ -106,7 +117,6 @@ class Scheduler:
     # -- the step plan ---------------------------------------------------------------
     def schedule(self) -> StepPlan:
         knobs = self.knobs
-        self.pool.eviction_policy = knobs.eviction_policy
         plan = StepPlan()
         budget = knobs.max_num_batched_tokens
         decodes, prefilling = self._partition()

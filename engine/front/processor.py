@@ -1,9 +1,9 @@
 """The front's text handling: prompts in (tokenize, validate), tokens out (detokenize,
 stop strings, stream events, final RequestOutputs).
 
-This runs wherever the client runs (the EngineLoop thread today, the client process
-once the core has its own), never inside the engine core: the core's step sees token
-ids only. Stop strings are matched here, on the detokenized text; a hit ends the
+This runs in the front, never inside the engine core (whose step sees token ids only):
+in the client's process with EngineClient (the core in its own process, the default),
+on the EngineLoop's thread or in LLM's caller with the core in process. Stop strings are matched here, on the detokenized text; a hit ends the
 request for its consumer at once and the front tells the core to abort it (the core
 may have computed one more token by then, which is dropped, as in vLLM V1).
 """

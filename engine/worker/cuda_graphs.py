@@ -26,7 +26,6 @@ import torch
 
 from engine.worker.step_buffers import StepBuffers
 
-GREEDY_IN_GRAPH = 1     # decode graphs end with the argmax (0: the sampler's, after the replay)
 DECODE_BUCKETS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
                   320, 384, 448, 512, 640, 768, 896, 1024]
 # padding costs GEMM work in proportion: steps of 25-33% apart up to the budget
@@ -77,7 +76,7 @@ class StepGraphs:
         ids, positions, _ = buf.views(size)
         if kind == "decode":        # every row samples: no logits rows to gather
             logits = model(ids, positions, buf.decode_meta(size), None)
-            if not (self.use_graphs and GREEDY_IN_GRAPH):
+            if not self.use_graphs:     # eager: the sampler takes the argmax itself
                 return (logits,)
             return logits, self.runner.ops.argmax(logits)
         rows = min(size, self.max_seqs)

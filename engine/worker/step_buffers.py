@@ -31,7 +31,6 @@ def device_fed(ids: torch.Tensor, token_source: tuple) -> torch.Tensor:
     return tokens if mask is None else torch.where(mask, tokens, ids[:tokens.shape[0]])
 
 
-ONE_INPUT_KERNEL = 1     # a decode step's inputs in one launch (kernels/step_inputs.py)
 _PAD_TOKEN = np.array([[0], [0], [-1]], dtype=np.int64)   # id, position, slot (none)
 
 
@@ -164,8 +163,7 @@ class StepBuffers:
         a device view and the device-fed rows (if any) all are (the table rows go by
         memcpy when large). False: nothing was copied."""
         (tok, _, tok_alias), (lens, _, lens_alias), (table, table_src, table_alias) = copies
-        if not (ONE_INPUT_KERNEL and device_io.KERNEL_COPIES) or tok_alias is None \
-                or lens_alias is None or table_alias is None \
+        if tok_alias is None or lens_alias is None or table_alias is None \
                 or (token_source is not None and token_source[1] is not None):
             return False
         from kernels.step_inputs import copy_decode_inputs

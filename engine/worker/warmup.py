@@ -11,8 +11,8 @@ Both kernels read nothing but the KV cache here, so the warm-up changes no state
 The same holds for the LM head of a mixed step, which runs eagerly on however many rows
 sample, and for the first replay of each CUDA graph, which uploads it to the device:
 W1's first timed run, the first to reach 256 sampled rows, ran 15 % slower than the
-next four (session 6; warming a few row counts and the graphs did not remove that, so
-every row count is warmed now).
+next four (H100, 2026-11-23; warming a few row counts and the graphs did not remove
+that, so every row count is warmed now).
 """
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from engine.metrics import prefix_hit_rate
+
 WINDOW = 10.0       # seconds behind the "last 10 s" figures (and the timing percentiles)
 
 
@@ -51,5 +53,4 @@ class CounterWindow:
     def hit_rate(self, recent: bool) -> float | None:
         """Prefix-cache hit rate (hit tokens / looked-up tokens); None with no lookups."""
         get = self.recent if recent else self.total
-        queried = get("prefix_queried_tokens")
-        return get("prefix_hit_tokens") / queried if queried else None
+        return prefix_hit_rate(get("prefix_hit_tokens"), get("prefix_queried_tokens"))

@@ -16,6 +16,8 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
+from engine.codes import RUNNING_STATES
+
 ACTIVE = ("waiting", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
                "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "finished": "#6f9fd8",
@@ -66,7 +68,7 @@ FILTERS = (None, "active", "waiting", "prefilling", "decoding", "preempted", "fi
 def waiting_reason(snap) -> str:
     """Why waiting requests wait: the seat limit, the token budget, or KV blocks."""
     k, s = snap.knobs, snap.last_step
-    running = sum(r.state in ("prefilling", "decoding", "dedup") for r in snap.requests)
+    running = sum(r.state in RUNNING_STATES for r in snap.requests)
     if running >= k.max_num_seqs:
         return f"max_num_seqs {k.max_num_seqs} full"
     if s is not None and s.decode_tokens + s.prefill_tokens >= k.max_num_batched_tokens:

@@ -21,7 +21,7 @@ from textual.containers import Container, Vertical
 from textual.strip import Strip
 from textual.widget import Widget
 
-from engine.metrics import meets_slos, percentiles
+from engine.metrics import meets_slos, percentiles, prefix_hit_rate
 from roseplay.widgets import theme
 from roseplay.widgets.counters import WINDOW
 from roseplay.widgets.requests import fmt_ms
@@ -122,10 +122,10 @@ class TimingHistory:
         add["waiting"](step.num_waiting if step else 0)
         add["kv"](100.0 * snap.num_used / max(1, snap.num_blocks))
         a, b = self._counters, snap.counters
-        queried = b.prefix_queried_tokens - a.prefix_queried_tokens
+        rate = prefix_hit_rate(b.prefix_hit_tokens - a.prefix_hit_tokens,
+                               b.prefix_queried_tokens - a.prefix_queried_tokens)
         off = not snap.knobs.enable_prefix_caching      # no lookups at all: nothing hits
-        add["hit"](100.0 * (b.prefix_hit_tokens - a.prefix_hit_tokens) / queried if queried
-                   else 0.0 if off else math.nan)
+        add["hit"](100.0 * rate if rate is not None else 0.0 if off else math.nan)
         self.marks.append(self._mark)
         self._mark = None
         self._recent.append((dt, dtok))

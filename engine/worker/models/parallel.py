@@ -8,7 +8,6 @@ models never call into this module's collectives.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -109,16 +108,9 @@ def mark(param: torch.nn.Parameter, shard: Shard | None) -> torch.nn.Parameter:
 
 # -- collectives (only called when size > 1) -----------------------------------------------
 
-# Measurement only (scripts/gpu_tp.sh): skip every all-reduce, so a timing run's
-# difference to a normal run is what the all-reduces cost inside the step (tokens are
-# then wrong). Read at import; spawned workers inherit the environment.
-NOOP_ALL_REDUCE = os.environ.get("ROSEPLAY_TP_NOOP_ALL_REDUCE") == "1"
-
-
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum of the ranks' partial results (row-parallel outputs, vocab-parallel lookups)."""
-    if not NOOP_ALL_REDUCE:
-        dist.all_reduce(x)
+    dist.all_reduce(x)
     return x
 
 
