@@ -67,12 +67,12 @@ if [[ " $PHASES " == *" bench "* ]]; then
 fi
 if [[ " $PHASES " == *" graphs "* ]]; then   # mixed-step CUDA graphs on and off
   for mode in full full_decode_only; do
-    ROSEPLAY_CUDAGRAPH_MODE=$mode step "W1_$mode" 110 python3 -m roseplay bench --no-progress \
-      --repeat 5 --model "$M" $W1
+    step "W1_$mode" 110 python3 -m roseplay bench --no-progress \
+      --repeat 5 --model "$M" $W1 --cudagraph-mode $mode
     grep -E "^runs|^output throughput|^median|^host share|Median TTFT" "$OUT/W1_$mode.log" \
       | tail -5 | tee -a "$SUMMARY"
-    ROSEPLAY_CUDAGRAPH_MODE=$mode step "closed_$mode" 150 python3 scripts/observer_cost.py \
-      --model "$M" --seconds 10 --warmup 20 --alternate 1
+    step "closed_$mode" 150 python3 scripts/observer_cost.py \
+      --model "$M" --seconds 10 --warmup 20 --alternate 1 --cudagraph-mode $mode
     grep -E "tok/s|median" "$OUT/closed_$mode.log" | tail -4 | tee -a "$SUMMARY"
   done
 fi

@@ -5,7 +5,7 @@
 #   2. batch-1 decode, bf16 dummy:llama-3.1-8b, TP=1 and TP=2 (median of 3 runs): step
 #      time (TPOT), rank 0's host time per step, its broadcast time (scripts/tp_step_time.py)
 #   3. the all-reduces' share of the TP=2 step: the same batch-1 run with every all-reduce
-#      dropped (ROSEPLAY_TP_NOOP_ALL_REDUCE=1)
+#      dropped (tp_step_time.py --noop-all-reduce)
 #   4. W1-style throughput TP=1 vs TP=2 (roseplay.bench --repeat 3)
 #   5. the captured all-reduces of one decode step alone (scripts/allreduce_cost.py)
 # Logs under $OUT; a summary table at the end.
@@ -51,11 +51,11 @@ ROSEPLAY_TEST_DEVICE=$TEST_DEV run equality 170 python3 -m pytest tests/test_tp_
   -p no:cacheprovider -k "(equals_tp1 and llama) or cancel"
 run b1_tp1 80 $STEP 75 --tp 1
 run b1_tp2 80 $STEP 75 --tp 2
-ROSEPLAY_TP_NOOP_ALL_REDUCE=1 run b1_tp2_noop_allreduce 80 $STEP 75 --tp 2
+run b1_tp2_noop_allreduce 80 $STEP 75 --tp 2 --noop-all-reduce
 # W1 with decode-only graphs: ~20 mixed-step captures of an 8B model per start would
 # spend this call's budget (the mixed graphs under TP are covered by the equality test)
-ROSEPLAY_CUDAGRAPH_MODE=${W1_CUDAGRAPH_MODE:-full_decode_only} run w1_tp1 90 $BENCH --tensor-parallel-size 1
-ROSEPLAY_CUDAGRAPH_MODE=${W1_CUDAGRAPH_MODE:-full_decode_only} run w1_tp2 90 $BENCH --tensor-parallel-size 2
+run w1_tp1 90 $BENCH --tensor-parallel-size 1 --cudagraph-mode ${W1_CUDAGRAPH_MODE:-full_decode_only}
+run w1_tp2 90 $BENCH --tensor-parallel-size 2 --cudagraph-mode ${W1_CUDAGRAPH_MODE:-full_decode_only}
 run allreduce 45 python3 scripts/allreduce_cost.py $AR --timeout-s 40
 
 # -- summary ------------------------------------------------------------------------------

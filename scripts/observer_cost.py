@@ -37,6 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--modes", default="process,in-process")
+    p.add_argument("--cudagraph-mode", default=None, help="the engine's cudagraph_mode (default: the config's)")
     p.add_argument("--repeat", type=int, default=1, help="alone/TUI pairs per mode "
                    "(interleaved); the ratio reported is the median of the pairs'")
     p.add_argument("--alternate", type=int, default=0, metavar="K",
@@ -57,6 +58,8 @@ def start(args, in_process: bool):
     from roseplay.source import start_live
     engine = dict(model=args.model, max_num_seqs=max(args.concurrency, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens)
+    if args.cudagraph_mode:
+        engine["cudagraph_mode"] = args.cudagraph_mode
     return start_live(engine, scenario="random", concurrency=args.concurrency,
                       input_len=args.input_len, output_len=args.output_len, temperature=0.0,
                       in_process=in_process)
