@@ -23,11 +23,19 @@ MAX_STOP_STRINGS = 64             # each is searched after every token: bounded 
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 MAX_REQUEST_ID_CHARS = 256
+# vLLM's sampling surface (docs/SAMPLING.md): OpenAI's ranges where OpenAI has one
+MAX_PENALTY = 2.0                 # presence/frequency: OpenAI's [-2, 2]
+MAX_REPETITION_PENALTY = 1e4      # vLLM: > 0; bounded so the logits stay finite
+MAX_LOGIT_BIAS = 100.0            # OpenAI: a bias in [-100, 100]
+MAX_LOGIT_BIAS_ENTRIES = 1024     # each is a scatter entry of every step: bounded work
+MAX_LOGPROBS = 20                 # vLLM's default max_logprobs; OpenAI's top_logprobs bound
 
 __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check_stop",
            "check_stop_token_ids", "check_priority", "INT32_MAX", "MAX_TOKENS", "MAX_TOP_K",
            "MAX_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
-           "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS"]
+           "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "MAX_PENALTY", "MAX_REPETITION_PENALTY",
+           "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS", "check_logit_bias",
+           "check_logprobs"]
 
 
 def _show(value) -> str:
@@ -107,3 +115,24 @@ def check_stop_token_ids(ids) -> tuple[int, ...]:
     for t in ids:
         check_int("stop_token_ids entry", t, 0, INT32_MAX)
     return ids
+
+
+def check_logit_bias(bias) -> dict[int, float] | None:
+    """None or {token id: bias in [-100, 100]} (ids checked against the vocabulary by the
+    InputProcessor, which knows it); an empty dict is None."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise InvalidRequestError("logit_bias must be a map of token id -> bias")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequestError(f"logit_bias: at most {MAX_LOGIT_BIAS_ENTRIES} entries, "
+                                  f"got {len(bias)}")
+    for token, value in bias.items():
+        check_int("logit_bias token id", token, 0, INT32_MAX)
+        check_number("logit_bias value", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    return dict(bias) or None
+
+
+def check_logprobs(name: str, value) -> int | None:
+    """None, or how many top logprobs per token: [0, MAX_LOGPROBS]."""
+    return None if value is None else check_int(name, value, 0, MAX_LOGPROBS)

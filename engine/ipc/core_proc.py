@@ -120,6 +120,12 @@ class EngineCoreProc:
                 last, msg = client, message(client)
             msg.request_ids.append(rid)
             msg.token_ids.append(tok)
+        if out.logprobs is not None:     # parallel to each message's tokens
+            for m in per.values():
+                m.logprobs = []
+            for rid, lp in zip(out.request_ids, out.logprobs):
+                if (client := owner.get(rid)) is not None:
+                    per[client].logprobs.append(lp)
         for f in out.finished:
             client = owner.pop(f.request_id, None)
             if client is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from engine.outputs import TokenLogprobs
 from engine.snapshot import EngineSnapshot
 from engine.stats import EngineStats
 
@@ -109,6 +110,7 @@ class Outputs(msgspec.Struct, tag=True):
     request_ids: list[str]
     token_ids: list[int]
     finished: list[Finished]
+    logprobs: list[TokenLogprobs | None] | None = None   # parallel to token_ids, if any
 
 
 class StepDone(msgspec.Struct, tag=True):
