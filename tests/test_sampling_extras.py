@@ -11,9 +11,9 @@ import torch
 from engine.batch_builder import _sampling_columns
 from engine.request import Request, SamplingParams
 from engine.sampling import Sampler
+from tests.sampling_ref import NEG_INF, ref_processed
 
 V = 12
-NEG_INF = float("-inf")
 
 
 def req(rid: str, prompt=(1, 2, 3), output=(), stop_ids=(), **params) -> Request:
@@ -21,28 +21,6 @@ def req(rid: str, prompt=(1, 2, 3), output=(), stop_ids=(), **params) -> Request
     r.output_token_ids = list(output)
     r.stop_ids = frozenset(stop_ids)
     return r
-
-
-def ref_processed(logits: torch.Tensor, r: Request) -> torch.Tensor:
-    """The definitions (vLLM / OpenAI / HF), one token at a time."""
-    p, x = r.params, logits.clone().float()
-    if p.min_tokens > len(r.output_token_ids):
-        for t in r.stop_ids:
-            x[t] = NEG_INF
-    for t, b in (p.logit_bias or {}).items():
-        x[t] += b
-    for t in set(r.prompt_token_ids) | set(r.output_token_ids):
-        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
-    for t, c in Counter(r.output_token_ids).items():
-        x[t] -= p.frequency_penalty * c + p.presence_penalty
-    if p.greedy:
-        return x
-    x = x / p.temperature
-    probs = x.softmax(-1)
-    x[probs < p.min_p * probs.max()] = NEG_INF
-    if p.top_k > 0:
-        x[x < x.topk(p.top_k).values[-1]] = NEG_INF
-    return x
 
 
 def sample(sampler, logits, requests):
