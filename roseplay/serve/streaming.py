@@ -68,7 +68,7 @@ class ChunkEncoder:
         self.chat = fmt.prefix == "chatcmpl"
         self.ids = bool(fmt.req.return_token_ids)
         self.echo = None if self.chat or not fmt.req.echo else fmt._echo
-        self.logprobs = fmt.logprobs
+        self.logprobs = getattr(fmt, "logprobs", None)    # a LogprobsWriter
         head = {"id": fmt.id, "object": "chat.completion.chunk" if self.chat else
                 "text_completion", "created": int(time.time()), "model": fmt.model}
         self._head = b"data: " + _encode(head)[:-1] + b',"choices":['
@@ -77,14 +77,13 @@ class ChunkEncoder:
     def chunk(self, p: Piece, first: bool) -> bytes:
         text = (self.echo(p.choice.index) + p.text) if first and self.echo else p.text
         reason = FINISH_REASONS.get(p.finish_reason, p.finish_reason)
+        logprobs = self.logprobs.format(p.choice.index, p.logprobs) if self.logprobs else None
         if self.chat:
             choice = {"index": p.choice.index, "delta": {"role": "assistant" if first else None,
                                                          "content": text},
-                      "logprobs": self.logprobs.format(p.choice.index, p.logprobs),
-                      "finish_reason": reason}
+                      "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": p.choice.index, "text": text,
-                      "logprobs": self.logprobs.format(p.choice.index, p.logprobs),
+            choice = {"index": p.choice.index, "text": text, "logprobs": logprobs,
                       "finish_reason": reason}
         if self.ids:
             choice["token_ids"] = p.token_ids
