@@ -91,6 +91,14 @@ def test_min_tokens_holds_back_stop_tokens(client):
     held = run(client, SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[first],
                                       min_tokens=5))
     assert len(held.token_ids) >= 5 and first not in held.token_ids[:5]
+    # stop strings too (vLLM): not matched until the output is longer than min_tokens
+    text = run(client, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)).text
+    cut = run(client, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True,
+                                     stop=text[:2]))
+    assert cut.text == "" and cut.finish_reason == "stop" and len(cut.token_ids) <= 2
+    late = run(client, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True,
+                                      stop=text[:2], min_tokens=4))
+    assert len(late.token_ids) >= 4 and late.text.startswith(text[:2])
 
 
 def test_plain_greedy_unchanged_beside_processed_requests(client):
