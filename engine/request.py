@@ -134,7 +134,9 @@ class Request:
     pending_row: int = -1            # async scheduling: its sample row in the step in flight
     #                                  while its last output token (PENDING_TOKEN) is unread
     greedy: bool = field(init=False, default=True)   # params.greedy, read once per step
-    plain_greedy: bool = field(init=False, default=True)  # greedy, no penalty/bias/logprobs
+    processed: bool = field(init=False, default=False)   # params.needs_processing, read
+    #                                  once per step (the sampler's slower path)
+    plain_greedy: bool = field(init=False, default=True)  # greedy and not processed
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -147,7 +149,8 @@ class Request:
     def __post_init__(self):
         self.length_cap = len(self.prompt_token_ids) + self.params.max_tokens
         self.greedy = self.params.greedy
-        self.plain_greedy = self.greedy and not self.params.needs_processing
+        self.processed = self.params.needs_processing
+        self.plain_greedy = self.greedy and not self.processed
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without joining the two lists."""

@@ -15,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine.config import LOGPROBS_MODES
 from engine.cuda_graphs import StepGraphs
 from engine.device_io import to_device
 from engine.models.layers import AttentionMetadata
 from engine.placement import kv_cache_zeros
-from engine.sampling import LOGPROBS_MODES, LogprobsCopy, Sampler
+from engine.sampling import LogprobsCopy, Sampler
 from engine.step_buffers import device_fed
 from engine.step_batch import StepBatch
 from engine.warmup import warm_up_attention, warm_up_logits

@@ -6,9 +6,13 @@ never per vocabulary entry: the device applies each field with one scatter or ga
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from engine.step_batch import SamplingExtras
+
+_processed = attrgetter("processed")
 
 _NONE_I64 = np.zeros(0, np.int64)
 
@@ -63,7 +67,7 @@ def _min_tokens_columns(requests: list) -> dict:
 
 def sampling_extras(requests: list, params: list) -> SamplingExtras | None:
     """The extras of a step's sample rows (row i: requests[i]); None if no row uses one."""
-    if not any(p.needs_processing for p in params):
+    if not any(map(_processed, requests)):
         return None
     min_p = np.fromiter((p.min_p for p in params), np.float32, count=len(params))
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
