@@ -94,7 +94,11 @@ class ModelRunner:
         return LogprobsCopy.start(self.sampler, batch.sampling)
 
     def release(self, request_ids) -> None:
-        """These requests ended: drop their sampler state."""
+        """These requests ended: drop their sampler state. The core passes one id (it
+        calls `executor.release(request_id)`, and at TP=1 the executor is this runner);
+        a TP worker passes the step's list."""
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
         for rid in request_ids:
             self.sampler.release(rid)
 
