@@ -4,8 +4,8 @@
 Completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
 "text_offset"}; chat: {"content": [{"token", "logprob", "bytes", "top_logprobs":
 [{"token", "logprob", "bytes"}]}]}. Token strings are each id decoded alone, as vLLM
-does (a piece of a multi-byte character shows as U+FFFD; `bytes` has the exact
-bytes where the tokenizer maps ids to bytes). A -inf logprob (a token top-k or min_p
+does (a piece of a multi-byte character shows as U+FFFD, and `bytes` is that string's
+UTF-8; a model without a tokenizer shows "token_id:N"). A -inf logprob (a token top-k or min_p
 removed, under processed_logprobs) is written as -9999.0, as vLLM does: JSON has no
 infinity.
 """
