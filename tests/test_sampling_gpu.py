@@ -65,12 +65,12 @@ def test_plain_greedy_rows_unchanged(runs):
 
 
 def test_processed_rows_match_eager(runs):
-    _, mixed, eager = runs
+    plain, mixed, eager = runs
     for i in range(N):
         assert mixed[i].token_ids == eager[i].token_ids, i
         if mixed[i].logprobs is not None:
             got = [v for lp in mixed[i].logprobs for v in lp.logprobs]
             want = [v for lp in eager[i].logprobs for v in lp.logprobs]
             assert got == pytest.approx(want, abs=2e-2)
-    penalised = [m for i, m in enumerate(mixed) if i % 4 == 2]
-    assert sum(11 in m.token_ids for m in penalised) >= len(penalised) // 2   # the bias acts
+    changed = [mixed[i].token_ids != plain[i].token_ids for i in range(2, N, 4)]
+    assert sum(changed) >= len(changed) // 2        # the penalties and bias act
