@@ -75,18 +75,20 @@ class TokenCounts:
                                accumulate=True)
 
     def apply(self, logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
-              presence: torch.Tensor, frequency: torch.Tensor,
-              repetition: torch.Tensor) -> None:
+              presence: np.ndarray, frequency: np.ndarray, repetition: np.ndarray) -> None:
         """vLLM's penalties on logits[rows] (float32, in place): repetition (HF/CTRL:
         a seen positive logit / penalty, a negative one x penalty) over prompt and
         output tokens, then OpenAI's frequency (x count) and presence (x seen) over
-        output tokens."""
+        output tokens. A kind no row of the step uses costs no pass over [P, V]."""
+        dev = logits.device
         x = logits.index_select(0, rows)
         counts = self.counts.index_select(0, slots)
-        seen_out = counts > 0
-        seen = self.in_prompt.index_select(0, slots) | seen_out
-        penalty = torch.where(seen, repetition[:, None], 1.0)
-        x = torch.where(x > 0, x / penalty, x * penalty)
-        x -= frequency[:, None] * counts
-        x -= presence[:, None] * seen_out
+        if (repetition != 1).any():
+            seen = self.in_prompt.index_select(0, slots) | (counts > 0)
+            penalty = torch.where(seen, to_device(repetition, torch.float32, dev)[:, None], 1.0)
+            x = torch.where(x > 0, x / penalty, x * penalty)
+        if (frequency != 0).any():
+            x -= to_device(frequency, torch.float32, dev)[:, None] * counts
+        if (presence != 0).any():
+            x -= to_device(presence, torch.float32, dev)[:, None] * (counts > 0)
         logits.index_copy_(0, rows, x)

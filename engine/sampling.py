@@ -104,9 +104,7 @@ class Sampler:
         if ex.first_sample.any():
             first = to_device(np.nonzero(ex.first_sample)[0], torch.int64, dev)
             self.counts.reset(slots.index_select(0, first), ex.prompt_ids, ex.prompt_lens)
-        self.counts.apply(x, rows, slots, to_device(ex.presence, torch.float32, dev),
-                          to_device(ex.frequency, torch.float32, dev),
-                          to_device(ex.repetition, torch.float32, dev))
+        self.counts.apply(x, rows, slots, ex.presence, ex.frequency, ex.repetition)
         return rows, slots
 
     def _logprobs(self, source: torch.Tensor, tokens: torch.Tensor,
