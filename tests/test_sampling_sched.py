@@ -44,3 +44,16 @@ def test_preemption_chunking_and_prefix_hits_keep_tokens_and_logprobs(reference)
             assert [lp.logprobs for lp in out.logprobs] == \
                 [pytest.approx(lp.logprobs, abs=1e-4) for lp in ref.logprobs]
     assert llm.engine.sampler.counts.slots == {}          # every slot released
+
+
+def test_logprobs_mode_knob_reaches_the_sampler():
+    """logprobs_mode=raw_logprobs: the same seeded draws (sampling does not change), the
+    model's own log-softmax instead of the tempered one: same order, other values."""
+    sp = SamplingParams(max_tokens=6, temperature=0.5, seed=3, logprobs=3)
+    runs = {mode: LLM(device="cpu", logprobs_mode=mode).generate(PROMPTS[:1], sp)[0].outputs[0]
+            for mode in ("processed_logprobs", "raw_logprobs")}
+    raw, processed = runs["raw_logprobs"], runs["processed_logprobs"]
+    assert raw.token_ids == processed.token_ids
+    for r, p in zip(raw.logprobs, processed.logprobs):
+        assert r.token_ids == p.token_ids and r.rank == p.rank
+        assert r.logprobs[1] < p.logprobs[1]      # T < 1 sharpens: the top one gains
