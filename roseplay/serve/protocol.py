@@ -3,7 +3,8 @@
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, ignore_eos,
 stop_token_ids, return_token_ids, repetition_penalty, min_p, min_tokens). Fields the
 engine cannot honour (tools, suffix, echo with logprobs, JSON response formats) are
-refused with a clear 400 rather than silently ignored. Unknown fields are ignored, as OpenAI and vLLM do.
+refused with a clear 400 rather than silently ignored. Unknown fields are ignored, as
+OpenAI and vLLM do.
 Types are strict (JSON's): `true` is not an integer and `"5"` not a number, so a
 client's type mistake gets a 400 naming the field instead of a surprising meaning.
 """
