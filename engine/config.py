@@ -43,6 +43,8 @@ MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in pra
 SCHEDULING_MODES = ("budget", "prefill-first", "mixed-chunk")
 SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
 EVICTION_POLICIES = ("lru", "lfu")
+# vLLM's logprobs_mode values; the first is roseplay's default (docs/SAMPLING.md)
+LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 
 
@@ -208,6 +210,12 @@ class EngineConfig:
            "process per extra rank, NCCL on CUDA (gloo on CPU). Must divide the attention "
            "heads.", minimum=1)
     seed: int = _knob(0, "Seed for dummy weights and unseeded sampling.")
+    logprobs_mode: str = _knob(
+        LOGPROBS_MODES[0], "What a request's logprobs hold (vLLM's logprobs_mode): "
+        "processed_logprobs (default: log-softmax of the distribution each token is sampled "
+        "from, after bias, penalties, temperature, min_p, top-k/top-p), processed_logits, "
+        "raw_logprobs (the model's own log-softmax), raw_logits (docs/SAMPLING.md).",
+        choices=LOGPROBS_MODES)
     check_invariants: bool = _knob(False, "Check block-pool invariants after every step (slow).")
     client_timeout: float = _knob(
         60.0, "Seconds without a message (clients send a heartbeat every 0.5 s) after which "

@@ -34,6 +34,14 @@ class FinishedRequest:
     num_preemptions: int
 
 
+class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
+    """One output token's logprobs, vLLM's layout: entry 0 is the sampled token, then
+    the top-n (the sampled one may appear twice); rank: the sampled token's, 1 = best."""
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
+
+
 @dataclass
 class StepOutput:
     """One step's results: new tokens (parallel lists) and the requests that ended."""
@@ -41,6 +49,15 @@ class StepOutput:
     request_ids: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     finished: list[FinishedRequest] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] | None = None   # parallel to token_ids, or None
+    #                                     when no token of the step has any (the usual case)
+
+    def align_logprobs(self, copy, requests: list) -> list:
+        """The logprobs of a launched step's rows (None each where not asked; `copy`: its
+        LogprobsCopy or None), with `logprobs` started (None for the tokens already in)."""
+        if self.logprobs is None:
+            self.logprobs = [None] * len(self.token_ids)
+        return copy.per_row(requests) if copy is not None else [None] * len(requests)
 
     def __bool__(self) -> bool:
         return bool(self.request_ids or self.finished)

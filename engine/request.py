@@ -36,6 +36,17 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     stop: str | tuple[str, ...] | None = None     # a list is accepted; stored as a tuple
     stop_token_ids: tuple[int, ...] | None = None
     ignore_eos: bool = False
+    # -- vLLM's sampling surface beyond the basics (docs/SAMPLING.md), vLLM's names and
+    # defaults: penalties over token counts held on the device, a per-token bias, min-p,
+    # EOS/stop tokens masked until min_tokens, top logprobs of each sampled token
+    presence_penalty: float = 0.0      # OpenAI: -= penalty if the token was generated
+    frequency_penalty: float = 0.0     # OpenAI: -= penalty x times it was generated
+    repetition_penalty: float = 1.0    # vLLM/HF: prompt + output tokens, / or x penalty
+    logit_bias: dict[int, float] | None = None    # token id -> added to its logit
+    min_p: float = 0.0                 # drop tokens with p < min_p x max p
+    min_tokens: int = 0                # stop tokens (EOS, stop_token_ids) masked before
+    logprobs: int | None = None        # top-n logprobs per output token (+ the sampled one)
+    prompt_logprobs: int | None = None # refused: only each chunk's last logits are computed
 
     def __post_init__(self):
         # one validation layer (engine/validation.py): named field, accepted range
@@ -49,6 +60,32 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         force_setattr(self, "stop_token_ids", V.check_stop_token_ids(self.stop_token_ids))
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        self._check_extras()
+
+    def _check_extras(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            V.check_number(name, getattr(self, name), -V.MAX_PENALTY, V.MAX_PENALTY)
+        V.check_number("repetition_penalty", self.repetition_penalty, 0,
+                       V.MAX_REPETITION_PENALTY, lo_open=True)
+        V.check_number("min_p", self.min_p, 0, 1)
+        V.check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        object.__setattr__(self, "logit_bias", V.check_logit_bias(self.logit_bias))
+        V.check_logprobs("logprobs", self.logprobs)
+        if self.prompt_logprobs is not None:
+            raise InvalidRequestError(
+                "prompt_logprobs is not supported: the model computes logits for each "
+                "prefill chunk's last token only (docs/SAMPLING.md)")
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
+
+    @property
+    def needs_processing(self) -> bool:
+        """Anything beyond temperature/top-k/top-p/seed: the sampler's slower path."""
+        return (self.uses_penalties or self.logit_bias is not None or self.min_p > 0
+                or self.min_tokens > 0 or self.logprobs is not None)
 
     @property
     def greedy(self) -> bool:
@@ -108,6 +145,9 @@ class Request:
     pending_row: int = -1            # async scheduling: its sample row in the step in flight
     #                                  while its last output token (PENDING_TOKEN) is unread
     greedy: bool = field(init=False, default=True)   # params.greedy, read once per step
+    processed: bool = field(init=False, default=False)   # params.needs_processing, read
+    #                                  once per step (the sampler's slower path)
+    plain_greedy: bool = field(init=False, default=True)  # greedy and not processed
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -120,6 +160,8 @@ class Request:
     def __post_init__(self):
         self.length_cap = len(self.prompt_token_ids) + self.params.max_tokens
         self.greedy = self.params.greedy
+        self.processed = self.params.needs_processing
+        self.plain_greedy = self.greedy and not self.processed
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without joining the two lists."""
@@ -175,10 +217,12 @@ def add_pending_tokens(requests: list[Request]) -> None:
 
 
 def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
-                   request_ids: list[str], token_ids: list[int]) -> list[tuple[Request, str]]:
+                   request_ids: list[str], token_ids: list[int], row_logprobs: list | None = None,
+                   logprobs: list | None = None) -> list[tuple[Request, str]]:
     """A step's tokens into their requests (a pending one resolves its placeholder; one
     that ended meanwhile takes none), with their times, the
-    inter-token gaps (into `itls`), and the ids and tokens emitted. Returns the requests
+    inter-token gaps (into `itls`), and the ids and tokens emitted (and, given
+    row_logprobs, one per row, their logprobs into `logprobs`). Returns the requests
     a token ends, with the reason (stop token, or the length cap). One loop over a wide
     step, so inlined."""
     running, ended, skipped = RequestStatus.RUNNING, [], []
@@ -202,10 +246,15 @@ def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
             ended.append((req, REASON_LENGTH))
     if skipped:                    # rare: emit the others only
         skip = set(skipped)
-        kept = [(r, t) for r, t in zip(requests, tokens) if id(r) not in skip]
-        requests, tokens = [r for r, _ in kept], [t for _, t in kept]
+        kept = [id(r) not in skip for r in requests]
+        requests = [r for r, k in zip(requests, kept) if k]
+        tokens = [t for t, k in zip(tokens, kept) if k]
+        if row_logprobs is not None:
+            row_logprobs = [lp for lp, k in zip(row_logprobs, kept) if k]
     request_ids.extend(map(_request_id, requests))
     token_ids.extend(tokens)
+    if row_logprobs is not None:
+        logprobs.extend(row_logprobs)
     return ended
 
 
@@ -238,6 +287,8 @@ class CompletionOutput:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None
+    logprobs: tuple | None = None        # TokenLogprobs per token (params.logprobs set)
+    cumulative_logprob: float | None = None   # sum of the sampled tokens' logprobs
 
 
 @dataclass(frozen=True)

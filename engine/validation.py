@@ -23,11 +23,19 @@ MAX_STOP_STRINGS = 64             # each is searched after every token: bounded 
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 MAX_REQUEST_ID_CHARS = 256
+# vLLM's sampling surface (docs/SAMPLING.md): OpenAI's ranges where OpenAI has one
+MAX_PENALTY = 2.0                 # presence/frequency: OpenAI's [-2, 2]
+MAX_REPETITION_PENALTY = 1e4      # vLLM: > 0; bounded so the logits stay finite
+MAX_LOGIT_BIAS = 100.0            # OpenAI: a bias in [-100, 100]
+MAX_LOGIT_BIAS_ENTRIES = 1024     # each is a scatter entry of every step: bounded work
+MAX_LOGPROBS = 20                 # vLLM's default max_logprobs; OpenAI's top_logprobs bound
 
 __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check_stop",
            "check_stop_token_ids", "check_priority", "INT32_MAX", "MAX_TOKENS", "MAX_TOP_K",
            "MAX_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
-           "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids"]
+           "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids", "MAX_PENALTY",
+           "MAX_REPETITION_PENALTY", "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS",
+           "check_logit_bias", "check_logprobs"]
 
 
 def _show(value) -> str:
@@ -110,7 +118,8 @@ def check_stop_token_ids(ids) -> tuple[int, ...]:
 
 
 def check_prompt_ids(ids: list[int], max_tokens: int, vocab_size: int, max_model_len: int,
-                     kv_capacity: int, block_size: int, typed: bool = False) -> None:
+                     kv_capacity: int, block_size: int, typed: bool = False,
+                     logit_bias: dict[int, float] | None = None) -> None:
     """A token-id prompt the model can hold: in the vocabulary, under max_model_len, and
     (with max_tokens) within the KV pool. The front checks it; the engine process re-checks.
     typed: the ids were decoded into a list[int] field (msgspec rejects bools and other
@@ -122,6 +131,9 @@ def check_prompt_ids(ids: list[int], max_tokens: int, vocab_size: int, max_model
     if min(ids) < 0 or max(ids) >= vocab_size:
         raise InvalidRequestError(f"token ids must be in [0, {vocab_size}); got "
                                   f"min {min(ids)}, max {max(ids)}")
+    if logit_bias and max(logit_bias) >= vocab_size:
+        raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab_size}), got "
+                                  f"{max(logit_bias)}")
     if len(ids) >= max_model_len:
         raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_model_len is "
                                   f"{max_model_len} (prompt must leave room for 1 token)")
@@ -130,3 +142,24 @@ def check_prompt_ids(ids: list[int], max_tokens: int, vocab_size: int, max_model
         raise InvalidRequestError(f"prompt + max_tokens = {need} tokens can never fit the "
                                   f"KV pool ({kv_capacity // block_size} blocks x {block_size} "
                                   f"= {kv_capacity} tokens)")
+
+
+def check_logit_bias(bias) -> dict[int, float] | None:
+    """None or {token id: bias in [-100, 100]} (ids checked against the vocabulary by the
+    InputProcessor, which knows it); an empty dict is None."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise InvalidRequestError("logit_bias must be a map of token id -> bias")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequestError(f"logit_bias: at most {MAX_LOGIT_BIAS_ENTRIES} entries, "
+                                  f"got {len(bias)}")
+    for token, value in bias.items():
+        check_int("logit_bias token id", token, 0, INT32_MAX)
+        check_number("logit_bias value", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    return dict(bias) or None
+
+
+def check_logprobs(name: str, value) -> int | None:
+    """None, or how many top logprobs per token: [0, MAX_LOGPROBS]."""
+    return None if value is None else check_int(name, value, 0, MAX_LOGPROBS)

@@ -83,6 +83,7 @@ class KVCheckingRunner:
 
     # the real runner's step: this forward, then sampling
     execute_model = ModelRunner.execute_model
+    take_logprobs = ModelRunner.take_logprobs
     release = ModelRunner.release
 
     def read(self, table, n) -> list[int]:

@@ -70,8 +70,10 @@ BAD = [  # (endpoint, body changes, words of the message)
     ("completions", {"prompt": ""}, "prompt is empty"),
     ("completions", {"prompt": [4096]}, "token ids must be in [0, 4096)"),
     ("completions", {"max_tokens": 2000}, "maximum context length is 1024"),
-    ("completions", {"logprobs": 1}, "logprobs is not supported"),
-    ("completions", {"presence_penalty": 0.5}, "presence_penalty is not supported"),
+    ("completions", {"logprobs": 21}, "logprobs: Input should be less than or equal to 20"),
+    ("completions", {"presence_penalty": 2.5}, "presence_penalty must be in [-2.0, 2.0]"),
+    ("completions", {"logit_bias": {"1": 101}}, "logit_bias value must be in [-100.0, 100.0]"),
+    ("completions", {"best_of": 1, "n": 2}, "best_of must be >= n"),
     ("completions", {"n": 0}, "n: Input should be greater than or equal to 1"),
     ("completions", {"stream_options": {"include_usage": True}}, "only allowed when stream"),
     ("completions", {"stop": [""]}, "stop must be a non-empty string"),
@@ -79,7 +81,7 @@ BAD = [  # (endpoint, body changes, words of the message)
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, "role"),
     ("chat/completions", {"tools": [{"type": "function"}]}, "tools are not supported"),
-    ("chat/completions", {"logprobs": True}, "logprobs is not supported"),
+    ("chat/completions", {"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
 ]
 
 

@@ -11,6 +11,7 @@ from operator import attrgetter
 import numpy as np
 
 from engine.core.kv.block_tables import BlockTables
+from engine.core.sampling_extras import sampling_extras
 from engine.core.scheduler import StepPlan
 from engine.worker.step_batch import SamplingColumns, StepBatch
 
@@ -22,7 +23,7 @@ _NO_PREFILLS = dict(prefill_block_tables=_NO_TABLES, prefill_cu_seqlens_q=np.zer
 
 
 _GREEDY_COLUMNS: dict[int, SamplingColumns] = {}   # by row count: the common case, built once
-_is_greedy = attrgetter("greedy")
+_is_plain_greedy = attrgetter("plain_greedy")
 
 
 def _greedy_columns(n: int) -> SamplingColumns:
@@ -39,17 +40,18 @@ def _greedy_columns(n: int) -> SamplingColumns:
 
 
 def _sampling_columns(requests: list) -> SamplingColumns:
-    if all(map(_is_greedy, requests)):
+    if all(map(_is_plain_greedy, requests)):
         return _greedy_columns(len(requests))
     params = [r.params for r in requests]
     greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
     temps = np.fromiter((p.temperature if not p.greedy else 1.0 for p in params), np.float32)
     return SamplingColumns(
-        tuple(r.request_id for r in requests), False, greedy, temps,
+        tuple(r.request_id for r in requests), bool(greedy.all()), greedy, temps,
         np.fromiter((p.top_k for p in params), np.int64, count=len(params)),
         np.fromiter((p.top_p for p in params), np.float32, count=len(params)),
         np.fromiter((p.seed is not None for p in params), bool, count=len(params)),
-        np.fromiter((p.seed or 0 for p in params), np.uint64, count=len(params)))
+        np.fromiter((p.seed or 0 for p in params), np.uint64, count=len(params)),
+        sampling_extras(requests, params))
 
 
 def _sample_rows(sampled_chunks: list, followers: dict) -> tuple[list[int], list]:

@@ -61,6 +61,7 @@ class Launched:
     requests: list[Request]          # one per sample row
     host_tokens: HostCopy            # the same tokens on their way to the host
     t0: float
+    logprobs: object = None          # LogprobsCopy of the rows that asked (engine/sampling.py)
 
 
 class LLMEngine:
@@ -132,7 +133,8 @@ class LLMEngine:
                          async_scheduling=self.async_scheduling_enabled,
                          max_graph_batch=max(config.scheduler.max_num_seqs, 256),
                          max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
-                         if config.cudagraph_mode == "full" else 0, seed=config.seed)
+                         if config.cudagraph_mode == "full" else 0, seed=config.seed,
+                         logprobs_mode=config.logprobs_mode)
         if self.tp_group is not None:
             self.tp_group.allocate_kv(num_blocks, config.block_size, **runner_kw)
         self.runner = ModelRunner(loaded.model, get_ops(backend), self.device, self.dtype,
@@ -264,7 +266,8 @@ class LLMEngine:
         tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
-        return Launched(plan, batch, requests, self._host_copies.start(tokens), t0)
+        return Launched(plan, batch, requests, self._host_copies.start(tokens), t0,
+                        self.runner.take_logprobs(batch))
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
@@ -340,8 +343,11 @@ class LLMEngine:
         tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync
         self.counters.device_wait_us += int(waited * 1e6)
         now = out.time = self.clock.now()
+        row_logprobs = None
+        if launched.logprobs is not None or out.logprobs is not None:
+            row_logprobs = out.align_logprobs(launched.logprobs, launched.requests)
         ended = append_sampled(launched.requests, tokens, now, self.stats.recent_itls,
-                               out.request_ids, out.token_ids)
+                               out.request_ids, out.token_ids, row_logprobs, out.logprobs)
         for req, reason in ended:
             self._finish(req, reason, None, out)
 

@@ -10,6 +10,7 @@ may have computed one more token by then, which is dropped, as in vLLM V1).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -36,6 +37,7 @@ class StreamEvent:
     finish_reason: str | None = None
     error: str | None = None
     output: RequestOutput | None = None     # the whole result, on the final event
+    logprobs: tuple | None = None           # TokenLogprobs per token (params.logprobs set)
 
 
 class InputProcessor:
@@ -100,7 +102,8 @@ class InputProcessor:
 
     def validate_ids(self, ids: list[int], params: SamplingParams, typed: bool = False) -> None:
         check_prompt_ids(ids, params.max_tokens, self.vocab_size, self.max_model_len,
-                         self.num_blocks * self.block_size, self.block_size, typed)
+                         self.num_blocks * self.block_size, self.block_size, typed,
+                         params.logit_bias)
 
 
 @dataclass
@@ -119,6 +122,8 @@ class RequestState:
     sent_tokens: int = 0
     sent_text: int = 0
     stopped: bool = False          # a stop string matched: ended here, the core aborts it
+    logprobs: list | None = None   # TokenLogprobs per output token (params.logprobs set)
+    held_stop: tuple = ()          # stop strings matched only once output > min_tokens
 
 
 class OutputProcessor:
@@ -138,8 +143,12 @@ class OutputProcessor:
         # needed for stop strings; otherwise once, at the end
         detok = (make_detokenizer(self.tokenizer, p.stop)
                  if self.tokenizer is not None and (p.stop or on_event is not None) else None)
-        self.states[creq.request_id] = RequestState(
+        st = self.states[creq.request_id] = RequestState(
             creq.request_id, prompt_text, creq.prompt_token_ids, p, on_event, on_finish, detok)
+        if p.logprobs is not None:
+            st.logprobs = []
+        if p.min_tokens and p.stop and detok is not None:   # vLLM: no stop string before
+            st.held_stop, detok.stop = p.stop, ()           # min_tokens output tokens
 
     def has(self, request_id: str) -> bool:
         return request_id in self.states
@@ -148,12 +157,18 @@ class OutputProcessor:
         """Apply one step; returns the ids the core must abort (stop strings matched:
         their final event comes with the core's FinishedRequest, reason "stop")."""
         states, now, aborts, touched = self.states, out.time, [], {}
-        for rid, token in zip(out.request_ids, out.token_ids):
+        logprobs = getattr(out, "logprobs", None)
+        for rid, token, lp in zip(out.request_ids, out.token_ids,
+                                  itertools.repeat(None) if logprobs is None else logprobs):
             st = states.get(rid)
             if st is None or st.stopped:
                 continue
             st.output_ids.append(token)
             st.times.append(now)
+            if st.logprobs is not None:
+                st.logprobs.append(lp)
+            if st.held_stop and len(st.output_ids) > st.params.min_tokens:
+                st.detok.stop, st.held_stop = st.held_stop, ()
             if st.detok is not None:
                 st.text, hit = st.detok.step(st.output_ids, st.text)
                 if hit:
@@ -194,8 +209,11 @@ class OutputProcessor:
         metrics = RequestMetrics.from_times(arrival, st.times,
                                             fin.num_cached_tokens if fin else 0,
                                             fin.num_preemptions if fin else 0)
+        lps = None if st.logprobs is None else tuple(st.logprobs)
+        cumulative = None if lps is None else math.fsum(lp.logprobs[0] for lp in lps if lp)
         output = RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,
-                               (CompletionOutput(0, st.text, tuple(st.output_ids), reason),),
+                               (CompletionOutput(0, st.text, tuple(st.output_ids), reason, lps,
+                                                 cumulative),),
                                True, metrics, error)
         event = self._delta(st, True, reason, error, output)
         _call(st.on_event, event)
@@ -206,7 +224,8 @@ class OutputProcessor:
                output: RequestOutput | None) -> StreamEvent:
         n_tok, n_text = st.sent_tokens, st.sent_text
         event = StreamEvent(st.request_id, tuple(st.output_ids[n_tok:]), tuple(st.times[n_tok:]),
-                            st.text[n_text:], finished, reason, error, output)
+                            st.text[n_text:], finished, reason, error, output,
+                            None if st.logprobs is None else tuple(st.logprobs[n_tok:]))
         st.sent_tokens, st.sent_text = len(st.output_ids), max(n_text, len(st.text))
         return event
 

@@ -107,6 +107,12 @@ class EngineCoreProc:
                 last, msg = client, message(client)
             msg.request_ids.append(rid)
             msg.token_ids.append(tok)
+        if out.logprobs is not None:     # parallel to each message's tokens
+            for m in per.values():
+                m.logprobs = []
+            for rid, lp in zip(out.request_ids, out.logprobs):
+                if (client := owner.get(rid)) is not None:
+                    per[client].logprobs.append(lp)
         for f in out.finished:
             client = owner.pop(f.request_id, None)
             if client is not None:
@@ -187,7 +193,7 @@ class EngineCoreProc:
             e = self.engine    # the boundary re-checks what the front checked
             check_prompt_ids(msg.prompt_token_ids, params.max_tokens, e.vocab_size,
                              e.max_model_len, e.pool.num_blocks * e.pool.block_size,
-                             e.pool.block_size, typed=True)
+                             e.pool.block_size, typed=True, logit_bias=params.logit_bias)
         except (InvalidRequestError, TypeError) as exc:
             self._refuse(client, msg.request_id, f"{exc}")
             return

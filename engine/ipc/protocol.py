@@ -25,6 +25,7 @@ import numpy as np
 from engine.config import KnobChanges, SchedulerConfig
 from engine.outputs import EngineInfo
 from engine.request import SamplingParams
+from engine.outputs import TokenLogprobs
 from engine.snapshot import EngineSnapshot
 from engine.engine_stats import EngineStats
 
@@ -122,6 +123,7 @@ class Outputs(msgspec.Struct, tag=True):
     request_ids: list[str]
     token_ids: list[int]
     finished: list[Finished]
+    logprobs: list[TokenLogprobs | None] | None = None   # parallel to token_ids, if any
 
 
 class StepDone(msgspec.Struct, tag=True):

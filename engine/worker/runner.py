@@ -15,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine.config import LOGPROBS_MODES
 from engine.worker.cuda_graphs import StepGraphs
 from engine.worker.device_io import to_device
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.placement import kv_cache_zeros
-from engine.worker.sampling import Sampler
+from engine.worker.sampling import LogprobsCopy, Sampler
 from engine.worker.step_buffers import device_fed
 from engine.worker.step_batch import StepBatch
 from engine.worker.warmup import warm_up_attention, warm_up_logits
@@ -29,9 +30,10 @@ class ModelRunner:
     def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, num_blocks: int,
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
                  graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
-                 max_mixed_graph_tokens: int = 0, seed: int = 0):
+                 max_mixed_graph_tokens: int = 0, seed: int = 0,
+                 logprobs_mode: str = LOGPROBS_MODES[0]):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
-        self.sampler = Sampler(device, seed)
+        self.sampler = Sampler(device, seed, logprobs_mode)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -77,15 +79,26 @@ class ModelRunner:
         prev = self.last_tokens if batch.prev_token_rows is not None else None
         logits = self.execute(batch, prev)
         greedy = self.graphs.greedy if self.graphs is not None else None
-        if greedy is not None and batch.sampling.all_greedy and batch.samples_in_order:
+        cols = batch.sampling
+        if greedy is not None and cols.all_greedy and cols.extras is None \
+                and batch.samples_in_order:
             tokens = greedy         # the decode graph's own argmax: no launch after it
+            self.sampler.last_logprobs = None
         else:
             tokens = self.sampler.sample(logits, batch.sampling)
         self.last_tokens = tokens
         return tokens
 
+    def take_logprobs(self, batch: StepBatch) -> LogprobsCopy | None:
+        """The last step's logprobs (rows that asked), copying to the host; None if none."""
+        return LogprobsCopy.start(self.sampler, batch.sampling)
+
     def release(self, request_ids) -> None:
-        """These requests ended: drop their sampler state."""
+        """These requests ended: drop their sampler state. The core passes one id (it
+        calls `executor.release(request_id)`, and at TP=1 the executor is this runner);
+        a TP worker passes the step's list."""
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
         for rid in request_ids:
             self.sampler.release(rid)
 

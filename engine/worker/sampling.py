@@ -1,44 +1,137 @@
-"""Batched sampling on the device: greedy, temperature, top-k, top-p, per-request seeds.
+"""Batched sampling on the device: greedy, temperature, top-k, top-p, per-request seeds,
+and vLLM's processing (min_tokens, logit bias, penalties, min_p) and logprobs.
 
 Reads only the step batch's sampling columns. One host sync per step (the final token
 list, taken by the caller), never one per request. Random rows draw from an exponential
 race (argmax of p / E, E ~ Exp(1)), which samples exactly from p; a seeded request draws
 its noise from its own generator (kept here by request id until `release`), so its
 output does not depend on what else is in the batch.
+
+The order is vLLM V1's: min_tokens masks and logit bias, then penalties (all three also
+change greedy rows), argmax; for random rows temperature, min_p, top-k, top-p. A step
+with none of these (SamplingColumns.extras is None) runs exactly the old path. Logprobs
+(docs/SAMPLING.md) are taken per `logprobs_mode`: raw_* from the model's logits,
+processed_* from the distribution sampled from (after all of the above).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from engine.worker.device_io import to_device
-from engine.worker.step_batch import SamplingColumns
+from engine.config import LOGPROBS_MODES
+from engine.worker.device_io import HostCopy, to_device
+from engine.outputs import TokenLogprobs
+from engine.worker.penalties import TokenCounts
+from engine.worker.step_batch import SamplingColumns, SamplingExtras
+
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0):
+    def __init__(self, device: torch.device, seed: int = 0,
+                 logprobs_mode: str = LOGPROBS_MODES[0]):
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}   # seeded requests, by id
+        self.counts = TokenCounts(device)                  # penalty rows' token counts
+        self.logprobs_mode = logprobs_mode
+        self.last_logprobs: tuple | None = None   # the last sample's (ids, values, ranks)
 
     def release(self, request_id: str) -> None:
-        """The request ended: drop its generator."""
+        """The request ended: drop its generator and its token counts."""
         self.generators.pop(request_id, None)
+        self.counts.release(request_id)
 
     def sample(self, logits: torch.Tensor, cols: SamplingColumns) -> torch.Tensor:
         """logits [R, V] (model dtype), one row per sample -> token ids, on the device."""
+        self.last_logprobs = None
+        if cols.extras is not None:
+            return self._sample_processed(logits, cols, cols.extras)
         if cols.all_greedy:
             return logits.argmax(dim=-1)   # exact on bf16: no upcast needed
         logits = logits.float()
         greedy_tokens = logits.argmax(dim=-1)
-        dev = logits.device
-        scaled = logits / to_device(cols.temperature, torch.float32, dev)[:, None]
+        random_tokens, _ = self._sample_random(logits, cols, None)
+        return torch.where(to_device(cols.greedy, torch.bool, logits.device), greedy_tokens,
+                           random_tokens)
+
+    def _sample_random(self, logits: torch.Tensor, cols: SamplingColumns,
+                       min_p: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, the logits they were drawn from) for every row as a random one."""
+        scaled = logits / to_device(cols.temperature, torch.float32, logits.device)[:, None]
+        scaled = self._min_p(scaled, min_p)
         scaled = self._top_k(scaled, cols.top_k)
         scaled = self._top_p(scaled, cols.top_p)
         probs = torch.softmax(scaled, dim=-1)
         noise = self._noise(probs, cols)
-        random_tokens = (probs / noise).argmax(dim=-1)
-        return torch.where(to_device(cols.greedy, torch.bool, dev), greedy_tokens, random_tokens)
+        return (probs / noise).argmax(dim=-1), scaled
+
+    def _sample_processed(self, logits: torch.Tensor, cols: SamplingColumns,
+                          ex: SamplingExtras) -> torch.Tensor:
+        dev = logits.device
+        want_lp = ex.logprob_rows.shape[0] > 0
+        raw = logits.float() if want_lp and self.logprobs_mode.startswith("raw") else None
+        x = logits.to(torch.float32, copy=True)   # never the graphs' output buffer
+        if ex.mask_rows.shape[0]:                 # min_tokens: no stop token yet
+            x.index_put_((to_device(ex.mask_rows, torch.int64, dev),
+                          to_device(ex.mask_tokens, torch.int64, dev)),
+                         torch.tensor(float("-inf"), device=dev))
+        if ex.bias_rows.shape[0]:
+            x.index_put_((to_device(ex.bias_rows, torch.int64, dev),
+                          to_device(ex.bias_tokens, torch.int64, dev)),
+                         to_device(ex.bias_values, torch.float32, dev), accumulate=True)
+        penalized = self._penalize(x, cols, ex) if ex.penalty_rows.shape[0] else None
+        tokens = x.argmax(dim=-1)
+        sampled_from = x
+        if not cols.all_greedy:
+            random_tokens, scaled = self._sample_random(x, cols, ex.min_p)
+            greedy = to_device(cols.greedy, torch.bool, dev)
+            tokens = torch.where(greedy, tokens, random_tokens)
+            sampled_from = torch.where(greedy[:, None], x, scaled) if want_lp else None
+        if want_lp:
+            self.last_logprobs = self._logprobs(raw if raw is not None else sampled_from,
+                                                tokens, ex)
+        if penalized is not None:     # last: a failed sample counts nothing
+            rows, slots = penalized
+            self.counts.add(slots, tokens.index_select(0, rows))
+        return tokens
+
+    def _penalize(self, x: torch.Tensor, cols: SamplingColumns,
+                  ex: SamplingExtras) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = x.device
+        rows = to_device(ex.penalty_rows, torch.int64, dev)
+        slots = self.counts.slots_of([cols.request_ids[i] for i in ex.penalty_rows.tolist()],
+                                     x.shape[1])
+        if ex.first_sample.any():
+            first = to_device(np.nonzero(ex.first_sample)[0], torch.int64, dev)
+            self.counts.reset(slots.index_select(0, first), ex.prompt_ids, ex.prompt_lens)
+        self.counts.apply(x, rows, slots, ex.presence, ex.frequency, ex.repetition)
+        return rows, slots
+
+    def _logprobs(self, source: torch.Tensor, tokens: torch.Tensor,
+                  ex: SamplingExtras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids [L, n+1], values [L, n+1], ranks [L]) of the rows that asked: entry 0 the
+        sampled token, then the top n (torch.topk on the device)."""
+        rows = to_device(ex.logprob_rows, torch.int64, source.device)
+        src = source.index_select(0, rows)
+        if self.logprobs_mode.endswith("logprobs"):
+            src = torch.log_softmax(src, dim=-1)
+        tok = tokens.index_select(0, rows)[:, None]
+        picked = src.gather(1, tok)
+        ranks = (src > picked).sum(dim=-1) + 1
+        if not ex.num_logprobs:
+            return tok, picked, ranks
+        top = torch.topk(src, ex.num_logprobs, dim=-1)
+        return torch.cat((tok, top.indices), 1), torch.cat((picked, top.values), 1), ranks
+
+    @staticmethod
+    def _min_p(logits: torch.Tensor, min_p: np.ndarray | None) -> torch.Tensor:
+        """Drop tokens whose probability is below min_p x the row's top probability."""
+        if min_p is None:
+            return logits
+        probs = torch.softmax(logits, dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * to_device(min_p, torch.float32,
+                                                             logits.device)[:, None]
+        return logits.masked_fill(probs < floor, float("-inf"))
 
     @staticmethod
     def _top_k(logits: torch.Tensor, top_k: np.ndarray) -> torch.Tensor:
@@ -72,3 +165,37 @@ class Sampler:
                 self.generators[rid] = gen
             noise[i].exponential_(generator=gen)
         return noise.clamp_min_(1e-10)
+
+
+def _to_host(t: torch.Tensor) -> HostCopy:
+    """A copy to the host that is read later (the step's tokens are read first)."""
+    if not t.is_cuda:
+        return HostCopy(t)
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return HostCopy(host, event)
+
+
+class LogprobsCopy:
+    """A step's logprobs on their way to the host (only the rows that asked)."""
+
+    def __init__(self, tensors: tuple, rows: np.ndarray):
+        self.copies = tuple(map(_to_host, tensors))
+        self.rows = rows
+
+    @classmethod
+    def start(cls, sampler: Sampler, cols: SamplingColumns) -> "LogprobsCopy | None":
+        if sampler.last_logprobs is None:
+            return None
+        return cls(sampler.last_logprobs, cols.extras.logprob_rows)
+
+    def per_row(self, requests: list) -> list[TokenLogprobs | None]:
+        """One entry per sample row (requests[i]: row i), each cut to its own top-n."""
+        ids, values, ranks = (c.tolist() for c in self.copies)
+        out: list[TokenLogprobs | None] = [None] * len(requests)
+        for j, row in enumerate(self.rows.tolist()):
+            n = requests[row].params.logprobs + 1
+            out[row] = TokenLogprobs(ids[j][:n], values[j][:n], ranks[j])
+        return out

@@ -17,6 +17,28 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class SamplingExtras:
+    """Columns of the rarer sampling fields (penalties, logit bias, min_p, min_tokens,
+    logprobs): built only on a step where some row uses one (engine/core/sampling_extras.py).
+    Pairs (row, token) are flat, so each field is one scatter on the device."""
+    penalty_rows: np.ndarray       # [P] int64 sample rows with a penalty
+    presence: np.ndarray           # [P] float32
+    frequency: np.ndarray          # [P] float32
+    repetition: np.ndarray         # [P] float32
+    first_sample: np.ndarray       # [P] bool: no output yet: reset its counts from its prompt
+    prompt_ids: np.ndarray         # [sum of prompt_lens] int64 prompts of first_sample rows
+    prompt_lens: np.ndarray        # [F] int64, one per first_sample row, in row order
+    bias_rows: np.ndarray          # [B] int64 logit_bias: row, token, value
+    bias_tokens: np.ndarray        # [B] int64
+    bias_values: np.ndarray        # [B] float32
+    mask_rows: np.ndarray          # [M] int64 min_tokens: (row, stop token) masked to -inf
+    mask_tokens: np.ndarray        # [M] int64
+    min_p: np.ndarray | None       # [R] float32 (None: no row uses it)
+    logprob_rows: np.ndarray       # [L] int64 rows whose logprobs go to the host
+    num_logprobs: int              # top-n of those rows (the largest asked)
+
+
+@dataclass(frozen=True)
 class SamplingColumns:
     """Sampling parameters of every sample row, as columns."""
     request_ids: tuple[str, ...]   # seeded rows draw from a generator kept per request id
@@ -27,6 +49,7 @@ class SamplingColumns:
     top_p: np.ndarray              # [R] float32
     seeded: np.ndarray             # [R] bool
     seed: np.ndarray               # [R] uint64 (0 on unseeded rows)
+    extras: SamplingExtras | None = None   # None: the fast paths (plain greedy: argmax)
 
 
 @dataclass(frozen=True)

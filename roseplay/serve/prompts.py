@@ -61,14 +61,15 @@ def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> i
 
 def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
             max_model_len: int) -> EngineInputs:
-    """n choices per prompt: choice index = prompt_index * n + i (OpenAI's order)."""
+    """n choices per prompt (best_of candidates: the routes keep the n best): choice
+    index = prompt_index * n + i (OpenAI's order)."""
     all_prompts, params = [], []
     for p in prompts:
         n_prompt = len(p["prompt_token_ids"])
         if n_prompt == 0:
             raise InvalidRequestError("prompt is empty (0 tokens)")
         max_tokens = _max_tokens(requested, n_prompt, max_model_len)
-        for i in range(req.n):
+        for i in range(req.num_candidates):
             all_prompts.append(p)
             params.append(req.sampling_params(max_tokens, seed_offset=i))
     return EngineInputs(all_prompts, params, [len(p["prompt_token_ids"]) for p in prompts],
@@ -77,8 +78,8 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
 
 def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
                       vocab_size: int) -> EngineInputs:
-    if len(req.prompts()) * req.n > MAX_CHOICES:      # before tokenizing them all
-        raise invalid(f"{len(req.prompts())} prompts x n={req.n} choices; at "
+    if len(req.prompts()) * req.num_candidates > MAX_CHOICES:   # before tokenizing them all
+        raise invalid(f"{len(req.prompts())} prompts x n={req.num_candidates} choices; at "
                       f"most {MAX_CHOICES} per request", "n")
     prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len)
                for p in req.prompts()]

@@ -1,9 +1,10 @@
 """OpenAI request/response models (pydantic), as vLLM's protocol.py, for what the engine does.
 
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, ignore_eos,
-stop_token_ids, return_token_ids). Fields the engine cannot honour (logprobs, penalties,
-logit_bias, tools, suffix, best_of > n, JSON response formats) are refused with a clear
-400 rather than silently ignored. Unknown fields are ignored, as OpenAI and vLLM do.
+stop_token_ids, return_token_ids, repetition_penalty, min_p, min_tokens). Fields the
+engine cannot honour (tools, suffix, echo with logprobs, JSON response formats) are
+refused with a clear 400 rather than silently ignored. Unknown fields are ignored, as
+OpenAI and vLLM do.
 Types are strict (JSON's): `true` is not an integer and `"5"` not a number, so a
 client's type mistake gets a 400 naming the field instead of a surprising meaning.
 """
@@ -16,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import InvalidRequestError
 from engine.request import SamplingParams
+from engine.validation import MAX_LOGPROBS
 from roseplay.serve.errors import invalid
+from roseplay.serve.logprobs import parse_logit_bias
 
 MAX_N = 128     # choices per request (each one is an engine request)
 
@@ -68,6 +71,9 @@ class SamplingFields(_Request):
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = None  # vLLM extras: repetition_penalty, min_p, min_tokens
+    min_p: float | None = None
+    min_tokens: int = 0
     return_token_ids: bool = False           # vLLM extra: token ids in every choice/chunk
     priority: int = 0                        # vLLM extra: lower first (scheduling_policy=priority)
     user: str | None = None
@@ -75,11 +81,6 @@ class SamplingFields(_Request):
     def check_supported(self) -> None:
         for name, value in self:
             _check_utf8(value, name)
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise InvalidRequestError(f"{name} is not supported by this engine (use 0)")
-        if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported by this engine")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true")
 
@@ -92,7 +93,30 @@ class SamplingFields(_Request):
             top_k=-1 if self.top_k is None else self.top_k,
             top_p=1.0 if self.top_p is None else self.top_p,
             seed=seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos)
+            ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=parse_logit_bias(self.logit_bias),
+            min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
+            logprobs=self.engine_logprobs)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top logprobs per token the response shows (None: no logprobs)."""
+        return None
+
+    @property
+    def num_candidates(self) -> int:
+        """Engine requests per prompt (best_of, else n)."""
+        return self.n
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """What each engine request asks for: best_of ranks candidates by their
+        cumulative logprob, so it needs at least the sampled tokens' logprobs."""
+        n = self.num_logprobs
+        return 0 if n is None and self.num_candidates > self.n else n
 
     @property
     def include_usage(self) -> bool:
@@ -106,18 +130,34 @@ class CompletionRequest(SamplingFields):
     prompt: PromptType
     max_tokens: int | None = 16              # OpenAI's default for completions
     echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
     suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs is not None:
-            raise InvalidRequestError("logprobs is not supported by this engine")
         if self.suffix:
             raise InvalidRequestError("suffix is not supported by this engine")
-        if self.best_of is not None and self.best_of != self.n:
-            raise InvalidRequestError("best_of != n is not supported by this engine")
+        if self.echo and self.logprobs is not None:
+            raise invalid("echo with logprobs needs the prompt's logprobs, which this "
+                          "engine does not compute (docs/SAMPLING.md)", "echo")
+        if self.best_of is not None:
+            if self.best_of < self.n:
+                raise invalid(f"best_of must be >= n, got best_of={self.best_of}, "
+                              f"n={self.n}", "best_of")
+            if self.best_of > self.n and self.stream:
+                raise invalid("best_of > n cannot be streamed (OpenAI, vLLM)", "best_of")
+            if self.best_of > 1 and self.temperature == 0:
+                raise invalid("best_of must be 1 with greedy sampling (temperature 0): "
+                              "every candidate would be the same", "best_of")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def num_candidates(self) -> int:
+        return self.best_of or self.n
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list: one string or token-id list per prompt."""
@@ -150,7 +190,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     response_format: dict | None = None
@@ -158,8 +198,8 @@ class ChatCompletionRequest(SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs:
-            raise InvalidRequestError("logprobs is not supported by this engine")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
         if self.tools:
             raise InvalidRequestError("tools are not supported by this engine")
         if self.tool_choice not in (None, "none", "auto"):
@@ -168,6 +208,10 @@ class ChatCompletionRequest(SamplingFields):
                                       "tools are not supported by this engine")
         if self.response_format and self.response_format.get("type") != "text":
             raise InvalidRequestError("response_format: only {'type': 'text'} is supported")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -193,7 +237,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: dict | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = _TOKEN_IDS    # only with return_token_ids
 
@@ -220,7 +264,7 @@ class ChatMessageOut(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: dict | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = _TOKEN_IDS
 
@@ -228,7 +272,7 @@ class ChatChoice(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: dict | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = _TOKEN_IDS
 

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from roseplay.serve import prompts as inputs
 from roseplay.serve.bridge import Generation, new_id
 from roseplay.serve.errors import OpenAIError, error_body
+from roseplay.serve.logprobs import LogprobsWriter, best_of
 from roseplay.serve.protocol import (ChatChoice, ChatCompletionChunk,
                                      ChatCompletionRequest, ChatCompletionResponse,
                                      ChatMessageOut, CompletionChoice, CompletionRequest,
@@ -59,8 +60,10 @@ def _finish_reason(reason: str | None) -> str | None:
 class CompletionFormat:
     prefix = "cmpl"
 
-    def __init__(self, req: CompletionRequest, rid: str, model: str, ins: inputs.EngineInputs):
+    def __init__(self, req: CompletionRequest, rid: str, model: str, ins: inputs.EngineInputs,
+                 tokenizer=None):
         self.req, self.id, self.model, self.ins = req, rid, model, ins
+        self.logprobs = LogprobsWriter(tokenizer, req.num_logprobs, self.prefix == "chatcmpl")
 
     def _echo(self, index: int) -> str:
         return (self.ins.prompt_texts[index // self.req.n] or "") if self.req.echo else ""
@@ -70,6 +73,7 @@ class CompletionFormat:
 
     def response(self, choices, u) -> dict:
         out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c),
+                                logprobs=self.logprobs.format(c.index, _logprobs(c)),
                                 finish_reason=_finish_reason(c.finish_reason),
                                 token_ids=c.token_ids if self.req.return_token_ids else None)
                for c in choices]
@@ -84,6 +88,7 @@ class ChatFormat(CompletionFormat):
 
     def response(self, choices, u) -> dict:
         out = [ChatChoice(index=c.index, message=ChatMessageOut(content=_text(c)),
+                          logprobs=self.logprobs.format(c.index, _logprobs(c)),
                           finish_reason=_finish_reason(c.finish_reason),
                           token_ids=c.token_ids if self.req.return_token_ids else None)
                for c in choices]
@@ -92,6 +97,10 @@ class ChatFormat(CompletionFormat):
 
 def _text(c) -> str:
     return c.output.outputs[0].text if c.output is not None else ""
+
+
+def _logprobs(c):
+    return c.output.outputs[0].logprobs if c.output is not None else None
 
 
 def _usage(fmt, choices):
@@ -124,7 +133,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     # a worker thread: tokenizing a long prompt takes seconds (the tokenizer releases the GIL)
     ins = await asyncio.to_thread(make_inputs, req, st)
     rid = new_id(fmt_cls.prefix, req.user)
-    fmt = fmt_cls(req, rid, req.model, ins)
+    fmt = fmt_cls(req, rid, req.model, ins, st.tokenizer)
     gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority)
     st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
@@ -137,6 +146,8 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
         return Response(status_code=499)
     if (err := _first_error(choices)) is not None:
         raise OpenAIError(getattr(gen, "error_status", 500), err)
+    if req.num_candidates > req.n:
+        choices = best_of(choices, req.n, req.num_candidates)
     return JSONResponse(fmt.response(choices, _usage(fmt, choices)))
 
 

@@ -33,6 +33,7 @@ class Piece:
     token_ids: list[int]
     finish_reason: str | None
     finished: bool
+    logprobs: list | None = None    # TokenLogprobs per token (the request asked)
 
 
 def coalesce(batch) -> tuple[list[Piece], list[str]]:
@@ -47,12 +48,15 @@ def coalesce(batch) -> tuple[list[Piece], list[str]]:
         if not (event.text or event.token_ids or event.finished):
             continue
         p = pieces.get(c.index)
+        lps = getattr(event, "logprobs", None)
         if p is None:
             pieces[c.index] = Piece(c, event.text, list(event.token_ids), event.finish_reason,
-                                    event.finished)
+                                    event.finished, None if lps is None else list(lps))
         else:
             p.text += event.text
             p.token_ids.extend(event.token_ids)
+            if lps is not None and p.logprobs is not None:
+                p.logprobs.extend(lps)
             p.finish_reason, p.finished = event.finish_reason, event.finished
     return list(pieces.values()), errors
 
@@ -64,6 +68,7 @@ class ChunkEncoder:
         self.chat = fmt.prefix == "chatcmpl"
         self.ids = bool(fmt.req.return_token_ids)
         self.echo = None if self.chat or not fmt.req.echo else fmt._echo
+        self.logprobs = getattr(fmt, "logprobs", None)    # a LogprobsWriter
         head = {"id": fmt.id, "object": "chat.completion.chunk" if self.chat else
                 "text_completion", "created": int(time.time()), "model": fmt.model}
         self._head = b"data: " + _encode(head)[:-1] + b',"choices":['
@@ -72,12 +77,13 @@ class ChunkEncoder:
     def chunk(self, p: Piece, first: bool) -> bytes:
         text = (self.echo(p.choice.index) + p.text) if first and self.echo else p.text
         reason = FINISH_REASONS.get(p.finish_reason, p.finish_reason)
+        logprobs = self.logprobs.format(p.choice.index, p.logprobs) if self.logprobs else None
         if self.chat:
             choice = {"index": p.choice.index, "delta": {"role": "assistant" if first else None,
                                                          "content": text},
-                      "logprobs": None, "finish_reason": reason}
+                      "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": p.choice.index, "text": text, "logprobs": None,
+            choice = {"index": p.choice.index, "text": text, "logprobs": logprobs,
                       "finish_reason": reason}
         if self.ids:
             choice["token_ids"] = p.token_ids

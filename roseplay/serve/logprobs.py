@@ -1,0 +1,108 @@
+"""OpenAI's logprobs formats, logit_bias keys and best_of, from the engine's TokenLogprobs
+(engine/outputs.py: entry 0 the sampled token, then the top n).
+
+Completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
+"text_offset"}; chat: {"content": [{"token", "logprob", "bytes", "top_logprobs":
+[{"token", "logprob", "bytes"}]}]}. Token strings are each id decoded alone, as vLLM
+does (a piece of a multi-byte character shows as U+FFFD, and `bytes` is that string's
+UTF-8; a model without a tokenizer shows "token_id:N"). A -inf logprob (a token top-k or min_p
+removed, under processed_logprobs) is written as -9999.0, as vLLM does: JSON has no
+infinity.
+"""
+from __future__ import annotations
+
+import math
+
+from roseplay.serve.errors import invalid
+
+MIN_LOGPROB = -9999.0
+
+
+def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI sends token ids as JSON object keys (strings): -> {int: float}."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise invalid(f"logit_bias keys must be token ids (integers), got {key[:40]!r}",
+                          "logit_bias") from None
+        out[token] = value
+    return out
+
+
+def _finite(value: float) -> float:
+    return value if value > MIN_LOGPROB else MIN_LOGPROB   # also turns -inf/NaN into it
+
+
+class LogprobsWriter:
+    """One response's logprobs: `n` top entries per token (None: not asked)."""
+
+    def __init__(self, tokenizer, n: int | None, chat: bool, text_start: int = 0):
+        self.tokenizer, self.n, self.chat = tokenizer, n, chat
+        self.text_start = text_start
+        self._offsets: dict[int, int] = {}      # completions: next text_offset per choice
+        self._texts: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = (self.tokenizer.decode([token_id])
+                                            if self.tokenizer is not None else f"token_id:{token_id}")
+        return text
+
+    def format(self, index: int, entries) -> dict | None:
+        """The logprobs of choice `index`'s next tokens (entries: TokenLogprobs each)."""
+        if self.n is None or entries is None:
+            return None
+        entries = [e for e in entries if e is not None]
+        return self._chat(entries) if self.chat else self._completion(index, entries)
+
+    def _top(self, e) -> list[tuple[int, float]]:
+        return list(zip(e.token_ids[1:1 + self.n], e.logprobs[1:1 + self.n]))
+
+    def _chat(self, entries) -> dict:
+        def item(tid, lp):
+            text = self.token_text(tid)
+            return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode())}
+        content = [{**item(e.token_ids[0], e.logprobs[0]),
+                    "top_logprobs": [item(t, lp) for t, lp in self._top(e)]} for e in entries]
+        return {"content": content}
+
+    def _completion(self, index: int, entries) -> dict:
+        tokens, values, tops, offsets = [], [], [], []
+        offset = self._offsets.get(index, self.text_start)
+        for e in entries:
+            text = self.token_text(e.token_ids[0])
+            tokens.append(text)
+            values.append(_finite(e.logprobs[0]))
+            # the sampled token is listed too when outside the top n (OpenAI, vLLM)
+            top = {self.token_text(t): _finite(lp) for t, lp in self._top(e)}
+            top.setdefault(text, _finite(e.logprobs[0]))
+            tops.append(top)
+            offsets.append(offset)
+            offset += len(text)
+        self._offsets[index] = offset
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                "text_offset": offsets}
+
+
+def best_of(choices: list, n: int, candidates: int) -> list:
+    """The n candidates of each prompt with the highest cumulative logprob (OpenAI's
+    best_of), re-indexed prompt x n + rank. A candidate without output ranks last."""
+    picked = []
+    for start in range(0, len(choices), candidates):
+        group = choices[start:start + candidates]
+        group.sort(key=_cumulative, reverse=True)
+        for rank, c in enumerate(group[:n]):
+            c.index = start // candidates * n + rank
+            picked.append(c)
+    return picked
+
+
+def _cumulative(choice) -> float:
+    out = choice.output.outputs[0] if choice.output is not None else None
+    value = out.cumulative_logprob if out is not None else None
+    return -math.inf if value is None else value

@@ -1,0 +1,76 @@
+"""The batched sampling path on the GPU with CUDA graphs on (bf16, a Qwen2.5-0.5B-shaped
+model, vocab 151,936): plain greedy rows keep the graphs' own argmax tokens beside rows
+with penalties, bias, min_p, min_tokens and logprobs; those rows give the same tokens
+and logprobs with graphs as eagerly."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+KW = dict(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16", num_blocks=4096,
+          max_num_batched_tokens=2048)
+N = 64
+MAX_TOKENS = 24
+
+
+def _prompts(vocab=151936, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(4, 200, (N,), generator=g).tolist()
+    return [{"prompt_token_ids": torch.randint(0, vocab, (k,), generator=g).tolist()}
+            for k in lens]
+
+
+def _params(i: int) -> SamplingParams:
+    """Four kinds of rows, interleaved."""
+    base = dict(max_tokens=MAX_TOKENS, ignore_eos=True)
+    kind = i % 4
+    if kind == 0:
+        return SamplingParams(temperature=0, **base)
+    if kind == 1:
+        return SamplingParams(temperature=0, logprobs=5, **base)
+    if kind == 2:
+        return SamplingParams(temperature=0, frequency_penalty=1.0, presence_penalty=0.5,
+                              repetition_penalty=1.2, logit_bias={11: 5.0}, **base)
+    return SamplingParams(temperature=0.8, seed=i, min_p=0.05, min_tokens=4,
+                          frequency_penalty=0.5, logprobs=2, **base)
+
+
+def _run(llm, prompts, params):
+    return [o.outputs[0] for o in llm.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    prompts = _prompts()
+    params = [_params(i) for i in range(N)]
+    graphs = LLM(enforce_eager=False, **KW)
+    assert graphs.engine.runner.graphs.use_graphs
+    plain = _run(graphs, prompts, [SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                                  ignore_eos=True)] * N)
+    mixed = _run(graphs, prompts, params)
+    del graphs
+    eager = _run(LLM(enforce_eager=True, **KW), prompts, params)
+    return plain, mixed, eager
+
+
+def test_plain_greedy_rows_unchanged(runs):
+    plain, mixed, _ = runs
+    for i in range(0, N, 4):
+        assert mixed[i].token_ids == plain[i].token_ids and mixed[i].logprobs is None
+    for i in range(1, N, 4):         # logprobs asked: still the argmax, rank 1
+        assert mixed[i].token_ids == plain[i].token_ids
+        assert all(lp.rank == 1 and lp.token_ids[0] == lp.token_ids[1] for lp in mixed[i].logprobs)
+
+
+def test_processed_rows_match_eager(runs):
+    plain, mixed, eager = runs
+    for i in range(N):
+        assert mixed[i].token_ids == eager[i].token_ids, i
+        if mixed[i].logprobs is not None:
+            got = [v for lp in mixed[i].logprobs for v in lp.logprobs]
+            want = [v for lp in eager[i].logprobs for v in lp.logprobs]
+            assert got == pytest.approx(want, abs=2e-2)
+    changed = [mixed[i].token_ids != plain[i].token_ids for i in range(2, N, 4)]
+    assert sum(changed) >= len(changed) // 2        # the penalties and bias act
