@@ -69,7 +69,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
                        V.MAX_REPETITION_PENALTY, lo_open=True)
         V.check_number("min_p", self.min_p, 0, 1)
         V.check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
-        object.__setattr__(self, "logit_bias", V.check_logit_bias(self.logit_bias))
+        force_setattr(self, "logit_bias", V.check_logit_bias(self.logit_bias))
         V.check_logprobs("logprobs", self.logprobs)
         if self.prompt_logprobs is not None:
             raise InvalidRequestError(

@@ -134,7 +134,7 @@ def test_a_wrong_typed_raw_submit_is_refused_naming_the_field(client, solo):
     cases = [({"max_tokens": "8"}, ids, "max_tokens: Expected `int`, got `str`"),
              ({"temperature": True}, ids, "temperature: Expected `float`, got `bool`"),
              ({"stop": 5}, ids, "stop: Expected `str | array | null`, got `int`"),
-             ({"logprobs": 5}, ids, "Object contains unknown field `logprobs`"),
+             ({"beam_width": 5}, ids, "Object contains unknown field `beam_width`"),
              ({"max_tokens": 4}, ["1"] + ids, "prompt_token_ids[0]: Expected `int`, got `str`"),
              ({"top_p": 2.0}, ids, "top_p must be in (0, 1], got 2.0")]
     for n, (params, prompt_ids, message) in enumerate(cases):
