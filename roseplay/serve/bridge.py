@@ -210,6 +210,12 @@ class Generation:
                 self.bridge.loop.cancel(c.request_id)
                 self._finish(c, "cancelled", None, None)
 
+    def abort(self) -> None:
+        """close(), and wake the reader of batches() so that it ends now (the client left)."""
+        self.close()
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
     def end_with_error(self, message: str, status: int = 503) -> int:
         """End every unfinished choice with an error event (after the events already
         queued) and cancel its engine request; returns how many."""
