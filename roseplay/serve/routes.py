@@ -23,7 +23,7 @@ from roseplay.serve.protocol import (ChatChoice, ChatCompletionChunk,
                                      ChatCompletionRequest, ChatCompletionResponse,
                                      ChatMessageOut, CompletionChoice, CompletionRequest,
                                      CompletionResponse, ModelCard, ModelList, usage)
-from roseplay.serve.streaming import FINISH_REASONS, sse_body
+from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body
 
 router = APIRouter()
 
@@ -44,11 +44,26 @@ class SSEResponse(StreamingResponse):
     async def __call__(self, scope, receive, send):
         watch = asyncio.ensure_future(_on_disconnect(receive, self.generation.abort))
         try:
-            await self.stream_response(send)
+            await self._stream(send)
         finally:
             watch.cancel()
             await self.body_iterator.aclose()
             self.generation.close()
+
+
+    async def _stream(self, send) -> None:
+        """As StreamingResponse.stream_response, but the chunk that ends with [DONE] is
+        sent as the last one: uvicorn writes it and the chunked-body end at once."""
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        more = True
+        async for chunk in self.body_iterator:
+            more = not chunk.endswith(DONE)
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            if not more:
+                break
+        if more:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _on_disconnect(receive, then) -> None:
