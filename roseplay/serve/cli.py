@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(slow clients; default: {DEFAULT_TIMEOUT_REQUEST_READ_S:g}).")
     s.add_argument("--http", choices=HTTP_PARSERS, default=DEFAULT_HTTP,
                    help="uvicorn's HTTP/1.1 parser (default: httptools, in C; h11 is pure "
-                        "Python, about twice the CPU per request).")
+                        "Python, about 1.5x the server's CPU per request).")
     s.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file or the text) instead of the tokenizer's "
                         "(or, without one, the play template of docs/SERVE.md).")

@@ -22,7 +22,8 @@ _TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_error"}
 
 
-_CODES = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed"}
+REQUEST_TOO_LARGE = "request_too_large"
+_CODES = {413: REQUEST_TOO_LARGE, 404: "not_found", 405: "method_not_allowed"}
 
 
 class OpenAIError(Exception):

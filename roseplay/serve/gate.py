@@ -14,9 +14,8 @@ import secrets
 
 from fastapi import HTTPException
 
-from roseplay.serve.errors import OpenAIError
+from roseplay.serve.errors import REQUEST_TOO_LARGE, OpenAIError
 
-REQUEST_TOO_LARGE = "request_too_large"
 KEYED_DEV_PATHS = frozenset({"/reset_prefix_cache"})
 logger = logging.getLogger("roseplay.serve")
 

@@ -75,7 +75,8 @@ class _ReadTimeout:
 
 class HttpToolsReadTimeoutProtocol(_ReadTimeout, HttpToolsProtocol):
     """uvicorn's httptools (llhttp) protocol with the read timeout: the default, about
-    half the CPU per request of h11's pure-Python parser (docs/SERVE.md "Admission")."""
+    two thirds of the server's CPU per request that h11's pure-Python parser costs
+    (docs/SERVE.md "Admission")."""
 
     def _request_in(self) -> bool:
         """The newest request is read whole and not yet answered (a pipelined one is
