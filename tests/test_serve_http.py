@@ -1,9 +1,10 @@
 """uvicorn's two HTTP/1.1 parsers under the server's own timeouts (roseplay/serve/server.py):
-httptools, the default, and h11 (`serve --http h11`), each on one engine process. For both:
+httptools, the default, and h11 (`serve --http h11`), both on one engine process. For each:
 a slow client is cut after the request-read timeout whether its headers or its body
 trickle; an idle kept-alive connection is closed after the keep-alive timeout; pipelined
 requests are all answered in order and a request already read is never cut by the read
-timeout, however long its answer takes."""
+timeout, however long its answer takes. And which prompts are turned into engine inputs
+on the event loop (short ones) or on a worker thread (long ones)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,8 @@ import pytest
 
 from engine.client import EngineClient
 from roseplay.serve.app import HTTP_PARSERS, ServeConfig, build_app
+from roseplay.serve.prompts import ON_LOOP_TEXT_CHARS, ON_LOOP_TOKEN_IDS, on_loop
+from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
@@ -145,3 +148,16 @@ def test_pipelined_requests_are_answered_in_order_and_never_cut(server, engine):
     first, second = (json.loads(a[1]) for a in answers[:2])
     assert first["usage"]["completion_tokens"] == 1
     assert second["usage"]["completion_tokens"] == 64
+
+
+@pytest.mark.parametrize("body,here", [
+    ({"prompt": list(range(512))}, True),                    # W1's prompts: no thread hop
+    ({"prompt": "ROMEO." * 100}, True),
+    ({"prompt": [[1] * 1000, [2] * 1000]}, True),
+    ({"prompt": list(range(ON_LOOP_TOKEN_IDS + 1))}, False),
+    ({"prompt": ["x" * 600, "y" * 600]}, False),             # long text: a worker thread
+    ({"messages": [{"role": "user", "content": "x" * (ON_LOOP_TEXT_CHARS + 1)}]}, False),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, True)])
+def test_short_prompts_are_built_on_the_event_loop_long_ones_on_a_thread(body, here):
+    model = ChatCompletionRequest if "messages" in body else CompletionRequest
+    assert on_loop(model.model_validate({"model": "default", **body})) is here
