@@ -7,7 +7,9 @@
 # CLOSED_INFLIGHT requests in flight through HTTP, W1 from one client process, and last
 # py-spy of the server (when installed) over runs of its own. Logs and JSON in $OUT; $OUT/summary.md at the end. About 5 minutes on an H100;
 # every step's timeout is cut to what is left of BUDGET_S (default 480 s), so the summary
-# is written within one device call even when a step hangs.
+# is written within one device call even when a step hangs. SKIP="ceiling one_client spy"
+# leaves those steps out (a repeat of the figures that matter in less device time);
+# ADMISSION=1 adds scripts/admission_cost.py (server CPU per request, httptools and h11).
 #   bash scripts/gpu_serve.sh                     (wheels in .whl are installed first)
 #   MODEL=default DEVICE=cpu NUM_PROMPTS=16 INPUT_LEN=32 OUTPUT_LEN=8 WARMUP=2 REPEAT=2 \
 #     CLOSED_PROMPTS=32 CLOSED_INFLIGHT=8 OUT=/tmp/gs bash scripts/gpu_serve.sh   (CPU smoke)
@@ -28,7 +30,9 @@ BUDGET_S=${BUDGET_S:-480}; T_END=$((SECONDS + BUDGET_S))
 lim() { local left=$((T_END - SECONDS - 15)); [ $left -lt 5 ] && left=5; [ $1 -lt $left ] && echo $1 || echo $left; }
 SPY=${SPY:-$(command -v py-spy || ls /tmp/site/bin/py-spy 2>/dev/null || true)}
 
-step ceiling $(lim 120) python3 scripts/client_ceiling.py --num-prompts 256 --output-len 128 \
+skip() { case " ${SKIP:-} " in *" $1 "*) return 0;; esac; return 1; }
+
+skip ceiling || step ceiling $(lim 120) python3 scripts/client_ceiling.py --num-prompts 256 --output-len 128 \
   --num-clients 1 $NUM_CLIENTS --server-workers $NUM_CLIENTS --repeat 3 --json "$OUT/ceiling.json"
 step direct_w1 $(lim 200) python3 -m roseplay bench $ENG $W1 --repeat $REPEAT --json "$OUT/direct_w1.json"
 step direct_closed $(lim 200) python3 -m roseplay bench $ENG $CLOSED --repeat $REPEAT --json "$OUT/direct_closed.json"
@@ -69,9 +73,9 @@ step http_w1 $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL
 echo "after $(date +%s.%N) $(cpu)" >> "$OUT/server_cpu.txt"
 step http_closed $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $CLOSED --repeat $REPEAT \
   --num-clients $NUM_CLIENTS --json "$OUT/http_closed.json"
-step http_w1_one_client $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 \
+skip one_client || step http_w1_one_client $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 \
   --repeat $REPEAT --num-clients 1 --json "$OUT/http_w1_one_client.json"
-if [ -n "$SPY" ]; then    # last, on runs of their own: sampling must not touch the figures above
+if [ -n "$SPY" ] && ! skip spy; then    # last, on runs of their own: sampling must not touch the figures above
   timeout 60 "$SPY" record --nonblocking -p $SERVER -r 200 -d 15 -f raw -o "$OUT/server_spy.txt" \
     > "$OUT/spy.log" 2>&1 &
   SPY_PID=$!
@@ -81,4 +85,10 @@ if [ -n "$SPY" ]; then    # last, on runs of their own: sampling must not touch 
 fi
 stop_server
 trap - EXIT
+if [ "${ADMISSION:-0}" = 1 ]; then     # after the server is gone: a server of its own each
+  for h in httptools h11; do
+    step admission_$h $(lim 90) python3 scripts/admission_cost.py --model dummy:tiny \
+      --requests 256 --rounds 5 --json "$OUT/admission_$h.json" --serve-args --http $h
+  done
+fi
 python3 scripts/serve_perf_summary.py "$OUT" | tee "$OUT/summary.md"

@@ -1,6 +1,7 @@
 """The summary of scripts/gpu_serve.sh: direct vs HTTP (median of the runs, min..max,
 the client's CPU), the server's and engine's CPU, the server's own latency means next
-to the client's, the load client's ceiling and the server's py-spy top frames.
+to the client's, the load client's ceiling, the admission cost and the server's py-spy
+top frames.
 
     python scripts/serve_perf_summary.py OUT_DIR
 """
@@ -106,6 +107,13 @@ def main(out: str) -> int:
         print("\nclient ceiling (canned tokens, 1 token/chunk, no engine): " + "; ".join(
             f"{r['num_clients']} proc: {r['output_tok_s']:,.0f} tok/s, client "
             f"{r['client_cores']:.2f} cores" for r in ceiling))
+    for parser in ("httptools", "h11"):
+        adm = load(out, "admission_" + parser)
+        if adm:
+            print(f"\nadmission, serve --http {parser} (scripts/admission_cost.py, 256 at once, "
+                  "median (min..max) of the rounds): " + ", ".join(
+                      f"{k} {v['median']:.3f} ({v['min']:.3f}..{v['max']:.3f})"
+                      for k, v in adm["summary"].items()))
     top = spy_top(out)
     if top:
         print("\nserver py-spy, own time of the busiest frames (all threads, waits in "

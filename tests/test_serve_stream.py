@@ -6,7 +6,9 @@ E2E histograms agree with what the load client measured."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -178,3 +180,24 @@ def test_server_histograms_agree_with_the_client(server):
         assert client[k] - server_[k] < max(1.0, 0.5 * client[k]), (k, server_, client)
     assert abs(client["tpot"] - server_["tpot"]) < max(0.05, 0.5 * server_["tpot"]), \
         (server_, client)
+
+
+def test_finished_requests_send_the_engine_no_abort(server, loop, monkeypatch):
+    """An engine request's handle cancels the request when it is collected unfinished. The
+    server drops the handles of ended requests (streamed, not streamed, and one whose
+    client left, which the server cancels itself): none may cost the engine an Abort."""
+    dropped, cancel = [], loop._cancel_dropped
+    monkeypatch.setattr(loop, "_cancel_dropped", lambda rid: (dropped.append(rid), cancel(rid)))
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 4, "ignore_eos": True}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for stream in (True, False):
+            assert http.post("/v1/completions", json=dict(body, stream=stream)).status_code == 200
+        with http.stream("POST", "/v1/completions",
+                         json=dict(body, max_tokens=900, stream=True)) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))
+    drain, deadline = server.app.state.serve.drain, time.monotonic() + 30
+    while not all(g.done for g in list(drain.open)):      # the server saw the client leave
+        assert time.monotonic() < deadline, "the left request was never ended"
+        time.sleep(0.05)
+    gc.collect()
+    assert dropped == []

@@ -19,10 +19,11 @@ requests queue in the engine without bound, as in vLLM.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
+import secrets
 import threading
 import time
-import uuid
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,12 +51,17 @@ class Choice:
     counts_prompt: bool = True      # the first choice of its prompt (n > 1: one counts it)
 
 
+# a random tag per process and a counter: unique across API-server processes, and a
+# fraction of uuid4's cost per request
+_ID_TAG, _ID_COUNT = secrets.token_hex(4), itertools.count()
+
+
 def new_id(prefix: str, user: str | None = None) -> str:
     """OpenAI-style ids that label requests in the engine (and the TUI): the prefix says
     the endpoint ("cmpl-" completions, "chatcmpl-" chat), then the request's OpenAI
-    `user` field when given (so a class's clients tell themselves apart), then random hex."""
-    label = re.sub(r"[^A-Za-z0-9_.]", "", user or "")[:USER_LABEL_CHARS]
-    return f"{prefix}-{label + '-' if label else ''}{uuid.uuid4().hex[:16]}"
+    `user` field when given (so a class's clients tell themselves apart), then hex."""
+    label = re.sub(r"[^A-Za-z0-9_.]", "", user or "")[:USER_LABEL_CHARS] if user else ""
+    return f"{prefix}-{label + '-' if label else ''}{_ID_TAG}{next(_ID_COUNT):08x}"
 
 
 class Mailbox:
@@ -198,7 +204,11 @@ class Generation:
         if c.last_time is None:
             self.bridge.pending -= 1
         c.finished, c.finish_reason, c.error, c.output = True, reason, error, output
-        c.stream = None
+        if c.stream is not None:
+            # the engine ended it, or close() cancelled it: dropping the handle must not
+            # send the engine one more Abort (a message per request under load)
+            c.stream.detach()
+            c.stream = None
         self.bridge.metrics.observe_finish(output, reason, time.perf_counter(), c.arrival,
                                            c.counts_prompt)
 
@@ -209,6 +219,12 @@ class Generation:
             if not c.finished:
                 self.bridge.loop.cancel(c.request_id)
                 self._finish(c, "cancelled", None, None)
+
+    def abort(self) -> None:
+        """close(), and wake the reader of batches() so that it ends now (the client left)."""
+        self.close()
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     def end_with_error(self, message: str, status: int = 503) -> int:
         """End every unfinished choice with an error event (after the events already

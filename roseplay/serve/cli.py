@@ -13,7 +13,8 @@ from engine.config import InvalidRequestError
 from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, engine_kwargs
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST
-from roseplay.serve.app import DEFAULT_TIMEOUT_KEEP_ALIVE_S, DEFAULT_TIMEOUT_REQUEST_READ_S
+from roseplay.serve.app import (DEFAULT_HTTP, DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+                                DEFAULT_TIMEOUT_REQUEST_READ_S, HTTP_PARSERS)
 from roseplay.serve.multiproc import EXIT_API_SERVER_DIED
 from roseplay.serve.shutdown import (DEFAULT_SHUTDOWN_TIMEOUT_S, EXIT_CUT, EXIT_DRAINED,
                                      EXIT_ENGINE_DIED)
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Close a connection that has not sent a whole request (headers and "
                         "body) this many seconds after it opened or after its last response "
                         f"(slow clients; default: {DEFAULT_TIMEOUT_REQUEST_READ_S:g}).")
+    s.add_argument("--http", choices=HTTP_PARSERS, default=DEFAULT_HTTP,
+                   help="uvicorn's HTTP/1.1 parser (default: httptools, in C; h11 is pure "
+                        "Python, about 1.5x the server's CPU per request).")
     s.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file or the text) instead of the tokenizer's "
                         "(or, without one, the play template of docs/SERVE.md).")
@@ -99,7 +103,7 @@ def serve_config(args) -> ServeConfig:
                        chat_template=args.chat_template,
                        shutdown_timeout=args.shutdown_timeout,
                        timeout_keep_alive=args.timeout_keep_alive,
-                       timeout_request_read=args.timeout_request_read)
+                       timeout_request_read=args.timeout_request_read, http=args.http)
 
 
 def main(argv: list[str] | None = None) -> int:

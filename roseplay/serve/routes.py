@@ -24,7 +24,7 @@ from roseplay.serve.protocol import (ChatChoice, ChatCompletionChunk,
                                      ChatCompletionRequest, ChatCompletionResponse,
                                      ChatMessageOut, CompletionChoice, CompletionRequest,
                                      CompletionResponse, ModelCard, ModelList, usage)
-from roseplay.serve.streaming import FINISH_REASONS, sse_body
+from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body
 
 router = APIRouter()
 
@@ -33,7 +33,8 @@ class SSEResponse(StreamingResponse):
     """The SSE stream of one Generation. However the response ends, the generator is
     closed and the Generation's unfinished choices cancelled: a client that leaves while
     a chunk is being sent, or before the first one, stops its requests now (not when
-    the generator is garbage collected, nor after max_tokens)."""
+    the generator is garbage collected, nor after max_tokens). The disconnect watch is
+    one task, not Starlette's anyio task group of two (a share of the CPU per request)."""
     media_type = "text/event-stream"
 
     def __init__(self, gen: Generation, fmt):
@@ -42,11 +43,34 @@ class SSEResponse(StreamingResponse):
         self.generation = gen
 
     async def __call__(self, scope, receive, send):
+        watch = asyncio.ensure_future(_on_disconnect(receive, self.generation.abort))
         try:
-            await super().__call__(scope, receive, send)
+            await self._stream(send)
         finally:
+            watch.cancel()
             await self.body_iterator.aclose()
             self.generation.close()
+
+
+    async def _stream(self, send) -> None:
+        """As StreamingResponse.stream_response, but the chunk that ends with [DONE] is
+        sent as the last one: uvicorn writes it and the chunked-body end at once."""
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        more = True
+        async for chunk in self.body_iterator:
+            more = not chunk.endswith(DONE)
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            if not more:
+                break
+        if more:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _on_disconnect(receive, then) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    then()
 
 
 def _state(request: Request):
@@ -130,8 +154,10 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     st = _state(request)
     req.check_supported()
     st.check_model(req.model)
-    # a worker thread: tokenizing a long prompt takes seconds (the tokenizer releases the GIL)
-    ins = await asyncio.to_thread(make_inputs, req, st)
+    # a long prompt on a worker thread: tokenizing it takes seconds (the tokenizer releases
+    # the GIL); a short one here, the thread hop would cost more than the work
+    ins = make_inputs(req, st) if inputs.on_loop(req) else \
+        await asyncio.to_thread(make_inputs, req, st)
     rid = new_id(fmt_cls.prefix, req.user)
     fmt = fmt_cls(req, rid, req.model, ins, st.tokenizer)
     gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority)

@@ -21,6 +21,7 @@ import time
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from roseplay.serve.shutdown import EXIT_CUT, EXIT_DRAINED, EXIT_ENGINE_DIED
 
@@ -29,8 +30,8 @@ FLUSH_S = 2.0          # after the drain: time for cut streams to write their la
 logger = logging.getLogger("roseplay.serve")
 
 
-class ReadTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a request-read timeout: a connection that has not
+class _ReadTimeout:
+    """A request-read timeout for uvicorn's HTTP protocols: a connection that has not
     sent a whole request (headers and body) within `read_timeout` seconds of opening,
     or of its previous response, is closed (slow-loris clients hold no socket for long).
     uvicorn's own keep-alive timeout still closes idle connections sooner."""
@@ -48,24 +49,17 @@ class ReadTimeoutProtocol(H11Protocol):
             self._read_timer.cancel()
             self._read_timer = None
 
+    def _request_in(self) -> bool:
+        raise NotImplementedError
+
     def _read_timed_out(self) -> None:
         self._read_timer = None
-        if self.conn.their_state is not h11.DONE and not self.transport.is_closing():
+        if not self._request_in() and not self.transport.is_closing():
             self.transport.close()
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._arm()
-
-    def handle_events(self) -> None:
-        super().handle_events()
-        if self.conn.their_state is not h11.IDLE and self.conn.their_state is not \
-                h11.SEND_BODY:
-            self._disarm()         # the request is in (or the connection is ending)
-
-    def on_response_complete(self) -> None:
-        self._arm()
-        super().on_response_complete()
 
     def connection_lost(self, exc) -> None:
         self._disarm()
@@ -77,6 +71,47 @@ class ReadTimeoutProtocol(H11Protocol):
         fired before the loop read the client's next request, which got a reset."""
         if not _has_unread_bytes(self.transport):
             super().timeout_keep_alive_handler()
+
+
+class HttpToolsReadTimeoutProtocol(_ReadTimeout, HttpToolsProtocol):
+    """uvicorn's httptools (llhttp) protocol with the read timeout: the default, about
+    two thirds of the server's CPU per request that h11's pure-Python parser costs
+    (docs/SERVE.md "Admission")."""
+
+    def _request_in(self) -> bool:
+        """The newest request is read whole and not yet answered (a pipelined one is
+        queued by uvicorn, so an earlier one is then in too)."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.more_body and not cycle.response_complete
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()             # the request is in
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self._request_in():
+            self._arm()            # waiting for the next request (or the rest of its body)
+
+
+class H11ReadTimeoutProtocol(_ReadTimeout, H11Protocol):
+    """uvicorn's h11 protocol with the read timeout (`serve --http h11`)."""
+
+    def _request_in(self) -> bool:
+        return self.conn.their_state is h11.DONE
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE and self.conn.their_state is not \
+                h11.SEND_BODY:
+            self._disarm()         # the request is in (or the connection is ending)
+
+    def on_response_complete(self) -> None:
+        self._arm()
+        super().on_response_complete()
+
+
+PROTOCOLS = {"httptools": HttpToolsReadTimeoutProtocol, "h11": H11ReadTimeoutProtocol}
 
 
 def _has_unread_bytes(transport) -> bool:
@@ -108,11 +143,13 @@ def bind(host: str = DEFAULT_HOST, port: int = 0, reuse_port: bool = False) -> s
 
 
 def _config(app, log_level: str) -> uvicorn.Config:
-    # lifespan off: the app holds no resources of its own (the engine belongs to the caller)
+    # lifespan off: the app holds no resources of its own (the engine belongs to the caller);
+    # proxy_headers off: nothing reads the client's address, and it is one ASGI layer less
     cfg = app.state.serve.config
-    protocol = functools.partial(ReadTimeoutProtocol, read_timeout=cfg.timeout_request_read)
+    protocol = functools.partial(PROTOCOLS[cfg.http], read_timeout=cfg.timeout_request_read)
     return uvicorn.Config(app, log_level=log_level, lifespan="off", access_log=False,
-                          http=protocol, timeout_keep_alive=cfg.timeout_keep_alive,
+                          http=protocol, proxy_headers=False,
+                          timeout_keep_alive=cfg.timeout_keep_alive,
                           timeout_graceful_shutdown=FLUSH_S, backlog=2048)
 
 

@@ -92,8 +92,9 @@ class ChunkEncoder:
 
 async def sse_body(gen, fmt, usage):
     """The SSE body; closing it early (client gone) cancels the unfinished choices.
-    usage(): the Usage of the finished choices, for stream_options.include_usage."""
-    enc, started = ChunkEncoder(fmt), set()
+    usage(): the Usage of the finished choices, for stream_options.include_usage. The
+    last batch goes out in one write with the usage chunk and [DONE]."""
+    enc, started, ended = ChunkEncoder(fmt), set(), False
     try:
         async for batch in gen.batches():
             pieces, errors = coalesce(batch)
@@ -102,11 +103,18 @@ async def sse_body(gen, fmt, usage):
                 first = p.choice.index not in started
                 started.add(p.choice.index)
                 out.append(enc.chunk(p, first))
+            if gen.done:
+                out += _tail(fmt, usage)
+                ended = True
             if out:
                 yield b"".join(out)
-        tail = [DONE]
-        if fmt.req.include_usage:
-            tail.insert(0, f"data: {fmt.usage_chunk(usage())}\n\n".encode())
-        yield b"".join(tail)
+        if not ended:
+            yield b"".join(_tail(fmt, usage))
     finally:
         gen.close()
+
+
+def _tail(fmt, usage) -> list[bytes]:
+    if fmt.req.include_usage:
+        return [f"data: {fmt.usage_chunk(usage())}\n\n".encode(), DONE]
+    return [DONE]
