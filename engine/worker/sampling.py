@@ -48,9 +48,8 @@ class Sampler:
             return self._sample_processed(logits, cols, cols.extras)
         if cols.all_greedy:
             return logits.argmax(dim=-1)   # exact on bf16: no upcast needed
-        logits = logits.float()
-        greedy_tokens = logits.argmax(dim=-1)
-        random_tokens, _ = self._sample_random(logits, cols, None)
+        greedy_tokens = logits.argmax(dim=-1)    # in the model dtype, as the all-greedy path
+        random_tokens, _ = self._sample_random(logits.float(), cols, None)
         return torch.where(to_device(cols.greedy, torch.bool, logits.device), greedy_tokens,
                            random_tokens)
 
@@ -80,7 +79,7 @@ class Sampler:
                           to_device(ex.bias_tokens, torch.int64, dev)),
                          to_device(ex.bias_values, torch.float32, dev), accumulate=True)
         penalized = self._penalize(x, cols, ex) if ex.penalty_rows.shape[0] else None
-        tokens = x.argmax(dim=-1)
+        tokens = self._greedy_tokens(logits, x, ex)
         sampled_from = x
         if not cols.all_greedy:
             random_tokens, scaled = self._sample_random(x, cols, ex.min_p)
@@ -93,6 +92,20 @@ class Sampler:
         if penalized is not None:     # last: a failed sample counts nothing
             rows, slots = penalized
             self.counts.add(slots, tokens.index_select(0, rows))
+        return tokens
+
+    @staticmethod
+    def _greedy_tokens(logits: torch.Tensor, x: torch.Tensor, ex: SamplingExtras) -> torch.Tensor:
+        """The argmax of each row: of the model-dtype logits where nothing changed them (so
+        a plain greedy row gets the very token the all-greedy path and the graphs' argmax
+        give: on the GPU the float32 and bf16 argmaxes of one row were seen to differ in
+        bf16 runs of 2026-11-24), of the processed float32 row where mask, bias or a
+        penalty did."""
+        tokens = logits.argmax(dim=-1)
+        changed = np.unique(np.concatenate((ex.mask_rows, ex.bias_rows, ex.penalty_rows)))
+        if changed.shape[0]:
+            rows = to_device(changed, torch.int64, x.device)
+            tokens.index_copy_(0, rows, x.index_select(0, rows).argmax(dim=-1))
         return tokens
 
     def _penalize(self, x: torch.Tensor, cols: SamplingColumns,
