@@ -133,6 +133,7 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     finish_reason: str | None
     error: str | None
     output_tail: tuple[int, ...] = ()   # the last OUTPUT_TAIL output token ids
+    priority: int = 0        # scheduling_policy=priority: lower is served first
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""
@@ -168,7 +169,7 @@ def request_view(req: Request) -> RequestView:
                        req.chunks_done, req.num_cached_tokens, len(req.output_token_ids),
                        req.params.max_tokens, ttft, tpot, itl, tuple(req.block_table),
                        req.num_preemptions, preview, "", req.finish_reason, req.error,
-                       tuple(req.output_token_ids[-OUTPUT_TAIL:]))
+                       tuple(req.output_token_ids[-OUTPUT_TAIL:]), req.priority)
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ ACTIVE = ("waiting", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
                "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "finished": "#6f9fd8",
                "cancelled": "#777777", "error": "bold #ff5555"}
-COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("progress", 0, "<"), ("prompt", 6, ">"),
-           ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"), ("TPOT", 6, ">"))
+COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("pri", 3, ">"), ("progress", 0, "<"),
+           ("prompt", 6, ">"), ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"),
+           ("TPOT", 6, ">"))
 PROGRESS_MIN, PROGRESS_MAX = 8, 40
-DROP_ORDER = ("hit", "prompt", "gen", "TPOT")    # columns a narrow list gives up first
+DROP_ORDER = ("hit", "prompt", "gen", "pri", "TPOT")   # columns a narrow list gives up first
 BAR_EMPTY = "#343a46"
 _STYLES: dict[str, Style] = {}
 
@@ -287,6 +288,8 @@ class RequestList(Widget, can_focus=True):
     def _row(self, r, selected: bool) -> Strip:
         cells = {"id": (r.request_id, "bold" if r.request_id.startswith("you") else ""),
                  "state": (r.state, STATE_STYLE.get(r.state, "")),
+                 # scheduling_policy=priority: lower first (the workload's documents: 1)
+                 "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),
                  "progress": lambda w: progress_cell(r, self.budget, w, self.reason),
                  "prompt": (str(r.prompt_tokens), ""),
                  "hit": (str(r.cached_tokens) if r.cached_tokens else "-", "#e08a1e"),
