@@ -301,7 +301,8 @@ class Actions:
             fixed = getattr(self.source, "knob", None)
             why = "this view compares it" if skipped == [fixed] else "not a knob here"
             note = f" (skipped {', '.join(skipped)}: {why})" if skipped else ""
-            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=5)
+            # short: the toast covers the plots' bottom rows (hit rate), often what to watch
+            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=3)
 
     async def action_quit(self) -> None:
         self.close_source()
