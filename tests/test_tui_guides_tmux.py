@@ -1,7 +1,7 @@
 """Every guide, walked as a user would: the real `roseplay` command (the bundled model,
 the app's defaults) in tmux at 120x40; `?` then the guide's digit; what the guide says
 to watch (its `shows`, roseplay/guides.py) must appear on screen within its `within`
-seconds. One app for all nine guides (about 45 s)."""
+seconds. One app for all ten guides (about 20 s: most show within a second or two)."""
 from __future__ import annotations
 
 import os
