@@ -94,8 +94,8 @@ def results():
     source = start_live(dict(num_blocks=POOL_BLOCKS), scenario="mixed", concurrency=16,
                         input_len=64, output_len=64, temperature=0.8)
     try:
-        measure(source, 1.0, 0.5)       # the first seconds after a load run slower
-        out = Results(source)
+        out = Results(source)           # (a setup's warm-up counts steps: the first
+        #                                 seconds after a load run slower)
         own = [k for k, (setup, _) in KNOB_EFFECTS.items() if isinstance(setup, dict)]
         # the full-pool claims right after the default: its run goes on into them
         first: dict[tuple, str] = {}

@@ -24,7 +24,7 @@ COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("pri", 3, ">"), ("progress", 0, 
            ("prompt", 6, ">"), ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"),
            ("TPOT", 6, ">"))
 PROGRESS_MIN, PROGRESS_MAX = 8, 40
-DROP_ORDER = ("hit", "prompt", "gen", "pri", "TPOT")   # columns a narrow list gives up first
+DROP_ORDER = ("prompt", "hit", "gen", "pri", "TPOT")   # what a narrow list gives up first
 BAR_EMPTY = "#343a46"
 _STYLES: dict[str, Style] = {}
 
@@ -110,7 +110,9 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
                      f" {r.chunks_done}/{n}")
         frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
     elif r.state in ("decoding", "dedup"):
-        label = f" {r.output_tokens}/{r.max_tokens}"
+        # tokens/max, or in a narrow column the tokens alone (the bar shows the rest)
+        label = next((w for w in (f" {r.output_tokens}/{r.max_tokens}", f" {r.output_tokens}")
+                      if len(w) + 3 <= width), f" {r.output_tokens}")
         frac, color = r.output_tokens / max(1, r.max_tokens), "#4cc97a"
     else:
         text, style = {
