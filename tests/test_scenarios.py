@@ -1,6 +1,7 @@
 """Scenarios, arrival processes, the WorkloadDriver and the generated engine flags (CPU)."""
 from __future__ import annotations
 
+import itertools
 import argparse
 import json
 import statistics
@@ -280,3 +281,14 @@ def test_mixed_has_chat_turns_on_shared_prefixes_and_long_low_priority_documents
     assert all(len(ids(x)) > doc_len for x in docs)
     assert heads[0::2] == heads[1::2] and ids(docs[0]) != ids(docs[1])
     assert len(set(heads)) == sc.MIXED_LIBRARY and heads[-1] == heads[0]
+
+
+def test_open_loop_arrivals_keep_each_items_priority():
+    """With a rate the shared stream stamps arrivals on the items; the documents' priority
+    1 must survive it (the priority policy orders the queue by it)."""
+    from roseplay.shared_workload import SharedWorkload
+    items = list(itertools.islice(SharedWorkload("mixed", rate=5.0, **TOKEN_KW).reader(), 8))
+    assert all(x.arrival is not None for x in items)
+    assert [x.priority for x in items] == [
+        x.priority for x in sc.build_workload("mixed", 8, seed=0, **TOKEN_KW)]
+    assert {x.priority for x in items} == {0, 1}
