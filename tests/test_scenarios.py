@@ -1,8 +1,8 @@
 """Scenarios, arrival processes, the WorkloadDriver and the generated engine flags (CPU)."""
 from __future__ import annotations
 
-import itertools
 import argparse
+import itertools
 import json
 import statistics
 import time
