@@ -42,6 +42,9 @@ async def test_the_request_list_shows_each_requests_priority(monkeypatch):
             shown = {m.group(1): int(m.group(2)) for m in re.finditer(
                 r"│\s+(\S+)\s+\w+\s+(-?\d+) ", text)}
             assert shown and all(rows[r] == p for r, p in shown.items() if r in rows), text
+            await pilot.press("O")                       # sort: back from arrival to priority
+            assert await wait_for(pilot, lambda: lst.sort == "priority" and len(lst.rows) > 2, 5)
+            assert [r.priority for r in lst.rows] == sorted(r.priority for r in lst.rows)
     finally:
         src.close()
 

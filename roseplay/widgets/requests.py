@@ -60,7 +60,8 @@ def bar(frac: float, width: int, color: str) -> list[Segment]:
 SORTS = {"arrival": None, "state": lambda r: ACTIVE.index(r.state) if r.state in ACTIVE else 9,
          "TTFT": lambda r: -(r.ttft or 0.0), "TPOT": lambda r: -(r.tpot or 0.0),
          "prompt": lambda r: -r.prompt_tokens, "hit": lambda r: -r.cached_tokens,
-         "generated": lambda r: -r.output_tokens}
+         "generated": lambda r: -r.output_tokens,
+         "priority": lambda r: r.priority}        # lower first, as the priority policy serves
 FILTERS = (None, "active", "waiting", "prefilling", "decoding", "preempted", "finished")
 
 
