@@ -71,7 +71,9 @@ GUIDES = (
           versus="1",
           expect={"chunks_p90": "lower", "mixed_steps": "lower"},
           compare="max_num_batched_tokens=32,2048",
-          shows=(r"2048 tok/step", r"prefill \d{3,} tok in \d+ chunk")),
+          # a prompt of 100+ tokens prefilled in one step: the last step shows it for one
+          # step only (a one-off document: about 1 request in 8), so it takes a few seconds
+          shows=(r"2048 tok/step", r"prefill \d{3,} tok in \d+ chunk"), within=8.0),
     Guide("3", "More running requests than the KV pool holds (max_num_seqs 256 on 512 "
                "blocks) forces preemption: requests are freed and recompute their prompt "
                "later.", VLLM,
@@ -93,7 +95,7 @@ GUIDES = (
           "mixed", {"enable_prefix_caching": True, **APP}, concurrency=APP_CONCURRENCY,
           versus="6", expect={"hit_rate": "higher", "ttft_p50": "lower"},
           compare="enable_prefix_caching=true,false",
-          shows=(r"ON +enable_prefix_caching", r"10 s +hit +[3-9]\d%"), within=8.0),
+          shows=(r"ON +enable_prefix_caching", r"hit rate [4-9]\d%/"), within=8.0),
     Guide("6", "The same workload without prefix caching prefills every shared prefix "
                "again.", VLLM_APC,
           "hit rate 0, TTFT and KV use up against key 5",
