@@ -97,7 +97,8 @@ def results():
         out = Results(source)           # (a setup's warm-up counts steps: the first
         #                                 seconds after a load run slower)
         own = [k for k, (setup, _) in KNOB_EFFECTS.items() if isinstance(setup, dict)]
-        # the full-pool claims right after the default: its run goes on into them
+        # the full-pool claims last: they turn the knob on the running default workload
+        # (its pool already full from the runs before: no clean start)
         first: dict[tuple, str] = {}
         for key in [*(k for k in ALL if k not in FULL_POOL and k != "default"), *own,
                     "default", *FULL_POOL]:
