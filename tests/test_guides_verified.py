@@ -98,7 +98,7 @@ def results():
         #                                 seconds after a load run slower)
         own = [k for k, (setup, _) in KNOB_EFFECTS.items() if isinstance(setup, dict)]
         # the full-pool claims last: they turn the knob on the running default workload
-        # (its pool already full from the runs before: no clean start)
+        # (no clean start: the cache the runs before filled stays, until the pool evicts)
         first: dict[tuple, str] = {}
         for key in [*(k for k in ALL if k not in FULL_POOL and k != "default"), *own,
                     "default", *FULL_POOL]:
