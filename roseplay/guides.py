@@ -10,6 +10,7 @@ they land. Sources (docs/TUI.md cites them):
 * vLLM, Optimization and Tuning: https://docs.vllm.ai/en/stable/configuration/optimization/
 * vLLM, Automatic Prefix Caching: https://docs.vllm.ai/en/stable/features/automatic_prefix_caching.html
 * SGLang, Hyperparameter Tuning: https://docs.sglang.io/advanced_features/hyperparameter_tuning.html
+* SGLang, Radix Cache Eviction Policies: https://docs.sglang.io/docs/advanced_features/radix_eviction_policy
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
 VLLM = "vLLM Optimization and Tuning"
 VLLM_APC = "vLLM Automatic Prefix Caching"
 SGLANG = "SGLang Hyperparameter Tuning"
+SGLANG_EVICT = "SGLang Radix Cache Eviction Policies"
 POOL_BLOCKS = TUI_NUM_BLOCKS     # the pool the guides are tuned for: the app's default
 # the app's default workload: guides that turn one knob of it start from these
 APP, APP_CONCURRENCY = {"max_num_seqs": TUI_MAX_NUM_SEQS}, TUI_CONCURRENCY
@@ -129,7 +131,7 @@ GUIDES = (
                "a reference document before it is asked about again, and the first of "
                "its next two questions prefills it anew. lfu evicts the blocks with the "
                "fewest hits first: a reference document that was asked about stays, so "
-               "the prefix hit rate is higher.", SGLANG,
+               "the prefix hit rate is higher.", SGLANG_EVICT,
           "hit rate (legend, hit % plot) up against lru within seconds, once evictions "
           "run (evicted N/s); e flips it back",
           "mixed", {"eviction_policy": "lfu", **APP}, concurrency=APP_CONCURRENCY,
