@@ -28,8 +28,13 @@ def test_every_guide_shows_its_claim_on_screen_in_time(tmp_path):
             tmux.keys("?")
             tmux.wait(lambda t: "Knob guidance" in t, 10)
             tmux.keys(guide.key)
-            tmux.wait(lambda t: all(re.search(p, t) for p in guide.shows),
-                      guide.within + 2.0)      # + the key's way through tmux
+            try:
+                tmux.wait(lambda t: all(re.search(p, t) for p in guide.shows),
+                          guide.within + 2.0)      # + the key's way through tmux
+            except AssertionError as exc:          # say which guide and which pattern
+                missing = [p for p in guide.shows if not re.search(p, tmux.screen())]
+                raise AssertionError(f"guide {guide.key}: {missing} not on screen within "
+                                     f"{guide.within + 2.0:g} s\n{exc}") from None
         tmux.keys("q")
         assert tmux.exit_code() == "0"
     finally:
