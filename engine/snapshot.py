@@ -116,6 +116,7 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     finish_reason: str | None
     error: str | None
     output_tail: tuple[int, ...] = ()   # the last OUTPUT_TAIL output token ids
+    priority: int = 0        # scheduling_policy=priority: lower is served first
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""

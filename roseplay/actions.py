@@ -22,7 +22,8 @@ WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency"
 
 
 class Actions:
-    def _control(self, fn, *args, knob: str | None = None, **kwargs):
+    def _control(self, fn, *args, knob: str | None = None, label: str | None = None,
+                 **kwargs):
         if self.source is None:
             self.notify("the engine is still loading", severity="warning")
             return None
@@ -33,7 +34,7 @@ class Actions:
             return None
         if knob:
             self.knobs.last_changed = knob
-            self.mark_change(change_label(self.source, knob))
+            self.mark_change(label or change_label(self.source, knob))
         self.refresh_panels()
         return result
 
@@ -190,10 +191,17 @@ class Actions:
         since, last = entries[end].t - HISTORY * BUCKET, None
         history = self.timing.history
         history.reset()
+        labels: list[str] = []      # the recorded knob changes since the last point fed
+        marks = RecordedMarks()
         for i, entry in enumerate(entries[:end + 1]):
+            if entry.t >= since:
+                labels += filter(None, map(marks.label, entry.events))
             if entry.t < since or (last is not None and entry.t - last < BUCKET / 2
                                    and i < end):
                 continue
+            for label in labels:
+                history.mark(label)
+            labels = []
             history.feed(src.recording[i].snapshot)     # two frames per point: < 0.5 s
             last = entry.t                              # for 2 minutes of history
         self.timing.reset_shown()
@@ -285,13 +293,17 @@ class Actions:
         guide = BY_KEY.get(key) if key else None
         if guide is None or self.source is None:
             return
-        skipped = self._control(apply_guide, self.source, guide, knob="scenario")
+        record = getattr(self.source, "record_event", None)
+        if record is not None:      # before its changes: a replay marks the guide alone
+            record("guide", key=key)
+        skipped = self._control(apply_guide, self.source, guide, knob="scenario",
+                                label=f"guide {key}")
         if skipped is not None:
-            self.mark_change(f"guide {key}")
             fixed = getattr(self.source, "knob", None)
             why = "this view compares it" if skipped == [fixed] else "not a knob here"
             note = f" (skipped {', '.join(skipped)}: {why})" if skipped else ""
-            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=5)
+            # short: the toast covers the plots' bottom rows (hit rate), often what to watch
+            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=3)
 
     async def action_quit(self) -> None:
         self.close_source()
@@ -300,14 +312,48 @@ class Actions:
 
 def change_label(source, knob: str) -> str:
     """`budget 32`, `prefix cache OFF`, `scenario mixed`: a knob's short name and new value."""
-    from roseplay.widgets.knobs import SHORT_NAMES
     if knob in {f.name for f in live_fields()}:
-        value = getattr(source.knobs, knob)
-        value = ("ON" if value else "OFF") if isinstance(value, bool) else value
-    else:
-        value = source.workload().get(knob)
-        value = "∞" if value is None and knob == "rate" else value
+        return knob_label(knob, getattr(source.knobs, knob))
+    return knob_label(knob, source.workload().get(knob))
+
+
+def knob_label(knob: str, value) -> str:
+    from roseplay.widgets.knobs import SHORT_NAMES
+    value = ("ON" if value else "OFF") if isinstance(value, bool) else value
+    value = "∞" if value is None and knob == "rate" else value
     return f"{SHORT_NAMES.get(knob, knob)} {value}"
+
+
+def event_label(event: dict) -> str | None:
+    """The plot mark of a recorded event, as the live app labelled it (None: no mark):
+    one knob set, a workload change, or a guide."""
+    what = event.get("what")
+    data = {k: v for k, v in event.items() if k not in ("kind", "t", "what")}
+    if what == "guide":
+        return f"guide {data.get('key', '?')}"
+    if what == "knobs" and len(data) == 1:
+        return knob_label(*next(iter(data.items())))
+    if what in ("scenario", "concurrency", "rate") and what in data:
+        return knob_label(what, data[what])
+    return None
+
+
+class RecordedMarks:
+    """Plot marks from a recording's events, one per user action as the live app drew
+    them: the changes a guide makes (recorded within GUIDE_SECONDS after its `guide`
+    event) add none of their own."""
+    GUIDE_SECONDS = 1.0
+
+    def __init__(self):
+        self._guide_t: float | None = None
+
+    def label(self, event: dict) -> str | None:
+        t = event.get("t", 0.0)
+        if event.get("what") == "guide":
+            self._guide_t = t
+        elif self._guide_t is not None and 0 <= t - self._guide_t < self.GUIDE_SECONDS:
+            return None
+        return event_label(event)
 
 
 def _workload_value(name: str, text: str):

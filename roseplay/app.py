@@ -18,7 +18,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
-from roseplay.actions import Actions
+from roseplay.actions import Actions, RecordedMarks
 from roseplay.commands import RoseplayCommands
 from roseplay.keys import action_mode, bindings
 from roseplay.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
@@ -63,6 +63,7 @@ class RoseplayApp(Actions, App):
         self._cpu_window: deque = deque(maxlen=REFRESH_HZ)
         self._skipped = 0
         self._noticed = False
+        self._recorded_marks = RecordedMarks()    # a replay: its knob changes on the plots
         self.load_error: str | None = None
         self._source_closed = threading.Event()
 
@@ -226,6 +227,9 @@ class RoseplayApp(Actions, App):
                             timeout=12)
         for event in src.take_events():
             self.notify(describe_event(event), title="recorded", timeout=3)
+            label = self._recorded_marks.label(event)
+            if label:                       # the mark the live app drew at this change
+                self.mark_change(label)
 
     def on_request_list_selected(self, event: RequestList.Selected) -> None:
         """A new selection redraws at once: its KV blocks and details, not at the next tick

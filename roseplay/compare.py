@@ -130,6 +130,9 @@ class CompareSource:
     def set_concurrency(self, n: int) -> None:
         self._both("set_concurrency", n)
 
+    def record_event(self, what: str, **data) -> None:
+        self._both("record_event", what, **data)
+
     def submit(self, text: str, priority: int = 0) -> str:
         return self._both("submit", text, priority=priority)[0]
 

@@ -16,15 +16,28 @@ import numpy as np
 from engine.metrics import prefix_hit_rate
 
 SAMPLE_EVERY = 0.1      # seconds between snapshots read while measuring
+WARMUP_STEPS = 20       # engine steps a setup runs before it is measured: a new workload's
+#                         first prompts prefill together (96 of them: ~12 steps), and a
+#                         loaded machine runs fewer steps per second (a fixed time is not
+#                         enough there)
+WARMUP_LIMIT = 20.0     # seconds: a setup that never runs that many steps is measured anyway
 
 
 def _pct(values, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
-def measure(source, seconds: float, warmup: float = 1.0) -> dict:
-    """Let the setup settle for `warmup` s, then read `seconds` of it."""
+def settle(source, warmup: float, steps: int = WARMUP_STEPS) -> None:
+    """At least `warmup` s and `steps` engine steps."""
+    start, deadline = source.snapshot().step, time.monotonic() + WARMUP_LIMIT
     time.sleep(warmup)
+    while source.snapshot().step < start + steps and time.monotonic() < deadline:
+        time.sleep(SAMPLE_EVERY)
+
+
+def measure(source, seconds: float, warmup: float = 1.0) -> dict:
+    """Let the setup settle (`warmup` s and WARMUP_STEPS steps), then read `seconds` of it."""
+    settle(source, warmup)
     first = source.snapshot()
     running, waiting, used, waiting_len = [], [], [], []
     # TTFT of every request whose first token came in the window, running or finished
@@ -75,6 +88,18 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
         # steps that ran decodes and prefill chunks together (budget, mixed-chunk modes)
         mixed_steps=sum(bool(s.decode_tokens and s.prefill_tokens) for s in steps)
         / max(1, len(steps)))
+
+
+def wait_for_evictions(source, timeout: float) -> bool:
+    """Wait until the pool evicts (a claim about eviction needs a full pool); False if it
+    did not within `timeout` s."""
+    start = source.snapshot().counters.evictions
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if source.snapshot().counters.evictions > start:
+            return True
+        time.sleep(SAMPLE_EVERY)
+    return False
 
 
 def run_setup(source, guide, seconds: float, warmup: float = 1.0) -> dict:

@@ -66,7 +66,7 @@ KEYS = (
     Key("i,slash", "prompt", "Prompt", "type a prompt (Enter sends it, Esc closes)", "i",
         "live", footer=True),
     Key("o", "sort(1)", "Sort", "sort the requests: arrival, state, TTFT, TPOT, prompt, hit, "
-        "generated", "o"),
+        "generated, priority", "o"),
     Key("O", "sort(-1)", "Sort back", "previous sort order", "O"),
     Key("f", "filter(1)", "Filter", "show only requests in one state (all, active, waiting …)",
         "f"),

@@ -85,10 +85,15 @@ def check_header(h: dict) -> dict:
     return h
 
 
+LATER_REQUEST_FIELDS = ("output_tail", "priority")   # newer than format 1: may be absent
+
+
 def check_request(d, num_blocks: int) -> dict:
-    check_fields(RequestView, d, "request", skip=("output_tail",))   # newer than format 1
+    check_fields(RequestView, d, "request", skip=LATER_REQUEST_FIELDS)
     if "output_tail" in d and not is_type(d["output_tail"], "tuple[int"):
         raise BadRecording("request: output_tail is not a list of token ids")
+    if "priority" in d and not is_type(d["priority"], "int"):
+        raise BadRecording("request: priority is not an int")
     check_blocks(d["blocks"], num_blocks, f"request {d['request_id']}")
     return d
 

@@ -225,20 +225,39 @@ def _hot_scan(spec: WorkloadSpec, i: int) -> WorkItem:
     return WorkItem(prompt, spec.params(rng), tag="hot")
 
 
-MIXED_LONG_SCALE = 4        # mixed: a long prompt is 4x input_len tokens
-MIXED_PATTERN = "ssslsssl"  # mixed: s = chat on a shared system prompt, l = long one-off
+MIXED_LONG_SCALE = 4        # mixed: a document is 4x input_len tokens
+MIXED_PATTERN = "sssddssl"  # mixed: s = chat on a shared system prompt, d d = two questions
+#                             on one reference document, l = a long one-off document
+MIXED_LIBRARY = 8           # mixed: reference documents, asked about in turn
+
+
+def _reference(spec: WorkloadSpec, k: int, i: int, rng: random.Random) -> dict:
+    """Reference document k and question i: the document's blocks are the shared prefix."""
+    doc = _random(spec, k, scale=MIXED_LONG_SCALE, tag="reference").prompt["prompt_token_ids"]
+    if spec.tokenizer is None:
+        return {"prompt_token_ids": doc + spec.token_ids(rng, 8)}
+    q = spec.data["short"][i % len(spec.data["short"])]
+    ids = doc + list(spec.tokenizer.encode(f"\n\n{q}"))
+    return {"prompt_token_ids": ids, "prompt": spec.tokenizer.decode(ids)}
 
 
 def _mixed(spec: WorkloadSpec, i: int) -> WorkItem:
-    """Chat turns on shared system prompts (priority 0) and long one-off documents
-    (priority 1), with output lengths from 1/4 to 7/4 of output_len: requests start and
-    finish at their own times, long prompts chunk, the prefix cache serves the chat
-    turns, and a queue ordered by priority lets the chat turns go first."""
+    """Chat turns on shared system prompts (priority 0); documents (priority 1): pairs
+    of questions on one of MIXED_LIBRARY reference documents, and long one-off ones.
+    Output lengths run from 1/4 to 7/4 of output_len, so requests start and finish at
+    their own times; long prompts chunk; a queue ordered by priority lets the chat turns
+    go first. Each reference document comes back after the one-off documents and
+    answers have filled the cache: lru has evicted it by then (the pair's first
+    question misses), lfu keeps it (its blocks have a hit, the one-off ones none)."""
     rng = spec.rng("mixed", i)
     out = SamplingParams(max_tokens=rng.randint(max(1, spec.output_len // 4),
                                                 max(1, spec.output_len * 7 // 4)),
                          temperature=spec.temperature, ignore_eos=spec.ignore_eos)
-    if MIXED_PATTERN[i % len(MIXED_PATTERN)] == "l":
+    kind = MIXED_PATTERN[i % len(MIXED_PATTERN)]
+    if kind == "d":
+        k = (i // len(MIXED_PATTERN)) % MIXED_LIBRARY
+        return WorkItem(_reference(spec, k, i, rng), out, tag=f"doc-{k}", priority=1)
+    if kind == "l":
         item = _random(spec, i, scale=MIXED_LONG_SCALE, tag="long")
         return WorkItem(item.prompt, out, tag="long", priority=1)
     item = _shared_prefix(spec, i)
@@ -248,9 +267,10 @@ def _mixed(spec: WorkloadSpec, i: int) -> WorkItem:
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("mixed", "Chat + documents",
              f"Chat turns on {NUM_PREFIXES} shared system prompts (priority 0) mixed with "
-             f"long one-off documents ({MIXED_LONG_SCALE}x input_len, priority 1), output "
-             "lengths spread over 1/4 to 7/4 of output_len: every headline knob (prefix "
-             "cache, budget, scheduling mode and policy, eviction) changes something.",
+             f"documents ({MIXED_LONG_SCALE}x input_len, priority 1): two questions at a "
+             f"time on one of {MIXED_LIBRARY} reference documents, and one-off long ones. "
+             "Output lengths spread over 1/4 to 7/4 of output_len: every headline knob "
+             "(prefix cache, budget, scheduling mode and policy, eviction) changes something.",
              _mixed),
     Scenario("shared-prefix", "Shared system prompts",
              f"{NUM_PREFIXES} shared system-prompt openings + distinct short questions: "

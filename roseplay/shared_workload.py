@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from roseplay.scenarios import WorkItem, get_scenario, make_spec
@@ -109,6 +109,6 @@ class SharedWorkload:
                 t += rng.expovariate(seg.rate)
             item = get_scenario(seg.scenario).make(self.spec, i - seg.base)
             if seg.rate is not None:
-                item = WorkItem(item.prompt, item.params, t, item.tag)
+                item = replace(item, arrival=t)     # keeps its priority
             yield item
             i += 1

@@ -76,6 +76,10 @@ class LiveSource:
         if self.recorder is not None:
             self.recorder.event(what, **data)
 
+    def record_event(self, what: str, **data) -> None:
+        """An app action the recording keeps (a guide picked: its replay marks the plots)."""
+        self._event(what, **data)
+
     def set_knobs(self, **changes) -> SchedulerConfig:
         self._knobs = self.loop.set_knobs(**changes)    # validates (InvalidRequestError)
         self._event("knobs", **changes)

@@ -189,7 +189,8 @@ async def test_compare_screen_keys_change_both_sides_but_the_compared_knob(monke
         assert [s.knobs.max_num_seqs for s in src.sides] == [72, 72]
         await pilot.press("question_mark", "1")         # guide 1 on both sides: a clean
         assert await wait_for(pilot, lambda: [s.knobs.max_num_seqs for s in src.sides]
-                              == [64, 64], 10)          # default but the compared knob
+                              == [16, 16], 10)          # default (the app's max_num_seqs)
+        #                                                 but the compared knob
         assert [k.enable_prefix_caching for k in (s.knobs for s in src.sides)] == [True, True]
         assert [s.knobs.max_num_batched_tokens for s in src.sides] == [64, 512]
         assert src.workload()["scenario"] == "mixed"

@@ -8,6 +8,7 @@ import pytest
 
 from engine.config import SchedulerConfig
 from roseplay.app import RoseplayApp
+from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS
 from roseplay.guides import BY_KEY, GUIDES, split_knobs
 from roseplay.source import ReplaySource
 from roseplay.widgets import help as help_mod
@@ -20,14 +21,14 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_every_guide_names_a_scenario_and_real_knob_values():
     from roseplay.scenarios import SCENARIOS
-    assert [g.key for g in GUIDES] == [str(i) for i in range(1, len(GUIDES) + 1)]
+    assert [g.key for g in GUIDES] == list("1234567890")[:len(GUIDES)]     # the digit row
     for g in GUIDES:
         assert g.scenario in SCENARIOS and g.claim and g.source and g.watch
         usable, skipped = split_knobs(g)
         SchedulerConfig().replace(**usable)        # the values a guide sets are valid
         assert set(usable) | set(skipped) == set(g.knobs)
     assert "max_num_batched_tokens" in split_knobs(BY_KEY["1"], "max_num_batched_tokens")[1]
-    assert {g.scenario for g in GUIDES} >= {"mixed", "shared-prefix", "random"}
+    assert {g.scenario for g in GUIDES} >= {"mixed", "random"}
 
 
 def test_help_renders_every_live_knob_with_its_explain_paragraph(monkeypatch):
@@ -69,15 +70,18 @@ async def test_one_key_on_the_help_screen_switches_to_a_guide(monkeypatch):
         await pilot.press("1")                     # a small budget on the mixed workload
         assert await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", 5)
         assert src.knobs.max_num_batched_tokens == 32
-        # the whole setup from a clean default: the other knobs are back at theirs
-        assert src.knobs.max_num_seqs == SchedulerConfig().max_num_seqs
+        # the whole setup from a clean default (the app's): the other knobs are back at theirs
+        assert src.knobs.max_num_seqs == TUI_MAX_NUM_SEQS
         assert src.knobs.scheduling_policy == SchedulerConfig().scheduling_policy
         assert src.workload()["scenario"] == "mixed"
-        assert src.workload()["concurrency"] == 16
-        await pilot.press("question_mark", "6")    # the prefix cache off on shared prefixes
+        assert src.workload()["concurrency"] == TUI_CONCURRENCY
+        await pilot.press("question_mark", "6")    # the prefix cache off
         await pilot.pause(0.1)
-        assert not src.knobs.enable_prefix_caching and src.workload()["scenario"] == "shared-prefix"
+        assert not src.knobs.enable_prefix_caching and src.knobs.max_num_batched_tokens == 512
         assert "guide 6" in notices(app)
+        await pilot.press("question_mark", "0")    # 0 on the help screen: the eviction guide
+        await pilot.pause(0.1)
+        assert src.knobs.eviction_policy == "lfu" and "guide 0" in notices(app)
         await pilot.press("q")
 
 

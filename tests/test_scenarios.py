@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -257,15 +258,37 @@ def test_parse_knob_value():
 
 
 def test_mixed_has_chat_turns_on_shared_prefixes_and_long_low_priority_documents():
-    items = sc.build_workload("mixed", 16, seed=0, **TOKEN_KW)
+    cycle = len(sc.MIXED_PATTERN)
+    items = sc.build_workload("mixed", cycle * (sc.MIXED_LIBRARY + 1), seed=0, **TOKEN_KW)
     long = [x for x in items if x.tag == "long"]
-    chat = [x for x in items if x.tag != "long"]
-    assert len(long) == 4 and all(x.priority == 1 for x in long)
-    assert all(x.priority == 0 and x.tag.startswith("prefix-") for x in chat)
+    docs = [x for x in items if x.tag.startswith("doc-")]
+    chat = [x for x in items if x.tag.startswith("prefix-")]
+    assert len(long) + len(docs) + len(chat) == len(items)
+    assert len(long) == sc.MIXED_PATTERN.count("l") * (sc.MIXED_LIBRARY + 1)
+    assert all(x.priority == 1 for x in long + docs) and all(x.priority == 0 for x in chat)
     n = TOKEN_KW["input_len"]
-    assert all(len(ids(x)) == sc.MIXED_LONG_SCALE * n for x in long)
+    doc_len = sc.MIXED_LONG_SCALE * n
+    assert all(len(ids(x)) == doc_len for x in long)
+    assert len({tuple(ids(x)) for x in long}) == len(long)        # one-off documents
     assert all(len(ids(x)) <= n for x in chat)
     by_prefix = {}
     for x in chat:        # chat turns of one system prompt share its first tokens
         by_prefix.setdefault(x.tag, []).append(ids(x)[: n * 3 // 4])
     assert all(len({tuple(p) for p in group}) == 1 for group in by_prefix.values())
+    # two questions at a time on one reference document, the library in turn: document k
+    # comes back MIXED_LIBRARY cycles later (lru has evicted it by then, lfu keeps it)
+    heads = [tuple(ids(x)[:doc_len]) for x in docs]
+    assert all(len(ids(x)) > doc_len for x in docs)
+    assert heads[0::2] == heads[1::2] and ids(docs[0]) != ids(docs[1])
+    assert len(set(heads)) == sc.MIXED_LIBRARY and heads[-1] == heads[0]
+
+
+def test_open_loop_arrivals_keep_each_items_priority():
+    """With a rate the shared stream stamps arrivals on the items; the documents' priority
+    1 must survive it (the priority policy orders the queue by it)."""
+    from roseplay.shared_workload import SharedWorkload
+    items = list(itertools.islice(SharedWorkload("mixed", rate=5.0, **TOKEN_KW).reader(), 8))
+    assert all(x.arrival is not None for x in items)
+    assert [x.priority for x in items] == [
+        x.priority for x in sc.build_workload("mixed", 8, seed=0, **TOKEN_KW)]
+    assert {x.priority for x in items} == {0, 1}

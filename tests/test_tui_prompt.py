@@ -52,6 +52,8 @@ async def test_the_prompt_box_sends_the_priority_typed():
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("i")
             assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
+            box = app.query_one("#prompt-priority")         # on screen, beside the prompt
+            assert box.region.right <= 120 and "priority 0" in screen_text(app)
             await pilot.press(*"to the front", "tab", "minus", "5", "enter")
             assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 5)
             assert ("you-1", -5) in sent

@@ -51,8 +51,10 @@ budget used up, or no free KV block), *prefilling* its prompt (the bar and "chun
 k/n": a long prompt is computed over several steps when the token budget is smaller
 than the prompt: chunked prefill), *decoding* one token per step, *preempted*,
 *dedup* (an identical prompt admitted in the same step rides on its twin's prefill),
-*finished*. `hit` = prompt tokens served from the prefix cache; TTFT = time to first
-token, TPOT = time per output token. `o` sorts, `f` filters by state.
+*finished*. `pri` = the request's priority (lower first under scheduling_policy
+priority: the workload's chat turns 0, its documents 1); `hit` = prompt tokens served
+from the prefix cache; TTFT = time to first token, TPOT = time per output token. `o`
+sorts, `f` filters by state.
 
 ## Events
 The engine's recent events, newest first: COW copies, preemptions, evictions, prefix
@@ -68,8 +70,9 @@ and what the block manager did. Steps are counted from 1, as in the top line.
 p50/p95/p99 of TTFT, TPOT and ITL (every gap between two tokens of a request) over
 the last 10 seconds (or since `0`), output tokens per second, and curves over time
 (one point per 0.5 s; TTFT and TPOT are the p50 of the 16 latest requests). The scale
-ignores rare outliers (a ▲ marks a bar above it). Time the engine spends paused is not
-latency: the engine's serving clock stops while paused.
+ignores rare outliers (a ▲ marks a bar above it). A `▲label` on the time axis and a
+marked column show where a knob changed (a replay draws the recorded changes). Time the
+engine spends paused is not latency: the engine's serving clock stops while paused.
 """
 
 

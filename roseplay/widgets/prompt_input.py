@@ -24,6 +24,7 @@ class PromptBar(Vertical):
     PromptBar.-open { display: block; }
     PromptBar > Horizontal { height: 1; }
     PromptBar Input { height: 1; padding: 0; }
+    PromptBar #prompt-input { width: 1fr; }
     PromptBar #prompt-priority { width: 14; margin-left: 1; }
     PromptBar > #prompt-status { height: auto; max-height: 2; color: $text-muted; }
     PromptBar > #prompt-status.-error { color: $error; text-style: bold; }

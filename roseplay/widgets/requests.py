@@ -22,10 +22,11 @@ ACTIVE = ("waiting", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
                "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "finished": "#6f9fd8",
                "cancelled": "#777777", "error": "bold #ff5555"}
-COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("progress", 0, "<"), ("prompt", 6, ">"),
-           ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"), ("TPOT", 6, ">"))
+COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("pri", 3, ">"), ("progress", 0, "<"),
+           ("prompt", 6, ">"), ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"),
+           ("TPOT", 6, ">"))
 PROGRESS_MIN, PROGRESS_MAX = 8, 40
-DROP_ORDER = ("hit", "prompt", "gen", "TPOT")    # columns a narrow list gives up first
+DROP_ORDER = ("prompt", "hit", "gen", "pri", "TPOT")   # what a narrow list gives up first
 BAR_EMPTY = "#343a46"
 _STYLES: dict[str, Style] = {}
 
@@ -61,7 +62,8 @@ def bar(frac: float, width: int, color: str) -> list[Segment]:
 SORTS = {"arrival": None, "state": lambda r: ACTIVE.index(r.state) if r.state in ACTIVE else 9,
          "TTFT": lambda r: -(r.ttft or 0.0), "TPOT": lambda r: -(r.tpot or 0.0),
          "prompt": lambda r: -r.prompt_tokens, "hit": lambda r: -r.cached_tokens,
-         "generated": lambda r: -r.output_tokens}
+         "generated": lambda r: -r.output_tokens,
+         "priority": lambda r: r.priority}        # lower first, as the priority policy serves
 FILTERS = (None, "active", "waiting", "prefilling", "decoding", "preempted", "finished")
 
 
@@ -111,7 +113,9 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
                      f" {r.chunks_done}/{n}")
         frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
     elif r.state in ("decoding", "dedup"):
-        label = f" {r.output_tokens}/{r.max_tokens}"
+        # tokens/max, or in a narrow column the tokens alone (the bar shows the rest)
+        label = next((w for w in (f" {r.output_tokens}/{r.max_tokens}", f" {r.output_tokens}")
+                      if len(w) + 3 <= width), f" {r.output_tokens}")
         frac, color = r.output_tokens / max(1, r.max_tokens), "#4cc97a"
     else:
         text, style = {
@@ -289,6 +293,8 @@ class RequestList(Widget, can_focus=True):
     def _row(self, r, selected: bool) -> Strip:
         cells = {"id": (r.request_id, "bold" if r.request_id.startswith("you") else ""),
                  "state": (r.state, STATE_STYLE.get(r.state, "")),
+                 # scheduling_policy=priority: lower first (the workload's documents: 1)
+                 "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),
                  "progress": lambda w: progress_cell(r, self.budget, w, self.reason),
                  "prompt": (str(r.prompt_tokens), ""),
                  "hit": (str(r.cached_tokens) if r.cached_tokens else "-", "#e08a1e"),
