@@ -66,7 +66,8 @@ class StepGraphs:
             n, b = batch.num_decodes, self.decode_buckets
             return "decode", b[bisect.bisect_left(b, n)] if self.pad else n
         n, b = batch.num_tokens, self.mixed_buckets
-        if b and n <= b[-1] and batch.num_decodes + batch.num_prefills <= self.max_seqs:
+        if b and n <= b[-1] and batch.num_decodes + batch.num_prefills <= self.max_seqs \
+                and batch.logits_indices.shape[0] <= self.max_seqs:   # (verified drafts)
             return "mixed", b[bisect.bisect_left(b, n)]
         return None
 
