@@ -66,4 +66,6 @@ def engine_stats(engine, now: float) -> EngineStats:
     return EngineStats(now, len(sched.running), len(sched.waiting), pool.num_used,
                        pool.num_blocks, c.prefix_queried_tokens, c.prefix_hit_tokens,
                        c.preemptions, c.prefill_tokens, c.generated_tokens, c.finished,
-                       pool.lifetimes.freeze())
+                       pool.lifetimes.freeze(), c.spec_decode_num_drafts,
+                       c.spec_decode_num_draft_tokens, c.spec_decode_num_accepted_tokens,
+                       engine.spec.per_position())
