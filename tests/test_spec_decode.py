@@ -198,3 +198,20 @@ def test_config_vllm_json_and_live_knob():
             make_config(speculative_config=bad)
     with pytest.raises(InvalidRequestError):
         make_config(num_speculative_tokens=-1)
+
+
+def test_bench_reports_acceptance(tmp_path, capsys):
+    import json
+    from roseplay import bench
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--in-process", "--model", "default", "--device", "cpu", "--no-progress",
+                     "--scenario", "identical", "--num-prompts", "3", "--input-len", "48",
+                     "--output-len", "24", "--num-speculative-tokens", "3",
+                     "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "Mean acceptance length:" in text
+    spec = json.loads(out.read_text())["summary"]["engine"]["spec_decode"]
+    assert spec["num_draft_tokens"] >= spec["num_accepted_tokens"] == sum(spec["accepted_per_pos"])
+    assert spec["mean_acceptance_length"] == pytest.approx(
+        1 + spec["num_accepted_tokens"] / spec["num_drafts"])
+    assert len(spec["acceptance_rate_per_pos"]) <= 3
