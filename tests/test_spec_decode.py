@@ -215,3 +215,25 @@ def test_bench_reports_acceptance(tmp_path, capsys):
     assert spec["mean_acceptance_length"] == pytest.approx(
         1 + spec["num_accepted_tokens"] / spec["num_drafts"])
     assert len(spec["acceptance_rate_per_pos"]) <= 3
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
+    """Benchmarks only: the target's own greedy outputs as drafts, kept with probability p."""
+    import json
+    prompts = PROMPTS[4:7]
+    with LLM(**KW) as llm:
+        ids = [llm.tokenizer.encode(t) for t in prompts]
+        want = [list(o.outputs[0].token_ids) for o in llm.generate(
+            [{"prompt_token_ids": i} for i in ids], GREEDY)]
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps([[i, w] for i, w in zip(ids, want)]))
+    spec = {"method": "oracle", "num_speculative_tokens": 3, "oracle_acceptance": p,
+            "oracle_references": str(refs)}
+    with LLM(speculative_config=spec, **KW) as llm:
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(
+            [{"prompt_token_ids": i} for i in ids], GREEDY)]
+        c = llm.engine.counters
+    assert got == want
+    assert c.spec_decode_num_draft_tokens > 0
+    assert c.spec_decode_num_accepted_tokens == (c.spec_decode_num_draft_tokens if p else 0)

@@ -47,7 +47,8 @@ class OracleDrafts:
             return []
         done = len(req.output_token_ids)
         out = ref[done:done + k]
-        return [t if self.rng.random() < self.p else t + 1 for t in out]
+        # a wrong token: a neighbour id (never the target's, always in the vocabulary)
+        return [t if self.rng.random() < self.p else (t - 1 if t > 0 else 1) for t in out]
 
 
 class SpecDecoder:
