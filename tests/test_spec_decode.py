@@ -14,6 +14,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
+from engine.codes import EV_SPEC_VERIFY
 from engine.config import InvalidRequestError, SpeculativeConfig, make_config
 from engine.core.ngram_proposer import propose_ngram
 from engine.front.client import EngineClient
@@ -51,7 +52,9 @@ def client():
 
 
 def _run(client, toggle=False):
+    client.pause()          # all queued before the first step: the twins dedup
     streams = [client.submit(p, GREEDY) for p in PROMPTS]
+    client.resume()
     if toggle:      # live: off then on again while the requests run
         streams[0].get(timeout=TIMEOUT)
         client.set_knobs(num_speculative_tokens=0)
@@ -131,6 +134,8 @@ def test_rollback_frees_rejected_slots_and_hashes_only_verified_tokens():
         llm.generate(PROMPTS[:6], SamplingParams(max_tokens=30, temperature=0.8, seed=None))
         assert any(seen), "no draft was rejected"
         assert llm.engine.pool.num_used == 0
+        verified = [e for e in llm.engine.events.recent() if e.kind == EV_SPEC_VERIFY]
+        assert verified and all("drafted" in e.detail for e in verified)   # the TUI's log
 
 
 def test_random_sampling_speculates_only_plain_requests():

@@ -53,11 +53,13 @@ class ScheduledChunk:
 class VerifyChunk(ScheduledChunk):
     """A decode with drafts (speculative decoding): its last token and the drafts, computed
     as one extend of 1 + len(draft) tokens, sampled at every position."""
-    __slots__ = ("draft",)
+    __slots__ = ("draft", "accepted", "rolled_back")
 
     def __init__(self, request: Request, start: int, draft: list[int]):
         super().__init__(request, start, 1 + len(draft), True)
         self.draft = draft
+        self.accepted = 0                 # set when its tokens are read (spec_decode.py)
+        self.rolled_back: tuple[int, ...] = ()   # blocks freed: they held rejected slots
 
 
 @dataclass

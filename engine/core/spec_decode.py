@@ -107,6 +107,7 @@ class SpecDecoder:
             c.spec_decode_num_drafts += 1
             c.spec_decode_num_draft_tokens += len(draft)
             c.spec_decode_num_accepted_tokens += accepted
+            chunk.accepted = accepted
             if req.status is not RequestStatus.RUNNING:
                 continue
             emitted = 0
@@ -120,7 +121,7 @@ class SpecDecoder:
                     break
             req.num_computed_tokens = chunk.start + emitted
             self.kv.register_full_blocks(req, caching)
-            self.kv.truncate(req)
+            chunk.rolled_back = tuple(self.kv.truncate(req))
         return ended
 
     def per_position(self, k: int | None = None) -> tuple[int, ...]:
