@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import weakref
 
 from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from engine.core.ngram_proposer import propose_ngram
@@ -36,14 +37,17 @@ class OracleDrafts:
         self.p = config.oracle_acceptance
         self.rng = random.Random(seed)
         self.refs: dict[tuple, list[int]] = {}
+        self._by_request = weakref.WeakKeyDictionary()   # a prompt is hashed once per request
         if config.oracle_references:
             with open(config.oracle_references) as f:
                 for prompt, output in json.load(f):
                     self.refs[tuple(prompt)] = list(output)
 
     def __call__(self, req, k: int) -> list[int]:
-        ref = self.refs.get(tuple(req.prompt_token_ids))
+        ref = self._by_request.get(req)
         if ref is None:
+            ref = self._by_request[req] = self.refs.get(tuple(req.prompt_token_ids), [])
+        if not ref:
             return []
         done = len(req.output_token_ids)
         out = ref[done:done + k]
@@ -59,6 +63,7 @@ class SpecDecoder:
         self.counters = counters
         # accepted drafts by position (vLLM's spec_decode_num_accepted_tokens_per_pos)
         self.accepted_per_pos = [0] * MAX_SPECULATIVE_TOKENS
+        self.longest_draft = 0        # positions reported (a position never drafted: none)
         self.oracle = OracleDrafts(config, seed) if config.method == "oracle" else None
 
     def propose(self, req, k: int) -> list[int]:
@@ -106,6 +111,7 @@ class SpecDecoder:
                 accepted += 1
             c.spec_decode_num_drafts += 1
             c.spec_decode_num_draft_tokens += len(draft)
+            self.longest_draft = max(self.longest_draft, len(draft))
             c.spec_decode_num_accepted_tokens += accepted
             chunk.accepted = accepted
             if req.status is not RequestStatus.RUNNING:
@@ -124,6 +130,6 @@ class SpecDecoder:
             chunk.rolled_back = tuple(self.kv.truncate(req))
         return ended
 
-    def per_position(self, k: int | None = None) -> tuple[int, ...]:
-        k = k or max((i + 1 for i, n in enumerate(self.accepted_per_pos) if n), default=0)
-        return tuple(self.accepted_per_pos[:k])
+    def per_position(self) -> tuple[int, ...]:
+        """Accepted drafts by position, for every position some draft reached."""
+        return tuple(self.accepted_per_pos[:self.longest_draft])
