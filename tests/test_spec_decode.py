@@ -242,3 +242,46 @@ def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
     assert got == want
     assert c.spec_decode_num_draft_tokens > 0
     assert c.spec_decode_num_accepted_tokens == (c.spec_decode_num_draft_tokens if p else 0)
+
+
+def test_verify_steps_through_the_graph_buffers_match_plain_engine():
+    """The CUDA graphs' padded step buffers, run eagerly on the CPU (as in
+    test_step_graphs.py): verify steps whose logits rows fit take the mixed-graph path,
+    the wider ones run eagerly; greedy tokens equal the plain engine's either way."""
+    from types import SimpleNamespace
+
+    from engine.worker.cuda_graphs import StepGraphs
+    from kernels import reference
+    from kernels.unified_attention import unified_attention_reference
+    kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4,
+              num_blocks=64, max_num_batched_tokens=48, max_num_seqs=6)
+    g = torch.Generator().manual_seed(4)
+    prompts = [{"prompt_token_ids": torch.randint(0, 64, (n,), generator=g).tolist() * 3}
+               for n in (3, 5, 7, 4, 6, 9)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    with LLM(**kw) as llm:
+        want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    with LLM(num_speculative_tokens=3, **kw) as llm:
+        runner = llm.engine.runner
+        names = [n for n in dir(reference) if not n.startswith("_")
+                 and callable(getattr(reference, n))]
+        ops = SimpleNamespace(**{n: getattr(reference, n) for n in names},
+                              paged_unified_attention=unified_attention_reference)
+        runner.model.ops = ops
+        for layer in runner.model.attention_layers():
+            layer.ops = ops
+        runner.graphs = graphs = StepGraphs(runner, 8, use_graphs=False, pad=True,
+                                            max_mixed_tokens=48)
+        kinds = []
+        real_key = graphs.key
+
+        def key(batch):
+            k = real_key(batch)
+            if batch.draft_rows is not None:
+                kinds.append(k and k[0])
+            return k
+        graphs.key = key
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        assert got == want
+        assert "mixed" in kinds and None in kinds, kinds     # graph path and eager both ran
+        assert llm.engine.counters.spec_decode_num_accepted_tokens > 0
