@@ -285,3 +285,23 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine():
         assert got == want
         assert "mixed" in kinds and None in kinds, kinds     # graph path and eager both ran
         assert llm.engine.counters.spec_decode_num_accepted_tokens > 0
+
+
+def test_stops_inside_an_accepted_run_end_the_request_there(client):
+    """A stop string or stop token among a step's accepted tokens ends the request at
+    it, as without speculation (the tokens after it are dropped)."""
+    prompts = [LINE * 3, SHARED]
+    with LLM(**KW) as llm:
+        plain = llm.generate(prompts, GREEDY)
+        stop_id = plain[1].outputs[0].token_ids[12]     # a token it will reach
+        params = [SamplingParams(max_tokens=40, temperature=0, stop=["MESSENGER"]),
+                  SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[stop_id])]
+        want = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+                for o in llm.generate(prompts, params)]
+    before = client.engine_stats().spec_decode_num_accepted_tokens
+    outs = [client.submit(p, sp).result(timeout=TIMEOUT) for p, sp in zip(prompts, params)]
+    got = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+           for o in outs]
+    assert got == want and all(r == "stop" for _, _, r in got)
+    assert client.wait_idle(TIMEOUT)
+    assert client.engine_stats().spec_decode_num_accepted_tokens > before
