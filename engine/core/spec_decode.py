@@ -40,8 +40,13 @@ class OracleDrafts:
         self._by_request = weakref.WeakKeyDictionary()   # a prompt is hashed once per request
         if config.oracle_references:
             with open(config.oracle_references) as f:
-                for prompt, output in json.load(f):
-                    self.refs[tuple(prompt)] = list(output)
+                self.set_references(json.load(f))
+
+    def set_references(self, pairs) -> None:
+        """(prompt ids, output ids) pairs: the target's outputs to propose from now on
+        (a benchmark sets them after its own first run, in the same engine)."""
+        self.refs = {tuple(prompt): list(output) for prompt, output in pairs}
+        self._by_request = weakref.WeakKeyDictionary()
 
     def __call__(self, req, k: int) -> list[int]:
         ref = self._by_request.get(req)
