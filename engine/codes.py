@@ -19,3 +19,4 @@ ENGINE_CLOSED = "engine closed"   # the error of requests that close() cancelled
 # engine event kinds (EngineEvent.kind), for the event log and the map's highlights
 EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT = "cow", "preempt", "evict", "prefix_hit"
 EV_DEDUP_JOIN, EV_CHUNK_DONE = "dedup_join", "chunk_done"
+EV_SPEC_VERIFY = "spec_verify"     # drafts verified: proposed, accepted, blocks rolled back

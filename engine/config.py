@@ -17,6 +17,7 @@ asked for, shown to viewers; they are never written back into the core.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
 EVICTION_POLICIES = ("lru", "lfu")
 # vLLM's logprobs_mode values; the first is roseplay's default (docs/SAMPLING.md)
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
+SPECULATIVE_METHODS = ("ngram", "oracle")   # oracle: benchmarks only (docs/SPECULATIVE.md)
+MAX_SPECULATIVE_TOKENS = 16
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 
 
@@ -122,7 +125,16 @@ class SchedulerConfig:
                 "lfu but not under lru (scan resistance); under lfu an old block with many "
                 "hits can also outstay its use (cache pollution).")
 
+    num_speculative_tokens: int = _knob(
+        0, "Draft tokens proposed per decoding request per step and verified in one forward "
+           "(speculative decoding, docs/SPECULATIVE.md); 0: off. Starts at "
+           "speculative_config's num_speculative_tokens.", live=True, minimum=0, step=1)
+
     def __post_init__(self):
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise InvalidRequestError(f"num_speculative_tokens must be an integer in "
+                                      f"[0, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
         for f, top in KNOB_MAXIMUM.items():
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -164,6 +176,54 @@ def knob_changes(**changes) -> KnobChanges:
 def changed_knobs(changes: KnobChanges) -> dict:
     """The fields a KnobChanges sets, as keyword arguments for SchedulerConfig.replace."""
     return {k: v for k, v in msgspec.structs.asdict(changes).items() if v is not msgspec.UNSET}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's speculative_config (its field names): how drafts are proposed. Fixed at
+    start; the live knob SchedulerConfig.num_speculative_tokens turns speculation on and
+    off and sets k (docs/SPECULATIVE.md)."""
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 1      # n-gram sizes matched, longest first
+    prompt_lookup_max: int = 4
+    oracle_acceptance: float = 1.0  # method oracle: chance that a draft is the target's token
+    oracle_references: str | None = None   # method oracle: JSON file of the target's outputs
+
+    def __post_init__(self):
+        if self.method not in SPECULATIVE_METHODS:
+            raise InvalidRequestError(f"speculative_config method must be one of "
+                                      f"{', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise InvalidRequestError(f"num_speculative_tokens must be an integer in "
+                                      f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) \
+                or not 1 <= lo <= hi <= 64:
+            raise InvalidRequestError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, "
+                                      f"got {lo!r}, {hi!r}")
+        if not 0.0 <= self.oracle_acceptance <= 1.0:
+            raise InvalidRequestError("oracle_acceptance must be in [0, 1]")
+
+    @classmethod
+    def parse(cls, value) -> "SpeculativeConfig | None":
+        """From a SpeculativeConfig, a dict, or vLLM's JSON text (`--speculative-config`)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise InvalidRequestError(f"speculative_config is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise InvalidRequestError(f"speculative_config must be an object, got {value!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(value) - names
+        if unknown:
+            raise InvalidRequestError(f"unknown speculative_config field(s): "
+                                      f"{', '.join(sorted(unknown))}")
+        return cls(**value)
 
 
 @dataclass(frozen=True)
@@ -221,9 +281,18 @@ class EngineConfig:
         60.0, "Seconds without a message (clients send a heartbeat every 0.5 s) after which "
               "the engine process judges a client dead: its requests end with an error and "
               "its pause ends. Far above a GC pause or a stop of tens of seconds.")
+    speculative_config: SpeculativeConfig | dict | str | None = _knob(
+        None, "Speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
+              "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, "
+              "\"prompt_lookup_max\": 4}' (docs/SPECULATIVE.md; off by default).")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self):
+        spec = SpeculativeConfig.parse(self.speculative_config)
+        object.__setattr__(self, "speculative_config", spec)
+        if spec is not None and self.scheduler.num_speculative_tokens == 0:
+            object.__setattr__(self, "scheduler", self.scheduler.replace(
+                num_speculative_tokens=spec.num_speculative_tokens))
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise InvalidRequestError(f"block_size must be an integer >= 1, got {self.block_size!r}")
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int)

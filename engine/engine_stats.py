@@ -24,3 +24,8 @@ class EngineStats(msgspec.Struct, frozen=True):
     generation_tokens: int = 0
     finished: int = 0
     kv_block_metrics: KVBlockMetrics = msgspec.field(default_factory=KVBlockMetrics)
+    # speculative decoding (vLLM's spec_decode counters; docs/SPECULATIVE.md)
+    spec_decode_num_drafts: int = 0            # requests verified with drafts, per step
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()   # by draft position

@@ -85,6 +85,9 @@ class EngineCounters:
     snapshot_build_us: int = 0  # building (and, in the engine process, encoding)
     #                             snapshots for viewers: what watching costs the engine
     gc_pause_us: int = 0        # the engine process's garbage-collection pauses
+    spec_decode_num_drafts: int = 0          # speculative decoding (vLLM's names): requests
+    spec_decode_num_draft_tokens: int = 0    # verified with drafts, drafts proposed,
+    spec_decode_num_accepted_tokens: int = 0  # drafts accepted
 
     def minus(self, earlier: "EngineCounters") -> "EngineCounters":
         """The counts between two snapshots (windowed rates, a run's share)."""

@@ -106,24 +106,27 @@ def measure(loop, items: list[WorkItem], warmup: list[WorkItem], args, label: st
     loop.reset_peak_usage()
     loop.wait_idle()
     snap0 = loop.snapshot()
+    pos0 = loop.engine_stats().spec_decode_num_accepted_tokens_per_pos
     try:
         driver = _drive(loop, items, args, arrivals=_arrivals(args), progress=progress,
                         description=label)
     except Interrupted as exc:
         loop.wait_idle(5.0)
         result, _ = _result(loop, exc.driver, snap0, f"{label} (interrupted)".strip(),
-                            finished_only=True)
+                            finished_only=True, pos0=pos0)
         raise Interrupted(result) from None
     loop.wait_idle()
-    return _result(loop, driver, snap0, label)
+    return _result(loop, driver, snap0, label, pos0=pos0)
 
 
 def _result(loop, driver: WorkloadDriver, snap0, label: str,
-            finished_only: bool = False) -> tuple[report.RunResult, list]:
+            finished_only: bool = False, pos0: tuple = ()) -> tuple[report.RunResult, list]:
     """The run's result from the driver's outputs (`finished_only`: an interrupted run,
     whose cancelled requests are left out)."""
     snap1 = loop.snapshot()
     stats = report.engine_stats(snap0, snap1)
+    stats["spec_decode"] = report.spec_decode_stats(
+        stats, pos0, loop.engine_stats().spec_decode_num_accepted_tokens_per_pos)
     outputs = sorted(driver.outputs, key=lambda o: driver.submission_index(o.request_id))
     if finished_only:
         outputs = [o for o in outputs if o.outputs[0].finish_reason != "cancelled"]

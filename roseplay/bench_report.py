@@ -45,6 +45,23 @@ def engine_stats(snap0, snap1) -> dict:
     return d
 
 
+def spec_decode_stats(e: dict, pos0: tuple, pos1: tuple) -> dict | None:
+    """Speculative decoding over a run (None: no drafts): acceptance rate, mean acceptance
+    length (accepted drafts + the target's own token, per verification; vLLM's bench) and
+    the acceptance rate of each draft position (per_pos: the engine's cumulative counts at
+    the start and the end)."""
+    drafts, tokens = e["spec_decode_num_drafts"], e["spec_decode_num_draft_tokens"]
+    if not drafts:
+        return None
+    accepted = e["spec_decode_num_accepted_tokens"]
+    per_pos = [n - (pos0[i] if i < len(pos0) else 0) for i, n in enumerate(pos1)]
+    return {"num_drafts": drafts, "num_draft_tokens": tokens, "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / tokens if tokens else 0.0,
+            "mean_acceptance_length": 1 + accepted / drafts,
+            "accepted_per_pos": per_pos,
+            "acceptance_rate_per_pos": [n / drafts for n in per_pos]}
+
+
 def step_records(snap0, snap1) -> list[dict]:
     """The engine's steps between two snapshots (at most its last 256, the snapshot's
     ring): when each ended (t, s after the first), the gap since the one before (dt),
@@ -164,6 +181,18 @@ def _print_engine(console: Console, e: dict, w: int) -> None:
                                         f"({100 * e['peak_kv_usage']:.1f} %)")]
     for label, value in rows + _block_rows(e.get("kv_block")):
         console.print(f"{label:<40} {value!s:>10}", highlight=False)
+    spec = e.get("spec_decode")
+    if spec:
+        console.print("{s:{c}^{n}}".format(s=" Speculative decoding ", n=w, c="-"))
+        per_pos = " ".join(f"{r:.2f}" for r in spec["acceptance_rate_per_pos"])
+        for label, value in (("Drafts:", spec["num_drafts"]),
+                             ("Draft tokens:", spec["num_draft_tokens"]),
+                             ("Accepted tokens:", spec["num_accepted_tokens"]),
+                             ("Acceptance rate (%):", f"{100 * spec['acceptance_rate']:.1f}"),
+                             ("Mean acceptance length:",
+                              f"{spec['mean_acceptance_length']:.2f}"),
+                             ("Per-position acceptance rate:", per_pos)):
+            console.print(f"{label:<40} {value!s:>10}", highlight=False)
 
 
 def _block_rows(blocks: dict | None) -> list[tuple[str, str]]:

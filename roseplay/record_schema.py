@@ -118,7 +118,8 @@ def check_event(d, num_blocks: int) -> dict:
 
 
 # counters added after format 1 was written: older recordings read them as 0
-LATER_COUNTERS = ("device_wait_us", "snapshot_build_us", "gc_pause_us")
+LATER_COUNTERS = ("device_wait_us", "snapshot_build_us", "gc_pause_us", "spec_decode_num_drafts",
+                  "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 
 
 def check_counters(d) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.core.kv.block_tables import BlockTables
 from engine.core.sampling_extras import sampling_extras
-from engine.core.scheduler import StepPlan
+from engine.core.scheduler import StepPlan, VerifyChunk
 from engine.worker.step_batch import SamplingColumns, StepBatch
 
 _EMPTY_I32 = np.zeros((0,), dtype=np.int32)
@@ -103,21 +103,34 @@ def _prefill_columns(prefills: list, ids: list, tables: BlockTables, block_size:
     pos_parts, slot_parts = [], []
     for c in prefills:
         r = c.request
-        ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
+        if c.__class__ is VerifyChunk:     # its last token, then the drafts it checks
+            ids.extend(r.token_slice(c.start, c.start + 1))
+            ids.extend(c.draft)
+        else:
+            ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
         p = np.arange(c.start, c.start + c.num_tokens, dtype=np.int64)
         table = tables.row(r)
         pos_parts.append(p)
         slot_parts.append(table[p // block_size] * block_size + p % block_size)
     ends = d - 1 + np.cumsum(lens, dtype=np.int64)   # a chunk's last token: its logits row
-    sampled = [c for c in prefills if c.sample]
+    sampled = [c for c in prefills if c.sample and c.__class__ is not VerifyChunk]
     if len(sampled) < len(prefills):
-        ends = ends[[c.sample for c in prefills]]
+        ends = ends[[c.sample and c.__class__ is not VerifyChunk for c in prefills]]
     fields = dict(
         prefill_block_tables=tables.gather([c.request for c in prefills]),
         prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
         prefill_context_lens=np.asarray([c.start + c.num_tokens for c in prefills], np.int32),
         prefill_max_seqlen_q=max(lens))
     return pos_parts, slot_parts, ends, sampled, fields
+
+
+def _verify_rows(verifies: list, first_token: int) -> tuple[np.ndarray, np.ndarray]:
+    """Speculative decoding: every position of every verify chunk (laid out from token
+    row `first_token` on) is a logits row; and the draft each one checks (-1: bonus)."""
+    rows = np.arange(first_token, first_token + sum(c.num_tokens for c in verifies),
+                     dtype=np.int64)
+    drafts = [t for c in verifies for t in (*c.draft, -1)]
+    return rows, np.asarray(drafts, dtype=np.int64)
 
 
 def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: BlockTables,
@@ -128,7 +141,9 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     `tables`: the KV manager's BlockTables (every request's table as a matrix row).
     `device_fed` (async scheduling): the decodes whose tokens are pending take them from
     their sample rows (Request.pending_row) of the step still in flight."""
-    decodes, prefills = plan.decodes, plan.prefills
+    decodes, prefills, verifies = plan.decodes, plan.prefills, plan.verifies
+    if verifies:           # extends after the prefill chunks, in the same attention call
+        prefills = prefills + verifies
     d = len(decodes)
     dec_reqs, dec_rows, dec_pos, dec_lens, ids, token_rows, fed_in_order = \
         _decode_columns(decodes, device_fed)
@@ -149,7 +164,18 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     else:
         positions, slots, logits_indices, sampled, prefill = \
             dec_pos, dec_slots, dec_ends, [], _NO_PREFILLS
-    if followers or sampled:
+    draft_rows = draft_ids = None
+    if verifies:
+        first = positions.shape[0] - sum(c.num_tokens for c in verifies)
+        verify_rows, draft_ids = _verify_rows(verifies, first)
+        base = logits_indices.shape[0]
+        logits_indices = np.concatenate((logits_indices, verify_rows))
+        rows, requests = _sample_rows(decodes + sampled, followers)
+        draft_rows = np.arange(len(rows), len(rows) + verify_rows.shape[0], dtype=np.int64)
+        rows.extend(range(base, base + verify_rows.shape[0]))
+        requests.extend(c.request for c in verifies for _ in range(c.num_tokens))
+        sample_rows = np.asarray(rows, dtype=np.int64)
+    elif followers or sampled:
         rows, requests = _sample_rows(decodes + sampled, followers)
         sample_rows = np.asarray(rows, dtype=np.int64)
     else:                     # a decode-only step without dedup: row i samples decode i
@@ -171,5 +197,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         sampling=_sampling_columns(requests),
         prev_token_rows=token_rows,
         prev_rows_in_order=fed_in_order,
+        draft_rows=draft_rows,
+        draft_ids=draft_ids,
     )
     return batch, requests

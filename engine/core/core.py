@@ -28,7 +28,7 @@ from engine.core.batch_builder import build_step_batch
 from engine.core.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import (DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig,
-                           InvalidRequestError, SchedulerConfig)
+                           InvalidRequestError, SchedulerConfig, SpeculativeConfig)
 from engine.worker.distributed.executor import TPExecutor
 from engine.worker.device_io import HostCopy, HostCopyRing
 from engine.core.events import EventLog
@@ -39,6 +39,7 @@ from engine.worker.placement import blocks_from_memory, resolve_device, resolve_
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.worker.runner import ModelRunner
 from engine.core.scheduler import Scheduler, StepPlan
+from engine.core.spec_decode import SpecDecoder
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
@@ -125,6 +126,9 @@ class LLMEngine:
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
         self.scheduler.max_model_len = self.max_model_len
+        self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
+                                self.scheduler, self.counters, config.seed)
+        self.scheduler.drafter = self.spec.schedule_drafts
         # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
         # buckets, so the NCCL all-reduces of captured graphs match) and samples alike
         self.async_scheduling_enabled = config.async_scheduling
@@ -161,6 +165,12 @@ class LLMEngine:
 
     def set_knobs(self, knobs: SchedulerConfig) -> None:
         self.scheduler.knobs = knobs
+
+    @property
+    def speculating(self) -> bool:
+        """Speculative decoding is on: steps run synchronously (the next step's drafts
+        depend on how many of this step's were accepted; docs/SPECULATIVE.md)."""
+        return self.scheduler.knobs.num_speculative_tokens > 0
 
     def add(self, creq: CoreRequest) -> Request:
         """Queue a validated request (engine/front/processor.py validated it in the front)."""
@@ -217,7 +227,7 @@ class LLMEngine:
             self._isolate(plan, exc, out)
             self._after_step(plan, t0, out)
             return out
-        if self.async_scheduling:
+        if self.async_scheduling and not self.speculating:
             self._inflight = launched
             return out
         try:
@@ -245,6 +255,7 @@ class LLMEngine:
             rid = chunk.request.request_id
             part = StepPlan(decodes=[chunk] if chunk in plan.decodes else [],
                             prefills=[chunk] if chunk in plan.prefills else [],
+                            verifies=[chunk] if chunk in plan.verifies else [],
                             copies=[c for c in plan.copies if c[2] == rid])
             try:
                 launched = self._launch(part)
@@ -277,7 +288,7 @@ class LLMEngine:
         failed = None
         try:
             self._commit(prev.plan)
-            if chain and self.async_scheduling:
+            if chain and self.async_scheduling and not self.speculating:
                 failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails
@@ -343,11 +354,18 @@ class LLMEngine:
         tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync
         self.counters.device_wait_us += int(waited * 1e6)
         now = out.time = self.clock.now()
+        requests, verifies = launched.requests, launched.plan.verifies
+        if verifies:     # the verified positions' rows come last (batch_builder)
+            split = len(tokens) - launched.batch.draft_rows.shape[0]
+            requests, tokens, verified = requests[:split], tokens[:split], tokens[split:]
         row_logprobs = None
         if launched.logprobs is not None or out.logprobs is not None:
-            row_logprobs = out.align_logprobs(launched.logprobs, launched.requests)
-        ended = append_sampled(launched.requests, tokens, now, self.stats.recent_itls,
+            row_logprobs = out.align_logprobs(launched.logprobs, requests)
+        ended = append_sampled(requests, tokens, now, self.stats.recent_itls,
                                out.request_ids, out.token_ids, row_logprobs, out.logprobs)
+        if verifies:
+            ended += self.spec.commit(verifies, verified, now, self.stats.recent_itls, out,
+                                      self.knobs.enable_prefix_caching)
         for req, reason in ended:
             self._finish(req, reason, None, out)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PREEMPT,
-                          EV_PREFIX_HIT)
+                          EV_PREFIX_HIT, EV_SPEC_VERIFY)
 from engine.snapshot import EngineEvent
 
 MAX_EVENTS = 256
@@ -48,3 +48,7 @@ class EventLog:
             add(EngineEvent(step, now, EV_CHUNK_DONE, req.request_id,
                             tuple(req.block_table[first:last + 1]),
                             f"{end}/{req.num_prefill_target} tokens"))
+        for c in plan.verifies:      # speculative decoding (docs/SPECULATIVE.md)
+            freed = f", {len(c.rolled_back)} block(s) rolled back" if c.rolled_back else ""
+            add(EngineEvent(step, now, EV_SPEC_VERIFY, c.request.request_id, c.rolled_back,
+                            f"{len(c.draft)} drafted, {c.accepted} accepted{freed}"))

@@ -50,6 +50,18 @@ class ScheduledChunk:
                 f"num_tokens={self.num_tokens}, sample={self.sample})")
 
 
+class VerifyChunk(ScheduledChunk):
+    """A decode with drafts (speculative decoding): its last token and the drafts, computed
+    as one extend of 1 + len(draft) tokens, sampled at every position."""
+    __slots__ = ("draft", "accepted", "rolled_back")
+
+    def __init__(self, request: Request, start: int, draft: list[int]):
+        super().__init__(request, start, 1 + len(draft), True)
+        self.draft = draft
+        self.accepted = 0                 # set when its tokens are read (spec_decode.py)
+        self.rolled_back: tuple[int, ...] = ()   # blocks freed: they held rejected slots
+
+
 @dataclass
 class StepPlan:
     decodes: list[ScheduledChunk] = field(default_factory=list)
@@ -58,21 +70,23 @@ class StepPlan:
     preempted: list[tuple[Request, tuple[int, ...]]] = field(default_factory=list)  # (req, blocks freed)
     prefix_hits: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)   # (request id, blocks)
     dedup_joins: list[tuple[str, str]] = field(default_factory=list)   # (follower id, leader id)
+    verifies: list[VerifyChunk] = field(default_factory=list)   # decodes with drafts
 
     @property
     def chunks(self) -> list[ScheduledChunk]:
-        return self.decodes + self.prefills
+        return self.decodes + self.prefills + self.verifies
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decodes) + sum(c.num_tokens for c in self.prefills)
+        return len(self.decodes) + sum(c.num_tokens for c in self.prefills) \
+            + sum(c.num_tokens for c in self.verifies)
 
     @property
     def prefix_hit_blocks(self) -> int:
         return sum(len(blocks) for _, blocks in self.prefix_hits)
 
     def __bool__(self) -> bool:
-        return bool(self.decodes or self.prefills)
+        return bool(self.decodes or self.prefills or self.verifies)
 
 
 class Scheduler:
@@ -88,6 +102,9 @@ class Scheduler:
         self._admit_counter = 0
         self._decode_offset = 0
         self.max_model_len = 1 << 62     # the engine sets its own
+        # speculative decoding (engine/core/spec_decode.py): (plan, budget) -> budget left;
+        # turns scheduled decodes into VerifyChunks while num_speculative_tokens > 0
+        self.drafter = None
 
     @property
     def knobs(self) -> SchedulerConfig:
@@ -126,7 +143,7 @@ class Scheduler:
             left = self._schedule_running_prefills(plan, prefilling, budget, may_preempt=False)
             self._admit_waiting(plan, left, knobs)
             if not plan.prefills:
-                self._schedule_decodes(plan, decodes, budget)
+                self._add_drafts(plan, self._schedule_decodes(plan, decodes, budget))
             if not plan:       # nothing fits without preempting: the oldest prefill may
                 self._schedule_running_prefills(plan, prefilling, budget)
             return plan
@@ -135,6 +152,7 @@ class Scheduler:
             budget = max(0, budget - len(plan.decodes))
         else:
             budget = self._schedule_decodes(plan, decodes, budget)
+        budget = self._add_drafts(plan, budget)
         budget = self._schedule_running_prefills(plan, prefilling, budget)
         self._admit_waiting(plan, budget, knobs)
         return plan
@@ -180,6 +198,12 @@ class Scheduler:
             scheduled.append(ScheduledChunk(req, pos, 1, True))
             left -= 1
         return None if budget is None else budget - (len(scheduled) - base)
+
+    def _add_drafts(self, plan: StepPlan, budget: int) -> int:
+        """Drafts for the scheduled decodes, from what is left of the token budget."""
+        if self.drafter is None or not self.knobs.num_speculative_tokens or not plan.decodes:
+            return budget
+        return self.drafter(plan, budget)
 
     def _schedule_running_prefills(self, plan: StepPlan, prefilling: list[Request], budget: int,
                                    may_preempt: bool = True) -> int:

@@ -34,7 +34,8 @@ class StatsRecorder:
         c = self.counters
         prefill_tokens = sum(ch.num_tokens for ch in plan.prefills)
         c.prefill_tokens += prefill_tokens
-        c.decode_tokens += len(plan.decodes)
+        decode_tokens = len(plan.decodes) + sum(ch.num_tokens for ch in plan.verifies)
+        c.decode_tokens += decode_tokens
         c.generated_tokens += sampled
         self.peak_used_blocks = max(self.peak_used_blocks, pool.num_used)
         if not plan:
@@ -42,7 +43,7 @@ class StatsRecorder:
         c.steps += 1
         chunks = tuple(ChunkInfo(ch.request.request_id, ch.start, ch.num_tokens,
                                  ch.request.num_prefill_target) for ch in plan.prefills)
-        step = StepStats(c.steps, now, now - t0, len(plan.decodes), prefill_tokens, chunks,
+        step = StepStats(c.steps, now, now - t0, decode_tokens, prefill_tokens, chunks,
                          plan.prefix_hit_blocks, len(plan.copies), num_evicted,
                          len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
                          sampled)
@@ -66,4 +67,6 @@ def engine_stats(engine, now: float) -> EngineStats:
     return EngineStats(now, len(sched.running), len(sched.waiting), pool.num_used,
                        pool.num_blocks, c.prefix_queried_tokens, c.prefix_hit_tokens,
                        c.preemptions, c.prefill_tokens, c.generated_tokens, c.finished,
-                       pool.lifetimes.freeze())
+                       pool.lifetimes.freeze(), c.spec_decode_num_drafts,
+                       c.spec_decode_num_draft_tokens, c.spec_decode_num_accepted_tokens,
+                       engine.spec.per_position())

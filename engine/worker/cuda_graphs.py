@@ -38,6 +38,13 @@ def mixed_buckets(max_tokens: int) -> list[int]:
     return [b for b in MIXED_BUCKETS if b < max_tokens] + [max_tokens]
 
 
+def _logits_rows_fit(batch, max_seqs: int) -> bool:
+    """A mixed graph computes at most max_seqs logits rows; verified drafts (speculative
+    decoding: a row per position) may need more: such a step runs eagerly."""
+    return getattr(batch, "draft_rows", None) is None \
+        or batch.logits_indices.shape[0] <= max_seqs
+
+
 class StepGraphs:
     def __init__(self, runner, max_batch: int, use_graphs: bool = True, pad: bool = True,
                  max_mixed_tokens: int = 0):
@@ -66,7 +73,8 @@ class StepGraphs:
             n, b = batch.num_decodes, self.decode_buckets
             return "decode", b[bisect.bisect_left(b, n)] if self.pad else n
         n, b = batch.num_tokens, self.mixed_buckets
-        if b and n <= b[-1] and batch.num_decodes + batch.num_prefills <= self.max_seqs:
+        if b and n <= b[-1] and batch.num_decodes + batch.num_prefills <= self.max_seqs \
+                and _logits_rows_fit(batch, self.max_seqs):
             return "mixed", b[bisect.bisect_left(b, n)]
         return None
 

@@ -20,6 +20,7 @@ from engine.worker.cuda_graphs import StepGraphs
 from engine.worker.device_io import to_device
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.placement import kv_cache_zeros
+from engine.worker.rejection import rejection_sample, target_probs
 from engine.worker.sampling import LogprobsCopy, Sampler
 from engine.worker.step_buffers import device_fed
 from engine.worker.step_batch import StepBatch
@@ -86,8 +87,27 @@ class ModelRunner:
             self.sampler.last_logprobs = None
         else:
             tokens = self.sampler.sample(logits, batch.sampling)
+        if batch.draft_rows is not None:
+            tokens = self._verify_random_rows(logits, batch, tokens)
         self.last_tokens = tokens
         return tokens
+
+    def _verify_random_rows(self, logits: torch.Tensor, batch: StepBatch,
+                            tokens: torch.Tensor) -> torch.Tensor:
+        """Random rows of verified positions take the rejection sampler's token (greedy
+        rows keep the argmax: the host accepts a draft equal to it)."""
+        cols = batch.sampling
+        rows = batch.draft_rows[~cols.greedy[batch.draft_rows]]
+        if not rows.shape[0]:
+            return tokens
+        dev = logits.device
+        idx = to_device(rows, torch.int64, dev)
+        drafts = batch.draft_ids[~cols.greedy[batch.draft_rows]]
+        probs = target_probs(logits.index_select(0, idx), cols.temperature[rows],
+                             cols.top_k[rows], cols.top_p[rows])
+        out = rejection_sample(probs, to_device(drafts, torch.int64, dev), None,
+                               self.sampler.generator)
+        return tokens.clone().index_copy_(0, idx, out.to(tokens.dtype))
 
     def take_logprobs(self, batch: StepBatch) -> LogprobsCopy | None:
         """The last step's logprobs (rows that asked), copying to the host; None if none."""

@@ -72,6 +72,10 @@ class StepBatch:
     prev_token_rows: np.ndarray | None = None   # [D] async scheduling: decode i's input is
     #                  the previous step's sample prev_token_rows[i] (-1: input_ids[i])
     prev_rows_in_order: bool = False   # prev_token_rows is 0..D-1: decode i takes sample i
+    # speculative decoding (docs/SPECULATIVE.md): the sample rows of verified positions and
+    # the draft token each one checks (-1: the bonus row after a request's drafts)
+    draft_rows: np.ndarray | None = None     # [N] int64
+    draft_ids: np.ndarray | None = None      # [N] int64
 
     @property
     def num_tokens(self) -> int:

@@ -130,6 +130,18 @@ class KVManager:
             if enabled:
                 self.pool.index.insert(key, req.block_table[i])
 
+    def truncate(self, req: Request) -> list[int]:
+        """Drop (and return) the blocks past the computed tokens (speculative decoding:
+        the rejected drafts' slots); a dropped block was reserved for them alone, never
+        hashed."""
+        keep = -(-req.num_computed_tokens // self.block_size)
+        extra = req.block_table[keep:]
+        if extra:
+            del req.block_table[keep:]
+            self.pool.release(extra)
+            self.tables.sync(req, keep)
+        return extra
+
     def free(self, req: Request) -> None:
         self.pool.release(req.block_table)
         self.tables.release(req)

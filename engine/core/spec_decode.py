@@ -1,0 +1,140 @@
+"""Speculative decoding on the core's side (docs/SPECULATIVE.md): drafts in, accepted
+tokens out.
+
+`SpecDecoder.schedule_drafts` is the scheduler's drafter: after the step's decodes got
+their one token each, every eligible decode gets up to k drafts (vLLM's n-gram prompt
+lookup, engine/core/ngram_proposer.py, or the benchmark-only oracle) from what is left
+of the token budget, and becomes a VerifyChunk: its last token and the drafts computed
+as one extend, every position sampled. `commit` reads the sampled tokens: the longest
+prefix of drafts equal to the target's tokens is accepted, plus the target's token after
+it; the request's computed count moves past the accepted tokens only, and blocks that
+hold nothing but rejected slots go back to the pool (no unverified token is ever hashed
+into the prefix cache: blocks are hashed from computed tokens).
+
+Not speculated (a plain decode instead): requests whose sampling needs the processed
+path (penalties, logit bias, min_p, min_tokens, logprobs), seeded random requests, and
+a request with a token still pending on the device.
+"""
+from __future__ import annotations
+
+import json
+import random
+import weakref
+
+from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
+from engine.core.ngram_proposer import propose_ngram
+from engine.core.scheduler import StepPlan, VerifyChunk
+from engine.request import RequestStatus, append_sampled
+
+
+class OracleDrafts:
+    """Benchmarks only (method "oracle"): the target's own greedy continuation, read from
+    a first non-speculative run (`oracle_references`: JSON [[prompt ids, output ids], ...]),
+    each draft kept with probability `oracle_acceptance`, else replaced by a wrong token:
+    acceptance set by hand where dummy weights make real drafts meaningless."""
+
+    def __init__(self, config: SpeculativeConfig, seed: int):
+        self.p = config.oracle_acceptance
+        self.rng = random.Random(seed)
+        self.refs: dict[tuple, list[int]] = {}
+        self._by_request = weakref.WeakKeyDictionary()   # a prompt is hashed once per request
+        if config.oracle_references:
+            with open(config.oracle_references) as f:
+                self.set_references(json.load(f))
+
+    def set_references(self, pairs) -> None:
+        """(prompt ids, output ids) pairs: the target's outputs to propose from now on
+        (a benchmark sets them after its own first run, in the same engine)."""
+        self.refs = {tuple(prompt): list(output) for prompt, output in pairs}
+        self._by_request = weakref.WeakKeyDictionary()
+
+    def __call__(self, req, k: int) -> list[int]:
+        ref = self._by_request.get(req)
+        if ref is None:
+            ref = self._by_request[req] = self.refs.get(tuple(req.prompt_token_ids), [])
+        if not ref:
+            return []
+        done = len(req.output_token_ids)
+        out = ref[done:done + k]
+        # a wrong token: a neighbour id (never the target's, always in the vocabulary)
+        return [t if self.rng.random() < self.p else (t - 1 if t > 0 else 1) for t in out]
+
+
+class SpecDecoder:
+    def __init__(self, config: SpeculativeConfig, scheduler, counters, seed: int = 0):
+        self.config = config
+        self.scheduler = scheduler
+        self.kv = scheduler.kv
+        self.counters = counters
+        # accepted drafts by position (vLLM's spec_decode_num_accepted_tokens_per_pos)
+        self.accepted_per_pos = [0] * MAX_SPECULATIVE_TOKENS
+        self.longest_draft = 0        # positions reported (a position never drafted: none)
+        self.oracle = OracleDrafts(config, seed) if config.method == "oracle" else None
+
+    def propose(self, req, k: int) -> list[int]:
+        if self.oracle is not None:
+            return self.oracle(req, k)
+        c = self.config
+        return propose_ngram(req.all_token_ids(), k, c.prompt_lookup_min, c.prompt_lookup_max)
+
+    @staticmethod
+    def eligible(req) -> bool:
+        return (req.status is RequestStatus.RUNNING and req.pending_row < 0
+                and not req.processed and (req.greedy or req.params.seed is None))
+
+    def schedule_drafts(self, plan: StepPlan, budget: int) -> int:
+        """Turn scheduled decodes into VerifyChunks, each draft costing one token of the
+        budget; returns the budget left. Where the pool has no room for the drafts'
+        slots the decode stays plain (speculation never preempts)."""
+        k = self.scheduler.knobs.num_speculative_tokens
+        plain = []
+        for c in plan.decodes:
+            req = c.request
+            room = min(k, budget, req.length_cap - req.num_tokens - 1)
+            draft = self.propose(req, room) if room > 0 and self.eligible(req) else []
+            if draft and self.kv.reserve(req, 1 + len(draft), plan.copies):
+                plan.verifies.append(VerifyChunk(req, c.start, draft))
+                budget -= len(draft)
+            else:
+                plain.append(c)
+        plan.decodes = plain
+        return budget
+
+    def commit(self, verifies: list[VerifyChunk], tokens: list[int], now: float, itls,
+               out, caching: bool) -> list:
+        """The verify chunks' sampled tokens (1 + drafts each, in order) into their
+        requests; returns the requests a token ends, with the reason."""
+        ended, i = [], 0
+        c = self.counters
+        for chunk in verifies:
+            req, draft = chunk.request, chunk.draft
+            row = tokens[i:i + chunk.num_tokens]
+            i += chunk.num_tokens
+            accepted = 0
+            while accepted < len(draft) and row[accepted] == draft[accepted]:
+                self.accepted_per_pos[accepted] += 1
+                accepted += 1
+            c.spec_decode_num_drafts += 1
+            c.spec_decode_num_draft_tokens += len(draft)
+            self.longest_draft = max(self.longest_draft, len(draft))
+            c.spec_decode_num_accepted_tokens += accepted
+            chunk.accepted = accepted
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            emitted = 0
+            for token in row[:accepted + 1]:   # stops at the first token that ends it
+                emitted += 1
+                done = append_sampled([req], [token], now, itls, out.request_ids,
+                                      out.token_ids, None if out.logprobs is None else [None],
+                                      out.logprobs)
+                if done:
+                    ended.extend(done)
+                    break
+            req.num_computed_tokens = chunk.start + emitted
+            self.kv.register_full_blocks(req, caching)
+            chunk.rolled_back = tuple(self.kv.truncate(req))
+        return ended
+
+    def per_position(self) -> tuple[int, ...]:
+        """Accepted drafts by position, for every position some draft reached."""
+        return tuple(self.accepted_per_pos[:self.longest_draft])

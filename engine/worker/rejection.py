@@ -1,0 +1,57 @@
+"""Rejection sampling of speculative drafts (Leviathan et al. 2023; vLLM's
+RejectionSampler): batched on the device, exact, the target's distribution preserved.
+
+Each verified position j of a request has a target distribution p_j (the processed one
+the sampler would draw from) and a draft token x_j drawn from q_j. The draft is accepted
+with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection the token is drawn
+from norm(max(0, p_j - q_j)) instead and the later positions are void; when every draft
+is accepted, the bonus position (no draft) draws from its p. For an n-gram (or oracle)
+draft q_j is one-hot at x_j: accept with probability p_j(x_j), else draw from p_j with
+x_j removed. A rejected row's token never equals its draft (p_j(x_j) < q_j(x_j) there,
+so the residual is 0 at x_j): the host reads "accepted" as "token == draft".
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.worker.device_io import to_device
+from engine.worker.sampling import Sampler
+
+
+def target_probs(logits: torch.Tensor, temperature: np.ndarray, top_k: np.ndarray,
+                 top_p: np.ndarray) -> torch.Tensor:
+    """The distribution the sampler draws random rows from (temperature, top-k, top-p)."""
+    scaled = logits.float() / to_device(temperature, torch.float32, logits.device)[:, None]
+    scaled = Sampler._top_p(Sampler._top_k(scaled, top_k), top_p)
+    return torch.softmax(scaled, dim=-1)
+
+
+def _race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row from the (unnormalized) weights: argmax of w / E, E ~ Exp(1)."""
+    noise = torch.empty_like(weights).exponential_(generator=generator).clamp_min_(1e-10)
+    return (weights / noise).argmax(dim=-1)
+
+
+def rejection_sample(probs: torch.Tensor, draft_ids: torch.Tensor,
+                     draft_probs: torch.Tensor | None = None,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """probs [N, V] target distributions; draft_ids [N] (-1: a bonus row, drawn from p);
+    draft_probs [N, V] q, or None for one-hot drafts. Returns each row's token [N]: the
+    draft where accepted, else the residual's draw (a bonus row: p's draw)."""
+    n = probs.shape[0]
+    is_draft = draft_ids >= 0
+    x = draft_ids.clamp_min(0)[:, None]
+    p_x = probs.gather(1, x)[:, 0]
+    if draft_probs is None:
+        q = torch.zeros_like(probs).scatter_(1, x, 1.0)
+        q_x = torch.ones_like(p_x)
+    else:
+        q, q_x = draft_probs, draft_probs.gather(1, x)[:, 0]
+    u = torch.rand(n, device=probs.device, generator=generator)
+    accept = is_draft & (u * q_x <= p_x)
+    residual = (probs - q).clamp_min_(0.0)
+    residual = torch.where(is_draft[:, None], residual, probs)    # a bonus row draws from p
+    empty = residual.sum(dim=-1, keepdim=True) <= 0               # p == q: never rejected
+    residual = torch.where(empty, probs, residual)
+    return torch.where(accept, draft_ids, _race(residual, generator))

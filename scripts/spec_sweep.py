@@ -1,0 +1,115 @@
+"""Speculative decoding's cost and gain as a function of acceptance, measured with the
+benchmark-only oracle drafter (docs/SPECULATIVE.md): dummy weights make real drafts
+meaningless, so a first non-speculative greedy run (k = 0) records the target's own
+outputs and the oracle proposes them, each draft kept with probability p (else a wrong
+token).
+
+PYTHONPATH=. python3 scripts/spec_sweep.py [--model dummy:qwen2.5-0.5b] [--batches 256,1]
+    [--ks 1,2,3,4,5] [--ps 0,0.5,0.8,1.0] [--repeat 5] [--quick] [--json out.json]
+
+One engine per batch size (k is the live knob, p and the references are set on the
+engine's oracle between runs), so the model loads and graphs capture once. Per
+(batch, k, p): median of --repeat runs of output throughput (tok/s) and of the runs'
+TPOT p50 (ms), acceptance and mean acceptance length over those runs; k = 0 is the
+baseline. Batch 256 is W1-like (512 random prompt tokens -> 128 output, EOS ignored, all
+at t = 0); batch 1 the same request alone. Outputs must equal the baseline's (greedy).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.getcwd())
+from engine import LLM, SamplingParams  # noqa: E402
+
+
+def run(llm: LLM, prompts, params) -> dict:
+    c = llm.engine.counters
+    d0, t0, a0 = (c.spec_decode_num_drafts, c.spec_decode_num_draft_tokens,
+                  c.spec_decode_num_accepted_tokens)
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    wall = time.perf_counter() - start
+    tpots = [o.metrics.tpot for o in outs if o.metrics.tpot is not None]
+    return {"tok_s": sum(len(o.outputs[0].token_ids) for o in outs) / wall,
+            "tpot_ms": 1e3 * statistics.median(tpots),
+            "drafts": c.spec_decode_num_drafts - d0,
+            "draft_tokens": c.spec_decode_num_draft_tokens - t0,
+            "accepted": c.spec_decode_num_accepted_tokens - a0,
+            "outputs": [list(o.outputs[0].token_ids) for o in outs]}
+
+
+def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
+    eng = llm.engine
+    eng.set_knobs(eng.knobs.replace(num_speculative_tokens=k))
+    run(llm, prompts[:16], params)                       # warm-up (new shapes)
+    runs = [run(llm, prompts, params) for _ in range(repeat)]
+    drafts, tokens, accepted = (sum(r[x] for r in runs)
+                                for x in ("drafts", "draft_tokens", "accepted"))
+    return {"tok_s": statistics.median(r["tok_s"] for r in runs),
+            "tpot_ms": statistics.median(r["tpot_ms"] for r in runs),
+            "acceptance": accepted / tokens if tokens else 0.0,
+            "mean_len": 1 + accepted / drafts if drafts else 1.0,
+            "same": all(r["outputs"] == runs[0]["outputs"] for r in runs),
+            "outputs": runs[-1]["outputs"]}
+
+
+def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
+    params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
+    spec = {"method": "oracle", "num_speculative_tokens": max(ks)}
+    with LLM(model=args.model, max_num_seqs=max(batch, 16), max_num_batched_tokens=8192,
+             speculative_config=spec) as llm:
+        rng = np.random.default_rng(0)
+        vocab = llm.engine.vocab_size
+        prompts = [rng.integers(10, vocab - 10, args.input_len).tolist() for _ in range(batch)]
+        base = measure(llm, prompts, params, repeat, 0)
+        print(f"batch {batch:4d} k 0        tok/s {base['tok_s']:10.0f}  TPOT p50 "
+              f"{base['tpot_ms']:7.2f} ms", flush=True)
+        rows.append({"batch": batch, "k": 0, "p": None, "tok_s": base["tok_s"],
+                     "tpot_ms": base["tpot_ms"]})
+        oracle = llm.engine.spec.oracle
+        oracle.set_references(zip(prompts, base["outputs"]))
+        for k in ks:
+            for p in ps:
+                oracle.p = p
+                r = measure(llm, prompts, params, repeat, k)
+                same = r["same"] and r["outputs"] == base["outputs"]
+                print(f"batch {batch:4d} k {k} p {p:.1f}  tok/s {r['tok_s']:10.0f}  TPOT p50 "
+                      f"{r['tpot_ms']:7.2f} ms  acceptance {r['acceptance']:.2f}  mean len "
+                      f"{r['mean_len']:.2f}  throughput x{r['tok_s'] / base['tok_s']:.2f}  "
+                      f"TPOT x{r['tpot_ms'] / base['tpot_ms']:.2f}"
+                      f"{'' if same else '  (outputs differ from k = 0)'}", flush=True)
+                rows.append({"batch": batch, "k": k, "p": p, "same_output": same,
+                             **{x: r[x] for x in ("tok_s", "tpot_ms", "acceptance",
+                                                  "mean_len")}})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="dummy:qwen2.5-0.5b")
+    ap.add_argument("--batches", default="256,1")
+    ap.add_argument("--ks", default="1,2,3,4,5")
+    ap.add_argument("--ps", default="0,0.5,0.8,1.0")
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="k in {1, 3, 5}, repeat 3")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    ks = [1, 3, 5] if args.quick else [int(k) for k in args.ks.split(",")]
+    repeat = 3 if args.quick else args.repeat
+    ps = [float(p) for p in args.ps.split(",")]
+    rows: list = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        sweep(args, batch, ks, ps, repeat, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""Speculative decoding (docs/SPECULATIVE.md) on the default path: the engine in its own
+process (EngineClient), n-gram drafts on the bundled Shakespeare model. Greedy output is
+identical to the non-speculative engine's (the in-process LLM, the comparison) through
+chunked prefill, prefix hits, dedup, copy-on-write, preemption, async scheduling and a
+live toggle of the knob; the pool ends empty with every block-pool invariant checked
+after each step; drafts are accepted on repetitive text and counted on /metrics. The
+rejection sampler keeps the target distribution (a statistical test against a per-row
+torch reference). Rollback: blocks of rejected slots go back, nothing unverified is hashed."""
+import threading
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import LLM, SamplingParams
+from engine.codes import EV_SPEC_VERIFY
+from engine.config import InvalidRequestError, SpeculativeConfig, make_config
+from engine.core.ngram_proposer import propose_ngram
+from engine.front.client import EngineClient
+from engine.worker.rejection import rejection_sample
+from roseplay.serve.app import build_app
+from roseplay.serve.server import ServerThread
+
+TIMEOUT = 120
+LINE = "To be, or not to be, that is the question.\n"
+SHARED = "ROMEO.\nBut soft, what light through yonder window breaks?\n" * 2
+PROMPTS = ([LINE * 3, LINE * 3,                          # dedup (and COW of the last block)
+            SHARED + "JULIET.\n", SHARED + "ROMEO.\n",   # prefix hits
+            "First Citizen.\nBefore we proceed any further, hear me speak.\n" * 3,
+            "KING.\nWhat news? " * 6]
+           + [f"{LINE * 2}HAMLET {i}.\n" for i in range(4)])
+# few blocks (preemption), a small budget (chunked prefill, drafts trimmed to it)
+KW = dict(model="default", device="cpu", block_size=8, num_blocks=28,
+          max_num_batched_tokens=48, max_num_seqs=8, check_invariants=True)
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+        "prompt_lookup_max": 3}
+GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with LLM(**KW) as llm:
+        return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.fixture(scope="module")
+def client():
+    c = EngineClient(label="spec", snapshots=False, speculative_config=SPEC, **KW)
+    yield c
+    c.close()
+
+
+def _run(client, toggle=False):
+    client.pause()          # all queued before the first step: the twins dedup
+    streams = [client.submit(p, GREEDY) for p in PROMPTS]
+    client.resume()
+    if toggle:      # live: off then on again while the requests run
+        streams[0].get(timeout=TIMEOUT)
+        client.set_knobs(num_speculative_tokens=0)
+        streams[1].get(timeout=TIMEOUT)
+        client.set_knobs(num_speculative_tokens=2)
+    out = [list(s.result(timeout=TIMEOUT).outputs[0].token_ids) for s in streams]
+    assert client.wait_idle(TIMEOUT)
+    return out
+
+
+def test_greedy_identical_with_speculation_and_pool_empty_after(client, reference):
+    before = client.engine_stats()
+    assert _run(client) == reference
+    st = client.engine_stats()
+    assert st.num_used_blocks == 0
+    assert st.preemptions > before.preemptions, "the workload should preempt"
+    assert st.prefix_hit_tokens > before.prefix_hit_tokens
+    counters = client.snapshot().counters      # the one wait_idle took
+    assert counters.dedup_joined > 0 and counters.cow_copies > 0
+    drafts = st.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+    accepted = st.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    assert drafts > 0 and accepted > 0, (drafts, accepted)
+    assert accepted <= drafts
+    per_pos = st.spec_decode_num_accepted_tokens_per_pos
+    assert sum(per_pos) == st.spec_decode_num_accepted_tokens
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))   # position i needs i-1 first
+
+
+def test_live_toggle_keeps_greedy_output(client, reference):
+    assert _run(client, toggle=True) == reference
+    assert client.engine_stats().num_used_blocks == 0
+    client.set_knobs(num_speculative_tokens=4)
+
+
+def test_metrics_show_spec_decode_counters(client):
+    srv = ServerThread(build_app(client)).start()
+    try:
+        r = httpx.post(srv.url + "/v1/completions", timeout=TIMEOUT, json={
+            "model": "default", "prompt": LINE * 3, "max_tokens": 24, "temperature": 0})
+        assert r.status_code == 200
+        assert client.wait_idle(TIMEOUT)
+        text = httpx.get(srv.url + "/metrics", timeout=TIMEOUT).text
+    finally:
+        srv.stop()
+    got = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + (f"[{s.labels['position']}]" if "position" in s.labels else "")
+            got[key] = s.value
+    st = client.engine_stats()
+    assert got["vllm:spec_decode_num_drafts_total"] == st.spec_decode_num_drafts > 0
+    assert got["vllm:spec_decode_num_draft_tokens_total"] == st.spec_decode_num_draft_tokens
+    assert got["vllm:spec_decode_num_accepted_tokens_total"] == \
+        st.spec_decode_num_accepted_tokens > 0
+    assert got["vllm:spec_decode_num_accepted_tokens_per_pos_total[0]"] == \
+        st.spec_decode_num_accepted_tokens_per_pos[0]
+
+
+def test_rollback_frees_rejected_slots_and_hashes_only_verified_tokens():
+    """In-process (to look inside): after every verification the request holds exactly
+    the blocks of its computed tokens and hashes only full computed blocks."""
+    with LLM(speculative_config=SPEC, **KW) as llm:
+        spec, seen = llm.engine.spec, []
+        commit = spec.commit
+
+        def checked(verifies, tokens, *args):
+            ended = commit(verifies, tokens, *args)
+            for c in verifies:
+                r = c.request
+                if r.block_table:
+                    bs = KW["block_size"]
+                    assert len(r.block_table) == -(-r.num_computed_tokens // bs)
+                    assert len(r.block_hashes) == r.num_computed_tokens // bs
+                    seen.append(r.num_computed_tokens - c.start < c.num_tokens)
+            return ended
+        spec.commit = checked
+        llm.generate(PROMPTS[:6], SamplingParams(max_tokens=30, temperature=0.8, seed=None))
+        assert any(seen), "no draft was rejected"
+        assert llm.engine.pool.num_used == 0
+        verified = [e for e in llm.engine.events.recent() if e.kind == EV_SPEC_VERIFY]
+        assert verified and all("drafted" in e.detail for e in verified)   # the TUI's log
+
+
+def test_random_sampling_speculates_only_plain_requests():
+    """temperature > 0: rejection sampling; penalties, logprobs or a seed: no drafts."""
+    with LLM(speculative_config=SPEC, **KW) as llm:
+        c = llm.engine.counters
+        llm.generate([LINE * 3], SamplingParams(max_tokens=20, temperature=0.7, seed=5,
+                                                presence_penalty=0.5, logprobs=1))
+        assert c.spec_decode_num_drafts == 0
+        out = llm.generate([LINE * 3], SamplingParams(max_tokens=20, temperature=0.7))
+        assert len(out[0].outputs[0].token_ids) == 20
+        assert c.spec_decode_num_drafts > 0
+
+
+def _reference_rejection(p, q, x, gen):
+    """One position, row by row (the textbook algorithm)."""
+    out = []
+    for i in range(p.shape[0]):
+        if torch.rand((), generator=gen) < min(1.0, float(p[i, x[i]] / q[i, x[i]])):
+            out.append(int(x[i]))
+        else:
+            r = (p[i] - q[i]).clamp_min(0)
+            out.append(int(torch.multinomial(r / r.sum(), 1, generator=gen)))
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("one_hot", [True, False])
+def test_rejection_sampler_preserves_the_target_distribution(one_hot):
+    gen = torch.Generator().manual_seed(0)
+    vocab, n = 6, 40000
+    p = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, 0)
+    q = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, 0)
+    x = torch.multinomial(q, n, replacement=True, generator=gen)
+    qs = None if one_hot else q.expand(n, vocab)
+    out = rejection_sample(p.expand(n, vocab).clone(), x, qs, gen)
+    emp = torch.bincount(out, minlength=vocab).double() / n
+    assert 0.5 * (emp - p).abs().sum() < 0.015          # TV: ~0.005 expected at n = 40000
+    accepted = (out == x).double().mean()
+    want = p[x].mean() if one_hot else torch.minimum(p, q).sum()
+    assert abs(accepted - want) < 0.015
+    if not one_hot:           # the per-row reference draws the same distribution
+        ref = _reference_rejection(p.expand(4000, vocab), q.expand(4000, vocab), x[:4000], gen)
+        emp_ref = torch.bincount(ref, minlength=vocab).double() / 4000
+        assert 0.5 * (emp_ref - p).abs().sum() < 0.05
+    bonus = rejection_sample(p.expand(n, vocab).clone(), torch.full((n,), -1), None, gen)
+    assert 0.5 * (torch.bincount(bonus, minlength=vocab).double() / n - p).abs().sum() < 0.015
+
+
+def test_ngram_proposer_takes_the_longest_recent_match():
+    assert propose_ngram([1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 3], 2, 1, 3) == [4, 5]
+    assert propose_ngram([7, 8, 9], 3, 1, 3) == []
+    assert propose_ngram([1, 2, 1], 3, 2, 3) == []          # no 2-gram recurs
+    assert propose_ngram([5, 1, 6, 1], 2, 1, 3) == [6, 1]
+
+
+def test_config_vllm_json_and_live_knob():
+    cfg = make_config(speculative_config='{"method": "ngram", "num_speculative_tokens": 5, '
+                                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
+    assert cfg.speculative_config == SpeculativeConfig("ngram", 5, 2, 4)
+    assert cfg.scheduler.num_speculative_tokens == 5       # on from the start
+    assert make_config().scheduler.num_speculative_tokens == 0   # off by default
+    for bad in ('{"method": "eagle"}', '{"num_speculative_tokens": 0}', "not json",
+                '{"prompt_lookup_min": 4, "prompt_lookup_max": 2}', '{"k": 1}'):
+        with pytest.raises(InvalidRequestError):
+            make_config(speculative_config=bad)
+    with pytest.raises(InvalidRequestError):
+        make_config(num_speculative_tokens=-1)
+
+
+def test_bench_reports_acceptance(tmp_path, capsys):
+    import json
+    from roseplay import bench
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--in-process", "--model", "default", "--device", "cpu", "--no-progress",
+                     "--scenario", "identical", "--num-prompts", "3", "--input-len", "48",
+                     "--output-len", "24", "--num-speculative-tokens", "3",
+                     "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "Mean acceptance length:" in text
+    spec = json.loads(out.read_text())["summary"]["engine"]["spec_decode"]
+    assert spec["num_draft_tokens"] >= spec["num_accepted_tokens"] == sum(spec["accepted_per_pos"])
+    assert spec["mean_acceptance_length"] == pytest.approx(
+        1 + spec["num_accepted_tokens"] / spec["num_drafts"])
+    assert len(spec["acceptance_rate_per_pos"]) <= 3
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
+    """Benchmarks only: the target's own greedy outputs as drafts, kept with probability p."""
+    import json
+    prompts = PROMPTS[4:7]
+    with LLM(**KW) as llm:
+        ids = [llm.tokenizer.encode(t) for t in prompts]
+        want = [list(o.outputs[0].token_ids) for o in llm.generate(
+            [{"prompt_token_ids": i} for i in ids], GREEDY)]
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps([[i, w] for i, w in zip(ids, want)]))
+    spec = {"method": "oracle", "num_speculative_tokens": 3, "oracle_acceptance": p,
+            "oracle_references": str(refs)}
+    with LLM(speculative_config=spec, **KW) as llm:
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(
+            [{"prompt_token_ids": i} for i in ids], GREEDY)]
+        c = llm.engine.counters
+    assert got == want
+    assert c.spec_decode_num_draft_tokens > 0
+    assert c.spec_decode_num_accepted_tokens == (c.spec_decode_num_draft_tokens if p else 0)
+
+
+def test_verify_steps_through_the_graph_buffers_match_plain_engine():
+    """The CUDA graphs' padded step buffers, run eagerly on the CPU (as in
+    test_step_graphs.py): verify steps whose logits rows fit take the mixed-graph path,
+    the wider ones run eagerly; greedy tokens equal the plain engine's either way."""
+    from types import SimpleNamespace
+
+    from engine.worker.cuda_graphs import StepGraphs
+    from kernels import reference
+    from kernels.unified_attention import unified_attention_reference
+    kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4,
+              num_blocks=64, max_num_batched_tokens=48, max_num_seqs=6)
+    g = torch.Generator().manual_seed(4)
+    prompts = [{"prompt_token_ids": torch.randint(0, 64, (n,), generator=g).tolist() * 3}
+               for n in (3, 5, 7, 4, 6, 9)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    with LLM(**kw) as llm:
+        want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    with LLM(num_speculative_tokens=3, **kw) as llm:
+        runner = llm.engine.runner
+        names = [n for n in dir(reference) if not n.startswith("_")
+                 and callable(getattr(reference, n))]
+        ops = SimpleNamespace(**{n: getattr(reference, n) for n in names},
+                              paged_unified_attention=unified_attention_reference)
+        runner.model.ops = ops
+        for layer in runner.model.attention_layers():
+            layer.ops = ops
+        runner.graphs = graphs = StepGraphs(runner, 8, use_graphs=False, pad=True,
+                                            max_mixed_tokens=48)
+        kinds = []
+        real_key = graphs.key
+
+        def key(batch):
+            k = real_key(batch)
+            if batch.draft_rows is not None:
+                kinds.append(k and k[0])
+            return k
+        graphs.key = key
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        assert got == want
+        assert "mixed" in kinds and None in kinds, kinds     # graph path and eager both ran
+        assert llm.engine.counters.spec_decode_num_accepted_tokens > 0
+
+
+def test_stops_inside_an_accepted_run_end_the_request_there(client):
+    """A stop string or stop token among a step's accepted tokens ends the request at
+    it, as without speculation (the tokens after it are dropped)."""
+    prompts = [LINE * 3, SHARED]
+    with LLM(**KW) as llm:
+        plain = llm.generate(prompts, GREEDY)
+        stop_id = plain[1].outputs[0].token_ids[12]     # a token it will reach
+        params = [SamplingParams(max_tokens=40, temperature=0, stop=["MESSENGER"]),
+                  SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[stop_id])]
+        want = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+                for o in llm.generate(prompts, params)]
+    before = client.engine_stats().spec_decode_num_accepted_tokens
+    outs = [client.submit(p, sp).result(timeout=TIMEOUT) for p, sp in zip(prompts, params)]
+    got = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+           for o in outs]
+    assert got == want and all(r == "stop" for _, _, r in got)
+    assert client.wait_idle(TIMEOUT)
+    assert client.engine_stats().spec_decode_num_accepted_tokens > before
