@@ -96,11 +96,9 @@ class Sampler:
 
     @staticmethod
     def _greedy_tokens(logits: torch.Tensor, x: torch.Tensor, ex: SamplingExtras) -> torch.Tensor:
-        """The argmax of each row: of the model-dtype logits where nothing changed them (so
-        a plain greedy row gets the very token the all-greedy path and the graphs' argmax
-        give: on the GPU the float32 and bf16 argmaxes of one row were seen to differ in
-        bf16 runs of 2026-11-24), of the processed float32 row where mask, bias or a
-        penalty did."""
+        """The argmax of each row: of the model-dtype logits where nothing changed them
+        (the very argmax the all-greedy path and the graphs take, on the same values), of
+        the processed float32 row where mask, bias or a penalty did."""
         tokens = logits.argmax(dim=-1)
         changed = np.unique(np.concatenate((ex.mask_rows, ex.bias_rows, ex.penalty_rows)))
         if changed.shape[0]:
