@@ -17,6 +17,11 @@ from hypothesis import strategies as st
 
 from engine import SamplingParams
 
+# the engine both fuzz suites start (dummy:tiny: vocabulary of 512)
+VOCAB = 512                 # dummy:tiny
+ENGINE = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4, num_blocks=32,
+              max_model_len=64)
+
 EXAMPLES = int(os.environ.get("ROSEPLAY_FUZZ_EXAMPLES", "1"))   # a multiplier for long runs
 
 

@@ -109,7 +109,7 @@ else:
     import torch
 
     from kernels.unified_attention import paged_unified_attention, unified_attention_reference
-    from tests.kernels.test_kernels import assert_close, make_paged, poison, seed  # noqa: F401
+    from tests.kernels.kernel_helpers import assert_close, make_paged, poison, seed  # noqa: F401
 
     # (new tokens, context) per sequence, decodes first as the engine lays them out
     MIXES = {

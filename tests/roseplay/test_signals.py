@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.roseplay.test_tui_tmux import ROOT, Tmux
+from tests.roseplay.tmux import ROOT, Tmux
 
 pytestmark = pytest.mark.timeout(120)
 from tests.helpers import engines_owned_by  # noqa: E402

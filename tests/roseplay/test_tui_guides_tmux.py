@@ -13,7 +13,7 @@ import time
 import pytest
 
 from roseplay.guides import GUIDES
-from tests.roseplay.test_tui_tmux import Tmux
+from tests.roseplay.tmux import Tmux
 
 pytestmark = [pytest.mark.timeout(150),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
@@ -37,17 +37,20 @@ def test_every_guide_shows_its_claim_on_screen_in_time(tmp_path):
 
 
 def test_quit_during_the_load_leaves_nothing_in_tmp(tmp_path):
-    """The engine's socket folder (/tmp/roseplay-*) goes with a quit while it loads."""
+    """The engine's socket folder (roseplay-* in $TMPDIR) goes with a quit while it loads.
+    $TMPDIR is this test's own short folder, so engines of other tests running at the
+    same time (xdist workers) never show up in it."""
     import glob
+    import tempfile
     exit_file = str(tmp_path / "exit_code")
-    before = set(glob.glob("/tmp/roseplay-*"))
-    tmux = Tmux([sys.executable, "-m", "roseplay"], exit_file)
+    tmp = tempfile.mkdtemp(prefix="rp-")    # short: the engine's ipc:// paths live under it
+    tmux = Tmux(["env", f"TMPDIR={tmp}", sys.executable, "-m", "roseplay"], exit_file)
     try:
         tmux.wait(lambda t: "loading" in t, 30)
         deadline = time.monotonic() + 20
         mine: set = set()
         while not mine and time.monotonic() < deadline:    # the engine's folder exists
-            mine = set(glob.glob("/tmp/roseplay-*")) - before
+            mine = set(glob.glob(os.path.join(tmp, "roseplay-*")))
             time.sleep(0.05)
         assert mine
         tmux.keys("q")
@@ -55,3 +58,4 @@ def test_quit_during_the_load_leaves_nothing_in_tmp(tmp_path):
         assert not [d for d in mine if os.path.exists(d)], mine
     finally:
         tmux.kill()
+        shutil.rmtree(tmp, ignore_errors=True)

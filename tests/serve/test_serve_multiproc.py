@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from roseplay.serve.multiproc import EXIT_API_SERVER_DIED
 from tests.serve.serve_proc import PROMPT, ServeProc, alive, free_port
 from scripts.soak_http import children
-from tests.serve.test_serve_shutdown import assert_sigterm_drains_open_streams, open_streams, solo_tokens
+from tests.serve.open_streams import assert_sigterm_drains_open_streams, open_streams, solo_tokens
 
 pytestmark = pytest.mark.timeout(120)
 MAX_TOKENS = 24

@@ -252,7 +252,7 @@ def test_prefill_first_drains_a_full_pool(seed):
     preempted to grow was re-admitted at once, so every step was prefill-only and the
     running decodes starved forever. Random small pools, tiny budgets, every policy."""
     import random
-    from tests.engine.core.test_property import VOCAB, make_engine
+    from tests.engine.core.kv_checking import VOCAB, make_engine
     rng = random.Random(seed)
     nb, bsz = rng.randint(3, 8), rng.choice([4, 8])
     eng = make_engine(nb, bsz, enable_prefix_caching=rng.random() < .5,

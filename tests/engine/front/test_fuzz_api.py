@@ -20,11 +20,9 @@ from engine import LLM, EngineLoop, InvalidRequestError, SamplingParams
 from engine.config import KNOB_MAXIMUM, SchedulerConfig, make_config
 from engine.request import MAX_TEMPERATURE
 from tests.engine import fuzz_values as F
+from tests.engine.fuzz_values import ENGINE, VOCAB
 from tests.engine.fuzz_values import print_counts  # noqa: F401 (an autouse fixture)
 
-VOCAB = 512                 # dummy:tiny
-ENGINE = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4, num_blocks=32,
-              max_model_len=64)
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import torch
 
 from engine import LLM, EngineLoop, InvalidRequestError, SamplingParams
 from engine.config import SchedulerConfig, make_config
+from tests.helpers import GREEDY, refused
 from tests.hf_models import make_checkpoint
 
-GREEDY = dict(temperature=0, ignore_eos=True)
 VOCAB = 320          # tests.hf_models "llama"
 
 
@@ -32,14 +32,6 @@ def good_prompts(n=6, seed=3):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (int(k),), generator=g).tolist()
             for k in torch.randint(1, 40, (n,), generator=g)]
-
-
-def refused(match, fn, *args, **kwargs):
-    """fn(...) raises InvalidRequestError (a ValueError) whose message matches."""
-    with pytest.raises(InvalidRequestError, match=match) as info:
-        fn(*args, **kwargs)
-    assert isinstance(info.value, ValueError)
-    return str(info.value)
 
 
 # -- SamplingParams -------------------------------------------------------------------

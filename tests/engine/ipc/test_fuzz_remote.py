@@ -20,7 +20,7 @@ from engine.ipc import auth
 from engine.ipc import protocol as P
 from tests.engine import fuzz_values as F
 from tests.engine.fuzz_values import print_counts  # noqa: F401 (an autouse fixture)
-from tests.engine.front.test_fuzz_api import ENGINE, VOCAB
+from tests.engine.fuzz_values import ENGINE, VOCAB
 
 pytestmark = pytest.mark.timeout(300)
 

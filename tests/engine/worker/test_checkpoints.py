@@ -11,7 +11,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.hf_models import make_checkpoint
-from tests.engine.front.test_validation import GREEDY, refused
+from tests.helpers import GREEDY, refused
 
 
 # -- engine arguments, model names, checkpoints ---------------------------------------

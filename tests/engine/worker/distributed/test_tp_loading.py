@@ -13,7 +13,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.hf_models import make_checkpoint
-from tests.engine.front.test_validation import GREEDY, refused
+from tests.helpers import GREEDY, refused
 from tests.engine.worker.distributed.tp_helpers import shard_checkpoint
 
 
