@@ -2,10 +2,10 @@
 
 TRITON_INTERPRET=1 must be set before any @triton.jit decorator runs, and it then holds
 for the whole process: a GPU test importing the kernels later in the same pytest process
-would get interpreted kernels (and graph capture would break). So an ordinary pytest run
-collects a single test here, which re-runs this file and test_kernels_more.py in a
-child pytest with TRITON_INTERPRET=1; in the child (or when you set TRITON_INTERPRET=1 yourself) the real
-tests below run. Inputs are random with a fresh seed per test (printed on failure; set
+would get interpreted kernels (and graph capture would break). Without CUDA,
+tests/conftest.py sets it for the whole run and the real tests below run in it; with CUDA
+a run collects a single test here, which re-runs this file and test_kernels_more.py in a
+child pytest with TRITON_INTERPRET=1. Inputs are random with a fresh seed per test (printed on failure; set
 ROSEPLAY_TEST_SEED to replay one), outputs are poisoned with NaN, shapes are tiny, and
 float32 / float16 only (bfloat16 dots are broken in the interpreter).
 """

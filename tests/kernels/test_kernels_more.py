@@ -1,5 +1,5 @@
 """Skinny GEMM (kernels/linear.py), argmax (kernels/argmax.py) and the decode-step input
-copy (kernels/step_inputs.py) vs torch under the Triton interpreter: run by tests/test_kernels.py's child process (TRITON_INTERPRET=1
+copy (kernels/step_inputs.py) vs torch under the Triton interpreter: run where TRITON_INTERPRET=1 (tests/conftest.py sets it without CUDA; with CUDA, tests/kernels/test_kernels.py's child process
 set there); collected alone without it, this file has no tests."""
 from __future__ import annotations
 

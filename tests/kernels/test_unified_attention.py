@@ -1,7 +1,8 @@
 """paged_unified_attention vs the torch oracle, on the CPU under the Triton interpreter.
 
-Like tests/test_kernels.py (whose fixtures it reuses): an ordinary pytest run collects
-one test that re-runs this file in a child pytest with TRITON_INTERPRET=1. Each case is
+Like tests/kernels/test_kernels.py (whose fixtures it reuses): without CUDA the run has
+TRITON_INTERPRET=1 (tests/conftest.py) and these cases run in it; with CUDA one test
+re-runs this file in a child pytest with TRITON_INTERPRET=1. Each case is
 one mixed step: decodes and prefill chunks (fresh or over a cached prefix, crossing
 block boundaries) in one launch, with padding tokens and unused sequence slots as the
 CUDA-graph buffers hold them, so the launch shape is the capacity, not the mix.
