@@ -1,4 +1,4 @@
-"""Shared by the GPU kernel tests (tests/test_kernels_gpu*.py): tolerances, the Triton
+"""Shared by the GPU kernel tests (tests/kernels/test_kernels_gpu*.py): tolerances, the Triton
 backend fixture (skipped under TRITON_INTERPRET=1), seeds, paged caches."""
 from __future__ import annotations
 

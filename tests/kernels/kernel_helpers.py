@@ -1,4 +1,4 @@
-"""Shared by the interpreter kernel tests (tests/test_kernels.py, test_kernels_more.py):
+"""Shared by the interpreter kernel tests (tests/kernels/test_kernels.py, test_kernels_more.py):
 import only with TRITON_INTERPRET=1 set (the child process test_kernels.py starts).
 Inputs are random with a fresh seed per test (printed on failure; set ROSEPLAY_TEST_SEED
 to replay one), outputs are poisoned with NaN."""

@@ -1,6 +1,7 @@
 """Skinny GEMM (kernels/linear.py), argmax (kernels/argmax.py) and the decode-step input
-copy (kernels/step_inputs.py) vs torch under the Triton interpreter: run where TRITON_INTERPRET=1 (tests/conftest.py sets it without CUDA; with CUDA, tests/kernels/test_kernels.py's child process
-set there); collected alone without it, this file has no tests."""
+copy (kernels/step_inputs.py) vs torch under the Triton interpreter. Its tests exist only
+where TRITON_INTERPRET=1: the whole run without CUDA (tests/conftest.py), or the child
+pytest of tests/kernels/test_kernels.py with CUDA."""
 from __future__ import annotations
 
 import os

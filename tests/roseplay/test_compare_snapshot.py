@@ -1,9 +1,9 @@
 """SVG snapshots of the compare screen (a paused replay of the committed compare
-recording, tests/data/compare_session*.jsonl.gz: every number is recorded data) at
+recording, tests/roseplay/data/compare_session*.jsonl.gz: every number is recorded data) at
 120x40 and 80x24, and of the help screen's knob guidance.
 
 Update after an intended visual change:
-    pytest tests/test_compare_snapshot.py --snapshot-update
+    pytest tests/roseplay/test_compare_snapshot.py --snapshot-update
 """
 from __future__ import annotations
 

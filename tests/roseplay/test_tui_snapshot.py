@@ -1,9 +1,9 @@
 """SVG snapshots of the app in deterministic states: a paused replay of the committed
-recording (tests/data/tui_session.jsonl.gz), so every number on screen is recorded data,
+recording (tests/roseplay/data/tui_session.jsonl.gz), so every number on screen is recorded data,
 at 80x24 (panels hidden, and said so), 120x40 and 200x60; and one frame with engine
 events (a COW and a preemption flashing on the map, listed in the event log).
 
-Update after an intended visual change: pytest tests/test_tui_snapshot.py --snapshot-update
+Update after an intended visual change: pytest tests/roseplay/test_tui_snapshot.py --snapshot-update
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared helpers for the TUI tests (tests/test_tui*.py)."""
+"""Shared helpers for the TUI tests (tests/roseplay/test_tui*.py)."""
 from __future__ import annotations
 
 import os

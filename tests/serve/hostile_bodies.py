@@ -1,6 +1,6 @@
 """Hostile HTTP bodies for /v1/completions and /v1/chat/completions: each must get a 4xx
 JSON error in OpenAI's format (never a 500, never text/plain), and none may disturb the
-requests beside it. Shared by tests/test_serve_adversarial.py and scripts/soak_http.py.
+requests beside it. Shared by tests/serve/test_serve_adversarial.py and scripts/soak_http.py.
 
 `hostile_bodies(seed, count)` gives the fixed hand-written cases first, then seeded
 mutations of a good body (a field set to a value of the wrong type or out of range), so

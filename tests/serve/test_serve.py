@@ -25,7 +25,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def loop():
-    """The engine in its own process, as `roseplay serve` runs it (tests/test_serve_errors.py
+    """The engine in its own process, as `roseplay serve` runs it (tests/serve/test_serve_errors.py
     keeps the in-process EngineLoop as the comparison)."""
     loop = EngineClient(device="cpu")
     yield loop

@@ -1,5 +1,5 @@
 """Adversarial clients against one real `roseplay serve` process (engine in its own
-process): while greedy neighbour streams run, hostile bodies (tests/hostile_bodies.py,
+process): while greedy neighbour streams run, hostile bodies (tests/serve/hostile_bodies.py,
 fixed seed), clients SIGKILLed mid-stream, a SIGSTOP of the server, and a prompt that
 takes seconds to tokenize. The neighbours' tokens must equal their solo runs, every
 hostile body must get a 4xx OpenAI error (never a 500 or text/plain), nothing may be

@@ -4,7 +4,7 @@ are strict (`true` is no integer, `"5"` no number); the Bearer scheme is
 case-insensitive; slow clients are cut after the request-read timeout and idle
 connections after the keep-alive one; tool_choice without tools is refused; a body over
 the limit gets 413 before it is read (a long prompt tokenized off the event loop: in
-tests/test_serve_adversarial.py, which has the server in a process of its own)."""
+tests/serve/test_serve_adversarial.py, which has the server in a process of its own)."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """The policy knobs alone (no model): each one's defining behaviour, and the KV-block
 residency metrics against hand-computed values. Greedy outputs under every policy:
-tests/test_scheduler.py."""
+tests/engine/core/test_scheduler.py."""
 import math
 
 import pytest

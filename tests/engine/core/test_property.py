@@ -188,7 +188,7 @@ class EngineMachine(RuleBasedStateMachine):
 def test_engine_state_machine():
     """CI runs a fixed example set (derandomized: a landing never depends on luck);
     ROSEPLAY_PROPERTY_RANDOM=1 explores new ones (that is how the prefill-first livelock
-    of tests/test_policies.py was found)."""
+    of tests/engine/core/test_policies.py was found)."""
     run_state_machine_as_test(EngineMachine, settings=settings(
         max_examples=100, stateful_step_count=80, deadline=None, database=None,
         derandomize=not os.environ.get("ROSEPLAY_PROPERTY_RANDOM"),

@@ -10,7 +10,7 @@ knobs, cancelled ones are a prefix of it, the pool invariants hold after every s
 
 The CI version runs 2,000 requests; `pytest --run-slow` (or ROSEPLAY_SLOW=1) adds a
 20,000-request run. Numbers for docs/RELIABILITY.md: `ROSEPLAY_SOAK_REPORT=1 pytest
-tests/test_soak.py -s` prints them.
+tests/engine/core/test_soak.py -s` prints them.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 boundaries: SamplingParams, EngineLoop.submit / cancel / set_knobs, LLM.generate and the
 CLI flags. Every input is either refused with InvalidRequestError (in the caller's
 thread) or served; after each case the engine still serves a known greedy request with
-the same tokens and no block leaked (tests/fuzz_values.py). ROSEPLAY_FUZZ_REPORT=1 -s
+the same tokens and no block leaked (tests/engine/fuzz_values.py). ROSEPLAY_FUZZ_REPORT=1 -s
 prints how many inputs each boundary saw."""
 from __future__ import annotations
 

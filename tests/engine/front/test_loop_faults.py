@@ -1,5 +1,5 @@
 """Loop faults: fatal errors (the loop stops cleanly), close(), racing clients, dropped
-streams. Shared harness and invariants: tests/fault_harness.py."""
+streams. Shared harness and invariants: tests/engine/fault_harness.py."""
 from __future__ import annotations
 
 import gc

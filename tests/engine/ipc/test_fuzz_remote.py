@@ -3,7 +3,7 @@ boundaries: the engine-process protocol (random bytes, random msgpack, every mes
 with wrong-typed or odd fields, sent to a live core process from a raw socket) and the
 HTTP bodies of /v1/completions and /v1/chat/completions (the app in-process). After each
 case the engine still serves a known greedy request with the same tokens and no block
-leaked (tests/fuzz_values.py)."""
+leaked (tests/engine/fuzz_values.py)."""
 from __future__ import annotations
 
 import json
@@ -43,7 +43,7 @@ def core_reference(core):
 def stranger(core):
     """A raw DEALER on the core's command socket: a peer that is not our client, but holds
     the engine key (it says Hello with it: without, nothing it sends is even looked at,
-    tests/test_engine_auth.py)."""
+    tests/engine/ipc/test_engine_auth.py)."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -3,7 +3,7 @@ request fails only itself. Poison requests mixed into good ones with the same pr
 refused with the field named, at the client (SamplingParams) or at the core's boundary
 (a raw Submit from a key holder); every good request gets the tokens of its solo run. A
 submit that fails leaves no state and its id can be used again; cancel() of any value
-is safe. (Followers of a failed dedup leader: tests/test_faults.py.)"""
+is safe. (Followers of a failed dedup leader: tests/engine/core/test_faults.py.)"""
 import threading
 
 import pytest

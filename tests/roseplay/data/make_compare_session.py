@@ -1,7 +1,7 @@
-"""Regenerate tests/data/compare_session.jsonl.gz and its side B, compare_session.B.jsonl.gz
+"""Regenerate tests/roseplay/data/compare_session.jsonl.gz and its side B, compare_session.B.jsonl.gz
 (the recordings behind the compare-screen replay and snapshot tests).
 
-    python tests/data/make_compare_session.py
+    python tests/roseplay/data/make_compare_session.py
 
 Three seconds of `--compare enable_prefix_caching=true,false` on dummy:tiny (CPU, two
 in-process engines): shared-prefix, 8 in flight, 64-token budget.

@@ -1,6 +1,6 @@
-"""Regenerate tests/data/tui_session.jsonl.gz (the recording behind the TUI replay tests).
+"""Regenerate tests/roseplay/data/tui_session.jsonl.gz (the recording behind the TUI replay tests).
 
-    python tests/data/make_tui_session.py
+    python tests/roseplay/data/make_tui_session.py
 
 A few seconds of dummy:tiny on the CPU: shared-prefix with a small token budget
 (chunked prefill), then the prefix cache off, then the identical scenario.

@@ -1,4 +1,4 @@
-"""The hard timeout of GPU tensor-parallel runs (tests/tp_timeout.py): a run stuck
+"""The hard timeout of GPU tensor-parallel runs (tests/engine/worker/distributed/tp_timeout.py): a run stuck
 in a rank prints the stacks of this process and of its workers, then exits non-zero,
 instead of hanging until an outer timeout kills it with nothing to show."""
 import os
