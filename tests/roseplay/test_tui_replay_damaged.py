@@ -39,6 +39,13 @@ def _write(path, lines) -> str:
     return str(path)
 
 
+def _frames_on_disk(path: str) -> int:
+    try:
+        return len(Recording(path))
+    except ValueError:                  # no header or no whole frame flushed yet
+        return 0
+
+
 def test_a_killed_session_replays_what_it_wrote(tmp_path):
     path = str(tmp_path / "killed.jsonl.gz")
     code = f"""
@@ -53,7 +60,10 @@ time.sleep(60)
                             text=True)
     try:
         assert proc.stdout.readline().strip() == "recording"
-        time.sleep(2.5)                 # > 2 gzip flushes
+        deadline = time.monotonic() + 30
+        while _frames_on_disk(path) < 5:       # the recorder's flushes reached the file
+            assert time.monotonic() < deadline, "the recorder flushed no frames"
+            time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
