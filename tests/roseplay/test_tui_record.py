@@ -65,11 +65,12 @@ def test_recorder_writes_header_frames_and_events(tmp_path):
     path = str(tmp_path / "s.jsonl.gz")
     src = live_source(record=path)
     try:
-        time.sleep(0.6)
+        poll(lambda: src.recorder.frames >= 3)          # frames of the running engine
         src.set_knobs(enable_prefix_caching=False)
         src.set_scenario("random")
         src.pause()
-        time.sleep(0.4)
+        after = src.recorder.frames
+        poll(lambda: src.recorder.frames >= after + 2)  # frames taken after the changes
     finally:
         src.close()
     rec = load_recording(path)
