@@ -157,7 +157,7 @@ def still_serves(loop, reference: list[int]) -> None:
     wait_for(all_free, 20, "every block back in the pool")
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def print_counts():
     """ROSEPLAY_FUZZ_REPORT=1: print how many inputs each boundary was tried with."""
     yield

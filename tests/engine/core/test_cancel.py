@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.fault_harness import (  # noqa: F401  (fixtures are used by name)
-    TIMEOUT, assert_all_free, check_cancelled, make, prompt, reference, run_until, sp)
+from tests.engine.fault_harness import (TIMEOUT, assert_all_free, check_cancelled, prompt,
+    reference, run_until, sp)
 
 # -- cancellation at every stage ----------------------------------------------------------
 

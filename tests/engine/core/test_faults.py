@@ -13,9 +13,8 @@ import pytest
 
 from engine import EngineLoop
 
-from tests.engine.fault_harness import (  # noqa: F401  (fixtures are used by name)
-    BS, DEVICE, TIMEOUT, VOCAB, assert_all_free, check_cancelled, engine_kw, fail_once, make,
-    prompt, reference, run_until, sp)
+from tests.engine.fault_harness import (TIMEOUT, assert_all_free, engine_kw, fail_once, prompt,
+    reference, run_until, sp)
 
 # -- failing steps --------------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ from engine.config import KNOB_MAXIMUM, SchedulerConfig, make_config
 from engine.request import MAX_TEMPERATURE
 from tests.engine import fuzz_values as F
 from tests.engine.fuzz_values import ENGINE, VOCAB
-from tests.engine.fuzz_values import print_counts  # noqa: F401 (an autouse fixture)
 
+pytestmark = pytest.mark.usefixtures("print_counts")   # tests/engine/conftest.py
 
 
 @pytest.fixture(scope="module")

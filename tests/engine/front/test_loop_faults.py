@@ -12,9 +12,8 @@ import torch
 
 from engine import LLM, EngineLoop
 
-from tests.engine.fault_harness import (  # noqa: F401  (fixtures are used by name)
-    BS, DEVICE, TIMEOUT, VOCAB, assert_all_free, check_cancelled, engine_kw, fail_once, make,
-    prompt, reference, run_until, sp)
+from tests.engine.fault_harness import (BS, TIMEOUT, assert_all_free, engine_kw, fail_once,
+    prompt, reference, sp)
 
 # -- fatal errors in the loop -------------------------------------------------------------------
 

@@ -19,10 +19,10 @@ from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
 from tests.engine import fuzz_values as F
-from tests.engine.fuzz_values import print_counts  # noqa: F401 (an autouse fixture)
 from tests.engine.fuzz_values import ENGINE, VOCAB
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.usefixtures("print_counts")]   # tests/engine/conftest.py
 
 
 # -- engine-process protocol ---------------------------------------------------------------
