@@ -201,7 +201,15 @@ async def test_compare_screen_keys_change_both_sides_but_the_compared_knob(monke
 def test_record_keeps_both_sides(tmp_path):
     path = str(tmp_path / "cmp.jsonl.gz")
     src = _compare(record=path)
-    time.sleep(1.5)
+    a_hits = lambda: src.sides[0].snapshot().counters.prefix_hit_tokens > 0   # noqa: E731
+    deadline = time.monotonic() + 30
+    while not a_hits():                     # side A has served a cached prefix ...
+        assert time.monotonic() < deadline, "side A never hit its prefix cache"
+        time.sleep(0.05)
+    frames = [side.recorder.frames for side in src.sides]
+    while any(side.recorder.frames < n + 2 for side, n in zip(src.sides, frames)):
+        assert time.monotonic() < deadline, "the recorders stopped"   # ... and both
+        time.sleep(0.05)                    # recorders wrote frames after that
     src.close()
     assert is_compare_recording(path) and is_compare_recording(pair_path(path))
     replay = CompareReplaySource(pair_path(path), start_paused=True)   # either file opens both
