@@ -20,6 +20,13 @@ SLOW_FIRST = ("roseplay/test_guides_verified.py", "roseplay/test_tui_guides_tmux
               "engine/worker/distributed/test_tp_model.py", "roseplay/test_tui_features.py")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """Workers for `-n auto` (pyproject addopts). Without CUDA 3, on 2 cores: many tests
+    wait on subprocesses, servers and tmux, and a third worker fills those waits. With
+    CUDA none: the GPU tests size their engines to the whole device."""
+    return 0 if torch.cuda.is_available() else 3
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="also run tests marked slow (long soak)")
