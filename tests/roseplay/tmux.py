@@ -26,6 +26,7 @@ class Tmux:
                  f"echo $? > {shlex.quote(exit_file)}; sleep 30")
         self._tmux("new-session", "-d", "-s", "app", "-x", str(SIZE[0]), "-y", str(SIZE[1]),
                    "-c", ROOT, shell)
+        self.socket_path = self._tmux("display-message", "-p", "#{socket_path}").strip()
 
     def _tmux(self, *args: str) -> str:
         out = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
@@ -66,6 +67,9 @@ class Tmux:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if self.socket_path:      # the server may leave its socket file behind
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
 
 
 def descendants(pid: int | None) -> list[int]:
