@@ -11,7 +11,7 @@ backend (kernels/cpu_ops.py) with a decode step's hot ops in C (kernels/cpu_nati
 
 Anything else (wide prefill inputs, other dtypes, strided layouts, non-Neox rotary,
 extend attention) goes to kernels/cpu_ops.py unchanged. Same signatures and semantics
-(tests/test_cpu_native.py); docs/KERNELS.md "CPU native" and docs/PERF.md say why.
+(tests/kernels/test_cpu_native.py); docs/KERNELS.md "CPU native" and docs/PERF.md say why.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Python iteration per sequence). Here each layer copies only whole KV blocks (one
 `index_select` of contiguous block rows for K and one for V) and hands SDPA strided
 views of them: no cast (the cache dtype is kept; SDPA accumulates in float32), no
 layout copy, no per-sequence loop. Decode is the same call as extend with one query
-per sequence. Same signatures and semantics as the reference (tests/test_cpu_ops.py);
+per sequence. Same signatures and semantics as the reference (tests/kernels/test_cpu_ops.py);
 not CUDA-graph-safe (it reads the longest context on the host).
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ concatenates q and k separately and stores through a boolean mask (a host sync p
 layer). Here, in float32 with rotate-half (Llama) rotary over the whole head: q and k,
 adjacent columns of the fused qkv projection, rotate as one tensor (written straight
 into halves of one output, no cat), and the store is two index_copy_ with no mask when
-no slot is -1. Anything else runs the reference. Same semantics (tests/test_cpu_ops.py).
+no slot is -1. Anything else runs the reference. Same semantics (tests/kernels/test_cpu_ops.py).
 """
 from __future__ import annotations
 

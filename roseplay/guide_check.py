@@ -4,7 +4,7 @@ a live source (engine counters and latency samples of the snapshots, no UI).
 `measure(source, seconds)` samples what the TUI's panels show: TTFT percentiles of the
 requests whose first token came in the window, ITL percentiles of its token gaps,
 output tokens per second, the prefix hit rate, preemptions, and the mean running /
-waiting counts and KV use. tests/test_guides_verified.py runs each guide's setup with
+waiting counts and KV use. tests/roseplay/test_guides_verified.py runs each guide's setup with
 it and checks the direction its claim names.
 """
 from __future__ import annotations

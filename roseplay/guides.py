@@ -36,7 +36,7 @@ class Guide:
     `versus` is the guide it is measured against (the other side of its compare pair,
     `compare`: run both at once with `roseplay --compare KNOB=A,B`), and `expect` the
     direction of each named number: "lower" / "higher" than the `versus` guide's, or
-    ">0" / "=0" on its own. tests/test_guides_verified.py checks every one of them on
+    ">0" / "=0" on its own. tests/roseplay/test_guides_verified.py checks every one of them on
     the bundled model on the CPU.
     """
     key: str
@@ -51,7 +51,7 @@ class Guide:
     expect: dict = field(default_factory=dict)
     compare: str | None = None     # KNOB=A,B for `roseplay --compare`
     shows: tuple = ()              # what appears on a 120x40 screen (regexes), within
-    within: float = 5.0            # this many seconds (tests/test_tui_guides_tmux.py)
+    within: float = 5.0            # this many seconds (tests/roseplay/test_tui_guides_tmux.py)
 
 
 GUIDES = (

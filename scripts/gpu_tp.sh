@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallel on nvidia-h200-x2 in one call (<= ~8 min; every step has its own
 # timeout inside a total budget, and a failed step never stops the others):
-#   1. TP=2 == TP=1 in float32 on the GPUs (tests/test_tp_engine.py, llama + cancel)
+#   1. TP=2 == TP=1 in float32 on the GPUs (tests/engine/worker/distributed/test_tp_engine.py, llama + cancel)
 #   2. batch-1 decode, bf16 dummy:llama-3.1-8b, TP=1 and TP=2 (median of 3 runs): step
 #      time (TPOT), rank 0's host time per step, its broadcast time (scripts/tp_step_time.py)
 #   3. the all-reduces' share of the TP=2 step: the same batch-1 run with every all-reduce
@@ -47,7 +47,7 @@ run() {
 
 STEP="python3 scripts/tp_step_time.py --model $MODEL --device $DEV --dtype $DTYPE $B1 --timeout-s"
 BENCH="python3 -m roseplay.bench --no-progress --in-process --model $MODEL --device $DEV --dtype $DTYPE $W1 --repeat 3"
-ROSEPLAY_TEST_DEVICE=$TEST_DEV run equality 170 python3 -m pytest tests/test_tp_engine.py -q \
+ROSEPLAY_TEST_DEVICE=$TEST_DEV run equality 170 python3 -m pytest tests/engine/worker/distributed/test_tp_engine.py -q \
   -p no:cacheprovider -k "(equals_tp1 and llama) or cancel"
 run b1_tp1 80 $STEP 75 --tp 1
 run b1_tp2 80 $STEP 75 --tp 2

@@ -8,7 +8,7 @@ caching) or a prefix-cache clear. Every --sample-every seconds the engine proces
 and thread count (and this client's) are read from /proc. Checks: every request ends,
 none with an error; a repeated greedy prompt gives the same tokens every time it
 finishes (a cancelled one: a prefix of them); at the end every block is free. The CI
-test (tests/test_soak_process.py) runs it for ~20 s; for a longer run:
+test (tests/engine/ipc/test_soak_process.py) runs it for ~20 s; for a longer run:
 
     python scripts/soak.py --seconds 180
 

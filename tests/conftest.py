@@ -1,7 +1,30 @@
+import importlib.util
 import os
 
 import pytest
 import torch
+
+# Without CUDA, the Triton kernel tests (tests/kernels/) run under the interpreter in this
+# very run, spread over the xdist workers like any other test. TRITON_INTERPRET=1 holds for
+# the whole process once a @triton.jit runs, so it is set here, before any test module
+# imports a kernel; with CUDA it stays unset and those tests re-run themselves in a child.
+if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+# Modules that take longest go to the workers first (xdist hands whole modules out in
+# collection order), so none of them starts last and leaves the other workers idle.
+SLOW_FIRST = ("roseplay/test_guides_verified.py", "roseplay/test_tui_guides_tmux.py",
+              "engine/ipc/test_soak_process.py", "roseplay/test_bench.py",
+              "engine/core/test_property.py", "kernels/test_kernels.py",
+              "serve/test_serve_shutdown.py", "serve/test_serve_multiproc.py",
+              "engine/worker/distributed/test_tp_model.py", "roseplay/test_tui_features.py")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Workers for `-n auto` (pyproject addopts). Without CUDA 3, on 2 cores: many tests
+    wait on subprocesses, servers and tmux, and a third worker fills those waits. With
+    CUDA none: the GPU tests size their engines to the whole device."""
+    return 0 if torch.cuda.is_available() else 3
 
 
 def pytest_addoption(parser):
@@ -9,7 +32,13 @@ def pytest_addoption(parser):
                      help="also run tests marked slow (long soak)")
 
 
+def _slow_rank(item) -> int:
+    path = item.path.as_posix()
+    return next((i for i, tail in enumerate(SLOW_FIRST) if path.endswith(tail)), len(SLOW_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_slow_rank)          # stable: each module's tests stay together, in order
     has_cuda = torch.cuda.is_available()
     run_slow = config.getoption("--run-slow") or os.environ.get("ROSEPLAY_SLOW") == "1"
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")

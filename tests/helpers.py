@@ -1,5 +1,18 @@
-"""Small helpers shared by tests that drive the engine core directly."""
+"""Small helpers shared by tests that drive the engine directly."""
+import pytest
+
+from engine import InvalidRequestError
 from engine.front.processor import InputProcessor
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+def refused(match, fn, *args, **kwargs):
+    """fn(...) raises InvalidRequestError (a ValueError) whose message matches."""
+    with pytest.raises(InvalidRequestError, match=match) as info:
+        fn(*args, **kwargs)
+    assert isinstance(info.value, ValueError)
+    return str(info.value)
 
 
 def add_request(eng, prompt, params=None, request_id=None, priority=0):

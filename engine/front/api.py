@@ -3,7 +3,7 @@
 Two classes implement it: EngineLoop (engine/front/loop.py: the core loop on a thread of this
 process) and EngineClient (engine/front/client.py: the core in its own process, over ZMQ).
 The TUI, the bench, the server and LLM-style callers use only what is declared here,
-and tests/test_engine_contract.py runs one suite against both. Where the two used to
+and tests/engine/front/test_engine_contract.py runs one suite against both. Where the two used to
 differ, the behaviour is settled here, once:
 
 - a request id that a live request of this client holds: `submit` raises

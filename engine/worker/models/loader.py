@@ -194,7 +194,7 @@ def _init_dummy(model: nn.Module, seed: int) -> None:
 
 def bundled_config() -> SimpleNamespace:
     """The bundled model's config.json as attributes: it sets every field the Llama
-    code reads (tests/test_startup.py checks them against AutoConfig's)."""
+    code reads (tests/engine/ipc/test_startup.py checks them against AutoConfig's)."""
     with open(DEFAULT_MODEL_DIR / "config.json") as f:
         return SimpleNamespace(**json.load(f))
 

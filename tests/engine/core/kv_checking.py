@@ -1,0 +1,143 @@
+"""The fake model of the scheduler tests: `KVCheckingRunner` keeps the token id written in
+every KV slot and checks each read against the request's tokens, with logits a one-hot of
+a deterministic function of the context (`next_token`), so `expected` predicts every
+output; `make_engine` puts it under a real LLMEngine and `check_all` checks the
+pool/scheduler invariants (tests/engine/core/test_property.py, test_policies.py)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.config import make_config
+from engine.core.core import LLMEngine
+from engine.core.kv.prefix_cache import key_tokens
+from engine.request import SamplingParams
+from engine.worker.runner import ModelRunner
+from engine.worker.sampling import Sampler
+
+VOCAB = 512          # dummy:tiny
+MAX_MODEL_LEN = 64
+
+
+def next_token(ctx) -> int:
+    """The fake model: a deterministic function of the whole context."""
+    h = len(ctx) * 1000003
+    for i, t in enumerate(ctx[-6:]):
+        h = (h * 31 + (t + 1) * (i + 7)) % 2147483647
+    return h % VOCAB
+
+
+def expected(prompt, params: SamplingParams, eos) -> tuple[list[int], str]:
+    toks, out = list(prompt), []
+    while True:
+        t = next_token(toks)
+        out.append(t)
+        toks.append(t)
+        if t in params.stop_token_ids or (not params.ignore_eos and t in eos):
+            return out, "stop"
+        if len(out) >= params.max_tokens or len(toks) >= MAX_MODEL_LEN:
+            return out, "length"
+
+
+class KVCheckingRunner:
+    """Stands in for ModelRunner: a KV cache of token ids, checked on every read."""
+
+    def __init__(self, pool, vocab: int = VOCAB):
+        self.pool = pool
+        self.bs = pool.block_size
+        self.kv = np.full((pool.num_blocks, self.bs), -1, dtype=np.int64)
+        self.vocab = vocab
+        self.forward_calls = 0
+        self.violations: list[str] = []
+        self.sampler, self.last_tokens = Sampler(torch.device("cpu")), None
+        self.graphs = None          # no step graphs: tokens always come from the sampler
+
+    # the real runner's step: this forward, then sampling
+    execute_model = ModelRunner.execute_model
+    take_logprobs = ModelRunner.take_logprobs
+    release = ModelRunner.release
+
+    def read(self, table, n) -> list[int]:
+        return [int(self.kv[table[p // self.bs], p % self.bs]) for p in range(n)]
+
+    def execute(self, batch, prev_tokens=None):
+        """The engine turns a failing forward into errored requests; keep the reason so
+        that check_all() fails the test with it."""
+        try:
+            return self._execute(batch, prev_tokens)
+        except AssertionError as exc:
+            self.violations.append(str(exc))
+            raise
+
+    def _execute(self, batch, prev_tokens):
+        """Reads only the StepBatch, like the real runner: copy-on-write first, then
+        every token into its slot (never a shared block), then each sequence's whole
+        context read back through its block table (never an unwritten slot)."""
+        self.forward_calls += 1
+        bs = self.bs
+        ids = batch.input_ids.tolist()
+        if batch.prev_token_rows is not None:      # async: the previous step's samples
+            for i, row in enumerate(batch.prev_token_rows.tolist()):
+                if row >= 0:
+                    ids[i] = int(prev_tokens[row])
+        assert min(ids, default=0) >= 0, "a pending placeholder reached the forward"
+        for src, dst in zip(batch.cow_src.tolist(), batch.cow_dst.tolist()):
+            self.kv[dst] = self.kv[src]
+        for slot, tok in zip(batch.slot_mapping.tolist(), ids):
+            block = slot // bs
+            assert self.pool.refcounts[block] == 1, \
+                f"a token is written into shared block {block} (no COW)"
+            self.kv[block, slot % bs] = tok
+        d = batch.num_decodes
+        seqs = [(batch.decode_block_tables[i], int(batch.decode_context_lens[i]), i)
+                for i in range(d)]
+        cu = batch.prefill_cu_seqlens_q.tolist()
+        seqs += [(batch.prefill_block_tables[j], int(batch.prefill_context_lens[j]),
+                  d + cu[j + 1] - 1) for j in range(batch.num_prefills)]
+        next_of_row = {}
+        for table, n, last_row in seqs:
+            assert len(table) * bs >= n, "block table shorter than the context"
+            ctx = self.read(table, n)
+            assert -1 not in ctx, f"context reads an unwritten KV slot: {ctx}"
+            next_of_row[last_row] = next_token(ctx)
+        rows = [next_of_row[int(i)] for i in batch.logits_indices.tolist()]
+        logits = torch.zeros(len(rows), self.vocab)
+        if rows:
+            logits[torch.arange(len(rows)), torch.tensor(rows)] = 1.0
+        return logits[torch.from_numpy(batch.sample_rows)] if not batch.samples_in_order else logits
+
+    def check_index(self):
+        """Every indexed block still holds the tokens of its key."""
+        for block, key in self.pool.index.items():
+            assert self.kv[block].tolist() == key_tokens(key), f"cached block {block} overwritten"
+
+
+def make_engine(num_blocks: int, block_size: int, **knobs) -> LLMEngine:
+    eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
+                                num_blocks=num_blocks, block_size=block_size,
+                                max_model_len=MAX_MODEL_LEN, check_invariants=True, **knobs))
+    eng.runner = KVCheckingRunner(eng.pool)
+    return eng
+
+
+def check_all(eng: LLMEngine) -> None:
+    assert not eng.runner.violations, eng.runner.violations[0]
+    assert eng.stats.last_error is None, eng.stats.last_error
+    pool, sched = eng.pool, eng.scheduler
+    pool.check(sched.block_tables())
+    st_ = pool.states()
+    assert (st_ == 0).sum() == pool.num_free and (st_ == 2).sum() == pool.num_cached
+    assert pool.num_free + pool.num_cached + int((pool.refcounts > 0).sum()) == pool.num_blocks
+    for r in sched.waiting:
+        assert r.status.value == "waiting" and not r.block_table and r.num_computed_tokens == 0
+        assert r.dedup_leader is None
+    for r in sched.running:
+        assert r.status.value == "running"
+        if r.dedup_leader is not None:
+            assert not r.block_table and r in sched.followers[r.dedup_leader]
+            assert r.dedup_leader in sched.running
+        else:
+            assert r.num_uncomputed >= 1, f"{r.request_id} can never be scheduled"
+            assert len(r.block_table) * pool.block_size >= r.num_computed_tokens
+    assert len(sched.running) + len(sched.waiting) == len(eng.requests)
+    eng.runner.check_index()

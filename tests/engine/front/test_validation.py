@@ -1,0 +1,324 @@
+"""Abuse at the API boundary: every bad input is refused with a clear InvalidRequestError
+(a ValueError) that says what is wrong, and the engine keeps serving everyone else.
+
+Covers SamplingParams, prompts (empty, too long, never fits the pool, ids outside the
+vocabulary, wrong types, text without a tokenizer), live knobs (engine arguments, model
+names and broken checkpoints: test_checkpoints.py), and EngineLoop.submit raising in the caller's thread while a
+running loop serves the good requests with unchanged greedy tokens.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engine import LLM, EngineLoop, InvalidRequestError, SamplingParams
+from engine.config import SchedulerConfig, make_config
+from tests.helpers import GREEDY, refused
+from tests.hf_models import make_checkpoint
+
+VOCAB = 320          # tests.hf_models "llama"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """dummy:tiny (vocab 512, no tokenizer) with a small pool: 8 blocks x 4 = 32 tokens."""
+    return LLM(model="dummy:tiny", device="cpu", dtype="float32", block_size=4, num_blocks=8,
+               max_model_len=64, check_invariants=True)
+
+
+def good_prompts(n=6, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (int(k),), generator=g).tolist()
+            for k in torch.randint(1, 40, (n,), generator=g)]
+
+
+# -- SamplingParams -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_tokens=0), r"max_tokens must be an integer in \[1, 2147483647\], got 0"),
+    (dict(max_tokens=-5), r"max_tokens must be an integer in \[1, 2147483647\], got -5"),
+    (dict(max_tokens=1.5), r"max_tokens must be an integer in \[1, 2147483647\], got 1\.5"),
+    (dict(max_tokens="3"), r"max_tokens must be an integer in \[1, 2147483647\], got '3'"),
+    (dict(max_tokens=True), r"max_tokens must be an integer in .*, got True"),
+    (dict(max_tokens=None), r"max_tokens must be an integer in .*, got None"),
+    (dict(temperature=-0.1), r"temperature must be in \[0, 10000\.0\], got -0\.1"),
+    (dict(temperature=float("inf")), r"temperature must be in \[0, 10000\.0\], got inf"),
+    (dict(temperature="hot"), r"temperature must be a number, got 'hot'"),
+    (dict(temperature=float("nan")), r"temperature must be a number"),
+    (dict(temperature=True), r"temperature must be a number, got True"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0\.0"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1\.5"),
+    (dict(top_p=-0.2), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=float("nan")), r"top_p must be a number"),
+    (dict(top_p="0.9"), r"top_p must be a number, got '0.9'"),
+    (dict(top_k=-2), r"top_k must be an integer in \[-1, 2147483647\], got -2"),
+    (dict(top_k=2.5), r"top_k must be an integer in .*, got 2\.5"),
+    (dict(top_k="5"), r"top_k must be an integer"),
+    (dict(seed=-1), r"seed must be an integer in \[0, 18446744073709551615\], got -1"),
+    (dict(seed="7"), r"seed must be an integer"),
+    (dict(seed=2**64), r"seed must be an integer in \[0, 18446744073709551615\]"),
+    (dict(stop=[""]), r"stop must be a non-empty string"),
+    (dict(stop=[3]), r"stop must be a non-empty string"),
+    (dict(stop_token_ids=[-1]), r"stop_token_ids entry must be an integer in \[0, 2147483647\], got -1"),
+    (dict(stop_token_ids=["a"]), r"stop_token_ids entry must be an integer"),
+    (dict(top_k=2**63), r"top_k must be an integer in \[-1, 2147483647\], got 9223372036854775808"),
+    (dict(max_tokens=10**30), r"max_tokens must be an integer in \[1, 2147483647\]"),
+    (dict(stop_token_ids=[2**64]), r"stop_token_ids entry must be an integer in \[0, 2147483647\]"),
+    (dict(stop_token_ids=list(range(1025))), r"stop_token_ids: at most 1024 entries"),
+    (dict(stop=["ok", "\ud800"]), r"stop is not valid Unicode \(lone surrogate at position 0\)"),
+    (dict(ignore_eos="yes"), r"ignore_eos must be a boolean"),
+], ids=lambda v: repr(v) if isinstance(v, dict) else "")
+def test_bad_sampling_params_are_refused(kwargs, match):
+    refused(match, SamplingParams, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(max_tokens=1), dict(temperature=0), dict(temperature=0.0), dict(top_p=1.0),
+    dict(top_p=1e-6), dict(top_k=-1), dict(top_k=0), dict(top_k=1), dict(seed=0),
+    dict(stop="x"), dict(stop_token_ids=[0]),
+])
+def test_edge_sampling_params_are_accepted(kwargs):
+    SamplingParams(**kwargs)
+
+
+# -- prompts ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt, params, match", [
+    ([], None, r"prompt is empty"),
+    ((), None, r"prompt is empty"),
+    ("", None, r"prompt is empty"),
+    ({"prompt_token_ids": []}, None, r"prompt is empty"),
+    ({"prompt": "hi"}, None, r"needs 'prompt_token_ids'"),
+    ({"prompt_token_ids": 5}, None, r"prompt_token_ids must be a list of integers"),
+    ({"prompt_token_ids": None}, None, r"prompt_token_ids must be a list of integers"),
+    ("To be or not", None, r"has no tokenizer.*prompt_token_ids"),
+    ([512], None, r"token ids must be in \[0, 512\); got min 512, max 512"),
+    ([1, 2, -1], None, r"token ids must be in \[0, 512\); got min -1"),
+    ([1, 10**12], None, r"token ids must be in \[0, 512\)"),
+    ([1.5], None, r"prompt_token_ids must be integers"),
+    (["3"], None, r"prompt_token_ids must be integers"),
+    ([True, 1], None, r"prompt_token_ids must be integers"),
+    ([[1, 2]], None, r"prompt_token_ids must be integers"),
+    (None, None, r"prompt must be a string or token ids, got NoneType"),
+    (5, None, r"prompt must be a string or token ids, got int"),
+    (b"abc", None, r"prompt must be a string or token ids, got bytes"),
+    ([1, 2], SamplingParams(stop="END"), r"has no tokenizer: stop strings can never match"),
+    (list(range(64)), None, r"prompt has 64 tokens; max_model_len is 64"),
+    (list(range(300)), None, r"prompt has 300 tokens; max_model_len is 64"),
+    # capacity 8 blocks x 4 = 32 tokens: 20 + 13 = 33 can never be held at once
+    (list(range(20)), SamplingParams(max_tokens=13), r"33 tokens can never fit the KV pool "
+                                                     r"\(8 blocks x 4 = 32 tokens\)"),
+    ([1, 2, 3], {"max_tokens": 4}, r"params must be a SamplingParams"),
+], ids=lambda v: repr(v)[:40])
+def test_bad_prompts_are_refused(tiny, prompt, params, match):
+    refused(match, tiny.inputs.process, prompt, params)
+    refused(match, tiny.generate, [prompt], params)
+    assert not tiny.engine.has_unfinished()
+
+
+def test_generate_refuses_bad_batches_atomically(tiny):
+    """LLM.generate validates every prompt before adding any."""
+    sp = SamplingParams(max_tokens=2, **GREEDY)
+    refused(r"token ids must be in", tiny.generate, [[1, 2], [3, 999], [4]], sp)
+    refused(r"sampling_params has 1 entries for 2 prompts", tiny.generate, [[1], [2]], [sp])
+    refused(r"sampling_params must be a SamplingParams or a list of them, got dict",
+            tiny.generate, [[1]], {"max_tokens": 3})
+    refused(r"sampling_params must be a SamplingParams or a list of them, got int",
+            tiny.generate, [[1]], 3)
+    refused(r"prompt must be a string or token ids, got int", tiny.generate, [1, 2, 3], sp)
+    assert not tiny.engine.has_unfinished()
+    assert [len(o.outputs[0].token_ids) for o in tiny.generate([[1, 2], [3]], [sp, sp])] == [2, 2]
+
+
+def test_fits_exactly_is_accepted(tiny):
+    # 20 + 12 = 32 tokens = the whole pool: accepted, and it runs to the end alone
+    out = tiny.generate([list(range(20))], SamplingParams(max_tokens=12, **GREEDY))
+    assert len(out[0].outputs[0].token_ids) == 12
+    # the need is min(prompt + max_tokens, max_model_len): with max_model_len 64 > 32,
+    # a huge max_tokens can never fit, even after a 1-token prompt
+    refused(r"prompt \+ max_tokens = 64 tokens can never fit", tiny.inputs.process, [1],
+            SamplingParams(max_tokens=10**6))
+    tiny.engine.clear_prefix_cache()
+    assert tiny.engine.pool.num_free == tiny.engine.pool.num_blocks
+
+
+def test_odd_but_valid_sampling_does_not_disturb_the_batch(tiny):
+    """Extreme valid params run next to a greedy request, which keeps its tokens;
+    a near-zero temperature is greedy (not NaN logits -> token 0)."""
+    greedy = SamplingParams(max_tokens=6, **GREEDY)
+    ref = tiny.generate([[4, 5, 6]], greedy)[0].outputs[0].token_ids
+    odd = [SamplingParams(max_tokens=6, temperature=1e-45, ignore_eos=True),
+           SamplingParams(max_tokens=6, temperature=1e-6, ignore_eos=True),
+           SamplingParams(max_tokens=6, temperature=1e4, ignore_eos=True),    # the maximum
+           SamplingParams(max_tokens=6, temperature=9999.0, ignore_eos=True),
+           SamplingParams(max_tokens=6, top_k=10**9, seed=2**64 - 1, ignore_eos=True),
+           SamplingParams(max_tokens=6, top_p=1e-9, seed=0, ignore_eos=True),
+           SamplingParams(max_tokens=6, top_k=1, temperature=5.0, ignore_eos=True)]
+    outs = tiny.generate([[4, 5, 6]] * (len(odd) + 1), odd + [greedy])
+    assert all(o.error is None and len(o.outputs[0].token_ids) == 6 for o in outs)
+    assert outs[-1].outputs[0].token_ids == ref
+    for i in (0, 1, 5, 6):          # all of these reduce to the argmax
+        assert outs[i].outputs[0].token_ids == ref, odd[i]
+
+
+def test_duplicate_request_id_is_refused(tiny):
+    eng = tiny.engine
+    a = tiny.add_request([1, 2, 3], SamplingParams(max_tokens=2, **GREEDY), request_id="dup")
+    refused(r"duplicate request id 'dup'", tiny.add_request, [4, 5],
+            SamplingParams(max_tokens=2, **GREEDY), request_id="dup")
+    while eng.has_unfinished():
+        eng.step()
+    assert a.finish_reason == "length" and len(a.output_token_ids) == 2
+
+
+def test_refusals_leave_the_engine_serving(ckpt):
+    """Bad requests between good ones: the good ones' tokens do not change."""
+    prompts = good_prompts()
+    sp = SamplingParams(max_tokens=6, **GREEDY)
+    kw = dict(device="cpu", dtype="float32", block_size=8, num_blocks=32, max_model_len=128,
+              check_invariants=True)
+    ref = [o.outputs[0].token_ids for o in LLM(model=str(ckpt), **kw).generate(prompts, sp)]
+    llm = LLM(model=str(ckpt), **kw)
+    eng = llm.engine
+    bad = [([], sp), ([VOCAB], sp), (list(range(200)), sp), ([1, 2], "sp"),
+           ({"prompt_token_ids": None}, sp), ("text", sp), ([0.5], sp)]
+    reqs = []
+    for i, p in enumerate(prompts):
+        reqs.append(llm.add_request(p, sp))
+        with pytest.raises(InvalidRequestError):
+            llm.add_request(*bad[i % len(bad)])
+        eng.step()
+    while eng.has_unfinished():
+        eng.step()
+    assert [tuple(r.output_token_ids) for r in reqs] == ref
+    eng.clear_prefix_cache()
+    assert eng.pool.num_free == eng.pool.num_blocks
+
+
+# -- live knobs ---------------------------------------------------------------------------
+
+BAD_KNOBS = [
+    (dict(max_num_batched_tokens=0), r"max_num_batched_tokens must be an integer in \[1, \d+\], got 0"),
+    (dict(max_num_batched_tokens=-1), r"max_num_batched_tokens must be an integer in \[1, \d+\], got -1"),
+    (dict(max_num_batched_tokens="a"), r"max_num_batched_tokens must be an integer in \[1, \d+\], got 'a'"),
+    (dict(max_num_batched_tokens=1.5), r"max_num_batched_tokens must be an integer in \[1, \d+\]"),
+    (dict(max_num_batched_tokens=True), r"max_num_batched_tokens must be an integer in \[1, \d+\], got True"),
+    (dict(max_num_batched_tokens=None), r"max_num_batched_tokens must be an integer in \[1, \d+\]"),
+    (dict(max_num_seqs=0), r"max_num_seqs must be an integer in \[1, \d+\], got 0"),
+    (dict(max_num_seqs="8"), r"max_num_seqs must be an integer in \[1, \d+\], got '8'"),
+    (dict(enable_prefix_caching="off"), r"enable_prefix_caching must be a bool, got 'off'"),
+    (dict(enable_prefix_caching=0), r"enable_prefix_caching must be a bool, got 0"),
+    (dict(block_size=8), r"unknown knob\(s\): block_size"),
+    (dict(budget=64), r"unknown knob\(s\): budget"),
+    (dict(max_num_seqs=4, turbo=True), r"unknown knob\(s\): turbo"),
+]
+
+
+@pytest.mark.parametrize("changes, match", BAD_KNOBS, ids=lambda v: repr(v)[:50])
+def test_bad_knobs_are_refused(changes, match):
+    refused(match, SchedulerConfig().replace, **changes)
+    if set(changes) <= set(SchedulerConfig.__dataclass_fields__):
+        refused(match, SchedulerConfig, **changes)      # the constructor checks the same
+
+
+def test_loop_refuses_bad_knobs_in_caller_and_keeps_serving(ckpt):
+    prompts = good_prompts(8, seed=5)
+    sp = SamplingParams(max_tokens=5, **GREEDY)
+    kw = dict(device="cpu", dtype="float32", block_size=8, num_blocks=64)
+    ref = [o.outputs[0].token_ids for o in LLM(model=str(ckpt), **kw).generate(prompts, sp)]
+    with EngineLoop(model=str(ckpt), **kw, max_num_batched_tokens=32) as loop:
+        before = loop.engine.knobs
+        streams = []
+        for i, p in enumerate(prompts):
+            streams.append(loop.submit(p, sp))
+            changes, match = BAD_KNOBS[i % len(BAD_KNOBS)]
+            refused(match, loop.set_knobs, **changes)
+        assert [s.result(timeout=60).outputs[0].token_ids for s in streams] == ref
+        assert loop.wait_idle(10)
+        assert loop.engine.knobs == before          # nothing half-applied
+        loop.set_knobs(max_num_batched_tokens=7)    # a good one still works
+        assert loop.step_once().wait(10)
+        assert loop.engine.knobs.max_num_batched_tokens == 7
+        assert loop.fatal_error is None
+
+
+# -- EngineLoop: raise in the caller's thread, serve the good ones unchanged ----------------
+
+def test_submit_raises_in_caller_thread(ckpt):
+    with EngineLoop(model=str(ckpt), device="cpu", dtype="float32", num_blocks=16,
+                    block_size=8, max_model_len=200) as loop:
+        caught = {}
+
+        def worker():
+            try:
+                loop.submit([VOCAB + 1])
+            except InvalidRequestError as exc:
+                caught["exc"], caught["thread"] = exc, threading.current_thread()
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join(10)
+        assert caught["thread"] is t
+        assert "token ids must be in [0, 320)" in str(caught["exc"])
+        refused(r"prompt has 200 tokens; max_model_len is 200", loop.submit, [7] * 200)
+        refused(r"prompt \+ max_tokens = 129 tokens can never fit the KV pool "
+                r"\(16 blocks x 8 = 128 tokens\)", loop.submit, [1], SamplingParams(max_tokens=128))
+        refused(r"max_tokens must be an integer in \[1, ", lambda: loop.submit([1], SamplingParams(max_tokens=0)))
+        assert loop.engine.requests == {} and not loop.core._commands
+
+
+def test_loop_interleaved_bad_and_good_submissions(ckpt):
+    prompts = good_prompts(24, seed=11)
+    sp = SamplingParams(max_tokens=8, **GREEDY)
+    kw = dict(device="cpu", dtype="float32", block_size=8, num_blocks=24, max_model_len=256)
+    ref = [o.outputs[0].token_ids for o in LLM(model=str(ckpt), **kw).generate(prompts, sp)]
+    bad = [
+        ([], sp, r"prompt is empty"),
+        ("hello", sp, r"has no tokenizer"),
+        ([0, VOCAB], sp, r"token ids must be in \[0, 320\)"),
+        (list(range(256)), sp, r"max_model_len is 256"),
+        ([5] * 150, SamplingParams(max_tokens=100), r"250 tokens can never fit the KV pool"),
+        ([1, 2.0], sp, r"must be integers"),
+        ({"prompt_token_ids": 3}, sp, r"prompt_token_ids must be a list of integers"),
+        ([1], dict(max_tokens=3), r"params must be a SamplingParams"),
+    ]
+    with EngineLoop(model=str(ckpt), **kw, max_num_batched_tokens=24, max_num_seqs=6) as loop:
+        streams = []
+        for i, p in enumerate(prompts):
+            streams.append(loop.submit(p, sp))
+            prompt, params, match = bad[i % len(bad)]
+            refused(match, loop.submit, prompt, params)
+        outs = [s.result(timeout=60) for s in streams]
+        assert [o.outputs[0].token_ids for o in outs] == ref
+        assert all(o.outputs[0].finish_reason == "length" and o.error is None for o in outs)
+        assert loop.wait_idle(10)
+        eng = loop.engine
+        assert eng.stats.counters.errors == 0 and loop.fatal_error is None
+        loop.clear_prefix_cache()
+        assert loop.wait_idle(10)
+        eng.check_invariants()
+        assert eng.pool.num_free == eng.pool.num_blocks
+
+
+def test_loop_duplicate_request_id_is_refused_at_submit(ckpt):
+    """As EngineClient (engine/front/api.py): a live id raises; the live request is intact."""
+    sp = SamplingParams(max_tokens=6, **GREEDY)
+    with EngineLoop(model=str(ckpt), device="cpu", dtype="float32", block_size=8,
+                    num_blocks=32) as loop:
+        loop.pause()
+        first = loop.submit([1, 2, 3], sp, request_id="same")
+        with pytest.raises(InvalidRequestError, match="duplicate request id 'same'"):
+            loop.submit([4, 5, 6], sp, request_id="same")
+        import gc
+        gc.collect()                            # the refused stream: must not cancel the first
+        loop.resume()
+        out1 = first.result(timeout=30)
+        assert out1.outputs[0].finish_reason == "length"
+        assert len(out1.outputs[0].token_ids) == 6
+
+
+def test_make_config_rejects_nothing_valid():
+    cfg = make_config(model="dummy:tiny", num_gpu_blocks=10, max_num_seqs=3)
+    assert cfg.num_blocks == 10 and cfg.scheduler.max_num_seqs == 3

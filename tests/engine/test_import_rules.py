@@ -1,0 +1,150 @@
+"""The engine's folders are its processes, and imports only point down the seam:
+
+    front -> ipc -> core -> worker        (and every side -> the top-level contract)
+
+Read from the sources (AST, lazy imports inside functions and import_module strings
+included), so a rule broken on a path no test runs still fails here. The run-time check
+(importing every module loads no UI package) is the second half.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ENGINE = ROOT / "engine"
+TOP = "top"     # engine/*.py: the shared contract (config, codes, outputs, request, ...)
+ALLOWED = {     # side -> the sides it may import (itself always)
+    TOP: set(),
+    "front": {TOP, "ipc"},
+    "ipc": {TOP, "core"},
+    "core": {TOP, "worker"},
+    "worker": {TOP},
+}
+FOREIGN = ("textual", "rich", "fastapi", "uvicorn", "starlette", "roseplay")
+FACADE = "engine"   # engine/__init__.py: the public API, which loads LLM etc. lazily
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ENGINE.rglob("*.py"))}
+
+
+def package_of(module: str) -> str:
+    path = MODULES[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def side_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or package_of(module) != "engine" else TOP
+
+
+def resolve(name: str) -> str | None:
+    """The engine module a dotted import names (longest existing prefix)."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in MODULES:
+            return ".".join(parts[:n])
+    return None
+
+
+def imports_of(module: str) -> list[tuple[str, int]]:
+    """(imported dotted name, line) for every import in the module, wherever it sits."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    pkg = package_of(module)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found += [(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base,
+                       node.lineno) for a in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            found.append((node.args[0].value, node.lineno))
+    return found
+
+
+def engine_edges() -> list[tuple[str, str, int]]:
+    edges = []
+    for module in MODULES:
+        for name, line in imports_of(module):
+            target = resolve(name) if name.split(".")[0] == "engine" else None
+            if target is not None and target != module:
+                edges.append((module, target, line))
+    return edges
+
+
+def where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(ROOT)}:{line}"
+
+
+def test_folders_exist_and_hold_the_processes():
+    sides = {side_of(m) for m in MODULES}
+    assert sides == set(ALLOWED), sides
+    assert {"engine.front.client", "engine.core.scheduler", "engine.worker.runner",
+            "engine.ipc.core_proc"} <= set(MODULES)
+
+
+def test_imports_only_point_down_the_seam():
+    offenders = []
+    for src, dst, line in engine_edges():
+        if src == FACADE:
+            continue
+        a, b = side_of(src), side_of(dst)
+        if a != b and b not in ALLOWED[a]:
+            offenders.append(f"{where(src, line)}: {a} imports {b} ({dst})")
+    assert not offenders, "imports against the seam:\n" + "\n".join(offenders)
+
+
+def test_no_package_cycles():
+    graph: dict[str, set[str]] = {}
+    for src, dst, _ in engine_edges():
+        if src != FACADE and package_of(src) != package_of(dst):
+            graph.setdefault(package_of(src), set()).add(package_of(dst))
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "package cycles:\n" + "\n".join(cycles)
+
+
+def test_engine_sources_import_no_ui_or_server_package():
+    offenders = [f"{where(m, line)}: {name}" for m in MODULES for name, line in imports_of(m)
+                 if name.split(".")[0] in FOREIGN]
+    assert not offenders, "engine modules importing UI/server packages:\n" + "\n".join(offenders)
+
+
+def test_importing_every_engine_module_loads_no_ui_or_server_package():
+    code = f"""
+import importlib, sys
+for name in {sorted(MODULES)!r}:
+    importlib.import_module(name)
+from engine import LLM, LLMEngine, EngineLoop   # the lazy attributes too
+bad = sorted(m for m in sys.modules if m.split(".")[0] in {FOREIGN!r})
+print("foreign:", bad)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "foreign: []" in out.stdout, out.stdout

@@ -1,0 +1,82 @@
+"""Shared by the interpreter kernel tests (tests/kernels/test_kernels.py, test_kernels_more.py):
+import only with TRITON_INTERPRET=1 set (the child process test_kernels.py starts).
+Inputs are random with a fresh seed per test (printed on failure; set ROSEPLAY_TEST_SEED
+to replay one), outputs are poisoned with NaN."""
+import os
+import random
+
+import pytest
+import torch
+import triton.runtime.interpreter as _interp
+
+from kernels import get_ops
+from kernels import reference as ref
+
+# numpy >= 2.4 refuses int() of a 1-element array, which the Triton 3.6 interpreter
+# does for scalar loop bounds (triton-lang/triton#9171, fixed upstream by #9172).
+_orig_patch_tensor = _interp._patch_lang_tensor
+
+
+def _patch_tensor(tensor, scope):
+    _orig_patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__",
+                   lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+_interp._patch_lang_tensor = _patch_tensor
+
+tri = get_ops("triton")
+DTYPES = [torch.float32, torch.float16]
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
+
+
+@pytest.fixture
+def seed():
+    s = int(os.environ.get("ROSEPLAY_TEST_SEED", random.SystemRandom().randrange(2**31)))
+    torch.manual_seed(s)
+    return s
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Every torch.empty / empty_like (the kernels' outputs and partial buffers) comes
+    back filled with NaN (floats) or a huge value (ints), so unwritten or wrongly read
+    elements show up."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool:
+            t.fill_(2**30 if t.dtype != torch.int8 else 100)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
+
+
+def assert_close(out, expected, dtype, seed, what=""):
+    assert out.shape == expected.shape, (out.shape, expected.shape)
+    assert out.dtype == expected.dtype, (out.dtype, expected.dtype)
+    assert not torch.isnan(out).any(), f"{what}: NaN in output (seed {seed})"
+    o, e = out.double(), expected.double()
+    rel = ((o - e).norm() / e.norm().clamp_min(1e-12)).item()
+    assert rel < TOL[dtype], f"{what}: rel err {rel:.2e} (seed {seed})"
+    assert torch.allclose(o, e, atol=10 * TOL[dtype], rtol=10 * TOL[dtype]), \
+        f"{what}: max abs err {(o - e).abs().max().item():.2e} (seed {seed})"
+
+
+def make_paged(seq_lens, block_size, h_kv, d, dtype, spare=3):
+    """Random caches and random (shuffled, non-contiguous) block tables."""
+    need = [(n + block_size - 1) // block_size for n in seq_lens]
+    num_blocks = sum(need) + spare
+    k_cache = torch.randn(num_blocks, block_size, h_kv, d).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, h_kv, d).to(dtype)
+    perm = torch.randperm(num_blocks)
+    width = max(need + [1]) + 1
+    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    i = 0
+    for b, nb in enumerate(need):
+        tables[b, :nb] = perm[i:i + nb].int()
+        i += nb
+    return k_cache, v_cache, tables

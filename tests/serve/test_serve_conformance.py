@@ -1,0 +1,211 @@
+"""What a demanding OpenAI client expects of `roseplay serve`, on the default path (the
+engine in its own process, EngineClient): every 400 names its field in `param`; types
+are strict (`true` is no integer, `"5"` no number); the Bearer scheme is
+case-insensitive; slow clients are cut after the request-read timeout and idle
+connections after the keep-alive one; tool_choice without tools is refused; a body over
+the limit gets 413 before it is read (a long prompt tokenized off the event loop: in
+tests/serve/test_serve_adversarial.py, which has the server in a process of its own)."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from engine.front.client import EngineClient
+from roseplay.serve.app import ServeConfig, build_app
+from roseplay.serve.server import ServerThread
+
+pytestmark = pytest.mark.timeout(120)
+KEY = "sk-conformance"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+READ_TIMEOUT, KEEP_ALIVE = 1.5, 1.0
+MAX_BODY = 4 * 1024 * 1024
+PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
+GOOD = {"model": "default", "prompt": PROMPT, "max_tokens": 4}
+CHAT = {"model": "default", "messages": [{"role": "user", "content": "What news?"}],
+        "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def server():
+    config = ServeConfig(api_key=KEY, timeout_request_read=READ_TIMEOUT,
+                         timeout_keep_alive=KEEP_ALIVE, max_body_bytes=MAX_BODY)
+    with EngineClient(label="server", snapshots=False) as engine, \
+            ServerThread(build_app(engine, config)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as client:
+        yield client
+
+
+PARAMS = [  # (endpoint, body, the param the 400 must name)
+    ("completions", {**GOOD, "max_tokens": True}, "max_tokens"),
+    ("completions", {**GOOD, "max_tokens": "5"}, "max_tokens"),
+    ("completions", {**GOOD, "prompt": [True, False]}, "prompt"),
+    ("completions", {**GOOD, "n": True}, "n"),
+    ("completions", {**GOOD, "temperature": "0.5"}, "temperature"),
+    ("completions", {**GOOD, "ignore_eos": 1}, "ignore_eos"),
+    ("completions", {**GOOD, "temperature": -1}, "temperature"),
+    ("completions", {**GOOD, "top_p": 2}, "top_p"),
+    ("completions", {**GOOD, "max_tokens": 0}, "max_tokens"),
+    ("completions", {**GOOD, "max_tokens": 5000}, "max_tokens"),
+    ("completions", {**GOOD, "prompt": [4096]}, "prompt"),
+    ("completions", {**GOOD, "prompt": [1] * 2000}, "prompt"),
+    ("completions", {**GOOD, "prompt": ""}, "prompt"),
+    ("completions", {**GOOD, "prompt": "ROMEO.\ud800"}, "prompt"),
+    ("completions", {**GOOD, "stop": [""]}, "stop"),
+    ("completions", {**GOOD, "logprobs": 21}, "logprobs"),
+    ("completions", {**GOOD, "logprobs": 1, "echo": True}, "echo"),
+    ("completions", {**GOOD, "logit_bias": {"x": 1.0}}, "logit_bias"),
+    ("completions", {**GOOD, "logit_bias": {"4096": 1.0}}, "logit_bias"),
+    ("completions", {**GOOD, "frequency_penalty": -3}, "frequency_penalty"),
+    ("completions", {**GOOD, "repetition_penalty": 0}, "repetition_penalty"),
+    ("completions", {**GOOD, "min_p": 1.5}, "min_p"),
+    ("completions", {**GOOD, "min_tokens": 99}, "min_tokens"),
+    ("completions", {**GOOD, "best_of": 3, "stream": True}, "best_of"),
+    ("completions", {**GOOD, "stream_options": {"include_usage": True}}, "stream_options"),
+    ("completions", {"prompt": PROMPT}, "model"),
+    ("chat/completions", {**CHAT, "messages": []}, "messages"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages"),
+    ("chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
+    ("chat/completions", {**CHAT, "tool_choice": {"type": "function",
+                                                  "function": {"name": "f"}}}, "tool_choice"),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
+    ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_object"}},
+     "response_format"),
+]
+
+
+@pytest.mark.parametrize("endpoint,body,param", PARAMS, ids=[f"{p}-{i}" for i, (_, _, p)
+                                                             in enumerate(PARAMS)])
+def test_every_400_names_its_field(http, endpoint, body, param):
+    r = http.post(f"/v1/{endpoint}", content=json.dumps(body).encode(),   # \u escapes
+                  headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error", err
+
+
+def test_malformed_json_has_no_param(http):
+    r = http.post("/v1/completions", content=b'{"model": ', headers={"content-type":
+                                                                       "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] is None
+    assert r.json()["error"]["message"].startswith("JSON decode error")
+
+
+def test_official_client_gets_bad_request_with_param(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model="default", max_tokens=4, tool_choice="required",
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert exc.value.param == "tool_choice" and exc.value.status_code == 400
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model="default", prompt=PROMPT, max_tokens=True)
+    assert exc.value.param == "max_tokens"
+    out = client.completions.create(model="default", prompt=PROMPT, max_tokens=3)
+    assert out.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("header,status", [
+    (f"Bearer {KEY}", 200), (f"bearer {KEY}", 200), (f"BEARER  {KEY}", 200),
+    (f"Basic {KEY}", 401), (KEY, 401), ("Bearer sk-wrong", 401), ("bearer", 401)])
+def test_bearer_scheme_is_case_insensitive(server, header, status):
+    r = httpx.get(server.url + "/v1/models", headers={"Authorization": header})
+    assert r.status_code == status, r.text
+    if status == 401:
+        assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+def _connect(server) -> socket.socket:
+    sock = socket.create_connection((server.host, server.port), timeout=30)
+    sock.settimeout(30)
+    return sock
+
+
+def _closed_after(sock: socket.socket, trickle: bytes = b"") -> float:
+    """Seconds until the server closes `sock`, sending one byte of `trickle` every 0.2 s."""
+    t0 = time.monotonic()
+    sock.setblocking(False)
+    for i in range(10 ** 6):
+        if i < len(trickle):
+            try:
+                sock.send(trickle[i:i + 1])
+            except OSError:
+                return time.monotonic() - t0
+        try:
+            if sock.recv(65536) == b"":
+                return time.monotonic() - t0
+        except BlockingIOError:
+            pass
+        except OSError:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < 30, "the server never closed the connection"
+        time.sleep(0.2)
+
+
+def test_slow_loris_is_cut_after_the_request_read_timeout(server, http):
+    silent = _connect(server)
+    trickler = None
+    try:
+        silent.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        waited = _closed_after(silent)
+        assert READ_TIMEOUT - 0.3 < waited < READ_TIMEOUT + 5
+        trickler = _connect(server)
+        headers = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n"
+                   b"Authorization: Bearer " + KEY.encode() + b"\r\n\r\n{\"model\": ")
+        waited = _closed_after(trickler, headers * 4)    # bytes keep coming, slowly
+        assert READ_TIMEOUT - 0.3 < waited < READ_TIMEOUT + 5
+    finally:
+        silent.close()
+        if trickler is not None:
+            trickler.close()
+    assert http.post("/v1/completions", json=GOOD).status_code == 200   # others unaffected
+
+
+def test_idle_keep_alive_connection_is_closed(server):
+    sock = _connect(server)
+    try:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        waited = _closed_after(sock)
+        assert KEEP_ALIVE - 0.3 < waited < KEEP_ALIVE + 5
+    finally:
+        sock.close()
+
+
+def test_over_limit_body_is_refused_before_it_is_read(server):
+    """The Content-Length alone decides: the server answers 413 without the body (it never
+    arrives), so nothing was parsed or tokenized."""
+    sock = _connect(server)
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nAuthorization: Bearer " + KEY.encode() +
+                     f"\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n".encode())
+        answer = sock.recv(65536)
+        while b"\r\n\r\n" not in answer or answer.endswith(b"\r\n\r\n"):
+            answer += sock.recv(65536)       # the head, then the JSON body
+    finally:
+        sock.close()
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 413") and b"application/json" in head
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+
+
+def test_drain_refuses_new_requests_with_503(server, http):
+    drain = server.app.state.serve.drain
+    drain.begin()
+    try:
+        r = http.post("/v1/completions", json=GOOD)
+    finally:
+        drain.draining = False
+    assert r.status_code == 503 and r.headers["connection"] == "close"
+    assert r.json()["error"]["code"] == "server_shutting_down"
+    assert http.post("/v1/completions", json=GOOD).status_code == 200
