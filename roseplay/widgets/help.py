@@ -16,9 +16,9 @@ from rich.text import Text
 from textual.widgets import Markdown, Static
 
 from roseplay.guides import GUIDES, describe, split_knobs
-from roseplay.keys import LIST_KEYS, for_mode
+from roseplay.keys import LIST_KEYS, for_mode, knob_key
 from roseplay.scenarios import SCENARIOS
-from roseplay.widgets.knobs import KNOB_KEYS, live_fields
+from roseplay.widgets.knobs import live_fields
 
 PANELS = """\
 # roseplay: what you are looking at
@@ -89,7 +89,7 @@ def knobs_markdown() -> str:
     paragraph when it has one (policy knobs do)."""
     lines = ["## Knobs (from engine/config.py)"]
     for f in live_fields():
-        key = KNOB_KEYS.get(f.name)
+        key = knob_key(f.name)
         choices = f.metadata.get("choices")
         lines.append(f"* {f'`{key}` ' if key else ''}**{f.name}**"
                      f"{' (' + ' / '.join(map(str, choices)) + ')' if choices else ''}: "
