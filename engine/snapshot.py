@@ -61,6 +61,9 @@ class StepStats:
     num_running: int
     num_waiting: int
     sampled: int
+    spec_verified: int = 0          # speculative decoding: requests verified with drafts,
+    spec_draft_tokens: int = 0      # the drafts they proposed,
+    spec_accepted_tokens: int = 0   # the drafts accepted (docs/SPECULATIVE.md)
 
 
 @dataclass(frozen=True)

@@ -98,8 +98,15 @@ def check_request(d, num_blocks: int) -> dict:
     return d
 
 
+# step fields added after format 1 was written: older recordings read them as 0
+LATER_STEP_FIELDS = ("spec_verified", "spec_draft_tokens", "spec_accepted_tokens")
+
+
 def check_step(d) -> dict:
-    check_fields(StepStats, d, "step")
+    check_fields(StepStats, d, "step", skip=LATER_STEP_FIELDS)
+    for name in LATER_STEP_FIELDS:
+        if not is_type(d.setdefault(name, 0), "int"):
+            raise BadRecording(f"step: {name} is not int")
     chunks = d["prefill_chunks"]
     if not isinstance(chunks, list):
         raise BadRecording("step: prefill_chunks must be a list")

@@ -51,3 +51,45 @@ async def test_d_and_D_turn_speculation_on_and_off_on_the_engine_process():
             assert src.knobs.num_speculative_tokens == 0
     finally:
         src.close()
+
+
+@sync
+async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
+    """Greedy `identical` prompts on dummy:tiny repeat themselves, so n-gram drafts are
+    accepted: the step panel, the acceptance plots and the counters agree."""
+    from roseplay.widgets.events import flash_blocks
+    from roseplay.widgets.kv_map import ROLLBACK
+    src = live_source(in_process=False, scenario="identical", output_len=48,
+                      engine={"num_blocks": 64})
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=(200, 60)) as pilot:
+            assert await wait_for(pilot, lambda: app.snapshot is not None, 60)
+            await pilot.press("d", "d", "d")
+            step = app.query_one("StepPanel")
+            seen = []
+
+            def verified():
+                s = app.snapshot.last_step
+                if s is not None and s.spec_verified and "drafted" in widget_text(step):
+                    seen.append(s)
+                return any(s.spec_accepted_tokens for s in seen)
+            assert await wait_for(pilot, verified, 60), widget_text(step)
+            s = seen[-1]
+            assert 0 <= s.spec_accepted_tokens <= s.spec_draft_tokens <= 3 * s.spec_verified
+            c = app.snapshot.counters
+            assert 0 < c.spec_decode_num_accepted_tokens <= c.spec_decode_num_draft_tokens
+            hist = app.timing.history.series
+            assert await wait_for(pilot, lambda: any(v > 0 for v in hist["accept"]), 20)
+            accept = [v for v in hist["accept"] if v == v]
+            lengths = [v for v in hist["alen"] if v == v]
+            assert all(0 <= v <= 100 for v in accept) and all(1 <= v <= 4 for v in lengths)
+            assert any(v > 1 for v in lengths)
+            assert "accepted" in widget_text(app.query_one("#plot-accept"))
+            assert any(mark and mark.startswith("spec k") for mark in app.timing.history.marks)
+            rolled = [e for e in app.snapshot.events if e.kind == "spec_verify" and e.blocks]
+            if rolled:      # a rollback frees the block a rejected draft filled
+                flashes = flash_blocks(app.snapshot)
+                assert all(flashes.get(b) in (ROLLBACK, None) for b in rolled[-1].blocks)
+    finally:
+        src.close()

@@ -39,7 +39,8 @@ When the engine does something to blocks, they flash for a moment: the event's c
 behind the cell, underlined, with its letter where no refcount digit is shown (a digit
 is never hidden): **C** copy-on-write (a shared, partly filled block copied before a
 request writes into it), **P** preempted (freed: the request goes back to the queue and
-recomputes), **H** prefix hit (cached blocks a new prompt starts with). Evictions (a
+recomputes), **H** prefix hit (cached blocks a new prompt starts with), **R** rolled
+back (a block speculative decoding's rejected drafts had filled, freed by the verify). Evictions (a
 cached block reused for new tokens) are routine once the pool is full: they do not
 flash; the legend and the event log give their rate per second. Under the map: the
 prefix hit rate, evictions, preemptions and COW copies over the **last 10 s** and in
@@ -64,7 +65,8 @@ hits, dedup joins, finished prefill chunks, with the request and the blocks invo
 One engine step runs ONE forward pass over a mixed batch: first one token for each
 decoding request, then prefill chunks, until the **token budget** is used. The bar
 shows decode (green) and prefill (yellow) tokens against the budget, which chunks ran,
-and what the block manager did. Steps are counted from 1, as in the top line.
+and what the block manager did. With speculation on (`d`), `spec` says how many draft
+tokens this step verified and how many the target accepted. Steps are counted from 1, as in the top line.
 
 ## Timing
 p50/p95/p99 of TTFT, TPOT and ITL (every gap between two tokens of a request) over

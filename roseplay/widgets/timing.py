@@ -76,7 +76,19 @@ def slo_text(slos: dict) -> str:
     return " ".join(f"{k}≤{v:g}" for k, v in slos.items())
 
 
-SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot")
+SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot", "accept", "alen")
+
+
+def spec_rates(a, b) -> tuple[float, float]:
+    """Between counters a and b: the drafts' acceptance rate (%) and the mean accepted
+    length (tokens a verify emits: 1 + accepted drafts per verified request, vLLM's
+    definition); NaN where no request was verified with drafts."""
+    drafts = b.spec_decode_num_drafts - a.spec_decode_num_drafts
+    proposed = b.spec_decode_num_draft_tokens - a.spec_decode_num_draft_tokens
+    accepted = b.spec_decode_num_accepted_tokens - a.spec_decode_num_accepted_tokens
+    if drafts <= 0 or proposed <= 0:
+        return math.nan, math.nan
+    return 100.0 * accepted / proposed, 1.0 + accepted / drafts
 
 
 class TimingHistory:
@@ -126,6 +138,9 @@ class TimingHistory:
                                b.prefix_queried_tokens - a.prefix_queried_tokens)
         off = not snap.knobs.enable_prefix_caching      # no lookups at all: nothing hits
         add["hit"](100.0 * rate if rate is not None else 0.0 if off else math.nan)
+        accept, length = spec_rates(a, b)
+        add["accept"](accept)
+        add["alen"](length)
         self.marks.append(self._mark)
         self._mark = None
         self._recent.append((dt, dtok))
@@ -303,7 +318,10 @@ class TimingPanel(Container):
                       "running": Plot("running", "used", count, id="plot-running"),
                       "waiting": Plot("waiting", "preempt", count, id="plot-waiting"),
                       "kv": Plot("KV used", "shared", pct, 100.0, id="plot-kv"),
-                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit")}
+                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit"),
+                      "accept": Plot("accepted", "decode", pct, 100.0, id="plot-accept"),
+                      "alen": Plot("accept len", "tput", lambda v: f"{v:.2f}",
+                                   id="plot-alen")}
         self.axis = TimeAxis()
         self.mode = "side"
         self.add_class("-side")
