@@ -18,6 +18,7 @@ import numpy as np
 from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
 from engine.config import SchedulerConfig
 from engine.kv_metrics import KVBlockMetrics
+from engine.outputs import TokenLogprobs
 
 OUTPUT_TAIL = 64    # output token ids a RequestView carries (viewers detokenize them)
 
@@ -123,6 +124,9 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     error: str | None
     output_tail: tuple[int, ...] = ()   # the last OUTPUT_TAIL output token ids
     priority: int = 0        # scheduling_policy=priority: lower is served first
+    spec_draft_tokens: int = 0       # speculative decoding: drafts verified for it,
+    spec_accepted_tokens: int = 0    # and accepted
+    logprobs: TokenLogprobs | None = None   # its latest token's (when it asked for logprobs)
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""

@@ -33,7 +33,8 @@ from roseplay.record_schema import BadRecording
 RECENT_STEPS, RECENT_SAMPLES = 256, 2048     # what a live snapshot keeps (engine/core/stats.py)
 RECENT_EVENTS = 256
 KEYFRAME_EVERY = 100                 # frames (~10 s at 10 Hz)
-_REQ_FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
+# a request's latest logprobs are shown live only: recordings leave them out
+_REQ_FIELDS = tuple(f.name for f in dataclasses.fields(RequestView) if f.name != "logprobs")
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepStats))
 _EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(EngineEvent))
 

@@ -85,15 +85,18 @@ def check_header(h: dict) -> dict:
     return h
 
 
-LATER_REQUEST_FIELDS = ("output_tail", "priority")   # newer than format 1: may be absent
+# newer than format 1: may be absent (logprobs: never recorded, roseplay/frames.py)
+LATER_REQUEST_FIELDS = ("output_tail", "priority", "spec_draft_tokens", "spec_accepted_tokens",
+                        "logprobs")
 
 
 def check_request(d, num_blocks: int) -> dict:
     check_fields(RequestView, d, "request", skip=LATER_REQUEST_FIELDS)
     if "output_tail" in d and not is_type(d["output_tail"], "tuple[int"):
         raise BadRecording("request: output_tail is not a list of token ids")
-    if "priority" in d and not is_type(d["priority"], "int"):
-        raise BadRecording("request: priority is not an int")
+    for name in ("priority", "spec_draft_tokens", "spec_accepted_tokens"):
+        if name in d and not is_type(d[name], "int"):
+            raise BadRecording(f"request: {name} is not an int")
     check_blocks(d["blocks"], num_blocks, f"request {d['request_id']}")
     return d
 

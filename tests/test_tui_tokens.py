@@ -87,9 +87,59 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
             assert any(v > 1 for v in lengths)
             assert "accepted" in widget_text(app.query_one("#plot-accept"))
             assert any(mark and mark.startswith("spec k") for mark in app.timing.history.marks)
+            views = [r for r in app.snapshot.requests if r.spec_draft_tokens]
+            assert views and all(0 <= r.spec_accepted_tokens <= r.spec_draft_tokens
+                                 for r in views)
+            assert sum(r.spec_draft_tokens for r in views) <= c.spec_decode_num_draft_tokens
+            app.detail.show(views[0], None, "processed_logprobs")   # its own totals
+            assert (f"spec {views[0].spec_draft_tokens} drafted → "
+                    f"{views[0].spec_accepted_tokens} accepted") in app.detail._text.plain
             rolled = [e for e in app.snapshot.events if e.kind == "spec_verify" and e.blocks]
             if rolled:      # a rollback frees the block a rejected draft filled
                 flashes = flash_blocks(app.snapshot)
                 assert all(flashes.get(b) in (ROLLBACK, None) for b in rolled[-1].blocks)
+    finally:
+        src.close()
+
+
+@sync
+async def test_a_typed_prompt_shows_its_next_token_distribution():
+    """The typed prompt asks for top-5 logprobs: the Selected panel shows five tokens with
+    probabilities that add up to at most 100%, the sampled one marked, logprobs_mode
+    named; a generated request without logprobs says how to get them."""
+    import math
+    from roseplay.driver import TOP_LOGPROBS
+    from roseplay.source import LOGPROBS_EVERY
+    src = live_source(in_process=False, concurrency=2)
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=(160, 48)) as pilot:
+            assert await wait_for(pilot, lambda: app.snapshot is not None, 60)
+            detail = app.query_one("#detail")
+            plain = [r for r in app.snapshot.requests if r.logprobs is None]
+            assert await wait_for(pilot, lambda: "type a prompt with i" in widget_text(detail)
+                                  or any(r.logprobs for r in app.snapshot.requests), 20)
+            await pilot.press("i", *"to be or not", "enter")
+            view = lambda: app.snapshot.request("you-1")           # noqa: E731
+            assert await wait_for(pilot, lambda: view() is not None
+                                  and view().logprobs is not None, 30)
+            lp = view().logprobs
+            assert len(lp.token_ids) == TOP_LOGPROBS + 1 and 1 <= lp.rank
+            assert lp.logprobs[1:] == sorted(lp.logprobs[1:], reverse=True)
+            assert sum(math.exp(v) for v in lp.logprobs[1:]) <= 1.0 + 1e-4
+            assert await wait_for(pilot, lambda: "(processed_logprobs, sampled rank"
+                                  in widget_text(detail), 10), widget_text(detail)
+            text = widget_text(detail)
+            print(text)
+            shown = view().logprobs          # dummy model: tokens are shown as #id
+            assert f"#{shown.token_ids[1]} " in text, text
+            if shown.rank <= TOP_LOGPROBS:   # the sampled token is in the top-n: marked
+                assert f"#{shown.token_ids[0]} " in text and "✓" in text, text
+            # the generated workload: 1 in LOGPROBS_EVERY requests asks for them
+            asked = [r for r in app.snapshot.requests
+                     if r.request_id.startswith("w") and r.logprobs is not None]
+            ids = {int(r.request_id.rsplit("-", 1)[1]) for r in asked}
+            assert all(i % LOGPROBS_EVERY == 0 for i in ids), ids
+            assert plain or ids
     finally:
         src.close()
