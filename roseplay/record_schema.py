@@ -85,7 +85,7 @@ def check_header(h: dict) -> dict:
     return h
 
 
-# newer than format 1: may be absent (logprobs: never recorded, roseplay/frames.py)
+# newer than format 1: may be absent
 LATER_REQUEST_FIELDS = ("output_tail", "priority", "spec_draft_tokens", "spec_accepted_tokens",
                         "logprobs")
 
@@ -97,6 +97,12 @@ def check_request(d, num_blocks: int) -> dict:
     for name in ("priority", "spec_draft_tokens", "spec_accepted_tokens"):
         if name in d and not is_type(d[name], "int"):
             raise BadRecording(f"request: {name} is not an int")
+    lp = d.get("logprobs")
+    if lp is not None and not (isinstance(lp, list) and len(lp) == 3
+                               and is_type(lp[0], "tuple[int") and isinstance(lp[1], list)
+                               and all(isinstance(v, (int, float)) for v in lp[1])
+                               and is_type(lp[2], "int")):
+        raise BadRecording("request: logprobs is not [token_ids, logprobs, rank]")
     check_blocks(d["blocks"], num_blocks, f"request {d['request_id']}")
     return d
 
