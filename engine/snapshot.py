@@ -97,6 +97,16 @@ class EngineCounters:
         """The counts between two snapshots (windowed rates, a run's share)."""
         return EngineCounters(**{n: getattr(self, n) - getattr(earlier, n) for n in _COUNTER_NAMES})
 
+    def spec_acceptance(self, earlier: "EngineCounters") -> tuple[float, float]:
+        """Since `earlier`: the drafts' acceptance rate (0..1) and the mean accepted length
+        (tokens a verify emits: 1 + accepted drafts per verified request, vLLM's
+        definition); NaN both where no request was verified with drafts."""
+        d = self.minus(earlier)
+        if d.spec_decode_num_drafts <= 0 or d.spec_decode_num_draft_tokens <= 0:
+            return math.nan, math.nan
+        return (d.spec_decode_num_accepted_tokens / d.spec_decode_num_draft_tokens,
+                1.0 + d.spec_decode_num_accepted_tokens / d.spec_decode_num_drafts)
+
 
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
 

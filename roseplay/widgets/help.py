@@ -107,9 +107,11 @@ def knobs_markdown() -> str:
 def guides_text(kind: str) -> Text:
     """The tuning guides' claims, each with the digit that shows it live (Rich text, not
     Markdown: a long Markdown document mounts slowly and delays the first key)."""
-    how = ("Press a digit to switch the engine to that setup (scenario, knobs, workload); "
+    how = ("Press a guide's key (a digit, or d) to switch the engine to that setup "
+           "(scenario, knobs, workload); "
            "the help closes and the panels show the effect within seconds."
-           if kind == "live" else "On a live engine a digit switches it to that setup.")
+           if kind == "live" else "On a live engine a digit (or d) switches it to that "
+           "setup.")
     t = Text()
     t.append("Knob guidance (vLLM and SGLang tuning guides)\n", "bold #f2d34f")
     t.append(how + "\n\n", "italic")

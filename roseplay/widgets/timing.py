@@ -79,18 +79,6 @@ def slo_text(slos: dict) -> str:
 SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot", "accept", "alen")
 
 
-def spec_rates(a, b) -> tuple[float, float]:
-    """Between counters a and b: the drafts' acceptance rate (%) and the mean accepted
-    length (tokens a verify emits: 1 + accepted drafts per verified request, vLLM's
-    definition); NaN where no request was verified with drafts."""
-    drafts = b.spec_decode_num_drafts - a.spec_decode_num_drafts
-    proposed = b.spec_decode_num_draft_tokens - a.spec_decode_num_draft_tokens
-    accepted = b.spec_decode_num_accepted_tokens - a.spec_decode_num_accepted_tokens
-    if drafts <= 0 or proposed <= 0:
-        return math.nan, math.nan
-    return 100.0 * accepted / proposed, 1.0 + accepted / drafts
-
-
 class TimingHistory:
     """Bucketed series computed from snapshots (resets if time goes backwards), and the
     knob changes as marks on the bucket they happened in."""
@@ -138,8 +126,8 @@ class TimingHistory:
                                b.prefix_queried_tokens - a.prefix_queried_tokens)
         off = not snap.knobs.enable_prefix_caching      # no lookups at all: nothing hits
         add["hit"](100.0 * rate if rate is not None else 0.0 if off else math.nan)
-        accept, length = spec_rates(a, b)
-        add["accept"](accept)
+        accept, length = b.spec_acceptance(a)
+        add["accept"](100.0 * accept)
         add["alen"](length)
         self.marks.append(self._mark)
         self._mark = None
