@@ -87,10 +87,12 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
             assert any(v > 1 for v in lengths)
             assert "accepted" in widget_text(app.query_one("#plot-accept"))
             assert any(mark and mark.startswith("spec k") for mark in app.timing.history.marks)
-            views = [r for r in app.snapshot.requests if r.spec_draft_tokens]
+            snap = app.snapshot          # one snapshot: its requests and its counters
+            views = [r for r in snap.requests if r.spec_draft_tokens]
             assert views and all(0 <= r.spec_accepted_tokens <= r.spec_draft_tokens
                                  for r in views)
-            assert sum(r.spec_draft_tokens for r in views) <= c.spec_decode_num_draft_tokens
+            assert sum(r.spec_draft_tokens for r in views) \
+                <= snap.counters.spec_decode_num_draft_tokens
             app.detail.show(views[0], None, "processed_logprobs")   # its own totals
             assert (f"spec {views[0].spec_draft_tokens} drafted → "
                     f"{views[0].spec_accepted_tokens} accepted") in app.detail._text.plain
