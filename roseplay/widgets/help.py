@@ -66,7 +66,8 @@ One engine step runs ONE forward pass over a mixed batch: first one token for ea
 decoding request, then prefill chunks, until the **token budget** is used. The bar
 shows decode (green) and prefill (yellow) tokens against the budget, which chunks ran,
 and what the block manager did. With speculation on (`d`), `spec` says how many draft
-tokens this step verified and how many the target accepted. Steps are counted from 1, as in the top line.
+tokens this step verified and how many the target accepted. Steps are counted from 1,
+as in the top line.
 
 ## Timing
 p50/p95/p99 of TTFT, TPOT and ITL (every gap between two tokens of a request) over

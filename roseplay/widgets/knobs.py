@@ -27,7 +27,8 @@ WORKLOAD_HELP = {
 }
 SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens": "budget",
                "max_num_seqs": "max seqs", "scheduling_mode": "step", "scheduling_policy": "queue",
-               "eviction_policy": "evict", "num_speculative_tokens": "spec k", "concurrency": "in flight", "request rate": "rate"}
+               "eviction_policy": "evict", "num_speculative_tokens": "spec k",
+               "concurrency": "in flight", "request rate": "rate"}
 SPEC_TOKENS_MAX = 5     # the d key's top (the engine allows up to MAX_SPECULATIVE_TOKENS)
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
