@@ -65,6 +65,8 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
         app = RoseplayApp(source=src)
         async with app.run_test(size=(200, 60)) as pilot:
             assert await wait_for(pilot, lambda: app.snapshot is not None, 60)
+            plot = app.query_one("#plot-accept")
+            assert not plot.display             # off: no rows of "-" for speculation
             await pilot.press("d", "d", "d")
             step = app.query_one("StepPanel")
             seen = []
@@ -85,7 +87,8 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
             lengths = [v for v in hist["alen"] if v == v]
             assert all(0 <= v <= 100 for v in accept) and all(1 <= v <= 4 for v in lengths)
             assert any(v > 1 for v in lengths)
-            assert "accepted" in widget_text(app.query_one("#plot-accept"))
+            assert plot.display and app.query_one("#plot-alen").display
+            assert "accepted" in widget_text(plot)
             assert any(mark and mark.startswith("spec k") for mark in app.timing.history.marks)
             snap = app.snapshot          # one snapshot: its requests and its counters
             views = [r for r in snap.requests if r.spec_draft_tokens]

@@ -77,6 +77,7 @@ def slo_text(slos: dict) -> str:
 
 
 SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot", "accept", "alen")
+SPEC_PLOTS = ("accept", "alen")     # shown while speculative decoding is (or was just) on
 
 
 class TimingHistory:
@@ -310,6 +311,8 @@ class TimingPanel(Container):
                       "accept": Plot("accepted", "decode", pct, 100.0, id="plot-accept"),
                       "alen": Plot("accept len", "tput", lambda v: f"{v:.2f}",
                                    id="plot-alen")}
+        for key in SPEC_PLOTS:
+            self.plots[key].display = False
         self.axis = TimeAxis()
         self.mode = "side"
         self.add_class("-side")
@@ -347,9 +350,19 @@ class TimingPanel(Container):
         self.stats.show(snap, self.history.rate, window.reset_time, self.slos)
         self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         marks = self.history.marks
+        self._show_spec_plots(snap)
         for key, plot in self.plots.items():
             plot.show(self.history.series[key], marks)
         self.axis.show(marks)
+
+    def _show_spec_plots(self, snap) -> None:
+        """The speculation plots take rows only once speculation is on (or its points
+        are still in the window): off, they would be two rows of `-`."""
+        on = snap.knobs.num_speculative_tokens > 0 or any(
+            not math.isnan(v) for v in self.history.series["accept"])
+        for key in SPEC_PLOTS:
+            if self.plots[key].display != on:
+                self.plots[key].display = on
 
     def mark(self, label: str) -> None:
         """A knob changed now: a mark and its label on every plot."""
