@@ -75,9 +75,10 @@ class EngineInfo(msgspec.Struct, frozen=True):
     device: str
     dtype: str
     backend: str
+    logprobs_mode: str = "processed_logprobs"   # what requests' logprobs hold (viewers say it)
 
     @classmethod
     def of(cls, e) -> "EngineInfo":
         return cls(e.model_name, e.vocab_size, e.max_model_len, e.pool.num_blocks,
                    e.pool.block_size, str(e.device), str(e.dtype).removeprefix("torch."),
-                   e.backend)
+                   e.backend, e.config.logprobs_mode)

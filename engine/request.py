@@ -148,6 +148,9 @@ class Request:
     processed: bool = field(init=False, default=False)   # params.needs_processing, read
     #                                  once per step (the sampler's slower path)
     plain_greedy: bool = field(init=False, default=True)  # greedy and not processed
+    last_logprobs: object = None     # its latest TokenLogprobs (params.logprobs set): the TUI
+    num_draft_tokens: int = 0        # speculative decoding: drafts verified for it,
+    num_accepted_tokens: int = 0     # and accepted (engine/core/spec_decode.py)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -255,6 +258,9 @@ def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
     token_ids.extend(tokens)
     if row_logprobs is not None:
         logprobs.extend(row_logprobs)
+        for req, lp in zip(requests, row_logprobs):    # the viewers' latest distribution
+            if lp is not None:
+                req.last_logprobs = lp
     return ended
 
 

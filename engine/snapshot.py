@@ -18,6 +18,7 @@ import numpy as np
 from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
 from engine.config import SchedulerConfig
 from engine.kv_metrics import KVBlockMetrics
+from engine.outputs import TokenLogprobs
 
 OUTPUT_TAIL = 64    # output token ids a RequestView carries (viewers detokenize them)
 
@@ -61,6 +62,9 @@ class StepStats:
     num_running: int
     num_waiting: int
     sampled: int
+    spec_verified: int = 0          # speculative decoding: requests verified with drafts,
+    spec_draft_tokens: int = 0      # the drafts they proposed,
+    spec_accepted_tokens: int = 0   # the drafts accepted (docs/SPECULATIVE.md)
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,16 @@ class EngineCounters:
         """The counts between two snapshots (windowed rates, a run's share)."""
         return EngineCounters(**{n: getattr(self, n) - getattr(earlier, n) for n in _COUNTER_NAMES})
 
+    def spec_acceptance(self, earlier: "EngineCounters") -> tuple[float, float]:
+        """Since `earlier`: the drafts' acceptance rate (0..1) and the mean accepted length
+        (tokens a verify emits: 1 + accepted drafts per verified request, vLLM's
+        definition); NaN both where no request was verified with drafts."""
+        d = self.minus(earlier)
+        if d.spec_decode_num_drafts <= 0 or d.spec_decode_num_draft_tokens <= 0:
+            return math.nan, math.nan
+        return (d.spec_decode_num_accepted_tokens / d.spec_decode_num_draft_tokens,
+                1.0 + d.spec_decode_num_accepted_tokens / d.spec_decode_num_drafts)
+
 
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
 
@@ -120,6 +134,9 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     error: str | None
     output_tail: tuple[int, ...] = ()   # the last OUTPUT_TAIL output token ids
     priority: int = 0        # scheduling_policy=priority: lower is served first
+    spec_draft_tokens: int = 0       # speculative decoding: drafts verified for it,
+    spec_accepted_tokens: int = 0    # and accepted
+    logprobs: TokenLogprobs | None = None   # its latest token's (when it asked for logprobs)
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""

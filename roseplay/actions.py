@@ -13,8 +13,8 @@ from roseplay.scenarios import SCENARIOS
 from roseplay.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.widgets import theme
 from roseplay.widgets.help import HelpScreen
-from roseplay.widgets.knobs import (CONCURRENCY_STEPS, knob_field, live_fields, next_in,
-                                    stepped)
+from roseplay.widgets.knobs import (CONCURRENCY_STEPS, SPEC_TOKENS_MAX, knob_field,
+                                    live_fields, next_in, stepped)
 from roseplay.widgets.requests import FILTERS, SORTS
 
 WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency",
@@ -91,6 +91,14 @@ class Actions:
         if self.source is not None:
             value = stepped(self.source.knobs.max_num_seqs, "max_num_seqs", direction)
             self._control(self.source.set_knobs, max_num_seqs=value, knob="max_num_seqs")
+
+    def action_spec_tokens(self, direction: int) -> None:
+        """Speculative decoding's k, 0 (off) .. SPEC_TOKENS_MAX, from the next step."""
+        if self.source is not None:
+            k = self.source.knobs.num_speculative_tokens
+            new = max(0, min(SPEC_TOKENS_MAX, k + direction))
+            self._control(self.source.set_knobs, num_speculative_tokens=new,
+                          knob="num_speculative_tokens")
 
     def action_cycle_knob(self, name: str, direction: int) -> None:
         """The next value of a choice-valued knob (its `choices` in engine/config.py)."""

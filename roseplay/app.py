@@ -198,7 +198,9 @@ class RoseplayApp(Actions, App):
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None
             self.kv.show(snap, highlight, self.window, flash_blocks(snap))
-            self.detail.show(current, getattr(src, "tokenizer", None))
+            info = getattr(src, "info", None) if src.kind == "live" else None
+            self.detail.show(current, getattr(src, "tokenizer", None),
+                             getattr(info, "logprobs_mode", None))
             self.step_panel.show(snap)
             self.events.show(snap)
             self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")

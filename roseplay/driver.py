@@ -18,6 +18,8 @@ import time
 from collections import deque
 from typing import Callable, Iterable, Iterator
 
+import msgspec
+
 from engine.request import RequestOutput
 from roseplay.scenarios import WorkItem, iter_workload
 
@@ -26,6 +28,7 @@ POLL_INTERVAL = 0.02    # while a submission waits for a concurrency slot
 SLOW_POLL_INTERVAL = 0.05  # while requests are in flight but nothing waits on them
 IDLE_INTERVAL = 0.02    # while nothing is in flight or due (pause/resume/rate changes)
 _DRIVER_IDS = itertools.count()
+TOP_LOGPROBS = 5    # what a request asks for when the TUI should show its distribution
 
 
 def next_gap(rng: random.Random, request_rate: float | None,
@@ -66,8 +69,9 @@ class WorkloadDriver:
                  workload: dict | None = None, seed: int = 0, keep_outputs: int | None = None,
                  on_output: Callable[[RequestOutput], None] | None = None,
                  cancel_on_stop: bool = True, id_prefix: str | None = None,
-                 epoch: float | None = None):
+                 epoch: float | None = None, logprobs_every: int = 0):
         self.loop = loop
+        self.logprobs_every = logprobs_every   # every Nth request asks for TOP_LOGPROBS (0: none)
         self._epoch = epoch          # perf_counter time item arrivals count from (shared)
         self.id_prefix = id_prefix if id_prefix is not None else f"w{next(_DRIVER_IDS)}-"
         self.workload = dict(workload or {})
@@ -236,9 +240,13 @@ class WorkloadDriver:
 
     def _submit(self, item: WorkItem) -> None:
         rid = f"{self.id_prefix}{self.submitted}"
+        params = item.params
+        if self.logprobs_every and self.submitted % self.logprobs_every == 0 \
+                and params.logprobs is None:
+            params = msgspec.structs.replace(params, logprobs=TOP_LOGPROBS)
         self.submitted += 1
         try:
-            stream = self.loop.submit(item.prompt, item.params, request_id=rid,
+            stream = self.loop.submit(item.prompt, params, request_id=rid,
                                       on_finish=self._finished.put, priority=item.priority)
         except Exception as exc:        # invalid request or stopped loop: count, go on
             self.failed += 1

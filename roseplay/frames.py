@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import SchedulerConfig
+from engine.outputs import TokenLogprobs
 from engine.snapshot import (RUNTIME_FIELDS, ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView,
                              StepStats)
 from roseplay import record_schema as schema
@@ -56,6 +57,8 @@ def _req_dict(view: RequestView) -> dict:
     d = {name: getattr(view, name) for name in _REQ_FIELDS}
     d["blocks"] = list(view.blocks)
     d["output_tail"] = list(view.output_tail)
+    lp = view.logprobs      # TokenLogprobs as [token_ids, logprobs, rank]
+    d["logprobs"] = None if lp is None else [list(lp.token_ids), list(lp.logprobs), lp.rank]
     return d
 
 
@@ -282,7 +285,12 @@ class FrameDecoder:
         self._dicts[rid] = d
         self._views[rid] = RequestView(**{**{k: d[k] for k in _REQ_FIELDS if k in d},
                                           "blocks": tuple(d["blocks"]),
-                                          "output_tail": tuple(d.get("output_tail", ()))})
+                                          "output_tail": tuple(d.get("output_tail", ())),
+                                          "logprobs": _logprobs_from(d.get("logprobs"))})
+
+
+def _logprobs_from(value) -> TokenLogprobs | None:
+    return None if value is None else TokenLogprobs(list(value[0]), list(value[1]), value[2])
 
 
 def _runtime(extra: dict) -> dict:

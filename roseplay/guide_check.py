@@ -9,6 +9,7 @@ it and checks the direction its claim names.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -25,6 +26,10 @@ WARMUP_LIMIT = 20.0     # seconds: a setup that never runs that many steps is me
 
 def _pct(values, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
+
+
+def _or(value: float, default: float) -> float:
+    return default if math.isnan(value) else value
 
 
 def settle(source, warmup: float, steps: int = WARMUP_STEPS) -> None:
@@ -87,7 +92,11 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
         kv_used=float(np.mean(used)) if used else 0.0,
         # steps that ran decodes and prefill chunks together (budget, mixed-chunk modes)
         mixed_steps=sum(bool(s.decode_tokens and s.prefill_tokens) for s in steps)
-        / max(1, len(steps)))
+        / max(1, len(steps)),
+        # speculative decoding: acceptance 0 and a length of 1 (one token per decode)
+        # when no request was verified with drafts
+        spec_acceptance=_or(b.spec_acceptance(a)[0], 0.0),
+        spec_mean_accepted_len=_or(b.spec_acceptance(a)[1], 1.0))
 
 
 def wait_for_evictions(source, timeout: float) -> bool:

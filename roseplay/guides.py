@@ -23,6 +23,7 @@ VLLM = "vLLM Optimization and Tuning"
 VLLM_APC = "vLLM Automatic Prefix Caching"
 SGLANG = "SGLang Hyperparameter Tuning"
 SGLANG_EVICT = "SGLang Radix Cache Eviction Policies"
+VLLM_SPEC = "vLLM Speculative Decoding"
 POOL_BLOCKS = TUI_NUM_BLOCKS     # the pool the guides are tuned for: the app's default
 # the app's default workload: guides that turn one knob of it start from these
 APP, APP_CONCURRENCY = {"max_num_seqs": TUI_MAX_NUM_SEQS}, TUI_CONCURRENCY
@@ -138,6 +139,19 @@ GUIDES = (
           versus="default", expect={"hit_rate": "higher"},
           compare="eviction_policy=lru,lfu",
           shows=(r"lfu +eviction_policy", r"evicted [1-9]\d*/s"), within=8.0),
+    Guide("d", "Speculative decoding on repetitive text: the n-gram drafter proposes the "
+               "tokens that followed the last match in the request's own text, the target "
+               "verifies them in one forward and keeps the prefix it agrees with, so a "
+               "verify emits more than one token (mean accepted length > 1). On this CPU "
+               "build TPOT rises with speculation (a verify runs torch SDPA, not the C "
+               "decode kernel: docs/SPECULATIVE.md); the GPU gain is in docs/PERF.md.",
+          VLLM_SPEC, "This step's spec line (drafted -> accepted), the accepted % and "
+          "accept len plots; D turns it off, d back on",
+          "identical", {"num_speculative_tokens": 3}, concurrency=1, versus="default",
+          expect={"spec_acceptance": ">0", "spec_mean_accepted_len": "higher"},
+          compare="num_speculative_tokens=0,3",
+          shows=(r"3 drafts +num_speculative_tokens", r"spec \d+ drafted → \d+ accepted"),
+          within=8.0),
 )
 BY_KEY = {g.key: g for g in GUIDES}
 # the baselines a guide is measured against that have no key of their own: the app's

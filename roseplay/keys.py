@@ -20,6 +20,7 @@ class Key:
     display: str         # how the key is written for people
     mode: str = "both"
     footer: bool = False
+    knob: str = ""       # the live knob it changes (the knobs panel shows the key)
 
 
 KEYS = (
@@ -35,24 +36,34 @@ KEYS = (
     Key("v", "speed(1)", "Faster", "replay faster (×2, up to ×16)", "v", "replay"),
     Key("V", "speed(-1)", "Slower", "replay slower (÷2, down to ×0.25)", "V", "replay"),
     Key("c", "toggle_cache", "Cache", "prefix cache on / off (enable_prefix_caching)", "c",
-        "live"),
+        "live", knob="enable_prefix_caching"),
     Key("plus,equals_sign", "budget(1)", "Budget×2",
-        "token budget ×2 (max_num_batched_tokens, up to the KV pool's tokens)", "+", "live"),
+        "token budget ×2 (max_num_batched_tokens, up to the KV pool's tokens)", "+", "live",
+        knob="max_num_batched_tokens"),
     Key("minus,underscore", "budget(-1)", "Budget÷2", "token budget ÷2 (down to 1)", "-",
-        "live"),
+        "live", knob="max_num_batched_tokens"),
     Key("right_square_bracket", "seqs(1)", "Seqs+", "max_num_seqs up (by 8; doubles below 8)",
-        "]", "live"),
-    Key("left_square_bracket", "seqs(-1)", "Seqs-", "max_num_seqs down", "[", "live"),
+        "]", "live", knob="max_num_seqs"),
+    Key("left_square_bracket", "seqs(-1)", "Seqs-", "max_num_seqs down", "[", "live",
+        knob="max_num_seqs"),
+    Key("d", "spec_tokens(1)", "Spec+", "speculative decoding: one more draft token per "
+        "step (num_speculative_tokens, 0 = off, up to 5)", "d", "live",
+        knob="num_speculative_tokens"),
+    Key("D", "spec_tokens(-1)", "Spec-", "one draft token fewer (0 turns speculation off)",
+        "D", "live", knob="num_speculative_tokens"),
     Key("m", "cycle_knob('scheduling_mode', 1)", "Mode",
-        "step composition: budget → prefill-first → mixed-chunk (scheduling_mode)", "m", "live"),
+        "step composition: budget → prefill-first → mixed-chunk (scheduling_mode)", "m", "live",
+        knob="scheduling_mode"),
     Key("M", "cycle_knob('scheduling_mode', -1)", "Mode back", "previous scheduling_mode",
-        "M", "live"),
+        "M", "live", knob="scheduling_mode"),
     Key("p", "cycle_knob('scheduling_policy', 1)", "Queue",
-        "queue order: fcfs → priority → lpm (scheduling_policy)", "p", "live"),
+        "queue order: fcfs → priority → lpm (scheduling_policy)", "p", "live",
+        knob="scheduling_policy"),
     Key("P", "cycle_knob('scheduling_policy', -1)", "Queue back", "previous scheduling_policy",
-        "P", "live"),
+        "P", "live", knob="scheduling_policy"),
     Key("e", "cycle_knob('eviction_policy', 1)", "Evict",
-        "prefix-cache eviction: lru ↔ lfu (eviction_policy)", "e", "live"),
+        "prefix-cache eviction: lru ↔ lfu (eviction_policy)", "e", "live",
+        knob="eviction_policy"),
     Key("s", "scenario(1)", "Scenario", "next scenario", "s", "live"),
     Key("S", "scenario(-1)", "Scenario back", "previous scenario", "S", "live"),
     Key("greater_than_sign,full_stop", "concurrency(1)", "Conc+",
@@ -101,9 +112,14 @@ def for_mode(kind: str) -> list[Key]:
 
 
 def knob_key(name: str) -> str | None:
-    """How the key that cycles a choice-valued knob is written (the knobs panel shows it)."""
-    return next((k.display for k in KEYS
-                 if k.action.startswith(f"cycle_knob('{name}', 1)")), None)
+    """How the key(s) of a live knob are written (the knobs panel and the help show it):
+    one key that toggles or cycles forward ("c", "m"), or down/up ("-/+", "D/d")."""
+    keys = [k for k in KEYS if k.knob == name]
+    if any("cycle_knob" in k.action for k in keys):
+        keys = [k for k in keys if k.action.endswith(", 1)")]
+    down = [k.display for k in keys if k.action.endswith("(-1)")]
+    up = [k.display for k in keys if not k.action.endswith("(-1)")]
+    return "/".join(down + up) or None
 
 
 def action_mode(action: str) -> str:

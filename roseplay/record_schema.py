@@ -85,21 +85,37 @@ def check_header(h: dict) -> dict:
     return h
 
 
-LATER_REQUEST_FIELDS = ("output_tail", "priority")   # newer than format 1: may be absent
+# newer than format 1: may be absent
+LATER_REQUEST_FIELDS = ("output_tail", "priority", "spec_draft_tokens", "spec_accepted_tokens",
+                        "logprobs")
 
 
 def check_request(d, num_blocks: int) -> dict:
     check_fields(RequestView, d, "request", skip=LATER_REQUEST_FIELDS)
     if "output_tail" in d and not is_type(d["output_tail"], "tuple[int"):
         raise BadRecording("request: output_tail is not a list of token ids")
-    if "priority" in d and not is_type(d["priority"], "int"):
-        raise BadRecording("request: priority is not an int")
+    for name in ("priority", "spec_draft_tokens", "spec_accepted_tokens"):
+        if name in d and not is_type(d[name], "int"):
+            raise BadRecording(f"request: {name} is not an int")
+    lp = d.get("logprobs")
+    if lp is not None and not (isinstance(lp, list) and len(lp) == 3
+                               and is_type(lp[0], "tuple[int") and isinstance(lp[1], list)
+                               and all(isinstance(v, (int, float)) for v in lp[1])
+                               and is_type(lp[2], "int")):
+        raise BadRecording("request: logprobs is not [token_ids, logprobs, rank]")
     check_blocks(d["blocks"], num_blocks, f"request {d['request_id']}")
     return d
 
 
+# step fields added after format 1 was written: older recordings read them as 0
+LATER_STEP_FIELDS = ("spec_verified", "spec_draft_tokens", "spec_accepted_tokens")
+
+
 def check_step(d) -> dict:
-    check_fields(StepStats, d, "step")
+    check_fields(StepStats, d, "step", skip=LATER_STEP_FIELDS)
+    for name in LATER_STEP_FIELDS:
+        if not is_type(d.setdefault(name, 0), "int"):
+            raise BadRecording(f"step: {name} is not int")
     chunks = d["prefill_chunks"]
     if not isinstance(chunks, list):
         raise BadRecording("step: prefill_chunks must be a list")

@@ -20,6 +20,9 @@ if TYPE_CHECKING:      # the client API both transports implement
 
 RATE_STEPS = (None, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)   # req/s; None: as fast as slots free
 USER_MAX_TOKENS = 96
+# 1 in LOGPROBS_EVERY generated requests asks for its top logprobs (the Selected panel's
+# next-token distribution); the rest keep the fast sampling path (and speculate)
+LOGPROBS_EVERY = 8
 
 
 class ReadOnlyError(RuntimeError):
@@ -129,6 +132,7 @@ class LiveSource:
         """Submit a user prompt (with its scheduling priority: lower goes first); raises
         InvalidRequestError (the engine keeps serving)."""
         from engine.request import SamplingParams
+        from roseplay.driver import TOP_LOGPROBS
         text = text.strip()
         if not text:
             raise InvalidRequestError("prompt is empty")
@@ -138,7 +142,8 @@ class LiveSource:
                       "prompt_token_ids": [b % self.vocab_size for b in text.encode()]}
         self._user_ids += 1
         rid = f"you-{self._user_ids}"
-        params = SamplingParams(max_tokens=USER_MAX_TOKENS, temperature=0.8, seed=self._user_ids)
+        params = SamplingParams(max_tokens=USER_MAX_TOKENS, temperature=0.8, seed=self._user_ids,
+                                logprobs=TOP_LOGPROBS)
         self._user_streams[rid] = self.loop.submit(prompt, params, request_id=rid,
                                                    priority=priority)
         self._event("submit", request_id=rid, prompt=text, priority=priority)
@@ -309,7 +314,7 @@ def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurre
     workload = dict(tokenizer=loop.tokenizer, vocab_size=loop.info.vocab_size, input_len=input_len,
                     output_len=output_len, temperature=temperature, seed=seed)
     driver = WorkloadDriver(loop, scenario, concurrency=concurrency, request_rate=rate,
-                            workload=workload, seed=seed)
+                            workload=workload, seed=seed, logprobs_every=LOGPROBS_EVERY)
     source = LiveSource(loop, driver)
     if connect:
         driver.pause()          # watch what the other process sends; `s` adds our own load

@@ -119,6 +119,8 @@ class SpecDecoder:
             self.longest_draft = max(self.longest_draft, len(draft))
             c.spec_decode_num_accepted_tokens += accepted
             chunk.accepted = accepted
+            req.num_draft_tokens += len(draft)
+            req.num_accepted_tokens += accepted
             if req.status is not RequestStatus.RUNNING:
                 continue
             emitted = 0

@@ -46,7 +46,8 @@ class StatsRecorder:
         step = StepStats(c.steps, now, now - t0, decode_tokens, prefill_tokens, chunks,
                          plan.prefix_hit_blocks, len(plan.copies), num_evicted,
                          len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
-                         sampled)
+                         sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
+                         sum(v.accepted for v in plan.verifies))
         self.last_step = step
         self.recent_steps.append(step)
 

@@ -39,7 +39,8 @@ def request_view(req: Request) -> RequestView:
                        req.chunks_done, req.num_cached_tokens, len(req.output_token_ids),
                        req.params.max_tokens, ttft, tpot, itl, tuple(req.block_table),
                        req.num_preemptions, preview, "", req.finish_reason, req.error,
-                       tuple(req.output_token_ids[-OUTPUT_TAIL:]), req.priority)
+                       tuple(req.output_token_ids[-OUTPUT_TAIL:]), req.priority,
+                       req.num_draft_tokens, req.num_accepted_tokens, req.last_logprobs)
 
 
 def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:

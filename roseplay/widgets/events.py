@@ -11,18 +11,19 @@ from rich.text import Text
 from textual.widget import Widget
 
 from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PREEMPT,
-                             EV_PREFIX_HIT)
+                             EV_PREFIX_HIT, EV_SPEC_VERIFY)
 from roseplay.widgets import theme
-from roseplay.widgets.kv_map import COW, HIT, LETTER, PREEMPTED
+from roseplay.widgets.kv_map import COW, HIT, LETTER, PREEMPTED, ROLLBACK
 
 FLASH_SECONDS = 1.5
 # evictions do not flash: once the pool is full nearly every allocation evicts a cached
 # block, and a map of `E`s hides the rest; the legend and the log give their rate instead
-FLASH = {EV_COW: COW, EV_PREEMPT: PREEMPTED, EV_PREFIX_HIT: HIT}
+FLASH = {EV_COW: COW, EV_PREEMPT: PREEMPTED, EV_PREFIX_HIT: HIT, EV_SPEC_VERIFY: ROLLBACK}
 RATE_SECONDS = 1.0      # the log's eviction line: blocks evicted per second over this
 LABEL = {EV_COW: ("COW", "cow"), EV_PREEMPT: ("preempt", "preempt"),
          EV_EVICT: ("evict", "evict"), EV_PREFIX_HIT: ("prefix hit", "hit"),
-         EV_DEDUP_JOIN: ("dedup join", "shared"), EV_CHUNK_DONE: ("chunk done", "prefill")}
+         EV_DEDUP_JOIN: ("dedup join", "shared"), EV_CHUNK_DONE: ("chunk done", "prefill"),
+         EV_SPEC_VERIFY: ("spec verify", "decode")}
 
 
 def flash_blocks(snap) -> dict[int, int]:

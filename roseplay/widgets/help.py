@@ -16,9 +16,9 @@ from rich.text import Text
 from textual.widgets import Markdown, Static
 
 from roseplay.guides import GUIDES, describe, split_knobs
-from roseplay.keys import LIST_KEYS, for_mode
+from roseplay.keys import LIST_KEYS, for_mode, knob_key
 from roseplay.scenarios import SCENARIOS
-from roseplay.widgets.knobs import KNOB_KEYS, live_fields
+from roseplay.widgets.knobs import live_fields
 
 PANELS = """\
 # roseplay: what you are looking at
@@ -39,7 +39,8 @@ When the engine does something to blocks, they flash for a moment: the event's c
 behind the cell, underlined, with its letter where no refcount digit is shown (a digit
 is never hidden): **C** copy-on-write (a shared, partly filled block copied before a
 request writes into it), **P** preempted (freed: the request goes back to the queue and
-recomputes), **H** prefix hit (cached blocks a new prompt starts with). Evictions (a
+recomputes), **H** prefix hit (cached blocks a new prompt starts with), **R** rolled
+back (a block speculative decoding's rejected drafts had filled, freed by the verify). Evictions (a
 cached block reused for new tokens) are routine once the pool is full: they do not
 flash; the legend and the event log give their rate per second. Under the map: the
 prefix hit rate, evictions, preemptions and COW copies over the **last 10 s** and in
@@ -64,7 +65,9 @@ hits, dedup joins, finished prefill chunks, with the request and the blocks invo
 One engine step runs ONE forward pass over a mixed batch: first one token for each
 decoding request, then prefill chunks, until the **token budget** is used. The bar
 shows decode (green) and prefill (yellow) tokens against the budget, which chunks ran,
-and what the block manager did. Steps are counted from 1, as in the top line.
+and what the block manager did. With speculation on (`d`), `spec` says how many draft
+tokens this step verified and how many the target accepted. Steps are counted from 1,
+as in the top line.
 
 ## Timing
 p50/p95/p99 of TTFT, TPOT and ITL (every gap between two tokens of a request) over
@@ -89,7 +92,7 @@ def knobs_markdown() -> str:
     paragraph when it has one (policy knobs do)."""
     lines = ["## Knobs (from engine/config.py)"]
     for f in live_fields():
-        key = KNOB_KEYS.get(f.name)
+        key = knob_key(f.name)
         choices = f.metadata.get("choices")
         lines.append(f"* {f'`{key}` ' if key else ''}**{f.name}**"
                      f"{' (' + ' / '.join(map(str, choices)) + ')' if choices else ''}: "
@@ -105,9 +108,11 @@ def knobs_markdown() -> str:
 def guides_text(kind: str) -> Text:
     """The tuning guides' claims, each with the digit that shows it live (Rich text, not
     Markdown: a long Markdown document mounts slowly and delays the first key)."""
-    how = ("Press a digit to switch the engine to that setup (scenario, knobs, workload); "
+    how = ("Press a guide's key (a digit, or d) to switch the engine to that setup "
+           "(scenario, knobs, workload); "
            "the help closes and the panels show the effect within seconds."
-           if kind == "live" else "On a live engine a digit switches it to that setup.")
+           if kind == "live" else "On a live engine a digit (or d) switches it to that "
+           "setup.")
     t = Text()
     t.append("Knob guidance (vLLM and SGLang tuning guides)\n", "bold #f2d34f")
     t.append(how + "\n\n", "italic")

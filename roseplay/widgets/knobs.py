@@ -1,7 +1,7 @@
 """Knobs: the engine's live knobs and the workload, each with its key and current value.
 
 Knob names, help texts, steps and minimums come from engine/config.py (field metadata);
-nothing about a knob is restated here except which key changes it.
+their keys come from roseplay/keys.py.
 """
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from engine.config import SchedulerConfig, knob_fields
 from roseplay.keys import knob_key
 from roseplay.scenarios import SCENARIOS
 
-KNOB_KEYS = {"enable_prefix_caching": "c", "max_num_batched_tokens": "-/+",
-             "max_num_seqs": "[/]"}       # choice-valued knobs: their key in roseplay/keys.py
 DOUBLING = ("max_num_batched_tokens",)    # keys double / halve these (512 -> 1024 -> ...)
 WORKLOAD_HELP = {
     "scenario": "Which prompts the workload driver sends (s cycles): " + "; ".join(
@@ -29,7 +27,9 @@ WORKLOAD_HELP = {
 }
 SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens": "budget",
                "max_num_seqs": "max seqs", "scheduling_mode": "step", "scheduling_policy": "queue",
-               "eviction_policy": "evict", "concurrency": "in flight", "request rate": "rate"}
+               "eviction_policy": "evict", "num_speculative_tokens": "spec k",
+               "concurrency": "in flight", "request rate": "rate"}
+SPEC_TOKENS_MAX = 5     # the d key's top (the engine allows up to MAX_SPECULATIVE_TOKENS)
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -69,6 +69,8 @@ def fmt_value(name: str, value) -> str:
         return "ON" if value else "OFF"
     if name == "max_num_batched_tokens":
         return f"{value} tok/step"
+    if name == "num_speculative_tokens":
+        return f"{value} drafts" if value else "OFF"
     return str(value)
 
 
@@ -88,7 +90,7 @@ class KnobsPanel(Widget):
         rows = []
         for f in live_fields():
             value, now = getattr(requested, f.name), getattr(applied, f.name)
-            key = KNOB_KEYS.get(f.name) or knob_key(f.name) or ""
+            key = knob_key(f.name) or ""
             rows.append((key, f.name, fmt_value(f.name, value),
                          "" if value == now else "  (from next step)"))
         scen = workload.get("scenario") or "-"

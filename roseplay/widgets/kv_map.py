@@ -21,14 +21,15 @@ from textual.widget import Widget
 from roseplay.widgets import theme
 
 # cell categories: block states, then the selected request, then recent engine events
-FREE, USED, CACHED, SHARED, SELECTED, COW, PREEMPTED, EVICTED, HIT = range(9)
+FREE, USED, CACHED, SHARED, SELECTED, COW, PREEMPTED, EVICTED, HIT, ROLLBACK = range(10)
 THEME_KEY = {FREE: "free", USED: "used", CACHED: "cached", SHARED: "shared",
              SELECTED: "selected", COW: "cow", PREEMPTED: "preempt", EVICTED: "evict",
-             HIT: "hit"}
+             HIT: "hit", ROLLBACK: "rollback"}
 NAMES = {FREE: "free", USED: "used", SHARED: "shared", CACHED: "cached",
          SELECTED: "selected request", COW: "COW copy", PREEMPTED: "preempted",
-         EVICTED: "evicted", HIT: "prefix hit"}
-LETTER = {COW: "C", PREEMPTED: "P", EVICTED: "E", HIT: "H"}     # flashes read without colour
+         EVICTED: "evicted", HIT: "prefix hit", ROLLBACK: "rolled back"}
+# flashes read without colour; R: a block a speculative verify rolled back (freed)
+LETTER = {COW: "C", PREEMPTED: "P", EVICTED: "E", HIT: "H", ROLLBACK: "R"}
 CACHED_GLYPH = "░"      # cached-but-free: a shade, never the solid cell of a block in use
 _BLANK = Style()
 _styles: dict = {}
@@ -39,7 +40,7 @@ def styles() -> dict:
     gen = theme.generation()
     if _styles.get("gen") != gen:
         colors = {k: theme.color(v) for k, v in THEME_KEY.items()}
-        dark = (SHARED, SELECTED, COW, HIT, PREEMPTED)
+        dark = (SHARED, SELECTED, COW, HIT, PREEMPTED, ROLLBACK)
         bg = {k: Style(bgcolor=c, color="#111111" if k in dark else "#e8e8e8", bold=True)
               for k, c in colors.items()}
         bg[FREE] = Style(bgcolor=colors[FREE], color="#5a606c")

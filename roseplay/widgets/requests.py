@@ -17,6 +17,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from engine.codes import RUNNING_STATES
+from roseplay.widgets.token_choice import choice_text
 
 ACTIVE = ("waiting", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
@@ -339,14 +340,18 @@ class RequestDetail(Widget):
         super().__init__(**kwargs)
         self._text = Text()
 
-    def show(self, r, tokenizer=None) -> None:
-        """tokenizer: decodes the request's last output tokens (the engine sends ids)."""
+    def show(self, r, tokenizer=None, logprobs_mode: str | None = None) -> None:
+        """tokenizer: decodes the request's last output tokens (the engine sends ids);
+        logprobs_mode: a live engine's (EngineInfo), to show the next-token distribution
+        (None: a replay, whose recordings hold no logprobs)."""
         t = Text(overflow="fold")
         if r is None:
             t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
         else:
             # the prompt gets at most half the lines: the output always shows (80x24: 3)
             width, lines = max(20, self.size.width), max(2, self.size.height)
+            choice_rows = 0 if logprobs_mode is None else 1 if lines < 12 else 6
+            lines = max(2, lines - choice_rows)
             prompt_lines = max(1, lines // 2)
             head = f"{r.request_id} [{r.state}] "
             t.append(f"{r.request_id} ", STATE_STYLE.get(r.state, ""))
@@ -367,6 +372,9 @@ class RequestDetail(Widget):
                 t.append("▌", "blink #4cc97a")
             if r.error:
                 t.append(f"\nerror: {r.error}", "#ff5555")
+            if choice_rows:
+                t.append("\n")
+                t.append_text(choice_text(r, tokenizer, logprobs_mode, choice_rows))
         if t != self._text:
             self._text = t
             self.refresh()

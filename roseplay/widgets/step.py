@@ -43,6 +43,21 @@ def chunk_words(step, snap) -> Text:
     return t
 
 
+def spec_words(step, k: int) -> Text:
+    """Speculative decoding this step: drafts proposed and accepted, the acceptance %
+    (nothing while speculation is off)."""
+    t = Text()
+    if step.spec_verified:
+        share = 100 * step.spec_accepted_tokens / max(1, step.spec_draft_tokens)
+        t.append("spec ", "bold")
+        t.append(f"{step.spec_draft_tokens} drafted → ")
+        t.append(f"{step.spec_accepted_tokens} accepted", theme.color("decode"))
+        t.append(f" ({share:.0f}%, {step.spec_verified} req)   ")
+    elif k:
+        t.append(f"spec k={k}: no drafts this step   ", "dim")
+    return t
+
+
 class StepPanel(Widget):
     """Decode vs prefill tokens against the budget, chunks, prefix hits, COW, evictions."""
 
@@ -55,7 +70,7 @@ class StepPanel(Widget):
 
     def show(self, snap) -> None:
         key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width,
-               theme.generation())
+               theme.generation(), snap.knobs.num_speculative_tokens)
         if key == self._key:
             return
         self._key = key
@@ -82,7 +97,8 @@ class StepPanel(Widget):
         t.append("■", theme.color("prefill"))
         n = len(s.prefill_chunks)
         t.append(f" prefill {s.prefill_tokens} tok in {n} chunk{'' if n == 1 else 's'}\n")
-        t.append("prefill ", "dim")
+        t.append_text(spec_words(s, snap.knobs.num_speculative_tokens))   # before the
+        t.append("prefill ", "dim")             # chunks: a long chunk list is cut, not it
         t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
         t.append("\n")
         for name, value in (("hit blocks", s.prefix_hit_blocks), ("COW", s.cow_copies),

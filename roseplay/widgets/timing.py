@@ -76,7 +76,8 @@ def slo_text(slos: dict) -> str:
     return " ".join(f"{k}≤{v:g}" for k, v in slos.items())
 
 
-SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot")
+SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot", "accept", "alen")
+SPEC_PLOTS = ("accept", "alen")     # shown while speculative decoding is (or was just) on
 
 
 class TimingHistory:
@@ -126,6 +127,9 @@ class TimingHistory:
                                b.prefix_queried_tokens - a.prefix_queried_tokens)
         off = not snap.knobs.enable_prefix_caching      # no lookups at all: nothing hits
         add["hit"](100.0 * rate if rate is not None else 0.0 if off else math.nan)
+        accept, length = b.spec_acceptance(a)
+        add["accept"](100.0 * accept)
+        add["alen"](length)
         self.marks.append(self._mark)
         self._mark = None
         self._recent.append((dt, dtok))
@@ -303,7 +307,12 @@ class TimingPanel(Container):
                       "running": Plot("running", "used", count, id="plot-running"),
                       "waiting": Plot("waiting", "preempt", count, id="plot-waiting"),
                       "kv": Plot("KV used", "shared", pct, 100.0, id="plot-kv"),
-                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit")}
+                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit"),
+                      "accept": Plot("accepted", "decode", pct, 100.0, id="plot-accept"),
+                      "alen": Plot("accept len", "tput", lambda v: f"{v:.2f}",
+                                   id="plot-alen")}
+        for key in SPEC_PLOTS:
+            self.plots[key].display = False
         self.axis = TimeAxis()
         self.mode = "side"
         self.add_class("-side")
@@ -341,9 +350,19 @@ class TimingPanel(Container):
         self.stats.show(snap, self.history.rate, window.reset_time, self.slos)
         self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         marks = self.history.marks
+        self._show_spec_plots(snap)
         for key, plot in self.plots.items():
             plot.show(self.history.series[key], marks)
         self.axis.show(marks)
+
+    def _show_spec_plots(self, snap) -> None:
+        """The speculation plots take rows only once speculation is on (or its points
+        are still in the window): off, they would be two rows of `-`."""
+        on = snap.knobs.num_speculative_tokens > 0 or any(
+            not math.isnan(v) for v in self.history.series["accept"])
+        for key in SPEC_PLOTS:
+            if self.plots[key].display != on:
+                self.plots[key].display = on
 
     def mark(self, label: str) -> None:
         """A knob changed now: a mark and its label on every plot."""

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_every_guide_names_a_scenario_and_real_knob_values():
     from roseplay.scenarios import SCENARIOS
-    assert [g.key for g in GUIDES] == list("1234567890")[:len(GUIDES)]     # the digit row
+    assert [g.key for g in GUIDES] == list("1234567890d")[:len(GUIDES)]    # digits, then d
     for g in GUIDES:
         assert g.scenario in SCENARIOS and g.claim and g.source and g.watch
         usable, skipped = split_knobs(g)

@@ -1,0 +1,87 @@
+"""The selected request's token choice: its speculative drafts and accepted totals, and
+the next-token distribution of its latest token (top-n with probabilities, the sampled
+token marked), from the logprobs the request asked for (RequestView.logprobs: vLLM's
+TokenLogprobs, what `logprobs_mode` says it holds)."""
+from __future__ import annotations
+
+import math
+
+from rich.text import Text
+
+from roseplay.widgets import theme
+
+BARS = " ▁▂▃▄▅▆▇█"
+NO_LOGPROBS = ("next-token distribution: this request asked for no logprobs; type a prompt "
+               "with i (it asks for the top 5), or wait for a generated one (1 in 8 ask)")
+
+
+def token_label(token_id: int, tokenizer) -> str:
+    """A token as text (quoted, whitespace visible), or #id without a tokenizer."""
+    if tokenizer is None:
+        return f"#{token_id}"
+    text = tokenizer.decode([token_id])
+    return repr(text.replace("\n", "⏎"))
+
+
+def shares(values: list[float], mode: str) -> list[float]:
+    """Each entry's probability: exp(logprob) for the *_logprobs modes; for the *_logits
+    modes a softmax over the entries shown (their share among the top-n, not of the whole
+    vocabulary)."""
+    if mode.endswith("logprobs"):
+        return [math.exp(v) for v in values]
+    top = max(values)
+    weights = [math.exp(v - top) for v in values]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def top_entries(lp) -> list[tuple[int, float]]:
+    """(token id, value) of the top-n, best first (entry 0 is the sampled token)."""
+    return list(zip(lp.token_ids[1:], lp.logprobs[1:])) or [(lp.token_ids[0], lp.logprobs[0])]
+
+
+def pct(p: float) -> str:
+    return f"{100 * p:.1f}%" if p < 0.1 else f"{100 * p:.0f}%"
+
+
+def spec_words(r) -> Text:
+    t = Text()
+    if r.spec_draft_tokens:
+        share = 100 * r.spec_accepted_tokens / r.spec_draft_tokens
+        t.append("spec ", "bold")
+        t.append(f"{r.spec_draft_tokens} drafted → {r.spec_accepted_tokens} accepted "
+                 f"({share:.0f}%)  ")
+    return t
+
+
+def choice_text(r, tokenizer, mode: str, rows: int) -> Text:
+    """`rows` == 1: one line (each token with a one-glyph bar); more: a bar per token."""
+    t = spec_words(r)
+    lp = r.logprobs
+    if lp is None:
+        return t.append(NO_LOGPROBS, "dim")
+    entries = top_entries(lp)
+    probs = shares([v for _, v in entries], mode)
+    sampled_id = lp.token_ids[0]
+    color = theme.color("decode")
+    t.append("next token ", "bold")
+    t.append(f"({mode}, sampled rank {lp.rank}): ", "dim")
+    t.append(f"sampled {token_label(sampled_id, tokenizer)}", "bold")
+    if mode.endswith("logprobs"):
+        t.append(f" {pct(math.exp(lp.logprobs[0]))}")
+    t.append(f" · top {len(entries)}: " if rows <= 1 else "")
+    if rows <= 1:
+        for (tid, _), p in zip(entries, probs):
+            mark = tid == sampled_id
+            t.append(BARS[min(8, max(1, round(p * 8)))], color)
+            t.append(f"{token_label(tid, tokenizer)} {pct(p)}", "bold" if mark else "")
+            t.append("✓ " if mark else "  ", color)
+        return t
+    for (tid, _), p in list(zip(entries, probs))[:rows - 1]:
+        mark = tid == sampled_id
+        t.append("\n")
+        t.append(f"{'▶' if mark else ' '} {token_label(tid, tokenizer):>12} ",
+                 "bold" if mark else "")
+        t.append("█" * max(1, round(p * 30)), color)
+        t.append(f" {pct(p):>6}" + ("  sampled" if mark else ""))
+    return t
