@@ -7,7 +7,7 @@ import pytest
 from roseplay.app import RoseplayApp
 from roseplay.keys import KEYS, knob_key
 from roseplay.widgets.help import keys_markdown, knobs_markdown
-from tui_helpers import fast_idle, live_source, widget_text, sync, wait_for
+from tests.roseplay.tui_helpers import fast_idle, live_source, widget_text, sync, wait_for
 
 pytestmark = pytest.mark.timeout(150)
 
