@@ -8,8 +8,6 @@ tests/serve/test_serve_adversarial.py, which has the server in a process of its 
 from __future__ import annotations
 
 import json
-import socket
-import time
 
 import httpx
 import openai
@@ -18,6 +16,7 @@ import pytest
 from engine.front.client import EngineClient
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
+from tests.serve.raw_sockets import closed_after, connect
 
 pytestmark = pytest.mark.timeout(120)
 KEY = "sk-conformance"
@@ -124,44 +123,17 @@ def test_bearer_scheme_is_case_insensitive(server, header, status):
         assert r.json()["error"]["code"] == "invalid_api_key"
 
 
-def _connect(server) -> socket.socket:
-    sock = socket.create_connection((server.host, server.port), timeout=30)
-    sock.settimeout(30)
-    return sock
-
-
-def _closed_after(sock: socket.socket, trickle: bytes = b"") -> float:
-    """Seconds until the server closes `sock`, sending one byte of `trickle` every 0.2 s."""
-    t0 = time.monotonic()
-    sock.setblocking(False)
-    for i in range(10 ** 6):
-        if i < len(trickle):
-            try:
-                sock.send(trickle[i:i + 1])
-            except OSError:
-                return time.monotonic() - t0
-        try:
-            if sock.recv(65536) == b"":
-                return time.monotonic() - t0
-        except BlockingIOError:
-            pass
-        except OSError:
-            return time.monotonic() - t0
-        assert time.monotonic() - t0 < 30, "the server never closed the connection"
-        time.sleep(0.2)
-
-
 def test_slow_loris_is_cut_after_the_request_read_timeout(server, http):
-    silent = _connect(server)
+    silent = connect(server)
     trickler = None
     try:
         silent.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-        waited = _closed_after(silent)
+        waited = closed_after(silent, every=0.2)
         assert READ_TIMEOUT - 0.3 < waited < READ_TIMEOUT + 5
-        trickler = _connect(server)
+        trickler = connect(server)
         headers = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n"
                    b"Authorization: Bearer " + KEY.encode() + b"\r\n\r\n{\"model\": ")
-        waited = _closed_after(trickler, headers * 4)    # bytes keep coming, slowly
+        waited = closed_after(trickler, headers * 4, every=0.2)    # bytes keep coming, slowly
         assert READ_TIMEOUT - 0.3 < waited < READ_TIMEOUT + 5
     finally:
         silent.close()
@@ -171,11 +143,11 @@ def test_slow_loris_is_cut_after_the_request_read_timeout(server, http):
 
 
 def test_idle_keep_alive_connection_is_closed(server):
-    sock = _connect(server)
+    sock = connect(server)
     try:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
-        waited = _closed_after(sock)
+        waited = closed_after(sock, every=0.2)
         assert KEEP_ALIVE - 0.3 < waited < KEEP_ALIVE + 5
     finally:
         sock.close()
@@ -184,7 +156,7 @@ def test_idle_keep_alive_connection_is_closed(server):
 def test_over_limit_body_is_refused_before_it_is_read(server):
     """The Content-Length alone decides: the server answers 413 without the body (it never
     arrives), so nothing was parsed or tokenized."""
-    sock = _connect(server)
+    sock = connect(server)
     try:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      b"application/json\r\nAuthorization: Bearer " + KEY.encode() +

@@ -20,6 +20,7 @@ from roseplay.serve.app import HTTP_PARSERS, ServeConfig, build_app
 from roseplay.serve.prompts import ON_LOOP_TEXT_CHARS, ON_LOOP_TOKEN_IDS, on_loop
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.server import ServerThread
+from tests.serve.raw_sockets import closed_after, connect
 
 pytestmark = pytest.mark.timeout(120)
 READ_TIMEOUT, KEEP_ALIVE = 1.0, 0.5
@@ -38,33 +39,6 @@ def server(request, engine):
                          timeout_keep_alive=KEEP_ALIVE)
     with ServerThread(build_app(engine, config)) as srv:
         yield srv
-
-
-def _connect(server) -> socket.socket:
-    sock = socket.create_connection((server.host, server.port), timeout=60)
-    sock.settimeout(60)
-    return sock
-
-
-def _closed_after(sock: socket.socket, trickle: bytes = b"") -> float:
-    """Seconds until the server closes `sock`, sending one byte of `trickle` every 0.1 s."""
-    t0 = time.monotonic()
-    sock.setblocking(False)
-    for i in range(10 ** 6):
-        if i < len(trickle):
-            try:
-                sock.send(trickle[i:i + 1])
-            except OSError:
-                return time.monotonic() - t0
-        try:
-            if sock.recv(65536) == b"":
-                return time.monotonic() - t0
-        except BlockingIOError:
-            pass
-        except OSError:
-            return time.monotonic() - t0
-        assert time.monotonic() - t0 < 30, "the server never closed the connection"
-        time.sleep(0.1)
 
 
 def _post(body: dict) -> bytes:
@@ -103,21 +77,21 @@ def test_slow_headers_and_slow_bodies_are_cut_after_the_read_timeout(server):
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n"
     for sent, trickle in ((b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" * 8),
                           (head, b'{"model": ' + b" " * 480)):       # headers, then a body
-        sock = _connect(server)
+        sock = connect(server)
         try:
             sock.sendall(sent)
-            waited = _closed_after(sock, trickle)
+            waited = closed_after(sock, trickle)
         finally:
             sock.close()
         assert READ_TIMEOUT - 0.3 < waited < READ_TIMEOUT + 5, (sent, waited)
 
 
 def test_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(server):
-    sock = _connect(server)
+    sock = connect(server)
     try:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert Answers(sock).read(1)[0][0] == b"HTTP/1.1 200 OK"
-        waited = _closed_after(sock)
+        waited = closed_after(sock)
     finally:
         sock.close()
     assert KEEP_ALIVE - 0.3 < waited < READ_TIMEOUT, waited
@@ -129,7 +103,7 @@ def test_pipelined_requests_are_answered_in_order_and_never_cut(server, engine):
     read whole at once: no timer may cut the connection)."""
     quick = {"model": "default", "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
     slow = dict(quick, max_tokens=64, ignore_eos=True)
-    sock = _connect(server)
+    sock = connect(server)
     try:
         sock.sendall(_post(quick) + _post(slow) + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         reader = Answers(sock)
