@@ -28,6 +28,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from roseplay.serve.server import bind  # noqa: E402
+from scripts.soak_http import children  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 END = b"0\r\n\r\n"                    # the last chunk of a chunked (streamed) response
@@ -37,14 +38,6 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def children(pid: int) -> list[int]:
-    kids = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            kids += [int(x) for x in f.read().split()]
-    return kids
 
 
 def start_server(args) -> tuple[subprocess.Popen, int]:

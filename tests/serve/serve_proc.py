@@ -16,6 +16,7 @@ import time
 import httpx
 
 from roseplay.serve.server import bind
+from scripts.soak_http import children
 
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
 START_TIMEOUT = 120
@@ -73,11 +74,7 @@ class ServeProc:
         return self
 
     def _engine_pid(self) -> int:
-        pid = self.proc.pid
-        kids = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                kids += [int(x) for x in f.read().split()]
+        kids = children(self.proc.pid)
         assert len(kids) == 1, kids
         return kids[0]
 
