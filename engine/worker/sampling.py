@@ -79,7 +79,7 @@ class Sampler:
                           to_device(ex.bias_tokens, torch.int64, dev)),
                          to_device(ex.bias_values, torch.float32, dev), accumulate=True)
         penalized = self._penalize(x, cols, ex) if ex.penalty_rows.shape[0] else None
-        tokens = self._greedy_tokens(logits, x, ex)
+        tokens = x.argmax(dim=-1)
         sampled_from = x
         if not cols.all_greedy:
             random_tokens, scaled = self._sample_random(x, cols, ex.min_p)
@@ -92,18 +92,6 @@ class Sampler:
         if penalized is not None:     # last: a failed sample counts nothing
             rows, slots = penalized
             self.counts.add(slots, tokens.index_select(0, rows))
-        return tokens
-
-    @staticmethod
-    def _greedy_tokens(logits: torch.Tensor, x: torch.Tensor, ex: SamplingExtras) -> torch.Tensor:
-        """The argmax of each row: of the model-dtype logits where nothing changed them
-        (the very argmax the all-greedy path and the graphs take, on the same values), of
-        the processed float32 row where mask, bias or a penalty did."""
-        tokens = logits.argmax(dim=-1)
-        changed = np.unique(np.concatenate((ex.mask_rows, ex.bias_rows, ex.penalty_rows)))
-        if changed.shape[0]:
-            rows = to_device(changed, torch.int64, x.device)
-            tokens.index_copy_(0, rows, x.index_select(0, rows).argmax(dim=-1))
         return tokens
 
     def _penalize(self, x: torch.Tensor, cols: SamplingColumns,
