@@ -51,6 +51,8 @@ class StepOutput:
     finished: list[FinishedRequest] = field(default_factory=list)
     logprobs: list[TokenLogprobs | None] | None = None   # parallel to token_ids, or None
     #                                     when no token of the step has any (the usual case)
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] | None = None   # request id ->
+    #                          its prompt's, sent once with the step completing the prompt
 
     def align_logprobs(self, copy, requests: list) -> list:
         """The logprobs of a launched step's rows (None each where not asked; `copy`: its

@@ -46,7 +46,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     min_p: float = 0.0                 # drop tokens with p < min_p x max p
     min_tokens: int = 0                # stop tokens (EOS, stop_token_ids) masked before
     logprobs: int | None = None        # top-n logprobs per output token (+ the sampled one)
-    prompt_logprobs: int | None = None # refused: only each chunk's last logits are computed
+    prompt_logprobs: int | None = None # top-n logprobs per prompt token (skips prefix hits)
 
     def __post_init__(self):
         # one validation layer (engine/validation.py): named field, accepted range
@@ -71,10 +71,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         V.check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         force_setattr(self, "logit_bias", V.check_logit_bias(self.logit_bias))
         V.check_logprobs("logprobs", self.logprobs)
-        if self.prompt_logprobs is not None:
-            raise InvalidRequestError(
-                "prompt_logprobs is not supported: the model computes logits for each "
-                "prefill chunk's last token only (docs/SAMPLING.md)")
+        V.check_logprobs("prompt_logprobs", self.prompt_logprobs)
 
     @property
     def uses_penalties(self) -> bool:
@@ -149,6 +146,8 @@ class Request:
     #                                  once per step (the sampler's slower path)
     plain_greedy: bool = field(init=False, default=True)  # greedy and not processed
     last_logprobs: object = None     # its latest TokenLogprobs (params.logprobs set): the TUI
+    prompt_logprobs: list | None = None   # params.prompt_logprobs: TokenLogprobs by prompt
+    #                                  position (0: None), filled chunk by chunk; None once sent
     num_draft_tokens: int = 0        # speculative decoding: drafts verified for it,
     num_accepted_tokens: int = 0     # and accepted (engine/core/spec_decode.py)
 
@@ -165,6 +164,8 @@ class Request:
         self.greedy = self.params.greedy
         self.processed = self.params.needs_processing
         self.plain_greedy = self.greedy and not self.processed
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without joining the two lists."""
@@ -306,3 +307,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     error: str | None = None
+    prompt_logprobs: tuple | None = None   # params.prompt_logprobs: entry 0 None (vLLM)

@@ -11,6 +11,7 @@ from operator import attrgetter
 import numpy as np
 
 from engine.core.kv.block_tables import BlockTables
+from engine.core.prompt_logprobs import prompt_rows
 from engine.core.sampling_extras import sampling_extras
 from engine.core.scheduler import StepPlan, VerifyChunk
 from engine.worker.step_batch import SamplingColumns, StepBatch
@@ -133,6 +134,20 @@ def _verify_rows(verifies: list, first_token: int) -> tuple[np.ndarray, np.ndarr
     return rows, np.asarray(drafts, dtype=np.int64)
 
 
+def _with_prompt_rows(logits_indices: np.ndarray, prefills: list, d: int) -> tuple:
+    """prompt_logprobs (engine/core/prompt_logprobs.py): every position of the chunks
+    of requests that ask, as logits rows after the step's others (no row otherwise)."""
+    rows = prompt_rows(prefills, d)
+    if rows is None:
+        return logits_indices, {}
+    token_rows = np.concatenate(rows.token_rows)
+    base = logits_indices.shape[0]
+    return np.concatenate((logits_indices, token_rows)), dict(
+        prompt_logprob_rows=np.arange(base, base + token_rows.shape[0], dtype=np.int64),
+        prompt_logprob_targets=np.asarray(rows.targets, dtype=np.int64),
+        num_prompt_logprobs=rows.num_logprobs)
+
+
 def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: BlockTables,
                      device_fed: bool = False) -> tuple[StepBatch, list]:
     """The plan as a StepBatch, and the requests of its sample rows (in row order).
@@ -180,6 +195,8 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         sample_rows = np.asarray(rows, dtype=np.int64)
     else:                     # a decode-only step without dedup: row i samples decode i
         sample_rows, requests = dec_ends, dec_reqs
+    logits_indices, prompt_lp = _with_prompt_rows(logits_indices, prefills, d) \
+        if prefills else (logits_indices, {})
     input_ids = np.asarray(ids, dtype=np.int64)
     copies = plan.copies
     batch = StepBatch(
@@ -199,5 +216,6 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         prev_rows_in_order=fed_in_order,
         draft_rows=draft_rows,
         draft_ids=draft_ids,
+        **prompt_lp,
     )
     return batch, requests

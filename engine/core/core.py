@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.core.batch_builder import build_step_batch
+from engine.core.prompt_logprobs import take_prompt_logprobs
 from engine.core.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import (DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig,
@@ -63,6 +64,7 @@ class Launched:
     host_tokens: HostCopy            # the same tokens on their way to the host
     t0: float
     logprobs: object = None          # LogprobsCopy of the rows that asked (engine/sampling.py)
+    prompt_logprobs: object = None   # PromptLogprobsCopy (engine/core/prompt_logprobs.py)
 
 
 class LLMEngine:
@@ -278,7 +280,8 @@ class LLMEngine:
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
         return Launched(plan, batch, requests, self._host_copies.start(tokens), t0,
-                        self.runner.take_logprobs(batch))
+                        self.runner.take_logprobs(batch),
+                        take_prompt_logprobs(self.runner, plan))
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
@@ -358,6 +361,8 @@ class LLMEngine:
         if verifies:     # the verified positions' rows come last (batch_builder)
             split = len(tokens) - launched.batch.draft_rows.shape[0]
             requests, tokens, verified = requests[:split], tokens[:split], tokens[split:]
+        if launched.prompt_logprobs is not None:
+            launched.prompt_logprobs.deliver(out)
         row_logprobs = None
         if launched.logprobs is not None or out.logprobs is not None:
             row_logprobs = out.align_logprobs(launched.logprobs, requests)

@@ -229,18 +229,20 @@ class Scheduler:
         for req in order:
             if len(self.running) >= knobs.max_num_seqs or req.num_pending:
                 break      # (a preempted request's last token is still on the device)
-            if caching and self._join_leader(req, plan):
+            # prompt_logprobs needs every prompt position's logits: no prefix hit, no dedup
+            cache = caching and req.prompt_logprobs is None
+            if cache and self._join_leader(req, plan):
                 continue
             if budget == 0:
                 break
-            hits = self.kv.lookup_prefix(req) if caching else 0
+            hits = self.kv.lookup_prefix(req) if cache else 0
             n = min(req.num_uncomputed, budget)
             if not self.kv.reserve(req, n, plan.copies):
                 self.kv.free(req)   # undo the prefix hit; wait for blocks (no overtaking)
                 break
             self.waiting.remove(req)
             self._start(req, hits)
-            if caching:
+            if cache:
                 self._leaders.setdefault(req.prompt_key, req)   # set by _join_leader
             if hits:
                 plan.prefix_hits.append((req.request_id, tuple(req.block_table[:hits])))

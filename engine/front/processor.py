@@ -38,6 +38,7 @@ class StreamEvent:
     error: str | None = None
     output: RequestOutput | None = None     # the whole result, on the final event
     logprobs: tuple | None = None           # TokenLogprobs per token (params.logprobs set)
+    prompt_logprobs: tuple | None = None    # the prompt's (params.prompt_logprobs), once
 
 
 class InputProcessor:
@@ -124,6 +125,8 @@ class RequestState:
     stopped: bool = False          # a stop string matched: ended here, the core aborts it
     logprobs: list | None = None   # TokenLogprobs per output token (params.logprobs set)
     held_stop: tuple = ()          # stop strings matched only once output > min_tokens
+    prompt_logprobs: tuple | None = None   # params.prompt_logprobs: entry 0 None (vLLM)
+    sent_prompt_logprobs: bool = False
 
 
 class OutputProcessor:
@@ -158,6 +161,11 @@ class OutputProcessor:
         their final event comes with the core's FinishedRequest, reason "stop")."""
         states, now, aborts, touched = self.states, out.time, [], {}
         logprobs = getattr(out, "logprobs", None)
+        for rid, lps in (getattr(out, "prompt_logprobs", None) or {}).items():
+            if (st := states.get(rid)) is not None:   # before its first token (same step)
+                st.prompt_logprobs = tuple(lps)
+                if st.on_event is not None:
+                    touched[rid] = st
         for rid, token, lp in zip(out.request_ids, out.token_ids,
                                   itertools.repeat(None) if logprobs is None else logprobs):
             st = states.get(rid)
@@ -214,7 +222,7 @@ class OutputProcessor:
         output = RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,
                                (CompletionOutput(0, st.text, tuple(st.output_ids), reason, lps,
                                                  cumulative),),
-                               True, metrics, error)
+                               True, metrics, error, st.prompt_logprobs)
         event = self._delta(st, True, reason, error, output)
         _call(st.on_event, event)
         _call(st.on_finish, event)
@@ -225,7 +233,9 @@ class OutputProcessor:
         n_tok, n_text = st.sent_tokens, st.sent_text
         event = StreamEvent(st.request_id, tuple(st.output_ids[n_tok:]), tuple(st.times[n_tok:]),
                             st.text[n_text:], finished, reason, error, output,
-                            None if st.logprobs is None else tuple(st.logprobs[n_tok:]))
+                            None if st.logprobs is None else tuple(st.logprobs[n_tok:]),
+                            None if st.sent_prompt_logprobs else st.prompt_logprobs)
+        st.sent_prompt_logprobs = st.prompt_logprobs is not None
         st.sent_tokens, st.sent_text = len(st.output_ids), max(n_text, len(st.text))
         return event
 

@@ -113,6 +113,10 @@ class EngineCoreProc:
             for rid, lp in zip(out.request_ids, out.logprobs):
                 if (client := owner.get(rid)) is not None:
                     per[client].logprobs.append(lp)
+        for rid, lps in (out.prompt_logprobs or {}).items():
+            if (client := owner.get(rid)) is not None:
+                msg = message(client)
+                msg.prompt_logprobs = {**(msg.prompt_logprobs or {}), rid: lps}
         for f in out.finished:
             client = owner.pop(f.request_id, None)
             if client is not None:

@@ -124,6 +124,7 @@ class Outputs(msgspec.Struct, tag=True):
     token_ids: list[int]
     finished: list[Finished]
     logprobs: list[TokenLogprobs | None] | None = None   # parallel to token_ids, if any
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] | None = None   # StepOutput's
 
 
 class StepDone(msgspec.Struct, tag=True):

@@ -21,7 +21,7 @@ from engine.worker.device_io import to_device
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.placement import kv_cache_zeros
 from engine.worker.rejection import rejection_sample, target_probs
-from engine.worker.sampling import LogprobsCopy, Sampler
+from engine.worker.sampling import LogprobsCopy, Sampler, prompt_logprobs
 from engine.worker.step_buffers import device_fed
 from engine.worker.step_batch import StepBatch
 from engine.worker.warmup import warm_up_attention, warm_up_logits
@@ -36,6 +36,7 @@ class ModelRunner:
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.sampler = Sampler(device, seed, logprobs_mode)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
+        self.prompt_logprobs: tuple | None = None      # the last step's (sampling.prompt_logprobs)
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         model.ops = ops
@@ -136,11 +137,14 @@ class ModelRunner:
             token_source = prev_tokens, None      # (the steady case, without numpy)
         elif batch.prev_token_rows is not None:
             token_source = self._token_source(batch.prev_token_rows, prev_tokens)
-        key = self.graphs.key(batch) if self.graphs is not None else None
+        lp_rows = batch.prompt_logprob_rows     # prompt_logprobs: eager (rows of any count)
+        key = self.graphs.key(batch) if self.graphs is not None and lp_rows is None else None
         if key is not None:
             logits = self.graphs.run(batch, token_source, key)
         else:
             logits = self._eager_forward(batch, token_source)
+        self.prompt_logprobs = None if lp_rows is None else prompt_logprobs(
+            logits, lp_rows, batch.prompt_logprob_targets, batch.num_prompt_logprobs)
         if batch.samples_in_order:
             return logits
         return logits.index_select(0, to_device(batch.sample_rows, torch.int64, logits.device))

@@ -114,13 +114,7 @@ class Sampler:
         src = source.index_select(0, rows)
         if self.logprobs_mode.endswith("logprobs"):
             src = torch.log_softmax(src, dim=-1)
-        tok = tokens.index_select(0, rows)[:, None]
-        picked = src.gather(1, tok)
-        ranks = (src > picked).sum(dim=-1) + 1
-        if not ex.num_logprobs:
-            return tok, picked, ranks
-        top = torch.topk(src, ex.num_logprobs, dim=-1)
-        return torch.cat((tok, top.indices), 1), torch.cat((picked, top.values), 1), ranks
+        return top_logprobs(src, tokens.index_select(0, rows), ex.num_logprobs)
 
     @staticmethod
     def _min_p(logits: torch.Tensor, min_p: np.ndarray | None) -> torch.Tensor:
@@ -166,6 +160,29 @@ class Sampler:
         return noise.clamp_min_(1e-10)
 
 
+def top_logprobs(src: torch.Tensor, tokens: torch.Tensor, n: int) -> tuple:
+    """(ids [L, n+1], values [L, n+1], ranks [L]) of rows src [L, V]: entry 0 the given
+    token, then the top n (torch.topk on the device); rank 1 = best."""
+    tok = tokens[:, None]
+    picked = src.gather(1, tok)
+    ranks = (src > picked).sum(dim=-1) + 1
+    if not n:
+        return tok, picked, ranks
+    top = torch.topk(src, n, dim=-1)
+    return torch.cat((tok, top.indices), 1), torch.cat((picked, top.values), 1), ranks
+
+
+def prompt_logprobs(logits: torch.Tensor, rows: np.ndarray, targets: np.ndarray,
+                    n: int) -> tuple:
+    """Prompt logprobs (engine/core/prompt_logprobs.py) of logits rows `rows` [P] of a
+    step's logits [L, V], each predicting `targets` [P]: the model's own distribution
+    (raw log-softmax, as vLLM's prompt logprobs), float32."""
+    dev = logits.device
+    src = torch.log_softmax(logits.index_select(0, to_device(rows, torch.int64, dev)).float(),
+                            dim=-1)
+    return top_logprobs(src, to_device(targets, torch.int64, dev), n)
+
+
 def _to_host(t: torch.Tensor) -> HostCopy:
     """A copy to the host that is read later (the step's tokens are read first)."""
     if not t.is_cuda:
@@ -177,11 +194,21 @@ def _to_host(t: torch.Tensor) -> HostCopy:
     return HostCopy(host, event)
 
 
-class LogprobsCopy:
+class HostTensors:
+    """Device tensors on their way to the host, read (as lists) after the step's tokens."""
+
+    def __init__(self, tensors: tuple):
+        self.copies = tuple(map(_to_host, tensors))
+
+    def tolist(self) -> list:
+        return [c.tolist() for c in self.copies]
+
+
+class LogprobsCopy(HostTensors):
     """A step's logprobs on their way to the host (only the rows that asked)."""
 
     def __init__(self, tensors: tuple, rows: np.ndarray):
-        self.copies = tuple(map(_to_host, tensors))
+        super().__init__(tensors)
         self.rows = rows
 
     @classmethod
@@ -192,7 +219,7 @@ class LogprobsCopy:
 
     def per_row(self, requests: list) -> list[TokenLogprobs | None]:
         """One entry per sample row (requests[i]: row i), each cut to its own top-n."""
-        ids, values, ranks = (c.tolist() for c in self.copies)
+        ids, values, ranks = self.tolist()
         out: list[TokenLogprobs | None] = [None] * len(requests)
         for j, row in enumerate(self.rows.tolist()):
             n = requests[row].params.logprobs + 1

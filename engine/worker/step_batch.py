@@ -76,6 +76,11 @@ class StepBatch:
     # the draft token each one checks (-1: the bonus row after a request's drafts)
     draft_rows: np.ndarray | None = None     # [N] int64
     draft_ids: np.ndarray | None = None      # [N] int64
+    # prompt_logprobs (engine/core/prompt_logprobs.py): logits rows of prompt positions
+    # (after every other logits row, never sampled), the prompt token each predicts, top-n
+    prompt_logprob_rows: np.ndarray | None = None      # [P] int64 (None: no row asked)
+    prompt_logprob_targets: np.ndarray | None = None   # [P] int64
+    num_prompt_logprobs: int = 0
 
     @property
     def num_tokens(self) -> int:
