@@ -60,6 +60,20 @@ class LogprobsWriter:
         entries = [e for e in entries if e is not None]
         return self._chat(entries) if self.chat else self._completion(index, entries)
 
+    def echo(self, index: int, first_token: int, prompt_logprobs, entries) -> dict | None:
+        """Completions `echo` + `logprobs` (OpenAI legacy): the prompt's tokens first (the
+        first with null logprob and top_logprobs: nothing predicts it), then the output's."""
+        if self.n is None or prompt_logprobs is None:
+            return self.format(index, entries)
+        first = self.token_text(first_token)
+        self._offsets[index] = len(first)
+        out = self._completion(index, [e for e in (*prompt_logprobs[1:], *(entries or ()))
+                                       if e is not None])
+        for key, value in (("tokens", first), ("token_logprobs", None), ("top_logprobs", None),
+                           ("text_offset", 0)):
+            out[key].insert(0, value)
+        return out
+
     def _top(self, e) -> list[tuple[int, float]]:
         return list(zip(e.token_ids[1:1 + self.n], e.logprobs[1:1 + self.n]))
 

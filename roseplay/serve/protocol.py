@@ -2,7 +2,7 @@
 
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, ignore_eos,
 stop_token_ids, return_token_ids, repetition_penalty, min_p, min_tokens). Fields the
-engine cannot honour (tools, suffix, echo with logprobs, JSON response formats) are
+engine cannot honour (tools, suffix, JSON response formats) are
 refused with a clear 400 rather than silently ignored. Unknown fields are ignored, as
 OpenAI and vLLM do.
 Types are strict (JSON's): `true` is not an integer and `"5"` not a number, so a
@@ -99,11 +99,16 @@ class SamplingFields(_Request):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=parse_logit_bias(self.logit_bias),
             min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
-            logprobs=self.engine_logprobs)
+            logprobs=self.engine_logprobs, prompt_logprobs=self.prompt_logprobs_asked)
 
     @property
     def num_logprobs(self) -> int | None:
         """Top logprobs per token the response shows (None: no logprobs)."""
+        return None
+
+    @property
+    def prompt_logprobs_asked(self) -> int | None:
+        """Top-n of each prompt token's logprobs (completions echo + logprobs)."""
         return None
 
     @property
@@ -138,9 +143,6 @@ class CompletionRequest(SamplingFields):
         super().check_supported()
         if self.suffix:
             raise InvalidRequestError("suffix is not supported by this engine")
-        if self.echo and self.logprobs is not None:
-            raise invalid("echo with logprobs needs the prompt's logprobs, which this "
-                          "engine does not compute (docs/SAMPLING.md)", "echo")
         if self.best_of is not None:
             if self.best_of < self.n:
                 raise invalid(f"best_of must be >= n, got best_of={self.best_of}, "
@@ -154,6 +156,10 @@ class CompletionRequest(SamplingFields):
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def prompt_logprobs_asked(self) -> int | None:
+        return self.logprobs if self.echo else None
 
     @property
     def num_candidates(self) -> int:

@@ -92,12 +92,18 @@ class CompletionFormat:
     def _echo(self, index: int) -> str:
         return (self.ins.prompt_texts[index // self.req.n] or "") if self.req.echo else ""
 
+    def _choice_logprobs(self, c) -> dict | None:
+        if not self.req.echo or c.output is None:
+            return self.logprobs.format(c.index, _logprobs(c))
+        o = c.output
+        return self.logprobs.echo(c.index, o.prompt_token_ids[0], o.prompt_logprobs, _logprobs(c))
+
     def usage_chunk(self, u) -> str:
         return CompletionResponse(id=self.id, model=self.model, choices=[], usage=u).model_dump_json()
 
     def response(self, choices, u) -> dict:
         out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c),
-                                logprobs=self.logprobs.format(c.index, _logprobs(c)),
+                                logprobs=self._choice_logprobs(c),
                                 finish_reason=_finish_reason(c.finish_reason),
                                 token_ids=c.token_ids if self.req.return_token_ids else None)
                for c in choices]

@@ -34,6 +34,7 @@ class Piece:
     finish_reason: str | None
     finished: bool
     logprobs: list | None = None    # TokenLogprobs per token (the request asked)
+    prompt_logprobs: tuple | None = None   # echo + logprobs: the prompt's (first chunk)
 
 
 def coalesce(batch) -> tuple[list[Piece], list[str]]:
@@ -51,7 +52,8 @@ def coalesce(batch) -> tuple[list[Piece], list[str]]:
         lps = getattr(event, "logprobs", None)
         if p is None:
             pieces[c.index] = Piece(c, event.text, list(event.token_ids), event.finish_reason,
-                                    event.finished, None if lps is None else list(lps))
+                                    event.finished, None if lps is None else list(lps),
+                                    getattr(event, "prompt_logprobs", None))
         else:
             p.text += event.text
             p.token_ids.extend(event.token_ids)
@@ -68,6 +70,7 @@ class ChunkEncoder:
         self.chat = fmt.prefix == "chatcmpl"
         self.ids = bool(fmt.req.return_token_ids)
         self.echo = None if self.chat or not fmt.req.echo else fmt._echo
+        self.first_prompt_token = lambda i: fmt.ins.prompts[i]["prompt_token_ids"][0]
         self.logprobs = getattr(fmt, "logprobs", None)    # a LogprobsWriter
         head = {"id": fmt.id, "object": "chat.completion.chunk" if self.chat else
                 "text_completion", "created": int(time.time()), "model": fmt.model}
@@ -78,6 +81,9 @@ class ChunkEncoder:
         text = (self.echo(p.choice.index) + p.text) if first and self.echo else p.text
         reason = FINISH_REASONS.get(p.finish_reason, p.finish_reason)
         logprobs = self.logprobs.format(p.choice.index, p.logprobs) if self.logprobs else None
+        if first and self.echo and p.prompt_logprobs is not None:
+            logprobs = self.logprobs.echo(p.choice.index, self.first_prompt_token(p.choice.index),
+                                          p.prompt_logprobs, p.logprobs)
         if self.chat:
             choice = {"index": p.choice.index, "delta": {"role": "assistant" if first else None,
                                                          "content": text},

@@ -61,7 +61,6 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {**GOOD, "prompt": "ROMEO.\ud800"}, "prompt"),
     ("completions", {**GOOD, "stop": [""]}, "stop"),
     ("completions", {**GOOD, "logprobs": 21}, "logprobs"),
-    ("completions", {**GOOD, "logprobs": 1, "echo": True}, "echo"),
     ("completions", {**GOOD, "logit_bias": {"x": 1.0}}, "logit_bias"),
     ("completions", {**GOOD, "logit_bias": {"4096": 1.0}}, "logit_bias"),
     ("completions", {**GOOD, "frequency_penalty": -3}, "frequency_penalty"),
