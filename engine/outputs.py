@@ -40,6 +40,8 @@ class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
     token_ids: list[int]
     logprobs: list[float]
     rank: int
+    raw: "TokenLogprobs | None" = None   # SamplingParams.raw_logprobs: the same from the
+    #                                     model's own log-softmax, before any processing
 
 
 @dataclass

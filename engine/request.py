@@ -47,6 +47,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     min_tokens: int = 0                # stop tokens (EOS, stop_token_ids) masked before
     logprobs: int | None = None        # top-n logprobs per output token (+ the sampled one)
     prompt_logprobs: int | None = None # top-n logprobs per prompt token (skips prefix hits)
+    # roseplay extra (the TUI's model-vs-processed view): each logprobs entry also
+    # carries the model's own top-n (TokenLogprobs.raw); needs logprobs
+    raw_logprobs: bool = False
 
     def __post_init__(self):
         # one validation layer (engine/validation.py): named field, accepted range
@@ -72,6 +75,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         force_setattr(self, "logit_bias", V.check_logit_bias(self.logit_bias))
         V.check_logprobs("logprobs", self.logprobs)
         V.check_logprobs("prompt_logprobs", self.prompt_logprobs)
+        if self.raw_logprobs and self.logprobs is None:
+            raise InvalidRequestError("raw_logprobs needs logprobs (the top-n to show)")
 
     @property
     def uses_penalties(self) -> bool:

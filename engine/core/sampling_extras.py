@@ -71,9 +71,11 @@ def sampling_extras(requests: list, params: list) -> SamplingExtras | None:
         return None
     min_p = np.fromiter((p.min_p for p in params), np.float32, count=len(params))
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    raw = [j for j, i in enumerate(lp_rows) if params[i].raw_logprobs]
     return SamplingExtras(
         **_penalty_columns(requests), **_bias_columns(requests),
         **_min_tokens_columns(requests),
         min_p=min_p if min_p.max() > 0 else None,
         logprob_rows=np.asarray(lp_rows, np.int64),
+        raw_rows=np.asarray(raw, np.int64) if raw else None,
         num_logprobs=max((params[i].logprobs for i in lp_rows), default=0))

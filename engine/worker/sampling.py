@@ -89,6 +89,8 @@ class Sampler:
         if want_lp:
             self.last_logprobs = self._logprobs(raw if raw is not None else sampled_from,
                                                 tokens, ex)
+            if ex.raw_rows is not None:
+                self.last_logprobs += self._raw_view(logits, tokens, ex)
         if penalized is not None:     # last: a failed sample counts nothing
             rows, slots = penalized
             self.counts.add(slots, tokens.index_select(0, rows))
@@ -114,6 +116,14 @@ class Sampler:
         src = source.index_select(0, rows)
         if self.logprobs_mode.endswith("logprobs"):
             src = torch.log_softmax(src, dim=-1)
+        return top_logprobs(src, tokens.index_select(0, rows), ex.num_logprobs)
+
+    @staticmethod
+    def _raw_view(logits: torch.Tensor, tokens: torch.Tensor, ex: SamplingExtras) -> tuple:
+        """The model's own log-softmax top-n of the rows that asked (raw_logprobs: the TUI
+        shows it beside the processed distribution); only those rows are reduced."""
+        rows = to_device(ex.logprob_rows[ex.raw_rows], torch.int64, logits.device)
+        src = torch.log_softmax(logits.index_select(0, rows).float(), dim=-1)
         return top_logprobs(src, tokens.index_select(0, rows), ex.num_logprobs)
 
     @staticmethod
@@ -207,21 +217,24 @@ class HostTensors:
 class LogprobsCopy(HostTensors):
     """A step's logprobs on their way to the host (only the rows that asked)."""
 
-    def __init__(self, tensors: tuple, rows: np.ndarray):
+    def __init__(self, tensors: tuple, rows: np.ndarray, raw_rows: np.ndarray | None = None):
         super().__init__(tensors)
-        self.rows = rows
+        self.rows, self.raw_rows = rows, raw_rows
 
     @classmethod
     def start(cls, sampler: Sampler, cols: SamplingColumns) -> "LogprobsCopy | None":
         if sampler.last_logprobs is None:
             return None
-        return cls(sampler.last_logprobs, cols.extras.logprob_rows)
+        return cls(sampler.last_logprobs, cols.extras.logprob_rows, cols.extras.raw_rows)
 
     def per_row(self, requests: list) -> list[TokenLogprobs | None]:
         """One entry per sample row (requests[i]: row i), each cut to its own top-n."""
-        ids, values, ranks = self.tolist()
+        ids, values, ranks, *raw = self.tolist()
+        raws = dict(zip(self.raw_rows.tolist(), zip(*raw))) if raw else {}
         out: list[TokenLogprobs | None] = [None] * len(requests)
         for j, row in enumerate(self.rows.tolist()):
             n = requests[row].params.logprobs + 1
-            out[row] = TokenLogprobs(ids[j][:n], values[j][:n], ranks[j])
+            r = raws.get(j)
+            out[row] = TokenLogprobs(ids[j][:n], values[j][:n], ranks[j],
+                                     r and TokenLogprobs(r[0][:n], r[1][:n], r[2]))
         return out

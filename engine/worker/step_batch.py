@@ -36,6 +36,8 @@ class SamplingExtras:
     min_p: np.ndarray | None       # [R] float32 (None: no row uses it)
     logprob_rows: np.ndarray       # [L] int64 rows whose logprobs go to the host
     num_logprobs: int              # top-n of those rows (the largest asked)
+    raw_rows: np.ndarray | None = None   # [Q] int64 those of them (indices into
+    #                                logprob_rows) that also want the model's own top-n
 
 
 @dataclass(frozen=True)
