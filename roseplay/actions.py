@@ -13,6 +13,7 @@ from roseplay.scenarios import SCENARIOS
 from roseplay.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.widgets import theme
 from roseplay.widgets.help import HelpScreen
+from roseplay.widgets.prompt_input import parse_sampling
 from roseplay.widgets.knobs import (CONCURRENCY_STEPS, SPEC_TOKENS_MAX, knob_field,
                                     live_fields, next_in, stepped)
 from roseplay.widgets.requests import FILTERS, SORTS
@@ -167,7 +168,8 @@ class Actions:
             bar.show_error("the engine is still loading")
             return
         try:
-            rid = self.source.submit(event.text, priority=event.priority)
+            kw = {"sampling": parse_sampling(event.sampling)} if event.sampling.strip() else {}
+            rid = self.source.submit(event.text, priority=event.priority, **kw)
         except (InvalidRequestError, ReadOnlyError, RuntimeError) as exc:
             bar.show_error(str(exc))
             return

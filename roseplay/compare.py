@@ -133,8 +133,8 @@ class CompareSource:
     def record_event(self, what: str, **data) -> None:
         self._both("record_event", what, **data)
 
-    def submit(self, text: str, priority: int = 0) -> str:
-        return self._both("submit", text, priority=priority)[0]
+    def submit(self, text: str, priority: int = 0, sampling: dict | None = None) -> str:
+        return self._both("submit", text, priority=priority, sampling=sampling)[0]
 
     def close(self) -> None:
         """Stop both sides at once (each joins its engine process)."""

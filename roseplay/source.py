@@ -128,9 +128,11 @@ class LiveSource:
         self.driver.set_rate(rate)
         self._event("rate", rate=rate)
 
-    def submit(self, text: str, priority: int = 0) -> str:
-        """Submit a user prompt (with its scheduling priority: lower goes first); raises
-        InvalidRequestError (the engine keeps serving)."""
+    def submit(self, text: str, priority: int = 0, sampling: dict | None = None) -> str:
+        """Submit a user prompt (with its scheduling priority: lower goes first, and
+        SamplingParams fields over the defaults); raises InvalidRequestError (the engine
+        keeps serving). It asks for the top logprobs, the model's own too (raw_logprobs:
+        the Selected panel shows both)."""
         from engine.request import SamplingParams
         from roseplay.driver import TOP_LOGPROBS
         text = text.strip()
@@ -142,8 +144,9 @@ class LiveSource:
                       "prompt_token_ids": [b % self.vocab_size for b in text.encode()]}
         self._user_ids += 1
         rid = f"you-{self._user_ids}"
-        params = SamplingParams(max_tokens=USER_MAX_TOKENS, temperature=0.8, seed=self._user_ids,
-                                logprobs=TOP_LOGPROBS)
+        params = SamplingParams(**{"max_tokens": USER_MAX_TOKENS, "temperature": 0.8,
+                                   "seed": self._user_ids, **(sampling or {}),
+                                   "logprobs": TOP_LOGPROBS, "raw_logprobs": True})
         self._user_streams[rid] = self.loop.submit(prompt, params, request_id=rid,
                                                    priority=priority)
         self._event("submit", request_id=rid, prompt=text, priority=priority)

@@ -15,6 +15,33 @@ from textual.widgets import Input, Static
 MAX_PROMPT_CHARS = 20000     # longer pastes are cut by the box itself (the engine checks tokens)
 
 
+SAMPLING_FIELDS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float,
+                   "presence_penalty": float, "frequency_penalty": float,
+                   "repetition_penalty": float, "min_tokens": int, "max_tokens": int,
+                   "seed": int}
+
+
+def parse_sampling(text: str) -> dict:
+    """"name=value ..." -> SamplingParams fields (logit_bias=id:bias,id:bias); a wrong
+    name or value raises InvalidRequestError (SamplingParams checks the ranges)."""
+    from engine.config import InvalidRequestError
+    out: dict = {}
+    for item in text.split():
+        name, _, value = item.partition("=")
+        if name != "logit_bias" and name not in SAMPLING_FIELDS:
+            raise InvalidRequestError(f"unknown sampling field {name!r} (one of "
+                                      f"{', '.join([*SAMPLING_FIELDS, 'logit_bias'])})")
+        try:
+            if name == "logit_bias":
+                out[name] = {int(k): float(v) for k, v in
+                             (pair.split(":") for pair in value.split(","))}
+            else:
+                out[name] = SAMPLING_FIELDS[name](value)
+        except ValueError:
+            raise InvalidRequestError(f"bad value for {name}: {value!r}") from None
+    return out
+
+
 class PromptBar(Vertical):
     """Hidden until opened; errors (InvalidRequestError) stay on screen under the box."""
 
@@ -26,16 +53,18 @@ class PromptBar(Vertical):
     PromptBar Input { height: 1; padding: 0; }
     PromptBar #prompt-input { width: 1fr; }
     PromptBar #prompt-priority { width: 14; margin-left: 1; }
+    PromptBar #prompt-sampling { width: 40; margin-left: 1; }
     PromptBar > #prompt-status { height: auto; max-height: 2; color: $text-muted; }
     PromptBar > #prompt-status.-error { color: $error; text-style: bold; }
     """
     BINDINGS = [Binding("escape", "close", "Close prompt", key_display="esc")]
 
     class Submitted(Message):
-        def __init__(self, text: str, priority: int = 0):
+        def __init__(self, text: str, priority: int = 0, sampling: str = ""):
             super().__init__()
             self.text = text
             self.priority = priority     # scheduling_policy=priority: lower goes first
+            self.sampling = sampling     # "name=value ..." SamplingParams fields (parse_sampling)
 
     class Closed(Message):
         pass
@@ -48,6 +77,13 @@ class PromptBar(Vertical):
             yield Input(placeholder="priority 0", id="prompt-priority", compact=True,
                         type="integer", max_length=11, tooltip="scheduling_policy=priority: "
                         "lower goes first (the workload's chat turns are 0, documents 1)")
+            yield Input(placeholder="sampling: frequency_penalty=1 logit_bias=42:5",
+                        id="prompt-sampling", compact=True, max_length=400,
+                        tooltip="SamplingParams fields as name=value (vLLM names): "
+                        "temperature, top_k, top_p, min_p, presence_penalty, "
+                        "frequency_penalty, repetition_penalty, min_tokens, max_tokens, "
+                        "seed, logit_bias=id:bias,id:bias. The Selected panel shows the "
+                        "model's distribution beside the one sampled from.")
         yield Static("", id="prompt-status", markup=False)
 
     def open(self) -> None:
@@ -68,7 +104,8 @@ class PromptBar(Vertical):
         """Enter in either box sends the prompt with the priority typed (0 if none)."""
         event.stop()
         self.post_message(self.Submitted(self.query_one("#prompt-input", Input).value,
-                                          self.priority))
+                                          self.priority,
+                                          self.query_one("#prompt-sampling", Input).value))
 
     def show_error(self, message: str) -> None:
         status = self.query_one("#prompt-status", Static)

@@ -350,7 +350,8 @@ class RequestDetail(Widget):
         else:
             # the prompt gets at most half the lines: the output always shows (80x24: 3)
             width, lines = max(20, self.size.width), max(2, self.size.height)
-            choice_rows = 0 if logprobs_mode is None else 1 if lines < 12 else 6
+            choice_rows = 0 if logprobs_mode is None else 1 if lines < 12 else \
+                8 if getattr(r.logprobs, "raw", None) else 6     # + a header, 6 tokens
             lines = max(2, lines - choice_rows)
             prompt_lines = max(1, lines // 2)
             head = f"{r.request_id} [{r.state}] "

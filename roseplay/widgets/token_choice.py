@@ -1,7 +1,12 @@
 """The selected request's token choice: its speculative drafts and accepted totals, and
 the next-token distribution of its latest token (top-n with probabilities, the sampled
 token marked), from the logprobs the request asked for (RequestView.logprobs: vLLM's
-TokenLogprobs, what `logprobs_mode` says it holds)."""
+TokenLogprobs, what `logprobs_mode` says it holds).
+
+A request that asked for raw_logprobs too (a typed prompt does) shows the model's own
+distribution beside the processed one (after min_tokens, logit_bias, penalties,
+temperature, min_p, top-k/top-p): a bias pushing a token up, a penalty pushing a
+repeated token down, each token's rank change marked (↑ ↓)."""
 from __future__ import annotations
 
 import math
@@ -54,12 +59,57 @@ def spec_words(r) -> Text:
     return t
 
 
+def compare_rows(lp, mode: str) -> list[tuple[int, float | None, float | None, str]]:
+    """(token, model p, processed p, rank mark) for the union of both top-n lists, in the
+    processed order then the model's; None: outside that list's top-n. Mark: ↑ the
+    processing moved the token up, ↓ down, ✚ into the top-n, ✖ out of it, "" unchanged."""
+    proc, raw = top_entries(lp), top_entries(lp.raw)
+    proc_p = dict(zip([t for t, _ in proc], shares([v for _, v in proc], mode)))
+    raw_p = {t: math.exp(v) for t, v in raw}
+    proc_rank = {t: i for i, (t, _) in enumerate(proc)}
+    raw_rank = {t: i for i, (t, _) in enumerate(raw)}
+    out = []
+    for tid in [t for t, _ in proc] + [t for t, _ in raw if t not in proc_rank]:
+        a, b = raw_rank.get(tid), proc_rank.get(tid)
+        mark = "✚" if a is None else "✖" if b is None else "↑" if b < a else "↓" if b > a else ""
+        out.append((tid, raw_p.get(tid), proc_p.get(tid), mark))
+    return out
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else pct(p)
+
+
+def compare_text(t: Text, lp, tokenizer, mode: str, rows: int) -> Text:
+    """The model's distribution beside the processed one (SamplingParams.raw_logprobs)."""
+    sampled = lp.token_ids[0]
+    entries = compare_rows(lp, mode)
+    t.append("next token, model p → after p ", "bold")
+    t.append(f"(after bias, penalties, temperature...: {mode}; sampled rank {lp.rank}, "
+             f"model rank {lp.raw.rank}): ", "dim")
+    t.append(f"sampled {token_label(sampled, tokenizer)}", "bold")
+    if rows <= 1:
+        for tid, a, b, mark in entries:
+            t.append(f" · {token_label(tid, tokenizer)} {_p(a)}→{_p(b)}{mark}",
+                     "bold" if tid == sampled else "")
+        return t
+    t.append(f"\n  {'token':>12} {'model p':>8} {'after p':>8}", "bold")
+    t.append("  ↑↓ rank moved, ✚ into / ✖ out of the top-n", "dim")
+    for tid, a, b, mark in entries[:rows - 2]:
+        t.append("\n")
+        t.append(f"{'▶' if tid == sampled else ' '} {token_label(tid, tokenizer):>12} "
+                 f"{_p(a):>8} {_p(b):>8} {mark}", "bold" if tid == sampled else "")
+    return t
+
+
 def choice_text(r, tokenizer, mode: str, rows: int) -> Text:
     """`rows` == 1: one line (each token with a one-glyph bar); more: a bar per token."""
     t = spec_words(r)
     lp = r.logprobs
     if lp is None:
         return t.append(NO_LOGPROBS, "dim")
+    if getattr(lp, "raw", None) is not None:
+        return compare_text(t, lp, tokenizer, mode, rows)
     entries = top_entries(lp)
     probs = shares([v for _, v in entries], mode)
     sampled_id = lp.token_ids[0]
