@@ -1,6 +1,7 @@
 """The sampler's cost per step at batch x vocab (default 256 x 151,936, Qwen2.5's vocab):
 plain greedy, greedy with penalties on every row (token counts held on the device),
-random with top-k/top-p, and the same with logprobs (top 5) on every row. Median of 5
+random with top-k/top-p, the same with logprobs (top 5) on every row, and with the
+model's own top 5 too (raw_logprobs: the TUI's model-vs-processed view). Median of 5
 repeats of `iters` steps (CUDA events on a GPU, perf_counter on the CPU).
 python scripts/bench_sampler.py [--batch 256] [--vocab 151936] [--device cpu]"""
 from __future__ import annotations
@@ -22,6 +23,9 @@ CASES = {
     "random top-k/top-p": dict(temperature=0.8, top_k=50, top_p=0.9),
     "random+penalties+logprobs5": dict(temperature=0.8, top_k=50, top_p=0.9,
                                        frequency_penalty=0.5, logprobs=5),
+    "same + raw view (raw_logprobs)": dict(temperature=0.8, top_k=50, top_p=0.9,
+                                           frequency_penalty=0.5, logprobs=5,
+                                           raw_logprobs=True),
 }
 
 
@@ -67,7 +71,7 @@ def main() -> None:
     print(f"{name}  batch {args.batch} x vocab {args.vocab}")
     for name, params in CASES.items():
         ms = time_case(params, args.batch, args.vocab, args.iters, dev)
-        print(f"{name:28s} {ms:8.3f} ms/step")
+        print(f"{name:32s} {ms:8.3f} ms/step")
 
 
 if __name__ == "__main__":
