@@ -84,17 +84,21 @@ def compare_text(t: Text, lp, tokenizer, mode: str, rows: int) -> Text:
     """The model's distribution beside the processed one (SamplingParams.raw_logprobs)."""
     sampled = lp.token_ids[0]
     entries = compare_rows(lp, mode)
-    t.append("next token, model p → after p ", "bold")
-    t.append(f"(after bias, penalties, temperature...: {mode}; sampled rank {lp.rank}, "
-             f"model rank {lp.raw.rank}): ", "dim")
-    t.append(f"sampled {token_label(sampled, tokenizer)}", "bold")
-    if rows <= 1:
+    meta = f"({mode}; sampled rank {lp.rank}, model {lp.raw.rank})"
+    if rows <= 1:          # the tokens first: a narrow panel cuts the end of the line
+        t.append("next token model→after: ", "bold")
         for tid, a, b, mark in entries:
-            t.append(f" · {token_label(tid, tokenizer)} {_p(a)}→{_p(b)}{mark}",
+            t.append(f"{token_label(tid, tokenizer)} {_p(a)}→{_p(b)}{mark}",
                      "bold" if tid == sampled else "")
+            t.append("  ")
+        t.append(f"· sampled {token_label(sampled, tokenizer)} {meta}", "dim")
         return t
+    t.append("next token model → after ", "bold")
+    t.append(f"{meta}: ", "dim")
+    t.append(f"sampled {token_label(sampled, tokenizer)}", "bold")
     t.append(f"\n  {'token':>12} {'model p':>8} {'after p':>8}", "bold")
-    t.append("  ↑↓ rank moved, ✚ into / ✖ out of the top-n", "dim")
+    t.append("  after: bias, penalties, temperature, min_p, top-k/p · ↑↓ rank moved, "
+             "✚ into / ✖ out of the top-n", "dim")
     for tid, a, b, mark in entries[:rows - 2]:
         t.append("\n")
         t.append(f"{'▶' if tid == sampled else ' '} {token_label(tid, tokenizer):>12} "

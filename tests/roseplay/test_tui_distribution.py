@@ -75,7 +75,9 @@ async def test_typed_bias_and_penalty_show_model_and_processed_p():
             lp, got = seen["lp"], seen["got"]
             # greedy over the processed logits: the sampled token is the processed top-1
             assert lp.token_ids[0] == lp.token_ids[1] and lp.rank == 1
-            assert "model p" in widget_text(detail) and "after p" in widget_text(detail)
+            text = widget_text(detail)
+            assert "model p" in text and "after p" in text and "model → after" in text
+            assert f"(processed_logprobs; sampled rank 1, model {lp.raw.rank})" in text
             assert f"▶ {'#' + str(lp.token_ids[0]):>12}" in widget_text(detail)
             # the bias pushed BIASED up: above its model probability (or into the top-n)
             raw = dict(zip(lp.raw.token_ids[1:], lp.raw.logprobs[1:]))

@@ -7,6 +7,7 @@ import pytest
 from roseplay.app import RoseplayApp
 from roseplay.keys import KEYS, knob_key
 from roseplay.widgets.help import keys_markdown, knobs_markdown
+from roseplay.widgets.token_choice import pct
 from tests.roseplay.tui_helpers import fast_idle, live_source, widget_text, sync, wait_for
 
 pytestmark = pytest.mark.timeout(150)
@@ -109,9 +110,10 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
 
 @sync
 async def test_a_typed_prompt_shows_its_next_token_distribution():
-    """The typed prompt asks for top-5 logprobs: the Selected panel shows five tokens with
-    probabilities that add up to at most 100%, the sampled one marked, logprobs_mode
-    named; a generated request without logprobs says how to get them."""
+    """The typed prompt asks for top-5 logprobs and the model's own: the Selected panel
+    shows the processed top token with its model p and processed p (the engine's
+    numbers; tests/roseplay/test_tui_distribution.py checks every row); a generated
+    request without logprobs says how to get them."""
     import math
     from roseplay.driver import TOP_LOGPROBS
     from roseplay.source import LOGPROBS_EVERY
@@ -125,7 +127,6 @@ async def test_a_typed_prompt_shows_its_next_token_distribution():
             assert await wait_for(pilot, lambda: "type a prompt with i" in widget_text(detail)
                                   or any(r.logprobs for r in app.snapshot.requests), 20)
             await pilot.press("i", *"to be or not", "enter")
-            app.set_zoom("detail")       # a row per token: model p beside processed p
             view = lambda: app.snapshot.request("you-1")           # noqa: E731
             assert await wait_for(pilot, lambda: view() is not None
                                   and view().logprobs is not None, 30)
@@ -133,15 +134,16 @@ async def test_a_typed_prompt_shows_its_next_token_distribution():
             assert len(lp.token_ids) == TOP_LOGPROBS + 1 and 1 <= lp.rank
             assert lp.logprobs[1:] == sorted(lp.logprobs[1:], reverse=True)
             assert sum(math.exp(v) for v in lp.logprobs[1:]) <= 1.0 + 1e-4
-            # a typed prompt asks for the model's top-n too: both, side by side
-            assert await wait_for(pilot, lambda: "processed_logprobs; sampled rank"
-                                  in widget_text(detail), 10), widget_text(detail)
-            text = widget_text(detail)
-            print(text)
-            shown = view().logprobs          # dummy model: tokens are shown as #id
-            assert f"#{shown.token_ids[1]} " in text, text
-            assert f"sampled #{shown.token_ids[0]}" in text, text
-            assert f"model rank {shown.raw.rank}" in text, text
+            # a typed prompt asks for the model's top-n too: both, side by side (one line
+            # here: the processed top-1 first, its model p -> processed p)
+            def top1_shown() -> bool:
+                lp = view().logprobs
+                raw = dict(zip(lp.raw.token_ids[1:], lp.raw.logprobs[1:]))
+                a = pct(math.exp(raw[lp.token_ids[1]])) if lp.token_ids[1] in raw else "–"
+                want = f"next token model→after: #{lp.token_ids[1]} {a}→" \
+                       f"{pct(math.exp(lp.logprobs[1]))}"
+                return want in widget_text(detail)
+            assert await wait_for(pilot, top1_shown, 10), widget_text(detail)
             # the generated workload: 1 in LOGPROBS_EVERY requests asks for them
             asked = [r for r in app.snapshot.requests
                      if r.request_id.startswith("w") and r.logprobs is not None]
