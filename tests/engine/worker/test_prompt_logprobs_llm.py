@@ -1,0 +1,51 @@
+"""prompt_logprobs through the in-process LLM, chunked (a token budget of 128): a
+request's output logprobs reappear as the prompt logprobs of a request whose prompt is
+its prompt + output, and asking changes no request's tokens. On the CPU (dummy:tiny,
+float32) and, marked gpu, with CUDA graphs on (bf16, a Qwen2.5-0.5B-shaped model, vocab
+151,936: the steps that carry prompt rows run eagerly, the others keep their graphs)."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+
+SETUPS = {
+    "cpu": dict(model="dummy:tiny", device="cpu", dtype="float32", num_blocks=512),
+    "gpu": dict(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16", num_blocks=4096,
+                enforce_eager=False),
+}
+VOCAB = {"cpu": 512, "gpu": 151936}
+N, MAX_TOKENS = 16, 8
+
+
+def _prompts(vocab: int, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(2, 400, (N,), generator=g).tolist()
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lens]
+
+
+@pytest.mark.parametrize("setup", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_prompt_logprobs_continue_output_logprobs(setup):
+    llm = LLM(max_num_batched_tokens=128, enable_prefix_caching=False, **SETUPS[setup])
+    if setup == "gpu":
+        assert llm.engine.runner.graphs.use_graphs
+    prompts = _prompts(VOCAB[setup])
+    greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3)
+    first = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
+    asked = [greedy.replace(prompt_logprobs=3) if i % 2 else greedy for i in range(N)]
+    again = llm.generate([{"prompt_token_ids": p} for p in prompts], asked)
+    for i, (a, b) in enumerate(zip(first, again)):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert (b.prompt_logprobs is not None) == bool(i % 2)
+        if i % 2:
+            assert len(b.prompt_logprobs) == len(prompts[i]) and b.prompt_logprobs[0] is None
+            assert [e.token_ids[0] for e in b.prompt_logprobs[1:]] == prompts[i][1:]
+    # prompt + output as a prompt: its last MAX_TOKENS positions' logprobs are the output's
+    ext = [{"prompt_token_ids": p + list(o.outputs[0].token_ids)} for p, o in zip(prompts, first)]
+    lps = llm.generate(ext, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=3))
+    for p, o, e in zip(prompts, first, lps):
+        tail = e.prompt_logprobs[len(p):]
+        out = o.outputs[0].logprobs
+        assert [t.token_ids[0] for t in tail] == list(o.outputs[0].token_ids)
+        assert [t.logprobs[0] for t in tail] == pytest.approx([t.logprobs[0] for t in out],
+                                                              abs=0.1)
+        assert sum(t.rank == 1 for t in tail) >= MAX_TOKENS - 2     # greedy: mostly top
