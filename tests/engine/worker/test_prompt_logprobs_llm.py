@@ -49,3 +49,22 @@ def test_prompt_logprobs_continue_output_logprobs(setup):
         assert [t.logprobs[0] for t in tail] == pytest.approx([t.logprobs[0] for t in out],
                                                               abs=0.1)
         assert sum(t.rank == 1 for t in tail) >= MAX_TOKENS - 2     # greedy: mostly top
+
+
+def test_prompt_logprobs_survive_preemption_and_chunks():
+    """A pool too small for the batch (preemption, recompute) and chunks of 32 tokens:
+    every request's prompt logprobs and tokens equal a run with room for everything."""
+    base = "ROMEO.\nWhat news from the court? " * 4
+    prompts = [base + tail for tail in ("Speak!", "Say on.", "O, tell me.", "Well?")] * 2
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, prompt_logprobs=2)
+    ref = LLM(device="cpu", num_blocks=256).generate(prompts, params)
+    tight = LLM(device="cpu", num_blocks=14, max_num_batched_tokens=32)
+    got = tight.generate(prompts, params)
+    assert tight.engine.stats.counters.preemptions > 0
+    # (a request preempted after its prompt logprobs went out may take prefix hits)
+    for r, g in zip(ref, got):
+        assert g.outputs[0].token_ids == r.outputs[0].token_ids
+        assert g.prompt_logprobs[0] is None and len(g.prompt_logprobs) == len(r.prompt_logprobs)
+        for a, b in zip(g.prompt_logprobs[1:], r.prompt_logprobs[1:]):
+            assert a.token_ids == b.token_ids and a.rank == b.rank
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
