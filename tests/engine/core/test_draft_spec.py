@@ -75,7 +75,9 @@ def draft(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec(draft):
-    return {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
+    """No model named: the bundled target's bundled draft (when it is there)."""
+    named = {} if draft == DEFAULT_DRAFT_MODEL else {"model": draft}
+    return {"method": "draft_model", "num_speculative_tokens": 4, **named}
 
 
 SHORT = SamplingParams(max_tokens=24, temperature=0)
