@@ -187,7 +187,7 @@ def test_config_checks(draft, tmp_path):
     assert cfg.speculative_config.model == DEFAULT_DRAFT_MODEL
     assert SpeculativeConfig.parse('{"method": "draft"}').method == "draft_model"
     with pytest.raises(InvalidRequestError, match="needs a \"model\""):
-        make_config(model="dummy:llama-tiny", speculative_config={"method": "draft_model"})
+        make_config(model="dummy:tiny", speculative_config={"method": "draft_model"})
     with pytest.raises(InvalidRequestError, match="tensor_parallel_size 1"):
         make_config(tensor_parallel_size=2, speculative_config={"method": "draft_model",
                                                                 "model": draft})
@@ -195,3 +195,19 @@ def test_config_checks(draft, tmp_path):
     with pytest.raises(InvalidRequestError, match="vocab_size 128"):
         LLM(model="default", device="cpu", num_blocks=16,
             speculative_config={"method": "draft_model", "model": other})
+
+
+def test_tui_flag_accepts_draft_model_and_lists_the_methods():
+    """`roseplay --speculative-config ...`: checked before the app opens, as the engine
+    checks it; --help names every method."""
+    from roseplay.cli import build_parser, check_engine
+    from roseplay.cli_flags import engine_kwargs
+    parser = build_parser()
+    args = parser.parse_args(["--speculative-config", '{"method": "draft_model"}'])
+    assert check_engine(args) is None
+    assert engine_kwargs(args)["speculative_config"] == '{"method": "draft_model"}'
+    bad = parser.parse_args(["--model", "dummy:tiny", "--speculative-config",
+                             '{"method": "draft"}'])
+    assert "needs a \"model\"" in check_engine(bad)
+    text = " ".join(parser.format_help().split())
+    assert all(m in text for m in ("ngram", "draft_model", "oracle"))
