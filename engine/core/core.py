@@ -121,7 +121,7 @@ class LLMEngine:
             blocks_from_memory(self.device, per_block, config.gpu_memory_utilization)
             if self.device.type == "cuda" else DEFAULT_CPU_BLOCKS)
         draft = make_draft_proposer(config, self.vocab_size, get_ops(backend), self.device,
-                                    self.dtype, num_blocks)
+                                    self.dtype, num_blocks, self.max_model_len)
         if draft is not None and self.device.type == "cuda" and not config.num_blocks:
             num_blocks = blocks_from_memory(self.device, per_block,   # the draft is resident
                                             config.gpu_memory_utilization)

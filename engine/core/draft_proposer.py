@@ -167,14 +167,18 @@ class DraftProposer:
             context_lens=(pos + 1).astype(np.int32), block_tables=self._tables(states))
 
 
-def make_draft_proposer(config, target_vocab: int, ops, device, dtype,
-                        num_blocks: int) -> DraftProposer | None:
-    """The draft model and its pool for method draft_model (else None). Its pool has
-    the target's block count: a request's draft KV never outgrows its target KV by more
-    than the k - 1 unverified slots, and the draft's blocks are a fraction of the size."""
+def make_draft_proposer(config, target_vocab: int, ops, device, dtype, num_blocks: int,
+                        max_model_len: int) -> DraftProposer | None:
+    """The draft model and its pool for method draft_model (else None). Its pool holds
+    what the running requests can use (max_num_seqs full-length requests: only running
+    requests hold draft blocks when a proposal takes more), at most the target's block
+    count: on CPU the two are alike, on CUDA the target's count comes from the GPU's
+    memory and is far more than a draft needs."""
     spec = config.speculative_config
     if spec is None or spec.method != "draft_model":
         return None
-    runner = build_draft_runner(spec.model, target_vocab, ops, device, dtype, num_blocks,
+    per_seq = -(-max_model_len // config.block_size)
+    blocks = min(num_blocks, config.scheduler.max_num_seqs * per_seq)
+    runner = build_draft_runner(spec.model, target_vocab, ops, device, dtype, blocks,
                                 config.block_size, config.seed)
     return DraftProposer(runner)

@@ -73,6 +73,17 @@ class DraftRunner:
             layer.ops = ops
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         self.forward_calls = 0
+        if device.type == "cuda":
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the draft's kernels at start, not in the first request's step (an
+        extend and a decode of slot 0, which later writes overwrite)."""
+        one, zero = np.ones(1, np.int32), np.zeros(1, np.int64)
+        table = np.zeros((1, 1), np.int32)
+        self.extend(DraftExtend(zero, zero, zero, np.array([0, 1], np.int32), one, table))
+        self.decode(DraftDecode(zero, zero, zero, one, table))
+        self.forward_calls = 0
 
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
