@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from engine import LLM, SamplingParams
 from engine.config import (DEFAULT_DRAFT_MODEL, InvalidRequestError, SpeculativeConfig,
                            make_config)
+from engine.core.draft_proposer import DraftBlockPool, DraftState
 from engine.front.client import EngineClient
 from engine.tokenizer import DEFAULT_MODEL_DIR
 from roseplay.serve.app import build_app
@@ -28,9 +29,10 @@ from roseplay.serve.server import ServerThread
 TIMEOUT = 120
 LINE = "To be, or not to be, that is the question.\n"
 SHARED = "ROMEO.\nBut soft, what light through yonder window breaks?\n" * 2
-PROMPTS = ([SHARED + "JULIET.\n", SHARED + "ROMEO.\n",             # prefix hits
+PROMPTS = ([LINE * 3, LINE * 3,                                     # dedup
+            SHARED + "JULIET.\n", SHARED + "ROMEO.\n",             # prefix hits
             "First Citizen.\nBefore we proceed any further, hear me speak.\n" * 3,
-            "KING.\nWhat news? " * 6, LINE * 3]
+            "KING.\nWhat news? " * 6]
            + [f"{LINE * 2}HAMLET {i}.\n" for i in range(3)])
 # few blocks (preemption), a small budget (chunked prefill, drafts cut to it)
 KW = dict(model="default", device="cpu", block_size=8, num_blocks=28,
@@ -117,6 +119,7 @@ def test_greedy_identical_and_draft_pool_empty_after(client, reference):
     assert st.num_used_blocks == 0 and st.spec_draft_num_used_blocks == 0
     assert st.preemptions > before.preemptions, "the workload should preempt"
     assert st.prefix_hit_tokens > before.prefix_hit_tokens
+    assert client.snapshot().counters.dedup_joined > 0
     drafts = st.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
     accepted = st.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
     assert drafts > 0 and 0 <= accepted <= drafts
@@ -180,6 +183,29 @@ def test_a_draft_equal_to_the_target_has_every_draft_accepted():
         # float32 on CPU: the draft's extend and the target's verify agree but for a tie
         assert c.spec_decode_num_accepted_tokens >= 0.95 * c.spec_decode_num_draft_tokens
         assert proposer.pool.num_free == proposer.pool.num_blocks and not proposer.states
+        # temperature > 0: the same drafts, verified by rejection sampling (one-hot q)
+        before = c.spec_decode_num_drafts
+        out = llm.generate(PROMPTS[:2], SamplingParams(max_tokens=16, temperature=0.8))
+        assert [len(o.outputs[0].token_ids) for o in out] == [16, 16]
+        assert c.spec_decode_num_drafts > before and not proposer.states
+
+
+def test_draft_state_keeps_the_fed_drafts_the_target_accepted():
+    """Rewind: the fed drafts equal to the request's tokens stay computed, up to the
+    first that differs; the last token is always recomputed (it yields draft 1)."""
+    state = DraftState(request=None, seen=4, fed=[7, 8])
+    state.rewind([1, 2, 3, 4, 7, 9, 5])          # draft 7 accepted, 8 rejected
+    assert (state.seen, state.fed) == (5, [])
+    state = DraftState(request=None, seen=4, fed=[7, 8])
+    state.rewind([1, 2, 3, 4, 7, 8, 6])          # both accepted, then the bonus token
+    assert state.seen == 6
+    state = DraftState(request=None, seen=4, fed=[7, 8])
+    state.rewind([1, 2, 3, 4, 7])                # 7 is the last token: recomputed
+    assert state.seen == 4
+    pool = DraftBlockPool(4)
+    assert pool.take(3) == [0, 1, 2] and pool.take(2) is None and pool.num_free == 1
+    pool.give([0, 1, 2])
+    assert pool.num_free == 4
 
 
 def test_config_checks(draft, tmp_path):
