@@ -52,7 +52,8 @@ def _run_stats(before, after, outs) -> dict:
     drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
     drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
     accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
-    pb, pa = before.spec_decode_num_accepted_tokens_per_pos, after.spec_decode_num_accepted_tokens_per_pos
+    pb = before.spec_decode_num_accepted_tokens_per_pos
+    pa = after.spec_decode_num_accepted_tokens_per_pos
     per_pos = [a - (pb[i] if i < len(pb) else 0) for i, a in enumerate(pa)]
     return {"tpot_ms": 1000 * statistics.median(o.metrics.tpot for o in outs),
             "acceptance_rate": accepted / drafted if drafted else 0.0,

@@ -59,8 +59,8 @@ class DraftState:
         """Keep the fed drafts that the target accepted (the same token at the same
         position has the same KV); at least the last token is always recomputed, its
         argmax being the first draft."""
-        m, last = 0, len(tokens) - 1
-        while m < len(self.fed) and self.seen + m < last and tokens[self.seen + m] == self.fed[m]:
+        m, last, fed = 0, len(tokens) - 1, self.fed
+        while m < len(fed) and self.seen + m < last and tokens[self.seen + m] == fed[m]:
             m += 1
         self.seen = min(self.seen + m, last)
         self.fed = []
@@ -129,8 +129,8 @@ class DraftProposer:
         return True
 
     def _slots(self, state: DraftState, positions: np.ndarray) -> np.ndarray:
-        blocks = np.asarray(state.blocks, dtype=np.int64)
-        return blocks[positions // self.block_size] * self.block_size + positions % self.block_size
+        blocks, size = np.asarray(state.blocks, dtype=np.int64), self.block_size
+        return blocks[positions // size] * size + positions % size
 
     @staticmethod
     def _tables(states: list[DraftState]) -> np.ndarray:

@@ -5,8 +5,8 @@ tokens out.
 their one token each, every eligible decode gets up to k drafts (vLLM's n-gram prompt
 lookup, engine/core/ngram_proposer.py, a draft model, engine/core/draft_proposer.py, or
 the benchmark-only oracle; one batched call for the step's eligible decodes) from what
-is left of the token budget, and becomes a VerifyChunk: its last token and the drafts computed
-as one extend, every position sampled. `commit` reads the sampled tokens: the longest
+is left of the token budget, and becomes a VerifyChunk: its last token and the drafts
+computed as one extend, every position sampled. `commit` reads the sampled tokens: the longest
 prefix of drafts equal to the target's tokens is accepted, plus the target's token after
 it; the request's computed count moves past the accepted tokens only, and blocks that
 hold nothing but rejected slots go back to the pool (no unverified token is ever hashed
