@@ -3,8 +3,8 @@
 
 Worker side only: forwards and their argmax. Which tokens the draft has seen, its block
 tables and the pool's free list are the core's (engine/core/draft_proposer.py), which
-passes flat numpy columns in the target's layout (AttentionMetadata): one extend of
-every sequence's unseen tokens, then single-token decodes. Eager (no CUDA graphs): a
+passes flat numpy columns in the target's layout (AttentionMetadata): extends (many
+tokens per sequence) and decodes (one each). Eager (no CUDA graphs): a
 draft forward is a few small launches; the same model classes, loader and attention ops
 as the target (CPU float32 and GPU).
 """
