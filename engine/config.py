@@ -20,6 +20,7 @@ import dataclasses
 import json
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 
@@ -33,6 +34,8 @@ def _knob(default, help: str, **extra):
 
 
 DEFAULT_MODEL = "default"
+# the bundled draft for the bundled model (speculative_config method draft_model)
+DEFAULT_DRAFT_MODEL = str(Path(__file__).resolve().parent / "assets" / "shakespeare-draft")
 # upper bounds of the live knobs: far above what any pool here fills (a limit above what
 # the pool can hold just never binds), but 10**30 from a client is refused
 KNOB_MAXIMUM = {"max_num_batched_tokens": 1 << 20, "max_num_seqs": 1 << 16}
@@ -46,7 +49,9 @@ SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
 EVICTION_POLICIES = ("lru", "lfu")
 # vLLM's logprobs_mode values; the first is roseplay's default (docs/SAMPLING.md)
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
-SPECULATIVE_METHODS = ("ngram", "oracle")   # oracle: benchmarks only (docs/SPECULATIVE.md)
+# oracle: benchmarks only; draft_model (alias "draft"): a smaller model (docs/SPECULATIVE.md)
+SPECULATIVE_METHODS = ("ngram", "draft_model", "oracle")
+SPECULATIVE_ALIASES = {"draft": "draft_model"}
 MAX_SPECULATIVE_TOKENS = 16
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 
@@ -189,8 +194,12 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     oracle_acceptance: float = 1.0  # method oracle: chance that a draft is the target's token
     oracle_references: str | None = None   # method oracle: JSON file of the target's outputs
+    # method draft_model: the draft's checkpoint (same vocabulary as the target); None on
+    # the bundled default target: the bundled draft (engine/assets/shakespeare-draft)
+    model: str | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "method", SPECULATIVE_ALIASES.get(self.method, self.method))
         if self.method not in SPECULATIVE_METHODS:
             raise InvalidRequestError(f"speculative_config method must be one of "
                                       f"{', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
@@ -205,6 +214,9 @@ class SpeculativeConfig:
                                       f"got {lo!r}, {hi!r}")
         if not 0.0 <= self.oracle_acceptance <= 1.0:
             raise InvalidRequestError("oracle_acceptance must be in [0, 1]")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise InvalidRequestError(f"speculative_config model must be a non-empty string, "
+                                      f"got {self.model!r}")
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
@@ -284,11 +296,16 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict | str | None = _knob(
         None, "Speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
               "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, "
-              "\"prompt_lookup_max\": 4}' (docs/SPECULATIVE.md; off by default).")
+              "\"prompt_lookup_max\": 4}'. Methods: ngram (prompt lookup), draft_model "
+              "(alias draft; \"model\": a smaller checkpoint with the target's vocabulary, "
+              "default on the bundled model: its bundled draft), oracle (benchmarks only). "
+              "docs/SPECULATIVE.md; off by default.")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self):
         spec = SpeculativeConfig.parse(self.speculative_config)
+        if spec is not None and spec.method == "draft_model":
+            spec = self._draft_model_config(spec)
         object.__setattr__(self, "speculative_config", spec)
         if spec is not None and self.scheduler.num_speculative_tokens == 0:
             object.__setattr__(self, "scheduler", self.scheduler.replace(
@@ -314,6 +331,20 @@ class EngineConfig:
         if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not 0 < ct <= 86400:
             raise InvalidRequestError(f"client_timeout must be in (0, 86400] seconds, got {ct!r}")
         check_choices(self)
+
+    def _draft_model_config(self, spec: SpeculativeConfig) -> SpeculativeConfig:
+        """The draft's model named (the bundled draft for the bundled target); TP=1 only:
+        the draft runs on rank 0 beside the target and its pool is not sharded."""
+        if self.tensor_parallel_size != 1:
+            raise InvalidRequestError("speculative_config method draft_model needs "
+                                      "tensor_parallel_size 1")
+        if spec.model is not None:
+            return spec
+        if self.model != DEFAULT_MODEL:
+            raise InvalidRequestError("speculative_config method draft_model needs a \"model\" "
+                                      "(a draft with the target's vocabulary); only the bundled "
+                                      "default model has a bundled draft")
+        return dataclasses.replace(spec, model=DEFAULT_DRAFT_MODEL)
 
 
 def knob_fields(cls) -> list[dataclasses.Field]:

@@ -29,3 +29,4 @@ class EngineStats(msgspec.Struct, frozen=True):
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()   # by draft position
+    spec_draft_num_used_blocks: int = 0        # the draft model's own KV pool (draft_model)

@@ -11,7 +11,8 @@ Pipeline (each step is a subcommand; ``--help`` on any of them lists its flags):
              keep the weights with the best validation loss, save HF files
   sweep      run several ``train`` variants at once on one GPU, keep the best
   export     assemble engine/assets/shakespeare/ (model + tokenizer + words.txt)
-             and check it loads with transformers' Auto classes
+             and check it loads with transformers' Auto classes; with --draft the
+             bundled draft model (engine/assets/shakespeare-draft, model files only)
   sample     generate from a saved model with transformers (greedy / temperature)
   prompts    build roseplay/data/prompts.json from the training split
 
@@ -178,6 +179,8 @@ def cmd_export(args):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if args.draft:
+        return export_draft(args)
     os.makedirs(args.out, exist_ok=True)
     for fn in MODEL_FILES:
         shutil.copy(os.path.join(args.run, fn), os.path.join(args.out, fn))
@@ -199,6 +202,25 @@ def cmd_export(args):
         log(f"{fn:28s} {sz:>10,d}")
     log(f"total {total:,d} bytes; params {n:,}; tokenizer {type(tok).__name__} vocab {len(tok)} eos {tok.eos_token_id}")
     log("smoke:", repr(tok.decode(out[0])))
+
+
+def export_draft(args):
+    """The bundled draft (speculative_config method draft_model): its model files and
+    training summary only; it shares the default model's tokenizer, and a draft must have
+    its vocabulary (checked here, as the engine checks it at start)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    os.makedirs(args.out, exist_ok=True)
+    for fn in MODEL_FILES + ("summary.json",):
+        if os.path.exists(os.path.join(args.run, fn)):
+            shutil.copy(os.path.join(args.run, fn), os.path.join(args.out, fn))
+    with open(os.path.join(DEFAULT_ASSETS, "config.json")) as f:
+        target_vocab = json.load(f)["vocab_size"]
+    model = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32)
+    assert model.config.vocab_size == target_vocab, (model.config.vocab_size, target_vocab)
+    n = sum(p.numel() for p in model.parameters())
+    log(f"draft in {args.out}: params {n:,}; vocab {target_vocab} (the default model's)")
 
 
 # ==========================================================================
@@ -348,7 +370,11 @@ def main(argv=None):
     p = sub.add_parser("export", help="assemble the asset folder and check it loads")
     p.add_argument("--run", required=True, help="folder holding config.json, generation_config.json, model.safetensors")
     p.add_argument("--data", default=DEFAULT_DATA, help="prepared data folder (tokenizer/, words.txt)")
-    p.add_argument("--out", default=DEFAULT_ASSETS, help="asset folder (default engine/assets/shakespeare)")
+    p.add_argument("--out", "--dest", dest="out", default=DEFAULT_ASSETS,
+                   help="asset folder (default engine/assets/shakespeare)")
+    p.add_argument("--draft", action="store_true",
+                   help="a draft model (model files and summary.json only, the default model's "
+                        "vocabulary checked), e.g. --dest engine/assets/shakespeare-draft")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("sample", help="generate with transformers from a saved model")

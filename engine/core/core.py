@@ -41,6 +41,7 @@ from engine.request import Request, RequestStatus, add_pending_tokens, append_sa
 from engine.worker.runner import ModelRunner
 from engine.core.scheduler import Scheduler, StepPlan
 from engine.core.spec_decode import SpecDecoder
+from engine.core.draft_proposer import make_draft_proposer
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
@@ -121,6 +122,11 @@ class LLMEngine:
         num_blocks = config.num_blocks or (
             blocks_from_memory(self.device, per_block, config.gpu_memory_utilization)
             if self.device.type == "cuda" else DEFAULT_CPU_BLOCKS)
+        draft = make_draft_proposer(config, self.vocab_size, get_ops(backend), self.device,
+                                    self.dtype, num_blocks, self.max_model_len)
+        if draft is not None and self.device.type == "cuda" and not config.num_blocks:
+            num_blocks = blocks_from_memory(self.device, per_block,   # the draft is resident
+                                            config.gpu_memory_utilization)
         self.counters = Counters()
         self.events = EventLog()
         self.pool = BlockPool(num_blocks, config.block_size, self.counters)
@@ -129,7 +135,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
         self.scheduler.max_model_len = self.max_model_len
         self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
-                                self.scheduler, self.counters, config.seed)
+                                self.scheduler, self.counters, config.seed, draft)
         self.scheduler.drafter = self.spec.schedule_drafts
         # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
         # buckets, so the NCCL all-reduces of captured graphs match) and samples alike
@@ -381,6 +387,7 @@ class LLMEngine:
         req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
         del self.requests[req.request_id]
         self.executor.release(req.request_id)
+        self.spec.release(req.request_id)
         self.recent_finished.append(request_view(req))
         self.stats.on_finish(req)
         if out is not None:

@@ -3,9 +3,10 @@ tokens out.
 
 `SpecDecoder.schedule_drafts` is the scheduler's drafter: after the step's decodes got
 their one token each, every eligible decode gets up to k drafts (vLLM's n-gram prompt
-lookup, engine/core/ngram_proposer.py, or the benchmark-only oracle) from what is left
-of the token budget, and becomes a VerifyChunk: its last token and the drafts computed
-as one extend, every position sampled. `commit` reads the sampled tokens: the longest
+lookup, engine/core/ngram_proposer.py, a draft model, engine/core/draft_proposer.py, or
+the benchmark-only oracle; one batched call for the step's eligible decodes) from what
+is left of the token budget, and becomes a VerifyChunk: its last token and the drafts
+computed as one extend, every position sampled. `commit` reads the sampled tokens: the longest
 prefix of drafts equal to the target's tokens is accepted, plus the target's token after
 it; the request's computed count moves past the accepted tokens only, and blocks that
 hold nothing but rejected slots go back to the pool (no unverified token is ever hashed
@@ -61,8 +62,10 @@ class OracleDrafts:
 
 
 class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, scheduler, counters, seed: int = 0):
+    def __init__(self, config: SpeculativeConfig, scheduler, counters, seed: int = 0,
+                 draft=None):
         self.config = config
+        self.draft = draft          # DraftProposer (method draft_model), else None
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.counters = counters
@@ -70,6 +73,21 @@ class SpecDecoder:
         self.accepted_per_pos = [0] * MAX_SPECULATIVE_TOKENS
         self.longest_draft = 0        # positions reported (a position never drafted: none)
         self.oracle = OracleDrafts(config, seed) if config.method == "oracle" else None
+
+    def propose_batch(self, reqs: list, rooms: list[int]) -> list[list[int]]:
+        """Up to rooms[i] drafts for each request: the draft model in one batched pass,
+        the per-request proposers one by one."""
+        if self.draft is not None:
+            return self.draft.propose(reqs, rooms)
+        return [self.propose(req, room) for req, room in zip(reqs, rooms)]
+
+    def release(self, request_id: str) -> None:
+        """The request ended: the draft model's blocks go back to its pool."""
+        if self.draft is not None:
+            self.draft.release(request_id)
+
+    def draft_used_blocks(self) -> int:
+        return self.draft.num_used_blocks if self.draft is not None else 0
 
     def propose(self, req, k: int) -> list[int]:
         if self.oracle is not None:
@@ -84,20 +102,28 @@ class SpecDecoder:
 
     def schedule_drafts(self, plan: StepPlan, budget: int) -> int:
         """Turn scheduled decodes into VerifyChunks, each draft costing one token of the
-        budget; returns the budget left. Where the pool has no room for the drafts'
-        slots the decode stays plain (speculation never preempts)."""
+        budget; returns the budget left. The eligible decodes are proposed for in one
+        batch (room: k, the budget, the length cap), then take their drafts in order,
+        each cut to the budget left. Where the pool has no room for the drafts' slots
+        the decode stays plain (speculation never preempts)."""
         k = self.scheduler.knobs.num_speculative_tokens
-        plain = []
+        chunks, rooms = [], []
         for c in plan.decodes:
             req = c.request
             room = min(k, budget, req.length_cap - req.num_tokens - 1)
-            draft = self.propose(req, room) if room > 0 and self.eligible(req) else []
-            if draft and self.kv.reserve(req, 1 + len(draft), plan.copies):
-                plan.verifies.append(VerifyChunk(req, c.start, draft))
+            if room > 0 and self.eligible(req):
+                chunks.append(c)
+                rooms.append(room)
+        if not chunks:
+            return budget
+        verified = set()
+        for c, draft in zip(chunks, self.propose_batch([c.request for c in chunks], rooms)):
+            draft = draft[:budget]
+            if draft and self.kv.reserve(c.request, 1 + len(draft), plan.copies):
+                plan.verifies.append(VerifyChunk(c.request, c.start, draft))
                 budget -= len(draft)
-            else:
-                plain.append(c)
-        plan.decodes = plain
+                verified.add(id(c))
+        plan.decodes = [c for c in plan.decodes if id(c) not in verified]
         return budget
 
     def commit(self, verifies: list[VerifyChunk], tokens: list[int], now: float, itls,

@@ -70,4 +70,5 @@ def engine_stats(engine, now: float) -> EngineStats:
                        c.preemptions, c.prefill_tokens, c.generated_tokens, c.finished,
                        pool.lifetimes.freeze(), c.spec_decode_num_drafts,
                        c.spec_decode_num_draft_tokens, c.spec_decode_num_accepted_tokens,
-                       engine.spec.per_position())
+                       engine.spec.per_position(),
+                       spec_draft_num_used_blocks=engine.spec.draft_used_blocks())

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from engine.config import InvalidRequestError
+from engine.config import DEFAULT_DRAFT_MODEL, InvalidRequestError
 from engine.worker.models.parallel import TPInfo, split, take
 from engine.worker.models.gpt2 import GPT2LMHeadModel
 from engine.worker.models.config_check import check_gpt2_config, check_llama_config
@@ -104,8 +104,8 @@ def _local_dir(name: str) -> str:
 def _read_config(path: str):
     if not os.path.exists(os.path.join(path, "config.json")):
         raise InvalidRequestError(f"{path} has no config.json: not an HF checkpoint")
-    if Path(path).resolve() == DEFAULT_MODEL_DIR:
-        return bundled_config()
+    if Path(path).resolve() in (DEFAULT_MODEL_DIR, Path(DEFAULT_DRAFT_MODEL)):
+        return bundled_config(Path(path).resolve())
     from transformers import AutoConfig
     try:
         cfg = AutoConfig.from_pretrained(path)
@@ -192,10 +192,11 @@ def _init_dummy(model: nn.Module, seed: int) -> None:
         p.data.copy_(full if tuple(shape) == tuple(p.shape) else take(full, shard))
 
 
-def bundled_config() -> SimpleNamespace:
-    """The bundled model's config.json as attributes: it sets every field the Llama
-    code reads (tests/engine/ipc/test_startup.py checks them against AutoConfig's)."""
-    with open(DEFAULT_MODEL_DIR / "config.json") as f:
+def bundled_config(path: Path = DEFAULT_MODEL_DIR) -> SimpleNamespace:
+    """The bundled model's (or its bundled draft's) config.json as attributes: it sets
+    every field the Llama code reads (tests/engine/ipc/test_startup.py checks them
+    against AutoConfig's)."""
+    with open(path / "config.json") as f:
         return SimpleNamespace(**json.load(f))
 
 
