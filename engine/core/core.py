@@ -39,7 +39,7 @@ from engine.worker.placement import blocks_from_memory, resolve_device, resolve_
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.worker.runner import ModelRunner
 from engine.core.scheduler import Scheduler, StepPlan
-from engine.core.spec_decode import SpecDecoder
+from engine.core.spec_decode import SpecDecoder, verify_rows
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
@@ -136,6 +136,7 @@ class LLMEngine:
                          graph_safe_ops=backend == "triton",
                          async_scheduling=self.async_scheduling_enabled,
                          max_graph_batch=max(config.scheduler.max_num_seqs, 256),
+                         max_verify_rows=verify_rows(config),
                          max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
                          if config.cudagraph_mode == "full" else 0, seed=config.seed,
                          logprobs_mode=config.logprobs_mode)
@@ -355,12 +356,16 @@ class LLMEngine:
         self.counters.device_wait_us += int(waited * 1e6)
         now = out.time = self.clock.now()
         requests, verifies = launched.requests, launched.plan.verifies
-        if verifies:     # the verified positions' rows come last (batch_builder)
-            split = len(tokens) - launched.batch.draft_rows.shape[0]
-            requests, tokens, verified = requests[:split], tokens[:split], tokens[split:]
         row_logprobs = None
         if launched.logprobs is not None or out.logprobs is not None:
             row_logprobs = out.align_logprobs(launched.logprobs, requests)
+        if verifies:     # the verified positions' sample rows: one range (batch_builder)
+            lo = int(launched.batch.draft_rows[0])
+            hi = lo + launched.batch.draft_rows.shape[0]
+            verified = tokens[lo:hi]
+            requests, tokens = requests[:lo] + requests[hi:], tokens[:lo] + tokens[hi:]
+            if row_logprobs is not None:
+                row_logprobs = row_logprobs[:lo] + row_logprobs[hi:]
         ended = append_sampled(requests, tokens, now, self.stats.recent_itls,
                                out.request_ids, out.token_ids, row_logprobs, out.logprobs)
         if verifies:

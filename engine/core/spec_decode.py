@@ -21,10 +21,19 @@ import json
 import random
 import weakref
 
-from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
+from engine.config import MAX_SPECULATIVE_TOKENS, EngineConfig, SpeculativeConfig
 from engine.core.ngram_proposer import propose_ngram
 from engine.core.scheduler import StepPlan, VerifyChunk
 from engine.request import RequestStatus, append_sampled
+
+
+def verify_rows(config: EngineConfig) -> int:
+    """Decode rows of the widest verify step of the k the engine starts with (every
+    running request with k drafts): the CUDA graphs capture verify steps up to that many
+    rows (capped by the largest decode bucket); 0 when it starts without speculation (a
+    k set live later runs the mixed graphs or eagerly)."""
+    return config.scheduler.max_num_seqs * (1 + config.scheduler.num_speculative_tokens) \
+        if config.scheduler.num_speculative_tokens else 0
 
 
 class OracleDrafts:

@@ -32,7 +32,7 @@ class ModelRunner:
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
                  graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
                  max_mixed_graph_tokens: int = 0, seed: int = 0,
-                 logprobs_mode: str = LOGPROBS_MODES[0]):
+                 logprobs_mode: str = LOGPROBS_MODES[0], max_verify_rows: int = 0):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.sampler = Sampler(device, seed, logprobs_mode)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
@@ -50,7 +50,8 @@ class ModelRunner:
         self.graphs = None    # steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:
             self.graphs = StepGraphs(self, max_graph_batch, use_cuda_graphs,
-                                     max_mixed_tokens=max_mixed_graph_tokens)
+                                     max_mixed_tokens=max_mixed_graph_tokens,
+                                     max_verify_rows=max_verify_rows)
             if use_cuda_graphs:
                 self.graphs.capture()
             else:
@@ -58,7 +59,8 @@ class ModelRunner:
             warm_up_attention(self)   # start-up kernel compiles (engine/worker/warmup.py)
             warm_up_logits(self, max_graph_batch)
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
-            self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False)
+            self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False,
+                                     max_verify_rows=max_verify_rows)
 
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -168,7 +170,8 @@ class ModelRunner:
         dev = self.device
         to = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(dev, non_blocking=True)
         meta = AttentionMetadata(slot_mapping=to(batch.slot_mapping, np.int64),
-                                 num_decode_tokens=batch.num_decodes)
+                                 num_decode_tokens=batch.num_decodes,
+                                 decode_rows_shared=batch.draft_rows is not None)
         if batch.num_decodes:
             meta.decode_block_tables = to(batch.decode_block_tables, np.int32)
             meta.decode_context_lens = to(batch.decode_context_lens, np.int32)

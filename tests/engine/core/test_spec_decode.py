@@ -246,18 +246,19 @@ def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
 
 def test_verify_steps_through_the_graph_buffers_match_plain_engine():
     """The CUDA graphs' padded step buffers, run eagerly on the CPU (as in
-    test_step_graphs.py): verify steps whose logits rows fit take the mixed-graph path,
-    the wider ones run eagerly; greedy tokens equal the plain engine's either way."""
+    test_step_graphs.py): decode-only verify steps take the verify graphs (decode rows,
+    bucketed), verify rows beside prefill chunks the mixed graphs; greedy tokens equal
+    the plain engine's."""
     from types import SimpleNamespace
 
     from engine.worker.cuda_graphs import StepGraphs
     from kernels import reference
     from kernels.unified_attention import unified_attention_reference
     kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4,
-              num_blocks=64, max_num_batched_tokens=48, max_num_seqs=6)
+              num_blocks=160, max_num_batched_tokens=48, max_num_seqs=6)
     g = torch.Generator().manual_seed(4)
     prompts = [{"prompt_token_ids": torch.randint(0, 64, (n,), generator=g).tolist() * 3}
-               for n in (3, 5, 7, 4, 6, 9)]
+               for n in (3, 5, 7, 4, 6, 40)]     # the last prefills while others verify
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     with LLM(**kw) as llm:
         want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
@@ -271,7 +272,7 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine():
         for layer in runner.model.attention_layers():
             layer.ops = ops
         runner.graphs = graphs = StepGraphs(runner, 8, use_graphs=False, pad=True,
-                                            max_mixed_tokens=48)
+                                            max_mixed_tokens=48, max_verify_rows=6 * 4)
         kinds = []
         real_key = graphs.key
 
@@ -283,7 +284,8 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine():
         graphs.key = key
         got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
         assert got == want
-        assert "mixed" in kinds and None in kinds, kinds     # graph path and eager both ran
+        assert "verify" in kinds and "mixed" in kinds, kinds
+        assert graphs.replays["verify"] == kinds.count("verify")
         assert llm.engine.counters.spec_decode_num_accepted_tokens > 0
 
 
