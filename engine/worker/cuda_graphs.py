@@ -71,6 +71,7 @@ class StepGraphs:
         self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self.replays = {"decode": 0, "verify": 0, "mixed": 0}   # steps through the buffers
         self.greedy: torch.Tensor | None = None    # the last run's argmax rows (decode graphs)
+        self._verify_out: torch.Tensor | None = None   # see _verify_logits
 
     @property
     def buckets(self) -> list[int]:      # the decode buckets (scripts/profile_*.py)
@@ -97,10 +98,22 @@ class StepGraphs:
             logits = model(ids, positions, buf.decode_meta(size, kind == "verify"), None)
             if not self.use_graphs:     # eager: the sampler takes the argmax itself
                 return (logits,)
+            if kind == "verify":
+                logits = self._verify_logits(logits)
             return logits, self.runner.ops.argmax(logits)
         rows = min(size, self.max_seqs)
         return model.hidden_rows(ids, positions, buf.mixed_meta(size),
                                  buf.logits_indices[:rows])
+
+    def _verify_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The verify graphs' logits, copied into one buffer that all of them share: a
+        graph's own output stays allocated as long as the graph, and verify buckets up to
+        1024 rows of a 150k vocabulary would hold about 2 GB that way (the copy costs
+        less than 1% of a step). Allocated by the largest bucket's warm-up, before any
+        capture."""
+        if self._verify_out is None or self._verify_out.shape[0] < logits.shape[0]:
+            self._verify_out = torch.empty_like(logits)
+        return self._verify_out[:logits.shape[0]].copy_(logits)
 
     def _keys(self) -> list[tuple[str, int]]:
         """Largest first, so smaller captures reuse the pool's freed blocks."""
