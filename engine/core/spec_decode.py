@@ -22,7 +22,7 @@ import random
 import weakref
 
 from engine.config import MAX_SPECULATIVE_TOKENS, EngineConfig, SpeculativeConfig
-from engine.core.ngram_proposer import propose_ngram
+from engine.core.ngram_proposer import TokenArrays, propose_ngram
 from engine.core.scheduler import StepPlan, VerifyChunk
 from engine.request import RequestStatus, append_sampled
 
@@ -34,6 +34,18 @@ def verify_rows(config: EngineConfig) -> int:
     k set live later runs the mixed graphs or eagerly)."""
     return config.scheduler.max_num_seqs * (1 + config.scheduler.num_speculative_tokens) \
         if config.scheduler.num_speculative_tokens else 0
+
+
+def _until_end(req, tokens: list[int]) -> list[int]:
+    """The tokens up to the first that ends the request (a stop token, its length cap)."""
+    room = req.length_cap - req.num_tokens
+    if room < len(tokens):
+        tokens = tokens[:max(room, 1)]
+    stops = req.stop_ids
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[:i + 1]
+    return tokens
 
 
 class OracleDrafts:
@@ -79,12 +91,14 @@ class SpecDecoder:
         self.accepted_per_pos = [0] * MAX_SPECULATIVE_TOKENS
         self.longest_draft = 0        # positions reported (a position never drafted: none)
         self.oracle = OracleDrafts(config, seed) if config.method == "oracle" else None
+        self.token_arrays = TokenArrays()     # the n-gram proposer's view of each request
 
     def propose(self, req, k: int) -> list[int]:
         if self.oracle is not None:
             return self.oracle(req, k)
         c = self.config
-        return propose_ngram(req.all_token_ids(), k, c.prompt_lookup_min, c.prompt_lookup_max)
+        return propose_ngram(self.token_arrays.get(req), k, c.prompt_lookup_min,
+                             c.prompt_lookup_max)
 
     @staticmethod
     def eligible(req) -> bool:
@@ -132,16 +146,13 @@ class SpecDecoder:
             req.num_accepted_tokens += accepted
             if req.status is not RequestStatus.RUNNING:
                 continue
-            emitted = 0
-            for token in row[:accepted + 1]:   # stops at the first token that ends it
-                emitted += 1
-                done = append_sampled([req], [token], now, itls, out.request_ids,
-                                      out.token_ids, None if out.logprobs is None else [None],
-                                      out.logprobs)
-                if done:
-                    ended.extend(done)
-                    break
-            req.num_computed_tokens = chunk.start + emitted
+            new = _until_end(req, row[:accepted + 1])
+            done = append_sampled([req] * len(new), new, now, itls, out.request_ids,
+                                  out.token_ids,
+                                  None if out.logprobs is None else [None] * len(new),
+                                  out.logprobs)
+            ended.extend(done)          # (only the last token can end it)
+            req.num_computed_tokens = chunk.start + len(new)
             self.kv.register_full_blocks(req, caching)
             chunk.rolled_back = tuple(self.kv.truncate(req))
         return ended

@@ -1,0 +1,54 @@
+"""The host side of speculative decoding (docs/SPECULATIVE.md "Host cost"): the n-gram
+proposer's incremental search equals the plain definition (a window scan per n, the
+longest n first, its most recent match), and each request's token array follows its
+tokens as they grow."""
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import sliding_window_view
+
+from engine.core.ngram_proposer import SEARCH_WINDOW, TokenArrays, propose_ngram
+
+
+def _by_definition(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    if k <= 0 or len(tokens) < n_min + 1:
+        return []
+    t = np.asarray(tokens[-SEARCH_WINDOW:], dtype=np.int64)
+    size = t.shape[0]
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        windows = sliding_window_view(t[:size - 1], n)
+        hits = np.flatnonzero((windows == t[size - n:]).all(axis=1))
+        if hits.shape[0]:
+            start = int(hits[-1]) + n
+            return t[start:start + k].tolist()
+    return []
+
+
+@pytest.mark.parametrize("vocab", [2, 5, 40])
+def test_incremental_ngram_search_equals_the_definition(vocab):
+    rng = np.random.default_rng(vocab)
+    for _ in range(400):
+        tokens = rng.integers(0, vocab, int(rng.integers(1, 60))).tolist()
+        n_min = int(rng.integers(1, 4))
+        n_max = int(rng.integers(n_min, 6))
+        k = int(rng.integers(0, 6))
+        assert propose_ngram(tokens, k, n_min, n_max) == \
+            _by_definition(tokens, k, n_min, n_max), (tokens, k, n_min, n_max)
+    long = rng.integers(0, vocab, SEARCH_WINDOW + 300).tolist()     # past the window
+    assert propose_ngram(long, 4, 1, 4) == _by_definition(long, 4, 1, 4)
+
+
+class _Req:
+    def __init__(self, prompt):
+        self.prompt_token_ids, self.output_token_ids = list(prompt), []
+
+
+def test_token_arrays_follow_the_tokens_as_they_grow():
+    arrays, req = TokenArrays(), _Req(range(50))
+    assert arrays.get(req).tolist() == list(range(50))
+    for step in range(100):                    # 1 to 4 tokens a step, past the capacity
+        req.output_token_ids.extend(range(1000 + step, 1000 + step + 1 + step % 4))
+        assert arrays.get(req).tolist() == req.prompt_token_ids + req.output_token_ids
+    other = _Req([7, 8])
+    assert arrays.get(other).tolist() == [7, 8]
+    del req
+    assert len(arrays._arrays) == 1            # weakly keyed: gone with its request
