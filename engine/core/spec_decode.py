@@ -12,8 +12,9 @@ hold nothing but rejected slots go back to the pool (no unverified token is ever
 into the prefix cache: blocks are hashed from computed tokens).
 
 Not speculated (a plain decode instead): requests whose sampling needs the processed
-path (penalties, logit bias, min_p, min_tokens, logprobs), seeded random requests, and
-a request with a token still pending on the device.
+path (penalties, logit bias, min_p, min_tokens, logprobs) and a request with a token
+still pending on the device. Seeded random requests are: their rows draw from their own
+generator (engine/worker/rejection.py).
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ class SpecDecoder:
     @staticmethod
     def eligible(req) -> bool:
         return (req.status is RequestStatus.RUNNING and req.pending_row < 0
-                and not req.processed and (req.greedy or req.params.seed is None))
+                and not req.processed)
 
     def schedule_drafts(self, plan: StepPlan, budget: int) -> int:
         """Turn scheduled decodes into VerifyChunks, each draft costing one token of the

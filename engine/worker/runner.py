@@ -20,7 +20,7 @@ from engine.worker.cuda_graphs import StepGraphs
 from engine.worker.device_io import to_device
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.placement import kv_cache_zeros
-from engine.worker.rejection import rejection_sample, target_probs
+from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
 from engine.worker.sampling import LogprobsCopy, Sampler
 from engine.worker.step_buffers import device_fed
 from engine.worker.step_batch import StepBatch
@@ -107,8 +107,10 @@ class ModelRunner:
         drafts = batch.draft_ids[~cols.greedy[batch.draft_rows]]
         probs = target_probs(logits.index_select(0, idx), cols.temperature[rows],
                              cols.top_k[rows], cols.top_p[rows])
+        seeded = seeded_generators(self.sampler.generators, cols, rows, dev) \
+            if cols.seeded.any() else None
         out = rejection_sample(probs, to_device(drafts, torch.int64, dev), None,
-                               self.sampler.generator)
+                               self.sampler.generator, seeded)
         return tokens.clone().index_copy_(0, idx, out.to(tokens.dtype))
 
     def take_logprobs(self, batch: StepBatch) -> LogprobsCopy | None:

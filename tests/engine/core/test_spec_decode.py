@@ -138,8 +138,10 @@ def test_rollback_frees_rejected_slots_and_hashes_only_verified_tokens():
         assert verified and all("drafted" in e.detail for e in verified)   # the TUI's log
 
 
-def test_random_sampling_speculates_only_plain_requests():
-    """temperature > 0: rejection sampling; penalties, logprobs or a seed: no drafts."""
+def test_random_sampling_speculates_plain_and_seeded_requests():
+    """temperature > 0: rejection sampling, seeded requests too (their rows draw from
+    their own generator: the same seed gives the same tokens, whatever ran before);
+    penalties or logprobs (the processed path): no drafts."""
     with LLM(speculative_config=SPEC, **KW) as llm:
         c = llm.engine.counters
         llm.generate([LINE * 3], SamplingParams(max_tokens=20, temperature=0.7, seed=5,
@@ -148,6 +150,13 @@ def test_random_sampling_speculates_only_plain_requests():
         out = llm.generate([LINE * 3], SamplingParams(max_tokens=20, temperature=0.7))
         assert len(out[0].outputs[0].token_ids) == 20
         assert c.spec_decode_num_drafts > 0
+        seeded = SamplingParams(max_tokens=30, temperature=0.8, seed=11)
+        drafts = c.spec_decode_num_draft_tokens
+        runs = [llm.generate([LINE * 3], seeded)[0].outputs[0].token_ids for _ in range(2)]
+        llm.generate([LINE * 3], SamplingParams(max_tokens=9, temperature=1.0))  # global draws
+        runs.append(llm.generate([LINE * 3], seeded)[0].outputs[0].token_ids)
+        assert c.spec_decode_num_draft_tokens > drafts
+        assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 30
 
 
 def _reference_rejection(p, q, x, gen):
@@ -307,3 +316,22 @@ def test_stops_inside_an_accepted_run_end_the_request_there(client):
     assert got == want and all(r == "stop" for _, _, r in got)
     assert client.wait_idle(TIMEOUT)
     assert client.engine_stats().spec_decode_num_accepted_tokens > before
+
+
+def test_seeded_rows_draw_from_their_own_generators():
+    """Rows of seeded requests take their uniforms and residual draws from their own
+    generator: the same seeds give the same tokens whatever the shared generator's state,
+    and the target distribution holds for them too."""
+    gen = torch.Generator().manual_seed(1)
+    vocab, n = 6, 4000
+    p = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, 0)
+    x = torch.multinomial(p.flip(0), n, replacement=True, generator=gen)
+
+    def run(shared_seed):
+        rows = {i: torch.Generator().manual_seed(1000 + i) for i in range(n)}
+        return rejection_sample(p.expand(n, vocab).clone(), x, None,
+                                torch.Generator().manual_seed(shared_seed), rows)
+    first, second = run(0), run(99)
+    assert torch.equal(first, second)
+    emp = torch.bincount(first, minlength=vocab).double() / n
+    assert 0.5 * (emp - p).abs().sum() < 0.04           # TV: ~0.015 expected at n = 4000
