@@ -50,6 +50,9 @@ from kernels.cpu_native_build import build_in_background
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
+# with speculation on: steps chained (async) after a step that verified nothing, before
+# a step is planned with every token on the host again (the proposer reads them)
+SPEC_ASYNC_RUN = 4
 _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
            REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
 
@@ -150,6 +153,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
+        self._chained = 0          # steps launched in a row before their previous one's
+        #                            tokens were read, while speculating (_may_chain)
         self._host_copies = HostCopyRing()         # the sampled tokens' way to the host
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
 
@@ -169,9 +174,22 @@ class LLMEngine:
 
     @property
     def speculating(self) -> bool:
-        """Speculative decoding is on: steps run synchronously (the next step's drafts
-        depend on how many of this step's were accepted; docs/SPECULATIVE.md)."""
+        """Speculative decoding is on (the live knob's k > 0)."""
         return self.scheduler.knobs.num_speculative_tokens > 0
+
+    def _may_chain(self, prev: StepPlan) -> bool:
+        """Launch the next step before reading `prev`'s tokens (async scheduling)? Always
+        without speculation. With it (docs/SPECULATIVE.md "Async scheduling"): never after
+        a verify (its accepted count sets the next positions), and at most
+        SPEC_ASYNC_RUN steps in a row, since a chained step plans its decodes with their
+        tokens pending and the proposer needs them on the host: then a step is planned
+        with every token known, and proposes again."""
+        if not self.speculating:
+            return True
+        if prev.verifies or self._chained >= SPEC_ASYNC_RUN:
+            return False
+        self._chained += 1
+        return True
 
     def add(self, creq: CoreRequest) -> Request:
         """Queue a validated request (engine/front/processor.py validated it in the front)."""
@@ -219,6 +237,7 @@ class LLMEngine:
         t0 = self.clock.now()
         plan = self.scheduler.schedule()
         out = StepOutput()
+        self._chained = 0
         if not plan:
             self._record(plan, t0, 0)
             return out
@@ -228,7 +247,7 @@ class LLMEngine:
             self._isolate(plan, exc, out)
             self._after_step(plan, t0, out)
             return out
-        if self.async_scheduling and not self.speculating:
+        if self.async_scheduling and not plan.verifies:
             self._inflight = launched
             return out
         try:
@@ -289,7 +308,7 @@ class LLMEngine:
         failed = None
         try:
             self._commit(prev.plan)
-            if chain and self.async_scheduling and not self.speculating:
+            if chain and self.async_scheduling and self._may_chain(prev.plan):
                 failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails

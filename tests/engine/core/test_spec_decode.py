@@ -264,7 +264,8 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine():
     from kernels import reference
     from kernels.unified_attention import unified_attention_reference
     kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4,
-              num_blocks=160, max_num_batched_tokens=48, max_num_seqs=6)
+              num_blocks=160, max_num_batched_tokens=48, max_num_seqs=6,
+              async_scheduling=False)          # every step proposes (no async chains)
     g = torch.Generator().manual_seed(4)
     prompts = [{"prompt_token_ids": torch.randint(0, 64, (n,), generator=g).tolist() * 3}
                for n in (3, 5, 7, 4, 6, 40)]     # the last prefills while others verify

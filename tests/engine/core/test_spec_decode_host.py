@@ -52,3 +52,34 @@ def test_token_arrays_follow_the_tokens_as_they_grow():
     assert arrays.get(other).tolist() == [7, 8]
     del req
     assert len(arrays._arrays) == 1            # weakly keyed: gone with its request
+
+
+def test_async_scheduling_chains_steps_that_verify_nothing():
+    """Async scheduling on, speculation on: steps without a verify are launched before
+    the previous step's tokens are read (at most SPEC_ASYNC_RUN in a row), steps with one
+    are not; greedy tokens equal the plain engine's and drafts are still accepted."""
+    from engine import LLM, SamplingParams
+    from engine.core.core import SPEC_ASYNC_RUN
+    line = "To be, or not to be, that is the question.\n"
+    prompts = [line * 3, "ROMEO.\nBut soft, what light through yonder window breaks?",
+               "KING.\nWhat news? " * 5, "O"]
+    kw = dict(model="default", device="cpu", max_num_batched_tokens=32, async_scheduling=True,
+              check_invariants=True)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    with LLM(**kw) as llm:
+        want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with LLM(speculative_config=spec, **kw) as llm:
+        eng, chained, runs = llm.engine, [], []
+        launch_next = eng._launch_next
+
+        def spy(prev):
+            assert not prev.plan.verifies          # never after a verify
+            chained.append(1)
+            runs.append(eng._chained)
+            return launch_next(prev)
+        eng._launch_next = spy
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        accepted = eng.counters.spec_decode_num_accepted_tokens
+    assert got == want and accepted > 0
+    assert len(chained) >= 5 and max(runs) <= SPEC_ASYNC_RUN

@@ -13,8 +13,12 @@ from engine.core import core as core_module
 LINE = "To be, or not to be, that is the question.\n"
 PROMPTS = [LINE * 3, "KING.\nWhat news? " * 6, f"{LINE * 2}HAMLET.\n",
            "First Citizen.\nBefore we proceed any further, hear me speak.\n" * 3]
+# synchronous: every step proposes (under async scheduling most steps that verify
+# nothing chain without proposing, docs/SPECULATIVE.md), so verify steps come with
+# prefill chunks too
 KW = dict(model="default", device="cpu", block_size=8, num_blocks=64,
-          max_num_batched_tokens=32, max_num_seqs=4, check_invariants=True)
+          max_num_batched_tokens=32, max_num_seqs=4, check_invariants=True,
+          async_scheduling=False)
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
         "prompt_lookup_max": 3}
 
