@@ -51,8 +51,8 @@ class ScheduledChunk:
 
 
 class VerifyChunk(ScheduledChunk):
-    """A decode with drafts (speculative decoding): its last token and the drafts, computed
-    as one extend of 1 + len(draft) tokens, sampled at every position."""
+    """A decode with drafts (speculative decoding): its last token and the drafts, 1 +
+    len(draft) positions computed as decode rows of the step, each sampled."""
     __slots__ = ("draft", "accepted", "rolled_back")
 
     def __init__(self, request: Request, start: int, draft: list[int]):

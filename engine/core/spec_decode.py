@@ -4,8 +4,8 @@ tokens out.
 `SpecDecoder.schedule_drafts` is the scheduler's drafter: after the step's decodes got
 their one token each, every eligible decode gets up to k drafts (vLLM's n-gram prompt
 lookup, engine/core/ngram_proposer.py, or the benchmark-only oracle) from what is left
-of the token budget, and becomes a VerifyChunk: its last token and the drafts computed
-as one extend, every position sampled. `commit` reads the sampled tokens: the longest
+of the token budget, and becomes a VerifyChunk: its last token and the drafts, each a
+decode row of the step (engine/core/batch_builder.py), every position sampled. `commit` reads the sampled tokens: the longest
 prefix of drafts equal to the target's tokens is accepted, plus the target's token after
 it; the request's computed count moves past the accepted tokens only, and blocks that
 hold nothing but rejected slots go back to the pool (no unverified token is ever hashed
