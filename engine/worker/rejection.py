@@ -56,19 +56,19 @@ def rejection_sample(probs: torch.Tensor, draft_ids: torch.Tensor,
     is_draft = draft_ids >= 0
     x = draft_ids.clamp_min(0)[:, None]
     p_x = probs.gather(1, x)[:, 0]
-    if draft_probs is None:
-        q = torch.zeros_like(probs).scatter_(1, x, 1.0)
+    if draft_probs is None:       # one-hot q: the residual is p without x
         q_x = torch.ones_like(p_x)
+        residual = probs.scatter(1, x, torch.where(is_draft, 0.0, p_x)[:, None])
     else:
-        q, q_x = draft_probs, draft_probs.gather(1, x)[:, 0]
+        q_x = draft_probs.gather(1, x)[:, 0]
+        residual = (probs - draft_probs).clamp_min_(0.0)
+        residual = torch.where(is_draft[:, None], residual, probs)   # a bonus row: p
     u = torch.rand(n, device=probs.device, generator=generator)
     noise = torch.empty_like(probs).exponential_(generator=generator)
     for i, gen in (row_generators or {}).items():     # seeded rows: their own stream
         u[i] = torch.rand((), device=probs.device, generator=gen)
         noise[i].exponential_(generator=gen)
     accept = is_draft & (u * q_x <= p_x)
-    residual = (probs - q).clamp_min_(0.0)
-    residual = torch.where(is_draft[:, None], residual, probs)    # a bonus row draws from p
     empty = residual.sum(dim=-1, keepdim=True) <= 0               # p == q: never rejected
     residual = torch.where(empty, probs, residual)
     # one draw per row from the residual: argmax of w / E, E ~ Exp(1)
