@@ -65,7 +65,7 @@ class StepGraphs:
         self.verify_buckets = verify_buckets(max_verify_rows)
         self.mixed_buckets = mixed_buckets(max_mixed_tokens) if max_mixed_tokens else []
         self.max_seqs = max([self.decode_buckets[-1], max_batch] + self.verify_buckets)
-        max_tokens = max([self.decode_buckets[-1]] + self.mixed_buckets)
+        max_tokens = max([self.decode_buckets[-1]] + self.verify_buckets + self.mixed_buckets)
         self.buffers = StepBuffers(runner.device, max_tokens, self.max_seqs,
                                    runner.max_blocks_per_seq, self.max_seqs)
         self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}

@@ -253,11 +253,13 @@ def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
     assert c.spec_decode_num_accepted_tokens == (c.spec_decode_num_draft_tokens if p else 0)
 
 
-def test_verify_steps_through_the_graph_buffers_match_plain_engine():
+@pytest.mark.parametrize("mixed_tokens", [48, 0])
+def test_verify_steps_through_the_graph_buffers_match_plain_engine(mixed_tokens):
     """The CUDA graphs' padded step buffers, run eagerly on the CPU (as in
     test_step_graphs.py): decode-only verify steps take the verify graphs (decode rows,
-    bucketed), verify rows beside prefill chunks the mixed graphs; greedy tokens equal
-    the plain engine's."""
+    bucketed past the decode buckets), verify rows beside prefill chunks the mixed graphs
+    (without them, as cudagraph_mode full_decode_only: eagerly); greedy tokens equal the
+    plain engine's."""
     from types import SimpleNamespace
 
     from engine.worker.cuda_graphs import StepGraphs
@@ -282,7 +284,8 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine():
         for layer in runner.model.attention_layers():
             layer.ops = ops
         runner.graphs = graphs = StepGraphs(runner, 8, use_graphs=False, pad=True,
-                                            max_mixed_tokens=48, max_verify_rows=6 * 4)
+                                            max_mixed_tokens=mixed_tokens,
+                                            max_verify_rows=6 * 4)
         kinds = []
         real_key = graphs.key
 
@@ -294,8 +297,9 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine():
         graphs.key = key
         got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
         assert got == want
-        assert "verify" in kinds and "mixed" in kinds, kinds
+        assert "verify" in kinds and ("mixed" if mixed_tokens else None) in kinds, kinds
         assert graphs.replays["verify"] == kinds.count("verify")
+        assert max(graphs.verify_buckets) > max(graphs.decode_buckets)
         assert llm.engine.counters.spec_decode_num_accepted_tokens > 0
 
 
