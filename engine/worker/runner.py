@@ -57,7 +57,7 @@ class ModelRunner:
             else:
                 self.graphs.warm()
             warm_up_attention(self)   # start-up kernel compiles (engine/worker/warmup.py)
-            warm_up_logits(self, max_graph_batch)
+            warm_up_logits(self, self.graphs.max_seqs)   # (verify rows included)
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
             self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False,
                                      max_verify_rows=max_verify_rows)
