@@ -242,7 +242,7 @@ def llama_decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor,
     attn, t = layer.attn, hidden.shape[0]
     k_cache, v_cache = attn.k_cache, attn.v_cache
     tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
-    if (t <= 0 or hidden.dtype != torch.float32
+    if (not 0 < t <= NATIVE_MAX_ROWS or hidden.dtype != torch.float32
             or not hidden.is_contiguous() or hidden.dim() != 2
             or (residual is not None and not residual.is_contiguous())
             or tables is None or lens is None
@@ -254,17 +254,12 @@ def llama_decode_layer(layer, positions: torch.Tensor, hidden: torch.Tensor,
         return None
     args, _ = weights
     out, new_residual = torch.empty_like(hidden), torch.empty_like(hidden)
-    # wider steps (a verify step: batch x (1 + k) rows) in chunks of the skinny kernels'
-    # rows, in order: a row reads only K/V of rows before it, stored by an earlier call
-    for a in range(0, t, NATIVE_MAX_ROWS):
-        b = min(a + NATIVE_MAX_ROWS, t)
-        status = _LIB.rp_llama_decode_layer(
-            b - a, hidden.shape[1], hidden[a].data_ptr(),
-            None if residual is None else residual[a].data_ptr(),
-            new_residual[a].data_ptr(), out[a].data_ptr(), eps, *args, layer.num_heads,
-            layer.num_kv_heads, layer.head_dim, positions[a].data_ptr(), cos_sin.data_ptr(),
-            cos_sin.shape[0], slots[a].data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-            k_cache.shape[0], k_cache.shape[1], tables[a].data_ptr(), tables.stride(0),
-            tables.shape[1], lens[a].data_ptr(), attn.scale)
-        _check(status, "decoder layer")
+    status = _LIB.rp_llama_decode_layer(
+        t, hidden.shape[1], hidden.data_ptr(), None if residual is None else residual.data_ptr(),
+        new_residual.data_ptr(), out.data_ptr(), eps, *args, layer.num_heads,
+        layer.num_kv_heads, layer.head_dim, positions.data_ptr(), cos_sin.data_ptr(),
+        cos_sin.shape[0], slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.shape[0], k_cache.shape[1], tables.data_ptr(), tables.stride(0),
+        tables.shape[1], lens.data_ptr(), attn.scale)
+    _check(status, "decoder layer")
     return out, new_residual

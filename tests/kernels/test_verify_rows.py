@@ -93,30 +93,3 @@ def test_triton_decode_rows_after_the_store_equal_extend():
     c = _case(torch.float32, device)
     want = _want({k: v.cpu() if torch.is_tensor(v) else v for k, v in c.items()})
     _check(_decode_rows(get_ops("triton"), c, fused=False), want, 1e-4)
-
-
-def test_cpu_native_layer_runs_steps_wider_than_its_rows_in_chunks(monkeypatch):
-    """A decode step wider than NATIVE_MAX_ROWS (a verify step: batch x (1 + k) rows) still
-    takes the one-call C layer, in chunks of rows in order; greedy tokens equal the torch
-    backend's."""
-    from engine import LLM, SamplingParams
-    from kernels import cpu_native
-    if not cpu_native.available():
-        pytest.skip("the CPU C kernels did not build")
-    widths = []
-    real = cpu_native.llama_decode_layer
-
-    def spy(layer, positions, hidden, *args):
-        out = real(layer, positions, hidden, *args)
-        widths.append(hidden.shape[0] if out is not None else -1)
-        return out
-    monkeypatch.setattr(cpu_native, "llama_decode_layer", spy)
-    prompts = [f"ROMEO {i}:" for i in range(cpu_native.NATIVE_MAX_ROWS + 8)]
-    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-    outs = {}
-    for backend in ("torch", "cpu_native"):
-        with LLM(device="cpu", attention_backend=backend, num_blocks=128,
-                 max_num_seqs=len(prompts)) as llm:
-            outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert outs["torch"] == outs["cpu_native"]
-    assert -1 not in widths and max(widths) == len(prompts)
