@@ -253,13 +253,36 @@ def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
     assert c.spec_decode_num_accepted_tokens == (c.spec_decode_num_draft_tokens if p else 0)
 
 
+def _fused_at_its_worst(positions, query, key, value, cos_sin, is_neox, k_cache, v_cache,
+                        slots, tables, lens, scale):
+    """The GPU's fused rotary + store + decode attention launch in its worst order: each
+    row reads the cache as it was before the launch, plus its own K/V. Exact for one row a
+    sequence; a verify step's later rows of a sequence would read stale K/V, so verify
+    steps must not come here (AttentionMetadata.decode_rows_shared)."""
+    from kernels import reference
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    q = reference.rotary_store_kv(positions, query, key, value, cos_sin, is_neox, k_cache,
+                                  v_cache, slots)
+    out = torch.empty_like(q)
+    for i in range(q.shape[0]):
+        k_i, v_i = k0.clone(), v0.clone()
+        if slots[i] >= 0:
+            for mine, stored in ((k_i, k_cache), (v_i, v_cache)):
+                rows = stored.view(-1, *stored.shape[2:])
+                mine.view(-1, *mine.shape[2:])[slots[i]] = rows[slots[i]]
+        out[i] = reference.paged_decode_attention(q[i:i + 1], k_i, v_i, tables[i:i + 1],
+                                                  lens[i:i + 1], scale)[0]
+    return out
+
+
 @pytest.mark.parametrize("mixed_tokens", [48, 0])
 def test_verify_steps_through_the_graph_buffers_match_plain_engine(mixed_tokens):
     """The CUDA graphs' padded step buffers, run eagerly on the CPU (as in
     test_step_graphs.py): decode-only verify steps take the verify graphs (decode rows,
     bucketed past the decode buckets), verify rows beside prefill chunks the mixed graphs
     (without them, as cudagraph_mode full_decode_only: eagerly); greedy tokens equal the
-    plain engine's."""
+    plain engine's. The fused decode op is the GPU's at its worst order
+    (_fused_at_its_worst): plain decode steps take it, verify steps must not."""
     from types import SimpleNamespace
 
     from engine.worker.cuda_graphs import StepGraphs
@@ -278,7 +301,8 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine(mixed_tokens)
         runner = llm.engine.runner
         names = [n for n in dir(reference) if not n.startswith("_")
                  and callable(getattr(reference, n))]
-        ops = SimpleNamespace(**{n: getattr(reference, n) for n in names},
+        ops = SimpleNamespace(**{**{n: getattr(reference, n) for n in names},
+                                 "rotary_decode_attention": _fused_at_its_worst},
                               paged_unified_attention=unified_attention_reference)
         runner.model.ops = ops
         for layer in runner.model.attention_layers():
