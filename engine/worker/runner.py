@@ -12,6 +12,8 @@ trip and no broadcast of tokens (as vLLM V1's workers do).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -23,8 +25,20 @@ from engine.worker.placement import kv_cache_zeros
 from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
 from engine.worker.sampling import LogprobsCopy, Sampler
 from engine.worker.step_buffers import device_fed
-from engine.worker.step_batch import StepBatch
+from engine.worker.step_batch import SamplingColumns, StepBatch
 from engine.worker.warmup import warm_up_attention, warm_up_logits
+
+
+def _verified_rows_greedy(batch: StepBatch) -> SamplingColumns:
+    """The step's sampling columns with its verified rows greedy: the rejection sampler
+    draws the random ones, so the sampler spends no draw (nor a seeded request's
+    generator) on them, and a step whose random rows all verify takes the argmax path."""
+    cols = batch.sampling
+    if cols.all_greedy:
+        return cols
+    greedy = cols.greedy.copy()
+    greedy[batch.draft_rows] = True
+    return dataclasses.replace(cols, greedy=greedy, all_greedy=bool(greedy.all()))
 
 
 class ModelRunner:
@@ -82,13 +96,13 @@ class ModelRunner:
         prev = self.last_tokens if batch.prev_token_rows is not None else None
         logits = self.execute(batch, prev)
         greedy = self.graphs.greedy if self.graphs is not None else None
-        cols = batch.sampling
+        cols = batch.sampling if batch.draft_rows is None else _verified_rows_greedy(batch)
         if greedy is not None and cols.all_greedy and cols.extras is None \
                 and batch.samples_in_order:
             tokens = greedy         # the decode graph's own argmax: no launch after it
             self.sampler.last_logprobs = None
         else:
-            tokens = self.sampler.sample(logits, batch.sampling)
+            tokens = self.sampler.sample(logits, cols)
         if batch.draft_rows is not None:
             tokens = self._verify_random_rows(logits, batch, tokens)
         self.last_tokens = tokens

@@ -83,3 +83,32 @@ def test_async_scheduling_chains_steps_that_verify_nothing():
         accepted = eng.counters.spec_decode_num_accepted_tokens
     assert got == want and accepted > 0
     assert len(chained) >= 5 and max(runs) <= SPEC_ASYNC_RUN
+
+
+def test_verified_random_rows_spend_no_sampler_draw():
+    """temperature > 0: the rejection sampler draws a verify row's token, so the sampler
+    skips those rows: a step whose sample rows all verify makes no random draw of its own."""
+    from engine import LLM, SamplingParams
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with LLM(model="default", device="cpu", speculative_config=spec,
+             async_scheduling=False) as llm:
+        runner = llm.engine.runner
+        draws, verify_only = [], []
+        execute, draw = runner.execute_model, runner.sampler._sample_random
+
+        def counted_draw(*args):
+            draws.append(1)
+            return draw(*args)
+
+        def watched(batch):
+            before = len(draws)
+            tokens = execute(batch)
+            if batch.draft_rows is not None and \
+                    batch.draft_rows.shape[0] == batch.sample_rows.shape[0]:
+                verify_only.append(len(draws) == before)
+            return tokens
+        runner.sampler._sample_random, runner.execute_model = counted_draw, watched
+        out = llm.generate(["To be, or not to be, that is the question.\n" * 3],
+                           SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 30
+    assert verify_only and all(verify_only) and draws      # plain decode steps still draw
