@@ -6,7 +6,6 @@ live toggle of the knob; the pool ends empty with every block-pool invariant che
 after each step; drafts are accepted on repetitive text and counted on /metrics. The
 rejection sampler keeps the target distribution (a statistical test against a per-row
 torch reference). Rollback: blocks of rejected slots go back, nothing unverified is hashed."""
-import threading
 
 import httpx
 import pytest
