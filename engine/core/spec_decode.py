@@ -30,11 +30,15 @@ from engine.request import RequestStatus, append_sampled
 
 def verify_rows(config: EngineConfig) -> int:
     """Decode rows of the widest verify step of the k the engine starts with (every
-    running request with k drafts): the CUDA graphs capture verify steps up to that many
-    rows (capped by the largest decode bucket); 0 when it starts without speculation (a
-    k set live later runs the mixed graphs or eagerly)."""
-    return config.scheduler.max_num_seqs * (1 + config.scheduler.num_speculative_tokens) \
-        if config.scheduler.num_speculative_tokens else 0
+    running request with k drafts, the drafts within the token budget): the CUDA graphs
+    capture verify steps up to that many rows (capped by the largest decode bucket); 0
+    when it starts without speculation (a k or budget set larger live runs the mixed
+    graphs or eagerly)."""
+    sched = config.scheduler
+    if not sched.num_speculative_tokens:
+        return 0
+    return min(sched.max_num_seqs * (1 + sched.num_speculative_tokens),
+               max(sched.max_num_seqs, sched.max_num_batched_tokens))
 
 
 def _until_end(req, tokens: list[int]) -> list[int]:
