@@ -1,7 +1,9 @@
 """The host side of speculative decoding (docs/SPECULATIVE.md "Host cost"): the n-gram
 proposer's incremental search equals the plain definition (a window scan per n, the
-longest n first, its most recent match), and each request's token array follows its
-tokens as they grow."""
+longest n first, its most recent match), each request's token array follows its
+tokens as they grow, async scheduling chains the steps that verify nothing, verified
+random rows cost the sampler no draw, and the verify graphs' widest step follows k,
+max_num_seqs and the token budget."""
 import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
@@ -112,3 +114,16 @@ def test_verified_random_rows_spend_no_sampler_draw():
                            SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 30
     assert verify_only and all(verify_only) and draws      # plain decode steps still draw
+
+
+def test_verify_graph_rows_follow_k_the_seqs_and_the_budget():
+    from engine.config import make_config
+    from engine.core.spec_decode import verify_rows
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    assert verify_rows(make_config(max_num_seqs=32, speculative_config=spec,
+                                   max_num_batched_tokens=2048)) == 32 * 5
+    assert verify_rows(make_config(max_num_seqs=32, speculative_config=spec,
+                                   max_num_batched_tokens=64)) == 64   # drafts in the budget
+    assert verify_rows(make_config(max_num_seqs=32, max_num_batched_tokens=16,
+                                   num_speculative_tokens=2)) == 32    # decodes uncapped
+    assert verify_rows(make_config(max_num_seqs=32)) == 0
