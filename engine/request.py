@@ -155,6 +155,8 @@ class Request:
     #                                  position (0: None), filled chunk by chunk; None once sent
     num_draft_tokens: int = 0        # speculative decoding: drafts verified for it,
     num_accepted_tokens: int = 0     # and accepted (engine/core/spec_decode.py)
+    spec_quiet: int = 0              # steps its proposer is not waited for: set when the
+    #                                  proposer found no draft for it (spec_decode.py)
 
     @property
     def num_prompt_tokens(self) -> int:

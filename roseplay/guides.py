@@ -142,12 +142,16 @@ GUIDES = (
     Guide("d", "Speculative decoding on repetitive text: the n-gram drafter proposes the "
                "tokens that followed the last match in the request's own text, the target "
                "verifies them in one forward and keeps the prefix it agrees with, so a "
-               "verify emits more than one token (mean accepted length > 1). On this CPU "
-               "build TPOT rises with speculation (a verify runs torch SDPA, not the C "
-               "decode kernel: docs/SPECULATIVE.md); the GPU gain is in docs/PERF.md.",
+               "verify emits more than one token (mean accepted length > 1). A verify is "
+               "1 + k decode rows, which cost this CPU about one decode step at batch 1, "
+               "so TPOT falls by the accepted length where drafts are right (a passage "
+               "the model repeats); on this guide's 'rose' prompt few are (mean length "
+               "about 1.3) and TPOT barely moves. With the app's 16 requests in flight the "
+               "rows cost compute the batch has no spare of: throughput falls "
+               "(docs/SPECULATIVE.md; the GPU figures are in docs/PERF.md).",
           VLLM_SPEC, "This step's spec line (drafted -> accepted), the accepted % and "
           "accept len plots; D turns it off, d back on",
-          "identical", {"num_speculative_tokens": 3}, concurrency=1, versus="default",
+          "identical", {"num_speculative_tokens": 3}, concurrency=1, versus="spec-off",
           expect={"spec_acceptance": ">0", "spec_mean_accepted_len": "higher"},
           compare="num_speculative_tokens=0,3",
           shows=(r"3 drafts +num_speculative_tokens", r"spec \d+ drafted → \d+ accepted"),
@@ -157,7 +161,9 @@ BY_KEY = {g.key: g for g in GUIDES}
 # the baselines a guide is measured against that have no key of their own: the app's
 # default setup (guides 9 and 0 turn one knob of it)
 BASELINES = {"default": Guide("default", "the app's default setup", VLLM, "", "mixed",
-                              dict(APP), concurrency=APP_CONCURRENCY)}
+                              dict(APP), concurrency=APP_CONCURRENCY),
+             "spec-off": Guide("spec-off", "guide d without speculation", VLLM_SPEC, "",
+                               "identical", {}, concurrency=1)}
 
 
 def live_names() -> set[str]:

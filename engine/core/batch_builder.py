@@ -2,7 +2,8 @@
 
 Vectorized where the batch is wide (decode positions and slots are numpy operations,
 block tables rows of the KV manager's BlockTables); per-chunk Python only for prefill
-token ids.
+token ids. Speculative decoding's verified positions are decode rows (docs/SPECULATIVE.md
+"One step"): a verify-only step is a decode step, through the decode kernels and graphs.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from engine.core.kv.block_tables import BlockTables
 from engine.core.prompt_logprobs import prompt_rows
 from engine.core.sampling_extras import sampling_extras
-from engine.core.scheduler import StepPlan, VerifyChunk
+from engine.core.scheduler import StepPlan
 from engine.worker.step_batch import SamplingColumns, StepBatch
 
 _EMPTY_I32 = np.zeros((0,), dtype=np.int32)
@@ -55,18 +56,19 @@ def _sampling_columns(requests: list) -> SamplingColumns:
         sampling_extras(requests, params))
 
 
-def _sample_rows(sampled_chunks: list, followers: dict) -> tuple[list[int], list]:
-    """Each sampled chunk's logits row, repeated for the dedup followers of its request."""
+def _sample_rows(requests: list, followers: dict, first: int = 0) -> tuple[list[int], list]:
+    """Logits rows first, first + 1, ... sample `requests` in order, each row repeated for
+    the dedup followers of its request."""
     if not followers:
-        return list(range(len(sampled_chunks))), [c.request for c in sampled_chunks]
-    rows, requests = [], []
-    for i, c in enumerate(sampled_chunks):
+        return list(range(first, first + len(requests))), list(requests)
+    rows, out = [], []
+    for i, r in enumerate(requests, first):
         rows.append(i)
-        requests.append(c.request)
-        for f in followers.get(c.request, ()):
+        out.append(r)
+        for f in followers.get(r, ()):
             rows.append(i)
-            requests.append(f)
-    return rows, requests
+            out.append(f)
+    return rows, out
 
 
 def _decode_columns(decodes: list, device_fed: bool):
@@ -104,19 +106,15 @@ def _prefill_columns(prefills: list, ids: list, tables: BlockTables, block_size:
     pos_parts, slot_parts = [], []
     for c in prefills:
         r = c.request
-        if c.__class__ is VerifyChunk:     # its last token, then the drafts it checks
-            ids.extend(r.token_slice(c.start, c.start + 1))
-            ids.extend(c.draft)
-        else:
-            ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
+        ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
         p = np.arange(c.start, c.start + c.num_tokens, dtype=np.int64)
         table = tables.row(r)
         pos_parts.append(p)
         slot_parts.append(table[p // block_size] * block_size + p % block_size)
     ends = d - 1 + np.cumsum(lens, dtype=np.int64)   # a chunk's last token: its logits row
-    sampled = [c for c in prefills if c.sample and c.__class__ is not VerifyChunk]
+    sampled = [c for c in prefills if c.sample]
     if len(sampled) < len(prefills):
-        ends = ends[[c.sample and c.__class__ is not VerifyChunk for c in prefills]]
+        ends = ends[[c.sample for c in prefills]]
     fields = dict(
         prefill_block_tables=tables.gather([c.request for c in prefills]),
         prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
@@ -125,13 +123,38 @@ def _prefill_columns(prefills: list, ids: list, tables: BlockTables, block_size:
     return pos_parts, slot_parts, ends, sampled, fields
 
 
-def _verify_rows(verifies: list, first_token: int) -> tuple[np.ndarray, np.ndarray]:
-    """Speculative decoding: every position of every verify chunk (laid out from token
-    row `first_token` on) is a logits row; and the draft each one checks (-1: bonus)."""
-    rows = np.arange(first_token, first_token + sum(c.num_tokens for c in verifies),
-                     dtype=np.int64)
-    drafts = [t for c in verifies for t in (*c.draft, -1)]
-    return rows, np.asarray(drafts, dtype=np.int64)
+def _verify_columns(verifies: list) -> tuple:
+    """Speculative decoding: every verified position (the request's last token, then each
+    draft) is a decode row of its own: its request's table row, its position, context
+    length position + 1 (so row j attends to the rows before it, whose K/V the layer
+    stores first), in position order. Returns (requests, table rows, positions, input
+    ids, the draft each row checks: -1 for the bonus row)."""
+    counts = [c.num_tokens for c in verifies]
+    reqs = [c.request for c in verifies for _ in range(c.num_tokens)]
+    rows = np.repeat(np.fromiter((c.request.table_row for c in verifies), np.int64,
+                                 len(verifies)), counts)
+    starts = np.fromiter((c.start for c in verifies), np.int64, len(verifies))
+    ends = np.cumsum(counts)
+    positions = np.arange(ends[-1], dtype=np.int64) + np.repeat(starts - ends + counts, counts)
+    ids, drafts = [], []
+    for c in verifies:
+        ids.extend(c.request.token_slice(c.start, c.start + 1))
+        ids.extend(c.draft)
+        drafts.extend(c.draft)
+        drafts.append(-1)
+    return reqs, rows, positions, ids, np.asarray(drafts, dtype=np.int64)
+
+
+def _with_verify_rows(columns: tuple, verifies: list) -> tuple:
+    """_decode_columns' result with the verify rows appended as more decodes (their
+    input ids from the host: a verified request has no token pending on the device)."""
+    reqs, rows, pos, lens, ids, token_rows, _ = columns
+    v_reqs, v_rows, v_pos, v_ids, draft_ids = _verify_columns(verifies)
+    if token_rows is not None:
+        token_rows = np.concatenate((token_rows, np.full(len(v_reqs), -1, np.int64)))
+    return (reqs + v_reqs, np.concatenate((rows, v_rows)), np.concatenate((pos, v_pos)),
+            np.concatenate((lens, (v_pos + 1).astype(np.int32))), list(ids) + v_ids,
+            token_rows, False), draft_ids
 
 
 def _with_prompt_rows(logits_indices: np.ndarray, prefills: list, d: int) -> tuple:
@@ -157,18 +180,19 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     `device_fed` (async scheduling): the decodes whose tokens are pending take them from
     their sample rows (Request.pending_row) of the step still in flight."""
     decodes, prefills, verifies = plan.decodes, plan.prefills, plan.verifies
-    if verifies:           # extends after the prefill chunks, in the same attention call
-        prefills = prefills + verifies
-    d = len(decodes)
-    dec_reqs, dec_rows, dec_pos, dec_lens, ids, token_rows, fed_in_order = \
-        _decode_columns(decodes, device_fed)
+    columns = _decode_columns(decodes, device_fed)
+    draft_ids = None
+    if verifies:              # decode rows after the plain decodes (_verify_columns)
+        columns, draft_ids = _with_verify_rows(columns, verifies)
+    dec_reqs, dec_rows, dec_pos, dec_lens, ids, token_rows, fed_in_order = columns
+    d = len(dec_reqs)
     if d:
         dec_tables = tables.gather_rows(dec_rows)
         block, offset = np.divmod(dec_pos, block_size)
         dec_slots = tables.matrix[dec_rows, block] * block_size + offset   # int64
     else:
         dec_tables, dec_slots = _NO_TABLES, _EMPTY_I64
-    # sample rows: every decode, every prefill chunk that reaches the end of its tokens
+    # sample rows: every decode row, every prefill chunk that reaches the end of its tokens
     dec_ends = np.arange(d, dtype=np.int64)
     if prefills:
         pos_parts, slot_parts, ends, sampled, prefill = _prefill_columns(
@@ -179,22 +203,21 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     else:
         positions, slots, logits_indices, sampled, prefill = \
             dec_pos, dec_slots, dec_ends, [], _NO_PREFILLS
-    draft_rows = draft_ids = None
-    if verifies:
-        first = positions.shape[0] - sum(c.num_tokens for c in verifies)
-        verify_rows, draft_ids = _verify_rows(verifies, first)
-        base = logits_indices.shape[0]
-        logits_indices = np.concatenate((logits_indices, verify_rows))
-        rows, requests = _sample_rows(decodes + sampled, followers)
-        draft_rows = np.arange(len(rows), len(rows) + verify_rows.shape[0], dtype=np.int64)
-        rows.extend(range(base, base + verify_rows.shape[0]))
-        requests.extend(c.request for c in verifies for _ in range(c.num_tokens))
-        sample_rows = np.asarray(rows, dtype=np.int64)
-    elif followers or sampled:
-        rows, requests = _sample_rows(decodes + sampled, followers)
-        sample_rows = np.asarray(rows, dtype=np.int64)
+    draft_rows = None
+    if followers or sampled:
+        plain = len(decodes)
+        rows, requests = _sample_rows(dec_reqs[:plain], followers)
+        if verifies:     # no followers: a verified request is past its prompt
+            draft_rows = np.arange(len(rows), len(rows) + d - plain, dtype=np.int64)
+            rows.extend(range(plain, d))
+            requests.extend(dec_reqs[plain:])
+        more_rows, more = _sample_rows([c.request for c in sampled], followers, d)
+        sample_rows = np.asarray(rows + more_rows, dtype=np.int64)
+        requests.extend(more)
     else:                     # a decode-only step without dedup: row i samples decode i
         sample_rows, requests = dec_ends, dec_reqs
+        if verifies:
+            draft_rows = dec_ends[len(decodes):]
     logits_indices, prompt_lp = _with_prompt_rows(logits_indices, prefills, d) \
         if prefills else (logits_indices, {})
     input_ids = np.asarray(ids, dtype=np.int64)

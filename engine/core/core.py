@@ -40,7 +40,7 @@ from engine.worker.placement import blocks_from_memory, resolve_device, resolve_
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.worker.runner import ModelRunner
 from engine.core.scheduler import Scheduler, StepPlan
-from engine.core.spec_decode import SpecDecoder
+from engine.core.spec_decode import SPEC_ASYNC_RUN, SpecDecoder, verify_rows
 from engine.core.draft_proposer import make_draft_proposer
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
@@ -144,6 +144,7 @@ class LLMEngine:
                          graph_safe_ops=backend == "triton",
                          async_scheduling=self.async_scheduling_enabled,
                          max_graph_batch=max(config.scheduler.max_num_seqs, 256),
+                         max_verify_rows=verify_rows(config),
                          max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
                          if config.cudagraph_mode == "full" else 0, seed=config.seed,
                          logprobs_mode=config.logprobs_mode)
@@ -157,6 +158,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
+        self._chained = 0          # steps launched in a row before their previous one's
+        #                            tokens were read, while speculating (_may_chain)
         self._host_copies = HostCopyRing()         # the sampled tokens' way to the host
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
 
@@ -176,9 +179,24 @@ class LLMEngine:
 
     @property
     def speculating(self) -> bool:
-        """Speculative decoding is on: steps run synchronously (the next step's drafts
-        depend on how many of this step's were accepted; docs/SPECULATIVE.md)."""
+        """Speculative decoding is on (the live knob's k > 0)."""
         return self.scheduler.knobs.num_speculative_tokens > 0
+
+    def _may_chain(self, prev: StepPlan) -> bool:
+        """Launch the next step before reading `prev`'s tokens (async scheduling)? Always
+        without speculation. With it (docs/SPECULATIVE.md "Async scheduling"): never after
+        a verify (its accepted count sets the next positions), and at most
+        SPEC_ASYNC_RUN steps in a row, since a chained step plans its decodes with their
+        tokens pending and the proposer needs them on the host: then a step is planned
+        with every token known, and proposes again. Nor after a step with a decode that
+        waited for its token and that the proposer has not declined lately (a request's
+        first decodes: a drafter that always proposes, a draft model, would miss them)."""
+        if not self.speculating:
+            return True
+        if prev.verifies or prev.spec_waiting or self._chained >= SPEC_ASYNC_RUN:
+            return False
+        self._chained += 1
+        return True
 
     def add(self, creq: CoreRequest) -> Request:
         """Queue a validated request (engine/front/processor.py validated it in the front)."""
@@ -226,6 +244,7 @@ class LLMEngine:
         t0 = self.clock.now()
         plan = self.scheduler.schedule()
         out = StepOutput()
+        self._chained = 0
         if not plan:
             self._record(plan, t0, 0)
             return out
@@ -235,7 +254,7 @@ class LLMEngine:
             self._isolate(plan, exc, out)
             self._after_step(plan, t0, out)
             return out
-        if self.async_scheduling and not self.speculating:
+        if self.async_scheduling and not plan.verifies:
             self._inflight = launched
             return out
         try:
@@ -297,7 +316,7 @@ class LLMEngine:
         failed = None
         try:
             self._commit(prev.plan)
-            if chain and self.async_scheduling and not self.speculating:
+            if chain and self.async_scheduling and self._may_chain(prev.plan):
                 failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails
@@ -364,14 +383,18 @@ class LLMEngine:
         self.counters.device_wait_us += int(waited * 1e6)
         now = out.time = self.clock.now()
         requests, verifies = launched.requests, launched.plan.verifies
-        if verifies:     # the verified positions' rows come last (batch_builder)
-            split = len(tokens) - launched.batch.draft_rows.shape[0]
-            requests, tokens, verified = requests[:split], tokens[:split], tokens[split:]
         if launched.prompt_logprobs is not None:
             launched.prompt_logprobs.deliver(out)
         row_logprobs = None
         if launched.logprobs is not None or out.logprobs is not None:
             row_logprobs = out.align_logprobs(launched.logprobs, requests)
+        if verifies:     # the verified positions' sample rows: one range (batch_builder)
+            lo = int(launched.batch.draft_rows[0])
+            hi = lo + launched.batch.draft_rows.shape[0]
+            verified = tokens[lo:hi]
+            requests, tokens = requests[:lo] + requests[hi:], tokens[:lo] + tokens[hi:]
+            if row_logprobs is not None:
+                row_logprobs = row_logprobs[:lo] + row_logprobs[hi:]
         ended = append_sampled(requests, tokens, now, self.stats.recent_itls,
                                out.request_ids, out.token_ids, row_logprobs, out.logprobs)
         if verifies:

@@ -8,26 +8,57 @@ request decodes one token as usual.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 # tokens searched, counted back from the end: bounds the host cost per request per step
 # (vLLM searches the whole context; a repetition further back is rarely the one that helps)
 SEARCH_WINDOW = 2048
 
 
-def propose_ngram(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
-    """Up to k draft tokens that continue `tokens`, or [] when no suffix n-gram recurs."""
+def propose_ngram(tokens, k: int, n_min: int, n_max: int) -> list[int]:
+    """Up to k draft tokens that continue `tokens` (a list or an int array), or [] when no
+    suffix n-gram recurs. One comparison over the window finds where the last token
+    occurred before; each longer n-gram only re-checks the matches still alive, one
+    token further back (not a window scan per n)."""
     if k <= 0 or len(tokens) < n_min + 1:
         return []
     t = np.asarray(tokens[-SEARCH_WINDOW:], dtype=np.int64)
-    size = t.shape[0]
-    for n in range(min(n_max, size - 1), n_min - 1, -1):
-        suffix = t[size - n:]
-        # windows that start before the suffix itself and are followed by a token
-        windows = sliding_window_view(t[:size - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if hits.shape[0]:
-            start = int(hits[-1]) + n
-            return t[start:start + k].tolist()
-    return []
+    last = t.shape[0] - 1
+    ends = np.flatnonzero(t[:last] == t[last])     # where a match of length 1 ends
+    n = 1
+    while n < n_max and ends.shape[0]:
+        longer = ends[ends >= n]
+        longer = longer[t[longer - n] == t[last - n]]
+        if not longer.shape[0]:
+            break
+        ends, n = longer, n + 1
+    if not ends.shape[0] or n < n_min:
+        return []
+    start = int(ends[-1]) + 1                      # the most recent longest match
+    return t[start:start + k].tolist()
+
+
+class TokenArrays:
+    """Each request's prompt + output as one growing int array, appended to as tokens
+    come (the proposer reads the array each step instead of converting the whole token
+    list). Read only while the request has no token pending on the device, so every
+    token in it is final. Weakly keyed: an entry goes with its request."""
+
+    def __init__(self):
+        self._arrays = weakref.WeakKeyDictionary()     # request -> (array, length)
+
+    def get(self, req) -> np.ndarray:
+        prompt, out = req.prompt_token_ids, req.output_token_ids
+        total = len(prompt) + len(out)
+        arr, n = self._arrays.get(req, (None, 0))
+        if arr is None or n > total:
+            arr, n = np.empty(max(64, 2 * total), dtype=np.int64), len(prompt)
+            arr[:n] = prompt
+        if n < total:
+            if arr.shape[0] < total:
+                arr = np.concatenate((arr[:n], np.empty(total, dtype=np.int64)))
+            arr[n:total] = out[n - len(prompt):]
+        self._arrays[req] = (arr, total)
+        return arr[:total]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core.scheduler import VerifyChunk
 from engine.outputs import TokenLogprobs
 from engine.worker.sampling import HostTensors
 
@@ -45,7 +44,7 @@ def prompt_rows(prefills: list, first_token_row: int) -> PromptRows | None:
     out, row = PromptRows(), first_token_row
     for c in prefills:
         r = c.request
-        if r.prompt_logprobs is not None and c.__class__ is not VerifyChunk:
+        if r.prompt_logprobs is not None:
             prompt = r.prompt_token_ids
             end = min(c.start + c.num_tokens, len(prompt) - 1)   # q predicts q + 1
             n = max(end - c.start, 0)

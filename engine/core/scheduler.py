@@ -51,8 +51,8 @@ class ScheduledChunk:
 
 
 class VerifyChunk(ScheduledChunk):
-    """A decode with drafts (speculative decoding): its last token and the drafts, computed
-    as one extend of 1 + len(draft) tokens, sampled at every position."""
+    """A decode with drafts (speculative decoding): its last token and the drafts, 1 +
+    len(draft) positions computed as decode rows of the step, each sampled."""
     __slots__ = ("draft", "accepted", "rolled_back")
 
     def __init__(self, request: Request, start: int, draft: list[int]):
@@ -71,6 +71,7 @@ class StepPlan:
     prefix_hits: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)   # (request id, blocks)
     dedup_joins: list[tuple[str, str]] = field(default_factory=list)   # (follower id, leader id)
     verifies: list[VerifyChunk] = field(default_factory=list)   # decodes with drafts
+    spec_waiting: bool = False   # a decode's proposer waits for its token (spec_decode.py)
 
     @property
     def chunks(self) -> list[ScheduledChunk]:

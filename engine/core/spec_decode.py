@@ -5,16 +5,18 @@ tokens out.
 their one token each, every eligible decode gets up to k drafts (vLLM's n-gram prompt
 lookup, engine/core/ngram_proposer.py, a draft model, engine/core/draft_proposer.py, or
 the benchmark-only oracle; one batched call for the step's eligible decodes) from what
-is left of the token budget, and becomes a VerifyChunk: its last token and the drafts
-computed as one extend, every position sampled. `commit` reads the sampled tokens: the longest
+is left of the token budget, and becomes a VerifyChunk: its last token and the drafts,
+each a decode row of the step (engine/core/batch_builder.py), every position sampled.
+`commit` reads the sampled tokens: the longest
 prefix of drafts equal to the target's tokens is accepted, plus the target's token after
 it; the request's computed count moves past the accepted tokens only, and blocks that
 hold nothing but rejected slots go back to the pool (no unverified token is ever hashed
 into the prefix cache: blocks are hashed from computed tokens).
 
 Not speculated (a plain decode instead): requests whose sampling needs the processed
-path (penalties, logit bias, min_p, min_tokens, logprobs), seeded random requests, and
-a request with a token still pending on the device.
+path (penalties, logit bias, min_p, min_tokens, logprobs) and a request with a token
+still pending on the device. Seeded random requests are: their rows draw from their own
+generator (engine/worker/rejection.py).
 """
 from __future__ import annotations
 
@@ -22,10 +24,35 @@ import json
 import random
 import weakref
 
-from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
-from engine.core.ngram_proposer import propose_ngram
+from engine.config import MAX_SPECULATIVE_TOKENS, EngineConfig, SpeculativeConfig
+from engine.core.ngram_proposer import TokenArrays, propose_ngram
 from engine.core.scheduler import StepPlan, VerifyChunk
 from engine.request import RequestStatus, append_sampled
+
+
+def verify_rows(config: EngineConfig) -> int:
+    """Decode rows of the widest verify step of the k the engine starts with (every
+    running request with k drafts, the drafts within the token budget): the CUDA graphs
+    capture verify steps up to that many rows (capped by the largest decode bucket); 0
+    when it starts without speculation (a k or budget set larger live runs the mixed
+    graphs or eagerly)."""
+    sched = config.scheduler
+    if not sched.num_speculative_tokens:
+        return 0
+    return min(sched.max_num_seqs * (1 + sched.num_speculative_tokens),
+               max(sched.max_num_seqs, sched.max_num_batched_tokens))
+
+
+def _until_end(req, tokens: list[int]) -> list[int]:
+    """The tokens up to the first that ends the request (a stop token, its length cap)."""
+    room = req.length_cap - req.num_tokens
+    if room < len(tokens):
+        tokens = tokens[:max(room, 1)]
+    stops = req.stop_ids
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[:i + 1]
+    return tokens
 
 
 class OracleDrafts:
@@ -61,6 +88,12 @@ class OracleDrafts:
         return [t if self.rng.random() < self.p else (t - 1 if t > 0 else 1) for t in out]
 
 
+# Async scheduling with speculation (docs/SPECULATIVE.md "Async scheduling"): steps that
+# verify nothing may run ahead of their tokens, at most this many in a row; a request the
+# proposer found no draft for is not waited for during as many steps.
+SPEC_ASYNC_RUN = 4
+
+
 class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, scheduler, counters, seed: int = 0,
                  draft=None):
@@ -73,6 +106,7 @@ class SpecDecoder:
         self.accepted_per_pos = [0] * MAX_SPECULATIVE_TOKENS
         self.longest_draft = 0        # positions reported (a position never drafted: none)
         self.oracle = OracleDrafts(config, seed) if config.method == "oracle" else None
+        self.token_arrays = TokenArrays()     # the n-gram proposer's view of each request
 
     def propose_batch(self, reqs: list, rooms: list[int]) -> list[list[int]]:
         """Up to rooms[i] drafts for each request: the draft model in one batched pass,
@@ -93,12 +127,8 @@ class SpecDecoder:
         if self.oracle is not None:
             return self.oracle(req, k)
         c = self.config
-        return propose_ngram(req.all_token_ids(), k, c.prompt_lookup_min, c.prompt_lookup_max)
-
-    @staticmethod
-    def eligible(req) -> bool:
-        return (req.status is RequestStatus.RUNNING and req.pending_row < 0
-                and not req.processed and (req.greedy or req.params.seed is None))
+        return propose_ngram(self.token_arrays.get(req), k, c.prompt_lookup_min,
+                             c.prompt_lookup_max)
 
     def schedule_drafts(self, plan: StepPlan, budget: int) -> int:
         """Turn scheduled decodes into VerifyChunks, each draft costing one token of the
@@ -111,15 +141,24 @@ class SpecDecoder:
         for c in plan.decodes:
             req = c.request
             room = min(k, budget, req.length_cap - req.num_tokens - 1)
-            if room > 0 and self.eligible(req):
-                chunks.append(c)
-                rooms.append(room)
+            if room <= 0 or req.processed or req.status is not RequestStatus.RUNNING:
+                continue
+            if req.pending_row >= 0:       # its last token is still on the device
+                if req.spec_quiet > 0:
+                    req.spec_quiet -= 1
+                else:
+                    plan.spec_waiting = True
+                continue
+            chunks.append(c)
+            rooms.append(room)
         if not chunks:
             return budget
         verified = set()
         for c, draft in zip(chunks, self.propose_batch([c.request for c in chunks], rooms)):
             draft = draft[:budget]
-            if draft and self.kv.reserve(c.request, 1 + len(draft), plan.copies):
+            if not draft:
+                c.request.spec_quiet = SPEC_ASYNC_RUN
+            elif self.kv.reserve(c.request, 1 + len(draft), plan.copies):
                 plan.verifies.append(VerifyChunk(c.request, c.start, draft))
                 budget -= len(draft)
                 verified.add(id(c))
@@ -149,16 +188,13 @@ class SpecDecoder:
             req.num_accepted_tokens += accepted
             if req.status is not RequestStatus.RUNNING:
                 continue
-            emitted = 0
-            for token in row[:accepted + 1]:   # stops at the first token that ends it
-                emitted += 1
-                done = append_sampled([req], [token], now, itls, out.request_ids,
-                                      out.token_ids, None if out.logprobs is None else [None],
-                                      out.logprobs)
-                if done:
-                    ended.extend(done)
-                    break
-            req.num_computed_tokens = chunk.start + emitted
+            new = _until_end(req, row[:accepted + 1])
+            done = append_sampled([req] * len(new), new, now, itls, out.request_ids,
+                                  out.token_ids,
+                                  None if out.logprobs is None else [None] * len(new),
+                                  out.logprobs)
+            ended.extend(done)          # (only the last token can end it)
+            req.num_computed_tokens = chunk.start + len(new)
             self.kv.register_full_blocks(req, caching)
             chunk.rolled_back = tuple(self.kv.truncate(req))
         return ended

@@ -5,6 +5,11 @@ Two kinds of graph, one mechanism (same buffers, same capture loop, same replay)
   * decode: decode-only steps, one graph per bucketed batch size (DECODE_BUCKETS), the
     split-K decode attention, the LM head and the greedy argmax inside the graph (batch-1
     latency: the argmax is used when every row is greedy, else the sampler runs after);
+  * verify: decode-only steps with speculative decoding's verified positions (several
+    decode rows per request, docs/SPECULATIVE.md), one graph per bucketed row count up
+    to the configured k's widest step (VERIFY_BUCKETS, captured only when the engine
+    starts with speculation): the decode graph, but every row's K/V stored before the
+    attention reads (the fused store-in-attention launch cannot order a request's rows);
   * mixed: any step (prefill chunks and decodes, or decodes beyond the largest decode
     bucket), one graph per bucketed token count (MIXED_BUCKETS, capped by
     max_num_batched_tokens), the unified attention kernel (kernels/unified_attention.py,
@@ -38,30 +43,35 @@ def mixed_buckets(max_tokens: int) -> list[int]:
     return [b for b in MIXED_BUCKETS if b < max_tokens] + [max_tokens]
 
 
-def _logits_rows_fit(batch, max_seqs: int) -> bool:
-    """A mixed graph computes at most max_seqs logits rows; verified drafts (speculative
-    decoding: a row per position) may need more: such a step runs eagerly."""
-    return getattr(batch, "draft_rows", None) is None \
-        or batch.logits_indices.shape[0] <= max_seqs
+def verify_buckets(max_rows: int) -> list[int]:
+    """Decode buckets up to the first that holds max_rows (none for 0)."""
+    if max_rows <= 0:
+        return []
+    last = bisect.bisect_left(DECODE_BUCKETS, min(max_rows, DECODE_BUCKETS[-1]))
+    return DECODE_BUCKETS[:last + 1]
 
 
 class StepGraphs:
     def __init__(self, runner, max_batch: int, use_graphs: bool = True, pad: bool = True,
-                 max_mixed_tokens: int = 0):
-        """max_batch: largest decode batch and sequence capacity of mixed steps.
-        max_mixed_tokens: token budget of mixed-step graphs (0: none)."""
+                 max_mixed_tokens: int = 0, max_verify_rows: int = 0):
+        """max_batch: largest decode batch. max_mixed_tokens: token budget of mixed-step
+        graphs (0: none). max_verify_rows: decode rows of the widest verify step (0: no
+        verify graphs). The sequence capacity of mixed steps is the widest of them all
+        (a mixed step's verified positions are decode rows too)."""
         self.runner = runner
         self.use_graphs = use_graphs
         self.pad = pad or use_graphs   # unpadded only for the CPU overlap path
         self.decode_buckets = [b for b in DECODE_BUCKETS if b <= max_batch] or [1]
+        self.verify_buckets = verify_buckets(max_verify_rows)
         self.mixed_buckets = mixed_buckets(max_mixed_tokens) if max_mixed_tokens else []
-        self.max_seqs = max(self.decode_buckets[-1], max_batch)
-        max_tokens = max([self.decode_buckets[-1]] + self.mixed_buckets)
+        self.max_seqs = max([self.decode_buckets[-1], max_batch] + self.verify_buckets)
+        max_tokens = max([self.decode_buckets[-1]] + self.verify_buckets + self.mixed_buckets)
         self.buffers = StepBuffers(runner.device, max_tokens, self.max_seqs,
                                    runner.max_blocks_per_seq, self.max_seqs)
         self.graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
-        self.replays = {"decode": 0, "mixed": 0}   # steps run through the buffers, by kind
+        self.replays = {"decode": 0, "verify": 0, "mixed": 0}   # steps through the buffers
         self.greedy: torch.Tensor | None = None    # the last run's argmax rows (decode graphs)
+        self._verify_out: torch.Tensor | None = None   # see _verify_logits
 
     @property
     def buckets(self) -> list[int]:      # the decode buckets (scripts/profile_*.py)
@@ -69,12 +79,14 @@ class StepGraphs:
 
     def key(self, batch) -> tuple[str, int] | None:
         """(kind, bucket) of the graph that runs this StepBatch, or None (eager)."""
-        if batch.decode_only and batch.num_decodes <= self.decode_buckets[-1]:
-            n, b = batch.num_decodes, self.decode_buckets
-            return "decode", b[bisect.bisect_left(b, n)] if self.pad else n
+        if batch.decode_only:
+            kind, b = ("decode", self.decode_buckets) if batch.draft_rows is None \
+                else ("verify", self.verify_buckets)
+            n = batch.num_decodes
+            if b and n <= b[-1]:
+                return kind, b[bisect.bisect_left(b, n)] if self.pad else n
         n, b = batch.num_tokens, self.mixed_buckets
-        if b and n <= b[-1] and batch.num_decodes + batch.num_prefills <= self.max_seqs \
-                and _logits_rows_fit(batch, self.max_seqs):
+        if b and n <= b[-1] and batch.num_decodes + batch.num_prefills <= self.max_seqs:
             return "mixed", b[bisect.bisect_left(b, n)]
         return None
 
@@ -82,18 +94,31 @@ class StepGraphs:
     def _forward(self, kind: str, size: int) -> tuple:
         buf, model = self.buffers, self.runner.model
         ids, positions, _ = buf.views(size)
-        if kind == "decode":        # every row samples: no logits rows to gather
-            logits = model(ids, positions, buf.decode_meta(size), None)
+        if kind != "mixed":         # every row samples: no logits rows to gather
+            logits = model(ids, positions, buf.decode_meta(size, kind == "verify"), None)
             if not self.use_graphs:     # eager: the sampler takes the argmax itself
                 return (logits,)
+            if kind == "verify":
+                logits = self._verify_logits(logits)
             return logits, self.runner.ops.argmax(logits)
         rows = min(size, self.max_seqs)
         return model.hidden_rows(ids, positions, buf.mixed_meta(size),
                                  buf.logits_indices[:rows])
 
+    def _verify_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The verify graphs' logits, copied into one buffer that all of them share: a
+        graph's own output stays allocated as long as the graph, and verify buckets up to
+        1024 rows of a 150k vocabulary would hold about 2 GB that way (the copy costs
+        less than 1% of a step). Allocated by the largest bucket's warm-up, before any
+        capture."""
+        if self._verify_out is None or self._verify_out.shape[0] < logits.shape[0]:
+            self._verify_out = torch.empty_like(logits)
+        return self._verify_out[:logits.shape[0]].copy_(logits)
+
     def _keys(self) -> list[tuple[str, int]]:
         """Largest first, so smaller captures reuse the pool's freed blocks."""
         keys = [("mixed", b) for b in self.mixed_buckets] + \
+               [("verify", b) for b in self.verify_buckets] + \
                [("decode", b) for b in self.decode_buckets]
         return sorted(keys, key=lambda k: -k[1])
 
@@ -168,7 +193,7 @@ class StepGraphs:
         else:
             out = self._forward(kind, size)
         rows = batch.logits_indices.shape[0]
-        self.greedy = out[1][:rows] if kind == "decode" and len(out) > 1 else None
-        if kind == "decode":
+        self.greedy = out[1][:rows] if kind != "mixed" and len(out) > 1 else None
+        if kind != "mixed":
             return out[0][:rows]
         return self.runner.model.compute_logits(*(t[:rows] for t in out))

@@ -12,6 +12,8 @@ trip and no broadcast of tokens (as vLLM V1's workers do).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -20,11 +22,23 @@ from engine.worker.cuda_graphs import StepGraphs
 from engine.worker.device_io import to_device
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.placement import kv_cache_zeros
-from engine.worker.rejection import rejection_sample, target_probs
+from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
 from engine.worker.sampling import LogprobsCopy, Sampler, prompt_logprobs
 from engine.worker.step_buffers import device_fed
-from engine.worker.step_batch import StepBatch
+from engine.worker.step_batch import SamplingColumns, StepBatch
 from engine.worker.warmup import warm_up_attention, warm_up_logits
+
+
+def _verified_rows_greedy(batch: StepBatch) -> SamplingColumns:
+    """The step's sampling columns with its verified rows greedy: the rejection sampler
+    draws the random ones, so the sampler spends no draw (nor a seeded request's
+    generator) on them, and a step whose random rows all verify takes the argmax path."""
+    cols = batch.sampling
+    if cols.all_greedy:
+        return cols
+    greedy = cols.greedy.copy()
+    greedy[batch.draft_rows] = True
+    return dataclasses.replace(cols, greedy=greedy, all_greedy=bool(greedy.all()))
 
 
 class ModelRunner:
@@ -32,7 +46,7 @@ class ModelRunner:
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
                  graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
                  max_mixed_graph_tokens: int = 0, seed: int = 0,
-                 logprobs_mode: str = LOGPROBS_MODES[0]):
+                 logprobs_mode: str = LOGPROBS_MODES[0], max_verify_rows: int = 0):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.sampler = Sampler(device, seed, logprobs_mode)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
@@ -51,15 +65,17 @@ class ModelRunner:
         self.graphs = None    # steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:
             self.graphs = StepGraphs(self, max_graph_batch, use_cuda_graphs,
-                                     max_mixed_tokens=max_mixed_graph_tokens)
+                                     max_mixed_tokens=max_mixed_graph_tokens,
+                                     max_verify_rows=max_verify_rows)
             if use_cuda_graphs:
                 self.graphs.capture()
             else:
                 self.graphs.warm()
             warm_up_attention(self)   # start-up kernel compiles (engine/worker/warmup.py)
-            warm_up_logits(self, max_graph_batch)
+            warm_up_logits(self, self.graphs.max_seqs)   # (verify rows included)
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
-            self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False)
+            self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False,
+                                     max_verify_rows=max_verify_rows)
 
     @staticmethod
     def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
@@ -81,13 +97,13 @@ class ModelRunner:
         prev = self.last_tokens if batch.prev_token_rows is not None else None
         logits = self.execute(batch, prev)
         greedy = self.graphs.greedy if self.graphs is not None else None
-        cols = batch.sampling
+        cols = batch.sampling if batch.draft_rows is None else _verified_rows_greedy(batch)
         if greedy is not None and cols.all_greedy and cols.extras is None \
                 and batch.samples_in_order:
             tokens = greedy         # the decode graph's own argmax: no launch after it
             self.sampler.last_logprobs = None
         else:
-            tokens = self.sampler.sample(logits, batch.sampling)
+            tokens = self.sampler.sample(logits, cols)
         if batch.draft_rows is not None:
             tokens = self._verify_random_rows(logits, batch, tokens)
         self.last_tokens = tokens
@@ -106,8 +122,10 @@ class ModelRunner:
         drafts = batch.draft_ids[~cols.greedy[batch.draft_rows]]
         probs = target_probs(logits.index_select(0, idx), cols.temperature[rows],
                              cols.top_k[rows], cols.top_p[rows])
+        seeded = seeded_generators(self.sampler.generators, cols, rows, dev) \
+            if cols.seeded.any() else None
         out = rejection_sample(probs, to_device(drafts, torch.int64, dev), None,
-                               self.sampler.generator)
+                               self.sampler.generator, seeded)
         return tokens.clone().index_copy_(0, idx, out.to(tokens.dtype))
 
     def take_logprobs(self, batch: StepBatch) -> LogprobsCopy | None:
@@ -172,7 +190,8 @@ class ModelRunner:
         dev = self.device
         to = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(dev, non_blocking=True)
         meta = AttentionMetadata(slot_mapping=to(batch.slot_mapping, np.int64),
-                                 num_decode_tokens=batch.num_decodes)
+                                 num_decode_tokens=batch.num_decodes,
+                                 decode_rows_shared=batch.draft_rows is not None)
         if batch.num_decodes:
             meta.decode_block_tables = to(batch.decode_block_tables, np.int32)
             meta.decode_context_lens = to(batch.decode_context_lens, np.int32)

@@ -5,9 +5,11 @@ the tensor-parallel workers that receive it) reads a `StepBatch` and nothing els
 live `Request` objects, no scheduler types. It is frozen, made of numpy arrays and
 plain values, so it can be copied to another process as it is.
 
-Token layout: decodes first (one token each), then prefill chunks. Logits are computed
-for `logits_indices` (the last token of every chunk that samples); `sample_rows` maps
-each sample to its logits row (a dedup follower repeats its leader's row).
+Token layout: decodes first (one token each; speculative decoding's verified positions
+are decode rows after the plain decodes, several per request), then prefill chunks.
+Logits are computed for `logits_indices` (every decode row, the last token of every
+chunk that samples); `sample_rows` maps each sample to its logits row (a dedup follower
+repeats its leader's row).
 """
 from __future__ import annotations
 
@@ -74,8 +76,9 @@ class StepBatch:
     prev_token_rows: np.ndarray | None = None   # [D] async scheduling: decode i's input is
     #                  the previous step's sample prev_token_rows[i] (-1: input_ids[i])
     prev_rows_in_order: bool = False   # prev_token_rows is 0..D-1: decode i takes sample i
-    # speculative decoding (docs/SPECULATIVE.md): the sample rows of verified positions and
-    # the draft token each one checks (-1: the bonus row after a request's drafts)
+    # speculative decoding (docs/SPECULATIVE.md): the sample rows of verified positions (one
+    # contiguous range; their decode rows follow the plain decodes) and the draft token
+    # each one checks (-1: the bonus row after a request's drafts)
     draft_rows: np.ndarray | None = None     # [N] int64
     draft_ids: np.ndarray | None = None      # [N] int64
     # prompt_logprobs (engine/core/prompt_logprobs.py): logits rows of prompt positions

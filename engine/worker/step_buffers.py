@@ -71,10 +71,12 @@ class StepBuffers:
         self.seq_meta[:self.max_seqs + 1].zero_()
         self.seq_lens.fill_(1)
 
-    def decode_meta(self, bs: int) -> AttentionMetadata:
+    def decode_meta(self, bs: int, verify: bool = False) -> AttentionMetadata:
+        """verify: rows of one request verify its drafts (AttentionMetadata.decode_rows_shared)."""
         return AttentionMetadata(slot_mapping=self.views(bs)[2], num_decode_tokens=bs,
                                  decode_block_tables=self.block_tables[:bs],
-                                 decode_context_lens=self.seq_lens[:bs])
+                                 decode_context_lens=self.seq_lens[:bs],
+                                 decode_rows_shared=verify)
 
     def mixed_meta(self, num_tokens: int) -> AttentionMetadata:
         return AttentionMetadata(slot_mapping=self.views(num_tokens)[2],

@@ -37,6 +37,8 @@ KNOB_EFFECTS = {
     "max_num_batched_tokens=32": ("1", {"mixed_steps": "higher", "chunks_p90": "higher"}),
     "scheduling_policy=priority": ("9", {"ttft_p50": "lower"}),
     "eviction_policy=lfu": ("0", {"hit_rate": "higher"}),
+    # guide d's other half: 16 requests in flight have no spare compute for verify rows
+    "num_speculative_tokens=3": ({"num_speculative_tokens": 3}, {"tok_s": "lower"}),
 }
 
 

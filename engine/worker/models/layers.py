@@ -25,6 +25,10 @@ class AttentionMetadata:
     num_decode_tokens: int
     decode_block_tables: torch.Tensor | None = None   # [D, M] int32
     decode_context_lens: torch.Tensor | None = None   # [D] int32
+    # decode rows of one sequence (speculative decoding's verified positions, in position
+    # order): every row's K/V is stored before any row attends (so not the fused Triton
+    # store-in-attention launch; the CPU C kernel stores and attends row by row, in order)
+    decode_rows_shared: bool = False
     prefill_block_tables: torch.Tensor | None = None  # [P, M] int32
     prefill_cu_seqlens_q: torch.Tensor | None = None  # [P+1] int32
     prefill_context_lens: torch.Tensor | None = None  # [P] int32

@@ -103,7 +103,8 @@ class LlamaDecoderLayer(nn.Module):
         decode-only step (ops.rotary_decode_attention), else rotary_store_kv then the
         attention (which skips its own store)."""
         ops, attn, cos_sin = self.model.ops, self.attn, self.model.cos_sin_cache
-        if meta.query_start_loc is None and meta.num_decode_tokens == q.shape[0]:
+        if meta.query_start_loc is None and meta.num_decode_tokens == q.shape[0] \
+                and not meta.decode_rows_shared:
             return ops.rotary_decode_attention(
                 positions, q, k, v, cos_sin, True, attn.k_cache, attn.v_cache,
                 meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,

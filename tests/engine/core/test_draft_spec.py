@@ -175,7 +175,9 @@ def test_a_draft_equal_to_the_target_has_every_draft_accepted():
     drafts kept where accepted) keep its KV exact: with the target itself as the draft,
     its greedy drafts are the target's greedy tokens."""
     spec = {"method": "draft", "model": str(DEFAULT_MODEL_DIR), "num_speculative_tokens": 3}
-    with LLM(speculative_config=spec, **KW) as llm:
+    # synchronous steps: async scheduling runs a request's first decodes without drafts
+    # (engine/core/core.py _may_chain), and this test counts every proposal
+    with LLM(speculative_config=spec, async_scheduling=False, **KW) as llm:
         llm.generate(PROMPTS[:4], SamplingParams(max_tokens=24, temperature=0,
                                                  ignore_eos=True))
         c, proposer = llm.engine.counters, llm.engine.spec.draft

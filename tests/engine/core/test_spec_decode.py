@@ -6,7 +6,6 @@ live toggle of the knob; the pool ends empty with every block-pool invariant che
 after each step; drafts are accepted on repetitive text and counted on /metrics. The
 rejection sampler keeps the target distribution (a statistical test against a per-row
 torch reference). Rollback: blocks of rejected slots go back, nothing unverified is hashed."""
-import threading
 
 import httpx
 import pytest
@@ -138,8 +137,10 @@ def test_rollback_frees_rejected_slots_and_hashes_only_verified_tokens():
         assert verified and all("drafted" in e.detail for e in verified)   # the TUI's log
 
 
-def test_random_sampling_speculates_only_plain_requests():
-    """temperature > 0: rejection sampling; penalties, logprobs or a seed: no drafts."""
+def test_random_sampling_speculates_plain_and_seeded_requests():
+    """temperature > 0: rejection sampling, seeded requests too (their rows draw from
+    their own generator: the same seed gives the same tokens, whatever ran before);
+    penalties or logprobs (the processed path): no drafts."""
     with LLM(speculative_config=SPEC, **KW) as llm:
         c = llm.engine.counters
         llm.generate([LINE * 3], SamplingParams(max_tokens=20, temperature=0.7, seed=5,
@@ -148,6 +149,13 @@ def test_random_sampling_speculates_only_plain_requests():
         out = llm.generate([LINE * 3], SamplingParams(max_tokens=20, temperature=0.7))
         assert len(out[0].outputs[0].token_ids) == 20
         assert c.spec_decode_num_drafts > 0
+        seeded = SamplingParams(max_tokens=30, temperature=0.8, seed=11)
+        drafts = c.spec_decode_num_draft_tokens
+        runs = [llm.generate([LINE * 3], seeded)[0].outputs[0].token_ids for _ in range(2)]
+        llm.generate([LINE * 3], SamplingParams(max_tokens=9, temperature=1.0))  # global draws
+        runs.append(llm.generate([LINE * 3], seeded)[0].outputs[0].token_ids)
+        assert c.spec_decode_num_draft_tokens > drafts
+        assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 30
 
 
 def _reference_rejection(p, q, x, gen):
@@ -212,6 +220,7 @@ def test_bench_reports_acceptance(tmp_path, capsys):
     rc = bench.main(["--in-process", "--model", "default", "--device", "cpu", "--no-progress",
                      "--scenario", "identical", "--num-prompts", "3", "--input-len", "48",
                      "--output-len", "24", "--num-speculative-tokens", "3",
+                     "--no-async-scheduling",     # every step proposes: drafts are counted
                      "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "Mean acceptance length:" in text
@@ -244,20 +253,47 @@ def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
     assert c.spec_decode_num_accepted_tokens == (c.spec_decode_num_draft_tokens if p else 0)
 
 
-def test_verify_steps_through_the_graph_buffers_match_plain_engine():
+def _fused_at_its_worst(positions, query, key, value, cos_sin, is_neox, k_cache, v_cache,
+                        slots, tables, lens, scale):
+    """The GPU's fused rotary + store + decode attention launch in its worst order: each
+    row reads the cache as it was before the launch, plus its own K/V. Exact for one row a
+    sequence; a verify step's later rows of a sequence would read stale K/V, so verify
+    steps must not come here (AttentionMetadata.decode_rows_shared)."""
+    from kernels import reference
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    q = reference.rotary_store_kv(positions, query, key, value, cos_sin, is_neox, k_cache,
+                                  v_cache, slots)
+    out = torch.empty_like(q)
+    for i in range(q.shape[0]):
+        k_i, v_i = k0.clone(), v0.clone()
+        if slots[i] >= 0:
+            for mine, stored in ((k_i, k_cache), (v_i, v_cache)):
+                rows = stored.view(-1, *stored.shape[2:])
+                mine.view(-1, *mine.shape[2:])[slots[i]] = rows[slots[i]]
+        out[i] = reference.paged_decode_attention(q[i:i + 1], k_i, v_i, tables[i:i + 1],
+                                                  lens[i:i + 1], scale)[0]
+    return out
+
+
+@pytest.mark.parametrize("mixed_tokens", [48, 0])
+def test_verify_steps_through_the_graph_buffers_match_plain_engine(mixed_tokens):
     """The CUDA graphs' padded step buffers, run eagerly on the CPU (as in
-    test_step_graphs.py): verify steps whose logits rows fit take the mixed-graph path,
-    the wider ones run eagerly; greedy tokens equal the plain engine's either way."""
+    test_step_graphs.py): decode-only verify steps take the verify graphs (decode rows,
+    bucketed past the decode buckets), verify rows beside prefill chunks the mixed graphs
+    (without them, as cudagraph_mode full_decode_only: eagerly); greedy tokens equal the
+    plain engine's. The fused decode op is the GPU's at its worst order
+    (_fused_at_its_worst): plain decode steps take it, verify steps must not."""
     from types import SimpleNamespace
 
     from engine.worker.cuda_graphs import StepGraphs
     from kernels import reference
     from kernels.unified_attention import unified_attention_reference
     kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4,
-              num_blocks=64, max_num_batched_tokens=48, max_num_seqs=6)
+              num_blocks=160, max_num_batched_tokens=48, max_num_seqs=6,
+              async_scheduling=False)          # every step proposes (no async chains)
     g = torch.Generator().manual_seed(4)
     prompts = [{"prompt_token_ids": torch.randint(0, 64, (n,), generator=g).tolist() * 3}
-               for n in (3, 5, 7, 4, 6, 9)]
+               for n in (3, 5, 7, 4, 6, 40)]     # the last prefills while others verify
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     with LLM(**kw) as llm:
         want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
@@ -265,13 +301,15 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine():
         runner = llm.engine.runner
         names = [n for n in dir(reference) if not n.startswith("_")
                  and callable(getattr(reference, n))]
-        ops = SimpleNamespace(**{n: getattr(reference, n) for n in names},
+        ops = SimpleNamespace(**{**{n: getattr(reference, n) for n in names},
+                                 "rotary_decode_attention": _fused_at_its_worst},
                               paged_unified_attention=unified_attention_reference)
         runner.model.ops = ops
         for layer in runner.model.attention_layers():
             layer.ops = ops
         runner.graphs = graphs = StepGraphs(runner, 8, use_graphs=False, pad=True,
-                                            max_mixed_tokens=48)
+                                            max_mixed_tokens=mixed_tokens,
+                                            max_verify_rows=6 * 4)
         kinds = []
         real_key = graphs.key
 
@@ -283,11 +321,13 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine():
         graphs.key = key
         got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
         assert got == want
-        assert "mixed" in kinds and None in kinds, kinds     # graph path and eager both ran
+        assert "verify" in kinds and ("mixed" if mixed_tokens else None) in kinds, kinds
+        assert graphs.replays["verify"] == kinds.count("verify")
+        assert max(graphs.verify_buckets) > max(graphs.decode_buckets)
         assert llm.engine.counters.spec_decode_num_accepted_tokens > 0
 
 
-def test_stops_inside_an_accepted_run_end_the_request_there(client):
+def test_stops_inside_an_accepted_run_end_the_request_there():
     """A stop string or stop token among a step's accepted tokens ends the request at
     it, as without speculation (the tokens after it are dropped)."""
     prompts = [LINE * 3, SHARED]
@@ -298,10 +338,35 @@ def test_stops_inside_an_accepted_run_end_the_request_there(client):
                   SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[stop_id])]
         want = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
                 for o in llm.generate(prompts, params)]
-    before = client.engine_stats().spec_decode_num_accepted_tokens
-    outs = [client.submit(p, sp).result(timeout=TIMEOUT) for p, sp in zip(prompts, params)]
-    got = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
-           for o in outs]
-    assert got == want and all(r == "stop" for _, _, r in got)
-    assert client.wait_idle(TIMEOUT)
-    assert client.engine_stats().spec_decode_num_accepted_tokens > before
+    # synchronous steps: every step proposes, so where drafts are accepted does not
+    # depend on which steps async scheduling ran ahead (engine/core/core.py _may_chain)
+    client = EngineClient(label="spec-sync", snapshots=False, speculative_config=SPEC,
+                          async_scheduling=False, **KW)
+    try:
+        outs = [client.submit(p, sp).result(timeout=TIMEOUT) for p, sp in zip(prompts, params)]
+        got = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+               for o in outs]
+        assert got == want and all(r == "stop" for _, _, r in got)
+        assert client.wait_idle(TIMEOUT)
+        assert client.engine_stats().spec_decode_num_accepted_tokens > 0
+    finally:
+        client.close()
+
+
+def test_seeded_rows_draw_from_their_own_generators():
+    """Rows of seeded requests take their uniforms and residual draws from their own
+    generator: the same seeds give the same tokens whatever the shared generator's state,
+    and the target distribution holds for them too."""
+    gen = torch.Generator().manual_seed(1)
+    vocab, n = 6, 4000
+    p = torch.softmax(torch.randn(vocab, generator=gen) * 1.5, 0)
+    x = torch.multinomial(p.flip(0), n, replacement=True, generator=gen)
+
+    def run(shared_seed):
+        rows = {i: torch.Generator().manual_seed(1000 + i) for i in range(n)}
+        return rejection_sample(p.expand(n, vocab).clone(), x, None,
+                                torch.Generator().manual_seed(shared_seed), rows)
+    first, second = run(0), run(99)
+    assert torch.equal(first, second)
+    emp = torch.bincount(first, minlength=vocab).double() / n
+    assert 0.5 * (emp - p).abs().sum() < 0.04           # TV: ~0.015 expected at n = 4000

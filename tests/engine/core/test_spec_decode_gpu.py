@@ -1,8 +1,10 @@
 """Speculative decoding on the GPU with CUDA graphs on (docs/SPECULATIVE.md): greedy
 tokens with speculation equal those without, n-gram drafts on repeated token patterns and
-the benchmark oracle (every draft right: everything accepted), and verify steps replay
-mixed-step graphs. float32, so that no near-tie between the extend and decode kernels
-flips a token (bf16 runs may differ there, as in vLLM)."""
+the benchmark oracle (every draft right: everything accepted). Verified positions are
+decode rows: decode-only verify steps replay the verify graphs (decode buckets, the
+in-graph argmax), verify rows beside prefill chunks the mixed graphs. float32, so that
+no near-tie flips a token where the same position is computed in differently shaped
+batches (bf16 runs may differ there, as in vLLM)."""
 import json
 
 import pytest
@@ -50,7 +52,7 @@ def test_ngram_speculation_keeps_greedy_tokens_with_graphs(reference):
         c = llm.engine.counters
         replays = dict(llm.engine.runner.graphs.replays)
     assert got == want
-    assert c.spec_decode_num_draft_tokens > 0 and replays.get("mixed", 0) > 0
+    assert c.spec_decode_num_draft_tokens > 0 and replays["verify"] > 0 and replays["mixed"] > 0
 
 
 def test_oracle_drafts_all_accepted_with_graphs(reference, tmp_path):
@@ -60,8 +62,11 @@ def test_oracle_drafts_all_accepted_with_graphs(reference, tmp_path):
     spec = {"method": "oracle", "num_speculative_tokens": 4, "oracle_acceptance": 1.0,
             "oracle_references": str(refs)}
     with LLM(speculative_config=spec, **KW) as llm:
+        graphs = llm.engine.runner.graphs
+        assert graphs.verify_buckets[-1] >= KW["max_num_seqs"] * 5   # every verify step fits
         got = _run(llm, prompts)
         c = llm.engine.counters
+        replays = dict(graphs.replays)
     assert got == want
-    assert c.spec_decode_num_draft_tokens > 0
+    assert c.spec_decode_num_draft_tokens > 0 and replays["verify"] > 0
     assert c.spec_decode_num_accepted_tokens == c.spec_decode_num_draft_tokens

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.worker.cuda_graphs import StepGraphs, mixed_buckets
+from engine.worker.cuda_graphs import StepGraphs, mixed_buckets, verify_buckets
 from kernels import reference
 from kernels.unified_attention import unified_attention_reference
 
@@ -63,20 +63,27 @@ def test_padded_buffer_steps_match_plain_engine(async_scheduling):
 
 def test_bucket_choice():
     graphs = SimpleNamespace(decode_buckets=[1, 2, 4, 8], mixed_buckets=mixed_buckets(100),
-                             max_seqs=8, pad=True)
+                             verify_buckets=verify_buckets(10), max_seqs=16, pad=True)
     assert mixed_buckets(100)[-2:] == [64, 100] and mixed_buckets(16) == [16]
+    assert verify_buckets(10) == [1, 2, 4, 8, 16] and verify_buckets(0) == []
 
-    def batch(decodes, chunks):
+    def batch(decodes, chunks, verify=False):
         return SimpleNamespace(decode_only=not chunks, num_decodes=decodes,
-                               num_prefills=len(chunks), num_tokens=decodes + sum(chunks))
+                               num_prefills=len(chunks), num_tokens=decodes + sum(chunks),
+                               draft_rows=np.arange(decodes) if verify else None)
     key = lambda *a: StepGraphs.key(graphs, batch(*a))
     assert key(3, []) == ("decode", 4)
+    assert key(12, [], True) == ("verify", 16)    # verified positions: decode rows
+    assert key(12, [4], True) == ("mixed", 16)
+    assert key(17, [], True) is None              # wider than every capacity: eager
     assert key(3, [10]) == ("mixed", 16)
     assert key(0, [65]) == ("mixed", 100)
     assert key(0, [101]) is None                  # over the budget captured: eager
-    assert key(4, [1] * 5) is None                # more sequences than the capacity
+    assert key(12, [1] * 5) is None               # more sequences than the capacity
     graphs.decode_buckets = [1, 2]
     assert key(5, []) == ("mixed", 16)            # past the decode buckets: a mixed graph
+    graphs.verify_buckets = []                    # started without speculation
+    assert key(5, [], True) == ("mixed", 16)
 
 
 def test_fill_pads_mixed_step():

@@ -1,0 +1,129 @@
+"""The host side of speculative decoding (docs/SPECULATIVE.md "Host cost"): the n-gram
+proposer's incremental search equals the plain definition (a window scan per n, the
+longest n first, its most recent match), each request's token array follows its
+tokens as they grow, async scheduling chains the steps that verify nothing, verified
+random rows cost the sampler no draw, and the verify graphs' widest step follows k,
+max_num_seqs and the token budget."""
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import sliding_window_view
+
+from engine.core.ngram_proposer import SEARCH_WINDOW, TokenArrays, propose_ngram
+
+
+def _by_definition(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    if k <= 0 or len(tokens) < n_min + 1:
+        return []
+    t = np.asarray(tokens[-SEARCH_WINDOW:], dtype=np.int64)
+    size = t.shape[0]
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        windows = sliding_window_view(t[:size - 1], n)
+        hits = np.flatnonzero((windows == t[size - n:]).all(axis=1))
+        if hits.shape[0]:
+            start = int(hits[-1]) + n
+            return t[start:start + k].tolist()
+    return []
+
+
+@pytest.mark.parametrize("vocab", [2, 5, 40])
+def test_incremental_ngram_search_equals_the_definition(vocab):
+    rng = np.random.default_rng(vocab)
+    for _ in range(400):
+        tokens = rng.integers(0, vocab, int(rng.integers(1, 60))).tolist()
+        n_min = int(rng.integers(1, 4))
+        n_max = int(rng.integers(n_min, 6))
+        k = int(rng.integers(0, 6))
+        assert propose_ngram(tokens, k, n_min, n_max) == \
+            _by_definition(tokens, k, n_min, n_max), (tokens, k, n_min, n_max)
+    long = rng.integers(0, vocab, SEARCH_WINDOW + 300).tolist()     # past the window
+    assert propose_ngram(long, 4, 1, 4) == _by_definition(long, 4, 1, 4)
+
+
+class _Req:
+    def __init__(self, prompt):
+        self.prompt_token_ids, self.output_token_ids = list(prompt), []
+
+
+def test_token_arrays_follow_the_tokens_as_they_grow():
+    arrays, req = TokenArrays(), _Req(range(50))
+    assert arrays.get(req).tolist() == list(range(50))
+    for step in range(100):                    # 1 to 4 tokens a step, past the capacity
+        req.output_token_ids.extend(range(1000 + step, 1000 + step + 1 + step % 4))
+        assert arrays.get(req).tolist() == req.prompt_token_ids + req.output_token_ids
+    other = _Req([7, 8])
+    assert arrays.get(other).tolist() == [7, 8]
+    del req
+    assert len(arrays._arrays) == 1            # weakly keyed: gone with its request
+
+
+def test_async_scheduling_chains_steps_that_verify_nothing():
+    """Async scheduling on, speculation on: steps without a verify are launched before
+    the previous step's tokens are read (at most SPEC_ASYNC_RUN in a row), steps with one
+    are not; greedy tokens equal the plain engine's and drafts are still accepted."""
+    from engine import LLM, SamplingParams
+    from engine.core.spec_decode import SPEC_ASYNC_RUN
+    line = "To be, or not to be, that is the question.\n"
+    prompts = [line * 3, "ROMEO.\nBut soft, what light through yonder window breaks?",
+               "KING.\nWhat news? " * 5, "O"]
+    kw = dict(model="default", device="cpu", max_num_batched_tokens=32, async_scheduling=True,
+              check_invariants=True)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    with LLM(**kw) as llm:
+        want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with LLM(speculative_config=spec, **kw) as llm:
+        eng, chained, runs = llm.engine, [], []
+        launch_next = eng._launch_next
+
+        def spy(prev):
+            assert not prev.plan.verifies          # never after a verify
+            chained.append(1)
+            runs.append(eng._chained)
+            return launch_next(prev)
+        eng._launch_next = spy
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        accepted = eng.counters.spec_decode_num_accepted_tokens
+    assert got == want and accepted > 0
+    assert len(chained) >= 5 and max(runs) <= SPEC_ASYNC_RUN
+
+
+def test_verified_random_rows_spend_no_sampler_draw():
+    """temperature > 0: the rejection sampler draws a verify row's token, so the sampler
+    skips those rows: a step whose sample rows all verify makes no random draw of its own."""
+    from engine import LLM, SamplingParams
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with LLM(model="default", device="cpu", speculative_config=spec,
+             async_scheduling=False) as llm:
+        runner = llm.engine.runner
+        draws, verify_only = [], []
+        execute, draw = runner.execute_model, runner.sampler._sample_random
+
+        def counted_draw(*args):
+            draws.append(1)
+            return draw(*args)
+
+        def watched(batch):
+            before = len(draws)
+            tokens = execute(batch)
+            if batch.draft_rows is not None and \
+                    batch.draft_rows.shape[0] == batch.sample_rows.shape[0]:
+                verify_only.append(len(draws) == before)
+            return tokens
+        runner.sampler._sample_random, runner.execute_model = counted_draw, watched
+        out = llm.generate(["To be, or not to be, that is the question.\n" * 3],
+                           SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 30
+    assert verify_only and all(verify_only) and draws      # plain decode steps still draw
+
+
+def test_verify_graph_rows_follow_k_the_seqs_and_the_budget():
+    from engine.config import make_config
+    from engine.core.spec_decode import verify_rows
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    assert verify_rows(make_config(max_num_seqs=32, speculative_config=spec,
+                                   max_num_batched_tokens=2048)) == 32 * 5
+    assert verify_rows(make_config(max_num_seqs=32, speculative_config=spec,
+                                   max_num_batched_tokens=64)) == 64   # drafts in the budget
+    assert verify_rows(make_config(max_num_seqs=32, max_num_batched_tokens=16,
+                                   num_speculative_tokens=2)) == 32    # decodes uncapped
+    assert verify_rows(make_config(max_num_seqs=32)) == 0

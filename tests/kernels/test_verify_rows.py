@@ -1,0 +1,95 @@
+"""Speculative decoding's verified positions as decode rows (docs/SPECULATIVE.md): the
+rows of one request share its block-table row, each with context length position + 1.
+With every row's K/V stored first, the decode attention of those rows equals the causal
+extend attention of the same tokens (the torch reference) on each backend a verify step
+runs: the reference, the CPU C kernel (it stores and attends row by row, in order, in
+one call: rotary_decode_attention) and the Triton decode kernel (under the interpreter
+without CUDA; store then attend, as a verify step runs it)."""
+import os
+
+import pytest
+import torch
+
+from engine.worker.models.layers import rope_cos_sin_cache
+from kernels import reference as ref
+
+BLOCK, H_KV, GROUP, D = 4, 2, 2, 32
+H = H_KV * GROUP
+PREFIXES, NEW = [21, 6], [4, 3]       # cached tokens, then verified positions, per request
+
+
+def _case(dtype: torch.dtype, device: str) -> dict:
+    """Two requests with cached prefixes, their new rows' q/k/v, positions and slots, the
+    extend layout (one sequence each) and the decode-row layout (one row a position)."""
+    g = torch.Generator().manual_seed(7)
+    rand = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)   # noqa: E731
+    blocks = [-(-(p + n) // BLOCK) for p, n in zip(PREFIXES, NEW)]
+    num_blocks = sum(blocks) + 2
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = torch.zeros(2, max(blocks) + 1, dtype=torch.int32)
+    tables[0, :blocks[0]], tables[1, :blocks[1]] = perm[:blocks[0]], perm[blocks[0]:sum(blocks)]
+    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(PREFIXES, NEW)])
+    seq = torch.repeat_interleave(torch.arange(2), torch.tensor(NEW))
+    slots = tables[seq, positions // BLOCK].long() * BLOCK + positions % BLOCK
+    t = sum(NEW)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    return dict(
+        k_cache=rand(num_blocks, BLOCK, H_KV, D), v_cache=rand(num_blocks, BLOCK, H_KV, D),
+        q=rand(t, H, D), k=rand(t, H_KV, D), v=rand(t, H_KV, D),
+        positions=positions.to(device), slots=slots.to(device),
+        cos_sin=rope_cos_sin_cache(inv_freq, 64).to(device),
+        tables=tables.to(device),
+        cu=torch.tensor([0, NEW[0], t], dtype=torch.int32, device=device),
+        lens=torch.tensor([p + n for p, n in zip(PREFIXES, NEW)], dtype=torch.int32,
+                          device=device),
+        row_tables=tables[seq].contiguous().to(device),          # the request's row, repeated
+        row_lens=(positions + 1).to(torch.int32).to(device))
+
+
+def _want(c: dict) -> torch.Tensor:
+    """Reference: rotary + store, then the causal extend attention of each request."""
+    kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
+    q = ref.rotary_store_kv(c["positions"], c["q"], c["k"], c["v"], c["cos_sin"], True, kc,
+                            vc, c["slots"])
+    return ref.paged_extend_attention(q, kc, vc, c["tables"], c["cu"], c["lens"], max(NEW),
+                                      D ** -0.5)
+
+
+def _decode_rows(ops, c: dict, fused: bool) -> torch.Tensor:
+    kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
+    args = (c["positions"], c["q"], c["k"], c["v"], c["cos_sin"], True, kc, vc, c["slots"])
+    if fused:
+        return ops.rotary_decode_attention(*args, c["row_tables"], c["row_lens"], D ** -0.5)
+    q = ops.rotary_store_kv(*args)
+    return ops.paged_decode_attention(q, kc, vc, c["row_tables"], c["row_lens"], D ** -0.5)
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    assert torch.allclose(got.float().cpu(), want.float().cpu(), atol=tol, rtol=tol), \
+        (got.float().cpu() - want.float().cpu()).abs().max()
+
+
+def test_reference_decode_rows_equal_extend():
+    c = _case(torch.float32, "cpu")
+    _check(_decode_rows(ref, c, fused=False), _want(c), 1e-5)
+
+
+def test_cpu_native_decode_rows_in_one_call_equal_extend():
+    from kernels import cpu_native
+    if not cpu_native.available():
+        pytest.skip("the CPU C kernels did not build")
+    c = _case(torch.float32, "cpu")
+    _check(_decode_rows(cpu_native, c, fused=True), _want(c), 1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the Triton kernels need CUDA or the interpreter")
+def test_triton_decode_rows_after_the_store_equal_extend():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        import tests.kernels.kernel_helpers  # noqa: F401  (its interpreter patch)
+    from kernels import get_ops
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    c = _case(torch.float32, device)
+    want = _want({k: v.cpu() if torch.is_tensor(v) else v for k, v in c.items()})
+    _check(_decode_rows(get_ops("triton"), c, fused=False), want, 1e-4)
