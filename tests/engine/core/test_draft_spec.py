@@ -19,10 +19,12 @@ from safetensors.torch import save_file
 from engine import LLM, SamplingParams
 from engine.config import (DEFAULT_DRAFT_MODEL, InvalidRequestError, SpeculativeConfig,
                            make_config)
-from engine.core.draft_proposer import DraftBlockPool, DraftState
+from engine.core.draft_proposer import MAX_CONSECUTIVE_FAULTS, DraftBlockPool, DraftState
 from engine.front.client import EngineClient
 from engine.tokenizer import DEFAULT_MODEL_DIR
+from engine.worker.draft_runner import DRAFT_FAULT_ENV
 from roseplay.serve.app import build_app
+from roseplay.serve.metrics import spec_decode_metrics
 from roseplay.serve.server import ServerThread
 
 TIMEOUT = 120
@@ -168,6 +170,27 @@ def test_openai_client_through_serve_and_metrics(client, reference):
            for s in fam.samples if "position" not in s.labels}
     assert got["vllm:spec_decode_num_draft_tokens_total"] == st.spec_decode_num_draft_tokens
     assert got["vllm:spec_decode_num_drafts_total"] == st.spec_decode_num_drafts > 0
+
+
+def test_a_draft_fault_ends_no_request(spec, reference, monkeypatch, capfd):
+    """Every draft forward from the 5th on raises (in the engine process): the requests
+    decode plainly with the same greedy tokens, the fault is logged once with its
+    cause, and after MAX_CONSECUTIVE_FAULTS the draft is off, on /metrics too."""
+    monkeypatch.setenv(DRAFT_FAULT_ENV, "4")
+    with EngineClient(label="draft-fault", snapshots=False, speculative_config=spec,
+                      **KW) as faulty:
+        assert _run(faulty) == reference[0]
+        st = faulty.engine_stats()
+    assert st.spec_draft_faults == MAX_CONSECUTIVE_FAULTS and st.spec_draft_disabled
+    assert st.spec_decode_num_draft_tokens > 0          # drafts before the faults
+    assert st.num_used_blocks == 0 and st.spec_draft_num_used_blocks == 0
+    err = capfd.readouterr().err
+    assert err.count("draft model forward failed") == 1 and "InjectedDraftFault" in err
+    assert "turned off after 3 consecutive faults" in err
+    got = {s.name: s.value for fam in spec_decode_metrics(st, ["model_name"], "default")
+           for s in fam.samples}
+    assert got["roseplay:spec_draft_faults_total"] == MAX_CONSECUTIVE_FAULTS
+    assert got["roseplay:spec_draft_disabled"] == 1.0
 
 
 def test_a_draft_equal_to_the_target_has_every_draft_accepted():
