@@ -43,6 +43,10 @@ class DraftGraphs:
         self.buckets = chain_buckets(max_rows)
         self.rows = self.buckets[-1] if self.pad else max_rows
         self.max_chain = max_chain
+        # padded chain lengths: a proposal's chain is k + 1 forwards (decode catch-up of
+        # 2 unseen tokens), k (of 1) or k - 1 (after an extend); shorter ones (rooms cut
+        # by the budget or the length cap) run padded to k - 1, so 3 graphs per bucket
+        self.lengths = sorted({max(max_chain - 2, 1), max(max_chain - 1, 1), max_chain})
         n, r, w, dev = max_chain, self.rows, runner.max_blocks_per_seq, runner.device
         self.cols = torch.zeros(4 * n * r, dtype=torch.int64, device=dev)  # ids|feed|pos|slot
         self.lens = torch.ones(n * r, dtype=torch.int32, device=dev)
@@ -59,7 +63,10 @@ class DraftGraphs:
         """(padded rows, n) of the buffers' forward for this chain, or None (eager)."""
         if n > self.max_chain or rows > self.rows:
             return None
-        return (self.buckets[bisect.bisect_left(self.buckets, rows)] if self.pad else rows), n
+        if not self.pad:
+            return rows, n
+        return (self.buckets[bisect.bisect_left(self.buckets, rows)],
+                self.lengths[bisect.bisect_left(self.lengths, n)])
 
     def _views(self, size: int, n: int) -> tuple:
         cols = self.cols[:4 * n * size].view(4, n, size)
@@ -80,7 +87,7 @@ class DraftGraphs:
     # -- start ------------------------------------------------------------------------
     def _keys(self) -> list[tuple[int, int]]:
         """Largest first, so smaller captures reuse the pool's freed blocks."""
-        return [(b, n) for b in reversed(self.buckets) for n in range(self.max_chain, 0, -1)]
+        return [(b, n) for b in reversed(self.buckets) for n in reversed(self.lengths)]
 
     def _reset(self) -> None:
         """Inputs that store nothing (slot -1), for warm-ups and captures."""
@@ -130,31 +137,31 @@ class DraftGraphs:
             self.eager_chains += 1
             out = self.forward(*self._eager_inputs(chain))
             return out.t().cpu().numpy()
-        size = key[0]
-        self._fill(chain, size)
+        size, length = key
+        self._fill(chain, size, length)
         self.replays += 1
         if self.use_graphs:
             graph, out = self.graphs[key]
             graph.replay()
         else:
-            out = self.forward(*self._views(size, n))
-        return out[:, :rows].t().cpu().numpy()
+            out = self.forward(*self._views(size, length))
+        return out[:n, :rows].t().cpu().numpy()
 
-    def _fill(self, chain, size: int) -> None:
-        """Stage the chain padded to `size` rows and copy it in (3 contiguous copies)."""
+    def _fill(self, chain, size: int, length: int) -> None:
+        """Stage the chain padded to `size` rows and `length` forwards (the padding
+        stores nothing) and copy it in (3 contiguous copies)."""
         n, rows = chain.input_ids.shape
         stage64, stage32, stage_tables = self._stage
-        cols = stage64[:4 * n * size].numpy().reshape(4, n, size)
-        lens = stage32[:n * size].numpy().reshape(n, size)
-        cols[0, :, :rows], cols[1, :, :rows] = chain.input_ids, chain.feed
-        cols[2, :, :rows], cols[3, :, :rows] = chain.positions, chain.slot_mapping
-        lens[:, :rows] = chain.context_lens
-        if size > rows:
-            cols[:3, :, rows:], cols[3, :, rows:], lens[:, rows:] = 0, -1, 1
+        cols = stage64[:4 * length * size].numpy().reshape(4, length, size)
+        lens = stage32[:length * size].numpy().reshape(length, size)
+        cols[:3], cols[3], lens[:] = 0, -1, 1
+        cols[0, :n, :rows], cols[1, :n, :rows] = chain.input_ids, chain.feed
+        cols[2, :n, :rows], cols[3, :n, :rows] = chain.positions, chain.slot_mapping
+        lens[:n, :rows] = chain.context_lens
         width = chain.block_tables.shape[1]
         stage_tables[:rows, :width].numpy()[:] = chain.block_tables
-        self.cols[:4 * n * size].copy_(stage64[:4 * n * size], non_blocking=True)
-        self.lens[:n * size].copy_(stage32[:n * size], non_blocking=True)
+        self.cols[:4 * length * size].copy_(stage64[:4 * length * size], non_blocking=True)
+        self.lens[:length * size].copy_(stage32[:length * size], non_blocking=True)
         self.tables[:rows].copy_(stage_tables[:rows], non_blocking=True)
 
     def _eager_inputs(self, chain) -> tuple:

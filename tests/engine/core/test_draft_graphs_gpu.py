@@ -3,12 +3,14 @@
 give the same drafts as one decode per position with the argmax fed from the host; on
 CUDA (float32) the captured graphs give the eager runner's drafts on the same inputs.
 The CPU case runs the same comparison through the static buffers unpadded, without
-capture, and a chain larger than the buffers (eager fallback)."""
+capture, padded as on CUDA (rows to a bucket, forwards to a captured length), and a
+chain larger than the buffers (eager fallback)."""
 import numpy as np
 import pytest
 import torch
 
 from engine.config import DEFAULT_DRAFT_MODEL
+from engine.worker.draft_graphs import DraftGraphs
 from engine.worker.draft_runner import DraftChain, DraftExtend, DraftRunner, load_draft
 from tests.engine.core.test_draft_spec import BUNDLED, write_random_llama
 
@@ -99,6 +101,11 @@ def test_draft_chain_matches_stepwise_decodes_cpu(draft_path):
     small = _runner(draft_path, "cpu", use_graphs=False, max_rows=2)   # 3 rows: eager
     _extend(small)
     assert _chained(small) == chained and small.chains.eager_chains == 1
+    padded = _runner(draft_path, "cpu", use_graphs=False)   # as on CUDA: rows to 4,
+    padded.chains = DraftGraphs(padded, 4, 4, use_graphs=False, pad=True)  # lengths to 2-4
+    _extend(padded)
+    assert _chained(padded) == chained and _stepwise(padded) == chained
+    assert padded.chains.replays == 1 + max(COUNTS) and padded.chains.eager_chains == 0
 
 
 @pytest.mark.gpu
@@ -107,7 +114,7 @@ def test_draft_chain_graphs_match_eager_cuda(draft_path):
     """Float32 (no bf16 near-tie flips): the captured chain (3 rows padded to 4) gives
     the eager padded chain's drafts, which are the stepwise decodes' drafts."""
     graphs = _runner(draft_path, "cuda", use_graphs=True)
-    assert (4, 4) in graphs.chains.graphs and (1, 1) in graphs.chains.graphs
+    assert set(graphs.chains.graphs) == {(b, n) for b in (1, 2, 4) for n in (2, 3, 4)}
     eager = _runner(draft_path, "cuda", use_graphs=False)
     assert not eager.chains.graphs
     _extend(graphs)
