@@ -91,13 +91,13 @@ class DraftRunner:
         for i, layer in enumerate(layers):
             layer.ops = ops
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
-        self.forward_calls = 0
-        fault_at = os.environ.get(DRAFT_FAULT_ENV)
-        self.fault_at = int(fault_at) if fault_at else None
+        self.forward_calls, self.fault_at = 0, None
         self.chains = DraftGraphs(self, max_rows, max_chain, use_graphs,
                                   pad=device.type == "cuda")
         if device.type == "cuda":
             self._warm_up()
+        fault_at = os.environ.get(DRAFT_FAULT_ENV)      # counted from serving's first call
+        self.fault_at = int(fault_at) if fault_at else None
 
     def _warm_up(self) -> None:
         """Compile the draft's kernels at start, not in the first request's step (an
