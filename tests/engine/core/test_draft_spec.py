@@ -264,8 +264,9 @@ def test_tui_flag_accepts_draft_model_and_lists_the_methods():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_draft_model_on_cuda_keeps_float32_greedy_output():
-    """GPU (float32, so no bf16 near-tie flips): the target's graphs verify the draft's
-    eager Triton forwards; greedy tokens as without speculation, the draft pool empty."""
+    """GPU (float32, so no bf16 near-tie flips): the target's graphs verify the drafts of
+    the draft's captured decode chains; greedy tokens as without speculation, the draft
+    pool empty."""
     kw = dict(model="default", device="cuda", dtype="float32")
     params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     with LLM(**kw) as llm:
@@ -274,6 +275,8 @@ def test_draft_model_on_cuda_keeps_float32_greedy_output():
              **kw) as llm:
         got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
         c, proposer = llm.engine.counters, llm.engine.spec.draft
+        chains = proposer.runner.chains
         assert got == want
+        assert chains.graphs and chains.replays > 0 and chains.eager_chains == 0
         assert c.spec_decode_num_accepted_tokens > 0.2 * c.spec_decode_num_draft_tokens > 0
         assert proposer.pool.num_free == proposer.pool.num_blocks and not proposer.states
