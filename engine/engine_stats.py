@@ -30,3 +30,5 @@ class EngineStats(msgspec.Struct, frozen=True):
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()   # by draft position
     spec_draft_num_used_blocks: int = 0        # the draft model's own KV pool (draft_model)
+    spec_draft_faults: int = 0                 # proposals whose draft forward raised
+    spec_draft_disabled: bool = False          # the draft turned off after faults in a row

@@ -22,7 +22,7 @@ PHASES=${PHASES:-tests bench observer}
 M=${MODEL:-dummy:qwen2.5-0.5b}
 if [[ " $PHASES " == *" tests "* ]]; then
   step engine_tests ${TESTS_S:-420} python3 -m pytest -q -p no:cacheprovider -o addopts= \
-    ${GPU_TESTS:-tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_gpu_linear.py tests/engine/worker/test_device_io_gpu.py tests/engine/worker/test_step_graphs_gpu.py tests/engine/worker/test_engine_gpu.py tests/engine/worker/test_sampling_gpu.py tests/engine/core/test_spec_decode_gpu.py tests/engine/core/test_draft_spec.py tests/engine/worker/test_prompt_logprobs_llm.py} ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
+    ${GPU_TESTS:-tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_gpu_linear.py tests/engine/worker/test_device_io_gpu.py tests/engine/worker/test_step_graphs_gpu.py tests/engine/worker/test_engine_gpu.py tests/engine/worker/test_sampling_gpu.py tests/engine/core/test_spec_decode_gpu.py tests/engine/core/test_draft_spec.py tests/engine/core/test_draft_graphs_gpu.py tests/engine/worker/test_prompt_logprobs_llm.py} ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
   tail -3 "$OUT/engine_tests.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" prefill "* ]]; then   # prefill TFLOP/s, 5 runs, and its kernels

@@ -18,17 +18,22 @@ not fit the draft pool gets no drafts (a plain decode): drafting never preempts.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine.request import RequestStatus
-from engine.worker.draft_runner import DraftDecode, DraftExtend, DraftRunner, build_draft_runner
+from engine.worker.draft_runner import DraftChain, DraftExtend, DraftRunner, build_draft_runner
+
+logger = logging.getLogger(__name__)
 
 # unseen tokens per request up to which a proposal catches up by decode forwards (one
 # token each) rather than one extend: after a verify a request has 1 or 2 (its accepted
 # drafts that were fed back are kept), so steps take only decodes
 DECODE_CATCH_UP = 2
+# draft faults in a row after which speculation by the draft stops (the engine serves on)
+MAX_CONSECUTIVE_FAULTS = 3
 
 
 class DraftBlockPool:
@@ -79,6 +84,9 @@ class DraftProposer:
         self.block_size = runner.block_size
         self.pool = DraftBlockPool(runner.num_blocks)
         self.states: dict[str, DraftState] = {}
+        self.faults = 0                 # proposals whose draft forward raised
+        self.consecutive_faults = 0
+        self.disabled = False           # turned off after MAX_CONSECUTIVE_FAULTS
 
     @property
     def num_used_blocks(self) -> int:
@@ -98,9 +106,12 @@ class DraftProposer:
 
     def propose(self, reqs: list, rooms: list[int]) -> list[list[int]]:
         """Up to rooms[i] greedy drafts for each request (fewer: none where its draft
-        blocks do not fit, or past the draft's max length)."""
+        blocks do not fit, or past the draft's max length; none for anyone in a step
+        whose draft forward fails, and none once the draft is turned off)."""
         self.sweep()
         drafts: list[list[int]] = [[] for _ in reqs]
+        if self.disabled:
+            return drafts
         ready = []       # (index, state, tokens, room)
         for i, (req, room) in enumerate(zip(reqs, rooms)):
             tokens = req.all_token_ids()
@@ -113,50 +124,51 @@ class DraftProposer:
                 ready.append((i, state, tokens, room))
         if not ready:
             return drafts
-        if max(len(tokens) - state.seen for _, state, tokens, _ in ready) <= DECODE_CATCH_UP:
-            self._decode_only(ready, drafts)
-        else:
-            self._extend_then_decode(ready, drafts)
+        try:
+            self._draft(ready, drafts)
+        except Exception as exc:     # noqa: BLE001 - a draft fault ends no request
+            self._fault(exc)
+            return [[] for _ in reqs]
+        self.consecutive_faults = 0
         return drafts
 
-    def _extend_then_decode(self, ready: list, drafts: list) -> None:
-        """One extend of every request's unseen tokens (draft 1), then a decode per
-        further draft position."""
-        first = self.runner.extend(self._extend_columns(ready))
-        for (i, state, tokens, _), token in zip(ready, first.tolist()):
-            state.seen = len(tokens)
-            drafts[i].append(token)
-        for j in range(1, max(room for *_, room in ready)):
-            active = [r for r in ready if r[3] > j]
-            pos = [len(tokens) + j - 1 for _, _, tokens, _ in active]
-            ids = [drafts[i][-1] for i, *_ in active]
-            out = self.runner.decode(self._decode_columns([r[1] for r in active], pos, ids))
-            for (i, state, _, _), token in zip(active, out.tolist()):
-                state.fed.append(drafts[i][-1])
-                drafts[i].append(token)
+    def _fault(self, exc: Exception) -> None:
+        """This step decodes plainly; every request's draft KV is dropped (a forward
+        may have stopped midway) and recomputed at its next proposal. Logged once;
+        the draft is turned off after MAX_CONSECUTIVE_FAULTS in a row."""
+        self.faults += 1
+        self.consecutive_faults += 1
+        for rid in list(self.states):
+            self.release(rid)
+        if self.faults == 1:
+            logger.error("draft model forward failed; the step's requests decode without "
+                         "drafts", exc_info=exc)
+        if self.consecutive_faults >= MAX_CONSECUTIVE_FAULTS:
+            self.disabled = True
+            logger.error("draft model turned off after %d consecutive faults (%d in all)",
+                         self.consecutive_faults, self.faults)
 
-    def _decode_only(self, ready: list, drafts: list) -> None:
-        """Decode forwards only (the usual case after a verify: one or two unseen
-        tokens): forward f feeds each request its next unseen token, then its own
-        drafts; the output after its last unseen token is draft 1. A decode forward
-        costs a fraction of an extend's (one fused C layer on the CPU, fewer launches
-        on the GPU)."""
-        starts = [state.seen for _, state, _, _ in ready]
-        counts = [len(tokens) - seen + room - 1
-                  for (_, _, tokens, room), seen in zip(ready, starts)]
-        for f in range(max(counts)):
-            active = [(r, seen + f) for r, seen, n in zip(ready, starts, counts) if f < n]
-            ids = [tokens[p] if p < len(tokens) else drafts[i][-1]
-                   for (i, _, tokens, _), p in active]
-            out = self.runner.decode(self._decode_columns(
-                [r[1] for r, _ in active], [p for _, p in active], ids))
-            for ((i, state, tokens, _), p), fed, token in zip(active, ids, out.tolist()):
-                if p >= len(tokens):
-                    state.fed.append(fed)
-                if p >= len(tokens) - 1:
-                    drafts[i].append(token)
-        for _, state, tokens, _ in ready:
-            state.seen = len(tokens)
+    def _draft(self, ready: list, drafts: list) -> None:
+        """Catch up (an extend, or the chain's first positions), then the chain of
+        decode positions: each row's drafts are its argmaxes from its last unseen
+        token on."""
+        if max(len(tokens) - state.seen for _, state, tokens, _ in ready) <= DECODE_CATCH_UP:
+            given = [tokens[state.seen:] for _, state, tokens, _ in ready]
+            starts = [state.seen for _, state, _, _ in ready]
+        else:       # one extend: draft 1 of every row, given to the chain
+            first = self.runner.extend(self._extend_columns(ready)).tolist()
+            for (i, _, _, _), token in zip(ready, first):
+                drafts[i].append(token)
+            given = [[token] for token in first]
+            starts = [len(tokens) for _, _, tokens, _ in ready]
+        counts = [len(g) + room - 1 - len(drafts[i])
+                  for g, (i, _, _, room) in zip(given, ready)]
+        if max(counts):
+            out = self.runner.decode_chain(self._chain(ready, given, starts, counts))
+            for row, (i, _, _, _) in enumerate(ready):
+                drafts[i].extend(out[row, len(given[row]) - 1:counts[row]].tolist())
+        for i, state, tokens, _ in ready:
+            state.seen, state.fed = len(tokens), drafts[i][:-1]
 
     def _grow(self, state: DraftState, slots: int) -> bool:
         need = -(-slots // self.block_size) - len(state.blocks)
@@ -195,15 +207,24 @@ class DraftProposer:
             context_lens=np.asarray([len(r[2]) for r in ready], dtype=np.int32),
             block_tables=self._tables(states))
 
-    def _decode_columns(self, states: list[DraftState], positions: list[int],
-                        ids: list[int]) -> DraftDecode:
-        """One token per request: ids[n] at positions[n] of states[n]."""
-        pos = np.asarray(positions, dtype=np.int64)
-        return DraftDecode(
-            input_ids=np.asarray(ids, dtype=np.int64), positions=pos,
-            slot_mapping=np.concatenate([self._slots(s, pos[n:n + 1])
-                                         for n, s in enumerate(states)]),
-            context_lens=(pos + 1).astype(np.int32), block_tables=self._tables(states))
+    def _chain(self, ready: list, given: list[list[int]], starts: list[int],
+               counts: list[int]) -> DraftChain:
+        """Row r: counts[r] forwards from position starts[r], fed given[r] then its own
+        argmaxes; then nothing (slot -1) to the chain's end."""
+        n, rows = max(counts), len(ready)
+        ids = np.zeros((n, rows), np.int64)
+        feed = np.ones((n, rows), bool)
+        pos = np.zeros((n, rows), np.int64)
+        slots = np.full((n, rows), -1, np.int64)
+        for r, ((_, state, _, _), g, start, count) in enumerate(zip(ready, given, starts,
+                                                                      counts)):
+            ids[:len(g), r], feed[:len(g), r] = g, False
+            pos[:count, r] = np.arange(start, start + count)
+            slots[:count, r] = self._slots(state, pos[:count, r])
+            feed[count:, r] = False
+        lens = np.where(slots >= 0, pos + 1, 1).astype(np.int32)
+        return DraftChain(ids, feed, pos, slots, lens, self._tables([r[1] for r in ready]))
+
 
 def make_draft_proposer(config, target_vocab: int, ops, device, dtype, num_blocks: int,
                         max_model_len: int) -> DraftProposer | None:
@@ -217,6 +238,10 @@ def make_draft_proposer(config, target_vocab: int, ops, device, dtype, num_block
         return None
     per_seq = -(-max_model_len // config.block_size)
     blocks = min(num_blocks, config.scheduler.max_num_seqs * per_seq)
+    graphs = device.type == "cuda" and not config.enforce_eager \
+        and ops.__name__ == "kernels.triton_ops"
     runner = build_draft_runner(spec.model, target_vocab, ops, device, dtype, blocks,
-                                config.block_size, config.seed)
+                                config.block_size, config.seed,
+                                max_rows=config.scheduler.max_num_seqs,
+                                max_chain=spec.num_speculative_tokens + 1, use_graphs=graphs)
     return DraftProposer(runner)

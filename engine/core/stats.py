@@ -71,4 +71,6 @@ def engine_stats(engine, now: float) -> EngineStats:
                        pool.lifetimes.freeze(), c.spec_decode_num_drafts,
                        c.spec_decode_num_draft_tokens, c.spec_decode_num_accepted_tokens,
                        engine.spec.per_position(),
-                       spec_draft_num_used_blocks=engine.spec.draft_used_blocks())
+                       spec_draft_num_used_blocks=engine.spec.draft_used_blocks(),
+                       spec_draft_faults=getattr(engine.spec.draft, "faults", 0),
+                       spec_draft_disabled=getattr(engine.spec.draft, "disabled", False))

@@ -3,10 +3,11 @@
 
 Worker side only: forwards and their argmax. Which tokens the draft has seen, its block
 tables and the pool's free list are the core's (engine/core/draft_proposer.py), which
-passes flat numpy columns in the target's layout (AttentionMetadata): extends (many
-tokens per sequence) and decodes (one each). Eager (no CUDA graphs): a
-draft forward is a few small launches; the same model classes, loader and attention ops
-as the target (CPU float32 and GPU).
+passes numpy columns in the target's layout (AttentionMetadata): extends (many tokens
+per sequence, eager) and decode chains (one token per sequence and position, n
+positions back to back on the device: engine/worker/draft_graphs.py, CUDA graphs on
+the GPU). The same model classes, loader and attention ops as the target (CPU float32
+and GPU).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from engine.config import DEFAULT_DRAFT_MODEL, InvalidRequestError
+from engine.worker.draft_graphs import DraftGraphs
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.models.loader import LoadedModel, load_model
 from engine.worker.placement import kv_cache_zeros
@@ -34,13 +36,26 @@ class DraftExtend:
 
 
 @dataclass
-class DraftDecode:
-    """One token per sequence."""
-    input_ids: np.ndarray       # [S] int64
-    positions: np.ndarray       # [S] int64
-    slot_mapping: np.ndarray    # [S] int64
-    context_lens: np.ndarray    # [S] int32
-    block_tables: np.ndarray    # [S, M] int32
+class DraftChain:
+    """n decode forwards of S sequences, one token each per forward, back to back: where
+    `feed` is set the input is the previous forward's argmax (a draft fed back), else
+    input_ids (a token the host gives). A row past its last forward stores nothing (slot
+    -1, context length 1)."""
+    input_ids: np.ndarray       # [n, S] int64
+    feed: np.ndarray            # [n, S] bool
+    positions: np.ndarray       # [n, S] int64
+    slot_mapping: np.ndarray    # [n, S] int64
+    context_lens: np.ndarray    # [n, S] int32
+    block_tables: np.ndarray    # [S, M] int32, M <= max_blocks_per_seq
+
+
+# fault injection for tests (docs/SPECULATIVE.md "Draft model"): every draft forward from
+# this 0-based call index on raises, in the engine process that inherits the variable
+DRAFT_FAULT_ENV = "ROSEPLAY_DRAFT_FAULT_AT"
+
+
+class InjectedDraftFault(RuntimeError):
+    pass
 
 
 def load_draft(name: str, target_vocab: int, device: torch.device,
@@ -60,10 +75,14 @@ def load_draft(name: str, target_vocab: int, device: torch.device,
 
 class DraftRunner:
     def __init__(self, loaded: LoadedModel, ops, device: torch.device, dtype: torch.dtype,
-                 num_blocks: int, block_size: int):
+                 num_blocks: int, block_size: int, max_rows: int = 1, max_chain: int = 1,
+                 use_graphs: bool = False):
+        """max_rows, max_chain: the chains the static buffers hold (max_num_seqs and
+        k + 1 at start); use_graphs: capture them (CUDA with graph-safe ops)."""
         self.model, self.device = loaded.model, device
         self.max_model_len = loaded.max_model_len
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.max_blocks_per_seq = -(-self.max_model_len // block_size)
         self.model.ops = ops
         layers = self.model.attention_layers()
         first = layers[0]
@@ -72,17 +91,25 @@ class DraftRunner:
         for i, layer in enumerate(layers):
             layer.ops = ops
             layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
-        self.forward_calls = 0
+        self.forward_calls, self.fault_at = 0, None
+        self.chains = DraftGraphs(self, max_rows, max_chain, use_graphs,
+                                  pad=device.type == "cuda")
         if device.type == "cuda":
             self._warm_up()
+        fault_at = os.environ.get(DRAFT_FAULT_ENV)      # counted from serving's first call
+        self.fault_at = int(fault_at) if fault_at else None
 
     def _warm_up(self) -> None:
         """Compile the draft's kernels at start, not in the first request's step (an
-        extend and a decode of slot 0, which later writes overwrite)."""
+        extend of slot 0, which later writes overwrite; the chains store nothing), and
+        capture the chains' graphs."""
         one, zero = np.ones(1, np.int32), np.zeros(1, np.int64)
         table = np.zeros((1, 1), np.int32)
         self.extend(DraftExtend(zero, zero, zero, np.array([0, 1], np.int32), one, table))
-        self.decode(DraftDecode(zero, zero, zero, one, table))
+        if self.chains.use_graphs:
+            self.chains.capture()
+        else:
+            self.chains.warm()
         self.forward_calls = 0
 
     @staticmethod
@@ -107,26 +134,28 @@ class DraftRunner:
         last = step.cu_seqlens_q[1:].astype(np.int64) - 1
         return self._greedy(step.input_ids, step.positions, meta, last)
 
-    @torch.inference_mode()
-    def decode(self, step: DraftDecode) -> np.ndarray:
-        """One token per sequence into the draft's KV; the argmax after each ([S])."""
-        meta = AttentionMetadata(
-            slot_mapping=self._to(step.slot_mapping, np.int64),
-            num_decode_tokens=step.input_ids.shape[0],
-            decode_block_tables=self._to(step.block_tables, np.int32),
-            decode_context_lens=self._to(step.context_lens, np.int32))
-        return self._greedy(step.input_ids, step.positions, meta, None)
+    def decode_chain(self, chain: DraftChain) -> np.ndarray:
+        """The chain's tokens into the draft's KV; the argmax after each, [S, n]."""
+        self._count_forward()
+        return self.chains.run(chain)
+
+    def _count_forward(self) -> None:
+        self.forward_calls += 1
+        if self.fault_at is not None and self.forward_calls > self.fault_at:
+            raise InjectedDraftFault(f"injected draft fault at forward call "
+                                     f"{self.forward_calls - 1} ({DRAFT_FAULT_ENV})")
 
     def _greedy(self, ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata,
                 rows: np.ndarray | None) -> np.ndarray:
-        self.forward_calls += 1
+        self._count_forward()
         logits = self.model(self._to(ids, np.int64), self._to(positions, np.int64), meta,
                             None if rows is None else self._to(rows, np.int64))
         return logits.argmax(dim=-1).cpu().numpy()
 
 
 def build_draft_runner(name: str, target_vocab: int, ops, device: torch.device,
-                       dtype: torch.dtype, num_blocks: int, block_size: int,
-                       seed: int) -> DraftRunner:
+                       dtype: torch.dtype, num_blocks: int, block_size: int, seed: int,
+                       **chains) -> DraftRunner:
+    """chains: DraftRunner's max_rows, max_chain, use_graphs."""
     return DraftRunner(load_draft(name, target_vocab, device, dtype, seed), ops, device,
-                       dtype, num_blocks, block_size)
+                       dtype, num_blocks, block_size, **chains)

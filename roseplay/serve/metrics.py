@@ -54,6 +54,15 @@ def spec_decode_metrics(st, labels: list[str], model: str):
     for pos, n in enumerate(st.spec_decode_num_accepted_tokens_per_pos):
         c.add_metric([model, str(pos)], n)
     yield c
+    c = CounterMetricFamily("roseplay:spec_draft_faults", "Proposals whose draft model "
+                            "forward raised (their requests decoded without drafts).",
+                            labels=labels)
+    c.add_metric([model], st.spec_draft_faults)
+    yield c
+    g = GaugeMetricFamily("roseplay:spec_draft_disabled", "1 once the draft model is turned "
+                          "off after consecutive faults.", labels=labels)
+    g.add_metric([model], float(st.spec_draft_disabled))
+    yield g
 
 
 class EngineStatsCollector:

@@ -19,10 +19,12 @@ from safetensors.torch import save_file
 from engine import LLM, SamplingParams
 from engine.config import (DEFAULT_DRAFT_MODEL, InvalidRequestError, SpeculativeConfig,
                            make_config)
-from engine.core.draft_proposer import DraftBlockPool, DraftState
+from engine.core.draft_proposer import MAX_CONSECUTIVE_FAULTS, DraftBlockPool, DraftState
 from engine.front.client import EngineClient
 from engine.tokenizer import DEFAULT_MODEL_DIR
+from engine.worker.draft_runner import DRAFT_FAULT_ENV
 from roseplay.serve.app import build_app
+from roseplay.serve.metrics import spec_decode_metrics
 from roseplay.serve.server import ServerThread
 
 TIMEOUT = 120
@@ -170,6 +172,27 @@ def test_openai_client_through_serve_and_metrics(client, reference):
     assert got["vllm:spec_decode_num_drafts_total"] == st.spec_decode_num_drafts > 0
 
 
+def test_a_draft_fault_ends_no_request(spec, reference, monkeypatch, capfd):
+    """Every draft forward from the 5th on raises (in the engine process): the requests
+    decode plainly with the same greedy tokens, the fault is logged once with its
+    cause, and after MAX_CONSECUTIVE_FAULTS the draft is off, on /metrics too."""
+    monkeypatch.setenv(DRAFT_FAULT_ENV, "4")
+    with EngineClient(label="draft-fault", snapshots=False, speculative_config=spec,
+                      **KW) as faulty:
+        assert _run(faulty) == reference[0]
+        st = faulty.engine_stats()
+    assert st.spec_draft_faults == MAX_CONSECUTIVE_FAULTS and st.spec_draft_disabled
+    assert st.spec_decode_num_draft_tokens > 0          # drafts before the faults
+    assert st.num_used_blocks == 0 and st.spec_draft_num_used_blocks == 0
+    err = capfd.readouterr().err
+    assert err.count("draft model forward failed") == 1 and "InjectedDraftFault" in err
+    assert "turned off after 3 consecutive faults" in err
+    got = {s.name: s.value for fam in spec_decode_metrics(st, ["model_name"], "default")
+           for s in fam.samples}
+    assert got["roseplay:spec_draft_faults_total"] == MAX_CONSECUTIVE_FAULTS
+    assert got["roseplay:spec_draft_disabled"] == 1.0
+
+
 def test_a_draft_equal_to_the_target_has_every_draft_accepted():
     """The draft's catch-up (an extend of what it has not seen) and rewind (its fed
     drafts kept where accepted) keep its KV exact: with the target itself as the draft,
@@ -243,8 +266,9 @@ def test_tui_flag_accepts_draft_model_and_lists_the_methods():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_draft_model_on_cuda_keeps_float32_greedy_output():
-    """GPU (float32, so no bf16 near-tie flips): the target's graphs verify the draft's
-    eager Triton forwards; greedy tokens as without speculation, the draft pool empty."""
+    """GPU (float32, so no bf16 near-tie flips): the target's graphs verify the drafts of
+    the draft's captured decode chains; greedy tokens as without speculation, the draft
+    pool empty."""
     kw = dict(model="default", device="cuda", dtype="float32")
     params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     with LLM(**kw) as llm:
@@ -253,6 +277,8 @@ def test_draft_model_on_cuda_keeps_float32_greedy_output():
              **kw) as llm:
         got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
         c, proposer = llm.engine.counters, llm.engine.spec.draft
+        chains = proposer.runner.chains
         assert got == want
+        assert chains.graphs and chains.replays > 0 and chains.eager_chains == 0
         assert c.spec_decode_num_accepted_tokens > 0.2 * c.spec_decode_num_draft_tokens > 0
         assert proposer.pool.num_free == proposer.pool.num_blocks and not proposer.states
