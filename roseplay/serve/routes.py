@@ -20,13 +20,14 @@ from roseplay.serve import prompts as inputs
 from roseplay.serve.bridge import Generation, new_id
 from roseplay.serve.errors import OpenAIError, error_body
 from roseplay.serve.logprobs import LogprobsWriter, best_of
-from roseplay.serve.protocol import (ChatChoice, ChatCompletionChunk,
-                                     ChatCompletionRequest, ChatCompletionResponse,
-                                     ChatMessageOut, CompletionChoice, CompletionRequest,
-                                     CompletionResponse, ModelCard, ModelList, usage)
-from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body
+from roseplay.serve.protocol import (ChatChoice, ChatCompletionRequest,
+                                     ChatCompletionResponse, ChatMessageOut, CompletionChoice,
+                                     CompletionRequest, CompletionResponse, ModelCard,
+                                     ModelList, openapi_schemas, parse_body, usage)
+from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body, usage_chunk
 
 router = APIRouter()
+_BODIES, REQUEST_SCHEMAS = openapi_schemas()
 
 
 class SSEResponse(StreamingResponse):
@@ -92,8 +93,8 @@ class CompletionFormat:
     def _echo(self, index: int) -> str:
         return (self.ins.prompt_texts[index // self.req.n] or "") if self.req.echo else ""
 
-    def usage_chunk(self, u) -> str:
-        return CompletionResponse(id=self.id, model=self.model, choices=[], usage=u).model_dump_json()
+    def usage_chunk(self, u) -> bytes:
+        return usage_chunk(self.id, "text_completion", self.model, u)
 
     def response(self, choices, u) -> dict:
         out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c),
@@ -107,8 +108,8 @@ class CompletionFormat:
 class ChatFormat(CompletionFormat):
     prefix = "chatcmpl"
 
-    def usage_chunk(self, u) -> str:
-        return ChatCompletionChunk(id=self.id, model=self.model, choices=[], usage=u).model_dump_json()
+    def usage_chunk(self, u) -> bytes:
+        return usage_chunk(self.id, "chat.completion.chunk", self.model, u)
 
     def response(self, choices, u) -> dict:
         out = [ChatChoice(index=c.index, message=ChatMessageOut(content=_text(c)),
@@ -177,14 +178,16 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     return JSONResponse(fmt.response(choices, _usage(fmt, choices)))
 
 
-@router.post("/v1/completions")
-async def completions(request: Request, req: CompletionRequest):
+@router.post("/v1/completions", openapi_extra=_BODIES["CompletionRequest"])
+async def completions(request: Request):
+    req = parse_body(CompletionRequest, await request.body())
     return await _generate(request, CompletionFormat, req, lambda r, st: inputs.completion_inputs(
         r, st.tokenizer, st.max_model_len, st.vocab_size))
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request, req: ChatCompletionRequest):
+@router.post("/v1/chat/completions", openapi_extra=_BODIES["ChatCompletionRequest"])
+async def chat_completions(request: Request):
+    req = parse_body(ChatCompletionRequest, await request.body())
     return await _generate(request, ChatFormat, req, lambda r, st: inputs.chat_inputs(
         r, st.tokenizer, st.chat_template, st.max_model_len))
 
