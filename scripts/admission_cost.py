@@ -47,7 +47,10 @@ def start_server(args) -> tuple[subprocess.Popen, int]:
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, "-m", "roseplay", "serve", "--model", args.model,
                              "--port", str(port), "--log-level", "warning",
-                             "--max-num-seqs", str(max(args.requests, 16)), *args.serve_args],
+                             "--max-num-seqs", str(max(args.requests, 16)),
+                             # a slow burst on a loaded box leaves early connections idle
+                             # past the 5 s default; the server would close them
+                             "--timeout-keep-alive", "120", *args.serve_args],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

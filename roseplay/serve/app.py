@@ -15,7 +15,7 @@ from roseplay.serve.bridge import EngineBridge
 from roseplay.serve.errors import OpenAIError, install_handlers
 from roseplay.serve.gate import GateMiddleware
 from roseplay.serve.metrics import ServerMetrics
-from roseplay.serve.routes import REQUEST_SCHEMAS, router
+from roseplay.serve.routes import openapi_paths, router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
 
 if TYPE_CHECKING:      # the client API both transports implement
@@ -94,8 +94,10 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
 
 
 def _openapi(app: FastAPI) -> dict:
-    """FastAPI's schema plus the msgspec request models' (the routes decode raw bodies)."""
+    """FastAPI's schema plus the generation routes with their msgspec request models."""
     if app.openapi_schema is None:
         schema = FastAPI.openapi(app)
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(REQUEST_SCHEMAS)
+        paths, components = openapi_paths()
+        schema["paths"] = {**paths, **schema.get("paths", {})}
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
     return app.openapi_schema

@@ -271,15 +271,12 @@ def _field_error(exc: msgspec.ValidationError) -> InvalidRequestError:
     return invalid(message, missing.group(1) if missing else None)
 
 
-def openapi_schemas() -> tuple[dict, dict]:
-    """{model name: its requestBody for openapi_extra} and the components they refer to,
-    so /openapi.json keeps the request schemas FastAPI no longer sees."""
-    models = (CompletionRequest, ChatCompletionRequest)
+def openapi_schemas(models: tuple[type[_Request], ...]) -> tuple[list[dict], dict]:
+    """The models' JSON schemas for /openapi.json: a $ref per model, and the components
+    they refer to (FastAPI never sees the models: the routes decode raw bodies)."""
     refs, components = msgspec.json.schema_components(
         models, ref_template="#/components/schemas/{name}")
-    bodies = {m.__name__: {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": ref}}}} for m, ref in zip(models, refs)}
-    return bodies, components
+    return list(refs), components
 
 
 # -- responses -----------------------------------------------------------------------
