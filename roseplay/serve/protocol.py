@@ -143,7 +143,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if isinstance(self.prompt, list) and len({type(p) for p in self.prompt}) > 1:
+        if isinstance(self.prompt, list) and len(set(map(type, self.prompt))) > 1:
             raise invalid("prompt must be a string, a list of strings, a list of token ids "
                           "or a list of token-id lists (not a mix)", "prompt")
         if self.suffix:
