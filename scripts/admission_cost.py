@@ -10,6 +10,7 @@ The client is raw asyncio sockets, so its own cost stays small next to the serve
 
     python scripts/admission_cost.py --model dummy:tiny --requests 256 --rounds 5
     python scripts/admission_cost.py --spy /tmp/adm.txt      (py-spy the server; top frames)
+    python scripts/admission_cost.py --spy /tmp/adm.txt --native    (C frames too: the GC)
     python scripts/admission_cost.py --serve-args --http h11    (the other HTTP parser)
 """
 from __future__ import annotations
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=256, help="token ids are drawn below this")
     ap.add_argument("--spy", metavar="PATH", help="py-spy the API server into PATH (raw)")
+    ap.add_argument("--native", action="store_true", help="with --spy: C frames too")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args(argv)
@@ -150,9 +152,11 @@ def main(argv=None) -> int:
     try:
         pids = (proc.pid, children(proc.pid)[0])
         if args.spy:
+            # --native shows C frames (the garbage collector); it cannot run nonblocking
+            mode = ["--native"] if args.native else ["--nonblocking"]
             spy = subprocess.Popen([os.environ.get("PY_SPY", "py-spy"), "record", "-p",
                                     str(proc.pid), "-r", "250", "-f", "raw", "-o", args.spy,
-                                    "--nonblocking"], stdout=subprocess.DEVNULL,
+                                    *mode], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         results = asyncio.run(run_rounds(args, pids))
