@@ -3,12 +3,14 @@
 Starts `roseplay serve` (engine in its own process), opens N keep-alive connections and,
 each round, sends one streamed /v1/completions (max_tokens 1, a token-id prompt, as
 `bench --base-url` sends) on every connection at the same moment. Reports the API-server
-process's CPU per request (user + system, from /proc), the engine's, and the burst's wall
+process's CPU per request (user + system, from /proc), its event loop's (the main
+thread's: admission's critical path), the engine's, and the burst's wall
 time and time to first byte, median (min..max) over the rounds after a warm-up round.
 The client is raw asyncio sockets, so its own cost stays small next to the server's.
 
     python scripts/admission_cost.py --model dummy:tiny --requests 256 --rounds 5
     python scripts/admission_cost.py --spy /tmp/adm.txt      (py-spy the server; top frames)
+    python scripts/admission_cost.py --spy /tmp/adm.txt --native    (C frames too: the GC)
     python scripts/admission_cost.py --serve-args --http h11    (the other HTTP parser)
 """
 from __future__ import annotations
@@ -34,8 +36,10 @@ TICK = os.sysconf("SC_CLK_TCK")
 END = b"0\r\n\r\n"                    # the last chunk of a chunked (streamed) response
 
 
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
+def cpu_s(pid: int, thread: int | None = None) -> float:
+    """CPU seconds of a process (all threads), or of one of its threads."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
 
@@ -47,7 +51,10 @@ def start_server(args) -> tuple[subprocess.Popen, int]:
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, "-m", "roseplay", "serve", "--model", args.model,
                              "--port", str(port), "--log-level", "warning",
-                             "--max-num-seqs", str(max(args.requests, 16)), *args.serve_args],
+                             "--max-num-seqs", str(max(args.requests, 16)),
+                             # a slow burst on a loaded box leaves early connections idle
+                             # past the 5 s default; the server would close them
+                             "--timeout-keep-alive", "120", *args.serve_args],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -97,13 +104,16 @@ async def run_rounds(args, pids: tuple[int, int]) -> list[dict]:
         for r in range(args.rounds + 1):
             payloads = [request_bytes(args, rng) for _ in conns]   # fresh prompts: no cache hits
             before = [cpu_s(p) for p in pids]
+            loop_before = cpu_s(pids[0], pids[0])    # the main thread: the event loop
             t0 = time.perf_counter()
             times = await asyncio.gather(*(one(c, p, t0) for c, p in zip(conns, payloads)))
             wall = time.perf_counter() - t0
             await asyncio.sleep(0.3)          # the engine's last step and stats settle
             server, engine = (cpu_s(p) - b for p, b in zip(pids, before))
+            loop = cpu_s(pids[0], pids[0]) - loop_before
             if r:                            # round 0 warms up
                 results.append({"server_ms_per_req": 1000 * server / args.requests,
+                                "loop_ms_per_req": 1000 * loop / args.requests,
                                 "engine_ms_per_req": 1000 * engine / args.requests,
                                 "burst_ms": 1000 * wall,
                                 "ttfb_p50_ms": 1000 * statistics.median(t[0] for t in times)})
@@ -133,6 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=256, help="token ids are drawn below this")
     ap.add_argument("--spy", metavar="PATH", help="py-spy the API server into PATH (raw)")
+    ap.add_argument("--native", action="store_true", help="with --spy: C frames too")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args(argv)
@@ -141,9 +152,11 @@ def main(argv=None) -> int:
     try:
         pids = (proc.pid, children(proc.pid)[0])
         if args.spy:
+            # --native shows C frames (the garbage collector); it cannot run nonblocking
+            mode = ["--native"] if args.native else ["--nonblocking"]
             spy = subprocess.Popen([os.environ.get("PY_SPY", "py-spy"), "record", "-p",
                                     str(proc.pid), "-r", "250", "-f", "raw", "-o", args.spy,
-                                    "--nonblocking"], stdout=subprocess.DEVNULL,
+                                    *mode], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         results = asyncio.run(run_rounds(args, pids))

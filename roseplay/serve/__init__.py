@@ -1,7 +1,8 @@
 """`roseplay serve`: an OpenAI-compatible HTTP server on the engine (FastAPI + uvicorn).
 
 Modules, one job each:
-  protocol.py   OpenAI request/response models (pydantic) and request -> SamplingParams
+  protocol.py   OpenAI request models (msgspec, decoded from the raw body) and response
+                models (pydantic); request -> SamplingParams
   errors.py     OpenAI error JSON, status mapping, API-key check, body-size limit
   chat.py       chat templates (the tokenizer's, or the bundled model's own)
   bridge.py     engine events -> asyncio (a Mailbox: one wake-up per batch), cancellation

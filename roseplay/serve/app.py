@@ -15,7 +15,7 @@ from roseplay.serve.bridge import EngineBridge
 from roseplay.serve.errors import OpenAIError, install_handlers
 from roseplay.serve.gate import GateMiddleware
 from roseplay.serve.metrics import ServerMetrics
-from roseplay.serve.routes import router
+from roseplay.serve.routes import openapi_paths, router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
 
 if TYPE_CHECKING:      # the client API both transports implement
@@ -89,4 +89,15 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
     app.include_router(router)
     app.add_middleware(GateMiddleware, drain=app.state.serve.drain,
                        max_bytes=config.max_body_bytes, api_key=config.api_key)
+    app.openapi = lambda: _openapi(app)
     return app
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema plus the generation routes with their msgspec request models."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        paths, components = openapi_paths()
+        schema["paths"] = {**paths, **schema.get("paths", {})}
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+    return app.openapi_schema

@@ -1,7 +1,7 @@
 """OpenAI-format errors: {"error": {"message", "type", "param", "code"}} with the right status.
 
-Every failure leaves the server in this shape: engine InvalidRequestError and pydantic
-validation -> 400 (not FastAPI's 422), missing/wrong API key -> 401, unknown model ->
+Every failure leaves the server in this shape: engine InvalidRequestError and the request
+models' msgspec validation (protocol.parse_body) -> 400 (not FastAPI's 422), missing/wrong API key -> 401, unknown model ->
 404, body over the limit -> 413, waiting queue over --max-waiting -> 429, engine stopped
 -> 503. The API-key check and the body limit are in a plain ASGI middleware (gate.py),
 so they act before FastAPI reads or parses anything.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -42,7 +41,7 @@ def error_body(status: int, message: str, code: str | None = None,
                       "param": param, "code": code}}
 
 
-def invalid(message: str, param: str) -> InvalidRequestError:
+def invalid(message: str, param: str | None) -> InvalidRequestError:
     """A 400 about request field `param` (param_of reads it back)."""
     exc = InvalidRequestError(message)
     exc.param = param
@@ -56,7 +55,7 @@ def error_response(exc: OpenAIError) -> JSONResponse:
 @functools.cache
 def request_fields() -> frozenset[str]:
     from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest  # a cycle
-    return frozenset(CompletionRequest.model_fields) | frozenset(ChatCompletionRequest.model_fields)
+    return frozenset(CompletionRequest.__struct_fields__ + ChatCompletionRequest.__struct_fields__)
 
 
 def param_of(exc: Exception) -> str | None:
@@ -69,22 +68,6 @@ def param_of(exc: Exception) -> str | None:
     return first if first in request_fields() else None
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """pydantic's errors as one message; `param` is the first error's field (its loc
-    without "body", union-branch names or list indices), None for a body that is not JSON."""
-    parts, param = [], None
-    for err in exc.errors():
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        if err.get("type") == "json_invalid":
-            where = f" at character {loc[0]}" if loc else ""
-            parts.append(f"JSON decode error{where}: {err.get('ctx', {}).get('error', '')}")
-            continue
-        field = next((x for x in loc if x in request_fields()), loc[0] if loc else None)
-        param = param or field
-        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request", param
-
-
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai(request: Request, exc: OpenAIError):
@@ -93,11 +76,6 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequestError)
     async def _invalid(request: Request, exc: InvalidRequestError):
         return error_response(OpenAIError(400, str(exc), param=param_of(exc)))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
-        message, param = _validation_message(exc)
-        return error_response(OpenAIError(400, message, param=param))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

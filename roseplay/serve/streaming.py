@@ -120,7 +120,16 @@ async def sse_body(gen, fmt, usage):
         gen.close()
 
 
+def usage_chunk(rid: str, obj: str, model: str, usage) -> bytes:
+    """The `data: ...` line of stream_options.include_usage's last chunk (no choices)."""
+    return b"data: " + _encode({"id": rid, "object": obj, "created": int(time.time()),
+                                "model": model, "choices": [], "usage": {
+                                    "prompt_tokens": usage.prompt_tokens,
+                                    "completion_tokens": usage.completion_tokens,
+                                    "total_tokens": usage.total_tokens}}) + b"\n\n"
+
+
 def _tail(fmt, usage) -> list[bytes]:
     if fmt.req.include_usage:
-        return [f"data: {fmt.usage_chunk(usage())}\n\n".encode(), DONE]
+        return [fmt.usage_chunk(usage()), DONE]
     return [DONE]

@@ -1,12 +1,14 @@
 """`roseplay bench --base-url` against `roseplay serve` (CPU, 127.0.0.1): the same workload
 as the in-process bench (same prompts token for token), every request measured from its
-stream, the API key passed, chat through the template, and clear failures."""
+stream, the API key passed, chat through the template, clear failures, and the CI-sized
+HTTP-vs-direct comparison on the bundled model (engine in its own process both ways)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from engine.front.client import EngineClient
 from engine.front.loop import EngineLoop
 from roseplay import bench
 from roseplay.serve.app import ServeConfig, build_app
@@ -76,9 +78,40 @@ def test_http_bench_chat_needs_text(dummy_server, tmp_path, capsys):
     assert rc == 2 and "chat needs text prompts" in out
 
 
-def test_http_bench_chat_on_the_bundled_model(tmp_path, capsys):
-    with EngineLoop(device="cpu") as loop, ServerThread(build_app(loop)) as srv:
-        rc, data, out = run_json(tmp_path, capsys, "--base-url", srv.url, "--endpoint", "chat")
+@pytest.fixture(scope="module")
+def bundled_server():
+    """The default path: the bundled model in its own engine process, EngineClient."""
+    with EngineClient(device="cpu", label="bench-serve", snapshots=False) as engine, \
+            ServerThread(build_app(engine)) as srv:
+        yield srv
+
+
+# CI-sized: enough requests at once that admission and streaming overlap the engine's steps
+CI_RUN = ["--num-prompts", "16", "--input-len", "32", "--output-len", "8"]
+HTTP_FLOOR = 0.25   # of the direct bench's tok/s: 2 shared cores also run client and server
+
+
+def test_http_bench_keeps_up_with_the_direct_bench_on_the_bundled_model(bundled_server,
+                                                                       tmp_path, capsys):
+    rc, http, out = run_json(tmp_path, capsys, *CI_RUN, "--base-url", bundled_server.url)
+    assert rc == 0, out
+    rc, direct, out = run_json(tmp_path, capsys, *CI_RUN, "--device", "cpu")
+    assert rc == 0, out
+    s, ref = http["summary"], direct["summary"]
+    assert (s["successful_requests"], s["failed_requests"]) == (16, 0)
+    assert [r["prompt_len"] for r in http["requests"]] == \
+        [r["prompt_len"] for r in direct["requests"]]
+    assert s["total_output_tokens"] == ref["total_output_tokens"] == 16 * 8
+    ratio = s["output_throughput"] / ref["output_throughput"]
+    ttft = s["ttft_ms"]["median"] / ref["ttft_ms"]["median"]
+    print(f"HTTP/direct on the bundled model: tok/s {s['output_throughput']:.0f} / "
+          f"{ref['output_throughput']:.0f} = {ratio:.2f}, TTFT p50 x{ttft:.2f}")
+    assert ratio > HTTP_FLOOR, f"HTTP ran {ratio:.2f} of the direct bench's throughput"
+
+
+def test_http_bench_chat_on_the_bundled_model(bundled_server, tmp_path, capsys):
+    rc, data, out = run_json(tmp_path, capsys, "--base-url", bundled_server.url,
+                             "--endpoint", "chat")
     assert rc == 0, out
     reqs = data["requests"]
     assert len(reqs) == 8 and all(r["output_len"] == 4 for r in reqs)

@@ -48,6 +48,11 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {**GOOD, "max_tokens": True}, "max_tokens"),
     ("completions", {**GOOD, "max_tokens": "5"}, "max_tokens"),
     ("completions", {**GOOD, "prompt": [True, False]}, "prompt"),
+    ("completions", {**GOOD, "prompt": [1, "a"]}, "prompt"),        # a mix of list kinds
+    ("completions", {**GOOD, "prompt": [[1], 2]}, "prompt"),
+    ("completions", {**GOOD, "logit_bias": {"1": "x"}}, "logit_bias"),
+    ("completions", {**GOOD, "stream_options": {"include_usage": 1}, "stream": True},
+     "stream_options"),
     ("completions", {**GOOD, "n": True}, "n"),
     ("completions", {**GOOD, "temperature": "0.5"}, "temperature"),
     ("completions", {**GOOD, "ignore_eos": 1}, "ignore_eos"),
@@ -72,6 +77,9 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {"prompt": PROMPT}, "model"),
     ("chat/completions", {**CHAT, "messages": []}, "messages"),
     ("chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages"),
+    ("chat/completions", {**CHAT, "messages": [{"content": "x"}]}, "messages"),
+    ("chat/completions", {"model": "default"}, "messages"),
     ("chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
     ("chat/completions", {**CHAT, "tool_choice": {"type": "function",
                                                   "function": {"name": "f"}}}, "tool_choice"),
@@ -97,6 +105,23 @@ def test_malformed_json_has_no_param(http):
                                                                        "application/json"})
     assert r.status_code == 400 and r.json()["error"]["param"] is None
     assert r.json()["error"]["message"].startswith("JSON decode error")
+
+
+def test_unknown_fields_are_ignored_and_nulls_mean_the_default(http):
+    r = http.post("/v1/completions", json={**GOOD, "frobnicate": {"x": [1]}, "top_p": None,
+                                           "stop": None, "seed": None, "user": None})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+
+
+def test_openapi_documents_the_request_bodies(http):
+    schema = http.get("/openapi.json").json()
+    body = schema["paths"]["/v1/completions"]["post"]["requestBody"]
+    ref = body["content"]["application/json"]["schema"]["$ref"]
+    props = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+    assert props["n"]["minimum"] == 1 and "prompt" in props and "max_tokens" in props
+    chat = schema["paths"]["/v1/chat/completions"]["post"]["requestBody"]
+    assert chat["content"]["application/json"]["schema"]["$ref"].endswith("ChatCompletionRequest")
+    assert "ChatMessage" in schema["components"]["schemas"]
 
 
 def test_official_client_gets_bad_request_with_param(server):

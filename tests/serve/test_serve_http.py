@@ -13,6 +13,7 @@ import signal
 import socket
 import time
 
+import msgspec
 import pytest
 
 from engine.front.client import EngineClient
@@ -134,4 +135,4 @@ def test_pipelined_requests_are_answered_in_order_and_never_cut(server, engine):
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, True)])
 def test_short_prompts_are_built_on_the_event_loop_long_ones_on_a_thread(body, here):
     model = ChatCompletionRequest if "messages" in body else CompletionRequest
-    assert on_loop(model.model_validate({"model": "default", **body})) is here
+    assert on_loop(msgspec.convert({"model": "default", **body}, type=model)) is here

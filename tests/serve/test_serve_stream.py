@@ -20,9 +20,9 @@ from engine.front.client import EngineClient
 from roseplay.bench_clients import Job, run_load
 from roseplay.serve.app import build_app
 from roseplay.serve.protocol import (ChatChunkChoice, ChatCompletionChunk, CompletionChoice,
-                                     CompletionResponse, DeltaMessage)
+                                     CompletionResponse, DeltaMessage, usage)
 from roseplay.serve.server import ServerThread
-from roseplay.serve.streaming import ChunkEncoder, coalesce
+from roseplay.serve.streaming import ChunkEncoder, coalesce, usage_chunk
 
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
 pytestmark = pytest.mark.timeout(120)
@@ -71,6 +71,17 @@ def test_chunks_are_the_pydantic_models_json(chat, ids):
         want = json.loads(model.model_dump_json())
         got = json.loads(raw[6:])
         assert abs(got.pop("created") - want.pop("created")) <= 2 and got == want
+
+
+@pytest.mark.parametrize("model,obj", [(CompletionResponse, "text_completion"),
+                                       (ChatCompletionChunk, "chat.completion.chunk")])
+def test_usage_chunk_is_the_pydantic_models_json(model, obj):
+    u = usage(7, 3)
+    raw = usage_chunk("cmpl-x", obj, "m", u)
+    assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
+    want = json.loads(model(id="cmpl-x", model="m", choices=[], usage=u).model_dump_json())
+    got = json.loads(raw[6:])
+    assert abs(got.pop("created") - want.pop("created")) <= 2 and got == want
 
 
 def test_echo_goes_with_the_first_chunk_only():
