@@ -7,7 +7,7 @@
 # CLOSED_INFLIGHT requests in flight through HTTP, W1 from one client process, and last
 # py-spy of the server (when installed) over runs of its own. Logs and JSON in $OUT; $OUT/summary.md at the end. About 5 minutes on an H100;
 # every step's timeout is cut to what is left of BUDGET_S (default 480 s), so the summary
-# is written within one device call even when a step hangs. SKIP="ceiling one_client spy"
+# is written within one device call even when a step hangs. SKIP="ceiling one_client spy closed"
 # leaves those steps out (a repeat of the figures that matter in less device time);
 # ADMISSION=1 adds scripts/admission_cost.py (server CPU per request, httptools and h11).
 #   bash scripts/gpu_serve.sh                     (wheels in .whl are installed first)
@@ -35,7 +35,7 @@ skip() { case " ${SKIP:-} " in *" $1 "*) return 0;; esac; return 1; }
 skip ceiling || step ceiling $(lim 120) python3 scripts/client_ceiling.py --num-prompts 256 --output-len 128 \
   --num-clients 1 $NUM_CLIENTS --server-workers $NUM_CLIENTS --repeat 3 --json "$OUT/ceiling.json"
 step direct_w1 $(lim 200) python3 -m roseplay bench $ENG $W1 --repeat $REPEAT --json "$OUT/direct_w1.json"
-step direct_closed $(lim 200) python3 -m roseplay bench $ENG $CLOSED --repeat $REPEAT --json "$OUT/direct_closed.json"
+skip closed || step direct_closed $(lim 200) python3 -m roseplay bench $ENG $CLOSED --repeat $REPEAT --json "$OUT/direct_closed.json"
 
 # the server in its own process group: whatever happens, the group (server + engine) goes
 setsid python3 -m roseplay serve $ENG --port $PORT --api-server-count $API_SERVERS \
@@ -71,7 +71,7 @@ echo "before $(date +%s.%N) $(cpu)" > "$OUT/server_cpu.txt"
 step http_w1 $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 --repeat $REPEAT \
   --num-clients $NUM_CLIENTS --json "$OUT/http_w1.json"
 echo "after $(date +%s.%N) $(cpu)" >> "$OUT/server_cpu.txt"
-step http_closed $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $CLOSED --repeat $REPEAT \
+skip closed || step http_closed $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $CLOSED --repeat $REPEAT \
   --num-clients $NUM_CLIENTS --json "$OUT/http_closed.json"
 skip one_client || step http_w1_one_client $(lim 200) python3 -m roseplay bench --base-url $URL --model $MODEL $W1 \
   --repeat $REPEAT --num-clients 1 --json "$OUT/http_w1_one_client.json"
