@@ -87,5 +87,6 @@ def take_prompt_logprobs(runner, plan) -> PromptLogprobsCopy | None:
     """The launched step's prompt logprobs (runner.prompt_logprobs), copying to the host."""
     if runner.prompt_logprobs is None:
         return None
+    decode_rows = len(plan.decodes) + sum(c.num_tokens for c in plan.verifies)
     return PromptLogprobsCopy(runner.prompt_logprobs,
-                              prompt_rows(plan.prefills, len(plan.decodes)).owners)
+                              prompt_rows(plan.prefills, decode_rows).owners)
