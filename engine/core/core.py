@@ -28,27 +28,22 @@ from engine.core.batch_builder import build_step_batch
 from engine.core.prompt_logprobs import take_prompt_logprobs
 from engine.core.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
-from engine.config import (DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig,
-                           InvalidRequestError, SchedulerConfig, SpeculativeConfig)
+from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, SpeculativeConfig
 from engine.worker.distributed.executor import TPExecutor
 from engine.worker.device_io import HostCopy, HostCopyRing
 from engine.core.events import EventLog
 from engine.core.kv.block_pool import BlockPool
-from engine.worker.models.loader import load_model
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
-from engine.worker.placement import blocks_from_memory, resolve_device, resolve_dtype
+from engine.worker.placement import resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
-from engine.worker.runner import ModelRunner
 from engine.core.scheduler import Scheduler, StepPlan
-from engine.core.spec_decode import SPEC_ASYNC_RUN, SpecDecoder, verify_rows
-from engine.core.draft_proposer import make_draft_proposer
+from engine.core.spec_decode import SPEC_ASYNC_RUN, SpecDecoder
+from engine.core.runner_setup import RunnerSetup, setup_runner
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
 from engine.core.stats import StatsRecorder
 from engine.worker.step_batch import StepBatch
-from kernels import default_cpu_backend
-from kernels.cpu_native_build import build_in_background
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
@@ -74,85 +69,33 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
-        self.backend = config.attention_backend     # "auto" on CPU until _resolve_backend
-        if self.backend == "auto" and self.device.type == "cuda":
-            self.backend = "triton"
-        elif self.backend == "auto":
-            build_in_background()       # on a first launch cc runs while the model loads
         self.tp_group = None                       # ranks 1..N-1 (engine/worker/distributed)
         try:
-            loaded = self._load(config)
-            self._build(config, loaded)
+            self._build(config, setup_runner(config, self.device, self.dtype))
         except BaseException:
             self.close()
             raise
 
-    def _load(self, config: EngineConfig):
-        """Rank 0's model; with tensor parallelism, workers first (they load their shards
-        alongside)."""
-        n = config.tensor_parallel_size
-        if n == 1:
-            return load_model(config.model, self.device, self.dtype, config.seed)
-        from engine.worker.distributed.worker import TPWorkerGroup, WorkerSpec
-        self.tp_group = TPWorkerGroup(WorkerSpec(
-            config.model, n, self.device.type, str(self.dtype).removeprefix("torch."),
-            config.seed, attention_backend=self._resolve_backend()))
-        loaded = load_model(config.model, self.device, self.dtype, config.seed,
-                            tp=self.tp_group.start())
-        self.tp_group.wait_ready()
-        return loaded
-
-    def _resolve_backend(self) -> str:
-        """auto on CPU: cpu_native where its C kernels built (waits for the build), else
-        torch_sdpa."""
-        if self.backend == "auto":
-            self.backend = default_cpu_backend()
-        return self.backend
-
-    def _build(self, config: EngineConfig, loaded) -> None:
+    def _build(self, config: EngineConfig, setup: RunnerSetup) -> None:
+        loaded = setup.loaded
+        self.tp_group, self.backend = setup.tp_group, setup.backend
+        self.runner, self.sampler = setup.runner, setup.runner.sampler
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer     # loaded with the model, for the front only
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.model.config.vocab_size
-        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN,
-                                 loaded.max_model_len)
-        from kernels import get_ops
-        backend = self._resolve_backend()
-        per_block = ModelRunner.kv_bytes_per_block(loaded.model, config.block_size, self.dtype)
-        num_blocks = config.num_blocks or (
-            blocks_from_memory(self.device, per_block, config.gpu_memory_utilization)
-            if self.device.type == "cuda" else DEFAULT_CPU_BLOCKS)
-        draft = make_draft_proposer(config, self.vocab_size, get_ops(backend), self.device,
-                                    self.dtype, num_blocks, self.max_model_len)
-        if draft is not None and self.device.type == "cuda" and not config.num_blocks:
-            num_blocks = blocks_from_memory(self.device, per_block,   # the draft is resident
-                                            config.gpu_memory_utilization)
+        self.max_model_len = setup.max_model_len
         self.counters = Counters()
         self.events = EventLog()
-        self.pool = BlockPool(num_blocks, config.block_size, self.counters)
+        self.pool = BlockPool(setup.num_blocks, config.block_size, self.counters)
         self.clock = ServingClock()
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
         self.scheduler.max_model_len = self.max_model_len
         self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
-                                self.scheduler, self.counters, config.seed, draft)
+                                self.scheduler, self.counters, config.seed, setup.draft)
         self.scheduler.drafter = self.spec.schedule_drafts
-        # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
-        # buckets, so the NCCL all-reduces of captured graphs match) and samples alike
         self.async_scheduling_enabled = config.async_scheduling
-        runner_kw = dict(max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
-                         graph_safe_ops=backend == "triton",
-                         async_scheduling=self.async_scheduling_enabled,
-                         max_graph_batch=max(config.scheduler.max_num_seqs, 256),
-                         max_verify_rows=verify_rows(config),
-                         max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
-                         if config.cudagraph_mode == "full" else 0, seed=config.seed,
-                         logprobs_mode=config.logprobs_mode)
-        if self.tp_group is not None:
-            self.tp_group.allocate_kv(num_blocks, config.block_size, **runner_kw)
-        self.runner = ModelRunner(loaded.model, get_ops(backend), self.device, self.dtype,
-                                  num_blocks, config.block_size, **runner_kw)
-        self.sampler = self.runner.sampler
         self._tp_executor = TPExecutor(self.tp_group, self.runner) if self.tp_group else None
         self.stats = StatsRecorder(self.counters)
         self.requests: dict[str, Request] = {}     # unfinished, by id

@@ -51,7 +51,7 @@ class KVCheckingRunner:
         self.violations: list[str] = []
         self.sampler, self.last_tokens = Sampler(torch.device("cpu")), None
         self.graphs = None          # no step graphs: tokens always come from the sampler
-        self.prompt_logprobs = None   # (no prompt-logprob rows: ModelRunner.execute sets it)
+        self.prompt_logprobs = None  # no prompt logprobs (the engine reads it each launch)
 
     # the real runner's step: this forward, then sampling
     execute_model = ModelRunner.execute_model

@@ -1,0 +1,95 @@
+"""The engine's model side, built once as LLMEngine starts: the model loaded (with tensor
+parallelism, ranks 1..N-1 first, loading their shards alongside rank 0), the attention
+backend resolved, the KV cache sized in blocks (a draft model resident too) and the
+ModelRunner every step runs on. The core's own parts (pool, scheduler, spec decoder) are
+built around it in engine/core/core.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig
+from engine.core.draft_proposer import DraftProposer, make_draft_proposer
+from engine.core.spec_decode import verify_rows
+from engine.worker.models.loader import LoadedModel, load_model
+from engine.worker.placement import blocks_from_memory
+from engine.worker.runner import ModelRunner
+from kernels import default_cpu_backend, get_ops
+from kernels.cpu_native_build import build_in_background
+
+
+@dataclass
+class RunnerSetup:
+    loaded: LoadedModel
+    backend: str                     # the attention backend, "auto" resolved
+    max_model_len: int               # the config's, capped by the model's
+    num_blocks: int                  # the target model's KV blocks (the pool's size)
+    draft: DraftProposer | None      # speculative method draft_model, else None
+    runner: ModelRunner
+    tp_group: object = None          # TPWorkerGroup of ranks 1..N-1 (engine/worker/distributed)
+
+
+def setup_runner(config: EngineConfig, device: torch.device,
+                 dtype: torch.dtype) -> RunnerSetup:
+    """Load the model and build the runner; a failure stops the workers it started."""
+    backend = config.attention_backend
+    if backend == "auto" and device.type == "cuda":
+        backend = "triton"
+    elif backend == "auto":
+        build_in_background()       # on a first launch cc runs while the model loads
+    if config.tensor_parallel_size == 1:
+        loaded = load_model(config.model, device, dtype, config.seed)
+        return _build_runner(config, device, dtype, loaded, _resolve_backend(backend), None)
+    from engine.worker.distributed.worker import TPWorkerGroup, WorkerSpec
+    backend = _resolve_backend(backend)          # the workers are told it
+    group = TPWorkerGroup(WorkerSpec(
+        config.model, config.tensor_parallel_size, device.type,
+        str(dtype).removeprefix("torch."), config.seed, attention_backend=backend))
+    try:
+        loaded = load_model(config.model, device, dtype, config.seed, tp=group.start())
+        group.wait_ready()
+        return _build_runner(config, device, dtype, loaded, backend, group)
+    except BaseException:
+        group.shutdown()
+        raise
+
+
+def _resolve_backend(backend: str) -> str:
+    """auto on CPU: cpu_native where its C kernels built (waits for the build), else
+    torch_sdpa."""
+    return default_cpu_backend() if backend == "auto" else backend
+
+
+def _num_blocks(config: EngineConfig, device: torch.device, per_block: int) -> int:
+    """The configured count, else what the GPU's free memory holds (CPU: a fixed count)."""
+    return config.num_blocks or (
+        blocks_from_memory(device, per_block, config.gpu_memory_utilization)
+        if device.type == "cuda" else DEFAULT_CPU_BLOCKS)
+
+
+def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype,
+                  loaded: LoadedModel, backend: str, group) -> RunnerSetup:
+    max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, loaded.max_model_len)
+    ops = get_ops(backend)
+    per_block = ModelRunner.kv_bytes_per_block(loaded.model, config.block_size, dtype)
+    num_blocks = _num_blocks(config, device, per_block)
+    draft = make_draft_proposer(config, loaded.model.config.vocab_size, ops, device, dtype,
+                                num_blocks, max_model_len)
+    if draft is not None:
+        num_blocks = _num_blocks(config, device, per_block)   # the draft is resident
+    # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
+    # buckets, so the NCCL all-reduces of captured graphs match) and samples alike
+    runner_kw = dict(max_model_len=max_model_len, use_cuda_graphs=not config.enforce_eager,
+                     graph_safe_ops=backend == "triton",
+                     async_scheduling=config.async_scheduling,
+                     max_graph_batch=max(config.scheduler.max_num_seqs, 256),
+                     max_verify_rows=verify_rows(config),
+                     max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
+                     if config.cudagraph_mode == "full" else 0, seed=config.seed,
+                     logprobs_mode=config.logprobs_mode)
+    if group is not None:
+        group.allocate_kv(num_blocks, config.block_size, **runner_kw)
+    runner = ModelRunner(loaded.model, ops, device, dtype, num_blocks, config.block_size,
+                         **runner_kw)
+    return RunnerSetup(loaded, backend, max_model_len, num_blocks, draft, runner, group)

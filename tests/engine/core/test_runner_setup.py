@@ -1,0 +1,29 @@
+"""engine/core/runner_setup.py: a start that fails after the tensor-parallel workers joined
+stops them (the engine never gets a tp_group to close), and raises the cause."""
+import multiprocessing as mp
+
+import pytest
+
+from engine.config import make_config
+from engine.core import runner_setup
+from engine.core.core import LLMEngine
+
+
+def _tp_workers() -> list:
+    return [p for p in mp.active_children() if p.name.startswith("roseplay-tp")]
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_start_stops_the_workers_it_started(monkeypatch):
+    started = []
+
+    def failing_draft(*args, **kwargs):     # runs once every rank loaded its shard
+        started.extend(_tp_workers())
+        raise RuntimeError("draft model unreadable")
+
+    monkeypatch.setattr(runner_setup, "make_draft_proposer", failing_draft)
+    with pytest.raises(RuntimeError, match="draft model unreadable"):
+        LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
+                              tensor_parallel_size=2, num_blocks=16, block_size=4))
+    assert len(started) == 1 and started[0].exitcode is not None   # rank 1, joined
+    assert _tp_workers() == []
