@@ -21,7 +21,7 @@ from engine.config import DEFAULT_DRAFT_MODEL, InvalidRequestError
 from engine.worker.draft_graphs import DraftGraphs
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.models.loader import LoadedModel, load_model
-from engine.worker.placement import kv_cache_zeros
+from engine.worker.placement import attach_kv_cache
 
 
 @dataclass
@@ -83,14 +83,7 @@ class DraftRunner:
         self.max_model_len = loaded.max_model_len
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
-        self.model.ops = ops
-        layers = self.model.attention_layers()
-        first = layers[0]
-        self.kv_cache = kv_cache_zeros((2, len(layers), num_blocks, block_size,
-                                        first.num_kv_heads, first.head_dim), dtype, device)
-        for i, layer in enumerate(layers):
-            layer.ops = ops
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        self.kv_cache = attach_kv_cache(self.model, ops, num_blocks, block_size, dtype, device)
         self.forward_calls, self.fault_at = 0, None
         self.chains = DraftGraphs(self, max_rows, max_chain, use_graphs,
                                   pad=device.type == "cuda")

@@ -59,3 +59,19 @@ def blocks_from_memory(device: torch.device, bytes_per_block: int,
     reserve = 2 * 1024 ** 3  # activations, logits, CUDA graphs
     budget = total * gpu_memory_utilization - (total - free) - reserve
     return max(16, int(budget // bytes_per_block))
+
+
+def attach_kv_cache(model, ops, num_blocks: int, block_size: int, dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor:
+    """A paged KV cache [2, layers, blocks, block_size, kv_heads, head_dim] for the
+    model's attention layers, each layer given its K and V views and the ops (the
+    target's ModelRunner and the draft's DraftRunner each own one)."""
+    model.ops = ops
+    layers = model.attention_layers()
+    first = layers[0]
+    kv_cache = kv_cache_zeros((2, len(layers), num_blocks, block_size,
+                               first.num_kv_heads, first.head_dim), dtype, device)
+    for i, layer in enumerate(layers):
+        layer.ops = ops
+        layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]
+    return kv_cache

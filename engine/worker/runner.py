@@ -21,7 +21,7 @@ from engine.config import LOGPROBS_MODES
 from engine.worker.cuda_graphs import StepGraphs
 from engine.worker.device_io import to_device
 from engine.worker.models.layers import AttentionMetadata
-from engine.worker.placement import kv_cache_zeros
+from engine.worker.placement import attach_kv_cache
 from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
 from engine.worker.sampling import LogprobsCopy, Sampler, prompt_logprobs
 from engine.worker.step_buffers import device_fed
@@ -53,14 +53,7 @@ class ModelRunner:
         self.prompt_logprobs: tuple | None = None      # the last step's (sampling.prompt_logprobs)
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        model.ops = ops
-        layers = model.attention_layers()
-        first = layers[0]
-        self.kv_cache = kv_cache_zeros((2, len(layers), num_blocks, block_size,
-                                        first.num_kv_heads, first.head_dim), dtype, device)
-        for i, layer in enumerate(layers):
-            layer.ops = ops
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        self.kv_cache = attach_kv_cache(model, ops, num_blocks, block_size, dtype, device)
         self.forward_calls = 0
         self.graphs = None    # steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:

@@ -1,7 +1,9 @@
 """The sampling surface through `roseplay serve`'s app with the engine in its own process
 (EngineClient, the default path) and the official openai client: logprobs (completions
 and chat, streamed and not, equal to each other and to the engine's), every penalty /
-bias / min_p / min_tokens field, and best_of picking the highest cumulative logprob."""
+bias / min_p / min_tokens field, best_of picking the highest cumulative logprob, and
+completions `echo` + `logprobs` (OpenAI's legacy prompt logprobs: the prompt's tokens
+first, the first with null logprob, equal to the engine's prompt_logprobs)."""
 from __future__ import annotations
 
 import openai
@@ -13,6 +15,7 @@ from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
+ECHO_PROMPT = "ROMEO.\nWhat news from the court?\n"
 CHAT = [{"role": "user", "content": "What news from the court?"}]
 EXTRAS = dict(repetition_penalty=1.2, min_p=0.05, min_tokens=3)
 
@@ -109,3 +112,42 @@ def test_best_of_returns_the_highest_cumulative_logprob(client):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(**kw, best_of=4, stream=True)
     assert exc.value.body["param"] == "best_of"
+
+
+def test_echo_logprobs_prompt_first_equal_engine(client, loop):
+    kw = dict(model="default", prompt=ECHO_PROMPT, max_tokens=4, temperature=0, logprobs=2,
+              echo=True)
+    full = client.completions.create(**kw).choices[0]
+    lp = full.logprobs
+    engine = loop.submit(ECHO_PROMPT, SamplingParams(max_tokens=4, temperature=0, logprobs=2,
+                                                prompt_logprobs=2)).result(60)
+    n_prompt = len(engine.prompt_token_ids)
+    assert len(lp.tokens) == n_prompt + 4 and full.text.startswith(ECHO_PROMPT)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[0] == 0
+    assert "".join(lp.tokens[:n_prompt]) == ECHO_PROMPT
+    want = [e.logprobs[0] for e in engine.prompt_logprobs[1:]] + \
+        [e.logprobs[0] for e in engine.outputs[0].logprobs]
+    assert lp.token_logprobs[1:] == pytest.approx(want, abs=1e-5)
+    assert all(len(top) in (2, 3) for top in lp.top_logprobs[1:])
+    # streamed: the prompt's entries ride on the first chunk, with the echoed text
+    tokens, values, text = [], [], ""
+    for chunk in client.completions.create(**kw, stream=True):
+        c = chunk.choices[0]
+        text += c.text
+        if c.logprobs is not None:
+            tokens += c.logprobs.tokens
+            values += c.logprobs.token_logprobs
+    assert (text, tokens) == (full.text, lp.tokens)
+    assert values[0] is None and values[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+
+
+def test_echo_without_logprobs_and_chat_unchanged(client):
+    """echo alone asks no prompt logprobs; chat has none (OpenAI)."""
+    plain = client.completions.create(model="default", prompt=ECHO_PROMPT, max_tokens=2,
+                                      temperature=0, echo=True).choices[0]
+    assert plain.logprobs is None and plain.text.startswith(ECHO_PROMPT)
+    chat = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+        temperature=0, logprobs=True)
+    assert len(chat.choices[0].logprobs.content) == chat.usage.completion_tokens == 2
