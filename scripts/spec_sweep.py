@@ -55,6 +55,11 @@ def run(llm: LLM, prompts, params) -> dict:
             "outputs": [list(o.outputs[0].token_ids) for o in outs]}
 
 
+def _rng(r: dict, key: str, digits: int) -> str:
+    lo, hi = r[key + "_range"]
+    return f"({lo:,.{digits}f}..{hi:,.{digits}f})"
+
+
 def expected_acceptance(p: float, k: int) -> float:
     """Accepted / drafted when each of k drafts is right with probability p: draft i is
     accepted when drafts 1..i all are (drafts cut short near the length cap aside)."""
@@ -70,6 +75,8 @@ def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
                                 for x in ("drafts", "draft_tokens", "accepted"))
     return {**{x: statistics.median(r[x] for r in runs)
                for x in ("tok_s", "tpot_ms", "step_ms", "host_ms")},
+            **{x + "_range": (min(r[x] for r in runs), max(r[x] for r in runs))
+               for x in ("tok_s", "tpot_ms")},
             "acceptance": accepted / tokens if tokens else 0.0,
             "mean_len": 1 + accepted / drafts if drafts else 1.0,
             "same": all(r["outputs"] == runs[0]["outputs"] for r in runs),
@@ -85,11 +92,12 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
         vocab = llm.engine.vocab_size
         prompts = [rng.integers(10, vocab - 10, args.input_len).tolist() for _ in range(batch)]
         base = measure(llm, prompts, params, repeat, 0)
-        print(f"batch {batch:4d} k 0        tok/s {base['tok_s']:10.0f}  TPOT p50 "
-              f"{base['tpot_ms']:7.2f} ms  step {base['step_ms']:6.2f} ms (host "
-              f"{base['host_ms']:5.2f})", flush=True)
+        print(f"batch {batch:4d} k 0        tok/s {base['tok_s']:10.0f} {_rng(base, 'tok_s', 0)}  "
+              f"TPOT p50 {base['tpot_ms']:7.2f} ms {_rng(base, 'tpot_ms', 2)}  step "
+              f"{base['step_ms']:6.2f} ms (host {base['host_ms']:5.2f})", flush=True)
         rows.append({"batch": batch, "k": 0, "p": None, "dtype": args.dtype,
-                     **{x: base[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms")}})
+                     **{x: base[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
+                                             "tok_s_range", "tpot_ms_range")}})
         oracle = llm.engine.spec.oracle
         oracle.set_references(zip(prompts, base["outputs"]))
         for k in ks:
@@ -97,8 +105,9 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                 oracle.p = p
                 r = measure(llm, prompts, params, repeat, k)
                 same = r["same"] and r["outputs"] == base["outputs"]
-                print(f"batch {batch:4d} k {k} p {p:.1f}  tok/s {r['tok_s']:10.0f}  TPOT p50 "
-                      f"{r['tpot_ms']:7.2f} ms  step {r['step_ms']:6.2f} ms (host "
+                print(f"batch {batch:4d} k {k} p {p:.1f}  tok/s {r['tok_s']:10.0f} "
+                      f"{_rng(r, 'tok_s', 0)}  TPOT p50 {r['tpot_ms']:7.2f} ms "
+                      f"{_rng(r, 'tpot_ms', 2)}  step {r['step_ms']:6.2f} ms (host "
                       f"{r['host_ms']:5.2f})  acceptance {r['acceptance']:.2f} (expected "
                       f"{expected_acceptance(p, k):.2f})  "
                       f"mean len {r['mean_len']:.2f}  throughput "
@@ -109,6 +118,7 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                              "same_output": same,
                              "expected_acceptance": expected_acceptance(p, k),
                              **{x: r[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
+                                                  "tok_s_range", "tpot_ms_range",
                                                   "acceptance", "mean_len")}})
 
 
