@@ -145,11 +145,11 @@ GUIDES = (
                "the bundled model continues each opening in a loop (greedy), so most "
                "drafts are right (mean accepted length about 3.4 of 4 at k = 3), and a "
                "verify of 1 + k rows costs this CPU about one decode step at batch 1: "
-               "TPOT falls to 0.45-0.7x the spec-off run's (2026-11-25). With the app's "
-               "16 requests in flight on its default workload (sampled at 0.8: about 9% "
-               "of drafts right) the rows cost compute the batch has no spare of, and "
-               "throughput falls to about 0.7x (docs/SPECULATIVE.md; the GPU figures "
-               "are in docs/PERF.md).",
+               "TPOT falls to 0.45-0.7x the spec-off run's (roseplay bench, 2026-11-25). "
+               "With 16 requests in flight the rows cost compute the batch has no spare "
+               "of, and throughput falls: x0.7 on the app's default workload (sampled at "
+               "0.8: about 9% of drafts right), x0.6 even on this text "
+               "(docs/SPECULATIVE.md; the GPU figures are in docs/PERF.md).",
           VLLM_SPEC, "TPOT p50 in Timing (up again with D x3: spec off), This step's spec "
           "line (drafted -> accepted), the accepted % and accept len plots",
           "repetitive", {"num_speculative_tokens": 3}, concurrency=1, versus="spec-off",
