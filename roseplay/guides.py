@@ -212,4 +212,6 @@ def describe(guide: Guide) -> str:
             f"flight" + (f", {guide.rate:g} req/s" if guide.rate else ""))
     if guide.compare:
         text += f"; side by side: roseplay --compare {guide.compare} --scenario {guide.scenario}"
+        if guide.concurrency not in (None, APP_CONCURRENCY):    # not the app's default
+            text += f" --concurrency {guide.concurrency}"
     return text
