@@ -2,10 +2,11 @@
 a live source (engine counters and latency samples of the snapshots, no UI).
 
 `measure(source, seconds)` samples what the TUI's panels show: TTFT percentiles of the
-requests whose first token came in the window, ITL percentiles of its token gaps,
-output tokens per second, the prefix hit rate, preemptions, and the mean running /
-waiting counts and KV use. tests/roseplay/test_guides_verified.py runs each guide's setup with
-it and checks the direction its claim names.
+requests whose first token came in the window, ITL percentiles of its token gaps, TPOT
+p50 of the requests that finished in it, output tokens per second, the prefix hit rate,
+preemptions, and the mean running / waiting counts and KV use.
+tests/roseplay/test_guides_verified.py runs each guide's setup with it and checks the
+direction its claim names.
 """
 from __future__ import annotations
 
@@ -76,6 +77,9 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
         and r.arrival_time >= first.time and r.request_id not in ttfts]
     steps = [s for s in last.recent_steps if s.step > first.step]
     itl = [g for t, g in last.recent_itls if t0 < t <= t1]
+    # TPOT of the requests that finished in the window (the Timing panel's TPOT row): a
+    # verify's tokens arrive together, so ITL's p50 is 0 there while TPOT is per token
+    tpot = [x[2] for x in last.recent_latencies if t0 < x[0] <= t1 and x[2] is not None]
     return dict(
         seconds=t1 - t0, finished=b.finished - a.finished,
         tok_s=(b.generated_tokens - a.generated_tokens) / max(t1 - t0, 1e-9),
@@ -83,7 +87,7 @@ def measure(source, seconds: float, warmup: float = 1.0) -> dict:
         chunks_p90=_pct(list(chunks.values()), 90),
         # what the queue holds: a priority policy leaves the long low-priority documents
         waiting_prompt_len=float(np.mean(waiting_len)) if waiting_len else 0.0,
-        itl_p50=_pct(itl, 50), itl_p99=_pct(itl, 99),
+        itl_p50=_pct(itl, 50), itl_p99=_pct(itl, 99), tpot_p50=_pct(tpot, 50),
         hit_rate=prefix_hit_rate(b.prefix_hit_tokens - a.prefix_hit_tokens,
                                  b.prefix_queried_tokens - a.prefix_queried_tokens) or 0.0,
         preemptions=b.preemptions - a.preemptions, evictions=b.evictions - a.evictions,

@@ -11,7 +11,8 @@ list (bench), `iter_workload` an endless generator (TUI). Two prompt kinds:
   {"prompt_token_ids": [...]} with vLLM-random-dataset lengths: input and output lengths
   uniform in [L*(1-r), L*(1+r)] for `range_ratio` r.
 
-Scenarios (see SCENARIOS): mixed, shared-prefix, long-short, identical, random, hot-scan.
+Scenarios (see SCENARIOS): mixed, shared-prefix, long-short, identical, random, hot-scan,
+repetitive.
 """
 from __future__ import annotations
 
@@ -264,6 +265,37 @@ def _mixed(spec: WorkloadSpec, i: int) -> WorkItem:
     return WorkItem(item.prompt, out, tag=item.tag, priority=0)
 
 
+# repetitive: openings of roseplay/data/prompts.json "short" on which the bundled model's
+# greedy continuation falls into a loop within 64 tokens ("ANGELO.\nI am sorry for your
+# pains.\n\nANGELO.\nI am sorry for your pains..."): n-gram drafts (prompt lookup) find
+# the loop, mean accepted length 3.4-4.0 of 4 at k = 3 (2026-11-25, docs/SPECULATIVE.md)
+REPETITIVE_PROMPTS = (
+    "ANTONIO.\nBelieve me, no; I thank my fortune for it,\n",
+    "CASSIUS.\nI have as much of this in art as you,\n",
+    "ANGELO.\nYou make my bonds still greater.\n",
+    "BOULT.\nAy, to eleven; and brought them down again. But shall I search\n",
+    "ARMADO.\nWe will have, if this fadge not, an antic. I beseech you,\n",
+    "SHALLOW.\nSir Hugh, persuade me not; I will make a Star Chamber matter\n",
+    "SATURNINUS.\nNo, Titus, no; the emperor needs her not,\n",
+    "NURSE.\nI mean, she's brought a-bed.\n",
+)
+REPETITIVE_UNIT = 8     # token ids: a unit of 8 random ids repeated to input_len
+
+
+def _repetitive(spec: WorkloadSpec, i: int) -> WorkItem:
+    """Greedy whatever the workload's temperature: the loop is the greedy continuation's
+    (sampled at 0.8 the bundled model's text repeats far less, and drafts miss)."""
+    rng = spec.rng("repetitive", i)
+    params = SamplingParams(max_tokens=spec.sample_len(rng, spec.output_len),
+                            temperature=0.0, ignore_eos=spec.ignore_eos)
+    if spec.tokenizer is not None:
+        return WorkItem(REPETITIVE_PROMPTS[i % len(REPETITIVE_PROMPTS)], params,
+                        tag="repetitive")
+    unit = spec.token_ids(rng, REPETITIVE_UNIT)
+    reps = max(1, spec.input_len // REPETITIVE_UNIT)
+    return WorkItem({"prompt_token_ids": unit * reps}, params, tag="repetitive")
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("mixed", "Chat + documents",
              f"Chat turns on {NUM_PREFIXES} shared system prompts (priority 0) mixed with "
@@ -291,6 +323,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              f"{HOT_RUN} requests on one hot system prompt, then {SCAN_RUN} long one-off "
              f"prompts ({SCAN_SCALE}x input_len), repeated: on a small pool lru evicts the "
              "hot prompt during each scan, lfu keeps it (compare eviction_policy).", _hot_scan),
+    Scenario("repetitive", "Repetitive text",
+             f"{len(REPETITIVE_PROMPTS)} Shakespeare openings whose greedy continuation "
+             "the bundled model repeats in a loop (greedy whatever the temperature; token "
+             f"ids: a unit of {REPETITIVE_UNIT} ids repeated): n-gram speculative decoding "
+             "finds the loop and a verify keeps most drafts (guide d).", _repetitive),
 )}
 
 
