@@ -21,7 +21,6 @@ generator (engine/worker/rejection.py).
 from __future__ import annotations
 
 import json
-import weakref
 from itertools import chain
 
 import numpy as np
@@ -69,7 +68,7 @@ class OracleDrafts:
         self.p = config.oracle_acceptance
         self.rng = np.random.default_rng(seed)
         self.refs: dict[tuple, list[int]] = {}
-        self._by_request = weakref.WeakKeyDictionary()   # a prompt is hashed once per request
+        self._by_request: dict[str, list[int]] = {}   # a prompt is hashed once per request
         if config.oracle_references:
             with open(config.oracle_references) as f:
                 self.set_references(json.load(f))
@@ -78,7 +77,10 @@ class OracleDrafts:
         """(prompt ids, output ids) pairs: the target's outputs to propose from now on
         (a benchmark sets them after its own first run, in the same engine)."""
         self.refs = {tuple(prompt): list(output) for prompt, output in pairs}
-        self._by_request = weakref.WeakKeyDictionary()
+        self._by_request = {}
+
+    def release(self, request_id: str) -> None:
+        self._by_request.pop(request_id, None)
 
     def __call__(self, req, k: int) -> list[int]:
         return self.batch([req], [k])[0]
@@ -88,9 +90,9 @@ class OracleDrafts:
         of them: a per-token draw in Python cost microseconds a token at batch 256."""
         outs, by_request = [], self._by_request
         for req, k in zip(reqs, rooms):
-            ref = by_request.get(req)
+            ref = by_request.get(req.request_id)
             if ref is None:
-                ref = by_request[req] = self.refs.get(tuple(req.prompt_token_ids), [])
+                ref = by_request[req.request_id] = self.refs.get(tuple(req.prompt_token_ids), [])
             done = len(req.output_token_ids)
             outs.append(ref[done:done + k])
         if self.p >= 1.0:
@@ -137,6 +139,8 @@ class SpecDecoder:
         """The request ended: the draft model's blocks go back to its pool."""
         if self.draft is not None:
             self.draft.release(request_id)
+        elif self.oracle is not None:
+            self.oracle.release(request_id)
 
     def draft_used_blocks(self) -> int:
         return self.draft.num_used_blocks if self.draft is not None else 0
@@ -214,12 +218,14 @@ class SpecDecoder:
         ended = append_sampled(reqs, new_tokens, now, itls, out.request_ids, out.token_ids,
                                None if out.logprobs is None else [None] * len(new_tokens),
                                out.logprobs)
-        kv = self.kv
-        for chunk, n in live:
+        kv, bs = self.kv, self.kv.block_size
+        for chunk, n in live:      # the KV calls only where a block fills or empties
             req = chunk.request
-            req.num_computed_tokens = chunk.start + n
-            kv.register_full_blocks(req, caching)
-            chunk.rolled_back = tuple(kv.truncate(req))
+            computed = req.num_computed_tokens = chunk.start + n
+            if computed // bs > len(req.block_hashes):
+                kv.register_full_blocks(req, caching)
+            if len(req.block_table) * bs >= computed + bs:
+                chunk.rolled_back = tuple(kv.truncate(req))
         return ended
 
     def _count_accepted(self, verifies: list[VerifyChunk], tokens: list[int]) -> list[int]:
