@@ -48,8 +48,6 @@ def _until_end(req, tokens: list[int]) -> list[int]:
     """The tokens up to the first that ends the request (a stop token, its length cap)."""
     room = req.length_cap - req.num_tokens
     stops = req.stop_ids
-    if room >= len(tokens) and stops.isdisjoint(tokens):
-        return tokens                  # the common case, without a loop in Python
     if room < len(tokens):
         tokens = tokens[:max(room, 1)]
     for i, t in enumerate(tokens):
@@ -165,7 +163,7 @@ class SpecDecoder:
             req = c.request
             if req.processed or req.status is not running:
                 continue
-            room = req.length_cap - req.num_tokens - 1
+            room = req.length_cap - len(req.prompt_token_ids) - len(req.output_token_ids) - 1
             if room > cap:
                 room = cap
             if room <= 0:
@@ -209,8 +207,12 @@ class SpecDecoder:
             req.num_draft_tokens += chunk.num_tokens - 1
             req.num_accepted_tokens += a
             if req.status is running:
-                new = _until_end(req, tokens[row:row + a + 1])
-                reqs.extend([req] * len(new))
+                new = tokens[row:row + a + 1]
+                # the common case (no stop token, room for all) without a call
+                if req.length_cap - len(req.prompt_token_ids) - len(req.output_token_ids) \
+                        <= a or not req.stop_ids.isdisjoint(new):
+                    new = _until_end(req, new)
+                reqs += [req] * len(new)
                 new_tokens.extend(new)
                 live.append((chunk, len(new)))
             row += chunk.num_tokens
