@@ -7,6 +7,11 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py --profile 25         # + cProfile's top 25
     python scripts/host_step_profile.py --output-len 100000  # pure decode (W1's decode phase)
     python scripts/host_step_profile.py --runner             # + the runner's host work
+    python scripts/host_step_profile.py --speculative 3 --oracle-p 1   # verify steps
+
+--speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
+cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
+--oracle-p sets the acceptance exactly (p = 1: every draft accepted, p = 0: none).
 
 --runner keeps the real ModelRunner (StepBuffers.fill, the sampler, HostCopy) and stubs
 only the model's forward: logits of the right shape with token 7 on top.
@@ -76,6 +81,8 @@ class ClosedLoop:
     def __init__(self, engine: LLMEngine, concurrency: int, input_len: int, output_len: int,
                  seed: int = 0):
         self.engine, self.input_len = engine, input_len
+        self.oracle = engine.spec.oracle      # proposes the stub's token 7 (--speculative)
+        self.reference = [7] * output_len
         self.params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
         self.prompts = np.random.default_rng(seed).integers(100, 30000, (64, input_len))
         self.next_id = 0
@@ -86,6 +93,8 @@ class ClosedLoop:
     def submit(self, params: SamplingParams | None = None) -> None:
         ids = self.prompts[self.next_id % len(self.prompts)].copy()
         ids[0] = self.next_id          # distinct prompts: no prefix hits, no dedup
+        if self.oracle is not None:
+            self.oracle.refs[tuple(ids.tolist())] = self.reference
         self.engine.add(CoreRequest(f"r{self.next_id}", tuple(ids.tolist()),
                                     params or self.params, time.perf_counter()))
         self.next_id += 1
@@ -99,9 +108,13 @@ class ClosedLoop:
 
 def run(args) -> dict:
     torch.set_num_threads(1)   # the host thread's work only (no intra-op pool spinning)
+    spec = {}
+    if args.speculative:
+        spec = dict(speculative_config={"method": "oracle", "oracle_acceptance": args.oracle_p,
+                                        "num_speculative_tokens": args.speculative})
     engine = LLMEngine(make_config(model=args.model, device="cpu", num_blocks=args.num_blocks,
                                    max_num_seqs=args.concurrency,
-                                   max_num_batched_tokens=args.max_num_batched_tokens))
+                                   max_num_batched_tokens=args.max_num_batched_tokens, **spec))
     (stub_model_forward if args.runner else stub_forward)(engine)
     gc.collect()
     gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
@@ -132,7 +145,8 @@ def measure_tree(tree: str, args) -> dict:
             "--input-len", str(args.input_len), "--output-len", str(args.output_len),
             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--num-blocks", str(args.num_blocks), "--warmup-steps", str(args.warmup_steps),
-            "--steps", str(args.steps)] + (["--runner"] if args.runner else [])
+            "--steps", str(args.steps), "--speculative", str(args.speculative),
+            "--oracle-p", str(args.oracle_p)] + (["--runner"] if args.runner else [])
     env = dict(os.environ, HOST_STEP_TREE=os.path.abspath(tree))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=900)
@@ -172,6 +186,10 @@ def main(argv=None) -> int:
     p.add_argument("--runner", action="store_true",
                    help="keep the real runner (buffers, sampler, host copy); stub only the "
                         "model's forward")
+    p.add_argument("--speculative", type=int, default=0, metavar="K",
+                   help="oracle drafts per request and step (0: no speculation)")
+    p.add_argument("--oracle-p", type=float, default=1.0,
+                   help="--speculative: the oracle's acceptance (1: all accepted, 0: none)")
     p.add_argument("--trees", nargs="+", metavar="DIR",
                    help="checkouts to compare (interleaved runs of this measurement)")
     p.add_argument("--runs", type=int, default=5, help="rounds over --trees")

@@ -7,6 +7,7 @@ token ids. Speculative decoding's verified positions are decode rows (docs/SPECU
 """
 from __future__ import annotations
 
+from itertools import chain, repeat
 from operator import attrgetter
 
 import numpy as np
@@ -130,19 +131,21 @@ def _verify_columns(verifies: list) -> tuple:
     stores first), in position order. Returns (requests, table rows, positions, input
     ids, the draft each row checks: -1 for the bonus row)."""
     counts = [c.num_tokens for c in verifies]
-    reqs = [c.request for c in verifies for _ in range(c.num_tokens)]
+    reqs = list(chain.from_iterable(repeat(c.request, c.num_tokens) for c in verifies))
     rows = np.repeat(np.fromiter((c.request.table_row for c in verifies), np.int64,
                                  len(verifies)), counts)
     starts = np.fromiter((c.start for c in verifies), np.int64, len(verifies))
     ends = np.cumsum(counts)
     positions = np.arange(ends[-1], dtype=np.int64) + np.repeat(starts - ends + counts, counts)
-    ids, drafts = [], []
+    ids = []
     for c in verifies:
         ids.extend(c.request.token_slice(c.start, c.start + 1))
         ids.extend(c.draft)
-        drafts.extend(c.draft)
-        drafts.append(-1)
-    return reqs, rows, positions, ids, np.asarray(drafts, dtype=np.int64)
+    # row j checks the draft fed as row j + 1's input; a chunk's last (bonus) row none
+    drafts = np.empty(len(ids), np.int64)
+    drafts[:-1] = ids[1:]
+    drafts[ends - 1] = -1
+    return reqs, rows, positions, ids, drafts
 
 
 def _with_verify_rows(columns: tuple, verifies: list) -> tuple:

@@ -21,8 +21,9 @@ generator (engine/worker/rejection.py).
 from __future__ import annotations
 
 import json
-import random
-import weakref
+from itertools import chain
+
+import numpy as np
 
 from engine.config import MAX_SPECULATIVE_TOKENS, EngineConfig, SpeculativeConfig
 from engine.core.ngram_proposer import TokenArrays, propose_ngram
@@ -46,9 +47,9 @@ def verify_rows(config: EngineConfig) -> int:
 def _until_end(req, tokens: list[int]) -> list[int]:
     """The tokens up to the first that ends the request (a stop token, its length cap)."""
     room = req.length_cap - req.num_tokens
+    stops = req.stop_ids
     if room < len(tokens):
         tokens = tokens[:max(room, 1)]
-    stops = req.stop_ids
     for i, t in enumerate(tokens):
         if t in stops:
             return tokens[:i + 1]
@@ -63,9 +64,9 @@ class OracleDrafts:
 
     def __init__(self, config: SpeculativeConfig, seed: int):
         self.p = config.oracle_acceptance
-        self.rng = random.Random(seed)
+        self.rng = np.random.default_rng(seed)
         self.refs: dict[tuple, list[int]] = {}
-        self._by_request = weakref.WeakKeyDictionary()   # a prompt is hashed once per request
+        self._by_request: dict[str, list[int]] = {}   # a prompt is hashed once per request
         if config.oracle_references:
             with open(config.oracle_references) as f:
                 self.set_references(json.load(f))
@@ -74,18 +75,33 @@ class OracleDrafts:
         """(prompt ids, output ids) pairs: the target's outputs to propose from now on
         (a benchmark sets them after its own first run, in the same engine)."""
         self.refs = {tuple(prompt): list(output) for prompt, output in pairs}
-        self._by_request = weakref.WeakKeyDictionary()
+        self._by_request = {}
+
+    def release(self, request_id: str) -> None:
+        self._by_request.pop(request_id, None)
 
     def __call__(self, req, k: int) -> list[int]:
-        ref = self._by_request.get(req)
-        if ref is None:
-            ref = self._by_request[req] = self.refs.get(tuple(req.prompt_token_ids), [])
-        if not ref:
-            return []
-        done = len(req.output_token_ids)
-        out = ref[done:done + k]
+        return self.batch([req], [k])[0]
+
+    def batch(self, reqs: list, rooms: list[int]) -> list[list[int]]:
+        """Each request's next reference tokens (up to its room), then one draw for all
+        of them: a per-token draw in Python cost microseconds a token at batch 256."""
+        outs, by_request = [], self._by_request
+        for req, k in zip(reqs, rooms):
+            ref = by_request.get(req.request_id)
+            if ref is None:
+                ref = by_request[req.request_id] = self.refs.get(tuple(req.prompt_token_ids), [])
+            done = len(req.output_token_ids)
+            outs.append(ref[done:done + k])
+        if self.p >= 1.0:
+            return outs
+        flat = np.fromiter(chain.from_iterable(outs), np.int64)
         # a wrong token: a neighbour id (never the target's, always in the vocabulary)
-        return [t if self.rng.random() < self.p else (t - 1 if t > 0 else 1) for t in out]
+        wrong = np.where(flat > 0, flat - 1, 1)
+        if self.p > 0.0:
+            wrong = np.where(self.rng.random(flat.shape[0]) < self.p, flat, wrong)
+        flat, ends = wrong.tolist(), np.cumsum([len(o) for o in outs]).tolist()
+        return [flat[e - len(o):e] for o, e in zip(outs, ends)]
 
 
 # Async scheduling with speculation (docs/SPECULATIVE.md "Async scheduling"): steps that
@@ -113,12 +129,16 @@ class SpecDecoder:
         the per-request proposers one by one."""
         if self.draft is not None:
             return self.draft.propose(reqs, rooms)
+        if self.oracle is not None:
+            return self.oracle.batch(reqs, rooms)
         return [self.propose(req, room) for req, room in zip(reqs, rooms)]
 
     def release(self, request_id: str) -> None:
         """The request ended: the draft model's blocks go back to its pool."""
         if self.draft is not None:
             self.draft.release(request_id)
+        elif self.oracle is not None:
+            self.oracle.release(request_id)
 
     def draft_used_blocks(self) -> int:
         return self.draft.num_used_blocks if self.draft is not None else 0
@@ -137,11 +157,16 @@ class SpecDecoder:
         each cut to the budget left. Where the pool has no room for the drafts' slots
         the decode stays plain (speculation never preempts)."""
         k = self.scheduler.knobs.num_speculative_tokens
+        cap, running = min(k, budget), RequestStatus.RUNNING
         chunks, rooms = [], []
         for c in plan.decodes:
             req = c.request
-            room = min(k, budget, req.length_cap - req.num_tokens - 1)
-            if room <= 0 or req.processed or req.status is not RequestStatus.RUNNING:
+            if req.processed or req.status is not running:
+                continue
+            room = req.length_cap - len(req.prompt_token_ids) - len(req.output_token_ids) - 1
+            if room > cap:
+                room = cap
+            if room <= 0:
                 continue
             if req.pending_row >= 0:       # its last token is still on the device
                 if req.spec_quiet > 0:
@@ -154,12 +179,14 @@ class SpecDecoder:
         if not chunks:
             return budget
         verified = set()
+        reserve, verifies, copies = self.kv.reserve, plan.verifies, plan.copies
         for c, draft in zip(chunks, self.propose_batch([c.request for c in chunks], rooms)):
-            draft = draft[:budget]
+            if len(draft) > budget:
+                draft = draft[:budget]
             if not draft:
                 c.request.spec_quiet = SPEC_ASYNC_RUN
-            elif self.kv.reserve(c.request, 1 + len(draft), plan.copies):
-                plan.verifies.append(VerifyChunk(c.request, c.start, draft))
+            elif reserve(c.request, 1 + len(draft), copies):
+                verifies.append(VerifyChunk(c.request, c.start, draft))
                 budget -= len(draft)
                 verified.add(id(c))
         plan.decodes = [c for c in plan.decodes if id(c) not in verified]
@@ -168,36 +195,64 @@ class SpecDecoder:
     def commit(self, verifies: list[VerifyChunk], tokens: list[int], now: float, itls,
                out, caching: bool) -> list:
         """The verify chunks' sampled tokens (1 + drafts each, in order) into their
-        requests; returns the requests a token ends, with the reason."""
-        ended, i = [], 0
-        c = self.counters
-        for chunk in verifies:
-            req, draft = chunk.request, chunk.draft
-            row = tokens[i:i + chunk.num_tokens]
-            i += chunk.num_tokens
-            accepted = 0
-            while accepted < len(draft) and row[accepted] == draft[accepted]:
-                self.accepted_per_pos[accepted] += 1
-                accepted += 1
-            c.spec_decode_num_drafts += 1
-            c.spec_decode_num_draft_tokens += len(draft)
-            self.longest_draft = max(self.longest_draft, len(draft))
-            c.spec_decode_num_accepted_tokens += accepted
-            chunk.accepted = accepted
-            req.num_draft_tokens += len(draft)
-            req.num_accepted_tokens += accepted
-            if req.status is not RequestStatus.RUNNING:
-                continue
-            new = _until_end(req, row[:accepted + 1])
-            done = append_sampled([req] * len(new), new, now, itls, out.request_ids,
-                                  out.token_ids,
-                                  None if out.logprobs is None else [None] * len(new),
-                                  out.logprobs)
-            ended.extend(done)          # (only the last token can end it)
-            req.num_computed_tokens = chunk.start + len(new)
-            self.kv.register_full_blocks(req, caching)
-            chunk.rolled_back = tuple(self.kv.truncate(req))
+        requests; returns the requests a token ends, with the reason. The accepted counts
+        of all chunks come from one numpy comparison; then one append_sampled call takes
+        every request's new tokens."""
+        accepted = self._count_accepted(verifies, tokens)
+        running = RequestStatus.RUNNING
+        live, reqs, new_tokens, row = [], [], [], 0
+        for chunk, a in zip(verifies, accepted):
+            req = chunk.request
+            chunk.accepted = a
+            req.num_draft_tokens += chunk.num_tokens - 1
+            req.num_accepted_tokens += a
+            if req.status is running:
+                new = tokens[row:row + a + 1]
+                # the common case (no stop token, room for all) without a call
+                if req.length_cap - len(req.prompt_token_ids) - len(req.output_token_ids) \
+                        <= a or not req.stop_ids.isdisjoint(new):
+                    new = _until_end(req, new)
+                reqs += [req] * len(new)
+                new_tokens.extend(new)
+                live.append((chunk, len(new)))
+            row += chunk.num_tokens
+        # only a request's last new token can end it (_until_end)
+        ended = append_sampled(reqs, new_tokens, now, itls, out.request_ids, out.token_ids,
+                               None if out.logprobs is None else [None] * len(new_tokens),
+                               out.logprobs)
+        kv, bs = self.kv, self.kv.block_size
+        for chunk, n in live:      # the KV calls only where a block fills or empties
+            req = chunk.request
+            computed = req.num_computed_tokens = chunk.start + n
+            if computed // bs > len(req.block_hashes):
+                kv.register_full_blocks(req, caching)
+            if len(req.block_table) * bs >= computed + bs:
+                chunk.rolled_back = tuple(kv.truncate(req))
         return ended
+
+    def _count_accepted(self, verifies: list[VerifyChunk], tokens: list[int]) -> list[int]:
+        """Each chunk's accepted drafts (the longest prefix equal to the target's tokens),
+        into the counters and the per-position counts."""
+        counts = np.fromiter((c.num_tokens for c in verifies), np.int64, len(verifies))
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        drafts = np.full(int(ends[-1]), -1, np.int64)       # -1: the bonus row checks none
+        drafts[np.delete(np.arange(drafts.shape[0]), ends - 1)] = np.fromiter(
+            chain.from_iterable(c.draft for c in verifies), np.int64)
+        # the first mismatch of each chunk (its bonus row at the latest) ends its accepted
+        wrong = np.flatnonzero(np.asarray(tokens, np.int64) != drafts)
+        accepted = wrong[np.searchsorted(wrong, starts)] - starts
+        c = self.counters
+        c.spec_decode_num_drafts += len(verifies)
+        c.spec_decode_num_draft_tokens += int(ends[-1]) - len(verifies)
+        c.spec_decode_num_accepted_tokens += int(accepted.sum())
+        longest = int(counts.max()) - 1
+        self.longest_draft = max(self.longest_draft, longest)
+        # position j is accepted by every chunk that accepted more than j drafts
+        reached = np.bincount(accepted, minlength=longest + 1)[::-1].cumsum()[::-1]
+        for j, n in enumerate(reached[1:].tolist()):
+            self.accepted_per_pos[j] += n
+        return accepted.tolist()
 
     def per_position(self) -> tuple[int, ...]:
         """Accepted drafts by position, for every position some draft reached."""

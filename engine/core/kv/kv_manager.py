@@ -81,6 +81,10 @@ class KVManager:
         block, swap in a private copy and queue (src, dst) in `copies` (the runner does
         all copies of a step in one batched op). Returns False, changing nothing, if the
         pool cannot supply the blocks."""
+        table, computed, bs = req.block_table, req.num_computed_tokens, self.block_size
+        if computed // bs < len(table) and -(-(computed + num_new) // bs) <= len(table) \
+                and self.pool.refcounts[table[computed // bs]] == 1:
+            return True    # the slots lie in blocks the request owns alone (most verifies)
         need = self.blocks_needed(req, num_new)
         if need == 0:
             return True
@@ -135,6 +139,8 @@ class KVManager:
         the rejected drafts' slots); a dropped block was reserved for them alone, never
         hashed."""
         keep = -(-req.num_computed_tokens // self.block_size)
+        if keep >= len(req.block_table):
+            return []      # every reserved slot's block holds a computed token
         extra = req.block_table[keep:]
         if extra:
             del req.block_table[keep:]
