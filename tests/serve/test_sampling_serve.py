@@ -36,6 +36,20 @@ def client(loop):
     srv.stop()
 
 
+def _streamed_completion(client, kw: dict) -> tuple[str, list, list, list]:
+    """A streamed completion's text, and its chunks' logprobs joined: tokens, values,
+    text offsets."""
+    tokens, values, offsets, text = [], [], [], ""
+    for chunk in client.completions.create(**kw, stream=True):
+        c = chunk.choices[0]
+        text += c.text
+        if c.logprobs is not None:
+            tokens += c.logprobs.tokens
+            values += c.logprobs.token_logprobs
+            offsets += c.logprobs.text_offset
+    return text, tokens, values, offsets
+
+
 def test_completion_logprobs_streamed_and_not(client, loop):
     kw = dict(model="default", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
     full = client.completions.create(**kw).choices[0]
@@ -47,14 +61,7 @@ def test_completion_logprobs_streamed_and_not(client, loop):
     engine = loop.submit(PROMPT, SamplingParams(max_tokens=6, temperature=0, logprobs=3)
                          ).result(60).outputs[0]
     assert lp.token_logprobs == pytest.approx([e.logprobs[0] for e in engine.logprobs])
-    tokens, values, offsets, text = [], [], [], ""
-    for chunk in client.completions.create(**kw, stream=True):
-        c = chunk.choices[0]
-        text += c.text
-        if c.logprobs is not None:
-            tokens += c.logprobs.tokens
-            values += c.logprobs.token_logprobs
-            offsets += c.logprobs.text_offset
+    text, tokens, values, offsets = _streamed_completion(client, kw)
     assert (text, tokens, offsets) == (full.text, lp.tokens, lp.text_offset)
     assert values == pytest.approx(lp.token_logprobs)
 
@@ -131,13 +138,7 @@ def test_echo_logprobs_prompt_first_equal_engine(client, loop):
     assert lp.token_logprobs[1:] == pytest.approx(want, abs=1e-5)
     assert all(len(top) in (2, 3) for top in lp.top_logprobs[1:])
     # streamed: the prompt's entries ride on the first chunk, with the echoed text
-    tokens, values, text = [], [], ""
-    for chunk in client.completions.create(**kw, stream=True):
-        c = chunk.choices[0]
-        text += c.text
-        if c.logprobs is not None:
-            tokens += c.logprobs.tokens
-            values += c.logprobs.token_logprobs
+    text, tokens, values, _ = _streamed_completion(client, kw)
     assert (text, tokens) == (full.text, lp.tokens)
     assert values[0] is None and values[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
 
