@@ -160,10 +160,11 @@ def _with_verify_rows(columns: tuple, verifies: list) -> tuple:
             token_rows, False), draft_ids
 
 
-def _with_prompt_rows(logits_indices: np.ndarray, prefills: list, d: int) -> tuple:
+def _with_prompt_rows(logits_indices: np.ndarray, plan: StepPlan, d: int) -> tuple:
     """prompt_logprobs (engine/core/prompt_logprobs.py): every position of the chunks
-    of requests that ask, as logits rows after the step's others (no row otherwise)."""
-    rows = prompt_rows(prefills, d)
+    of requests that ask, as logits rows after the step's others (no row otherwise);
+    the plan keeps them (plan.prompt_rows) for the step's copy to the host."""
+    rows = plan.prompt_rows = prompt_rows(plan.prefills, d)
     if rows is None:
         return logits_indices, {}
     token_rows = np.concatenate(rows.token_rows)
@@ -221,7 +222,7 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         sample_rows, requests = dec_ends, dec_reqs
         if verifies:
             draft_rows = dec_ends[len(decodes):]
-    logits_indices, prompt_lp = _with_prompt_rows(logits_indices, prefills, d) \
+    logits_indices, prompt_lp = _with_prompt_rows(logits_indices, plan, d) \
         if prefills else (logits_indices, {})
     input_ids = np.asarray(ids, dtype=np.int64)
     copies = plan.copies

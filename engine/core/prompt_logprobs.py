@@ -84,9 +84,8 @@ class PromptLogprobsCopy:
 
 
 def take_prompt_logprobs(runner, plan) -> PromptLogprobsCopy | None:
-    """The launched step's prompt logprobs (runner.prompt_logprobs), copying to the host."""
+    """The launched step's prompt logprobs (runner.prompt_logprobs), copying to the host,
+    for the requests of the rows the batch builder laid out (plan.prompt_rows)."""
     if runner.prompt_logprobs is None:
         return None
-    decode_rows = len(plan.decodes) + sum(c.num_tokens for c in plan.verifies)
-    return PromptLogprobsCopy(runner.prompt_logprobs,
-                              prompt_rows(plan.prefills, decode_rows).owners)
+    return PromptLogprobsCopy(runner.prompt_logprobs, plan.prompt_rows.owners)

@@ -72,6 +72,7 @@ class StepPlan:
     dedup_joins: list[tuple[str, str]] = field(default_factory=list)   # (follower id, leader id)
     verifies: list[VerifyChunk] = field(default_factory=list)   # decodes with drafts
     spec_waiting: bool = False   # a decode's proposer waits for its token (spec_decode.py)
+    prompt_rows: object = None   # its prompt-logprob rows, laid out by the batch builder
 
     @property
     def chunks(self) -> list[ScheduledChunk]:
