@@ -123,8 +123,8 @@ class Sampler:
         """The model's own log-softmax top-n of the rows that asked (raw_logprobs: the TUI
         shows it beside the processed distribution); only those rows are reduced."""
         rows = to_device(ex.logprob_rows[ex.raw_rows], torch.int64, logits.device)
-        src = torch.log_softmax(logits.index_select(0, rows).float(), dim=-1)
-        return top_logprobs(src, tokens.index_select(0, rows), ex.num_logprobs)
+        return top_logprobs(raw_log_softmax(logits, rows), tokens.index_select(0, rows),
+                            ex.num_logprobs)
 
     @staticmethod
     def _min_p(logits: torch.Tensor, min_p: np.ndarray | None) -> torch.Tensor:
@@ -188,9 +188,14 @@ def prompt_logprobs(logits: torch.Tensor, rows: np.ndarray, targets: np.ndarray,
     step's logits [L, V], each predicting `targets` [P]: the model's own distribution
     (raw log-softmax, as vLLM's prompt logprobs), float32."""
     dev = logits.device
-    src = torch.log_softmax(logits.index_select(0, to_device(rows, torch.int64, dev)).float(),
-                            dim=-1)
+    src = raw_log_softmax(logits, to_device(rows, torch.int64, dev))
     return top_logprobs(src, to_device(targets, torch.int64, dev), n)
+
+
+def raw_log_softmax(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The model's own log-distribution (no temperature, penalty or bias) of these logits
+    rows, in float32: the raw view and prompt logprobs."""
+    return torch.log_softmax(logits.index_select(0, rows).float(), dim=-1)
 
 
 def _to_host(t: torch.Tensor) -> HostCopy:
