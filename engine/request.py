@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 
 import msgspec
@@ -229,23 +230,27 @@ def add_pending_tokens(requests: list[Request]) -> None:
 
 def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
                    request_ids: list[str], token_ids: list[int], row_logprobs: list | None = None,
-                   logprobs: list | None = None) -> list[tuple[Request, str]]:
+                   logprobs: list | None = None,
+                   admits: list[int] | None = None) -> list[tuple[Request, str]]:
     """A step's tokens into their requests (a pending one resolves its placeholder; one
-    that ended meanwhile takes none), with their times, the
+    that ended meanwhile takes none, nor one re-admitted since the step was launched:
+    `admits`, each row's Request.admit_seq at launch, tells; a dedup follower sent back
+    to the queue by its leader's cancel and admitted again recomputes its prompt and
+    samples its own first token), with their times, the
     inter-token gaps (into `itls`), and the ids and tokens emitted (and, given
     row_logprobs, one per row, their logprobs into `logprobs`). Returns the requests
     a token ends, with the reason (stop token, or the length cap). One loop over a wide
     step, so inlined."""
     running, ended, skipped = RequestStatus.RUNNING, [], []
-    for req, token in zip(requests, tokens):
+    for req, token, admit in zip(requests, tokens, repeat(None) if admits is None else admits):
         out = req.output_token_ids
         if req.pending_row >= 0:   # planned with it (even if preempted since)
             out[-1] = token
             req.pending_row = -1
-        elif req.status is running:
+        elif req.status is running and (admit is None or admit == req.admit_seq):
             out.append(token)
         else:
-            skipped.append(id(req))    # cancelled meanwhile
+            skipped.append(id(req))    # cancelled (or re-admitted) meanwhile
             continue
         times = req.token_times
         if times:

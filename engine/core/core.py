@@ -57,6 +57,8 @@ class Launched:
     plan: StepPlan
     batch: StepBatch
     requests: list[Request]          # one per sample row
+    admits: list[int]                # each row's request's admit_seq at launch: a row
+    #                                  is void for a request re-admitted since
     host_tokens: HostCopy            # the same tokens on their way to the host
     t0: float
     logprobs: object = None          # LogprobsCopy of the rows that asked (engine/sampling.py)
@@ -247,7 +249,8 @@ class LLMEngine:
         tokens = self.executor.execute_model(batch)
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
-        return Launched(plan, batch, requests, self._host_copies.start(tokens), t0,
+        return Launched(plan, batch, requests, [r.admit_seq for r in requests],
+                        self._host_copies.start(tokens), t0,
                         self.runner.take_logprobs(batch),
                         take_prompt_logprobs(self.runner, plan))
 
@@ -325,7 +328,7 @@ class LLMEngine:
         tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync
         self.counters.device_wait_us += int(waited * 1e6)
         now = out.time = self.clock.now()
-        requests, verifies = launched.requests, launched.plan.verifies
+        requests, verifies, admits = launched.requests, launched.plan.verifies, launched.admits
         if launched.prompt_logprobs is not None:
             launched.prompt_logprobs.deliver(out)
         row_logprobs = None
@@ -336,10 +339,12 @@ class LLMEngine:
             hi = lo + launched.batch.draft_rows.shape[0]
             verified = tokens[lo:hi]
             requests, tokens = requests[:lo] + requests[hi:], tokens[:lo] + tokens[hi:]
+            admits = admits[:lo] + admits[hi:]
             if row_logprobs is not None:
                 row_logprobs = row_logprobs[:lo] + row_logprobs[hi:]
         ended = append_sampled(requests, tokens, now, self.stats.recent_itls,
-                               out.request_ids, out.token_ids, row_logprobs, out.logprobs)
+                               out.request_ids, out.token_ids, row_logprobs, out.logprobs,
+                               admits)
         if verifies:
             ended += self.spec.commit(verifies, verified, now, self.stats.recent_itls, out,
                                       self.knobs.enable_prefix_caching)
