@@ -136,9 +136,11 @@ class LLMEngine:
         with every token known, and proposes again. Nor after a step with a decode that
         waited for its token and that the proposer has not declined lately (a request's
         first decodes: a drafter that always proposes, a draft model, would miss them)."""
+        if prev.verifies:     # whatever k is now: a live k of 0 leaves verifies in flight
+            return False
         if not self.speculating:
             return True
-        if prev.verifies or prev.spec_waiting or self._chained >= SPEC_ASYNC_RUN:
+        if prev.spec_waiting or self._chained >= SPEC_ASYNC_RUN:
             return False
         self._chained += 1
         return True
@@ -323,6 +325,11 @@ class LLMEngine:
             kv.register_full_blocks(req, caching)
             if c.sample:
                 self.scheduler.leader_sampled(req)
+        followers = self.scheduler.followers
+        if followers:      # a leader whose last prompt token ran as a decode sampled too
+            for c in plan.decodes:
+                if c.request in followers and c.request.status is running:
+                    self.scheduler.leader_sampled(c.request)
 
     def _emit_tokens(self, launched: Launched, out: StepOutput) -> None:
         tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync

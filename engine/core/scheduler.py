@@ -270,11 +270,14 @@ class Scheduler:
 
     def _join_leader(self, req: Request, plan: StepPlan) -> bool:
         """Same-prompt dedup: wait on a running request with identical tokens that has
-        not sampled yet, instead of prefilling again."""
+        not sampled yet, instead of prefilling again; a follower samples from its
+        leader's first sample row (a prefill chunk's, or a decode row's where the last
+        prompt token runs alone), so never from a leader that verifies drafts this step."""
         req.prompt_key = self._prompt_key(req)    # hashing a prompt once per admission try
         leader = self._leaders.get(req.prompt_key)
-        if leader is None or leader.all_token_ids() != req.all_token_ids():
-            return False
+        if leader is None or leader.all_token_ids() != req.all_token_ids() \
+                or any(c.request is leader for c in plan.verifies):
+            return False    # (a verify row has no followers: batch_builder)
         self.waiting.remove(req)
         self._start(req, 0)
         req.dedup_leader = leader

@@ -159,9 +159,11 @@ class SpecDecoder:
         k = self.scheduler.knobs.num_speculative_tokens
         cap, running = min(k, budget), RequestStatus.RUNNING
         chunks, rooms = [], []
+        followers = self.scheduler.followers
         for c in plan.decodes:
             req = c.request
-            if req.processed or req.status is not running:
+            # a dedup leader at its last prompt token: its followers sample from its row
+            if req.processed or req.status is not running or req in followers:
                 continue
             room = req.length_cap - len(req.prompt_token_ids) - len(req.output_token_ids) - 1
             if room > cap:

@@ -39,6 +39,28 @@ def expected(prompt, params: SamplingParams, eos) -> tuple[list[int], str]:
             return out, "length"
 
 
+class OracleDrafter:
+    """Stands in for SpecDecoder.propose_batch: each draft is the fake model's next token
+    with chance `accept`, else a wrong one (so verify steps accept, reject and roll back)."""
+
+    def __init__(self, accept: float, seed: int):
+        self.accept = accept
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, reqs, rooms) -> list[list[int]]:
+        out = []
+        for req, room in zip(reqs, rooms):
+            ctx, draft = req.all_token_ids(), []
+            for _ in range(room):
+                t = next_token(ctx)
+                if self.rng.random() >= self.accept:
+                    t = (t + 1) % VOCAB
+                draft.append(t)
+                ctx.append(t)
+            out.append(draft)
+        return out
+
+
 class KVCheckingRunner:
     """Stands in for ModelRunner: a KV cache of token ids, checked on every read."""
 
@@ -56,6 +78,7 @@ class KVCheckingRunner:
     # the real runner's step: this forward, then sampling
     execute_model = ModelRunner.execute_model
     take_logprobs = ModelRunner.take_logprobs
+    _verify_random_rows = ModelRunner._verify_random_rows
     release = ModelRunner.release
 
     def read(self, table, n) -> list[int]:

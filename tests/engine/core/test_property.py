@@ -3,8 +3,11 @@
 A hypothesis RuleBasedStateMachine submits random requests (random lengths, shared
 prefixes, identical prompts, earlier prompts extended by their outputs), steps, cancels,
 flips the live knobs (prefix caching, token budget, max_num_seqs) and clears the prefix
-cache, on pools of 3..24 blocks of 1..8 tokens. After every rule it checks the
-invariants of DESIGN.md, and more:
+cache, on pools of 3..24 blocks of 1..8 tokens, with async scheduling on or off and
+speculative decoding (a drafter that proposes the right continuation with a drawn chance,
+else a wrong token; k changed live). Cancels pick any request, or a dedup leader whose
+followers wait on its logits (with async scheduling: while its last chunk is in flight).
+After every rule it checks the invariants of DESIGN.md, and more:
 
 - every block is in exactly one of free / used / cached; refcount == the number of
   block tables holding it (the index holds no reference; BlockPool.check);
@@ -17,7 +20,8 @@ invariants of DESIGN.md, and more:
   referenced fails at once); every indexed block still holds the tokens of its key;
 - outputs: the runner's logits are a one-hot of a deterministic function of the
   context, so every finished request must produce exactly the tokens (and finish
-  reason) that a sequential simulation predicts, and a cancelled one a prefix of them;
+  reason) that its solo run predicts, and a cancelled one a prefix of them, and no
+  step fails (a failed step errs its requests: the last error is checked);
 - requests are refused (InvalidRequestError) iff they can never fit the pool;
 - at the end, everything drains (no livelock) and, after clearing the prefix cache,
   every block is free.
@@ -35,7 +39,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from engine.config import (EVICTION_POLICIES, SCHEDULING_MODES, SCHEDULING_POLICIES,
                            InvalidRequestError)
 from engine.request import SamplingParams
-from tests.engine.core.kv_checking import MAX_MODEL_LEN, VOCAB, check_all, expected, make_engine
+from tests.engine.core.kv_checking import (MAX_MODEL_LEN, VOCAB, OracleDrafter, check_all,
+                                           expected, make_engine)
 from tests.helpers import add_request
 
 
@@ -49,10 +54,14 @@ class EngineMachine(RuleBasedStateMachine):
 
     @initialize(num_blocks=st.integers(3, 24), block_size=st.sampled_from([1, 2, 4, 8]),
                 caching=st.booleans(), budget=st.sampled_from([1, 3, 8, 32, 512]),
-                seqs=st.sampled_from([1, 2, 4, 64]))
-    def setup(self, num_blocks, block_size, caching, budget, seqs):
+                seqs=st.sampled_from([1, 2, 4, 64]), async_=st.sampled_from([True, True, False]),
+                k=st.sampled_from([0, 0, 1, 3]), accept=st.sampled_from([0.0, 0.6, 1.0]),
+                seed=st.integers(0, 2 ** 16))
+    def setup(self, num_blocks, block_size, caching, budget, seqs, async_, k, accept, seed):
         self.eng = make_engine(num_blocks, block_size, enable_prefix_caching=caching,
-                               max_num_batched_tokens=budget, max_num_seqs=seqs)
+                               max_num_batched_tokens=budget, max_num_seqs=seqs,
+                               async_scheduling=async_, num_speculative_tokens=k)
+        self.eng.spec.propose_batch = OracleDrafter(accept, seed)
 
     # -- requests ---------------------------------------------------------------------------
     def _submit(self, prompt, max_tokens, ignore_eos, data, stops=None):
@@ -116,24 +125,40 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.eng is not None and self.eng.requests)
     @rule(data=st.data())
     def cancel(self, data):
-        rid = data.draw(st.sampled_from(sorted(self.eng.requests)))
+        self.cancel_one(data.draw(st.sampled_from(sorted(self.eng.requests))))
+
+    def cancel_one(self, rid):
         req = self.eng.abort(rid)
         assert req.finish_reason == "cancelled" and not req.block_table
+
+    @precondition(lambda self: self.eng is not None and self.eng.scheduler.followers)
+    @rule(data=st.data(), k=st.integers(0, 2))
+    def cancel_leader(self, data, k):
+        """Cancel a dedup leader (its followers go back to the queue), after k steps:
+        with k = 0 and async scheduling, its last prefill chunk may still be in flight,
+        the followers' sample rows with it."""
+        for _ in range(k):
+            self.eng.step()
+        leaders = sorted(r.request_id for r in self.eng.scheduler.followers)
+        if leaders:
+            self.cancel_one(data.draw(st.sampled_from(leaders)))
 
     @rule(caching=st.none() | st.booleans(),
           budget=st.none() | st.sampled_from([1, 2, 3, 5, 8, 16, 64, 512]),
           seqs=st.none() | st.sampled_from([1, 2, 3, 8, 64]),
           mode=st.none() | st.sampled_from(SCHEDULING_MODES),
           policy=st.none() | st.sampled_from(SCHEDULING_POLICIES),
-          eviction=st.none() | st.sampled_from(EVICTION_POLICIES))
-    def set_knobs(self, caching, budget, seqs, mode, policy, eviction):
-        """Live knob flips: prefix caching, token budget, max_num_seqs and the policies
-        (any subset)."""
+          eviction=st.none() | st.sampled_from(EVICTION_POLICIES),
+          spec_k=st.none() | st.integers(0, 3))
+    def set_knobs(self, caching, budget, seqs, mode, policy, eviction, spec_k):
+        """Live knob flips: prefix caching, token budget, max_num_seqs, the policies and
+        the speculative k (any subset)."""
         changes = {k: v for k, v in dict(enable_prefix_caching=caching,
                                          max_num_batched_tokens=budget,
                                          max_num_seqs=seqs, scheduling_mode=mode,
                                          scheduling_policy=policy,
-                                         eviction_policy=eviction).items() if v is not None}
+                                         eviction_policy=eviction,
+                                         num_speculative_tokens=spec_k).items() if v is not None}
         self.eng.set_knobs(self.eng.knobs.replace(**changes))
 
     @rule()
