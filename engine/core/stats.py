@@ -10,13 +10,16 @@ from collections import deque
 
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
+from engine.core.token_trace import build_trace
 from engine.engine_stats import EngineStats
 from engine.metrics import request_latencies
-from engine.request import Request, RequestStatus
-from engine.snapshot import ChunkInfo, StepStats
+from engine.request import TRACE_TOKENS, Request, RequestStatus
+from engine.snapshot import ChunkInfo, StepStats, ttft_split
 
 RECENT_STEPS = 256
 RECENT_SAMPLES = 2048
+TRACE_KEEP = 8      # token traces kept of each kind: the latest requests that ended having
+#                     asked for logprobs, and the latest verified with drafts
 
 
 class StatsRecorder:
@@ -26,6 +29,12 @@ class StatsRecorder:
         self.recent_steps: deque[StepStats] = deque(maxlen=RECENT_STEPS)
         self.recent_latencies: deque = deque(maxlen=RECENT_SAMPLES)   # (t, ttft, tpot)
         self.recent_itls: deque = deque(maxlen=RECENT_SAMPLES)        # (t, gap)
+        # (t, queued, prefill, last chunk to first token): the TTFT split of each
+        # request in recent_latencies (the same t: its last token)
+        self.recent_ttft_parts: deque = deque(maxlen=RECENT_SAMPLES)
+        self._traces = (deque(maxlen=TRACE_KEEP), deque(maxlen=TRACE_KEEP))
+        self._traces_tuple: tuple = ()
+        self._ended: list[Request] = []       # ended requests to trace
         self.last_error: str | None = None
         self.peak_used_blocks = 0
 
@@ -43,13 +52,15 @@ class StatsRecorder:
         c.steps += 1
         chunks = tuple(ChunkInfo(ch.request.request_id, ch.start, ch.num_tokens,
                                  ch.request.num_prefill_target) for ch in plan.prefills)
+        drafted, accepted = trace_verifies(plan.verifies) if plan.verifies else (0, 0)
         step = StepStats(c.steps, now, now - t0, decode_tokens, prefill_tokens, chunks,
                          plan.prefix_hit_blocks, len(plan.copies), num_evicted,
                          len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
-                         sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
-                         sum(v.accepted for v in plan.verifies))
+                         sampled, len(plan.verifies), drafted, accepted, plan.budget, plan.mode)
         self.last_step = step
         self.recent_steps.append(step)
+        if self._ended:
+            self.traces()
 
     def on_finish(self, req: Request) -> None:
         c = self.counters
@@ -59,7 +70,44 @@ class StatsRecorder:
         c.errors += st is RequestStatus.ERROR
         ttft, tpot, _ = request_latencies(req.arrival_time, req.token_times)
         if ttft is not None:
-            self.recent_latencies.append((req.token_times[-1], ttft, tpot))
+            t = req.token_times[-1]
+            self.recent_latencies.append((t, ttft, tpot))
+            parts = ttft_split(req.arrival_time, ttft, req.scheduled_ts, req.last_chunk_ts)
+            if parts is not None:
+                self.recent_ttft_parts.append((t, *parts))
+        if req.logprobs_trace is not None or req.spec_trace is not None:
+            self._ended.append(req)      # traced once its step is recorded (its last verify)
+
+    def traces(self) -> tuple:
+        """The token traces kept (engine/core/token_trace.py): logprobs ones, then
+        speculative ones, each oldest first."""
+        if self._ended:
+            for req in self._ended:
+                trace = build_trace(req)
+                if trace is not None:
+                    self._traces[req.spec_trace is not None].append(trace)
+            self._ended.clear()
+            self._traces_tuple = tuple(self._traces[0]) + tuple(self._traces[1])
+        return self._traces_tuple
+
+
+def trace_verifies(verifies) -> tuple[int, int]:
+    """A step's drafts and accepted drafts; each verify also goes into its request's
+    spec_trace (the step's tokens are in by now: those past the verify's first
+    position are its own)."""
+    drafted = accepted = 0
+    for v in verifies:
+        d, a, req = len(v.draft), v.accepted, v.request
+        drafted += d
+        accepted += a
+        prompt = len(req.prompt_token_ids)
+        first = v.start + 1 - prompt
+        emitted = prompt + len(req.output_token_ids) - v.start - 1
+        if emitted > 0 and first < TRACE_TOKENS:
+            if req.spec_trace is None:
+                req.spec_trace = []
+            req.spec_trace.append((first, emitted, d, a))
+    return drafted, accepted
 
 
 def engine_stats(engine, now: float) -> EngineStats:
