@@ -216,6 +216,15 @@ class TokenTrace:
         codes = np.frombuffer(self.origin, np.uint8)
         return codes & 3, codes >> 2
 
+    def sampled_probs(self) -> np.ndarray:
+        """Each token's own probability (exp of entry 0's logprob: the sampled token,
+        in the request's logprobs mode); empty without logprobs."""
+        n = len(self)
+        if not self.logprobs or not self.top:
+            return np.zeros(0)
+        values = np.frombuffer(self.logprobs, "<f8", n * self.top, 4 * n * self.top)
+        return np.exp(values.reshape(n, self.top)[:, 0])
+
     def logprobs_at(self, i: int) -> TokenLogprobs | None:
         """Token i's logprobs (None: it asked for none), its raw ones inside."""
         lp = _unpack_logprobs(self.logprobs, len(self), self.top, i)
@@ -266,6 +275,7 @@ class EngineSnapshot:
     max_model_len: int = 0
     forward_calls: int = 0           # model forwards since start
     spec_method: str = ""            # speculative_config.method (the live k is in knobs)
+    logprobs_mode: str = ""          # what requests' logprobs hold (EngineConfig)
     recent_ttft_parts: tuple[tuple[float, float, float, float], ...] = ()   # (last token
     #     time, queued, prefill, last chunk to first token) of finished requests (TTFT split)
     traces: tuple[TokenTrace, ...] = ()      # the latest finished requests' token traces
@@ -295,4 +305,4 @@ class EngineSnapshot:
 
 # the engine-wide figures besides the pool and requests (recordings keep them as "extra")
 RUNTIME_FIELDS = ("peak_used_blocks", "backend", "tensor_parallel_size", "kv_bytes_per_rank",
-                  "max_model_len", "forward_calls", "spec_method")
+                  "max_model_len", "forward_calls", "spec_method", "logprobs_mode")
