@@ -157,8 +157,8 @@ class FrameEncoder:
         """New traces in full; the order of those kept when it changed."""
         if traces == self._traces and not frame.get("key"):
             return
-        known = {t.request_id for t in self._traces}
-        new = [_trace_dict(t) for t in traces if t.request_id not in known]
+        known = {t.request_id: t for t in self._traces}     # (an id a client used again:
+        new = [_trace_dict(t) for t in traces if known.get(t.request_id) != t]  # sent again)
         if new:
             frame["tr"] = new
         frame["tro"] = [t.request_id for t in traces]

@@ -17,7 +17,7 @@ ZOOM_ORDER = ("kv", "requests", "events", "timing", "step", "strip", "knobs", "d
 STATS_WIDTH, PLOT_MIN = 34, 56       # timing: the table, a plot of 40 points + its labels
 TIMING_ROWS = {"stats": 8, "stacked": 16, "side": 10}   # plots: a time axis + 7 rows
 KV_MIN, STEP_ROWS, KNOBS_ROWS, DETAIL_ROWS, REQUESTS_MIN, EVENTS_MIN = 9, 7, 12, 5, 6, 6
-STRIP_ROWS = 6                       # the step strip: two bar rows, two lines of numbers
+STRIP_ROWS = 6                       # the step strip: two bar rows, two (three) lines of numbers
 WIDE = 110
 
 
@@ -69,7 +69,9 @@ def _fill(right_width: int, rows: int, left_width: int):
             hidden.append(TITLES[pid])
     help_lines = 1
     if "knobs" in heights and left >= 2 + 8:    # keep 8 spare rows for the map itself
-        heights["knobs"], help_lines = KNOBS_ROWS + 2, 3
+        heights["knobs"], help_lines, left = KNOBS_ROWS + 2, 3, left - 2
+    if "strip" in heights and left >= 1 + 8:    # the strip's speculation line
+        heights["strip"] = STRIP_ROWS + 1
     # right column: requests, the selected text, timing figures, events, then plots
     right, cut = rows - REQUESTS_MIN, False
     for pid, need in (("detail", DETAIL_ROWS), ("timing", TIMING_ROWS["stats"]),

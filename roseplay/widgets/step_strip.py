@@ -186,7 +186,7 @@ class StepStrip(Widget):
         for row in bar_rows(steps):
             t.append_text(row)
             t.append("\n")
-        lines = number_lines(strip_numbers(snap, steps), snap, wide=height > 5)
+        lines = number_lines(strip_numbers(snap, steps), snap, wide=width >= 90)
         room = max(1, height - BAR_ROWS)
         t.append_text(Text("\n").join(lines[:room]))
         if height > BAR_ROWS + len(lines):       # zoomed: what the bars are
