@@ -161,9 +161,10 @@ class Request:
     num_accepted_tokens: int = 0     # and accepted (engine/core/spec_decode.py)
     spec_quiet: int = 0              # steps its proposer is not waited for: set when the
     #                                  proposer found no draft for it (spec_decode.py)
-    spec_trace: list | None = None   # its verifies with drafts, (first output index of the
-    #                                  verify's tokens, tokens it emitted, drafted, accepted),
-    #                                  those starting in its first TRACE_TOKENS (stats.py)
+    spec_trace: list = field(default_factory=list)   # its verifies with drafts: (first
+    #                                  output index of the verify's tokens, tokens it emitted,
+    #                                  drafted, accepted), those starting in its first
+    #                                  TRACE_TOKENS tokens (spec_decode.py commit)
     # -- the TTFT split (vLLM's RequestStateStats names where they fit; the scheduler
     # sets them, on the serving clock): TTFT = queued + prefill before its last chunk +
     # the last chunk's step until the first token is emitted

@@ -13,7 +13,7 @@ from engine.core.kv.counters import Counters
 from engine.core.token_trace import build_trace
 from engine.engine_stats import EngineStats
 from engine.metrics import request_latencies
-from engine.request import TRACE_TOKENS, Request, RequestStatus
+from engine.request import Request, RequestStatus
 from engine.snapshot import ChunkInfo, StepStats, ttft_split
 
 RECENT_STEPS = 256
@@ -34,7 +34,6 @@ class StatsRecorder:
         self.recent_ttft_parts: deque = deque(maxlen=RECENT_SAMPLES)
         self._traces = (deque(maxlen=TRACE_KEEP), deque(maxlen=TRACE_KEEP))
         self._traces_tuple: tuple = ()
-        self._ended: list[Request] = []       # ended requests to trace
         self.last_error: str | None = None
         self.peak_used_blocks = 0
 
@@ -52,15 +51,13 @@ class StatsRecorder:
         c.steps += 1
         chunks = tuple(ChunkInfo(ch.request.request_id, ch.start, ch.num_tokens,
                                  ch.request.num_prefill_target) for ch in plan.prefills)
-        drafted, accepted = trace_verifies(plan.verifies) if plan.verifies else (0, 0)
         step = StepStats(c.steps, now, now - t0, decode_tokens, prefill_tokens, chunks,
                          plan.prefix_hit_blocks, len(plan.copies), num_evicted,
                          len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
-                         sampled, len(plan.verifies), drafted, accepted, plan.budget, plan.mode)
+                         sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
+                         sum(v.accepted for v in plan.verifies), plan.budget, plan.mode)
         self.last_step = step
         self.recent_steps.append(step)
-        if self._ended:
-            self.traces()
 
     def on_finish(self, req: Request) -> None:
         c = self.counters
@@ -75,39 +72,15 @@ class StatsRecorder:
             parts = ttft_split(req.arrival_time, ttft, req.scheduled_ts, req.last_chunk_ts)
             if parts is not None:
                 self.recent_ttft_parts.append((t, *parts))
-        if req.logprobs_trace is not None or req.spec_trace is not None:
-            self._ended.append(req)      # traced once its step is recorded (its last verify)
+        trace = build_trace(req)
+        if trace is not None:
+            self._traces[bool(req.spec_trace)].append(trace)
+            self._traces_tuple = tuple(self._traces[0]) + tuple(self._traces[1])
 
     def traces(self) -> tuple:
         """The token traces kept (engine/core/token_trace.py): logprobs ones, then
         speculative ones, each oldest first."""
-        if self._ended:
-            for req in self._ended:
-                trace = build_trace(req)
-                if trace is not None:
-                    self._traces[req.spec_trace is not None].append(trace)
-            self._ended.clear()
-            self._traces_tuple = tuple(self._traces[0]) + tuple(self._traces[1])
         return self._traces_tuple
-
-
-def trace_verifies(verifies) -> tuple[int, int]:
-    """A step's drafts and accepted drafts; each verify also goes into its request's
-    spec_trace (the step's tokens are in by now: those past the verify's first
-    position are its own)."""
-    drafted = accepted = 0
-    for v in verifies:
-        d, a, req = len(v.draft), v.accepted, v.request
-        drafted += d
-        accepted += a
-        prompt = len(req.prompt_token_ids)
-        first = v.start + 1 - prompt
-        emitted = prompt + len(req.output_token_ids) - v.start - 1
-        if emitted > 0 and first < TRACE_TOKENS:
-            if req.spec_trace is None:
-                req.spec_trace = []
-            req.spec_trace.append((first, emitted, d, a))
-    return drafted, accepted
 
 
 def engine_stats(engine, now: float) -> EngineStats:

@@ -3,7 +3,7 @@ with their emission times, speculative origin and logprobs, packed once when it 
 
 Only requests that asked for logprobs (their TokenLogprobs are kept as they are
 emitted: Request.last_logprobs) or were verified with drafts (Request.spec_trace, one
-entry per verify: engine/core/stats.py) have one; the stats recorder keeps the latest
+entry per verify: engine/core/spec_decode.py) have one; the stats recorder keeps the latest
 few (TRACE_KEEP of each kind), so memory stays bounded whatever the workload.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ def build_trace(req: Request) -> TokenTrace | None:
     """The trace of an ended request (no pending token left), or None when it has no
     tokens or nothing to trace."""
     out, lps, verifies = req.output_token_ids, req.logprobs_trace, req.spec_trace
-    if not out or (lps is None and verifies is None):
+    if not out or (lps is None and not verifies):
         return None
     n = min(len(out), len(req.token_times), TRACE_TOKENS)
     top, packed, raw = 0, b"", b""
@@ -29,7 +29,7 @@ def build_trace(req: Request) -> TokenTrace | None:
             raw = pack_logprobs([lp.raw for lp in lps], top)
     return TokenTrace(req.request_id, len(out), np.asarray(out[:n], "<i4").tobytes(),
                       np.asarray(req.token_times[:n], "<f8").tobytes(),
-                      bytes(spec_origins(verifies or (), n)), top, packed, raw)
+                      bytes(spec_origins(verifies, n)), top, packed, raw)
 
 
 def spec_origins(verifies, n: int) -> bytearray:

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from engine.config import make_config
-from engine.core import stats as stats_mod
-from engine.core import token_trace
+from engine.core import spec_decode, stats as stats_mod, token_trace
 from engine.core.core import LLMEngine
 from engine import request as request_mod
 from engine.request import SamplingParams
@@ -70,7 +69,7 @@ def test_the_trace_keeps_each_streamed_tokens_logprobs(engine):
 
 
 def test_traces_are_bounded(engine, monkeypatch):
-    for mod in (request_mod, token_trace, stats_mod):
+    for mod in (request_mod, token_trace, spec_decode):
         monkeypatch.setattr(mod, "TRACE_TOKENS", 3)
     params = SamplingParams(max_tokens=6, logprobs=1, **GREEDY)
     n = stats_mod.TRACE_KEEP + 3
