@@ -4,7 +4,6 @@ ones streamed for each token (processed and raw); speculative origins match the
 verifies (accepted drafts, then the target's bonus or correction, all emitted at the
 verify's one time); memory stays bounded (TRACE_KEEP traces of each kind, TRACE_TOKENS
 tokens each); requests that asked for neither have none."""
-import numpy as np
 import pytest
 
 from engine.config import make_config
@@ -24,16 +23,15 @@ def _prompt(k, n=12):
     return {"prompt_token_ids": [(k * 7 + i) % 500 + 1 for i in range(n)]}
 
 
-def _serve(eng, requests):
+def _serve(eng):
     """Step until done; each request's streamed (token, logprobs), in order."""
     streamed: dict[str, list] = {}
     while eng.has_unfinished():
-        for out in (eng.step(),):
-            lps = out.logprobs or [None] * len(out.token_ids)
-            for rid, tok, lp in zip(out.request_ids, out.token_ids, lps):
-                streamed.setdefault(rid, []).append((tok, lp))
-    out = eng.flush()
-    assert not out.token_ids
+        out = eng.step()
+        lps = out.logprobs or [None] * len(out.token_ids)
+        for rid, tok, lp in zip(out.request_ids, out.token_ids, lps):
+            streamed.setdefault(rid, []).append((tok, lp))
+    assert not eng.flush().token_ids
     return streamed
 
 
@@ -50,7 +48,7 @@ def test_the_trace_keeps_each_streamed_tokens_logprobs(engine):
             add_request(engine, _prompt(2), SamplingParams(max_tokens=5, logprobs=2,
                                                           temperature=0.9, seed=3), "lp"),
             add_request(engine, _prompt(3), SamplingParams(max_tokens=5, **GREEDY), "none")]
-    streamed = _serve(engine, reqs)
+    streamed = _serve(engine)
     snap = engine.snapshot()
     assert sorted(t.request_id for t in snap.traces) == ["lp", "raw"]
     assert snap.trace("none") is None
@@ -74,7 +72,7 @@ def test_traces_are_bounded(engine, monkeypatch):
     params = SamplingParams(max_tokens=6, logprobs=1, **GREEDY)
     n = stats_mod.TRACE_KEEP + 3
     reqs = [add_request(engine, _prompt(k), params, f"r{k}") for k in range(n)]
-    streamed = _serve(engine, reqs)
+    streamed = _serve(engine)
     traces = engine.snapshot().traces
     assert len(traces) == stats_mod.TRACE_KEEP
     assert all(len(r.logprobs_trace) == 3 for r in reqs)
@@ -95,7 +93,7 @@ def test_speculative_origins_follow_the_verifies():
     ref = LLMEngine(make_config(**ENGINE))
     try:
         base = [add_request(ref, p, params, f"b{i}") for i, p in enumerate(prompts)]
-        _serve(ref, base)
+        _serve(ref)
         refs = [(p["prompt_token_ids"], r.output_token_ids) for p, r in zip(prompts, base)]
     finally:
         ref.close()
@@ -104,7 +102,7 @@ def test_speculative_origins_follow_the_verifies():
     try:
         eng.spec.oracle.set_references(refs)
         reqs = [add_request(eng, p, params, f"s{i}") for i, p in enumerate(prompts)]
-        _serve(eng, reqs)
+        _serve(eng)
         snap = eng.snapshot()
     finally:
         eng.close()
