@@ -257,8 +257,8 @@ class Actions:
             self.refresh_panels()
 
     def action_scrub(self) -> None:
-        """The selected request's token trace, token by token (the latest one held when
-        the selection has none is named in the warning)."""
+        """The selected request's token trace, token by token; without one, a warning
+        says which requests have one and names those held."""
         from roseplay.widgets.token_scrub import TokenScrubScreen, no_trace_words
         current = self.requests.current
         rid = current.request_id if current is not None else None
