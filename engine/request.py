@@ -19,6 +19,7 @@ from engine.metrics import request_latencies
 _SAMPLING_EPS = 1e-5
 PENDING_TOKEN = -1         # an output token sampled on the device, not yet read (async)
 MAX_TEMPERATURE = V.MAX_TEMPERATURE
+TRACE_TOKENS = 256         # output tokens a request's trace keeps (logprobs, speculation)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -151,13 +152,46 @@ class Request:
     processed: bool = field(init=False, default=False)   # params.needs_processing, read
     #                                  once per step (the sampler's slower path)
     plain_greedy: bool = field(init=False, default=True)  # greedy and not processed
-    last_logprobs: object = None     # its latest TokenLogprobs (params.logprobs set): the TUI
+    logprobs_trace: list | None = None   # params.logprobs: the TokenLogprobs of its first
+    #                                  TRACE_TOKENS output tokens (the TUI's token scrub),
+    #                                  kept by setting last_logprobs
     prompt_logprobs: list | None = None   # params.prompt_logprobs: TokenLogprobs by prompt
     #                                  position (0: None), filled chunk by chunk; None once sent
     num_draft_tokens: int = 0        # speculative decoding: drafts verified for it,
     num_accepted_tokens: int = 0     # and accepted (engine/core/spec_decode.py)
     spec_quiet: int = 0              # steps its proposer is not waited for: set when the
     #                                  proposer found no draft for it (spec_decode.py)
+    spec_trace: list = field(default_factory=list)   # its verifies with drafts: (first
+    #                                  output index of the verify's tokens, tokens it emitted,
+    #                                  drafted, accepted), those starting in its first
+    #                                  TRACE_TOKENS tokens (spec_decode.py commit)
+    # -- the TTFT split (vLLM's RequestStateStats names where they fit; the scheduler
+    # sets them, on the serving clock): TTFT = queued + prefill before its last chunk +
+    # the last chunk's step until the first token is emitted
+    scheduled_ts: float | None = None    # first scheduled (its first admission, or a dedup
+    #                                  join; vLLM: a preemption does not move it)
+    last_chunk_ts: float | None = None   # its last prompt chunk (the one whose logits give
+    #                                  the first token) was scheduled
+    prefill_chunks: int = 0          # chunks computed before its first token, every admission
+    prefill_preemptions: int = 0     # preemptions before its first token (their requeue
+    #                                  and recompute count in the prefill part, as in vLLM)
+    _last_logprobs: object = field(default=None, repr=False)
+
+    @property
+    def last_logprobs(self):
+        """Its latest TokenLogprobs (params.logprobs set): the TUI's next-token view."""
+        return self._last_logprobs
+
+    @last_logprobs.setter
+    def last_logprobs(self, lp) -> None:
+        """One emitted token's logprobs (append_sampled sets it once per token of a request
+        that asked): the latest, and the trace of its first TRACE_TOKENS tokens."""
+        self._last_logprobs = lp
+        trace = self.logprobs_trace
+        if trace is None:
+            trace = self.logprobs_trace = []
+        if len(trace) < TRACE_TOKENS:
+            trace.append(lp)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -65,6 +65,8 @@ class StepStats:
     spec_verified: int = 0          # speculative decoding: requests verified with drafts,
     spec_draft_tokens: int = 0      # the drafts they proposed,
     spec_accepted_tokens: int = 0   # the drafts accepted (docs/SPECULATIVE.md)
+    budget: int = 0                 # max_num_batched_tokens it was planned under (0: not
+    mode: str = ""                  # recorded), and its scheduling_mode
 
 
 @dataclass(frozen=True)
@@ -137,11 +139,111 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     spec_draft_tokens: int = 0       # speculative decoding: drafts verified for it,
     spec_accepted_tokens: int = 0    # and accepted
     logprobs: TokenLogprobs | None = None   # its latest token's (when it asked for logprobs)
+    # the TTFT split (engine/request.py, vLLM's names): serving-clock times and counts
+    scheduled_ts: float | None = None    # first scheduled (its first admission)
+    last_chunk_ts: float | None = None   # its last prompt chunk scheduled
+    prefill_chunks: int = 0          # chunks computed before its first token (all admissions)
+    prefill_preemptions: int = 0     # preemptions before its first token
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""
         left = max(0, self.prefill_target - self.computed_tokens)
         return self.chunks_done + math.ceil(left / max(1, budget))
+
+    @property
+    def queued_time(self) -> float | None:
+        """First scheduled - arrival (vLLM's queued_time); None until scheduled."""
+        return None if self.scheduled_ts is None else self.scheduled_ts - self.arrival_time
+
+    def ttft_split(self) -> tuple[float, float, float] | None:
+        return ttft_split(self.arrival_time, self.ttft, self.scheduled_ts, self.last_chunk_ts)
+
+
+def ttft_split(arrival: float, ttft: float | None, scheduled_ts: float | None,
+               last_chunk_ts: float | None) -> tuple[float, float, float] | None:
+    """TTFT in three parts that add up to it: queued (arrival to first scheduled: vLLM's
+    queued_time), prefill (first scheduled to its last prompt chunk's scheduling: the
+    earlier chunks, the waits between them, a preemption's requeue and recompute), and
+    the last chunk's step until the first token is emitted (that chunk's logits give the
+    token: no separate decode step; prefill + this part is vLLM's prefill_time). A dedup
+    follower computes no chunk: its prefill part runs to its first token (the leader's
+    prefill) and the last part is 0. None before the first token."""
+    if ttft is None or scheduled_ts is None:
+        return None
+    queued = scheduled_ts - arrival
+    if last_chunk_ts is None:
+        return queued, ttft - queued, 0.0
+    before = last_chunk_ts - scheduled_ts
+    return queued, before, ttft - queued - before
+
+
+# a traced token's origin (TokenTrace.origin's low 2 bits; the drafts its verify checked
+# sit above them): sampled by the target in a step without drafts for it, a draft the
+# target accepted, the target's token after every draft of its verify was accepted (the
+# bonus), or in place of the first rejected draft (the correction)
+TOKEN_PLAIN, TOKEN_DRAFT, TOKEN_BONUS, TOKEN_CORRECTION = 0, 1, 2, 3
+TOKEN_ORIGINS = ("plain", "draft", "bonus", "correction")
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """A finished request's output token by token (the TUI's token scrub), for its first
+    `len(self)` tokens (engine/request.py TRACE_TOKENS): ids, emission times, speculative
+    origin, and the logprobs it asked for: `top` entries a token (the sampled one, then
+    the top-n), processed and, with raw_logprobs, the model's own. Packed little-endian
+    arrays, so a snapshot carries a trace at the cost of a copy (engine/core/token_trace.py
+    packs them)."""
+    request_id: str
+    num_tokens: int          # output tokens in all (the trace may keep fewer)
+    token_ids: bytes         # int32 a token
+    times: bytes             # float64 a token: its emission time (serving clock)
+    origin: bytes            # uint8 a token: TOKEN_* | drafts of its verify << 2
+    top: int = 0             # logprobs entries a token; 0: it asked for none
+    logprobs: bytes = b""    # int32 ids [n, top], float64 values [n, top], int32 ranks [n]
+    raw_logprobs: bytes = b""   # the same from the model's own log-softmax (or empty)
+
+    def __len__(self) -> int:
+        return len(self.origin)
+
+    def ids(self) -> np.ndarray:
+        return np.frombuffer(self.token_ids, "<i4")
+
+    def token_times(self) -> np.ndarray:
+        return np.frombuffer(self.times, "<f8")
+
+    def origins(self) -> tuple[np.ndarray, np.ndarray]:
+        """(TOKEN_* of each token, drafts of its verify: 0 for a plain token)."""
+        codes = np.frombuffer(self.origin, np.uint8)
+        return codes & 3, codes >> 2
+
+    def sampled_probs(self) -> np.ndarray:
+        """Each token's own probability (exp of entry 0's logprob: the sampled token,
+        in the request's logprobs mode); empty without logprobs."""
+        n = len(self)
+        if not self.logprobs or not self.top:
+            return np.zeros(0)
+        values = np.frombuffer(self.logprobs, "<f8", n * self.top, 4 * n * self.top)
+        return np.exp(values.reshape(n, self.top)[:, 0])
+
+    def logprobs_at(self, i: int) -> TokenLogprobs | None:
+        """Token i's logprobs (None: it asked for none), its raw ones inside."""
+        lp = _unpack_logprobs(self.logprobs, len(self), self.top, i)
+        if lp is not None and self.raw_logprobs:
+            raw = _unpack_logprobs(self.raw_logprobs, len(self), self.top, i)
+            lp = TokenLogprobs(lp.token_ids, lp.logprobs, lp.rank, raw)
+        return lp
+
+
+def _unpack_logprobs(data: bytes, n: int, top: int, i: int) -> TokenLogprobs | None:
+    if not data or not top or not 0 <= i < n:
+        return None
+    ids = np.frombuffer(data, "<i4", n * top).reshape(n, top)[i]
+    values = np.frombuffer(data, "<f8", n * top, 4 * n * top).reshape(n, top)[i]
+    rank = int(np.frombuffer(data, "<i4", n, 12 * n * top)[i])
+    if rank < 0:                        # this token has none (raw: not asked for it)
+        return None
+    keep = ids >= 0                     # a shorter entry's padding
+    return TokenLogprobs(ids[keep].tolist(), values[keep].tolist(), rank)
 
 
 @dataclass(frozen=True)
@@ -172,6 +274,11 @@ class EngineSnapshot:
     kv_bytes_per_rank: int = 0       # the KV cache of one rank
     max_model_len: int = 0
     forward_calls: int = 0           # model forwards since start
+    spec_method: str = ""            # speculative_config.method (the live k is in knobs)
+    logprobs_mode: str = ""          # what requests' logprobs hold (EngineConfig)
+    recent_ttft_parts: tuple[tuple[float, float, float, float], ...] = ()   # (last token
+    #     time, queued, prefill, last chunk to first token) of finished requests (TTFT split)
+    traces: tuple[TokenTrace, ...] = ()      # the latest finished requests' token traces
 
     @property
     def num_used(self) -> int:
@@ -192,7 +299,10 @@ class EngineSnapshot:
     def request(self, request_id: str) -> RequestView | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
 
+    def trace(self, request_id: str) -> TokenTrace | None:
+        return next((t for t in self.traces if t.request_id == request_id), None)
+
 
 # the engine-wide figures besides the pool and requests (recordings keep them as "extra")
 RUNTIME_FIELDS = ("peak_used_blocks", "backend", "tensor_parallel_size", "kv_bytes_per_rank",
-                  "max_model_len", "forward_calls")
+                  "max_model_len", "forward_calls", "spec_method", "logprobs_mode")

@@ -256,6 +256,20 @@ class Actions:
         if self.source is not None:
             self.refresh_panels()
 
+    def action_scrub(self) -> None:
+        """The selected request's token trace, token by token; without one, a warning
+        says which requests have one and names those held."""
+        from roseplay.widgets.token_scrub import TokenScrubScreen, no_trace_words
+        current = self.requests.current
+        rid = current.request_id if current is not None else None
+        if self.traces.get(rid) is None:
+            self.notify(no_trace_words(rid, self.traces), severity="warning", timeout=8)
+            return
+        mode = getattr(self.snapshot, "logprobs_mode", "") or getattr(
+            getattr(self.source, "info", None), "logprobs_mode", "")
+        self.push_screen(TokenScrubScreen(self.traces, rid, getattr(self.source, "tokenizer",
+                                                                    None), mode))
+
     def action_reset_stats(self) -> None:
         self.window.reset()
         self.timing.reset()

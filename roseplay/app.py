@@ -32,7 +32,10 @@ from roseplay.widgets.prompt_input import PromptBar
 from roseplay.widgets.requests import ACTIVE, RequestDetail, RequestList, waiting_reason
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.step import StepPanel
+from roseplay.widgets.step_strip import StepStrip
 from roseplay.widgets.timing import TimingPanel
+from roseplay.widgets.token_scrub import TraceStore
+from roseplay.widgets.ttft_split import request_split, scrub_hint
 
 REFRESH_HZ = 12
 UI_CPU_SHARE = 0.3      # most of one core the UI thread may use before it skips frames
@@ -66,6 +69,7 @@ class RoseplayApp(Actions, App):
         self._recorded_marks = RecordedMarks()    # a replay: its knob changes on the plots
         self.load_error: str | None = None
         self._source_closed = threading.Event()
+        self.traces = TraceStore()      # token traces seen in snapshots (key w)
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -73,6 +77,7 @@ class RoseplayApp(Actions, App):
             with Vertical(id="left"):
                 yield KVPanel(id="kv")
                 yield StepPanel(id="step")
+                yield StepStrip(id="strip")
                 yield KnobsPanel(id="knobs")
             with Vertical(id="right"):
                 yield RequestList(id="requests")
@@ -101,6 +106,7 @@ class RoseplayApp(Actions, App):
         self.status, self.requests, self.kv = q(StatusBar), q(RequestList), q(KVPanel)
         self.detail, self.step_panel, self.knobs = q(RequestDetail), q(StepPanel), q(KnobsPanel)
         self.timing, self.prompt_bar, self.events = q(TimingPanel), q(PromptBar), q(EventLog)
+        self.strip = q(StepStrip)
         self.note = q("#layout-note", Static)
         for wid, title in TITLES.items():
             q(f"#{wid}").border_title = title
@@ -190,6 +196,7 @@ class RoseplayApp(Actions, App):
         snap, workload = src.snapshot(), src.workload()
         self.snapshot = snap
         self.window.feed(snap)
+        self.traces.feed(snap)
         with self.batch_update():
             self.status.show(snap, src.kind, src.paused, src.position())
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
@@ -200,13 +207,22 @@ class RoseplayApp(Actions, App):
             self.kv.show(snap, highlight, self.window, flash_blocks(snap))
             info = getattr(src, "info", None) if src.kind == "live" else None
             self.detail.show(current, getattr(src, "tokenizer", None),
-                             getattr(info, "logprobs_mode", None))
+                             getattr(info, "logprobs_mode", None), self._detail_extra(current))
             self.step_panel.show(snap)
+            self.strip.show(snap)
             self.events.show(snap)
             self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")
             self.timing.show(snap, self.window, throttle=not src.paused)
         if src.kind == "replay":
             self._replay_notices(src)
+
+    def _detail_extra(self, current):
+        """The selected request's TTFT split, and `w` when its token trace is held."""
+        if current is None:
+            return None
+        hint = scrub_hint(current, self.traces.get(current.request_id))
+        width = max(20, self.detail.size.width) - hint.cell_len
+        return request_split(current, self.snapshot.time, width).append_text(hint)
 
     def _requests_subtitle(self) -> None:
         """Sort, filter and the columns too narrow to show, under the request list."""

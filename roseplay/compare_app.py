@@ -57,7 +57,7 @@ class CompareApp(RoseplayApp):
               border-title-style: bold; padding: 0 1; }
     .side KVPanel, .side TimingPanel { border: round #3d4454; border-title-color: #f2d34f;
                                        border-title-style: bold; padding: 0 1; }
-    .side TimingPanel { height: 7; }
+    .side TimingPanel { height: 8; }
     """
 
     def compose(self) -> ComposeResult:
@@ -104,7 +104,7 @@ class CompareApp(RoseplayApp):
         for panel in self.timings:
             panel.display = show_timing
             panel.set_mode(mode)
-            panel.styles.height = 14 if mode == "stacked" else 7
+            panel.styles.height = 15 if mode == "stacked" else 8    # TimingStats + border
         hidden = [] if show_timing else ["timing panels (their numbers: B / A)"]
         cols = (w - 4 - 6) // 10
         if cols < len(METRICS):

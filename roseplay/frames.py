@@ -7,8 +7,9 @@ every KEYFRAME_EVERY frames:
 * block arrays (`bs` int8 states, `rc` int32 refcounts) as base64, only when changed;
 * requests: the id order when it changed, full views of new requests, changed fields of
   known ones (text as an appended suffix `text+`);
-* recent steps / latencies / ITLs / engine events (`ev`): only those added since the
-  last frame;
+* recent steps / latencies / ITLs / TTFT splits (`ttft`) / engine events (`ev`): only
+  those added since the last frame;
+* token traces (`tr`: new ones, base64 arrays) and their order (`tro`) when it changed;
 * counters, knobs, workload, extra, error: only when changed.
 
 The decoder checks every value as untrusted data (roseplay/record_schema.py). No torch is
@@ -27,7 +28,7 @@ import numpy as np
 from engine.config import SchedulerConfig
 from engine.outputs import TokenLogprobs
 from engine.snapshot import (RUNTIME_FIELDS, ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView,
-                             StepStats)
+                             StepStats, TokenTrace)
 from roseplay import record_schema as schema
 from roseplay.record_schema import BadRecording
 
@@ -37,6 +38,7 @@ KEYFRAME_EVERY = 100                 # frames (~10 s at 10 Hz)
 _REQ_FIELDS = tuple(f.name for f in dataclasses.fields(RequestView))
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepStats))
 _EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(EngineEvent))
+_TRACE_ARRAYS = ("token_ids", "times", "origin", "logprobs", "raw_logprobs")
 
 
 def _b64(arr: np.ndarray, dtype: str) -> str:
@@ -75,6 +77,24 @@ def _step_from(d: dict) -> StepStats:
     return StepStats(**{k: d[k] for k in _STEP_FIELDS})
 
 
+def _trace_dict(t: TokenTrace) -> dict:
+    d = {"request_id": t.request_id, "num_tokens": t.num_tokens, "top": t.top}
+    d.update((name, base64.b64encode(getattr(t, name)).decode("ascii"))
+             for name in _TRACE_ARRAYS)
+    return d
+
+
+def _trace_from(d) -> TokenTrace:
+    d = schema.check_trace(d)
+    try:
+        arrays = {name: base64.b64decode(d[name], validate=True) for name in _TRACE_ARRAYS}
+    except (binascii.Error, TypeError, ValueError):
+        raise BadRecording("token trace: an array that is not base64") from None
+    trace = TokenTrace(d["request_id"], d["num_tokens"], top=d["top"], **arrays)
+    schema.check_trace_arrays(trace)
+    return trace
+
+
 def _event_dict(e: EngineEvent) -> dict:
     d = {name: getattr(e, name) for name in _EVENT_FIELDS}
     d["blocks"] = list(e.blocks)
@@ -94,8 +114,9 @@ class FrameEncoder:
         self._reqs: dict[str, dict] = {}
         self._order: list[str] = []
         self._step = -1
-        self._lat_t = self._itl_t = float("-inf")
+        self._lat_t = self._itl_t = self._ttft_t = float("-inf")
         self._events: set = set()
+        self._traces: tuple = ()
 
     def encode(self, snap: EngineSnapshot, t: float, workload: dict) -> dict:
         frame: dict = {"kind": "frame", "t": round(t, 4), "time": snap.time, "step": snap.step,
@@ -122,11 +143,26 @@ class FrameEncoder:
         itl = [x for x in snap.recent_itls if x[0] > self._itl_t]
         if itl:
             frame["itl"], self._itl_t = [list(x) for x in itl], itl[-1][0]
+        parts = [x for x in snap.recent_ttft_parts if x[0] > self._ttft_t]
+        if parts:
+            frame["ttft"], self._ttft_t = [list(x) for x in parts], parts[-1][0]
         events = [e for e in snap.events if e not in self._events]
         if events:
             frame["ev"] = [_event_dict(e) for e in events]
         self._events = set(snap.events)
+        self._trace_delta(frame, snap.traces)
         return frame
+
+    def _trace_delta(self, frame: dict, traces: tuple) -> None:
+        """New traces in full; the order of those kept when it changed."""
+        if traces == self._traces and not frame.get("key"):
+            return
+        known = {t.request_id: t for t in self._traces}     # (an id a client used again:
+        new = [_trace_dict(t) for t in traces if known.get(t.request_id) != t]  # sent again)
+        if new:
+            frame["tr"] = new
+        frame["tro"] = [t.request_id for t in traces]
+        self._traces = traces
 
     def _changed(self, frame: dict, key: str, value) -> None:
         if key not in self._last or self._last[key] != value:
@@ -192,6 +228,9 @@ class FrameDecoder:
         self._lat: deque = deque(maxlen=RECENT_SAMPLES)
         self._itl: deque = deque(maxlen=RECENT_SAMPLES)
         self._events: deque = deque(maxlen=RECENT_EVENTS)
+        self._ttft_parts: deque = deque(maxlen=RECENT_SAMPLES)
+        self._traces: dict[str, TokenTrace] = {}
+        self._trace_order: list[str] = []
 
     def decode(self, frame: dict) -> tuple[EngineSnapshot, dict]:
         try:
@@ -221,7 +260,21 @@ class FrameDecoder:
         self._events.extend(
             EngineEvent(**{**schema.check_event(e, n), "blocks": tuple(e["blocks"])})
             for e in frame.get("ev", ()))
+        self._ttft_parts.extend(
+            tuple(x) for x in schema.check_samples(frame.get("ttft", []), 4, "ttft"))
+        self._decode_traces(frame)
         return self._snapshot(frame), self._state["workload"]
+
+    def _decode_traces(self, frame: dict) -> None:
+        for d in frame.get("tr", ()):
+            trace = _trace_from(d)
+            self._traces[trace.request_id] = trace
+        if "tro" in frame:
+            order = frame["tro"]
+            if not isinstance(order, list) or not all(r in self._traces for r in order):
+                raise BadRecording("frame: tro names a token trace it never sent")
+            self._trace_order = order
+            self._traces = {r: self._traces[r] for r in order}
 
     def _scalars(self, frame: dict) -> None:
         for key in ("time", "t"):
@@ -257,7 +310,9 @@ class FrameDecoder:
             last_step=self._steps[-1] if self._steps else None,
             recent_steps=tuple(self._steps), counters=s["counters"],
             recent_latencies=tuple(self._lat), recent_itls=tuple(self._itl),
-            error=s["error"], events=tuple(self._events), **_runtime(s["extra"]))
+            error=s["error"], events=tuple(self._events),
+            recent_ttft_parts=tuple(self._ttft_parts),
+            traces=tuple(self._traces[r] for r in self._trace_order), **_runtime(s["extra"]))
 
     def _decode_requests(self, frame: dict) -> None:
         n = self.header["num_blocks"]

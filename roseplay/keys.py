@@ -82,6 +82,9 @@ KEYS = (
     Key("f", "filter(1)", "Filter", "show only requests in one state (all, active, waiting …)",
         "f"),
     Key("F", "filter(-1)", "Filter back", "previous state filter", "F"),
+    Key("w", "scrub", "Tokens", "walk the selected finished request token by token: each "
+        "token's distribution (model vs after penalties and bias) and its speculative "
+        "origin (drafted, accepted)", "w"),
     Key("z", "zoom(1)", "Zoom", "zoom the next panel to the whole screen", "z", footer=True),
     Key("Z", "zoom(0)", "All", "back to all panels", "Z"),
     Key("l", "edit_slos", "SLOs", "goodput SLOs: type ttft:MS tpot:MS e2el:MS; the timing "

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TITLES = {"kv": "KV cache", "step": "This step", "knobs": "Knobs", "requests": "Requests",
-          "detail": "Selected request", "events": "Events", "timing": "Timing"}
-LEFT, RIGHT = ("kv", "step", "knobs"), ("requests", "detail", "events", "timing")
-ZOOM_ORDER = ("kv", "requests", "events", "timing", "step", "knobs", "detail")
+TITLES = {"kv": "KV cache", "step": "This step", "strip": "Steps", "knobs": "Knobs",
+          "requests": "Requests", "detail": "Selected request", "events": "Events",
+          "timing": "Timing"}
+LEFT, RIGHT = ("kv", "step", "strip", "knobs"), ("requests", "detail", "events", "timing")
+ZOOM_ORDER = ("kv", "requests", "events", "timing", "step", "strip", "knobs", "detail")
 STATS_WIDTH, PLOT_MIN = 34, 56       # timing: the table, a plot of 40 points + its labels
-TIMING_ROWS = {"stats": 7, "stacked": 15, "side": 10}   # plots: a time axis + 7 rows
+TIMING_ROWS = {"stats": 8, "stacked": 16, "side": 10}   # plots: a time axis + 7 rows
 KV_MIN, STEP_ROWS, KNOBS_ROWS, DETAIL_ROWS, REQUESTS_MIN, EVENTS_MIN = 9, 7, 12, 5, 6, 6
+STRIP_ROWS = 6                       # the step strip: two bar rows, two (three) lines of numbers
 WIDE = 110
 
 
@@ -57,16 +59,19 @@ def _plan(filled, left_width: int, note: str) -> Plan:
 def _fill(right_width: int, rows: int, left_width: int):
     heights: dict = {"kv": None, "requests": None}
     hidden: list[str] = []
-    # left column: the map first, then knobs, then this step; spare rows go to knob help
+    # left column: the map first, then knobs, this step, the step strip; spare rows go
+    # to knob help
     left = rows - KV_MIN
-    for pid, need in (("knobs", KNOBS_ROWS), ("step", STEP_ROWS)):
+    for pid, need in (("knobs", KNOBS_ROWS), ("step", STEP_ROWS), ("strip", STRIP_ROWS)):
         if left >= need and not hidden:
             heights[pid], left = need, left - need
         else:
             hidden.append(TITLES[pid])
     help_lines = 1
     if "knobs" in heights and left >= 2 + 8:    # keep 8 spare rows for the map itself
-        heights["knobs"], help_lines = KNOBS_ROWS + 2, 3
+        heights["knobs"], help_lines, left = KNOBS_ROWS + 2, 3, left - 2
+    if "strip" in heights and left >= 1 + 8:    # the strip's speculation line
+        heights["strip"] = STRIP_ROWS + 1
     # right column: requests, the selected text, timing figures, events, then plots
     right, cut = rows - REQUESTS_MIN, False
     for pid, need in (("detail", DETAIL_ROWS), ("timing", TIMING_ROWS["stats"]),
@@ -84,6 +89,8 @@ def _fill(right_width: int, rows: int, left_width: int):
             heights["timing"], right, timing = TIMING_ROWS[mode], right - grow, mode
         else:
             hidden.append("timing plots")
+    if "detail" in heights and right >= 5:     # a row for the TTFT split
+        heights["detail"], right = DETAIL_ROWS + 1, right - 1
     if "events" in heights:
         more = max(0, min(4, right - 6))       # events grow while requests keep 12 rows
         heights["events"] += more

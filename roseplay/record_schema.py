@@ -11,7 +11,10 @@ import dataclasses
 import json
 import math
 
-from engine.snapshot import ChunkInfo, EngineCounters, EngineEvent, RequestView, StepStats
+import numpy as np
+
+from engine.config import MAX_SPECULATIVE_TOKENS
+from engine.snapshot import ChunkInfo, EngineCounters, EngineEvent, RequestView, StepStats, TokenTrace
 
 MAX_LINE_CHARS = 64 << 20        # one JSON line (a keyframe of a very large pool fits)
 MAX_NUM_BLOCKS = 10_000_000
@@ -87,16 +90,21 @@ def check_header(h: dict) -> dict:
 
 # newer than format 1: may be absent
 LATER_REQUEST_FIELDS = ("output_tail", "priority", "spec_draft_tokens", "spec_accepted_tokens",
-                        "logprobs")
+                        "logprobs", "scheduled_ts", "last_chunk_ts", "prefill_chunks",
+                        "prefill_preemptions")
 
 
 def check_request(d, num_blocks: int) -> dict:
     check_fields(RequestView, d, "request", skip=LATER_REQUEST_FIELDS)
     if "output_tail" in d and not is_type(d["output_tail"], "tuple[int"):
         raise BadRecording("request: output_tail is not a list of token ids")
-    for name in ("priority", "spec_draft_tokens", "spec_accepted_tokens"):
+    for name in ("priority", "spec_draft_tokens", "spec_accepted_tokens", "prefill_chunks",
+                 "prefill_preemptions"):
         if name in d and not is_type(d[name], "int"):
             raise BadRecording(f"request: {name} is not an int")
+    for name in ("scheduled_ts", "last_chunk_ts"):
+        if d.get(name) is not None and not is_type(d[name], "float"):
+            raise BadRecording(f"request: {name} is not a number")
     lp = d.get("logprobs")
     if lp is not None and not (isinstance(lp, list) and len(lp) == 3
                                and is_type(lp[0], "tuple[int") and isinstance(lp[1], list)
@@ -107,15 +115,16 @@ def check_request(d, num_blocks: int) -> dict:
     return d
 
 
-# step fields added after format 1 was written: older recordings read them as 0
-LATER_STEP_FIELDS = ("spec_verified", "spec_draft_tokens", "spec_accepted_tokens")
+# step fields added after format 1 was written: older recordings read them as 0 ("")
+LATER_STEP_FIELDS = {"spec_verified": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0,
+                     "budget": 0, "mode": ""}
 
 
 def check_step(d) -> dict:
-    check_fields(StepStats, d, "step", skip=LATER_STEP_FIELDS)
-    for name in LATER_STEP_FIELDS:
-        if not is_type(d.setdefault(name, 0), "int"):
-            raise BadRecording(f"step: {name} is not int")
+    check_fields(StepStats, d, "step", skip=tuple(LATER_STEP_FIELDS))
+    for name, default in LATER_STEP_FIELDS.items():
+        if type(d.setdefault(name, default)) is not type(default):
+            raise BadRecording(f"step: {name} is not {type(default).__name__}")
     chunks = d["prefill_chunks"]
     if not isinstance(chunks, list):
         raise BadRecording("step: prefill_chunks must be a list")
@@ -125,6 +134,34 @@ def check_step(d) -> dict:
         check_fields(ChunkInfo, dict(zip(("request_id", "start", "num_tokens", "total"), c)),
                      "prefill chunk")
     return d
+
+
+def check_trace(d) -> dict:
+    """A token trace's scalars (its arrays: check_trace_arrays once decoded)."""
+    if not isinstance(d, dict) or not isinstance(d.get("request_id"), str):
+        raise BadRecording("token trace: expected an object with a request_id")
+    for name, top in (("num_tokens", 1 << 24), ("top", 1024)):
+        if not is_type(d.get(name), "int") or not 0 <= d[name] <= top:
+            raise BadRecording(f"token trace: {name} must be an integer in 0..{top}")
+    return d
+
+
+def check_trace_arrays(t: TokenTrace) -> None:
+    """Array sizes that agree with each other, origins that exist, no NaN."""
+    n = len(t)
+    logprob_bytes = (12 * t.top + 4) * n
+    if len(t.token_ids) != 4 * n or len(t.times) != 8 * n or n > t.num_tokens or \
+            len(t.logprobs) not in (0, logprob_bytes) or \
+            len(t.raw_logprobs) not in (0, logprob_bytes) or (t.raw_logprobs and not t.logprobs):
+        raise BadRecording("token trace: array sizes that do not agree")
+    codes, drafts = t.origins()
+    if (drafts > MAX_SPECULATIVE_TOKENS).any() or ((codes == 0) & (drafts > 0)).any():
+        raise BadRecording("token trace: an origin that does not exist")
+    if not np.isfinite(t.token_times()).all() or (t.ids() < 0).any():
+        raise BadRecording("token trace: a time or token id out of range")
+    for data in (t.logprobs, t.raw_logprobs):
+        if data and np.isnan(np.frombuffer(data, "<f8", n * t.top, 4 * n * t.top)).any():
+            raise BadRecording("token trace: a NaN logprob")
 
 
 def check_event(d, num_blocks: int) -> dict:

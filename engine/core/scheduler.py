@@ -73,6 +73,8 @@ class StepPlan:
     verifies: list[VerifyChunk] = field(default_factory=list)   # decodes with drafts
     spec_waiting: bool = False   # a decode's proposer waits for its token (spec_decode.py)
     prompt_rows: object = None   # its prompt-logprob rows, laid out by the batch builder
+    budget: int = 0              # the knobs it was planned under (the step's stats):
+    mode: str = ""               # max_num_batched_tokens and scheduling_mode
 
     @property
     def chunks(self) -> list[ScheduledChunk]:
@@ -136,8 +138,8 @@ class Scheduler:
     # -- the step plan ---------------------------------------------------------------
     def schedule(self) -> StepPlan:
         knobs = self.knobs
-        plan = StepPlan()
         budget = knobs.max_num_batched_tokens
+        plan = StepPlan(budget=budget, mode=knobs.scheduling_mode)
         decodes, prefilling = self._partition()
         if knobs.scheduling_mode == "prefill-first":
             # a prefill never preempts here: one that did could be re-admitted at once
@@ -254,9 +256,17 @@ class Scheduler:
     # -- helpers -----------------------------------------------------------------------
     def _chunk(self, req: Request, n: int) -> ScheduledChunk:
         start = req.num_computed_tokens
-        return ScheduledChunk(req, start, n, start + n == req.num_tokens)
+        sample = start + n == req.num_tokens
+        if not req.token_times:       # its prompt, before its first token: the TTFT split
+            req.prefill_chunks += 1
+            if sample:
+                req.last_chunk_ts = self.pool.clock()
+                req.prefill_preemptions = req.num_preemptions
+        return ScheduledChunk(req, start, n, sample)
 
     def _start(self, req: Request, hit_blocks: int) -> None:
+        if req.scheduled_ts is None:  # the first admission counts (vLLM's scheduled_ts)
+            req.scheduled_ts = self.pool.clock()
         req.status = RequestStatus.RUNNING
         req.admit_seq = self._admit_counter
         self._admit_counter += 1

@@ -28,7 +28,7 @@ import numpy as np
 from engine.config import MAX_SPECULATIVE_TOKENS, EngineConfig, SpeculativeConfig
 from engine.core.ngram_proposer import TokenArrays, propose_ngram
 from engine.core.scheduler import StepPlan, VerifyChunk
-from engine.request import RequestStatus, append_sampled
+from engine.request import TRACE_TOKENS, RequestStatus, append_sampled
 
 
 def verify_rows(config: EngineConfig) -> int:
@@ -217,6 +217,9 @@ class SpecDecoder:
                 reqs += [req] * len(new)
                 new_tokens.extend(new)
                 live.append((chunk, len(new)))
+                first = len(req.output_token_ids)      # the TUI's token trace (stats.py)
+                if first < TRACE_TOKENS:
+                    req.spec_trace.append((first, len(new), chunk.num_tokens - 1, a))
             row += chunk.num_tokens
         # only a request's last new token can end it (_until_end)
         ended = append_sampled(reqs, new_tokens, now, itls, out.request_ids, out.token_ids,

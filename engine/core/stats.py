@@ -10,13 +10,16 @@ from collections import deque
 
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
+from engine.core.token_trace import build_trace
 from engine.engine_stats import EngineStats
 from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
-from engine.snapshot import ChunkInfo, StepStats
+from engine.snapshot import ChunkInfo, StepStats, ttft_split
 
 RECENT_STEPS = 256
 RECENT_SAMPLES = 2048
+TRACE_KEEP = 8      # token traces kept of each kind: the latest requests that ended having
+#                     asked for logprobs, and the latest verified with drafts
 
 
 class StatsRecorder:
@@ -26,6 +29,11 @@ class StatsRecorder:
         self.recent_steps: deque[StepStats] = deque(maxlen=RECENT_STEPS)
         self.recent_latencies: deque = deque(maxlen=RECENT_SAMPLES)   # (t, ttft, tpot)
         self.recent_itls: deque = deque(maxlen=RECENT_SAMPLES)        # (t, gap)
+        # (t, queued, prefill, last chunk to first token): the TTFT split of each
+        # request in recent_latencies (the same t: its last token)
+        self.recent_ttft_parts: deque = deque(maxlen=RECENT_SAMPLES)
+        self._traces = (deque(maxlen=TRACE_KEEP), deque(maxlen=TRACE_KEEP))
+        self._traces_tuple: tuple = ()
         self.last_error: str | None = None
         self.peak_used_blocks = 0
 
@@ -47,7 +55,7 @@ class StatsRecorder:
                          plan.prefix_hit_blocks, len(plan.copies), num_evicted,
                          len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
                          sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
-                         sum(v.accepted for v in plan.verifies))
+                         sum(v.accepted for v in plan.verifies), plan.budget, plan.mode)
         self.last_step = step
         self.recent_steps.append(step)
 
@@ -59,7 +67,20 @@ class StatsRecorder:
         c.errors += st is RequestStatus.ERROR
         ttft, tpot, _ = request_latencies(req.arrival_time, req.token_times)
         if ttft is not None:
-            self.recent_latencies.append((req.token_times[-1], ttft, tpot))
+            t = req.token_times[-1]
+            self.recent_latencies.append((t, ttft, tpot))
+            parts = ttft_split(req.arrival_time, ttft, req.scheduled_ts, req.last_chunk_ts)
+            if parts is not None:
+                self.recent_ttft_parts.append((t, *parts))
+        trace = build_trace(req)
+        if trace is not None:
+            self._traces[bool(req.spec_trace)].append(trace)
+            self._traces_tuple = tuple(self._traces[0]) + tuple(self._traces[1])
+
+    def traces(self) -> tuple:
+        """The token traces kept (engine/core/token_trace.py): logprobs ones, then
+        speculative ones, each oldest first."""
+        return self._traces_tuple
 
 
 def engine_stats(engine, now: float) -> EngineStats:

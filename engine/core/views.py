@@ -40,7 +40,9 @@ def request_view(req: Request) -> RequestView:
                        req.params.max_tokens, ttft, tpot, itl, tuple(req.block_table),
                        req.num_preemptions, preview, "", req.finish_reason, req.error,
                        tuple(req.output_token_ids[-OUTPUT_TAIL:]), req.priority,
-                       req.num_draft_tokens, req.num_accepted_tokens, req.last_logprobs)
+                       req.num_draft_tokens, req.num_accepted_tokens, req.last_logprobs,
+                       req.scheduled_ts, req.last_chunk_ts, req.prefill_chunks,
+                       req.prefill_preemptions)
 
 
 def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
@@ -61,4 +63,6 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         peak_used_blocks=st.peak_used_blocks, backend=engine.backend,
         tensor_parallel_size=engine.config.tensor_parallel_size,
         kv_bytes_per_rank=kv.numel() * kv.element_size(), max_model_len=engine.max_model_len,
-        forward_calls=engine.runner.forward_calls)
+        forward_calls=engine.runner.forward_calls, spec_method=engine.spec.config.method,
+        logprobs_mode=engine.config.logprobs_mode,
+        recent_ttft_parts=tuple(st.recent_ttft_parts), traces=st.traces())

@@ -69,13 +69,29 @@ and what the block manager did. With speculation on (`d`), `spec` says how many 
 tokens this step verified and how many the target accepted. Steps are counted from 1,
 as in the top line.
 
+## Steps
+The last steps side by side, one column each (newest right): decode tokens (green,
+bottom) and prefill tokens (yellow, top). Under them, over those steps: how many mixed
+the two, ran prefill only or decode only (what `m` changes), the token budget and how
+much of it the steps used (`+`/`-`), and the prefill chunks per prompt.
+
+## Selected request: TTFT split, and `w`
+Where a request's TTFT went: **queue** (arrival to its first scheduling), the earlier
+prefill **chunks**, and the **last chunk's step** (its logits give the first token). The
+Timing panel's `└` line gives each part's share over the last 10 s: on the default
+workload most of TTFT is queueing. `w` walks a finished request token by token: the
+distribution each token was sampled from (the model's beside it for a typed prompt) or,
+under speculative decoding, whether it was an accepted draft, the bonus or a correction.
+
 ## Timing
 p50/p95/p99 of TTFT, TPOT and ITL (every gap between two tokens of a request) over
 the last 10 seconds (or since `0`), output tokens per second, and curves over time
 (one point per 0.5 s; TTFT and TPOT are the p50 of the 16 latest requests). The scale
 ignores rare outliers (a ▲ marks a bar above it). A `▲label` on the time axis and a
 marked column show where a knob changed (a replay draws the recorded changes). Time the
-engine spends paused is not latency: the engine's serving clock stops while paused.
+engine spends paused is not latency: the engine's serving clock stops while paused. With
+speculation, a line under the ITL plot says why it is bursty: a verify emits several
+tokens at once, so part of the gaps are 0 ms.
 """
 
 

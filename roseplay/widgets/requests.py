@@ -340,10 +340,12 @@ class RequestDetail(Widget):
         super().__init__(**kwargs)
         self._text = Text()
 
-    def show(self, r, tokenizer=None, logprobs_mode: str | None = None) -> None:
+    def show(self, r, tokenizer=None, logprobs_mode: str | None = None,
+             extra: Text | None = None) -> None:
         """tokenizer: decodes the request's last output tokens (the engine sends ids);
         logprobs_mode: a live engine's (EngineInfo), to show the next-token distribution
-        (None: a replay, whose recordings hold no logprobs)."""
+        (None: a replay, whose recordings hold no logprobs); extra: lines under the
+        text (its TTFT split), rows kept for them."""
         t = Text(overflow="fold")
         if r is None:
             t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
@@ -352,7 +354,8 @@ class RequestDetail(Widget):
             width, lines = max(20, self.size.width), max(2, self.size.height)
             choice_rows = 0 if logprobs_mode is None else 1 if lines < 12 else \
                 8 if getattr(r.logprobs, "raw", None) else 6     # + a header, 6 tokens
-            lines = max(2, lines - choice_rows)
+            extra_rows = 0 if extra is None else min(2, -(-extra.cell_len // width))
+            lines = max(2, lines - choice_rows - extra_rows)
             prompt_lines = max(1, lines // 2)
             head = f"{r.request_id} [{r.state}] "
             t.append(f"{r.request_id} ", STATE_STYLE.get(r.state, ""))
@@ -373,6 +376,9 @@ class RequestDetail(Widget):
                 t.append("▌", "blink #4cc97a")
             if r.error:
                 t.append(f"\nerror: {r.error}", "#ff5555")
+            if extra is not None:
+                t.append("\n")
+                t.append_text(extra)
             if choice_rows:
                 t.append("\n")
                 t.append_text(choice_text(r, tokenizer, logprobs_mode, choice_rows))

@@ -43,18 +43,20 @@ def chunk_words(step, snap) -> Text:
     return t
 
 
-def spec_words(step, k: int) -> Text:
-    """Speculative decoding this step: drafts proposed and accepted, the acceptance %
-    (nothing while speculation is off)."""
+def spec_words(step, k: int, method: str = "") -> Text:
+    """Speculative decoding this step: the method and k, drafts proposed and accepted,
+    the acceptance % (nothing while speculation is off)."""
     t = Text()
     if step.spec_verified:
         share = 100 * step.spec_accepted_tokens / max(1, step.spec_draft_tokens)
         t.append("spec ", "bold")
         t.append(f"{step.spec_draft_tokens} drafted → ")
         t.append(f"{step.spec_accepted_tokens} accepted", theme.color("decode"))
-        t.append(f" ({share:.0f}%, {step.spec_verified} req)   ")
+        t.append(f" ({share:.0f}%, {step.spec_verified} req{f', {method}' if method else ''}"
+                 f" k={k})   ")
     elif k:
-        t.append(f"spec k={k}: no drafts this step   ", "dim")
+        name = f"{method} " if method else ""
+        t.append(f"spec {name}k={k}: no drafts this step   ", "dim")
     return t
 
 
@@ -97,7 +99,8 @@ class StepPanel(Widget):
         t.append("■", theme.color("prefill"))
         n = len(s.prefill_chunks)
         t.append(f" prefill {s.prefill_tokens} tok in {n} chunk{'' if n == 1 else 's'}\n")
-        t.append_text(spec_words(s, snap.knobs.num_speculative_tokens))   # before the
+        t.append_text(spec_words(s, snap.knobs.num_speculative_tokens,   # before the
+                                 snap.spec_method))
         t.append("prefill ", "dim")             # chunks: a long chunk list is cut, not it
         t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
         t.append("\n")

@@ -25,6 +25,8 @@ from engine.metrics import meets_slos, percentiles, prefix_hit_rate
 from roseplay.widgets import theme
 from roseplay.widgets.counters import WINDOW
 from roseplay.widgets.requests import fmt_ms
+from roseplay.widgets.spec_note import SpecNote
+from roseplay.widgets.ttft_split import window_split
 
 BUCKET = 0.5          # seconds of engine time per plotted point
 HISTORY = 240
@@ -243,7 +245,7 @@ class TimeAxis(Widget):
 
 
 class TimingStats(Widget):
-    DEFAULT_CSS = ("TimingStats { width: 34; height: 5; text-wrap: nowrap; "
+    DEFAULT_CSS = ("TimingStats { width: 34; height: 6; text-wrap: nowrap; "
                    "text-overflow: ellipsis; }")
 
     def __init__(self, **kwargs):
@@ -264,6 +266,9 @@ class TimingStats(Widget):
         for name, values, color in rows:
             t.append(f"{name:<6}", f"bold {theme.color(color)}")
             t.append("".join(f"{fmt_ms(v):>9}" for v in pctl(values)) + "\n")
+            if name == "TTFT":          # where its time went (roseplay/widgets/ttft_split.py)
+                t.append_text(window_split(snap, start))
+                t.append("\n")
         t.append(f"{rate:,.0f} tok/s", "bold")
         if slos:
             good, total = goodput_share(snap, start, slos)
@@ -314,6 +319,7 @@ class TimingPanel(Container):
         for key in SPEC_PLOTS:
             self.plots[key].display = False
         self.axis = TimeAxis()
+        self.spec_note = SpecNote(id="spec-note")    # under the ITL plot: why it is bursty
         self.mode = "side"
         self.add_class("-side")
         self.slos: dict[str, float] = {}      # goodput SLOs (ms), set from the app
@@ -322,7 +328,10 @@ class TimingPanel(Container):
         yield self.stats
         with Vertical(id="plots"):
             yield self.axis
-            yield from self.plots.values()
+            for key, plot in self.plots.items():
+                yield plot
+                if key == "itl":
+                    yield self.spec_note
 
     def set_mode(self, mode: str) -> None:
         if mode != self.mode:
@@ -351,6 +360,9 @@ class TimingPanel(Container):
         self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         marks = self.history.marks
         self._show_spec_plots(snap)
+        since = window.reset_time
+        self.spec_note.show(snap, max(snap.time - WINDOW,
+                                      since if since is not None else -math.inf))
         for key, plot in self.plots.items():
             plot.show(self.history.series[key], marks)
         self.axis.show(marks)

@@ -193,7 +193,7 @@ async def test_zoom_cycles_panels_and_back():
     app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
     async with app.run_test(size=(80, 24)) as pilot:
         app.refresh_panels()
-        assert "hidden at 80×24: This step, Events, timing plots" in screen_text(app)
+        assert "hidden at 80×24: This step, Steps, Events, timing plots" in screen_text(app)
         await pilot.press("z")
         assert app.zoom == "kv" and "zoom: KV cache" in screen_text(app)
         assert not app.query_one("#right").display

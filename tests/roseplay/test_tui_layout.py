@@ -57,7 +57,8 @@ async def test_small_terminal_says_what_it_hid():
     app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
     async with app.run_test(size=(80, 24)) as pilot:
         text = await _at(pilot, app)
-        assert "hidden at 80×24: This step, Events, timing plots · z zooms a panel" in text
+        assert "hidden at 80×24: This step, Steps, Events, timing plots · z zooms a panel" \
+            in text
         assert "Selected request" in text      # the answer to a prompt stays readable
         assert "no room for" in text and "z zooms" in text     # the list's missing columns
 
@@ -65,8 +66,8 @@ async def test_small_terminal_says_what_it_hid():
 def test_the_plan_keeps_every_panel_at_120x40_and_200x60():
     for size in ((120, 40), (200, 60)):
         p = plan(*size)
-        assert set(p.heights) == {"kv", "step", "knobs", "requests", "detail", "events",
-                                  "timing"} and p.note == ""
+        assert set(p.heights) == {"kv", "step", "strip", "knobs", "requests", "detail",
+                                  "events", "timing"} and p.note == ""
         assert p.timing in ("side", "stacked")
     assert plan(200, 60).timing == "side"
 

@@ -1,0 +1,127 @@
+"""Token traces (engine/core/token_trace.py, engine/snapshot.py TokenTrace): a finished
+request's output token by token for the TUI's scrub. The logprobs kept are exactly the
+ones streamed for each token (processed and raw); speculative origins match the
+verifies (accepted drafts, then the target's bonus or correction, all emitted at the
+verify's one time); memory stays bounded (TRACE_KEEP traces of each kind, TRACE_TOKENS
+tokens each); requests that asked for neither have none."""
+import pytest
+
+from engine.config import make_config
+from engine.core import spec_decode, stats as stats_mod, token_trace
+from engine.core.core import LLMEngine
+from engine import request as request_mod
+from engine.request import SamplingParams
+from engine.snapshot import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TOKEN_PLAIN
+from tests.helpers import add_request
+
+ENGINE = dict(model="dummy:tiny", device="cpu", dtype="float32", num_blocks=128,
+              block_size=8, max_num_batched_tokens=64, max_num_seqs=8)
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+def _prompt(k, n=12):
+    return {"prompt_token_ids": [(k * 7 + i) % 500 + 1 for i in range(n)]}
+
+
+def _serve(eng):
+    """Step until done; each request's streamed (token, logprobs), in order."""
+    streamed: dict[str, list] = {}
+    while eng.has_unfinished():
+        out = eng.step()
+        lps = out.logprobs or [None] * len(out.token_ids)
+        for rid, tok, lp in zip(out.request_ids, out.token_ids, lps):
+            streamed.setdefault(rid, []).append((tok, lp))
+    assert not eng.flush().token_ids
+    return streamed
+
+
+@pytest.fixture
+def engine():
+    eng = LLMEngine(make_config(**ENGINE))
+    yield eng
+    eng.close()
+
+
+def test_the_trace_keeps_each_streamed_tokens_logprobs(engine):
+    reqs = [add_request(engine, _prompt(1), SamplingParams(max_tokens=6, logprobs=3,
+                                                          raw_logprobs=True, **GREEDY), "raw"),
+            add_request(engine, _prompt(2), SamplingParams(max_tokens=5, logprobs=2,
+                                                          temperature=0.9, seed=3), "lp"),
+            add_request(engine, _prompt(3), SamplingParams(max_tokens=5, **GREEDY), "none")]
+    streamed = _serve(engine)
+    snap = engine.snapshot()
+    assert sorted(t.request_id for t in snap.traces) == ["lp", "raw"]
+    assert snap.trace("none") is None
+    for req in reqs[:2]:
+        trace, got = snap.trace(req.request_id), streamed[req.request_id]
+        assert len(trace) == trace.num_tokens == len(got) == len(req.output_token_ids)
+        assert trace.ids().tolist() == [t for t, _ in got] == req.output_token_ids
+        assert trace.token_times().tolist() == req.token_times
+        assert trace.top == req.params.logprobs + 1
+        for i, (_, lp) in enumerate(got):
+            assert trace.logprobs_at(i) == lp          # ids, values, rank and raw alike
+        assert (trace.logprobs_at(0).raw is not None) == req.params.raw_logprobs
+        codes, drafts = trace.origins()
+        assert set(codes.tolist()) == {TOKEN_PLAIN} and not drafts.any()
+        assert trace.logprobs_at(len(got)) is None
+
+
+def test_traces_are_bounded(engine, monkeypatch):
+    for mod in (request_mod, token_trace, spec_decode):
+        monkeypatch.setattr(mod, "TRACE_TOKENS", 3)
+    params = SamplingParams(max_tokens=6, logprobs=1, **GREEDY)
+    n = stats_mod.TRACE_KEEP + 3
+    reqs = [add_request(engine, _prompt(k), params, f"r{k}") for k in range(n)]
+    streamed = _serve(engine)
+    traces = engine.snapshot().traces
+    assert len(traces) == stats_mod.TRACE_KEEP
+    assert all(len(r.logprobs_trace) == 3 for r in reqs)
+    for t in traces:
+        assert len(t) == 3 and t.num_tokens == 6
+        assert t.ids().tolist() == [tok for tok, _ in streamed[t.request_id][:3]]
+        assert t.logprobs_at(2) == streamed[t.request_id][2][1]
+    kept = {t.request_id for t in traces}          # the latest to finish
+    dropped = [r.token_times[-1] for r in reqs if r.request_id not in kept]
+    assert min(r.token_times[-1] for r in reqs if r.request_id in kept) >= max(dropped)
+
+
+def test_speculative_origins_follow_the_verifies():
+    """The oracle drafts the target's own greedy tokens, each kept with p = 0.5: verifies
+    accept some drafts and reject others."""
+    prompts = [_prompt(k, 10) for k in range(4)]
+    params = SamplingParams(max_tokens=24, **GREEDY)
+    ref = LLMEngine(make_config(**ENGINE))
+    try:
+        base = [add_request(ref, p, params, f"b{i}") for i, p in enumerate(prompts)]
+        _serve(ref)
+        refs = [(p["prompt_token_ids"], r.output_token_ids) for p, r in zip(prompts, base)]
+    finally:
+        ref.close()
+    spec = {"method": "oracle", "num_speculative_tokens": 3, "oracle_acceptance": 0.5}
+    eng = LLMEngine(make_config(speculative_config=spec, **ENGINE))
+    try:
+        eng.spec.oracle.set_references(refs)
+        reqs = [add_request(eng, p, params, f"s{i}") for i, p in enumerate(prompts)]
+        _serve(eng)
+        snap = eng.snapshot()
+    finally:
+        eng.close()
+    assert snap.spec_method == "oracle"
+    for req, (_, expected) in zip(reqs, refs):
+        trace = snap.trace(req.request_id)
+        assert trace.ids().tolist() == expected == req.output_token_ids   # greedy: the same
+        codes, drafts = trace.origins()
+        times = trace.token_times()
+        assert (codes == TOKEN_DRAFT).sum() == req.num_accepted_tokens
+        assert sum(d for _, _, d, _ in req.spec_trace) == req.num_draft_tokens > 0
+        for first, emitted, drafted, accepted in req.spec_trace:
+            group = slice(first, first + emitted)
+            assert (drafts[group] == drafted).all()
+            assert (times[group] == times[first]).all()      # one verify: one emission time
+            kinds = codes[group].tolist()
+            assert kinds[:accepted] == [TOKEN_DRAFT] * min(accepted, emitted)
+            if emitted == accepted + 1:
+                assert kinds[-1] == (TOKEN_BONUS if accepted == drafted else TOKEN_CORRECTION)
+        plain = codes == TOKEN_PLAIN
+        assert not drafts[plain].any()
+        assert 0 < req.num_accepted_tokens < req.num_draft_tokens    # p = 0.5: both kinds
