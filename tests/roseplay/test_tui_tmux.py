@@ -69,7 +69,8 @@ def test_roseplay_command_in_tmux(tmp_path):
         tmux.wait(lambda t: _step(t) == step + 1, KEY_S)
         tmux.keys("q")
         assert tmux.exit_code() == "0"
-        assert os.listdir(tmux.tmpdir) == []     # its engine's socket folder went with it
+        # its engine's socket folder went with it (torch may keep a cache folder there)
+        assert not [n for n in os.listdir(tmux.tmpdir) if n.startswith("roseplay-")]
     finally:
         tmux.kill()
     assert not os.path.exists(tmux.tmpdir)
