@@ -87,7 +87,7 @@ def _exit_with_parent(parent) -> None:
     transport's own parent check; an orphan would keep its GPU busy."""
     def watch():
         parent.join()
-        _exit_now(1)
+        os._exit(1)
     threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
 
 
