@@ -269,8 +269,9 @@ class EngineConfig:
                                          "and launch the next one (its pending input tokens "
                                          "stay on the device; vLLM V1's async scheduling).")
     attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA; on CPU "
-                                           "cpu_native where a C compiler builds it, else "
-                                           "torch_sdpa), torch (the plain references), "
+                                           "cpu_native where a C compiler builds it with "
+                                           "AVX-512, else torch_sdpa), torch (the plain "
+                                           "references), "
                                            "torch_sdpa (oneDNN linears + batched SDPA paged "
                                            "attention), cpu_native (torch_sdpa with the "
                                            "decode step's linears and attention in C), "

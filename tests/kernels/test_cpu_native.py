@@ -1,19 +1,29 @@
 """The native CPU backend (kernels/cpu_native.py, kernels/cpu_native.c) against the torch
 CPU backend and the references: skinny linears with their fused prologues at every row
 count and panel remainder, weights packed in the narrowest exact dtype, decode attention
-with rotary and the KV store, bad indices refused, the build's fallbacks, and the
-bundled model's greedy tokens equal to HF transformers' in float32."""
+with rotary and the KV store, bad indices refused, the build's fallbacks, the backend
+`attention_backend=auto` picks (cpu_native with AVX-512, else torch_sdpa), and the
+bundled model's greedy tokens on it equal to HF transformers' in float32.
+
+The library is built with -march=native: on a CPU with AVX-512 it holds the vector
+paths, elsewhere the portable loops (what every kernel test here then checks)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+import kernels.cpu_native_build as build
 from kernels import cpu_native, cpu_ops, default_cpu_backend, get_ops
 from kernels import reference as ref
 from kernels.cpu_native_build import FLAGS, _load
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(),
                                 reason="no C compiler: the native CPU kernels cannot build")
+AVX512 = "avx512f" in build._cpu_flags().split()
+WIDTH = 16 if AVX512 else 1         # rp_vector_width() of a -march=native build here
+needs_avx512 = pytest.mark.skipif(
+    not AVX512, reason="this CPU has no AVX-512: the native library is the portable build, "
+                       "which test_the_portable_build_computes_the_same covers")
 
 
 def _weight(n: int, k: int, exact_in: torch.dtype | None, seed: int) -> torch.Tensor:
@@ -148,12 +158,29 @@ def test_an_index_out_of_range_raises_and_writes_nothing():
     assert torch.equal(kc, before)
 
 
-def test_backend_exports_every_op_and_is_the_cpu_default():
+def test_backend_exports_every_op():
     names = [n for n in dir(ref) if not n.startswith("_") and callable(getattr(ref, n))
              and getattr(getattr(ref, n), "__module__", "") == "kernels.reference"]
     assert get_ops("cpu_native") is cpu_native
     assert all(callable(getattr(cpu_native, n, None)) for n in names), names
-    assert default_cpu_backend() == "cpu_native"
+
+
+class _Built:
+    def __init__(self, width: int):
+        self.rp_vector_width = lambda: width
+
+
+@pytest.mark.parametrize("lib,backend", [(_Built(16), "cpu_native"), (_Built(1), "torch_sdpa"),
+                                         (None, "torch_sdpa")])
+def test_the_cpu_default_is_cpu_native_only_with_its_avx512_paths(lib, backend, monkeypatch):
+    """The portable loops are slower than oneDNN (docs/KERNELS.md "CPU native"): a CPU
+    without AVX-512, or no library at all, runs torch_sdpa."""
+    monkeypatch.setattr(build, "load", lambda: lib)
+    assert default_cpu_backend() == backend
+
+
+def test_this_cpu_gets_the_default_its_build_allows():
+    assert default_cpu_backend() == ("cpu_native" if AVX512 else "torch_sdpa")
 
 
 def test_no_compiler_or_a_failed_build_means_no_library(tmp_path, monkeypatch):
@@ -162,13 +189,14 @@ def test_no_compiler_or_a_failed_build_means_no_library(tmp_path, monkeypatch):
     assert _load() is None
     monkeypatch.delenv("CC")
     lib = _load()                                            # builds into tmp_path
-    assert lib is not None and lib.rp_abi_version() == 3 and lib.rp_vector_width() == 16
+    assert lib is not None and lib.rp_abi_version() == 3 and lib.rp_vector_width() == WIDTH
     assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
 
 
 def test_bundled_model_greedy_tokens_equal_hf_float32():
-    """The bundled float16 checkpoint: the engine on its float16-packed weights gives HF
-    transformers' greedy tokens (float32, eager) for prompts decoded together."""
+    """The bundled float16 checkpoint on the backend `auto` picks on this CPU (cpu_native
+    on its float16-packed weights, or torch_sdpa): HF transformers' greedy tokens
+    (float32, eager) for prompts decoded together."""
     from transformers import AutoModelForCausalLM
 
     from engine.front.llm import LLM
@@ -184,13 +212,14 @@ def test_bundled_model_greedy_tokens_equal_hf_float32():
                           min_new_tokens=48, do_sample=False, pad_token_id=0, eos_token_id=None)
         expected.append(out[0, len(p):].tolist())
     llm = LLM(device="cpu", num_blocks=64, max_num_batched_tokens=16)
-    assert llm.engine.backend == "cpu_native"
+    assert llm.engine.backend == default_cpu_backend()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
     llm.engine.close()
     assert [list(o.outputs[0].token_ids) for o in outs] == expected
 
 
+@needs_avx512
 def test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(monkeypatch):
     _assert_one_call_layers_give_the_torch_tokens(monkeypatch)
 
