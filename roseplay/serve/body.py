@@ -12,7 +12,7 @@ for JSON syntax, ~100x faster) and decoded here once its size is known
 (`parse_logit_bias`).
 
 Failures: a type or range error is msgspec's message with the field (`param`); bytes
-that are not UTF-8, or not JSON, a 400 without one; JSON's lone-surrogate escapes
+that are not UTF-8, not JSON, or nested past msgspec's recursion limit, a 400 without one; JSON's lone-surrogate escapes
 ("\\ud800"), which msgspec refuses as malformed, are found by the json module and
 named by field (no tokenizer, stop matcher or wire codec can encode them).
 """
@@ -62,6 +62,8 @@ def parse_body(model: type, body: bytes):
     except UnicodeDecodeError as exc:    # msgspec's own error for bytes that are not UTF-8
         raise invalid(f"the request body is not valid UTF-8 (byte {exc.start}); JSON text "
                       "is UTF-8", None) from None
+    except RecursionError:               # msgspec's, for arrays/objects nested too deep
+        raise invalid("the request body is nested too deeply", None) from None
     except msgspec.DecodeError:
         pass
     return _surrogates(model, body)

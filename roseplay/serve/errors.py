@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from engine.config import InvalidRequestError
 
@@ -94,15 +95,17 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         message = str(exc.detail)
         if exc.status_code == 404:
-            message = _not_found(app, request.url.path)
+            message = _not_found(app, request.scope)
         return error_response(OpenAIError(exc.status_code, message,
                                            code=_CODES.get(exc.status_code)))
 
 
-def _not_found(app: FastAPI, path: str) -> str:
+def _not_found(app: FastAPI, scope) -> str:
     """404's message; a known route with a trailing slash says which path it meant (the
     app does not redirect: a 307 with an empty body is no answer an OpenAI client reads)."""
-    bare = path.rstrip("/")
-    if bare != path and any(getattr(r, "path", None) == bare for r in app.router.routes):
-        return f"Not Found: {path} (the route is {bare}, without the trailing slash)"
+    path = scope["path"]
+    bare = {**scope, "path": path.rstrip("/")}
+    if bare["path"] != path and any(r.matches(bare)[0] is not Match.NONE
+                                    for r in app.router.routes):
+        return f"Not Found: {path} (the route is {bare['path']}, without the trailing slash)"
     return f"Not Found: {path}"
