@@ -27,7 +27,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     A msgspec Struct (as vLLM's): the engine-process wire carries it as it is, and
     decoding checks each field's type, then runs __post_init__'s bounds (a failure there
     is a msgspec.ValidationError naming the field); a field this engine does not know is
-    refused, not ignored. The field list is here only."""
+    refused, not ignored. __post_init__ checks every field's type as strictly as the wire
+    does, so a value built in Python is never refused later by the engine process
+    (tests/engine/front/test_validation.py compares the two). The field list is here only."""
 
     max_tokens: int = 16
     temperature: float = 1.0
