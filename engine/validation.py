@@ -38,7 +38,8 @@ __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check
            "check_stop_token_ids", "check_priority", "INT32_MAX", "MAX_TOKENS", "MAX_TOP_K",
            "MAX_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
            "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids", "MAX_PENALTY",
-           "MAX_REPETITION_PENALTY", "MIN_REPETITION_PENALTY", "MIN_TOP_P", "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS",
+           "MAX_REPETITION_PENALTY", "MIN_REPETITION_PENALTY", "MIN_TOP_P", "MAX_LOGIT_BIAS",
+           "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS",
            "check_logit_bias", "check_logprobs", "check_bool", "check_top_p"]
 
 

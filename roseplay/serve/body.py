@@ -8,13 +8,14 @@ token (docs/SERVE.md "Admission"). The decode runs on the event loop and holds t
 under the size limit: msgspec checks a collection's `max_length` only after it has
 built every element, so a field that would be costly to build and is refused when large
 (logit_bias: 300,000 keys took ~0.5 s) is declared `Raw` (its bytes are only checked
-for JSON syntax, ~100x faster) and decoded here once its size is known
+for JSON syntax, ~40x faster) and decoded here once its size is known
 (`parse_logit_bias`).
 
 Failures: a type or range error is msgspec's message with the field (`param`); bytes
-that are not UTF-8, not JSON, or nested past msgspec's recursion limit, a 400 without one; JSON's lone-surrogate escapes
-("\\ud800"), which msgspec refuses as malformed, are found by the json module and
-named by field (no tokenizer, stop matcher or wire codec can encode them).
+that are not UTF-8, not JSON, or nested past msgspec's recursion limit, a 400 without
+one; JSON's lone-surrogate escapes ("\\ud800"), which msgspec refuses as malformed,
+are found by the json module and named by field (no tokenizer, stop matcher or wire
+codec can encode them).
 """
 from __future__ import annotations
 

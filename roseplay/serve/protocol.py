@@ -26,10 +26,8 @@ from engine.config import InvalidRequestError
 from engine.request import SamplingParams
 from engine.validation import (MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_SEED, MAX_STOP_STRINGS,
                                MAX_STOP_TOKEN_IDS)
-from roseplay.serve.body import parse_body, parse_logit_bias, raw_field, raw_value
+from roseplay.serve.body import parse_logit_bias, raw_field, raw_value
 from roseplay.serve.errors import invalid
-
-__all__ = ["parse_body"]   # the routes' one import for requests (body.py decodes them)
 
 MAX_N = 128     # choices per request (each one is an engine request)
 # a chat's messages: each renders as at least a few tokens, so more never fits a context;
@@ -92,12 +90,13 @@ class SamplingFields(_Request, kw_only=True):
                           f"(choice i samples with seed + i, at most {MAX_SEED}), got "
                           f"{self.seed}", "seed")
 
-    def sampling_params(self, max_tokens: int, seed_offset: int = 0,
+    def sampling_params(self, max_tokens: int, choice: int = 0,
                         logit_bias: dict[int, float] | None = None) -> SamplingParams:
-        """One choice's SamplingParams (choice i of a seeded request gets seed + i; only
-        choice 0 of a prompt asks for its prompt logprobs, which the routes give to all:
-        one computation per prompt however large n)."""
-        seed = None if self.seed is None else self.seed + seed_offset
+        """The SamplingParams of a prompt's choice (or best_of candidate) `choice`: a
+        seeded request's choice i gets seed + i; only choice 0 asks for the prompt's
+        logprobs, which the routes show for all (one computation per prompt however
+        large n: roseplay/serve/siblings.py)."""
+        seed = None if self.seed is None else self.seed + choice
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -110,7 +109,7 @@ class SamplingFields(_Request, kw_only=True):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=logit_bias, min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
             logprobs=self.engine_logprobs,
-            prompt_logprobs=self.prompt_logprobs_asked if seed_offset == 0 else None)
+            prompt_logprobs=self.prompt_logprobs_asked if choice == 0 else None)
 
     def logit_bias_ids(self) -> dict[int, float] | None:
         """logit_bias with int keys (read once per request, shared by its choices)."""

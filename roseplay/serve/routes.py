@@ -6,7 +6,9 @@ writes the endpoint's JSON). Streaming is SSE (`data: {json}\\n\\n` ... `data: [
 written by roseplay/serve/streaming.py: a chunk per engine step delta while the
 server keeps up, coalesced per choice when it does not; TTFT at the client is the first
 chunk. The chat role is sent with a choice's first tokens (not before), like vLLM, so a client's
-first chunk really is the first token.
+first chunk really is the first token. A big non-streamed response is built on a worker
+thread (`_json_response`); completions echo + logprobs with n > 1 computes the prompt's
+logprobs once (roseplay/serve/siblings.py).
 """
 from __future__ import annotations
 
@@ -18,14 +20,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from roseplay.serve import prompts as inputs
+from roseplay.serve.body import parse_body
 from roseplay.serve.bridge import Generation, new_id
 from roseplay.serve.errors import OpenAIError, error_body
 from roseplay.serve.logprobs import LogprobsWriter, best_of
-from roseplay.serve.siblings import PromptLogprobs, SharedPromptLogprobs
 from roseplay.serve.protocol import (ChatChoice, ChatCompletionRequest,
                                      ChatCompletionResponse, ChatMessageOut, CompletionChoice,
                                      CompletionRequest, CompletionResponse, ModelCard,
-                                     ModelList, openapi_schemas, parse_body, usage)
+                                     ModelList, openapi_schemas, usage)
+from roseplay.serve.siblings import PromptLogprobs, SharedPromptLogprobs
 from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body, usage_chunk
 
 router = APIRouter()
@@ -219,8 +222,9 @@ _encode_json = msgspec.json.Encoder().encode
 
 
 async def _json_response(fmt, choices) -> Response:
-    """The non-streamed response's JSON (msgspec encodes it: ~5x json.dumps); off the
-    event loop when it is big (the worker holds the GIL only in 5 ms turns)."""
+    """The non-streamed response's JSON, encoded by msgspec; built off the event loop
+    when it is big (the worker thread holds the GIL in turns of 5 ms, so the loop and
+    its streams go on)."""
     def build() -> bytes:
         body = fmt.response(choices, _usage(fmt, choices))
         # a choice at a time: no single encode holds the GIL for the whole response
