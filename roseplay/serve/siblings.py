@@ -90,8 +90,8 @@ class SharedPromptLogprobs:
     def _sort(self, c, event) -> None:
         prompt, rank = divmod(c.index, self.n)
         if rank == 0:
-            self.ready.append((c, event, False))
             lps = getattr(event, "prompt_logprobs", None)
+            self.ready.append((c, event, lps is not None))      # its first chunk has them
             if prompt not in self.known and (lps is not None or event.finished):
                 self.known[prompt] = lps
                 self.ready.extend(self._attach(*held) for held in self.held.pop(prompt, ()))
