@@ -5,7 +5,9 @@ runs, effective at the next step); `EngineConfig` holds what is fixed at start. 
 field carries its help text in `metadata["help"]` (a choice-valued live knob also its
 `choices` and a paragraph in `metadata["explain"]` for the help screen); the CLI builds
 its flags from these fields and the TUI reads the live ones, so a knob is never
-described twice.
+described twice. A field whose text needs more than a type (`speculative_config`'s JSON)
+names its parser in `metadata["check"]`, so a bad flag value is refused by the flag's
+own parser (exit status 2) in every command.
 
 Who holds the live knobs (docs/ARCHITECTURE.md's front and core): the core's Scheduler
 holds the ones in force (`Scheduler.knobs`; setting it also sets the block pool's
@@ -199,6 +201,12 @@ class SpeculativeConfig:
     model: str | None = None
 
     def __post_init__(self):
+        """Every field's type and range (a JSON value of any type may arrive here from
+        `--speculative-config`: each is refused with InvalidRequestError, never a
+        TypeError)."""
+        if not isinstance(self.method, str):
+            raise InvalidRequestError(f"speculative_config method must be a string, got "
+                                      f"{self.method!r:.60}")
         object.__setattr__(self, "method", SPECULATIVE_ALIASES.get(self.method, self.method))
         if self.method not in SPECULATIVE_METHODS:
             raise InvalidRequestError(f"speculative_config method must be one of "
@@ -212,8 +220,13 @@ class SpeculativeConfig:
                 or not 1 <= lo <= hi <= 64:
             raise InvalidRequestError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, "
                                       f"got {lo!r}, {hi!r}")
-        if not 0.0 <= self.oracle_acceptance <= 1.0:
-            raise InvalidRequestError("oracle_acceptance must be in [0, 1]")
+        p = self.oracle_acceptance
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise InvalidRequestError(f"oracle_acceptance must be a number in [0, 1], got "
+                                      f"{p!r:.60}")
+        if self.oracle_references is not None and not isinstance(self.oracle_references, str):
+            raise InvalidRequestError(f"oracle_references must be a file path (a string), "
+                                      f"got {self.oracle_references!r:.60}")
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise InvalidRequestError(f"speculative_config model must be a non-empty string, "
                                       f"got {self.model!r}")
@@ -226,7 +239,7 @@ class SpeculativeConfig:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise InvalidRequestError(f"speculative_config is not JSON: {exc}") from None
         if not isinstance(value, dict):
             raise InvalidRequestError(f"speculative_config must be an object, got {value!r}")
@@ -300,7 +313,7 @@ class EngineConfig:
               "\"prompt_lookup_max\": 4}'. Methods: ngram (prompt lookup), draft_model "
               "(alias draft; \"model\": a smaller checkpoint with the target's vocabulary, "
               "default on the bundled model: its bundled draft), oracle (benchmarks only). "
-              "docs/SPECULATIVE.md; off by default.")
+              "docs/SPECULATIVE.md; off by default.", check=SpeculativeConfig.parse)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self):

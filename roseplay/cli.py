@@ -108,6 +108,20 @@ def check_engine(args) -> str | None:
     return None
 
 
+def check_bench_config(args) -> str | None:
+    """Why the bench's own engine could not start with these flags (None if it can, or
+    when the bench drives a server, --base-url): a bad flag is exit status 2, as in
+    `roseplay` and `roseplay serve`, not a failed run."""
+    from engine.config import InvalidRequestError, make_config
+    if getattr(args, "base_url", None) or not hasattr(args, "device"):
+        return None
+    try:
+        make_config(**engine_kwargs(args))
+    except InvalidRequestError as exc:
+        return str(exc)
+    return None
+
+
 def check_compare(args) -> str | None:
     """Parse --compare in place (KNOB, [A, B]); why it cannot run, or None."""
     from roseplay.compare import parse_compare
@@ -168,7 +182,7 @@ def _bench(argv: list[str]) -> int:
     bench.add_parser(parser.add_subparsers(dest="command", required=True,
                                            parser_class=OneLineParser))
     args = parser.parse_args(argv)
-    problem = check_model(getattr(args, "model", None))
+    problem = check_model(getattr(args, "model", None)) or check_bench_config(args)
     if problem:
         return _fail(problem)
     try:
