@@ -242,7 +242,7 @@ class EngineClient:
                 P.Shutdown(self._owner_token) if self.proc is not None else P.Bye()))
         except Exception:
             pass
-        if self.proc is not None:
+        if self.proc is not None and self.fatal_error is None:   # (gone: no wait)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

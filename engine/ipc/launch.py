@@ -88,17 +88,19 @@ def stop_engine(proc: subprocess.Popen | None, tmpdir: OwnedDir | None,
                 address: str | None = None) -> None:
     """SIGTERM (SIGKILL after 2 s) the engine process if it runs; remove its socket
     folder, and its key file if the engine could not (it was killed)."""
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(2.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(2.0)
-    if tmpdir is not None:
-        tmpdir.remove()
-    elif address is not None:
-        auth.remove_stale_key(address)
+    try:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(2.0)
+    finally:
+        if tmpdir is not None:
+            tmpdir.remove()
+        elif address is not None:
+            auth.remove_stale_key(address)
 
 
 def wait_ready(proc: subprocess.Popen, status, on_progress, timeout: float) -> None:

@@ -6,6 +6,7 @@ from the owner's 0600 key file) a client attaches and works. A non-loopback bind
 a given key is refused before any process starts. Bigger attacks of peers without the
 key: tests/engine/ipc/test_unauthenticated_peers.py."""
 import os
+import signal
 import stat
 import time
 
@@ -14,9 +15,10 @@ import zmq
 
 from engine import InvalidRequestError, SamplingParams
 from engine.front.client import EngineClient, EngineKeyRefused
-from engine.ipc import auth, curve
+from engine.ipc import auth, curve, leftovers
 from engine.ipc import protocol as P
 from roseplay.serve.cli import main as serve_main
+from tests.engine.ipc.peers import free_port_base
 
 TIMEOUT = 60
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -25,33 +27,11 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def owner():
     c = EngineClient(model="default", device="cpu", num_blocks=256, label="owner",
-                     address=f"tcp://127.0.0.1:{_free_port_base()}")
+                     address=f"tcp://127.0.0.1:{free_port_base()}")
     yield c
     path = auth.key_file(c.address)
     c.close()
     assert not os.path.exists(path)          # the engine removes its key file on exit
-
-
-def _free_port_base() -> int:
-    """Three consecutive free ports (the engine binds PORT..PORT+2)."""
-    import socket
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + 2 < 65536 and all(_port_free(base + i) for i in (1, 2)):
-            return base
-    raise RuntimeError("no free port range")
-
-
-def _port_free(port: int) -> bool:
-    import socket
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 class Stranger:
@@ -106,6 +86,24 @@ def test_the_key_file_is_private(owner):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as f:
         assert len(f.read().strip()) == 64
+
+
+def test_a_killed_engines_key_file_does_not_outlive_it():
+    """A killed engine cannot remove its key file: its owner does once it reaps it, and
+    the next engine start removes one that an engine killed with its owner left."""
+    stale = auth.key_file(f"tcp://127.0.0.1:{free_port_base()}")
+    os.close(leftovers.lock_into_place(stale, b"0" * 64))   # as a SIGKILL leaves it
+    c = EngineClient(model="dummy:tiny", device="cpu", label="owner", snapshots=False,
+                     address=f"tcp://127.0.0.1:{free_port_base()}")
+    path = auth.key_file(c.address)
+    try:
+        assert not os.path.exists(stale)               # swept by the start
+        os.kill(c.proc.pid, signal.SIGKILL)
+        c.proc.wait(TIMEOUT)
+        assert os.path.exists(path)
+    finally:
+        c.close()
+    assert not os.path.exists(path)
 
 
 @pytest.mark.parametrize("key", [None, "wrong"], ids=["plain", "wrong-key"])
