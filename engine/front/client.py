@@ -230,7 +230,7 @@ class EngineClient:
         ok = event.wait(timeout)
         if ok and box:
             self._snap_bytes = box[0]
-        return ok and bool(box) and self.fatal_error is None
+        return ok and self.fatal_error is None and (bool(box) or self._closed)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         if self._closed:

@@ -24,7 +24,7 @@ import threading
 import msgspec
 import zmq
 
-from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
+from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import InvalidRequestError, changed_knobs, check_priority, make_config
 from engine.core.core_loop import CoreLoop
 from engine.ipc import auth, curve
@@ -225,13 +225,16 @@ class EngineCoreProc:
             self.core.abort(msg.request_id, msg.reason, msg.error)
 
     def _shutdown(self, client: bytes, msg: P.Shutdown) -> None:
+        """The owner's close: its own requests are cancelled (as at a Bye), everyone
+        else's end with an error."""
         if self.owner_token is None or msg.token == self.owner_token:
+            self._drop_client(client, REASON_CANCELLED, ENGINE_CLOSED)
             self.stop("the engine was shut down by its owner")
 
     def stop(self, why: str) -> None:
         """Stop (any thread): the requests still running end with an error naming `why`
-        (not a silent cancel: their clients did not ask for it), and every client gets
-        Fatal(why). The owner's close ends its own requests itself."""
+        (not a silent cancel: their clients did not ask for it), and every client
+        still attached gets Fatal(why)."""
         if self.core.fatal_error is None:
             self.core.fatal_error = why
         self.core.stop()
