@@ -55,7 +55,7 @@ SPECULATIVE_ALIASES = {"draft": "draft_model"}
 MAX_SPECULATIVE_TOKENS = 16
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 # client_timeout spans several heartbeats of both ends (a client's every 0.5 s, the
-# engine's stats every 1 s when idle: engine/ipc/liveness.py)
+# engine's every 1 s: engine/ipc/liveness.py)
 CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
 
 

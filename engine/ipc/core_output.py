@@ -1,6 +1,8 @@
 """The engine process's output thread: it sends what the core and the input thread queue
-(step outputs, replies, stats) to their clients, and publishes the newest snapshot under
-the key's topic. Encoding and socket work never run inside a step."""
+(step outputs, replies, stats) to their clients, publishes the newest snapshot under
+the key's topic, and sends every client the engine's heartbeat. Encoding and socket work
+never run inside a step. The heartbeat comes from this thread, not the core's: a step
+longer than client_timeout (a long prefill chunk of a big model on a CPU) is no death."""
 from __future__ import annotations
 
 import queue
@@ -11,6 +13,7 @@ from typing import Callable
 import zmq
 
 from engine.ipc import protocol as P
+from engine.ipc.liveness import ENGINE_HEARTBEAT_INTERVAL
 
 PUBLISH_EVERY = 0.01     # seconds: the most often subscriptions are read and a snapshot sent
 
@@ -39,13 +42,16 @@ class CoreOutput:
         """Send queued messages as they come; between them (at most every
         PUBLISH_EVERY s) take subscription changes and publish the newest snapshot.
         Once `stop` is set, what is still queued goes out, then the thread ends."""
-        last_pub = 0.0
+        last_pub = last_beat = 0.0
         while not stop.is_set():
             self._send_next(self._wait)
             now = time.monotonic()
             if now - last_pub >= PUBLISH_EVERY:
                 last_pub = now
                 self._publish_latest()
+            if now - last_beat >= ENGINE_HEARTBEAT_INTERVAL:
+                last_beat = now
+                self.put(None, P.Heartbeat())
         while self._send_next(None):
             pass
 

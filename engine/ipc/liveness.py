@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 STALL_GAP = 1.0            # seconds between two checks (normally 0.1) that mean we were not running
-HEARTBEAT_INTERVAL = 0.5   # a client's heartbeat; the engine's is its EngineStats (1 s when idle)
+HEARTBEAT_INTERVAL = 0.5          # a client's heartbeat
+ENGINE_HEARTBEAT_INTERVAL = 1.0   # the engine's, to every client (engine/ipc/core_output.py)
 
 
 class StallClock:

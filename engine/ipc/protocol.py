@@ -97,7 +97,7 @@ class Barrier(msgspec.Struct, tag=True):
 
 
 class Heartbeat(msgspec.Struct, tag=True):
-    pass
+    """I am alive: a client's every 0.5 s, the engine's to every client every second."""
 
 
 class Bye(msgspec.Struct, tag=True):
@@ -165,7 +165,7 @@ class Stats(msgspec.Struct, tag=True):
     stats: EngineStats
 
 
-CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal | Detached | Stats
+CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal | Detached | Stats | Heartbeat
 
 
 class BlockArray(msgspec.Struct, array_like=True):
