@@ -4,11 +4,15 @@ the owner and an attached client (as `roseplay --connect` and the API servers of
 stream gets the tokens of an unstopped run. Longer, every client judges the engine gone
 and ends its open requests with an error naming client_timeout. Before, an attached
 client gave up after a fixed 10 s whatever client_timeout said, and the owner never did.
-The server's side: tests/serve/test_serve_liveness.py."""
+A client stopped for less than client_timeout loses no output either (before, zmq
+dropped what went past its high-water mark toward the stopped client). The server's
+side: tests/serve/test_serve_liveness.py."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -69,3 +73,45 @@ def test_an_engine_stall_past_client_timeout_ends_every_clients_streams_with_an_
         assert out.outputs[0].finish_reason == "error"
         assert "sent nothing for 3 s (client_timeout)" in out.error, out.error
     assert all(e and "client_timeout" in e for e in errors), errors
+
+
+STALLED_CLIENT = """
+import sys
+from engine import SamplingParams
+from engine.front.client import EngineClient
+c = EngineClient(connect=sys.argv[1], label="stalled", snapshots=False)
+sp = SamplingParams(max_tokens=int(sys.argv[2]), temperature=0, ignore_eos=True, logprobs=20)
+streams = [c.submit({"prompt_token_ids": [1 + i, 2, 3]}, sp) for i in range(int(sys.argv[3]))]
+streams[0].get(60)
+print("STREAMING", flush=True)
+for s in streams:
+    out = s.result(120)
+    print(out.outputs[0].finish_reason, out.error, len(out.outputs[0].token_ids), flush=True)
+c.close()
+"""
+MANY_STEPS, REQUESTS = 1500, 2       # messages far past zmq's default high-water mark (1000)
+
+
+def test_a_client_stopped_within_client_timeout_loses_no_output():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    with EngineClient(model="dummy:tiny", device="cpu", num_blocks=2048, label="owner",
+                      client_timeout=60, snapshots=False) as owner:
+        proc = subprocess.Popen([sys.executable, "-c", STALLED_CLIENT, owner.address,
+                                 str(MANY_STEPS), str(REQUESTS)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=root)
+        try:
+            assert proc.stdout.readline().strip() == "STREAMING"
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:        # every output of its requests is sent while it is stopped
+                assert owner.wait_idle(120)
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+            out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    # a lost message would lose a step's tokens, or a request's end (it would hang)
+    assert [line.split() for line in out.splitlines()] == \
+        [["length", "None", str(MANY_STEPS)]] * REQUESTS, (out, err[-2000:])
