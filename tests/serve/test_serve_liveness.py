@@ -4,7 +4,7 @@ process), with a short --client-timeout (3 s; the default is 60 s):
 - the server process stopped (SIGSTOP) past client_timeout: the engine drops it; once it
   runs again its open stream ends with an error event, it attaches again and serves new
   requests, and /metrics moves again (before: every later request hung, /health said
-  200 and /metrics froze);
+  200 and /metrics froze); /health says 503 until the engine has welcomed it back;
 - the engine stopped past client_timeout: the server judges it gone like any client,
   ends its streams with an error event and exits 4 (before: it waited forever);
 - with --api-server-count 2, the serve process killed: the other API server's streams
@@ -23,6 +23,8 @@ import pytest
 
 from engine.front.client import EngineClient
 from engine.ipc.leftovers import OwnedDir
+from roseplay.serve.app import ServeConfig, build_app
+from roseplay.serve.server import ServerThread
 from tests.serve.group_proc import GroupProc, per_server, scrape, total
 from tests.serve.open_streams import Reader, open_streams, solo_tokens
 from tests.serve.serve_proc import PROMPT, ServeProc, alive, stream_body
@@ -63,6 +65,28 @@ def test_a_server_stopped_past_client_timeout_serves_again():
     assert done and reasons == [] and len(errors) == 1, reader.lines[-3:]
     assert "dropped it" in errors[0]["message"]
     assert "attached to the engine again" in srv.output
+
+
+def test_health_is_503_until_a_dropped_server_is_attached_again():
+    """The server's sends held past client_timeout (as a stop of its process would): the
+    engine drops it, /health answers 503 while it attaches again, then 200, and it
+    serves (before: /health said 200 the whole time, and every request hung)."""
+    loop = EngineClient(model="default", device="cpu", num_blocks=256, label="server",
+                        snapshots=False, client_timeout=3)
+    srv = ServerThread(build_app(loop, ServeConfig())).start()
+    try:
+        health = lambda: httpx.get(srv.url + "/health", timeout=10)    # noqa: E731
+        assert health().status_code == 200
+        with loop._send_lock:              # no heartbeat, nor its Hello, leaves
+            wait_for(lambda: health().status_code == 503)
+            assert "attaching to the engine again" in health().json()["error"]["message"]
+        wait_for(lambda: health().status_code == 200)
+        body = {**stream_body(8), "stream": False}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=TIMEOUT)
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) == 8
+    finally:
+        srv.stop()
+        loop.close()
 
 
 def test_an_engine_stopped_past_client_timeout_ends_streams_and_the_server_exits_4():
