@@ -62,7 +62,7 @@ def handshake(in_sock: zmq.Socket, out_sock: zmq.Socket, label: str, address: st
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and engine_alive():
-            in_sock.send(P.encoder.encode(P.Hello(label)))
+            in_sock.send(P.encoder.encode(P.Hello(label[:P.MAX_LABEL_CHARS])))
             if out_sock.poll(500):
                 msg = P.core_decoder.decode(out_sock.recv())
                 if isinstance(msg, P.Welcome):

@@ -343,7 +343,7 @@ class EngineClient:
             return
         with self._submit_lock:       # no Submit between the list and the Hello
             sent = list(self.outputs.states)
-            self._send(P.Hello(self.label))
+            self._send(P.Hello(self.label[:P.MAX_LABEL_CHARS]))
         for rid in sent:
             self.outputs.fail(rid, REASON_ERROR, why)
         self._release_waiters()
