@@ -32,12 +32,13 @@ class EngineKeyRefused(EngineDied):
     """The engine at the address refused this client's engine key."""
 
 
-def open_socket(ctx: zmq.Context, kind: int, endpoint: str, key: str,
+def open_socket(ctx: zmq.Context, kind: int, endpoint: str | None, key: str,
                 ident: bytes | None = None, topic: bytes | None = None) -> zmq.Socket:
-    """A client's socket to the engine: CURVE with the engine key. A DEALER (commands,
-    outputs) has no high-water marks: while either end is stopped, messages queue (for
-    at most client_timeout) instead of blocking a sender or being dropped. A SUB keeps
-    only the newest snapshot of `topic` (the key's: auth.snapshot_topic)."""
+    """A client's socket to the engine (connected to `endpoint` unless None): CURVE with
+    the engine key. A DEALER (commands, outputs) has no high-water marks: while either
+    end is stopped, messages queue (for at most client_timeout) instead of blocking a
+    sender or being dropped. A SUB keeps only the newest snapshot of `topic` (the
+    key's: auth.snapshot_topic)."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     curve.attach(sock, key)
@@ -49,16 +50,19 @@ def open_socket(ctx: zmq.Context, kind: int, endpoint: str, key: str,
     if kind == zmq.SUB:
         sock.setsockopt(zmq.CONFLATE, 1)
         sock.setsockopt(zmq.SUBSCRIBE, topic)
-    sock.connect(endpoint)
+    if endpoint is not None:
+        sock.connect(endpoint)
     return sock
 
 
 def handshake(in_sock: zmq.Socket, out_sock: zmq.Socket, label: str, address: str,
               timeout: float, engine_alive: Callable[[], bool]) -> P.Welcome:
-    """Hello until Welcome (the engine can route to us only once our out socket is
-    connected, so an early Welcome may be dropped: ask again). A failed CURVE handshake
-    means that the key we hold is not the engine's: EngineKeyRefused at once."""
-    watch = curve.HandshakeWatch(in_sock)
+    """Connect `in_sock` (not yet connected) and say Hello until Welcome (the engine can
+    route to us only once our out socket is connected, so an early Welcome may be
+    dropped: ask again). A failed CURVE handshake means that the key we hold is not the
+    engine's: EngineKeyRefused at once."""
+    watch = curve.HandshakeWatch(in_sock)      # before connecting: no failure is missed
+    in_sock.connect(P.endpoints(address)[0])
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and engine_alive():

@@ -99,10 +99,10 @@ class EngineClient:
 
     # -- start-up ------------------------------------------------------------------------
     def _connect(self, timeout: float) -> None:
-        in_ep, out_ep, pub_ep = P.endpoints(self.address)
+        _, out_ep, pub_ep = P.endpoints(self.address)
         ident = f"{self.label}-{uuid.uuid4().hex[:8]}".encode()
         key = self._engine_key
-        self._in = open_socket(self._ctx, zmq.DEALER, in_ep, key, ident)
+        self._in = open_socket(self._ctx, zmq.DEALER, None, key, ident)   # handshake() connects
         self._out = open_socket(self._ctx, zmq.DEALER, out_ep, key, ident)
         self._sub = open_socket(self._ctx, zmq.SUB, pub_ep, key, topic=self._topic) \
             if self.snapshots else None

@@ -57,7 +57,8 @@ def attach(sock: zmq.Socket, key: str) -> None:
 
 class HandshakeWatch:
     """Tells whether a socket's CURVE handshake failed: the engine could not open our
-    HELLO, so the key we hold is not the engine's."""
+    HELLO, so the key we hold is not the engine's. Made before the socket connects (a
+    first failure is not always retried)."""
 
     def __init__(self, sock: zmq.Socket):
         self._sock = sock

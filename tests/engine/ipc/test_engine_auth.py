@@ -43,20 +43,22 @@ class Stranger:
         self.ctx = zmq.Context()
         in_ep, out_ep, pub_ep = P.endpoints(address)
         self.key = key
-        self.send_sock = self._socket(zmq.DEALER, in_ep)
-        self.watch = curve.HandshakeWatch(self.send_sock)
-        self.recv_sock = self._socket(zmq.DEALER, out_ep)
-        self.sub = self._socket(zmq.SUB, pub_ep)
+        self.send_sock = self._socket(zmq.DEALER)
+        self.watch = curve.HandshakeWatch(self.send_sock)   # before it connects
+        self.recv_sock = self._socket(zmq.DEALER)
+        self.sub = self._socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")       # everything, were it applied
+        for sock, endpoint in zip((self.send_sock, self.recv_sock, self.sub),
+                                  (in_ep, out_ep, pub_ep)):
+            sock.connect(endpoint)
 
-    def _socket(self, kind, endpoint):
+    def _socket(self, kind):
         s = self.ctx.socket(kind)
         if kind == zmq.DEALER:
             s.setsockopt(zmq.IDENTITY, b"stranger")
         s.setsockopt(zmq.LINGER, 0)
         if self.key is not None:
             curve.attach(s, self.key)
-        s.connect(endpoint)
         return s
 
     def send(self, msg):

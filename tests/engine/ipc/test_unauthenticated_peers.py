@@ -71,19 +71,20 @@ class Peer:
     def __init__(self, ctx: zmq.Context, address: str, key: str | None):
         in_ep, out_ep, _ = P.endpoints(address)
         ident = f"peer-{next(self._count)}".encode()    # one identity: answers would come
-        self.send_sock = self._socket(ctx, in_ep, key, ident)
-        self.watch = curve.HandshakeWatch(self.send_sock)
-        self.recv_sock = self._socket(ctx, out_ep, key, ident)
+        self.send_sock = self._socket(ctx, key, ident)
+        self.watch = curve.HandshakeWatch(self.send_sock)    # before it connects
+        self.send_sock.connect(in_ep)
+        self.recv_sock = self._socket(ctx, key, ident)
+        self.recv_sock.connect(out_ep)
 
     @staticmethod
-    def _socket(ctx, endpoint, key, ident):
+    def _socket(ctx, key, ident):
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.IDENTITY, ident)
         s.setsockopt(zmq.SNDHWM, 0)
         if key is not None:
             curve.attach(s, key)
-        s.connect(endpoint)
         return s
 
     def send(self, data) -> None:
