@@ -71,11 +71,11 @@ class Actions:
     def action_budget(self, direction: int) -> None:
         if self.source is None:
             return
-        old = self.source.knobs.max_num_batched_tokens
-        new = stepped(old, "max_num_batched_tokens", direction, self.budget_cap())
-        if new == old and direction > 0:
-            self.notify(f"the token budget is at its cap: {new} tokens, the whole KV pool",
-                        severity="warning", timeout=4)
+        old, cap = self.source.knobs.max_num_batched_tokens, self.budget_cap()
+        new = stepped(old, "max_num_batched_tokens", direction, cap)
+        if direction > 0 and new <= old:       # at the cap (or above it, from the CLI)
+            self.notify(f"the token budget is at its cap: {old} tokens (the KV pool holds "
+                        f"{cap or old})", severity="warning", timeout=4)
             return
         if self._control(self.source.set_knobs, max_num_batched_tokens=new,
                          knob="max_num_batched_tokens") is not None:
@@ -145,8 +145,13 @@ class Actions:
             return
         try:
             if name in {f.name for f in live_fields()}:
-                self._control(self.source.set_knobs, **{name: parse_knob_value(name, text)},
-                              knob=name)
+                value = parse_knob_value(name, text)
+                cap = self.budget_cap() if name == "max_num_batched_tokens" else None
+                if cap and value > cap:     # the cap `+` stops at
+                    raise ValueError(f"{value} is more than the KV pool holds ({cap} tokens: "
+                                     f"a step cannot compute more KV than it stores); at "
+                                     f"most {cap}")
+                self._control(self.source.set_knobs, **{name: value}, knob=name)
             elif name in WORKLOAD_SETTERS:
                 value = _workload_value(name, text)
                 self._control(getattr(self.source, WORKLOAD_SETTERS[name]), value, knob=name)

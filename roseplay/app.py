@@ -44,7 +44,8 @@ class RoseplayApp(Actions, App):
 
     CSS_PATH = "app.tcss"
     TITLE = "roseplay"
-    COMMANDS = App.COMMANDS | {RoseplayCommands}
+    COMMANDS = {RoseplayCommands}     # roseplay's own only: Textual's ("Theme", "Keys", …)
+    #                                   named other actions than the keys of the same name
     AUTO_FOCUS = "RequestList"
     BINDINGS = bindings()
 

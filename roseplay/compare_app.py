@@ -13,7 +13,7 @@ the note line says so; narrow tables drop their least important columns.
 from __future__ import annotations
 
 from rich.text import Text
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
@@ -45,7 +45,7 @@ class KnobNote:
 
 class CompareApp(RoseplayApp):
     AUTO_FOCUS = None
-    COMMANDS = App.COMMANDS | {CompareCommands}
+    COMMANDS = {CompareCommands}
     DEFAULT_CSS = """
     #scope { height: 2; padding: 0 1; background: #1d2027; text-wrap: nowrap;
              text-overflow: ellipsis; }

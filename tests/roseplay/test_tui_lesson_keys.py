@@ -7,7 +7,8 @@ import pytest
 
 from roseplay.app import RoseplayApp
 from roseplay.widgets.prompt_input import PromptBar
-from tests.roseplay.tui_helpers import fast_idle, live_source, notices, sync, wait_for
+from tests.roseplay.tui_helpers import (fast_idle, live_source, notices, screen_text, sync,
+                                       wait_for)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,3 +75,52 @@ async def test_a_click_outside_the_prompt_box_closes_it(source):
         assert await wait_for(pilot, lambda: bar.is_open, 5)
         assert app.query_one("#prompt-input").value == "ROMEO:"
         assert _knobs(source) == before
+
+
+@sync
+async def test_the_palette_budget_obeys_the_cap_that_plus_stops_at(source):
+    """`budget 100000` used to pass the cap `+` enforces (the pool's tokens); `+` from a
+    budget above the cap then lowered it."""
+    app = RoseplayApp(source=source)
+    cap = source.info.num_blocks * source.info.block_size
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("ctrl+p", *"budget 100000", "enter")
+        assert await wait_for(pilot, lambda: f"at most {cap}" in notices(app), 5), notices(app)
+        assert source.knobs.max_num_batched_tokens == 512
+        await pilot.press("ctrl+p", *f"budget {cap}", "enter")
+        assert await wait_for(pilot, lambda: source.knobs.max_num_batched_tokens == cap, 5)
+        source.set_knobs(max_num_batched_tokens=4 * cap)     # as --max-num-batched-tokens may
+        await pilot.press("plus")
+        assert await wait_for(pilot, lambda: "at its cap" in notices(app), 5)
+        assert source.knobs.max_num_batched_tokens == 4 * cap     # `+` never lowers it
+
+
+@sync
+async def test_the_palette_lists_roseplays_commands_only(source):
+    """Textual's own commands came first, among them a second "Theme" (Textual's theme
+    picker) unrelated to the `t` key."""
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("ctrl+p")
+        assert await wait_for(pilot, lambda: "pause / resume" in screen_text(app), 5)
+        text = screen_text(app)
+        for textual_own in ("Change the current theme", "Quit the application",
+                            "Save an SVG", "Show help for the focused widget"):
+            assert textual_own not in text
+        lines = [line.strip() for line in text.splitlines()]
+        below = lines[next(i for i, line in enumerate(lines) if "Search for commands" in line)
+                      + 1:]
+        first = next(line for line in below if line)
+        assert "pause / resume" in first, first
+
+
+@sync
+async def test_the_slo_editor_says_good_in_italics_not_asterisks(source):
+    from roseplay.widgets.slo_input import SloScreen
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("l")
+        assert await wait_for(pilot, lambda: isinstance(app.screen, SloScreen), 5)
+        await pilot.pause(0.2)
+        text = screen_text(app)
+        assert "a request is good when it meets all" in text and "*good*" not in text
