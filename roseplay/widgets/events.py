@@ -14,6 +14,7 @@ from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PRE
                              EV_PREFIX_HIT, EV_SPEC_VERIFY)
 from roseplay.widgets import theme
 from roseplay.widgets.kv_map import COW, HIT, LETTER, PREEMPTED, ROLLBACK
+from roseplay.widgets.requests import short_id
 
 FLASH_SECONDS = 1.5
 # evictions do not flash: once the pool is full nearly every allocation evicts a cached
@@ -102,9 +103,11 @@ class EventLog(Widget):
         for e in reversed(shown[-max(1, rows):]):
             word, color = LABEL.get(e.kind, (e.kind, "free"))
             t.append(f"#{e.step:<6}", "dim")     # 1-based (engine/core/stats.py)
-            letter = LETTER.get(FLASH.get(e.kind), " ")
+            # the map's letter only where the event flashes blocks (a verify that
+            # rejected no draft rolled nothing back: no R)
+            letter = LETTER.get(FLASH.get(e.kind), " ") if e.blocks else " "
             t.append(f"{letter} {word:<10}", f"bold {theme.color(color)}")
-            t.append(f" {(e.request_id or '-'):<8} ")
+            t.append(f" {short_id(e.request_id or '-', 8):<8} ")
             t.append(describe(e) + "\n")
         t.rstrip()
         self._text = t

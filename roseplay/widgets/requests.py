@@ -131,6 +131,14 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
     return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
 
 
+def short_id(request_id: str, width: int) -> str:
+    """A request id in `width` cells: ids that differ only at the end (`cmpl-<tag><n>`
+    from `roseplay serve`) keep their end, "…" standing for the common start."""
+    if len(request_id) <= width:
+        return request_id
+    return "…" + request_id[len(request_id) - max(0, width - 1):] if width > 1 else "…"
+
+
 def _fit(text: str, width: int, align: str) -> str:
     if len(text) > width:
         return text[:max(0, width - 1)] + "…" if width else ""
@@ -292,7 +300,8 @@ class RequestList(Widget, can_focus=True):
         return strip.apply_style(background) if background is not None else strip
 
     def _row(self, r, selected: bool) -> Strip:
-        cells = {"id": (r.request_id, "bold" if r.request_id.startswith("you") else ""),
+        cells = {"id": lambda w: [Segment(short_id(r.request_id, w).ljust(w),
+                                          st("bold" if r.request_id.startswith("you") else ""))],
                  "state": (r.state, STATE_STYLE.get(r.state, "")),
                  # scheduling_policy=priority: lower first (the workload's documents: 1)
                  "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),

@@ -233,13 +233,31 @@ class TimeAxis(Widget):
             line[pos:pos + len(word)] = word
         t = Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
         shown = self.marks[-n:]
-        pad = n - len(shown)
-        for i, label in enumerate(shown):     # later labels overwrite earlier ones
-            if label:
-                word = ("▲" + label)[:n]
-                start = Plot.LABEL + min(pad + i, n - len(word))
-                t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
+        for start, word in place_labels([(n - len(shown) + i, label)
+                                         for i, label in enumerate(shown) if label], n):
+            start += Plot.LABEL
+            t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
         return t
+
+
+def place_labels(marks: list[tuple[int, str]], n: int) -> list[tuple[int, str]]:
+    """(column, text) of each mark's `▲label` on an axis of `n` columns, none over
+    another: the newest keeps its whole label (moved left to fit the end), each older one
+    is cut to the room before the next (`▲bud…`, or `▲` alone), one column apart."""
+    out, limit = [], n
+    for pos, label in reversed(marks):
+        if pos >= limit:
+            continue                  # its column is under a newer label
+        word = "▲" + label
+        if not out:                   # the newest: whole, ending at the axis's end at most
+            pos = max(0, min(pos, n - len(word)))
+            word = word[:n]
+        room = limit - pos - (1 if out else 0)
+        if len(word) > room:
+            word = word[:room - 1] + "…" if room >= 3 else "▲"
+        out.append((pos, word))
+        limit = pos
+    return out[::-1]
 
 
 class TimingStats(Widget):
