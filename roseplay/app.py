@@ -192,7 +192,7 @@ class RoseplayApp(Actions, App):
         self.snapshot = snap
         self.window.feed(snap)
         with self.batch_update():
-            self.status.show(snap, src.kind, src.paused, src.position())
+            self.status.show(snap, src.kind, src.paused, src.position(), workload)
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
                                waiting_reason(snap))
             self._requests_subtitle()

@@ -17,9 +17,11 @@ class StatusBar(Widget):
         t.append(f"  {message}", "bold")
         self._set(t)
 
-    def show(self, snap, kind: str, paused: bool, position: str = "") -> None:
+    def show(self, snap, kind: str, paused: bool, position: str = "",
+             workload: dict | None = None) -> None:
         """Most important first (a narrow terminal cuts the end): mode, position, step,
-        finished, the engine's error, then the model and device."""
+        finished, the engine's error, requests the engine refused, then the model and
+        device."""
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" roseplay ", "bold #111111 on #f2d34f")
         t.append(" ")
@@ -40,6 +42,9 @@ class StatusBar(Widget):
         t.append(f"  finished {snap.counters.finished}")
         if snap.error:
             t.append(f"  ⚠ {snap.error}", "bold #ff5555")
+        refused = refusal(workload or {})
+        if refused:
+            t.append(f"  ⚠ {refused}", "bold #ff5555")
         backend = snap.backend
         t.append(f"  {snap.model} ", "bold")
         t.append(f"· {snap.device} {snap.dtype}{f' {backend}' if backend else ''}", "dim")
@@ -56,3 +61,11 @@ class StatusBar(Widget):
 
     def render(self) -> Text:
         return self._text
+
+
+def refusal(workload: dict) -> str:
+    """The workload's requests the engine refused, and why (the latest reason)."""
+    n = workload.get("refused") or 0
+    if not n:
+        return ""
+    return f"{n} request{'s' if n > 1 else ''} refused: {workload.get('last_error') or '?'}"

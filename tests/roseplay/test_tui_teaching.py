@@ -168,7 +168,8 @@ def test_an_engine_error_is_named_once():
 UNUSABLE = [
     (["--num-blocks", "3"], "--num-blocks 3 holds 48 tokens"),
     (["--num-blocks", "0"], "num_blocks must be an integer >= 2"),
-    (["--num-blocks", "8", "--input-len", "200"], "use --num-blocks 18 or more"),
+    (["--num-blocks", "8", "--input-len", "200"], "use --num-blocks 60 or more"),
+    (["--num-blocks", "9"], "use --num-blocks 26 or more"),     # what 3's used to say
 ]
 
 
@@ -195,7 +196,7 @@ def test_cuda_without_cuda_is_refused_before_the_app_opens(capsys, monkeypatch):
 def test_the_default_pool_is_accepted(monkeypatch):
     import roseplay.cli as cli
     monkeypatch.setattr(cli, "run_tui", lambda args: 0)
-    assert cli.main([]) == 0 and cli.main(["--num-blocks", "9"]) == 0
+    assert cli.main([]) == 0 and cli.main(["--num-blocks", "26"]) == 0
 
 
 
