@@ -201,7 +201,7 @@ class RoseplayApp(Actions, App):
             self.kv.show(snap, highlight, self.window, flash_blocks(snap))
             info = getattr(src, "info", None) if src.kind == "live" else None
             self.detail.show(current, getattr(src, "tokenizer", None),
-                             getattr(info, "logprobs_mode", None))
+                             getattr(info, "logprobs_mode", None), no_text_reason(src))
             self.step_panel.show(snap)
             self.events.show(snap)
             self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")
@@ -257,6 +257,16 @@ class RoseplayApp(Actions, App):
         if not self.is_headless:
             remove_exit_signals()
         self.close_source()
+
+
+def no_text_reason(src) -> str:
+    """Why a request's output has no text: the model has no tokenizer, or the recording
+    kept none (made before recordings kept the text, or of such a model)."""
+    header = getattr(src, "header", None)
+    if src.kind == "replay" and isinstance(header, dict) and not header.get("text"):
+        return "this recording keeps no text: its model had no tokenizer, or it predates " \
+               "recorded text"
+    return "this model has no tokenizer: no text"
 
 
 def error_line(exc: BaseException) -> str:

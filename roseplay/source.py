@@ -333,6 +333,7 @@ def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurre
     if record:
         from roseplay.record import Recorder
         source.recorder = Recorder(record, source.snapshot, source.workload,
+                                   tokenizer=loop.tokenizer,
                                    engine=dict(engine_kwargs))
     driver.start()
     return source

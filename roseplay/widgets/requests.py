@@ -349,10 +349,12 @@ class RequestDetail(Widget):
         super().__init__(**kwargs)
         self._text = Text()
 
-    def show(self, r, tokenizer=None, logprobs_mode: str | None = None) -> None:
-        """tokenizer: decodes the request's last output tokens (the engine sends ids);
-        logprobs_mode: a live engine's (EngineInfo), to show the next-token distribution
-        (None: a replay, whose recordings hold no logprobs)."""
+    def show(self, r, tokenizer=None, logprobs_mode: str | None = None,
+             no_text: str = "this model has no tokenizer: no text") -> None:
+        """tokenizer: decodes the request's last output tokens (the engine sends ids; a
+        recording carries the text); logprobs_mode: a live engine's (EngineInfo), to show
+        the next-token distribution (None: a replay, whose recordings hold no logprobs);
+        no_text: why a request with output tokens has no text."""
         t = Text(overflow="fold")
         if r is None:
             t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
@@ -377,7 +379,7 @@ class RequestDetail(Widget):
                 text = text if len(text) <= room else "…" + text[-room:]
                 t.append(text.replace("\n", " ⏎ "), "bold")
             elif r.output_tokens and tokenizer is None:
-                t.append(f"{r.output_tokens} tokens (this model has no tokenizer: no text)", "dim")
+                t.append(f"{r.output_tokens} tokens ({no_text})", "dim")
             if r.state in ("prefilling", "decoding"):
                 t.append("▌", "blink #4cc97a")
             if r.error:
