@@ -14,10 +14,11 @@ from roseplay.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.widgets import theme
 from roseplay.widgets.help import HelpScreen
 from roseplay.widgets.prompt_input import parse_sampling
-from roseplay.widgets.knobs import (CONCURRENCY_STEPS, SPEC_TOKENS_MAX, knob_field,
-                                    live_fields, next_in, stepped)
+from roseplay.widgets.knobs import (CONCURRENCY_STEPS, SPEC_TOKENS_MAX, KnobsPanel,
+                                    knob_field, live_fields, next_in, stepped)
 from roseplay.widgets.requests import FILTERS, SORTS
 
+MESSAGE_SECONDS = 6.0    # a guide's "watch" line on the message line
 WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency",
                     "rate": "set_rate"}
 
@@ -36,12 +37,24 @@ class Actions:
         if knob:
             self.knobs.last_changed = knob
             self.mark_change(label or change_label(self.source, knob))
+            if label is None:           # a user's change (a guide's own changes: `label`)
+                self.guide_turned()
+                self.explain(knob)
         self.refresh_panels()
         return result
 
+    def explain(self, knob: str) -> None:
+        """What the knob just turned does, on the message line (the Knobs panel has
+        room for it only on a tall screen)."""
+        help_line = getattr(self.knobs, "help_line", None)
+        if help_line is not None and self.source is not None:
+            self.notify(help_line(False, self.source.workload()), timeout=8)
+
     def mark_change(self, label: str) -> None:
-        """A mark with `label` on the time series where a knob changed."""
+        """A mark with `label` on the time series where a knob changed; the 10 s figures
+        start again there (they would mix both setups for 10 s)."""
         self.timing.mark(label)
+        self.window.restart()
 
     # -- engine ----------------------------------------------------------------------------
     def action_pause(self) -> None:
@@ -262,11 +275,17 @@ class Actions:
             self.refresh_panels()
 
     def action_reset_stats(self) -> None:
-        self.window.reset()
+        """Totals, the 10 s window and the plots start now."""
+        self.reset_windows()
         self.timing.reset()
         self.notify("stats reset: totals, the 10 s window and the plots start now", timeout=3)
         if self.source is not None:
             self.refresh_panels()
+
+    def reset_windows(self) -> None:
+        """Totals, the 10 s window and the KV peak start now."""
+        self.window.reset()
+        self.timing.reset_shown()
 
     def action_theme(self) -> None:
         theme.set_theme("default" if theme.current() != "default" else "colour-blind")
@@ -317,8 +336,43 @@ class Actions:
             fixed = getattr(self.source, "knob", None)
             why = "this view compares it" if skipped == [fixed] else "not a knob here"
             note = f" (skipped {', '.join(skipped)}: {why})" if skipped else ""
-            # short: the toast covers the plots' bottom rows (hit rate), often what to watch
-            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=3)
+            self.start_guide(guide)
+            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario,
+                        timeout=MESSAGE_SECONDS)
+
+    # -- a running guide: its scorecard (roseplay/guide_run.py) ------------------------------
+    def start_guide(self, guide) -> None:
+        """Totals and the 10 s figures from a clean start (the plots go on: their
+        `▲guide` mark shows the change), the guide's view of the request list, and its
+        scorecard in the Knobs panel (the app's main screen only)."""
+        from roseplay.guide_run import GuideRun
+        from roseplay.guides import clean_knobs
+        self.reset_windows()
+        if not isinstance(self.knobs, KnobsPanel):
+            return
+        self.requests.sort = guide.view.get("sort", "arrival")
+        self.knobs.guide_run = GuideRun(guide, self.source.snapshot(), clean_knobs(guide),
+                                        self.guide_results)
+
+    def guide_turned(self) -> None:
+        """A user's knob or workload change: the running guide measures its versus
+        setup if that is it, else it ends (its results stay)."""
+        run = getattr(self.knobs, "guide_run", None)
+        if run is None or self.source is None:
+            return
+        from roseplay.guides import live_names
+        knobs, w = self.source.knobs, self.source.workload()
+        setup = {**{n: getattr(knobs, n) for n in sorted(live_names())},
+                 "scenario": w.get("scenario"), "concurrency": w.get("concurrency"),
+                 "rate": w.get("rate")}
+        if not run.turned(setup):
+            self.knobs.guide_run = None
+
+    def feed_guide(self, snap) -> None:
+        """Each frame: the running guide's window; the stats reset once it is clean."""
+        run = getattr(self.knobs, "guide_run", None)
+        if run is not None and run.feed(snap):
+            self.reset_windows()
 
     async def action_quit(self) -> None:
         self.close_source()

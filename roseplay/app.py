@@ -14,6 +14,7 @@ import time
 from collections import deque
 from typing import Callable
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
@@ -35,6 +36,11 @@ from roseplay.widgets.step import StepPanel
 from roseplay.widgets.timing import TimingPanel
 
 REFRESH_HZ = 12
+MESSAGE_SECONDS = 5.0   # a message stays on the message line this long (unless it says)
+MESSAGES_KEPT = 50
+MESSAGE_STYLE = {"information": ("·", "#aab2c0"), "warning": ("⚠", "bold #ff9f43"),
+                 "error": ("✗", "bold #ff5555")}
+HINT = "? help explains every panel and lists the guides · ctrl+p palette"
 UI_CPU_SHARE = 0.3      # most of one core the UI thread may use before it skips frames
 PROMPT_ROWS = 4         # the open prompt box: its top border, the input, up to 2 status rows
 
@@ -66,7 +72,12 @@ class RoseplayApp(Actions, App):
         self._noticed = False
         self._recorded_marks = RecordedMarks()    # a replay: its knob changes on the plots
         self.load_error: str | None = None
+        self.guide_results: dict[str, dict] = {}   # guide / setup key -> last measured
         self._source_closed = threading.Event()
+        self._message: tuple[str, str, float] = ("", "information", 0.0)
+        self.messages: deque = deque(maxlen=MESSAGES_KEPT)     # (severity, text)
+        self._note_shown = None
+        self.layout_note = ""
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -161,9 +172,38 @@ class RoseplayApp(Actions, App):
         left.styles.width = p.left_width
         self.timing.set_mode(p.timing)
         self.knobs.help_lines = p.knob_help_lines
-        self.note.update(p.note)
-        self.note.display = bool(p.note)
+        self.layout_note = p.note
+        self.show_message_line()
         self.layout_plan, self._laid_out = p, self.size
+
+    # -- the message line ------------------------------------------------------------------
+    def notify(self, message: str, *, title: str = "", severity: str = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Messages go to the line above the footer, not to toasts over the panels (the
+        plots a guide asks you to watch were covered); `messages` keeps the latest."""
+        text = f"{title}: {message}" if title else message
+        self.messages.append((severity, text))
+        _, shown, until = self._message
+        if severity == "information" and shown != "information" and time.monotonic() < until:
+            return          # a warning on the line stays until its time is up
+        self._message = (text, severity, time.monotonic() + (timeout or MESSAGE_SECONDS))
+        if threading.get_ident() == self._thread_id:
+            self.show_message_line()
+
+    def show_message_line(self) -> None:
+        """The latest message while it lasts, else what the layout hid (or zoomed)."""
+        if not hasattr(self, "note"):
+            return
+        text, severity, until = self._message
+        line = Text(no_wrap=True, overflow="ellipsis")
+        if text and time.monotonic() < until:
+            mark, style = MESSAGE_STYLE.get(severity, MESSAGE_STYLE["information"])
+            line.append(f"{mark} {text}", style)
+        else:
+            line.append(self.layout_note or HINT, "" if self.layout_note else "dim")
+        if line != self._note_shown:
+            self._note_shown = line
+            self.note.update(line)
 
     # -- the pull loop ---------------------------------------------------------------------
     def _tick(self) -> None:
@@ -182,6 +222,7 @@ class RoseplayApp(Actions, App):
             return
         self._skipped = 0
         self._layout_if_resized()
+        self.show_message_line()
         self.refresh_panels()
 
     def refresh_panels(self) -> None:
@@ -191,6 +232,7 @@ class RoseplayApp(Actions, App):
         snap, workload = src.snapshot(), src.workload()
         self.snapshot = snap
         self.window.feed(snap)
+        self.feed_guide(snap)
         with self.batch_update():
             self.status.show(snap, src.kind, src.paused, src.position(), workload)
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,

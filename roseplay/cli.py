@@ -252,6 +252,8 @@ def run_tui(args) -> int:
     if not args.replay:             # the engine starts loading before Textual is imported
         factory, message = (make_compare_factory if args.compare else make_source_factory)(args)
         early = EarlyStart(factory)
+        if sys.stdout.isatty():     # importing Textual takes a second or two: say why
+            print(f"roseplay: {message}", flush=True)
     from roseplay.app import RoseplayApp
     if args.replay:
         try:

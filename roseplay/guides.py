@@ -53,6 +53,8 @@ class Guide:
     compare: str | None = None     # KNOB=A,B for `roseplay --compare`
     shows: tuple = ()              # what appears on a 120x40 screen (regexes), within
     within: float = 5.0            # this many seconds (tests/roseplay/test_tui_guides_tmux.py)
+    full_pool: bool = False        # the claim holds once the pool evicts: measured from then
+    view: dict = field(default_factory=dict)   # the request list's sort / filter it sets
 
 
 GUIDES = (
@@ -61,22 +63,23 @@ GUIDES = (
                "Whether the documents' first token comes later depends on a step's fixed "
                "cost: large on a GPU (vLLM's trade: smoother ITL, later TTFT), small on "
                "this CPU engine, where TTFT and ITL barely move.",
-          VLLM, "chunk k/n in the request list and This step; chunks per prompt up against "
-          "key 2",
+          VLLM, "chunk k/n at the top of the request list (sorted by state: prefilling "
+          "first) and in This step; chunks per prompt up against key 2",
           "mixed", {"max_num_batched_tokens": 32, **APP}, concurrency=APP_CONCURRENCY, versus="2",
           expect={"chunks_p90": "higher", "mixed_steps": "higher"},
-          compare="max_num_batched_tokens=32,2048",
+          compare="max_num_batched_tokens=32,2048", view={"sort": "state"},
           shows=(r"32 tok/step", r"chunk \d+/\d+")),
     Guide("2", "A large token budget prefills a whole prompt in one step: one chunk per "
                "prompt, and fewer steps carry decodes and prefill together.", VLLM,
-          "one prefill chunk per prompt in This step; chunks per prompt down against key 1",
+          "the event log: each prompt's prefill done in one chunk (chunk done … N/N "
+          "tokens); chunks per prompt down against key 1",
           "mixed", {"max_num_batched_tokens": 2048, **APP}, concurrency=APP_CONCURRENCY,
           versus="1",
           expect={"chunks_p90": "lower", "mixed_steps": "lower"},
-          compare="max_num_batched_tokens=32,2048",
-          # a prompt of 100+ tokens prefilled in one step: the last step shows it for one
-          # step only (a one-off document: about 1 request in 8), so it takes a few seconds
-          shows=(r"2048 tok/step", r"prefill \d{3,} tok in \d+ chunk"), within=8.0),
+          compare="max_num_batched_tokens=32,2048", view={"sort": "state"},
+          # a prompt of 100+ tokens prefilled in one chunk: the event log keeps it for a
+          # few seconds (This step showed it for one step only)
+          shows=(r"2048 tok/step", r"prefill chunk (\d{3,})/\1 tokens")),
     Guide("3", "More running requests than the KV pool holds (max_num_seqs 256 on 512 "
                "blocks) forces preemption: requests are freed and recompute their prompt "
                "later.", VLLM,
@@ -136,7 +139,7 @@ GUIDES = (
           "hit rate (legend, hit % plot) up against lru within seconds, once evictions "
           "run (evicted N/s); e flips it back",
           "mixed", {"eviction_policy": "lfu", **APP}, concurrency=APP_CONCURRENCY,
-          versus="default", expect={"hit_rate": "higher"},
+          versus="default", expect={"hit_rate": "higher"}, full_pool=True,
           compare="eviction_policy=lru,lfu",
           shows=(r"lfu +eviction_policy", r"evicted [1-9]\d*/s"), within=8.0),
     Guide("d", "Speculative decoding on repetitive text: the n-gram drafter proposes the "
@@ -204,6 +207,46 @@ def apply_guide(source, guide: Guide) -> list[str]:
     source.set_concurrency(guide.concurrency or 16)
     source.set_rate(guide.rate)
     return skipped
+
+
+def setup_of(guide: Guide, fixed: str | None = None) -> dict:
+    """Every live knob and the workload a guide sets: what the engine runs under it."""
+    return {**clean_knobs(guide, fixed), "scenario": guide.scenario,
+            "concurrency": guide.concurrency or 16, "rate": guide.rate}
+
+
+def turn_hint(guide: Guide) -> str | None:
+    """How to turn the guide's setup into its versus setup by hand, when one knob or
+    workload value tells them apart (None: they differ in more): the key that does it in
+    one press, else the palette's typed value."""
+    versus = BY_KEY.get(guide.versus) or BASELINES.get(guide.versus)
+    if versus is None:
+        return None
+    mine, theirs = setup_of(guide), setup_of(versus)
+    diff = [k for k in mine if mine[k] != theirs[k]]
+    if len(diff) != 1:
+        return None
+    name, value = diff[0], theirs[diff[0]]
+    shown = ("on" if value else "off") if isinstance(value, bool) else value
+    key = one_press(name, mine[name], value)
+    return f"{key} ({name} {shown})" if key else f"ctrl+p {name} {shown}"
+
+
+def one_press(name: str, old, new) -> str | None:
+    """The key that turns knob `name` from `old` to `new` in one press, if one does."""
+    from roseplay.keys import KEYS
+    f = next((f for f in knob_fields(SchedulerConfig) if f.name == name), None)
+    if f is None:
+        return None
+    choices = list(f.metadata.get("choices") or ())
+    for k in (k for k in KEYS if k.knob == name):
+        if k.action == "toggle_cache" and isinstance(old, bool):
+            return k.display
+        if "cycle_knob" in k.action and old in choices:
+            step = 1 if k.action.endswith(", 1)") else -1
+            if choices[(choices.index(old) + step) % len(choices)] == new:
+                return k.display
+    return None
 
 
 def describe(guide: Guide) -> str:

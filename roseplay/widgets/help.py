@@ -42,9 +42,15 @@ request writes into it), **P** preempted (freed: the request goes back to the qu
 recomputes), **H** prefix hit (cached blocks a new prompt starts with), **R** rolled
 back (a block speculative decoding's rejected drafts had filled, freed by the verify). Evictions (a
 cached block reused for new tokens) are routine once the pool is full: they do not
-flash; the legend and the event log give their rate per second. Under the map: the
-prefix hit rate, evictions, preemptions and COW copies over the **last 10 s** and in
-total (`0` resets the totals).
+flash; the legend and the event log give their rate per second. A digit is always the
+block's refcount: shown when it is above 1, and on every block of the selected request.
+Under the map: the prefix hit rate (`off` while the cache is off), evictions,
+preemptions and COW copies over the **last 10 s** (fewer seconds just after a knob
+change: the window starts again there) and in total (`0` and every guide reset the
+totals). A narrow legend abbreviates: **f** free, **u** used, **s** shared, **c**
+cached; **ev** evicted, **pre** preempted, **C** COW copies; `10s` the last 10 s, `all`
+the total, `rst` since the reset. A map taller than its panel scrolls; its bottom line
+then says which blocks show (`blocks 0-173 of 512: scroll, z`).
 
 ## Requests
 One row per request: *waiting* (the row says why: `max_num_seqs` full, the token
@@ -70,12 +76,33 @@ tokens this step verified and how many the target accepted. Steps are counted fr
 as in the top line.
 
 ## Timing
-p50/p95/p99 of TTFT, TPOT and ITL (every gap between two tokens of a request) over
-the last 10 seconds (or since `0`), output tokens per second, and curves over time
-(one point per 0.5 s; TTFT and TPOT are the p50 of the 16 latest requests). The scale
-ignores rare outliers (a ▲ marks a bar above it). A `▲label` on the time axis and a
-marked column show where a knob changed (a replay draws the recorded changes). Time the
-engine spends paused is not latency: the engine's serving clock stops while paused.
+p50/p95/p99 over the last 10 seconds (or since `0` or a knob change: the header says
+how many seconds): TTFT of the requests whose **first token** came in that window,
+TPOT of the requests that **finished** in it, ITL of every gap between two tokens in
+it; output tokens per second; and curves over time (one point per 0.5 s). The TTFT
+curve is the p50 of the 16 latest requests to get a first token, the same population
+as the table's (a short window of it), so the two agree within a few seconds; TPOT's
+curve is the p50 of the 16 latest to finish. The scale ignores rare outliers (a ▲ marks
+a bar above it). A `▲label` on the time axis and a marked column show where a knob
+changed (a replay draws the recorded changes). Time the engine spends paused is not
+latency: the engine's serving clock stops while paused.
+
+## Top line and message line
+The top line: serving or paused, the step, finished requests, errors and requests the
+engine refused (a pool too small for the scenario), the **decode path** that runs
+(`C layer (cpu_native)`: the C kernels, on a CPU with AVX-512; `torch_sdpa (no C
+layer)`: PyTorch's attention, the fallback without AVX-512; `triton` on a GPU), then
+the model and device. The line above the footer gives the app's messages (what a knob
+just turned does, warnings), what a small terminal hid, or the zoom.
+
+## Guides and their scorecard
+A guide (a digit on this screen) switches the engine to its setup, resets the stats,
+and shows its **scorecard** in the Knobs panel: whether its window is clean yet (the
+setup applied, the old requests gone, 20 warm-up steps), then each number the claim
+names, what it expects, what the window measured and ✓ / ✗ (the same check as the
+tests: roseplay/guide_check.py). A comparison needs the other setup measured: its
+partner guide's result this session, or the one key the card names (e.g. `P` back to
+fcfs for guide 9), which the card then measures. Any other knob key ends the guide.
 """
 
 

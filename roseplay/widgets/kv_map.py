@@ -217,6 +217,15 @@ class KVMap(ScrollView):
             segments.append(Segment("▀" * run, style))
         return Strip(segments)
 
+    def shown_blocks(self) -> tuple[int, int]:
+        """(first, last + 1) of the blocks the visible rows draw (a map taller than its
+        panel scrolls)."""
+        n, top, height = len(self._cat), int(self.scroll_offset.y), max(1, self.size.height)
+        per_row = {"half": 2 * self.cols}.get(self.mode, self.cols)
+        if self.mode in self.SPACED:
+            top, height = (top + 1) // 2, (height + 1) // 2
+        return min(n, top * per_row), min(n, (top + height) * per_row)
+
     def cell_text(self, block: int) -> str:
         """What the cell of `block` reads (its glyph), for tests and the hover line."""
         return _cell(int(self._cat[block]), int(self._fl[block]), int(self._rc[block]),
@@ -313,34 +322,45 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
     if hover:
         t.append(hover)
     else:
-        used_pct = 100.0 * snap.num_used / max(1, snap.num_blocks)
-        peak = snap.peak_used_blocks
-        t.append(f"in use {snap.num_used}/{snap.num_blocks} ({used_pct:.0f}%)", "bold")
-        t.append(f"{f' peak {peak}' if peak is not None else ''} · {_cell_words(mode)}", "dim")
+        used = f"in use {snap.num_used}/{snap.num_blocks}"
+        pct = f" ({100.0 * snap.num_used / max(1, snap.num_blocks):.0f}%)"
+        rest = f" peak {window.peak_used(snap)}"
+        words = f" · {_cell_words(mode)}"       # what fits, never a cut word
+        if len(used + pct + rest + words) > width:
+            words = ""
+            if len(used + pct + rest) > width:
+                pct = ""
+        t.append(used + pct, "bold")
+        t.append(rest + words, "dim")
+    # the window's real span: it starts again at a knob change (counters.py)
+    seconds = f"{min(window.window, max(window.span(), 0.0)):.0f}"
     since = "since reset" if window.base is not None else "total"
-    recent_label = f"last {window.window:.0f} s"
+    recent_label = f"last {seconds} s"
     if tier == 1:
         since, recent_label = ("reset" if window.base is not None else "total",
-                               f"{window.window:.0f} s")
+                               f"{seconds} s")
     elif tier == 0:
-        since, recent_label = ("rst" if window.base is not None else "all",
-                               f"{window.window:.0f}s")
+        since, recent_label = ("rst" if window.base is not None else "all", f"{seconds}s")
+    off = not snap.knobs.enable_prefix_caching      # no lookups: the rate would be stale
     for label, recent in ((recent_label, True), (since, False)):
         get = window.recent if recent else window.total
-        hit, ev, pre, cow = (_pct(window.hit_rate(recent)), get("evictions"),
-                             get("preemptions"), get("cow_copies"))
+        hit, ev, pre, cow = ("off" if off and recent else _pct(window.hit_rate(recent)),
+                             get("evictions"), get("preemptions"), get("cow_copies"))
         if recent:      # routine once the pool is full: a rate, not a flash or event each
             ev = f"{ev / max(window.span(), 1.0):.0f}/s"
-        t.append(f"\n{label:<{(4, 6, 12)[tier]}}", "dim")
-        t.append((f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
-                  f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
-                  f"hit {hit} ev {ev} pre {pre} C {cow}")[2 - tier])
+        forms = (f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
+                 f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
+                 f"hit {hit} ev {ev} pre {pre} C {cow}")[2 - tier:]
+        pad = (4, 6, 12)[tier]      # large counts: the next shorter form, never a cut one
+        t.append(f"\n{label:<{pad}}", "dim")
+        t.append(next((f for f in forms if pad + len(f) <= width), forms[-1]))
     return t
 
 
 def _cell_words(mode: str) -> str:
-    return {"roomy": "digit = refcount", "tall": "digit = refcount", "digits": "digit = refcount",
-            "solid": "digit when ref>1"}.get(mode, "2 blocks per cell")
+    """Every digit shown is the block's refcount (shown above 1, and on each block of the
+    selected request: ? help says so)."""
+    return "2 blocks per cell" if mode == "half" else "digit = refcount"
 
 
 def hover_text(snap, block: int | None) -> str:
@@ -376,6 +396,11 @@ class KVPanel(Vertical):
             title = f"KV · {snap.num_blocks} × {snap.block_size} tok"
         if self.border_title != title:
             self.border_title = title
+        first, end = kv.shown_blocks()      # say so when the map does not show every block
+        subtitle = "" if end - first >= snap.num_blocks else (
+            f"blocks {first}-{end - 1} of {snap.num_blocks}: scroll, z")
+        if self.border_subtitle != subtitle:
+            self.border_subtitle = subtitle
         hover = hover_text(snap, kv.hover_block)
         self.legend.show(legend_text(snap, selected.request_id if selected else None, kv.mode,
                                      hover, window, self.legend.size.width))

@@ -57,8 +57,7 @@ METRICS = (
 def side_metrics(snap, window, slos: dict) -> dict[str, float]:
     """One side's numbers over the last WINDOW s (since the reset, if later); NaN where
     there is no data yet (no finished request, no SLO set)."""
-    start = max(snap.time - WINDOW, window.reset_time if window.reset_time is not None
-                else -math.inf)
+    start = max(snap.time - WINDOW, window.since if window.since is not None else -math.inf)
     lat = [x for x in snap.recent_latencies if x[0] >= start]
     ttft = [x[1] for x in lat]
     tpot = [x[2] for x in lat if x[2] is not None]

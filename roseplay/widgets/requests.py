@@ -60,7 +60,11 @@ def bar(frac: float, width: int, color: str) -> list[Segment]:
     return segs
 
 
-SORTS = {"arrival": None, "state": lambda r: ACTIVE.index(r.state) if r.state in ACTIVE else 9,
+# by state: what the engine works on this step first (prefill chunks, decodes), then the
+# queue, then the finished
+STATE_ORDER = ("prefilling", "dedup", "decoding", "preempted", "waiting")
+SORTS = {"arrival": None,
+         "state": lambda r: STATE_ORDER.index(r.state) if r.state in STATE_ORDER else 9,
          "TTFT": lambda r: -(r.ttft or 0.0), "TPOT": lambda r: -(r.tpot or 0.0),
          "prompt": lambda r: -r.prompt_tokens, "hit": lambda r: -r.cached_tokens,
          "generated": lambda r: -r.output_tokens,
@@ -362,7 +366,7 @@ class RequestDetail(Widget):
             # the prompt gets at most half the lines: the output always shows (80x24: 3)
             width, lines = max(20, self.size.width), max(2, self.size.height)
             choice_rows = 0 if logprobs_mode is None else 1 if lines < 12 else \
-                8 if getattr(r.logprobs, "raw", None) else 6     # + a header, 6 tokens
+                9 if getattr(r.logprobs, "raw", None) else 6     # + headers, 6 tokens
             lines = max(2, lines - choice_rows)
             prompt_lines = max(1, lines // 2)
             head = f"{r.request_id} [{r.state}] "
@@ -386,7 +390,7 @@ class RequestDetail(Widget):
                 t.append(f"\nerror: {r.error}", "#ff5555")
             if choice_rows:
                 t.append("\n")
-                t.append_text(choice_text(r, tokenizer, logprobs_mode, choice_rows))
+                t.append_text(choice_text(r, tokenizer, logprobs_mode, choice_rows, width))
         if t != self._text:
             self._text = t
             self.refresh()

@@ -1,8 +1,15 @@
-"""The top line: model and device, serving/paused, step, replay position, errors."""
+"""The top line: serving/paused, step, replay position, errors, the decode path, then
+the model and device."""
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widget import Widget
+
+
+# the attention backend serving (EngineSnapshot.backend), as the decode path it runs:
+# kernels/__init__.py picks cpu_native (the C layer) on a CPU with AVX-512, else torch_sdpa
+DECODE_PATHS = {"cpu_native": "C layer (cpu_native)", "torch_sdpa": "torch_sdpa (no C layer)",
+                "triton": "triton", "torch": "torch reference"}
 
 
 class StatusBar(Widget):
@@ -45,9 +52,11 @@ class StatusBar(Widget):
         refused = refusal(workload or {})
         if refused:
             t.append(f"  ⚠ {refused}", "bold #ff5555")
-        backend = snap.backend
+        if snap.backend:
+            t.append("  decode ", "dim")
+            t.append(DECODE_PATHS.get(snap.backend, snap.backend), "bold")
         t.append(f"  {snap.model} ", "bold")
-        t.append(f"· {snap.device} {snap.dtype}{f' {backend}' if backend else ''}", "dim")
+        t.append(f"· {snap.device} {snap.dtype}", "dim")
         tp, kv = snap.tensor_parallel_size, snap.kv_bytes_per_rank
         if kv:
             where = f" x {tp} ranks (TP={tp})" if tp > 1 else ""

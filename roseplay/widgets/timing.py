@@ -38,10 +38,12 @@ def pctl(values, qs=(50, 95, 99)) -> list[float | None]:
     return [None] * len(qs) if not len(values) else percentiles(values, qs)
 
 
-def recent_p50(requests, field: str) -> float:
-    """p50 of `field` over the RECENT requests that have it (latest first token first):
-    a continuous curve even when requests finish in waves."""
-    have = [r for r in requests if getattr(r, field) is not None]
+def recent_p50(requests, field: str, since: float = -math.inf) -> float:
+    """p50 of `field` over the RECENT requests that have it (latest first token first),
+    those whose first token came after `since` (the plots' reset): a continuous curve
+    even when requests finish in waves."""
+    have = [r for r in requests if getattr(r, field) is not None
+            and r.arrival_time + (r.ttft or 0.0) >= since]
     have.sort(key=lambda r: r.arrival_time + (r.ttft or 0.0))
     values = [getattr(r, field) for r in have[-RECENT:]]
     return pctl(values, (50,))[0] if values else math.nan
@@ -92,6 +94,7 @@ class TimingHistory:
         self.marks: deque = deque(maxlen=HISTORY)     # per point: a knob change's label or None
         self._mark: str | None = None
         self._t = None
+        self._since = -math.inf      # first tokens before the reset stay out of the curve
         self._tokens = 0
         self._counters = None
         self.rate = 0.0          # output tokens / s over the last few buckets
@@ -107,12 +110,13 @@ class TimingHistory:
             self.reset()
         if self._t is None:
             self._t, self._tokens, self._counters = now, tokens, snap.counters
+            self._since = now
             return
         if now - self._t < BUCKET:
             return
         dt, dtok = now - self._t, tokens - self._tokens
         add = {k: s.append for k, s in self.series.items()}
-        add["ttft"](recent_p50(snap.requests, "ttft"))
+        add["ttft"](recent_p50(snap.requests, "ttft", self._since))
         tpots = [x[2] for x in snap.recent_latencies[-4 * RECENT:] if x[2] is not None]
         add["tpot"](pctl(tpots[-RECENT:], (50,))[0] if tpots else math.nan)
         gaps = [g for t, g in snap.recent_itls if t > self._t]
@@ -198,7 +202,7 @@ class Plot(Widget):
             return text + (f"/{self.fmt(top)}" if height == 1 and top > 0 and
                            len(text) + 1 + len(self.fmt(top)) <= self.LABEL else "")
         if y == 1:
-            return f" top {self.fmt(top)}" if finite and top > 0 else " no data yet"
+            return f" top {self.fmt(top)}" if finite else " no data yet"
         return ""
 
 
@@ -269,14 +273,20 @@ class TimingStats(Widget):
         self._text = Text()
 
     def show(self, snap, rate: float, since: float | None, slos: dict | None = None) -> None:
-        """Percentiles over the last WINDOW seconds (from the last reset, if later); with
-        SLOs, the share of the requests finished then that met all of them (goodput)."""
+        """Percentiles over the last WINDOW seconds (from the last reset or knob change,
+        if later; the header says how many): TTFT of the requests whose first token came
+        in it (the TTFT plot's population: its points are the p50 of the RECENT latest),
+        TPOT of those that finished in it, every token gap in it; with SLOs, the share of
+        the requests finished then that met all of them (goodput)."""
         start = max(snap.time - WINDOW, since if since is not None else -math.inf)
         lat = [x for x in snap.recent_latencies if x[0] >= start]
         itl = [x[1] for x in snap.recent_itls if x[0] >= start]
+        ttft = [r.ttft for r in snap.requests
+                if r.ttft is not None and r.arrival_time + r.ttft >= start]
         t = Text(no_wrap=True)
-        t.append(f"{'10 s':<6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")
-        rows = (("TTFT", [x[1] for x in lat], "prefill"),
+        span = f"{min(WINDOW, snap.time - start):.0f} s"
+        t.append(f"{span:<6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")
+        rows = (("TTFT", ttft, "prefill"),
                 ("TPOT", [x[2] for x in lat if x[2] is not None], "decode"),
                 ("ITL", itl, "tput"))
         for name, values, color in rows:
@@ -289,7 +299,7 @@ class TimingStats(Widget):
             t.append(f"{100 * good / total:.0f}%" if total else "-", f"bold {theme.color('tput')}")
             t.append(f" of {total}", "dim")
         else:
-            t.append(f" · {len(lat)} req done in 10 s", "dim")
+            t.append(f" · {len(lat)} req done", "dim")
         if t != self._text:
             self._text = t
             self.refresh()
@@ -318,17 +328,19 @@ class TimingPanel(Container):
         self.stats = TimingStats()
         count = lambda v: f"{v:.0f}"          # noqa: E731
         pct = lambda v: f"{v:.0f}%"           # noqa: E731
-        # most needed first: the plots that do not fit the panel's height are cut
+        # most needed first: the plots that do not fit the panel's height are cut (the
+        # speculation plots, shown while it is on, come before the queue's: guide d asks
+        # for them, and at 120x40 they came last and were cut)
         self.plots = {"ttft": Plot("TTFT", "prefill", fmt_ms, id="plot-ttft"),
                       "itl": Plot("ITL", "decode", fmt_ms, id="plot-itl"),
                       "tput": Plot("tok/s", "tput", lambda v: f"{v:,.0f}", id="plot-tput"),
+                      "accept": Plot("accepted", "decode", pct, 100.0, id="plot-accept"),
+                      "alen": Plot("accept len", "tput", lambda v: f"{v:.2f}",
+                                   id="plot-alen"),
                       "running": Plot("running", "used", count, id="plot-running"),
                       "waiting": Plot("waiting", "preempt", count, id="plot-waiting"),
                       "kv": Plot("KV used", "shared", pct, 100.0, id="plot-kv"),
-                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit"),
-                      "accept": Plot("accepted", "decode", pct, 100.0, id="plot-accept"),
-                      "alen": Plot("accept len", "tput", lambda v: f"{v:.2f}",
-                                   id="plot-alen")}
+                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit")}
         for key in SPEC_PLOTS:
             self.plots[key].display = False
         self.axis = TimeAxis()
@@ -347,6 +359,7 @@ class TimingPanel(Container):
             self.remove_class(f"-{self.mode}")
             self.mode = mode
             self.add_class(f"-{mode}")
+        self.call_after_refresh(self.size_plots)
 
     def reset(self) -> None:
         self.history.reset()
@@ -365,7 +378,7 @@ class TimingPanel(Container):
         if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):
             return
         self._shown_at = (snap.time, now)
-        self.stats.show(snap, self.history.rate, window.reset_time, self.slos)
+        self.stats.show(snap, self.history.rate, window.since, self.slos)
         self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         marks = self.history.marks
         self._show_spec_plots(snap)
@@ -381,6 +394,20 @@ class TimingPanel(Container):
         for key in SPEC_PLOTS:
             if self.plots[key].display != on:
                 self.plots[key].display = on
+                self.size_plots()
+
+    def on_resize(self) -> None:
+        self.size_plots()
+
+    def size_plots(self) -> None:
+        """Spare rows (a zoomed or tall panel) make every plot taller, not blank below:
+        each gets the same share of the rows under the time axis (at least one)."""
+        shown = [p for p in self.plots.values() if p.display]
+        rows = self.query_one("#plots").size.height - 1
+        height = max(1, rows // max(1, len(shown))) if rows > 0 else 1
+        for plot in shown:
+            if plot.styles.height is None or plot.styles.height.value != height:
+                plot.styles.height = height
 
     def mark(self, label: str) -> None:
         """A knob changed now: a mark and its label on every plot."""

@@ -93,6 +93,8 @@ def _counters(**kw):
 
 
 class _Snap:
+    num_used = 0
+
     def __init__(self, t, **counters):
         self.time, self.counters = t, _counters(**counters)
 
