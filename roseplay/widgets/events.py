@@ -62,22 +62,27 @@ def _n(count: int, word: str) -> str:
 
 def describe(e, room: int = 200) -> str:
     """What the event did, in words (without its step and kind), in `room` columns: the
-    words first, then as many of its blocks as fit."""
+    longest wording that fits, then as many of its blocks as fit."""
     b = e.blocks
     if e.kind == EV_COW:
-        pairs = [f"{b[i]}→{b[i + 1]}" for i in range(0, len(b) - 1, 2)]
-        return f"copied shared block {', '.join(pairs[:4])} before writing"
-    if e.kind == EV_PREEMPT:
-        return _fit_blocks(f"out of blocks: freed {len(b)}, recomputes later", b, room)
-    if e.kind == EV_EVICT:
-        return _fit_blocks(f"reused {_n(len(b), 'cached block')}", b, room)
-    if e.kind == EV_PREFIX_HIT:
-        return _fit_blocks(f"prompt prefix: {_n(len(b), 'cached block')} reused", b, room)
-    if e.kind == EV_DEDUP_JOIN:
-        return f"identical prompt: rides on {e.detail or 'its twin'}'s prefill"
-    if e.kind == EV_CHUNK_DONE:
-        return f"prefill chunk {e.detail}".strip()
-    return e.detail or ""
+        pairs = ", ".join(f"{b[i]}→{b[i + 1]}" for i in range(0, len(b) - 1, 2)[:4])
+        forms = [f"copied shared block {pairs} before writing", f"copied {pairs} before "
+                 f"writing", f"copied {pairs}"]
+        return next((f for f in forms if len(f) <= room), forms[-1])
+    words = {
+        EV_PREEMPT: [f"out of blocks: freed {len(b)}, recomputes later",
+                     f"freed {len(b)}, recomputes later", f"freed {len(b)}"],
+        EV_EVICT: [f"reused {_n(len(b), 'cached block')}", f"reused {len(b)}"],
+        EV_PREFIX_HIT: [f"prompt prefix: {_n(len(b), 'cached block')} reused",
+                        f"{_n(len(b), 'cached block')} reused", f"{len(b)} reused"],
+        EV_DEDUP_JOIN: [f"identical prompt: rides on {e.detail or 'its twin'}'s prefill",
+                        f"rides on {e.detail or 'its twin'}'s prefill"],
+        EV_CHUNK_DONE: [f"prefill chunk {e.detail}".strip(), f"chunk {e.detail}".strip()],
+    }.get(e.kind, [e.detail or "", ", ".join((e.detail or "").split(", ")[:2])])
+    text = next((f for f in words if len(f) <= room), words[-1])
+    if e.kind in (EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT):
+        return _fit_blocks(text, b, room)
+    return text
 
 
 def _fit_blocks(words: str, blocks, room: int) -> str:

@@ -350,11 +350,21 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
             ev = f"{ev / max(window.span(), 1.0):.0f}/s"
         forms = (f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
                  f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
-                 f"hit {hit} ev {ev} pre {pre} C {cow}")[2 - tier:]
+                 f"hit {hit} ev {ev} pre {pre} C {cow}",
+                 f"hit {hit} ev {_k(ev)} pre {_k(pre)} C {_k(cow)}",
+                 f"hit {hit} ev{_k(ev)} pre{_k(pre)} C{_k(cow)}")[2 - tier:]
         pad = (4, 6, 12)[tier]      # large counts: the next shorter form, never a cut one
         t.append(f"\n{label:<{pad}}", "dim")
         t.append(next((f for f in forms if pad + len(f) <= width), forms[-1]))
     return t
+
+
+def _k(n) -> str:
+    """A count in at most 4 characters (12345 -> 12k); a rate ("40/s") as it is."""
+    if not isinstance(n, int) or n < 1000:
+        return str(n)
+    return f"{n / 1000:.1f}k" if n < 10_000 else f"{n // 1000}k" if n < 1_000_000 else \
+        f"{n // 1_000_000}M"
 
 
 def _cell_words(mode: str) -> str:
