@@ -78,7 +78,9 @@ def screen_text(app) -> str:
 
 
 def notices(app) -> str:
-    """The app's latest messages (the message line's, full texts)."""
+    """The app's latest messages (the message line's, full texts; toasts before it)."""
+    if not hasattr(app, "messages"):
+        return "\n".join(n.message for n in app._notifications)
     return "\n".join(text for _, text in app.messages)
 
 
