@@ -10,7 +10,7 @@ from rich.text import Text
 
 from roseplay.guides import turn_hint
 from roseplay.widgets import theme
-from roseplay.widgets.knobs import SHORT_NAMES
+from roseplay.widgets.knobs import SHORT_NAMES, fmt_value
 
 MARK = {True: ("✓", "tput"), False: ("✗", "preempt"), None: ("…", "free")}
 
@@ -26,7 +26,7 @@ def card_text(run, width: int, rows: int) -> Text:
         for line in (textwrap.wrap(text, width) or [""])[:wrap]:
             lines.append((line, style))
     head = f"guide {g.key}: {g.scenario} · " + ", ".join(
-        f"{SHORT_NAMES.get(k, k)} {v}" for k, v in g.knobs.items()) + \
+        f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}" for k, v in g.knobs.items()) + \
         f" · {g.concurrency or 16} in flight"
     add(head, "bold", 2)
     add(run.status(), "italic", 2)
