@@ -19,7 +19,8 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
-from roseplay.actions import Actions, RecordedMarks
+from roseplay.actions import Actions
+from roseplay.marks import RecordedMarks
 from roseplay.commands import RoseplayCommands
 from roseplay.keys import action_mode, bindings
 from roseplay.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
@@ -28,7 +29,7 @@ from roseplay.layout import LEFT, RIGHT, TITLES, plan
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import EventLog, flash_blocks
 from roseplay.widgets.knobs import KnobsPanel
-from roseplay.widgets.kv_map import KVPanel
+from roseplay.widgets.kv_panel import KVPanel
 from roseplay.widgets.prompt_input import PromptBar
 from roseplay.widgets.requests import ACTIVE, RequestDetail, RequestList, waiting_reason
 from roseplay.widgets.status import StatusBar

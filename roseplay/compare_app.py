@@ -23,7 +23,7 @@ from roseplay.keys import KEYS
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import flash_blocks
 from roseplay.widgets.knobs import SHORT_NAMES, fmt_value, live_fields
-from roseplay.widgets.kv_map import KVPanel
+from roseplay.widgets.kv_panel import KVPanel
 from roseplay.widgets.ratios import METRICS, RatioTable, side_metrics
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.timing import TimingPanel

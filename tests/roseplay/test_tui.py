@@ -7,7 +7,8 @@ import pytest
 
 from roseplay.app import RoseplayApp
 from roseplay.widgets.knobs import KnobsPanel
-from roseplay.widgets.kv_map import KVLegend, KVMap
+from roseplay.widgets.kv_map import KVMap
+from roseplay.widgets.kv_panel import KVLegend
 from roseplay.widgets.prompt_input import PromptBar
 from roseplay.widgets.requests import RequestDetail, RequestList
 from roseplay.widgets.status import StatusBar

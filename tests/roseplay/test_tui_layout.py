@@ -9,7 +9,7 @@ import pytest
 from roseplay.app import RoseplayApp
 from roseplay.layout import plan
 from roseplay.source import ReplaySource
-from roseplay.widgets.kv_map import KVLegend
+from roseplay.widgets.kv_panel import KVLegend
 from roseplay.widgets.knobs import KnobsPanel
 from roseplay.widgets.step import StepPanel
 from roseplay.widgets.timing import Plot, TimingStats

@@ -15,7 +15,7 @@ from engine.outputs import TokenLogprobs
 from engine.snapshot import EngineEvent
 from roseplay.app import RoseplayApp
 from roseplay.widgets.events import EventLog
-from roseplay.widgets.kv_map import KVLegend, KVPanel
+from roseplay.widgets.kv_panel import KVLegend, KVPanel
 from roseplay.widgets.requests import RequestDetail
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.step import StepPanel

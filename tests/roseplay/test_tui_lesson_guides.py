@@ -11,7 +11,7 @@ import pytest
 from roseplay.app import RoseplayApp
 from roseplay.guides import BY_KEY
 from roseplay.widgets.knobs import KnobsPanel
-from roseplay.widgets.kv_map import KVLegend
+from roseplay.widgets.kv_panel import KVLegend
 from roseplay.widgets.requests import RequestList
 from tests.roseplay.tui_helpers import (fast_idle, live_source, screen_text, sync, wait_for,
                                         widget_text)

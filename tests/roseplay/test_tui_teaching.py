@@ -19,7 +19,8 @@ from roseplay.commands import RoseplayCommands
 from roseplay.source import ReplaySource
 from roseplay.widgets.events import EventLog
 from roseplay.widgets.help import HelpScreen
-from roseplay.widgets.kv_map import CACHED, CACHED_GLYPH, COW, KVLegend, KVMap
+from roseplay.widgets.kv_map import CACHED, CACHED_GLYPH, COW, KVMap
+from roseplay.widgets.kv_panel import KVLegend
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.step import StepPanel
 from tests.roseplay.tui_helpers import (SESSION, StaticSource, screen_text, session_snapshot, sync,
