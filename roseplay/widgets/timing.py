@@ -203,17 +203,19 @@ class TimeAxis(Widget):
 
 def place_labels(marks: list[tuple[int, str]], n: int) -> list[tuple[int, str]]:
     """(column, text) of each mark's `▲label` on an axis of `n` columns, none over
-    another: the newest keeps its whole label (moved left to fit the end), each older one
-    is cut to the room before the next (`▲bud…`, or `▲` alone), one column apart."""
+    another: the newest keeps its whole label (moved left to fit the end: an older mark
+    under it then has no label of its own), each older one is cut to the room before the
+    next (`▲bud…`, or `▲` alone), one column apart."""
     out, limit = [], n
     for pos, label in reversed(marks):
         if pos >= limit:
-            continue                  # its column is under a newer label
+            continue                  # under a newer label
         word = "▲" + label
         if not out:                   # the newest: whole, ending at the axis's end at most
             pos = max(0, min(pos, n - len(word)))
-            word = word[:n]
-        room = limit - pos - (1 if out else 0)
+            room = n - pos
+        else:
+            room = limit - pos - 1
         if len(word) > room:
             word = word[:room - 1] + "…" if room >= 3 else "▲"
         out.append((pos, word))

@@ -82,5 +82,6 @@ async def test_a_replay_marks_the_recorded_knob_changes_like_the_live_app(monkey
         await pilot.press("g", "G")                      # a seek rebuilds the plots
         assert _labels(replay) == live
         axis = widget_text(replay.query_one(TimeAxis))
-        assert axis.count("▲") == 2 and "▲guide 4" in axis     # (a later label covers
-        #                                                         an earlier one's end)
+        # the newest label whole; the budget's ▲ too unless that label, moved left to fit
+        # the axis's end, lies over it (a loaded box leaves the two marks close)
+        assert "▲guide 4" in axis and axis.count("▲") in (1, 2), axis
