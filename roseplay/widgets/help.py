@@ -136,8 +136,9 @@ def guides_text(kind: str) -> Text:
     """The tuning guides' claims, each with the digit that shows it live (Rich text, not
     Markdown: a long Markdown document mounts slowly and delays the first key)."""
     how = ("Press a guide's key (a digit, or d) to switch the engine to that setup "
-           "(scenario, knobs, workload); "
-           "the help closes and the panels show the effect within seconds."
+           "(scenario, knobs, workload); the help closes, the stats reset, and the Knobs "
+           "panel becomes the guide's scorecard: when its window is clean, then each "
+           "number the claim names, expected against measured."
            if kind == "live" else "On a live engine a digit (or d) switches it to that "
            "setup.")
     t = Text()
