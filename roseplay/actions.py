@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from engine.codes import RUNNING_STATES
 from engine.config import InvalidRequestError
+from roseplay.guide_actions import GuideActions
 from roseplay.layout import TITLES, ZOOM_ORDER
 from roseplay.marks import RecordedMarks, change_label
 from roseplay.scenarios import SCENARIOS
@@ -15,16 +16,15 @@ from roseplay.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.widgets import theme
 from roseplay.widgets.help import HelpScreen
 from roseplay.widgets.prompt_input import parse_sampling
-from roseplay.widgets.knobs import (CONCURRENCY_STEPS, SPEC_TOKENS_MAX, KnobsPanel,
-                                    knob_field, live_fields, next_in, stepped)
+from roseplay.widgets.knobs import (CONCURRENCY_STEPS, SPEC_TOKENS_MAX, knob_field,
+                                    live_fields, next_in, stepped)
 from roseplay.widgets.requests import FILTERS, SORTS
 
-MESSAGE_SECONDS = 6.0    # a guide's "watch" line on the message line
 WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency",
                     "rate": "set_rate"}
 
 
-class Actions:
+class Actions(GuideActions):
     def _control(self, fn, *args, knob: str | None = None, label: str | None = None,
                  **kwargs):
         if self.source is None:
@@ -321,59 +321,6 @@ class Actions:
         if not isinstance(self.screen, HelpScreen):
             kind = self.source.kind if self.source is not None else "live"
             self.push_screen(HelpScreen(kind, self._refresh_hz))
-
-    def pick_guide(self, key: str | None) -> None:
-        """A digit on the help screen: switch to that guide's setup."""
-        from roseplay.guides import BY_KEY, apply_guide
-        guide = BY_KEY.get(key) if key else None
-        if guide is None or self.source is None:
-            return
-        record = getattr(self.source, "record_event", None)
-        if record is not None:      # before its changes: a replay marks the guide alone
-            record("guide", key=key)
-        skipped = self._control(apply_guide, self.source, guide, knob="scenario",
-                                label=f"guide {key}")
-        if skipped is not None:
-            fixed = getattr(self.source, "knob", None)
-            why = "this view compares it" if skipped == [fixed] else "not a knob here"
-            note = f" (skipped {', '.join(skipped)}: {why})" if skipped else ""
-            self.start_guide(guide)
-            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario,
-                        timeout=MESSAGE_SECONDS)
-
-    # -- a running guide: its scorecard (roseplay/guide_run.py) ------------------------------
-    def start_guide(self, guide) -> None:
-        """Totals and the 10 s figures from a clean start (the plots go on: their
-        `▲guide` mark shows the change), the guide's view of the request list, and its
-        scorecard in the Knobs panel (the app's main screen only)."""
-        from roseplay.guide_run import GuideRun
-        from roseplay.guides import clean_knobs
-        self.reset_windows()
-        if not isinstance(self.knobs, KnobsPanel):
-            return
-        self.requests.sort = guide.view.get("sort", "arrival")
-        self.knobs.guide_run = GuideRun(guide, self.source.snapshot(), clean_knobs(guide),
-                                        self.guide_results)
-
-    def guide_turned(self) -> None:
-        """A user's knob or workload change: the running guide measures its versus
-        setup if that is it, else it ends (its results stay)."""
-        run = getattr(self.knobs, "guide_run", None)
-        if run is None or self.source is None:
-            return
-        from roseplay.guides import live_names
-        knobs, w = self.source.knobs, self.source.workload()
-        setup = {**{n: getattr(knobs, n) for n in sorted(live_names())},
-                 "scenario": w.get("scenario"), "concurrency": w.get("concurrency"),
-                 "rate": w.get("rate")}
-        if not run.turned(setup):
-            self.knobs.guide_run = None
-
-    def feed_guide(self, snap) -> None:
-        """Each frame: the running guide's window; the stats reset once it is clean."""
-        run = getattr(self.knobs, "guide_run", None)
-        if run is not None and run.feed(snap):
-            self.reset_windows()
 
     async def action_quit(self) -> None:
         self.close_source()

@@ -10,10 +10,12 @@ expects, what the window measured, and the verdict (guide_check `verdicts`, the 
 check) as soon as the window holds enough samples.
 
 A claim that compares ("TTFT lower than guide 6's") needs the other setup measured too:
-its partner guide's last result this session, or, where the other setup is the guide's
-own knob turned back (guide 9 against fcfs, d against spec off, 0 against lru), that
-turn: the run then measures the turned setup as the `versus` side. Any other change
-ends the run (its results stay for the partner's scorecard).
+its partner guide's last result this session, or, where one key or typed value turns
+the guide's setup into the other (`c` for guides 5 and 6, `P` back to fcfs for 9, `e`
+back to lru for 0), that turn: the app then starts the other setup clean, as the tests
+measure it (on a full pool, guide 0, it only turns the knob, as the test does), and the
+run measures it as the `versus` side. Any other change ends the run (its results stay
+for the partner's scorecard).
 """
 from __future__ import annotations
 
@@ -99,17 +101,25 @@ class GuideRun:
             return self.guide.expect
         return {n: d for n, d in self.guide.expect.items() if d in ("lower", "higher")}
 
-    def turned(self, setup: dict) -> bool:
-        """A knob or the workload changed, to `setup` (guides.setup_of's keys): True if it
-        is the versus setup (the run measures that side now, from a clean window: the
-        requests in flight go on under it), False: the run ends."""
-        from roseplay.guides import BASELINES, BY_KEY, clean_knobs, setup_of
+    def turned(self, setup: dict):
+        """A knob or the workload changed, to `setup` (guides.setup_of's keys): the versus
+        Guide if that is its setup (the caller starts it clean, as the tests measure it,
+        except on a full pool, which a clean start would empty; then `measure_versus`),
+        None: the run ends."""
+        from roseplay.guides import BASELINES, BY_KEY, setup_of
         versus = BY_KEY.get(self.guide.versus) or BASELINES.get(self.guide.versus)
         if versus is None or self.measuring_versus or setup != setup_of(versus):
-            return False
-        self.side = Side(versus.key, self.last, clean_knobs(versus), set(),
-                         self.guide.full_pool)
-        return True
+            return None
+        return versus
+
+    def measure_versus(self, versus, snap, knobs: dict) -> None:
+        """Measure the versus setup from `snap` on, once its window is clean (the requests
+        active now end first, unless the pool must stay full)."""
+        old = set() if self.guide.full_pool else {
+            r.request_id for r in snap.requests
+            if r.state not in ("finished", "cancelled", "error")
+            and not r.request_id.startswith("you-")}
+        self.side = Side(versus.key, snap, knobs, old, self.guide.full_pool)
 
     # -- the scorecard -------------------------------------------------------------------
     def rows(self) -> list[tuple[str, bool | None]]:
