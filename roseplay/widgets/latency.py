@@ -52,3 +52,9 @@ def goodput_share(snap, start: float, slos: dict) -> tuple[int, int]:
 def slo_text(slos: dict) -> str:
     """"ttft≤200 tpot≤50" (ms), as typed after --goodput."""
     return " ".join(f"{k}≤{v:g}" for k, v in slos.items())
+
+
+def window_ttfts(requests, start: float) -> list[float]:
+    """TTFT of the requests whose first token came at or after `start` (engine time):
+    the Timing table's, the TTFT plot's and the compare table's population."""
+    return [r.ttft for r in requests if r.ttft is not None and r.arrival_time + r.ttft >= start]

@@ -25,7 +25,7 @@ from engine.metrics import prefix_hit_rate
 from roseplay.widgets import theme
 from roseplay.widgets.counters import WINDOW
 from roseplay.widgets.latency import (RECENT, goodput_share, pctl,  # noqa: F401
-                                      recent_p50, slo_text, view_latencies)
+                                      recent_p50, slo_text, view_latencies, window_ttfts)
 from roseplay.widgets.requests import fmt_ms
 
 BUCKET = 0.5          # seconds of engine time per plotted point
@@ -240,8 +240,7 @@ class TimingStats(Widget):
         start = max(snap.time - WINDOW, since if since is not None else -math.inf)
         lat = [x for x in snap.recent_latencies if x[0] >= start]
         itl = [x[1] for x in snap.recent_itls if x[0] >= start]
-        ttft = [r.ttft for r in snap.requests
-                if r.ttft is not None and r.arrival_time + r.ttft >= start]
+        ttft = window_ttfts(snap.requests, start)
         t = Text(no_wrap=True)
         span = f"{min(WINDOW, snap.time - start):.0f} s"
         t.append(f"{span:<6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")

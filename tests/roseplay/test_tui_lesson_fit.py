@@ -161,6 +161,8 @@ async def test_the_ttft_table_and_plot_count_the_same_requests():
         table = widget_text(app.timing.stats)
         assert re.search(r"TTFT +8000ms", table), table
         assert app.timing.history.series["ttft"][-1] == pytest.approx(8.0)
+        from roseplay.widgets.ratios import side_metrics      # the compare table's too
+        assert side_metrics(app.source.snap, app.window, {})["ttft_p50"] == pytest.approx(8.0)
 
 
 @pytest.mark.parametrize("backend,words", [("cpu_native", "decode C layer (cpu_native)"),
