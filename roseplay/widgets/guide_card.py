@@ -28,9 +28,11 @@ def card_text(run, width: int, rows: int) -> Text:
     head = f"guide {g.key}: {g.scenario} · " + ", ".join(
         f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}" for k, v in g.knobs.items()) + \
         f" · {g.concurrency or 16} in flight"
-    add(head, "bold", 2)
+    narrow = width < 50         # 80x24: the verdicts before anything that can wait
+    add(head, "bold", 1 if narrow else 2)
     add(run.status(), "italic", 2)
-    add("the claim, measured (✓ holds, ✗ does not, … not yet):", "dim")
+    if not narrow:
+        add("the claim, measured (✓ holds, ✗ does not, … not yet):", "dim")
     marks = []
     for claim, ok in run.rows():
         mark, color = MARK[ok]

@@ -53,7 +53,7 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
                        else (swatch, Style(bgcolor=styles()["colors"][cat]))))
             t.append(f" {NAMES[cat]} " if tier == 2 else f"{NAMES[cat]} ")
             t.append(f"{counts[cat]} " + "  " * (tier == 2), "bold")
-    if selected_id:
+    if selected_id and t.cell_len + 2 + len(selected_id) <= width:   # whole, or not at all
         t.append(" ", Style(bgcolor=styles()["colors"][SELECTED]))
         t.append(f" {selected_id}")
     t.append("\n")
@@ -145,8 +145,11 @@ class KVPanel(Vertical):
         if self.border_title != title:
             self.border_title = title
         first, end = kv.shown_blocks()      # say so when the map does not show every block
-        subtitle = "" if end - first >= snap.num_blocks else (
-            f"blocks {first}-{end - 1} of {snap.num_blocks}: scroll, z")
+        subtitle = ""
+        if end - first < snap.num_blocks:
+            forms = (f"blocks {first}-{end - 1} of {snap.num_blocks}: scroll, z",
+                     f"{first}-{end - 1} of {snap.num_blocks}: scroll, z")
+            subtitle = next((f for f in forms if len(f) + 6 <= self.size.width), forms[-1])
         if self.border_subtitle != subtitle:
             self.border_subtitle = subtitle
         hover = hover_text(snap, kv.hover_block)

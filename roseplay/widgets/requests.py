@@ -115,7 +115,7 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
         label = next((w for w in (f" chunk {r.chunks_done}/{n} {r.computed_tokens}/"
                                   f"{r.prefill_target}", f" chunk {r.chunks_done}/{n}",
                                   f" {r.chunks_done}/{n}") if len(w) + 3 <= width),
-                     f" {r.chunks_done}/{n}")
+                     f"{r.chunks_done}/{n}")        # a bar of 1 cell: k/n is never cut
         frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
     elif r.state in ("decoding", "dedup"):
         # tokens/max, or in a narrow column the tokens alone (the bar shows the rest)
@@ -131,7 +131,7 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
         if r.state == "waiting" and len(text) > width:
             text = short_reason(text)
         return [Segment(_fit(text, width, "<"), st(style))]
-    bw = max(3, width - len(label))
+    bw = max(1 if len(label) + 3 > width else 3, width - len(label))
     return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
 
 

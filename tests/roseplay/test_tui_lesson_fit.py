@@ -103,8 +103,19 @@ async def test_the_kv_map_says_which_blocks_it_shows_at_80x24():
         kv = app.query_one(KVPanel)
         first, end = kv.map.shown_blocks()
         assert end - first < 512
-        assert kv.border_subtitle == f"blocks 0-{end - 1} of 512: scroll, z"
-        assert f"blocks 0-{end - 1} of 512" in screen_text(app)
+        assert kv.border_subtitle == f"0-{end - 1} of 512: scroll, z"     # short: fits
+        assert f"0-{end - 1} of 512: scroll, z" in screen_text(app)
+        legend = widget_text(app.query_one(KVLegend)).splitlines()[0]
+        assert not legend.rstrip("│ ").endswith("…"), legend    # the selected id: whole or none
+
+
+def test_chunk_k_of_n_is_never_cut_in_a_narrow_progress_column():
+    """At 80x24 a prefilling row read `13/…`."""
+    from roseplay.widgets.requests import progress_cell
+    view = dataclasses.replace(session_snapshot(12).requests[0], state="prefilling",
+                               chunks_done=13, computed_tokens=416, prefill_target=600)
+    text = "".join(seg.text for seg in progress_cell(view, 32, 8))
+    assert len(text) == 8 and text.endswith("13/19"), text
 
 
 @sync
