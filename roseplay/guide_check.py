@@ -25,6 +25,7 @@ WARMUP_STEPS = 20       # engine steps a setup runs before it is measured: a new
 #                         first prompts prefill together (96 of them: ~12 steps), and a
 #                         loaded machine runs fewer steps per second (a fixed time is not
 #                         enough there)
+WARMUP_SECONDS = 0.7    # at least, besides the steps
 WARMUP_LIMIT = 20.0     # seconds: a setup that never runs that many steps is measured anyway
 READY_LIMIT = 40.0      # seconds a measurement waits at most for the samples it needs
 # the samples a number needs before it says anything: (what is counted, how many)
@@ -178,20 +179,58 @@ def verdicts(expect: dict, mine: dict, theirs: dict | None) -> list[tuple[str, s
 
 
 # -- headless: a source measured from the test ----------------------------------------------
-def settle(source, warmup: float, steps: int = WARMUP_STEPS) -> None:
-    """At least `warmup` s and `steps` engine steps."""
-    start, deadline = source.snapshot().step, time.monotonic() + WARMUP_LIMIT
-    time.sleep(warmup)
-    while source.snapshot().step < start + steps and time.monotonic() < deadline:
-        time.sleep(SAMPLE_EVERY)
+class Settling:
+    """What a setup's window waits for before it starts clean: the engine applying the
+    setup's knobs, the old workload's requests ending, WARMUP_STEPS steps and `warmup` s
+    after that, and for a claim about a full pool, an eviction. The app's guide run and
+    the headless `measure` share it."""
+
+    def __init__(self, snap, knobs: dict, old: set[str], full_pool: bool,
+                 warmup: float = WARMUP_SECONDS):
+        self.knobs, self.old, self.full_pool, self.warmup = knobs, old, full_pool, warmup
+        self.started, self.evictions = snap.time, snap.counters.evictions
+        self.wall = time.monotonic()
+        self.applied: tuple[int, float] | None = None   # step and time the setup held from
+        self.unclean = ""                                # why the window started anyway
+
+    def settling(self, snap) -> str:
+        """What the window still waits for ("" once clean)."""
+        if self.applied is None:
+            if any(getattr(snap.knobs, k) != v for k, v in self.knobs.items()):
+                return "the engine applying the setup"
+            self.applied = (snap.step, snap.time)
+        old = sum(r.request_id in self.old for r in snap.requests
+                  if r.state not in ("finished", "cancelled", "error"))
+        steps = snap.step - self.applied[0]
+        waits = []
+        if old:
+            waits.append(f"{old} old request{'s' if old > 1 else ''} to end")
+        if steps < WARMUP_STEPS or snap.time - self.applied[1] < self.warmup:
+            waits.append(f"warm-up step {min(steps, WARMUP_STEPS)}/{WARMUP_STEPS}")
+        if self.full_pool and snap.counters.evictions <= self.evictions:
+            waits.append("the pool to fill (evictions)")
+        if waits and time.monotonic() - self.wall > WARMUP_LIMIT:
+            self.unclean = f"started after {WARMUP_LIMIT:.0f} s without {', '.join(waits)}"
+            return ""
+        return ", ".join(waits)
+
+
+def active_ids(snap) -> set[str]:
+    """The requests a new setup waits to see end (typed prompts stay)."""
+    return {r.request_id for r in snap.requests
+            if r.state not in ("finished", "cancelled", "error")
+            and not r.request_id.startswith("you-")}
 
 
 def measure(source, seconds: float, warmup: float = 1.0, expect: dict | None = None,
-            limit: float = READY_LIMIT) -> dict:
-    """Let the setup settle (`warmup` s and WARMUP_STEPS steps), then read at least
-    `seconds` of it, and on until the window holds the samples `expect` needs (at most
-    `limit` s in all)."""
-    settle(source, warmup)
+            limit: float = READY_LIMIT, knobs: dict | None = None,
+            old: set[str] | None = None, full_pool: bool = False) -> dict:
+    """Wait until the setup's window is clean (`Settling`: `knobs` applied, the `old`
+    requests ended, WARMUP_STEPS steps and `warmup` s), then read at least `seconds` of
+    it, and on until the window holds the samples `expect` needs (at most `limit` s)."""
+    settling = Settling(source.snapshot(), knobs or {}, old or set(), full_pool, warmup)
+    while settling.settling(source.snapshot()):
+        time.sleep(SAMPLE_EVERY)
     window = Window(source.snapshot())
     start = time.monotonic()
     while True:
@@ -217,7 +256,9 @@ def wait_for_evictions(source, timeout: float) -> bool:
 
 
 def run_setup(source, guide, seconds: float, warmup: float = 1.0) -> dict:
-    """Apply `guide` (its whole setup) to a live source and measure it."""
-    from roseplay.guides import apply_guide
+    """Apply `guide` (its whole setup) to a live source and measure it, clean."""
+    from roseplay.guides import apply_guide, clean_knobs
+    old = active_ids(source.snapshot())
     apply_guide(source, guide)
-    return measure(source, seconds, warmup, guide.expect)
+    return measure(source, seconds, warmup, guide.expect,
+                   knobs=clean_knobs(guide, getattr(source, "knob", None)), old=old)

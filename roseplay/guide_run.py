@@ -21,42 +21,16 @@ from __future__ import annotations
 
 import time
 
-from roseplay.guide_check import WARMUP_LIMIT, WARMUP_STEPS, Window, verdicts
-
-WARMUP_SECONDS = 0.7    # at least, besides the steps (guide_check.settle's warm-up)
+from roseplay.guide_check import Settling, Window, active_ids, verdicts
 
 
-class Side:
+class Side(Settling):
     """One setup measured: settling until its window is clean, then a Window."""
 
     def __init__(self, key: str, snap, knobs: dict, old: set[str], full_pool: bool):
-        self.key, self.knobs, self.old, self.full_pool = key, knobs, old, full_pool
-        self.started, self.evictions = snap.time, snap.counters.evictions
-        self.wall = time.monotonic()
-        self.applied_step: int | None = None    # the step the engine had the setup from
+        super().__init__(snap, knobs, old, full_pool)
+        self.key = key
         self.window: Window | None = None
-        self.unclean = ""                        # why the window started anyway
-
-    def settling(self, snap) -> str:
-        """What the window still waits for ("" once clean)."""
-        if self.applied_step is None:
-            if any(getattr(snap.knobs, k) != v for k, v in self.knobs.items()):
-                return "the engine applying the setup"
-            self.applied_step = snap.step
-        old = sum(r.request_id in self.old for r in snap.requests
-                  if r.state not in ("finished", "cancelled", "error"))
-        steps = snap.step - self.applied_step
-        waits = []
-        if old:
-            waits.append(f"{old} old request{'s' if old > 1 else ''} to end")
-        if steps < WARMUP_STEPS or snap.time - self.started < WARMUP_SECONDS:
-            waits.append(f"warm-up step {min(steps, WARMUP_STEPS)}/{WARMUP_STEPS}")
-        if self.full_pool and snap.counters.evictions <= self.evictions:
-            waits.append("the pool to fill (evictions)")
-        if waits and time.monotonic() - self.wall > WARMUP_LIMIT:
-            self.unclean = f"started after {WARMUP_LIMIT:.0f} s without {', '.join(waits)}"
-            return ""
-        return ", ".join(waits)
 
     def feed(self, snap) -> bool:
         """True when the window just became clean (the app resets the stats)."""
@@ -75,10 +49,7 @@ class GuideRun:
     def __init__(self, guide, snap, knobs: dict, results: dict):
         self.guide = guide
         self.results = results            # setup key -> its last measured numbers (session)
-        old = {r.request_id for r in snap.requests
-               if r.state not in ("finished", "cancelled", "error")
-               and not r.request_id.startswith("you-")}     # typed prompts stay
-        self.side = Side(guide.key, snap, knobs, old, guide.full_pool)
+        self.side = Side(guide.key, snap, knobs, active_ids(snap), guide.full_pool)
         self.last = snap
 
     @property
@@ -115,10 +86,7 @@ class GuideRun:
     def measure_versus(self, versus, snap, knobs: dict) -> None:
         """Measure the versus setup from `snap` on, once its window is clean (the requests
         active now end first, unless the pool must stay full)."""
-        old = set() if self.guide.full_pool else {
-            r.request_id for r in snap.requests
-            if r.state not in ("finished", "cancelled", "error")
-            and not r.request_id.startswith("you-")}
+        old = set() if self.guide.full_pool else active_ids(snap)
         self.side = Side(versus.key, snap, knobs, old, self.guide.full_pool)
 
     # -- the scorecard -------------------------------------------------------------------

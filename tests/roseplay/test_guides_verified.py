@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_SCENARIO
-from roseplay.guide_check import NAMES, measure, verdicts, wait_for_evictions
+from roseplay.guide_check import NAMES, active_ids, measure, verdicts, wait_for_evictions
 from roseplay.guides import (BASELINES, BY_KEY, GUIDES, POOL_BLOCKS, Guide, apply_guide,
                              clean_knobs)
 
@@ -83,10 +83,12 @@ class Results(dict):
         if key in FULL_POOL:
             return self.turn(key)
         guide = ALL.get(key) or self.default(key)
+        old = active_ids(self.source.snapshot())
         apply_guide(self.source, guide)
         same = [k for k in NEEDED if "@" not in k and setup_of(k) == setup_of(key)]
         needs = {n: d for k in same for n, d in NEEDED[k].items()}   # (5 is the default)
-        self[key] = measure(self.source, SECONDS, WARMUP, needs)
+        self[key] = measure(self.source, SECONDS, WARMUP, needs,     # clean: knobs applied,
+                            knobs=clean_knobs(guide), old=old)      # the old requests gone
         return self[key]
 
     def turn(self, key: str) -> dict:
@@ -96,9 +98,10 @@ class Results(dict):
         self.source.set_knobs(**clean_knobs(versus))
         assert wait_for_evictions(self.source, 20.0), "the pool never filled"
         self[versus_key(key)] = measure(self.source, FULL_SECONDS, TURN_WARMUP,
-                                        NEEDED[versus_key(key)])
+                                        NEEDED[versus_key(key)], knobs=clean_knobs(versus))
         self.source.set_knobs(**clean_knobs(guide))
-        self[key] = measure(self.source, FULL_SECONDS, TURN_WARMUP, NEEDED[key])
+        self[key] = measure(self.source, FULL_SECONDS, TURN_WARMUP, NEEDED[key],
+                            knobs=clean_knobs(guide))
         return self[key]
 
     @staticmethod
