@@ -106,8 +106,8 @@ the gaps are 0 ms.
 ## Top line and message line
 The top line: serving or paused, the step, finished requests, errors and requests the
 engine refused (a pool too small for the scenario), the **decode path** that runs
-(`C layer (cpu_native)`: the C kernels, on a CPU with AVX-512; `torch_sdpa (no C
-layer)`: PyTorch's attention, the fallback without AVX-512; `triton` on a GPU), then
+(`C layer (cpu_native)`: the C kernels, on a CPU with AVX2 or AVX-512; `torch_sdpa (no C
+layer)`: PyTorch's attention, the fallback without them; `triton` on a GPU), then
 the model and device. The line above the footer gives the app's messages (what a knob
 just turned does, warnings), what a small terminal hid, or the zoom.
 

@@ -24,7 +24,7 @@ from roseplay.guide_check import NAMES, active_ids, measure, verdicts, wait_for_
 from roseplay.guides import (BASELINES, BY_KEY, GUIDES, POOL_BLOCKS, Guide, apply_guide,
                              clean_knobs)
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 SECONDS, WARMUP = 1.5, 0.7
 FULL_SECONDS, TURN_WARMUP = 2.5, 0.5      # a full pool's hit rate needs the reference

@@ -16,7 +16,7 @@ import pytest
 
 from tests.roseplay.tmux import ROOT, Tmux
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 from tests.helpers import engines_owned_by  # noqa: E402
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

@@ -239,6 +239,7 @@ async def test_command_palette_runs_actions_by_name():
         assert await wait_for(pilot, lambda: src.speed == 8.0, 5)
 
 
+@pytest.mark.slow
 @sync
 async def test_random_keys_and_resizes_never_break_the_app(monkeypatch):
     """150 seeded key presses (palette, help, prompt, zoom, theme, seek …) and resizes on a

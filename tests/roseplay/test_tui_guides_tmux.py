@@ -17,7 +17,7 @@ import pytest
 from roseplay.guides import GUIDES
 from tests.roseplay.tmux import Tmux
 
-pytestmark = [pytest.mark.timeout(900),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
 CLEAN_LIMIT = 90.0      # s: the old requests end and 20 steps run (a loaded box: slowly)
 SHOW_LIMIT = 60.0       # s after the clean window

@@ -29,7 +29,7 @@ from tests.serve.group_proc import GroupProc, per_server, scrape, total
 from tests.serve.open_streams import Reader, open_streams, solo_tokens
 from tests.serve.serve_proc import PROMPT, ServeProc, alive, stream_body
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 TIMEOUT = 60
 LONG = 1000              # tokens: a stream still running when the server is dropped
 

@@ -20,7 +20,7 @@ from tests.serve.group_proc import GroupProc, cmdline, per_server, scrape, total
 from tests.serve.serve_proc import PROMPT, free_port
 from tests.serve.open_streams import assert_sigterm_drains_open_streams, open_streams, solo_tokens
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 MAX_TOKENS = 24
 STREAMS = 8
 API_KEY = "test-key-1"

@@ -20,7 +20,7 @@ import pytest
 from engine import SamplingParams
 from engine.front.client import EngineClient
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 TIMEOUT = 60
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo", "First Citizen:\nBefore we proceed"]
 PARAMS = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)

@@ -22,7 +22,7 @@ from engine.ipc import protocol as P
 from tests.engine import fuzz_values as F
 from tests.engine.fuzz_values import ENGINE, VOCAB
 
-pytestmark = [pytest.mark.timeout(300),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.usefixtures("print_counts")]   # tests/engine/conftest.py
 
 

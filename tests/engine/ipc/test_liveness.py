@@ -22,6 +22,8 @@ from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
 
+pytestmark = pytest.mark.slow       # the long tier: `pytest --run-slow` (README)
+
 CLIENT_TIMEOUT = 3.0
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo", "First Citizen:\nBefore we proceed"]
 TIMEOUT = 60
