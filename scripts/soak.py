@@ -20,6 +20,7 @@ cancelled, stalled and slow-loris clients; docs/RELIABILITY.md has a 10-minute r
 from __future__ import annotations
 
 import argparse
+import shlex
 import os
 import queue
 import random
@@ -214,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server", action="store_true",
                    help="soak `roseplay serve` over HTTP (scripts/soak_http.py)")
     p.add_argument("--clients", type=int, default=24, help="--server: concurrent clients")
+    p.add_argument("--serve-args", default="",
+                   help="--server: more `roseplay serve` flags (one shell-quoted string)")
     a = p.parse_args(argv)
     if a.server:
         return _soak_server(a)
@@ -224,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _soak_server(a) -> int:
     from scripts.soak_http import ok, print_http_report, soak_http
-    extra = ["--device", a.device] if a.device != "cpu" else []
-    rep, end = soak_http(a.seconds, a.clients, a.seed, extra)
+    extra = (["--device", a.device] if a.device != "cpu" else []) + shlex.split(a.serve_args)
+    rep, end = soak_http(a.seconds, a.clients, a.seed, extra, a.flip_every)
     print_http_report(rep, end, a.seconds, a.clients)
     return 0 if ok(rep, end) else 1
 
