@@ -20,10 +20,10 @@ cancelled, stalled and slow-loris clients; docs/RELIABILITY.md has a 10-minute r
 from __future__ import annotations
 
 import argparse
-import shlex
 import os
 import queue
 import random
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,22 +32,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import SamplingParams  # noqa: E402
 from engine.front.client import EngineClient  # noqa: E402
+from scripts.proc_stats import proc_status  # noqa: E402
 
 ENGINE = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4, num_blocks=24,
               max_model_len=64)
 VOCAB = 512
-
-
-def proc_status(pid: int) -> tuple[float, int]:
-    """(RSS in MB, threads) of a process, from /proc/PID/status."""
-    rss = threads = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-            elif line.startswith("Threads:"):
-                threads = int(line.split()[1])
-    return rss, threads
 
 
 @dataclass

@@ -39,7 +39,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts.soak import proc_status  # noqa: E402
+from scripts.proc_stats import proc_status  # noqa: E402
 from tests.serve.hostile_bodies import check_refusal, hostile_bodies  # noqa: E402
 
 PROMPTS = ["ROMEO.\nWhat news from the court?\n\nJULIET.\n", "First Citizen:\nBefore we proceed",
