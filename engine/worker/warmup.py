@@ -36,7 +36,8 @@ def warm_up_attention(runner) -> float:
     for width in range(1, max_blocks + 1):
         table = torch.zeros(1, width, dtype=torch.int32, device=dev)
         lens = torch.full((1,), width * page, dtype=torch.int32, device=dev)
-        ops.paged_decode_attention(q[:1], k_cache, v_cache, table, lens, layer.scale)
+        ops.paged_decode_attention(q[:1], k_cache, v_cache, table, lens, layer.scale,
+                                   **layer.kv_scales)
     # extend: chunk lengths 1, 2, 4, ... reach every BLOCK_M (tiles grow in powers of two)
     n = 1
     while n <= min(128, max_blocks * page):     # BLOCK_M tops out at 128 rows
@@ -44,7 +45,8 @@ def warm_up_attention(runner) -> float:
         table = torch.zeros(1, width, dtype=torch.int32, device=dev)
         cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
         lens = torch.full((1,), n, dtype=torch.int32, device=dev)
-        ops.paged_extend_attention(q[:n], k_cache, v_cache, table, cu, lens, n, layer.scale)
+        ops.paged_extend_attention(q[:n], k_cache, v_cache, table, cu, lens, n, layer.scale,
+                                   **layer.kv_scales)
         n *= 2
     torch.cuda.synchronize(dev)
     return time.perf_counter() - t0
