@@ -137,3 +137,19 @@ def test_tensor_parallel_fp8_equals_one_rank(tmp_path, calculate):
     one = run(tmp_path, prompts, **kw)[1]
     two = run(tmp_path, prompts, tensor_parallel_size=2, **kw)[1]
     assert one == two
+
+
+def test_calibration_warm_up_stores_nothing(ckpt):
+    """The GPU start-up runs calculate_kv_scales' unfused kernels once (no compile in
+    the first step); they store nothing and leave the scales pending."""
+    from engine.worker.warmup import _warm_up_calibration
+    llm = LLM(model=str(ckpt), device="cpu", dtype="float32", block_size=BS, num_blocks=16,
+              kv_cache_dtype="fp8", calculate_kv_scales=True)
+    try:
+        runner = llm.engine.runner
+        runner.kv_cache.view(torch.uint8).fill_(7)
+        _warm_up_calibration(runner, runner.model.attention_layers()[0])
+        assert bool((runner.kv_cache.view(torch.uint8) == 7).all())
+        assert runner.scales_pending
+    finally:
+        llm.engine.close()
