@@ -354,6 +354,23 @@ def hover_text(snap, block: int | None) -> str:
     return f"block {block}: {state} · refcount {rc}{who}"
 
 
+_MODEL_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def pool_title(snap, width: int) -> str:
+    """The pool's geometry; an fp8 pool adds its bytes a block beside the model dtype's,
+    which is how it holds 2x (bfloat16) or 4x (float32) the blocks in the same memory."""
+    title = f"KV cache · {snap.num_blocks} blocks × {snap.block_size} tokens"
+    fp8 = snap.kv_cache_dtype != "auto" and snap.kv_bytes_per_rank
+    if fp8:
+        kib = snap.kv_bytes_per_rank / max(1, snap.num_blocks) / 1024
+        model = _MODEL_BYTES.get(snap.dtype, 1) * kib
+        title += f" · fp8 {kib:g} KiB a block ({snap.dtype} {model:g})"
+    if len(title) + 6 > width:
+        title = f"KV · {snap.num_blocks} × {snap.block_size} tok" + (" · fp8" if fp8 else "")
+    return title
+
+
 class KVPanel(Vertical):
     """The KV cache map with its legend (border title shows the pool geometry)."""
 
@@ -371,9 +388,7 @@ class KVPanel(Vertical):
         kv = self.map
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
         kv.show(snap.block_state, snap.block_refcount, blocks, flash)
-        title = f"KV cache · {snap.num_blocks} blocks × {snap.block_size} tokens"
-        if len(title) + 6 > self.size.width:
-            title = f"KV · {snap.num_blocks} × {snap.block_size} tok"
+        title = pool_title(snap, self.size.width)
         if self.border_title != title:
             self.border_title = title
         hover = hover_text(snap, kv.hover_block)
