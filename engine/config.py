@@ -5,7 +5,9 @@ runs, effective at the next step); `EngineConfig` holds what is fixed at start. 
 field carries its help text in `metadata["help"]` (a choice-valued live knob also its
 `choices` and a paragraph in `metadata["explain"]` for the help screen); the CLI builds
 its flags from these fields and the TUI reads the live ones, so a knob is never
-described twice.
+described twice. A field whose text needs more than a type (`speculative_config`'s JSON)
+names its parser in `metadata["check"]`, so a bad flag value is refused by the flag's
+own parser (exit status 2) in every command.
 
 Who holds the live knobs (docs/ARCHITECTURE.md's front and core): the core's Scheduler
 holds the ones in force (`Scheduler.knobs`; setting it also sets the block pool's
@@ -56,6 +58,9 @@ MAX_SPECULATIVE_TOKENS = 16
 # vLLM's --kv-cache-dtype values: auto (the model's dtype) or float8 e4m3 (two spellings)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
+# client_timeout spans several heartbeats of both ends (a client's every 0.5 s, the
+# engine's every 1 s: engine/ipc/liveness.py)
+CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
 
 
 def check_priority(priority) -> int:
@@ -201,6 +206,12 @@ class SpeculativeConfig:
     model: str | None = None
 
     def __post_init__(self):
+        """Every field's type and range (a JSON value of any type may arrive here from
+        `--speculative-config`: each is refused with InvalidRequestError, never a
+        TypeError)."""
+        if not isinstance(self.method, str):
+            raise InvalidRequestError(f"speculative_config method must be a string, got "
+                                      f"{self.method!r:.60}")
         object.__setattr__(self, "method", SPECULATIVE_ALIASES.get(self.method, self.method))
         if self.method not in SPECULATIVE_METHODS:
             raise InvalidRequestError(f"speculative_config method must be one of "
@@ -214,8 +225,13 @@ class SpeculativeConfig:
                 or not 1 <= lo <= hi <= 64:
             raise InvalidRequestError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, "
                                       f"got {lo!r}, {hi!r}")
-        if not 0.0 <= self.oracle_acceptance <= 1.0:
-            raise InvalidRequestError("oracle_acceptance must be in [0, 1]")
+        p = self.oracle_acceptance
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise InvalidRequestError(f"oracle_acceptance must be a number in [0, 1], got "
+                                      f"{p!r:.60}")
+        if self.oracle_references is not None and not isinstance(self.oracle_references, str):
+            raise InvalidRequestError(f"oracle_references must be a file path (a string), "
+                                      f"got {self.oracle_references!r:.60}")
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise InvalidRequestError(f"speculative_config model must be a non-empty string, "
                                       f"got {self.model!r}")
@@ -228,7 +244,7 @@ class SpeculativeConfig:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise InvalidRequestError(f"speculative_config is not JSON: {exc}") from None
         if not isinstance(value, dict):
             raise InvalidRequestError(f"speculative_config must be an object, got {value!r}")
@@ -283,8 +299,9 @@ class EngineConfig:
                                          "and launch the next one (its pending input tokens "
                                          "stay on the device; vLLM V1's async scheduling).")
     attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA; on CPU "
-                                           "cpu_native where a C compiler builds it, else "
-                                           "torch_sdpa), torch (the plain references), "
+                                           "cpu_native where a C compiler builds it with "
+                                           "AVX-512, else torch_sdpa), torch (the plain "
+                                           "references), "
                                            "torch_sdpa (oneDNN linears + batched SDPA paged "
                                            "attention), cpu_native (torch_sdpa with the "
                                            "decode step's linears and attention in C), "
@@ -304,16 +321,19 @@ class EngineConfig:
         choices=LOGPROBS_MODES)
     check_invariants: bool = _knob(False, "Check block-pool invariants after every step (slow).")
     client_timeout: float = _knob(
-        60.0, "Seconds without a message (clients send a heartbeat every 0.5 s) after which "
-              "the engine process judges a client dead: its requests end with an error and "
-              "its pause ends. Far above a GC pause or a stop of tens of seconds.")
+        60.0, "The stall both ends of the engine process tolerate: seconds without a "
+              "message after which the engine drops a client (its requests end with an "
+              "error, its pause ends; it is told and attaches again) and a client (the "
+              "server, an API server, --connect) judges the engine gone (its requests end "
+              "with an error; a server exits 4). Time the judging process itself was "
+              "stopped never counts. Far above a GC pause or a stop of tens of seconds.")
     speculative_config: SpeculativeConfig | dict | str | None = _knob(
         None, "Speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
               "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, "
               "\"prompt_lookup_max\": 4}'. Methods: ngram (prompt lookup), draft_model "
               "(alias draft; \"model\": a smaller checkpoint with the target's vocabulary, "
               "default on the bundled model: its bundled draft), oracle (benchmarks only). "
-              "docs/SPECULATIVE.md; off by default.")
+              "docs/SPECULATIVE.md; off by default.", check=SpeculativeConfig.parse)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self):
@@ -348,9 +368,10 @@ class EngineConfig:
         if not isinstance(self.calculate_kv_scales, bool):
             raise InvalidRequestError(f"calculate_kv_scales must be a bool, got "
                                       f"{self.calculate_kv_scales!r}")
-        ct = self.client_timeout
-        if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not 0 < ct <= 86400:
-            raise InvalidRequestError(f"client_timeout must be in (0, 86400] seconds, got {ct!r}")
+        ct, (lo, hi) = self.client_timeout, CLIENT_TIMEOUT_RANGE
+        if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not lo <= ct <= hi:
+            raise InvalidRequestError(f"client_timeout must be in [{lo:g}, {hi:g}] seconds, "
+                                      f"got {ct!r}")
         check_choices(self)
 
     def _draft_model_config(self, spec: SpeculativeConfig) -> SpeculativeConfig:

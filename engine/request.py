@@ -28,7 +28,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     A msgspec Struct (as vLLM's): the engine-process wire carries it as it is, and
     decoding checks each field's type, then runs __post_init__'s bounds (a failure there
     is a msgspec.ValidationError naming the field); a field this engine does not know is
-    refused, not ignored. The field list is here only."""
+    refused, not ignored. __post_init__ checks every field's type as strictly as the wire
+    does, so a value built in Python is never refused later by the engine process
+    (tests/engine/front/test_validation.py compares the two). The field list is here only."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -58,26 +60,25 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         V.check_int("max_tokens", self.max_tokens, 1, V.MAX_TOKENS)
         V.check_int("top_k", self.top_k, -1, V.MAX_TOP_K)     # -1 or 0: no top-k cut
         V.check_number("temperature", self.temperature, 0, V.MAX_TEMPERATURE)
-        V.check_number("top_p", self.top_p, 0, 1, lo_open=True)
+        V.check_top_p(self.top_p)
         if self.seed is not None:
             V.check_int("seed", self.seed, 0, V.MAX_SEED)
         force_setattr(self, "stop", V.check_stop(self.stop))
         force_setattr(self, "stop_token_ids", V.check_stop_token_ids(self.stop_token_ids))
-        if not isinstance(self.ignore_eos, bool):
-            raise InvalidRequestError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        V.check_bool("ignore_eos", self.ignore_eos)
         self._check_extras()
 
     def _check_extras(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             V.check_number(name, getattr(self, name), -V.MAX_PENALTY, V.MAX_PENALTY)
-        V.check_number("repetition_penalty", self.repetition_penalty, 0,
-                       V.MAX_REPETITION_PENALTY, lo_open=True)
+        V.check_number("repetition_penalty", self.repetition_penalty,
+                       V.MIN_REPETITION_PENALTY, V.MAX_REPETITION_PENALTY)
         V.check_number("min_p", self.min_p, 0, 1)
         V.check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         force_setattr(self, "logit_bias", V.check_logit_bias(self.logit_bias))
         V.check_logprobs("logprobs", self.logprobs)
         V.check_logprobs("prompt_logprobs", self.prompt_logprobs)
-        if self.raw_logprobs and self.logprobs is None:
+        if V.check_bool("raw_logprobs", self.raw_logprobs) and self.logprobs is None:
             raise InvalidRequestError("raw_logprobs needs logprobs (the top-n to show)")
 
     @property

@@ -25,7 +25,11 @@ MAX_STOP_TOKEN_IDS = 1024
 MAX_REQUEST_ID_CHARS = 256
 # vLLM's sampling surface (docs/SAMPLING.md): OpenAI's ranges where OpenAI has one
 MAX_PENALTY = 2.0                 # presence/frequency: OpenAI's [-2, 2]
-MAX_REPETITION_PENALTY = 1e4      # vLLM: > 0; bounded so the logits stay finite
+# the sampler computes in float32: a bound keeps every in-range value meaningful there
+MIN_TOP_P = 2.0 ** -126           # float32's smallest normal number: a smaller top_p is 0
+#                                   (or a subnormal a GPU may flush to 0) and drops every token
+MAX_REPETITION_PENALTY = 1e4      # vLLM: > 0; bounded so the logits stay finite: a logit
+MIN_REPETITION_PENALTY = 1e-4     # is scaled by at most 1e4 either way (1e-40 made them inf)
 MAX_LOGIT_BIAS = 100.0            # OpenAI: a bias in [-100, 100]
 MAX_LOGIT_BIAS_ENTRIES = 1024     # each is a scatter entry of every step: bounded work
 MAX_LOGPROBS = 20                 # vLLM's default max_logprobs; OpenAI's top_logprobs bound
@@ -34,8 +38,9 @@ __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check
            "check_stop_token_ids", "check_priority", "INT32_MAX", "MAX_TOKENS", "MAX_TOP_K",
            "MAX_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
            "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids", "MAX_PENALTY",
-           "MAX_REPETITION_PENALTY", "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS",
-           "check_logit_bias", "check_logprobs"]
+           "MAX_REPETITION_PENALTY", "MIN_REPETITION_PENALTY", "MIN_TOP_P", "MAX_LOGIT_BIAS",
+           "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS",
+           "check_logit_bias", "check_logprobs", "check_bool", "check_top_p"]
 
 
 def _show(value) -> str:
@@ -60,6 +65,24 @@ def check_number(name: str, value, lo: float, hi: float, lo_open: bool = False) 
     if not inside:
         raise InvalidRequestError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], "
                                   f"got {_show(value)}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """A bool, as the wire decodes one (1 and "true" are not)."""
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be a boolean, got {_show(value)}")
+    return value
+
+
+def check_top_p(value) -> float:
+    """(0, 1], and not below float32's smallest normal number (MIN_TOP_P): the sampler's
+    float32 copy of a smaller value is 0, which keeps no token (a NaN row, token 0)."""
+    check_number("top_p", value, 0, 1, lo_open=True)
+    if value < MIN_TOP_P:
+        raise InvalidRequestError(f"top_p must be at least {MIN_TOP_P:.4g} (float32's smallest "
+                                  f"normal number; the sampler computes in float32, where a "
+                                  f"smaller top_p is 0 and keeps no token), got {_show(value)}")
     return value
 
 

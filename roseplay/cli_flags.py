@@ -4,7 +4,8 @@
 SchedulerConfig (`--max-num-batched-tokens`, `--enable-prefix-caching/--no-...`), with
 help, choices and minimum taken from the field metadata. Flags default to None (not
 given), so `engine_kwargs(args)` returns only what the user set and make_config fills
-in the engine's own defaults. `parse_knob_value` converts text ("true", "224") to a
+in the engine's own defaults. A field with `metadata["check"]` (speculative_config's
+JSON) is parsed by it as the flag is read: a bad value is argparse's error, exit 2. `parse_knob_value` converts text ("true", "224") to a
 field's type (for `bench --ab KNOB=V1,V2`).
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from engine.config import EngineConfig, SchedulerConfig, knob_fields
+from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, knob_fields
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -61,6 +62,7 @@ def _converter(f: dataclasses.Field):
     typ = _base_type(f)
     minimum = f.metadata.get("minimum")
     choices = f.metadata.get("choices")
+    check = f.metadata.get("check")      # e.g. speculative_config's JSON: parsed here too
 
     def convert(text: str):
         if _optional(f) and str(text).strip().lower() in ("none", "auto", ""):
@@ -77,6 +79,11 @@ def _converter(f: dataclasses.Field):
         if choices and value not in choices:
             raise argparse.ArgumentTypeError(
                 f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+        if check is not None:
+            try:
+                check(value)          # the text itself goes on: the engine parses it again
+            except InvalidRequestError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
         return value
 
     convert.__name__ = typ.__name__     # argparse names the type in its errors

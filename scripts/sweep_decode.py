@@ -1,8 +1,10 @@
-"""Decode attention as the engine's graphs run it: 24 layers' calls in one CUDA graph,
-contexts like W1's decode phase (513..640 tokens), a block table as wide as the engine's
-max_model_len (8192 tokens = 512 blocks), per batch size and kernel variant.
+"""Decode attention as the engine's graphs run it: every layer's call in one CUDA graph,
+contexts like W1's decode phase (513..640 tokens, or --ctx LO,HI), a block table as wide
+as the engine's max_model_len (8192 tokens = 512 blocks), per batch size and kernel
+variant, on a preset's attention shape (--model: qwen2.5-0.5b 24 layers x 2 KV heads x 7
+query heads each x 64; qwen3-0.6b 28 x 8 x 2 x 128).
 
-PYTHONPATH=. python3 scripts/sweep_decode.py [--batches 1,16,64,256] [--quick]
+PYTHONPATH=. python3 scripts/sweep_decode.py [--model dummy:qwen3-0.6b] [--batches 1,16,64,256] [--ctx 513,640] [--quick]
 
 Variants are the tuning constants of kernels/decode_attention.py (DYNAMIC_MIN_TOKENS,
 TARGET_PROGRAMS_PER_SM, NUM_STAGES) and the tile (block_n); "base" is the shipped set. Prints us per call
@@ -19,12 +21,15 @@ import torch
 sys.path.insert(0, os.getcwd())
 import kernels.decode_attention as da  # noqa: E402
 
-LAYERS, PAGE, KVH, GROUP, D, WIDTH = 24, 16, 2, 7, 64, 512
+PAGE, WIDTH = 16, 512
+SHAPES = {"dummy:qwen2.5-0.5b": (24, 2, 7, 64), "dummy:qwen3-0.6b": (28, 8, 2, 128)}
+LAYERS, KVH, GROUP, D = SHAPES["dummy:qwen2.5-0.5b"]
+CTX = (513, 640)
 
 
 def make(batch: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(513, 641, (batch,), generator=g, dtype=torch.int32)
+    lens = torch.randint(CTX[0], CTX[1] + 1, (batch,), generator=g, dtype=torch.int32)
     need = [(int(n) + PAGE - 1) // PAGE for n in lens]
     blocks = sum(need)
     perm = torch.randperm(blocks, generator=g)
@@ -69,7 +74,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--quick", action="store_true", help="fewer variants")
+    ap.add_argument("--model", default="dummy:qwen2.5-0.5b", choices=sorted(SHAPES))
+    ap.add_argument("--ctx", default="513,640", help="context lengths drawn from LO..HI")
     a = ap.parse_args()
+    global LAYERS, KVH, GROUP, D, CTX
+    LAYERS, KVH, GROUP, D = SHAPES[a.model]
+    CTX = tuple(map(int, a.ctx.split(",")))
     grid = dict(DYNAMIC_MIN_TOKENS=[64, 128], TARGET_PROGRAMS_PER_SM=[4, 8, 16],
                 NUM_STAGES=[2, 3, 4], block_n=[64, 128])
     if a.quick:

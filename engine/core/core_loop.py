@@ -119,7 +119,7 @@ class CoreLoop:
     def run(self) -> None:
         try:
             while not self.stopped:
-                self._drain_commands()
+                commanded = self._drain_commands()
                 self._sync_pause()
                 if self._should_step():
                     self._idle_published = False
@@ -130,8 +130,10 @@ class CoreLoop:
                     self._publish_stats(0.0 if self._busy else STATS_IDLE_INTERVAL)
                     if self._busy and self.on_idle is not None:
                         self.on_idle()     # work nobody waits for: between bursts
+                    # the state after the last step and command (barriers, wait_idle and
+                    # watchers read it); else only the periodic one, for watchers
+                    self._publish(force=self._busy or commanded)
                     self._busy = False
-                    self._publish(force=True)
                     with self._idle:
                         self._idle_published = not self._commands
                         self._idle.notify_all()
@@ -165,9 +167,12 @@ class CoreLoop:
             for callback in barriers:
                 callback(self._snapshot)
 
-    def _drain_commands(self) -> None:
+    def _drain_commands(self) -> bool:
+        """Run the posted commands; True if there were any."""
+        commanded = bool(self._commands)
         while self._commands:
             self._commands.popleft()()
+        return commanded
 
     def _sync_pause(self) -> None:
         """Paused: no step stays in flight (one step per key press) and the clock stops."""

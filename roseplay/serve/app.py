@@ -82,8 +82,10 @@ class ServeState:
 
 def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
     config = config or ServeConfig()
+    # no trailing-slash redirects: POST /v1/completions/ is a 404 in OpenAI's format
+    # naming the route, not a 307 with an empty body
     app = FastAPI(title="roseplay", description="OpenAI-compatible server on the roseplay engine",
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None, redirect_slashes=False)
     app.state.serve = ServeState(loop, config)
     install_handlers(app)
     app.include_router(router)

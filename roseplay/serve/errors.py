@@ -1,9 +1,10 @@
 """OpenAI-format errors: {"error": {"message", "type", "param", "code"}} with the right status.
 
 Every failure leaves the server in this shape: engine InvalidRequestError and the request
-models' msgspec validation (protocol.parse_body) -> 400 (not FastAPI's 422), missing/wrong API key -> 401, unknown model ->
-404, body over the limit -> 413, waiting queue over --max-waiting -> 429, engine stopped
--> 503. The API-key check and the body limit are in a plain ASGI middleware (gate.py),
+models' msgspec validation (body.parse_body) -> 400 (not FastAPI's 422), missing/wrong API
+key -> 401, unknown model or path (a trailing slash included: no redirect) -> 404, body
+over the limit -> 413, waiting queue over --max-waiting -> 429, engine stopped -> 503; a
+client that leaves while its body is read gets 499 (logged, no traceback). The API-key check and the body limit are in a plain ASGI middleware (gate.py),
 so they act before FastAPI reads or parses anything.
 """
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import functools
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from engine.config import InvalidRequestError
 
@@ -82,7 +85,27 @@ def install_handlers(app: FastAPI) -> None:
         # still a bug (Starlette logs the traceback), but the client gets OpenAI's format
         return error_response(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):
+        # the client left while its body was read: nobody reads an answer, and it is
+        # no server error (no traceback); 499 as nginx logs it
+        return Response(status_code=499)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return error_response(OpenAIError(exc.status_code, str(exc.detail),
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = _not_found(app, request.scope)
+        return error_response(OpenAIError(exc.status_code, message,
                                            code=_CODES.get(exc.status_code)))
+
+
+def _not_found(app: FastAPI, scope) -> str:
+    """404's message; a known route with a trailing slash says which path it meant (the
+    app does not redirect: a 307 with an empty body is no answer an OpenAI client reads)."""
+    path = scope["path"]
+    bare = {**scope, "path": path.rstrip("/")}
+    if bare["path"] != path and any(r.matches(bare)[0] is not Match.NONE
+                                    for r in app.router.routes):
+        return f"Not Found: {path} (the route is {bare['path']}, without the trailing slash)"
+    return f"Not Found: {path}"

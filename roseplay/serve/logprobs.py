@@ -1,4 +1,4 @@
-"""OpenAI's logprobs formats, logit_bias keys and best_of, from the engine's TokenLogprobs
+"""OpenAI's logprobs formats and best_of, from the engine's TokenLogprobs
 (engine/outputs.py: entry 0 the sampled token, then the top n).
 
 Completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
@@ -7,30 +7,17 @@ Completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{token: logp
 does (a piece of a multi-byte character shows as U+FFFD, and `bytes` is that string's
 UTF-8; a model without a tokenizer shows "token_id:N"). A -inf logprob (a token top-k or min_p
 removed, under processed_logprobs) is written as -9999.0, as vLLM does: JSON has no
-infinity.
+infinity. Echoed prompt logprobs come as JSON already encoded (msgspec.Raw columns), once
+per prompt.
 """
 from __future__ import annotations
 
 import math
 
-from roseplay.serve.errors import invalid
+import msgspec
 
 MIN_LOGPROB = -9999.0
-
-
-def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI sends token ids as JSON object keys (strings): -> {int: float}."""
-    if not bias:
-        return None
-    out = {}
-    for key, value in bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise invalid(f"logit_bias keys must be token ids (integers), got {key[:40]!r}",
-                          "logit_bias") from None
-        out[token] = value
-    return out
+_encode = msgspec.json.Encoder().encode
 
 
 def _finite(value: float) -> float:
@@ -45,6 +32,7 @@ class LogprobsWriter:
         self.text_start = text_start
         self._offsets: dict[int, int] = {}      # completions: next text_offset per choice
         self._texts: dict[int, str] = {}
+        self._prompts: dict[int, tuple] = {}    # echo: id(prompt list) -> (it, columns, end)
 
     def token_text(self, token_id: int) -> str:
         text = self._texts.get(token_id)
@@ -62,17 +50,36 @@ class LogprobsWriter:
 
     def echo(self, index: int, first_token: int, prompt_logprobs, entries) -> dict | None:
         """Completions `echo` + `logprobs` (OpenAI legacy): the prompt's tokens first (the
-        first with null logprob and top_logprobs: nothing predicts it), then the output's."""
+        first with null logprob and top_logprobs: nothing predicts it), then the output's.
+        The prompt's part is formatted once per prompt: its n choices share the list
+        (roseplay/serve/siblings.py), and their responses share its entries."""
         if self.n is None or prompt_logprobs is None:
             return self.format(index, entries)
+        head, end = self._prompt_part(first_token, prompt_logprobs)
+        self._offsets[index] = end
+        out = self._completion(index, [e for e in entries or () if e is not None])
+        return {key: msgspec.Raw(b"".join((b"[", head[key], b"," if out[key] else b"",
+                                           _encode(out[key])[1:-1], b"]")))
+                for key in head}
+
+    def _prompt_part(self, first_token: int, prompt_logprobs) -> tuple[dict, int]:
+        """The prompt's columns as JSON (each list's items, without the brackets) and
+        the text offset after it: formatted and encoded once per prompt list, so n
+        choices cost n copies of its bytes, not n times the work (with logprobs 20 on a
+        1000-token prompt, 21,000 entries a choice)."""
+        cached = self._prompts.get(id(prompt_logprobs))
+        if cached is not None and cached[0] is prompt_logprobs:
+            return cached[1], cached[2]
         first = self.token_text(first_token)
-        self._offsets[index] = len(first)
-        out = self._completion(index, [e for e in (*prompt_logprobs[1:], *(entries or ()))
-                                       if e is not None])
+        self._offsets[-1] = len(first)
+        head = self._completion(-1, [e for e in prompt_logprobs[1:] if e is not None])
         for key, value in (("tokens", first), ("token_logprobs", None), ("top_logprobs", None),
                            ("text_offset", 0)):
-            out[key].insert(0, value)
-        return out
+            head[key].insert(0, value)
+        encoded = {key: _encode(column)[1:-1] for key, column in head.items()}
+        end = self._offsets.pop(-1)
+        self._prompts[id(prompt_logprobs)] = (prompt_logprobs, encoded, end)
+        return encoded, end
 
     def _top(self, e) -> list[tuple[int, float]]:
         return list(zip(e.token_ids[1:1 + self.n], e.logprobs[1:1 + self.n]))

@@ -4,9 +4,9 @@ Text is tokenized here with the engine's tokenizer (`tokenizer.encode`, as the e
 itself would), so the server knows every prompt's length: it fills in the default
 max_tokens (the rest of the context, as vLLM) and refuses prompt + max_tokens over
 max_model_len with vLLM's 400 message instead of silently cutting the output. The
-routes call these on a worker thread when the prompt is long (tokenizing one takes
-seconds), on the event loop when it is short (`on_loop`: the thread hop costs more than
-the work); every 400 names its request field (`param`).
+routes call these on a worker thread when the prompt is long or has many parts (a
+tokenizer or template pass each), on the event loop when it is short (`on_loop`: the
+thread hop costs more than the work); every 400 names its request field (`param`).
 """
 from __future__ import annotations
 
@@ -29,19 +29,29 @@ class EngineInputs:
 
 MAX_CHOICES = 1024     # prompts x n of one request: each is an engine request
 # at most this much prompt is turned into inputs on the event loop (about 0.4 ms of
-# tokenizing, or of decoding token ids, on one core); more goes to a worker thread
+# tokenizing, or of decoding token ids, on one core); more goes to a worker thread.
+# Items (prompts, chat messages, content parts) count too: each costs a template pass or
+# a tokenizer call whatever its length (120,000 empty messages took 6 s on the loop)
 ON_LOOP_TEXT_CHARS = 1024
 ON_LOOP_TOKEN_IDS = 2048
+ON_LOOP_ITEMS = 16
 
 
 def on_loop(req: SamplingFields) -> bool:
     """Whether the request's inputs are cheap enough to build on the event loop."""
     chars = ids = 0
     if isinstance(req, ChatCompletionRequest):
+        items = len(req.messages) + sum(len(m.content) for m in req.messages
+                                        if isinstance(m.content, list))
+        if items > ON_LOOP_ITEMS:
+            return False
         chars = sum(len(m.text()) for m in req.messages)
     else:
-        for p in (req.prompt if isinstance(req.prompt, list) and req.prompt
-                  and not isinstance(req.prompt[0], int) else [req.prompt]):
+        prompts = (req.prompt if isinstance(req.prompt, list) and req.prompt
+                   and not isinstance(req.prompt[0], int) else [req.prompt])
+        if len(prompts) > ON_LOOP_ITEMS:
+            return False
+        for p in prompts:
             if isinstance(p, str):
                 chars += len(p)
             else:
@@ -83,7 +93,7 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
             max_model_len: int) -> EngineInputs:
     """n choices per prompt (best_of candidates: the routes keep the n best): choice
     index = prompt_index * n + i (OpenAI's order)."""
-    all_prompts, params = [], []
+    all_prompts, params, bias = [], [], req.logit_bias_ids()
     for p in prompts:
         n_prompt = len(p["prompt_token_ids"])
         if n_prompt == 0:
@@ -91,7 +101,7 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
         max_tokens = _max_tokens(requested, n_prompt, max_model_len)
         for i in range(req.num_candidates):
             all_prompts.append(p)
-            params.append(req.sampling_params(max_tokens, seed_offset=i))
+            params.append(req.sampling_params(max_tokens, i, bias))
     return EngineInputs(all_prompts, params, [len(p["prompt_token_ids"]) for p in prompts],
                         [p.get("prompt") for p in prompts])
 

@@ -8,13 +8,13 @@ OpenAI and vLLM do.
 Types are strict (JSON's): `true` is not an integer and `"5"` not a number, so a
 client's type mistake gets a 400 naming the field instead of a surprising meaning.
 Request bodies are msgspec Structs decoded from the raw bytes in one typed pass
-(`parse_body`): ~15x cheaper than json.loads + pydantic for a 512-id prompt, which
-every request pays before its first token (docs/SERVE.md "Admission").
+(roseplay/serve/body.py `parse_body`); every list carries its bound as msgspec `Meta`,
+and the fields that are costly to build and refused when large (logit_bias, and the
+tools/tool_choice/response_format this engine refuses) are kept raw until their size
+is known.
 """
 from __future__ import annotations
 
-import json
-import re
 import time
 from typing import Annotated, Literal
 
@@ -24,34 +24,29 @@ from pydantic import BaseModel, Field
 
 from engine.config import InvalidRequestError
 from engine.request import SamplingParams
-from engine.validation import MAX_LOGPROBS
+from engine.validation import (MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_SEED, MAX_STOP_STRINGS,
+                               MAX_STOP_TOKEN_IDS)
+from roseplay.serve.body import parse_logit_bias, raw_field, raw_value
 from roseplay.serve.errors import invalid
-from roseplay.serve.logprobs import parse_logit_bias
 
 MAX_N = 128     # choices per request (each one is an engine request)
+# a chat's messages: each renders as at least a few tokens, so more never fits a context;
+# the bound keeps a body of empty messages from costing seconds of templating
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 1024           # text parts of one message's content
+_SMALL_JSON = 4096                 # refused fields are read only this far (tool_choice...)
+_BIG = object()
 
 
-def _check_utf8(value, param: str) -> None:
-    """Refuse lone surrogates (JSON's "\\ud800" escapes decode to them): no tokenizer,
-    stop matcher or wire codec can encode them to UTF-8."""
-    if isinstance(value, str):
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise invalid(f"{param} is not valid Unicode (a lone surrogate)",
-                              param) from None
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            if type(item) is not int:       # token-id prompts: nothing to check, skip fast
-                _check_utf8(item, param)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_utf8(key, param)
-            _check_utf8(item, param)
-    elif isinstance(value, msgspec.Struct):
-        for name in value.__struct_fields__:
-            _check_utf8(getattr(value, name), param)
+def _small_json(raw, param: str):
+    """A raw field's value when absent/null (None) or small; _BIG when larger."""
+    data = raw_value(raw)
+    if data is None or len(data) > _SMALL_JSON:
+        return None if data is None else _BIG
+    try:
+        return msgspec.json.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"{param} is not valid JSON: {exc}", param) from None
 
 
 class _Request(msgspec.Struct, kw_only=True):
@@ -69,15 +64,16 @@ class SamplingFields(_Request, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None                 # vLLM extra
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # vLLM extra
+    seed: Annotated[int, Meta(ge=0)] | None = None      # <= MAX_SEED: check_supported
+    stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[int], Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False                 # vLLM extra
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: raw_field({"type": "object", "additionalProperties": {"type": "number"},
+                           "maxProperties": MAX_LOGIT_BIAS_ENTRIES}) = msgspec.UNSET
     repetition_penalty: float | None = None  # vLLM extras: repetition_penalty, min_p, min_tokens
     min_p: float | None = None
     min_tokens: int = 0
@@ -88,10 +84,19 @@ class SamplingFields(_Request, kw_only=True):
     def check_supported(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true")
+        last = self.num_candidates - 1
+        if self.seed is not None and self.seed > MAX_SEED - last:
+            raise invalid(f"seed must be at most {MAX_SEED - last} with {last + 1} choices "
+                          f"(choice i samples with seed + i, at most {MAX_SEED}), got "
+                          f"{self.seed}", "seed")
 
-    def sampling_params(self, max_tokens: int, seed_offset: int = 0) -> SamplingParams:
-        """One choice's SamplingParams (choice i of a seeded request gets seed + i)."""
-        seed = None if self.seed is None else self.seed + seed_offset
+    def sampling_params(self, max_tokens: int, choice: int = 0,
+                        logit_bias: dict[int, float] | None = None) -> SamplingParams:
+        """The SamplingParams of a prompt's choice (or best_of candidate) `choice`: a
+        seeded request's choice i gets seed + i; only choice 0 asks for the prompt's
+        logprobs, which the routes show for all (one computation per prompt however
+        large n: roseplay/serve/siblings.py)."""
+        seed = None if self.seed is None else self.seed + choice
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -102,9 +107,13 @@ class SamplingFields(_Request, kw_only=True):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            logit_bias=parse_logit_bias(self.logit_bias),
-            min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
-            logprobs=self.engine_logprobs, prompt_logprobs=self.prompt_logprobs_asked)
+            logit_bias=logit_bias, min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
+            logprobs=self.engine_logprobs,
+            prompt_logprobs=self.prompt_logprobs_asked if choice == 0 else None)
+
+    def logit_bias_ids(self) -> dict[int, float] | None:
+        """logit_bias with int keys (read once per request, shared by its choices)."""
+        return parse_logit_bias(self.logit_bias)
 
     @property
     def num_logprobs(self) -> int | None:
@@ -192,7 +201,7 @@ class TextPart(_Request, kw_only=True):
 
 class ChatMessage(_Request, kw_only=True):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -202,28 +211,33 @@ class ChatMessage(_Request, kw_only=True):
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
-    response_format: dict | None = None
+    # refused unless empty or their default: kept raw, read only when small
+    tools: raw_field({"type": "array", "items": {"type": "object"}}) = msgspec.UNSET
+    tool_choice: raw_field({"anyOf": [{"type": "string"}, {"type": "object"}]}) = msgspec.UNSET
+    response_format: raw_field({"type": "object"}) = msgspec.UNSET
     add_generation_prompt: bool = True       # vLLM extra
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
-        if self.tools:
-            raise InvalidRequestError("tools are not supported by this engine")
-        if self.tool_choice not in (None, "none", "auto"):
+        if _small_json(self.tools, "tools"):
+            raise invalid("tools are not supported by this engine", "tools")
+        choice = _small_json(self.tool_choice, "tool_choice")
+        if choice not in (None, "none", "auto"):
             # "required" or a named tool with no tools: OpenAI refuses it too
-            raise InvalidRequestError(f"tool_choice {self.tool_choice!r} needs tools, and "
-                                      "tools are not supported by this engine")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise InvalidRequestError("response_format: only {'type': 'text'} is supported")
+            shown = "of this size" if choice is _BIG else repr(choice)[:80]
+            raise invalid(f"tool_choice {shown} needs tools, and tools are not supported "
+                          "by this engine", "tool_choice")
+        fmt = _small_json(self.response_format, "response_format")
+        if fmt and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+            raise invalid("response_format: only {'type': 'text'} is supported",
+                          "response_format")
 
     @property
     def num_logprobs(self) -> int | None:
@@ -233,48 +247,6 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
-
-
-_AT = re.compile(r"^(.*?)(?: - at `\$\.?([^`]*)`)?$", re.S)
-_MISSING = re.compile(r"missing required field `(\w+)`")
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def parse_body(model: type[_Request], body: bytes) -> _Request:
-    """The request model from the raw body, or a 400 naming the field (`param`).
-    msgspec refuses JSON's lone-surrogate escapes as malformed, so such a body is read
-    again by the json module and its strings checked: a 400 that names the field."""
-    try:
-        return msgspec.json.decode(body, type=model)
-    except msgspec.ValidationError as exc:
-        raise _field_error(exc) from None
-    except msgspec.DecodeError:
-        pass
-    try:
-        obj = json.loads(body, parse_constant=_no_constant)
-    except ValueError as exc:
-        where = f" at character {exc.pos}" if hasattr(exc, "pos") else ""
-        raise invalid(f"JSON decode error{where}: {getattr(exc, 'msg', exc)}", None) from None
-    try:
-        req = msgspec.convert(obj, type=model)
-    except msgspec.ValidationError as exc:
-        raise _field_error(exc) from None
-    for name in req.__struct_fields__:
-        _check_utf8(getattr(req, name), name)
-    return req
-
-
-def _field_error(exc: msgspec.ValidationError) -> InvalidRequestError:
-    """msgspec's "Expected `int`, got `bool` - at `$.max_tokens`" -> "max_tokens:
-    Expected `int`, got `bool`" with param "max_tokens" (the top-level field)."""
-    message, path = _AT.match(str(exc)).groups()
-    if path:
-        return invalid(f"{path}: {message}", re.match(r"\w*", path).group() or None)
-    missing = _MISSING.search(message)
-    return invalid(message, missing.group(1) if missing else None)
 
 
 def openapi_schemas(models: tuple[type[_Request], ...]) -> tuple[list[dict], dict]:

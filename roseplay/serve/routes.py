@@ -6,24 +6,29 @@ writes the endpoint's JSON). Streaming is SSE (`data: {json}\\n\\n` ... `data: [
 written by roseplay/serve/streaming.py: a chunk per engine step delta while the
 server keeps up, coalesced per choice when it does not; TTFT at the client is the first
 chunk. The chat role is sent with a choice's first tokens (not before), like vLLM, so a client's
-first chunk really is the first token.
+first chunk really is the first token. A big non-streamed response is built on a worker
+thread (`_json_response`); completions echo + logprobs with n > 1 computes the prompt's
+logprobs once (roseplay/serve/siblings.py).
 """
 from __future__ import annotations
 
 import asyncio
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from roseplay.serve import prompts as inputs
+from roseplay.serve.body import parse_body
 from roseplay.serve.bridge import Generation, new_id
 from roseplay.serve.errors import OpenAIError, error_body
 from roseplay.serve.logprobs import LogprobsWriter, best_of
 from roseplay.serve.protocol import (ChatChoice, ChatCompletionRequest,
                                      ChatCompletionResponse, ChatMessageOut, CompletionChoice,
                                      CompletionRequest, CompletionResponse, ModelCard,
-                                     ModelList, openapi_schemas, parse_body, usage)
+                                     ModelList, openapi_schemas, usage)
+from roseplay.serve.siblings import PromptLogprobs, SharedPromptLogprobs
 from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body, usage_chunk
 
 router = APIRouter()
@@ -88,6 +93,7 @@ class CompletionFormat:
                  tokenizer=None):
         self.req, self.id, self.model, self.ins = req, rid, model, ins
         self.logprobs = LogprobsWriter(tokenizer, req.num_logprobs, self.prefix == "chatcmpl")
+        self.prompt_logprobs = PromptLogprobs(req.num_candidates)   # choice 0's, shared
 
     def _echo(self, index: int) -> str:
         return (self.ins.prompt_texts[index // self.req.n] or "") if self.req.echo else ""
@@ -95,19 +101,33 @@ class CompletionFormat:
     def _choice_logprobs(self, c) -> dict | None:
         if not self.req.echo or c.output is None:
             return self.logprobs.format(c.index, _logprobs(c))
-        o = c.output
-        return self.logprobs.echo(c.index, o.prompt_token_ids[0], o.prompt_logprobs, _logprobs(c))
+        return self.logprobs.echo(c.index, c.output.prompt_token_ids[0],
+                                  self.prompt_logprobs.get(c.index // self.req.n), _logprobs(c))
+
+    def streamed(self, gen):
+        """The Generation as the SSE response reads it: with n > 1 and echo + logprobs,
+        siblings wait for choice 0's prompt logprobs (roseplay/serve/siblings.py)."""
+        shared = self.req.prompt_logprobs_asked is not None and self.req.n > 1
+        return SharedPromptLogprobs(gen, self.req.n) if shared else gen
+
+    def response_size(self, choices) -> int:
+        """Tokens the response writes, each with its logprobs entries: what building it
+        costs (echo writes the prompt once per choice)."""
+        echo = getattr(self.req, "echo", False)       # completions only
+        echoed = sum(self.ins.prompt_lens) * self.req.n if echo else 0
+        tokens = echoed + sum(len(c.token_ids) for c in choices)
+        return tokens * (1 if self.req.num_logprobs is None else 2 + self.req.num_logprobs)
 
     def usage_chunk(self, u) -> bytes:
         return usage_chunk(self.id, "text_completion", self.model, u)
 
     def response(self, choices, u) -> dict:
         out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c),
-                                logprobs=self._choice_logprobs(c),
                                 finish_reason=_finish_reason(c.finish_reason),
                                 token_ids=c.token_ids if self.req.return_token_ids else None)
                for c in choices]
-        return CompletionResponse(id=self.id, model=self.model, choices=out, usage=u).model_dump()
+        body = CompletionResponse(id=self.id, model=self.model, choices=out, usage=u).model_dump()
+        return _with_logprobs(body, [self._choice_logprobs(c) for c in choices])
 
 
 class ChatFormat(CompletionFormat):
@@ -118,11 +138,21 @@ class ChatFormat(CompletionFormat):
 
     def response(self, choices, u) -> dict:
         out = [ChatChoice(index=c.index, message=ChatMessageOut(content=_text(c)),
-                          logprobs=self.logprobs.format(c.index, _logprobs(c)),
                           finish_reason=_finish_reason(c.finish_reason),
                           token_ids=c.token_ids if self.req.return_token_ids else None)
                for c in choices]
-        return ChatCompletionResponse(id=self.id, model=self.model, choices=out, usage=u).model_dump()
+        body = ChatCompletionResponse(id=self.id, model=self.model, choices=out,
+                                      usage=u).model_dump()
+        return _with_logprobs(body, [self.logprobs.format(c.index, _logprobs(c))
+                                     for c in choices])
+
+
+def _with_logprobs(body: dict, logprobs: list) -> dict:
+    """The response's choices with their logprobs, set after the pydantic models (which
+    give the shape) have been dumped: dumping would walk and copy every entry again."""
+    for choice, lps in zip(body["choices"], logprobs):
+        choice["logprobs"] = lps
+    return body
 
 
 def _text(c) -> str:
@@ -169,7 +199,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority)
     st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
-        return SSEResponse(gen, fmt)
+        return SSEResponse(fmt.streamed(gen), fmt)
     try:
         choices = await _until_disconnect(request, gen.results())
     finally:
@@ -178,9 +208,31 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
         return Response(status_code=499)
     if (err := _first_error(choices)) is not None:
         raise OpenAIError(getattr(gen, "error_status", 500), err)
+    fmt.prompt_logprobs.keep(choices)
     if req.num_candidates > req.n:
         choices = best_of(choices, req.n, req.num_candidates)
-    return JSONResponse(fmt.response(choices, _usage(fmt, choices)))
+    return await _json_response(fmt, choices)
+
+
+# a response of more tokens (x logprobs entries) than this is built on a worker thread:
+# echo + logprobs 20 + n 128 on a 1000-token prompt is 69 MiB of JSON, seconds of work
+# that held /health and every stream on the event loop
+ON_LOOP_RESPONSE_TOKENS = 4096
+_encode_json = msgspec.json.Encoder().encode
+
+
+async def _json_response(fmt, choices) -> Response:
+    """The non-streamed response's JSON, encoded by msgspec; built off the event loop
+    when it is big (the worker thread holds the GIL in turns of 5 ms, so the loop and
+    its streams go on)."""
+    def build() -> bytes:
+        body = fmt.response(choices, _usage(fmt, choices))
+        # a choice at a time: no single encode holds the GIL for the whole response
+        body["choices"] = [msgspec.Raw(_encode_json(c)) for c in body["choices"]]
+        return _encode_json(body)
+    big = fmt.response_size(choices) > ON_LOOP_RESPONSE_TOKENS
+    body = await asyncio.to_thread(build) if big else build()
+    return Response(body, media_type="application/json")
 
 
 async def completions(request: Request):
@@ -226,7 +278,10 @@ async def models(request: Request):
 
 @router.get("/health")
 async def health(request: Request):
-    error = _state(request).engine_error()
+    """200 while requests can be served; 503 while they cannot: the engine is gone, or
+    it dropped this server, which is attaching again (engine/front/attach.py)."""
+    st = _state(request)
+    error = st.engine_error() or getattr(st.loop, "unavailable", None)
     if error:
         return JSONResponse(error_body(503, error), status_code=503)
     return Response(status_code=200)

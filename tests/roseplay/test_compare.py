@@ -139,6 +139,7 @@ def test_both_engines_serve_the_same_prompts():
         src.close()
 
 
+@pytest.mark.slow
 def test_engine_processes_load_at_once_and_both_serve(monkeypatch):
     """--compare spawns both engine processes before waiting for either (they load in
     parallel), then each client takes its process over; both serve; close stops both."""
@@ -196,7 +197,7 @@ async def test_compare_screen_keys_change_both_sides_but_the_compared_knob(monke
         assert [k.enable_prefix_caching for k in (s.knobs for s in src.sides)] == [True, True]
         assert [s.knobs.max_num_batched_tokens for s in src.sides] == [64, 512]
         assert src.workload()["scenario"] == "mixed"
-        assert await wait_for(pilot, lambda: "skipped max_num_batched_tokens" in notices(app), 5)
+        assert await wait_for(pilot, lambda: "skipped max_num_batched_tokens" in notices(app), 30)
         await pilot.press("q")
 
 
@@ -285,6 +286,7 @@ def test_replay_flag_opens_a_compare_recording_side_by_side():
     assert type(app) is RoseplayApp and app.slos == {"ttft": 100.0}
 
 
+@pytest.mark.slow
 @sync
 async def test_random_keys_and_resizes_never_break_the_compare_screen(monkeypatch):
     fast_idle(monkeypatch)

@@ -13,7 +13,7 @@ from engine.config import DEFAULT_CPU_BLOCKS
 from roseplay.compare import parse_compare, start_compare
 from roseplay.compare_app import CompareApp, greedy_workload
 from roseplay.widgets.agreement import TokenAgreement
-from roseplay.widgets.kv_map import pool_title
+from roseplay.widgets.kv_panel import pool_title
 from tests.roseplay.tui_helpers import ENGINE, fast_idle, screen_text, sync, wait_for
 
 pytestmark = pytest.mark.timeout(180)

@@ -14,7 +14,7 @@ from roseplay.widgets.requests import fmt_ms
 from roseplay.widgets.step_strip import STRIP_MAX, StepStrip
 from roseplay.widgets.timing import TimingStats
 from roseplay.widgets.token_choice import pct, token_label
-from tests.roseplay.tui_helpers import (fast_idle, live_source, screen_text, settle, sync,
+from tests.roseplay.tui_helpers import (fast_idle, live_source, notices, screen_text, settle, sync,
                                         wait_for, widget_text)
 
 pytestmark = pytest.mark.timeout(240)
@@ -89,7 +89,7 @@ async def test_the_ttft_split_adds_up_in_selected_and_timing(monkeypatch):
                                   enable_prefix_caching=False), concurrency=5, input_len=40)
     app = RoseplayApp(source=src)
     try:
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=(200, 60)) as pilot:    # every part whole (120x40: cut)
             snap = await _paused(pilot, app, src, lambda s: any(
                 r.state == "finished" and r.prefill_chunks > 1 for r in s.requests) and any(
                 r.queued_time and r.queued_time > 0.05 for r in s.requests if r.ttft))
@@ -166,8 +166,7 @@ async def test_w_says_why_a_request_has_no_trace(monkeypatch):
             app.requests.select(plain.request_id)
             await pilot.press("w")
             await pilot.pause()
-            assert any(f"{plain.request_id} has no token trace" in n.message
-                       for n in app._notifications)
+            assert f"{plain.request_id} has no token trace" in notices(app)
             assert "Tokens of" not in screen_text(app)
     finally:
         src.close()

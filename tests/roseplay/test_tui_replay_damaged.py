@@ -18,7 +18,7 @@ from roseplay.replay import Recording
 from roseplay.source import ReplaySource
 from tests.roseplay.tui_helpers import SESSION, notices, screen_text, wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -85,7 +85,7 @@ def test_a_truncated_file_replays_in_the_app_and_says_where_it_ends(tmp_path):
     async def run():
         app = RoseplayApp(source=src)
         async with app.run_test(size=(120, 40)) as pilot:
-            assert await wait_for(pilot, lambda: "cut off" in notices(app), 5)
+            assert await wait_for(pilot, lambda: "cut off" in notices(app), 30)
             src.seek(len(src.recording) - 1)
             app.refresh_panels()
             await pilot.pause()

@@ -79,6 +79,29 @@ FIXED = [
     ("tool-choice-named", "chat/completions", {**GOOD_CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
     ("response-format-json", "chat/completions", {**GOOD_CHAT, "response_format": {"type": "json_object"}}),
     ("max-completion-tokens-bool", "chat/completions", {**GOOD_CHAT, "max_completion_tokens": False}),
+    # bodies that are not UTF-8, nested past the decoder's limit, or a path with a slash
+    ("invalid-utf8", "completions", b'{"model": "default", "prompt": "a\xff\xfeb", "max_tokens": 1}'),
+    ("invalid-utf8-logit-bias", "completions", b'{"model": "default", "prompt": "x", "logit_bias": {"1": "\xff"}}'),
+    ("deep-nesting-unknown-field", "completions", b'{"model": "default", "prompt": "x", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}"),
+    ("trailing-slash", "completions/", GOOD),
+    # in range as Python floats, 0 or infinite in the sampler's float32
+    ("top-p-underflow", "completions", {**GOOD, "top_p": 1e-300}),
+    ("top-p-subnormal", "completions", {**GOOD, "top_p": 1e-46}),
+    ("repetition-penalty-tiny", "completions", {**GOOD, "repetition_penalty": 1e-300}),
+    ("repetition-penalty-1e-40", "completions", {**GOOD, "repetition_penalty": 1e-40}),
+    # logit_bias keys: token ids in decimal only, each once, at most 1,024
+    ("logit-bias-key-spaces", "completions", {**GOOD, "logit_bias": {" 5 ": 1}}),
+    ("logit-bias-key-plus", "completions", {**GOOD, "logit_bias": {"+5": 1}}),
+    ("logit-bias-key-underscore", "completions", {**GOOD, "logit_bias": {"5_0": 1}}),
+    ("logit-bias-key-arabic-digit", "completions", {**GOOD, "logit_bias": {"\u0665": 1}}),
+    ("logit-bias-key-leading-zero", "completions", {**GOOD, "logit_bias": {"5": 1, "05": 2}}),
+    ("logit-bias-key-twice", "completions", b'{"model": "default", "prompt": "x", "logit_bias": {"5": 1, "5": 2}}'),
+    ("logit-bias-300k", "completions", {**GOOD, "logit_bias": {str(i): 1 for i in range(300_000)}}),
+    ("seed-plus-n-overflow", "completions", {**GOOD, "seed": 2 ** 64 - 1, "n": 2}),
+    # lists past their bounds: refused at decode time
+    ("messages-120k-empty", "chat/completions", {**GOOD_CHAT, "messages": [{"role": "user", "content": ""}] * 120_000}),
+    ("stop-many", "completions", {**GOOD, "stop": ["a"] * 800_000}),
+    ("response-format-300k", "chat/completions", {**GOOD_CHAT, "response_format": {str(i): 1 for i in range(300_000)}}),
 ]
 LOOSE: set[str] = set()     # every hostile value is refused with a 400 (engine/validation.py)
 

@@ -56,6 +56,39 @@ class ServeProc:
         self._log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "roseplay", "serve", *self.args],
                                      stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            return self._come_up()
+        except BaseException:       # not up in time (or interrupted): leave nothing running
+            self._kill_all()
+            self._log.close()
+            raise
+
+    def _kill_all(self) -> None:
+        """The server, its engine process and the engine's private folder, whatever state
+        the start reached."""
+        kids = children(self.proc.pid) if self.proc.poll() is None else []
+        self.proc.send_signal(signal.SIGINT)     # its own clean-up first (its engine folder)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._find_engine_dir()
+        if self.engine_dir:
+            shutil.rmtree(self.engine_dir, ignore_errors=True)
+
+    def _find_engine_dir(self) -> None:
+        self._read_log()       # the address is printed before uvicorn starts
+        match = re.search(r"--connect ipc://(\S+)/engine`", self.output)
+        if match and "--engine-address" not in self.args:
+            self.engine_dir = match.group(1)        # made by serve: it must remove it
+
+    def _come_up(self) -> "ServeProc":
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             assert self.proc.poll() is None, self._read_log()
@@ -67,10 +100,7 @@ class ServeProc:
             assert time.monotonic() < deadline, "roseplay serve did not come up"
             time.sleep(0.2)
         self.engine_pid = self._engine_pid()
-        self._read_log()       # the address was printed before uvicorn started
-        match = re.search(r"--connect ipc://(\S+)/engine`", self.output)
-        if match and "--engine-address" not in self.args:
-            self.engine_dir = match.group(1)        # made by serve: it must remove it
+        self._find_engine_dir()
         return self
 
     def _engine_pid(self) -> int:

@@ -68,3 +68,33 @@ def test_serve_help_and_flag_errors(capsys):
     assert "max_waiting must be >= 0" in capsys.readouterr().err
     assert main(["serve", "--model", "dummy:nope", "--device", "cpu"]) == 2
     assert "unknown dummy preset" in capsys.readouterr().err
+
+
+BAD_SPECULATIVE = ['{"method": ["x"]}', '{"method": "oracle", "oracle_acceptance": "0.5"}',
+                   '{"num_speculative_tokens": "3"}', "not json", '["ngram"]']
+
+
+@pytest.mark.parametrize("value", BAD_SPECULATIVE)
+def test_bad_speculative_config_is_exit_2_in_every_command(value, capsys):
+    """A JSON value of the wrong type crashed with a TypeError traceback and exit 1; every
+    command now refuses it as its flag parser does any bad flag (exit 2, one line)."""
+    for argv in (["serve", "--device", "cpu", "--port", "0"],
+                 ["bench", "--device", "cpu", "--num-prompts", "1"],
+                 ["--device", "cpu"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--speculative-config", value])
+        assert exc.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert "argument --speculative-config: " in err and "Traceback" not in err, err
+
+
+def test_bench_refuses_a_bad_engine_config_before_it_starts(capsys):
+    """What only the whole config can tell (draft_model needs a draft for a model other
+    than the bundled one) is exit 2 too, as in serve and the TUI, not a failed run (1)."""
+    spec = '{"method": "draft_model"}'
+    assert main(["bench", "--model", "dummy:tiny", "--device", "cpu", "--num-prompts", "1",
+                 "--speculative-config", spec]) == 2
+    assert 'draft_model needs a "model"' in capsys.readouterr().err
+    assert main(["serve", "--model", "dummy:tiny", "--device", "cpu",
+                 "--speculative-config", spec]) == 2
+    assert 'draft_model needs a "model"' in capsys.readouterr().err

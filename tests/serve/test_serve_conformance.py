@@ -8,12 +8,16 @@ tests/serve/test_serve_adversarial.py, which has the server in a process of its 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import time
 
 import httpx
 import openai
 import pytest
 
 from engine.front.client import EngineClient
+from engine.validation import MIN_REPETITION_PENALTY, MIN_TOP_P
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 from tests.serve.raw_sockets import closed_after, connect
@@ -87,6 +91,25 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("chat/completions", {**CHAT, "response_format": {"type": "json_object"}},
      "response_format"),
+    # in range as Python floats, 0 or infinite in the sampler's float32
+    ("completions", {**GOOD, "top_p": 1e-300}, "top_p"),
+    ("completions", {**GOOD, "top_p": 1e-46}, "top_p"),
+    ("completions", {**GOOD, "repetition_penalty": 1e-300}, "repetition_penalty"),
+    ("completions", {**GOOD, "repetition_penalty": 1e-40}, "repetition_penalty"),
+    # logit_bias keys are token ids in decimal: no spaces, sign, "_", other digits, 0s
+    ("completions", {**GOOD, "logit_bias": {" 5 ": 1.0}}, "logit_bias"),
+    ("completions", {**GOOD, "logit_bias": {"+5": 1.0}}, "logit_bias"),
+    ("completions", {**GOOD, "logit_bias": {"5_0": 1.0}}, "logit_bias"),
+    ("completions", {**GOOD, "logit_bias": {"\u0665": 1.0}}, "logit_bias"),
+    ("completions", {**GOOD, "logit_bias": {"05": 1.0}}, "logit_bias"),
+    ("completions", {**GOOD, "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+    ("completions", {**GOOD, "seed": 2 ** 64 - 1, "n": 2}, "seed"),
+    ("completions", {**GOOD, "stop": ["a"] * 65}, "stop"),
+    ("completions", {**GOOD, "stop_token_ids": [1] * 1025}, "stop_token_ids"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": ""}] * 4097},
+     "messages"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": ""}] * 1025}]}, "messages"),
 ]
 
 
@@ -205,3 +228,114 @@ def test_drain_refuses_new_requests_with_503(server, http):
     assert r.status_code == 503 and r.headers["connection"] == "close"
     assert r.json()["error"]["code"] == "server_shutting_down"
     assert http.post("/v1/completions", json=GOOD).status_code == 200
+
+
+def post_raw(http, body: bytes, path: str = "/v1/completions") -> httpx.Response:
+    return http.post(path, content=body, headers={"content-type": "application/json"})
+
+
+def server_errors(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_invalid_utf8_is_a_400_not_a_500(http, caplog):
+    """msgspec raises UnicodeDecodeError (not DecodeError) for bytes that are not UTF-8
+    inside a JSON string: that was a 500 with a traceback in the log."""
+    for body in (b'{"model": "default", "prompt": "a\xff\xfeb", "max_tokens": 1}',
+                 b'{"model": "default", "prompt": "x", "logit_bias": {"1": "\xff"}}'):
+        r = post_raw(http, body)
+        assert r.status_code == 400, r.text
+        assert "UTF-8" in r.json()["error"]["message"] or r.json()["error"]["param"]
+    r = post_raw(http, b'{"model": "default", "prompt": "x", "x": ' + b"[" * 100_000 +
+                 b"]" * 100_000 + b"}")
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    assert server_errors(caplog) == []
+
+
+def test_a_client_leaving_mid_body_logs_no_traceback(server, http, caplog):
+    sock = connect(server)
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nAuthorization: Bearer " + KEY.encode() +
+                     b"\r\nContent-Length: 1000\r\n\r\n{\"model\": ")
+        time.sleep(0.3)          # the server reads the part that came
+    finally:
+        sock.close()
+    assert http.get("/health").status_code == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not server_errors(caplog):
+        if http.post("/v1/completions", json=GOOD).status_code == 200:
+            break                # the request after it was served: the first is done
+    assert server_errors(caplog) == []
+
+
+def test_seed_error_names_the_seed_sent(http):
+    r = http.post("/v1/completions", json={**GOOD, "seed": 2 ** 64 - 1, "n": 2})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and str(2 ** 64 - 1) in msg and str(2 ** 64) + "," not in msg
+    assert msg.startswith(f"seed must be at most {2 ** 64 - 2} with 2 choices"), msg
+    assert http.post("/v1/completions", json={**GOOD, "seed": 2 ** 64 - 2, "n": 2,
+                                               "max_tokens": 1}).status_code == 200
+
+
+def test_logit_bias_keys_are_canonical_token_ids_given_once(http):
+    """"5", "05" and "+5" were one token id, the last one silently kept."""
+    for body in (b'{"model": "default", "prompt": "x", "logit_bias": {"5": 1, "5": -1}}',
+                 b'{"model": "default", "prompt": "x", "logit_bias": {"5": 1, "05": -1}}'):
+        r = post_raw(http, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+    r = http.post("/v1/completions", json={**GOOD, "logit_bias": {"0": 1, "5": -1,
+                                                                  "4095": 2.5}})
+    assert r.status_code == 200, r.text
+
+
+def test_trailing_slash_is_a_404_naming_the_route(http):
+    r = http.post("/v1/completions/", json=GOOD)
+    assert r.status_code == 404 and r.headers["content-type"] == "application/json"
+    err = r.json()["error"]
+    assert err["code"] == "not_found" and "the route is /v1/completions" in err["message"]
+    assert http.get("/v1/models/").status_code == 404
+
+
+def test_smallest_float32_safe_values_sample_finite_logprobs(http):
+    """top_p at float32's smallest normal keeps the top token (greedy), and the strongest
+    repetition penalty gives finite logprobs (1e-300 and 1e-40 were token 0 / NaN and
+    infinite logits: now 400s, in PARAMS)."""
+    greedy = http.post("/v1/completions", json={**GOOD, "temperature": 0, "max_tokens": 8,
+                                                 "return_token_ids": True}).json()
+    tiny = http.post("/v1/completions", json={
+        **GOOD, "top_p": MIN_TOP_P, "max_tokens": 8, "seed": 3, "logprobs": 0,
+        "return_token_ids": True}).json()
+    assert tiny["choices"][0]["token_ids"] == greedy["choices"][0]["token_ids"], tiny
+    assert all(math.isfinite(v) for v in tiny["choices"][0]["logprobs"]["token_logprobs"])
+    rep = http.post("/v1/completions", json={
+        **GOOD, "repetition_penalty": MIN_REPETITION_PENALTY, "max_tokens": 8,
+        "temperature": 0, "logprobs": 1}).json()
+    assert all(math.isfinite(v) and v > -9999 for v in
+               rep["choices"][0]["logprobs"]["token_logprobs"]), rep
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_share_one_prompt_logprobs_list(http, stream):
+    """echo + logprobs with n > 1: only choice 0 asks the engine for the prompt's
+    logprobs; every choice shows them, equal to what n = 1 gets."""
+    body = {**GOOD, "echo": True, "logprobs": 3, "max_tokens": 2, "temperature": 0}
+    one = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    n = len(one["tokens"]) - 2          # the prompt's tokens
+    if stream:
+        with http.stream("POST", "/v1/completions", json={**body, "n": 3, "stream": True}) as r:
+            firsts = {}
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    for c in json.loads(line[6:])["choices"]:
+                        firsts.setdefault(c["index"], c["logprobs"])
+        outs = [firsts[i] for i in range(3)]
+    else:
+        outs = [c["logprobs"] for c in
+                http.post("/v1/completions", json={**body, "n": 3}).json()["choices"]]
+    heads = [{key: out[key][:n] for key in out} for out in outs]
+    assert all(head == heads[0] for head in heads)      # one list, shown n times
+    # as n = 1 computes it (a batch of another shape may differ in the last bits)
+    head = heads[0]
+    assert head["tokens"] == one["tokens"][:n] and head["text_offset"] == one["text_offset"][:n]
+    assert head["token_logprobs"][1:] == pytest.approx(one["token_logprobs"][1:n], abs=1e-4)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 from engine.front.loop import EngineLoop
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
+from tests.serve.raw_sockets import connect
 
 KEY = "sk-test-key"
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
@@ -234,21 +234,30 @@ def test_many_clients_leaving_at_random_points_leak_nothing(server, loop):
 
 
 def test_non_streaming_disconnect_cancels(server, loop):
-    body = {"model": "default", "prompt": PROMPT, "max_tokens": 900, "ignore_eos": True}
-    pause = threading.Timer(0.25, loop.pause)   # 900 tokens can finish inside the timeout
-    pause.start()
+    """A client that leaves during a non-streamed request cancels it mid-generation: the
+    engine is paused once the request has tokens (so its 900 cannot finish first), then
+    the client's socket is closed."""
+    body = json.dumps({"model": "default", "prompt": PROMPT, "max_tokens": 900,
+                       "ignore_eos": True}).encode()
+    before = {r.request_id for r in loop.snapshot().requests}
+
+    def mine():
+        return next((r for r in loop.snapshot().requests if r.request_id not in before
+                     and r.request_id.startswith("cmpl-")), None)
+    sock = connect(server)
     try:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(server.url + "/v1/completions", json=body,
-                       timeout=httpx.Timeout(60, read=0.5))
-        wait_for(lambda: [r.state for r in loop.snapshot().requests
-                          if r.request_id.startswith("cmpl-")][-1] == "cancelled")
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        wait_for(lambda: (m := mine()) is not None and m.output_tokens > 0)
+        loop.pause()
     finally:
-        pause.join()
+        sock.close()
+    try:
+        wait_for(lambda: mine().state == "cancelled")
+    finally:
         loop.resume()
     wait_for(lambda: not live(loop) and loop.snapshot().num_used == 0)
-    mine = [r for r in loop.snapshot().requests if r.request_id.startswith("cmpl-")][-1]
-    assert mine.state == "cancelled" and 0 < mine.output_tokens < 900
+    assert mine().state == "cancelled" and 0 < mine().output_tokens < 900
 
 
 def test_server_stop_with_an_open_stream_cancels_it(loop):

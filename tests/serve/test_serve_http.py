@@ -4,7 +4,8 @@ a slow client is cut after the request-read timeout whether its headers or its b
 trickle; an idle kept-alive connection is closed after the keep-alive timeout; pipelined
 requests are all answered in order and a request already read is never cut by the read
 timeout, however long its answer takes. And which prompts are turned into engine inputs
-on the event loop (short ones) or on a worker thread (long ones)."""
+on the event loop (short ones) or on a worker thread (long ones, or many), and which
+choices ask the engine for prompt logprobs."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,8 @@ import pytest
 
 from engine.front.client import EngineClient
 from roseplay.serve.app import HTTP_PARSERS, ServeConfig, build_app
-from roseplay.serve.prompts import ON_LOOP_TEXT_CHARS, ON_LOOP_TOKEN_IDS, on_loop
+from roseplay.serve.prompts import (ON_LOOP_ITEMS, ON_LOOP_TEXT_CHARS, ON_LOOP_TOKEN_IDS,
+                                    completion_inputs, on_loop)
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.server import ServerThread
 from tests.serve.raw_sockets import closed_after, connect
@@ -125,6 +127,23 @@ def test_pipelined_requests_are_answered_in_order_and_never_cut(server, engine):
     assert second["usage"]["completion_tokens"] == 64
 
 
+def test_only_choice_0_of_a_prompt_asks_for_its_prompt_logprobs():
+    """echo + logprobs with n (or best_of) > 1: one prompt-logprobs computation per
+    prompt; the routes show choice 0's list for every choice (roseplay/serve/siblings.py)."""
+    for extra in ({"n": 4}, {"n": 2, "best_of": 3}):
+        req = msgspec.convert({"model": "default", "prompt": [[1, 2, 3], [4, 5]], "echo": True,
+                               "logprobs": 2, **extra}, type=CompletionRequest)
+        ins = completion_inputs(req, None, 64, 4096)
+        k = req.num_candidates
+        asked = [p.prompt_logprobs for p in ins.params]
+        assert asked == ([2] + [None] * (k - 1)) * 2, asked
+        assert all(p.logprobs == 2 for p in ins.params)
+    req = msgspec.convert({"model": "default", "prompt": [1, 2], "n": 3, "logprobs": 1},
+                          type=CompletionRequest)
+    assert [p.prompt_logprobs for p in completion_inputs(req, None, 64, 4096).params] == \
+        [None] * 3                                       # no echo: none asked
+
+
 @pytest.mark.parametrize("body,here", [
     ({"prompt": list(range(512))}, True),                    # W1's prompts: no thread hop
     ({"prompt": "ROMEO." * 100}, True),
@@ -132,7 +151,14 @@ def test_pipelined_requests_are_answered_in_order_and_never_cut(server, engine):
     ({"prompt": list(range(ON_LOOP_TOKEN_IDS + 1))}, False),
     ({"prompt": ["x" * 600, "y" * 600]}, False),             # long text: a worker thread
     ({"messages": [{"role": "user", "content": "x" * (ON_LOOP_TEXT_CHARS + 1)}]}, False),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, True)])
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, True),
+    # each prompt, message or part is a tokenizer or template pass whatever its length
+    ({"prompt": ["x"] * (ON_LOOP_ITEMS + 1)}, False),
+    ({"prompt": [[1]] * (ON_LOOP_ITEMS + 1)}, False),
+    ({"messages": [{"role": "user", "content": ""}] * (ON_LOOP_ITEMS + 1)}, False),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}] *
+                    ON_LOOP_ITEMS}]}, False),
+    ({"messages": [{"role": "user", "content": ""}] * ON_LOOP_ITEMS}, True)])
 def test_short_prompts_are_built_on_the_event_loop_long_ones_on_a_thread(body, here):
     model = ChatCompletionRequest if "messages" in body else CompletionRequest
     assert on_loop(msgspec.convert({"model": "default", **body}, type=model)) is here

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import threading
 
+import msgspec
+import numpy as np
 import pytest
 import torch
 
 from engine import LLM, EngineLoop, InvalidRequestError, SamplingParams
-from engine.config import SchedulerConfig, make_config
+from engine.config import SchedulerConfig, SpeculativeConfig, make_config
+from engine.validation import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, MIN_TOP_P
 from tests.helpers import GREEDY, refused
 from tests.hf_models import make_checkpoint
 
@@ -69,6 +72,15 @@ def good_prompts(n=6, seed=3):
     (dict(stop_token_ids=list(range(1025))), r"stop_token_ids: at most 1024 entries"),
     (dict(stop=["ok", "\ud800"]), r"stop is not valid Unicode \(lone surrogate at position 0\)"),
     (dict(ignore_eos="yes"), r"ignore_eos must be a boolean"),
+    # in range as Python floats, but 0 or infinite in the sampler's float32
+    (dict(top_p=1e-300), r"top_p must be at least 1\.175e-38 \(float32's smallest normal"),
+    (dict(top_p=1e-46), r"top_p must be at least 1\.175e-38"),
+    (dict(top_p=2.0 ** -127), r"top_p must be at least 1\.175e-38"),
+    (dict(repetition_penalty=1e-300), r"repetition_penalty must be in \[0\.0001, 10000\.0\]"),
+    (dict(repetition_penalty=1e-40), r"repetition_penalty must be in \[0\.0001, 10000\.0\]"),
+    (dict(repetition_penalty=0), r"repetition_penalty must be in \[0\.0001, 10000\.0\], got 0"),
+    (dict(raw_logprobs=1, logprobs=1), r"raw_logprobs must be a boolean, got 1"),
+    (dict(raw_logprobs="yes", logprobs=1), r"raw_logprobs must be a boolean, got 'yes'"),
 ], ids=lambda v: repr(v) if isinstance(v, dict) else "")
 def test_bad_sampling_params_are_refused(kwargs, match):
     refused(match, SamplingParams, **kwargs)
@@ -77,10 +89,64 @@ def test_bad_sampling_params_are_refused(kwargs, match):
 @pytest.mark.parametrize("kwargs", [
     dict(max_tokens=1), dict(temperature=0), dict(temperature=0.0), dict(top_p=1.0),
     dict(top_p=1e-6), dict(top_k=-1), dict(top_k=0), dict(top_k=1), dict(seed=0),
-    dict(stop="x"), dict(stop_token_ids=[0]),
+    dict(stop="x"), dict(stop_token_ids=[0]), dict(top_p=MIN_TOP_P),
+    dict(repetition_penalty=MIN_REPETITION_PENALTY), dict(repetition_penalty=1e4),
 ])
 def test_edge_sampling_params_are_accepted(kwargs):
     SamplingParams(**kwargs)
+
+
+def test_smallest_top_p_and_repetition_penalty_stay_finite_in_float32():
+    """The bounds are float32's: top_p's floor is not 0 there, and the strongest
+    repetition penalty scales a logit by 1e4 at most (the max 1e4 does the same)."""
+    assert MIN_TOP_P == float(np.finfo(np.float32).tiny) == float(np.float32(MIN_TOP_P))
+    assert np.float32(1e-46) == 0 and np.float32(1e-300) == 0       # the values refused
+    logits = np.array([-3e4, 3e4], np.float32)
+    assert np.isfinite(logits / np.float32(MIN_REPETITION_PENALTY)).all()
+    assert np.isfinite(logits * np.float32(MAX_REPETITION_PENALTY)).all()
+
+
+WRONG_TYPES = [True, 1, 0.5, "1", None, [], [1], ["a"], {}, {"1": 1.0}, {1: 1.0}, {1: "x"},
+               ("a",), (1,), b"x", -1, float("nan")]
+
+
+@pytest.mark.parametrize("name", SamplingParams.__struct_fields__)
+def test_sampling_params_types_are_as_strict_in_python_as_on_the_wire(name):
+    """SamplingParams(**{name: value}) refuses exactly what decoding it from the engine
+    process's wire refuses: a value the Python API takes is never refused later."""
+    base = {"logprobs": 1} if name == "raw_logprobs" else {}
+    encode = msgspec.msgpack.Encoder().encode
+    for value in WRONG_TYPES:
+        try:
+            SamplingParams(**base, **{name: value})
+            python_ok = True
+        except InvalidRequestError:
+            python_ok = False
+        try:
+            msgspec.msgpack.decode(encode({**base, name: value}), type=SamplingParams)
+            wire_ok = True
+        except msgspec.ValidationError:
+            wire_ok = False
+        assert python_ok == wire_ok, (name, value, python_ok, wire_ok)
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"method": ["x"]}', r"method must be a string, got \['x'\]"),
+    ('{"method": {}}', r"method must be a string"),
+    ('{"method": "oracle", "oracle_acceptance": "0.5"}', r"oracle_acceptance must be a number"),
+    ('{"oracle_acceptance": true}', r"oracle_acceptance must be a number"),
+    ('{"oracle_acceptance": NaN}', r"oracle_acceptance must be a number in \[0, 1\]"),
+    ('{"oracle_references": 5}', r"oracle_references must be a file path"),
+    ('{"num_speculative_tokens": "3"}', r"num_speculative_tokens must be an integer"),
+    ('{"prompt_lookup_min": null}', r"prompt_lookup_min"),
+    ('{"model": []}', r"model must be a non-empty string"),
+    ("[" * 100_000, r"speculative_config is not JSON"),
+    ('"ngram"', r"speculative_config must be an object"),
+], ids=lambda v: v[:30])
+def test_bad_speculative_config_values_are_refused(text, match):
+    """Each is an InvalidRequestError (the CLI's exit status 2), never a TypeError."""
+    refused(match, SpeculativeConfig.parse, text)
+    refused(match, make_config, speculative_config=text)
 
 
 # -- prompts ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from engine import InvalidRequestError, SamplingParams
+from engine.front.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
@@ -39,14 +40,10 @@ def raw_submit(address: str, request_id: str, params: dict, prompt_ids: list[int
     socks = []
     try:
         for ep in P.endpoints(address)[:2]:
-            s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.IDENTITY, ident)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(ep)
-            socks.append(s)
+            socks.append(open_socket(ctx, zmq.DEALER, ep, auth.read_key(address), ident))
         send, recv = socks
         while True:                         # Hello until Welcome (the out route may lag)
-            send.send(P.encoder.encode(P.Hello("raw", auth.read_key(address))))
+            send.send(P.encoder.encode(P.Hello("raw")))
             if recv.poll(500) and isinstance(P.core_decoder.decode(recv.recv()), P.Welcome):
                 break
         send.send(P.encoder.encode(P.Submit(request_id, prompt_ids, params, 0.0)))
@@ -149,7 +146,7 @@ HOSTILE_BODIES = [  # (body changes, words of the 400's message)
     ({"top_k": 2 ** 64}, "top_k must be an integer in [-1, 2147483647]"),
     ({"top_k": 2 ** 63, "temperature": 1}, "top_k must be an integer in [-1, 2147483647]"),
     ({"stop_token_ids": [2 ** 64]}, "stop_token_ids entry must be an integer in [0, "),
-    ({"seed": 2 ** 70}, "seed must be an integer in [0, 18446744073709551615]"),
+    ({"seed": 2 ** 70}, "seed must be at most 18446744073709551615"),
     ({"stop": ["\ud800"]}, "stop is not valid Unicode"),
     ({"prompt": "a\ud800b"}, "prompt is not valid Unicode"),
 ]

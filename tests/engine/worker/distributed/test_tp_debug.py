@@ -10,14 +10,17 @@ STUCK = textwrap.dedent("""
     import faulthandler, multiprocessing as mp, signal, time
     from tests.engine.worker.distributed.tp_timeout import exit_with_stacks_after
 
-    def stuck_worker():
+    def stuck_worker(inside):
         faulthandler.register(signal.SIGUSR1, all_threads=True)   # as worker_main does
+        inside.set()
         time.sleep(60)
 
     if __name__ == "__main__":
-        worker = mp.get_context("spawn").Process(target=stuck_worker, daemon=True)
+        ctx = mp.get_context("spawn")
+        inside = ctx.Event()
+        worker = ctx.Process(target=stuck_worker, args=(inside,), daemon=True)
         worker.start()
-        time.sleep(1.0)                 # the worker is inside stuck_worker
+        assert inside.wait(60)          # the worker is inside stuck_worker
         exit_with_stacks_after(4.0)
         time.sleep(60)                  # rank 0 stuck too
 """)
@@ -28,7 +31,7 @@ def test_stuck_run_prints_every_rank_stack_and_exits(tmp_path):
     script.write_text(STUCK)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=30, cwd=root, env={**os.environ, "PYTHONPATH": root})
+                          timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root})
     assert proc.returncode != 0
     err = proc.stderr
     assert "hard timeout (4 s)" in err

@@ -20,7 +20,12 @@ from kernels import get_ops
 from engine.worker.runner import ModelRunner
 from tests.engine.worker.distributed.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, RUNNER_KW, PagedDriver
 
+pytestmark = pytest.mark.slow       # the long tier: `pytest --run-slow` (README)
+
 CPU, F32 = torch.device("cpu"), torch.float32
+# "no hang", not a speed: a rank 0 that missed a dead peer waits out the collectives'
+# timeout (WorkerSpec.timeout_s, 600 s); a loaded 2-core host takes seconds to notice
+HANG_S = 60.0
 
 
 def _alive(pid: int) -> bool:
@@ -72,10 +77,9 @@ def test_killed_worker_ends_the_group_with_a_clear_error(group, when):
             group.check(wait_s=3.0)        # and what the group makes of it
     with pytest.raises(TPWorkerError, match=rf"rank 1 \(pid {pid}\) exited with code -9.*"
                                             r"cannot continue"):
-        for _ in range(100):        # the watchdog notices within ~0.1 s
+        while time.monotonic() - t0 < HANG_S:    # the watchdog notices within ~0.1 s
             _step(group)
             time.sleep(0.05)
-    assert time.monotonic() - t0 < 5.0
     with pytest.raises(TPWorkerError):   # every later call: the same error
         group.broadcast(None)
     group.shutdown()
@@ -132,7 +136,7 @@ def test_killed_engine_leaves_no_orphan_worker(transport):
         assert _alive(worker)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        assert _wait_gone(worker, 5.0), f"worker {worker} outlived its engine"
+        assert _wait_gone(worker, HANG_S), f"worker {worker} outlived its engine"
     finally:
         proc.kill()
         proc.wait()
@@ -152,7 +156,7 @@ def test_worker_dead_before_the_rendezvous_does_not_hang_rank0():
     t0 = time.monotonic()
     with pytest.raises(TPWorkerError, match=r"rank 1 .*(exited|failed to start)"):
         g.start()
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < HANG_S
     assert not g.procs[0].is_alive()
 
 
