@@ -79,7 +79,7 @@ def compare(base: list, other: list) -> Accuracy:
     return Accuracy(max(errs), sum(errs) / k, first_same / k, sum(shares) / k, same / k)
 
 
-def measure(model: str, prompts, max_tokens: int = 32, device: str = "cpu",
+def measure(model: str, prompts, max_tokens: int = 24, device: str = "cpu",
             **engine_kw) -> dict[str, Accuracy]:
     """fp8 with unit scales and with calculate_kv_scales, each against auto."""
     kw = dict(model=model, device=device, **engine_kw)
@@ -93,7 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     if args.model == "default":

@@ -126,6 +126,7 @@ def test_calculate_kv_scales_sets_per_head_scales_on_the_first_step(ckpt):
         llm.engine.close()
 
 
+@pytest.mark.slow       # a tensor-parallel worker group: the long tier (README)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("calculate", [False, True])
 def test_tensor_parallel_fp8_equals_one_rank(tmp_path, calculate):
