@@ -19,6 +19,7 @@ but the batch it broadcasts anyway.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ from engine.worker.placement import resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.core.scheduler import Scheduler, StepPlan
 from engine.core.spec_decode import SPEC_ASYNC_RUN, SpecDecoder
+from engine.core.structured import make_manager
 from engine.core.runner_setup import RunnerSetup, setup_runner
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
@@ -59,10 +61,12 @@ class Launched:
     requests: list[Request]          # one per sample row
     admits: list[int]                # each row's request's admit_seq at launch: a row
     #                                  is void for a request re-admitted since
-    host_tokens: HostCopy            # the same tokens on their way to the host
+    host_tokens: HostCopy | None     # the same tokens on their way to the host (None:
+    #                                  sampled later, when its grammar mask is filled)
     t0: float
     logprobs: object = None          # LogprobsCopy of the rows that asked (engine/sampling.py)
     prompt_logprobs: object = None   # PromptLogprobsCopy (engine/core/prompt_logprobs.py)
+    grammar: object = None           # its constrained rows (structured manager's StepMask)
 
 
 class LLMEngine:
@@ -97,6 +101,10 @@ class LLMEngine:
         self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
                                 self.scheduler, self.counters, config.seed, setup.draft)
         self.scheduler.drafter = self.spec.schedule_drafts
+        self.structured = make_manager(config, self.tokenizer, self.vocab_size,
+                                       tuple(loaded.eos_token_ids),
+                                       self.device.type == "cuda", self.counters)
+        self.spec.check_drafts = self.structured.validate_drafts
         self.async_scheduling_enabled = config.async_scheduling
         self._tp_executor = TPExecutor(self.tp_group, self.runner) if self.tp_group else None
         self.stats = StatsRecorder(self.counters)
@@ -157,7 +165,9 @@ class LLMEngine:
         req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos
                                                       else self.eos_token_ids)
         self.requests[req.request_id] = req
-        self.scheduler.add(req)
+        # structured outputs: queued once its grammar is compiled (a cache hit: now)
+        if p.structured_outputs is None or self.structured.add(req):
+            self.scheduler.add(req)
         return req
 
     def abort(self, request_id: str, reason: str = REASON_CANCELLED,
@@ -186,6 +196,22 @@ class LLMEngine:
     def step(self) -> StepOutput:
         """Run one engine step; return its new tokens and finished requests. With async
         scheduling a call launches the next step before returning this one's tokens."""
+        failed = self._poll_grammars() if self.structured.compiling else None
+        out = self._step()
+        if failed:
+            for req, error in failed:
+                self._finish(req, REASON_ERROR, error, out)
+        return out
+
+    def _poll_grammars(self) -> list:
+        """Requests whose grammar compiled go to the scheduler; (request, error) of those
+        whose compile failed or timed out."""
+        ready, failed = self.structured.poll()
+        for req in ready:
+            self.scheduler.add(req)
+        return [(r, e) for r, e in failed if r.request_id in self.requests]
+
+    def _step(self) -> StepOutput:
         if self._inflight is not None:
             return self._complete_inflight(chain=True)
         t0 = self.clock.now()
@@ -194,6 +220,8 @@ class LLMEngine:
         self._chained = 0
         if not plan:
             self._record(plan, t0, 0)
+            if self.structured.compiling:    # nothing to run but grammars to wait for
+                self.structured.wait(0.01)
             return out
         try:
             launched = self._launch(plan)
@@ -248,13 +276,28 @@ class LLMEngine:
         t0 = self.clock.now()
         batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size,
                                            self.scheduler.kv.tables, device_fed)
-        tokens = self.executor.execute_model(batch)
+        grammar = self.structured.step_mask(requests, plan, batch.draft_rows) \
+            if self.structured.active else None
+        if grammar is not None:
+            batch = dataclasses.replace(batch, grammar=grammar.mask)
+        tokens = self.executor.execute_model(batch)    # None: sampled once masked
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
         return Launched(plan, batch, requests, [r.admit_seq for r in requests],
-                        self._host_copies.start(tokens), t0,
-                        self.runner.take_logprobs(batch),
-                        take_prompt_logprobs(self.runner, plan))
+                        None if tokens is None else self._host_copies.start(tokens), t0,
+                        None if tokens is None else self.runner.take_logprobs(batch),
+                        take_prompt_logprobs(self.runner, plan), grammar)
+
+    def _sample_deferred(self, launched: Launched) -> None:
+        """Structured outputs under async scheduling: the step's forward ran while the
+        previous step's tokens were read and its matchers advanced; now its mask is
+        filled and its sampling queued (vLLM V1's deferred grammar bitmask)."""
+        tokens = self.runner.sample_deferred(self.structured.fill(launched.grammar))
+        launched.host_tokens = self._host_copies.start(tokens)
+        launched.logprobs = self.runner.take_logprobs(launched.batch)
+        for req in launched.requests:     # ended meanwhile: drop the sampler state its
+            if req.request_id not in self.requests:   # row just made again
+                self.runner.release(req.request_id)
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
@@ -264,8 +307,9 @@ class LLMEngine:
         failed = None
         try:
             self._commit(prev.plan)
-            if chain and self.async_scheduling and self._may_chain(prev.plan):
-                failed = self._launch_next(prev)
+            if chain and self.async_scheduling and self._may_chain(prev.plan) \
+                    and not (self._tp_executor is not None and prev.grammar is not None):
+                failed = self._launch_next(prev)    # (TP: a mask goes with the batch)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails
             plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
@@ -278,6 +322,12 @@ class LLMEngine:
                     req.drop_pending()
                     if req.status is RequestStatus.RUNNING:
                         self.scheduler.preempt(req)
+        nxt = self._inflight
+        if nxt is not None and nxt.host_tokens is None:
+            try:
+                self._sample_deferred(nxt)
+            except Exception as exc:    # rerun request by request (below)
+                self._inflight, failed = None, (nxt.plan, exc)
         self._after_step(prev.plan, prev.t0, out)
         if failed is not None:   # rerun request by request, now that prev's tokens are known
             plan, exc = failed
@@ -341,6 +391,7 @@ class LLMEngine:
         row_logprobs = None
         if launched.logprobs is not None or out.logprobs is not None:
             row_logprobs = out.align_logprobs(launched.logprobs, requests)
+        step_logprobs = row_logprobs           # by sample row (the grammar views read them)
         if verifies:     # the verified positions' sample rows: one range (batch_builder)
             lo = int(launched.batch.draft_rows[0])
             hi = lo + launched.batch.draft_rows.shape[0]
@@ -355,13 +406,19 @@ class LLMEngine:
         if verifies:
             ended += self.spec.commit(verifies, verified, now, self.stats.recent_itls, out,
                                       self.knobs.enable_prefix_caching)
-        for req, reason in ended:
-            self._finish(req, reason, None, out)
+        ended = [(r, reason, None) for r, reason in ended]
+        if launched.grammar is not None:     # matchers consume the new tokens
+            done = {id(r) for r, _, _ in ended}
+            ended += [e for e in self.structured.advance(launched.grammar, step_logprobs)
+                      if id(e[0]) not in done]
+        for req, reason, error in ended:
+            self._finish(req, reason, error, out)
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 out: StepOutput | None) -> None:
         req.drop_pending()
-        self.scheduler.remove(req)
+        if req.grammar is None or not self.structured.release(req):
+            self.scheduler.remove(req)       # (a request still compiling never entered it)
         req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
         del self.requests[req.request_id]
         self.executor.release(req.request_id)
@@ -397,6 +454,8 @@ class LLMEngine:
     def close(self) -> None:
         """Stop the tensor-parallel workers (if any); the runner's CUDA graphs go first
         (they may hold the NCCL communicator the group's teardown waits for)."""
+        if getattr(self, "structured", None) is not None:
+            self.structured.close()
         if self.tp_group is not None:
             # after a rank died, syncing the device could wait on a collective forever
             if getattr(self, "runner", None) is not None and self.tp_group.error is None:
