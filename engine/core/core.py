@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 from engine.core.batch_builder import build_step_batch
+from engine.core.launched import Launched, commit_plan
 from engine.core.prompt_logprobs import take_prompt_logprobs
 from engine.core.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, SpeculativeConfig
 from engine.worker.distributed.executor import TPExecutor
-from engine.worker.device_io import HostCopy, HostCopyRing
+from engine.worker.device_io import HostCopyRing
 from engine.core.events import EventLog
 from engine.core.kv.block_pool import BlockPool
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
@@ -45,28 +45,11 @@ from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
 from engine.core.stats import StatsRecorder
-from engine.worker.step_batch import StepBatch
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
 _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
            REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
-
-
-@dataclass
-class Launched:
-    """A step whose forward and sampling are queued on the device."""
-    plan: StepPlan
-    batch: StepBatch
-    requests: list[Request]          # one per sample row
-    admits: list[int]                # each row's request's admit_seq at launch: a row
-    #                                  is void for a request re-admitted since
-    host_tokens: HostCopy | None     # the same tokens on their way to the host (None:
-    #                                  sampled later, when its grammar mask is filled)
-    t0: float
-    logprobs: object = None          # LogprobsCopy of the rows that asked (engine/sampling.py)
-    prompt_logprobs: object = None   # PromptLogprobsCopy (engine/core/prompt_logprobs.py)
-    grammar: object = None           # its constrained rows (structured manager's StepMask)
 
 
 class LLMEngine:
@@ -195,21 +178,15 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------
     def step(self) -> StepOutput:
         """Run one engine step; return its new tokens and finished requests. With async
-        scheduling a call launches the next step before returning this one's tokens."""
-        failed = self._poll_grammars() if self.structured.compiling else None
+        scheduling a call launches the next step before returning this one's tokens.
+        Requests whose grammar compiled join the queue first; those whose compile failed
+        or timed out end (structured outputs)."""
+        failed = self.structured.poll(self.scheduler.add) if self.structured.compiling else ()
         out = self._step()
-        if failed:
-            for req, error in failed:
+        for req, error in failed:
+            if req.request_id in self.requests:
                 self._finish(req, REASON_ERROR, error, out)
         return out
-
-    def _poll_grammars(self) -> list:
-        """Requests whose grammar compiled go to the scheduler; (request, error) of those
-        whose compile failed or timed out."""
-        ready, failed = self.structured.poll()
-        for req in ready:
-            self.scheduler.add(req)
-        return [(r, e) for r, e in failed if r.request_id in self.requests]
 
     def _step(self) -> StepOutput:
         if self._inflight is not None:
@@ -355,31 +332,8 @@ class LLMEngine:
         self._record(plan, t0, len(out.request_ids))
 
     def _commit(self, plan: StepPlan) -> None:
-        """The plan's KV is computed: advance counters, index newly full blocks, and let
-        dedup followers take the blocks of leaders that finished their prompt."""
-        page, running = self.pool.block_size, RequestStatus.RUNNING
-        caching = self.knobs.enable_prefix_caching
-        kv = self.scheduler.kv
-        for c in plan.decodes:   # hot loop: one token each; a block fills every `page`
-            req = c.request
-            if req.status is running:
-                n = req.num_computed_tokens = req.num_computed_tokens + 1
-                if n % page == 0:
-                    kv.register_full_blocks(req, caching)
-        for c in plan.prefills:
-            req = c.request
-            if req.status.done:
-                continue
-            req.num_computed_tokens += c.num_tokens
-            req.chunks_done += 1
-            kv.register_full_blocks(req, caching)
-            if c.sample:
-                self.scheduler.leader_sampled(req)
-        followers = self.scheduler.followers
-        if followers:      # a leader whose last prompt token ran as a decode sampled too
-            for c in plan.decodes:
-                if c.request in followers and c.request.status is running:
-                    self.scheduler.leader_sampled(c.request)
+        commit_plan(plan, self.scheduler, self.pool.block_size,
+                    self.knobs.enable_prefix_caching)
 
     def _emit_tokens(self, launched: Launched, out: StepOutput) -> None:
         tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync

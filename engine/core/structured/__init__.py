@@ -16,6 +16,8 @@ def make_manager(config, tokenizer, vocab_size: int, eos_ids: tuple[int, ...],
     compile (on the compile pool), from the model's tokenizer, or a synthetic
     vocabulary for a model without one (dummy presets)."""
     so = config.structured_outputs_config
+    eos_ids = tuple(eos_ids) or (vocab_size - 1,)   # a grammar needs an end: a model
+    #                                                without an EOS ends on its last id
 
     def build():
         text = tokenizer_json(tokenizer)

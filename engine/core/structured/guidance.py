@@ -32,7 +32,10 @@ class GuidanceMatcher:
         self.m = matcher
 
     def consume(self, tokens: list[int]) -> bool:
-        return self.m.consume_tokens(tokens)
+        # one by one: llguidance 1.9's consume_tokens([eos]) fails on a matcher whose
+        # grammar is complete, where consume_token(eos) succeeds
+        consume = self.m.consume_token
+        return all(consume(t) for t in tokens)
 
     def validate(self, tokens: list[int]) -> int:
         """How many of `tokens` the grammar accepts in a row, from here (no change)."""
@@ -93,10 +96,12 @@ class GuidanceBackend:
             raise GrammarError(str(exc)[:500]) from None
 
     def compile(self, p: StructuredOutputsParams) -> llguidance.LLMatcher:
-        """A template matcher of the request's grammar (requests copy it). Runs on a
-        compile thread; llguidance drops the GIL while it builds."""
+        """A template matcher of the request's grammar (requests copy it), its first mask
+        computed. Runs on a compile thread; llguidance drops the GIL while it builds."""
         matcher = llguidance.LLMatcher(self.tokenizer, self.grammar(p), log_level=0,
                                        limits=self.limits)
+        if not matcher.is_error():     # the first mask: a grammar that admits nothing, or
+            matcher.compute_bitmask()  # whose lexer is over its limits, fails here
         if matcher.is_error():
             raise GrammarError(matcher.get_error()[:500])
         return matcher

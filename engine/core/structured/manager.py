@@ -15,7 +15,8 @@ The engine core calls, in step order:
                       while the device runs this step's forward
   advance()           after a step's tokens are read: each matcher consumes its
                       request's new tokens (a verify's accepted ones only: rejected
-                      drafts were never consumed); a finished grammar ends its request
+                      drafts were never consumed); a complete grammar allows only EOS,
+                      which ends the request (as a stop token, or here under ignore_eos)
 """
 from __future__ import annotations
 
@@ -94,11 +95,10 @@ class StructuredOutputManager:
     def num_compiling(self) -> int:
         return len(self.compiling)
 
-    def poll(self) -> tuple[list, list]:
-        """(requests whose grammar is ready, (request, error) of those that failed)."""
-        if not self.compiling:
-            return [], []
-        ready, failed, now = [], [], time.monotonic()
+    def poll(self, ready) -> list:
+        """Finished compiles: ready(request) for each request whose grammar is ready;
+        returns (request, error) of those whose compile failed or timed out."""
+        failed, now = [], time.monotonic()
         timeout = self.config.compile_timeout
         for rid, req in list(self.compiling.items()):
             g = req.grammar
@@ -107,7 +107,7 @@ class StructuredOutputManager:
                 try:
                     compiled = self.compiler.take(g.params, g.future)
                     g.matcher = self.backend.ready.matcher(compiled)
-                    ready.append(req)
+                    ready(req)
                 except Exception as exc:
                     failed.append((req, f"{GRAMMAR_ERROR}: {_reason(exc)}"))
                 g.future = None
@@ -116,7 +116,7 @@ class StructuredOutputManager:
                 self.compiler.forget(g.params, g.future)
                 failed.append((req, f"{GRAMMAR_ERROR}: not compiled within "
                                     f"compile_timeout ({timeout:g} s)"))
-        return ready, failed
+        return failed
 
     def wait(self, timeout: float) -> None:
         """Block until some compile finishes (at most `timeout`): the engine has nothing
@@ -199,14 +199,14 @@ class StructuredOutputManager:
 
     # -- after a step's tokens are read -----------------------------------------------
     def advance(self, step: StepMask, row_logprobs) -> list[tuple]:
-        """Each running constrained request's matcher consumes its new output tokens.
-        Returns (request, reason, error) for those it ends: the grammar is complete (a
-        stop), or refused a token (an error)."""
-        ended = []
+        """Each constrained request's matcher consumes its new output tokens. Returns
+        (request, reason, error) for those it ends: its grammar took EOS (a stop; the
+        step ended it already unless it ignores EOS), or refused a token (an error)."""
+        ended, eos = [], self.backend.ready.eos_ids
         for r, row, _ in step.entries:
             g = r.grammar
-            if r.status is not RequestStatus.RUNNING or g.matcher is None:
-                continue
+            if r.status.done or g.matcher is None:   # (a request preempted since its
+                continue                             # launch keeps the token it sampled)
             out = r.output_token_ids
             n = len(out) - r.num_pending
             if n > g.consumed:
@@ -216,8 +216,8 @@ class StructuredOutputManager:
                                   f"{g.matcher.error() or 'token not allowed'}"))
                     continue
                 g.consumed = n
-            if g.matcher.is_stopped():
-                ended.append((r, REASON_STOP, None))
+            if n and out[n - 1] in eos and g.matcher.is_stopped():
+                ended.append((r, REASON_STOP, None))     # (ignore_eos: EOS ends it here)
         if step.views:
             self.views.after(step, row_logprobs)
         return ended
