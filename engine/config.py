@@ -56,6 +56,9 @@ SPECULATIVE_METHODS = ("ngram", "draft_model", "oracle")
 SPECULATIVE_ALIASES = {"draft": "draft_model"}
 MAX_SPECULATIVE_TOKENS = 16
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
+# client_timeout spans several heartbeats of both ends (a client's every 0.5 s, the
+# engine's every 1 s: engine/ipc/liveness.py)
+CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
 
 
 def check_priority(priority) -> int:
@@ -345,9 +348,12 @@ class EngineConfig:
         choices=LOGPROBS_MODES)
     check_invariants: bool = _knob(False, "Check block-pool invariants after every step (slow).")
     client_timeout: float = _knob(
-        60.0, "Seconds without a message (clients send a heartbeat every 0.5 s) after which "
-              "the engine process judges a client dead: its requests end with an error and "
-              "its pause ends. Far above a GC pause or a stop of tens of seconds.")
+        60.0, "The stall both ends of the engine process tolerate: seconds without a "
+              "message after which the engine drops a client (its requests end with an "
+              "error, its pause ends; it is told and attaches again) and a client (the "
+              "server, an API server, --connect) judges the engine gone (its requests end "
+              "with an error; a server exits 4). Time the judging process itself was "
+              "stopped never counts. Far above a GC pause or a stop of tens of seconds.")
     speculative_config: SpeculativeConfig | dict | str | None = _knob(
         None, "Speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
               "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, "
@@ -390,9 +396,10 @@ class EngineConfig:
                                                or self.max_model_len < 1):
             raise InvalidRequestError(
                 f"max_model_len must be an integer >= 1, got {self.max_model_len!r}")
-        ct = self.client_timeout
-        if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not 0 < ct <= 86400:
-            raise InvalidRequestError(f"client_timeout must be in (0, 86400] seconds, got {ct!r}")
+        ct, (lo, hi) = self.client_timeout, CLIENT_TIMEOUT_RANGE
+        if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not lo <= ct <= hi:
+            raise InvalidRequestError(f"client_timeout must be in [{lo:g}, {hi:g}] seconds, "
+                                      f"got {ct!r}")
         check_choices(self)
 
     def _draft_model_config(self, spec: SpeculativeConfig) -> SpeculativeConfig:

@@ -28,12 +28,12 @@ def get_ops(name: str) -> ModuleType:
 
 
 def default_cpu_backend() -> str:
-    """cpu_native where its C kernels build with their AVX-512 paths
-    (kernels/cpu_native_build.py), else torch_sdpa (the portable C loops are slower than
-    oneDNN: without AVX-512 they are there for correctness, not speed)."""
+    """cpu_native where its C kernels build with vectors of 8 or 16 floats (AVX2 + FMA +
+    F16C, or AVX-512: kernels/cpu_native_build.py), else torch_sdpa (the 4-float build of
+    other CPUs is not measured against oneDNN; it is there for correctness)."""
     from kernels.cpu_native_build import load
     lib = load()
-    return "cpu_native" if lib is not None and lib.rp_vector_width() >= 16 else "torch_sdpa"
+    return "cpu_native" if lib is not None and lib.rp_vector_width() >= 8 else "torch_sdpa"
 
 
 def triton_available() -> bool:

@@ -1,11 +1,13 @@
-"""Builds kernels/cpu_native.c into a shared library once per machine and loads it.
+"""Builds the native CPU kernels (kernels/cpu_native*.c) into a shared library once per
+machine and loads it.
 
 Why a C file and ctypes, not a torch C++ extension: a torch extension compiles against
 torch's headers for a minute on this 2-core target, which the first launch would wait
-for; this file compiles with the system's `cc` in about a second, needs no Python or
-torch headers, and is called with raw pointers. It is compiled with `-march=native`
-(the AVX-512 paths where the CPU has them), so the cached library is keyed by the
-source, the compiler and this CPU's flags: a home directory shared between different
+for; these files compile with the system's `cc` in a few seconds, need no Python or
+torch headers, and are called with raw pointers. They are compiled with `-march=native`,
+which sets the vector width of every loop (kernels/cpu_native_simd.h: 16 floats with
+AVX-512, 8 with AVX2 + FMA + F16C, else 4), so the cached library is keyed by the
+sources, the compiler and this CPU's flags: a home directory shared between different
 machines never loads a library built for another CPU. No compiler, or a failed build:
 `load()` returns None and the engine keeps the torch CPU backend (torch_sdpa).
 """
@@ -24,9 +26,11 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_native.c")
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno")
-ABI_VERSION = 3                 # rp_abi_version() of the source this module binds
+_HERE = Path(__file__).parent
+SOURCES = tuple(_HERE / f"cpu_native{part}.c" for part in ("", "_gemm", "_attention", "_rows"))
+HEADERS = (_HERE / "cpu_native.h", _HERE / "cpu_native_simd.h")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fvisibility=hidden")
+ABI_VERSION = 4                 # rp_abi_version() of the source this module binds
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
@@ -49,7 +53,9 @@ def _cpu_flags() -> str:
 
 
 def library_path(compiler: str, flags: tuple[str, ...] = FLAGS) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        key.update(path.read_bytes())
     for part in (compiler, " ".join(flags), platform.machine(), _cpu_flags()):
         key.update(part.encode())
     return cache_dir() / f"cpu_native-{key.hexdigest()[:16]}.so"
@@ -60,7 +66,7 @@ def _build(compiler: str, target: Path, flags: tuple[str, ...] = FLAGS) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lm"], check=True,
+        subprocess.run([compiler, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(tmp, target)      # atomic: concurrent builders each install a whole file
     finally:
@@ -105,8 +111,8 @@ def build_in_background() -> None:
 
 
 def _load(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
-    """The library built with `flags` (tests build the portable variant with
-    -mno-avx512f), or None."""
+    """The library built with `flags` (tests build the other widths' variants with
+    -mno-avx2 or -DRP_WIDTH=16), or None."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.warning("no C compiler: the CPU engine uses torch ops (torch_sdpa)")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from engine.codes import RUNNING_STATES
 from engine.config import InvalidRequestError
+from roseplay.guide_actions import GuideActions
 from roseplay.layout import TITLES, ZOOM_ORDER
+from roseplay.marks import RecordedMarks, change_label
 from roseplay.scenarios import SCENARIOS
 from roseplay.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.widgets import theme
@@ -22,7 +24,7 @@ WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency"
                     "rate": "set_rate"}
 
 
-class Actions:
+class Actions(GuideActions):
     def _control(self, fn, *args, knob: str | None = None, label: str | None = None,
                  **kwargs):
         if self.source is None:
@@ -36,12 +38,24 @@ class Actions:
         if knob:
             self.knobs.last_changed = knob
             self.mark_change(label or change_label(self.source, knob))
+            if label is None:           # a user's change (a guide's own changes: `label`)
+                self.guide_turned()
+                self.explain(knob)
         self.refresh_panels()
         return result
 
+    def explain(self, knob: str) -> None:
+        """What the knob just turned does, on the message line (the Knobs panel has
+        room for it only on a tall screen)."""
+        help_line = getattr(self.knobs, "help_line", None)
+        if help_line is not None and self.source is not None:
+            self.notify(help_line(False, self.source.workload()), timeout=8)
+
     def mark_change(self, label: str) -> None:
-        """A mark with `label` on the time series where a knob changed."""
+        """A mark with `label` on the time series where a knob changed; the 10 s figures
+        start again there (they would mix both setups for 10 s)."""
         self.timing.mark(label)
+        self.window.restart()
 
     # -- engine ----------------------------------------------------------------------------
     def action_pause(self) -> None:
@@ -71,11 +85,11 @@ class Actions:
     def action_budget(self, direction: int) -> None:
         if self.source is None:
             return
-        old = self.source.knobs.max_num_batched_tokens
-        new = stepped(old, "max_num_batched_tokens", direction, self.budget_cap())
-        if new == old and direction > 0:
-            self.notify(f"the token budget is at its cap: {new} tokens, the whole KV pool",
-                        severity="warning", timeout=4)
+        old, cap = self.source.knobs.max_num_batched_tokens, self.budget_cap()
+        new = stepped(old, "max_num_batched_tokens", direction, cap)
+        if direction > 0 and new <= old:       # at the cap (or above it, from the CLI)
+            self.notify(f"the token budget is at its cap: {old} tokens (the KV pool holds "
+                        f"{cap or old})", severity="warning", timeout=4)
             return
         if self._control(self.source.set_knobs, max_num_batched_tokens=new,
                          knob="max_num_batched_tokens") is not None:
@@ -145,8 +159,13 @@ class Actions:
             return
         try:
             if name in {f.name for f in live_fields()}:
-                self._control(self.source.set_knobs, **{name: parse_knob_value(name, text)},
-                              knob=name)
+                value = parse_knob_value(name, text)
+                cap = self.budget_cap() if name == "max_num_batched_tokens" else None
+                if cap and value > cap:     # the cap `+` stops at
+                    raise ValueError(f"{value} is more than the KV pool holds ({cap} tokens: "
+                                     f"a step cannot compute more KV than it stores); at "
+                                     f"most {cap}")
+                self._control(self.source.set_knobs, **{name: value}, knob=name)
             elif name in WORKLOAD_SETTERS:
                 value = _workload_value(name, text)
                 self._control(getattr(self.source, WORKLOAD_SETTERS[name]), value, knob=name)
@@ -271,11 +290,17 @@ class Actions:
                                                                     None), mode))
 
     def action_reset_stats(self) -> None:
-        self.window.reset()
+        """Totals, the 10 s window and the plots start now."""
+        self.reset_windows()
         self.timing.reset()
         self.notify("stats reset: totals, the 10 s window and the plots start now", timeout=3)
         if self.source is not None:
             self.refresh_panels()
+
+    def reset_windows(self) -> None:
+        """Totals, the 10 s window and the KV peak start now."""
+        self.window.reset()
+        self.timing.reset_shown()
 
     def action_theme(self) -> None:
         theme.set_theme("default" if theme.current() != "default" else "colour-blind")
@@ -311,73 +336,9 @@ class Actions:
             kind = self.source.kind if self.source is not None else "live"
             self.push_screen(HelpScreen(kind, self._refresh_hz))
 
-    def pick_guide(self, key: str | None) -> None:
-        """A digit on the help screen: switch to that guide's setup."""
-        from roseplay.guides import BY_KEY, apply_guide
-        guide = BY_KEY.get(key) if key else None
-        if guide is None or self.source is None:
-            return
-        record = getattr(self.source, "record_event", None)
-        if record is not None:      # before its changes: a replay marks the guide alone
-            record("guide", key=key)
-        skipped = self._control(apply_guide, self.source, guide, knob="scenario",
-                                label=f"guide {key}")
-        if skipped is not None:
-            fixed = getattr(self.source, "knob", None)
-            why = "this view compares it" if skipped == [fixed] else "not a knob here"
-            note = f" (skipped {', '.join(skipped)}: {why})" if skipped else ""
-            # short: the toast covers the plots' bottom rows (hit rate), often what to watch
-            self.notify(f"guide {key}: {guide.watch}{note}", title=guide.scenario, timeout=3)
-
     async def action_quit(self) -> None:
         self.close_source()
         self.exit()
-
-
-def change_label(source, knob: str) -> str:
-    """`budget 32`, `prefix cache OFF`, `scenario mixed`: a knob's short name and new value."""
-    if knob in {f.name for f in live_fields()}:
-        return knob_label(knob, getattr(source.knobs, knob))
-    return knob_label(knob, source.workload().get(knob))
-
-
-def knob_label(knob: str, value) -> str:
-    from roseplay.widgets.knobs import SHORT_NAMES
-    value = ("ON" if value else "OFF") if isinstance(value, bool) else value
-    value = "∞" if value is None and knob == "rate" else value
-    return f"{SHORT_NAMES.get(knob, knob)} {value}"
-
-
-def event_label(event: dict) -> str | None:
-    """The plot mark of a recorded event, as the live app labelled it (None: no mark):
-    one knob set, a workload change, or a guide."""
-    what = event.get("what")
-    data = {k: v for k, v in event.items() if k not in ("kind", "t", "what")}
-    if what == "guide":
-        return f"guide {data.get('key', '?')}"
-    if what == "knobs" and len(data) == 1:
-        return knob_label(*next(iter(data.items())))
-    if what in ("scenario", "concurrency", "rate") and what in data:
-        return knob_label(what, data[what])
-    return None
-
-
-class RecordedMarks:
-    """Plot marks from a recording's events, one per user action as the live app drew
-    them: the changes a guide makes (recorded within GUIDE_SECONDS after its `guide`
-    event) add none of their own."""
-    GUIDE_SECONDS = 1.0
-
-    def __init__(self):
-        self._guide_t: float | None = None
-
-    def label(self, event: dict) -> str | None:
-        t = event.get("t", 0.0)
-        if event.get("what") == "guide":
-            self._guide_t = t
-        elif self._guide_t is not None and 0 <= t - self._guide_t < self.GUIDE_SECONDS:
-            return None
-        return event_label(event)
 
 
 def _workload_value(name: str, text: str):

@@ -14,11 +14,13 @@ import time
 from collections import deque
 from typing import Callable
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
-from roseplay.actions import Actions, RecordedMarks
+from roseplay.actions import Actions
+from roseplay.marks import RecordedMarks
 from roseplay.commands import RoseplayCommands
 from roseplay.keys import action_mode, bindings
 from roseplay.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
@@ -27,7 +29,7 @@ from roseplay.layout import LEFT, RIGHT, TITLES, plan
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import EventLog, flash_blocks
 from roseplay.widgets.knobs import KnobsPanel
-from roseplay.widgets.kv_map import KVPanel
+from roseplay.widgets.kv_panel import KVPanel
 from roseplay.widgets.prompt_input import PromptBar
 from roseplay.widgets.requests import ACTIVE, RequestDetail, RequestList, waiting_reason
 from roseplay.widgets.status import StatusBar
@@ -38,6 +40,11 @@ from roseplay.widgets.token_scrub import TraceStore
 from roseplay.widgets.ttft_split import request_split, scrub_hint
 
 REFRESH_HZ = 12
+MESSAGE_SECONDS = 5.0   # a message stays on the message line this long (unless it says)
+MESSAGES_KEPT = 50
+MESSAGE_STYLE = {"information": ("·", "#aab2c0"), "warning": ("⚠", "bold #ff9f43"),
+                 "error": ("✗", "bold #ff5555")}
+HINT = "? help explains every panel and lists the guides · ctrl+p palette"
 UI_CPU_SHARE = 0.3      # most of one core the UI thread may use before it skips frames
 PROMPT_ROWS = 4         # the open prompt box: its top border, the input, up to 2 status rows
 
@@ -47,7 +54,8 @@ class RoseplayApp(Actions, App):
 
     CSS_PATH = "app.tcss"
     TITLE = "roseplay"
-    COMMANDS = App.COMMANDS | {RoseplayCommands}
+    COMMANDS = {RoseplayCommands}     # roseplay's own only: Textual's ("Theme", "Keys", …)
+    #                                   named other actions than the keys of the same name
     AUTO_FOCUS = "RequestList"
     BINDINGS = bindings()
 
@@ -68,8 +76,13 @@ class RoseplayApp(Actions, App):
         self._noticed = False
         self._recorded_marks = RecordedMarks()    # a replay: its knob changes on the plots
         self.load_error: str | None = None
+        self.guide_results: dict[str, dict] = {}   # guide / setup key -> last measured
         self._source_closed = threading.Event()
         self.traces = TraceStore()      # token traces seen in snapshots (key w)
+        self._message: tuple[str, str, float] = ("", "information", 0.0)
+        self.messages: deque = deque(maxlen=MESSAGES_KEPT)     # (severity, text)
+        self._note_shown = None
+        self.layout_note = ""
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -166,9 +179,38 @@ class RoseplayApp(Actions, App):
         left.styles.width = p.left_width
         self.timing.set_mode(p.timing)
         self.knobs.help_lines = p.knob_help_lines
-        self.note.update(p.note)
-        self.note.display = bool(p.note)
+        self.layout_note = p.note
+        self.show_message_line()
         self.layout_plan, self._laid_out = p, self.size
+
+    # -- the message line ------------------------------------------------------------------
+    def notify(self, message: str, *, title: str = "", severity: str = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Messages go to the line above the footer, not to toasts over the panels (the
+        plots a guide asks you to watch were covered); `messages` keeps the latest."""
+        text = f"{title}: {message}" if title else message
+        self.messages.append((severity, text))
+        _, shown, until = self._message
+        if severity == "information" and shown != "information" and time.monotonic() < until:
+            return          # a warning on the line stays until its time is up
+        self._message = (text, severity, time.monotonic() + (timeout or MESSAGE_SECONDS))
+        if threading.get_ident() == self._thread_id:
+            self.show_message_line()
+
+    def show_message_line(self) -> None:
+        """The latest message while it lasts, else what the layout hid (or zoomed)."""
+        if not hasattr(self, "note"):
+            return
+        text, severity, until = self._message
+        line = Text(no_wrap=True, overflow="ellipsis")
+        if text and time.monotonic() < until:
+            mark, style = MESSAGE_STYLE.get(severity, MESSAGE_STYLE["information"])
+            line.append(f"{mark} {text}", style)
+        else:
+            line.append(self.layout_note or HINT, "" if self.layout_note else "dim")
+        if line != self._note_shown:
+            self._note_shown = line
+            self.note.update(line)
 
     # -- the pull loop ---------------------------------------------------------------------
     def _tick(self) -> None:
@@ -187,6 +229,7 @@ class RoseplayApp(Actions, App):
             return
         self._skipped = 0
         self._layout_if_resized()
+        self.show_message_line()
         self.refresh_panels()
 
     def refresh_panels(self) -> None:
@@ -197,8 +240,9 @@ class RoseplayApp(Actions, App):
         self.snapshot = snap
         self.window.feed(snap)
         self.traces.feed(snap)
+        self.feed_guide(snap)
         with self.batch_update():
-            self.status.show(snap, src.kind, src.paused, src.position())
+            self.status.show(snap, src.kind, src.paused, src.position(), workload)
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
                                waiting_reason(snap))
             self._requests_subtitle()
@@ -207,7 +251,8 @@ class RoseplayApp(Actions, App):
             self.kv.show(snap, highlight, self.window, flash_blocks(snap))
             info = getattr(src, "info", None) if src.kind == "live" else None
             self.detail.show(current, getattr(src, "tokenizer", None),
-                             getattr(info, "logprobs_mode", None), self._detail_extra(current))
+                             getattr(info, "logprobs_mode", None), no_text_reason(src),
+                             self._detail_extra(current))
             self.step_panel.show(snap)
             self.strip.show(snap)
             self.events.show(snap)
@@ -221,8 +266,11 @@ class RoseplayApp(Actions, App):
         if current is None:
             return None
         hint = scrub_hint(current, self.traces.get(current.request_id))
-        width = max(20, self.detail.size.width) - hint.cell_len
-        return request_split(current, self.snapshot.time, width).append_text(hint)
+        width = max(20, self.detail.size.width)
+        split = request_split(current, self.snapshot.time, width - hint.cell_len)
+        if split.cell_len + hint.cell_len > width:    # the split first; `w` is in the help
+            return request_split(current, self.snapshot.time, width)
+        return split.append_text(hint)
 
     def _requests_subtitle(self) -> None:
         """Sort, filter and the columns too narrow to show, under the request list."""
@@ -272,6 +320,15 @@ class RoseplayApp(Actions, App):
         if not self.is_headless:
             remove_exit_signals()
         self.close_source()
+
+
+def no_text_reason(src) -> str:
+    """Why a request's output has no text: the model has no tokenizer, or the recording
+    kept none (made before recordings kept the text, or of such a model)."""
+    header = getattr(src, "header", None)
+    if src.kind == "replay" and isinstance(header, dict) and not header.get("text"):
+        return "no text in this recording"     # (no tokenizer, or made before text was kept)
+    return "this model has no tokenizer: no text"
 
 
 def error_line(exc: BaseException) -> str:

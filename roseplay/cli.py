@@ -84,9 +84,11 @@ def check_record_path(path: str | None) -> str | None:
 
 def check_engine(args) -> str | None:
     """Why the engine could not serve this workload, before the app opens (None if it
-    can): the knobs as the engine checks them, a KV pool too small for one request of
-    the workload (it would wait forever), and --device cuda without CUDA."""
+    can): the knobs as the engine checks them, a KV pool too small for the scenario's
+    longest request (the engine would refuse it, forever), and --device cuda without
+    CUDA."""
     from engine.config import InvalidRequestError, make_config
+    from roseplay.workload_fit import pool_problem
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
     kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
@@ -94,13 +96,19 @@ def check_engine(args) -> str | None:
         config = make_config(**kwargs)
     except InvalidRequestError as exc:
         return str(exc)
-    tokens = args.input_len + args.output_len
-    need = -(-tokens // config.block_size) + 1      # + 1: a partly filled block's COW copy
-    if config.num_blocks < need:
-        return (f"--num-blocks {config.num_blocks} holds {config.num_blocks * config.block_size} "
-                f"tokens; one request of this workload needs {tokens} (--input-len "
-                f"{args.input_len} + --output-len {args.output_len}): use --num-blocks {need} "
-                f"or more")
+    # token-id prompts: exact for a model without a tokenizer, an estimate for text; a
+    # pool too small is measured again with the model's tokenizer where it is on disk
+    # (the number recommended then serves), and the loaded engine checks the text
+    # prompts exactly (roseplay/source.py start_live)
+    sizes = dict(input_len=args.input_len, output_len=args.output_len)
+    problem = pool_problem(args.scenario, config.num_blocks, config.block_size, **sizes)
+    if problem:
+        tokenizer = local_tokenizer(args.model)
+        if tokenizer is not None:
+            problem = pool_problem(args.scenario, config.num_blocks, config.block_size,
+                                   tokenizer=tokenizer, **sizes)
+    if problem:
+        return problem
     if config.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -119,6 +127,15 @@ def check_bench_config(args) -> str | None:
         make_config(**engine_kwargs(args))
     except InvalidRequestError as exc:
         return str(exc)
+    return None
+
+
+def local_tokenizer(name: str | None):
+    """The tokenizer of the bundled model or a checkpoint directory (None otherwise: a
+    hub id is not fetched for a check)."""
+    from engine.tokenizer import load_tokenizer
+    if name in (None, "default") or (os.path.isdir(name) and not name.startswith("dummy:")):
+        return load_tokenizer(name or "default")
     return None
 
 
@@ -249,6 +266,8 @@ def run_tui(args) -> int:
     if not args.replay:             # the engine starts loading before Textual is imported
         factory, message = (make_compare_factory if args.compare else make_source_factory)(args)
         early = EarlyStart(factory)
+        if sys.stdout.isatty():     # importing Textual takes a second or two: say why
+            print(f"roseplay: {message}", flush=True)
     from roseplay.app import RoseplayApp
     if args.replay:
         try:

@@ -330,5 +330,5 @@ def _attach_recorders(source: CompareSource, path: str, engine_kwargs: dict) -> 
         meta = dict(knob=source.knob, values=source.values, side=i,
                     pair=os.path.basename(paths[1 - i]))
         side.recorder = Recorder(paths[i], side.snapshot, lambda i=i: source.workload(i),
-                                 compare=meta,
+                                 tokenizer=source.tokenizer, compare=meta,
                                  engine=dict(engine_kwargs, **{source.knob: source.values[i]}))

@@ -13,7 +13,7 @@ the note line says so; narrow tables drop their least important columns.
 from __future__ import annotations
 
 from rich.text import Text
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
@@ -23,7 +23,7 @@ from roseplay.keys import KEYS
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import flash_blocks
 from roseplay.widgets.knobs import SHORT_NAMES, fmt_value, live_fields
-from roseplay.widgets.kv_map import KVPanel
+from roseplay.widgets.kv_panel import KVPanel
 from roseplay.widgets.ratios import METRICS, RatioTable, side_metrics
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.timing import TimingPanel
@@ -45,7 +45,7 @@ class KnobNote:
 
 class CompareApp(RoseplayApp):
     AUTO_FOCUS = None
-    COMMANDS = App.COMMANDS | {CompareCommands}
+    COMMANDS = {CompareCommands}
     DEFAULT_CSS = """
     #scope { height: 2; padding: 0 1; background: #1d2027; text-wrap: nowrap;
              text-overflow: ellipsis; }
@@ -98,7 +98,8 @@ class CompareApp(RoseplayApp):
         if not hasattr(self, "note"):
             return
         w, h = self.size
-        column = h - 1 - 2 - 1 - RATIO_ROWS - 1      # status, scope, footer, ratios, side head
+        column = h - 1 - 2 - 2 - RATIO_ROWS - 1   # status, scope, message line + footer,
+        #                                           ratios, side head
         show_timing = column >= TIMING_MIN_ROWS
         mode = "stacked" if column >= STACKED_MIN_ROWS else "stats"
         for panel in self.timings:
@@ -110,8 +111,8 @@ class CompareApp(RoseplayApp):
         if cols < len(METRICS):
             hidden.append(f"{len(METRICS) - max(1, cols)} B / A columns")
         note = f"hidden at {w}×{h}: {'; '.join(hidden)} · ? help" if hidden else ""
-        self.note.update(note)
-        self.note.display = bool(note)
+        self.layout_note = note
+        self.show_message_line()
         self.layout_plan, self._laid_out = note, self.size
 
     # -- the pull loop ---------------------------------------------------------------------
@@ -144,17 +145,23 @@ class CompareApp(RoseplayApp):
         self.heads[i].update(t)
 
     def mark_change(self, label: str) -> None:
-        for panel in self.timings:
+        for panel, window in zip(self.timings, self.windows):
             panel.mark(label)
+            window.restart()
 
     # -- view keys -------------------------------------------------------------------------
     def action_reset_stats(self) -> None:
-        for window, panel in zip(self.windows, self.timings):
-            window.reset()
+        for panel in self.timings:
             panel.reset()
+        self.reset_windows()
         self.notify("stats reset on both sides: the 10 s window and the plots start now",
                     timeout=3)
         self.refresh_panels()
+
+    def reset_windows(self) -> None:
+        for window, panel in zip(self.windows, self.timings):
+            window.reset()
+            panel.reset_shown()
 
     def action_theme(self) -> None:
         from roseplay.widgets import theme

@@ -27,6 +27,10 @@ from roseplay.scenarios import WorkItem, iter_workload
 POLL_INTERVAL = 0.02    # while a submission waits for a concurrency slot
 SLOW_POLL_INTERVAL = 0.05  # while requests are in flight but nothing waits on them
 IDLE_INTERVAL = 0.02    # while nothing is in flight or due (pause/resume/rate changes)
+REFUSED_BACKOFF = 0.5   # an endless driver's pause after the engine refused a request (a
+#                         workload the pool cannot hold would otherwise resubmit at once,
+#                         forever, spinning a core)
+KEPT_ERRORS = 100       # submit_errors keeps the first ones (a report prints a few)
 _DRIVER_IDS = itertools.count()
 TOP_LOGPROBS = 5    # what a request asks for when the TUI should show its distribution
 
@@ -90,7 +94,9 @@ class WorkloadDriver:
         self.outputs: deque[RequestOutput] = deque(maxlen=maxlen)
         self.in_flight: dict[str, tuple] = {}      # request id -> (stream, item)
         self.submitted = self.completed = self.failed = self.max_in_flight = 0
-        self.submit_errors: list[str] = []
+        self.submit_errors: list[str] = []      # the first KEPT_ERRORS
+        self.last_error: str | None = None      # the latest refusal (since the scenario)
+        self.refused = 0
         self.start_time: float | None = None
         self._next_due = 0.0
         self._paused = False
@@ -114,6 +120,7 @@ class WorkloadDriver:
             items, name = iter(scenario), "custom"
         with self._lock:
             self._items, self._held, self.scenario_name = items, None, name
+        self.refused, self.last_error = 0, None     # refusals of the new items count anew
 
     def set_concurrency(self, concurrency: int | None) -> None:
         if concurrency is not None and concurrency < 1:
@@ -213,7 +220,10 @@ class WorkloadDriver:
             if item.arrival is not None and now < self.start_time + item.arrival:
                 self._held, self._next_due = item, self.start_time + item.arrival
                 break
-            self._submit(item)
+            if not self._submit(item):
+                if self.num_requests is None:       # endless: wait, do not spin
+                    self._next_due = now + REFUSED_BACKOFF
+                break
             count += 1
             if item.arrival is None:
                 self._advance_due(now)
@@ -238,7 +248,15 @@ class WorkloadDriver:
         else:
             self._next_due += gap
 
-    def _submit(self, item: WorkItem) -> None:
+    def _error(self, text: str) -> None:
+        self.failed += 1
+        self.refused += 1
+        self.last_error = text
+        if len(self.submit_errors) < KEPT_ERRORS:
+            self.submit_errors.append(text)
+
+    def _submit(self, item: WorkItem) -> bool:
+        """Submit `item`; False if the engine refused it (counted in `failed`)."""
         rid = f"{self.id_prefix}{self.submitted}"
         params = item.params
         if self.logprobs_every and self.submitted % self.logprobs_every == 0 \
@@ -249,11 +267,11 @@ class WorkloadDriver:
             stream = self.loop.submit(item.prompt, params, request_id=rid,
                                       on_finish=self._finished.put, priority=item.priority)
         except Exception as exc:        # invalid request or stopped loop: count, go on
-            self.failed += 1
-            self.submit_errors.append(f"{type(exc).__name__}: {exc}")
-            return
+            self._error(f"{type(exc).__name__}: {exc}")
+            return False
         self.in_flight[stream.request_id] = (stream, item)
         self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
+        return True
 
     def _poll(self, timeout: float = 0.0) -> int:
         """Collect finished requests (waiting up to `timeout` for the first); returns how
@@ -276,9 +294,10 @@ class WorkloadDriver:
 
     def _collect(self, output: RequestOutput | None, error: str | None = None) -> None:
         if output is None or output.error is not None or error is not None:
-            self.failed += 1
             if output is None:
-                self.submit_errors.append(error or "request failed")
+                self._error(error or "request failed")
+            else:
+                self.failed += 1
         else:
             self.completed += 1
         if output is not None:

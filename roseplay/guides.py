@@ -51,8 +51,12 @@ class Guide:
     versus: str | None = None
     expect: dict = field(default_factory=dict)
     compare: str | None = None     # KNOB=A,B for `roseplay --compare`
-    shows: tuple = ()              # what appears on a 120x40 screen (regexes), within
-    within: float = 5.0            # this many seconds (tests/roseplay/test_tui_guides_tmux.py)
+    shows: tuple = ()              # what appears on a 120x40 screen (regexes): its setup on
+    #                                the scorecard, then what to watch, within
+    within: float = 5.0            # this many seconds of a clean window (on an idle box;
+    #                                tests/roseplay/test_tui_guides_tmux.py)
+    full_pool: bool = False        # the claim holds once the pool evicts: measured from then
+    view: dict = field(default_factory=dict)   # the request list's sort / filter it sets
 
 
 GUIDES = (
@@ -61,35 +65,36 @@ GUIDES = (
                "Whether the documents' first token comes later depends on a step's fixed "
                "cost: large on a GPU (vLLM's trade: smoother ITL, later TTFT), small on "
                "this CPU engine, where TTFT and ITL barely move.",
-          VLLM, "chunk k/n in the request list and This step; chunks per prompt up against "
-          "key 2",
+          VLLM, "chunk k/n at the top of the request list (sorted by state: prefilling "
+          "first) and in This step; chunks per prompt up against key 2",
           "mixed", {"max_num_batched_tokens": 32, **APP}, concurrency=APP_CONCURRENCY, versus="2",
           expect={"chunks_p90": "higher", "mixed_steps": "higher"},
-          compare="max_num_batched_tokens=32,2048",
-          shows=(r"32 tok/step", r"chunk \d+/\d+")),
+          compare="max_num_batched_tokens=32,2048", view={"sort": "state"},
+          shows=(r"budget 32 tok/step", r"chunk \d+/\d+")),
     Guide("2", "A large token budget prefills a whole prompt in one step: one chunk per "
                "prompt, and fewer steps carry decodes and prefill together.", VLLM,
-          "one prefill chunk per prompt in This step; chunks per prompt down against key 1",
+          "the event log: each prompt's prefill done in one chunk (chunk done … N/N "
+          "tokens); chunks per prompt down against key 1",
           "mixed", {"max_num_batched_tokens": 2048, **APP}, concurrency=APP_CONCURRENCY,
           versus="1",
           expect={"chunks_p90": "lower", "mixed_steps": "lower"},
-          compare="max_num_batched_tokens=32,2048",
-          # a prompt of 100+ tokens prefilled in one step: the last step shows it for one
-          # step only (a one-off document: about 1 request in 8), so it takes a few seconds
-          shows=(r"2048 tok/step", r"prefill \d{3,} tok in \d+ chunk"), within=8.0),
+          compare="max_num_batched_tokens=32,2048", view={"sort": "state"},
+          # a prompt of 100+ tokens prefilled in one chunk: the event log keeps it for a
+          # few seconds (This step showed it for one step only)
+          shows=(r"budget 2048 tok/step", r"prefill chunk (\d{3,})/\1 tokens")),
     Guide("3", "More running requests than the KV pool holds (max_num_seqs 256 on 512 "
                "blocks) forces preemption: requests are freed and recompute their prompt "
                "later.", VLLM,
           "P flashes on the KV map, the preempted count rising, KV use near 100%",
           "random", {"max_num_seqs": 256}, concurrency=256, versus="4",
           expect={"preemptions": ">0", "kv_used": "higher"}, compare="max_num_seqs=256,32",
-          shows=(r"\b256 +max_num_seqs", r"preempted [1-9]"), within=10.0),
+          shows=(r"max seqs 256", r"preempted [1-9]"), within=10.0),
     Guide("4", "Against preemption: lower max_num_seqs (or give the KV cache more memory); "
                "the requests that do not fit wait in the queue instead.", VLLM,
           "no P flashes, preempted stays 0; the waiting column fills, KV use lower",
           "random", {"max_num_seqs": 32}, concurrency=256, versus="3",
           expect={"preemptions": "=0", "waiting": "higher"}, compare="max_num_seqs=256,32",
-          shows=(r"\b32 +max_num_seqs", r"running 3[0-2] +waiting \d{3}")),
+          shows=(r"max seqs 32\b", r"running 3[0-2] +waiting \d{3}")),
     Guide("5", "Prefix caching reuses the KV blocks of prompts that start alike: the "
                "shared system prompts and the reference documents are prefilled once.",
           VLLM_APC,
@@ -98,26 +103,26 @@ GUIDES = (
           "mixed", {"enable_prefix_caching": True, **APP}, concurrency=APP_CONCURRENCY,
           versus="6", expect={"hit_rate": "higher", "ttft_p50": "lower"},
           compare="enable_prefix_caching=true,false",
-          shows=(r"ON +enable_prefix_caching", r"hit rate [4-9]\d%/"), within=8.0),
+          shows=(r"prefix cache ON", r"hit rate [4-9]\d%/"), within=8.0),
     Guide("6", "The same workload without prefix caching prefills every shared prefix "
                "again.", VLLM_APC,
           "hit rate 0, TTFT and KV use up against key 5",
           "mixed", {"enable_prefix_caching": False, **APP}, concurrency=APP_CONCURRENCY,
           versus="5", expect={"hit_rate": "=0", "kv_used": "higher"},
           compare="enable_prefix_caching=true,false",
-          shows=(r"OFF +enable_prefix_caching", r"hit rate 0%/"), within=7.0),
+          shows=(r"prefix cache OFF", r"hit rate 0%/"), within=7.0),
     Guide("7", "Throughput needs a large batch: keep requests queued so the running "
                "batch stays full (a queue that is always empty means the client sends "
                "too slowly).", SGLANG,
           "tok/s low with 2 in flight; compare key 8",
           "random", {}, concurrency=2, versus="8", expect={"tok_s": "lower"},
-          shows=(r"\b2 +concurrency", r"running [0-2] +waiting 0")),
+          shows=(r"· 2 in flight", r"running [0-2] +waiting 0")),
     Guide("8", "With enough requests waiting, the batch and the KV usage grow, and so "
                "does throughput (until preemption starts).", SGLANG,
           "tok/s several times key 7's; the running and waiting counts up",
           "random", {}, concurrency=96, versus="7",
           expect={"tok_s": "higher", "running": "higher"},
-          shows=(r"\b96 +concurrency", r"running (6[0-4]|[4-5]\d) ")),
+          shows=(r"· 96 in flight", r"running (6[0-4]|[4-5]\d) ")),
     Guide("9", "A priority queue (scheduling_policy priority) serves the chat turns "
                "(priority 0, most requests) before the queued documents (priority 1): "
                "the median time to first token drops against fcfs.", VLLM,
@@ -126,7 +131,7 @@ GUIDES = (
           "mixed", {"scheduling_policy": "priority", **APP}, concurrency=APP_CONCURRENCY,
           versus="default", expect={"ttft_p50": "lower"},
           compare="scheduling_policy=priority,fcfs",
-          shows=(r"priority +scheduling_policy", r"waiting \d{2}")),
+          shows=(r"queue priority", r"waiting \d{2}")),
     Guide("0", "Once the pool is full, every new block evicts a cached one. lru evicts "
                "the least recently released: the one-off documents and answers push out "
                "a reference document before it is asked about again, and the first of "
@@ -136,9 +141,9 @@ GUIDES = (
           "hit rate (legend, hit % plot) up against lru within seconds, once evictions "
           "run (evicted N/s); e flips it back",
           "mixed", {"eviction_policy": "lfu", **APP}, concurrency=APP_CONCURRENCY,
-          versus="default", expect={"hit_rate": "higher"},
+          versus="default", expect={"hit_rate": "higher"}, full_pool=True,
           compare="eviction_policy=lru,lfu",
-          shows=(r"lfu +eviction_policy", r"evicted [1-9]\d*/s"), within=8.0),
+          shows=(r"evict lfu", r"evicted [1-9]\d*/s"), within=8.0),
     Guide("d", "Speculative decoding on repetitive text: the n-gram drafter proposes the "
                "tokens that followed the last match in the request's own text, the target "
                "verifies them in one forward and keeps the prefix it agrees with. Here "
@@ -156,7 +161,7 @@ GUIDES = (
           expect={"tpot_p50": "lower", "spec_acceptance": ">0",
                   "spec_mean_accepted_len": "higher"},
           compare="num_speculative_tokens=0,3",
-          shows=(r"3 drafts +num_speculative_tokens", r"spec (\d+) drafted → \1 accepted"),
+          shows=(r"spec k 3 drafts", r"spec (\d+) drafted → \1 accepted"),
           within=8.0),
 )
 BY_KEY = {g.key: g for g in GUIDES}
@@ -204,6 +209,46 @@ def apply_guide(source, guide: Guide) -> list[str]:
     source.set_concurrency(guide.concurrency or 16)
     source.set_rate(guide.rate)
     return skipped
+
+
+def setup_of(guide: Guide, fixed: str | None = None) -> dict:
+    """Every live knob and the workload a guide sets: what the engine runs under it."""
+    return {**clean_knobs(guide, fixed), "scenario": guide.scenario,
+            "concurrency": guide.concurrency or 16, "rate": guide.rate}
+
+
+def turn_hint(guide: Guide) -> str | None:
+    """How to turn the guide's setup into its versus setup by hand, when one knob or
+    workload value tells them apart (None: they differ in more): the key that does it in
+    one press, else the palette's typed value."""
+    versus = BY_KEY.get(guide.versus) or BASELINES.get(guide.versus)
+    if versus is None:
+        return None
+    mine, theirs = setup_of(guide), setup_of(versus)
+    diff = [k for k in mine if mine[k] != theirs[k]]
+    if len(diff) != 1:
+        return None
+    name, value = diff[0], theirs[diff[0]]
+    shown = ("on" if value else "off") if isinstance(value, bool) else value
+    key = one_press(name, mine[name], value)
+    return f"{key} ({name} {shown})" if key else f"ctrl+p {name} {shown}"
+
+
+def one_press(name: str, old, new) -> str | None:
+    """The key that turns knob `name` from `old` to `new` in one press, if one does."""
+    from roseplay.keys import KEYS
+    f = next((f for f in knob_fields(SchedulerConfig) if f.name == name), None)
+    if f is None:
+        return None
+    choices = list(f.metadata.get("choices") or ())
+    for k in (k for k in KEYS if k.knob == name):
+        if k.action == "toggle_cache" and isinstance(old, bool):
+            return k.display
+        if "cycle_knob" in k.action and old in choices:
+            step = 1 if k.action.endswith(", 1)") else -1
+            if choices[(choices.index(old) + step) % len(choices)] == new:
+                return k.display
+    return None
 
 
 def describe(guide: Guide) -> str:

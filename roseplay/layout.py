@@ -2,8 +2,9 @@
 
 `plan(width, height)` keeps the panels a learner needs most (KV map, requests, the
 selected request's text, timing figures), then adds the others while they fit; what did
-not fit is listed in a note line above the footer ("press z to zoom"). `z` zooms one
-panel to the whole screen (the only way to see a hidden one at a small size).
+not fit is listed in the message line above the footer ("press z to zoom"), which also
+shows the app's messages (never a toast over a panel). `z` zooms one panel to the
+whole screen (the only way to see a hidden one at a small size).
 """
 from __future__ import annotations
 
@@ -36,18 +37,17 @@ def _timing_mode(inner_width: int) -> str:
 
 def plan(width: int, height: int, zoom: str | None = None, extra_rows: int = 0) -> Plan:
     """`extra_rows`: rows taken by something else (the open prompt box)."""
-    rows = height - 2 - extra_rows             # the status line and the footer
+    rows = height - 3 - extra_rows       # the status line, the message line, the footer
     if zoom in TITLES:
         mode = _timing_mode(width - 4) if zoom == "timing" else "side"
         note = (f"zoom: {TITLES[zoom]} · z next panel · Z all panels")
         return Plan({zoom: None}, width if zoom in LEFT else 0, mode, 3, note)
     left_width = max(40, round(width * 0.45)) if width >= WIDE else round(width * 0.42)
-    first = _fill(width - left_width, rows, left_width)
-    if not first[1]:
-        return _plan(first, left_width, "")
-    second = _fill(width - left_width, rows - 1, left_width)    # a row for the note
-    hidden = ", ".join(second[1])
-    return _plan(second, left_width, f"hidden at {width}×{height}: {hidden} · "
+    filled = _fill(width - left_width, rows, left_width)
+    if not filled[1]:
+        return _plan(filled, left_width, "")
+    hidden = ", ".join(filled[1])
+    return _plan(filled, left_width, f"hidden at {width}×{height}: {hidden} · "
                                      f"z zooms a panel · ? help")
 
 
@@ -89,7 +89,7 @@ def _fill(right_width: int, rows: int, left_width: int):
             heights["timing"], right, timing = TIMING_ROWS[mode], right - grow, mode
         else:
             hidden.append("timing plots")
-    if "detail" in heights and right >= 5:     # a row for the TTFT split
+    if "detail" in heights and right >= 2:     # a row for the TTFT split (requests: 1 less)
         heights["detail"], right = DETAIL_ROWS + 1, right - 1
     if "events" in heights:
         more = max(0, min(4, right - 6))       # events grow while requests keep 12 rows

@@ -22,6 +22,7 @@ from collections import deque
 
 from engine.snapshot import EngineSnapshot
 from roseplay.frames import FrameEncoder
+from roseplay.record_text import TextTracker
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)           # version 1: no keyframes, no engine events
@@ -44,11 +45,12 @@ class Recorder:
     a readable prefix); past `max_bytes` of JSON it stops and sets `full`. A write that
     fails (disk full, the file's disk gone) stops it too, with `error` saying why: the
     session goes on unrecorded, and the file replays up to its last flush. `close()`
-    writes a final frame and closes the file.
+    writes a final frame and closes the file. With the engine's `tokenizer`, each
+    request's generated text is recorded too (the header says `"text": true`).
     """
 
     def __init__(self, path: str, snapshot_fn, workload_fn, interval: float = 0.1,
-                 max_bytes: int = MAX_RECORDING_BYTES, **info):
+                 max_bytes: int = MAX_RECORDING_BYTES, tokenizer=None, **info):
         self.path = path
         self._snapshot_fn, self._workload_fn = snapshot_fn, workload_fn
         self.interval, self.max_bytes = interval, max_bytes
@@ -64,7 +66,9 @@ class Recorder:
         self.frames = self.bytes = 0
         self.full = False
         self.error: str | None = None
-        self._write(header_for(snapshot_fn(), **info))
+        # the generated text, decoded here: a replay loads no tokenizer (record_text.py)
+        self._text = TextTracker(tokenizer) if tokenizer is not None else None
+        self._write(header_for(snapshot_fn(), text=self._text is not None, **info))
         self._thread = threading.Thread(target=self._run, name="roseplay-recorder", daemon=True)
         self._thread.start()
 
@@ -101,6 +105,8 @@ class Recorder:
         if not force and snap is self._last_snap and workload == self._last_workload:
             return
         self._last_snap, self._last_workload = snap, workload
+        if self._text is not None:
+            snap = self._text.with_text(snap)
         self._write(self._encoder.encode(snap, time.perf_counter() - self._t0, workload))
         self.frames += 1
         now = time.perf_counter()

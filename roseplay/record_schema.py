@@ -196,7 +196,7 @@ def check_samples(rows, width: int, what: str) -> list:
 
 WORKLOAD_TYPES = {"scenario": ("str",), "concurrency": ("int", "None"),
                   "rate": ("float", "None"), "submitted": ("int",), "in_flight": ("int",),
-                  "failed": ("int",)}
+                  "failed": ("int",), "refused": ("int",), "last_error": ("str", "None")}
 
 
 def check_plain_dict(d, what: str) -> dict:

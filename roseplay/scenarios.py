@@ -242,6 +242,19 @@ def _reference(spec: WorkloadSpec, k: int, i: int, rng: random.Random) -> dict:
     return {"prompt_token_ids": ids, "prompt": spec.tokenizer.decode(ids)}
 
 
+def mixed_output_range(output_len: int) -> tuple[int, int]:
+    """mixed: max_tokens runs from 1/4 to 7/4 of output_len."""
+    return max(1, output_len // 4), max(1, output_len * 7 // 4)
+
+
+def max_output_tokens(name: str, output_len: int, range_ratio: float = 0.0) -> int:
+    """The largest max_tokens scenario `name` gives any request."""
+    if name == "mixed":
+        return mixed_output_range(output_len)[1]
+    lo = max(1, int(output_len * (1 - range_ratio)))
+    return max(lo, int(output_len * (1 + range_ratio)))
+
+
 def _mixed(spec: WorkloadSpec, i: int) -> WorkItem:
     """Chat turns on shared system prompts (priority 0); documents (priority 1): pairs
     of questions on one of MIXED_LIBRARY reference documents, and long one-off ones.
@@ -251,8 +264,7 @@ def _mixed(spec: WorkloadSpec, i: int) -> WorkItem:
     answers have filled the cache: lru has evicted it by then (the pair's first
     question misses), lfu keeps it (its blocks have a hit, the one-off ones none)."""
     rng = spec.rng("mixed", i)
-    out = SamplingParams(max_tokens=rng.randint(max(1, spec.output_len // 4),
-                                                max(1, spec.output_len * 7 // 4)),
+    out = SamplingParams(max_tokens=rng.randint(*mixed_output_range(spec.output_len)),
                          temperature=spec.temperature, ignore_eos=spec.ignore_eos)
     kind = MIXED_PATTERN[i % len(MIXED_PATTERN)]
     if kind == "d":

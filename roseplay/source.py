@@ -52,7 +52,7 @@ class LiveSource:
         d = self.driver
         return {"scenario": d.scenario_name, "concurrency": d.concurrency,
                 "rate": d.request_rate, "submitted": d.submitted, "in_flight": d.num_in_flight,
-                "failed": d.failed}
+                "failed": d.failed, "refused": d.refused, "last_error": d.last_error}
 
     @property
     def knobs(self) -> SchedulerConfig:
@@ -113,8 +113,11 @@ class LiveSource:
         self._event("cancel_workload")
 
     def set_scenario(self, name: str) -> None:
+        """Refused (InvalidRequestError) for a scenario whose longest request the pool
+        can never hold: the engine would refuse its requests, one by one."""
         if name not in SCENARIOS:
             raise InvalidRequestError(f"unknown scenario {name!r}")
+        check_fits(name, self.info, self.driver.workload)
         self.driver.set_scenario(name)
         self._event("scenario", scenario=name)
 
@@ -312,10 +315,16 @@ def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurre
                       input_len=input_len, output_len=output_len, temperature=temperature)
     from roseplay.driver import WorkloadDriver
     loop = make_engine(engine_kwargs, connect, in_process)
-    if paused:
-        loop.pause()
     workload = dict(tokenizer=loop.tokenizer, vocab_size=loop.info.vocab_size, input_len=input_len,
                     output_len=output_len, temperature=temperature, seed=seed)
+    if not connect:         # (attached: no load of ours until a scenario is picked)
+        try:
+            check_fits(scenario, loop.info, workload)
+        except InvalidRequestError:
+            loop.close()
+            raise
+    if paused:
+        loop.pause()
     driver = WorkloadDriver(loop, scenario, concurrency=concurrency, request_rate=rate,
                             workload=workload, seed=seed, logprobs_every=LOGPROBS_EVERY)
     source = LiveSource(loop, driver)
@@ -324,9 +333,19 @@ def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurre
     if record:
         from roseplay.record import Recorder
         source.recorder = Recorder(record, source.snapshot, source.workload,
+                                   tokenizer=loop.tokenizer,
                                    engine=dict(engine_kwargs))
     driver.start()
     return source
+
+
+def check_fits(scenario: str, info, workload: dict) -> None:
+    """InvalidRequestError if the scenario's longest request can never fit the pool
+    (roseplay/workload_fit.py: the prompts as this engine's tokenizer counts them)."""
+    from roseplay.workload_fit import pool_problem
+    problem = pool_problem(scenario, info.num_blocks, info.block_size, **workload)
+    if problem:
+        raise InvalidRequestError(problem)
 
 
 def make_engine(engine_kwargs: dict, connect: str | None = None, in_process: bool = False):

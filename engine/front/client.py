@@ -7,8 +7,9 @@ front runs here: tokenizing and validation (InputProcessor), detokenizing, stop 
 and stream events (OutputProcessor) happen in this process, off the engine's GIL. One
 IO thread receives step outputs (one message per step for all of this client's
 requests), engine stats and snapshots (conflated: only the newest is kept, decoded when
-read); a heartbeat thread of its own keeps the client alive while a consumer's callback
-holds the IO thread. Attaching needs the engine key (engine/ipc/auth.py).
+read). Attaching needs the engine key (engine/ipc/auth.py, curve.py); heartbeats, the
+engine's silence and attaching again after the engine dropped this client are
+engine/front/attach.py's.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import msgspec
 import zmq
 
 from engine.front.api import CLOSE_TIMEOUT, EngineStopped
+from engine.front.attach import Attachment, EngineKeyRefused, handshake, open_socket
 from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR
 from engine.config import InvalidRequestError, SchedulerConfig, knob_changes
 from engine.ipc import auth
@@ -36,13 +38,8 @@ from engine.snapshot import EngineSnapshot
 from engine.engine_stats import EngineStats
 from engine.tokenizer import load_tokenizer
 
-HEARTBEAT_INTERVAL = 0.5
-CONNECT_DEAD_AFTER = 10.0   # an attached client's engine is gone after this much silence
 STARTUP_TIMEOUT = 900.0
-
-
-class EngineKeyRefused(EngineDied):
-    """The engine at the address refused this client's engine key."""
+__all__ = ["EngineClient", "EngineDied", "EngineKeyRefused"]
 
 
 class EngineClient:
@@ -61,13 +58,14 @@ class EngineClient:
         self.snapshots = snapshots
         self._want_snapshots = True
         self.proc = None
-        self._tmpdir = None
+        self._tmpdir = self._launch_address = None
         self.fatal_error: str | None = None
         self._closed = False
         self.tokenizer = None
         if connect is None:
             launch = launch or EngineLaunch(engine_kwargs, address, engine_key)   # bad knobs:
             self.proc, self._tmpdir = launch.proc, launch.tmpdir                # refused here
+            self._launch_address = launch.address
             self._engine_key = launch.engine_key
             self._owner_token, address, status = launch.owner_token, launch.address, launch.status
             try:      # while the engine process imports torch and loads the model
@@ -86,31 +84,35 @@ class EngineClient:
         self.address = connect or address
         self._topic = auth.snapshot_topic(self._engine_key)
         self._stats = EngineStats()
-        self._closing = threading.Event()     # wakes the heartbeat thread at close
         self._ctx = zmq.Context()
         self._send_lock = threading.Lock()
         self._tokens = itertools.count(1)
         self._waiters: dict[int, tuple[threading.Event, list]] = {}
         self._snap_bytes: bytes | None = None
         self._snap_cache: tuple[bytes | None, EngineSnapshot | None] = (None, None)
-        self._last_heard = time.monotonic()
         self._connect(startup_timeout if connect else 30.0)
         self._io = threading.Thread(target=self._io_loop, name=f"roseplay-{label}-io", daemon=True)
         self._io.start()
-        self._beat = threading.Thread(target=self._heartbeat_loop, daemon=True,
-                                      name=f"roseplay-{label}-heartbeat")
-        self._beat.start()
+        self._attach.start()
         if self._snap_bytes is None:
             self.wait_idle(30.0)
 
     # -- start-up ------------------------------------------------------------------------
     def _connect(self, timeout: float) -> None:
-        in_ep, out_ep, pub_ep = P.endpoints(self.address)
+        _, out_ep, pub_ep = P.endpoints(self.address)
         ident = f"{self.label}-{uuid.uuid4().hex[:8]}".encode()
-        self._in = self._socket(zmq.DEALER, in_ep, ident)
-        self._out = self._socket(zmq.DEALER, out_ep, ident)
-        self._sub = self._socket(zmq.SUB, pub_ep, None) if self.snapshots else None
-        welcome = self._handshake(timeout)
+        key = self._engine_key
+        self._in = open_socket(self._ctx, zmq.DEALER, None, key, ident)   # handshake() connects
+        self._out = open_socket(self._ctx, zmq.DEALER, out_ep, key, ident)
+        self._sub = open_socket(self._ctx, zmq.SUB, pub_ep, key, topic=self._topic) \
+            if self.snapshots else None
+        try:
+            welcome = handshake(self._in, self._out, self.label, self.address, timeout,
+                                lambda: self.proc is None or self.proc.poll() is None)
+        except BaseException:
+            self._close_sockets()
+            raise
+        self._attach = Attachment(self._send, self.label, welcome.client_timeout)
         deadline = time.monotonic() + 10.0      # the first snapshot: snapshot() is never None
         while self._sub is not None and self._snap_bytes is None and time.monotonic() < deadline:
             if self._sub.poll(100):
@@ -125,35 +127,7 @@ class EngineClient:
                                      i.num_blocks, i.block_size)
         self.outputs = OutputProcessor(self.tokenizer)
         self._submit_lock = threading.Lock()
-
-    def _socket(self, kind: int, endpoint: str, ident: bytes | None) -> zmq.Socket:
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        if ident is not None:
-            sock.setsockopt(zmq.IDENTITY, ident)
-        if kind == zmq.SUB:
-            sock.setsockopt(zmq.CONFLATE, 1)      # keep only the newest snapshot
-            sock.setsockopt(zmq.SUBSCRIBE, self._topic)   # the key's topic (auth.py)
-        sock.connect(endpoint)
-        return sock
-
-    def _handshake(self, timeout: float) -> P.Welcome:
-        """Hello until Welcome: the core can route to us only once our out socket is
-        connected, so an early Welcome may be dropped; ask again."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._send(P.Hello(self.label, self._engine_key))
-            if self._out.poll(500):
-                msg = P.core_decoder.decode(self._out.recv())
-                if isinstance(msg, P.Welcome):
-                    return msg
-                if isinstance(msg, P.Refused):
-                    self._close_sockets()
-                    raise EngineKeyRefused(f"engine at {self.address}: {msg.message}")
-            if self.proc is not None and self.proc.poll() is not None:
-                break
-        self._close_sockets()
-        raise EngineDied(f"no engine answered at {self.address}")
+        self._max_message = P.max_message_bytes(i.max_model_len)   # the engine's MAXMSGSIZE
 
     # -- the client API (any thread) -------------------------------------------------------
     @property
@@ -177,6 +151,9 @@ class EngineClient:
                 creq.arrival_time, creq.prompt_preview, creq.priority))
         except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
             raise InvalidRequestError(f"request cannot be sent to the engine: {exc}") from None
+        if len(data) > self._max_message:     # never reached by a checked request
+            raise InvalidRequestError(f"request of {len(data)} bytes is over the engine's "
+                                      f"message limit ({self._max_message} bytes)")
         stream = RequestStream(creq.request_id, self._cancel_dropped)
         on_event, on_finish = chain_sinks(stream, on_event, on_finish)
         with self._submit_lock:
@@ -253,26 +230,26 @@ class EngineClient:
         ok = event.wait(timeout)
         if ok and box:
             self._snap_bytes = box[0]
-        return ok and self.fatal_error is None
+        return ok and self.fatal_error is None and (bool(box) or self._closed)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         if self._closed:
             return
         self._closed = True
-        self._closing.set()
+        self._attach.stop()
         try:
             self._send_bytes(P.encoder.encode(
                 P.Shutdown(self._owner_token) if self.proc is not None else P.Bye()))
         except Exception:
             pass
-        if self.proc is not None:
+        if self.proc is not None and self.fatal_error is None:   # (gone: no wait)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
         self._reap()
         self._io.join(timeout)
-        self._beat.join(timeout)
+        self._attach.join(timeout)
         self.outputs.fail_all(REASON_CANCELLED, ENGINE_CLOSED)
         self._close_sockets()
 
@@ -323,19 +300,10 @@ class EngineClient:
                 break
             if self._sub is not None and self._sub in ready:
                 self._snap_bytes = self._recv_snapshot()
-                self._last_heard = time.monotonic()
+                self._attach.silence.heard()
             if self._out in ready:
                 self._drain_out()
-            self._check_alive(time.monotonic())
-
-    def _heartbeat_loop(self) -> None:
-        """Heartbeats on their own thread: never late because a consumer's callback (run
-        on the IO thread) is slow."""
-        while self.fatal_error is None and not self._closing.wait(HEARTBEAT_INTERVAL):
-            try:
-                self._send(P.Heartbeat())
-            except zmq.ZMQError:
-                return
+            self._check_alive()                  # after reading what was queued
 
     def _recv_snapshot(self) -> memoryview:
         return memoryview(self._sub.recv())[len(self._topic):]    # past the topic
@@ -346,7 +314,7 @@ class EngineClient:
                 msg = P.core_decoder.decode(self._out.recv(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            self._last_heard = time.monotonic()
+            self._attach.silence.heard()
             if isinstance(msg, P.Stats):
                 self._stats = msg.stats
             elif isinstance(msg, P.Outputs):
@@ -358,24 +326,58 @@ class EngineClient:
                     if isinstance(msg, P.BarrierDone):
                         box.append(msg.snapshot)
                     event.set()
+            elif isinstance(msg, P.Detached):
+                self._detached(msg.message)
+            elif isinstance(msg, P.Welcome):
+                if self._attach.detached is not None:     # attached again
+                    self._knobs, self._paused = msg.knobs, msg.paused
+                self._attach.welcomed()
             elif isinstance(msg, P.Fatal):
                 self._die(msg.message)
 
-    def _check_alive(self, now: float) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is not None and not self._closed:
-                self._die(f"engine process died (exit code {self.proc.returncode})")
-        elif now - self._last_heard > CONNECT_DEAD_AFTER:
-            self._die(f"engine at {self.address} stopped answering")
+    def _detached(self, why: str) -> None:
+        """The engine dropped us (or never heard our Hello): every request and waiter
+        sent before our new Hello ends with an error (the engine ended it, or never
+        applied it); what is submitted after the Hello is served."""
+        if not self._attach.detach(why):
+            return
+        with self._submit_lock:       # no Submit between the list and the Hello
+            sent = list(self.outputs.states)
+            self._send(P.Hello(self.label[:P.MAX_LABEL_CHARS]))
+        for rid in sent:
+            self.outputs.fail(rid, REASON_ERROR, why)
+        self._release_waiters()
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why requests cannot be served now (the engine is gone, or this client is
+        attaching again), else None: what /health reports."""
+        if self.fatal_error or self._closed:
+            return self.fatal_error or "engine client closed"
+        detached = self._attach.detached
+        return f"attaching to the engine again ({detached})" if detached else None
+
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None and not self._closed:
+            self._die(f"engine process died (exit code {self.proc.returncode})")
+        elif self._attach.engine_silent() and not self._closed:
+            self._die(f"the engine at {self.address} sent nothing for "
+                      f"{self._attach.silence.timeout:g} s (client_timeout)")
 
     def _die(self, message: str) -> None:
         self.fatal_error = message
+        self._attach.stop()
         self.outputs.fail_all(REASON_ERROR, message)
-        for event, _ in list(self._waiters.values()):
+        self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        """Wake every wait_idle / step_once caller: their answers will not come."""
+        waiters, self._waiters = self._waiters, {}
+        for event, _ in waiters.values():
             event.set()
 
     def _reap(self) -> None:
-        stop_engine(self.proc, self._tmpdir)
+        stop_engine(self.proc, self._tmpdir, self._launch_address)
         self._tmpdir = None
 
     def _close_sockets(self) -> None:

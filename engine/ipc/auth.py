@@ -1,15 +1,18 @@
-"""The engine key: the secret a client shows in its Hello before the core serves it.
+"""The engine key: the secret a client must hold before the engine serves it.
 
 Why: the engine address carries other users' prompt previews and output tails (in the
 snapshots), the pause, the live knobs and raw generation. Whoever can reach the address
 must also hold the key. The owner (the process that starts the engine) takes the key
-given by `--engine-key` / $ROSEPLAY_ENGINE_KEY, or generates a random one and writes it,
-mode 0600, to the key file of the address: next to the socket for ipc:// addresses, in
-the user's runtime directory for tcp:// ones. A client of the same user finds it there;
-anyone else needs it given. Snapshots are published under a topic derived from the key,
-and the core applies only that subscription (XPUB_MANUAL), so a stranger's SUB socket
-receives no byte. The key travels in clear text: on a non-loopback address use it only
-on a trusted network (or tunnel), and such a bind is refused unless a key was given.
+given by `--engine-key` / $ROSEPLAY_ENGINE_KEY, or generates a random one and the engine
+writes it, mode 0600, to the key file of the address: next to the socket for ipc://
+addresses, in the user's runtime directory for tcp:// ones. A client of the same user
+finds it there; anyone else needs it given. The key itself never travels: the engine's
+sockets are CURVE servers whose keys derive from it (engine/ipc/curve.py), so a peer
+without it never gets past the handshake and the traffic is encrypted. Snapshots are
+published under a topic derived from the key as well. A key file holds a lock while its
+engine runs, so one that a killed engine left is removed by the next start
+(engine/ipc/leftovers.py). A non-loopback bind is refused unless a key was given (a
+generated key is only in a local file).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import secrets
 import tempfile
 
 from engine.config import InvalidRequestError
+from engine.ipc import leftovers
 
 ENGINE_KEY_ENV = "ROSEPLAY_ENGINE_KEY"
 KEY_FILE_SUFFIX = ".key"
@@ -55,25 +59,40 @@ def key_file(address: str) -> str:
     return os.path.join(_runtime_dir(), f"engine-{host.replace(':', '_')}-{port}{KEY_FILE_SUFFIX}")
 
 
-def write_key(address: str, key: str) -> str:
-    """Write the key 0600 (created with that mode: never readable by others, even briefly)."""
+def write_key(address: str, key: str) -> tuple[str, int]:
+    """Write the key 0600 (created with that mode: never readable by others, even
+    briefly), locked while this process runs: (path, the descriptor holding the lock).
+    Key files that killed engines left in the runtime directory go first."""
+    if address.startswith("tcp://"):
+        sweep_keys()
     path = key_file(address)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key)
-    return path
+    return path, leftovers.lock_into_place(path, key.encode())
 
 
-def remove_key(path: str | None) -> None:
+def remove_key(path: str | None, fd: int | None = None) -> None:
     if path:
         try:
             os.unlink(path)
         except OSError:
             pass
+    if fd is not None:
+        os.close(fd)
+
+
+def sweep_keys() -> None:
+    """Remove the key files of tcp addresses whose engine is gone (killed: its lock is free)."""
+    base = _runtime_dir()
+    for name in os.listdir(base):
+        if name.startswith("engine-") and name.endswith(KEY_FILE_SUFFIX):
+            leftovers.remove_if_free(os.path.join(base, name))
+
+
+def remove_stale_key(address: str) -> None:
+    """The owner, once its engine is gone: its key file, if the engine could not remove it."""
+    try:
+        leftovers.remove_if_free(key_file(address))
+    except InvalidRequestError:     # no usable runtime directory: nothing was written there
+        pass
 
 
 def given_key(key: str | None = None) -> str | None:
@@ -124,10 +143,6 @@ def check_bind(address: str, key_given: bool) -> None:
             f"refusing to serve the engine at {address} (not a loopback address) without an "
             f"engine key: pass --engine-key KEY or set ${ENGINE_KEY_ENV} (clients need the "
             "same key), or bind tcp://127.0.0.1:PORT")
-
-
-def same_key(expected: str, shown: str) -> bool:
-    return hmac.compare_digest(expected.encode(), shown.encode())
 
 
 def snapshot_topic(key: str) -> bytes:

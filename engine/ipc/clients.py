@@ -1,17 +1,15 @@
-"""ClientTable: the clients of an engine process that showed the engine key, when each
-was last heard, and whose pause holds.
+"""ClientTable: the clients of an engine process that attached (said Hello past the
+CURVE handshake, engine/ipc/curve.py), when each was last heard, and whose pause holds.
 
-Why a stall never kills a client: silence is judged after the input thread has read
-what was queued, and when the judging thread itself did not run for STALL_GAP seconds
-(the process was stopped, or starved), every client's clock restarts: their heartbeats
-of that time may still be on their way in. Only the input thread changes the table; the
-output thread reads a copy of its members.
+A client silent for `client_timeout` seconds of this process's running time is judged
+gone (engine/ipc/liveness.py: a stall of the engine itself never counts). Only the
+input thread changes the table; the output thread reads a copy of its members.
 """
 from __future__ import annotations
 
 import time
 
-STALL_GAP = 1.0    # seconds between two checks (normally 0.1) that mean we were not running
+from engine.ipc.liveness import StallClock
 
 
 class ClientTable:
@@ -19,7 +17,7 @@ class ClientTable:
         self.timeout = float(timeout)
         self._seen: dict[bytes, float] = {}       # identity -> last message (monotonic)
         self.paused_by: bytes | None = None       # the client whose pause holds
-        self._last_check = time.monotonic()
+        self._clock = StallClock()
 
     def __contains__(self, client: bytes) -> bool:
         return client in self._seen
@@ -44,9 +42,8 @@ class ClientTable:
 
     def silent(self) -> list[bytes]:
         """The clients not heard for `timeout` seconds of this process's running time."""
-        now = time.monotonic()
-        if now - self._last_check > STALL_GAP:
+        now, stalled = self._clock.tick()
+        if stalled:
             for client in self._seen:
                 self._seen[client] = now
-        self._last_check = now
         return [c for c, seen in self._seen.items() if now - seen > self.timeout]

@@ -5,29 +5,31 @@ only steps); an input thread decodes client messages and posts them as commands;
 output thread encodes step outputs and snapshots and sends them. Encoding, decoding and
 socket work never run inside a step. Text never reaches this process.
 
-Only clients whose Hello carries the engine key are served (engine/ipc/auth.py). They
-are tracked by heartbeat (engine/ipc/clients.py): one silent for `client_timeout` seconds
-(EngineConfig; killed, or gone without a Bye) has its requests ended with an error and
-their blocks freed, and its pause (a pause belongs to the client that made it) ends; so
-does a Bye's, whose requests are cancelled. The process stops when its owner (the
-process that started it) dies.
+Every socket is a CURVE server keyed by the engine key (engine/ipc/curve.py): a peer
+without the key is dropped by libzmq before anything reaches this code. A key holder is
+served once it said Hello, and tracked by heartbeat (engine/ipc/clients.py): one silent
+for `client_timeout` seconds of this process's running time (EngineConfig; killed,
+stopped, or gone without a Bye) has its requests ended with an error and their blocks
+freed, its pause ends, and it is told so (Detached, also the answer to anything a
+non-member sends): it can attach again. A Bye's requests are cancelled. When the engine
+stops (its owner's Shutdown, SIGTERM, the owner's death, a fatal error) every request
+still running ends with an error, and every client gets Fatal with the reason.
 """
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import threading
-import time
 
 import msgspec
 import zmq
 
-from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_STOP
+from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR, REASON_STOP
 from engine.config import InvalidRequestError, changed_knobs, check_priority, make_config
 from engine.core.core_loop import CoreLoop
-from engine.ipc import auth
+from engine.ipc import auth, curve
 from engine.ipc.clients import ClientTable
+from engine.ipc.core_output import CoreOutput
 from engine.ipc.proc_setup import collect_when_idle, die_with_parent, time_collections
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
@@ -35,6 +37,7 @@ from engine.validation import check_prompt_ids, check_request_id
 
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
 ABORT_REASONS = (REASON_CANCELLED, REASON_STOP, REASON_ERROR)
+FLUSH_MS = 500    # at exit, the most time the last messages (ends, Fatal) get to go out
 
 
 class EngineCoreProc:
@@ -46,25 +49,30 @@ class EngineCoreProc:
         self.engine_key = engine_key or auth.new_key()
         self.ctx = zmq.Context()
         in_ep, out_ep, pub_ep = P.endpoints(address)
-        self.in_sock = self._bind(zmq.ROUTER, in_ep, {zmq.MAXMSGSIZE: P.MAX_MESSAGE_BYTES})
-        self.out_sock = self._bind(zmq.ROUTER, out_ep)
-        # a slow viewer drops frames; only key holders' subscriptions are applied (manual)
-        self.pub_sock = self._bind(zmq.XPUB, pub_ep, {zmq.SNDHWM: 2, zmq.XPUB_MANUAL: 1})
-        self._topic = auth.snapshot_topic(self.engine_key)
-        self.core = CoreLoop(engine, self._on_output, SNAPSHOT_INTERVAL, self._on_snapshot)
+        self.in_sock = self._bind(zmq.ROUTER, in_ep,
+                                  P.max_message_bytes(engine.max_model_len))
+        # no high-water mark: a client stopped for less than client_timeout loses no
+        # output (what queues for it is bounded by that time; then it is dropped)
+        self.out_sock = self._bind(zmq.ROUTER, out_ep, P.CONTROL_MESSAGE_BYTES, {zmq.SNDHWM: 0})
+        # a slow viewer drops frames; only the key's subscription is applied (manual)
+        self.pub_sock = self._bind(zmq.XPUB, pub_ep, P.CONTROL_MESSAGE_BYTES,
+                                   {zmq.SNDHWM: 2, zmq.XPUB_MANUAL: 1})
+        self.core = CoreLoop(engine, self._on_output, SNAPSHOT_INTERVAL)
         self.core.publish_snapshots = False
-        self.core.on_stats = lambda stats: self._sendq.put((None, P.Stats(stats)))
         self.owner_of: dict[str, bytes] = {}          # request id -> client identity
-        self.clients = ClientTable(engine.config.client_timeout)   # the key holders
-        self._sendq: queue.SimpleQueue = queue.SimpleQueue()
-        self._latest_snapshot = None
-        self._snap_buf = bytearray(self._topic) + bytearray(1 << 20)
-        self._subscribers = 0
+        self.clients = ClientTable(engine.config.client_timeout)   # the attached ones
+        self.output = CoreOutput(self.core, self.out_sock, self.pub_sock,
+                                 auth.snapshot_topic(self.engine_key), self.clients.members,
+                                 SNAPSHOT_INTERVAL / 4)
+        self.core.on_snapshot = self.output.on_snapshot
+        self.core.on_stats = lambda stats: self.output.put(None, P.Stats(stats))
         self._stop = threading.Event()
 
-    def _bind(self, kind: int, endpoint: str, options: dict | None = None) -> zmq.Socket:
+    def _bind(self, kind: int, endpoint: str, max_bytes: int,
+              options: dict | None = None) -> zmq.Socket:
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        curve.serve(sock, self.engine_key, max_bytes)
         for option, value in (options or {}).items():
             sock.setsockopt(option, value)
         sock.bind(endpoint)
@@ -73,7 +81,8 @@ class EngineCoreProc:
     # -- main ----------------------------------------------------------------------------
     def run(self) -> None:
         threads = [threading.Thread(target=self._input_loop, name="core-in", daemon=True),
-                   threading.Thread(target=self._output_loop, name="core-out", daemon=True)]
+                   threading.Thread(target=self.output.run, args=(self._stop,), name="core-out",
+                                    daemon=True)]
         for t in threads:
             t.start()
         try:
@@ -81,12 +90,11 @@ class EngineCoreProc:
         finally:
             if self.core.fatal_error:
                 for client in self.clients.members():
-                    self._sendq.put((client, P.Fatal(self.core.fatal_error)))
-            time.sleep(0.05)      # let the output thread flush the last outputs
-            self._stop.set()
+                    self.output.put(client, P.Fatal(self.core.fatal_error))
+            self._stop.set()           # the output thread sends what is queued, then ends
             for t in threads:
                 t.join(2.0)
-            self.ctx.destroy(linger=0)
+            self.ctx.destroy(linger=FLUSH_MS)
 
     # -- core thread callbacks -----------------------------------------------------------
     def _on_output(self, out: StepOutput) -> None:
@@ -124,11 +132,7 @@ class EngineCoreProc:
                     f.request_id, f.finish_reason, f.error, f.arrival_time,
                     f.num_cached_tokens, f.num_preemptions))
         for client, msg in per.items():
-            self._sendq.put((client, msg))
-
-    def _on_snapshot(self, snap) -> None:
-        if self._subscribers:
-            self._latest_snapshot = snap      # the output thread sends only the newest
+            self.output.put(client, msg)
 
     # -- input thread ----------------------------------------------------------------------
     def _input_loop(self) -> None:
@@ -155,8 +159,9 @@ class EngineCoreProc:
             return
         except msgspec.DecodeError:
             return        # not our protocol: the sender gets nothing
-        if client not in self.clients and not isinstance(msg, P.Hello):
-            return        # no key shown yet: nothing is served
+        if client not in self.clients and type(msg) not in _ANY_CLIENT:
+            self.output.put(client, P.Detached(NOT_ATTACHED))   # not applied: say so
+            return
         handler = _HANDLERS.get(type(msg))
         if handler is not None:
             handler(self, client, msg)
@@ -176,16 +181,11 @@ class EngineCoreProc:
             self._refuse(client, head.request_id, P.wire_error(exc))
 
     def _hello(self, client: bytes, msg: P.Hello) -> None:
-        if not auth.same_key(self.engine_key, msg.key):
-            self._sendq.put((client, P.Refused(
-                "engine key missing or wrong: give it with --engine-key or "
-                f"${auth.ENGINE_KEY_ENV} (the engine's owner wrote it, mode 0600, to its "
-                "key file: docs/SERVE.md, Security)")))
-            return
         self.clients.admit(client)
-        welcome = P.Welcome(EngineInfo.of(self.engine), self.engine.knobs, self.core.paused)
-        self._sendq.put((client, welcome))
-        self._sendq.put((client, P.Stats(self.core.stats)))
+        welcome = P.Welcome(EngineInfo.of(self.engine), self.engine.knobs, self.core.paused,
+                            self.clients.timeout)
+        self.output.put(client, welcome)
+        self.output.put(client, P.Stats(self.core.stats))
 
     def _submit(self, client: bytes, msg: P.Submit) -> None:
         try:
@@ -209,7 +209,7 @@ class EngineCoreProc:
 
     def _refuse(self, client: bytes, request_id: str, error: str) -> None:
         fin = P.Finished(request_id, REASON_ERROR, error, 0.0, 0, 0)
-        self._sendq.put((client, P.Outputs(0.0, [], [], [fin])))
+        self.output.put(client, P.Outputs(0.0, [], [], [fin]))
 
     def _set_knobs(self, client: bytes, msg: P.SetKnobs) -> None:
         changes = changed_knobs(msg.knobs)     # types checked by the decoder
@@ -225,12 +225,23 @@ class EngineCoreProc:
             self.core.abort(msg.request_id, msg.reason, msg.error)
 
     def _shutdown(self, client: bytes, msg: P.Shutdown) -> None:
+        """The owner's close: its own requests are cancelled (as at a Bye), everyone
+        else's end with an error."""
         if self.owner_token is None or msg.token == self.owner_token:
-            self.core.stop()
+            self._drop_client(client, REASON_CANCELLED, ENGINE_CLOSED)
+            self.stop("the engine was shut down by its owner")
+
+    def stop(self, why: str) -> None:
+        """Stop (any thread): the requests still running end with an error naming `why`
+        (not a silent cancel: their clients did not ask for it), and every client
+        still attached gets Fatal(why)."""
+        if self.core.fatal_error is None:
+            self.core.fatal_error = why
+        self.core.stop()
 
     def _barrier(self, client: bytes, msg: P.Barrier) -> None:
-        self.core.barrier(lambda snap: self._sendq.put(
-            (client, P.BarrierDone(msg.token, P.encoder.encode(P.snapshot_frame(snap))))))
+        self.core.barrier(lambda snap: self.output.put(
+            client, P.BarrierDone(msg.token, P.encoder.encode(P.snapshot_frame(snap)))))
 
     def _set_paused(self, client: bytes, msg: P.SetPaused) -> None:
         self.clients.paused_by = client if msg.paused else None
@@ -238,7 +249,7 @@ class EngineCoreProc:
 
     def _step_once(self, client: bytes, msg: P.StepOnce) -> None:
         self.clients.paused_by = client
-        self.core.step_once(lambda: self._sendq.put((client, P.StepDone(msg.token))))
+        self.core.step_once(lambda: self.output.put(client, P.StepDone(msg.token)))
 
     def _bye(self, client: bytes, msg=None) -> None:
         self._drop_client(client, REASON_CANCELLED, "client left")
@@ -255,66 +266,16 @@ class EngineCoreProc:
 
     def _check_clients(self) -> None:
         for client in self.clients.silent():
-            self._drop_client(client, REASON_ERROR, f"the engine heard nothing from this "
-                              f"client for {self.clients.timeout:g} s and gave up on it")
+            why = (f"the engine heard nothing from this client for "
+                   f"{self.clients.timeout:g} s (client_timeout) and dropped it")
+            self._drop_client(client, REASON_ERROR, why)
+            self.output.put(client, P.Detached(why))    # a stopped client reads it later
         if self.owner_pid is not None and os.getppid() != self.owner_pid:
-            self.core.stop()          # the owner died (and PDEATHSIG did not reach us)
-
-    # -- output thread ---------------------------------------------------------------------
-    def _output_loop(self) -> None:
-        """Send queued outputs as they come; between them (at most every 10 ms) take
-        subscription changes and publish the newest snapshot, if any."""
-        last_pub = 0.0
-        while not self._stop.is_set():
-            try:
-                client, msg = self._sendq.get(timeout=SNAPSHOT_INTERVAL / 4)
-                if client is None:           # to every client (stats)
-                    data = P.encoder.encode(msg)
-                    for c in self.clients.members():
-                        self.out_sock.send_multipart([c, data], copy=False)
-                else:
-                    self.out_sock.send_multipart([client, P.encoder.encode(msg)], copy=False)
-            except queue.Empty:
-                pass
-            except zmq.ZMQError:
-                continue
-            now = time.monotonic()
-            if now - last_pub >= 0.01:
-                last_pub = now
-                self._publish_latest()
-
-    def _publish_latest(self) -> None:
-        self._track_subscribers()
-        snap, self._latest_snapshot = self._latest_snapshot, None
-        if snap is not None:
-            # into one reused buffer: a growing buffer re-copies a 1-2 MB snapshot several
-            # times, and this thread holds the GIL the engine thread needs meanwhile
-            t0 = time.perf_counter()
-            frame = P.snapshot_frame(snap)
-            P.encoder.encode_into(frame, self._snap_buf, len(self._topic))   # topic first
-            try:
-                self.pub_sock.send(self._snap_buf, zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                pass          # nobody keeps up: drop the frame, never wait
-            cost = time.perf_counter() - t0
-            self.core.publish_cost = cost
-            self.core.engine.counters.snapshot_build_us += int(cost * 1e6)
-
-    def _track_subscribers(self) -> None:
-        """(Un)subscriptions, read only when the socket has one (no exception per call)."""
-        while self.pub_sock.poll(0, zmq.POLLIN):
-            event = self.pub_sock.recv(zmq.NOBLOCK)
-            if event[1:] != self._topic:
-                continue        # not the key's topic (a stranger's ""): never applied
-            if event[:1] == b"\x01":
-                self.pub_sock.setsockopt(zmq.SUBSCRIBE, self._topic)
-                self._subscribers += 1
-            elif event[:1] == b"\x00":
-                self.pub_sock.setsockopt(zmq.UNSUBSCRIBE, self._topic)
-                self._subscribers = max(0, self._subscribers - 1)
-        self.core.publish_snapshots = self._subscribers > 0
+            self.stop(f"the engine's owner (pid {self.owner_pid}) died")
 
 
+NOT_ATTACHED = "this client is not attached to the engine (dropped, or no Hello yet)"
+_ANY_CLIENT = (P.Hello, P.Bye, P.Shutdown)    # the rest needs an attached client
 _HANDLERS = {
     P.Hello: EngineCoreProc._hello,
     P.Submit: EngineCoreProc._submit,
@@ -334,7 +295,7 @@ _HANDLERS = {
 def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | None,
                     owner_token: str | None = None, engine_key: str | None = None) -> None:
     """The engine-core process's work. status(kind, text) reports ("progress", text),
-    then ("ready", address) or ("error", message). engine_key: the key clients must show
+    then ("ready", address) or ("error", message). engine_key: the key clients must hold
     (None: a random one); either way it is written 0600 to the address's key file."""
     die_with_parent()
     if owner_pid is not None and os.getppid() != owner_pid:
@@ -342,6 +303,7 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the client, which stops us
     try:
         auth.check_bind(address, key_given=engine_key is not None)
+        curve.check_available()
         import torch
         # leave a core to the clients (the front, the UI): OpenMP threads that spin on a
         # busy small box slow every step many times over
@@ -351,18 +313,18 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         engine = LLMEngine(make_config(**engine_kwargs))
         status("progress", "binding sockets")
         proc = EngineCoreProc(engine, address, owner_pid, owner_token, engine_key)
-        key_path = auth.write_key(address, proc.engine_key)
+        key_file = auth.write_key(address, proc.engine_key)
     except Exception as exc:
         status("error", f"{type(exc).__name__}: {exc}")
         return
-    signal.signal(signal.SIGTERM, lambda *a: proc.core.stop())
+    signal.signal(signal.SIGTERM, lambda *a: proc.stop("the engine process got SIGTERM"))
     time_collections(engine.counters)
     proc.core.on_idle = collect_when_idle()
     status("ready", address)
     try:
         proc.run()
     finally:
-        auth.remove_key(key_path)
+        auth.remove_key(*key_file)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,16 +9,15 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
 from engine.config import InvalidRequestError, make_config
 from engine.ipc import auth
 from engine.ipc import protocol as P
+from engine.ipc.leftovers import OwnedDir
 
 
 def child_env() -> dict:
@@ -50,10 +49,10 @@ class EngineLaunch:
                 raise InvalidRequestError(str(exc)) from None
             auth.check_bind(address, key_given=given is not None)
         self.engine_key = given or auth.new_key()
-        self.tmpdir = None
-        if address is None:
-            self.tmpdir = tempfile.mkdtemp(prefix="roseplay-")
-            address = f"ipc://{self.tmpdir}/engine"
+        self.tmpdir: OwnedDir | None = None
+        if address is None:    # a private folder; one a killed owner left goes at a start
+            self.tmpdir = OwnedDir("roseplay-")
+            address = f"ipc://{self.tmpdir.path}/engine"
         self.address = address
         read_fd, write_fd = os.pipe()
         cmd = [sys.executable, "-m", "engine.ipc.core_proc", "--address", address,
@@ -77,7 +76,7 @@ class EngineLaunch:
     def abort(self) -> None:
         """Never taken over: stop the process, remove its directory."""
         self.status.close()
-        stop_engine(self.proc, self.tmpdir)
+        stop_engine(self.proc, self.tmpdir, self.address)
         self.tmpdir = None
 
     def _remove_dir(self) -> None:
@@ -85,17 +84,23 @@ class EngineLaunch:
         self.tmpdir = None
 
 
-def stop_engine(proc: subprocess.Popen | None, tmpdir: str | None) -> None:
-    """SIGTERM (SIGKILL after 2 s) the engine process if it runs; remove its socket dir."""
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(2.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(2.0)
-    if tmpdir is not None:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+def stop_engine(proc: subprocess.Popen | None, tmpdir: OwnedDir | None,
+                address: str | None = None) -> None:
+    """SIGTERM (SIGKILL after 2 s) the engine process if it runs; remove its socket
+    folder, and its key file if the engine could not (it was killed)."""
+    try:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(2.0)
+    finally:
+        if tmpdir is not None:
+            tmpdir.remove()
+        elif address is not None:
+            auth.remove_stale_key(address)
 
 
 def wait_ready(proc: subprocess.Popen, status, on_progress, timeout: float) -> None:

@@ -12,12 +12,16 @@ Sockets (ADDRESS = tcp://127.0.0.1:PORT or ipc:///path/name):
   out  ROUTER at PORT+1 / name.out   core -> clients (DEALER): outputs, replies
   pub  XPUB   at PORT+2 / name.pub   core -> clients (SUB, conflated): snapshots
 
-Only a client whose Hello carries the engine key is served (engine/ipc/auth.py).
+Every socket is a CURVE server keyed by the engine key (engine/ipc/curve.py): a peer
+without the key never gets past the handshake, so every message here comes from a key
+holder. A key holder is served once it said Hello (until it leaves or is judged gone:
+engine/ipc/liveness.py); to anything else it sends, the engine answers Detached.
 """
 from __future__ import annotations
 
 import dataclasses
 import typing
+from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -29,12 +33,20 @@ from engine.outputs import TokenLogprobs
 from engine.snapshot import EngineSnapshot
 from engine.engine_stats import EngineStats
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024     # zmq MAXMSGSIZE on the core's input socket
+CONTROL_MESSAGE_BYTES = 64 * 1024   # MAXMSGSIZE of the sockets clients only subscribe on
+MAX_LABEL_CHARS = 64
+
+
+def max_message_bytes(max_model_len: int) -> int:
+    """The engine's MAXMSGSIZE for client commands: a Submit at every bound (9 bytes a
+    prompt token at most, 1 MiB for the rest: stop strings, logit_bias, ids, framing).
+    A frame over it closes its connection, so a client checks its Submits against it."""
+    return 9 * max_model_len + (1 << 20)
 
 
 class Hello(msgspec.Struct, tag=True):
-    client: str                  # a label shown with the client's requests (e.g. "tui")
-    key: str = ""                # the engine key (engine/ipc/auth.py): no key, no service
+    """Attach (again): the engine admits the sender and answers Welcome."""
+    client: Annotated[str, msgspec.Meta(max_length=MAX_LABEL_CHARS)]   # shown with its requests
 
 
 class Submit(msgspec.Struct, tag=True):
@@ -85,7 +97,7 @@ class Barrier(msgspec.Struct, tag=True):
 
 
 class Heartbeat(msgspec.Struct, tag=True):
-    pass
+    """I am alive: a client's every 0.5 s, the engine's to every client every second."""
 
 
 class Bye(msgspec.Struct, tag=True):
@@ -106,6 +118,7 @@ class Welcome(msgspec.Struct, tag=True):
     info: EngineInfo
     knobs: SchedulerConfig
     paused: bool
+    client_timeout: float        # the stall policy both ends keep (engine/ipc/liveness.py)
 
 
 class Finished(msgspec.Struct, array_like=True):
@@ -140,8 +153,10 @@ class Fatal(msgspec.Struct, tag=True):
     message: str
 
 
-class Refused(msgspec.Struct, tag=True):
-    """The answer to a Hello without the right key (and the only one such a client gets)."""
+class Detached(msgspec.Struct, tag=True):
+    """The engine does not count the receiver as attached: it dropped it (silent for
+    client_timeout; its requests ended with an error) or never heard its Hello. What
+    the receiver sent since was not applied; it says Hello to attach again."""
     message: str
 
 
@@ -150,7 +165,7 @@ class Stats(msgspec.Struct, tag=True):
     stats: EngineStats
 
 
-CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal | Refused | Stats
+CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal | Detached | Stats | Heartbeat
 
 
 class BlockArray(msgspec.Struct, array_like=True):

@@ -11,6 +11,10 @@ them into one SSE write per choice). A Generation keeps its RequestStream object
 closed early: a client that disconnects (the handler task is cancelled) frees its KV
 blocks at the engine's next step.
 
+A request the server did not cancel itself never ends as a silent cancel: an engine
+that ends it "cancelled" (it stopped under another client, say) cut it, and the choice
+ends with an error (an SSE error event, a 5xx), as every cut does.
+
 Admission control: `pending` counts this server's requests that have no token yet
 (queued in the engine or prefilling). With `max_waiting` set, a request whose choices
 would take `pending` over it is refused with 429 (nothing is submitted); without it,
@@ -19,6 +23,7 @@ requests queue in the engine without bound, as in vLLM.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import re
 import secrets
@@ -28,6 +33,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.codes import REASON_CANCELLED, REASON_ERROR
 from roseplay.serve.errors import OpenAIError
 from roseplay.serve.metrics import ServerMetrics
 
@@ -173,6 +179,7 @@ class Generation:
                 choice = self._by_id.get(event.request_id)
                 if choice is None or choice.finished:
                     continue
+                event = _cut_not_cancelled(event)
                 self._account(choice, event)
                 batch.append((choice, event))
             if batch:
@@ -235,6 +242,15 @@ class Generation:
             self.bridge.loop.cancel(c.request_id)
             self._on_event(EndEvent(c.request_id, message, status))   # the engine's path
         return len(ended)
+
+
+def _cut_not_cancelled(event):
+    """Our own cancels finish a choice before any engine event of it is read (close()),
+    so a "cancelled" from the engine is a cut: an error naming it."""
+    if event.finished and event.finish_reason == REASON_CANCELLED:
+        return dataclasses.replace(event, finish_reason=REASON_ERROR, error=(
+            f"the engine ended this request ({event.error or 'cancelled'})"))
+    return event
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ the kernel spreads new connections over them.
 - Secrets never go on a command line: the engine key and --api-key travel in the
   child's environment ($ROSEPLAY_ENGINE_KEY, $ROSEPLAY_API_KEY).
 - /metrics: prometheus_client's multiprocess mode in a private 0700 directory (removed
-  at exit), so any process's /metrics sums every process's histograms and counters;
+  at exit; one that a killed serve process left is removed by the next start:
+  engine/ipc/leftovers.py), so any process's /metrics sums every process's histograms
+  and counters;
   `roseplay:api_server_requests_total{api_server}` says which process served what.
 - Shutdown: SIGTERM/Ctrl-C to the serve process is passed on once to every API server
   (each in its own process group, so a terminal's Ctrl-C reaches them only this way; a
@@ -19,7 +21,8 @@ the kernel spreads new connections over them.
   each drains for --shutdown-timeout; the engine stops after the last one exits. An API
   server that dies makes the serve process stop the rest and exit EXIT_API_SERVER_DIED.
   Each API server watches the engine and the serve process (pidfd): if either goes, its
-  open streams end with an error event and [DONE] and it exits EXIT_ENGINE_DIED.
+  open streams end with an error event and [DONE] and it exits EXIT_ENGINE_DIED. Stalls
+  follow the one policy of engine/front/attach.py (client_timeout), as for API server 0.
 - Request ids are `<prefix>-<uuid4 hex>`: random per process (os.urandom), so they do
   not collide across processes; the engine refuses a duplicate id anyway.
 """
@@ -30,17 +33,16 @@ import dataclasses
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from engine.ipc import auth
 from engine.ipc.launch import child_env
+from engine.ipc.leftovers import OwnedDir
 from roseplay.serve.metrics import API_SERVER_INDEX_ENV, MULTIPROC_ENV
 from roseplay.serve.shutdown import EXIT_CUT, EXIT_DRAINED, EXIT_ENGINE_DIED
 from roseplay.serve.server import bind
@@ -71,7 +73,8 @@ class ApiServerGroup:
     `wait_ready()` before serving."""
 
     def __init__(self, count: int, loop, config, host: str, port: int, log_level: str):
-        self.metrics_dir = tempfile.mkdtemp(prefix="roseplay-metrics-")   # mode 0700
+        self._metrics = OwnedDir("roseplay-metrics-")       # mode 0700, locked while we run
+        self.metrics_dir = self._metrics.path
         self.procs: list[subprocess.Popen] = []
         self._pipes: list = []
         self.stopping = False
@@ -175,14 +178,14 @@ class ApiServerGroup:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self._metrics.remove()
 
 
 # -- an API server process (python -m roseplay.serve.multiproc) ------------------------------
 def watch_group(loop, engine_pid: int, parent_pid: int) -> None:
     """A thread: the engine or the serve process gone ends every open stream with an
     error event (as an engine death does in the engine's own client). An attached
-    client would otherwise notice only after seconds of silence."""
+    client would otherwise notice only after client_timeout of silence."""
     def run():
         fds = {}
         for pid, what in ((engine_pid, "engine process died"),

@@ -328,7 +328,10 @@ async def models(request: Request):
 
 @router.get("/health")
 async def health(request: Request):
-    error = _state(request).engine_error()
+    """200 while requests can be served; 503 while they cannot: the engine is gone, or
+    it dropped this server, which is attaching again (engine/front/attach.py)."""
+    st = _state(request)
+    error = st.engine_error() or getattr(st.loop, "unavailable", None)
     if error:
         return JSONResponse(error_body(503, error), status_code=503)
     return Response(status_code=200)

@@ -20,25 +20,48 @@ class CounterWindow:
         self._samples: deque = deque()       # (time, EngineCounters), oldest first
         self.base = None                     # counters at the last reset (None: engine start)
         self.reset_time: float | None = None
+        self.restart_time: float | None = None   # the window's start after a knob change
         self.now = None
+        self.peak: int | None = None         # KV blocks in use at most since the last reset
 
     def feed(self, snap) -> None:
         t, c = snap.time, snap.counters
         if self._samples and (t < self._samples[-1][0] or c.steps < self._samples[-1][1].steps):
             self._samples.clear()
-            self.base = self.reset_time = None
+            self.base = self.reset_time = self.restart_time = self.peak = None
         if not self._samples or self._samples[-1][1] is not c:
             self._samples.append((t, c))
         while len(self._samples) > 1 and self._samples[1][0] <= t - self.window:
             self._samples.popleft()
         self.now = c
+        if self.base is not None:
+            self.peak = max(self.peak or 0, snap.num_used)
 
     def reset(self) -> None:
         """Totals count from now on; the window starts empty."""
         if self.now is not None:
             self.base = self.now
             self.reset_time = self._samples[-1][0]
+            self.peak = None
+            self.restart()
+
+    def restart(self) -> None:
+        """The window starts empty (a knob changed: its last 10 s would mix the setups
+        before and after for 10 s); the totals go on."""
+        if self._samples:
+            self.restart_time = self._samples[-1][0]
             self._samples = deque([self._samples[-1]])
+
+    @property
+    def since(self) -> float | None:
+        """Engine time the window's figures start at, when later than WINDOW s ago."""
+        times = [t for t in (self.reset_time, self.restart_time) if t is not None]
+        return max(times) if times else None
+
+    def peak_used(self, snap) -> int:
+        """KV blocks in use at most: since the last reset, else the engine's peak."""
+        return snap.peak_used_blocks if self.base is None else max(self.peak or 0,
+                                                                    snap.num_used)
 
     def recent(self, name: str) -> int:
         return getattr(self.now, name) - getattr(self._samples[0][1], name)

@@ -7,6 +7,8 @@ first), so a replay shows exactly what was recorded.
 """
 from __future__ import annotations
 
+import textwrap
+
 from rich.text import Text
 from textual.widget import Widget
 
@@ -14,8 +16,11 @@ from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PRE
                              EV_PREFIX_HIT, EV_SPEC_VERIFY)
 from roseplay.widgets import theme
 from roseplay.widgets.kv_map import COW, HIT, LETTER, PREEMPTED, ROLLBACK
+from roseplay.widgets.requests import short_id
 
 FLASH_SECONDS = 1.5
+NO_EVENTS = ("no engine events yet: COW copies, preemptions, evictions, prefix hits, dedup "
+             "joins and finished prefill chunks show here as they happen")
 # evictions do not flash: once the pool is full nearly every allocation evicts a cached
 # block, and a map of `E`s hides the rest; the legend and the log give their rate instead
 FLASH = {EV_COW: COW, EV_PREEMPT: PREEMPTED, EV_PREFIX_HIT: HIT, EV_SPEC_VERIFY: ROLLBACK}
@@ -51,23 +56,42 @@ def _blocks(blocks, most: int = 6) -> str:
     return shown + (f" …+{len(blocks) - most}" if len(blocks) > most else "")
 
 
-def describe(e) -> str:
-    """What the event did, in words (without its step and kind)."""
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def describe(e, room: int = 200) -> str:
+    """What the event did, in words (without its step and kind), in `room` columns: the
+    longest wording that fits, then as many of its blocks as fit."""
     b = e.blocks
     if e.kind == EV_COW:
-        pairs = [f"{b[i]}→{b[i + 1]}" for i in range(0, len(b) - 1, 2)]
-        return f"copied shared block {', '.join(pairs[:4])} before writing"
-    if e.kind == EV_PREEMPT:
-        return f"out of blocks: freed {len(b)} ({_blocks(b)}), recomputes later"
-    if e.kind == EV_EVICT:
-        return f"reused {len(b)} cached block(s) ({_blocks(b)})"
-    if e.kind == EV_PREFIX_HIT:
-        return f"prompt prefix found: {len(b)} block(s) reused ({_blocks(b)})"
-    if e.kind == EV_DEDUP_JOIN:
-        return f"identical prompt: rides on {e.detail or 'its twin'}'s prefill"
-    if e.kind == EV_CHUNK_DONE:
-        return f"prefill chunk {e.detail}".strip()
-    return e.detail or ""
+        pairs = ", ".join(f"{b[i]}→{b[i + 1]}" for i in range(0, len(b) - 1, 2)[:4])
+        forms = [f"copied shared block {pairs} before writing", f"copied {pairs} before "
+                 f"writing", f"copied {pairs}"]
+        return next((f for f in forms if len(f) <= room), forms[-1])
+    words = {
+        EV_PREEMPT: [f"out of blocks: freed {len(b)}, recomputes later",
+                     f"freed {len(b)}, recomputes later", f"freed {len(b)}"],
+        EV_EVICT: [f"reused {_n(len(b), 'cached block')}", f"reused {len(b)}"],
+        EV_PREFIX_HIT: [f"prompt prefix: {_n(len(b), 'cached block')} reused",
+                        f"{_n(len(b), 'cached block')} reused", f"{len(b)} reused"],
+        EV_DEDUP_JOIN: [f"identical prompt: rides on {e.detail or 'its twin'}'s prefill",
+                        f"rides on {e.detail or 'its twin'}'s prefill"],
+        EV_CHUNK_DONE: [f"prefill chunk {e.detail}".strip(), f"chunk {e.detail}".strip()],
+    }.get(e.kind, [e.detail or "", ", ".join((e.detail or "").split(", ")[:2])])
+    text = next((f for f in words if len(f) <= room), words[-1])
+    if e.kind in (EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT):
+        return _fit_blocks(text, b, room)
+    return text
+
+
+def _fit_blocks(words: str, blocks, room: int) -> str:
+    """`words (b1 b2 …+n)` with the blocks that fit `room`; the words alone if none do."""
+    for most in range(min(6, len(blocks)), 0, -1):
+        text = f"{words} ({_blocks(blocks, most)})"
+        if len(text) <= room:
+            return text
+    return words
 
 
 class EventLog(Widget):
@@ -88,8 +112,7 @@ class EventLog(Widget):
         self._key = key
         t = Text(no_wrap=True, overflow="ellipsis")
         if not snap.events:
-            t.append("no engine events yet: COW copies, preemptions, evictions, prefix hits,\n"
-                     "dedup joins and finished prefill chunks show here as they happen", "dim")
+            t.append("\n".join(textwrap.wrap(NO_EVENTS, max(20, self.size.width))), "dim")
         rows = max(1, self.size.height)
         evicted = eviction_rate(snap)
         if evicted is not None:
@@ -102,10 +125,12 @@ class EventLog(Widget):
         for e in reversed(shown[-max(1, rows):]):
             word, color = LABEL.get(e.kind, (e.kind, "free"))
             t.append(f"#{e.step:<6}", "dim")     # 1-based (engine/core/stats.py)
-            letter = LETTER.get(FLASH.get(e.kind), " ")
+            # the map's letter only where the event flashes blocks (a verify that
+            # rejected no draft rolled nothing back: no R)
+            letter = LETTER.get(FLASH.get(e.kind), " ") if e.blocks else " "
             t.append(f"{letter} {word:<10}", f"bold {theme.color(color)}")
-            t.append(f" {(e.request_id or '-'):<8} ")
-            t.append(describe(e) + "\n")
+            t.append(f" {short_id(e.request_id or '-', 8):<8} ")
+            t.append(describe(e, max(10, self.size.width - 29)) + "\n")
         t.rstrip()
         self._text = t
         self.refresh()

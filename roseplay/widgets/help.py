@@ -42,9 +42,15 @@ request writes into it), **P** preempted (freed: the request goes back to the qu
 recomputes), **H** prefix hit (cached blocks a new prompt starts with), **R** rolled
 back (a block speculative decoding's rejected drafts had filled, freed by the verify). Evictions (a
 cached block reused for new tokens) are routine once the pool is full: they do not
-flash; the legend and the event log give their rate per second. Under the map: the
-prefix hit rate, evictions, preemptions and COW copies over the **last 10 s** and in
-total (`0` resets the totals).
+flash; the legend and the event log give their rate per second. A digit is always the
+block's refcount: shown when it is above 1, and on every block of the selected request.
+Under the map: the prefix hit rate (`off` while the cache is off), evictions,
+preemptions and COW copies over the **last 10 s** (fewer seconds just after a knob
+change: the window starts again there) and in total (`0` and every guide reset the
+totals). A narrow legend abbreviates: **f** free, **u** used, **s** shared, **c**
+cached; **ev** evicted, **pre** preempted, **C** COW copies; `10s` the last 10 s, `all`
+the total, `rst` since the reset. A map taller than its panel scrolls; its bottom line
+then says which blocks show (`blocks 0-173 of 512: scroll, z`).
 
 ## Requests
 One row per request: *waiting* (the row says why: `max_num_seqs` full, the token
@@ -84,14 +90,35 @@ distribution each token was sampled from (the model's beside it for a typed prom
 under speculative decoding, whether it was an accepted draft, the bonus or a correction.
 
 ## Timing
-p50/p95/p99 of TTFT, TPOT and ITL (every gap between two tokens of a request) over
-the last 10 seconds (or since `0`), output tokens per second, and curves over time
-(one point per 0.5 s; TTFT and TPOT are the p50 of the 16 latest requests). The scale
-ignores rare outliers (a ▲ marks a bar above it). A `▲label` on the time axis and a
-marked column show where a knob changed (a replay draws the recorded changes). Time the
-engine spends paused is not latency: the engine's serving clock stops while paused. With
-speculation, a line under the ITL plot says why it is bursty: a verify emits several
-tokens at once, so part of the gaps are 0 ms.
+p50/p95/p99 over the last 10 seconds (or since `0` or a knob change: the header says
+how many seconds): TTFT of the requests whose **first token** came in that window,
+TPOT of the requests that **finished** in it, ITL of every gap between two tokens in
+it; output tokens per second; and curves over time (one point per 0.5 s). The TTFT
+curve is the p50 of the 16 latest requests to get a first token, the same population
+as the table's (a short window of it), so the two agree within a few seconds; TPOT's
+curve is the p50 of the 16 latest to finish. The scale ignores rare outliers (a ▲ marks
+a bar above it). A `▲label` on the time axis and a marked column show where a knob
+changed (a replay draws the recorded changes). Time the engine spends paused is not
+latency: the engine's serving clock stops while paused. With speculation, a line under
+the ITL plot says why it is bursty: a verify emits several tokens at once, so part of
+the gaps are 0 ms.
+
+## Top line and message line
+The top line: serving or paused, the step, finished requests, errors and requests the
+engine refused (a pool too small for the scenario), the **decode path** that runs
+(`C layer (cpu_native)`: the C kernels, on a CPU with AVX2 or AVX-512; `torch_sdpa (no C
+layer)`: PyTorch's attention, the fallback without them; `triton` on a GPU), then
+the model and device. The line above the footer gives the app's messages (what a knob
+just turned does, warnings), what a small terminal hid, or the zoom.
+
+## Guides and their scorecard
+A guide (a digit on this screen) switches the engine to its setup, resets the stats,
+and shows its **scorecard** in the Knobs panel: whether its window is clean yet (the
+setup applied, the old requests gone, 20 warm-up steps), then each number the claim
+names, what it expects, what the window measured and ✓ / ✗ (the same check as the
+tests: roseplay/guide_check.py). A comparison needs the other setup measured: its
+partner guide's result this session, or the one key the card names (e.g. `P` back to
+fcfs for guide 9), which the card then measures. Any other knob key ends the guide.
 """
 
 
@@ -125,8 +152,9 @@ def guides_text(kind: str) -> Text:
     """The tuning guides' claims, each with the digit that shows it live (Rich text, not
     Markdown: a long Markdown document mounts slowly and delays the first key)."""
     how = ("Press a guide's key (a digit, or d) to switch the engine to that setup "
-           "(scenario, knobs, workload); "
-           "the help closes and the panels show the effect within seconds."
+           "(scenario, knobs, workload); the help closes, the stats reset, and the Knobs "
+           "panel becomes the guide's scorecard: when its window is clean, then each "
+           "number the claim names, expected against measured."
            if kind == "live" else "On a live engine a digit (or d) switches it to that "
            "setup.")
     t = Text()

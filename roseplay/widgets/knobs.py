@@ -18,8 +18,6 @@ from roseplay.scenarios import SCENARIOS
 
 DOUBLING = ("max_num_batched_tokens",)    # keys double / halve these (512 -> 1024 -> ...)
 WORKLOAD_HELP = {
-    "scenario": "Which prompts the workload driver sends (s cycles): " + "; ".join(
-        f"{s.name}: {s.description}" for s in SCENARIOS.values()),
     "concurrency": "Most requests the driver keeps in flight (closed loop, like vLLM's "
                    "--max-concurrency); a new one is sent as soon as one finishes.",
     "rate": "Request arrivals per second (Poisson); ∞ sends whenever a slot is free "
@@ -29,6 +27,7 @@ SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens"
                "max_num_seqs": "max seqs", "scheduling_mode": "step", "scheduling_policy": "queue",
                "eviction_policy": "evict", "num_speculative_tokens": "spec k",
                "concurrency": "in flight", "request rate": "rate"}
+NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
 SPEC_TOKENS_MAX = 5     # the d key's top (the engine allows up to MAX_SPECULATIVE_TOKENS)
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -84,9 +83,30 @@ class KnobsPanel(Widget):
         self._content: tuple[Text, ...] = (Text(),)
         self.last_changed: str | None = None
         self.help_lines = 1
+        self.guide_run = None       # a running guide: its scorecard replaces the knobs
 
     def show(self, requested: SchedulerConfig, applied: SchedulerConfig, workload: dict,
              read_only: bool = False) -> None:
+        if self.guide_run is not None:
+            from roseplay.widgets.guide_card import card_text
+            self._set_title(f"Guide {self.guide_run.guide.key} · scorecard")
+            self._update((card_text(self.guide_run, self.size.width or 60,
+                                    self.size.height or 10),))
+            return
+        self._set_title("Knobs")
+        self._knob_rows(requested, applied, workload, read_only)
+
+    def _set_title(self, title: str) -> None:
+        if self.border_title != title:
+            self.border_title = title
+
+    def _update(self, content: tuple) -> None:
+        if content != self._content:
+            self._content = content
+            self.refresh()
+
+    def _knob_rows(self, requested: SchedulerConfig, applied: SchedulerConfig,
+                   workload: dict, read_only: bool) -> None:
         rows = []
         for f in live_fields():
             value, now = getattr(requested, f.name), getattr(applied, f.name)
@@ -103,16 +123,16 @@ class KnobsPanel(Widget):
                       "  as fast as slots free" if rate is None else "  Poisson arrivals"))
         width = max(len(r[2]) for r in rows) + 2      # values never run into their names
         short = self.size.width and self.size.width < width + 6 + 23    # short names fit
+        if short:       # shorter values and names: "512 tok/step" left 9 columns for
+            rows = [(k, n, v.replace(" tok/step", " tok"), note) for k, n, v, note in rows]
+            width = max(len(r[2]) for r in rows) + 1        # "prefix cache" at 80x24
         room = (self.size.width or 200) - (6 + width + 23)     # what a note may take
         t = Text(no_wrap=True, overflow="ellipsis")
         for key, name, value, note in rows:     # a note is shown whole or not at all
-            self._row(t, key, SHORT_NAMES.get(name, name) if short else name, value,
+            self._row(t, key, NARROW_NAMES.get(name, name) if short else name, value,
                       "" if short or len(note) > room else note, width)
         t.rstrip()
-        content = (t, self._help_text(read_only))
-        if content != self._content:
-            self._content = content
-            self.refresh()
+        self._update((t, self._help_text(read_only, workload)))
 
     @staticmethod
     def _row(t: Text, key: str, name: str, value: str, note: str, width: int) -> None:
@@ -123,19 +143,22 @@ class KnobsPanel(Widget):
         t.append(f"{name:<23}" if note else name)
         t.append(note + "\n", "dim")
 
-    def _help_text(self, read_only: bool) -> Text:
+    def _help_text(self, read_only: bool, workload: dict) -> Text:
         """The help line(s), wrapped to the panel; a cut text ends with "… (? help)"."""
         width = max(20, self.size.width or 60)
-        lines = textwrap.wrap(self._help_line(read_only), width) or [""]
+        lines = textwrap.wrap(self.help_line(read_only, workload), width) or [""]
         if len(lines) > self.help_lines:
             lines = lines[:self.help_lines]
             lines[-1] = lines[-1][:max(0, width - 11)].rstrip() + "… (? help)"
         return Text("\n".join(lines), "dim italic", no_wrap=True, overflow="ellipsis")
 
-    def _help_line(self, read_only: bool) -> str:
+    def help_line(self, read_only: bool, workload: dict) -> str:
         if read_only:
             return "replay: knobs show what was set while recording"
         name = self.last_changed
+        scenario = SCENARIOS.get(workload.get("scenario") or "")
+        if name == "scenario" and scenario is not None:     # the one running, not a list
+            return f"scenario {scenario.name} ({scenario.title}): {scenario.description}"
         if name in WORKLOAD_HELP:
             return f"{name}: {WORKLOAD_HELP[name]}"
         if name:

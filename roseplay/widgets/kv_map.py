@@ -11,12 +11,9 @@ from __future__ import annotations
 import numpy as np
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
-from textual.containers import Vertical
 from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widget import Widget
 
 from roseplay.widgets import theme
 
@@ -217,6 +214,15 @@ class KVMap(ScrollView):
             segments.append(Segment("▀" * run, style))
         return Strip(segments)
 
+    def shown_blocks(self) -> tuple[int, int]:
+        """(first, last + 1) of the blocks the visible rows draw (a map taller than its
+        panel scrolls)."""
+        n, top, height = len(self._cat), int(self.scroll_offset.y), max(1, self.size.height)
+        per_row = {"half": 2 * self.cols}.get(self.mode, self.cols)
+        if self.mode in self.SPACED:
+            top, height = (top + 1) // 2, (height + 1) // 2
+        return min(n, top * per_row), min(n, (top + height) * per_row)
+
     def cell_text(self, block: int) -> str:
         """What the cell of `block` reads (its glyph), for tests and the hover line."""
         return _cell(int(self._cat[block]), int(self._fl[block]), int(self._rc[block]),
@@ -263,119 +269,3 @@ def _cell(cat: int, fl: int, rc: int, mode: str) -> tuple[str, Style]:
     if mode in ("digits", "tall") and not char.strip():   # 7/8 of a cell: rows stay apart
         return "▇", sty["fg"][cat]
     return char, sty["bg"][cat]
-
-
-class KVLegend(Widget):
-    """Colour legend, usage, last-10-s and total counters, and the hovered block."""
-
-    DEFAULT_CSS = "KVLegend { height: 4; text-wrap: nowrap; text-overflow: ellipsis; }"
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._text = Text()
-
-    def show(self, text: Text) -> None:
-        if text != self._text:
-            self._text = text
-            self.refresh()
-
-    def render(self) -> Text:
-        return self._text
-
-
-def _pct(rate: float | None) -> str:
-    return "-" if rate is None else f"{100 * rate:.0f}%"
-
-
-def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
-                width: int = 80) -> Text:
-    """Four lines: colours with counts; usage (or the hovered block); last 10 s; totals.
-    The words shrink with the width (60+, 44+, narrower: initials) so nothing is cut."""
-    tier = 2 if width >= 60 else 1 if width >= 44 else 0
-    counts = {FREE: snap.num_free, USED: snap.num_used - snap.num_shared,
-              SHARED: snap.num_shared, CACHED: snap.num_cached}
-    t = Text(no_wrap=True, overflow="ellipsis")
-    bg = styles()["bg"]
-    for cat in (FREE, USED, SHARED, CACHED):
-        if tier == 0:       # the initial on its colour: f(ree) u(sed) s(hared) c(ached)
-            t.append(NAMES[cat][0], bg[cat])
-            t.append(f" {counts[cat]}  ", "bold")
-        else:       # tier 1 (a 120-column screen): no padding, so the four fit in 44
-            swatch = "  " if tier == 2 else " "
-            t.append(*((CACHED_GLYPH * len(swatch), styles()["fg"][CACHED]) if cat == CACHED
-                       else (swatch, Style(bgcolor=styles()["colors"][cat]))))
-            t.append(f" {NAMES[cat]} " if tier == 2 else f"{NAMES[cat]} ")
-            t.append(f"{counts[cat]} " + "  " * (tier == 2), "bold")
-    if selected_id:
-        t.append(" ", Style(bgcolor=styles()["colors"][SELECTED]))
-        t.append(f" {selected_id}")
-    t.append("\n")
-    if hover:
-        t.append(hover)
-    else:
-        used_pct = 100.0 * snap.num_used / max(1, snap.num_blocks)
-        peak = snap.peak_used_blocks
-        t.append(f"in use {snap.num_used}/{snap.num_blocks} ({used_pct:.0f}%)", "bold")
-        t.append(f"{f' peak {peak}' if peak is not None else ''} · {_cell_words(mode)}", "dim")
-    since = "since reset" if window.base is not None else "total"
-    recent_label = f"last {window.window:.0f} s"
-    if tier == 1:
-        since, recent_label = ("reset" if window.base is not None else "total",
-                               f"{window.window:.0f} s")
-    elif tier == 0:
-        since, recent_label = ("rst" if window.base is not None else "all",
-                               f"{window.window:.0f}s")
-    for label, recent in ((recent_label, True), (since, False)):
-        get = window.recent if recent else window.total
-        hit, ev, pre, cow = (_pct(window.hit_rate(recent)), get("evictions"),
-                             get("preemptions"), get("cow_copies"))
-        if recent:      # routine once the pool is full: a rate, not a flash or event each
-            ev = f"{ev / max(window.span(), 1.0):.0f}/s"
-        t.append(f"\n{label:<{(4, 6, 12)[tier]}}", "dim")
-        t.append((f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
-                  f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
-                  f"hit {hit} ev {ev} pre {pre} C {cow}")[2 - tier])
-    return t
-
-
-def _cell_words(mode: str) -> str:
-    return {"roomy": "digit = refcount", "tall": "digit = refcount", "digits": "digit = refcount",
-            "solid": "digit when ref>1"}.get(mode, "2 blocks per cell")
-
-
-def hover_text(snap, block: int | None) -> str:
-    if block is None or block >= snap.num_blocks:
-        return ""
-    state = ("free", "in use", "cached (evictable)")[int(snap.block_state[block])]
-    rc = int(snap.block_refcount[block])
-    holders = [r.request_id for r in snap.requests if block in r.blocks and r.state not in
-               ("finished", "cancelled", "error")]
-    who = f" · held by {', '.join(holders[:6])}{' …' if len(holders) > 6 else ''}" if holders else ""
-    return f"block {block}: {state} · refcount {rc}{who}"
-
-
-class KVPanel(Vertical):
-    """The KV cache map with its legend (border title shows the pool geometry)."""
-
-    DEFAULT_CSS = "KVPanel { height: 1fr; }"
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.map, self.legend = KVMap(id="kv-map"), KVLegend(id="kv-legend")
-
-    def compose(self):
-        yield self.map
-        yield self.legend
-
-    def show(self, snap, selected, window, flash: dict[int, int] | None = None) -> None:
-        kv = self.map
-        blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
-        kv.show(snap.block_state, snap.block_refcount, blocks, flash)
-        title = f"KV cache · {snap.num_blocks} blocks × {snap.block_size} tokens"
-        if len(title) + 6 > self.size.width:
-            title = f"KV · {snap.num_blocks} × {snap.block_size} tok"
-        if self.border_title != title:
-            self.border_title = title
-        hover = hover_text(snap, kv.hover_block)
-        self.legend.show(legend_text(snap, selected.request_id if selected else None, kv.mode,
-                                     hover, window, self.legend.size.width))

@@ -3,6 +3,11 @@
 The box sits in the normal flow above the footer (not docked: two widgets docked to the
 bottom overlap, which hid the status line), and the Input is Textual's compact variant
 (no border in any state: a focused Input's `tall` border left a 1-row box no room).
+
+While the box is open the keys belong to it: Tab and Shift+Tab cycle its three fields
+(they used to move the focus out of the box, and the next letters typed turned knobs;
+a field keeps its text when Tab comes back to it),
+and a click elsewhere closes it (the typed text stays for the next `i`).
 """
 from __future__ import annotations
 
@@ -53,11 +58,14 @@ class PromptBar(Vertical):
     PromptBar Input { height: 1; padding: 0; }
     PromptBar #prompt-input { width: 1fr; }
     PromptBar #prompt-priority { width: 14; margin-left: 1; }
-    PromptBar #prompt-sampling { width: 40; margin-left: 1; }
+    PromptBar #prompt-sampling { width: 1fr; max-width: 40; margin-left: 1; }
     PromptBar > #prompt-status { height: auto; max-height: 2; color: $text-muted; }
     PromptBar > #prompt-status.-error { color: $error; text-style: bold; }
     """
-    BINDINGS = [Binding("escape", "close", "Close prompt", key_display="esc")]
+    BINDINGS = [Binding("escape", "close", "Close prompt", key_display="esc"),
+                Binding("tab", "cycle(1)", "Next field", show=False),
+                Binding("shift+tab", "cycle(-1)", "Previous field", show=False)]
+    FIELDS = ("#prompt-input", "#prompt-priority", "#prompt-sampling")
 
     class Submitted(Message):
         def __init__(self, text: str, priority: int = 0, sampling: str = ""):
@@ -71,14 +79,15 @@ class PromptBar(Vertical):
 
     def compose(self) -> ComposeResult:
         with Horizontal():
-            yield Input(placeholder="Type a prompt, Enter sends it to the engine (Tab: its "
-                                    "priority, Esc closes)",
-                        id="prompt-input", compact=True, max_length=MAX_PROMPT_CHARS)
+            yield Input(placeholder="prompt · Enter sends · Tab: priority, sampling · Esc",
+                        id="prompt-input", compact=True, max_length=MAX_PROMPT_CHARS,
+                        select_on_focus=False)
             yield Input(placeholder="priority 0", id="prompt-priority", compact=True,
-                        type="integer", max_length=11, tooltip="scheduling_policy=priority: "
+                        select_on_focus=False, type="integer", max_length=11, tooltip="scheduling_policy=priority: "
                         "lower goes first (the workload's chat turns are 0, documents 1)")
-            yield Input(placeholder="sampling: frequency_penalty=1 logit_bias=42:5",
+            yield Input(placeholder="sampling: temperature=0 …",
                         id="prompt-sampling", compact=True, max_length=400,
+                        select_on_focus=False,
                         tooltip="SamplingParams fields as name=value (vLLM names): "
                         "temperature, top_k, top_p, min_p, presence_penalty, "
                         "frequency_penalty, repetition_penalty, min_tokens, max_tokens, "
@@ -95,10 +104,37 @@ class PromptBar(Vertical):
         text = self.query_one("#prompt-priority", Input).value.strip()
         return int(text) if text.lstrip("-").isdigit() else 0
 
+    @property
+    def is_open(self) -> bool:
+        return self.has_class("-open")
+
     def action_close(self) -> None:
+        if not self.is_open:
+            return
         self.remove_class("-open")
-        self.app.set_focus(None)
+        if self.app.focused is not None and self in self.app.focused.ancestors:
+            self.app.set_focus(None)
         self.post_message(self.Closed())
+
+    def action_cycle(self, step: int) -> None:
+        """Tab / Shift+Tab: the next / previous field of the box, wrapping around."""
+        fields = [self.query_one(f, Input) for f in self.FIELDS]
+        focused = self.app.focused
+        i = fields.index(focused) if focused in fields else -1
+        fields[(i + step) % len(fields)].focus()
+
+    def on_descendant_blur(self, event) -> None:
+        """Focus left a field: once it has settled, close the box if the focus went
+        outside it on this screen (a click on a panel). A screen on top (help, palette)
+        and the terminal losing focus (no widget focused until it comes back) keep it."""
+        self.call_after_refresh(self._close_if_left)
+
+    def _close_if_left(self) -> None:
+        focused = self.app.focused
+        if not self.is_open or self.app.screen is not self.screen:
+            return
+        if focused is not None and self not in focused.ancestors:
+            self.action_close()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         """Enter in either box sends the prompt with the priority typed (0 if none)."""

@@ -16,8 +16,8 @@ from rich.text import Text
 from textual.widget import Widget
 
 from roseplay.widgets.counters import WINDOW
+from roseplay.widgets.latency import goodput_share, pctl, window_ttfts
 from roseplay.widgets.requests import fmt_ms
-from roseplay.widgets.timing import goodput_share, pctl
 
 LABEL_WIDTH, COLUMN_WIDTH = 6, 10
 SAME = 0.05            # |ratio - 1| under this reads as "the same"
@@ -57,10 +57,9 @@ METRICS = (
 def side_metrics(snap, window, slos: dict) -> dict[str, float]:
     """One side's numbers over the last WINDOW s (since the reset, if later); NaN where
     there is no data yet (no finished request, no SLO set)."""
-    start = max(snap.time - WINDOW, window.reset_time if window.reset_time is not None
-                else -math.inf)
+    start = max(snap.time - WINDOW, window.since if window.since is not None else -math.inf)
     lat = [x for x in snap.recent_latencies if x[0] >= start]
-    ttft = [x[1] for x in lat]
+    ttft = window_ttfts(snap.requests, start)      # the Timing table's population
     tpot = [x[2] for x in lat if x[2] is not None]
     itl = [x[1] for x in snap.recent_itls if x[0] >= start]
     t50, t95 = pctl(ttft, (50, 95))

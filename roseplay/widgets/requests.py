@@ -60,7 +60,11 @@ def bar(frac: float, width: int, color: str) -> list[Segment]:
     return segs
 
 
-SORTS = {"arrival": None, "state": lambda r: ACTIVE.index(r.state) if r.state in ACTIVE else 9,
+# by state: what the engine works on this step first (prefill chunks, decodes), then the
+# queue, then the finished
+STATE_ORDER = ("prefilling", "dedup", "decoding", "preempted", "waiting")
+SORTS = {"arrival": None,
+         "state": lambda r: STATE_ORDER.index(r.state) if r.state in STATE_ORDER else 9,
          "TTFT": lambda r: -(r.ttft or 0.0), "TPOT": lambda r: -(r.tpot or 0.0),
          "prompt": lambda r: -r.prompt_tokens, "hit": lambda r: -r.cached_tokens,
          "generated": lambda r: -r.output_tokens,
@@ -111,7 +115,7 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
         label = next((w for w in (f" chunk {r.chunks_done}/{n} {r.computed_tokens}/"
                                   f"{r.prefill_target}", f" chunk {r.chunks_done}/{n}",
                                   f" {r.chunks_done}/{n}") if len(w) + 3 <= width),
-                     f" {r.chunks_done}/{n}")
+                     f"{r.chunks_done}/{n}")        # a bar of 1 cell: k/n is never cut
         frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
     elif r.state in ("decoding", "dedup"):
         # tokens/max, or in a narrow column the tokens alone (the bar shows the rest)
@@ -127,8 +131,16 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
         if r.state == "waiting" and len(text) > width:
             text = short_reason(text)
         return [Segment(_fit(text, width, "<"), st(style))]
-    bw = max(3, width - len(label))
+    bw = max(1 if len(label) + 3 > width else 3, width - len(label))
     return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
+
+
+def short_id(request_id: str, width: int) -> str:
+    """A request id in `width` cells: ids that differ only at the end (`cmpl-<tag><n>`
+    from `roseplay serve`) keep their end, "…" standing for the common start."""
+    if len(request_id) <= width:
+        return request_id
+    return "…" + request_id[len(request_id) - max(0, width - 1):] if width > 1 else "…"
 
 
 def _fit(text: str, width: int, align: str) -> str:
@@ -292,7 +304,8 @@ class RequestList(Widget, can_focus=True):
         return strip.apply_style(background) if background is not None else strip
 
     def _row(self, r, selected: bool) -> Strip:
-        cells = {"id": (r.request_id, "bold" if r.request_id.startswith("you") else ""),
+        cells = {"id": lambda w: [Segment(short_id(r.request_id, w).ljust(w),
+                                          st("bold" if r.request_id.startswith("you") else ""))],
                  "state": (r.state, STATE_STYLE.get(r.state, "")),
                  # scheduling_policy=priority: lower first (the workload's documents: 1)
                  "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),
@@ -341,10 +354,12 @@ class RequestDetail(Widget):
         self._text = Text()
 
     def show(self, r, tokenizer=None, logprobs_mode: str | None = None,
+             no_text: str = "this model has no tokenizer: no text",
              extra: Text | None = None) -> None:
-        """tokenizer: decodes the request's last output tokens (the engine sends ids);
-        logprobs_mode: a live engine's (EngineInfo), to show the next-token distribution
-        (None: a replay, whose recordings hold no logprobs); extra: lines under the
+        """tokenizer: decodes the request's last output tokens (the engine sends ids; a
+        recording carries the text); logprobs_mode: a live engine's (EngineInfo), to show
+        the next-token distribution (None: a replay, whose recordings hold no logprobs);
+        no_text: why a request with output tokens has no text; extra: lines under the
         text (its TTFT split), rows kept for them."""
         t = Text(overflow="fold")
         if r is None:
@@ -353,8 +368,14 @@ class RequestDetail(Widget):
             # the prompt gets at most half the lines: the output always shows (80x24: 3)
             width, lines = max(20, self.size.width), max(2, self.size.height)
             choice_rows = 0 if logprobs_mode is None else 1 if lines < 12 else \
-                8 if getattr(r.logprobs, "raw", None) else 6     # + a header, 6 tokens
-            extra_rows = 0 if extra is None else min(2, -(-extra.cell_len // width))
+                9 if getattr(r.logprobs, "raw", None) else 6     # + headers, 6 tokens
+            extra_rows = 0 if extra is None else min(2, -(-extra.cell_len // width),
+                                                     lines - choice_rows - 2)
+            if extra is not None and extra_rows < 1:    # a small panel: the split gives way
+                extra, extra_rows = None, 0
+            elif extra is not None and extra.cell_len > width * extra_rows:
+                extra = extra.copy()
+                extra.truncate(width * extra_rows, overflow="ellipsis")
             lines = max(2, lines - choice_rows - extra_rows)
             prompt_lines = max(1, lines // 2)
             head = f"{r.request_id} [{r.state}] "
@@ -371,7 +392,7 @@ class RequestDetail(Widget):
                 text = text if len(text) <= room else "…" + text[-room:]
                 t.append(text.replace("\n", " ⏎ "), "bold")
             elif r.output_tokens and tokenizer is None:
-                t.append(f"{r.output_tokens} tokens (this model has no tokenizer: no text)", "dim")
+                t.append(f"{r.output_tokens} tokens ({no_text})", "dim")
             if r.state in ("prefilling", "decoding"):
                 t.append("▌", "blink #4cc97a")
             if r.error:
@@ -381,7 +402,7 @@ class RequestDetail(Widget):
                 t.append_text(extra)
             if choice_rows:
                 t.append("\n")
-                t.append_text(choice_text(r, tokenizer, logprobs_mode, choice_rows))
+                t.append_text(choice_text(r, tokenizer, logprobs_mode, choice_rows, width))
         if t != self._text:
             self._text = t
             self.refresh()

@@ -1,8 +1,15 @@
-"""The top line: model and device, serving/paused, step, replay position, errors."""
+"""The top line: serving/paused, step, replay position, errors, the decode path, then
+the model and device."""
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widget import Widget
+
+
+# the attention backend serving (EngineSnapshot.backend), as the decode path it runs:
+# kernels/__init__.py picks cpu_native (the C layer) on a CPU with AVX-512, else torch_sdpa
+DECODE_PATHS = {"cpu_native": "C layer (cpu_native)", "torch_sdpa": "torch_sdpa (no C layer)",
+                "triton": "triton", "torch": "torch reference"}
 
 
 class StatusBar(Widget):
@@ -17,9 +24,11 @@ class StatusBar(Widget):
         t.append(f"  {message}", "bold")
         self._set(t)
 
-    def show(self, snap, kind: str, paused: bool, position: str = "") -> None:
+    def show(self, snap, kind: str, paused: bool, position: str = "",
+             workload: dict | None = None) -> None:
         """Most important first (a narrow terminal cuts the end): mode, position, step,
-        finished, the engine's error, then the model and device."""
+        finished, the engine's error, requests the engine refused, then the model and
+        device."""
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" roseplay ", "bold #111111 on #f2d34f")
         t.append(" ")
@@ -40,9 +49,14 @@ class StatusBar(Widget):
         t.append(f"  finished {snap.counters.finished}")
         if snap.error:
             t.append(f"  ⚠ {snap.error}", "bold #ff5555")
-        backend = snap.backend
+        refused = refusal(workload or {})
+        if refused:
+            t.append(f"  ⚠ {refused}", "bold #ff5555")
+        if snap.backend:
+            t.append("  decode ", "dim")
+            t.append(DECODE_PATHS.get(snap.backend, snap.backend), "bold")
         t.append(f"  {snap.model} ", "bold")
-        t.append(f"· {snap.device} {snap.dtype}{f' {backend}' if backend else ''}", "dim")
+        t.append(f"· {snap.device} {snap.dtype}", "dim")
         tp, kv = snap.tensor_parallel_size, snap.kv_bytes_per_rank
         if kv:
             where = f" x {tp} ranks (TP={tp})" if tp > 1 else ""
@@ -56,3 +70,11 @@ class StatusBar(Widget):
 
     def render(self) -> Text:
         return self._text
+
+
+def refusal(workload: dict) -> str:
+    """The workload's requests the engine refused, and why (the latest reason)."""
+    n = workload.get("refused") or 0
+    if not n:
+        return ""
+    return f"{n} request{'s' if n > 1 else ''} refused: {workload.get('last_error') or '?'}"

@@ -99,17 +99,21 @@ class StepPanel(Widget):
         t.append("■", theme.color("prefill"))
         n = len(s.prefill_chunks)
         t.append(f" prefill {s.prefill_tokens} tok in {n} chunk{'' if n == 1 else 's'}\n")
-        t.append_text(spec_words(s, snap.knobs.num_speculative_tokens,   # before the
-                                 snap.spec_method))
-        t.append("prefill ", "dim")             # chunks: a long chunk list is cut, not it
-        t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
+        spec = spec_words(s, snap.knobs.num_speculative_tokens,    # before the chunks: a
+                          snap.spec_method)
+        t.append_text(spec)                                       # long list is cut, not it
+        if s.prefill_chunks or not spec:        # (no "prefill -" cut after the spec words)
+            t.append("prefill ", "dim")
+            t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
         t.append("\n")
-        for name, value in (("hit blocks", s.prefix_hit_blocks), ("COW", s.cow_copies),
-                            ("evict", s.evictions), ("preempt", s.preemptions),
-                            ("dedup", s.dedup_joined)):
-            t.append(f"{name} ", "" if value else "dim")
+        counts = (("hit blocks", "hit", s.prefix_hit_blocks), ("COW", "COW", s.cow_copies),
+                  ("evict", "ev", s.evictions), ("preempt", "pre", s.preemptions),
+                  ("dedup", "dedup", s.dedup_joined))
+        words = sum(len(f"{name} {v}  ") for name, _, v in counts) - 2
+        short = words > (self.size.width or 80)     # a narrow panel: "hit 0  COW 0  ev 0 …"
+        for i, (name, brief, value) in enumerate(counts):
+            t.append(("  " if i else "") + f"{brief if short else name} ", "" if value else "dim")
             t.append(f"{value}", "bold #e08a1e" if value else "dim")
-            t.append("  ")
         return t
 
     def render(self) -> Text:

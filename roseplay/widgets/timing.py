@@ -21,61 +21,20 @@ from textual.containers import Container, Vertical
 from textual.strip import Strip
 from textual.widget import Widget
 
-from engine.metrics import meets_slos, percentiles, prefix_hit_rate
+from engine.metrics import prefix_hit_rate
 from roseplay.widgets import theme
 from roseplay.widgets.counters import WINDOW
+from roseplay.widgets.latency import (RECENT, goodput_share, pctl,  # noqa: F401
+                                      recent_p50, slo_text, view_latencies, window_ttfts)
 from roseplay.widgets.requests import fmt_ms
 from roseplay.widgets.spec_note import SpecNote
 from roseplay.widgets.ttft_split import window_split
 
 BUCKET = 0.5          # seconds of engine time per plotted point
 HISTORY = 240
-RECENT = 16           # requests behind each plotted p50 (the latest to get a first token)
 UPDATE_EVERY = 0.5   # seconds between redraws (the text changes every frame otherwise)
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
 PLOT_BG, MARK_BG = "#1d2027", "#5a4a10"    # a plot's ground; the column of a knob change
-
-
-def pctl(values, qs=(50, 95, 99)) -> list[float | None]:
-    return [None] * len(qs) if not len(values) else percentiles(values, qs)
-
-
-def recent_p50(requests, field: str) -> float:
-    """p50 of `field` over the RECENT requests that have it (latest first token first):
-    a continuous curve even when requests finish in waves."""
-    have = [r for r in requests if getattr(r, field) is not None]
-    have.sort(key=lambda r: r.arrival_time + (r.ttft or 0.0))
-    values = [getattr(r, field) for r in have[-RECENT:]]
-    return pctl(values, (50,))[0] if values else math.nan
-
-
-def view_latencies(view) -> tuple[float | None, float | None, float | None]:
-    """(TTFT, TPOT, E2EL) of a finished request view: last token - arrival is
-    TTFT + TPOT x (n - 1) by the definitions in engine/metrics.py."""
-    e2el = None
-    if view.ttft is not None:
-        e2el = view.ttft + (view.tpot or 0.0) * max(0, view.output_tokens - 1)
-    return view.ttft, view.tpot, e2el
-
-
-def goodput_share(snap, start: float, slos: dict) -> tuple[int, int]:
-    """(requests meeting every SLO, requests finished) among the finished requests in
-    the snapshot whose last token came after `start` (engine time)."""
-    good = total = 0
-    for view in snap.requests:
-        if view.state != "finished" or view.ttft is None:
-            continue
-        lat = view_latencies(view)
-        if view.arrival_time + lat[2] < start:
-            continue
-        total += 1
-        good += meets_slos(*lat, slos)
-    return good, total
-
-
-def slo_text(slos: dict) -> str:
-    """"ttft≤200 tpot≤50" (ms), as typed after --goodput."""
-    return " ".join(f"{k}≤{v:g}" for k, v in slos.items())
 
 
 SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot", "accept", "alen")
@@ -94,6 +53,7 @@ class TimingHistory:
         self.marks: deque = deque(maxlen=HISTORY)     # per point: a knob change's label or None
         self._mark: str | None = None
         self._t = None
+        self._since = -math.inf      # first tokens before the reset stay out of the curve
         self._tokens = 0
         self._counters = None
         self.rate = 0.0          # output tokens / s over the last few buckets
@@ -109,12 +69,13 @@ class TimingHistory:
             self.reset()
         if self._t is None:
             self._t, self._tokens, self._counters = now, tokens, snap.counters
+            self._since = now
             return
         if now - self._t < BUCKET:
             return
         dt, dtok = now - self._t, tokens - self._tokens
         add = {k: s.append for k, s in self.series.items()}
-        add["ttft"](recent_p50(snap.requests, "ttft"))
+        add["ttft"](recent_p50(snap.requests, "ttft", self._since))
         tpots = [x[2] for x in snap.recent_latencies[-4 * RECENT:] if x[2] is not None]
         add["tpot"](pctl(tpots[-RECENT:], (50,))[0] if tpots else math.nan)
         gaps = [g for t, g in snap.recent_itls if t > self._t]
@@ -200,7 +161,7 @@ class Plot(Widget):
             return text + (f"/{self.fmt(top)}" if height == 1 and top > 0 and
                            len(text) + 1 + len(self.fmt(top)) <= self.LABEL else "")
         if y == 1:
-            return f" top {self.fmt(top)}" if finite and top > 0 else " no data yet"
+            return f" top {self.fmt(top)}" if finite else " no data yet"
         return ""
 
 
@@ -235,13 +196,33 @@ class TimeAxis(Widget):
             line[pos:pos + len(word)] = word
         t = Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
         shown = self.marks[-n:]
-        pad = n - len(shown)
-        for i, label in enumerate(shown):     # later labels overwrite earlier ones
-            if label:
-                word = ("▲" + label)[:n]
-                start = Plot.LABEL + min(pad + i, n - len(word))
-                t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
+        for start, word in place_labels([(n - len(shown) + i, label)
+                                         for i, label in enumerate(shown) if label], n):
+            start += Plot.LABEL
+            t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
         return t
+
+
+def place_labels(marks: list[tuple[int, str]], n: int) -> list[tuple[int, str]]:
+    """(column, text) of each mark's `▲label` on an axis of `n` columns, none over
+    another: the newest keeps its whole label (moved left to fit the end: an older mark
+    under it then has no label of its own), each older one is cut to the room before the
+    next (`▲bud…`, or `▲` alone), one column apart."""
+    out, limit = [], n
+    for pos, label in reversed(marks):
+        if pos >= limit:
+            continue                  # under a newer label
+        word = "▲" + label
+        if not out:                   # the newest: whole, ending at the axis's end at most
+            pos = max(0, min(pos, n - len(word)))
+            room = n - pos
+        else:
+            room = limit - pos - 1
+        if len(word) > room:
+            word = word[:room - 1] + "…" if room >= 3 else "▲"
+        out.append((pos, word))
+        limit = pos
+    return out[::-1]
 
 
 class TimingStats(Widget):
@@ -253,14 +234,19 @@ class TimingStats(Widget):
         self._text = Text()
 
     def show(self, snap, rate: float, since: float | None, slos: dict | None = None) -> None:
-        """Percentiles over the last WINDOW seconds (from the last reset, if later); with
-        SLOs, the share of the requests finished then that met all of them (goodput)."""
+        """Percentiles over the last WINDOW seconds (from the last reset or knob change,
+        if later; the header says how many): TTFT of the requests whose first token came
+        in it (the TTFT plot's population: its points are the p50 of the RECENT latest),
+        TPOT of those that finished in it, every token gap in it; with SLOs, the share of
+        the requests finished then that met all of them (goodput)."""
         start = max(snap.time - WINDOW, since if since is not None else -math.inf)
         lat = [x for x in snap.recent_latencies if x[0] >= start]
         itl = [x[1] for x in snap.recent_itls if x[0] >= start]
+        ttft = window_ttfts(snap.requests, start)
         t = Text(no_wrap=True)
-        t.append(f"{'10 s':<6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")
-        rows = (("TTFT", [x[1] for x in lat], "prefill"),
+        span = f"{min(WINDOW, snap.time - start):.0f} s"
+        t.append(f"{span:<6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")
+        rows = (("TTFT", ttft, "prefill"),
                 ("TPOT", [x[2] for x in lat if x[2] is not None], "decode"),
                 ("ITL", itl, "tput"))
         for name, values, color in rows:
@@ -276,7 +262,7 @@ class TimingStats(Widget):
             t.append(f"{100 * good / total:.0f}%" if total else "-", f"bold {theme.color('tput')}")
             t.append(f" of {total}", "dim")
         else:
-            t.append(f" · {len(lat)} req done in 10 s", "dim")
+            t.append(f" · {len(lat)} req done", "dim")
         if t != self._text:
             self._text = t
             self.refresh()
@@ -305,17 +291,19 @@ class TimingPanel(Container):
         self.stats = TimingStats()
         count = lambda v: f"{v:.0f}"          # noqa: E731
         pct = lambda v: f"{v:.0f}%"           # noqa: E731
-        # most needed first: the plots that do not fit the panel's height are cut
+        # most needed first: the plots that do not fit the panel's height are cut (the
+        # speculation plots, shown while it is on, come before the queue's: guide d asks
+        # for them, and at 120x40 they came last and were cut)
         self.plots = {"ttft": Plot("TTFT", "prefill", fmt_ms, id="plot-ttft"),
                       "itl": Plot("ITL", "decode", fmt_ms, id="plot-itl"),
                       "tput": Plot("tok/s", "tput", lambda v: f"{v:,.0f}", id="plot-tput"),
+                      "accept": Plot("accepted", "decode", pct, 100.0, id="plot-accept"),
+                      "alen": Plot("accept len", "tput", lambda v: f"{v:.2f}",
+                                   id="plot-alen"),
                       "running": Plot("running", "used", count, id="plot-running"),
                       "waiting": Plot("waiting", "preempt", count, id="plot-waiting"),
                       "kv": Plot("KV used", "shared", pct, 100.0, id="plot-kv"),
-                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit"),
-                      "accept": Plot("accepted", "decode", pct, 100.0, id="plot-accept"),
-                      "alen": Plot("accept len", "tput", lambda v: f"{v:.2f}",
-                                   id="plot-alen")}
+                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit")}
         for key in SPEC_PLOTS:
             self.plots[key].display = False
         self.axis = TimeAxis()
@@ -338,6 +326,7 @@ class TimingPanel(Container):
             self.remove_class(f"-{self.mode}")
             self.mode = mode
             self.add_class(f"-{mode}")
+        self.call_after_refresh(self.size_plots)
 
     def reset(self) -> None:
         self.history.reset()
@@ -356,7 +345,7 @@ class TimingPanel(Container):
         if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):
             return
         self._shown_at = (snap.time, now)
-        self.stats.show(snap, self.history.rate, window.reset_time, self.slos)
+        self.stats.show(snap, self.history.rate, window.since, self.slos)
         self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         marks = self.history.marks
         self._show_spec_plots(snap)
@@ -375,6 +364,20 @@ class TimingPanel(Container):
         for key in SPEC_PLOTS:
             if self.plots[key].display != on:
                 self.plots[key].display = on
+                self.size_plots()
+
+    def on_resize(self) -> None:
+        self.size_plots()
+
+    def size_plots(self) -> None:
+        """Spare rows (a zoomed or tall panel) make every plot taller, not blank below:
+        each gets the same share of the rows under the time axis (at least one)."""
+        shown = [p for p in self.plots.values() if p.display]
+        rows = self.query_one("#plots").size.height - 1
+        height = max(1, rows // max(1, len(shown))) if rows > 0 else 1
+        for plot in shown:
+            if plot.styles.height is None or plot.styles.height.value != height:
+                plot.styles.height = height
 
     def mark(self, label: str) -> None:
         """A knob changed now: a mark and its label on every plot."""

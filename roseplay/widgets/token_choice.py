@@ -16,8 +16,8 @@ from rich.text import Text
 from roseplay.widgets import theme
 
 BARS = " ▁▂▃▄▅▆▇█"
-NO_LOGPROBS = ("next-token distribution: this request asked for no logprobs; type a prompt "
-               "with i (it asks for the top 5), or wait for a generated one (1 in 8 ask)")
+NO_LOGPROBS = ("next token: no logprobs asked for (a prompt typed with i asks for the top 5, "
+               "and so does 1 in 8 generated)")
 
 
 def token_label(token_id: int, tokenizer) -> str:
@@ -80,57 +80,68 @@ def _p(p: float | None) -> str:
     return "–" if p is None else pct(p)
 
 
-def compare_text(t: Text, lp, tokenizer, mode: str, rows: int) -> Text:
+def _fitting(t: Text, pieces: list[tuple[str, str]], width: int) -> Text:
+    """Append whole pieces while the line stays within `width` (the rest: "…"): a
+    one-line distribution is never cut inside a token."""
+    for i, (text, style) in enumerate(pieces):
+        if t.cell_len + len(text) > width - (1 if i + 1 < len(pieces) else 0):
+            return t.append("…", "dim")
+        t.append(text, style)
+    return t
+
+
+def compare_text(t: Text, lp, tokenizer, mode: str, rows: int, width: int = 200) -> Text:
     """The model's distribution beside the processed one (SamplingParams.raw_logprobs)."""
     sampled = lp.token_ids[0]
     entries = compare_rows(lp, mode)
     meta = f"({mode}; sampled rank {lp.rank}, model {lp.raw.rank})"
-    if rows <= 1:          # the tokens first: a narrow panel cuts the end of the line
+    if rows <= 1:          # the tokens first, as many as fit the line
         t.append("next token model→after: ", "bold")
-        for tid, a, b, mark in entries:
-            t.append(f"{token_label(tid, tokenizer)} {_p(a)}→{_p(b)}{mark}",
-                     "bold" if tid == sampled else "")
-            t.append("  ")
-        t.append(f"· sampled {token_label(sampled, tokenizer)} {meta}", "dim")
-        return t
+        return _fitting(t, [(f"{token_label(tid, tokenizer)} {_p(a)}→{_p(b)}{mark}  ",
+                             "bold" if tid == sampled else "")
+                            for tid, a, b, mark in entries], width)
     t.append("next token model → after ", "bold")
     t.append(f"{meta}: ", "dim")
     t.append(f"sampled {token_label(sampled, tokenizer)}", "bold")
     t.append(f"\n  {'token':>12} {'model p':>8} {'after p':>8}", "bold")
-    t.append("  after: bias, penalties, temperature, min_p, top-k/p · ↑↓ rank moved, "
-             "✚ into / ✖ out of the top-n", "dim")
-    for tid, a, b, mark in entries[:rows - 2]:
+    for tid, a, b, mark in entries[:rows - 3]:
         t.append("\n")
         t.append(f"{'▶' if tid == sampled else ' '} {token_label(tid, tokenizer):>12} "
                  f"{_p(a):>8} {_p(b):>8} {mark}", "bold" if tid == sampled else "")
+    # what the columns mean, under the table (it was cut at the end of the header)
+    t.append("\nafter: bias, penalties, temperature, min_p, top-k/p · ↑↓ rank moved, "
+             "✚ into / ✖ out of the top-n", "dim")
     return t
 
 
-def choice_text(r, tokenizer, mode: str, rows: int) -> Text:
-    """`rows` == 1: one line (each token with a one-glyph bar); more: a bar per token."""
+def choice_text(r, tokenizer, mode: str, rows: int, width: int = 200) -> Text:
+    """`rows` == 1: one line of `width` (each token with a one-glyph bar, as many as fit);
+    more: a bar per token."""
     t = spec_words(r)
     lp = r.logprobs
     if lp is None:
         return t.append(NO_LOGPROBS, "dim")
     if getattr(lp, "raw", None) is not None:
-        return compare_text(t, lp, tokenizer, mode, rows)
+        return compare_text(t, lp, tokenizer, mode, rows, width)
     entries = top_entries(lp)
     probs = shares([v for _, v in entries], mode)
     sampled_id = lp.token_ids[0]
     color = theme.color("decode")
+    if rows <= 1:           # the sampled token and the top-n first, the mode last
+        t.append("next token ", "bold")
+        t.append(f"{token_label(sampled_id, tokenizer)}", "bold")
+        if mode.endswith("logprobs"):
+            t.append(f" {pct(math.exp(lp.logprobs[0]))}")
+        t.append(f" (rank {lp.rank}) · top {len(entries)}: ", "dim")
+        pieces = [(f"{BARS[min(8, max(1, round(p * 8)))]}{token_label(tid, tokenizer)} "
+                   f"{pct(p)}{'✓' if tid == sampled_id else ''}  ",
+                   "bold" if tid == sampled_id else "") for (tid, _), p in zip(entries, probs)]
+        return _fitting(t, pieces + [(f"({mode})", "dim")], width)
     t.append("next token ", "bold")
     t.append(f"({mode}, sampled rank {lp.rank}): ", "dim")
     t.append(f"sampled {token_label(sampled_id, tokenizer)}", "bold")
     if mode.endswith("logprobs"):
         t.append(f" {pct(math.exp(lp.logprobs[0]))}")
-    t.append(f" · top {len(entries)}: " if rows <= 1 else "")
-    if rows <= 1:
-        for (tid, _), p in zip(entries, probs):
-            mark = tid == sampled_id
-            t.append(BARS[min(8, max(1, round(p * 8)))], color)
-            t.append(f"{token_label(tid, tokenizer)} {pct(p)}", "bold" if mark else "")
-            t.append("✓ " if mark else "  ", color)
-        return t
     for (tid, _), p in list(zip(entries, probs))[:rows - 1]:
         mark = tid == sampled_id
         t.append("\n")

@@ -1,29 +1,49 @@
-"""The native CPU backend (kernels/cpu_native.py, kernels/cpu_native.c) against the torch
-CPU backend and the references: skinny linears with their fused prologues at every row
-count and panel remainder, weights packed in the narrowest exact dtype, decode attention
-with rotary and the KV store, bad indices refused, the build's fallbacks, the backend
-`attention_backend=auto` picks (cpu_native with AVX-512, else torch_sdpa), and the
-bundled model's greedy tokens on it equal to HF transformers' in float32.
+"""The native CPU backend (kernels/cpu_native.py, kernels/cpu_native*.c) against the torch
+CPU backend and the references, at every vector width the C files build with (16 floats:
+AVX-512, 8: AVX2, 4: the generic vectors): skinny linears with their fused prologues at
+every row count and column remainder, weights packed in the narrowest exact dtype,
+decode attention with rotary and the KV store at every head size's grouping, bad
+indices refused; and the bundled model on it: greedy tokens equal to HF transformers'
+in float32, each decode step's layers in one C call.
 
-The library is built with -march=native: on a CPU with AVX-512 it holds the vector
-paths, elsewhere the portable loops (what every kernel test here then checks)."""
+This CPU's -march=native build is the width its instruction set gives; the other widths
+are built with -DRP_WIDTH (kernels/cpu_native_simd.h), the same loops and tile shapes
+with the helpers' generic versions where the CPU lacks the instructions. So an AVX2 CPU
+runs the 16-wide build's loops too, and an AVX-512 one the AVX2 build's intrinsics.
+The build itself (flags, width choice, fallbacks): tests/kernels/test_cpu_native_build.py."""
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
-import kernels.cpu_native_build as build
-from kernels import cpu_native, cpu_ops, default_cpu_backend, get_ops
+from kernels import cpu_native, cpu_ops, get_ops
 from kernels import reference as ref
 from kernels.cpu_native_build import FLAGS, _load
 
 pytestmark = pytest.mark.skipif(not cpu_native.available(),
                                 reason="no C compiler: the native CPU kernels cannot build")
-AVX512 = "avx512f" in build._cpu_flags().split()
-WIDTH = 16 if AVX512 else 1         # rp_vector_width() of a -march=native build here
-needs_avx512 = pytest.mark.skipif(
-    not AVX512, reason="this CPU has no AVX-512: the native library is the portable build, "
-                       "which test_the_portable_build_computes_the_same covers")
+WIDTHS = (16, 8, 4)
+
+
+def width_library(width: int):
+    """The kernels built with `width` floats per vector: this CPU's own build where it
+    has that width, else one with -DRP_WIDTH (cached like the engine's)."""
+    native = cpu_native._LIB
+    if native.rp_vector_width() == width:
+        return native
+    lib = _load(FLAGS + (f"-DRP_WIDTH={width}",))
+    assert lib is not None and lib.rp_vector_width() == width
+    return lib
+
+
+@pytest.fixture(params=WIDTHS, ids=[f"width{w}" for w in WIDTHS])
+def width(request, monkeypatch) -> int:
+    """cpu_native's library for the test: the build of each width in turn."""
+    monkeypatch.setattr(cpu_native, "_LIB", width_library(request.param))
+    return request.param
 
 
 def _weight(n: int, k: int, exact_in: torch.dtype | None, seed: int) -> torch.Tensor:
@@ -33,14 +53,14 @@ def _weight(n: int, k: int, exact_in: torch.dtype | None, seed: int) -> torch.Te
     return w.to(exact_in).float() if exact_in is not None else w
 
 
-ROW_COUNTS = [1, 3, 4, 5, 8, 9, 16, 17, 32]
+ROW_COUNTS = [*range(1, 18), 20, 32]      # every tile shape and partial row group
 EXACT = [(torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
          (None, torch.float32)]
 
 
 @pytest.mark.parametrize("exact_in,packed_as", EXACT)
-@pytest.mark.parametrize("n", [16, 40, 100])
-def test_linear_matches_torch_at_every_row_count(exact_in, packed_as, n):
+@pytest.mark.parametrize("n", [16, 19, 40, 100])          # full and partial last vectors
+def test_linear_matches_torch_at_every_row_count(exact_in, packed_as, n, width):
     w = _weight(n, 48, exact_in, n)
     bias = torch.randn(n)
     for m in ROW_COUNTS:
@@ -52,19 +72,20 @@ def test_linear_matches_torch_at_every_row_count(exact_in, packed_as, n):
     assert cpu_native.packed_panels(w).shape == (-(-n // 16), 48, 16)
 
 
-def test_fused_prologues_match_their_compositions():
+@pytest.mark.parametrize("k", [64, 44])                  # 44: the rows' vector tails
+def test_fused_prologues_match_their_compositions(k, width):
     gen = torch.Generator().manual_seed(3)
-    w = _weight(72, 64, torch.float16, 1)
-    norm = torch.rand(64, generator=gen) + 0.5
+    w = _weight(72, k, torch.float16, 1)
+    norm = torch.rand(k, generator=gen) + 0.5
     for m in (1, 7, 16, 30):
-        x, res = torch.randn(m, 64, generator=gen), torch.randn(m, 64, generator=gen)
+        x, res = torch.randn(m, k, generator=gen), torch.randn(m, k, generator=gen)
         got = cpu_native.rms_norm_linear(x, norm, 1e-5, w)
         torch.testing.assert_close(got, ref.rms_norm(x, norm, 1e-5) @ w.T, atol=1e-5, rtol=1e-5)
         y, new_res = cpu_native.rms_norm_linear(x, norm, 1e-5, w, None, res)
         want_h, want_res = ref.rms_norm(x, norm, 1e-5, res)
         torch.testing.assert_close(new_res, want_res, atol=0, rtol=0)
         torch.testing.assert_close(y, want_h @ w.T, atol=1e-5, rtol=1e-5)
-        gate_up = torch.randn(m, 128, generator=gen) * 4       # SiLU's tails too
+        gate_up = torch.randn(m, 2 * k, generator=gen) * 4     # SiLU's tails too
         torch.testing.assert_close(cpu_native.silu_mul_linear(gate_up, w),
                                    ref.silu_and_mul(gate_up) @ w.T, atol=1e-5, rtol=1e-5)
 
@@ -102,8 +123,12 @@ def _paged(lens, block_size, n_kv, d, gen, num_blocks=64):
     return kc, vc, table
 
 
-@pytest.mark.parametrize("n_heads,n_kv,d", [(8, 4, 32), (4, 4, 16), (6, 1, 64), (4, 2, 24)])
-def test_decode_attention_matches_the_reference(n_heads, n_kv, d):
+@pytest.mark.parametrize("n_heads,n_kv,d", [(8, 4, 32), (4, 4, 16), (6, 1, 64), (4, 2, 24),
+                                             (5, 1, 128)])
+def test_decode_attention_matches_the_reference(n_heads, n_kv, d, width):
+    """Heads in register-sized groups (8 at D = 32 with 16 floats a vector, 3 with 8),
+    D = 128 in slices where one head's values exceed the registers (8 and 4 floats a
+    vector), D = 24 one head at a time; contexts with vector tails, and an empty one."""
     gen = torch.Generator().manual_seed(d)
     lens = [1, 7, 0, 33, 16]                                # 0: no context -> zeros
     kc, vc, table = _paged(lens, 4, n_kv, d, gen)
@@ -116,7 +141,7 @@ def test_decode_attention_matches_the_reference(n_heads, n_kv, d):
 
 
 @pytest.mark.parametrize("n_heads,n_kv,d", [(8, 4, 32), (6, 2, 24)])
-def test_rotary_decode_attention_stores_and_attends_as_the_reference(n_heads, n_kv, d):
+def test_rotary_decode_attention_stores_and_attends_as_the_reference(n_heads, n_kv, d, width):
     gen = torch.Generator().manual_seed(5)
     lens = [3, 9, 17, 1]
     kc, vc, table = _paged(lens, 4, n_kv, d, gen)
@@ -138,7 +163,7 @@ def test_rotary_decode_attention_stores_and_attends_as_the_reference(n_heads, n_
     assert torch.equal(caches[0][0].view(-1, n_kv, d)[table[3, 0] * 4], kc.view(-1, n_kv, d)[table[3, 0] * 4])
 
 
-def test_an_index_out_of_range_raises_and_writes_nothing():
+def test_an_index_out_of_range_raises_and_writes_nothing(width):
     gen = torch.Generator().manual_seed(6)
     kc, vc, table = _paged([5, 5], 4, 2, 16, gen, num_blocks=8)
     q = torch.randn(2, 4, 16, generator=gen)
@@ -165,43 +190,16 @@ def test_backend_exports_every_op():
     assert all(callable(getattr(cpu_native, n, None)) for n in names), names
 
 
-class _Built:
-    def __init__(self, width: int):
-        self.rp_vector_width = lambda: width
-
-
-@pytest.mark.parametrize("lib,backend", [(_Built(16), "cpu_native"), (_Built(1), "torch_sdpa"),
-                                         (None, "torch_sdpa")])
-def test_the_cpu_default_is_cpu_native_only_with_its_avx512_paths(lib, backend, monkeypatch):
-    """The portable loops are slower than oneDNN (docs/KERNELS.md "CPU native"): a CPU
-    without AVX-512, or no library at all, runs torch_sdpa."""
-    monkeypatch.setattr(build, "load", lambda: lib)
-    assert default_cpu_backend() == backend
-
-
-def test_this_cpu_gets_the_default_its_build_allows():
-    assert default_cpu_backend() == ("cpu_native" if AVX512 else "torch_sdpa")
-
-
-def test_no_compiler_or_a_failed_build_means_no_library(tmp_path, monkeypatch):
-    monkeypatch.setenv("ROSEPLAY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("CC", "/bin/false")                   # a compiler that fails
-    assert _load() is None
-    monkeypatch.delenv("CC")
-    lib = _load()                                            # builds into tmp_path
-    assert lib is not None and lib.rp_abi_version() == 3 and lib.rp_vector_width() == WIDTH
-    assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
-
-
 def test_bundled_model_greedy_tokens_equal_hf_float32():
     """The bundled float16 checkpoint on the backend `auto` picks on this CPU (cpu_native
-    on its float16-packed weights, or torch_sdpa): HF transformers' greedy tokens
-    (float32, eager) for prompts decoded together."""
+    on its float16-packed weights with AVX2 or AVX-512, else torch_sdpa): HF
+    transformers' greedy tokens (float32, eager) for prompts decoded together."""
     from transformers import AutoModelForCausalLM
 
     from engine.front.llm import LLM
     from engine.request import SamplingParams
     from engine.tokenizer import DEFAULT_MODEL_DIR
+    from kernels import default_cpu_backend
     path = str(DEFAULT_MODEL_DIR)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     prompts = [[0, 5, 9, 100, 7], [0, 44], [0, 3, 3, 3, 17, 250, 1000, 12, 9], [0]]
@@ -219,18 +217,29 @@ def test_bundled_model_greedy_tokens_equal_hf_float32():
     assert [list(o.outputs[0].token_ids) for o in outs] == expected
 
 
-@needs_avx512
-def test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(monkeypatch):
-    _assert_one_call_layers_give_the_torch_tokens(monkeypatch)
+PROMPTS = ["ROMEO:", "To be, or not to be", "KING HENRY:\nWhat", "O"]
 
 
-def _assert_one_call_layers_give_the_torch_tokens(monkeypatch):
-    """Greedy tokens of the bundled model under cpu_native equal the torch backend's, and
-    every decode-only step took the one-call layer."""
+def _greedy_tokens(backend: str) -> list:
     from engine.front.llm import LLM
     from engine.request import SamplingParams
-    prompts = ["ROMEO:", "To be, or not to be", "KING HENRY:\nWhat", "O"]
+    llm = LLM(device="cpu", attention_backend=backend, num_blocks=64,
+              max_num_batched_tokens=16)                   # chunked prefill + decode mixed
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    llm.engine.close()
+    return outs
+
+
+@pytest.fixture(scope="module")
+def torch_tokens() -> list:
+    return _greedy_tokens("torch")
+
+
+def test_decode_steps_run_each_layer_in_one_call_with_the_same_tokens(width, torch_tokens,
+                                                                       monkeypatch):
+    """Greedy tokens of the bundled model under cpu_native equal the torch backend's, and
+    every decode-only step took the one-call layer."""
     fused = []
     real = cpu_native.llama_decode_layer
 
@@ -239,38 +248,37 @@ def _assert_one_call_layers_give_the_torch_tokens(monkeypatch):
         fused.append(out is not None)
         return out
     monkeypatch.setattr(cpu_native, "llama_decode_layer", spy)
-    outs = {}
-    for backend in ("torch", "cpu_native"):
-        llm = LLM(device="cpu", attention_backend=backend, num_blocks=64,
-                  max_num_batched_tokens=16)               # chunked prefill + decode mixed
-        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        llm.engine.close()
-    assert outs["torch"] == outs["cpu_native"]
+    assert _greedy_tokens("cpu_native") == torch_tokens
     assert len(fused) >= 6 * 20 and all(fused)             # 6 layers x the decode-only steps
 
 
-def test_the_portable_build_computes_the_same(tmp_path, monkeypatch):
-    """The loops a CPU without AVX-512 runs (built here with -mno-avx512f): the same
-    results and greedy tokens; and the engine would not pick them by default."""
-    monkeypatch.setenv("ROSEPLAY_CACHE_DIR", str(tmp_path))
-    portable = _load(FLAGS + ("-mno-avx512f",))
-    assert portable is not None and portable.rp_vector_width() == 1
-    monkeypatch.setattr(cpu_native, "_LIB", portable)
-    gen = torch.Generator().manual_seed(9)
-    w, norm = _weight(40, 48, torch.float16, 7), torch.rand(48, generator=gen) + 0.5
-    for m in (1, 5, 16, 20):
-        x, res = torch.randn(m, 48, generator=gen), torch.randn(m, 48, generator=gen)
-        torch.testing.assert_close(cpu_native.linear(x, w), x @ w.T, atol=1e-5, rtol=1e-5)
-        y, new_res = cpu_native.rms_norm_linear(x, norm, 1e-5, w, None, res)
-        h, want_res = ref.rms_norm(x, norm, 1e-5, res)
-        torch.testing.assert_close(y, h @ w.T, atol=1e-5, rtol=1e-5)
-        gate_up = torch.randn(m, 96, generator=gen)
-        torch.testing.assert_close(cpu_native.silu_mul_linear(gate_up, w),
-                                   ref.silu_and_mul(gate_up) @ w.T, atol=1e-5, rtol=1e-5)
-    lens = [1, 7, 0, 33]
-    kc, vc, table = _paged(lens, 4, 2, 32, gen)
-    q, ctx = torch.randn(4, 8, 32, generator=gen), torch.tensor(lens, dtype=torch.int32)
-    torch.testing.assert_close(cpu_native.paged_decode_attention(q, kc, vc, table, ctx, 0.2),
-                               ref.paged_decode_attention(q, kc, vc, table, ctx, 0.2),
-                               atol=2e-6, rtol=2e-5)
-    _assert_one_call_layers_give_the_torch_tokens(monkeypatch)
+def test_out_of_memory_leaves_the_callers_float_mode():
+    """A scratch allocation that fails returns -1 (MemoryError in Python) and leaves the
+    thread's floating-point mode as it was: the attention flushes subnormals only inside
+    a call that runs. In a child process whose address space is capped (no torch there:
+    ctypes buffers, the library as built here)."""
+    code = """if True:
+        import ctypes, importlib.util, resource, sys
+        spec = importlib.util.spec_from_file_location("build", sys.argv[1])
+        build = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(build)
+        lib = build._bind(ctypes.CDLL(sys.argv[2]))
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + (1 << 30), hard))
+        q, cache, out = (ctypes.c_float * 16)(), (ctypes.c_float * 16)(), (ctypes.c_float * 16)()
+        table = (ctypes.c_int32 * 2)()
+        lens = (ctypes.c_int32 * 1)(2 ** 31 - 1)      # its scores would need 96 GB
+        status = lib.rp_decode_attention(
+            1, 1, 1, 16, ctypes.addressof(q), 16, None, 0, None, 0, None, None, 0, None,
+            ctypes.addressof(cache), ctypes.addressof(cache), 1, 2 ** 30,
+            ctypes.addressof(table), 2, 2, ctypes.addressof(lens), 1.0, ctypes.addressof(out))
+        tiny, one = 5e-324, float("1")
+        print(status, tiny * one > 0)
+    """
+    import kernels.cpu_native_build as build
+    done = subprocess.run([sys.executable, "-c", code, build.__file__, cpu_native._LIB._name],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["-1", "True"]

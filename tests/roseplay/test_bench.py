@@ -137,6 +137,7 @@ def test_bench_block_and_json(tmp_path, capsys):
     assert all(x["dt"] >= 0 and x["duration"] > 0 for x in steps)
 
 
+@pytest.mark.slow
 def test_bench_arrival_interval(tmp_path, capsys):
     path = tmp_path / "o.json"
     rc, out = run_bench(capsys, "--num-prompts", "5", "--input-len", "8", "--output-len", "2",
@@ -151,6 +152,7 @@ def test_bench_arrival_interval(tmp_path, capsys):
     assert all(b > a for a, b in zip(arr, arr[1:])) and arr[-1] - arr[0] >= 4 * 0.04 * 0.9
 
 
+@pytest.mark.slow
 def test_ab_prefix_caching_on_shared_prefix(tmp_path, capsys):
     path = tmp_path / "ab.json"
     rc, out = run_bench(capsys, "--scenario", "shared-prefix", "--num-prompts", "16",
@@ -166,6 +168,7 @@ def test_ab_prefix_caching_on_shared_prefix(tmp_path, capsys):
     assert all(len(r["requests"]) == 16 for r in data["runs"])
 
 
+@pytest.mark.slow
 def test_ab_fixed_knob_uses_fresh_engines(tmp_path, capsys):
     path = tmp_path / "ab.json"
     rc, _ = run_bench(capsys, "--num-prompts", "4", "--input-len", "20", "--output-len", "3",
@@ -185,6 +188,7 @@ def test_identical_scenario_exercises_cow(tmp_path, capsys):
     assert eng["cow_copies"] == 7            # each follower copies the shared last block
 
 
+@pytest.mark.slow
 def test_compare_hf_same_weights(tmp_path, capsys):
     path = tmp_path / "cmp.json"
     rc, out = run_bench(capsys, "--num-prompts", "6", "--input-len", "12", "--output-len", "5",

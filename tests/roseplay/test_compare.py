@@ -139,6 +139,7 @@ def test_both_engines_serve_the_same_prompts():
         src.close()
 
 
+@pytest.mark.slow
 def test_engine_processes_load_at_once_and_both_serve(monkeypatch):
     """--compare spawns both engine processes before waiting for either (they load in
     parallel), then each client takes its process over; both serve; close stops both."""
@@ -285,6 +286,7 @@ def test_replay_flag_opens_a_compare_recording_side_by_side():
     assert type(app) is RoseplayApp and app.slos == {"ttft": 100.0}
 
 
+@pytest.mark.slow
 @sync
 async def test_random_keys_and_resizes_never_break_the_compare_screen(monkeypatch):
     fast_idle(monkeypatch)

@@ -5,8 +5,11 @@ its `versus` setup (roseplay/guides.py `expect`).
 
 One engine serves every setup in turn: a guide starts from a clean default (every knob,
 an empty queue and prefix cache), so the order does not matter. Each setup gets a short
-warm-up and ~1.5 s of measurement (the directions checked are several-fold on this
-engine, far above a loaded machine's noise). A claim about a full pool (the eviction
+warm-up (20 engine steps at least) and at least ~1.5 s of measurement, longer until the
+window holds the samples each compared number needs (roseplay/guide_check.py `NEEDS`:
+8 first tokens for a TTFT, 3 finished requests for a TPOT ...): a loaded machine takes
+longer, it does not judge from an empty window. The directions checked are several-fold
+on this engine, far above a loaded machine's noise. A claim about a full pool (the eviction
 guide) is measured as a user sees it: the default runs on until its pool evicts, then
 only the guide's knob turns. Guides 1, 9 and 0 are the default with one headline knob
 turned (budget, policy, eviction), so their runs check those knobs too. Guide d
@@ -17,11 +20,11 @@ from __future__ import annotations
 import pytest
 
 from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_SCENARIO
-from roseplay.guide_check import measure, wait_for_evictions
+from roseplay.guide_check import NAMES, active_ids, measure, verdicts, wait_for_evictions
 from roseplay.guides import (BASELINES, BY_KEY, GUIDES, POOL_BLOCKS, Guide, apply_guide,
                              clean_knobs)
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 SECONDS, WARMUP = 1.5, 0.7
 FULL_SECONDS, TURN_WARMUP = 2.5, 0.5      # a full pool's hit rate needs the reference
@@ -44,6 +47,24 @@ KNOB_EFFECTS = {
 }
 
 
+def needed() -> dict[str, dict]:
+    """Per setup: every number some check compares it on (a setup's window waits for the
+    samples of each, as the claim's own and as another's versus)."""
+    out: dict[str, dict] = {}
+    checks = [(g.key, g.expect, versus_key(g.key)) for g in GUIDES] + [
+        (key, expect, "default@full" if key in FULL_POOL else "default")
+        for key, expect in ((setup if isinstance(setup, str) else knob, expect)
+                            for knob, (setup, expect) in KNOB_EFFECTS.items())]
+    checks += [("default", {"mixed_steps": ">0"}, None),
+               ("d", {"spec_mean_accepted_len": "higher"}, None),
+               ("spec-off", {"spec_acceptance": "=0"}, None)]
+    for key, expect, versus in checks:
+        for k in filter(None, (key, versus)):
+            out.setdefault(k, {}).update(
+                {n: d for n, d in expect.items() if k == key or d not in (">0", "=0")})
+    return out
+
+
 def versus_key(key: str) -> str:
     """The results a setup is compared with: a full-pool claim against its versus setup
     measured with a full pool."""
@@ -62,9 +83,12 @@ class Results(dict):
         if key in FULL_POOL:
             return self.turn(key)
         guide = ALL.get(key) or self.default(key)
-        apply_guide(self.source, guide)     # a count that must rise gets twice the time
-        slow = ">0" in guide.expect.values()
-        self[key] = measure(self.source, SECONDS * (2 if slow else 1), WARMUP)
+        old = active_ids(self.source.snapshot())
+        apply_guide(self.source, guide)
+        same = [k for k in NEEDED if "@" not in k and setup_of(k) == setup_of(key)]
+        needs = {n: d for k in same for n, d in NEEDED[k].items()}   # (5 is the default)
+        self[key] = measure(self.source, SECONDS, WARMUP, needs,     # clean: knobs applied,
+                            knobs=clean_knobs(guide), old=old)      # the old requests gone
         return self[key]
 
     def turn(self, key: str) -> dict:
@@ -73,9 +97,11 @@ class Results(dict):
         guide, versus = ALL[key], ALL[ALL[key].versus]
         self.source.set_knobs(**clean_knobs(versus))
         assert wait_for_evictions(self.source, 20.0), "the pool never filled"
-        self[versus_key(key)] = measure(self.source, FULL_SECONDS, TURN_WARMUP)
+        self[versus_key(key)] = measure(self.source, FULL_SECONDS, TURN_WARMUP,
+                                        NEEDED[versus_key(key)], knobs=clean_knobs(versus))
         self.source.set_knobs(**clean_knobs(guide))
-        self[key] = measure(self.source, FULL_SECONDS, TURN_WARMUP)
+        self[key] = measure(self.source, FULL_SECONDS, TURN_WARMUP, NEEDED[key],
+                            knobs=clean_knobs(guide))
         return self[key]
 
     @staticmethod
@@ -114,6 +140,9 @@ def results():
         yield out
     finally:
         source.close()
+
+
+NEEDED = {}      # filled below, once KNOB_EFFECTS and versus_key are defined
 
 
 def setup_of(key: str) -> tuple:
@@ -192,20 +221,22 @@ def check(results: Results, key: str, expect: dict, versus: str | None = None) -
 
 
 def misses(key, expect, mine, other, versus) -> tuple[str, bool] | None:
-    """None, or (what missed, whether it is a measured direction worth a second look)."""
+    """None, or (what missed, whether it is a measured direction worth a second look):
+    roseplay/guide_check.py's verdicts, the app's scorecard's too."""
     if not (mine["finished"] > 0 or mine["tok_s"] > 0):
         return f"{key}: nothing ran {mine}", True
-    for name, direction in expect.items():
-        value = mine[name]
-        if direction == ">0" and not value > 0:
-            return f"{key}: {name} is {value}, not > 0 ({mine})", True
-        if direction == "=0" and value != 0:
-            return f"{key}: {name} is {value}, not 0 ({mine})", False
-        if direction in ("lower", "higher"):
-            theirs = other[name]
-            if value is None or theirs is None:
-                return f"{key}: no {name} ({mine}, {other})", True
-            if not (value < theirs if direction == "lower" else value > theirs):
-                return (f"{key}: {name} {value:.4g} is not {direction} than {versus}'s "
-                        f"{theirs:.4g}", True)
+    for name, direction, ok in verdicts(expect, mine, other):
+        if ok:
+            continue
+        value, theirs = mine[name], (other or {}).get(name)
+        if ok is None:
+            return f"{key}: no {NAMES.get(name, name)} ({mine}, {other})", True
+        if direction in (">0", "=0"):
+            return (f"{key}: {name} is {value}, not {direction[0]} 0 ({mine})",
+                    direction == ">0")
+        return (f"{key}: {name} {value:.4g} is not {direction} than {versus}'s "
+                f"{theirs:.4g}", True)
     return None
+
+
+NEEDED.update(needed())

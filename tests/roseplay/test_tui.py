@@ -7,7 +7,8 @@ import pytest
 
 from roseplay.app import RoseplayApp
 from roseplay.widgets.knobs import KnobsPanel
-from roseplay.widgets.kv_map import KVLegend, KVMap
+from roseplay.widgets.kv_map import KVMap
+from roseplay.widgets.kv_panel import KVLegend
 from roseplay.widgets.prompt_input import PromptBar
 from roseplay.widgets.requests import RequestDetail, RequestList
 from roseplay.widgets.status import StatusBar
@@ -47,10 +48,10 @@ async def test_app_serves_at_once_and_panels_render(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await _running(pilot, source, 4)
-        await pilot.pause(0.2)
+        # the list shows what the app's next pull of the snapshot brings (later when loaded)
+        assert await wait_for(pilot, lambda: "finished" in widget_text(app.query_one(RequestList)))
         assert "SERVING" in widget_text(app.query_one(StatusBar))
         assert "dummy:tiny" in widget_text(app.query_one(StatusBar))
-        assert "finished" in widget_text(app.query_one(RequestList))
         legend = widget_text(app.query_one(KVLegend))
         assert "free" in legend and "cached" in legend and "/96" in legend
         kv = app.query_one(KVMap)
@@ -334,10 +335,9 @@ async def test_latency_after_pause_and_resume_is_within_3x_of_unpaused(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await _running(pilot, source, 8)
-        t0 = source.snapshot().time
-        await pilot.pause(1.5)
+        t0 = source.snapshot().time         # 8 requests at least (a loaded box: later)
+        assert await wait_for(pilot, lambda: len(_tpots(source.snapshot(), t0)) >= 8, 60)
         unpaused = _tpots(source.snapshot(), t0)
-        assert len(unpaused) >= 8
         for _ in range(5):     # pausing right as a wave of requests ends leaves none
             await pilot.press("space")     # decoding (the next wave waits): go on, again
             await settle(pilot, source)

@@ -16,7 +16,8 @@ from roseplay.source import ReplaySource
 from roseplay.widgets import theme
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import EventLog
-from roseplay.widgets.kv_map import COW, PREEMPTED, SELECTED, KVLegend, KVMap, styles
+from roseplay.widgets.kv_map import COW, PREEMPTED, SELECTED, KVMap, styles
+from roseplay.widgets.kv_panel import KVLegend
 from roseplay.widgets.requests import ACTIVE, RequestList, arrange, waiting_reason
 from tests.roseplay.tui_helpers import (SESSION, SIZE, StaticSource, notices, screen_text, session_snapshot,
                          sync, wait_for, widget_text)
@@ -93,6 +94,8 @@ def _counters(**kw):
 
 
 class _Snap:
+    num_used = 0
+
     def __init__(self, t, **counters):
         self.time, self.counters = t, _counters(**counters)
 
@@ -236,6 +239,7 @@ async def test_command_palette_runs_actions_by_name():
         assert await wait_for(pilot, lambda: src.speed == 8.0, 5)
 
 
+@pytest.mark.slow
 @sync
 async def test_random_keys_and_resizes_never_break_the_app(monkeypatch):
     """150 seeded key presses (palette, help, prompt, zoom, theme, seek …) and resizes on a

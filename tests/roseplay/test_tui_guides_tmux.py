@@ -1,7 +1,9 @@
 """Every guide, walked as a user would: the real `roseplay` command (the bundled model,
-the app's defaults) in tmux at 120x40; `?` then the guide's digit; what the guide says
-to watch (its `shows`, roseplay/guides.py) must appear on screen within its `within`
-seconds. One app for all ten guides (about 20 s: most show within a second or two)."""
+the app's defaults) in tmux at 120x40; `?` then the guide's digit; its scorecard says
+when its window is clean, then what the guide says to watch (its `shows`,
+roseplay/guides.py) must appear on screen. Each wait is for a condition, with limits
+that a loaded 2-core machine meets (`within`, the time on an idle one, is in the
+failure message). One app for all eleven guides."""
 from __future__ import annotations
 
 import os
@@ -15,26 +17,33 @@ import pytest
 from roseplay.guides import GUIDES
 from tests.roseplay.tmux import Tmux
 
-pytestmark = [pytest.mark.timeout(150),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+CLEAN_LIMIT = 90.0      # s: the old requests end and 20 steps run (a loaded box: slowly)
+SHOW_LIMIT = 60.0       # s after the clean window
 
 
-def test_every_guide_shows_its_claim_on_screen_in_time(tmp_path):
+def test_every_guide_shows_its_claim_on_screen(tmp_path):
     exit_file = str(tmp_path / "exit_code")
     tmux = Tmux([sys.executable, "-m", "roseplay"], exit_file)
     try:
-        tmux.wait(lambda t: re.search(r"finished [1-9]", t) is not None, 60)
+        tmux.wait(lambda t: re.search(r"finished [1-9]", t) is not None, 120)
         for guide in GUIDES:
             tmux.keys("?")
-            tmux.wait(lambda t: "Knob guidance" in t, 10)
+            tmux.wait(lambda t: "Knob guidance" in t, 30)
             tmux.keys(guide.key)
+            tmux.wait(lambda t: f"Guide {guide.key} · scorecard" in t, 30)
+            tmux.wait(lambda t: "clean since step" in t or "started after" in t, CLEAN_LIMIT)
+            start = time.monotonic()
             try:
-                tmux.wait(lambda t: all(re.search(p, t) for p in guide.shows),
-                          guide.within + 2.0)      # + the key's way through tmux
+                tmux.wait(lambda t: all(re.search(p, t) for p in guide.shows), SHOW_LIMIT)
             except AssertionError as exc:          # say which guide and which pattern
                 missing = [p for p in guide.shows if not re.search(p, tmux.screen())]
-                raise AssertionError(f"guide {guide.key}: {missing} not on screen within "
-                                     f"{guide.within + 2.0:g} s\n{exc}") from None
+                raise AssertionError(
+                    f"guide {guide.key}: {missing} not on screen {SHOW_LIMIT:g} s after its "
+                    f"window was clean (idle box: within {guide.within:g} s)\n{exc}") from None
+            print(f"guide {guide.key}: shown {time.monotonic() - start:.1f} s after clean "
+                  f"(idle box: within {guide.within:g} s)")
         tmux.keys("q")
         assert tmux.exit_code() == "0"
     finally:

@@ -9,7 +9,7 @@ import pytest
 from roseplay.app import RoseplayApp
 from roseplay.layout import plan
 from roseplay.source import ReplaySource
-from roseplay.widgets.kv_map import KVLegend
+from roseplay.widgets.kv_panel import KVLegend
 from roseplay.widgets.knobs import KnobsPanel
 from roseplay.widgets.step import StepPanel
 from roseplay.widgets.timing import Plot, TimingStats
@@ -46,7 +46,8 @@ async def test_footer_has_help_and_quit_and_no_panel_is_cut(size):
         assert all(not line.rstrip("│ ").endswith("…") for line in legend.splitlines()[2:])
         knobs = widget_text(app.query_one(KnobsPanel))
         # a value never runs into its name
-        assert re.search(r"64 tok/step +(max_num_batched_tokens|budget)\b", knobs)
+        assert re.search(r"64 tok(/step)? +(max_num_batched_tokens|budget)\b", knobs)
+        assert "…" not in knobs, knobs       # no name cut (issue 22: "prefix ca…" at 80x24)
         for plot in app.query(Plot):
             if plot.display and app.layout_plan.timing != "stats":
                 assert plot.points() >= 40, (size, plot.points())     # 20 s of history at least

@@ -14,7 +14,7 @@ from roseplay.widgets.requests import fmt_ms
 from roseplay.widgets.step_strip import STRIP_MAX, StepStrip
 from roseplay.widgets.timing import TimingStats
 from roseplay.widgets.token_choice import pct, token_label
-from tests.roseplay.tui_helpers import (fast_idle, live_source, screen_text, settle, sync,
+from tests.roseplay.tui_helpers import (fast_idle, live_source, notices, screen_text, settle, sync,
                                         wait_for, widget_text)
 
 pytestmark = pytest.mark.timeout(240)
@@ -166,8 +166,7 @@ async def test_w_says_why_a_request_has_no_trace(monkeypatch):
             app.requests.select(plain.request_id)
             await pilot.press("w")
             await pilot.pause()
-            assert any(f"{plain.request_id} has no token trace" in n.message
-                       for n in app._notifications)
+            assert f"{plain.request_id} has no token trace" in notices(app)
             assert "Tokens of" not in screen_text(app)
     finally:
         src.close()

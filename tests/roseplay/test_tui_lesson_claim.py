@@ -10,7 +10,6 @@ import time
 import pytest
 
 from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, TUI_SCENARIO
-from roseplay.guide_check import settle
 from roseplay.workload_flags import WORKLOAD_DEFAULTS
 
 pytestmark = pytest.mark.timeout(300)
@@ -25,9 +24,10 @@ def test_default_workload_ttft_is_mostly_queueing():
                         input_len=d.input_len, output_len=d.output_len,
                         temperature=d.temperature)
     try:
-        settle(source, 1.0, steps=40)        # the first 16 requests meet no queue
+        deadline = time.monotonic() + 60     # the first 16 requests meet no queue: 40
+        while source.snapshot().step < 40 and time.monotonic() < deadline:   # steps first
+            time.sleep(0.1)
         start = source.snapshot().time
-        deadline = time.monotonic() + 60
         rows: list = []
         while len(rows) < 16 and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -57,15 +57,15 @@ async def test_a_replay_marks_the_recorded_knob_changes_like_the_live_app(monkey
     app = RoseplayApp(source=src)
     async with app.run_test(size=(160, 48)) as pilot:
         t0 = src.snapshot().time
-        assert await wait_for(pilot, lambda: src.snapshot().time > t0 + 1.0, 20)
+        assert await wait_for(pilot, lambda: src.snapshot().time > t0 + 1.0, 60)
         await pilot.press("minus")                       # budget 512 -> 256
         t1 = src.snapshot().time
-        assert await wait_for(pilot, lambda: src.snapshot().time > t1 + 1.0, 20)
+        assert await wait_for(pilot, lambda: src.snapshot().time > t1 + 1.0, 60)
         await pilot.press("question_mark")
         assert await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", 5)
         await pilot.press("4")                           # a guide: many knobs, one mark
         t2 = src.snapshot().time
-        assert await wait_for(pilot, lambda: src.snapshot().time > t2 + 2.0, 20)
+        assert await wait_for(pilot, lambda: src.snapshot().time > t2 + 2.0, 60)
         live = _labels(app)
         await pilot.press("q")
     assert live == ["budget 256", "guide 4"]
@@ -74,12 +74,14 @@ async def test_a_replay_marks_the_recorded_knob_changes_like_the_live_app(monkey
     async with replay.run_test(size=(160, 48)) as pilot:
         src = replay.source
         await pilot.press("space")                       # play from the first frame
-        assert await wait_for(pilot, lambda: src.index + 1 == len(src.recording), 20)
+        played = src.recording.entries[-1].t / 2.0 + 30      # x2, and a loaded box's lag
+        assert await wait_for(pilot, lambda: src.index + 1 == len(src.recording), played)
         await pilot.pause(0.3)
         replay.refresh_panels()
         assert _labels(replay) == live                  # played: the same marks
         await pilot.press("g", "G")                      # a seek rebuilds the plots
         assert _labels(replay) == live
         axis = widget_text(replay.query_one(TimeAxis))
-        assert axis.count("▲") == 2 and "▲guide 4" in axis     # (a later label covers
-        #                                                         an earlier one's end)
+        # the newest label whole; the budget's ▲ too unless that label, moved left to fit
+        # the axis's end, lies over it (a loaded box leaves the two marks close)
+        assert "▲guide 4" in axis and axis.count("▲") in (1, 2), axis

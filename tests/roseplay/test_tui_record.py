@@ -44,7 +44,9 @@ def test_encoder_decoder_round_trip_is_lossless():
                 seen = s
             time.sleep(0.03)
         src.set_knobs(enable_prefix_caching=False, max_num_batched_tokens=32)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30         # the next step applies them (loaded: later)
+        while src.snapshot().knobs.enable_prefix_caching and time.monotonic() < deadline:
+            time.sleep(0.05)
         snaps.append(src.snapshot())
     finally:
         src.close()

@@ -18,7 +18,7 @@ from roseplay.replay import Recording
 from roseplay.source import ReplaySource
 from tests.roseplay.tui_helpers import SESSION, notices, screen_text, wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

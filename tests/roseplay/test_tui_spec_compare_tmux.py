@@ -20,7 +20,7 @@ import pytest
 from roseplay.guides import BY_KEY
 from tests.roseplay.tmux import Tmux
 
-pytestmark = [pytest.mark.timeout(900),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
 
 PALETTE = "Search for commands"     # the command palette's prompt, while it is open

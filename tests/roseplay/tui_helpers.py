@@ -78,8 +78,10 @@ def screen_text(app) -> str:
 
 
 def notices(app) -> str:
-    """Every toast the app has shown and still holds (their full texts)."""
-    return "\n".join(n.message for n in app._notifications)
+    """The app's latest messages (the message line's, full texts; toasts before it)."""
+    if not hasattr(app, "messages"):
+        return "\n".join(n.message for n in app._notifications)
+    return "\n".join(text for _, text in app.messages)
 
 
 class StaticSource:

@@ -30,7 +30,7 @@ from scripts.soak_http import engine_leaks
 from tests.serve.hostile_bodies import check_refusal, hostile_bodies
 from tests.serve.serve_proc import PROMPT, ServeProc, parse_sse, stream_body
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 SEED, MUTATIONS, PARALLEL = 0, 40, 8
 NEIGHBOURS = ["ROMEO.\nWhat news from the court?\n\nJULIET.\n", "HAMLET.\nTo be, or not to be",
               "KING HENRY.\nOnce more unto the breach", "PORTIA.\nThe quality of mercy"]
@@ -180,10 +180,12 @@ async def while_attacking(h: httpx.AsyncClient, attack) -> tuple:
 
 
 def assert_responsive(took: float, worst: float, gap: float, answered: int, what: str,
-                      bound: float = 2.0) -> None:
-    """/health answered while the attack was in flight, none of its answers and no gap of
-    the neighbour's stream took `bound` (the attacks froze the loop 4-6 s before; 2 s
-    leaves a loaded 2-core box room: 1.2 s at most seen at a load average of 14)."""
+                      bound: float | None = None) -> None:
+    """/health answered while the attack was in flight, and none of its answers and no gap
+    of the neighbour's stream took `bound`: 2 s, or a quarter of the attack's time where
+    that is more (work on the event loop holds /health for all of it: the attacks froze
+    the loop 4-6 s before; a loaded 2-core box stretches both the attack and the probes)."""
+    bound = max(2.0, took / 4) if bound is None else bound
     print(f"{what}: took {took:.1f} s, /health worst {worst:.2f} s, neighbour gap "
           f"{gap:.2f} s, /health answers {answered}")
     assert answered >= 1, f"/health never answered during {what} ({took:.1f} s)"

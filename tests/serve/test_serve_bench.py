@@ -14,6 +14,8 @@ from roseplay import bench
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 
+pytestmark = pytest.mark.slow       # the long tier: `pytest --run-slow` (README)
+
 KEY = "sk-bench"
 WORKLOAD = ["--scenario", "random", "--num-prompts", "8", "--input-len", "16",
             "--output-len", "4", "--warmup", "2", "--no-progress"]

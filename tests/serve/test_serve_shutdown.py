@@ -16,7 +16,7 @@ import pytest
 from tests.serve.open_streams import assert_sigterm_drains_open_streams, open_streams
 from tests.serve.serve_proc import ServeProc
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def test_sigterm_lets_open_streams_finish_then_exits_0():

@@ -25,6 +25,8 @@ import pytest
 from engine import LLM, EngineLoop, SamplingParams
 from tests.hf_models import make_checkpoint
 
+pytestmark = pytest.mark.slow       # the long tier: `pytest --run-slow` (README)
+
 VOCAB = 320
 TIMEOUT = 60
 DEVICE = os.environ.get("ROSEPLAY_TEST_DEVICE", "cpu")   # "cuda": same soak on a GPU

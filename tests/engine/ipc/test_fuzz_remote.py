@@ -15,13 +15,14 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.front.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
 from tests.engine import fuzz_values as F
 from tests.engine.fuzz_values import ENGINE, VOCAB
 
-pytestmark = [pytest.mark.timeout(300),
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.usefixtures("print_counts")]   # tests/engine/conftest.py
 
 
@@ -42,13 +43,11 @@ def core_reference(core):
 @pytest.fixture(scope="module")
 def stranger(core):
     """A raw DEALER on the core's command socket: a peer that is not our client, but holds
-    the engine key (it says Hello with it: without, nothing it sends is even looked at,
-    tests/engine/ipc/test_engine_auth.py)."""
+    the engine key (past the CURVE handshake with it: without, nothing it sends even
+    reaches the engine's code, tests/engine/ipc/test_unauthenticated_peers.py)."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, b"stranger")
-    sock.connect(P.endpoints(core.address)[0])
+    sock = open_socket(ctx, zmq.DEALER, P.endpoints(core.address)[0],
+                       auth.read_key(core.address), b"stranger")
     sock.send(hello(core))
     yield sock
     sock.close()
@@ -56,7 +55,7 @@ def stranger(core):
 
 
 def hello(core) -> bytes:
-    return P.encoder.encode(P.Hello("stranger", auth.read_key(core.address)))
+    return P.encoder.encode(P.Hello("stranger"))
 
 
 TAGS = [cls.__name__ for cls in P.ClientMessage.__args__]

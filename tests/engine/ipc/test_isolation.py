@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from engine import InvalidRequestError, SamplingParams
+from engine.front.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
@@ -39,14 +40,10 @@ def raw_submit(address: str, request_id: str, params: dict, prompt_ids: list[int
     socks = []
     try:
         for ep in P.endpoints(address)[:2]:
-            s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.IDENTITY, ident)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(ep)
-            socks.append(s)
+            socks.append(open_socket(ctx, zmq.DEALER, ep, auth.read_key(address), ident))
         send, recv = socks
         while True:                         # Hello until Welcome (the out route may lag)
-            send.send(P.encoder.encode(P.Hello("raw", auth.read_key(address))))
+            send.send(P.encoder.encode(P.Hello("raw")))
             if recv.poll(500) and isinstance(P.core_decoder.decode(recv.recv()), P.Welcome):
                 break
         send.send(P.encoder.encode(P.Submit(request_id, prompt_ids, params, 0.0)))

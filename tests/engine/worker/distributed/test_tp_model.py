@@ -16,6 +16,8 @@ from tests.hf_models import CONFIGS, make_checkpoint
 from engine.worker.runner import ModelRunner
 from tests.engine.worker.distributed.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, RUNNER_KW, PagedDriver, shard_checkpoint
 
+pytestmark = pytest.mark.slow       # the long tier: `pytest --run-slow` (README)
+
 CPU, F32 = torch.device("cpu"), torch.float32
 # one KV head: at TP=2 both ranks hold it (replicated, as vLLM does for N > kv heads)
 LLAMA_KV1 = dict(CONFIGS["llama"], num_key_value_heads=1, num_attention_heads=4)

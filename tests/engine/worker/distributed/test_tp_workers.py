@@ -20,6 +20,8 @@ from kernels import get_ops
 from engine.worker.runner import ModelRunner
 from tests.engine.worker.distributed.tp_helpers import BLOCK_SIZE, NUM_BLOCKS, RUNNER_KW, PagedDriver
 
+pytestmark = pytest.mark.slow       # the long tier: `pytest --run-slow` (README)
+
 CPU, F32 = torch.device("cpu"), torch.float32
 # "no hang", not a speed: a rank 0 that missed a dead peer waits out the collectives'
 # timeout (WorkerSpec.timeout_s, 600 s); a loaded 2-core host takes seconds to notice
