@@ -162,11 +162,12 @@ class HermesParser:
             if at < 0:
                 break
             block, self.buf, self.inside = self.buf[:at], self.buf[at + len(END):], False
+            first = not self.called
             call = self._call(block)
             if call is None:
                 content.append(START + block + END)
-            elif self.parallel or not self.called:
-                deltas += call
+            elif self.parallel or first:     # without parallel_tool_calls: the first
+                deltas += call               # call only
         return "".join(content), deltas
 
     def finish(self) -> tuple[str, list[CallDelta]]:
