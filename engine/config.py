@@ -258,18 +258,20 @@ def _parse_json_config(cls, name: str, value):
     return cls(**value)
 
 
-STRUCTURED_OUTPUTS_BACKENDS = ("auto", "guidance", "xgrammar")
+# vLLM's names; "llguidance" (the library's) is read as "guidance"
+STRUCTURED_OUTPUTS_BACKENDS = ("auto", "guidance", "llguidance", "xgrammar")
 
 
 @dataclass(frozen=True)
 class StructuredOutputsConfig:
     """vLLM's structured_outputs_config (its field names where it has them): the grammar
-    library, and the bounds of compiling (docs/STRUCTURED.md). Fixed at start."""
-    backend: str = "auto"             # auto: guidance (llguidance); xgrammar the alternative
+    library, and the bounds of compiling (docs/STRUCTURED_OUTPUTS.md). Fixed at start."""
+    backend: str = "auto"             # auto: guidance (llguidance), xgrammar where llguidance
+    #                                   cannot read the tokenizer; or either one
     compile_timeout: float = 10.0     # seconds a request may wait for its grammar
     grammar_cache_size: int = 256     # compiled grammars kept (least recently used go)
     # JSON: no whitespace but ", " and ": " (True, roseplay's default), or any between
-    # tokens (False, vLLM's: a small model can fill it with newlines; docs/STRUCTURED.md)
+    # tokens (False, vLLM's: a small model can fill it with newlines)
     disable_any_whitespace: bool = True
 
     def __post_init__(self):
@@ -277,6 +279,8 @@ class StructuredOutputsConfig:
             raise InvalidRequestError(f"structured_outputs_config backend must be one of "
                                       f"{', '.join(STRUCTURED_OUTPUTS_BACKENDS)}, got "
                                       f"{self.backend!r:.60}")
+        if self.backend == "llguidance":
+            object.__setattr__(self, "backend", "guidance")
         t = self.compile_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 3600:
             raise InvalidRequestError(f"compile_timeout must be in (0, 3600] seconds, got "
@@ -363,9 +367,10 @@ class EngineConfig:
               "docs/SPECULATIVE.md; off by default.", check=SpeculativeConfig.parse)
     structured_outputs_config: StructuredOutputsConfig | dict | str | None = _knob(
         None, "Structured outputs as vLLM's JSON, e.g. '{\"backend\": \"guidance\", "
-              "\"compile_timeout\": 10}': backend auto (llguidance), guidance or xgrammar; "
+              "\"compile_timeout\": 10}': backend auto (llguidance; xgrammar where it cannot read "
+              "the tokenizer), guidance (alias llguidance) or xgrammar; "
               "compile_timeout (seconds a request waits for its grammar, then a 400); "
-              "grammar_cache_size; disable_any_whitespace (docs/STRUCTURED.md).",
+              "grammar_cache_size; disable_any_whitespace (docs/STRUCTURED_OUTPUTS.md).",
         check=StructuredOutputsConfig.parse)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

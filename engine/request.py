@@ -56,7 +56,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     # carries the model's own top-n (TokenLogprobs.raw); needs logprobs
     raw_logprobs: bool = False
     # vLLM's structured outputs: json / regex / choice / grammar / json_object, each token
-    # masked to what the grammar allows (docs/STRUCTURED.md)
+    # masked to what the grammar allows (docs/STRUCTURED_OUTPUTS.md)
     structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):

@@ -96,7 +96,7 @@ class EngineCounters:
     spec_decode_num_accepted_tokens: int = 0  # drafts accepted
     grammar_compiles: int = 0     # structured outputs: grammars compiled (cache misses),
     grammar_steps: int = 0        # steps with a grammar mask, the mask rows filled,
-    grammar_rows: int = 0         # and the host time filling them (docs/STRUCTURED.md)
+    grammar_rows: int = 0         # and the host time filling them (docs/STRUCTURED_OUTPUTS.md)
     grammar_fill_us: int = 0
 
     def minus(self, earlier: "EngineCounters") -> "EngineCounters":
@@ -119,7 +119,7 @@ _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
 
 @dataclass(frozen=True)
 class GrammarView:
-    """A constrained request's grammar (structured outputs, docs/STRUCTURED.md): its kind
+    """A constrained request's grammar (structured outputs, docs/STRUCTURED_OUTPUTS.md): its kind
     and state, and for a request that asked for logprobs its last step: how many tokens
     the grammar allowed, the model's own top choices (token, logprob, allowed), the token
     taken. state: "compiling" while it waits for its grammar."""

@@ -4,7 +4,7 @@ Exactly one constraint per request: `json` (a JSON schema, a dict or its text), 
 `choice` (one of these strings), `grammar` (Lark, or GBNF/EBNF as llama.cpp writes it) or
 `json_object` (any JSON object, OpenAI's response_format json_object). The engine core
 compiles it off the step loop (engine/core/structured/) and masks every sampled token to
-what the grammar allows; docs/STRUCTURED.md.
+what the grammar allows; docs/STRUCTURED_OUTPUTS.md.
 
 Checked here, in the front and again as the engine process decodes it: the kind, the
 types, and the size (MAX_GRAMMAR_BYTES: compiling is the engine's work, so a spec's

@@ -16,7 +16,7 @@ into the prefix cache: blocks are hashed from computed tokens).
 Not speculated (a plain decode instead): requests whose sampling needs the processed
 path (penalties, logit bias, min_p, min_tokens, logprobs) and a request with a token
 still pending on the device. A constrained request's draft is cut to the prefix its
-grammar accepts (structured outputs, docs/STRUCTURED.md), checked without advancing it. Seeded random requests are: their rows draw from their own
+grammar accepts (structured outputs, docs/STRUCTURED_OUTPUTS.md), checked without advancing it. Seeded random requests are: their rows draw from their own
 generator (engine/worker/rejection.py).
 """
 from __future__ import annotations

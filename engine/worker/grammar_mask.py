@@ -5,7 +5,7 @@ The core fills one packed bitmask per step for the rows a grammar constrains
 pinned on CUDA, so the copy does not wait for the stream) and the rows' disallowed
 tokens become -inf in a float32 copy of the logits (kernels/token_bitmask.py): the
 sampler, the rejection sampler of speculative decoding and the logprobs all read that
-copy, while the model's own logits stay for the raw view (docs/STRUCTURED.md).
+copy, while the model's own logits stay for the raw view (docs/STRUCTURED_OUTPUTS.md).
 """
 from __future__ import annotations
 

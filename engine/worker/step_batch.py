@@ -44,7 +44,7 @@ class SamplingExtras:
 
 @dataclass(frozen=True)
 class GrammarMask:
-    """Structured outputs (docs/STRUCTURED.md): the sample rows a grammar constrains and
+    """Structured outputs (docs/STRUCTURED_OUTPUTS.md): the sample rows a grammar constrains and
     their packed token bitmask (bit t of row i's words allows token t), filled by the
     core's grammar matchers. bitmask None: the step's forward runs first and the mask
     comes with its sampling (engine/core/core.py: async scheduling, a constrained

@@ -1,6 +1,6 @@
 """Structured outputs over HTTP: OpenAI's `response_format` and vLLM's `structured_outputs`
 -> the engine's StructuredOutputsParams, and the engine's grammar errors -> a 400 naming
-the field the constraint came from (docs/STRUCTURED.md).
+the field the constraint came from (docs/STRUCTURED_OUTPUTS.md).
 
 response_format: {"type": "text"} (no constraint), {"type": "json_object"}, or
 {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}; on

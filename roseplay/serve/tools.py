@@ -1,4 +1,4 @@
-"""Tool calling on /v1/chat/completions (docs/STRUCTURED.md "Tool calling").
+"""Tool calling on /v1/chat/completions (docs/STRUCTURED_OUTPUTS.md "Tool calling").
 
 `tools` (OpenAI's function definitions) and `tool_choice`:
   none       the model answers in text; no tool call is read from it

@@ -80,7 +80,7 @@ FIXED = [
     ("tool-choice-named", "chat/completions", {**GOOD_CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
     ("tool-choice-unknown-tool", "chat/completions", {**GOOD_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
     ("response-format-xml", "chat/completions", {**GOOD_CHAT, "response_format": {"type": "xml"}}),
-    # grammars the engine refuses (structured outputs, docs/STRUCTURED.md): a 400 naming
+    # grammars the engine refuses (structured outputs, docs/STRUCTURED_OUTPUTS.md): a 400 naming
     # the field, streamed or not; the neighbours decode on
     ("schema-invalid", "chat/completions", {**GOOD_CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}),
     ("schema-invalid-stream", "chat/completions", {**GOOD_CHAT, "stream": True, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}),

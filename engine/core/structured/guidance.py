@@ -1,7 +1,7 @@
 """The llguidance backend (vLLM's "guidance"): grammars compiled to template matchers,
 one matcher per request (a copy of its grammar's template), masks filled in parallel.
 
-Why llguidance by default (docs/STRUCTURED.md "Choosing the library"): it reads the
+Why llguidance by default (docs/STRUCTURED_OUTPUTS.md "Choosing the library"): it reads the
 tokenizer.json text alone (no transformers import in the engine process; xgrammar's
 import alone took 4 s here), its grammar construction is bounded by fuel limits
 (LLParserLimits: a hostile schema costs bounded work, deterministic on any machine,
@@ -16,12 +16,8 @@ import json
 import llguidance
 import numpy as np
 
+from engine.core.structured.common import GrammarError, no_additional_properties
 from engine.structured_outputs import StructuredOutputsParams
-
-
-class GrammarError(ValueError):
-    """The grammar library refused a request's constraint (invalid, unsupported, or over
-    its limits): the request ends with a 400."""
 
 
 class GuidanceMatcher:
@@ -85,7 +81,7 @@ class GuidanceBackend:
                 options = _json_options(p.disable_any_whitespace
                                         or self.disable_any_whitespace)
                 if p.disable_additional_properties:
-                    schema = _no_additional_properties(json.loads(schema))
+                    schema = no_additional_properties(json.loads(schema))
                 return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
             if kind == "choice":
                 return llguidance.grammar_from("choice", list(p.choice))
@@ -136,20 +132,8 @@ class GuidanceBackend:
 
 def _json_options(compact: bool) -> dict:
     """JSON whitespace: any between tokens (vLLM's default), or none but json.dumps'
-    separators (", " and ": "): docs/STRUCTURED.md "Whitespace"."""
+    separators (", " and ": "): docs/STRUCTURED_OUTPUTS.md "Whitespace"."""
     if not compact:
         return {"whitespace_flexible": True}
     return {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
-
-def _no_additional_properties(schema):
-    """vLLM's disable_additional_properties: every object schema without its own
-    additionalProperties takes none."""
-    if isinstance(schema, dict):
-        schema = {k: _no_additional_properties(v) for k, v in schema.items()}
-        if (schema.get("type") == "object" or "properties" in schema) \
-                and "additionalProperties" not in schema:
-            schema["additionalProperties"] = False
-    elif isinstance(schema, list):
-        schema = [_no_additional_properties(v) for v in schema]
-    return schema

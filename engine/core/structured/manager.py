@@ -1,5 +1,5 @@
 """The core's structured outputs: each constrained request's grammar state, and the one
-packed bitmask per step (docs/STRUCTURED.md).
+packed bitmask per step (docs/STRUCTURED_OUTPUTS.md).
 
 The engine core calls, in step order:
   add(req)            at admission: the compiled grammar from the cache (ready: the

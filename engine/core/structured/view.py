@@ -1,4 +1,4 @@
-"""What the TUI shows of a constrained request's last step (docs/STRUCTURED.md "Shown
+"""What the TUI shows of a constrained request's last step (docs/STRUCTURED_OUTPUTS.md "Shown
 live"): how many tokens the grammar allowed, the model's own top choices with the ones
 the grammar struck out, the token taken, and the grammar's state in words.
 

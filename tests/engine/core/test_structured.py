@@ -1,4 +1,4 @@
-"""Structured outputs in the engine (docs/STRUCTURED.md) on the bundled model: every
+"""Structured outputs in the engine (docs/STRUCTURED_OUTPUTS.md) on the bundled model: every
 finished output under a schema validates (nested objects, enums, arrays; greedy and
 sampled), through async scheduling (the deferred mask), speculative decoding (drafts
 cut to what the grammar accepts, rejected ones never consumed), preemption, prefix

@@ -1,4 +1,4 @@
-"""Structured outputs' hostile and edge cases in the engine (docs/STRUCTURED.md): a
+"""Structured outputs' hostile and edge cases in the engine (docs/STRUCTURED_OUTPUTS.md): a
 grammar that fails to compile, admits nothing, or outlives compile_timeout ends its own
 request with a GRAMMAR_ERROR, and the requests beside it run as if it were not there; a
 request waits visibly while it compiles and can be cancelled then; a spec over the size

@@ -1,4 +1,4 @@
-"""Structured outputs with speculative decoding (docs/STRUCTURED.md "Speculation"): a
+"""Structured outputs with speculative decoding (docs/STRUCTURED_OUTPUTS.md "Speculation"): a
 draft is cut to the prefix its grammar accepts, checked without advancing the matcher;
 the verify rows are masked as if the drafts before them were accepted; a rejected draft
 is never consumed. Greedy tokens equal the engine's without speculation (the oracle
