@@ -50,12 +50,13 @@ def top_text(g, tokenizer, width: int) -> Text:
     """The model's top choices, the masked ones struck out (as many as fit `width`)."""
     t = Text()
     t.append("model's top:", "dim")
-    for token, logprob, allowed in g.top:
-        piece = f"{token_label(token, tokenizer)} {pct(math.exp(logprob))} {'✓' if allowed else '✗'}"
-        if t.cell_len + len(piece) + 3 > width:
+    for i, (token, logprob, allowed) in enumerate(g.top):
+        mark = "✓" if allowed else "✗"
+        piece = f"{' ' if i == 0 else '  '}{token_label(token, tokenizer)} " \
+                f"{pct(math.exp(logprob))} {mark}"
+        if t.cell_len + len(piece) + 2 > width:
             return t.append(" …", "dim")
         style = ("bold " if token == g.token else "") + ("" if allowed else "strike dim")
-        t.append("  " if len(t) > 12 else " ")
         t.append(piece, style.strip())
     return t
 
