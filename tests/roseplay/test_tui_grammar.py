@@ -87,8 +87,9 @@ async def test_a_typed_schema_shows_the_mask_each_step():
             app.query_one("#prompt-sampling").value = \
                 f"temperature=0 max_tokens=24 json={json.dumps(SCHEMA, separators=(',', ':'))}"
             await pilot.press("enter", "escape")
-            app.set_zoom("detail")
+            app.set_zoom("detail")           # room for the grammar's two lines
             detail, seen = app.query_one("#detail"), []
+            assert await wait_for(pilot, lambda: detail.size.height >= 24, 10)
 
             def agrees() -> bool:
                 g = app.snapshot.request("you-1").grammar
@@ -109,7 +110,7 @@ async def test_a_typed_schema_shows_the_mask_each_step():
             assert len(seen) == 3, widget_text(detail)
             for g, text in seen:
                 assert g.allowed == 1 and g.state.startswith("expecting '")
-                assert "model's top:" in text and text.count("✗") >= 4
+                assert "model's top:" in text and text.count("✗") >= 4, text
             app.set_zoom(None)
             assert await wait_for(pilot, lambda: "{you-1" in widget_text(
                 app.query_one(RequestList)), 10)
