@@ -74,7 +74,7 @@ class ChunkEncoder:
         self.logprobs = getattr(fmt, "logprobs", None)    # a LogprobsWriter
         # chat: the delta's fields and finish reason (tool calls read from the text:
         # roseplay/serve/routes.py ChatFormat.tool_delta)
-        self.tool_delta = getattr(fmt, "tool_delta", None)
+        self.tool_delta = getattr(fmt, "tool_delta", _text_delta)
         head = {"id": fmt.id, "object": "chat.completion.chunk" if self.chat else
                 "text_completion", "created": int(time.time()), "model": fmt.model}
         self._head = b"data: " + _encode(head)[:-1] + b',"choices":['
@@ -100,6 +100,11 @@ class ChunkEncoder:
         if self.ids:
             choice["token_ids"] = p.token_ids
         return self._head + _encode(choice) + self._tail
+
+
+def _text_delta(index: int, text: str, finished: bool, reason: str | None):
+    """A chat delta without tools: the text as content."""
+    return {"content": text}, reason
 
 
 async def sse_body(gen, fmt, usage):
