@@ -134,3 +134,20 @@ def test_config_in_vllms_shape():
                                '"endpoint": "tcp://127.0.0.1:5557", "topic": "t"}')
     assert cfg.enabled and cfg.replay_endpoint is None and cfg.buffer_steps == 10_000
     assert not KVEventsConfig(enable_kv_cache_events=True, publisher="null").enabled
+
+
+def test_router_index_joins_late_and_follows(engine):
+    """The data-parallel front's index (engine/front/kv_index.py) catches up on what was
+    published before it subscribed (replay), then follows the live stream."""
+    from engine.front.kv_index import KVIndexFeed
+    e, pub = engine
+    feed = KVIndexFeed([pub.bound], KEY, topic="kv")
+    try:
+        assert feed.wait_for(0, e.kv_events.seq, 30)
+        run(e, [list(range(200, 221))])
+        assert feed.wait_for(0, e.kv_events.seq, 30)
+        cache = feed.caches[0]
+        assert cache.hashes == {e.pool.hash_fn(key) for _, key in e.pool.index.items()}
+        assert cache.lost == 0
+    finally:
+        feed.close()

@@ -1,0 +1,88 @@
+"""Data parallelism on the CPU: two engine processes behind one front (LLM with
+data_parallel_size=2, its DPClient). Greedy tokens through the router equal one engine's;
+cache_aware sends a prefix to the replica whose KV events say it holds it; a replica
+killed mid-load fails only its own requests and new ones go to the other. One pair of
+processes serves the module (the kill comes last)."""
+import os
+import signal
+import time
+
+import pytest
+
+from engine import LLM, SamplingParams
+from tests.helpers import engines_owned_by
+
+KW = dict(model="dummy:tiny", device="cpu", num_blocks=2048, block_size=4, seed=0)
+PROMPTS = [[(7 * i + j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(6)]
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    llm = LLM(**KW, data_parallel_size=2, routing_policy="round_robin")
+    yield llm
+    llm.close()
+    assert not engines_owned_by(os.getpid()), "engine process left behind"
+
+
+def wait_until(cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.01)
+
+
+def test_greedy_tokens_through_the_router_equal_one_engines(llm):
+    with LLM(**KW) as one:
+        ref = one.generate(PROMPTS, greedy(12))
+    out = llm.generate(PROMPTS, greedy(12))
+    assert [o.outputs[0].token_ids for o in out] == [r.outputs[0].token_ids for r in ref]
+    assert llm.dp.router.routed == [3, 3]          # round robin: both replicas served
+
+
+def test_cache_aware_follows_the_replicas_caches(llm):
+    dp = llm.dp
+    dp.set_routing_policy("cache_aware")
+    dp.clear_prefix_cache()
+    assert dp.wait_idle(60)
+    a, b = list(range(1, 33)), list(range(101, 133))       # 8 blocks each
+    dp.submit(a + [1], greedy(2), data_parallel_rank=1).result(60)   # a lives on 1
+    dp.submit(b + [1], greedy(2), data_parallel_rank=0).result(60)   # b lives on 0
+    for i in range(3):
+        for prefix, home in ((a, 1), (b, 0)):
+            assert dp.wait_idle(60)            # the index holds both replicas' events
+            out = dp.submit(prefix + [200 + i, 300 + i], greedy(2)).result(60)
+            d = dp.router.recent[-1]
+            assert d.chosen == home and d.cached_blocks[home] == 8, d
+            assert out.metrics.num_cached_tokens == 32     # the engine hit it there
+    dp.set_routing_policy("round_robin")
+    chosen = [dp.router.choose(f"x{i}", a, dp.loads()).chosen for i in range(4)]
+    assert sorted(chosen) == [0, 0, 1, 1]                    # blind to the cache
+
+
+def test_a_killed_replica_fails_only_its_requests(llm):
+    dp = llm.dp
+    doomed = [dp.submit(p, greedy(1500), data_parallel_rank=1) for p in PROMPTS[:3]]
+    kept = [dp.submit(p, greedy(300), data_parallel_rank=0) for p in PROMPTS[3:]]
+    for s in doomed + kept:                          # every request is running
+        assert s.get(60).token_ids
+    victim = dp.replicas[1].proc
+    os.kill(victim.pid, signal.SIGKILL)
+    for s in doomed:
+        out = s.result(60)
+        assert out.outputs[0].finish_reason == "error" and "died" in out.error
+        assert len(out.outputs[0].token_ids) < 1500
+    for s in kept:
+        out = s.result(60)
+        assert out.outputs[0].finish_reason == "length" and out.error is None
+        assert len(out.outputs[0].token_ids) == 300
+    wait_until(lambda: not dp.alive(1))
+    assert dp.fatal_error is None and dp.unavailable is None
+    for policy in ("round_robin", "least_load", "consistent_hash", "cache_aware"):
+        dp.set_routing_policy(policy)
+        out = dp.submit(PROMPTS[0], greedy(4)).result(60)
+        assert out.error is None and dp.router.recent[-1].chosen == 0
+    assert dp.wait_idle(60)
