@@ -63,6 +63,35 @@ def test_cache_aware_follows_the_replicas_caches(llm):
     assert sorted(chosen) == [0, 0, 1, 1]                    # blind to the cache
 
 
+def test_the_server_pins_routes_switches_and_labels_replicas(llm):
+    """`roseplay serve --data-parallel-size 2`'s app on the same front: a request pinned by
+    the data_parallel_rank extra field, GET/POST /routing, /metrics per engine."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    from roseplay.serve.app import build_app
+    from roseplay.serve.server import ServerThread
+    body = {"model": "dummy:tiny", "prompt": PROMPTS[1], "max_tokens": 3, "temperature": 0}
+    with ServerThread(build_app(llm.dp)) as srv:
+        for rank in (1, 0, 1):
+            r = httpx.post(srv.url + "/v1/completions", json={**body, "data_parallel_rank": rank})
+            assert r.status_code == 200, r.text
+            assert llm.dp.router.recent[-1].chosen == rank
+        bad = httpx.post(srv.url + "/v1/completions", json={**body, "data_parallel_rank": 2})
+        assert bad.status_code == 400 and "data_parallel_rank" in bad.text
+        state = httpx.post(srv.url + "/routing", json={"policy": "least_load"}).json()
+        assert state["policy"] == "least_load" == llm.dp.router.policy
+        assert [r["alive"] for r in state["replicas"]] == [True, True]
+        assert httpx.post(srv.url + "/routing", json={"policy": "x"}).status_code == 400
+        served = {}
+        for fam in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text):
+            for s in fam.samples:
+                if s.name == "vllm:request_success_total" and s.value:
+                    served[s.labels["engine"]] = served.get(s.labels["engine"], 0) + s.value
+                if s.name == "vllm:num_requests_running":
+                    assert s.labels["engine"] in ("0", "1")
+        assert served == {"0": 1, "1": 2}
+
+
 def test_a_killed_replica_fails_only_its_requests(llm):
     dp = llm.dp
     doomed = [dp.submit(p, greedy(1500), data_parallel_rank=1) for p in PROMPTS[:3]]
