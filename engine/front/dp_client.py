@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Callable
 
 from engine.config import InvalidRequestError, SchedulerConfig, make_config
@@ -39,6 +39,7 @@ from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
 
 REPLICA_PORTS = 5     # a replica's tcp ports: its engine's 3, its KV events' 2
+PLACED_KEEP = 1 << 17   # requests whose replica replica_of() still tells (a bench's run)
 
 
 def replica_address(address: str | None, rank: int) -> str | None:
@@ -121,6 +122,7 @@ class DPClient:
                              config.kv_overlap_score_weight, self.kv_index.caches)
         self._lock = threading.Lock()
         self._owner: dict[str, int] = {}              # live request id -> replica
+        self._placed: OrderedDict[str, int] = OrderedDict()   # the latest PLACED_KEEP
         self._sent = [deque() for _ in self.replicas]    # (time, blocks) since stats
         self._sent_blocks = [0] * self.size
 
@@ -170,7 +172,9 @@ class DPClient:
                 raise InvalidRequestError(f"duplicate request id {rid!r}")
             decision = self.router.choose(rid, ids, self._loads(), pinned)
             self._note_sent(decision.chosen, len(ids))
-            self._owner[rid] = decision.chosen
+            self._owner[rid] = self._placed[rid] = decision.chosen
+            if len(self._placed) > PLACED_KEEP:
+                self._placed.popitem(last=False)
         try:
             return self._submit_to(decision, {"prompt_token_ids": ids, "prompt": text},
                                    creq, on_finish, on_event)
@@ -232,8 +236,8 @@ class DPClient:
             return self._loads()
 
     def replica_of(self, request_id: str) -> int | None:
-        """The replica serving a live request."""
-        return self._owner.get(request_id)
+        """The replica that served (or serves) a request: one of the latest PLACED_KEEP."""
+        return self._placed.get(request_id)
 
     def cancel(self, request_id: str) -> None:
         rank = self._owner.get(request_id) if isinstance(request_id, str) else None

@@ -2,7 +2,8 @@
 data_parallel_size=2, its DPClient). Greedy tokens through the router equal one engine's;
 cache_aware sends a prefix to the replica whose KV events say it holds it; a replica
 killed mid-load fails only its own requests and new ones go to the other. One pair of
-processes serves the module (the kill comes last)."""
+processes serves the module (the kill comes last); the server's and the bench's data
+parallel paths run on it too."""
 import os
 import signal
 import time
@@ -90,6 +91,26 @@ def test_the_server_pins_routes_switches_and_labels_replicas(llm):
                 if s.name == "vllm:num_requests_running":
                     assert s.labels["engine"] in ("0", "1")
         assert served == {"0": 1, "1": 2}
+
+
+def test_bench_reports_each_replica(llm):
+    """`roseplay bench --data-parallel-size 2`'s measured run on the same front: the
+    merged engine figures and one row per replica."""
+    import argparse
+    from roseplay import bench
+    from roseplay.bench_args import add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "dummy:tiny", "--scenario", "shared-prefix",
+                              "--num-prompts", "16", "--output-len", "4"])
+    llm.dp.set_routing_policy("round_robin")
+    items, _ = bench._workload(llm.dp, args)
+    result, outputs = bench.measure(llm.dp, items, [], args, "dp")
+    figures = result.engine["data_parallel"]
+    assert figures["routing_policy"] == "round_robin" and figures["imbalance"] == 1.0
+    assert [row["requests"] for row in figures["replicas"]] == [8, 8]
+    assert sum(row["output_tokens"] for row in figures["replicas"]) == 16 * 4
+    assert result.engine["num_blocks"] == 2 * KW["num_blocks"] and result.failed == 0
 
 
 def test_a_killed_replica_fails_only_its_requests(llm):
