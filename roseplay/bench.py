@@ -48,18 +48,15 @@ def make_loop(args, **overrides):
     front never share the engine's GIL), or a thread of this one (--in-process; needed by
     --compare hf, which shares weights with HF in-process)."""
     kwargs = engine_kwargs(args, **overrides)
-    if kwargs.get("data_parallel_size", 1) > 1:     # N engine processes, one router
-        from engine.front.dp_client import DPClient
-        return DPClient(address=args.engine_address, label="bench", snapshots=False, **kwargs)
     if args.in_process or args.compare:
         from engine.front.loop import EngineLoop
         # nobody watches snapshots during a benchmark: publish them rarely
         return EngineLoop(snapshot_interval=0.5, **kwargs)
-    from engine.front.client import EngineClient
+    from engine.front.dp_client import engine_front
     if args.engine_address:
         print(f"engine listening at {args.engine_address}: watch it with "
               f"`roseplay --connect {args.engine_address}`", file=sys.stderr)
-    return EngineClient(address=args.engine_address, label="bench",
+    return engine_front(address=args.engine_address, label="bench",
                         snapshots=bool(args.engine_address), **kwargs)
 
 

@@ -334,3 +334,14 @@ class DPClient:
     def _live(self) -> list[EngineClient]:
         return [c for r, c in enumerate(self.replicas) if self.alive(r)]
 
+
+
+def engine_front(*, label: str, snapshots: bool = True, address: str | None = None,
+                 engine_key: str | None = None, **engine_kwargs):
+    """The front a command starts: an EngineClient owning one engine process, or a
+    DPClient over data_parallel_size of them."""
+    if engine_kwargs.get("data_parallel_size", 1) > 1:
+        return DPClient(address=address, label=label, snapshots=snapshots,
+                        engine_key=engine_key, **engine_kwargs)
+    return EngineClient(address=address, label=label, snapshots=snapshots,
+                        engine_key=engine_key, **engine_kwargs)

@@ -205,12 +205,8 @@ def _engine(args):
                                       "(drop --in-process)")
         from engine.front.loop import EngineLoop
         return EngineLoop(**kwargs)
-    if kwargs.get("data_parallel_size", 1) > 1:      # N engine processes, one router
-        from engine.front.dp_client import DPClient
-        return DPClient(address=args.engine_address, label="server", snapshots=False,
-                        engine_key=args.engine_key, **kwargs)
-    from engine.front.client import EngineClient
-    return EngineClient(address=args.engine_address, label="server", snapshots=False,
+    from engine.front.dp_client import engine_front
+    return engine_front(address=args.engine_address, label="server", snapshots=False,
                         engine_key=args.engine_key, **kwargs)
 
 
