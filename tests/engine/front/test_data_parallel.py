@@ -47,8 +47,12 @@ def test_greedy_tokens_through_the_router_equal_one_engines(llm):
 def test_cache_aware_follows_the_replicas_caches(llm):
     dp = llm.dp
     dp.set_routing_policy("cache_aware")
-    dp.clear_prefix_cache()
     assert dp.wait_idle(60)
+    seqs = [st.kv_events_seq for st in dp.replica_stats()]
+    dp.clear_prefix_cache()                 # while idle: its batch is waited for too
+    assert dp.wait_idle(60)
+    assert [st.kv_events_seq for st in dp.replica_stats()] == [s + 1 for s in seqs]
+    assert not any(c.hashes for c in dp.kv_index.caches)
     a, b = list(range(1, 33)), list(range(101, 133))       # 8 blocks each
     dp.submit(a + [1], greedy(2), data_parallel_rank=1).result(60)   # a lives on 1
     dp.submit(b + [1], greedy(2), data_parallel_rank=0).result(60)   # b lives on 0
