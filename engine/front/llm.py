@@ -19,6 +19,10 @@ class LLM:
     gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
     max_model_len, enforce_eager, attention_backend, seed, check_invariants).
 
+    With data_parallel_size=N > 1 the engines run in N processes behind a router
+    (docs/ROUTING.md): `generate()` works the same, `add_request` and `on_step` need one
+    engine in this process.
+
     `close()` (or `with LLM(...) as llm:`) releases the tensor-parallel workers, the
     process group, CUDA graphs, the weights and the KV cache, so that another LLM (any
     tensor-parallel size) can start in the same process (a notebook, a test)."""

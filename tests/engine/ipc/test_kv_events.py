@@ -151,3 +151,16 @@ def test_router_index_joins_late_and_follows(engine):
         assert cache.lost == 0
     finally:
         feed.close()
+
+
+def test_an_engine_in_this_process_refuses_events_and_replicas():
+    """The engine process publishes; a thread of the caller (EngineLoop, one-replica LLM)
+    refuses the config before it loads anything."""
+    from engine import LLM
+    from engine.front.loop import EngineLoop
+    from tests.helpers import refused
+    on = {"enable_kv_cache_events": True}
+    refused("own process", EngineLoop, model="dummy:tiny", device="cpu", kv_events_config=on)
+    refused("own process", LLM, model="dummy:tiny", device="cpu", kv_events_config=on)
+    refused("own process", EngineLoop, model="dummy:tiny", device="cpu",
+            data_parallel_size=2)
