@@ -22,7 +22,10 @@ from engine.kv_events import (MEDIUM_GPU, BlockRemoved, BlockStored, batch_decod
                               seq_of)
 
 logger = logging.getLogger(__name__)
-REPLAY_TIMEOUT_S = 5.0
+REPLAY_TIMEOUT_S = 2.0
+# a batch the stats announce may still wait in the publisher's queue (not sent, so not in
+# its replay buffer): it counts as lost only when this long passed without it
+LOST_AFTER_S = 5.0
 
 
 class ReplicaCache:
@@ -71,6 +74,7 @@ class KVIndexFeed:
             sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
             self._subs.append(sock)
         self._wanted = [-1] * len(endpoints)    # batches a waiter knows were published
+        self._wanted_at = [0.0] * len(endpoints)
         self._stop = threading.Event()
         self._applied = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="roseplay-kv-index", daemon=True)
@@ -87,8 +91,9 @@ class KVIndexFeed:
         """Until replica `rank`'s index applied batch `seq` (False on timeout); a batch
         published before this subscriber joined comes from the replay socket."""
         cache = self.caches[rank]
-        if cache.seq < seq:
-            self._wanted[rank] = max(self._wanted[rank], seq)
+        if cache.seq < seq and seq > self._wanted[rank]:
+            self._wanted_at[rank] = time.monotonic()
+            self._wanted[rank] = seq
         with self._applied:
             return self._applied.wait_for(lambda: cache.seq >= seq or self._stop.is_set(),
                                           timeout)
@@ -139,10 +144,11 @@ class KVIndexFeed:
             self._apply(cache, seq, payload)
 
     def _catch_up(self, rank: int, target: int) -> None:
-        """Replay up to batch `target`; what the replay no longer holds is lost."""
+        """Replay up to batch `target`; what the replay still lacks after LOST_AFTER_S
+        is lost (the replay buffer moved past it, or there is no replay socket)."""
         cache = self.caches[rank]
         self._replay(rank, cache.seq + 1, target + 1)
-        if cache.seq < target:
+        if cache.seq < target and time.monotonic() - self._wanted_at[rank] > LOST_AFTER_S:
             cache.lost += target - cache.seq
             cache.hashes.clear()
             with self._applied:

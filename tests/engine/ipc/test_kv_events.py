@@ -144,6 +144,8 @@ def test_router_index_joins_late_and_follows(engine):
     feed = KVIndexFeed([pub.bound], KEY, topic="kv")
     try:
         assert feed.wait_for(0, e.kv_events.seq, 30)
+        # a batch announced but not sent yet (still in the publisher's queue) is not lost
+        assert not feed.wait_for(0, e.kv_events.seq + 1, 0.3)
         run(e, [list(range(200, 221))])
         assert feed.wait_for(0, e.kv_events.seq, 30)
         cache = feed.caches[0]
