@@ -167,20 +167,24 @@ class DPClient:
         pinned = self._check_rank(data_parallel_rank)
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         rid, ids = creq.request_id, list(creq.prompt_token_ids)
-        with self._lock:
-            if rid in self._owner:
-                raise InvalidRequestError(f"duplicate request id {rid!r}")
-            decision = self.router.choose(rid, ids, self._loads(), pinned)
-            self._note_sent(decision.chosen, len(ids))
-            self._owner[rid] = self._placed[rid] = decision.chosen
-            if len(self._placed) > PLACED_KEEP:
-                self._placed.popitem(last=False)
-        try:
-            return self._submit_to(decision, {"prompt_token_ids": ids, "prompt": text},
-                                   creq, on_finish, on_event)
-        except BaseException:
-            self._forget(rid)
-            raise
+        prompt = {"prompt_token_ids": ids, "prompt": text}
+        for _ in range(self.size):      # a replica that died since its last check: the next
+            with self._lock:
+                if rid in self._owner:
+                    raise InvalidRequestError(f"duplicate request id {rid!r}")
+                decision = self.router.choose(rid, ids, self._loads(), pinned)
+                self._note_sent(decision.chosen, len(ids))
+                self._owner[rid] = self._placed[rid] = decision.chosen
+                if len(self._placed) > PLACED_KEEP:
+                    self._placed.popitem(last=False)
+            try:
+                return self._submit_to(decision, prompt, creq, on_finish, on_event)
+            except EngineStopped:
+                self._forget(rid)
+            except BaseException:
+                self._forget(rid)
+                raise
+        raise EngineStopped("every engine replica is gone")
 
     def _submit_to(self, decision: RouteDecision, prompt: dict, creq, on_finish, on_event):
         rid, replica = creq.request_id, self.replicas[decision.chosen]
