@@ -19,16 +19,17 @@ asked for, shown to viewers; they are never written back into the core.
 from __future__ import annotations
 
 import dataclasses
-import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
-
-class InvalidRequestError(ValueError):
-    """A request, sampling parameter, knob or model name that the engine refuses."""
+from engine.config_json import (  # noqa: F401  (defined there, re-exported: one owner)
+    KV_EVENT_PUBLISHERS, MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES, SPECULATIVE_METHODS,
+    STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig, StructuredOutputsConfig,
+    check_type)
+from engine.errors import InvalidRequestError
 
 
 def _knob(default, help: str, **extra):
@@ -51,16 +52,15 @@ SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
 EVICTION_POLICIES = ("lru", "lfu")
 # vLLM's logprobs_mode values; the first is roseplay's default (docs/SAMPLING.md)
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
-# oracle: benchmarks only; draft_model (alias "draft"): a smaller model (docs/SPECULATIVE.md)
-SPECULATIVE_METHODS = ("ngram", "draft_model", "oracle")
-SPECULATIVE_ALIASES = {"draft": "draft_model"}
-MAX_SPECULATIVE_TOKENS = 16
 # vLLM's --kv-cache-dtype values: auto (the model's dtype) or float8 e4m3 (two spellings)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 # client_timeout spans several heartbeats of both ends (a client's every 0.5 s, the
 # engine's every 1 s: engine/ipc/liveness.py)
 CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
+# the router's policies (engine/front/router.py, docs/ROUTING.md)
+ROUTING_POLICIES = ("round_robin", "least_load", "consistent_hash", "cache_aware")
+MAX_DP_SIZE = 64   # engine replicas behind one front
 
 
 def check_priority(priority) -> int:
@@ -191,117 +191,6 @@ def changed_knobs(changes: KnobChanges) -> dict:
 
 
 @dataclass(frozen=True)
-class SpeculativeConfig:
-    """vLLM's speculative_config (its field names): how drafts are proposed. Fixed at
-    start; the live knob SchedulerConfig.num_speculative_tokens turns speculation on and
-    off and sets k (docs/SPECULATIVE.md)."""
-    method: str = "ngram"
-    num_speculative_tokens: int = 3
-    prompt_lookup_min: int = 1      # n-gram sizes matched, longest first
-    prompt_lookup_max: int = 4
-    oracle_acceptance: float = 1.0  # method oracle: chance that a draft is the target's token
-    oracle_references: str | None = None   # method oracle: JSON file of the target's outputs
-    # method draft_model: the draft's checkpoint (same vocabulary as the target); None on
-    # the bundled default target: the bundled draft (engine/assets/shakespeare-draft)
-    model: str | None = None
-
-    def __post_init__(self):
-        """Every field's type and range (a JSON value of any type may arrive here from
-        `--speculative-config`: each is refused with InvalidRequestError, never a
-        TypeError)."""
-        if not isinstance(self.method, str):
-            raise InvalidRequestError(f"speculative_config method must be a string, got "
-                                      f"{self.method!r:.60}")
-        object.__setattr__(self, "method", SPECULATIVE_ALIASES.get(self.method, self.method))
-        if self.method not in SPECULATIVE_METHODS:
-            raise InvalidRequestError(f"speculative_config method must be one of "
-                                      f"{', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise InvalidRequestError(f"num_speculative_tokens must be an integer in "
-                                      f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) \
-                or not 1 <= lo <= hi <= 64:
-            raise InvalidRequestError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, "
-                                      f"got {lo!r}, {hi!r}")
-        p = self.oracle_acceptance
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise InvalidRequestError(f"oracle_acceptance must be a number in [0, 1], got "
-                                      f"{p!r:.60}")
-        if self.oracle_references is not None and not isinstance(self.oracle_references, str):
-            raise InvalidRequestError(f"oracle_references must be a file path (a string), "
-                                      f"got {self.oracle_references!r:.60}")
-        if self.model is not None and (not isinstance(self.model, str) or not self.model):
-            raise InvalidRequestError(f"speculative_config model must be a non-empty string, "
-                                      f"got {self.model!r}")
-
-    @classmethod
-    def parse(cls, value) -> "SpeculativeConfig | None":
-        """From a SpeculativeConfig, a dict, or vLLM's JSON text (`--speculative-config`)."""
-        return _parse_json_config(cls, "speculative_config", value)
-
-
-def _parse_json_config(cls, name: str, value):
-    """A config dataclass from itself, a dict, or its JSON text (a `--NAME JSON` flag);
-    None stays None; unknown fields are refused."""
-    if value is None or isinstance(value, cls):
-        return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (ValueError, RecursionError) as exc:
-            raise InvalidRequestError(f"{name} is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidRequestError(f"{name} must be an object, got {value!r:.60}")
-    unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-        raise InvalidRequestError(f"unknown {name} field(s): {', '.join(sorted(unknown))}")
-    return cls(**value)
-
-
-# vLLM's names; "llguidance" (the library's) is read as "guidance"
-STRUCTURED_OUTPUTS_BACKENDS = ("auto", "guidance", "llguidance", "xgrammar")
-
-
-@dataclass(frozen=True)
-class StructuredOutputsConfig:
-    """vLLM's structured_outputs_config (its field names where it has them): the grammar
-    library, and the bounds of compiling (docs/STRUCTURED_OUTPUTS.md). Fixed at start."""
-    backend: str = "auto"             # auto: guidance (llguidance), xgrammar where llguidance
-    #                                   cannot read the tokenizer; or either one
-    compile_timeout: float = 10.0     # seconds a request may wait for its grammar
-    grammar_cache_size: int = 256     # compiled grammars kept (least recently used go)
-    # JSON: no whitespace but ", " and ": " (True, roseplay's default), or any between
-    # tokens (False, vLLM's: a small model can fill it with newlines)
-    disable_any_whitespace: bool = True
-
-    def __post_init__(self):
-        if self.backend not in STRUCTURED_OUTPUTS_BACKENDS:
-            raise InvalidRequestError(f"structured_outputs_config backend must be one of "
-                                      f"{', '.join(STRUCTURED_OUTPUTS_BACKENDS)}, got "
-                                      f"{self.backend!r:.60}")
-        if self.backend == "llguidance":
-            object.__setattr__(self, "backend", "guidance")
-        t = self.compile_timeout
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 3600:
-            raise InvalidRequestError(f"compile_timeout must be in (0, 3600] seconds, got "
-                                      f"{t!r:.60}")
-        n = self.grammar_cache_size
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1 << 16:
-            raise InvalidRequestError(f"grammar_cache_size must be an integer in [0, 65536], "
-                                      f"got {n!r:.60}")
-        if not isinstance(self.disable_any_whitespace, bool):
-            raise InvalidRequestError("disable_any_whitespace must be a boolean")
-
-    @classmethod
-    def parse(cls, value) -> "StructuredOutputsConfig":
-        """From itself, a dict, or JSON text (`--structured-outputs-config`); None: the
-        defaults."""
-        return _parse_json_config(cls, "structured_outputs_config", value) or cls()
-
-
-@dataclass(frozen=True)
 class EngineConfig:
     """Fixed at start."""
 
@@ -386,9 +275,33 @@ class EngineConfig:
               "compile_timeout (seconds a request waits for its grammar, then a 400); "
               "grammar_cache_size; disable_any_whitespace (docs/STRUCTURED_OUTPUTS.md).",
         check=StructuredOutputsConfig.parse)
+    kv_events_config: KVEventsConfig | dict | str | None = _knob(
+        None, "KV cache events as vLLM's JSON, e.g. '{\"enable_kv_cache_events\": true, "
+              "\"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", "
+              "\"replay_endpoint\": \"tcp://127.0.0.1:5558\", \"topic\": \"\"}': the engine "
+              "process publishes BlockStored / BlockRemoved / AllBlocksCleared in vLLM's wire "
+              "format (docs/ROUTING.md); off by default. Data parallelism turns them on "
+              "for its router.", check=KVEventsConfig.parse)
+    data_parallel_size: int = _knob(
+        1, "Engine replicas (processes, one per tensor-parallel group of GPUs) behind one "
+           "front that routes each request (docs/ROUTING.md).", minimum=1)
+    data_parallel_rank: int = _knob(
+        0, "This engine's replica index under data parallelism (set by the front for each "
+           "replica: its KV events' data_parallel_rank and GPUs).", minimum=0)
+    routing_policy: str = _knob(
+        "least_load", "How the data-parallel front picks a replica (live): round_robin, "
+                      "least_load (vLLM's 4 x waiting + running), consistent_hash (on the "
+                      "prompt's first block), cache_aware (the longest cached prefix, traded "
+                      "against load: docs/ROUTING.md).", choices=ROUTING_POLICIES)
+    kv_overlap_score_weight: float = _knob(
+        1.0, "cache_aware's cost of one prompt block a replica must prefill, against one "
+             "KV block in use there (Dynamo's kv_overlap_score_weight; docs/ROUTING.md).")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self):
+        object.__setattr__(self, "kv_events_config",
+                           KVEventsConfig.parse(self.kv_events_config))
+        self._check_data_parallel()
         spec = SpeculativeConfig.parse(self.speculative_config)
         if spec is not None and spec.method == "draft_model":
             spec = self._draft_model_config(spec)
@@ -427,6 +340,27 @@ class EngineConfig:
             raise InvalidRequestError(f"client_timeout must be in [{lo:g}, {hi:g}] seconds, "
                                       f"got {ct!r}")
         check_choices(self)
+
+    def _check_data_parallel(self) -> None:
+        size, rank = self.data_parallel_size, self.data_parallel_rank
+        check_type("data_parallel_size", size, (int,), 1)
+        check_type("data_parallel_rank", rank, (int,), 0)
+        if size > MAX_DP_SIZE or rank >= size:
+            raise InvalidRequestError(f"need 0 <= data_parallel_rank < data_parallel_size <= "
+                                      f"{MAX_DP_SIZE}, got {rank}, {size}")
+        w = self.kv_overlap_score_weight
+        check_type("kv_overlap_score_weight", w, (int, float), 0)
+
+    @property
+    def kv_events_enabled(self) -> bool:
+        return self.kv_events_config is not None and self.kv_events_config.enabled
+
+    def check_in_process(self) -> None:
+        """An engine on a thread of the caller (EngineLoop, LLM) publishes no KV events
+        (the engine process does) and is one replica."""
+        if self.data_parallel_size > 1 or self.kv_events_enabled:
+            raise InvalidRequestError("data_parallel_size > 1 and kv_events_config need the "
+                                      "engine in its own process (drop --in-process)")
 
     def _draft_model_config(self, spec: SpeculativeConfig) -> SpeculativeConfig:
         """The draft's model named (the bundled draft for the bundled target); TP=1 only:

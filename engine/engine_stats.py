@@ -32,3 +32,6 @@ class EngineStats(msgspec.Struct, frozen=True):
     spec_draft_num_used_blocks: int = 0        # the draft model's own KV pool (draft_model)
     spec_draft_faults: int = 0                 # proposals whose draft forward raised
     spec_draft_disabled: bool = False          # the draft turned off after faults in a row
+    kv_events_seq: int = -1            # the last KV event batch's sequence number (-1:
+    #                                    none, or events off): a router's index that has
+    #                                    applied it knows all the engine did until then

@@ -52,11 +52,11 @@ def make_loop(args, **overrides):
         from engine.front.loop import EngineLoop
         # nobody watches snapshots during a benchmark: publish them rarely
         return EngineLoop(snapshot_interval=0.5, **kwargs)
-    from engine.front.client import EngineClient
+    from engine.front.dp_client import engine_front
     if args.engine_address:
         print(f"engine listening at {args.engine_address}: watch it with "
               f"`roseplay --connect {args.engine_address}`", file=sys.stderr)
-    return EngineClient(address=args.engine_address, label="bench",
+    return engine_front(address=args.engine_address, label="bench",
                         snapshots=bool(args.engine_address), **kwargs)
 
 
@@ -107,20 +107,21 @@ def measure(loop, items: list[WorkItem], warmup: list[WorkItem], args, label: st
     loop.wait_idle()
     snap0 = loop.snapshot()
     pos0 = loop.engine_stats().spec_decode_num_accepted_tokens_per_pos
+    reps0 = loop.replica_snapshots() if hasattr(loop, "replica_snapshots") else None
     try:
         driver = _drive(loop, items, args, arrivals=_arrivals(args), progress=progress,
                         description=label)
     except Interrupted as exc:
         loop.wait_idle(5.0)
         result, _ = _result(loop, exc.driver, snap0, f"{label} (interrupted)".strip(),
-                            finished_only=True, pos0=pos0)
+                            finished_only=True, pos0=pos0, reps0=reps0)
         raise Interrupted(result) from None
     loop.wait_idle()
-    return _result(loop, driver, snap0, label, pos0=pos0)
+    return _result(loop, driver, snap0, label, pos0=pos0, reps0=reps0)
 
 
-def _result(loop, driver: WorkloadDriver, snap0, label: str,
-            finished_only: bool = False, pos0: tuple = ()) -> tuple[report.RunResult, list]:
+def _result(loop, driver: WorkloadDriver, snap0, label: str, finished_only: bool = False,
+            pos0: tuple = (), reps0: list | None = None) -> tuple[report.RunResult, list]:
     """The run's result from the driver's outputs (`finished_only`: an interrupted run,
     whose cancelled requests are left out)."""
     snap1 = loop.snapshot()
@@ -133,7 +134,13 @@ def _result(loop, driver: WorkloadDriver, snap0, label: str,
     records = [report.request_record(o) for o in outputs if o.error is None]
     wall = report.wall_duration(records)
     # the engine thread either works on the host or waits for the GPU at the step's sync
-    stats["host_share"] = max(0.0, 1 - stats["device_wait_us"] / 1e6 / wall) if wall else 0.0
+    engines = getattr(loop, "size", 1)     # data parallelism: every replica waits apart
+    stats["host_share"] = max(0.0, 1 - stats["device_wait_us"] / 1e6 / wall / engines) \
+        if wall else 0.0
+    if reps0 is not None:           # data parallelism: each replica's share
+        from roseplay.bench_replicas import replica_figures
+        stats["data_parallel"] = replica_figures(loop, records, reps0,
+                                                 loop.replica_snapshots(), wall)
     for err in driver.submit_errors[:3]:
         print(f"request failed: {err}", file=sys.stderr)
     result = report.RunResult(label, wall, records, stats, dict(dataclasses.asdict(loop.knobs)),

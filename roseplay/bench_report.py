@@ -181,6 +181,9 @@ def _print_engine(console: Console, e: dict, w: int) -> None:
                                         f"({100 * e['peak_kv_usage']:.1f} %)")]
     for label, value in rows + _block_rows(e.get("kv_block")):
         console.print(f"{label:<40} {value!s:>10}", highlight=False)
+    if e.get("data_parallel"):
+        from roseplay.bench_replicas import print_replicas
+        print_replicas(console, e["data_parallel"], w)
     spec = e.get("spec_decode")
     if spec:
         console.print("{s:{c}^{n}}".format(s=" Speculative decoding ", n=w, c="-"))

@@ -353,7 +353,8 @@ def make_engine(engine_kwargs: dict, connect: str | None = None, in_process: boo
     if in_process:
         from engine.front.loop import EngineLoop
         return EngineLoop(snapshot_interval=0.02, **engine_kwargs)
-    from engine.front.client import EngineClient
     if connect:
+        from engine.front.client import EngineClient
         return EngineClient(connect=connect, label="tui")
-    return EngineClient(label="tui", **engine_kwargs)
+    from engine.front.dp_client import engine_front
+    return engine_front(label="tui", **engine_kwargs)

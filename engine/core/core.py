@@ -33,7 +33,9 @@ from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, Sp
 from engine.worker.distributed.executor import TPExecutor
 from engine.worker.device_io import HostCopyRing
 from engine.core.events import EventLog
+from engine.block_hash import stable_block_hash
 from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.kv_events import KVEventRecorder
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.worker.placement import resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
@@ -77,6 +79,12 @@ class LLMEngine:
         self.counters = Counters()
         self.events = EventLog()
         self.pool = BlockPool(setup.num_blocks, config.block_size, self.counters)
+        # KV events (kv_events_config): a recorder, and hashes every process agrees on;
+        # its sink (the publisher) is attached by whoever runs the engine
+        self.kv_events: KVEventRecorder | None = None
+        if config.kv_events_enabled:
+            self.kv_events = self.pool.kv_events = KVEventRecorder()
+            self.pool.hash_fn = stable_block_hash
         self.clock = ServingClock()
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
@@ -173,7 +181,10 @@ class LLMEngine:
         return bool(self.requests)
 
     def clear_prefix_cache(self) -> int:
-        return self.pool.clear_cache()
+        n = self.pool.clear_cache()
+        if self.kv_events is not None:
+            self.kv_events.flush()
+        return n
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -404,6 +415,8 @@ class LLMEngine:
                            len(evicted), self.pool)
         if plan:
             self.events.record(self.counters.steps, now, plan, evicted, self.pool.block_size)
+        if self.kv_events is not None:
+            self.kv_events.flush()
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (if any); the runner's CUDA graphs go first

@@ -127,7 +127,10 @@ class CoreLoop:
                     self._step()
                     self._publish_stats(STATS_INTERVAL)
                 else:
-                    self._publish_stats(0.0 if self._busy else STATS_IDLE_INTERVAL)
+                    # fresh after a step or a command (a cache clear while idle moves
+                    # kv_events_seq; a barrier's caller then reads current stats)
+                    self._publish_stats(0.0 if self._busy or commanded
+                                        else STATS_IDLE_INTERVAL)
                     if self._busy and self.on_idle is not None:
                         self.on_idle()     # work nobody waits for: between bursts
                     # the state after the last step and command (barriers, wait_idle and

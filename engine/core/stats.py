@@ -94,4 +94,5 @@ def engine_stats(engine, now: float) -> EngineStats:
                        engine.spec.per_position(),
                        spec_draft_num_used_blocks=engine.spec.draft_used_blocks(),
                        spec_draft_faults=getattr(engine.spec.draft, "faults", 0),
-                       spec_draft_disabled=getattr(engine.spec.draft, "disabled", False))
+                       spec_draft_disabled=getattr(engine.spec.draft, "disabled", False),
+                       kv_events_seq=engine.kv_events.seq if engine.kv_events else -1)

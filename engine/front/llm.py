@@ -19,25 +19,39 @@ class LLM:
     gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
     max_model_len, enforce_eager, attention_backend, seed, check_invariants).
 
+    With data_parallel_size=N > 1 the engines run in N processes behind a router
+    (docs/ROUTING.md): `generate()` works the same, `add_request` and `on_step` need one
+    engine in this process.
+
     `close()` (or `with LLM(...) as llm:`) releases the tensor-parallel workers, the
     process group, CUDA graphs, the weights and the KV cache, so that another LLM (any
     tensor-parallel size) can start in the same process (a notebook, a test)."""
 
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs):
+        self.dp = None
         if config is None:
             if model is not None:
                 kwargs["model"] = model
             config = make_config(**kwargs)
+            if config.data_parallel_size > 1:      # N engine processes behind a router
+                from engine.front.dp_client import DPClient
+                self.engine, self.dp = None, DPClient(label="llm", snapshots=False, **kwargs)
+                self.inputs, self.outputs = self.dp.inputs, None
+                return
+        config.check_in_process()
         self.engine = e = LLMEngine(config)
         self.inputs = InputProcessor.for_engine(e)
         self.outputs = OutputProcessor(e.tokenizer)
 
     @property
     def tokenizer(self):
-        return self._engine().tokenizer
+        return self.dp.tokenizer if self.dp is not None else self._engine().tokenizer
 
     def close(self) -> None:
         """Release everything the engine holds; idempotent. The LLM is unusable after."""
+        if self.dp is not None:
+            self.dp.close()
+            return
         engine, self.engine = self.engine, None
         if engine is None:
             return
@@ -60,7 +74,9 @@ class LLM:
 
     def _engine(self) -> LLMEngine:
         if self.engine is None:
-            raise RuntimeError("this LLM is closed")
+            raise RuntimeError("this LLM is closed" if self.dp is None else
+                               "with data_parallel_size > 1 the engines run in their own "
+                               "processes: use generate()")
         return self.engine
 
     def add_request(self, prompt, params: SamplingParams | None = None,
@@ -80,12 +96,15 @@ class LLM:
         `on_step` (optional) is called after every engine step (tests, progress bars).
         `priority`: one per prompt (vLLM's LLM.generate), used by scheduling_policy=priority.
         """
-        self._engine()
+        if self.dp is None:
+            self._engine()
         prompts = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompts))
         priorities = _priority_list(priority, len(prompts))
         made = [self.inputs.process(p, sp, priority=pr)
                 for p, sp, pr in zip(prompts, params, priorities)]
+        if self.dp is not None:
+            return self._generate_routed(made, on_step)
         results: dict[str, RequestOutput] = {}
         for creq, text in made:
             self.outputs.add(creq, text, None, lambda ev: results.__setitem__(ev.request_id, ev.output))
@@ -95,6 +114,16 @@ class LLM:
             if on_step is not None:
                 on_step(self.engine)
         return [results[creq.request_id] for creq, _ in made]
+
+    def _generate_routed(self, made, on_step) -> list[RequestOutput]:
+        """data_parallel_size > 1: every prompt to the replica the router picks."""
+        if on_step is not None:
+            raise InvalidRequestError("on_step needs data_parallel_size 1 (the engine in "
+                                      "this process)")
+        streams = [self.dp.submit({"prompt_token_ids": list(creq.prompt_token_ids),
+                                   "prompt": text}, creq.params, priority=creq.priority,
+                                  on_finish=lambda ev: None) for creq, text in made]
+        return [s.result() for s in streams]
 
     def _apply(self, out) -> None:
         for rid in self.outputs.process(out):    # stop strings matched

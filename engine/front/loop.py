@@ -27,7 +27,10 @@ __all__ = ["EngineLoop", "RequestStream", "StreamEvent", "EngineInfo"]
 class EngineLoop:
     def __init__(self, engine: LLMEngine | None = None, *, config: EngineConfig | None = None,
                  snapshot_interval: float = 0.02, start: bool = True, **kwargs):
-        self.engine = engine or LLMEngine(config or make_config(**kwargs))
+        if engine is None:
+            config = config or make_config(**kwargs)
+            config.check_in_process()
+        self.engine = engine or LLMEngine(config)
         e = self.engine
         self.info = EngineInfo.of(e)
         self.tokenizer = e.tokenizer

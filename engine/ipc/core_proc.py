@@ -30,6 +30,7 @@ from engine.core.core_loop import CoreLoop
 from engine.ipc import auth, curve
 from engine.ipc.clients import ClientTable
 from engine.ipc.core_output import CoreOutput
+from engine.ipc.kv_publisher import KVEventPublisher
 from engine.ipc.proc_setup import collect_when_idle, die_with_parent, time_collections
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, EngineInfo, StepOutput
@@ -44,6 +45,7 @@ class EngineCoreProc:
     def __init__(self, engine, address: str, owner_pid: int | None = None,
                  owner_token: str | None = None, engine_key: str | None = None):
         self.engine = engine
+        self.kv_publisher = None
         self.owner_pid = owner_pid
         self.owner_token = owner_token
         self.engine_key = engine_key or auth.new_key()
@@ -67,6 +69,18 @@ class EngineCoreProc:
         self.core.on_snapshot = self.output.on_snapshot
         self.core.on_stats = lambda stats: self.output.put(None, P.Stats(stats))
         self._stop = threading.Event()
+        if engine.kv_events is not None:
+            self._start_kv_events(address)
+
+    def _start_kv_events(self, address: str) -> None:
+        """Publish the engine's KV events (kv_events_config) beside its sockets."""
+        cfg = self.engine.config
+        events, replay = P.kv_event_endpoints(address, cfg.kv_events_config,
+                                              cfg.data_parallel_rank)
+        self.kv_publisher = KVEventPublisher(cfg.kv_events_config, events, replay,
+                                             self.engine_key, cfg.block_size,
+                                             cfg.data_parallel_rank)
+        self.engine.kv_events.sink = self.kv_publisher.publish
 
     def _bind(self, kind: int, endpoint: str, max_bytes: int,
               options: dict | None = None) -> zmq.Socket:
@@ -94,6 +108,8 @@ class EngineCoreProc:
             self._stop.set()           # the output thread sends what is queued, then ends
             for t in threads:
                 t.join(2.0)
+            if self.kv_publisher is not None:
+                self.kv_publisher.close()
             self.ctx.destroy(linger=FLUSH_MS)
 
     # -- core thread callbacks -----------------------------------------------------------
@@ -302,7 +318,9 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         return        # the owner died before PDEATHSIG was armed (e.g. quit during imports)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the client, which stops us
     try:
-        auth.check_bind(address, key_given=engine_key is not None)
+        config = make_config(**engine_kwargs)
+        for endpoint in (address, *_kv_endpoints(address, config)):
+            auth.check_bind(endpoint, key_given=engine_key is not None)
         curve.check_available()
         import torch
         # leave a core to the clients (the front, the UI): OpenMP threads that spin on a
@@ -310,7 +328,7 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         torch.set_num_threads(max(1, min(8, (os.cpu_count() or 2) - 1)))
         from engine.core.core import LLMEngine
         status("progress", f"loading {engine_kwargs.get('model', 'default')}")
-        engine = LLMEngine(make_config(**engine_kwargs))
+        engine = LLMEngine(config)
         status("progress", "binding sockets")
         proc = EngineCoreProc(engine, address, owner_pid, owner_token, engine_key)
         key_file = auth.write_key(address, proc.engine_key)
@@ -325,6 +343,14 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         proc.run()
     finally:
         auth.remove_key(*key_file)
+
+
+def _kv_endpoints(address: str, config) -> tuple[str, ...]:
+    if not config.kv_events_enabled:
+        return ()
+    events, replay = P.kv_event_endpoints(address, config.kv_events_config,
+                                          config.data_parallel_rank)
+    return (events,) if replay is None else (events, replay)
 
 
 def main(argv: list[str] | None = None) -> int:

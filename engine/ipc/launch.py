@@ -35,11 +35,12 @@ class EngineDied(RuntimeError):
 
 class EngineLaunch:
     def __init__(self, engine_kwargs: dict, address: str | None = None,
-                 engine_key: str | None = None):
+                 engine_key: str | None = None, env: dict | None = None):
         """Check the knobs and the address (a bad one is refused before any process
         starts), then start `python -m engine.ipc.core_proc` (a subprocess, not
         multiprocessing: nothing of the caller's __main__ re-runs). engine_key: the key
-        clients must show (default: $ROSEPLAY_ENGINE_KEY, else a random one)."""
+        clients must show (default: $ROSEPLAY_ENGINE_KEY, else a random one); env:
+        variables set for the engine process (a replica's CUDA_VISIBLE_DEVICES)."""
         self.config = make_config(**engine_kwargs)
         given = auth.given_key(engine_key)
         if address is not None:
@@ -59,7 +60,7 @@ class EngineLaunch:
                "--engine-json", json.dumps(engine_kwargs), "--owner-pid", str(os.getpid()),
                "--status-fd", str(write_fd)]
         self.owner_token = uuid.uuid4().hex     # only the owner may stop it
-        env = child_env()
+        env = {**child_env(), **(env or {})}
         env["ROSEPLAY_OWNER_TOKEN"] = self.owner_token
         env[auth.ENGINE_KEY_ENV] = self.engine_key      # the environment: not seen in ps
         try:

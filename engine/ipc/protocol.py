@@ -11,6 +11,9 @@ Sockets (ADDRESS = tcp://127.0.0.1:PORT or ipc:///path/name):
   in   ROUTER at PORT   / name.in    clients (DEALER) -> core: commands
   out  ROUTER at PORT+1 / name.out   core -> clients (DEALER): outputs, replies
   pub  XPUB   at PORT+2 / name.pub   core -> clients (SUB, conflated): snapshots
+  and with kv_events_config on, unless it names its own endpoints (kv_event_endpoints):
+  kv   PUB    at PORT+3 / name.kv-events   KV events (engine/kv_events.py)
+  kvr  ROUTER at PORT+4 / name.kv-replay   their replay
 
 Every socket is a CURVE server keyed by the engine key (engine/ipc/curve.py): a peer
 without the key never gets past the handshake, so every message here comes from a key
@@ -235,3 +238,27 @@ def endpoints(address: str) -> tuple[str, str, str]:
     if address.startswith("ipc://"):
         return f"{address}.in", f"{address}.out", f"{address}.pub"
     raise ValueError(f"engine address {address!r}: expected tcp://HOST:PORT or ipc:///PATH")
+
+
+def offset_endpoint(endpoint: str, rank: int) -> str:
+    """Replica `rank`'s copy of a given endpoint (vLLM's rule): tcp PORT+rank, ipc
+    PATH_dp<rank>; rank 0 keeps it."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith("ipc://"):
+        return f"{endpoint}_dp{rank}"
+    host, _, port = endpoint.rpartition(":")
+    return f"{host}:{int(port) + rank}"
+
+
+def kv_event_endpoints(address: str, config, rank: int = 0) -> tuple[str, str | None]:
+    """(events, replay or None) of an engine at `address` whose KVEventsConfig is
+    `config` (None endpoints: next to the address, as the module says)."""
+    if config.endpoint is not None:
+        replay = config.replay_endpoint
+        return (offset_endpoint(config.endpoint, rank),
+                None if replay is None else offset_endpoint(replay, rank))
+    if address.startswith("tcp://"):
+        host, _, port = address.rpartition(":")
+        return f"{host}:{int(port) + 3}", f"{host}:{int(port) + 4}"
+    return f"{address}.kv-events", f"{address}.kv-replay"

@@ -17,6 +17,7 @@ from roseplay.serve.gate import GateMiddleware
 from roseplay.serve.metrics import ServerMetrics
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.routes import openapi_paths, router
+from roseplay.serve.routing import routing_router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
 
 if TYPE_CHECKING:      # the client API both transports implement
@@ -91,6 +92,7 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
     install_handlers(app, frozenset(CompletionRequest.__struct_fields__
                                     + ChatCompletionRequest.__struct_fields__))
     app.include_router(router)
+    app.include_router(routing_router)
     app.add_middleware(GateMiddleware, drain=app.state.serve.drain,
                        max_bytes=config.max_body_bytes, api_key=config.api_key)
     app.openapi = lambda: _openapi(app)

@@ -55,6 +55,7 @@ class Choice:
     error: str | None = None
     output: object = None
     counts_prompt: bool = True      # the first choice of its prompt (n > 1: one counts it)
+    engine: int = 0                 # the replica serving it (data parallelism; metrics)
 
 
 # a random tag per process and a counter: unique across API-server processes, and a
@@ -109,8 +110,12 @@ class EngineBridge:
         return box
 
     def start(self, response_id: str, prompts: list[dict],
-              params: list, priority: int = 0) -> "Generation":
-        """Submit one engine request per (prompt, params) pair: ids f"{response_id}-{i}"."""
+              params: list, priority: int = 0,
+              data_parallel_rank: int | None = None) -> "Generation":
+        """Submit one engine request per (prompt, params) pair: ids f"{response_id}-{i}";
+        data_parallel_rank pins them to a replica (a data-parallel front; one engine
+        takes only 0)."""
+        pin = _pin(self.loop, data_parallel_rank)
         if self.max_waiting is not None and self.pending + len(prompts) > self.max_waiting:
             raise OpenAIError(429, f"server busy: {self.pending} requests are waiting for "
                                    f"their first token (--max-waiting {self.max_waiting}); "
@@ -119,7 +124,7 @@ class EngineBridge:
         seen: set[int] = set()       # the n choices of a prompt share its dict
         try:
             for i, (prompt, sp) in enumerate(zip(prompts, params)):
-                gen.submit(i, f"{response_id}-{i}", prompt, sp, priority)
+                gen.submit(i, f"{response_id}-{i}", prompt, sp, priority, pin)
                 gen.choices[-1].counts_prompt = id(prompt) not in seen
                 seen.add(id(prompt))
         except BaseException:
@@ -147,14 +152,19 @@ class Generation:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
-    def submit(self, index: int, request_id: str, prompt: dict, params, priority: int = 0) -> None:
+    def submit(self, index: int, request_id: str, prompt: dict, params, priority: int = 0,
+               pin: dict | None = None) -> None:
         choice = Choice(index, request_id, len(prompt["prompt_token_ids"]), time.perf_counter())
+        loop = self.bridge.loop
         try:
-            choice.stream = self.bridge.loop.submit(prompt, params, request_id=request_id,
-                                                    on_event=self._on_event,
-                                                    priority=priority)
+            choice.stream = loop.submit(prompt, params, request_id=request_id,
+                                        on_event=self._on_event, priority=priority,
+                                        **(pin or {}))
         except RuntimeError as exc:        # the engine loop stopped
             raise OpenAIError(503, str(exc), code="engine_unavailable") from None
+        replica_of = getattr(loop, "replica_of", None)
+        if replica_of is not None:
+            choice.engine = replica_of(request_id) or 0
         self.choices.append(choice)
         self._by_id[request_id] = choice
         self.bridge.pending += 1
@@ -200,7 +210,7 @@ class Generation:
         m = self.bridge.metrics
         if event.token_ids and c.last_time is None:
             self.bridge.pending -= 1
-        m.observe_tokens(c.arrival, c.last_time, event.token_times)
+        m.observe_tokens(c.arrival, c.last_time, event.token_times, c.engine)
         if event.token_times:
             c.last_time = event.token_times[-1]
         c.token_ids.extend(event.token_ids)
@@ -217,7 +227,7 @@ class Generation:
             c.stream.detach()
             c.stream = None
         self.bridge.metrics.observe_finish(output, reason, time.perf_counter(), c.arrival,
-                                           c.counts_prompt)
+                                           c.counts_prompt, c.engine)
 
     def close(self) -> None:
         """Cancel what is still running (client gone, or an error): blocks go back to the
@@ -242,6 +252,18 @@ class Generation:
             self.bridge.loop.cancel(c.request_id)
             self._on_event(EndEvent(c.request_id, message, status))   # the engine's path
         return len(ended)
+
+
+def _pin(loop, rank: int | None) -> dict | None:
+    """The submit argument that pins a replica (None: the router chooses)."""
+    if rank is None:
+        return None
+    if hasattr(loop, "router"):
+        return {"data_parallel_rank": rank}      # the front checks the range
+    if rank != 0:
+        raise OpenAIError(400, f"data_parallel_rank must be 0: this server has one engine "
+                               f"(got {rank})", param="data_parallel_rank")
+    return None
 
 
 def _cut_not_cancelled(event):

@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{info.num_blocks} KV blocks of {info.block_size}) at "
               f"http://{args.host}:{args.port}/v1", file=sys.stderr)
         address = getattr(loop, "address", None)
+        if getattr(loop, "router", None) is not None:
+            print(f"roseplay serve: {loop.size} engine replicas, routing "
+                  f"{loop.router.policy} (GET/POST /routing)", file=sys.stderr)
         if address:
             print(f"roseplay serve: watch it live with `roseplay --connect {address}`",
                   file=sys.stderr)
@@ -165,6 +168,9 @@ def _report_exit(code: int, engine_error: str | None) -> None:
 def check_api_server_count(args) -> None:
     if args.api_server_count < 1:
         raise ValueError("--api-server-count must be >= 1")
+    if (args.data_parallel_size or 1) > 1 and (args.api_server_count > 1 or args.tui):
+        raise ValueError("--data-parallel-size > 1 runs one API server and no --tui (drop "
+                         "--api-server-count / --tui)")
     if args.api_server_count > 1 and (args.tui or args.in_process):
         raise ValueError("--api-server-count > 1 needs the engine in its own process and "
                          "no --tui (drop --in-process / --tui)")
@@ -199,8 +205,8 @@ def _engine(args):
                                       "(drop --in-process)")
         from engine.front.loop import EngineLoop
         return EngineLoop(**kwargs)
-    from engine.front.client import EngineClient
-    return EngineClient(address=args.engine_address, label="server", snapshots=False,
+    from engine.front.dp_client import engine_front
+    return engine_front(address=args.engine_address, label="server", snapshots=False,
                         engine_key=args.engine_key, **kwargs)
 
 

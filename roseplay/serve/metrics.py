@@ -40,29 +40,31 @@ API_SERVER_INDEX_ENV = "ROSEPLAY_API_SERVER_INDEX"  # which process observed a r
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
-def spec_decode_metrics(st, labels: list[str], model: str):
-    """vLLM's speculative-decoding counters (docs/SPECULATIVE.md), per position too."""
+def spec_decode_metrics(stats: list, labels: list[str], keys: list[list[str]]):
+    """vLLM's speculative-decoding counters (docs/SPECULATIVE.md), per position too: one
+    sample per engine (stats[i] under the label values keys[i])."""
+    def family(kind, name, doc, value, extra=()):
+        fam = kind(name, doc, labels=labels + list(extra))
+        for st, key in zip(stats, keys):
+            for more, v in value(st):
+                fam.add_metric(key + more, v)
+        return fam
     for name, doc in (("num_drafts", "Requests verified with drafts (one per step each)."),
                       ("num_draft_tokens", "Draft tokens proposed."),
                       ("num_accepted_tokens", "Draft tokens accepted.")):
-        c = CounterMetricFamily(f"vllm:spec_decode_{name}", doc, labels=labels)
-        c.add_metric([model], getattr(st, f"spec_decode_{name}"))
-        yield c
-    c = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
-                            "Draft tokens accepted, by position in the draft.",
-                            labels=labels + ["position"])
-    for pos, n in enumerate(st.spec_decode_num_accepted_tokens_per_pos):
-        c.add_metric([model, str(pos)], n)
-    yield c
-    c = CounterMetricFamily("roseplay:spec_draft_faults", "Proposals whose draft model "
-                            "forward raised (their requests decoded without drafts).",
-                            labels=labels)
-    c.add_metric([model], st.spec_draft_faults)
-    yield c
-    g = GaugeMetricFamily("roseplay:spec_draft_disabled", "1 once the draft model is turned "
-                          "off after consecutive faults.", labels=labels)
-    g.add_metric([model], float(st.spec_draft_disabled))
-    yield g
+        yield family(CounterMetricFamily, f"vllm:spec_decode_{name}", doc,
+                     lambda st, n=name: [([], getattr(st, f"spec_decode_{n}"))])
+    yield family(CounterMetricFamily, "vllm:spec_decode_num_accepted_tokens_per_pos",
+                 "Draft tokens accepted, by position in the draft.",
+                 lambda st: [([str(pos)], n) for pos, n in
+                             enumerate(st.spec_decode_num_accepted_tokens_per_pos)],
+                 ["position"])
+    yield family(CounterMetricFamily, "roseplay:spec_draft_faults", "Proposals whose draft "
+                 "model forward raised (their requests decoded without drafts).",
+                 lambda st: [([], st.spec_draft_faults)])
+    yield family(GaugeMetricFamily, "roseplay:spec_draft_disabled", "1 once the draft model "
+                 "is turned off after consecutive faults.",
+                 lambda st: [([], float(st.spec_draft_disabled))])
 
 
 class EngineStatsCollector:
@@ -74,57 +76,70 @@ class EngineStatsCollector:
         self.loop, self.model = loop, model_name
 
     def collect(self):
-        st = self.loop.engine_stats()
-        labels = ["model_name"]
+        """One sample per engine (label `engine`, as vLLM's): a data-parallel front's
+        replicas each (DPClient.replica_stats), else the one engine as "0"."""
+        per = getattr(self.loop, "replica_stats", None)
+        stats = per() if per is not None else [self.loop.engine_stats()]
+        labels = ["model_name", "engine"]
+        keys = [[self.model, str(i)] for i in range(len(stats))]
+
+        def family(kind, name, doc, value):
+            fam = kind(name, doc, labels=labels)
+            for key, st in zip(keys, stats):
+                fam.add_metric(key, value(st))
+            return fam
 
         def gauge(name, doc, value):
-            g = GaugeMetricFamily(name, doc, labels=labels)
-            g.add_metric([self.model], value)
-            return g
+            return family(GaugeMetricFamily, name, doc, value)
 
         def counter(name, doc, value):
-            c = CounterMetricFamily(name, doc, labels=labels)
-            c.add_metric([self.model], value)
-            return c
+            return family(CounterMetricFamily, name, doc, value)
 
         yield gauge("vllm:num_requests_running", "Requests admitted (prefilling or decoding).",
-                    st.num_running)
+                    lambda st: st.num_running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting (queued or preempted).",
-                    st.num_waiting)
+                    lambda st: st.num_waiting)
         yield gauge("vllm:kv_cache_usage_perc", "KV blocks in use / all blocks (1 = full; "
                     "cached evictable blocks count as free, as in vLLM).",
-                    st.num_used_blocks / st.num_blocks if st.num_blocks else 0.0)
+                    lambda st: st.num_used_blocks / st.num_blocks if st.num_blocks else 0.0)
         yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      st.prefix_queried_tokens)
+                      lambda st: st.prefix_queried_tokens)
         yield counter("vllm:prefix_cache_hits", "Prompt tokens served by the prefix cache.",
-                      st.prefix_hit_tokens)
+                      lambda st: st.prefix_hit_tokens)
         yield counter("vllm:num_preemptions", "Preemptions (requests sent back to wait).",
-                      st.preemptions)
+                      lambda st: st.preemptions)
         yield counter("vllm:generation_tokens", "Tokens generated by the engine.",
-                      st.generation_tokens)
-        yield from spec_decode_metrics(st, labels, self.model)
+                      lambda st: st.generation_tokens)
+        yield from spec_decode_metrics(stats, labels, keys)
         for name in BLOCK_METRICS:      # every block is tracked (vLLM samples 1%)
-            h = getattr(st.kv_block_metrics, name)
             fam = HistogramMetricFamily(f"vllm:kv_block_{name}_seconds", BLOCK_DOCS[name],
                                         labels=labels)
-            cumulative = [sum(h.counts[:i + 1]) for i in range(len(h.counts))]
-            bounds = [f"{b:g}" for b in h.buckets] + ["+Inf"]
-            fam.add_metric([self.model], list(zip(bounds, cumulative)), h.sum)
+            for key, st in zip(keys, stats):
+                h = getattr(st.kv_block_metrics, name)
+                cumulative = [sum(h.counts[:i + 1]) for i in range(len(h.counts))]
+                bounds = [f"{b:g}" for b in h.buckets] + ["+Inf"]
+                fam.add_metric(key, list(zip(bounds, cumulative)), h.sum)
             yield fam
 
 
 class ServerMetrics:
-    """The front's metrics; `render()` is the /metrics body."""
+    """The front's metrics; `render()` is the /metrics body. Each series carries the
+    engine that served the request (label `engine`: a data-parallel replica's rank, "0"
+    for one engine), as vLLM's do."""
 
     def __init__(self, loop, model_name: str):
         self.model = model_name
+        engines = [str(e) for e in range(getattr(loop, "size", 1))]
         self.registry = CollectorRegistry()
         self.registry.register(EngineStatsCollector(loop, model_name))
-        lab = ["model_name"]
+        lab = ["model_name", "engine"]
         reg = self.registry
 
-        def histogram(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(name, doc, lab, buckets=buckets, registry=reg).labels(model_name)
+        def per_engine(metric) -> list:
+            return [metric.labels(model_name, e) for e in engines]
+
+        def histogram(name: str, doc: str, buckets) -> list:
+            return per_engine(Histogram(name, doc, lab, buckets=buckets, registry=reg))
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
                               TTFT_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds", "Gap between tokens.",
@@ -137,12 +152,13 @@ class ServerMetrics:
                                     TOKEN_BUCKETS)
         self.output_len = histogram("vllm:request_generation_tokens",
                                     "Generated tokens per request.", TOKEN_BUCKETS)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.",
-                                     lab, registry=reg).labels(model_name)
+        self.prompt_tokens = per_engine(Counter(
+            "vllm:prompt_tokens", "Prompt tokens of finished requests.", lab, registry=reg))
         self._success = Counter("vllm:request_success", "Finished requests by finish reason.",
                                 lab + ["finished_reason"], registry=reg)
-        for reason in (REASON_STOP, REASON_LENGTH, "abort", REASON_ERROR):
-            self._success.labels(model_name, reason)      # 0 from the start, as vLLM
+        for e in engines:
+            for reason in (REASON_STOP, REASON_LENGTH, "abort", REASON_ERROR):
+                self._success.labels(model_name, e, reason)   # 0 from the start, as vLLM
         self._served = None
         multiproc_dir = os.environ.get(MULTIPROC_ENV)
         if multiproc_dir:     # a registry that reads every process's files
@@ -151,35 +167,37 @@ class ServerMetrics:
             MultiProcessCollector(self.registry, multiproc_dir)
             self._served = Counter("roseplay:api_server_requests", "Finished requests "
                                    "(choices) by API-server process (--api-server-count).",
-                                   lab + ["api_server"], registry=None).labels(
+                                   ["model_name", "api_server"], registry=None).labels(
                 model_name, os.environ.get(API_SERVER_INDEX_ENV, "0"))
 
-    def observe_tokens(self, arrival: float, prev_time: float | None, times) -> None:
+    def observe_tokens(self, arrival: float, prev_time: float | None, times,
+                       engine: int = 0) -> None:
         """One stream event's token timestamps (prev_time: the request's last token)."""
+        ttft, itl = self.ttft[engine], self.itl[engine]
         for t in times:
             if prev_time is None:
-                self.ttft.observe(max(0.0, t - arrival))
+                ttft.observe(max(0.0, t - arrival))
             else:
-                self.itl.observe(max(0.0, t - prev_time))
+                itl.observe(max(0.0, t - prev_time))
             prev_time = t
 
     def observe_finish(self, output, finish_reason: str | None, finish_time: float,
-                       arrival: float, counts_prompt: bool = True) -> None:
+                       arrival: float, counts_prompt: bool = True, engine: int = 0) -> None:
         """counts_prompt: False for the 2nd..nth choice of a prompt (n > 1): its tokens
         are counted once, with the first."""
         reason = "abort" if finish_reason == REASON_CANCELLED else finish_reason or "unknown"
-        self._success.labels(self.model, reason).inc()
+        self._success.labels(self.model, str(engine), reason).inc()
         if self._served is not None:
             self._served.inc()
-        self.e2e.observe(max(0.0, finish_time - arrival))
+        self.e2e[engine].observe(max(0.0, finish_time - arrival))
         if output is None:
             return
         if counts_prompt:
-            self.prompt_tokens.inc(len(output.prompt_token_ids))
-            self.prompt_len.observe(len(output.prompt_token_ids))
-        self.output_len.observe(len(output.outputs[0].token_ids))
+            self.prompt_tokens[engine].inc(len(output.prompt_token_ids))
+            self.prompt_len[engine].observe(len(output.prompt_token_ids))
+        self.output_len[engine].observe(len(output.outputs[0].token_ids))
         if output.metrics.tpot is not None:
-            self.tpot.observe(output.metrics.tpot)
+            self.tpot[engine].observe(output.metrics.tpot)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -69,6 +69,8 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     min_tokens: int = 0
     return_token_ids: bool = False           # vLLM extra: token ids in every choice/chunk
     priority: int = 0                        # vLLM extra: lower first (scheduling_policy=priority)
+    data_parallel_rank: int | None = None    # roseplay extra: the replica that serves it
+    #                                          (--data-parallel-size; docs/ROUTING.md)
     user: str | None = None
     # structured outputs, raw until their size is known (roseplay/serve/constrained.py)
     response_format: raw_field({"type": "object"}) = msgspec.UNSET

@@ -238,7 +238,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
         await asyncio.to_thread(make_inputs, req, st)
     rid = new_id(fmt_cls.prefix, req.user)
     fmt = fmt_cls(req, rid, req.model, ins, st.tokenizer)
-    gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority)
+    gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority, req.data_parallel_rank)
     st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
         stream = fmt.streamed(gen)

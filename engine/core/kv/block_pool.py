@@ -13,11 +13,13 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict, deque
+from typing import Callable
 
 import numpy as np
 
 from engine.codes import BLOCK_CACHED, BLOCK_USED
 from engine.core.kv.block_metrics import BlockLifetimes
+from engine.core.kv.kv_events import KVEventRecorder
 from engine.core.kv.prefix_cache import PrefixCache
 from engine.core.kv.counters import Counters
 
@@ -39,6 +41,8 @@ class BlockPool:
         self._evicted: list[int] = []     # evicted since the last take_evicted()
         self.clock = time.perf_counter    # the engine sets its serving clock
         self.lifetimes = BlockLifetimes(num_blocks)
+        self.hash_fn: Callable[[bytes], int] = hash   # a full block's key -> its hash
+        self.kv_events: KVEventRecorder | None = None  # set with kv_events_config on
 
     # -- the eviction policy ---------------------------------------------------
     @property
@@ -120,18 +124,22 @@ class BlockPool:
         """n fresh blocks with refcount 1, or None (and no change) if not enough."""
         if n > self.num_available:
             return None
-        out, evicted = [], []
+        out, evicted, removed = [], [], []
         for _ in range(n):
             if self._free:
                 block = self._free.popleft()
             else:
                 block = self._pop_evictable()
-                self.index.remove(block)
                 evicted.append(block)
+                key = self.index.remove(block)
+                if self.kv_events is not None:
+                    removed.append(self.hash_fn(key))
             self.refcounts[block] = 1
             out.append(block)
         now = self.clock()
         if evicted:
+            if self.kv_events is not None:
+                self.kv_events.removed(removed)
             self.counters.evictions += len(evicted)
             self._evicted.extend(evicted)
             self.lifetimes.on_evicted(evicted, now)
@@ -177,6 +185,8 @@ class BlockPool:
         self._cached_mask[:] = False
         if self._lfu is not None:
             self._lfu = []
+        if self.kv_events is not None:
+            self.kv_events.cleared()
         return n
 
     # -- checks --------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.block_tables import BlockTables
-from engine.core.kv.prefix_cache import ROOT_HASH, block_key
+from engine.block_hash import ROOT_HASH, block_key
 from engine.request import Request
 
 
@@ -49,7 +49,7 @@ class KVManager:
             block = self.pool.index.get(key)
             if block is None:
                 break
-            parent = hash(key)
+            parent = self.pool.hash_fn(key)
             hits.append((block, parent))
         return hits
 
@@ -127,12 +127,15 @@ class KVManager:
         if n_full <= len(req.block_hashes):
             return
         parent = req.block_hashes[-1] if req.block_hashes else ROOT_HASH
+        pool = self.pool
+        hash_fn, events = pool.hash_fn, pool.kv_events
         for i in range(len(req.block_hashes), n_full):
             key = self._block_key(req, i, parent)
-            parent = hash(key)
-            req.block_hashes.append(parent)
-            if enabled:
-                self.pool.index.insert(key, req.block_table[i])
+            block_hash = hash_fn(key)
+            req.block_hashes.append(block_hash)
+            if enabled and pool.index.insert(key, req.block_table[i]) and events is not None:
+                events.stored(block_hash, parent if i else None, key)
+            parent = block_hash
 
     def truncate(self, req: Request) -> list[int]:
         """Drop (and return) the blocks past the computed tokens (speculative decoding:

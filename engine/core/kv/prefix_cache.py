@@ -1,7 +1,8 @@
 """Block-granular prefix index: a hash chain over full blocks.
 
 The key of block i is (hash of block i-1's key, tokens of block i) packed as bytes, and
-its hash is hash(key), so equal keys mean equal whole prefixes. The index is a dict on
+its hash is the pool's hash_fn(key) (engine/block_hash.py), so equal keys mean equal
+whole prefixes. The index is a dict on
 the exact key: a hash collision can never hand out the wrong KV. The index holds no
 refcount of its own: a block is "cached" while it is in the index, and evictable while
 it is cached and no block table holds it (the pool tracks that LRU set).
@@ -13,28 +14,7 @@ blocks, ~270 a step under load, filled the young generation.)
 """
 from __future__ import annotations
 
-import struct
-from typing import Callable
-
-ROOT_HASH = 0
-
-
-_PACKERS: dict[int, Callable] = {}    # by token count: one struct.pack per key
-
-
-def block_key(parent: int, tokens) -> bytes:
-    """The exact index key of a full block: its parent's hash (int64) and its token ids
-    (int32), little-endian. One precompiled struct per block size: half the cost of
-    joining to_bytes and array().tobytes(), and a block fills every step somewhere."""
-    pack = _PACKERS.get(len(tokens))
-    if pack is None:
-        pack = _PACKERS[len(tokens)] = struct.Struct(f"<q{len(tokens)}i").pack
-    return pack(parent, *tokens)
-
-
-def key_tokens(key: bytes) -> list[int]:
-    """The token ids a key holds (for checks and tests)."""
-    return list(struct.unpack(f"<{(len(key) - 8) // 4}i", key[8:]))
+from engine.block_hash import ROOT_HASH, block_key, key_tokens  # noqa: F401  (re-exported)
 
 
 class PrefixCache:
@@ -59,10 +39,12 @@ class PrefixCache:
         self._key_of[block] = key
         return True
 
-    def remove(self, block: int) -> None:
+    def remove(self, block: int) -> bytes | None:
+        """Drop the block from the index; returns its key (None: it was not indexed)."""
         key = self._key_of.pop(block, None)
         if key is not None:
             del self._block_of[key]
+        return key
 
     def blocks(self) -> list[int]:
         return list(self._key_of)

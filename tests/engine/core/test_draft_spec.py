@@ -187,7 +187,7 @@ def test_a_draft_fault_ends_no_request(spec, reference, monkeypatch, capfd):
     err = capfd.readouterr().err
     assert err.count("draft model forward failed") == 1 and "InjectedDraftFault" in err
     assert "turned off after 3 consecutive faults" in err
-    got = {s.name: s.value for fam in spec_decode_metrics(st, ["model_name"], "default")
+    got = {s.name: s.value for fam in spec_decode_metrics([st], ["model_name"], [["default"]])
            for s in fam.samples}
     assert got["roseplay:spec_draft_faults_total"] == MAX_CONSECUTIVE_FAULTS
     assert got["roseplay:spec_draft_disabled"] == 1.0

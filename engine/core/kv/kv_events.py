@@ -1,0 +1,52 @@
+"""The engine's KV cache events as they happen: blocks entering the prefix index
+(stored), leaving it (removed, by eviction), and the whole index cleared.
+
+The engine thread only appends small tuples here (the block's hash, its parent's, the
+key that holds its tokens); once per step `flush` hands the step's events, numbered, to
+a sink (engine/ipc/kv_publisher.py), whose thread builds vLLM's event structs, encodes
+and sends them. Consecutive stored blocks of one chain (a request's new full blocks)
+merge into one event, as vLLM's BlockStored carries several. With events off the engine
+holds no recorder: nothing here runs.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
+
+
+class KVEventRecorder:
+    """Raw events between flushes, in order: [STORED, hashes, parent, keys],
+    [REMOVED, hashes], [CLEARED]."""
+
+    def __init__(self, sink: Callable[[int, float, list], None] | None = None):
+        self.sink = sink           # sink(seq, ts, events): set by whoever publishes
+        self.pending: list[list] = []
+        self.seq = -1              # the last batch's sequence number (-1: none yet)
+
+    def stored(self, block_hash: int, parent: int | None, key: bytes) -> None:
+        pending = self.pending
+        if pending:
+            last = pending[-1]
+            if last[0] is STORED and last[1][-1] == parent:     # the same chain goes on
+                last[1].append(block_hash)
+                last[3].append(key)
+                return
+        pending.append([STORED, [block_hash], parent, [key]])
+
+    def removed(self, hashes: list[int]) -> None:
+        if hashes:
+            self.pending.append([REMOVED, hashes])
+
+    def cleared(self) -> None:
+        self.pending.append([CLEARED])
+
+    def flush(self) -> None:
+        """Hand the pending events to the sink as the next batch (none: no batch)."""
+        if not self.pending:
+            return
+        events, self.pending = self.pending, []
+        self.seq += 1
+        if self.sink is not None:
+            self.sink(self.seq, time.time(), events)

@@ -1,0 +1,147 @@
+"""The engine process's KV event publisher: vLLM's ZMQ PUB stream with a replay socket
+(the format: engine/kv_events.py; the events: engine/core/kv/kv_events.py).
+
+The engine thread hands each step's raw events to `publish`, which only queues them
+(never waits: a full queue drops the batch, leaving a gap in the sequence numbers that a
+subscriber sees). This thread builds vLLM's structs, encodes, sends, keeps the last
+`buffer_steps` payloads and answers replay requests between sends. Both sockets are
+CURVE servers keyed by the engine key (engine/ipc/curve.py), so only a key holder
+subscribes: the events carry prompt tokens.
+"""
+from __future__ import annotations
+
+import queue
+import struct
+import threading
+from collections import deque
+
+import msgspec
+import zmq
+
+from engine.config import KVEventsConfig
+from engine.core.kv.kv_events import REMOVED, STORED
+from engine.ipc import curve
+from engine.kv_events import (END_SEQ, MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
+                              BlockStored, KVEventBatch, seq_bytes, seq_of)
+
+REPLAY_POLL_S = 0.02          # the longest a replay request waits while nothing is sent
+# MAXMSGSIZE of what peers send: subscriptions and replay requests (a sequence number),
+# and the CURVE handshake's commands before them (a few hundred bytes)
+PEER_MESSAGE_BYTES = 4096
+_IDLE = object()
+
+
+class KVEventPublisher:
+    def __init__(self, config: KVEventsConfig, endpoint: str, replay_endpoint: str | None,
+                 engine_key: str, block_size: int, data_parallel_rank: int = 0):
+        self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
+        self._topic = config.topic.encode()
+        self._block_size, self._rank = block_size, data_parallel_rank
+        self._queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._unpack: dict[int, struct.Struct] = {}
+        self.dropped = 0               # batches the full queue refused
+        self._ctx = zmq.Context()
+        try:
+            self._pub = self._bind(zmq.PUB, endpoint, engine_key, PEER_MESSAGE_BYTES,
+                                   {zmq.SNDHWM: config.hwm})
+            self._replay = None if replay_endpoint is None else self._bind(
+                zmq.ROUTER, replay_endpoint, engine_key, PEER_MESSAGE_BYTES, {zmq.SNDHWM: 0})
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+
+    def _bind(self, kind: int, endpoint: str, key: str, max_bytes: int,
+              options: dict) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        curve.serve(sock, key, max_bytes)
+        for option, value in options.items():
+            sock.setsockopt(option, value)
+        sock.bind(endpoint)
+        return sock
+
+    @property
+    def bound(self) -> tuple[str, str | None]:
+        """The endpoints as bound (a tcp port given as * resolved)."""
+        last = lambda s: s.getsockopt_string(zmq.LAST_ENDPOINT)   # noqa: E731
+        return last(self._pub), None if self._replay is None else last(self._replay)
+
+    # -- the engine thread -----------------------------------------------------------
+    def publish(self, seq: int, ts: float, events: list) -> None:
+        """Queue one step's raw events (KVEventRecorder's sink); never waits."""
+        try:
+            self._queue.put_nowait((seq, ts, events))
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued, then stop; idempotent."""
+        if self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=timeout)
+            except queue.Full:
+                pass
+            self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._ctx.destroy(linger=0)
+
+    # -- the publisher thread --------------------------------------------------------
+    def _run(self) -> None:
+        wait = REPLAY_POLL_S if self._replay is not None else None
+        while True:
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                item = _IDLE
+            if item is None:
+                return
+            try:
+                if item is not _IDLE:
+                    self._send(*item)
+                if self._replay is not None:
+                    self._serve_replays()
+            except zmq.ZMQError:
+                return             # the context was destroyed under us: the process ends
+
+    def _send(self, seq: int, ts: float, raw: list) -> None:
+        batch = KVEventBatch(ts, [self._event(e) for e in raw], self._rank)
+        payload = self._encoder.encode(batch)
+        self._pub.send_multipart((self._topic, seq_bytes(seq), payload), copy=False)
+        self._buffer.append((seq, payload))
+
+    def _event(self, raw: list):
+        kind = raw[0]
+        if kind is STORED:
+            _, hashes, parent, keys = raw
+            tokens: list[int] = []
+            for key in keys:
+                tokens.extend(self._tokens(key))
+            return BlockStored(hashes, parent, tokens, self._block_size, None, MEDIUM_GPU)
+        if kind is REMOVED:
+            return BlockRemoved(raw[1], MEDIUM_GPU)
+        return AllBlocksCleared()
+
+    def _tokens(self, key: bytes) -> tuple[int, ...]:
+        """The token ids of a block key (engine/block_hash.py block_key's layout)."""
+        unpack = self._unpack.get(len(key))
+        if unpack is None:
+            unpack = self._unpack[len(key)] = struct.Struct(f"<q{(len(key) - 8) // 4}i")
+        return unpack.unpack(key)[1:]
+
+    def _serve_replays(self) -> None:
+        """Answer each waiting request [b"", start seq] with every buffered batch from
+        `start` on, then the end marker."""
+        while self._replay.poll(0):
+            frames = self._replay.recv_multipart()
+            if len(frames) != 3 or len(frames[2]) != 8:
+                continue               # not a replay request: no answer
+            ident, start = frames[0], seq_of(frames[2])
+            for seq, payload in list(self._buffer):
+                if seq >= start:
+                    self._replay.send_multipart((ident, b"", seq_bytes(seq), payload),
+                                                copy=False)
+            self._replay.send_multipart((ident, b"", END_SEQ, b""))

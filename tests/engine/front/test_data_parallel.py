@@ -1,0 +1,142 @@
+"""Data parallelism on the CPU: two engine processes behind one front (LLM with
+data_parallel_size=2, its DPClient). Greedy tokens through the router equal one engine's;
+cache_aware sends a prefix to the replica whose KV events say it holds it; a replica
+killed mid-load fails only its own requests and new ones go to the other. One pair of
+processes serves the module (the kill comes last); the server's and the bench's data
+parallel paths run on it too."""
+import os
+import signal
+import time
+
+import pytest
+
+from engine import LLM, SamplingParams
+from tests.helpers import engines_owned_by
+
+KW = dict(model="dummy:tiny", device="cpu", num_blocks=2048, block_size=4, seed=0)
+PROMPTS = [[(7 * i + j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(6)]
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    llm = LLM(**KW, data_parallel_size=2, routing_policy="round_robin")
+    yield llm
+    llm.close()
+    assert not engines_owned_by(os.getpid()), "engine process left behind"
+
+
+def wait_until(cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.01)
+
+
+def test_greedy_tokens_through_the_router_equal_one_engines(llm):
+    with LLM(**KW) as one:
+        ref = one.generate(PROMPTS, greedy(12))
+    out = llm.generate(PROMPTS, greedy(12))
+    assert [o.outputs[0].token_ids for o in out] == [r.outputs[0].token_ids for r in ref]
+    assert llm.dp.router.routed == [3, 3]          # round robin: both replicas served
+
+
+def test_cache_aware_follows_the_replicas_caches(llm):
+    dp = llm.dp
+    dp.set_routing_policy("cache_aware")
+    assert dp.wait_idle(60)
+    seqs = [st.kv_events_seq for st in dp.replica_stats()]
+    dp.clear_prefix_cache()                 # while idle: its batch is waited for too
+    assert dp.wait_idle(60)
+    assert [st.kv_events_seq for st in dp.replica_stats()] == [s + 1 for s in seqs]
+    assert not any(c.hashes for c in dp.kv_index.caches)
+    a, b = list(range(1, 33)), list(range(101, 133))       # 8 blocks each
+    dp.submit(a + [1], greedy(2), data_parallel_rank=1).result(60)   # a lives on 1
+    dp.submit(b + [1], greedy(2), data_parallel_rank=0).result(60)   # b lives on 0
+    for i in range(3):
+        for prefix, home in ((a, 1), (b, 0)):
+            assert dp.wait_idle(60)            # the index holds both replicas' events
+            out = dp.submit(prefix + [200 + i, 300 + i], greedy(2)).result(60)
+            d = dp.router.recent[-1]
+            assert d.chosen == home and d.cached_blocks[home] == 8, d
+            assert out.metrics.num_cached_tokens == 32     # the engine hit it there
+    dp.set_routing_policy("round_robin")
+    chosen = [dp.router.choose(f"x{i}", a, dp.loads()).chosen for i in range(4)]
+    assert sorted(chosen) == [0, 0, 1, 1]                    # blind to the cache
+
+
+def test_the_server_pins_routes_switches_and_labels_replicas(llm):
+    """`roseplay serve --data-parallel-size 2`'s app on the same front: a request pinned by
+    the data_parallel_rank extra field, GET/POST /routing, /metrics per engine."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    from roseplay.serve.app import build_app
+    from roseplay.serve.server import ServerThread
+    body = {"model": "dummy:tiny", "prompt": PROMPTS[1], "max_tokens": 3, "temperature": 0}
+    with ServerThread(build_app(llm.dp)) as srv:
+        for rank in (1, 0, 1):
+            r = httpx.post(srv.url + "/v1/completions", json={**body, "data_parallel_rank": rank})
+            assert r.status_code == 200, r.text
+            assert llm.dp.router.recent[-1].chosen == rank
+        bad = httpx.post(srv.url + "/v1/completions", json={**body, "data_parallel_rank": 2})
+        assert bad.status_code == 400 and "data_parallel_rank" in bad.text
+        state = httpx.post(srv.url + "/routing", json={"policy": "least_load"}).json()
+        assert state["policy"] == "least_load" == llm.dp.router.policy
+        assert [r["alive"] for r in state["replicas"]] == [True, True]
+        assert httpx.post(srv.url + "/routing", json={"policy": "x"}).status_code == 400
+        served = {}
+        for fam in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text):
+            for s in fam.samples:
+                if s.name == "vllm:request_success_total" and s.value:
+                    served[s.labels["engine"]] = served.get(s.labels["engine"], 0) + s.value
+                if s.name == "vllm:num_requests_running":
+                    assert s.labels["engine"] in ("0", "1")
+        assert served == {"0": 1, "1": 2}
+
+
+def test_bench_reports_each_replica(llm):
+    """`roseplay bench --data-parallel-size 2`'s measured run on the same front: the
+    merged engine figures and one row per replica."""
+    import argparse
+    from roseplay import bench
+    from roseplay.bench_args import add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "dummy:tiny", "--scenario", "shared-prefix",
+                              "--num-prompts", "16", "--output-len", "4"])
+    llm.dp.set_routing_policy("round_robin")
+    items, _ = bench._workload(llm.dp, args)
+    result, outputs = bench.measure(llm.dp, items, [], args, "dp")
+    figures = result.engine["data_parallel"]
+    assert figures["routing_policy"] == "round_robin" and figures["imbalance"] == 1.0
+    assert [row["requests"] for row in figures["replicas"]] == [8, 8]
+    assert sum(row["output_tokens"] for row in figures["replicas"]) == 16 * 4
+    assert result.engine["num_blocks"] == 2 * KW["num_blocks"] and result.failed == 0
+
+
+def test_a_killed_replica_fails_only_its_requests(llm):
+    dp = llm.dp
+    doomed = [dp.submit(p, greedy(1500), data_parallel_rank=1) for p in PROMPTS[:3]]
+    kept = [dp.submit(p, greedy(300), data_parallel_rank=0) for p in PROMPTS[3:]]
+    for s in doomed + kept:                          # every request is running
+        assert s.get(60).token_ids
+    victim = dp.replicas[1].proc
+    os.kill(victim.pid, signal.SIGKILL)
+    for s in doomed:
+        out = s.result(60)
+        assert out.outputs[0].finish_reason == "error" and "died" in out.error
+        assert len(out.outputs[0].token_ids) < 1500
+    for s in kept:
+        out = s.result(60)
+        assert out.outputs[0].finish_reason == "length" and out.error is None
+        assert len(out.outputs[0].token_ids) == 300
+    wait_until(lambda: not dp.alive(1))
+    assert dp.fatal_error is None and dp.unavailable is None
+    for policy in ("round_robin", "least_load", "consistent_hash", "cache_aware"):
+        dp.set_routing_policy(policy)
+        out = dp.submit(PROMPTS[0], greedy(4)).result(60)
+        assert out.error is None and dp.router.recent[-1].chosen == 0
+    assert dp.wait_idle(60)

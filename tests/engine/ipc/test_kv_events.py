@@ -1,0 +1,168 @@
+"""KV events in vLLM's format: an engine's stream, decoded with a consumer written from
+vLLM's schema (tests/engine/vllm_kv_events.py), rebuilds its prefix cache exactly, a
+late subscriber catches up through the replay socket, the hashes are the documented
+ones, and with events off the engine records nothing and keeps Python's hash."""
+import pytest
+import zmq
+
+from engine.block_hash import key_tokens, prompt_block_hashes
+from engine.config import KVEventsConfig, make_config
+from engine.core.core import LLMEngine
+from engine.ipc import curve
+from engine.ipc.kv_publisher import KVEventPublisher
+from engine.kv_events import seq_bytes, seq_of
+from engine.request import SamplingParams
+from tests.engine.vllm_kv_events import CacheMirror, documented_hash
+from tests.helpers import add_request
+
+KEY = "k" * 64
+BS = 4
+EVENTS = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*",
+          "replay_endpoint": "tcp://127.0.0.1:*", "topic": "kv"}
+
+
+def run(engine, prompts, max_tokens=3):
+    for p in prompts:
+        add_request(engine, p, SamplingParams(max_tokens=max_tokens, temperature=0,
+                                              ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    engine.flush()
+
+
+def socket(ctx, kind, endpoint, **opts):
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    curve.attach(sock, KEY)
+    for k, v in opts.items():
+        sock.setsockopt(getattr(zmq, k), v)
+    sock.connect(endpoint)
+    return sock
+
+
+def replay(ctx, endpoint, start, mirror):
+    """Ask for every batch from `start`; apply them; returns the last seq replayed."""
+    req = socket(ctx, zmq.DEALER, endpoint)
+    req.send_multipart([b"", seq_bytes(start)])
+    last = start - 1
+    while True:
+        assert req.poll(20_000), "no replay answer"
+        _, seq, payload = req.recv_multipart()
+        if seq_of(seq) == -1:
+            req.close()
+            return last
+        mirror.apply(seq_of(seq), payload)
+        last = seq_of(seq)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = LLMEngine(make_config(model="dummy:tiny", device="cpu", num_blocks=24, block_size=BS,
+                              data_parallel_size=2, data_parallel_rank=1,
+                              kv_events_config=EVENTS))
+    pub = KVEventPublisher(e.config.kv_events_config, EVENTS["endpoint"],
+                           EVENTS["replay_endpoint"], KEY, BS, data_parallel_rank=1)
+    e.kv_events.sink = pub.publish
+    yield e, pub
+    pub.close()
+    e.close()
+
+
+def test_stream_rebuilds_the_cache_exactly(engine):
+    e, pub = engine
+    events, replay_ep = pub.bound
+    ctx = zmq.Context()
+    try:
+        shared = list(range(1, 13))                         # three shared blocks
+        run(e, [shared + [20 + i, 21, 22, 23, 24] for i in range(3)])   # before anyone listens
+        sub = socket(ctx, zmq.SUB, events, SUBSCRIBE=b"kv")
+        mirror = CacheMirror()
+        # evictions (24 blocks, prompts of 5-9 blocks), a clear, and more after it
+        run(e, [[100 + i] * 4 * (5 + i % 5) for i in range(8)])
+        e.clear_prefix_cache()
+        run(e, [shared + [7, 7, 7, 7], shared])
+        last = replay(ctx, replay_ep, 0, mirror)              # the late subscriber catches up
+        assert last == e.kv_events.seq
+        run(e, [shared + [9] * 8])                           # then the live stream
+        target = e.kv_events.seq
+        while mirror.next_seq <= target:
+            assert sub.poll(20_000), "live stream stalled"
+            topic, seq, payload = sub.recv_multipart()
+            assert topic == b"kv"
+            if seq_of(seq) > last:
+                mirror.apply(seq_of(seq), payload)
+        index = {e.pool.hash_fn(key): key for _, key in e.pool.index.items()}
+        assert set(mirror.blocks) == set(index) and index
+        for h, (parent, tokens) in mirror.blocks.items():
+            assert list(tokens) == key_tokens(index[h])
+        assert mirror.ranks == {1} and mirror.media == {"GPU"} and pub.dropped == 0
+        assert e.counters.evictions > 0
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_hashes_are_stable_and_documented(engine):
+    """The engine's chain is the documented hash, whatever the process (and a router's
+    prompt_block_hashes computes the same)."""
+    e, _ = engine
+    prompt = list(range(50, 63))
+    add_request(e, prompt, SamplingParams(max_tokens=1, temperature=0))
+    while e.has_unfinished():
+        e.step()
+    e.flush()
+    chain, parent = [], None
+    for i in range(3):
+        parent = documented_hash(parent, prompt[i * BS:(i + 1) * BS])
+        chain.append(parent)
+    cached = {e.pool.hash_fn(key) for _, key in e.pool.index.items()}
+    assert set(chain) <= cached
+    assert prompt_block_hashes(prompt, BS) == chain
+
+
+def test_events_off_record_nothing():
+    e = LLMEngine(make_config(model="dummy:tiny", device="cpu", num_blocks=16, block_size=BS))
+    try:
+        assert e.kv_events is None and e.pool.kv_events is None and e.pool.hash_fn is hash
+        run(e, [list(range(1, 10))])
+        assert len(e.pool.index) == 2
+    finally:
+        e.close()
+
+
+def test_config_in_vllms_shape():
+    cfg = KVEventsConfig.parse('{"enable_kv_cache_events": true, "publisher": "zmq", '
+                               '"endpoint": "tcp://127.0.0.1:5557", "topic": "t"}')
+    assert cfg.enabled and cfg.replay_endpoint is None and cfg.buffer_steps == 10_000
+    assert not KVEventsConfig(enable_kv_cache_events=True, publisher="null").enabled
+
+
+def test_router_index_joins_late_and_follows(engine):
+    """The data-parallel front's index (engine/front/kv_index.py) catches up on what was
+    published before it subscribed (replay), then follows the live stream."""
+    from engine.front.kv_index import KVIndexFeed
+    e, pub = engine
+    feed = KVIndexFeed([pub.bound], KEY, topic="kv")
+    try:
+        assert feed.wait_for(0, e.kv_events.seq, 30)
+        # a batch announced but not sent yet (still in the publisher's queue) is not lost
+        assert not feed.wait_for(0, e.kv_events.seq + 1, 0.3)
+        run(e, [list(range(200, 221))])
+        assert feed.wait_for(0, e.kv_events.seq, 30)
+        cache = feed.caches[0]
+        assert cache.hashes == {e.pool.hash_fn(key) for _, key in e.pool.index.items()}
+        assert cache.lost == 0
+    finally:
+        feed.close()
+
+
+def test_an_engine_in_this_process_refuses_events_and_replicas():
+    """The engine process publishes; a thread of the caller (EngineLoop, one-replica LLM)
+    refuses the config before it loads anything."""
+    from engine import LLM
+    from engine.front.loop import EngineLoop
+    from tests.helpers import refused
+    on = {"enable_kv_cache_events": True}
+    refused("own process", EngineLoop, model="dummy:tiny", device="cpu", kv_events_config=on)
+    refused("own process", LLM, model="dummy:tiny", device="cpu", kv_events_config=on)
+    refused("own process", EngineLoop, model="dummy:tiny", device="cpu",
+            data_parallel_size=2)
