@@ -77,7 +77,9 @@ class KVCheckingRunner:
 
     # the real runner's step: this forward, then sampling
     execute_model = ModelRunner.execute_model
+    sample_deferred = ModelRunner.sample_deferred
     take_logprobs = ModelRunner.take_logprobs
+    _sample = ModelRunner._sample
     _verify_random_rows = ModelRunner._verify_random_rows
     release = ModelRunner.release
 
