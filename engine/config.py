@@ -55,6 +55,8 @@ LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw
 SPECULATIVE_METHODS = ("ngram", "draft_model", "oracle")
 SPECULATIVE_ALIASES = {"draft": "draft_model"}
 MAX_SPECULATIVE_TOKENS = 16
+# vLLM's --kv-cache-dtype values: auto (the model's dtype) or float8 e4m3 (two spellings)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 # client_timeout spans several heartbeats of both ends (a client's every 0.5 s, the
 # engine's every 1 s: engine/ipc/liveness.py)
@@ -311,8 +313,20 @@ class EngineConfig:
                        choices=("auto", "float32", "float16", "bfloat16"))
     block_size: int = _knob(16, "Tokens per KV block.", minimum=1)
     num_blocks: int | None = _knob(None, "KV blocks in the pool (default: from "
-                                         "gpu_memory_utilization on CUDA, "
-                                         f"{DEFAULT_CPU_BLOCKS} on CPU).")
+                                         "gpu_memory_utilization on CUDA, the bytes of "
+                                         f"{DEFAULT_CPU_BLOCKS} blocks in the model's dtype "
+                                         "on CPU: more with kv_cache_dtype fp8).")
+    kv_cache_dtype: str = _knob(
+        "auto", "KV cache dtype (vLLM's --kv-cache-dtype): auto (the model's dtype) or fp8 / "
+                "fp8_e4m3 (float8 e4m3 blocks with a scale per layer and KV head, dequantized "
+                "inside attention: twice bfloat16's blocks in the same memory, four times "
+                "float32's; on CPU it runs the torch_sdpa backend). docs/KV_TIERS.md.",
+        choices=KV_CACHE_DTYPES)
+    calculate_kv_scales: bool = _knob(
+        False, "With kv_cache_dtype fp8: set each layer's per-head K and V scales from the "
+               "first step's values (their largest lands at half the e4m3 range; vLLM's "
+               "calculate_kv_scales); off: unit scales, which clip values beyond ±448 "
+               "(ignored with auto).")
     gpu_memory_utilization: float = _knob(0.85, "Fraction of GPU memory for weights, "
                                                 "activations and the KV pool.")
     max_model_len: int | None = _knob(
@@ -401,6 +415,13 @@ class EngineConfig:
                                                or self.max_model_len < 1):
             raise InvalidRequestError(
                 f"max_model_len must be an integer >= 1, got {self.max_model_len!r}")
+        if self.kv_cache_dtype != "auto" and self.attention_backend == "cpu_native":
+            raise InvalidRequestError("kv_cache_dtype fp8 needs another attention_backend "
+                                      "than cpu_native (its C kernels read float32 KV): "
+                                      "auto, torch_sdpa, torch or triton")
+        if not isinstance(self.calculate_kv_scales, bool):
+            raise InvalidRequestError(f"calculate_kv_scales must be a bool, got "
+                                      f"{self.calculate_kv_scales!r}")
         ct, (lo, hi) = self.client_timeout, CLIENT_TIMEOUT_RANGE
         if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not lo <= ct <= hi:
             raise InvalidRequestError(f"client_timeout must be in [{lo:g}, {hi:g}] seconds, "

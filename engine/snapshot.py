@@ -298,6 +298,7 @@ class EngineSnapshot:
     recent_ttft_parts: tuple[tuple[float, float, float, float], ...] = ()   # (last token
     #     time, queued, prefill, last chunk to first token) of finished requests (TTFT split)
     traces: tuple[TokenTrace, ...] = ()      # the latest finished requests' token traces
+    kv_cache_dtype: str = "auto"     # EngineConfig.kv_cache_dtype (auto: the model's dtype)
 
     @property
     def num_used(self) -> int:
@@ -324,4 +325,5 @@ class EngineSnapshot:
 
 # the engine-wide figures besides the pool and requests (recordings keep them as "extra")
 RUNTIME_FIELDS = ("peak_used_blocks", "backend", "tensor_parallel_size", "kv_bytes_per_rank",
-                  "max_model_len", "forward_calls", "spec_method", "logprobs_mode")
+                  "max_model_len", "forward_calls", "spec_method", "logprobs_mode",
+                  "kv_cache_dtype")

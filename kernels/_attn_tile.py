@@ -3,7 +3,12 @@
 attend_tile gathers a KV tile through the block table and folds it in. Its pieces
 (kv_rows, then the loads, then softmax_step) are also used apart: the decode kernel
 loads its first tile before the PDL wait and folds it once the query is ready
-(kernels/decode_attention.py)."""
+(kernels/decode_attention.py).
+
+An fp8 tile is converted to the query's dtype in registers (exact: every e4m3 value is a
+float16 / bfloat16 / float32 value) just before its dot; its per-head scales never touch
+the tile: the caller folds the K scale into scale_log2 and multiplies the output by the
+V scale (one KV head per program, so each is one number)."""
 from __future__ import annotations
 
 import triton
@@ -26,7 +31,7 @@ def kv_rows(kv, kv_valid, bt_row, stride_btm, stride_kb, stride_ks, stride_vb, s
 def softmax_step(q, m_i, l_i, k, s_mask, scale_log2, PREC: tl.constexpr, MASKED: tl.constexpr):
     """Scores of q against the K tile: (new running max, old-to-new rescale factor,
     unnormalised probabilities, new running sum)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PREC) * scale_log2
     if MASKED:
         s = tl.where(s_mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -52,5 +57,5 @@ def attend_tile(q, m_i, l_i, acc, kv, kv_valid, s_mask, bt_row, k_head, v_head, 
     k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
     m_new, alpha, p, l_i = softmax_step(q, m_i, l_i, k, s_mask, scale_log2, PREC, MASKED)
     v = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PREC)
     return m_new, l_i, acc

@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_quant import FP8_DTYPE
+
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16,
               torch.bfloat16: tl.bfloat16}
 
@@ -19,6 +21,39 @@ def check_float(*tensors: torch.Tensor) -> None:
     for t in tensors:
         if t.dtype not in _TL_DTYPES:
             raise TypeError(f"unsupported dtype {t.dtype}; use float32, float16 or bfloat16")
+
+
+def check_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+             v_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The paged caches' dtype checked (a float dtype, or float8_e4m3fn for both);
+    returns (k_scale, v_scale, fp8) as the kernels take them: an fp8 cache's [H_kv]
+    float32 scales (unit scales where None), else placeholder pointers never read."""
+    if k_cache.dtype == FP8_DTYPE or v_cache.dtype == FP8_DTYPE:
+        if k_cache.dtype != v_cache.dtype:
+            raise TypeError(f"K and V caches differ: {k_cache.dtype} vs {v_cache.dtype}")
+        heads = k_cache.shape[2]
+        scales = [unit_scales(k_cache.device, heads) if s is None else s
+                  for s in (k_scale, v_scale)]
+        for s in scales:
+            if s.dtype != torch.float32 or s.shape != (heads,) or s.stride(0) != 1:
+                raise ValueError(f"KV scales must be float32 [{heads}] (one per KV head), "
+                                 f"got {s.dtype} {tuple(s.shape)}")
+        return scales[0], scales[1], True
+    check_float(k_cache, v_cache)
+    if k_scale is not None or v_scale is not None:
+        raise ValueError("KV scales apply to an fp8 cache only")
+    return k_cache, v_cache, False
+
+
+_UNIT: dict[tuple, torch.Tensor] = {}
+
+
+def unit_scales(device: torch.device, heads: int) -> torch.Tensor:
+    """A persistent float32 [heads] tensor of ones (an fp8 cache given no scales)."""
+    key = (device, heads)
+    if key not in _UNIT:
+        _UNIT[key] = torch.ones(heads, dtype=torch.float32, device=device)
+    return _UNIT[key]
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -11,7 +11,10 @@ Python iteration per sequence). Here each layer copies only whole KV blocks (one
 views of them: no cast (the cache dtype is kept; SDPA accumulates in float32), no
 layout copy, no per-sequence loop. Decode is the same call as extend with one query
 per sequence. Same signatures and semantics as the reference (tests/kernels/test_cpu_ops.py);
-not CUDA-graph-safe (it reads the longest context on the host).
+not CUDA-graph-safe (it reads the longest context on the host). An fp8 cache's gathered
+blocks are dequantized (codes times their head's scale) into the query's dtype before
+SDPA, which takes no fp8: on the CPU the pool's bytes shrink, the gather copies a
+quarter of float32's, and the attention itself runs as before.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from kernels.cpu_linear import (linear, rms_norm, rms_norm_linear, silu_and_mul,  # noqa: F401
                                 silu_mul_linear)
 from kernels.cpu_rotary import rotary_store_kv  # noqa: F401
+from kernels.kv_quant import dequantize
 from kernels.reference import (_rotary_then_decode, argmax, rotary_embedding,  # noqa: F401
                                store_kv_cache)
 
@@ -95,14 +99,15 @@ def _plan(block_tables, context_lens, cu_seqlens_q, n_q: int, group: int,
 
 
 def _attend(plan: _Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            scale: float) -> torch.Tensor:
+            scale: float, k_scale=None, v_scale=None) -> torch.Tensor:
     """q [B, Q, H, D] (query i of sequence b sits at position ctx_b - num_new_b + i) ->
     [B, Q, H, D]. Queries past num_new_b are padding: they see a valid prefix, and the
     caller drops them."""
     batch, n_q, n_heads, head_dim = q.shape
     n_kv = k_cache.shape[2]
     group = n_heads // n_kv
-    k, v = plan.gather(k_cache, 0), plan.gather(v_cache, 1)
+    k = dequantize(plan.gather(k_cache, 0), k_scale, q.dtype, head_dim=1)
+    v = dequantize(plan.gather(v_cache, 1), v_scale, q.dtype, head_dim=1)
     # GQA without repeating K/V: the `group` query heads of one KV head become rows
     qg = q.view(batch, n_q, n_kv, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(batch, n_kv, group * n_q, head_dim)
@@ -119,13 +124,14 @@ def _attend(plan: _Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                           scale: float, *, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """As reference.paged_decode_attention: q [B, H, D] -> [B, H, D]."""
     if q.shape[0] == 0:
         return torch.empty_like(q)
     plan = _plan(block_tables, context_lens, None, 1,
                  q.shape[1] // k_cache.shape[2], k_cache.shape[1])
-    return _attend(plan, q[:, None], k_cache, v_cache, scale)[:, 0]
+    return _attend(plan, q[:, None], k_cache, v_cache, scale, k_scale, v_scale)[:, 0]
 
 
 rotary_decode_attention = _rotary_then_decode(rotary_store_kv, paged_decode_attention)
@@ -134,7 +140,8 @@ rotary_decode_attention = _rotary_then_decode(rotary_store_kv, paged_decode_atte
 def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            context_lens: torch.Tensor, max_seqlen_q: int,
-                           scale: float) -> torch.Tensor:
+                           scale: float, *, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """As reference.paged_extend_attention: the B sequences' new tokens padded to
     max_seqlen_q rows each, attended in one call, unpadded."""
     if q.shape[0] == 0:
@@ -144,5 +151,6 @@ def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                  q.shape[1] // k_cache.shape[2], k_cache.shape[1])
     batch = block_tables.shape[0]
     padded = q.new_zeros(batch * n_q, *q.shape[1:]).index_copy_(0, plan.rows, q)
-    out = _attend(plan, padded.view(batch, n_q, *q.shape[1:]), k_cache, v_cache, scale)
+    out = _attend(plan, padded.view(batch, n_q, *q.shape[1:]), k_cache, v_cache, scale,
+                  k_scale, v_scale)
     return out.reshape(batch * n_q, *q.shape[1:]).index_select(0, plan.rows)

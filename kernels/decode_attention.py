@@ -28,6 +28,11 @@ K/V wait. The position this launch stores is masked out of that tile and put in 
 registers, so the result is bit-equal to the two-op path. Batch-1 graph replay 0.729 ->
 0.693 ms (H100).
 
+FP8 KV (kernels/kv_quant.py): tiles are loaded as e4m3 (half the bytes of bf16) and
+converted to q's dtype in registers before each dot (kernels/_attn_tile.py); the KV
+head's K scale is folded into the score scale and its V scale into the output, so no
+tile is ever multiplied by a scale.
+
 CUDA-graph safety: the grid (num_splits) depends only on B, H_kv and block_tables.shape[1]
 (never on context_lens values); programs whose range starts past context_lens[b] return
 at once, and the merge derives the number of valid splits from context_lens on the
@@ -43,7 +48,8 @@ import triton.language as tl
 
 from kernels import pdl
 from kernels._attn_tile import attend_tile, kv_rows, softmax_step
-from kernels._common import check_float, dot_precision, next_pow2, num_sms, zeroed_scratch
+from kernels._common import (check_float, check_kv, dot_precision, next_pow2, num_sms,
+                             zeroed_scratch)
 from kernels.pdl import pdl_enter
 from kernels.reference import _rotary_then_decode
 from kernels.rotary_kv import rope_inputs, rope_store_new_kv, rotary_store_kv
@@ -70,7 +76,7 @@ def _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N: tl.constexpr):
 @triton.jit(do_not_specialize=["num_splits", "stride_btb", "min_split_tokens"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr,
-    pos_ptr, nk_ptr, nv_ptr, cs_ptr, slot_ptr,
+    pos_ptr, nk_ptr, nv_ptr, cs_ptr, slot_ptr, ks_ptr, vs_ptr,
     scale_log2, min_split_tokens, num_heads, num_splits,
     stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cs,
     stride_qb, stride_qh, stride_qd,
@@ -82,6 +88,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
     MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
     MERGE_ALL: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -119,6 +126,11 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    ks, vs = 1.0, 1.0       # fp8: this KV head's scales (set at start, or calibrated)
+    if FP8:
+        ks = tl.load(ks_ptr + kvh)
+        vs = tl.load(vs_ptr + kvh)
+    qk_scale = scale_log2 * ks
     if ROPE:
         # Before the wait: everything but q and this step's K/V, which the previous
         # kernel writes. Only this kernel writes the cache, and the position it writes
@@ -144,13 +156,14 @@ def _decode_split_kernel(
             q, q_rows, b64, kvh, end == ctx, cos, sin, lo, partner, slot, offs_d, d_mask,
             g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
             stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb,
-            stride_vs, stride_vh, stride_vd, PAGE)
+            stride_vs, stride_vh, stride_vd, ks, vs, PAGE, FP8)
         # fold the early tile, this step's position from registers
         k0 = tl.where(new[:, None], k_new[None, :], k0)
         v0 = tl.where(new[:, None], v_new[None, :], v0)
-        m_i, alpha, p, l_i = softmax_step(q, m_i, l_i, k0, valid[None, :], scale_log2, PREC,
+        m_i, alpha, p, l_i = softmax_step(q, m_i, l_i, k0, valid[None, :], qk_scale, PREC,
                                           True)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v0.dtype), v0, input_precision=PREC)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v0.to(q.dtype),
+                                            input_precision=PREC)
         first = start + BLOCK_N
 
     for n0 in range(first, end, BLOCK_N):
@@ -159,11 +172,11 @@ def _decode_split_kernel(
         m_i, l_i, acc = attend_tile(
             q, m_i, l_i, acc, tok, valid, valid[None, :], bt_row, k_head, v_head, offs_d,
             d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-            stride_vd, scale_log2, PAGE, PREC, True)
+            stride_vd, qk_scale, PAGE, PREC, True)
 
     if SINGLE:
         denom = tl.where(l_i > 0.0, l_i, 1.0)
-        out = acc / denom[:, None]
+        out = acc * (vs / denom)[:, None]
         tl.store(out_ptr + b64 * stride_ob + heads[:, None] * stride_oh
                  + offs_d[None, :] * stride_od,
                  out.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -207,7 +220,7 @@ def _decode_split_kernel(
                             mask=sm[:, :, None] & d_mask[None, None, :], other=0.0,
                             cache_modifier=".cg")                            # [G, S, D]
                 acc_tot += tl.sum(a * w[:, :, None], 1)
-            out = acc_tot / tl.where(l_tot > 0.0, l_tot, 1.0)[:, None]
+            out = acc_tot * (vs / tl.where(l_tot > 0.0, l_tot, 1.0))[:, None]
             tl.store(out_ptr + b64 * stride_ob + (kvh * GROUP + offs_h)[:, None] * stride_oh
                      + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
                      mask=h_mask[:, None] & d_mask[None, :])
@@ -262,17 +275,20 @@ def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: t
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float, *, block_n: int | None = None,
+                           scale: float, *, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            num_splits: int | None = None,
                            _rope: tuple | None = None) -> torch.Tensor:
-    """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype).
+    """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype). An fp8
+    cache is read with its per-head scales (k_scale, v_scale [H_kv]; None: unit).
 
-    The keyword-only knobs exist for the tests and the benchmark sweep; callers leave them
+    The other keyword-only knobs exist for the tests and the benchmark sweep; callers leave them
     unset. _rope: (positions, key, value, cos_sin_cache, slot_mapping) from
     rotary_decode_attention.
     """
-    check_float(q, k_cache, v_cache)
+    check_float(q)
+    ks, vs, fp8 = check_kv(k_cache, v_cache, k_scale, v_scale)
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
@@ -308,7 +324,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     pos, nk, nv, cs, slots = _rope if _rope is not None else (q, q, q, q, q)
     _decode_split_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, pm, pl, pacc, cnt,
-        pos, nk, nv, cs, slots,
+        pos, nk, nv, cs, slots, ks, vs,
         scale * math.log2(math.e), min_tokens, num_heads, splits,
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cs.stride(0),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
@@ -318,6 +334,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         MERGE_G=merge_g,
         MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
         MERGE_ALL=max(16, next_pow2(splits)), ROPE=_rope is not None, HALF=head_dim // 2,
+        FP8=fp8,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
     )
     return out

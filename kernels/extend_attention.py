@@ -8,7 +8,9 @@ group size (1, 2, 7, ...) fills the tensor-core M dimension. Query token i of se
 sits at position ctx_b - n_b + i and sees KV positions [0, pos]. The KV loop has two
 parts: tiles wholly at or below the program's first position (no mask), then the
 diagonal tiles up to its last position (causal mask). Programs past n_b * GROUP return.
-Online softmax in fp32 with exp2 and the scale folded into log2(e).
+Online softmax in fp32 with exp2 and the scale folded into log2(e). An fp8 cache's tiles
+are converted to q's dtype in registers; the KV head's K scale joins the score scale and
+its V scale the output (kernels/_attn_tile.py).
 """
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ import triton
 import triton.language as tl
 
 from kernels._attn_tile import attend_tile
-from kernels._common import check_float, dot_precision, next_pow2
+from kernels._common import check_float, check_kv, dot_precision, next_pow2
 
 
 @triton.jit
 def attend_chunk_rows(
-    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, scale_log2, b, kvh, q_start, n_q, ctx, row0,
+    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, scale_log2, b, kvh, q_start, n_q,
+    ctx, row0,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -32,6 +35,7 @@ def attend_chunk_rows(
     stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """Packed rows [row0, row0 + BLOCK_M) of sequence b's chunk (n_q tokens ending at KV
     position ctx, query rows from q_start): causal attention over the paged prefix and
@@ -56,6 +60,10 @@ def attend_chunk_rows(
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     k_head = k_ptr + kvh.to(tl.int64) * stride_kh
     v_head = v_ptr + kvh.to(tl.int64) * stride_vh
+    vs = 1.0
+    if FP8:         # this KV head's scales: K's into the scores, V's into the output
+        scale_log2 = scale_log2 * tl.load(ks_ptr + kvh)
+        vs = tl.load(vs_ptr + kvh)
 
     pos_lo = first + row0 // GROUP                                  # first row's position
     pos_hi = first + tl.minimum((row0 + BLOCK_M - 1) // GROUP, n_q - 1)
@@ -75,7 +83,7 @@ def attend_chunk_rows(
             d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
             stride_vd, scale_log2, PAGE, PREC, True)
 
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    out = acc * (vs / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
     o_rows = (q_start + tok).to(tl.int64) * stride_ot + heads * stride_oh
     tl.store(out_ptr + o_rows[:, None] + offs_d[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -83,7 +91,7 @@ def attend_chunk_rows(
 
 @triton.jit(do_not_specialize=["stride_btb"])   # table width varies per step
 def _extend_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, ctx_ptr, out_ptr, scale_log2,
+    q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, ctx_ptr, out_ptr, ks_ptr, vs_ptr, scale_log2,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -91,6 +99,7 @@ def _extend_kernel(
     stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
@@ -101,12 +110,12 @@ def _extend_kernel(
     if row0 >= n_q * GROUP:
         return
     attend_chunk_rows(
-        q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, scale_log2, b, kvh, q_start, n_q,
-        tl.load(ctx_ptr + b), row0,
+        q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, scale_log2, b, kvh, q_start,
+        n_q, tl.load(ctx_ptr + b), row0,
         stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
         stride_vb, stride_vs, stride_vh, stride_vd, stride_btb, stride_btm,
         stride_ot, stride_oh, stride_od,
-        GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE, PREC)
+        GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE, PREC, FP8)
 
 
 def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> dict:
@@ -134,14 +143,17 @@ def default_config(rows: int, head_dim: int, dtype: torch.dtype) -> dict:
 def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            context_lens: torch.Tensor, max_seqlen_q: int, scale: float,
-                           *, block_m: int | None = None, block_n: int | None = None,
-                           num_warps: int | None = None,
+                           *, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None, block_m: int | None = None,
+                           block_n: int | None = None, num_warps: int | None = None,
                            num_stages: int | None = None) -> torch.Tensor:
-    """Causal attention of new tokens q [T, H, D] over cached prefix plus themselves.
+    """Causal attention of new tokens q [T, H, D] over cached prefix plus themselves; an
+    fp8 cache is read with its per-head scales (k_scale, v_scale [H_kv]; None: unit).
 
-    The keyword-only knobs exist for the benchmark sweep; callers leave them unset.
+    The tile knobs exist for the benchmark sweep; callers leave them unset.
     """
-    check_float(q, k_cache, v_cache)
+    check_float(q)
+    ks, vs, fp8 = check_kv(k_cache, v_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
@@ -156,13 +168,13 @@ def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_n = block_n or cfg["block_n"]
     grid = (triton.cdiv(max_seqlen_q * group, block_m), batch, num_kv_heads)
     _extend_kernel[grid](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, ks, vs,
         scale * math.log2(math.e),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
         *out.stride(),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE=k_cache.shape[1],
-        PREC=dot_precision(q.dtype),
+        PREC=dot_precision(q.dtype), FP8=fp8,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     return out

@@ -11,30 +11,37 @@ Layouts (shared with the Triton kernels):
                     the sequence's context length).
   context_lens:     [num_seqs] int32, number of KV positions visible to the sequence,
                     counting the new tokens of this step (whose K/V are already stored).
+  k_scale, v_scale: keyword-only, [num_kv_heads] float32, for a float8_e4m3fn cache: it
+                    holds value / scale per head (kernels/kv_quant.py); None: unit scales.
+                    Callers pass them only with an fp8 cache.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from kernels.kv_quant import byte_view, dequantize, quantize
+
 
 def store_kv_cache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                   v_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                   k_scale: torch.Tensor | None = None,
+                   v_scale: torch.Tensor | None = None) -> None:
     """Write key/value [T, H_kv, D] into the paged caches at slot_mapping [T] (in place)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_flat = k_cache.view(-1, *k_cache.shape[2:])
-    v_flat = v_cache.view(-1, *v_cache.shape[2:])
-    k_flat.index_copy_(0, slots, key[keep].to(k_cache.dtype))
-    v_flat.index_copy_(0, slots, value[keep].to(v_cache.dtype))
+    for x, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+        flat = byte_view(cache.view(-1, *cache.shape[2:]))
+        flat.index_copy_(0, slots, byte_view(quantize(x[keep], cache.dtype, scale)))
 
 
-def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """Contiguous [length, H_kv, D] view of one sequence's paged K or V."""
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int,
+               scale: torch.Tensor | None) -> torch.Tensor:
+    """[length, H_kv, D] float32 copy of one sequence's paged K or V (dequantized)."""
     block_size = cache.shape[1]
     n_blocks = (length + block_size - 1) // block_size
     blocks = cache.index_select(0, block_table[:n_blocks].long())
-    return blocks.reshape(-1, *cache.shape[2:])[:length]
+    return dequantize(blocks.reshape(-1, *cache.shape[2:])[:length], scale, torch.float32)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -54,7 +61,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                           scale: float, *, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype).
 
     Sequence b attends to KV positions [0, context_lens[b]); a sequence with no context
@@ -68,8 +76,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     lens = context_lens.to(torch.int64)
     n_blocks = max(1, -(-int(lens.max()) // page))
     blocks = block_tables[:, :n_blocks].long()
-    k = k_cache[blocks].reshape(batch, n_blocks * page, n_kv, head_dim).float()
-    v = v_cache[blocks].reshape(batch, n_blocks * page, n_kv, head_dim).float()
+    k = dequantize(k_cache[blocks].reshape(batch, n_blocks * page, n_kv, head_dim), k_scale,
+                   torch.float32)
+    v = dequantize(v_cache[blocks].reshape(batch, n_blocks * page, n_kv, head_dim), v_scale,
+                   torch.float32)
     visible = torch.arange(n_blocks * page, device=q.device)[None, :] < lens[:, None]
     qg = q.float().view(batch, n_kv, n_heads // n_kv, head_dim)
     scores = torch.einsum("bkgd,bskd->bkgs", qg, k) * scale
@@ -82,7 +92,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            context_lens: torch.Tensor, max_seqlen_q: int,
-                           scale: float) -> torch.Tensor:
+                           scale: float, *, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of new tokens over a cached prefix plus themselves.
 
     q [T, H, D] packs the new tokens of B sequences (cu_seqlens_q [B+1]). Sequence b has
@@ -98,8 +109,8 @@ def paged_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         n_new = e - s
         if n_new == 0:
             continue
-        k = _gather_kv(k_cache, block_tables[b], length)
-        v = _gather_kv(v_cache, block_tables[b], length)
+        k = _gather_kv(k_cache, block_tables[b], length, k_scale)
+        v = _gather_kv(v_cache, block_tables[b], length, v_scale)
         q_pos = torch.arange(length - n_new, length, device=q.device)
         kv_pos = torch.arange(length, device=q.device)
         mask = kv_pos[None, :] <= q_pos[:, None]
@@ -160,11 +171,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
 def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> torch.Tensor:
+                    slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """rotary_embedding then store_kv_cache of the rotated key and the value; returns the
     rotated query (a new tensor). The caches are written in place; inputs are untouched."""
     q, k = rotary_embedding(positions, query, key, cos_sin_cache, is_neox)
-    store_kv_cache(k, value, k_cache, v_cache, slot_mapping)
+    store_kv_cache(k, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return q
 
 
@@ -175,11 +187,13 @@ def _rotary_then_decode(rotary_store_kv, paged_decode_attention):
                                 k_cache, v_cache, slot_mapping, block_tables, context_lens,
                                 scale: float, **knobs) -> torch.Tensor:
         """A decode-only step's attention: rotary_store_kv, then paged_decode_attention
-        of the rotated query (knobs: the decode attention's own)."""
+        of the rotated query (knobs: the decode attention's own; k_scale and v_scale go
+        to both)."""
+        scales = {k: knobs.pop(k) for k in ("k_scale", "v_scale") if k in knobs}
         q = rotary_store_kv(positions, query, key, value, cos_sin_cache, is_neox,
-                            k_cache, v_cache, slot_mapping)
+                            k_cache, v_cache, slot_mapping, **scales)
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                      **knobs)
+                                      **scales, **knobs)
     return rotary_decode_attention
 
 

@@ -8,7 +8,8 @@ key is never written anywhere else. One launch instead of two, and the key makes
 trip through registers instead of two through memory.
 
 Rounding matches the reference (rotary_embedding, then store_kv_cache): the rotated key
-is rounded to the key's dtype and then cast to the cache dtype. Dims past rot_dim are
+is rounded to the key's dtype and then cast to the cache dtype (an fp8 cache: divided by
+its head's scale and saturated first, kv_store.to_cache). Dims past rot_dim are
 copied; is_neox pairs (i, i + rot/2), otherwise (2i, 2i + 1). Inputs are never modified.
 
 rope_inputs and rope_store_new_kv are the same work inside decode attention's fused
@@ -22,7 +23,8 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels._common import check_float, next_pow2
+from kernels._common import check_float, check_kv, next_pow2
+from kernels.kv_store import to_cache
 from kernels.pdl import pdl_enter
 from kernels.rotary import (_cos_sin, _last_dim_contiguous, _pair_index, _rotate_heads,
                             rotate_pair, rotate_tile)
@@ -30,14 +32,14 @@ from kernels.rotary import (_cos_sin, _last_dim_contiguous, _pair_index, _rotate
 
 @triton.jit
 def _rotary_store_kv_kernel(
-    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, q_out_ptr, kc_ptr, vc_ptr, slot_ptr,
+    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, q_out_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_vd,
     stride_cs, stride_oqt, stride_oqh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, stride_vcd,
     NUM_Q: tl.constexpr, NUM_K: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_NEOX: tl.constexpr, PDL: tl.constexpr,
+    IS_NEOX: tl.constexpr, PDL: tl.constexpr, FP8: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pdl_enter(PDL)
@@ -53,36 +55,43 @@ def _rotary_store_kv_kernel(
         offs_h = tl.arange(0, BLOCK_KH)[:, None]
         h_mask = offs_h < NUM_K
         mask = h_mask & r_mask
+        ks, vs = 1.0, 1.0
+        if FP8:
+            ks = tl.load(ks_ptr + offs_h, mask=h_mask, other=1.0)
+            vs = tl.load(vs_ptr + offs_h, mask=h_mask, other=1.0)
         i1, i2 = _pair_index(offs_r, HALF, IS_NEOX)
         src = k_ptr + t * stride_kt + offs_h * stride_kh
         dst = kc_ptr + blk * stride_kcb + off * stride_kcs + offs_h * stride_kch
         k_ty = k_ptr.dtype.element_ty
-        c_ty = kc_ptr.dtype.element_ty
         x1 = tl.load(src + i1, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + i2, mask=mask, other=0.0).to(tl.float32)
         r1, r2 = rotate_pair(x1, x2, cos, sin)
-        tl.store(dst + i1, r1.to(k_ty).to(c_ty), mask=mask)
-        tl.store(dst + i2, r2.to(k_ty).to(c_ty), mask=mask)
+        tl.store(dst + i1, to_cache(r1.to(k_ty), ks, kc_ptr, FP8), mask=mask)
+        tl.store(dst + i2, to_cache(r2.to(k_ty), ks, kc_ptr, FP8), mask=mask)
         if BLOCK_P > 0:
             offs_p = 2 * HALF + tl.arange(0, BLOCK_P)[None, :]
             p_mask = h_mask & (offs_p < HEAD_DIM)
-            tl.store(dst + offs_p, tl.load(src + offs_p, mask=p_mask).to(c_ty), mask=p_mask)
+            tl.store(dst + offs_p, to_cache(tl.load(src + offs_p, mask=p_mask), ks, kc_ptr,
+                                            FP8), mask=p_mask)
         # value: plain copy with a cast
         offs_d = tl.arange(0, BLOCK_D)[None, :]
         v_mask = h_mask & (offs_d < HEAD_DIM)
         v = tl.load(v_ptr + t * stride_vt + offs_h * stride_vh + offs_d * stride_vd,
                     mask=v_mask)
         tl.store(vc_ptr + blk * stride_vcb + off * stride_vcs + offs_h * stride_vch
-                 + offs_d * stride_vcd, v.to(vc_ptr.dtype.element_ty), mask=v_mask)
+                 + offs_d * stride_vcd, to_cache(v, vs, vc_ptr, FP8), mask=v_mask)
 
 
 def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> torch.Tensor:
+                    slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate query [T, H, D] and key [T, H_kv, D]; store the rotated key and value [T, H_kv,
-    D] at slot_mapping [T] (-1: skip) in the paged caches; return the rotated query."""
-    check_float(query, key, value, cos_sin_cache, k_cache, v_cache)
+    D] at slot_mapping [T] (-1: skip) in the paged caches (fp8: k_scale, v_scale [H_kv]);
+    return the rotated query."""
+    check_float(query, key, value, cos_sin_cache)
+    ks, vs, fp8 = check_kv(k_cache, v_cache, k_scale, v_scale)
     num_tokens, num_q, head_dim = query.shape
     num_k = key.shape[1]
     rot_dim = cos_sin_cache.shape[-1]
@@ -103,14 +112,14 @@ def rotary_store_kv(positions: torch.Tensor, query: torch.Tensor, key: torch.Ten
     block_p = next_pow2(head_dim - rot_dim) if head_dim > rot_dim else 0
     _rotary_store_kv_kernel[(num_tokens,)](
         positions, query, key, value, cos_sin_cache, q_out, k_cache, v_cache, slot_mapping,
-        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+        ks, vs, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
         value.stride(0), value.stride(1), value.stride(2),
         cos_sin_cache.stride(0), q_out.stride(0), q_out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
         NUM_Q=num_q, NUM_K=num_k, HEAD_DIM=head_dim, HALF=half, PAGE=k_cache.shape[1],
         BLOCK_H=block_h, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_KH=next_pow2(num_k),
-        BLOCK_D=next_pow2(head_dim), IS_NEOX=bool(is_neox),
+        BLOCK_D=next_pow2(head_dim), IS_NEOX=bool(is_neox), FP8=fp8,
         num_warps=max(1, min(8, block_h * block_r // 256)), **pdl.launch_args(query.device),
     )
     return q_out
@@ -137,9 +146,10 @@ def rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d, d_mask, stride_cs,
 def rope_store_new_kv(q, q_rows, b64, kvh, last, cos, sin, lo, partner, slot, offs_d, d_mask,
                    g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
                    stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd,
-                   stride_vb, stride_vs, stride_vh, stride_vd, PAGE: tl.constexpr):
+                   stride_vb, stride_vs, stride_vh, stride_vd, ks, vs, PAGE: tl.constexpr,
+                   FP8: tl.constexpr):
     """(rotated query tile rounded to q's dtype, as rotary_store_kv writes it; this step's
-    rotated key and value in the cache's dtype). The split that covers the context's last
+    rotated key and value in the cache's dtype, fp8: with the head's scales ks, vs). The split that covers the context's last
     position (`last`) stores the key and value in their slot, then a barrier makes them
     visible to the whole program, which is the only one to read that position."""
     qp = tl.load(q_rows + partner[None, :] * stride_qd,
@@ -150,9 +160,9 @@ def rope_store_new_kv(q, q_rows, b64, kvh, last, cos, sin, lo, partner, slot, of
     k = tl.load(k_row + offs_d, mask=d_mask, other=0.0)
     kp = tl.load(k_row + partner, mask=d_mask, other=0.0)
     k_new = rotate_tile(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo).to(k.dtype)
-    k_new = k_new.to(k_ptr.dtype.element_ty)
-    v_new = tl.load(nv_ptr + b64 * stride_nvb + kvh * stride_nvh + offs_d,
-                    mask=d_mask).to(v_ptr.dtype.element_ty)
+    k_new = to_cache(k_new, ks, k_ptr, FP8)
+    v_new = to_cache(tl.load(nv_ptr + b64 * stride_nvb + kvh * stride_nvh + offs_d,
+                             mask=d_mask), vs, v_ptr, FP8)
     if last & (slot >= 0):
         blk, off = slot // PAGE, slot % PAGE
         tl.store(k_ptr + blk * stride_kb + off * stride_ks + kvh * stride_kh

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_float, dot_precision, next_pow2
+from kernels._common import check_float, check_kv, dot_precision, next_pow2
 from kernels.extend_attention import attend_chunk_rows
 from kernels.extend_attention import default_config as extend_config
 
@@ -50,7 +50,8 @@ def _find_sequence(qsl_ptr, pid, num_seqs, GROUP: tl.constexpr, BLOCK_M: tl.cons
 # num_seqs is a loop bound of the search: never a constexpr (a value of 1 would be)
 @triton.jit(do_not_specialize=["num_seqs", "stride_btb"])
 def _unified_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, scale_log2, num_seqs,
+    q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, lens_ptr, out_ptr, ks_ptr, vs_ptr, scale_log2,
+    num_seqs,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -58,6 +59,7 @@ def _unified_kernel(
     stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -68,12 +70,12 @@ def _unified_kernel(
     if row0 >= n_q * GROUP:
         return
     attend_chunk_rows(
-        q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, scale_log2, b, kvh, q_start, n_q,
-        tl.load(lens_ptr + b), row0,
+        q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, scale_log2, b, kvh, q_start,
+        n_q, tl.load(lens_ptr + b), row0,
         stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
         stride_vb, stride_vs, stride_vh, stride_vd, stride_btb, stride_btm,
         stride_ot, stride_oh, stride_od,
-        GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE, PREC)
+        GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE, PREC, FP8)
 
 
 def default_config(head_dim: int, dtype: torch.dtype) -> dict:
@@ -86,13 +88,17 @@ def default_config(head_dim: int, dtype: torch.dtype) -> dict:
 def paged_unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, *,
+                            k_scale: torch.Tensor | None = None,
+                            v_scale: torch.Tensor | None = None,
                             block_m: int | None = None, block_n: int | None = None,
                             num_warps: int | None = None,
                             num_stages: int | None = None) -> torch.Tensor:
     """q [T, H, D] (T may include padding), query_start_loc [S+1] int32, seq_lens [S]
     int32, block_tables [S, M] int32 -> out [T, H, D] (rows past query_start_loc[S] are
-    not written). The keyword-only knobs are for tests and sweeps."""
-    check_float(q, k_cache, v_cache)
+    not written). An fp8 cache is read with k_scale, v_scale [H_kv] (None: unit). The
+    tile knobs are for tests and sweeps."""
+    check_float(q)
+    ks, vs, fp8 = check_kv(k_cache, v_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
@@ -107,13 +113,13 @@ def paged_unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     block_m = block_m or cfg["block_m"]
     grid = (num_tokens * group // block_m + num_seqs, num_kv_heads)
     _unified_kernel[grid](
-        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, ks, vs,
         scale * math.log2(math.e), num_seqs,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
         *out.stride(),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
         BLOCK_M=block_m, BLOCK_N=block_n or cfg["block_n"], PAGE=k_cache.shape[1],
-        PREC=dot_precision(q.dtype),
+        PREC=dot_precision(q.dtype), FP8=fp8,
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     return out
@@ -121,7 +127,9 @@ def paged_unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def unified_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                                seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                                seq_lens: torch.Tensor, scale: float, *,
+                                k_scale: torch.Tensor | None = None,
+                                v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Torch oracle: the reference extend attention over the used sequences (a decode is
     a chunk of one token); padding rows come back as zeros."""
     from kernels import reference
@@ -133,5 +141,5 @@ def unified_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         max_q = int((qsl[1:used + 1] - qsl[:used]).max())
         out[:end] = reference.paged_extend_attention(
             q[:end], k_cache, v_cache, block_tables[:used], query_start_loc[:used + 1],
-            seq_lens[:used], max_q, scale)
+            seq_lens[:used], max_q, scale, k_scale=k_scale, v_scale=v_scale)
     return out

@@ -8,7 +8,9 @@ is fixed per side. Keys, the pull loop, the CPU share and loading are RoseplayAp
 
 Sizes: at 120x40 both maps, both timing tables and the ratio table show; below ~16
 rows for the columns the timing panels hide (the ratio table keeps their numbers), and
-the note line says so; narrow tables drop their least important columns.
+the note line says so; narrow tables drop their least important columns. On a live
+greedy workload (`--temperature 0`) the B / A table's bottom border says how many
+requests both sides finished with the same tokens (roseplay/widgets/agreement.py).
 """
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ from textual.widgets import Footer, Static
 from roseplay.app import RoseplayApp
 from roseplay.commands import CompareCommands
 from roseplay.keys import KEYS
+from roseplay.widgets.agreement import TokenAgreement
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import flash_blocks
-from roseplay.widgets.knobs import SHORT_NAMES, fmt_value, live_fields
+from roseplay.widgets.knob_words import SHORT_NAMES, fmt_value
+from roseplay.widgets.knobs import live_fields
 from roseplay.widgets.kv_panel import KVPanel
 from roseplay.widgets.ratios import METRICS, RatioTable, side_metrics
 from roseplay.widgets.status import StatusBar
@@ -80,6 +84,7 @@ class CompareApp(RoseplayApp):
         self.timings = [q(f"#timing-{i}", TimingPanel) for i in range(2)]
         self.heads = [q(f"#head-{i}", Static) for i in range(2)]
         self.windows = [CounterWindow(), CounterWindow()]
+        self.agreement = TokenAgreement()
         self.window, self.timing = self.windows[0], self.timings[0]
         self.knobs = KnobNote()
         self.note = q("#layout-note", Static)
@@ -123,6 +128,9 @@ class CompareApp(RoseplayApp):
         snaps = src.snapshots()
         self.snapshot = snaps[0]
         metrics = []
+        greedy = greedy_workload(src)
+        if greedy:
+            self.agreement.feed(*snaps)
         with self.batch_update():
             self.status.show(snaps[0], src.kind, src.paused, src.position())
             for i, snap in enumerate(snaps):
@@ -133,6 +141,9 @@ class CompareApp(RoseplayApp):
                 self._head(i, src, snap)
             self.ratios.show(*metrics)
             self.scope.update(scope_text(src, self.knobs.last_changed))
+            subtitle = self.agreement.text() if greedy else ""
+            if self.ratios.border_subtitle != subtitle:
+                self.ratios.border_subtitle = subtitle
         if src.kind == "replay":
             self._replay_notices(src)
 
@@ -154,6 +165,7 @@ class CompareApp(RoseplayApp):
         for panel in self.timings:
             panel.reset()
         self.reset_windows()
+        self.agreement = TokenAgreement()
         self.notify("stats reset on both sides: the 10 s window and the plots start now",
                     timeout=3)
         self.refresh_panels()
@@ -171,6 +183,13 @@ class CompareApp(RoseplayApp):
                 plot.refresh()
         if self.source is not None:
             self.refresh_panels()
+
+
+def greedy_workload(src) -> bool:
+    """A live compare whose workload is greedy: only then are the sides' tokens meant to
+    be compared (sampled requests diverge by chance: the two engines draw apart)."""
+    spec = getattr(getattr(src, "shared", None), "spec", None)
+    return spec is not None and spec.temperature == 0
 
 
 def scope_text(src, last_changed: str | None) -> Text:

@@ -7,12 +7,16 @@
 #   timeline  the GPU between two batch-1 graphs            hostops   host us of each call
 #   host      host work per step (stub forward)             bench     W1 and batch 1, 5 runs each
 #   graphs    W1 and the closed loop with mixed-step graphs on (cudagraph_mode=full) and off
+#   kvdtype   W1 and batch 1 (5 runs each) with --kv-cache-dtype auto and fp8 on KV_MODELS
+#             (default dummy:qwen3-0.6b dummy:qwen2.5-0.5b), the fp8 / auto ratio of each
+#   kvacc     fp8 KV's first-token logprob error and greedy agreement against bfloat16
 #   before_after  W1 (WORKLOADS="W1 B1") of an older tree (BASE) and this tree, alternating
 #   design    the three --ab runs of docs/PERF.md (max_num_seqs, chunk budget, prefix cache)
 #   spy       py-spy of the engine process              observer  the TUI's cost (alternating)
 #   closed30  the closed loop alone, 30 s windows        hf        the HF transformers peer
 #   PHASES="tests host bench observer closed30 hf" bash scripts/gpu_phases.sh   (wheels in .whl)
 #   MODEL=dummy:llama-3.2-1b CLOSED_S=15 PHASES="bench closed30" OUT=... bash scripts/gpu_phases.sh
+#   PHASES="kvdtype" OUT=... bash scripts/gpu_phases.sh       (KV_MODELS=dummy:qwen3-0.6b: one model)
 #   git archive <rev> | tar -x -C .dev/before; BASE=.dev/before PHASES=before_after bash scripts/gpu_phases.sh
 # Tensor parallel runs on two GPUs: scripts/gpu_tp.sh; the HTTP server: scripts/gpu_serve.sh.
 set -u
@@ -22,7 +26,7 @@ PHASES=${PHASES:-tests bench observer}
 M=${MODEL:-dummy:qwen2.5-0.5b}
 if [[ " $PHASES " == *" tests "* ]]; then
   step engine_tests ${TESTS_S:-420} python3 -m pytest -q -p no:cacheprovider -o addopts= \
-    ${GPU_TESTS:-tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_gpu_linear.py tests/engine/worker/test_device_io_gpu.py tests/engine/worker/test_step_graphs_gpu.py tests/engine/worker/test_engine_gpu.py tests/engine/worker/test_sampling_gpu.py tests/engine/core/test_spec_decode_gpu.py tests/engine/core/test_draft_spec.py tests/engine/core/test_draft_graphs_gpu.py tests/engine/worker/test_prompt_logprobs_llm.py} ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
+    ${GPU_TESTS:-tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_gpu_linear.py tests/engine/worker/test_device_io_gpu.py tests/engine/worker/test_step_graphs_gpu.py tests/engine/worker/test_engine_gpu.py tests/engine/worker/test_sampling_gpu.py tests/engine/core/test_spec_decode_gpu.py tests/engine/core/test_draft_spec.py tests/engine/core/test_draft_graphs_gpu.py tests/engine/worker/test_prompt_logprobs_llm.py tests/kernels/test_kernels_gpu_fp8.py tests/engine/worker/test_kv_fp8_gpu.py} ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
   tail -3 "$OUT/engine_tests.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" prefill "* ]]; then   # prefill TFLOP/s, 5 runs, and its kernels
@@ -64,6 +68,28 @@ if [[ " $PHASES " == *" bench "* ]]; then
     step B1 90 python3 -m roseplay bench --no-progress --repeat 5 --model "$M" $B1
     grep -E "^runs|^output throughput|^median|Median TPOT|^host share" "$OUT/B1.log" | tail -5 | tee -a "$SUMMARY"
   fi
+fi
+if [[ " $PHASES " == *" kvdtype "* ]]; then   # W1 and batch 1, --kv-cache-dtype auto vs fp8
+  tok() { grep -o "output throughput: median [0-9.,]*" "$OUT/$1.log" | grep -o "[0-9.,]*$" | tr -d ,; }
+  for m in ${KV_MODELS:-dummy:qwen3-0.6b dummy:qwen2.5-0.5b}; do
+    for wl in ${KV_RUNS:-W1 B1}; do
+      for kv in auto fp8; do    # KV_ARGS=--calculate-kv-scales: the fp8 side's scales calculated
+        name="${wl}_${m#dummy:}_$kv"
+        step "$name" ${KV_S:-150} python3 -m roseplay bench --no-progress --repeat 5 --model "$m" \
+          ${!wl} --kv-cache-dtype $kv $( [ $kv = fp8 ] && echo ${KV_ARGS:-} )
+        grep -E "^Peak KV|^runs|^output throughput|^median|^TPOT p50" "$OUT/$name.log" | tail -5 \
+          | sed "s/^/$name: /" | tee -a "$SUMMARY"
+      done
+      awk -v a="$(tok "${wl}_${m#dummy:}_auto")" -v f="$(tok "${wl}_${m#dummy:}_fp8")" \
+        -v n="$wl ${m#dummy:}" 'BEGIN { printf "%s: fp8 / auto output throughput (medians) %.2fx\n",
+        n, (a > 0 ? f / a : 0) }' | tee -a "$SUMMARY"
+    done
+  done
+fi
+if [[ " $PHASES " == *" kvacc "* ]]; then   # fp8 KV's accuracy against bfloat16 (docs/KV_TIERS.md)
+  step kv_accuracy ${KVACC_S:-400} python3 -m pytest -q -s -p no:cacheprovider -o addopts= \
+    tests/engine/worker/test_kv_fp8_accuracy.py -k gpu
+  grep -E "cuda fp8|passed|failed" "$OUT/kv_accuracy.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" graphs "* ]]; then   # mixed-step CUDA graphs on and off
   for mode in full full_decode_only; do

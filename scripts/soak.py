@@ -23,6 +23,7 @@ import argparse
 import os
 import queue
 import random
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,22 +32,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import SamplingParams  # noqa: E402
 from engine.front.client import EngineClient  # noqa: E402
+from scripts.proc_stats import proc_status  # noqa: E402
 
 ENGINE = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4, num_blocks=24,
               max_model_len=64)
 VOCAB = 512
-
-
-def proc_status(pid: int) -> tuple[float, int]:
-    """(RSS in MB, threads) of a process, from /proc/PID/status."""
-    rss = threads = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-            elif line.startswith("Threads:"):
-                threads = int(line.split()[1])
-    return rss, threads
 
 
 @dataclass
@@ -214,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server", action="store_true",
                    help="soak `roseplay serve` over HTTP (scripts/soak_http.py)")
     p.add_argument("--clients", type=int, default=24, help="--server: concurrent clients")
+    p.add_argument("--serve-args", default="",
+                   help="--server: more `roseplay serve` flags (one shell-quoted string)")
     a = p.parse_args(argv)
     if a.server:
         return _soak_server(a)
@@ -224,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _soak_server(a) -> int:
     from scripts.soak_http import ok, print_http_report, soak_http
-    extra = ["--device", a.device] if a.device != "cpu" else []
-    rep, end = soak_http(a.seconds, a.clients, a.seed, extra)
+    extra = (["--device", a.device] if a.device != "cpu" else []) + shlex.split(a.serve_args)
+    rep, end = soak_http(a.seconds, a.clients, a.seed, extra, a.flip_every)
     print_http_report(rep, end, a.seconds, a.clients)
     return 0 if ok(rep, end) else 1
 

@@ -10,10 +10,14 @@ Clients (asyncio tasks, --clients of them) each loop over a seeded mix of:
   stalled   a stream not read for 1-4 s, then read to its end: same tokens as `good`
   loris     a connection that sends half its headers and stops: the server must close
             it after --timeout-request-read
-At the end: the engine's live requests and used blocks (an attached client's snapshot)
-must be 0, and SIGTERM must stop the server with exit code 0.
+Beside them, with --flip-every S, a knob changer (an attached EngineClient) turns the
+token budget and, when the server speculates, the live k every S seconds: the good
+clients' greedy tokens must not change. At the end: the engine's live requests and used
+blocks (an attached client's snapshot) must be 0, and SIGTERM must stop the server (all
+its API servers and the engine process) with exit code 0.
 
-    python scripts/soak.py --server --seconds 600
+    python scripts/soak.py --server --seconds 600 --flip-every 2 \
+        --serve-args "--api-server-count 2 --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'"
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,7 +39,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts.soak import proc_status  # noqa: E402
+from scripts.proc_stats import proc_status  # noqa: E402
 from tests.serve.hostile_bodies import check_refusal, hostile_bodies  # noqa: E402
 
 PROMPTS = ["ROMEO.\nWhat news from the court?\n\nJULIET.\n", "First Citizen:\nBefore we proceed",
@@ -61,6 +66,34 @@ def children(pid: int) -> list[int]:
         with open(f"/proc/{pid}/task/{tid}/children") as f:
             out += [int(x) for x in f.read().split()]
     return out
+
+
+def engine_pid(pid: int) -> int:
+    """The engine process among `pid`'s descendants (with --api-server-count N the API
+    servers are children too)."""
+    todo = children(pid)
+    while todo:
+        child = todo.pop(0)
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            if b"engine.ipc.core_proc" in f.read():
+                return child
+        todo += children(child)
+    raise RuntimeError("no engine process under the server")
+
+
+def flip_knobs(address: str, every: float, stop, counts: Counter) -> None:
+    """Turn the token budget (and the live k where the engine speculates) every `every`
+    s until `stop` is set, from an attached client, as the TUI's -/+ and d/D do."""
+    from engine.front.client import EngineClient
+    rng = random.Random(1)
+    with EngineClient(address=address, label="soak-knobs", snapshots=False) as c:
+        k = c.set_knobs().num_speculative_tokens
+        while not stop.wait(every):
+            changes = {"max_num_batched_tokens": rng.choice([16, 32, 64, 256, 2048])}
+            if k:
+                changes["num_speculative_tokens"] = rng.choice([1, 2, 3, 4])
+            c.set_knobs(**changes)
+            counts["knob changes"] += 1
 
 
 def free_port() -> int:
@@ -235,24 +268,35 @@ def start_server(port: int, address: str, extra: list[str], log) -> subprocess.P
         time.sleep(0.3)
 
 
-def soak_http(seconds: float, clients: int, seed: int, extra: list[str]) -> tuple[Report, dict]:
+def soak_http(seconds: float, clients: int, seed: int, extra: list[str],
+              flip_every: float = 0.0) -> tuple[Report, dict]:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="roseplay-soak-") as tmp, \
             open(os.path.join(tmp, "serve.log"), "w+") as log:
         address = f"ipc://{tmp}/engine"
         proc = start_server(port, address, extra, log)
+        stop, flipper = threading.Event(), None
         try:
-            engine_pid = children(proc.pid)[0]
-            sample = lambda: (*proc_status(proc.pid), *proc_status(engine_pid))  # noqa: E731
-            rep = asyncio.run(Soak(f"http://127.0.0.1:{port}", seconds, clients, seed).run(sample))
+            engine = engine_pid(proc.pid)
+            sample = lambda: (*proc_status(proc.pid), *proc_status(engine))  # noqa: E731
+            soak = Soak(f"http://127.0.0.1:{port}", seconds, clients, seed)
+            if flip_every:
+                flipper = threading.Thread(target=flip_knobs, daemon=True, args=(
+                    address, flip_every, stop, soak.rep.outcomes))
+                flipper.start()
+            rep = asyncio.run(soak.run(sample))
+            stop.set()
+            if flipper is not None:
+                flipper.join(30)
             live, used = engine_leaks(address)
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)
             log.seek(0)
             end = {"live_requests": live, "used_blocks": used, "exit_code": code,
-                   "engine_gone": not os.path.exists(f"/proc/{engine_pid}"),
+                   "engine_gone": not os.path.exists(f"/proc/{engine}"),
                    "log_lines": len(log.read().splitlines())}
         finally:
+            stop.set()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

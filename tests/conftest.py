@@ -32,6 +32,11 @@ def pytest_addoption(parser):
                      help="also run tests marked slow (long soak)")
 
 
+def run_slow(config) -> bool:
+    """Whether this run includes the slow tier (--run-slow or ROSEPLAY_SLOW=1)."""
+    return config.getoption("--run-slow") or os.environ.get("ROSEPLAY_SLOW") == "1"
+
+
 def _slow_rank(item) -> int:
     path = item.path.as_posix()
     return next((i for i, tail in enumerate(SLOW_FIRST) if path.endswith(tail)), len(SLOW_FIRST))
@@ -40,13 +45,13 @@ def _slow_rank(item) -> int:
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_slow_rank)          # stable: each module's tests stay together, in order
     has_cuda = torch.cuda.is_available()
-    run_slow = config.getoption("--run-slow") or os.environ.get("ROSEPLAY_SLOW") == "1"
+    slow = run_slow(config)
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_slow = pytest.mark.skip(reason="slow: pass --run-slow")
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(skip_gpu)
-        if "slow" in item.keywords and not run_slow:
+        if "slow" in item.keywords and not slow:
             item.add_marker(skip_slow)
 
 

@@ -13,7 +13,8 @@ from engine.config import DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfi
 from engine.core.draft_proposer import DraftProposer, make_draft_proposer
 from engine.core.spec_decode import verify_rows
 from engine.worker.models.loader import LoadedModel, load_model
-from engine.worker.placement import blocks_from_memory
+from engine.worker.placement import (blocks_from_memory, kv_bytes_per_block,
+                                     resolve_kv_cache_dtype)
 from engine.worker.runner import ModelRunner
 from kernels import default_cpu_backend, get_ops
 from kernels.cpu_native_build import build_in_background
@@ -36,6 +37,8 @@ def setup_runner(config: EngineConfig, device: torch.device,
     backend = config.attention_backend
     if backend == "auto" and device.type == "cuda":
         backend = "triton"
+    elif backend == "auto" and config.kv_cache_dtype != "auto":
+        backend = "torch_sdpa"      # cpu_native's C kernels read float32 KV only
     elif backend == "auto":
         build_in_background()       # on a first launch cc runs while the model loads
     if config.tensor_parallel_size == 1:
@@ -61,23 +64,28 @@ def _resolve_backend(backend: str) -> str:
     return default_cpu_backend() if backend == "auto" else backend
 
 
-def _num_blocks(config: EngineConfig, device: torch.device, per_block: int) -> int:
-    """The configured count, else what the GPU's free memory holds (CPU: a fixed count)."""
+def _num_blocks(config: EngineConfig, device: torch.device, per_block: int,
+                model_dtype_block: int) -> int:
+    """The configured count, else what the GPU's free memory holds; on CPU the bytes of
+    DEFAULT_CPU_BLOCKS blocks in the model's dtype (so an fp8 pool, same bytes, holds
+    more blocks, as on the GPU)."""
     return config.num_blocks or (
         blocks_from_memory(device, per_block, config.gpu_memory_utilization)
-        if device.type == "cuda" else DEFAULT_CPU_BLOCKS)
+        if device.type == "cuda" else DEFAULT_CPU_BLOCKS * model_dtype_block // per_block)
 
 
 def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype,
                   loaded: LoadedModel, backend: str, group) -> RunnerSetup:
     max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, loaded.max_model_len)
     ops = get_ops(backend)
-    per_block = ModelRunner.kv_bytes_per_block(loaded.model, config.block_size, dtype)
-    num_blocks = _num_blocks(config, device, per_block)
+    # the pool's bytes a block in kv_cache_dtype, and in the model's dtype (CPU sizing)
+    sizes = [kv_bytes_per_block(loaded.model, config.block_size, t) for t in
+             (resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device), dtype)]
+    num_blocks = _num_blocks(config, device, *sizes)
     draft = make_draft_proposer(config, loaded.model.config.vocab_size, ops, device, dtype,
                                 num_blocks, max_model_len)
     if draft is not None:
-        num_blocks = _num_blocks(config, device, per_block)   # the draft is resident
+        num_blocks = _num_blocks(config, device, *sizes)   # the draft is resident
     # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
     # buckets, so the NCCL all-reduces of captured graphs match) and samples alike
     runner_kw = dict(max_model_len=max_model_len, use_cuda_graphs=not config.enforce_eager,
@@ -87,7 +95,8 @@ def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype
                      max_verify_rows=verify_rows(config),
                      max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
                      if config.cudagraph_mode == "full" else 0, seed=config.seed,
-                     logprobs_mode=config.logprobs_mode)
+                     logprobs_mode=config.logprobs_mode, kv_cache_dtype=config.kv_cache_dtype,
+                     calculate_kv_scales=config.calculate_kv_scales)
     if group is not None:
         group.allocate_kv(num_blocks, config.block_size, **runner_kw)
     runner = ModelRunner(loaded.model, ops, device, dtype, num_blocks, config.block_size,

@@ -75,5 +75,5 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         tensor_parallel_size=engine.config.tensor_parallel_size,
         kv_bytes_per_rank=kv.numel() * kv.element_size(), max_model_len=engine.max_model_len,
         forward_calls=engine.runner.forward_calls, spec_method=engine.spec.config.method,
-        logprobs_mode=engine.config.logprobs_mode,
+        logprobs_mode=engine.config.logprobs_mode, kv_cache_dtype=engine.config.kv_cache_dtype,
         recent_ttft_parts=tuple(st.recent_ttft_parts), traces=st.traces())

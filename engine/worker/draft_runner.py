@@ -83,7 +83,8 @@ class DraftRunner:
         self.max_model_len = loaded.max_model_len
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
-        self.kv_cache = attach_kv_cache(self.model, ops, num_blocks, block_size, dtype, device)
+        self.kv_cache, _ = attach_kv_cache(self.model, ops, num_blocks, block_size, dtype,
+                                           device)
         self.forward_calls, self.fault_at = 0, None
         self.chains = DraftGraphs(self, max_rows, max_chain, use_graphs,
                                   pad=device.type == "cuda")
@@ -104,12 +105,6 @@ class DraftRunner:
         else:
             self.chains.warm()
         self.forward_calls = 0
-
-    @staticmethod
-    def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
-        layers = model.attention_layers()
-        elem = torch.tensor([], dtype=dtype).element_size()
-        return 2 * len(layers) * block_size * layers[0].num_kv_heads * layers[0].head_dim * elem
 
     def _to(self, a: np.ndarray, dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(self.device)

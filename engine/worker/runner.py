@@ -1,6 +1,7 @@
 """ModelRunner: runs one StepBatch through the model and samples its tokens.
 
-Owns the paged KV cache ([2, layers, blocks, block_size, kv_heads, head_dim]), the
+Owns the paged KV cache ([2, layers, blocks, block_size, kv_heads, head_dim], in the
+kv_cache_dtype: the model's, or float8 e4m3 with per-head scales, docs/KV_TIERS.md), the
 CUDA graphs of whole steps (engine/worker/cuda_graphs.py: decode-only steps per bucketed batch
 size, mixed steps per bucketed token count; a step no graph holds runs eagerly) and the
 sampler. Reads only the StepBatch (engine/worker/step_batch.py): no request or scheduler
@@ -21,7 +22,8 @@ from engine.config import LOGPROBS_MODES
 from engine.worker.cuda_graphs import StepGraphs
 from engine.worker.device_io import to_device
 from engine.worker.models.layers import AttentionMetadata
-from engine.worker.placement import attach_kv_cache
+from engine.worker.placement import attach_kv_cache, resolve_kv_cache_dtype
+from kernels.kv_quant import byte_view
 from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
 from engine.worker.sampling import LogprobsCopy, Sampler, prompt_logprobs
 from engine.worker.step_buffers import device_fed
@@ -47,7 +49,8 @@ class ModelRunner:
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
                  graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
                  max_mixed_graph_tokens: int = 0, seed: int = 0,
-                 logprobs_mode: str = LOGPROBS_MODES[0], max_verify_rows: int = 0):
+                 logprobs_mode: str = LOGPROBS_MODES[0], max_verify_rows: int = 0,
+                 kv_cache_dtype: str = "auto", calculate_kv_scales: bool = False):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.sampler = Sampler(device, seed, logprobs_mode)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
@@ -56,7 +59,11 @@ class ModelRunner:
         #                                       waits for its grammar mask (sample_deferred)
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        self.kv_cache = attach_kv_cache(model, ops, num_blocks, block_size, dtype, device)
+        self.kv_cache, self.kv_scales = attach_kv_cache(
+            model, ops, num_blocks, block_size,
+            resolve_kv_cache_dtype(kv_cache_dtype, dtype, device), device)
+        # calculate_kv_scales: the first step that stores K/V sets them (eagerly)
+        self.scales_pending = calculate_kv_scales and self.kv_scales is not None
         self.forward_calls = 0
         self.graphs = None    # steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:
@@ -72,12 +79,6 @@ class ModelRunner:
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
             self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False,
                                      max_verify_rows=max_verify_rows)
-
-    @staticmethod
-    def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
-        layers = model.attention_layers()
-        elem = torch.tensor([], dtype=dtype).element_size()
-        return 2 * len(layers) * block_size * layers[0].num_kv_heads * layers[0].head_dim * elem
 
     def close(self) -> None:
         """Drop the CUDA graphs: a graph that captured NCCL collectives holds a reference
@@ -170,8 +171,10 @@ class ModelRunner:
             token_source = self._token_source(batch.prev_token_rows, prev_tokens)
         lp_rows = batch.prompt_logprob_rows     # prompt_logprobs: eager (rows of any count)
         key = self.graphs.key(batch) if self.graphs is not None and lp_rows is None else None
-        if key is not None:
+        if key is not None and not self.scales_pending:
             logits = self.graphs.run(batch, token_source, key)
+        elif self.scales_pending:
+            logits = self._calibrating_forward(batch, token_source)
         else:
             logits = self._eager_forward(batch, token_source)
         self.prompt_logprobs = None if lp_rows is None else prompt_logprobs(
@@ -179,6 +182,20 @@ class ModelRunner:
         if batch.samples_in_order:
             return logits
         return logits.index_select(0, to_device(batch.sample_rows, torch.int64, logits.device))
+
+    def _calibrating_forward(self, batch: StepBatch, token_source) -> torch.Tensor:
+        """The first step, eagerly (no graph captures the scale computation), with every
+        attention layer setting its fp8 scales from the K/V it stores before storing them
+        (calculate_kv_scales). Nothing is stored before: the pool is empty until now."""
+        layers = self.model.attention_layers()
+        for layer in layers:
+            layer.calibrating = True
+        try:
+            return self._eager_forward(batch, token_source)
+        finally:
+            for layer in layers:
+                layer.calibrating = False
+            self.scales_pending = False
 
     def _token_source(self, rows: np.ndarray, prev: torch.Tensor) -> tuple:
         """(tokens, mask): the decodes' inputs gathered from the previous step's samples on
@@ -197,7 +214,8 @@ class ModelRunner:
             return
         src_t = to_device(src, torch.int64, self.device)
         dst_t = to_device(dst, torch.int64, self.device)
-        self.kv_cache.index_copy_(2, dst_t, self.kv_cache.index_select(2, src_t))
+        kv = byte_view(self.kv_cache)       # fp8: as bytes (no CPU index_copy_ for it)
+        kv.index_copy_(2, dst_t, kv.index_select(2, src_t))
 
     def _eager_forward(self, batch: StepBatch, token_source: tuple | None) -> torch.Tensor:
         dev = self.device

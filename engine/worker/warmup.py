@@ -36,7 +36,8 @@ def warm_up_attention(runner) -> float:
     for width in range(1, max_blocks + 1):
         table = torch.zeros(1, width, dtype=torch.int32, device=dev)
         lens = torch.full((1,), width * page, dtype=torch.int32, device=dev)
-        ops.paged_decode_attention(q[:1], k_cache, v_cache, table, lens, layer.scale)
+        ops.paged_decode_attention(q[:1], k_cache, v_cache, table, lens, layer.scale,
+                                   **layer.kv_scales)
     # extend: chunk lengths 1, 2, 4, ... reach every BLOCK_M (tiles grow in powers of two)
     n = 1
     while n <= min(128, max_blocks * page):     # BLOCK_M tops out at 128 rows
@@ -44,10 +45,27 @@ def warm_up_attention(runner) -> float:
         table = torch.zeros(1, width, dtype=torch.int32, device=dev)
         cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
         lens = torch.full((1,), n, dtype=torch.int32, device=dev)
-        ops.paged_extend_attention(q[:n], k_cache, v_cache, table, cu, lens, n, layer.scale)
+        ops.paged_extend_attention(q[:n], k_cache, v_cache, table, cu, lens, n, layer.scale,
+                                   **layer.kv_scales)
         n *= 2
+    if runner.scales_pending:
+        _warm_up_calibration(runner, layer)
     torch.cuda.synchronize(dev)
     return time.perf_counter() - t0
+
+
+def _warm_up_calibration(runner, layer) -> None:
+    """calculate_kv_scales' first step stores K/V unfused (rotary, then the store): its
+    two kernels, on views of one fused qkv row as the model makes them, storing nothing
+    (slot -1)."""
+    h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    qkv = torch.zeros(1, h + 2 * h_kv, d, dtype=runner.dtype, device=runner.device)
+    q, k, v = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
+    none = torch.full((1,), -1, dtype=torch.int64, device=runner.device)
+    runner.ops.store_kv_cache(k, v, layer.k_cache, layer.v_cache, none, **layer.kv_scales)
+    cos_sin = getattr(runner.model, "cos_sin_cache", None)      # rotary models
+    if cos_sin is not None:
+        runner.ops.rotary_embedding(none + 1, q, k, cos_sin, True)
 
 
 WARM_EVERY_ROWS_UP_TO = 256   # then every 32nd row count

@@ -122,6 +122,24 @@ def hover_text(snap, block: int | None) -> str:
     return f"block {block}: {state} · refcount {rc}{who}"
 
 
+_MODEL_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def pool_title(snap, width: int) -> str:
+    """The pool's geometry, in the longest form that fits; an fp8 pool adds its bytes a
+    block beside the model dtype's: the same memory holds 2x (bfloat16) or 4x (float32)
+    the blocks."""
+    n, bs = snap.num_blocks, snap.block_size
+    forms = [f"KV cache · {n} blocks × {bs} tokens", f"KV · {n} × {bs} tok"]
+    if snap.kv_cache_dtype != "auto" and snap.kv_bytes_per_rank:
+        kib = snap.kv_bytes_per_rank / max(1, n) / 1024
+        model = f"{snap.dtype} {_MODEL_BYTES.get(snap.dtype, 1) * kib:g}"
+        forms = [forms[0] + f" · fp8 {kib:g} KiB a block ({model})",
+                 forms[1] + f" · fp8 {kib:g} KiB/block ({model})",
+                 forms[1] + " · fp8"]
+    return next((f for f in forms if len(f) + 6 <= width), forms[-1])
+
+
 class KVPanel(Vertical):
     """The KV cache map with its legend (border title shows the pool geometry)."""
 
@@ -139,9 +157,7 @@ class KVPanel(Vertical):
         kv = self.map
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
         kv.show(snap.block_state, snap.block_refcount, blocks, flash)
-        title = f"KV cache · {snap.num_blocks} blocks × {snap.block_size} tokens"
-        if len(title) + 6 > self.size.width:
-            title = f"KV · {snap.num_blocks} × {snap.block_size} tok"
+        title = pool_title(snap, self.size.width)
         if self.border_title != title:
             self.border_title = title
         first, end = kv.shown_blocks()      # say so when the map does not show every block

@@ -197,7 +197,7 @@ async def test_compare_screen_keys_change_both_sides_but_the_compared_knob(monke
         assert [k.enable_prefix_caching for k in (s.knobs for s in src.sides)] == [True, True]
         assert [s.knobs.max_num_batched_tokens for s in src.sides] == [64, 512]
         assert src.workload()["scenario"] == "mixed"
-        assert await wait_for(pilot, lambda: "skipped max_num_batched_tokens" in notices(app), 5)
+        assert await wait_for(pilot, lambda: "skipped max_num_batched_tokens" in notices(app), 30)
         await pilot.press("q")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import SchedulerConfig
 from roseplay.app import RoseplayApp
-from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS
+from roseplay.app_defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS
 from roseplay.guides import BY_KEY, GUIDES, split_knobs
 from roseplay.source import ReplaySource
 from roseplay.widgets import help as help_mod
@@ -66,9 +66,9 @@ async def test_one_key_on_the_help_screen_switches_to_a_guide(monkeypatch):
         src.set_knobs(max_num_seqs=8, scheduling_policy="lpm")   # left from an earlier setup
         await pilot.press("question_mark")
         assert type(app.screen).__name__ == "HelpScreen"
-        assert await wait_for(pilot, lambda: "Knob guidance" in screen_text(app), 5)
+        assert await wait_for(pilot, lambda: "Knob guidance" in screen_text(app), 30)
         await pilot.press("1")                     # a small budget on the mixed workload
-        assert await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", 5)
+        assert await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", 30)
         assert src.knobs.max_num_batched_tokens == 32
         # the whole setup from a clean default (the app's): the other knobs are back at theirs
         assert src.knobs.max_num_seqs == TUI_MAX_NUM_SEQS

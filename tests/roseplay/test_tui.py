@@ -93,7 +93,7 @@ async def test_policy_keys_cycle_choice_knobs_in_engine_and_panel(source):
         for key, name, value in steps:
             await pilot.press(key)
             assert await wait_for(pilot, lambda: getattr(source.loop.engine.knobs, name) == value)
-            assert await wait_for(pilot, lambda: re.search(rf"{value} +{name}", panel()), 3)
+            assert await wait_for(pilot, lambda: re.search(rf"{value} +{name}", panel()), 30)
         assert "Which cached prefix block" in panel()          # the eviction knob's help
         before = source.snapshot().counters.finished
         assert await wait_for(pilot, lambda: source.snapshot().counters.finished > before + 2)
@@ -109,10 +109,10 @@ async def test_budget_and_max_seqs_keys_reach_engine(source):
         assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 1024)
         await pilot.press("plus", "plus")      # capped at the pool: 96 blocks x 16 tokens
         assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 1536)
-        assert await wait_for(pilot, lambda: "at its cap: 1536 tokens" in notices(app), 3)
+        assert await wait_for(pilot, lambda: "at its cap: 1536 tokens" in notices(app), 30)
         await pilot.press("minus", "minus", "minus")
         assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 192)
-        assert await wait_for(pilot, lambda: "192 tok/step" in widget_text(app.query_one(KnobsPanel)), 3)
+        assert await wait_for(pilot, lambda: "192 tok/step" in widget_text(app.query_one(KnobsPanel)), 30)
         await pilot.press("left_square_bracket")
         assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_seqs == 56)
 
@@ -151,7 +151,7 @@ async def test_small_budget_halves_and_chunks_prefill():
             await pilot.press("c")                   # no prefix hits: every prompt is chunked
             assert await wait_for(pilot, lambda: any(
                 r.state == "prefilling" and r.chunks_done >= 1 for r in src.snapshot().requests))
-            assert await wait_for(pilot, lambda: "chunk " in widget_text(app.query_one(RequestList)), 5)
+            assert await wait_for(pilot, lambda: "chunk " in widget_text(app.query_one(RequestList)), 30)
     finally:
         src.close()
 
@@ -193,14 +193,14 @@ async def test_submitted_prompt_appears_and_finishes(source):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("i")
         assert app.query_one(PromptBar).has_class("-open")
-        assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
+        assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
         await pilot.press(*"to be or not to be")
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: (r := source.snapshot().request("you-1")) is not None
                               and r.state == "finished")
         assert "submitted as you-1" in widget_text(app.query_one("#prompt-status"))
         await pilot.press("escape")
-        assert await wait_for(pilot, lambda: "you-1" in widget_text(app.query_one(RequestList)), 3)
+        assert await wait_for(pilot, lambda: "you-1" in widget_text(app.query_one(RequestList)), 30)
         detail = widget_text(app.query_one(RequestDetail))
         assert "you-1" in detail and "to be or not to be" in detail
 
@@ -211,11 +211,11 @@ async def test_invalid_prompt_shows_error_and_engine_keeps_serving(source):
     async with app.run_test(size=SIZE) as pilot:
         await _running(pilot, source)
         await pilot.press("i")
-        assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
+        assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
         app.query_one("#prompt-input").value = "x" * 2000      # > 96 blocks x 16 tokens
         await pilot.press("enter")
         status = app.query_one("#prompt-status")
-        assert await wait_for(pilot, lambda: "✗" in widget_text(status), 5)
+        assert await wait_for(pilot, lambda: "✗" in widget_text(status), 30)
         assert "can never fit the KV pool" in widget_text(status)
         finished = source.snapshot().counters.finished
         assert await wait_for(pilot, lambda: source.snapshot().counters.finished > finished + 2)
@@ -227,7 +227,7 @@ async def test_scenario_concurrency_and_rate_keys(source):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("s")
         assert source.driver.scenario_name == "long-short"
-        assert await wait_for(pilot, lambda: "long-short" in widget_text(app.query_one(KnobsPanel)), 3)
+        assert await wait_for(pilot, lambda: "long-short" in widget_text(app.query_one(KnobsPanel)), 30)
         await pilot.press("s", "s")
         assert source.driver.scenario_name == "random"
         await pilot.press("S")
@@ -237,7 +237,7 @@ async def test_scenario_concurrency_and_rate_keys(source):
         assert source.driver.concurrency == 8
         await pilot.press("r")
         assert source.driver.request_rate == 1.0
-        assert await wait_for(pilot, lambda: "1/s" in widget_text(app.query_one(KnobsPanel)), 3)
+        assert await wait_for(pilot, lambda: "1/s" in widget_text(app.query_one(KnobsPanel)), 30)
         await pilot.press("R", "R")             # r cycles back too: 1/s -> ∞ -> 50/s
         assert source.driver.request_rate == 50.0
         await _running(pilot, source, 2)
@@ -260,9 +260,9 @@ async def test_help_screen_opens_and_closes(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("question_mark")      # a loaded machine may take a few frames
-        assert await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", 10)
+        assert await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", 30)
         await pilot.press("escape")
-        assert await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", 10)
+        assert await wait_for(pilot, lambda: type(app.screen).__name__ != "HelpScreen", 30)
 
 
 @sync
@@ -302,7 +302,7 @@ async def test_hovering_a_block_describes_it(source):
         await _paused_while_running(pilot, source)
         await pilot.hover(KVMap, offset=(0, 0))
         assert app.query_one(KVMap).hover_block == 0
-        assert await wait_for(pilot, lambda: "block 0:" in widget_text(app.query_one(KVLegend)), 3)
+        assert await wait_for(pilot, lambda: "block 0:" in widget_text(app.query_one(KVLegend)), 30)
 
 
 @sync
@@ -311,13 +311,13 @@ async def test_typing_a_knob_value_in_the_command_palette(source):
     async with app.run_test(size=SIZE) as pilot:
         await _running(pilot, source)
         await pilot.press("ctrl+p", *"max_num_seqs 32")
-        assert await wait_for(pilot, lambda: "set max_num_seqs = 32" in screen_text(app), 5)
+        assert await wait_for(pilot, lambda: "set max_num_seqs = 32" in screen_text(app), 30)
         await pilot.press("enter")
-        assert await wait_for(pilot, lambda: source.loop.knobs.max_num_seqs == 32, 5)
+        assert await wait_for(pilot, lambda: source.loop.knobs.max_num_seqs == 32, 30)
         await pilot.press("ctrl+p", *"budget 0")
-        assert await wait_for(pilot, lambda: "set max_num_batched_tokens = 0" in screen_text(app), 5)
+        assert await wait_for(pilot, lambda: "set max_num_batched_tokens = 0" in screen_text(app), 30)
         await pilot.press("enter")
-        assert await wait_for(pilot, lambda: "must be >= 1" in notices(app), 5)
+        assert await wait_for(pilot, lambda: "must be >= 1" in notices(app), 30)
         assert source.loop.knobs.max_num_batched_tokens == 512
 
 

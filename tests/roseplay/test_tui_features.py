@@ -229,14 +229,14 @@ async def test_command_palette_runs_actions_by_name():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("ctrl+p")
         await pilot.press(*"zoom timing")
-        assert await wait_for(pilot, lambda: "zoom Timing" in screen_text(app), 5)
+        assert await wait_for(pilot, lambda: "zoom Timing" in screen_text(app), 30)
         await pilot.press("enter")
-        assert await wait_for(pilot, lambda: app.zoom == "timing", 5)
+        assert await wait_for(pilot, lambda: app.zoom == "timing", 30)
         await pilot.press("ctrl+p")
         await pilot.press(*"speed 8")
-        assert await wait_for(pilot, lambda: "replay speed 8" in screen_text(app), 5)
+        assert await wait_for(pilot, lambda: "replay speed 8" in screen_text(app), 30)
         await pilot.press("enter")
-        assert await wait_for(pilot, lambda: src.speed == 8.0, 5)
+        assert await wait_for(pilot, lambda: src.speed == 8.0, 30)
 
 
 @pytest.mark.slow

@@ -89,7 +89,7 @@ async def test_the_ttft_split_adds_up_in_selected_and_timing(monkeypatch):
                                   enable_prefix_caching=False), concurrency=5, input_len=40)
     app = RoseplayApp(source=src)
     try:
-        async with app.run_test(size=(120, 40)) as pilot:
+        async with app.run_test(size=(200, 60)) as pilot:    # every part whole (120x40: cut)
             snap = await _paused(pilot, app, src, lambda s: any(
                 r.state == "finished" and r.prefill_chunks > 1 for r in s.requests) and any(
                 r.queued_time and r.queued_time > 0.05 for r in s.requests if r.ttft))

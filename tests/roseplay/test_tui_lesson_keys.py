@@ -40,18 +40,18 @@ async def test_tab_cycles_the_prompt_box_and_letters_never_turn_knobs(source):
         await pilot.press("i")
         bar = app.query_one(PromptBar)
         fields = [app.query_one(f) for f in PromptBar.FIELDS]
-        assert await wait_for(pilot, lambda: app.focused is fields[0], 5)
+        assert await wait_for(pilot, lambda: app.focused is fields[0], 30)
         before = _knobs(source)
         await pilot.press(*"ROMEO:")
         for expected in (1, 2, 0):              # Tab walks the three fields and wraps
             await pilot.press("tab")
-            assert await wait_for(pilot, lambda: app.focused is fields[expected], 5)
+            assert await wait_for(pilot, lambda: app.focused is fields[expected], 30)
         await pilot.press("e")
         await pilot.press("shift+tab")          # back to the sampling field
-        assert await wait_for(pilot, lambda: app.focused is fields[2], 5)
+        assert await wait_for(pilot, lambda: app.focused is fields[2], 30)
         for expected in (0, 1, 2):
             await pilot.press("tab")
-            assert await wait_for(pilot, lambda: app.focused is fields[expected], 5)
+            assert await wait_for(pilot, lambda: app.focused is fields[expected], 30)
         await pilot.press(*"temperature=0")
         await pilot.pause(0.3)
         assert bar.is_open and _knobs(source) == before
@@ -66,13 +66,13 @@ async def test_a_click_outside_the_prompt_box_closes_it(source):
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("i")
         bar = app.query_one(PromptBar)
-        assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
+        assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
         await pilot.press(*"ROMEO:")
         await pilot.click("#requests")
-        assert await wait_for(pilot, lambda: not bar.is_open, 5)
+        assert await wait_for(pilot, lambda: not bar.is_open, 30)
         before = _knobs(source)
         await pilot.press("i")                   # the typed text is still there
-        assert await wait_for(pilot, lambda: bar.is_open, 5)
+        assert await wait_for(pilot, lambda: bar.is_open, 30)
         assert app.query_one("#prompt-input").value == "ROMEO:"
         assert _knobs(source) == before
 
@@ -85,13 +85,13 @@ async def test_the_palette_budget_obeys_the_cap_that_plus_stops_at(source):
     cap = source.info.num_blocks * source.info.block_size
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("ctrl+p", *"budget 100000", "enter")
-        assert await wait_for(pilot, lambda: f"at most {cap}" in notices(app), 5), notices(app)
+        assert await wait_for(pilot, lambda: f"at most {cap}" in notices(app), 30), notices(app)
         assert source.knobs.max_num_batched_tokens == 512
         await pilot.press("ctrl+p", *f"budget {cap}", "enter")
-        assert await wait_for(pilot, lambda: source.knobs.max_num_batched_tokens == cap, 5)
+        assert await wait_for(pilot, lambda: source.knobs.max_num_batched_tokens == cap, 30)
         source.set_knobs(max_num_batched_tokens=4 * cap)     # as --max-num-batched-tokens may
         await pilot.press("plus")
-        assert await wait_for(pilot, lambda: "at its cap" in notices(app), 5)
+        assert await wait_for(pilot, lambda: "at its cap" in notices(app), 30)
         assert source.knobs.max_num_batched_tokens == 4 * cap     # `+` never lowers it
 
 
@@ -102,7 +102,7 @@ async def test_the_palette_lists_roseplays_commands_only(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("ctrl+p")
-        assert await wait_for(pilot, lambda: "pause / resume" in screen_text(app), 5)
+        assert await wait_for(pilot, lambda: "pause / resume" in screen_text(app), 30)
         from textual.command import CommandList
         options = app.screen.query_one(CommandList)
         count = -1
@@ -122,7 +122,7 @@ async def test_the_slo_editor_says_good_in_italics_not_asterisks(source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("l")
-        assert await wait_for(pilot, lambda: isinstance(app.screen, SloScreen), 5)
+        assert await wait_for(pilot, lambda: isinstance(app.screen, SloScreen), 30)
         await pilot.pause(0.2)
         text = screen_text(app)
         assert "a request is good when it meets all" in text and "*good*" not in text

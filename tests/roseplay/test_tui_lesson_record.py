@@ -51,7 +51,7 @@ def snaps():
         eng.close()
     spec = TokenTrace("s0", 3, np.arange(3, dtype="<i4").tobytes(),
                       np.array([1.0, 1.5, 1.5]).tobytes(), bytes([0, TOKEN_DRAFT | 8, 2 | 8]))
-    return out + [dataclasses.replace(last, spec_method="ngram",
+    return out + [dataclasses.replace(last, spec_method="ngram", kv_cache_dtype="fp8",
                                       traces=last.traces + (spec,))]
 
 
@@ -75,7 +75,9 @@ def test_a_json_recording_keeps_the_lesson_data(snaps):
         for a, b in zip(back.requests, snap.requests):
             assert (a.scheduled_ts, a.last_chunk_ts, a.prefill_chunks, a.prefill_preemptions) \
                 == (b.scheduled_ts, b.last_chunk_ts, b.prefill_chunks, b.prefill_preemptions)
-        assert (back.spec_method, back.logprobs_mode) == (snap.spec_method, snap.logprobs_mode)
+        assert (back.spec_method, back.logprobs_mode, back.kv_cache_dtype) == \
+            (snap.spec_method, snap.logprobs_mode, snap.kv_cache_dtype)
+    assert back.kv_cache_dtype == "fp8"
     assert back.trace("r1").logprobs_at(2) == last.trace("r1").logprobs_at(2)
 
 

@@ -33,7 +33,7 @@ async def test_the_request_list_shows_each_requests_priority(monkeypatch):
             assert await wait_for(pilot, lambda: {0, 1, -2} <= {
                 r.priority for r in src.snapshot().requests}, 20)
             await pilot.press("f")                       # only the active ones: rows on screen
-            assert await wait_for(pilot, lambda: {0, 1} <= {r.priority for r in lst.rows}, 10)
+            assert await wait_for(pilot, lambda: {0, 1} <= {r.priority for r in lst.rows}, 30)
             text = widget_text(lst)
             header = text.splitlines()[1]
             assert re.search(r"state +pri ", header), header
@@ -43,7 +43,7 @@ async def test_the_request_list_shows_each_requests_priority(monkeypatch):
                 r"│\s+(\S+)\s+\w+\s+(-?\d+) ", text)}
             assert shown and all(rows[r] == p for r, p in shown.items() if r in rows), text
             await pilot.press("O")                       # sort: back from arrival to priority
-            assert await wait_for(pilot, lambda: lst.sort == "priority" and len(lst.rows) > 2, 5)
+            assert await wait_for(pilot, lambda: lst.sort == "priority" and len(lst.rows) > 2, 30)
             assert [r.priority for r in lst.rows] == sorted(r.priority for r in lst.rows)
     finally:
         src.close()
@@ -62,7 +62,7 @@ async def test_a_replay_marks_the_recorded_knob_changes_like_the_live_app(monkey
         t1 = src.snapshot().time
         assert await wait_for(pilot, lambda: src.snapshot().time > t1 + 1.0, 60)
         await pilot.press("question_mark")
-        assert await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", 5)
+        assert await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", 30)
         await pilot.press("4")                           # a guide: many knobs, one mark
         t2 = src.snapshot().time
         assert await wait_for(pilot, lambda: src.snapshot().time > t2 + 2.0, 60)

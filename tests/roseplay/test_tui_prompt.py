@@ -22,9 +22,9 @@ async def test_typed_text_and_errors_are_visible(size):
         app = RoseplayApp(source=src)
         async with app.run_test(size=size) as pilot:
             await pilot.press("i")
-            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
+            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
             await pilot.press(*"hello roseplay")
-            assert await wait_for(pilot, lambda: "hello roseplay" in screen_text(app), 3), \
+            assert await wait_for(pilot, lambda: "hello roseplay" in screen_text(app), 30), \
                 screen_text(app)
             app.query_one("#prompt-input").value = "y" * 3000     # > 96 blocks x 16 tokens
             await pilot.press("enter")
@@ -51,13 +51,13 @@ async def test_the_prompt_box_sends_the_priority_typed():
         app = RoseplayApp(source=src)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("i")
-            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 5)
+            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
             box = app.query_one("#prompt-priority")         # on screen, beside the prompt
             assert box.region.right <= 120 and "priority 0" in screen_text(app)
             await pilot.press(*"to the front", "tab", "minus", "5", "enter")
-            assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 5)
+            assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 30)
             assert ("you-1", -5) in sent
             await pilot.press("shift+tab", *"default", "enter")
-            assert await wait_for(pilot, lambda: ("you-2", -5) in sent, 5)   # the box keeps it
+            assert await wait_for(pilot, lambda: ("you-2", -5) in sent, 30)   # the box keeps it
     finally:
         src.close()

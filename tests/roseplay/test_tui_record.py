@@ -110,7 +110,7 @@ async def test_replay_pause_step_and_back_on_its_timeline():
             src.set_knobs(enable_prefix_caching=False)
         await pilot.press("space")
         assert not src.paused
-        assert await wait_for(pilot, lambda: src.index > 6, 10)
+        assert await wait_for(pilot, lambda: src.index > 6, 30)
         await pilot.press("space")
         idx = src.index
         await pilot.pause(0.4)

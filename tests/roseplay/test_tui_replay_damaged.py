@@ -85,7 +85,7 @@ def test_a_truncated_file_replays_in_the_app_and_says_where_it_ends(tmp_path):
     async def run():
         app = RoseplayApp(source=src)
         async with app.run_test(size=(120, 40)) as pilot:
-            assert await wait_for(pilot, lambda: "cut off" in notices(app), 5)
+            assert await wait_for(pilot, lambda: "cut off" in notices(app), 30)
             src.seek(len(src.recording) - 1)
             app.refresh_panels()
             await pilot.pause()

@@ -44,7 +44,7 @@ async def test_d_and_D_turn_speculation_on_and_off_on_the_engine_process():
             assert src.knobs.num_speculative_tokens == 5
             assert await wait_for(pilot, lambda: app.snapshot.knobs.num_speculative_tokens
                                   == 5, 30), "the engine never applied k=5"
-            assert await wait_for(pilot, lambda: "5 drafts" in widget_text(knobs), 5)
+            assert await wait_for(pilot, lambda: "5 drafts" in widget_text(knobs), 30)
             assert "num_speculative_tokens:" in widget_text(knobs)     # its help text
             await pilot.press(*"D" * 6)      # clamped at 0: off
             assert await wait_for(pilot, lambda: app.snapshot.knobs.num_speculative_tokens
@@ -83,7 +83,7 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
             c = app.snapshot.counters
             assert 0 < c.spec_decode_num_accepted_tokens <= c.spec_decode_num_draft_tokens
             hist = app.timing.history.series
-            assert await wait_for(pilot, lambda: any(v > 0 for v in hist["accept"]), 20)
+            assert await wait_for(pilot, lambda: any(v > 0 for v in hist["accept"]), 30)
             accept = [v for v in hist["accept"] if v == v]
             lengths = [v for v in hist["alen"] if v == v]
             assert all(0 <= v <= 100 for v in accept) and all(1 <= v <= 4 for v in lengths)
@@ -143,7 +143,7 @@ async def test_a_typed_prompt_shows_its_next_token_distribution():
                 want = f"next token model→after: #{lp.token_ids[1]} {a}→" \
                        f"{pct(math.exp(lp.logprobs[1]))}"
                 return want in widget_text(detail)
-            assert await wait_for(pilot, top1_shown, 10), widget_text(detail)
+            assert await wait_for(pilot, top1_shown, 30), widget_text(detail)
             # the generated workload: 1 in LOGPROBS_EVERY requests asks for them
             asked = [r for r in app.snapshot.requests
                      if r.request_id.startswith("w") and r.logprobs is not None]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from engine.config import InvalidRequestError
+from kernels.kv_quant import scales_from
 
 
 @dataclass
@@ -41,7 +42,13 @@ class AttentionMetadata:
 
 
 class PagedAttention(nn.Module):
-    """Stores this step's K/V in the layer's paged cache, then attends (decode + extend)."""
+    """Stores this step's K/V in the layer's paged cache, then attends (decode + extend).
+
+    An fp8 cache comes with its per-head scales (engine/worker/placement.py), which every
+    op that stores or reads the cache takes as `**self.kv_scales` (empty for a float
+    cache, so its calls are as before). `calibrating`: the next store first sets the
+    scales from the values it stores (calculate_kv_scales; the runner sets it for one
+    eager step)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
@@ -50,31 +57,48 @@ class PagedAttention(nn.Module):
         self.ops: ModuleType | None = None
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        self.set_kv_scales(None, None)
+        self.calibrating = False
+
+    def set_kv_scales(self, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None):
+        """The cache's [kv_heads] scales (views into the pool's), None for a float cache."""
+        self.k_scale, self.v_scale = k_scale, v_scale
+        self.kv_scales = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+
+    def calibrate(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Set the scales from this step's stored K and V [T, kv_heads, D] (padding rows,
+        slot -1, left out), in place, then stop calibrating."""
+        keep = slot_mapping >= 0
+        self.k_scale.copy_(scales_from(k[keep]))
+        self.v_scale.copy_(scales_from(v[keep]))
+        self.calibrating = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata, kv_stored: bool = False) -> torch.Tensor:
         """kv_stored: the caller already wrote this step's K/V (ops.rotary_store_kv)."""
-        ops = self.ops
+        ops, sc = self.ops, self.kv_scales
         if not kv_stored:
-            ops.store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+            if self.calibrating:
+                self.calibrate(k, v, meta.slot_mapping)
+            ops.store_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, **sc)
         if meta.query_start_loc is not None:   # CUDA graph of a mixed step
             return ops.paged_unified_attention(q, self.k_cache, self.v_cache,
                                                meta.block_tables, meta.query_start_loc,
-                                               meta.seq_lens, self.scale)
+                                               meta.seq_lens, self.scale, **sc)
         n_dec = meta.num_decode_tokens
         if n_dec == q.shape[0]:
             return ops.paged_decode_attention(q, self.k_cache, self.v_cache,
                                               meta.decode_block_tables,
-                                              meta.decode_context_lens, self.scale)
+                                              meta.decode_context_lens, self.scale, **sc)
         out = torch.empty_like(q)
         if n_dec:
             out[:n_dec] = ops.paged_decode_attention(
                 q[:n_dec], self.k_cache, self.v_cache, meta.decode_block_tables,
-                meta.decode_context_lens, self.scale)
+                meta.decode_context_lens, self.scale, **sc)
         out[n_dec:] = ops.paged_extend_attention(
             q[n_dec:], self.k_cache, self.v_cache, meta.prefill_block_tables,
             meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
-            meta.prefill_max_seqlen_q, self.scale)
+            meta.prefill_max_seqlen_q, self.scale, **sc)
         return out
 
 

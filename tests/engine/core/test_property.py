@@ -39,6 +39,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from engine.config import (EVICTION_POLICIES, SCHEDULING_MODES, SCHEDULING_POLICIES,
                            InvalidRequestError)
 from engine.request import SamplingParams
+from tests.conftest import run_slow
 from tests.engine.core.kv_checking import (MAX_MODEL_LEN, VOCAB, OracleDrafter, check_all,
                                            expected, make_engine)
 from tests.helpers import add_request
@@ -210,12 +211,14 @@ class EngineMachine(RuleBasedStateMachine):
         assert eng.pool.num_free == eng.pool.num_blocks and (eng.pool.refcounts == 0).all()
 
 
-def test_engine_state_machine():
-    """CI runs a fixed example set (derandomized: a landing never depends on luck);
-    ROSEPLAY_PROPERTY_RANDOM=1 explores new ones (that is how the prefill-first livelock
-    of tests/engine/core/test_policies.py was found)."""
+def test_engine_state_machine(pytestconfig):
+    """CI runs a fixed example set (derandomized: a landing never depends on luck): 30
+    examples in the fast tier, 100 with --run-slow; ROSEPLAY_PROPERTY_RANDOM=1 explores
+    new ones (that is how the prefill-first livelock of tests/engine/core/test_policies.py
+    was found)."""
     run_state_machine_as_test(EngineMachine, settings=settings(
-        max_examples=100, stateful_step_count=80, deadline=None, database=None,
+        max_examples=100 if run_slow(pytestconfig) else 30, stateful_step_count=80,
+        deadline=None, database=None,
         derandomize=not os.environ.get("ROSEPLAY_PROPERTY_RANDOM"),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                HealthCheck.data_too_large]))

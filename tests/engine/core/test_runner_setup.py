@@ -13,6 +13,7 @@ def _tp_workers() -> list:
     return [p for p in mp.active_children() if p.name.startswith("roseplay-tp")]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_failed_start_stops_the_workers_it_started(monkeypatch):
     started = []

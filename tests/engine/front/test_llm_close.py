@@ -35,6 +35,7 @@ def test_plain_llm_twice_and_as_a_context_manager():
     assert second.engine is None
 
 
+@pytest.mark.slow
 def test_tensor_parallel_llm_twice_in_one_process():
     with LLM(**KNOBS) as ref:
         want = tokens(ref)

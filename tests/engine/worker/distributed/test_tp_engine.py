@@ -51,7 +51,8 @@ def _tokens(outputs):
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", [pytest.param("llama", marks=pytest.mark.slow),
+                                  pytest.param("qwen2", marks=pytest.mark.slow), "qwen3"])
 def test_tp2_equals_tp1_with_async_scheduling(tmp_path, kind, monkeypatch):
     make_checkpoint(kind, tmp_path)
     shard_checkpoint(tmp_path)
@@ -78,6 +79,7 @@ def test_tp2_equals_tp1_with_async_scheduling(tmp_path, kind, monkeypatch):
     assert [p.exitcode for p in group.procs] == [0]
 
 
+@pytest.mark.slow
 def test_cancel_and_reused_ids_under_tp_stay_exact(tmp_path):
     """A cancelled stream leaves the others exact; a seeded request id used again starts
     a fresh generator on every rank (the workers release the old one before the step)."""
@@ -102,6 +104,7 @@ def test_cancel_and_reused_ids_under_tp_stay_exact(tmp_path):
         assert loop.fatal_error is None
 
 
+@pytest.mark.slow
 def test_killed_rank_ends_every_stream_with_an_error(tmp_path):
     make_checkpoint("llama", tmp_path)
     with EngineLoop(model=str(tmp_path), tensor_parallel_size=2, **{**KNOBS, "num_blocks": 256}) as loop:
