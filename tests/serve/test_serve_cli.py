@@ -88,6 +88,16 @@ def test_bad_speculative_config_is_exit_2_in_every_command(value, capsys):
         assert "argument --speculative-config: " in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("value", ['{"backend": "outlines"}', '{"compile_timeout": "5"}',
+                                   '{"grammar_cache_size": -1}', '{"nope": 1}', "not json"])
+def test_bad_structured_outputs_config_is_exit_2(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--device", "cpu", "--port", "0", "--structured-outputs-config", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --structured-outputs-config: " in err and "Traceback" not in err, err
+
+
 def test_bench_refuses_a_bad_engine_config_before_it_starts(capsys):
     """What only the whole config can tell (draft_model needs a draft for a model other
     than the bundled one) is exit 2 too, as in serve and the TUI, not a failed run (1)."""

@@ -3,15 +3,19 @@ library"): xgrammar, the alternative to llguidance, gives outputs that validate 
 kind (JSON schemas, choice, regex, a GBNF and a Lark grammar) and refuses a bad schema
 with a clean message; with speculative decoding (its drafts checked token by token, then
 rolled back) its greedy tokens are the ones it gives without; the config's backend names
-(vLLM's, "llguidance" read as "guidance"); vLLM's Python API (StructuredOutputsParams)."""
+(vLLM's, "llguidance" read as "guidance"; auto falls back to xgrammar where llguidance
+cannot read the tokenizer); vLLM's Python API (StructuredOutputsParams)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+import llguidance
 import pytest
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine.config import InvalidRequestError, StructuredOutputsConfig
+from engine.core.structured import make_manager
 from engine.structured_outputs import GRAMMAR_ERROR
 from tests.engine.core.structured_schemas import check
 from tests.engine.core.test_structured import cases, run
@@ -88,3 +92,22 @@ def test_vllm_python_api(xllm):
     assert xllm.generate(["ROMEO.\n"], sp)[0].outputs[0].text in ("aye", "nay")
     with pytest.raises(InvalidRequestError, match="exactly one of"):
         StructuredOutputsParams(regex="a", choice=["b"])
+
+
+def test_auto_falls_back_to_xgrammar_where_llguidance_cannot_read_the_tokenizer(
+        xllm, monkeypatch):
+    def unreadable(*args, **kwargs):
+        raise ValueError("a tokenizer llguidance cannot read")
+    monkeypatch.setattr(llguidance, "LLTokenizer", unreadable)
+
+    def backend(name: str):
+        config = SimpleNamespace(structured_outputs_config=StructuredOutputsConfig(backend=name))
+        manager = make_manager(config, xllm.engine.tokenizer, xllm.engine.vocab_size, (0,),
+                               False, SimpleNamespace())
+        try:
+            return manager.backend.get()
+        finally:
+            manager.close()
+    assert backend("auto").name == "xgrammar"
+    with pytest.raises(ValueError, match="cannot read"):
+        backend("guidance")
