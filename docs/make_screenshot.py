@@ -15,7 +15,7 @@ import os
 import time
 
 from roseplay.app import RoseplayApp
-from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, TUI_SCENARIO
+from roseplay.app_defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, TUI_SCENARIO
 from roseplay.source import start_live
 
 HERE = os.path.dirname(os.path.abspath(__file__))

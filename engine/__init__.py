@@ -6,9 +6,10 @@ can be imported without torch (the TUI's replay mode needs no model).
 """
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
 from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
+from engine.structured_outputs import StructuredOutputsParams
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SchedulerConfig", "SamplingParams",
-           "RequestOutput", "CompletionOutput", "RequestMetrics", "InvalidRequestError",
+           "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "InvalidRequestError",
            "EngineLoop", "RequestStream"]
 
 _LAZY = {"LLM": "engine.front.llm", "LLMEngine": "engine.core.core",

@@ -8,6 +8,7 @@ BLOCK_FREE, BLOCK_USED, BLOCK_CACHED = 0, 1, 2
 # request states shown to users (RequestView.state)
 WAITING, PREFILLING, DECODING, PREEMPTED, DEDUP = "waiting", "prefilling", "decoding", "preempted", "dedup"
 FINISHED, CANCELLED, ERROR = "finished", "cancelled", "error"
+COMPILING = "compiling"      # structured outputs: waiting for its grammar (not yet queued)
 # admitted (holding a seat of max_num_seqs): what EngineStats.num_running and
 # vllm:num_requests_running count
 RUNNING_STATES = (PREFILLING, DECODING, DEDUP)

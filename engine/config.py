@@ -239,21 +239,66 @@ class SpeculativeConfig:
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
         """From a SpeculativeConfig, a dict, or vLLM's JSON text (`--speculative-config`)."""
-        if value is None or isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except (ValueError, RecursionError) as exc:
-                raise InvalidRequestError(f"speculative_config is not JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise InvalidRequestError(f"speculative_config must be an object, got {value!r}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(value) - names
-        if unknown:
-            raise InvalidRequestError(f"unknown speculative_config field(s): "
-                                      f"{', '.join(sorted(unknown))}")
-        return cls(**value)
+        return _parse_json_config(cls, "speculative_config", value)
+
+
+def _parse_json_config(cls, name: str, value):
+    """A config dataclass from itself, a dict, or its JSON text (a `--NAME JSON` flag);
+    None stays None; unknown fields are refused."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidRequestError(f"{name} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{name} must be an object, got {value!r:.60}")
+    unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise InvalidRequestError(f"unknown {name} field(s): {', '.join(sorted(unknown))}")
+    return cls(**value)
+
+
+# vLLM's names; "llguidance" (the library's) is read as "guidance"
+STRUCTURED_OUTPUTS_BACKENDS = ("auto", "guidance", "llguidance", "xgrammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """vLLM's structured_outputs_config (its field names where it has them): the grammar
+    library, and the bounds of compiling (docs/STRUCTURED_OUTPUTS.md). Fixed at start."""
+    backend: str = "auto"             # auto: guidance (llguidance), xgrammar where llguidance
+    #                                   cannot read the tokenizer; or either one
+    compile_timeout: float = 10.0     # seconds a request may wait for its grammar
+    grammar_cache_size: int = 256     # compiled grammars kept (least recently used go)
+    # JSON: no whitespace but ", " and ": " (True, roseplay's default), or any between
+    # tokens (False, vLLM's: a small model can fill it with newlines)
+    disable_any_whitespace: bool = True
+
+    def __post_init__(self):
+        if self.backend not in STRUCTURED_OUTPUTS_BACKENDS:
+            raise InvalidRequestError(f"structured_outputs_config backend must be one of "
+                                      f"{', '.join(STRUCTURED_OUTPUTS_BACKENDS)}, got "
+                                      f"{self.backend!r:.60}")
+        if self.backend == "llguidance":
+            object.__setattr__(self, "backend", "guidance")
+        t = self.compile_timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 3600:
+            raise InvalidRequestError(f"compile_timeout must be in (0, 3600] seconds, got "
+                                      f"{t!r:.60}")
+        n = self.grammar_cache_size
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1 << 16:
+            raise InvalidRequestError(f"grammar_cache_size must be an integer in [0, 65536], "
+                                      f"got {n!r:.60}")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise InvalidRequestError("disable_any_whitespace must be a boolean")
+
+    @classmethod
+    def parse(cls, value) -> "StructuredOutputsConfig":
+        """From itself, a dict, or JSON text (`--structured-outputs-config`); None: the
+        defaults."""
+        return _parse_json_config(cls, "structured_outputs_config", value) or cls()
 
 
 @dataclass(frozen=True)
@@ -334,6 +379,13 @@ class EngineConfig:
               "(alias draft; \"model\": a smaller checkpoint with the target's vocabulary, "
               "default on the bundled model: its bundled draft), oracle (benchmarks only). "
               "docs/SPECULATIVE.md; off by default.", check=SpeculativeConfig.parse)
+    structured_outputs_config: StructuredOutputsConfig | dict | str | None = _knob(
+        None, "Structured outputs as vLLM's JSON, e.g. '{\"backend\": \"guidance\", "
+              "\"compile_timeout\": 10}': backend auto (llguidance; xgrammar where it cannot read "
+              "the tokenizer), guidance (alias llguidance) or xgrammar; "
+              "compile_timeout (seconds a request waits for its grammar, then a 400); "
+              "grammar_cache_size; disable_any_whitespace (docs/STRUCTURED_OUTPUTS.md).",
+        check=StructuredOutputsConfig.parse)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self):
@@ -341,6 +393,8 @@ class EngineConfig:
         if spec is not None and spec.method == "draft_model":
             spec = self._draft_model_config(spec)
         object.__setattr__(self, "speculative_config", spec)
+        object.__setattr__(self, "structured_outputs_config",
+                           StructuredOutputsConfig.parse(self.structured_outputs_config))
         if spec is not None and self.scheduler.num_speculative_tokens == 0:
             object.__setattr__(self, "scheduler", self.scheduler.replace(
                 num_speculative_tokens=spec.num_speculative_tokens))

@@ -14,6 +14,7 @@ from engine.codes import REASON_LENGTH, REASON_STOP
 from engine import validation as V
 from engine.config import InvalidRequestError
 from engine.metrics import request_latencies
+from engine.structured_outputs import StructuredOutputsParams
 
 
 _SAMPLING_EPS = 1e-5
@@ -54,6 +55,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     # roseplay extra (the TUI's model-vs-processed view): each logprobs entry also
     # carries the model's own top-n (TokenLogprobs.raw); needs logprobs
     raw_logprobs: bool = False
+    # vLLM's structured outputs: json / regex / choice / grammar / json_object, each token
+    # masked to what the grammar allows (docs/STRUCTURED_OUTPUTS.md)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         # one validation layer (engine/validation.py): named field, accepted range
@@ -80,6 +84,17 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         V.check_logprobs("prompt_logprobs", self.prompt_logprobs)
         if V.check_bool("raw_logprobs", self.raw_logprobs) and self.logprobs is None:
             raise InvalidRequestError("raw_logprobs needs logprobs (the top-n to show)")
+        so = self.structured_outputs
+        if isinstance(so, dict):      # as the wire decodes a map into the Struct
+            try:
+                so = msgspec.convert(so, StructuredOutputsParams)
+            except msgspec.ValidationError as exc:
+                text = str(exc)
+                raise InvalidRequestError(text if text.startswith("structured_outputs")
+                                          else f"structured_outputs: {text}") from None
+            force_setattr(self, "structured_outputs", so)
+        elif so is not None and not isinstance(so, StructuredOutputsParams):
+            raise InvalidRequestError("structured_outputs must be a StructuredOutputsParams")
 
     @property
     def uses_penalties(self) -> bool:
@@ -176,6 +191,8 @@ class Request:
     prefill_chunks: int = 0          # chunks computed before its first token, every admission
     prefill_preemptions: int = 0     # preemptions before its first token (their requeue
     #                                  and recompute count in the prefill part, as in vLLM)
+    grammar: object = None           # structured outputs: its RequestGrammar (compile,
+    #                                  matcher; engine/core/structured/manager.py)
     _last_logprobs: object = field(default=None, repr=False)
 
     @property

@@ -94,6 +94,10 @@ class EngineCounters:
     spec_decode_num_drafts: int = 0          # speculative decoding (vLLM's names): requests
     spec_decode_num_draft_tokens: int = 0    # verified with drafts, drafts proposed,
     spec_decode_num_accepted_tokens: int = 0  # drafts accepted
+    grammar_compiles: int = 0     # structured outputs: grammars compiled (cache misses),
+    grammar_steps: int = 0        # steps with a grammar mask, the mask rows filled,
+    grammar_rows: int = 0         # and the host time filling them (docs/STRUCTURED_OUTPUTS.md)
+    grammar_fill_us: int = 0
 
     def minus(self, earlier: "EngineCounters") -> "EngineCounters":
         """The counts between two snapshots (windowed rates, a run's share)."""
@@ -111,6 +115,20 @@ class EngineCounters:
 
 
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
+
+
+@dataclass(frozen=True)
+class GrammarView:
+    """A constrained request's grammar (structured outputs, docs/STRUCTURED_OUTPUTS.md): its kind
+    and state, and for a request that asked for logprobs its last step: how many tokens
+    the grammar allowed, the model's own top choices (token, logprob, allowed), the token
+    taken. state: "compiling" while it waits for its grammar."""
+    kind: str                   # json, regex, choice, grammar, json_object
+    state: str = ""             # "compiling", "in string", "expecting ':'", "complete", ...
+    allowed: int = -1           # tokens allowed at its last step (-1: not traced)
+    vocab: int = 0
+    top: tuple[tuple[int, float, bool], ...] = ()
+    token: int = -1             # the token taken at that step
 
 
 @dataclass(slots=True, unsafe_hash=True)   # not frozen: hundreds are built per snapshot,
@@ -144,6 +162,7 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     last_chunk_ts: float | None = None   # its last prompt chunk scheduled
     prefill_chunks: int = 0          # chunks computed before its first token (all admissions)
     prefill_preemptions: int = 0     # preemptions before its first token
+    grammar: GrammarView | None = None   # structured outputs: None for a free request
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""

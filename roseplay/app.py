@@ -31,7 +31,8 @@ from roseplay.widgets.events import EventLog, flash_blocks
 from roseplay.widgets.knobs import KnobsPanel
 from roseplay.widgets.kv_panel import KVPanel
 from roseplay.widgets.prompt_input import PromptBar
-from roseplay.widgets.requests import ACTIVE, RequestDetail, RequestList, waiting_reason
+from roseplay.widgets.request_detail import RequestDetail
+from roseplay.widgets.requests import ACTIVE, RequestList, waiting_reason
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.step import StepPanel
 from roseplay.widgets.step_strip import StepStrip

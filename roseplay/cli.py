@@ -12,14 +12,10 @@ import sys
 
 from roseplay.cli_flags import (add_engine_flags, add_engine_key_flag, add_goodput_flag,
                                 engine_kwargs, goodput_slos)
+from roseplay.app_defaults import TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
 from roseplay.early_start import EarlyStart
 from roseplay.workload_flags import WORKLOAD_DEFAULTS, add_workload_flags, number
 
-TUI_NUM_BLOCKS = 512        # a pool small enough to read on the map (override with --num-blocks)
-TUI_MAX_NUM_SEQS = 16       # fewer running than in flight: a queue, so the scheduling policy
-#                             and priorities show (override with --max-num-seqs)
-TUI_SCENARIO = WORKLOAD_DEFAULTS["roseplay"].scenario
-TUI_CONCURRENCY = WORKLOAD_DEFAULTS["roseplay"].concurrency
 DESCRIPTION = ("An interactive terminal playground on a real LLM inference engine (its own process, "
                "two with --compare): "
                "paged KV blocks, prefix-cache sharing, chunked prefill and per-token timing, "

@@ -25,7 +25,8 @@ from roseplay.keys import KEYS
 from roseplay.widgets.agreement import TokenAgreement
 from roseplay.widgets.counters import CounterWindow
 from roseplay.widgets.events import flash_blocks
-from roseplay.widgets.knobs import SHORT_NAMES, fmt_value, live_fields
+from roseplay.widgets.knob_words import SHORT_NAMES, fmt_value
+from roseplay.widgets.knobs import live_fields
 from roseplay.widgets.kv_panel import KVPanel
 from roseplay.widgets.ratios import METRICS, RatioTable, side_metrics
 from roseplay.widgets.status import StatusBar

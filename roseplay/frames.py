@@ -56,7 +56,7 @@ def _unb64(text, dtype: str, n: int) -> np.ndarray:
 
 
 def _req_dict(view: RequestView) -> dict:
-    d = {name: getattr(view, name) for name in _REQ_FIELDS}
+    d = {name: getattr(view, name) for name in _REQ_FIELDS if name != "grammar"}
     d["blocks"] = list(view.blocks)
     d["output_tail"] = list(view.output_tail)
     lp = view.logprobs      # TokenLogprobs as [token_ids, logprobs, rank]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig, knob_fields
-from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
+from roseplay.app_defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
 
 VLLM = "vLLM Optimization and Tuning"
 VLLM_APC = "vLLM Automatic Prefix Caching"

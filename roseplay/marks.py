@@ -2,7 +2,8 @@
 OFF`, `guide 3`), live and from a recording's events, one mark per user action."""
 from __future__ import annotations
 
-from roseplay.widgets.knobs import SHORT_NAMES, live_fields
+from roseplay.widgets.knob_words import SHORT_NAMES
+from roseplay.widgets.knobs import live_fields
 
 
 def change_label(source, knob: str) -> str:

@@ -91,7 +91,8 @@ def check_header(h: dict) -> dict:
 # newer than format 1: may be absent
 LATER_REQUEST_FIELDS = ("output_tail", "priority", "spec_draft_tokens", "spec_accepted_tokens",
                         "logprobs", "scheduled_ts", "last_chunk_ts", "prefill_chunks",
-                        "prefill_preemptions")
+                        "prefill_preemptions",
+                        "grammar")      # never recorded: a replay shows no grammar mask
 
 
 def check_request(d, num_blocks: int) -> dict:
@@ -172,7 +173,8 @@ def check_event(d, num_blocks: int) -> dict:
 
 # counters added after format 1 was written: older recordings read them as 0
 LATER_COUNTERS = ("device_wait_us", "snapshot_build_us", "gc_pause_us", "spec_decode_num_drafts",
-                  "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+                  "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+                  "grammar_compiles", "grammar_steps", "grammar_rows", "grammar_fill_us")
 
 
 def check_counters(d) -> dict:

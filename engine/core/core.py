@@ -19,18 +19,19 @@ but the batch it broadcasts anyway.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 from engine.core.batch_builder import build_step_batch
+from engine.core.launched import Launched, commit_plan
 from engine.core.prompt_logprobs import take_prompt_logprobs
 from engine.core.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, SpeculativeConfig
 from engine.worker.distributed.executor import TPExecutor
-from engine.worker.device_io import HostCopy, HostCopyRing
+from engine.worker.device_io import HostCopyRing
 from engine.core.events import EventLog
 from engine.core.kv.block_pool import BlockPool
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
@@ -38,31 +39,17 @@ from engine.worker.placement import resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.core.scheduler import Scheduler, StepPlan
 from engine.core.spec_decode import SPEC_ASYNC_RUN, SpecDecoder
+from engine.core.structured import make_manager
 from engine.core.runner_setup import RunnerSetup, setup_runner
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
 from engine.core.stats import StatsRecorder
-from engine.worker.step_batch import StepBatch
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
 _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
            REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
-
-
-@dataclass
-class Launched:
-    """A step whose forward and sampling are queued on the device."""
-    plan: StepPlan
-    batch: StepBatch
-    requests: list[Request]          # one per sample row
-    admits: list[int]                # each row's request's admit_seq at launch: a row
-    #                                  is void for a request re-admitted since
-    host_tokens: HostCopy            # the same tokens on their way to the host
-    t0: float
-    logprobs: object = None          # LogprobsCopy of the rows that asked (engine/sampling.py)
-    prompt_logprobs: object = None   # PromptLogprobsCopy (engine/core/prompt_logprobs.py)
 
 
 class LLMEngine:
@@ -97,6 +84,10 @@ class LLMEngine:
         self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
                                 self.scheduler, self.counters, config.seed, setup.draft)
         self.scheduler.drafter = self.spec.schedule_drafts
+        self.structured = make_manager(config, self.tokenizer, self.vocab_size,
+                                       tuple(loaded.eos_token_ids),
+                                       self.device.type == "cuda", self.counters)
+        self.spec.check_drafts = self.structured.validate_drafts
         self.async_scheduling_enabled = config.async_scheduling
         self._tp_executor = TPExecutor(self.tp_group, self.runner) if self.tp_group else None
         self.stats = StatsRecorder(self.counters)
@@ -157,7 +148,9 @@ class LLMEngine:
         req.stop_ids = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos
                                                       else self.eos_token_ids)
         self.requests[req.request_id] = req
-        self.scheduler.add(req)
+        # structured outputs: queued once its grammar is compiled (a cache hit: now)
+        if p.structured_outputs is None or self.structured.add(req):
+            self.scheduler.add(req)
         return req
 
     def abort(self, request_id: str, reason: str = REASON_CANCELLED,
@@ -185,7 +178,17 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------
     def step(self) -> StepOutput:
         """Run one engine step; return its new tokens and finished requests. With async
-        scheduling a call launches the next step before returning this one's tokens."""
+        scheduling a call launches the next step before returning this one's tokens.
+        Requests whose grammar compiled join the queue first; those whose compile failed
+        or timed out end (structured outputs)."""
+        failed = self.structured.poll(self.scheduler.add) if self.structured.compiling else ()
+        out = self._step()
+        for req, error in failed:
+            if req.request_id in self.requests:
+                self._finish(req, REASON_ERROR, error, out)
+        return out
+
+    def _step(self) -> StepOutput:
         if self._inflight is not None:
             return self._complete_inflight(chain=True)
         t0 = self.clock.now()
@@ -194,6 +197,8 @@ class LLMEngine:
         self._chained = 0
         if not plan:
             self._record(plan, t0, 0)
+            if self.structured.compiling:    # nothing to run but grammars to wait for
+                self.structured.wait(0.01)
             return out
         try:
             launched = self._launch(plan)
@@ -248,13 +253,28 @@ class LLMEngine:
         t0 = self.clock.now()
         batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size,
                                            self.scheduler.kv.tables, device_fed)
-        tokens = self.executor.execute_model(batch)
+        grammar = self.structured.step_mask(requests, plan, batch.draft_rows) \
+            if self.structured.active else None
+        if grammar is not None:
+            batch = dataclasses.replace(batch, grammar=grammar.mask)
+        tokens = self.executor.execute_model(batch)    # None: sampled once masked
         # start the copy to the host now: a later .tolist() would be ordered behind (and
         # wait for) the next step, which is launched before these tokens are read
         return Launched(plan, batch, requests, [r.admit_seq for r in requests],
-                        self._host_copies.start(tokens), t0,
-                        self.runner.take_logprobs(batch),
-                        take_prompt_logprobs(self.runner, plan))
+                        None if tokens is None else self._host_copies.start(tokens), t0,
+                        None if tokens is None else self.runner.take_logprobs(batch),
+                        take_prompt_logprobs(self.runner, plan), grammar)
+
+    def _sample_deferred(self, launched: Launched) -> None:
+        """Structured outputs under async scheduling: the step's forward ran while the
+        previous step's tokens were read and its matchers advanced; now its mask is
+        filled and its sampling queued (vLLM V1's deferred grammar bitmask)."""
+        tokens = self.runner.sample_deferred(self.structured.fill(launched.grammar))
+        launched.host_tokens = self._host_copies.start(tokens)
+        launched.logprobs = self.runner.take_logprobs(launched.batch)
+        for req in launched.requests:     # ended meanwhile: drop the sampler state its
+            if req.request_id not in self.requests:   # row just made again
+                self.runner.release(req.request_id)
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
@@ -264,8 +284,9 @@ class LLMEngine:
         failed = None
         try:
             self._commit(prev.plan)
-            if chain and self.async_scheduling and self._may_chain(prev.plan):
-                failed = self._launch_next(prev)
+            if chain and self.async_scheduling and self._may_chain(prev.plan) \
+                    and not (self._tp_executor is not None and prev.grammar is not None):
+                failed = self._launch_next(prev)    # (TP: a mask goes with the batch)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails
             plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
@@ -278,6 +299,12 @@ class LLMEngine:
                     req.drop_pending()
                     if req.status is RequestStatus.RUNNING:
                         self.scheduler.preempt(req)
+        nxt = self._inflight
+        if nxt is not None and nxt.host_tokens is None:
+            try:
+                self._sample_deferred(nxt)
+            except Exception as exc:    # rerun request by request (below)
+                self._inflight, failed = None, (nxt.plan, exc)
         self._after_step(prev.plan, prev.t0, out)
         if failed is not None:   # rerun request by request, now that prev's tokens are known
             plan, exc = failed
@@ -305,31 +332,8 @@ class LLMEngine:
         self._record(plan, t0, len(out.request_ids))
 
     def _commit(self, plan: StepPlan) -> None:
-        """The plan's KV is computed: advance counters, index newly full blocks, and let
-        dedup followers take the blocks of leaders that finished their prompt."""
-        page, running = self.pool.block_size, RequestStatus.RUNNING
-        caching = self.knobs.enable_prefix_caching
-        kv = self.scheduler.kv
-        for c in plan.decodes:   # hot loop: one token each; a block fills every `page`
-            req = c.request
-            if req.status is running:
-                n = req.num_computed_tokens = req.num_computed_tokens + 1
-                if n % page == 0:
-                    kv.register_full_blocks(req, caching)
-        for c in plan.prefills:
-            req = c.request
-            if req.status.done:
-                continue
-            req.num_computed_tokens += c.num_tokens
-            req.chunks_done += 1
-            kv.register_full_blocks(req, caching)
-            if c.sample:
-                self.scheduler.leader_sampled(req)
-        followers = self.scheduler.followers
-        if followers:      # a leader whose last prompt token ran as a decode sampled too
-            for c in plan.decodes:
-                if c.request in followers and c.request.status is running:
-                    self.scheduler.leader_sampled(c.request)
+        commit_plan(plan, self.scheduler, self.pool.block_size,
+                    self.knobs.enable_prefix_caching)
 
     def _emit_tokens(self, launched: Launched, out: StepOutput) -> None:
         tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync
@@ -341,6 +345,7 @@ class LLMEngine:
         row_logprobs = None
         if launched.logprobs is not None or out.logprobs is not None:
             row_logprobs = out.align_logprobs(launched.logprobs, requests)
+        step_logprobs = row_logprobs           # by sample row (the grammar views read them)
         if verifies:     # the verified positions' sample rows: one range (batch_builder)
             lo = int(launched.batch.draft_rows[0])
             hi = lo + launched.batch.draft_rows.shape[0]
@@ -355,13 +360,19 @@ class LLMEngine:
         if verifies:
             ended += self.spec.commit(verifies, verified, now, self.stats.recent_itls, out,
                                       self.knobs.enable_prefix_caching)
-        for req, reason in ended:
-            self._finish(req, reason, None, out)
+        ended = [(r, reason, None) for r, reason in ended]
+        if launched.grammar is not None:     # matchers consume the new tokens
+            done = {id(r) for r, _, _ in ended}
+            ended += [e for e in self.structured.advance(launched.grammar, step_logprobs)
+                      if id(e[0]) not in done]
+        for req, reason, error in ended:
+            self._finish(req, reason, error, out)
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 out: StepOutput | None) -> None:
         req.drop_pending()
-        self.scheduler.remove(req)
+        if req.grammar is None or not self.structured.release(req):
+            self.scheduler.remove(req)       # (a request still compiling never entered it)
         req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
         del self.requests[req.request_id]
         self.executor.release(req.request_id)
@@ -397,6 +408,8 @@ class LLMEngine:
     def close(self) -> None:
         """Stop the tensor-parallel workers (if any); the runner's CUDA graphs go first
         (they may hold the NCCL communicator the group's teardown waits for)."""
+        if getattr(self, "structured", None) is not None:
+            self.structured.close()
         if self.tp_group is not None:
             # after a rank died, syncing the device could wait on a collective forever
             if getattr(self, "runner", None) is not None and self.tp_group.error is None:

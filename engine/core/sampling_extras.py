@@ -56,10 +56,12 @@ def _bias_columns(requests: list) -> dict:
 
 def _min_tokens_columns(requests: list) -> dict:
     """Stop tokens (EOS and stop_token_ids: Request.stop_ids) of rows whose output is
-    still shorter than min_tokens: this sample is output token len(output_token_ids)."""
+    still shorter than min_tokens: this sample is output token len(output_token_ids).
+    A constrained row's are held in its grammar mask instead, unless the grammar allows
+    nothing else (engine/core/structured/manager.py)."""
     rows, tokens = [], []
     for i, r in enumerate(requests):
-        if r.params.min_tokens > len(r.output_token_ids) and r.stop_ids:
+        if r.params.min_tokens > len(r.output_token_ids) and r.stop_ids and r.grammar is None:
             rows.extend([i] * len(r.stop_ids))
             tokens.extend(r.stop_ids)
     return dict(mask_rows=np.asarray(rows, np.int64), mask_tokens=np.asarray(tokens, np.int64))

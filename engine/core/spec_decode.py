@@ -15,7 +15,8 @@ into the prefix cache: blocks are hashed from computed tokens).
 
 Not speculated (a plain decode instead): requests whose sampling needs the processed
 path (penalties, logit bias, min_p, min_tokens, logprobs) and a request with a token
-still pending on the device. Seeded random requests are: their rows draw from their own
+still pending on the device. A constrained request's draft is cut to the prefix its
+grammar accepts (structured outputs, docs/STRUCTURED_OUTPUTS.md), checked without advancing it. Seeded random requests are: their rows draw from their own
 generator (engine/worker/rejection.py).
 """
 from __future__ import annotations
@@ -123,6 +124,9 @@ class SpecDecoder:
         self.longest_draft = 0        # positions reported (a position never drafted: none)
         self.oracle = OracleDrafts(config, seed) if config.method == "oracle" else None
         self.token_arrays = TokenArrays()     # the n-gram proposer's view of each request
+        # structured outputs: (request, draft) -> the prefix its grammar accepts (the
+        # engine's StructuredOutputManager.validate_drafts; the matcher does not advance)
+        self.check_drafts = lambda req, draft: draft
 
     def propose_batch(self, reqs: list, rooms: list[int]) -> list[list[int]]:
         """Up to rooms[i] drafts for each request: the draft model in one batched pass,
@@ -183,6 +187,8 @@ class SpecDecoder:
         verified = set()
         reserve, verifies, copies = self.kv.reserve, plan.verifies, plan.copies
         for c, draft in zip(chunks, self.propose_batch([c.request for c in chunks], rooms)):
+            if c.request.grammar is not None:
+                draft = self.check_drafts(c.request, draft)
             if len(draft) > budget:
                 draft = draft[:budget]
             if not draft:

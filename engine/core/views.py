@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.codes import (CANCELLED, DECODING, DEDUP, ERROR, FINISHED, PREEMPTED, PREFILLING,
-                          WAITING)
+from engine.codes import (CANCELLED, COMPILING, DECODING, DEDUP, ERROR, FINISHED, PREEMPTED,
+                          PREFILLING, WAITING)
 from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
-from engine.snapshot import OUTPUT_TAIL, EngineSnapshot, RequestView
+from engine.snapshot import OUTPUT_TAIL, EngineSnapshot, GrammarView, RequestView
 
 
 def compact_counts(counts: np.ndarray) -> np.ndarray:
@@ -22,6 +22,8 @@ def compact_counts(counts: np.ndarray) -> np.ndarray:
 def request_state(req: Request) -> str:
     st = req.status
     if st is RequestStatus.WAITING:
+        if req.grammar is not None and not req.grammar.ready:
+            return COMPILING
         return PREEMPTED if req.num_preemptions else WAITING
     if st is RequestStatus.RUNNING:
         if req.dedup_leader is not None:
@@ -42,7 +44,16 @@ def request_view(req: Request) -> RequestView:
                        tuple(req.output_token_ids[-OUTPUT_TAIL:]), req.priority,
                        req.num_draft_tokens, req.num_accepted_tokens, req.last_logprobs,
                        req.scheduled_ts, req.last_chunk_ts, req.prefill_chunks,
-                       req.prefill_preemptions)
+                       req.prefill_preemptions, _grammar_view(req))
+
+
+def _grammar_view(req: Request) -> GrammarView | None:
+    g = req.grammar
+    if g is None:
+        return None
+    if g.view is not None:
+        return g.view
+    return GrammarView(g.params.kind, "" if g.ready or req.status.done else COMPILING)
 
 
 def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:

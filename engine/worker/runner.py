@@ -27,7 +27,8 @@ from kernels.kv_quant import byte_view
 from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
 from engine.worker.sampling import LogprobsCopy, Sampler, prompt_logprobs
 from engine.worker.step_buffers import device_fed
-from engine.worker.step_batch import SamplingColumns, StepBatch
+from engine.worker.grammar_mask import masked_logits
+from engine.worker.step_batch import GrammarMask, SamplingColumns, StepBatch
 from engine.worker.warmup import warm_up_attention, warm_up_logits
 
 
@@ -54,6 +55,8 @@ class ModelRunner:
         self.sampler = Sampler(device, seed, logprobs_mode)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
         self.prompt_logprobs: tuple | None = None      # the last step's (sampling.prompt_logprobs)
+        self._deferred: tuple | None = None   # (batch, logits) of a forward whose sampling
+        #                                       waits for its grammar mask (sample_deferred)
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_cache, self.kv_scales = attach_kv_cache(
@@ -85,19 +88,36 @@ class ModelRunner:
             self.graphs.release()
 
     # -- per step --------------------------------------------------------------------
-    def execute_model(self, batch: StepBatch) -> torch.Tensor:
+    def execute_model(self, batch: StepBatch) -> torch.Tensor | None:
         """Forward, then sample: the step's tokens, on the device (kept for the next step,
-        whose decode rows may read them: batch.prev_token_rows)."""
+        whose decode rows may read them: batch.prev_token_rows). A batch whose grammar
+        mask is still to come (batch.grammar.bitmask None) runs its forward only and
+        returns None: sample_deferred(mask) samples it (engine/core/core.py)."""
         prev = self.last_tokens if batch.prev_token_rows is not None else None
         logits = self.execute(batch, prev)
         greedy = self.graphs.greedy if self.graphs is not None else None
+        if batch.grammar is not None and batch.grammar.bitmask is None:
+            self._deferred = (batch, logits)
+            return None
+        return self._sample(batch, logits, greedy, batch.grammar)
+
+    def sample_deferred(self, grammar: GrammarMask) -> torch.Tensor:
+        """Sample the step whose forward execute_model ran, now that its mask is known."""
+        (batch, logits), self._deferred = self._deferred, None
+        return self._sample(batch, logits, None, grammar)
+
+    def _sample(self, batch: StepBatch, logits: torch.Tensor, greedy: torch.Tensor | None,
+                grammar: GrammarMask | None) -> torch.Tensor:
         cols = batch.sampling if batch.draft_rows is None else _verified_rows_greedy(batch)
-        if greedy is not None and cols.all_greedy and cols.extras is None \
-                and batch.samples_in_order:
+        model_logits = logits
+        if grammar is not None:       # disallowed tokens -inf, before every sampling step
+            logits = masked_logits(logits, grammar)
+        if greedy is not None and grammar is None and cols.all_greedy \
+                and cols.extras is None and batch.samples_in_order:
             tokens = greedy         # the decode graph's own argmax: no launch after it
             self.sampler.last_logprobs = None
         else:
-            tokens = self.sampler.sample(logits, cols)
+            tokens = self.sampler.sample(logits, cols, model_logits)
         if batch.draft_rows is not None:
             tokens = self._verify_random_rows(logits, batch, tokens)
         self.last_tokens = tokens

@@ -41,11 +41,15 @@ class Sampler:
         self.generators.pop(request_id, None)
         self.counts.release(request_id)
 
-    def sample(self, logits: torch.Tensor, cols: SamplingColumns) -> torch.Tensor:
-        """logits [R, V] (model dtype), one row per sample -> token ids, on the device."""
+    def sample(self, logits: torch.Tensor, cols: SamplingColumns,
+               model_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [R, V] (model dtype), one row per sample -> token ids, on the device.
+        model_logits: the model's own, when `logits` is their grammar-masked copy
+        (engine/worker/grammar_mask.py): the raw logprobs view reads them."""
         self.last_logprobs = None
         if cols.extras is not None:
-            return self._sample_processed(logits, cols, cols.extras)
+            return self._sample_processed(logits, cols, cols.extras,
+                                          logits if model_logits is None else model_logits)
         if cols.all_greedy:
             return logits.argmax(dim=-1)   # exact on bf16: no upcast needed
         greedy_tokens = logits.argmax(dim=-1)    # in the model dtype, as the all-greedy path
@@ -65,10 +69,10 @@ class Sampler:
         return (probs / noise).argmax(dim=-1), scaled
 
     def _sample_processed(self, logits: torch.Tensor, cols: SamplingColumns,
-                          ex: SamplingExtras) -> torch.Tensor:
+                          ex: SamplingExtras, model: torch.Tensor) -> torch.Tensor:
         dev = logits.device
         want_lp = ex.logprob_rows.shape[0] > 0
-        raw = logits.float() if want_lp and self.logprobs_mode.startswith("raw") else None
+        raw = model.float() if want_lp and self.logprobs_mode.startswith("raw") else None
         x = logits.to(torch.float32, copy=True)   # never the graphs' output buffer
         if ex.mask_rows.shape[0]:                 # min_tokens: no stop token yet
             x.index_put_((to_device(ex.mask_rows, torch.int64, dev),
@@ -90,7 +94,7 @@ class Sampler:
             self.last_logprobs = self._logprobs(raw if raw is not None else sampled_from,
                                                 tokens, ex)
             if ex.raw_rows is not None:
-                self.last_logprobs += self._raw_view(logits, tokens, ex)
+                self.last_logprobs += self._raw_view(model, tokens, ex)
         if penalized is not None:     # last: a failed sample counts nothing
             rows, slots = penalized
             self.counts.add(slots, tokens.index_select(0, rows))

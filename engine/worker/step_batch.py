@@ -43,6 +43,17 @@ class SamplingExtras:
 
 
 @dataclass(frozen=True)
+class GrammarMask:
+    """Structured outputs (docs/STRUCTURED_OUTPUTS.md): the sample rows a grammar constrains and
+    their packed token bitmask (bit t of row i's words allows token t), filled by the
+    core's grammar matchers. bitmask None: the step's forward runs first and the mask
+    comes with its sampling (engine/core/core.py: async scheduling, a constrained
+    request's previous token still unread)."""
+    rows: np.ndarray                   # [C] int64 sample rows
+    bitmask: np.ndarray | None = None  # [C, ceil(V / 32)] int32
+
+
+@dataclass(frozen=True)
 class SamplingColumns:
     """Sampling parameters of every sample row, as columns."""
     request_ids: tuple[str, ...]   # seeded rows draw from a generator kept per request id
@@ -86,6 +97,7 @@ class StepBatch:
     prompt_logprob_rows: np.ndarray | None = None      # [P] int64 (None: no row asked)
     prompt_logprob_targets: np.ndarray | None = None   # [P] int64
     num_prompt_logprobs: int = 0
+    grammar: GrammarMask | None = None   # structured outputs' rows and bitmask
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ from roseplay.serve.bridge import EngineBridge
 from roseplay.serve.errors import OpenAIError, install_handlers
 from roseplay.serve.gate import GateMiddleware
 from roseplay.serve.metrics import ServerMetrics
+from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.routes import openapi_paths, router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
 
@@ -87,7 +88,8 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
     app = FastAPI(title="roseplay", description="OpenAI-compatible server on the roseplay engine",
                   docs_url=None, redoc_url=None, redirect_slashes=False)
     app.state.serve = ServeState(loop, config)
-    install_handlers(app)
+    install_handlers(app, frozenset(CompletionRequest.__struct_fields__
+                                    + ChatCompletionRequest.__struct_fields__))
     app.include_router(router)
     app.add_middleware(GateMiddleware, drain=app.state.serve.drain,
                        max_bytes=config.max_body_bytes, api_key=config.api_key)

@@ -7,7 +7,9 @@ the speech, and a blank line; PLAY_TEMPLATE writes a chat that way:
 
     {system text}\\n\\n                 (system / developer messages, as a stage note)
     ROMEO.\\n{user text}\\n\\n           (user turns)
-    JULIET.\\n{assistant text}\\n\\n     (assistant turns)
+    JULIET.\\n{assistant text}\\n\\n     (assistant turns; a tool call as a stage direction,
+                                       "[She sends for NAME: {arguments}]")
+    MESSENGER.\\n{tool result}\\n\\n    (tool messages: a tool's answer)
     JULIET.\\n                          (the generation prompt: Juliet answers)
 
 so the model continues as Juliet. Her reply ends where the play's next speaker would
@@ -24,7 +26,11 @@ PLAY_TEMPLATE = (
     "{% for m in messages %}"
     "{% if m['role'] in ('system', 'developer') %}{{ m['content'] }}\n\n"
     "{% elif m['role'] == 'user' %}ROMEO.\n{{ m['content'] }}\n\n"
-    "{% else %}JULIET.\n{{ m['content'] }}\n\n{% endif %}"
+    "{% elif m['role'] == 'tool' %}MESSENGER.\n{{ m['content'] }}\n\n"
+    "{% else %}JULIET.\n"
+    "{% for c in m.get('tool_calls') or [] %}[She sends for {{ c['function']['name'] }}: "
+    "{{ c['function']['arguments'] | tojson }}]\n{% endfor %}"
+    "{{ m['content'] }}\n\n{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}JULIET.\n{% endif %}"
 )
@@ -45,14 +51,17 @@ def pick_template(tokenizer, override: str | None = None) -> str:
 
 
 def render(tokenizer, template: str, messages: list[dict],
-           add_generation_prompt: bool = True) -> tuple[str, list[int]]:
-    """The prompt text and its token ids (no extra special tokens: the template has them)."""
+           add_generation_prompt: bool = True,
+           tools: list[dict] | None = None) -> tuple[str, list[int]]:
+    """The prompt text and its token ids (no extra special tokens: the template has them);
+    `tools` go to templates that show them (the play template does not)."""
     if tokenizer is None:
         raise invalid("this model has no tokenizer: /v1/chat/completions needs one (use "
                       "/v1/completions with token-id prompts)", "messages")
     try:
         text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt,
+                                             tools=tools)
     except Exception as exc:   # a template error is the request's (or the template's) fault
         raise invalid(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
     check_text("messages", text)      # a lone surrogate fails in the tokenizer: a 400 here

@@ -9,8 +9,6 @@ so they act before FastAPI reads or parses anything.
 """
 from __future__ import annotations
 
-import functools
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -55,30 +53,27 @@ def error_response(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-@functools.cache
-def request_fields() -> frozenset[str]:
-    from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest  # a cycle
-    return frozenset(CompletionRequest.__struct_fields__ + ChatCompletionRequest.__struct_fields__)
-
-
-def param_of(exc: Exception) -> str | None:
+def param_of(exc: Exception, fields: frozenset[str]) -> str | None:
     """The request field an engine/server 400 is about: its own `param`, else the field
-    its message starts with ("temperature must be in ...", "prompt: ...")."""
+    of `fields` (the request bodies' names) its message starts with ("temperature must
+    be in ...", "prompt: ...")."""
     param = getattr(exc, "param", None)
     if param:
         return param
     first = str(exc).split(" ", 1)[0].rstrip(":,")
-    return first if first in request_fields() else None
+    return first if first in fields else None
 
 
-def install_handlers(app: FastAPI) -> None:
+def install_handlers(app: FastAPI, fields: frozenset[str]) -> None:
+    """OpenAI's error format for every failure; `fields`: the request bodies' field names
+    (roseplay/serve/protocol.py), to name the one a message is about."""
     @app.exception_handler(OpenAIError)
     async def _openai(request: Request, exc: OpenAIError):
         return error_response(exc)
 
     @app.exception_handler(InvalidRequestError)
     async def _invalid(request: Request, exc: InvalidRequestError):
-        return error_response(OpenAIError(400, str(exc), param=param_of(exc)))
+        return error_response(OpenAIError(400, str(exc), param=param_of(exc, fields)))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

@@ -17,6 +17,7 @@ from engine.validation import check_text
 from roseplay.serve import chat
 from roseplay.serve.errors import invalid
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from roseplay.serve.tools import message_dict
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
 
 def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
                 max_model_len: int) -> EngineInputs:
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt)
+    messages = [message_dict(m) for m in req.messages]
+    tools = req.tool_spec.for_template() if req.tool_spec is not None else None
+    text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools)
     return _expand(req, [{"prompt_token_ids": ids, "prompt": text}],
                    req.requested_max_tokens, max_model_len)

@@ -1,17 +1,17 @@
 """OpenAI request models (msgspec) and response models (pydantic), as vLLM's protocol.py.
 
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, ignore_eos,
-stop_token_ids, return_token_ids, repetition_penalty, min_p, min_tokens). Fields the
-engine cannot honour (tools, suffix, JSON response formats) are
+stop_token_ids, return_token_ids, repetition_penalty, min_p, min_tokens) and structured
+outputs (response_format, vLLM's structured_outputs, chat's tools/tool_choice:
+roseplay/serve/constrained.py, tools.py). Fields the engine cannot honour (suffix) are
 refused with a clear 400 rather than silently ignored. Unknown fields are ignored, as
 OpenAI and vLLM do.
 Types are strict (JSON's): `true` is not an integer and `"5"` not a number, so a
 client's type mistake gets a 400 naming the field instead of a surprising meaning.
 Request bodies are msgspec Structs decoded from the raw bytes in one typed pass
 (roseplay/serve/body.py `parse_body`); every list carries its bound as msgspec `Meta`,
-and the fields that are costly to build and refused when large (logit_bias, and the
-tools/tool_choice/response_format this engine refuses) are kept raw until their size
-is known.
+and the fields that are costly to build and refused when large (logit_bias, tools,
+tool_choice, response_format, structured_outputs) are kept raw until their size is known.
 """
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from engine.config import InvalidRequestError
 from engine.request import SamplingParams
 from engine.validation import (MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_SEED, MAX_STOP_STRINGS,
                                MAX_STOP_TOKEN_IDS)
-from roseplay.serve.body import parse_logit_bias, raw_field, raw_value
+from roseplay.serve import constrained
+from roseplay.serve.tools import Tools
+from roseplay.serve.body import parse_logit_bias, raw_field
 from roseplay.serve.errors import invalid
 
 MAX_N = 128     # choices per request (each one is an engine request)
@@ -34,19 +36,7 @@ MAX_N = 128     # choices per request (each one is an engine request)
 # the bound keeps a body of empty messages from costing seconds of templating
 MAX_MESSAGES = 4096
 MAX_CONTENT_PARTS = 1024           # text parts of one message's content
-_SMALL_JSON = 4096                 # refused fields are read only this far (tool_choice...)
-_BIG = object()
-
-
-def _small_json(raw, param: str):
-    """A raw field's value when absent/null (None) or small; _BIG when larger."""
-    data = raw_value(raw)
-    if data is None or len(data) > _SMALL_JSON:
-        return None if data is None else _BIG
-    try:
-        return msgspec.json.decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise invalid(f"{param} is not valid JSON: {exc}", param) from None
+MAX_TOOL_CALLS = 128               # an assistant message's tool calls
 
 
 class _Request(msgspec.Struct, kw_only=True):
@@ -57,8 +47,8 @@ class StreamOptions(_Request, kw_only=True):
     include_usage: bool = False
 
 
-class SamplingFields(_Request, kw_only=True):
-    """What both endpoints share."""
+class SamplingFields(_Request, kw_only=True, dict=True):
+    """What both endpoints share (dict=True: check_supported keeps what it parsed)."""
     model: str
     n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
     temperature: float | None = None
@@ -80,8 +70,12 @@ class SamplingFields(_Request, kw_only=True):
     return_token_ids: bool = False           # vLLM extra: token ids in every choice/chunk
     priority: int = 0                        # vLLM extra: lower first (scheduling_policy=priority)
     user: str | None = None
+    # structured outputs, raw until their size is known (roseplay/serve/constrained.py)
+    response_format: raw_field({"type": "object"}) = msgspec.UNSET
+    structured_outputs: raw_field({"type": "object"}) = msgspec.UNSET   # vLLM extra
 
     def check_supported(self) -> None:
+        self._constraint = self._parse_constraint()
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true")
         last = self.num_candidates - 1
@@ -89,6 +83,28 @@ class SamplingFields(_Request, kw_only=True):
             raise invalid(f"seed must be at most {MAX_SEED - last} with {last + 1} choices "
                           f"(choice i samples with seed + i, at most {MAX_SEED}), got "
                           f"{self.seed}", "seed")
+
+    def _parse_constraint(self) -> tuple:
+        """(StructuredOutputsParams or None, the request field it comes from)."""
+        fmt = constrained.from_response_format(
+            constrained.decode_small(self.response_format, "response_format"))
+        so = constrained.from_structured_outputs(
+            constrained.decode_small(self.structured_outputs, "structured_outputs"))
+        if fmt is not None and so is not None:
+            raise invalid("response_format and structured_outputs both constrain the output; "
+                          "send one", "structured_outputs")
+        return (fmt, "response_format") if fmt is not None else \
+            (so, "structured_outputs" if so is not None else None)
+
+    @property
+    def constraint(self):
+        """The output's constraint (StructuredOutputsParams or None; check_supported)."""
+        return self.__dict__.get("_constraint", (None, None))[0]
+
+    @property
+    def constraint_field(self) -> str | None:
+        """The request field the constraint came from: a grammar error's param."""
+        return self.__dict__.get("_constraint", (None, None))[1]
 
     def sampling_params(self, max_tokens: int, choice: int = 0,
                         logit_bias: dict[int, float] | None = None) -> SamplingParams:
@@ -109,7 +125,8 @@ class SamplingFields(_Request, kw_only=True):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=logit_bias, min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
             logprobs=self.engine_logprobs,
-            prompt_logprobs=self.prompt_logprobs_asked if choice == 0 else None)
+            prompt_logprobs=self.prompt_logprobs_asked if choice == 0 else None,
+            structured_outputs=self.constraint)
 
     def logit_bias_ids(self) -> dict[int, float] | None:
         """logit_bias with int keys (read once per request, shared by its choices)."""
@@ -199,10 +216,24 @@ class TextPart(_Request, kw_only=True):
     text: str
 
 
+class ToolCallFunction(_Request, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Request, kw_only=True):
+    """A tool call an assistant message carries back (a tool round trip)."""
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Request, kw_only=True):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | Annotated[list[TextPart], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCallIn], Meta(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: str | None = None           # role tool: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -216,28 +247,28 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
-    # refused unless empty or their default: kept raw, read only when small
+    # tool calling (roseplay/serve/tools.py): kept raw, decoded once their size is known
     tools: raw_field({"type": "array", "items": {"type": "object"}}) = msgspec.UNSET
     tool_choice: raw_field({"anyOf": [{"type": "string"}, {"type": "object"}]}) = msgspec.UNSET
-    response_format: raw_field({"type": "object"}) = msgspec.UNSET
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True       # vLLM extra
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
-        if _small_json(self.tools, "tools"):
-            raise invalid("tools are not supported by this engine", "tools")
-        choice = _small_json(self.tool_choice, "tool_choice")
-        if choice not in (None, "none", "auto"):
-            # "required" or a named tool with no tools: OpenAI refuses it too
-            shown = "of this size" if choice is _BIG else repr(choice)[:80]
-            raise invalid(f"tool_choice {shown} needs tools, and tools are not supported "
-                          "by this engine", "tool_choice")
-        fmt = _small_json(self.response_format, "response_format")
-        if fmt and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-            raise invalid("response_format: only {'type': 'text'} is supported",
-                          "response_format")
+        self._tools = Tools.parse(self.tools, self.tool_choice, self.parallel_tool_calls)
+        tool_constraint = self._tools.constraint() if self._tools is not None else None
+        if tool_constraint is not None:
+            if self.constraint is not None:
+                raise invalid(f"tool_choice {self._tools.mode} and {self.constraint_field} "
+                              "both constrain the output; send one", "tool_choice")
+            self._constraint = (tool_constraint, self._tools.field)
+
+    @property
+    def tool_spec(self):
+        """The request's Tools (None without tools; check_supported)."""
+        return self.__dict__.get("_tools")
 
     @property
     def num_logprobs(self) -> int | None:
@@ -296,7 +327,8 @@ class DeltaMessage(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict] | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class ChatChoice(BaseModel):

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from roseplay.serve import prompts as inputs
+from roseplay.serve.constrained import first_batch, grammar_error
 from roseplay.serve.body import parse_body
 from roseplay.serve.bridge import Generation, new_id
 from roseplay.serve.errors import OpenAIError, error_body
@@ -30,6 +31,7 @@ from roseplay.serve.protocol import (ChatChoice, ChatCompletionRequest,
                                      ModelList, openapi_schemas, usage)
 from roseplay.serve.siblings import PromptLogprobs, SharedPromptLogprobs
 from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body, usage_chunk
+from roseplay.serve.tool_parsers import read_all
 
 router = APIRouter()
 
@@ -133,18 +135,58 @@ class CompletionFormat:
 class ChatFormat(CompletionFormat):
     prefix = "chatcmpl"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tools = self.req.tool_spec          # tool calling (roseplay/serve/tools.py)
+        self.tool_streams: dict[int, object] = {}    # choice -> its streamed parser
+
     def usage_chunk(self, u) -> bytes:
         return usage_chunk(self.id, "chat.completion.chunk", self.model, u)
 
+    def tool_delta(self, index: int, text: str, finished: bool, reason: str | None):
+        """A streamed chunk's delta fields and finish reason (streaming.ChunkEncoder): the
+        text read for tool calls, when the request has tools."""
+        parser = self.tool_streams.get(index)
+        if parser is None and self.tools is not None:
+            parser = self.tool_streams[index] = self.tools.parser()
+        if parser is None:
+            return {"content": text}, reason
+        content, calls = parser.feed(text)
+        if finished:
+            more, tail = parser.finish()
+            content, calls = content + more, calls + tail
+        delta = {"content": content or None}
+        if calls:
+            delta["tool_calls"] = [d.openai() for d in calls]
+        return delta, _tool_reason(self.tools, parser, reason)
+
+    def _message(self, c) -> tuple[ChatMessageOut, str | None]:
+        parser = self.tools.parser() if self.tools is not None else None
+        reason = _finish_reason(c.finish_reason)
+        if parser is None:
+            return ChatMessageOut(content=_text(c)), reason
+        content, calls = read_all(parser, _text(c))
+        return ChatMessageOut(content=content or None, tool_calls=calls or None), \
+            _tool_reason(self.tools, parser, reason)
+
     def response(self, choices, u) -> dict:
-        out = [ChatChoice(index=c.index, message=ChatMessageOut(content=_text(c)),
-                          finish_reason=_finish_reason(c.finish_reason),
-                          token_ids=c.token_ids if self.req.return_token_ids else None)
-               for c in choices]
+        out = []
+        for c in choices:
+            message, reason = self._message(c)
+            out.append(ChatChoice(index=c.index, message=message, finish_reason=reason,
+                                  token_ids=c.token_ids if self.req.return_token_ids else None))
         body = ChatCompletionResponse(id=self.id, model=self.model, choices=out,
                                       usage=u).model_dump()
         return _with_logprobs(body, [self.logprobs.format(c.index, _logprobs(c))
                                      for c in choices])
+
+
+def _tool_reason(tools, parser, reason: str | None) -> str | None:
+    """finish_reason "tool_calls" once the model called a tool (a named tool_choice keeps
+    "stop", as OpenAI); a cut by length stays "length"."""
+    if reason == "stop" and parser.called and tools.mode != "named":
+        return "tool_calls"
+    return reason
 
 
 def _with_logprobs(body: dict, logprobs: list) -> dict:
@@ -199,13 +241,21 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
     gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority)
     st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
-        return SSEResponse(fmt.streamed(gen), fmt)
+        stream = fmt.streamed(gen)
+        if req.constraint_field is not None:   # a refused grammar is a 400, not a 200
+            stream = await _until_disconnect(request, first_batch(stream, req.constraint_field))
+            if stream is None:
+                gen.close()
+                return Response(status_code=499)
+        return SSEResponse(stream, fmt)
     try:
         choices = await _until_disconnect(request, gen.results())
     finally:
         gen.close()
     if choices is None:            # the client left; nobody reads this
         return Response(status_code=499)
+    if (err := grammar_error(choices, req.constraint_field)) is not None:
+        raise err
     if (err := _first_error(choices)) is not None:
         raise OpenAIError(getattr(gen, "error_status", 500), err)
     fmt.prompt_logprobs.keep(choices)

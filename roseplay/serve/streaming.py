@@ -72,6 +72,9 @@ class ChunkEncoder:
         self.echo = None if self.chat or not fmt.req.echo else fmt._echo
         self.first_prompt_token = lambda i: fmt.ins.prompts[i]["prompt_token_ids"][0]
         self.logprobs = getattr(fmt, "logprobs", None)    # a LogprobsWriter
+        # chat: the delta's fields and finish reason (tool calls read from the text:
+        # roseplay/serve/routes.py ChatFormat.tool_delta)
+        self.tool_delta = getattr(fmt, "tool_delta", _text_delta)
         head = {"id": fmt.id, "object": "chat.completion.chunk" if self.chat else
                 "text_completion", "created": int(time.time()), "model": fmt.model}
         self._head = b"data: " + _encode(head)[:-1] + b',"choices":['
@@ -85,8 +88,11 @@ class ChunkEncoder:
             logprobs = self.logprobs.echo(p.choice.index, self.first_prompt_token(p.choice.index),
                                           p.prompt_logprobs, p.logprobs)
         if self.chat:
+            delta, reason = self.tool_delta(p.choice.index, text, p.finished, reason)
+            if not (p.finished or self.ids or any(v is not None for v in delta.values())):
+                return b""
             choice = {"index": p.choice.index, "delta": {"role": "assistant" if first else None,
-                                                         "content": text},
+                                                         **delta},
                       "logprobs": logprobs, "finish_reason": reason}
         else:
             choice = {"index": p.choice.index, "text": text, "logprobs": logprobs,
@@ -94,6 +100,11 @@ class ChunkEncoder:
         if self.ids:
             choice["token_ids"] = p.token_ids
         return self._head + _encode(choice) + self._tail
+
+
+def _text_delta(index: int, text: str, finished: bool, reason: str | None):
+    """A chat delta without tools: the text as content."""
+    return {"content": text}, reason
 
 
 async def sse_body(gen, fmt, usage):
@@ -107,8 +118,10 @@ async def sse_body(gen, fmt, usage):
             out = [f"data: {json.dumps(error_body(500, e))}\n\n".encode() for e in errors]
             for p in pieces:
                 first = p.choice.index not in started
-                started.add(p.choice.index)
-                out.append(enc.chunk(p, first))
+                chunk = enc.chunk(p, first)
+                if chunk:           # (b"": a tool call's scaffolding, nothing to send yet)
+                    started.add(p.choice.index)
+                    out.append(chunk)
             if gen.done:
                 out += _tail(fmt, usage)
                 ended = True

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from roseplay.guides import turn_hint
 from roseplay.widgets import theme
-from roseplay.widgets.knobs import SHORT_NAMES, fmt_value
+from roseplay.widgets.knob_words import SHORT_NAMES, fmt_value
 
 MARK = {True: ("✓", "tput"), False: ("✗", "preempt"), None: ("…", "free")}
 

@@ -15,6 +15,8 @@ from textual.widget import Widget
 from engine.config import SchedulerConfig, knob_fields
 from roseplay.keys import knob_key
 from roseplay.scenarios import SCENARIOS
+from roseplay.widgets.guide_card import card_text
+from roseplay.widgets.knob_words import SHORT_NAMES, fmt_value
 
 DOUBLING = ("max_num_batched_tokens",)    # keys double / halve these (512 -> 1024 -> ...)
 WORKLOAD_HELP = {
@@ -23,10 +25,6 @@ WORKLOAD_HELP = {
     "rate": "Request arrivals per second (Poisson); ∞ sends whenever a slot is free "
             "(r / R: next / previous).",
 }
-SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens": "budget",
-               "max_num_seqs": "max seqs", "scheduling_mode": "step", "scheduling_policy": "queue",
-               "eviction_policy": "evict", "num_speculative_tokens": "spec k",
-               "concurrency": "in flight", "request rate": "rate"}
 NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
 SPEC_TOKENS_MAX = 5     # the d key's top (the engine allows up to MAX_SPECULATIVE_TOKENS)
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -63,16 +61,6 @@ def next_in(seq, value, direction: int):
     return next((v for v in reversed(seq) if v < value), seq[0])
 
 
-def fmt_value(name: str, value) -> str:
-    if isinstance(value, bool):
-        return "ON" if value else "OFF"
-    if name == "max_num_batched_tokens":
-        return f"{value} tok/step"
-    if name == "num_speculative_tokens":
-        return f"{value} drafts" if value else "OFF"
-    return str(value)
-
-
 class KnobsPanel(Widget):
     """Current values; the help text of the last knob touched is shown underneath."""
 
@@ -88,7 +76,6 @@ class KnobsPanel(Widget):
     def show(self, requested: SchedulerConfig, applied: SchedulerConfig, workload: dict,
              read_only: bool = False) -> None:
         if self.guide_run is not None:
-            from roseplay.widgets.guide_card import card_text
             self._set_title(f"Guide {self.guide_run.guide.key} · scorecard")
             self._update((card_text(self.guide_run, self.size.width or 60,
                                     self.size.height or 10),))

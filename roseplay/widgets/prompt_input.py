@@ -26,16 +26,25 @@ SAMPLING_FIELDS = {"temperature": float, "top_k": int, "top_p": float, "min_p": 
                    "seed": int}
 
 
+STRUCTURED_FIELDS = ("json", "regex", "choice")   # structured outputs (one of them)
+
+
 def parse_sampling(text: str) -> dict:
     """"name=value ..." -> SamplingParams fields (logit_bias=id:bias,id:bias); a wrong
-    name or value raises InvalidRequestError (SamplingParams checks the ranges)."""
+    name or value raises InvalidRequestError (SamplingParams checks the ranges). A
+    constraint (docs/STRUCTURED_OUTPUTS.md): `json` (any JSON object), `json=SCHEMA` (a
+    JSON schema written without spaces), `regex=RE` or `choice=a|b|c`."""
     from engine.config import InvalidRequestError
     out: dict = {}
     for item in text.split():
         name, _, value = item.partition("=")
+        if name in STRUCTURED_FIELDS:
+            out["structured_outputs"] = _constraint(name, value)
+            continue
         if name != "logit_bias" and name not in SAMPLING_FIELDS:
+            names = [*SAMPLING_FIELDS, "logit_bias", *STRUCTURED_FIELDS]
             raise InvalidRequestError(f"unknown sampling field {name!r} (one of "
-                                      f"{', '.join([*SAMPLING_FIELDS, 'logit_bias'])})")
+                                      f"{', '.join(names)})")
         try:
             if name == "logit_bias":
                 out[name] = {int(k): float(v) for k, v in
@@ -45,6 +54,14 @@ def parse_sampling(text: str) -> dict:
         except ValueError:
             raise InvalidRequestError(f"bad value for {name}: {value!r}") from None
     return out
+
+
+def _constraint(name: str, value: str) -> dict:
+    if name == "json":
+        return {"json": value} if value else {"json_object": True}
+    if name == "choice":
+        return {"choice": value.split("|")}
+    return {name: value}
 
 
 class PromptBar(Vertical):
@@ -85,7 +102,7 @@ class PromptBar(Vertical):
             yield Input(placeholder="priority 0", id="prompt-priority", compact=True,
                         select_on_focus=False, type="integer", max_length=11, tooltip="scheduling_policy=priority: "
                         "lower goes first (the workload's chat turns are 0, documents 1)")
-            yield Input(placeholder="sampling: temperature=0 …",
+            yield Input(placeholder="sampling: temperature=0 json …",
                         id="prompt-sampling", compact=True, max_length=400,
                         select_on_focus=False,
                         tooltip="SamplingParams fields as name=value (vLLM names): "

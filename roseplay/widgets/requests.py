@@ -1,4 +1,5 @@
-"""Request list (Line API, sticky header, own cursor) and the selected request's text.
+"""Request list (Line API, sticky header, own cursor); the selected request's text is
+roseplay/widgets/request_detail.py.
 
 Rows are drawn by us instead of a DataTable (whose update_cell invalidates its whole
 row cache): each visible line remembers the RequestView it drew, and a new snapshot
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual.binding import Binding
 from textual.geometry import Region
 from textual.message import Message
@@ -17,11 +17,11 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from engine.codes import RUNNING_STATES
-from roseplay.widgets.token_choice import choice_text
+from roseplay.widgets.grammar_line import GRAMMAR_STYLE
 
-ACTIVE = ("waiting", "prefilling", "decoding", "preempted", "dedup")
+ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
-               "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "finished": "#6f9fd8",
+               "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "compiling": GRAMMAR_STYLE, "finished": "#6f9fd8",
                "cancelled": "#777777", "error": "bold #ff5555"}
 COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("pri", 3, ">"), ("progress", 0, "<"),
            ("prompt", 6, ">"), ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"),
@@ -141,6 +141,15 @@ def short_id(request_id: str, width: int) -> str:
     if len(request_id) <= width:
         return request_id
     return "…" + request_id[len(request_id) - max(0, width - 1):] if width > 1 else "…"
+
+
+def id_cell(r, width: int) -> list[Segment]:
+    """The request's id; a constrained one (structured outputs) marked with a "{"."""
+    style = st("bold" if r.request_id.startswith("you") else "")
+    if getattr(r, "grammar", None) is None:
+        return [Segment(short_id(r.request_id, width).ljust(width), style)]
+    return [Segment("{", st(GRAMMAR_STYLE)),
+            Segment(short_id(r.request_id, width - 1).ljust(width - 1), style)]
 
 
 def _fit(text: str, width: int, align: str) -> str:
@@ -304,8 +313,7 @@ class RequestList(Widget, can_focus=True):
         return strip.apply_style(background) if background is not None else strip
 
     def _row(self, r, selected: bool) -> Strip:
-        cells = {"id": lambda w: [Segment(short_id(r.request_id, w).ljust(w),
-                                          st("bold" if r.request_id.startswith("you") else ""))],
+        cells = {"id": lambda w: id_cell(r, w),
                  "state": (r.state, STATE_STYLE.get(r.state, "")),
                  # scheduling_policy=priority: lower first (the workload's documents: 1)
                  "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),
@@ -334,78 +342,3 @@ class RequestList(Widget, can_focus=True):
     def on_resize(self) -> None:
         self._shown.clear()
         self.refresh()
-
-
-def output_text(r, tokenizer) -> str:
-    """The text of a request's last output tokens ("…" first when older ones are cut)."""
-    if tokenizer is None or not r.output_tail:
-        return ""
-    text = tokenizer.decode(list(r.output_tail), skip_special_tokens=True)
-    return ("…" + text) if r.output_tokens > len(r.output_tail) else text
-
-
-class RequestDetail(Widget):
-    """The selected request: prompt (dim) and its output text as it streams."""
-
-    DEFAULT_CSS = "RequestDetail { height: 6; }"
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._text = Text()
-
-    def show(self, r, tokenizer=None, logprobs_mode: str | None = None,
-             no_text: str = "this model has no tokenizer: no text",
-             extra: Text | None = None) -> None:
-        """tokenizer: decodes the request's last output tokens (the engine sends ids; a
-        recording carries the text); logprobs_mode: a live engine's (EngineInfo), to show
-        the next-token distribution (None: a replay, whose recordings hold no logprobs);
-        no_text: why a request with output tokens has no text; extra: lines under the
-        text (its TTFT split), rows kept for them."""
-        t = Text(overflow="fold")
-        if r is None:
-            t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
-        else:
-            # the prompt gets at most half the lines: the output always shows (80x24: 3)
-            width, lines = max(20, self.size.width), max(2, self.size.height)
-            choice_rows = 0 if logprobs_mode is None else 1 if lines < 12 else \
-                9 if getattr(r.logprobs, "raw", None) else 6     # + headers, 6 tokens
-            extra_rows = 0 if extra is None else min(2, -(-extra.cell_len // width),
-                                                     lines - choice_rows - 2)
-            if extra is not None and extra_rows < 1:    # a small panel: the split gives way
-                extra, extra_rows = None, 0
-            elif extra is not None and extra.cell_len > width * extra_rows:
-                extra = extra.copy()
-                extra.truncate(width * extra_rows, overflow="ellipsis")
-            lines = max(2, lines - choice_rows - extra_rows)
-            prompt_lines = max(1, lines // 2)
-            head = f"{r.request_id} [{r.state}] "
-            t.append(f"{r.request_id} ", STATE_STYLE.get(r.state, ""))
-            t.append(f"[{r.state}] ", STATE_STYLE.get(r.state, ""))
-            prompt = r.prompt_preview.replace("\n", " ⏎ ")
-            fits = width * prompt_lines - len(head)
-            t.append(prompt if len(prompt) <= fits else prompt[:max(0, fits - 1)] + "…",
-                     "dim italic")
-            t.append("\n")
-            text = r.text or output_text(r, tokenizer)
-            if text:
-                room = max(20, width * (lines - prompt_lines) - 2)
-                text = text if len(text) <= room else "…" + text[-room:]
-                t.append(text.replace("\n", " ⏎ "), "bold")
-            elif r.output_tokens and tokenizer is None:
-                t.append(f"{r.output_tokens} tokens ({no_text})", "dim")
-            if r.state in ("prefilling", "decoding"):
-                t.append("▌", "blink #4cc97a")
-            if r.error:
-                t.append(f"\nerror: {r.error}", "#ff5555")
-            if extra is not None:
-                t.append("\n")
-                t.append_text(extra)
-            if choice_rows:
-                t.append("\n")
-                t.append_text(choice_text(r, tokenizer, logprobs_mode, choice_rows, width))
-        if t != self._text:
-            self._text = t
-            self.refresh()
-
-    def render(self) -> Text:
-        return self._text

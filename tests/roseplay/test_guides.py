@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import SchedulerConfig
 from roseplay.app import RoseplayApp
-from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS
+from roseplay.app_defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS
 from roseplay.guides import BY_KEY, GUIDES, split_knobs
 from roseplay.source import ReplaySource
 from roseplay.widgets import help as help_mod

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_SCENARIO
+from roseplay.app_defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_SCENARIO
 from roseplay.guide_check import NAMES, active_ids, measure, verdicts, wait_for_evictions
 from roseplay.guides import (BASELINES, BY_KEY, GUIDES, POOL_BLOCKS, Guide, apply_guide,
                              clean_knobs)

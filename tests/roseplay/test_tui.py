@@ -10,7 +10,8 @@ from roseplay.widgets.knobs import KnobsPanel
 from roseplay.widgets.kv_map import KVMap
 from roseplay.widgets.kv_panel import KVLegend
 from roseplay.widgets.prompt_input import PromptBar
-from roseplay.widgets.requests import RequestDetail, RequestList
+from roseplay.widgets.request_detail import RequestDetail
+from roseplay.widgets.requests import RequestList
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.step import StepPanel
 from tests.roseplay.tui_helpers import (SIZE, fast_idle, live_source, notices, screen_text, settle, sync,

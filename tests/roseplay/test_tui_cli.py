@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from roseplay.cli import TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, build_parser, make_source_factory
+from roseplay.app_defaults import TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
+from roseplay.cli import build_parser, make_source_factory
 
 FLAGS = ("--model", "--device", "--dtype", "--block-size", "--num-blocks",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-num-batched-tokens",

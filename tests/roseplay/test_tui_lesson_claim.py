@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from roseplay.cli import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, TUI_SCENARIO
+from roseplay.app_defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, TUI_SCENARIO
 from roseplay.workload_flags import WORKLOAD_DEFAULTS
 
 pytestmark = pytest.mark.timeout(300)

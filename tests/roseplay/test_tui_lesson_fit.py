@@ -16,7 +16,7 @@ from engine.snapshot import EngineEvent
 from roseplay.app import RoseplayApp
 from roseplay.widgets.events import EventLog
 from roseplay.widgets.kv_panel import KVLegend, KVPanel
-from roseplay.widgets.requests import RequestDetail
+from roseplay.widgets.request_detail import RequestDetail
 from roseplay.widgets.status import StatusBar
 from roseplay.widgets.step import StepPanel
 from tests.roseplay.tui_helpers import (StaticSource, screen_text, session_snapshot, sync,

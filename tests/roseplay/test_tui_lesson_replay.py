@@ -13,7 +13,7 @@ from roseplay.app import RoseplayApp
 from roseplay.record import Recorder
 from roseplay.replay import Recording
 from roseplay.source import ReplaySource
-from roseplay.widgets.requests import RequestDetail
+from roseplay.widgets.request_detail import RequestDetail
 from tests.roseplay.tui_helpers import session_snapshot, sync, widget_text
 
 pytestmark = pytest.mark.timeout(120)

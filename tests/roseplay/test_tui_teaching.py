@@ -276,7 +276,7 @@ async def test_nothing_is_cut_mid_word_at_120x40():
 
 @sync
 async def test_the_selected_request_shows_its_output_at_80x24():
-    from roseplay.widgets.requests import RequestDetail
+    from roseplay.widgets.request_detail import RequestDetail
     snap = session_snapshot(12)
     view = next(r for r in snap.requests if r.state == "decoding")
     view = dataclasses.replace(view, prompt_preview="a long system prompt " * 20,

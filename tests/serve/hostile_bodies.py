@@ -74,10 +74,20 @@ FIXED = [
     ("message-role-robot", "chat/completions", {**GOOD_CHAT, "messages": [{"role": "robot", "content": "x"}]}),
     ("message-content-int", "chat/completions", {**GOOD_CHAT, "messages": [{"role": "user", "content": 5}]}),
     ("message-surrogate", "chat/completions", {**GOOD_CHAT, "messages": [{"role": "user", "content": "\ud83d"}]}),
-    ("tools", "chat/completions", {**GOOD_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("tools-no-function", "chat/completions", {**GOOD_CHAT, "tools": [{"type": "function"}]}),
+    ("tools-bad-name", "chat/completions", {**GOOD_CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}),
     ("tool-choice-required", "chat/completions", {**GOOD_CHAT, "tool_choice": "required"}),
     ("tool-choice-named", "chat/completions", {**GOOD_CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
-    ("response-format-json", "chat/completions", {**GOOD_CHAT, "response_format": {"type": "json_object"}}),
+    ("tool-choice-unknown-tool", "chat/completions", {**GOOD_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+    ("response-format-xml", "chat/completions", {**GOOD_CHAT, "response_format": {"type": "xml"}}),
+    # grammars the engine refuses (structured outputs, docs/STRUCTURED_OUTPUTS.md): a 400 naming
+    # the field, streamed or not; the neighbours decode on
+    ("schema-invalid", "chat/completions", {**GOOD_CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}),
+    ("schema-invalid-stream", "chat/completions", {**GOOD_CHAT, "stream": True, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}),
+    ("schema-self-reference", "completions", {**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}),
+    ("schema-huge", "completions", {**GOOD, "structured_outputs": {"json": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}}}}),
+    ("regex-invalid", "completions", {**GOOD, "structured_outputs": {"regex": "(unclosed"}}),
+    ("tool-schema-invalid", "chat/completions", {**GOOD_CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}], "tool_choice": "required"}),
     ("max-completion-tokens-bool", "chat/completions", {**GOOD_CHAT, "max_completion_tokens": False}),
     # bodies that are not UTF-8, nested past the decoder's limit, or a path with a slash
     ("invalid-utf8", "completions", b'{"model": "default", "prompt": "a\xff\xfeb", "max_tokens": 1}'),

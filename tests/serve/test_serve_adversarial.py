@@ -30,7 +30,7 @@ from scripts.soak_http import engine_leaks
 from tests.serve.hostile_bodies import check_refusal, hostile_bodies
 from tests.serve.serve_proc import PROMPT, ServeProc, parse_sse, stream_body
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 SEED, MUTATIONS, PARALLEL = 0, 40, 8
 NEIGHBOURS = ["ROMEO.\nWhat news from the court?\n\nJULIET.\n", "HAMLET.\nTo be, or not to be",
               "KING HENRY.\nOnce more unto the breach", "PORTIA.\nThe quality of mercy"]
@@ -122,6 +122,7 @@ async def stall_server(pid: int, streaming: asyncio.Event) -> float:
     return STALL_S
 
 
+@pytest.mark.slow        # the long tier (README)
 def test_hostile_clients_do_not_change_neighbours_or_leak(served):
     async def run():
         limits = httpx.Limits(max_connections=64, keepalive_expiry=2.0)
@@ -201,6 +202,7 @@ def run_attack(served, attack_fn):
     return asyncio.run(run())
 
 
+@pytest.mark.slow        # the long tier (README)
 def test_long_prompt_is_tokenized_off_the_event_loop(served):
     """A ~3.5 MB prompt (under the 4 MiB limit) takes seconds to tokenize (then a 400: too
     long for the context); meanwhile /health and a neighbour's stream answer at once."""

@@ -2,7 +2,8 @@
 engine in its own process, EngineClient): every 400 names its field in `param`; types
 are strict (`true` is no integer, `"5"` no number); the Bearer scheme is
 case-insensitive; slow clients are cut after the request-read timeout and idle
-connections after the keep-alive one; tool_choice without tools is refused; a body over
+connections after the keep-alive one; tool_choice without tools is refused, and so is
+a grammar the engine cannot compile (param: the field it came from); a body over
 the limit gets 413 before it is read (a long prompt tokenized off the event loop: in
 tests/serve/test_serve_adversarial.py, which has the server in a process of its own)."""
 from __future__ import annotations
@@ -89,8 +90,14 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
                                                   "function": {"name": "f"}}}, "tool_choice"),
     ("chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
     ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ("chat/completions", {**CHAT, "response_format": {"type": "json_object"}},
-     "response_format"),
+    ("chat/completions", {**CHAT, "response_format": {"type": "xml"}}, "response_format"),
+    ("completions", {**GOOD, "structured_outputs": {"regex": "a", "choice": ["b"]}},
+     "structured_outputs"),
+    ("chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "no-such-type"}}}}, "response_format"),
+    ("chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "no-such-type"}}}], "tool_choice": "required"},
+     "tools"),
     # in range as Python floats, 0 or infinite in the sampler's float32
     ("completions", {**GOOD, "top_p": 1e-300}, "top_p"),
     ("completions", {**GOOD, "top_p": 1e-46}, "top_p"),

@@ -80,7 +80,7 @@ BAD = [  # (endpoint, body changes, words of the message)
     ("completions", {"priority": 2 ** 40}, "priority must be an integer in"),
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, "role"),
-    ("chat/completions", {"tools": [{"type": "function"}]}, "tools are not supported"),
+    ("chat/completions", {"tools": [{"type": "function"}]}, "missing required field `function`"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
 ]
 

@@ -29,7 +29,7 @@ from tests.serve.group_proc import GroupProc, per_server, scrape, total
 from tests.serve.open_streams import Reader, open_streams, solo_tokens
 from tests.serve.serve_proc import PROMPT, ServeProc, alive, stream_body
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 TIMEOUT = 60
 LONG = 1000              # tokens: a stream still running when the server is dropped
 
@@ -67,6 +67,7 @@ def test_a_server_stopped_past_client_timeout_serves_again():
     assert "attached to the engine again" in srv.output
 
 
+@pytest.mark.slow        # the long tier (README)
 def test_health_is_503_until_a_dropped_server_is_attached_again():
     """The server's sends held past client_timeout (as a stop of its process would): the
     engine drops it, /health answers 503 while it attaches again, then 200, and it
@@ -89,6 +90,7 @@ def test_health_is_503_until_a_dropped_server_is_attached_again():
         loop.close()
 
 
+@pytest.mark.slow        # the long tier (README)
 def test_an_engine_stopped_past_client_timeout_ends_streams_and_the_server_exits_4():
     with ServeProc("--client-timeout", "3", "--shutdown-timeout", "5") as srv:
         readers = open_streams(srv.url, 2, LONG)

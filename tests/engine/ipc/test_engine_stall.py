@@ -20,7 +20,7 @@ import pytest
 from engine import SamplingParams
 from engine.front.client import EngineClient
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 TIMEOUT = 60
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo", "First Citizen:\nBefore we proceed"]
 PARAMS = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
@@ -54,6 +54,7 @@ def test_an_engine_stall_shorter_than_client_timeout_ends_no_stream():
         assert list(out.outputs[0].token_ids) == ref
 
 
+@pytest.mark.slow        # the long tier (README)
 def test_an_engine_stall_past_client_timeout_ends_every_clients_streams_with_an_error():
     with EngineClient(model="default", device="cpu", num_blocks=256, label="owner",
                       client_timeout=3) as owner, \
@@ -92,6 +93,7 @@ c.close()
 MANY_STEPS, REQUESTS = 1500, 2       # messages far past zmq's default high-water mark (1000)
 
 
+@pytest.mark.slow        # the long tier (README)
 def test_a_client_stopped_within_client_timeout_loses_no_output():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))

@@ -2,6 +2,8 @@
 twice the blocks in the same memory, graphs and eager steps giving the same tokens,
 calculate_kv_scales (its first step eager, then graphs reading the calibrated scales),
 and no kernel compiled while serving."""
+import gc
+
 import pytest
 import torch
 
@@ -20,6 +22,9 @@ def _blocks_and_bytes(**kw):
         return llm.engine.pool.num_blocks, cache.numel() * cache.element_size()
     finally:
         llm.engine.close()
+        del llm                 # the next engine sizes its pool from the memory free then
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def test_fp8_pool_holds_twice_the_blocks():

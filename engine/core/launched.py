@@ -1,0 +1,56 @@
+"""A launched step (`Launched`: its plan, batch, rows and the copies of its results on
+their way to the host) and the commit of its KV bookkeeping once computed
+(`commit_plan`): the two halves of a step around its device work, used by the core
+(engine/core/core.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.core.scheduler import StepPlan
+from engine.request import Request, RequestStatus
+from engine.worker.device_io import HostCopy
+from engine.worker.step_batch import StepBatch
+
+
+@dataclass
+class Launched:
+    """A step whose forward and sampling are queued on the device."""
+    plan: StepPlan
+    batch: StepBatch
+    requests: list[Request]          # one per sample row
+    admits: list[int]                # each row's request's admit_seq at launch: a row
+    #                                  is void for a request re-admitted since
+    host_tokens: HostCopy | None     # the same tokens on their way to the host (None:
+    #                                  sampled later, when its grammar mask is filled)
+    t0: float
+    logprobs: object = None          # LogprobsCopy of the rows that asked (engine/sampling.py)
+    prompt_logprobs: object = None   # PromptLogprobsCopy (engine/core/prompt_logprobs.py)
+    grammar: object = None           # its constrained rows (structured manager's StepMask)
+
+
+
+def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool) -> None:
+    """The plan's KV is computed: advance counters, index newly full blocks, and let
+    dedup followers take the blocks of leaders that finished their prompt."""
+    running = RequestStatus.RUNNING
+    kv = scheduler.kv
+    for c in plan.decodes:   # hot loop: one token each; a block fills every `page`
+        req = c.request
+        if req.status is running:
+            n = req.num_computed_tokens = req.num_computed_tokens + 1
+            if n % page == 0:
+                kv.register_full_blocks(req, caching)
+    for c in plan.prefills:
+        req = c.request
+        if req.status.done:
+            continue
+        req.num_computed_tokens += c.num_tokens
+        req.chunks_done += 1
+        kv.register_full_blocks(req, caching)
+        if c.sample:
+            scheduler.leader_sampled(req)
+    followers = scheduler.followers
+    if followers:      # a leader whose last prompt token ran as a decode sampled too
+        for c in plan.decodes:
+            if c.request in followers and c.request.status is running:
+                scheduler.leader_sampled(c.request)

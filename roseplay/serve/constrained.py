@@ -1,0 +1,119 @@
+"""Structured outputs over HTTP: OpenAI's `response_format` and vLLM's `structured_outputs`
+-> the engine's StructuredOutputsParams, and the engine's grammar errors -> a 400 naming
+the field the constraint came from (docs/STRUCTURED_OUTPUTS.md).
+
+response_format: {"type": "text"} (no constraint), {"type": "json_object"}, or
+{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}; on
+both endpoints, as vLLM. structured_outputs (vLLM's extra): {"json" | "regex" | "choice"
+| "grammar" | "json_object", "disable_any_whitespace", "disable_additional_properties"}.
+Both are kept raw by the request models and decoded here once their size is known.
+
+A grammar compiles in the engine (off its step loop); a failure there ends the request
+with an error whose text starts with GRAMMAR_ERROR. The routes turn it into a 400 with
+`param` = the field: a non-streamed request at its end, a streamed one before its
+response starts (the SSE response begins with the first token of a constrained request,
+so its status can still be 400: `first_batch`).
+"""
+from __future__ import annotations
+
+import msgspec
+
+from engine.structured_outputs import GRAMMAR_ERROR, MAX_GRAMMAR_BYTES, StructuredOutputsParams
+from engine.config import InvalidRequestError
+from roseplay.serve.body import raw_value
+from roseplay.serve.errors import OpenAIError, invalid
+
+MAX_FIELD_BYTES = 2 * MAX_GRAMMAR_BYTES   # a raw response_format / structured_outputs / tools
+
+
+def decode_small(raw, param: str):
+    """A raw field's JSON value (None when absent or null), refused past MAX_FIELD_BYTES
+    before anything is built."""
+    data = raw_value(raw)
+    if data is None:
+        return None
+    if len(data) > MAX_FIELD_BYTES:
+        raise invalid(f"{param} is larger than {MAX_FIELD_BYTES} bytes", param)
+    try:
+        return msgspec.json.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"{param} is not valid JSON: {exc}", param) from None
+
+
+def from_response_format(fmt) -> StructuredOutputsParams | None:
+    """OpenAI's response_format (decoded) -> the constraint (None for text)."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return params(json_object=True, param="response_format")
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, (dict, bool)):
+            raise invalid("response_format json_schema needs json_schema.schema (a JSON "
+                          "schema object)", "response_format")
+        return params(json=schema if isinstance(schema, dict) else str(schema).lower(),
+                      param="response_format")
+    raise invalid("response_format type must be text, json_object or json_schema, got "
+                  f"{str(kind)[:40]!r}", "response_format")
+
+
+def from_structured_outputs(value) -> StructuredOutputsParams | None:
+    """vLLM's structured_outputs object -> the constraint."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("structured_outputs must be an object", "structured_outputs")
+    return params(param="structured_outputs", **value)
+
+
+def params(param: str, **fields) -> StructuredOutputsParams:
+    """StructuredOutputsParams, or a 400 naming the request field it came from."""
+    try:
+        return msgspec.convert(fields, StructuredOutputsParams)
+    except (msgspec.ValidationError, InvalidRequestError) as exc:
+        raise invalid(f"{param}: {exc}", param) from None
+
+
+def grammar_error(choices, field: str | None) -> OpenAIError | None:
+    """The 400 of a request whose grammar the engine refused (None: no such error)."""
+    for c in choices:
+        if field and c.finish_reason == "error" and (c.error or "").startswith(GRAMMAR_ERROR):
+            return OpenAIError(400, c.error, param=field)
+    return None
+
+
+async def first_batch(stream, field: str):
+    """A streamed constrained request: wait for its first batch of events before the
+    response starts, so that a grammar the engine refused is a 400 (the stream is
+    closed), not an error event in a 200. Returns the stream with that batch put back."""
+    batches = stream.batches()
+    try:
+        first = await batches.__anext__()
+    except StopAsyncIteration:
+        first = []
+    err = grammar_error([c for c, _ in first], field)
+    if err is not None:
+        stream.close()
+        raise err
+    return Primed(stream, first, batches)
+
+
+class Primed:
+    """A stream whose first batch was read already (first_batch): batches() yields it,
+    then the rest; everything else is the stream's."""
+
+    def __init__(self, stream, first: list, rest):
+        self._stream, self._first, self._rest = stream, first, rest
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    async def batches(self):
+        if self._first:
+            yield self._first
+        async for batch in self._rest:
+            yield batch

@@ -1,0 +1,90 @@
+"""The grammar backends behind one interface (docs/STRUCTURED_OUTPUTS.md "Choosing the
+library"): xgrammar, the alternative to llguidance, gives outputs that validate for each
+kind (JSON schemas, choice, regex, a GBNF and a Lark grammar) and refuses a bad schema
+with a clean message; with speculative decoding (its drafts checked token by token, then
+rolled back) its greedy tokens are the ones it gives without; the config's backend names
+(vLLM's, "llguidance" read as "guidance"); vLLM's Python API (StructuredOutputsParams)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import LLM, SamplingParams, StructuredOutputsParams
+from engine.config import InvalidRequestError, StructuredOutputsConfig
+from engine.structured_outputs import GRAMMAR_ERROR
+from tests.engine.core.structured_schemas import check
+from tests.engine.core.test_structured import cases, run
+
+pytestmark = pytest.mark.timeout(900)
+XGRAMMAR = {"backend": "xgrammar"}
+
+
+@pytest.fixture(scope="module")
+def xllm():
+    return LLM(device="cpu", check_invariants=True, structured_outputs_config=XGRAMMAR)
+
+
+@pytest.fixture(scope="module")
+def reference(xllm, tmp_path_factory):
+    """xgrammar's greedy outputs, and the oracle drafter's reference file of them."""
+    got = run(xllm, dict(temperature=0))
+    pairs = [[xllm.inputs.process(p)[0].prompt_token_ids, list(o.token_ids)]
+             for (p, _), (_, o) in zip(cases(), got)]
+    path = tmp_path_factory.mktemp("oracle") / "refs.json"
+    path.write_text(json.dumps(pairs))
+    return got, str(path)
+
+
+def test_xgrammar_outputs_validate(xllm, reference):
+    assert xllm.engine.structured.backend.ready.name == "xgrammar"
+    for model, out in reference[0]:
+        assert out.finish_reason == "stop", out.text
+        check(model, out.text)
+
+
+def test_xgrammar_with_speculation_gives_the_same_tokens(reference):
+    got, refs = reference
+    llm = LLM(device="cpu", check_invariants=True, structured_outputs_config=XGRAMMAR,
+              speculative_config={"method": "oracle", "num_speculative_tokens": 3,
+                                  "oracle_acceptance": 0.5, "oracle_references": refs})
+    spec = run(llm, dict(temperature=0))
+    assert [o.token_ids for _, o in spec] == [o.token_ids for _, o in got]
+    c = llm.engine.counters
+    assert c.spec_decode_num_draft_tokens > c.spec_decode_num_accepted_tokens > 0
+
+
+def test_xgrammar_kinds_and_a_clean_error(xllm):
+    kinds = [{"choice": ["aye", 'nay, "sir"']}, {"regex": "[0-9]{3}"},
+             {"grammar": 'root ::= "yes" | "no"'}, {"grammar": 'start: "yes" | "no"'},
+             {"json": {"type": "no-such-type"}}]
+    outs = llm_texts(xllm, kinds)
+    assert outs[0][0] in ("aye", 'nay, "sir"') and outs[1][0].isdigit()
+    assert outs[2][0] in ("yes", "no") and outs[3][0] in ("yes", "no")
+    error = outs[4][1]
+    assert error.startswith(GRAMMAR_ERROR) and "no-such-type" in error and ".cc:" not in error
+
+
+def llm_texts(llm, kinds: list[dict]) -> list[tuple[str, str | None]]:
+    outs = llm.generate([f"{i}:" for i in range(len(kinds))],
+                        [SamplingParams(max_tokens=12, temperature=0, structured_outputs=k)
+                         for k in kinds])
+    return [(o.outputs[0].text, o.error) for o in outs]
+
+
+def test_backend_names():
+    assert StructuredOutputsConfig(backend="llguidance").backend == "guidance"
+    assert StructuredOutputsConfig.parse('{"backend": "xgrammar"}').backend == "xgrammar"
+    assert StructuredOutputsConfig.parse(None).backend == "auto"
+    with pytest.raises(InvalidRequestError, match="backend must be one of auto, guidance"):
+        StructuredOutputsConfig(backend="outlines")
+
+
+def test_vllm_python_api(xllm):
+    """SamplingParams(structured_outputs=StructuredOutputsParams(...)) as in vLLM; one
+    constraint per request."""
+    sp = SamplingParams(max_tokens=8, temperature=0,
+                        structured_outputs=StructuredOutputsParams(choice=["aye", "nay"]))
+    assert xllm.generate(["ROMEO.\n"], sp)[0].outputs[0].text in ("aye", "nay")
+    with pytest.raises(InvalidRequestError, match="exactly one of"):
+        StructuredOutputsParams(regex="a", choice=["b"])
