@@ -42,10 +42,11 @@ def reference(ckpt):
 
 def test_pool_holds_more_blocks_in_the_same_bytes():
     """CPU default pool: the bytes of DEFAULT_CPU_BLOCKS float32 blocks, so fp8 (a
-    quarter of float32, half of bfloat16 per element) holds four times the blocks."""
+    quarter of float32, half of bfloat16 per element) holds four times the blocks (auto
+    on torch_sdpa too: the pool does not depend on the backend; fp8's auto picks it)."""
     pools = {}
-    for kv in ("auto", "fp8"):
-        llm = LLM(model="dummy:tiny", device="cpu", kv_cache_dtype=kv)
+    for kv, backend in (("auto", "torch_sdpa"), ("fp8", "auto")):
+        llm = LLM(model="dummy:tiny", device="cpu", kv_cache_dtype=kv, attention_backend=backend)
         try:
             cache = llm.engine.runner.kv_cache
             pools[kv] = (llm.engine.pool.num_blocks, cache.numel() * cache.element_size(),
