@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 from pathlib import Path
 
 from engine.config import DEFAULT_MODEL, InvalidRequestError
@@ -110,3 +111,15 @@ def load_tokenizer(model_name: str):
         return None
     path = resolve_model_path(model_name)
     return load_tokenizer_dir(path) if os.path.isdir(path) else None
+
+
+@lru_cache(maxsize=None)
+def byte_level_chars() -> tuple[str, ...]:
+    """GPT-2's reversible byte -> printable character map (byte-level BPE's alphabet),
+    indexed by byte."""
+    keep = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    chars, extra = [], 0
+    for b in range(256):
+        chars.append(chr(b) if b in keep else chr(256 + extra))
+        extra += b not in keep
+    return tuple(chars)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import codecs
 import random
 
+from engine.tokenizer import byte_level_chars
+
 _TABLE_ATTR = "_roseplay_byte_table"     # cached on the tokenizer object
 _CHECK_SEQUENCES = 64
 _CHECK_LEN = 12
@@ -121,7 +123,7 @@ def _build_table(tokenizer) -> list[bytes] | None:
     backend = _backend(tokenizer)
     if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
         return None
-    char_to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+    char_to_byte = {c: b for b, c in enumerate(byte_level_chars())}
     special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     table = []
     for i in range(backend.get_vocab_size(with_added_tokens=True)):
@@ -150,17 +152,3 @@ def _reproduces(tokenizer, table: list[bytes]) -> bool:
     except Exception:
         return False
     return True
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte <-> printable character map (the ByteLevel alphabet)."""
-    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-            + list(range(ord("®"), ord("ÿ") + 1)))
-    mapping, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            mapping[b] = chr(b)
-        else:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping

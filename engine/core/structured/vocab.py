@@ -14,9 +14,8 @@ from __future__ import annotations
 import itertools
 import json
 import string
-from functools import lru_cache
 
-from engine.tokenizer import DEFAULT_MODEL_DIR
+from engine.tokenizer import DEFAULT_MODEL_DIR, byte_level_chars
 
 
 def tokenizer_json(tokenizer) -> str | None:
@@ -30,26 +29,11 @@ def tokenizer_json(tokenizer) -> str | None:
     return inner.to_str() if inner is not None and hasattr(inner, "to_str") else None
 
 
-@lru_cache(maxsize=None)
-def _byte_chars() -> tuple[str, ...]:
-    """GPT-2's byte -> printable character map (byte-level BPE's alphabet)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + \
-        list(range(0xAE, 0x100))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return tuple(chars[b] for b in range(256))
-
-
 def _pieces():
     """Token texts in a fixed order: single bytes come first (built by the caller)."""
     with open(DEFAULT_MODEL_DIR / "tokenizer.json", encoding="utf-8") as f:
         bundled = json.load(f)["model"]["vocab"]
-    inv = {c: bytes([b]) for b, c in enumerate(_byte_chars())}
+    inv = {c: bytes([b]) for b, c in enumerate(byte_level_chars())}
     for text in sorted(bundled, key=bundled.get):
         if all(c in inv for c in text):
             yield b"".join(inv[c] for c in text).decode("latin-1")
@@ -72,7 +56,7 @@ def _pieces():
 def synthetic_tokenizer_json(vocab_size: int, eos_ids: tuple[int, ...]) -> str:
     """A byte-level BPE tokenizer.json of exactly vocab_size tokens (no merges: it is for
     masking, not for encoding), with a special token at each EOS id."""
-    chars = _byte_chars()
+    chars = byte_level_chars()
     vocab: dict[str, int] = {}
     eos = set(i for i in eos_ids if 0 <= i < vocab_size)
     ids = (i for i in range(vocab_size) if i not in eos)
