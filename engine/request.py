@@ -133,6 +133,8 @@ class Request:
     table_row: int = -1              # its row in KVManager.tables (engine/core/kv/block_tables.py)
     num_computed_tokens: int = 0     # tokens whose KV is in block_table
     num_cached_tokens: int = 0       # prompt tokens served by the prefix cache (last admission)
+    num_host_cached_tokens: int = 0  # those of them reloaded from the host tier
+    swap: object = None              # preempted by swap: its SwapRecord in the host tier
     num_prefill_target: int = 0      # tokens to compute before the next sample (set at admission)
     num_preemptions: int = 0
     admit_seq: int = -1              # admission order; newest is preempted first

@@ -94,6 +94,18 @@ class EngineCounters:
     spec_decode_num_drafts: int = 0          # speculative decoding (vLLM's names): requests
     spec_decode_num_draft_tokens: int = 0    # verified with drafts, drafts proposed,
     spec_decode_num_accepted_tokens: int = 0  # drafts accepted
+    # the host KV tier (docs/KV_TIERS.md): blocks copied each way (offloads and swap-outs
+    # to the host; prefix reloads and swap-ins back), offloads dropped (every host block
+    # held), host blocks evicted, prompt tokens served from the host tier (a part of
+    # prefix_hit_tokens), and swap preemptions: out, back in, and fallen back to recompute
+    kv_offload_blocks: int = 0
+    kv_reload_blocks: int = 0
+    kv_offload_dropped: int = 0
+    host_evictions: int = 0
+    host_prefix_hit_tokens: int = 0
+    swap_outs: int = 0
+    swap_ins: int = 0
+    swap_fallbacks: int = 0
 
     def minus(self, earlier: "EngineCounters") -> "EngineCounters":
         """The counts between two snapshots (windowed rates, a run's share)."""

@@ -33,6 +33,7 @@ from engine.worker.distributed.executor import TPExecutor
 from engine.worker.device_io import HostCopy, HostCopyRing
 from engine.core.events import EventLog
 from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.host_tier import HostTier
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.worker.placement import resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
@@ -92,7 +93,10 @@ class LLMEngine:
         self.pool = BlockPool(setup.num_blocks, config.block_size, self.counters)
         self.clock = ServingClock()
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
-        self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
+        host_kv = self.runner.host_kv             # the host tier (kv_offloading_size)
+        self.host = host_kv and HostTier(host_kv.num_blocks, self.pool, host_kv.bytes_per_block
+                                         * config.tensor_parallel_size, self.counters)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.counters, self.host)
         self.scheduler.max_model_len = self.max_model_len
         self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
                                 self.scheduler, self.counters, config.seed, setup.draft)
@@ -180,7 +184,8 @@ class LLMEngine:
         return bool(self.requests)
 
     def clear_prefix_cache(self) -> int:
-        return self.pool.clear_cache()
+        """Forget every cached prefix, in both tiers; the blocks cleared."""
+        return self.pool.clear_cache() + (self.host.clear() if self.host else 0)
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -189,7 +194,7 @@ class LLMEngine:
         if self._inflight is not None:
             return self._complete_inflight(chain=True)
         t0 = self.clock.now()
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         out = StepOutput()
         self._chained = 0
         if not plan:
@@ -219,7 +224,7 @@ class LLMEngine:
         each part recomputes its KV from the same positions. Costs one forward per
         request, on failure only. Only for a failed launch (forward or sampler): once
         the commit has begun, a rerun would count the same chunk twice."""
-        if len(plan.chunks) < 2:
+        if len(plan.chunks) < 2 or plan.kv_error is not None:   # (its reloads hold nothing)
             self._fail_plan(plan, exc, out)
             return
         self.stats.last_error = f"{type(exc).__name__}: {exc}"     # reported either way
@@ -242,9 +247,22 @@ class LLMEngine:
         """Finish an in-flight step without launching another."""
         return self._complete_inflight(chain=False) if self._inflight is not None else StepOutput()
 
+    def _schedule(self) -> StepPlan:
+        """The scheduler's plan, with the host tier's copies it needs sent to every rank
+        before its forward (a failed send fails the plan's requests when it launches)."""
+        plan = self.scheduler.schedule()
+        if self.host is not None:
+            try:
+                plan.tier_step = self.host.send(self.executor)
+            except Exception as exc:
+                plan.kv_error = exc
+        return plan
+
     def _launch(self, plan: StepPlan, device_fed: bool = False) -> Launched:
         """Build the plan's batch and queue its forward and sampling on every rank (the
         decodes whose tokens are pending read them from the last samples, on the device)."""
+        if plan.kv_error is not None:
+            raise plan.kv_error
         t0 = self.clock.now()
         batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size,
                                            self.scheduler.kv.tables, device_fed)
@@ -290,7 +308,7 @@ class LLMEngine:
         request prev samples counts its token as pending (the scheduler plans with it,
         the runner feeds it from the device). Returns (plan, error) if the launch failed."""
         add_pending_tokens(prev.requests)
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         if not plan:
             return None
         try:
@@ -406,6 +424,8 @@ class LLMEngine:
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())
         self.scheduler.kv.tables.check(self.scheduler.running)
+        if self.host is not None:
+            self.host.check([r for r in self.scheduler.waiting if r.swap is not None])
 
     def snapshot(self, paused: bool = False) -> EngineSnapshot:
         """An immutable view of the engine now (cheap: arrays copied, views built)."""

@@ -20,6 +20,7 @@ import torch
 from engine.config import LOGPROBS_MODES
 from engine.worker.cuda_graphs import StepGraphs
 from engine.worker.device_io import to_device
+from engine.worker.kv_transfer import HostKVCache, KVTransfer
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.placement import attach_kv_cache
 from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
@@ -46,7 +47,8 @@ class ModelRunner:
                  block_size: int, max_model_len: int, use_cuda_graphs: bool,
                  graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
                  max_mixed_graph_tokens: int = 0, seed: int = 0,
-                 logprobs_mode: str = LOGPROBS_MODES[0], max_verify_rows: int = 0):
+                 logprobs_mode: str = LOGPROBS_MODES[0], max_verify_rows: int = 0,
+                 host_kv_bytes: int = 0):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.sampler = Sampler(device, seed, logprobs_mode)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
@@ -54,6 +56,10 @@ class ModelRunner:
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.kv_cache = attach_kv_cache(model, ops, num_blocks, block_size, dtype, device)
+        # the host tier's pool (kv_offloading_size: this rank's share of its bytes)
+        per_block = self.kv_cache[:, :, :1].numel() * self.kv_cache.element_size()
+        self.host_kv = HostKVCache(self.kv_cache, host_kv_bytes // per_block) \
+            if host_kv_bytes >= per_block else None
         self.forward_calls = 0
         self.graphs = None    # steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:
@@ -124,6 +130,11 @@ class ModelRunner:
     def take_logprobs(self, batch: StepBatch) -> LogprobsCopy | None:
         """The last step's logprobs (rows that asked), copying to the host; None if none."""
         return LogprobsCopy.start(self.sampler, batch.sampling)
+
+    def transfer_kv(self, xfer: KVTransfer) -> None:
+        """One step's copies between the device pool and the host tier, queued before
+        the step's forward (engine/worker/kv_transfer.py)."""
+        self.host_kv.transfer(xfer)
 
     def release(self, request_ids) -> None:
         """These requests ended: drop their sampler state. The core passes one id (it

@@ -7,6 +7,8 @@ Every block is in exactly one state:
 Allocation takes free blocks first, then evicts cached ones in the order of the
 `eviction_policy` knob: lru, the least recently released; lfu, the fewest prefix hits
 since allocation, then the least recently released (a heap, kept only under lfu).
+With a host tier (kv_offloading_size) every evicted block is handed to `offload` with its
+prefix key, before the allocation returns it (engine/core/kv/host_tier.py).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class BlockPool:
         self._evicted: list[int] = []     # evicted since the last take_evicted()
         self.clock = time.perf_counter    # the engine sets its serving clock
         self.lifetimes = BlockLifetimes(num_blocks)
+        self.offload = None     # (evicted blocks, their keys) -> None: the host tier's store
 
     # -- the eviction policy ---------------------------------------------------
     @property
@@ -120,18 +123,20 @@ class BlockPool:
         """n fresh blocks with refcount 1, or None (and no change) if not enough."""
         if n > self.num_available:
             return None
-        out, evicted = [], []
+        out, evicted, keys = [], [], []
         for _ in range(n):
             if self._free:
                 block = self._free.popleft()
             else:
                 block = self._pop_evictable()
-                self.index.remove(block)
+                keys.append(self.index.remove(block))
                 evicted.append(block)
             self.refcounts[block] = 1
             out.append(block)
         now = self.clock()
         if evicted:
+            if self.offload is not None:
+                self.offload(evicted, keys)
             self.counters.evictions += len(evicted)
             self._evicted.extend(evicted)
             self.lifetimes.on_evicted(evicted, now)

@@ -59,10 +59,12 @@ class PrefixCache:
         self._key_of[block] = key
         return True
 
-    def remove(self, block: int) -> None:
+    def remove(self, block: int) -> bytes | None:
+        """Drop the block from the index; its key (None: it was not indexed)."""
         key = self._key_of.pop(block, None)
         if key is not None:
             del self._block_of[key]
+        return key
 
     def blocks(self) -> list[int]:
         return list(self._key_of)
