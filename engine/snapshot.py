@@ -67,6 +67,10 @@ class StepStats:
     spec_accepted_tokens: int = 0   # the drafts accepted (docs/SPECULATIVE.md)
     budget: int = 0                 # max_num_batched_tokens it was planned under (0: not
     mode: str = ""                  # recorded), and its scheduling_mode
+    blocks_to_host: int = 0         # the host tier's copies sent with it: blocks (and bytes,
+    blocks_from_host: int = 0       # every rank's shard) offloaded or swapped out, and
+    bytes_to_host: int = 0          # reloaded or swapped in
+    bytes_from_host: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,8 @@ class EngineCounters:
     swap_outs: int = 0
     swap_ins: int = 0
     swap_fallbacks: int = 0
+    kv_offload_us: int = 0      # time the copies to the host took (rank 0's copy stream:
+    kv_reload_us: int = 0       # completed copies), and the copies back
 
     def minus(self, earlier: "EngineCounters") -> "EngineCounters":
         """The counts between two snapshots (windowed rates, a run's share)."""
@@ -156,6 +162,7 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     last_chunk_ts: float | None = None   # its last prompt chunk scheduled
     prefill_chunks: int = 0          # chunks computed before its first token (all admissions)
     prefill_preemptions: int = 0     # preemptions before its first token
+    host_cached_tokens: int = 0      # of cached_tokens: reloaded from the host tier
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""
@@ -291,6 +298,14 @@ class EngineSnapshot:
     recent_ttft_parts: tuple[tuple[float, float, float, float], ...] = ()   # (last token
     #     time, queued, prefill, last chunk to first token) of finished requests (TTFT split)
     traces: tuple[TokenTrace, ...] = ()      # the latest finished requests' token traces
+    # the host KV tier (kv_offloading_size; empty arrays without one): its blocks' states
+    # and refcounts (a swapped-out request's blocks are used), and the bytes of a block;
+    # arrays, so not part of == (compare block arrays with numpy)
+    host_block_state: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int8), compare=False)
+    host_block_refcount: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.uint8), compare=False)
+    kv_bytes_per_block: int = 0      # every rank's shard: a step's bytes moved = blocks x this
 
     @property
     def num_used(self) -> int:
@@ -307,6 +322,10 @@ class EngineSnapshot:
     @property
     def num_shared(self) -> int:
         return int((self.block_refcount > 1).sum())
+
+    @property
+    def host_num_blocks(self) -> int:
+        return int(self.host_block_state.shape[0])
 
     def request(self, request_id: str) -> RequestView | None:
         return next((r for r in self.requests if r.request_id == request_id), None)

@@ -87,6 +87,7 @@ def request_record(output) -> dict:
     return {"request_id": output.request_id, "prompt_len": len(output.prompt_token_ids),
             "output_len": len(comp.token_ids), "ttft": m.ttft, "tpot": m.tpot, "e2e": m.e2e,
             "itls": list(m.itls), "cached_tokens": m.num_cached_tokens,
+            "host_cached_tokens": m.num_host_cached_tokens,
             "preemptions": m.num_preemptions, "finish_reason": comp.finish_reason,
             "arrival_time": m.arrival_time, "last_token_time": m.last_token_time}
 

@@ -96,6 +96,8 @@ class LLMEngine:
         host_kv = self.runner.host_kv             # the host tier (kv_offloading_size)
         self.host = host_kv and HostTier(host_kv.num_blocks, self.pool, host_kv.bytes_per_block
                                          * config.tensor_parallel_size, self.counters)
+        if self.host:
+            self.host.timer = lambda: self.runner.kv_copy_seconds()
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters, self.host)
         self.scheduler.max_model_len = self.max_model_len
         self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
@@ -388,7 +390,8 @@ class LLMEngine:
         self.stats.on_finish(req)
         if out is not None:
             out.finished.append(FinishedRequest(req.request_id, reason, error, req.arrival_time,
-                                                req.num_cached_tokens, req.num_preemptions))
+                                                req.num_cached_tokens, req.num_preemptions,
+                                                req.num_host_cached_tokens))
 
     def _fail_plan(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
         """Fail the plan's own requests. Their dedup followers computed nothing of their

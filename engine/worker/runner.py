@@ -136,6 +136,10 @@ class ModelRunner:
         the step's forward (engine/worker/kv_transfer.py)."""
         self.host_kv.transfer(xfer)
 
+    def kv_copy_seconds(self) -> tuple[float, float]:
+        """(to the host, from the host): seconds the tier's completed copies took."""
+        return self.host_kv.copy_seconds()
+
     def release(self, request_ids) -> None:
         """These requests ended: drop their sampler state. The core passes one id (it
         calls `executor.release(request_id)`, and at TP=1 the executor is this runner);

@@ -26,6 +26,7 @@ WORKLOAD_HELP = {
 SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens": "budget",
                "max_num_seqs": "max seqs", "scheduling_mode": "step", "scheduling_policy": "queue",
                "eviction_policy": "evict", "num_speculative_tokens": "spec k",
+               "preemption_mode": "preempt",
                "concurrency": "in flight", "request rate": "rate"}
 NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
 SPEC_TOKENS_MAX = 5     # the d key's top (the engine allows up to MAX_SPECULATIVE_TOKENS)

@@ -51,9 +51,10 @@ class SwapRecord:
 
 class TierStep:
     """One settled step's moves (device blocks, by request), for events and StepStats."""
-    __slots__ = ("offloaded", "reloads", "swap_outs", "swap_ins")
+    __slots__ = ("offloaded", "reloads", "swap_outs", "swap_ins", "bytes_per_block")
 
-    def __init__(self):
+    def __init__(self, bytes_per_block: int = 0):
+        self.bytes_per_block = bytes_per_block
         self.offloaded: list[int] = []                  # evicted blocks copied out
         self.reloads: dict[str, list[int]] = {}         # prefix hits copied back in
         self.swap_outs: dict[str, tuple[int, ...]] = {}
@@ -98,6 +99,16 @@ class HostTier:
         self._swap_outs: list = []     # requests swapped out this step
         self.last = TierStep()
         self.sizes = (_SizeHistogram(), _SizeHistogram())   # bytes per transfer: out, in
+        self.timer = lambda: (0.0, 0.0)   # seconds the copies took (out, in): the engine
+        #                                   sets its runner's HostKVCache.copy_seconds
+
+    def sync_times(self) -> Counters:
+        """The counters, with the copies' time read now (it completes after the step that
+        queued the copy: read when stats or snapshots are built)."""
+        out, back = self.timer()
+        c = self.counters
+        c.kv_offload_us, c.kv_reload_us = int(out * 1e6), int(back * 1e6)
+        return c
 
     def follow(self, knobs) -> None:
         """The live knobs it obeys: prefix caching (stores and lookups) and eviction."""
@@ -196,7 +207,7 @@ class HostTier:
         offloaded and reloaded, let go of the holds. A failed transfer indexes nothing;
         its swapped-out requests lose their records (they recompute) and the core fails
         the step's requests (their reloaded blocks hold nothing)."""
-        step, pool = TierStep(), self.pool
+        step, pool = TierStep(self.bytes_per_block), self.pool
         for d, h, key in self._offload:
             if key is None:
                 continue                    # a swap-out's block: its record holds it

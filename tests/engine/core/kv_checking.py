@@ -5,6 +5,8 @@ output; `make_engine` puts it under a real LLMEngine and `check_all` checks the
 pool/scheduler invariants (tests/engine/core/test_property.py, test_policies.py)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -70,6 +72,7 @@ class KVCheckingRunner:
         self.host = host
         self.bs = pool.block_size
         self.kv = np.full((pool.num_blocks, self.bs), -1, dtype=np.int64)
+        self.copy_time = [0.0, 0.0]
         self.host_kv = None if host is None else np.full((host.num_blocks, self.bs), -1,
                                                          dtype=np.int64)
         self.vocab = vocab
@@ -88,9 +91,17 @@ class KVCheckingRunner:
     def transfer_kv(self, xfer):
         """The real pools' order (engine/worker/kv_transfer.py): host blocks read for
         reloads, device blocks read for offloads, then both written."""
+        t0 = time.perf_counter()
         reloaded = self.host_kv[xfer.reload_src].copy()
+        t1 = time.perf_counter()
         self.host_kv[xfer.offload_dst] = self.kv[xfer.offload_src]
+        t2 = time.perf_counter()
         self.kv[xfer.reload_dst] = reloaded
+        self.copy_time[0] += t2 - t1
+        self.copy_time[1] += t1 - t0 + time.perf_counter() - t2
+
+    def kv_copy_seconds(self):
+        return tuple(self.copy_time)
 
     def read(self, table, n) -> list[int]:
         return [int(self.kv[table[p // self.bs], p % self.bs]) for p in range(n)]

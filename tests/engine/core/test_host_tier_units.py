@@ -193,3 +193,75 @@ def test_host_blocks_follow_the_kv_offloading_size():
     eng = make_engine(6, 2, host_blocks=5)
     assert eng.host.num_blocks == 5 and eng.host.bytes_per_block > 0
     assert make_engine(6, 2).host is None
+
+
+def test_metrics_carry_vllms_kv_offload_families_by_transfer_type():
+    """/metrics (roseplay/serve/metrics.py) from the engine's own EngineStats after a run
+    that offloads and reloads: vLLM's names, labels and byte counts."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.core.stats import engine_stats
+    from roseplay.serve.metrics import ServerMetrics
+
+    eng = make_engine(6, 2, host_blocks=8)
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    for p in ([1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5, 4, 3], [1, 2, 3, 4, 5, 6, 8]):
+        add_request(eng, {"prompt_token_ids": p}, params)
+        while eng.has_unfinished():
+            eng.step()
+    c = eng.stats.counters
+    assert c.kv_offload_blocks > 0 and c.kv_reload_blocks > 0
+
+    class Loop:
+        def engine_stats(self):
+            return engine_stats(eng, 0.0)
+    text = ServerMetrics(Loop(), "tiny").render().decode()
+    samples = {(s.name, s.labels.get("transfer_type")): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    size = eng.host.bytes_per_block
+    assert samples["vllm:kv_offload_total_bytes_total", "GPU_to_CPU"] == c.kv_offload_blocks * size
+    assert samples["vllm:kv_offload_total_bytes_total", "CPU_to_GPU"] == c.kv_reload_blocks * size
+    assert samples["vllm:kv_offload_total_time_total", "GPU_to_CPU"] > 0
+    assert samples["vllm:kv_offload_size_count", "CPU_to_GPU"] >= 1
+    assert samples["vllm:kv_offload_size_sum", "CPU_to_GPU"] == c.kv_reload_blocks * size
+    eng_off = make_engine(6, 2)
+
+    class Off:
+        def engine_stats(self):
+            return engine_stats(eng_off, 0.0)
+    assert "kv_offload" not in ServerMetrics(Off(), "tiny").render().decode()
+
+
+def test_snapshots_show_the_host_tier_its_moves_and_each_requests_host_hits():
+    """The snapshot (also as it crosses the process seam) carries the host blocks' states
+    and refcounts, each step's blocks and bytes moved each way, and per request the
+    prompt tokens reloaded from the host."""
+    from engine.core.core import LLMEngine
+    from engine.config import make_config
+    from engine.ipc.protocol import decode_snapshot, encoder, snapshot_frame
+    from tests.engine.core.kv_checking import host_gib
+
+    eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
+                                num_blocks=6, block_size=2, kv_offloading_size=host_gib(2, 8),
+                                check_invariants=True))
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    reqs = [add_request(eng, {"prompt_token_ids": p}, params)
+            for p in ([1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5, 4, 3], [1, 2, 3, 4, 5, 6, 8])]
+    while eng.has_unfinished():
+        eng.step()
+    snap = decode_snapshot(encoder.encode(snapshot_frame(eng.snapshot())))
+    assert snap.host_num_blocks == 8 and snap.kv_bytes_per_block == eng.host.bytes_per_block
+    assert (snap.host_block_state == eng.host.pool.states()).all()
+    assert (snap.host_block_state == 2).sum() == eng.host.pool.num_cached > 0
+    moved = [(s.blocks_to_host, s.blocks_from_host, s.bytes_to_host, s.bytes_from_host)
+             for s in snap.recent_steps]
+    assert sum(m[0] for m in moved) == snap.counters.kv_offload_blocks > 0
+    assert sum(m[1] for m in moved) == snap.counters.kv_reload_blocks > 0
+    assert all(m[2] == m[0] * snap.kv_bytes_per_block and m[3] == m[1] * snap.kv_bytes_per_block
+               for m in moved)
+    views = {r.request_id: r for r in snap.requests}
+    third = views[reqs[2].request_id]
+    assert third.host_cached_tokens == reqs[2].num_host_cached_tokens > 0
+    assert third.cached_tokens >= third.host_cached_tokens
+    kinds = {e.kind for e in snap.events}
+    assert {"offload", "reload"} <= kinds
