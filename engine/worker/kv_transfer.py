@@ -29,6 +29,7 @@ float32, float8) takes the same kernels, and wider words make fuller PCIe writes
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,18 @@ class _CudaView:
             "data": (pinned.data_ptr(), False), "version": 2, "strides": None}
 
 
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """(page-locked host memory of exactly this size, whether this function registered it:
+    unregister it before it is freed). torch's pinned allocator rounds a request up to a
+    power of two (20 GiB would lock 32), so the memory is allocated plainly and registered
+    with the driver; where registering fails, torch's pinned allocator."""
+    host = torch.empty(shape, dtype=dtype)
+    cudart = torch.cuda.cudart()
+    if int(cudart.cudaHostRegister(host.data_ptr(), host.numel() * host.element_size(), 0)):
+        return torch.empty(shape, dtype=dtype, pin_memory=True), False
+    return host, True
+
+
 class HostKVCache:
     """The host pool of one rank and its copies (see the module docstring)."""
 
@@ -80,12 +93,19 @@ class HostKVCache:
         self.kv = word_view(kv_cache)                     # the device pool, as words
         shape = (*self.kv.shape[:2], num_blocks, *self.kv.shape[3:])
         cuda = self.device.type == "cuda"
-        self.host = torch.zeros(shape, dtype=self.kv.dtype, pin_memory=cuda)
+        self.stream = self.view = None
+        if cuda:        # never read before written: no fill
+            self.host, registered = pinned_empty(shape, self.kv.dtype)
+            if registered:     # the pages are locked until the pool is dropped
+                weakref.finalize(self, torch.cuda.cudart().cudaHostUnregister,
+                                 self.host.data_ptr())
+            self.stream = torch.cuda.Stream(self.device)
+            # the pool as the GPU sees it: the copy kernels read and write host memory
+            with torch.cuda.device(self.device):
+                self.view = torch.as_tensor(_CudaView(self.host), device=self.device)
+        else:
+            self.host = torch.empty(shape, dtype=self.kv.dtype)
         self.bytes_per_block = self.host[:, :, :1].numel() * self.host.element_size()
-        self.stream = torch.cuda.Stream(self.device) if cuda else None
-        # the pool as the GPU sees it: the copy kernels read and write host memory
-        self.view = torch.as_tensor(_CudaView(self.host), device=self.device) if cuda \
-            else self.host
         self._timings: list[tuple[int, object, object]] = []   # CUDA: (direction, start, end)
         self.seconds = [0.0, 0.0]      # copy time by direction, of the copies done so far
 

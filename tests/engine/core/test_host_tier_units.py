@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from engine.config import SchedulerConfig
 from engine.core.kv.block_pool import BlockPool
@@ -265,3 +266,22 @@ def test_snapshots_show_the_host_tier_its_moves_and_each_requests_host_hits():
     assert third.cached_tokens >= third.host_cached_tokens
     kinds = {e.kind for e in snap.events}
     assert {"offload", "reload"} <= kinds
+
+
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 64), (torch.float16, 3),
+                                            (torch.float32, 5)])
+def test_the_host_pool_copies_bytes_in_the_documented_order(dtype, head_dim):
+    """HostKVCache on CPU (the CUDA path's order: reload reads, offload gathers, then the
+    writes): a device block offloaded and reused as a reload destination in one step is
+    read before it is overwritten; any dtype and row width moves as whole words."""
+    from engine.worker.kv_transfer import HostKVCache, KVTransfer, word_view
+    a = lambda v: np.array(v, dtype=np.int64)
+    kv = torch.randn(2, 3, 10, 4, 2, head_dim).to(dtype)
+    host = HostKVCache(kv, 6)
+    assert host.bytes_per_block == 2 * 3 * 4 * 2 * head_dim * kv.element_size()
+    before = kv.clone()
+    host.transfer(KVTransfer(a([0, 1, 2]), a([5, 3, 4]), a([]), a([])))
+    host.transfer(KVTransfer(a([7]), a([0]), a([5, 3]), a([7, 8])))
+    assert torch.equal(kv[:, :, 7], before[:, :, 0]) and torch.equal(kv[:, :, 8], before[:, :, 1])
+    assert torch.equal(host.host[:, :, 0], word_view(before)[:, :, 7])
+    assert torch.equal(kv[:, :, 9], before[:, :, 9])
