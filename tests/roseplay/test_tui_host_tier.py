@@ -45,3 +45,26 @@ async def test_the_host_tier_map_shows_under_the_kv_map_only_with_a_tier():
         app.refresh_panels()
         await pilot.pause()
         assert not view.display
+
+
+@sync
+async def test_the_event_log_names_swaps_and_reloads_and_leaves_offloads_to_the_host_line():
+    from engine.codes import EV_OFFLOAD, EV_RELOAD, EV_SWAP_FALLBACK, EV_SWAP_OUT
+    from engine.snapshot import EngineEvent
+    from roseplay.widgets.events import EventLog
+    from roseplay.widgets.kv_map import HIT, PREEMPTED, KVMap
+    base = with_host_tier(session_snapshot(12))
+    t, s = base.time, base.step - 1
+    events = (EngineEvent(s, t, EV_OFFLOAD, None, (50, 51), "2 evicted blocks copied"),
+              EngineEvent(s, t, EV_SWAP_OUT, "w0-31", (7, 8), "2 blocks copied to the host"),
+              EngineEvent(s, t, EV_SWAP_FALLBACK, "w0-30", (9,), "swap: recompute instead"),
+              EngineEvent(s, t, EV_RELOAD, "w0-28", (40, 41), "32 prompt tokens from the host"))
+    app = RoseplayApp(source=StaticSource(dataclasses.replace(base, events=events)))
+    async with app.run_test(size=SIZE) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        log = widget_text(app.query_one(EventLog))
+        assert "H reload" in log and "P swap out" in log and "no swap" in log
+        assert "offload" not in log
+        fl = app.query_one("#kv-map", KVMap)._fl
+        assert fl[40] == fl[41] == HIT and fl[7] == fl[8] == PREEMPTED
