@@ -138,10 +138,13 @@ class HostTier:
                 continue
             self._offload.append((block, fresh[0], key))
 
+    def hold(self, blocks: list[int]) -> None:
+        """Prefix hits in the host tier, about to be reloaded: a hit each, and held (not
+        evictable) until their copy is sent (settle) or the admission is undone (cancel)."""
+        self.pool.touch(blocks)
+
     def reload(self, req, pairs: list[tuple[int, int, bytes]]) -> None:
-        """Prefix hits in the host tier: (host block, device block, key) each; the host
-        blocks are held (a hit each) until the copy is sent."""
-        self.pool.touch([h for h, _, _ in pairs])
+        """Queue the reloads of held host blocks: (host block, device block, key) each."""
         self._reload.extend((h, d, key, req) for h, d, key in pairs)
 
     def cancel(self, req) -> None:

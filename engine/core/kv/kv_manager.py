@@ -43,6 +43,8 @@ class KVManager:
             del hits[reloads[0]:]
             reloads = []
         self.pool.touch([block for block, _, _ in hits if block >= 0])
+        if reloads:    # held before the device allocates: its evictions go to the host
+            self.host.hold([-1 - hits[i][0] for i in reloads])
         pairs = []     # (host block, device block, key) of each reload
         for i, d in zip(reloads, self.pool.allocate(len(reloads)) if reloads else ()):
             block, h, key = hits[i]

@@ -81,6 +81,28 @@ def test_an_evicted_block_goes_to_the_host_under_its_key_and_comes_back():
     host.check([])
 
 
+def test_host_hits_are_held_before_the_reload_blocks_evict_into_a_full_host():
+    """The device blocks a lookup takes for its host hits evict device blocks, whose
+    offload wants host blocks: a full host drops those offloads rather than evict the
+    very blocks the lookup is about to reload."""
+    sched, pool, host, counters = make(num_blocks=4, host_blocks=2)
+    a = list(range(1, 9))                           # 2 full blocks
+    run_alone(sched, req("a", a))
+    keys = [k for _, k in pool.index.items()]
+    run_alone(sched, req("b", range(20, 36)))       # evicts a's 2 into the (full) host
+    host.send(Copies())
+    held = sorted(host.lookup(k) for k in keys)
+    again = req("a2", a + [50, 51])
+    sched.add(again)
+    sched.schedule()
+    assert again.num_host_cached_tokens == 8
+    assert sorted(host.lookup(k) for k in keys) == held and counters.kv_offload_dropped == 3
+    copies = Copies()
+    host.send(copies)
+    assert sorted(copies.sent[0].reload_src.tolist()) == held
+    host.check([])
+
+
 def test_the_host_evicts_its_least_recently_used_block():
     sched, pool, host, _ = make(num_blocks=2, host_blocks=2)
     keys = []
