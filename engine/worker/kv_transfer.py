@@ -16,12 +16,17 @@ device_alias), and the device-local part on the compute stream:
            ordered after every step that wrote them); copy stream: wait for that gather,
            then scatter the buffer into the host blocks (a PCIe write) while the forward
            runs: the forward may overwrite those device blocks at once.
-One stream for every host-pool access orders them: a host block written by an offload
-is read by a later reload only after the write, and is rewritten by a later offload
-only after an earlier reload read it. Copies are issued reload read first, then offload
-gather, then offload write and reload scatter, so a device block that is both evicted
-(offload source) and reused as a reload destination in one step is read before it is
-overwritten. The core never reads the pool's bytes.
+One stream for every host-pool access orders them across steps: a host block written by
+an offload is read by a later reload only after the write, and is rewritten by a later
+offload only after an earlier reload read it. Within a step no host block is both read
+and written (the core holds a reload's source until the step's copies are sent), and the
+offload gathers come before the reload scatters on the compute stream, so a device block
+that is both evicted (offload source) and reused as a reload destination in one step is
+read before it is overwritten. Copies are issued reload read first (the step waits for
+it: the sooner it starts the better), then offload gather and write, then reload
+scatter. A step whose buffers would pass STAGING_BYTES (a long request swapped out or
+in) runs in slices of that size, offloads first, so the device buffers stay bounded.
+The core never reads the pool's bytes.
 
 The bytes move as words (int64 where a head's row allows), so any KV dtype (bfloat16,
 float32, float8) takes the same kernels, and wider words make fuller PCIe writes.
@@ -40,6 +45,7 @@ from engine.worker.device_io import to_device
 _WORDS = (torch.int64, torch.int32, torch.int16, torch.uint8)
 _TYPESTR = {torch.int64: "<i8", torch.int32: "<i4", torch.int16: "<i2", torch.uint8: "|u1"}
 OFFLOAD, RELOAD = 0, 1     # directions: device -> host (GPU_to_CPU), host -> device
+STAGING_BYTES = 256 << 20  # the largest device buffer a step's copies take at once
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,22 @@ class HostKVCache:
             self._transfer_cpu(xfer)
             return
         self._collect()
+        for part in self._slices(xfer):
+            self._transfer_cuda(part)
+
+    def _slices(self, xfer: KVTransfer) -> list[KVTransfer]:
+        """The step's copies in parts whose buffers fit STAGING_BYTES: all at once, or
+        the offloads' slices then the reloads' (every gather before any scatter)."""
+        n = max(1, STAGING_BYTES // self.bytes_per_block)
+        if max(xfer.offload_src.shape[0], xfer.reload_src.shape[0]) <= n:
+            return [xfer]
+        none = xfer.offload_src[:0]
+        return [KVTransfer(xfer.offload_src[i:i + n], xfer.offload_dst[i:i + n], none, none)
+                for i in range(0, xfer.offload_src.shape[0], n)] + \
+            [KVTransfer(none, none, xfer.reload_src[i:i + n], xfer.reload_dst[i:i + n])
+             for i in range(0, xfer.reload_src.shape[0], n)]
+
+    def _transfer_cuda(self, xfer: KVTransfer) -> None:
         compute = torch.cuda.current_stream(self.device)
         reloaded = reload_done = None
         if xfer.reload_src.shape[0]:

@@ -307,3 +307,18 @@ def test_the_host_pool_copies_bytes_in_the_documented_order(dtype, head_dim):
     assert torch.equal(kv[:, :, 7], before[:, :, 0]) and torch.equal(kv[:, :, 8], before[:, :, 1])
     assert torch.equal(host.host[:, :, 0], word_view(before)[:, :, 7])
     assert torch.equal(kv[:, :, 9], before[:, :, 9])
+
+
+def test_a_large_steps_copies_go_in_bounded_slices_offloads_first(monkeypatch):
+    """A step whose buffers would pass STAGING_BYTES (a long request swapped) is cut into
+    slices: every offload slice before any reload slice, so no device block a reload
+    writes is gathered by an offload after it."""
+    from engine.worker.kv_transfer import HostKVCache, KVTransfer
+    a = lambda v: np.array(v, dtype=np.int64)
+    host = HostKVCache(torch.zeros(2, 1, 8, 4, 1, 64), 8)
+    monkeypatch.setattr("engine.worker.kv_transfer.STAGING_BYTES", 3 * host.bytes_per_block)
+    parts = host._slices(KVTransfer(a(range(5)), a(range(5)), a([6, 7]), a([1, 2])))
+    small = host._slices(KVTransfer(a([0]), a([1]), a([2]), a([3])))
+    assert [(p.offload_src.tolist(), p.reload_src.tolist()) for p in parts] == \
+        [([0, 1, 2], []), ([3, 4], []), ([], [6, 7])]
+    assert len(small) == 1
