@@ -242,6 +242,8 @@ def test_metrics_carry_vllms_kv_offload_families_by_transfer_type():
     samples = {(s.name, s.labels.get("transfer_type")): s.value
                for fam in text_string_to_metric_families(text) for s in fam.samples}
     size = eng.host.bytes_per_block
+    assert {s.labels.get("engine") for fam in text_string_to_metric_families(text)
+            for s in fam.samples if "kv_offload" in s.name} == {"0"}    # vLLM's engine label
     assert samples["vllm:kv_offload_total_bytes_total", "GPU_to_CPU"] == c.kv_offload_blocks * size
     assert samples["vllm:kv_offload_total_bytes_total", "CPU_to_GPU"] == c.kv_reload_blocks * size
     assert samples["vllm:kv_offload_total_time_total", "GPU_to_CPU"] > 0
