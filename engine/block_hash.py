@@ -40,6 +40,11 @@ def key_tokens(key: bytes) -> list[int]:
     return list(struct.unpack(f"<{(len(key) - 8) // 4}i", key[8:]))
 
 
+def key_parent(key: bytes) -> int:
+    """The parent block's hash a key holds (ROOT_HASH for a first block)."""
+    return struct.unpack_from("<q", key)[0]
+
+
 def stable_block_hash(key: bytes, _blake=hashlib.blake2b, _int=int.from_bytes) -> int:
     """BLAKE2b-64 of the key as a signed int64: the same everywhere (see the module)."""
     return _int(_blake(key, digest_size=8).digest(), "little", signed=True)

@@ -21,3 +21,7 @@ ENGINE_CLOSED = "engine closed"   # the error of requests that close() cancelled
 EV_COW, EV_PREEMPT, EV_EVICT, EV_PREFIX_HIT = "cow", "preempt", "evict", "prefix_hit"
 EV_DEDUP_JOIN, EV_CHUNK_DONE = "dedup_join", "chunk_done"
 EV_SPEC_VERIFY = "spec_verify"     # drafts verified: proposed, accepted, blocks rolled back
+# the host KV tier (docs/KV_TIERS.md): evicted blocks copied to the host, prefix blocks
+# copied back, a preemption by swap (out, back in), and a swap the tier could not take
+EV_OFFLOAD, EV_RELOAD = "offload", "reload"
+EV_SWAP_OUT, EV_SWAP_IN, EV_SWAP_FALLBACK = "swap_out", "swap_in", "swap_fallback"

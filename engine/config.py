@@ -50,6 +50,8 @@ MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in pra
 SCHEDULING_MODES = ("budget", "prefill-first", "mixed-chunk")
 SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
 EVICTION_POLICIES = ("lru", "lfu")
+PREEMPTION_MODES = ("recompute", "swap")
+MAX_KV_OFFLOADING_GIB = 1 << 20    # kv_offloading_size: beyond any host's memory
 # vLLM's logprobs_mode values; the first is roseplay's default (docs/SAMPLING.md)
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
 # vLLM's --kv-cache-dtype values: auto (the model's dtype) or float8 e4m3 (two spellings)
@@ -137,6 +139,19 @@ class SchedulerConfig:
                 "lfu but not under lru (scan resistance); under lfu an old block with many "
                 "hits can also outstay its use (cache pollution).")
 
+    preemption_mode: str = _knob(
+        "recompute", "What a preempted request's KV becomes: recompute (freed, recomputed "
+                     "on re-admission) or swap (copied to the host tier, kv_offloading_size, "
+                     "and copied back on re-admission; a full or absent host tier recomputes "
+                     "and says so in the event log). docs/KV_TIERS.md.", live=True,
+        choices=PREEMPTION_MODES,
+        explain="recompute: a preempted request's blocks are freed and its tokens are "
+                "computed again when it is re-admitted (vLLM V1's only mode). swap: its "
+                "blocks are copied to the host tier before they are freed and copied back "
+                "when it is re-admitted, so it resumes where it stopped (vLLM V0's "
+                "preemption_mode=swap); where the host tier is off or cannot take every "
+                "block, it recomputes and the event log says so (swap_fallback).")
+
     num_speculative_tokens: int = _knob(
         0, "Draft tokens proposed per decoding request per step and verified in one forward "
            "(speculative decoding, docs/SPECULATIVE.md); 0: off. Starts at "
@@ -216,6 +231,13 @@ class EngineConfig:
                "first step's values (their largest lands at half the e4m3 range; vLLM's "
                "calculate_kv_scales); off: unit scales, which clip values beyond ±448 "
                "(ignored with auto).")
+    kv_offloading_size: float = _knob(
+        0.0, "GiB of host memory for the host KV tier (vLLM's --kv-offloading-size; 0: "
+             "off): blocks in the device pool's layout, pinned on CUDA, where full cached "
+             "blocks go when the device pool evicts them (found again by prefix lookups "
+             "and copied back) and where preemption_mode=swap sends preempted requests' "
+             "blocks. With tensor parallelism the total over the ranks. docs/KV_TIERS.md.",
+        minimum=0.0)
     gpu_memory_utilization: float = _knob(0.85, "Fraction of GPU memory for weights, "
                                                 "activations and the KV pool.")
     max_model_len: int | None = _knob(
@@ -335,6 +357,11 @@ class EngineConfig:
         if not isinstance(self.calculate_kv_scales, bool):
             raise InvalidRequestError(f"calculate_kv_scales must be a bool, got "
                                       f"{self.calculate_kv_scales!r}")
+        size = self.kv_offloading_size
+        if isinstance(size, bool) or not isinstance(size, (int, float)) \
+                or not 0.0 <= size <= MAX_KV_OFFLOADING_GIB:
+            raise InvalidRequestError(f"kv_offloading_size must be a number of GiB in "
+                                      f"[0, {MAX_KV_OFFLOADING_GIB}], got {size!r}")
         ct, (lo, hi) = self.client_timeout, CLIENT_TIMEOUT_RANGE
         if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not lo <= ct <= hi:
             raise InvalidRequestError(f"client_timeout must be in [{lo:g}, {hi:g}] seconds, "

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
-from engine.kv_metrics import KVBlockMetrics
+from engine.kv_metrics import Histogram, KVBlockMetrics
+
+# vLLM's transfer_type label values of the kv_offload metrics, in the order of the
+# two-entry fields below
+TRANSFER_TYPES = ("GPU_to_CPU", "CPU_to_GPU")
 
 
 class EngineStats(msgspec.Struct, frozen=True):
@@ -35,3 +39,10 @@ class EngineStats(msgspec.Struct, frozen=True):
     kv_events_seq: int = -1            # the last KV event batch's sequence number (-1:
     #                                    none, or events off): a router's index that has
     #                                    applied it knows all the engine did until then
+    # the host KV tier (kv_offloading_size; docs/KV_TIERS.md), by TRANSFER_TYPES: bytes
+    # copied, seconds the copies took, and the bytes of each step's copy (histograms)
+    host_num_blocks: int = 0                   # 0: no host tier
+    host_num_used_blocks: int = 0              # swapped-out requests' blocks
+    kv_offload_bytes: tuple[int, int] = (0, 0)
+    kv_offload_seconds: tuple[float, float] = (0.0, 0.0)
+    kv_offload_sizes: tuple[Histogram, ...] = ()

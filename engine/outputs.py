@@ -32,6 +32,7 @@ class FinishedRequest:
     arrival_time: float                 # on the engine's serving clock (engine/core/clock.py)
     num_cached_tokens: int
     num_preemptions: int
+    num_host_cached_tokens: int = 0     # those of the cached tokens from the host tier
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):

@@ -148,6 +148,8 @@ class Request:
     table_row: int = -1              # its row in KVManager.tables (engine/core/kv/block_tables.py)
     num_computed_tokens: int = 0     # tokens whose KV is in block_table
     num_cached_tokens: int = 0       # prompt tokens served by the prefix cache (last admission)
+    num_host_cached_tokens: int = 0  # those of them reloaded from the host tier
+    swap: object = None              # preempted by swap: its SwapRecord in the host tier
     num_prefill_target: int = 0      # tokens to compute before the next sample (set at admission)
     num_preemptions: int = 0
     admit_seq: int = -1              # admission order; newest is preempted first
@@ -261,7 +263,8 @@ class Request:
 
     def metrics(self) -> "RequestMetrics":
         return RequestMetrics.from_times(self.arrival_time, self.token_times,
-                                         self.num_cached_tokens, self.num_preemptions)
+                                         self.num_cached_tokens, self.num_preemptions,
+                                         self.num_host_cached_tokens)
 
 
 _request_id = attrgetter("request_id")
@@ -340,16 +343,18 @@ class RequestMetrics:
     itls: tuple[float, ...]
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    num_host_cached_tokens: int = 0     # of num_cached_tokens: reloaded from the host tier
 
     @classmethod
     def from_times(cls, arrival: float, times: list[float], cached: int = 0,
-                   preemptions: int = 0) -> "RequestMetrics":
+                   preemptions: int = 0, host_cached: int = 0) -> "RequestMetrics":
         if not times:
-            return cls(arrival, None, None, None, None, None, (), cached, preemptions)
+            return cls(arrival, None, None, None, None, None, (), cached, preemptions,
+                       host_cached)
         ttft, tpot, _ = request_latencies(arrival, times)
         itls = tuple(b - a for a, b in zip(times, times[1:]))
         return cls(arrival, times[0], times[-1], ttft, tpot, times[-1] - arrival, itls,
-                   cached, preemptions)
+                   cached, preemptions, host_cached)
 
 
 @dataclass(frozen=True)

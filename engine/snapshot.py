@@ -67,6 +67,10 @@ class StepStats:
     spec_accepted_tokens: int = 0   # the drafts accepted (docs/SPECULATIVE.md)
     budget: int = 0                 # max_num_batched_tokens it was planned under (0: not
     mode: str = ""                  # recorded), and its scheduling_mode
+    blocks_to_host: int = 0         # the host tier's copies sent with it: blocks (and bytes,
+    blocks_from_host: int = 0       # every rank's shard) offloaded or swapped out, and
+    bytes_to_host: int = 0          # reloaded or swapped in
+    bytes_from_host: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,20 @@ class EngineCounters:
     grammar_steps: int = 0        # steps with a grammar mask, the mask rows filled,
     grammar_rows: int = 0         # and the host time filling them (docs/STRUCTURED_OUTPUTS.md)
     grammar_fill_us: int = 0
+    # the host KV tier (docs/KV_TIERS.md): blocks copied each way (offloads and swap-outs
+    # to the host; prefix reloads and swap-ins back), offloads dropped (every host block
+    # held), host blocks evicted, prompt tokens served from the host tier (a part of
+    # prefix_hit_tokens), and swap preemptions: out, back in, and fallen back to recompute
+    kv_offload_blocks: int = 0
+    kv_reload_blocks: int = 0
+    kv_offload_dropped: int = 0
+    host_evictions: int = 0
+    host_prefix_hit_tokens: int = 0
+    swap_outs: int = 0
+    swap_ins: int = 0
+    swap_fallbacks: int = 0
+    kv_offload_us: int = 0      # time the copies to the host took (rank 0's copy stream:
+    kv_reload_us: int = 0       # completed copies), and the copies back
 
     def minus(self, earlier: "EngineCounters") -> "EngineCounters":
         """The counts between two snapshots (windowed rates, a run's share)."""
@@ -163,6 +181,7 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     prefill_chunks: int = 0          # chunks computed before its first token (all admissions)
     prefill_preemptions: int = 0     # preemptions before its first token
     grammar: GrammarView | None = None   # structured outputs: None for a free request
+    host_cached_tokens: int = 0      # of cached_tokens: reloaded from the host tier
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""
@@ -299,6 +318,14 @@ class EngineSnapshot:
     #     time, queued, prefill, last chunk to first token) of finished requests (TTFT split)
     traces: tuple[TokenTrace, ...] = ()      # the latest finished requests' token traces
     kv_cache_dtype: str = "auto"     # EngineConfig.kv_cache_dtype (auto: the model's dtype)
+    # the host KV tier (kv_offloading_size; empty arrays without one): its blocks' states
+    # and refcounts (a swapped-out request's blocks are used), and the bytes of a block;
+    # arrays, so not part of == (compare block arrays with numpy)
+    host_block_state: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int8), compare=False)
+    host_block_refcount: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.uint8), compare=False)
+    kv_bytes_per_block: int = 0      # every rank's shard: a step's bytes moved = blocks x this
 
     @property
     def num_used(self) -> int:
@@ -315,6 +342,10 @@ class EngineSnapshot:
     @property
     def num_shared(self) -> int:
         return int((self.block_refcount > 1).sum())
+
+    @property
+    def host_num_blocks(self) -> int:
+        return int(self.host_block_state.shape[0])
 
     def request(self, request_id: str) -> RequestView | None:
         return next((r for r in self.requests if r.request_id == request_id), None)

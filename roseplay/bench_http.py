@@ -89,6 +89,8 @@ def load_job(args, items: list[WorkItem], model: str, tokenizer, headers: dict,
 
 SERVER_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
                    "vllm:num_preemptions_total")
+# vLLM's KV offloading counters, one sample per transfer_type (kept as NAME/TYPE)
+OFFLOAD_COUNTERS = ("vllm:kv_offload_total_bytes_total", "vllm:kv_offload_total_time_total")
 SERVER_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
                      "tpot": "vllm:request_time_per_output_token_seconds",
                      "itl": "vllm:inter_token_latency_seconds",
@@ -110,13 +112,29 @@ def scrape_counters(base_url: str, headers: dict) -> dict[str, float]:
     from /metrics (roseplay serve, vLLM)."""
     from prometheus_client.parser import text_string_to_metric_families
     wanted = set(SERVER_COUNTERS) | {h + x for h in SERVER_HISTOGRAMS.values()
-                                     for x in ("_sum", "_count")}
+                                     for x in ("_sum", "_count")} | set(OFFLOAD_COUNTERS)
     try:
         text = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=10).text
         fams = text_string_to_metric_families(text)
-        return {s.name: s.value for f in fams for s in f.samples if s.name in wanted}
+        return {s.name + (f"/{s.labels['transfer_type']}" if "transfer_type" in s.labels
+                          else ""): s.value
+                for f in fams for s in f.samples if s.name in wanted}
     except Exception:     # a server without /metrics: the report simply omits these
         return {}
+
+
+def offload_line(delta: dict[str, float]) -> str | None:
+    """The server's KV offloading over a run (vLLM's counters): bytes and bandwidth each
+    way; None when it has no host tier."""
+    parts = []
+    for kind in ("GPU_to_CPU", "CPU_to_GPU"):
+        nbytes = delta.get(f"{OFFLOAD_COUNTERS[0]}/{kind}")
+        if nbytes is None:
+            return None
+        secs = delta.get(f"{OFFLOAD_COUNTERS[1]}/{kind}", 0.0)
+        parts.append(f"{kind} {nbytes / 1e9:.3f} GB" +
+                     (f" at {nbytes / secs / 1e9:.1f} GB/s" if secs > 0 else ""))
+    return "server KV offload: " + ", ".join(parts)
 
 
 def server_means(delta: dict[str, float]) -> dict[str, float]:
@@ -207,6 +225,8 @@ def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad,
         console.print(f"server prefix cache hit rate (tokens): "
                       f"{100 * server['vllm:prefix_cache_hits_total'] / q:.1f} %; preemptions: "
                       f"{server.get('vllm:num_preemptions_total', 0):.0f}", highlight=False)
+    if (line := offload_line(server)) is not None:
+        console.print(line, highlight=False)
     payload = {"bench": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
                "mode": "http", "summary": summary, "requests": records,
                "server_metrics_delta": server, "server_means_ms": own,

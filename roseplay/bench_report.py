@@ -42,7 +42,24 @@ def engine_stats(snap0, snap1) -> dict:
     d["num_blocks"] = snap1.num_blocks
     d["peak_kv_usage"] = d["peak_used_blocks"] / d["num_blocks"]
     d["kv_block"] = snap1.kv_block_metrics.minus(snap0.kv_block_metrics).summary()
+    d.update(host_tier_stats(d, snap1))
     return d
+
+
+def host_tier_stats(d: dict, snap) -> dict:
+    """The host tier's share of a run (from the counter deltas `d`): hit rate by tier
+    (device + host = prefix_hit_rate), bytes copied each way and the copies' bandwidth
+    (bytes / the copy streams' time; 0 without copies)."""
+    size = snap.kv_bytes_per_block
+    host = prefix_hit_rate(d["host_prefix_hit_tokens"], d["prefix_queried_tokens"]) or 0.0
+    out = {"host_num_blocks": snap.host_num_blocks, "host_hit_rate": host,
+           "device_hit_rate": d["prefix_hit_rate"] - host}
+    for way, blocks, us in (("offload", "kv_offload_blocks", "kv_offload_us"),
+                            ("reload", "kv_reload_blocks", "kv_reload_us")):
+        nbytes = d[blocks] * size
+        out[f"kv_{way}_bytes"] = nbytes
+        out[f"kv_{way}_gbps"] = nbytes / d[us] / 1e3 if d[us] > 0 else 0.0
+    return out
 
 
 def spec_decode_stats(e: dict, pos0: tuple, pos1: tuple) -> dict | None:
@@ -87,6 +104,7 @@ def request_record(output) -> dict:
     return {"request_id": output.request_id, "prompt_len": len(output.prompt_token_ids),
             "output_len": len(comp.token_ids), "ttft": m.ttft, "tpot": m.tpot, "e2e": m.e2e,
             "itls": list(m.itls), "cached_tokens": m.num_cached_tokens,
+            "host_cached_tokens": m.num_host_cached_tokens,
             "preemptions": m.num_preemptions, "finish_reason": comp.finish_reason,
             "arrival_time": m.arrival_time, "last_token_time": m.last_token_time}
 
@@ -179,7 +197,7 @@ def _print_engine(console: Console, e: dict, w: int) -> None:
             ("Host share of engine time (%):", f"{100 * e.get('host_share', 0):.1f}"),
             ("Peak KV usage (blocks):", f"{e['peak_used_blocks']}/{e['num_blocks']} "
                                         f"({100 * e['peak_kv_usage']:.1f} %)")]
-    for label, value in rows + _block_rows(e.get("kv_block")):
+    for label, value in rows + _block_rows(e.get("kv_block")) + _host_rows(e):
         console.print(f"{label:<40} {value!s:>10}", highlight=False)
     if e.get("data_parallel"):
         from roseplay.bench_replicas import print_replicas
@@ -196,6 +214,19 @@ def _print_engine(console: Console, e: dict, w: int) -> None:
                               f"{spec['mean_acceptance_length']:.2f}"),
                              ("Per-position acceptance rate:", per_pos)):
             console.print(f"{label:<40} {value!s:>10}", highlight=False)
+
+
+def _host_rows(e: dict) -> list[tuple[str, str]]:
+    """The host tier (kv_offloading_size): hits by tier, copies each way, swaps."""
+    if not e.get("host_num_blocks"):
+        return []
+    gb = lambda way: f"{e[f'kv_{way}_bytes'] / 1e9:.3f} GB, {e[f'kv_{way}_gbps']:.1f} GB/s"
+    return [("Hit rate device / host (%):", f"{100 * e['device_hit_rate']:.1f} / "
+                                             f"{100 * e['host_hit_rate']:.1f}"),
+            ("Copied to the host tier:", gb("offload")),
+            ("Copied back from the host tier:", gb("reload")),
+            ("Swaps out / in / fallbacks:", f"{e['swap_outs']} / {e['swap_ins']} / "
+                                            f"{e['swap_fallbacks']}")]
 
 
 def _block_rows(blocks: dict | None) -> list[tuple[str, str]]:
@@ -223,6 +254,7 @@ METRIC_ROWS = (  # (label, getter, higher is better)
 )
 ENGINE_ROWS = (
     ("Prefix hit rate (%)", lambda s: 100 * s["engine"]["prefix_hit_rate"]),
+    ("  of it from the host tier (%)", lambda s: 100 * s["engine"]["host_hit_rate"]),
     ("Preemptions", lambda s: s["engine"]["preemptions"]),
     ("Evictions", lambda s: s["engine"]["evictions"]),
     ("COW copies", lambda s: s["engine"]["cow_copies"]),

@@ -21,7 +21,8 @@ ALIASES = {"budget": "max_num_batched_tokens", "tokens": "max_num_batched_tokens
            "seqs": "max_num_seqs", "cache": "enable_prefix_caching",
            "prefix": "enable_prefix_caching", "mode": "scheduling_mode",
            "policy": "scheduling_policy", "queue": "scheduling_policy",
-           "eviction": "eviction_policy", "evict": "eviction_policy"}
+           "eviction": "eviction_policy", "evict": "eviction_policy",
+           "preempt": "preemption_mode", "preemption": "preemption_mode"}
 WORKLOAD = ("concurrency", "rate", "scenario")
 EXAMPLES = ("max_num_seqs 32", "budget 1024", "cache off", "mode prefill-first", "policy lpm",
             "evict lfu", "concurrency 8", "rate 5",

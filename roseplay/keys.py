@@ -64,6 +64,9 @@ KEYS = (
     Key("e", "cycle_knob('eviction_policy', 1)", "Evict",
         "prefix-cache eviction: lru ↔ lfu (eviction_policy)", "e", "live",
         knob="eviction_policy"),
+    Key("h", "cycle_knob('preemption_mode', 1)", "Preempt",
+        "preemption: recompute ↔ swap to the host tier (preemption_mode; swap needs "
+        "--kv-offloading-size)", "h", "live", knob="preemption_mode"),
     Key("s", "scenario(1)", "Scenario", "next scenario", "s", "live"),
     Key("S", "scenario(-1)", "Scenario back", "previous scenario", "S", "live"),
     Key("greater_than_sign,full_stop", "concurrency(1)", "Conc+",

@@ -91,7 +91,7 @@ def check_header(h: dict) -> dict:
 # newer than format 1: may be absent
 LATER_REQUEST_FIELDS = ("output_tail", "priority", "spec_draft_tokens", "spec_accepted_tokens",
                         "logprobs", "scheduled_ts", "last_chunk_ts", "prefill_chunks",
-                        "prefill_preemptions",
+                        "prefill_preemptions", "host_cached_tokens",
                         "grammar")      # never recorded: a replay shows no grammar mask
 
 
@@ -100,7 +100,7 @@ def check_request(d, num_blocks: int) -> dict:
     if "output_tail" in d and not is_type(d["output_tail"], "tuple[int"):
         raise BadRecording("request: output_tail is not a list of token ids")
     for name in ("priority", "spec_draft_tokens", "spec_accepted_tokens", "prefill_chunks",
-                 "prefill_preemptions"):
+                 "prefill_preemptions", "host_cached_tokens"):
         if name in d and not is_type(d[name], "int"):
             raise BadRecording(f"request: {name} is not an int")
     for name in ("scheduled_ts", "last_chunk_ts"):
@@ -118,7 +118,8 @@ def check_request(d, num_blocks: int) -> dict:
 
 # step fields added after format 1 was written: older recordings read them as 0 ("")
 LATER_STEP_FIELDS = {"spec_verified": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0,
-                     "budget": 0, "mode": ""}
+                     "budget": 0, "mode": "", "blocks_to_host": 0, "blocks_from_host": 0,
+                     "bytes_to_host": 0, "bytes_from_host": 0}
 
 
 def check_step(d) -> dict:
@@ -174,7 +175,10 @@ def check_event(d, num_blocks: int) -> dict:
 # counters added after format 1 was written: older recordings read them as 0
 LATER_COUNTERS = ("device_wait_us", "snapshot_build_us", "gc_pause_us", "spec_decode_num_drafts",
                   "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
-                  "grammar_compiles", "grammar_steps", "grammar_rows", "grammar_fill_us")
+                  "grammar_compiles", "grammar_steps", "grammar_rows", "grammar_fill_us",
+                  "kv_offload_blocks", "kv_reload_blocks", "kv_offload_dropped", "host_evictions",
+                  "host_prefix_hit_tokens", "swap_outs", "swap_ins", "swap_fallbacks",
+                  "kv_offload_us", "kv_reload_us")
 
 
 def check_counters(d) -> dict:

@@ -12,7 +12,7 @@ list (bench), `iter_workload` an endless generator (TUI). Two prompt kinds:
   uniform in [L*(1-r), L*(1+r)] for `range_ratio` r.
 
 Scenarios (see SCENARIOS): mixed, shared-prefix, long-short, identical, random, hot-scan,
-repetitive.
+repetitive, multi-turn.
 """
 from __future__ import annotations
 
@@ -308,6 +308,47 @@ def _repetitive(spec: WorkloadSpec, i: int) -> WorkItem:
     return WorkItem({"prompt_token_ids": unit * reps}, params, tag="repetitive")
 
 
+CHATS, CHAT_TURNS = 8, 8    # multi-turn: conversations at a time, turns of each
+
+
+def _chat_turn(spec: WorkloadSpec, chat: tuple, turn: int) -> tuple:
+    """(user, reply) of one turn: token ids (the user input_len / 4 tokens), or a short
+    question of the data; the reply output_len tokens (text: one-token words), what an
+    answer of max_tokens adds to the history."""
+    rng = spec.rng("chat", *chat, turn)
+    if spec.tokenizer is None:
+        return (spec.token_ids(rng, max(1, spec.input_len // 4)),
+                spec.token_ids(rng, spec.output_len))
+    short = spec.data["short"]
+    return (short[rng.randrange(len(short))],
+            " ".join(rng.choice(spec.words) for _ in range(spec.output_len)))
+
+
+def _multi_turn(spec: WorkloadSpec, i: int) -> WorkItem:
+    """Turn t of one of CHATS conversations, in turn: the system prompt, every earlier
+    turn (the user's words and a reply) and the new user turn, so each turn re-sends the
+    history the previous one sent and adds to it. The other conversations' turns come
+    between two of one conversation's (its think time); after CHAT_TURNS turns a
+    conversation starts over as a new one. The replies in the history are the scenario's
+    own (fixed) text, not what the model answered: a run re-sends the same tokens."""
+    c, t, epoch = i % CHATS, (i // CHATS) % CHAT_TURNS, i // (CHATS * CHAT_TURNS)
+    chat = (epoch, c)
+    turns = [_chat_turn(spec, chat, k) for k in range(t + 1)]
+    params = spec.params(spec.rng("chat-params", i))
+    if spec.tokenizer is None:
+        ids = spec.token_ids(spec.rng("chat-system", *chat), spec.input_len)
+        for k, (user, reply) in enumerate(turns):
+            ids += user + (reply if k < t else [])
+        return WorkItem({"prompt_token_ids": ids}, params, tag=f"chat-{c}:{t}")
+    system = spec.data["system_prompts"][(epoch * CHATS + c) % len(spec.data["system_prompts"])]
+    lines = [system]
+    for k, (user, reply) in enumerate(turns):
+        lines.append(f"USER. {user}")
+        if k < t:
+            lines.append(f"ASSISTANT. {reply}")
+    return WorkItem("\n\n".join(lines) + "\n\nASSISTANT.", params, tag=f"chat-{c}:{t}")
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("mixed", "Chat + documents",
              f"Chat turns on {NUM_PREFIXES} shared system prompts (priority 0) mixed with "
@@ -340,6 +381,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "the bundled model repeats in a loop (greedy whatever the temperature; token "
              f"ids: a unit of {REPETITIVE_UNIT} ids repeated): n-gram speculative decoding "
              "finds the loop and a verify keeps most drafts (guide d).", _repetitive),
+    Scenario("multi-turn", "Multi-turn chat",
+             f"{CHATS} conversations taking turns, {CHAT_TURNS} turns each: every turn "
+             "re-sends the whole history (system prompt, earlier questions and replies) "
+             "plus a new question, so the working set grows; on a small pool the history "
+             "is evicted between turns, and the host tier (--kv-offloading-size) brings it "
+             "back instead of recomputing it.", _multi_turn),
 )}
 
 

@@ -35,6 +35,7 @@ from engine.worker.device_io import HostCopyRing
 from engine.core.events import EventLog
 from engine.block_hash import stable_block_hash
 from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.host_tier import HostTier
 from engine.core.kv.kv_events import KVEventRecorder
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.worker.placement import resolve_device, resolve_dtype
@@ -87,7 +88,12 @@ class LLMEngine:
             self.pool.hash_fn = stable_block_hash
         self.clock = ServingClock()
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
-        self.scheduler = Scheduler(config.scheduler, self.pool, self.counters)
+        host_kv = self.runner.host_kv             # the host tier (kv_offloading_size)
+        self.host = host_kv and HostTier(host_kv.num_blocks, self.pool, host_kv.bytes_per_block
+                                         * config.tensor_parallel_size, self.counters)
+        if self.host:
+            self.host.timer = lambda: self.runner.kv_copy_seconds()
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.counters, self.host)
         self.scheduler.max_model_len = self.max_model_len
         self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
                                 self.scheduler, self.counters, config.seed, setup.draft)
@@ -181,7 +187,8 @@ class LLMEngine:
         return bool(self.requests)
 
     def clear_prefix_cache(self) -> int:
-        n = self.pool.clear_cache()
+        """Forget every cached prefix, in both tiers; the blocks cleared."""
+        n = self.pool.clear_cache() + (self.host.clear() if self.host else 0)
         if self.kv_events is not None:
             self.kv_events.flush()
         return n
@@ -203,7 +210,7 @@ class LLMEngine:
         if self._inflight is not None:
             return self._complete_inflight(chain=True)
         t0 = self.clock.now()
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         out = StepOutput()
         self._chained = 0
         if not plan:
@@ -235,7 +242,7 @@ class LLMEngine:
         each part recomputes its KV from the same positions. Costs one forward per
         request, on failure only. Only for a failed launch (forward or sampler): once
         the commit has begun, a rerun would count the same chunk twice."""
-        if len(plan.chunks) < 2:
+        if len(plan.chunks) < 2 or plan.kv_error is not None:   # (its reloads hold nothing)
             self._fail_plan(plan, exc, out)
             return
         self.stats.last_error = f"{type(exc).__name__}: {exc}"     # reported either way
@@ -258,9 +265,22 @@ class LLMEngine:
         """Finish an in-flight step without launching another."""
         return self._complete_inflight(chain=False) if self._inflight is not None else StepOutput()
 
+    def _schedule(self) -> StepPlan:
+        """The scheduler's plan, with the host tier's copies it needs sent to every rank
+        before its forward (a failed send fails the plan's requests when it launches)."""
+        plan = self.scheduler.schedule()
+        if self.host is not None:
+            try:
+                plan.tier_step = self.host.send(self.executor)
+            except Exception as exc:
+                plan.kv_error = exc
+        return plan
+
     def _launch(self, plan: StepPlan, device_fed: bool = False) -> Launched:
         """Build the plan's batch and queue its forward and sampling on every rank (the
         decodes whose tokens are pending read them from the last samples, on the device)."""
+        if plan.kv_error is not None:
+            raise plan.kv_error
         t0 = self.clock.now()
         batch, requests = build_step_batch(plan, self.scheduler.followers, self.pool.block_size,
                                            self.scheduler.kv.tables, device_fed)
@@ -328,7 +348,7 @@ class LLMEngine:
         request prev samples counts its token as pending (the scheduler plans with it,
         the runner feeds it from the device). Returns (plan, error) if the launch failed."""
         add_pending_tokens(prev.requests)
-        plan = self.scheduler.schedule()
+        plan = self._schedule()
         if not plan:
             return None
         try:
@@ -392,7 +412,8 @@ class LLMEngine:
         self.stats.on_finish(req)
         if out is not None:
             out.finished.append(FinishedRequest(req.request_id, reason, error, req.arrival_time,
-                                                req.num_cached_tokens, req.num_preemptions))
+                                                req.num_cached_tokens, req.num_preemptions,
+                                                req.num_host_cached_tokens))
 
     def _fail_plan(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
         """Fail the plan's own requests. Their dedup followers computed nothing of their
@@ -432,6 +453,8 @@ class LLMEngine:
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())
         self.scheduler.kv.tables.check(self.scheduler.running)
+        if self.host is not None:
+            self.host.check([r for r in self.scheduler.waiting if r.swap is not None])
 
     def snapshot(self, paused: bool = False) -> EngineSnapshot:
         """An immutable view of the engine now (cheap: arrays copied, views built)."""

@@ -97,6 +97,9 @@ def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype
                      if config.cudagraph_mode == "full" else 0, seed=config.seed,
                      logprobs_mode=config.logprobs_mode, kv_cache_dtype=config.kv_cache_dtype,
                      calculate_kv_scales=config.calculate_kv_scales)
+    # the host KV tier: each rank holds its shard of every host block
+    runner_kw["host_kv_bytes"] = int(config.kv_offloading_size * 2 ** 30) \
+        // config.tensor_parallel_size
     if group is not None:
         group.allocate_kv(num_blocks, config.block_size, **runner_kw)
     runner = ModelRunner(loaded.model, ops, device, dtype, num_blocks, config.block_size,

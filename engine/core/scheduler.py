@@ -12,7 +12,9 @@ Step composition (`scheduling_mode`):
 Admission walks the waiting queue in the `scheduling_policy` order (engine/core/sched_policy.py)
 and stops at the first request that does not fit (no overtaking). When the pool runs
 dry for a running request, a victim is preempted (blocks freed, requeued at the front,
-recomputed): the newest, or under `priority` the least important. Identical prompts
+recomputed; under preemption_mode=swap its blocks are first copied to the host tier and
+copied back when it is re-admitted): the newest, or under `priority` the least
+important. Identical prompts
 are prefilled once: later copies wait on the first ("leader") and share its blocks and
 last-token logits when it samples.
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
 from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.host_tier import HostTier
 from engine.core.kv.kv_manager import KVManager
 from engine.request import Request, RequestStatus
 from engine.core.sched_policy import admission_order, running_order, victim_key
@@ -73,6 +76,10 @@ class StepPlan:
     verifies: list[VerifyChunk] = field(default_factory=list)   # decodes with drafts
     spec_waiting: bool = False   # a decode's proposer waits for its token (spec_decode.py)
     prompt_rows: object = None   # its prompt-logprob rows, laid out by the batch builder
+    swap_fallbacks: list[str] = field(default_factory=list)   # swap preemptions that
+    #                              recompute instead (the host tier is off or full)
+    tier_step: object = None     # the host tier's copies sent for it (host_tier.TierStep)
+    kv_error: Exception | None = None   # those copies failed: the plan fails at launch
     budget: int = 0              # the knobs it was planned under (the step's stats):
     mode: str = ""               # max_num_batched_tokens and scheduling_mode
 
@@ -94,11 +101,12 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, knobs: SchedulerConfig, pool: BlockPool, counters: Counters):
+    def __init__(self, knobs: SchedulerConfig, pool: BlockPool, counters: Counters,
+                 host: HostTier | None = None):
         self.pool = pool
+        self.kv = KVManager(pool, host)
         self.knobs = knobs
         self.counters = counters
-        self.kv = KVManager(pool)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.followers: dict[Request, list[Request]] = {}   # dedup leader -> waiters
@@ -117,9 +125,12 @@ class Scheduler:
     @knobs.setter
     def knobs(self, knobs: SchedulerConfig) -> None:
         """The live knobs, swapped whole; the pool's eviction follows them from now on
-        (every allocation evicts by it: admissions and continuations alike)."""
+        (every allocation evicts by it: admissions and continuations alike), and so does
+        the host tier's (and its stores and lookups follow prefix caching)."""
         self._knobs = knobs
         self.pool.eviction_policy = knobs.eviction_policy
+        if self.kv.host is not None:
+            self.kv.host.follow(knobs)
 
     # -- queue operations (engine thread) ------------------------------------------
     def add(self, req: Request) -> None:
@@ -133,7 +144,7 @@ class Scheduler:
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
         self._drop_links(req)
-        self.kv.free(req)
+        self.kv.drop(req)
 
     # -- the step plan ---------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -231,21 +242,29 @@ class Scheduler:
         order = admission_order(self.waiting, knobs.scheduling_policy,
                                 self.kv.cached_prefix_blocks if caching else None)
         for req in order:
-            if len(self.running) >= knobs.max_num_seqs or req.num_pending:
-                break      # (a preempted request's last token is still on the device)
+            swapped = req.swap
+            if len(self.running) >= knobs.max_num_seqs or req.num_pending \
+                    or (swapped is not None and not swapped.settled):
+                break      # (a preempted request's last token or its swap-out in flight)
             # prompt_logprobs needs every prompt position's logits: no prefix hit, no dedup
-            cache = caching and req.prompt_logprobs is None
+            cache = caching and req.prompt_logprobs is None and swapped is None
             if cache and self._join_leader(req, plan):
                 continue
             if budget == 0:
                 break
-            hits = self.kv.lookup_prefix(req) if cache else 0
+            hits = 0
+            if swapped is not None:
+                self.kv.restore_swapped(req)
+            elif cache:
+                hits = self.kv.lookup_prefix(req)
             n = min(req.num_uncomputed, budget)
             if not self.kv.reserve(req, n, plan.copies):
                 self.kv.free(req)   # undo the prefix hit; wait for blocks (no overtaking)
                 break
+            if swapped is not None:
+                self.kv.host.swap_in(req)
             self.waiting.remove(req)
-            self._start(req, hits)
+            self._start(req, hits, resumed=swapped is not None)
             if cache:
                 self._leaders.setdefault(req.prompt_key, req)   # set by _join_leader
             if hits:
@@ -264,13 +283,18 @@ class Scheduler:
                 req.prefill_preemptions = req.num_preemptions
         return ScheduledChunk(req, start, n, sample)
 
-    def _start(self, req: Request, hit_blocks: int) -> None:
+    def _start(self, req: Request, hit_blocks: int, resumed: bool = False) -> None:
+        """Admit: running from now. A swapped-out request resumes (its cached tokens as
+        they were); another counts the prefix hits of this admission."""
         if req.scheduled_ts is None:  # the first admission counts (vLLM's scheduled_ts)
             req.scheduled_ts = self.pool.clock()
         req.status = RequestStatus.RUNNING
         req.admit_seq = self._admit_counter
         self._admit_counter += 1
-        req.num_cached_tokens = hit_blocks * self.pool.block_size
+        if not resumed:
+            req.num_cached_tokens = hit_blocks * self.pool.block_size
+            if not hit_blocks:
+                req.num_host_cached_tokens = 0
         req.num_prefill_target = req.num_tokens
         self.running.append(req)
 
@@ -308,16 +332,23 @@ class Scheduler:
                        and r.dedup_leader is None]
             victim = max(victims, key=key, default=None)
             if victim is None or key(victim) < key(req):
-                self.preempt(req, plan)
+                self.preempt(req, plan, swap=True)
                 return False
-            self.preempt(victim, plan)
+            self.preempt(victim, plan, swap=True)
         return True
 
-    def preempt(self, req: Request, plan: StepPlan | None = None) -> None:
-        """Free the request's blocks and requeue it at the front to recompute."""
+    def preempt(self, req: Request, plan: StepPlan | None = None, swap: bool = False) -> None:
+        """Free the request's blocks and requeue it at the front to recompute, or (swap,
+        under preemption_mode=swap) to resume from its blocks' copy in the host tier; a
+        swap the tier cannot take recomputes and says so (plan.swap_fallbacks)."""
         self.running.remove(req)
         self._drop_links(req)
         blocks = tuple(req.block_table)
+        if swap and self.knobs.preemption_mode == "swap" and req.num_computed_tokens \
+                and not self.kv.swap_out(req):
+            self.counters.swap_fallbacks += 1
+            if plan is not None:
+                plan.swap_fallbacks.append(req.request_id)
         self.kv.free(req)
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1

@@ -55,7 +55,8 @@ class StatsRecorder:
                          plan.prefix_hit_blocks, len(plan.copies), num_evicted,
                          len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
                          sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
-                         sum(v.accepted for v in plan.verifies), plan.budget, plan.mode)
+                         sum(v.accepted for v in plan.verifies), plan.budget, plan.mode,
+                         *tier_moves(plan.tier_step))
         self.last_step = step
         self.recent_steps.append(step)
 
@@ -83,6 +84,14 @@ class StatsRecorder:
         return self._traces_tuple
 
 
+def tier_moves(tier) -> tuple[int, int, int, int]:
+    """A step's host-tier copies: blocks to and from the host, then their bytes."""
+    if tier is None:
+        return 0, 0, 0, 0
+    out, back = tier.blocks_out, tier.blocks_in
+    return out, back, out * tier.bytes_per_block, back * tier.bytes_per_block
+
+
 def engine_stats(engine, now: float) -> EngineStats:
     """The stats of an LLMEngine now (cheap: counts and the residency histograms)."""
     c, sched, pool = engine.counters, engine.scheduler, engine.pool
@@ -95,4 +104,16 @@ def engine_stats(engine, now: float) -> EngineStats:
                        spec_draft_num_used_blocks=engine.spec.draft_used_blocks(),
                        spec_draft_faults=getattr(engine.spec.draft, "faults", 0),
                        spec_draft_disabled=getattr(engine.spec.draft, "disabled", False),
-                       kv_events_seq=engine.kv_events.seq if engine.kv_events else -1)
+                       kv_events_seq=engine.kv_events.seq if engine.kv_events else -1,
+                       **host_stats(engine.host))
+
+
+def host_stats(host) -> dict:
+    """The host tier's EngineStats fields (none without a tier: the defaults)."""
+    if host is None:
+        return {}
+    c, size = host.sync_times(), host.bytes_per_block
+    return dict(host_num_blocks=host.num_blocks, host_num_used_blocks=host.pool.num_used,
+                kv_offload_bytes=(c.kv_offload_blocks * size, c.kv_reload_blocks * size),
+                kv_offload_seconds=(c.kv_offload_us / 1e6, c.kv_reload_us / 1e6),
+                kv_offload_sizes=tuple(h.freeze() for h in host.sizes))

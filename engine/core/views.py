@@ -44,7 +44,8 @@ def request_view(req: Request) -> RequestView:
                        tuple(req.output_token_ids[-OUTPUT_TAIL:]), req.priority,
                        req.num_draft_tokens, req.num_accepted_tokens, req.last_logprobs,
                        req.scheduled_ts, req.last_chunk_ts, req.prefill_chunks,
-                       req.prefill_preemptions, _grammar_view(req))
+                       req.prefill_preemptions, _grammar_view(req),
+                       req.num_host_cached_tokens)
 
 
 def _grammar_view(req: Request) -> GrammarView | None:
@@ -76,4 +77,15 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         kv_bytes_per_rank=kv.numel() * kv.element_size(), max_model_len=engine.max_model_len,
         forward_calls=engine.runner.forward_calls, spec_method=engine.spec.config.method,
         logprobs_mode=engine.config.logprobs_mode, kv_cache_dtype=engine.config.kv_cache_dtype,
-        recent_ttft_parts=tuple(st.recent_ttft_parts), traces=st.traces())
+        recent_ttft_parts=tuple(st.recent_ttft_parts), traces=st.traces(),
+        **host_view(engine.host))
+
+
+def host_view(host) -> dict:
+    """The host tier's fields of a snapshot (none without a tier: the defaults)."""
+    if host is None:
+        return {}
+    host.sync_times()
+    return dict(host_block_state=host.pool.states(),
+                host_block_refcount=compact_counts(host.pool.refcounts),
+                kv_bytes_per_block=host.bytes_per_block)

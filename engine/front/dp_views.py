@@ -1,6 +1,6 @@
 """The data-parallel front's one view of its replicas: their snapshots merged (the KV
-pools side by side, block numbers of replica r offset by the blocks before it) and their
-stats summed, so that a bench, a TUI or /metrics reading a single engine reads N."""
+pools side by side, block numbers of replica r offset by the blocks before it; the host
+tiers' pools side by side too) and their stats summed, so that a bench, a TUI or /metrics reading a single engine reads N."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +38,9 @@ def stats_sum(stats: list[EngineStats]) -> EngineStats:
             out[name] = max(values)
         elif name == "kv_block_metrics":
             out[name] = block_metrics_sum(values)
-        elif name == "spec_decode_num_accepted_tokens_per_pos":
+        elif name == "kv_offload_sizes":      # a histogram per transfer type
+            out[name] = tuple(map(_hist_sum, zip(*values))) if all(values) else values[0]
+        elif isinstance(values[0], tuple):       # per position, per transfer type
             out[name] = tuple(map(sum, zip(*values))) if all(values) else values[0]
         elif name == "kv_events_seq":
             out[name] = -1          # per replica only (DPClient.replica_stats)
@@ -71,6 +73,8 @@ def merge_snapshots(snaps: list[EngineSnapshot]) -> EngineSnapshot:
         num_blocks=sum(s.num_blocks for s in snaps),
         block_state=np.concatenate([s.block_state for s in snaps]),
         block_refcount=np.concatenate([s.block_refcount for s in snaps]),
+        host_block_state=np.concatenate([s.host_block_state for s in snaps]),
+        host_block_refcount=np.concatenate([s.host_block_refcount for s in snaps]),
         requests=tuple(requests), recent_steps=steps,
         last_step=steps[-1] if steps else None,
         recent_latencies=_newest([s.recent_latencies for s in snaps], key=lambda x: x[0]),

@@ -216,7 +216,8 @@ class OutputProcessor:
         arrival = fin.arrival_time if fin is not None else (st.times[0] if st.times else 0.0)
         metrics = RequestMetrics.from_times(arrival, st.times,
                                             fin.num_cached_tokens if fin else 0,
-                                            fin.num_preemptions if fin else 0)
+                                            fin.num_preemptions if fin else 0,
+                                            fin.num_host_cached_tokens if fin else 0)
         lps = None if st.logprobs is None else tuple(st.logprobs)
         cumulative = None if lps is None else math.fsum(lp.logprobs[0] for lp in lps if lp)
         output = RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,

@@ -146,7 +146,7 @@ class EngineCoreProc:
             if client is not None:
                 message(client).finished.append(P.Finished(
                     f.request_id, f.finish_reason, f.error, f.arrival_time,
-                    f.num_cached_tokens, f.num_preemptions))
+                    f.num_cached_tokens, f.num_preemptions, f.num_host_cached_tokens))
         for client, msg in per.items():
             self.output.put(client, msg)
 

@@ -131,6 +131,7 @@ class Finished(msgspec.Struct, array_like=True):
     arrival_time: float
     num_cached_tokens: int
     num_preemptions: int
+    num_host_cached_tokens: int = 0
 
 
 class Outputs(msgspec.Struct, tag=True):

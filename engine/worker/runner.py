@@ -21,6 +21,7 @@ import torch
 from engine.config import LOGPROBS_MODES
 from engine.worker.cuda_graphs import StepGraphs
 from engine.worker.device_io import to_device
+from engine.worker.kv_transfer import HostKVCache, KVTransfer
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.placement import attach_kv_cache, resolve_kv_cache_dtype
 from kernels.kv_quant import byte_view
@@ -50,7 +51,8 @@ class ModelRunner:
                  graph_safe_ops: bool, max_graph_batch: int = 512, async_scheduling: bool = False,
                  max_mixed_graph_tokens: int = 0, seed: int = 0,
                  logprobs_mode: str = LOGPROBS_MODES[0], max_verify_rows: int = 0,
-                 kv_cache_dtype: str = "auto", calculate_kv_scales: bool = False):
+                 kv_cache_dtype: str = "auto", calculate_kv_scales: bool = False,
+                 host_kv_bytes: int = 0):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
         self.sampler = Sampler(device, seed, logprobs_mode)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
@@ -64,6 +66,11 @@ class ModelRunner:
             resolve_kv_cache_dtype(kv_cache_dtype, dtype, device), device)
         # calculate_kv_scales: the first step that stores K/V sets them (eagerly)
         self.scales_pending = calculate_kv_scales and self.kv_scales is not None
+        # the host tier's pool (kv_offloading_size: this rank's share of its bytes, in
+        # the device pool's layout and dtype: fp8 blocks move as bytes, their scales stay)
+        per_block = self.kv_cache[:, :, :1].numel() * self.kv_cache.element_size()
+        self.host_kv = HostKVCache(self.kv_cache, host_kv_bytes // per_block) \
+            if host_kv_bytes >= per_block else None
         self.forward_calls = 0
         self.graphs = None    # steps through static buffers (captured unless eager)
         if device.type == "cuda" and graph_safe_ops:
@@ -145,6 +152,15 @@ class ModelRunner:
     def take_logprobs(self, batch: StepBatch) -> LogprobsCopy | None:
         """The last step's logprobs (rows that asked), copying to the host; None if none."""
         return LogprobsCopy.start(self.sampler, batch.sampling)
+
+    def transfer_kv(self, xfer: KVTransfer) -> None:
+        """One step's copies between the device pool and the host tier, queued before
+        the step's forward (engine/worker/kv_transfer.py)."""
+        self.host_kv.transfer(xfer)
+
+    def kv_copy_seconds(self) -> tuple[float, float]:
+        """(to the host, from the host): seconds the tier's completed copies took."""
+        return self.host_kv.copy_seconds()
 
     def release(self, request_ids) -> None:
         """These requests ended: drop their sampler state. The core passes one id (it

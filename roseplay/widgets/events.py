@@ -12,8 +12,9 @@ import textwrap
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_PREEMPT,
-                             EV_PREFIX_HIT, EV_SPEC_VERIFY)
+from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_OFFLOAD,
+                          EV_PREEMPT, EV_PREFIX_HIT, EV_RELOAD, EV_SPEC_VERIFY, EV_SWAP_FALLBACK,
+                          EV_SWAP_IN, EV_SWAP_OUT)
 from roseplay.widgets import theme
 from roseplay.widgets.kv_map import COW, HIT, LETTER, PREEMPTED, ROLLBACK
 from roseplay.widgets.requests import short_id
@@ -23,12 +24,19 @@ NO_EVENTS = ("no engine events yet: COW copies, preemptions, evictions, prefix h
              "joins and finished prefill chunks show here as they happen")
 # evictions do not flash: once the pool is full nearly every allocation evicts a cached
 # block, and a map of `E`s hides the rest; the legend and the log give their rate instead
-FLASH = {EV_COW: COW, EV_PREEMPT: PREEMPTED, EV_PREFIX_HIT: HIT, EV_SPEC_VERIFY: ROLLBACK}
+FLASH = {EV_COW: COW, EV_PREEMPT: PREEMPTED, EV_PREFIX_HIT: HIT, EV_SPEC_VERIFY: ROLLBACK,
+         EV_SWAP_OUT: PREEMPTED, EV_RELOAD: HIT, EV_SWAP_IN: HIT}
+# routine once the pool is full (a step's evictions and their copies to the host tier):
+# not listed one by one; the log's top line gives the eviction rate, the host map's line
+# the copies of the last step
+ROUTINE = (EV_EVICT, EV_OFFLOAD)
 RATE_SECONDS = 1.0      # the log's eviction line: blocks evicted per second over this
 LABEL = {EV_COW: ("COW", "cow"), EV_PREEMPT: ("preempt", "preempt"),
          EV_EVICT: ("evict", "evict"), EV_PREFIX_HIT: ("prefix hit", "hit"),
          EV_DEDUP_JOIN: ("dedup join", "shared"), EV_CHUNK_DONE: ("chunk done", "prefill"),
-         EV_SPEC_VERIFY: ("spec verify", "decode")}
+         EV_SPEC_VERIFY: ("spec verify", "decode"), EV_RELOAD: ("reload", "hit"),
+         EV_SWAP_OUT: ("swap out", "preempt"), EV_SWAP_IN: ("swap in", "hit"),
+         EV_SWAP_FALLBACK: ("no swap", "preempt")}
 
 
 def flash_blocks(snap) -> dict[int, int]:
@@ -121,7 +129,7 @@ class EventLog(Widget):
             t.append(f"  {'evict':<10}", f"bold {theme.color('evict')}")
             t.append(f" {evicted:.0f} cached blocks/s reused for new tokens (routine once "
                      f"the pool is full)\n")
-        shown = [e for e in snap.events if e.kind != EV_EVICT]
+        shown = [e for e in snap.events if e.kind not in ROUTINE]
         for e in reversed(shown[-max(1, rows):]):
             word, color = LABEL.get(e.kind, (e.kind, "free"))
             t.append(f"#{e.step:<6}", "dim")     # 1-based (engine/core/stats.py)

@@ -1,5 +1,6 @@
 """The KV cache panel: the block map (kv_map.py) with its legend underneath: counts per
-colour, pool usage and peak, the last-10-s and total counters, and the hovered block."""
+colour, pool usage and peak, the last-10-s and total counters, and the hovered block;
+with a host tier, its own small map below (kv_host.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,7 @@ from rich.text import Text
 from textual.containers import Vertical
 from textual.widget import Widget
 
+from roseplay.widgets.kv_host import HostTierView
 from roseplay.widgets.kv_map import (CACHED, CACHED_GLYPH, FREE, NAMES, SELECTED, SHARED, USED,
                                      KVMap, styles)
 
@@ -148,10 +150,12 @@ class KVPanel(Vertical):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.map, self.legend = KVMap(id="kv-map"), KVLegend(id="kv-legend")
+        self.host = HostTierView()
 
     def compose(self):
         yield self.map
         yield self.legend
+        yield self.host
 
     def show(self, snap, selected, window, flash: dict[int, int] | None = None) -> None:
         kv = self.map
@@ -168,6 +172,7 @@ class KVPanel(Vertical):
             subtitle = next((f for f in forms if len(f) + 6 <= self.size.width), forms[-1])
         if self.border_subtitle != subtitle:
             self.border_subtitle = subtitle
+        self.host.show(snap)
         hover = hover_text(snap, kv.hover_block)
         self.legend.show(legend_text(snap, selected.request_id if selected else None, kv.mode,
                                      hover, window, self.legend.size.width))

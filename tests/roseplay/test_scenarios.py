@@ -292,3 +292,20 @@ def test_open_loop_arrivals_keep_each_items_priority():
     assert [x.priority for x in items] == [
         x.priority for x in sc.build_workload("mixed", 8, seed=0, **TOKEN_KW)]
     assert {x.priority for x in items} == {0, 1}
+
+
+def test_multi_turn_resends_each_conversations_growing_history():
+    """Turn t of a conversation starts with the whole prompt of its turn t - 1 (and that
+    turn's reply), the conversations take turns, and one starts over after CHAT_TURNS."""
+    chats, turns = sc.CHATS, sc.CHAT_TURNS
+    items = sc.build_workload("multi-turn", 2 * chats * turns, **TOKEN_KW)
+    for i in range(chats, chats * turns):
+        prev, cur = ids(items[i - chats]), ids(items[i])
+        assert cur[:len(prev)] == prev and len(cur) == len(prev) + 16 + 8   # user + reply
+    firsts = [ids(items[c]) for c in range(chats)]
+    assert len({tuple(p[:64]) for p in firsts}) == chats        # a system prompt each
+    restart = ids(items[chats * turns])
+    assert len(restart) == len(firsts[0]) and restart != firsts[0]
+    text = sc.build_workload("multi-turn", chats + 1, tokenizer=CharTokenizer(),
+                             data=sc.load_prompt_data(), output_len=8)
+    assert text[chats].prompt.startswith(text[0].prompt.removesuffix("ASSISTANT."))

@@ -7,6 +7,8 @@ Every block is in exactly one state:
 Allocation takes free blocks first, then evicts cached ones in the order of the
 `eviction_policy` knob: lru, the least recently released; lfu, the fewest prefix hits
 since allocation, then the least recently released (a heap, kept only under lfu).
+With a host tier (kv_offloading_size) every evicted block is handed to `offload` with its
+prefix key, before the allocation returns it (engine/core/kv/host_tier.py).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from engine.block_hash import ROOT_HASH, key_parent
 from engine.codes import BLOCK_CACHED, BLOCK_USED
 from engine.core.kv.block_metrics import BlockLifetimes
 from engine.core.kv.kv_events import KVEventRecorder
@@ -43,6 +46,7 @@ class BlockPool:
         self.lifetimes = BlockLifetimes(num_blocks)
         self.hash_fn: Callable[[bytes], int] = hash   # a full block's key -> its hash
         self.kv_events: KVEventRecorder | None = None  # set with kv_events_config on
+        self.offload = None     # (evicted blocks, their keys) -> None: the host tier's store
 
     # -- the eviction policy ---------------------------------------------------
     @property
@@ -124,27 +128,36 @@ class BlockPool:
         """n fresh blocks with refcount 1, or None (and no change) if not enough."""
         if n > self.num_available:
             return None
-        out, evicted, removed = [], [], []
+        out, evicted, keys = [], [], []
         for _ in range(n):
             if self._free:
                 block = self._free.popleft()
             else:
                 block = self._pop_evictable()
+                keys.append(self.index.remove(block))
                 evicted.append(block)
-                key = self.index.remove(block)
-                if self.kv_events is not None:
-                    removed.append(self.hash_fn(key))
             self.refcounts[block] = 1
             out.append(block)
         now = self.clock()
         if evicted:
             if self.kv_events is not None:
-                self.kv_events.removed(removed)
+                self.kv_events.removed([self.hash_fn(key) for key in keys])
+            if self.offload is not None:
+                self.offload(evicted, keys)
             self.counters.evictions += len(evicted)
             self._evicted.extend(evicted)
             self.lifetimes.on_evicted(evicted, now)
         self.lifetimes.on_allocated(out, now)
         return out
+
+    def index_block(self, key: bytes, block: int) -> None:
+        """A block whose KV arrived from elsewhere (a host tier reload) enters the prefix
+        index under its key, with a stored event when KV events are on (the key holds its
+        parent's hash); a key already indexed leaves the block out, as registration does."""
+        if self.index.insert(key, block) and self.kv_events is not None:
+            parent = key_parent(key)
+            self.kv_events.stored(self.hash_fn(key), None if parent == ROOT_HASH else parent,
+                                  key)
 
     def incref(self, block: int) -> None:
         if self.refcounts[block] == 0:

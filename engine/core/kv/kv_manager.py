@@ -1,21 +1,26 @@
 """Request-level KV bookkeeping on top of the block pool.
 
-Prefix lookup on admission, slot reservation with copy-on-write of a shared partly
-filled block, registration of newly full blocks in the prefix index, and release.
+Prefix lookup on admission (in the device pool, then the host tier), slot reservation
+with copy-on-write of a shared partly filled block, registration of newly full blocks in
+the prefix index, swap-out and swap-in through the host tier, and release.
 """
 from __future__ import annotations
 
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.block_tables import BlockTables
+from engine.core.kv.host_tier import HostTier
 from engine.block_hash import ROOT_HASH, block_key
 from engine.request import Request
 
 
 class KVManager:
-    def __init__(self, pool: BlockPool):
+    def __init__(self, pool: BlockPool, host: HostTier | None = None):
         self.pool = pool
         self.block_size = pool.block_size
         self.tables = BlockTables()      # every change to a block_table is mirrored here
+        self.host = host                 # the host tier (kv_offloading_size), or None
+        if host is not None:
+            pool.offload = host.store
 
     def _block_key(self, req: Request, i: int, parent: int) -> bytes:
         bs = self.block_size
@@ -26,31 +31,58 @@ class KVManager:
         """Attach cached full blocks matching the request's tokens; return hit blocks.
 
         At most (num_tokens - 1) // block_size blocks are reused, so at least the last
-        token is recomputed and yields the logits for the next sample.
+        token is recomputed and yields the logits for the next sample. A block found only
+        in the host tier gets a fresh device block and a reload into it (queued for this
+        step's transfer); when the device pool has no room for those, the hits end
+        before the first of them.
         """
         assert not req.block_table
         hits = self._match(req)
-        self.pool.touch([block for block, _ in hits])
-        for block, h in hits:
-            req.block_table.append(block)
-            req.block_hashes.append(h)
+        reloads = [i for i, (block, _, _) in enumerate(hits) if block < 0]
+        if reloads and not self._room_for(hits, len(reloads)):
+            del hits[reloads[0]:]
+            reloads = []
+        self.pool.touch([block for block, _, _ in hits if block >= 0])
+        if reloads:    # held before the device allocates: its evictions go to the host
+            self.host.hold([-1 - hits[i][0] for i in reloads])
+        pairs = []     # (host block, device block, key) of each reload
+        for i, d in zip(reloads, self.pool.allocate(len(reloads)) if reloads else ()):
+            block, h, key = hits[i]
+            pairs.append((-1 - block, d, key))
+            hits[i] = (d, h, key)
+        req.block_table.extend(block for block, _, _ in hits)
+        req.block_hashes.extend(h for _, h, _ in hits)
         if hits:
             self.tables.sync(req)
+        if pairs:
+            self.host.reload(req, pairs)
         req.num_computed_tokens = len(hits) * self.block_size
+        req.num_host_cached_tokens = len(reloads) * self.block_size
         self.pool.record_lookup(req.num_tokens, req.num_computed_tokens)
+        self.pool.counters.host_prefix_hit_tokens += req.num_host_cached_tokens
         return len(hits)
 
-    def _match(self, req: Request) -> list[tuple[int, int]]:
-        """(block, hash) of the cached full blocks that match the request's tokens."""
+    def _room_for(self, hits: list, reloads: int) -> bool:
+        """Can the device pool give `reloads` blocks once the device hits are held?"""
+        held = sum(1 for block, _, _ in hits if block >= 0 and self.pool.refcounts[block] == 0)
+        return self.pool.num_available - held >= reloads
+
+    def _match(self, req: Request) -> list[tuple[int, int, bytes]]:
+        """(block, hash, key) of the cached full blocks that match the request's tokens,
+        in order: a device block, or -1 - a host block where only the host tier has it."""
         max_hits = (req.num_tokens - 1) // self.block_size
+        index, host = self.pool.index, self.host
         parent, hits = ROOT_HASH, []
         for i in range(max_hits):
             key = self._block_key(req, i, parent)
-            block = self.pool.index.get(key)
+            block = index.get(key)
             if block is None:
-                break
+                h = host.lookup(key) if host is not None else None
+                if h is None:
+                    break
+                block = -1 - h
             parent = self.pool.hash_fn(key)
-            hits.append((block, parent))
+            hits.append((block, parent, key))
         return hits
 
     def cached_prefix_blocks(self, req: Request) -> int:
@@ -151,7 +183,30 @@ class KVManager:
             self.tables.sync(req, keep)
         return extra
 
+    # -- swap preemption through the host tier ---------------------------------------------
+    def swap_out(self, req: Request) -> bool:
+        """Queue the copy of the request's computed blocks to the host tier (it is freed
+        right after, as a recompute preemption is); False if there is no tier or it has
+        no room (the request then recomputes)."""
+        n = -(-req.num_computed_tokens // self.block_size)
+        return self.host is not None and n > 0 and self.host.swap_out(req, req.block_table[:n])
+
+    def restore_swapped(self, req: Request) -> None:
+        """Re-admission of a swapped-out request: what it had computed (reserve then takes
+        fresh blocks for all of it, and swap_in copies it back into them)."""
+        rec = req.swap
+        req.num_computed_tokens = rec.num_computed_tokens
+        req.block_hashes = list(rec.block_hashes)
+
+    def drop(self, req: Request) -> None:
+        """The request ends: its blocks in both tiers are freed."""
+        self.free(req)
+        if req.swap is not None:
+            self.host.drop_swap(req)
+
     def free(self, req: Request) -> None:
+        if self.host is not None:
+            self.host.cancel(req)         # reloads queued for blocks it gives back
         self.pool.release(req.block_table)
         self.tables.release(req)
         req.block_table = []

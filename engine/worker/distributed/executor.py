@@ -23,6 +23,11 @@ class TPExecutor:
         released, self._released = self._released, []
         return self.group.run(batch, self.runner.execute_model, released)
 
+    def transfer_kv(self, xfer) -> None:
+        """Every rank copies its shard of the step's blocks between the tiers."""
+        self.group.send_transfer(xfer)
+        self.runner.transfer_kv(xfer)
+
     def release(self, request_id: str) -> None:
         """Rank 0 drops the request's sampler state now, the workers before their next
         step (in the same order relative to the steps as rank 0)."""

@@ -117,6 +117,8 @@ def worker_main(rank: int, spec: WorkerSpec, port: int, shm: tuple | None, conn)
             if kind == "kv":
                 runner = ModelRunner(model, get_ops(spec.attention_backend), device, dtype,
                                      **payload)
+            elif kind == "xfer":           # copies between the KV tiers, before a step
+                runner.transfer_kv(payload)
             else:
                 batch, released = payload
                 runner.release(released)
@@ -241,6 +243,11 @@ class TPWorkerGroup:
         """Send a step to every worker (rank 0 then runs the same step), with the request
         ids whose sampler state ends before it."""
         self._send(("step", (batch, tuple(released))))
+
+    def send_transfer(self, xfer) -> None:
+        """Send a step's copies between the KV tiers (engine/worker/kv_transfer.py): each
+        worker runs them on its own shard before the step that follows."""
+        self._send(("xfer", xfer))
 
     def run(self, batch, forward, released=()):
         """One step on every rank: broadcast `batch`, run rank 0's `forward(batch)`, return

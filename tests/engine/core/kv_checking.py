@@ -5,6 +5,8 @@ output; `make_engine` puts it under a real LLMEngine and `check_all` checks the
 pool/scheduler invariants (tests/engine/core/test_property.py, test_policies.py)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -62,12 +64,17 @@ class OracleDrafter:
 
 
 class KVCheckingRunner:
-    """Stands in for ModelRunner: a KV cache of token ids, checked on every read."""
+    """Stands in for ModelRunner: a KV cache of token ids, checked on every read; with a
+    host tier, a host pool of token ids that the tier's copies move blocks to and from."""
 
-    def __init__(self, pool, vocab: int = VOCAB):
+    def __init__(self, pool, vocab: int = VOCAB, host=None):
         self.pool = pool
+        self.host = host
         self.bs = pool.block_size
         self.kv = np.full((pool.num_blocks, self.bs), -1, dtype=np.int64)
+        self.copy_time = [0.0, 0.0]
+        self.host_kv = None if host is None else np.full((host.num_blocks, self.bs), -1,
+                                                         dtype=np.int64)
         self.vocab = vocab
         self.forward_calls = 0
         self.violations: list[str] = []
@@ -82,6 +89,21 @@ class KVCheckingRunner:
     _sample = ModelRunner._sample
     _verify_random_rows = ModelRunner._verify_random_rows
     release = ModelRunner.release
+
+    def transfer_kv(self, xfer):
+        """The real pools' order (engine/worker/kv_transfer.py): host blocks read for
+        reloads, device blocks read for offloads, then both written."""
+        t0 = time.perf_counter()
+        reloaded = self.host_kv[xfer.reload_src].copy()
+        t1 = time.perf_counter()
+        self.host_kv[xfer.offload_dst] = self.kv[xfer.offload_src]
+        t2 = time.perf_counter()
+        self.kv[xfer.reload_dst] = reloaded
+        self.copy_time[0] += t2 - t1
+        self.copy_time[1] += t1 - t0 + time.perf_counter() - t2
+
+    def kv_copy_seconds(self):
+        return tuple(self.copy_time)
 
     def read(self, table, n) -> list[int]:
         return [int(self.kv[table[p // self.bs], p % self.bs]) for p in range(n)]
@@ -136,13 +158,35 @@ class KVCheckingRunner:
         """Every indexed block still holds the tokens of its key."""
         for block, key in self.pool.index.items():
             assert self.kv[block].tolist() == key_tokens(key), f"cached block {block} overwritten"
+        if self.host is not None:
+            for block, key in self.host.pool.index.items():
+                assert self.host_kv[block].tolist() == key_tokens(key), \
+                    f"host block {block} does not hold its key's tokens"
 
 
-def make_engine(num_blocks: int, block_size: int, **knobs) -> LLMEngine:
+def host_gib(block_size: int, blocks: int) -> float:
+    """kv_offloading_size (GiB) of a host tier of `blocks` blocks of dummy:tiny (float32)."""
+    return (blocks + 0.5) * tiny_block_bytes(block_size) / 2 ** 30
+
+
+def tiny_block_bytes(block_size: int) -> int:
+    from engine.worker.models.loader import model_config
+    cfg = model_config("dummy:tiny")
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * block_size * heads * head_dim * 4
+
+
+def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, **knobs) -> LLMEngine:
+    """A real LLMEngine on dummy:tiny with the KV-checking runner; host_blocks: a host tier
+    of that many blocks (kv_offloading_size)."""
+    if host_blocks:
+        knobs["kv_offloading_size"] = host_gib(block_size, host_blocks)
     eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
                                 num_blocks=num_blocks, block_size=block_size,
                                 max_model_len=MAX_MODEL_LEN, check_invariants=True, **knobs))
-    eng.runner = KVCheckingRunner(eng.pool)
+    assert (eng.host.num_blocks if eng.host else 0) == host_blocks
+    eng.runner = KVCheckingRunner(eng.pool, host=eng.host)
     return eng
 
 
@@ -166,4 +210,7 @@ def check_all(eng: LLMEngine) -> None:
             assert r.num_uncomputed >= 1, f"{r.request_id} can never be scheduled"
             assert len(r.block_table) * pool.block_size >= r.num_computed_tokens
     assert len(sched.running) + len(sched.waiting) == len(eng.requests)
+    if eng.host is not None:                 # both tiers: no block lost or owned twice
+        eng.host.check([r for r in sched.waiting if r.swap is not None])
+        assert not any(r.swap is not None for r in sched.running)
     eng.runner.check_index()

@@ -5,7 +5,8 @@ Seeded random sequences of submits (fresh prompts, several identical copies at o
 dedup followers; repeats of earlier prompts: prefix hits), single steps, cancels, live
 knob changes (budget, max_num_seqs, prefix caching, the three scheduling modes and
 policies, eviction, speculative k) and prefix-cache clears, on small pools (preemption,
-copy-on-write), with async scheduling on or off and drafts that are right with a drawn
+copy-on-write), with or without a host tier (offload, reload, swap preemption), with
+async scheduling on or off and drafts that are right with a drawn
 chance (tests/engine/core/kv_checking.py: the model is a deterministic function of the
 context and the KV cache is checked on every read). After every operation, every
 request's tokens are a prefix of its solo run's, a finished one's are all of them, and
@@ -21,7 +22,8 @@ import random
 
 import pytest
 
-from engine.config import EVICTION_POLICIES, SCHEDULING_MODES, SCHEDULING_POLICIES
+from engine.config import (EVICTION_POLICIES, PREEMPTION_MODES, SCHEDULING_MODES,
+                           SCHEDULING_POLICIES)
 from engine.config import InvalidRequestError
 from engine.request import SamplingParams
 from tests.engine.core.kv_checking import OracleDrafter, check_all, expected, make_engine
@@ -32,7 +34,7 @@ OPS = 40
 KNOB_CHOICES = dict(max_num_batched_tokens=[1, 2, 3, 8, 64, 512], max_num_seqs=[1, 2, 8, 64],
                     enable_prefix_caching=[True, True, False], scheduling_mode=SCHEDULING_MODES,
                     scheduling_policy=SCHEDULING_POLICIES, eviction_policy=EVICTION_POLICIES,
-                    num_speculative_tokens=[0, 1, 3])
+                    num_speculative_tokens=[0, 1, 3], preemption_mode=PREEMPTION_MODES)
 
 
 class Run:
@@ -44,7 +46,8 @@ class Run:
                                max_num_batched_tokens=rng.choice([1, 3, 8, 32, 512]),
                                max_num_seqs=rng.choice([1, 2, 4, 64]),
                                num_speculative_tokens=rng.choice([0, 1, 3]),
-                               async_scheduling=rng.random() < 0.7)
+                               async_scheduling=rng.random() < 0.7,
+                               host_blocks=rng.choice([0, 0, 4, 16]))
         self.eng.spec.propose_batch = OracleDrafter(rng.choice([0.0, 0.6, 1.0]), seed)
         self.prompts: list[list[int]] = []
         self.reqs: dict = {}         # id -> (Request, solo tokens, solo finish reason)
@@ -103,6 +106,8 @@ class Run:
                    for r, _, _ in self.reqs.values())
         self.eng.clear_prefix_cache()
         assert self.eng.pool.num_free == self.eng.pool.num_blocks
+        host = self.eng.host
+        assert host is None or host.pool.num_free == host.num_blocks
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -2,29 +2,34 @@
 
 A hypothesis RuleBasedStateMachine submits random requests (random lengths, shared
 prefixes, identical prompts, earlier prompts extended by their outputs), steps, cancels,
-flips the live knobs (prefix caching, token budget, max_num_seqs) and clears the prefix
-cache, on pools of 3..24 blocks of 1..8 tokens, with async scheduling on or off and
+flips the live knobs (prefix caching, token budget, max_num_seqs, preemption by recompute
+or swap) and clears the prefix cache, on pools of 3..24 blocks of 1..8 tokens, with or
+without a host tier of 2..24 blocks, with async scheduling on or off and
 speculative decoding (a drafter that proposes the right continuation with a drawn chance,
 else a wrong token; k changed live). Cancels pick any request, or a dedup leader whose
 followers wait on its logits (with async scheduling: while its last chunk is in flight).
 After every rule it checks the invariants of DESIGN.md, and more:
 
 - every block is in exactly one of free / used / cached; refcount == the number of
-  block tables holding it (the index holds no reference; BlockPool.check);
+  block tables holding it (the index holds no reference; BlockPool.check); the same in
+  the host tier, where a block's holders are swapped-out requests' records, and nothing
+  is in flight between steps (HostTier.check); a running request holds no swap record;
 - waiting requests and dedup followers hold no blocks;
 - KV integrity: the model is replaced by `KVCheckingRunner`, which keeps the *token id*
   written in every KV slot; each forward writes its chunk into the slots the scheduler
   gave it (asserting the block is not shared: copy-on-write happened), then reads the
   whole context back through the block table and asserts it equals the request's
   tokens (so a wrong prefix hit, a missed COW copy or a block reused while still
-  referenced fails at once); every indexed block still holds the tokens of its key;
+  referenced fails at once); every indexed block still holds the tokens of its key, in
+  both tiers (the host tier's copies move the token ids: a block offloaded, reloaded or
+  swapped to the wrong place fails the next read);
 - outputs: the runner's logits are a one-hot of a deterministic function of the
   context, so every finished request must produce exactly the tokens (and finish
   reason) that its solo run predicts, and a cancelled one a prefix of them, and no
   step fails (a failed step errs its requests: the last error is checked);
 - requests are refused (InvalidRequestError) iff they can never fit the pool;
 - at the end, everything drains (no livelock) and, after clearing the prefix cache,
-  every block is free.
+  every block of both tiers is free.
 """
 from __future__ import annotations
 
@@ -36,8 +41,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
 
-from engine.config import (EVICTION_POLICIES, SCHEDULING_MODES, SCHEDULING_POLICIES,
-                           InvalidRequestError)
+from engine.config import (EVICTION_POLICIES, PREEMPTION_MODES, SCHEDULING_MODES,
+                           SCHEDULING_POLICIES, InvalidRequestError)
 from engine.request import SamplingParams
 from tests.conftest import run_slow
 from tests.engine.core.kv_checking import (MAX_MODEL_LEN, VOCAB, OracleDrafter, check_all,
@@ -57,9 +62,12 @@ class EngineMachine(RuleBasedStateMachine):
                 caching=st.booleans(), budget=st.sampled_from([1, 3, 8, 32, 512]),
                 seqs=st.sampled_from([1, 2, 4, 64]), async_=st.sampled_from([True, True, False]),
                 k=st.sampled_from([0, 0, 1, 3]), accept=st.sampled_from([0.0, 0.6, 1.0]),
-                seed=st.integers(0, 2 ** 16))
-    def setup(self, num_blocks, block_size, caching, budget, seqs, async_, k, accept, seed):
-        self.eng = make_engine(num_blocks, block_size, enable_prefix_caching=caching,
+                seed=st.integers(0, 2 ** 16), host=st.sampled_from([0, 0, 2, 6, 24]),
+                preemption=st.sampled_from(PREEMPTION_MODES))
+    def setup(self, num_blocks, block_size, caching, budget, seqs, async_, k, accept, seed,
+              host, preemption):
+        self.eng = make_engine(num_blocks, block_size, host_blocks=host,
+                               enable_prefix_caching=caching, preemption_mode=preemption,
                                max_num_batched_tokens=budget, max_num_seqs=seqs,
                                async_scheduling=async_, num_speculative_tokens=k)
         self.eng.spec.propose_batch = OracleDrafter(accept, seed)
@@ -150,16 +158,18 @@ class EngineMachine(RuleBasedStateMachine):
           mode=st.none() | st.sampled_from(SCHEDULING_MODES),
           policy=st.none() | st.sampled_from(SCHEDULING_POLICIES),
           eviction=st.none() | st.sampled_from(EVICTION_POLICIES),
-          spec_k=st.none() | st.integers(0, 3))
-    def set_knobs(self, caching, budget, seqs, mode, policy, eviction, spec_k):
-        """Live knob flips: prefix caching, token budget, max_num_seqs, the policies and
-        the speculative k (any subset)."""
+          spec_k=st.none() | st.integers(0, 3),
+          preemption=st.none() | st.sampled_from(PREEMPTION_MODES))
+    def set_knobs(self, caching, budget, seqs, mode, policy, eviction, spec_k, preemption):
+        """Live knob flips: prefix caching, token budget, max_num_seqs, the policies, the
+        speculative k and the preemption mode (any subset)."""
         changes = {k: v for k, v in dict(enable_prefix_caching=caching,
                                          max_num_batched_tokens=budget,
                                          max_num_seqs=seqs, scheduling_mode=mode,
                                          scheduling_policy=policy,
                                          eviction_policy=eviction,
-                                         num_speculative_tokens=spec_k).items() if v is not None}
+                                         num_speculative_tokens=spec_k,
+                                         preemption_mode=preemption).items() if v is not None}
         self.eng.set_knobs(self.eng.knobs.replace(**changes))
 
     @rule()
@@ -201,7 +211,8 @@ class EngineMachine(RuleBasedStateMachine):
             check_all(eng)
         assert not eng.has_unfinished(), "engine did not drain"
         c = eng.stats.counters       # steer generation toward the interesting paths
-        for label in ("preemptions", "evictions", "cow_copies", "dedup_joined", "prefix_hits"):
+        for label in ("preemptions", "evictions", "cow_copies", "dedup_joined", "prefix_hits",
+                      "kv_reload_blocks", "swap_ins"):
             target(float(getattr(c, label)), label=label)
         self._check_outputs()
         for rid, (req, want, reason) in self.reqs.items():
@@ -209,6 +220,9 @@ class EngineMachine(RuleBasedStateMachine):
         eng.pool.check([])
         eng.clear_prefix_cache()
         assert eng.pool.num_free == eng.pool.num_blocks and (eng.pool.refcounts == 0).all()
+        if eng.host is not None:
+            eng.host.check([])
+            assert eng.host.pool.num_free == eng.host.num_blocks
 
 
 def test_engine_state_machine(pytestconfig):

@@ -55,17 +55,30 @@ def replay(ctx, endpoint, start, mirror):
         last = seq_of(seq)
 
 
-@pytest.fixture(scope="module")
-def engine():
+def events_engine(**kw) -> tuple[LLMEngine, KVEventPublisher]:
+    """An engine (replica 1 of 2) publishing its events on 127.0.0.1."""
     e = LLMEngine(make_config(model="dummy:tiny", device="cpu", num_blocks=24, block_size=BS,
                               data_parallel_size=2, data_parallel_rank=1,
-                              kv_events_config=EVENTS))
+                              kv_events_config=EVENTS, **kw))
     pub = KVEventPublisher(e.config.kv_events_config, EVENTS["endpoint"],
                            EVENTS["replay_endpoint"], KEY, BS, data_parallel_rank=1)
     e.kv_events.sink = pub.publish
+    return e, pub
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e, pub = events_engine()
     yield e, pub
     pub.close()
     e.close()
+
+
+def assert_mirrors_device_index(e, mirror) -> None:
+    index = {e.pool.hash_fn(key): key for _, key in e.pool.index.items()}
+    assert set(mirror.blocks) == set(index) and index
+    for h, (parent, tokens) in mirror.blocks.items():
+        assert list(tokens) == key_tokens(index[h])
 
 
 def test_stream_rebuilds_the_cache_exactly(engine):
@@ -91,14 +104,35 @@ def test_stream_rebuilds_the_cache_exactly(engine):
             assert topic == b"kv"
             if seq_of(seq) > last:
                 mirror.apply(seq_of(seq), payload)
-        index = {e.pool.hash_fn(key): key for _, key in e.pool.index.items()}
-        assert set(mirror.blocks) == set(index) and index
-        for h, (parent, tokens) in mirror.blocks.items():
-            assert list(tokens) == key_tokens(index[h])
+        assert_mirrors_device_index(e, mirror)
         assert mirror.ranks == {1} and mirror.media == {"GPU"} and pub.dropped == 0
         assert e.counters.evictions > 0
     finally:
         ctx.destroy(linger=0)
+
+
+def test_host_tier_reloads_are_stored_events_with_stable_hashes():
+    """With a host tier, blocks the device evicts go to the host and come back on a prefix
+    hit: the stream still rebuilds the device index exactly (a reload enters it as a
+    stored event) and the reloaded chain carries the documented hashes."""
+    e, pub = events_engine(kv_offloading_size=1 / 1024)     # 1 MiB: every block fits
+    ctx = zmq.Context()
+    try:
+        shared = list(range(1, 13)) + [40, 41, 42, 43, 44]   # four full blocks
+        run(e, [shared])
+        run(e, [[100 + i] * 4 * 5 for i in range(6)])        # evicts (offloads) them
+        assert e.counters.kv_offload_blocks >= 4
+        run(e, [shared + [9] * 4])                            # reloaded from the host
+        assert e.counters.kv_reload_blocks >= 4
+        chain = prompt_block_hashes(shared + [9] * 4, BS)
+        mirror = CacheMirror()
+        assert replay(ctx, pub.bound[1], 0, mirror) == e.kv_events.seq
+        assert_mirrors_device_index(e, mirror)
+        assert set(chain[:4]) <= set(mirror.blocks)
+    finally:
+        ctx.destroy(linger=0)
+        pub.close()
+        e.close()
 
 
 def test_hashes_are_stable_and_documented(engine):

@@ -119,3 +119,27 @@ def test_killed_rank_ends_every_stream_with_an_error(tmp_path):
             out = s.result(timeout=10)
             assert out.outputs[0].finish_reason == "error" and "rank 1" in out.error
         assert time.monotonic() - t0 < 10
+
+
+def test_tp2_host_tier_reloads_and_swaps_as_tp1(tmp_path):
+    """The host tier under TP=2: each rank copies its shard of every block (the
+    KVTransfer goes to the workers before the step), so reloaded prefixes and swapped-in
+    requests give TP=1's tokens without a tier."""
+    make_checkpoint("llama", tmp_path)
+    prompts = [{"prompt_token_ids": p} for p in workload()]
+    ref = LLM(model=str(tmp_path), **KNOBS)
+    want = _tokens(ref.generate(prompts, GREEDY))
+    kv = ref.engine.runner.kv_cache
+    ref.engine.close()
+    gib = 64 * kv[:, :, :1].numel() * kv.element_size() / 2 ** 30
+    knobs = dict(KNOBS, num_blocks=32, max_num_seqs=3, kv_offloading_size=gib,
+                 preemption_mode="swap")
+    llm = LLM(model=str(tmp_path), tensor_parallel_size=2, **knobs)
+    try:
+        got = _tokens(llm.generate(prompts, GREEDY))
+        got += _tokens(llm.generate(prompts[:2], GREEDY))      # the history comes back
+        c = llm.engine.counters
+    finally:
+        llm.engine.close()
+    assert got == want + want[:2]
+    assert c.swap_ins > 0 and c.kv_reload_blocks > c.swap_ins and c.kv_offload_dropped == 0
