@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.containers import Vertical
-from textual.widget import Widget
 
 from roseplay.widgets.kv_map import KVMap
+from roseplay.widgets.text_view import TextView
 
 MAP_ROWS = 3
 
@@ -31,20 +31,8 @@ def host_line(snap, width: int = 80) -> Text:
     return t
 
 
-class _Line(Widget):
+class _Line(TextView):
     DEFAULT_CSS = "_Line { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }"
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._text = Text()
-
-    def show(self, text: Text) -> None:
-        if text != self._text:
-            self._text = text
-            self.refresh()
-
-    def render(self) -> Text:
-        return self._text
 
 
 class HostTierView(Vertical):

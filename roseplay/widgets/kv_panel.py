@@ -7,29 +7,17 @@ import numpy as np
 from rich.style import Style
 from rich.text import Text
 from textual.containers import Vertical
-from textual.widget import Widget
 
 from roseplay.widgets.kv_host import HostTierView
 from roseplay.widgets.kv_map import (CACHED, CACHED_GLYPH, FREE, NAMES, SELECTED, SHARED, USED,
                                      KVMap, styles)
+from roseplay.widgets.text_view import TextView
 
 
-class KVLegend(Widget):
+class KVLegend(TextView):
     """Colour legend, usage, last-10-s and total counters, and the hovered block."""
 
     DEFAULT_CSS = "KVLegend { height: 4; text-wrap: nowrap; text-overflow: ellipsis; }"
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._text = Text()
-
-    def show(self, text: Text) -> None:
-        if text != self._text:
-            self._text = text
-            self.refresh()
-
-    def render(self) -> Text:
-        return self._text
 
 
 def _pct(rate: float | None) -> str:
