@@ -46,14 +46,15 @@ def test_a_server_stopped_past_client_timeout_serves_again():
         ref = solo_tokens(srv.url, 8)
         watch = EngineClient(connect=f"ipc://{srv.engine_dir}/engine", label="watch")
         try:
-            [reader] = open_streams(srv.url, 1, LONG)
+            # 8 streams: each decodes slower than alone, so none ends before the drop
+            readers = open_streams(srv.url, 8, LONG)   # (one alone could on a fast CPU)
             srv.signal(signal.SIGSTOP)
             try:
                 wait_for(lambda: any(r.finish_reason == "error"
                                      for r in watch.snapshot().requests))   # dropped
             finally:
                 srv.signal(signal.SIGCONT)
-            ids, errors, reasons, done = reader.result()
+            results = [r.result() for r in readers]
             wait_for(lambda: httpx.get(srv.url + "/health", timeout=10).status_code == 200)
             tokens = total(scrape(srv.url), "vllm:generation_tokens_total")
             assert solo_tokens(srv.url, 8) == ref                 # served again
@@ -62,8 +63,9 @@ def test_a_server_stopped_past_client_timeout_serves_again():
             watch.close()
         srv.signal(signal.SIGTERM)
         assert srv.wait() == 0, srv.output
-    assert done and reasons == [] and len(errors) == 1, reader.lines[-3:]
-    assert "dropped it" in errors[0]["message"]
+    for reader, (ids, errors, reasons, done) in zip(readers, results):
+        assert done and reasons == [] and len(errors) == 1, reader.lines[-3:]
+        assert "dropped it" in errors[0]["message"]
     assert "attached to the engine again" in srv.output
 
 
