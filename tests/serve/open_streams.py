@@ -24,10 +24,13 @@ class Reader(threading.Thread):
         self.first = threading.Event()
         self.status = self.exc = None
 
+    def stream(self):
+        """The POST this reader reads (a subclass may send it through its own client)."""
+        return httpx.stream("POST", self.url + "/v1/completions", json=self.body, timeout=60)
+
     def run(self) -> None:
         try:
-            with httpx.stream("POST", self.url + "/v1/completions", json=self.body,
-                              timeout=60) as r:
+            with self.stream() as r:
                 self.status = r.status_code
                 for line in r.iter_lines():
                     self.lines.append(line)
