@@ -2,16 +2,28 @@
 smaller map of the host pool's blocks (cached: a full block the device evicted, kept
 under its prefix key; used: a swapped-out request's block, with its refcount) and one
 line of what the last step copied each way. Hidden when the engine has no host tier
-(kv_offloading_size 0), so the screen is the same as without it."""
+(kv_offloading_size 0), so the screen is the same as without it. Also the request
+list's hit cell, which marks hits that came from the host tier."""
 from __future__ import annotations
 
 from rich.text import Text
 from textual.containers import Vertical
 
+from roseplay.widgets import theme
 from roseplay.widgets.kv_map import KVMap
 from roseplay.widgets.text_view import TextView
 
 MAP_ROWS = 3
+
+
+def hit_cell(r) -> tuple[str, str]:
+    """A request list's hit cell: its prefix-hit tokens, `h` after them (and the cached
+    blocks' colour) when some came back from the host tier: `48h`."""
+    if not r.cached_tokens:
+        return "-", "#e08a1e"
+    if r.host_cached_tokens:
+        return f"{r.cached_tokens}h", theme.color("cached")
+    return str(r.cached_tokens), "#e08a1e"
 
 
 def host_line(snap, width: int = 80) -> Text:

@@ -18,6 +18,8 @@ from textual.widget import Widget
 
 from engine.codes import RUNNING_STATES
 from roseplay.widgets.grammar_line import GRAMMAR_STYLE
+from roseplay.widgets.kv_host import hit_cell
+from roseplay.widgets.token_choice import choice_text
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
@@ -319,7 +321,7 @@ class RequestList(Widget, can_focus=True):
                  "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),
                  "progress": lambda w: progress_cell(r, self.budget, w, self.reason),
                  "prompt": (str(r.prompt_tokens), ""),
-                 "hit": (str(r.cached_tokens) if r.cached_tokens else "-", "#e08a1e"),
+                 "hit": hit_cell(r),
                  "gen": (str(r.output_tokens), ""), "TTFT": (fmt_ms(r.ttft), ""),
                  "TPOT": (fmt_ms(r.tpot), "")}
         return self._strip(cells, st("on #3b3f5c") if selected else None)

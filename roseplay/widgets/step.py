@@ -109,6 +109,8 @@ class StepPanel(Widget):
         counts = (("hit blocks", "hit", s.prefix_hit_blocks), ("COW", "COW", s.cow_copies),
                   ("evict", "ev", s.evictions), ("preempt", "pre", s.preemptions),
                   ("dedup", "dedup", s.dedup_joined))
+        if snap.host_num_blocks:    # the host tier: blocks copied out and back this step
+            counts += (("→host", "→h", s.blocks_to_host), ("←host", "←h", s.blocks_from_host))
         words = sum(len(f"{name} {v}  ") for name, _, v in counts) - 2
         short = words > (self.size.width or 80)     # a narrow panel: "hit 0  COW 0  ev 0 …"
         for i, (name, brief, value) in enumerate(counts):

@@ -41,6 +41,9 @@ async def test_the_host_tier_map_shows_under_the_kv_map_only_with_a_tier():
             "host tier 60 blocks: 30 cached, 10 swapped · last step → 4 ← 2 blocks (6.0 MB)"
         cats = view.map._cat
         assert (cats == CACHED).sum() == 30 and (cats == USED).sum() == 10
+        from roseplay.widgets.step import StepPanel
+        step = widget_text(app.query_one(StepPanel))
+        assert ("→host 4" in step or "→h 4" in step) and ("←host 2" in step or "←h 2" in step)
         source.snap = base               # no host tier: the view goes
         app.refresh_panels()
         await pilot.pause()
@@ -68,3 +71,11 @@ async def test_the_event_log_names_swaps_and_reloads_and_leaves_offloads_to_the_
         assert "offload" not in log
         fl = app.query_one("#kv-map", KVMap)._fl
         assert fl[40] == fl[41] == HIT and fl[7] == fl[8] == PREEMPTED
+
+
+def test_the_hit_cell_marks_hits_from_the_host_tier():
+    from types import SimpleNamespace as R
+    from roseplay.widgets.kv_host import hit_cell
+    assert hit_cell(R(cached_tokens=0, host_cached_tokens=0))[0] == "-"
+    assert hit_cell(R(cached_tokens=48, host_cached_tokens=0))[0] == "48"
+    assert hit_cell(R(cached_tokens=48, host_cached_tokens=32))[0] == "48h"
