@@ -5,10 +5,14 @@ attend_tile gathers a KV tile through the block table and folds it in. Its piece
 loads its first tile before the PDL wait and folds it once the query is ready
 (kernels/decode_attention.py).
 
-An fp8 tile is converted to the query's dtype in registers (exact: every e4m3 value is a
-float16 / bfloat16 / float32 value) just before its dot; its per-head scales never touch
-the tile: the caller folds the K scale into scale_log2 and multiplies the output by the
-V scale (one KV head per program, so each is one number)."""
+An fp8 tile's dots run in float16 for 16-bit queries, float32 for float32 ones (exact:
+every e4m3 value is a float16 value; a 16-bit query is rounded to float16 once, saturated at ±65504, and the probabilities are in [0, 1]).
+K is converted after its shared-memory load. V, the dot's transposed operand, is read
+as int16 pairs and widened to float16 in registers before it reaches shared memory:
+converted there instead, Triton reads the fp8 tile a byte at a time (64 LDS.U8 a thread
+a tile) and the kernel ran at half its bytes' floor. The per-head scales never touch a
+tile: the caller folds the K scale into scale_log2 and multiplies the output by the V
+scale (one KV head per program, so each is one number)."""
 from __future__ import annotations
 
 import triton
@@ -28,10 +32,71 @@ def kv_rows(kv, kv_valid, bt_row, stride_btm, stride_kb, stride_ks, stride_vb, s
 
 
 @triton.jit
+def q_f16(q):
+    """The query as an fp8 tile's dot takes it: float16, saturated (bf16 reaches past
+    float16's ±65504)."""
+    return tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+
+
+@triton.jit
+def _e4m3_to_f16(b):
+    """Low byte of each int32 (e4m3 bits) -> its value as float16, exactly: the sign and
+    the 7 exponent/mantissa bits moved into float16's places give value * 2^-8 (also for
+    subnormals); * 256 is exact."""
+    bits = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.int16)
+    return bits.to(tl.float16, bitcast=True) * 256.0
+
+
+@triton.jit
+def load_v(v_head, row_v, kv_valid, offs_d, d_mask, stride_vd, HEAD_DIM: tl.constexpr,
+           MASKED: tl.constexpr):
+    """The V tile at rows row_v (element offsets from v_head) as stored; fp8 as int16
+    pairs [N, D/2] (contiguous rows whose offsets are multiples of 16 bytes: check_kv),
+    for widen_v."""
+    if v_head.dtype.element_ty == tl.float8e4nv:
+        offs = tl.arange(0, offs_d.shape[0] // 2)
+        ptrs = (v_head.to(tl.pointer_type(tl.int16)) + tl.multiple_of(row_v // 2, 8)[:, None]
+                + offs[None, :])
+        mask = (offs < HEAD_DIM // 2)[None, :]
+        if MASKED:
+            mask = kv_valid[:, None] & mask
+        return tl.load(ptrs, mask=mask, other=0)
+    else:
+        if MASKED:
+            mask = kv_valid[:, None] & d_mask[None, :]
+        else:
+            mask = d_mask[None, :]
+        return tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd, mask=mask,
+                       other=0.0)
+
+
+@triton.jit
+def widen_v(v):
+    """load_v's tile in the dtype its dot takes: fp8's int16 pairs widened to float16 in
+    registers, other tiles as they are."""
+    if v.dtype == tl.int16:
+        w = v.to(tl.int32)
+        pairs = tl.join(_e4m3_to_f16(w), _e4m3_to_f16(w >> 8))       # [N, D/2, 2]
+        return tl.reshape(pairs, [v.shape[0], 2 * v.shape[1]])
+    else:
+        return v
+
+
+@triton.jit
+def pv_step(acc, alpha, p, v, q, PREC: tl.constexpr):
+    """acc rescaled by alpha plus the probabilities p times the V tile from load_v."""
+    dt = tl.float16 if (v.dtype == tl.float16) & (q.dtype != tl.float32) else q.dtype
+    return acc * alpha[:, None] + tl.dot(p.to(dt), v.to(dt), input_precision=PREC)
+
+
+@triton.jit
 def softmax_step(q, m_i, l_i, k, s_mask, scale_log2, PREC: tl.constexpr, MASKED: tl.constexpr):
     """Scores of q against the K tile: (new running max, old-to-new rescale factor,
     unnormalised probabilities, new running sum)."""
-    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PREC) * scale_log2
+    if (k.dtype == tl.float8e4nv) & (q.dtype != tl.float32):
+        s = tl.dot(q_f16(q), tl.trans(k.to(tl.float16)), input_precision=PREC) * scale_log2
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PREC) * scale_log2
     if MASKED:
         s = tl.where(s_mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -43,7 +108,8 @@ def softmax_step(q, m_i, l_i, k, s_mask, scale_log2, PREC: tl.constexpr, MASKED:
 @triton.jit
 def attend_tile(q, m_i, l_i, acc, kv, kv_valid, s_mask, bt_row, k_head, v_head, offs_d, d_mask,
                 stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-                scale_log2, PAGE: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
+                scale_log2, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr,
+                MASKED: tl.constexpr):
     """Fold the KV tile at token positions kv (gathered through the block table) into the
     running max m_i, sum l_i and output acc of the query rows q. MASKED: kv_valid marks
     the tokens that exist and s_mask [rows, tile] the scores to keep; otherwise every
@@ -56,6 +122,5 @@ def attend_tile(q, m_i, l_i, acc, kv, kv_valid, s_mask, bt_row, k_head, v_head, 
         kv_mask = d_mask[None, :]
     k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
     m_new, alpha, p, l_i = softmax_step(q, m_i, l_i, k, s_mask, scale_log2, PREC, MASKED)
-    v = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PREC)
-    return m_new, l_i, acc
+    v = load_v(v_head, row_v, kv_valid, offs_d, d_mask, stride_vd, HEAD_DIM, MASKED)
+    return m_new, l_i, pv_step(acc, alpha, p, widen_v(v), q, PREC)

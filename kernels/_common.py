@@ -31,6 +31,11 @@ def check_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor
     if k_cache.dtype == FP8_DTYPE or v_cache.dtype == FP8_DTYPE:
         if k_cache.dtype != v_cache.dtype:
             raise TypeError(f"K and V caches differ: {k_cache.dtype} vs {v_cache.dtype}")
+        for c in (k_cache, v_cache):    # V is read as 16-byte vectors of int16 pairs
+            if c.stride(-1) != 1 or any(st % 16 for st in c.stride()[:-1]) \
+                    or c.data_ptr() % 16:
+                raise ValueError("an fp8 cache needs contiguous rows at 16-byte offsets "
+                                 f"(head_dim a multiple of 16), got strides {c.stride()}")
         heads = k_cache.shape[2]
         scales = [unit_scales(k_cache.device, heads) if s is None else s
                   for s in (k_scale, v_scale)]

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
-from kernels._attn_tile import attend_tile, kv_rows, softmax_step
+from kernels._attn_tile import attend_tile, kv_rows, load_v, pv_step, softmax_step, widen_v
 from kernels._common import (check_float, check_kv, dot_precision, next_pow2, num_sms,
                              zeroed_scratch)
 from kernels.pdl import pdl_enter
@@ -59,6 +59,7 @@ MIN_SPLIT_TOKENS = 128          # never split finer than this (by table width)
 DYNAMIC_MIN_TOKENS = 64         # each context split into ranges of at least this many tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
+MAX_REGISTERS = None            # per-thread register cap at launch (None: the compiler's)
 MAX_SPLITS = 256
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
@@ -143,11 +144,10 @@ def _decode_split_kernel(
         new = (tok == ctx - 1) & (slot >= 0)
         row_k, row_v = kv_rows(tok, valid, bt_row, stride_btm, stride_kb, stride_ks,
                                stride_vb, stride_vs, PAGE, True)
-        early = (valid & ~new)[:, None] & d_mask[None, :]
-        k0 = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd, mask=early,
-                     other=0.0)
-        v0 = tl.load(v_head + row_v[:, None] + offs_d[None, :] * stride_vd, mask=early,
-                     other=0.0)
+        early = valid & ~new
+        k0 = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd,
+                     mask=early[:, None] & d_mask[None, :], other=0.0)
+        v0 = load_v(v_head, row_v, early, offs_d, d_mask, stride_vd, HEAD_DIM, True)
         pdl_enter(PDL)
     q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=out_mask, other=0.0)
     first = start
@@ -159,11 +159,11 @@ def _decode_split_kernel(
             stride_vs, stride_vh, stride_vd, ks, vs, PAGE, FP8)
         # fold the early tile, this step's position from registers
         k0 = tl.where(new[:, None], k_new[None, :], k0)
-        v0 = tl.where(new[:, None], v_new[None, :], v0)
+        v0 = widen_v(v0)
+        v0 = tl.where(new[:, None], v_new.to(v0.dtype)[None, :], v0)
         m_i, alpha, p, l_i = softmax_step(q, m_i, l_i, k0, valid[None, :], qk_scale, PREC,
                                           True)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v0.to(q.dtype),
-                                            input_precision=PREC)
+        acc = pv_step(acc, alpha, p, v0, q, PREC)
         first = start + BLOCK_N
 
     for n0 in range(first, end, BLOCK_N):
@@ -172,7 +172,7 @@ def _decode_split_kernel(
         m_i, l_i, acc = attend_tile(
             q, m_i, l_i, acc, tok, valid, valid[None, :], bt_row, k_head, v_head, offs_d,
             d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-            stride_vd, qk_scale, PAGE, PREC, True)
+            stride_vd, qk_scale, HEAD_DIM, PAGE, PREC, True)
 
     if SINGLE:
         denom = tl.where(l_i > 0.0, l_i, 1.0)
@@ -336,6 +336,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         MERGE_ALL=max(16, next_pow2(splits)), ROPE=_rope is not None, HALF=head_dim // 2,
         FP8=fp8,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
+        **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
     )
     return out
 

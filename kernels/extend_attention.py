@@ -73,7 +73,7 @@ def attend_chunk_rows(
         m_i, l_i, acc = attend_tile(
             q, m_i, l_i, acc, n0 + offs_n, offs_n, offs_n, bt_row, k_head, v_head, offs_d,
             d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-            stride_vd, scale_log2, PAGE, PREC, False)
+            stride_vd, scale_log2, HEAD_DIM, PAGE, PREC, False)
     for n0 in range(full_end, pos_hi + 1, BLOCK_N):  # the causal diagonal
         kv = n0 + offs_n
         kv_valid = kv <= pos_hi
@@ -81,7 +81,7 @@ def attend_chunk_rows(
         m_i, l_i, acc = attend_tile(
             q, m_i, l_i, acc, kv, kv_valid, visible, bt_row, k_head, v_head, offs_d,
             d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-            stride_vd, scale_log2, PAGE, PREC, True)
+            stride_vd, scale_log2, HEAD_DIM, PAGE, PREC, True)
 
     out = acc * (vs / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
     o_rows = (q_start + tok).to(tl.int64) * stride_ot + heads * stride_oh

@@ -1,17 +1,20 @@
-"""Decode attention as the engine's graphs run it: every layer's call in one CUDA graph,
-contexts like W1's decode phase (513..640 tokens, or --ctx LO,HI), a block table as wide
-as the engine's max_model_len (8192 tokens = 512 blocks), per batch size and kernel
-variant, on a preset's attention shape (--model: qwen2.5-0.5b 24 layers x 2 KV heads x 7
-query heads each x 64; qwen3-0.6b 28 x 8 x 2 x 128).
+"""Decode attention as the engine's graphs run it: every layer's rotary_decode_attention
+(rotate, store this step's K/V, attend; --no-rope: paged_decode_attention alone) in one
+CUDA graph, contexts like W1's decode phase (513..640 tokens, or --ctx LO,HI), a block
+table as wide as the engine's max_model_len (8192 tokens = 512 blocks), per batch size,
+KV cache dtype and kernel variant, on a preset's attention shape (--model: qwen2.5-0.5b
+24 layers x 2 KV heads x 7 query heads each x 64; qwen3-0.6b 28 x 8 x 2 x 128).
 
-PYTHONPATH=. python3 scripts/sweep_decode.py [--model dummy:qwen3-0.6b] [--batches 1,16,64,256] [--ctx 513,640] [--quick]
+PYTHONPATH=. python3 scripts/sweep_decode.py [--model dummy:qwen3-0.6b] [--batches 1,16,64,256] [--ctx 513,640] [--kv-dtype auto,fp8] [--quick]
 
 Variants are the tuning constants of kernels/decode_attention.py (DYNAMIC_MIN_TOKENS,
-TARGET_PROGRAMS_PER_SM, NUM_STAGES) and the tile (block_n); "base" is the shipped set. Prints us per call
-(median of 5 timings of 20 replays) and the KV bandwidth it reaches.
+TARGET_PROGRAMS_PER_SM, NUM_STAGES, MAX_REGISTERS) and the tile (block_n); "base" is the
+shipped set. Prints us per call (median of 5 timings of 20 replays) and the KV bandwidth
+it reaches (cache bytes read: 2 bytes an element for bf16, 1 for fp8).
 """
 import argparse
 import itertools
+import math
 import os
 import statistics
 import sys
@@ -25,9 +28,10 @@ PAGE, WIDTH = 16, 512
 SHAPES = {"dummy:qwen2.5-0.5b": (24, 2, 7, 64), "dummy:qwen3-0.6b": (28, 8, 2, 128)}
 LAYERS, KVH, GROUP, D = SHAPES["dummy:qwen2.5-0.5b"]
 CTX = (513, 640)
+FP8 = torch.float8_e4m3fn
 
 
-def make(batch: int, seed: int = 0):
+def make(batch: int, kv_dtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(CTX[0], CTX[1] + 1, (batch,), generator=g, dtype=torch.int32)
     need = [(int(n) + PAGE - 1) // PAGE for n in lens]
@@ -39,17 +43,34 @@ def make(batch: int, seed: int = 0):
         table[b, :n] = perm[at:at + n]
         at += n
     dev = "cuda"
-    caches = [(torch.randn(blocks, PAGE, KVH, D, device=dev, dtype=torch.bfloat16),
-               torch.randn(blocks, PAGE, KVH, D, device=dev, dtype=torch.bfloat16))
-              for _ in range(LAYERS)]
+    caches = [tuple(torch.randn(blocks, PAGE, KVH, D, device=dev).to(kv_dtype)
+                    for _ in range(2)) for _ in range(LAYERS)]
     q = torch.randn(batch, KVH * GROUP, D, device=dev, dtype=torch.bfloat16)
-    kv_bytes = int(lens.sum()) * KVH * D * 2 * 2
-    return q, caches, table.to(dev), lens.to(dev), kv_bytes
+    kv = torch.randn(batch, 2, KVH, D, device=dev, dtype=torch.bfloat16)
+    lens = lens.to(dev)
+    pos = (lens - 1).long()
+    table = table.to(dev)
+    slots = table[torch.arange(batch, device=dev), pos // PAGE].long() * PAGE + pos % PAGE
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device=dev).float() / D))
+    ang = torch.arange(CTX[1] + 1, device=dev).float()[:, None] * inv[None, :]
+    cos_sin = torch.cat((ang.cos(), ang.sin()), 1).to(torch.bfloat16)
+    kv_bytes = int(lens.sum()) * KVH * D * 2 * kv.new_empty(0, dtype=kv_dtype).element_size()
+    return dict(q=q, kv=kv, pos=pos, cos_sin=cos_sin, slots=slots, caches=caches,
+                table=table, lens=lens), kv_bytes
 
 
-def time_variant(q, caches, table, lens, block_n) -> float:
-    run = lambda: [da.paged_decode_attention(q, k, v, table, lens, D ** -0.5, block_n=block_n)
-                   for k, v in caches]
+def time_variant(x, block_n, rope) -> float:
+    def run():
+        outs = []
+        for k, v in x["caches"]:
+            if rope:
+                outs.append(da.rotary_decode_attention(
+                    x["pos"], x["q"], x["kv"][:, 0], x["kv"][:, 1], x["cos_sin"], True, k, v,
+                    x["slots"], x["table"], x["lens"], D ** -0.5, block_n=block_n))
+            else:
+                outs.append(da.paged_decode_attention(x["q"], k, v, x["table"], x["lens"],
+                                                      D ** -0.5, block_n=block_n))
+        return outs
     ref = run()[0]
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -58,6 +79,7 @@ def time_variant(q, caches, table, lens, block_n) -> float:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.allclose(outs[0].float(), ref.float(), atol=2e-2, rtol=2e-2)
+    assert not math.isnan(float(outs[-1].float().sum()))
     times = []
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -76,6 +98,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer variants")
     ap.add_argument("--model", default="dummy:qwen2.5-0.5b", choices=sorted(SHAPES))
     ap.add_argument("--ctx", default="513,640", help="context lengths drawn from LO..HI")
+    ap.add_argument("--kv-dtype", default="auto", help="comma list of auto (bf16), fp8")
+    ap.add_argument("--no-rope", action="store_true",
+                    help="time paged_decode_attention alone, not the fused rotary launch")
+    ap.add_argument("--grid", default="",
+                    help="variants instead of the preset grid, e.g. "
+                         "'NUM_STAGES=2,3;MAX_REGISTERS=0,128;block_n=64'")
     a = ap.parse_args()
     global LAYERS, KVH, GROUP, D, CTX
     LAYERS, KVH, GROUP, D = SHAPES[a.model]
@@ -85,25 +113,32 @@ def main():
     if a.quick:
         grid = dict(DYNAMIC_MIN_TOKENS=[64], TARGET_PROGRAMS_PER_SM=[4, 8], NUM_STAGES=[2, 3],
                     block_n=[64])
-    for batch in map(int, a.batches.split(",")):
-        q, caches, table, lens, kv_bytes = make(batch)
-        rows = []
-        for values in itertools.product(*grid.values()):
-            cfg = dict(zip(grid, values))
-            for name, v in cfg.items():
-                if name != "block_n":
-                    setattr(da, name, v)
-            us = time_variant(q, caches, table, lens, cfg["block_n"])
-            rows.append((us, cfg))
-            print(f"batch {batch:4d} {us:8.2f} us  {kv_bytes / us / 1e6:6.2f} TB/s  {cfg}",
-                  flush=True)
-        best = min(rows, key=lambda r: r[0])
-        base = next(us for us, c in rows if c == dict(DYNAMIC_MIN_TOKENS=64,
-                                                      TARGET_PROGRAMS_PER_SM=4,
-                                                      NUM_STAGES=2, block_n=64))
-        print(f"=== batch {batch}: base {base:.2f} us, best {best[0]:.2f} us {best[1]}", flush=True)
-        del q, caches
-        torch.cuda.empty_cache()
+    if a.grid:
+        grid = {k: [int(v) for v in vals.split(",")]
+                for k, vals in (item.split("=") for item in a.grid.split(";"))}
+    shipped = {name: getattr(da, name) for name in grid if name != "block_n"}
+    for kv_name in a.kv_dtype.split(","):
+        kv_dtype = FP8 if kv_name == "fp8" else torch.bfloat16
+        for batch in map(int, a.batches.split(",")):
+            x, kv_bytes = make(batch, kv_dtype)
+            rows = []
+            for values in itertools.product(*grid.values()):
+                cfg = dict(zip(grid, values))
+                for name, v in cfg.items():
+                    if name != "block_n":
+                        setattr(da, name, v or None if name == "MAX_REGISTERS" else v)
+                us = time_variant(x, cfg["block_n"], not a.no_rope)
+                rows.append((us, cfg))
+                print(f"{kv_name} batch {batch:4d} {us:8.2f} us  {kv_bytes / us / 1e6:6.2f} TB/s"
+                      f"  {cfg}", flush=True)
+            best = min(rows, key=lambda r: r[0])
+            print(f"=== {kv_name} batch {batch}: first {rows[0][0]:.2f} us "
+                  f"{kv_bytes / rows[0][0] / 1e6:.2f} TB/s, best {best[0]:.2f} us "
+                  f"{kv_bytes / best[0] / 1e6:.2f} TB/s {best[1]}", flush=True)
+            for name, v in shipped.items():
+                setattr(da, name, v)
+            del x
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
