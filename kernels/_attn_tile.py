@@ -39,15 +39,6 @@ def q_f16(q):
 
 
 @triton.jit
-def _e4m3_to_f16(b):
-    """Low byte of each int32 (e4m3 bits) -> its value as float16, exactly: the sign and
-    the 7 exponent/mantissa bits moved into float16's places give value * 2^-8 (also for
-    subnormals); * 256 is exact."""
-    bits = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.int16)
-    return bits.to(tl.float16, bitcast=True) * 256.0
-
-
-@triton.jit
 def load_v(v_head, row_v, kv_valid, offs_d, d_mask, stride_vd, HEAD_DIM: tl.constexpr,
            MASKED: tl.constexpr):
     """The V tile at rows row_v (element offsets from v_head) as stored; fp8 as int16
@@ -72,11 +63,13 @@ def load_v(v_head, row_v, kv_valid, offs_d, d_mask, stride_vd, HEAD_DIM: tl.cons
 
 @triton.jit
 def widen_v(v):
-    """load_v's tile in the dtype its dot takes: fp8's int16 pairs widened to float16 in
-    registers, other tiles as they are."""
+    """load_v's tile in the dtype its dot takes: fp8's int16 pairs split into their two
+    e4m3 bytes, converted to float16 (exact) and interleaved back in registers, other
+    tiles as they are."""
     if v.dtype == tl.int16:
-        w = v.to(tl.int32)
-        pairs = tl.join(_e4m3_to_f16(w), _e4m3_to_f16(w >> 8))       # [N, D/2, 2]
+        lo = v.to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        hi = (v >> 8).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        pairs = tl.join(lo, hi)       # [N, D/2, 2]
         return tl.reshape(pairs, [v.shape[0], 2 * v.shape[1]])
     else:
         return v

@@ -59,7 +59,7 @@ MIN_SPLIT_TOKENS = 128          # never split finer than this (by table width)
 DYNAMIC_MIN_TOKENS = 64         # each context split into ranges of at least this many tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
-MAX_REGISTERS = None            # per-thread register cap at launch (None: the compiler's)
+MAX_REGISTERS = 128             # per-thread register cap (maxnreg; None: the compiler's)
 MAX_SPLITS = 256
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
