@@ -127,7 +127,7 @@ def main():
                 for name, v in cfg.items():
                     if name != "block_n":
                         setattr(da, name, v or None if name == "MAX_REGISTERS" else v)
-                us = time_variant(x, cfg["block_n"], not a.no_rope)
+                us = time_variant(x, cfg.get("block_n"), not a.no_rope)
                 rows.append((us, cfg))
                 print(f"{kv_name} batch {batch:4d} {us:8.2f} us  {kv_bytes / us / 1e6:6.2f} TB/s"
                       f"  {cfg}", flush=True)
