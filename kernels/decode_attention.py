@@ -29,9 +29,13 @@ registers, so the result is bit-equal to the two-op path. Batch-1 graph replay 0
 0.693 ms (H100).
 
 FP8 KV (kernels/kv_quant.py): tiles are loaded as e4m3 (half the bytes of bf16) and
-converted to q's dtype in registers before each dot (kernels/_attn_tile.py); the KV
+take float16 dots (kernels/_attn_tile.py: K converted after its shared-memory load, V
+widened from int16 pairs in registers so no byte-wide shared reads remain); the KV
 head's K scale is folded into the score scale and its V scale into the output, so no
 tile is ever multiplied by a scale.
+
+Register cap: a launch whose (sequence, KV head) pairs fill the SMs compiles with
+maxnreg = MAX_REGISTERS (four programs a multiprocessor instead of two or three).
 
 CUDA-graph safety: the grid (num_splits) depends only on B, H_kv and block_tables.shape[1]
 (never on context_lens values); programs whose range starts past context_lens[b] return
@@ -59,7 +63,12 @@ MIN_SPLIT_TOKENS = 128          # never split finer than this (by table width)
 DYNAMIC_MIN_TOKENS = 64         # each context split into ranges of at least this many tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
-MAX_REGISTERS = 128             # per-thread register cap (maxnreg; None: the compiler's)
+# Register cap (maxnreg) of a launch whose (sequence, KV head) pairs fill the SMs: the
+# fused rotary launch takes 168 (bf16) / 208 (fp8) registers uncapped, 3 or 2 programs a
+# multiprocessor; at 128 four fit (the spills sit in the prologue) and batch 64 and 256
+# gain 15-27 %; at batch 1 the spills only add latency (5.8 -> 8.1 us a layer), so small
+# batches keep the compiler's choice (docs/KERNELS.md "Register cap").
+MAX_REGISTERS = 128
 MAX_SPLITS = 256
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
@@ -336,7 +345,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         MERGE_ALL=max(16, next_pow2(splits)), ROPE=_rope is not None, HALF=head_dim // 2,
         FP8=fp8,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
-        **({"maxnreg": MAX_REGISTERS} if MAX_REGISTERS else {}),
+        **({"maxnreg": MAX_REGISTERS}
+           if MAX_REGISTERS and batch * num_kv_heads >= num_sms(q.device) else {}),
     )
     return out
 

@@ -1,8 +1,9 @@
 """The decode attention kernel compiled for an H100 (sm_90) on any machine, no GPU needed
 (Triton's bundled ptxas and cuobjdump): its registers, spill stack and the count of
-each SASS opcode, at qwen3-0.6b's shape (8 KV heads x 2 query heads each x 128, pages of
-16, the engine's strides). What a kernel change does to loads, conversions and register
-pressure shows here before a device run (docs/KERNELS.md "FP8 tiles").
+each SASS opcode, at qwen3-0.6b's shape (8 KV heads x 2 query heads each x 128, pages
+of 16, the engine's strides, a wide launch's register cap). What a kernel change does
+to loads, conversions and register pressure shows here before a device run
+(docs/KERNELS.md "FP8 tiles").
 
     python scripts/kernel_sass.py --kv fp8 [--rope] [--block-n 64] [--stages 2]
     python scripts/kernel_sass.py --kv fp8 --json     # one JSON line (the tests read it)
