@@ -56,15 +56,15 @@ from engine.request import SamplingParams  # noqa: E402
 def stub_forward(engine: LLMEngine) -> None:
     """Every sample row gets token 7 at once (greedy, EOS ignored): no model runs."""
     def execute_model(batch):
-        engine.runner.forward_calls += 1
+        engine.executor.runner.forward_calls += 1
         return torch.full((batch.sample_rows.shape[0],), 7, dtype=torch.int64)
-    engine.runner.execute_model = execute_model
+    engine.executor.runner.execute_model = execute_model
 
 
 def stub_model_forward(engine: LLMEngine) -> None:
     """Keep the runner; the model's forward returns logits [rows, V] with token 7 on top
     (a slice of one preallocated tensor: the stub itself costs next to nothing)."""
-    model = engine.runner.model
+    model = engine.executor.runner.model
     logits = torch.zeros(max(engine.config.scheduler.max_num_batched_tokens, 1024),
                          engine.vocab_size, dtype=engine.dtype)
     logits[:, 7] = 1

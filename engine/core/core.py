@@ -2,8 +2,8 @@
 
 add(CoreRequest) -> step() repeatedly -> StepOutput (new token ids, finished requests).
 A step: Scheduler.schedule() -> StepPlan -> build_step_batch() -> StepBatch ->
-ModelRunner.execute() -> logits -> Sampler.sample() -> tokens -> update (append, finish
-by stop token / length, free blocks) -> stats, events. Text is the front's business
+Executor.execute_model() (the model side: engine/worker/executor/) -> tokens -> update
+(append, finish by stop token / length, free blocks) -> stats, events. Text is the front's business
 (engine/front/processor.py): the core sees token ids only.
 
 Async scheduling (the `async_scheduling` knob, vLLM V1's): every step is launched and
@@ -14,7 +14,7 @@ device), and only then reads the tokens. So the host's planning of step N+1 over
 the device's step N, prefill chunks and mixed steps included. A request that its token
 ends (EOS, stop) computes one more token in N+1, which is discarded.
 Under tensor parallelism too: every rank samples and keeps its samples on its device
-(engine/worker/distributed/executor.py), so a continuation needs nothing from rank 0's host
+(engine/worker/executor/tp.py), so a continuation needs nothing from rank 0's host
 but the batch it broadcasts anyway.
 """
 from __future__ import annotations
@@ -22,28 +22,24 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 
-import torch
-
 from engine.core.batch_builder import build_step_batch
 from engine.core.launched import Launched, commit_plan
 from engine.core.prompt_logprobs import take_prompt_logprobs
 from engine.core.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, SpeculativeConfig
-from engine.worker.distributed.executor import TPExecutor
-from engine.worker.device_io import HostCopyRing
 from engine.core.events import EventLog
 from engine.block_hash import stable_block_hash
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.host_tier import HostTier
 from engine.core.kv.kv_events import KVEventRecorder
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
-from engine.worker.placement import resolve_device, resolve_dtype
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.core.scheduler import Scheduler, StepPlan
+from engine.core.draft_proposer import DraftProposer
 from engine.core.spec_decode import SPEC_ASYNC_RUN, SpecDecoder
 from engine.core.structured import make_manager
-from engine.core.runner_setup import RunnerSetup, setup_runner
+from engine.worker.executor import Executor, build_executor
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
@@ -58,28 +54,24 @@ _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FIN
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        torch.manual_seed(config.seed)
-        self.tp_group = None                       # ranks 1..N-1 (engine/worker/distributed)
+        self.executor: Executor | None = None
         try:
-            self._build(config, setup_runner(config, self.device, self.dtype))
+            self.executor = build_executor(config)    # the model side: loads the model
+            self._build(config, self.executor)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, config: EngineConfig, setup: RunnerSetup) -> None:
-        loaded = setup.loaded
-        self.tp_group, self.backend = setup.tp_group, setup.backend
-        self.runner, self.sampler = setup.runner, setup.runner.sampler
-        self.model_name = loaded.name
-        self.tokenizer = loaded.tokenizer     # loaded with the model, for the front only
-        self.eos_token_ids = frozenset(loaded.eos_token_ids)
-        self.vocab_size = loaded.model.config.vocab_size
-        self.max_model_len = setup.max_model_len
+    def _build(self, config: EngineConfig, executor: Executor) -> None:
+        self.model_name, self.backend = executor.model_name, executor.backend
+        self.device, self.dtype = executor.device, executor.dtype    # (as the caller sees them)
+        self.tokenizer = executor.tokenizer     # loaded with the model, for the front only
+        self.eos_token_ids = frozenset(executor.eos_token_ids)
+        self.vocab_size = executor.vocab_size
+        self.max_model_len = executor.max_model_len
         self.counters = Counters()
         self.events = EventLog()
-        self.pool = BlockPool(setup.num_blocks, config.block_size, self.counters)
+        self.pool = BlockPool(executor.num_blocks, config.block_size, self.counters)
         # KV events (kv_events_config): a recorder, and hashes every process agrees on;
         # its sink (the publisher) is attached by whoever runs the engine
         self.kv_events: KVEventRecorder | None = None
@@ -88,36 +80,29 @@ class LLMEngine:
             self.pool.hash_fn = stable_block_hash
         self.clock = ServingClock()
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
-        host_kv = self.runner.host_kv             # the host tier (kv_offloading_size)
+        host_kv = executor.host_kv                # the host tier (kv_offloading_size)
         self.host = host_kv and HostTier(host_kv.num_blocks, self.pool, host_kv.bytes_per_block
                                          * config.tensor_parallel_size, self.counters)
         if self.host:
-            self.host.timer = lambda: self.runner.kv_copy_seconds()
+            self.host.timer = executor.kv_copy_seconds
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters, self.host)
         self.scheduler.max_model_len = self.max_model_len
         self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
-                                self.scheduler, self.counters, config.seed, setup.draft)
+                                self.scheduler, self.counters, config.seed,
+                                executor.draft and DraftProposer(executor.draft))
         self.scheduler.drafter = self.spec.schedule_drafts
         self.structured = make_manager(config, self.tokenizer, self.vocab_size,
-                                       tuple(loaded.eos_token_ids),
-                                       self.device.type == "cuda", self.counters)
+                                       executor.eos_token_ids,
+                                       executor.device_type == "cuda", self.counters)
         self.spec.check_drafts = self.structured.validate_drafts
         self.async_scheduling_enabled = config.async_scheduling
-        self._tp_executor = TPExecutor(self.tp_group, self.runner) if self.tp_group else None
         self.stats = StatsRecorder(self.counters)
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
         self._chained = 0          # steps launched in a row before their previous one's
         #                            tokens were read, while speculating (_may_chain)
-        self._host_copies = HostCopyRing()         # the sampled tokens' way to the host
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
-
-    @property
-    def executor(self):
-        """What runs a step: the runner itself (TP=1; looked up each time, so a test may
-        swap it), or the TPExecutor that also sends the batch to ranks 1..N-1."""
-        return self._tp_executor or self.runner
 
     # -- knobs and requests --------------------------------------------------------------
     @property
@@ -288,24 +273,22 @@ class LLMEngine:
             if self.structured.active else None
         if grammar is not None:
             batch = dataclasses.replace(batch, grammar=grammar.mask)
-        tokens = self.executor.execute_model(batch)    # None: sampled once masked
-        # start the copy to the host now: a later .tolist() would be ordered behind (and
-        # wait for) the next step, which is launched before these tokens are read
-        return Launched(plan, batch, requests, [r.admit_seq for r in requests],
-                        None if tokens is None else self._host_copies.start(tokens), t0,
-                        None if tokens is None else self.runner.take_logprobs(batch),
-                        take_prompt_logprobs(self.runner, plan), grammar)
+        ex = self.executor
+        tokens = ex.execute_model(batch)     # copying to the host; None: sampled once masked
+        return Launched(plan, batch, requests, [r.admit_seq for r in requests], tokens, t0,
+                        None if tokens is None else ex.take_logprobs(batch),
+                        take_prompt_logprobs(ex, plan), grammar)
 
     def _sample_deferred(self, launched: Launched) -> None:
         """Structured outputs under async scheduling: the step's forward ran while the
         previous step's tokens were read and its matchers advanced; now its mask is
         filled and its sampling queued (vLLM V1's deferred grammar bitmask)."""
-        tokens = self.runner.sample_deferred(self.structured.fill(launched.grammar))
-        launched.host_tokens = self._host_copies.start(tokens)
-        launched.logprobs = self.runner.take_logprobs(launched.batch)
+        ex = self.executor
+        launched.host_tokens = ex.sample_deferred(self.structured.fill(launched.grammar))
+        launched.logprobs = ex.take_logprobs(launched.batch)
         for req in launched.requests:     # ended meanwhile: drop the sampler state its
             if req.request_id not in self.requests:   # row just made again
-                self.runner.release(req.request_id)
+                ex.release(req.request_id)
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
@@ -316,8 +299,8 @@ class LLMEngine:
         try:
             self._commit(prev.plan)
             if chain and self.async_scheduling and self._may_chain(prev.plan) \
-                    and not (self._tp_executor is not None and prev.grammar is not None):
-                failed = self._launch_next(prev)    # (TP: a mask goes with the batch)
+                    and (self.executor.defers_sampling or prev.grammar is None):
+                failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails
             plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
@@ -440,15 +423,13 @@ class LLMEngine:
             self.kv_events.flush()
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (if any); the runner's CUDA graphs go first
-        (they may hold the NCCL communicator the group's teardown waits for)."""
+        """Stop the grammar compiles and close the executor (its CUDA graphs, the
+        tensor-parallel workers); idempotent."""
         if getattr(self, "structured", None) is not None:
             self.structured.close()
-        if self.tp_group is not None:
-            # after a rank died, syncing the device could wait on a collective forever
-            if getattr(self, "runner", None) is not None and self.tp_group.error is None:
-                self.runner.close()
-            self.tp_group.shutdown()
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.close()
 
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())

@@ -26,23 +26,10 @@ from itertools import chain
 
 import numpy as np
 
-from engine.config import MAX_SPECULATIVE_TOKENS, EngineConfig, SpeculativeConfig
+from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from engine.core.ngram_proposer import TokenArrays, propose_ngram
 from engine.core.scheduler import StepPlan, VerifyChunk
 from engine.request import TRACE_TOKENS, RequestStatus, append_sampled
-
-
-def verify_rows(config: EngineConfig) -> int:
-    """Decode rows of the widest verify step of the k the engine starts with (every
-    running request with k drafts, the drafts within the token budget): the CUDA graphs
-    capture verify steps up to that many rows (capped by the largest decode bucket); 0
-    when it starts without speculation (a k or budget set larger live runs the mixed
-    graphs or eagerly)."""
-    sched = config.scheduler
-    if not sched.num_speculative_tokens:
-        return 0
-    return min(sched.max_num_seqs * (1 + sched.num_speculative_tokens),
-               max(sched.max_num_seqs, sched.max_num_batched_tokens))
 
 
 def _until_end(req, tokens: list[int]) -> list[int]:

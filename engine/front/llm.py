@@ -56,9 +56,7 @@ class LLM:
         if engine is None:
             return
         try:
-            engine.close()               # workers and process group (TP), graphs first
-            if engine.tp_group is None and getattr(engine, "runner", None) is not None:
-                engine.runner.close()    # TP=1: the CUDA graphs
+            engine.close()               # its executor: graphs, workers and process group
         finally:
             self.inputs = self.outputs = None
             del engine

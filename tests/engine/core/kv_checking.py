@@ -186,12 +186,12 @@ def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, **knobs)
                                 num_blocks=num_blocks, block_size=block_size,
                                 max_model_len=MAX_MODEL_LEN, check_invariants=True, **knobs))
     assert (eng.host.num_blocks if eng.host else 0) == host_blocks
-    eng.runner = KVCheckingRunner(eng.pool, host=eng.host)
+    eng.executor.runner = KVCheckingRunner(eng.pool, host=eng.host)
     return eng
 
 
 def check_all(eng: LLMEngine) -> None:
-    assert not eng.runner.violations, eng.runner.violations[0]
+    assert not eng.executor.runner.violations, eng.executor.runner.violations[0]
     assert eng.stats.last_error is None, eng.stats.last_error
     pool, sched = eng.pool, eng.scheduler
     pool.check(sched.block_tables())
@@ -213,4 +213,4 @@ def check_all(eng: LLMEngine) -> None:
     if eng.host is not None:                 # both tiers: no block lost or owned twice
         eng.host.check([r for r in sched.waiting if r.swap is not None])
         assert not any(r.swap is not None for r in sched.running)
-    eng.runner.check_index()
+    eng.executor.runner.check_index()

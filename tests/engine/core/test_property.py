@@ -199,7 +199,7 @@ class EngineMachine(RuleBasedStateMachine):
         if eng is None:
             return
         # (teardown also runs after a failed rule: repeat the root cause, not a symptom)
-        assert not eng.runner.violations, eng.runner.violations[0]
+        assert not eng.executor.runner.violations, eng.executor.runner.violations[0]
         assert eng.stats.last_error is None, eng.stats.last_error
         # everything drains: no livelock, whatever the knobs were left at
         limit = 20 + 4 * sum(MAX_MODEL_LEN for _ in eng.requests) * max(

@@ -298,7 +298,7 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine(mixed_tokens)
     with LLM(**kw) as llm:
         want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
     with LLM(num_speculative_tokens=3, **kw) as llm:
-        runner = llm.engine.runner
+        runner = llm.engine.executor.runner
         names = [n for n in dir(reference) if not n.startswith("_")
                  and callable(getattr(reference, n))]
         ops = SimpleNamespace(**{**{n: getattr(reference, n) for n in names},

@@ -47,10 +47,10 @@ def test_ngram_speculation_keeps_greedy_tokens_with_graphs(reference):
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
             "prompt_lookup_max": 3}
     with LLM(speculative_config=spec, **KW) as llm:
-        assert llm.engine.runner.graphs.use_graphs
+        assert llm.engine.executor.runner.graphs.use_graphs
         got = _run(llm, prompts)
         c = llm.engine.counters
-        replays = dict(llm.engine.runner.graphs.replays)
+        replays = dict(llm.engine.executor.runner.graphs.replays)
     assert got == want
     assert c.spec_decode_num_draft_tokens > 0 and replays["verify"] > 0 and replays["mixed"] > 0
 
@@ -62,7 +62,7 @@ def test_oracle_drafts_all_accepted_with_graphs(reference, tmp_path):
     spec = {"method": "oracle", "num_speculative_tokens": 4, "oracle_acceptance": 1.0,
             "oracle_references": str(refs)}
     with LLM(speculative_config=spec, **KW) as llm:
-        graphs = llm.engine.runner.graphs
+        graphs = llm.engine.executor.runner.graphs
         assert graphs.verify_buckets[-1] >= KW["max_num_seqs"] * 5   # every verify step fits
         got = _run(llm, prompts)
         c = llm.engine.counters
