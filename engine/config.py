@@ -288,7 +288,7 @@ class EngineConfig:
               "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, "
               "\"prompt_lookup_max\": 4}'. Methods: ngram (prompt lookup), draft_model "
               "(alias draft; \"model\": a smaller checkpoint with the target's vocabulary, "
-              "default on the bundled model: its bundled draft), oracle (benchmarks only). "
+              "default on the bundled model: its bundled draft). "
               "docs/SPECULATIVE.md; off by default.", check=SpeculativeConfig.parse)
     structured_outputs_config: StructuredOutputsConfig | dict | str | None = _knob(
         None, "Structured outputs as vLLM's JSON, e.g. '{\"backend\": \"guidance\", "

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
 
-# oracle: benchmarks only; draft_model (alias "draft"): a smaller model (docs/SPECULATIVE.md)
-SPECULATIVE_METHODS = ("ngram", "draft_model", "oracle")
+# draft_model (alias "draft"): a smaller model (docs/SPECULATIVE.md); other proposers
+# are handed to the Python API (LLMEngine / LLM `proposer=`), never named here
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 SPECULATIVE_ALIASES = {"draft": "draft_model"}
 MAX_SPECULATIVE_TOKENS = 16
 KV_EVENT_PUBLISHERS = ("null", "zmq")
@@ -19,14 +20,14 @@ KV_EVENT_PUBLISHERS = ("null", "zmq")
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's speculative_config (its field names): how drafts are proposed. Fixed at
-    start; the live knob SchedulerConfig.num_speculative_tokens turns speculation on and
-    off and sets k (docs/SPECULATIVE.md)."""
+    start; the live knob SchedulerConfig.num_speculative_tokens, k's one home, turns
+    speculation on and off and sets k (docs/SPECULATIVE.md)."""
     method: str = "ngram"
+    # the JSON's k: EngineConfig folds it into the live knob as its start value, and the
+    # engine reads k from the knob only
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 1      # n-gram sizes matched, longest first
     prompt_lookup_max: int = 4
-    oracle_acceptance: float = 1.0  # method oracle: chance that a draft is the target's token
-    oracle_references: str | None = None   # method oracle: JSON file of the target's outputs
     # method draft_model: the draft's checkpoint (same vocabulary as the target); None on
     # the bundled default target: the bundled draft (engine/assets/shakespeare-draft)
     model: str | None = None
@@ -51,13 +52,6 @@ class SpeculativeConfig:
                 or not 1 <= lo <= hi <= 64:
             raise InvalidRequestError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, "
                                       f"got {lo!r}, {hi!r}")
-        p = self.oracle_acceptance
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise InvalidRequestError(f"oracle_acceptance must be a number in [0, 1], got "
-                                      f"{p!r:.60}")
-        if self.oracle_references is not None and not isinstance(self.oracle_references, str):
-            raise InvalidRequestError(f"oracle_references must be a file path (a string), "
-                                      f"got {self.oracle_references!r:.60}")
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise InvalidRequestError(f"speculative_config model must be a non-empty string, "
                                       f"got {self.model!r}")

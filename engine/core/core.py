@@ -36,8 +36,7 @@ from engine.core.kv.kv_events import KVEventRecorder
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
 from engine.core.scheduler import Scheduler, StepPlan
-from engine.core.draft_proposer import DraftProposer
-from engine.core.spec_decode import SPEC_ASYNC_RUN, SpecDecoder
+from engine.core.spec_decode import SPEC_ASYNC_RUN, Proposer, SpecDecoder, make_proposer
 from engine.core.structured import make_manager
 from engine.worker.executor import Executor, build_executor
 from engine.core.kv.counters import Counters
@@ -52,17 +51,20 @@ _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FIN
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, proposer: Proposer | None = None):
+        """proposer: where speculative drafts come from instead of the configured method's
+        (the Python API's extension point: docs/SPECULATIVE.md "Proposers")."""
         self.config = config
         self.executor: Executor | None = None
         try:
             self.executor = build_executor(config)    # the model side: loads the model
-            self._build(config, self.executor)
+            self._build(config, self.executor, proposer)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, config: EngineConfig, executor: Executor) -> None:
+    def _build(self, config: EngineConfig, executor: Executor,
+               proposer: Proposer | None) -> None:
         self.model_name, self.backend = executor.model_name, executor.backend
         self.device, self.dtype = executor.device, executor.dtype    # (as the caller sees them)
         self.tokenizer = executor.tokenizer     # loaded with the model, for the front only
@@ -87,9 +89,9 @@ class LLMEngine:
             self.host.timer = executor.kv_copy_seconds
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters, self.host)
         self.scheduler.max_model_len = self.max_model_len
-        self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
-                                self.scheduler, self.counters, config.seed,
-                                executor.draft and DraftProposer(executor.draft))
+        self.spec = SpecDecoder(proposer or make_proposer(
+            config.speculative_config or SpeculativeConfig(), executor.draft),
+            self.scheduler, self.counters)
         self.scheduler.drafter = self.spec.schedule_drafts
         self.structured = make_manager(config, self.tokenizer, self.vocab_size,
                                        executor.eos_token_ids,

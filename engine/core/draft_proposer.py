@@ -82,6 +82,7 @@ class DraftProposer:
     """The Proposer of method draft_model (engine/core/spec_decode.py), over the
     executor's draft runner (engine/worker/draft_runner.py: its extend, decode_chain,
     max_model_len, block_size and num_blocks)."""
+    method = "draft_model"
 
     def __init__(self, runner):
         self.runner = runner

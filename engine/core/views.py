@@ -75,7 +75,7 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         peak_used_blocks=st.peak_used_blocks, backend=engine.backend,
         tensor_parallel_size=engine.config.tensor_parallel_size,
         kv_bytes_per_rank=ex.kv_bytes_per_rank, max_model_len=engine.max_model_len,
-        forward_calls=ex.forward_calls, spec_method=engine.spec.config.method,
+        forward_calls=ex.forward_calls, spec_method=engine.spec.method,
         logprobs_mode=engine.config.logprobs_mode, kv_cache_dtype=engine.config.kv_cache_dtype,
         recent_ttft_parts=tuple(st.recent_ttft_parts), traces=st.traces(),
         **host_view(engine.host))

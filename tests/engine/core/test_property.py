@@ -69,8 +69,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.eng = make_engine(num_blocks, block_size, host_blocks=host,
                                enable_prefix_caching=caching, preemption_mode=preemption,
                                max_num_batched_tokens=budget, max_num_seqs=seqs,
-                               async_scheduling=async_, num_speculative_tokens=k)
-        self.eng.spec.propose_batch = OracleDrafter(accept, seed)
+                               async_scheduling=async_, num_speculative_tokens=k,
+                               proposer=OracleDrafter(accept, seed))
 
     # -- requests ---------------------------------------------------------------------------
     def _submit(self, prompt, max_tokens, ignore_eos, data, stops=None):

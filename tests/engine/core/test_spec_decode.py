@@ -12,6 +12,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.oracle import OracleProposer
 from engine import LLM, SamplingParams
 from engine.codes import EV_SPEC_VERIFY
 from engine.config import InvalidRequestError, SpeculativeConfig, make_config
@@ -233,18 +234,16 @@ def test_bench_reports_acceptance(tmp_path, capsys):
 
 @pytest.mark.parametrize("p", [1.0, 0.0])
 def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
-    """Benchmarks only: the target's own greedy outputs as drafts, kept with probability p."""
-    import json
+    """The benchmarks' oracle (benchmarks/oracle.py), handed to LLM as its proposer: the
+    target's own greedy outputs as drafts, kept with probability p."""
     prompts = PROMPTS[4:7]
     with LLM(**KW) as llm:
         ids = [llm.tokenizer.encode(t) for t in prompts]
         want = [list(o.outputs[0].token_ids) for o in llm.generate(
             [{"prompt_token_ids": i} for i in ids], GREEDY)]
-    refs = tmp_path / "refs.json"
-    refs.write_text(json.dumps([[i, w] for i, w in zip(ids, want)]))
-    spec = {"method": "oracle", "num_speculative_tokens": 3, "oracle_acceptance": p,
-            "oracle_references": str(refs)}
-    with LLM(speculative_config=spec, **KW) as llm:
+    oracle = OracleProposer(zip(ids, want), p)
+    with LLM(num_speculative_tokens=3, proposer=oracle, **KW) as llm:
+        assert llm.engine.snapshot().spec_method == "oracle"
         got = [list(o.outputs[0].token_ids) for o in llm.generate(
             [{"prompt_token_ids": i} for i in ids], GREEDY)]
         c = llm.engine.counters
