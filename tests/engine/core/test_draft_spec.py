@@ -227,7 +227,7 @@ def test_a_draft_equal_to_the_target_has_every_draft_accepted():
     its greedy drafts are the target's greedy tokens."""
     spec = {"method": "draft", "model": str(DEFAULT_MODEL_DIR), "num_speculative_tokens": 3}
     # synchronous steps: async scheduling runs a request's first decodes without drafts
-    # (engine/core/core.py _may_chain), and this test counts every proposal
+    # (engine/core/async_steps.py _may_chain), and this test counts every proposal
     with LLM(speculative_config=spec, async_scheduling=False, **KW) as llm:
         llm.generate(PROMPTS[:4], SamplingParams(max_tokens=24, temperature=0,
                                                  ignore_eos=True))

@@ -338,7 +338,7 @@ def test_stops_inside_an_accepted_run_end_the_request_there():
         want = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
                 for o in llm.generate(prompts, params)]
     # synchronous steps: every step proposes, so where drafts are accepted does not
-    # depend on which steps async scheduling ran ahead (engine/core/core.py _may_chain)
+    # depend on which steps async scheduling ran ahead (engine/core/async_steps.py _may_chain)
     client = EngineClient(label="spec-sync", snapshots=False, speculative_config=SPEC,
                           async_scheduling=False, **KW)
     try:
