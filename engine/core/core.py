@@ -303,9 +303,8 @@ class LLMEngine(AsyncSteps, StepFaults):
         tensor-parallel workers); idempotent."""
         if getattr(self, "structured", None) is not None:
             self.structured.close()
-        executor, self.executor = self.executor, None
-        if executor is not None:
-            executor.close()
+        if self.executor is not None:
+            self.executor.close()
 
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())
