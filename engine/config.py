@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config_json import (  # noqa: F401  (defined there, re-exported: one owner)
-    KV_EVENT_PUBLISHERS, MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES, SPECULATIVE_METHODS,
-    STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig, StructuredOutputsConfig,
-    check_type)
+    DEFAULT_SPECULATIVE_TOKENS, KV_EVENT_PUBLISHERS, MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES,
+    SPECULATIVE_METHODS, STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig,
+    StructuredOutputsConfig, check_type, split_speculative_config)
 from engine.errors import InvalidRequestError
 from engine.scheduler_config import (  # noqa: F401  (defined there, re-exported: one owner)
     EVICTION_POLICIES, KNOB_MAXIMUM, PREEMPTION_MODES, SCHEDULING_MODES, SCHEDULING_POLICIES,
@@ -179,15 +179,16 @@ class EngineConfig:
         object.__setattr__(self, "kv_events_config",
                            KVEventsConfig.parse(self.kv_events_config))
         self._check_data_parallel()
-        spec = SpeculativeConfig.parse(self.speculative_config)
+        spec, k = split_speculative_config(self.speculative_config)
         if spec is not None and spec.method == "draft_model":
             spec = self._draft_model_config(spec)
         object.__setattr__(self, "speculative_config", spec)
         object.__setattr__(self, "structured_outputs_config",
                            StructuredOutputsConfig.parse(self.structured_outputs_config))
         if spec is not None and self.scheduler.num_speculative_tokens == 0:
+            # the JSON's k starts the live knob (k's one home) unless the knob is given
             object.__setattr__(self, "scheduler", self.scheduler.replace(
-                num_speculative_tokens=spec.num_speculative_tokens))
+                num_speculative_tokens=k or DEFAULT_SPECULATIVE_TOKENS))
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise InvalidRequestError(f"block_size must be an integer >= 1, got {self.block_size!r}")
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int)

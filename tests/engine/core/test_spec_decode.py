@@ -203,8 +203,13 @@ def test_ngram_proposer_takes_the_longest_recent_match():
 def test_config_vllm_json_and_live_knob():
     cfg = make_config(speculative_config='{"method": "ngram", "num_speculative_tokens": 5, '
                                          '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
-    assert cfg.speculative_config == SpeculativeConfig("ngram", 5, 2, 4)
-    assert cfg.scheduler.num_speculative_tokens == 5       # on from the start
+    assert cfg.speculative_config == SpeculativeConfig("ngram", 2, 4)
+    assert cfg.scheduler.num_speculative_tokens == 5       # on from the start: k's one home
+    assert not hasattr(cfg.speculative_config, "num_speculative_tokens")
+    assert make_config(speculative_config={"method": "ngram"}).scheduler \
+        .num_speculative_tokens == 3                        # vLLM's JSON without k
+    assert make_config(speculative_config={"num_speculative_tokens": 5},
+                       num_speculative_tokens=2).scheduler.num_speculative_tokens == 2
     assert make_config().scheduler.num_speculative_tokens == 0   # off by default
     for bad in ('{"method": "eagle"}', '{"num_speculative_tokens": 0}', "not json",
                 '{"prompt_lookup_min": 4, "prompt_lookup_max": 2}', '{"k": 1}'):
