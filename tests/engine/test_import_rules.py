@@ -23,7 +23,10 @@ ALLOWED = {     # side -> the sides it may import (itself always)
     "core": {TOP, "worker"},
     "worker": {TOP},
 }
-FOREIGN = ("textual", "rich", "fastapi", "uvicorn", "starlette", "roseplay")
+# UI and server packages, and the test and benchmark hooks (benchmarks/: handed to the
+# engine through its Python API, never imported by it)
+FOREIGN = ("textual", "rich", "fastapi", "uvicorn", "starlette", "roseplay", "benchmarks",
+           "tests")
 FACADE = "engine"   # engine/__init__.py: the public API, which loads LLM etc. lazily
 # the core runs the model through the Executor (engine/worker/executor/) and hands it
 # plain data; it never touches a tensor or a kernel itself
