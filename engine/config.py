@@ -1,56 +1,40 @@
 """Every knob of the engine, defined once.
 
-`SchedulerConfig` holds the live knobs (changeable from any thread while the engine
-runs, effective at the next step); `EngineConfig` holds what is fixed at start. Each
-field carries its help text in `metadata["help"]` (a choice-valued live knob also its
-`choices` and a paragraph in `metadata["explain"]` for the help screen); the CLI builds
-its flags from these fields and the TUI reads the live ones, so a knob is never
-described twice. A field whose text needs more than a type (`speculative_config`'s JSON)
-names its parser in `metadata["check"]`, so a bad flag value is refused by the flag's
-own parser (exit status 2) in every command.
-
-Who holds the live knobs (docs/ARCHITECTURE.md's front and core): the core's Scheduler
-holds the ones in force (`Scheduler.knobs`; setting it also sets the block pool's
-eviction policy, the one place that happens). A change enters the core only between
-steps, through EngineCore.set_knobs (the core loop queues one that arrives mid-step).
-The front's copies (EngineLoop.knobs, EngineClient.knobs) are the last value a caller
-asked for, shown to viewers; they are never written back into the core.
+`SchedulerConfig` (engine/scheduler_config.py, re-exported here) holds the live knobs
+(changeable from any thread while the engine runs, effective at the next step);
+`EngineConfig` holds what is fixed at start; engine/config_json.py the configs given as
+vLLM's JSON. Each field carries its help text in `metadata["help"]` (a choice-valued
+live knob also its `choices` and a paragraph in `metadata["explain"]` for the help
+screen); the CLI builds its flags from these fields and the TUI reads the live ones, so
+a knob is never described twice. A field whose text needs more than a type
+(`speculative_config`'s JSON) names its parser in `metadata["check"]`, so a bad flag
+value is refused by the flag's own parser (exit status 2) in every command. Import them
+all from here.
 """
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
 from engine.config_json import (  # noqa: F401  (defined there, re-exported: one owner)
-    KV_EVENT_PUBLISHERS, MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES, SPECULATIVE_METHODS,
-    STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig, StructuredOutputsConfig,
-    check_type)
+    DEFAULT_SPECULATIVE_TOKENS, KV_EVENT_PUBLISHERS, MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES,
+    SPECULATIVE_METHODS, STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig,
+    StructuredOutputsConfig, check_type, split_speculative_config)
 from engine.errors import InvalidRequestError
-
-
-def _knob(default, help: str, **extra):
-    return field(default=default, metadata={"help": help, **extra})
+from engine.scheduler_config import (  # noqa: F401  (defined there, re-exported: one owner)
+    EVICTION_POLICIES, KNOB_MAXIMUM, PREEMPTION_MODES, SCHEDULING_MODES, SCHEDULING_POLICIES,
+    KnobChanges, SchedulerConfig, changed_knobs, check_choices, knob_changes, knob_field)
 
 
 DEFAULT_MODEL = "default"
 # the bundled draft for the bundled model (speculative_config method draft_model)
 DEFAULT_DRAFT_MODEL = str(Path(__file__).resolve().parent / "assets" / "shakespeare-draft")
-# upper bounds of the live knobs: far above what any pool here fills (a limit above what
-# the pool can hold just never binds), but 10**30 from a client is refused
-KNOB_MAXIMUM = {"max_num_batched_tokens": 1 << 20, "max_num_seqs": 1 << 16}
 # max_model_len when none is given: the model's, at most this (a 128k-context model
 # would otherwise size every block table and decode graph for 128k tokens)
 DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_CPU_BLOCKS = 2048      # the KV pool on CPU when num_blocks is not given
 MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in practice)
-SCHEDULING_MODES = ("budget", "prefill-first", "mixed-chunk")
-SCHEDULING_POLICIES = ("fcfs", "priority", "lpm")
-EVICTION_POLICIES = ("lru", "lfu")
-PREEMPTION_MODES = ("recompute", "swap")
 MAX_KV_OFFLOADING_GIB = 1 << 20    # kv_offloading_size: beyond any host's memory
 # vLLM's logprobs_mode values; the first is roseplay's default (docs/SAMPLING.md)
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
@@ -74,248 +58,119 @@ def check_priority(priority) -> int:
     return priority
 
 
-def check_choices(config) -> None:
-    """Every field with `choices` in its metadata holds one of them."""
-    for f in dataclasses.fields(config):
-        choices = f.metadata.get("choices")
-        if choices and getattr(config, f.name) not in choices:
-            raise InvalidRequestError(f"{f.name} must be one of {', '.join(choices)}, "
-                                      f"got {getattr(config, f.name)!r}")
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Live knobs: swap the whole object atomically to change them."""
-
-    enable_prefix_caching: bool = _knob(
-        True, "Reuse KV blocks of identical prompt prefixes (and prefill identical "
-              "prompts once). Turning it off stops lookups and inserts; cached blocks "
-              "stay evictable.", live=True)
-    max_num_batched_tokens: int = _knob(
-        512, "Token budget of one forward: one token per running decode, the rest to "
-             "prefill chunks in FIFO order (the chunked-prefill size).", live=True,
-        minimum=1, step=64)
-    max_num_seqs: int = _knob(
-        64, "Most requests admitted (running) at once.", live=True, minimum=1, step=8)
-    scheduling_mode: str = _knob(
-        "budget", "What one step holds: budget (decodes + prefill chunks under one token "
-                  "budget, vLLM V1), prefill-first (all prefill or all decode, nano-vllm), "
-                  "mixed-chunk (every decode rides along a prefill step, SGLang "
-                  "--enable-mixed-chunk).", live=True, choices=SCHEDULING_MODES,
-        explain="budget: each step first gives one token to every running decode, then "
-                "spends what is left of max_num_batched_tokens on prefill chunks (vLLM V1's "
-                "chunked prefill); more decodes than the budget take turns. prefill-first: "
-                "a step is all prefill whenever some prompt work can be scheduled, and all "
-                "decode otherwise (nano-vllm, and SGLang without mixed chunks): prompts start "
-                "sooner (better TTFT) while every running decode stalls for the prefill "
-                "steps (ITL spikes). mixed-chunk: SGLang's --enable-mixed-chunk: every "
-                "running decode is in every step, never capped by the budget, and prefill "
-                "chunks get the budget minus the decodes (nothing when decodes use it all); "
-                "unlike budget, a step can exceed max_num_batched_tokens when many requests "
-                "decode, and decodes never wait for their turn.")
-    scheduling_policy: str = _knob(
-        "fcfs", "Queue order of admission: fcfs (arrival), priority (lower value first, "
-                "preempts the lowest priority; vLLM), lpm (longest cached prefix first; "
-                "SGLang).", live=True, choices=SCHEDULING_POLICIES,
-        explain="fcfs: waiting requests are admitted in arrival order and the newest "
-                "running request is preempted when blocks run out (vLLM's default). "
-                "priority: each request's priority (an integer, lower first; 0 by default) "
-                "orders the queue, ties by arrival, and preemption takes the running request "
-                "with the largest value, latest arrival (vLLM's --scheduling-policy "
-                "priority). lpm: longest prefix match (SGLang's --schedule-policy lpm): the "
-                "waiting request with the most prompt blocks already in the prefix cache is "
-                "admitted first, so cached blocks are reused before they are evicted; with "
-                "more than 128 waiting (the matching costs time) or prefix caching off it is "
-                "fcfs, as in SGLang.")
-    eviction_policy: str = _knob(
-        "lru", "Which cached prefix block an allocation evicts: lru (least recently "
-               "released, vLLM) or lfu (fewest prefix hits, then least recent; SGLang "
-               "--radix-eviction-policy lfu).", live=True, choices=EVICTION_POLICIES,
-        explain="lru: blocks that no request holds stay cached in the order they were "
-                "released (a request's tail blocks first) and the oldest is reused first "
-                "(vLLM's free block queue). lfu: the block with the fewest prefix-cache hits "
-                "goes first, ties by release order (SGLang's --radix-eviction-policy lfu). A "
-                "system prompt hit by every request survives a burst of one-off prompts under "
-                "lfu but not under lru (scan resistance); under lfu an old block with many "
-                "hits can also outstay its use (cache pollution).")
-
-    preemption_mode: str = _knob(
-        "recompute", "What a preempted request's KV becomes: recompute (freed, recomputed "
-                     "on re-admission) or swap (copied to the host tier, kv_offloading_size, "
-                     "and copied back on re-admission; a full or absent host tier recomputes "
-                     "and says so in the event log). docs/KV_TIERS.md.", live=True,
-        choices=PREEMPTION_MODES,
-        explain="recompute: a preempted request's blocks are freed and its tokens are "
-                "computed again when it is re-admitted (vLLM V1's only mode). swap: its "
-                "blocks are copied to the host tier before they are freed and copied back "
-                "when it is re-admitted, so it resumes where it stopped (vLLM V0's "
-                "preemption_mode=swap); where the host tier is off or cannot take every "
-                "block, it recomputes and the event log says so (swap_fallback).")
-
-    num_speculative_tokens: int = _knob(
-        0, "Draft tokens proposed per decoding request per step and verified in one forward "
-           "(speculative decoding, docs/SPECULATIVE.md); 0: off. Starts at "
-           "speculative_config's num_speculative_tokens.", live=True, minimum=0, step=1)
-
-    def __post_init__(self):
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise InvalidRequestError(f"num_speculative_tokens must be an integer in "
-                                      f"[0, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
-        for f, top in KNOB_MAXIMUM.items():
-            value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise InvalidRequestError(f"{f} must be an integer in [1, {top}], got {value!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise InvalidRequestError(
-                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
-        check_choices(self)
-
-    def replace(self, **changes) -> "SchedulerConfig":
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise InvalidRequestError(f"unknown knob(s): {', '.join(sorted(unknown))}")
-        return dataclasses.replace(self, **changes)
-
-
-def _changes_struct(cls) -> type[msgspec.Struct]:
-    """A typed message of some of `cls`'s fields (each UNSET unless changed), built from
-    the dataclass itself so a knob is declared once: decoding it checks every value's
-    type and refuses unknown names."""
-    hints = typing.get_type_hints(cls)
-    fields = [(f.name, hints[f.name] | msgspec.UnsetType, msgspec.UNSET)
-              for f in dataclasses.fields(cls)]
-    return msgspec.defstruct(f"{cls.__name__}Changes", fields, frozen=True,
-                             omit_defaults=True, forbid_unknown_fields=True, module=__name__)
-
-
-KnobChanges = _changes_struct(SchedulerConfig)
-
-
-def knob_changes(**changes) -> KnobChanges:
-    """Changed live knobs as the typed message (unknown names refused)."""
-    unknown = set(changes) - set(KnobChanges.__struct_fields__)
-    if unknown:
-        raise InvalidRequestError(f"unknown knob(s): {', '.join(sorted(unknown))}")
-    return KnobChanges(**changes)
-
-
-def changed_knobs(changes: KnobChanges) -> dict:
-    """The fields a KnobChanges sets, as keyword arguments for SchedulerConfig.replace."""
-    return {k: v for k, v in msgspec.structs.asdict(changes).items() if v is not msgspec.UNSET}
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     """Fixed at start."""
 
-    model: str = _knob(DEFAULT_MODEL, "Model: 'default' (bundled Shakespeare model), an HF "
-                                      "checkpoint directory or hub id, or dummy:<preset>.")
-    device: str = _knob("auto", "auto (CUDA if present, else CPU), cpu, or cuda.",
-                        choices=("auto", "cpu", "cuda"))
-    dtype: str = _knob("auto", "Weights and KV dtype: auto (bfloat16 on CUDA, float32 on CPU).",
-                       choices=("auto", "float32", "float16", "bfloat16"))
-    block_size: int = _knob(16, "Tokens per KV block.", minimum=1)
-    num_blocks: int | None = _knob(None, "KV blocks in the pool (default: from "
-                                         "gpu_memory_utilization on CUDA, the bytes of "
-                                         f"{DEFAULT_CPU_BLOCKS} blocks in the model's dtype "
-                                         "on CPU: more with kv_cache_dtype fp8).")
-    kv_cache_dtype: str = _knob(
+    model: str = knob_field(DEFAULT_MODEL, "Model: 'default' (bundled Shakespeare model), an HF "
+                                           "checkpoint directory or hub id, or dummy:<preset>.")
+    device: str = knob_field("auto", "auto (CUDA if present, else CPU), cpu, or cuda.",
+                             choices=("auto", "cpu", "cuda"))
+    dtype: str = knob_field(
+        "auto", "Weights and KV dtype: auto (bfloat16 on CUDA, float32 on CPU).",
+        choices=("auto", "float32", "float16", "bfloat16"))
+    block_size: int = knob_field(16, "Tokens per KV block.", minimum=1)
+    num_blocks: int | None = knob_field(None, "KV blocks in the pool (default: from "
+                                              "gpu_memory_utilization on CUDA, the bytes of "
+                                              f"{DEFAULT_CPU_BLOCKS} blocks in the model's dtype "
+                                              "on CPU: more with kv_cache_dtype fp8).")
+    kv_cache_dtype: str = knob_field(
         "auto", "KV cache dtype (vLLM's --kv-cache-dtype): auto (the model's dtype) or fp8 / "
                 "fp8_e4m3 (float8 e4m3 blocks with a scale per layer and KV head, dequantized "
                 "inside attention: twice bfloat16's blocks in the same memory, four times "
                 "float32's; on CPU it runs the torch_sdpa backend). docs/KV_TIERS.md.",
         choices=KV_CACHE_DTYPES)
-    calculate_kv_scales: bool = _knob(
+    calculate_kv_scales: bool = knob_field(
         False, "With kv_cache_dtype fp8: set each layer's per-head K and V scales from the "
                "first step's values (their largest lands at half the e4m3 range; vLLM's "
                "calculate_kv_scales); off: unit scales, which clip values beyond ±448 "
                "(ignored with auto).")
-    kv_offloading_size: float = _knob(
+    kv_offloading_size: float = knob_field(
         0.0, "GiB of host memory for the host KV tier (vLLM's --kv-offloading-size; 0: "
              "off): blocks in the device pool's layout, pinned on CUDA, where full cached "
              "blocks go when the device pool evicts them (found again by prefix lookups "
              "and copied back) and where preemption_mode=swap sends preempted requests' "
              "blocks. With tensor parallelism the total over the ranks. docs/KV_TIERS.md.",
         minimum=0.0)
-    gpu_memory_utilization: float = _knob(0.85, "Fraction of GPU memory for weights, "
-                                                "activations and the KV pool.")
-    max_model_len: int | None = _knob(
+    gpu_memory_utilization: float = knob_field(0.85, "Fraction of GPU memory for weights, "
+                                                     "activations and the KV pool.")
+    max_model_len: int | None = knob_field(
         None, f"Longest prompt + output (default: the model's, capped at "
               f"{DEFAULT_MAX_MODEL_LEN}; a value above the model's is lowered to it).")
-    enforce_eager: bool = _knob(False, "Disable CUDA graphs (steps still run through the "
-                                       "graphs' padded buffers, eagerly).")
-    cudagraph_mode: str = _knob(
+    enforce_eager: bool = knob_field(False, "Disable CUDA graphs (steps still run through the "
+                                            "graphs' padded buffers, eagerly).")
+    cudagraph_mode: str = knob_field(
         "full",
         "CUDA graphs of whole steps: full (decode-only steps per batch size and mixed "
         "prefill + decode steps per token count, up to max_num_batched_tokens at start) or "
         "full_decode_only (mixed steps eager: fewer captures, a faster start).",
         choices=("full", "full_decode_only"))
-    async_scheduling: bool = _knob(True, "Overlap host and device: while a step runs, plan "
-                                         "and launch the next one (its pending input tokens "
-                                         "stay on the device; vLLM V1's async scheduling).")
-    attention_backend: str = _knob("auto", "Kernels: auto (triton on CUDA; on CPU "
-                                           "cpu_native where a C compiler builds it with "
-                                           "AVX-512, else torch_sdpa), torch (the plain "
-                                           "references), "
-                                           "torch_sdpa (oneDNN linears + batched SDPA paged "
-                                           "attention), cpu_native (torch_sdpa with the "
-                                           "decode step's linears and attention in C), "
-                                           "triton.",
-                                   choices=("auto", "torch", "torch_sdpa", "cpu_native",
-                                            "triton"))
-    tensor_parallel_size: int = _knob(
+    async_scheduling: bool = knob_field(True, "Overlap host and device: while a step runs, plan "
+                                              "and launch the next one (its pending input tokens "
+                                              "stay on the device; vLLM V1's async scheduling).")
+    attention_backend: str = knob_field("auto", "Kernels: auto (triton on CUDA; on CPU "
+                                                "cpu_native where a C compiler builds it with "
+                                                "AVX-512, else torch_sdpa), torch (the plain "
+                                                "references), "
+                                                "torch_sdpa (oneDNN linears + batched SDPA paged "
+                                                "attention), cpu_native (torch_sdpa with the "
+                                                "decode step's linears and attention in C), "
+                                                "triton.",
+                                        choices=("auto", "torch", "torch_sdpa", "cpu_native",
+                                                 "triton"))
+    tensor_parallel_size: int = knob_field(
         1, "GPUs (ranks) one model is sharded over: heads, MLP and vocab split, one worker "
            "process per extra rank, NCCL on CUDA (gloo on CPU). Must divide the attention "
            "heads.", minimum=1)
-    seed: int = _knob(0, "Seed for dummy weights and unseeded sampling.")
-    logprobs_mode: str = _knob(
+    seed: int = knob_field(0, "Seed for dummy weights and unseeded sampling.")
+    logprobs_mode: str = knob_field(
         LOGPROBS_MODES[0], "What a request's logprobs hold (vLLM's logprobs_mode): "
         "processed_logprobs (default: log-softmax of the distribution each token is sampled "
         "from, after bias, penalties, temperature, min_p, top-k/top-p), processed_logits, "
         "raw_logprobs (the model's own log-softmax), raw_logits (docs/SAMPLING.md).",
         choices=LOGPROBS_MODES)
-    check_invariants: bool = _knob(False, "Check block-pool invariants after every step (slow).")
-    client_timeout: float = _knob(
+    check_invariants: bool = knob_field(
+        False, "Check block-pool invariants after every step (slow).")
+    client_timeout: float = knob_field(
         60.0, "The stall both ends of the engine process tolerate: seconds without a "
               "message after which the engine drops a client (its requests end with an "
               "error, its pause ends; it is told and attaches again) and a client (the "
               "server, an API server, --connect) judges the engine gone (its requests end "
               "with an error; a server exits 4). Time the judging process itself was "
               "stopped never counts. Far above a GC pause or a stop of tens of seconds.")
-    speculative_config: SpeculativeConfig | dict | str | None = _knob(
+    speculative_config: SpeculativeConfig | dict | str | None = knob_field(
         None, "Speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "
               "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, "
               "\"prompt_lookup_max\": 4}'. Methods: ngram (prompt lookup), draft_model "
               "(alias draft; \"model\": a smaller checkpoint with the target's vocabulary, "
-              "default on the bundled model: its bundled draft), oracle (benchmarks only). "
+              "default on the bundled model: its bundled draft). "
               "docs/SPECULATIVE.md; off by default.", check=SpeculativeConfig.parse)
-    structured_outputs_config: StructuredOutputsConfig | dict | str | None = _knob(
+    structured_outputs_config: StructuredOutputsConfig | dict | str | None = knob_field(
         None, "Structured outputs as vLLM's JSON, e.g. '{\"backend\": \"guidance\", "
               "\"compile_timeout\": 10}': backend auto (llguidance; xgrammar where it cannot read "
               "the tokenizer), guidance (alias llguidance) or xgrammar; "
               "compile_timeout (seconds a request waits for its grammar, then a 400); "
               "grammar_cache_size; disable_any_whitespace (docs/STRUCTURED_OUTPUTS.md).",
         check=StructuredOutputsConfig.parse)
-    kv_events_config: KVEventsConfig | dict | str | None = _knob(
+    kv_events_config: KVEventsConfig | dict | str | None = knob_field(
         None, "KV cache events as vLLM's JSON, e.g. '{\"enable_kv_cache_events\": true, "
               "\"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", "
               "\"replay_endpoint\": \"tcp://127.0.0.1:5558\", \"topic\": \"\"}': the engine "
               "process publishes BlockStored / BlockRemoved / AllBlocksCleared in vLLM's wire "
               "format (docs/ROUTING.md); off by default. Data parallelism turns them on "
               "for its router.", check=KVEventsConfig.parse)
-    data_parallel_size: int = _knob(
+    data_parallel_size: int = knob_field(
         1, "Engine replicas (processes, one per tensor-parallel group of GPUs) behind one "
            "front that routes each request (docs/ROUTING.md).", minimum=1)
-    data_parallel_rank: int = _knob(
+    data_parallel_rank: int = knob_field(
         0, "This engine's replica index under data parallelism (set by the front for each "
            "replica: its KV events' data_parallel_rank and GPUs).", minimum=0)
-    routing_policy: str = _knob(
+    routing_policy: str = knob_field(
         "least_load", "How the data-parallel front picks a replica (live): round_robin, "
                       "least_load (vLLM's 4 x waiting + running), consistent_hash (on the "
                       "prompt's first block), cache_aware (the longest cached prefix, traded "
                       "against load: docs/ROUTING.md).", choices=ROUTING_POLICIES)
-    kv_overlap_score_weight: float = _knob(
+    kv_overlap_score_weight: float = knob_field(
         1.0, "cache_aware's cost of one prompt block a replica must prefill, against one "
              "KV block in use there (Dynamo's kv_overlap_score_weight; docs/ROUTING.md).")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -324,15 +179,16 @@ class EngineConfig:
         object.__setattr__(self, "kv_events_config",
                            KVEventsConfig.parse(self.kv_events_config))
         self._check_data_parallel()
-        spec = SpeculativeConfig.parse(self.speculative_config)
+        spec, k = split_speculative_config(self.speculative_config)
         if spec is not None and spec.method == "draft_model":
             spec = self._draft_model_config(spec)
         object.__setattr__(self, "speculative_config", spec)
         object.__setattr__(self, "structured_outputs_config",
                            StructuredOutputsConfig.parse(self.structured_outputs_config))
         if spec is not None and self.scheduler.num_speculative_tokens == 0:
+            # the JSON's k starts the live knob (k's one home) unless the knob is given
             object.__setattr__(self, "scheduler", self.scheduler.replace(
-                num_speculative_tokens=spec.num_speculative_tokens))
+                num_speculative_tokens=k or DEFAULT_SPECULATIVE_TOKENS))
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise InvalidRequestError(f"block_size must be an integer >= 1, got {self.block_size!r}")
         if self.num_blocks is not None and (not isinstance(self.num_blocks, int)

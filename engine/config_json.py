@@ -9,24 +9,24 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
 
-# oracle: benchmarks only; draft_model (alias "draft"): a smaller model (docs/SPECULATIVE.md)
-SPECULATIVE_METHODS = ("ngram", "draft_model", "oracle")
+# draft_model (alias "draft"): a smaller model (docs/SPECULATIVE.md); other proposers
+# are handed to the Python API (LLMEngine / LLM `proposer=`), never named here
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 SPECULATIVE_ALIASES = {"draft": "draft_model"}
 MAX_SPECULATIVE_TOKENS = 16
+DEFAULT_SPECULATIVE_TOKENS = 3   # k when a speculative_config gives none
 KV_EVENT_PUBLISHERS = ("null", "zmq")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's speculative_config (its field names): how drafts are proposed. Fixed at
-    start; the live knob SchedulerConfig.num_speculative_tokens turns speculation on and
-    off and sets k (docs/SPECULATIVE.md)."""
+    start. k is not kept here: the JSON's `num_speculative_tokens` is the start value of
+    the live knob SchedulerConfig.num_speculative_tokens, k's one home, which turns
+    speculation on and off (split_speculative_config; docs/SPECULATIVE.md)."""
     method: str = "ngram"
-    num_speculative_tokens: int = 3
     prompt_lookup_min: int = 1      # n-gram sizes matched, longest first
     prompt_lookup_max: int = 4
-    oracle_acceptance: float = 1.0  # method oracle: chance that a draft is the target's token
-    oracle_references: str | None = None   # method oracle: JSON file of the target's outputs
     # method draft_model: the draft's checkpoint (same vocabulary as the target); None on
     # the bundled default target: the bundled draft (engine/assets/shakespeare-draft)
     model: str | None = None
@@ -42,37 +42,40 @@ class SpeculativeConfig:
         if self.method not in SPECULATIVE_METHODS:
             raise InvalidRequestError(f"speculative_config method must be one of "
                                       f"{', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise InvalidRequestError(f"num_speculative_tokens must be an integer in "
-                                      f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) \
                 or not 1 <= lo <= hi <= 64:
             raise InvalidRequestError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, "
                                       f"got {lo!r}, {hi!r}")
-        p = self.oracle_acceptance
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise InvalidRequestError(f"oracle_acceptance must be a number in [0, 1], got "
-                                      f"{p!r:.60}")
-        if self.oracle_references is not None and not isinstance(self.oracle_references, str):
-            raise InvalidRequestError(f"oracle_references must be a file path (a string), "
-                                      f"got {self.oracle_references!r:.60}")
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise InvalidRequestError(f"speculative_config model must be a non-empty string, "
                                       f"got {self.model!r}")
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
-        """From a SpeculativeConfig, a dict, or vLLM's JSON text (`--speculative-config`)."""
-        return parse_json_config(cls, value, "speculative_config")
+        """From a SpeculativeConfig, a dict, or vLLM's JSON text (`--speculative-config`),
+        its k checked (and left to split_speculative_config's caller)."""
+        return split_speculative_config(value)[0]
 
 
-def parse_json_config(cls, value, name: str):
-    """A config dataclass from an instance, a dict, or JSON text (a flag's value); None
-    stays None; unknown fields are refused by name."""
-    if value is None or isinstance(value, cls):
-        return value
+def split_speculative_config(value) -> tuple[SpeculativeConfig | None, int | None]:
+    """vLLM's speculative_config (a SpeculativeConfig, a dict or JSON text) and the
+    `num_speculative_tokens` it gives (None: none given), checked: EngineConfig makes
+    that k the live knob's start value."""
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value, None
+    fields = dict(json_object(value, "speculative_config"))
+    k = fields.pop("num_speculative_tokens", None)
+    config = parse_json_config(SpeculativeConfig, fields, "speculative_config")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int)
+                          or not 1 <= k <= MAX_SPECULATIVE_TOKENS):
+        raise InvalidRequestError(f"num_speculative_tokens must be an integer in "
+                                  f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+    return config, k
+
+
+def json_object(value, name: str) -> dict:
+    """A flag's JSON object (text or an already parsed dict), refused by name if not."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -80,6 +83,15 @@ def parse_json_config(cls, value, name: str):
             raise InvalidRequestError(f"{name} is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidRequestError(f"{name} must be an object, got {value!r:.60}")
+    return value
+
+
+def parse_json_config(cls, value, name: str):
+    """A config dataclass from an instance, a dict, or JSON text (a flag's value); None
+    stays None; unknown fields are refused by name."""
+    if value is None or isinstance(value, cls):
+        return value
+    value = json_object(value, name)
     unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
         raise InvalidRequestError(f"unknown {name} field(s): {', '.join(sorted(unknown))}")

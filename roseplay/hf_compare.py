@@ -40,7 +40,7 @@ def build_hf_model(model_name: str, dtype: torch.dtype, seed: int = 0):
 
 def share_weights(hf_model, engine) -> None:
     """Copy the HF model's tensors into the (idle) engine's model, in place."""
-    ours = engine.runner.model
+    ours = engine.executor.runner.model
     loaded = ours.load_weights(hf_model.state_dict().items())
     missing = {n for n, _ in ours.named_parameters()} - loaded
     if missing:

@@ -55,7 +55,7 @@ def host_per_step(llm, steps: int) -> None:
 
 def ops(llm) -> None:
     from kernels.step_inputs import copy_decode_inputs
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     graphs = runner.graphs
     graph, out = graphs.graphs[("decode", 1)]
     print("graph.replay()        ", per_call_us(graph.replay))
@@ -69,7 +69,7 @@ def ops(llm) -> None:
     print("torch.add (copy)      ", per_call_us(lambda: torch.add(small, 0, out=small)))
     ev = torch.cuda.Event()
     print("event.record()        ", per_call_us(ev.record))
-    ring, tokens = llm.engine._host_copies, out[1][:1]
+    ring, tokens = llm.engine.executor._host_copies, out[1][:1]
     print("HostCopyRing.start    ", per_call_us(lambda: ring.start(tokens).tolist()))
     print("tensor slice [:1]     ", per_call_us(lambda: out[0][:1]))
 
@@ -102,7 +102,7 @@ def sequences(llm) -> None:
     """Which launch makes another slow: the step's launches in the engine's order."""
     from kernels.step_inputs import copy_decode_inputs
     from engine.worker.device_io import device_alias
-    graphs = llm.engine.runner.graphs
+    graphs = llm.engine.executor.runner.graphs
     graph, out = graphs.graphs[("decode", 1)]
     _, _, _, copies = graphs.buffers._views(1)
     (tok, _, tok_a), (lens, _, lens_a), (table, _, table_a) = copies

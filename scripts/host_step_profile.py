@@ -46,6 +46,7 @@ sys.path.insert(0, SCRIPTS)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.oracle import OracleProposer  # noqa: E402
 from engine.config import make_config  # noqa: E402
 from engine.core.core import LLMEngine  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
@@ -56,15 +57,15 @@ from engine.request import SamplingParams  # noqa: E402
 def stub_forward(engine: LLMEngine) -> None:
     """Every sample row gets token 7 at once (greedy, EOS ignored): no model runs."""
     def execute_model(batch):
-        engine.runner.forward_calls += 1
+        engine.executor.runner.forward_calls += 1
         return torch.full((batch.sample_rows.shape[0],), 7, dtype=torch.int64)
-    engine.runner.execute_model = execute_model
+    engine.executor.runner.execute_model = execute_model
 
 
 def stub_model_forward(engine: LLMEngine) -> None:
     """Keep the runner; the model's forward returns logits [rows, V] with token 7 on top
     (a slice of one preallocated tensor: the stub itself costs next to nothing)."""
-    model = engine.runner.model
+    model = engine.executor.runner.model
     logits = torch.zeros(max(engine.config.scheduler.max_num_batched_tokens, 1024),
                          engine.vocab_size, dtype=engine.dtype)
     logits[:, 7] = 1
@@ -78,10 +79,10 @@ def stub_model_forward(engine: LLMEngine) -> None:
 
 
 class ClosedLoop:
-    def __init__(self, engine: LLMEngine, concurrency: int, input_len: int, output_len: int,
-                 seed: int = 0):
+    def __init__(self, engine: LLMEngine, oracle: OracleProposer | None, concurrency: int,
+                 input_len: int, output_len: int, seed: int = 0):
         self.engine, self.input_len = engine, input_len
-        self.oracle = engine.spec.oracle      # proposes the stub's token 7 (--speculative)
+        self.oracle = oracle          # proposes the stub's token 7 (--speculative)
         self.reference = [7] * output_len
         self.params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
         self.prompts = np.random.default_rng(seed).integers(100, 30000, (64, input_len))
@@ -108,17 +109,15 @@ class ClosedLoop:
 
 def run(args) -> dict:
     torch.set_num_threads(1)   # the host thread's work only (no intra-op pool spinning)
-    spec = {}
-    if args.speculative:
-        spec = dict(speculative_config={"method": "oracle", "oracle_acceptance": args.oracle_p,
-                                        "num_speculative_tokens": args.speculative})
+    oracle = OracleProposer(p=args.oracle_p) if args.speculative else None
     engine = LLMEngine(make_config(model=args.model, device="cpu", num_blocks=args.num_blocks,
                                    max_num_seqs=args.concurrency,
-                                   max_num_batched_tokens=args.max_num_batched_tokens, **spec))
+                                   max_num_batched_tokens=args.max_num_batched_tokens,
+                                   num_speculative_tokens=args.speculative), oracle)
     (stub_model_forward if args.runner else stub_forward)(engine)
     gc.collect()
     gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
-    loop = ClosedLoop(engine, args.concurrency, args.input_len, args.output_len)
+    loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len)
     for _ in range(args.warmup_steps):
         loop.step()
     prof = cProfile.Profile() if args.profile else None

@@ -64,7 +64,7 @@ def main():
     apply_settings(a.set)
     llm = LLM(model=a.model, max_num_batched_tokens=a.tokens, max_num_seqs=512,
               max_model_len=2048, enable_prefix_caching=False)
-    model = llm.engine.runner.model
+    model = llm.engine.executor.runner.model
     for seed in range(2):
         one_prefill(llm, a.tokens, 1000 + seed)
     times = [one_prefill(llm, a.tokens, seed) for seed in range(a.repeat)]

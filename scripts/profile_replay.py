@@ -30,7 +30,7 @@ def main():
         fill(llm, bs)
         llm.engine.step()
         times = [time_replay(llm, bs) * 1e3 for _ in range(3)]
-        graphs = llm.engine.runner.graphs
+        graphs = llm.engine.executor.runner.graphs
         g = graphs.graphs[("decode", min(b for b in graphs.buckets if b >= bs))][0]
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

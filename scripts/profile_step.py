@@ -38,7 +38,7 @@ def time_steps(llm, n=30):
 
 
 def time_replay(llm, bs, n=50):
-    graphs = llm.engine.runner.graphs
+    graphs = llm.engine.executor.runner.graphs
     bucket = min(b for b in graphs.buckets if b >= bs)
     g = graphs.graphs[("decode", bucket)][0]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -74,7 +74,7 @@ def ab_variants(a):
     variants = [v.split(",") if v else [] for v in a.variants.split(";")]
     llm = LLM(model=a.model, max_num_batched_tokens=4096, max_num_seqs=max(batches),
               max_model_len=a.max_model_len, cudagraph_mode="full_decode_only")
-    graphs = llm.engine.runner.graphs
+    graphs = llm.engine.executor.runner.graphs
     print(f"{'variant':>7} {'round':>5} {'batch':>6} {'step ms':>8} {'replay ms':>9}")
     for r in range(a.rounds):
         for i, settings in enumerate(variants):
@@ -133,7 +133,7 @@ def main():
     eng.step()
     torch.cuda.synchronize()
     dt = time.perf_counter() - t
-    flops = 2 * sum(p.numel() for p in eng.runner.model.parameters()) * a.prefill_tokens
+    flops = 2 * sum(p.numel() for p in eng.executor.runner.model.parameters()) * a.prefill_tokens
     print(f"prefill step {a.prefill_tokens} tokens: {dt*1e3:.2f} ms ({flops/dt/1e12:.0f} TFLOP/s on weights)")
     reset(llm)
     if a.cprofile_batch:
@@ -148,7 +148,7 @@ def main():
         reset(llm)
     # kernel breakdown of eager decode steps (same shapes as the graphs)
     from torch.profiler import ProfilerActivity, profile
-    llm.engine.runner.graphs.use_graphs = False
+    llm.engine.executor.runner.graphs.use_graphs = False
     for bs in [int(b) for b in a.profile_batches.split(",") if b]:
         fill(llm, bs)
         llm.engine.step()

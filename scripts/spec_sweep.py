@@ -1,5 +1,6 @@
 """Speculative decoding's cost and gain as a function of acceptance, measured with the
-benchmark-only oracle drafter (docs/SPECULATIVE.md): dummy weights make real drafts
+oracle drafter (benchmarks/oracle.py, handed to LLM as its proposer; docs/SPECULATIVE.md):
+dummy weights make real drafts
 meaningless, so a first non-speculative greedy run (k = 0) records the target's own
 outputs and the oracle proposes them, each draft kept with probability p (else a wrong
 token).
@@ -9,7 +10,7 @@ PYTHONPATH=. python3 scripts/spec_sweep.py [--model dummy:qwen2.5-0.5b] [--batch
     [--json out.json]
 
 One engine per batch size (k is the live knob, p and the references are set on the
-engine's oracle between runs), so the model loads and graphs capture once. Per
+oracle between runs), so the model loads and graphs capture once. Per
 (batch, k, p): median of --repeat runs of output throughput (tok/s), of the runs' TPOT
 p50 (ms) and of their mean step time and its host part (the step minus the time the
 host waited for the device: planning, batch building, launches, commit), acceptance
@@ -32,6 +33,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.getcwd())
+from benchmarks.oracle import OracleProposer  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
 
@@ -85,9 +87,10 @@ def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
 
 def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
     params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
-    spec = {"method": "oracle", "num_speculative_tokens": max(ks)}
+    oracle = OracleProposer()
+    # started at the largest k: the verify graphs are captured for it
     with LLM(model=args.model, max_num_seqs=max(batch, 16), max_num_batched_tokens=8192,
-             speculative_config=spec, dtype=args.dtype) as llm:
+             num_speculative_tokens=max(ks), proposer=oracle, dtype=args.dtype) as llm:
         rng = np.random.default_rng(0)
         vocab = llm.engine.vocab_size
         prompts = [rng.integers(10, vocab - 10, args.input_len).tolist() for _ in range(batch)]
@@ -98,7 +101,6 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
         rows.append({"batch": batch, "k": 0, "p": None, "dtype": args.dtype,
                      **{x: base[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
                                              "tok_s_range", "tpot_ms_range")}})
-        oracle = llm.engine.spec.oracle
         oracle.set_references(zip(prompts, base["outputs"]))
         for k in ks:
             for p in ps:

@@ -112,7 +112,7 @@ def main() -> None:
               tensor_parallel_size=args.tp, async_scheduling=not args.no_async,
               max_model_len=args.input_len + args.steps + 64)
     try:
-        group = llm.engine.tp_group
+        group = llm.engine.executor.group
         bcast = Timed(group, "broadcast") if group is not None else None
         rng = np.random.default_rng(0)
         one_run(llm, args, rng, bcast)   # warm-up run

@@ -2,27 +2,16 @@
 
 add(CoreRequest) -> step() repeatedly -> StepOutput (new token ids, finished requests).
 A step: Scheduler.schedule() -> StepPlan -> build_step_batch() -> StepBatch ->
-ModelRunner.execute() -> logits -> Sampler.sample() -> tokens -> update (append, finish
-by stop token / length, free blocks) -> stats, events. Text is the front's business
-(engine/front/processor.py): the core sees token ids only.
-
-Async scheduling (the `async_scheduling` knob, vLLM V1's): every step is launched and
-left in flight; the next call commits its KV bookkeeping, counts each of its samples as
-a pending token (request.add_pending_tokens), asks the scheduler for the next step as usual,
-launches it with the pending tokens fed from the in-flight step's samples (on the
-device), and only then reads the tokens. So the host's planning of step N+1 overlaps
-the device's step N, prefill chunks and mixed steps included. A request that its token
-ends (EOS, stop) computes one more token in N+1, which is discarded.
-Under tensor parallelism too: every rank samples and keeps its samples on its device
-(engine/worker/distributed/executor.py), so a continuation needs nothing from rank 0's host
-but the batch it broadcasts anyway.
+Executor.execute_model() (the model side: engine/worker/executor/) -> tokens -> update
+(append, finish by stop token / length, free blocks) -> stats, events. Text is the
+front's business (engine/front/processor.py): the core sees token ids only.
+Async scheduling (the `async_scheduling` knob): engine/core/async_steps.py. A failed
+step: engine/core/step_faults.py.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-
-import torch
 
 from engine.core.batch_builder import build_step_batch
 from engine.core.launched import Launched, commit_plan
@@ -30,20 +19,19 @@ from engine.core.prompt_logprobs import take_prompt_logprobs
 from engine.core.clock import ServingClock
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, SpeculativeConfig
-from engine.worker.distributed.executor import TPExecutor
-from engine.worker.device_io import HostCopyRing
+from engine.core.async_steps import AsyncSteps
 from engine.core.events import EventLog
+from engine.core.step_faults import StepFaults
 from engine.block_hash import stable_block_hash
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.host_tier import HostTier
 from engine.core.kv.kv_events import KVEventRecorder
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
-from engine.worker.placement import resolve_device, resolve_dtype
-from engine.request import Request, RequestStatus, add_pending_tokens, append_sampled
+from engine.request import Request, RequestStatus, append_sampled
 from engine.core.scheduler import Scheduler, StepPlan
-from engine.core.spec_decode import SPEC_ASYNC_RUN, SpecDecoder
+from engine.core.spec_decode import Proposer, SpecDecoder, make_proposer
 from engine.core.structured import make_manager
-from engine.core.runner_setup import RunnerSetup, setup_runner
+from engine.worker.executor import Executor, build_executor
 from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
@@ -55,31 +43,30 @@ _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FIN
            REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
 
 
-class LLMEngine:
-    def __init__(self, config: EngineConfig):
+class LLMEngine(AsyncSteps, StepFaults):
+    def __init__(self, config: EngineConfig, proposer: Proposer | None = None):
+        """proposer: where speculative drafts come from instead of the configured method's
+        (the Python API's extension point: docs/SPECULATIVE.md "Proposers")."""
         self.config = config
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        torch.manual_seed(config.seed)
-        self.tp_group = None                       # ranks 1..N-1 (engine/worker/distributed)
+        self.executor: Executor | None = None
         try:
-            self._build(config, setup_runner(config, self.device, self.dtype))
+            self.executor = build_executor(config)    # the model side: loads the model
+            self._build(config, self.executor, proposer)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, config: EngineConfig, setup: RunnerSetup) -> None:
-        loaded = setup.loaded
-        self.tp_group, self.backend = setup.tp_group, setup.backend
-        self.runner, self.sampler = setup.runner, setup.runner.sampler
-        self.model_name = loaded.name
-        self.tokenizer = loaded.tokenizer     # loaded with the model, for the front only
-        self.eos_token_ids = frozenset(loaded.eos_token_ids)
-        self.vocab_size = loaded.model.config.vocab_size
-        self.max_model_len = setup.max_model_len
+    def _build(self, config: EngineConfig, executor: Executor,
+               proposer: Proposer | None) -> None:
+        self.model_name, self.backend = executor.model_name, executor.backend
+        self.device, self.dtype = executor.device, executor.dtype    # (as the caller sees them)
+        self.tokenizer = executor.tokenizer     # loaded with the model, for the front only
+        self.eos_token_ids = frozenset(executor.eos_token_ids)
+        self.vocab_size = executor.vocab_size
+        self.max_model_len = executor.max_model_len
         self.counters = Counters()
         self.events = EventLog()
-        self.pool = BlockPool(setup.num_blocks, config.block_size, self.counters)
+        self.pool = BlockPool(executor.num_blocks, config.block_size, self.counters)
         # KV events (kv_events_config): a recorder, and hashes every process agrees on;
         # its sink (the publisher) is attached by whoever runs the engine
         self.kv_events: KVEventRecorder | None = None
@@ -88,36 +75,29 @@ class LLMEngine:
             self.pool.hash_fn = stable_block_hash
         self.clock = ServingClock()
         self.pool.clock = self.clock.now          # block lifetimes on the serving clock
-        host_kv = self.runner.host_kv             # the host tier (kv_offloading_size)
+        host_kv = executor.host_kv                # the host tier (kv_offloading_size)
         self.host = host_kv and HostTier(host_kv.num_blocks, self.pool, host_kv.bytes_per_block
                                          * config.tensor_parallel_size, self.counters)
         if self.host:
-            self.host.timer = lambda: self.runner.kv_copy_seconds()
+            self.host.timer = executor.kv_copy_seconds
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters, self.host)
         self.scheduler.max_model_len = self.max_model_len
-        self.spec = SpecDecoder(config.speculative_config or SpeculativeConfig(),
-                                self.scheduler, self.counters, config.seed, setup.draft)
+        self.spec = SpecDecoder(proposer or make_proposer(
+            config.speculative_config or SpeculativeConfig(), executor.draft),
+            self.scheduler, self.counters)
         self.scheduler.drafter = self.spec.schedule_drafts
         self.structured = make_manager(config, self.tokenizer, self.vocab_size,
-                                       tuple(loaded.eos_token_ids),
-                                       self.device.type == "cuda", self.counters)
+                                       executor.eos_token_ids,
+                                       executor.device_type == "cuda", self.counters)
         self.spec.check_drafts = self.structured.validate_drafts
         self.async_scheduling_enabled = config.async_scheduling
-        self._tp_executor = TPExecutor(self.tp_group, self.runner) if self.tp_group else None
         self.stats = StatsRecorder(self.counters)
         self.requests: dict[str, Request] = {}     # unfinished, by id
         self.async_scheduling = self.async_scheduling_enabled   # off while paused (CoreLoop)
         self._inflight: Launched | None = None
         self._chained = 0          # steps launched in a row before their previous one's
         #                            tokens were read, while speculating (_may_chain)
-        self._host_copies = HostCopyRing()         # the sampled tokens' way to the host
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
-
-    @property
-    def executor(self):
-        """What runs a step: the runner itself (TP=1; looked up each time, so a test may
-        swap it), or the TPExecutor that also sends the batch to ranks 1..N-1."""
-        return self._tp_executor or self.runner
 
     # -- knobs and requests --------------------------------------------------------------
     @property
@@ -131,24 +111,6 @@ class LLMEngine:
     def speculating(self) -> bool:
         """Speculative decoding is on (the live knob's k > 0)."""
         return self.scheduler.knobs.num_speculative_tokens > 0
-
-    def _may_chain(self, prev: StepPlan) -> bool:
-        """Launch the next step before reading `prev`'s tokens (async scheduling)? Always
-        without speculation. With it (docs/SPECULATIVE.md "Async scheduling"): never after
-        a verify (its accepted count sets the next positions), and at most
-        SPEC_ASYNC_RUN steps in a row, since a chained step plans its decodes with their
-        tokens pending and the proposer needs them on the host: then a step is planned
-        with every token known, and proposes again. Nor after a step with a decode that
-        waited for its token and that the proposer has not declined lately (a request's
-        first decodes: a drafter that always proposes, a draft model, would miss them)."""
-        if prev.verifies:     # whatever k is now: a live k of 0 leaves verifies in flight
-            return False
-        if not self.speculating:
-            return True
-        if prev.spec_waiting or self._chained >= SPEC_ASYNC_RUN:
-            return False
-        self._chained += 1
-        return True
 
     def add(self, creq: CoreRequest) -> Request:
         """Queue a validated request (engine/front/processor.py validated it in the front)."""
@@ -235,32 +197,6 @@ class LLMEngine:
         self._after_step(plan, t0, out)
         return out
 
-    def _isolate(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
-        """A step of several requests failed: run each request's part of it alone, so
-        that a fault one request's input causes fails that request only (and a fault
-        that does not come back fails nobody). Nothing of the failed step was committed:
-        each part recomputes its KV from the same positions. Costs one forward per
-        request, on failure only. Only for a failed launch (forward or sampler): once
-        the commit has begun, a rerun would count the same chunk twice."""
-        if len(plan.chunks) < 2 or plan.kv_error is not None:   # (its reloads hold nothing)
-            self._fail_plan(plan, exc, out)
-            return
-        self.stats.last_error = f"{type(exc).__name__}: {exc}"     # reported either way
-        for chunk in plan.chunks:
-            if chunk.request.request_id not in self.requests:
-                continue            # failed (or finished) as a dedup follower meanwhile
-            rid = chunk.request.request_id
-            part = StepPlan(decodes=[chunk] if chunk in plan.decodes else [],
-                            prefills=[chunk] if chunk in plan.prefills else [],
-                            verifies=[chunk] if chunk in plan.verifies else [],
-                            copies=[c for c in plan.copies if c[2] == rid])
-            try:
-                launched = self._launch(part)
-                self._commit(part)
-                self._emit_tokens(launched, out)
-            except Exception as part_exc:
-                self._fail_plan(part, part_exc, out)
-
     def flush(self) -> StepOutput:
         """Finish an in-flight step without launching another."""
         return self._complete_inflight(chain=False) if self._inflight is not None else StepOutput()
@@ -288,74 +224,11 @@ class LLMEngine:
             if self.structured.active else None
         if grammar is not None:
             batch = dataclasses.replace(batch, grammar=grammar.mask)
-        tokens = self.executor.execute_model(batch)    # None: sampled once masked
-        # start the copy to the host now: a later .tolist() would be ordered behind (and
-        # wait for) the next step, which is launched before these tokens are read
-        return Launched(plan, batch, requests, [r.admit_seq for r in requests],
-                        None if tokens is None else self._host_copies.start(tokens), t0,
-                        None if tokens is None else self.runner.take_logprobs(batch),
-                        take_prompt_logprobs(self.runner, plan), grammar)
-
-    def _sample_deferred(self, launched: Launched) -> None:
-        """Structured outputs under async scheduling: the step's forward ran while the
-        previous step's tokens were read and its matchers advanced; now its mask is
-        filled and its sampling queued (vLLM V1's deferred grammar bitmask)."""
-        tokens = self.runner.sample_deferred(self.structured.fill(launched.grammar))
-        launched.host_tokens = self._host_copies.start(tokens)
-        launched.logprobs = self.runner.take_logprobs(launched.batch)
-        for req in launched.requests:     # ended meanwhile: drop the sampler state its
-            if req.request_id not in self.requests:   # row just made again
-                self.runner.release(req.request_id)
-
-    def _complete_inflight(self, chain: bool) -> StepOutput:
-        """Commit the step in flight, plan and launch the next one (chain), then read the
-        in-flight step's tokens: the host plans step N+1 while the device runs step N."""
-        prev, self._inflight = self._inflight, None
-        out = StepOutput()
-        failed = None
-        try:
-            self._commit(prev.plan)
-            if chain and self.async_scheduling and self._may_chain(prev.plan) \
-                    and not (self._tp_executor is not None and prev.grammar is not None):
-                failed = self._launch_next(prev)    # (TP: a mask goes with the batch)
-            self._emit_tokens(prev, out)
-        except Exception as exc:     # every plan that depends on prev's samples fails
-            plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
-                                               failed and failed[0]) if p is not None]
-            self._inflight = failed = None
-            for plan in plans:
-                self._fail_plan(plan, exc, out)
-            for req in prev.requests:       # followers: their tokens are never read, so
-                if req.num_pending and req.request_id in self.requests:   # recompute them
-                    req.drop_pending()
-                    if req.status is RequestStatus.RUNNING:
-                        self.scheduler.preempt(req)
-        nxt = self._inflight
-        if nxt is not None and nxt.host_tokens is None:
-            try:
-                self._sample_deferred(nxt)
-            except Exception as exc:    # rerun request by request (below)
-                self._inflight, failed = None, (nxt.plan, exc)
-        self._after_step(prev.plan, prev.t0, out)
-        if failed is not None:   # rerun request by request, now that prev's tokens are known
-            plan, exc = failed
-            self._isolate(plan, exc, out)
-            self._record(plan, self.clock.now(), 0)
-        return out
-
-    def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
-        """Plan and launch the step after `prev` before prev's tokens are read: each
-        request prev samples counts its token as pending (the scheduler plans with it,
-        the runner feeds it from the device). Returns (plan, error) if the launch failed."""
-        add_pending_tokens(prev.requests)
-        plan = self._schedule()
-        if not plan:
-            return None
-        try:
-            self._inflight = self._launch(plan, device_fed=True)
-        except Exception as exc:
-            return plan, exc
-        return None
+        ex = self.executor
+        tokens = ex.execute_model(batch)     # copying to the host; None: sampled once masked
+        return Launched(plan, batch, requests, [r.admit_seq for r in requests], tokens, t0,
+                        None if tokens is None else ex.take_logprobs(batch),
+                        take_prompt_logprobs(ex, plan), grammar)
 
     def _after_step(self, plan: StepPlan, t0: float, out: StepOutput) -> None:
         if self.config.check_invariants:
@@ -415,20 +288,6 @@ class LLMEngine:
                                                 req.num_cached_tokens, req.num_preemptions,
                                                 req.num_host_cached_tokens))
 
-    def _fail_plan(self, plan: StepPlan, exc: Exception, out: StepOutput) -> None:
-        """Fail the plan's own requests. Their dedup followers computed nothing of their
-        own: finishing the leader sends them back to the queue (Scheduler._drop_links),
-        where one of them leads a fresh prefill; a failed request never fails another."""
-        msg = f"{type(exc).__name__}: {exc}"
-        for c in plan.chunks:
-            req = c.request
-            if req.request_id in self.requests:
-                self._finish(req, REASON_ERROR, msg, out)
-        for req in list(self.scheduler.running):   # followers that took a leader's blocks
-            if req.dedup_leader is None and req.num_uncomputed < 1:   # but not its token:
-                self.scheduler.preempt(req)       # never schedulable as is: recompute it
-        self.stats.last_error = msg
-
     def _record(self, plan: StepPlan, t0: float, sampled: int) -> None:
         sched, now = self.scheduler, self.clock.now()
         evicted = self.pool.take_evicted()
@@ -440,15 +299,12 @@ class LLMEngine:
             self.kv_events.flush()
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (if any); the runner's CUDA graphs go first
-        (they may hold the NCCL communicator the group's teardown waits for)."""
+        """Stop the grammar compiles and close the executor (its CUDA graphs, the
+        tensor-parallel workers); idempotent."""
         if getattr(self, "structured", None) is not None:
             self.structured.close()
-        if self.tp_group is not None:
-            # after a rank died, syncing the device could wait on a collective forever
-            if getattr(self, "runner", None) is not None and self.tp_group.error is None:
-                self.runner.close()
-            self.tp_group.shutdown()
+        if self.executor is not None:
+            self.executor.close()
 
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.request import RequestStatus
-from engine.worker.draft_runner import DraftChain, DraftExtend, DraftRunner, build_draft_runner
+from engine.worker.draft_batch import DraftChain, DraftExtend
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,12 @@ class DraftState:
 
 
 class DraftProposer:
-    def __init__(self, runner: DraftRunner):
+    """The Proposer of method draft_model (engine/core/spec_decode.py), over the
+    executor's draft runner (engine/worker/draft_runner.py: its extend, decode_chain,
+    max_model_len, block_size and num_blocks)."""
+    method = "draft_model"
+
+    def __init__(self, runner):
         self.runner = runner
         self.block_size = runner.block_size
         self.pool = DraftBlockPool(runner.num_blocks)
@@ -225,23 +230,3 @@ class DraftProposer:
         lens = np.where(slots >= 0, pos + 1, 1).astype(np.int32)
         return DraftChain(ids, feed, pos, slots, lens, self._tables([r[1] for r in ready]))
 
-
-def make_draft_proposer(config, target_vocab: int, ops, device, dtype, num_blocks: int,
-                        max_model_len: int) -> DraftProposer | None:
-    """The draft model and its pool for method draft_model (else None). Its pool holds
-    what the running requests can use (max_num_seqs full-length requests: only running
-    requests hold draft blocks when a proposal takes more), at most the target's block
-    count: on CPU the two are alike, on CUDA the target's count comes from the GPU's
-    memory and is far more than a draft needs."""
-    spec = config.speculative_config
-    if spec is None or spec.method != "draft_model":
-        return None
-    per_seq = -(-max_model_len // config.block_size)
-    blocks = min(num_blocks, config.scheduler.max_num_seqs * per_seq)
-    graphs = device.type == "cuda" and not config.enforce_eager \
-        and ops.__name__ == "kernels.triton_ops"
-    runner = build_draft_runner(spec.model, target_vocab, ops, device, dtype, blocks,
-                                config.block_size, config.seed,
-                                max_rows=config.scheduler.max_num_seqs,
-                                max_chain=spec.num_speculative_tokens + 1, use_graphs=graphs)
-    return DraftProposer(runner)

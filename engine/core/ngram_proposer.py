@@ -62,3 +62,20 @@ class TokenArrays:
             arr[n:total] = out[n - len(prompt):]
         self._arrays[req] = (arr, total)
         return arr[:total]
+
+
+class NgramProposer:
+    """The Proposer of method ngram (engine/core/spec_decode.py): each request's drafts
+    from its own tokens, one request at a time."""
+    method = "ngram"
+
+    def __init__(self, n_min: int, n_max: int):
+        self.n_min, self.n_max = n_min, n_max
+        self.token_arrays = TokenArrays()     # each request's tokens as one array
+
+    def propose(self, reqs: list, rooms: list[int]) -> list[list[int]]:
+        arrays, lo, hi = self.token_arrays, self.n_min, self.n_max
+        return [propose_ngram(arrays.get(req), k, lo, hi) for req, k in zip(reqs, rooms)]
+
+    def release(self, request_id: str) -> None:
+        """Nothing to drop: a request's array goes with the request (weakly keyed)."""

@@ -83,9 +83,9 @@ class PromptLogprobsCopy:
                 req.prompt_logprobs = None
 
 
-def take_prompt_logprobs(runner, plan) -> PromptLogprobsCopy | None:
-    """The launched step's prompt logprobs (runner.prompt_logprobs), copying to the host,
+def take_prompt_logprobs(executor, plan) -> PromptLogprobsCopy | None:
+    """The launched step's prompt logprobs (executor.prompt_logprobs), copying to the host,
     for the requests of the rows the batch builder laid out (plan.prompt_rows)."""
-    if runner.prompt_logprobs is None:
+    if executor.prompt_logprobs is None:
         return None
-    return PromptLogprobsCopy(runner.prompt_logprobs, plan.prompt_rows.owners)
+    return PromptLogprobsCopy(executor.prompt_logprobs, plan.prompt_rows.owners)

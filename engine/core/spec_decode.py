@@ -2,10 +2,10 @@
 tokens out.
 
 `SpecDecoder.schedule_drafts` is the scheduler's drafter: after the step's decodes got
-their one token each, every eligible decode gets up to k drafts (vLLM's n-gram prompt
-lookup, engine/core/ngram_proposer.py, a draft model, engine/core/draft_proposer.py, or
-the benchmark-only oracle; one batched call for the step's eligible decodes) from what
-is left of the token budget, and becomes a VerifyChunk: its last token and the drafts,
+their one token each, every eligible decode gets up to k drafts from its Proposer
+(vLLM's n-gram prompt lookup, engine/core/ngram_proposer.py, or a draft model,
+engine/core/draft_proposer.py; one batched call for the step's eligible decodes) from
+what is left of the token budget, and becomes a VerifyChunk: its last token and the drafts,
 each a decode row of the step (engine/core/batch_builder.py), every position sampled.
 `commit` reads the sampled tokens: the longest
 prefix of drafts equal to the target's tokens is accepted, plus the target's token after
@@ -21,28 +21,16 @@ generator (engine/worker/rejection.py).
 """
 from __future__ import annotations
 
-import json
 from itertools import chain
+from typing import Protocol
 
 import numpy as np
 
-from engine.config import MAX_SPECULATIVE_TOKENS, EngineConfig, SpeculativeConfig
-from engine.core.ngram_proposer import TokenArrays, propose_ngram
+from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
+from engine.core.draft_proposer import DraftProposer
+from engine.core.ngram_proposer import NgramProposer
 from engine.core.scheduler import StepPlan, VerifyChunk
 from engine.request import TRACE_TOKENS, RequestStatus, append_sampled
-
-
-def verify_rows(config: EngineConfig) -> int:
-    """Decode rows of the widest verify step of the k the engine starts with (every
-    running request with k drafts, the drafts within the token budget): the CUDA graphs
-    capture verify steps up to that many rows (capped by the largest decode bucket); 0
-    when it starts without speculation (a k or budget set larger live runs the mixed
-    graphs or eagerly)."""
-    sched = config.scheduler
-    if not sched.num_speculative_tokens:
-        return 0
-    return min(sched.max_num_seqs * (1 + sched.num_speculative_tokens),
-               max(sched.max_num_seqs, sched.max_num_batched_tokens))
 
 
 def _until_end(req, tokens: list[int]) -> list[int]:
@@ -57,52 +45,27 @@ def _until_end(req, tokens: list[int]) -> list[int]:
     return tokens
 
 
-class OracleDrafts:
-    """Benchmarks only (method "oracle"): the target's own greedy continuation, read from
-    a first non-speculative run (`oracle_references`: JSON [[prompt ids, output ids], ...]),
-    each draft kept with probability `oracle_acceptance`, else replaced by a wrong token:
-    acceptance set by hand where dummy weights make real drafts meaningless."""
+class Proposer(Protocol):
+    """Where drafts come from: the method's (ngram, draft_model), or one handed to
+    LLMEngine / LLM as `proposer=` (the Python API's extension point, e.g. the
+    benchmarks' oracle, benchmarks/oracle.py; docs/SPECULATIVE.md "Proposers")."""
 
-    def __init__(self, config: SpeculativeConfig, seed: int):
-        self.p = config.oracle_acceptance
-        self.rng = np.random.default_rng(seed)
-        self.refs: dict[tuple, list[int]] = {}
-        self._by_request: dict[str, list[int]] = {}   # a prompt is hashed once per request
-        if config.oracle_references:
-            with open(config.oracle_references) as f:
-                self.set_references(json.load(f))
+    method: str      # the name snapshots show (EngineSnapshot.spec_method)
 
-    def set_references(self, pairs) -> None:
-        """(prompt ids, output ids) pairs: the target's outputs to propose from now on
-        (a benchmark sets them after its own first run, in the same engine)."""
-        self.refs = {tuple(prompt): list(output) for prompt, output in pairs}
-        self._by_request = {}
+    def propose(self, reqs: list, rooms: list[int]) -> list[list[int]]:
+        """Up to rooms[i] draft token ids for each running request (engine.request.Request:
+        read its prompt_token_ids, output_token_ids, request_id; change nothing)."""
 
     def release(self, request_id: str) -> None:
-        self._by_request.pop(request_id, None)
+        """The request ended: drop what is kept for it."""
 
-    def __call__(self, req, k: int) -> list[int]:
-        return self.batch([req], [k])[0]
 
-    def batch(self, reqs: list, rooms: list[int]) -> list[list[int]]:
-        """Each request's next reference tokens (up to its room), then one draw for all
-        of them: a per-token draw in Python cost microseconds a token at batch 256."""
-        outs, by_request = [], self._by_request
-        for req, k in zip(reqs, rooms):
-            ref = by_request.get(req.request_id)
-            if ref is None:
-                ref = by_request[req.request_id] = self.refs.get(tuple(req.prompt_token_ids), [])
-            done = len(req.output_token_ids)
-            outs.append(ref[done:done + k])
-        if self.p >= 1.0:
-            return outs
-        flat = np.fromiter(chain.from_iterable(outs), np.int64)
-        # a wrong token: a neighbour id (never the target's, always in the vocabulary)
-        wrong = np.where(flat > 0, flat - 1, 1)
-        if self.p > 0.0:
-            wrong = np.where(self.rng.random(flat.shape[0]) < self.p, flat, wrong)
-        flat, ends = wrong.tolist(), np.cumsum([len(o) for o in outs]).tolist()
-        return [flat[e - len(o):e] for o, e in zip(outs, ends)]
+def make_proposer(config: SpeculativeConfig, draft_runner) -> Proposer:
+    """The method's proposer: the draft model over the executor's draft runner
+    (draft_model), else n-gram prompt lookup."""
+    if draft_runner is not None:
+        return DraftProposer(draft_runner)
+    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
 
 
 # Async scheduling with speculation (docs/SPECULATIVE.md "Async scheduling"): steps that
@@ -112,47 +75,29 @@ SPEC_ASYNC_RUN = 4
 
 
 class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, scheduler, counters, seed: int = 0,
-                 draft=None):
-        self.config = config
-        self.draft = draft          # DraftProposer (method draft_model), else None
+    def __init__(self, proposer: Proposer, scheduler, counters):
+        self.proposer = proposer
+        self.method = proposer.method
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.counters = counters
         # accepted drafts by position (vLLM's spec_decode_num_accepted_tokens_per_pos)
         self.accepted_per_pos = [0] * MAX_SPECULATIVE_TOKENS
         self.longest_draft = 0        # positions reported (a position never drafted: none)
-        self.oracle = OracleDrafts(config, seed) if config.method == "oracle" else None
-        self.token_arrays = TokenArrays()     # the n-gram proposer's view of each request
         # structured outputs: (request, draft) -> the prefix its grammar accepts (the
         # engine's StructuredOutputManager.validate_drafts; the matcher does not advance)
         self.check_drafts = lambda req, draft: draft
 
-    def propose_batch(self, reqs: list, rooms: list[int]) -> list[list[int]]:
-        """Up to rooms[i] drafts for each request: the draft model in one batched pass,
-        the per-request proposers one by one."""
-        if self.draft is not None:
-            return self.draft.propose(reqs, rooms)
-        if self.oracle is not None:
-            return self.oracle.batch(reqs, rooms)
-        return [self.propose(req, room) for req, room in zip(reqs, rooms)]
+    @property
+    def draft(self) -> DraftProposer | None:
+        """The draft model's proposer (its blocks and faults are reported), else None."""
+        return self.proposer if isinstance(self.proposer, DraftProposer) else None
 
     def release(self, request_id: str) -> None:
-        """The request ended: the draft model's blocks go back to its pool."""
-        if self.draft is not None:
-            self.draft.release(request_id)
-        elif self.oracle is not None:
-            self.oracle.release(request_id)
+        self.proposer.release(request_id)
 
     def draft_used_blocks(self) -> int:
         return self.draft.num_used_blocks if self.draft is not None else 0
-
-    def propose(self, req, k: int) -> list[int]:
-        if self.oracle is not None:
-            return self.oracle(req, k)
-        c = self.config
-        return propose_ngram(self.token_arrays.get(req), k, c.prompt_lookup_min,
-                             c.prompt_lookup_max)
 
     def schedule_drafts(self, plan: StepPlan, budget: int) -> int:
         """Turn scheduled decodes into VerifyChunks, each draft costing one token of the
@@ -186,7 +131,7 @@ class SpecDecoder:
             return budget
         verified = set()
         reserve, verifies, copies = self.kv.reserve, plan.verifies, plan.copies
-        for c, draft in zip(chunks, self.propose_batch([c.request for c in chunks], rooms)):
+        for c, draft in zip(chunks, self.proposer.propose([c.request for c in chunks], rooms)):
             if c.request.grammar is not None:
                 draft = self.check_drafts(c.request, draft)
             if len(draft) > budget:

@@ -59,11 +59,11 @@ def _grammar_view(req: Request) -> GrammarView | None:
 
 def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
     """An immutable view of an LLMEngine now (cheap: arrays copied, views built)."""
-    st, pool, kv = engine.stats, engine.pool, engine.runner.kv_cache
+    st, pool, ex = engine.stats, engine.pool, engine.executor
     active = tuple(request_view(r) for r in engine.requests.values())
     return EngineSnapshot(
         time=engine.clock.now(), step=st.counters.steps, model=engine.model_name,
-        device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."),
+        device=str(ex.device), dtype=ex.dtype_name,
         knobs=engine.knobs, paused=paused, num_blocks=pool.num_blocks,
         block_size=pool.block_size, block_state=pool.states(),
         block_refcount=compact_counts(pool.refcounts),
@@ -74,8 +74,8 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         kv_block_metrics=pool.lifetimes.freeze(),
         peak_used_blocks=st.peak_used_blocks, backend=engine.backend,
         tensor_parallel_size=engine.config.tensor_parallel_size,
-        kv_bytes_per_rank=kv.numel() * kv.element_size(), max_model_len=engine.max_model_len,
-        forward_calls=engine.runner.forward_calls, spec_method=engine.spec.config.method,
+        kv_bytes_per_rank=ex.kv_bytes_per_rank, max_model_len=engine.max_model_len,
+        forward_calls=ex.forward_calls, spec_method=engine.spec.method,
         logprobs_mode=engine.config.logprobs_mode, kv_cache_dtype=engine.config.kv_cache_dtype,
         recent_ttft_parts=tuple(st.recent_ttft_parts), traces=st.traces(),
         **host_view(engine.host))

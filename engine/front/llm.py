@@ -25,21 +25,29 @@ class LLM:
 
     `close()` (or `with LLM(...) as llm:`) releases the tensor-parallel workers, the
     process group, CUDA graphs, the weights and the KV cache, so that another LLM (any
-    tensor-parallel size) can start in the same process (a notebook, a test)."""
+    tensor-parallel size) can start in the same process (a notebook, a test).
 
-    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs):
+    `proposer`: speculative drafts from this object instead of speculative_config's
+    method (engine/core/spec_decode.py Proposer; docs/SPECULATIVE.md "Proposers"), with
+    k from num_speculative_tokens; one engine in this process only."""
+
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None,
+                 proposer=None, **kwargs):
         self.dp = None
         if config is None:
             if model is not None:
                 kwargs["model"] = model
             config = make_config(**kwargs)
             if config.data_parallel_size > 1:      # N engine processes behind a router
+                if proposer is not None:
+                    raise InvalidRequestError("a proposer needs the engine in this process "
+                                              "(data_parallel_size 1)")
                 from engine.front.dp_client import DPClient
                 self.engine, self.dp = None, DPClient(label="llm", snapshots=False, **kwargs)
                 self.inputs, self.outputs = self.dp.inputs, None
                 return
         config.check_in_process()
-        self.engine = e = LLMEngine(config)
+        self.engine = e = LLMEngine(config, proposer)
         self.inputs = InputProcessor.for_engine(e)
         self.outputs = OutputProcessor(e.tokenizer)
 
@@ -56,9 +64,7 @@ class LLM:
         if engine is None:
             return
         try:
-            engine.close()               # workers and process group (TP), graphs first
-            if engine.tp_group is None and getattr(engine, "runner", None) is not None:
-                engine.runner.close()    # TP=1: the CUDA graphs
+            engine.close()               # its executor: graphs, workers and process group
         finally:
             self.inputs = self.outputs = None
             del engine

@@ -12,7 +12,7 @@ argmaxes come back in one copy, [rows, n].
 
 Launches per proposal on CUDA: 3 input copies, 1 graph replay, 1 copy back (one host
 sync), whatever k; eager, each forward launches its kernels from the host (a few dozen
-for a 2-layer draft) and the old path synced after every forward.
+for a 2-layer draft), still with no host sync between the positions.
 Without capture (CPU, enforce_eager) the same buffers run the same forwards, unpadded
 on CPU, so CPU tests cover the chain's logic.
 """

@@ -1,9 +1,10 @@
 """The draft model of speculative decoding's method draft_model (docs/SPECULATIVE.md
 "Draft model"): a second, smaller model beside the target, with its own paged KV cache.
 
-Worker side only: forwards and their argmax. Which tokens the draft has seen, its block
-tables and the pool's free list are the core's (engine/core/draft_proposer.py), which
-passes numpy columns in the target's layout (AttentionMetadata): extends (many tokens
+Worker side only: forwards and their argmax; the executor owns it
+(engine/worker/executor.py). Which tokens the draft has seen, its block tables and the
+pool's free list are the core's (engine/core/draft_proposer.py), which passes numpy
+columns (engine/worker/draft_batch.py) in the target's layout: extends (many tokens
 per sequence, eager) and decode chains (one token per sequence and position, n
 positions back to back on the device: engine/worker/draft_graphs.py, CUDA graphs on
 the GPU). The same model classes, loader and attention ops as the target (CPU float32
@@ -12,50 +13,16 @@ and GPU).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from engine.config import DEFAULT_DRAFT_MODEL, InvalidRequestError
+from engine.worker.draft_batch import DraftChain, DraftExtend
 from engine.worker.draft_graphs import DraftGraphs
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.models.loader import LoadedModel, load_model
 from engine.worker.placement import attach_kv_cache
-
-
-@dataclass
-class DraftExtend:
-    """One extend over several sequences: their tokens flattened, in order."""
-    input_ids: np.ndarray       # [T] int64
-    positions: np.ndarray       # [T] int64
-    slot_mapping: np.ndarray    # [T] int64
-    cu_seqlens_q: np.ndarray    # [S+1] int32
-    context_lens: np.ndarray    # [S] int32: tokens in the KV once this step is stored
-    block_tables: np.ndarray    # [S, M] int32
-
-
-@dataclass
-class DraftChain:
-    """n decode forwards of S sequences, one token each per forward, back to back: where
-    `feed` is set the input is the previous forward's argmax (a draft fed back), else
-    input_ids (a token the host gives). A row past its last forward stores nothing (slot
-    -1, context length 1)."""
-    input_ids: np.ndarray       # [n, S] int64
-    feed: np.ndarray            # [n, S] bool
-    positions: np.ndarray       # [n, S] int64
-    slot_mapping: np.ndarray    # [n, S] int64
-    context_lens: np.ndarray    # [n, S] int32
-    block_tables: np.ndarray    # [S, M] int32, M <= max_blocks_per_seq
-
-
-# fault injection for tests (docs/SPECULATIVE.md "Draft model"): every draft forward from
-# this 0-based call index on raises, in the engine process that inherits the variable
-DRAFT_FAULT_ENV = "ROSEPLAY_DRAFT_FAULT_AT"
-
-
-class InjectedDraftFault(RuntimeError):
-    pass
 
 
 def load_draft(name: str, target_vocab: int, device: torch.device,
@@ -85,13 +52,11 @@ class DraftRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
         self.kv_cache, _ = attach_kv_cache(self.model, ops, num_blocks, block_size, dtype,
                                            device)
-        self.forward_calls, self.fault_at = 0, None
+        self.forward_calls = 0
         self.chains = DraftGraphs(self, max_rows, max_chain, use_graphs,
                                   pad=device.type == "cuda")
         if device.type == "cuda":
             self._warm_up()
-        fault_at = os.environ.get(DRAFT_FAULT_ENV)      # counted from serving's first call
-        self.fault_at = int(fault_at) if fault_at else None
 
     def _warm_up(self) -> None:
         """Compile the draft's kernels at start, not in the first request's step (an
@@ -124,18 +89,12 @@ class DraftRunner:
 
     def decode_chain(self, chain: DraftChain) -> np.ndarray:
         """The chain's tokens into the draft's KV; the argmax after each, [S, n]."""
-        self._count_forward()
-        return self.chains.run(chain)
-
-    def _count_forward(self) -> None:
         self.forward_calls += 1
-        if self.fault_at is not None and self.forward_calls > self.fault_at:
-            raise InjectedDraftFault(f"injected draft fault at forward call "
-                                     f"{self.forward_calls - 1} ({DRAFT_FAULT_ENV})")
+        return self.chains.run(chain)
 
     def _greedy(self, ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata,
                 rows: np.ndarray | None) -> np.ndarray:
-        self._count_forward()
+        self.forward_calls += 1
         logits = self.model(self._to(ids, np.int64), self._to(positions, np.int64), meta,
                             None if rows is None else self._to(rows, np.int64))
         return logits.argmax(dim=-1).cpu().numpy()

@@ -9,7 +9,7 @@ output does not depend on what else is in the batch.
 
 The order is vLLM V1's: min_tokens masks and logit bias, then penalties (all three also
 change greedy rows), argmax; for random rows temperature, min_p, top-k, top-p. A step
-with none of these (SamplingColumns.extras is None) runs exactly the old path. Logprobs
+with none of these (SamplingColumns.extras is None) runs the plain sampling path. Logprobs
 (docs/SAMPLING.md) are taken per `logprobs_mode`: raw_* from the model's logits,
 processed_* from the distribution sampled from (after all of the above).
 """

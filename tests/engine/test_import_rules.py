@@ -23,8 +23,20 @@ ALLOWED = {     # side -> the sides it may import (itself always)
     "core": {TOP, "worker"},
     "worker": {TOP},
 }
-FOREIGN = ("textual", "rich", "fastapi", "uvicorn", "starlette", "roseplay")
+# UI and server packages, and the test and benchmark hooks (benchmarks/: handed to the
+# engine through its Python API, never imported by it)
+FOREIGN = ("textual", "rich", "fastapi", "uvicorn", "starlette", "roseplay", "benchmarks",
+           "tests")
 FACADE = "engine"   # engine/__init__.py: the public API, which loads LLM etc. lazily
+# the core runs the model through the Executor (engine/worker/executor/) and hands it
+# plain data; it never touches a tensor or a kernel itself
+DEVICE_PACKAGES = ("torch", "triton", "kernels")
+# what the core may import from the worker: the Executor, and the types of what crosses
+# it (batches, the draft's columns, host copies, tier transfers, host mask buffers)
+CORE_TO_WORKER = {"engine.worker.executor", "engine.worker.step_batch",
+                  "engine.worker.draft_batch", "engine.worker.device_io",
+                  "engine.worker.kv_transfer", "engine.worker.sampling",
+                  "engine.worker.host_masks"}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -105,6 +117,21 @@ def test_imports_only_point_down_the_seam():
         if a != b and b not in ALLOWED[a]:
             offenders.append(f"{where(src, line)}: {a} imports {b} ({dst})")
     assert not offenders, "imports against the seam:\n" + "\n".join(offenders)
+
+
+def test_core_imports_no_torch_and_no_kernels():
+    """Lazy imports inside functions count: the core drives the model through the
+    Executor only."""
+    offenders = [f"{where(m, line)}: {name}" for m in MODULES if side_of(m) == "core"
+                 for name, line in imports_of(m) if name.split(".")[0] in DEVICE_PACKAGES]
+    assert not offenders, "core modules importing torch or kernels:\n" + "\n".join(offenders)
+
+
+def test_core_reaches_the_worker_through_the_executor_only():
+    offenders = [f"{where(src, line)}: {dst}" for src, dst, line in engine_edges()
+                 if side_of(src) == "core" and side_of(dst) == "worker"
+                 and dst not in CORE_TO_WORKER]
+    assert not offenders, "core modules importing the worker's insides:\n" + "\n".join(offenders)
 
 
 def test_no_package_cycles():

@@ -70,7 +70,7 @@ def test_serve_help_and_flag_errors(capsys):
     assert "unknown dummy preset" in capsys.readouterr().err
 
 
-BAD_SPECULATIVE = ['{"method": ["x"]}', '{"method": "oracle", "oracle_acceptance": "0.5"}',
+BAD_SPECULATIVE = ['{"method": ["x"]}', '{"method": "oracle"}',
                    '{"num_speculative_tokens": "3"}', "not json", '["ngram"]']
 
 

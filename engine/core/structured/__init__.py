@@ -1,9 +1,9 @@
 """Structured outputs in the engine core (docs/STRUCTURED_OUTPUTS.md): the grammar
 library behind one interface (guidance.py: llguidance, the default; xgrammar_backend.py,
 the alternative; common.py what they share), the compile pool and cache (compiler.py),
-each request's matcher and the one packed bitmask per step (manager.py, host_masks.py),
-the vocabulary the grammars mask over (vocab.py) and the TUI's view of a step
-(view.py)."""
+each request's matcher and the one packed bitmask per step (manager.py; its host
+buffers: engine/worker/host_masks.py), the vocabulary the grammars mask over (vocab.py)
+and the TUI's view of a step (view.py)."""
 from __future__ import annotations
 
 from engine.core.structured.common import GrammarError

@@ -28,7 +28,7 @@ import numpy as np
 from engine.codes import REASON_ERROR, REASON_STOP
 from engine.config import StructuredOutputsConfig
 from engine.core.structured.compiler import GrammarCompiler, LazyBackend
-from engine.core.structured.host_masks import MaskRing
+from engine.worker.host_masks import MaskRing
 from engine.core.structured.view import StepViews
 from engine.request import RequestStatus
 from engine.structured_outputs import GRAMMAR_ERROR

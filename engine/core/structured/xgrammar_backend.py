@@ -14,11 +14,11 @@ import json
 import re
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer
 
 from engine.core.structured.common import GrammarError, no_additional_properties, reason
 from engine.structured_outputs import StructuredOutputsParams
+from engine.worker.host_masks import tensor_view
 
 COMPACT = (", ", ": ")       # json.dumps' separators: guidance.py's compact JSON too
 _WHERE = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")   # "[20:11:21] /project/cpp/x.cc:83: "
@@ -90,7 +90,7 @@ class XGrammarBackend:
         try:
             compiled = self._compile(p)
             self.xgr.GrammarMatcher(compiled).fill_next_token_bitmask(
-                torch.empty((1, self.words), dtype=torch.int32))
+                tensor_view(np.empty((1, self.words), np.int32)))
         except (RuntimeError, ValueError, TypeError, RecursionError) as exc:
             raise GrammarError(_WHERE.sub("", reason(exc))) from None
         return compiled
@@ -131,7 +131,7 @@ class XGrammarBackend:
         row + 1 + j the mask after draft j (accepted one by one, then rolled back; a row
         after a draft the grammar refuses, or after a drafted EOS, allows everything: its
         sample is discarded)."""
-        view = torch.from_numpy(bitmask)
+        view = tensor_view(bitmask)
         plain = [(m.m, row) for m, row, drafts in entries if not drafts]
         if plain:
             self.batch.batch_fill_next_token_bitmask([m for m, _ in plain], view,

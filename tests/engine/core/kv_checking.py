@@ -42,14 +42,19 @@ def expected(prompt, params: SamplingParams, eos) -> tuple[list[int], str]:
 
 
 class OracleDrafter:
-    """Stands in for SpecDecoder.propose_batch: each draft is the fake model's next token
-    with chance `accept`, else a wrong one (so verify steps accept, reject and roll back)."""
+    """A Proposer (engine/core/spec_decode.py) handed to the engine: each draft is the
+    fake model's next token with chance `accept`, else a wrong one (so verify steps
+    accept, reject and roll back)."""
+    method = "oracle"
 
     def __init__(self, accept: float, seed: int):
         self.accept = accept
         self.rng = np.random.default_rng(seed)
 
-    def __call__(self, reqs, rooms) -> list[list[int]]:
+    def release(self, request_id: str) -> None:
+        pass
+
+    def propose(self, reqs, rooms) -> list[list[int]]:
         out = []
         for req, room in zip(reqs, rooms):
             ctx, draft = req.all_token_ids(), []
@@ -177,21 +182,23 @@ def tiny_block_bytes(block_size: int) -> int:
     return 2 * cfg.num_hidden_layers * block_size * heads * head_dim * 4
 
 
-def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, **knobs) -> LLMEngine:
+def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, proposer=None,
+                **knobs) -> LLMEngine:
     """A real LLMEngine on dummy:tiny with the KV-checking runner; host_blocks: a host tier
-    of that many blocks (kv_offloading_size)."""
+    of that many blocks (kv_offloading_size); proposer: its drafts (speculation)."""
     if host_blocks:
         knobs["kv_offloading_size"] = host_gib(block_size, host_blocks)
     eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
                                 num_blocks=num_blocks, block_size=block_size,
-                                max_model_len=MAX_MODEL_LEN, check_invariants=True, **knobs))
+                                max_model_len=MAX_MODEL_LEN, check_invariants=True, **knobs),
+                    proposer)
     assert (eng.host.num_blocks if eng.host else 0) == host_blocks
-    eng.runner = KVCheckingRunner(eng.pool, host=eng.host)
+    eng.executor.runner = KVCheckingRunner(eng.pool, host=eng.host)
     return eng
 
 
 def check_all(eng: LLMEngine) -> None:
-    assert not eng.runner.violations, eng.runner.violations[0]
+    assert not eng.executor.runner.violations, eng.executor.runner.violations[0]
     assert eng.stats.last_error is None, eng.stats.last_error
     pool, sched = eng.pool, eng.scheduler
     pool.check(sched.block_tables())
@@ -213,4 +220,4 @@ def check_all(eng: LLMEngine) -> None:
     if eng.host is not None:                 # both tiers: no block lost or owned twice
         eng.host.check([r for r in sched.waiting if r.swap is not None])
         assert not any(r.swap is not None for r in sched.running)
-    eng.runner.check_index()
+    eng.executor.runner.check_index()

@@ -28,7 +28,7 @@ def _generate(llm, prompts, params):
 
 def _chained_batches(llm):
     """Record (decodes fed from the device, prefill chunks) of every launched batch."""
-    seen, runner = [], llm.engine.runner
+    seen, runner = [], llm.engine.executor.runner
     real = runner.execute_model
 
     def execute_model(batch):
@@ -53,7 +53,7 @@ def test_async_outputs_equal_sync_and_mixed_steps_chain(num_blocks):
     if num_blocks == 60:
         assert counters.preemptions > 0
     assert llm.engine.pool.num_used == 0
-    assert llm.engine._host_copies.allocations == 3     # its ring slots, reused every step
+    assert llm.engine.executor._host_copies.allocations == 3     # its ring slots, reused every step
 
 
 def test_stop_tokens_end_requests_without_the_extra_token():

@@ -11,7 +11,8 @@ import torch
 
 from engine.config import DEFAULT_DRAFT_MODEL
 from engine.worker.draft_graphs import DraftGraphs
-from engine.worker.draft_runner import DraftChain, DraftExtend, DraftRunner, load_draft
+from engine.worker.draft_batch import DraftChain, DraftExtend
+from engine.worker.draft_runner import DraftRunner, load_draft
 from tests.engine.core.test_draft_spec import BUNDLED, write_random_llama
 
 BLOCK, LENS, COUNTS = 16, (20, 33, 7), (4, 2, 3)   # prompt lengths, chain length per row

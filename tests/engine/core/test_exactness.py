@@ -47,8 +47,8 @@ class Run:
                                max_num_seqs=rng.choice([1, 2, 4, 64]),
                                num_speculative_tokens=rng.choice([0, 1, 3]),
                                async_scheduling=rng.random() < 0.7,
-                               host_blocks=rng.choice([0, 0, 4, 16]))
-        self.eng.spec.propose_batch = OracleDrafter(rng.choice([0.0, 0.6, 1.0]), seed)
+                               host_blocks=rng.choice([0, 0, 4, 16]),
+                               proposer=OracleDrafter(rng.choice([0.0, 0.6, 1.0]), seed))
         self.prompts: list[list[int]] = []
         self.reqs: dict = {}         # id -> (Request, solo tokens, solo finish reason)
 

@@ -26,7 +26,7 @@ def test_transient_forward_failure_fails_nobody_and_is_reported(ckpt, make, monk
     for rid, p in prompts.items():
         h.submit(p, sp(6), rid)
     h.step()
-    state = fail_once(monkeypatch, h.engine.runner, "execute", RuntimeError("boom: CUDA-ish failure"))
+    state = fail_once(monkeypatch, h.engine.executor.runner, "execute", RuntimeError("boom: CUDA-ish failure"))
     h.step()                     # r0, r1 decode in this step; r2, r3 wait
     assert state["fired"] == 1
     for rid in prompts:
@@ -44,7 +44,7 @@ def test_forward_failure_of_a_lone_request_fails_it_and_engine_recovers(ckpt, ma
     for rid, p in prompts.items():
         h.submit(p, sp(6), rid)
     h.step()
-    fail_once(monkeypatch, h.engine.runner, "execute", RuntimeError("boom: CUDA-ish failure"))
+    fail_once(monkeypatch, h.engine.executor.runner, "execute", RuntimeError("boom: CUDA-ish failure"))
     h.step()                     # r0 alone decodes: it fails; r1 waits
     reason, tokens, error = h.finish("r0")
     assert reason == "error" and "RuntimeError: boom: CUDA-ish failure" in error
@@ -62,7 +62,7 @@ def test_forward_fails_on_a_condition(ckpt, make, monkeypatch):
     own output came to contain it); its batch-mates finish with the reference tokens."""
     POISON = 13
     h = make(max_num_seqs=3, max_num_batched_tokens=16)
-    model = h.engine.runner.model
+    model = h.engine.executor.runner.model
     real = model.forward
 
     def forward(input_ids, *args, **kwargs):
@@ -102,7 +102,7 @@ def test_failure_in_steady_decode_of_running_loop(ckpt, monkeypatch, fail_at):
     the engine serves the next ones with the reference tokens."""
     prompts = [prompt(120 + i, 5 + i) for i in range(4)]
     with EngineLoop(model=ckpt, **engine_kw(max_num_seqs=4)) as loop:
-        runner = loop.engine.runner
+        runner = loop.engine.executor.runner
         real, calls = runner.execute, {"n": 0}
 
         def execute(*args, **kwargs):
@@ -134,7 +134,7 @@ def test_sampler_failure(ckpt, make, monkeypatch):
     a = prompt(50, 11)
     h.submit(a, sp(), "a")
     h.step()
-    sampler = h.engine.sampler
+    sampler = h.engine.executor.runner.sampler
     name = "sample_async" if hasattr(sampler, "sample_async") else "sample"
     fail_once(monkeypatch, sampler, name, FloatingPointError("nan logits"))
     h.step()
@@ -153,7 +153,7 @@ def test_forward_failure_during_dedup_prefill(ckpt, make, monkeypatch):
     for rid in ("lead", "f1", "f2"):
         h.submit(p, sp(), rid)
     h.step()
-    fail_once(monkeypatch, h.engine.runner, "execute", RuntimeError("oom"))
+    fail_once(monkeypatch, h.engine.executor.runner, "execute", RuntimeError("oom"))
     h.step()
     assert h.finish("lead") == ("error", [], "RuntimeError: oom")
     for rid in ("f1", "f2"):       # followers of a failed leader are re-planned, not failed
@@ -202,7 +202,7 @@ def test_failure_after_leader_sampled_does_not_strand_followers(ckpt, make, monk
 
 def test_repeated_failures_then_recovery(ckpt, make, monkeypatch):
     h = make(max_num_seqs=4)
-    runner = h.engine.runner
+    runner = h.engine.executor.runner
     real = runner.execute
     broken = {"on": True}
     monkeypatch.setattr(runner, "execute",

@@ -46,7 +46,7 @@ def run_chat(**kw) -> tuple[LLM, list[list[int]]]:
 
 
 def host_gib(llm: LLM, blocks: int) -> float:
-    kv = llm.engine.runner.kv_cache
+    kv = llm.engine.executor.runner.kv_cache
     return blocks * (kv[:, :, :1].numel() * kv.element_size()) / 2 ** 30
 
 

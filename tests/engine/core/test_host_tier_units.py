@@ -190,7 +190,7 @@ def test_a_failed_copy_fails_its_step_and_leaves_no_block_behind():
     request's record is dropped (its host blocks are free; it recomputes), and the
     engine serves on with the same tokens for the others."""
     eng, params, prompts, reqs = swap_engine(host_blocks=8, async_scheduling=False)
-    real = eng.runner.transfer_kv
+    real = eng.executor.runner.transfer_kv
     calls = []
 
     def failing(xfer):
@@ -198,7 +198,7 @@ def test_a_failed_copy_fails_its_step_and_leaves_no_block_behind():
         if len(calls) == 1:
             raise RuntimeError("copy engine fault")
         real(xfer)
-    eng.runner.transfer_kv = failing
+    eng.executor.runner.transfer_kv = failing
     while not calls:
         eng.step()
     assert eng.stats.last_error == "RuntimeError: copy engine fault"

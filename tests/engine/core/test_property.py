@@ -69,8 +69,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.eng = make_engine(num_blocks, block_size, host_blocks=host,
                                enable_prefix_caching=caching, preemption_mode=preemption,
                                max_num_batched_tokens=budget, max_num_seqs=seqs,
-                               async_scheduling=async_, num_speculative_tokens=k)
-        self.eng.spec.propose_batch = OracleDrafter(accept, seed)
+                               async_scheduling=async_, num_speculative_tokens=k,
+                               proposer=OracleDrafter(accept, seed))
 
     # -- requests ---------------------------------------------------------------------------
     def _submit(self, prompt, max_tokens, ignore_eos, data, stops=None):
@@ -199,7 +199,7 @@ class EngineMachine(RuleBasedStateMachine):
         if eng is None:
             return
         # (teardown also runs after a failed rule: repeat the root cause, not a symptom)
-        assert not eng.runner.violations, eng.runner.violations[0]
+        assert not eng.executor.runner.violations, eng.executor.runner.violations[0]
         assert eng.stats.last_error is None, eng.stats.last_error
         # everything drains: no livelock, whatever the knobs were left at
         limit = 20 + 4 * sum(MAX_MODEL_LEN for _ in eng.requests) * max(

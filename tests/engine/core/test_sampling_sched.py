@@ -43,7 +43,7 @@ def test_preemption_chunking_and_prefix_hits_keep_tokens_and_logprobs(reference)
         if ref.logprobs is not None:
             assert [lp.logprobs for lp in out.logprobs] == \
                 [pytest.approx(lp.logprobs, abs=1e-4) for lp in ref.logprobs]
-    assert llm.engine.sampler.counts.slots == {}          # every slot released
+    assert llm.engine.executor.runner.sampler.counts.slots == {}          # every slot released
 
 
 def test_logprobs_mode_knob_reaches_the_sampler():

@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.config import SpeculativeConfig
+from benchmarks.oracle import OracleProposer
 from engine.core.batch_builder import _verify_columns
+from engine.core.ngram_proposer import NgramProposer
 from engine.core.scheduler import VerifyChunk
-from engine.core.spec_decode import OracleDrafts, SpecDecoder
+from engine.core.spec_decode import SpecDecoder
 
 
 class _Req:
@@ -29,7 +30,7 @@ def _counters():
 
 def test_accepted_counts_equal_the_per_chunk_definition():
     rng = np.random.default_rng(0)
-    spec = SpecDecoder(SpeculativeConfig(), SimpleNamespace(kv=None), _counters())
+    spec = SpecDecoder(NgramProposer(1, 4), SimpleNamespace(kv=None), _counters())
     want_pos, want_tokens, want_accepted, drafts_seen = [0] * 5, 0, 0, 0
     for step in range(200):
         chunks, tokens, want = [], [], []
@@ -68,11 +69,10 @@ def test_verify_rows_check_the_next_rows_input():
 @pytest.mark.parametrize("p", [1.0, 0.0, 0.5])
 def test_oracle_keeps_each_draft_with_probability_p(p):
     ref = list(range(0, 300))
-    oracle = OracleDrafts(SpeculativeConfig(method="oracle", oracle_acceptance=p), seed=1)
-    oracle.set_references([([1, 2, 3], ref)])
+    oracle = OracleProposer([([1, 2, 3], ref)], p, seed=1)
     reqs = [_Req(f"r{i}", [1, 2, 3], ref[:i]) for i in range(200)]
     rooms = [1 + i % 5 for i in range(200)]
-    drafts = oracle.batch(reqs, rooms)
+    drafts = oracle.propose(reqs, rooms)
     kept = total = 0
     for i, (room, draft) in enumerate(zip(rooms, drafts)):
         want = ref[i:i + room]
@@ -82,7 +82,7 @@ def test_oracle_keeps_each_draft_with_probability_p(p):
             kept += t == w
             total += 1
     assert kept == total if p == 1 else kept == 0 if p == 0 else 0.4 * total < kept < 0.6 * total
-    assert oracle(reqs[0], 0) == []
+    assert oracle.propose(reqs[:1], [0]) == [[]]
     oracle.release("r0")
     assert "r0" not in oracle._by_request
-    assert oracle.batch([_Req("x", [9], [])], [3]) == [[]]      # no reference: no draft
+    assert oracle.propose([_Req("x", [9], [])], [3]) == [[]]      # no reference: no draft

@@ -12,6 +12,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.oracle import OracleProposer
 from engine import LLM, SamplingParams
 from engine.codes import EV_SPEC_VERIFY
 from engine.config import InvalidRequestError, SpeculativeConfig, make_config
@@ -202,8 +203,13 @@ def test_ngram_proposer_takes_the_longest_recent_match():
 def test_config_vllm_json_and_live_knob():
     cfg = make_config(speculative_config='{"method": "ngram", "num_speculative_tokens": 5, '
                                          '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
-    assert cfg.speculative_config == SpeculativeConfig("ngram", 5, 2, 4)
-    assert cfg.scheduler.num_speculative_tokens == 5       # on from the start
+    assert cfg.speculative_config == SpeculativeConfig("ngram", 2, 4)
+    assert cfg.scheduler.num_speculative_tokens == 5       # on from the start: k's one home
+    assert not hasattr(cfg.speculative_config, "num_speculative_tokens")
+    assert make_config(speculative_config={"method": "ngram"}).scheduler \
+        .num_speculative_tokens == 3                        # vLLM's JSON without k
+    assert make_config(speculative_config={"num_speculative_tokens": 5},
+                       num_speculative_tokens=2).scheduler.num_speculative_tokens == 2
     assert make_config().scheduler.num_speculative_tokens == 0   # off by default
     for bad in ('{"method": "eagle"}', '{"num_speculative_tokens": 0}', "not json",
                 '{"prompt_lookup_min": 4, "prompt_lookup_max": 2}', '{"k": 1}'):
@@ -233,18 +239,16 @@ def test_bench_reports_acceptance(tmp_path, capsys):
 
 @pytest.mark.parametrize("p", [1.0, 0.0])
 def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
-    """Benchmarks only: the target's own greedy outputs as drafts, kept with probability p."""
-    import json
+    """The benchmarks' oracle (benchmarks/oracle.py), handed to LLM as its proposer: the
+    target's own greedy outputs as drafts, kept with probability p."""
     prompts = PROMPTS[4:7]
     with LLM(**KW) as llm:
         ids = [llm.tokenizer.encode(t) for t in prompts]
         want = [list(o.outputs[0].token_ids) for o in llm.generate(
             [{"prompt_token_ids": i} for i in ids], GREEDY)]
-    refs = tmp_path / "refs.json"
-    refs.write_text(json.dumps([[i, w] for i, w in zip(ids, want)]))
-    spec = {"method": "oracle", "num_speculative_tokens": 3, "oracle_acceptance": p,
-            "oracle_references": str(refs)}
-    with LLM(speculative_config=spec, **KW) as llm:
+    oracle = OracleProposer(zip(ids, want), p)
+    with LLM(num_speculative_tokens=3, proposer=oracle, **KW) as llm:
+        assert llm.engine.snapshot().spec_method == "oracle"
         got = [list(o.outputs[0].token_ids) for o in llm.generate(
             [{"prompt_token_ids": i} for i in ids], GREEDY)]
         c = llm.engine.counters
@@ -298,7 +302,7 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine(mixed_tokens)
     with LLM(**kw) as llm:
         want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
     with LLM(num_speculative_tokens=3, **kw) as llm:
-        runner = llm.engine.runner
+        runner = llm.engine.executor.runner
         names = [n for n in dir(reference) if not n.startswith("_")
                  and callable(getattr(reference, n))]
         ops = SimpleNamespace(**{**{n: getattr(reference, n) for n in names},
@@ -339,7 +343,7 @@ def test_stops_inside_an_accepted_run_end_the_request_there():
         want = [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
                 for o in llm.generate(prompts, params)]
     # synchronous steps: every step proposes, so where drafts are accepted does not
-    # depend on which steps async scheduling ran ahead (engine/core/core.py _may_chain)
+    # depend on which steps async scheduling ran ahead (engine/core/async_steps.py _may_chain)
     client = EngineClient(label="spec-sync", snapshots=False, speculative_config=SPEC,
                           async_scheduling=False, **KW)
     try:

@@ -5,11 +5,11 @@ decode rows: decode-only verify steps replay the verify graphs (decode buckets, 
 in-graph argmax), verify rows beside prefill chunks the mixed graphs. float32, so that
 no near-tie flips a token where the same position is computed in differently shaped
 batches (bf16 runs may differ there, as in vLLM)."""
-import json
 
 import pytest
 import torch
 
+from benchmarks.oracle import OracleProposer
 from engine import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -47,22 +47,19 @@ def test_ngram_speculation_keeps_greedy_tokens_with_graphs(reference):
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
             "prompt_lookup_max": 3}
     with LLM(speculative_config=spec, **KW) as llm:
-        assert llm.engine.runner.graphs.use_graphs
+        assert llm.engine.executor.runner.graphs.use_graphs
         got = _run(llm, prompts)
         c = llm.engine.counters
-        replays = dict(llm.engine.runner.graphs.replays)
+        replays = dict(llm.engine.executor.runner.graphs.replays)
     assert got == want
     assert c.spec_decode_num_draft_tokens > 0 and replays["verify"] > 0 and replays["mixed"] > 0
 
 
-def test_oracle_drafts_all_accepted_with_graphs(reference, tmp_path):
+def test_oracle_drafts_all_accepted_with_graphs(reference):
     prompts, want = reference
-    refs = tmp_path / "refs.json"
-    refs.write_text(json.dumps([[p, w] for p, w in zip(prompts, want)]))
-    spec = {"method": "oracle", "num_speculative_tokens": 4, "oracle_acceptance": 1.0,
-            "oracle_references": str(refs)}
-    with LLM(speculative_config=spec, **KW) as llm:
-        graphs = llm.engine.runner.graphs
+    oracle = OracleProposer(zip(prompts, want), 1.0)
+    with LLM(num_speculative_tokens=4, proposer=oracle, **KW) as llm:
+        graphs = llm.engine.executor.runner.graphs
         assert graphs.verify_buckets[-1] >= KW["max_num_seqs"] * 5   # every verify step fits
         got = _run(llm, prompts)
         c = llm.engine.counters

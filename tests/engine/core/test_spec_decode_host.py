@@ -94,7 +94,7 @@ def test_verified_random_rows_spend_no_sampler_draw():
     spec = {"method": "ngram", "num_speculative_tokens": 3}
     with LLM(model="default", device="cpu", speculative_config=spec,
              async_scheduling=False) as llm:
-        runner = llm.engine.runner
+        runner = llm.engine.executor.runner
         draws, verify_only = [], []
         execute, draw = runner.execute_model, runner.sampler._sample_random
 
@@ -118,7 +118,7 @@ def test_verified_random_rows_spend_no_sampler_draw():
 
 def test_verify_graph_rows_follow_k_the_seqs_and_the_budget():
     from engine.config import make_config
-    from engine.core.spec_decode import verify_rows
+    from engine.worker.executor.setup import verify_rows
     spec = {"method": "ngram", "num_speculative_tokens": 4}
     assert verify_rows(make_config(max_num_seqs=32, speculative_config=spec,
                                    max_num_batched_tokens=2048)) == 32 * 5

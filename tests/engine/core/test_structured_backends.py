@@ -7,12 +7,12 @@ rolled back) its greedy tokens are the ones it gives without; the config's backe
 cannot read the tokenizer); vLLM's Python API (StructuredOutputsParams)."""
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import llguidance
 import pytest
 
+from benchmarks.oracle import OracleProposer
 from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine.config import InvalidRequestError, StructuredOutputsConfig
 from engine.core.structured import make_manager
@@ -30,14 +30,12 @@ def xllm():
 
 
 @pytest.fixture(scope="module")
-def reference(xllm, tmp_path_factory):
-    """xgrammar's greedy outputs, and the oracle drafter's reference file of them."""
+def reference(xllm):
+    """xgrammar's greedy outputs, and the oracle drafter's references: them."""
     got = run(xllm, dict(temperature=0))
     pairs = [[xllm.inputs.process(p)[0].prompt_token_ids, list(o.token_ids)]
              for (p, _), (_, o) in zip(cases(), got)]
-    path = tmp_path_factory.mktemp("oracle") / "refs.json"
-    path.write_text(json.dumps(pairs))
-    return got, str(path)
+    return got, pairs
 
 
 def test_xgrammar_outputs_validate(xllm, reference):
@@ -50,8 +48,7 @@ def test_xgrammar_outputs_validate(xllm, reference):
 def test_xgrammar_with_speculation_gives_the_same_tokens(reference):
     got, refs = reference
     llm = LLM(device="cpu", check_invariants=True, structured_outputs_config=XGRAMMAR,
-              speculative_config={"method": "oracle", "num_speculative_tokens": 3,
-                                  "oracle_acceptance": 0.5, "oracle_references": refs})
+              num_speculative_tokens=3, proposer=OracleProposer(refs, 0.5))
     spec = run(llm, dict(temperature=0))
     assert [o.token_ids for _, o in spec] == [o.token_ids for _, o in got]
     c = llm.engine.counters

@@ -6,10 +6,9 @@ drafter proposes the target's own tokens, some replaced by wrong ones), and samp
 outputs validate."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
+from benchmarks.oracle import OracleProposer
 from engine import LLM, SamplingParams
 from tests.engine.core.structured_schemas import MODELS, check
 from tests.engine.core.test_structured import PROMPTS, cases, constrained, run
@@ -18,23 +17,20 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Greedy outputs without speculation, and the oracle's reference file of them."""
+def reference():
+    """Greedy outputs without speculation, and the oracle's references: them."""
     llm = LLM(device="cpu")
     got = run(llm, dict(temperature=0))
     pairs = [[llm.inputs.process(p)[0].prompt_token_ids, list(o.token_ids)]
              for (p, _), (_, o) in zip(cases(), got)]
-    path = tmp_path_factory.mktemp("oracle") / "refs.json"
-    path.write_text(json.dumps(pairs))
-    return got, str(path)
+    return got, pairs
 
 
 @pytest.mark.parametrize("acceptance", [1.0, 0.5])
 def test_greedy_tokens_equal_without_speculation(reference, acceptance):
     got, refs = reference
-    llm = LLM(device="cpu", check_invariants=True, speculative_config={
-        "method": "oracle", "num_speculative_tokens": 3, "oracle_acceptance": acceptance,
-        "oracle_references": refs})
+    llm = LLM(device="cpu", check_invariants=True, num_speculative_tokens=3,
+              proposer=OracleProposer(refs, acceptance))
     spec = run(llm, dict(temperature=0))
     assert [o.token_ids for _, o in spec] == [o.token_ids for _, o in got]
     c = llm.engine.counters

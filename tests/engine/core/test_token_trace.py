@@ -6,6 +6,7 @@ verify's one time); memory stays bounded (TRACE_KEEP traces of each kind, TRACE_
 tokens each); requests that asked for neither have none."""
 import pytest
 
+from benchmarks.oracle import OracleProposer
 from engine.config import make_config
 from engine.core import spec_decode, stats as stats_mod, token_trace
 from engine.core.core import LLMEngine
@@ -97,10 +98,9 @@ def test_speculative_origins_follow_the_verifies():
         refs = [(p["prompt_token_ids"], r.output_token_ids) for p, r in zip(prompts, base)]
     finally:
         ref.close()
-    spec = {"method": "oracle", "num_speculative_tokens": 3, "oracle_acceptance": 0.5}
-    eng = LLMEngine(make_config(speculative_config=spec, **ENGINE))
+    eng = LLMEngine(make_config(num_speculative_tokens=3, **ENGINE),
+                    proposer=OracleProposer(refs, 0.5))
     try:
-        eng.spec.oracle.set_references(refs)
         reqs = [add_request(eng, p, params, f"s{i}") for i, p in enumerate(prompts)]
         _serve(eng)
         snap = eng.snapshot()

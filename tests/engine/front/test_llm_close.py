@@ -23,7 +23,7 @@ def tokens(llm):
 def test_plain_llm_twice_and_as_a_context_manager():
     first = LLM(**KNOBS)
     want = tokens(first)
-    gone = [weakref.ref(first.engine), weakref.ref(first.engine.runner.kv_cache)]
+    gone = [weakref.ref(first.engine), weakref.ref(first.engine.executor.runner.kv_cache)]
     first.close()
     assert [ref() for ref in gone] == [None, None]   # the engine and its KV cache are freed
     first.close()                                   # idempotent
@@ -41,7 +41,7 @@ def test_tensor_parallel_llm_twice_in_one_process():
         want = tokens(ref)
     for _ in range(2):        # the second would fail: "process group initialized twice"
         with LLM(tensor_parallel_size=2, **KNOBS) as llm:
-            procs = list(llm.engine.tp_group.procs)
+            procs = list(llm.engine.executor.group.procs)
             assert dist.is_initialized() and all(p.is_alive() for p in procs)
             assert tokens(llm) == want
         assert not dist.is_initialized()

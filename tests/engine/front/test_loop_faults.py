@@ -202,7 +202,7 @@ def test_stream_iteration_ends_on_error(ckpt, monkeypatch):
         loop.pause()
         s = loop.submit({"prompt_token_ids": [3, 4, 5]}, sp(8))
         assert loop.step_once().wait(TIMEOUT)
-        fail_once(monkeypatch, loop.engine.runner, "execute", RuntimeError("x"))
+        fail_once(monkeypatch, loop.engine.executor.runner, "execute", RuntimeError("x"))
         loop.resume()
         events = []
         deadline = time.monotonic() + TIMEOUT

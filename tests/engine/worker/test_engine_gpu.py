@@ -27,7 +27,7 @@ def test_cuda_graphs_match_eager_bf16():
               max_num_batched_tokens=2048)
     eager = _greedy(LLM(enforce_eager=True, **kw), prompts)
     graphs = LLM(enforce_eager=False, **kw)
-    assert graphs.engine.runner.graphs.use_graphs and graphs.engine.runner.graphs.graphs
+    assert graphs.engine.executor.runner.graphs.use_graphs and graphs.engine.executor.runner.graphs.graphs
     assert _greedy(graphs, prompts) == eager
 
 
@@ -70,7 +70,7 @@ def test_triton_matches_torch_backend_bf16_mixed_step():
         assert plan.decodes and len(plan.prefills) == len(short)
         batch, _ = build_step_batch(plan, eng.scheduler.followers, eng.pool.block_size,
                                        eng.scheduler.kv.tables)
-        out = eng.runner.execute(batch)
+        out = eng.executor.runner.execute(batch)
         # decode rows depend on earlier samples (which may differ); prefill rows do not
         logits[backend] = out[len(plan.decodes):].float()
     a, b = logits["triton"], logits["torch"]

@@ -48,7 +48,7 @@ def test_pool_holds_more_blocks_in_the_same_bytes():
     for kv, backend in (("auto", "torch_sdpa"), ("fp8", "auto")):
         llm = LLM(model="dummy:tiny", device="cpu", kv_cache_dtype=kv, attention_backend=backend)
         try:
-            cache = llm.engine.runner.kv_cache
+            cache = llm.engine.executor.runner.kv_cache
             pools[kv] = (llm.engine.pool.num_blocks, cache.numel() * cache.element_size(),
                          cache.dtype, llm.engine.backend)
         finally:
@@ -56,7 +56,7 @@ def test_pool_holds_more_blocks_in_the_same_bytes():
     assert pools["auto"][0] == DEFAULT_CPU_BLOCKS and pools["fp8"][0] == 4 * DEFAULT_CPU_BLOCKS
     assert pools["auto"][1] == pools["fp8"][1]
     assert pools["fp8"][2] == FP8_DTYPE and pools["fp8"][3] == "torch_sdpa"
-    model = llm.engine.runner.model
+    model = llm.engine.executor.runner.model
     assert kv_bytes_per_block(model, BS, torch.bfloat16) == \
         2 * kv_bytes_per_block(model, BS, FP8_DTYPE)
 
@@ -108,7 +108,7 @@ def test_calculate_kv_scales_sets_per_head_scales_on_the_first_step(ckpt):
     llm = LLM(model=str(ckpt), device="cpu", dtype="float32", block_size=BS, num_blocks=64,
               kv_cache_dtype="fp8", calculate_kv_scales=True)
     try:
-        runner = llm.engine.runner
+        runner = llm.engine.executor.runner
         assert torch.equal(runner.kv_scales, torch.ones_like(runner.kv_scales))
         prompt = list(range(3, 40))
         one = SamplingParams(max_tokens=1, temperature=0)     # one step: the prefill only
@@ -148,7 +148,7 @@ def test_calibration_warm_up_stores_nothing(ckpt):
     llm = LLM(model=str(ckpt), device="cpu", dtype="float32", block_size=BS, num_blocks=16,
               kv_cache_dtype="fp8", calculate_kv_scales=True)
     try:
-        runner = llm.engine.runner
+        runner = llm.engine.executor.runner
         runner.kv_cache.view(torch.uint8).fill_(7)
         _warm_up_calibration(runner, runner.model.attention_layers()[0])
         assert bool((runner.kv_cache.view(torch.uint8) == 7).all())

@@ -18,7 +18,7 @@ QWEN = dict(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16",
 def _blocks_and_bytes(**kw):
     llm = LLM(**QWEN, **kw)
     try:
-        cache = llm.engine.runner.kv_cache
+        cache = llm.engine.executor.runner.kv_cache
         return llm.engine.pool.num_blocks, cache.numel() * cache.element_size()
     finally:
         llm.engine.close()
@@ -39,14 +39,14 @@ def test_fp8_graphs_match_eager(calculate):
     kw = dict(QWEN, num_blocks=4096, kv_cache_dtype="fp8", calculate_kv_scales=calculate)
     eager = LLM(enforce_eager=True, **kw)
     want = _greedy(eager, prompts)
-    scales = eager.engine.runner.kv_scales.clone()
+    scales = eager.engine.executor.runner.kv_scales.clone()
     eager.engine.close()
     graphs = LLM(enforce_eager=False, **kw)
     try:
-        assert graphs.engine.runner.graphs.graphs
+        assert graphs.engine.executor.runner.graphs.graphs
         assert _greedy(graphs, prompts) == want
         # the same first step, so the same scales (ones without calculate_kv_scales)
-        assert torch.equal(graphs.engine.runner.kv_scales, scales)
+        assert torch.equal(graphs.engine.executor.runner.kv_scales, scales)
         assert calculate == bool((scales != 1).any())
     finally:
         graphs.engine.close()

@@ -29,7 +29,7 @@ def _prompts(vocab: int, seed=3):
 def test_prompt_logprobs_continue_output_logprobs(setup):
     llm = LLM(max_num_batched_tokens=128, enable_prefix_caching=False, **SETUPS[setup])
     if setup == "gpu":
-        assert llm.engine.runner.graphs.use_graphs
+        assert llm.engine.executor.runner.graphs.use_graphs
     prompts = _prompts(VOCAB[setup])
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=3)
     first = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)

@@ -49,7 +49,7 @@ def runs():
     prompts = _prompts()
     params = [_params(i) for i in range(N)]
     graphs = LLM(enforce_eager=False, **KW)
-    assert graphs.engine.runner.graphs.use_graphs
+    assert graphs.engine.executor.runner.graphs.use_graphs
     plain = _run(graphs, prompts, [SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                                   ignore_eos=True)] * N)
     mixed = _run(graphs, prompts, params)

@@ -38,7 +38,7 @@ def _greedy(llm):
 
 def _through_buffers(llm, max_batch=8) -> StepGraphs:
     """Route the runner's steps through padded StepGraphs buffers (no capture)."""
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     names = [n for n in dir(reference) if not n.startswith("_") and callable(getattr(reference, n))]
     ops = SimpleNamespace(**{n: getattr(reference, n) for n in names},
                           paged_unified_attention=unified_attention_reference)

@@ -40,7 +40,7 @@ def test_mixed_graphs_match_eager_bf16():
     eager = LLM(enforce_eager=True, **_kw())
     want = _run(eager, prompts)
     llm = LLM(**_kw())
-    graphs = llm.engine.runner.graphs
+    graphs = llm.engine.executor.runner.graphs
     assert graphs.use_graphs and any(k[0] == "mixed" for k in graphs.graphs)
     assert _run(llm, prompts) == want
     counters = llm.engine.stats.counters
@@ -57,14 +57,14 @@ def test_mixed_graphs_match_eager_kernels_fp32():
     want = _run(LLM(cudagraph_mode="full_decode_only", **kw), prompts)
     llm = LLM(**kw)
     assert _run(llm, prompts) == want
-    assert llm.engine.runner.graphs.replays["mixed"] > 0
+    assert llm.engine.executor.runner.graphs.replays["mixed"] > 0
 
 
 def test_mixed_steps_replay_graphs_in_steady_state(monkeypatch):
     """New requests arrive as others finish: every mixed step after start-up is a graph
     replay, none runs the eager forward."""
     llm = LLM(**_kw())
-    eng, runner = llm.engine, llm.engine.runner
+    eng, runner = llm.engine, llm.engine.executor.runner
     eager_calls = []
     real = runner._eager_forward
     monkeypatch.setattr(runner, "_eager_forward",
@@ -99,7 +99,7 @@ def test_async_mixed_steps_match_sync_fp32():
               block_size=8, max_num_batched_tokens=256, max_num_seqs=24)
     want = _run(LLM(async_scheduling=False, **kw), prompts)
     llm = LLM(async_scheduling=True, **kw)
-    runner, fed = llm.engine.runner, []
+    runner, fed = llm.engine.executor.runner, []
     real = runner.execute_model
     runner.execute_model = lambda b: fed.append(
         b.prev_token_rows is not None and b.num_prefills > 0) or real(b)
@@ -113,7 +113,7 @@ def test_greedy_decode_steps_take_the_graphs_argmax(monkeypatch):
     graph (the sampler is not called for them); a sampling batch still goes through the
     sampler, and greedy tokens equal an eager engine's."""
     llm = LLM(**_kw())
-    runner = llm.engine.runner
+    runner = llm.engine.executor.runner
     calls = []
     real = runner.sampler.sample
     monkeypatch.setattr(runner.sampler, "sample",

@@ -9,7 +9,7 @@ from engine.worker.warmup import WARM_EVERY_ROWS_UP_TO, warm_up_logits
 
 def test_logits_warm_up_covers_every_row_count_a_mixed_step_samples(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    runner = LLM(model="dummy:tiny", device="cpu", dtype="float32").engine.runner
+    runner = LLM(model="dummy:tiny", device="cpu", dtype="float32").engine.executor.runner
     seen = []
     real = runner.model.compute_logits
 

@@ -62,7 +62,7 @@ def test_tp2_equals_tp1_with_async_scheduling(tmp_path, kind, monkeypatch):
     want = _tokens(ref.generate(prompts, params))
     ref.engine.close()
     llm = LLM(model=str(tmp_path), tensor_parallel_size=2, **KNOBS)
-    group = llm.engine.tp_group
+    group = llm.engine.executor.group
     continuations = []
     broadcast = group.broadcast
     monkeypatch.setattr(group, "broadcast", lambda batch, released=(): (
@@ -113,7 +113,7 @@ def test_killed_rank_ends_every_stream_with_an_error(tmp_path):
                    for i in range(3)]
         for s in streams:
             s.get(timeout=60)
-        os.kill(loop.engine.tp_group.procs[0].pid, signal.SIGKILL)
+        os.kill(loop.engine.executor.group.procs[0].pid, signal.SIGKILL)
         t0 = time.monotonic()
         for s in streams:
             out = s.result(timeout=10)
@@ -129,7 +129,7 @@ def test_tp2_host_tier_reloads_and_swaps_as_tp1(tmp_path):
     prompts = [{"prompt_token_ids": p} for p in workload()]
     ref = LLM(model=str(tmp_path), **KNOBS)
     want = _tokens(ref.generate(prompts, GREEDY))
-    kv = ref.engine.runner.kv_cache
+    kv = ref.engine.executor.runner.kv_cache
     ref.engine.close()
     gib = 64 * kv[:, :, :1].numel() * kv.element_size() / 2 ** 30
     knobs = dict(KNOBS, num_blocks=32, max_num_seqs=3, kv_offloading_size=gib,

@@ -1,4 +1,6 @@
-"""Host buffers for the steps' grammar bitmasks, taken in turn.
+"""Host buffers for the steps' grammar bitmasks, taken in turn, and the torch view of a
+mask that a grammar library fills (xgrammar takes tensors): the core's structured
+outputs (engine/core/structured/) fill them as numpy arrays and import no torch.
 
 A step's mask is filled into one of three buffers (pinned on CUDA, so its copy to the
 device does not wait for the stream) and must outlive two later fills: async scheduling
@@ -32,3 +34,8 @@ class MaskRing:
             self._keep[i], buf = t, t.numpy()
             self._bufs[i] = buf
         return buf[:rows]
+
+
+def tensor_view(array: np.ndarray) -> torch.Tensor:
+    """A tensor over the same memory (a library writing it writes the array)."""
+    return torch.from_numpy(array)

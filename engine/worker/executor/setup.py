@@ -1,8 +1,8 @@
-"""The engine's model side, built once as LLMEngine starts: the model loaded (with tensor
+"""The model side, built once as the executor starts: the model loaded (with tensor
 parallelism, ranks 1..N-1 first, loading their shards alongside rank 0), the attention
-backend resolved, the KV cache sized in blocks (a draft model resident too) and the
-ModelRunner every step runs on. The core's own parts (pool, scheduler, spec decoder) are
-built around it in engine/core/core.py."""
+backend resolved, the KV cache sized in blocks (a draft model resident too), the draft
+model's runner and the ModelRunner every step runs on. The executor
+(engine/worker/executor/) wraps what this builds; the core never calls it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig
-from engine.core.draft_proposer import DraftProposer, make_draft_proposer
-from engine.core.spec_decode import verify_rows
+from engine.worker.draft_runner import DraftRunner, build_draft_runner
 from engine.worker.models.loader import LoadedModel, load_model
 from engine.worker.placement import (blocks_from_memory, kv_bytes_per_block,
                                      resolve_kv_cache_dtype)
@@ -21,18 +20,18 @@ from kernels.cpu_native_build import build_in_background
 
 
 @dataclass
-class RunnerSetup:
+class WorkerSetup:
     loaded: LoadedModel
     backend: str                     # the attention backend, "auto" resolved
     max_model_len: int               # the config's, capped by the model's
     num_blocks: int                  # the target model's KV blocks (the pool's size)
-    draft: DraftProposer | None      # speculative method draft_model, else None
+    draft: DraftRunner | None        # speculative method draft_model, else None
     runner: ModelRunner
     tp_group: object = None          # TPWorkerGroup of ranks 1..N-1 (engine/worker/distributed)
 
 
-def setup_runner(config: EngineConfig, device: torch.device,
-                 dtype: torch.dtype) -> RunnerSetup:
+def setup_worker(config: EngineConfig, device: torch.device,
+                 dtype: torch.dtype) -> WorkerSetup:
     """Load the model and build the runner; a failure stops the workers it started."""
     backend = config.attention_backend
     if backend == "auto" and device.type == "cuda":
@@ -74,16 +73,51 @@ def _num_blocks(config: EngineConfig, device: torch.device, per_block: int,
         if device.type == "cuda" else DEFAULT_CPU_BLOCKS * model_dtype_block // per_block)
 
 
+def build_draft(config: EngineConfig, target_vocab: int, ops, device: torch.device,
+                dtype: torch.dtype, num_blocks: int, max_model_len: int) -> DraftRunner | None:
+    """The draft model and its KV pool for method draft_model (else None). Its pool holds
+    what the running requests can use (max_num_seqs full-length requests: only running
+    requests hold draft blocks when a proposal takes more), at most the target's block
+    count: on CPU the two are alike, on CUDA the target's count comes from the GPU's
+    memory and is far more than a draft needs. Its chains are sized for the k the
+    engine starts with (the live knob num_speculative_tokens)."""
+    spec = config.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    per_seq = -(-max_model_len // config.block_size)
+    blocks = min(num_blocks, config.scheduler.max_num_seqs * per_seq)
+    graphs = device.type == "cuda" and not config.enforce_eager \
+        and ops.__name__ == "kernels.triton_ops"
+    return build_draft_runner(spec.model, target_vocab, ops, device, dtype, blocks,
+                              config.block_size, config.seed,
+                              max_rows=config.scheduler.max_num_seqs,
+                              max_chain=config.scheduler.num_speculative_tokens + 1,
+                              use_graphs=graphs)
+
+
+def verify_rows(config: EngineConfig) -> int:
+    """Decode rows of the widest verify step of the k the engine starts with (every
+    running request with k drafts, the drafts within the token budget): the CUDA graphs
+    capture verify steps up to that many rows (capped by the largest decode bucket); 0
+    when it starts without speculation (a k or budget set larger live runs the mixed
+    graphs or eagerly)."""
+    sched = config.scheduler
+    if not sched.num_speculative_tokens:
+        return 0
+    return min(sched.max_num_seqs * (1 + sched.num_speculative_tokens),
+               max(sched.max_num_seqs, sched.max_num_batched_tokens))
+
+
 def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype,
-                  loaded: LoadedModel, backend: str, group) -> RunnerSetup:
+                  loaded: LoadedModel, backend: str, group) -> WorkerSetup:
     max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, loaded.max_model_len)
     ops = get_ops(backend)
     # the pool's bytes a block in kv_cache_dtype, and in the model's dtype (CPU sizing)
     sizes = [kv_bytes_per_block(loaded.model, config.block_size, t) for t in
              (resolve_kv_cache_dtype(config.kv_cache_dtype, dtype, device), dtype)]
     num_blocks = _num_blocks(config, device, *sizes)
-    draft = make_draft_proposer(config, loaded.model.config.vocab_size, ops, device, dtype,
-                                num_blocks, max_model_len)
+    draft = build_draft(config, loaded.model.config.vocab_size, ops, device, dtype,
+                        num_blocks, max_model_len)
     if draft is not None:
         num_blocks = _num_blocks(config, device, *sizes)   # the draft is resident
     # TP: every rank runs the same ModelRunner on the same StepBatch (same graph
@@ -104,4 +138,4 @@ def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype
         group.allocate_kv(num_blocks, config.block_size, **runner_kw)
     runner = ModelRunner(loaded.model, ops, device, dtype, num_blocks, config.block_size,
                          **runner_kw)
-    return RunnerSetup(loaded, backend, max_model_len, num_blocks, draft, runner, group)
+    return WorkerSetup(loaded, backend, max_model_len, num_blocks, draft, runner, group)

@@ -1,11 +1,11 @@
-"""engine/core/runner_setup.py: a start that fails after the tensor-parallel workers joined
-stops them (the engine never gets a tp_group to close), and raises the cause."""
+"""engine/worker/executor/setup.py: a start that fails after the tensor-parallel workers
+joined stops them (the engine never gets an executor to close), and raises the cause."""
 import multiprocessing as mp
 
 import pytest
 
 from engine.config import make_config
-from engine.core import runner_setup
+from engine.worker.executor import setup
 from engine.core.core import LLMEngine
 
 
@@ -22,7 +22,7 @@ def test_a_failed_start_stops_the_workers_it_started(monkeypatch):
         started.extend(_tp_workers())
         raise RuntimeError("draft model unreadable")
 
-    monkeypatch.setattr(runner_setup, "make_draft_proposer", failing_draft)
+    monkeypatch.setattr(setup, "build_draft", failing_draft)
     with pytest.raises(RuntimeError, match="draft model unreadable"):
         LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
                               tensor_parallel_size=2, num_blocks=16, block_size=4))

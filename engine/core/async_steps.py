@@ -1,0 +1,99 @@
+"""Async scheduling (the `async_scheduling` knob, vLLM V1's), a part of LLMEngine
+(engine/core/core.py): every step is launched and left in flight; the next call commits
+its KV bookkeeping, counts each of its samples as a pending token
+(request.add_pending_tokens), asks the scheduler for the next step as usual, launches it
+with the pending tokens fed from the in-flight step's samples (on the device), and only
+then reads the tokens. So the host's planning of step N+1 overlaps the device's step N,
+prefill chunks and mixed steps included. A request that its token ends (EOS, stop)
+computes one more token in N+1, which is discarded. Under tensor parallelism too: every
+rank samples and keeps its samples on its device (engine/worker/executor/tp.py), so a
+continuation needs nothing from rank 0's host but the batch it broadcasts anyway.
+"""
+from __future__ import annotations
+
+from engine.core.launched import Launched
+from engine.core.scheduler import StepPlan
+from engine.core.spec_decode import SPEC_ASYNC_RUN
+from engine.outputs import StepOutput
+from engine.request import RequestStatus, add_pending_tokens
+
+
+class AsyncSteps:
+    def _may_chain(self, prev: StepPlan) -> bool:
+        """Launch the next step before reading `prev`'s tokens (async scheduling)? Always
+        without speculation. With it (docs/SPECULATIVE.md "Async scheduling"): never after
+        a verify (its accepted count sets the next positions), and at most
+        SPEC_ASYNC_RUN steps in a row, since a chained step plans its decodes with their
+        tokens pending and the proposer needs them on the host: then a step is planned
+        with every token known, and proposes again. Nor after a step with a decode that
+        waited for its token and that the proposer has not declined lately (a request's
+        first decodes: a drafter that always proposes, a draft model, would miss them)."""
+        if prev.verifies:     # whatever k is now: a live k of 0 leaves verifies in flight
+            return False
+        if not self.speculating:
+            return True
+        if prev.spec_waiting or self._chained >= SPEC_ASYNC_RUN:
+            return False
+        self._chained += 1
+        return True
+
+    def _sample_deferred(self, launched: Launched) -> None:
+        """Structured outputs under async scheduling: the step's forward ran while the
+        previous step's tokens were read and its matchers advanced; now its mask is
+        filled and its sampling queued (vLLM V1's deferred grammar bitmask)."""
+        ex = self.executor
+        launched.host_tokens = ex.sample_deferred(self.structured.fill(launched.grammar))
+        launched.logprobs = ex.take_logprobs(launched.batch)
+        for req in launched.requests:     # ended meanwhile: drop the sampler state its
+            if req.request_id not in self.requests:   # row just made again
+                ex.release(req.request_id)
+
+    def _complete_inflight(self, chain: bool) -> StepOutput:
+        """Commit the step in flight, plan and launch the next one (chain), then read the
+        in-flight step's tokens: the host plans step N+1 while the device runs step N."""
+        prev, self._inflight = self._inflight, None
+        out = StepOutput()
+        failed = None
+        try:
+            self._commit(prev.plan)
+            if chain and self.async_scheduling and self._may_chain(prev.plan) \
+                    and (self.executor.defers_sampling or prev.grammar is None):
+                failed = self._launch_next(prev)
+            self._emit_tokens(prev, out)
+        except Exception as exc:     # every plan that depends on prev's samples fails
+            plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
+                                               failed and failed[0]) if p is not None]
+            self._inflight = failed = None
+            for plan in plans:
+                self._fail_plan(plan, exc, out)
+            for req in prev.requests:       # followers: their tokens are never read, so
+                if req.num_pending and req.request_id in self.requests:   # recompute them
+                    req.drop_pending()
+                    if req.status is RequestStatus.RUNNING:
+                        self.scheduler.preempt(req)
+        nxt = self._inflight
+        if nxt is not None and nxt.host_tokens is None:
+            try:
+                self._sample_deferred(nxt)
+            except Exception as exc:    # rerun request by request (below)
+                self._inflight, failed = None, (nxt.plan, exc)
+        self._after_step(prev.plan, prev.t0, out)
+        if failed is not None:   # rerun request by request, now that prev's tokens are known
+            plan, exc = failed
+            self._isolate(plan, exc, out)
+            self._record(plan, self.clock.now(), 0)
+        return out
+
+    def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
+        """Plan and launch the step after `prev` before prev's tokens are read: each
+        request prev samples counts its token as pending (the scheduler plans with it,
+        the runner feeds it from the device). Returns (plan, error) if the launch failed."""
+        add_pending_tokens(prev.requests)
+        plan = self._schedule()
+        if not plan:
+            return None
+        try:
+            self._inflight = self._launch(plan, device_fed=True)
+        except Exception as exc:
+            return plan, exc
+        return None
