@@ -47,7 +47,7 @@ class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
     #                                     model's own log-softmax, before any processing
 
 
-class StepOutput(msgspec.Struct, tag=True):
+class StepOutput(msgspec.Struct, tag=True, omit_defaults=True):
     """One step's results: new tokens (parallel lists) and the requests that ended. The
     engine process sends each client the part of it that holds its requests."""
     time: float = 0.0                   # serving-clock time the step's tokens were emitted

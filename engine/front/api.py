@@ -1,10 +1,11 @@
 """EngineAPI: the one client API of the engine, whichever transport carries it.
 
-Two classes implement it: EngineLoop (engine/front/loop.py: the core loop on a thread of this
-process) and EngineClient (engine/front/client.py: the core in its own process, over ZMQ).
-The TUI, the bench, the server and LLM-style callers use only what is declared here,
-and tests/engine/front/test_engine_contract.py runs one suite against both. Where the two used to
-differ, the behaviour is settled here, once:
+One class implements it over either transport: EngineClient (engine/front/client.py) with
+the core in its own process (over ZMQ), and EngineLoop (engine/front/loop.py), the same
+client with the core loop on a thread of this process; DPClient (engine/front/dp_client.py)
+implements it over several engine processes. The TUI, the bench, the server and LLM-style
+callers use only what is declared here, and tests/engine/front/test_engine_contract.py
+runs one suite against both transports. The behaviour is settled here, once:
 
 - a request id that a live request of this client holds: `submit` raises
   InvalidRequestError (as vLLM does), before any state exists; the live request is
@@ -81,7 +82,9 @@ class EngineAPI(Protocol):
     def step_once(self) -> threading.Event:
         """Pause (if running) and run exactly one step; the event fires after it."""
 
-    def clear_prefix_cache(self) -> None: ...
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (vLLM's reset_prefix_cache); running requests keep
+        their blocks."""
 
     def reset_peak_usage(self) -> None:
         """Restart the peak-KV-usage watermark (EngineSnapshot.peak_used_blocks)."""

@@ -259,9 +259,9 @@ class DPClient:
             c.set_knobs(**changes)
         return knobs
 
-    def clear_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> None:
         for c in self._live():
-            c.clear_prefix_cache()
+            c.reset_prefix_cache()
 
     def reset_peak_usage(self) -> None:
         for c in self._live():

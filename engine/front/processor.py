@@ -2,8 +2,10 @@
 stop strings, stream events, final RequestOutputs).
 
 This runs in the front, never inside the engine core (whose step sees token ids only):
-in the client's process with EngineClient (the core in its own process, the default),
-on the EngineLoop's thread or in LLM's caller with the core in process. Stop strings are matched here, on the detokenized text; a hit ends the
+in EngineClient (on its transport's thread: the IO thread with the core in its own
+process, the engine thread with the core in process) or in LLM's caller. It reads the
+core's own StepOutput, as the engine sent it. Stop strings are matched here, on the
+detokenized text; a hit ends the
 request for its consumer at once and the front tells the core to abort it (the core
 may have computed one more token by then, which is dropped, as in vLLM V1).
 """
@@ -160,8 +162,8 @@ class OutputProcessor:
         """Apply one step; returns the ids the core must abort (stop strings matched:
         their final event comes with the core's FinishedRequest, reason "stop")."""
         states, now, aborts, touched = self.states, out.time, [], {}
-        logprobs = getattr(out, "logprobs", None)
-        for rid, lps in (getattr(out, "prompt_logprobs", None) or {}).items():
+        logprobs = out.logprobs
+        for rid, lps in (out.prompt_logprobs or {}).items():
             if (st := states.get(rid)) is not None:   # before its first token (same step)
                 st.prompt_logprobs = tuple(lps)
                 if st.on_event is not None:

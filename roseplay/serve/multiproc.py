@@ -22,7 +22,7 @@ the kernel spreads new connections over them.
   server that dies makes the serve process stop the rest and exit EXIT_API_SERVER_DIED.
   Each API server watches the engine and the serve process (pidfd): if either goes, its
   open streams end with an error event and [DONE] and it exits EXIT_ENGINE_DIED. Stalls
-  follow the one policy of engine/front/attach.py (client_timeout), as for API server 0.
+  follow the one policy of engine/ipc/attach.py (client_timeout), as for API server 0.
 - Request ids are `<prefix>-<uuid4 hex>`: random per process (os.urandom), so they do
   not collide across processes; the engine refuses a duplicate id anyway.
 """

@@ -329,7 +329,7 @@ async def models(request: Request):
 @router.get("/health")
 async def health(request: Request):
     """200 while requests can be served; 503 while they cannot: the engine is gone, or
-    it dropped this server, which is attaching again (engine/front/attach.py)."""
+    it dropped this server, which is attaching again (engine/ipc/attach.py)."""
     st = _state(request)
     error = st.engine_error() or getattr(st.loop, "unavailable", None)
     if error:

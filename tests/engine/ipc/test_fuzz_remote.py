@@ -15,7 +15,7 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.front.attach import open_socket
+from engine.ipc.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P

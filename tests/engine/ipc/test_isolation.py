@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from engine import InvalidRequestError, SamplingParams
-from engine.front.attach import open_socket
+from engine.ipc.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P

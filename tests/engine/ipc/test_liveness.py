@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 from engine import SamplingParams
-from engine.front.attach import open_socket
+from engine.ipc.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
