@@ -89,7 +89,7 @@ class ApiServerGroup:
     def _start(self, count, loop, config, host, port, log_level) -> None:
         env = child_env()
         env[MULTIPROC_ENV] = self.metrics_dir
-        env[auth.ENGINE_KEY_ENV] = loop._engine_key      # the key this process showed
+        env[auth.ENGINE_KEY_ENV] = loop.transport.engine_key      # the key this process showed
         env.pop(API_KEY_ENV, None)
         if config.api_key:
             env[API_KEY_ENV] = config.api_key
@@ -193,10 +193,10 @@ def watch_group(loop, engine_pid: int, parent_pid: int) -> None:
             try:
                 fds[os.pidfd_open(pid)] = what
             except ProcessLookupError:
-                loop._die(what)
+                loop.transport.die(what)
                 return
         ready = select.select(list(fds), [], [])[0]
-        loop._die(fds[ready[0]])
+        loop.transport.die(fds[ready[0]])
     threading.Thread(target=run, name="roseplay-api-server-watch", daemon=True).start()
 
 

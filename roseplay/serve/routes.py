@@ -347,5 +347,5 @@ async def reset_prefix_cache(request: Request):
     """Drop the engine's cached prefix blocks (as vLLM's dev endpoint): a bench's repeated
     runs each start cold. Sent before any later request of this process reaches the
     engine; running requests keep their blocks (they are no longer found as prefixes)."""
-    _state(request).loop.clear_prefix_cache()
+    _state(request).loop.reset_prefix_cache()
     return Response(status_code=200)

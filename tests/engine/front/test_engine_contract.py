@@ -204,7 +204,7 @@ def test_pause_and_step_once_run_one_step_at_a_time(api, loop):
 
 
 def test_snapshot_describes_the_engine(api):
-    api.clear_prefix_cache()
+    api.reset_prefix_cache()
     api.watch(False)
     try:
         assert api.wait_idle(TIMEOUT)
@@ -271,7 +271,7 @@ def test_close_is_idempotent_and_cancels_live_requests(api):
     api.cancel(stream.request_id)              # every other call: harmless after close
     api.pause()
     api.resume()
-    api.clear_prefix_cache()
+    api.reset_prefix_cache()
     api.reset_peak_usage()
     api.watch(False)
     assert api.set_knobs(max_num_seqs=3).max_num_seqs == 3     # still validated
