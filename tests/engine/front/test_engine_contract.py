@@ -203,6 +203,21 @@ def test_pause_and_step_once_run_one_step_at_a_time(api, loop):
     assert stream.result(TIMEOUT).outputs[0].token_ids == want
 
 
+def test_reset_prefix_cache_forgets_every_cached_block(api):
+    """vLLM's reset_prefix_cache, one command through either transport: blocks a finished
+    request left cached become free."""
+    api.watch(False)
+    try:
+        run(api, PROMPTS[2] * 4)
+        assert api.wait_idle(TIMEOUT) and api.snapshot().num_cached > 0
+        api.reset_prefix_cache()
+        assert api.wait_idle(TIMEOUT)
+        snap = api.snapshot()
+        assert snap.num_cached == 0 and snap.num_free == api.info.num_blocks
+    finally:
+        api.watch(True)
+
+
 def test_snapshot_describes_the_engine(api):
     api.reset_prefix_cache()
     api.watch(False)
