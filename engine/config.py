@@ -12,8 +12,8 @@ own parser (exit status 2) in every command.
 Who holds the live knobs (docs/ARCHITECTURE.md's front and core): the core's Scheduler
 holds the ones in force (`Scheduler.knobs`; setting it also sets the block pool's
 eviction policy, the one place that happens). A change enters the core only between
-steps, through EngineCore.set_knobs (the core loop queues one that arrives mid-step).
-The front's copies (EngineLoop.knobs, EngineClient.knobs) are the last value a caller
+steps, through CoreLoop.handle(SetKnobs) (engine/commands.py), which checks it once.
+The front's copy (EngineClient.knobs, checked there once) is the last value a caller
 asked for, shown to viewers; they are never written back into the core.
 """
 from __future__ import annotations
