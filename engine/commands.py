@@ -4,8 +4,8 @@ A client sends a `CoreRequest` (engine/outputs.py) or one of these; the core loo
 each between steps in `CoreLoop.handle` (engine/core/core_loop.py), whether it came from
 a thread of this process (engine/ipc/inproc.py) or off the engine process's sockets
 (engine/ipc/protocol.py decodes them, typed, into these same Structs). A new control is
-a Struct here, its case in `CoreLoop.handle` and its call in EngineClient
-(engine/front/client.py, declared in engine/front/api.py).
+a Struct here, its case in `CoreLoop.handle` and its method in the front's CoreControls
+(engine/front/api.py: EngineClient and DPClient send it; nothing else changes).
 
 `StepOnce` and `Barrier` are answered: the transport hands `handle` a reply callback
 (the engine process turns it into StepDone / BarrierDone for the sender).

@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Protocol, runtime_checkable
 
+from engine.commands import ResetPeakUsage, ResetPrefixCache
 from engine.config import SchedulerConfig
 from engine.outputs import EngineInfo
 from engine.front.processor import StreamEvent
@@ -35,6 +36,26 @@ from engine.engine_stats import EngineStats
 from engine.front.stream import RequestStream
 
 CLOSE_TIMEOUT = 10.0   # seconds close() waits for the engine thread or process to end
+
+
+class CoreControls:
+    """The controls that are one command to the core and keep no state in the front: each
+    sends its command (engine/commands.py) through `send_command` (EngineClient: to its
+    engine; DPClient: to every live replica). A new such control is a method here (and
+    its line in EngineAPI), its Struct in engine/commands.py and its case in
+    CoreLoop.handle (engine/core/core_loop.py)."""
+
+    def send_command(self, cmd) -> None:
+        raise NotImplementedError
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (vLLM's reset_prefix_cache); running requests keep
+        their blocks."""
+        self.send_command(ResetPrefixCache())
+
+    def reset_peak_usage(self) -> None:
+        """Restart the peak-KV-usage watermark (EngineSnapshot.peak_used_blocks)."""
+        self.send_command(ResetPeakUsage())
 
 
 class EngineStopped(RuntimeError):
@@ -82,12 +103,9 @@ class EngineAPI(Protocol):
     def step_once(self) -> threading.Event:
         """Pause (if running) and run exactly one step; the event fires after it."""
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (vLLM's reset_prefix_cache); running requests keep
-        their blocks."""
+    def reset_prefix_cache(self) -> None: ...      # (CoreControls: one command each)
 
-    def reset_peak_usage(self) -> None:
-        """Restart the peak-KV-usage watermark (EngineSnapshot.peak_used_blocks)."""
+    def reset_peak_usage(self) -> None: ...
 
     def snapshot(self) -> EngineSnapshot:
         """The latest published view; current after wait_idle() returned True."""

@@ -19,10 +19,10 @@ import threading
 from typing import Callable
 
 from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR, REASON_STOP
-from engine.commands import (Abort, ResetPeakUsage, ResetPrefixCache, SetKnobs, SetPaused)
+from engine.commands import Abort, SetKnobs, SetPaused
 from engine.config import InvalidRequestError, KnobChanges, SchedulerConfig
 from engine.engine_stats import EngineStats
-from engine.front.api import CLOSE_TIMEOUT, EngineStopped
+from engine.front.api import CLOSE_TIMEOUT, CoreControls, EngineStopped
 from engine.front.processor import InputProcessor, OutputProcessor, StreamEvent, check_request_id
 from engine.front.stream import RequestStream, chain_sinks
 from engine.ipc.attach import EngineKeyRefused
@@ -36,7 +36,7 @@ from engine.snapshot import EngineSnapshot
 __all__ = ["EngineClient", "EngineDied", "EngineKeyRefused", "STARTUP_TIMEOUT"]
 
 
-class EngineClient:
+class EngineClient(CoreControls):
     def __init__(self, transport: CoreTransport | None = None, **kwargs):
         """transport: None starts (or, with connect=, attaches to) an engine process:
         ZmqTransport(**kwargs)."""
@@ -75,11 +75,13 @@ class EngineClient:
 
     @property
     def address(self) -> str | None:
-        return getattr(self.transport, "address", None)
+        """The engine process's address (None in process)."""
+        return self.transport.address
 
     @property
     def proc(self):
-        return getattr(self.transport, "proc", None)
+        """The engine process this client owns, else None."""
+        return self.transport.proc
 
     def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
                on_finish: Callable[[StreamEvent], None] | None = None,
@@ -126,11 +128,9 @@ class EngineClient:
             self.transport.send(SetKnobs(KnobChanges(**changes)))
         return knobs
 
-    def reset_prefix_cache(self) -> None:
-        self.transport.send(ResetPrefixCache())
-
-    def reset_peak_usage(self) -> None:
-        self.transport.send(ResetPeakUsage())
+    def send_command(self, cmd) -> None:
+        """CoreControls: a command to this client's engine (a no-op after close)."""
+        self.transport.send(cmd)
 
     def pause(self) -> None:
         self._paused = True

@@ -25,7 +25,7 @@ from typing import Callable
 
 from engine.config import InvalidRequestError, SchedulerConfig, make_config
 from engine.engine_stats import EngineStats
-from engine.front.api import CLOSE_TIMEOUT, EngineStopped
+from engine.front.api import CLOSE_TIMEOUT, CoreControls, EngineStopped
 from engine.front.client import STARTUP_TIMEOUT, EngineClient
 from engine.front.dp_views import merge_snapshots, stats_sum
 from engine.front.kv_index import KVIndexFeed
@@ -69,7 +69,7 @@ def replica_env(config, rank: int) -> dict:
     return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
-class DPClient:
+class DPClient(CoreControls):
     def __init__(self, *, address: str | None = None, label: str = "client",
                  on_progress: Callable[[str], None] | None = None,
                  startup_timeout: float = STARTUP_TIMEOUT, snapshots: bool = True,
@@ -259,13 +259,10 @@ class DPClient:
             c.set_knobs(**changes)
         return knobs
 
-    def reset_prefix_cache(self) -> None:
+    def send_command(self, cmd) -> None:
+        """CoreControls: the command to every live replica."""
         for c in self._live():
-            c.reset_prefix_cache()
-
-    def reset_peak_usage(self) -> None:
-        for c in self._live():
-            c.reset_peak_usage()
+            c.send_command(cmd)
 
     def pause(self) -> None:
         for c in self._live():

@@ -22,6 +22,7 @@ __all__ = ["InprocTransport", "LLMEngine"]
 
 
 class InprocTransport:
+    address = proc = None      # no engine process
     def __init__(self, engine: LLMEngine | None = None, *, config: EngineConfig | None = None,
                  snapshot_interval: float = 0.02, **kwargs):
         if engine is None:

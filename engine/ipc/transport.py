@@ -42,6 +42,8 @@ class CoreTransport(Protocol):
     knobs: SchedulerConfig          # the engine's at start (the front keeps them after)
     paused: bool
     fatal_error: str | None
+    address: str | None             # the engine process's (None in process)
+    proc: object                    # the engine process this transport owns, else None
 
     @property
     def stopped(self) -> bool:
