@@ -34,6 +34,7 @@ from engine.core.core_loop import CoreLoop
 from engine.ipc import auth, curve
 from engine.ipc.clients import ClientTable
 from engine.ipc.core_output import CoreOutput
+from engine.ipc.output_split import split_by_client
 from engine.ipc.kv_publisher import KVEventPublisher
 from engine.ipc.proc_setup import collect_when_idle, die_with_parent, time_collections
 from engine.ipc import protocol as P
@@ -118,39 +119,9 @@ class EngineCoreProc:
 
     # -- core thread callbacks -----------------------------------------------------------
     def _on_output(self, out: StepOutput) -> None:
-        """Split one step's output by client: one message per client per step."""
-        per: dict[bytes, StepOutput] = {}
-
-        def message(client: bytes) -> StepOutput:
-            msg = per.get(client)
-            if msg is None:
-                msg = per[client] = StepOutput(out.time, [], [], [])
-            return msg
-        owner, last, msg = self.owner_of, None, None
-        for rid, tok in zip(out.request_ids, out.token_ids):   # hot loop: one token each
-            client = owner.get(rid)
-            if client is None:
-                continue
-            if client != last:     # (mostly one client: the front of the server)
-                last, msg = client, message(client)
-            msg.request_ids.append(rid)
-            msg.token_ids.append(tok)
-        if out.logprobs is not None:     # parallel to each message's tokens
-            for m in per.values():
-                m.logprobs = []
-            for rid, lp in zip(out.request_ids, out.logprobs):
-                if (client := owner.get(rid)) is not None:
-                    per[client].logprobs.append(lp)
-        for rid, lps in (out.prompt_logprobs or {}).items():
-            if (client := owner.get(rid)) is not None:
-                msg = message(client)
-                msg.prompt_logprobs = {**(msg.prompt_logprobs or {}), rid: lps}
-        for f in out.finished:
-            client = owner.pop(f.request_id, None)
-            if client is not None:
-                message(client).finished.append(f)
-        for client, msg in per.items():
-            self.output.put(client, msg)
+        """One message per client per step (the core's thread; encoded on the output's)."""
+        for client, part in split_by_client(out, self.owner_of):
+            self.output.put(client, part)
 
     # -- input thread ----------------------------------------------------------------------
     def _input_loop(self) -> None:
