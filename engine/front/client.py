@@ -42,9 +42,7 @@ class EngineClient(CoreControls):
         ZmqTransport(**kwargs)."""
         self.transport = t = transport if transport is not None else ZmqTransport(**kwargs)
         self.info, self.tokenizer = t.info, t.tokenizer
-        i = self.info
-        self.inputs = InputProcessor(self.tokenizer, i.model_name, i.vocab_size,
-                                     i.max_model_len, i.num_blocks, i.block_size)
+        self.inputs = InputProcessor.of(self.tokenizer, self.info)
         self.outputs = OutputProcessor(self.tokenizer)
         self._knobs: SchedulerConfig = t.knobs     # the front's one copy of the live knobs
         self._paused = t.paused

@@ -111,9 +111,7 @@ class DPClient(CoreControls):
     def _setup(self, config) -> None:
         first = self.replicas[0]
         self.info, self.tokenizer = first.info, first.tokenizer
-        i = self.info
-        self.inputs = InputProcessor(self.tokenizer, i.model_name, i.vocab_size,
-                                     i.max_model_len, i.num_blocks, i.block_size)
+        self.inputs = InputProcessor.of(self.tokenizer, self.info)
         ev = config.kv_events_config
         self.kv_index = KVIndexFeed(
             [P.kv_event_endpoints(c.address, ev, r) for r, c in enumerate(self.replicas)],

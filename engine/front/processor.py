@@ -20,7 +20,7 @@ from typing import Callable
 from engine.codes import REASON_STOP
 from engine.config import InvalidRequestError, check_priority
 from engine.front.detokenizer import make_detokenizer
-from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.outputs import CoreRequest, EngineInfo, FinishedRequest, StepOutput
 from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
 from engine.validation import check_prompt_ids, check_request_id, check_text
 
@@ -55,10 +55,15 @@ class InputProcessor:
         self.num_blocks, self.block_size = num_blocks, block_size
 
     @classmethod
+    def of(cls, tokenizer, info: EngineInfo) -> "InputProcessor":
+        """For the engine that `info` describes (what every transport's front knows)."""
+        return cls(tokenizer, info.model_name, info.vocab_size, info.max_model_len,
+                   info.num_blocks, info.block_size)
+
+    @classmethod
     def for_engine(cls, e) -> "InputProcessor":
-        """For an in-process LLMEngine (the engine-process client builds one from EngineInfo)."""
-        return cls(e.tokenizer, e.model_name, e.vocab_size, e.max_model_len,
-                   e.pool.num_blocks, e.pool.block_size)
+        """For an LLMEngine in this process (LLM)."""
+        return cls.of(e.tokenizer, EngineInfo.of(e))
 
     def process(self, prompt, params: SamplingParams | None = None,
                 request_id: str | None = None, priority: int = 0
