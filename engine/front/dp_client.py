@@ -116,7 +116,7 @@ class DPClient(CoreControls):
         self.kv_index = KVIndexFeed(
             [P.kv_event_endpoints(c.address, ev, r) for r, c in enumerate(self.replicas)],
             self._key, ev.topic)
-        self.router = Router(self.size, i.block_size, config.routing_policy,
+        self.router = Router(self.size, self.info.block_size, config.routing_policy,
                              config.kv_overlap_score_weight, self.kv_index.caches)
         self._lock = threading.Lock()
         self._owner: dict[str, int] = {}              # live request id -> replica
