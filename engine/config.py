@@ -10,6 +10,13 @@ a knob is never described twice. A field whose text needs more than a type
 (`speculative_config`'s JSON) names its parser in `metadata["check"]`, so a bad flag
 value is refused by the flag's own parser (exit status 2) in every command. Import them
 all from here.
+
+Who holds the live knobs (docs/ARCHITECTURE.md's front and core): the core's Scheduler
+holds the ones in force (`Scheduler.knobs`; setting it also sets the block pool's
+eviction policy, the one place that happens). A change enters the core only between
+steps, through CoreLoop.handle(SetKnobs) (engine/commands.py), which checks it once.
+The front's copy (EngineClient.knobs, checked there once) is the last value a caller
+asked for, shown to viewers; they are never written back into the core.
 """
 from __future__ import annotations
 

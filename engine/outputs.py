@@ -1,21 +1,24 @@
 """What crosses the boundary between the front (tokenizer, streams) and the engine core.
 
-Plain values only, so the same messages serve an in-process loop and an engine in
-another process. The core never sees text it must process: a `CoreRequest` carries
-token ids (the prompt text only as a display preview), and a `StepOutput` carries the
-new token ids of one step, columnar (one entry per token, no object per request).
+msgspec Structs, sent as they are by both transports: handed over on a thread of this
+process (engine/ipc/inproc.py) or encoded once onto the engine process's sockets
+(engine/ipc/protocol.py), with no copy or translation on either side. The core never
+sees text it must process: a `CoreRequest` carries token ids (the prompt text only as a
+display preview), and a `StepOutput` carries the new token ids of one step, columnar
+(one entry per token, no object per request). The controls beside them are
+engine/commands.py's.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import msgspec
 
 from engine.request import SamplingParams
 
 
-@dataclass(frozen=True)
-class CoreRequest:
+class CoreRequest(msgspec.Struct, tag=True, frozen=True):
+    """A validated request (engine/front/processor.py InputProcessor). Decoding one off
+    the wire checks every field's type and SamplingParams' bounds (a refusal names the
+    field: protocol.wire_error); the core checks the rest when it takes it."""
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
@@ -24,8 +27,7 @@ class CoreRequest:
     priority: int = 0                   # scheduling_policy=priority: lower first (vLLM)
 
 
-@dataclass(frozen=True)
-class FinishedRequest:
+class FinishedRequest(msgspec.Struct, array_like=True, frozen=True):
     request_id: str
     finish_reason: str                  # engine.codes REASON_*
     error: str | None
@@ -45,13 +47,13 @@ class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
     #                                     model's own log-softmax, before any processing
 
 
-@dataclass
-class StepOutput:
-    """One step's results: new tokens (parallel lists) and the requests that ended."""
+class StepOutput(msgspec.Struct, tag=True, omit_defaults=True):
+    """One step's results: new tokens (parallel lists) and the requests that ended. The
+    engine process sends each client the part of it that holds its requests."""
     time: float = 0.0                   # serving-clock time the step's tokens were emitted
-    request_ids: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    finished: list[FinishedRequest] = field(default_factory=list)
+    request_ids: list[str] = []
+    token_ids: list[int] = []
+    finished: list[FinishedRequest] = []
     logprobs: list[TokenLogprobs | None] | None = None   # parallel to token_ids, or None
     #                                     when no token of the step has any (the usual case)
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] | None = None   # request id ->
@@ -70,8 +72,8 @@ class StepOutput:
 
 class EngineInfo(msgspec.Struct, frozen=True):
     """What a client needs to know about the engine it talks to (fixed at start). The
-    same fields on both transports: EngineLoop builds it from its engine, the engine
-    process sends it in its Welcome (engine/ipc/protocol.py)."""
+    same fields on both transports: the in-process one builds it from its engine, the
+    engine process sends it in its Welcome (engine/ipc/protocol.py)."""
     model_name: str
     vocab_size: int
     max_model_len: int

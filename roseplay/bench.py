@@ -89,7 +89,7 @@ def _drive(loop, items, args, *, arrivals: dict, progress: Progress | None = Non
 
 
 def _fresh_cache(loop) -> None:
-    loop.clear_prefix_cache()
+    loop.reset_prefix_cache()
     loop.wait_idle()
 
 

@@ -104,7 +104,7 @@ class LiveSource:
         raise ReadOnlyError("a live engine cannot step back (only a replay can)")
 
     def clear_prefix_cache(self) -> None:
-        self.loop.clear_prefix_cache()
+        self.loop.reset_prefix_cache()
         self._event("clear_prefix_cache")
 
     def cancel_workload(self) -> None:

@@ -107,7 +107,7 @@ class Soak:
     def _flip(self) -> None:
         r = self.rng.random()
         if r < 0.2:
-            self.client.clear_prefix_cache()
+            self.client.reset_prefix_cache()
             self.res.clears += 1
             return
         if r < 0.5:
@@ -154,7 +154,7 @@ class Soak:
                 pass
         if self.live:
             self.res.errors.append(f"{len(self.live)} requests never ended")
-        self.client.clear_prefix_cache()
+        self.client.reset_prefix_cache()
         self.client.wait_idle(30)
         snap = self.client.snapshot()
         self.res.counters = snap.counters

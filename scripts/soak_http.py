@@ -238,7 +238,7 @@ def engine_leaks(address: str) -> tuple[int, int]:
     from engine.front.client import EngineClient
     with EngineClient(address=address, label="soak-check") as c:
         assert c.wait_idle(60)
-        c.clear_prefix_cache()
+        c.reset_prefix_cache()
         assert c.wait_idle(60)
         snap = c.snapshot()
         live = [r for r in snap.requests if r.state not in ("finished", "cancelled", "error")]

@@ -1,8 +1,9 @@
 """CoreLoop: the engine core's busy loop (commands, pause / single step, step, publish).
 
-It owns an LLMEngine and runs on one thread: in-process under EngineLoop, or as the
-main loop of the engine-core process. Clients post commands (any thread); the loop
-applies them before its next step, so a knob change takes effect at the next step and
+It owns an LLMEngine and runs on one thread: in-process (engine/ipc/inproc.py), or as
+the main loop of the engine-core process (engine/ipc/core_proc.py). Transports post
+requests and commands (engine/commands.py; any thread); the loop applies them in
+`handle` before its next step, so a knob change takes effect at the next step and
 nothing touches engine state concurrently. After each step it hands the StepOutput to
 `on_output` and, at most every `snapshot_interval` seconds (every step while paused),
 publishes a fresh immutable snapshot by swapping a reference: readers never lock.
@@ -16,7 +17,9 @@ from collections import deque
 from typing import Callable
 
 from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR
-from engine.config import InvalidRequestError
+from engine.commands import (Abort, Barrier, Command, ResetPeakUsage, ResetPrefixCache,
+                             SetKnobs, SetPaused, StepOnce)
+from engine.config import InvalidRequestError, changed_knobs
 from engine.core.core import LLMEngine
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.snapshot import EngineSnapshot
@@ -27,6 +30,7 @@ from engine.engine_stats import EngineStats
 SNAPSHOT_BUDGET = 0.03    # the most of the engine thread's time that snapshots may take
 STATS_INTERVAL = 0.05     # EngineStats at most 20 Hz while busy (a Prometheus scrape is
 STATS_IDLE_INTERVAL = 1.0  # seconds apart); idle: once on going idle, then this often
+Reply = Callable[[object], None]   # StepOnce: reply(None) after the step; Barrier: reply(snapshot)
 
 
 class CoreLoop:
@@ -39,7 +43,7 @@ class CoreLoop:
         self.snapshot_interval = float(snapshot_interval)
         self.publish_cost = 0.0        # seconds the last snapshot cost outside this thread
         #                                (the engine process's encoding: it holds the GIL)
-        self._commands: deque[Callable[[], None]] = deque()
+        self._commands: deque[tuple[CoreRequest | Command, Reply | None]] = deque()
         self._wake = threading.Event()
         self._idle = threading.Condition()
         self._paused = False
@@ -49,7 +53,7 @@ class CoreLoop:
         self.fatal_error: str | None = None
         self._snapshot = engine.snapshot()
         self._next_publish = 0.0
-        self._barriers: list[Callable[[EngineSnapshot], None]] = []
+        self._barriers: list[Reply] = []
         self.publish_snapshots = True   # periodic snapshots (the engine process turns them
         #                                 off while no client subscribes)
         self.on_idle: Callable[[], None] | None = None   # run when the engine goes idle
@@ -58,52 +62,20 @@ class CoreLoop:
         self.stats = engine_stats(engine, time.perf_counter())   # the latest (any thread)
         self._last_stats = 0.0
 
-    # -- commands (any thread) -------------------------------------------------------
-    def post(self, command: Callable[[], None]) -> None:
+    # -- requests and commands (any thread) -----------------------------------------
+    def post(self, msg: CoreRequest | Command, reply: Reply | None = None) -> None:
+        """Queue a request or a command for `handle` before the next step. `reply` (for
+        StepOnce and Barrier) is called on the loop's thread with the answer."""
         self._idle_published = False
-        self._commands.append(command)
+        self._commands.append((msg, reply))
         self._wake.set()
-
-    def add(self, creq: CoreRequest) -> None:
-        self.post(lambda: self._add(creq))
-
-    def abort(self, request_id: str, reason: str = REASON_CANCELLED,
-              error: str | None = None) -> None:
-        self.post(lambda: self._emit(self.engine.abort_output(request_id, reason, error)))
-
-    def update_knobs(self, changes: dict) -> None:
-        """Apply validated field changes to the knobs current at the next step (several
-        clients may change different knobs: none undoes another's)."""
-        self.post(lambda: self.engine.set_knobs(self.engine.knobs.replace(**changes)))
-
-    def clear_prefix_cache(self) -> None:
-        self.post(self.engine.clear_prefix_cache)
-
-    def set_paused(self, paused: bool) -> None:
-        self._paused = paused
-        self.post(lambda: None)
 
     @property
     def paused(self) -> bool:
         return self._paused
 
-    def step_once(self, done: Callable[[], None]) -> None:
-        """Pause (if running) and run exactly one step; `done()` is called after it."""
-        self._paused = True
-        self.post(lambda: self._single_steps.append(done))
-        if self.stopped:     # no loop will run it: do not leave the caller waiting
-            done()
-
     def snapshot(self) -> EngineSnapshot:
         return self._snapshot
-
-    def barrier(self, callback: Callable[[EngineSnapshot], None]) -> None:
-        """callback(snapshot) once the loop is idle, with a snapshot taken after its last
-        step (called on the loop's thread)."""
-        self.post(lambda: self._barriers.append(callback))
-
-    def reset_peak_usage(self) -> None:
-        self.post(lambda: setattr(self.engine.stats, "peak_used_blocks", self.engine.pool.num_used))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until nothing is pending and the published snapshot is current."""
@@ -171,11 +143,44 @@ class CoreLoop:
                 callback(self._snapshot)
 
     def _drain_commands(self) -> bool:
-        """Run the posted commands; True if there were any."""
+        """Handle what was posted; True if there was any."""
         commanded = bool(self._commands)
         while self._commands:
-            self._commands.popleft()()
+            self.handle(*self._commands.popleft())
         return commanded
+
+    def handle(self, msg: CoreRequest | Command, reply: Reply | None = None) -> None:
+        """Apply one request or command (the loop's thread, between steps): the one
+        place every transport's controls take effect."""
+        e = self.engine
+        match msg:
+            case CoreRequest():
+                self._add(msg)
+            case Abort(request_id=rid, reason=reason, error=error):
+                self._emit(e.abort_output(rid, reason, error))
+            case SetKnobs(knobs=changes):
+                self._set_knobs(changed_knobs(changes))
+            case SetPaused(paused=paused):
+                self._paused = paused
+            case StepOnce():
+                self._paused = True
+                self._single_steps.append(lambda: reply(None) if reply else None)
+            case ResetPrefixCache():
+                e.clear_prefix_cache()
+            case ResetPeakUsage():
+                e.stats.peak_used_blocks = e.pool.num_used
+            case Barrier() if reply is not None:
+                self._barriers.append(reply)
+
+    def _set_knobs(self, changes: dict) -> None:
+        """The one check of live knobs on the core's side of the seam (bounds and choices:
+        SchedulerConfig); one from a client that skipped its own changes nothing. Only
+        the changed fields apply: several clients may change different knobs."""
+        try:
+            knobs = self.engine.knobs.replace(**changes)
+        except (InvalidRequestError, TypeError):
+            return
+        self.engine.set_knobs(knobs)
 
     def _sync_pause(self) -> None:
         """Paused: no step stays in flight (one step per key press) and the clock stops."""
@@ -238,7 +243,7 @@ class CoreLoop:
         out = StepOutput()
         while self._commands:          # requests submitted before the stop get their end
             try:
-                self._commands.popleft()()
+                self.handle(*self._commands.popleft())
             except Exception:
                 pass
         for rid in list(self.engine.requests):

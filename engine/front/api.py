@@ -1,10 +1,11 @@
 """EngineAPI: the one client API of the engine, whichever transport carries it.
 
-Two classes implement it: EngineLoop (engine/front/loop.py: the core loop on a thread of this
-process) and EngineClient (engine/front/client.py: the core in its own process, over ZMQ).
-The TUI, the bench, the server and LLM-style callers use only what is declared here,
-and tests/engine/front/test_engine_contract.py runs one suite against both. Where the two used to
-differ, the behaviour is settled here, once:
+One class implements it over either transport: EngineClient (engine/front/client.py) with
+the core in its own process (over ZMQ), and EngineLoop (engine/front/loop.py), the same
+client with the core loop on a thread of this process; DPClient (engine/front/dp_client.py)
+implements it over several engine processes. The TUI, the bench, the server and LLM-style
+callers use only what is declared here, and tests/engine/front/test_engine_contract.py
+runs one suite against both transports. The behaviour is settled here, once:
 
 - a request id that a live request of this client holds: `submit` raises
   InvalidRequestError (as vLLM does), before any state exists; the live request is
@@ -25,6 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Protocol, runtime_checkable
 
+from engine.commands import ResetPeakUsage, ResetPrefixCache
 from engine.config import SchedulerConfig
 from engine.outputs import EngineInfo
 from engine.front.processor import StreamEvent
@@ -34,6 +36,26 @@ from engine.engine_stats import EngineStats
 from engine.front.stream import RequestStream
 
 CLOSE_TIMEOUT = 10.0   # seconds close() waits for the engine thread or process to end
+
+
+class CoreControls:
+    """The controls that are one command to the core and keep no state in the front: each
+    sends its command (engine/commands.py) through `send_command` (EngineClient: to its
+    engine; DPClient: to every live replica). A new such control is a method here (and
+    its line in EngineAPI), its Struct in engine/commands.py and its case in
+    CoreLoop.handle (engine/core/core_loop.py)."""
+
+    def send_command(self, cmd) -> None:
+        raise NotImplementedError
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (vLLM's reset_prefix_cache); running requests keep
+        their blocks."""
+        self.send_command(ResetPrefixCache())
+
+    def reset_peak_usage(self) -> None:
+        """Restart the peak-KV-usage watermark (EngineSnapshot.peak_used_blocks)."""
+        self.send_command(ResetPeakUsage())
 
 
 class EngineStopped(RuntimeError):
@@ -81,10 +103,9 @@ class EngineAPI(Protocol):
     def step_once(self) -> threading.Event:
         """Pause (if running) and run exactly one step; the event fires after it."""
 
-    def clear_prefix_cache(self) -> None: ...
+    def reset_prefix_cache(self) -> None: ...      # (CoreControls: one command each)
 
-    def reset_peak_usage(self) -> None:
-        """Restart the peak-KV-usage watermark (EngineSnapshot.peak_used_blocks)."""
+    def reset_peak_usage(self) -> None: ...
 
     def snapshot(self) -> EngineSnapshot:
         """The latest published view; current after wait_idle() returned True."""

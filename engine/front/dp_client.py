@@ -25,7 +25,7 @@ from typing import Callable
 
 from engine.config import InvalidRequestError, SchedulerConfig, make_config
 from engine.engine_stats import EngineStats
-from engine.front.api import CLOSE_TIMEOUT, EngineStopped
+from engine.front.api import CLOSE_TIMEOUT, CoreControls, EngineStopped
 from engine.front.client import STARTUP_TIMEOUT, EngineClient
 from engine.front.dp_views import merge_snapshots, stats_sum
 from engine.front.kv_index import KVIndexFeed
@@ -69,7 +69,7 @@ def replica_env(config, rank: int) -> dict:
     return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
-class DPClient:
+class DPClient(CoreControls):
     def __init__(self, *, address: str | None = None, label: str = "client",
                  on_progress: Callable[[str], None] | None = None,
                  startup_timeout: float = STARTUP_TIMEOUT, snapshots: bool = True,
@@ -111,14 +111,12 @@ class DPClient:
     def _setup(self, config) -> None:
         first = self.replicas[0]
         self.info, self.tokenizer = first.info, first.tokenizer
-        i = self.info
-        self.inputs = InputProcessor(self.tokenizer, i.model_name, i.vocab_size,
-                                     i.max_model_len, i.num_blocks, i.block_size)
+        self.inputs = InputProcessor.of(self.tokenizer, self.info)
         ev = config.kv_events_config
         self.kv_index = KVIndexFeed(
             [P.kv_event_endpoints(c.address, ev, r) for r, c in enumerate(self.replicas)],
             self._key, ev.topic)
-        self.router = Router(self.size, i.block_size, config.routing_policy,
+        self.router = Router(self.size, self.info.block_size, config.routing_policy,
                              config.kv_overlap_score_weight, self.kv_index.caches)
         self._lock = threading.Lock()
         self._owner: dict[str, int] = {}              # live request id -> replica
@@ -259,13 +257,10 @@ class DPClient:
             c.set_knobs(**changes)
         return knobs
 
-    def clear_prefix_cache(self) -> None:
+    def send_command(self, cmd) -> None:
+        """CoreControls: the command to every live replica."""
         for c in self._live():
-            c.clear_prefix_cache()
-
-    def reset_peak_usage(self) -> None:
-        for c in self._live():
-            c.reset_peak_usage()
+            c.send_command(cmd)
 
     def pause(self) -> None:
         for c in self._live():

@@ -78,6 +78,13 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix, in every replica (vLLM's LLM.reset_prefix_cache)."""
+        if self.dp is not None:
+            self.dp.reset_prefix_cache()
+        else:
+            self._engine().clear_prefix_cache()
+
     def _engine(self) -> LLMEngine:
         if self.engine is None:
             raise RuntimeError("this LLM is closed" if self.dp is None else

@@ -2,8 +2,10 @@
 stop strings, stream events, final RequestOutputs).
 
 This runs in the front, never inside the engine core (whose step sees token ids only):
-in the client's process with EngineClient (the core in its own process, the default),
-on the EngineLoop's thread or in LLM's caller with the core in process. Stop strings are matched here, on the detokenized text; a hit ends the
+in EngineClient (on its transport's thread: the IO thread with the core in its own
+process, the engine thread with the core in process) or in LLM's caller. It reads the
+core's own StepOutput, as the engine sent it. Stop strings are matched here, on the
+detokenized text; a hit ends the
 request for its consumer at once and the front tells the core to abort it (the core
 may have computed one more token by then, which is dropped, as in vLLM V1).
 """
@@ -18,7 +20,7 @@ from typing import Callable
 from engine.codes import REASON_STOP
 from engine.config import InvalidRequestError, check_priority
 from engine.front.detokenizer import make_detokenizer
-from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.outputs import CoreRequest, EngineInfo, FinishedRequest, StepOutput
 from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
 from engine.validation import check_prompt_ids, check_request_id, check_text
 
@@ -53,10 +55,15 @@ class InputProcessor:
         self.num_blocks, self.block_size = num_blocks, block_size
 
     @classmethod
+    def of(cls, tokenizer, info: EngineInfo) -> "InputProcessor":
+        """For the engine that `info` describes (what every transport's front knows)."""
+        return cls(tokenizer, info.model_name, info.vocab_size, info.max_model_len,
+                   info.num_blocks, info.block_size)
+
+    @classmethod
     def for_engine(cls, e) -> "InputProcessor":
-        """For an in-process LLMEngine (the engine-process client builds one from EngineInfo)."""
-        return cls(e.tokenizer, e.model_name, e.vocab_size, e.max_model_len,
-                   e.pool.num_blocks, e.pool.block_size)
+        """For an LLMEngine in this process (LLM)."""
+        return cls.of(e.tokenizer, EngineInfo.of(e))
 
     def process(self, prompt, params: SamplingParams | None = None,
                 request_id: str | None = None, priority: int = 0
@@ -160,8 +167,8 @@ class OutputProcessor:
         """Apply one step; returns the ids the core must abort (stop strings matched:
         their final event comes with the core's FinishedRequest, reason "stop")."""
         states, now, aborts, touched = self.states, out.time, [], {}
-        logprobs = getattr(out, "logprobs", None)
-        for rid, lps in (getattr(out, "prompt_logprobs", None) or {}).items():
+        logprobs = out.logprobs
+        for rid, lps in (out.prompt_logprobs or {}).items():
             if (st := states.get(rid)) is not None:   # before its first token (same step)
                 st.prompt_logprobs = tuple(lps)
                 if st.on_event is not None:

@@ -1,9 +1,12 @@
 """The engine-core process: the model, scheduler, KV cache and runner, and nothing else.
 
 Three threads, as in vLLM V1's EngineCoreProc: the main thread runs the CoreLoop (it
-only steps); an input thread decodes client messages and posts them as commands; an
-output thread encodes step outputs and snapshots and sends them. Encoding, decoding and
-socket work never run inside a step. Text never reaches this process.
+only steps); an input thread decodes client messages into the core's own requests and
+commands (engine/outputs.py, engine/commands.py) and posts them to the CoreLoop, which
+applies them (`CoreLoop.handle`); an output thread encodes step outputs and snapshots
+and sends them. Encoding, decoding and socket work never run inside a step. Text never
+reaches this process. What this module adds to the core is the seam's own: who is
+attached (authentication, heartbeats), who owns which request, and answers to senders.
 
 Every socket is a CURVE server keyed by the engine key (engine/ipc/curve.py): a peer
 without the key is dropped by libzmq before anything reaches this code. A key holder is
@@ -25,15 +28,17 @@ import msgspec
 import zmq
 
 from engine.codes import ENGINE_CLOSED, REASON_CANCELLED, REASON_ERROR, REASON_STOP
-from engine.config import InvalidRequestError, changed_knobs, check_priority, make_config
+from engine.commands import COMMANDS, Abort, Barrier, SetPaused, StepOnce
+from engine.config import InvalidRequestError, check_priority, make_config
 from engine.core.core_loop import CoreLoop
 from engine.ipc import auth, curve
 from engine.ipc.clients import ClientTable
 from engine.ipc.core_output import CoreOutput
+from engine.ipc.output_split import split_by_client
 from engine.ipc.kv_publisher import KVEventPublisher
 from engine.ipc.proc_setup import collect_when_idle, die_with_parent, time_collections
 from engine.ipc import protocol as P
-from engine.outputs import CoreRequest, EngineInfo, StepOutput
+from engine.outputs import CoreRequest, EngineInfo, FinishedRequest, StepOutput
 from engine.validation import check_prompt_ids, check_request_id
 
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
@@ -114,41 +119,9 @@ class EngineCoreProc:
 
     # -- core thread callbacks -----------------------------------------------------------
     def _on_output(self, out: StepOutput) -> None:
-        """Split one step's output by client: one message per client per step."""
-        per: dict[bytes, P.Outputs] = {}
-
-        def message(client: bytes) -> P.Outputs:
-            msg = per.get(client)
-            if msg is None:
-                msg = per[client] = P.Outputs(out.time, [], [], [])
-            return msg
-        owner, last, msg = self.owner_of, None, None
-        for rid, tok in zip(out.request_ids, out.token_ids):   # hot loop: one token each
-            client = owner.get(rid)
-            if client is None:
-                continue
-            if client != last:     # (mostly one client: the front of the server)
-                last, msg = client, message(client)
-            msg.request_ids.append(rid)
-            msg.token_ids.append(tok)
-        if out.logprobs is not None:     # parallel to each message's tokens
-            for m in per.values():
-                m.logprobs = []
-            for rid, lp in zip(out.request_ids, out.logprobs):
-                if (client := owner.get(rid)) is not None:
-                    per[client].logprobs.append(lp)
-        for rid, lps in (out.prompt_logprobs or {}).items():
-            if (client := owner.get(rid)) is not None:
-                msg = message(client)
-                msg.prompt_logprobs = {**(msg.prompt_logprobs or {}), rid: lps}
-        for f in out.finished:
-            client = owner.pop(f.request_id, None)
-            if client is not None:
-                message(client).finished.append(P.Finished(
-                    f.request_id, f.finish_reason, f.error, f.arrival_time,
-                    f.num_cached_tokens, f.num_preemptions, f.num_host_cached_tokens))
-        for client, msg in per.items():
-            self.output.put(client, msg)
+        """One message per client per step (the core's thread; encoded on the output's)."""
+        for client, part in split_by_client(out, self.owner_of):
+            self.output.put(client, part)
 
     # -- input thread ----------------------------------------------------------------------
     def _input_loop(self) -> None:
@@ -181,10 +154,12 @@ class EngineCoreProc:
         handler = _HANDLERS.get(type(msg))
         if handler is not None:
             handler(self, client, msg)
+        elif isinstance(msg, COMMANDS):     # the rest concerns no client in particular
+            self.core.post(msg)
 
     def _refuse_undecodable(self, client: bytes, payload: bytes,
                             exc: msgspec.ValidationError) -> None:
-        """A key holder's Submit with a wrong-typed or out-of-bounds field ends with an
+        """A key holder's CoreRequest with a wrong-typed or out-of-bounds field ends with an
         error naming the field; any other message that fails to decode changes nothing."""
         if client not in self.clients:
             return
@@ -203,14 +178,12 @@ class EngineCoreProc:
         self.output.put(client, welcome)
         self.output.put(client, P.Stats(self.core.stats))
 
-    def _submit(self, client: bytes, msg: P.Submit) -> None:
-        try:
+    def _submit(self, client: bytes, msg: CoreRequest) -> None:
+        try:     # types and SamplingParams' bounds: checked by the decoder
             check_request_id(msg.request_id)
-            params = msg.params          # typed and bounded by the decoder
-            creq = CoreRequest(msg.request_id, tuple(msg.prompt_token_ids), params,
-                               msg.arrival_time, msg.prompt_preview,
-                               check_priority(msg.priority))
-            e = self.engine    # the boundary re-checks what the front checked
+            check_priority(msg.priority)
+            params = msg.params
+            e = self.engine    # the process boundary re-checks what the front checked
             check_prompt_ids(msg.prompt_token_ids, params.max_tokens, e.vocab_size,
                              e.max_model_len, e.pool.num_blocks * e.pool.block_size,
                              e.pool.block_size, typed=True, logit_bias=params.logit_bias)
@@ -221,24 +194,16 @@ class EngineCoreProc:
             self._refuse(client, msg.request_id, f"duplicate request id {msg.request_id!r}")
             return
         self.owner_of[msg.request_id] = client
-        self.core.add(creq)
+        self.core.post(msg)
 
     def _refuse(self, client: bytes, request_id: str, error: str) -> None:
-        fin = P.Finished(request_id, REASON_ERROR, error, 0.0, 0, 0)
-        self.output.put(client, P.Outputs(0.0, [], [], [fin]))
+        fin = FinishedRequest(request_id, REASON_ERROR, error, 0.0, 0, 0)
+        self.output.put(client, StepOutput(0.0, [], [], [fin]))
 
-    def _set_knobs(self, client: bytes, msg: P.SetKnobs) -> None:
-        changes = changed_knobs(msg.knobs)     # types checked by the decoder
-        try:
-            self.engine.knobs.replace(**changes)     # bounds here, not in the step loop
-        except InvalidRequestError:
-            return    # clients validate first; a bad one from elsewhere changes nothing
-        self.core.update_knobs(changes)
-
-    def _abort(self, client: bytes, msg: P.Abort) -> None:
+    def _abort(self, client: bytes, msg: Abort) -> None:
         """A client ends only its own requests, with a reason the front knows."""
         if self.owner_of.get(msg.request_id) == client and msg.reason in ABORT_REASONS:
-            self.core.abort(msg.request_id, msg.reason, msg.error)
+            self.core.post(msg)
 
     def _shutdown(self, client: bytes, msg: P.Shutdown) -> None:
         """The owner's close: its own requests are cancelled (as at a Bye), everyone
@@ -255,17 +220,17 @@ class EngineCoreProc:
             self.core.fatal_error = why
         self.core.stop()
 
-    def _barrier(self, client: bytes, msg: P.Barrier) -> None:
-        self.core.barrier(lambda snap: self.output.put(
+    def _barrier(self, client: bytes, msg: Barrier) -> None:
+        self.core.post(msg, lambda snap: self.output.put(
             client, P.BarrierDone(msg.token, P.encoder.encode(P.snapshot_frame(snap)))))
 
-    def _set_paused(self, client: bytes, msg: P.SetPaused) -> None:
-        self.clients.paused_by = client if msg.paused else None
-        self.core.set_paused(msg.paused)
+    def _set_paused(self, client: bytes, msg: SetPaused) -> None:
+        self.clients.paused_by = client if msg.paused else None   # its pause ends with it
+        self.core.post(msg)
 
-    def _step_once(self, client: bytes, msg: P.StepOnce) -> None:
+    def _step_once(self, client: bytes, msg: StepOnce) -> None:
         self.clients.paused_by = client
-        self.core.step_once(lambda: self.output.put(client, P.StepDone(msg.token)))
+        self.core.post(msg, lambda _: self.output.put(client, P.StepDone(msg.token)))
 
     def _bye(self, client: bytes, msg=None) -> None:
         self._drop_client(client, REASON_CANCELLED, "client left")
@@ -276,9 +241,9 @@ class EngineCoreProc:
         if not member:
             return
         for rid in [r for r, c in self.owner_of.items() if c == client]:
-            self.core.abort(rid, reason, error)
+            self.core.post(Abort(rid, reason, error))
         if held_pause:
-            self.core.set_paused(False)
+            self.core.post(SetPaused(False))
 
     def _check_clients(self) -> None:
         for client in self.clients.silent():
@@ -292,16 +257,13 @@ class EngineCoreProc:
 
 NOT_ATTACHED = "this client is not attached to the engine (dropped, or no Hello yet)"
 _ANY_CLIENT = (P.Hello, P.Bye, P.Shutdown)    # the rest needs an attached client
-_HANDLERS = {
+_HANDLERS = {     # what concerns the sender (ownership, its pause, its answers)
     P.Hello: EngineCoreProc._hello,
-    P.Submit: EngineCoreProc._submit,
-    P.Abort: EngineCoreProc._abort,
-    P.SetKnobs: EngineCoreProc._set_knobs,
-    P.SetPaused: EngineCoreProc._set_paused,
-    P.StepOnce: EngineCoreProc._step_once,
-    P.ClearPrefixCache: lambda self, c, m: self.core.clear_prefix_cache(),
-    P.ResetPeakUsage: lambda self, c, m: self.core.reset_peak_usage(),
-    P.Barrier: EngineCoreProc._barrier,
+    CoreRequest: EngineCoreProc._submit,
+    Abort: EngineCoreProc._abort,
+    SetPaused: EngineCoreProc._set_paused,
+    StepOnce: EngineCoreProc._step_once,
+    Barrier: EngineCoreProc._barrier,
     P.Heartbeat: lambda self, c, m: None,
     P.Bye: EngineCoreProc._bye,
     P.Shutdown: EngineCoreProc._shutdown,

@@ -1,4 +1,10 @@
-"""The typed messages between engine clients and the engine-core process (msgspec).
+"""The wire between engine clients and the engine-core process (msgspec).
+
+What the core takes and gives is sent as it is: a CoreRequest, the commands of
+engine/commands.py, and each client's part of a StepOutput (engine/outputs.py). Only
+what the process seam itself needs is declared here: attaching (Hello, Welcome,
+Detached), liveness (Heartbeat, Bye), the owner's Shutdown, the answers to StepOnce and
+Barrier, stats, Fatal, and the snapshot frame.
 
 Why msgspec + pyzmq (as vLLM V1): msgpack is compact and msgspec decodes straight into
 typed structs, checking every field's type on the way in, so a client can never hand
@@ -29,10 +35,9 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
-from engine.config import KnobChanges, SchedulerConfig
-from engine.outputs import EngineInfo
-from engine.request import SamplingParams
-from engine.outputs import TokenLogprobs
+from engine.commands import COMMANDS
+from engine.config import SchedulerConfig
+from engine.outputs import CoreRequest, EngineInfo, StepOutput
 from engine.snapshot import EngineSnapshot
 from engine.engine_stats import EngineStats
 
@@ -41,9 +46,9 @@ MAX_LABEL_CHARS = 64
 
 
 def max_message_bytes(max_model_len: int) -> int:
-    """The engine's MAXMSGSIZE for client commands: a Submit at every bound (9 bytes a
+    """The engine's MAXMSGSIZE for client commands: a CoreRequest at every bound (9 bytes a
     prompt token at most, 1 MiB for the rest: stop strings, logit_bias, ids, framing).
-    A frame over it closes its connection, so a client checks its Submits against it."""
+    A frame over it closes its connection, so a client checks its requests against it."""
     return 9 * max_model_len + (1 << 20)
 
 
@@ -52,51 +57,9 @@ class Hello(msgspec.Struct, tag=True):
     client: Annotated[str, msgspec.Meta(max_length=MAX_LABEL_CHARS)]   # shown with its requests
 
 
-class Submit(msgspec.Struct, tag=True):
+class SubmitHead(msgspec.Struct, tag="CoreRequest"):
+    """The request id of a CoreRequest that failed to decode, to refuse it by its id."""
     request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams       # decoding checks its types and bounds (a refusal names
-    #                              the field: wire_error)
-    arrival_time: float
-    prompt_preview: str | None = None
-    priority: int = 0            # checked by the core (engine.config.check_priority)
-
-
-class SubmitHead(msgspec.Struct, tag="Submit"):
-    """The request id of a Submit that failed to decode, to refuse it by its id."""
-    request_id: str
-
-
-class Abort(msgspec.Struct, tag=True):
-    request_id: str
-    reason: str = "cancelled"
-    error: str | None = None
-
-
-class SetKnobs(msgspec.Struct, tag=True):
-    knobs: KnobChanges           # the changed SchedulerConfig fields (typed, UNSET if not
-    #                              changed); the core checks their bounds
-
-
-class SetPaused(msgspec.Struct, tag=True):
-    paused: bool
-
-
-class StepOnce(msgspec.Struct, tag=True):
-    token: int
-
-
-class ClearPrefixCache(msgspec.Struct, tag=True):
-    pass
-
-
-class ResetPeakUsage(msgspec.Struct, tag=True):
-    pass
-
-
-class Barrier(msgspec.Struct, tag=True):
-    """Reply when the core is idle with a snapshot taken after its last step."""
-    token: int
 
 
 class Heartbeat(msgspec.Struct, tag=True):
@@ -113,8 +76,7 @@ class Shutdown(msgspec.Struct, tag=True):
     token: str = ""
 
 
-ClientMessage = (Hello | Submit | Abort | SetKnobs | SetPaused | StepOnce | ClearPrefixCache
-                 | ResetPeakUsage | Barrier | Heartbeat | Bye | Shutdown)
+ClientMessage = typing.Union[(Hello, CoreRequest, *COMMANDS, Heartbeat, Bye, Shutdown)]
 
 
 class Welcome(msgspec.Struct, tag=True):
@@ -122,26 +84,6 @@ class Welcome(msgspec.Struct, tag=True):
     knobs: SchedulerConfig
     paused: bool
     client_timeout: float        # the stall policy both ends keep (engine/ipc/liveness.py)
-
-
-class Finished(msgspec.Struct, array_like=True):
-    request_id: str
-    finish_reason: str
-    error: str | None
-    arrival_time: float
-    num_cached_tokens: int
-    num_preemptions: int
-    num_host_cached_tokens: int = 0
-
-
-class Outputs(msgspec.Struct, tag=True):
-    """One step's results for one client: parallel lists, one entry per new token."""
-    time: float
-    request_ids: list[str]
-    token_ids: list[int]
-    finished: list[Finished]
-    logprobs: list[TokenLogprobs | None] | None = None   # parallel to token_ids, if any
-    prompt_logprobs: dict[str, list[TokenLogprobs | None]] | None = None   # StepOutput's
 
 
 class StepDone(msgspec.Struct, tag=True):
@@ -169,7 +111,7 @@ class Stats(msgspec.Struct, tag=True):
     stats: EngineStats
 
 
-CoreMessage = Welcome | Outputs | StepDone | BarrierDone | Fatal | Detached | Stats | Heartbeat
+CoreMessage = Welcome | StepOutput | StepDone | BarrierDone | Fatal | Detached | Stats | Heartbeat
 
 
 class BlockArray(msgspec.Struct, array_like=True):

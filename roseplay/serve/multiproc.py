@@ -22,7 +22,7 @@ the kernel spreads new connections over them.
   server that dies makes the serve process stop the rest and exit EXIT_API_SERVER_DIED.
   Each API server watches the engine and the serve process (pidfd): if either goes, its
   open streams end with an error event and [DONE] and it exits EXIT_ENGINE_DIED. Stalls
-  follow the one policy of engine/front/attach.py (client_timeout), as for API server 0.
+  follow the one policy of engine/ipc/attach.py (client_timeout), as for API server 0.
 - Request ids are `<prefix>-<uuid4 hex>`: random per process (os.urandom), so they do
   not collide across processes; the engine refuses a duplicate id anyway.
 """
@@ -89,7 +89,7 @@ class ApiServerGroup:
     def _start(self, count, loop, config, host, port, log_level) -> None:
         env = child_env()
         env[MULTIPROC_ENV] = self.metrics_dir
-        env[auth.ENGINE_KEY_ENV] = loop._engine_key      # the key this process showed
+        env[auth.ENGINE_KEY_ENV] = loop.transport.engine_key      # the key this process showed
         env.pop(API_KEY_ENV, None)
         if config.api_key:
             env[API_KEY_ENV] = config.api_key
@@ -193,10 +193,10 @@ def watch_group(loop, engine_pid: int, parent_pid: int) -> None:
             try:
                 fds[os.pidfd_open(pid)] = what
             except ProcessLookupError:
-                loop._die(what)
+                loop.transport.die(what)
                 return
         ready = select.select(list(fds), [], [])[0]
-        loop._die(fds[ready[0]])
+        loop.transport.die(fds[ready[0]])
     threading.Thread(target=run, name="roseplay-api-server-watch", daemon=True).start()
 
 

@@ -329,7 +329,7 @@ async def models(request: Request):
 @router.get("/health")
 async def health(request: Request):
     """200 while requests can be served; 503 while they cannot: the engine is gone, or
-    it dropped this server, which is attaching again (engine/front/attach.py)."""
+    it dropped this server, which is attaching again (engine/ipc/attach.py)."""
     st = _state(request)
     error = st.engine_error() or getattr(st.loop, "unavailable", None)
     if error:
@@ -347,5 +347,5 @@ async def reset_prefix_cache(request: Request):
     """Drop the engine's cached prefix blocks (as vLLM's dev endpoint): a bench's repeated
     runs each start cold. Sent before any later request of this process reaches the
     engine; running requests keep their blocks (they are no longer found as prefixes)."""
-    _state(request).loop.clear_prefix_cache()
+    _state(request).loop.reset_prefix_cache()
     return Response(status_code=200)

@@ -148,7 +148,7 @@ def still_serves(loop, reference: list[int]) -> None:
     assert out.error is None, out.error
     assert list(out.outputs[0].token_ids) == reference, (out.outputs[0].finish_reason,
                                                          out.outputs[0].token_ids)
-    loop.clear_prefix_cache()
+    loop.reset_prefix_cache()
     assert loop.wait_idle(60)
 
     def all_free() -> bool:

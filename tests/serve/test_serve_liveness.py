@@ -80,7 +80,7 @@ def test_health_is_503_until_a_dropped_server_is_attached_again():
     try:
         health = lambda: httpx.get(srv.url + "/health", timeout=10)    # noqa: E731
         assert health().status_code == 200
-        with loop._send_lock:              # no heartbeat, nor its Hello, leaves
+        with loop.transport._send_lock:              # no heartbeat, nor its Hello, leaves
             wait_for(lambda: health().status_code == 503)
             assert "attaching to the engine again" in health().json()["error"]["message"]
         wait_for(lambda: health().status_code == 200)

@@ -103,7 +103,7 @@ def soak(ckpt, n: int, seed: int, max_in_flight: int = 48):
                 loop.set_knobs(**{knob: value})
                 stats["knob_flips"] += 1
             elif x < 0.38:
-                loop.clear_prefix_cache()
+                loop.reset_prefix_cache()
                 stats["cache_clears"] += 1
             elif x < 0.40:                                  # pause, single steps, resume
                 for _ in range(rng.randint(1, 3)):
@@ -151,7 +151,7 @@ def soak(ckpt, n: int, seed: int, max_in_flight: int = 48):
         assert c.dedup_joined > 0 and c.prefix_hits > 0
         # zero leaks
         eng.check_invariants()
-        loop.clear_prefix_cache()
+        loop.reset_prefix_cache()
         assert loop.wait_idle(TIMEOUT)
         eng.pool.check([])
         assert eng.pool.num_free == eng.pool.num_blocks and (eng.pool.refcounts == 0).all()

@@ -49,7 +49,7 @@ def test_cache_aware_follows_the_replicas_caches(llm):
     dp.set_routing_policy("cache_aware")
     assert dp.wait_idle(60)
     seqs = [st.kv_events_seq for st in dp.replica_stats()]
-    dp.clear_prefix_cache()                 # while idle: its batch is waited for too
+    dp.reset_prefix_cache()                 # while idle: its batch is waited for too
     assert dp.wait_idle(60)
     assert [st.kv_events_seq for st in dp.replica_stats()] == [s + 1 for s in seqs]
     assert not any(c.hashes for c in dp.kv_index.caches)

@@ -203,8 +203,23 @@ def test_pause_and_step_once_run_one_step_at_a_time(api, loop):
     assert stream.result(TIMEOUT).outputs[0].token_ids == want
 
 
+def test_reset_prefix_cache_forgets_every_cached_block(api):
+    """vLLM's reset_prefix_cache, one command through either transport: blocks a finished
+    request left cached become free."""
+    api.watch(False)
+    try:
+        run(api, PROMPTS[2] * 4)
+        assert api.wait_idle(TIMEOUT) and api.snapshot().num_cached > 0
+        api.reset_prefix_cache()
+        assert api.wait_idle(TIMEOUT)
+        snap = api.snapshot()
+        assert snap.num_cached == 0 and snap.num_free == api.info.num_blocks
+    finally:
+        api.watch(True)
+
+
 def test_snapshot_describes_the_engine(api):
-    api.clear_prefix_cache()
+    api.reset_prefix_cache()
     api.watch(False)
     try:
         assert api.wait_idle(TIMEOUT)
@@ -271,7 +286,7 @@ def test_close_is_idempotent_and_cancels_live_requests(api):
     api.cancel(stream.request_id)              # every other call: harmless after close
     api.pause()
     api.resume()
-    api.clear_prefix_cache()
+    api.reset_prefix_cache()
     api.reset_peak_usage()
     api.watch(False)
     assert api.set_knobs(max_num_seqs=3).max_num_seqs == 3     # still validated

@@ -45,7 +45,7 @@ def test_scheduler_exception_stops_loop_cleanly(ckpt):
         loop.engine.check_invariants()
     finally:
         loop.close()
-    assert not loop._thread.is_alive()
+    assert not loop.transport.thread.is_alive()
 
 
 def test_exception_in_snapshot_stops_loop_cleanly(ckpt, monkeypatch):
@@ -62,7 +62,7 @@ def test_exception_in_snapshot_stops_loop_cleanly(ckpt, monkeypatch):
                 raise MemoryError("snapshot")
             return real(*a, **k)
         monkeypatch.setattr(loop.engine, "snapshot", snapshot)
-        loop._last_publish = 0.0
+        loop.core._next_publish = 0.0
         out = s.result(timeout=TIMEOUT)
         assert out.outputs[0].finish_reason == "error" and "MemoryError" in out.error
         assert loop.fatal_error and "MemoryError" in loop.fatal_error
@@ -132,7 +132,7 @@ def test_many_client_threads(ckpt):
                         loop.set_knobs(enable_prefix_caching=rng.random() < 0.5,
                                        max_num_seqs=rng.choice([1, 4, 8]))
                     if rng.random() < 0.05:
-                        loop.clear_prefix_cache()
+                        loop.reset_prefix_cache()
                 for j, s in mine.items():
                     o = s.result(timeout=TIMEOUT)
                     results[j] = (o.outputs[0].finish_reason, list(o.outputs[0].token_ids))

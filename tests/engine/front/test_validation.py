@@ -360,7 +360,7 @@ def test_loop_interleaved_bad_and_good_submissions(ckpt):
         assert loop.wait_idle(10)
         eng = loop.engine
         assert eng.stats.counters.errors == 0 and loop.fatal_error is None
-        loop.clear_prefix_cache()
+        loop.reset_prefix_cache()
         assert loop.wait_idle(10)
         eng.check_invariants()
         assert eng.pool.num_free == eng.pool.num_blocks

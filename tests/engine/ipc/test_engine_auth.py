@@ -17,6 +17,8 @@ from engine import InvalidRequestError, SamplingParams
 from engine.front.client import EngineClient, EngineKeyRefused
 from engine.ipc import auth, curve, leftovers
 from engine.ipc import protocol as P
+from engine.outputs import CoreRequest
+from engine import commands as C
 from roseplay.serve.cli import main as serve_main
 from tests.engine.ipc.peers import free_port_base
 
@@ -115,9 +117,9 @@ def test_a_stranger_gets_nothing_and_changes_nothing(owner, key):
     try:
         knobs = owner.knobs
         ids = owner.inputs.process("ROMEO:")[0].prompt_token_ids
-        for msg in (P.Hello("stranger"), P.SetPaused(True), P.StepOnce(1),
-                    P.SetKnobs({"max_num_seqs": 1}), P.ClearPrefixCache(), P.Barrier(2),
-                    P.Submit("stolen", list(ids), {"max_tokens": 4}, 0.0), P.Shutdown()):
+        for msg in (P.Hello("stranger"), C.SetPaused(True), C.StepOnce(1),
+                    C.SetKnobs({"max_num_seqs": 1}), C.ResetPrefixCache(), C.Barrier(2),
+                    CoreRequest("stolen", list(ids), {"max_tokens": 4}, 0.0), P.Shutdown()):
             stranger.send(msg)
         wait_for(stranger.watch.failed)           # the engine turned its handshake down
         busy = owner.submit("JULIET:", SamplingParams(max_tokens=200, temperature=0))

@@ -16,6 +16,8 @@ from engine import LLM, SamplingParams
 from engine.front.client import EngineClient
 from engine.config import InvalidRequestError, knob_changes
 from engine.ipc import protocol as P
+from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine import commands as C
 from tests.helpers import engines_owned_by
 
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -39,18 +41,18 @@ def client():
 
 
 def test_protocol_round_trips():
-    msgs = [P.Hello("tui"), P.Submit("r1", [1, 2, 3], SamplingParams(max_tokens=4), 1.5, "hi"),
-            P.Submit("r2", [4], SamplingParams(stop=["x"], seed=3), 2.0, None, priority=-7),
-            P.SetKnobs(knob_changes(scheduling_policy="lpm", eviction_policy="lfu")),
-            P.Abort("r1", "stop"), P.SetKnobs(knob_changes(max_num_seqs=3)), P.SetPaused(True),
-            P.StepOnce(7), P.ClearPrefixCache(), P.ResetPeakUsage(), P.Barrier(9),
+    msgs = [P.Hello("tui"), CoreRequest("r1", (1, 2, 3), SamplingParams(max_tokens=4), 1.5, "hi"),
+            CoreRequest("r2", (4,), SamplingParams(stop=["x"], seed=3), 2.0, None, priority=-7),
+            C.SetKnobs(knob_changes(scheduling_policy="lpm", eviction_policy="lfu")),
+            C.Abort("r1", "stop"), C.SetKnobs(knob_changes(max_num_seqs=3)), C.SetPaused(True),
+            C.StepOnce(7), C.ResetPrefixCache(), C.ResetPeakUsage(), C.Barrier(9),
             P.Heartbeat(), P.Bye(), P.Shutdown()]
     for m in msgs:
         assert P.client_decoder.decode(P.encoder.encode(m)) == m
-    out = P.Outputs(2.0, ["a", "b"], [5, 6], [P.Finished("a", "length", None, 1.0, 16, 0)])
+    out = StepOutput(2.0, ["a", "b"], [5, 6], [FinishedRequest("a", "length", None, 1.0, 16, 0)])
     assert P.core_decoder.decode(P.encoder.encode(out)) == out
     with pytest.raises(msgspec.ValidationError):     # a wrong type never reaches the core
-        P.client_decoder.decode(P.encoder.encode({"type": "Submit", "request_id": {},
+        P.client_decoder.decode(P.encoder.encode({"type": "CoreRequest", "request_id": {},
                                                   "prompt_token_ids": "x", "params": {},
                                                   "arrival_time": 0.0}))
 
@@ -80,10 +82,10 @@ def _events(stream, timeout: float = 60.0):
 def _quiet_stretch(client, stream) -> bool:
     """Read `stream` until QUIET_TOKENS tokens arrive with no snapshot frame among them
     (True), or it ends first (False)."""
-    held, quiet = client._snap_bytes, 0
+    held, quiet = client.transport._snap_bytes, 0
     for event in _events(stream):
-        if client._snap_bytes is not held:
-            held, quiet = client._snap_bytes, 0
+        if client.transport._snap_bytes is not held:
+            held, quiet = client.transport._snap_bytes, 0
         quiet += len(event.token_ids)
         if quiet >= QUIET_TOKENS:
             return True
@@ -93,10 +95,10 @@ def _quiet_stretch(client, stream) -> bool:
 def _frame_while_running(client, stream) -> bool:
     """Read `stream` until a snapshot frame arrives that shows it still decoding (a
     periodic frame, not the one taken on going idle): True, or False if it ends first."""
-    held = client._snap_bytes
+    held = client.transport._snap_bytes
     for _ in _events(stream):
-        if client._snap_bytes is not held:
-            held = client._snap_bytes
+        if client.transport._snap_bytes is not held:
+            held = client.transport._snap_bytes
             view = client.snapshot().request(stream.request_id)
             if view is not None and view.state == "decoding":
                 return True

@@ -15,10 +15,11 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.front.attach import open_socket
+from engine.ipc.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
+from engine import commands as C
 from tests.engine import fuzz_values as F
 from tests.engine.fuzz_values import ENGINE, VOCAB
 
@@ -107,7 +108,7 @@ def test_protocol_garbage_never_stops_the_core(core, core_reference, stranger, m
     # pausing is a shared control (the TUI pauses a bench's engine): the stranger's last
     # word resumes it (one socket's messages are handled in order)
     stranger.send(hello(core))
-    stranger.send(P.encoder.encode(P.SetPaused(False)))
+    stranger.send(P.encoder.encode(C.SetPaused(False)))
     F.still_serves(core, core_reference)
 
 
@@ -118,7 +119,7 @@ def test_a_stranger_cannot_cancel_or_stop_anothers_requests(core, core_reference
     sp = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     stream = core.submit(F.REF_PROMPT, sp, request_id="mine")
     stream.get(timeout=30)
-    stranger.send(P.encoder.encode(P.Abort("mine")))
+    stranger.send(P.encoder.encode(C.Abort("mine")))
     stranger.send(P.encoder.encode(P.Shutdown()))
     out = stream.result(timeout=60)
     assert out.error is None and out.outputs[0].finish_reason == "length"

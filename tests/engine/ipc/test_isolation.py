@@ -10,10 +10,11 @@ import pytest
 import zmq
 
 from engine import InvalidRequestError, SamplingParams
-from engine.front.attach import open_socket
+from engine.ipc.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
+from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 
 PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
 GOOD = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -32,7 +33,7 @@ def solo(client):
     return list(client.submit(PROMPT, GOOD).result(TIMEOUT).outputs[0].token_ids)
 
 
-def raw_submit(address: str, request_id: str, params: dict, prompt_ids: list[int]) -> P.Finished:
+def raw_submit(address: str, request_id: str, params: dict, prompt_ids: list[int]) -> FinishedRequest:
     """A Submit as another program would send it (with the key): the core must refuse
     it by itself, with the field named."""
     ctx = zmq.Context()
@@ -46,10 +47,10 @@ def raw_submit(address: str, request_id: str, params: dict, prompt_ids: list[int
             send.send(P.encoder.encode(P.Hello("raw")))
             if recv.poll(500) and isinstance(P.core_decoder.decode(recv.recv()), P.Welcome):
                 break
-        send.send(P.encoder.encode(P.Submit(request_id, prompt_ids, params, 0.0)))
+        send.send(P.encoder.encode(CoreRequest(request_id, prompt_ids, params, 0.0)))
         while recv.poll(TIMEOUT * 1000):
             msg = P.core_decoder.decode(recv.recv())
-            if isinstance(msg, P.Outputs) and msg.finished:
+            if isinstance(msg, StepOutput) and msg.finished:
                 return msg.finished[0]
         raise AssertionError("no answer to the raw Submit")
     finally:

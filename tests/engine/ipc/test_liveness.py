@@ -17,10 +17,12 @@ import pytest
 import zmq
 
 from engine import SamplingParams
-from engine.front.attach import open_socket
+from engine.ipc.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth
 from engine.ipc import protocol as P
+from engine.outputs import CoreRequest, StepOutput
+from engine import commands as C
 
 pytestmark = pytest.mark.slow       # the long tier: `pytest --run-slow` (README)
 
@@ -152,13 +154,13 @@ def test_a_silent_client_gets_its_requests_ended_with_an_error(owner):
     try:
         ids = owner.inputs.process(PROMPTS[0])[0].prompt_token_ids
         t0 = time.monotonic()
-        raw.send(P.Submit("silent-1", list(ids), {"max_tokens": 1000,
+        raw.send(CoreRequest("silent-1", list(ids), {"max_tokens": 1000,
                                                   "ignore_eos": True}, 0.0))
-        raw.send(P.SetPaused(True))                  # and it holds a pause
+        raw.send(C.SetPaused(True))                  # and it holds a pause
         finished = None
         while finished is None and raw.recv_sock.poll(TIMEOUT * 1000):
             msg = raw.recv()
-            if isinstance(msg, P.Outputs) and msg.finished:
+            if isinstance(msg, StepOutput) and msg.finished:
                 finished = msg.finished[0]
         waited = time.monotonic() - t0
     finally:

@@ -26,10 +26,11 @@ import pytest
 import zmq
 
 from engine import SamplingParams
-from engine.front.attach import open_socket
+from engine.ipc.attach import open_socket
 from engine.front.client import EngineClient
 from engine.ipc import auth, curve
 from engine.ipc import protocol as P
+from engine.outputs import CoreRequest
 from tests.engine.ipc.peers import (Recorder, cpu_seconds, free_port_base, peak_rss,
                                     reset_peak_rss, send_big_frame, tcp_port)
 
@@ -194,7 +195,7 @@ def test_a_captured_session_gives_no_access(engine):
         assert engine.wait_idle(TIMEOUT)       # then engine_stats() is current
         done = engine.engine_stats().finished
         holder.send(P.encoder.encode(P.Hello("key-holder")))
-        holder.send(P.encoder.encode(P.Submit("captured-1", ids, {"max_tokens": 4}, 0.0)))
+        holder.send(P.encoder.encode(CoreRequest("captured-1", ids, {"max_tokens": 4}, 0.0)))
         wait_for(lambda: engine.wait_idle(TIMEOUT) and engine.engine_stats().finished > done)
         holder.close(0)
         recorder.close()
