@@ -12,9 +12,9 @@ import sys
 
 from roseplay.cli_flags import (add_engine_flags, add_engine_key_flag, add_goodput_flag,
                                 engine_kwargs, goodput_slos)
-from roseplay.app_defaults import TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
-from roseplay.early_start import EarlyStart
-from roseplay.workload_flags import WORKLOAD_DEFAULTS, add_workload_flags, number
+from roseplay.tui.defaults import TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
+from roseplay.tui.early_start import EarlyStart
+from roseplay.workload.flags import WORKLOAD_DEFAULTS, add_workload_flags, number
 
 DESCRIPTION = ("An interactive terminal playground on a real LLM inference engine (its own process, "
                "two with --compare): "
@@ -84,7 +84,7 @@ def check_engine(args) -> str | None:
     longest request (the engine would refuse it, forever), and --device cuda without
     CUDA."""
     from engine.config import InvalidRequestError, make_config
-    from roseplay.workload_fit import pool_problem
+    from roseplay.workload.fit import pool_problem
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
     kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
@@ -95,7 +95,7 @@ def check_engine(args) -> str | None:
     # token-id prompts: exact for a model without a tokenizer, an estimate for text; a
     # pool too small is measured again with the model's tokenizer where it is on disk
     # (the number recommended then serves), and the loaded engine checks the text
-    # prompts exactly (roseplay/source.py start_live)
+    # prompts exactly (roseplay/workload/source.py start_live)
     sizes = dict(input_len=args.input_len, output_len=args.output_len)
     problem = pool_problem(args.scenario, config.num_blocks, config.block_size, **sizes)
     if problem:
@@ -137,7 +137,7 @@ def local_tokenizer(name: str | None):
 
 def check_compare(args) -> str | None:
     """Parse --compare in place (KNOB, [A, B]); why it cannot run, or None."""
-    from roseplay.compare import parse_compare
+    from roseplay.tui.compare import parse_compare
     if args.connect or args.replay:
         return "--compare starts its own two engines: not with --connect or --replay"
     try:
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench(argv: list[str]) -> int:
     from engine.config import InvalidRequestError
-    from roseplay import bench     # lazy: the TUI does not need it
+    from roseplay.bench import inproc as bench  # lazy: the TUI does not need it
     parser = OneLineParser(prog="roseplay")
     bench.add_parser(parser.add_subparsers(dest="command", required=True,
                                            parser_class=OneLineParser))
@@ -211,7 +211,7 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def make_source_factory(args):
-    from roseplay.source import start_live
+    from roseplay.workload.source import start_live
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
     kwargs.setdefault("max_num_seqs", TUI_MAX_NUM_SEQS)
@@ -228,7 +228,7 @@ def make_source_factory(args):
 
 
 def make_compare_factory(args):
-    from roseplay.compare import start_compare
+    from roseplay.tui.compare import start_compare
     knob, values = args.compare
     kwargs = engine_kwargs(args)
     kwargs.setdefault("num_blocks", TUI_NUM_BLOCKS)
@@ -245,13 +245,13 @@ def make_compare_factory(args):
 
 def replay_app(args, slos: dict):
     """The app for a recording: side by side if it is one side of a compare session."""
-    from roseplay.compare import CompareReplaySource, is_compare_recording
-    from roseplay.source import ReplaySource
+    from roseplay.tui.compare import CompareReplaySource, is_compare_recording
+    from roseplay.workload.source import ReplaySource
     if is_compare_recording(args.replay):
-        from roseplay.compare_app import CompareApp
+        from roseplay.tui.compare_app import CompareApp
         return CompareApp(source=CompareReplaySource(args.replay, speed=args.replay_speed,
                                                      start_paused=args.paused), slos=slos)
-    from roseplay.app import RoseplayApp
+    from roseplay.tui.app import RoseplayApp
     return RoseplayApp(source=ReplaySource(args.replay, speed=args.replay_speed,
                                            start_paused=args.paused), slos=slos)
 
@@ -264,14 +264,14 @@ def run_tui(args) -> int:
         early = EarlyStart(factory)
         if sys.stdout.isatty():     # importing Textual takes a second or two: say why
             print(f"roseplay: {message}", flush=True)
-    from roseplay.app import RoseplayApp
+    from roseplay.tui.app import RoseplayApp
     if args.replay:
         try:
             app = replay_app(args, slos)
         except (OSError, ValueError) as exc:
             return _fail(f"cannot replay {args.replay}: {exc}")
     elif args.compare:
-        from roseplay.compare_app import CompareApp
+        from roseplay.tui.compare_app import CompareApp
         app = CompareApp(source_factory=early, loading_message=message, slos=slos)
     else:
         app = RoseplayApp(source_factory=early, loading_message=message, slos=slos)

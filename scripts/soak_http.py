@@ -5,7 +5,7 @@ Clients (asyncio tasks, --clients of them) each loop over a seeded mix of:
   good      greedy streams (temperature 0): every answer to the same prompt must be the
             same tokens (the first one is the reference)
   plain     non-streamed completions and chats (n up to 2)
-  bad       a hostile body (tests/serve/hostile_bodies.py): must get a 4xx OpenAI error
+  bad       a hostile body (tests/roseplay/serve/hostile_bodies.py): must get a 4xx OpenAI error
   cancelled a stream closed after its first chunks
   stalled   a stream not read for 1-4 s, then read to its end: same tokens as `good`
   loris     a connection that sends half its headers and stops: the server must close
@@ -40,7 +40,7 @@ import httpx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripts.proc_stats import proc_status  # noqa: E402
-from tests.serve.hostile_bodies import check_refusal, hostile_bodies  # noqa: E402
+from tests.roseplay.serve.hostile_bodies import check_refusal, hostile_bodies  # noqa: E402
 
 PROMPTS = ["ROMEO.\nWhat news from the court?\n\nJULIET.\n", "First Citizen:\nBefore we proceed",
            "KING HENRY.\nOnce more unto the breach", "HAMLET.\nTo be, or not to be",
