@@ -11,7 +11,7 @@ import signal
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from scripts.soak_http import children
+from devtools.procs import children
 from tests.roseplay.serve.serve_proc import ServeProc, alive
 
 

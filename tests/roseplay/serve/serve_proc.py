@@ -16,7 +16,7 @@ import time
 import httpx
 
 from roseplay.serve.server import bind
-from scripts.soak_http import children
+from devtools.procs import children
 
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
 START_TIMEOUT = 120

@@ -1,5 +1,5 @@
 """Adversarial clients against one real `roseplay serve` process (engine in its own
-process): while greedy neighbour streams run, hostile bodies (tests/roseplay/serve/hostile_bodies.py,
+process): while greedy neighbour streams run, hostile bodies (devtools/hostile_bodies.py,
 fixed seed), clients SIGKILLed mid-stream, a SIGSTOP of the server, and a prompt that
 takes seconds to tokenize. The neighbours' tokens must equal their solo runs, every
 hostile body must get a 4xx OpenAI error (never a 500 or text/plain), nothing may be
@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from roseplay.serve.app import DEFAULT_TIMEOUT_KEEP_ALIVE_S
-from scripts.soak_http import engine_leaks
-from tests.roseplay.serve.hostile_bodies import check_refusal, hostile_bodies
+from devtools.hostile_bodies import check_refusal, hostile_bodies
+from devtools.procs import engine_leaks
 from tests.roseplay.serve.serve_proc import PROMPT, ServeProc, parse_sse, stream_body
 
 pytestmark = pytest.mark.timeout(180)
