@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from roseplay.tui.defaults import TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
-from roseplay.cli import build_parser, make_source_factory
+from roseplay.cli import build_parser
+from roseplay.tui.launch import make_source_factory
 
 FLAGS = ("--model", "--device", "--dtype", "--block-size", "--num-blocks",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-num-batched-tokens",
@@ -104,6 +105,7 @@ def test_a_model_that_fails_to_load_closes_the_app_with_one_line(monkeypatch, ca
 
     import roseplay.cli as cli
     from engine.config import InvalidRequestError
+    from roseplay.tui import launch
     from roseplay.tui.app import RoseplayApp
 
     def factory():
@@ -119,7 +121,7 @@ def test_a_model_that_fails_to_load_closes_the_app_with_one_line(monkeypatch, ca
             assert app.return_code == 1         # the app closed itself
         asyncio.run(go())
 
-    monkeypatch.setattr(cli, "make_source_factory", lambda args: (factory, "loading"))
+    monkeypatch.setattr(launch, "make_source_factory", lambda args: (factory, "loading"))
     monkeypatch.setattr(RoseplayApp, "run", run_headless)
     assert cli.main(["--model", "org/x"]) == 1
     err = capsys.readouterr().err

@@ -277,7 +277,7 @@ def test_ratio_table_numbers_and_colours():
 def test_replay_flag_opens_a_compare_recording_side_by_side():
     import argparse
     from roseplay.tui.app import RoseplayApp
-    from roseplay.cli import replay_app
+    from roseplay.tui.launch import replay_app
     from tests.roseplay.tui.helpers import SESSION
     args = argparse.Namespace(replay=COMPARE_SESSION, replay_speed=1.0, paused=True)
     assert isinstance(replay_app(args, {}), CompareApp)
