@@ -8,7 +8,8 @@ import math
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from roseplay.workload.scenarios import WorkItem, build_workload
+from roseplay.workload.items import WorkItem
+from roseplay.workload.scenarios import build_workload
 
 
 def workload_items(args, tokenizer, vocab_size: int) -> tuple[list[WorkItem], list[WorkItem]]:

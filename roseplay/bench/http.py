@@ -30,7 +30,7 @@ from roseplay.bench.common import arrivals, progress, workload_items
 from roseplay.bench.sse import Outcome
 from roseplay.cli_flags import goodput_slos
 from roseplay.workload.driver import arrival_offsets
-from roseplay.workload.scenarios import WorkItem
+from roseplay.workload.items import WorkItem
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 

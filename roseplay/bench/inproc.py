@@ -29,7 +29,7 @@ from roseplay.bench.args import add_arguments, check_args, parse_ab
 from roseplay.bench.common import arrivals as _arrivals, progress as _progress, workload_items
 from roseplay.cli_flags import engine_kwargs, goodput_slos
 from roseplay.workload.driver import WorkloadDriver
-from roseplay.workload.scenarios import WorkItem
+from roseplay.workload.items import WorkItem
 
 LIVE_KNOBS = {f.name for f in dataclasses.fields(SchedulerConfig)}
 

@@ -21,7 +21,8 @@ from typing import Callable, Iterable, Iterator
 import msgspec
 
 from engine.request import RequestOutput
-from roseplay.workload.scenarios import WorkItem, iter_workload
+from roseplay.workload.items import WorkItem
+from roseplay.workload.scenarios import iter_workload
 
 # Longest sleeps (a finishing request or stop() wakes the driver at once)
 POLL_INTERVAL = 0.02    # while a submission waits for a concurrency slot

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 
-from roseplay.workload.scenarios import get_scenario, make_spec, max_output_tokens
+from roseplay.workload.items import make_spec
+from roseplay.workload.scenarios import get_scenario, max_output_tokens
 
 CYCLE = 64      # items that cover every scenario's pattern (mixed: 8 kinds x 8 documents)
 LATER = 100_000     # and a few this far on: repeated questions carry a longer suffix

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from roseplay.workload.scenarios import WorkItem, get_scenario, make_spec
+from roseplay.workload.items import WorkItem, make_spec
+from roseplay.workload.scenarios import get_scenario
 
 
 @dataclass(frozen=True)

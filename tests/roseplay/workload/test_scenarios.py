@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from roseplay.workload import scenarios as sc
+from roseplay.workload import items as it, scenarios as sc
 from roseplay.cli_flags import add_engine_flags, engine_fields, engine_kwargs, parse_knob_value
 from roseplay.workload.driver import WorkloadDriver, arrival_offsets
 
@@ -93,7 +93,7 @@ def test_shared_prefix_text_uses_system_prompts(tmp_path):
             "short": ["q1?", "q2?", "q3?"], "long": ["a long passage"]}
     path = tmp_path / "prompts.json"
     path.write_text(json.dumps(data))
-    loaded = sc.load_prompt_data(path)
+    loaded = it.load_prompt_data(path)
     assert loaded == data
     items = sc.build_workload("shared-prefix", 8, tokenizer=CharTokenizer(), data=loaded)
     assert sum(x.prompt.startswith("SYS-A") for x in items) == 4
@@ -101,10 +101,10 @@ def test_shared_prefix_text_uses_system_prompts(tmp_path):
 
 
 def test_missing_or_bad_prompt_data_falls_back(tmp_path):
-    assert sc.load_prompt_data(tmp_path / "nope.json") == sc.FALLBACK
+    assert it.load_prompt_data(tmp_path / "nope.json") == it.FALLBACK
     bad = tmp_path / "bad.json"
     bad.write_text('{"short": []}')
-    assert sc.load_prompt_data(bad) == sc.FALLBACK
+    assert it.load_prompt_data(bad) == it.FALLBACK
 
 
 def test_random_lengths_follow_range_ratio():
@@ -182,7 +182,7 @@ def test_driver_interval_spaces_arrivals(loop):
 
 def test_driver_item_arrival_offsets(loop):
     base = sc.build_workload("random", 3, vocab_size=512, input_len=8, output_len=2)
-    items = [sc.WorkItem(x.prompt, x.params, arrival=0.05 * i) for i, x in enumerate(base)]
+    items = [it.WorkItem(x.prompt, x.params, arrival=0.05 * i) for i, x in enumerate(base)]
     d = WorkloadDriver(loop, items, num_requests=3).start()
     assert d.wait(60)
     arrivals = sorted(o.metrics.arrival_time for o in d.outputs)
@@ -190,7 +190,7 @@ def test_driver_item_arrival_offsets(loop):
 
 
 def test_driver_counts_invalid_requests_without_hanging(loop):
-    too_long = sc.WorkItem({"prompt_token_ids": [1] * 5000}, sc.SamplingParams(max_tokens=2))
+    too_long = it.WorkItem({"prompt_token_ids": [1] * 5000}, it.SamplingParams(max_tokens=2))
     ok = sc.build_workload("random", 2, vocab_size=512, input_len=8, output_len=2)
     d = WorkloadDriver(loop, [too_long] + ok, num_requests=3).start()
     assert d.wait(60)
@@ -307,5 +307,5 @@ def test_multi_turn_resends_each_conversations_growing_history():
     restart = ids(items[chats * turns])
     assert len(restart) == len(firsts[0]) and restart != firsts[0]
     text = sc.build_workload("multi-turn", chats + 1, tokenizer=CharTokenizer(),
-                             data=sc.load_prompt_data(), output_len=8)
+                             data=it.load_prompt_data(), output_len=8)
     assert text[chats].prompt.startswith(text[0].prompt.removesuffix("ASSISTANT."))
