@@ -16,7 +16,7 @@ from roseplay.workload.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.help import HelpScreen
 from roseplay.tui.widgets.prompt_input import parse_sampling
-from roseplay.tui.widgets.knobs import (CONCURRENCY_STEPS, SPEC_TOKENS_MAX, knob_field,
+from roseplay.tui.widgets.knobs import (CONCURRENCY_STEPS, knob_bounds, knob_field,
                                     live_fields, next_in, stepped)
 from roseplay.tui.widgets.requests import FILTERS, SORTS
 
@@ -108,10 +108,12 @@ class Actions(GuideActions):
             self._control(self.source.set_knobs, max_num_seqs=value, knob="max_num_seqs")
 
     def action_spec_tokens(self, direction: int) -> None:
-        """Speculative decoding's k, 0 (off) .. SPEC_TOKENS_MAX, from the next step."""
+        """Speculative decoding's k, one at a time within the knob's bounds (0: off; the
+        engine's MAX_SPECULATIVE_TOKENS at most), from the next step."""
         if self.source is not None:
             k = self.source.knobs.num_speculative_tokens
-            new = max(0, min(SPEC_TOKENS_MAX, k + direction))
+            low, top = knob_bounds("num_speculative_tokens")
+            new = max(low, min(top, k + direction))
             self._control(self.source.set_knobs, num_speculative_tokens=new,
                           knob="num_speculative_tokens")
 

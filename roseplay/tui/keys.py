@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from textual.binding import Binding
 
+from engine.config import MAX_SPECULATIVE_TOKENS
+
 
 @dataclass(frozen=True)
 class Key:
@@ -47,7 +49,7 @@ KEYS = (
     Key("left_square_bracket", "seqs(-1)", "Seqs-", "max_num_seqs down", "[", "live",
         knob="max_num_seqs"),
     Key("d", "spec_tokens(1)", "Spec+", "speculative decoding: one more draft token per "
-        "step (num_speculative_tokens, 0 = off, up to 5)", "d", "live",
+        f"step (num_speculative_tokens, 0 = off, up to {MAX_SPECULATIVE_TOKENS})", "d", "live",
         knob="num_speculative_tokens"),
     Key("D", "spec_tokens(-1)", "Spec-", "one draft token fewer (0 turns speculation off)",
         "D", "live", knob="num_speculative_tokens"),

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.config import SchedulerConfig, knob_fields
+from engine.config import KNOB_MAXIMUM, MAX_SPECULATIVE_TOKENS, SchedulerConfig, knob_fields
 from roseplay.tui.keys import knob_key
 from roseplay.workload.scenarios import SCENARIOS
 from roseplay.tui.widgets.guide_card import card_text
@@ -26,7 +26,6 @@ WORKLOAD_HELP = {
             "(r / R: next / previous).",
 }
 NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
-SPEC_TOKENS_MAX = 5     # the d key's top (the engine allows up to MAX_SPECULATIVE_TOKENS)
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -38,11 +37,21 @@ def knob_field(name: str) -> dataclasses.Field:
     return next(f for f in knob_fields(SchedulerConfig) if f.name == name)
 
 
+def knob_bounds(name: str) -> tuple[int, int | None]:
+    """[minimum, maximum] of an integer knob as engine/config.py defines them: the minimum
+    in the field's metadata, the maximum in KNOB_MAXIMUM (num_speculative_tokens: in
+    MAX_SPECULATIVE_TOKENS, the one home of k's limit); None: no maximum."""
+    top = MAX_SPECULATIVE_TOKENS if name == "num_speculative_tokens" else KNOB_MAXIMUM.get(name)
+    return knob_field(name).metadata.get("minimum", 1), top
+
+
 def stepped(value: int, name: str, direction: int, upper: int | None = None) -> int:
     """The next value of an integer knob: DOUBLING knobs double / halve; others move by
-    their metadata step, halving / doubling below it. Clamped to [minimum, upper]."""
-    meta = knob_field(name).metadata
-    step, minimum = meta.get("step", 1), meta.get("minimum", 1)
+    their metadata step, halving / doubling below it. Clamped to the knob's bounds
+    (knob_bounds) and to `upper` where given."""
+    step = knob_field(name).metadata.get("step", 1)
+    minimum, top = knob_bounds(name)
+    upper = min(x for x in (upper, top) if x) if (upper or top) else None
     if name in DOUBLING:
         new = value * 2 if direction > 0 else value // 2
     elif direction > 0:

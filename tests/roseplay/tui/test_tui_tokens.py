@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.config import MAX_SPECULATIVE_TOKENS
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.keys import KEYS, knob_key
 from roseplay.tui.widgets.help import keys_markdown, knobs_markdown
@@ -39,14 +40,14 @@ async def test_d_and_D_turn_speculation_on_and_off_on_the_engine_process():
             knobs = app.query_one("KnobsPanel")
             assert await wait_for(pilot, lambda: "OFF" in widget_text(knobs)
                                   and "D/d" in widget_text(knobs), 10)
-            for _ in range(7):              # clamped at the top: 5
-                await pilot.press("d")
-            assert src.knobs.num_speculative_tokens == 5
+            top = MAX_SPECULATIVE_TOKENS    # the engine's limit of k, read by the key
+            await pilot.press(*"d" * (top + 2))     # clamped at the top
+            assert src.knobs.num_speculative_tokens == top
             assert await wait_for(pilot, lambda: app.snapshot.knobs.num_speculative_tokens
-                                  == 5, 30), "the engine never applied k=5"
-            assert await wait_for(pilot, lambda: "5 drafts" in widget_text(knobs), 30)
+                                  == top, 30), f"the engine never applied k={top}"
+            assert await wait_for(pilot, lambda: f"{top} drafts" in widget_text(knobs), 30)
             assert "num_speculative_tokens:" in widget_text(knobs)     # its help text
-            await pilot.press(*"D" * 6)      # clamped at 0: off
+            await pilot.press(*"D" * (top + 1))  # clamped at 0: off
             assert await wait_for(pilot, lambda: app.snapshot.knobs.num_speculative_tokens
                                   == 0, 30)
             assert src.knobs.num_speculative_tokens == 0
