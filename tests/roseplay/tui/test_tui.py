@@ -14,22 +14,10 @@ from roseplay.tui.widgets.request_detail import RequestDetail
 from roseplay.tui.widgets.requests import RequestList
 from roseplay.tui.widgets.status import StatusBar
 from roseplay.tui.widgets.step import StepPanel
-from tests.roseplay.tui.helpers import (SIZE, fast_idle, live_source, notices, screen_text, settle, sync,
+from tests.roseplay.tui.helpers import (SIZE, live_source, notices, screen_text, settle, sync,
                          wait_for, widget_text)
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _fast_idle(monkeypatch):
-    fast_idle(monkeypatch)
-
-
-@pytest.fixture
-def source():
-    src = live_source()
-    yield src
-    src.close()
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
 
 
 async def _running(pilot, source, n: int = 1) -> None:

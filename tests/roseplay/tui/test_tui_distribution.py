@@ -12,15 +12,10 @@ from engine.config import InvalidRequestError
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.widgets.prompt_input import parse_sampling
 from roseplay.tui.widgets.token_choice import pct
-from tests.roseplay.tui.helpers import fast_idle, live_source, sync, wait_for, widget_text
+from tests.roseplay.tui.helpers import live_source, sync, wait_for, widget_text
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("fast_pilot")]
 BIASED = 7          # a token of dummy:tiny's vocabulary, pushed up by +8
-
-
-@pytest.fixture(autouse=True)
-def _fast_idle(monkeypatch):
-    fast_idle(monkeypatch)
 
 
 def test_parse_sampling_fields_and_errors():

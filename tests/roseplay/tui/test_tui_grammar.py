@@ -18,17 +18,12 @@ from roseplay.workload.replay import Recording
 from roseplay.tui.widgets.grammar_line import NO_VIEW, grammar_text
 from roseplay.tui.widgets.prompt_input import parse_sampling
 from roseplay.tui.widgets.requests import RequestList
-from tests.roseplay.tui.helpers import (fast_idle, live_source, session_snapshot, settle,
+from tests.roseplay.tui.helpers import (live_source, session_snapshot, settle,
                                         sync, wait_for, widget_text)
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("fast_pilot")]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
           "required": ["name"], "additionalProperties": False}
-
-
-@pytest.fixture(autouse=True)
-def _fast_idle(monkeypatch):
-    fast_idle(monkeypatch)
 
 
 def test_the_prompt_box_takes_a_constraint():

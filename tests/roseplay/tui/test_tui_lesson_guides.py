@@ -13,15 +13,10 @@ from roseplay.tui.guides.catalog import BY_KEY
 from roseplay.tui.widgets.knobs import KnobsPanel
 from roseplay.tui.widgets.kv_panel import KVLegend
 from roseplay.tui.widgets.requests import RequestList
-from tests.roseplay.tui.helpers import (fast_idle, live_source, screen_text, sync, wait_for,
+from tests.roseplay.tui.helpers import (live_source, screen_text, sync, wait_for,
                                         widget_text)
 
-pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(autouse=True)
-def _fast_idle(monkeypatch):
-    fast_idle(monkeypatch)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("fast_pilot")]
 
 
 @pytest.fixture

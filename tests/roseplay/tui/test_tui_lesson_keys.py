@@ -7,22 +7,10 @@ import pytest
 
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.widgets.prompt_input import PromptBar
-from tests.roseplay.tui.helpers import (fast_idle, live_source, notices, screen_text, sync,
+from tests.roseplay.tui.helpers import (notices, screen_text, sync,
                                        wait_for)
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _fast_idle(monkeypatch):
-    fast_idle(monkeypatch)
-
-
-@pytest.fixture
-def source():
-    src = live_source()
-    yield src
-    src.close()
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
 
 
 def _knobs(source) -> tuple:

@@ -4,14 +4,9 @@ from __future__ import annotations
 import pytest
 
 from roseplay.tui.app import RoseplayApp
-from tests.roseplay.tui.helpers import fast_idle, live_source, screen_text, sync, wait_for
+from tests.roseplay.tui.helpers import live_source, screen_text, sync, wait_for
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def _fast_idle(monkeypatch):
-    fast_idle(monkeypatch)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])

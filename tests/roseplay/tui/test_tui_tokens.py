@@ -9,14 +9,9 @@ from roseplay.tui.app import RoseplayApp
 from roseplay.tui.keys import KEYS, knob_key
 from roseplay.tui.widgets.help import keys_markdown, knobs_markdown
 from roseplay.tui.widgets.token_choice import pct
-from tests.roseplay.tui.helpers import fast_idle, live_source, widget_text, sync, wait_for
+from tests.roseplay.tui.helpers import live_source, widget_text, sync, wait_for
 
-pytestmark = pytest.mark.timeout(150)
-
-
-@pytest.fixture(autouse=True)
-def _fast_idle(monkeypatch):
-    fast_idle(monkeypatch)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("fast_pilot")]
 
 
 def test_every_key_is_bound_once_and_each_knob_key_is_defined_in_keys():
