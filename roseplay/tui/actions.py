@@ -17,7 +17,7 @@ from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.help import HelpScreen
 from roseplay.tui.widgets.prompt_input import parse_sampling
 from roseplay.tui.widgets.knobs import (CONCURRENCY_STEPS, knob_bounds, knob_field,
-                                    live_fields, next_in, stepped)
+                                        live_fields, next_in, stepped)
 from roseplay.tui.widgets.requests import FILTERS, SORTS
 
 WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency",

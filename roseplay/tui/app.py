@@ -24,7 +24,7 @@ from roseplay.tui.marks import RecordedMarks
 from roseplay.tui.commands import RoseplayCommands
 from roseplay.tui.keys import action_mode, bindings
 from roseplay.tui.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
-                                remove_exit_signals, start_loading)
+                                    remove_exit_signals, start_loading)
 from roseplay.tui.layout import LEFT, RIGHT, TITLES, plan
 from roseplay.tui.widgets.counters import CounterWindow
 from roseplay.tui.widgets.events import EventLog, flash_blocks

@@ -10,7 +10,7 @@ from textual.containers import Vertical
 
 from roseplay.tui.widgets.kv_host import HostTierView
 from roseplay.tui.widgets.kv_map import (CACHED, CACHED_GLYPH, FREE, NAMES, SELECTED, SHARED, USED,
-                                     KVMap, styles)
+                                         KVMap, styles)
 from roseplay.tui.widgets.text_view import TextView
 
 

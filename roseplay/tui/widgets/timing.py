@@ -25,7 +25,7 @@ from engine.metrics import prefix_hit_rate
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.counters import WINDOW
 from roseplay.tui.widgets.latency import (RECENT, goodput_share, pctl,  # noqa: F401
-                                      recent_p50, slo_text, view_latencies, window_ttfts)
+                                          recent_p50, slo_text, view_latencies, window_ttfts)
 from roseplay.tui.widgets.requests import fmt_ms
 from roseplay.tui.widgets.spec_note import SpecNote
 from roseplay.tui.widgets.ttft_split import window_split

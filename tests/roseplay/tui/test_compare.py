@@ -11,13 +11,13 @@ import pytest
 
 from engine.config import InvalidRequestError
 from roseplay.tui.compare import (CompareReplaySource, is_compare_recording, pair_path,
-                              parse_compare, start_compare)
+                                  parse_compare, start_compare)
 from roseplay.tui.compare_app import CompareApp
 from roseplay.workload.driver import WorkloadDriver
 from roseplay.workload.shared import SharedWorkload
 from roseplay.workload.source import ReadOnlyError
 from tests.roseplay.tui.helpers import (DATA, ENGINE, fast_idle, notices, press_at_random, screen_text, sync,
-                         wait_for)
+                                        wait_for)
 
 pytestmark = pytest.mark.timeout(120)
 COMPARE_SESSION = f"{DATA}/compare_session.jsonl.gz"

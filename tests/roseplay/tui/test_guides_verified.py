@@ -22,7 +22,7 @@ import pytest
 from roseplay.tui.defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_SCENARIO
 from roseplay.tui.guides.check import NAMES, active_ids, measure, verdicts, wait_for_evictions
 from roseplay.tui.guides.catalog import (BASELINES, BY_KEY, GUIDES, POOL_BLOCKS, Guide, apply_guide,
-                             clean_knobs)
+                                         clean_knobs)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

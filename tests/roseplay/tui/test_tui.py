@@ -15,7 +15,7 @@ from roseplay.tui.widgets.requests import RequestList
 from roseplay.tui.widgets.status import StatusBar
 from roseplay.tui.widgets.step import StepPanel
 from tests.roseplay.tui.helpers import (SIZE, live_source, notices, screen_text, settle, sync,
-                         wait_for, widget_text)
+                                        wait_for, widget_text)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
 

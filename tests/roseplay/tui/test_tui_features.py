@@ -20,7 +20,7 @@ from roseplay.tui.widgets.kv_map import COW, PREEMPTED, SELECTED, KVMap, styles
 from roseplay.tui.widgets.kv_panel import KVLegend
 from roseplay.tui.widgets.requests import ACTIVE, RequestList, arrange, waiting_reason
 from tests.roseplay.tui.helpers import (SESSION, SIZE, StaticSource, notices, screen_text, session_snapshot,
-                         sync, wait_for, widget_text)
+                                        sync, wait_for, widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,7 @@ import pytest
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.widgets.prompt_input import PromptBar
 from tests.roseplay.tui.helpers import (notices, screen_text, sync,
-                                       wait_for)
+                                        wait_for)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
 

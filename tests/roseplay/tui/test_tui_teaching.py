@@ -24,7 +24,7 @@ from roseplay.tui.widgets.kv_panel import KVLegend
 from roseplay.tui.widgets.status import StatusBar
 from roseplay.tui.widgets.step import StepPanel
 from tests.roseplay.tui.helpers import (SESSION, StaticSource, screen_text, session_snapshot, sync,
-                         widget_text)
+                                        widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 
