@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.codes import RUNNING_STATES
 from engine.config import InvalidRequestError
-from roseplay.tui.guides.actions import GuideActions
+from roseplay.tui.guide_actions import GuideActions
 from roseplay.tui.layout import TITLES, ZOOM_ORDER
 from roseplay.tui.marks import RecordedMarks, change_label
 from roseplay.workload.scenarios import SCENARIOS
