@@ -1,5 +1,6 @@
 """What /proc says of a process and its children (the soaks, the serve tests), and what
 an attached client sees left in an idle engine."""
+import contextlib
 import os
 
 
@@ -21,6 +22,17 @@ def children(pid: int) -> list[int]:
     for tid in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{tid}/children") as f:
             out += [int(x) for x in f.read().split()]
+    return out
+
+
+def descendants(pid: int | None) -> list[int]:
+    """pid and every process below it (none for None; one that ends meanwhile is skipped)."""
+    out, todo = [], [] if pid is None else [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            todo += children(p)
     return out
 
 

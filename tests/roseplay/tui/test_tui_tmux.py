@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.roseplay.tmux import Tmux, descendants
+from devtools.procs import descendants
+from tests.roseplay.tmux import Tmux
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
