@@ -14,9 +14,9 @@ import asyncio
 import os
 import time
 
-from roseplay.app import RoseplayApp
-from roseplay.app_defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, TUI_SCENARIO
-from roseplay.source import start_live
+from roseplay.tui.app import RoseplayApp
+from roseplay.tui.defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS, TUI_SCENARIO
+from roseplay.workload.source import start_live
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "screenshot.svg")
@@ -53,8 +53,8 @@ async def shoot(model: str, seconds: float) -> None:
 async def shoot_compare(model: str, seconds: float) -> None:
     """`roseplay --compare enable_prefix_caching=true,false --goodput ttft:1000 tpot:150`
     on shared prefixes: two engine processes, one workload stream."""
-    from roseplay.compare import start_compare
-    from roseplay.compare_app import CompareApp
+    from roseplay.tui.compare import start_compare
+    from roseplay.tui.compare_app import CompareApp
     src = start_compare(dict(model=model, device="cpu", num_blocks=512,
                              max_num_batched_tokens=128), "enable_prefix_caching",
                         [True, False], scenario="shared-prefix", concurrency=8, rate=None,

@@ -30,7 +30,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from roseplay.serve.server import bind  # noqa: E402
-from scripts.soak_http import children  # noqa: E402
+from devtools.procs import children  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 END = b"0\r\n\r\n"                    # the last chunk of a chunked (streamed) response

@@ -23,9 +23,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from tests.engine.worker.distributed.tp_timeout import exit_with_stacks_after  # noqa: E402
+from devtools.tp_timeout import exit_with_stacks_after  # noqa: E402
 from engine.worker.distributed.group import (bind_device, destroy_group, free_port,  # noqa: E402
-                                      init_group)
+                                             init_group)
 from engine.worker.models.parallel import TPInfo  # noqa: E402
 
 REPLAYS = 50

@@ -31,7 +31,7 @@ def start_canned(workers: int, tokens_per_chunk: int) -> tuple[subprocess.Popen,
 
 
 def measure(port: int, args, num_clients: int) -> dict:
-    from roseplay import bench
+    from roseplay.bench import inproc as bench
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ceiling.json")
         rc = bench.main(["--base-url", f"http://127.0.0.1:{port}", "--model", "dummy:tiny",

@@ -6,7 +6,7 @@
 #      time (TPOT), rank 0's host time per step, its broadcast time (scripts/tp_step_time.py)
 #   3. the all-reduces' share of the TP=2 step: the same batch-1 run with every all-reduce
 #      dropped (tp_step_time.py --noop-all-reduce)
-#   4. W1-style throughput TP=1 vs TP=2 (roseplay.bench --repeat 3)
+#   4. W1-style throughput TP=1 vs TP=2 (roseplay.bench.inproc --repeat 3)
 #   5. the captured all-reduces of one decode step alone (scripts/allreduce_cost.py)
 # Logs under $OUT; a summary table at the end.
 #   scripts/gpu_tp.sh            # on the GPUs
@@ -46,7 +46,7 @@ run() {
 }
 
 STEP="python3 scripts/tp_step_time.py --model $MODEL --device $DEV --dtype $DTYPE $B1 --timeout-s"
-BENCH="python3 -m roseplay.bench --no-progress --in-process --model $MODEL --device $DEV --dtype $DTYPE $W1 --repeat 3"
+BENCH="python3 -m roseplay.bench.inproc --no-progress --in-process --model $MODEL --device $DEV --dtype $DTYPE $W1 --repeat 3"
 ROSEPLAY_TEST_DEVICE=$TEST_DEV run equality 170 python3 -m pytest tests/engine/worker/distributed/test_tp_engine.py -q \
   -p no:cacheprovider -k "(equals_tp1 and llama) or cancel"
 run b1_tp1 80 $STEP 75 --tp 1

@@ -55,7 +55,7 @@ def parse_args(argv=None):
 
 
 def start(args, in_process: bool):
-    from roseplay.source import start_live
+    from roseplay.workload.source import start_live
     engine = dict(model=args.model, max_num_seqs=max(args.concurrency, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens)
     if args.cudagraph_mode:
@@ -106,7 +106,7 @@ class _Borrowed:
 
 
 def app_window(source, seconds: float, settle: float = 1.0) -> dict:
-    from roseplay.app import RoseplayApp
+    from roseplay.tui.app import RoseplayApp
 
     async def run() -> dict:
         app = RoseplayApp(source=_Borrowed(source))

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import SamplingParams  # noqa: E402
 from engine.front.client import EngineClient  # noqa: E402
-from scripts.proc_stats import proc_status  # noqa: E402
+from devtools.procs import proc_status  # noqa: E402
 
 ENGINE = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4, num_blocks=24,
               max_model_len=64)

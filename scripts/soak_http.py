@@ -5,7 +5,7 @@ Clients (asyncio tasks, --clients of them) each loop over a seeded mix of:
   good      greedy streams (temperature 0): every answer to the same prompt must be the
             same tokens (the first one is the reference)
   plain     non-streamed completions and chats (n up to 2)
-  bad       a hostile body (tests/serve/hostile_bodies.py): must get a 4xx OpenAI error
+  bad       a hostile body (devtools/hostile_bodies.py): must get a 4xx OpenAI error
   cancelled a stream closed after its first chunks
   stalled   a stream not read for 1-4 s, then read to its end: same tokens as `good`
   loris     a connection that sends half its headers and stops: the server must close
@@ -39,8 +39,8 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts.proc_stats import proc_status  # noqa: E402
-from tests.serve.hostile_bodies import check_refusal, hostile_bodies  # noqa: E402
+from devtools.hostile_bodies import check_refusal, hostile_bodies  # noqa: E402
+from devtools.procs import engine_leaks, engine_pid, proc_status  # noqa: E402
 
 PROMPTS = ["ROMEO.\nWhat news from the court?\n\nJULIET.\n", "First Citizen:\nBefore we proceed",
            "KING HENRY.\nOnce more unto the breach", "HAMLET.\nTo be, or not to be",
@@ -58,27 +58,6 @@ class Report:
     samples: list[tuple] = field(default_factory=list)   # (t, server MB, thr, engine MB, thr)
     refs: dict = field(default_factory=dict)             # (prompt, max_tokens) -> token ids
     loris_max_s: float = 0.0                             # longest a slow-loris was held
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as f:
-            out += [int(x) for x in f.read().split()]
-    return out
-
-
-def engine_pid(pid: int) -> int:
-    """The engine process among `pid`'s descendants (with --api-server-count N the API
-    servers are children too)."""
-    todo = children(pid)
-    while todo:
-        child = todo.pop(0)
-        with open(f"/proc/{child}/cmdline", "rb") as f:
-            if b"engine.ipc.core_proc" in f.read():
-                return child
-        todo += children(child)
-    raise RuntimeError("no engine process under the server")
 
 
 def flip_knobs(address: str, every: float, stop, counts: Counter) -> None:
@@ -231,18 +210,6 @@ class Soak:
 
 
 SAMPLE_EVERY_S = 10.0
-
-
-def engine_leaks(address: str) -> tuple[int, int]:
-    """(live requests, used blocks) of the engine once idle, seen by an attached client."""
-    from engine.front.client import EngineClient
-    with EngineClient(address=address, label="soak-check") as c:
-        assert c.wait_idle(60)
-        c.reset_prefix_cache()
-        assert c.wait_idle(60)
-        snap = c.snapshot()
-        live = [r for r in snap.requests if r.state not in ("finished", "cancelled", "error")]
-        return len(live), snap.num_blocks - snap.num_free
 
 
 def start_server(port: int, address: str, extra: list[str], log) -> subprocess.Popen:

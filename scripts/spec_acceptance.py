@@ -4,7 +4,7 @@ without speculation, with n-gram drafts and with the bundled draft model, at bat
 (one request at a time), greedy, each engine in its own process (EngineClient).
 
 For each method: `--runs` runs over the same `--prompts` Shakespeare openings
-(roseplay/data/prompts.json "short"); per run the median TPOT of its requests, the
+(roseplay/workload/data/prompts.json "short"); per run the median TPOT of its requests, the
 acceptance rate (accepted / drafted tokens), the mean accepted length (1 + accepted /
 verified requests, vLLM's) and the acceptance rate per draft position (accepted at
 position i / verified requests); printed as medians over the runs. Also checks that every

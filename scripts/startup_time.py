@@ -20,7 +20,7 @@ from ab_runs import interleaved, spread  # noqa: E402
 ONE = """
 import time
 t0 = time.perf_counter()
-from roseplay.source import start_live
+from roseplay.workload.source import start_live
 s = start_live({"num_blocks": 512}, in_process=%r)
 while s.snapshot().counters.steps == 0: time.sleep(0.01)
 t1, wall = time.perf_counter(), time.time()

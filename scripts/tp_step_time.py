@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
-from tests.engine.worker.distributed.tp_timeout import exit_with_stacks_after  # noqa: E402
+from devtools.tp_timeout import exit_with_stacks_after  # noqa: E402
 
 NOOP_ENV = "ROSEPLAY_TP_NOOP_ALL_REDUCE"
 

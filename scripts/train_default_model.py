@@ -14,7 +14,7 @@ Pipeline (each step is a subcommand; ``--help`` on any of them lists its flags):
              and check it loads with transformers' Auto classes; with --draft the
              bundled draft model (engine/assets/shakespeare-draft, model files only)
   sample     generate from a saved model with transformers (greedy / temperature)
-  prompts    build roseplay/data/prompts.json from the training split
+  prompts    build roseplay/workload/data/prompts.json from the training split
 
 Typical use (see docs/MODEL.md for the exact commands that built the shipped model):
 
@@ -387,9 +387,9 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="torch seed (default 0)")
     p.set_defaults(func=cmd_sample)
 
-    p = sub.add_parser("prompts", help="build roseplay/data/prompts.json from the training split")
+    p = sub.add_parser("prompts", help="build roseplay/workload/data/prompts.json from the training split")
     p.add_argument("--data", default=DEFAULT_DATA, help="prepared data folder (default .dev/shakespeare)")
-    p.add_argument("--out", default=DEFAULT_PROMPTS, help="output path (default roseplay/data/prompts.json)")
+    p.add_argument("--out", default=DEFAULT_PROMPTS, help="output path (default roseplay/workload/data/prompts.json)")
     p.add_argument("--seed", type=int, default=0, help="selection seed (default 0)")
     p.add_argument("--n-system", type=int, default=6, help="number of system prompts (default 6)")
     p.add_argument("--system-min-tokens", type=int, default=100, help="(default 100)")

@@ -13,11 +13,12 @@ if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not N
 
 # Modules that take longest go to the workers first (xdist hands whole modules out in
 # collection order), so none of them starts last and leaves the other workers idle.
-SLOW_FIRST = ("roseplay/test_guides_verified.py", "roseplay/test_tui_guides_tmux.py",
-              "engine/ipc/test_soak_process.py", "roseplay/test_bench.py",
+SLOW_FIRST = ("roseplay/tui/test_guides_verified.py", "roseplay/tui/test_tui_guides_tmux.py",
+              "engine/ipc/test_soak_process.py", "roseplay/bench/test_bench.py",
               "engine/core/test_property.py", "kernels/test_kernels.py",
-              "serve/test_serve_shutdown.py", "serve/test_serve_multiproc.py",
-              "engine/worker/distributed/test_tp_model.py", "roseplay/test_tui_features.py")
+              "roseplay/serve/test_serve_shutdown.py",
+              "roseplay/serve/test_serve_multiproc.py",
+              "engine/worker/distributed/test_tp_model.py", "roseplay/tui/test_tui_features.py")
 
 
 def pytest_xdist_auto_num_workers(config):

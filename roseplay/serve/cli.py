@@ -213,9 +213,9 @@ def _engine(args):
 def _serve_with_tui(app, args, address: str) -> int:
     """The server on a thread, the TUI in front attached to the same engine (a second
     client: it sees every request the server's clients send)."""
-    from roseplay.app import RoseplayApp
+    from roseplay.tui.app import RoseplayApp
     from roseplay.serve.server import ServerThread
-    from roseplay.source import start_live
+    from roseplay.workload.source import start_live
     with ServerThread(app, args.host, args.port, log_level="warning").start():
         factory = lambda: start_live({}, connect=address)   # noqa: E731
         tui = RoseplayApp(source_factory=factory, loading_message=f"attaching to {address} …")

@@ -1,6 +1,6 @@
 """Facts with one owner: the engine's start-time defaults (engine/config.py), the live
 eviction policy (Scheduler.knobs), the workload flags of `roseplay` and `roseplay bench`
-(roseplay/workload_flags.py) and the prefix-hit-rate formula (engine/metrics.py)."""
+(roseplay/workload/flags.py) and the prefix-hit-rate formula (engine/metrics.py)."""
 import argparse
 import re
 
@@ -11,7 +11,7 @@ from engine.core.kv.block_pool import BlockPool
 from engine.metrics import prefix_hit_rate
 from engine.core.scheduler import Scheduler
 from engine.core.kv.counters import Counters
-from roseplay.workload_flags import WORKLOAD_DEFAULTS
+from roseplay.workload.flags import WORKLOAD_DEFAULTS
 
 TINY_POSITIONS = 2048        # dummy:tiny's max_position_embeddings (engine/worker/models/presets.py)
 
@@ -51,7 +51,7 @@ def test_scheduler_knobs_set_the_pools_eviction_policy():
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
-    from roseplay import bench
+    from roseplay.bench import inproc as bench
     from roseplay.cli import OneLineParser, build_parser
     top = OneLineParser(prog="roseplay")
     bench.add_parser(top.add_subparsers(dest="command", required=True,

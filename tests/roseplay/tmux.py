@@ -14,6 +14,8 @@ import subprocess
 import tempfile
 import time
 
+from devtools.procs import descendants
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZE = (120, 40)
 QUIT_S = 60.0       # for the app to quit (it joins its engines first) on a loaded host
@@ -99,18 +101,3 @@ class Tmux:
             with contextlib.suppress(OSError):
                 os.unlink(self.socket_path)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
-
-
-def descendants(pid: int | None) -> list[int]:
-    """pid and every process below it (from /proc)."""
-    if pid is None:
-        return []
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-    return out

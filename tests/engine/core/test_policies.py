@@ -168,7 +168,7 @@ def test_hot_scan_scenario_separates_lfu_from_lru():
     evicted during every scan (the first hot request after a scan misses), under lfu it
     stays cached (every hot request after the very first hits); outputs are equal."""
     from engine import LLM
-    from roseplay.scenarios import HOT_RUN, SCAN_RUN, build_workload
+    from roseplay.workload.scenarios import HOT_RUN, SCAN_RUN, build_workload
     items = build_workload("hot-scan", 3 * (HOT_RUN + SCAN_RUN), vocab_size=512, input_len=64,
                            output_len=4, seed=0)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)

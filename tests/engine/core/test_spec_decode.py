@@ -221,7 +221,7 @@ def test_config_vllm_json_and_live_knob():
 
 def test_bench_reports_acceptance(tmp_path, capsys):
     import json
-    from roseplay import bench
+    from roseplay.bench import inproc as bench
     out = tmp_path / "bench.json"
     rc = bench.main(["--in-process", "--model", "default", "--device", "cpu", "--no-progress",
                      "--scenario", "identical", "--num-prompts", "3", "--input-len", "48",

@@ -101,8 +101,8 @@ def test_bench_reports_each_replica(llm):
     """`roseplay bench --data-parallel-size 2`'s measured run on the same front: the
     merged engine figures and one row per replica."""
     import argparse
-    from roseplay import bench
-    from roseplay.bench_args import add_arguments
+    from roseplay.bench import inproc as bench
+    from roseplay.bench.args import add_arguments
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--model", "dummy:tiny", "--scenario", "shared-prefix",

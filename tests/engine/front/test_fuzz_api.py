@@ -139,7 +139,8 @@ def test_generate_refuses_or_serves(llm, reference, prompts, params):
 
 # -- CLI flags ---------------------------------------------------------------------------
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    from roseplay import bench_args, cli
+    from roseplay import cli
+    from roseplay.bench import args as bench_args
     from roseplay.serve import cli as serve_cli
     b = argparse.ArgumentParser(prog="roseplay bench")
     bench_args.add_arguments(b)
@@ -190,7 +191,7 @@ def test_cli_flags_exit_2_or_make_a_valid_config(data, which):
     kwargs = engine_kwargs(args)
     _, error = tried(f"CLI ({which}) -> config", make_config, **kwargs)
     if error is None and which == "bench":
-        from roseplay.bench_args import check_args, parse_ab
+        from roseplay.bench.args import check_args, parse_ab
         try:
             check_args(args)
             parse_ab(args.ab)

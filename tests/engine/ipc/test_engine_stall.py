@@ -6,7 +6,7 @@ and ends its open requests with an error naming client_timeout. Before, an attac
 client gave up after a fixed 10 s whatever client_timeout said, and the owner never did.
 A client stopped for less than client_timeout loses no output either (before, zmq
 dropped what went past its high-water mark toward the stopped client). The server's
-side: tests/serve/test_serve_liveness.py."""
+side: tests/roseplay/serve/test_serve_liveness.py."""
 from __future__ import annotations
 
 import os

@@ -82,7 +82,7 @@ def test_a_client_stopped_past_client_timeout_is_told_and_attaches_again(owner):
     """A client process stopped (SIGSTOP) past client_timeout is dropped by the engine;
     once it runs again, its open request ends with an error that says so, and its next
     request is served (before: every later Submit was discarded, a black hole). The
-    server's case: tests/serve/test_serve_liveness.py."""
+    server's case: tests/roseplay/serve/test_serve_liveness.py."""
     proc = subprocess.Popen([sys.executable, "-c", STOPPED_CLIENT, owner.address],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 CLIENT_IMPORTS = """
 import json, sys
-import roseplay.source, roseplay.cli, engine.front.client, engine.front.processor, engine.front.stream
+import roseplay.workload.source, roseplay.cli, engine.front.client, engine.front.processor, engine.front.stream
 import engine.front.detokenizer
 from engine.tokenizer import load_tokenizer
 tok = load_tokenizer("default")

@@ -10,7 +10,7 @@ import torch
 
 from engine import SamplingParams
 from engine.front.client import EngineClient
-from roseplay.hf_compare import build_hf_model
+from roseplay.bench.hf_compare import build_hf_model
 from engine.request import Request
 from tests.engine.worker.sampling_ref import ref_processed
 

@@ -10,7 +10,7 @@ import torch
 
 from engine import SamplingParams
 from engine.front.client import EngineClient
-from roseplay.hf_compare import build_hf_model
+from roseplay.bench.hf_compare import build_hf_model
 
 PROMPT = "ROMEO.\nWhat news from the court? Speak, good Balthasar, what news?\n"
 TIMEOUT = 60

@@ -1,4 +1,4 @@
-"""The hard timeout of GPU tensor-parallel runs (tests/engine/worker/distributed/tp_timeout.py): a run stuck
+"""The hard timeout of GPU tensor-parallel runs (devtools/tp_timeout.py): a run stuck
 in a rank prints the stacks of this process and of its workers, then exits non-zero,
 instead of hanging until an outer timeout kills it with nothing to show."""
 import os
@@ -8,7 +8,7 @@ import textwrap
 
 STUCK = textwrap.dedent("""
     import faulthandler, multiprocessing as mp, signal, time
-    from tests.engine.worker.distributed.tp_timeout import exit_with_stacks_after
+    from devtools.tp_timeout import exit_with_stacks_after
 
     def stuck_worker(inside):
         faulthandler.register(signal.SIGUSR1, all_threads=True)   # as worker_main does

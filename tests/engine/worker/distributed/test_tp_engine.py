@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine import LLM, EngineLoop, SamplingParams
-from tests.engine.worker.distributed.tp_timeout import exit_with_stacks_after
+from devtools.tp_timeout import exit_with_stacks_after
 from tests.hf_models import make_checkpoint
 from tests.engine.worker.distributed.tp_helpers import shard_checkpoint
 

@@ -1,0 +1,61 @@
+"""What /proc says of a process and its children (the soaks, the serve tests), and what
+an attached client sees left in an idle engine."""
+import contextlib
+import os
+
+
+def proc_status(pid: int) -> tuple[float, int]:
+    """(RSS in MB, threads) of a process, from /proc/PID/status."""
+    rss = threads = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+    return rss, threads
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (every thread's)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def descendants(pid: int | None) -> list[int]:
+    """pid and every process below it (none for None; one that ends meanwhile is skipped)."""
+    out, todo = [], [] if pid is None else [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            todo += children(p)
+    return out
+
+
+def engine_pid(pid: int) -> int:
+    """The engine process among `pid`'s descendants (with --api-server-count N the API
+    servers are children too)."""
+    todo = children(pid)
+    while todo:
+        child = todo.pop(0)
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            if b"engine.ipc.core_proc" in f.read():
+                return child
+        todo += children(child)
+    raise RuntimeError("no engine process under the server")
+
+
+def engine_leaks(address: str) -> tuple[int, int]:
+    """(live requests, used blocks) of the engine once idle, seen by an attached client."""
+    from engine.front.client import EngineClient
+    with EngineClient(address=address, label="soak-check") as c:
+        assert c.wait_idle(60)
+        c.reset_prefix_cache()
+        assert c.wait_idle(60)
+        snap = c.snapshot()
+        live = [r for r in snap.requests if r.state not in ("finished", "cancelled", "error")]
+        return len(live), snap.num_blocks - snap.num_free

@@ -1,0 +1,91 @@
+"""`roseplay bench`'s command line: its flags (workload, bench modes, the HTTP client,
+then every engine knob), `--ab KNOB=V1,V2,...` parsed, and the values no run could use
+refused before any engine starts. The runs themselves: roseplay/bench/inproc.py.
+"""
+from __future__ import annotations
+
+import argparse
+
+from roseplay.cli_flags import add_engine_flags, add_goodput_flag, field_by_name, parse_knob_value
+from roseplay.workload.flags import add_workload_flags
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    w = p.add_argument_group("workload (EOS ignored)")
+    rate = add_workload_flags(w, "bench")
+    rate.add_argument("--submit-interval-ms", type=float, default=None,
+                      help="One request every MS milliseconds.")
+    w.add_argument("--num-prompts", type=int, default=64, help="Measured requests (default: 64).")
+    w.add_argument("--range-ratio", type=float, default=0.0, help="Lengths uniform in "
+                   "[L*(1-r), L*(1+r)] (default: 0).")
+    w.add_argument("--warmup", type=int, default=8, help="Warm-up requests of the same scenario "
+                   "(other seed), run and discarded before each measured run; the prefix "
+                   "cache is cleared after them (default: 8).")
+    b = p.add_argument_group("bench")
+    b.add_argument("--ab", metavar="KNOB=V1,V2,...", help="Run once per knob value; "
+                   "side-by-side table with ratios vs the first.")
+    b.add_argument("--compare", choices=["hf"], help="Also run HF transformers (continuous "
+                   "batching and plain generate) on the same workload and weights.")
+    b.add_argument("--hf-batch-size", type=int, default=64, help="Batch of HF plain generate.")
+    b.add_argument("--repeat", type=int, default=1, help="Measured runs on one engine (prefix "
+                   "cache cleared before each); prints every run's throughput and the median "
+                   "with min..max (default: 1).")
+    b.add_argument("--in-process", action="store_true", help="Run the engine on a thread of "
+                   "this process instead of its own process (the old architecture).")
+    b.add_argument("--engine-address", metavar="ADDR", help="Bind the engine process at ADDR "
+                   "(tcp://127.0.0.1:PORT uses PORT..PORT+2) so that `roseplay --connect ADDR` "
+                   "can watch the run (default: a private socket).")
+    add_goodput_flag(b)
+    b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
+    b.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    h = p.add_argument_group("HTTP client (roseplay/bench/http.py)")
+    h.add_argument("--base-url", metavar="URL", help="Drive an OpenAI-compatible server at URL "
+                   "(roseplay serve, vLLM, SGLang) instead of the in-process engine; engine "
+                   "flags then only name the model (--model: the tokenizer and model name).")
+    h.add_argument("--api-key", default=None, help="Bearer key for --base-url.")
+    h.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                   help="/v1/completions (token-id prompts sent as ids) or "
+                        "/v1/chat/completions (default: completions).")
+    h.add_argument("--num-clients", type=int, default=1, metavar="N",
+                   help="Client processes sharing the load and one report: request i goes "
+                        "to process i %% N, each keeps its share of --max-concurrency. One "
+                        "process reads a few 10k SSE chunks/s; the report prints each run's "
+                        "client CPU (a busiest process near 100 %% of a core is the limit) "
+                        "(default: 1).")
+    add_engine_flags(p)
+    return p
+
+
+def parse_ab(text: str | None) -> tuple[str, list] | None:
+    """"max_num_batched_tokens=8192,224" -> ("max_num_batched_tokens", [8192, 224])."""
+    if not text:
+        return None
+    name, sep, values = text.partition("=")
+    if not sep or not values:
+        raise ValueError(f"--ab expects KNOB=V1,V2,..., got {text!r}")
+    name = field_by_name(name.strip()).name
+    parsed = [parse_knob_value(name, v.strip()) for v in values.split(",")]
+    if len(parsed) < 2:
+        raise ValueError("--ab needs at least two values")
+    return name, parsed
+
+
+def check_args(args) -> None:
+    """Refuses flag values no run could use (a clear error before any engine starts)."""
+    for flag in ("num_prompts", "input_len", "output_len"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.warmup < 0:
+        raise ValueError("--warmup must be >= 0")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError("--max-concurrency must be >= 1")
+    if args.request_rate is not None and args.request_rate <= 0:
+        raise ValueError("--request-rate must be > 0")
+    if args.ab and args.compare:
+        raise ValueError("use --ab or --compare, not both")
+    if args.num_clients < 1:
+        raise ValueError("--num-clients must be >= 1")
+    if args.repeat < 1:
+        raise ValueError("--repeat must be >= 1")
+    if args.repeat > 1 and (args.ab or args.compare):
+        raise ValueError("--repeat works with a single configuration (not --ab / --compare)")

@@ -1,0 +1,38 @@
+"""What both benches share (the in-process one, roseplay/bench/inproc.py, and the HTTP one,
+roseplay/bench/http.py): the workload of the bench flags, the arrival process and the
+progress bar. Its own module so that neither bench imports the other's privates."""
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from roseplay.workload.items import WorkItem
+from roseplay.workload.scenarios import build_workload
+
+
+def workload_items(args, tokenizer, vocab_size: int) -> tuple[list[WorkItem], list[WorkItem]]:
+    """The measured items and the warm-up items of the bench flags (in-process or HTTP)."""
+    kw = dict(tokenizer=tokenizer, vocab_size=vocab_size, input_len=args.input_len,
+              output_len=args.output_len, range_ratio=args.range_ratio,
+              temperature=args.temperature)
+    seed = args.seed or 0
+    items = build_workload(args.scenario, args.num_prompts, seed=seed, **kw)
+    warmup = build_workload(args.scenario, args.warmup, seed=seed + 1, **kw) if args.warmup else []
+    return items, warmup
+
+
+def arrivals(args) -> dict:
+    """The arrival process of the flags, as WorkloadDriver / arrival_offsets take it."""
+    rate = args.request_rate
+    if rate is not None and math.isinf(rate):
+        rate = None
+    interval = args.submit_interval_ms / 1000.0 if args.submit_interval_ms is not None else None
+    return {"request_rate": rate, "submit_interval": interval}
+
+
+def progress(console: Console, args) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True,
+                    disable=args.no_progress)

@@ -1,0 +1,110 @@
+"""What the `roseplay` command checks before anything slow starts: the model name, the
+recording path, the engine's knobs against the scenario's longest request, the bench's
+own engine and --compare. Each returns why it cannot run (one line), or None."""
+from __future__ import annotations
+
+import os
+
+from roseplay.cli_flags import engine_kwargs
+from roseplay.tui.defaults import app_engine_kwargs
+
+
+def check_model(name: str | None) -> str | None:
+    """Why `name` cannot be a model (None if it may be one), without loading anything:
+    the engine's own rules (engine/worker/models/loader.py), checked before the slow start."""
+    from engine.worker.models.presets import PRESETS
+    if name is None or name == "default":
+        return None
+    if name.startswith("dummy:"):
+        preset = name.removeprefix("dummy:")
+        return None if preset in PRESETS else (
+            f"unknown dummy preset {preset!r}; presets: {', '.join(sorted(PRESETS))}")
+    if os.path.isdir(name):
+        return None if os.path.exists(os.path.join(name, "config.json")) else (
+            f"{name} has no config.json: not an HF checkpoint directory")
+    if os.path.exists(name):
+        return f"model path {name!r} is not a directory"
+    if name.count("/") != 1 or name.startswith(("/", ".")):
+        return (f"unknown model {name!r}: not a directory, a hub id (org/name), 'default' or "
+                f"dummy:<preset>")
+    return None
+
+
+def check_record_path(path: str | None) -> str | None:
+    """Why the app could not write a recording to `path` (None if it can)."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"--record {path}: is a directory"
+    if not os.path.isdir(folder):
+        return f"--record {path}: folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"--record {path}: not writable"
+    return None
+
+
+def check_engine(args) -> str | None:
+    """Why the engine could not serve this workload, before the app opens (None if it
+    can): the knobs as the engine checks them, a KV pool too small for the scenario's
+    longest request (the engine would refuse it, forever), and --device cuda without
+    CUDA."""
+    from engine.config import InvalidRequestError, make_config
+    from roseplay.workload.fit import pool_problem
+    try:
+        config = make_config(**app_engine_kwargs(args))
+    except InvalidRequestError as exc:
+        return str(exc)
+    # token-id prompts: exact for a model without a tokenizer, an estimate for text; a
+    # pool too small is measured again with the model's tokenizer where it is on disk
+    # (the number recommended then serves), and the loaded engine checks the text
+    # prompts exactly (roseplay/workload/source.py start_live)
+    sizes = dict(input_len=args.input_len, output_len=args.output_len)
+    problem = pool_problem(args.scenario, config.num_blocks, config.block_size, **sizes)
+    if problem:
+        tokenizer = local_tokenizer(args.model)
+        if tokenizer is not None:
+            problem = pool_problem(args.scenario, config.num_blocks, config.block_size,
+                                   tokenizer=tokenizer, **sizes)
+    if problem:
+        return problem
+    if config.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            return "--device cuda: no CUDA device is visible here; use --device cpu (or auto)"
+    return None
+
+
+def check_bench_config(args) -> str | None:
+    """Why the bench's own engine could not start with these flags (None if it can, or
+    when the bench drives a server, --base-url): a bad flag is exit status 2, as in
+    `roseplay` and `roseplay serve`, not a failed run."""
+    from engine.config import InvalidRequestError, make_config
+    if getattr(args, "base_url", None) or not hasattr(args, "device"):
+        return None
+    try:
+        make_config(**engine_kwargs(args))
+    except InvalidRequestError as exc:
+        return str(exc)
+    return None
+
+
+def local_tokenizer(name: str | None):
+    """The tokenizer of the bundled model or a checkpoint directory (None otherwise: a
+    hub id is not fetched for a check)."""
+    from engine.tokenizer import load_tokenizer
+    if name in (None, "default") or (os.path.isdir(name) and not name.startswith("dummy:")):
+        return load_tokenizer(name or "default")
+    return None
+
+
+def check_compare(args) -> str | None:
+    """Parse --compare in place (KNOB, [A, B]); why it cannot run, or None."""
+    from roseplay.tui.compare import parse_compare
+    if args.connect or args.replay:
+        return "--compare starts its own two engines: not with --connect or --replay"
+    try:
+        args.compare = parse_compare(args.compare)
+    except ValueError as exc:
+        return str(exc)
+    return None

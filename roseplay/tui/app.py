@@ -1,0 +1,348 @@
+"""The roseplay TUI: panels that redraw from engine snapshots, keys that turn the knobs.
+
+The app never waits for the engine: a 12 Hz timer pulls the latest published snapshot
+(`source.snapshot()` returns a reference, it never blocks) and hands it to every panel
+inside one `batch_update()`; panels redraw only what changed. Keys call the source's
+controls, which queue commands for the engine thread and return at once. Which panels
+show, and how tall, is decided by the terminal size (roseplay/tui/layout.py); the keys are
+defined once in roseplay/tui/keys.py; the actions are in roseplay/tui/actions.py.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Static
+
+from roseplay.tui.actions import Actions
+from roseplay.tui.marks import RecordedMarks
+from roseplay.tui.commands import RoseplayCommands
+from roseplay.tui.keys import action_mode, bindings
+from roseplay.tui.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
+                                    remove_exit_signals, start_loading)
+from roseplay.tui.layout import LEFT, RIGHT, TITLES, plan
+from roseplay.tui.widgets.counters import CounterWindow
+from roseplay.tui.widgets.events import EventLog, flash_blocks
+from roseplay.tui.widgets.knobs import KnobsPanel
+from roseplay.tui.widgets.kv_panel import KVPanel
+from roseplay.tui.widgets.prompt_input import PromptBar
+from roseplay.tui.widgets.request_detail import RequestDetail
+from roseplay.tui.widgets.requests import ACTIVE, RequestList, waiting_reason
+from roseplay.tui.widgets.status import StatusBar
+from roseplay.tui.widgets.step import StepPanel
+from roseplay.tui.widgets.step_strip import StepStrip
+from roseplay.tui.widgets.timing import TimingPanel
+from roseplay.tui.widgets.token_scrub import TraceStore
+from roseplay.tui.widgets.ttft_split import request_split, scrub_hint
+
+REFRESH_HZ = 12
+MESSAGE_SECONDS = 5.0   # a message stays on the message line this long (unless it says)
+MESSAGES_KEPT = 50
+MESSAGE_STYLE = {"information": ("·", "#aab2c0"), "warning": ("⚠", "bold #ff9f43"),
+                 "error": ("✗", "bold #ff5555")}
+HINT = "? help explains every panel and lists the guides · ctrl+p palette"
+UI_CPU_SHARE = 0.3      # most of one core the UI thread may use before it skips frames
+PROMPT_ROWS = 4         # the open prompt box: its top border, the input, up to 2 status rows
+
+
+class RoseplayApp(Actions, App):
+    """`source` is a LiveSource/ReplaySource, or `source_factory` builds one off-thread."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "roseplay"
+    COMMANDS = {RoseplayCommands}     # roseplay's own only: Textual's ("Theme", "Keys", …)
+    #                                   named other actions than the keys of the same name
+    AUTO_FOCUS = "RequestList"
+    BINDINGS = bindings()
+
+    def __init__(self, source=None, source_factory: Callable[[], object] | None = None,
+                 loading_message: str = "loading the model…", refresh_hz: float = REFRESH_HZ,
+                 slos: dict[str, float] | None = None):
+        super().__init__()
+        self.slos: dict[str, float] = dict(slos or {})   # goodput SLOs (ms): --goodput, key l
+        self.source = source
+        self._factory = source_factory
+        self._loading_message = loading_message
+        self._refresh_hz = refresh_hz
+        self.snapshot = None
+        self.window = CounterWindow()
+        self.zoom: str | None = None
+        self._cpu_window: deque = deque(maxlen=REFRESH_HZ)
+        self._skipped = 0
+        self._noticed = False
+        self._recorded_marks = RecordedMarks()    # a replay: its knob changes on the plots
+        self.load_error: str | None = None
+        self.guide_results: dict[str, dict] = {}   # guide / setup key -> last measured
+        self._source_closed = threading.Event()
+        self.traces = TraceStore()      # token traces seen in snapshots (key w)
+        self._message: tuple[str, str, float] = ("", "information", 0.0)
+        self.messages: deque = deque(maxlen=MESSAGES_KEPT)     # (severity, text)
+        self._note_shown = None
+        self.layout_note = ""
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield KVPanel(id="kv")
+                yield StepPanel(id="step")
+                yield StepStrip(id="strip")
+                yield KnobsPanel(id="knobs")
+            with Vertical(id="right"):
+                yield RequestList(id="requests")
+                yield RequestDetail(id="detail")
+                yield EventLog(id="events")
+                yield TimingPanel(id="timing")
+        yield PromptBar(id="prompt")
+        yield Static("", id="layout-note", markup=False)
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.main_screen = self.screen     # other screens (help, palette) may be on top
+        self.setup_panels()
+        self.apply_layout()
+        self.set_slos(self.slos)
+        if self.source is None and self._factory is not None:
+            self.status.loading(self._loading_message)
+            start_loading(self, self._factory, self._source_closed)
+        if not self.is_headless:
+            install_exit_signals(self, self._exit_on_signal)
+        self.set_interval(1 / self._refresh_hz, self._tick)
+
+    def setup_panels(self) -> None:
+        """Find the composed panels (a subclass with other panels overrides this)."""
+        q = self.main_screen.query_one
+        self.status, self.requests, self.kv = q(StatusBar), q(RequestList), q(KVPanel)
+        self.detail, self.step_panel, self.knobs = q(RequestDetail), q(StepPanel), q(KnobsPanel)
+        self.timing, self.prompt_bar, self.events = q(TimingPanel), q(PromptBar), q(EventLog)
+        self.strip = q(StepStrip)
+        self.note = q("#layout-note", Static)
+        for wid, title in TITLES.items():
+            q(f"#{wid}").border_title = title
+
+    def on_source_loaded(self, event: SourceLoaded) -> None:
+        if event.error is not None:      # the CLI prints it as one line
+            self.load_error = error_line(event.error)
+            self.exit(return_code=1)
+        elif self._source_closed.is_set():
+            event.source.close()         # quit while it loaded
+        else:
+            self.source = event.source
+            self.refresh_panels()
+
+    def _exit_on_signal(self, signum: int) -> None:
+        """SIGTERM / SIGHUP: the normal exit (the terminal is restored), code 128 + N.
+        A hang-up often means the terminal is gone, and then the driver's last writes can
+        block or fail forever: a watchdog ends the process if the exit has not within
+        EXIT_GRACE_S (the engine is closed first either way)."""
+        self.close_source()
+        self.exit(return_code=128 + signum)
+        exit_watchdog(128 + signum)
+
+    def set_slos(self, slos: dict[str, float]) -> None:
+        """Goodput SLOs for every timing panel (they count from the next redraw)."""
+        self.slos = dict(slos)
+        for panel in self.main_screen.query(TimingPanel):
+            panel.slos = self.slos
+            panel.reset_shown()
+        if self.source is not None:
+            self.refresh_panels()
+
+    # -- layout ----------------------------------------------------------------------------
+    def on_resize(self, event) -> None:
+        """The app's size settles after a short debounce: lay out once it has."""
+        self.set_timer(0.05, self._layout_if_resized)
+
+    def _layout_if_resized(self) -> None:
+        if getattr(self, "layout_plan", None) is not None and self.size != self._laid_out:
+            self.apply_layout()
+
+    def apply_layout(self) -> None:
+        """Show the panels that fit (roseplay/tui/layout.py) and say what was hidden."""
+        if not hasattr(self, "note"):
+            return
+        w, h = self.size
+        extra = PROMPT_ROWS if self.prompt_bar.has_class("-open") else 0
+        p = plan(w, h, self.zoom, extra)
+        q = self.main_screen.query_one
+        for pid in LEFT + RIGHT:
+            widget = q(f"#{pid}")
+            widget.display = pid in p.heights
+            if pid in p.heights:
+                widget.styles.height = p.heights[pid] if p.heights[pid] else "1fr"
+        left, right = q("#left"), q("#right")
+        left.display, right.display = p.left_width > 0, p.left_width < w
+        left.styles.width = p.left_width
+        self.timing.set_mode(p.timing)
+        self.knobs.help_lines = p.knob_help_lines
+        self.layout_note = p.note
+        self.show_message_line()
+        self.layout_plan, self._laid_out = p, self.size
+
+    # -- the message line ------------------------------------------------------------------
+    def notify(self, message: str, *, title: str = "", severity: str = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Messages go to the line above the footer, not to toasts over the panels (the
+        plots a guide asks you to watch were covered); `messages` keeps the latest."""
+        text = f"{title}: {message}" if title else message
+        self.messages.append((severity, text))
+        _, shown, until = self._message
+        if severity == "information" and shown != "information" and time.monotonic() < until:
+            return          # a warning on the line stays until its time is up
+        self._message = (text, severity, time.monotonic() + (timeout or MESSAGE_SECONDS))
+        if threading.get_ident() == self._thread_id:
+            self.show_message_line()
+
+    def show_message_line(self) -> None:
+        """The latest message while it lasts, else what the layout hid (or zoomed)."""
+        if not hasattr(self, "note"):
+            return
+        text, severity, until = self._message
+        line = Text(no_wrap=True, overflow="ellipsis")
+        if text and time.monotonic() < until:
+            mark, style = MESSAGE_STYLE.get(severity, MESSAGE_STYLE["information"])
+            line.append(f"{mark} {text}", style)
+        else:
+            line.append(self.layout_note or HINT, "" if self.layout_note else "dim")
+        if line != self._note_shown:
+            self._note_shown = line
+            self.note.update(line)
+
+    # -- the pull loop ---------------------------------------------------------------------
+    def _tick(self) -> None:
+        """Timer: pull a snapshot unless the UI thread is using more than its CPU share.
+
+        On a small CPU box a Python-bound engine shares the GIL with the UI; measuring the
+        UI thread's own CPU time (rendering included) and skipping frames above
+        UI_CPU_SHARE keeps the engine fast, while key presses still redraw at once.
+        """
+        now, cpu = time.monotonic(), time.thread_time()
+        window = self._cpu_window
+        window.append((now, cpu))
+        t0, c0 = window[0]
+        if now - t0 > 0.4 and (cpu - c0) / (now - t0) > UI_CPU_SHARE and self._skipped < 4:
+            self._skipped += 1
+            return
+        self._skipped = 0
+        self._layout_if_resized()
+        self.show_message_line()
+        self.refresh_panels()
+
+    def refresh_panels(self) -> None:
+        src = self.source
+        if src is None:
+            return
+        snap, workload = src.snapshot(), src.workload()
+        self.snapshot = snap
+        self.window.feed(snap)
+        self.traces.feed(snap)
+        self.feed_guide(snap)
+        with self.batch_update():
+            self.status.show(snap, src.kind, src.paused, src.position(), workload)
+            self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
+                               waiting_reason(snap))
+            self._requests_subtitle()
+            current = self.requests.current
+            highlight = current if current is not None and current.state in ACTIVE else None
+            self.kv.show(snap, highlight, self.window, flash_blocks(snap))
+            info = getattr(src, "info", None) if src.kind == "live" else None
+            self.detail.show(current, getattr(src, "tokenizer", None),
+                             getattr(info, "logprobs_mode", None), no_text_reason(src),
+                             self._detail_extra(current))
+            self.step_panel.show(snap)
+            self.strip.show(snap)
+            self.events.show(snap)
+            self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")
+            self.timing.show(snap, self.window, throttle=not src.paused)
+        if src.kind == "replay":
+            self._replay_notices(src)
+
+    def _detail_extra(self, current):
+        """The selected request's TTFT split, and `w` when its token trace is held."""
+        if current is None:
+            return None
+        hint = scrub_hint(current, self.traces.get(current.request_id))
+        width = max(20, self.detail.size.width)
+        split = request_split(current, self.snapshot.time, width - hint.cell_len)
+        if split.cell_len + hint.cell_len > width:    # the split first; `w` is in the help
+            return request_split(current, self.snapshot.time, width)
+        return split.append_text(hint)
+
+    def _requests_subtitle(self) -> None:
+        """Sort, filter and the columns too narrow to show, under the request list."""
+        r = self.requests
+        parts = ([f"sorted by {r.sort}"] if r.sort != "arrival" else []) + (
+            [f"only {r.state_filter}"] if r.state_filter else [])
+        hidden = r.hidden_columns()
+        if hidden:
+            parts.append(f"no room for {', '.join(hidden)}: z zooms")
+        subtitle = " · ".join(parts)
+        if r.border_subtitle != subtitle:
+            r.border_subtitle = subtitle
+
+    def _replay_notices(self, src) -> None:
+        if not self._noticed:
+            self._noticed = True
+            notice = src.notice()
+            if notice:
+                self.notify(notice, title="incomplete recording", severity="warning",
+                            timeout=12)
+        for event in src.take_events():
+            self.notify(describe_event(event), title="recorded", timeout=3)
+            label = self._recorded_marks.label(event)
+            if label:                       # the mark the live app drew at this change
+                self.mark_change(label)
+
+    def on_request_list_selected(self, event: RequestList.Selected) -> None:
+        """A new selection redraws at once: its KV blocks and details, not at the next tick
+        (which may be skipped under CPU pressure)."""
+        if self.source is not None:
+            self.refresh_panels()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        """Keys of the other mode (replay keys on a live engine, the prompt in a replay)
+        are hidden and do nothing."""
+        mode = action_mode(action)
+        kind = self.source.kind if self.source is not None else "live"
+        return mode in ("both", kind)
+
+    def close_source(self) -> None:
+        src, self.source = self.source, None
+        if src is not None:
+            src.close()
+        self._source_closed.set()     # after close: it ends the thread that started the engine
+
+    def on_unmount(self) -> None:
+        if not self.is_headless:
+            remove_exit_signals()
+        self.close_source()
+
+
+def no_text_reason(src) -> str:
+    """Why a request's output has no text: the model has no tokenizer, or the recording
+    kept none (made before recordings kept the text, or of such a model)."""
+    header = getattr(src, "header", None)
+    if src.kind == "replay" and isinstance(header, dict) and not header.get("text"):
+        return "no text in this recording"     # (no tokenizer, or made before text was kept)
+    return "this model has no tokenizer: no text"
+
+
+def error_line(exc: BaseException) -> str:
+    """`Type: message` once: an engine process's error arrives with its type already
+    in the message ("InvalidRequestError: ...")."""
+    name, text = type(exc).__name__, str(exc).strip()
+    if not text:
+        return name
+    return text if text.startswith(f"{name}:") else f"{name}: {text}"
+
+
+def describe_event(event: dict) -> str:
+    what = event.get("what", "?")
+    data = {k: v for k, v in event.items() if k not in ("kind", "t", "what")}
+    detail = ", ".join(f"{k}={v}" for k, v in data.items())
+    return f"{event.get('t', 0):.1f} s: {what}{f' ({detail})' if detail else ''}"

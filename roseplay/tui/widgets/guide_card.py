@@ -1,0 +1,51 @@
+"""The guide scorecard, drawn in the Knobs panel while a guide runs (roseplay/tui/guides/run.py):
+the guide and its setup, whether its window is clean yet, each number its claim names
+with what the claim expects, what the window measured and the verdict, what to watch,
+and how to measure the other side of a comparison."""
+from __future__ import annotations
+
+import textwrap
+
+from rich.text import Text
+
+from roseplay.tui.guides.catalog import turn_hint
+from roseplay.tui.widgets import theme
+from roseplay.tui.widgets.knob_words import SHORT_NAMES, fmt_value
+
+MARK = {True: ("✓", "tput"), False: ("✗", "preempt"), None: ("…", "free")}
+
+
+def card_text(run, width: int, rows: int) -> Text:
+    """At most `rows` lines of `width`: status first, then the verdicts, then the rest."""
+    g = run.guide
+    width = max(20, width)
+    t = Text(no_wrap=True, overflow="ellipsis")
+    lines: list[tuple[str, str]] = []
+
+    def add(text: str, style: str = "", wrap: int = 1) -> None:
+        for line in (textwrap.wrap(text, width) or [""])[:wrap]:
+            lines.append((line, style))
+    head = f"guide {g.key}: {g.scenario} · " + ", ".join(
+        f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}" for k, v in g.knobs.items()) + \
+        f" · {g.concurrency or 16} in flight"
+    narrow = width < 50         # 80x24: the verdicts before anything that can wait
+    add(head, "bold", 1 if narrow else 2)
+    add(run.status(), "italic", 2)
+    if not narrow:
+        add("the claim, measured (✓ holds, ✗ does not, … not yet):", "dim")
+    marks = []
+    for claim, ok in run.rows():
+        mark, color = MARK[ok]
+        marks.append((f"{mark} {claim}", f"bold {theme.color(color)}"))
+    hint = run.versus_hint(turn_hint(g))
+    rest = [(f"watch: {g.watch}", "dim")]
+    if hint:
+        rest.insert(0, (hint, ""))
+    rest.append(("a knob key leaves the guide; its results stay", "dim"))
+    for text, style in marks:
+        add(text, style, 2)
+    for text, style in rest:
+        add(text, style, 3)
+    for i, (line, style) in enumerate(lines[:max(1, rows)]):
+        t.append(("\n" if i else "") + line, style)
+    return t

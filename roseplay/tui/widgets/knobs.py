@@ -1,0 +1,165 @@
+"""Knobs: the engine's live knobs and the workload, each with its key and current value.
+
+Knob names, help texts, steps and minimums come from engine/config.py (field metadata);
+their keys come from roseplay/tui/keys.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+from rich.console import Group
+from rich.text import Text
+from textual.widget import Widget
+
+from engine.config import KNOB_MAXIMUM, MAX_SPECULATIVE_TOKENS, SchedulerConfig, knob_fields
+from roseplay.tui.keys import knob_key
+from roseplay.workload.scenarios import SCENARIOS
+from roseplay.tui.widgets.guide_card import card_text
+from roseplay.tui.widgets.knob_words import SHORT_NAMES, fmt_value
+
+DOUBLING = ("max_num_batched_tokens",)    # keys double / halve these (512 -> 1024 -> ...)
+WORKLOAD_HELP = {
+    "concurrency": "Most requests the driver keeps in flight (closed loop, like vLLM's "
+                   "--max-concurrency); a new one is sent as soon as one finishes.",
+    "rate": "Request arrivals per second (Poisson); ∞ sends whenever a slot is free "
+            "(r / R: next / previous).",
+}
+NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
+CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def live_fields() -> list[dataclasses.Field]:
+    return [f for f in knob_fields(SchedulerConfig) if f.metadata.get("live")]
+
+
+def knob_field(name: str) -> dataclasses.Field:
+    return next(f for f in knob_fields(SchedulerConfig) if f.name == name)
+
+
+def knob_bounds(name: str) -> tuple[int, int | None]:
+    """[minimum, maximum] of an integer knob as engine/config.py defines them: the minimum
+    in the field's metadata, the maximum in KNOB_MAXIMUM (num_speculative_tokens: in
+    MAX_SPECULATIVE_TOKENS, the one home of k's limit); None: no maximum."""
+    top = MAX_SPECULATIVE_TOKENS if name == "num_speculative_tokens" else KNOB_MAXIMUM.get(name)
+    return knob_field(name).metadata.get("minimum", 1), top
+
+
+def stepped(value: int, name: str, direction: int, upper: int | None = None) -> int:
+    """The next value of an integer knob: DOUBLING knobs double / halve; others move by
+    their metadata step, halving / doubling below it. Clamped to the knob's bounds
+    (knob_bounds) and to `upper` where given."""
+    step = knob_field(name).metadata.get("step", 1)
+    minimum, top = knob_bounds(name)
+    upper = min(x for x in (upper, top) if x) if (upper or top) else None
+    if name in DOUBLING:
+        new = value * 2 if direction > 0 else value // 2
+    elif direction > 0:
+        new = value * 2 if value < step else (value // step + 1) * step
+    else:
+        new = (value - 1) // step * step if value > step else value // 2
+    new = max(minimum, new)
+    return min(upper, new) if upper else new
+
+
+def next_in(seq, value, direction: int):
+    """The neighbour of `value` in a sorted sequence (clamped)."""
+    seq = list(seq)
+    if direction > 0:
+        return next((v for v in seq if v > value), seq[-1])
+    return next((v for v in reversed(seq) if v < value), seq[0])
+
+
+class KnobsPanel(Widget):
+    """Current values; the help text of the last knob touched is shown underneath."""
+
+    DEFAULT_CSS = "KnobsPanel { height: 12; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._content: tuple[Text, ...] = (Text(),)
+        self.last_changed: str | None = None
+        self.help_lines = 1
+        self.guide_run = None       # a running guide: its scorecard replaces the knobs
+
+    def show(self, requested: SchedulerConfig, applied: SchedulerConfig, workload: dict,
+             read_only: bool = False) -> None:
+        if self.guide_run is not None:
+            self._set_title(f"Guide {self.guide_run.guide.key} · scorecard")
+            self._update((card_text(self.guide_run, self.size.width or 60,
+                                    self.size.height or 10),))
+            return
+        self._set_title("Knobs")
+        self._knob_rows(requested, applied, workload, read_only)
+
+    def _set_title(self, title: str) -> None:
+        if self.border_title != title:
+            self.border_title = title
+
+    def _update(self, content: tuple) -> None:
+        if content != self._content:
+            self._content = content
+            self.refresh()
+
+    def _knob_rows(self, requested: SchedulerConfig, applied: SchedulerConfig,
+                   workload: dict, read_only: bool) -> None:
+        rows = []
+        for f in live_fields():
+            value, now = getattr(requested, f.name), getattr(applied, f.name)
+            key = knob_key(f.name) or ""
+            rows.append((key, f.name, fmt_value(f.name, value),
+                         "" if value == now else "  (from next step)"))
+        scen = workload.get("scenario") or "-"
+        title = SCENARIOS[scen].title if scen in SCENARIOS else ""
+        rows.append(("s", "scenario", scen, f"  {title}"))
+        rows.append(("</>", "concurrency", f"{workload.get('concurrency') or '∞'}",
+                     f"  in flight {workload.get('in_flight', 0)}"))
+        rate = workload.get("rate")
+        rows.append(("r", "request rate", "∞" if rate is None else f"{rate:g}/s",
+                      "  as fast as slots free" if rate is None else "  Poisson arrivals"))
+        width = max(len(r[2]) for r in rows) + 2      # values never run into their names
+        short = self.size.width and self.size.width < width + 6 + 23    # short names fit
+        if short:       # shorter values and names: "512 tok/step" left 9 columns for
+            rows = [(k, n, v.replace(" tok/step", " tok"), note) for k, n, v, note in rows]
+            width = max(len(r[2]) for r in rows) + 1        # "prefix cache" at 80x24
+        room = (self.size.width or 200) - (6 + width + 23)     # what a note may take
+        t = Text(no_wrap=True, overflow="ellipsis")
+        for key, name, value, note in rows:     # a note is shown whole or not at all
+            self._row(t, key, NARROW_NAMES.get(name, name) if short else name, value,
+                      "" if short or len(note) > room else note, width)
+        t.rstrip()
+        self._update((t, self._help_text(read_only, workload)))
+
+    @staticmethod
+    def _row(t: Text, key: str, name: str, value: str, note: str, width: int) -> None:
+        """key | value | name | note: the value stays visible however narrow the panel."""
+        t.append(f" {key:>3} ", "bold reverse #5fb3f0")
+        color = "#4cc97a" if value == "ON" else "#ff6b6b" if value == "OFF" else "#f2d34f"
+        t.append(f" {value:<{width}}", f"bold {color}")
+        t.append(f"{name:<23}" if note else name)
+        t.append(note + "\n", "dim")
+
+    def _help_text(self, read_only: bool, workload: dict) -> Text:
+        """The help line(s), wrapped to the panel; a cut text ends with "… (? help)"."""
+        width = max(20, self.size.width or 60)
+        lines = textwrap.wrap(self.help_line(read_only, workload), width) or [""]
+        if len(lines) > self.help_lines:
+            lines = lines[:self.help_lines]
+            lines[-1] = lines[-1][:max(0, width - 11)].rstrip() + "… (? help)"
+        return Text("\n".join(lines), "dim italic", no_wrap=True, overflow="ellipsis")
+
+    def help_line(self, read_only: bool, workload: dict) -> str:
+        if read_only:
+            return "replay: knobs show what was set while recording"
+        name = self.last_changed
+        scenario = SCENARIOS.get(workload.get("scenario") or "")
+        if name == "scenario" and scenario is not None:     # the one running, not a list
+            return f"scenario {scenario.name} ({scenario.title}): {scenario.description}"
+        if name in WORKLOAD_HELP:
+            return f"{name}: {WORKLOAD_HELP[name]}"
+        if name:
+            return f"{name}: {knob_field(name).metadata['help']}"
+        return "press a key to change a knob; ? explains every panel"
+
+    def render(self) -> Group:
+        return Group(*self._content)

@@ -1,0 +1,346 @@
+"""Request list (Line API, sticky header, own cursor); the selected request's text is
+roseplay/tui/widgets/request_detail.py.
+
+Rows are drawn by us instead of a DataTable (whose update_cell invalidates its whole
+row cache): each visible line remembers the RequestView it drew, and a new snapshot
+refreshes only the lines whose view changed (finished requests keep the very same view
+object), so 256 rows cost only the few lines that moved since the last frame.
+"""
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.binding import Binding
+from textual.geometry import Region
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+
+from engine.codes import RUNNING_STATES
+from roseplay.tui.widgets.grammar_line import GRAMMAR_STYLE
+from roseplay.tui.widgets.kv_host import hit_cell
+from roseplay.tui.widgets.token_choice import choice_text
+
+ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
+STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
+               "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "compiling": GRAMMAR_STYLE, "finished": "#6f9fd8",
+               "cancelled": "#777777", "error": "bold #ff5555"}
+COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("pri", 3, ">"), ("progress", 0, "<"),
+           ("prompt", 6, ">"), ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"),
+           ("TPOT", 6, ">"))
+PROGRESS_MIN, PROGRESS_MAX = 8, 40
+DROP_ORDER = ("prompt", "hit", "gen", "pri", "TPOT")   # what a narrow list gives up first
+BAR_EMPTY = "#343a46"
+_STYLES: dict[str, Style] = {}
+
+
+def st(spec: str) -> Style:
+    """Parsed rich styles, cached (rows are built from raw Segments: no markup parsing)."""
+    style = _STYLES.get(spec)
+    if style is None:
+        style = _STYLES[spec] = Style.parse(spec) if spec else Style()
+    return style
+
+
+def fmt_ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    if ms >= 10000:
+        return f"{seconds:.1f}s"
+    return f"{ms:.0f}ms" if ms >= 100 else f"{ms:.1f}ms"
+
+
+def bar(frac: float, width: int, color: str) -> list[Segment]:
+    """A smooth progress bar of exactly `width` cells (eighth blocks)."""
+    frac = min(1.0, max(0.0, frac))
+    full, part = divmod(round(frac * width * 8), 8)
+    segs = [Segment("█" * full, st(color))] if full else []
+    if full < width:
+        segs.append(Segment(" ▏▎▍▌▋▊▉"[part], st(f"{color} on {BAR_EMPTY}")))
+        segs.append(Segment(" " * (width - full - 1), st(f"on {BAR_EMPTY}")))
+    return segs
+
+
+# by state: what the engine works on this step first (prefill chunks, decodes), then the
+# queue, then the finished
+STATE_ORDER = ("prefilling", "dedup", "decoding", "preempted", "waiting")
+SORTS = {"arrival": None,
+         "state": lambda r: STATE_ORDER.index(r.state) if r.state in STATE_ORDER else 9,
+         "TTFT": lambda r: -(r.ttft or 0.0), "TPOT": lambda r: -(r.tpot or 0.0),
+         "prompt": lambda r: -r.prompt_tokens, "hit": lambda r: -r.cached_tokens,
+         "generated": lambda r: -r.output_tokens,
+         "priority": lambda r: r.priority}        # lower first, as the priority policy serves
+FILTERS = (None, "active", "waiting", "prefilling", "decoding", "preempted", "finished")
+
+
+def waiting_reason(snap) -> str:
+    """Why waiting requests wait: the seat limit, the token budget, or KV blocks."""
+    k, s = snap.knobs, snap.last_step
+    running = sum(r.state in RUNNING_STATES for r in snap.requests)
+    if running >= k.max_num_seqs:
+        return f"max_num_seqs {k.max_num_seqs} full"
+    if s is not None and s.decode_tokens + s.prefill_tokens >= k.max_num_batched_tokens:
+        return "token budget used up"
+    if snap.num_free == 0 and snap.num_cached == 0:
+        return "no free KV block"
+    return "admitted at the next step"
+
+
+SHORT_REASONS = (("max_num_seqs", "seqs full"), ("token budget", "budget full"),
+                 ("no free KV", "no KV block"), ("admitted", "next step"))
+
+
+def short_reason(reason: str) -> str:
+    """A waiting reason in a narrow progress column (the full words are in ? help)."""
+    return next((short for start, short in SHORT_REASONS if reason.startswith(start)), reason)
+
+
+def arrange(requests, sort: str = "arrival", state: str | None = None) -> list:
+    """Rows to show: filtered by state ("active" = any active one), then sorted."""
+    if state == "active":
+        requests = [r for r in requests if r.state in ACTIVE]
+    elif state:
+        requests = [r for r in requests if r.state == state]
+    key = SORTS[sort]
+    if key is None:      # active by arrival, then finished ones newest first
+        return [r for r in requests if r.state in ACTIVE] + \
+               [r for r in reversed(requests) if r.state not in ACTIVE]
+    return sorted(requests, key=key)
+
+
+def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot") -> list[Segment]:
+    """What the request is doing, as a bar plus words, exactly `width` cells."""
+    if r.state == "prefilling":
+        n = r.chunks_total(budget)
+        # the longest words that leave the bar 3 cells: "chunk k/n" is never cut
+        label = next((w for w in (f" chunk {r.chunks_done}/{n} {r.computed_tokens}/"
+                                  f"{r.prefill_target}", f" chunk {r.chunks_done}/{n}",
+                                  f" {r.chunks_done}/{n}") if len(w) + 3 <= width),
+                     f"{r.chunks_done}/{n}")        # a bar of 1 cell: k/n is never cut
+        frac, color = r.computed_tokens / max(1, r.prefill_target), "#f2c14e"
+    elif r.state in ("decoding", "dedup"):
+        # tokens/max, or in a narrow column the tokens alone (the bar shows the rest)
+        label = next((w for w in (f" {r.output_tokens}/{r.max_tokens}", f" {r.output_tokens}")
+                      if len(w) + 3 <= width), f" {r.output_tokens}")
+        frac, color = r.output_tokens / max(1, r.max_tokens), "#4cc97a"
+    else:
+        text, style = {
+            "waiting": (reason, "dim"),
+            "preempted": (f"preempted ×{r.preemptions}: recompute", "#ff6b6b"),
+            "error": (f"error: {r.error or ''}", "#ff5555"),
+        }.get(r.state, (r.finish_reason or r.state, "dim"))
+        if r.state == "waiting" and len(text) > width:
+            text = short_reason(text)
+        return [Segment(_fit(text, width, "<"), st(style))]
+    bw = max(1 if len(label) + 3 > width else 3, width - len(label))
+    return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
+
+
+def short_id(request_id: str, width: int) -> str:
+    """A request id in `width` cells: ids that differ only at the end (`cmpl-<tag><n>`
+    from `roseplay serve`) keep their end, "…" standing for the common start."""
+    if len(request_id) <= width:
+        return request_id
+    return "…" + request_id[len(request_id) - max(0, width - 1):] if width > 1 else "…"
+
+
+def id_cell(r, width: int) -> list[Segment]:
+    """The request's id; a constrained one (structured outputs) marked with a "{"."""
+    style = st("bold" if r.request_id.startswith("you") else "")
+    if getattr(r, "grammar", None) is None:
+        return [Segment(short_id(r.request_id, width).ljust(width), style)]
+    return [Segment("{", st(GRAMMAR_STYLE)),
+            Segment(short_id(r.request_id, width - 1).ljust(width - 1), style)]
+
+
+def _fit(text: str, width: int, align: str) -> str:
+    if len(text) > width:
+        return text[:max(0, width - 1)] + "…" if width else ""
+    return text.rjust(width) if align == ">" else text.ljust(width)
+
+
+class RequestList(Widget, can_focus=True):
+    """Active requests (arrival order), then finished ones (newest first).
+
+    Only lines whose content changed are refreshed (`refresh(Region)`), so Textual
+    re-renders a handful of lines per frame rather than the whole table.
+    """
+
+    DEFAULT_CSS = """
+    RequestList { height: 1fr; min-height: 4; }
+    """
+    BINDINGS = [Binding("up,k", "move(-1)", "Select", show=False),
+                Binding("down,j", "move(1)", "Select", show=False),
+                Binding("pageup", "move(-10)", show=False),
+                Binding("pagedown", "move(10)", show=False),
+                Binding("home", "move(-100000)", show=False),
+                Binding("escape", "unselect", "Follow", show=False)]
+
+    class Selected(Message):
+        def __init__(self, request_id: str | None):
+            super().__init__()
+            self.request_id = request_id
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.rows: list = []
+        self.budget = 1
+        self.reason = ""
+        self.sort, self.state_filter = "arrival", None
+        self.selected: str | None = None     # chosen by the user (None: follow the first)
+        self.pending: str | None = None      # select this one as soon as it shows up
+        self.top = 0
+        self._shown: dict[int, tuple] = {}   # line y -> what it showed when last drawn
+
+    # -- data --------------------------------------------------------------------------
+    def show(self, requests, budget: int, reason: str = "") -> None:
+        self.rows, self.budget = arrange(requests, self.sort, self.state_filter), budget
+        self.reason = reason
+        if self.pending and any(r.request_id == self.pending for r in self.rows):
+            self.selected, self.pending = self.pending, None
+        if self.selected and not any(r.request_id == self.selected for r in self.rows):
+            self.selected = None
+        self._scroll_to_cursor()
+        self._refresh_changed()
+
+    def _line_key(self, y: int) -> tuple:
+        i = self.top + y - 1
+        if y == 0 or i >= len(self.rows):
+            return (y == 0, i < len(self.rows), self.size.width)
+        r = self.rows[i]
+        return (r, r is self.current, self.budget, self.size.width,
+                self.reason if r.state == "waiting" else "")
+
+    def _refresh_changed(self) -> None:
+        dirty = []
+        for y in range(self.size.height):
+            key, old = self._line_key(y), self._shown.get(y)
+            if old is None or len(old) != len(key) or old[1:] != key[1:] or not (
+                    old[0] is key[0] or old[0] == key[0]):
+                dirty.append(Region(0, y, self.size.width, 1))
+        if len(dirty) > self.size.height // 2:
+            self.refresh()
+        elif dirty:
+            self.refresh(*dirty)
+
+    @property
+    def current(self):
+        """The highlighted request: the user's choice, else the first active one."""
+        if self.selected:
+            return next((r for r in self.rows if r.request_id == self.selected), None)
+        return self.rows[0] if self.rows and self.rows[0].state in ACTIVE else None
+
+    def _cursor(self) -> int:
+        cur = self.current
+        return next((i for i, r in enumerate(self.rows) if r is cur), -1)
+
+    # -- keys and mouse --------------------------------------------------------------------
+    def action_move(self, delta: int) -> None:
+        if not self.rows:
+            return
+        i = self._cursor()
+        i = max(0, min(len(self.rows) - 1, (0 if i < 0 else i + delta)))
+        self.select(self.rows[i].request_id)
+
+    def action_unselect(self) -> None:
+        self.select(None)
+
+    def select(self, request_id: str | None) -> None:
+        self.selected = request_id
+        if request_id is None:      # follow again: bring the followed row into view (the
+            self.top = max(0, self._cursor())   # list stayed where a typed prompt was)
+        self._scroll_to_cursor()
+        self._refresh_changed()
+        self.post_message(self.Selected(request_id))
+
+    def on_click(self, event) -> None:
+        i = self.top + event.y - 1
+        if event.y >= 1 and 0 <= i < len(self.rows):
+            self.select(self.rows[i].request_id)
+
+    def _scroll_by(self, delta: int) -> None:
+        self.top = max(0, min(max(0, len(self.rows) - self._visible()), self.top + delta))
+        self._refresh_changed()
+
+    def on_mouse_scroll_down(self, event) -> None:
+        self._scroll_by(3)
+
+    def on_mouse_scroll_up(self, event) -> None:
+        self._scroll_by(-3)
+
+    def _visible(self) -> int:
+        return max(1, self.size.height - 1)
+
+    def _scroll_to_cursor(self) -> None:
+        i, vis = self._cursor(), self._visible()
+        if i >= 0 and self.selected:
+            if i < self.top:
+                self.top = i
+            elif i >= self.top + vis:
+                self.top = i - vis + 1
+        self.top = max(0, min(self.top, max(0, len(self.rows) - vis)))
+
+    # -- drawing -------------------------------------------------------------------------
+    def columns(self) -> list[tuple]:
+        """The columns that fit the width (DROP_ORDER goes first), progress at least 8."""
+        cols = list(COLUMNS)
+        for name in DROP_ORDER:
+            if sum(w for _, w, _ in cols) + len(cols) + PROGRESS_MIN <= self.size.width:
+                break
+            cols = [c for c in cols if c[0] != name]
+        return cols
+
+    def hidden_columns(self) -> list[str]:
+        shown = {c[0] for c in self.columns()}
+        return [name for name, _, _ in COLUMNS if name not in shown]
+
+    def _widths(self, cols) -> list[int]:
+        fixed = sum(w for _, w, _ in cols) + len(cols)
+        progress = max(PROGRESS_MIN, min(PROGRESS_MAX, self.size.width - fixed))
+        return [w or progress for _, w, _ in cols]
+
+    def _strip(self, cells: dict, background: Style | None) -> Strip:
+        cols = self.columns()
+        segments: list[Segment] = []
+        for (name, _, align), w in zip(cols, self._widths(cols)):
+            segments.append(Segment(" "))
+            cell = cells[name]
+            if callable(cell):
+                segments.extend(cell(w))
+            else:
+                text, style = cell
+                segments.append(Segment(_fit(text, w, align), st(style)))
+        strip = Strip(segments).adjust_cell_length(self.size.width)
+        return strip.apply_style(background) if background is not None else strip
+
+    def _row(self, r, selected: bool) -> Strip:
+        cells = {"id": lambda w: id_cell(r, w),
+                 "state": (r.state, STATE_STYLE.get(r.state, "")),
+                 # scheduling_policy=priority: lower first (the workload's documents: 1)
+                 "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),
+                 "progress": lambda w: progress_cell(r, self.budget, w, self.reason),
+                 "prompt": (str(r.prompt_tokens), ""),
+                 "hit": hit_cell(r),
+                 "gen": (str(r.output_tokens), ""), "TTFT": (fmt_ms(r.ttft), ""),
+                 "TPOT": (fmt_ms(r.tpot), "")}
+        return self._strip(cells, st("on #3b3f5c") if selected else None)
+
+    def render_line(self, y: int) -> Strip:
+        self._shown[y] = self._line_key(y)
+        if y == 0:
+            return self._strip({name: (name, "bold underline #aab2c0") for name, _, _ in COLUMNS},
+                               None)
+        i = self.top + y - 1
+        if i >= len(self.rows):
+            if i == len(self.rows) == 0:
+                empty = f"  no {self.state_filter} request" if self.state_filter else \
+                    "  no requests yet"
+                return Strip([Segment(empty, st("dim"))]).adjust_cell_length(self.size.width)
+            return Strip.blank(self.size.width)
+        r = self.rows[i]
+        return self._row(r, r is self.current)
+
+    def on_resize(self) -> None:
+        self._shown.clear()
+        self.refresh()

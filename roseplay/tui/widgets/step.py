@@ -1,0 +1,122 @@
+"""This step: what the last engine step did with its token budget."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from roseplay.tui.widgets import theme
+
+EMPTY = "#3a3f4a"
+
+
+def budget_bar(decode: int, prefill: int, budget: int, width: int) -> Text:
+    """decode | prefill | unused, in proportion to the token budget."""
+    DECODE, PREFILL = theme.color("decode"), theme.color("prefill")
+    total = max(budget, decode + prefill, 1)
+    d = round(decode / total * width)
+    p = min(width - d, round(prefill / total * width))
+    if decode and not d:
+        d = 1
+    if prefill and not p and d < width:
+        p = 1
+    t = Text("█" * d, DECODE)
+    t.append("█" * p, PREFILL)
+    t.append("░" * max(0, width - d - p), EMPTY)
+    return t
+
+
+def chunk_words(step, snap) -> Text:
+    t = Text()
+    budget = snap.knobs.max_num_batched_tokens
+    for i, c in enumerate(step.prefill_chunks[:4]):
+        view = snap.request(c.request_id)
+        if i:
+            t.append(" · ")
+        t.append(c.request_id, "bold")
+        if view is not None and view.chunks_done:
+            t.append(f" chunk {view.chunks_done}/{view.chunks_total(budget)}")
+        t.append(f" {c.num_tokens} tok", theme.color("prefill"))
+        t.append(f" [{c.start}:{c.start + c.num_tokens}/{c.total}]", "dim")
+    more = len(step.prefill_chunks) - 4
+    if more > 0:
+        t.append(f" · +{more} more", "dim")
+    return t
+
+
+def spec_words(step, k: int, method: str = "") -> Text:
+    """Speculative decoding this step: the method and k, drafts proposed and accepted,
+    the acceptance % (nothing while speculation is off)."""
+    t = Text()
+    if step.spec_verified:
+        share = 100 * step.spec_accepted_tokens / max(1, step.spec_draft_tokens)
+        t.append("spec ", "bold")
+        t.append(f"{step.spec_draft_tokens} drafted → ")
+        t.append(f"{step.spec_accepted_tokens} accepted", theme.color("decode"))
+        t.append(f" ({share:.0f}%, {step.spec_verified} req{f', {method}' if method else ''}"
+                 f" k={k})   ")
+    elif k:
+        name = f"{method} " if method else ""
+        t.append(f"spec {name}k={k}: no drafts this step   ", "dim")
+    return t
+
+
+class StepPanel(Widget):
+    """Decode vs prefill tokens against the budget, chunks, prefix hits, COW, evictions."""
+
+    DEFAULT_CSS = "StepPanel { height: 7; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._text = Text()
+        self._key = None
+
+    def show(self, snap) -> None:
+        key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width,
+               theme.generation(), snap.knobs.num_speculative_tokens)
+        if key == self._key:
+            return
+        self._key = key
+        self._text = self._build(snap)
+        self.refresh()
+
+    def _build(self, snap) -> Text:
+        s, budget = snap.last_step, snap.knobs.max_num_batched_tokens
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if s is None:
+            return t.append("no step yet: the engine is waiting for requests", "dim")
+        # the top line's number: last_step is that step (StepStats.step is 1-based in a
+        # live engine; recordings made before 2026-11 stored it 0-based)
+        t.append(f"step {snap.step}", "bold")
+        t.append(f"  {s.duration * 1000:7.1f} ms   ")
+        t.append(f"running {s.num_running}  waiting {s.num_waiting}\n")
+        used = s.decode_tokens + s.prefill_tokens
+        t.append("budget ")
+        t.append_text(budget_bar(s.decode_tokens, s.prefill_tokens, budget,
+                                 max(10, self.size.width - 22)))
+        t.append(f" {used:>5}/{budget} tok\n")
+        t.append("■", theme.color("decode"))
+        t.append(f" decode {s.decode_tokens} tok   ")
+        t.append("■", theme.color("prefill"))
+        n = len(s.prefill_chunks)
+        t.append(f" prefill {s.prefill_tokens} tok in {n} chunk{'' if n == 1 else 's'}\n")
+        spec = spec_words(s, snap.knobs.num_speculative_tokens,    # before the chunks: a
+                          snap.spec_method)
+        t.append_text(spec)                                       # long list is cut, not it
+        if s.prefill_chunks or not spec:        # (no "prefill -" cut after the spec words)
+            t.append("prefill ", "dim")
+            t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
+        t.append("\n")
+        counts = (("hit blocks", "hit", s.prefix_hit_blocks), ("COW", "COW", s.cow_copies),
+                  ("evict", "ev", s.evictions), ("preempt", "pre", s.preemptions),
+                  ("dedup", "dedup", s.dedup_joined))
+        if snap.host_num_blocks:    # the host tier: blocks copied out and back this step
+            counts += (("→host", "→h", s.blocks_to_host), ("←host", "←h", s.blocks_from_host))
+        words = sum(len(f"{name} {v}  ") for name, _, v in counts) - 2
+        short = words > (self.size.width or 80)     # a narrow panel: "hit 0  COW 0  ev 0 …"
+        for i, (name, brief, value) in enumerate(counts):
+            t.append(("  " if i else "") + f"{brief if short else name} ", "" if value else "dim")
+            t.append(f"{value}", "bold #e08a1e" if value else "dim")
+        return t
+
+    def render(self) -> Text:
+        return self._text

@@ -1,0 +1,384 @@
+"""Timing: TTFT / TPOT / ITL percentiles, throughput, and plots over time.
+
+`TimingHistory` turns successive snapshots into one point per `BUCKET` seconds of
+engine time (p50 TTFT of the `RECENT` latest requests to get a first token, p50 TPOT of
+the `RECENT` latest to finish, output tokens per second), so a knob change shows up as a
+step in the curves without gaps when requests finish in waves. `Plot` draws a
+series as eighth-block bars over a few rows with the Line API. Latencies are the
+engine's (paused time is excluded there, by its serving clock).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.containers import Container, Vertical
+from textual.strip import Strip
+from textual.widget import Widget
+
+from engine.metrics import prefix_hit_rate
+from roseplay.tui.widgets import theme
+from roseplay.tui.widgets.counters import WINDOW
+from roseplay.tui.widgets.latency import (RECENT, goodput_share, pctl,  # noqa: F401
+                                          recent_p50, slo_text, view_latencies, window_ttfts)
+from roseplay.tui.widgets.requests import fmt_ms
+from roseplay.tui.widgets.spec_note import SpecNote
+from roseplay.tui.widgets.ttft_split import window_split
+
+BUCKET = 0.5          # seconds of engine time per plotted point
+HISTORY = 240
+UPDATE_EVERY = 0.5   # seconds between redraws (the text changes every frame otherwise)
+_EIGHTHS = " ▁▂▃▄▅▆▇█"
+PLOT_BG, MARK_BG = "#1d2027", "#5a4a10"    # a plot's ground; the column of a knob change
+
+
+SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot", "accept", "alen")
+SPEC_PLOTS = ("accept", "alen")     # shown while speculative decoding is (or was just) on
+
+
+class TimingHistory:
+    """Bucketed series computed from snapshots (resets if time goes backwards), and the
+    knob changes as marks on the bucket they happened in."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.series = {k: deque(maxlen=HISTORY) for k in SERIES}
+        self.marks: deque = deque(maxlen=HISTORY)     # per point: a knob change's label or None
+        self._mark: str | None = None
+        self._t = None
+        self._since = -math.inf      # first tokens before the reset stay out of the curve
+        self._tokens = 0
+        self._counters = None
+        self.rate = 0.0          # output tokens / s over the last few buckets
+        self._recent: deque = deque(maxlen=4)
+
+    def mark(self, label: str) -> None:
+        """A knob changed: the next point carries `label` (a later change replaces it)."""
+        self._mark = label
+
+    def feed(self, snap) -> None:
+        now, tokens = snap.time, snap.counters.generated_tokens
+        if self._t is not None and (now < self._t or tokens < self._tokens):
+            self.reset()
+        if self._t is None:
+            self._t, self._tokens, self._counters = now, tokens, snap.counters
+            self._since = now
+            return
+        if now - self._t < BUCKET:
+            return
+        dt, dtok = now - self._t, tokens - self._tokens
+        add = {k: s.append for k, s in self.series.items()}
+        add["ttft"](recent_p50(snap.requests, "ttft", self._since))
+        tpots = [x[2] for x in snap.recent_latencies[-4 * RECENT:] if x[2] is not None]
+        add["tpot"](pctl(tpots[-RECENT:], (50,))[0] if tpots else math.nan)
+        gaps = [g for t, g in snap.recent_itls if t > self._t]
+        add["itl"](pctl(gaps, (50,))[0] if gaps else math.nan)
+        add["tput"](dtok / dt)
+        step = snap.last_step
+        add["running"](step.num_running if step else 0)
+        add["waiting"](step.num_waiting if step else 0)
+        add["kv"](100.0 * snap.num_used / max(1, snap.num_blocks))
+        a, b = self._counters, snap.counters
+        rate = prefix_hit_rate(b.prefix_hit_tokens - a.prefix_hit_tokens,
+                               b.prefix_queried_tokens - a.prefix_queried_tokens)
+        off = not snap.knobs.enable_prefix_caching      # no lookups at all: nothing hits
+        add["hit"](100.0 * rate if rate is not None else 0.0 if off else math.nan)
+        accept, length = b.spec_acceptance(a)
+        add["accept"](100.0 * accept)
+        add["alen"](length)
+        self.marks.append(self._mark)
+        self._mark = None
+        self._recent.append((dt, dtok))
+        self.rate = sum(b for _, b in self._recent) / max(1e-9, sum(a for a, _ in self._recent))
+        self._t, self._tokens, self._counters = now, tokens, snap.counters
+
+
+class Plot(Widget):
+    """A series as eighth-block bars (Line API) beside a label column: the name with the
+    latest value (units included), and the top of the scale. The scale ignores rare
+    outliers (a bar above it is drawn full with a ▲), so one slow request does not
+    flatten the curve for minutes."""
+
+    DEFAULT_CSS = "Plot { height: 1; }"
+    LABEL = 18
+
+    def __init__(self, name: str, color_key: str, fmt, fixed_top: float | None = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.label, self.color_key, self.fmt = name, color_key, fmt
+        self.fixed_top = fixed_top      # a fixed full scale (percentages: 100)
+        self.values: list[float] = []
+        self.marks: list = []
+
+    def show(self, values, marks=()) -> None:
+        values, marks = list(values), list(marks)
+        if values != self.values or marks != self.marks:
+            self.values, self.marks = values, marks
+            self.refresh()
+
+    def points(self) -> int:
+        return max(0, self.size.width - self.LABEL)
+
+    def render_line(self, y: int) -> Strip:
+        width, height = self.size.width, self.size.height
+        n = self.points()
+        vals = self.values[-n:] if n else []
+        marks = self.marks[-len(vals):] if vals else []
+        finite = [v for v in vals if not math.isnan(v)]
+        top = self.fixed_top or scale_top(finite)
+        color = theme.color(self.color_key)
+        segments = [Segment(self._label(y, height, finite, top).ljust(self.LABEL)[:self.LABEL],
+                            Style(color=color, bold=y == 0))]
+        if len(vals) < n:
+            segments.append(Segment(" " * (n - len(vals)), Style(bgcolor=PLOT_BG)))
+        plain, marked = Style(color=color, bgcolor=PLOT_BG), Style(color=color, bgcolor=MARK_BG)
+        for i, v in enumerate(vals):
+            if math.isnan(v) or top <= 0:
+                char = " "
+            elif v > top:
+                char = "▲" if y == 0 else "█"
+            else:
+                eighths = round(v / top * height * 8) - (height - 1 - y) * 8
+                char = _EIGHTHS[max(0, min(8, eighths))]
+            # a knob change: a column of its own background down every plot
+            segments.append(Segment(char, marked if i < len(marks) and marks[i] else plain))
+        return Strip(Segment.simplify(segments)).adjust_cell_length(width)
+
+    def _label(self, y: int, height: int, finite, top: float) -> str:
+        """Name and latest value (units included); the full scale on the second row, or
+        after a slash on a one-row plot."""
+        if y == 0:      # the latest point's value ("-": none in it, not an older one)
+            if not finite or math.isnan(self.values[-1]):
+                return f"{self.label} -"
+            text = f"{self.label} {self.fmt(finite[-1])}"
+            return text + (f"/{self.fmt(top)}" if height == 1 and top > 0 and
+                           len(text) + 1 + len(self.fmt(top)) <= self.LABEL else "")
+        if y == 1:
+            return f" top {self.fmt(top)}" if finite else " no data yet"
+        return ""
+
+
+def scale_top(finite) -> float:
+    """The plot's full scale: the max, unless a few outliers sit far above the rest."""
+    if not finite:
+        return 0.0
+    top, p90 = max(finite), float(np.percentile(finite, 90))
+    return 2 * p90 if p90 > 0 and top > 3 * p90 else top
+
+
+class TimeAxis(Widget):
+    """-N s … now under the plots (one point per BUCKET seconds), and the label of each
+    knob change under its mark."""
+
+    DEFAULT_CSS = "TimeAxis { height: 1; color: $text-muted; }"
+    marks: list = []
+
+    def show(self, marks) -> None:
+        marks = list(marks)
+        if marks != self.marks:
+            self.marks = marks
+            self.refresh()
+
+    def render(self) -> Text:
+        n = max(0, self.size.width - Plot.LABEL)
+        if n < 12:
+            return Text("")
+        left, mid = f"-{n * BUCKET:.0f} s", f"-{n * BUCKET / 2:.0f} s"
+        line = list("─" * n)
+        for pos, word in ((0, left), (n // 2 - len(mid) // 2, mid), (n - 3, "now")):
+            line[pos:pos + len(word)] = word
+        t = Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
+        shown = self.marks[-n:]
+        for start, word in place_labels([(n - len(shown) + i, label)
+                                         for i, label in enumerate(shown) if label], n):
+            start += Plot.LABEL
+            t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
+        return t
+
+
+def place_labels(marks: list[tuple[int, str]], n: int) -> list[tuple[int, str]]:
+    """(column, text) of each mark's `▲label` on an axis of `n` columns, none over
+    another: the newest keeps its whole label (moved left to fit the end: an older mark
+    under it then has no label of its own), each older one is cut to the room before the
+    next (`▲bud…`, or `▲` alone), one column apart."""
+    out, limit = [], n
+    for pos, label in reversed(marks):
+        if pos >= limit:
+            continue                  # under a newer label
+        word = "▲" + label
+        if not out:                   # the newest: whole, ending at the axis's end at most
+            pos = max(0, min(pos, n - len(word)))
+            room = n - pos
+        else:
+            room = limit - pos - 1
+        if len(word) > room:
+            word = word[:room - 1] + "…" if room >= 3 else "▲"
+        out.append((pos, word))
+        limit = pos
+    return out[::-1]
+
+
+class TimingStats(Widget):
+    DEFAULT_CSS = ("TimingStats { width: 34; height: 6; text-wrap: nowrap; "
+                   "text-overflow: ellipsis; }")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._text = Text()
+
+    def show(self, snap, rate: float, since: float | None, slos: dict | None = None) -> None:
+        """Percentiles over the last WINDOW seconds (from the last reset or knob change,
+        if later; the header says how many): TTFT of the requests whose first token came
+        in it (the TTFT plot's population: its points are the p50 of the RECENT latest),
+        TPOT of those that finished in it, every token gap in it; with SLOs, the share of
+        the requests finished then that met all of them (goodput)."""
+        start = max(snap.time - WINDOW, since if since is not None else -math.inf)
+        lat = [x for x in snap.recent_latencies if x[0] >= start]
+        itl = [x[1] for x in snap.recent_itls if x[0] >= start]
+        ttft = window_ttfts(snap.requests, start)
+        t = Text(no_wrap=True)
+        span = f"{min(WINDOW, snap.time - start):.0f} s"
+        t.append(f"{span:<6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")
+        rows = (("TTFT", ttft, "prefill"),
+                ("TPOT", [x[2] for x in lat if x[2] is not None], "decode"),
+                ("ITL", itl, "tput"))
+        for name, values, color in rows:
+            t.append(f"{name:<6}", f"bold {theme.color(color)}")
+            t.append("".join(f"{fmt_ms(v):>9}" for v in pctl(values)) + "\n")
+            if name == "TTFT":          # where its time went (roseplay/tui/widgets/ttft_split.py)
+                t.append_text(window_split(snap, start))
+                t.append("\n")
+        t.append(f"{rate:,.0f} tok/s", "bold")
+        if slos:
+            good, total = goodput_share(snap, start, slos)
+            t.append(" · good ", "dim")
+            t.append(f"{100 * good / total:.0f}%" if total else "-", f"bold {theme.color('tput')}")
+            t.append(f" of {total}", "dim")
+        else:
+            t.append(f" · {len(lat)} req done", "dim")
+        if t != self._text:
+            self._text = t
+            self.refresh()
+
+    def render(self) -> Text:
+        return self._text
+
+
+class TimingPanel(Container):
+    """The table, and the plots beside it (`-side`), under it (`-stacked`) or hidden."""
+
+    DEFAULT_CSS = """
+    TimingPanel { height: 9; layout: horizontal; }
+    TimingPanel.-stacked { layout: vertical; }
+    TimingPanel.-stacked TimingStats { width: 1fr; }
+    TimingPanel.-stats #plots { display: none; }
+    TimingPanel #plots { width: 1fr; height: 1fr; overflow: hidden; }
+    TimingPanel.-side #plots { margin-left: 2; }
+    """
+    MODES = ("side", "stacked", "stats")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.history = TimingHistory()
+        self._shown_at = (None, -1.0)     # (snapshot time, monotonic) of the last redraw
+        self.stats = TimingStats()
+        count = lambda v: f"{v:.0f}"          # noqa: E731
+        pct = lambda v: f"{v:.0f}%"           # noqa: E731
+        # most needed first: the plots that do not fit the panel's height are cut (the
+        # speculation plots, shown while it is on, come before the queue's: guide d asks
+        # for them, and at 120x40 they came last and were cut)
+        self.plots = {"ttft": Plot("TTFT", "prefill", fmt_ms, id="plot-ttft"),
+                      "itl": Plot("ITL", "decode", fmt_ms, id="plot-itl"),
+                      "tput": Plot("tok/s", "tput", lambda v: f"{v:,.0f}", id="plot-tput"),
+                      "accept": Plot("accepted", "decode", pct, 100.0, id="plot-accept"),
+                      "alen": Plot("accept len", "tput", lambda v: f"{v:.2f}",
+                                   id="plot-alen"),
+                      "running": Plot("running", "used", count, id="plot-running"),
+                      "waiting": Plot("waiting", "preempt", count, id="plot-waiting"),
+                      "kv": Plot("KV used", "shared", pct, 100.0, id="plot-kv"),
+                      "hit": Plot("hit rate", "cached", pct, 100.0, id="plot-hit")}
+        for key in SPEC_PLOTS:
+            self.plots[key].display = False
+        self.axis = TimeAxis()
+        self.spec_note = SpecNote(id="spec-note")    # under the ITL plot: why it is bursty
+        self.mode = "side"
+        self.add_class("-side")
+        self.slos: dict[str, float] = {}      # goodput SLOs (ms), set from the app
+
+    def compose(self):
+        yield self.stats
+        with Vertical(id="plots"):
+            yield self.axis
+            for key, plot in self.plots.items():
+                yield plot
+                if key == "itl":
+                    yield self.spec_note
+
+    def set_mode(self, mode: str) -> None:
+        if mode != self.mode:
+            self.remove_class(f"-{self.mode}")
+            self.mode = mode
+            self.add_class(f"-{mode}")
+        self.call_after_refresh(self.size_plots)
+
+    def reset(self) -> None:
+        self.history.reset()
+        self.reset_shown()
+
+    def reset_shown(self) -> None:
+        """Redraw at the next show() (a setting changed, not the data)."""
+        self._shown_at = (None, -1.0)
+
+    def show(self, snap, window, throttle: bool = True) -> None:
+        """Feed the history every frame; redraw on a new snapshot, at most every
+        UPDATE_EVERY seconds while `throttle` (a running engine: text changes every frame)."""
+        self.history.feed(snap)
+        last_time, last_mono = self._shown_at
+        now = time.monotonic()
+        if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):
+            return
+        self._shown_at = (snap.time, now)
+        self.stats.show(snap, self.history.rate, window.since, self.slos)
+        self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
+        marks = self.history.marks
+        self._show_spec_plots(snap)
+        since = window.reset_time
+        self.spec_note.show(snap, max(snap.time - WINDOW,
+                                      since if since is not None else -math.inf))
+        for key, plot in self.plots.items():
+            plot.show(self.history.series[key], marks)
+        self.axis.show(marks)
+
+    def _show_spec_plots(self, snap) -> None:
+        """The speculation plots take rows only once speculation is on (or its points
+        are still in the window): off, they would be two rows of `-`."""
+        on = snap.knobs.num_speculative_tokens > 0 or any(
+            not math.isnan(v) for v in self.history.series["accept"])
+        for key in SPEC_PLOTS:
+            if self.plots[key].display != on:
+                self.plots[key].display = on
+                self.size_plots()
+
+    def on_resize(self) -> None:
+        self.size_plots()
+
+    def size_plots(self) -> None:
+        """Spare rows (a zoomed or tall panel) make every plot taller, not blank below:
+        each gets the same share of the rows under the time axis (at least one)."""
+        shown = [p for p in self.plots.values() if p.display]
+        rows = self.query_one("#plots").size.height - 1
+        height = max(1, rows // max(1, len(shown))) if rows > 0 else 1
+        for plot in shown:
+            if plot.styles.height is None or plot.styles.height.value != height:
+                plot.styles.height = height
+
+    def mark(self, label: str) -> None:
+        """A knob changed now: a mark and its label on every plot."""
+        self.history.mark(label)

@@ -1,0 +1,115 @@
+"""TTFT split into where the time went: queued (arrival to first scheduled), prefill
+(first scheduled to the scheduling of its last prompt chunk: the earlier chunks and the
+waits between them), and the last chunk's step until the first token is emitted (that
+chunk's logits give the first token). The parts come from the engine's timestamps
+(RequestView.ttft_split, engine/snapshot.py) and add up to the request's TTFT.
+
+`request_split` is the Selected panel's line for one request; `window_split` the Timing
+panel's line: each part's share of the TTFT of the requests finished in its window
+(EngineSnapshot.recent_ttft_parts, the requests of its TTFT row).
+"""
+from __future__ import annotations
+
+from rich.text import Text
+
+from roseplay.tui.widgets import theme
+from roseplay.tui.widgets.requests import fmt_ms
+
+PART_COLORS = ("#9aa0aa", "prefill", "decode")   # queued, prefill, last chunk -> token
+
+
+def _color(key: str) -> str:
+    return key if key.startswith("#") else theme.color(key)
+
+
+def split_bar(parts, width: int) -> Text:
+    """The parts side by side, in proportion, `width` cells (a part of 1% or more
+    gets at least one)."""
+    total = sum(parts)
+    t = Text()
+    if total <= 0:
+        return t.append("░" * width, "dim")
+    cells = [max(1 if p >= 0.01 * total else 0, round(p / total * width)) for p in parts]
+    cells[0] += width - sum(cells)            # rounding: the queue takes the rest
+    for n, key in zip(cells, PART_COLORS):
+        t.append("█" * max(0, n), _color(key))
+    return t
+
+
+def request_split(r, now: float, width: int = 1000) -> Text:
+    """One request's TTFT split (the chunk numbers say which part is which), the
+    longest form that fits `width`; or how far it got (queued so far, chunks so far)."""
+    parts = r.ttft_split()
+    if parts is None:
+        return _unfinished(r, now)
+    forms = [_split_words(r, parts, bar, short) for bar, short in
+             ((True, False), (False, False), (False, True))]
+    return next((f for f in forms if f.cell_len <= width), forms[-1])
+
+
+def _unfinished(r, now: float) -> Text:
+    t = Text("TTFT: ", "bold")
+    if r.scheduled_ts is None:
+        if r.state not in ("waiting", "preempted"):
+            return t.append("never scheduled", "dim")
+        return t.append(f"queued {fmt_ms(now - r.arrival_time)} so far", "dim")
+    t.append(f"queued {fmt_ms(r.queued_time)}", _color(PART_COLORS[0]))
+    return t.append(f", then {r.prefill_chunks} chunk"
+                    f"{'' if r.prefill_chunks == 1 else 's'} so far", "dim")
+
+
+def _split_words(r, parts, bar: bool, short: bool) -> Text:
+    queued, prefill, last = parts
+    n = r.prefill_chunks
+    t = Text()
+    t.append(f"TTFT {fmt_ms(r.ttft)} ", "bold")
+    if bar:
+        t.append_text(split_bar(parts, 8))
+        t.append(" ")
+    t.append("= queue " if not bar else "queue ")
+    t.append(fmt_ms(queued), _color(PART_COLORS[0]))
+    if n == 0:                      # a dedup follower: the leader computed its prompt
+        t.append(" + leader's prefill ")
+        t.append(fmt_ms(prefill), _color(PART_COLORS[1]))
+        t.append(" (dedup)", "dim")
+    else:
+        if n > 1:                   # one chunk: scheduled and computed at once
+            t.append(f" + chunk{'s 1-' if n > 2 else ' '}{n - 1} ")
+            t.append(fmt_ms(prefill), _color(PART_COLORS[1]))
+        t.append(f" + {n}→token " if short else f" + chunk {n}→token ")
+        t.append(fmt_ms(last), _color(PART_COLORS[2]))
+    if r.prefill_preemptions:
+        t.append(f" (preempted ×{r.prefill_preemptions}: chunks recomputed)", "dim")
+    return t
+
+
+def window_shares(snap, start: float) -> tuple[int, tuple[float, float, float] | None]:
+    """(requests, each part's share of their summed TTFT) for the requests whose last
+    token came at or after `start`; None shares when there is none."""
+    rows = [x for x in snap.recent_ttft_parts if x[0] >= start]
+    sums = [sum(x[i] for x in rows) for i in (1, 2, 3)]
+    total = sum(sums)
+    return len(rows), (tuple(s / total for s in sums) if rows and total > 0 else None)
+
+
+def window_split(snap, start: float) -> Text:
+    """"└ queue 83% prefill 12% last 5%": the Timing panel's line under TTFT."""
+    _, shares = window_shares(snap, start)
+    t = Text(no_wrap=True)
+    t.append("└ ", "dim")
+    for word, key, i in (("queue", PART_COLORS[0], 0), ("prefill", PART_COLORS[1], 1),
+                         ("last", PART_COLORS[2], 2)):
+        t.append(f"{word} ", _color(key))
+        t.append(f"{100 * shares[i]:.0f}%" if shares else "-", "bold")
+        t.append(" ")
+    return t
+
+
+def scrub_hint(r, trace) -> Text:
+    """`w`, when the app holds the request's token trace."""
+    t = Text()
+    if trace is not None:
+        t.append(" · ", "dim")
+        t.append("w", "bold")
+        t.append(" tokens", "dim")
+    return t

@@ -1,0 +1,119 @@
+"""The load client of `roseplay bench --base-url` on its own: the SSE parser (split reads,
+CRLF, coalesced chunks, errors), several client processes merged into one report, and
+the ceiling tool against scripts/canned_server.py (127.0.0.1, no engine)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from roseplay.bench.clients import ClientPool, Job, run_load, split
+from roseplay.bench.sse import SSEParser, has_output
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import client_ceiling  # noqa: E402
+
+CHUNK = (b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m",'
+         b'"choices":[{"index":0,"text":"to be","logprobs":null,"finish_reason":null,'
+         b'"token_ids":[11,12,13]}],"usage":null}\n\n')
+USAGE = (b'data: {"id":"cmpl-1","choices":[],"usage":{"prompt_tokens":5,'
+         b'"completion_tokens":3,"total_tokens":8}}\n\n')
+
+
+def test_parser_reads_events_split_anywhere():
+    stream = CHUNK + USAGE + b"data: [DONE]\n\n"
+    for cut in range(1, len(stream)):          # every split of the bytes into two reads
+        p = SSEParser()
+        chunks = p.feed(stream[:cut]) + p.feed(stream[cut:])
+        assert len(chunks) == 2 and p.done
+        assert chunks[0].choices[0].text == "to be" and has_output(chunks[0].choices[0])
+        assert chunks[1].choices == [] and chunks[1].usage.completion_tokens == 3
+
+
+def test_parser_handles_crlf_comments_chat_and_errors():
+    p = SSEParser()
+    chat = (b': keep-alive\r\n\r\ndata: {"choices":[{"index":0,"delta":{"role":"assistant",'
+            b'"content":"Hi"},"finish_reason":"stop"}]}\r\n\r\n')
+    err = b'data: {"error":{"message":"boom","type":"server_error","code":500}}\n\n'
+    (c,) = p.feed(chat)
+    assert c.choices[0].delta.content == "Hi" and c.choices[0].finish_reason == "stop"
+    (e,) = p.feed(err)
+    assert e.error.message == "boom" and not p.done
+
+
+def test_output_is_text_content_or_token_ids():
+    p = SSEParser()
+    ids_only, empty = p.feed(b'data: {"choices":[{"text":"","token_ids":[5]}]}\n\n'
+                             b'data: {"choices":[{"text":"","token_ids":[ ],'
+                             b'"finish_reason":"length"}]}\n\n')
+    assert has_output(ids_only.choices[0]) and not has_output(empty.choices[0])
+
+
+def test_split_keeps_every_request_once_and_the_concurrency_cap():
+    reqs = [(i, {}, None) for i in range(10)]
+    jobs = split(Job("http://x", "/v1/completions", {}, reqs, [0.0] * 10, 5), 3)
+    assert sorted(i for j in jobs for i, _, _ in j.requests) == list(range(10))
+    assert [j.max_concurrency for j in jobs] == [2, 2, 2]
+
+
+@pytest.fixture(scope="module")
+def canned():
+    proc, port = client_ceiling.start_canned(workers=1, tokens_per_chunk=4)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    assert proc.wait(10) is not None
+
+
+def body(n: int) -> dict:
+    return {"model": "dummy:tiny", "prompt": [1, 2, 3], "max_tokens": n, "stream": True}
+
+
+@pytest.mark.timeout(60)
+def test_two_client_processes_share_one_report(canned):
+    reqs = [(i, body(10 + i), 3) for i in range(12)]
+    job = Job(canned, "/v1/completions", {}, reqs, [0.0] * 12, 12)
+    seen = []
+    with ClientPool(2) as pool:
+        run_load(job, pool)                    # a warm-up: the same processes run again
+        outcomes, load = run_load(job, pool, on_progress=seen.append)
+        procs = pool._procs
+    assert not any(p.is_alive() for p in procs)
+    assert [o.index for o in outcomes] == list(range(12))
+    assert all(o.error is None for o in outcomes)
+    # 4 tokens a chunk: ceil((10 + i) / 4) chunks, the usage's tokens, from both processes
+    assert [o.record["output_len"] for o in outcomes] == [10 + i for i in range(12)]
+    assert [o.record["chunks"] for o in outcomes] == [-(-(10 + i) // 4) for i in range(12)]
+    assert load.processes == 2 and load.chunks == sum(-(-(10 + i) // 4) for i in range(12))
+    assert 0 < load.cpu_s and 0 < load.max_util <= 1.5 and seen and seen[-1] == 12
+    starts = [o.record["arrival_time"] for o in outcomes]
+    assert max(starts) - min(starts) < 5.0          # one clock, one start: a merged run
+
+
+@pytest.mark.timeout(120)
+def test_ceiling_tool_reports_rates_and_client_cpu(tmp_path, capsys):
+    out = tmp_path / "ceiling.json"
+    assert client_ceiling.main(["--num-prompts", "16", "--output-len", "8", "--repeat", "1",
+                                "--num-clients", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out      # `roseplay bench --num-clients 2` end to end
+    assert "--num-clients 2:" in text and "chunks/s" in text and "cores" in text
+    (row,) = __import__("json").loads(out.read_text())
+    assert row["num_clients"] == 2 and row["output_tok_s"] > 0 and row["chunks_per_s"] > 0 and row["client_cores"] > 0
+
+
+def test_canned_server_and_its_workers_exit_on_terminate():
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "canned_server.py"),
+                             "--workers", "3"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("listening ")
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+        workers = [int(x) for x in f.read().split()]
+    assert len(workers) == 2
+    proc.terminate()
+    assert proc.wait(10) == 0
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{w}") for w in workers)

@@ -1,0 +1,129 @@
+"""The `roseplay` command line: every flag in --help, bench delegated lazily."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from roseplay.tui.defaults import TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
+from roseplay.cli import build_parser
+from roseplay.tui.launch import make_source_factory
+
+FLAGS = ("--model", "--device", "--dtype", "--block-size", "--num-blocks",
+         "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-num-batched-tokens",
+         "--max-num-seqs", "--scenario", "--concurrency", "--rate", "--record", "--replay",
+         "--paused")
+
+
+def test_help_lists_every_flag_and_the_bench_command():
+    out = subprocess.run([sys.executable, "-m", "roseplay", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0
+    for flag in FLAGS:
+        assert flag in out.stdout, flag
+    assert "roseplay bench" in out.stdout and "Token budget of one forward" in out.stdout
+
+
+def test_bench_subcommand_is_wired():
+    out = subprocess.run([sys.executable, "-m", "roseplay", "bench", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--num-prompts" in out.stdout
+
+
+def test_defaults_and_engine_kwargs():
+    args = build_parser().parse_args([])
+    # the mixed workload, more in flight than running: a queue for the policy knob
+    assert args.scenario == "mixed" and args.concurrency == 32 and args.rate is None
+    assert TUI_MAX_NUM_SEQS < args.concurrency
+    args = build_parser().parse_args(["--model", "dummy:tiny", "--no-enable-prefix-caching",
+                                      "--max-num-batched-tokens", "64"])
+    factory, message = make_source_factory(args)
+    assert "dummy:tiny" in message and callable(factory)
+    from roseplay.cli_flags import engine_kwargs
+    kw = engine_kwargs(args)
+    assert kw["enable_prefix_caching"] is False and kw["max_num_batched_tokens"] == 64
+    assert TUI_NUM_BLOCKS >= 64
+
+
+BAD_FLAGS = [
+    (["--temperature", "-3"], "--temperature: must be >= 0"),
+    (["--output-len", "-5"], "--output-len: must be >= 1"),
+    (["--input-len", "0"], "--input-len: must be >= 1"),
+    (["--rate", "-1"], "--rate: must be > 0"),
+    (["--rate", "0"], "--rate: must be > 0"),
+    (["--rate", "nan"], "--rate: must be > 0"),
+    (["--concurrency", "0"], "--concurrency: must be >= 1"),
+    (["--concurrency", "two"], "--concurrency: expected int"),
+    (["--replay-speed", "0"], "--replay-speed: must be > 0"),
+    (["--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
+    (["--scenario", "nope"], "--scenario: invalid choice"),
+    (["--model", "nosuch"], "unknown model 'nosuch'"),
+    (["--model", "dummy:nope"], "unknown dummy preset 'nope'"),
+    (["--record", "/nonexistent-dir/s.jsonl.gz"], "folder /nonexistent-dir does not exist"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_each_bad_flag_exits_non_zero_with_one_line(argv, message, capsys, monkeypatch):
+    import roseplay.cli as cli
+    monkeypatch.setattr(cli, "run_tui", lambda args: pytest.fail("the app started"))
+    try:
+        rc = cli.main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("roseplay: error:") and message in err
+
+
+def test_model_directory_without_config_fails_before_loading(tmp_path, capsys):
+    from roseplay.cli import main
+    assert main(["--model", str(tmp_path)]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+def test_bench_with_an_unknown_model_prints_one_line():
+    out = subprocess.run([sys.executable, "-m", "roseplay", "bench", "--model", "dummy:nope",
+                          "--num-prompts", "1"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "unknown dummy preset" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_start_live_refuses_a_workload_it_would_not_serve():
+    from engine.config import InvalidRequestError
+    from roseplay.workload.source import start_live
+    for bad in (dict(temperature=-3), dict(output_len=-5), dict(rate=0), dict(rate=-1.0),
+                dict(concurrency=0), dict(scenario="nope")):
+        with pytest.raises(InvalidRequestError):
+            start_live({"model": "this is never loaded"}, **bad)
+
+
+def test_a_model_that_fails_to_load_closes_the_app_with_one_line(monkeypatch, capsys):
+    import asyncio
+
+    import roseplay.cli as cli
+    from engine.config import InvalidRequestError
+    from roseplay.tui import launch
+    from roseplay.tui.app import RoseplayApp
+
+    def factory():
+        raise InvalidRequestError("cannot fetch model 'org/x' from the hub: offline\nmore")
+
+    def run_headless(app: RoseplayApp) -> None:
+        async def go():
+            async with app.run_test(size=(80, 24)) as pilot:
+                for _ in range(100):
+                    if app.return_code is not None:
+                        break
+                    await pilot.pause(0.05)
+            assert app.return_code == 1         # the app closed itself
+        asyncio.run(go())
+
+    monkeypatch.setattr(launch, "make_source_factory", lambda args: (factory, "loading"))
+    monkeypatch.setattr(RoseplayApp, "run", run_headless)
+    assert cli.main(["--model", "org/x"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("roseplay: error: could not start: InvalidRequestError: cannot fetch model "
+                   "'org/x' from the hub: offline\n")

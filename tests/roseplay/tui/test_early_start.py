@@ -1,0 +1,53 @@
+"""roseplay/tui/early_start.py: the TUI's source starts before the app exists, the app's
+factory gets it (or its error), a source the app never took is closed, and the module
+imports no Textual (it runs before the app is imported)."""
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from roseplay.tui.early_start import EarlyStart
+
+
+class FakeSource:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_factory_runs_at_once_and_the_app_gets_its_source():
+    started, source = threading.Event(), FakeSource()
+
+    def factory():
+        started.set()
+        return source
+    early = EarlyStart(factory)
+    assert started.wait(5)                     # before anyone asked for it
+    assert early() is source and early.taken
+    early.release()
+    assert not source.closed                   # the app owns it: the app closes it
+
+
+def test_an_error_reaches_the_app_and_an_untaken_source_is_closed():
+    def broken():
+        raise ValueError("no such model")
+    early = EarlyStart(broken)
+    with pytest.raises(ValueError, match="no such model"):
+        early()
+    early.release()
+    source = FakeSource()
+    untaken = EarlyStart(lambda: source)
+    untaken._ready.wait(5)
+    untaken.release()                          # the app quit before loading it
+    assert source.closed
+
+
+def test_the_module_imports_no_textual_and_no_torch():
+    code = ("import sys, roseplay.tui.early_start, roseplay.cli; "
+            "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]

@@ -1,0 +1,81 @@
+"""The host KV tier on screen: a second, smaller map under the KV map with its blocks
+(cached, swapped with their refcount) and what the last step copied each way; absent
+without a host tier (the screen is the same as before)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from roseplay.tui.app import RoseplayApp
+from roseplay.tui.widgets.kv_host import HostTierView, host_line
+from roseplay.tui.widgets.kv_map import CACHED, USED
+from tests.roseplay.tui.helpers import SIZE, StaticSource, session_snapshot, sync, widget_text
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def with_host_tier(snap):
+    state = np.array([2, 2, 1, 0, 0, 2] * 10, np.int8)         # 30 cached, 10 swapped
+    refcount = (state == 1).astype(np.uint8)
+    step = dataclasses.replace(snap.last_step, blocks_to_host=4, blocks_from_host=2,
+                               bytes_to_host=4_000_000, bytes_from_host=2_000_000)
+    return dataclasses.replace(snap, host_block_state=state, host_block_refcount=refcount,
+                               kv_bytes_per_block=1_000_000, last_step=step)
+
+
+@sync
+async def test_the_host_tier_map_shows_under_the_kv_map_only_with_a_tier():
+    base = session_snapshot(12)
+    source = StaticSource(with_host_tier(base))
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(2):          # shown, laid out, then drawn at its width
+            app.refresh_panels()
+            await pilot.pause()
+        view = app.query_one(HostTierView)
+        assert view.display
+        assert "host 60: 30 cached, 10 swapped · → 4 ← 2" in widget_text(view.line)
+        assert host_line(source.snap, 200).plain == \
+            "host tier 60 blocks: 30 cached, 10 swapped · last step → 4 ← 2 blocks (6.0 MB)"
+        cats = view.map._cat
+        assert (cats == CACHED).sum() == 30 and (cats == USED).sum() == 10
+        from roseplay.tui.widgets.step import StepPanel
+        step = widget_text(app.query_one(StepPanel))
+        assert ("→host 4" in step or "→h 4" in step) and ("←host 2" in step or "←h 2" in step)
+        source.snap = base               # no host tier: the view goes
+        app.refresh_panels()
+        await pilot.pause()
+        assert not view.display
+
+
+@sync
+async def test_the_event_log_names_swaps_and_reloads_and_leaves_offloads_to_the_host_line():
+    from engine.codes import EV_OFFLOAD, EV_RELOAD, EV_SWAP_FALLBACK, EV_SWAP_OUT
+    from engine.snapshot import EngineEvent
+    from roseplay.tui.widgets.events import EventLog
+    from roseplay.tui.widgets.kv_map import HIT, PREEMPTED, KVMap
+    base = with_host_tier(session_snapshot(12))
+    t, s = base.time, base.step - 1
+    events = (EngineEvent(s, t, EV_OFFLOAD, None, (50, 51), "2 evicted blocks copied"),
+              EngineEvent(s, t, EV_SWAP_OUT, "w0-31", (7, 8), "2 blocks copied to the host"),
+              EngineEvent(s, t, EV_SWAP_FALLBACK, "w0-30", (9,), "swap: recompute instead"),
+              EngineEvent(s, t, EV_RELOAD, "w0-28", (40, 41), "32 prompt tokens from the host"))
+    app = RoseplayApp(source=StaticSource(dataclasses.replace(base, events=events)))
+    async with app.run_test(size=SIZE) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        log = widget_text(app.query_one(EventLog))
+        assert "H reload" in log and "P swap out" in log and "no swap" in log
+        assert "offload" not in log
+        fl = app.query_one("#kv-map", KVMap)._fl
+        assert fl[40] == fl[41] == HIT and fl[7] == fl[8] == PREEMPTED
+
+
+def test_the_hit_cell_marks_hits_from_the_host_tier():
+    from types import SimpleNamespace as R
+    from roseplay.tui.widgets.kv_host import hit_cell
+    assert hit_cell(R(cached_tokens=0, host_cached_tokens=0))[0] == "-"
+    assert hit_cell(R(cached_tokens=48, host_cached_tokens=0))[0] == "48"
+    assert hit_cell(R(cached_tokens=48, host_cached_tokens=32))[0] == "48h"

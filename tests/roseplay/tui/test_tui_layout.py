@@ -1,0 +1,147 @@
+"""The app at common terminal sizes, the help screen, and numbers that do not mislead
+(issue 18), on a paused replay of the committed session."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from roseplay.tui.app import RoseplayApp
+from roseplay.tui.layout import plan
+from roseplay.workload.source import ReplaySource
+from roseplay.tui.widgets.kv_panel import KVLegend
+from roseplay.tui.widgets.knobs import KnobsPanel
+from roseplay.tui.widgets.step import StepPanel
+from roseplay.tui.widgets.timing import Plot, TimingStats
+from tests.roseplay.tui.helpers import SESSION, StaticSource, screen_text, session_snapshot, sync, widget_text
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _at(pilot, app, frame: int = 12) -> str:
+    """The screen at `frame`, once the footer has drawn its keys: on a slow host the
+    Footer recomposes its bindings a few frames after the panels (CI saw a blank row)."""
+    app.source.seek(frame)
+    app.refresh_panels()
+    await pilot.pause()
+    text = screen_text(app)
+    for _ in range(40):
+        if text.splitlines()[-1].strip():
+            break
+        await pilot.pause(0.05)
+        text = screen_text(app)
+    return text
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)])
+@sync
+async def test_footer_has_help_and_quit_and_no_panel_is_cut(size):
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=size) as pilot:
+        rows = (await _at(pilot, app)).splitlines()
+        assert len(rows) == size[1]
+        assert "? Help" in rows[-1] and "q Quit" in rows[-1]
+        legend = widget_text(app.query_one(KVLegend))
+        assert ("COW" in legend or " C " in legend) and ("preempted" in legend or "pre " in legend)
+        assert all(not line.rstrip("│ ").endswith("…") for line in legend.splitlines()[2:])
+        knobs = widget_text(app.query_one(KnobsPanel))
+        # a value never runs into its name
+        assert re.search(r"64 tok(/step)? +(max_num_batched_tokens|budget)\b", knobs)
+        assert "…" not in knobs, knobs       # no name cut (issue 22: "prefix ca…" at 80x24)
+        for plot in app.query(Plot):
+            if plot.display and app.layout_plan.timing != "stats":
+                assert plot.points() >= 40, (size, plot.points())     # 20 s of history at least
+
+
+@sync
+async def test_small_terminal_says_what_it_hid():
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=(80, 24)) as pilot:
+        text = await _at(pilot, app)
+        assert "hidden at 80×24: This step, Steps, Events, timing plots · z zooms a panel" \
+            in text
+        assert "Selected request" in text      # the answer to a prompt stays readable
+        assert "no room for" in text and "z zooms" in text     # the list's missing columns
+
+
+def test_the_plan_keeps_every_panel_at_120x40_and_200x60():
+    for size in ((120, 40), (200, 60)):
+        p = plan(*size)
+        assert set(p.heights) == {"kv", "step", "strip", "knobs", "requests", "detail",
+                                  "events", "timing"} and p.note == ""
+        assert p.timing in ("side", "stacked")
+    assert plan(200, 60).timing == "side"
+
+
+@sync
+async def test_help_scrolls_from_the_keyboard_and_lists_keys_of_the_mode():
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("question_mark")
+        scroll = app.screen.query_one("#help-scroll")
+        assert app.focused is scroll
+        await pilot.press("down", "down", "j", "pagedown")
+        assert scroll.scroll_y > 10
+        text = app.screen.query_one("Markdown").source
+        assert "left_square_bracket" not in text and "seek back 5 s" in text
+        assert "prefix cache on / off" not in text        # live keys are not a replay's
+        assert "↑ ↓  k j" in text and "Esc" in text
+        await pilot.press("escape")
+        assert type(app.screen).__name__ != "HelpScreen"
+
+
+@sync
+async def test_live_help_has_no_replay_keys():
+    from roseplay.tui.widgets.help import keys_markdown
+    live = keys_markdown("live")
+    assert "seek back" not in live and "previous frame" not in live
+    assert "| `[` | max_num_seqs down |" in live and "| `+` |" in live
+
+
+@sync
+async def test_numbers_do_not_mislead():
+    snap = session_snapshot(12)
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "gaps" not in text                           # no buffer cap read as a count
+        assert text.count("TTFT p50") <= 1
+        top = re.search(r"step (\d+)", widget_text(app.query("StatusBar").first())).group(1)
+        this = re.search(r"step (\d+)", widget_text(app.query_one(StepPanel))).group(1)
+        assert top == this == str(snap.step)                # the same step, counted from 1
+        assert "p50" in widget_text(app.query_one(TimingStats))
+
+
+@sync
+async def test_empty_plots_say_no_data_not_max_zero():
+    snap = session_snapshot(0)
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        plots = "\n".join(widget_text(p) for p in app.query(Plot))
+        assert "0.0ms" not in plots and "TTFT -" in plots     # a dash, not a value of 0
+
+
+def test_an_outlier_does_not_flatten_the_plot():
+    from roseplay.tui.widgets.timing import scale_top
+    values = [0.010] * 50 + [50.3]             # one 50 s TPOT among 10 ms ones
+    assert scale_top(values) == pytest.approx(0.020)
+    assert scale_top([0.010, 0.012, 0.011]) == 0.012
+
+
+@sync
+async def test_resizing_the_terminal_lays_out_again():
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _at(pilot, app)
+        assert app.layout_plan.note == "" and app.query_one("#events").display
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.3)
+        assert app.layout_plan.note.startswith("hidden at 80×24")
+        assert not app.query_one("#events").display
+        await pilot.resize_terminal(200, 60)
+        await pilot.pause(0.3)
+        assert app.layout_plan.timing == "side" and app.query_one("#events").display

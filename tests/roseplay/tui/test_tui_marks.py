@@ -1,0 +1,87 @@
+"""Each request's priority in the request list (from the engine's snapshot, across the
+engine process), and a replay that marks its plots where the recorded session changed
+a knob or picked a guide, as the live app did."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from roseplay.tui.app import RoseplayApp
+from roseplay.workload.source import ReplaySource
+from roseplay.tui.widgets.requests import RequestList
+from roseplay.tui.widgets.timing import TimeAxis
+from tests.roseplay.tui.helpers import fast_idle, live_source, sync, wait_for, widget_text
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _labels(app) -> list[str]:
+    return [m for m in app.timing.history.marks if m]
+
+
+@sync
+async def test_the_request_list_shows_each_requests_priority(monkeypatch):
+    fast_idle(monkeypatch)
+    # the engine in its own process: the priority crosses it in the snapshot
+    src = live_source(scenario="mixed", concurrency=8, in_process=False)
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            lst = app.query_one(RequestList)
+            rid = src.submit("a typed prompt that jumps the queue", priority=-2)
+            assert await wait_for(pilot, lambda: {0, 1, -2} <= {
+                r.priority for r in src.snapshot().requests}, 20)
+            await pilot.press("f")                       # only the active ones: rows on screen
+            assert await wait_for(pilot, lambda: {0, 1} <= {r.priority for r in lst.rows}, 30)
+            text = widget_text(lst)
+            header = text.splitlines()[1]
+            assert re.search(r"state +pri ", header), header
+            rows = {r.request_id: r.priority for r in lst.rows}
+            assert rows.get(rid, -2) == -2
+            shown = {m.group(1): int(m.group(2)) for m in re.finditer(
+                r"│\s+(\S+)\s+\w+\s+(-?\d+) ", text)}
+            assert shown and all(rows[r] == p for r, p in shown.items() if r in rows), text
+            await pilot.press("O")                       # sort: back from arrival to priority
+            assert await wait_for(pilot, lambda: lst.sort == "priority" and len(lst.rows) > 2, 30)
+            assert [r.priority for r in lst.rows] == sorted(r.priority for r in lst.rows)
+    finally:
+        src.close()
+
+
+@sync
+async def test_a_replay_marks_the_recorded_knob_changes_like_the_live_app(monkeypatch, tmp_path):
+    fast_idle(monkeypatch)
+    path = str(tmp_path / "s.jsonl.gz")
+    src = live_source(record=path)
+    app = RoseplayApp(source=src)
+    async with app.run_test(size=(160, 48)) as pilot:
+        t0 = src.snapshot().time
+        assert await wait_for(pilot, lambda: src.snapshot().time > t0 + 1.0, 60)
+        await pilot.press("minus")                       # budget 512 -> 256
+        t1 = src.snapshot().time
+        assert await wait_for(pilot, lambda: src.snapshot().time > t1 + 1.0, 60)
+        await pilot.press("question_mark")
+        assert await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", 30)
+        await pilot.press("4")                           # a guide: many knobs, one mark
+        t2 = src.snapshot().time
+        assert await wait_for(pilot, lambda: src.snapshot().time > t2 + 2.0, 60)
+        live = _labels(app)
+        await pilot.press("q")
+    assert live == ["budget 256", "guide 4"]
+
+    replay = RoseplayApp(source=ReplaySource(path, speed=2.0, start_paused=True))
+    async with replay.run_test(size=(160, 48)) as pilot:
+        src = replay.source
+        await pilot.press("space")                       # play from the first frame
+        played = src.recording.entries[-1].t / 2.0 + 30      # x2, and a loaded box's lag
+        assert await wait_for(pilot, lambda: src.index + 1 == len(src.recording), played)
+        await pilot.pause(0.3)
+        replay.refresh_panels()
+        assert _labels(replay) == live                  # played: the same marks
+        await pilot.press("g", "G")                      # a seek rebuilds the plots
+        assert _labels(replay) == live
+        axis = widget_text(replay.query_one(TimeAxis))
+        # the newest label whole; the budget's ▲ too unless that label, moved left to fit
+        # the axis's end, lies over it (a loaded box leaves the two marks close)
+        assert "▲guide 4" in axis and axis.count("▲") in (1, 2), axis

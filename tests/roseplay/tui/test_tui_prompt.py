@@ -1,0 +1,58 @@
+"""The prompt box at common terminal sizes: what you type shows, errors show (issue 18)."""
+from __future__ import annotations
+
+import pytest
+
+from roseplay.tui.app import RoseplayApp
+from tests.roseplay.tui.helpers import live_source, screen_text, sync, wait_for
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+@sync
+async def test_typed_text_and_errors_are_visible(size):
+    src = live_source()
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=size) as pilot:
+            await pilot.press("i")
+            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+            await pilot.press(*"hello roseplay")
+            assert await wait_for(pilot, lambda: "hello roseplay" in screen_text(app), 30), \
+                screen_text(app)
+            app.query_one("#prompt-input").value = "y" * 3000     # > 96 blocks x 16 tokens
+            await pilot.press("enter")
+            assert await wait_for(pilot, lambda: "✗ prompt has 3000 tokens"
+                                  in screen_text(app), 5), screen_text(app)
+            rows = screen_text(app).splitlines()
+            assert len(rows) == size[1]
+            assert "esc Close prompt" in rows[-1]      # the footer is still there, below the box
+    finally:
+        src.close()
+
+
+@sync
+async def test_the_prompt_box_sends_the_priority_typed():
+    src = live_source()
+    sent = []
+    submit = src.loop.submit
+
+    def spy(*args, **kwargs):
+        sent.append((kwargs.get("request_id"), kwargs.get("priority")))
+        return submit(*args, **kwargs)
+    src.loop.submit = spy
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("i")
+            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+            box = app.query_one("#prompt-priority")         # on screen, beside the prompt
+            assert box.region.right <= 120 and "priority 0" in screen_text(app)
+            await pilot.press(*"to the front", "tab", "minus", "5", "enter")
+            assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 30)
+            assert ("you-1", -5) in sent
+            await pilot.press("shift+tab", *"default", "enter")
+            assert await wait_for(pilot, lambda: ("you-2", -5) in sent, 30)   # the box keeps it
+    finally:
+        src.close()
