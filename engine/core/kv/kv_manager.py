@@ -81,7 +81,7 @@ class KVManager:
                 if h is None:
                     break
                 block = -1 - h
-            parent = self.pool.hash_fn(key)
+            parent = self.pool.block_hash[block] if block >= 0 else host.pool.block_hash[h]
             hits.append((block, parent, key))
         return hits
 
@@ -160,13 +160,16 @@ class KVManager:
             return
         parent = req.block_hashes[-1] if req.block_hashes else ROOT_HASH
         pool = self.pool
-        hash_fn, events = pool.hash_fn, pool.kv_events
+        hash_fn, events, hashes, table = pool.hash_fn, pool.kv_events, pool.block_hash, \
+            req.block_table
         for i in range(len(req.block_hashes), n_full):
             key = self._block_key(req, i, parent)
             block_hash = hash_fn(key)
             req.block_hashes.append(block_hash)
-            if enabled and pool.index.insert(key, req.block_table[i]) and events is not None:
-                events.stored(block_hash, parent if i else None, key)
+            if enabled and pool.index.insert(key, table[i]):
+                hashes[table[i]] = block_hash
+                if events is not None:
+                    events.stored(block_hash, parent if i else None, key, pool.medium)
             parent = block_hash
 
     def truncate(self, req: Request) -> list[int]:
