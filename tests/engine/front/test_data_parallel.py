@@ -86,6 +86,7 @@ def test_the_server_pins_routes_switches_and_labels_replicas(llm):
         state = httpx.post(srv.url + "/routing", json={"policy": "least_load"}).json()
         assert state["policy"] == "least_load" == llm.dp.router.policy
         assert [r["alive"] for r in state["replicas"]] == [True, True]
+        assert [r["host_cached_blocks"] for r in state["replicas"]] == [0, 0]   # no host tier
         assert httpx.post(srv.url + "/routing", json={"policy": "x"}).status_code == 400
         served = {}
         for fam in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text):
