@@ -37,7 +37,10 @@ class KVEventPublisher:
         self.endpoint, self.replay_endpoint = endpoint, replay_endpoint
         self._topic = config.topic.encode()
         self._block_size, self._rank = block_size, data_parallel_rank
-        self._queue: queue.Queue = queue.Queue(maxsize=config.max_queue_size)
+        # a SimpleQueue (C: a put is a tenth of queue.Queue's, and it runs once a step on
+        # the engine thread); its bound is kept here
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._max_queue = config.max_queue_size
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._encoder = msgspec.msgpack.Encoder()
         self.dropped = 0               # batches the full queue refused
@@ -72,35 +75,39 @@ class KVEventPublisher:
     # -- the engine thread -----------------------------------------------------------
     def publish(self, seq: int, ts: float, events: list) -> None:
         """Queue one step's raw events (KVEventRecorder's sink); never waits."""
-        try:
-            self._queue.put_nowait((seq, ts, events))
-        except queue.Full:
+        if self._queue.qsize() < self._max_queue:
+            self._queue.put((seq, ts, events))
+        else:
             self.dropped += 1
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued, then stop; idempotent."""
         if self._thread.is_alive():
-            try:
-                self._queue.put(None, timeout=timeout)
-            except queue.Full:
-                pass
+            self._queue.put(None)
             self._thread.join(timeout)
         if not self._thread.is_alive():
             self._ctx.destroy(linger=0)
 
     # -- the publisher thread --------------------------------------------------------
     def _run(self) -> None:
+        """Send every queued batch, then answer the waiting replay requests: a replay
+        holds every batch queued before its request arrived (what a late subscriber,
+        told the engine's latest sequence number, waits for)."""
         wait = REPLAY_POLL_S if self._replay is not None else None
         while True:
             try:
                 item = self._queue.get(timeout=wait)
             except queue.Empty:
                 item = _IDLE
-            if item is None:
-                return
             try:
-                if item is not _IDLE:
+                while item is not _IDLE:
+                    if item is None:
+                        return
                     self._send(*item)
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        item = _IDLE
                 if self._replay is not None:
                     self._serve_replays()
             except zmq.ZMQError:

@@ -155,6 +155,35 @@ def test_host_tier_events_rebuild_both_tiers():
         e.close()
 
 
+def test_a_replay_holds_every_batch_queued_before_its_request():
+    """A late subscriber asks for a replay right after the engine published its latest
+    batch: the answer holds every batch queued before the request, even while the
+    publisher is still sending a backlog (it drains its queue before it answers)."""
+    from engine.core.kv.kv_events import CLEARED
+    n = 20_000
+    cfg = KVEventsConfig.parse({**EVENTS, "buffer_steps": n})
+    pub = KVEventPublisher(cfg, EVENTS["endpoint"], EVENTS["replay_endpoint"], KEY, BS)
+    ctx = zmq.Context()
+    try:
+        req = socket(ctx, zmq.DEALER, pub.bound[1])
+        req.send_multipart([b"", seq_bytes(0)])          # the CURVE handshake, done
+        assert req.poll(20_000) and seq_of(req.recv_multipart()[1]) == -1
+        for seq in range(n):                              # a backlog, then the request
+            pub.publish(seq, 0.0, [[CLEARED]])
+        req.send_multipart([b"", seq_bytes(0)])
+        seqs = []
+        while True:
+            assert req.poll(20_000), "no replay answer"
+            seq = seq_of(req.recv_multipart()[1])
+            if seq == -1:
+                break
+            seqs.append(seq)
+        assert seqs == list(range(n))
+    finally:
+        ctx.destroy(linger=0)
+        pub.close()
+
+
 def test_hashes_are_stable_and_documented(engine):
     """The engine's chain is the documented hash, whatever the process (and a router's
     prompt_block_hashes computes the same)."""
