@@ -28,14 +28,20 @@ class KVEventRecorder:
         self.seq = -1              # the last batch's sequence number (-1: none yet)
 
     def stored(self, block_hash: int, parent: int | None, key: bytes, medium: str) -> None:
+        self.stored_chain([block_hash], parent, [key], medium)
+
+    def stored_chain(self, hashes: list[int], parent: int | None, keys: list[bytes],
+                     medium: str) -> None:
+        """Blocks indexed in chain order (each one's parent the one before it); the lists
+        become the event's."""
         pending = self.pending
         if pending:
             last = pending[-1]
             if last[0] is STORED and last[1][-1] == parent and last[4] == medium:
-                last[1].append(block_hash)     # the same chain goes on
-                last[3].append(key)
+                last[1].extend(hashes)         # the same chain goes on
+                last[3].extend(keys)
                 return
-        pending.append([STORED, [block_hash], parent, [key], medium])
+        pending.append([STORED, hashes, parent, keys, medium])
 
     def removed(self, hashes: list[int], medium: str) -> None:
         if hashes:
