@@ -8,6 +8,7 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py --output-len 100000  # pure decode (W1's decode phase)
     python scripts/host_step_profile.py --runner             # + the runner's host work
     python scripts/host_step_profile.py --speculative 3 --oracle-p 1   # verify steps
+    python scripts/host_step_profile.py --kv-events          # + KV events published
 
 --speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
 cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
@@ -15,6 +16,11 @@ cost"): the stub's outputs are all token 7, so the oracle's references are 7s an
 
 --runner keeps the real ModelRunner (StepBuffers.fill, the sampler, HostCopy) and stubs
 only the model's forward: logits of the right shape with token 7 on top.
+
+--kv-events turns kv_events_config on and attaches the engine process's publisher
+(engine/ipc/kv_publisher.py: its thread encodes and sends beside the step, on loopback
+tcp with no subscriber), so the figure is the step's cost of events (docs/ROUTING.md
+"Cost").
 
 Closed loop as observer_cost.py runs it: --concurrency requests in flight, each
 --input-len random prompt tokens -> --output-len tokens, a new one as one finishes.
@@ -78,6 +84,18 @@ def stub_model_forward(engine: LLMEngine) -> None:
     model.forward = forward
 
 
+def attach_publisher(engine: LLMEngine):
+    """The engine process's KV event publisher on a loopback port (engine/ipc/core_proc.py
+    attaches it the same way)."""
+    from engine.ipc.auth import new_key
+    from engine.ipc.kv_publisher import KVEventPublisher
+    cfg = engine.config
+    publisher = KVEventPublisher(cfg.kv_events_config, "tcp://127.0.0.1:*", None, new_key(),
+                                 cfg.block_size)
+    engine.kv_events.sink = publisher.publish
+    return publisher
+
+
 class ClosedLoop:
     def __init__(self, engine: LLMEngine, oracle: OracleProposer | None, concurrency: int,
                  input_len: int, output_len: int, seed: int = 0):
@@ -110,11 +128,15 @@ class ClosedLoop:
 def run(args) -> dict:
     torch.set_num_threads(1)   # the host thread's work only (no intra-op pool spinning)
     oracle = OracleProposer(p=args.oracle_p) if args.speculative else None
+    spec = {}
+    if args.kv_events:
+        spec["kv_events_config"] = {"enable_kv_cache_events": True}
     engine = LLMEngine(make_config(model=args.model, device="cpu", num_blocks=args.num_blocks,
                                    max_num_seqs=args.concurrency,
                                    max_num_batched_tokens=args.max_num_batched_tokens,
-                                   num_speculative_tokens=args.speculative), oracle)
+                                   num_speculative_tokens=args.speculative, **spec), oracle)
     (stub_model_forward if args.runner else stub_forward)(engine)
+    publisher = attach_publisher(engine) if args.kv_events else None
     gc.collect()
     gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
     loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len)
@@ -129,6 +151,8 @@ def run(args) -> dict:
     if prof:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if publisher is not None:
+        publisher.close()
     if engine.stats.last_error:     # a failing (stubbed) forward errors requests quietly
         raise SystemExit(f"the engine failed a step: {engine.core.stats.last_error}")
     if prof:
@@ -145,7 +169,8 @@ def measure_tree(tree: str, args) -> dict:
             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--num-blocks", str(args.num_blocks), "--warmup-steps", str(args.warmup_steps),
             "--steps", str(args.steps), "--speculative", str(args.speculative),
-            "--oracle-p", str(args.oracle_p)] + (["--runner"] if args.runner else [])
+            "--oracle-p", str(args.oracle_p)] + (["--runner"] if args.runner else []) \
+        + (["--kv-events"] if args.kv_events else [])
     env = dict(os.environ, HOST_STEP_TREE=os.path.abspath(tree))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=900)
@@ -189,6 +214,8 @@ def main(argv=None) -> int:
                    help="oracle drafts per request and step (0: no speculation)")
     p.add_argument("--oracle-p", type=float, default=1.0,
                    help="--speculative: the oracle's acceptance (1: all accepted, 0: none)")
+    p.add_argument("--kv-events", action="store_true",
+                   help="KV events on, published by the engine process's publisher")
     p.add_argument("--trees", nargs="+", metavar="DIR",
                    help="checkouts to compare (interleaved runs of this measurement)")
     p.add_argument("--runs", type=int, default=5, help="rounds over --trees")

@@ -149,8 +149,9 @@ class LLMEngine(AsyncSteps, StepFaults):
         return bool(self.requests)
 
     def clear_prefix_cache(self) -> int:
-        """Forget every cached prefix, in both tiers; the blocks cleared."""
-        n = self.pool.clear_cache() + (self.host.clear() if self.host else 0)
+        """Forget every cached prefix, in both tiers; the blocks cleared (the host's
+        first: its KV events remove its blocks, then AllBlocksCleared the device's)."""
+        n = (self.host.clear() if self.host else 0) + self.pool.clear_cache()
         if self.kv_events is not None:
             self.kv_events.flush()
         return n

@@ -18,7 +18,7 @@ import msgspec
 import zmq
 
 from engine.ipc import curve
-from engine.kv_events import (MEDIUM_GPU, BlockRemoved, BlockStored, batch_decoder, seq_bytes,
+from engine.kv_events import (MEDIUM_CPU, BlockRemoved, BlockStored, batch_decoder, seq_bytes,
                               seq_of)
 
 logger = logging.getLogger(__name__)
@@ -29,33 +29,42 @@ LOST_AFTER_S = 5.0
 
 
 class ReplicaCache:
-    """One replica's cached block hashes (the GPU tier)."""
+    """One replica's cached block hashes: its device pool's (medium "GPU") and its host
+    tier's ("CPU")."""
 
     def __init__(self):
-        self.hashes: set[int] = set()
+        self.hashes: set[int] = set()  # the device tier
+        self.host: set[int] = set()    # the host tier (kv_offloading_size)
         self.seq = -1                  # the last batch applied
         self.lost = 0                  # batches neither the stream nor replay gave us
 
     def prefix_blocks(self, chain: list[int]) -> int:
-        """How many of the chain's leading blocks this replica holds."""
-        hashes, n = self.hashes, 0
+        """How many of the chain's leading blocks this replica holds in either tier: the
+        engine's lookup goes on through the host tier where the device's ends, and a
+        block found there is copied back, not prefilled (docs/ROUTING.md "The index")."""
+        hashes, host, n = self.hashes, self.host, 0
         for h in chain:
-            if h not in hashes:
+            if h not in hashes and h not in host:
                 break
             n += 1
         return n
+
+    def clear(self) -> None:
+        self.hashes.clear()
+        self.host.clear()
 
     def apply(self, payload: bytes) -> None:
         batch = batch_decoder.decode(payload)
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                if ev.medium in (MEDIUM_GPU, None):
-                    self.hashes.update(ev.block_hashes)
+                self._tier(ev.medium).update(ev.block_hashes)
             elif isinstance(ev, BlockRemoved):
-                if ev.medium in (MEDIUM_GPU, None):
-                    self.hashes.difference_update(ev.block_hashes)
+                self._tier(ev.medium).difference_update(ev.block_hashes)
             else:
-                self.hashes.clear()
+                self.clear()
+
+    def _tier(self, medium: str | None) -> set[int]:
+        return self.host if medium == MEDIUM_CPU else self.hashes
 
 
 class KVIndexFeed:
@@ -140,7 +149,7 @@ class KVIndexFeed:
             self._apply(cache, seq, payload)
         else:                          # the gap stayed: what the index held is unknown
             cache.lost += seq - cache.seq - 1
-            cache.hashes.clear()
+            cache.clear()
             self._apply(cache, seq, payload)
 
     def _catch_up(self, rank: int, target: int) -> None:
@@ -150,7 +159,7 @@ class KVIndexFeed:
         self._replay(rank, cache.seq + 1, target + 1)
         if cache.seq < target and time.monotonic() - self._wanted_at[rank] > LOST_AFTER_S:
             cache.lost += target - cache.seq
-            cache.hashes.clear()
+            cache.clear()
             with self._applied:
                 cache.seq = target
                 self._applied.notify_all()

@@ -28,6 +28,7 @@ from roseplay.bench import report
 from roseplay.bench.clients import ClientLoad, ClientPool, Job, run_load
 from roseplay.bench.common import arrivals, progress, workload_items
 from roseplay.bench.sse import Outcome
+from roseplay.bench import http_replicas as replicas
 from roseplay.cli_flags import goodput_slos
 from roseplay.workload.driver import arrival_offsets
 from roseplay.workload.items import WorkItem
@@ -173,10 +174,12 @@ def run(args, console: Console) -> int:
             load(warm_job, "warm-up")
         for i in range(args.repeat):      # measured runs on the same server, one by one
             reset_prefix_cache(args.base_url, headers)
-            before = scrape_counters(args.base_url, headers)
+            before = scrape_counters(args.base_url, headers), replicas.scrape(args.base_url,
+                                                                              headers)
             outcomes, client = load(job, f"{args.endpoint} @ {args.base_url}" + (
                 f" run {i + 1}/{args.repeat}" if args.repeat > 1 else ""))
-            runs.append((outcomes, client, before, scrape_counters(args.base_url, headers)))
+            runs.append((outcomes, client, before, (scrape_counters(args.base_url, headers),
+                                                    replicas.scrape(args.base_url, headers))))
     reported = [_report(console, args, *run, model) for run in runs]
     results = [result for result, _ in reported]
     if args.json:     # every run; the last one's requests and server deltas in full
@@ -204,7 +207,9 @@ def client_line(loads: list[ClientLoad]) -> str:
 
 def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad, before, after,
             model) -> tuple[report.RunResult, dict]:
-    """Print one run's report; return it and its JSON payload."""
+    """Print one run's report; return it and its JSON payload. before/after: the server's
+    counters and its per-replica figures (roseplay/bench/http_replicas.py)."""
+    (before, replicas0), (after, replicas1) = before, after
     records = [o.record for o in outcomes if o.record is not None]
     failed = [o for o in outcomes if o.error is not None]
     for o in failed[:3]:
@@ -227,8 +232,12 @@ def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad,
                       f"{server.get('vllm:num_preemptions_total', 0):.0f}", highlight=False)
     if (line := offload_line(server)) is not None:
         console.print(line, highlight=False)
+    per_replica = replicas.replica_figures(replicas0, replicas1, result.duration)
+    if per_replica:          # a data-parallel server: each replica's share
+        from roseplay.bench.replicas import print_replicas
+        print_replicas(console, per_replica, 50)     # print_summary's width
     payload = {"bench": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
                "mode": "http", "summary": summary, "requests": records,
                "server_metrics_delta": server, "server_means_ms": own,
-               "client": client.as_dict()}
+               "client": client.as_dict(), "data_parallel": per_replica}
     return result, payload

@@ -39,6 +39,7 @@ def routing_state(dp) -> dict:
         "replicas": [{"engine": r, "alive": load.alive, "waiting": load.waiting,
                       "running": load.running, "active_blocks": load.active_blocks,
                       "cached_blocks": len(dp.kv_index.caches[r].hashes),
+                      "host_cached_blocks": len(dp.kv_index.caches[r].host),
                       "routed": router.routed[r]} for r, load in enumerate(loads)],
         "recent": [{**{k: v for k, v in dataclasses.asdict(d).items() if k != "loads"},
                     "costs": [c if c != float("inf") else None for c in d.costs]}

@@ -297,12 +297,13 @@ def start_compare(engine_kwargs: dict, knob: str, values: list, *, scenario: str
 
 def _start_engines(configs: list[dict], in_process: bool, make_engine) -> list:
     """Both engines. Engine processes load at once: both are spawned first (EngineLaunch),
-    then each client takes its process over; in-process engines start one after the
-    other. If one fails, everything started is stopped."""
-    if in_process:
-        first = make_engine(configs[0], None, True)
+    then each client takes its process over; in-process engines, and data-parallel fronts
+    (each starts its replicas at once), start one after the other. If one fails,
+    everything started is stopped."""
+    if in_process or any(cfg.get("data_parallel_size", 1) > 1 for cfg in configs):
+        first = make_engine(configs[0], None, in_process)
         try:
-            return [first, make_engine(configs[1], None, True)]
+            return [first, make_engine(configs[1], None, in_process)]
         except BaseException:
             first.close()
             raise

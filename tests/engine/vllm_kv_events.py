@@ -59,13 +59,19 @@ def documented_hash(parent: int | None, tokens: list[int]) -> int:
 
 
 class CacheMirror:
-    """An engine's prefix cache rebuilt from its events: hash -> (parent, tokens)."""
+    """An engine's prefix caches rebuilt from its events, one map per medium ("GPU": the
+    device pool, "CPU": a host tier): hash -> (parent, tokens)."""
 
     def __init__(self):
-        self.blocks: dict[BlockHash, tuple[BlockHash | None, tuple[int, ...]]] = {}
+        self.tiers: dict[str | None, dict[BlockHash, tuple[BlockHash | None, tuple[int, ...]]]] = {}
         self.next_seq = 0
         self.ranks: set = set()
         self.media: set = set()
+
+    @property
+    def blocks(self) -> dict:
+        """The device tier's blocks."""
+        return self.tiers.setdefault("GPU", {})
 
     def apply(self, seq: int, payload: bytes) -> None:
         assert seq == self.next_seq, f"sequence {seq} after {self.next_seq - 1}"
@@ -75,16 +81,19 @@ class CacheMirror:
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 self.media.add(ev.medium)
+                tier = self.tiers.setdefault(ev.medium, {})
                 assert len(ev.token_ids) == len(ev.block_hashes) * ev.block_size
                 parent = ev.parent_block_hash
                 for i, h in enumerate(ev.block_hashes):
                     tokens = tuple(ev.token_ids[i * ev.block_size:(i + 1) * ev.block_size])
                     assert h == documented_hash(parent, list(tokens))
-                    self.blocks[h] = (parent, tokens)
+                    tier[h] = (parent, tokens)
                     parent = h
             elif isinstance(ev, BlockRemoved):
                 self.media.add(ev.medium)
+                tier = self.tiers.setdefault(ev.medium, {})
                 for h in ev.block_hashes:
-                    del self.blocks[h]       # a removed block was stored before
+                    del tier[h]              # a removed block was stored before
             else:
-                self.blocks.clear()
+                for tier in self.tiers.values():
+                    tier.clear()

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from engine.block_hash import ROOT_HASH, key_parent
+from engine.kv_events import MEDIUM_GPU
 from engine.codes import BLOCK_CACHED, BLOCK_USED
 from engine.core.kv.block_metrics import BlockLifetimes
 from engine.core.kv.kv_events import KVEventRecorder
@@ -45,7 +46,11 @@ class BlockPool:
         self.clock = time.perf_counter    # the engine sets its serving clock
         self.lifetimes = BlockLifetimes(num_blocks)
         self.hash_fn: Callable[[bytes], int] = hash   # a full block's key -> its hash
+        # each indexed block's hash, kept when it is indexed: an eviction's event and a
+        # prefix lookup read it instead of hashing the key again
+        self.block_hash: list[int] = [0] * num_blocks
         self.kv_events: KVEventRecorder | None = None  # set with kv_events_config on
+        self.medium = MEDIUM_GPU     # the tier its events name (the host tier's: "CPU")
         self.offload = None     # (evicted blocks, their keys) -> None: the host tier's store
 
     # -- the eviction policy ---------------------------------------------------
@@ -141,7 +146,8 @@ class BlockPool:
         now = self.clock()
         if evicted:
             if self.kv_events is not None:
-                self.kv_events.removed([self.hash_fn(key) for key in keys])
+                bh = self.block_hash
+                self.kv_events.removed([bh[b] for b in evicted], self.medium)
             if self.offload is not None:
                 self.offload(evicted, keys)
             self.counters.evictions += len(evicted)
@@ -151,13 +157,16 @@ class BlockPool:
         return out
 
     def index_block(self, key: bytes, block: int) -> None:
-        """A block whose KV arrived from elsewhere (a host tier reload) enters the prefix
-        index under its key, with a stored event when KV events are on (the key holds its
-        parent's hash); a key already indexed leaves the block out, as registration does."""
-        if self.index.insert(key, block) and self.kv_events is not None:
-            parent = key_parent(key)
-            self.kv_events.stored(self.hash_fn(key), None if parent == ROOT_HASH else parent,
-                                  key)
+        """A block whose KV arrived from elsewhere (a host tier reload, a host tier's
+        offload) enters the prefix index under its key, with a stored event when KV
+        events are on (the key holds its parent's hash); a key already indexed leaves the
+        block out, as registration does."""
+        if self.index.insert(key, block):
+            h = self.block_hash[block] = self.hash_fn(key)
+            if self.kv_events is not None:
+                parent = key_parent(key)
+                self.kv_events.stored(h, None if parent == ROOT_HASH else parent, key,
+                                      self.medium)
 
     def incref(self, block: int) -> None:
         if self.refcounts[block] == 0:
@@ -191,7 +200,8 @@ class BlockPool:
     def clear_cache(self) -> int:
         """Forget every cached prefix; cached-unreferenced blocks become free."""
         n = len(self._cached)
-        for block in self.index.blocks():
+        indexed = self.index.blocks()
+        for block in indexed:
             self.index.remove(block)
         self._free.extend(self._cached)
         self._cached.clear()
@@ -199,7 +209,11 @@ class BlockPool:
         if self._lfu is not None:
             self._lfu = []
         if self.kv_events is not None:
-            self.kv_events.cleared()
+            if self.medium == MEDIUM_GPU:
+                self.kv_events.cleared()
+            else:    # a host tier alone: AllBlocksCleared would clear the device's too
+                bh = self.block_hash
+                self.kv_events.removed([bh[b] for b in indexed], self.medium)
         return n
 
     # -- checks --------------------------------------------------------------

@@ -29,6 +29,7 @@ import numpy as np
 
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
+from engine.kv_events import MEDIUM_CPU
 from engine.kv_metrics import Histogram
 from engine.worker.kv_transfer import KVTransfer
 
@@ -89,6 +90,10 @@ class HostTier:
         self.device = device
         self.pool = BlockPool(num_blocks, device.block_size)   # its own pool counters
         self.pool.clock = device.clock
+        # the device's hash and KV event recorder: its blocks are stored and removed
+        # under medium "CPU" (vLLM's offloading connector's)
+        self.pool.hash_fn, self.pool.kv_events = device.hash_fn, device.kv_events
+        self.pool.medium = MEDIUM_CPU
         self.num_blocks = num_blocks
         self.bytes_per_block = bytes_per_block     # every rank's shard together
         self.counters = counters
@@ -215,7 +220,7 @@ class HostTier:
             if key is None:
                 continue                    # a swap-out's block: its record holds it
             if sent:
-                pool.index.insert(key, h)
+                pool.index_block(key, h)
                 step.offloaded.append(d)
             pool.decref(h)                  # cached (indexed) or free
         swap_outs, self._swap_outs = self._swap_outs, []

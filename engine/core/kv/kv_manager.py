@@ -81,7 +81,7 @@ class KVManager:
                 if h is None:
                     break
                 block = -1 - h
-            parent = self.pool.hash_fn(key)
+            parent = self.pool.block_hash[block] if block >= 0 else host.pool.block_hash[h]
             hits.append((block, parent, key))
         return hits
 
@@ -154,20 +154,39 @@ class KVManager:
         return self.reserve(req, 1, copies)
 
     def register_full_blocks(self, req: Request, enabled: bool) -> None:
-        """Hash blocks that became full and computed; index them when caching is on."""
+        """Hash blocks that became full and computed; index them when caching is on (with
+        KV events on, the ones indexed now are recorded once, as chains)."""
         n_full = req.num_computed_tokens // self.block_size
-        if n_full <= len(req.block_hashes):
+        start = len(req.block_hashes)
+        if n_full <= start:
             return
-        parent = req.block_hashes[-1] if req.block_hashes else ROOT_HASH
+        parent = req.block_hashes[-1] if start else ROOT_HASH
         pool = self.pool
-        hash_fn, events = pool.hash_fn, pool.kv_events
-        for i in range(len(req.block_hashes), n_full):
+        hash_fn, hashes, table, chain = pool.hash_fn, pool.block_hash, req.block_table, \
+            req.block_hashes
+        indexed: list | None = [] if pool.kv_events is not None else None
+        for i in range(start, n_full):
             key = self._block_key(req, i, parent)
-            block_hash = hash_fn(key)
-            req.block_hashes.append(block_hash)
-            if enabled and pool.index.insert(key, req.block_table[i]) and events is not None:
-                events.stored(block_hash, parent if i else None, key)
-            parent = block_hash
+            parent = hash_fn(key)
+            chain.append(parent)
+            if enabled and pool.index.insert(key, table[i]):
+                hashes[table[i]] = parent
+                if indexed is not None:
+                    indexed.append((i, key))
+        if indexed:
+            self._record_stored(chain, indexed)
+
+    def _record_stored(self, chain: list[int], indexed: list[tuple[int, bytes]]) -> None:
+        """One stored event per run of consecutive blocks indexed (a block already
+        indexed under its key, a duplicate, breaks the run)."""
+        record, medium = self.pool.kv_events.stored_chain, self.pool.medium
+        first = 0
+        for n in range(1, len(indexed) + 1):
+            if n == len(indexed) or indexed[n][0] != indexed[n - 1][0] + 1:
+                i0 = indexed[first][0]
+                record(chain[i0:indexed[n - 1][0] + 1], chain[i0 - 1] if i0 else None,
+                       [key for _, key in indexed[first:n]], medium)
+                first = n
 
     def truncate(self, req: Request) -> list[int]:
         """Drop (and return) the blocks past the computed tokens (speculative decoding:

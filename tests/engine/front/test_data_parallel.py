@@ -86,6 +86,7 @@ def test_the_server_pins_routes_switches_and_labels_replicas(llm):
         state = httpx.post(srv.url + "/routing", json={"policy": "least_load"}).json()
         assert state["policy"] == "least_load" == llm.dp.router.policy
         assert [r["alive"] for r in state["replicas"]] == [True, True]
+        assert [r["host_cached_blocks"] for r in state["replicas"]] == [0, 0]   # no host tier
         assert httpx.post(srv.url + "/routing", json={"policy": "x"}).status_code == 400
         served = {}
         for fam in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text):
@@ -115,6 +116,38 @@ def test_bench_reports_each_replica(llm):
     assert [row["requests"] for row in figures["replicas"]] == [8, 8]
     assert sum(row["output_tokens"] for row in figures["replicas"]) == 16 * 4
     assert result.engine["num_blocks"] == 2 * KW["num_blocks"] and result.failed == 0
+
+
+def test_bench_base_url_reports_each_replica(llm, tmp_path):
+    """`roseplay bench --base-url` against the data-parallel server: one row per replica
+    from the server's /metrics (label engine) and /routing, read before and after the
+    run (the warm-up's requests are not counted), in the report and in --json."""
+    import argparse
+    import io
+    import json
+
+    from rich.console import Console
+
+    from roseplay.bench import http as bench_http
+    from roseplay.bench.args import add_arguments
+    from roseplay.serve.app import build_app
+    from roseplay.serve.server import ServerThread
+    llm.dp.set_routing_policy("round_robin")
+    with ServerThread(build_app(llm.dp)) as srv:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        args = parser.parse_args(["--base-url", srv.url, "--model", "dummy:tiny",
+                                  "--num-prompts", "8", "--output-len", "4", "--warmup", "2",
+                                  "--json", str(tmp_path / "b.json")])
+        out = io.StringIO()
+        assert bench_http.run(args, Console(file=out, width=120)) == 0, out.getvalue()
+    figures = json.loads((tmp_path / "b.json").read_text())["data_parallel"]
+    assert figures["routing_policy"] == "round_robin" and figures["imbalance"] == 1.0
+    rows = figures["replicas"]
+    assert [(r["engine"], r["requests"], r["routed"]) for r in rows] == [(0, 4, 4), (1, 4, 4)]
+    assert [r["output_tokens"] for r in rows] == [16, 16] and all(r["alive"] for r in rows)
+    assert all(r["ttft_p50_ms"] > 0 for r in rows)
+    assert "Replicas (round_robin)" in out.getvalue()
 
 
 def test_a_killed_replica_fails_only_its_requests(llm):

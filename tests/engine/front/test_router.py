@@ -79,3 +79,30 @@ def test_replica_cache_counts_the_leading_blocks_only():
     assert c.prefix_blocks(chain) == 4
     c.hashes.discard(chain[1])
     assert c.prefix_blocks(chain) == 1
+
+
+def test_replica_cache_follows_both_tiers_and_counts_a_host_hit():
+    """BlockStored/BlockRemoved with medium "CPU" change the host tier's set only; a
+    prefix goes on through the host tier where the device's ends (the engine reloads
+    those blocks instead of prefilling them), and AllBlocksCleared empties both."""
+    import msgspec
+
+    from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+    chain = prompt_block_hashes(list(range(1, 17)), BS)
+    enc = msgspec.msgpack.Encoder()
+
+    def batch(*events):
+        return enc.encode(KVEventBatch(0.0, list(events), 0))
+
+    c = ReplicaCache()
+    c.apply(batch(BlockStored(chain[:2], None, list(range(1, 9)), BS, None, "GPU"),
+                  BlockStored(chain[2:], chain[1], list(range(9, 17)), BS, None, "CPU")))
+    assert c.hashes == set(chain[:2]) and c.host == set(chain[2:])
+    assert c.prefix_blocks(chain) == 4
+    c.apply(batch(BlockRemoved(chain[3:], "CPU"), BlockRemoved(chain[:1], "GPU")))
+    assert c.host == {chain[2]} and c.prefix_blocks(chain) == 0
+    c.apply(batch(BlockStored(chain[:1], None, list(range(1, 5)), BS, None, "CPU")))
+    assert c.prefix_blocks(chain) == 3          # host, device, host
+    c.apply(batch(AllBlocksCleared()))
+    assert not c.hashes and not c.host

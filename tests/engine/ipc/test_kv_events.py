@@ -74,11 +74,19 @@ def engine():
     e.close()
 
 
-def assert_mirrors_device_index(e, mirror) -> None:
-    index = {e.pool.hash_fn(key): key for _, key in e.pool.index.items()}
-    assert set(mirror.blocks) == set(index) and index
-    for h, (parent, tokens) in mirror.blocks.items():
+def assert_mirrors_index(pool, blocks) -> None:
+    """The mirror's map of a tier holds exactly the pool's indexed blocks, each with its
+    tokens and its documented hash."""
+    index = {pool.hash_fn(key): key for _, key in pool.index.items()}
+    assert set(blocks) == set(index)
+    for h, (parent, tokens) in blocks.items():
         assert list(tokens) == key_tokens(index[h])
+        assert pool.block_hash[pool.index.get(index[h])] == h
+
+
+def assert_mirrors_device_index(e, mirror) -> None:
+    assert mirror.blocks
+    assert_mirrors_index(e.pool, mirror.blocks)
 
 
 def test_stream_rebuilds_the_cache_exactly(engine):
@@ -111,28 +119,69 @@ def test_stream_rebuilds_the_cache_exactly(engine):
         ctx.destroy(linger=0)
 
 
-def test_host_tier_reloads_are_stored_events_with_stable_hashes():
-    """With a host tier, blocks the device evicts go to the host and come back on a prefix
-    hit: the stream still rebuilds the device index exactly (a reload enters it as a
-    stored event) and the reloaded chain carries the documented hashes."""
-    e, pub = events_engine(kv_offloading_size=1 / 1024)     # 1 MiB: every block fits
+def test_host_tier_events_rebuild_both_tiers():
+    """With a host tier, blocks the device evicts go to the host (BlockStored, medium
+    "CPU", as vLLM's offloading connector's), leave it when the host evicts them
+    (BlockRemoved "CPU") and come back on a prefix hit (BlockStored "GPU"): the stream
+    rebuilds both indexes exactly, the reloaded chain carries the documented hashes, and
+    a clear empties both."""
+    # 40 KiB: 20 host blocks of dummy:tiny (2 KiB a block), fewer than the prompts offload
+    e, pub = events_engine(kv_offloading_size=40 / 1024 ** 2)
     ctx = zmq.Context()
     try:
+        assert e.host.num_blocks == 20
         shared = list(range(1, 13)) + [40, 41, 42, 43, 44]   # four full blocks
         run(e, [shared])
         run(e, [[100 + i] * 4 * 5 for i in range(6)])        # evicts (offloads) them
         assert e.counters.kv_offload_blocks >= 4
         run(e, [shared + [9] * 4])                            # reloaded from the host
         assert e.counters.kv_reload_blocks >= 4
-        chain = prompt_block_hashes(shared + [9] * 4, BS)
         mirror = CacheMirror()
         assert replay(ctx, pub.bound[1], 0, mirror) == e.kv_events.seq
+        assert set(prompt_block_hashes(shared, BS)) <= set(mirror.blocks)
+        run(e, [[300 + i] * 4 * 6 for i in range(8)])        # the host evicts too
+        assert e.counters.host_evictions > 0
+        assert replay(ctx, pub.bound[1], mirror.next_seq, mirror) == e.kv_events.seq
+        assert mirror.media == {"GPU", "CPU"}
         assert_mirrors_device_index(e, mirror)
-        assert set(chain[:4]) <= set(mirror.blocks)
+        assert mirror.tiers["CPU"] and len(e.host.pool.index) == len(mirror.tiers["CPU"])
+        assert_mirrors_index(e.host.pool, mirror.tiers["CPU"])
+        e.clear_prefix_cache()
+        assert replay(ctx, pub.bound[1], mirror.next_seq, mirror) == e.kv_events.seq
+        assert mirror.tiers["CPU"] == {} and mirror.blocks == {}
     finally:
         ctx.destroy(linger=0)
         pub.close()
         e.close()
+
+
+def test_a_replay_holds_every_batch_queued_before_its_request():
+    """A late subscriber asks for a replay right after the engine published its latest
+    batch: the answer holds every batch queued before the request, even while the
+    publisher is still sending a backlog (it drains its queue before it answers)."""
+    from engine.core.kv.kv_events import CLEARED
+    n = 20_000
+    cfg = KVEventsConfig.parse({**EVENTS, "buffer_steps": n})
+    pub = KVEventPublisher(cfg, EVENTS["endpoint"], EVENTS["replay_endpoint"], KEY, BS)
+    ctx = zmq.Context()
+    try:
+        req = socket(ctx, zmq.DEALER, pub.bound[1])
+        req.send_multipart([b"", seq_bytes(0)])          # the CURVE handshake, done
+        assert req.poll(20_000) and seq_of(req.recv_multipart()[1]) == -1
+        for seq in range(n):                              # a backlog, then the request
+            pub.publish(seq, 0.0, [[CLEARED]])
+        req.send_multipart([b"", seq_bytes(0)])
+        seqs = []
+        while True:
+            assert req.poll(20_000), "no replay answer"
+            seq = seq_of(req.recv_multipart()[1])
+            if seq == -1:
+                break
+            seqs.append(seq)
+        assert seqs == list(range(n))
+    finally:
+        ctx.destroy(linger=0)
+        pub.close()
 
 
 def test_hashes_are_stable_and_documented(engine):

@@ -164,6 +164,27 @@ def test_engine_processes_load_at_once_and_both_serve(monkeypatch):
     assert all(p.poll() is not None for p in procs)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)      # four engine processes start on two shared cores
+def test_each_side_is_a_data_parallel_front_with_data_parallel_size():
+    """--compare with --data-parallel-size 2: each side is a router over two engine
+    processes (not one engine), both sides serve, and both replicas of each do."""
+    from engine.front.dp_client import DPClient
+    src = start_compare(dict(ENGINE, data_parallel_size=2, routing_policy="round_robin"),
+                        "enable_prefix_caching", [True, False], scenario="random",
+                        concurrency=4, rate=None, input_len=16, output_len=4,
+                        temperature=0.0, in_process=False)
+    try:
+        assert all(isinstance(s.loop, DPClient) and s.loop.size == 2 for s in src.sides)
+        deadline = time.monotonic() + 60
+        while min(s.driver.completed for s in src.sides) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(min(s.loop.router.routed) >= 1 for s in src.sides)
+        assert min(s.driver.completed for s in src.sides) >= 4
+    finally:
+        src.close()
+
+
 @sync
 async def test_compare_screen_keys_change_both_sides_but_the_compared_knob(monkeypatch):
     fast_idle(monkeypatch)
