@@ -61,6 +61,9 @@ class StatusBar(Widget):
         if kv:
             where = f" x {tp} ranks (TP={tp})" if tp > 1 else ""
             t.append(f" · KV {kv / 2 ** 30:.2f} GiB{where}", "dim")
+        n = (workload or {}).get("replicas")
+        if n:
+            t.append(f" · DP={n} routing {workload.get('routing_policy')}", "dim")
         self._set(t)
 
     def _set(self, t: Text) -> None:
