@@ -180,7 +180,7 @@ ROUTING_GUIDES = (
           "the two maps: under round robin both churn through every manual, hit - or 0%; "
           "under cache_aware each keeps its own half (blue ░), hit climbs; the routing "
           "card's cached column (20/20 on the winner); u back to round_robin",
-          "manuals", dict(APP), concurrency=APP_CONCURRENCY, routing="cache_aware",
+          "manuals", dict(APP), concurrency=16, routing="cache_aware",
           versus="round-robin", expect={"hit_rate": "higher"}),
     Guide("b", "A sticky policy under skew: consistent_hash sends prompts that start "
                "alike to one replica, blind to its load. With 7 of 8 requests on one hot "
@@ -195,8 +195,7 @@ ROUTING_GUIDES = (
 )
 ROUTING_BASELINES = {
     "round-robin": Guide("round-robin", "guide a under round_robin", ROUTERS, "",
-                         "manuals", dict(APP), concurrency=APP_CONCURRENCY,
-                         routing="round_robin"),
+                         "manuals", dict(APP), concurrency=16, routing="round_robin"),
     "least-load": Guide("least-load", "guide b under least_load", ROUTERS, "",
                         "hot-prefix", {"max_num_seqs": 4}, concurrency=8,
                         routing="least_load")}

@@ -4,6 +4,8 @@
 cost under the policy, and the winner with the router's own reason."""
 from __future__ import annotations
 
+import textwrap
+
 from rich.text import Text
 
 from roseplay.tui.widgets.text_view import TextView
@@ -30,9 +32,10 @@ def card_text(decision, request_id: str | None, width: int, kept: int = 0) -> Te
     d = decision
     t.append(f"{request_id} → replica {d.chosen}", "bold #f2d34f")
     t.append(f" · {d.policy}", "bold")
-    t.append(f"\nwhy: {d.reason}")
-    if d.policy in BLIND:
-        t.append(f" ({BLIND[d.policy]})", "dim")
+    why = f"why: {d.reason}" + (f" ({BLIND[d.policy]})" if d.policy in BLIND else "")
+    lines = textwrap.wrap(why, max(20, width))
+    t.append("\n" + lines[0])
+    t.append("\n" + " ".join(lines[1:]), "")          # the reason's rest, or a blank row
     head = COST_HEAD.get(d.policy)
     cached = bool(d.cached_blocks)
     cols = (["cached"] if cached else []) + ["wait", "run", "active"] + ([head] if head else [])
@@ -49,14 +52,15 @@ def card_text(decision, request_id: str | None, width: int, kept: int = 0) -> Te
 
 
 def card_rows(replicas: int) -> int:
-    """The Routing panel's height: its border, the winner, why, the header, a row each."""
-    return 2 + 3 + replicas
+    """The Routing panel's height: its border, the winner, why (two rows), the header, a
+    row each."""
+    return 2 + 4 + replicas
 
 
 class RoutingCard(TextView):
     """The Routing panel (shown with --data-parallel-size > 1)."""
 
-    DEFAULT_CSS = "RoutingCard { height: 7; text-wrap: nowrap; text-overflow: ellipsis; }"
+    DEFAULT_CSS = "RoutingCard { height: 8; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def show_decision(self, decision, request_id: str | None, kept: int) -> None:
         self.show(card_text(decision, request_id, max(20, self.size.width), kept))
