@@ -278,7 +278,7 @@ def _mixed(spec: WorkloadSpec, i: int) -> WorkItem:
     return WorkItem(item.prompt, out, tag=item.tag, priority=0)
 
 
-MANUALS, MANUAL_SCALE = 21, 5   # manuals: 21 documents of 5x input_len tokens (an odd
+MANUALS, MANUAL_SCALE = 31, 5   # manuals: 31 documents of 5x input_len tokens (an odd
 #                                 count: round robin gives each replica every manual)
 HOT_EVERY = 8                   # hot-prefix: 7 of every 8 requests on one hot prompt
 
