@@ -47,6 +47,10 @@ class StatusBar(Widget):
             t.append(position, "bold #ff6b6b")
         t.append(f"step {snap.step}", "bold")
         t.append(f"  finished {snap.counters.finished}")
+        n = (workload or {}).get("replicas")
+        if n:           # data parallelism: the router's policy (u), before what a width cuts
+            t.append(f"  DP={n} ", "bold")
+            t.append(f"routing {workload.get('routing_policy')}", "bold #5fb3f0")
         if snap.error:
             t.append(f"  ⚠ {snap.error}", "bold #ff5555")
         refused = refusal(workload or {})
@@ -61,9 +65,6 @@ class StatusBar(Widget):
         if kv:
             where = f" x {tp} ranks (TP={tp})" if tp > 1 else ""
             t.append(f" · KV {kv / 2 ** 30:.2f} GiB{where}", "dim")
-        n = (workload or {}).get("replicas")
-        if n:
-            t.append(f" · DP={n} routing {workload.get('routing_policy')}", "dim")
         self._set(t)
 
     def _set(self, t: Text) -> None:
