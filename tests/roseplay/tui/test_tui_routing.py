@@ -175,6 +175,9 @@ async def test_the_policy_key_cycles_the_routers_policy_live(app, source):
         title, run = typed_command(app, "routing least_load")
         run()
         assert dp.router.policy == "least_load" and title == "routing policy least_load"
+        await pilot.press("i", "u", "U")    # typed into the open prompt: text, not keys
+        assert dp.router.policy == "least_load"
+        assert app.prompt_bar.query_one("#prompt-input").value.endswith("uU")
     assert "| `u` |" in keys_markdown("live") and "| `U` |" in keys_markdown("live")
     assert any(k.display == "u" and k.action == "routing(1)" for k in KEYS)
 
