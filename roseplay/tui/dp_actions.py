@@ -40,9 +40,10 @@ class RoutingActions:
         routing card; False with one engine (the KV panel shows its one pool)."""
         dp, kv = self.replicas(), self.kv
         on = dp is not None
-        for widget in (kv.map, kv.legend, kv.host):
-            widget.display = not on
-        kv.replica_maps.display = on
+        if kv.replica_maps.display != on:       # (a replica died: the maps stay)
+            for widget in (kv.map, kv.legend, kv.host):
+                widget.display = not on
+            kv.replica_maps.display = on
         if not on:
             return False
         router = dp.router

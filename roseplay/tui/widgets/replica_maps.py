@@ -117,7 +117,7 @@ class ReplicaMaps(Vertical):
     """N small maps side by side, each with its load; the router's totals under them."""
 
     DEFAULT_CSS = """
-    ReplicaMaps { height: 1fr; }
+    ReplicaMaps { height: 1fr; display: none; }
     ReplicaMaps > Horizontal { height: 1fr; }
     ReplicaMaps > #replica-totals { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
     """

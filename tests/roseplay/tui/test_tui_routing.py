@@ -149,6 +149,16 @@ def test_a_card_shows_only_what_its_policy_weighed():
     assert "no routing decision kept" in card_text(None, "z", 80, 256).plain
 
 
+def test_a_recorded_routing_change_marks_the_plots_as_live():
+    from roseplay.tui.marks import change_label, event_label
+    assert event_label({"what": "routing", "policy": "cache_aware"}) == "route cache_aware"
+
+    class Source:
+        def workload(self):
+            return {"routing_policy": "cache_aware"}
+    assert change_label(Source(), "routing_policy") == "route cache_aware"
+
+
 def test_scaled_blocks_keep_the_states_most_blocks_have():
     state = np.array([1, 1, 0, 0, 2, 2, 2, 0, 0, 0, 0, 1], np.int8)
     rc = np.array([1, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], np.int32)
