@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from engine.codes import RUNNING_STATES
 from engine.config import InvalidRequestError
-from roseplay.tui.dp_actions import RoutingActions
 from roseplay.tui.guides.actions import GuideActions
 from roseplay.tui.layout import TITLES, ZOOM_ORDER
 from roseplay.tui.marks import RecordedMarks, change_label
 from roseplay.workload.scenarios import SCENARIOS
+from roseplay.tui.dp_actions import RoutingActions
 from roseplay.workload.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.help import HelpScreen
