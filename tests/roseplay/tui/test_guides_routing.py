@@ -9,7 +9,7 @@ it says against its `versus` setup. A window waits for its samples, never a fixe
 The margins are wide on this engine: on the manuals round robin's hit rate is 0 (every
 manual comes back to a pool that evicted it) and cache_aware's well above it; under the
 hot document consistent_hash queues several requests on the pinned replica (max_num_seqs
-4 there), least_load almost none (a mean of 4.1-6.4 against 0.3-0.6 measured; TTFT
+4 there), least_load almost none (a mean of 3.1-6.4 against 0.3-1.0 measured; TTFT
 varied too much from run to run to be claimed: 0.25-3.4 s against 0.16-0.23 s)."""
 from __future__ import annotations
 
