@@ -12,6 +12,7 @@ from roseplay.tui.guide_actions import GuideActions
 from roseplay.tui.layout import TITLES, ZOOM_ORDER
 from roseplay.tui.marks import RecordedMarks, change_label
 from roseplay.workload.scenarios import SCENARIOS
+from roseplay.tui.dp_actions import RoutingActions
 from roseplay.workload.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.help import HelpScreen
@@ -24,7 +25,7 @@ WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency"
                     "rate": "set_rate"}
 
 
-class Actions(GuideActions):
+class Actions(GuideActions, RoutingActions):
     def _control(self, fn, *args, knob: str | None = None, label: str | None = None,
                  **kwargs):
         if self.source is None:
@@ -267,7 +268,7 @@ class Actions(GuideActions):
         if direction == 0:
             self.set_zoom(None)
             return
-        order = list(ZOOM_ORDER)
+        order = [p for p in ZOOM_ORDER if p != "routing" or self.routing_rows()]
         i = order.index(self.zoom) if self.zoom in order else -1
         self.set_zoom(order[i + 1] if i + 1 < len(order) else None)
 

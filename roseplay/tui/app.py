@@ -31,7 +31,9 @@ from roseplay.tui.widgets.events import EventLog, flash_blocks
 from roseplay.tui.widgets.knobs import KnobsPanel
 from roseplay.tui.widgets.kv_panel import KVPanel
 from roseplay.tui.widgets.prompt_input import PromptBar
+from roseplay.tui.widgets.replica_load import ReplicaWindows
 from roseplay.tui.widgets.request_detail import RequestDetail
+from roseplay.tui.widgets.routing_card import RoutingCard
 from roseplay.tui.widgets.requests import ACTIVE, RequestList, waiting_reason
 from roseplay.tui.widgets.status import StatusBar
 from roseplay.tui.widgets.step import StepPanel
@@ -96,6 +98,7 @@ class RoseplayApp(Actions, App):
             with Vertical(id="right"):
                 yield RequestList(id="requests")
                 yield RequestDetail(id="detail")
+                yield RoutingCard(id="routing")
                 yield EventLog(id="events")
                 yield TimingPanel(id="timing")
         yield PromptBar(id="prompt")
@@ -120,7 +123,8 @@ class RoseplayApp(Actions, App):
         self.status, self.requests, self.kv = q(StatusBar), q(RequestList), q(KVPanel)
         self.detail, self.step_panel, self.knobs = q(RequestDetail), q(StepPanel), q(KnobsPanel)
         self.timing, self.prompt_bar, self.events = q(TimingPanel), q(PromptBar), q(EventLog)
-        self.strip = q(StepStrip)
+        self.strip, self.routing = q(StepStrip), q(RoutingCard)
+        self.replica_windows = ReplicaWindows()
         self.note = q("#layout-note", Static)
         for wid, title in TITLES.items():
             q(f"#{wid}").border_title = title
@@ -133,6 +137,7 @@ class RoseplayApp(Actions, App):
             event.source.close()         # quit while it loaded
         else:
             self.source = event.source
+            self.apply_layout()         # data parallelism: room for the routing card
             self.refresh_panels()
 
     def _exit_on_signal(self, signum: int) -> None:
@@ -168,7 +173,7 @@ class RoseplayApp(Actions, App):
             return
         w, h = self.size
         extra = PROMPT_ROWS if self.prompt_bar.has_class("-open") else 0
-        p = plan(w, h, self.zoom, extra)
+        p = plan(w, h, self.zoom, extra, self.routing_rows())
         q = self.main_screen.query_one
         for pid in LEFT + RIGHT:
             widget = q(f"#{pid}")
@@ -249,7 +254,8 @@ class RoseplayApp(Actions, App):
             self._requests_subtitle()
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None
-            self.kv.show(snap, highlight, self.window, flash_blocks(snap))
+            if not self.show_replicas(snap, highlight, current):
+                self.kv.show(snap, highlight, self.window, flash_blocks(snap))
             info = getattr(src, "info", None) if src.kind == "live" else None
             self.detail.show(current, getattr(src, "tokenizer", None),
                              getattr(info, "logprobs_mode", None), no_text_reason(src),

@@ -1,6 +1,6 @@
 """The command palette (ctrl+p): every action of the current mode by name, plus typed
 values: `max_num_seqs 32`, `budget 1024`, `cache off`, `concurrency 8`, `rate 5`,
-`scenario identical`, `sort TTFT`, `filter decoding`, `zoom timing`, `speed 4`, `seek 30`.
+`scenario identical`, `routing cache_aware`, `sort TTFT`, `filter decoding`, `zoom timing`, `speed 4`, `seek 30`.
 
 Actions come from roseplay/tui/keys.py; knob values are parsed and checked with the CLI's
 converters (roseplay/cli_flags.py: type and minimum from engine/config.py).
@@ -26,7 +26,8 @@ ALIASES = {"budget": "max_num_batched_tokens", "tokens": "max_num_batched_tokens
 WORKLOAD = ("concurrency", "rate", "scenario")
 EXAMPLES = ("max_num_seqs 32", "budget 1024", "cache off", "mode prefill-first", "policy lpm",
             "evict lfu", "concurrency 8", "rate 5",
-            "scenario identical", "sort TTFT", "filter decoding", "zoom timing")
+            "scenario identical", "routing cache_aware", "sort TTFT", "filter decoding",
+            "zoom timing")
 
 
 def typed_command(app, query: str, views: bool = True):
@@ -56,6 +57,8 @@ def typed_command(app, query: str, views: bool = True):
         pid = next((p for p, t in TITLES.items() if value.lower() in (p, t.lower().split()[0])),
                    None)
         return (f"zoom {TITLES[pid]}", partial(app.set_zoom, pid)) if pid else None
+    if name in ("routing", "route", "routing_policy"):
+        return f"routing policy {value}", partial(app.set_routing, value)
     if name in ("speed", "seek") and app.source is not None and app.source.kind == "replay":
         return f"replay {name} {value}", partial(app.set_value, name, value)
     return None

@@ -14,8 +14,8 @@ MESSAGE_SECONDS = 6.0    # a guide's "watch" line on the message line
 class GuideActions:
     def pick_guide(self, key: str | None) -> None:
         """A digit on the help screen: switch to that guide's setup."""
-        from roseplay.tui.guides.catalog import BY_KEY, apply_guide
-        guide = BY_KEY.get(key) if key else None
+        from roseplay.tui.guides.catalog import apply_guide, find
+        guide = find(key) if key else None
         if guide is None or self.source is None:
             return
         record = getattr(self.source, "record_event", None)
@@ -57,6 +57,8 @@ class GuideActions:
         setup = {**{n: getattr(knobs, n) for n in sorted(live_names())},
                  "scenario": w.get("scenario"), "concurrency": w.get("concurrency"),
                  "rate": w.get("rate")}
+        if w.get("routing_policy"):
+            setup["routing"] = w["routing_policy"]
         versus = run.turned(setup)
         if versus is None:
             self.knobs.guide_run = None

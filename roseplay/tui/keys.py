@@ -69,6 +69,10 @@ KEYS = (
     Key("h", "cycle_knob('preemption_mode', 1)", "Preempt",
         "preemption: recompute ↔ swap to the host tier (preemption_mode; swap needs "
         "--kv-offloading-size)", "h", "live", knob="preemption_mode"),
+    Key("u", "routing(1)", "Route", "data-parallel routing policy: round_robin → least_load "
+        "→ consistent_hash → cache_aware (roseplay --data-parallel-size 2 or more)", "u",
+        "live"),
+    Key("U", "routing(-1)", "Route back", "previous routing policy", "U", "live"),
     Key("s", "scenario(1)", "Scenario", "next scenario", "s", "live"),
     Key("S", "scenario(-1)", "Scenario back", "previous scenario", "S", "live"),
     Key("greater_than_sign,full_stop", "concurrency(1)", "Conc+",

@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TITLES = {"kv": "KV cache", "step": "This step", "strip": "Steps", "knobs": "Knobs",
-          "requests": "Requests", "detail": "Selected request", "events": "Events",
-          "timing": "Timing"}
-LEFT, RIGHT = ("kv", "step", "strip", "knobs"), ("requests", "detail", "events", "timing")
-ZOOM_ORDER = ("kv", "requests", "events", "timing", "step", "strip", "knobs", "detail")
+          "requests": "Requests", "detail": "Selected request", "routing": "Routing",
+          "events": "Events", "timing": "Timing"}
+LEFT = ("kv", "step", "strip", "knobs")
+RIGHT = ("requests", "detail", "routing", "events", "timing")
+ZOOM_ORDER = ("kv", "requests", "events", "timing", "step", "strip", "knobs", "detail",
+              "routing")
 STATS_WIDTH, PLOT_MIN = 34, 56       # timing: the table, a plot of 40 points + its labels
 TIMING_ROWS = {"stats": 8, "stacked": 16, "side": 10}   # plots: a time axis + 7 rows
 KV_MIN, STEP_ROWS, KNOBS_ROWS, DETAIL_ROWS, REQUESTS_MIN, EVENTS_MIN = 9, 7, 12, 5, 6, 6
@@ -35,15 +37,17 @@ def _timing_mode(inner_width: int) -> str:
     return "side" if inner_width >= STATS_WIDTH + 2 + PLOT_MIN else "stacked"
 
 
-def plan(width: int, height: int, zoom: str | None = None, extra_rows: int = 0) -> Plan:
-    """`extra_rows`: rows taken by something else (the open prompt box)."""
+def plan(width: int, height: int, zoom: str | None = None, extra_rows: int = 0,
+         routing_rows: int = 0) -> Plan:
+    """`extra_rows`: rows taken by something else (the open prompt box); `routing_rows`:
+    the routing card's (data parallelism; 0: no card)."""
     rows = height - 3 - extra_rows       # the status line, the message line, the footer
     if zoom in TITLES:
         mode = _timing_mode(width - 4) if zoom == "timing" else "side"
         note = (f"zoom: {TITLES[zoom]} · z next panel · Z all panels")
         return Plan({zoom: None}, width if zoom in LEFT else 0, mode, 3, note)
     left_width = max(40, round(width * 0.45)) if width >= WIDE else round(width * 0.42)
-    filled = _fill(width - left_width, rows, left_width)
+    filled = _fill(width - left_width, rows, left_width, routing_rows)
     if not filled[1]:
         return _plan(filled, left_width, "")
     hidden = ", ".join(filled[1])
@@ -56,7 +60,7 @@ def _plan(filled, left_width: int, note: str) -> Plan:
     return Plan(heights, left_width, timing, help_lines, note)
 
 
-def _fill(right_width: int, rows: int, left_width: int):
+def _fill(right_width: int, rows: int, left_width: int, routing_rows: int = 0):
     heights: dict = {"kv": None, "requests": None}
     hidden: list[str] = []
     # left column: the map first, then knobs, this step, the step strip; spare rows go
@@ -72,9 +76,11 @@ def _fill(right_width: int, rows: int, left_width: int):
         heights["knobs"], help_lines, left = KNOBS_ROWS + 2, 3, left - 2
     if "strip" in heights and left >= 1 + 8:    # the strip's speculation line
         heights["strip"] = STRIP_ROWS + 1
-    # right column: requests, the selected text, timing figures, events, then plots
+    # right column: requests, the selected text (and how it was routed), timing figures,
+    # events, then plots
     right, cut = rows - REQUESTS_MIN, False
-    for pid, need in (("detail", DETAIL_ROWS), ("timing", TIMING_ROWS["stats"]),
+    routing = (("routing", routing_rows),) if routing_rows else ()
+    for pid, need in (("detail", DETAIL_ROWS), *routing, ("timing", TIMING_ROWS["stats"]),
                       ("events", EVENTS_MIN)):
         cut = cut or right < need
         if cut:

@@ -30,6 +30,8 @@ def event_label(event: dict) -> str | None:
         return knob_label(*next(iter(data.items())))
     if what in ("scenario", "concurrency", "rate") and what in data:
         return knob_label(what, data[what])
+    if what == "routing":           # a data-parallel router's policy (u)
+        return knob_label("routing_policy", data.get("policy"))
     return None
 
 

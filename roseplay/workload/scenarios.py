@@ -5,7 +5,7 @@ SamplingParams), the same item for the same (scenario, i, seed, sizes) every tim
 `build_workload` makes a finite list (bench), `iter_workload` an endless generator (TUI).
 
 Scenarios (see SCENARIOS): mixed, shared-prefix, long-short, identical, random, hot-scan,
-repetitive, multi-turn.
+repetitive, manuals, hot-prefix, multi-turn.
 """
 from __future__ import annotations
 
@@ -109,9 +109,10 @@ MIXED_PATTERN = "sssddssl"  # mixed: s = chat on a shared system prompt, d d = t
 MIXED_LIBRARY = 8           # mixed: reference documents, asked about in turn
 
 
-def _reference(spec: WorkloadSpec, k: int, i: int, rng: random.Random) -> dict:
+def _reference(spec: WorkloadSpec, k: int, i: int, rng: random.Random,
+               scale: int = MIXED_LONG_SCALE, tag: str = "reference") -> dict:
     """Reference document k and question i: the document's blocks are the shared prefix."""
-    doc = _random(spec, k, scale=MIXED_LONG_SCALE, tag="reference").prompt["prompt_token_ids"]
+    doc = _random(spec, k, scale=scale, tag=tag).prompt["prompt_token_ids"]
     if spec.tokenizer is None:
         return {"prompt_token_ids": doc + spec.token_ids(rng, 8)}
     q = spec.data["short"][i % len(spec.data["short"])]
@@ -152,6 +153,29 @@ def _mixed(spec: WorkloadSpec, i: int) -> WorkItem:
         return WorkItem(item.prompt, out, tag="long", priority=1)
     item = _shared_prefix(spec, i)
     return WorkItem(item.prompt, out, tag=item.tag, priority=0)
+
+
+MANUALS, MANUAL_SCALE = 31, 5   # manuals: 31 documents of 5x input_len tokens (an odd
+#                                 count: round robin gives each replica every manual)
+HOT_EVERY = 8                   # hot-prefix: 7 of every 8 requests on one hot prompt
+
+
+def _manuals(spec: WorkloadSpec, i: int) -> WorkItem:
+    """Manual i % MANUALS and a distinct question on it, the manuals in turn: together
+    more than one replica's pool caches, half of them fit."""
+    k, rng = i % MANUALS, spec.rng("manuals", i)
+    prompt = _reference(spec, k, i, rng, scale=MANUAL_SCALE, tag="manual")
+    return WorkItem(prompt, spec.params(rng), tag=f"manual-{k}")
+
+
+def _hot_prefix(spec: WorkloadSpec, i: int) -> WorkItem:
+    """Skew: HOT_EVERY - 1 of every HOT_EVERY requests ask about one hot document (2x
+    input_len tokens); the rest are one-off prompts."""
+    rng = spec.rng("hot-prefix", i)
+    if i % HOT_EVERY == HOT_EVERY - 1:
+        return _random(spec, i, tag="cold")
+    prompt = _reference(spec, 0, i, rng, scale=2, tag="hot-doc")
+    return WorkItem(prompt, spec.params(rng), tag="hot")
 
 
 # repetitive: openings of roseplay/workload/data/prompts.json "short" on which the bundled model's
@@ -258,6 +282,17 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "the bundled model repeats in a loop (greedy whatever the temperature; token "
              f"ids: a unit of {REPETITIVE_UNIT} ids repeated): n-gram speculative decoding "
              "finds the loop and a verify keeps most drafts (guide d).", _repetitive),
+    Scenario("manuals", "Many manuals, across replicas",
+             f"{MANUALS} manuals ({MANUAL_SCALE}x input_len tokens) asked about in turn, "
+             "each question distinct: more shared prefixes than one pool caches. With "
+             "--data-parallel-size 2, round robin sends every manual to both replicas and "
+             "each pool evicts them before they come back; cache_aware keeps each manual "
+             "on the replica that holds it (guide a).", _manuals),
+    Scenario("hot-prefix", "One hot document (skew)",
+             f"{HOT_EVERY - 1} of every {HOT_EVERY} requests ask about one hot document "
+             "(2x input_len tokens), the rest are one-off: consistent_hash pins the hot "
+             "prefix to one replica, whose queue grows while the other idles (guide b).",
+             _hot_prefix),
     Scenario("multi-turn", "Multi-turn chat",
              f"{CHATS} conversations taking turns, {CHAT_TURNS} turns each: every turn "
              "re-sends the whole history (system prompt, earlier questions and replies) "

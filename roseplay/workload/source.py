@@ -49,10 +49,13 @@ class LiveSource:
 
     def workload(self) -> dict:
         self._drain_user_streams()
-        d = self.driver
-        return {"scenario": d.scenario_name, "concurrency": d.concurrency,
-                "rate": d.request_rate, "submitted": d.submitted, "in_flight": d.num_in_flight,
-                "failed": d.failed, "refused": d.refused, "last_error": d.last_error}
+        d, dp = self.driver, self.replicas()
+        out = {"scenario": d.scenario_name, "concurrency": d.concurrency,
+               "rate": d.request_rate, "submitted": d.submitted, "in_flight": d.num_in_flight,
+               "failed": d.failed, "refused": d.refused, "last_error": d.last_error}
+        if dp is not None:
+            out.update(routing_policy=dp.router.policy, replicas=dp.size)
+        return out
 
     @property
     def knobs(self) -> SchedulerConfig:
@@ -73,6 +76,11 @@ class LiveSource:
         if rec.full:
             return f"REC stopped: {rec.max_bytes >> 20} MB limit  "
         return f"● REC {rec.file_bytes() / 1e6:.1f} MB  "     # the file, not the JSON in it
+
+    def replicas(self):
+        """The data-parallel front (engine/front/dp_client.py) when the engine runs
+        replicas, else None."""
+        return self.loop if hasattr(self.loop, "replica_snapshots") else None
 
     # -- controls ---------------------------------------------------------------------
     def _event(self, what: str, **data) -> None:
@@ -106,6 +114,16 @@ class LiveSource:
     def clear_prefix_cache(self) -> None:
         self.loop.reset_prefix_cache()
         self._event("clear_prefix_cache")
+
+    def set_routing_policy(self, policy: str) -> None:
+        """The data-parallel router's policy, live (InvalidRequestError: one engine, or
+        an unknown policy)."""
+        dp = self.replicas()
+        if dp is None:
+            raise InvalidRequestError("one engine: routing needs roseplay "
+                                      "--data-parallel-size 2 or more")
+        dp.set_routing_policy(policy)
+        self._event("routing", policy=policy)
 
     def cancel_workload(self) -> None:
         """Cancel the workload's requests in flight (typed prompts stay)."""
@@ -274,7 +292,10 @@ class ReplaySource:
         raise ReadOnlyError("this is a replay: knobs and workload are as recorded")
 
     set_knobs = clear_prefix_cache = set_scenario = set_concurrency = set_rate = _read_only
-    submit = _read_only
+    submit = set_routing_policy = _read_only
+
+    def replicas(self):
+        return None         # a recording keeps the merged view only
 
     def close(self) -> None:
         pass

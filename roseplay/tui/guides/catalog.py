@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.config import SchedulerConfig, knob_fields
+from engine.config import ROUTING_POLICIES, SchedulerConfig, knob_fields
 from roseplay.tui.defaults import TUI_CONCURRENCY, TUI_MAX_NUM_SEQS, TUI_NUM_BLOCKS
 
 VLLM = "vLLM Optimization and Tuning"
@@ -24,6 +24,7 @@ VLLM_APC = "vLLM Automatic Prefix Caching"
 SGLANG = "SGLang Hyperparameter Tuning"
 SGLANG_EVICT = "SGLang Radix Cache Eviction Policies"
 VLLM_SPEC = "vLLM Speculative Decoding"
+ROUTERS = "llm-d and NVIDIA Dynamo, KV-cache-aware routing"
 POOL_BLOCKS = TUI_NUM_BLOCKS     # the pool the guides are tuned for: the app's default
 # the app's default workload: guides that turn one knob of it start from these
 APP, APP_CONCURRENCY = {"max_num_seqs": TUI_MAX_NUM_SEQS}, TUI_CONCURRENCY
@@ -57,6 +58,8 @@ class Guide:
     #                                tests/roseplay/tui/test_tui_guides_tmux.py)
     full_pool: bool = False        # the claim holds once the pool evicts: measured from then
     view: dict = field(default_factory=dict)   # the request list's sort / filter it sets
+    routing: str | None = None     # the data-parallel router's policy it sets (a guide
+    #                                with one needs roseplay --data-parallel-size 2)
 
 
 GUIDES = (
@@ -165,12 +168,51 @@ GUIDES = (
           within=8.0),
 )
 BY_KEY = {g.key: g for g in GUIDES}
+# data parallelism: guides that need roseplay --data-parallel-size 2 (the claims are
+# checked on two replicas: tests/roseplay/tui/test_guides_routing.py)
+ROUTING_GUIDES = (
+    Guide("a", "Across replicas, a router that knows what each one caches keeps a shared "
+               "prefix on the replica that holds it. 31 manuals that together overflow "
+               "one replica's pool (half of them fit): round robin sends every manual to "
+               "both replicas, each pool evicts it before it comes back, and the prefix "
+               "hit rate stays near 0; cache_aware routes each manual to the replica whose "
+               "KV events say it holds it, and the hit rate climbs.", ROUTERS,
+          "the maps' hit %: each manual's first request misses under any policy; once "
+          "they come back (after 31 requests) round robin's stays 0 while cache_aware's "
+          "climbs; the routing card's cached column (20/20 on the winner); u: round_robin",
+          "manuals", dict(APP), concurrency=16, routing="cache_aware",
+          versus="round-robin", expect={"hit_rate": "higher"}),
+    Guide("b", "A sticky policy under skew: consistent_hash sends prompts that start "
+               "alike to one replica, blind to its load. With 7 of 8 requests on one hot "
+               "document it pins them to one replica: its queue grows (max_num_seqs 4 "
+               "there) while the other idles; least_load spreads them by 4 x waiting + "
+               "running and almost nothing waits.", ROUTERS,
+          "the maps: one replica full with a queue under it, the other idle; requests "
+          "per replica far apart (imbalance near 2); the routing card: the ring's owner "
+          "whatever its load; U back to least_load",
+          "hot-prefix", {"max_num_seqs": 4}, concurrency=8, routing="consistent_hash",
+          versus="least-load", expect={"queued": "higher"}),
+)
+ROUTING_BASELINES = {
+    "round-robin": Guide("round-robin", "guide a under round_robin", ROUTERS, "",
+                         "manuals", dict(APP), concurrency=16, routing="round_robin"),
+    "least-load": Guide("least-load", "guide b under least_load", ROUTERS, "",
+                        "hot-prefix", {"max_num_seqs": 4}, concurrency=8,
+                        routing="least_load")}
 # the baselines a guide is measured against that have no key of their own: the app's
 # default setup (guides 9 and 0 turn one knob of it)
 BASELINES = {"default": Guide("default", "the app's default setup", VLLM, "", "mixed",
                               dict(APP), concurrency=APP_CONCURRENCY),
              "spec-off": Guide("spec-off", "guide d without speculation", VLLM_SPEC, "",
                                "repetitive", {}, concurrency=1)}
+
+
+def find(key: str | None) -> Guide | None:
+    """A guide or a baseline by its key (the routing ones too)."""
+    for table in (BY_KEY, BASELINES, {g.key: g for g in ROUTING_GUIDES}, ROUTING_BASELINES):
+        if key in table:
+            return table[key]
+    return None
 
 
 def live_names() -> set[str]:
@@ -200,6 +242,8 @@ def apply_guide(source, guide: Guide) -> list[str]:
     scenario, the requests in flight and the rate. Returns the knob names skipped."""
     fixed = getattr(source, "knob", None)
     _, skipped = split_knobs(guide, fixed)
+    if guide.routing:       # first: one engine refuses it before anything changes
+        source.set_routing_policy(guide.routing)
     source.set_knobs(**clean_knobs(guide, fixed))
     cancel = getattr(source, "cancel_workload", None)
     if cancel is not None:
@@ -213,15 +257,16 @@ def apply_guide(source, guide: Guide) -> list[str]:
 
 def setup_of(guide: Guide, fixed: str | None = None) -> dict:
     """Every live knob and the workload a guide sets: what the engine runs under it."""
+    routing = {"routing": guide.routing} if guide.routing else {}
     return {**clean_knobs(guide, fixed), "scenario": guide.scenario,
-            "concurrency": guide.concurrency or 16, "rate": guide.rate}
+            "concurrency": guide.concurrency or 16, "rate": guide.rate, **routing}
 
 
 def turn_hint(guide: Guide) -> str | None:
     """How to turn the guide's setup into its versus setup by hand, when one knob or
     workload value tells them apart (None: they differ in more): the key that does it in
     one press, else the palette's typed value."""
-    versus = BY_KEY.get(guide.versus) or BASELINES.get(guide.versus)
+    versus = find(guide.versus)
     if versus is None:
         return None
     mine, theirs = setup_of(guide), setup_of(versus)
@@ -237,6 +282,10 @@ def turn_hint(guide: Guide) -> str | None:
 def one_press(name: str, old, new) -> str | None:
     """The key that turns knob `name` from `old` to `new` in one press, if one does."""
     from roseplay.tui.keys import KEYS
+    if name == "routing":       # u / U cycle the router's policies
+        i = ROUTING_POLICIES.index(old)
+        step = {ROUTING_POLICIES[(i + 1) % 4]: "u", ROUTING_POLICIES[(i - 1) % 4]: "U"}
+        return step.get(new)
     f = next((f for f in knob_fields(SchedulerConfig) if f.name == name), None)
     if f is None:
         return None
@@ -255,6 +304,9 @@ def describe(guide: Guide) -> str:
     setup = ", ".join(f"{k}={v}" for k, v in guide.knobs.items()) or "default knobs"
     text = (f"{guide.scenario}, {setup} (others default), {guide.concurrency or 16} in "
             f"flight" + (f", {guide.rate:g} req/s" if guide.rate else ""))
+    if guide.routing:
+        text += (f", routing {guide.routing}; needs roseplay --data-parallel-size 2; "
+                 f"against {find(guide.versus).routing}")
     if guide.compare:
         text += f"; side by side: roseplay --compare {guide.compare} --scenario {guide.scenario}"
         if guide.concurrency not in (None, APP_CONCURRENCY):    # not the app's default

@@ -36,14 +36,16 @@ NEEDS = {"ttft_p50": ("first tokens", 8), "ttft_p90": ("first tokens", 8),
          "mixed_steps": ("steps", 20), "running": ("samples", 10), "waiting": ("samples", 10),
          "kv_used": ("samples", 10), "spec_acceptance": ("verifies", 8),
          "spec_mean_accepted_len": ("verifies", 8), "preemptions": ("steps", 20),
-         "evictions": ("steps", 20), "waiting_prompt_len": ("samples", 10)}
+         "evictions": ("steps", 20), "waiting_prompt_len": ("samples", 10),
+         "queued": ("samples", 10)}
 NAMES = {"ttft_p50": "TTFT p50", "ttft_p90": "TTFT p90", "tpot_p50": "TPOT p50",
          "itl_p50": "ITL p50", "itl_p99": "ITL p99", "tok_s": "output tok/s",
          "hit_rate": "prefix hit rate", "chunks_p90": "chunks per prompt p90",
          "mixed_steps": "mixed steps", "running": "running (mean)",
          "waiting": "waiting (mean)", "kv_used": "KV used (mean)",
          "spec_acceptance": "drafts accepted", "spec_mean_accepted_len": "accepted length",
-         "preemptions": "preemptions", "evictions": "evictions"}
+         "preemptions": "preemptions", "evictions": "evictions",
+         "queued": "requests waiting (mean)"}
 
 
 def _pct(values, q: float) -> float | None:
@@ -63,6 +65,8 @@ class Window:
         self.waiting: list[int] = []
         self.used: list[float] = []
         self.waiting_len: list[int] = []
+        self.queued: list[int] = []     # requests waiting, from the requests' states: the
+        #                                 same on N replicas' merged snapshot as on one
         # TTFT of every request whose first token came in the window, running or finished
         # (finished ones alone would leave a slow setup with no sample at all)
         self.seen = {r.request_id for r in first.requests if r.ttft is not None}
@@ -78,6 +82,7 @@ class Window:
             self.waiting.append(snap.last_step.num_waiting)
         self.used.append(snap.num_used / max(1, snap.num_blocks))
         self.waiting_len.extend(r.prompt_tokens for r in snap.requests if r.state == "waiting")
+        self.queued.append(sum(r.state == "waiting" for r in snap.requests))
         new = [r for r in snap.requests if r.ttft is not None and r.request_id not in self.seen]
         self.chunks.update((r.request_id, r.chunks_done) for r in new)
         self.ttfts.update((r.request_id, r.ttft) for r in new
@@ -149,6 +154,7 @@ class Window:
             preemptions=b.preemptions - a.preemptions, evictions=b.evictions - a.evictions,
             running=float(np.mean(self.running)) if self.running else 0.0,
             waiting=float(np.mean(self.waiting)) if self.waiting else 0.0,
+            queued=float(np.mean(self.queued)) if self.queued else 0.0,
             kv_used=float(np.mean(self.used)) if self.used else 0.0,
             # steps that ran decodes and prefill chunks together (budget, mixed-chunk modes)
             mixed_steps=sum(bool(s.decode_tokens and s.prefill_tokens) for s in steps)

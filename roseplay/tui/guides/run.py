@@ -77,8 +77,10 @@ class GuideRun:
         Guide if that is its setup (the caller starts it clean, as the tests measure it,
         except on a full pool, which a clean start would empty; then `measure_versus`),
         None: the run ends."""
-        from roseplay.tui.guides.catalog import BASELINES, BY_KEY, setup_of
-        versus = BY_KEY.get(self.guide.versus) or BASELINES.get(self.guide.versus)
+        from roseplay.tui.guides.catalog import find, setup_of
+        versus = find(self.guide.versus)
+        if versus is not None and not versus.routing:    # (a data-parallel engine's
+            setup = {k: v for k, v in setup.items() if k != "routing"}   # policy: no matter)
         if versus is None or self.measuring_versus or setup != setup_of(versus):
             return None
         return versus
@@ -134,7 +136,8 @@ class GuideRun:
 
 
 def versus_name(key: str | None) -> str:
-    return {"default": "the default", "spec-off": "spec off"}.get(key, f"guide {key}")
+    return {"default": "the default", "spec-off": "spec off", "round-robin": "round_robin",
+            "least-load": "least_load"}.get(key, f"guide {key}")
 
 
 def fmt_metric(name: str, value) -> str:
@@ -144,7 +147,7 @@ def fmt_metric(name: str, value) -> str:
         return f"{100 * value:.0f}%"
     if name.startswith(("ttft", "tpot", "itl")):
         return f"{1000 * value:.0f} ms" if value >= 0.1 else f"{1000 * value:.1f} ms"
-    if name in ("running", "waiting", "chunks_p90"):
+    if name in ("running", "waiting", "queued", "chunks_p90"):
         return f"{value:.1f}"
     if name == "spec_mean_accepted_len":
         return f"{value:.2f}"

@@ -27,7 +27,7 @@ def card_text(run, width: int, rows: int) -> Text:
             lines.append((line, style))
     head = f"guide {g.key}: {g.scenario} · " + ", ".join(
         f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}" for k, v in g.knobs.items()) + \
-        f" · {g.concurrency or 16} in flight"
+        f" · {g.concurrency or 16} in flight" + (f" · routing {g.routing}" if g.routing else "")
     narrow = width < 50         # 80x24: the verdicts before anything that can wait
     add(head, "bold", 1 if narrow else 2)
     add(run.status(), "italic", 2)

@@ -15,7 +15,7 @@ from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
 from textual.widgets import Markdown, Static
 
-from roseplay.tui.guides.catalog import GUIDES, describe, split_knobs
+from roseplay.tui.guides.catalog import GUIDES, ROUTING_GUIDES, describe, split_knobs
 from roseplay.tui.keys import LIST_KEYS, for_mode, knob_key
 from roseplay.workload.scenarios import SCENARIOS
 from roseplay.tui.widgets.knobs import live_fields
@@ -51,6 +51,20 @@ totals). A narrow legend abbreviates: **f** free, **u** used, **s** shared, **c*
 cached; **ev** evicted, **pre** preempted, **C** COW copies; `10s` the last 10 s, `all`
 the total, `rst` since the reset. A map taller than its panel scrolls; its bottom line
 then says which blocks show (`blocks 0-173 of 512: scroll, z`).
+
+## Replicas and routing (`roseplay --data-parallel-size N`)
+With N engine replicas the KV panel shows each replica's own pool as a small map (one
+cell stands for the blocks the border's `1 cell = k blocks` says: the state most of them
+have, their highest refcount), and under each: its requests routed, **waiting**,
+**running** and vLLM's load score **4w+r** (4 x waiting + running), KV blocks in use of
+its pool, its prefix hit rate, TTFT p50 and output tok/s over the last 10 s. The last
+line: the routing policy, requests per replica and the **imbalance** (most / mean: 1.00
+is even). The **Routing** panel is the selected request's routing card: the replica it
+went to and the router's own reason, then per replica what the router weighed at that
+moment: the prompt's blocks that replica held (`cached`, cache_aware only), its waiting,
+running and active KV blocks, and its cost under the policy (`4w+r` for least_load,
+`w x uncached + active` for cache_aware; round_robin and consistent_hash weigh none).
+`u` / `U` cycle the policy live; guides `a` and `b` show what it changes.
 
 ## Requests
 One row per request: *waiting* (the row says why: `max_num_seqs` full, the token
@@ -151,16 +165,18 @@ def knobs_markdown() -> str:
 def guides_text(kind: str) -> Text:
     """The tuning guides' claims, each with the digit that shows it live (Rich text, not
     Markdown: a long Markdown document mounts slowly and delays the first key)."""
-    how = ("Press a guide's key (a digit, or d) to switch the engine to that setup "
+    how = ("Press a guide's key (a digit, d, or a / b on roseplay --data-parallel-size 2) "
+           "to switch the engine to that setup "
            "(scenario, knobs, workload); the help closes, the stats reset, and the Knobs "
            "panel becomes the guide's scorecard: when its window is clean, then each "
            "number the claim names, expected against measured."
            if kind == "live" else "On a live engine a digit (or d) switches it to that "
            "setup.")
     t = Text()
-    t.append("Knob guidance (vLLM and SGLang tuning guides)\n", "bold #f2d34f")
+    t.append("Knob guidance (vLLM and SGLang tuning guides; routing: llm-d, Dynamo)\n",
+             "bold #f2d34f")
     t.append(how + "\n\n", "italic")
-    for g in GUIDES:
+    for g in GUIDES + ROUTING_GUIDES:
         _, skipped = split_knobs(g)
         t.append(f" {g.key} ", "bold reverse #5fb3f0")
         t.append(f" {g.claim} ", "bold")
@@ -177,7 +193,8 @@ class HelpScreen(ModalScreen):
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close"),
                 Binding("j", "scroll(1)", show=False), Binding("k", "scroll(-1)", show=False),
-                *(Binding(g.key, f"pick('{g.key}')", show=False) for g in GUIDES)]
+                *(Binding(g.key, f"pick('{g.key}')", show=False)
+                  for g in GUIDES + ROUTING_GUIDES)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen #help-guides, HelpScreen #help-intro { padding: 0 2 1 2; }

@@ -4,7 +4,7 @@ compare screen, the time axis's marks)."""
 SHORT_NAMES = {"enable_prefix_caching": "prefix cache", "max_num_batched_tokens": "budget",
                "max_num_seqs": "max seqs", "scheduling_mode": "step", "scheduling_policy": "queue",
                "eviction_policy": "evict", "num_speculative_tokens": "spec k",
-               "preemption_mode": "preempt",
+               "preemption_mode": "preempt", "routing_policy": "route",
                "concurrency": "in flight", "request rate": "rate"}
 
 

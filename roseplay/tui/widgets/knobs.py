@@ -24,6 +24,10 @@ WORKLOAD_HELP = {
                    "--max-concurrency); a new one is sent as soon as one finishes.",
     "rate": "Request arrivals per second (Poisson); ∞ sends whenever a slot is free "
             "(r / R: next / previous).",
+    "routing_policy": "Which replica serves a request (--data-parallel-size > 1; u / U): "
+                      "round_robin in turn, least_load the least 4 x waiting + running, "
+                      "consistent_hash by the prompt's first block, cache_aware the least "
+                      "w x uncached + active blocks (docs/ROUTING.md).",
 }
 NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -117,6 +121,9 @@ class KnobsPanel(Widget):
         rate = workload.get("rate")
         rows.append(("r", "request rate", "∞" if rate is None else f"{rate:g}/s",
                       "  as fast as slots free" if rate is None else "  Poisson arrivals"))
+        if workload.get("routing_policy"):      # data parallelism: the router's policy
+            rows.append(("u", "routing", workload["routing_policy"],
+                         f"  {workload.get('replicas')} replicas"))
         width = max(len(r[2]) for r in rows) + 2      # values never run into their names
         short = self.size.width and self.size.width < width + 6 + 23    # short names fit
         if short:       # shorter values and names: "512 tok/step" left 9 columns for

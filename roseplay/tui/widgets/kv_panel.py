@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.containers import Vertical
 
 from roseplay.tui.widgets.kv_host import HostTierView
+from roseplay.tui.widgets.replica_maps import ReplicaMaps
 from roseplay.tui.widgets.kv_map import (CACHED, CACHED_GLYPH, FREE, NAMES, SELECTED, SHARED, USED,
                                          KVMap, styles)
 from roseplay.tui.widgets.text_view import TextView
@@ -139,11 +140,13 @@ class KVPanel(Vertical):
         super().__init__(**kwargs)
         self.map, self.legend = KVMap(id="kv-map"), KVLegend(id="kv-legend")
         self.host = HostTierView()
+        self.replica_maps = ReplicaMaps()      # data parallelism: a small map a replica
 
     def compose(self):
         yield self.map
         yield self.legend
         yield self.host
+        yield self.replica_maps
 
     def show(self, snap, selected, window, flash: dict[int, int] | None = None) -> None:
         kv = self.map

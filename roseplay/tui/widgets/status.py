@@ -47,6 +47,10 @@ class StatusBar(Widget):
             t.append(position, "bold #ff6b6b")
         t.append(f"step {snap.step}", "bold")
         t.append(f"  finished {snap.counters.finished}")
+        n = (workload or {}).get("replicas")
+        if n:           # data parallelism: the router's policy (u), before what a width cuts
+            t.append(f"  DP={n} ", "bold")
+            t.append(f"routing {workload.get('routing_policy')}", "bold #5fb3f0")
         if snap.error:
             t.append(f"  ⚠ {snap.error}", "bold #ff5555")
         refused = refusal(workload or {})

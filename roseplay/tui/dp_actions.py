@@ -1,0 +1,75 @@
+"""Data parallelism in the app (a mixin of RoseplayApp, through Actions): each frame the
+replicas' own snapshots go to their small KV maps (widgets/replica_maps.py) and the
+router's decision for the selected request to the routing card (widgets/routing_card.py);
+`u` / `U` cycle the routing policy live (DPClient.set_routing_policy)."""
+from __future__ import annotations
+
+from engine.config import ROUTING_POLICIES
+from roseplay.tui.widgets.routing_card import card_rows
+
+
+class RoutingActions:
+    def replicas(self):
+        """The data-parallel front when the engine runs replicas, else None."""
+        find = getattr(self.source, "replicas", None)
+        return find() if find is not None else None
+
+    def routing_rows(self) -> int:
+        """The routing card's rows in the layout (0: one engine, no card)."""
+        dp = self.replicas()
+        return card_rows(dp.size) if dp is not None else 0
+
+    def action_routing(self, direction: int) -> None:
+        """The next routing policy (round_robin → least_load → consistent_hash →
+        cache_aware)."""
+        dp = self.replicas()
+        if self.source is None:
+            return
+        current = dp.router.policy if dp is not None else ROUTING_POLICIES[0]
+        i = ROUTING_POLICIES.index(current) if current in ROUTING_POLICIES else -1
+        self.set_routing(ROUTING_POLICIES[(i + direction) % len(ROUTING_POLICIES)])
+
+    def set_routing(self, policy: str) -> None:
+        """A policy by name (the palette's `routing cache_aware`); the message line then
+        says what it weighs (knobs.py WORKLOAD_HELP)."""
+        if self.source is not None:
+            self._control(self.source.set_routing_policy, policy, knob="routing_policy")
+
+    def show_replicas(self, snap, highlight, current) -> bool:
+        """Each replica's map and load, the router's totals and the selected request's
+        routing card; False with one engine (the KV panel shows its one pool)."""
+        dp, kv = self.replicas(), self.kv
+        on = dp is not None
+        if kv.replica_maps.display != on:       # (a replica died: the maps stay)
+            for widget in (kv.map, kv.legend, kv.host):
+                widget.display = not on
+            kv.replica_maps.display = on
+        if not on:
+            return False
+        router = dp.router
+        snaps, routed = dp.replica_snapshots(), list(router.routed)
+        figures = self.replica_windows.figures(snaps, routed,
+                                               [dp.alive(r) for r in range(dp.size)])
+        rid = current.request_id if current is not None else None
+        decision = next((d for d in reversed(list(router.recent)) if d.request_id == rid),
+                        None) if rid else None
+        chosen = decision.chosen if decision is not None else (
+            dp.replica_of(rid) if rid else None)
+        kv.replica_maps.show(snaps, figures, router.policy,
+                             highlight.request_id if highlight is not None else None, chosen)
+        self._replica_titles(snaps)
+        self.routing.show_decision(decision, rid, router.recent.maxlen)
+        return True
+
+    def _replica_titles(self, snaps) -> None:
+        kv, n = self.kv, snaps[0].num_blocks
+        forms = (f"KV cache · {len(snaps)} replicas × {n} blocks × {snaps[0].block_size} tokens",
+                 f"KV · {len(snaps)} × {n} blocks")
+        title = next((f for f in forms if len(f) + 6 <= kv.size.width), forms[-1])
+        k = kv.replica_maps.scale()
+        subtitle = f"1 cell = {k} blocks" if k > 1 else ""
+        if kv.border_title != title:
+            kv.border_title = title
+        if kv.border_subtitle != subtitle:
+            kv.border_subtitle = subtitle
+

@@ -1,0 +1,153 @@
+"""Data parallelism in the KV panel: each replica's own pool as a small KV map (kv_map.py's
+drawing, scaled down to fit: one cell stands for `k` blocks), its load under it
+(replica_load.py), and the router's totals on the last line."""
+from __future__ import annotations
+
+import numpy as np
+from rich.text import Text
+from textual.containers import Horizontal, Vertical
+
+from roseplay.tui.widgets.kv_map import KVMap
+from roseplay.tui.widgets.replica_load import ReplicaFigures, imbalance
+from roseplay.tui.widgets.text_view import TextView
+
+LOAD_ROWS = 4       # the figures under each map
+IN_USE, CACHED = 1, 2   # block states (EngineSnapshot.block_state: free, in use, cached)
+
+
+def scale_blocks(state: np.ndarray, refcount: np.ndarray, selected: np.ndarray, k: int):
+    """Pool arrays with one entry per `k` blocks: a cell takes the state most of its
+    blocks have (in use, then cached, on a tie), the highest refcount among them, and is
+    selected if one of its blocks is."""
+    if k <= 1:
+        return state, refcount, selected
+    n = len(state)
+    pad = -n % k
+    st = np.concatenate([state, np.zeros(pad, state.dtype)]).reshape(-1, k)
+    rc = np.concatenate([refcount, np.zeros(pad, refcount.dtype)]).reshape(-1, k)
+    used, cached = (st == IN_USE).sum(1), (st == CACHED).sum(1)
+    free = k - used - cached
+    cell = np.where((used >= cached) & (used >= free) & (used > 0), IN_USE,
+                    np.where((cached >= free) & (cached > 0), CACHED, 0)).astype(state.dtype)
+    return cell, rc.max(1), np.unique(np.asarray(selected, np.int64) // k)
+
+
+class MiniKVMap(KVMap):
+    """A KVMap of a whole pool in its panel: `k` blocks a cell, the fewest that fit."""
+
+    DEFAULT_CSS = "MiniKVMap { height: 1fr; min-height: 1; scrollbar-size-vertical: 1; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.k = 1
+        self._given = None
+
+    def show_pool(self, state, refcount, selected) -> None:
+        self._given = (state, refcount, selected)
+        self.k = self.blocks_per_cell(len(state))
+        super().show(*scale_blocks(state, refcount, selected, self.k))
+
+    def blocks_per_cell(self, n: int) -> int:
+        """The fewest blocks a cell so that the densest drawing ("half": two cells a
+        character) holds the pool without scrolling."""
+        cells = 2 * max(1, self.size.width - 1) * max(1, self.size.height)
+        return max(1, -(-n // cells))
+
+    def on_resize(self) -> None:
+        if self._given is not None and self.blocks_per_cell(len(self._given[0])) != self.k:
+            self.show_pool(*self._given)        # a new scale: the shape changes, relayout
+        else:
+            self._relayout()
+
+
+def load_text(f: ReplicaFigures, width: int, chosen: bool = False) -> Text:
+    """The figures under replica `f.rank`'s map, in the longest forms that fit."""
+    def pick(*forms: str) -> str:
+        return next((s for s in forms if len(s) <= width), forms[-1])
+    pct = "-" if f.hit_rate is None else f"{100 * f.hit_rate:.0f}%"
+    ttft = "-" if f.ttft_p50 is None else f"{1000 * f.ttft_p50:.0f}ms"
+    toks = "-" if f.tok_s is None else f"{f.tok_s:.0f}"
+    t = Text(no_wrap=True, overflow="ellipsis")
+    head = pick(f"replica {f.rank} · routed {f.routed}", f"r{f.rank} routed {f.routed}",
+                f"r{f.rank} {f.routed}")
+    t.append(head, "bold reverse #f2d34f" if chosen else "bold")
+    if not f.alive:
+        t.append(" dead", "bold #ff5555")
+    t.append("\n" + pick(f"waiting {f.waiting} · running {f.running} · 4w+r {f.score}",
+                         f"wait {f.waiting} run {f.running} 4w+r {f.score}",
+                         f"w{f.waiting} r{f.running} 4w+r {f.score}",
+                         f"w{f.waiting} r{f.running} ={f.score}"))
+    t.append("\n" + pick(f"KV {f.used}/{f.total} blocks · hit {pct}",
+                         f"KV {f.used}/{f.total} hit {pct}", f"{f.used}/{f.total} {pct}"))
+    t.append("\n" + pick(f"TTFT p50 {ttft} · {toks} tok/s", f"TTFT {ttft} {toks} tok/s",
+                         f"{ttft} {toks}t/s"), "dim")
+    return t
+
+
+def totals_text(policy: str, routed, width: int) -> Text:
+    """The router's totals: requests per replica and the imbalance (most / mean)."""
+    imb = imbalance(routed)
+    shown = "-" if imb is None else f"{imb:.2f}"
+    per = "/".join(map(str, routed))
+    forms = (f"routing {policy} (u) · requests {per} · imbalance {shown} (most/mean)",
+             f"{policy} (u) · requests {per} · imbalance {shown}",
+             f"{policy} · {per} · imb {shown}", f"{per} imb {shown}")
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(next((s for s in forms if len(s) <= width), forms[-1]), "bold #5fb3f0")
+    return t
+
+
+class LoadView(TextView):
+    DEFAULT_CSS = f"LoadView {{ height: {LOAD_ROWS}; text-wrap: nowrap; text-overflow: ellipsis; }}"
+
+
+class ReplicaColumn(Vertical):
+    DEFAULT_CSS = "ReplicaColumn { width: 1fr; height: 1fr; margin-right: 1; }"
+
+    def __init__(self, rank: int, **kwargs):
+        super().__init__(**kwargs)
+        self.map, self.load = MiniKVMap(id=f"replica-map-{rank}"), LoadView(id=f"replica-load-{rank}")
+
+    def compose(self):
+        yield self.map
+        yield self.load
+
+
+class ReplicaMaps(Vertical):
+    """N small maps side by side, each with its load; the router's totals under them."""
+
+    DEFAULT_CSS = """
+    ReplicaMaps { height: 1fr; display: none; }
+    ReplicaMaps > Horizontal { height: 1fr; }
+    ReplicaMaps > #replica-totals { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.columns: list[ReplicaColumn] = []
+        self.row = Horizontal()
+        self.totals = TextView(id="replica-totals")
+
+    def compose(self):
+        yield self.row
+        yield self.totals
+
+    def show(self, snaps, figures: list[ReplicaFigures], policy: str, selected_id: str | None,
+             chosen: int | None) -> None:
+        """`chosen`: the replica that serves the selected request (its blocks turn yellow
+        on its map, its header is marked)."""
+        if len(self.columns) != len(snaps):
+            self.row.remove_children()
+            self.columns = [ReplicaColumn(r) for r in range(len(snaps))]
+            self.row.mount_all(self.columns)
+        for col, snap, f in zip(self.columns, snaps, figures):
+            req = snap.request(selected_id) if selected_id and f.rank == chosen else None
+            blocks = np.asarray(req.blocks if req is not None else (), np.int64)
+            col.map.show_pool(snap.block_state, snap.block_refcount, blocks)
+            col.load.show(load_text(f, max(8, col.size.width), f.rank == chosen))
+        self.totals.show(totals_text(policy, [f.routed for f in figures],
+                                     max(20, self.size.width)))
+
+    def scale(self) -> int:
+        """Blocks a cell (the most of any map: they share one width)."""
+        return max((c.map.k for c in self.columns), default=1)
