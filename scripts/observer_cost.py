@@ -25,6 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from devtools.borrowed import Borrowed  # noqa: E402  (after the repo is on the path)
 
 
 def parse_args(argv=None):
@@ -92,24 +93,11 @@ def window_stats(source, seconds: float, unwatched: bool = False) -> dict:
                 snapshot_share=c.snapshot_build_us / 1e6 / dt, gc_share=c.gc_pause_us / 1e6 / dt)
 
 
-class _Borrowed:
-    """The source, lent to one app: its unmount must not close it."""
-
-    def __init__(self, source):
-        self._source = source
-
-    def __getattr__(self, name):
-        return getattr(self._source, name)
-
-    def close(self) -> None:
-        pass
-
-
 def app_window(source, seconds: float, settle: float = 1.0) -> dict:
     from roseplay.tui.app import RoseplayApp
 
     async def run() -> dict:
-        app = RoseplayApp(source=_Borrowed(source))
+        app = RoseplayApp(source=Borrowed(source))
         async with app.run_test(size=(200, 60)) as pilot:
             await asyncio.sleep(settle)        # mounted and drawing before the window opens
             loop = asyncio.get_running_loop()

@@ -40,6 +40,7 @@ def test_fp8_decode_reads_no_bytes_from_shared_memory():
     assert rep["registers"] <= 128 and rep["stack"] == 0, rep
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 def test_fused_rotary_decode_within_the_register_cap(kv):
     rep = _report("--kv", kv, "--rope")

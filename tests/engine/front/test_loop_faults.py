@@ -175,6 +175,7 @@ def test_dropped_stream_cancels_request_and_frees_blocks(ckpt):
         assert_all_free(loop.engine)
 
 
+@pytest.mark.slow
 def test_dropped_streams_under_load(ckpt):
     """Many consumers drop their streams mid-flight; the rest are served correctly."""
     with EngineLoop(model=ckpt, **engine_kw(num_blocks=24, max_num_seqs=8)) as loop:

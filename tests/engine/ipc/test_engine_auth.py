@@ -92,6 +92,7 @@ def test_the_key_file_is_private(owner):
         assert len(f.read().strip()) == 64
 
 
+@pytest.mark.slow
 def test_a_killed_engines_key_file_does_not_outlive_it():
     """A killed engine cannot remove its key file: its owner does once it reaps it, and
     the next engine start removes one that an engine killed with its owner left."""

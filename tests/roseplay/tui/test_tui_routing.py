@@ -18,24 +18,12 @@ from roseplay.tui.widgets.replica_load import imbalance
 from roseplay.tui.widgets.replica_maps import MiniKVMap, scale_blocks
 from roseplay.tui.widgets.routing_card import RoutingCard, card_text
 from engine.front.router import ReplicaLoad, RouteDecision
+from devtools.borrowed import Borrowed
 from tests.roseplay.tui.helpers import (ENGINE, fast_idle, live_source, screen_text, sync,
                                         wait_for, widget_text)
 
 pytestmark = [pytest.mark.timeout(600)]
 SIZES = ((80, 24), (120, 40), (200, 60))
-
-
-class KeepOpen:
-    """The module's source for one app: the app's exit closes its source; this one stays."""
-
-    def __init__(self, source):
-        self._source = source
-
-    def __getattr__(self, name):
-        return getattr(self._source, name)
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +42,7 @@ def app(source, monkeypatch):
     fast_idle(monkeypatch)
     source.set_routing_policy("cache_aware")
     source.resume()
-    return RoseplayApp(source=KeepOpen(source))
+    return RoseplayApp(source=Borrowed(source))
 
 
 async def paused(pilot, source) -> list:

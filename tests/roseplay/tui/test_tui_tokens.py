@@ -25,6 +25,7 @@ def test_every_key_is_bound_once_and_each_knob_key_is_defined_in_keys():
     assert "`d`" not in keys_markdown("replay")          # a live knob: hidden in a replay
 
 
+@pytest.mark.slow
 @sync
 async def test_d_and_D_turn_speculation_on_and_off_on_the_engine_process():
     src = live_source(in_process=False, scenario="identical")
@@ -85,7 +86,7 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
             assert all(0 <= v <= 100 for v in accept) and all(1 <= v <= 4 for v in lengths)
             assert any(v > 1 for v in lengths)
             assert plot.display and app.query_one("#plot-alen").display
-            assert "accepted" in widget_text(plot)
+            assert await wait_for(pilot, lambda: "accepted" in widget_text(plot), 30)
             assert any(mark and mark.startswith("spec k") for mark in app.timing.history.marks)
             snap = app.snapshot          # one snapshot: its requests and its counters
             views = [r for r in snap.requests if r.spec_draft_tokens]

@@ -121,6 +121,7 @@ def test_killed_rank_ends_every_stream_with_an_error(tmp_path):
         assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.slow
 def test_tp2_host_tier_reloads_and_swaps_as_tp1(tmp_path):
     """The host tier under TP=2: each rank copies its shard of every block (the
     KVTransfer goes to the workers before the step), so reloaded prefixes and swapped-in
