@@ -9,8 +9,9 @@ included), so an import on a path no test runs still counts.
 """
 from __future__ import annotations
 
-import ast
 import pathlib
+
+from tests.import_graph import import_statements
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,19 +30,9 @@ def imports_of(name: str, path: pathlib.Path) -> list[tuple[str, int]]:
     `from a.b import c` both `a.b` and `a.b.c` (whichever is a module counts)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found += [(a.name, node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found.append((base, node.lineno))
-            found += [(f"{base}.{a.name}", node.lineno) for a in node.names]
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant)):
-            found.append((node.args[0].value, node.lineno))
+    for base, names, line in import_statements(path, package):
+        found.append((base, line))
+        found += [(f"{base}.{n}", line) for n in names]
     return found
 
 

@@ -8,10 +8,11 @@ included), so a rule broken on a path no test runs still fails here. The run-tim
 """
 from __future__ import annotations
 
-import ast
 import pathlib
 import subprocess
 import sys
+
+from tests.import_graph import import_statements
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engine"
@@ -68,22 +69,11 @@ def resolve(name: str) -> str | None:
 
 def imports_of(module: str) -> list[tuple[str, int]]:
     """(imported dotted name, line) for every import in the module, wherever it sits."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
-    pkg = package_of(module)
     found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(a.name, node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found += [(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base,
-                       node.lineno) for a in node.names]
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant)):
-            found.append((node.args[0].value, node.lineno))
+    for base, names, line in import_statements(MODULES[module], package_of(module)):
+        found += [(f"{base}.{n}" if f"{base}.{n}" in MODULES else base, line) for n in names]
+        if not names:
+            found.append((base, line))
     return found
 
 
