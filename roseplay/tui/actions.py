@@ -17,7 +17,7 @@ from roseplay.workload.source import RATE_STEPS, ReadOnlyError, ReplaySource
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.help import HelpScreen
 from roseplay.tui.widgets.prompt_input import parse_sampling
-from roseplay.tui.widgets.knobs import (CONCURRENCY_STEPS, knob_bounds, knob_field,
+from roseplay.tui.widgets.knobs import (CONCURRENCY_STEPS, cycled, knob_bounds, knob_field,
                                         live_fields, next_in, stepped)
 from roseplay.tui.widgets.requests import FILTERS, SORTS
 
@@ -121,11 +121,9 @@ class Actions(GuideActions, RoutingActions):
     def action_cycle_knob(self, name: str, direction: int) -> None:
         """The next value of a choice-valued knob (its `choices` in engine/config.py)."""
         if self.source is not None:
-            choices = list(knob_field(name).metadata["choices"])
-            current = getattr(self.source.knobs, name)
-            i = choices.index(current) if current in choices else 0
-            self._control(self.source.set_knobs,
-                          **{name: choices[(i + direction) % len(choices)]}, knob=name)
+            choices = knob_field(name).metadata["choices"]
+            new = cycled(choices, getattr(self.source.knobs, name), direction, missing=0)
+            self._control(self.source.set_knobs, **{name: new}, knob=name)
 
     def action_clear_cache(self) -> None:
         if self.source is not None and self._control(self.source.clear_prefix_cache) is None:
@@ -135,11 +133,8 @@ class Actions(GuideActions, RoutingActions):
     # -- workload --------------------------------------------------------------------------
     def action_scenario(self, direction: int) -> None:
         if self.source is not None:
-            names = list(SCENARIOS)
-            cur = self.source.workload().get("scenario")
-            i = names.index(cur) if cur in names else -1
-            self._control(self.source.set_scenario, names[(i + direction) % len(names)],
-                          knob="scenario")
+            new = cycled(SCENARIOS, self.source.workload().get("scenario"), direction)
+            self._control(self.source.set_scenario, new, knob="scenario")
 
     def action_concurrency(self, direction: int) -> None:
         if self.source is not None:
@@ -149,10 +144,8 @@ class Actions(GuideActions, RoutingActions):
 
     def action_rate(self, direction: int) -> None:
         if self.source is not None:
-            cur = self.source.workload().get("rate")
-            i = RATE_STEPS.index(cur) if cur in RATE_STEPS else 0
-            self._control(self.source.set_rate, RATE_STEPS[(i + direction) % len(RATE_STEPS)],
-                          knob="rate")
+            new = cycled(RATE_STEPS, self.source.workload().get("rate"), direction, missing=0)
+            self._control(self.source.set_rate, new, knob="rate")
 
     def set_value(self, name: str, text: str) -> None:
         """A typed value (command palette): a live knob, a workload setting, or replay

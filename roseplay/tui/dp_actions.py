@@ -5,6 +5,7 @@ router's decision for the selected request to the routing card (widgets/routing_
 from __future__ import annotations
 
 from engine.config import ROUTING_POLICIES
+from roseplay.tui.widgets.knobs import cycled
 from roseplay.tui.widgets.routing_card import card_rows
 
 
@@ -26,8 +27,7 @@ class RoutingActions:
         if self.source is None:
             return
         current = dp.router.policy if dp is not None else ROUTING_POLICIES[0]
-        i = ROUTING_POLICIES.index(current) if current in ROUTING_POLICIES else -1
-        self.set_routing(ROUTING_POLICIES[(i + direction) % len(ROUTING_POLICIES)])
+        self.set_routing(cycled(ROUTING_POLICIES, current, direction))
 
     def set_routing(self, policy: str) -> None:
         """A policy by name (the palette's `routing cache_aware`); the message line then

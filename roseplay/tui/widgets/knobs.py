@@ -74,6 +74,14 @@ def next_in(seq, value, direction: int):
     return next((v for v in reversed(seq) if v < value), seq[0])
 
 
+def cycled(choices, current, direction: int, missing: int = -1):
+    """The choice `direction` steps from `current` around `choices` (wrapping); a current
+    value that is not a choice counts as standing at index `missing`."""
+    choices = list(choices)
+    i = choices.index(current) if current in choices else missing
+    return choices[(i + direction) % len(choices)]
+
+
 class KnobsPanel(Widget):
     """Current values; the help text of the last knob touched is shown underneath."""
 
