@@ -31,7 +31,7 @@ from engine.config_json import (  # noqa: F401  (defined there, re-exported: one
 from engine.errors import InvalidRequestError
 from engine.scheduler_config import (  # noqa: F401  (defined there, re-exported: one owner)
     EVICTION_POLICIES, KNOB_MAXIMUM, PREEMPTION_MODES, SCHEDULING_MODES, SCHEDULING_POLICIES,
-    KnobChanges, SchedulerConfig, changed_knobs, check_choices, knob_changes, knob_field)
+    KnobChanges, SchedulerConfig, changed_knobs, check_choices, knob_field)
 
 
 DEFAULT_MODEL = "default"

@@ -152,14 +152,6 @@ def _changes_struct(cls) -> type[msgspec.Struct]:
 KnobChanges = _changes_struct(SchedulerConfig)
 
 
-def knob_changes(**changes) -> KnobChanges:
-    """Changed live knobs as the typed message (unknown names refused)."""
-    unknown = set(changes) - set(KnobChanges.__struct_fields__)
-    if unknown:
-        raise InvalidRequestError(f"unknown knob(s): {', '.join(sorted(unknown))}")
-    return KnobChanges(**changes)
-
-
 def changed_knobs(changes: KnobChanges) -> dict:
     """The fields a KnobChanges sets, as keyword arguments for SchedulerConfig.replace."""
     return {k: v for k, v in msgspec.structs.asdict(changes).items() if v is not msgspec.UNSET}

@@ -14,7 +14,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.front.client import EngineClient
-from engine.config import InvalidRequestError, knob_changes
+from engine.config import InvalidRequestError, KnobChanges
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine import commands as C
@@ -43,8 +43,8 @@ def client():
 def test_protocol_round_trips():
     msgs = [P.Hello("tui"), CoreRequest("r1", (1, 2, 3), SamplingParams(max_tokens=4), 1.5, "hi"),
             CoreRequest("r2", (4,), SamplingParams(stop=["x"], seed=3), 2.0, None, priority=-7),
-            C.SetKnobs(knob_changes(scheduling_policy="lpm", eviction_policy="lfu")),
-            C.Abort("r1", "stop"), C.SetKnobs(knob_changes(max_num_seqs=3)), C.SetPaused(True),
+            C.SetKnobs(KnobChanges(scheduling_policy="lpm", eviction_policy="lfu")),
+            C.Abort("r1", "stop"), C.SetKnobs(KnobChanges(max_num_seqs=3)), C.SetPaused(True),
             C.StepOnce(7), C.ResetPrefixCache(), C.ResetPeakUsage(), C.Barrier(9),
             P.Heartbeat(), P.Bye(), P.Shutdown()]
     for m in msgs:
