@@ -51,7 +51,7 @@ class TimingHistory:
     def reset(self) -> None:
         self.series = {k: deque(maxlen=HISTORY) for k in SERIES}
         self.marks: deque = deque(maxlen=HISTORY)     # per point: a knob change's label or None
-        self._mark: str | None = None
+        self._pending: deque = deque()     # changes not yet on a point, oldest first
         self._t = None
         self._since = -math.inf      # first tokens before the reset stay out of the curve
         self._tokens = 0
@@ -60,8 +60,9 @@ class TimingHistory:
         self._recent: deque = deque(maxlen=4)
 
     def mark(self, label: str) -> None:
-        """A knob changed: the next point carries `label` (a later change replaces it)."""
-        self._mark = label
+        """A knob changed: the next point without a mark carries `label` (two changes
+        within one bucket land on two points, in order: none is lost)."""
+        self._pending.append(label)
 
     def feed(self, snap) -> None:
         now, tokens = snap.time, snap.counters.generated_tokens
@@ -93,8 +94,7 @@ class TimingHistory:
         accept, length = b.spec_acceptance(a)
         add["accept"](100.0 * accept)
         add["alen"](length)
-        self.marks.append(self._mark)
-        self._mark = None
+        self.marks.append(self._pending.popleft() if self._pending else None)
         self._recent.append((dt, dtok))
         self.rate = sum(b for _, b in self._recent) / max(1e-9, sum(a for a, _ in self._recent))
         self._t, self._tokens, self._counters = now, tokens, snap.counters

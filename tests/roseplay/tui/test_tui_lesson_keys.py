@@ -45,7 +45,7 @@ async def test_tab_cycles_the_prompt_box_and_letters_never_turn_knobs(source):
         assert bar.is_open and _knobs(source) == before
         assert fields[0].value == "ROMEO:e"       # the `e` was typed, not a key
         assert fields[2].value == "temperature=0"
-        assert app.timing.history._mark is None      # no knob mark on the plots either
+        assert not app.timing.history._pending      # no knob mark on the plots either
 
 
 @sync

@@ -3,6 +3,7 @@ engine process), and a replay that marks its plots where the recorded session ch
 a knob or picked a guide, as the live app did."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -10,14 +11,27 @@ import pytest
 from roseplay.tui.app import RoseplayApp
 from roseplay.workload.source import ReplaySource
 from roseplay.tui.widgets.requests import RequestList
-from roseplay.tui.widgets.timing import TimeAxis
-from tests.roseplay.tui.helpers import fast_idle, live_source, sync, wait_for, widget_text
+from roseplay.tui.widgets.timing import BUCKET, TimeAxis, TimingHistory
+from tests.roseplay.tui.helpers import (fast_idle, live_source, session_snapshot, sync, wait_for,
+                                       widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _labels(app) -> list[str]:
     return [m for m in app.timing.history.marks if m]
+
+
+def test_two_changes_within_one_bucket_are_two_marks_in_order():
+    """A replay tick (or a fast pair of keys) can bring two changes before the next
+    point: both are marked, on consecutive points, the first first."""
+    history, snap = TimingHistory(), session_snapshot(12)
+    history.feed(snap)
+    history.mark("budget 256")
+    history.mark("guide 4")
+    for i in (1, 2, 3):
+        history.feed(dataclasses.replace(snap, time=snap.time + i * BUCKET))
+    assert list(history.marks) == ["budget 256", "guide 4", None]
 
 
 @sync
