@@ -69,6 +69,14 @@ NUM_STAGES = 2
 # gain 15-27 %; at batch 1 the spills only add latency (5.8 -> 8.1 us a layer), so small
 # batches keep the compiler's choice (docs/KERNELS.md "Register cap").
 MAX_REGISTERS = 128
+# A crowded fp8 launch (at least CROWDED_PAIRS_PER_SM (sequence, KV head) pairs a
+# multiprocessor, head_dim >= 128) takes 2 warps and 32-token tiles: under the same cap
+# twice the programs share a multiprocessor, so more serial tile chains overlap. qwen3-0.6b
+# fp8 batch 256 (16 pairs an SM), H100: 156.2 -> 140.0 us a layer; at batch 64 (4 an SM)
+# it lost (41.6 -> 50.2), and head_dim 64 (qwen2.5-0.5b) lost at every batch
+# (docs/KERNELS.md "Crowded fp8 launches").
+CROWDED_PAIRS_PER_SM = 8
+CROWDED_FP8 = {"block_n": 32, "num_warps": 2}
 MAX_SPLITS = 256
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
@@ -249,15 +257,21 @@ def plan_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int, block
     return triton.cdiv(max_tokens, tokens_per_split), tokens_per_split
 
 
-def default_config(head_dim: int, dtype: torch.dtype) -> dict:
+def default_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
+                   pairs_per_sm: float = 0.0) -> dict:
     """KV tile of BLOCK_N tokens per step, 4 warps, 2 stages (H100 sweep, docs/KERNELS.md):
     64 tokens beat 128 at batch >= 64 (72 vs 106 registers: more programs resident).
-    float32 (exact FMA dots) takes fewer tokens at large head_dim."""
+    float32 (exact FMA dots) takes fewer tokens at large head_dim; a crowded fp8 launch
+    takes CROWDED_FP8."""
     if dtype == torch.float32:
         block_n = 64 if head_dim <= 64 else (32 if head_dim <= 128 else 16)
     else:
         block_n = 64 if head_dim <= 128 else 32
-    return {"block_n": block_n, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
+    cfg = {"block_n": block_n, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
+    if fp8 and dtype != torch.float32 and head_dim >= 128 \
+            and pairs_per_sm >= CROWDED_PAIRS_PER_SM:
+        cfg.update(CROWDED_FP8)
+    return cfg
 
 
 def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
@@ -307,12 +321,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     group = num_heads // num_kv_heads
     page = k_cache.shape[1]
-    cfg = default_config(head_dim, q.dtype)
+    sms = num_sms(q.device)
+    cfg = default_config(head_dim, q.dtype, fp8, batch * num_kv_heads / sms)
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
     num_stages = num_stages or cfg["num_stages"]
     splits, tokens_per_split = plan_splits(batch, num_kv_heads, block_tables.shape[1], page,
-                                           block_n, num_sms(q.device))
+                                           block_n, sms)
     if num_splits is not None:
         tiles = triton.cdiv(max(1, block_tables.shape[1] * page), block_n)
         tokens_per_split = triton.cdiv(tiles, num_splits) * block_n
@@ -346,7 +361,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         FP8=fp8,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
         **({"maxnreg": MAX_REGISTERS}
-           if MAX_REGISTERS and batch * num_kv_heads >= num_sms(q.device) else {}),
+           if MAX_REGISTERS and batch * num_kv_heads >= sms else {}),
     )
     return out
 

@@ -5,7 +5,7 @@ of 16, the engine's strides, a wide launch's register cap). What a kernel change
 to loads, conversions and register pressure shows here before a device run
 (docs/KERNELS.md "FP8 tiles").
 
-    python scripts/kernel_sass.py --kv fp8 [--rope] [--block-n 64] [--stages 2]
+    python scripts/kernel_sass.py --kv fp8 [--rope] [--block-n 64] [--stages 2] [--warps 4]
     python scripts/kernel_sass.py --kv fp8 --json     # one JSON line (the tests read it)
 
 Run without TRITON_INTERPRET (the interpreter compiles nothing).
@@ -40,7 +40,7 @@ INTS = dict(min_split_tokens=64, num_heads=16, num_splits=3, stride_nkb=3072,
             stride_btb=512, stride_btm=1, stride_ob=2048, stride_oh=128, stride_od=1)
 
 
-def compile_decode(fp8: bool, rope: bool, block_n: int, stages: int):
+def compile_decode(fp8: bool, rope: bool, block_n: int, stages: int, warps: int = da.NUM_WARPS):
     """The kernel as a launch at those shapes specializes it (pointers and ints divisible
     by 16 marked so, ints equal to 1 constant)."""
     fn = da._decode_split_kernel
@@ -63,7 +63,7 @@ def compile_decode(fp8: bool, rope: bool, block_n: int, stages: int):
             sig[name] = "i32"
             if INTS[name] % 16 == 0 and name not in fn.do_not_specialize:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    options = dict(num_warps=da.NUM_WARPS, num_stages=stages)
+    options = dict(num_warps=warps, num_stages=stages)
     cap = getattr(da, "MAX_REGISTERS", None)
     if cap:
         options["maxnreg"] = cap
@@ -93,9 +93,12 @@ def main() -> int:
     p.add_argument("--rope", action="store_true", help="the fused rotary launch")
     p.add_argument("--block-n", type=int, default=64)
     p.add_argument("--stages", type=int, default=da.NUM_STAGES)
+    p.add_argument("--warps", type=int, default=da.NUM_WARPS,
+                   help=f"warps a program (a crowded fp8 launch: "
+                        f"{da.CROWDED_FP8['num_warps']}, block-n {da.CROWDED_FP8['block_n']})")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    rep = sass_report(compile_decode(a.kv == "fp8", a.rope, a.block_n, a.stages))
+    rep = sass_report(compile_decode(a.kv == "fp8", a.rope, a.block_n, a.stages, a.warps))
     if a.json:
         print(json.dumps(rep))
         return 0

@@ -40,6 +40,17 @@ def test_fp8_decode_reads_no_bytes_from_shared_memory():
     assert rep["registers"] <= 128 and rep["stack"] == 0, rep
 
 
+def test_a_crowded_fp8_launch_reads_no_bytes_and_keeps_the_cap():
+    """The fused launch of a crowded fp8 step (2 warps, 32-token tiles: what qwen3-0.6b
+    runs at batch 256) keeps the 16-bit transpose path and the register cap."""
+    import kernels.decode_attention as da
+    crowded = da.CROWDED_FP8
+    rep = _report("--kv", "fp8", "--rope", "--block-n", str(crowded["block_n"]),
+                  "--warps", str(crowded["num_warps"]))
+    assert rep["ops"].get("LDS.U8", 0) == 0, rep["ops"]
+    assert rep["registers"] <= da.MAX_REGISTERS, rep
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 def test_fused_rotary_decode_within_the_register_cap(kv):
