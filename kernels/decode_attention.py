@@ -94,7 +94,7 @@ def _split_tokens(ctx, num_splits, min_split_tokens, BLOCK_N: tl.constexpr):
 @triton.jit(do_not_specialize=["num_splits", "stride_btb", "min_split_tokens"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr,
-    pos_ptr, nk_ptr, nv_ptr, cs_ptr, slot_ptr, ks_ptr, vs_ptr,
+    pos_ptr, nk_ptr, nv_ptr, cs_ptr, slot_ptr, ks_ptr, vs_ptr, order_ptr,
     scale_log2, min_split_tokens, num_heads, num_splits,
     stride_nkb, stride_nkh, stride_nvb, stride_nvh, stride_cs,
     stride_qb, stride_qh, stride_qd,
@@ -106,10 +106,15 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr,
     MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
     MERGE_ALL: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, ORDERED: tl.constexpr = False, NUM_KV: tl.constexpr = 1,
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if ORDERED:     # program p runs (order[p // NUM_KV], p % NUM_KV): longest first
+        lin = tl.program_id(0) + tl.num_programs(0) * tl.program_id(1)
+        b = tl.load(order_ptr + lin // NUM_KV)
+        kvh = lin % NUM_KV
+    else:
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
     split = tl.program_id(2)
     if not ROPE:
         pdl_enter(PDL)      # q and this step's K/V come from the previous kernel
@@ -274,6 +279,14 @@ def default_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
     return cfg
 
 
+def decode_order(context_lens: torch.Tensor) -> torch.Tensor | None:
+    """The decode rows longest context first, for `order` (one small sort on the device,
+    once per forward: every layer shares it; None at batch 1, where nothing is to order)."""
+    if context_lens.shape[0] < 2:
+        return None
+    return torch.argsort(context_lens, descending=True).to(torch.int32)
+
+
 def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                             value: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
                             k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -301,13 +314,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float, *, k_scale: torch.Tensor | None = None,
                            v_scale: torch.Tensor | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
-                           num_splits: int | None = None,
+                           num_splits: int | None = None, order: torch.Tensor | None = None,
                            _rope: tuple | None = None) -> torch.Tensor:
     """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype). An fp8
     cache is read with its per-head scales (k_scale, v_scale [H_kv]; None: unit).
 
-    The other keyword-only knobs exist for the tests and the benchmark sweep; callers leave them
-    unset. _rope: (positions, key, value, cos_sin_cache, slot_mapping) from
+    order [B] int32 (decode_order): the sequences longest context first; program p then
+    runs sequence order[p // H_kv], KV head p % H_kv, so the longest chains start first
+    and no long sequence is left for the tail of the launch (longest-processing-time
+    first). The other keyword-only knobs exist for the tests and the benchmark sweep;
+    callers leave them unset. _rope: (positions, key, value, cos_sin_cache, slot_mapping) from
     rotary_decode_attention.
     """
     check_float(q)
@@ -332,8 +348,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         tiles = triton.cdiv(max(1, block_tables.shape[1] * page), block_n)
         tokens_per_split = triton.cdiv(tiles, num_splits) * block_n
         splits = triton.cdiv(tiles * block_n, tokens_per_split)
-    single = splits == 1
     min_tokens = triton.cdiv(DYNAMIC_MIN_TOKENS, block_n) * block_n
+    single = splits == 1
     block_d = max(16, next_pow2(head_dim))
     block_g = max(16, next_pow2(group))
     merge_g = max(2, next_pow2(group))
@@ -348,7 +364,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     pos, nk, nv, cs, slots = _rope if _rope is not None else (q, q, q, q, q)
     _decode_split_kernel[(batch, num_kv_heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, pm, pl, pacc, cnt,
-        pos, nk, nv, cs, slots, ks, vs,
+        pos, nk, nv, cs, slots, ks, vs, order if order is not None else q,
         scale * math.log2(math.e), min_tokens, num_heads, splits,
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cs.stride(0),
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
@@ -358,7 +374,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         MERGE_G=merge_g,
         MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
         MERGE_ALL=max(16, next_pow2(splits)), ROPE=_rope is not None, HALF=head_dim // 2,
-        FP8=fp8,
+        FP8=fp8, ORDERED=order is not None, NUM_KV=num_kv_heads,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
         **({"maxnreg": MAX_REGISTERS}
            if MAX_REGISTERS and batch * num_kv_heads >= sms else {}),

@@ -3,7 +3,8 @@
 Each kernel lives in its own module (see docs/KERNELS.md for the designs):
   kv_store.py          store_kv_cache
   decode_attention.py  paged_decode_attention   (split-K, GQA packed, graph-safe),
-                       rotary_decode_attention  (+ rotary and the K/V store, one launch)
+                       rotary_decode_attention  (+ rotary and the K/V store, one launch),
+                       decode_order             (rows longest context first, for both)
   extend_attention.py  paged_extend_attention   (causal flash attention, paged)
   unified_attention.py paged_unified_attention  (decodes + chunks in one launch, graph-safe;
                        CUDA path only: no twin in reference.py, see its oracle there)
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 from kernels.activation import silu_and_mul
 from kernels.argmax import argmax
-from kernels.decode_attention import paged_decode_attention, rotary_decode_attention
+from kernels.decode_attention import (decode_order, paged_decode_attention,
+                                      rotary_decode_attention)
 from kernels.extend_attention import paged_extend_attention
 from kernels.kv_store import store_kv_cache
 from kernels.linear import linear, rms_norm_linear, silu_mul_linear
@@ -31,4 +33,5 @@ from kernels.unified_attention import paged_unified_attention
 
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
            "rms_norm", "rotary_embedding", "silu_and_mul", "linear", "rms_norm_linear", "silu_mul_linear",
-           "rotary_store_kv", "paged_unified_attention", "rotary_decode_attention", "argmax"]
+           "rotary_store_kv", "paged_unified_attention", "rotary_decode_attention", "argmax",
+           "decode_order"]

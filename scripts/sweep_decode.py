@@ -8,8 +8,9 @@ KV cache dtype and kernel variant, on a preset's attention shape (--model: qwen2
 PYTHONPATH=. python3 scripts/sweep_decode.py [--model dummy:qwen3-0.6b] [--batches 1,16,64,256] [--ctx 513,640] [--kv-dtype auto,fp8] [--quick]
 
 Variants are the tuning constants of kernels/decode_attention.py (DYNAMIC_MIN_TOKENS,
-TARGET_PROGRAMS_PER_SM, NUM_STAGES, MAX_REGISTERS) and the tile (block_n); "base" is the
-shipped set. Prints us per call (median of 5 timings of 20 replays) and the KV bandwidth
+TARGET_PROGRAMS_PER_SM, NUM_STAGES, MAX_REGISTERS, NUM_WARPS, CROWDED_PAIRS_PER_SM), the
+tile (block_n) and LONGEST_FIRST (0: programs in batch order, without decode_order);
+"base" is the shipped set. Prints us per call (median of 5 timings of 20 replays) and the KV bandwidth
 it reaches (cache bytes read: 2 bytes an element for bf16, 1 for fp8).
 """
 import argparse
@@ -59,14 +60,18 @@ def make(batch: int, kv_dtype: torch.dtype, seed: int = 0):
                 table=table, lens=lens), kv_bytes
 
 
+LONGEST_FIRST = 1     # the engine's order (decode_order); 0: batch order, as before 2026-11-28
+
+
 def time_variant(x, block_n, rope) -> float:
     def run():
         outs = []
+        order = da.decode_order(x["lens"]) if LONGEST_FIRST else None
         for k, v in x["caches"]:
             if rope:
                 outs.append(da.rotary_decode_attention(
                     x["pos"], x["q"], x["kv"][:, 0], x["kv"][:, 1], x["cos_sin"], True, k, v,
-                    x["slots"], x["table"], x["lens"], D ** -0.5, block_n=block_n))
+                    x["slots"], x["table"], x["lens"], D ** -0.5, block_n=block_n, order=order))
             else:
                 outs.append(da.paged_decode_attention(x["q"], k, v, x["table"], x["lens"],
                                                       D ** -0.5, block_n=block_n))
@@ -116,7 +121,7 @@ def main():
     if a.grid:
         grid = {k: [int(v) for v in vals.split(",")]
                 for k, vals in (item.split("=") for item in a.grid.split(";"))}
-    shipped = {name: getattr(da, name) for name in grid if name != "block_n"}
+    shipped = {name: getattr(da, name) for name in grid if name not in ("block_n", "LONGEST_FIRST")}
     for kv_name in a.kv_dtype.split(","):
         kv_dtype = FP8 if kv_name == "fp8" else torch.bfloat16
         for batch in map(int, a.batches.split(",")):
@@ -126,6 +131,9 @@ def main():
                 cfg = dict(zip(grid, values))
                 for name, v in cfg.items():
                     if name != "block_n":
+                        if name == "LONGEST_FIRST":
+                            globals()["LONGEST_FIRST"] = v
+                            continue
                         setattr(da, name, v or None if name == "MAX_REGISTERS" else v)
                 us = time_variant(x, cfg.get("block_n"), not a.no_rope)
                 rows.append((us, cfg))

@@ -197,6 +197,38 @@ else:
         assert_close(tri.silu_and_mul(x), ref.silu_and_mul(x), dtype, seed, "silu_and_mul")
 
     # ------------------------------------------- rotary + kv store + decode, fused
+    @pytest.mark.parametrize("splits", [None, 3])
+    def test_decode_in_longest_first_order_is_the_same_attention(seed, poison, splits):
+        """decode_order's launch (programs run the longest contexts first) computes every
+        row exactly as the launch in batch order, fused rotary launch included, caches too."""
+        group, h_kv, d, page, lens = 2, 2, 32, 8, [9, 70, 1, 33, 0]
+        h = group * h_kv
+        k_cache, v_cache, tables = make_paged(lens, page, h_kv, d, torch.bfloat16)
+        ctx = torch.tensor(lens, dtype=torch.int32)
+        order = tri.decode_order(ctx)
+        assert ctx[order.long()].tolist() == sorted(lens, reverse=True)
+        assert tri.decode_order(ctx[:1]) is None              # batch 1: nothing to order
+        q = torch.randn(len(lens), h, d).to(torch.bfloat16)
+        plain = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5,
+                                           num_splits=splits)
+        ordered = tri.paged_decode_attention(q, k_cache, v_cache, tables, ctx, d ** -0.5,
+                                             num_splits=splits, order=order)
+        assert torch.equal(plain, ordered), f"seed {seed}"
+        live = ctx.clamp(min=1)                      # the fused launch stores at ctx - 1
+        positions = live.long() - 1
+        slots = tables[torch.arange(len(lens)), positions // page].long() * page \
+            + positions % page
+        qkv = torch.randn(len(lens), h + 2 * h_kv, d).to(torch.bfloat16)
+        args = (positions, qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:],
+                torch.randn(100, d), True)
+        runs = []
+        for kw in ({}, {"order": tri.decode_order(live)}):
+            kc, vc = k_cache.clone(), v_cache.clone()
+            runs.append((tri.rotary_decode_attention(*args, kc, vc, slots, tables, live,
+                                                     d ** -0.5, num_splits=splits, **kw),
+                         kc, vc))
+        assert all(torch.equal(a, b) for a, b in zip(*runs)), f"seed {seed}"
+
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("case", [(7, 2, 64, 16, [250, 1, 33, 64]), (2, 2, 32, 4, [5, 17, 1]),
                                       (7, 1, 64, 16, [40, 129])],          # a TP=2 shard

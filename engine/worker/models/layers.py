@@ -5,7 +5,7 @@ CUDA), so one model definition serves both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
@@ -39,6 +39,19 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor | None = None       # [S+1] int32
     seq_lens: torch.Tensor | None = None              # [S] int32
     block_tables: torch.Tensor | None = None          # [S, M] int32
+    _order: dict | None = field(default=None, repr=False)
+
+    def order_kwargs(self, ops) -> dict:
+        """{"order": the decode rows longest context first} for a backend whose decode
+        launch schedules by it (ops.decode_order: the Triton one, docs/KERNELS.md
+        "Longest first"), computed at the first layer and shared by the others (in a
+        CUDA graph: one small sort a replay); {} for any other backend."""
+        if self._order is None:
+            make = getattr(ops, "decode_order", None)
+            order = None if make is None or self.decode_context_lens is None \
+                else make(self.decode_context_lens)
+            self._order = {} if order is None else {"order": order}
+        return self._order
 
 
 class PagedAttention(nn.Module):
@@ -89,12 +102,13 @@ class PagedAttention(nn.Module):
         if n_dec == q.shape[0]:
             return ops.paged_decode_attention(q, self.k_cache, self.v_cache,
                                               meta.decode_block_tables,
-                                              meta.decode_context_lens, self.scale, **sc)
+                                              meta.decode_context_lens, self.scale, **sc,
+                                              **meta.order_kwargs(ops))
         out = torch.empty_like(q)
         if n_dec:
             out[:n_dec] = ops.paged_decode_attention(
                 q[:n_dec], self.k_cache, self.v_cache, meta.decode_block_tables,
-                meta.decode_context_lens, self.scale, **sc)
+                meta.decode_context_lens, self.scale, **sc, **meta.order_kwargs(ops))
         out[n_dec:] = ops.paged_extend_attention(
             q[n_dec:], self.k_cache, self.v_cache, meta.prefill_block_tables,
             meta.prefill_cu_seqlens_q, meta.prefill_context_lens,

@@ -111,7 +111,7 @@ class LlamaDecoderLayer(nn.Module):
             return ops.rotary_decode_attention(
                 positions, q, k, v, cos_sin, True, attn.k_cache, attn.v_cache,
                 meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-                attn.scale, **attn.kv_scales)
+                attn.scale, **attn.kv_scales, **meta.order_kwargs(ops))
         q = ops.rotary_store_kv(positions, q, k, v, cos_sin, True, attn.k_cache,
                                 attn.v_cache, meta.slot_mapping, **attn.kv_scales)
         return attn(q, k, v, meta, kv_stored=True)
