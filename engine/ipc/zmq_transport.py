@@ -108,6 +108,8 @@ class ZmqTransport:
         self.info: EngineInfo = welcome.info
         self.knobs: SchedulerConfig = welcome.knobs     # at attach: the front keeps them
         self.paused = welcome.paused
+        # where it publishes its KV events, as reached from here (None: it publishes none)
+        self.kv_events = P.kv_events_seen_from(welcome.kv_events, self.address)
         if self.proc is None:     # attached: the engine says which model it serves
             self.tokenizer = load_tokenizer(self.info.model_name)
         self._max_message = P.max_message_bytes(self.info.max_model_len)   # its MAXMSGSIZE
