@@ -8,8 +8,9 @@ tensor_parallel_size GPUs), each owned by an EngineClient, and turns on their KV
 once, asks the Router (engine/front/router.py) for a replica and submits there; the
 request's events come back through that replica's client. Load is vLLM's: each replica's
 latest stats (waiting, running, KV blocks in use) plus what this front sent it since
-those stats were built (the engine's perf_counter is the host's CLOCK_MONOTONIC, so the
-times compare across processes).
+those stats were built (their time, the engine's perf_counter, read on this process's
+clock: ZmqTransport.clock_offset, measured at its Welcome, since a replica may run on
+another host).
 
 `DPClient(engine_addresses=[A, B, ...])` attaches to engines that run elsewhere instead
 (engine/front/dp_attach.py), one replica each; closing it detaches them.
@@ -239,11 +240,13 @@ class DPClient(CoreControls):
         self._sent_blocks[rank] += blocks
 
     def _loads(self) -> list[ReplicaLoad]:
-        """Each replica's stats, plus what was sent to it after they were built."""
+        """Each replica's stats, plus what was sent to it after they were built (the
+        stats' time on this process's clock: the engine may run on another host)."""
         loads = []
         for r, c in enumerate(self.replicas):
             st, sent = c.engine_stats(), self._sent[r]
-            while sent and sent[0][0] <= st.time:
+            built = st.time + c.transport.clock_offset
+            while sent and sent[0][0] <= built:
                 self._sent_blocks[r] -= sent.popleft()[1]
             loads.append(ReplicaLoad(st.num_waiting + len(sent), st.num_running,
                                      st.num_used_blocks + self._sent_blocks[r], self.alive(r)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import msgspec
 import zmq
@@ -177,7 +178,7 @@ class EngineCoreProc:
     def _hello(self, client: bytes, msg: P.Hello) -> None:
         self.clients.admit(client)
         welcome = P.Welcome(EngineInfo.of(self.engine), self.engine.knobs, self.core.paused,
-                            self.clients.timeout, self.kv_events)
+                            self.clients.timeout, self.kv_events, time.perf_counter())
         self.output.put(client, welcome)
         self.output.put(client, P.Stats(self.core.stats))
 

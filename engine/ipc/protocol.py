@@ -93,6 +93,7 @@ class Welcome(msgspec.Struct, tag=True):
     paused: bool
     client_timeout: float        # the stall policy both ends keep (engine/ipc/liveness.py)
     kv_events: KVEventsEndpoints | None = None     # None: the engine publishes none
+    time: float = 0.0     # the engine's perf_counter as it answers: its clock against ours
 
 
 class StepDone(msgspec.Struct, tag=True):

@@ -5,15 +5,18 @@ tokens through the attached front equal one engine's; cache_aware follows the at
 engines' events; closing the front leaves the engines serving (a new front attaches
 again); replicas without KV events or that differ are refused; a killed engine fails
 only its own requests (last: it kills one of them)."""
+import collections
 import os
 import signal
 import socket
+import time
 import types
 
 import pytest
 
 from engine import SamplingParams
 from engine.config import InvalidRequestError
+from engine.engine_stats import EngineStats
 from engine.front.dp_attach import check_replicas, front_config
 from engine.front.client import EngineClient
 from engine.front.dp_client import DPClient
@@ -154,6 +157,28 @@ def test_a_wildcard_bind_is_reached_at_the_connect_host():
     assert P.seen_from("tcp://[::]:7", "tcp://*:5000") == "tcp://127.0.0.1:7"
     assert P.seen_from("tcp://10.0.0.9:7", "tcp://10.1.2.3:5000") == "tcp://10.0.0.9:7"
     assert P.seen_from("ipc:///x.kv-events", "tcp://h:1") == "ipc:///x.kv-events"
+
+
+def test_the_clock_offset_of_an_engine_on_this_host_is_small(dp):
+    assert all(abs(c.transport.clock_offset) < 5.0 for c in dp.replicas)
+
+
+@pytest.mark.parametrize("engine_clock", [-5000.0, 5000.0])   # behind ours, ahead of it
+def test_loads_read_another_hosts_stats_on_this_clock(engine_clock):
+    """What the front sent after a replica's stats were built counts as waiting there,
+    until stats built after it come, whatever the origin of that host's clock."""
+    stats = [EngineStats()]
+    replica = types.SimpleNamespace(fatal_error=None, engine_stats=lambda: stats[0],
+                                    transport=types.SimpleNamespace(clock_offset=-engine_clock))
+    front = DPClient.__new__(DPClient)
+    front.replicas, front.size, front.closed = [replica], 1, False
+    front.info = types.SimpleNamespace(block_size=4)
+    front._sent, front._sent_blocks = [collections.deque()], [0]
+    stats[0] = EngineStats(time=time.perf_counter() + engine_clock)
+    front._note_sent(0, 8)
+    assert front._loads()[0].waiting == 1 and front._loads()[0].active_blocks == 2
+    stats[0] = EngineStats(time=time.perf_counter() + engine_clock, num_waiting=1)
+    assert front._loads()[0].waiting == 1 and front._loads()[0].active_blocks == 0
 
 
 def test_a_killed_engine_fails_only_its_requests(dp, engines):
