@@ -8,7 +8,6 @@ only its own requests (last: it kills one of them)."""
 import collections
 import os
 import signal
-import socket
 import time
 import types
 
@@ -22,7 +21,7 @@ from engine.front.client import EngineClient
 from engine.front.dp_client import DPClient
 from engine.ipc import protocol as P
 from engine.ipc.launch import EngineLaunch, wait_ready
-from tests.helpers import engines_owned_by
+from tests.helpers import engines_owned_by, free_port_block
 
 KEY = "dp-attach-test-key"
 KW = dict(model="dummy:tiny", device="cpu", num_blocks=2048, block_size=4, seed=0)
@@ -35,29 +34,6 @@ def greedy(n):
     return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 
 
-def free_base_port(span: int = 5) -> int:
-    """A port P with P..P+span-1 free on 127.0.0.1 (an engine binds five)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + span > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + span):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
-
-
 @pytest.fixture(scope="module")
 def engines():
     """Two engines with KV events on, loading at once."""
@@ -65,7 +41,7 @@ def engines():
     launches = []
     try:
         for _ in range(2):
-            launches.append(EngineLaunch(kwargs, f"tcp://127.0.0.1:{free_base_port()}", KEY))
+            launches.append(EngineLaunch(kwargs, f"tcp://127.0.0.1:{free_port_block()}", KEY))
         for launch in launches:
             wait_ready(launch.proc, launch.status, None, 300)
         yield launches
@@ -120,6 +96,28 @@ def test_closing_a_front_leaves_the_engines_serving(engines):
                 out = front.submit(PROMPTS[0], greedy(3), data_parallel_rank=rank).result(60)
                 assert out.error is None and len(out.outputs[0].token_ids) == 3
         assert all(e.proc.poll() is None for e in engines)
+
+
+def test_bench_attaches_by_address(engines):
+    """`roseplay bench --engine-address A --engine-address B`: a measured run over the
+    attached engines, one row per replica."""
+    import argparse
+    from roseplay.bench import inproc as bench
+    from roseplay.bench.args import add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--engine-address", engines[0].address, "--engine-address",
+                              engines[1].address, "--engine-key", KEY, "--routing-policy",
+                              "round_robin", "--num-prompts", "8", "--output-len", "4"])
+    loop = bench.make_loop(args)
+    try:
+        assert isinstance(loop, DPClient) and [c.proc for c in loop.replicas] == [None, None]
+        items, _ = bench._workload(loop, args)
+        result, _ = bench.measure(loop, items, [], args, "dp")
+    finally:
+        loop.close()
+    assert [row["requests"] for row in result.engine["data_parallel"]["replicas"]] == [4, 4]
+    assert result.failed == 0 and all(e.proc.poll() is None for e in engines)
 
 
 def test_replicas_must_publish_events_and_serve_one_model_in_one_block_size():
