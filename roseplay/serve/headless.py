@@ -9,6 +9,7 @@ and a signal here stops the engine (its clients' open requests end with an error
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 
 from engine.config import InvalidRequestError
@@ -92,7 +93,15 @@ def _say_ready(launch: EngineLaunch, address: str, engine_key: str | None) -> No
     key = ("--engine-key KEY (the key given here)" if auth.given_key(engine_key) else
            f"(its key is in {auth.key_file(address)}, for this user on this host)")
     print(f"roseplay serve: headless engine {cfg.model} at {address}; {kv}\n"
-          f"roseplay serve: attach a front: roseplay serve --engine-address {address} "
+          f"roseplay serve: attach a front: roseplay serve --engine-address {_reach(address)} "
           f"--engine-address ADDR2 ... {key}\n"
           f"roseplay serve: watch it: roseplay --connect {address}; stop: Ctrl-C or SIGTERM",
           file=sys.stderr, flush=True)
+
+
+def _reach(address: str) -> str:
+    """The address a front on another host gives: a wildcard bind named by this host."""
+    if not address.startswith("tcp://"):
+        return address
+    host, _, port = address[len("tcp://"):].rpartition(":")
+    return f"tcp://{socket.gethostname()}:{port}" if host in P.WILDCARD_HOSTS else address

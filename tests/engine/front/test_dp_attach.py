@@ -120,6 +120,21 @@ def test_bench_attaches_by_address(engines):
     assert result.failed == 0 and all(e.proc.poll() is None for e in engines)
 
 
+def test_the_app_connects_to_several_engines_as_one_front(engines, monkeypatch):
+    """`roseplay --connect A --connect B --routing-policy cache_aware`: the app's engine is
+    a data-parallel front over them (its replica views are DPClient's)."""
+    from roseplay.workload.source import make_engine
+    monkeypatch.setenv("ROSEPLAY_ENGINE_KEY", KEY)      # what --engine-key sets
+    loop = make_engine({"model": "default", "routing_policy": "cache_aware"},
+                       [e.address for e in engines])
+    try:
+        assert isinstance(loop, DPClient) and loop.router.policy == "cache_aware"
+        assert len(loop.replica_snapshots()) == 2
+    finally:
+        loop.close()
+    assert all(e.proc.poll() is None for e in engines)
+
+
 def test_replicas_must_publish_events_and_serve_one_model_in_one_block_size():
     """(A real engine without events: tests/roseplay/serve/test_serve_dp_attach.py.)"""
     ev = P.KVEventsEndpoints("tcp://127.0.0.1:1", None, "")
