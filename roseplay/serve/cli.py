@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             check_headless(args, parser)
             return run_headless(args)
         config = serve_config(args)
-        check_api_server_count(args)
+        check_front_flags(args)
     except ValueError as exc:
         parser.error(str(exc))
     from roseplay.serve.app import build_app    # lazy: --help needs no engine
@@ -176,7 +176,8 @@ def _report_exit(code: int, engine_error: str | None) -> None:
               f"--shutdown-timeout (exit code {code})", file=sys.stderr)
 
 
-def check_api_server_count(args) -> None:
+def check_front_flags(args) -> None:
+    """ValueError for API-server and data-parallel flags that do not go together."""
     if args.api_server_count < 1:
         raise ValueError("--api-server-count must be >= 1")
     _, attached = engine_addresses(args)
