@@ -23,6 +23,10 @@ def front_config(addresses: list[str], engine_kwargs: dict):
     data_parallel_size other than the number of addresses, is refused."""
     if not addresses:
         raise InvalidRequestError("engine_addresses: give at least one engine address")
+    twice = sorted({a for a in addresses if addresses.count(a) > 1})
+    if twice:
+        raise InvalidRequestError(f"engine address {twice[0]} given twice: one replica an "
+                                  "engine")
     engine_only = sorted(k for k in engine_kwargs if k not in FRONT_KNOBS)
     if engine_only:
         raise InvalidRequestError(

@@ -135,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
               f"http://{args.host}:{args.port}/v1", file=sys.stderr)
         address = getattr(loop, "address", None)
         if getattr(loop, "router", None) is not None:
-            where = "" if loop.replicas[0].proc else \
-                f" attached at {', '.join(c.address for c in loop.replicas)}"
+            attached = [c.address for c in loop.replicas if c.proc is None]
+            where = f" attached at {', '.join(attached)}" if attached else ""
             print(f"roseplay serve: {loop.size} engine replicas{where}, routing "
                   f"{loop.router.policy} (GET/POST /routing)", file=sys.stderr)
+            if attached:
+                print("roseplay serve: watch them live with `roseplay "
+                      f"{' '.join('--connect ' + a for a in attached)}`", file=sys.stderr)
         if address:
             print(f"roseplay serve: watch it live with `roseplay --connect {address}`",
                   file=sys.stderr)

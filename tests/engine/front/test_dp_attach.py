@@ -159,6 +159,8 @@ def test_the_front_takes_only_routing_knobs_and_one_replica_per_address():
         front_config(["tcp://h:1", "tcp://h:9"], {"model": "x", "block_size": 8})
     with pytest.raises(InvalidRequestError, match="data_parallel_size 3 conflicts"):
         front_config(["tcp://h:1", "tcp://h:9"], {"data_parallel_size": 3})
+    with pytest.raises(InvalidRequestError, match="tcp://h:1 given twice"):
+        front_config(["tcp://h:1", "tcp://h:9", "tcp://h:1"], {})
     with pytest.raises(InvalidRequestError, match="address"):
         DPClient(engine_addresses=["tcp://h:1"], address="tcp://h:5")
 
