@@ -100,6 +100,7 @@ class ZmqTransport:
         except BaseException:
             self._close_sockets()
             raise
+        self._clock(welcome)      # as it arrives (not after the first snapshot's wait)
         self._attach = Attachment(self.send, self.label, welcome.client_timeout)
         deadline = time.monotonic() + 10.0      # the first snapshot: snapshot() is never None
         while self._sub is not None and self._snap_bytes is None and time.monotonic() < deadline:
@@ -110,7 +111,6 @@ class ZmqTransport:
         self.paused = welcome.paused
         # where it publishes its KV events, as reached from here (None: it publishes none)
         self.kv_events = P.kv_events_seen_from(welcome.kv_events, self.address)
-        self._clock(welcome)
         if self.proc is None:     # attached: the engine says which model it serves
             self.tokenizer = load_tokenizer(self.info.model_name)
         self._max_message = P.max_message_bytes(self.info.max_model_len)   # its MAXMSGSIZE
