@@ -60,11 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Replay speed (default: 1).")
     s.add_argument("--paused", action="store_true",
                    help="Start paused (press n to step, space to run).")
-    s.add_argument("--connect", metavar="ADDRESS",
+    s.add_argument("--connect", metavar="ADDRESS", action="append",
                    help="Watch (and steer) an engine that another process runs: `roseplay "
                         "bench --engine-address ADDRESS` or `roseplay serve` print theirs. "
                         "The app adds no load of its own until you pick a scenario (s); "
-                        "quitting leaves that engine serving.")
+                        "quitting leaves that engine serving. Two or more times: a "
+                        "data-parallel front over those engines (`roseplay serve "
+                        "--headless`, KV events on; --routing-policy applies), as with "
+                        "--data-parallel-size (docs/ROUTING.md).")
     add_engine_key_flag(s)
     s.add_argument("--compare", metavar="KNOB=A,B",
                    help="Two engines side by side on one workload stream (the same prompts, "

@@ -161,3 +161,31 @@ ENGINE_KEY_HELP = ("The engine key: attaching to the engine address needs it (do
 
 def add_engine_key_flag(group) -> None:
     group.add_argument("--engine-key", metavar="KEY|@PATH", default=None, help=ENGINE_KEY_HELP)
+
+
+def add_engine_address_flag(group) -> None:
+    """`--engine-address ADDR`: once, where the engine this command starts binds; two or
+    more times, running engines to attach to, one data-parallel replica each."""
+    group.add_argument(
+        "--engine-address", metavar="ADDR", action="append", default=None,
+        help="Once: bind the engine process at ADDR (tcp://127.0.0.1:PORT uses PORT..PORT+4, "
+             "or ipc:///PATH) so that `roseplay --connect ADDR` can watch it (default: a "
+             "private ipc socket). Two or more times: attach to the engines running at "
+             "those addresses (`roseplay serve --headless`, KV events on), one "
+             "data-parallel replica each, in order, all with the one --engine-key "
+             "(docs/ROUTING.md \"Replicas on other hosts\").")
+
+
+def engine_addresses(args: argparse.Namespace) -> tuple[str | None, list[str] | None]:
+    """(where a started engine binds, running engines to attach to): --engine-address
+    once is the first, two or more times the second (ValueError: a --data-parallel-size
+    that is not their number)."""
+    given = list(getattr(args, "engine_address", None) or ())
+    if len(given) < 2:
+        return (given[0] if given else None), None
+    size = getattr(args, "data_parallel_size", None)
+    if size is not None and size != len(given):
+        raise ValueError(f"--data-parallel-size {size} conflicts with the {len(given)} "
+                         "--engine-address given (one replica each; drop "
+                         "--data-parallel-size)")
+    return None, given

@@ -36,3 +36,27 @@ def engines_owned_by(pid: int) -> list[int]:
         if b"engine.ipc.core_proc" in cmd and str(pid).encode() in cmd and state != "Z":
             found.append(int(d))
     return found
+
+
+def free_port_block(span: int = 5) -> int:
+    """A port P with P..P+span-1 free on 127.0.0.1 (an engine at tcp://127.0.0.1:P binds
+    five: its three sockets and its KV events' two)."""
+    import socket
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + span > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + span):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no block of free ports on 127.0.0.1")

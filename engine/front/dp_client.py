@@ -8,8 +8,12 @@ tensor_parallel_size GPUs), each owned by an EngineClient, and turns on their KV
 once, asks the Router (engine/front/router.py) for a replica and submits there; the
 request's events come back through that replica's client. Load is vLLM's: each replica's
 latest stats (waiting, running, KV blocks in use) plus what this front sent it since
-those stats were built (the engine's perf_counter is the host's CLOCK_MONOTONIC, so the
-times compare across processes).
+those stats were built (their time, the engine's perf_counter, read on this process's
+clock: ZmqTransport.clock_offset, measured at its Welcome, since a replica may run on
+another host).
+
+`DPClient(engine_addresses=[A, B, ...])` attaches to engines that run elsewhere instead
+(engine/front/dp_attach.py), one replica each; closing it detaches them.
 
 A replica that dies fails only its own requests (its client ends them with an error);
 the router skips it from then on. The front is gone (`fatal_error`) only when every
@@ -27,13 +31,13 @@ from engine.config import InvalidRequestError, SchedulerConfig, make_config
 from engine.engine_stats import EngineStats
 from engine.front.api import CLOSE_TIMEOUT, CoreControls, EngineStopped
 from engine.front.client import STARTUP_TIMEOUT, EngineClient
+from engine.front.dp_attach import attach_replicas, front_config
 from engine.front.dp_views import merge_snapshots, stats_sum
 from engine.front.kv_index import KVIndexFeed
 from engine.front.processor import InputProcessor, StreamEvent
 from engine.front.router import ReplicaLoad, RouteDecision, Router
 from engine.front.stream import RequestStream
 from engine.ipc import auth
-from engine.ipc import protocol as P
 from engine.ipc.launch import EngineLaunch
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
@@ -73,15 +77,28 @@ class DPClient(CoreControls):
     def __init__(self, *, address: str | None = None, label: str = "client",
                  on_progress: Callable[[str], None] | None = None,
                  startup_timeout: float = STARTUP_TIMEOUT, snapshots: bool = True,
-                 engine_key: str | None = None, **engine_kwargs):
-        config = make_config(**engine_kwargs)        # bad knobs: refused before any start
-        self.size = config.data_parallel_size
-        if not config.kv_events_enabled:
-            engine_kwargs["kv_events_config"] = {"enable_kv_cache_events": True}
-            config = make_config(**engine_kwargs)
-        self._key = auth.given_key(engine_key) or auth.new_key()
-        self.replicas: list[EngineClient] = self._start(
-            engine_kwargs, config, address, label, on_progress, startup_timeout, snapshots)
+                 engine_key: str | None = None, engine_addresses: list[str] | None = None,
+                 **engine_kwargs):
+        """Starts data_parallel_size engine processes (bound next to `address`), or with
+        `engine_addresses` attaches to running ones, one replica each (engine/front/
+        dp_attach.py: only the routing knobs are taken then)."""
+        if engine_addresses is not None:
+            if address is not None:
+                raise InvalidRequestError("give engine_addresses (engines to attach to) or "
+                                          "address (where started engines bind), not both")
+            config = front_config(list(engine_addresses), engine_kwargs)
+            self.size = config.data_parallel_size
+            self.replicas: list[EngineClient] = attach_replicas(
+                list(engine_addresses), engine_key, label, startup_timeout, snapshots)
+        else:
+            config = make_config(**engine_kwargs)    # bad knobs: refused before any start
+            self.size = config.data_parallel_size
+            if not config.kv_events_enabled:
+                engine_kwargs["kv_events_config"] = {"enable_kv_cache_events": True}
+                config = make_config(**engine_kwargs)
+            key = auth.given_key(engine_key) or auth.new_key()    # one for every replica
+            self.replicas = self._start(engine_kwargs, config, address, key, label,
+                                        on_progress, startup_timeout, snapshots)
         self.closed = False
         try:
             self._setup(config)
@@ -89,12 +106,12 @@ class DPClient(CoreControls):
             self.close()
             raise
 
-    def _start(self, kwargs, config, address, label, on_progress, timeout, snapshots):
+    def _start(self, kwargs, config, address, key, label, on_progress, timeout, snapshots):
         launches, clients = [], []
         try:
             for r in range(self.size):     # every process loads at once
                 launches.append(EngineLaunch({**kwargs, "data_parallel_rank": r},
-                                             replica_address(address, r), self._key,
+                                             replica_address(address, r), key,
                                              env=replica_env(config, r)))
             for r, launch in enumerate(launches):
                 clients.append(EngineClient(launch=launch, label=f"{label}-dp{r}",
@@ -112,10 +129,10 @@ class DPClient(CoreControls):
         first = self.replicas[0]
         self.info, self.tokenizer = first.info, first.tokenizer
         self.inputs = InputProcessor.of(self.tokenizer, self.info)
-        ev = config.kv_events_config
-        self.kv_index = KVIndexFeed(
-            [P.kv_event_endpoints(c.address, ev, r) for r, c in enumerate(self.replicas)],
-            self._key, ev.topic)
+        events = [c.transport.kv_events for c in self.replicas]    # their Welcomes'
+        self.kv_index = KVIndexFeed([(e.endpoint, e.replay_endpoint) for e in events],
+                                    [c.transport.engine_key for c in self.replicas],
+                                    [e.topic for e in events])
         self.router = Router(self.size, self.info.block_size, config.routing_policy,
                              config.kv_overlap_score_weight, self.kv_index.caches)
         self._lock = threading.Lock()
@@ -223,11 +240,13 @@ class DPClient(CoreControls):
         self._sent_blocks[rank] += blocks
 
     def _loads(self) -> list[ReplicaLoad]:
-        """Each replica's stats, plus what was sent to it after they were built."""
+        """Each replica's stats, plus what was sent to it after they were built (the
+        stats' time on this process's clock: the engine may run on another host)."""
         loads = []
         for r, c in enumerate(self.replicas):
             st, sent = c.engine_stats(), self._sent[r]
-            while sent and sent[0][0] <= st.time:
+            built = st.time + c.transport.clock_offset
+            while sent and sent[0][0] <= built:
                 self._sent_blocks[r] -= sent.popleft()[1]
             loads.append(ReplicaLoad(st.num_waiting + len(sent), st.num_running,
                                      st.num_used_blocks + self._sent_blocks[r], self.alive(r)))
@@ -314,7 +333,8 @@ class DPClient(CoreControls):
         return ok and self.fatal_error is None
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
-        """Stop every replica (each EngineClient: its process) and the index; idempotent."""
+        """Stop every replica (each EngineClient: the process it started; one attached by
+        address detaches, its engine keeps serving) and the index; idempotent."""
         if self.closed:
             return
         self.closed = True
@@ -336,11 +356,14 @@ class DPClient(CoreControls):
 
 
 def engine_front(*, label: str, snapshots: bool = True, address: str | None = None,
-                 engine_key: str | None = None, **engine_kwargs):
-    """The front a command starts: an EngineClient owning one engine process, or a
-    DPClient over data_parallel_size of them."""
-    if engine_kwargs.get("data_parallel_size", 1) > 1:
+                 engine_key: str | None = None, engine_addresses: list[str] | None = None,
+                 **engine_kwargs):
+    """The front a command starts: an EngineClient owning one engine process, a
+    DPClient over data_parallel_size of them, or a DPClient attached to the running
+    engines at engine_addresses."""
+    if engine_addresses is not None or engine_kwargs.get("data_parallel_size", 1) > 1:
         return DPClient(address=address, label=label, snapshots=snapshots,
-                        engine_key=engine_key, **engine_kwargs)
+                        engine_key=engine_key, engine_addresses=engine_addresses,
+                        **engine_kwargs)
     return EngineClient(address=address, label=label, snapshots=snapshots,
                         engine_key=engine_key, **engine_kwargs)

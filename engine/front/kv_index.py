@@ -70,16 +70,17 @@ class ReplicaCache:
 class KVIndexFeed:
     """Subscribes to replicas' events; `caches[r]` is replica r's index."""
 
-    def __init__(self, endpoints: list[tuple[str, str | None]], engine_key: str,
-                 topic: str = ""):
-        """endpoints: (events, replay or None) per replica."""
+    def __init__(self, endpoints: list[tuple[str, str | None]], keys: list[str],
+                 topics: list[str]):
+        """Per replica: endpoints (events, replay or None), the engine key its sockets
+        are keyed by, its events' topic."""
         self.caches = [ReplicaCache() for _ in endpoints]
         self._ctx = zmq.Context()
-        self._key = engine_key
+        self._keys = keys
         self._replay_eps = [replay for _, replay in endpoints]
         self._subs = []
-        for events, _ in endpoints:
-            sock = self._socket(zmq.SUB, events)
+        for rank, ((events, _), topic) in enumerate(zip(endpoints, topics)):
+            sock = self._socket(zmq.SUB, events, rank)
             sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
             self._subs.append(sock)
         self._wanted = [-1] * len(endpoints)    # batches a waiter knows were published
@@ -89,10 +90,10 @@ class KVIndexFeed:
         self._thread = threading.Thread(target=self._run, name="roseplay-kv-index", daemon=True)
         self._thread.start()
 
-    def _socket(self, kind: int, endpoint: str) -> zmq.Socket:
+    def _socket(self, kind: int, endpoint: str, rank: int) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        curve.attach(sock, self._key)
+        curve.attach(sock, self._keys[rank])
         sock.connect(endpoint)
         return sock
 
@@ -178,7 +179,7 @@ class KVIndexFeed:
         endpoint = self._replay_eps[rank]
         if endpoint is None:
             return
-        cache, sock = self.caches[rank], self._socket(zmq.DEALER, endpoint)
+        cache, sock = self.caches[rank], self._socket(zmq.DEALER, endpoint, rank)
         try:
             sock.send_multipart([b"", seq_bytes(start)])
             deadline = time.monotonic() + REPLAY_TIMEOUT_S

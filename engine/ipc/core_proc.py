@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import msgspec
 import zmq
@@ -51,6 +52,7 @@ class EngineCoreProc:
                  owner_token: str | None = None, engine_key: str | None = None):
         self.engine = engine
         self.kv_publisher = None
+        self.kv_events: P.KVEventsEndpoints | None = None    # sent in every Welcome
         self.owner_pid = owner_pid
         self.owner_token = owner_token
         self.engine_key = engine_key or auth.new_key()
@@ -86,6 +88,8 @@ class EngineCoreProc:
                                              self.engine_key, cfg.block_size,
                                              cfg.data_parallel_rank)
         self.engine.kv_events.sink = self.kv_publisher.publish
+        self.kv_events = P.KVEventsEndpoints(*self.kv_publisher.bound,
+                                             cfg.kv_events_config.topic)
 
     def _bind(self, kind: int, endpoint: str, max_bytes: int,
               options: dict | None = None) -> zmq.Socket:
@@ -174,7 +178,7 @@ class EngineCoreProc:
     def _hello(self, client: bytes, msg: P.Hello) -> None:
         self.clients.admit(client)
         welcome = P.Welcome(EngineInfo.of(self.engine), self.engine.knobs, self.core.paused,
-                            self.clients.timeout)
+                            self.clients.timeout, self.kv_events, time.perf_counter())
         self.output.put(client, welcome)
         self.output.put(client, P.Stats(self.core.stats))
 

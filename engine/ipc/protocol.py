@@ -79,11 +79,21 @@ class Shutdown(msgspec.Struct, tag=True):
 ClientMessage = typing.Union[(Hello, CoreRequest, *COMMANDS, Heartbeat, Bye, Shutdown)]
 
 
+class KVEventsEndpoints(msgspec.Struct, frozen=True):
+    """Where an engine publishes its KV events, as it bound them (kv_events_config on):
+    a front attached by address subscribes there (engine/front/kv_index.py)."""
+    endpoint: str
+    replay_endpoint: str | None
+    topic: str
+
+
 class Welcome(msgspec.Struct, tag=True):
     info: EngineInfo
     knobs: SchedulerConfig
     paused: bool
     client_timeout: float        # the stall policy both ends keep (engine/ipc/liveness.py)
+    kv_events: KVEventsEndpoints | None = None     # None: the engine publishes none
+    time: float = 0.0     # the engine's perf_counter as it answers: its clock against ours
 
 
 class StepDone(msgspec.Struct, tag=True):
@@ -205,3 +215,27 @@ def kv_event_endpoints(address: str, config, rank: int = 0) -> tuple[str, str | 
         host, _, port = address.rpartition(":")
         return f"{host}:{int(port) + 3}", f"{host}:{int(port) + 4}"
     return f"{address}.kv-events", f"{address}.kv-replay"
+
+
+WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]")
+
+
+def seen_from(endpoint: str, address: str) -> str:
+    """An endpoint an engine bound, as a client that reached the engine at `address`
+    connects to it: a wildcard host (tcp://*:P, 0.0.0.0, [::]) becomes the address's
+    host (loopback when the address is itself a wildcard or an ipc path)."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    if host not in WILDCARD_HOSTS:
+        return endpoint
+    there = address[len("tcp://"):].rpartition(":")[0] if address.startswith("tcp://") else ""
+    return f"tcp://{there if there and there not in WILDCARD_HOSTS else '127.0.0.1'}:{port}"
+
+
+def kv_events_seen_from(ev: KVEventsEndpoints | None, address: str) -> KVEventsEndpoints | None:
+    """The engine's KV events endpoints (its Welcome's) as a client at `address` connects."""
+    if ev is None:
+        return None
+    replay = None if ev.replay_endpoint is None else seen_from(ev.replay_endpoint, address)
+    return KVEventsEndpoints(seen_from(ev.endpoint, address), replay, ev.topic)

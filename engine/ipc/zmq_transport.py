@@ -100,6 +100,7 @@ class ZmqTransport:
         except BaseException:
             self._close_sockets()
             raise
+        self._clock(welcome)      # as it arrives (not after the first snapshot's wait)
         self._attach = Attachment(self.send, self.label, welcome.client_timeout)
         deadline = time.monotonic() + 10.0      # the first snapshot: snapshot() is never None
         while self._sub is not None and self._snap_bytes is None and time.monotonic() < deadline:
@@ -108,9 +109,17 @@ class ZmqTransport:
         self.info: EngineInfo = welcome.info
         self.knobs: SchedulerConfig = welcome.knobs     # at attach: the front keeps them
         self.paused = welcome.paused
+        # where it publishes its KV events, as reached from here (None: it publishes none)
+        self.kv_events = P.kv_events_seen_from(welcome.kv_events, self.address)
         if self.proc is None:     # attached: the engine says which model it serves
             self.tokenizer = load_tokenizer(self.info.model_name)
         self._max_message = P.max_message_bytes(self.info.max_model_len)   # its MAXMSGSIZE
+
+    def _clock(self, welcome: P.Welcome) -> None:
+        """clock_offset: our perf_counter minus the engine's (0 on one host, up to the
+        Welcome's way here later), so an engine time + clock_offset is ours; another
+        host's CLOCK_MONOTONIC has its own origin."""
+        self.clock_offset = time.perf_counter() - welcome.time
 
     def start(self, front) -> None:
         """Deliver to `front` (engine/ipc/transport.py CoreFront) from now on."""
@@ -273,6 +282,7 @@ class ZmqTransport:
             elif isinstance(msg, P.Welcome):
                 if self._attach.detached is not None:     # attached again
                     self._front.engine_state(msg.knobs, msg.paused)
+                    self._clock(msg)
                 self._attach.welcomed()
             elif isinstance(msg, P.Fatal):
                 self.die(msg.message)

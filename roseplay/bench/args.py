@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from roseplay.cli_flags import add_engine_flags, add_goodput_flag, field_by_name, parse_knob_value
+from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
+                                add_goodput_flag, engine_addresses, field_by_name,
+                                parse_knob_value)
 from roseplay.workload.flags import add_workload_flags
 
 
@@ -32,9 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "with min..max (default: 1).")
     b.add_argument("--in-process", action="store_true", help="Run the engine on a thread of "
                    "this process instead of its own process (the old architecture).")
-    b.add_argument("--engine-address", metavar="ADDR", help="Bind the engine process at ADDR "
-                   "(tcp://127.0.0.1:PORT uses PORT..PORT+2) so that `roseplay --connect ADDR` "
-                   "can watch the run (default: a private socket).")
+    add_engine_address_flag(b)
+    add_engine_key_flag(b)
     add_goodput_flag(b)
     b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
     b.add_argument("--no-progress", action="store_true", help="No progress bar.")
@@ -89,3 +90,6 @@ def check_args(args) -> None:
         raise ValueError("--repeat must be >= 1")
     if args.repeat > 1 and (args.ab or args.compare):
         raise ValueError("--repeat works with a single configuration (not --ab / --compare)")
+    if engine_addresses(args)[1] and (args.in_process or args.compare or args.ab):
+        raise ValueError("--engine-address given more than once attaches to running engines: "
+                         "not with --in-process / --compare / --ab (their settings are fixed)")

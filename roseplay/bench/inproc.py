@@ -27,7 +27,7 @@ from engine.config import SchedulerConfig
 from roseplay.bench import report
 from roseplay.bench.args import add_arguments, check_args, parse_ab
 from roseplay.bench.common import arrivals as _arrivals, progress as _progress, workload_items
-from roseplay.cli_flags import engine_kwargs, goodput_slos
+from roseplay.cli_flags import engine_addresses, engine_kwargs, goodput_slos
 from roseplay.workload.driver import WorkloadDriver
 from roseplay.workload.items import WorkItem
 
@@ -53,11 +53,12 @@ def make_loop(args, **overrides):
         # nobody watches snapshots during a benchmark: publish them rarely
         return EngineLoop(snapshot_interval=0.5, **kwargs)
     from engine.front.dp_client import engine_front
-    if args.engine_address:
-        print(f"engine listening at {args.engine_address}: watch it with "
-              f"`roseplay --connect {args.engine_address}`", file=sys.stderr)
-    return engine_front(address=args.engine_address, label="bench",
-                        snapshots=bool(args.engine_address), **kwargs)
+    address, attached = engine_addresses(args)
+    if address:
+        print(f"engine listening at {address}: watch it with "
+              f"`roseplay --connect {address}`", file=sys.stderr)
+    return engine_front(address=address, engine_addresses=attached, label="bench",
+                        snapshots=bool(address), engine_key=args.engine_key, **kwargs)
 
 
 class Interrupted(Exception):

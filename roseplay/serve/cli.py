@@ -10,7 +10,8 @@ import os
 import sys
 
 from engine.config import InvalidRequestError
-from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, engine_kwargs
+from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
+                                engine_addresses, engine_kwargs)
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST
 from roseplay.serve.app import (DEFAULT_HTTP, DEFAULT_TIMEOUT_KEEP_ALIVE_S,
@@ -80,10 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tui", action="store_true",
                    help="Show the live TUI of the server's engine in this terminal (the server "
                         "runs on a thread; quitting the TUI stops the server).")
-    s.add_argument("--engine-address", metavar="ADDR", default=None,
-                   help="Bind the engine process at ADDR (tcp://127.0.0.1:PORT uses PORT.."
-                        "PORT+2, or ipc:///PATH) so that `roseplay --connect ADDR` can watch "
-                        "it from another terminal (default: a private ipc socket, printed).")
+    add_engine_address_flag(s)
+    s.add_argument("--headless", action="store_true",
+                   help="Run only the engine process, bound at the one --engine-address, "
+                        "with no HTTP server, until SIGINT/SIGTERM: a replica for a front "
+                        "that attaches to it (vLLM's --headless; docs/ROUTING.md \"Replicas "
+                        "on other hosts\"). Takes engine flags, --engine-key, "
+                        "--kv-events-config (which such a front needs).")
     add_engine_key_flag(s)
     s.add_argument("--in-process", action="store_true",
                    help="Run the engine on a thread of the server process (the old way).")
@@ -107,12 +111,17 @@ def serve_config(args) -> ServeConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        if args.headless:
+            from roseplay.serve.headless import check_headless, run_headless
+            check_headless(args, parser)
+            return run_headless(args)
         config = serve_config(args)
-        check_api_server_count(args)
+        check_front_flags(args)
     except ValueError as exc:
-        build_parser().error(str(exc))
+        parser.error(str(exc))
     from roseplay.serve.app import build_app    # lazy: --help needs no engine
     try:
         loop = _engine(args)
@@ -126,8 +135,13 @@ def main(argv: list[str] | None = None) -> int:
               f"http://{args.host}:{args.port}/v1", file=sys.stderr)
         address = getattr(loop, "address", None)
         if getattr(loop, "router", None) is not None:
-            print(f"roseplay serve: {loop.size} engine replicas, routing "
+            attached = [c.address for c in loop.replicas if c.proc is None]
+            where = f" attached at {', '.join(attached)}" if attached else ""
+            print(f"roseplay serve: {loop.size} engine replicas{where}, routing "
                   f"{loop.router.policy} (GET/POST /routing)", file=sys.stderr)
+            if attached:
+                print("roseplay serve: watch them live with `roseplay "
+                      f"{' '.join('--connect ' + a for a in attached)}`", file=sys.stderr)
         if address:
             print(f"roseplay serve: watch it live with `roseplay --connect {address}`",
                   file=sys.stderr)
@@ -165,11 +179,18 @@ def _report_exit(code: int, engine_error: str | None) -> None:
               f"--shutdown-timeout (exit code {code})", file=sys.stderr)
 
 
-def check_api_server_count(args) -> None:
+def check_front_flags(args) -> None:
+    """ValueError for API-server and data-parallel flags that do not go together."""
     if args.api_server_count < 1:
         raise ValueError("--api-server-count must be >= 1")
-    if (args.data_parallel_size or 1) > 1 and (args.api_server_count > 1 or args.tui):
-        raise ValueError("--data-parallel-size > 1 runs one API server and no --tui (drop "
+    _, attached = engine_addresses(args)
+    if attached and args.in_process:
+        raise ValueError("--engine-address given more than once attaches to running engines: "
+                         "not with --in-process")
+    if (attached or (args.data_parallel_size or 1) > 1) and (args.api_server_count > 1
+                                                             or args.tui):
+        raise ValueError("data parallelism (--data-parallel-size > 1, or --engine-address "
+                         "given more than once) runs one API server and no --tui (drop "
                          "--api-server-count / --tui)")
     if args.api_server_count > 1 and (args.tui or args.in_process):
         raise ValueError("--api-server-count > 1 needs the engine in its own process and "
@@ -206,8 +227,9 @@ def _engine(args):
         from engine.front.loop import EngineLoop
         return EngineLoop(**kwargs)
     from engine.front.dp_client import engine_front
-    return engine_front(address=args.engine_address, label="server", snapshots=False,
-                        engine_key=args.engine_key, **kwargs)
+    address, attached = engine_addresses(args)
+    return engine_front(address=address, engine_addresses=attached, label="server",
+                        snapshots=False, engine_key=args.engine_key, **kwargs)
 
 
 def _serve_with_tui(app, args, address: str) -> int:

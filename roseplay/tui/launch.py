@@ -30,7 +30,7 @@ def make_source_factory(args):
                           record=args.record, paused=args.paused, connect=args.connect,
                           in_process=args.in_process)
     if args.connect:
-        return factory, f"connecting to {args.connect} …"
+        return factory, f"connecting to {', '.join(args.connect)} …"
     return factory, f"loading {kwargs.get('model', 'the default model')} …"
 
 

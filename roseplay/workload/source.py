@@ -327,7 +327,7 @@ def validate_workload(*, scenario: str | None = None, concurrency: int | None = 
 def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurrency: int = 16,
                rate: float | None = None, input_len: int = 64, output_len: int = 64,
                temperature: float = 0.0, seed: int = 0, record: str | None = None,
-               paused: bool = False, connect: str | None = None,
+               paused: bool = False, connect: str | list[str] | None = None,
                in_process: bool = False) -> LiveSource:
     """Check the workload, start (or attach to) the engine and the workload driver (and a
     recorder). The engine runs in its own process unless `in_process`: the app's
@@ -369,13 +369,21 @@ def check_fits(scenario: str, info, workload: dict) -> None:
         raise InvalidRequestError(problem)
 
 
-def make_engine(engine_kwargs: dict, connect: str | None = None, in_process: bool = False):
-    """The engine the app talks to: attached, in its own process, or on a thread."""
+def make_engine(engine_kwargs: dict, connect: str | list[str] | None = None,
+                in_process: bool = False):
+    """The engine the app talks to: attached (to several engines: a data-parallel front
+    over them, with the routing knobs given), in its own process, or on a thread."""
     if in_process:
         from engine.front.loop import EngineLoop
         return EngineLoop(snapshot_interval=0.02, **engine_kwargs)
+    if isinstance(connect, list) and len(connect) > 1:
+        from engine.front.dp_attach import FRONT_KNOBS
+        from engine.front.dp_client import DPClient
+        return DPClient(engine_addresses=connect, label="tui", **{
+            k: v for k, v in engine_kwargs.items() if k in FRONT_KNOBS})
     if connect:
         from engine.front.client import EngineClient
-        return EngineClient(connect=connect, label="tui")
+        return EngineClient(connect=connect[0] if isinstance(connect, list) else connect,
+                            label="tui")
     from engine.front.dp_client import engine_front
     return engine_front(label="tui", **engine_kwargs)

@@ -224,7 +224,7 @@ def test_router_index_joins_late_and_follows(engine):
     published before it subscribed (replay), then follows the live stream."""
     from engine.front.kv_index import KVIndexFeed
     e, pub = engine
-    feed = KVIndexFeed([pub.bound], KEY, topic="kv")
+    feed = KVIndexFeed([pub.bound], [KEY], ["kv"])
     try:
         assert feed.wait_for(0, e.kv_events.seq, 30)
         # a batch announced but not sent yet (still in the publisher's queue) is not lost
