@@ -32,7 +32,8 @@ import kernels.decode_attention as da  # noqa: E402
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 PTRS = dict(q_ptr="bf16", bt_ptr="i32", ctx_ptr="i32", out_ptr="bf16", pm_ptr="fp32",
             pl_ptr="fp32", pacc_ptr="fp32", cnt_ptr="i32", pos_ptr="i64", nk_ptr="bf16",
-            nv_ptr="bf16", cs_ptr="bf16", slot_ptr="i64", ks_ptr="fp32", vs_ptr="fp32")
+            nv_ptr="bf16", cs_ptr="bf16", slot_ptr="i64", ks_ptr="fp32", vs_ptr="fp32",
+            order_ptr="i32")
 INTS = dict(min_split_tokens=64, num_heads=16, num_splits=3, stride_nkb=3072,
             stride_nkh=128, stride_nvb=3072, stride_nvh=128, stride_cs=128, stride_qb=4096,
             stride_qh=128, stride_qd=1, stride_kb=16384, stride_ks=1024, stride_kh=128,
@@ -47,7 +48,7 @@ def compile_decode(fp8: bool, rope: bool, block_n: int, stages: int, warps: int 
     kv = "*fp8e4nv" if fp8 else "*bf16"
     consts = dict(GROUP=2, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=block_n, PAGE=16,
                   SINGLE=False, PREC="tf32", MERGE_G=2, MERGE_S=32, MERGE_ALL=16, PDL=True,
-                  ROPE=rope, HALF=64, FP8=fp8)
+                  ROPE=rope, HALF=64, FP8=fp8, ORDERED=True, NUM_KV=8)
     sig, attrs, cx = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:

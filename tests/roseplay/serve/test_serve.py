@@ -151,10 +151,13 @@ def test_request_ids_label_endpoint_and_user(client, loop):
     r = client.chat.completions.create(model="default", max_tokens=2, user="alice!/x",
                                        messages=[{"role": "user", "content": "Hail"}])
     assert r.id.startswith("chatcmpl-alicex-")
-    deadline = time.monotonic() + 10
-    while loop.snapshot().request(r.id + "-0") is None and time.monotonic() < deadline:
+    def state():              # snapshots are published periodically: wait for one after the end
+        view = loop.snapshot().request(r.id + "-0")
+        return None if view is None else view.state
+    deadline = time.monotonic() + 60
+    while state() != "finished" and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert loop.snapshot().request(r.id + "-0").state == "finished"
+    assert state() == "finished"
     assert client.completions.create(model="default", prompt="Hail", max_tokens=2).id.startswith("cmpl-")
 
 

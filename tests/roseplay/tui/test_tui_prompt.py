@@ -50,7 +50,7 @@ async def test_the_prompt_box_sends_the_priority_typed():
             box = app.query_one("#prompt-priority")         # on screen, beside the prompt
             assert box.region.right <= 120 and "priority 0" in screen_text(app)
             await pilot.press(*"to the front", "tab", "minus", "5", "enter")
-            assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 30)
+            assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 90)
             assert ("you-1", -5) in sent
             await pilot.press("shift+tab", *"default", "enter")
             assert await wait_for(pilot, lambda: ("you-2", -5) in sent, 30)   # the box keeps it
