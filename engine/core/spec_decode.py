@@ -75,8 +75,11 @@ SPEC_ASYNC_RUN = 4
 
 
 class SpecDecoder:
-    def __init__(self, proposer: Proposer, scheduler, counters):
+    def __init__(self, proposer: Proposer, scheduler, counters,
+                 disable_by_batch_size: int | None = None):
         self.proposer = proposer
+        # more decodes than this in a step: no drafts (SpeculativeConfig; None: never)
+        self.disable_by_batch_size = disable_by_batch_size
         self.method = proposer.method
         self.scheduler = scheduler
         self.kv = scheduler.kv
@@ -104,7 +107,23 @@ class SpecDecoder:
         budget; returns the budget left. The eligible decodes are proposed for in one
         batch (room: k, the budget, the length cap), then take their drafts in order,
         each cut to the budget left. Where the pool has no room for the drafts' slots
-        the decode stays plain (speculation never preempts)."""
+        the decode stays plain (speculation never preempts). With more decodes than
+        disable_by_batch_size the step proposes nothing: a plain decode step."""
+        off = self.disable_by_batch_size
+        if off is not None and len(plan.decodes) > off:
+            plan.spec_off = len(plan.decodes)
+            self.counters.spec_decode_steps_off += 1
+            self.counters.spec_decode_steps_without_drafts += 1
+            return budget
+        budget = self._draft(plan, budget)
+        if plan.verifies:
+            self.counters.spec_decode_steps_with_drafts += 1
+        else:
+            self.counters.spec_decode_steps_without_drafts += 1
+        return budget
+
+    def _draft(self, plan: StepPlan, budget: int) -> int:
+        """schedule_drafts' proposals and reservations (the off-switch passed)."""
         k = self.scheduler.knobs.num_speculative_tokens
         cap, running = min(k, budget), RequestStatus.RUNNING
         chunks, rooms = [], []
