@@ -13,6 +13,8 @@ hide behind the device; it runs on any machine.
 --speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
 cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
 --oracle-p sets the acceptance exactly (p = 1: every draft accepted, p = 0: none).
+Speculation's off-switch is disabled (disable_by_batch_size null) so that every step
+verifies at any --concurrency: the figure is a verify step's host work.
 
 --runner keeps the real ModelRunner (StepBuffers.fill, the sampler, HostCopy) and stubs
 only the model's forward: logits of the right shape with token 7 on top.
@@ -53,7 +55,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.oracle import OracleProposer  # noqa: E402
-from engine.config import make_config  # noqa: E402
+from engine.config import SpeculativeConfig, make_config  # noqa: E402
 from engine.core.core import LLMEngine  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
 from ab_runs import interleaved, spread  # noqa: E402
@@ -129,6 +131,9 @@ def run(args) -> dict:
     torch.set_num_threads(1)   # the host thread's work only (no intra-op pool spinning)
     oracle = OracleProposer(p=args.oracle_p) if args.speculative else None
     spec = {}
+    if args.speculative and hasattr(SpeculativeConfig, "disable_by_batch_size"):
+        # every step verifies (a checkout without the off-switch: --trees)
+        spec["speculative_config"] = {"method": "ngram", "disable_by_batch_size": None}
     if args.kv_events:
         spec["kv_events_config"] = {"enable_kv_cache_events": True}
     engine = LLMEngine(make_config(model=args.model, device="cpu", num_blocks=args.num_blocks,
