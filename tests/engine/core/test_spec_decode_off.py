@@ -103,3 +103,18 @@ def test_disable_by_batch_size_is_checked_where_the_config_is_parsed():
     for bad in (0, 1, -4, True, 2.5, "8"):
         with pytest.raises(InvalidRequestError, match="disable_by_batch_size"):
             make_config(speculative_config={"disable_by_batch_size": bad})
+
+
+def test_the_draft_model_catches_up_after_a_pause(reference):
+    """The bundled draft sees no tokens while speculation is off (8 decoding > 4); once
+    the batch drops it catches up on everything it missed (one extend) and drafts."""
+    prompts, params, want = reference
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "disable_by_batch_size": 4}
+    with LLM(speculative_config=spec, check_invariants=True, **KW) as llm:
+        seen = _watch(llm.engine)
+        got = llm.generate(prompts, params)
+        c = llm.engine.counters
+        assert c.spec_decode_steps_off > 0 and c.spec_decode_num_draft_tokens > 0
+        assert not llm.engine.spec.draft.disabled
+    assert [list(o.outputs[0].token_ids) for o in got] == want
+    assert all(v == 0 for n, v, _, _ in seen if n > 4)
