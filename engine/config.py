@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config_json import (  # noqa: F401  (defined there, re-exported: one owner)
-    DEFAULT_DISABLE_BY_BATCH_SIZE, DEFAULT_SPECULATIVE_TOKENS, KV_EVENT_PUBLISHERS, MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES,
+    DEFAULT_DISABLE_BY_BATCH_SIZE, DEFAULT_SPECULATIVE_TOKENS, KV_EVENT_PUBLISHERS,
+    MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES,
     SPECULATIVE_METHODS, STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig,
     StructuredOutputsConfig, check_type, split_speculative_config)
 from engine.errors import InvalidRequestError

@@ -9,8 +9,8 @@ import pytest
 
 from benchmarks.oracle import OracleProposer
 from engine import LLM, SamplingParams
-from engine.core.spec_decode import SPEC_ASYNC_RUN
 from engine.config import DEFAULT_DISABLE_BY_BATCH_SIZE, InvalidRequestError, make_config
+from engine.core.spec_decode import SPEC_ASYNC_RUN
 
 KW = dict(model="default", device="cpu", max_num_seqs=8, max_num_batched_tokens=256)
 LONG, SHORT = 36, 10          # 4 requests end early: 8 decoding, then 4
