@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config_json import (  # noqa: F401  (defined there, re-exported: one owner)
-    DEFAULT_SPECULATIVE_TOKENS, KV_EVENT_PUBLISHERS, MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES,
+    DEFAULT_DISABLE_BY_BATCH_SIZE, DEFAULT_SPECULATIVE_TOKENS, KV_EVENT_PUBLISHERS,
+    MAX_SPECULATIVE_TOKENS, SPECULATIVE_ALIASES,
     SPECULATIVE_METHODS, STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig,
     StructuredOutputsConfig, check_type, split_speculative_config)
 from engine.errors import InvalidRequestError
@@ -150,8 +151,10 @@ class EngineConfig:
               "\"num_speculative_tokens\": 3, \"prompt_lookup_min\": 1, "
               "\"prompt_lookup_max\": 4}'. Methods: ngram (prompt lookup), draft_model "
               "(alias draft; \"model\": a smaller checkpoint with the target's vocabulary, "
-              "default on the bundled model: its bundled draft). "
-              "docs/SPECULATIVE.md; off by default.", check=SpeculativeConfig.parse)
+              "default on the bundled model: its bundled draft). \"disable_by_batch_size\": "
+              "while more requests than this decode, steps propose no drafts and run as "
+              f"plain decode steps (default {DEFAULT_DISABLE_BY_BATCH_SIZE}; null: never "
+              "off). docs/SPECULATIVE.md; off by default.", check=SpeculativeConfig.parse)
     structured_outputs_config: StructuredOutputsConfig | dict | str | None = knob_field(
         None, "Structured outputs as vLLM's JSON, e.g. '{\"backend\": \"guidance\", "
               "\"compile_timeout\": 10}': backend auto (llguidance; xgrammar where it cannot read "

@@ -15,6 +15,11 @@ SPECULATIVE_METHODS = ("ngram", "draft_model")
 SPECULATIVE_ALIASES = {"draft": "draft_model"}
 MAX_SPECULATIVE_TOKENS = 16
 DEFAULT_SPECULATIVE_TOKENS = 3   # k when a speculative_config gives none
+# speculative_config.disable_by_batch_size when none is given: past this many decoding
+# requests a step drafts nothing. A verify row is compute like any decode row; a batch
+# this large already keeps the device's arithmetic busy, so its rejected drafts cost
+# throughput and accepted ones win little (docs/SPECULATIVE.md "The off-switch").
+DEFAULT_DISABLE_BY_BATCH_SIZE = 32
 KV_EVENT_PUBLISHERS = ("null", "zmq")
 
 
@@ -30,6 +35,9 @@ class SpeculativeConfig:
     # method draft_model: the draft's checkpoint (same vocabulary as the target); None on
     # the bundled default target: the bundled draft (engine/assets/shakespeare-draft)
     model: str | None = None
+    # more requests decoding than this: the step proposes no drafts and runs as a plain
+    # decode step (vLLM's disable_by_batch_size; None: never off)
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self):
         """Every field's type and range (a JSON value of any type may arrive here from
@@ -50,6 +58,11 @@ class SpeculativeConfig:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise InvalidRequestError(f"speculative_config model must be a non-empty string, "
                                       f"got {self.model!r}")
+        n = self.disable_by_batch_size
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
+            # vLLM's bound: 1 would switch speculation off at any batch but one request
+            raise InvalidRequestError(f"speculative_config disable_by_batch_size must be null "
+                                      f"(never off) or an integer >= 2, got {n!r:.60}")
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":

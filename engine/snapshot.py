@@ -71,6 +71,8 @@ class StepStats:
     blocks_from_host: int = 0       # every rank's shard) offloaded or swapped out, and
     bytes_to_host: int = 0          # reloaded or swapped in
     bytes_from_host: int = 0
+    spec_off: int = 0               # requests decoding when speculation was off for them
+    #                                 (more than speculative_config.disable_by_batch_size)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ class EngineCounters:
     spec_decode_num_drafts: int = 0          # speculative decoding (vLLM's names): requests
     spec_decode_num_draft_tokens: int = 0    # verified with drafts, drafts proposed,
     spec_decode_num_accepted_tokens: int = 0  # drafts accepted
+    spec_decode_steps_with_drafts: int = 0     # steps while speculating: with verify rows,
+    spec_decode_steps_without_drafts: int = 0  # with decodes but no drafts, and of those
+    spec_decode_steps_off: int = 0             # the ones disable_by_batch_size turned off
     grammar_compiles: int = 0     # structured outputs: grammars compiled (cache misses),
     grammar_steps: int = 0        # steps with a grammar mask, the mask rows filled,
     grammar_rows: int = 0         # and the host time filling them (docs/STRUCTURED_OUTPUTS.md)
@@ -313,6 +318,7 @@ class EngineSnapshot:
     max_model_len: int = 0
     forward_calls: int = 0           # model forwards since start
     spec_method: str = ""            # speculative_config.method (the live k is in knobs)
+    spec_disable_by_batch_size: int = 0   # speculative_config's (0: never off)
     logprobs_mode: str = ""          # what requests' logprobs hold (EngineConfig)
     recent_ttft_parts: tuple[tuple[float, float, float, float], ...] = ()   # (last token
     #     time, queued, prefill, last chunk to first token) of finished requests (TTFT split)
@@ -347,6 +353,16 @@ class EngineSnapshot:
     def host_num_blocks(self) -> int:
         return int(self.host_block_state.shape[0])
 
+    @property
+    def spec_pause(self) -> str:
+        """Why the last step proposed no drafts while speculation is on, "" if it did not
+        stop it: "speculation off: 256 decoding > disable_by_batch_size 32"."""
+        off = self.last_step.spec_off if self.last_step is not None else 0
+        if not off or not self.knobs.num_speculative_tokens:
+            return ""
+        return f"speculation off: {off} decoding > disable_by_batch_size " \
+               f"{self.spec_disable_by_batch_size}"
+
     def request(self, request_id: str) -> RequestView | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
 
@@ -357,4 +373,4 @@ class EngineSnapshot:
 # the engine-wide figures besides the pool and requests (recordings keep them as "extra")
 RUNTIME_FIELDS = ("peak_used_blocks", "backend", "tensor_parallel_size", "kv_bytes_per_rank",
                   "max_model_len", "forward_calls", "spec_method", "logprobs_mode",
-                  "kv_cache_dtype")
+                  "kv_cache_dtype", "spec_disable_by_batch_size")

@@ -13,6 +13,8 @@ hide behind the device; it runs on any machine.
 --speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
 cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
 --oracle-p sets the acceptance exactly (p = 1: every draft accepted, p = 0: none).
+Speculation's off-switch is disabled (disable_by_batch_size null) so that every step
+verifies at any --concurrency: the figure is a verify step's host work.
 
 --runner keeps the real ModelRunner (StepBuffers.fill, the sampler, HostCopy) and stubs
 only the model's forward: logits of the right shape with token 7 on top.
@@ -53,7 +55,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.oracle import OracleProposer  # noqa: E402
-from engine.config import make_config  # noqa: E402
+from engine.config import SpeculativeConfig, make_config  # noqa: E402
 from engine.core.core import LLMEngine  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
 from ab_runs import interleaved, spread  # noqa: E402
@@ -129,6 +131,9 @@ def run(args) -> dict:
     torch.set_num_threads(1)   # the host thread's work only (no intra-op pool spinning)
     oracle = OracleProposer(p=args.oracle_p) if args.speculative else None
     spec = {}
+    if args.speculative and hasattr(SpeculativeConfig, "disable_by_batch_size"):
+        # every step verifies (a checkout without the off-switch: --trees)
+        spec["speculative_config"] = {"method": "ngram", "disable_by_batch_size": None}
     if args.kv_events:
         spec["kv_events_config"] = {"enable_kv_cache_events": True}
     engine = LLMEngine(make_config(model=args.model, device="cpu", num_blocks=args.num_blocks,
@@ -174,20 +179,21 @@ def measure_tree(tree: str, args) -> dict:
     env = dict(os.environ, HOST_STEP_TREE=os.path.abspath(tree))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=900)
-    found = re.search(r"^host ([\d.]+) ms/step", out.stdout, re.M)
+    found = re.search(r"^host ([\d.]+) ms/step.*\(cpu ([\d.]+) ms/step\)", out.stdout, re.M)
     if out.returncode or not found:
         raise SystemExit(f"{tree}: run failed\n{out.stderr[-3000:]}")
-    return {"ms": float(found.group(1))}
+    return {"ms": float(found.group(1)), "cpu_ms": float(found.group(2))}
 
 
 def compare_trees(args) -> int:
     print(f"load average at start: {os.getloadavg()}", flush=True)
     res = interleaved(args.trees, args.runs, lambda tree: measure_tree(tree, args))
-    first = res[args.trees[0]]["ms"]
-    for tree, r in res.items():
-        ratios = [b / a for a, b in zip(first, r["ms"])]
-        print(f"{tree}: host {spread(r['ms'], '.3f')} ms/step; per-round ratio to "
-              f"{args.trees[0]}: {spread(ratios, '.3f')}; runs {r['ms']}", flush=True)
+    for key, what in (("ms", "host"), ("cpu_ms", "cpu")):   # cpu: steadier on a shared box
+        first = res[args.trees[0]][key]
+        for tree, r in res.items():
+            ratios = [b / a for a, b in zip(first, r[key])]
+            print(f"{tree}: {what} {spread(r[key], '.3f')} ms/step; per-round ratio to "
+                  f"{args.trees[0]}: {spread(ratios, '.3f')}; runs {r[key]}", flush=True)
     print(f"load average at end: {os.getloadavg()}")
     return 0
 

@@ -1,9 +1,16 @@
 """Speculative decoding's cost and gain as a function of acceptance, measured with the
 oracle drafter (benchmarks/oracle.py, handed to LLM as its proposer; docs/SPECULATIVE.md):
 dummy weights make real drafts
-meaningless, so a first non-speculative greedy run (k = 0) records the target's own
-outputs and the oracle proposes them, each draft kept with probability p (else a wrong
-token).
+meaningless, so the oracle proposes the target's own greedy outputs, each draft kept
+with probability p (else a wrong token).
+
+The references come from the verify step's own numerics: for each k the p = 0 run (run
+first; every draft wrong) emits each token from a verify step's first row, whose inputs
+are all correct, so its outputs are the greedy trajectory that verify rows compute;
+proposed back at any p they are accepted with probability p. References from the k = 0
+run would not be: in bf16 a decode row and a verify row of another batch shape round
+differently, a near-tie flips and the run drifts (an acceptance of 0.04 at p = 1 on the
+H100 before 2026-11-28). The p = 0 run itself proposes the k = 0 run's tokens, wrong.
 
 PYTHONPATH=. python3 scripts/spec_sweep.py [--model dummy:qwen2.5-0.5b] [--batches 256,1]
     [--ks 1,2,3,4,5] [--ps 0,0.5,0.8,1.0] [--repeat 5] [--dtype float32] [--quick]
@@ -16,12 +23,14 @@ p50 (ms) and of their mean step time and its host part (the step minus the time 
 host waited for the device: planning, batch building, launches, commit), acceptance
 and mean acceptance length over those runs; k = 0 is the baseline. Batch 256 is
 W1-like (512 random prompt tokens -> 128 output, EOS ignored, all at t = 0); batch 1
-the same request alone. Outputs must equal the baseline's (greedy). Each oracle draft
-is right with probability p, so accepted / drafted should be (p + p^2 + ... + p^k) / k
-(printed as "expected"); the oracle's drafts are the baseline's tokens, so that holds
-only where the speculative run computes the same tokens: in bf16 a near-tie computed in a batch of
-another shape may flip and the run drifts from the reference (acceptance below p);
---dtype float32 keeps them equal.
+the same request alone. Each oracle draft is right with probability p, so accepted /
+drafted is (p + p^2 + ... + p^k) / k (printed as "expected"; 1 at p = 1). Outputs must
+equal the k's references; "differ from k = 0" marks bf16 rounding (float32: never).
+
+Speculation's off-switch (speculative_config disable_by_batch_size, the engine's
+default unless --disable-by-batch-size says otherwise; "none": never off) applies: with
+more requests decoding than it, steps draft nothing and run as plain decode steps (the
+row says "off in N% of steps"), so batch 256 shows the plain decode speed at any k.
 """
 import argparse
 import json
@@ -41,7 +50,7 @@ def run(llm: LLM, prompts, params) -> dict:
     c = llm.engine.counters
     d0, t0, a0 = (c.spec_decode_num_drafts, c.spec_decode_num_draft_tokens,
                   c.spec_decode_num_accepted_tokens)
-    steps0, wait0 = c.steps, c.device_wait_us
+    steps0, wait0, off0 = c.steps, c.device_wait_us, c.spec_decode_steps_off
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     wall = time.perf_counter() - start
@@ -54,6 +63,7 @@ def run(llm: LLM, prompts, params) -> dict:
             "drafts": c.spec_decode_num_drafts - d0,
             "draft_tokens": c.spec_decode_num_draft_tokens - t0,
             "accepted": c.spec_decode_num_accepted_tokens - a0,
+            "off": (c.spec_decode_steps_off - off0) / steps,
             "outputs": [list(o.outputs[0].token_ids) for o in outs]}
 
 
@@ -80,6 +90,7 @@ def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
             **{x + "_range": (min(r[x] for r in runs), max(r[x] for r in runs))
                for x in ("tok_s", "tpot_ms")},
             "acceptance": accepted / tokens if tokens else 0.0,
+            "off": statistics.median(r["off"] for r in runs),
             "mean_len": 1 + accepted / drafts if drafts else 1.0,
             "same": all(r["outputs"] == runs[0]["outputs"] for r in runs),
             "outputs": runs[-1]["outputs"]}
@@ -88,9 +99,14 @@ def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
 def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
     params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
     oracle = OracleProposer()
+    spec = {"method": "ngram"}
+    if args.disable_by_batch_size != "default":
+        spec["disable_by_batch_size"] = None if args.disable_by_batch_size == "none" \
+            else int(args.disable_by_batch_size)
     # started at the largest k: the verify graphs are captured for it
     with LLM(model=args.model, max_num_seqs=max(batch, 16), max_num_batched_tokens=8192,
-             num_speculative_tokens=max(ks), proposer=oracle, dtype=args.dtype) as llm:
+             num_speculative_tokens=max(ks), proposer=oracle, dtype=args.dtype,
+             speculative_config=spec) as llm:
         rng = np.random.default_rng(0)
         vocab = llm.engine.vocab_size
         prompts = [rng.integers(10, vocab - 10, args.input_len).tolist() for _ in range(batch)]
@@ -101,12 +117,19 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
         rows.append({"batch": batch, "k": 0, "p": None, "dtype": args.dtype,
                      **{x: base[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
                                              "tok_s_range", "tpot_ms_range")}})
-        oracle.set_references(zip(prompts, base["outputs"]))
         for k in ks:
+            # p = 0 first, proposing the k = 0 outputs: its outputs are the references
+            oracle.set_references(zip(prompts, base["outputs"]))
+            oracle.p = 0.0
+            at_0 = measure(llm, prompts, params, repeat if 0.0 in ps else 1, k)
+            refs = at_0["outputs"]
+            oracle.set_references(zip(prompts, refs))
             for p in ps:
                 oracle.p = p
-                r = measure(llm, prompts, params, repeat, k)
-                same = r["same"] and r["outputs"] == base["outputs"]
+                r = at_0 if p == 0.0 else measure(llm, prompts, params, repeat, k)
+                same = r["same"] and r["outputs"] == refs
+                drift = refs != base["outputs"]
+                off = f"  off in {100 * r['off']:.0f}% of steps" if r["off"] else ""
                 print(f"batch {batch:4d} k {k} p {p:.1f}  tok/s {r['tok_s']:10.0f} "
                       f"{_rng(r, 'tok_s', 0)}  TPOT p50 {r['tpot_ms']:7.2f} ms "
                       f"{_rng(r, 'tpot_ms', 2)}  step {r['step_ms']:6.2f} ms (host "
@@ -115,9 +138,12 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                       f"mean len {r['mean_len']:.2f}  throughput "
                       f"x{r['tok_s'] / base['tok_s']:.2f}  TPOT "
                       f"x{r['tpot_ms'] / base['tpot_ms']:.2f}"
-                      f"{'' if same else '  (outputs differ from k = 0)'}", flush=True)
+                      f"{off}"
+                      f"{'' if same else '  (outputs differ from the references)'}"
+                      f"{'  (references differ from k = 0)' if drift else ''}", flush=True)
                 rows.append({"batch": batch, "k": k, "p": p, "dtype": args.dtype,
-                             "same_output": same,
+                             "same_output": same, "references_differ_from_k0": drift,
+                             "off_steps": r["off"],
                              "expected_acceptance": expected_acceptance(p, k),
                              **{x: r[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
                                                   "tok_s_range", "tpot_ms_range",
@@ -135,6 +161,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                     help="float32: the oracle's acceptance is its p (no bf16 near-tie drift)")
+    ap.add_argument("--disable-by-batch-size", default="default", metavar="N|none|default",
+                    help="speculative_config disable_by_batch_size: default (the engine's), "
+                         "none (never off: verify steps at every batch), or N")
     ap.add_argument("--quick", action="store_true", help="k in {1, 3, 5}, repeat 3")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

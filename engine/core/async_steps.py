@@ -27,10 +27,13 @@ class AsyncSteps:
         tokens pending and the proposer needs them on the host: then a step is planned
         with every token known, and proposes again. Nor after a step with a decode that
         waited for its token and that the proposer has not declined lately (a request's
-        first decodes: a drafter that always proposes, a draft model, would miss them)."""
+        first decodes: a drafter that always proposes, a draft model, would miss them).
+        A step that the off-switch (disable_by_batch_size) left without drafts chains as
+        without speculation; the first step under the threshold plans with its tokens
+        pending, waits for them (spec_waiting) and the one after it proposes again."""
         if prev.verifies:     # whatever k is now: a live k of 0 leaves verifies in flight
             return False
-        if not self.speculating:
+        if not self.speculating or prev.spec_off:   # a plain decode step (disable_by_batch_size)
             return True
         if prev.spec_waiting or self._chained >= SPEC_ASYNC_RUN:
             return False

@@ -82,9 +82,9 @@ class LLMEngine(AsyncSteps, StepFaults):
             self.host.timer = executor.kv_copy_seconds
         self.scheduler = Scheduler(config.scheduler, self.pool, self.counters, self.host)
         self.scheduler.max_model_len = self.max_model_len
-        self.spec = SpecDecoder(proposer or make_proposer(
-            config.speculative_config or SpeculativeConfig(), executor.draft),
-            self.scheduler, self.counters)
+        spec = config.speculative_config or SpeculativeConfig()
+        self.spec = SpecDecoder(proposer or make_proposer(spec, executor.draft),
+                                self.scheduler, self.counters, spec.disable_by_batch_size)
         self.scheduler.drafter = self.spec.schedule_drafts
         self.structured = make_manager(config, self.tokenizer, self.vocab_size,
                                        executor.eos_token_ids,

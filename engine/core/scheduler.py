@@ -75,6 +75,7 @@ class StepPlan:
     dedup_joins: list[tuple[str, str]] = field(default_factory=list)   # (follower id, leader id)
     verifies: list[VerifyChunk] = field(default_factory=list)   # decodes with drafts
     spec_waiting: bool = False   # a decode's proposer waits for its token (spec_decode.py)
+    spec_off: int = 0            # decodes when past disable_by_batch_size: no drafts (ditto)
     prompt_rows: object = None   # its prompt-logprob rows, laid out by the batch builder
     swap_fallbacks: list[str] = field(default_factory=list)   # swap preemptions that
     #                              recompute instead (the host tier is off or full)

@@ -21,16 +21,15 @@ generator (engine/worker/rejection.py).
 """
 from __future__ import annotations
 
-from itertools import chain
+from itertools import repeat
 from typing import Protocol
-
-import numpy as np
 
 from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from engine.core.draft_proposer import DraftProposer
 from engine.core.ngram_proposer import NgramProposer
 from engine.core.scheduler import StepPlan, VerifyChunk
-from engine.request import TRACE_TOKENS, RequestStatus, append_sampled
+from engine.codes import REASON_LENGTH, REASON_STOP
+from engine.request import TRACE_TOKENS, RequestStatus
 
 
 def _until_end(req, tokens: list[int]) -> list[int]:
@@ -43,6 +42,29 @@ def _until_end(req, tokens: list[int]) -> list[int]:
         if t in stops:
             return tokens[:i + 1]
     return tokens
+
+
+def append_verified(req, new: list[int], now: float, itls, out) -> str | None:
+    """engine/request.py append_sampled for one verified request's new tokens (cut at its
+    end by _until_end, so only the last can end it): all emitted at `now` (inter-token
+    gaps of 0 after the first), appended at once. Returns why the request ends, if it
+    does."""
+    n, times = len(new), req.token_times
+    if times:
+        itls.append((now, now - times[-1]))
+    if n > 1:
+        itls.extend(repeat((now, 0.0), n - 1))
+    times.extend(repeat(now, n))
+    req.output_token_ids.extend(new)
+    out.request_ids.extend(repeat(req.request_id, n))
+    out.token_ids.extend(new)
+    if out.logprobs is not None:     # another request of the step asked for logprobs
+        out.logprobs.extend(repeat(None, n))
+    if new[-1] in req.stop_ids:
+        return REASON_STOP
+    if len(req.prompt_token_ids) + len(req.output_token_ids) >= req.length_cap:
+        return REASON_LENGTH
+    return None
 
 
 class Proposer(Protocol):
@@ -75,8 +97,11 @@ SPEC_ASYNC_RUN = 4
 
 
 class SpecDecoder:
-    def __init__(self, proposer: Proposer, scheduler, counters):
+    def __init__(self, proposer: Proposer, scheduler, counters,
+                 disable_by_batch_size: int | None = None):
         self.proposer = proposer
+        # more decodes than this in a step: no drafts (SpeculativeConfig; None: never)
+        self.disable_by_batch_size = disable_by_batch_size
         self.method = proposer.method
         self.scheduler = scheduler
         self.kv = scheduler.kv
@@ -104,7 +129,23 @@ class SpecDecoder:
         budget; returns the budget left. The eligible decodes are proposed for in one
         batch (room: k, the budget, the length cap), then take their drafts in order,
         each cut to the budget left. Where the pool has no room for the drafts' slots
-        the decode stays plain (speculation never preempts)."""
+        the decode stays plain (speculation never preempts). With more decodes than
+        disable_by_batch_size the step proposes nothing: a plain decode step."""
+        off = self.disable_by_batch_size
+        if off is not None and len(plan.decodes) > off:
+            plan.spec_off = len(plan.decodes)
+            self.counters.spec_decode_steps_off += 1
+            self.counters.spec_decode_steps_without_drafts += 1
+            return budget
+        budget = self._draft(plan, budget)
+        if plan.verifies:
+            self.counters.spec_decode_steps_with_drafts += 1
+        else:
+            self.counters.spec_decode_steps_without_drafts += 1
+        return budget
+
+    def _draft(self, plan: StepPlan, budget: int) -> int:
+        """schedule_drafts' proposals and reservations (the off-switch passed)."""
         k = self.scheduler.knobs.num_speculative_tokens
         cap, running = min(k, budget), RequestStatus.RUNNING
         chunks, rooms = [], []
@@ -148,16 +189,16 @@ class SpecDecoder:
     def commit(self, verifies: list[VerifyChunk], tokens: list[int], now: float, itls,
                out, caching: bool) -> list:
         """The verify chunks' sampled tokens (1 + drafts each, in order) into their
-        requests; returns the requests a token ends, with the reason. The accepted counts
-        of all chunks come from one numpy comparison; then one append_sampled call takes
-        every request's new tokens."""
+        requests; returns the requests a token ends, with the reason. One pass a request,
+        none a token: its accepted tokens and the target's next arrive at one time, so
+        they enter the request together (append_verified)."""
         accepted = self._count_accepted(verifies, tokens)
         running = RequestStatus.RUNNING
-        live, reqs, new_tokens, row = [], [], [], 0
+        ended, live, row = [], [], 0
         for chunk, a in zip(verifies, accepted):
-            req = chunk.request
+            req, d = chunk.request, chunk.num_tokens - 1
             chunk.accepted = a
-            req.num_draft_tokens += chunk.num_tokens - 1
+            req.num_draft_tokens += d
             req.num_accepted_tokens += a
             if req.status is running:
                 new = tokens[row:row + a + 1]
@@ -165,17 +206,14 @@ class SpecDecoder:
                 if req.length_cap - len(req.prompt_token_ids) - len(req.output_token_ids) \
                         <= a or not req.stop_ids.isdisjoint(new):
                     new = _until_end(req, new)
-                reqs += [req] * len(new)
-                new_tokens.extend(new)
-                live.append((chunk, len(new)))
                 first = len(req.output_token_ids)      # the TUI's token trace (stats.py)
                 if first < TRACE_TOKENS:
-                    req.spec_trace.append((first, len(new), chunk.num_tokens - 1, a))
-            row += chunk.num_tokens
-        # only a request's last new token can end it (_until_end)
-        ended = append_sampled(reqs, new_tokens, now, itls, out.request_ids, out.token_ids,
-                               None if out.logprobs is None else [None] * len(new_tokens),
-                               out.logprobs)
+                    req.spec_trace.append((first, len(new), d, a))
+                reason = append_verified(req, new, now, itls, out)
+                if reason is not None:
+                    ended.append((req, reason))
+                live.append((chunk, len(new)))
+            row += d + 1
         kv, bs = self.kv, self.kv.block_size
         for chunk, n in live:      # the KV calls only where a block fills or empties
             req = chunk.request
@@ -188,27 +226,34 @@ class SpecDecoder:
 
     def _count_accepted(self, verifies: list[VerifyChunk], tokens: list[int]) -> list[int]:
         """Each chunk's accepted drafts (the longest prefix equal to the target's tokens),
-        into the counters and the per-position counts."""
-        counts = np.fromiter((c.num_tokens for c in verifies), np.int64, len(verifies))
-        ends = np.cumsum(counts)
-        starts = ends - counts
-        drafts = np.full(int(ends[-1]), -1, np.int64)       # -1: the bonus row checks none
-        drafts[np.delete(np.arange(drafts.shape[0]), ends - 1)] = np.fromiter(
-            chain.from_iterable(c.draft for c in verifies), np.int64)
-        # the first mismatch of each chunk (its bonus row at the latest) ends its accepted
-        wrong = np.flatnonzero(np.asarray(tokens, np.int64) != drafts)
-        accepted = wrong[np.searchsorted(wrong, starts)] - starts
+        into the counters and the per-position counts. Plain Python: a list comparison
+        settles a fully accepted draft, and at batch 1 numpy's per-call cost was 20x
+        this loop's."""
+        accepted, counts, row, drafted = [], [0] * (MAX_SPECULATIVE_TOKENS + 1), 0, 0
+        for c in verifies:
+            draft = c.draft
+            d = len(draft)
+            if tokens[row:row + d] == draft:
+                a = d
+            else:                          # stops before d: some draft differs
+                a = 0
+                while tokens[row + a] == draft[a]:
+                    a += 1
+            accepted.append(a)
+            counts[a] += 1
+            row += d + 1
+            drafted += d
         c = self.counters
         c.spec_decode_num_drafts += len(verifies)
-        c.spec_decode_num_draft_tokens += int(ends[-1]) - len(verifies)
-        c.spec_decode_num_accepted_tokens += int(accepted.sum())
-        longest = int(counts.max()) - 1
+        c.spec_decode_num_draft_tokens += drafted
+        c.spec_decode_num_accepted_tokens += sum(accepted)
+        longest = max(len(v.draft) for v in verifies)
         self.longest_draft = max(self.longest_draft, longest)
-        # position j is accepted by every chunk that accepted more than j drafts
-        reached = np.bincount(accepted, minlength=longest + 1)[::-1].cumsum()[::-1]
-        for j, n in enumerate(reached[1:].tolist()):
-            self.accepted_per_pos[j] += n
-        return accepted.tolist()
+        reached = 0        # position j is accepted by every chunk that accepted more than j
+        for j in range(longest - 1, -1, -1):
+            reached += counts[j + 1]
+            self.accepted_per_pos[j] += reached
+        return accepted
 
     def per_position(self) -> tuple[int, ...]:
         """Accepted drafts by position, for every position some draft reached."""

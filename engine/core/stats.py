@@ -56,7 +56,7 @@ class StatsRecorder:
                          len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
                          sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
                          sum(v.accepted for v in plan.verifies), plan.budget, plan.mode,
-                         *tier_moves(plan.tier_step))
+                         *tier_moves(plan.tier_step), spec_off=plan.spec_off)
         self.last_step = step
         self.recent_steps.append(step)
 

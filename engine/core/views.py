@@ -76,6 +76,7 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         tensor_parallel_size=engine.config.tensor_parallel_size,
         kv_bytes_per_rank=ex.kv_bytes_per_rank, max_model_len=engine.max_model_len,
         forward_calls=ex.forward_calls, spec_method=engine.spec.method,
+        spec_disable_by_batch_size=engine.spec.disable_by_batch_size or 0,
         logprobs_mode=engine.config.logprobs_mode, kv_cache_dtype=engine.config.kv_cache_dtype,
         recent_ttft_parts=tuple(st.recent_ttft_parts), traces=st.traces(),
         **host_view(engine.host))

@@ -119,7 +119,7 @@ def check_request(d, num_blocks: int) -> dict:
 # step fields added after format 1 was written: older recordings read them as 0 ("")
 LATER_STEP_FIELDS = {"spec_verified": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0,
                      "budget": 0, "mode": "", "blocks_to_host": 0, "blocks_from_host": 0,
-                     "bytes_to_host": 0, "bytes_from_host": 0}
+                     "bytes_to_host": 0, "bytes_from_host": 0, "spec_off": 0}
 
 
 def check_step(d) -> dict:
@@ -178,7 +178,8 @@ LATER_COUNTERS = ("device_wait_us", "snapshot_build_us", "gc_pause_us", "spec_de
                   "grammar_compiles", "grammar_steps", "grammar_rows", "grammar_fill_us",
                   "kv_offload_blocks", "kv_reload_blocks", "kv_offload_dropped", "host_evictions",
                   "host_prefix_hit_tokens", "swap_outs", "swap_ins", "swap_fallbacks",
-                  "kv_offload_us", "kv_reload_us")
+                  "kv_offload_us", "kv_reload_us", "spec_decode_steps_with_drafts",
+                  "spec_decode_steps_without_drafts", "spec_decode_steps_off")
 
 
 def check_counters(d) -> dict:

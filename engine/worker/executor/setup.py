@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig
+from engine.config import DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig, SpeculativeConfig
 from engine.worker.draft_runner import DraftRunner, build_draft_runner
 from engine.worker.models.loader import LoadedModel, load_model
 from engine.worker.placement import (blocks_from_memory, kv_bytes_per_block,
@@ -97,14 +97,19 @@ def build_draft(config: EngineConfig, target_vocab: int, ops, device: torch.devi
 
 def verify_rows(config: EngineConfig) -> int:
     """Decode rows of the widest verify step of the k the engine starts with (every
-    running request with k drafts, the drafts within the token budget): the CUDA graphs
+    running request with k drafts, the drafts within the token budget; no more requests
+    than disable_by_batch_size, past which a step drafts nothing): the CUDA graphs
     capture verify steps up to that many rows (capped by the largest decode bucket); 0
     when it starts without speculation (a k or budget set larger live runs the mixed
     graphs or eagerly)."""
     sched = config.scheduler
     if not sched.num_speculative_tokens:
         return 0
-    return min(sched.max_num_seqs * (1 + sched.num_speculative_tokens),
+    seqs = sched.max_num_seqs
+    off = (config.speculative_config or SpeculativeConfig()).disable_by_batch_size
+    if off is not None:
+        seqs = min(seqs, off)
+    return min(seqs * (1 + sched.num_speculative_tokens),
                max(sched.max_num_seqs, sched.max_num_batched_tokens))
 
 

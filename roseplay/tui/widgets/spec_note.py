@@ -36,6 +36,8 @@ def burst_text(snap, start: float) -> Text | None:
         return None
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"spec {spec_label(snap)}: ", f"bold {theme.color('decode')}")
+    if snap.spec_pause:       # the off-switch: a plain decode step (disable_by_batch_size)
+        return t.append(f"{snap.spec_pause}, ITL as without it", "dim")
     if not verifies:
         return t.append("no verify in the last 10 s, ITL as without it", "dim")
     t.append(f"{1 + accepted / verifies:.1f}", "bold")

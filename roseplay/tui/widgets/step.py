@@ -43,11 +43,15 @@ def chunk_words(step, snap) -> Text:
     return t
 
 
-def spec_words(step, k: int, method: str = "") -> Text:
+def spec_words(step, k: int, method: str = "", pause: str = "") -> Text:
     """Speculative decoding this step: the method and k, drafts proposed and accepted,
-    the acceptance % (nothing while speculation is off)."""
+    the acceptance % (nothing while speculation is off); `pause`: why the step drafted
+    nothing (EngineSnapshot.spec_pause: too many requests decoding)."""
     t = Text()
-    if step.spec_verified:
+    if pause:
+        t.append(f"spec {f'{method} ' if method else ''}k={k}: ", "bold")
+        t.append(f"{pause}   ", theme.color("prefill"))
+    elif step.spec_verified:
         share = 100 * step.spec_accepted_tokens / max(1, step.spec_draft_tokens)
         t.append("spec ", "bold")
         t.append(f"{step.spec_draft_tokens} drafted → ")
@@ -100,7 +104,7 @@ class StepPanel(Widget):
         n = len(s.prefill_chunks)
         t.append(f" prefill {s.prefill_tokens} tok in {n} chunk{'' if n == 1 else 's'}\n")
         spec = spec_words(s, snap.knobs.num_speculative_tokens,    # before the chunks: a
-                          snap.spec_method)
+                          snap.spec_method, snap.spec_pause)
         t.append_text(spec)                                       # long list is cut, not it
         if s.prefill_chunks or not spec:        # (no "prefill -" cut after the spec words)
             t.append("prefill ", "dim")

@@ -40,6 +40,7 @@ class StripNumbers:
     verified: int              # speculative decoding: requests verified with drafts,
     drafted: int               # the drafts, and those accepted
     accepted: int
+    spec_off: int = 0          # steps disable_by_batch_size left without drafts
 
 
 def window_steps(snap, width: int) -> tuple:
@@ -65,7 +66,8 @@ def strip_numbers(snap, steps) -> StripNumbers:
         sum(s.decode_tokens for s in steps), sum(s.prefill_tokens for s in steps),
         sum(uses) / len(uses) if uses else None, tuple(budgets), len(firsts),
         sum(r.prefill_chunks for r in firsts), sum(s.spec_verified for s in steps),
-        sum(s.spec_draft_tokens for s in steps), sum(s.spec_accepted_tokens for s in steps))
+        sum(s.spec_draft_tokens for s in steps), sum(s.spec_accepted_tokens for s in steps),
+        sum(1 for s in steps if s.spec_off))
 
 
 def bar_cell(decode: int, total: int, row: int) -> tuple[str, str, str]:
@@ -150,6 +152,9 @@ def number_lines(n: StripNumbers, snap, wide: bool) -> list[Text]:
         third.append(f"spec {snap.spec_method or '?'} k={k}: ", "bold")
         third.append(f"{n.drafted} drafted → {n.accepted} accepted "
                      f"({_share(n.accepted, n.drafted)}) in {n.verified} verifies")
+        if n.spec_off:
+            third.append(f" · off in {n.spec_off} steps (> disable_by_batch_size "
+                         f"{snap.spec_disable_by_batch_size} decoding)", theme.color("prefill"))
         lines.append(third)
     return lines
 

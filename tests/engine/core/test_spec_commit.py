@@ -86,3 +86,42 @@ def test_oracle_keeps_each_draft_with_probability_p(p):
     oracle.release("r0")
     assert "r0" not in oracle._by_request
     assert oracle.propose([_Req("x", [9], [])], [3]) == [[]]      # no reference: no draft
+
+
+@pytest.mark.parametrize("case", ["plain", "stop", "length", "first", "logprobs"])
+def test_append_verified_equals_append_sampled(case):
+    """A verified request's tokens enter it at once as append_sampled would one by one:
+    the same outputs, times, gaps, emitted ids and tokens, and end reason."""
+    from collections import deque
+
+    from engine.core.spec_decode import _until_end, append_verified
+    from engine.outputs import StepOutput
+    from engine.request import Request, RequestStatus, SamplingParams, append_sampled
+
+    def make():
+        req = Request("r", [1, 2, 3], SamplingParams(max_tokens=8 if case == "length" else 50,
+                                                     temperature=0.0))
+        req.stop_ids, req.status = frozenset({99}), RequestStatus.RUNNING
+        if case != "first":
+            req.output_token_ids += [4, 5, 6, 7]
+            req.token_times += [0.5, 0.6, 0.7, 0.8]
+        return req
+
+    new = [11, 99, 12, 13] if case == "stop" else [11, 12, 13, 14]
+    results = []
+    for via_sampled in (True, False):
+        req, itls, out = make(), deque(maxlen=100), StepOutput()
+        if case == "logprobs":
+            out.logprobs = []
+        cut = _until_end(req, list(new))
+        if via_sampled:
+            ended = append_sampled([req] * len(cut), cut, 1.0, itls, out.request_ids,
+                                   out.token_ids, None if out.logprobs is None
+                                   else [None] * len(cut), out.logprobs)
+            reason = ended[-1][1] if ended else None
+        else:
+            reason = append_verified(req, cut, 1.0, itls, out)
+        results.append((req.output_token_ids, req.token_times, list(itls), out.request_ids,
+                        out.token_ids, out.logprobs, reason))
+    assert results[0] == results[1]
+    assert results[0][-1] == {"stop": "stop", "length": "length"}.get(case)

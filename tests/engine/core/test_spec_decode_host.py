@@ -127,3 +127,12 @@ def test_verify_graph_rows_follow_k_the_seqs_and_the_budget():
     assert verify_rows(make_config(max_num_seqs=32, max_num_batched_tokens=16,
                                    num_speculative_tokens=2)) == 32    # decodes uncapped
     assert verify_rows(make_config(max_num_seqs=32)) == 0
+    # no verify step past disable_by_batch_size requests (default 32; null: never off)
+    assert verify_rows(make_config(max_num_seqs=256, num_speculative_tokens=3,
+                                   max_num_batched_tokens=8192)) == 32 * 4
+    never = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    assert verify_rows(make_config(max_num_seqs=256, speculative_config=never,
+                                   max_num_batched_tokens=8192)) == 256 * 4
+    assert verify_rows(make_config(max_num_seqs=256, max_num_batched_tokens=8192,
+                                   speculative_config={**never, "disable_by_batch_size": 8})) \
+        == 8 * 4
