@@ -137,6 +137,7 @@ class LiveSource:
             raise InvalidRequestError(f"unknown scenario {name!r}")
         check_fits(name, self.info, self.driver.workload)
         self.driver.set_scenario(name)
+        self.driver.resume()     # an attached app's driver waits for this pick (start_live)
         self._event("scenario", scenario=name)
 
     def set_concurrency(self, n: int) -> None:
