@@ -136,6 +136,37 @@ def test_pool_dry_preempts_the_newest_and_requeues_it_first():
     pool.check(sched.block_tables())
 
 
+def test_one_pass_decode_scheduling_preempts_a_request_it_has_not_reached():
+    """Every decode fits the budget, so one pass over the running requests schedules
+    them: the first one's next block preempts the newest, which the pass then skips (it
+    is waiting, not a decode), and the one between still gets the freed block."""
+    sched, pool, counters = make(num_blocks=6, budget=64)
+    a, b, c = (req(n, range(10 * i + 1, 10 * i + 9), 20) for i, n in enumerate("abc"))
+    for r in (a, b, c):
+        sched.add(r)
+    compute(sched, sched.schedule())      # 3 x 2 blocks: the pool is full
+    for r in (a, b, c):
+        r.output_token_ids.append(3)
+    plan = sched.schedule()               # each decode's slot is in a third block
+    assert [(ch.request.request_id, ch.start) for ch in plan.decodes] == [("a", 8), ("b", 8)]
+    assert [r.request_id for r, _ in plan.preempted] == ["c"] and not plan.prefills
+    assert c.status is RequestStatus.WAITING and sched.running == [a, b]
+    assert counters.preemptions == 1
+    pool.check(sched.block_tables())
+
+
+def test_pool_refcounts_are_one_array_seen_two_ways():
+    """BlockPool.refs (per-block reads and writes) and .refcounts (numpy, whole-pool
+    operations) share their memory: a change through either shows in the other."""
+    pool = BlockPool(4, BS)
+    blocks = pool.allocate(2)
+    pool.incref(blocks[1])
+    assert list(pool.refcounts) == [1, 2, 0, 0] and list(pool.refs) == [1, 2, 0, 0]
+    pool.release(blocks)
+    assert (pool.refcounts == [0, 1, 0, 0]).all() and pool.refs[1] == 1
+    pool.check([[blocks[1]]])
+
+
 def test_pending_tokens_plan_the_next_step_and_leave_length_finishers_out():
     """Async scheduling: requests whose tokens are still on the device are planned with
     them (decode at the pending position, its slot reserved); one that the pending token
