@@ -55,10 +55,11 @@ class AsyncSteps:
         out = StepOutput()
         failed = None
         try:
-            self._commit(prev.plan)
-            if chain and self.async_scheduling and self._may_chain(prev.plan) \
-                    and (self.executor.defers_sampling or prev.grammar is None):
-                failed = self._launch_next(prev)
+            chain = chain and self.async_scheduling and self._may_chain(prev.plan) \
+                and (self.executor.defers_sampling or prev.grammar is None)
+            pended = self._commit(prev.plan, prev.requests if chain else None)
+            if chain:
+                failed = self._launch_next(prev, pended)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails
             plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
@@ -84,11 +85,14 @@ class AsyncSteps:
             self._record(plan, self.clock.now(), 0)
         return out
 
-    def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
+    def _launch_next(self, prev: Launched,
+                     pended: bool = False) -> tuple[StepPlan, Exception] | None:
         """Plan and launch the step after `prev` before prev's tokens are read: each
         request prev samples counts its token as pending (the scheduler plans with it,
-        the runner feeds it from the device). Returns (plan, error) if the launch failed."""
-        add_pending_tokens(prev.requests)
+        the runner feeds it from the device; pended: the commit counted them already).
+        Returns (plan, error) if the launch failed."""
+        if not pended:
+            add_pending_tokens(prev.requests)
         plan = self._schedule()
         if not plan:
             return None
