@@ -57,9 +57,13 @@ class AsyncSteps:
         try:
             chain = chain and self.async_scheduling and self._may_chain(prev.plan) \
                 and (self.executor.defers_sampling or prev.grammar is None)
-            pended = self._commit(prev.plan, prev.requests if chain else None)
+            # chaining: each request prev samples counts its token as pending (the
+            # scheduler plans with it, the runner feeds it from the device), in the
+            # commit's own pass where it can
+            if not self._commit(prev.plan, prev.requests if chain else None) and chain:
+                add_pending_tokens(prev.requests)
             if chain:
-                failed = self._launch_next(prev, pended)
+                failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails
             plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
@@ -85,14 +89,10 @@ class AsyncSteps:
             self._record(plan, self.clock.now(), 0)
         return out
 
-    def _launch_next(self, prev: Launched,
-                     pended: bool = False) -> tuple[StepPlan, Exception] | None:
-        """Plan and launch the step after `prev` before prev's tokens are read: each
-        request prev samples counts its token as pending (the scheduler plans with it,
-        the runner feeds it from the device; pended: the commit counted them already).
-        Returns (plan, error) if the launch failed."""
-        if not pended:
-            add_pending_tokens(prev.requests)
+    def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
+        """Plan and launch the step after `prev` before prev's tokens are read (its
+        samples already count as pending tokens). Returns (plan, error) if the launch
+        failed."""
         plan = self._schedule()
         if not plan:
             return None

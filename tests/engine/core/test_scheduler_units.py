@@ -8,8 +8,9 @@ from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
 from engine.config import SchedulerConfig
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key, key_tokens
-from engine.request import (Request, RequestStatus, SamplingParams, add_pending_tokens,
-                            append_sampled)
+from engine.request import (PENDING_TOKEN, Request, RequestStatus, SamplingParams,
+                            add_pending_tokens, append_sampled)
+from engine.core.launched import commit_plan
 from engine.core.scheduler import Scheduler
 from engine.core.kv.counters import Counters
 
@@ -189,6 +190,28 @@ def test_pending_tokens_plan_the_next_step_and_leave_length_finishers_out():
     assert (a.pending_row, b.pending_row) == (0, 1)
     assert append_sampled([a], [11], 0.0, [], [], []) == []
     assert a.output_token_ids == [9, 11] and a.pending_row == -1 and not a.num_pending
+
+
+def test_commit_of_a_decode_only_step_counts_its_pending_tokens_in_the_same_pass():
+    """Async scheduling: the commit of a plan of decodes alone (row i samples decode i)
+    also counts each row's token as pending, as add_pending_tokens would; rows that are
+    not the decodes one to one (a dedup follower's row) leave that to the caller."""
+    sched, pool, _ = make()
+    a, b = req("a", [1, 2, 3], max_tokens=8), req("b", [4, 5, 6], max_tokens=8)
+    for r in (a, b):
+        sched.add(r)
+    compute(sched, sched.schedule())
+    for r in (a, b):
+        r.output_token_ids.append(9)
+    plan = sched.schedule()
+    assert commit_plan(plan, sched, BS, True, rows=[a, b])
+    assert [(r.num_computed_tokens, r.output_token_ids, r.pending_row) for r in (a, b)] \
+        == [(4, [9, PENDING_TOKEN], 0), (4, [9, PENDING_TOKEN], 1)]
+    nxt = sched.schedule()                  # planned with the pending tokens
+    assert [(c.request.request_id, c.start) for c in nxt.decodes] == [("a", 4), ("b", 4)]
+    follower = req("f", [1, 2, 3])
+    assert not commit_plan(nxt, sched, BS, True, rows=[a, follower, b])
+    assert [(r.num_computed_tokens, r.pending_row) for r in (a, b)] == [(5, 0), (5, 1)]
 
 
 def test_a_preempted_request_waits_for_its_pending_token():
