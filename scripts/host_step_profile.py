@@ -9,6 +9,7 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py --runner             # + the runner's host work
     python scripts/host_step_profile.py --speculative 3 --oracle-p 1   # verify steps
     python scripts/host_step_profile.py --kv-events          # + KV events published
+    python scripts/host_step_profile.py --front              # + the front's output processing
 
 --speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
 cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
@@ -16,6 +17,11 @@ cost"): the stub's outputs are all token 7, so the oracle's references are 7s an
 
 --runner keeps the real ModelRunner (StepBuffers.fill, the sampler, HostCopy) and stubs
 only the model's forward: logits of the right shape with token 7 on top.
+
+--front runs the front's OutputProcessor.process (engine/front/processor.py) on each
+step's output, as LLM.generate does on the engine's own thread in process (W1's bench):
+token ids into each request's state, and its final RequestOutput (text decoded once) as
+it finishes.
 
 --kv-events turns kv_events_config on and attaches the engine process's publisher
 (engine/ipc/kv_publisher.py: its thread encodes and sends beside the step, on loopback
@@ -55,6 +61,7 @@ import torch  # noqa: E402
 from benchmarks.oracle import OracleProposer  # noqa: E402
 from engine.config import make_config  # noqa: E402
 from engine.core.core import LLMEngine  # noqa: E402
+from engine.front.processor import OutputProcessor  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
 from ab_runs import interleaved, spread  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
@@ -98,8 +105,10 @@ def attach_publisher(engine: LLMEngine):
 
 class ClosedLoop:
     def __init__(self, engine: LLMEngine, oracle: OracleProposer | None, concurrency: int,
-                 input_len: int, output_len: int, seed: int = 0):
+                 input_len: int, output_len: int, seed: int = 0, front: bool = False):
         self.engine, self.input_len = engine, input_len
+        # --front: LLM.generate's output processing, each request with a finish sink
+        self.front = OutputProcessor(engine.tokenizer) if front else None
         self.oracle = oracle          # proposes the stub's token 7 (--speculative)
         self.reference = [7] * output_len
         self.params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
@@ -114,15 +123,24 @@ class ClosedLoop:
         ids[0] = self.next_id          # distinct prompts: no prefix hits, no dedup
         if self.oracle is not None:
             self.oracle.refs[tuple(ids.tolist())] = self.reference
-        self.engine.add(CoreRequest(f"r{self.next_id}", tuple(ids.tolist()),
-                                    params or self.params, time.perf_counter()))
+        creq = CoreRequest(f"r{self.next_id}", tuple(ids.tolist()), params or self.params,
+                           time.perf_counter())
+        if self.front is not None:
+            self.front.add(creq, None, None, _drop)
+        self.engine.add(creq)
         self.next_id += 1
 
     def step(self) -> int:
         out = self.engine.step()
+        if self.front is not None:
+            self.front.process(out)
         for _ in out.finished:
             self.submit()
         return len(out.token_ids)
+
+
+def _drop(event) -> None:
+    """A finished request's final event, dropped (LLM.generate keeps its output)."""
 
 
 def run(args) -> dict:
@@ -139,7 +157,8 @@ def run(args) -> dict:
     publisher = attach_publisher(engine) if args.kv_events else None
     gc.collect()
     gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
-    loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len)
+    loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len,
+                      front=args.front)
     for _ in range(args.warmup_steps):
         loop.step()
     prof = cProfile.Profile() if args.profile else None
@@ -170,7 +189,7 @@ def measure_tree(tree: str, args) -> dict:
             "--num-blocks", str(args.num_blocks), "--warmup-steps", str(args.warmup_steps),
             "--steps", str(args.steps), "--speculative", str(args.speculative),
             "--oracle-p", str(args.oracle_p)] + (["--runner"] if args.runner else []) \
-        + (["--kv-events"] if args.kv_events else [])
+        + (["--kv-events"] if args.kv_events else []) + (["--front"] if args.front else [])
     env = dict(os.environ, HOST_STEP_TREE=os.path.abspath(tree))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=900)
@@ -216,6 +235,8 @@ def main(argv=None) -> int:
                    help="--speculative: the oracle's acceptance (1: all accepted, 0: none)")
     p.add_argument("--kv-events", action="store_true",
                    help="KV events on, published by the engine process's publisher")
+    p.add_argument("--front", action="store_true",
+                   help="+ the front's output processing of each step (LLM.generate's)")
     p.add_argument("--trees", nargs="+", metavar="DIR",
                    help="checkouts to compare (interleaved runs of this measurement)")
     p.add_argument("--runs", type=int, default=5, help="rounds over --trees")
