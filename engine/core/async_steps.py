@@ -58,9 +58,14 @@ class AsyncSteps:
         out = StepOutput()
         failed = None
         try:
-            self._commit(prev.plan)
-            if chain and self.async_scheduling and self._may_chain(prev.plan) \
-                    and (self.executor.defers_sampling or prev.grammar is None):
+            chain = chain and self.async_scheduling and self._may_chain(prev.plan) \
+                and (self.executor.defers_sampling or prev.grammar is None)
+            # chaining: each request prev samples counts its token as pending (the
+            # scheduler plans with it, the runner feeds it from the device), in the
+            # commit's own pass where it can
+            if not self._commit(prev.plan, prev.requests if chain else None) and chain:
+                add_pending_tokens(prev.requests)
+            if chain:
                 failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
         except Exception as exc:     # every plan that depends on prev's samples fails
@@ -88,10 +93,9 @@ class AsyncSteps:
         return out
 
     def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
-        """Plan and launch the step after `prev` before prev's tokens are read: each
-        request prev samples counts its token as pending (the scheduler plans with it,
-        the runner feeds it from the device). Returns (plan, error) if the launch failed."""
-        add_pending_tokens(prev.requests)
+        """Plan and launch the step after `prev` before prev's tokens are read (its
+        samples already count as pending tokens). Returns (plan, error) if the launch
+        failed."""
         plan = self._schedule()
         if not plan:
             return None

@@ -236,9 +236,11 @@ class LLMEngine(AsyncSteps, StepFaults):
             self.check_invariants()
         self._record(plan, t0, len(out.request_ids))
 
-    def _commit(self, plan: StepPlan) -> None:
-        commit_plan(plan, self.scheduler, self.pool.block_size,
-                    self.knobs.enable_prefix_caching)
+    def _commit(self, plan: StepPlan, rows: list[Request] | None = None) -> bool:
+        """commit_plan; rows: the plan's sample rows, whose tokens to count as pending
+        in the same pass where it can (returns whether it did)."""
+        return commit_plan(plan, self.scheduler, self.pool.block_size,
+                           self.knobs.enable_prefix_caching, rows)
 
     def _emit_tokens(self, launched: Launched, out: StepOutput) -> None:
         tokens, waited = launched.host_tokens.wait_seconds()   # the step's one host sync

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.scheduler import StepPlan
-from engine.request import Request, RequestStatus
+from engine.request import PENDING_TOKEN, Request, RequestStatus
 from engine.worker.device_io import HostCopy
 from engine.worker.step_batch import StepBatch
 
@@ -29,17 +29,37 @@ class Launched:
 
 
 
-def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool) -> None:
+def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
+                rows: list[Request] | None = None) -> bool:
     """The plan's KV is computed: advance counters, index newly full blocks, and let
-    dedup followers take the blocks of leaders that finished their prompt."""
+    dedup followers take the blocks of leaders that finished their prompt.
+
+    rows (async scheduling, the next step launched before this one's tokens are read):
+    the requests of the plan's sample rows. A plan of decodes alone, row i sampling
+    decode i (no dedup follower rows), then also counts each decode's token as pending
+    in the same pass (request.add_pending_tokens: one walk over the wide step instead of
+    two). Returns whether it did (else the caller adds them)."""
     running = RequestStatus.RUNNING
     kv = scheduler.kv
-    for c in plan.decodes:   # hot loop: one token each; a block fills every `page`
-        req = c.request
-        if req.status is running:
-            n = req.num_computed_tokens = req.num_computed_tokens + 1
-            if n % page == 0:
-                kv.register_full_blocks(req, caching)
+    pend = rows is not None and not plan.prefills and not plan.verifies \
+        and len(rows) == len(plan.decodes)
+    if pend:
+        for row, c in enumerate(plan.decodes):    # the steady async decode step
+            req = c.request
+            if req.status is running:
+                n = req.num_computed_tokens = req.num_computed_tokens + 1
+                if n % page == 0:
+                    kv.register_full_blocks(req, caching)
+                if req.pending_row < 0:
+                    req.output_token_ids.append(PENDING_TOKEN)
+                    req.pending_row = row
+    else:
+        for c in plan.decodes:   # one token each; a block fills every `page`
+            req = c.request
+            if req.status is running:
+                n = req.num_computed_tokens = req.num_computed_tokens + 1
+                if n % page == 0:
+                    kv.register_full_blocks(req, caching)
     for c in plan.prefills:
         req = c.request
         if req.status.done:
@@ -54,3 +74,4 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool) -> None:
         for c in plan.decodes:
             if c.request in followers and c.request.status is running:
                 scheduler.leader_sampled(c.request)
+    return pend

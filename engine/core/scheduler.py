@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from engine.config import SchedulerConfig
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.host_tier import HostTier
@@ -37,29 +39,29 @@ from engine.core.sched_policy import admission_order, running_order, victim_key
 from engine.core.kv.counters import Counters
 
 
-class ScheduledChunk:
-    """Part of a request computed in one step (a plain slots class: a wide step makes
-    hundreds a step, and a dataclass's init and field-wise equality cost more)."""
-    __slots__ = ("request", "start", "num_tokens", "sample")
-
-    def __init__(self, request: Request, start: int, num_tokens: int, sample: bool):
-        self.request = request
-        self.start = start             # first position computed this step
-        self.num_tokens = num_tokens
-        self.sample = sample           # reaches the end of the known tokens: sample after it
+class ScheduledChunk(msgspec.Struct, eq=False):
+    """Part of a request computed in one step (a msgspec Struct: its constructor runs in C,
+    and a wide step makes one per decode; identity equality, as a plain object's)."""
+    request: Request
+    start: int           # first position computed this step
+    num_tokens: int
+    sample: bool         # reaches the end of the known tokens: sample after it
 
     def __repr__(self) -> str:
         return (f"ScheduledChunk({self.request.request_id!r}, start={self.start}, "
                 f"num_tokens={self.num_tokens}, sample={self.sample})")
 
 
-class VerifyChunk(ScheduledChunk):
+class VerifyChunk:
     """A decode with drafts (speculative decoding): its last token and the drafts, 1 +
-    len(draft) positions computed as decode rows of the step, each sampled."""
-    __slots__ = ("draft", "accepted", "rolled_back")
+    len(draft) positions computed as decode rows of the step, each sampled (a
+    ScheduledChunk's fields, and its own)."""
+    __slots__ = ("request", "start", "num_tokens", "sample", "draft", "accepted",
+                 "rolled_back")
 
     def __init__(self, request: Request, start: int, draft: list[int]):
-        super().__init__(request, start, 1 + len(draft), True)
+        self.request, self.start, self.num_tokens, self.sample = \
+            request, start, 1 + len(draft), True
         self.draft = draft
         self.accepted = 0                 # set when its tokens are read (spec_decode.py)
         self.rolled_back: tuple[int, ...] = ()   # blocks freed: they held rejected slots
@@ -152,8 +154,8 @@ class Scheduler:
         knobs = self.knobs
         budget = knobs.max_num_batched_tokens
         plan = StepPlan(budget=budget, mode=knobs.scheduling_mode)
-        decodes, prefilling = self._partition()
         if knobs.scheduling_mode == "prefill-first":
+            decodes, prefilling = self._partition()
             # a prefill never preempts here: one that did could be re-admitted at once
             # and starve every decode (a prefill-only step each time, forever)
             left = self._schedule_running_prefills(plan, prefilling, budget, may_preempt=False)
@@ -163,10 +165,12 @@ class Scheduler:
             if not plan:       # nothing fits without preempting: the oldest prefill may
                 self._schedule_running_prefills(plan, prefilling, budget)
             return plan
-        if knobs.scheduling_mode == "mixed-chunk":
-            self._schedule_decodes(plan, decodes, None)
+        mixed = knobs.scheduling_mode == "mixed-chunk"
+        if mixed or len(self.running) <= budget:     # every decode fits: no turns
+            prefilling = self._schedule_in_order(plan)
             budget = max(0, budget - len(plan.decodes))
         else:
+            decodes, prefilling = self._partition()
             budget = self._schedule_decodes(plan, decodes, budget)
         budget = self._add_drafts(plan, budget)
         budget = self._schedule_running_prefills(plan, prefilling, budget)
@@ -190,6 +194,34 @@ class Scheduler:
                 decodes.append(r)
         return decodes, prefilling
 
+    def _schedule_in_order(self, plan: StepPlan) -> list[Request]:
+        """_partition and _schedule_decodes in one pass over the running requests, when
+        every decode is scheduled (mixed-chunk, or no more running requests than the
+        budget): the wide step's one loop. Returns the requests still prefilling. A
+        request preempted earlier in the pass is skipped (as a prefill: by its status)."""
+        page, refcounts, running = self.pool.block_size, self.pool.refs, RequestStatus.RUNNING
+        scheduled, prefilling = plan.decodes, []
+        # a copy: a reservation may preempt (and so remove) requests from self.running
+        for r in list(running_order(self.running, self.knobs.scheduling_policy)):
+            if r.dedup_leader is not None:
+                continue
+            total = len(r.prompt_token_ids) + len(r.output_token_ids)
+            pos = r.num_computed_tokens
+            n = total - pos
+            if n > 1:
+                prefilling.append(r)
+                continue
+            if n != 1 or (r.pending_row >= 0 and total >= r.length_cap) \
+                    or r.status is not running:
+                continue
+            table = r.block_table
+            i = pos // page     # fast path: the slot lies in a block the request owns alone
+            if not (i < len(table) and refcounts[table[i]] == 1) \
+                    and not self._reserve_running(r, 1, plan):
+                continue
+            scheduled.append(ScheduledChunk(r, pos, 1, True))
+        return prefilling
+
     def _schedule_decodes(self, plan: StepPlan, decodes: list[Request],
                           budget: int | None) -> int | None:
         """One token for each running decode; budget None: all of them (mixed-chunk)."""
@@ -197,7 +229,7 @@ class Scheduler:
             k = self._decode_offset % len(decodes)
             decodes = decodes[k:] + decodes[:k]
             self._decode_offset += budget
-        page, refcounts, running = self.pool.block_size, self.pool.refcounts, RequestStatus.RUNNING
+        page, refcounts, running = self.pool.block_size, self.pool.refs, RequestStatus.RUNNING
         scheduled = plan.decodes
         base = len(scheduled)
         left = len(decodes) if budget is None else min(budget, len(decodes))

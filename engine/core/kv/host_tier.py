@@ -133,7 +133,7 @@ class HostTier:
         for block, key in zip(blocks, keys):
             held = pool.index.get(key)
             if held is not None:
-                if pool.refcounts[held] == 0:
+                if pool.refs[held] == 0:
                     pool.incref(held)      # most recently used again (lru)
                     pool.decref(held)
                 continue

@@ -64,7 +64,7 @@ class KVManager:
 
     def _room_for(self, hits: list, reloads: int) -> bool:
         """Can the device pool give `reloads` blocks once the device hits are held?"""
-        held = sum(1 for block, _, _ in hits if block >= 0 and self.pool.refcounts[block] == 0)
+        held = sum(1 for block, _, _ in hits if block >= 0 and self.pool.refs[block] == 0)
         return self.pool.num_available - held >= reloads
 
     def _match(self, req: Request) -> list[tuple[int, int, bytes]]:
@@ -106,7 +106,7 @@ class KVManager:
 
     def _needs_cow(self, req: Request) -> bool:
         i = req.num_computed_tokens // self.block_size
-        return i < len(req.block_table) and self.pool.refcounts[req.block_table[i]] > 1
+        return i < len(req.block_table) and self.pool.refs[req.block_table[i]] > 1
 
     def reserve(self, req: Request, num_new: int, copies: list[tuple[int, int, str]]) -> bool:
         """Make room for tokens [computed, computed+num_new). On a shared partly filled
@@ -115,7 +115,7 @@ class KVManager:
         pool cannot supply the blocks."""
         table, computed, bs = req.block_table, req.num_computed_tokens, self.block_size
         if computed // bs < len(table) and -(-(computed + num_new) // bs) <= len(table) \
-                and self.pool.refcounts[table[computed // bs]] == 1:
+                and self.pool.refs[table[computed // bs]] == 1:
             return True    # the slots lie in blocks the request owns alone (most verifies)
         need = self.blocks_needed(req, num_new)
         if need == 0:
@@ -142,7 +142,7 @@ class KVManager:
         i = req.num_computed_tokens // self.block_size
         table = req.block_table
         if i < len(table):
-            if self.pool.refcounts[table[i]] == 1:
+            if self.pool.refs[table[i]] == 1:
                 return True
         elif i == len(table):
             fresh = self.pool.allocate(1)

@@ -8,8 +8,9 @@ from engine.codes import BLOCK_CACHED, BLOCK_FREE, BLOCK_USED
 from engine.config import SchedulerConfig
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.prefix_cache import ROOT_HASH, PrefixCache, block_key, key_tokens
-from engine.request import (Request, RequestStatus, SamplingParams, add_pending_tokens,
-                            append_sampled)
+from engine.request import (PENDING_TOKEN, Request, RequestStatus, SamplingParams,
+                            add_pending_tokens, append_sampled)
+from engine.core.launched import commit_plan
 from engine.core.scheduler import Scheduler
 from engine.core.kv.counters import Counters
 
@@ -136,6 +137,37 @@ def test_pool_dry_preempts_the_newest_and_requeues_it_first():
     pool.check(sched.block_tables())
 
 
+def test_one_pass_decode_scheduling_preempts_a_request_it_has_not_reached():
+    """Every decode fits the budget, so one pass over the running requests schedules
+    them: the first one's next block preempts the newest, which the pass then skips (it
+    is waiting, not a decode), and the one between still gets the freed block."""
+    sched, pool, counters = make(num_blocks=6, budget=64)
+    a, b, c = (req(n, range(10 * i + 1, 10 * i + 9), 20) for i, n in enumerate("abc"))
+    for r in (a, b, c):
+        sched.add(r)
+    compute(sched, sched.schedule())      # 3 x 2 blocks: the pool is full
+    for r in (a, b, c):
+        r.output_token_ids.append(3)
+    plan = sched.schedule()               # each decode's slot is in a third block
+    assert [(ch.request.request_id, ch.start) for ch in plan.decodes] == [("a", 8), ("b", 8)]
+    assert [r.request_id for r, _ in plan.preempted] == ["c"] and not plan.prefills
+    assert c.status is RequestStatus.WAITING and sched.running == [a, b]
+    assert counters.preemptions == 1
+    pool.check(sched.block_tables())
+
+
+def test_pool_refcounts_are_one_array_seen_two_ways():
+    """BlockPool.refs (per-block reads and writes) and .refcounts (numpy, whole-pool
+    operations) share their memory: a change through either shows in the other."""
+    pool = BlockPool(4, BS)
+    blocks = pool.allocate(2)
+    pool.incref(blocks[1])
+    assert list(pool.refcounts) == [1, 2, 0, 0] and list(pool.refs) == [1, 2, 0, 0]
+    pool.release(blocks)
+    assert (pool.refcounts == [0, 1, 0, 0]).all() and pool.refs[1] == 1
+    pool.check([[blocks[1]]])
+
+
 def test_pending_tokens_plan_the_next_step_and_leave_length_finishers_out():
     """Async scheduling: requests whose tokens are still on the device are planned with
     them (decode at the pending position, its slot reserved); one that the pending token
@@ -158,6 +190,28 @@ def test_pending_tokens_plan_the_next_step_and_leave_length_finishers_out():
     assert (a.pending_row, b.pending_row) == (0, 1)
     assert append_sampled([a], [11], 0.0, [], [], []) == []
     assert a.output_token_ids == [9, 11] and a.pending_row == -1 and not a.num_pending
+
+
+def test_commit_of_a_decode_only_step_counts_its_pending_tokens_in_the_same_pass():
+    """Async scheduling: the commit of a plan of decodes alone (row i samples decode i)
+    also counts each row's token as pending, as add_pending_tokens would; rows that are
+    not the decodes one to one (a dedup follower's row) leave that to the caller."""
+    sched, pool, _ = make()
+    a, b = req("a", [1, 2, 3], max_tokens=8), req("b", [4, 5, 6], max_tokens=8)
+    for r in (a, b):
+        sched.add(r)
+    compute(sched, sched.schedule())
+    for r in (a, b):
+        r.output_token_ids.append(9)
+    plan = sched.schedule()
+    assert commit_plan(plan, sched, BS, True, rows=[a, b])
+    assert [(r.num_computed_tokens, r.output_token_ids, r.pending_row) for r in (a, b)] \
+        == [(4, [9, PENDING_TOKEN], 0), (4, [9, PENDING_TOKEN], 1)]
+    nxt = sched.schedule()                  # planned with the pending tokens
+    assert [(c.request.request_id, c.start) for c in nxt.decodes] == [("a", 4), ("b", 4)]
+    follower = req("f", [1, 2, 3])
+    assert not commit_plan(nxt, sched, BS, True, rows=[a, follower, b])
+    assert [(r.num_computed_tokens, r.pending_row) for r in (a, b)] == [(5, 0), (5, 1)]
 
 
 def test_a_preempted_request_waits_for_its_pending_token():
