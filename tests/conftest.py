@@ -12,11 +12,16 @@ if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not N
     os.environ["TRITON_INTERPRET"] = "1"
 
 # Modules that take longest go to the workers first (xdist hands whole modules out in
-# collection order), so none of them starts last and leaves the other workers idle.
+# collection order), so none of them starts last and leaves the other workers idle: the
+# slow tier's longest, then the fast tier's by CPU seconds (per module, 2026-11-28).
 SLOW_FIRST = ("roseplay/tui/test_guides_verified.py", "roseplay/tui/test_tui_guides_tmux.py",
-              "engine/ipc/test_soak_process.py", "roseplay/bench/test_bench.py",
-              "engine/core/test_property.py", "kernels/test_kernels.py",
-              "roseplay/serve/test_serve_shutdown.py",
+              "engine/ipc/test_soak_process.py",
+              "roseplay/serve/test_serve_liveness.py", "roseplay/serve/test_serve_adversarial.py",
+              "roseplay/tui/test_tui_lesson_guides.py", "roseplay/tui/test_tui.py",
+              "roseplay/tui/test_tui_routing.py", "roseplay/tui/test_tui_tmux.py",
+              "roseplay/tui/test_tui_lesson_keys.py", "engine/core/test_spec_decode.py",
+              "kernels/test_kernels.py", "roseplay/bench/test_bench.py",
+              "engine/core/test_property.py", "roseplay/serve/test_serve_shutdown.py",
               "roseplay/serve/test_serve_multiproc.py",
               "engine/worker/distributed/test_tp_model.py", "roseplay/tui/test_tui_features.py")
 

@@ -28,9 +28,9 @@ def build_hf_model(model_name: str, dtype: torch.dtype, seed: int = 0):
     """The HF model of `model_name` on the CPU in `dtype` (seeded random for dummy:*)."""
     from transformers import AutoModelForCausalLM
     if model_name.startswith("dummy:"):
-        from engine.worker.models.presets import preset_config
+        from engine.worker.models.presets import preset_hf_config
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(preset_config(model_name.removeprefix("dummy:")),
+        model = AutoModelForCausalLM.from_config(preset_hf_config(model_name.removeprefix("dummy:")),
                                                  dtype=dtype)
     else:
         from engine.worker.models.loader import resolve_model_path

@@ -80,3 +80,20 @@ def make_paged(seq_lens, block_size, h_kv, d, dtype, spare=3):
         tables[b, :nb] = perm[i:i + nb].int()
         i += nb
     return k_cache, v_cache, tables
+
+
+def dtype_pairs(names: str, *axes, ids=None):
+    """parametrize("dtype," + names) over the cross product of `axes`, each combination
+    once with the dtype taken in turn (DTYPES[sum of its axis indices % 2]): every case,
+    split and tile choice runs, and each value of an axis meets both dtypes where it
+    pairs with two or more others, at half the interpreter time of the full product
+    (tests/kernels/test_kernels_gpu*.py run the full grids on a GPU). `ids`: one id
+    function per axis (default str)."""
+    import itertools
+    ids = ids or [str] * len(axes)
+    params = []
+    for picks in itertools.product(*(list(enumerate(a)) for a in axes)):
+        dtype = DTYPES[sum(i for i, _ in picks) % len(DTYPES)]
+        tag = "-".join([str(f(v)) for f, (_, v) in zip(ids, picks)] + [str(dtype)[6:]])
+        params.append(pytest.param(dtype, *(v for _, v in picks), id=tag))
+    return pytest.mark.parametrize("dtype," + names, params)

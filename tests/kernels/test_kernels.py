@@ -43,7 +43,8 @@ if not INTERPRET:
 else:
     import torch
 
-    from tests.kernels.kernel_helpers import DTYPES, assert_close, make_paged, poison, ref, seed, tri  # noqa: F401
+    from tests.kernels.kernel_helpers import (DTYPES, assert_close, dtype_pairs, make_paged,  # noqa: F401
+                                              poison, ref, seed, tri)
 
     def test_backend_exports():
         for name in ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
@@ -88,9 +89,10 @@ else:
         (4, 2, 16, 32, [100, 32, 7]),
     ]
 
-    @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"g{c[0]}-kv{c[1]}-d{c[2]}-bs{c[3]}")
-    @pytest.mark.parametrize("splits", [None, 1, 3])
+    def case_id(c):
+        return f"g{c[0]}-kv{c[1]}-d{c[2]}-bs{c[3]}"
+
+    @dtype_pairs("case,splits", DECODE_CASES, [None, 1, 3], ids=[case_id, str])
     def test_paged_decode_attention(seed, poison, dtype, case, splits):
         group, h_kv, d, block_size, lens = case
         h = group * h_kv
@@ -139,9 +141,7 @@ else:
         (7, 2, 64, 16, [(40, 13), (1, 1), (70, 3)]),
     ]
 
-    @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize("case", EXTEND_CASES, ids=lambda c: f"g{c[0]}-kv{c[1]}-d{c[2]}-bs{c[3]}")
-    @pytest.mark.parametrize("block_m", [None, 16])
+    @dtype_pairs("case,block_m", EXTEND_CASES, [None, 16], ids=[case_id, str])
     def test_paged_extend_attention(seed, poison, dtype, case, block_m):
         group, h_kv, d, block_size, seqs = case
         h = group * h_kv
@@ -229,11 +229,9 @@ else:
                          kc, vc))
         assert all(torch.equal(a, b) for a, b in zip(*runs)), f"seed {seed}"
 
-    @pytest.mark.parametrize("dtype", DTYPES)
-    @pytest.mark.parametrize("case", [(7, 2, 64, 16, [250, 1, 33, 64]), (2, 2, 32, 4, [5, 17, 1]),
-                                      (7, 1, 64, 16, [40, 129])],          # a TP=2 shard
-                             ids=["g7-d64", "g2-d32", "g7-kv1"])
-    @pytest.mark.parametrize("splits", [None, 1, 3])
+    @dtype_pairs("case,splits", [(7, 2, 64, 16, [250, 1, 33, 64]), (2, 2, 32, 4, [5, 17, 1]),
+                                 (7, 1, 64, 16, [40, 129])],          # a TP=2 shard
+                 [None, 1, 3], ids=[lambda c: f"g{c[0]}-kv{c[1]}-d{c[2]}", str])
     def test_rotary_decode_attention(seed, poison, dtype, case, splits):
         """One launch rotates q, stores the new token's rotated K and V (in the split that
         reads that position) and attends: the same output as rotary_store_kv + decode

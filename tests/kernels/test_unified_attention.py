@@ -110,7 +110,8 @@ else:
     import torch
 
     from kernels.unified_attention import paged_unified_attention, unified_attention_reference
-    from tests.kernels.kernel_helpers import assert_close, make_paged, poison, seed  # noqa: F401
+    from tests.kernels.kernel_helpers import (assert_close, dtype_pairs, make_paged,  # noqa: F401
+                                              poison, seed)
 
     # (new tokens, context) per sequence, decodes first as the engine lays them out
     MIXES = {
@@ -131,12 +132,11 @@ else:
         lens = torch.tensor(ctxs + [7] * pad_seqs, dtype=torch.int32)   # unused: ignored
         return q, k_cache, v_cache, tables, qsl, lens, real
 
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-    @pytest.mark.parametrize("mix", sorted(MIXES))
-    @pytest.mark.parametrize("h,h_kv,d,block_size,block_m", [
-        (4, 2, 32, 8, 16), (7, 1, 16, 16, 16), (3, 3, 16, 4, None)])
-    def test_unified_matches_reference(seed, poison, dtype, mix, h, h_kv, d, block_size,
-                                       block_m):
+    @dtype_pairs("mix,shape", sorted(MIXES), [(4, 2, 32, 8, 16), (7, 1, 16, 16, 16),
+                                              (3, 3, 16, 4, None)],
+                 ids=[str, lambda c: "h{}-kv{}-d{}-bs{}-bm{}".format(*c)])
+    def test_unified_matches_reference(seed, poison, dtype, mix, shape):
+        h, h_kv, d, block_size, block_m = shape
         q, kc, vc, tables, qsl, lens, real = _step(MIXES[mix], block_size, h, h_kv, d, dtype,
                                                    pad_tokens=5, pad_seqs=3)
         scale = d ** -0.5

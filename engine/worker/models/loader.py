@@ -1,7 +1,8 @@
 """Load a model: HF checkpoint directory or hub id, the bundled default, or dummy:<preset>.
 
-Configs come from transformers (the bundled model's from its config.json alone: no
-transformers import, seconds saved on a small CPU), weights from safetensors, the
+Configs come from transformers (the bundled model's from its config.json alone, a dummy
+preset's from presets.py: no transformers import, seconds saved on a small CPU; presets
+with llama3 rope scaling excepted), weights from safetensors, the
 tokenizer from engine/tokenizer.py when the checkpoint has one. Dummy presets build the
 real architecture with random weights (like vLLM's load_format="dummy").
 """

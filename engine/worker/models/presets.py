@@ -1,5 +1,13 @@
-"""Named dummy presets: real architectures (HF configs) for random-weight runs."""
+"""Named dummy presets: real architectures (HF configs) for random-weight runs.
+
+preset_config builds a preset's config without transformers (importing it costs an
+engine process ~5 s of CPU, more than starting dummy:tiny does otherwise), like the
+bundled model's config.json (loader.bundled_config): the fields the model code reads,
+with transformers' defaults where a preset leaves one out (tests/engine/worker/
+test_presets.py compares every preset with AutoConfig.for_model, preset_hf_config)."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 from engine.config import InvalidRequestError
 
@@ -45,12 +53,48 @@ PRESETS = {
 }
 
 
-def preset_config(name: str):
+# transformers' defaults for the fields the engine reads that a preset may leave out; a
+# field transformers' config class lacks stays absent (the model code has its default)
+DEFAULTS = {
+    "llama": dict(attention_bias=False, mlp_bias=False, eos_token_id=2, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, max_position_embeddings=2048),
+    "qwen2": dict(eos_token_id=None),
+    "qwen3": dict(attention_bias=False, head_dim=128, eos_token_id=None),
+    "gpt2": dict(eos_token_id=50256, layer_norm_epsilon=1e-5, n_inner=None,
+                 tie_word_embeddings=True),
+}
+
+
+def _preset(name: str) -> tuple[str, dict]:
     if name not in PRESETS:
         raise InvalidRequestError(f"unknown dummy preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
-    from transformers import AutoConfig
     model_type, kwargs = PRESETS[name]
-    kwargs = dict(kwargs)
+    return model_type, dict(kwargs)
+
+
+def preset_config(name: str):
+    """The preset's config: plain attributes, or AutoConfig's where its rope scaling needs
+    transformers' rope functions (which take a whole HF config) anyway."""
+    model_type, kwargs = _preset(name)
+    if "rope_scaling" in kwargs:
+        return preset_hf_config(name)
+    cfg = dict(DEFAULTS[model_type], model_type=model_type, **kwargs)
+    if model_type == "gpt2":        # GPT2Config's attribute_map: the common names too
+        cfg.update(hidden_size=cfg["n_embd"], num_attention_heads=cfg["n_head"],
+                   num_hidden_layers=cfg["n_layer"], max_position_embeddings=cfg["n_positions"])
+        return SimpleNamespace(**cfg)
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    if model_type == "llama":
+        cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    cfg["rope_parameters"] = {"rope_type": "default",
+                              "rope_theta": cfg.pop("rope_theta", 10000.0)}
+    return SimpleNamespace(**cfg)
+
+
+def preset_hf_config(name: str):
+    """The preset as transformers' AutoConfig (an HF model built from it: the oracle)."""
+    from transformers import AutoConfig
+    model_type, kwargs = _preset(name)
     if "rope_scaling" in kwargs or "rope_theta" in kwargs:
         rope = dict(kwargs.pop("rope_scaling", None) or {"rope_type": "default"})
         rope["rope_theta"] = kwargs.pop("rope_theta", 10000.0)

@@ -19,3 +19,12 @@ def source():
     src = live_source()
     yield src
     src.close()
+
+
+@pytest.fixture
+def paused_source():
+    """The same engine, paused: for a test of keys and screens that needs no step (the
+    engine computes nothing while the app is driven), closed after the test."""
+    src = live_source(paused=True)
+    yield src
+    src.close()

@@ -244,8 +244,8 @@ async def test_clear_prefix_cache_frees_cached_blocks(source):
 
 
 @sync
-async def test_help_screen_opens_and_closes(source):
-    app = RoseplayApp(source=source)
+async def test_help_screen_opens_and_closes(paused_source):
+    app = RoseplayApp(source=paused_source)     # (no step needed: the engine stays paused)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("question_mark")      # a loaded machine may take a few frames
         assert await wait_for(pilot, lambda: type(app.screen).__name__ == "HelpScreen", 30)

@@ -66,9 +66,10 @@ async def test_a_click_outside_the_prompt_box_closes_it(source):
 
 
 @sync
-async def test_the_palette_budget_obeys_the_cap_that_plus_stops_at(source):
+async def test_the_palette_budget_obeys_the_cap_that_plus_stops_at(paused_source):
     """`budget 100000` used to pass the cap `+` enforces (the pool's tokens); `+` from a
     budget above the cap then lowered it."""
+    source = paused_source        # (no step needed: the engine stays paused)
     app = RoseplayApp(source=source)
     cap = source.info.num_blocks * source.info.block_size
     async with app.run_test(size=(120, 40)) as pilot:
@@ -84,9 +85,10 @@ async def test_the_palette_budget_obeys_the_cap_that_plus_stops_at(source):
 
 
 @sync
-async def test_the_palette_lists_roseplays_commands_only(source):
+async def test_the_palette_lists_roseplays_commands_only(paused_source):
     """Textual's own commands came first, among them a second "Theme" (Textual's theme
     picker) unrelated to the `t` key."""
+    source = paused_source        # (no step needed: the engine stays paused)
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("ctrl+p")
@@ -105,7 +107,8 @@ async def test_the_palette_lists_roseplays_commands_only(source):
 
 
 @sync
-async def test_the_slo_editor_says_good_in_italics_not_asterisks(source):
+async def test_the_slo_editor_says_good_in_italics_not_asterisks(paused_source):
+    source = paused_source        # (no step needed: the engine stays paused)
     from roseplay.tui.widgets.slo_input import SloScreen
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:

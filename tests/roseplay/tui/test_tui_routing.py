@@ -1,7 +1,7 @@
 """Data parallelism in the app: each replica's small KV map with its load, the routing
 card of the selected request, and the policy key, checked against the DPClient's own
 replica snapshots and RouteDecisions (two dummy:tiny engine processes, shared by the
-module)."""
+module, paused between tests: only a test's own steps cost CPU)."""
 from __future__ import annotations
 
 import re
@@ -30,7 +30,8 @@ SIZES = ((80, 24), (120, 40), (200, 60))
 def source():
     from roseplay.workload.source import start_live
     src = start_live(dict(ENGINE, data_parallel_size=2, routing_policy="cache_aware"),
-                     scenario="shared-prefix", concurrency=4, input_len=48, output_len=24)
+                     scenario="shared-prefix", concurrency=4, input_len=48, output_len=24,
+                     paused=True)
     try:
         yield src
     finally:
@@ -42,7 +43,8 @@ def app(source, monkeypatch):
     fast_idle(monkeypatch)
     source.set_routing_policy("cache_aware")
     source.resume()
-    return RoseplayApp(source=Borrowed(source))
+    yield RoseplayApp(source=Borrowed(source))
+    source.pause()
 
 
 async def paused(pilot, source) -> list:
@@ -201,7 +203,7 @@ async def test_a_routing_guide_starts_and_u_measures_its_versus(app, source):
 @sync
 async def test_one_engine_has_no_replicas_and_refuses_the_key(monkeypatch):
     fast_idle(monkeypatch)
-    src = live_source()
+    src = live_source(paused=True)      # (what the keys refuse needs no steps)
     try:
         app = RoseplayApp(source=src)
         async with app.run_test(size=(120, 40)) as pilot:
