@@ -62,7 +62,10 @@ def assert_close(out, expected, dtype, seed, what=""):
     o, e = out.double(), expected.double()
     rel = ((o - e).norm() / e.norm().clamp_min(1e-12)).item()
     assert rel < TOL[dtype], f"{what}: rel err {rel:.2e} (seed {seed})"
-    assert torch.allclose(o, e, atol=10 * TOL[dtype], rtol=10 * TOL[dtype]), \
+    # absolute error grows with the operands' size: an output near 0 among outputs in the
+    # thousands (fp8 caches with scales up to 16) carries their rounding, not its own
+    size = max(1.0, e.abs().max().item())
+    assert torch.allclose(o, e, atol=10 * TOL[dtype] * size, rtol=10 * TOL[dtype]), \
         f"{what}: max abs err {(o - e).abs().max().item():.2e} (seed {seed})"
 
 

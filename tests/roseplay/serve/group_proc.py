@@ -29,8 +29,8 @@ class GroupProc(ServeProc):
     """ServeProc with --api-server-count 2: also knows the API-server processes and the
     metrics directory, and checks that they are gone at the end."""
 
-    def __init__(self, *args: str):
-        super().__init__("--api-server-count", "2", *args)
+    def __init__(self, *args: str, env: dict | None = None):
+        super().__init__("--api-server-count", "2", *args, env=env)
         self.api_pids: list[int] = []
         self.metrics_dir: str | None = None
 

@@ -40,7 +40,9 @@ def alive(pid: int) -> bool:
 class ServeProc:
     """with ServeProc("--shutdown-timeout", "1") as srv: srv.url, srv.proc, srv.engine_pid"""
 
-    def __init__(self, *args: str, engine_address: str | None = None):
+    def __init__(self, *args: str, engine_address: str | None = None, env: dict | None = None):
+        """env: the server's environment (default: this process's)."""
+        self.env = env
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--port", str(self.port), "--log-level", "warning", *args]
@@ -55,7 +57,7 @@ class ServeProc:
         # output to a file: a pipe read only at the end could fill up and block the server
         self._log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "roseplay", "serve", *self.args],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         try:
             return self._come_up()
         except BaseException:       # not up in time (or interrupted): leave nothing running

@@ -183,10 +183,12 @@ async def while_attacking(h: httpx.AsyncClient, attack) -> tuple:
 def assert_responsive(took: float, worst: float, gap: float, answered: int, what: str,
                       bound: float | None = None) -> None:
     """/health answered while the attack was in flight, and none of its answers and no gap
-    of the neighbour's stream took `bound`: 2 s, or a quarter of the attack's time where
-    that is more (work on the event loop holds /health for all of it: the attacks froze
-    the loop 4-6 s before; a loaded 2-core box stretches both the attack and the probes)."""
-    bound = max(2.0, took / 4) if bound is None else bound
+    of the neighbour's stream took `bound`: 2 s, or 3/4 of the attack's time where that is
+    more. Work on the event loop holds /health for all of the attack (the attacks froze
+    the loop 4-6 s before); a CPU shared with the rest of the suite stretches probes and
+    attack alike (a quiet box: worst 0.17 s of 5.4; the suite on 2 cores: 5.6 of 9.7), so
+    the bound is a share of the attack, not a wall-clock figure."""
+    bound = max(2.0, 0.75 * took) if bound is None else bound
     print(f"{what}: took {took:.1f} s, /health worst {worst:.2f} s, neighbour gap "
           f"{gap:.2f} s, /health answers {answered}")
     assert answered >= 1, f"/health never answered during {what} ({took:.1f} s)"

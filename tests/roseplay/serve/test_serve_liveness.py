@@ -14,7 +14,9 @@ process), with a short --client-timeout (3 s; the default is 60 s):
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 
@@ -130,8 +132,18 @@ class ClientReader(Reader):
         return self.client.stream("POST", self.url + "/v1/completions", json=self.body)
 
 
-def test_killing_serve_ends_the_other_api_servers_streams_with_an_error():
-    with GroupProc("--shutdown-timeout", "5") as srv:
+def test_killing_serve_ends_the_other_api_servers_streams_with_an_error(monkeypatch):
+    # the server's folders in a temp dir of its own: the sweep of an engine that another
+    # test starts meanwhile would remove them (their owner is dead) before they are counted
+    private = tempfile.mkdtemp(prefix="rp-live-")
+    try:
+        _kill_one_serve(monkeypatch, private)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _kill_one_serve(monkeypatch, private: str) -> None:
+    with GroupProc("--shutdown-timeout", "5", env=dict(os.environ, TMPDIR=private)) as srv:
         client = connection_on(srv.url, "1")
         try:
             reader = ClientReader(client, srv.url, stream_body(LONG))
@@ -145,6 +157,8 @@ def test_killing_serve_ends_the_other_api_servers_streams_with_an_error():
         assert done and "abort" not in reasons and len(errors) == 1, reader.lines[-3:]
         left = [srv.metrics_dir, srv.engine_dir]
         assert all(os.path.isdir(d) for d in left)  # a killed process removes nothing
+        assert all(os.path.dirname(d) == private for d in left), left
+        monkeypatch.setattr(tempfile, "tempdir", private)
         OwnedDir("roseplay-").remove()              # the next start's sweep
         assert not any(os.path.exists(d) for d in left)
         srv.wait()
