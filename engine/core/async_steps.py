@@ -12,7 +12,7 @@ continuation needs nothing from rank 0's host but the batch it broadcasts anyway
 from __future__ import annotations
 
 from engine.core.launched import Launched
-from engine.core.scheduler import StepPlan
+from engine.core.step_plan import StepPlan
 from engine.core.spec_decode import SPEC_ASYNC_RUN
 from engine.outputs import StepOutput
 from engine.request import RequestStatus, add_pending_tokens

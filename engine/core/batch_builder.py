@@ -15,7 +15,7 @@ import numpy as np
 from engine.core.kv.block_tables import BlockTables
 from engine.core.prompt_logprobs import prompt_rows
 from engine.core.sampling_extras import sampling_extras
-from engine.core.scheduler import StepPlan
+from engine.core.step_plan import StepPlan
 from engine.worker.step_batch import SamplingColumns, StepBatch
 
 _EMPTY_I32 = np.zeros((0,), dtype=np.int32)

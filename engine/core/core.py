@@ -28,7 +28,8 @@ from engine.core.kv.host_tier import HostTier
 from engine.core.kv.kv_events import KVEventRecorder
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine.request import Request, RequestStatus, append_sampled
-from engine.core.scheduler import Scheduler, StepPlan
+from engine.core.scheduler import Scheduler
+from engine.core.step_plan import StepPlan
 from engine.core.spec_decode import Proposer, SpecDecoder, make_proposer
 from engine.core.structured import make_manager
 from engine.worker.executor import Executor, build_executor

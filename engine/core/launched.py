@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.scheduler import StepPlan
+from engine.core.step_plan import StepPlan
 from engine.request import PENDING_TOKEN, Request, RequestStatus
 from engine.worker.device_io import HostCopy
 from engine.worker.step_batch import StepBatch

@@ -27,7 +27,7 @@ from typing import Protocol
 from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from engine.core.draft_proposer import DraftProposer
 from engine.core.ngram_proposer import NgramProposer
-from engine.core.scheduler import StepPlan, VerifyChunk
+from engine.core.step_plan import StepPlan, VerifyChunk
 from engine.codes import REASON_LENGTH, REASON_STOP
 from engine.request import TRACE_TOKENS, RequestStatus
 

@@ -8,7 +8,7 @@ by request, `_fail_plan` ends a plan's requests with the error.
 from __future__ import annotations
 
 from engine.codes import REASON_ERROR
-from engine.core.scheduler import StepPlan
+from engine.core.step_plan import StepPlan
 from engine.outputs import StepOutput
 
 

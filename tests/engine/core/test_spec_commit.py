@@ -10,7 +10,7 @@ import pytest
 from benchmarks.oracle import OracleProposer
 from engine.core.batch_builder import _verify_columns
 from engine.core.ngram_proposer import NgramProposer
-from engine.core.scheduler import VerifyChunk
+from engine.core.step_plan import VerifyChunk
 from engine.core.spec_decode import SpecDecoder
 
 
