@@ -27,9 +27,13 @@ from kernels.reference import _norm_then_linear
 
 PACK_BATCH_HINT = 16        # rows oneDNN picks its weight layout for: a decode batch
 ONEDNN_MAX_ROWS = 32        # wider inputs use F.linear (bounds oneDNN's kernels per weight)
-_PACKABLE = (torch.float32, torch.bfloat16)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
                                                              "_reorder_linear_weight")
+# oneDNN packs bfloat16 only where the CPU converts it natively (AVX-512 BW/VL/DQ or
+# AVX-NE-CONVERT); elsewhere (an AVX2 EPYC, say) its reorder raises, so bfloat16 weights
+# stay unpacked and take F.linear.
+_PACKABLE = (torch.float32,) + ((torch.bfloat16,) if _ONEDNN and
+                                torch.ops.mkldnn._is_mkldnn_bf16_supported() else ())
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor | None:

@@ -72,6 +72,19 @@ def test_half_weights_use_the_reference():
     assert torch.equal(cpu_linear.linear(x, w), ref.linear(x, w))
 
 
+def test_bfloat16_linears_run_on_any_cpu():
+    """bfloat16 is packed for oneDNN only where the CPU converts it natively; elsewhere
+    (no AVX-512 BW/VL/DQ, no AVX-NE-CONVERT) oneDNN's reorder raises, so the weight must
+    stay unpacked and the linear still run (every decode step failed there before)."""
+    x, w = _randn(4, 16, dtype=torch.bfloat16), _randn(8, 16, seed=1, dtype=torch.bfloat16)
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert (cpu_linear.packed_weight(w) is not None) == (native and cpu_linear._ONEDNN)
+    y = cpu_linear.linear(x, w)
+    torch.testing.assert_close(y.float(), x.float() @ w.float().t(), atol=3e-2, rtol=3e-2)
+    y2 = cpu_linear.rms_norm_linear(x, torch.ones(16, dtype=torch.bfloat16), 1e-6, w)
+    assert y2.shape == (4, 8) and torch.isfinite(y2.float()).all()
+
+
 def _qkv(tokens, heads, kv_heads, d, seed=0):
     """q, k, v as the model makes them: split views of one fused projection."""
     qkv = _randn(tokens, (heads + 2 * kv_heads) * d, seed=seed)
