@@ -10,6 +10,8 @@ engine's Welcome.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from engine.config import InvalidRequestError, make_config
 from engine.front.client import EngineClient
 
@@ -41,7 +43,8 @@ def front_config(addresses: list[str], engine_kwargs: dict):
 
 
 def attach_replicas(addresses: list[str], engine_key: str | None, label: str,
-                    timeout: float, snapshots: bool) -> list[EngineClient]:
+                    timeout: float, snapshots: bool,
+                    on_progress: Callable[[str], None] | None = None) -> list[EngineClient]:
     """One EngineClient attached to each address, in order, checked to serve as one
     front's replicas (else each is detached and InvalidRequestError says why)."""
     clients: list[EngineClient] = []
@@ -49,7 +52,7 @@ def attach_replicas(addresses: list[str], engine_key: str | None, label: str,
         for r, address in enumerate(addresses):
             clients.append(EngineClient(connect=address, engine_key=engine_key,
                                         label=f"{label}-dp{r}", startup_timeout=timeout,
-                                        snapshots=snapshots))
+                                        snapshots=snapshots, on_progress=on_progress))
         check_replicas(clients)
     except BaseException:
         for c in clients:

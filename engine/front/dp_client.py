@@ -89,7 +89,8 @@ class DPClient(CoreControls):
             config = front_config(list(engine_addresses), engine_kwargs)
             self.size = config.data_parallel_size
             self.replicas: list[EngineClient] = attach_replicas(
-                list(engine_addresses), engine_key, label, startup_timeout, snapshots)
+                list(engine_addresses), engine_key, label, startup_timeout, snapshots,
+                on_progress)
         else:
             config = make_config(**engine_kwargs)    # bad knobs: refused before any start
             self.size = config.data_parallel_size
@@ -357,13 +358,14 @@ class DPClient(CoreControls):
 
 def engine_front(*, label: str, snapshots: bool = True, address: str | None = None,
                  engine_key: str | None = None, engine_addresses: list[str] | None = None,
-                 **engine_kwargs):
+                 on_progress: Callable[[str], None] | None = None, **engine_kwargs):
     """The front a command starts: an EngineClient owning one engine process, a
     DPClient over data_parallel_size of them, or a DPClient attached to the running
-    engines at engine_addresses."""
+    engines at engine_addresses. on_progress hears the start's progress and, attaching,
+    that an address does not answer yet."""
     if engine_addresses is not None or engine_kwargs.get("data_parallel_size", 1) > 1:
         return DPClient(address=address, label=label, snapshots=snapshots,
                         engine_key=engine_key, engine_addresses=engine_addresses,
-                        **engine_kwargs)
+                        on_progress=on_progress, **engine_kwargs)
     return EngineClient(address=address, label=label, snapshots=snapshots,
-                        engine_key=engine_key, **engine_kwargs)
+                        engine_key=engine_key, on_progress=on_progress, **engine_kwargs)

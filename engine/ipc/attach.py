@@ -26,6 +26,7 @@ from engine.ipc.launch import EngineDied
 from engine.ipc.liveness import HEARTBEAT_INTERVAL, Silence
 
 logger = logging.getLogger(__name__)
+WAIT_REPORT_S = 10.0     # how often a handshake still unanswered says so (on_wait)
 
 
 class EngineKeyRefused(EngineDied):
@@ -56,15 +57,19 @@ def open_socket(ctx: zmq.Context, kind: int, endpoint: str | None, key: str,
 
 
 def handshake(in_sock: zmq.Socket, out_sock: zmq.Socket, label: str, address: str,
-              timeout: float, engine_alive: Callable[[], bool]) -> P.Welcome:
+              timeout: float, engine_alive: Callable[[], bool],
+              on_wait: Callable[[str], None] | None = None) -> P.Welcome:
     """Connect `in_sock` (not yet connected) and say Hello until Welcome (the engine can
     route to us only once our out socket is connected, so an early Welcome may be
     dropped: ask again). A failed CURVE handshake means that the key we hold is not the
-    engine's: EngineKeyRefused at once."""
+    engine's: EngineKeyRefused at once. While nobody answers, on_wait hears so every
+    WAIT_REPORT_S (an engine may still be loading there, or none runs: the caller's
+    user should know which wait this is)."""
     watch = curve.HandshakeWatch(in_sock)      # before connecting: no failure is missed
     in_sock.connect(P.endpoints(address)[0])
     try:
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, report = start + timeout, start + WAIT_REPORT_S
         while time.monotonic() < deadline and engine_alive():
             in_sock.send(P.encoder.encode(P.Hello(label[:P.MAX_LABEL_CHARS])))
             if out_sock.poll(500):
@@ -77,7 +82,12 @@ def handshake(in_sock: zmq.Socket, out_sock: zmq.Socket, label: str, address: st
                     f"not open this client's handshake): give it with --engine-key or "
                     f"${auth.ENGINE_KEY_ENV} (the engine's owner wrote it, mode 0600, to "
                     "its key file: docs/SERVE.md, Security)")
-        raise EngineDied(f"no engine answered at {address}")
+            if on_wait is not None and time.monotonic() >= report:
+                report += WAIT_REPORT_S
+                on_wait(f"no engine answers at {address} yet ({time.monotonic() - start:.0f} s "
+                        f"of {timeout:.0f}; one may still be loading there, else start it: "
+                        f"`roseplay serve --headless --engine-address {address}`)")
+        raise EngineDied(f"no engine answered at {address} in {timeout:.0f} s")
     finally:
         watch.close()
 

@@ -84,9 +84,9 @@ class ZmqTransport:
         self._snap_bytes: bytes | None = None
         self._snap_cache: tuple[bytes | None, EngineSnapshot | None] = (None, None)
         self._front = None
-        self._connect(startup_timeout if connect else 30.0)
+        self._connect(startup_timeout if connect else 30.0, on_progress if connect else None)
 
-    def _connect(self, timeout: float) -> None:
+    def _connect(self, timeout: float, on_wait: Callable[[str], None] | None = None) -> None:
         _, out_ep, pub_ep = P.endpoints(self.address)
         ident = f"{self.label}-{uuid.uuid4().hex[:8]}".encode()
         key = self.engine_key
@@ -96,7 +96,7 @@ class ZmqTransport:
             if self.snapshots else None
         try:
             welcome = handshake(self._in, self._out, self.label, self.address, timeout,
-                                lambda: self.proc is None or self.proc.poll() is None)
+                                lambda: self.proc is None or self.proc.poll() is None, on_wait)
         except BaseException:
             self._close_sockets()
             raise

@@ -58,7 +58,12 @@ def make_loop(args, **overrides):
         print(f"engine listening at {address}: watch it with "
               f"`roseplay --connect {address}`", file=sys.stderr)
     return engine_front(address=address, engine_addresses=attached, label="bench",
-                        snapshots=bool(address), engine_key=args.engine_key, **kwargs)
+                        snapshots=bool(address), engine_key=args.engine_key,
+                        on_progress=_say if attached else None, **kwargs)
+
+
+def _say(text: str) -> None:
+    print(f"roseplay bench: {text}", file=sys.stderr, flush=True)
 
 
 class Interrupted(Exception):

@@ -229,7 +229,12 @@ def _engine(args):
     from engine.front.dp_client import engine_front
     address, attached = engine_addresses(args)
     return engine_front(address=address, engine_addresses=attached, label="server",
-                        snapshots=False, engine_key=args.engine_key, **kwargs)
+                        snapshots=False, engine_key=args.engine_key,
+                        on_progress=_say if attached else None, **kwargs)
+
+
+def _say(text: str) -> None:
+    print(f"roseplay serve: {text}", file=sys.stderr, flush=True)
 
 
 def _serve_with_tui(app, args, address: str) -> int:
