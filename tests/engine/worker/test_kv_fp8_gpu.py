@@ -17,9 +17,11 @@ QWEN = dict(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16",
 
 def _blocks_and_bytes(**kw):
     llm = LLM(**QWEN, **kw)
-    try:
+    try:      # no reference to the cache may outlive close: it would keep its memory
         cache = llm.engine.executor.runner.kv_cache
-        return llm.engine.pool.num_blocks, cache.numel() * cache.element_size()
+        nbytes = cache.numel() * cache.element_size()
+        del cache
+        return llm.engine.pool.num_blocks, nbytes
     finally:
         llm.engine.close()
         del llm                 # the next engine sizes its pool from the memory free then
