@@ -13,17 +13,21 @@ if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not N
 
 # Modules that take longest go to the workers first (xdist hands whole modules out in
 # collection order), so none of them starts last and leaves the other workers idle: the
-# slow tier's longest, then the fast tier's by CPU seconds (per module, 2026-11-28).
+# slow tier's longest, then the fast tier's by wall seconds (per module, the fast tier on
+# 2 workers, 2026-11-28: routing 62 s ... spec_decode 21 s), then the rest of the slow tier's.
 SLOW_FIRST = ("roseplay/tui/test_guides_verified.py", "roseplay/tui/test_tui_guides_tmux.py",
               "engine/ipc/test_soak_process.py",
-              "roseplay/serve/test_serve_liveness.py", "roseplay/serve/test_serve_adversarial.py",
-              "roseplay/tui/test_tui_lesson_guides.py", "roseplay/tui/test_tui.py",
-              "roseplay/tui/test_tui_routing.py", "roseplay/tui/test_tui_tmux.py",
-              "roseplay/tui/test_tui_lesson_keys.py", "engine/core/test_spec_decode.py",
-              "kernels/test_kernels.py", "roseplay/bench/test_bench.py",
-              "engine/core/test_property.py", "roseplay/serve/test_serve_shutdown.py",
-              "roseplay/serve/test_serve_multiproc.py",
-              "engine/worker/distributed/test_tp_model.py", "roseplay/tui/test_tui_features.py")
+              "roseplay/tui/test_tui_routing.py", "roseplay/serve/test_serve_liveness.py",
+              "engine/core/test_property.py", "roseplay/tui/test_tui_layout.py",
+              "roseplay/tui/test_tui_marks.py", "roseplay/serve/test_serve_adversarial.py",
+              "roseplay/tui/test_compare_snapshot.py", "roseplay/tui/test_tui_lesson_guides.py",
+              "engine/ipc/test_engine_process.py", "roseplay/tui/test_tui_tmux.py",
+              "engine/core/test_draft_spec.py", "roseplay/tui/test_tui.py",
+              "kernels/test_kernels.py", "kernels/test_decode_sass.py",
+              "roseplay/tui/test_guides.py", "roseplay/workload/test_record.py",
+              "engine/ipc/test_exact_under_cancel.py", "engine/core/test_spec_decode.py",
+              "roseplay/serve/test_serve_shutdown.py", "roseplay/serve/test_serve_multiproc.py",
+              "engine/worker/distributed/test_tp_model.py")
 
 
 def pytest_xdist_auto_num_workers(config):

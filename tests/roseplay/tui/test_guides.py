@@ -60,7 +60,7 @@ def test_guidance_table_cites_both_guides_and_marks_missing_knobs():
 @sync
 async def test_one_key_on_the_help_screen_switches_to_a_guide(monkeypatch):
     fast_idle(monkeypatch)
-    src = live_source()
+    src = live_source(paused=True)      # (a guide's knobs and workload need no step)
     app = RoseplayApp(source=src)
     async with app.run_test(size=(120, 40)) as pilot:
         src.set_knobs(max_num_seqs=8, scheduling_policy="lpm")   # left from an earlier setup

@@ -294,10 +294,10 @@ async def test_hovering_a_block_describes_it(source):
 
 
 @sync
-async def test_typing_a_knob_value_in_the_command_palette(source):
-    app = RoseplayApp(source=source)
+async def test_typing_a_knob_value_in_the_command_palette(paused_source):
+    source = paused_source      # (the palette sets knobs without a step: the engine stays
+    app = RoseplayApp(source=source)     # paused; the keys' tests above run it)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
         await pilot.press("ctrl+p", *"max_num_seqs 32")
         assert await wait_for(pilot, lambda: "set max_num_seqs = 32" in screen_text(app), 30)
         await pilot.press("enter")

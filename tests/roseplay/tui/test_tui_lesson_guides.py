@@ -118,6 +118,7 @@ async def test_the_scorecard_shows_each_claim_measured_with_the_tests_check(sour
 async def test_the_knobs_panel_describes_the_running_scenario(source):
     """After `?3` the Knobs panel still described "mixed" (a list of every scenario cut
     mid-sentence)."""
+    source.pause()              # (the panel describes the workload: no step needed)
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("s")                       # mixed -> shared-prefix

@@ -20,9 +20,10 @@ def _knobs(source) -> tuple:
 
 
 @sync
-async def test_tab_cycles_the_prompt_box_and_letters_never_turn_knobs(source):
+async def test_tab_cycles_the_prompt_box_and_letters_never_turn_knobs(paused_source):
     """`i`, ROMEO:, Tab x3, `e` used to flip eviction to lfu with the box still drawn;
     after a stray Tab, `temperature=0` fired t, e, m, p, r, =, 0."""
+    source = paused_source        # (keys and focus need no step: the engine stays paused)
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("i")
@@ -49,7 +50,8 @@ async def test_tab_cycles_the_prompt_box_and_letters_never_turn_knobs(source):
 
 
 @sync
-async def test_a_click_outside_the_prompt_box_closes_it(source):
+async def test_a_click_outside_the_prompt_box_closes_it(paused_source):
+    source = paused_source        # (no step needed: the engine stays paused)
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("i")

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
 @sync
 async def test_typed_text_and_errors_are_visible(size):
-    src = live_source()
+    src = live_source(paused=True)      # (typing and a refused prompt need no step)
     try:
         app = RoseplayApp(source=src)
         async with app.run_test(size=size) as pilot:
@@ -34,7 +34,7 @@ async def test_typed_text_and_errors_are_visible(size):
 
 @sync
 async def test_the_prompt_box_sends_the_priority_typed():
-    src = live_source()
+    src = live_source(paused=True)      # (what is sent, and said, needs no step)
     sent = []
     submit = src.loop.submit
 

@@ -3,24 +3,33 @@ split, KV heads replicated past their count, the vocab padded, dummy weights equ
 TP=1 slices; sizes N cannot split are refused by name."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from transformers import AutoConfig
 
 from engine.config import InvalidRequestError
 from engine.worker.models.parallel import TPInfo
 from engine.worker.models.llama import LlamaForCausalLM
 from engine.worker.models.loader import _init_dummy, check_tensor_parallel, model_config
 
-# 8 q heads of 8 dims, 2 KV heads, vocab 321 (padded to 322 at N=2, 324 at N=4)
-CFG = AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-                           num_attention_heads=8, num_key_value_heads=2, vocab_size=321,
-                           max_position_embeddings=64, tie_word_embeddings=False)
 D, Q, KV = 8, 64, 16
 
 
+@functools.cache
+def _cfg():
+    """8 q heads of 8 dims, 2 KV heads, vocab 321 (padded to 322 at N=2, 324 at N=4).
+    Built at first use: transformers' config classes cost seconds to import, and every
+    xdist worker collects this module, most never running it."""
+    from transformers import AutoConfig
+    return AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=96,
+                                num_hidden_layers=1, num_attention_heads=8,
+                                num_key_value_heads=2, vocab_size=321,
+                                max_position_embeddings=64, tie_word_embeddings=False)
+
+
 def _dummy(tp: TPInfo) -> LlamaForCausalLM:
-    model = LlamaForCausalLM(CFG, tp)
+    model = LlamaForCausalLM(_cfg(), tp)
     _init_dummy(model, seed=5)
     return model
 
@@ -70,6 +79,7 @@ def test_unsplittable_sizes_are_refused(name, size, match):
 
 
 def test_kv_heads_not_dividing_ranks_are_refused():
+    from transformers import AutoConfig
     cfg = AutoConfig.for_model("llama", hidden_size=48, intermediate_size=96,
                                num_hidden_layers=1, num_attention_heads=6,
                                num_key_value_heads=2, vocab_size=64)
