@@ -57,8 +57,10 @@ class AsyncSteps:
         prev, self._inflight = self._inflight, None
         out = StepOutput()
         failed = None
+        follow = chain and self.async_scheduling    # a next step is launched in this call
+        settled = False
         try:
-            chain = chain and self.async_scheduling and self._may_chain(prev.plan) \
+            chain = follow and self._may_chain(prev.plan) \
                 and (self.executor.defers_sampling or prev.grammar is None)
             # chaining: each request prev samples counts its token as pending (the
             # scheduler plans with it, the runner feeds it from the device), in the
@@ -68,6 +70,7 @@ class AsyncSteps:
             if chain:
                 failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
+            settled = True
         except Exception as exc:     # every plan that depends on prev's samples fails
             plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
                                                failed and failed[0]) if p is not None]
@@ -79,6 +82,9 @@ class AsyncSteps:
                     req.drop_pending()
                     if req.status is RequestStatus.RUNNING:
                         self.scheduler.preempt(req)
+        if settled and follow and not chain:    # (a verify): the next step, planned with
+            failed = self._launch_settled()     # every token known, runs on the device
+            #                                     while prev's bookkeeping and outputs are done
         nxt = self._inflight
         if nxt is not None and nxt.host_tokens is None:
             try:
@@ -91,6 +97,22 @@ class AsyncSteps:
             self._isolate(plan, exc, out)
             self._record(plan, self.clock.now(), 0)
         return out
+
+    def _launch_settled(self) -> tuple[StepPlan, Exception] | None:
+        """Plan and launch the next step once the previous one's tokens are in (after a
+        step that could not chain: a verify, whose accepted counts set the next
+        positions): the same plan a later call would make, launched before the previous
+        step's stats, events and outputs (and the caller's processing of them), so that
+        those overlap its device work. Returns (plan, error) if the launch failed."""
+        self._chained = 0
+        plan = self._schedule()
+        if not plan:
+            return None
+        try:
+            self._inflight = self._launch(plan)
+        except Exception as exc:
+            return plan, exc
+        return None
 
     def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
         """Plan and launch the step after `prev` before prev's tokens are read (its

@@ -1,7 +1,8 @@
 """The host side of speculative decoding (docs/SPECULATIVE.md "Host cost"): the n-gram
 proposer's incremental search equals the plain definition (a window scan per n, the
 longest n first, its most recent match), each request's token array follows its
-tokens as they grow, async scheduling chains the steps that verify nothing, verified
+tokens as they grow, async scheduling chains the steps that verify nothing and launches
+the step after a verify before that one's bookkeeping, verified
 random rows cost the sampler no draw, and the verify graphs' widest step follows k,
 max_num_seqs and the token budget."""
 import numpy as np
@@ -85,6 +86,46 @@ def test_async_scheduling_chains_steps_that_verify_nothing():
         accepted = eng.counters.spec_decode_num_accepted_tokens
     assert got == want and accepted > 0
     assert len(chained) >= 5 and max(runs) <= SPEC_ASYNC_RUN
+
+
+def test_the_step_after_a_verify_is_launched_before_its_bookkeeping():
+    """Async scheduling on: a verify step is left in flight like any step; the next call
+    reads its tokens, plans and launches the next step, and only then records the
+    verify step (stats, events) and returns its outputs, so that this work and the
+    caller's processing of them overlap the next step's device work (docs/SPECULATIVE.md
+    "Async scheduling"). Greedy tokens equal the plain engine's."""
+    from engine import LLM, SamplingParams
+    line = "To be, or not to be, that is the question.\n"
+    prompts = [line * 3, "KING.\nWhat news? " * 5]
+    kw = dict(model="default", device="cpu", async_scheduling=True, check_invariants=True)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    with LLM(**kw) as llm:
+        want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with LLM(speculative_config=spec, **kw) as llm:
+        eng, log = llm.engine, []
+        launch, record = eng._launch, eng._record
+
+        def spy_launch(plan, *args, **kw):
+            log.append(("launch", id(plan), bool(plan.verifies)))
+            return launch(plan, *args, **kw)
+
+        def spy_record(plan, *args):
+            log.append(("record", id(plan), bool(plan.verifies)))
+            return record(plan, *args)
+        eng._launch, eng._record = spy_launch, spy_record
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        accepted = eng.counters.spec_decode_num_accepted_tokens
+    assert got == want and accepted > 0
+    launches = [(i, e[1]) for i, e in enumerate(log) if e[0] == "launch"]
+    checked = 0
+    for (at, plan), (next_at, _) in zip(launches, launches[1:]):
+        if log[at][2]:            # a verify plan, and a step launched after it
+            recorded = next(i for i in range(at, len(log))   # (ids are reused)
+                            if log[i][:2] == ("record", plan))
+            assert next_at < recorded, log[at:recorded + 1]
+            checked += 1
+    assert checked >= 5
 
 
 def test_verified_random_rows_spend_no_sampler_draw():
