@@ -128,6 +128,88 @@ def test_the_step_after_a_verify_is_launched_before_its_bookkeeping():
     assert checked >= 5
 
 
+_LINE = "To be, or not to be, that is the question.\n"
+_SPEC_KW = dict(model="default", device="cpu", async_scheduling=True, check_invariants=True)
+
+
+def _spec_llm():
+    from engine import LLM
+    return LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 3}, **_SPEC_KW)
+
+
+def _tokens(outs):
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_a_failed_launch_after_a_verify_is_rerun_request_by_request():
+    """The step launched after a verify's tokens were read (_launch_settled) fails once
+    (a transient fault): it is rerun request by request, nobody fails, the error is
+    reported, the tokens are the plain engine's and every block comes back."""
+    from engine import LLM, SamplingParams
+    prompts = [_LINE * 3, "KING.\nWhat news? " * 5]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    with LLM(**_SPEC_KW) as llm:
+        want = _tokens(llm.generate(prompts, params))
+    with _spec_llm() as llm:
+        eng, state = llm.engine, {"settling": False, "failed": 0}
+        settled, execute = eng._launch_settled, eng.executor.runner.execute_model
+
+        def settle():
+            state["settling"] = True
+            try:
+                return settled()
+            finally:
+                state["settling"] = False
+
+        def flaky(batch):
+            if state["settling"] and not state["failed"] and batch.num_decodes > 1:
+                state["failed"] = 1
+                raise RuntimeError("transient")
+            return execute(batch)
+        eng._launch_settled, eng.executor.runner.execute_model = settle, flaky
+        got = llm.generate(prompts, params)
+        assert state["failed"] and "transient" in eng.stats.last_error
+        assert _tokens(got) == want and all(o.outputs[0].finish_reason == "length" for o in got)
+        assert eng.pool.num_used == 0 and eng._inflight is None
+
+
+def test_a_failed_token_read_of_a_verify_fails_its_requests_only(monkeypatch):
+    """Reading an in-flight verify step's tokens fails (the device died mid-run): its
+    requests end with the error, no step is launched after it, every block is freed,
+    and the engine then serves the same prompts with the plain engine's tokens."""
+    from engine import LLM, SamplingParams
+    prompts = [_LINE * 3, "KING.\nWhat news? " * 5]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    with LLM(**_SPEC_KW) as llm:
+        want = _tokens(llm.generate(prompts, params))
+    with _spec_llm() as llm:
+        eng, failed, after = llm.engine, [], []
+        real, step = eng._emit_tokens, eng.step
+
+        def emit(launched, out):
+            if launched.plan.verifies and eng._inflight is None and not failed:
+                failed.append(launched)
+                raise RuntimeError("device lost")
+            return real(launched, out)
+
+        def watched():
+            out = step()
+            if failed and not after:          # the call whose read failed
+                after.append(eng._inflight)
+            return out
+        monkeypatch.setattr(eng, "_emit_tokens", emit)
+        monkeypatch.setattr(eng, "step", watched)
+        got = llm.generate(prompts, params)
+        errored = [o for o in got if o.outputs[0].finish_reason == "error"]
+        assert failed and errored and all("device lost" in o.error for o in errored)
+        assert after == [None]                # nothing was launched after it
+        for o, tokens in zip(got, want):
+            assert list(o.outputs[0].token_ids) == tokens[:len(o.outputs[0].token_ids)]
+        assert eng.pool.num_used == 0 and not eng.requests and eng._inflight is None
+        monkeypatch.setattr(eng, "_emit_tokens", real)
+        assert _tokens(llm.generate(prompts, params)) == want
+
+
 def test_verified_random_rows_spend_no_sampler_draw():
     """temperature > 0: the rejection sampler draws a verify row's token, so the sampler
     skips those rows: a step whose sample rows all verify makes no random draw of its own."""
