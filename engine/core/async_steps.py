@@ -5,7 +5,10 @@ its KV bookkeeping, counts each of its samples as a pending token
 with the pending tokens fed from the in-flight step's samples (on the device), and only
 then reads the tokens. So the host's planning of step N+1 overlaps the device's step N,
 prefill chunks and mixed steps included. A request that its token ends (EOS, stop)
-computes one more token in N+1, which is discarded. Under tensor parallelism too: every
+computes one more token in N+1, which is discarded. A step that cannot chain (a
+speculative verify: its accepted counts set the next positions) is left in flight too:
+the next call reads its tokens first, then plans and launches N+1 (`_launch_settled`),
+and records N and returns its outputs while N+1 runs. Under tensor parallelism too: every
 rank samples and keeps its samples on its device (engine/worker/executor/tp.py), so a
 continuation needs nothing from rank 0's host but the batch it broadcasts anyway.
 """
@@ -53,7 +56,10 @@ class AsyncSteps:
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
-        in-flight step's tokens: the host plans step N+1 while the device runs step N."""
+        in-flight step's tokens: the host plans step N+1 while the device runs step N.
+        A step that may not chain: its tokens are read first, then the next step is
+        planned and launched (chain asked, async scheduling on), then the step in flight
+        is recorded and its outputs returned, while the next one runs."""
         prev, self._inflight = self._inflight, None
         out = StepOutput()
         failed = None
