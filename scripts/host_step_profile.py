@@ -10,6 +10,7 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py --speculative 3 --oracle-p 1   # verify steps
     python scripts/host_step_profile.py --kv-events          # + KV events published
     python scripts/host_step_profile.py --front              # + the front's output processing
+    python scripts/host_step_profile.py --device-ms 0.75     # + an emulated device's time
 
 --speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
 cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
@@ -30,11 +31,20 @@ it finishes.
 tcp with no subscriber), so the figure is the step's cost of events (docs/ROUTING.md
 "Cost").
 
+--device-ms D emulates a device: each step's forward takes D ms on a device that runs
+one step at a time (it starts when launched or when the step before it ends), and
+reading a step's tokens waits for its end. The wall time per step is then what a GPU
+step of D ms would take: D plus the host work that is not hidden behind the device (a
+synchronous verify step's planning, commit and outputs; docs/SPECULATIVE.md "Host
+cost"), where the figure without it is all of the host's work.
+
 Closed loop as observer_cost.py runs it: --concurrency requests in flight, each
 --input-len random prompt tokens -> --output-len tokens, a new one as one finishes.
 Prints host ms per step, steps/s and output tok/s that a zero-time device would allow,
-and the best block: ms per step of the fastest BLOCK consecutive steps, the figure that
-other processes on a shared, loaded box disturb least.
+the best block: ms per step of the fastest BLOCK consecutive steps, the figure that
+other processes on a shared, loaded box disturb least, and the median step (with
+--device-ms the best block may hold a few calls that only launch a chained step, so the
+median is the steadier figure of a verify step there).
 
     python scripts/host_step_profile.py --trees /tmp/host_base . --runs 5 [options]
 
@@ -50,6 +60,7 @@ import gc
 import os
 import pstats
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +79,7 @@ from engine.config import SpeculativeConfig, make_config  # noqa: E402
 from engine.core.core import LLMEngine  # noqa: E402
 from engine.front.processor import OutputProcessor  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
+from engine.worker.device_io import HostCopy  # noqa: E402
 from ab_runs import interleaved, spread  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
 
@@ -94,6 +106,31 @@ def stub_model_forward(engine: LLMEngine) -> None:
         rows = input_ids.shape[0] if logits_indices is None else logits_indices.shape[0]
         return logits[:rows]
     model.forward = forward
+
+
+class _DeviceTime(HostCopy):
+    """A step's tokens that are on the host only once its emulated forward ended."""
+
+    def __init__(self, copy: HostCopy, done: float):
+        super().__init__(copy._tensor)
+        self._copy, self._done = copy, done
+
+    def tolist(self) -> list:
+        while time.perf_counter() < self._done:   # spun, as a CUDA event's wait is: a
+            pass                                   # sleep overshoots by more than a step
+        return self._copy.tolist()
+
+
+def emulate_device(engine: LLMEngine, ms: float) -> None:
+    """--device-ms: each step's tokens are ready `ms` after its forward starts, forwards
+    one at a time, each starting at its launch or at the end of the one before."""
+    ring = engine.executor._host_copies
+    start, free_at = ring.start, [0.0]
+
+    def timed(tensor):
+        free_at[0] = max(time.perf_counter(), free_at[0]) + ms / 1e3
+        return _DeviceTime(start(tensor), free_at[0])
+    ring.start = timed
 
 
 def attach_publisher(engine: LLMEngine):
@@ -162,6 +199,8 @@ def run(args) -> dict:
                                    max_num_batched_tokens=args.max_num_batched_tokens,
                                    num_speculative_tokens=args.speculative, **spec), oracle)
     (stub_model_forward if args.runner else stub_forward)(engine)
+    if args.device_ms:
+        emulate_device(engine, args.device_ms)
     publisher = attach_publisher(engine) if args.kv_events else None
     gc.collect()
     gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
@@ -174,10 +213,13 @@ def run(args) -> dict:
     if prof:
         prof.enable()
     blocks = []        # each BLOCK steps' time: the best block is the load's least
+    steps = []         # each step's: their median, what a load's spikes move least
     for i in range(args.steps):
+        ts = time.perf_counter()
         if i % BLOCK == 0:
-            tb = time.perf_counter()
+            tb = ts
         tokens += loop.step()
+        steps.append(time.perf_counter() - ts)
         if i % BLOCK == BLOCK - 1:
             blocks.append(time.perf_counter() - tb)
     if prof:
@@ -186,11 +228,12 @@ def run(args) -> dict:
     if publisher is not None:
         publisher.close()
     if engine.stats.last_error:     # a failing (stubbed) forward errors requests quietly
-        raise SystemExit(f"the engine failed a step: {engine.core.stats.last_error}")
+        raise SystemExit(f"the engine failed a step: {engine.stats.last_error}")
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     return {"ms_per_step": 1e3 * wall / args.steps, "cpu_ms_per_step": 1e3 * cpu / args.steps,
             "best_ms_per_step": 1e3 * min(blocks) / BLOCK if blocks else float("nan"),
+            "median_step_ms": 1e3 * statistics.median(steps),
             "steps_per_s": args.steps / wall,
             "tok_per_s": tokens / wall, "tok_per_step": tokens / args.steps}
 
@@ -202,24 +245,25 @@ def measure_tree(tree: str, args) -> dict:
             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--num-blocks", str(args.num_blocks), "--warmup-steps", str(args.warmup_steps),
             "--steps", str(args.steps), "--speculative", str(args.speculative),
-            "--oracle-p", str(args.oracle_p)] + (["--runner"] if args.runner else []) \
+            "--oracle-p", str(args.oracle_p), "--device-ms", str(args.device_ms)] + (["--runner"] if args.runner else []) \
         + (["--kv-events"] if args.kv_events else []) + (["--front"] if args.front else [])
     env = dict(os.environ, HOST_STEP_TREE=os.path.abspath(tree))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=900)
     found = re.search(r"^host ([\d.]+) ms/step.*\(cpu ([\d.]+) ms/step, best block ([\d.]+) "
-                      r"ms/step\)", out.stdout, re.M)
+                      r"ms/step, median step ([\d.]+) ms\)", out.stdout, re.M)
     if out.returncode or not found:
         raise SystemExit(f"{tree}: run failed\n{out.stderr[-3000:]}")
     return {"ms": float(found.group(1)), "cpu_ms": float(found.group(2)),
-            "best": float(found.group(3))}
+            "best": float(found.group(3)), "median": float(found.group(4))}
 
 
 def compare_trees(args) -> int:
     print(f"load average at start: {os.getloadavg()}", flush=True)
     res = interleaved(args.trees, args.runs, lambda tree: measure_tree(tree, args))
-    # cpu and the best block: steadier than the mean on a shared box
-    for key, what in (("ms", "host"), ("cpu_ms", "cpu"), ("best", "best block")):
+    # cpu, the best block and the median step: steadier than the mean on a shared box
+    for key, what in (("ms", "host"), ("cpu_ms", "cpu"), ("best", "best block"),
+                      ("median", "median step")):
         first = res[args.trees[0]][key]
         for tree, r in res.items():
             ratios = [b / a for a, b in zip(first, r[key])]
@@ -251,6 +295,8 @@ def main(argv=None) -> int:
                    help="oracle drafts per request and step (0: no speculation)")
     p.add_argument("--oracle-p", type=float, default=1.0,
                    help="--speculative: the oracle's acceptance (1: all accepted, 0: none)")
+    p.add_argument("--device-ms", type=float, default=0.0, metavar="D",
+                   help="emulate a device: each step's forward takes D ms (0: none)")
     p.add_argument("--kv-events", action="store_true",
                    help="KV events on, published by the engine process's publisher")
     p.add_argument("--front", action="store_true",
@@ -267,7 +313,7 @@ def main(argv=None) -> int:
         print(f"host {r['ms_per_step']:.3f} ms/step  {r['steps_per_s']:.0f} steps/s  "
               f"{r['tok_per_step']:.1f} tok/step  {r['tok_per_s']:,.0f} tok/s  "
               f"(cpu {r['cpu_ms_per_step']:.3f} ms/step, best block "
-              f"{r['best_ms_per_step']:.3f} ms/step)")
+              f"{r['best_ms_per_step']:.3f} ms/step, median step {r['median_step_ms']:.3f} ms)")
     if len(runs) > 1:
         print(f"median {ms[len(ms) // 2]:.3f} ms/step ({ms[0]:.3f}..{ms[-1]:.3f})")
     return 0

@@ -5,7 +5,10 @@ its KV bookkeeping, counts each of its samples as a pending token
 with the pending tokens fed from the in-flight step's samples (on the device), and only
 then reads the tokens. So the host's planning of step N+1 overlaps the device's step N,
 prefill chunks and mixed steps included. A request that its token ends (EOS, stop)
-computes one more token in N+1, which is discarded. Under tensor parallelism too: every
+computes one more token in N+1, which is discarded. A step that cannot chain (a
+speculative verify: its accepted counts set the next positions) is left in flight too:
+the next call reads its tokens first, then plans and launches N+1 (`_launch_settled`),
+and records N and returns its outputs while N+1 runs. Under tensor parallelism too: every
 rank samples and keeps its samples on its device (engine/worker/executor/tp.py), so a
 continuation needs nothing from rank 0's host but the batch it broadcasts anyway.
 """
@@ -53,12 +56,17 @@ class AsyncSteps:
 
     def _complete_inflight(self, chain: bool) -> StepOutput:
         """Commit the step in flight, plan and launch the next one (chain), then read the
-        in-flight step's tokens: the host plans step N+1 while the device runs step N."""
+        in-flight step's tokens: the host plans step N+1 while the device runs step N.
+        A step that may not chain: its tokens are read first, then the next step is
+        planned and launched (chain asked, async scheduling on), then the step in flight
+        is recorded and its outputs returned, while the next one runs."""
         prev, self._inflight = self._inflight, None
         out = StepOutput()
         failed = None
+        follow = chain and self.async_scheduling    # a next step is launched in this call
+        settled = False
         try:
-            chain = chain and self.async_scheduling and self._may_chain(prev.plan) \
+            chain = follow and self._may_chain(prev.plan) \
                 and (self.executor.defers_sampling or prev.grammar is None)
             # chaining: each request prev samples counts its token as pending (the
             # scheduler plans with it, the runner feeds it from the device), in the
@@ -68,6 +76,7 @@ class AsyncSteps:
             if chain:
                 failed = self._launch_next(prev)
             self._emit_tokens(prev, out)
+            settled = True
         except Exception as exc:     # every plan that depends on prev's samples fails
             plans = [prev.plan] + [p for p in (getattr(self._inflight, "plan", None),
                                                failed and failed[0]) if p is not None]
@@ -79,6 +88,9 @@ class AsyncSteps:
                     req.drop_pending()
                     if req.status is RequestStatus.RUNNING:
                         self.scheduler.preempt(req)
+        if settled and follow and not chain:    # (a verify): the next step, planned with
+            failed = self._launch_settled()     # every token known, runs on the device
+            #                                     while prev's bookkeeping and outputs are done
         nxt = self._inflight
         if nxt is not None and nxt.host_tokens is None:
             try:
@@ -91,6 +103,22 @@ class AsyncSteps:
             self._isolate(plan, exc, out)
             self._record(plan, self.clock.now(), 0)
         return out
+
+    def _launch_settled(self) -> tuple[StepPlan, Exception] | None:
+        """Plan and launch the next step once the previous one's tokens are in (after a
+        step that could not chain: a verify, whose accepted counts set the next
+        positions): the same plan a later call would make, launched before the previous
+        step's stats, events and outputs (and the caller's processing of them), so that
+        those overlap its device work. Returns (plan, error) if the launch failed."""
+        self._chained = 0
+        plan = self._schedule()
+        if not plan:
+            return None
+        try:
+            self._inflight = self._launch(plan)
+        except Exception as exc:
+            return plan, exc
+        return None
 
     def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
         """Plan and launch the step after `prev` before prev's tokens are read (its

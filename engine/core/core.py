@@ -188,7 +188,7 @@ class LLMEngine(AsyncSteps, StepFaults):
             self._isolate(plan, exc, out)
             self._after_step(plan, t0, out)
             return out
-        if self.async_scheduling and not plan.verifies:
+        if self.async_scheduling:     # (a verify too: engine/core/async_steps.py)
             self._inflight = launched
             return out
         try:

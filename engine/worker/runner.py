@@ -135,6 +135,8 @@ class ModelRunner:
         """Random rows of verified positions take the rejection sampler's token (greedy
         rows keep the argmax: the host accepts a draft equal to it)."""
         cols = batch.sampling
+        if cols.all_greedy:
+            return tokens
         rows = batch.draft_rows[~cols.greedy[batch.draft_rows]]
         if not rows.shape[0]:
             return tokens

@@ -64,6 +64,9 @@ def test_verify_rows_check_the_next_rows_input():
     assert positions.tolist() == [2, 3, 4, 5, 2, 3]
     assert ids == [7, 11, 12, 13, 10, 14]
     assert drafts.tolist() == [11, 12, 13, -1, 14, -1]
+    got_reqs, rows, positions, ids, drafts = _verify_columns(chunks[1:])   # a lone request
+    assert (got_reqs, rows.tolist(), positions.tolist(), ids, drafts.tolist()) == \
+        ([reqs[1]] * 2, [1, 1], [2, 3], [10, 14], [14, -1])
 
 
 @pytest.mark.parametrize("p", [1.0, 0.0, 0.5])

@@ -1,7 +1,8 @@
 """The host side of speculative decoding (docs/SPECULATIVE.md "Host cost"): the n-gram
 proposer's incremental search equals the plain definition (a window scan per n, the
 longest n first, its most recent match), each request's token array follows its
-tokens as they grow, async scheduling chains the steps that verify nothing, verified
+tokens as they grow, async scheduling chains the steps that verify nothing and launches
+the step after a verify before that one's bookkeeping, verified
 random rows cost the sampler no draw, and the verify graphs' widest step follows k,
 max_num_seqs and the token budget."""
 import numpy as np
@@ -85,6 +86,128 @@ def test_async_scheduling_chains_steps_that_verify_nothing():
         accepted = eng.counters.spec_decode_num_accepted_tokens
     assert got == want and accepted > 0
     assert len(chained) >= 5 and max(runs) <= SPEC_ASYNC_RUN
+
+
+def test_the_step_after_a_verify_is_launched_before_its_bookkeeping():
+    """Async scheduling on: a verify step is left in flight like any step; the next call
+    reads its tokens, plans and launches the next step, and only then records the
+    verify step (stats, events) and returns its outputs, so that this work and the
+    caller's processing of them overlap the next step's device work (docs/SPECULATIVE.md
+    "Async scheduling"). Greedy tokens equal the plain engine's."""
+    from engine import LLM, SamplingParams
+    line = "To be, or not to be, that is the question.\n"
+    prompts = [line * 3, "KING.\nWhat news? " * 5]
+    kw = dict(model="default", device="cpu", async_scheduling=True, check_invariants=True)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    with LLM(**kw) as llm:
+        want = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with LLM(speculative_config=spec, **kw) as llm:
+        eng, log = llm.engine, []
+        launch, record = eng._launch, eng._record
+
+        def spy_launch(plan, *args, **kw):
+            log.append(("launch", id(plan), bool(plan.verifies)))
+            return launch(plan, *args, **kw)
+
+        def spy_record(plan, *args):
+            log.append(("record", id(plan), bool(plan.verifies)))
+            return record(plan, *args)
+        eng._launch, eng._record = spy_launch, spy_record
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        accepted = eng.counters.spec_decode_num_accepted_tokens
+    assert got == want and accepted > 0
+    launches = [(i, e[1]) for i, e in enumerate(log) if e[0] == "launch"]
+    checked = 0
+    for (at, plan), (next_at, _) in zip(launches, launches[1:]):
+        if log[at][2]:            # a verify plan, and a step launched after it
+            recorded = next(i for i in range(at, len(log))   # (ids are reused)
+                            if log[i][:2] == ("record", plan))
+            assert next_at < recorded, log[at:recorded + 1]
+            checked += 1
+    assert checked >= 5
+
+
+_LINE = "To be, or not to be, that is the question.\n"
+_SPEC_KW = dict(model="default", device="cpu", async_scheduling=True, check_invariants=True)
+
+
+def _spec_llm():
+    from engine import LLM
+    return LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 3}, **_SPEC_KW)
+
+
+def _tokens(outs):
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_a_failed_launch_after_a_verify_is_rerun_request_by_request():
+    """The step launched after a verify's tokens were read (_launch_settled) fails once
+    (a transient fault): it is rerun request by request, nobody fails, the error is
+    reported, the tokens are the plain engine's and every block comes back."""
+    from engine import LLM, SamplingParams
+    prompts = [_LINE * 3, "KING.\nWhat news? " * 5]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    with LLM(**_SPEC_KW) as llm:
+        want = _tokens(llm.generate(prompts, params))
+    with _spec_llm() as llm:
+        eng, state = llm.engine, {"settling": False, "failed": 0}
+        settled, execute = eng._launch_settled, eng.executor.runner.execute_model
+
+        def settle():
+            state["settling"] = True
+            try:
+                return settled()
+            finally:
+                state["settling"] = False
+
+        def flaky(batch):
+            if state["settling"] and not state["failed"] and batch.num_decodes > 1:
+                state["failed"] = 1
+                raise RuntimeError("transient")
+            return execute(batch)
+        eng._launch_settled, eng.executor.runner.execute_model = settle, flaky
+        got = llm.generate(prompts, params)
+        assert state["failed"] and "transient" in eng.stats.last_error
+        assert _tokens(got) == want and all(o.outputs[0].finish_reason == "length" for o in got)
+        assert eng.pool.num_used == 0 and eng._inflight is None
+
+
+def test_a_failed_token_read_of_a_verify_fails_its_requests_only(monkeypatch):
+    """Reading an in-flight verify step's tokens fails (the device died mid-run): its
+    requests end with the error, no step is launched after it, every block is freed,
+    and the engine then serves the same prompts with the plain engine's tokens."""
+    from engine import LLM, SamplingParams
+    prompts = [_LINE * 3, "KING.\nWhat news? " * 5]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    with LLM(**_SPEC_KW) as llm:
+        want = _tokens(llm.generate(prompts, params))
+    with _spec_llm() as llm:
+        eng, failed, after = llm.engine, [], []
+        real, step = eng._emit_tokens, eng.step
+
+        def emit(launched, out):
+            if launched.plan.verifies and eng._inflight is None and not failed:
+                failed.append(launched)
+                raise RuntimeError("device lost")
+            return real(launched, out)
+
+        def watched():
+            out = step()
+            if failed and not after:          # the call whose read failed
+                after.append(eng._inflight)
+            return out
+        monkeypatch.setattr(eng, "_emit_tokens", emit)
+        monkeypatch.setattr(eng, "step", watched)
+        got = llm.generate(prompts, params)
+        errored = [o for o in got if o.outputs[0].finish_reason == "error"]
+        assert failed and errored and all("device lost" in o.error for o in errored)
+        assert after == [None]                # nothing was launched after it
+        for o, tokens in zip(got, want):
+            assert list(o.outputs[0].token_ids) == tokens[:len(o.outputs[0].token_ids)]
+        assert eng.pool.num_used == 0 and not eng.requests and eng._inflight is None
+        monkeypatch.setattr(eng, "_emit_tokens", real)
+        assert _tokens(llm.generate(prompts, params)) == want
 
 
 def test_verified_random_rows_spend_no_sampler_draw():
