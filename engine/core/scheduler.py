@@ -34,6 +34,7 @@ from engine.core.kv.kv_manager import KVManager
 from engine.request import Request, RequestStatus
 from engine.core.sched_policy import admission_order, running_order, victim_key
 from engine.core.kv.counters import Counters
+from engine.core.running_pass import classify, fast_chunks, split
 from engine.core.step_plan import ScheduledChunk, StepPlan, VerifyChunk
 
 
@@ -88,97 +89,66 @@ class Scheduler:
         knobs = self.knobs
         budget = knobs.max_num_batched_tokens
         plan = StepPlan(budget=budget, mode=knobs.scheduling_mode)
+        decodes, fast, prefilling = self._partition()
         if knobs.scheduling_mode == "prefill-first":
-            decodes, prefilling = self._partition()
             # a prefill never preempts here: one that did could be re-admitted at once
             # and starve every decode (a prefill-only step each time, forever)
             left = self._schedule_running_prefills(plan, prefilling, budget, may_preempt=False)
             self._admit_waiting(plan, left, knobs)
             if not plan.prefills:
-                self._add_drafts(plan, self._schedule_decodes(plan, decodes, budget))
+                self._add_drafts(plan, self._schedule_decodes(plan, decodes, fast, budget))
             if not plan:       # nothing fits without preempting: the oldest prefill may
                 self._schedule_running_prefills(plan, prefilling, budget)
             return plan
-        mixed = knobs.scheduling_mode == "mixed-chunk"
-        if mixed or len(self.running) <= budget:     # every decode fits: no turns
-            prefilling = self._schedule_in_order(plan)
+        if knobs.scheduling_mode == "mixed-chunk" or len(self.running) <= budget:
+            self._schedule_decodes(plan, decodes, fast, None)   # every decode: no turns
             budget = max(0, budget - len(plan.decodes))
         else:
-            decodes, prefilling = self._partition()
-            budget = self._schedule_decodes(plan, decodes, budget)
+            budget = self._schedule_decodes(plan, decodes, fast, budget)
         budget = self._add_drafts(plan, budget)
         budget = self._schedule_running_prefills(plan, prefilling, budget)
         self._admit_waiting(plan, budget, knobs)
         return plan
 
-    def _partition(self) -> tuple[list[Request], list[Request]]:
-        """Running requests that decode next, and those still prefilling, in the policy's
-        order (one pass: this runs every step over every running request). Left out:
-        dedup followers, and a request its pending token ends by length (its token count
-        reaches Request.length_cap)."""
-        decodes, prefilling = [], []
-        for r in running_order(self.running, self.knobs.scheduling_policy):
-            if r.dedup_leader is not None:
-                continue
-            total = len(r.prompt_token_ids) + len(r.output_token_ids)
-            n = total - r.num_computed_tokens
-            if n > 1:
-                prefilling.append(r)
-            elif n == 1 and (r.pending_row < 0 or total < r.length_cap):
-                decodes.append(r)
-        return decodes, prefilling
-
-    def _schedule_in_order(self, plan: StepPlan) -> list[Request]:
-        """_partition and _schedule_decodes in one pass over the running requests, when
-        every decode is scheduled (mixed-chunk, or no more running requests than the
-        budget): the wide step's one loop. Returns the requests still prefilling. A
-        request preempted earlier in the pass is skipped (as a prefill: by its status)."""
-        page, refcounts, running = self.pool.block_size, self.pool.refs, RequestStatus.RUNNING
-        scheduled, prefilling = plan.decodes, []
-        # a copy: a reservation may preempt (and so remove) requests from self.running
-        for r in list(running_order(self.running, self.knobs.scheduling_policy)):
-            if r.dedup_leader is not None:
-                continue
-            total = len(r.prompt_token_ids) + len(r.output_token_ids)
-            pos = r.num_computed_tokens
-            n = total - pos
-            if n > 1:
-                prefilling.append(r)
-                continue
-            if n != 1 or (r.pending_row >= 0 and total >= r.length_cap) \
-                    or r.status is not running:
-                continue
-            table = r.block_table
-            i = pos // page     # fast path: the slot lies in a block the request owns alone
-            if not (i < len(table) and refcounts[table[i]] == 1) \
-                    and not self._reserve_running(r, 1, plan):
-                continue
-            scheduled.append(ScheduledChunk(r, pos, 1, True))
-        return prefilling
+    def _partition(self) -> tuple[list[Request], list[bool] | None, list[Request]]:
+        """Running requests that decode next (and whether each needs no KV work: None,
+        none does), and those still prefilling, in the policy's order: one pass over
+        the running requests (engine/core/running_pass.py). Left out: dedup followers,
+        and a request its pending token ends by length."""
+        order = running_order(self.running, self.knobs.scheduling_policy)
+        codes = classify(order, self.pool.block_size, self.pool.refs, bool(self.followers))
+        return split(order, codes)
 
     def _schedule_decodes(self, plan: StepPlan, decodes: list[Request],
-                          budget: int | None) -> int | None:
-        """One token for each running decode; budget None: all of them (mixed-chunk)."""
+                          fast: list[bool] | None, budget: int | None) -> int | None:
+        """One token for each running decode; budget None: all of them. Runs of decodes
+        that need no KV work become chunks at once (`fast`: which; None, all of them);
+        each other one reserves its slot in turn, which may preempt requests not yet
+        scheduled (those later in the order are then skipped)."""
         if budget is not None and len(decodes) > budget:   # rotate: every decode gets a turn
             k = self._decode_offset % len(decodes)
             decodes = decodes[k:] + decodes[:k]
+            fast = None if fast is None else fast[k:] + fast[:k]
             self._decode_offset += budget
-        page, refcounts, running = self.pool.block_size, self.pool.refs, RequestStatus.RUNNING
-        scheduled = plan.decodes
-        base = len(scheduled)
+        running, scheduled = RequestStatus.RUNNING, plan.decodes
+        base, preempted = len(scheduled), len(plan.preempted)
         left = len(decodes) if budget is None else min(budget, len(decodes))
-        for req in decodes:
-            if not left:
+        slow = [] if fast is None else [i for i, f in enumerate(fast) if not f]
+        start = 0
+        for end in slow + [len(decodes)]:
+            run = decodes[start:end]
+            if len(plan.preempted) != preempted:   # preempted by a reservation before
+                run = [r for r in run if r.status is running]
+            run = run[:left]
+            scheduled.extend(fast_chunks(run))
+            left -= len(run)
+            if not left or end == len(decodes):
                 break
-            if req.status is not running:
-                continue    # preempted earlier in this loop
-            pos, table = req.num_computed_tokens, req.block_table
-            i = pos // page     # fast path: the slot lies in a block the request owns alone
-            if not (i < len(table) and refcounts[table[i]] == 1) \
-                    and not self._reserve_running(req, 1, plan):
-                continue
-            scheduled.append(ScheduledChunk(req, pos, 1, True))
-            left -= 1
+            req = decodes[end]
+            if req.status is running and self._reserve_running(req, 1, plan):
+                scheduled.append(ScheduledChunk(req, req.num_computed_tokens, 1, True))
+                left -= 1
+            start = end + 1
         return None if budget is None else budget - (len(scheduled) - base)
 
     def _add_drafts(self, plan: StepPlan, budget: int) -> int:
