@@ -313,6 +313,7 @@ class LLMEngine(AsyncSteps, StepFaults):
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())
         self.scheduler.kv.tables.check(self.scheduler.running)
+        self.scheduler.check_columns()
         if self.host is not None:
             self.host.check([r for r in self.scheduler.waiting if r.swap is not None])
 

@@ -35,6 +35,7 @@ from engine.request import Request, RequestStatus
 from engine.core.sched_policy import admission_order, running_order, victim_key
 from engine.core.kv.counters import Counters
 from engine.core.running_pass import classify, fast_chunks, split
+from engine.core.steady_decodes import DecodeColumns
 from engine.core.step_plan import ScheduledChunk, StepPlan, VerifyChunk
 
 
@@ -55,6 +56,10 @@ class Scheduler:
         # speculative decoding (engine/core/spec_decode.py): (plan, budget) -> budget left;
         # turns scheduled decodes into VerifyChunks while num_speculative_tokens > 0
         self.drafter = None
+        self._steady: DecodeColumns | None = None   # the last plan's, if it decoded every
+        #                                  running request (engine/core/steady_decodes.py)
+        self._pending_plan: StepPlan | None = None  # the last plan committed with every
+        #                                  decode's token pending (decodes_pending)
 
     @property
     def knobs(self) -> SchedulerConfig:
@@ -87,9 +92,17 @@ class Scheduler:
     # -- the step plan ---------------------------------------------------------------
     def schedule(self) -> StepPlan:
         knobs = self.knobs
-        budget = knobs.max_num_batched_tokens
-        plan = StepPlan(budget=budget, mode=knobs.scheduling_mode)
-        decodes, fast, prefilling = self._partition()
+        plan = StepPlan(budget=knobs.max_num_batched_tokens, mode=knobs.scheduling_mode)
+        order = running_order(self.running, knobs.scheduling_policy)
+        steady, self._steady = self._steady, None
+        decodes, fast, prefilling, positions = self._partition(order, steady)
+        self._plan(plan, decodes, fast, prefilling, knobs)
+        self._keep_columns(plan, order, steady, positions)
+        return plan
+
+    def _plan(self, plan: StepPlan, decodes: list[Request], fast: list[bool] | None,
+              prefilling: list[Request], knobs: SchedulerConfig) -> None:
+        budget = plan.budget
         if knobs.scheduling_mode == "prefill-first":
             # a prefill never preempts here: one that did could be re-admitted at once
             # and starve every decode (a prefill-only step each time, forever)
@@ -99,7 +112,7 @@ class Scheduler:
                 self._add_drafts(plan, self._schedule_decodes(plan, decodes, fast, budget))
             if not plan:       # nothing fits without preempting: the oldest prefill may
                 self._schedule_running_prefills(plan, prefilling, budget)
-            return plan
+            return
         if knobs.scheduling_mode == "mixed-chunk" or len(self.running) <= budget:
             self._schedule_decodes(plan, decodes, fast, None)   # every decode: no turns
             budget = max(0, budget - len(plan.decodes))
@@ -108,16 +121,49 @@ class Scheduler:
         budget = self._add_drafts(plan, budget)
         budget = self._schedule_running_prefills(plan, prefilling, budget)
         self._admit_waiting(plan, budget, knobs)
-        return plan
 
-    def _partition(self) -> tuple[list[Request], list[bool] | None, list[Request]]:
+    def _partition(self, order: list[Request], steady: DecodeColumns | None
+                   ) -> tuple[list[Request], list[bool] | None, list[Request], object]:
         """Running requests that decode next (and whether each needs no KV work: None,
-        none does), and those still prefilling, in the policy's order: one pass over
-        the running requests (engine/core/running_pass.py). Left out: dedup followers,
-        and a request its pending token ends by length."""
-        order = running_order(self.running, self.knobs.scheduling_policy)
+        every one), and those still prefilling, in the policy's order. Left out: dedup
+        followers, and a request its pending token ends by length. After a steady
+        decode step (engine/core/steady_decodes.py) by array arithmetic on the last
+        plan's columns, with the decodes' positions (the fourth item; None if some
+        request is left out); else in one pass over the running requests
+        (engine/core/running_pass.py)."""
+        if steady is not None and steady.plan is self._pending_plan \
+                and not self.followers and order == steady.requests:
+            decodes, fast, positions = steady.advance(self.pool.block_size, self.kv.tables,
+                                                      self.pool.refcounts)
+            return decodes, fast, [], positions if len(decodes) == len(order) else None
         codes = classify(order, self.pool.block_size, self.pool.refs, bool(self.followers))
-        return split(order, codes)
+        return *split(order, codes), None
+
+    def _keep_columns(self, plan: StepPlan, order: list[Request],
+                      steady: DecodeColumns | None, positions) -> None:
+        """Keep the columns of a plan that decodes every running request in order: for
+        the batch builder (StepPlan.decode_columns, where they came from the last
+        plan's) and the next step's partition (where the plan has nothing else)."""
+        if len(plan.decodes) != len(order) or not order or plan.verifies or plan.preempted:
+            return
+        if positions is not None:
+            plan.decode_columns = steady.after(plan, positions)
+            if not plan.prefills:
+                self._steady = plan.decode_columns
+        elif not plan.prefills:
+            self._steady = DecodeColumns.of(plan, order)
+
+    def decodes_pending(self, plan: StepPlan) -> None:
+        """The plan is committed and every one of its decodes samples a pending token
+        (commit_plan under async scheduling): its kept columns step on from it."""
+        self._pending_plan = plan
+
+    def check_columns(self) -> None:
+        """The kept decode columns match their requests (check_invariants)."""
+        steady = self._steady
+        if steady is not None and steady.requests == running_order(
+                self.running, self.knobs.scheduling_policy):
+            steady.check()
 
     def _schedule_decodes(self, plan: StepPlan, decodes: list[Request],
                           fast: list[bool] | None, budget: int | None) -> int | None:

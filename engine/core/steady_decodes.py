@@ -1,0 +1,83 @@
+"""The steady decode step as arrays kept across steps (vLLM's persistent batch, for the
+scheduler and the batch builder).
+
+A plan that decodes every running request, in the running order, keeps its decodes'
+columns: the requests, their positions, block-table rows and length caps
+(`DecodeColumns`). When that plan is committed with each decode's next token pending
+(async scheduling's steady step: commit_plan tells the scheduler) and the running
+requests are still the same objects in the same order, every one of them decodes again,
+one position further, its token pending: the next plan's partition is array arithmetic
+on the kept columns (`advance`) instead of a pass over the requests, and the batch
+builder takes the decode rows' positions, table rows and token rows from the plan
+(StepPlan.decode_columns) instead of reading each request. Anything else (a request
+added, finished, preempted, a prefill, a verify, a dedup follower, a step read before
+the next was planned) leaves no columns: the next plan is made the general way.
+check_invariants compares the kept columns with the requests (`check`).
+"""
+from __future__ import annotations
+
+from itertools import compress
+
+import numpy as np
+
+from engine.core.kv.block_tables import BlockTables
+from engine.request import Request
+
+
+class DecodeColumns:
+    """The decodes of `plan`: `requests` (the running order), each one's position in
+    it (`positions`, int64), KV table row and Request.length_cap."""
+    __slots__ = ("plan", "requests", "positions", "table_rows", "caps")
+
+    def __init__(self, plan, requests: list[Request], positions: np.ndarray,
+                 table_rows: np.ndarray, caps: np.ndarray):
+        self.plan, self.requests, self.positions = plan, requests, positions
+        self.table_rows, self.caps = table_rows, caps
+
+    @classmethod
+    def of(cls, plan, order: list[Request]) -> "DecodeColumns | None":
+        """The columns of a plan that decodes exactly `order` (else None), read from
+        the requests once: the step that enters the steady state."""
+        decodes = plan.decodes
+        if len(decodes) != len(order) or plan.prefills or plan.verifies or plan.preempted \
+                or [c.request for c in decodes] != order:
+            return None
+        return cls(plan, list(order), np.array([c.start for c in decodes], np.int64),
+                   np.array([r.table_row for r in order], np.int64),
+                   np.array([r.length_cap for r in order], np.int64))
+
+    def advance(self, page: int, tables: BlockTables, refcounts: np.ndarray
+                ) -> tuple[list[Request], list[bool] | None, np.ndarray]:
+        """The next step's decodes after this plan's commit (each request one position
+        further, its token pending), whether each needs no KV work (its slot in a block
+        it owns alone; None: every one), and their positions. Left out: a request
+        whose pending token ends it by length (its token count, position + 1, reaches
+        its cap), as the scheduler's classify leaves it out."""
+        pos = self.positions + 1
+        rows = self.table_rows
+        block = pos // page
+        inside = block < tables.lengths[rows]
+        ids = tables.matrix[rows, np.minimum(block, tables.matrix.shape[1] - 1)]
+        fast = inside & (refcounts[ids] == 1)
+        reqs = self.requests
+        ended = pos + 1 >= self.caps
+        if ended.any():
+            keep = ~ended
+            reqs, fast, pos = list(compress(reqs, keep.tolist())), fast[keep], pos[keep]
+        return list(reqs), (None if fast.all() else fast.tolist()), pos
+
+    def after(self, plan, positions: np.ndarray) -> "DecodeColumns":
+        """The columns of `plan`, which decodes the same requests at `positions`."""
+        return DecodeColumns(plan, self.requests, positions, self.table_rows, self.caps)
+
+    def check(self) -> None:
+        """Assert the kept columns match the requests (check_invariants)."""
+        reqs = self.requests
+        # each request's computed tokens: its position, or one more once committed
+        ahead = np.array([r.num_computed_tokens for r in reqs], np.int64) - self.positions
+        assert not len(reqs) or (ahead.min() == ahead.max() and ahead[0] in (0, 1)), \
+            "steady decode positions out of step"
+        assert self.table_rows.tolist() == [r.table_row for r in reqs], \
+            "steady decode table rows out of step"
+        assert self.caps.tolist() == [r.length_cap for r in reqs], \
+            "steady decode length caps out of step"
