@@ -1,0 +1,91 @@
+"""The steady decode step's kept columns (engine/core/steady_decodes.py) plan and build
+exactly what the pass over the requests does: two schedulers run the same async steps,
+one of them made to forget its columns before every plan."""
+import numpy as np
+import pytest
+
+from engine.config import SchedulerConfig
+from engine.core.batch_builder import build_step_batch
+from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.counters import Counters
+from engine.core.launched import commit_plan
+from engine.core.scheduler import Scheduler
+from engine.request import Request, RequestStatus, SamplingParams, add_pending_tokens, \
+    append_sampled
+
+BS = 4
+
+
+def make(num_blocks, mode):
+    counters = Counters()
+    knobs = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, scheduling_mode=mode)
+    return Scheduler(knobs, BlockPool(num_blocks, BS, counters), counters)
+
+
+def requests(dedup: bool):
+    """Staggered lengths (block boundaries at different steps, length caps at different
+    steps); with dedup, two identical prompts: the follower shares its leader's last,
+    partly filled block, and the first decode into it copies it (a slow decode)."""
+    reqs = [Request(f"r{i}", [10 + i] * (3 + i), SamplingParams(max_tokens=6 + 3 * i,
+                                                                temperature=0))
+            for i in range(5)]
+    if dedup:
+        reqs.append(Request("twin", [10] * 3, SamplingParams(max_tokens=9, temperature=0)))
+    return reqs
+
+
+def signature(sched, plan, batch):
+    reqs = sorted(sched.running + list(sched.waiting), key=lambda r: r.request_id)
+    return (
+        [(c.request.request_id, c.start, c.num_tokens) for c in plan.chunks],
+        plan.copies, [(r.request_id, blocks) for r, blocks in plan.preempted],
+        [(r.request_id, r.status, r.num_computed_tokens, list(r.output_token_ids),
+          list(r.block_table), r.pending_row) for r in reqs],
+        list(sched.pool.refcounts),
+        None if batch is None else {k: v.tolist() if isinstance(v, np.ndarray) else v
+                                    for k, v in vars(batch).items() if k != "sampling"})
+
+
+def run(num_blocks, mode, dedup, forget):
+    """The engine's async loop without a model: commit the step in flight (its tokens
+    pending), plan and build the next, then read the first one's tokens (token 5 + row)."""
+    sched = make(num_blocks, mode)
+    for r in requests(dedup):
+        sched.add(r)
+    sigs, kept, inflight = [], 0, None
+    for _ in range(60):
+        if inflight is not None:
+            plan, rows = inflight
+            if not commit_plan(plan, sched, BS, True, rows=rows):
+                add_pending_tokens(rows)
+        if forget:
+            sched._steady = None
+        nxt = sched.schedule()
+        kept += nxt.decode_columns is not None
+        batch = None
+        if nxt:
+            batch, rows = build_step_batch(nxt, sched.followers, BS, sched.kv.tables,
+                                           device_fed=inflight is not None)
+        if inflight is not None:
+            for r, reason in append_sampled(inflight[1], [5 + i for i in range(len(
+                    inflight[1]))], 1.0, [], [], []):
+                sched.remove(r)
+                r.status = RequestStatus.FINISHED
+        sched.check_columns()
+        sched.kv.tables.check(sched.running)
+        sigs.append(signature(sched, nxt, batch))
+        inflight = (nxt, rows) if nxt else None
+        if not sched.running and not sched.waiting:
+            break
+    return sigs, kept
+
+
+@pytest.mark.parametrize("mode", ["budget", "mixed-chunk", "prefill-first"])
+@pytest.mark.parametrize("num_blocks,dedup", [(64, False), (64, True), (12, False), (12, True)])
+def test_kept_columns_plan_and_build_what_the_pass_over_the_requests_does(
+        num_blocks, dedup, mode):
+    """12 blocks: boundary reservations preempt; dedup: a copy-on-write decode."""
+    steady, kept = run(num_blocks, mode, dedup, forget=False)
+    general, none = run(num_blocks, mode, dedup, forget=True)
+    assert kept >= 5 and none == 0       # the kept columns planned many of the steps
+    assert steady == general
