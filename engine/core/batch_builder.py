@@ -197,8 +197,9 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     `device_fed` (async scheduling): the decodes whose tokens are pending take them from
     their sample rows (Request.pending_row) of the step still in flight."""
     decodes, prefills, verifies = plan.decodes, plan.prefills, plan.verifies
-    columns = _kept_columns(plan.decode_columns, device_fed) \
-        or _decode_columns(decodes, device_fed)
+    columns = _kept_columns(plan.decode_columns, device_fed)
+    kept_greedy = columns is not None and plan.decode_columns.greedy   # (no verifies)
+    columns = columns or _decode_columns(decodes, device_fed)
     draft_ids = None
     if verifies:              # decode rows after the plain decodes (_verify_columns)
         columns, draft_ids = _with_verify_rows(columns, verifies)
@@ -252,7 +253,8 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         sample_rows=sample_rows,
         cow_src=np.asarray([c[0] for c in copies], dtype=np.int64) if copies else _EMPTY_I64,
         cow_dst=np.asarray([c[1] for c in copies], dtype=np.int64) if copies else _EMPTY_I64,
-        sampling=_sampling_columns(requests),
+        sampling=_greedy_columns(len(requests)) if kept_greedy and len(requests) == d
+        else _sampling_columns(requests),
         prev_token_rows=token_rows,
         prev_rows_in_order=fed_in_order,
         draft_rows=draft_rows,

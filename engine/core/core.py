@@ -228,7 +228,10 @@ class LLMEngine(AsyncSteps, StepFaults):
             batch = dataclasses.replace(batch, grammar=grammar.mask)
         ex = self.executor
         tokens = ex.execute_model(batch)     # copying to the host; None: sampled once masked
-        return Launched(plan, batch, requests, [r.admit_seq for r in requests], tokens, t0,
+        kept = plan.decode_columns      # a steady decode step's rows: the kept columns'
+        admits = kept.admits if kept is not None and len(kept.admits) == len(requests) \
+            else [r.admit_seq for r in requests]
+        return Launched(plan, batch, requests, admits, tokens, t0,
                         None if tokens is None else ex.take_logprobs(batch),
                         take_prompt_logprobs(ex, plan), grammar)
 

@@ -308,9 +308,11 @@ class Scheduler:
         scheduled this step, the newest (or the least important) first, never one that
         comes before `req` in that order (then `req` itself waits)."""
         reserve = self.kv.reserve_one if n == 1 else (lambda r, c: self.kv.reserve(r, n, c))
-        key = victim_key(self.knobs.scheduling_policy)
-        while not reserve(req, plan.copies):
-            scheduled = {id(c.request) for c in plan.chunks}  # noqa: the rare path
+        if reserve(req, plan.copies):
+            return True
+        key = victim_key(self.knobs.scheduling_policy)    # the rare path from here
+        while True:
+            scheduled = {id(c.request) for c in plan.chunks}
             victims = [r for r in self.running if r is not req and id(r) not in scheduled
                        and r.dedup_leader is None]
             victim = max(victims, key=key, default=None)
@@ -318,7 +320,8 @@ class Scheduler:
                 self.preempt(req, plan, swap=True)
                 return False
             self.preempt(victim, plan, swap=True)
-        return True
+            if reserve(req, plan.copies):
+                return True
 
     def preempt(self, req: Request, plan: StepPlan | None = None, swap: bool = False) -> None:
         """Free the request's blocks and requeue it at the front to recompute, or (swap,

@@ -26,13 +26,15 @@ from engine.request import Request
 
 class DecodeColumns:
     """The decodes of `plan`: `requests` (the running order), each one's position in
-    it (`positions`, int64), KV table row and Request.length_cap."""
-    __slots__ = ("plan", "requests", "positions", "table_rows", "caps")
+    it (`positions`, int64), KV table row, Request.length_cap and Request.admit_seq, and
+    whether every one samples greedily without processing (Request.plain_greedy)."""
+    __slots__ = ("plan", "requests", "positions", "table_rows", "caps", "admits", "greedy")
 
     def __init__(self, plan, requests: list[Request], positions: np.ndarray,
-                 table_rows: np.ndarray, caps: np.ndarray):
+                 table_rows: np.ndarray, caps: np.ndarray, admits: tuple[int, ...],
+                 greedy: bool):
         self.plan, self.requests, self.positions = plan, requests, positions
-        self.table_rows, self.caps = table_rows, caps
+        self.table_rows, self.caps, self.admits, self.greedy = table_rows, caps, admits, greedy
 
     @classmethod
     def of(cls, plan, order: list[Request]) -> "DecodeColumns | None":
@@ -44,7 +46,8 @@ class DecodeColumns:
             return None
         return cls(plan, list(order), np.array([c.start for c in decodes], np.int64),
                    np.array([r.table_row for r in order], np.int64),
-                   np.array([r.length_cap for r in order], np.int64))
+                   np.array([r.length_cap for r in order], np.int64),
+                   tuple([r.admit_seq for r in order]), all(r.plain_greedy for r in order))
 
     def advance(self, page: int, tables: BlockTables, refcounts: np.ndarray
                 ) -> tuple[list[Request], list[bool] | None, np.ndarray]:
@@ -68,7 +71,8 @@ class DecodeColumns:
 
     def after(self, plan, positions: np.ndarray) -> "DecodeColumns":
         """The columns of `plan`, which decodes the same requests at `positions`."""
-        return DecodeColumns(plan, self.requests, positions, self.table_rows, self.caps)
+        return DecodeColumns(plan, self.requests, positions, self.table_rows, self.caps,
+                             self.admits, self.greedy)
 
     def check(self) -> None:
         """Assert the kept columns match the requests (check_invariants)."""
@@ -81,3 +85,5 @@ class DecodeColumns:
             "steady decode table rows out of step"
         assert self.caps.tolist() == [r.length_cap for r in reqs], \
             "steady decode length caps out of step"
+        assert list(self.admits) == [r.admit_seq for r in reqs] and \
+            self.greedy == all(r.plain_greedy for r in reqs), "steady decode admissions out of step"

@@ -24,11 +24,13 @@ def make(num_blocks, mode):
 
 def requests(dedup: bool):
     """Staggered lengths (block boundaries at different steps, length caps at different
-    steps); with dedup, two identical prompts: the follower shares its leader's last,
+    steps), one of them sampled (not greedy); with dedup, two identical prompts: the follower shares its leader's last,
     partly filled block, and the first decode into it copies it (a slow decode)."""
     reqs = [Request(f"r{i}", [10 + i] * (3 + i), SamplingParams(max_tokens=6 + 3 * i,
                                                                 temperature=0))
             for i in range(5)]
+    reqs[2] = Request("seeded", [12] * 5, SamplingParams(max_tokens=12, temperature=0.7,
+                                                          seed=3))   # a sampled row too
     if dedup:
         reqs.append(Request("twin", [10] * 3, SamplingParams(max_tokens=9, temperature=0)))
     return reqs
@@ -42,8 +44,16 @@ def signature(sched, plan, batch):
         [(r.request_id, r.status, r.num_computed_tokens, list(r.output_token_ids),
           list(r.block_table), r.pending_row) for r in reqs],
         list(sched.pool.refcounts),
-        None if batch is None else {k: v.tolist() if isinstance(v, np.ndarray) else v
-                                    for k, v in vars(batch).items() if k != "sampling"})
+        None if batch is None else plain(batch))
+
+
+def plain(v):
+    """A batch as comparable values (arrays as lists, dataclasses as dicts)."""
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if hasattr(v, "__dataclass_fields__"):
+        return {k: plain(x) for k, x in vars(v).items()}
+    return v
 
 
 def run(num_blocks, mode, dedup, forget):
