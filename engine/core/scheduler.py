@@ -167,20 +167,44 @@ class Scheduler:
 
     def _schedule_decodes(self, plan: StepPlan, decodes: list[Request],
                           fast: list[bool] | None, budget: int | None) -> int | None:
-        """One token for each running decode; budget None: all of them. Runs of decodes
-        that need no KV work become chunks at once (`fast`: which; None, all of them);
-        each other one reserves its slot in turn, which may preempt requests not yet
-        scheduled (those later in the order are then skipped)."""
+        """One token for each running decode; budget None: all of them. `fast`: which
+        decodes need no KV work (None: all of them); each other one reserves its slot,
+        in order. When every decode fits the budget, those reservations run first and
+        every chunk is made in one go, as long as the pool has room; from a reservation
+        that finds it dry (it preempts requests not yet scheduled, or its own request
+        waits) on, runs of decodes become chunks between the reservations."""
         if budget is not None and len(decodes) > budget:   # rotate: every decode gets a turn
             k = self._decode_offset % len(decodes)
             decodes = decodes[k:] + decodes[:k]
             fast = None if fast is None else fast[k:] + fast[:k]
             self._decode_offset += budget
-        running, scheduled = RequestStatus.RUNNING, plan.decodes
-        base, preempted = len(scheduled), len(plan.preempted)
+        base = len(plan.decodes)
         left = len(decodes) if budget is None else min(budget, len(decodes))
         slow = [] if fast is None else [i for i, f in enumerate(fast) if not f]
-        start = 0
+        start = self._reserve_ahead(plan, decodes, slow) if left == len(decodes) else 0
+        if start < len(decodes):
+            self._schedule_runs(plan, decodes, [i for i in slow if i >= start], start,
+                                left - start)
+        return None if budget is None else budget - (len(plan.decodes) - base)
+
+    def _reserve_ahead(self, plan: StepPlan, decodes: list[Request], slow: list[int]) -> int:
+        """Reserve the slots of the `slow` decodes in order while the pool has room
+        without preempting, and schedule every decode before the first that finds none:
+        returns its index (len(decodes): none did)."""
+        reserve, copies, end = self.kv.reserve_one, plan.copies, len(decodes)
+        for i in slow:
+            if not reserve(decodes[i], copies):
+                end = i
+                break
+        plan.decodes.extend(fast_chunks(decodes[:end] if end < len(decodes) else decodes))
+        return end
+
+    def _schedule_runs(self, plan: StepPlan, decodes: list[Request], slow: list[int],
+                       start: int, left: int) -> None:
+        """Schedule up to `left` of decodes[start:]: runs of them that need no KV work
+        at once, each `slow` one after reserving its slot (which may preempt requests
+        not yet scheduled: those later in the order are then skipped)."""
+        running, scheduled, preempted = RequestStatus.RUNNING, plan.decodes, len(plan.preempted)
         for end in slow + [len(decodes)]:
             run = decodes[start:end]
             if len(plan.preempted) != preempted:   # preempted by a reservation before
@@ -195,7 +219,6 @@ class Scheduler:
                 scheduled.append(ScheduledChunk(req, req.num_computed_tokens, 1, True))
                 left -= 1
             start = end + 1
-        return None if budget is None else budget - (len(scheduled) - base)
 
     def _add_drafts(self, plan: StepPlan, budget: int) -> int:
         """Drafts for the scheduled decodes, from what is left of the token budget."""
