@@ -35,7 +35,7 @@ from engine.request import Request, RequestStatus
 from engine.core.sched_policy import admission_order, running_order, victim_key
 from engine.core.kv.counters import Counters
 from engine.core.running_pass import classify, fast_chunks, split
-from engine.core.steady_decodes import DecodeColumns
+from engine.core.steady_decodes import MIN_DECODES, DecodeColumns
 from engine.core.step_plan import ScheduledChunk, StepPlan, VerifyChunk
 
 
@@ -144,7 +144,8 @@ class Scheduler:
         """Keep the columns of a plan that decodes every running request in order: for
         the batch builder (StepPlan.decode_columns, where they came from the last
         plan's) and the next step's partition (where the plan has nothing else)."""
-        if len(plan.decodes) != len(order) or not order or plan.verifies or plan.preempted:
+        if len(plan.decodes) != len(order) or len(order) < MIN_DECODES or plan.verifies \
+                or plan.preempted:
             return
         if positions is not None:
             plan.decode_columns = steady.after(plan, positions)

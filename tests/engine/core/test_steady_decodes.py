@@ -10,29 +10,32 @@ from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
 from engine.core.launched import commit_plan
 from engine.core.scheduler import Scheduler
+from engine.core.steady_decodes import MIN_DECODES
 from engine.request import Request, RequestStatus, SamplingParams, add_pending_tokens, \
     append_sampled
 
 BS = 4
+N = MIN_DECODES + 6      # running requests: the kept columns need MIN_DECODES decodes
 
 
 def make(num_blocks, mode):
     counters = Counters()
-    knobs = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, scheduling_mode=mode)
+    knobs = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=N,
+                            scheduling_mode=mode)
     return Scheduler(knobs, BlockPool(num_blocks, BS, counters), counters)
 
 
 def requests(dedup: bool):
     """Staggered lengths (block boundaries at different steps, length caps at different
-    steps), one of them sampled (not greedy); with dedup, two identical prompts: the follower shares its leader's last,
-    partly filled block, and the first decode into it copies it (a slow decode)."""
-    reqs = [Request(f"r{i}", [10 + i] * (3 + i), SamplingParams(max_tokens=6 + 3 * i,
-                                                                temperature=0))
-            for i in range(5)]
-    reqs[2] = Request("seeded", [12] * 5, SamplingParams(max_tokens=12, temperature=0.7,
+    steps), one of them sampled (not greedy); with dedup, two identical prompts: the
+    follower shares its leader's last, partly filled block, and the first decode into it
+    copies it (a slow decode)."""
+    reqs = [Request(f"r{i}", [10 + i] * (3 + i % 7), SamplingParams(
+        max_tokens=20 + i % 11, temperature=0)) for i in range(N)]
+    reqs[2] = Request("seeded", [12] * 5, SamplingParams(max_tokens=24, temperature=0.7,
                                                           seed=3))   # a sampled row too
     if dedup:
-        reqs.append(Request("twin", [10] * 3, SamplingParams(max_tokens=9, temperature=0)))
+        reqs[-1] = Request("twin", [10] * 3, SamplingParams(max_tokens=25, temperature=0))
     return reqs
 
 
@@ -63,7 +66,7 @@ def run(num_blocks, mode, dedup, forget):
     for r in requests(dedup):
         sched.add(r)
     sigs, kept, inflight = [], 0, None
-    for _ in range(60):
+    for _ in range(80):
         if inflight is not None:
             plan, rows = inflight
             if not commit_plan(plan, sched, BS, True, rows=rows):
@@ -91,10 +94,11 @@ def run(num_blocks, mode, dedup, forget):
 
 
 @pytest.mark.parametrize("mode", ["budget", "mixed-chunk", "prefill-first"])
-@pytest.mark.parametrize("num_blocks,dedup", [(64, False), (64, True), (12, False), (12, True)])
+@pytest.mark.parametrize("num_blocks,dedup", [(1000, False), (1000, True), (400, False),
+                                               (400, True)])
 def test_kept_columns_plan_and_build_what_the_pass_over_the_requests_does(
         num_blocks, dedup, mode):
-    """12 blocks: boundary reservations preempt; dedup: a copy-on-write decode."""
+    """400 blocks: boundary reservations preempt; dedup: a copy-on-write decode."""
     steady, kept = run(num_blocks, mode, dedup, forget=False)
     general, none = run(num_blocks, mode, dedup, forget=True)
     assert kept >= 5 and none == 0       # the kept columns planned many of the steps
