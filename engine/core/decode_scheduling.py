@@ -55,6 +55,14 @@ class DecodeScheduling:
         (commit_plan under async scheduling): its kept columns step on from it."""
         self._pending_plan = plan
 
+    def steady_rows(self, cols: DecodeColumns) -> bool:
+        """The rows of `cols`' plan still resolve a pending token each, and came with
+        the last step's tokens (engine/core/steady_decodes.py append_steady): its plan
+        stepped on from the last one's columns, was committed with every token pending,
+        and its requests are the running ones still."""
+        return cols.plan is self._pending_plan and cols.requests == running_order(
+            self.running, self.knobs.scheduling_policy)
+
     def check_columns(self) -> None:
         """The kept decode columns match their requests (check_invariants)."""
         steady = self._steady

@@ -17,10 +17,11 @@ columns with the requests (`check`).
 """
 from __future__ import annotations
 
-from itertools import compress
+from itertools import compress, repeat
 
 import numpy as np
 
+from engine.codes import REASON_LENGTH, REASON_STOP
 from engine.core.kv.block_tables import BlockTables
 from engine.request import Request
 
@@ -32,15 +33,17 @@ MIN_DECODES = 64
 
 class DecodeColumns:
     """The decodes of `plan`: `requests` (the running order), each one's position in
-    it (`positions`, int64), KV table row, Request.length_cap and Request.admit_seq, and
-    whether every one samples greedily without processing (Request.plain_greedy)."""
-    __slots__ = ("plan", "requests", "positions", "table_rows", "caps", "admits", "greedy")
+    it (`positions`, int64), KV table row, Request.length_cap, Request.admit_seq and id,
+    and whether every one samples greedily without processing (Request.plain_greedy)."""
+    __slots__ = ("plan", "requests", "positions", "table_rows", "caps", "admits", "ids",
+                 "greedy")
 
     def __init__(self, plan, requests: list[Request], positions: np.ndarray,
                  table_rows: np.ndarray, caps: np.ndarray, admits: tuple[int, ...],
-                 greedy: bool):
+                 ids: tuple[str, ...], greedy: bool):
         self.plan, self.requests, self.positions = plan, requests, positions
-        self.table_rows, self.caps, self.admits, self.greedy = table_rows, caps, admits, greedy
+        self.table_rows, self.caps, self.admits, self.ids = table_rows, caps, admits, ids
+        self.greedy = greedy
 
     @classmethod
     def of(cls, plan, order: list[Request]) -> "DecodeColumns | None":
@@ -53,7 +56,8 @@ class DecodeColumns:
         return cls(plan, list(order), np.array([c.start for c in decodes], np.int64),
                    np.array([r.table_row for r in order], np.int64),
                    np.array([r.length_cap for r in order], np.int64),
-                   tuple([r.admit_seq for r in order]), all(r.plain_greedy for r in order))
+                   tuple([r.admit_seq for r in order]), tuple([r.request_id for r in order]),
+                   all(r.plain_greedy for r in order))
 
     def advance(self, page: int, tables: BlockTables, refcounts: np.ndarray
                 ) -> tuple[list[Request], list[bool] | None, np.ndarray]:
@@ -78,7 +82,7 @@ class DecodeColumns:
     def after(self, plan, positions: np.ndarray) -> "DecodeColumns":
         """The columns of `plan`, which decodes the same requests at `positions`."""
         return DecodeColumns(plan, self.requests, positions, self.table_rows, self.caps,
-                             self.admits, self.greedy)
+                             self.admits, self.ids, self.greedy)
 
     def check(self) -> None:
         """Assert the kept columns match the requests (check_invariants)."""
@@ -91,5 +95,34 @@ class DecodeColumns:
             "steady decode table rows out of step"
         assert self.caps.tolist() == [r.length_cap for r in reqs], \
             "steady decode length caps out of step"
+        assert list(self.ids) == [r.request_id for r in reqs], "steady decode ids out of step"
         assert list(self.admits) == [r.admit_seq for r in reqs] and \
             self.greedy == all(r.plain_greedy for r in reqs), "steady decode admissions out of step"
+
+
+def append_steady(cols: DecodeColumns, tokens: list[int], now: float, itls,
+                  request_ids: list[str], token_ids: list[int]) -> list[tuple[Request, str]]:
+    """engine/request.py append_sampled for the rows of a steady decode step whose kept
+    columns step on from the last plan's, all of them still running (the scheduler's
+    `steady_rows`): each row resolves its pending token; every row's last token came
+    with the last step's tokens, so its inter-token gap is the same; a request's token
+    count is its position + 2 (the token before and this one), so the length cap is
+    checked on the columns. Returns the requests a token ends, in row order."""
+    requests = cols.requests
+    gap = now - requests[0].token_times[-1]
+    stops = []
+    for i, (req, token) in enumerate(zip(requests, tokens)):
+        req.output_token_ids[-1] = token
+        req.pending_row = -1
+        req.token_times.append(now)
+        if token in req.stop_ids:
+            stops.append(i)
+    itls.extend(repeat((now, gap), len(requests)))
+    request_ids.extend(cols.ids)
+    token_ids.extend(tokens)
+    longs = np.flatnonzero(cols.positions + 2 >= cols.caps).tolist()
+    if not stops and not longs:
+        return []
+    stopped = set(stops)
+    return [(requests[i], REASON_STOP if i in stopped else REASON_LENGTH)
+            for i in sorted(stopped.union(longs))]

@@ -103,3 +103,43 @@ def test_kept_columns_plan_and_build_what_the_pass_over_the_requests_does(
     general, none = run(num_blocks, mode, dedup, forget=True)
     assert kept >= 5 and none == 0       # the kept columns planned many of the steps
     assert steady == general
+
+
+def test_a_wide_engine_emits_what_the_synchronous_one_does(monkeypatch):
+    """MIN_DECODES + 6 requests decoding together under async scheduling (steady steps,
+    their tokens read by append_steady): the tokens and finish reasons (a stop token,
+    the length cap) equal the synchronous engine's; every request's inter-token gaps
+    are one per token after its first; check_invariants compares the kept columns with
+    the requests after every step."""
+    import engine.core.core as core
+    from engine import LLM
+
+    steady = []
+    real = core.append_steady
+    monkeypatch.setattr(core, "append_steady",
+                        lambda *a: steady.append(1) or real(*a))
+    kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=8,
+              max_num_seqs=N, max_num_batched_tokens=4096, check_invariants=True)
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 500 + 1 for j in range(5 + i % 9)]}
+               for i in range(N)]
+
+    def generate(params, **more):
+        with LLM(**kw, **more) as llm:
+            outs = [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason,
+                     len(o.metrics.itls)) for o in llm.generate(prompts, params)]
+            gaps = llm.engine.stats.recent_itls      # the engine's own: one per token
+            assert len(gaps) == sum(len(t) - 1 for t, _, _ in outs) < gaps.maxlen
+            assert all(gap >= 0 for _, gap in gaps)
+            return outs
+
+    plain = generate([SamplingParams(max_tokens=12 + i % 7, temperature=0, ignore_eos=True)
+                      for i in range(N)], async_scheduling=False)
+    stop = plain[0][0][5]          # a token some request samples mid-way
+    params = [SamplingParams(max_tokens=12 + i % 7, temperature=0, ignore_eos=True,
+                             stop_token_ids=[stop]) for i in range(N)]
+    want = generate(params, async_scheduling=False)
+    steady.clear()
+    got = generate(params, async_scheduling=True)
+    assert got == want and steady
+    assert {reason for _, reason, _ in got} == {"stop", "length"}
+    assert all(gaps == len(tokens) - 1 for tokens, _, gaps in got)
