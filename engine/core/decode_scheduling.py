@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from engine.core.running_pass import classify, fast_chunks, split
 from engine.core.sched_policy import running_order
-from engine.core.steady_decodes import MIN_DECODES, DecodeColumns
+from engine.core.steady_decodes import DecodeColumns
 from engine.core.step_plan import ScheduledChunk, StepPlan
 from engine.request import Request, RequestStatus
 
@@ -40,8 +40,7 @@ class DecodeScheduling:
         """Keep the columns of a plan that decodes every running request in order: for
         the batch builder (StepPlan.decode_columns, where they came from the last
         plan's) and the next step's partition (where the plan has nothing else)."""
-        if len(plan.decodes) != len(order) or len(order) < MIN_DECODES or plan.verifies \
-                or plan.preempted:
+        if len(plan.decodes) != len(order) or plan.verifies or plan.preempted:
             return
         if positions is not None:
             plan.decode_columns = steady.after(plan, positions)
@@ -85,6 +84,9 @@ class DecodeScheduling:
             self._decode_offset += budget
         base = len(plan.decodes)
         left = len(decodes) if budget is None else min(budget, len(decodes))
+        if fast is None and left == len(decodes):     # no KV work at all
+            plan.decodes.extend(fast_chunks(decodes))
+            return None if budget is None else budget - len(decodes)
         slow = [] if fast is None else [i for i, f in enumerate(fast) if not f]
         start = self._reserve_ahead(plan, decodes, slow) if left == len(decodes) else 0
         if start < len(decodes):

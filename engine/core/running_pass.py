@@ -3,21 +3,19 @@
 Every step looks at every running request: is it still prefilling, does it decode
 next, and does its next slot lie in a block it owns alone (then the decode needs no KV
 work). `classify` answers all three in one list comprehension, and `fast_chunks` makes
-the ScheduledChunks of a run of such decodes with `map`: on a wide decode step these are
-C-level passes instead of one Python loop body per request, and per-request Python runs
-only for the requests that need KV work (a block boundary every block_size tokens, a
-shared block to copy, a preemption).
+the ScheduledChunks of a run of such decodes in one more (a ScheduledChunk is built in
+C); the reservation's Python runs only for the requests that need KV work (a block
+boundary every block_size tokens, a shared block to copy, a preemption).
 """
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import attrgetter, eq
+from operator import eq
 
 from engine.core.step_plan import ScheduledChunk
 from engine.request import Request
 
 SKIP, FAST, SLOW, PREFILL = 0, 1, 2, 3   # classify's codes
-_computed = attrgetter("num_computed_tokens")
 
 
 def classify(order: list[Request], page: int, refs, followers: bool) -> list[int]:
@@ -40,14 +38,14 @@ def split(order: list[Request], codes: list[int]
           ) -> tuple[list[Request], list[bool] | None, list[Request]]:
     """(the decodes, whether each is FAST (None: all are), the prefilling requests),
     each in `order`."""
-    prefilling = list(compress(order, map(eq, codes, repeat(PREFILL))))
     if codes.count(FAST) == len(order):
-        return list(order), None, prefilling
+        return list(order), None, []
+    prefilling = list(compress(order, map(eq, codes, repeat(PREFILL))))
     decoding = [k == FAST or k == SLOW for k in codes]
     decodes = list(compress(order, decoding))
     return decodes, [k == FAST for k in compress(codes, decoding)], prefilling
 
 
-def fast_chunks(reqs: list[Request]) -> map:
+def fast_chunks(reqs: list[Request]) -> list[ScheduledChunk]:
     """One token each, from its computed tokens on (decodes that need no KV work)."""
-    return map(ScheduledChunk, reqs, map(_computed, reqs), repeat(1), repeat(True))
+    return [ScheduledChunk(r, r.num_computed_tokens, 1, True) for r in reqs]

@@ -35,7 +35,7 @@ from engine.request import Request, RequestStatus
 from engine.core.sched_policy import admission_order, running_order, victim_key
 from engine.core.kv.counters import Counters
 from engine.core.decode_scheduling import DecodeScheduling
-from engine.core.steady_decodes import DecodeColumns
+from engine.core.steady_decodes import MIN_DECODES, DecodeColumns
 from engine.core.step_plan import ScheduledChunk, StepPlan, VerifyChunk
 
 
@@ -97,7 +97,8 @@ class Scheduler(DecodeScheduling):
         steady, self._steady = self._steady, None
         decodes, fast, prefilling, positions = self._partition(order, steady)
         self._plan(plan, decodes, fast, prefilling, knobs)
-        self._keep_columns(plan, order, steady, positions)
+        if len(order) >= MIN_DECODES:       # narrower steps keep none (steady_decodes.py)
+            self._keep_columns(plan, order, steady, positions)
         return plan
 
     def _plan(self, plan: StepPlan, decodes: list[Request], fast: list[bool] | None,
