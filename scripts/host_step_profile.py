@@ -34,9 +34,7 @@ Closed loop as observer_cost.py runs it: --concurrency requests in flight, each
 --input-len random prompt tokens -> --output-len tokens, a new one as one finishes.
 Prints host ms per step, steps/s and output tok/s that a zero-time device would allow,
 and the best block: ms per step of the fastest BLOCK consecutive steps, the figure that
-other processes on a shared, loaded box disturb least; and the best block in the
-thread's CPU time (time.thread_time), which leaves out the time other processes take
-the core (their effect on the caches stays in).
+other processes on a shared, loaded box disturb least.
 
     python scripts/host_step_profile.py --trees /tmp/host_base . --runs 5 [options]
 
@@ -175,14 +173,13 @@ def run(args) -> dict:
     tokens, t0, c0 = 0, time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
-    blocks, cpu_blocks = [], []   # each BLOCK steps' time (and the thread's CPU time:
-    for i in range(args.steps):   # the time other processes take is not in it)
+    blocks = []        # each BLOCK steps' time: the best block is the load's least
+    for i in range(args.steps):
         if i % BLOCK == 0:
-            tb, cb = time.perf_counter(), time.thread_time()
+            tb = time.perf_counter()
         tokens += loop.step()
         if i % BLOCK == BLOCK - 1:
             blocks.append(time.perf_counter() - tb)
-            cpu_blocks.append(time.thread_time() - cb)
     if prof:
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -194,7 +191,6 @@ def run(args) -> dict:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     return {"ms_per_step": 1e3 * wall / args.steps, "cpu_ms_per_step": 1e3 * cpu / args.steps,
             "best_ms_per_step": 1e3 * min(blocks) / BLOCK if blocks else float("nan"),
-            "best_cpu_ms_per_step": 1e3 * min(cpu_blocks) / BLOCK if blocks else float("nan"),
             "steps_per_s": args.steps / wall,
             "tok_per_s": tokens / wall, "tok_per_step": tokens / args.steps}
 
@@ -212,19 +208,18 @@ def measure_tree(tree: str, args) -> dict:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
                          capture_output=True, text=True, timeout=900)
     found = re.search(r"^host ([\d.]+) ms/step.*\(cpu ([\d.]+) ms/step, best block ([\d.]+) "
-                      r"ms/step, best block cpu ([\d.]+) ms/step\)", out.stdout, re.M)
+                      r"ms/step\)", out.stdout, re.M)
     if out.returncode or not found:
         raise SystemExit(f"{tree}: run failed\n{out.stderr[-3000:]}")
     return {"ms": float(found.group(1)), "cpu_ms": float(found.group(2)),
-            "best": float(found.group(3)), "best_cpu": float(found.group(4))}
+            "best": float(found.group(3))}
 
 
 def compare_trees(args) -> int:
     print(f"load average at start: {os.getloadavg()}", flush=True)
     res = interleaved(args.trees, args.runs, lambda tree: measure_tree(tree, args))
     # cpu and the best block: steadier than the mean on a shared box
-    for key, what in (("ms", "host"), ("cpu_ms", "cpu"), ("best", "best block"),
-                      ("best_cpu", "best block cpu")):
+    for key, what in (("ms", "host"), ("cpu_ms", "cpu"), ("best", "best block")):
         first = res[args.trees[0]][key]
         for tree, r in res.items():
             ratios = [b / a for a, b in zip(first, r[key])]
@@ -272,8 +267,7 @@ def main(argv=None) -> int:
         print(f"host {r['ms_per_step']:.3f} ms/step  {r['steps_per_s']:.0f} steps/s  "
               f"{r['tok_per_step']:.1f} tok/step  {r['tok_per_s']:,.0f} tok/s  "
               f"(cpu {r['cpu_ms_per_step']:.3f} ms/step, best block "
-              f"{r['best_ms_per_step']:.3f} ms/step, best block cpu "
-              f"{r['best_cpu_ms_per_step']:.3f} ms/step)")
+              f"{r['best_ms_per_step']:.3f} ms/step)")
     if len(runs) > 1:
         print(f"median {ms[len(ms) // 2]:.3f} ms/step ({ms[0]:.3f}..{ms[-1]:.3f})")
     return 0
