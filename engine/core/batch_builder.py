@@ -72,6 +72,19 @@ def _sample_rows(requests: list, followers: dict, first: int = 0) -> tuple[list[
     return rows, out
 
 
+def _kept_columns(cols, device_fed: bool):
+    """_decode_columns' result from a steady decode plan's kept columns (StepPlan.
+    decode_columns, engine/core/steady_decodes.py), read from no request: decode i's
+    token is pending in sample row i of the step in flight. None: not such a plan."""
+    if cols is None or not device_fed:
+        return None
+    n = len(cols.requests)
+    lens = cols.positions.astype(np.int32)
+    lens += 1
+    return list(cols.requests), cols.table_rows, cols.positions, lens, [0] * n, \
+        np.arange(n, dtype=np.int64), True
+
+
 def _decode_columns(decodes: list, device_fed: bool):
     """One pass over the decodes (the wide part of a step): their requests, table rows,
     positions, context lengths and (async scheduling) the previous step's sample row
@@ -193,7 +206,9 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     `device_fed` (async scheduling): the decodes whose tokens are pending take them from
     their sample rows (Request.pending_row) of the step still in flight."""
     decodes, prefills, verifies = plan.decodes, plan.prefills, plan.verifies
-    columns = _decode_columns(decodes, device_fed)
+    columns = _kept_columns(plan.decode_columns, device_fed)
+    kept_greedy = columns is not None and plan.decode_columns.greedy   # (no verifies)
+    columns = columns or _decode_columns(decodes, device_fed)
     draft_ids = None
     if verifies:              # decode rows after the plain decodes (_verify_columns)
         columns, draft_ids = _with_verify_rows(columns, verifies)
@@ -247,7 +262,8 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
         sample_rows=sample_rows,
         cow_src=np.asarray([c[0] for c in copies], dtype=np.int64) if copies else _EMPTY_I64,
         cow_dst=np.asarray([c[1] for c in copies], dtype=np.int64) if copies else _EMPTY_I64,
-        sampling=_sampling_columns(requests),
+        sampling=_greedy_columns(len(requests)) if kept_greedy and len(requests) == d
+        else _sampling_columns(requests),
         prev_token_rows=token_rows,
         prev_rows_in_order=fed_in_order,
         draft_rows=draft_rows,

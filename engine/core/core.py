@@ -37,6 +37,7 @@ from engine.core.kv.counters import Counters
 from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
 from engine.core.stats import StatsRecorder
+from engine.core.steady_decodes import append_steady
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
@@ -228,7 +229,10 @@ class LLMEngine(AsyncSteps, StepFaults):
             batch = dataclasses.replace(batch, grammar=grammar.mask)
         ex = self.executor
         tokens = ex.execute_model(batch)     # copying to the host; None: sampled once masked
-        return Launched(plan, batch, requests, [r.admit_seq for r in requests], tokens, t0,
+        kept = plan.decode_columns      # a steady decode step's rows: the kept columns'
+        admits = kept.admits if kept is not None and len(kept.admits) == len(requests) \
+            else [r.admit_seq for r in requests]
+        return Launched(plan, batch, requests, admits, tokens, t0,
                         None if tokens is None else ex.take_logprobs(batch),
                         take_prompt_logprobs(ex, plan), grammar)
 
@@ -262,9 +266,15 @@ class LLMEngine(AsyncSteps, StepFaults):
             admits = admits[:lo] + admits[hi:]
             if row_logprobs is not None:
                 row_logprobs = row_logprobs[:lo] + row_logprobs[hi:]
-        ended = append_sampled(requests, tokens, now, self.stats.recent_itls,
-                               out.request_ids, out.token_ids, row_logprobs, out.logprobs,
-                               admits)
+        kept = launched.plan.decode_columns
+        if kept is not None and row_logprobs is None and len(requests) == len(kept.requests) \
+                and self.scheduler.steady_rows(kept):     # (no verifies: none kept)
+            ended = append_steady(kept, tokens, now, self.stats.recent_itls,
+                                  out.request_ids, out.token_ids)
+        else:
+            ended = append_sampled(requests, tokens, now, self.stats.recent_itls,
+                                   out.request_ids, out.token_ids, row_logprobs,
+                                   out.logprobs, admits)
         if verifies:
             ended += self.spec.commit(verifies, verified, now, self.stats.recent_itls, out,
                                       self.knobs.enable_prefix_caching)
@@ -313,6 +323,7 @@ class LLMEngine(AsyncSteps, StepFaults):
     def check_invariants(self) -> None:
         self.pool.check(self.scheduler.block_tables())
         self.scheduler.kv.tables.check(self.scheduler.running)
+        self.scheduler.check_columns()
         if self.host is not None:
             self.host.check([r for r in self.scheduler.waiting if r.swap is not None])
 

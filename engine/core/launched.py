@@ -44,6 +44,7 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
     pend = rows is not None and not plan.prefills and not plan.verifies \
         and len(rows) == len(plan.decodes)
     if pend:
+        marked = 0
         for row, c in enumerate(plan.decodes):    # the steady async decode step
             req = c.request
             if req.status is running:
@@ -53,6 +54,9 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
                 if req.pending_row < 0:
                     req.output_token_ids.append(PENDING_TOKEN)
                     req.pending_row = row
+                    marked += 1
+        if marked == len(plan.decodes):     # every decode again, one further (scheduler)
+            scheduler.decodes_pending(plan)
     else:
         for c in plan.decodes:   # one token each; a block fills every `page`
             req = c.request

@@ -34,10 +34,12 @@ from engine.core.kv.kv_manager import KVManager
 from engine.request import Request, RequestStatus
 from engine.core.sched_policy import admission_order, running_order, victim_key
 from engine.core.kv.counters import Counters
+from engine.core.decode_scheduling import DecodeScheduling
+from engine.core.steady_decodes import MIN_DECODES, DecodeColumns
 from engine.core.step_plan import ScheduledChunk, StepPlan, VerifyChunk
 
 
-class Scheduler:
+class Scheduler(DecodeScheduling):
     def __init__(self, knobs: SchedulerConfig, pool: BlockPool, counters: Counters,
                  host: HostTier | None = None):
         self.pool = pool
@@ -54,6 +56,10 @@ class Scheduler:
         # speculative decoding (engine/core/spec_decode.py): (plan, budget) -> budget left;
         # turns scheduled decodes into VerifyChunks while num_speculative_tokens > 0
         self.drafter = None
+        self._steady: DecodeColumns | None = None   # the last plan's, if it decoded every
+        #                                  running request (engine/core/steady_decodes.py)
+        self._pending_plan: StepPlan | None = None  # the last plan committed with every
+        #                                  decode's token pending (decodes_pending)
 
     @property
     def knobs(self) -> SchedulerConfig:
@@ -86,100 +92,36 @@ class Scheduler:
     # -- the step plan ---------------------------------------------------------------
     def schedule(self) -> StepPlan:
         knobs = self.knobs
-        budget = knobs.max_num_batched_tokens
-        plan = StepPlan(budget=budget, mode=knobs.scheduling_mode)
+        plan = StepPlan(budget=knobs.max_num_batched_tokens, mode=knobs.scheduling_mode)
+        order = running_order(self.running, knobs.scheduling_policy)
+        steady, self._steady = self._steady, None
+        decodes, fast, prefilling, positions = self._partition(order, steady)
+        self._plan(plan, decodes, fast, prefilling, knobs)
+        if len(order) >= MIN_DECODES:       # narrower steps keep none (steady_decodes.py)
+            self._keep_columns(plan, order, steady, positions)
+        return plan
+
+    def _plan(self, plan: StepPlan, decodes: list[Request], fast: list[bool] | None,
+              prefilling: list[Request], knobs: SchedulerConfig) -> None:
+        budget = plan.budget
         if knobs.scheduling_mode == "prefill-first":
-            decodes, prefilling = self._partition()
             # a prefill never preempts here: one that did could be re-admitted at once
             # and starve every decode (a prefill-only step each time, forever)
             left = self._schedule_running_prefills(plan, prefilling, budget, may_preempt=False)
             self._admit_waiting(plan, left, knobs)
             if not plan.prefills:
-                self._add_drafts(plan, self._schedule_decodes(plan, decodes, budget))
+                self._add_drafts(plan, self._schedule_decodes(plan, decodes, fast, budget))
             if not plan:       # nothing fits without preempting: the oldest prefill may
                 self._schedule_running_prefills(plan, prefilling, budget)
-            return plan
-        mixed = knobs.scheduling_mode == "mixed-chunk"
-        if mixed or len(self.running) <= budget:     # every decode fits: no turns
-            prefilling = self._schedule_in_order(plan)
+            return
+        if knobs.scheduling_mode == "mixed-chunk" or len(self.running) <= budget:
+            self._schedule_decodes(plan, decodes, fast, None)   # every decode: no turns
             budget = max(0, budget - len(plan.decodes))
         else:
-            decodes, prefilling = self._partition()
-            budget = self._schedule_decodes(plan, decodes, budget)
+            budget = self._schedule_decodes(plan, decodes, fast, budget)
         budget = self._add_drafts(plan, budget)
         budget = self._schedule_running_prefills(plan, prefilling, budget)
         self._admit_waiting(plan, budget, knobs)
-        return plan
-
-    def _partition(self) -> tuple[list[Request], list[Request]]:
-        """Running requests that decode next, and those still prefilling, in the policy's
-        order (one pass: this runs every step over every running request). Left out:
-        dedup followers, and a request its pending token ends by length (its token count
-        reaches Request.length_cap)."""
-        decodes, prefilling = [], []
-        for r in running_order(self.running, self.knobs.scheduling_policy):
-            if r.dedup_leader is not None:
-                continue
-            total = len(r.prompt_token_ids) + len(r.output_token_ids)
-            n = total - r.num_computed_tokens
-            if n > 1:
-                prefilling.append(r)
-            elif n == 1 and (r.pending_row < 0 or total < r.length_cap):
-                decodes.append(r)
-        return decodes, prefilling
-
-    def _schedule_in_order(self, plan: StepPlan) -> list[Request]:
-        """_partition and _schedule_decodes in one pass over the running requests, when
-        every decode is scheduled (mixed-chunk, or no more running requests than the
-        budget): the wide step's one loop. Returns the requests still prefilling. A
-        request preempted earlier in the pass is skipped (as a prefill: by its status)."""
-        page, refcounts, running = self.pool.block_size, self.pool.refs, RequestStatus.RUNNING
-        scheduled, prefilling = plan.decodes, []
-        # a copy: a reservation may preempt (and so remove) requests from self.running
-        for r in list(running_order(self.running, self.knobs.scheduling_policy)):
-            if r.dedup_leader is not None:
-                continue
-            total = len(r.prompt_token_ids) + len(r.output_token_ids)
-            pos = r.num_computed_tokens
-            n = total - pos
-            if n > 1:
-                prefilling.append(r)
-                continue
-            if n != 1 or (r.pending_row >= 0 and total >= r.length_cap) \
-                    or r.status is not running:
-                continue
-            table = r.block_table
-            i = pos // page     # fast path: the slot lies in a block the request owns alone
-            if not (i < len(table) and refcounts[table[i]] == 1) \
-                    and not self._reserve_running(r, 1, plan):
-                continue
-            scheduled.append(ScheduledChunk(r, pos, 1, True))
-        return prefilling
-
-    def _schedule_decodes(self, plan: StepPlan, decodes: list[Request],
-                          budget: int | None) -> int | None:
-        """One token for each running decode; budget None: all of them (mixed-chunk)."""
-        if budget is not None and len(decodes) > budget:   # rotate: every decode gets a turn
-            k = self._decode_offset % len(decodes)
-            decodes = decodes[k:] + decodes[:k]
-            self._decode_offset += budget
-        page, refcounts, running = self.pool.block_size, self.pool.refs, RequestStatus.RUNNING
-        scheduled = plan.decodes
-        base = len(scheduled)
-        left = len(decodes) if budget is None else min(budget, len(decodes))
-        for req in decodes:
-            if not left:
-                break
-            if req.status is not running:
-                continue    # preempted earlier in this loop
-            pos, table = req.num_computed_tokens, req.block_table
-            i = pos // page     # fast path: the slot lies in a block the request owns alone
-            if not (i < len(table) and refcounts[table[i]] == 1) \
-                    and not self._reserve_running(req, 1, plan):
-                continue
-            scheduled.append(ScheduledChunk(req, pos, 1, True))
-            left -= 1
-        return None if budget is None else budget - (len(scheduled) - base)
 
     def _add_drafts(self, plan: StepPlan, budget: int) -> int:
         """Drafts for the scheduled decodes, from what is left of the token budget."""
@@ -292,9 +234,11 @@ class Scheduler:
         scheduled this step, the newest (or the least important) first, never one that
         comes before `req` in that order (then `req` itself waits)."""
         reserve = self.kv.reserve_one if n == 1 else (lambda r, c: self.kv.reserve(r, n, c))
-        key = victim_key(self.knobs.scheduling_policy)
-        while not reserve(req, plan.copies):
-            scheduled = {id(c.request) for c in plan.chunks}  # noqa: the rare path
+        if reserve(req, plan.copies):
+            return True
+        key = victim_key(self.knobs.scheduling_policy)    # the rare path from here
+        while True:
+            scheduled = {id(c.request) for c in plan.chunks}
             victims = [r for r in self.running if r is not req and id(r) not in scheduled
                        and r.dedup_leader is None]
             victim = max(victims, key=key, default=None)
@@ -302,7 +246,8 @@ class Scheduler:
                 self.preempt(req, plan, swap=True)
                 return False
             self.preempt(victim, plan, swap=True)
-        return True
+            if reserve(req, plan.copies):
+                return True
 
     def preempt(self, req: Request, plan: StepPlan | None = None, swap: bool = False) -> None:
         """Free the request's blocks and requeue it at the front to recompute, or (swap,

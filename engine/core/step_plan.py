@@ -54,6 +54,8 @@ class StepPlan:
     #                              recompute instead (the host tier is off or full)
     tier_step: object = None     # the host tier's copies sent for it (host_tier.TierStep)
     kv_error: Exception | None = None   # those copies failed: the plan fails at launch
+    decode_columns: object = None   # its decodes' kept columns, when they step on from
+    #                              the last plan's (engine/core/steady_decodes.py)
     budget: int = 0              # the knobs it was planned under (the step's stats):
     mode: str = ""               # max_num_batched_tokens and scheduling_mode
 

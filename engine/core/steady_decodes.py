@@ -1,0 +1,128 @@
+"""The steady decode step as arrays kept across steps (vLLM's persistent batch, for the
+scheduler and the batch builder).
+
+A plan that decodes every running request, in the running order, keeps its decodes'
+columns: the requests, their positions, block-table rows and length caps
+(`DecodeColumns`). When that plan is committed with each decode's next token pending
+(async scheduling's steady step: commit_plan tells the scheduler) and the running
+requests are still the same objects in the same order, every one of them decodes again,
+one position further, its token pending: the next plan's partition is array arithmetic
+on the kept columns (`advance`) instead of a pass over the requests, and the batch
+builder takes the decode rows' positions, table rows and token rows from the plan
+(StepPlan.decode_columns) instead of reading each request. Anything else (a request
+added, finished, preempted, a prefill, a verify, a dedup follower, a step read before
+the next was planned) leaves no columns, and so does a step of fewer than MIN_DECODES
+decodes: the next plan is made the general way. check_invariants compares the kept
+columns with the requests (`check`).
+"""
+from __future__ import annotations
+
+from itertools import compress, repeat
+
+import numpy as np
+
+from engine.codes import REASON_LENGTH, REASON_STOP
+from engine.core.kv.block_tables import BlockTables
+from engine.request import Request
+
+# the fewest decodes a step keeps columns for: narrower, the pass over the requests
+# costs less than the arrays' fixed cost (2026-11-28, host_step_profile's loop: at 1 to
+# 32 decodes the columns cost 0-16 µs a step more, at 64 they save ~20 µs)
+MIN_DECODES = 64
+
+
+class DecodeColumns:
+    """The decodes of `plan`: `requests` (the running order), each one's position in
+    it (`positions`, int64), KV table row, Request.length_cap, Request.admit_seq and id,
+    and whether every one samples greedily without processing (Request.plain_greedy)."""
+    __slots__ = ("plan", "requests", "positions", "table_rows", "caps", "admits", "ids",
+                 "greedy")
+
+    def __init__(self, plan, requests: list[Request], positions: np.ndarray,
+                 table_rows: np.ndarray, caps: np.ndarray, admits: tuple[int, ...],
+                 ids: tuple[str, ...], greedy: bool):
+        self.plan, self.requests, self.positions = plan, requests, positions
+        self.table_rows, self.caps, self.admits, self.ids = table_rows, caps, admits, ids
+        self.greedy = greedy
+
+    @classmethod
+    def of(cls, plan, order: list[Request]) -> "DecodeColumns | None":
+        """The columns of a plan that decodes exactly `order` (else None), read from
+        the requests once: the step that enters the steady state."""
+        decodes = plan.decodes
+        if len(decodes) != len(order) or plan.prefills or plan.verifies or plan.preempted \
+                or [c.request for c in decodes] != order:
+            return None
+        return cls(plan, list(order), np.array([c.start for c in decodes], np.int64),
+                   np.array([r.table_row for r in order], np.int64),
+                   np.array([r.length_cap for r in order], np.int64),
+                   tuple([r.admit_seq for r in order]), tuple([r.request_id for r in order]),
+                   all(r.plain_greedy for r in order))
+
+    def advance(self, page: int, tables: BlockTables, refcounts: np.ndarray
+                ) -> tuple[list[Request], list[bool] | None, np.ndarray]:
+        """The next step's decodes after this plan's commit (each request one position
+        further, its token pending), whether each needs no KV work (its slot in a block
+        it owns alone; None: every one), and their positions. Left out: a request
+        whose pending token ends it by length (its token count, position + 1, reaches
+        its cap), as the scheduler's classify leaves it out."""
+        pos = self.positions + 1
+        rows = self.table_rows
+        block = pos // page
+        inside = block < tables.lengths[rows]
+        ids = tables.matrix[rows, np.minimum(block, tables.matrix.shape[1] - 1)]
+        fast = inside & (refcounts[ids] == 1)
+        reqs = self.requests
+        ended = pos + 1 >= self.caps
+        if ended.any():
+            keep = ~ended
+            reqs, fast, pos = list(compress(reqs, keep.tolist())), fast[keep], pos[keep]
+        return list(reqs), (None if fast.all() else fast.tolist()), pos
+
+    def after(self, plan, positions: np.ndarray) -> "DecodeColumns":
+        """The columns of `plan`, which decodes the same requests at `positions`."""
+        return DecodeColumns(plan, self.requests, positions, self.table_rows, self.caps,
+                             self.admits, self.ids, self.greedy)
+
+    def check(self) -> None:
+        """Assert the kept columns match the requests (check_invariants)."""
+        reqs = self.requests
+        # each request's computed tokens: its position, or one more once committed
+        ahead = np.array([r.num_computed_tokens for r in reqs], np.int64) - self.positions
+        assert not len(reqs) or (ahead.min() == ahead.max() and ahead[0] in (0, 1)), \
+            "steady decode positions out of step"
+        assert self.table_rows.tolist() == [r.table_row for r in reqs], \
+            "steady decode table rows out of step"
+        assert self.caps.tolist() == [r.length_cap for r in reqs], \
+            "steady decode length caps out of step"
+        assert list(self.ids) == [r.request_id for r in reqs], "steady decode ids out of step"
+        assert list(self.admits) == [r.admit_seq for r in reqs] and \
+            self.greedy == all(r.plain_greedy for r in reqs), "steady decode admissions out of step"
+
+
+def append_steady(cols: DecodeColumns, tokens: list[int], now: float, itls,
+                  request_ids: list[str], token_ids: list[int]) -> list[tuple[Request, str]]:
+    """engine/request.py append_sampled for the rows of a steady decode step whose kept
+    columns step on from the last plan's, all of them still running (the scheduler's
+    `steady_rows`): each row resolves its pending token; every row's last token came
+    with the last step's tokens, so its inter-token gap is the same; a request's token
+    count is its position + 2 (the token before and this one), so the length cap is
+    checked on the columns. Returns the requests a token ends, in row order."""
+    requests = cols.requests
+    gap = now - requests[0].token_times[-1]
+    stops = []
+    for i, (req, token) in enumerate(zip(requests, tokens)):
+        req.output_token_ids[-1] = token
+        req.pending_row = -1
+        req.token_times.append(now)
+        if token in req.stop_ids:
+            stops.append(i)
+    itls.extend(repeat((now, gap), len(requests)))
+    request_ids.extend(cols.ids)
+    token_ids.extend(tokens)
+    longs = np.flatnonzero(cols.positions + 2 >= cols.caps).tolist()
+    if not stops and not longs:
+        return []
+    stopped = set(stops)
+    return [(requests[i], REASON_STOP if i in stopped else REASON_LENGTH)
+            for i in sorted(stopped.union(longs))]

@@ -1,0 +1,145 @@
+"""The steady decode step's kept columns (engine/core/steady_decodes.py) plan and build
+exactly what the pass over the requests does: two schedulers run the same async steps,
+one of them made to forget its columns before every plan."""
+import numpy as np
+import pytest
+
+from engine.config import SchedulerConfig
+from engine.core.batch_builder import build_step_batch
+from engine.core.kv.block_pool import BlockPool
+from engine.core.kv.counters import Counters
+from engine.core.launched import commit_plan
+from engine.core.scheduler import Scheduler
+from engine.core.steady_decodes import MIN_DECODES
+from engine.request import Request, RequestStatus, SamplingParams, add_pending_tokens, \
+    append_sampled
+
+BS = 4
+N = MIN_DECODES + 6      # running requests: the kept columns need MIN_DECODES decodes
+
+
+def make(num_blocks, mode):
+    counters = Counters()
+    knobs = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=N,
+                            scheduling_mode=mode)
+    return Scheduler(knobs, BlockPool(num_blocks, BS, counters), counters)
+
+
+def requests(dedup: bool):
+    """Staggered lengths (block boundaries at different steps, length caps at different
+    steps), one of them sampled (not greedy); with dedup, two identical prompts: the
+    follower shares its leader's last, partly filled block, and the first decode into it
+    copies it (a slow decode)."""
+    reqs = [Request(f"r{i}", [10 + i] * (3 + i % 7), SamplingParams(
+        max_tokens=20 + i % 11, temperature=0)) for i in range(N)]
+    reqs[2] = Request("seeded", [12] * 5, SamplingParams(max_tokens=24, temperature=0.7,
+                                                          seed=3))   # a sampled row too
+    if dedup:
+        reqs[-1] = Request("twin", [10] * 3, SamplingParams(max_tokens=25, temperature=0))
+    return reqs
+
+
+def signature(sched, plan, batch):
+    reqs = sorted(sched.running + list(sched.waiting), key=lambda r: r.request_id)
+    return (
+        [(c.request.request_id, c.start, c.num_tokens) for c in plan.chunks],
+        plan.copies, [(r.request_id, blocks) for r, blocks in plan.preempted],
+        [(r.request_id, r.status, r.num_computed_tokens, list(r.output_token_ids),
+          list(r.block_table), r.pending_row) for r in reqs],
+        list(sched.pool.refcounts),
+        None if batch is None else plain(batch))
+
+
+def plain(v):
+    """A batch as comparable values (arrays as lists, dataclasses as dicts)."""
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if hasattr(v, "__dataclass_fields__"):
+        return {k: plain(x) for k, x in vars(v).items()}
+    return v
+
+
+def run(num_blocks, mode, dedup, forget):
+    """The engine's async loop without a model: commit the step in flight (its tokens
+    pending), plan and build the next, then read the first one's tokens (token 5 + row)."""
+    sched = make(num_blocks, mode)
+    for r in requests(dedup):
+        sched.add(r)
+    sigs, kept, inflight = [], 0, None
+    for _ in range(80):
+        if inflight is not None:
+            plan, rows = inflight
+            if not commit_plan(plan, sched, BS, True, rows=rows):
+                add_pending_tokens(rows)
+        if forget:
+            sched._steady = None
+        nxt = sched.schedule()
+        kept += nxt.decode_columns is not None
+        batch = None
+        if nxt:
+            batch, rows = build_step_batch(nxt, sched.followers, BS, sched.kv.tables,
+                                           device_fed=inflight is not None)
+        if inflight is not None:
+            for r, reason in append_sampled(inflight[1], [5 + i for i in range(len(
+                    inflight[1]))], 1.0, [], [], []):
+                sched.remove(r)
+                r.status = RequestStatus.FINISHED
+        sched.check_columns()
+        sched.kv.tables.check(sched.running)
+        sigs.append(signature(sched, nxt, batch))
+        inflight = (nxt, rows) if nxt else None
+        if not sched.running and not sched.waiting:
+            break
+    return sigs, kept
+
+
+@pytest.mark.parametrize("mode", ["budget", "mixed-chunk", "prefill-first"])
+@pytest.mark.parametrize("num_blocks,dedup", [(1000, False), (1000, True), (400, False),
+                                               (400, True)])
+def test_kept_columns_plan_and_build_what_the_pass_over_the_requests_does(
+        num_blocks, dedup, mode):
+    """400 blocks: boundary reservations preempt; dedup: a copy-on-write decode."""
+    steady, kept = run(num_blocks, mode, dedup, forget=False)
+    general, none = run(num_blocks, mode, dedup, forget=True)
+    assert kept >= 5 and none == 0       # the kept columns planned many of the steps
+    assert steady == general
+
+
+def test_a_wide_engine_emits_what_the_synchronous_one_does(monkeypatch):
+    """MIN_DECODES + 6 requests decoding together under async scheduling (steady steps,
+    their tokens read by append_steady): the tokens and finish reasons (a stop token,
+    the length cap) equal the synchronous engine's; every request's inter-token gaps
+    are one per token after its first; check_invariants compares the kept columns with
+    the requests after every step."""
+    import engine.core.core as core
+    from engine import LLM
+
+    steady = []
+    real = core.append_steady
+    monkeypatch.setattr(core, "append_steady",
+                        lambda *a: steady.append(1) or real(*a))
+    kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=8,
+              max_num_seqs=N, max_num_batched_tokens=4096, check_invariants=True)
+    prompts = [{"prompt_token_ids": [(7 * i + j) % 500 + 1 for j in range(5 + i % 9)]}
+               for i in range(N)]
+
+    def generate(params, **more):
+        with LLM(**kw, **more) as llm:
+            outs = [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason,
+                     len(o.metrics.itls)) for o in llm.generate(prompts, params)]
+            gaps = llm.engine.stats.recent_itls      # the engine's own: one per token
+            assert len(gaps) == sum(len(t) - 1 for t, _, _ in outs) < gaps.maxlen
+            assert all(gap >= 0 for _, gap in gaps)
+            return outs
+
+    plain = generate([SamplingParams(max_tokens=12 + i % 7, temperature=0, ignore_eos=True)
+                      for i in range(N)], async_scheduling=False)
+    stop = plain[0][0][5]          # a token some request samples mid-way
+    params = [SamplingParams(max_tokens=12 + i % 7, temperature=0, ignore_eos=True,
+                             stop_token_ids=[stop]) for i in range(N)]
+    want = generate(params, async_scheduling=False)
+    steady.clear()
+    got = generate(params, async_scheduling=True)
+    assert got == want and steady
+    assert {reason for _, reason, _ in got} == {"stop", "length"}
+    assert all(gaps == len(tokens) - 1 for tokens, _, gaps in got)
