@@ -96,8 +96,11 @@ def attach_kv_cache(model, ops, num_blocks: int, block_size: int, dtype: torch.d
     first = layers[0]
     kv_cache = kv_cache_zeros((2, len(layers), num_blocks, block_size,
                                first.num_kv_heads, first.head_dim), dtype, device)
-    scales = torch.ones(2, len(layers), first.num_kv_heads, dtype=torch.float32,
-                        device=device) if is_fp8(dtype) else None
+    scales = None
+    if is_fp8(dtype):   # each layer's row starts 16-byte aligned: the kernels compiled at
+        h = first.num_kv_heads      # start-up (layer 0's) serve every layer's pointers
+        scales = torch.ones(2, len(layers), -(-h // 4) * 4, dtype=torch.float32,
+                            device=device)[..., :h]
     for i, layer in enumerate(layers):
         layer.ops = ops
         layer.k_cache, layer.v_cache = kv_cache[0, i], kv_cache[1, i]

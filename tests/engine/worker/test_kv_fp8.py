@@ -110,6 +110,12 @@ def test_calculate_kv_scales_sets_per_head_scales_on_the_first_step(ckpt):
     try:
         runner = llm.engine.executor.runner
         assert torch.equal(runner.kv_scales, torch.ones_like(runner.kv_scales))
+        # every layer's scales start 16-byte aligned, as layer 0's do: the kernels warmed
+        # on layer 0 at start-up are the ones every layer launches (no compile serving)
+        layers = runner.model.attention_layers()
+        assert len(layers) > 1 and runner.kv_scales.shape[2] % 4
+        for layer in layers:
+            assert all(t.data_ptr() % 16 == 0 for t in layer.kv_scales.values())
         prompt = list(range(3, 40))
         one = SamplingParams(max_tokens=1, temperature=0)     # one step: the prefill only
         first = llm.generate([{"prompt_token_ids": prompt}], one)[0].outputs[0].token_ids
