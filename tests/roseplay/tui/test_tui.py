@@ -314,36 +314,42 @@ def _tpots(snap, since: float) -> list[float]:
 
 
 @sync
-async def test_latency_after_pause_and_resume_is_within_3x_of_unpaused(source):
-    """The requests in flight across a pause (and a few single steps) keep the TPOT of
-    unpaused serving: within 3x of its p99 (a pause counted as serving time would add
-    ~1 s to one gap, 100x and more; the margin covers a loaded 2-core box, where a step
-    of this tiny model is ~1.5 ms and the first token after resuming waits for two
-    forwards under async scheduling)."""
+async def test_latency_after_pause_and_resume_leaves_the_pause_out(source):
+    """The requests in flight across a pause (and a few single steps) are not charged
+    the pause: their decode time (TPOT x their gaps) stays under half of it. The pause
+    lasts at least 2 s and 20x what one of those requests took to decode unpaused
+    (p99 TPOT x its tokens), so a pause counted as serving time fails by far, and a
+    step 10x slower after resuming (a loaded 2-core box; the first token after
+    resuming waits for two forwards under async scheduling) still passes."""
+    import time
+
     import numpy as np
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await _running(pilot, source, 8)
         t0 = source.snapshot().time         # 8 requests at least (a loaded box: later)
         assert await wait_for(pilot, lambda: len(_tpots(source.snapshot(), t0)) >= 8, 60)
-        unpaused = _tpots(source.snapshot(), t0)
+        unpaused = float(np.percentile(_tpots(source.snapshot(), t0), 99))
         for _ in range(5):     # pausing right as a wave of requests ends leaves none
             await pilot.press("space")     # decoding (the next wave waits): go on, again
+            paused_at = time.perf_counter()
             await settle(pilot, source)
-            spanning = {r.request_id for r in source.snapshot().requests
+            spanning = {r.request_id: r.max_tokens for r in source.snapshot().requests
                         if r.state == "decoding"}
             if spanning:
                 break
             await pilot.press("space")
             await pilot.pause(0.2)
         assert spanning
-        await pilot.pause(1.0)
+        pause = max(2.0, 20 * unpaused * max(spanning.values()))
+        await pilot.pause(pause / 2)
         await pilot.press("n", "n", "n")
-        await pilot.pause(1.0)
+        await pilot.pause(pause / 2)
         await pilot.press("space")
+        paused_for = time.perf_counter() - paused_at
         assert await wait_for(pilot, lambda: all(
             (r := source.snapshot().request(rid)) is None or r.state == "finished"
             for rid in spanning))
-        after = [r.tpot for r in source.snapshot().requests
-                 if r.request_id in spanning and r.tpot is not None]
-        assert after and max(after) <= 3 * float(np.percentile(unpaused, 99)), (after, unpaused)
+        decode = [r.tpot * max(1, r.output_tokens - 1) for r in source.snapshot().requests
+                  if r.request_id in spanning and r.tpot is not None]
+        assert decode and max(decode) < paused_for / 2, (decode, paused_for, unpaused)
