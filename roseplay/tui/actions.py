@@ -31,6 +31,11 @@ class Actions(GuideActions, RoutingActions):
         if self.source is None:
             self.notify("the engine is still loading", severity="warning")
             return None
+        if label is None and knob in kwargs and kwargs[knob] == getattr(self.source.knobs,
+                                                                       knob, None):
+            # a key at a knob's limit changes nothing: no mark, the 10 s figures go on
+            self.notify(f"{knob} is already {kwargs[knob]}: at its limit", timeout=3)
+            return None
         try:
             result = fn(*args, **kwargs)
         except (ReadOnlyError, InvalidRequestError, ValueError) as exc:

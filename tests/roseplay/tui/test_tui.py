@@ -309,6 +309,23 @@ async def test_typing_a_knob_value_in_the_command_palette(paused_source):
         assert source.loop.knobs.max_num_batched_tokens == 512
 
 
+@sync
+async def test_a_key_at_a_knobs_limit_changes_nothing_and_marks_nothing(paused_source):
+    """D at k = 0 (speculation off) sets nothing: no mark on the plots, no restart of the
+    10 s figures; it says so. d then raises k and marks it."""
+    app = RoseplayApp(source=paused_source)
+    async with app.run_test(size=SIZE) as pilot:
+        assert paused_source.knobs.num_speculative_tokens == 0
+        await pilot.press("D")
+        assert await wait_for(pilot, lambda: "num_speculative_tokens is already 0" in notices(app), 30)
+        await pilot.pause()
+        history = app.timing.history
+        assert not history._pending and not any(history.marks)
+        await pilot.press("d")
+        assert await wait_for(pilot, lambda: paused_source.knobs.num_speculative_tokens == 1, 30)
+        assert list(history._pending) == ["spec k 1"] or "spec k 1" in history.marks
+
+
 def _tpots(snap, since: float) -> list[float]:
     return [tpot for t, _, tpot in snap.recent_latencies if t >= since and tpot is not None]
 
