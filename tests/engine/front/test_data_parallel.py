@@ -150,26 +150,38 @@ def test_bench_base_url_reports_each_replica(llm, tmp_path):
     assert "Replicas (round_robin)" in out.getvalue()
 
 
-def test_a_killed_replica_fails_only_its_requests(llm):
-    dp = llm.dp
-    doomed = [dp.submit(p, greedy(1500), data_parallel_rank=1) for p in PROMPTS[:3]]
-    kept = [dp.submit(p, greedy(300), data_parallel_rank=0) for p in PROMPTS[3:]]
+def kill_replica_1(dp, kill, doomed_prompts, kept_prompts, kept_tokens: int, error: str,
+                   timeout: float) -> None:
+    """Replica 1's requests (long) and replica 0's (short), all running; kill() ends
+    replica 1: its requests end with an error saying `error`, replica 0's finish whole.
+    (tests/engine/front/test_dp_attach.py runs it over attached engines.)"""
+    doomed = [dp.submit(p, greedy(1500), data_parallel_rank=1) for p in doomed_prompts]
+    kept = [dp.submit(p, greedy(kept_tokens), data_parallel_rank=0) for p in kept_prompts]
     for s in doomed + kept:                          # every request is running
         assert s.get(60).token_ids
-    victim = dp.replicas[1].proc
-    os.kill(victim.pid, signal.SIGKILL)
+    kill()
     for s in doomed:
-        out = s.result(60)
-        assert out.outputs[0].finish_reason == "error" and "died" in out.error
+        out = s.result(timeout)
+        assert out.outputs[0].finish_reason == "error" and error in out.error
         assert len(out.outputs[0].token_ids) < 1500
     for s in kept:
-        out = s.result(60)
+        out = s.result(timeout)
         assert out.outputs[0].finish_reason == "length" and out.error is None
-        assert len(out.outputs[0].token_ids) == 300
-    wait_until(lambda: not dp.alive(1))
-    assert dp.fatal_error is None and dp.unavailable is None
+        assert len(out.outputs[0].token_ids) == kept_tokens
+
+
+def every_policy_routes_to_0(dp) -> None:
+    """With replica 1 dead, every routing policy sends a new request to replica 0."""
     for policy in ("round_robin", "least_load", "consistent_hash", "cache_aware"):
         dp.set_routing_policy(policy)
         out = dp.submit(PROMPTS[0], greedy(4)).result(60)
         assert out.error is None and dp.router.recent[-1].chosen == 0
-    assert dp.wait_idle(60)
+
+
+def test_a_killed_replica_fails_only_its_requests(llm):
+    dp = llm.dp
+    kill_replica_1(dp, lambda: os.kill(dp.replicas[1].proc.pid, signal.SIGKILL),
+                   PROMPTS[:3], PROMPTS[3:], 300, "died", 60)
+    wait_until(lambda: not dp.alive(1))
+    assert dp.fatal_error is None and dp.unavailable is None
+    every_policy_routes_to_0(dp)

@@ -13,7 +13,6 @@ import types
 
 import pytest
 
-from engine import SamplingParams
 from engine.config import InvalidRequestError
 from engine.engine_stats import EngineStats
 from engine.front.dp_attach import check_replicas, front_config
@@ -21,17 +20,14 @@ from engine.front.client import EngineClient
 from engine.front.dp_client import DPClient
 from engine.ipc import protocol as P
 from engine.ipc.launch import EngineLaunch, wait_ready
+from tests.engine.front.test_data_parallel import (PROMPTS, every_policy_routes_to_0, greedy,
+                                                   kill_replica_1)
 from tests.helpers import engines_owned_by, free_port_block
 
 KEY = "dp-attach-test-key"
 KW = dict(model="dummy:tiny", device="cpu", num_blocks=2048, block_size=4, seed=0)
 EVENTS = {"enable_kv_cache_events": True}
 CLIENT_TIMEOUT = 4.0      # how soon an attached front judges a killed engine gone
-PROMPTS = [[(7 * i + j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(6)]
-
-
-def greedy(n):
-    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -197,20 +193,7 @@ def test_loads_read_another_hosts_stats_on_this_clock(engine_clock):
 
 
 def test_a_killed_engine_fails_only_its_requests(dp, engines):
-    doomed = [dp.submit(p, greedy(1500), data_parallel_rank=1) for p in PROMPTS[:2]]
-    kept = [dp.submit(p, greedy(200), data_parallel_rank=0) for p in PROMPTS[2:4]]
-    for s in doomed + kept:                          # every request is running
-        assert s.get(60).token_ids
-    os.kill(engines[1].proc.pid, signal.SIGKILL)
-    for s in doomed:
-        out = s.result(120)
-        assert out.outputs[0].finish_reason == "error" and "client_timeout" in out.error
-        assert len(out.outputs[0].token_ids) < 1500
-    for s in kept:
-        out = s.result(120)
-        assert out.outputs[0].finish_reason == "length" and out.error is None
+    kill_replica_1(dp, lambda: os.kill(engines[1].proc.pid, signal.SIGKILL),
+                   PROMPTS[:2], PROMPTS[2:4], 200, "client_timeout", 120)
     assert not dp.alive(1) and dp.alive(0) and dp.fatal_error is None
-    for policy in ("round_robin", "least_load", "consistent_hash", "cache_aware"):
-        dp.set_routing_policy(policy)
-        out = dp.submit(PROMPTS[0], greedy(4)).result(60)
-        assert out.error is None and dp.router.recent[-1].chosen == 0
+    every_policy_routes_to_0(dp)
