@@ -111,24 +111,22 @@ class AsyncSteps:
         step's stats, events and outputs (and the caller's processing of them), so that
         those overlap its device work. Returns (plan, error) if the launch failed."""
         self._chained = 0
-        plan = self._schedule()
-        if not plan:
-            return None
-        try:
-            self._inflight = self._launch(plan)
-        except Exception as exc:
-            return plan, exc
-        return None
+        return self._plan_and_launch(device_fed=False)
 
     def _launch_next(self, prev: Launched) -> tuple[StepPlan, Exception] | None:
         """Plan and launch the step after `prev` before prev's tokens are read (its
-        samples already count as pending tokens). Returns (plan, error) if the launch
-        failed."""
+        samples already count as pending tokens, fed from the device). Returns (plan,
+        error) if the launch failed."""
+        return self._plan_and_launch(device_fed=True)
+
+    def _plan_and_launch(self, device_fed: bool) -> tuple[StepPlan, Exception] | None:
+        """The next step's plan, launched as the step in flight; (plan, error) if the
+        launch failed, None otherwise (also when there is nothing to plan)."""
         plan = self._schedule()
         if not plan:
             return None
         try:
-            self._inflight = self._launch(plan, device_fed=True)
+            self._inflight = self._launch(plan, device_fed=device_fed)
         except Exception as exc:
             return plan, exc
         return None
