@@ -232,7 +232,7 @@ class Actions(GuideActions, RoutingActions):
             for label in labels:
                 history.mark(label)
             labels = []
-            history.feed(src.recording[i].snapshot)     # two frames per point: < 0.5 s
+            history.feed(src.recording[i].snapshot, i == end)    # two frames a point: < 0.5 s
             last = entry.t                              # for 2 minutes of history
         self.timing.reset_shown()
         self.refresh_panels()

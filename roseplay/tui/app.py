@@ -244,6 +244,9 @@ class RoseplayApp(Actions, App):
             return
         snap, workload = src.snapshot(), src.workload()
         self.snapshot = snap
+        replay = src.kind == "replay"
+        if replay:              # its changes up to this frame wait for the point it makes
+            self._replay_notices(src)
         self.window.feed(snap)
         self.traces.feed(snap)
         self.feed_guide(snap)
@@ -264,9 +267,8 @@ class RoseplayApp(Actions, App):
             self.strip.show(snap)
             self.events.show(snap)
             self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")
-            self.timing.show(snap, self.window, throttle=not src.paused)
-        if src.kind == "replay":
-            self._replay_notices(src)
+            self.timing.show(snap, self.window, throttle=not src.paused,
+                             final=replay and src.at_end)
 
     def _detail_extra(self, current):
         """The selected request's TTFT split, and `w` when its token trace is held."""

@@ -182,6 +182,10 @@ class CompareReplaySource:
         return self.lead.paused
 
     @property
+    def at_end(self) -> bool:
+        return self.lead.at_end
+
+    @property
     def knobs(self):
         return self.lead.knobs
 

@@ -127,6 +127,9 @@ class CompareApp(RoseplayApp):
             return
         snaps = src.snapshots()
         self.snapshot = snaps[0]
+        replay = src.kind == "replay"
+        if replay:              # its changes up to this frame wait for the point it makes
+            self._replay_notices(src)
         metrics = []
         greedy = greedy_workload(src)
         if greedy:
@@ -136,7 +139,8 @@ class CompareApp(RoseplayApp):
             for i, snap in enumerate(snaps):
                 self.windows[i].feed(snap)
                 self.kvs[i].show(snap, None, self.windows[i], flash_blocks(snap))
-                self.timings[i].show(snap, self.windows[i], throttle=not src.paused)
+                self.timings[i].show(snap, self.windows[i], throttle=not src.paused,
+                                     final=replay and src.at_end)
                 metrics.append(side_metrics(snap, self.windows[i], self.slos))
                 self._head(i, src, snap)
             self.ratios.show(*metrics)
@@ -144,8 +148,6 @@ class CompareApp(RoseplayApp):
             subtitle = self.agreement.text() if greedy else ""
             if self.ratios.border_subtitle != subtitle:
                 self.ratios.border_subtitle = subtitle
-        if src.kind == "replay":
-            self._replay_notices(src)
 
     def _head(self, i: int, src, snap) -> None:
         t = Text(no_wrap=True, overflow="ellipsis")

@@ -245,6 +245,11 @@ class ReplaySource:
     def paused(self) -> bool:
         return self._paused
 
+    @property
+    def at_end(self) -> bool:
+        """On the last frame: no later frame comes (until played again)."""
+        return self.index + 1 >= len(self.recording)
+
     def position(self) -> str:
         entries = self.recording.entries
         speed = f"  ×{self.speed:g}" if self.speed != 1 else ""

@@ -64,7 +64,19 @@ class TimingHistory:
         within one bucket land on two points, in order: none is lost)."""
         self._pending.append(label)
 
-    def feed(self, snap) -> None:
+    def _take_mark(self, final: bool) -> str | None:
+        """The oldest waiting change, or on the last point all of them (none is lost)."""
+        if not self._pending:
+            return None
+        if not final:
+            return self._pending.popleft()
+        label = " · ".join(self._pending)
+        self._pending.clear()
+        return label
+
+    def feed(self, snap, final: bool = False) -> None:
+        """A point per BUCKET of engine time; `final` (no later frame comes: a replay's
+        last) makes the part bucket a point too while a change waits for one."""
         now, tokens = snap.time, snap.counters.generated_tokens
         if self._t is not None and (now < self._t or tokens < self._tokens):
             self.reset()
@@ -72,7 +84,7 @@ class TimingHistory:
             self._t, self._tokens, self._counters = now, tokens, snap.counters
             self._since = now
             return
-        if now - self._t < BUCKET:
+        if now - self._t < BUCKET and not (final and self._pending and now > self._t):
             return
         dt, dtok = now - self._t, tokens - self._tokens
         add = {k: s.append for k, s in self.series.items()}
@@ -94,7 +106,7 @@ class TimingHistory:
         accept, length = b.spec_acceptance(a)
         add["accept"](100.0 * accept)
         add["alen"](length)
-        self.marks.append(self._pending.popleft() if self._pending else None)
+        self.marks.append(self._take_mark(final))
         self._recent.append((dt, dtok))
         self.rate = sum(b for _, b in self._recent) / max(1e-9, sum(a for a, _ in self._recent))
         self._t, self._tokens, self._counters = now, tokens, snap.counters
@@ -336,10 +348,11 @@ class TimingPanel(Container):
         """Redraw at the next show() (a setting changed, not the data)."""
         self._shown_at = (None, -1.0)
 
-    def show(self, snap, window, throttle: bool = True) -> None:
-        """Feed the history every frame; redraw on a new snapshot, at most every
-        UPDATE_EVERY seconds while `throttle` (a running engine: text changes every frame)."""
-        self.history.feed(snap)
+    def show(self, snap, window, throttle: bool = True, final: bool = False) -> None:
+        """Feed the history every frame (`final`: no later frame comes); redraw on a new
+        snapshot, at most every UPDATE_EVERY seconds while `throttle` (a running engine:
+        text changes every frame)."""
+        self.history.feed(snap, final)
         last_time, last_mono = self._shown_at
         now = time.monotonic()
         if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):

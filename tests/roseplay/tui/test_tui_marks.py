@@ -9,10 +9,11 @@ import re
 import pytest
 
 from roseplay.tui.app import RoseplayApp
+from roseplay.tui.marks import RecordedMarks
 from roseplay.workload.source import ReplaySource
 from roseplay.tui.widgets.requests import RequestList
 from roseplay.tui.widgets.timing import BUCKET, TimeAxis, TimingHistory
-from tests.roseplay.tui.helpers import (fast_idle, live_source, session_snapshot, sync, wait_for,
+from tests.roseplay.tui.helpers import (SESSION, fast_idle, live_source, session_snapshot, sync, wait_for,
                                        widget_text)
 
 pytestmark = pytest.mark.timeout(120)
@@ -20,6 +21,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def _labels(app) -> list[str]:
     return [m for m in app.timing.history.marks if m]
+
+
+def _changes(app) -> list[str]:
+    """The marked changes in order (the last point may carry several, joined)."""
+    return [part for m in _labels(app) for part in m.split(" · ")]
 
 
 def test_two_changes_within_one_bucket_are_two_marks_in_order():
@@ -32,6 +38,44 @@ def test_two_changes_within_one_bucket_are_two_marks_in_order():
     for i in (1, 2, 3):
         history.feed(dataclasses.replace(snap, time=snap.time + i * BUCKET))
     assert list(history.marks) == ["budget 256", "guide 4", None]
+
+
+def test_the_last_frame_puts_waiting_changes_on_a_point():
+    """No frame comes after a replay's last: a change in its part bucket (or several)
+    still gets a point, not a mark that waits forever."""
+    history, snap = TimingHistory(), session_snapshot(12)
+    history.feed(snap)
+    history.feed(dataclasses.replace(snap, time=snap.time + BUCKET))
+    history.mark("budget 256")
+    history.mark("guide 4")
+    near = dataclasses.replace(snap, time=snap.time + 1.2 * BUCKET)
+    history.feed(near)
+    assert list(history.marks) == [None]                 # not yet a bucket: it waits
+    history.feed(near, final=True)
+    assert list(history.marks) == [None, "budget 256 · guide 4"]
+    assert not history._pending
+
+
+def _recorded_labels(recording) -> list[str]:
+    marks = RecordedMarks()
+    return [label for e in recording.entries for label in map(marks.label, e.events) if label]
+
+
+@sync
+async def test_a_replay_that_jumps_to_its_end_in_one_tick_keeps_every_mark():
+    """Played so fast that one refresh crosses every recorded change and the end: the
+    changes are taken before the frame is fed, and the last frame puts them on a point."""
+    replay = RoseplayApp(source=ReplaySource(SESSION, speed=1e4, start_paused=True))
+    async with replay.run_test(size=(120, 40)) as pilot:
+        src = replay.source
+        expected = _recorded_labels(src.recording)
+        assert len(expected) >= 2, expected
+        await pilot.press("space")
+        assert await wait_for(pilot, lambda: src.at_end, 30)
+        replay.refresh_panels()
+        assert _changes(replay) == expected
+        await pilot.press("g", "G")                      # a seek rebuilds: the same changes
+        assert _changes(replay) == expected
 
 
 @sync
@@ -92,10 +136,11 @@ async def test_a_replay_marks_the_recorded_knob_changes_like_the_live_app(monkey
         assert await wait_for(pilot, lambda: src.index + 1 == len(src.recording), played)
         await pilot.pause(0.3)
         replay.refresh_panels()
-        assert _labels(replay) == live                  # played: the same marks
+        assert _changes(replay) == live                 # played: the same marks
         await pilot.press("g", "G")                      # a seek rebuilds the plots
-        assert _labels(replay) == live
+        assert _changes(replay) == live
         axis = widget_text(replay.query_one(TimeAxis))
-        # the newest label whole; the budget's ▲ too unless that label, moved left to fit
-        # the axis's end, lies over it (a loaded box leaves the two marks close)
-        assert "▲guide 4" in axis and axis.count("▲") in (1, 2), axis
+        # the newest label whole (after the budget's on the last point if both fell in its
+        # bucket); the budget's ▲ too unless that label, moved left to fit the axis's end,
+        # lies over it (a loaded box leaves the two marks close)
+        assert re.search(r"▲(budget 256 · )?guide 4", axis) and axis.count("▲") in (1, 2), axis
