@@ -89,6 +89,7 @@ class StaticSource:
 
     kind = "replay"
     paused = True
+    at_end = True           # one frame: none comes after it
 
     def __init__(self, snap, workload: dict | None = None):
         self.snap = snap
