@@ -216,6 +216,9 @@ else:
                                              num_splits=splits, order=order)
         assert torch.equal(plain, ordered), f"seed {seed}"
         live = ctx.clamp(min=1)                      # the fused launch stores at ctx - 1
+        # every row owns the block it stores into (the empty row's table above points at
+        # block 0, another row's: two stores to one slot would make the order matter)
+        k_cache, v_cache, tables = make_paged(live.tolist(), page, h_kv, d, torch.bfloat16)
         positions = live.long() - 1
         slots = tables[torch.arange(len(lens)), positions // page].long() * page \
             + positions % page
