@@ -41,6 +41,7 @@ sys.path.insert(0, HERE)
 import shakespeare_data as sd  # noqa: E402
 from shakespeare_data import (DEFAULT_ASSETS, DEFAULT_DATA, DEFAULT_PROMPTS,  # noqa: E402
                               MODEL_FILES, TOKENIZER_FILES, log)
+from shakespeare_prompts import cmd_prompts  # noqa: E402
 from shakespeare_train import SWEEP_DEFAULT, add_train_args, cmd_sweep, cmd_train  # noqa: E402
 
 
@@ -245,90 +246,6 @@ def cmd_sample(args):
             text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
             log(f"===== prompt {p!r} temperature {temp} =====")
             log(p + text)
-
-
-# ==========================================================================
-# prompts
-
-
-def cmd_prompts(args):
-    import random
-
-    from transformers import AutoTokenizer
-
-    rng = random.Random(args.seed)
-    with open(os.path.join(args.data, "works.json")) as f:
-        works = json.load(f)
-    tok = AutoTokenizer.from_pretrained(os.path.join(args.data, "tokenizer"))
-    ntok = lambda s: len(tok(s).input_ids)  # noqa: E731
-    train = {k: w["text"] for k, w in works.items() if w["split"] == "train"}
-
-    # system prompts: a play's title + dramatis personae (+ first scene heading), 100-250 tokens
-    systems = []
-    for stem in sorted(train):
-        dp = sd.dramatis_personae(train[stem])
-        if not dp:
-            continue
-        lines = dp.rstrip("\n").split("\n")
-        while lines and ntok("\n".join(lines) + "\n") > args.system_max_tokens:
-            lines.pop()
-        text = "\n".join(lines).rstrip() + "\n"
-        n = ntok(text)
-        if args.system_min_tokens <= n <= args.system_max_tokens:
-            systems.append((stem, text, n))
-    rng.shuffle(systems)
-    systems = sorted(systems[: args.n_system])
-
-    # short: SPEAKER.\nfirst line of a speech
-    cands = []
-    for stem, text in sorted(train.items()):
-        for off, who, body in sd.speeches(text):
-            first = body.split("\n")[0].strip()
-            if len(first.split()) >= 5 and not first.startswith("["):
-                cands.append((stem, f"{who}.\n{first}\n"))
-    rng.shuffle(cands)
-    seen, short = set(), []
-    for stem, p in cands:
-        if p in seen:
-            continue
-        seen.add(p)
-        short.append((stem, p))
-        if len(short) == args.n_short:
-            break
-
-    # long: contiguous passages from one speech boundary to another, 300-800 tokens
-    long_ = []
-    stems = sorted(k for k in train if sd.speeches(train[k]))
-    tries = 0
-    while len(long_) < args.n_long and tries < 10000:
-        tries += 1
-        stem = rng.choice(stems)
-        text = train[stem]
-        sp = sd.speeches(text)
-        i = rng.randrange(len(sp) - 1)
-        target = rng.randint(args.long_min_tokens, args.long_max_tokens)
-        j = i + 1
-        while j < len(sp) and ntok(text[sp[i][0]:sp[j][0]]) < target:
-            j += 1
-        if j >= len(sp):
-            continue
-        passage = text[sp[i][0]:sp[j][0]].rstrip("\n") + "\n"
-        n = ntok(passage)
-        if args.long_min_tokens <= n <= args.long_max_tokens and all(passage != p for _, p in long_):
-            long_.append((stem, passage))
-    out = {
-        "system_prompts": [t for _, t, _ in systems],
-        "short": [p for _, p in short],
-        "long": [p for _, p in long_],
-    }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    for k, v in out.items():
-        lens = [ntok(x) for x in v]
-        log(f"{k}: {len(v)} prompts, tokens min {min(lens)} mean {sum(lens) / len(lens):.0f} max {max(lens)}")
-    log("system prompts from:", [s for s, _, _ in systems])
 
 
 # ==========================================================================
