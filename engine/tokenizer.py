@@ -25,6 +25,8 @@ PLAIN_CLASSES = {None, "PreTrainedTokenizerFast", "GPT2Tokenizer", "GPT2Tokenize
 # tokenizer_config options that make transformers change what tokenizer.json does
 ALTERING_OPTIONS = ("add_bos_token", "add_eos_token", "add_prefix_space", "legacy",
                     "do_lower_case", "tokenizer_file")
+# where transformers finds a tokenizer's chat template besides tokenizer_config.json's key
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
 
 
 def resolve_model_path(name: str) -> str:
@@ -58,6 +60,14 @@ class FastTokenizer:
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def chat_template(self):
+        """None where no file of the checkpoint holds a chat template (a server asks at
+        start, and transformers would cost it seconds for that answer); else transformers'."""
+        if not _has_chat_template(self.path):
+            return None
+        return self.__getattr__("chat_template")
+
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
@@ -76,16 +86,28 @@ def _auto_tokenizer(path: str):
                                   f"{type(exc).__name__}: {exc}") from exc
 
 
+def _tokenizer_config(path: str):
+    """tokenizer_config.json's contents ({} without one); None where it is unreadable."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return None
+
+
+def _has_chat_template(path: str) -> bool:
+    if any(os.path.exists(os.path.join(path, f)) for f in CHAT_TEMPLATE_FILES):
+        return True
+    cfg = _tokenizer_config(path)
+    return not isinstance(cfg, dict) or "chat_template" in cfg
+
+
 def _is_plain(path: str) -> bool:
     if not os.path.exists(os.path.join(path, "tokenizer.json")):
         return False
-    try:
-        with open(os.path.join(path, "tokenizer_config.json")) as f:
-            cfg = json.load(f)
-    except FileNotFoundError:
-        cfg = {}
-    except (OSError, ValueError):
-        return False              # let transformers say what is wrong with it
+    cfg = _tokenizer_config(path)      # None: let transformers say what is wrong with it
     return (isinstance(cfg, dict) and cfg.get("tokenizer_class") in PLAIN_CLASSES
             and cfg.get("clean_up_tokenization_spaces") is False
             and not any(k in cfg for k in ALTERING_OPTIONS))

@@ -10,6 +10,7 @@ import os
 import sys
 
 from engine.config import InvalidRequestError
+from roseplay.cli_checks import check_model
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
                                 engine_addresses, engine_kwargs)
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
@@ -122,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         check_front_flags(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if problem := check_model(args.model):      # before an engine process starts for it
+        print(f"roseplay serve: {problem}", file=sys.stderr)
+        return 2
     from roseplay.serve.app import build_app    # lazy: --help needs no engine
     try:
         loop = _engine(args)

@@ -18,7 +18,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _report(*args: str) -> dict:
+# one child compiles every launch asked for (torch and Triton imported once): the
+# script's own flags and --json output, one line each
+MANY = """
+import json, sys
+import kernel_sass
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["kernel_sass.py", "--json", *argv]
+    kernel_sass.main()
+"""
+
+
+def _reports(*argvs: list[str]) -> list[dict]:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     import triton
@@ -26,27 +37,40 @@ def _report(*args: str) -> dict:
     if not (tools / "cuobjdump").exists() or not (tools / "ptxas").exists():
         pytest.skip("Triton's bundled ptxas/cuobjdump are missing")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "kernel_sass.py"), "--json",
-                           *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "scripts"), str(REPO),
+                                                      env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", MANY, json.dumps(argvs)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(argvs):]]
 
 
-def test_fp8_decode_reads_no_bytes_from_shared_memory():
-    rep = _report("--kv", "fp8")
+def _report(*args: str) -> dict:
+    return _reports(list(args))[0]
+
+
+@pytest.fixture(scope="module")
+def fast_reports() -> dict:
+    """The fast tests' launches, compiled in one child: fp8, and a crowded fp8 step's."""
+    import kernels.decode_attention as da
+    crowded = da.CROWDED_FP8
+    fp8, crowd = _reports(["--kv", "fp8"],
+                          ["--kv", "fp8", "--rope", "--block-n", str(crowded["block_n"]),
+                           "--warps", str(crowded["num_warps"])])
+    return {"fp8": fp8, "crowded": crowd}
+
+
+def test_fp8_decode_reads_no_bytes_from_shared_memory(fast_reports):
+    rep = fast_reports["fp8"]
     assert rep["ops"].get("LDS.U8", 0) == 0, rep["ops"]
     assert rep["registers"] <= 128 and rep["stack"] == 0, rep
 
 
-def test_a_crowded_fp8_launch_reads_no_bytes_and_keeps_the_cap():
+def test_a_crowded_fp8_launch_reads_no_bytes_and_keeps_the_cap(fast_reports):
     """The fused launch of a crowded fp8 step (2 warps, 32-token tiles: what qwen3-0.6b
     runs at batch 256) keeps the 16-bit transpose path and the register cap."""
     import kernels.decode_attention as da
-    crowded = da.CROWDED_FP8
-    rep = _report("--kv", "fp8", "--rope", "--block-n", str(crowded["block_n"]),
-                  "--warps", str(crowded["num_warps"]))
+    rep = fast_reports["crowded"]
     assert rep["ops"].get("LDS.U8", 0) == 0, rep["ops"]
     assert rep["registers"] <= da.MAX_REGISTERS, rep
 

@@ -1,5 +1,5 @@
-"""Start-up on a small CPU: the client side of an engine process imports neither torch nor
-transformers; its tokenizer (read with `tokenizers` alone) encodes and decodes as
+"""Start-up on a small CPU: the client side of an engine process (a server's front
+included, its chat template looked up) imports neither torch nor transformers; its tokenizer (read with `tokenizers` alone) encodes and decodes as
 transformers' does; the bundled model's config read from JSON equals AutoConfig's."""
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ REPO = Path(__file__).resolve().parents[3]
 CLIENT_IMPORTS = """
 import json, sys
 import roseplay.workload.source, roseplay.cli, engine.front.client, engine.front.processor, engine.front.stream
-import engine.front.detokenizer
+import engine.front.detokenizer, roseplay.serve.app
 from engine.tokenizer import load_tokenizer
+from roseplay.serve.chat import PLAY_TEMPLATE, pick_template
 tok = load_tokenizer("default")
 tok.decode(tok.encode("ROMEO: what light"), skip_special_tokens=True)
+assert pick_template(tok) == PLAY_TEMPLATE       # what build_app asks at start
 print(json.dumps({m: m in sys.modules for m in ("torch", "transformers")}))
 """
 
@@ -62,6 +64,27 @@ def test_tokenizer_with_altering_options_uses_transformers(tmp_path):
     cfg["add_bos_token"] = True
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
     assert not isinstance(load_tokenizer_dir(str(tmp_path)), FastTokenizer)
+
+
+def test_chat_template_is_transformers_own(tmp_path):
+    """None without a template file or key; else what transformers reads (its key in
+    tokenizer_config.json, or chat_template.jinja, which takes priority)."""
+    from transformers import AutoTokenizer
+
+    from engine.tokenizer import DEFAULT_MODEL_DIR, FastTokenizer, load_tokenizer_dir
+    for name in ("tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((DEFAULT_MODEL_DIR / name).read_bytes())
+    cfg = json.loads((DEFAULT_MODEL_DIR / "tokenizer_config.json").read_text())
+    key = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    for change in (None, lambda: (tmp_path / "tokenizer_config.json").write_text(
+            json.dumps({**cfg, "chat_template": key})),
+            lambda: (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['role'] }}")):
+        if change is not None:
+            change()
+        fast = load_tokenizer_dir(str(tmp_path))
+        assert isinstance(fast, FastTokenizer)
+        want = AutoTokenizer.from_pretrained(str(tmp_path)).chat_template
+        assert fast.chat_template == want and (want is None) == (change is None)
 
 
 def test_bundled_config_equals_autoconfig_on_every_field_the_model_reads():

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from roseplay.cli import main
+from roseplay.serve import cli as serve_cli
 from roseplay.serve.server import bind
 
 
@@ -55,7 +56,7 @@ def test_serve_subprocess_serves_then_exits_on_ctrl_c():
         proc.communicate()           # reaps it and closes the pipe
 
 
-def test_serve_help_and_flag_errors(capsys):
+def test_serve_help_and_flag_errors(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--help"])
     assert exc.value.code == 0
@@ -66,6 +67,8 @@ def test_serve_help_and_flag_errors(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--max-waiting", "-1"])
     assert "max_waiting must be >= 0" in capsys.readouterr().err
+    # a model name that cannot load is refused before an engine process starts for it
+    monkeypatch.setattr(serve_cli, "_engine", lambda args: pytest.fail("an engine started"))
     assert main(["serve", "--model", "dummy:nope", "--device", "cpu"]) == 2
     assert "unknown dummy preset" in capsys.readouterr().err
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import io
+import json
 import subprocess
 import sys
 import time
@@ -117,42 +118,46 @@ async def test_replay_pause_step_and_back_on_its_timeline():
         assert src.index == idx
 
 
-def test_replay_needs_no_torch():
-    code = f"""
-import asyncio, sys
+# one child for both checks: `roseplay --replay` built through the CLI (the app's run
+# replaced: no terminal here), then the app played with keys; the imports after each
+NO_MODEL = f"""
+import asyncio, json, sys
 from roseplay.tui.app import RoseplayApp
 from roseplay.workload.source import ReplaySource
+from roseplay.cli import main
 
-async def main():
+run, RoseplayApp.run = RoseplayApp.run, lambda self: None
+rc = main(["--replay", {SESSION!r}])
+RoseplayApp.run = run
+cli = {{"rc": rc, "torch": "torch" in sys.modules}}
+
+async def play():
     app = RoseplayApp(source=ReplaySource({SESSION!r}, start_paused=True))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("n", "n", "space")
         await pilot.pause(0.3)
         await pilot.press("q")
 
-asyncio.run(main())
+asyncio.run(play())
 bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))
-assert not bad, bad
-print("ok")
+print(json.dumps({{"cli": cli, "bad": bad}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def no_model_run() -> dict:
+    out = subprocess.run([sys.executable, "-c", NO_MODEL], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "ok" in out.stdout
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_cli_replay_does_not_load_a_model(tmp_path):
-    code = f"""
-import sys
-import roseplay.tui.app
-roseplay.tui.app.RoseplayApp.run = lambda self: None     # no terminal here: just build it
-from roseplay.cli import main
-rc = main(["--replay", {SESSION!r}])
-assert rc == 0, rc
-assert "torch" not in sys.modules
-print("ok")
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+def test_replay_needs_no_torch(no_model_run):
+    assert no_model_run["bad"] == []
+
+
+def test_cli_replay_does_not_load_a_model(no_model_run, tmp_path):
+    assert no_model_run["cli"] == {"rc": 0, "torch": False}
     bad = subprocess.run([sys.executable, "-m", "roseplay", "--replay", str(tmp_path / "nope.gz")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "cannot replay" in bad.stderr
