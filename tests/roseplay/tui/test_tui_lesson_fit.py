@@ -125,7 +125,7 @@ async def test_the_help_explains_the_narrow_legend():
     async with app.run_test(size=(120, 40)) as pilot:
         app.push_screen(HelpScreen("live"))
         await pilot.pause()
-        text = " ".join(app.screen.query_one("Markdown").source.split())
+        text = " ".join(app.screen.query_one("#help-body").source.split())
         for words in ("**f** free", "**ev** evicted", "**pre** preempted", "**C** COW"):
             assert words in text
 
