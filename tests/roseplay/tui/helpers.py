@@ -1,6 +1,7 @@
 """Shared helpers for the TUI tests (tests/roseplay/tui/)."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -119,8 +120,11 @@ class StaticSource:
         pass
 
 
+@functools.lru_cache(maxsize=None)
 def session_snapshot(index: int = 12):
-    """Frame `index` of the committed session (a paused replay's snapshot)."""
+    """Frame `index` of the committed session (a paused replay's snapshot). Read once per
+    process: opening a recording decodes and checks every frame (~0.3 CPU-s), and a
+    snapshot is immutable (tests change copies: dataclasses.replace)."""
     from roseplay.workload.replay import Recording
     return Recording(SESSION)[index].snapshot
 
