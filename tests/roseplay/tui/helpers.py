@@ -73,6 +73,16 @@ def fast_idle(monkeypatch) -> None:
     monkeypatch.setattr("textual.pilot.wait_for_idle", wait_for_idle)
 
 
+async def palette_query(pilot, app, query: str) -> None:
+    """Open the command palette with `query` in its input at once: a key typed into the
+    palette redraws the whole screen (~0.1 CPU-s each); test_tui.py's palette test
+    types its queries key by key."""
+    from textual.command import CommandInput
+    await pilot.press("ctrl+p")
+    assert await wait_for(pilot, lambda: bool(app.screen.query(CommandInput)), 30)
+    app.screen.query_one(CommandInput).value = query
+
+
 def screen_text(app) -> str:
     """Every row of the terminal as the user sees it now (all layers composited)."""
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
