@@ -157,6 +157,20 @@ async def press_at_random(pilot, app, keys, *, presses: int, seed: int, resize_e
     assert len(screen_text(app).splitlines()) == 40 and app.return_code is None
 
 
+def steps_then_keys(steps: int, *keys):
+    """A snapshot test's run_before: `steps` replay frames fed to the panels one by one
+    (the `n` key's action: each frame redrawn from the source) with the screen drawn
+    once after them, not after each (a drawn frame costs ~0.1 CPU-s; the `n` key
+    itself: test_tui_features.py), then `keys` as keys_redrawing presses them."""
+    async def run(pilot):
+        pilot.app.refresh_panels()          # the first frame, before any step
+        for _ in range(steps):
+            pilot.app.action_step()
+        await pilot.pause()
+        await keys_redrawing(*keys)(pilot)
+    return run
+
+
 def keys_redrawing(*keys):
     """A snapshot test's run_before: press keys one by one, redrawing from the source
     after each: the timing panel's history must see every replay frame, and the app's
