@@ -49,10 +49,10 @@ async def test_app_serves_at_once_and_panels_render(source):
 
 
 @sync
-async def test_prefix_toggle_reaches_engine_and_knobs_panel(source):
+async def test_prefix_toggle_reaches_engine_and_knobs_panel(paused_source):
+    source = paused_source      # (a knob is applied between steps, paused too)
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
         assert source.loop.engine.knobs.enable_prefix_caching is True
         assert await wait_for(pilot, lambda: re.search(r"ON +enable_prefix_caching",
                                                      widget_text(app.query_one(KnobsPanel))), 3)
@@ -66,12 +66,13 @@ async def test_prefix_toggle_reaches_engine_and_knobs_panel(source):
 
 
 @sync
-async def test_policy_keys_cycle_choice_knobs_in_engine_and_panel(source):
+async def test_policy_keys_cycle_choice_knobs_in_engine_and_panel(paused_source):
     """m / p / e cycle the choice-valued knobs through their `choices` (engine/config.py);
-    the panel shows each value and the knob's help, M / P go back."""
+    the panel shows each value and the knob's help, M / P go back; then the engine
+    serves on (paused while the keys turn them: a knob is applied between steps)."""
+    source = paused_source
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
         panel = lambda: widget_text(app.query_one(KnobsPanel))
         assert re.search(r"budget +scheduling_mode", panel())
         steps = (("m", "scheduling_mode", "prefill-first"), ("m", "scheduling_mode", "mixed-chunk"),
@@ -84,14 +85,15 @@ async def test_policy_keys_cycle_choice_knobs_in_engine_and_panel(source):
             assert await wait_for(pilot, lambda: re.search(rf"{value} +{name}", panel()), 30)
         assert "Which cached prefix block" in panel()          # the eviction knob's help
         before = source.snapshot().counters.finished
+        source.resume()
         assert await wait_for(pilot, lambda: source.snapshot().counters.finished > before + 2)
 
 
 @sync
-async def test_budget_and_max_seqs_keys_reach_engine(source):
+async def test_budget_and_max_seqs_keys_reach_engine(paused_source):
+    source = paused_source      # (a knob is applied between steps, paused too)
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
         assert source.loop.engine.knobs.max_num_batched_tokens == 512
         await pilot.press("plus")              # doubles
         assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 1024)
@@ -210,7 +212,8 @@ async def test_invalid_prompt_shows_error_and_engine_keeps_serving(source):
 
 
 @sync
-async def test_scenario_concurrency_and_rate_keys(source):
+async def test_scenario_concurrency_and_rate_keys(paused_source):
+    source = paused_source      # (the driver's settings: the engine serves them at the end)
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("s")
@@ -228,6 +231,7 @@ async def test_scenario_concurrency_and_rate_keys(source):
         assert await wait_for(pilot, lambda: "1/s" in widget_text(app.query_one(KnobsPanel)), 30)
         await pilot.press("R", "R")             # r cycles back too: 1/s -> ∞ -> 50/s
         assert source.driver.request_rate == 50.0
+        source.resume()
         await _running(pilot, source, 2)
 
 
