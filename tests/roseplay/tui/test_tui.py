@@ -14,8 +14,8 @@ from roseplay.tui.widgets.request_detail import RequestDetail
 from roseplay.tui.widgets.requests import RequestList
 from roseplay.tui.widgets.status import StatusBar
 from roseplay.tui.widgets.step import StepPanel
-from tests.roseplay.tui.helpers import (SIZE, live_source, notices, screen_text, settle, sync,
-                                        wait_for, widget_text)
+from tests.roseplay.tui.helpers import (SIZE, live_source, notices, palette_query, screen_text,
+                                        settle, sync, wait_for, widget_text)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
 
@@ -306,7 +306,7 @@ async def test_typing_a_knob_value_in_the_command_palette(paused_source):
         assert await wait_for(pilot, lambda: "set max_num_seqs = 32" in screen_text(app), 30)
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: source.loop.knobs.max_num_seqs == 32, 30)
-        await pilot.press("ctrl+p", *"budget 0")
+        await palette_query(pilot, app, "budget 0")     # (typed at once: the keys above)
         assert await wait_for(pilot, lambda: "set max_num_batched_tokens = 0" in screen_text(app), 30)
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: "must be >= 1" in notices(app), 30)
