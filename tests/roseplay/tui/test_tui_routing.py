@@ -161,7 +161,6 @@ def test_scaled_blocks_keep_the_states_most_blocks_have():
 @sync
 async def test_the_policy_key_cycles_the_routers_policy_live(app, source):
     dp = source.replicas()
-    source.resume()         # (the next requests go by the new policy)
     async with app.run_test(size=(200, 60)) as pilot:
         await pilot.press("u")
         assert dp.router.policy == "round_robin"
@@ -170,8 +169,10 @@ async def test_the_policy_key_cycles_the_routers_policy_live(app, source):
         assert "routing round_robin" in widget_text(app.status)
         assert re.search(r"u\s+round_robin\s+routing", widget_text(app.knobs))
         assert "round_robin (u)" in widget_text(app.query_one("#replica-totals"))
+        source.resume()
         assert await wait_for(pilot, lambda: list(dp.router.recent)[-1].policy
                               == "round_robin", 60)     # the next requests go by it
+        source.pause()
         await pilot.press("U", "U")
         assert dp.router.policy == "consistent_hash"
         title, run = typed_command(app, "routing least_load")
