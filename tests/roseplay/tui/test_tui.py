@@ -178,13 +178,15 @@ async def test_single_step_advances_exactly_one_step(source):
 
 
 @sync
-async def test_submitted_prompt_appears_and_finishes(source):
+async def test_submitted_prompt_appears_and_finishes(paused_source):
+    source = paused_source      # (typing needs no step; the engine serves the prompt)
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("i")
         assert app.query_one(PromptBar).has_class("-open")
         assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
         await pilot.press(*"to be or not to be")
+        source.resume()
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: (r := source.snapshot().request("you-1")) is not None
                               and r.state == "finished")
