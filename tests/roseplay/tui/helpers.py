@@ -133,7 +133,7 @@ class StaticSource:
 @functools.lru_cache(maxsize=None)
 def session_snapshot(index: int = 12):
     """Frame `index` of the committed session (a paused replay's snapshot). Read once per
-    process: opening a recording decodes and checks every frame (~0.3 CPU-s), and a
+    process: opening a recording decodes and checks every frame (~0.1 CPU-s), and a
     snapshot is immutable (tests change copies: dataclasses.replace)."""
     from roseplay.workload.replay import Recording
     return Recording(SESSION)[index].snapshot
