@@ -13,7 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
-from textual.widgets import Markdown, Static
+from textual.widgets import Static
 
 from roseplay.tui.guides.catalog import GUIDES, ROUTING_GUIDES, describe, split_knobs
 from roseplay.tui.keys import LIST_KEYS, for_mode, knob_key
@@ -187,6 +187,15 @@ def guides_text(kind: str) -> Text:
     return t
 
 
+class MarkdownText(Static):
+    """Markdown drawn by Rich in one widget, its text kept as `source`: Textual's Markdown
+    widget mounts a widget per block, and this help's ~600 took ~1.5 CPU-s to open."""
+
+    def __init__(self, source: str, **kwargs):
+        super().__init__(RichMarkdown(source), **kwargs)
+        self.source = source
+
+
 class HelpScreen(ModalScreen):
     """A scrollable explanation; esc / q / ? close it, a digit picks a guide's setup
     (the app's `pick_guide`)."""
@@ -197,7 +206,9 @@ class HelpScreen(ModalScreen):
                   for g in GUIDES + ROUTING_GUIDES)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen #help-guides, HelpScreen #help-intro { padding: 0 2 1 2; }
+    HelpScreen #help-guides, HelpScreen #help-intro, HelpScreen #help-body {
+        padding: 0 2 1 2;
+    }
     HelpScreen > VerticalScroll {
         width: 90%; max-width: 110; height: 90%;
         border: round $accent; background: $surface; padding: 0 2;
@@ -219,8 +230,9 @@ class HelpScreen(ModalScreen):
                 "## KV cache", 1)
             yield Static(RichMarkdown(intro), id="help-intro")
             yield Static(guides_text(self._kind), id="help-guides")
-            yield Markdown("## KV cache" + panels + keys_markdown(self._kind) + knobs_markdown()
-                           + "\n*esc, q or ? closes this screen.*")
+            yield MarkdownText("## KV cache" + panels + keys_markdown(self._kind)
+                               + knobs_markdown() + "\n*esc, q or ? closes this screen.*",
+                               id="help-body")
 
     def on_mount(self) -> None:
         self.query_one(VerticalScroll).focus()

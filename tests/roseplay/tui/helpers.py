@@ -1,6 +1,7 @@
 """Shared helpers for the TUI tests (tests/roseplay/tui/)."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -72,6 +73,16 @@ def fast_idle(monkeypatch) -> None:
     monkeypatch.setattr("textual.pilot.wait_for_idle", wait_for_idle)
 
 
+async def palette_query(pilot, app, query: str) -> None:
+    """Open the command palette with `query` in its input at once: a key typed into the
+    palette redraws the whole screen (~0.1 CPU-s each); test_tui.py's palette test
+    types its queries key by key."""
+    from textual.command import CommandInput
+    await pilot.press("ctrl+p")
+    assert await wait_for(pilot, lambda: bool(app.screen.query(CommandInput)), 30)
+    app.screen.query_one(CommandInput).value = query
+
+
 def screen_text(app) -> str:
     """Every row of the terminal as the user sees it now (all layers composited)."""
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
@@ -119,8 +130,11 @@ class StaticSource:
         pass
 
 
+@functools.lru_cache(maxsize=None)
 def session_snapshot(index: int = 12):
-    """Frame `index` of the committed session (a paused replay's snapshot)."""
+    """Frame `index` of the committed session (a paused replay's snapshot). Read once per
+    process: opening a recording decodes and checks every frame (~0.1 CPU-s), and a
+    snapshot is immutable (tests change copies: dataclasses.replace)."""
     from roseplay.workload.replay import Recording
     return Recording(SESSION)[index].snapshot
 
@@ -141,6 +155,20 @@ async def press_at_random(pilot, app, keys, *, presses: int, seed: int, resize_e
     app.refresh_panels()
     await pilot.pause()
     assert len(screen_text(app).splitlines()) == 40 and app.return_code is None
+
+
+def steps_then_keys(steps: int, *keys):
+    """A snapshot test's run_before: `steps` replay frames fed to the panels one by one
+    (the `n` key's action: each frame redrawn from the source) with the screen drawn
+    once after them, not after each (a drawn frame costs ~0.1 CPU-s; the `n` key
+    itself: test_tui_features.py), then `keys` as keys_redrawing presses them."""
+    async def run(pilot):
+        pilot.app.refresh_panels()          # the first frame, before any step
+        for _ in range(steps):
+            pilot.app.action_step()
+        await pilot.pause()
+        await keys_redrawing(*keys)(pilot)
+    return run
 
 
 def keys_redrawing(*keys):

@@ -13,7 +13,7 @@ from roseplay.tui.app import RoseplayApp
 from roseplay.tui.compare import CompareReplaySource
 from roseplay.tui.compare_app import CompareApp
 from roseplay.workload.source import ReplaySource
-from tests.roseplay.tui.helpers import DATA, SESSION, keys_redrawing
+from tests.roseplay.tui.helpers import DATA, SESSION, keys_redrawing, steps_then_keys
 
 pytestmark = pytest.mark.timeout(120)
 COMPARE_SESSION = f"{DATA}/compare_session.jsonl.gz"
@@ -24,7 +24,7 @@ def test_snapshot_compare_side_by_side(snap_compare, size):
     """Frame 25 of prefix caching on (A) vs off (B) on shared prefixes, goodput SLOs set."""
     app = CompareApp(source=CompareReplaySource(COMPARE_SESSION, start_paused=True),
                      slos={"ttft": 200.0, "tpot": 50.0})
-    assert snap_compare(app, terminal_size=size, run_before=keys_redrawing(*["n"] * 24))
+    assert snap_compare(app, terminal_size=size, run_before=steps_then_keys(24))
 
 
 def test_snapshot_help_guidance(snap_compare):

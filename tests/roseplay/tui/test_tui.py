@@ -14,8 +14,8 @@ from roseplay.tui.widgets.request_detail import RequestDetail
 from roseplay.tui.widgets.requests import RequestList
 from roseplay.tui.widgets.status import StatusBar
 from roseplay.tui.widgets.step import StepPanel
-from tests.roseplay.tui.helpers import (SIZE, live_source, notices, screen_text, settle, sync,
-                                        wait_for, widget_text)
+from tests.roseplay.tui.helpers import (SIZE, live_source, notices, palette_query, screen_text,
+                                        settle, sync, wait_for, widget_text)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
 
@@ -49,10 +49,10 @@ async def test_app_serves_at_once_and_panels_render(source):
 
 
 @sync
-async def test_prefix_toggle_reaches_engine_and_knobs_panel(source):
+async def test_prefix_toggle_reaches_engine_and_knobs_panel(paused_source):
+    source = paused_source      # (a knob is applied between steps, paused too)
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
         assert source.loop.engine.knobs.enable_prefix_caching is True
         assert await wait_for(pilot, lambda: re.search(r"ON +enable_prefix_caching",
                                                      widget_text(app.query_one(KnobsPanel))), 3)
@@ -66,12 +66,13 @@ async def test_prefix_toggle_reaches_engine_and_knobs_panel(source):
 
 
 @sync
-async def test_policy_keys_cycle_choice_knobs_in_engine_and_panel(source):
+async def test_policy_keys_cycle_choice_knobs_in_engine_and_panel(paused_source):
     """m / p / e cycle the choice-valued knobs through their `choices` (engine/config.py);
-    the panel shows each value and the knob's help, M / P go back."""
+    the panel shows each value and the knob's help, M / P go back; then the engine
+    serves on (paused while the keys turn them: a knob is applied between steps)."""
+    source = paused_source
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
         panel = lambda: widget_text(app.query_one(KnobsPanel))
         assert re.search(r"budget +scheduling_mode", panel())
         steps = (("m", "scheduling_mode", "prefill-first"), ("m", "scheduling_mode", "mixed-chunk"),
@@ -84,14 +85,15 @@ async def test_policy_keys_cycle_choice_knobs_in_engine_and_panel(source):
             assert await wait_for(pilot, lambda: re.search(rf"{value} +{name}", panel()), 30)
         assert "Which cached prefix block" in panel()          # the eviction knob's help
         before = source.snapshot().counters.finished
+        source.resume()
         assert await wait_for(pilot, lambda: source.snapshot().counters.finished > before + 2)
 
 
 @sync
-async def test_budget_and_max_seqs_keys_reach_engine(source):
+async def test_budget_and_max_seqs_keys_reach_engine(paused_source):
+    source = paused_source      # (a knob is applied between steps, paused too)
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await _running(pilot, source)
         assert source.loop.engine.knobs.max_num_batched_tokens == 512
         await pilot.press("plus")              # doubles
         assert await wait_for(pilot, lambda: source.loop.engine.knobs.max_num_batched_tokens == 1024)
@@ -176,13 +178,15 @@ async def test_single_step_advances_exactly_one_step(source):
 
 
 @sync
-async def test_submitted_prompt_appears_and_finishes(source):
+async def test_submitted_prompt_appears_and_finishes(paused_source):
+    source = paused_source      # (typing needs no step; the engine serves the prompt)
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("i")
         assert app.query_one(PromptBar).has_class("-open")
         assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
         await pilot.press(*"to be or not to be")
+        source.resume()
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: (r := source.snapshot().request("you-1")) is not None
                               and r.state == "finished")
@@ -210,7 +214,8 @@ async def test_invalid_prompt_shows_error_and_engine_keeps_serving(source):
 
 
 @sync
-async def test_scenario_concurrency_and_rate_keys(source):
+async def test_scenario_concurrency_and_rate_keys(paused_source):
+    source = paused_source      # (the driver's settings: the engine serves them at the end)
     app = RoseplayApp(source=source)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("s")
@@ -228,6 +233,7 @@ async def test_scenario_concurrency_and_rate_keys(source):
         assert await wait_for(pilot, lambda: "1/s" in widget_text(app.query_one(KnobsPanel)), 30)
         await pilot.press("R", "R")             # r cycles back too: 1/s -> ∞ -> 50/s
         assert source.driver.request_rate == 50.0
+        source.resume()
         await _running(pilot, source, 2)
 
 
@@ -302,7 +308,7 @@ async def test_typing_a_knob_value_in_the_command_palette(paused_source):
         assert await wait_for(pilot, lambda: "set max_num_seqs = 32" in screen_text(app), 30)
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: source.loop.knobs.max_num_seqs == 32, 30)
-        await pilot.press("ctrl+p", *"budget 0")
+        await palette_query(pilot, app, "budget 0")     # (typed at once: the keys above)
         assert await wait_for(pilot, lambda: "set max_num_batched_tokens = 0" in screen_text(app), 30)
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: "must be >= 1" in notices(app), 30)

@@ -44,7 +44,8 @@ def shown_rows(text: str) -> dict[int, tuple[str, str]]:
 
 @sync
 async def test_typed_bias_and_penalty_show_model_and_processed_p():
-    src = live_source(in_process=False, concurrency=1)
+    src = live_source(concurrency=1)    # (in this process: the rows are the point; the
+    #   logprobs crossing the engine's process: test_tui_tokens.py's typed prompt)
     try:
         app = RoseplayApp(source=src)
         async with app.run_test(size=(160, 48)) as pilot:

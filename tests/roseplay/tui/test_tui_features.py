@@ -19,8 +19,9 @@ from roseplay.tui.widgets.events import EventLog
 from roseplay.tui.widgets.kv_map import COW, PREEMPTED, SELECTED, KVMap, styles
 from roseplay.tui.widgets.kv_panel import KVLegend
 from roseplay.tui.widgets.requests import ACTIVE, RequestList, arrange, waiting_reason
-from tests.roseplay.tui.helpers import (SESSION, SIZE, StaticSource, notices, screen_text, session_snapshot,
-                                        sync, wait_for, widget_text)
+from tests.roseplay.tui.helpers import (SESSION, SIZE, StaticSource, notices, palette_query,
+                                        screen_text, session_snapshot, sync, wait_for,
+                                        widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -227,13 +228,11 @@ async def test_command_palette_runs_actions_by_name():
     src = ReplaySource(SESSION, start_paused=True)
     app = RoseplayApp(source=src)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("ctrl+p")
-        await pilot.press(*"zoom timing")
+        await palette_query(pilot, app, "zoom timing")
         assert await wait_for(pilot, lambda: "zoom Timing" in screen_text(app), 30)
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: app.zoom == "timing", 30)
-        await pilot.press("ctrl+p")
-        await pilot.press(*"speed 8")
+        await palette_query(pilot, app, "speed 8")
         assert await wait_for(pilot, lambda: "replay speed 8" in screen_text(app), 30)
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: src.speed == 8.0, 30)

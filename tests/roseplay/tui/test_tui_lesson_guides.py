@@ -139,7 +139,8 @@ async def test_guide_1_puts_chunk_k_of_n_in_view_at_80x24(monkeypatch):
         app = RoseplayApp(source=src)
         async with app.run_test(size=(80, 24)) as pilot:
             app.pick_guide("1")
-            seen = lambda: re.search(r"prefilling +(chunk )?\d+/\d+",    # noqa: E731
+            # (the progress bar may stand between the state and k/n: `prefilling ▋ 3/10`)
+            seen = lambda: re.search(r"prefilling [ ▏▎▍▌▋▊▉█]*(chunk )?\d+/\d+",  # noqa: E731
                                      widget_text(app.query_one(RequestList))) and \
                 "sorted by state" in widget_text(app.query_one(RequestList))
             assert await wait_for(pilot, seen, 60), widget_text(app.query_one(RequestList))

@@ -7,7 +7,7 @@ import pytest
 
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.widgets.prompt_input import PromptBar
-from tests.roseplay.tui.helpers import (notices, screen_text, sync,
+from tests.roseplay.tui.helpers import (notices, palette_query, screen_text, sync,
                                         wait_for)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
@@ -75,10 +75,16 @@ async def test_the_palette_budget_obeys_the_cap_that_plus_stops_at(paused_source
     app = RoseplayApp(source=source)
     cap = source.info.num_blocks * source.info.block_size
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("ctrl+p", *"budget 100000", "enter")
+        await palette_query(pilot, app, "budget 100000")
+        assert await wait_for(pilot, lambda: "max_num_batched_tokens = 100000"
+                              in screen_text(app), 30)
+        await pilot.press("enter")
         assert await wait_for(pilot, lambda: f"at most {cap}" in notices(app), 30), notices(app)
         assert source.knobs.max_num_batched_tokens == 512
-        await pilot.press("ctrl+p", *f"budget {cap}", "enter")
+        await palette_query(pilot, app, f"budget {cap}")
+        assert await wait_for(pilot, lambda: f"max_num_batched_tokens = {cap}"
+                              in screen_text(app), 30)
+        await pilot.press("enter")
         assert await wait_for(pilot, lambda: source.knobs.max_num_batched_tokens == cap, 30)
         source.set_knobs(max_num_batched_tokens=4 * cap)     # as --max-num-batched-tokens may
         await pilot.press("plus")

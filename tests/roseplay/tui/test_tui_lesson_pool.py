@@ -50,8 +50,9 @@ def test_the_bundled_models_recommended_pool_starts_and_serves():
     the loaded engine's exact check (start_live) accepts that pool."""
     from roseplay.workload.source import start_live
     n = _recommended(["--num-blocks", "3"])
+    # in this process: start_live's check is the same, without an engine process's start
     src = start_live(dict(num_blocks=n), scenario="mixed", concurrency=4, input_len=64,
-                     output_len=64, temperature=0.8)
+                     output_len=64, temperature=0.8, in_process=True)
     try:
         deadline = time.monotonic() + 120
         while src.snapshot().counters.finished < 1 and time.monotonic() < deadline:
@@ -60,7 +61,8 @@ def test_the_bundled_models_recommended_pool_starts_and_serves():
     finally:
         src.close()
     with pytest.raises(InvalidRequestError, match=f"use --num-blocks {n} or more"):
-        start_live(dict(num_blocks=n - 1), scenario="mixed", input_len=64, output_len=64)
+        start_live(dict(num_blocks=n - 1), scenario="mixed", input_len=64, output_len=64,
+                   in_process=True)
 
 
 def test_a_scenario_the_pool_cannot_hold_is_refused_when_picked():

@@ -111,7 +111,7 @@ async def test_the_request_list_shows_each_requests_priority(monkeypatch):
 async def test_a_replay_marks_the_recorded_knob_changes_like_the_live_app(monkeypatch, tmp_path):
     fast_idle(monkeypatch)
     path = str(tmp_path / "s.jsonl.gz")
-    src = live_source(record=path)
+    src = live_source(record=path, rate=5.0)    # (the marks need time, not a busy engine)
     app = RoseplayApp(source=src)
     async with app.run_test(size=(160, 48)) as pilot:
         t0 = src.snapshot().time

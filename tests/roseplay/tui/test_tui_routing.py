@@ -1,7 +1,7 @@
 """Data parallelism in the app: each replica's small KV map with its load, the routing
 card of the selected request, and the policy key, checked against the DPClient's own
 replica snapshots and RouteDecisions (two dummy:tiny engine processes, shared by the
-module, paused between tests: only a test's own steps cost CPU)."""
+module, paused but while a test needs steps: only those cost CPU)."""
 from __future__ import annotations
 
 import re
@@ -40,16 +40,19 @@ def source():
 
 @pytest.fixture
 def app(source, monkeypatch):
+    """The app on the module's replicas, paused: a test that needs steps resumes them."""
     fast_idle(monkeypatch)
     source.set_routing_policy("cache_aware")
-    source.resume()
     yield RoseplayApp(source=Borrowed(source))
     source.pause()
 
 
 async def paused(pilot, source) -> list:
-    """Pause both replicas and wait until their snapshots stop moving; their snapshots."""
+    """Run both replicas until 8 requests were routed in all (the first test; later ones
+    find them routed), pause them and wait until their snapshots stop moving; their
+    snapshots."""
     dp = source.replicas()
+    source.resume()
     assert await wait_for(pilot, lambda: sum(dp.router.routed) >= 8, 120)
     source.pause()
     assert await wait_for(pilot, lambda: all(s.paused for s in dp.replica_snapshots()), 30)
@@ -97,7 +100,6 @@ async def test_each_replica_has_its_map_and_its_load(app, source, size):
         assert "replicas" in app.kv.border_title or "× 96 blocks" in app.kv.border_title
         screen = screen_text(app)
         assert "Routing" in screen or size == (80, 24) and "hidden" in screen
-        source.resume()
 
 
 @sync
@@ -122,7 +124,6 @@ async def test_the_routing_card_shows_what_the_router_weighed(app, source):
                              f"{decision.costs[r]:g}"], card
         chosen = app.query_one(f"#replica-load-{decision.chosen}")
         assert any("reverse" in str(s.style) for s in chosen._text.spans)   # marked
-        source.resume()
 
 
 def test_a_card_shows_only_what_its_policy_weighed():
@@ -168,8 +169,10 @@ async def test_the_policy_key_cycles_the_routers_policy_live(app, source):
         assert "routing round_robin" in widget_text(app.status)
         assert re.search(r"u\s+round_robin\s+routing", widget_text(app.knobs))
         assert "round_robin (u)" in widget_text(app.query_one("#replica-totals"))
+        source.resume()
         assert await wait_for(pilot, lambda: list(dp.router.recent)[-1].policy
                               == "round_robin", 60)     # the next requests go by it
+        source.pause()
         await pilot.press("U", "U")
         assert dp.router.policy == "consistent_hash"
         title, run = typed_command(app, "routing least_load")
@@ -184,8 +187,7 @@ async def test_the_policy_key_cycles_the_routers_policy_live(app, source):
 
 @sync
 async def test_a_routing_guide_starts_and_u_measures_its_versus(app, source):
-    dp = source.replicas()
-    source.pause()          # (the guide's setup, its card and the versus need no step)
+    dp = source.replicas()      # (paused: the guide's setup, its card, the versus: no step)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("question_mark")
         await pilot.press("a")

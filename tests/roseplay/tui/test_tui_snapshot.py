@@ -15,7 +15,8 @@ from engine.codes import EV_COW, EV_PREEMPT
 from engine.snapshot import EngineEvent
 from roseplay.tui.app import RoseplayApp
 from roseplay.workload.source import ReplaySource
-from tests.roseplay.tui.helpers import SESSION, StaticSource, keys_redrawing, session_snapshot
+from tests.roseplay.tui.helpers import (SESSION, StaticSource, keys_redrawing, session_snapshot,
+                                        steps_then_keys)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +29,7 @@ def _app() -> RoseplayApp:
 def test_snapshot_replay_mid_run(snap_compare, size):
     """Frame 13: shared-prefix with a 64-token budget, refcount-2 prefix blocks, decoding;
     the second request selected."""
-    assert snap_compare(_app(), terminal_size=size, run_before=keys_redrawing(*["n"] * 12, "down"))
+    assert snap_compare(_app(), terminal_size=size, run_before=steps_then_keys(12, "down"))
 
 
 def test_snapshot_policy_knobs(snap_compare):
