@@ -93,8 +93,10 @@ def test_a_live_recording_of_the_bundled_model_replays_its_text(tmp_path):
 
     from roseplay.workload.source import start_live
     path = str(tmp_path / "live.jsonl.gz")
+    # the engine in this process: the recorder and the replay are the user's; the output
+    # tails crossing an engine process: tests/engine/front/test_engine_contract.py
     src = start_live(dict(num_blocks=512), scenario="shared-prefix", concurrency=2,
-                     input_len=32, output_len=16, record=path)
+                     input_len=32, output_len=16, record=path, in_process=True)
     try:
         deadline = time.monotonic() + 90
         while src.snapshot().counters.finished < 2 and time.monotonic() < deadline:
