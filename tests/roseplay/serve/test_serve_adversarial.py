@@ -23,6 +23,7 @@ import tempfile
 import time
 
 import httpx
+import msgspec
 import pytest
 
 from roseplay.serve.app import DEFAULT_TIMEOUT_KEEP_ALIVE_S
@@ -262,6 +263,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# 69 MiB of JSON a response: msgspec reads it in a third of json's CPU time
+decode = msgspec.json.decode
 ECHO = {"model": "default", "prompt": list(range(1, 1001)), "max_tokens": 2, "echo": True,
         "logprobs": 20, "n": 128, "temperature": 0}
 
@@ -276,13 +279,13 @@ def test_echo_logprobs_with_n_128_is_one_prompt_computation_off_the_loop(served,
         if not stream:
             r = await h.post("/v1/completions", json=ECHO)
             assert r.status_code == 200, r.text[:300]
-            return [c["logprobs"] for c in r.json()["choices"]]
+            return [c["logprobs"] for c in decode(r.content)["choices"]]
         firsts = {}
         async with h.stream("POST", "/v1/completions", json={**ECHO, "stream": True}) as r:
             assert r.status_code == 200
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
-                    for c in json.loads(line[6:])["choices"]:
+                    for c in decode(line[6:])["choices"]:
                         firsts.setdefault(c["index"], c["logprobs"])
         return [firsts[i] for i in range(ECHO["n"])]
     lps, took, worst, gap, answered = run_attack(served, attack)
