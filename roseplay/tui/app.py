@@ -266,7 +266,7 @@ class RoseplayApp(Actions, App):
             self.step_panel.show(snap)
             self.strip.show(snap)
             self.events.show(snap)
-            self.knobs.show(src.knobs, snap.knobs, workload, src.kind == "replay")
+            self.knobs.show(src.knobs, snap.knobs, workload, replay)
             self.timing.show(snap, self.window, throttle=not src.paused,
                              final=replay and src.at_end)
 

@@ -223,7 +223,7 @@ class ReplaySource:
         while self.index + 1 < len(entries) and entries[self.index + 1].t <= now_t:
             self.index += 1
             self.new_events.extend(entries[self.index].events)
-        if self.index + 1 >= len(entries):
+        if self.at_end:
             self._paused = True      # the end: stay on the last frame
 
     def snapshot(self):
@@ -255,7 +255,7 @@ class ReplaySource:
         speed = f"  ×{self.speed:g}" if self.speed != 1 else ""
         cut = "  (cut off here)" if self.recording.end_note else ""
         return (f"{entries[self.index].t:6.1f}/{entries[-1].t:.1f} s  frame {self.index + 1}/"
-                f"{len(entries)}{cut if self.index + 1 == len(entries) else ''}{speed}")
+                f"{len(entries)}{cut if self.at_end else ''}{speed}")
 
     def notice(self) -> str | None:
         """Where a damaged or cut-off recording ends (shown once when the app opens)."""
@@ -265,7 +265,7 @@ class ReplaySource:
         self._paused = True
 
     def resume(self) -> None:
-        if self.index + 1 >= len(self.recording):
+        if self.at_end:
             self.index = 0          # at the end: play again from the start
         self._paused = False
         self._anchor = (time.monotonic(), self.recording.entries[self.index].t)
