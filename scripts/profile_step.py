@@ -73,7 +73,8 @@ def ab_variants(a):
     batches = [int(b) for b in a.batches.split(",")]
     variants = [v.split(",") if v else [] for v in a.variants.split(";")]
     llm = LLM(model=a.model, max_num_batched_tokens=4096, max_num_seqs=max(batches),
-              max_model_len=a.max_model_len, cudagraph_mode="full_decode_only")
+              max_model_len=a.max_model_len, cudagraph_mode="full_decode_only",
+              kv_cache_dtype=a.kv_cache_dtype)
     graphs = llm.engine.executor.runner.graphs
     print(f"{'variant':>7} {'round':>5} {'batch':>6} {'step ms':>8} {'replay ms':>9}")
     for r in range(a.rounds):
@@ -107,6 +108,7 @@ def main():
                          "list of MODULE.NAME=INT; the decode graphs are recaptured for each "
                          "and the variants alternate for --rounds rounds (step/replay only)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
     ap.add_argument("--max-model-len", type=int, default=2048,
                     help="(--variants) sizes the block tables, hence the decode graphs' "
                          "attention splits (the engine's default is 8192)")
@@ -115,7 +117,7 @@ def main():
     if a.variants:
         return ab_variants(a)
     llm = LLM(model=a.model, max_num_batched_tokens=a.prefill_tokens, max_num_seqs=512,
-              max_model_len=2048)
+              max_model_len=2048, kv_cache_dtype=a.kv_cache_dtype)
     print(f"{'batch':>6} {'step ms':>8} {'replay ms':>9} {'host ms':>8}")
     for bs in map(int, a.batches.split(",")):
         fill(llm, bs)

@@ -177,6 +177,23 @@ else:
             assert_close(got, want, dtype, seed, "rms_norm")
 
     @pytest.mark.parametrize("dtype", DTYPES)
+    def test_rms_norm_per_head_over_a_qkv_split(seed, poison, dtype):
+        """qwen3's q/k norms: [T, H, D] views of the fused qkv output (row stride the qkv
+        width), normed in place of a contiguous copy; 5 x 3 rows leave a tile part empty."""
+        t, h, h_kv, d = 5, 3, 1, 32
+        qkv = torch.randn(t, (h + 2 * h_kv) * d).to(dtype)
+        before = qkv.clone()
+        q, k, _ = qkv.split([h * d, h_kv * d, h_kv * d], dim=-1)
+        q, k = q.reshape(t, h, d), k.reshape(t, h_kv, d)
+        assert not q.is_contiguous()
+        w = (1 + 0.1 * torch.randn(d)).to(dtype)
+        for x in (q, k):
+            got = tri.rms_norm(x, w, 1e-6)
+            assert got.shape == x.shape
+            assert_close(got, ref.rms_norm(x.contiguous(), w, 1e-6), dtype, seed, "rms_norm head")
+        assert torch.equal(qkv, before)
+
+    @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("is_neox", [True, False])
     @pytest.mark.parametrize("rot_dim", [32, 16])
     def test_rotary_embedding(seed, poison, dtype, is_neox, rot_dim):

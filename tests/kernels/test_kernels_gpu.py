@@ -92,6 +92,19 @@ def test_rms_norm(tri, seed, dtype, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 256, 8195])
+def test_rms_norm_per_head_over_a_qkv_split(tri, seed, dtype, tokens):
+    """qwen3-0.6b's q/k norms read from the qkv output where they lie (16 + 8 + 8 heads
+    of 128)."""
+    qkv = torch.randn(tokens, 32 * 128, device="cuda").to(dtype)
+    q, k, _ = qkv.split([16 * 128, 8 * 128, 8 * 128], dim=-1)
+    w = (1 + 0.1 * torch.randn(128, device="cuda")).to(dtype)
+    for x in (q.reshape(tokens, 16, 128), k.reshape(tokens, 8, 128)):
+        check(tri.rms_norm(x, w, 1e-6), ref.rms_norm(x.contiguous(), w, 1e-6), dtype, seed,
+              f"rms_norm per head {tuple(x.shape)}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("is_neox,rot_dim", [(True, 128), (False, 128), (True, 64)])
 def test_rotary_embedding(tri, seed, dtype, is_neox, rot_dim):
     t, h, h_kv, d = 1000, 32, 8, 128
