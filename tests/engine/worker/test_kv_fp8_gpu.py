@@ -15,7 +15,15 @@ QWEN = dict(model="dummy:qwen2.5-0.5b", device="cuda", dtype="bfloat16",
             max_num_batched_tokens=2048)
 
 
+def _release():
+    """Free what earlier engines (this file's or another's in the same process) left for
+    the collector: the pool is sized from the memory free at start-up."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def _blocks_and_bytes(**kw):
+    _release()
     llm = LLM(**QWEN, **kw)
     try:      # no reference to the cache may outlive close: it would keep its memory
         cache = llm.engine.executor.runner.kv_cache
@@ -25,8 +33,7 @@ def _blocks_and_bytes(**kw):
     finally:
         llm.engine.close()
         del llm                 # the next engine sizes its pool from the memory free then
-        gc.collect()
-        torch.cuda.empty_cache()
+        _release()
 
 
 def test_fp8_pool_holds_twice_the_blocks():
