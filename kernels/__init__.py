@@ -15,9 +15,14 @@ is called without an order.
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 
 from kernels import reference
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from kernels import interpreter
+    interpreter.patch()
 
 _BACKENDS = {"torch": "kernels.reference", "triton": "kernels.triton_ops",
              "torch_sdpa": "kernels.cpu_ops", "cpu_native": "kernels.cpu_native"}

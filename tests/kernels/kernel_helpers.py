@@ -7,23 +7,9 @@ import random
 
 import pytest
 import torch
-import triton.runtime.interpreter as _interp
 
 from kernels import get_ops
 from kernels import reference as ref
-
-# numpy >= 2.4 refuses int() of a 1-element array, which the Triton 3.6 interpreter
-# does for scalar loop bounds (triton-lang/triton#9171, fixed upstream by #9172).
-_orig_patch_tensor = _interp._patch_lang_tensor
-
-
-def _patch_tensor(tensor, scope):
-    _orig_patch_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__",
-                   lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-_interp._patch_lang_tensor = _patch_tensor
 
 tri = get_ops("triton")
 DTYPES = [torch.float32, torch.float16]
