@@ -7,6 +7,8 @@ after each step; drafts are accepted on repetitive text and counted on /metrics.
 rejection sampler keeps the target distribution (a statistical test against a per-row
 torch reference). Rollback: blocks of rejected slots go back, nothing unverified is hashed."""
 
+from types import SimpleNamespace
+
 import httpx
 import pytest
 import torch
@@ -17,6 +19,7 @@ from engine import LLM, SamplingParams
 from engine.codes import EV_SPEC_VERIFY
 from engine.config import InvalidRequestError, SpeculativeConfig, make_config
 from engine.core.ngram_proposer import propose_ngram
+from engine.core.spec_decode import _until_end
 from engine.front.client import EngineClient
 from engine.worker.rejection import rejection_sample
 from roseplay.serve.app import build_app
@@ -287,7 +290,6 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine(mixed_tokens)
     (without them, as cudagraph_mode full_decode_only: eagerly); greedy tokens equal the
     plain engine's. The fused decode op is the GPU's at its worst order
     (_fused_at_its_worst): plain decode steps take it, verify steps must not."""
-    from types import SimpleNamespace
 
     from engine.worker.cuda_graphs import StepGraphs
     from kernels import reference
@@ -352,6 +354,22 @@ def test_stops_inside_an_accepted_run_end_the_request_there():
                for o in outs]
         assert got == want and all(r == "stop" for _, _, r in got)
         assert llm.engine.counters.spec_decode_num_accepted_tokens > 0
+        # the core ended each request at its stop too: it generated no token past it
+        assert llm.engine.counters.generated_tokens == sum(len(ids) for _, ids, _ in got)
+
+
+def test_a_verified_run_is_cut_at_its_first_stop_and_at_the_length_cap():
+    """What the core keeps of one step's accepted tokens: up to and with the first stop
+    token, at most the room left under the length cap, and always the target's one token
+    (a run's tokens past its end never enter the request, whatever the front cuts)."""
+    def req(num_tokens, cap=100, stops=()):
+        return SimpleNamespace(length_cap=cap, num_tokens=num_tokens, stop_ids=set(stops))
+    assert _until_end(req(10), [5, 6, 7, 8]) == [5, 6, 7, 8]
+    assert _until_end(req(10, stops={6, 8}), [5, 6, 7, 8]) == [5, 6]
+    assert _until_end(req(10, stops={5}), [5, 6, 7]) == [5]
+    assert _until_end(req(97), [5, 6, 7, 8]) == [5, 6, 7]
+    assert _until_end(req(97, stops={7}), [5, 6, 7, 8]) == [5, 6, 7]
+    assert _until_end(req(100), [5, 6]) == [5]
 
 
 def test_seeded_rows_draw_from_their_own_generators():
