@@ -40,5 +40,8 @@ def make_checkpoint(kind: str, path, seed: int = 0, with_tokenizer: bool = False
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.08)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.normal_(1.0, 0.2)     # two different per-head norms (the engine runs both
+                #                         in one launch, a weight row per head)
     model.save_pretrained(path, safe_serialization=True)
     return model

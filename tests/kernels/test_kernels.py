@@ -191,7 +191,14 @@ else:
             got = tri.rms_norm(x, w, 1e-6)
             assert got.shape == x.shape
             assert_close(got, ref.rms_norm(x.contiguous(), w, 1e-6), dtype, seed, "rms_norm head")
+        # q's and k's heads in one call, a weight row per head (float32, as the model's)
+        qk = qkv[:, :(h + h_kv) * d].view(t, h + h_kv, d)
+        rows = 1 + 0.1 * torch.randn(h + h_kv, d)
+        got = tri.rms_norm(qk, rows, 1e-6)
+        assert_close(got, ref.rms_norm(qk.contiguous(), rows, 1e-6), dtype, seed, "per-head w")
         assert torch.equal(qkv, before)
+        with pytest.raises(ValueError, match="per-head weight"):
+            tri.rms_norm(qk, rows[:-1], 1e-6)
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("is_neox", [True, False])

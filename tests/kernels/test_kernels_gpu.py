@@ -102,6 +102,10 @@ def test_rms_norm_per_head_over_a_qkv_split(tri, seed, dtype, tokens):
     for x in (q.reshape(tokens, 16, 128), k.reshape(tokens, 8, 128)):
         check(tri.rms_norm(x, w, 1e-6), ref.rms_norm(x.contiguous(), w, 1e-6), dtype, seed,
               f"rms_norm per head {tuple(x.shape)}")
+    qk = qkv[:, :24 * 128].view(tokens, 24, 128)
+    rows = 1 + 0.1 * torch.randn(24, 128, device="cuda")
+    check(tri.rms_norm(qk, rows, 1e-6), ref.rms_norm(qk.contiguous(), rows, 1e-6), dtype, seed,
+          "rms_norm, a weight row per head")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -57,6 +57,11 @@ class LlamaDecoderLayer(nn.Module):
         if self.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(d))
             self.k_norm = nn.Parameter(torch.ones(d))
+            # q_norm for each query head, then k_norm for each key head: the per-head norms
+            # of q and k run as one rms_norm over the qkv output's first H + H_kv heads
+            # (float32 like the rope table; set from the two by load_weights)
+            self.register_buffer("qk_norm_rows", torch.ones(self.num_heads + self.num_kv_heads,
+                                                            d), persistent=False)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d ** -0.5)
 
     def forward(self, positions, hidden, residual, meta: AttentionMetadata):
@@ -77,13 +82,16 @@ class LlamaDecoderLayer(nn.Module):
                                                 self.qkv_proj.weight, self.qkv_proj.bias,
                                                 residual)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        t = hidden.shape[0]
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        t, heads = hidden.shape[0], self.num_heads
+        if self.qk_norm:        # q's and k's heads normed in one launch
+            qk = qkv[:, :self.q_size + self.kv_size].view(t, heads + self.num_kv_heads,
+                                                          self.head_dim)
+            qk = ops.rms_norm(qk, self.qk_norm_rows, eps)
+            q, k = qk[:, :heads], qk[:, heads:]
+        else:
+            q = q.reshape(t, heads, self.head_dim)
+            k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q = ops.rms_norm(q, self.q_norm, eps)
-            k = ops.rms_norm(k, self.k_norm, eps)
         attn = self._attention(positions, q, k, v, meta)
         hidden = ops.linear(attn.reshape(t, self.q_size), self.o_proj.weight,
                             row_bias(self.o_proj, tp))
@@ -204,4 +212,9 @@ class LlamaForCausalLM(nn.Module):
             fused = stacked[next(iter(got))][0]
             if got == {s for s, (f, _) in stacked.items() if f == fused}:
                 loaded.add(target)
+        for layer in self.layers:
+            if layer.qk_norm:
+                layer.qk_norm_rows.copy_(torch.cat((
+                    layer.q_norm.expand(layer.num_heads, -1),
+                    layer.k_norm.expand(layer.num_kv_heads, -1))))
         return loaded
