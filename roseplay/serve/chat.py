@@ -17,6 +17,9 @@ begin: pass stop=["\\n\\n"] to end it there (the model otherwise goes on with th
 """
 from __future__ import annotations
 
+import functools
+import json
+from datetime import datetime
 from pathlib import Path
 
 from engine.validation import check_text
@@ -59,10 +62,41 @@ def render(tokenizer, template: str, messages: list[dict],
         raise invalid("this model has no tokenizer: /v1/chat/completions needs one (use "
                       "/v1/completions with token-id prompts)", "messages")
     try:
-        text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt,
-                                             tools=tools)
+        if template == PLAY_TEMPLATE:
+            text = _play().render(messages=messages, tools=tools, documents=None,
+                                  add_generation_prompt=add_generation_prompt)
+        else:
+            text = tokenizer.apply_chat_template(messages, chat_template=template,
+                                                 tokenize=False, tools=tools,
+                                                 add_generation_prompt=add_generation_prompt)
     except Exception as exc:   # a template error is the request's (or the template's) fault
         raise invalid(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
     check_text("messages", text)      # a lone surrogate fails in the tokenizer: a 400 here
     return text, list(tokenizer.encode(text, add_special_tokens=False))
+
+
+@functools.cache
+def _play():
+    """PLAY_TEMPLATE compiled in the environment transformers renders chat templates in
+    (a sandbox with trim_blocks, lstrip_blocks and loop controls; `tojson` without HTML
+    escaping, raise_exception, strftime_now), by jinja2 itself: the play template, which
+    a model without its own template gets, then needs no transformers. Importing it cost
+    the first chat request of `roseplay serve` on the bundled model ~5 s on a 2-core box;
+    tests/roseplay/serve/test_chat_render.py holds the two renderings equal."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(PLAY_TEMPLATE)
