@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig, knob_fields
 
@@ -189,3 +190,8 @@ def engine_addresses(args: argparse.Namespace) -> tuple[str | None, list[str] | 
                          "--engine-address given (one replica each; drop "
                          "--data-parallel-size)")
     return None, given
+
+
+def say_on_stderr(prog: str):
+    """A progress callback for attaching to running engines: `prog: text` on stderr."""
+    return lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True)

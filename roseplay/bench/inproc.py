@@ -27,7 +27,8 @@ from engine.config import SchedulerConfig
 from roseplay.bench import report
 from roseplay.bench.args import add_arguments, check_args, parse_ab
 from roseplay.bench.common import arrivals as _arrivals, progress as _progress, workload_items
-from roseplay.cli_flags import engine_addresses, engine_kwargs, goodput_slos
+from roseplay.cli_flags import (engine_addresses, engine_kwargs, goodput_slos,
+                                 say_on_stderr)
 from roseplay.workload.driver import WorkloadDriver
 from roseplay.workload.items import WorkItem
 
@@ -57,13 +58,10 @@ def make_loop(args, **overrides):
     if address:
         print(f"engine listening at {address}: watch it with "
               f"`roseplay --connect {address}`", file=sys.stderr)
+    progress = say_on_stderr("roseplay bench") if attached else None
     return engine_front(address=address, engine_addresses=attached, label="bench",
                         snapshots=bool(address), engine_key=args.engine_key,
-                        on_progress=_say if attached else None, **kwargs)
-
-
-def _say(text: str) -> None:
-    print(f"roseplay bench: {text}", file=sys.stderr, flush=True)
+                        on_progress=progress, **kwargs)
 
 
 class Interrupted(Exception):

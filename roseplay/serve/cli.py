@@ -12,7 +12,7 @@ import sys
 from engine.config import InvalidRequestError
 from roseplay.cli_checks import check_model
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
-                                engine_addresses, engine_kwargs)
+                                engine_addresses, engine_kwargs, say_on_stderr)
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST
 from roseplay.serve.app import (DEFAULT_HTTP, DEFAULT_TIMEOUT_KEEP_ALIVE_S,
@@ -232,13 +232,10 @@ def _engine(args):
         return EngineLoop(**kwargs)
     from engine.front.dp_client import engine_front
     address, attached = engine_addresses(args)
+    progress = say_on_stderr("roseplay serve") if attached else None
     return engine_front(address=address, engine_addresses=attached, label="server",
-                        snapshots=False, engine_key=args.engine_key,
-                        on_progress=_say if attached else None, **kwargs)
-
-
-def _say(text: str) -> None:
-    print(f"roseplay serve: {text}", file=sys.stderr, flush=True)
+                        snapshots=False, engine_key=args.engine_key, on_progress=progress,
+                        **kwargs)
 
 
 def _serve_with_tui(app, args, address: str) -> int:
