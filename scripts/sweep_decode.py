@@ -97,6 +97,11 @@ def time_variant(x, block_n, rope) -> float:
     return statistics.median(times)
 
 
+def _owner(name: str):
+    """The module a grid knob lives in: this script's LONGEST_FIRST, else the kernel's."""
+    return sys.modules[__name__] if name == "LONGEST_FIRST" else da
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,16,64,256")
@@ -121,7 +126,8 @@ def main():
     if a.grid:
         grid = {k: [int(v) for v in vals.split(",")]
                 for k, vals in (item.split("=") for item in a.grid.split(";"))}
-    shipped = {name: getattr(da, name) for name in grid if name not in ("block_n", "LONGEST_FIRST")}
+    knobs = [name for name in grid if name != "block_n"]
+    shipped = {name: getattr(_owner(name), name) for name in knobs}
     for kv_name in a.kv_dtype.split(","):
         kv_dtype = FP8 if kv_name == "fp8" else torch.bfloat16
         for batch in map(int, a.batches.split(",")):
@@ -129,12 +135,9 @@ def main():
             rows = []
             for values in itertools.product(*grid.values()):
                 cfg = dict(zip(grid, values))
-                for name, v in cfg.items():
-                    if name != "block_n":
-                        if name == "LONGEST_FIRST":
-                            globals()["LONGEST_FIRST"] = v
-                            continue
-                        setattr(da, name, v or None if name == "MAX_REGISTERS" else v)
+                for name in knobs:
+                    v = cfg[name]
+                    setattr(_owner(name), name, v or None if name == "MAX_REGISTERS" else v)
                 us = time_variant(x, cfg.get("block_n"), not a.no_rope)
                 rows.append((us, cfg))
                 print(f"{kv_name} batch {batch:4d} {us:8.2f} us  {kv_bytes / us / 1e6:6.2f} TB/s"
@@ -144,8 +147,7 @@ def main():
                   f"{kv_bytes / rows[0][0] / 1e6:.2f} TB/s, best {best[0]:.2f} us "
                   f"{kv_bytes / best[0] / 1e6:.2f} TB/s {best[1]}", flush=True)
             for name, v in shipped.items():
-                setattr(da, name, v)
-            globals()["LONGEST_FIRST"] = 1      # the engine's order again (as shipped)
+                setattr(_owner(name), name, v)
             del x
             torch.cuda.empty_cache()
 
