@@ -77,15 +77,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         raise ValueError(f"a per-head weight {tuple(weight.shape)} needs a [T, H, D] x "
                          f"without residual, got {tuple(x.shape)}")
     src, heads, stride_t, stride_h = _rows_of(x if not has_res else x.reshape(-1, n))
+    rows = src.shape[0] * heads
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    r2 = new_res = out                                      # unused without a residual
     if has_res:
         r2 = residual.reshape(-1, n)
         if r2.stride(-1) != 1:
             r2 = r2.contiguous()
-    rows = src.shape[0] * heads
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    new_res = torch.empty((rows, n), dtype=x.dtype, device=x.device) if has_res else out
-    if not has_res:
-        r2 = out                                            # unused
+        new_res = torch.empty_like(out)
     w = weight if weight.stride(-1) == 1 else weight.contiguous()
     if rows > 0:
         block = next_pow2(n)
