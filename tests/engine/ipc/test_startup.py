@@ -1,6 +1,7 @@
 """Start-up on a small CPU: the client side of an engine process (a server's front
 included, its chat template looked up) imports neither torch nor transformers; its
-tokenizer (read with `tokenizers` alone) encodes and decodes as transformers' does; the bundled model's config read from JSON equals AutoConfig's."""
+tokenizer (read with `tokenizers` alone) encodes and decodes as transformers' does; the
+bundled model's config read from JSON equals AutoConfig's."""
 from __future__ import annotations
 
 import json
