@@ -4,8 +4,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import attrgetter
+from itertools import islice, repeat
+from operator import attrgetter, sub
 
 import msgspec
 from msgspec.structs import force_setattr
@@ -352,7 +352,7 @@ class RequestMetrics:
             return cls(arrival, None, None, None, None, None, (), cached, preemptions,
                        host_cached)
         ttft, tpot, _ = request_latencies(arrival, times)
-        itls = tuple(b - a for a, b in zip(times, times[1:]))
+        itls = tuple(map(sub, islice(times, 1, None), times))
         return cls(arrival, times[0], times[-1], ttft, tpot, times[-1] - arrival, itls,
                    cached, preemptions, host_cached)
 

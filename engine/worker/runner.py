@@ -27,10 +27,10 @@ from engine.worker.placement import attach_kv_cache, resolve_kv_cache_dtype
 from kernels.kv_quant import byte_view
 from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
 from engine.worker.sampling import LogprobsCopy, Sampler, prompt_logprobs
-from engine.worker.step_buffers import device_fed
+from engine.worker.step_buffers import device_fed, gather_fed
 from engine.worker.grammar_mask import masked_logits
 from engine.worker.step_batch import GrammarMask, SamplingColumns, StepBatch
-from engine.worker.warmup import warm_up_attention, warm_up_logits
+from engine.worker.warmup import warm_up_attention, warm_up_logits, warm_up_token_feed
 
 
 def _verified_rows_greedy(batch: StepBatch) -> SamplingColumns:
@@ -83,6 +83,7 @@ class ModelRunner:
                 self.graphs.warm()
             warm_up_attention(self)   # start-up kernel compiles (engine/worker/warmup.py)
             warm_up_logits(self, self.graphs.max_seqs)   # (verify rows included)
+            warm_up_token_feed(self.device, self.graphs.max_seqs)
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
             self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False,
                                      max_verify_rows=max_verify_rows)
@@ -186,7 +187,7 @@ class ModelRunner:
         if batch.prev_rows_in_order and prev_tokens.shape[0] == batch.num_decodes:
             token_source = prev_tokens, None      # (the steady case, without numpy)
         elif batch.prev_token_rows is not None:
-            token_source = self._token_source(batch.prev_token_rows, prev_tokens)
+            token_source = gather_fed(batch.prev_token_rows, prev_tokens)
         lp_rows = batch.prompt_logprob_rows     # prompt_logprobs: eager (rows of any count)
         key = self.graphs.key(batch) if self.graphs is not None and lp_rows is None else None
         if key is not None and not self.scales_pending:
@@ -214,17 +215,6 @@ class ModelRunner:
             for layer in layers:
                 layer.calibrating = False
             self.scales_pending = False
-
-    def _token_source(self, rows: np.ndarray, prev: torch.Tensor) -> tuple:
-        """(tokens, mask): the decodes' inputs gathered from the previous step's samples on
-        the device, and which decode rows take them (None: every row)."""
-        fed = rows >= 0
-        if fed.all():
-            if rows.shape[0] == prev.shape[0] and (rows == np.arange(rows.shape[0])).all():
-                return prev, None
-            return prev.index_select(0, to_device(rows, torch.int64, prev.device)), None
-        src = prev.index_select(0, to_device(np.where(fed, rows, 0), torch.int64, prev.device))
-        return src, to_device(fed, torch.bool, prev.device)
 
     def copy_blocks(self, src: np.ndarray, dst: np.ndarray) -> None:
         """All copy-on-write copies of a step, every layer, K and V: one batched op."""

@@ -24,6 +24,20 @@ from engine.worker.device_io import copy_, device_alias
 from engine.worker.models.layers import AttentionMetadata
 
 
+def gather_fed(rows: np.ndarray, prev: torch.Tensor) -> tuple:
+    """(tokens, mask): the decodes' inputs gathered from the previous step's samples on
+    the device (rows: each decode's sample row there, -1 = not fed), and which decode
+    rows take them (None: every row)."""
+    fed = rows >= 0
+    if fed.all():
+        if rows.shape[0] == prev.shape[0] and (rows == np.arange(rows.shape[0])).all():
+            return prev, None
+        return prev.index_select(0, device_io.to_device(rows, torch.int64, prev.device)), None
+    src = prev.index_select(0, device_io.to_device(np.where(fed, rows, 0), torch.int64,
+                                                   prev.device))
+    return src, device_io.to_device(fed, torch.bool, prev.device)
+
+
 def device_fed(ids: torch.Tensor, token_source: tuple) -> torch.Tensor:
     """The decode rows' input ids with the device-fed ones (async scheduling) put in:
     token_source = (tokens gathered from the previous step's samples, row mask or None)."""

@@ -13,13 +13,21 @@ sample, and for the first replay of each CUDA graph, which uploads it to the dev
 W1's first timed run, the first to reach 256 sampled rows, ran 15 % slower than the
 next four (H100, 2026-11-23; warming a few row counts and the graphs did not remove
 that, so every row count is warmed now).
+
+And for the previous step's samples fed to the next step's decodes out of order (a
+request finished or joined under async scheduling): their gather and select kernels,
+and the pinned buffers of their row indices, are first met at W1's first finish,
+which stalled the device for 11-16 ms there (H200, 2026-11-28, scripts/gpu_idle.py).
 """
 from __future__ import annotations
 
 import inspect
 import time
 
+import numpy as np
 import torch
+
+from engine.worker.step_buffers import device_fed, gather_fed
 
 
 @torch.inference_mode()
@@ -91,4 +99,25 @@ def warm_up_logits(runner, max_rows: int) -> float:
     for rows in sorted(set(every + list(range(every[-1], max_rows + 1, 32)) + [max_rows])):
         model.compute_logits(*[hidden[:rows]] * inputs).argmax(dim=-1)
     torch.cuda.synchronize(runner.device)
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def warm_up_token_feed(device: torch.device, max_rows: int) -> float:
+    """Feed the previous step's samples to decode rows out of order (gather_fed: a
+    gather) and with a row not fed (a mask and a select: device_fed) at every power of
+    two rows up to max_rows, so the kernels and the pinned index buffers of each size
+    class exist before serving; returns seconds taken."""
+    t0 = time.perf_counter()
+    prev = torch.zeros(max_rows, dtype=torch.int64, device=device)
+    n = 1
+    while True:
+        rows = np.arange(n - 1, -1, -1)                 # reversed: not one to one
+        device_fed(prev, gather_fed(rows, prev[:n]))
+        rows[-1] = -1                                   # a row the samples do not feed
+        device_fed(prev, gather_fed(rows, prev[:n]))
+        if n >= max_rows:
+            break
+        n = min(2 * n, max_rows)
+    torch.cuda.synchronize(device)
     return time.perf_counter() - t0
