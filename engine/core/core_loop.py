@@ -5,8 +5,9 @@ the main loop of the engine-core process (engine/ipc/core_proc.py). Transports p
 requests and commands (engine/commands.py; any thread); the loop applies them in
 `handle` before its next step, so a knob change takes effect at the next step and
 nothing touches engine state concurrently. After each step it hands the StepOutput to
-`on_output` and, at most every `snapshot_interval` seconds (every step while paused),
-publishes a fresh immutable snapshot by swapping a reference: readers never lock.
+`on_output` and, at most every `snapshot_interval` seconds (every step and command
+while paused, and the unchanged state again every PAUSED_REPUBLISH), publishes a fresh
+immutable snapshot by swapping a reference: readers never lock.
 While paused the serving clock stops (engine/core/clock.py) and runs only during single steps.
 """
 from __future__ import annotations
@@ -30,6 +31,10 @@ from engine.engine_stats import EngineStats
 SNAPSHOT_BUDGET = 0.03    # the most of the engine thread's time that snapshots may take
 STATS_INTERVAL = 0.05     # EngineStats at most 20 Hz while busy (a Prometheus scrape is
 STATS_IDLE_INTERVAL = 1.0  # seconds apart); idle: once on going idle, then this often
+# Paused, the state changes only by a command or a single step, and each publishes at
+# once; between them the same state is published again this often (a subscriber that
+# joined late, or a dropped frame, still gets it), not at the UI's rate
+PAUSED_REPUBLISH = 1.0
 Reply = Callable[[object], None]   # StepOnce: reply(None) after the step; Barrier: reply(snapshot)
 
 
@@ -232,7 +237,8 @@ class CoreLoop:
             # snapshot (a full pool, hundreds of requests) comes less often, a cheap one
             # at the UI's rate; paused or single-stepping, every step still publishes
             cost = done - now + self.publish_cost
-            self._next_publish = now + max(self.snapshot_interval, cost / SNAPSHOT_BUDGET)
+            interval = PAUSED_REPUBLISH if self._paused else self.snapshot_interval
+            self._next_publish = now + max(interval, cost / SNAPSHOT_BUDGET)
             if self.on_snapshot is not None:
                 self.on_snapshot(self._snapshot)
 

@@ -15,6 +15,7 @@ from collections import deque
 from typing import Callable
 
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
@@ -86,6 +87,7 @@ class RoseplayApp(Actions, App):
         self.messages: deque = deque(maxlen=MESSAGES_KEPT)     # (severity, text)
         self._note_shown = None
         self.layout_note = ""
+        self._input_seen = False   # a key, mouse or resize event since the last frame
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -236,7 +238,25 @@ class RoseplayApp(Actions, App):
         self._skipped = 0
         self._layout_if_resized()
         self.show_message_line()
-        self.refresh_panels()
+        if not self._unchanged():
+            self.refresh_panels()
+
+    def _unchanged(self) -> bool:
+        """Nothing new to draw: the source's snapshot is the one on screen and no input
+        came since (a paused engine publishes again only on a command, a step, or once a
+        second: engine/core/core_loop.py PAUSED_REPUBLISH). A paused roseplay then
+        redraws its panels once a second, not at the timer's rate."""
+        seen, self._input_seen = self._input_seen, False
+        src = self.source
+        return not seen and src is not None and self.snapshot is not None \
+            and src.snapshot() is self.snapshot
+
+    async def on_event(self, event: events.Event) -> None:
+        """Every key, mouse and resize event reaches the app first (then its widgets):
+        the next frame redraws whatever it changed."""
+        if isinstance(event, (events.InputEvent, events.Resize)):
+            self._input_seen = True
+        await super().on_event(event)
 
     def refresh_panels(self) -> None:
         src = self.source

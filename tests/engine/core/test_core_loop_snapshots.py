@@ -50,3 +50,22 @@ def test_an_unwatched_loop_builds_snapshots_only_when_its_state_changed():
         loop.watch(True)
         _idle_stats(loop, 1)
         assert len(builds) > 2, "a watched idle loop stopped refreshing its snapshot"
+
+
+def test_a_paused_watched_loop_republishes_its_state_once_a_second_not_per_tick():
+    """Paused, nothing changes but by a command or a step (each publishes at once), so
+    the idle ticks only publish the same state again every PAUSED_REPUBLISH (a late or
+    dropped subscriber still gets it): about once per idle-stats second, not at the UI's
+    rate. A loaded machine only makes fewer of them."""
+    with EngineLoop(model="dummy:tiny", device="cpu", num_blocks=64) as loop:
+        loop.watch(True)
+        loop.pause()
+        assert loop.wait_idle(60)
+        builds = _count_builds(loop)
+        _idle_stats(loop, 3)
+        assert 1 <= len(builds) <= 5, builds
+        seen = len(builds)
+        loop.set_knobs(max_num_seqs=3)       # a command: published at once
+        assert loop.wait_idle(60)
+        assert len(builds) > seen and loop.snapshot().knobs.max_num_seqs == 3
+        assert loop.snapshot().paused
