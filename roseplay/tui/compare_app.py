@@ -121,6 +121,12 @@ class CompareApp(RoseplayApp):
         self.layout_plan, self._laid_out = note, self.size
 
     # -- the pull loop ---------------------------------------------------------------------
+    def _unchanged(self) -> bool:
+        """Every frame is drawn: the base class's test reads one engine's snapshot, and
+        here either engine may have moved."""
+        self._input_seen = False
+        return False
+
     def refresh_panels(self) -> None:
         src = self.source
         if src is None:
