@@ -119,6 +119,10 @@ else:
         "one-chunk": [(21, 40)],
         "decodes-only": [(1, 1), (1, 33), (1, 8)],
         "boundaries": [(1, 32), (8, 16), (16, 32), (1, 15), (3, 17)],
+        # one-token sequences after a chunk (a chunk's last token, a decode after a
+        # verify), and an unused slot whose qsl[b + 1] == b + 1 (qsl [0, 1, 3, 3, ...])
+        "one-token-after-chunk": [(1, 5), (3, 3), (1, 20), (1, 9)],
+        "unused-after-chunk": [(1, 5), (2, 9)],
     }
 
     def _step(mix, block_size, h, h_kv, d, dtype, pad_tokens, pad_seqs):
@@ -144,6 +148,16 @@ else:
         want = unified_attention_reference(q, kc, vc, tables, qsl, lens, scale)
         assert_close(out[:real], want[:real], dtype, seed, mix)
         assert torch.isnan(out[real:]).all(), "padding rows must not be written"
+
+    def test_more_sequence_slots_than_tokens(seed, poison):
+        """A capacity of 3 tokens and 6 sequences (three decodes, three unused slots): the
+        grid's spare programs read no row past the tokens."""
+        mix = [(1, 4), (1, 19), (1, 2)]
+        q, kc, vc, tables, qsl, lens, real = _step(mix, 8, 4, 2, 16, torch.float32, 0, 3)
+        out = paged_unified_attention(q, kc, vc, tables, qsl, lens, 0.25)
+        want = unified_attention_reference(q, kc, vc, tables, qsl, lens, 0.25)
+        assert out.shape[0] == real == 3
+        assert_close(out, want, torch.float32, seed, str(mix))
 
     def test_same_launch_shape_for_any_mix(seed, poison):
         """One capacity (T = 24 tokens, S = 6 sequences), three mixes: all correct, so a
