@@ -11,6 +11,7 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py --kv-events          # + KV events published
     python scripts/host_step_profile.py --front              # + the front's output processing
     python scripts/host_step_profile.py --device-ms 0.75     # + an emulated device's time
+    python scripts/host_step_profile.py --burst 3 --front    # W1's shape: finishing steps
 
 --speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
 cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
@@ -185,7 +186,8 @@ def _drop(event) -> None:
     """A finished request's final event, dropped (LLM.generate keeps its output)."""
 
 
-def run(args) -> dict:
+def make_engine(args):
+    """(engine, oracle, KV event publisher) as the options ask, the forward stubbed."""
     torch.set_num_threads(1)   # the host thread's work only (no intra-op pool spinning)
     oracle = OracleProposer(p=args.oracle_p) if args.speculative else None
     spec = {}
@@ -204,6 +206,11 @@ def run(args) -> dict:
     publisher = attach_publisher(engine) if args.kv_events else None
     gc.collect()
     gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
+    return engine, oracle, publisher
+
+
+def run(args) -> dict:
+    engine, oracle, publisher = make_engine(args)
     loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len,
                       front=args.front)
     for _ in range(args.warmup_steps):
@@ -236,6 +243,38 @@ def run(args) -> dict:
             "median_step_ms": 1e3 * statistics.median(steps),
             "steps_per_s": args.steps / wall,
             "tok_per_s": tokens / wall, "tok_per_step": tokens / args.steps}
+
+
+def burst(args) -> None:
+    """--burst R: W1's shape instead of the closed loop: --concurrency requests at once,
+    run to the end, R times (the first a warm-up). Prints the median host ms of the
+    steps in which requests finished and of the plain decode steps (no request waiting
+    or prefilling before the step, none finishing)."""
+    engine, _, _ = make_engine(args)
+    front = OutputProcessor(engine.tokenizer) if args.front else None
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    rng = np.random.default_rng(0)
+    kinds = {"finishing": [], "decode": []}
+    for r in range(args.burst):
+        for i in range(args.concurrency):
+            ids = tuple(rng.integers(100, 30000, args.input_len).tolist())
+            creq = CoreRequest(f"b{r}-{i}", ids, params, time.perf_counter())
+            if front is not None:
+                front.add(creq, None, None, _drop)
+            engine.add(creq)
+        sched = engine.scheduler
+        while engine.has_unfinished():
+            prefill = bool(sched.waiting) or any(q.num_uncomputed > 1 for q in sched.running)
+            t = time.perf_counter()
+            out = engine.step()
+            if front is not None:
+                front.process(out)
+            took = time.perf_counter() - t
+            if r and (out.finished or not prefill):
+                kinds["finishing" if out.finished else "decode"].append(took)
+    for kind, took in kinds.items():
+        print(f"{kind} steps: {len(took)}, median host {1e3 * statistics.median(took):.3f} ms "
+              f"({1e3 * min(took):.3f}..{1e3 * max(took):.3f})")
 
 
 def measure_tree(tree: str, args) -> dict:
@@ -301,12 +340,18 @@ def main(argv=None) -> int:
                    help="KV events on, published by the engine process's publisher")
     p.add_argument("--front", action="store_true",
                    help="+ the front's output processing of each step (LLM.generate's)")
+    p.add_argument("--burst", type=int, default=0, metavar="R",
+                   help="W1's shape: --concurrency requests at once, to the end, R rounds "
+                        "(the first a warm-up); host ms of finishing and decode steps")
     p.add_argument("--trees", nargs="+", metavar="DIR",
                    help="checkouts to compare (interleaved runs of this measurement)")
     p.add_argument("--runs", type=int, default=5, help="rounds over --trees")
     args = p.parse_args(argv)
     if args.trees:
         return compare_trees(args)
+    if args.burst:
+        burst(args)
+        return 0
     runs = [run(args) for _ in range(args.repeat)]
     ms = sorted(r["ms_per_step"] for r in runs)
     for r in runs:
