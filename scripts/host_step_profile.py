@@ -251,24 +251,18 @@ def burst(args) -> None:
     steps in which requests finished and of the plain decode steps (no request waiting
     or prefilling before the step, none finishing)."""
     engine, _, _ = make_engine(args)
-    front = OutputProcessor(engine.tokenizer) if args.front else None
-    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    rng = np.random.default_rng(0)
-    kinds = {"finishing": [], "decode": []}
+    # the closed loop's requests (distinct prompts, its front), submitted by hand
+    loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
+    sched, kinds = engine.scheduler, {"finishing": [], "decode": []}
     for r in range(args.burst):
-        for i in range(args.concurrency):
-            ids = tuple(rng.integers(100, 30000, args.input_len).tolist())
-            creq = CoreRequest(f"b{r}-{i}", ids, params, time.perf_counter())
-            if front is not None:
-                front.add(creq, None, None, _drop)
-            engine.add(creq)
-        sched = engine.scheduler
+        for _ in range(args.concurrency):
+            loop.submit()
         while engine.has_unfinished():
             prefill = bool(sched.waiting) or any(q.num_uncomputed > 1 for q in sched.running)
             t = time.perf_counter()
             out = engine.step()
-            if front is not None:
-                front.process(out)
+            if loop.front is not None:
+                loop.front.process(out)
             took = time.perf_counter() - t
             if r and (out.finished or not prefill):
                 kinds["finishing" if out.finished else "decode"].append(took)

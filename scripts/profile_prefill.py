@@ -82,7 +82,8 @@ def main():
     weights = 2 * sum(p.numel() for p in model.parameters()) * a.tokens
     mm = matmul_flops(model, a.tokens, a.tokens // 512)
     print(f"prefill {a.tokens} tokens + {a.decode_rows} decodes: {med * 1e3:.2f} ms "
-          f"({min(times) * 1e3:.2f}..{max(times) * 1e3:.2f}) over {a.repeat}; {weights / med / 1e12:.0f} TFLOP/s on "
+          f"({min(times) * 1e3:.2f}..{max(times) * 1e3:.2f}) over {a.repeat}; "
+          f"{weights / med / 1e12:.0f} TFLOP/s on "
           f"weights ({weights / max(times) / 1e12:.0f}..{weights / min(times) / 1e12:.0f}), "
           f"{mm / med / 1e12:.0f} TFLOP/s of matmuls run")
     if a.no_profile:

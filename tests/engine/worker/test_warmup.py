@@ -1,4 +1,5 @@
-"""engine/worker/warmup.py's LM-head warm-up: which row counts it runs (CPU, the sync stubbed)."""
+"""engine/worker/warmup.py's LM-head and token-feed warm-ups: which row counts they run
+(CPU, the sync stubbed), and the token feed they warm (step_buffers.gather_fed)."""
 from __future__ import annotations
 
 import numpy as np
