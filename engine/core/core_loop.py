@@ -35,6 +35,8 @@ STATS_IDLE_INTERVAL = 1.0  # seconds apart); idle: once on going idle, then this
 # once; between them the same state is published again this often (a subscriber that
 # joined late, or a dropped frame, still gets it), not at the UI's rate
 PAUSED_REPUBLISH = 1.0
+# however costly a snapshot, a watcher sees the engine at least this often
+SNAPSHOT_MAX_INTERVAL = 1.0
 Reply = Callable[[object], None]   # StepOnce: reply(None) after the step; Barrier: reply(snapshot)
 
 
@@ -230,15 +232,19 @@ class CoreLoop:
     def _publish(self, force: bool = False) -> None:
         now = time.perf_counter()
         if force or (self.publish_snapshots and now >= self._next_publish):
+            cpu = time.thread_time()
             self._snapshot = self.engine.snapshot(paused=self._paused)
-            done = time.perf_counter()
-            self.engine.counters.snapshot_build_us += int((done - now) * 1e6)
+            self.engine.counters.snapshot_build_us += int((time.perf_counter() - now) * 1e6)
             # watching may cost the engine at most SNAPSHOT_BUDGET of its time: a costly
             # snapshot (a full pool, hundreds of requests) comes less often, a cheap one
-            # at the UI's rate; paused or single-stepping, every step still publishes
-            cost = done - now + self.publish_cost
+            # at the UI's rate; paused or single-stepping, every step still publishes.
+            # The cost is CPU time: a build stretched by a wait for the GIL or a loaded
+            # CPU costs the engine nothing, and 1 s of such waiting once put the next
+            # snapshot 33 s away
+            cost = time.thread_time() - cpu + self.publish_cost
             interval = PAUSED_REPUBLISH if self._paused else self.snapshot_interval
-            self._next_publish = now + max(interval, cost / SNAPSHOT_BUDGET)
+            self._next_publish = now + min(SNAPSHOT_MAX_INTERVAL,
+                                           max(interval, cost / SNAPSHOT_BUDGET))
             if self.on_snapshot is not None:
                 self.on_snapshot(self._snapshot)
 

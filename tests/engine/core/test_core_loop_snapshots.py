@@ -69,3 +69,26 @@ def test_a_paused_watched_loop_republishes_its_state_once_a_second_not_per_tick(
         assert loop.wait_idle(60)
         assert len(builds) > seen and loop.snapshot().knobs.max_num_seqs == 3
         assert loop.snapshot().paused
+
+
+def test_a_build_that_waits_does_not_postpone_the_next_snapshot():
+    """A build stretched by waiting (for the GIL or a loaded CPU) costs the engine no CPU:
+    the next snapshot stays due at the usual rate. Its wall time once counted as cost,
+    and 1 s of waiting put the next snapshot 33 s away (a TUI frozen mid-lesson)."""
+    with EngineLoop(model="dummy:tiny", device="cpu", num_blocks=64) as loop:
+        loop.pause()
+        assert loop.wait_idle(60)
+        builds, real = [], loop.engine.snapshot
+
+        def waits_once(*args, **kwargs):
+            builds.append(1)
+            if len(builds) == 1:
+                time.sleep(1.5)          # a wait, not work
+            return real(*args, **kwargs)
+        loop.engine.snapshot = waits_once
+        loop.set_knobs(max_num_seqs=3)   # a command publishes at once: the slow build
+        deadline = time.monotonic() + 20
+        while len(builds) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(builds) >= 2, "the periodic republish waited 1.5 s / SNAPSHOT_BUDGET"
+        assert loop.snapshot().knobs.max_num_seqs == 3

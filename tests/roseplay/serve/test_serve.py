@@ -281,7 +281,9 @@ def test_metrics_running_gauge_during_a_stream(server, loop):
             state = getattr(loop.snapshot().request(rid + "-0"), "state", None)
             time.sleep(0.01)
         assert state == "decoding"
-        m = scrape(server)
+        while (m := scrape(server))["vllm:num_requests_running"] < 1 \
+                and time.monotonic() < deadline:   # EngineStats: at most 20 Hz while busy
+            time.sleep(0.01)
         assert m["vllm:num_requests_running"] >= 1 and m["vllm:kv_cache_usage_perc"] > 0
         assert sum(1 for line in lines if line == "data: [DONE]") == 1
     wait_idle(loop)
