@@ -167,7 +167,8 @@ def test_the_openai_client_streams_a_chat_with_usage(server):
 def test_server_histograms_agree_with_the_client(server):
     """The server times a request from its arrival in the front to the engine's token
     timestamps; the client from sending to reading. The server's figures can only be
-    smaller, by the HTTP path's overhead (generous bounds: 2 shared CPU cores)."""
+    smaller, by the HTTP path's overhead, which a loaded machine stretches without bound
+    (1.8 s of 1.9 s once): no upper bound on the difference is asserted."""
     reqs = [(i, {"model": "default", "prompt": f"{PROMPT}{i}", "max_tokens": 16,
                  "temperature": 0, "ignore_eos": True, "stream": True,
                  "stream_options": {"include_usage": True}}, None) for i in range(24)]
@@ -188,9 +189,8 @@ def test_server_histograms_agree_with_the_client(server):
     assert d[name.format("inter_token_latency", "count")] == 24 * 15
     for k in ("ttft", "e2e"):
         assert 0 < server_[k] <= client[k] + 0.005, (k, server_, client)
-        assert client[k] - server_[k] < max(1.0, 0.5 * client[k]), (k, server_, client)
-    assert abs(client["tpot"] - server_["tpot"]) < max(0.05, 0.5 * server_["tpot"]), \
-        (server_, client)
+    # a request's 15 gaps fit between its first token and its finish
+    assert 0 < 15 * server_["tpot"] <= server_["e2e"] - server_["ttft"] + 1e-6, server_
 
 
 def test_finished_requests_send_the_engine_no_abort(server, loop, monkeypatch):
