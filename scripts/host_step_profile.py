@@ -254,7 +254,10 @@ def burst(args) -> None:
     # the closed loop's requests (distinct prompts, its front), submitted by hand
     loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
     sched, kinds = engine.scheduler, {"finishing": [], "decode": []}
+    prof = cProfile.Profile() if args.profile else None
     for r in range(args.burst):
+        if prof and r == 1:
+            prof.enable()       # every step after the warm-up round
         for _ in range(args.concurrency):
             loop.submit()
         while engine.has_unfinished():
@@ -266,6 +269,9 @@ def burst(args) -> None:
             took = time.perf_counter() - t
             if r and (out.finished or not prefill):
                 kinds["finishing" if out.finished else "decode"].append(took)
+    if prof:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     for kind, took in kinds.items():
         print(f"{kind} steps: {len(took)}, median host {1e3 * statistics.median(took):.3f} ms "
               f"({1e3 * min(took):.3f}..{1e3 * max(took):.3f})")

@@ -88,12 +88,16 @@ class BlockPool:
                 self._cached_mask[block] = False
                 return block
 
-    def _make_cached(self, block: int) -> None:
-        self._released += 1
-        self._cached[block] = self._released
-        self._cached_mask[block] = True
+    def _make_cached(self, blocks: list[int]) -> None:
+        """The blocks (refcount 0, indexed) become evictable, in this release order."""
+        first = self._released + 1
+        self._released += len(blocks)
+        self._cached.update(zip(blocks, range(first, first + len(blocks))))
+        self._cached_mask[blocks] = True
         if self._lfu is not None:
-            heapq.heappush(self._lfu, (int(self.lifetimes.num_hits[block]), self._released, block))
+            hits = self.lifetimes.num_hits
+            for seq, block in enumerate(blocks, first):
+                heapq.heappush(self._lfu, (int(hits[block]), seq, block))
             if len(self._lfu) > 2 * len(self._cached) + 64:     # drop stale entries
                 self._lfu = [e for e in self._lfu if self._cached.get(e[2]) == e[1]]
                 heapq.heapify(self._lfu)
@@ -190,19 +194,21 @@ class BlockPool:
             self.lifetimes.on_hit(block, now)
 
     def decref(self, block: int) -> None:
-        rc = self.refs[block] - 1
-        assert rc >= 0, f"block {block} refcount underflow"
-        self.refs[block] = rc
-        if rc == 0:
-            if block in self.index:
-                self._make_cached(block)
-            else:
-                self._free.append(block)
+        self.release((block,))
 
-    def release(self, blocks: list[int]) -> None:
-        """Drop one reference to each block; tail blocks first so they are evicted first."""
+    def release(self, blocks) -> None:
+        """Drop one reference to each block; tail blocks first so they are evicted first.
+        One pass, the cached ones made evictable together: a finishing request's ~40
+        blocks were most of its host cost, one decref call each."""
+        refs, indexed, free, cached = self.refs, self.index.key_of, self._free, []
         for block in reversed(blocks):
-            self.decref(block)
+            rc = refs[block] - 1
+            if rc <= 0:
+                assert rc == 0, f"block {block} refcount underflow"
+                (cached if block in indexed else free).append(block)
+            refs[block] = rc
+        if cached:
+            self._make_cached(cached)
 
     def clear_cache(self) -> int:
         """Forget every cached prefix; cached-unreferenced blocks become free."""

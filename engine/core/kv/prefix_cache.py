@@ -20,35 +20,37 @@ from engine.block_hash import ROOT_HASH, block_key, key_tokens  # noqa: F401  (r
 class PrefixCache:
     def __init__(self):
         self._block_of: dict[bytes, int] = {}   # key -> block
-        self._key_of: dict[int, bytes] = {}     # block -> key
+        # block -> key; read-only outside: `block in key_of` is the membership test
+        # of a loop over many blocks (no method call per block)
+        self.key_of: dict[int, bytes] = {}
 
     def __len__(self) -> int:
-        return len(self._key_of)
+        return len(self.key_of)
 
     def __contains__(self, block: int) -> bool:
-        return block in self._key_of
+        return block in self.key_of
 
     def get(self, key: bytes) -> int | None:
         return self._block_of.get(key)
 
     def insert(self, key: bytes, block: int) -> bool:
         """Register a full, computed block. First writer wins; returns True if added."""
-        if key in self._block_of or block in self._key_of:
+        if key in self._block_of or block in self.key_of:
             return False
         self._block_of[key] = block
-        self._key_of[block] = key
+        self.key_of[block] = key
         return True
 
     def remove(self, block: int) -> bytes | None:
         """Drop the block from the index; returns its key (None: it was not indexed)."""
-        key = self._key_of.pop(block, None)
+        key = self.key_of.pop(block, None)
         if key is not None:
             del self._block_of[key]
         return key
 
     def blocks(self) -> list[int]:
-        return list(self._key_of)
+        return list(self.key_of)
 
     def items(self):
         """(block, key) of every indexed block."""
-        return self._key_of.items()
+        return self.key_of.items()

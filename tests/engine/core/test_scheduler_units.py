@@ -53,6 +53,28 @@ def test_pool_states_refcounts_and_lru_eviction():
     pool.check([got])
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_one_release_caches_a_table_tail_first_and_frees_the_rest(policy):
+    """A finishing request's table in one release: its unindexed blocks are free, its
+    indexed ones evictable in release order, tail first (no hits: lfu ties break the
+    same way); a block released once too often is refused."""
+    pool = BlockPool(6, BS, Counters())
+    pool.eviction_policy = policy
+    table = pool.allocate(5)
+    for b in (0, 1, 3):
+        pool.index.insert(block_key(ROOT_HASH, [b]), table[b])
+    pool.release(table)
+    assert pool.num_cached == 3 and pool.num_free == 3
+    assert list(pool.states()) == [BLOCK_CACHED, BLOCK_CACHED, BLOCK_FREE, BLOCK_CACHED,
+                                   BLOCK_FREE, BLOCK_FREE]
+    got = pool.allocate(6)              # free first (5, then the released 4, 2), then cached
+    assert got == [5, 4, 2, 3, 1, 0] and pool.take_evicted() == [3, 1, 0]
+    pool.check([got])
+    pool.release(got)
+    with pytest.raises(AssertionError, match="underflow"):
+        pool.release([got[0]])
+
+
 def test_prefix_cache_compares_exact_keys():
     cache = PrefixCache()
     key = block_key(ROOT_HASH, (1, 2, 3, 4))
@@ -84,7 +106,7 @@ def test_prefix_index_holds_nothing_the_garbage_collector_tracks():
         key = block_key(parent, range(block * 16, block * 16 + 16))
         assert cache.insert(key, block)
         parent = hash(key)
-    assert not gc.is_tracked(cache._block_of) and not gc.is_tracked(cache._key_of)
+    assert not gc.is_tracked(cache._block_of) and not gc.is_tracked(cache.key_of)
 
 
 def test_budget_chunks_a_long_prompt_fifo_without_overtaking():
