@@ -268,7 +268,7 @@ class LLMEngine(AsyncSteps, StepFaults):
                 row_logprobs = row_logprobs[:lo] + row_logprobs[hi:]
         kept = launched.plan.decode_columns
         if kept is not None and row_logprobs is None and len(requests) == len(kept.requests) \
-                and self.scheduler.steady_rows(kept):     # (no verifies: none kept)
+                and self.scheduler.steady_rows(launched.plan):     # (no verifies: none kept)
             ended = append_steady(kept, tokens, now, self.stats.recent_itls,
                                   out.request_ids, out.token_ids)
         else:

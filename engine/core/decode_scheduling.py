@@ -27,8 +27,7 @@ class DecodeScheduling:
         plan's columns, with the decodes' positions (the fourth item; None if some
         request is left out); else in one pass over the running requests
         (engine/core/running_pass.py)."""
-        if steady is not None and steady.plan is self._pending_plan \
-                and not self.followers and order == steady.requests:
+        if steady is not None and not self.followers and order == steady.requests:
             decodes, fast, positions = steady.advance(self.pool.block_size, self.kv.tables,
                                                       self.pool.refcounts)
             return decodes, fast, [], positions if len(decodes) == len(order) else None
@@ -43,23 +42,23 @@ class DecodeScheduling:
         if len(plan.decodes) != len(order) or plan.verifies or plan.preempted:
             return
         if positions is not None:
-            plan.decode_columns = steady.after(plan, positions)
+            plan.decode_columns = steady.after(positions)
             if not plan.prefills:
-                self._steady = plan.decode_columns
+                self._steady, self._steady_plan = plan.decode_columns, plan
         elif not plan.prefills:
-            self._steady = DecodeColumns.of(plan, order)
+            self._steady, self._steady_plan = DecodeColumns.of(plan, order), plan
 
     def decodes_pending(self, plan: StepPlan) -> None:
         """The plan is committed and every one of its decodes samples a pending token
         (commit_plan under async scheduling): its kept columns step on from it."""
         self._pending_plan = plan
 
-    def steady_rows(self, cols: DecodeColumns) -> bool:
-        """The rows of `cols`' plan still resolve a pending token each, and came with
-        the last step's tokens (engine/core/steady_decodes.py append_steady): its plan
-        stepped on from the last one's columns, was committed with every token pending,
+    def steady_rows(self, plan: StepPlan) -> bool:
+        """The rows of `plan`'s kept columns still resolve a pending token each, and came
+        with the last step's tokens (engine/core/steady_decodes.py append_steady): it
+        stepped on from the last plan's columns, was committed with every token pending,
         and its requests are the running ones still."""
-        return cols.plan is self._pending_plan and cols.requests == running_order(
+        return plan is self._pending_plan and plan.decode_columns.requests == running_order(
             self.running, self.knobs.scheduling_policy)
 
     def check_columns(self) -> None:

@@ -58,6 +58,7 @@ class Scheduler(DecodeScheduling):
         self.drafter = None
         self._steady: DecodeColumns | None = None   # the last plan's, if it decoded every
         #                                  running request (engine/core/steady_decodes.py)
+        self._steady_plan: StepPlan | None = None   # that plan
         self._pending_plan: StepPlan | None = None  # the last plan committed with every
         #                                  decode's token pending (decodes_pending)
 
@@ -94,7 +95,10 @@ class Scheduler(DecodeScheduling):
         knobs = self.knobs
         plan = StepPlan(budget=knobs.max_num_batched_tokens, mode=knobs.scheduling_mode)
         order = running_order(self.running, knobs.scheduling_policy)
-        steady, self._steady = self._steady, None
+        # the kept columns step on only from the plan committed last with every
+        # decode's token pending
+        steady = self._steady if self._steady_plan is self._pending_plan else None
+        self._steady = self._steady_plan = None
         decodes, fast, prefilling, positions = self._partition(order, steady)
         self._plan(plan, decodes, fast, prefilling, knobs)
         if len(order) >= MIN_DECODES:       # narrower steps keep none (steady_decodes.py)

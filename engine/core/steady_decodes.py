@@ -32,16 +32,18 @@ MIN_DECODES = 64
 
 
 class DecodeColumns:
-    """The decodes of `plan`: `requests` (the running order), each one's position in
+    """The decodes of a plan: `requests` (the running order), each one's position in
     it (`positions`, int64), KV table row, Request.length_cap, Request.admit_seq and id,
-    and whether every one samples greedily without processing (Request.plain_greedy)."""
-    __slots__ = ("plan", "requests", "positions", "table_rows", "caps", "admits", "ids",
-                 "greedy")
+    and whether every one samples greedily without processing (Request.plain_greedy).
+    It holds no reference to its plan (the plan holds it: StepPlan.decode_columns), so
+    a plan and its 256 chunks are freed when the step ends, not by the garbage
+    collector (a cycle each step set off a young collection every ~3 decode steps)."""
+    __slots__ = ("requests", "positions", "table_rows", "caps", "admits", "ids", "greedy")
 
-    def __init__(self, plan, requests: list[Request], positions: np.ndarray,
+    def __init__(self, requests: list[Request], positions: np.ndarray,
                  table_rows: np.ndarray, caps: np.ndarray, admits: tuple[int, ...],
                  ids: tuple[str, ...], greedy: bool):
-        self.plan, self.requests, self.positions = plan, requests, positions
+        self.requests, self.positions = requests, positions
         self.table_rows, self.caps, self.admits, self.ids = table_rows, caps, admits, ids
         self.greedy = greedy
 
@@ -53,7 +55,7 @@ class DecodeColumns:
         if len(decodes) != len(order) or plan.prefills or plan.verifies or plan.preempted \
                 or [c.request for c in decodes] != order:
             return None
-        return cls(plan, list(order), np.array([c.start for c in decodes], np.int64),
+        return cls(list(order), np.array([c.start for c in decodes], np.int64),
                    np.array([r.table_row for r in order], np.int64),
                    np.array([r.length_cap for r in order], np.int64),
                    tuple([r.admit_seq for r in order]), tuple([r.request_id for r in order]),
@@ -79,9 +81,9 @@ class DecodeColumns:
             reqs, fast, pos = list(compress(reqs, keep.tolist())), fast[keep], pos[keep]
         return list(reqs), (None if fast.all() else fast.tolist()), pos
 
-    def after(self, plan, positions: np.ndarray) -> "DecodeColumns":
-        """The columns of `plan`, which decodes the same requests at `positions`."""
-        return DecodeColumns(plan, self.requests, positions, self.table_rows, self.caps,
+    def after(self, positions: np.ndarray) -> "DecodeColumns":
+        """The columns of the next plan, which decodes the same requests at `positions`."""
+        return DecodeColumns(self.requests, positions, self.table_rows, self.caps,
                              self.admits, self.ids, self.greedy)
 
     def check(self) -> None:
