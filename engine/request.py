@@ -340,10 +340,17 @@ class RequestMetrics:
     ttft: float | None
     tpot: float | None
     e2e: float | None
-    itls: tuple[float, ...]
+    token_times: tuple[float, ...]       # each output token's time
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     num_host_cached_tokens: int = 0     # of num_cached_tokens: reloaded from the host tier
+
+    @property
+    def itls(self) -> tuple[float, ...]:
+        """The inter-token gaps, made when read: a finishing request builds its metrics
+        on the engine's thread, where 127 gaps as floats were a tenth of its cost."""
+        times = self.token_times
+        return tuple(map(sub, islice(times, 1, None), times))
 
     @classmethod
     def from_times(cls, arrival: float, times: list[float], cached: int = 0,
@@ -352,9 +359,8 @@ class RequestMetrics:
             return cls(arrival, None, None, None, None, None, (), cached, preemptions,
                        host_cached)
         ttft, tpot, _ = request_latencies(arrival, times)
-        itls = tuple(map(sub, islice(times, 1, None), times))
-        return cls(arrival, times[0], times[-1], ttft, tpot, times[-1] - arrival, itls,
-                   cached, preemptions, host_cached)
+        return cls(arrival, times[0], times[-1], ttft, tpot, times[-1] - arrival,
+                   tuple(times), cached, preemptions, host_cached)
 
 
 @dataclass(frozen=True)
