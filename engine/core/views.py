@@ -19,6 +19,10 @@ def compact_counts(counts: np.ndarray) -> np.ndarray:
     return counts.astype(dtype)
 
 
+_ENDED = {RequestStatus.FINISHED: FINISHED, RequestStatus.CANCELLED: CANCELLED,
+          RequestStatus.ERROR: ERROR}
+
+
 def request_state(req: Request) -> str:
     st = req.status
     if st is RequestStatus.WAITING:
@@ -29,8 +33,7 @@ def request_state(req: Request) -> str:
         if req.dedup_leader is not None:
             return DEDUP
         return PREFILLING if req.num_uncomputed > 1 else DECODING
-    return {RequestStatus.FINISHED: FINISHED, RequestStatus.CANCELLED: CANCELLED,
-            RequestStatus.ERROR: ERROR}[st]
+    return _ENDED[st]
 
 
 def request_view(req: Request) -> RequestView:
