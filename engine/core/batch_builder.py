@@ -91,6 +91,8 @@ def _decode_columns(decodes: list, device_fed: bool):
     that feeds each decode whose token is still pending on the device (None: none is);
     then their host input ids (PENDING_TOKEN ones as 0: the device feeds those), all 0
     when the device feeds every one (a steady async decode step)."""
+    if not decodes:           # (a verify-only step: batch 1's with drafts)
+        return [], _EMPTY_I64, _EMPTY_I64, _EMPTY_I32, [], None, False
     reqs, rows, pos, fed = [], [], [], []
     for c in decodes:
         r = c.request
