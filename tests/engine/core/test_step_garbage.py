@@ -26,7 +26,7 @@ def test_steps_leave_nothing_for_the_garbage_collector(spec):
              max_num_batched_tokens=512, speculative_config=spec) as llm:
         engine = llm.engine
         for i in range(N):
-            params = SamplingParams(max_tokens=12 + i % 13, temperature=0, ignore_eos=True)
+            params = SamplingParams(max_tokens=8 + i % 7, temperature=0, ignore_eos=True)
             prompt = (7,) * 16 + (1 + i % 50, 2 + i % 40) * 4
             engine.add(CoreRequest(f"g{i}", prompt, params, time.perf_counter()))
         steady, found = 0, []
