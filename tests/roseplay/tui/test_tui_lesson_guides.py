@@ -27,6 +27,15 @@ def source():
     src.close()
 
 
+def _published(source, app) -> dict:
+    """Where the engine's snapshots and the app's frame stand (a failure's context)."""
+    src, shown = source.snapshot(), app.snapshot
+    return {"engine step": src.step, "engine time": src.time,
+            "engine caching": src.knobs.enable_prefix_caching, "error": src.error,
+            "shown step": shown.step if shown else None,
+            "shown time": shown.time if shown else None}
+
+
 def _legend(app) -> list[str]:
     return widget_text(app.query_one(KVLegend)).splitlines()
 
@@ -65,7 +74,8 @@ async def test_the_cache_off_reads_off_not_the_last_10_s_of_hits(source):
         assert await wait_for(pilot, lambda: re.search(r"hit +[1-9]\d*%", _legend(app)[2]),
                               60), _legend(app)
         await pilot.press("c")
-        assert await wait_for(pilot, lambda: "hit off" in _legend(app)[2], 30), _legend(app)
+        assert await wait_for(pilot, lambda: "hit off" in _legend(app)[2], 30), \
+            (_legend(app), _published(source, app))
         # the 10 s window starts again at the change: it says how many seconds it covers
         assert re.match(r"\s*[0-3] s ", _legend(app)[2]), _legend(app)
 
