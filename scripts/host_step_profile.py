@@ -249,15 +249,25 @@ def burst(args) -> None:
     """--burst R: W1's shape instead of the closed loop: --concurrency requests at once,
     run to the end, R times (the first a warm-up). Prints the median host ms of the
     steps in which requests finished and of the plain decode steps (no request waiting
-    or prefilling before the step, none finishing)."""
+    or prefilling before the step, none finishing), and the garbage collections a
+    round ran, by generation."""
     engine, _, _ = make_engine(args)
+    collections = [0, 0, 0]
+    counting = [False]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "stop" and counting[0]:
+            collections[info["generation"]] += 1
+    gc.callbacks.append(on_gc)
     # the closed loop's requests (distinct prompts, its front), submitted by hand
     loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
     sched, kinds = engine.scheduler, {"finishing": [], "decode": []}
     prof = cProfile.Profile() if args.profile else None
     for r in range(args.burst):
-        if prof and r == 1:
-            prof.enable()       # every step after the warm-up round
+        if r == 1:
+            counting[0] = True
+            if prof:
+                prof.enable()   # every step after the warm-up round
         for _ in range(args.concurrency):
             loop.submit()
         while engine.has_unfinished():
@@ -272,9 +282,13 @@ def burst(args) -> None:
     if prof:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+    gc.callbacks.remove(on_gc)
     for kind, took in kinds.items():
         print(f"{kind} steps: {len(took)}, median host {1e3 * statistics.median(took):.3f} ms "
               f"({1e3 * min(took):.3f}..{1e3 * max(took):.3f})")
+    rounds = max(args.burst - 1, 1)
+    print("garbage collections a round (young, middle, full): "
+          + ", ".join(f"{n / rounds:.1f}" for n in collections))
 
 
 def measure_tree(tree: str, args) -> dict:
