@@ -52,6 +52,7 @@ class CoreLoop:
         #                                (the engine process's encoding: it holds the GIL)
         self._commands: deque[tuple[CoreRequest | Command, Reply | None]] = deque()
         self._wake = threading.Event()
+        self._thread: threading.Thread | None = None   # the loop's, once it runs
         self._idle = threading.Condition()
         self._paused = False
         self._single_steps: deque[Callable[[], None]] = deque()
@@ -91,11 +92,17 @@ class CoreLoop:
                 self._idle_published and not self._commands), timeout)
 
     def stop(self) -> None:
+        """Stop (any thread). On the loop's own thread it only sets the flag: there it
+        runs in a signal handler (the engine process's SIGTERM) that may have interrupted
+        the loop inside `_wake.wait`, holding the wake's lock, which `_wake.set()` would
+        wait for forever; the loop sees the flag within its idle wait (0.05 s)."""
         self.stopped = True
-        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._wake.set()
 
     # -- the loop (its own thread) ---------------------------------------------------
     def run(self) -> None:
+        self._thread = threading.current_thread()
         try:
             while not self.stopped:
                 commanded = self._drain_commands()
