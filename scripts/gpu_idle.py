@@ -12,7 +12,6 @@ garbage-collection pauses during the run (gc.callbacks).
 PYTHONPATH=. python3 scripts/gpu_idle.py [--model dummy:qwen3-0.6b --kv-cache-dtype fp8]
 """
 import argparse
-import gc
 import os
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gc_pauses import gc_pauses  # noqa: E402
 from step_timeline import gpu_events  # noqa: E402
 
 sys.path.insert(0, os.getcwd())
@@ -72,19 +72,6 @@ def report(label: str, p: dict, top: int) -> None:
         print(f"    {calls:6d} {us / 1e3:8.2f} ms  {name}")
 
 
-def gc_pauses() -> list:
-    """[(generation, seconds)] of every collection from now on, appended as they end."""
-    pauses, started = [], [0.0]
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            pauses.append((info["generation"], time.perf_counter() - started[0]))
-    gc.callbacks.append(on_gc)
-    return pauses
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="dummy:qwen2.5-0.5b")
@@ -102,14 +89,13 @@ def main():
     work = prompts(a.num_prompts, a.input_len, 2)
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        pauses, steps = gc_pauses(), []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, gc_pauses() as pauses:
+        steps = []
         t0 = time.perf_counter()
         llm.generate(work, params, on_step=lambda eng: steps.append(
             (time.perf_counter(), len(eng.requests), eng.stats.counters.finished)))
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        gc.callbacks.pop()
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     events = gpu_events(path)

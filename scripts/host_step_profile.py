@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import os
 import pstats
 import re
@@ -82,6 +81,8 @@ from engine.front.processor import OutputProcessor  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
 from engine.worker.device_io import HostCopy  # noqa: E402
 from ab_runs import interleaved, spread  # noqa: E402
+from gc_pauses import gc_pauses  # noqa: E402
+from engine.ipc.proc_setup import time_collections  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
 
 
@@ -204,8 +205,7 @@ def make_engine(args):
     if args.device_ms:
         emulate_device(engine, args.device_ms)
     publisher = attach_publisher(engine) if args.kv_events else None
-    gc.collect()
-    gc.freeze()        # as the engine process does after start-up (engine/ipc/core_proc.py)
+    time_collections(engine.counters)    # frozen after start-up, as the engine process
     return engine, oracle, publisher
 
 
@@ -252,22 +252,11 @@ def burst(args) -> None:
     or prefilling before the step, none finishing), and the garbage collections a
     round ran, by generation."""
     engine, _, _ = make_engine(args)
-    collections = [0, 0, 0]
-    counting = [False]
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "stop" and counting[0]:
-            collections[info["generation"]] += 1
-    gc.callbacks.append(on_gc)
     # the closed loop's requests (distinct prompts, its front), submitted by hand
     loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
     sched, kinds = engine.scheduler, {"finishing": [], "decode": []}
-    prof = cProfile.Profile() if args.profile else None
-    for r in range(args.burst):
-        if r == 1:
-            counting[0] = True
-            if prof:
-                prof.enable()   # every step after the warm-up round
+
+    def one_round(timed: bool) -> None:
         for _ in range(args.concurrency):
             loop.submit()
         while engine.has_unfinished():
@@ -277,18 +266,25 @@ def burst(args) -> None:
             if loop.front is not None:
                 loop.front.process(out)
             took = time.perf_counter() - t
-            if r and (out.finished or not prefill):
+            if timed and (out.finished or not prefill):
                 kinds["finishing" if out.finished else "decode"].append(took)
+    one_round(False)            # the warm-up
+    prof = cProfile.Profile() if args.profile else None
+    with gc_pauses() as pauses:
+        if prof:
+            prof.enable()
+        for _ in range(args.burst - 1):
+            one_round(True)
+        if prof:
+            prof.disable()
     if prof:
-        prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
-    gc.callbacks.remove(on_gc)
     for kind, took in kinds.items():
         print(f"{kind} steps: {len(took)}, median host {1e3 * statistics.median(took):.3f} ms "
               f"({1e3 * min(took):.3f}..{1e3 * max(took):.3f})")
     rounds = max(args.burst - 1, 1)
     print("garbage collections a round (young, middle, full): "
-          + ", ".join(f"{n / rounds:.1f}" for n in collections))
+          + ", ".join(f"{sum(g == gen for g, _ in pauses) / rounds:.1f}" for gen in range(3)))
 
 
 def measure_tree(tree: str, args) -> dict:

@@ -143,5 +143,3 @@ def test_a_wide_engine_emits_what_the_synchronous_one_does(monkeypatch):
     assert got == want and steady
     assert {reason for _, reason, _ in got} == {"stop", "length"}
     assert all(gaps == len(tokens) - 1 for tokens, _, gaps in got)
-
-
