@@ -8,6 +8,7 @@ running loop serves the good requests with unchanged greedy tokens.
 """
 from __future__ import annotations
 
+import enum
 import threading
 
 import msgspec
@@ -180,6 +181,15 @@ def test_bad_prompts_are_refused(tiny, prompt, params, match):
     refused(match, tiny.inputs.process, prompt, params)
     refused(match, tiny.generate, [prompt], params)
     assert not tiny.engine.has_unfinished()
+
+
+def test_int_subclass_ids_still_pass(tiny):
+    """msgspec's one-pass check refuses an int subclass; the exact check then lets it
+    through, as it always has (bool, the one subclass refused, is in the table above)."""
+    class Tok(enum.IntEnum):
+        A, B = 3, 7
+    creq, _ = tiny.inputs.process([Tok.A, Tok.B, 5], None)
+    assert creq.prompt_token_ids == (3, 7, 5)
 
 
 def test_generate_refuses_bad_batches_atomically(tiny):
