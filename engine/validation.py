@@ -154,8 +154,8 @@ def _ids_type(vocab_size: int):
 
 def _plain_ids_in_vocab(ids, vocab_size: int) -> bool:
     """Every id a plain int in [0, vocab_size): one pass in C (msgspec), a third of the
-    type pass plus min and max on a 512-id prompt; anything else takes _check_ids, which
-    names the fault (and lets int subclasses through, as it always has)."""
+    type pass plus min and max on a 512-id prompt (int subclasses pass, bool not, as in
+    _check_ids); a prompt it refuses takes _check_ids, which names the fault."""
     try:
         msgspec.convert(ids, _ids_type(vocab_size))
     except (msgspec.ValidationError, TypeError):

@@ -23,6 +23,7 @@ from textual.widgets import Footer, Static
 from roseplay.tui.actions import Actions
 from roseplay.tui.marks import RecordedMarks
 from roseplay.tui.commands import RoseplayCommands
+from roseplay.tui.engine_state import SERVING, engine_down
 from roseplay.tui.keys import action_mode, bindings
 from roseplay.tui.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
                                     remove_exit_signals, start_loading)
@@ -73,6 +74,7 @@ class RoseplayApp(Actions, App):
         self._loading_message = loading_message
         self._refresh_hz = refresh_hz
         self.snapshot = None
+        self.down = SERVING             # engine_down(source) as last drawn
         self.window = CounterWindow()
         self.zoom: str | None = None
         self._cpu_window: deque = deque(maxlen=REFRESH_HZ)
@@ -245,11 +247,12 @@ class RoseplayApp(Actions, App):
         """Nothing new to draw: the source's snapshot is the one on screen and no input
         came since (a paused engine publishes again only on a command, a step, or once a
         second: engine/core/core_loop.py PAUSED_REPUBLISH). A paused roseplay then
-        redraws its panels once a second, not at the timer's rate."""
+        redraws its panels once a second, not at the timer's rate. An engine that stops
+        publishes nothing more: its client's state is compared too."""
         seen, self._input_seen = self._input_seen, False
         src = self.source
         return not seen and src is not None and self.snapshot is not None \
-            and src.snapshot() is self.snapshot
+            and src.snapshot() is self.snapshot and engine_down(src) == self.down
 
     async def on_event(self, event: events.Event) -> None:
         """Every key, mouse and resize event reaches the app first (then its widgets):
@@ -263,7 +266,7 @@ class RoseplayApp(Actions, App):
         if src is None:
             return
         snap, workload = src.snapshot(), src.workload()
-        self.snapshot = snap
+        self.snapshot, self.down = snap, engine_down(src)
         replay = src.kind == "replay"
         if replay:              # its changes up to this frame wait for the point it makes
             self._replay_notices(src)
@@ -271,7 +274,8 @@ class RoseplayApp(Actions, App):
         self.traces.feed(snap)
         self.feed_guide(snap)
         with self.batch_update():
-            self.status.show(snap, src.kind, src.paused, src.position(), workload)
+            self.status.show(snap, src.kind, src.paused, src.position(), workload,
+                             *self.down)
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
                                waiting_reason(snap))
             self._requests_subtitle()

@@ -21,6 +21,7 @@ from textual.widgets import Footer, Static
 
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.commands import CompareCommands
+from roseplay.tui.engine_state import engine_down
 from roseplay.tui.keys import KEYS
 from roseplay.tui.widgets.agreement import TokenAgreement
 from roseplay.tui.widgets.counters import CounterWindow
@@ -141,7 +142,8 @@ class CompareApp(RoseplayApp):
         if greedy:
             self.agreement.feed(*snaps)
         with self.batch_update():
-            self.status.show(snaps[0], src.kind, src.paused, src.position())
+            self.status.show(snaps[0], src.kind, src.paused, src.position(), None,
+                             *engine_down(src))
             for i, snap in enumerate(snaps):
                 self.windows[i].feed(snap)
                 self.kvs[i].show(snap, None, self.windows[i], flash_blocks(snap))

@@ -1,5 +1,5 @@
-"""The top line: serving/paused, step, replay position, errors, the decode path, then
-the model and device."""
+"""The top line: serving/paused/stopped, step, replay position, errors, the decode
+path, then the model and device."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -25,10 +25,12 @@ class StatusBar(Widget):
         self._set(t)
 
     def show(self, snap, kind: str, paused: bool, position: str = "",
-             workload: dict | None = None) -> None:
+             workload: dict | None = None, unavailable: str = "",
+             stopped: bool = False) -> None:
         """Most important first (a narrow terminal cuts the end): mode, position, step,
         finished, the engine's error, requests the engine refused, then the model and
-        device."""
+        device. `unavailable`: why a live engine cannot serve now (the client's word: a
+        dead engine's last snapshot carries no error); `stopped`: for good."""
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" roseplay ", "bold #111111 on #f2d34f")
         t.append(" ")
@@ -37,6 +39,11 @@ class StatusBar(Widget):
             t.append(" ❚❚ paused " if paused else " ▶ playing ", "bold")
             t.append(position + "  ", "#c792ea")
             t.append("(recorded engine paused)  " if snap.paused else "", "dim")
+        elif unavailable:       # in place of SERVING / PAUSED: the engine serves nothing now
+            badge = " ■ STOPPED " if stopped else " ◌ UNAVAILABLE "
+            t.append(badge, "bold #ffffff on #d63c3c" if stopped
+                     else "bold #111111 on #ff9f43")
+            t.append(f" {unavailable}  ", "bold #ff5555" if stopped else "bold #ff9f43")
         elif paused:
             t.append(" ❚❚ PAUSED ", "bold #111111 on #ff9f43")
             t.append("  n: one step · space: resume  ", "dim")
@@ -51,7 +58,7 @@ class StatusBar(Widget):
         if n:           # data parallelism: the router's policy (u), before what a width cuts
             t.append(f"  DP={n} ", "bold")
             t.append(f"routing {workload.get('routing_policy')}", "bold #5fb3f0")
-        if snap.error:
+        if snap.error and snap.error != unavailable:
             t.append(f"  ⚠ {snap.error}", "bold #ff5555")
         refused = refusal(workload or {})
         if refused:

@@ -184,8 +184,8 @@ def test_bad_prompts_are_refused(tiny, prompt, params, match):
 
 
 def test_int_subclass_ids_still_pass(tiny):
-    """msgspec's one-pass check refuses an int subclass; the exact check then lets it
-    through, as it always has (bool, the one subclass refused, is in the table above)."""
+    """An int subclass passes, as it always has (bool, the one subclass refused, is in
+    the table above): the one-pass check must not narrow what a prompt may be."""
     class Tok(enum.IntEnum):
         A, B = 3, 7
     creq, _ = tiny.inputs.process([Tok.A, Tok.B, 5], None)
