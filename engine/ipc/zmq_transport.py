@@ -35,6 +35,7 @@ from engine.snapshot import EngineSnapshot
 from engine.tokenizer import load_tokenizer
 
 STARTUP_TIMEOUT = 900.0
+REAP_POLL_S = 0.1    # how often a stopped engine's process is checked for its exit
 
 
 class ZmqTransport:
@@ -256,6 +257,14 @@ class ZmqTransport:
             if self._out in ready:
                 self._drain_out()
             self._check_alive()                  # after reading what was queued
+        self._reap_exited()
+
+    def _reap_exited(self) -> None:
+        """The engine stopped on its own (Fatal, or silence): collect its exit status as
+        soon as it exits, so that no zombie remains while this client lives on; close()
+        ends the wait (and stops a process that never exits)."""
+        while self.proc is not None and not self.closed and self.proc.poll() is None:
+            time.sleep(REAP_POLL_S)
 
     def _recv_snapshot(self) -> memoryview:
         return memoryview(self._sub.recv())[len(self._topic):]    # past the topic

@@ -234,6 +234,33 @@ def test_killed_engine_ends_every_stream_at_once():
     assert c.proc.pid not in engine_pids()
 
 
+def test_an_engine_stopped_by_sigterm_is_reaped_before_its_client_closes():
+    """SIGTERM: the engine sends Fatal and exits; its client collects the exit at once
+    (no zombie until close), says why it cannot serve, and close still works, twice."""
+    c = EngineClient(model="dummy:tiny", device="cpu", num_blocks=64, label="reaped")
+    pid = c.proc.pid
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while c.proc.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.proc.returncode is not None and process_state(pid) != "Z"
+        assert c.fatal_error and c.unavailable == c.fatal_error
+    finally:
+        c.close()
+        c.close()
+    assert c.proc.returncode is not None and pid not in engine_pids()
+
+
+def process_state(pid: int) -> str | None:
+    """The process's state letter (Z: a zombie), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def test_bad_engine_flags_fail_fast_with_the_engines_message(client):
     before = set(engine_pids())
     with pytest.raises(Exception, match="unknown dummy preset"):

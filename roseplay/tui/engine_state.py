@@ -1,0 +1,33 @@
+"""Whether the live engine can serve, as the top line shows it.
+
+An engine process that dies publishes no last snapshot saying so: the one on screen
+carries no error and the app would keep reading SERVING. The client knows (its
+`unavailable` and `fatal_error`), so the app asks it here and hands the status bar
+plain values.
+"""
+from __future__ import annotations
+
+SERVING = ("", False)
+
+
+def engine_down(src) -> tuple[str, bool]:
+    """(why the engine cannot serve now, whether it stopped for good); ("", False) while
+    it serves, and always for a replay (its engine is a recording)."""
+    if src is None or src.kind != "live":
+        return SERVING
+    sides = getattr(src, "sides", None)
+    if sides is None:
+        return client_down(getattr(src, "loop", None))
+    from roseplay.tui.compare import SIDES     # two engines: the first one down, named
+    downs = [(f"{name}: {why}", stopped) for name, side in zip(SIDES, sides)
+             for why, stopped in [client_down(side.loop)] if why]
+    return max(downs, key=lambda d: d[1], default=SERVING)   # a stopped one first
+
+
+def client_down(loop) -> tuple[str, bool]:
+    """One client's state: stopped for good once it has a fatal error (its process died,
+    or every replica's did); unavailable without one while it attaches again."""
+    why = getattr(loop, "unavailable", None) if loop is not None else None
+    if not why:
+        return SERVING
+    return str(why), getattr(loop, "fatal_error", None) is not None
