@@ -13,8 +13,8 @@ import pytest
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.engine_state import client_down, engine_down
 from roseplay.tui.widgets.status import StatusBar
-from tests.roseplay.tui.helpers import (StaticSource, live_source, session_snapshot, sync,
-                                        wait_for, widget_text)
+from tests.roseplay.tui.helpers import (StaticSource, fast_idle, live_source,
+                                        session_snapshot, sync, wait_for, widget_text)
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -89,7 +89,6 @@ def _state(pid: int) -> str | None:
 @sync
 async def test_a_killed_engine_process_reads_stopped_and_is_reaped_while_the_app_runs(
         monkeypatch):
-    from tests.roseplay.tui.helpers import fast_idle
     fast_idle(monkeypatch)
     src = live_source(in_process=False)
     proc = src.loop.proc
