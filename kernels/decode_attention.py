@@ -279,14 +279,6 @@ def default_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
     return cfg
 
 
-def decode_order(context_lens: torch.Tensor) -> torch.Tensor | None:
-    """The decode rows longest context first, for `order` (one small sort on the device,
-    once per forward: every layer shares it; None at batch 1, where nothing is to order)."""
-    if context_lens.shape[0] < 2:
-        return None
-    return torch.argsort(context_lens, descending=True).to(torch.int32)
-
-
 def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                             value: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
                             k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -3,8 +3,8 @@
 Each kernel lives in its own module (see docs/KERNELS.md for the designs):
   kv_store.py          store_kv_cache
   decode_attention.py  paged_decode_attention   (split-K, GQA packed, graph-safe),
-                       rotary_decode_attention  (+ rotary and the K/V store, one launch),
-                       decode_order             (rows longest context first, for both)
+                       rotary_decode_attention  (+ rotary and the K/V store, one launch)
+  decode_order.py      decode_order             (rows longest context first, for both)
   extend_attention.py  paged_extend_attention   (causal flash attention, paged)
   unified_attention.py paged_unified_attention  (decodes + chunks in one launch, graph-safe;
                        CUDA path only: no twin in reference.py, see its oracle there)
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from kernels.activation import silu_and_mul
 from kernels.argmax import argmax
-from kernels.decode_attention import (decode_order, paged_decode_attention,
-                                      rotary_decode_attention)
+from kernels.decode_attention import paged_decode_attention, rotary_decode_attention
+from kernels.decode_order import decode_order
 from kernels.extend_attention import paged_extend_attention
 from kernels.kv_store import store_kv_cache
 from kernels.linear import linear, rms_norm_linear, silu_mul_linear

@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 import kernels.decode_attention as da  # noqa: E402
+from kernels.decode_order import decode_order  # noqa: E402
 
 PAGE, WIDTH = 16, 512
 SHAPES = {"dummy:qwen2.5-0.5b": (24, 2, 7, 64), "dummy:qwen3-0.6b": (28, 8, 2, 128)}
@@ -66,7 +67,7 @@ LONGEST_FIRST = 1     # the engine's order (decode_order); 0: batch order, as be
 def time_variant(x, block_n, rope) -> float:
     def run():
         outs = []
-        order = da.decode_order(x["lens"]) if LONGEST_FIRST else None
+        order = decode_order(x["lens"]) if LONGEST_FIRST else None
         for k, v in x["caches"]:
             if rope:
                 outs.append(da.rotary_decode_attention(

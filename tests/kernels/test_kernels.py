@@ -221,6 +221,16 @@ else:
         x = (3 * torch.randn(2, 5, 2 * 40)).to(dtype)
         assert_close(tri.silu_and_mul(x), ref.silu_and_mul(x), dtype, seed, "silu_and_mul")
 
+    @pytest.mark.parametrize("n", [2, 5, 64, 65, 200])
+    def test_decode_order_is_a_stable_descending_sort(seed, n):
+        """decode_order's one launch ranks the rows as a stable descending argsort does
+        (ties in row order), across block boundaries, and is a permutation."""
+        ctx = torch.randint(0, 9, (n,), dtype=torch.int32)         # many ties
+        order = tri.decode_order(ctx)
+        assert order.dtype == torch.int32
+        want = torch.argsort(ctx, descending=True, stable=True)
+        assert order.long().tolist() == want.tolist(), f"seed {seed}"
+
     # ------------------------------------------- rotary + kv store + decode, fused
     @pytest.mark.parametrize("splits", [None, 3])
     def test_decode_in_longest_first_order_is_the_same_attention(seed, poison, splits):
