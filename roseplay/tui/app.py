@@ -38,6 +38,7 @@ from roseplay.tui.widgets.request_detail import RequestDetail
 from roseplay.tui.widgets.routing_card import RoutingCard
 from roseplay.tui.widgets.requests import ACTIVE, RequestList, waiting_reason
 from roseplay.tui.widgets.status import StatusBar
+from roseplay.tui.widgets.stopped import with_caption
 from roseplay.tui.widgets.step import StepPanel
 from roseplay.tui.widgets.step_strip import StepStrip
 from roseplay.tui.widgets.timing import TimingPanel
@@ -267,6 +268,8 @@ class RoseplayApp(Actions, App):
             return
         snap, workload = src.snapshot(), src.workload()
         self.snapshot, self.down = snap, engine_down(src)
+        stop = snap.step if self.down[1] else None   # stopped for good: its last step
+        self.main_screen.set_class(stop is not None, "-stopped")
         replay = src.kind == "replay"
         if replay:              # its changes up to this frame wait for the point it makes
             self._replay_notices(src)
@@ -277,43 +280,44 @@ class RoseplayApp(Actions, App):
             self.status.show(snap, src.kind, src.paused, src.position(), workload,
                              *self.down)
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
-                               waiting_reason(snap))
-            self._requests_subtitle()
+                               waiting_reason(snap), stop is not None)
+            self._requests_subtitle(stop)
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None
-            if not self.show_replicas(snap, highlight, current):
-                self.kv.show(snap, highlight, self.window, flash_blocks(snap))
+            if not self.show_replicas(snap, highlight, current, stop):
+                flash = flash_blocks(snap) if stop is None else None    # nothing is new
+                self.kv.show(snap, highlight, self.window, flash, stop)
             info = getattr(src, "info", None) if src.kind == "live" else None
             self.detail.show(current, getattr(src, "tokenizer", None),
                              getattr(info, "logprobs_mode", None), no_text_reason(src),
-                             self._detail_extra(current))
-            self.step_panel.show(snap)
+                             self._detail_extra(current, stop is not None), stop is not None)
+            self.step_panel.show(snap, stop is not None)
             self.strip.show(snap)
-            self.events.show(snap)
+            self.events.show(snap, stop)
             self.knobs.show(src.knobs, snap.knobs, workload, replay)
             self.timing.show(snap, self.window, throttle=not src.paused,
-                             final=replay and src.at_end)
+                             final=replay and src.at_end, stopped_at=stop)
 
-    def _detail_extra(self, current):
+    def _detail_extra(self, current, stopped: bool = False):
         """The selected request's TTFT split, and `w` when its token trace is held."""
         if current is None:
             return None
         hint = scrub_hint(current, self.traces.get(current.request_id))
-        width = max(20, self.detail.size.width)
-        split = request_split(current, self.snapshot.time, width - hint.cell_len)
+        width, now = max(20, self.detail.size.width), self.snapshot.time
+        split = request_split(current, now, width - hint.cell_len, stopped)
         if split.cell_len + hint.cell_len > width:    # the split first; `w` is in the help
-            return request_split(current, self.snapshot.time, width)
+            return request_split(current, now, width, stopped)
         return split.append_text(hint)
 
-    def _requests_subtitle(self) -> None:
-        """Sort, filter and the columns too narrow to show, under the request list."""
+    def _requests_subtitle(self, stop: int | None = None) -> None:
+        """The stop, sort, filter and the columns too narrow to show, under the list."""
         r = self.requests
         parts = ([f"sorted by {r.sort}"] if r.sort != "arrival" else []) + (
             [f"only {r.state_filter}"] if r.state_filter else [])
         hidden = r.hidden_columns()
         if hidden:
             parts.append(f"no room for {', '.join(hidden)}: z zooms")
-        subtitle = " · ".join(parts)
+        subtitle = with_caption(stop, " · ".join(parts), r.size.width)
         if r.border_subtitle != subtitle:
             r.border_subtitle = subtitle
 

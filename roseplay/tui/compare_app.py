@@ -21,7 +21,7 @@ from textual.widgets import Footer, Static
 
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.commands import CompareCommands
-from roseplay.tui.engine_state import engine_down
+from roseplay.tui.engine_state import engine_down, side_downs
 from roseplay.tui.keys import KEYS
 from roseplay.tui.widgets.agreement import TokenAgreement
 from roseplay.tui.widgets.counters import CounterWindow
@@ -31,6 +31,7 @@ from roseplay.tui.widgets.knobs import live_fields
 from roseplay.tui.widgets.kv_panel import KVPanel
 from roseplay.tui.widgets.ratios import METRICS, RatioTable, side_metrics
 from roseplay.tui.widgets.status import StatusBar
+from roseplay.tui.widgets.stopped import STOP_STYLE
 from roseplay.tui.widgets.timing import TimingPanel
 
 COMPARE_ACTIONS = {"pause", "step", "step_back", "seek", "seek_to", "speed", "toggle_cache",
@@ -63,6 +64,7 @@ class CompareApp(RoseplayApp):
     .side KVPanel, .side TimingPanel { border: round #3d4454; border-title-color: #f2d34f;
                                        border-title-style: bold; padding: 0 1; }
     .side TimingPanel { height: 8; }
+    .side.-stopped KVPanel, .side.-stopped TimingPanel { border-subtitle-color: #ff7b7b; }
     """
 
     def compose(self) -> ComposeResult:
@@ -84,6 +86,7 @@ class CompareApp(RoseplayApp):
         self.kvs = [q(f"#kv-{i}", KVPanel) for i in range(2)]
         self.timings = [q(f"#timing-{i}", TimingPanel) for i in range(2)]
         self.heads = [q(f"#head-{i}", Static) for i in range(2)]
+        self.side_columns = [q(f"#side-{i}", Vertical) for i in range(2)]
         self.windows = [CounterWindow(), CounterWindow()]
         self.agreement = TokenAgreement()
         self.window, self.timing = self.windows[0], self.timings[0]
@@ -144,25 +147,35 @@ class CompareApp(RoseplayApp):
         with self.batch_update():
             self.status.show(snaps[0], src.kind, src.paused, src.position(), None,
                              *engine_down(src))
-            for i, snap in enumerate(snaps):
+            for i, (snap, down) in enumerate(zip(snaps, side_downs(src))):
+                stop = snap.step if down[1] else None     # this side stopped for good
+                self.side_columns[i].set_class(stop is not None, "-stopped")
                 self.windows[i].feed(snap)
-                self.kvs[i].show(snap, None, self.windows[i], flash_blocks(snap))
+                self.kvs[i].show(snap, None, self.windows[i],
+                                 flash_blocks(snap) if stop is None else None, stop)
                 self.timings[i].show(snap, self.windows[i], throttle=not src.paused,
-                                     final=replay and src.at_end)
-                metrics.append(side_metrics(snap, self.windows[i], self.slos))
-                self._head(i, src, snap)
+                                     final=replay and src.at_end, stopped_at=stop)
+                metrics.append(side_metrics(snap, self.windows[i], self.slos,
+                                            stop is not None))
+                self._head(i, src, snap, stop)
             self.ratios.show(*metrics)
             self.scope.update(scope_text(src, self.knobs.last_changed))
             subtitle = self.agreement.text() if greedy else ""
             if self.ratios.border_subtitle != subtitle:
                 self.ratios.border_subtitle = subtitle
 
-    def _head(self, i: int, src, snap) -> None:
+    def _head(self, i: int, src, snap, stop: int | None = None) -> None:
+        """The side's label, step and counts; a side whose engine stopped has nothing in
+        flight, and says after which step it stopped."""
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f" {src.labels()[i]} ", f"bold #111111 on {SIDE_COLORS[i]}")
-        w = src.workload(i)
-        t.append(f"  step {snap.step} · finished {snap.counters.finished} · in flight "
-                 f"{w.get('in_flight', 0)}", "bold")
+        if stop is not None:
+            t.append(f"  ■ stopped after step {stop}", STOP_STYLE)
+            t.append(f" · finished {snap.counters.finished}", "bold")
+        else:
+            w = src.workload(i)
+            t.append(f"  step {snap.step} · finished {snap.counters.finished} · in flight "
+                     f"{w.get('in_flight', 0)}", "bold")
         self.heads[i].update(t)
 
     def mark_change(self, label: str) -> None:

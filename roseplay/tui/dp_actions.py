@@ -7,6 +7,7 @@ from __future__ import annotations
 from engine.config import ROUTING_POLICIES
 from roseplay.tui.widgets.knobs import cycled
 from roseplay.tui.widgets.routing_card import card_rows
+from roseplay.tui.widgets.stopped import with_caption
 
 
 class RoutingActions:
@@ -35,9 +36,10 @@ class RoutingActions:
         if self.source is not None:
             self._control(self.source.set_routing_policy, policy, knob="routing_policy")
 
-    def show_replicas(self, snap, highlight, current) -> bool:
+    def show_replicas(self, snap, highlight, current, stop: int | None = None) -> bool:
         """Each replica's map and load, the router's totals and the selected request's
-        routing card; False with one engine (the KV panel shows its one pool)."""
+        routing card; False with one engine (the KV panel shows its one pool). `stop`:
+        the step the engine stopped after (every replica dead), for the caption."""
         dp, kv = self.replicas(), self.kv
         on = dp is not None
         if kv.replica_maps.display != on:       # (a replica died: the maps stay)
@@ -57,17 +59,17 @@ class RoutingActions:
             dp.replica_of(rid) if rid else None)
         kv.replica_maps.show(snaps, figures, router.policy,
                              highlight.request_id if highlight is not None else None, chosen)
-        self._replica_titles(snaps)
+        self._replica_titles(snaps, stop)
         self.routing.show_decision(decision, rid, router.recent.maxlen)
         return True
 
-    def _replica_titles(self, snaps) -> None:
+    def _replica_titles(self, snaps, stop: int | None = None) -> None:
         kv, n = self.kv, snaps[0].num_blocks
         forms = (f"KV cache · {len(snaps)} replicas × {n} blocks × {snaps[0].block_size} tokens",
                  f"KV · {len(snaps)} × {n} blocks")
         title = next((f for f in forms if len(f) + 6 <= kv.size.width), forms[-1])
         k = kv.replica_maps.scale()
-        subtitle = f"1 cell = {k} blocks" if k > 1 else ""
+        subtitle = with_caption(stop, f"1 cell = {k} blocks" if k > 1 else "", kv.size.width)
         if kv.border_title != title:
             kv.border_title = title
         if kv.border_subtitle != subtitle:

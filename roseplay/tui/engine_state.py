@@ -24,6 +24,14 @@ def engine_down(src) -> tuple[str, bool]:
     return max(downs, key=lambda d: d[1], default=SERVING)   # a stopped one first
 
 
+def side_downs(src) -> list[tuple[str, bool]]:
+    """Each compared engine's own state, for its own column (a replay's: serving)."""
+    sides = getattr(src, "sides", None) or ()
+    if src is None or src.kind != "live":
+        return [SERVING] * max(2, len(sides))
+    return [client_down(getattr(side, "loop", None)) for side in sides]
+
+
 def client_down(loop) -> tuple[str, bool]:
     """One client's state: stopped for good once it has a fatal error (its process died,
     or every replica's did); unavailable without one while it attaches again."""

@@ -18,6 +18,7 @@ from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_OFF
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.kv_map import COW, HIT, LETTER, PREEMPTED, ROLLBACK
 from roseplay.tui.widgets.requests import short_id
+from roseplay.tui.widgets.stopped import STOP_STYLE, with_caption
 
 FLASH_SECONDS = 1.5
 NO_EVENTS = ("no engine events yet: COW copies, preemptions, evictions, prefix hits, dedup "
@@ -112,17 +113,27 @@ class EventLog(Widget):
         self._key = None
         self._text = Text()
 
-    def show(self, snap) -> None:
+    def show(self, snap, stopped_at: int | None = None) -> None:
+        """`stopped_at`: the step the engine stopped after (None while it serves): the
+        log's top line says so in place of the eviction rate (nothing is evicted now)."""
         key = (snap.events[-1] if snap.events else None, len(snap.events), self.size,
-               theme.generation())
+               theme.generation(), stopped_at)
         if key == self._key:
             return
         self._key = key
+        self.border_subtitle = with_caption(stopped_at, "", self.size.width)
         t = Text(no_wrap=True, overflow="ellipsis")
-        if not snap.events:
-            t.append("\n".join(textwrap.wrap(NO_EVENTS, max(20, self.size.width))), "dim")
         rows = max(1, self.size.height)
-        evicted = eviction_rate(snap)
+        if stopped_at is not None:      # newest first: the stop, then what came before it
+            rows -= 1
+            t.append(f"#{stopped_at:<6}", "dim")
+            t.append(f"■ {'stopped':<10}", STOP_STYLE)
+            t.append(" the engine stopped after this step\n")
+            if not snap.events:
+                t.append("no engine event before it", "dim")
+        elif not snap.events:
+            t.append("\n".join(textwrap.wrap(NO_EVENTS, max(20, self.size.width))), "dim")
+        evicted = eviction_rate(snap) if stopped_at is None else None
         if evicted is not None:
             rows -= 1
             t.append(f"{'now':<7}", "dim")

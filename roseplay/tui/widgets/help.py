@@ -123,7 +123,10 @@ engine refused (a pool too small for the scenario), the **decode path** that run
 (`C layer (cpu_native)`: the C kernels, on a CPU with AVX2 or AVX-512; `torch_sdpa (no C
 layer)`: PyTorch's attention, the fallback without them; `triton` on a GPU), then
 the model and device. The line above the footer gives the app's messages (what a knob
-just turned does, warnings), what a small terminal hid, or the zoom.
+just turned does, warnings), what a small terminal hid, or the zoom. Once the engine
+stopped (a red ■ STOPPED and why), the panels show its last snapshot, captioned `as of
+step N · engine stopped`: requests in flight read `cut off` with how far they got, and
+nothing reads as now (`— tok/s`, the plots end at `stop`).
 
 ## Guides and their scorecard
 A guide (a digit on this screen) switches the engine to its setup, resets the stats,

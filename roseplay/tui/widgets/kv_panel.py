@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.containers import Vertical
 
 from roseplay.tui.widgets.kv_host import HostTierView
+from roseplay.tui.widgets.stopped import BLANK, with_caption
 from roseplay.tui.widgets.replica_maps import ReplicaMaps
 from roseplay.tui.widgets.kv_map import (CACHED, CACHED_GLYPH, FREE, NAMES, SELECTED, SHARED, USED,
                                          KVMap, styles)
@@ -26,9 +27,11 @@ def _pct(rate: float | None) -> str:
 
 
 def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
-                width: int = 80) -> Text:
+                width: int = 80, stopped: bool = False) -> Text:
     """Four lines: colours with counts; usage (or the hovered block); last 10 s; totals.
-    The words shrink with the width (60+, 44+, narrower: initials) so nothing is cut."""
+    The words shrink with the width (60+, 44+, narrower: initials) so nothing is cut.
+    `stopped`: the engine stopped for good: nothing happens now, so a blank in place of
+    the last 10 s (the totals stand)."""
     tier = 2 if width >= 60 else 1 if width >= 44 else 0
     counts = {FREE: snap.num_free, USED: snap.num_used - snap.num_shared,
               SHARED: snap.num_shared, CACHED: snap.num_cached}
@@ -64,6 +67,7 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
     # the window's real span: it starts again at a knob change (counters.py)
     seconds = f"{min(window.window, max(window.span(), 0.0)):.0f}"
     since = "since reset" if window.base is not None else "total"
+    pad = (4, 6, 12)[tier]      # large counts: the next shorter form, never a cut one
     recent_label = f"last {seconds} s"
     if tier == 1:
         since, recent_label = ("reset" if window.base is not None else "total",
@@ -72,6 +76,10 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
         since, recent_label = ("rst" if window.base is not None else "all", f"{seconds}s")
     off = not snap.knobs.enable_prefix_caching      # no lookups: the rate would be stale
     for label, recent in ((recent_label, True), (since, False)):
+        if recent and stopped:
+            t.append(f"\n{'now':<{pad}}", "dim")
+            t.append(f"{BLANK} the engine stopped", "dim")
+            continue
         get = window.recent if recent else window.total
         hit, ev, pre, cow = ("off" if off and recent else _pct(window.hit_rate(recent)),
                              get("evictions"), get("preemptions"), get("cow_copies"))
@@ -82,7 +90,6 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
                  f"hit {hit} ev {ev} pre {pre} C {cow}",
                  f"hit {hit} ev {_k(ev)} pre {_k(pre)} C {_k(cow)}",
                  f"hit {hit} ev{_k(ev)} pre{_k(pre)} C{_k(cow)}")[2 - tier:]
-        pad = (4, 6, 12)[tier]      # large counts: the next shorter form, never a cut one
         t.append(f"\n{label:<{pad}}", "dim")
         t.append(next((f for f in forms if pad + len(f) <= width), forms[-1]))
     return t
@@ -148,7 +155,10 @@ class KVPanel(Vertical):
         yield self.host
         yield self.replica_maps
 
-    def show(self, snap, selected, window, flash: dict[int, int] | None = None) -> None:
+    def show(self, snap, selected, window, flash: dict[int, int] | None = None,
+             stopped_at: int | None = None) -> None:
+        """`stopped_at`: the step the engine stopped after (None while it serves): the
+        map and counts are as of then, and the caption says so."""
         kv = self.map
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
         kv.show(snap.block_state, snap.block_refcount, blocks, flash)
@@ -161,9 +171,12 @@ class KVPanel(Vertical):
             forms = (f"blocks {first}-{end - 1} of {snap.num_blocks}: scroll, z",
                      f"{first}-{end - 1} of {snap.num_blocks}: scroll, z")
             subtitle = next((f for f in forms if len(f) + 6 <= self.size.width), forms[-1])
+        # a map cut by the panel keeps saying so: the legend's `now` row says the stop
+        subtitle = with_caption(stopped_at, subtitle, self.size.width, keep_words=True)
         if self.border_subtitle != subtitle:
             self.border_subtitle = subtitle
         self.host.show(snap)
         hover = hover_text(snap, kv.hover_block)
         self.legend.show(legend_text(snap, selected.request_id if selected else None, kv.mode,
-                                     hover, window, self.legend.size.width))
+                                     hover, window, self.legend.size.width,
+                                     stopped_at is not None))

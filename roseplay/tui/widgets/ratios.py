@@ -54,9 +54,13 @@ METRICS = (
 )
 
 
-def side_metrics(snap, window, slos: dict) -> dict[str, float]:
+NOW_METRICS = ("tput", "kv_used", "steps")     # what a stopped engine has none of now
+
+
+def side_metrics(snap, window, slos: dict, stopped: bool = False) -> dict[str, float]:
     """One side's numbers over the last WINDOW s (since the reset, if later); NaN where
-    there is no data yet (no finished request, no SLO set)."""
+    there is no data yet (no finished request, no SLO set), and where a side whose
+    engine stopped for good has no figure of now (tok/s, KV in use, steps)."""
     start = max(snap.time - WINDOW, window.since if window.since is not None else -math.inf)
     lat = [x for x in snap.recent_latencies if x[0] >= start]
     ttft = window_ttfts(snap.requests, start)      # the Timing table's population
@@ -68,11 +72,12 @@ def side_metrics(snap, window, slos: dict) -> dict[str, float]:
     nan = math.nan
     span = window.span()
     tok_rate = window.recent("generated_tokens") / span if span > 0 else nan
-    return {"ttft_p50": _or_nan(t50), "ttft_p95": _or_nan(t95),
-            "tpot_p50": _or_nan(pctl(tpot, (50,))[0]), "itl_p50": _or_nan(pctl(itl, (50,))[0]),
-            "tput": tok_rate, "goodput": good / total if total else nan,
-            "hit": nan if hit is None else hit, "preempt": window.recent("preemptions"),
-            "done": len(lat), "kv_used": snap.num_used, "steps": window.recent("steps")}
+    out = {"ttft_p50": _or_nan(t50), "ttft_p95": _or_nan(t95),
+           "tpot_p50": _or_nan(pctl(tpot, (50,))[0]), "itl_p50": _or_nan(pctl(itl, (50,))[0]),
+           "tput": tok_rate, "goodput": good / total if total else nan,
+           "hit": nan if hit is None else hit, "preempt": window.recent("preemptions"),
+           "done": len(lat), "kv_used": snap.num_used, "steps": window.recent("steps")}
+    return (out | dict.fromkeys(NOW_METRICS, nan)) if stopped else out
 
 
 def _or_nan(v) -> float:

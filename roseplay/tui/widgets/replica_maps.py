@@ -9,6 +9,7 @@ from textual.containers import Horizontal, Vertical
 
 from roseplay.tui.widgets.kv_map import KVMap
 from roseplay.tui.widgets.replica_load import ReplicaFigures, imbalance
+from roseplay.tui.widgets.stopped import BLANK
 from roseplay.tui.widgets.text_view import TextView
 
 LOAD_ROWS = 4       # the figures under each map
@@ -66,17 +67,18 @@ def load_text(f: ReplicaFigures, width: int, chosen: bool = False) -> Text:
         return next((s for s in forms if len(s) <= width), forms[-1])
     pct = "-" if f.hit_rate is None else f"{100 * f.hit_rate:.0f}%"
     ttft = "-" if f.ttft_p50 is None else f"{1000 * f.ttft_p50:.0f}ms"
-    toks = "-" if f.tok_s is None else f"{f.tok_s:.0f}"
+    toks = BLANK if not f.alive else "-" if f.tok_s is None else f"{f.tok_s:.0f}"
     t = Text(no_wrap=True, overflow="ellipsis")
     head = pick(f"replica {f.rank} · routed {f.routed}", f"r{f.rank} routed {f.routed}",
                 f"r{f.rank} {f.routed}")
     t.append(head, "bold reverse #f2d34f" if chosen else "bold")
     if not f.alive:
         t.append(" dead", "bold #ff5555")
-    t.append("\n" + pick(f"waiting {f.waiting} · running {f.running} · 4w+r {f.score}",
-                         f"wait {f.waiting} run {f.running} 4w+r {f.score}",
-                         f"w{f.waiting} r{f.running} 4w+r {f.score}",
-                         f"w{f.waiting} r{f.running} ={f.score}"))
+    # a dead replica's last snapshot is not its load now: it serves nothing
+    w, r, score = (f.waiting, f.running, f.score) if f.alive else (BLANK,) * 3
+    t.append("\n" + pick(f"waiting {w} · running {r} · 4w+r {score}",
+                         f"wait {w} run {r} 4w+r {score}", f"w{w} r{r} 4w+r {score}",
+                         f"w{w} r{r} ={score}"))
     t.append("\n" + pick(f"KV {f.used}/{f.total} blocks · hit {pct}",
                          f"KV {f.used}/{f.total} hit {pct}", f"{f.used}/{f.total} {pct}"))
     t.append("\n" + pick(f"TTFT p50 {ttft} · {toks} tok/s", f"TTFT {ttft} {toks} tok/s",

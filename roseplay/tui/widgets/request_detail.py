@@ -7,7 +7,8 @@ from rich.text import Text
 from textual.widget import Widget
 
 from roseplay.tui.widgets.grammar_line import grammar_rows, grammar_text
-from roseplay.tui.widgets.requests import STATE_STYLE
+from roseplay.tui.widgets.requests import ACTIVE, STATE_STYLE
+from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE
 from roseplay.tui.widgets.token_choice import choice_text
 
 
@@ -31,12 +32,13 @@ class RequestDetail(Widget):
 
     def show(self, r, tokenizer=None, logprobs_mode: str | None = None,
              no_text: str = "this model has no tokenizer: no text",
-             extra: Text | None = None) -> None:
+             extra: Text | None = None, stopped: bool = False) -> None:
         """tokenizer: decodes the request's last output tokens (the engine sends ids; a
         recording carries the text); logprobs_mode: a live engine's (EngineInfo), to show
         the next-token distribution (None: a replay, whose recordings hold no logprobs);
         no_text: why a request with output tokens has no text; extra: lines under the
-        text (its TTFT split), rows kept for them."""
+        text (its TTFT split), rows kept for them; stopped: the engine stopped for good,
+        so a request in flight reads cut off (no cursor: nothing more comes)."""
         t = Text(overflow="fold")
         if r is None:
             t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
@@ -56,9 +58,12 @@ class RequestDetail(Widget):
             g_rows = grammar_rows(grammar, lines - choice_rows - extra_rows)
             lines = max(2, lines - choice_rows - extra_rows - g_rows)
             prompt_lines = max(1, lines // 2)
-            head = f"{r.request_id} [{r.state}] "
-            t.append(f"{r.request_id} ", STATE_STYLE.get(r.state, ""))
-            t.append(f"[{r.state}] ", STATE_STYLE.get(r.state, ""))
+            cut = stopped and r.state in ACTIVE
+            state = f"{CUT_OFF} while {r.state}" if cut else r.state
+            style = CUT_STYLE if cut else STATE_STYLE.get(r.state, "")
+            head = f"{r.request_id} [{state}] "
+            t.append(f"{r.request_id} ", style)
+            t.append(f"[{state}] ", style)
             prompt = r.prompt_preview.replace("\n", " ⏎ ")
             fits = width * prompt_lines - len(head)
             t.append(prompt if len(prompt) <= fits else prompt[:max(0, fits - 1)] + "…",
@@ -71,7 +76,7 @@ class RequestDetail(Widget):
                 t.append(text.replace("\n", " ⏎ "), "bold")
             elif r.output_tokens and tokenizer is None:
                 t.append(f"{r.output_tokens} tokens ({no_text})", "dim")
-            if r.state in ("prefilling", "decoding"):
+            if r.state in ("prefilling", "decoding") and not cut:
                 t.append("▌", "blink #4cc97a")
             if r.error:
                 t.append(f"\nerror: {r.error}", "#ff5555")

@@ -19,6 +19,7 @@ from textual.widget import Widget
 from engine.codes import RUNNING_STATES
 from roseplay.tui.widgets.grammar_line import GRAMMAR_STYLE
 from roseplay.tui.widgets.kv_host import hit_cell
+from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE
 from roseplay.tui.widgets.token_choice import choice_text
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
@@ -109,8 +110,10 @@ def arrange(requests, sort: str = "arrival", state: str | None = None) -> list:
     return sorted(requests, key=key)
 
 
-def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot") -> list[Segment]:
-    """What the request is doing, as a bar plus words, exactly `width` cells."""
+def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot",
+                  cut: bool = False) -> list[Segment]:
+    """What the request is doing, as a bar plus words, exactly `width` cells; `cut`: the
+    engine stopped while it was in flight: how far it got, in the stop's colour."""
     if r.state == "prefilling":
         n = r.chunks_total(budget)
         # the longest words that leave the bar 3 cells: "chunk k/n" is never cut
@@ -124,6 +127,9 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
         label = next((w for w in (f" {r.output_tokens}/{r.max_tokens}", f" {r.output_tokens}")
                       if len(w) + 3 <= width), f" {r.output_tokens}")
         frac, color = r.output_tokens / max(1, r.max_tokens), "#4cc97a"
+    elif cut:           # no bar: where it stood ("was waiting", "was preempted ×2")
+        more = f" ×{r.preemptions}" if r.state == "preempted" else ""
+        return [Segment(_fit(f"was {r.state}{more}", width, "<"), st(CUT_STYLE))]
     else:
         text, style = {
             "waiting": (reason, "dim"),
@@ -134,6 +140,7 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot")
             text = short_reason(text)
         return [Segment(_fit(text, width, "<"), st(style))]
     bw = max(1 if len(label) + 3 > width else 3, width - len(label))
+    color = CUT_STYLE if cut else color
     return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
 
 
@@ -187,6 +194,7 @@ class RequestList(Widget, can_focus=True):
         self.rows: list = []
         self.budget = 1
         self.reason = ""
+        self.stopped = False                 # the engine stopped: no row is in flight now
         self.sort, self.state_filter = "arrival", None
         self.selected: str | None = None     # chosen by the user (None: follow the first)
         self.pending: str | None = None      # select this one as soon as it shows up
@@ -194,9 +202,10 @@ class RequestList(Widget, can_focus=True):
         self._shown: dict[int, tuple] = {}   # line y -> what it showed when last drawn
 
     # -- data --------------------------------------------------------------------------
-    def show(self, requests, budget: int, reason: str = "") -> None:
+    def show(self, requests, budget: int, reason: str = "", stopped: bool = False) -> None:
+        """`stopped`: the engine stopped for good: rows in flight then read cut off."""
         self.rows, self.budget = arrange(requests, self.sort, self.state_filter), budget
-        self.reason = reason
+        self.reason, self.stopped = reason, stopped
         if self.pending and any(r.request_id == self.pending for r in self.rows):
             self.selected, self.pending = self.pending, None
         if self.selected and not any(r.request_id == self.selected for r in self.rows):
@@ -210,7 +219,7 @@ class RequestList(Widget, can_focus=True):
             return (y == 0, i < len(self.rows), self.size.width)
         r = self.rows[i]
         return (r, r is self.current, self.budget, self.size.width,
-                self.reason if r.state == "waiting" else "")
+                self.reason if r.state == "waiting" else "", self.stopped)
 
     def _refresh_changed(self) -> None:
         dirty = []
@@ -315,11 +324,12 @@ class RequestList(Widget, can_focus=True):
         return strip.apply_style(background) if background is not None else strip
 
     def _row(self, r, selected: bool) -> Strip:
-        cells = {"id": lambda w: id_cell(r, w),
-                 "state": (r.state, STATE_STYLE.get(r.state, "")),
+        cut = self.stopped and r.state in ACTIVE     # in flight when the engine stopped
+        state = (CUT_OFF, CUT_STYLE) if cut else (r.state, STATE_STYLE.get(r.state, ""))
+        cells = {"id": lambda w: id_cell(r, w), "state": state,
                  # scheduling_policy=priority: lower first (the workload's documents: 1)
                  "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),
-                 "progress": lambda w: progress_cell(r, self.budget, w, self.reason),
+                 "progress": lambda w: progress_cell(r, self.budget, w, self.reason, cut),
                  "prompt": (str(r.prompt_tokens), ""),
                  "hit": hit_cell(r),
                  "gen": (str(r.output_tokens), ""), "TTFT": (fmt_ms(r.ttft), ""),

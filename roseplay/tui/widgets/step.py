@@ -5,6 +5,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from roseplay.tui.widgets import theme
+from roseplay.tui.widgets.stopped import with_caption
 
 EMPTY = "#3a3f4a"
 
@@ -74,25 +75,30 @@ class StepPanel(Widget):
         self._text = Text()
         self._key = None
 
-    def show(self, snap) -> None:
+    def show(self, snap, stopped: bool = False) -> None:
+        """`stopped`: the engine stopped for good after this step: it is the last one,
+        and its counts are of then (ran, waited), not of now."""
         key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width,
-               theme.generation(), snap.knobs.num_speculative_tokens)
+               theme.generation(), snap.knobs.num_speculative_tokens, stopped)
         if key == self._key:
             return
         self._key = key
-        self._text = self._build(snap)
+        self._text = self._build(snap, stopped)
+        self.border_subtitle = with_caption(snap.step if stopped else None, "", self.size.width)
         self.refresh()
 
-    def _build(self, snap) -> Text:
+    def _build(self, snap, stopped: bool = False) -> Text:
         s, budget = snap.last_step, snap.knobs.max_num_batched_tokens
         t = Text(no_wrap=True, overflow="ellipsis")
         if s is None:
-            return t.append("no step yet: the engine is waiting for requests", "dim")
+            return t.append("no step: the engine stopped before its first" if stopped else
+                            "no step yet: the engine is waiting for requests", "dim")
         # the top line's number: last_step is that step (StepStats.step is 1-based in a
         # live engine; recordings made before 2026-11 stored it 0-based)
-        t.append(f"step {snap.step}", "bold")
+        t.append(f"{'last step' if stopped else 'step'} {snap.step}", "bold")
         t.append(f"  {s.duration * 1000:7.1f} ms   ")
-        t.append(f"running {s.num_running}  waiting {s.num_waiting}\n")
+        t.append(f"ran {s.num_running}  waited {s.num_waiting}\n" if stopped else
+                 f"running {s.num_running}  waiting {s.num_waiting}\n")
         used = s.decode_tokens + s.prefill_tokens
         t.append("budget ")
         t.append_text(budget_bar(s.decode_tokens, s.prefill_tokens, budget,

@@ -3,9 +3,9 @@
 `TimingHistory` turns successive snapshots into one point per `BUCKET` seconds of
 engine time (p50 TTFT of the `RECENT` latest requests to get a first token, p50 TPOT of
 the `RECENT` latest to finish, output tokens per second), so a knob change shows up as a
-step in the curves without gaps when requests finish in waves. `Plot` draws a
-series as eighth-block bars over a few rows with the Line API. Latencies are the
-engine's (paused time is excluded there, by its serving clock).
+step in the curves without gaps when requests finish in waves; roseplay/tui/widgets/plots.py
+draws them. Latencies are the engine's (paused time is excluded there, by its serving
+clock).
 """
 from __future__ import annotations
 
@@ -13,28 +13,24 @@ import math
 import time
 from collections import deque
 
-import numpy as np
-from rich.segment import Segment
-from rich.style import Style
 from rich.text import Text
 from textual.containers import Container, Vertical
-from textual.strip import Strip
 from textual.widget import Widget
 
 from engine.metrics import prefix_hit_rate
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.counters import WINDOW
+from roseplay.tui.widgets.plots import (BUCKET, MARK_BG, PLOT_BG, Plot,  # noqa: F401
+                                        TimeAxis, place_labels, scale_top)
 from roseplay.tui.widgets.latency import (RECENT, goodput_share, pctl,  # noqa: F401
                                           recent_p50, slo_text, view_latencies, window_ttfts)
 from roseplay.tui.widgets.requests import fmt_ms
 from roseplay.tui.widgets.spec_note import SpecNote
+from roseplay.tui.widgets.stopped import BLANK, with_caption
 from roseplay.tui.widgets.ttft_split import window_split
 
-BUCKET = 0.5          # seconds of engine time per plotted point
 HISTORY = 240
 UPDATE_EVERY = 0.5   # seconds between redraws (the text changes every frame otherwise)
-_EIGHTHS = " ▁▂▃▄▅▆▇█"
-PLOT_BG, MARK_BG = "#1d2027", "#5a4a10"    # a plot's ground; the column of a knob change
 
 
 SERIES = ("ttft", "itl", "tput", "running", "waiting", "kv", "hit", "tpot", "accept", "alen")
@@ -112,131 +108,6 @@ class TimingHistory:
         self._t, self._tokens, self._counters = now, tokens, snap.counters
 
 
-class Plot(Widget):
-    """A series as eighth-block bars (Line API) beside a label column: the name with the
-    latest value (units included), and the top of the scale. The scale ignores rare
-    outliers (a bar above it is drawn full with a ▲), so one slow request does not
-    flatten the curve for minutes."""
-
-    DEFAULT_CSS = "Plot { height: 1; }"
-    LABEL = 18
-
-    def __init__(self, name: str, color_key: str, fmt, fixed_top: float | None = None,
-                 **kwargs):
-        super().__init__(**kwargs)
-        self.label, self.color_key, self.fmt = name, color_key, fmt
-        self.fixed_top = fixed_top      # a fixed full scale (percentages: 100)
-        self.values: list[float] = []
-        self.marks: list = []
-
-    def show(self, values, marks=()) -> None:
-        values, marks = list(values), list(marks)
-        if values != self.values or marks != self.marks:
-            self.values, self.marks = values, marks
-            self.refresh()
-
-    def points(self) -> int:
-        return max(0, self.size.width - self.LABEL)
-
-    def render_line(self, y: int) -> Strip:
-        width, height = self.size.width, self.size.height
-        n = self.points()
-        vals = self.values[-n:] if n else []
-        marks = self.marks[-len(vals):] if vals else []
-        finite = [v for v in vals if not math.isnan(v)]
-        top = self.fixed_top or scale_top(finite)
-        color = theme.color(self.color_key)
-        segments = [Segment(self._label(y, height, finite, top).ljust(self.LABEL)[:self.LABEL],
-                            Style(color=color, bold=y == 0))]
-        if len(vals) < n:
-            segments.append(Segment(" " * (n - len(vals)), Style(bgcolor=PLOT_BG)))
-        plain, marked = Style(color=color, bgcolor=PLOT_BG), Style(color=color, bgcolor=MARK_BG)
-        for i, v in enumerate(vals):
-            if math.isnan(v) or top <= 0:
-                char = " "
-            elif v > top:
-                char = "▲" if y == 0 else "█"
-            else:
-                eighths = round(v / top * height * 8) - (height - 1 - y) * 8
-                char = _EIGHTHS[max(0, min(8, eighths))]
-            # a knob change: a column of its own background down every plot
-            segments.append(Segment(char, marked if i < len(marks) and marks[i] else plain))
-        return Strip(Segment.simplify(segments)).adjust_cell_length(width)
-
-    def _label(self, y: int, height: int, finite, top: float) -> str:
-        """Name and latest value (units included); the full scale on the second row, or
-        after a slash on a one-row plot."""
-        if y == 0:      # the latest point's value ("-": none in it, not an older one)
-            if not finite or math.isnan(self.values[-1]):
-                return f"{self.label} -"
-            text = f"{self.label} {self.fmt(finite[-1])}"
-            return text + (f"/{self.fmt(top)}" if height == 1 and top > 0 and
-                           len(text) + 1 + len(self.fmt(top)) <= self.LABEL else "")
-        if y == 1:
-            return f" top {self.fmt(top)}" if finite else " no data yet"
-        return ""
-
-
-def scale_top(finite) -> float:
-    """The plot's full scale: the max, unless a few outliers sit far above the rest."""
-    if not finite:
-        return 0.0
-    top, p90 = max(finite), float(np.percentile(finite, 90))
-    return 2 * p90 if p90 > 0 and top > 3 * p90 else top
-
-
-class TimeAxis(Widget):
-    """-N s … now under the plots (one point per BUCKET seconds), and the label of each
-    knob change under its mark."""
-
-    DEFAULT_CSS = "TimeAxis { height: 1; color: $text-muted; }"
-    marks: list = []
-
-    def show(self, marks) -> None:
-        marks = list(marks)
-        if marks != self.marks:
-            self.marks = marks
-            self.refresh()
-
-    def render(self) -> Text:
-        n = max(0, self.size.width - Plot.LABEL)
-        if n < 12:
-            return Text("")
-        left, mid = f"-{n * BUCKET:.0f} s", f"-{n * BUCKET / 2:.0f} s"
-        line = list("─" * n)
-        for pos, word in ((0, left), (n // 2 - len(mid) // 2, mid), (n - 3, "now")):
-            line[pos:pos + len(word)] = word
-        t = Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
-        shown = self.marks[-n:]
-        for start, word in place_labels([(n - len(shown) + i, label)
-                                         for i, label in enumerate(shown) if label], n):
-            start += Plot.LABEL
-            t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
-        return t
-
-
-def place_labels(marks: list[tuple[int, str]], n: int) -> list[tuple[int, str]]:
-    """(column, text) of each mark's `▲label` on an axis of `n` columns, none over
-    another: the newest keeps its whole label (moved left to fit the end: an older mark
-    under it then has no label of its own), each older one is cut to the room before the
-    next (`▲bud…`, or `▲` alone), one column apart."""
-    out, limit = [], n
-    for pos, label in reversed(marks):
-        if pos >= limit:
-            continue                  # under a newer label
-        word = "▲" + label
-        if not out:                   # the newest: whole, ending at the axis's end at most
-            pos = max(0, min(pos, n - len(word)))
-            room = n - pos
-        else:
-            room = limit - pos - 1
-        if len(word) > room:
-            word = word[:room - 1] + "…" if room >= 3 else "▲"
-        out.append((pos, word))
-        limit = pos
-    return out[::-1]
-
-
 class TimingStats(Widget):
     DEFAULT_CSS = ("TimingStats { width: 34; height: 6; text-wrap: nowrap; "
                    "text-overflow: ellipsis; }")
@@ -245,12 +116,14 @@ class TimingStats(Widget):
         super().__init__(**kwargs)
         self._text = Text()
 
-    def show(self, snap, rate: float, since: float | None, slos: dict | None = None) -> None:
+    def show(self, snap, rate: float, since: float | None, slos: dict | None = None,
+             stopped: bool = False) -> None:
         """Percentiles over the last WINDOW seconds (from the last reset or knob change,
         if later; the header says how many): TTFT of the requests whose first token came
         in it (the TTFT plot's population: its points are the p50 of the RECENT latest),
         TPOT of those that finished in it, every token gap in it; with SLOs, the share of
-        the requests finished then that met all of them (goodput)."""
+        the requests finished then that met all of them (goodput). `stopped`: the engine
+        stopped for good: the window ends at its stop, and no token comes now (no tok/s)."""
         start = max(snap.time - WINDOW, since if since is not None else -math.inf)
         lat = [x for x in snap.recent_latencies if x[0] >= start]
         itl = [x[1] for x in snap.recent_itls if x[0] >= start]
@@ -267,7 +140,7 @@ class TimingStats(Widget):
             if name == "TTFT":          # where its time went (roseplay/tui/widgets/ttft_split.py)
                 t.append_text(window_split(snap, start))
                 t.append("\n")
-        t.append(f"{rate:,.0f} tok/s", "bold")
+        t.append(f"{BLANK} tok/s" if stopped else f"{rate:,.0f} tok/s", "bold")
         if slos:
             good, total = goodput_share(snap, start, slos)
             t.append(" · good ", "dim")
@@ -299,7 +172,7 @@ class TimingPanel(Container):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.history = TimingHistory()
-        self._shown_at = (None, -1.0)     # (snapshot time, monotonic) of the last redraw
+        self._shown_at = (None, -1.0)     # ((snapshot time, stop), monotonic) last drawn
         self.stats = TimingStats()
         count = lambda v: f"{v:.0f}"          # noqa: E731
         pct = lambda v: f"{v:.0f}%"           # noqa: E731
@@ -348,26 +221,29 @@ class TimingPanel(Container):
         """Redraw at the next show() (a setting changed, not the data)."""
         self._shown_at = (None, -1.0)
 
-    def show(self, snap, window, throttle: bool = True, final: bool = False) -> None:
+    def show(self, snap, window, throttle: bool = True, final: bool = False,
+             stopped_at: int | None = None) -> None:
         """Feed the history every frame (`final`: no later frame comes); redraw on a new
         snapshot, at most every UPDATE_EVERY seconds while `throttle` (a running engine:
-        text changes every frame)."""
+        text changes every frame). `stopped_at`: the step the engine stopped after (None
+        while it serves): drawn at once, as the last figures before the stop, captioned."""
         self.history.feed(snap, final)
-        last_time, last_mono = self._shown_at
-        now = time.monotonic()
-        if snap.time == last_time or (throttle and now - last_mono < UPDATE_EVERY):
+        last_key, last_mono = self._shown_at
+        now, key, stopped = time.monotonic(), (snap.time, stopped_at), stopped_at is not None
+        if key == last_key or (throttle and not stopped and now - last_mono < UPDATE_EVERY):
             return
-        self._shown_at = (snap.time, now)
-        self.stats.show(snap, self.history.rate, window.since, self.slos)
-        self.border_subtitle = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
+        self._shown_at = (key, now)
+        self.stats.show(snap, self.history.rate, window.since, self.slos, stopped)
+        goodput = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
+        self.border_subtitle = with_caption(stopped_at, goodput, self.size.width)
         marks = self.history.marks
         self._show_spec_plots(snap)
         since = window.reset_time
         self.spec_note.show(snap, max(snap.time - WINDOW,
                                       since if since is not None else -math.inf))
-        for key, plot in self.plots.items():
-            plot.show(self.history.series[key], marks)
-        self.axis.show(marks)
+        for name, plot in self.plots.items():
+            plot.show(self.history.series[name], marks, stopped)
+        self.axis.show(marks, stopped)
 
     def _show_spec_plots(self, snap) -> None:
         """The speculation plots take rows only once speculation is on (or its points

@@ -36,26 +36,27 @@ def split_bar(parts, width: int) -> Text:
     return t
 
 
-def request_split(r, now: float, width: int = 1000) -> Text:
+def request_split(r, now: float, width: int = 1000, stopped: bool = False) -> Text:
     """One request's TTFT split (the chunk numbers say which part is which), the
-    longest form that fits `width`; or how far it got (queued so far, chunks so far)."""
+    longest form that fits `width`; or how far it got (queued so far, chunks so far;
+    `stopped`: before the engine stopped, which ended the wait)."""
     parts = r.ttft_split()
     if parts is None:
-        return _unfinished(r, now)
+        return _unfinished(r, now, "before the stop" if stopped else "so far")
     forms = [_split_words(r, parts, bar, short) for bar, short in
              ((True, False), (False, False), (False, True))]
     return next((f for f in forms if f.cell_len <= width), forms[-1])
 
 
-def _unfinished(r, now: float) -> Text:
+def _unfinished(r, now: float, until: str = "so far") -> Text:
     t = Text("TTFT: ", "bold")
     if r.scheduled_ts is None:
         if r.state not in ("waiting", "preempted"):
             return t.append("never scheduled", "dim")
-        return t.append(f"queued {fmt_ms(now - r.arrival_time)} so far", "dim")
+        return t.append(f"queued {fmt_ms(now - r.arrival_time)} {until}", "dim")
     t.append(f"queued {fmt_ms(r.queued_time)}", _color(PART_COLORS[0]))
     return t.append(f", then {r.prefill_chunks} chunk"
-                    f"{'' if r.prefill_chunks == 1 else 's'} so far", "dim")
+                    f"{'' if r.prefill_chunks == 1 else 's'} {until}", "dim")
 
 
 def _split_words(r, parts, bar: bool, short: bool) -> Text:

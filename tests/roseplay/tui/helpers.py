@@ -88,6 +88,14 @@ def screen_text(app) -> str:
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
+def seen_in(app, widget) -> str:
+    """What the screen shows in the widget's region: its children and border included
+    (a container's own render_lines draws neither); one character a cell."""
+    r = widget.region
+    lines = screen_text(app).splitlines()[r.y:r.y + r.height]
+    return "\n".join(line[r.x:r.x + r.width] for line in lines)
+
+
 def notices(app) -> str:
     """The app's latest messages (the message line's, full texts; toasts before it)."""
     if not hasattr(app, "messages"):
