@@ -55,11 +55,13 @@ SKINNY_MAX_M = 32
 FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many 16-row tiles
 # The M = 1 plan (docs/KERNELS.md "One row"): weights of at most ONE_STEP_MAX_ELEMS
 # elements (qkv, o) take one K step per program with narrow tiles, so a program's whole
-# slab loads before the PDL wait; larger ones loop over K in M1_BLOCK_N x M1_BLOCK_K
-# tiles (one K step for every weight, or 16 x 256 tiles everywhere, were slower).
+# slab loads before the PDL wait; larger ones (gate_up, down, lm_head) loop over K in
+# M1_BLOCK_N x M1_BLOCK_K tiles: 16 x 256 (H200, batch-1 replay 0.553-0.563 -> 0.542 ms
+# against 8 x 512; 8 x 256, 32 x 256, 16 x 128 and 4 x 1024 lost; one K step for every
+# weight, or 16 x 256 tiles for qkv and o too, were slower on the H100).
 ONE_STEP_MAX_ELEMS = 1 << 22
 ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at 4 warps
-M1_BLOCK_N, M1_BLOCK_K = 8, 512
+M1_BLOCK_N, M1_BLOCK_K = 16, 256
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
