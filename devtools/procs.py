@@ -16,6 +16,15 @@ def proc_status(pid: int) -> tuple[float, int]:
     return rss, threads
 
 
+def process_state(pid: int) -> str | None:
+    """The process's state letter from /proc (Z: a zombie), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def children(pid: int) -> list[int]:
     """The direct children of `pid` (every thread's)."""
     out = []

@@ -18,6 +18,7 @@ from engine.config import InvalidRequestError, KnobChanges
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
 from engine import commands as C
+from devtools.procs import process_state
 from tests.helpers import engines_owned_by
 
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -252,13 +253,6 @@ def test_an_engine_stopped_by_sigterm_is_reaped_before_its_client_closes():
     assert c.proc.returncode is not None and pid not in engine_pids()
 
 
-def process_state(pid: int) -> str | None:
-    """The process's state letter (Z: a zombie), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
 
 
 def test_bad_engine_flags_fail_fast_with_the_engines_message(client):

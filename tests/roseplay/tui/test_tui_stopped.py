@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from devtools.procs import process_state
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.engine_state import client_down, engine_down
 from roseplay.tui.widgets.requests import RequestList
@@ -96,13 +97,6 @@ async def test_the_top_line_reads_stopped_and_why_in_place_of_serving_or_paused(
         assert "STOPPED" not in top and "SERVING" not in top
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter (Z: a zombie), None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
 
 
 @sync
@@ -127,7 +121,7 @@ async def test_a_killed_engine_process_reads_stopped_and_is_reaped_while_the_app
             assert not RATE.search(timing()) and "— tok/s" in timing()
             assert not [row for row in request_rows(app) if AS_IF_ONGOING.search(row)]
             assert await wait_for(pilot, lambda: proc.returncode is not None, 60)
-            assert _state(proc.pid) != "Z" and app.is_running and app.return_code is None
+            assert process_state(proc.pid) != "Z" and app.is_running and app.return_code is None
             await pilot.press("q")
         assert app.return_code == 0
     finally:
@@ -136,4 +130,4 @@ async def test_a_killed_engine_process_reads_stopped_and_is_reaped_while_the_app
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode is not None and _state(proc.pid) != "Z"
+    assert proc.returncode is not None and process_state(proc.pid) != "Z"
