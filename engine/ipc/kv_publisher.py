@@ -100,18 +100,27 @@ class KVEventPublisher:
             except queue.Empty:
                 item = _IDLE
             try:
-                while item is not _IDLE:
-                    if item is None:
-                        return
+                if item is None:
+                    return
+                if item is not _IDLE:
                     self._send(*item)
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        item = _IDLE
-                if self._replay is not None:
-                    self._serve_replays()
+                if not self._drain():
+                    return
+                if self._replay is not None and not self._serve_replays():
+                    return
             except zmq.ZMQError:
                 return             # the context was destroyed under us: the process ends
+
+    def _drain(self) -> bool:
+        """Send what is queued now; False once the stop marker comes."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            self._send(*item)
 
     def _send(self, seq: int, ts: float, raw: list) -> None:
         payload = self._encoder.encode(KVEventBatch(ts, self._events(raw), self._rank))
@@ -145,11 +154,15 @@ class KVEventPublisher:
         words = np.frombuffer(b"".join(keys), dtype="<i4").reshape(len(keys), -1)
         return words[:, 2:].astype(np.int64).ravel().tolist()   # int64: tolist's fast path
 
-    def _serve_replays(self) -> None:
+    def _serve_replays(self) -> bool:
         """Answer each waiting request [b"", start seq] with every buffered batch from
-        `start` on, then the end marker."""
+        `start` on, then the end marker. The queue is drained once a request is taken,
+        so a batch queued before the request arrived is in the answer even when it came
+        after the drain before this call. False once the stop marker comes."""
         while self._replay.poll(0):
             frames = self._replay.recv_multipart()
+            if not self._drain():
+                return False
             if len(frames) != 3 or len(frames[2]) != 8:
                 continue               # not a replay request: no answer
             ident, start = frames[0], seq_of(frames[2])
@@ -158,3 +171,4 @@ class KVEventPublisher:
                     self._replay.send_multipart((ident, b"", seq_bytes(seq), payload),
                                                 copy=False)
             self._replay.send_multipart((ident, b"", END_SEQ, b""))
+        return True

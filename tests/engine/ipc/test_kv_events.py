@@ -2,6 +2,8 @@
 vLLM's schema (tests/engine/vllm_kv_events.py), rebuilds its prefix cache exactly, a
 late subscriber catches up through the replay socket, the hashes are the documented
 ones, and with events off the engine records nothing and keeps Python's hash."""
+import threading
+
 import pytest
 import zmq
 
@@ -117,6 +119,43 @@ def test_stream_rebuilds_the_cache_exactly(engine):
         assert e.counters.evictions > 0
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_replay_holds_a_batch_queued_just_before_its_request():
+    """The publisher thread has drained its queue; a step's batch is queued and a replay
+    is asked for before the thread looks for requests. The answer holds that batch (a
+    late subscriber waits for the engine's latest seq); it was once answered without it,
+    and a loaded CI box met that."""
+    e, pub = events_engine()
+    ctx = zmq.Context()
+    req = socket(ctx, zmq.DEALER, pub.bound[1])
+    drain, raced = pub._drain, threading.Event()
+
+    def drain_then_race():          # runs on the publisher thread, once
+        ok = drain()
+        if not raced.is_set():
+            run(e, [[5] * 8])                               # queued after the drain
+            req.send_multipart([b"", seq_bytes(0)])
+            assert pub._replay.poll(20_000)                 # the request has arrived
+            raced.set()
+        return ok
+
+    pub._drain = drain_then_race
+    try:
+        assert raced.wait(20)
+        seqs = []
+        while True:
+            assert req.poll(20_000), "no replay answer"
+            _, seq, _ = req.recv_multipart()
+            if seq_of(seq) == -1:
+                break
+            seqs.append(seq_of(seq))
+        assert seqs and seqs[-1] == e.kv_events.seq, (seqs, e.kv_events.seq)
+    finally:
+        req.close()
+        ctx.destroy(linger=0)
+        pub.close()
+        e.close()
 
 
 def test_host_tier_events_rebuild_both_tiers():
