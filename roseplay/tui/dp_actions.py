@@ -7,6 +7,7 @@ from __future__ import annotations
 from engine.config import ROUTING_POLICIES
 from roseplay.tui.widgets.knobs import cycled
 from roseplay.tui.widgets.routing_card import card_rows
+from roseplay.tui.widgets.borders import border_form
 from roseplay.tui.widgets.stopped import with_caption
 
 
@@ -67,7 +68,7 @@ class RoutingActions:
         kv, n = self.kv, snaps[0].num_blocks
         forms = (f"KV cache · {len(snaps)} replicas × {n} blocks × {snaps[0].block_size} tokens",
                  f"KV · {len(snaps)} × {n} blocks")
-        title = next((f for f in forms if len(f) + 6 <= kv.size.width), forms[-1])
+        title = border_form(forms, kv.size.width)
         k = kv.replica_maps.scale()
         subtitle = with_caption(stop, f"1 cell = {k} blocks" if k > 1 else "", kv.size.width)
         if kv.border_title != title:

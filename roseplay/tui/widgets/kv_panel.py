@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.containers import Vertical
 
 from roseplay.tui.widgets.kv_host import HostTierView
+from roseplay.tui.widgets.borders import border_form
 from roseplay.tui.widgets.stopped import BLANK, with_caption
 from roseplay.tui.widgets.replica_maps import ReplicaMaps
 from roseplay.tui.widgets.kv_map import (CACHED, CACHED_GLYPH, FREE, NAMES, SELECTED, SHARED, USED,
@@ -135,7 +136,7 @@ def pool_title(snap, width: int) -> str:
         forms = [forms[0] + f" · fp8 {kib:g} KiB a block ({model})",
                  forms[1] + f" · fp8 {kib:g} KiB/block ({model})",
                  forms[1] + " · fp8"]
-    return next((f for f in forms if len(f) + 6 <= width), forms[-1])
+    return border_form(forms, width)
 
 
 class KVPanel(Vertical):
@@ -170,7 +171,7 @@ class KVPanel(Vertical):
         if end - first < snap.num_blocks:
             forms = (f"blocks {first}-{end - 1} of {snap.num_blocks}: scroll, z",
                      f"{first}-{end - 1} of {snap.num_blocks}: scroll, z")
-            subtitle = next((f for f in forms if len(f) + 6 <= self.size.width), forms[-1])
+            subtitle = border_form(forms, self.size.width)
         # a map cut by the panel keeps saying so: the legend's `now` row says the stop
         subtitle = with_caption(stopped_at, subtitle, self.size.width, keep_words=True)
         if self.border_subtitle != subtitle:

@@ -7,6 +7,8 @@ caption; the app hands them the step the engine stopped after (None while it ser
 """
 from __future__ import annotations
 
+from roseplay.tui.widgets.borders import border_form, fits
+
 BLANK = "—"                 # a figure about now: a stopped engine has none
 CUT_OFF = "cut off"         # the state of a request the stop ended in flight
 CUT_STYLE = "#c06060"       # its state and how far it got
@@ -19,12 +21,6 @@ def captions(step: int) -> tuple[str, ...]:
             f"stopped at {step}")
 
 
-def fits(text: str, width: int) -> bool:
-    """Whether a border subtitle fits a border of `width` cells (corners and padding
-    spared)."""
-    return len(text) + 6 <= width
-
-
 def with_caption(stopped_at: int | None, words: str, width: int = 1000,
                  keep_words: bool = False) -> str:
     """A border subtitle: the stop's caption first, then the panel's own words; where
@@ -34,6 +30,5 @@ def with_caption(stopped_at: int | None, words: str, width: int = 1000,
         return words
     forms = captions(stopped_at)
     both = (f"{c} · {words}" for c in forms) if words else ()
-    alone = words if keep_words and words else next((c for c in forms if fits(c, width)),
-                                                    forms[-1])
+    alone = words if keep_words and words else border_form(forms, width)
     return next((f for f in both if fits(f, width)), alone)
