@@ -61,10 +61,12 @@ def main() -> int:
     if args.one_run:
         print(json.dumps(one_run(args)))
         return 0
-    own = [a for a in sys.argv[1:] if a != "--trees" and a not in args.trees]
+    argv = ["--model", args.model, "--vocab", str(args.vocab), "--requests",
+            str(args.requests), "--input-len", str(args.input_len), "--rounds",
+            str(args.rounds), "--one-run"]
 
     def measure(tree: str) -> dict:
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), *own, "--one-run"],
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv],
                              cwd=tree, env={**os.environ, "PYTHONPATH": tree},
                              capture_output=True, text=True, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
