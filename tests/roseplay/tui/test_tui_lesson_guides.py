@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from engine.codes import RUNNING_STATES
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.guides.catalog import BY_KEY
 from roseplay.tui.widgets.knobs import KnobsPanel
@@ -44,6 +45,12 @@ def _message_line(app) -> str:
     return screen_text(app).splitlines()[-2]
 
 
+def _running_shown(app) -> int:
+    """Running requests in the snapshot the app shows (what its budget warning counts)."""
+    return sum(r.state in RUNNING_STATES for r in (app.snapshot.requests if app.snapshot
+                                                   else ()))
+
+
 async def _guide(pilot, app, key: str) -> None:
     await pilot.press("question_mark")
     assert await wait_for(pilot, lambda: "Knob guidance" in screen_text(app), 30)
@@ -56,8 +63,9 @@ async def test_messages_are_on_the_message_line_never_over_a_panel(source):
     """Four budget warnings stacked as toasts over Timing."""
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
-        assert await wait_for(pilot, lambda: source.snapshot().last_step is not None
-                              and source.snapshot().last_step.num_running >= 8, 30)
+        # the warning counts the running requests of the snapshot on screen, which a
+        # loaded box's UI pulls later than the engine publishes it: wait for that one
+        assert await wait_for(pilot, lambda: _running_shown(app) >= 8, 30)
         for _ in range(7):                           # 512 -> 4: below the running requests
             await pilot.press("minus")
         assert await wait_for(pilot, lambda: "running requests" in _message_line(app), 30), \
