@@ -107,13 +107,19 @@ def test_ceiling_tool_reports_rates_and_client_cpu(tmp_path, capsys):
 def test_canned_server_and_its_workers_exit_on_terminate():
     proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "canned_server.py"),
                              "--workers", "3"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().startswith("listening ")
-    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-        workers = [int(x) for x in f.read().split()]
-    assert len(workers) == 2
-    proc.terminate()
-    assert proc.wait(10) == 0
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(os.path.exists(f"/proc/{w}") for w in workers)
+    try:
+        assert proc.stdout.readline().startswith("listening ")
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            workers = [int(x) for x in f.read().split()]
+        assert len(workers) == 2
+        proc.terminate()
+        assert proc.wait(10) == 0
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(os.path.exists(f"/proc/{w}") for w in workers)
+    finally:            # a failure leaves no server behind (its workers follow it)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
