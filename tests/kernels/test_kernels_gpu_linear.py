@@ -200,3 +200,57 @@ def test_argmax_matches_torch(tri, seed, rows):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, x.argmax(-1)), f"graph (seed {seed})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 16, 64, 65, 300, 4096])
+@pytest.mark.parametrize("k,inter", [(896, 4864), (1024, 3072)])
+def test_gated_mlp(tri, seed, dtype, m, k, inter):
+    """The MLP block on either side of GATE_UP_SILU_MIN_M (the skinny GEMMs' fused
+    prologues; gate_up with SwiGLU in its epilogue, then cuBLAS) against the reference
+    composition in float64, eagerly and replayed from a CUDA graph."""
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    res = torch.randn(m, k, device="cuda").to(dtype)
+    nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(dtype)
+    gu = (torch.randn(2 * inter, k, device="cuda") / k ** 0.5).to(dtype)
+    down = (torch.randn(k, inter, device="cuda") / inter ** 0.5).to(dtype)
+    want, want_res = ref.gated_mlp(x.double(), nw.double(), 1e-6, gu.double(), None,
+                                   down.double(), None, res.double())
+    got, got_res = tri.gated_mlp(x, nw, 1e-6, gu, None, down, None, res)
+    check(got, want.to(dtype), dtype, seed, f"gated_mlp m={m}")
+    check(got_res, want_res.to(dtype), dtype, seed, f"gated_mlp residual m={m}")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tri.gated_mlp(x, nw, 1e-6, gu, None, down, None, res)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = tri.gated_mlp(x, nw, 1e-6, gu, None, down, None, res)
+    x.copy_(torch.randn_like(x, dtype=torch.float32))
+    graph.replay()
+    torch.cuda.synchronize()
+    want, _ = ref.gated_mlp(x.double(), nw.double(), 1e-6, gu.double(), None,
+                            down.double(), None, res.double())
+    check(out, want.to(dtype), dtype, seed, f"gated_mlp graph m={m}")
+
+
+def test_gate_up_silu_runs_where_it_fits(tri):
+    """bfloat16 above GATE_UP_SILU_MIN_M rows takes the SwiGLU epilogue, bit-equal to the
+    kernel called directly; float32 and a gate_up with a bias keep the two ops."""
+    import kernels.mlp as mlp
+    m, k, inter = mlp.GATE_UP_SILU_MIN_M + 1, 896, 4864
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    gu = (torch.randn(2 * inter, k, device="cuda") / k ** 0.5).to(torch.bfloat16)
+    assert mlp.fits(x, gu, None)
+    assert not mlp.fits(x.float(), gu.float(), None)
+    assert not mlp.fits(x, gu, torch.zeros(2 * inter, device="cuda", dtype=torch.bfloat16))
+    assert not mlp.fits(x, gu[:2 * inter - 64], None)       # I not a multiple of BLOCK_N
+    eye = torch.eye(inter, device="cuda", dtype=torch.bfloat16)
+    ones = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    # norm weight 1, residual 0, down = the identity's first K rows: y = act[:, :K] where
+    # act = gate_up_silu(rms_norm(x))
+    y, _ = mlp.gated_mlp(x, ones, 1e-6, gu, None, eye[:k], None,
+                         torch.zeros(m, k, device="cuda", dtype=torch.bfloat16))
+    h = tri.rms_norm(x, ones, 1e-6)
+    assert torch.equal(y, mlp.gate_up_silu(h, gu)[:, :k])
