@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.reference import _gated_mlp, _norm_then_linear
+from kernels.reference import _norm_then_linear
 
 PACK_BATCH_HINT = 16        # rows oneDNN picks its weight layout for: a decode batch
 ONEDNN_MAX_ROWS = 32        # wider inputs use F.linear (bounds oneDNN's kernels per weight)
@@ -93,6 +93,3 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
     """linear(silu_and_mul(x), weight, bias): x [..., 2K] = [gate | up], weight [N, K]."""
     return linear(silu_and_mul(x), weight, bias)
-
-
-gated_mlp = _gated_mlp(rms_norm_linear, silu_mul_linear)

@@ -19,7 +19,6 @@ import torch
 
 from kernels import cpu_ops
 from kernels.cpu_native_build import load
-from kernels.reference import _gated_mlp
 from kernels.cpu_ops import (argmax, paged_extend_attention, rms_norm,  # noqa: F401
                              rotary_embedding, rotary_store_kv, silu_and_mul, store_kv_cache)
 
@@ -135,9 +134,6 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,
     if rows is None:
         return cpu_ops.silu_mul_linear(x, weight, bias)
     return _run_linear(rows, k, weight, bias, _SILU_MUL)
-
-
-gated_mlp = _gated_mlp(rms_norm_linear, silu_mul_linear)
 
 
 def _heads_ok(t: torch.Tensor) -> bool:

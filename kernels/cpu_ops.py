@@ -23,8 +23,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_linear import (gated_mlp, linear, rms_norm, rms_norm_linear,  # noqa: F401
-                                silu_and_mul, silu_mul_linear)
+from kernels.cpu_linear import (linear, rms_norm, rms_norm_linear, silu_and_mul,  # noqa: F401
+                                silu_mul_linear)
 from kernels.cpu_rotary import rotary_store_kv  # noqa: F401
 from kernels.kv_quant import dequantize
 from kernels.reference import (_rotary_then_decode, argmax, rotary_embedding,  # noqa: F401

@@ -224,25 +224,6 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,
     return linear(silu_and_mul(x), weight, bias)
 
 
-def _gated_mlp(rms_norm_linear, silu_mul_linear):
-    """gated_mlp of a backend from its rms_norm_linear and silu_mul_linear (one
-    composition for every backend without a many-row path of its own)."""
-    def gated_mlp(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                  gate_up_weight: torch.Tensor, gate_up_bias: torch.Tensor | None,
-                  down_weight: torch.Tensor, down_bias: torch.Tensor | None,
-                  residual: torch.Tensor):
-        """The MLP block: h, new_residual = rms_norm(x, norm_weight, eps, residual), then
-        silu_and_mul(h @ gate_up_weight^T + b) @ down_weight^T + b; returns (y,
-        new_residual). gate_up_weight [2I, K] = [gate | up]."""
-        gate_up, new_residual = rms_norm_linear(x, norm_weight, eps, gate_up_weight,
-                                                gate_up_bias, residual)
-        return silu_mul_linear(gate_up, down_weight, down_bias), new_residual
-    return gated_mlp
-
-
-gated_mlp = _gated_mlp(rms_norm_linear, silu_mul_linear)
-
-
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """The greedy token of each row: [M, V] -> int64 [M] (first index of the maximum)."""
     return logits.argmax(dim=-1)

@@ -13,8 +13,6 @@ Each kernel lives in its own module (see docs/KERNELS.md for the designs):
   activation.py        silu_and_mul
   linear.py            linear, rms_norm_linear, silu_mul_linear
                        (skinny GEMM + fused prologues; cuBLAS above 16 rows)
-  mlp.py               gated_mlp                (the MLP block; many rows: gate_up with
-                       SwiGLU in its epilogue)
   rotary_kv.py         rotary_store_kv          (rotary + KV-cache store, one launch)
   argmax.py            argmax                   (greedy tokens, one launch, graph-safe)
 Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors.
@@ -28,7 +26,6 @@ from kernels.decode_order import decode_order
 from kernels.extend_attention import paged_extend_attention
 from kernels.kv_store import store_kv_cache
 from kernels.linear import linear, rms_norm_linear, silu_mul_linear
-from kernels.mlp import gated_mlp
 from kernels.norm import rms_norm
 from kernels.rotary import rotary_embedding
 from kernels.rotary_kv import rotary_store_kv
@@ -37,4 +34,4 @@ from kernels.unified_attention import paged_unified_attention
 __all__ = ["store_kv_cache", "paged_decode_attention", "paged_extend_attention",
            "rms_norm", "rotary_embedding", "silu_and_mul", "linear", "rms_norm_linear", "silu_mul_linear",
            "rotary_store_kv", "paged_unified_attention", "rotary_decode_attention", "argmax",
-           "decode_order", "gated_mlp"]
+           "decode_order"]

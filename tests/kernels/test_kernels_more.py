@@ -172,23 +172,3 @@ if os.environ.get("TRITON_INTERPRET") == "1":
             want[:fed] = fed_ids
         assert torch.equal(dst_tok, want) and torch.equal(dst_lens, src_lens)
         assert torch.equal(dst_table, src_table if table else torch.full_like(dst_table, -1))
-
-    # ------------------------------------------------------------ gate_up_silu
-    # (M, I, K, tiles): rows and K that no tile divides; a last group of fewer tile rows
-    GATE_UP_CASES = [(200, 256, 96, None), (5, 128, 64, None),
-                     (70, 96, 80, dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2))]
-
-    @dtype_pairs("case", GATE_UP_CASES, ids=[lambda c: f"m{c[0]}-i{c[1]}-k{c[2]}"])
-    def test_gate_up_silu(seed, poison, monkeypatch, dtype, case):
-        """silu_and_mul(x @ W^T) with SwiGLU in the GEMM's epilogue (kernels/mlp.py) vs
-        the two ops: every tile of the persistent loop written once, gate and up read from
-        the weight's two halves. (bfloat16 is covered on the GPU: Triton 3.6's
-        interpreter misreads bfloat16 tiles loaded through tensor descriptors.)"""
-        import kernels.mlp as mlp
-        m, inter, k, tiles = case
-        for name, value in (tiles or {}).items():
-            monkeypatch.setattr(mlp, name, value)
-        x = torch.randn(m, k).to(dtype)
-        w = (torch.randn(2 * inter, k) / k ** 0.5).to(dtype)
-        want = ref.silu_and_mul(ref.linear(x, w, None))
-        assert_close(mlp.gate_up_silu(x, w), want, dtype, seed, f"gate_up_silu {case}")

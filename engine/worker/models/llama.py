@@ -97,10 +97,11 @@ class LlamaDecoderLayer(nn.Module):
                             row_bias(self.o_proj, tp))
         if tp.size > 1:
             hidden = all_reduce(hidden)
-        hidden, residual = ops.gated_mlp(hidden, self.post_attention_layernorm, eps,
-                                         self.gate_up_proj.weight, self.gate_up_proj.bias,
-                                         self.down_proj.weight, row_bias(self.down_proj, tp),
-                                         residual)
+        gate_up, residual = ops.rms_norm_linear(hidden, self.post_attention_layernorm, eps,
+                                                self.gate_up_proj.weight,
+                                                self.gate_up_proj.bias, residual)
+        hidden = ops.silu_mul_linear(gate_up, self.down_proj.weight,
+                                     row_bias(self.down_proj, tp))
         if tp.size > 1:
             hidden = all_reduce(hidden)
         return hidden, residual
