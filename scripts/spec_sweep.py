@@ -24,7 +24,9 @@ host waited for the device: planning, batch building, launches, commit), accepta
 and mean acceptance length over those runs; k = 0 is the baseline. Batch 256 is
 W1-like (512 random prompt tokens -> 128 output, EOS ignored, all at t = 0); batch 1
 the same request alone. Each oracle draft is right with probability p, so accepted /
-drafted is (p + p^2 + ... + p^k) / k (printed as "expected"; 1 at p = 1). Outputs must
+drafted is (p + p^2 + ... + p^k) / k (printed as "expected"; 1 at p = 1), and a checked
+draft (one whose predecessors were all accepted) is accepted with probability p
+("per checked draft", pooled then by position). Outputs must
 equal the k's references; "differ from k = 0" marks bf16 rounding (float32: never).
 
 Speculation's off-switch (speculative_config disable_by_batch_size, the engine's
@@ -51,6 +53,7 @@ def run(llm: LLM, prompts, params) -> dict:
     d0, t0, a0 = (c.spec_decode_num_drafts, c.spec_decode_num_draft_tokens,
                   c.spec_decode_num_accepted_tokens)
     steps0, wait0, off0 = c.steps, c.device_wait_us, c.spec_decode_steps_off
+    pos0 = list(llm.engine.spec.accepted_per_pos)
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     wall = time.perf_counter() - start
@@ -64,6 +67,7 @@ def run(llm: LLM, prompts, params) -> dict:
             "draft_tokens": c.spec_decode_num_draft_tokens - t0,
             "accepted": c.spec_decode_num_accepted_tokens - a0,
             "off": (c.spec_decode_steps_off - off0) / steps,
+            "per_pos": [a - b for a, b in zip(llm.engine.spec.accepted_per_pos, pos0)],
             "outputs": [list(o.outputs[0].token_ids) for o in outs]}
 
 
@@ -78,6 +82,17 @@ def expected_acceptance(p: float, k: int) -> float:
     return sum(p ** i for i in range(1, k + 1)) / k
 
 
+def per_draft(drafts: int, per_pos: list[int], k: int) -> tuple[float, list[float]]:
+    """The acceptance of a draft token that was checked (its predecessors all accepted),
+    pooled and by position: the oracle's p, where (p + ... + p^k) / k is accepted /
+    drafted. Draft j is checked in every verify that accepted draft j - 1 (each verify
+    checks its first): exact for drafts of k tokens; one cut short near the length cap
+    counts as checked past its end, which biases these low by a hair."""
+    checked = [drafts] + per_pos[:k - 1]
+    pooled = sum(per_pos[:k]) / sum(checked) if drafts else 0.0
+    return pooled, [a / n if n else 0.0 for a, n in zip(per_pos[:k], checked)]
+
+
 def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
     eng = llm.engine
     eng.set_knobs(eng.knobs.replace(num_speculative_tokens=k))
@@ -90,6 +105,8 @@ def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
             **{x + "_range": (min(r[x] for r in runs), max(r[x] for r in runs))
                for x in ("tok_s", "tpot_ms")},
             "acceptance": accepted / tokens if tokens else 0.0,
+            "per_draft": per_draft(drafts, [sum(col) for col in zip(*(r["per_pos"]
+                                                                     for r in runs))], k),
             "off": statistics.median(r["off"] for r in runs),
             "mean_len": 1 + accepted / drafts if drafts else 1.0,
             "same": all(r["outputs"] == runs[0]["outputs"] for r in runs),
@@ -134,7 +151,9 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                       f"{_rng(r, 'tok_s', 0)}  TPOT p50 {r['tpot_ms']:7.2f} ms "
                       f"{_rng(r, 'tpot_ms', 2)}  step {r['step_ms']:6.2f} ms (host "
                       f"{r['host_ms']:5.2f})  acceptance {r['acceptance']:.2f} (expected "
-                      f"{expected_acceptance(p, k):.2f})  "
+                      f"{expected_acceptance(p, k):.2f}; per checked draft "
+                      f"{r['per_draft'][0]:.2f}: "
+                      f"{' '.join(f'{x:.2f}' for x in r['per_draft'][1])})  "
                       f"mean len {r['mean_len']:.2f}  throughput "
                       f"x{r['tok_s'] / base['tok_s']:.2f}  TPOT "
                       f"x{r['tpot_ms'] / base['tpot_ms']:.2f}"
@@ -147,7 +166,9 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                              "expected_acceptance": expected_acceptance(p, k),
                              **{x: r[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
                                                   "tok_s_range", "tpot_ms_range",
-                                                  "acceptance", "mean_len")}})
+                                                  "acceptance", "mean_len")},
+                             "per_checked_draft": r["per_draft"][0],
+                             "per_checked_draft_by_position": r["per_draft"][1]})
 
 
 def main() -> None:

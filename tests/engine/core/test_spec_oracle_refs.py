@@ -4,6 +4,9 @@ every token from a verify step's first row, so its outputs, proposed back, are a
 exactly where the oracle keeps them. Float32 on the CPU (the bundled model's bf16 needs
 AVX-512 bf16 linears this box may lack, and its torch path shows no near-tie): the
 accepted count equals the one the oracle's own draws predict, and outputs do not move."""
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 from benchmarks.oracle import OracleProposer
@@ -19,16 +22,25 @@ class Recording(OracleProposer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.kept_prefix = 0
+        self.kept_prefix = self.checked = 0
 
     def propose(self, reqs, rooms):
         outs = super().propose(reqs, rooms)
         for req, draft in zip(reqs, outs):
             done = len(req.output_token_ids)
             ref = self._by_request[req.request_id][done:done + len(draft)]
-            self.kept_prefix += next((i for i, (a, b) in enumerate(zip(draft, ref)) if a != b),
-                                     len(draft))
+            kept = next((i for i, (a, b) in enumerate(zip(draft, ref)) if a != b), len(draft))
+            self.kept_prefix += kept
+            self.checked += min(kept + 1, len(draft))    # the drafts the verify compares
         return outs
+
+
+def _spec_sweep():
+    path = Path(__file__).parents[3] / "scripts" / "spec_sweep.py"
+    spec = importlib.util.spec_from_file_location("spec_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_p0_run_references_give_acceptance_p_at_k3():
@@ -43,7 +55,7 @@ def test_p0_run_references_give_acceptance_p_at_k3():
         c = llm.engine.counters
 
         def run(p):
-            oracle.p, oracle.kept_prefix = p, 0
+            oracle.p, oracle.kept_prefix, oracle.checked = p, 0, 0
             a0, d0 = c.spec_decode_num_accepted_tokens, c.spec_decode_num_draft_tokens
             out = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, PARAMS)]
             return out, c.spec_decode_num_accepted_tokens - a0, \
@@ -56,3 +68,32 @@ def test_p0_run_references_give_acceptance_p_at_k3():
         assert out == refs and accepted == drafted > 0
         out, accepted, drafted = run(0.5)          # the oracle's own draws decide
         assert out == refs and 0 < accepted == oracle.kept_prefix < drafted
+
+
+def test_per_checked_draft_acceptance_is_what_the_verifies_compared():
+    """spec_sweep's per-draft acceptance (accepted / drafts a verify compared) from the
+    engine's per-position counts: at p = 0.5 it equals the oracle's own count of the
+    drafts each verify compared, up to drafts cut short near the length cap."""
+    sweep = _spec_sweep()
+    assert sweep.per_draft(10, [6, 3, 1], 3) == (10 / 19, [0.6, 0.5, 1 / 3])
+    assert sweep.per_draft(0, [0, 0, 0], 3) == (0.0, [0.0, 0.0, 0.0])
+    rng = np.random.default_rng(2)
+    with LLM(**KW) as llm:
+        ids = [rng.integers(10, llm.engine.vocab_size - 10, 24).tolist() for _ in range(6)]
+        prompts = [{"prompt_token_ids": p} for p in ids]
+        base = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, PARAMS)]
+    oracle = Recording(zip(ids, base), p=0.0, seed=5)
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with LLM(speculative_config=spec, proposer=oracle, **KW) as llm:
+        oracle.set_references(zip(ids, [list(o.outputs[0].token_ids)
+                                        for o in llm.generate(prompts, PARAMS)]))
+        c, pos0 = llm.engine.counters, list(llm.engine.spec.accepted_per_pos)
+        d0 = c.spec_decode_num_drafts
+        oracle.p, oracle.kept_prefix, oracle.checked = 0.5, 0, 0
+        llm.generate(prompts, PARAMS)
+        per_pos = [a - b for a, b in zip(llm.engine.spec.accepted_per_pos, pos0)]
+        pooled, by_pos = sweep.per_draft(c.spec_decode_num_drafts - d0, per_pos, 3)
+    assert sum(per_pos) == oracle.kept_prefix > 0
+    exact = oracle.kept_prefix / oracle.checked
+    assert exact * 0.95 <= pooled <= exact, (pooled, exact)
+    assert len(by_pos) == 3 and all(0 < x < 1 for x in by_pos), by_pos
