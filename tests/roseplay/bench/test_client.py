@@ -1,12 +1,11 @@
 """The load client of `roseplay bench --base-url` on its own: the SSE parser (split reads,
 CRLF, coalesced chunks, errors), several client processes merged into one report, and
-the ceiling tool against scripts/canned_server.py (127.0.0.1, no engine)."""
+the ceiling tool against scripts/canned_server.py (127.0.0.1, no engine). How that server
+ends on signals: test_canned_server.py."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -102,24 +101,3 @@ def test_ceiling_tool_reports_rates_and_client_cpu(tmp_path, capsys):
     assert "--num-clients 2:" in text and "chunks/s" in text and "cores" in text
     (row,) = __import__("json").loads(out.read_text())
     assert row["num_clients"] == 2 and row["output_tok_s"] > 0 and row["chunks_per_s"] > 0 and row["client_cores"] > 0
-
-
-def test_canned_server_and_its_workers_exit_on_terminate():
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "canned_server.py"),
-                             "--workers", "3"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().startswith("listening ")
-        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-            workers = [int(x) for x in f.read().split()]
-        assert len(workers) == 2
-        proc.terminate()
-        assert proc.wait(10) == 0
-        deadline = time.monotonic() + 10
-        while any(os.path.exists(f"/proc/{w}") for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(os.path.exists(f"/proc/{w}") for w in workers)
-    finally:            # a failure leaves no server behind (its workers follow it)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
