@@ -10,12 +10,11 @@ the median TPOT (decode step time seen by a request).
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_runs import interleaved, spread  # noqa: E402
+from ab_runs import add_tree_args, interleaved, run_in_tree, spread  # noqa: E402
 
 BENCH = ["-m", "roseplay", "bench", "--device", "cpu", "--max-concurrency", "16",
          "--num-prompts", "32", "--input-len", "32", "--output-len", "128", "--warmup", "4",
@@ -23,13 +22,9 @@ BENCH = ["-m", "roseplay", "bench", "--device", "cpu", "--max-concurrency", "16"
 
 
 def measure(tree: str, extra: list[str]) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.json")
-        out = subprocess.run([sys.executable, *BENCH, *extra, "--json", path], cwd=tree,
-                             env=env, capture_output=True, text=True, timeout=600)
-        if out.returncode:
-            raise SystemExit(f"{tree}: bench failed\n{out.stderr[-3000:]}")
+        run_in_tree(tree, [*BENCH, *extra, "--json", path], timeout=600)
         with open(path) as f:
             s = json.load(f)["summary"]
     return {"tok_s": s["output_throughput"], "tpot": s["tpot_ms"]["median"]}
@@ -37,9 +32,7 @@ def measure(tree: str, extra: list[str]) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--trees", nargs="+", default=[os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))], help="checkouts to compare (interleaved)")
+    add_tree_args(p)
     p.add_argument("--in-process", action="store_true", help="pass --in-process to the bench")
     args = p.parse_args()
     extra = ["--in-process"] if args.in_process else []

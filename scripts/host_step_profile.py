@@ -61,7 +61,6 @@ import os
 import pstats
 import re
 import statistics
-import subprocess
 import sys
 import time
 
@@ -80,7 +79,7 @@ from engine.core.core import LLMEngine  # noqa: E402
 from engine.front.processor import OutputProcessor  # noqa: E402
 from engine.outputs import CoreRequest  # noqa: E402
 from engine.worker.device_io import HostCopy  # noqa: E402
-from ab_runs import interleaved, spread  # noqa: E402
+from ab_runs import interleaved, run_in_tree, spread  # noqa: E402
 from gc_pauses import gc_pauses  # noqa: E402
 from engine.ipc.proc_setup import time_collections  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
@@ -296,13 +295,12 @@ def measure_tree(tree: str, args) -> dict:
             "--steps", str(args.steps), "--speculative", str(args.speculative),
             "--oracle-p", str(args.oracle_p), "--device-ms", str(args.device_ms)] + (["--runner"] if args.runner else []) \
         + (["--kv-events"] if args.kv_events else []) + (["--front"] if args.front else [])
-    env = dict(os.environ, HOST_STEP_TREE=os.path.abspath(tree))
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], cwd=tree, env=env,
-                         capture_output=True, text=True, timeout=900)
+    out = run_in_tree(tree, [os.path.abspath(__file__), *argv],
+                      HOST_STEP_TREE=os.path.abspath(tree))
     found = re.search(r"^host ([\d.]+) ms/step.*\(cpu ([\d.]+) ms/step, best block ([\d.]+) "
-                      r"ms/step, median step ([\d.]+) ms\)", out.stdout, re.M)
-    if out.returncode or not found:
-        raise SystemExit(f"{tree}: run failed\n{out.stderr[-3000:]}")
+                      r"ms/step, median step ([\d.]+) ms\)", out, re.M)
+    if not found:
+        raise SystemExit(f"{tree}: no result\n{out[-3000:]}")
     return {"ms": float(found.group(1)), "cpu_ms": float(found.group(2)),
             "best": float(found.group(3)), "median": float(found.group(4))}
 

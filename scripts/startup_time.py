@@ -9,13 +9,12 @@ the engine in its own process and in-process; each run a fresh Python process.
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_runs import interleaved, spread  # noqa: E402
+from ab_runs import add_tree_args, interleaved, run_in_tree, spread  # noqa: E402
 
 ONE = """
 import time
@@ -31,24 +30,20 @@ s.close()
 
 
 def measure(tree: str, in_process: bool, fresh_cache: bool = False) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     with tempfile.TemporaryDirectory() as cache:
-        if fresh_cache:             # a first launch: the native CPU kernels build too
-            env["ROSEPLAY_CACHE_DIR"] = cache
+        # fresh_cache: a first launch, where the native CPU kernels build too
+        env = {"ROSEPLAY_CACHE_DIR": cache} if fresh_cache else {}
         launch = time.time()
-        out = subprocess.run([sys.executable, "-c", ONE % in_process], cwd=tree, env=env,
-                             capture_output=True, text=True, timeout=300)
-    if "RESULT" not in out.stdout:
-        raise SystemExit(f"{tree}: no result\n{out.stderr[-3000:]}")
-    step, done, wall = map(float, out.stdout.split("RESULT", 1)[1].split())
+        out = run_in_tree(tree, ["-c", ONE % in_process], timeout=300, **env)
+    if "RESULT" not in out:
+        raise SystemExit(f"{tree}: no result\n{out[-3000:]}")
+    step, done, wall = map(float, out.split("RESULT", 1)[1].split())
     return {"launch": wall - launch, "step": step, "done": done}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--trees", nargs="+", default=[os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))], help="checkouts to compare (interleaved)")
+    add_tree_args(p)
     p.add_argument("--modes", nargs="+", default=["process", "in-process"],
                    choices=["process", "in-process"])
     p.add_argument("--fresh-cache", action="store_true",

@@ -14,12 +14,11 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_runs import interleaved, spread  # noqa: E402
+from ab_runs import add_tree_args, interleaved, run_in_tree, spread  # noqa: E402
 
 
 def one_run(args) -> dict:
@@ -53,9 +52,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--trees", nargs="+", default=[os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))], help="checkouts to compare (interleaved)")
+    add_tree_args(p, runs=3)
     p.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one_run:
@@ -66,10 +63,8 @@ def main() -> int:
             str(args.rounds), "--one-run"]
 
     def measure(tree: str) -> dict:
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv],
-                             cwd=tree, env={**os.environ, "PYTHONPATH": tree},
-                             capture_output=True, text=True, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        out = run_in_tree(tree, [os.path.abspath(__file__), *argv])
+        return json.loads(out.strip().splitlines()[-1])
 
     res = interleaved(args.trees, args.runs, measure)
     for tree in args.trees:
