@@ -73,6 +73,9 @@ class StepStats:
     bytes_from_host: int = 0
     spec_off: int = 0               # requests decoding when speculation was off for them
     #                                 (more than speculative_config.disable_by_batch_size)
+    spec_drafted_per_pos: tuple[int, ...] = ()    # by draft position j: the verifies with
+    spec_accepted_per_pos: tuple[int, ...] = ()   # a draft there, and those that accepted
+    #                                 it (with every draft before it: vLLM's per position)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ class StatsRecorder:
                          len(plan.preempted), len(plan.dedup_joins), num_running, num_waiting,
                          sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
                          sum(v.accepted for v in plan.verifies), plan.budget, plan.mode,
-                         *tier_moves(plan.tier_step), spec_off=plan.spec_off)
+                         *tier_moves(plan.tier_step), spec_off=plan.spec_off,
+                         **(per_position(plan.verifies) if plan.verifies else {}))
         self.last_step = step
         self.recent_steps.append(step)
 
@@ -82,6 +83,19 @@ class StatsRecorder:
         """The token traces kept (engine/core/token_trace.py): logprobs ones, then
         speculative ones, each oldest first."""
         return self._traces_tuple
+
+
+def per_position(verifies: list) -> dict:
+    """StepStats' per-position counts of a step's verifies: at draft position j, the
+    verifies with a draft there and those that accepted it (every draft up to j)."""
+    drafted = [0] * max(len(v.draft) for v in verifies)
+    accepted = drafted.copy()
+    for v in verifies:
+        for j in range(len(v.draft)):
+            drafted[j] += 1
+        for j in range(v.accepted):
+            accepted[j] += 1
+    return {"spec_drafted_per_pos": tuple(drafted), "spec_accepted_per_pos": tuple(accepted)}
 
 
 def tier_moves(tier) -> tuple[int, int, int, int]:

@@ -119,13 +119,20 @@ def check_request(d, num_blocks: int) -> dict:
 # step fields added after format 1 was written: older recordings read them as 0 ("")
 LATER_STEP_FIELDS = {"spec_verified": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0,
                      "budget": 0, "mode": "", "blocks_to_host": 0, "blocks_from_host": 0,
-                     "bytes_to_host": 0, "bytes_from_host": 0, "spec_off": 0}
+                     "bytes_to_host": 0, "bytes_from_host": 0, "spec_off": 0,
+                     "spec_drafted_per_pos": (), "spec_accepted_per_pos": ()}
 
 
 def check_step(d) -> dict:
     check_fields(StepStats, d, "step", skip=tuple(LATER_STEP_FIELDS))
     for name, default in LATER_STEP_FIELDS.items():
-        if type(d.setdefault(name, default)) is not type(default):
+        v = d.setdefault(name, default)
+        if isinstance(default, tuple):      # a JSON list of counts
+            if not (isinstance(v, (list, tuple)) and len(v) <= MAX_SPECULATIVE_TOKENS
+                    and all(is_type(x, "int") and x >= 0 for x in v)):
+                raise BadRecording(f"step: {name} is not a list of counts")
+            d[name] = tuple(v)
+        elif type(v) is not type(default):
             raise BadRecording(f"step: {name} is not {type(default).__name__}")
     chunks = d["prefill_chunks"]
     if not isinstance(chunks, list):

@@ -93,7 +93,11 @@ as in the top line.
 The last steps side by side, one column each (newest right): decode tokens (green,
 bottom) and prefill tokens (yellow, top). Under them, over those steps: how many mixed
 the two, ran prefill only or decode only (what `m` changes), the token budget and how
-much of it the steps used (`+`/`-`), and the prefill chunks per prompt.
+much of it the steps used (`+`/`-`), and the prefill chunks per prompt. With
+speculation on, the drafts proposed and accepted in those steps, and **by pos**: of the
+verifies with a draft at position j, the share that accepted it (and every draft
+before it; vLLM's per-position acceptance). It falls with j: a longer k pays less and
+less.
 
 ## Selected request: TTFT split, and `w`
 Where a request's TTFT went: **queue** (arrival to its first scheduling), the earlier

@@ -41,6 +41,8 @@ class StripNumbers:
     drafted: int               # the drafts, and those accepted
     accepted: int
     spec_off: int = 0          # steps disable_by_batch_size left without drafts
+    drafted_by_pos: tuple = ()   # by draft position: verifies with a draft there, and
+    accepted_by_pos: tuple = ()  # those that accepted it (and every draft before it)
 
 
 def window_steps(snap, width: int) -> tuple:
@@ -67,7 +69,21 @@ def strip_numbers(snap, steps) -> StripNumbers:
         sum(uses) / len(uses) if uses else None, tuple(budgets), len(firsts),
         sum(r.prefill_chunks for r in firsts), sum(s.spec_verified for s in steps),
         sum(s.spec_draft_tokens for s in steps), sum(s.spec_accepted_tokens for s in steps),
-        sum(1 for s in steps if s.spec_off))
+        sum(1 for s in steps if s.spec_off), *by_position(steps))
+
+
+def by_position(steps) -> tuple[tuple, tuple]:
+    """The steps' per-position draft counts summed: (drafted, accepted) by position."""
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for s in steps:
+        for j, (d, a) in enumerate(zip(s.spec_drafted_per_pos, s.spec_accepted_per_pos)):
+            if j == len(drafted):
+                drafted.append(0)
+                accepted.append(0)
+            drafted[j] += d
+            accepted[j] += a
+    return tuple(drafted), tuple(accepted)
 
 
 def bar_cell(decode: int, total: int, row: int) -> tuple[str, str, str]:
@@ -152,6 +168,10 @@ def number_lines(n: StripNumbers, snap, wide: bool) -> list[Text]:
         third.append(f"spec {snap.spec_method or '?'} k={k}: ", "bold")
         third.append(f"{n.drafted} drafted → {n.accepted} accepted "
                      f"({_share(n.accepted, n.drafted)}) in {n.verified} verifies")
+        if n.drafted_by_pos:    # vLLM's per-position acceptance: how fast it decays
+            third.append(" · by pos ")
+            third.append(" ".join(f"{100 * a / d:.0f}" for d, a in
+                                  zip(n.drafted_by_pos, n.accepted_by_pos) if d) + "%", "bold")
         if n.spec_off:
             third.append(f" · off in {n.spec_off} steps (> disable_by_batch_size "
                          f"{snap.spec_disable_by_batch_size} decoding)", theme.color("prefill"))

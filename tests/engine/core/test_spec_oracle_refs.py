@@ -88,11 +88,20 @@ def test_per_checked_draft_acceptance_is_what_the_verifies_compared():
         oracle.set_references(zip(ids, [list(o.outputs[0].token_ids)
                                         for o in llm.generate(prompts, PARAMS)]))
         c, pos0 = llm.engine.counters, list(llm.engine.spec.accepted_per_pos)
-        d0 = c.spec_decode_num_drafts
+        d0, steps0 = c.spec_decode_num_drafts, c.steps
         oracle.p, oracle.kept_prefix, oracle.checked = 0.5, 0, 0
         llm.generate(prompts, PARAMS)
         per_pos = [a - b for a, b in zip(llm.engine.spec.accepted_per_pos, pos0)]
         pooled, by_pos = sweep.per_draft(c.spec_decode_num_drafts - d0, per_pos, 3)
+        steps = [s for s in llm.engine.stats.recent_steps if s.step > steps0]
+        assert len(steps) == c.steps - steps0       # every step of the run is kept
+    # each step's per-position counts (the TUI's strip): they add up to the engine's
+    assert [sum(s.spec_accepted_per_pos[j] for s in steps if len(s.spec_accepted_per_pos) > j)
+            for j in range(3)] == per_pos[:3]
+    assert sum(s.spec_drafted_per_pos[0] for s in steps if s.spec_drafted_per_pos) \
+        == sum(s.spec_verified for s in steps) == c.spec_decode_num_drafts - d0
+    assert all(a <= d for s in steps
+               for d, a in zip(s.spec_drafted_per_pos, s.spec_accepted_per_pos))
     assert sum(per_pos) == oracle.kept_prefix > 0
     exact = oracle.kept_prefix / oracle.checked
     assert exact * 0.95 <= pooled <= exact, (pooled, exact)

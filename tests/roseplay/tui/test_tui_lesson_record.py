@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def snaps():
     """Snapshots of a dummy engine serving logprobs requests in chunks (one seat: a
-    queue), the last with a speculative trace added."""
+    queue), the last with a speculative trace and a verify's per-position counts added."""
     eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
                                 num_blocks=64, block_size=8, max_num_batched_tokens=16,
                                 max_num_seqs=1))
@@ -51,8 +51,11 @@ def snaps():
         eng.close()
     spec = TokenTrace("s0", 3, np.arange(3, dtype="<i4").tobytes(),
                       np.array([1.0, 1.5, 1.5]).tobytes(), bytes([0, TOKEN_DRAFT | 8, 2 | 8]))
+    verify = dataclasses.replace(last.recent_steps[-1], step=last.recent_steps[-1].step + 1,
+                                 spec_drafted_per_pos=(1, 1), spec_accepted_per_pos=(1, 0))
     return out + [dataclasses.replace(last, spec_method="ngram", kv_cache_dtype="fp8",
-                                      traces=last.traces + (spec,))]
+                                      traces=last.traces + (spec,),
+                                      recent_steps=last.recent_steps + (verify,))]
 
 
 def _lines(snaps, keyframe_every: int = 4) -> list[str]:
@@ -70,14 +73,17 @@ def test_a_json_recording_keeps_the_lesson_data(snaps):
         back, _ = dec.decode(json.loads(line))
         assert back.traces == snap.traces
         assert back.recent_ttft_parts == snap.recent_ttft_parts
-        assert [(s.budget, s.mode) for s in back.recent_steps] == \
-            [(s.budget, s.mode) for s in snap.recent_steps]
+        assert [(s.budget, s.mode, s.spec_drafted_per_pos, s.spec_accepted_per_pos)
+                for s in back.recent_steps] == \
+            [(s.budget, s.mode, s.spec_drafted_per_pos, s.spec_accepted_per_pos)
+             for s in snap.recent_steps]
         for a, b in zip(back.requests, snap.requests):
             assert (a.scheduled_ts, a.last_chunk_ts, a.prefill_chunks, a.prefill_preemptions) \
                 == (b.scheduled_ts, b.last_chunk_ts, b.prefill_chunks, b.prefill_preemptions)
         assert (back.spec_method, back.logprobs_mode, back.kv_cache_dtype) == \
             (snap.spec_method, snap.logprobs_mode, snap.kv_cache_dtype)
     assert back.kv_cache_dtype == "fp8"
+    assert any(s.spec_drafted_per_pos for s in back.recent_steps)   # verifies were recorded
     assert back.trace("r1").logprobs_at(2) == last.trace("r1").logprobs_at(2)
 
 

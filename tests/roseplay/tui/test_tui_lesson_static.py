@@ -43,7 +43,8 @@ def _spec_snapshot():
     view = next(r for r in snap.requests if r.state == "finished")
     knobs = snap.knobs.replace(num_speculative_tokens=3)
     last = dataclasses.replace(snap.last_step, spec_verified=2, spec_draft_tokens=6,
-                               spec_accepted_tokens=5)
+                               spec_accepted_tokens=5, spec_drafted_per_pos=(2, 2, 2),
+                               spec_accepted_per_pos=(2, 2, 1))
     steps = snap.recent_steps[:-1] + (last,)
     # 10 gaps in the window, 4 of them 0 (tokens of one verify), 2 before it
     itls = tuple((snap.time - 20, 0.0) for _ in range(2)) + tuple(
@@ -104,7 +105,8 @@ async def test_this_step_and_timing_name_the_method_k_and_the_bursts():
         order = [w.id for w in app.query_one("#plots").children if w.display]
         assert order.index("spec-note") == order.index("plot-itl") + 1
         strip = widget_text(app.query_one(StepStrip))
-        assert "spec draft_model k=3: 6 drafted → 5 accepted (83%) in 2 verifies" in strip
+        assert "spec draft_model k=3: 6 drafted → 5 accepted (83%) in 2 verifies" \
+            " · by pos 100 100 50%" in strip
 
 
 @sync

@@ -251,3 +251,20 @@ def test_replay_keeps_frames_compressed_and_decodes_them_the_same():
     forward = [rec[i].snapshot.step for i in range(len(rec))]
     backward = [rec[i].snapshot.step for i in reversed(range(len(rec)))]   # from keyframes
     assert forward == backward[::-1] == [e.step for e in rec.entries]
+
+
+def test_a_steps_per_position_counts_are_checked_and_optional():
+    """A step's per-position draft counts: absent in older recordings (no verifies shown),
+    a JSON list of counts read back as a tuple, anything else refused."""
+    from roseplay.workload.frames import _step_dict
+    from roseplay.workload.record_schema import BadRecording, check_step
+    from engine.snapshot import StepStats
+    step = StepStats(3, 1.0, 0.01, 4, 0, (), 0, 0, 0, 0, 0, 1, 0, 4, 1, 3, 2,
+                     spec_drafted_per_pos=(1, 1, 1), spec_accepted_per_pos=(1, 1, 0))
+    d = json.loads(json.dumps(_step_dict(step)))
+    assert check_step(dict(d))["spec_accepted_per_pos"] == (1, 1, 0)
+    old = {k: v for k, v in d.items() if not k.endswith("_per_pos")}
+    assert check_step(old)["spec_drafted_per_pos"] == ()
+    for bad in ("3", [1, -1], [1.5], [1] * 99, None):
+        with pytest.raises(BadRecording):
+            check_step({**d, "spec_drafted_per_pos": bad})
