@@ -43,15 +43,23 @@ def _spec_sweep():
     return module
 
 
-def test_p0_run_references_give_acceptance_p_at_k3():
-    rng = np.random.default_rng(1)
+def _k0_run(seed: int) -> tuple[list, list, list]:
+    """(prompt ids, the prompts, their k = 0 greedy outputs): 6 random prompts of 24 ids."""
+    rng = np.random.default_rng(seed)
     with LLM(**KW) as llm:
         ids = [rng.integers(10, llm.engine.vocab_size - 10, 24).tolist() for _ in range(6)]
         prompts = [{"prompt_token_ids": p} for p in ids]
-        base = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, PARAMS)]
+        return ids, prompts, [list(o.outputs[0].token_ids)
+                              for o in llm.generate(prompts, PARAMS)]
+
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_p0_run_references_give_acceptance_p_at_k3():
+    ids, prompts, base = _k0_run(1)
     oracle = Recording(zip(ids, base), p=0.0, seed=3)
-    spec = {"method": "ngram", "num_speculative_tokens": 3}
-    with LLM(speculative_config=spec, proposer=oracle, **KW) as llm:
+    with LLM(speculative_config=SPEC, proposer=oracle, **KW) as llm:
         c = llm.engine.counters
 
         def run(p):
@@ -77,14 +85,9 @@ def test_per_checked_draft_acceptance_is_what_the_verifies_compared():
     sweep = _spec_sweep()
     assert sweep.per_draft(10, [6, 3, 1], 3) == (10 / 19, [0.6, 0.5, 1 / 3])
     assert sweep.per_draft(0, [0, 0, 0], 3) == (0.0, [0.0, 0.0, 0.0])
-    rng = np.random.default_rng(2)
-    with LLM(**KW) as llm:
-        ids = [rng.integers(10, llm.engine.vocab_size - 10, 24).tolist() for _ in range(6)]
-        prompts = [{"prompt_token_ids": p} for p in ids]
-        base = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, PARAMS)]
+    ids, prompts, base = _k0_run(2)
     oracle = Recording(zip(ids, base), p=0.0, seed=5)
-    spec = {"method": "ngram", "num_speculative_tokens": 3}
-    with LLM(speculative_config=spec, proposer=oracle, **KW) as llm:
+    with LLM(speculative_config=SPEC, proposer=oracle, **KW) as llm:
         oracle.set_references(zip(ids, [list(o.outputs[0].token_ids)
                                         for o in llm.generate(prompts, PARAMS)]))
         c, pos0 = llm.engine.counters, list(llm.engine.spec.accepted_per_pos)
