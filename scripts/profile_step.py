@@ -67,11 +67,24 @@ def apply_settings(items):
         setattr(mod, name, type(getattr(mod, name))(int(value)))
 
 
+def shipped_values(variants) -> list[str]:
+    """MODULE.NAME=VALUE of every knob some variant sets, as the modules ship it: applied
+    before each variant, so a knob one variant sets does not carry into the next."""
+    names = dict.fromkeys(item.split("=")[0] for v in variants for item in v)
+    out = []
+    for target in names:
+        module, name = target.rsplit(".", 1)
+        out.append(f"{target}={getattr(importlib.import_module(module), name)}")
+    return out
+
+
 def ab_variants(a):
     """Decode step and graph replay per batch, for each variant, alternating: one engine
-    (decode graphs only, up to the largest batch asked), graphs recaptured per variant."""
+    (decode graphs only, up to the largest batch asked), graphs recaptured per variant,
+    each variant on the shipped values of the knobs the others set."""
     batches = [int(b) for b in a.batches.split(",")]
     variants = [v.split(",") if v else [] for v in a.variants.split(";")]
+    shipped = shipped_values(variants)
     llm = LLM(model=a.model, max_num_batched_tokens=4096, max_num_seqs=max(batches),
               max_model_len=a.max_model_len, cudagraph_mode="full_decode_only",
               kv_cache_dtype=a.kv_cache_dtype)
@@ -79,7 +92,7 @@ def ab_variants(a):
     print(f"{'variant':>7} {'round':>5} {'batch':>6} {'step ms':>8} {'replay ms':>9}")
     for r in range(a.rounds):
         for i, settings in enumerate(variants):
-            apply_settings(settings)
+            apply_settings(shipped + settings)
             graphs.release()
             graphs.capture()
             for bs in batches:
