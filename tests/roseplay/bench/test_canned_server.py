@@ -166,6 +166,8 @@ def test_sigterm_just_before_the_loop_blocks_in_epoll_wait_ends_it(tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             out = gdb.communicate(timeout=BOUND_S * 2)[0]
+        except subprocess.TimeoutExpired:     # gdb itself stuck (a loaded box): no verdict
+            out = ""
         finally:
             if gdb.poll() is None:
                 gdb.kill()
