@@ -5,6 +5,8 @@ Knobs panel describing another scenario, `chunk k/n` below the fold."""
 from __future__ import annotations
 
 import re
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +16,7 @@ from roseplay.tui.guides.catalog import BY_KEY
 from roseplay.tui.widgets.knobs import KnobsPanel
 from roseplay.tui.widgets.kv_panel import KVLegend
 from roseplay.tui.widgets.requests import RequestList
-from tests.roseplay.tui.helpers import (live_source, screen_text, sync, wait_for,
+from tests.roseplay.tui.helpers import (live_source, screen_text, settle, sync, wait_for,
                                         widget_text)
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("fast_pilot")]
@@ -59,13 +61,28 @@ async def _guide(pilot, app, key: str) -> None:
 
 
 @sync
-async def test_messages_are_on_the_message_line_never_over_a_panel(source):
-    """Four budget warnings stacked as toasts over Timing."""
+async def test_messages_are_on_the_message_line_never_over_a_panel(source, monkeypatch):
+    """Budget warnings used to stack as toasts over Timing; they go to the message line.
+    Paused, so the running count the warning compares with holds, and with the message
+    line's clock held still: a warning lasts 5 s there, which a loaded box's key presses
+    and polls could outlast before the line is read."""
+    import roseplay.tui.app as app_module
+    monkeypatch.setattr(app_module, "time", SimpleNamespace(
+        monotonic=lambda: 1000.0, thread_time=time.thread_time))
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
-        # the warning counts the running requests of the snapshot on screen, which a
-        # loaded box's UI pulls later than the engine publishes it: wait for that one
-        assert await wait_for(pilot, lambda: _running_shown(app) >= 8, 30)
+        # the warning counts the running requests of the snapshot on screen: paused with
+        # 8 or more running there (the app pulls the paused snapshot), that count holds
+        # while the keys are pressed, however slowly a loaded box presses them
+        for _ in range(5):
+            assert await wait_for(pilot, lambda: _running_shown(app) >= 8, 30)
+            await pilot.press("space")
+            await settle(pilot, source)
+            if await wait_for(pilot, lambda: app.snapshot.step == source.snapshot().step, 30) \
+                    and _running_shown(app) >= 8:
+                break
+            await pilot.press("space")
+        assert _running_shown(app) >= 8 and app.snapshot.paused
         for _ in range(7):                           # 512 -> 4: below the running requests
             await pilot.press("minus")
         assert await wait_for(pilot, lambda: "running requests" in _message_line(app), 30), \
