@@ -193,6 +193,10 @@ class RoseplayApp(Actions, App):
         self.layout_note = p.note
         self.show_message_line()
         self.layout_plan, self._laid_out = p, self.size
+        # titles, legends and captions pick their form by their panel's width: drawn
+        # again once Textual has laid the panels out at their new sizes (a paused or
+        # replayed snapshot would not redraw them otherwise)
+        self.call_after_refresh(self.refresh_panels)
 
     # -- the message line ------------------------------------------------------------------
     def notify(self, message: str, *, title: str = "", severity: str = "information",

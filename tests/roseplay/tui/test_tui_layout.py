@@ -13,7 +13,9 @@ from roseplay.tui.widgets.kv_panel import KVLegend
 from roseplay.tui.widgets.knobs import KnobsPanel
 from roseplay.tui.widgets.step import StepPanel
 from roseplay.tui.widgets.timing import Plot, TimingStats
-from tests.roseplay.tui.helpers import SESSION, StaticSource, screen_text, session_snapshot, sync, widget_text
+from roseplay.tui.widgets.kv_panel import pool_title
+from tests.roseplay.tui.helpers import (SESSION, StaticSource, screen_text, session_snapshot,
+                                        sync, wait_for, widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -147,3 +149,26 @@ async def test_resizing_the_terminal_lays_out_again():
         await pilot.resize_terminal(200, 60)
         await pilot.pause(0.3)
         assert app.layout_plan.timing == "side" and app.query_one("#events").display
+
+
+def test_width_dependent_titles_follow_a_resize_of_a_paused_session(monkeypatch):
+    """The KV panel's title picks its form by the panel's width: after a resize of a
+    paused replay (the same snapshot, no key) it is drawn again at the new width by the
+    layout itself. The app's periodic redraw is off here, as a loaded box may not run it
+    between the new layout and the next frame."""
+    monkeypatch.setattr(RoseplayApp, "_tick", lambda self: None)
+    _resize_and_read_titles()
+
+
+@sync
+async def _resize_and_read_titles():
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _at(pilot, app)
+        short = app.kv.border_title
+        await pilot.resize_terminal(200, 60)
+        assert await wait_for(pilot, lambda: app.kv.border_title != short, 10), short
+        assert app.kv.border_title.startswith("KV cache · ")
+        assert app.kv.border_title == pool_title(app.snapshot, app.kv.size.width)
+        await pilot.resize_terminal(80, 24)
+        assert await wait_for(pilot, lambda: app.kv.border_title == short, 10)
