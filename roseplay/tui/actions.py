@@ -272,9 +272,7 @@ class Actions(GuideActions, RoutingActions):
 
     def set_zoom(self, panel: str | None) -> None:
         self.zoom = panel if panel in TITLES else None
-        self.apply_layout()
-        if self.source is not None:
-            self.refresh_panels()
+        self.apply_layout()         # (which redraws the panels at their new sizes)
 
     def action_scrub(self) -> None:
         """The selected request's token trace, token by token; without one, a warning

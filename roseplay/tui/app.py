@@ -142,8 +142,8 @@ class RoseplayApp(Actions, App):
             event.source.close()         # quit while it loaded
         else:
             self.source = event.source
-            self.apply_layout()         # data parallelism: room for the routing card
-            self.refresh_panels()
+            self.apply_layout()         # data parallelism: room for the routing card; the
+            #                             panels are drawn once it is laid out
 
     def _exit_on_signal(self, signum: int) -> None:
         """SIGTERM / SIGHUP: the normal exit (the terminal is restored), code 128 + N.
@@ -190,12 +190,16 @@ class RoseplayApp(Actions, App):
         left.styles.width = p.left_width
         self.timing.set_mode(p.timing)
         self.knobs.help_lines = p.knob_help_lines
-        self.layout_note = p.note
+        self.laid_out(p, p.note)
+
+    def laid_out(self, plan, note: str) -> None:
+        """A layout applied: its note on the message line, the plan and the size it was
+        made for, and the panels drawn again once Textual has sized them (titles, legends
+        and captions pick their form by their panel's width; a paused or replayed
+        snapshot would not redraw them otherwise)."""
+        self.layout_note = note
         self.show_message_line()
-        self.layout_plan, self._laid_out = p, self.size
-        # titles, legends and captions pick their form by their panel's width: drawn
-        # again once Textual has laid the panels out at their new sizes (a paused or
-        # replayed snapshot would not redraw them otherwise)
+        self.layout_plan, self._laid_out = plan, self.size
         self.call_after_refresh(self.refresh_panels)
 
     # -- the message line ------------------------------------------------------------------

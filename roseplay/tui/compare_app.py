@@ -120,9 +120,7 @@ class CompareApp(RoseplayApp):
         if cols < len(METRICS):
             hidden.append(f"{len(METRICS) - max(1, cols)} B / A columns")
         note = f"hidden at {w}×{h}: {'; '.join(hidden)} · ? help" if hidden else ""
-        self.layout_note = note
-        self.show_message_line()
-        self.layout_plan, self._laid_out = note, self.size
+        self.laid_out(note, note)
 
     # -- the pull loop ---------------------------------------------------------------------
     def _unchanged(self) -> bool:
