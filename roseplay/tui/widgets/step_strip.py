@@ -13,6 +13,7 @@ column whose budget or mode differs from the step before it is marked (a knob ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import zip_longest
 
 from rich.text import Text
 from textual.widget import Widget
@@ -74,16 +75,10 @@ def strip_numbers(snap, steps) -> StripNumbers:
 
 def by_position(steps) -> tuple[tuple, tuple]:
     """The steps' per-position draft counts summed: (drafted, accepted) by position."""
-    drafted: list[int] = []
-    accepted: list[int] = []
-    for s in steps:
-        for j, (d, a) in enumerate(zip(s.spec_drafted_per_pos, s.spec_accepted_per_pos)):
-            if j == len(drafted):
-                drafted.append(0)
-                accepted.append(0)
-            drafted[j] += d
-            accepted[j] += a
-    return tuple(drafted), tuple(accepted)
+    def summed(rows) -> tuple:
+        return tuple(map(sum, zip_longest(*rows, fillvalue=0)))
+    return (summed(s.spec_drafted_per_pos for s in steps),
+            summed(s.spec_accepted_per_pos for s in steps))
 
 
 def bar_cell(decode: int, total: int, row: int) -> tuple[str, str, str]:
