@@ -16,13 +16,31 @@ def proc_status(pid: int) -> tuple[float, int]:
     return rss, threads
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat after the command name: state, ppid, pgrp, ..."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def process_state(pid: int) -> str | None:
     """The process's state letter from /proc (Z: a zombie), None once it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+        return _stat_fields(pid)[0]
     except FileNotFoundError:
         return None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Every process (zombies too) whose process group is `pgid`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if int(_stat_fields(name)[2]) == pgid:
+                    found.append(int(name))
+            except OSError:          # gone meanwhile
+                pass
+    return found
 
 
 def children(pid: int) -> list[int]:

@@ -19,31 +19,11 @@ from contextlib import contextmanager
 
 import pytest
 
+from devtools.procs import children, group_members
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SERVER = os.path.join(ROOT, "scripts", "canned_server.py")
 BOUND_S = 30            # failure bounds only: a passing run is over long before
-
-
-def group_members(pgid: int) -> list[int]:
-    """Every process (zombies too) whose process group is `pgid`."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:             # gone meanwhile
-            continue
-        state_ppid_pgrp = stat[stat.rindex(")") + 2:].split()[:3]
-        if int(state_ppid_pgrp[2]) == pgid:
-            found.append(int(name))
-    return found
-
-
-def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(x) for x in f.read().split()]
 
 
 def catches_sigterm(pid: int) -> bool:
