@@ -25,7 +25,7 @@ def linear_want(x, w, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 3, 16, 17, 32, 33])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 9, 16, 17, 32, 33])
 @pytest.mark.parametrize("shape", LINEAR_SHAPES, ids=lambda s: f"n{s[0]}-k{s[1]}")
 def test_linear(tri, seed, dtype, m, shape):
     n, k, has_bias = shape
@@ -117,7 +117,7 @@ def test_linear_cuda_graph_replay(tri, seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,fuse", [(1, None), (3, None), (3, True), (16, True), (40, None)])
+@pytest.mark.parametrize("m,fuse", [(1, None), (3, None), (3, True), (8, None), (16, True), (40, None)])
 @pytest.mark.parametrize("k,n", [(896, 1152), (896, 9728), (4096, 6144), (333, 100)])
 def test_rms_norm_linear(tri, seed, dtype, m, fuse, k, n):
     x = torch.randn(m, k, device="cuda").to(dtype)
@@ -135,7 +135,7 @@ def test_rms_norm_linear(tri, seed, dtype, m, fuse, k, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,fuse", [(1, None), (3, None), (16, True), (40, None)])
+@pytest.mark.parametrize("m,fuse", [(1, None), (3, None), (8, None), (16, True), (40, None)])
 @pytest.mark.parametrize("k,n", [(4864, 896), (14336, 4096), (300, 70)])
 def test_silu_mul_linear(tri, seed, dtype, m, fuse, k, n):
     x = (2 * torch.randn(m, 2 * k, device="cuda")).to(dtype)
@@ -145,7 +145,7 @@ def test_silu_mul_linear(tri, seed, dtype, m, fuse, k, n):
     check(tri.silu_mul_linear(x, w, b, fuse=fuse), want, dtype, seed, f"silu_mul_linear m={m}")
 
 
-@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("m", [1, 4, 16])
 def test_fused_decode_layer_cuda_graph_replay(tri, seed, m):
     """The decode MLP/attention projections as the model chains them, captured once and
     replayed on new inputs: rms_norm_linear (+residual) -> silu_mul_linear, and linear."""
