@@ -1,6 +1,9 @@
 """Small helpers shared by tests that drive the engine directly."""
+import time
+
 import pytest
 
+from devtools.procs import process_state
 from engine import InvalidRequestError
 from engine.front.processor import InputProcessor
 
@@ -21,6 +24,17 @@ def add_request(eng, prompt, params=None, request_id=None, priority=0):
     return eng.add(creq)
 
 
+def wait_for(cond, timeout: float = 60.0, what: str = "condition", interval: float = 0.02):
+    """Poll cond() until it returns something true and return that; fail the test if it
+    has not within `timeout` seconds (a bound for failures only: a passing run is over
+    long before)."""
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout} s"
+        time.sleep(interval)
+    return value
+
+
 def engines_owned_by(pid: int) -> list[int]:
     """Live engine-core processes started by (with the command-line owner) `pid`."""
     import os
@@ -29,11 +43,10 @@ def engines_owned_by(pid: int) -> list[int]:
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")
-            with open(f"/proc/{d}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"engine.ipc.core_proc" in cmd and str(pid).encode() in cmd and state != "Z":
+        if b"engine.ipc.core_proc" in cmd and str(pid).encode() in cmd \
+                and process_state(int(d)) not in (None, "Z"):     # None: gone meanwhile
             found.append(int(d))
     return found
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import time
 from collections import Counter
 
 import pytest
@@ -16,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
+from tests.helpers import wait_for
 
 # the engine both fuzz suites start (dummy:tiny: vocabulary of 512)
 VOCAB = 512                 # dummy:tiny
@@ -130,13 +130,6 @@ def sampling_params(draw, valid_only: bool = False):
 REF_PROMPT = {"prompt_token_ids": [5, 17, 42, 99, 3, 250, 7, 11]}
 REF_PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 _ref_ids = itertools.count()
-
-
-def wait_for(cond, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def still_serves(loop, reference: list[int]) -> None:

@@ -6,12 +6,11 @@ processes serves the module (the kill comes last); the server's and the bench's 
 parallel paths run on it too."""
 import os
 import signal
-import time
 
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.helpers import engines_owned_by
+from tests.helpers import engines_owned_by, wait_for
 
 KW = dict(model="dummy:tiny", device="cpu", num_blocks=2048, block_size=4, seed=0)
 PROMPTS = [[(7 * i + j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(6)]
@@ -27,13 +26,6 @@ def llm():
     yield llm
     llm.close()
     assert not engines_owned_by(os.getpid()), "engine process left behind"
-
-
-def wait_until(cond, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.01)
 
 
 def test_greedy_tokens_through_the_router_equal_one_engines(llm):
@@ -182,6 +174,6 @@ def test_a_killed_replica_fails_only_its_requests(llm):
     dp = llm.dp
     kill_replica_1(dp, lambda: os.kill(dp.replicas[1].proc.pid, signal.SIGKILL),
                    PROMPTS[:3], PROMPTS[3:], 300, "died", 60)
-    wait_until(lambda: not dp.alive(1))
+    wait_for(lambda: not dp.alive(1))
     assert dp.fatal_error is None and dp.unavailable is None
     every_policy_routes_to_0(dp)

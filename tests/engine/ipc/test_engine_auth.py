@@ -20,6 +20,7 @@ from engine.ipc import protocol as P
 from engine.outputs import CoreRequest
 from engine import commands as C
 from roseplay.serve.cli import main as serve_main
+from tests.helpers import wait_for
 from tests.engine.ipc.peers import free_port_base
 
 TIMEOUT = 60
@@ -135,13 +136,6 @@ def test_a_stranger_gets_nothing_and_changes_nothing(owner, key):
     assert not snap.paused and snap.knobs == knobs
     assert snap.request("stolen") is None and owner.fatal_error is None
     assert owner.submit("ROMEO:", GREEDY).result(TIMEOUT).outputs[0].finish_reason == "length"
-
-
-def wait_for(cond, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def test_a_client_with_a_wrong_key_is_refused_at_once(owner):

@@ -23,6 +23,7 @@ from engine.ipc import auth
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest, StepOutput
 from engine import commands as C
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow       # the long tier: `pytest --run-slow` (README)
 
@@ -48,13 +49,6 @@ def owner():
 def solo(owner):
     return {p: list(owner.submit(p, sp(300)).result(TIMEOUT).outputs[0].token_ids)
             for p in PROMPTS}
-
-
-def wait_for(cond, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 STOPPED_CLIENT = """

@@ -31,6 +31,7 @@ from engine.front.client import EngineClient
 from engine.ipc import auth, curve
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest
+from tests.helpers import wait_for
 from tests.engine.ipc.peers import (Recorder, cpu_seconds, free_port_base, peak_rss,
                                     reset_peak_rss, send_big_frame, tcp_port)
 
@@ -54,13 +55,6 @@ def engine():
 @pytest.fixture(scope="module")
 def solo(engine):
     return list(engine.submit(PROMPT, STREAM).result(TIMEOUT).outputs[0].token_ids)
-
-
-def wait_for(cond, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 class Peer:

@@ -14,12 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 
 import pytest
 
 from devtools.procs import children, group_members
+from tests.helpers import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SERVER = os.path.join(ROOT, "scripts", "canned_server.py")
@@ -30,13 +30,6 @@ def catches_sigterm(pid: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         caught = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
     return bool(caught & (1 << (signal.SIGTERM - 1)))
-
-
-def wait_until(pred, what: str) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not pred():
-        assert time.monotonic() < deadline, f"no {what} within {BOUND_S} s"
-        time.sleep(0.001)           # a poll interval, not a wait for some state
 
 
 @contextmanager
@@ -89,9 +82,9 @@ def test_sigterm_before_the_server_is_ready_ends_it(moment):
             assert_ended(proc, codes=(0, -signal.SIGTERM))
             return
         if moment == "handler set":     # workers are forked after this
-            wait_until(lambda: catches_sigterm(proc.pid), "SIGTERM handler")
+            wait_for(lambda: catches_sigterm(proc.pid), BOUND_S, "a SIGTERM handler", 0.001)
         else:                           # 7 workers to fork: most are still to come
-            wait_until(lambda: children(proc.pid), "worker")
+            wait_for(lambda: children(proc.pid), BOUND_S, "a worker", 0.001)
         proc.terminate()
         assert_ended(proc)
 

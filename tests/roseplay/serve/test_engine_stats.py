@@ -5,7 +5,6 @@ idle; the in-process engine, the comparison, shows the same. prompt_tokens_total
 a prompt once however many choices (n) it has."""
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -15,6 +14,7 @@ from engine.front.client import EngineClient
 from engine.front.loop import EngineLoop
 from roseplay.serve.app import build_app
 from roseplay.serve.server import ServerThread
+from tests.helpers import wait_for
 
 STREAMS = 16
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
@@ -40,14 +40,6 @@ def scrape(srv) -> dict[str, float]:
             if not s.name.endswith("_bucket"):
                 out[s.name] = out.get(s.name, 0.0) + s.value
     return out
-
-
-def wait_for(cond, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-    return value
 
 
 def test_gauges_and_counters_move_under_load(served):

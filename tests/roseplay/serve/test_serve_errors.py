@@ -14,6 +14,7 @@ import pytest
 from engine.front.loop import EngineLoop
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
+from tests import helpers
 from tests.roseplay.serve.raw_sockets import connect
 
 KEY = "sk-test-key"
@@ -53,11 +54,8 @@ def live(loop):
     return [r for r in loop.snapshot().requests if r.state not in ("finished", "cancelled", "error")]
 
 
-def wait_for(cond, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
+def wait_for(cond, timeout: float = 20.0):
+    return helpers.wait_for(cond, timeout)
 
 
 # -- 400 -----------------------------------------------------------------------------------

@@ -17,8 +17,6 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
-import time
 
 import httpx
 import pytest
@@ -27,6 +25,7 @@ from engine.front.client import EngineClient
 from engine.ipc.leftovers import OwnedDir
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
+from tests.helpers import wait_for
 from tests.roseplay.serve.group_proc import GroupProc, per_server, scrape, total
 from tests.roseplay.serve.open_streams import Reader, open_streams, solo_tokens
 from tests.roseplay.serve.serve_proc import PROMPT, ServeProc, alive, stream_body
@@ -34,13 +33,6 @@ from tests.roseplay.serve.serve_proc import PROMPT, ServeProc, alive, stream_bod
 pytestmark = pytest.mark.timeout(120)
 TIMEOUT = 60
 LONG = 1000              # tokens: a stream still running when the server is dropped
-
-
-def wait_for(cond, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def test_a_server_stopped_past_client_timeout_serves_again():
