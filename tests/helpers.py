@@ -1,4 +1,7 @@
 """Small helpers shared by tests that drive the engine directly."""
+import importlib.util
+import os
+import sys
 import time
 
 import pytest
@@ -8,6 +11,17 @@ from engine import InvalidRequestError
 from engine.front.processor import InputProcessor
 
 GREEDY = dict(temperature=0, ignore_eos=True)
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+def load_script(name: str):
+    """scripts/NAME.py imported as the module NAME (registered in sys.modules, where
+    dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def refused(match, fn, *args, **kwargs):
@@ -37,7 +51,6 @@ def wait_for(cond, timeout: float = 60.0, what: str = "condition", interval: flo
 
 def engines_owned_by(pid: int) -> list[int]:
     """Live engine-core processes started by (with the command-line owner) `pid`."""
-    import os
     found = []
     for d in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -4,13 +4,11 @@ every token from a verify step's first row, so its outputs, proposed back, are a
 exactly where the oracle keeps them. Float32 on the CPU (the bundled model's bf16 needs
 AVX-512 bf16 linears this box may lack, and its torch path shows no near-tie): the
 accepted count equals the one the oracle's own draws predict, and outputs do not move."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
 from benchmarks.oracle import OracleProposer
 from engine import LLM, SamplingParams
+from tests.helpers import load_script
 
 KW = dict(model="default", device="cpu", dtype="float32", max_num_seqs=8,
           max_num_batched_tokens=512)
@@ -33,14 +31,6 @@ class Recording(OracleProposer):
             self.kept_prefix += kept
             self.checked += min(kept + 1, len(draft))    # the drafts the verify compares
         return outs
-
-
-def _spec_sweep():
-    path = Path(__file__).parents[3] / "scripts" / "spec_sweep.py"
-    spec = importlib.util.spec_from_file_location("spec_sweep", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _k0_run(seed: int) -> tuple[list, list, list]:
@@ -82,7 +72,7 @@ def test_per_checked_draft_acceptance_is_what_the_verifies_compared():
     """spec_sweep's per-draft acceptance (accepted / drafts a verify compared) from the
     engine's per-position counts: at p = 0.5 it equals the oracle's own count of the
     drafts each verify compared, up to drafts cut short near the length cap."""
-    sweep = _spec_sweep()
+    sweep = load_script("spec_sweep")
     assert sweep.per_draft(10, [6, 3, 1], 3) == (10 / 19, [0.6, 0.5, 1 / 3])
     assert sweep.per_draft(0, [0, 0, 0], 3) == (0.0, [0.0, 0.0, 0.0])
     ids, prompts, base = _k0_run(2)

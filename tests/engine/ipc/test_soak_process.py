@@ -3,26 +3,17 @@
 RSS and thread count sampled every second (scripts/soak.py; run it longer by hand)."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.helpers import load_script
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def load_soak():
-    spec = importlib.util.spec_from_file_location("soak", os.path.join(ROOT, "scripts", "soak.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = mod            # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_soak_through_the_engine_process_stays_flat():
-    soak = load_soak()
+    soak = load_script("soak")
     res = soak.soak(seconds=float(os.environ.get("ROSEPLAY_SOAK_SECONDS", "20")), sample_every=1.0)
     if os.environ.get("ROSEPLAY_SOAK_REPORT"):
         soak.print_report(res, 20)
