@@ -3,6 +3,8 @@ colour, pool usage and peak, the last-10-s and total counters, and the hovered b
 with a host tier, its own small map below (kv_host.py)."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from rich.style import Style
 from rich.text import Text
@@ -18,9 +20,26 @@ from roseplay.tui.widgets.text_view import TextView
 
 
 class KVLegend(TextView):
-    """Colour legend, usage, last-10-s and total counters, and the hovered block."""
+    """Colour legend, usage, last-10-s and total counters, and the hovered block. Its
+    words take the form its width has (legend_text), so a new width writes them again:
+    the width a panel had when it was last drawn (at start, before Textual sized it)
+    would otherwise stay on screen until the next snapshot."""
 
     DEFAULT_CSS = "KVLegend { height: 4; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._text_at = None        # width -> the legend of the last show_legend
+
+    def show_legend(self, snap, selected_id: str | None, mode: str, hover: str, window,
+                    stopped: bool) -> None:
+        self._text_at = partial(legend_text, snap, selected_id, mode, hover, window,
+                                stopped=stopped)
+        self.show(self._text_at(self.size.width))
+
+    def on_resize(self) -> None:
+        if self._text_at is not None:
+            self.show(self._text_at(self.size.width))
 
 
 def _pct(rate: float | None) -> str:
@@ -178,6 +197,5 @@ class KVPanel(Vertical):
             self.border_subtitle = subtitle
         self.host.show(snap)
         hover = hover_text(snap, kv.hover_block)
-        self.legend.show(legend_text(snap, selected.request_id if selected else None, kv.mode,
-                                     hover, window, self.legend.size.width,
-                                     stopped_at is not None))
+        self.legend.show_legend(snap, selected.request_id if selected else None, kv.mode,
+                                hover, window, stopped_at is not None)

@@ -172,3 +172,30 @@ async def _resize_and_read_titles():
         assert app.kv.border_title == pool_title(app.snapshot, app.kv.size.width)
         await pilot.resize_terminal(80, 24)
         assert await wait_for(pilot, lambda: app.kv.border_title == short, 10)
+
+
+@sync
+async def test_the_kv_legend_takes_the_form_of_its_new_width_without_a_new_snapshot():
+    """The legend's words shrink with its width (initials below 44 columns): a legend last
+    drawn narrow (as at start, before Textual sized the panel) is written again when its
+    width grows, with no new snapshot and no redraw of the app (seen once under a loaded
+    suite: the initials stayed on a 160-column screen of an idle engine)."""
+    from textual.app import App
+    from roseplay.tui.widgets.counters import CounterWindow
+
+    class LegendOnly(App):
+        def compose(self):
+            yield KVLegend()
+
+    snap, window = session_snapshot(), CounterWindow()
+    window.feed(snap)
+    app = LegendOnly()
+    async with app.run_test(size=(30, 6)) as pilot:
+        legend = app.query_one(KVLegend)
+        legend.show_legend(snap, None, "roomy", "", window, False)
+        narrow = widget_text(legend)
+        assert "free" not in narrow and narrow.startswith("f ")
+        await pilot.resize_terminal(120, 6)
+        assert await wait_for(pilot, lambda: "free" in widget_text(legend), 10)
+        await pilot.resize_terminal(30, 6)
+        assert await wait_for(pilot, lambda: widget_text(legend) == narrow, 10)
