@@ -4,16 +4,21 @@ import contextlib
 import os
 
 
-def proc_status(pid: int) -> tuple[float, int]:
-    """(RSS in MB, threads) of a process, from /proc/PID/status."""
-    rss = threads = 0
+def status_fields(pid: int) -> dict[str, str]:
+    """/proc/PID/status as {field: its first word} (VmRSS: kB, SigCgt: a hex mask, ...)."""
+    fields = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-            elif line.startswith("Threads:"):
-                threads = int(line.split()[1])
-    return rss, threads
+            name, _, value = line.partition(":")
+            words = value.split()
+            fields[name] = words[0] if words else ""
+    return fields
+
+
+def proc_status(pid: int) -> tuple[float, int]:
+    """(RSS in MB, threads) of a process, from /proc/PID/status."""
+    fields = status_fields(pid)
+    return int(fields.get("VmRSS", 0)) / 1024, int(fields.get("Threads", 0))
 
 
 def _stat_fields(pid: int | str) -> list[str]:

@@ -9,6 +9,8 @@ import socket
 import struct
 import threading
 
+from devtools.procs import status_fields
+
 # ZMTP 3.0 greeting of a client that asks for the CURVE mechanism (rfc.zeromq.org/spec/23)
 CURVE_GREETING = (b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"CURVE".ljust(20, b"\0")
                   + b"\0" + b"\0" * 31)
@@ -39,9 +41,7 @@ def tcp_port(endpoint: str) -> int:
 
 
 def _status_kb(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1])
+    return int(status_fields(pid)[field])
 
 
 def reset_peak_rss(pid: int) -> int:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from devtools.procs import children, group_members
+from devtools.procs import children, group_members, status_fields
 from tests.helpers import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -27,9 +27,7 @@ BOUND_S = 30            # failure bounds only: a passing run is over long before
 
 
 def catches_sigterm(pid: int) -> bool:
-    with open(f"/proc/{pid}/status") as f:
-        caught = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
-    return bool(caught & (1 << (signal.SIGTERM - 1)))
+    return bool(int(status_fields(pid)["SigCgt"], 16) & (1 << (signal.SIGTERM - 1)))
 
 
 @contextmanager
