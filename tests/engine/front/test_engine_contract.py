@@ -219,6 +219,7 @@ def test_reset_prefix_cache_forgets_every_cached_block(api):
 
 
 def test_snapshot_describes_the_engine(api):
+    run(api, PROMPTS[0])        # its own finished request: the test holds run alone too
     api.reset_prefix_cache()
     api.watch(False)
     try:
