@@ -27,7 +27,7 @@ from typing import Protocol
 from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from engine.core.draft_proposer import DraftProposer
 from engine.core.ngram_proposer import NgramProposer
-from engine.core.step_plan import StepPlan, VerifyChunk
+from engine.core.step_plan import StepPlan, VerifyChunk, per_position
 from engine.codes import REASON_LENGTH, REASON_STOP
 from engine.request import TRACE_TOKENS, RequestStatus
 
@@ -192,12 +192,11 @@ class SpecDecoder:
         requests; returns the requests a token ends, with the reason. One pass a request,
         none a token: its accepted tokens and the target's next arrive at one time, so
         they enter the request together (append_verified)."""
-        accepted = self._count_accepted(verifies, tokens)
+        self._count_accepted(verifies, tokens)
         running = RequestStatus.RUNNING
         ended, live, row = [], [], 0
-        for chunk, a in zip(verifies, accepted):
-            req, d = chunk.request, chunk.num_tokens - 1
-            chunk.accepted = a
+        for chunk in verifies:
+            req, d, a = chunk.request, chunk.num_tokens - 1, chunk.accepted
             req.num_draft_tokens += d
             req.num_accepted_tokens += a
             if req.status is running:
@@ -224,12 +223,12 @@ class SpecDecoder:
                 chunk.rolled_back = tuple(kv.truncate(req))
         return ended
 
-    def _count_accepted(self, verifies: list[VerifyChunk], tokens: list[int]) -> list[int]:
-        """Each chunk's accepted drafts (the longest prefix equal to the target's tokens),
-        into the counters and the per-position counts. Plain Python: a list comparison
-        settles a fully accepted draft, and at batch 1 numpy's per-call cost was 20x
-        this loop's."""
-        accepted, counts, row, drafted = [], [0] * (MAX_SPECULATIVE_TOKENS + 1), 0, 0
+    def _count_accepted(self, verifies: list[VerifyChunk], tokens: list[int]) -> None:
+        """Each chunk's accepted drafts (the longest prefix equal to the target's tokens:
+        VerifyChunk.accepted), into the counters and the per-position counts. Plain
+        Python: a list comparison settles a fully accepted draft, and at batch 1 numpy's
+        per-call cost was 20x this loop's."""
+        row = 0
         for c in verifies:
             draft = c.draft
             d = len(draft)
@@ -239,21 +238,16 @@ class SpecDecoder:
                 a = 0
                 while tokens[row + a] == draft[a]:
                     a += 1
-            accepted.append(a)
-            counts[a] += 1
+            c.accepted = a
             row += d + 1
-            drafted += d
+        drafted, accepted = per_position(verifies)
         c = self.counters
         c.spec_decode_num_drafts += len(verifies)
-        c.spec_decode_num_draft_tokens += drafted
+        c.spec_decode_num_draft_tokens += sum(drafted)
         c.spec_decode_num_accepted_tokens += sum(accepted)
-        longest = max(len(v.draft) for v in verifies)
-        self.longest_draft = max(self.longest_draft, longest)
-        reached = 0        # position j is accepted by every chunk that accepted more than j
-        for j in range(longest - 1, -1, -1):
-            reached += counts[j + 1]
-            self.accepted_per_pos[j] += reached
-        return accepted
+        self.longest_draft = max(self.longest_draft, len(drafted))
+        for j, n in enumerate(accepted):
+            self.accepted_per_pos[j] += n
 
     def per_position(self) -> tuple[int, ...]:
         """Accepted drafts by position, for every position some draft reached."""

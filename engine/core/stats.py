@@ -10,6 +10,7 @@ from collections import deque
 
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
+from engine.core.step_plan import per_position
 from engine.core.token_trace import build_trace
 from engine.engine_stats import EngineStats
 from engine.metrics import request_latencies
@@ -57,7 +58,7 @@ class StatsRecorder:
                          sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
                          sum(v.accepted for v in plan.verifies), plan.budget, plan.mode,
                          *tier_moves(plan.tier_step), spec_off=plan.spec_off,
-                         **(per_position(plan.verifies) if plan.verifies else {}))
+                         **(spec_positions(plan.verifies) if plan.verifies else {}))
         self.last_step = step
         self.recent_steps.append(step)
 
@@ -85,16 +86,9 @@ class StatsRecorder:
         return self._traces_tuple
 
 
-def per_position(verifies: list) -> dict:
-    """StepStats' per-position counts of a step's verifies: at draft position j, the
-    verifies with a draft there and those that accepted it (every draft up to j)."""
-    drafted = [0] * max(len(v.draft) for v in verifies)
-    accepted = drafted.copy()
-    for v in verifies:
-        for j in range(len(v.draft)):
-            drafted[j] += 1
-        for j in range(v.accepted):
-            accepted[j] += 1
+def spec_positions(verifies: list) -> dict:
+    """StepStats' per-position counts of a step's verifies (step_plan.per_position)."""
+    drafted, accepted = per_position(verifies)
     return {"spec_drafted_per_pos": tuple(drafted), "spec_accepted_per_pos": tuple(accepted)}
 
 

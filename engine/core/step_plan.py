@@ -38,6 +38,20 @@ class VerifyChunk:
         self.rolled_back: tuple[int, ...] = ()   # blocks freed: they held rejected slots
 
 
+def per_position(verifies: list[VerifyChunk]) -> tuple[list[int], list[int]]:
+    """At each draft position j of a step's verifies (their `accepted` set): those with
+    a draft there, and those that accepted it (every draft up to j). The step's stats
+    (StepStats) and the speculative counters (SpecDecoder) both count from here."""
+    drafted = [0] * max(len(v.draft) for v in verifies)
+    accepted = drafted.copy()
+    for v in verifies:
+        for j in range(len(v.draft)):
+            drafted[j] += 1
+        for j in range(v.accepted):
+            accepted[j] += 1
+    return drafted, accepted
+
+
 @dataclass
 class StepPlan:
     decodes: list[ScheduledChunk] = field(default_factory=list)
