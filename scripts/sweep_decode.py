@@ -9,8 +9,9 @@ PYTHONPATH=. python3 scripts/sweep_decode.py [--model dummy:qwen3-0.6b] [--batch
 
 Variants are the tuning constants of kernels/decode_attention.py (DYNAMIC_MIN_TOKENS,
 TARGET_PROGRAMS_PER_SM, NUM_STAGES, MAX_REGISTERS, NUM_WARPS, CROWDED_PAIRS_PER_SM), the
-tile (block_n) and LONGEST_FIRST (0: programs in batch order, without decode_order);
-"base" is the shipped set. Prints us per call (median of 5 timings of 20 replays) and the KV bandwidth
+tile (block_n), LONGEST_FIRST (0: programs in batch order, without decode_order) and HND
+(1: the caches head-major, [blocks, H_kv, page, D], read through a permuted view; the
+engine's are [blocks, page, H_kv, D]); "base" is the shipped set. Prints us per call (median of 5 timings of 20 replays) and the KV bandwidth
 it reaches (cache bytes read: 2 bytes an element for bf16, 1 for fp8).
 """
 import argparse
@@ -33,7 +34,7 @@ CTX = (513, 640)
 FP8 = torch.float8_e4m3fn
 
 
-def make(batch: int, kv_dtype: torch.dtype, seed: int = 0):
+def make(batch: int, kv_dtype: torch.dtype, seed: int = 0, hnd: bool = False):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(CTX[0], CTX[1] + 1, (batch,), generator=g, dtype=torch.int32)
     need = [(int(n) + PAGE - 1) // PAGE for n in lens]
@@ -47,6 +48,11 @@ def make(batch: int, kv_dtype: torch.dtype, seed: int = 0):
     dev = "cuda"
     caches = [tuple(torch.randn(blocks, PAGE, KVH, D, device=dev).to(kv_dtype)
                     for _ in range(2)) for _ in range(LAYERS)]
+    # the same caches head-major (HND=1), seen through the engine's dimension order
+    heads_first = None
+    if hnd:
+        heads_first = [tuple(torch.empty(blocks, KVH, PAGE, D, device=dev, dtype=kv_dtype)
+                             .transpose(1, 2).copy_(c) for c in pair) for pair in caches]
     q = torch.randn(batch, KVH * GROUP, D, device=dev, dtype=torch.bfloat16)
     kv = torch.randn(batch, 2, KVH, D, device=dev, dtype=torch.bfloat16)
     lens = lens.to(dev)
@@ -57,10 +63,11 @@ def make(batch: int, kv_dtype: torch.dtype, seed: int = 0):
     ang = torch.arange(CTX[1] + 1, device=dev).float()[:, None] * inv[None, :]
     cos_sin = torch.cat((ang.cos(), ang.sin()), 1).to(torch.bfloat16)
     kv_bytes = int(lens.sum()) * KVH * D * 2 * kv.new_empty(0, dtype=kv_dtype).element_size()
-    return dict(q=q, kv=kv, pos=pos, cos_sin=cos_sin, slots=slots, caches=caches,
+    return dict(q=q, kv=kv, pos=pos, cos_sin=cos_sin, slots=slots, caches=caches, hnd=heads_first,
                 table=table, lens=lens), kv_bytes
 
 
+HND = 0               # 1: the head-major copies of the caches
 LONGEST_FIRST = 1     # the engine's order (decode_order); 0: batch order, as before 2026-11-28
 
 
@@ -68,7 +75,7 @@ def time_variant(x, block_n, rope) -> float:
     def run():
         outs = []
         order = decode_order(x["lens"]) if LONGEST_FIRST else None
-        for k, v in x["caches"]:
+        for k, v in x["hnd" if HND else "caches"]:
             if rope:
                 outs.append(da.rotary_decode_attention(
                     x["pos"], x["q"], x["kv"][:, 0], x["kv"][:, 1], x["cos_sin"], True, k, v,
@@ -99,8 +106,9 @@ def time_variant(x, block_n, rope) -> float:
 
 
 def _owner(name: str):
-    """The module a grid knob lives in: this script's LONGEST_FIRST, else the kernel's."""
-    return sys.modules[__name__] if name == "LONGEST_FIRST" else da
+    """The module a grid knob lives in: this script's LONGEST_FIRST and HND, else the
+    kernel's."""
+    return sys.modules[__name__] if name in ("LONGEST_FIRST", "HND") else da
 
 
 def main():
@@ -132,7 +140,7 @@ def main():
     for kv_name in a.kv_dtype.split(","):
         kv_dtype = FP8 if kv_name == "fp8" else torch.bfloat16
         for batch in map(int, a.batches.split(",")):
-            x, kv_bytes = make(batch, kv_dtype)
+            x, kv_bytes = make(batch, kv_dtype, hnd=1 in grid.get("HND", ()))
             rows = []
             for values in itertools.product(*grid.values()):
                 cfg = dict(zip(grid, values))
