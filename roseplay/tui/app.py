@@ -38,7 +38,6 @@ from roseplay.tui.widgets.request_detail import RequestDetail
 from roseplay.tui.widgets.routing_card import RoutingCard
 from roseplay.tui.widgets.requests import ACTIVE, RequestList, waiting_reason
 from roseplay.tui.widgets.status import StatusBar
-from roseplay.tui.widgets.stopped import with_caption
 from roseplay.tui.widgets.step import StepPanel
 from roseplay.tui.widgets.step_strip import StepStrip
 from roseplay.tui.widgets.timing import TimingPanel
@@ -289,7 +288,7 @@ class RoseplayApp(Actions, App):
                              *self.down)
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
                                waiting_reason(snap), stop is not None)
-            self._requests_subtitle(stop)
+            self.requests.show_subtitle(stop)
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None
             if not self.show_replicas(snap, highlight, current, stop):
@@ -316,18 +315,6 @@ class RoseplayApp(Actions, App):
         if split.cell_len + hint.cell_len > width:    # the split first; `w` is in the help
             return request_split(current, now, width, stopped)
         return split.append_text(hint)
-
-    def _requests_subtitle(self, stop: int | None = None) -> None:
-        """The stop, sort, filter and the columns too narrow to show, under the list."""
-        r = self.requests
-        parts = ([f"sorted by {r.sort}"] if r.sort != "arrival" else []) + (
-            [f"only {r.state_filter}"] if r.state_filter else [])
-        hidden = r.hidden_columns()
-        if hidden:
-            parts.append(f"no room for {', '.join(hidden)}: z zooms")
-        subtitle = with_caption(stop, " · ".join(parts), r.size.width)
-        if r.border_subtitle != subtitle:
-            r.border_subtitle = subtitle
 
     def _replay_notices(self, src) -> None:
         if not self._noticed:

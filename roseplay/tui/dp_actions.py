@@ -4,6 +4,8 @@ router's decision for the selected request to the routing card (widgets/routing_
 `u` / `U` cycle the routing policy live (DPClient.set_routing_policy)."""
 from __future__ import annotations
 
+from functools import partial
+
 from engine.config import ROUTING_POLICIES
 from roseplay.tui.widgets.knobs import cycled
 from roseplay.tui.widgets.routing_card import card_rows
@@ -65,14 +67,15 @@ class RoutingActions:
         return True
 
     def _replica_titles(self, snaps, stop: int | None = None) -> None:
-        kv, n = self.kv, snaps[0].num_blocks
-        forms = (f"KV cache · {len(snaps)} replicas × {n} blocks × {snaps[0].block_size} tokens",
-                 f"KV · {len(snaps)} × {n} blocks")
-        title = border_form(forms, kv.size.width)
-        k = kv.replica_maps.scale()
-        subtitle = with_caption(stop, f"1 cell = {k} blocks" if k > 1 else "", kv.size.width)
-        if kv.border_title != title:
-            kv.border_title = title
-        if kv.border_subtitle != subtitle:
-            kv.border_subtitle = subtitle
+        self.kv.set_borders(partial(replica_borders, self.kv.replica_maps, snaps, stop))
+
+
+def replica_borders(maps, snaps, stop: int | None, width: int) -> tuple[str, str]:
+    """The KV panel's title and subtitle at `width` over the replicas' maps."""
+    n = snaps[0].num_blocks
+    forms = (f"KV cache · {len(snaps)} replicas × {n} blocks × {snaps[0].block_size} tokens",
+             f"KV · {len(snaps)} × {n} blocks")
+    k = maps.scale()
+    return (border_form(forms, width),
+            with_caption(stop, f"1 cell = {k} blocks" if k > 1 else "", width))
 

@@ -8,6 +8,7 @@ first), so a replay shows exactly what was recorded.
 from __future__ import annotations
 
 import textwrap
+from functools import partial
 
 from rich.text import Text
 from textual.widget import Widget
@@ -18,7 +19,8 @@ from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_OFF
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.kv_map import COW, HIT, LETTER, PREEMPTED, ROLLBACK
 from roseplay.tui.widgets.requests import short_id
-from roseplay.tui.widgets.stopped import STOP_STYLE, with_caption
+from roseplay.tui.widgets.borders import WidthBorders
+from roseplay.tui.widgets.stopped import STOP_STYLE, caption_borders
 
 FLASH_SECONDS = 1.5
 NO_EVENTS = ("no engine events yet: COW copies, preemptions, evictions, prefix hits, dedup "
@@ -103,7 +105,7 @@ def _fit_blocks(words: str, blocks, room: int) -> str:
     return words
 
 
-class EventLog(Widget):
+class EventLog(WidthBorders, Widget):
     """Newest first, one line each: step, kind (colour + word), request, what happened."""
 
     DEFAULT_CSS = "EventLog { height: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }"
@@ -121,7 +123,7 @@ class EventLog(Widget):
         if key == self._key:
             return
         self._key = key
-        self.border_subtitle = with_caption(stopped_at, "", self.size.width)
+        self.set_borders(partial(caption_borders, stopped_at, ""))
         t = Text(no_wrap=True, overflow="ellipsis")
         rows = max(1, self.size.height)
         if stopped_at is not None:      # newest first: the stop, then what came before it

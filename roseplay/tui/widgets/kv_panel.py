@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.containers import Vertical
 
 from roseplay.tui.widgets.kv_host import HostTierView
-from roseplay.tui.widgets.borders import border_form
+from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import BLANK, with_caption
 from roseplay.tui.widgets.replica_maps import ReplicaMaps
 from roseplay.tui.widgets.kv_map import (CACHED, CACHED_GLYPH, FREE, NAMES, SELECTED, SHARED, USED,
@@ -158,7 +158,20 @@ def pool_title(snap, width: int) -> str:
     return border_form(forms, width)
 
 
-class KVPanel(Vertical):
+def pool_borders(kv, snap, stopped_at: int | None, width: int) -> tuple[str, str]:
+    """The KV panel's title and subtitle at `width`: the pool's geometry, and which
+    blocks the map shows when it cannot show every one (the stop, when stopped)."""
+    first, end = kv.shown_blocks()      # say so when the map does not show every block
+    subtitle = ""
+    if end - first < snap.num_blocks:
+        forms = (f"blocks {first}-{end - 1} of {snap.num_blocks}: scroll, z",
+                 f"{first}-{end - 1} of {snap.num_blocks}: scroll, z")
+        subtitle = border_form(forms, width)
+    # a map cut by the panel keeps saying so: the legend's `now` row says the stop
+    return pool_title(snap, width), with_caption(stopped_at, subtitle, width, keep_words=True)
+
+
+class KVPanel(WidthBorders, Vertical):
     """The KV cache map with its legend (border title shows the pool geometry)."""
 
     DEFAULT_CSS = "KVPanel { height: 1fr; }"
@@ -182,19 +195,7 @@ class KVPanel(Vertical):
         kv = self.map
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
         kv.show(snap.block_state, snap.block_refcount, blocks, flash)
-        title = pool_title(snap, self.size.width)
-        if self.border_title != title:
-            self.border_title = title
-        first, end = kv.shown_blocks()      # say so when the map does not show every block
-        subtitle = ""
-        if end - first < snap.num_blocks:
-            forms = (f"blocks {first}-{end - 1} of {snap.num_blocks}: scroll, z",
-                     f"{first}-{end - 1} of {snap.num_blocks}: scroll, z")
-            subtitle = border_form(forms, self.size.width)
-        # a map cut by the panel keeps saying so: the legend's `now` row says the stop
-        subtitle = with_caption(stopped_at, subtitle, self.size.width, keep_words=True)
-        if self.border_subtitle != subtitle:
-            self.border_subtitle = subtitle
+        self.set_borders(partial(pool_borders, kv, snap, stopped_at))
         self.host.show(snap)
         hover = hover_text(snap, kv.hover_block)
         self.legend.show_legend(snap, selected.request_id if selected else None, kv.mode,

@@ -8,6 +8,8 @@ object), so 256 rows cost only the few lines that moved since the last frame.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
@@ -19,8 +21,8 @@ from textual.widget import Widget
 from engine.codes import RUNNING_STATES
 from roseplay.tui.widgets.grammar_line import GRAMMAR_STYLE
 from roseplay.tui.widgets.kv_host import hit_cell
-from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE
-from roseplay.tui.widgets.token_choice import choice_text
+from roseplay.tui.widgets.borders import WidthBorders
+from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE, with_caption
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
@@ -167,7 +169,7 @@ def _fit(text: str, width: int, align: str) -> str:
     return text.rjust(width) if align == ">" else text.ljust(width)
 
 
-class RequestList(Widget, can_focus=True):
+class RequestList(WidthBorders, Widget, can_focus=True):
     """Active requests (arrival order), then finished ones (newest first).
 
     Only lines whose content changed are refreshed (`refresh(Region)`), so Textual
@@ -303,6 +305,18 @@ class RequestList(Widget, can_focus=True):
     def hidden_columns(self) -> list[str]:
         shown = {c[0] for c in self.columns()}
         return [name for name, _, _ in COLUMNS if name not in shown]
+
+    def show_subtitle(self, stop: int | None = None) -> None:
+        """The stop, sort, filter and the columns too narrow to show, under the list."""
+        self.set_borders(partial(self._subtitle, stop))
+
+    def _subtitle(self, stop: int | None, width: int) -> tuple[None, str]:
+        parts = ([f"sorted by {self.sort}"] if self.sort != "arrival" else []) + (
+            [f"only {self.state_filter}"] if self.state_filter else [])
+        hidden = self.hidden_columns()
+        if hidden:
+            parts.append(f"no room for {', '.join(hidden)}: z zooms")
+        return None, with_caption(stop, " · ".join(parts), width)
 
     def _widths(self, cols) -> list[int]:
         fixed = sum(w for _, w, _ in cols) + len(cols)

@@ -1,11 +1,14 @@
 """This step: what the last engine step did with its token budget."""
 from __future__ import annotations
 
+from functools import partial
+
 from rich.text import Text
 from textual.widget import Widget
 
 from roseplay.tui.widgets import theme
-from roseplay.tui.widgets.stopped import with_caption
+from roseplay.tui.widgets.borders import WidthBorders
+from roseplay.tui.widgets.stopped import caption_borders
 
 EMPTY = "#3a3f4a"
 
@@ -65,7 +68,7 @@ def spec_words(step, k: int, method: str = "", pause: str = "") -> Text:
     return t
 
 
-class StepPanel(Widget):
+class StepPanel(WidthBorders, Widget):
     """Decode vs prefill tokens against the budget, chunks, prefix hits, COW, evictions."""
 
     DEFAULT_CSS = "StepPanel { height: 7; text-wrap: nowrap; text-overflow: ellipsis; }"
@@ -84,7 +87,7 @@ class StepPanel(Widget):
             return
         self._key = key
         self._text = self._build(snap, stopped)
-        self.border_subtitle = with_caption(snap.step if stopped else None, "", self.size.width)
+        self.set_borders(partial(caption_borders, snap.step if stopped else None, ""))
         self.refresh()
 
     def _build(self, snap, stopped: bool = False) -> Text:

@@ -32,3 +32,9 @@ def with_caption(stopped_at: int | None, words: str, width: int = 1000,
     both = (f"{c} · {words}" for c in forms) if words else ()
     alone = words if keep_words and words else border_form(forms, width)
     return next((f for f in both if fits(f, width)), alone)
+
+
+def caption_borders(stopped_at: int | None, words: str, width: int) -> tuple[None, str]:
+    """A WidthBorders function for a panel whose subtitle is its words with the stop's
+    caption, and whose title stays."""
+    return None, with_caption(stopped_at, words, width)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from functools import partial
 
 from rich.text import Text
 from textual.containers import Container, Vertical
@@ -19,6 +20,7 @@ from textual.widget import Widget
 
 from engine.metrics import prefix_hit_rate
 from roseplay.tui.widgets import theme
+from roseplay.tui.widgets.borders import WidthBorders
 from roseplay.tui.widgets.counters import WINDOW
 from roseplay.tui.widgets.plots import (BUCKET, MARK_BG, PLOT_BG, Plot,  # noqa: F401
                                         TimeAxis, place_labels, scale_top)
@@ -26,7 +28,7 @@ from roseplay.tui.widgets.latency import (RECENT, goodput_share, pctl,  # noqa: 
                                           recent_p50, slo_text, view_latencies, window_ttfts)
 from roseplay.tui.widgets.requests import fmt_ms
 from roseplay.tui.widgets.spec_note import SpecNote
-from roseplay.tui.widgets.stopped import BLANK, with_caption
+from roseplay.tui.widgets.stopped import BLANK, caption_borders
 from roseplay.tui.widgets.ttft_split import window_split
 
 HISTORY = 240
@@ -156,7 +158,7 @@ class TimingStats(Widget):
         return self._text
 
 
-class TimingPanel(Container):
+class TimingPanel(WidthBorders, Container):
     """The table, and the plots beside it (`-side`), under it (`-stacked`) or hidden."""
 
     DEFAULT_CSS = """
@@ -235,7 +237,7 @@ class TimingPanel(Container):
         self._shown_at = (key, now)
         self.stats.show(snap, self.history.rate, window.since, self.slos, stopped)
         goodput = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
-        self.border_subtitle = with_caption(stopped_at, goodput, self.size.width)
+        self.set_borders(partial(caption_borders, stopped_at, goodput))
         marks = self.history.marks
         self._show_spec_plots(snap)
         since = window.reset_time

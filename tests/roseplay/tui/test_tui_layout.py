@@ -153,9 +153,10 @@ async def test_resizing_the_terminal_lays_out_again():
 
 def test_width_dependent_titles_follow_a_resize_of_a_paused_session(monkeypatch):
     """The KV panel's title picks its form by the panel's width: after a resize of a
-    paused replay (the same snapshot, no key) it is drawn again at the new width by the
-    layout itself. The app's periodic redraw is off here, as a loaded box may not run it
-    between the new layout and the next frame."""
+    paused replay (the same snapshot, no key) the panel writes it again at its new width
+    itself (borders.WidthBorders). The app's periodic redraw and its redraw after a new
+    layout are both off here: on a loaded box Textual may size the panel after them (the
+    title once stayed in its short form on a 200-column screen that way)."""
     monkeypatch.setattr(RoseplayApp, "_tick", lambda self: None)
     _resize_and_read_titles()
 
@@ -165,6 +166,7 @@ async def _resize_and_read_titles():
     app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
     async with app.run_test(size=(80, 24)) as pilot:
         await _at(pilot, app)
+        app.refresh_panels = lambda: None
         short = app.kv.border_title
         await pilot.resize_terminal(200, 60)
         assert await wait_for(pilot, lambda: app.kv.border_title != short, 10), short
@@ -172,6 +174,11 @@ async def _resize_and_read_titles():
         assert app.kv.border_title == pool_title(app.snapshot, app.kv.size.width)
         await pilot.resize_terminal(80, 24)
         assert await wait_for(pilot, lambda: app.kv.border_title == short, 10)
+        # the request list's subtitle names the columns its width leaves out, at each width
+        narrow = app.requests.border_subtitle
+        assert "no room for" in narrow, narrow
+        await pilot.resize_terminal(200, 60)
+        assert await wait_for(pilot, lambda: "no room" not in app.requests.border_subtitle, 10)
 
 
 @sync
