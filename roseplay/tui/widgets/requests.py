@@ -21,7 +21,7 @@ from textual.widget import Widget
 from engine.codes import RUNNING_STATES
 from roseplay.tui.widgets.grammar_line import GRAMMAR_STYLE
 from roseplay.tui.widgets.kv_host import hit_cell
-from roseplay.tui.widgets.borders import WidthBorders
+from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE, with_caption
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
@@ -311,12 +311,14 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         self.set_borders(partial(self._subtitle, stop))
 
     def _subtitle(self, stop: int | None, width: int) -> tuple[None, str]:
+        """The longest form that fits whole: the hidden columns named, else counted."""
         parts = ([f"sorted by {self.sort}"] if self.sort != "arrival" else []) + (
             [f"only {self.state_filter}"] if self.state_filter else [])
         hidden = self.hidden_columns()
-        if hidden:
-            parts.append(f"no room for {', '.join(hidden)}: z zooms")
-        return None, with_caption(stop, " · ".join(parts), width)
+        tails = ([f"no room for {', '.join(hidden)}: z zooms",
+                  f"{len(hidden)} columns hidden: z zooms", "z zooms"] if hidden else [])
+        forms = [" · ".join(parts + [tail]) for tail in tails] or [" · ".join(parts)]
+        return None, with_caption(stop, border_form(forms, width), width)
 
     def _widths(self, cols) -> list[int]:
         fixed = sum(w for _, w, _ in cols) + len(cols)
