@@ -353,8 +353,10 @@ async def test_latency_after_pause_and_resume_leaves_the_pause_out(source):
         t0 = source.snapshot().time         # 8 requests at least (a loaded box: later)
         assert await wait_for(pilot, lambda: len(_tpots(source.snapshot(), t0)) >= 8, 60)
         unpaused = float(np.percentile(_tpots(source.snapshot(), t0), 99))
-        for _ in range(5):     # pausing right as a wave of requests ends leaves none
-            await pilot.press("space")     # decoding (the next wave waits): go on, again
+        decoding = lambda: any(r.state == "decoding" for r in source.snapshot().requests)  # noqa: E731
+        for _ in range(20):    # pausing right as a wave of requests ends leaves none
+            assert await wait_for(pilot, decoding, 60)    # decoding: go on, again
+            await pilot.press("space")
             paused_at = time.perf_counter()
             await settle(pilot, source)
             spanning = {r.request_id: r.max_tokens for r in source.snapshot().requests
