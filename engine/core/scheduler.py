@@ -36,7 +36,7 @@ from engine.core.sched_policy import admission_order, running_order, victim_key
 from engine.core.kv.counters import Counters
 from engine.core.decode_scheduling import DecodeScheduling
 from engine.core.steady_decodes import MIN_DECODES, DecodeColumns
-from engine.core.step_plan import ScheduledChunk, StepPlan, VerifyChunk
+from engine.core.step_plan import ScheduledChunk, StepPlan
 
 
 class Scheduler(DecodeScheduling):

@@ -19,8 +19,6 @@ for the partner's scorecard).
 """
 from __future__ import annotations
 
-import time
-
 from roseplay.tui.guides.check import Settling, Window, active_ids, verdicts
 
 
