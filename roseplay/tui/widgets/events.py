@@ -19,6 +19,7 @@ from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_OFF
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.kv_map import COW, HIT, LETTER, PREEMPTED, ROLLBACK
 from roseplay.tui.widgets.requests import short_id
+from roseplay.tui.widgets.reshow import ReshownOnResize
 from roseplay.tui.widgets.borders import WidthBorders
 from roseplay.tui.widgets.stopped import STOP_STYLE, caption_borders
 
@@ -105,7 +106,7 @@ def _fit_blocks(words: str, blocks, room: int) -> str:
     return words
 
 
-class EventLog(WidthBorders, Widget):
+class EventLog(ReshownOnResize, WidthBorders, Widget):
     """Newest first, one line each: step, kind (colour + word), request, what happened."""
 
     DEFAULT_CSS = "EventLog { height: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }"
@@ -118,6 +119,7 @@ class EventLog(WidthBorders, Widget):
     def show(self, snap, stopped_at: int | None = None) -> None:
         """`stopped_at`: the step the engine stopped after (None while it serves): the
         log's top line says so in place of the eviction rate (nothing is evicted now)."""
+        self.shown_with(snap, stopped_at)
         key = (snap.events[-1] if snap.events else None, len(snap.events), self.size,
                theme.generation(), stopped_at)
         if key == self._key:

@@ -8,6 +8,7 @@ from textual.widget import Widget
 
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.borders import WidthBorders
+from roseplay.tui.widgets.reshow import ReshownOnResize
 from roseplay.tui.widgets.stopped import caption_borders
 
 EMPTY = "#3a3f4a"
@@ -68,7 +69,7 @@ def spec_words(step, k: int, method: str = "", pause: str = "") -> Text:
     return t
 
 
-class StepPanel(WidthBorders, Widget):
+class StepPanel(ReshownOnResize, WidthBorders, Widget):
     """Decode vs prefill tokens against the budget, chunks, prefix hits, COW, evictions."""
 
     DEFAULT_CSS = "StepPanel { height: 7; text-wrap: nowrap; text-overflow: ellipsis; }"
@@ -81,6 +82,7 @@ class StepPanel(WidthBorders, Widget):
     def show(self, snap, stopped: bool = False) -> None:
         """`stopped`: the engine stopped for good after this step: it is the last one,
         and its counts are of then (ran, waited), not of now."""
+        self.shown_with(snap, stopped)
         key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width,
                theme.generation(), snap.knobs.num_speculative_tokens, stopped)
         if key == self._key:

@@ -19,6 +19,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from roseplay.tui.widgets import theme
+from roseplay.tui.widgets.reshow import ReshownOnResize
 
 STRIP_MAX = 120        # steps drawn at most (a wide panel); the numbers cover those drawn
 BAR_ROWS = 2
@@ -174,7 +175,7 @@ def number_lines(n: StripNumbers, snap, wide: bool) -> list[Text]:
     return lines
 
 
-class StepStrip(Widget):
+class StepStrip(ReshownOnResize, Widget):
     """The last steps as columns of decode / prefill tokens, and their numbers."""
 
     DEFAULT_CSS = "StepStrip { height: 6; }"
@@ -185,6 +186,7 @@ class StepStrip(Widget):
         self._key = None
 
     def show(self, snap) -> None:
+        self.shown_with(snap)
         key = (snap.last_step, snap.knobs, self.size, theme.generation(), snap.spec_method)
         if key == self._key:
             return

@@ -183,6 +183,35 @@ async def _resize_and_read_titles():
         assert await wait_for(pilot, lambda: "z zooms" not in app.requests.border_subtitle, 10)
 
 
+def test_panels_drawn_for_their_size_draw_again_when_it_changes(monkeypatch):
+    """The step strip, the step panel and the event log build their text in show() for
+    their size; after a resize of a paused replay they build it again themselves
+    (reshow.ReshownOnResize), with the app's redraws off as in the test above."""
+    monkeypatch.setattr(RoseplayApp, "_tick", lambda self: None)
+    _resize_and_read_strip()
+
+
+@sync
+async def _resize_and_read_strip():
+    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _at(pilot, app)
+        app.refresh_panels = lambda: None
+        bars = _bar_columns(app)
+        await pilot.resize_terminal(200, 60)
+        assert await wait_for(pilot, lambda: _bar_columns(app) > bars, 10), bars
+        assert await wait_for(pilot, lambda: _widest(app.events) > 100, 10)
+
+
+def _bar_columns(app) -> int:
+    """Columns of the step strip's first bar row as drawn."""
+    return len(app.strip.render().plain.split("\n")[0].rstrip())
+
+
+def _widest(widget) -> int:
+    return max(len(line) for line in widget.render().plain.split("\n"))
+
+
 @sync
 async def test_the_kv_legend_takes_the_form_of_its_new_width_without_a_new_snapshot():
     """The legend's words shrink with its width (initials below 44 columns): a legend last
