@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -163,12 +164,20 @@ def test_width_dependent_titles_follow_a_resize_of_a_paused_session(monkeypatch)
     _resize_and_read_titles()
 
 
-@sync
-async def _resize_and_read_titles():
+@asynccontextmanager
+async def _paused_without_redraws(size):
+    """A paused replay drawn once, then the app's redraw after a layout turned off (the
+    tests turn its periodic one off too): what a resize changes is the panels' own doing."""
     app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with app.run_test(size=size) as pilot:
         await _at(pilot, app)
         app.refresh_panels = lambda: None
+        yield app, pilot
+
+
+@sync
+async def _resize_and_read_titles():
+    async with _paused_without_redraws((80, 24)) as (app, pilot):
         short = app.kv.border_title
         await pilot.resize_terminal(200, 60)
         assert await wait_for(pilot, lambda: app.kv.border_title != short, 10), short
@@ -193,10 +202,7 @@ def test_panels_drawn_for_their_size_draw_again_when_it_changes(monkeypatch):
 
 @sync
 async def _resize_and_read_strip():
-    app = RoseplayApp(source=ReplaySource(SESSION, start_paused=True))
-    async with app.run_test(size=(120, 40)) as pilot:
-        await _at(pilot, app)
-        app.refresh_panels = lambda: None
+    async with _paused_without_redraws((120, 40)) as (app, pilot):
         bars = _bar_columns(app)
         await pilot.resize_terminal(200, 60)
         assert await wait_for(pilot, lambda: _bar_columns(app) > bars, 10), bars
