@@ -276,7 +276,7 @@ class LLMEngine(AsyncSteps, StepFaults):
                                    out.request_ids, out.token_ids, row_logprobs,
                                    out.logprobs, admits)
         if verifies:
-            ended += self.spec.commit(verifies, verified, now, self.stats.recent_itls, out,
+            ended += self.spec.commit(launched.plan, verified, now, self.stats.recent_itls, out,
                                       self.knobs.enable_prefix_caching)
         ended = [(r, reason, None) for r, reason in ended]
         if launched.grammar is not None:     # matchers consume the new tokens

@@ -27,7 +27,7 @@ from typing import Protocol
 from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from engine.core.draft_proposer import DraftProposer
 from engine.core.ngram_proposer import NgramProposer
-from engine.core.step_plan import StepPlan, VerifyChunk, per_position
+from engine.core.step_plan import StepPlan, VerifyChunk
 from engine.codes import REASON_LENGTH, REASON_STOP
 from engine.request import TRACE_TOKENS, RequestStatus
 
@@ -94,6 +94,19 @@ def make_proposer(config: SpeculativeConfig, draft_runner) -> Proposer:
 # verify nothing may run ahead of their tokens, at most this many in a row; a request the
 # proposer found no draft for is not waited for during as many steps.
 SPEC_ASYNC_RUN = 4
+
+
+def per_position(verifies: list[VerifyChunk]) -> tuple[list[int], list[int]]:
+    """At each draft position j of a step's verifies (their `accepted` set): those with
+    a draft there, and those that accepted it (every draft up to j)."""
+    drafted = [0] * max(len(v.draft) for v in verifies)
+    accepted = drafted.copy()
+    for v in verifies:
+        for j in range(len(v.draft)):
+            drafted[j] += 1
+        for j in range(v.accepted):
+            accepted[j] += 1
+    return drafted, accepted
 
 
 class SpecDecoder:
@@ -186,13 +199,14 @@ class SpecDecoder:
         plan.decodes = [c for c in plan.decodes if id(c) not in verified]
         return budget
 
-    def commit(self, verifies: list[VerifyChunk], tokens: list[int], now: float, itls,
-               out, caching: bool) -> list:
+    def commit(self, plan: StepPlan, tokens: list[int], now: float, itls, out,
+               caching: bool) -> list:
         """The verify chunks' sampled tokens (1 + drafts each, in order) into their
         requests; returns the requests a token ends, with the reason. One pass a request,
         none a token: its accepted tokens and the target's next arrive at one time, so
         they enter the request together (append_verified)."""
-        self._count_accepted(verifies, tokens)
+        verifies = plan.verifies
+        plan.spec_positions = self._count_accepted(verifies, tokens)
         running = RequestStatus.RUNNING
         ended, live, row = [], [], 0
         for chunk in verifies:
@@ -223,11 +237,13 @@ class SpecDecoder:
                 chunk.rolled_back = tuple(kv.truncate(req))
         return ended
 
-    def _count_accepted(self, verifies: list[VerifyChunk], tokens: list[int]) -> None:
+    def _count_accepted(self, verifies: list[VerifyChunk], tokens: list[int]
+                        ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each chunk's accepted drafts (the longest prefix equal to the target's tokens:
-        VerifyChunk.accepted), into the counters and the per-position counts. Plain
-        Python: a list comparison settles a fully accepted draft, and at batch 1 numpy's
-        per-call cost was 20x this loop's."""
+        VerifyChunk.accepted), into the counters and the per-position counts; returns the
+        step's per-position counts (per_position). Plain Python: a list comparison
+        settles a fully accepted draft, and at batch 1 numpy's per-call cost was 20x
+        this loop's."""
         row = 0
         for c in verifies:
             draft = c.draft
@@ -248,6 +264,7 @@ class SpecDecoder:
         self.longest_draft = max(self.longest_draft, len(drafted))
         for j, n in enumerate(accepted):
             self.accepted_per_pos[j] += n
+        return tuple(drafted), tuple(accepted)
 
     def per_position(self) -> tuple[int, ...]:
         """Accepted drafts by position, for every position some draft reached."""

@@ -10,7 +10,6 @@ from collections import deque
 
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
-from engine.core.step_plan import per_position
 from engine.core.token_trace import build_trace
 from engine.engine_stats import EngineStats
 from engine.metrics import request_latencies
@@ -58,7 +57,7 @@ class StatsRecorder:
                          sampled, len(plan.verifies), sum(len(v.draft) for v in plan.verifies),
                          sum(v.accepted for v in plan.verifies), plan.budget, plan.mode,
                          *tier_moves(plan.tier_step), spec_off=plan.spec_off,
-                         **(spec_positions(plan.verifies) if plan.verifies else {}))
+                         **spec_positions(plan.spec_positions))
         self.last_step = step
         self.recent_steps.append(step)
 
@@ -86,10 +85,12 @@ class StatsRecorder:
         return self._traces_tuple
 
 
-def spec_positions(verifies: list) -> dict:
-    """StepStats' per-position counts of a step's verifies (step_plan.per_position)."""
-    drafted, accepted = per_position(verifies)
-    return {"spec_drafted_per_pos": tuple(drafted), "spec_accepted_per_pos": tuple(accepted)}
+def spec_positions(positions: tuple) -> dict:
+    """StepStats' per-position counts of a step's verifies, as the speculative decoder
+    counted them when it read the tokens (StepPlan.spec_positions; none: no verify)."""
+    if not positions:
+        return {}
+    return {"spec_drafted_per_pos": positions[0], "spec_accepted_per_pos": positions[1]}
 
 
 def tier_moves(tier) -> tuple[int, int, int, int]:

@@ -38,20 +38,6 @@ class VerifyChunk:
         self.rolled_back: tuple[int, ...] = ()   # blocks freed: they held rejected slots
 
 
-def per_position(verifies: list[VerifyChunk]) -> tuple[list[int], list[int]]:
-    """At each draft position j of a step's verifies (their `accepted` set): those with
-    a draft there, and those that accepted it (every draft up to j). The step's stats
-    (StepStats) and the speculative counters (SpecDecoder) both count from here."""
-    drafted = [0] * max(len(v.draft) for v in verifies)
-    accepted = drafted.copy()
-    for v in verifies:
-        for j in range(len(v.draft)):
-            drafted[j] += 1
-        for j in range(v.accepted):
-            accepted[j] += 1
-    return drafted, accepted
-
-
 @dataclass
 class StepPlan:
     decodes: list[ScheduledChunk] = field(default_factory=list)
@@ -63,6 +49,8 @@ class StepPlan:
     verifies: list[VerifyChunk] = field(default_factory=list)   # decodes with drafts
     spec_waiting: bool = False   # a decode's proposer waits for its token (spec_decode.py)
     spec_off: int = 0            # decodes when past disable_by_batch_size: no drafts (ditto)
+    spec_positions: tuple = ()   # its verifies by draft position once read: (drafted,
+    #                              accepted) tuples (spec_decode.per_position)
     prompt_rows: object = None   # its prompt-logprob rows, laid out by the batch builder
     swap_fallbacks: list[str] = field(default_factory=list)   # swap preemptions that
     #                              recompute instead (the host tier is off or full)

@@ -123,9 +123,9 @@ def test_rollback_frees_rejected_slots_and_hashes_only_verified_tokens():
         spec, seen = llm.engine.spec, []
         commit = spec.commit
 
-        def checked(verifies, tokens, *args):
-            ended = commit(verifies, tokens, *args)
-            for c in verifies:
+        def checked(plan, tokens, *args):
+            ended = commit(plan, tokens, *args)
+            for c in plan.verifies:
                 r = c.request
                 if r.block_table:
                     bs = KW["block_size"]
