@@ -119,7 +119,7 @@ class EventLog(ReshownOnResize, WidthBorders, Widget):
     def show(self, snap, stopped_at: int | None = None) -> None:
         """`stopped_at`: the step the engine stopped after (None while it serves): the
         log's top line says so in place of the eviction rate (nothing is evicted now)."""
-        self.shown_with(snap, stopped_at)
+        self.redraw_on_resize(partial(self.show, snap, stopped_at))
         key = (snap.events[-1] if snap.events else None, len(snap.events), self.size,
                theme.generation(), stopped_at)
         if key == self._key:

@@ -14,12 +14,13 @@ from roseplay.tui.widgets.kv_host import HostTierView
 from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import BLANK, with_caption
 from roseplay.tui.widgets.replica_maps import ReplicaMaps
+from roseplay.tui.widgets.reshow import ReshownOnResize
 from roseplay.tui.widgets.kv_map import (CACHED, CACHED_GLYPH, FREE, NAMES, SELECTED, SHARED, USED,
                                          KVMap, styles)
 from roseplay.tui.widgets.text_view import TextView
 
 
-class KVLegend(TextView):
+class KVLegend(ReshownOnResize, TextView):
     """Colour legend, usage, last-10-s and total counters, and the hovered block. Its
     words take the form its width has (legend_text), so a new width writes them again:
     the width a panel had when it was last drawn (at start, before Textual sized it)
@@ -27,19 +28,12 @@ class KVLegend(TextView):
 
     DEFAULT_CSS = "KVLegend { height: 4; text-wrap: nowrap; text-overflow: ellipsis; }"
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._text_at = None        # width -> the legend of the last show_legend
-
     def show_legend(self, snap, selected_id: str | None, mode: str, hover: str, window,
                     stopped: bool) -> None:
-        self._text_at = partial(legend_text, snap, selected_id, mode, hover, window,
-                                stopped=stopped)
-        self.show(self._text_at(self.size.width))
-
-    def on_resize(self) -> None:
-        if self._text_at is not None:
-            self.show(self._text_at(self.size.width))
+        self.redraw_on_resize(partial(self.show_legend, snap, selected_id, mode, hover,
+                                      window, stopped))
+        self.show(legend_text(snap, selected_id, mode, hover, window, self.size.width,
+                              stopped))
 
 
 def _pct(rate: float | None) -> str:

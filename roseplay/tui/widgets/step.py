@@ -82,7 +82,7 @@ class StepPanel(ReshownOnResize, WidthBorders, Widget):
     def show(self, snap, stopped: bool = False) -> None:
         """`stopped`: the engine stopped for good after this step: it is the last one,
         and its counts are of then (ran, waited), not of now."""
-        self.shown_with(snap, stopped)
+        self.redraw_on_resize(partial(self.show, snap, stopped))
         key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width,
                theme.generation(), snap.knobs.num_speculative_tokens, stopped)
         if key == self._key:

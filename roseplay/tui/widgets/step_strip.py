@@ -13,6 +13,7 @@ column whose budget or mode differs from the step before it is marked (a knob ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from itertools import zip_longest
 
 from rich.text import Text
@@ -186,7 +187,7 @@ class StepStrip(ReshownOnResize, Widget):
         self._key = None
 
     def show(self, snap) -> None:
-        self.shown_with(snap)
+        self.redraw_on_resize(partial(self.show, snap))
         key = (snap.last_step, snap.knobs, self.size, theme.generation(), snap.spec_method)
         if key == self._key:
             return
