@@ -75,14 +75,19 @@ def _sample_rows(requests: list, followers: dict, first: int = 0) -> tuple[list[
 def _kept_columns(cols, device_fed: bool):
     """_decode_columns' result from a steady decode plan's kept columns (StepPlan.
     decode_columns, engine/core/steady_decodes.py), read from no request: decode i's
-    token is pending in sample row i of the step in flight. None: not such a plan."""
+    token is pending in sample row i of the step in flight, or in row fed_rows[i] where
+    the columns left rows out (ascending: in order only if the rows left out were the
+    last). None: not such a plan."""
     if cols is None or not device_fed:
         return None
     n = len(cols.requests)
     lens = cols.positions.astype(np.int32)
     lens += 1
-    return list(cols.requests), cols.table_rows, cols.positions, lens, [0] * n, \
-        np.arange(n, dtype=np.int64), True
+    fed = cols.fed_rows
+    if fed is None:
+        fed = np.arange(n, dtype=np.int64)
+    return list(cols.requests), cols.table_rows, cols.positions, lens, [0] * n, fed, \
+        cols.fed_rows is None or int(fed[-1]) == n - 1
 
 
 def _decode_columns(decodes: list, device_fed: bool):

@@ -24,28 +24,29 @@ class DecodeScheduling:
         every one), and those still prefilling, in the policy's order. Left out: dedup
         followers, and a request its pending token ends by length. After a steady
         decode step (engine/core/steady_decodes.py) by array arithmetic on the last
-        plan's columns, with the decodes' positions (the fourth item; None if some
-        request is left out); else in one pass over the running requests
-        (engine/core/running_pass.py)."""
+        plan's columns, with the decodes' columns (the fourth item); else in one pass
+        over the running requests (engine/core/running_pass.py)."""
         if steady is not None and not self.followers and order == steady.requests:
-            decodes, fast, positions = steady.advance(self.pool.block_size, self.kv.tables,
-                                                      self.pool.refcounts)
-            return decodes, fast, [], positions if len(decodes) == len(order) else None
+            decodes, fast, columns = steady.advance(self.pool.block_size, self.kv.tables,
+                                                    self.pool.refcounts)
+            return decodes, fast, [], columns
         codes = classify(order, self.pool.block_size, self.pool.refs, bool(self.followers))
         return *split(order, codes), None
 
     def _keep_columns(self, plan: StepPlan, order: list[Request],
-                      steady: DecodeColumns | None, positions) -> None:
-        """Keep the columns of a plan that decodes every running request in order: for
-        the batch builder (StepPlan.decode_columns, where they came from the last
-        plan's) and the next step's partition (where the plan has nothing else)."""
-        if len(plan.decodes) != len(order) or plan.verifies or plan.preempted:
+                      columns: DecodeColumns | None) -> None:
+        """Keep the columns of a plan that decodes every running request in order (less
+        those the last step's tokens end by length): for the batch builder
+        (StepPlan.decode_columns, where they came from the last plan's) and the next
+        step's partition (where the plan has nothing else)."""
+        if plan.verifies or plan.preempted:
             return
-        if positions is not None:
-            plan.decode_columns = steady.after(positions)
-            if not plan.prefills:
-                self._steady, self._steady_plan = plan.decode_columns, plan
-        elif not plan.prefills:
+        if columns is not None:
+            if len(plan.decodes) == len(columns.requests):
+                plan.decode_columns = columns
+                if not plan.prefills:
+                    self._steady, self._steady_plan = columns, plan
+        elif len(plan.decodes) == len(order) and not plan.prefills:
             self._steady, self._steady_plan = DecodeColumns.of(plan, order), plan
 
     def decodes_pending(self, plan: StepPlan) -> None:

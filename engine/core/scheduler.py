@@ -99,10 +99,10 @@ class Scheduler(DecodeScheduling):
         # decode's token pending
         steady = self._steady if self._steady_plan is self._pending_plan else None
         self._steady = self._steady_plan = None
-        decodes, fast, prefilling, positions = self._partition(order, steady)
+        decodes, fast, prefilling, columns = self._partition(order, steady)
         self._plan(plan, decodes, fast, prefilling, knobs)
         if len(order) >= MIN_DECODES:       # narrower steps keep none (steady_decodes.py)
-            self._keep_columns(plan, order, steady, positions)
+            self._keep_columns(plan, order, columns)
         return plan
 
     def _plan(self, plan: StepPlan, decodes: list[Request], fast: list[bool] | None,

@@ -9,15 +9,19 @@ requests are still the same objects in the same order, every one of them decodes
 one position further, its token pending: the next plan's partition is array arithmetic
 on the kept columns (`advance`) instead of a pass over the requests, and the batch
 builder takes the decode rows' positions, table rows and token rows from the plan
-(StepPlan.decode_columns) instead of reading each request. Anything else (a request
-added, finished, preempted, a prefill, a verify, a dedup follower, a step read before
-the next was planned) leaves no columns, and so does a step of fewer than MIN_DECODES
-decodes: the next plan is made the general way. check_invariants compares the kept
+(StepPlan.decode_columns) instead of reading each request. Requests whose pending token
+ends them by length are left out of the next plan and out of its columns, which then
+read their pending tokens from the kept rows of the step in flight (`fed_rows`): a
+workload whose requests end by their length caps keeps its columns through its
+finishing steps. Anything else (a request added, or finished by a stop token,
+preempted, a prefill, a verify, a dedup follower, a step read before the next was
+planned) leaves no columns, and so does a step of fewer than MIN_DECODES decodes: the
+next plan is made the general way. check_invariants compares the kept
 columns with the requests (`check`).
 """
 from __future__ import annotations
 
-from itertools import compress, repeat
+from itertools import repeat
 
 import numpy as np
 
@@ -34,18 +38,21 @@ MIN_DECODES = 64
 class DecodeColumns:
     """The decodes of a plan: `requests` (the running order), each one's position in
     it (`positions`, int64), KV table row, Request.length_cap, Request.admit_seq and id,
-    and whether every one samples greedily without processing (Request.plain_greedy).
+    whether every one samples greedily without processing (Request.plain_greedy), and
+    the sample rows of the step before that feed their pending tokens (`fed_rows`,
+    int64; None: row i feeds decode i).
     It holds no reference to its plan (the plan holds it: StepPlan.decode_columns), so
     a plan and its 256 chunks are freed when the step ends, not by the garbage
     collector (a cycle each step set off a young collection every ~3 decode steps)."""
-    __slots__ = ("requests", "positions", "table_rows", "caps", "admits", "ids", "greedy")
+    __slots__ = ("requests", "positions", "table_rows", "caps", "admits", "ids", "greedy",
+                 "fed_rows")
 
     def __init__(self, requests: list[Request], positions: np.ndarray,
                  table_rows: np.ndarray, caps: np.ndarray, admits: tuple[int, ...],
-                 ids: tuple[str, ...], greedy: bool):
+                 ids: tuple[str, ...], greedy: bool, fed_rows: np.ndarray | None = None):
         self.requests, self.positions = requests, positions
         self.table_rows, self.caps, self.admits, self.ids = table_rows, caps, admits, ids
-        self.greedy = greedy
+        self.greedy, self.fed_rows = greedy, fed_rows
 
     @classmethod
     def of(cls, plan, order: list[Request]) -> "DecodeColumns | None":
@@ -62,29 +69,32 @@ class DecodeColumns:
                    all(r.plain_greedy for r in order))
 
     def advance(self, page: int, tables: BlockTables, refcounts: np.ndarray
-                ) -> tuple[list[Request], list[bool] | None, np.ndarray]:
+                ) -> tuple[list[Request], list[bool] | None, "DecodeColumns | None"]:
         """The next step's decodes after this plan's commit (each request one position
         further, its token pending), whether each needs no KV work (its slot in a block
-        it owns alone; None: every one), and their positions. Left out: a request
-        whose pending token ends it by length (its token count, position + 1, reaches
-        its cap), as the scheduler's classify leaves it out."""
+        it owns alone; None: every one), and their columns (None: no decode left). Left
+        out: a request whose pending token ends it by length (its token count, position
+        + 1, reaches its cap), as the scheduler's classify leaves it out."""
         pos = self.positions + 1
         rows = self.table_rows
         block = pos // page
         inside = block < tables.lengths[rows]
         ids = tables.matrix[rows, np.minimum(block, tables.matrix.shape[1] - 1)]
         fast = inside & (refcounts[ids] == 1)
-        reqs = self.requests
         ended = pos + 1 >= self.caps
-        if ended.any():
-            keep = ~ended
-            reqs, fast, pos = list(compress(reqs, keep.tolist())), fast[keep], pos[keep]
-        return list(reqs), (None if fast.all() else fast.tolist()), pos
-
-    def after(self, positions: np.ndarray) -> "DecodeColumns":
-        """The columns of the next plan, which decodes the same requests at `positions`."""
-        return DecodeColumns(self.requests, positions, self.table_rows, self.caps,
-                             self.admits, self.ids, self.greedy)
+        if not ended.any():
+            return list(self.requests), (None if fast.all() else fast.tolist()), \
+                DecodeColumns(self.requests, pos, rows, self.caps, self.admits, self.ids,
+                              self.greedy)
+        keep = np.flatnonzero(~ended)
+        if not keep.size:
+            return [], None, None
+        kept = keep.tolist()
+        reqs = [self.requests[i] for i in kept]
+        fast = fast[keep]
+        return reqs, (None if fast.all() else fast.tolist()), DecodeColumns(
+            reqs, pos[keep], rows[keep], self.caps[keep], tuple([self.admits[i] for i in kept]),
+            tuple([self.ids[i] for i in kept]), self.greedy, keep)
 
     def check(self) -> None:
         """Assert the kept columns match the requests (check_invariants)."""
