@@ -3,8 +3,10 @@
 torch's argmax of a [1, 151936] bf16 row takes ~9 us on an H100 plus a memset and the
 gaps around them (scripts/step_timeline.py), a tenth of what a batch-1 decode step
 spends outside its GEMVs. Here, grid (M, splits): program (m, s) scans BLOCK-wide tiles
-of its chunk of row m, keeps the first index of the largest value (a later tile wins
-only if strictly larger) and writes that partial; the last program of a row to finish (a
+of its chunk of row m, each lane keeping its largest value and that value's first index
+(a later tile wins only where strictly larger; one reduction across lanes at the end,
+the next tile requested before the current one is compared), and writes the chunk's
+maximum with its smallest index; the last program of a row to finish (a
 per-row counter bumped with an acq_rel atomic after a barrier, reset by that program, as
 in kernels/linear.py's split-K) picks the largest partial, the smallest split on ties.
 So the result is torch.argmax's: the first index of the maximum. (NaN is ignored here;
@@ -34,15 +36,23 @@ def _argmax_kernel(x_ptr, out_ptr, pv_ptr, pi_ptr, cnt_ptr, V, chunk, splits, st
     lo = s * chunk
     hi = tl.minimum(lo + chunk, V)
     row = x_ptr + m.to(tl.int64) * stride_xm
-    best_v = tl.full([], float("-inf"), tl.float32)
-    best_i = tl.full([], 0, tl.int32)
-    for k in range(lo, hi, BLOCK):
-        offs = k + tl.arange(0, BLOCK)
-        x = tl.load(row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
-        v, i = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
-        better = v > best_v
-        best_i = tl.where(better, k + i, best_i)
-        best_v = tl.where(better, v, best_v)
+    # per lane, the largest value and its first index (a later tile wins only where
+    # strictly larger); reduced across lanes once at the end, and the next tile loaded
+    # before this one is compared (two tiles in flight: Triton pipelines no plain loads)
+    offs = lo + tl.arange(0, BLOCK)
+    best_v = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_i = offs
+    x = tl.load(row + offs, mask=offs < hi, other=float("-inf")).to(tl.float32)
+    for k in range(lo + BLOCK, hi + BLOCK, BLOCK):
+        nxt = k + tl.arange(0, BLOCK)
+        x_next = tl.load(row + nxt, mask=nxt < hi, other=float("-inf")).to(tl.float32)
+        better = x > best_v
+        best_i = tl.where(better, offs, best_i)
+        best_v = tl.where(better, x, best_v)
+        x, offs = x_next, nxt
+    best = tl.max(best_v, 0)
+    best_i = tl.min(tl.where(best_v == best, best_i, V), 0)
+    best_v = best
     if MERGE_P2 == 1:       # one split: this program owns the row
         tl.store(out_ptr + m, best_i.to(tl.int64))
     else:
