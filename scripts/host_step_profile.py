@@ -248,8 +248,8 @@ def burst(args) -> None:
     """--burst R: W1's shape instead of the closed loop: --concurrency requests at once,
     run to the end, R times (the first a warm-up). Prints the median host ms of the
     steps in which requests finished and of the plain decode steps (no request waiting
-    or prefilling before the step, none finishing), and the garbage collections a
-    round ran, by generation."""
+    or prefilling before the step, none finishing), each kind's total a round, and the
+    garbage collections a round ran, by generation."""
     engine, _, _ = make_engine(args)
     # the closed loop's requests (distinct prompts, its front), submitted by hand
     loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
@@ -278,10 +278,11 @@ def burst(args) -> None:
             prof.disable()
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+    rounds = max(args.burst - 1, 1)
     for kind, took in kinds.items():
         print(f"{kind} steps: {len(took)}, median host {1e3 * statistics.median(took):.3f} ms "
-              f"({1e3 * min(took):.3f}..{1e3 * max(took):.3f})")
-    rounds = max(args.burst - 1, 1)
+              f"({1e3 * min(took):.3f}..{1e3 * max(took):.3f}), "
+              f"{1e3 * sum(took) / rounds:.2f} ms a round")
     print("garbage collections a round (young, middle, full): "
           + ", ".join(f"{sum(g == gen for g, _ in pauses) / rounds:.1f}" for gen in range(3)))
 
