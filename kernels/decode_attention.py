@@ -54,6 +54,7 @@ from kernels import pdl
 from kernels._attn_tile import attend_tile, kv_rows, load_v, pv_step, softmax_step, widen_v
 from kernels._common import (check_float, check_kv, dot_precision, next_pow2, num_sms,
                              zeroed_scratch)
+from kernels.kv_quant import FP8_DTYPE
 from kernels.pdl import pdl_enter
 from kernels.reference import _rotary_then_decode
 from kernels.rotary_kv import rope_inputs, rope_store_new_kv, rotary_store_kv
@@ -279,6 +280,17 @@ def default_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
     return cfg
 
 
+def _two_launches(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """A 16-bit cache at head_dim >= 128 whose (sequence, KV head) pairs are more than
+    TARGET_PROGRAMS_PER_SM a multiprocessor: rotary_store_kv and the plain decode beat
+    the fused launch, whose rotary registers spill under the cap (qwen3-0.6b bf16, H200,
+    2026-11-29, µs a layer fused / two: batch 64 46.3 / 47.0, 80 73.7 / 67.5, 256 169.7 /
+    156.3; fp8 and head_dim 64 stay fused: docs/KERNELS.md "Two launches")."""
+    return k_cache.dtype != FP8_DTYPE and query.dtype != torch.float32 \
+        and query.shape[-1] >= 128 \
+        and query.shape[0] * k_cache.shape[2] > TARGET_PROGRAMS_PER_SM * num_sms(query.device)
+
+
 def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                             value: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
                             k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -288,8 +300,10 @@ def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: t
     """rotary_store_kv then paged_decode_attention in one launch (a decode-only step):
     each program rotates its query heads itself, and the split that covers a sequence's
     last position stores the rotated key and the value there before reading it. Neox
-    rotary over the whole head only; otherwise the two ops run one after the other."""
-    if not is_neox or cos_sin_cache.shape[-1] != query.shape[-1] or query.shape[0] == 0:
+    rotary over the whole head only, and not a crowded 16-bit launch at head_dim >= 128
+    (_two_launches); otherwise the two ops run one after the other."""
+    if not is_neox or cos_sin_cache.shape[-1] != query.shape[-1] or query.shape[0] == 0 \
+            or _two_launches(query, k_cache):
         return _rotary_store_then_decode(
             positions, query, key, value, cos_sin_cache, is_neox, k_cache, v_cache,
             slot_mapping, block_tables, context_lens, scale, **knobs)

@@ -9,9 +9,11 @@ PYTHONPATH=. python3 scripts/sweep_decode.py [--model dummy:qwen3-0.6b] [--batch
 
 Variants are the tuning constants of kernels/decode_attention.py (DYNAMIC_MIN_TOKENS,
 TARGET_PROGRAMS_PER_SM, NUM_STAGES, MAX_REGISTERS, NUM_WARPS, CROWDED_PAIRS_PER_SM), the
-tile (block_n), LONGEST_FIRST (0: programs in batch order, without decode_order) and HND
+tile (block_n), LONGEST_FIRST (0: programs in batch order, without decode_order), HND
 (1: the caches head-major, [blocks, H_kv, page, D], read through a permuted view; the
-engine's are [blocks, page, H_kv, D]); "base" is the shipped set. Prints us per call (median of 5 timings of 20 replays) and the KV bandwidth
+engine's are [blocks, page, H_kv, D]) and TWO_LAUNCHES (0: always the fused rotary
+launch, 1: always rotary_store_kv then the decode; -1: the kernel's own choice,
+decode_attention._two_launches); "base" is the shipped set. Prints us per call (median of 5 timings of 20 replays) and the KV bandwidth
 it reaches (cache bytes read: 2 bytes an element for bf16, 1 for fp8).
 """
 import argparse
@@ -69,9 +71,13 @@ def make(batch: int, kv_dtype: torch.dtype, seed: int = 0, hnd: bool = False):
 
 HND = 0               # 1: the head-major copies of the caches
 LONGEST_FIRST = 1     # the engine's order (decode_order); 0: batch order, as before 2026-11-28
+TWO_LAUNCHES = -1     # the kernel's choice; 0 / 1: fused / two launches for every call
+_CHOOSE = da._two_launches
 
 
 def time_variant(x, block_n, rope) -> float:
+    da._two_launches = _CHOOSE if TWO_LAUNCHES < 0 else (lambda q, k: bool(TWO_LAUNCHES))
+
     def run():
         outs = []
         order = decode_order(x["lens"]) if LONGEST_FIRST else None
@@ -106,9 +112,9 @@ def time_variant(x, block_n, rope) -> float:
 
 
 def _owner(name: str):
-    """The module a grid knob lives in: this script's LONGEST_FIRST and HND, else the
-    kernel's."""
-    return sys.modules[__name__] if name in ("LONGEST_FIRST", "HND") else da
+    """The module a grid knob lives in: this script's LONGEST_FIRST, HND and
+    TWO_LAUNCHES, else the kernel's."""
+    return sys.modules[__name__] if name in ("LONGEST_FIRST", "HND", "TWO_LAUNCHES") else da
 
 
 def main():

@@ -307,6 +307,20 @@ else:
         pad_block = int(tables[-1, 0])
         assert torch.equal(fused[1][pad_block, 0], k_cache[pad_block, 0]) or lens[0] == 1
 
+    def test_crowded_16_bit_launches_at_head_dim_128_run_as_two_ops():
+        """rotary_decode_attention runs rotary_store_kv and the plain decode where a 16-bit
+        cache at head_dim >= 128 has more (sequence, KV head) pairs than
+        TARGET_PROGRAMS_PER_SM a multiprocessor (the interpreter counts 4 of them); fp8,
+        float32, head_dim 64 and one wave of pairs keep the fused launch."""
+        from kernels import decode_attention as da
+        q = torch.zeros(5, 16, 128, dtype=torch.float16)       # 5 x 8 = 40 pairs > 4 x 4
+        kc = torch.zeros(2, 16, 8, 128, dtype=torch.float16)
+        assert da._two_launches(q, kc)
+        assert not da._two_launches(q[:2], kc)                          # 16 pairs
+        assert not da._two_launches(q[..., :64], kc[..., :64])
+        assert not da._two_launches(q.float(), kc.float())
+        assert not da._two_launches(q, kc.to(torch.float8_e4m3fn))
+
     # --------------------------------------------------------- rotary + kv store
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("is_neox,rot_dim,cache_dtype", [
