@@ -13,8 +13,9 @@ tile (block_n), LONGEST_FIRST (0: programs in batch order, without decode_order)
 (1: the caches head-major, [blocks, H_kv, page, D], read through a permuted view; the
 engine's are [blocks, page, H_kv, D]) and TWO_LAUNCHES (0: always the fused rotary
 launch, 1: always rotary_store_kv then the decode; -1: the kernel's own choice,
-decode_attention._two_launches); "base" is the shipped set. Prints us per call (median of 5 timings of 20 replays) and the KV bandwidth
-it reaches (cache bytes read: 2 bytes an element for bf16, 1 for fp8).
+decode_attention._two_launches); "base" is the shipped set. Prints us per call (median
+of 5 timings of 20 replays) and the KV bandwidth it reaches (cache bytes read: 2 bytes an
+element for bf16, 1 for fp8).
 """
 import argparse
 import itertools
