@@ -92,9 +92,10 @@ class DecodeColumns:
         kept = keep.tolist()
         reqs = [self.requests[i] for i in kept]
         fast = fast[keep]
+        greedy = self.greedy or all(r.plain_greedy for r in reqs)   # the others may have ended
         return reqs, (None if fast.all() else fast.tolist()), DecodeColumns(
             reqs, pos[keep], rows[keep], self.caps[keep], tuple([self.admits[i] for i in kept]),
-            tuple([self.ids[i] for i in kept]), self.greedy, keep)
+            tuple([self.ids[i] for i in kept]), greedy, keep)
 
     def check(self) -> None:
         """Assert the kept columns match the requests (check_invariants)."""

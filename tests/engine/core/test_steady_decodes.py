@@ -19,9 +19,9 @@ N = MIN_DECODES + 24     # running requests: the kept columns need MIN_DECODES d
 #                          so three groups of length caps can end with columns kept
 
 
-def make(num_blocks, mode):
+def make(num_blocks, mode, seqs=N):
     counters = Counters()
-    knobs = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=N,
+    knobs = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=seqs,
                             scheduling_mode=mode)
     return Scheduler(knobs, BlockPool(num_blocks, BS, counters), counters)
 
@@ -60,10 +60,10 @@ def plain(v):
     return v
 
 
-def run(num_blocks, mode, dedup, forget):
+def run(num_blocks, mode, dedup, forget, seqs=N):
     """The engine's async loop without a model: commit the step in flight (its tokens
     pending), plan and build the next, then read the first one's tokens (token 5 + row)."""
-    sched = make(num_blocks, mode)
+    sched = make(num_blocks, mode, seqs)
     for r in requests(dedup):
         sched.add(r)
     sigs, kept, inflight = [], [0, 0], None
@@ -97,15 +97,18 @@ def run(num_blocks, mode, dedup, forget):
 
 
 @pytest.mark.parametrize("mode", ["budget", "mixed-chunk", "prefill-first"])
-@pytest.mark.parametrize("num_blocks,dedup", [(1000, False), (1000, True), (400, False),
-                                               (400, True)])
+@pytest.mark.parametrize("num_blocks,dedup,seqs", [
+    (1000, False, N), (1000, True, N), (400, False, N), (400, True, N),
+    (1000, False, N - 20), (400, False, N - 20)])
 def test_kept_columns_plan_and_build_what_the_pass_over_the_requests_does(
-        num_blocks, dedup, mode):
-    """400 blocks: boundary reservations preempt; dedup: a copy-on-write decode. With
-    1000 blocks, the steps after a group of requests reaches its length caps keep
-    their columns, less those rows (fed from the kept rows of the step in flight)."""
-    steady, kept = run(num_blocks, mode, dedup, forget=False)
-    general, none = run(num_blocks, mode, dedup, forget=True)
+        num_blocks, dedup, seqs, mode):
+    """400 blocks: boundary reservations preempt; dedup: a copy-on-write decode; fewer
+    sequence slots than requests: those waiting are admitted as others end, beside kept
+    columns. With 1000 blocks, the steps after a group of requests reaches its length
+    caps keep their columns, less those rows (fed from the kept rows of the step in
+    flight), and once the sampled request has ended the rest are all greedy."""
+    steady, kept = run(num_blocks, mode, dedup, False, seqs)
+    general, none = run(num_blocks, mode, dedup, True, seqs)
     assert kept[0] >= 5 and none == [0, 0]    # the kept columns planned many of the steps
     assert kept[1] >= (2 if num_blocks == 1000 else 0)
     assert steady == general
