@@ -96,7 +96,7 @@ def make_proposer(config: SpeculativeConfig, draft_runner) -> Proposer:
 SPEC_ASYNC_RUN = 4
 
 
-def per_position(verifies: list[VerifyChunk]) -> tuple[list[int], list[int]]:
+def step_positions(verifies: list[VerifyChunk]) -> tuple[list[int], list[int]]:
     """At each draft position j of a step's verifies (their `accepted` set): those with
     a draft there, and those that accepted it (every draft up to j)."""
     drafted = [0] * max(len(v.draft) for v in verifies)
@@ -241,7 +241,7 @@ class SpecDecoder:
                         ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Each chunk's accepted drafts (the longest prefix equal to the target's tokens:
         VerifyChunk.accepted), into the counters and the per-position counts; returns the
-        step's per-position counts (per_position). Plain Python: a list comparison
+        step's per-position counts (step_positions). Plain Python: a list comparison
         settles a fully accepted draft, and at batch 1 numpy's per-call cost was 20x
         this loop's."""
         row = 0
@@ -256,7 +256,7 @@ class SpecDecoder:
                     a += 1
             c.accepted = a
             row += d + 1
-        drafted, accepted = per_position(verifies)
+        drafted, accepted = step_positions(verifies)
         c = self.counters
         c.spec_decode_num_drafts += len(verifies)
         c.spec_decode_num_draft_tokens += sum(drafted)

@@ -50,7 +50,7 @@ class StepPlan:
     spec_waiting: bool = False   # a decode's proposer waits for its token (spec_decode.py)
     spec_off: int = 0            # decodes when past disable_by_batch_size: no drafts (ditto)
     spec_positions: tuple = ()   # its verifies by draft position once read: (drafted,
-    #                              accepted) tuples (spec_decode.per_position)
+    #                              accepted) tuples (spec_decode.step_positions)
     prompt_rows: object = None   # its prompt-logprob rows, laid out by the batch builder
     swap_fallbacks: list[str] = field(default_factory=list)   # swap preemptions that
     #                              recompute instead (the host tier is off or full)
