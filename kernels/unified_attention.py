@@ -59,7 +59,7 @@ def _unified_kernel(
     stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PREC: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, DECODE_M: tl.constexpr, DECODE_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -69,20 +69,38 @@ def _unified_kernel(
     row0 = (pid - (q_start * GROUP // BLOCK_M + b)) * BLOCK_M
     if row0 >= n_q * GROUP:
         return
-    attend_chunk_rows(
-        q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, scale_log2, b, kvh, q_start,
-        n_q, tl.load(lens_ptr + b), row0,
-        stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
-        stride_vb, stride_vs, stride_vh, stride_vd, stride_btb, stride_btm,
-        stride_ot, stride_oh, stride_od,
-        GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE, PREC, FP8)
+    ctx = tl.load(lens_ptr + b)
+    # a sequence whose rows fit the decode tile (a decode: GROUP rows) takes it
+    if (DECODE_M != BLOCK_M or DECODE_N != BLOCK_N) and n_q * GROUP <= DECODE_M:
+        attend_chunk_rows(
+            q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, scale_log2, b, kvh, q_start,
+            n_q, ctx, row0,
+            stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+            stride_vb, stride_vs, stride_vh, stride_vd, stride_btb, stride_btm,
+            stride_ot, stride_oh, stride_od,
+            GROUP, HEAD_DIM, BLOCK_D, DECODE_M, DECODE_N, PAGE, PREC, FP8)
+    else:
+        attend_chunk_rows(
+            q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, scale_log2, b, kvh, q_start,
+            n_q, ctx, row0,
+            stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+            stride_vb, stride_vs, stride_vh, stride_vd, stride_btb, stride_btm,
+            stride_ot, stride_oh, stride_od,
+            GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PAGE, PREC, FP8)
 
 
-def default_config(head_dim: int, dtype: torch.dtype) -> dict:
+def default_config(head_dim: int, dtype: torch.dtype, group: int) -> dict:
     """The extend kernel's tiles at UNIFIED_ROWS packed rows: one shape for every mix
-    (a graph cannot pick tiles per step). Decode programs use GROUP of the rows; decode
-    attention is bound by K/V reads, so the idle MMA rows cost little."""
-    return extend_config(UNIFIED_ROWS, head_dim, dtype)
+    (a graph cannot pick tiles per step), and the tile of a sequence whose rows fit one
+    (decode_m x decode_n: a decode's GROUP rows). At head_dim 128 a decode takes 16 x
+    128 (its rows padded to 16, not 64, and half the KV tiles a context): 11-13 % off
+    qwen3-0.6b's mixed step, 12-27 % off its decodes (docs/KERNELS.md). At head_dim 64
+    a second tile in the kernel slowed the prefill programs more than it saved, so a
+    decode keeps the extend tile there."""
+    cfg = extend_config(UNIFIED_ROWS, head_dim, dtype)
+    short = head_dim == 128 and dtype != torch.float32 and group <= 16
+    cfg["decode_m"], cfg["decode_n"] = ((16, 128) if short else (cfg["block_m"], cfg["block_n"]))
+    return cfg
 
 
 def paged_unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -91,12 +109,13 @@ def paged_unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             k_scale: torch.Tensor | None = None,
                             v_scale: torch.Tensor | None = None,
                             block_m: int | None = None, block_n: int | None = None,
+                            decode_m: int | None = None, decode_n: int | None = None,
                             num_warps: int | None = None,
                             num_stages: int | None = None) -> torch.Tensor:
     """q [T, H, D] (T may include padding), query_start_loc [S+1] int32, seq_lens [S]
     int32, block_tables [S, M] int32 -> out [T, H, D] (rows past query_start_loc[S] are
     not written). An fp8 cache is read with k_scale, v_scale [H_kv] (None: unit). The
-    tile knobs are for tests and sweeps."""
+    tile knobs (decode_m x decode_n: a decode's tile) are for tests and sweeps."""
     check_float(q)
     ks, vs, fp8 = check_kv(k_cache, v_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = q.shape
@@ -109,8 +128,10 @@ def paged_unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
-    cfg = default_config(head_dim, q.dtype)
-    block_m = block_m or cfg["block_m"]
+    cfg = default_config(head_dim, q.dtype, group)
+    block_m, block_n = block_m or cfg["block_m"], block_n or cfg["block_n"]
+    decode_m = min(decode_m or cfg["decode_m"], block_m)
+    assert decode_m >= group or decode_m == block_m, (decode_m, group)
     grid = (num_tokens * group // block_m + num_seqs, num_kv_heads)
     _unified_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, ks, vs,
@@ -118,8 +139,9 @@ def paged_unified_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
         *out.stride(),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)),
-        BLOCK_M=block_m, BLOCK_N=block_n or cfg["block_n"], PAGE=k_cache.shape[1],
+        BLOCK_M=block_m, BLOCK_N=block_n, PAGE=k_cache.shape[1],
         PREC=dot_precision(q.dtype), FP8=fp8,
+        DECODE_M=decode_m, DECODE_N=decode_n or cfg["decode_n"],
         num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"],
     )
     return out

@@ -136,15 +136,18 @@ else:
         lens = torch.tensor(ctxs + [7] * pad_seqs, dtype=torch.int32)   # unused: ignored
         return q, k_cache, v_cache, tables, qsl, lens, real
 
-    @dtype_pairs("mix,shape", sorted(MIXES), [(4, 2, 32, 8, 16), (7, 1, 16, 16, 16),
-                                              (3, 3, 16, 4, None)],
-                 ids=[str, lambda c: "h{}-kv{}-d{}-bs{}-bm{}".format(*c)])
+    # (h, h_kv, d, block size, block_m, decode_m): with decode_m below block_m the
+    # decodes take their own tile (decode_m x 16) in the same launch as the chunks
+    @dtype_pairs("mix,shape", sorted(MIXES), [(4, 2, 32, 8, 16, None), (7, 1, 16, 16, 16, None),
+                                              (3, 3, 16, 4, None, None), (4, 2, 16, 8, 32, 16)],
+                 ids=[str, lambda c: "h{}-kv{}-d{}-bs{}-bm{}-dm{}".format(*c)])
     def test_unified_matches_reference(seed, poison, dtype, mix, shape):
-        h, h_kv, d, block_size, block_m = shape
+        h, h_kv, d, block_size, block_m, decode_m = shape
         q, kc, vc, tables, qsl, lens, real = _step(MIXES[mix], block_size, h, h_kv, d, dtype,
                                                    pad_tokens=5, pad_seqs=3)
         scale = d ** -0.5
-        out = paged_unified_attention(q, kc, vc, tables, qsl, lens, scale, block_m=block_m)
+        out = paged_unified_attention(q, kc, vc, tables, qsl, lens, scale, block_m=block_m,
+                                      decode_m=decode_m, decode_n=decode_m and 16)
         want = unified_attention_reference(q, kc, vc, tables, qsl, lens, scale)
         assert_close(out[:real], want[:real], dtype, seed, mix)
         assert torch.isnan(out[real:]).all(), "padding rows must not be written"
