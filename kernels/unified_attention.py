@@ -90,16 +90,20 @@ def _unified_kernel(
 
 
 def default_config(head_dim: int, dtype: torch.dtype, group: int) -> dict:
-    """The extend kernel's tiles at UNIFIED_ROWS packed rows: one shape for every mix
-    (a graph cannot pick tiles per step), and the tile of a sequence whose rows fit one
-    (decode_m x decode_n: a decode's GROUP rows). At head_dim 128 a decode takes 16 x
-    128 (its rows padded to 16, not 64, and half the KV tiles a context): 11-13 % off
-    qwen3-0.6b's mixed step, 12-27 % off its decodes (docs/KERNELS.md). At head_dim 64
-    a second tile in the kernel slowed the prefill programs more than it saved, so a
-    decode keeps the extend tile there."""
-    cfg = extend_config(UNIFIED_ROWS, head_dim, dtype)
-    short = head_dim == 128 and dtype != torch.float32 and group <= 16
-    cfg["decode_m"], cfg["decode_n"] = ((16, 128) if short else (cfg["block_m"], cfg["block_n"]))
+    """The tiles of every mix (a graph cannot pick tiles per step): a chunk's rows take
+    the extend kernel's tile at UNIFIED_ROWS packed rows, a sequence whose rows fit one
+    takes decode_m x decode_n (a decode's GROUP rows). At head_dim 128 a decode takes
+    16 x 128 (its rows padded to 16, and half the KV tiles a context) and the chunks the
+    extend kernel's 128 rows: 13 % off qwen3-0.6b's mixed step with fp8 KV, 16-27 % off
+    its decodes, 11-13 % off its chunks (docs/KERNELS.md). At head_dim 64 a second tile
+    in the kernel slowed the chunks' programs more than it saved, so a decode keeps the
+    extend tile there."""
+    if head_dim == 128 and dtype != torch.float32 and group <= 16:
+        cfg = extend_config(128, head_dim, dtype)
+        cfg["decode_m"], cfg["decode_n"] = 16, 128
+    else:
+        cfg = extend_config(UNIFIED_ROWS, head_dim, dtype)
+        cfg["decode_m"], cfg["decode_n"] = cfg["block_m"], cfg["block_n"]
     return cfg
 
 
