@@ -94,8 +94,8 @@ def default_config(head_dim: int, dtype: torch.dtype, group: int) -> dict:
     the extend kernel's tile at UNIFIED_ROWS packed rows, a sequence whose rows fit one
     takes decode_m x decode_n (a decode's GROUP rows). At head_dim 128 a decode takes
     16 x 128 (its rows padded to 16, and half the KV tiles a context) and the chunks the
-    extend kernel's 128 rows: 13 % off qwen3-0.6b's mixed step with fp8 KV, 16-27 % off
-    its decodes, 11-13 % off its chunks (docs/KERNELS.md). At head_dim 64 a second tile
+    extend kernel's 128 rows: 13-16 % off qwen3-0.6b's mixed step at W1's shape, 12-27 %
+    off its decodes, 5-13 % off its chunks (docs/KERNELS.md). At head_dim 64 a second tile
     in the kernel slowed the chunks' programs more than it saved, so a decode keeps the
     extend tile there."""
     if head_dim == 128 and dtype != torch.float32 and group <= 16:
