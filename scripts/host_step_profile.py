@@ -12,6 +12,7 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py --front              # + the front's output processing
     python scripts/host_step_profile.py --device-ms 0.75     # + an emulated device's time
     python scripts/host_step_profile.py --burst 3 --front    # W1's shape: finishing steps
+    python scripts/host_step_profile.py --burst 6 --stop-rows 2   # + stop-token finishes
 
 --speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
 cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
@@ -85,12 +86,25 @@ from engine.ipc.proc_setup import time_collections  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
 
 
-def stub_forward(engine: LLMEngine) -> None:
-    """Every sample row gets token 7 at once (greedy, EOS ignored): no model runs."""
+STOP_TOKEN, STOP_AFTER = 9, 30     # --stop-rows: the token, from this many forwards on
+ROUND_START = [0]                  # the forward count when the burst round began
+
+
+def stub_forward(engine: LLMEngine, stop_rows: int = 0) -> None:
+    """Every sample row gets token 7 at once (greedy, EOS ignored): no model runs. With
+    stop_rows, from the STOP_AFTER-th forward of a burst round on, that many rows of a
+    step (more than 8 rows) get STOP_TOKEN instead."""
+    runner = engine.executor.runner
+
     def execute_model(batch):
-        engine.executor.runner.forward_calls += 1
-        return torch.full((batch.sample_rows.shape[0],), 7, dtype=torch.int64)
-    engine.executor.runner.execute_model = execute_model
+        runner.forward_calls += 1
+        n = batch.sample_rows.shape[0]
+        tokens = torch.full((n,), 7, dtype=torch.int64)
+        if stop_rows and runner.forward_calls - ROUND_START[0] > STOP_AFTER and n > 8:
+            for k in range(stop_rows):
+                tokens[(runner.forward_calls * (7 + 6 * k)) % n] = STOP_TOKEN
+        return tokens
+    runner.execute_model = execute_model
 
 
 def stub_model_forward(engine: LLMEngine) -> None:
@@ -154,7 +168,8 @@ class ClosedLoop:
         self.front = OutputProcessor(engine.tokenizer) if front else None
         self.oracle = oracle          # proposes the stub's token 7 (--speculative)
         self.reference = [7] * output_len
-        self.params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+        self.params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
+                                     stop_token_ids=[STOP_TOKEN])
         self.prompts = np.random.default_rng(seed).integers(100, 30000, (64, input_len))
         self.next_id = 0
         for i in range(concurrency):   # staggered lengths: finishes spread over the steps
@@ -200,7 +215,10 @@ def make_engine(args):
                                    max_num_seqs=args.concurrency,
                                    max_num_batched_tokens=args.max_num_batched_tokens,
                                    num_speculative_tokens=args.speculative, **spec), oracle)
-    (stub_model_forward if args.runner else stub_forward)(engine)
+    if args.runner:
+        stub_model_forward(engine)
+    else:
+        stub_forward(engine, args.stop_rows)
     if args.device_ms:
         emulate_device(engine, args.device_ms)
     publisher = attach_publisher(engine) if args.kv_events else None
@@ -256,6 +274,7 @@ def burst(args) -> None:
     sched, kinds = engine.scheduler, {"finishing": [], "decode": []}
 
     def one_round(timed: bool) -> None:
+        ROUND_START[0] = engine.executor.runner.forward_calls
         for _ in range(args.concurrency):
             loop.submit()
         while engine.has_unfinished():
@@ -349,6 +368,9 @@ def main(argv=None) -> int:
                    help="KV events on, published by the engine process's publisher")
     p.add_argument("--front", action="store_true",
                    help="+ the front's output processing of each step (LLM.generate's)")
+    p.add_argument("--stop-rows", type=int, default=0, metavar="K",
+                   help="--burst: from the 30th forward of a round on, K rows a step sample "
+                        "the stop token of every request (a workload ending by stop tokens)")
     p.add_argument("--burst", type=int, default=0, metavar="R",
                    help="W1's shape: --concurrency requests at once, to the end, R rounds "
                         "(the first a warm-up); host ms of finishing and decode steps")

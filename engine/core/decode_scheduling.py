@@ -18,17 +18,19 @@ from engine.request import Request, RequestStatus
 
 
 class DecodeScheduling:
-    def _partition(self, order: list[Request], steady: DecodeColumns | None
+    def _partition(self, order: list[Request], steady: DecodeColumns | None,
+                   gone: list[int]
                    ) -> tuple[list[Request], list[bool] | None, list[Request], object]:
         """Running requests that decode next (and whether each needs no KV work: None,
         every one), and those still prefilling, in the policy's order. Left out: dedup
         followers, and a request its pending token ends by length. After a steady
         decode step (engine/core/steady_decodes.py) by array arithmetic on the last
-        plan's columns, with the decodes' columns (the fourth item); else in one pass
-        over the running requests (engine/core/running_pass.py)."""
-        if steady is not None and not self.followers and order == steady.requests:
+        plan's columns less the rows `gone` (requests ended since its launch), with the
+        decodes' columns (the fourth item); else in one pass over the running requests
+        (engine/core/running_pass.py)."""
+        if steady is not None and not self.followers and order == steady.live(gone):
             decodes, fast, columns = steady.advance(self.pool.block_size, self.kv.tables,
-                                                    self.pool.refcounts)
+                                                    self.pool.refcounts, gone)
             return decodes, fast, [], columns
         codes = classify(order, self.pool.block_size, self.pool.refs, bool(self.followers))
         return *split(order, codes), None
@@ -49,10 +51,11 @@ class DecodeScheduling:
         elif len(plan.decodes) == len(order) and not plan.prefills:
             self._steady, self._steady_plan = DecodeColumns.of(plan, order), plan
 
-    def decodes_pending(self, plan: StepPlan) -> None:
-        """The plan is committed and every one of its decodes samples a pending token
-        (commit_plan under async scheduling): its kept columns step on from it."""
-        self._pending_plan = plan
+    def decodes_pending(self, plan: StepPlan, gone: list[int]) -> None:
+        """The plan is committed and every one of its decodes still running samples a
+        pending token (commit_plan under async scheduling); `gone`: the rows of those
+        that ended since its launch. Its kept columns step on from it, less those rows."""
+        self._pending_plan, self._pending_gone = plan, gone
 
     def steady_rows(self, plan: StepPlan) -> bool:
         """The rows of `plan`'s kept columns still resolve a pending token each, and came

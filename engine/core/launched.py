@@ -38,13 +38,15 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
     the requests of the plan's sample rows. A plan of decodes alone, row i sampling
     decode i (no dedup follower rows), then also counts each decode's token as pending
     in the same pass (request.add_pending_tokens: one walk over the wide step instead of
-    two). Returns whether it did (else the caller adds them)."""
+    two), and tells the scheduler when every decode still running did (the rows of
+    those that ended since the launch left out). Returns whether it did (else the
+    caller adds them)."""
     running = RequestStatus.RUNNING
     kv = scheduler.kv
     pend = rows is not None and not plan.prefills and not plan.verifies \
         and len(rows) == len(plan.decodes)
     if pend:
-        marked = 0
+        marked, gone = 0, []
         for row, c in enumerate(plan.decodes):    # the steady async decode step
             req = c.request
             if req.status is running:
@@ -55,8 +57,10 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
                     req.output_token_ids.append(PENDING_TOKEN)
                     req.pending_row = row
                     marked += 1
-        if marked == len(plan.decodes):     # every decode again, one further (scheduler)
-            scheduler.decodes_pending(plan)
+            else:      # ended since the launch (a stop token, a cancel): its row is void
+                gone.append(row)
+        if marked + len(gone) == len(plan.decodes):     # every running decode again, one
+            scheduler.decodes_pending(plan, gone)         # further (the scheduler)
     else:
         for c in plan.decodes:   # one token each; a block fills every `page`
             req = c.request

@@ -13,10 +13,12 @@ builder takes the decode rows' positions, table rows and token rows from the pla
 ends them by length are left out of the next plan and out of its columns, which then
 read their pending tokens from the kept rows of the step in flight (`fed_rows`): a
 workload whose requests end by their length caps keeps its columns through its
-finishing steps. Anything else (a request added, or finished by a stop token,
-preempted, a prefill, a verify, a dedup follower, a step read before the next was
-planned) leaves no columns, and so does a step of fewer than MIN_DECODES decodes: the
-next plan is made the general way. check_invariants compares the kept
+finishing steps. So do requests that end by a stop token or a cancel: their rows in
+the step in flight (launched before they ended) are void, and the commit tells the
+scheduler which (`gone`), so the next plan leaves them out the same way. Anything else
+(a request added, preempted, a prefill, a verify, a dedup follower, a step read before
+the next was planned) leaves no columns, and so does a step of fewer than MIN_DECODES
+decodes: the next plan is made the general way. check_invariants compares the kept
 columns with the requests (`check`).
 """
 from __future__ import annotations
@@ -68,34 +70,54 @@ class DecodeColumns:
                    tuple([r.admit_seq for r in order]), tuple([r.request_id for r in order]),
                    all(r.plain_greedy for r in order))
 
-    def advance(self, page: int, tables: BlockTables, refcounts: np.ndarray
+    def live(self, gone: list[int]) -> list[Request]:
+        """The requests less the rows `gone` (ended since the plan's launch)."""
+        if not gone:
+            return self.requests
+        out = list(self.requests)
+        for row in reversed(gone):
+            del out[row]
+        return out
+
+    def advance(self, page: int, tables: BlockTables, refcounts: np.ndarray,
+                gone: list[int] = ()
                 ) -> tuple[list[Request], list[bool] | None, "DecodeColumns | None"]:
         """The next step's decodes after this plan's commit (each request one position
         further, its token pending), whether each needs no KV work (its slot in a block
         it owns alone; None: every one), and their columns (None: no decode left). Left
-        out: a request whose pending token ends it by length (its token count, position
-        + 1, reaches its cap), as the scheduler's classify leaves it out."""
+        out: the rows `gone` (requests that ended since the launch: a stop token, a
+        cancel) and a request whose pending token ends it by length (its token count,
+        position + 1, reaches its cap), as the scheduler's classify leaves it out."""
         pos = self.positions + 1
-        rows = self.table_rows
-        block = pos // page
-        inside = block < tables.lengths[rows]
-        ids = tables.matrix[rows, np.minimum(block, tables.matrix.shape[1] - 1)]
-        fast = inside & (refcounts[ids] == 1)
         ended = pos + 1 >= self.caps
+        if gone:
+            ended[gone] = True
         if not ended.any():
-            return list(self.requests), (None if fast.all() else fast.tolist()), \
-                DecodeColumns(self.requests, pos, rows, self.caps, self.admits, self.ids,
-                              self.greedy)
+            return list(self.requests), self._fast(pos, self.table_rows, page, tables,
+                                                   refcounts), \
+                DecodeColumns(self.requests, pos, self.table_rows, self.caps, self.admits,
+                              self.ids, self.greedy)
         keep = np.flatnonzero(~ended)
         if not keep.size:
             return [], None, None
         kept = keep.tolist()
         reqs = [self.requests[i] for i in kept]
-        fast = fast[keep]
+        rows = self.table_rows[keep]    # (a gone row's table may be another's by now)
         greedy = self.greedy or all(r.plain_greedy for r in reqs)   # the others may have ended
-        return reqs, (None if fast.all() else fast.tolist()), DecodeColumns(
-            reqs, pos[keep], rows[keep], self.caps[keep], tuple([self.admits[i] for i in kept]),
+        return reqs, self._fast(pos[keep], rows, page, tables, refcounts), DecodeColumns(
+            reqs, pos[keep], rows, self.caps[keep], tuple([self.admits[i] for i in kept]),
             tuple([self.ids[i] for i in kept]), greedy, keep)
+
+    @staticmethod
+    def _fast(pos: np.ndarray, rows: np.ndarray, page: int, tables: BlockTables,
+              refcounts: np.ndarray) -> list[bool] | None:
+        """Whether each decode's slot lies in a block its request owns alone (None:
+        every one's does)."""
+        block = pos // page
+        inside = block < tables.lengths[rows]
+        ids = tables.matrix[rows, np.minimum(block, tables.matrix.shape[1] - 1)]
+        fast = inside & (refcounts[ids] == 1)
+        return None if fast.all() else fast.tolist()
 
     def check(self) -> None:
         """Assert the kept columns match the requests (check_invariants)."""

@@ -26,13 +26,21 @@ def make(num_blocks, mode, seqs=N):
     return Scheduler(knobs, BlockPool(num_blocks, BS, counters), counters)
 
 
-def requests(dedup: bool):
+STOP = 3          # with stops: the stop token, sampled by one row at each of STOP_STEPS
+STOP_STEPS = (6, 9, 10, 14, 17)
+
+
+def requests(dedup: bool, stops: bool = False):
     """Staggered lengths (block boundaries at different steps, length caps at different
     steps), one of them sampled (not greedy); with dedup, two identical prompts: the
     follower shares its leader's last, partly filled block, and the first decode into it
-    copies it (a slow decode)."""
+    copies it (a slow decode); with stops, every request stops on STOP (which run()
+    samples at a few steps, one row each)."""
     reqs = [Request(f"r{i}", [10 + i] * (3 + i % 7), SamplingParams(
         max_tokens=20 + i % 11, temperature=0)) for i in range(N)]
+    if stops:
+        for r in reqs:
+            r.stop_ids = frozenset([STOP])     # as the engine's add sets them
     reqs[2] = Request("seeded", [12] * 5, SamplingParams(max_tokens=24, temperature=0.7,
                                                           seed=3))   # a sampled row too
     if dedup:
@@ -60,14 +68,17 @@ def plain(v):
     return v
 
 
-def run(num_blocks, mode, dedup, forget, seqs=N):
+def run(num_blocks, mode, dedup, forget, seqs=N, stops=False):
     """The engine's async loop without a model: commit the step in flight (its tokens
-    pending), plan and build the next, then read the first one's tokens (token 5 + row)."""
+    pending), plan and build the next, then read the first one's tokens (token 5 + row;
+    with stops, STOP for one row at each of STOP_STEPS).
+    kept: plans with columns, those with rows left out, and stop-token finishes whose
+    next plan still had columns (the stopped request's row in the step in flight void)."""
     sched = make(num_blocks, mode, seqs)
-    for r in requests(dedup):
+    for r in requests(dedup, stops):
         sched.add(r)
-    sigs, kept, inflight = [], [0, 0], None
-    for _ in range(80):
+    sigs, kept, inflight, stopped = [], [0, 0, 0], None, False
+    for step in range(80):
         if inflight is not None:
             plan, rows = inflight
             if not commit_plan(plan, sched, BS, True, rows=rows):
@@ -78,15 +89,20 @@ def run(num_blocks, mode, dedup, forget, seqs=N):
         cols = nxt.decode_columns
         kept[0] += cols is not None
         kept[1] += cols is not None and cols.fed_rows is not None    # rows left out
+        kept[2] += stopped and cols is not None
+        stopped = False
         batch = None
         if nxt:
             batch, rows = build_step_batch(nxt, sched.followers, BS, sched.kv.tables,
                                            device_fed=inflight is not None)
         if inflight is not None:
-            for r, reason in append_sampled(inflight[1], [5 + i for i in range(len(
-                    inflight[1]))], 1.0, [], [], []):
+            tokens = [5 + i for i in range(len(inflight[1]))]
+            if stops and step in STOP_STEPS:
+                tokens[7 * step % len(tokens)] = STOP
+            for r, reason in append_sampled(inflight[1], tokens, 1.0, [], [], []):
                 sched.remove(r)
                 r.status = RequestStatus.FINISHED
+                stopped |= reason == "stop"
         sched.check_columns()
         sched.kv.tables.check(sched.running)
         sigs.append(signature(sched, nxt, batch))
@@ -97,20 +113,23 @@ def run(num_blocks, mode, dedup, forget, seqs=N):
 
 
 @pytest.mark.parametrize("mode", ["budget", "mixed-chunk", "prefill-first"])
-@pytest.mark.parametrize("num_blocks,dedup,seqs", [
-    (1000, False, N), (1000, True, N), (400, False, N), (400, True, N),
-    (1000, False, N - 20), (400, False, N - 20)])
+@pytest.mark.parametrize("num_blocks,dedup,seqs,stops", [
+    (1000, False, N, False), (1000, True, N, False), (400, False, N, False),
+    (400, True, N, False), (1000, False, N - 20, False), (400, False, N - 20, False),
+    (1000, False, N, True), (400, True, N, True)])
 def test_kept_columns_plan_and_build_what_the_pass_over_the_requests_does(
-        num_blocks, dedup, seqs, mode):
+        num_blocks, dedup, seqs, stops, mode):
     """400 blocks: boundary reservations preempt; dedup: a copy-on-write decode; fewer
     sequence slots than requests: those waiting are admitted as others end, beside kept
     columns. With 1000 blocks, the steps after a group of requests reaches its length
     caps keep their columns, less those rows (fed from the kept rows of the step in
-    flight), and once the sampled request has ended the rest are all greedy."""
-    steady, kept = run(num_blocks, mode, dedup, False, seqs)
-    general, none = run(num_blocks, mode, dedup, True, seqs)
-    assert kept[0] >= 5 and none == [0, 0]    # the kept columns planned many of the steps
+    flight), and once the sampled request has ended the rest are all greedy; with stop
+    tokens, so do the steps after a request stops (its row in the step in flight void)."""
+    steady, kept = run(num_blocks, mode, dedup, False, seqs, stops)
+    general, none = run(num_blocks, mode, dedup, True, seqs, stops)
+    assert kept[0] >= 5 and none == [0, 0, 0]    # the kept columns planned many of the steps
     assert kept[1] >= (2 if num_blocks == 1000 else 0)
+    assert kept[2] >= (3 if stops and num_blocks == 1000 else 0)
     assert steady == general
 
 
