@@ -16,6 +16,7 @@ from functools import partial
 
 from rich.text import Text
 from textual.containers import Container, Vertical
+from textual.css.query import NoMatches
 from textual.widget import Widget
 
 from engine.metrics import prefix_hit_rate
@@ -262,9 +263,15 @@ class TimingPanel(WidthBorders, Container):
 
     def size_plots(self) -> None:
         """Spare rows (a zoomed or tall panel) make every plot taller, not blank below:
-        each gets the same share of the rows under the time axis (at least one)."""
+        each gets the same share of the rows under the time axis (at least one). Before
+        the panel's children are mounted (the app's timer can show a snapshot first)
+        there is nothing to size: its first resize does it."""
+        try:
+            box = self.query_one("#plots")
+        except NoMatches:
+            return
         shown = [p for p in self.plots.values() if p.display]
-        rows = self.query_one("#plots").size.height - 1
+        rows = box.size.height - 1
         height = max(1, rows // max(1, len(shown))) if rows > 0 else 1
         for plot in shown:
             if plot.styles.height is None or plot.styles.height.value != height:

@@ -61,3 +61,13 @@ async def test_this_step_shows_the_pause_line():
         app.refresh_panels()
         await pilot.pause()
         assert "speculation off" not in widget_text(app.query_one(StepPanel))
+
+
+def test_the_timing_panel_takes_speculation_before_its_plots_are_mounted():
+    """The app's timer can show a snapshot before the Timing panel's children are
+    mounted: the speculation plots then turn on and wait for the panel's first resize to
+    be sized (sizing them there raised NoMatches, and the exception ended the app)."""
+    from roseplay.tui.widgets.timing import SPEC_PLOTS, TimingPanel
+    panel = TimingPanel(id="timing")
+    panel._show_spec_plots(speculating(session_snapshot(12), 0))
+    assert all(panel.plots[key].display for key in SPEC_PLOTS)
