@@ -12,25 +12,25 @@ from __future__ import annotations
 
 from engine.core.running_pass import classify, fast_chunks, split
 from engine.core.sched_policy import running_order
-from engine.core.steady_decodes import DecodeColumns
+from engine.core.steady_decodes import MIN_DECODES, DecodeColumns
 from engine.core.step_plan import ScheduledChunk, StepPlan
 from engine.request import Request, RequestStatus
 
 
 class DecodeScheduling:
     def _partition(self, order: list[Request], steady: DecodeColumns | None,
-                   gone: list[int]
+                   gone: list[int], joined: list
                    ) -> tuple[list[Request], list[bool] | None, list[Request], object]:
         """Running requests that decode next (and whether each needs no KV work: None,
         every one), and those still prefilling, in the policy's order. Left out: dedup
-        followers, and a request its pending token ends by length. After a steady
-        decode step (engine/core/steady_decodes.py) by array arithmetic on the last
-        plan's columns less the rows `gone` (requests ended since its launch), with the
-        decodes' columns (the fourth item); else in one pass over the running requests
-        (engine/core/running_pass.py)."""
-        if steady is not None and not self.followers and order == steady.live(gone):
+        followers, and a request its pending token ends by length. After a steady step
+        (engine/core/steady_decodes.py) by array arithmetic on the last plan's columns
+        less the rows `gone` (requests ended since its launch) and with the requests
+        whose prompts it finished (`joined`), with the decodes' columns (the fourth
+        item); else in one pass over the running requests (engine/core/running_pass.py)."""
+        if steady is not None and not self.followers and order == steady.live(gone, joined):
             decodes, fast, columns = steady.advance(self.pool.block_size, self.kv.tables,
-                                                    self.pool.refcounts, gone)
+                                                    self.pool.refcounts, gone, joined)
             return decodes, fast, [], columns
         codes = classify(order, self.pool.block_size, self.pool.refs, bool(self.followers))
         return *split(order, codes), None
@@ -40,22 +40,25 @@ class DecodeScheduling:
         """Keep the columns of a plan that decodes every running request in order (less
         those the last step's tokens end by length): for the batch builder
         (StepPlan.decode_columns, where they came from the last plan's) and the next
-        step's partition (where the plan has nothing else)."""
+        step's partition. Its prefill chunks, if any, are of requests admitted now: the
+        commit tells whether they all finished their prompts (decodes_pending), and only
+        then do the columns step on, with those requests added."""
         if plan.verifies or plan.preempted:
             return
         if columns is not None:
             if len(plan.decodes) == len(columns.requests):
                 plan.decode_columns = columns
-                if not plan.prefills:
-                    self._steady, self._steady_plan = columns, plan
-        elif len(plan.decodes) == len(order) and not plan.prefills:
+                self._steady, self._steady_plan = columns, plan
+        elif len(plan.decodes) >= MIN_DECODES:
             self._steady, self._steady_plan = DecodeColumns.of(plan, order), plan
 
-    def decodes_pending(self, plan: StepPlan, gone: list[int]) -> None:
+    def decodes_pending(self, plan: StepPlan, gone: list[int], joined: list) -> None:
         """The plan is committed and every one of its decodes still running samples a
-        pending token (commit_plan under async scheduling); `gone`: the rows of those
-        that ended since its launch. Its kept columns step on from it, less those rows."""
-        self._pending_plan, self._pending_gone = plan, gone
+        pending token, as does every prompt it finished (commit_plan under async
+        scheduling); `gone`: the rows of requests that ended since its launch, `joined`:
+        the (row, request) of those prompts. Its kept columns step on from it, less the
+        rows gone, with the prompts' requests added."""
+        self._pending_plan, self._pending_gone, self._pending_joined = plan, gone, joined
 
     def steady_rows(self, plan: StepPlan) -> bool:
         """The rows of `plan`'s kept columns still resolve a pending token each, and came

@@ -35,19 +35,21 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
     dedup followers take the blocks of leaders that finished their prompt.
 
     rows (async scheduling, the next step launched before this one's tokens are read):
-    the requests of the plan's sample rows. A plan of decodes alone, row i sampling
-    decode i (no dedup follower rows), then also counts each decode's token as pending
-    in the same pass (request.add_pending_tokens: one walk over the wide step instead of
-    two), and tells the scheduler when every decode still running did (the rows of
-    those that ended since the launch left out). Returns whether it did (else the
-    caller adds them)."""
+    the requests of the plan's sample rows. A plan whose rows are its decodes (row i
+    samples decode i) and then its prefill chunks that sample (no dedup follower rows)
+    also counts each row's token as pending here (request.add_pending_tokens: one walk
+    over the wide step instead of two), and tells the scheduler when every decode still
+    running did and every chunk finished its prompt (`decodes_pending`: the rows of
+    requests that ended since the launch, and the prompts' rows, which decode next).
+    Returns whether it did (else the caller adds them)."""
     running = RequestStatus.RUNNING
     kv = scheduler.kv
-    pend = rows is not None and not plan.prefills and not plan.verifies \
-        and len(rows) == len(plan.decodes)
+    decodes, prefills = plan.decodes, plan.prefills
+    pend = rows is not None and not plan.verifies and len(rows) == len(decodes) + (
+        sum([c.sample for c in prefills]) if prefills else 0)
     if pend:
         marked, gone = 0, []
-        for row, c in enumerate(plan.decodes):    # the steady async decode step
+        for row, c in enumerate(decodes):    # the steady async decode step
             req = c.request
             if req.status is running:
                 n = req.num_computed_tokens = req.num_computed_tokens + 1
@@ -59,10 +61,8 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
                     marked += 1
             else:      # ended since the launch (a stop token, a cancel): its row is void
                 gone.append(row)
-        if marked + len(gone) == len(plan.decodes):     # every running decode again, one
-            scheduler.decodes_pending(plan, gone)         # further (the scheduler)
     else:
-        for c in plan.decodes:   # one token each; a block fills every `page`
+        for c in decodes:   # one token each; a block fills every `page`
             req = c.request
             if req.status is running:
                 n = req.num_computed_tokens = req.num_computed_tokens + 1
@@ -82,4 +82,21 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
         for c in plan.decodes:
             if c.request in followers and c.request.status is running:
                 scheduler.leader_sampled(c.request)
+    if pend:
+        joined = _mark_prompts(rows, len(decodes))
+        if marked + len(gone) == len(decodes) and len(joined) == len(prefills):
+            scheduler.decodes_pending(plan, gone, joined)   # every one decodes next
     return pend
+
+
+def _mark_prompts(rows: list[Request], first: int) -> list[tuple[int, Request]]:
+    """Rows from `first` on (prefill chunks that finished their prompts): each running
+    request's token counts as pending (add_pending_tokens); returns those (row, request)."""
+    running, joined = RequestStatus.RUNNING, []
+    for row in range(first, len(rows)):
+        req = rows[row]
+        if req.status is running and req.pending_row < 0:
+            req.output_token_ids.append(PENDING_TOKEN)
+            req.pending_row = row
+            joined.append((row, req))
+    return joined

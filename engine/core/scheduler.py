@@ -62,6 +62,7 @@ class Scheduler(DecodeScheduling):
         self._pending_plan: StepPlan | None = None  # the last plan committed with every
         #                                  decode's token pending (decodes_pending)
         self._pending_gone: list[int] = []  # its rows of requests that ended meanwhile
+        self._pending_joined: list = []     # its prompts' (row, request): decode next
 
     @property
     def knobs(self) -> SchedulerConfig:
@@ -100,7 +101,8 @@ class Scheduler(DecodeScheduling):
         # decode's token pending
         steady = self._steady if self._steady_plan is self._pending_plan else None
         self._steady = self._steady_plan = None
-        decodes, fast, prefilling, columns = self._partition(order, steady, self._pending_gone)
+        decodes, fast, prefilling, columns = self._partition(order, steady, self._pending_gone,
+                                                             self._pending_joined)
         self._plan(plan, decodes, fast, prefilling, knobs)
         if len(order) >= MIN_DECODES:       # narrower steps keep none (steady_decodes.py)
             self._keep_columns(plan, order, columns)

@@ -1,25 +1,32 @@
 """The steady decode step as arrays kept across steps (vLLM's persistent batch, for the
 scheduler and the batch builder).
 
-A plan that decodes every running request, in the running order, keeps its decodes'
-columns: the requests, their positions, block-table rows and length caps
-(`DecodeColumns`). When that plan is committed with each decode's next token pending
-(async scheduling's steady step: commit_plan tells the scheduler) and the running
-requests are still the same objects in the same order, every one of them decodes again,
-one position further, its token pending: the next plan's partition is array arithmetic
-on the kept columns (`advance`) instead of a pass over the requests, and the batch
-builder takes the decode rows' positions, table rows and token rows from the plan
-(StepPlan.decode_columns) instead of reading each request. Requests whose pending token
-ends them by length are left out of the next plan and out of its columns, which then
-read their pending tokens from the kept rows of the step in flight (`fed_rows`): a
-workload whose requests end by their length caps keeps its columns through its
-finishing steps. So do requests that end by a stop token or a cancel: their rows in
-the step in flight (launched before they ended) are void, and the commit tells the
-scheduler which (`gone`), so the next plan leaves them out the same way. Anything else
-(a request added, preempted, a prefill, a verify, a dedup follower, a step read before
-the next was planned) leaves no columns, and so does a step of fewer than MIN_DECODES
-decodes: the next plan is made the general way. check_invariants compares the kept
-columns with the requests (`check`).
+A plan that decodes every running request, in the running order (less those its
+pending tokens end by length), keeps its decodes' columns: the requests, their
+positions, block-table rows and length caps (`DecodeColumns`). When that plan is
+committed with each decode's next token pending (async scheduling: commit_plan tells
+the scheduler) and the running requests are still the same objects in the same order,
+every one of them decodes again, one position further, its token pending: the next
+plan's partition is array arithmetic on the kept columns (`advance`) instead of a pass
+over the requests, and the batch builder takes the decode rows' positions, table rows
+and token rows from the plan (StepPlan.decode_columns) instead of reading each request.
+
+What the columns step on through:
+- requests whose pending token ends them by length: left out of the next plan and its
+  columns, which then read their pending tokens from the kept rows of the step in
+  flight (`fed_rows`), so W1's finishing steps keep their columns;
+- requests that end by a stop token or a cancel: their rows in the step in flight
+  (launched before they ended) are void; the commit tells the scheduler which
+  (`gone`), and the next plan leaves them out the same way;
+- prompts the plan finished (requests admitted in it, each chunk to its last token):
+  the commit counts their first tokens as pending and hands their sample rows over
+  (`joined`); they decode next, appended to the columns and fed from those rows. So a
+  closed loop, where requests end and join every step, keeps its columns.
+
+Anything else (a prompt's chunk that stops short of its end, a preemption, a verify, a
+dedup follower, a step read before the next was planned, another order) leaves no
+columns, and so does a step of fewer than MIN_DECODES decodes: the next plan is made
+the general way. check_invariants compares the kept columns with the requests (`check`).
 """
 from __future__ import annotations
 
@@ -58,55 +65,75 @@ class DecodeColumns:
 
     @classmethod
     def of(cls, plan, order: list[Request]) -> "DecodeColumns | None":
-        """The columns of a plan that decodes exactly `order` (else None), read from
-        the requests once: the step that enters the steady state."""
+        """The columns of a plan that decodes `order` (else None), read from the
+        requests once: the step that enters the steady state. Left out of the plan may
+        be only requests whose pending token ends them by length (they finish when it
+        is read: a closed loop has some every step); its prefill chunks, if any, are of
+        requests admitted in it."""
         decodes = plan.decodes
-        if len(decodes) != len(order) or plan.prefills or plan.verifies or plan.preempted \
-                or [c.request for c in decodes] != order:
+        if plan.verifies or plan.preempted or len(decodes) > len(order):
             return None
-        return cls(list(order), np.array([c.start for c in decodes], np.int64),
-                   np.array([r.table_row for r in order], np.int64),
-                   np.array([r.length_cap for r in order], np.int64),
-                   tuple([r.admit_seq for r in order]), tuple([r.request_id for r in order]),
-                   all(r.plain_greedy for r in order))
+        reqs = [c.request for c in decodes]
+        if reqs != order and not _only_ending_left_out(reqs, order):
+            return None
+        return cls(reqs, np.array([c.start for c in decodes], np.int64),
+                   np.array([r.table_row for r in reqs], np.int64),
+                   np.array([r.length_cap for r in reqs], np.int64),
+                   tuple([r.admit_seq for r in reqs]), tuple([r.request_id for r in reqs]),
+                   all(r.plain_greedy for r in reqs))
 
-    def live(self, gone: list[int]) -> list[Request]:
-        """The requests less the rows `gone` (ended since the plan's launch)."""
-        if not gone:
+    def live(self, gone: list[int], joined: list) -> list[Request]:
+        """The requests less the rows `gone` (ended since the plan's launch), then those
+        whose prompts the plan finished (`joined`: (row, request))."""
+        if not gone and not joined:
             return self.requests
         out = list(self.requests)
         for row in reversed(gone):
             del out[row]
-        return out
+        return out + [r for _, r in joined]
 
     def advance(self, page: int, tables: BlockTables, refcounts: np.ndarray,
-                gone: list[int] = ()
+                gone: list[int] = (), joined: list = ()
                 ) -> tuple[list[Request], list[bool] | None, "DecodeColumns | None"]:
         """The next step's decodes after this plan's commit (each request one position
-        further, its token pending), whether each needs no KV work (its slot in a block
-        it owns alone; None: every one), and their columns (None: no decode left). Left
-        out: the rows `gone` (requests that ended since the launch: a stop token, a
-        cancel) and a request whose pending token ends it by length (its token count,
-        position + 1, reaches its cap), as the scheduler's classify leaves it out."""
-        pos = self.positions + 1
-        ended = pos + 1 >= self.caps
+        further, its token pending; then the requests whose prompts the plan finished,
+        `joined`: (sample row, request), at their first output position), whether each
+        needs no KV work (its slot in a block it owns alone; None: every one), and their
+        columns (None: no decode left). Left out: the rows `gone` (requests that ended
+        since the launch: a stop token, a cancel) and a request whose pending token ends
+        it by length (its token count, position + 1, reaches its cap), as the
+        scheduler's classify leaves it out."""
+        reqs, pos, rows, caps = self.requests, self.positions + 1, self.table_rows, self.caps
+        admits, ids, greedy, fed = self.admits, self.ids, self.greedy, None
+        ended = pos + 1 >= caps
         if gone:
             ended[gone] = True
+        if joined:
+            new = [r for _, r in joined]
+            new_pos = np.array([r.num_computed_tokens for r in new], np.int64)
+            new_caps = np.array([r.length_cap for r in new], np.int64)
+            fed = np.concatenate((np.arange(len(reqs), dtype=np.int64),
+                                  np.array([row for row, _ in joined], np.int64)))
+            reqs, pos, caps = reqs + new, np.concatenate((pos, new_pos)), \
+                np.concatenate((caps, new_caps))
+            rows = np.concatenate((rows, np.array([r.table_row for r in new], np.int64)))
+            ended = np.concatenate((ended, new_pos + 1 >= new_caps))
+            admits = admits + tuple([r.admit_seq for r in new])
+            ids = ids + tuple([r.request_id for r in new])
+            greedy = greedy and all(r.plain_greedy for r in new)
         if not ended.any():
-            return list(self.requests), self._fast(pos, self.table_rows, page, tables,
-                                                   refcounts), \
-                DecodeColumns(self.requests, pos, self.table_rows, self.caps, self.admits,
-                              self.ids, self.greedy)
+            return list(reqs), self._fast(pos, rows, page, tables, refcounts), \
+                DecodeColumns(reqs, pos, rows, caps, admits, ids, greedy, fed)
         keep = np.flatnonzero(~ended)
         if not keep.size:
             return [], None, None
         kept = keep.tolist()
-        reqs = [self.requests[i] for i in kept]
-        rows = self.table_rows[keep]    # (a gone row's table may be another's by now)
-        greedy = self.greedy or all(r.plain_greedy for r in reqs)   # the others may have ended
+        reqs = [reqs[i] for i in kept]
+        rows = rows[keep]    # (a gone row's table may be another's by now)
+        greedy = greedy or all(r.plain_greedy for r in reqs)   # the others may have ended
         return reqs, self._fast(pos[keep], rows, page, tables, refcounts), DecodeColumns(
-            reqs, pos[keep], rows, self.caps[keep], tuple([self.admits[i] for i in kept]),
-            tuple([self.ids[i] for i in kept]), greedy, keep)
+            reqs, pos[keep], rows, caps[keep], tuple([admits[i] for i in kept]),
+            tuple([ids[i] for i in kept]), greedy, keep if fed is None else fed[keep])
 
     @staticmethod
     def _fast(pos: np.ndarray, rows: np.ndarray, page: int, tables: BlockTables,
@@ -133,6 +160,20 @@ class DecodeColumns:
         assert list(self.ids) == [r.request_id for r in reqs], "steady decode ids out of step"
         assert list(self.admits) == [r.admit_seq for r in reqs] and \
             self.greedy == all(r.plain_greedy for r in reqs), "steady decode admissions out of step"
+
+
+def _only_ending_left_out(reqs: list[Request], order: list[Request]) -> bool:
+    """`reqs` is `order` less requests whose pending token ends them by length (the
+    scheduler's classify leaves those out)."""
+    it = iter(reqs)
+    want = next(it, None)
+    for r in order:
+        if r is want:
+            want = next(it, None)
+        elif r.pending_row < 0 or \
+                len(r.prompt_token_ids) + len(r.output_token_ids) < r.length_cap:
+            return False
+    return want is None
 
 
 def append_steady(cols: DecodeColumns, tokens: list[int], now: float, itls,

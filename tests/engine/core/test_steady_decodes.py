@@ -68,16 +68,27 @@ def plain(v):
     return v
 
 
-def run(num_blocks, mode, dedup, forget, seqs=N, stops=False):
+def refills():
+    """A closed loop's new requests: short prompts and some long ones (300, 450 tokens:
+    several admitted at once can leave a prompt's chunk partial)."""
+    lengths = (5, 300, 7, 450, 9, 6)
+    return iter([Request(f"n{k}", [600 + k] * lengths[k % 6], SamplingParams(
+        max_tokens=12 + k % 9, temperature=0)) for k in range(60)])
+
+
+def run(num_blocks, mode, dedup, forget, seqs=N, stops=False, refill=False):
     """The engine's async loop without a model: commit the step in flight (its tokens
     pending), plan and build the next, then read the first one's tokens (token 5 + row;
-    with stops, STOP for one row at each of STOP_STEPS).
-    kept: plans with columns, those with rows left out, and stop-token finishes whose
-    next plan still had columns (the stopped request's row in the step in flight void)."""
+    with stops, STOP for one row at each of STOP_STEPS); with refill, a new request
+    joins as one ends (a closed loop).
+    kept: plans with columns, those with rows left out, stop-token finishes whose next
+    plan still had columns (the stopped request's row in the step in flight void), and
+    plans with columns after a plan with prompts (those requests joined the columns)."""
     sched = make(num_blocks, mode, seqs)
     for r in requests(dedup, stops):
         sched.add(r)
-    sigs, kept, inflight, stopped = [], [0, 0, 0], None, False
+    more = refills() if refill else iter(())
+    sigs, kept, inflight, stopped = [], [0, 0, 0, 0], None, False
     for step in range(80):
         if inflight is not None:
             plan, rows = inflight
@@ -90,6 +101,7 @@ def run(num_blocks, mode, dedup, forget, seqs=N, stops=False):
         kept[0] += cols is not None
         kept[1] += cols is not None and cols.fed_rows is not None    # rows left out
         kept[2] += stopped and cols is not None
+        kept[3] += cols is not None and inflight is not None and bool(inflight[0].prefills)
         stopped = False
         batch = None
         if nxt:
@@ -103,6 +115,9 @@ def run(num_blocks, mode, dedup, forget, seqs=N, stops=False):
                 sched.remove(r)
                 r.status = RequestStatus.FINISHED
                 stopped |= reason == "stop"
+                joining = next(more, None)
+                if joining is not None:
+                    sched.add(joining)
         sched.check_columns()
         sched.kv.tables.check(sched.running)
         sigs.append(signature(sched, nxt, batch))
@@ -113,33 +128,41 @@ def run(num_blocks, mode, dedup, forget, seqs=N, stops=False):
 
 
 @pytest.mark.parametrize("mode", ["budget", "mixed-chunk", "prefill-first"])
-@pytest.mark.parametrize("num_blocks,dedup,seqs,stops", [
-    (1000, False, N, False), (1000, True, N, False), (400, False, N, False),
-    (400, True, N, False), (1000, False, N - 20, False), (400, False, N - 20, False),
-    (1000, False, N, True), (400, True, N, True)])
+@pytest.mark.parametrize("num_blocks,dedup,seqs,stops,refill", [
+    (1000, False, N, False, False), (1000, True, N, False, False),
+    (400, False, N, False, False), (400, True, N, False, False),
+    (1000, False, N - 20, False, False), (400, False, N - 20, False, False),
+    (1000, False, N, True, False), (400, True, N, True, False),
+    (1000, False, N, True, True), (400, True, N, False, True), (1000, True, N - 20, True, True)])
 def test_kept_columns_plan_and_build_what_the_pass_over_the_requests_does(
-        num_blocks, dedup, seqs, stops, mode):
+        num_blocks, dedup, seqs, stops, refill, mode):
     """400 blocks: boundary reservations preempt; dedup: a copy-on-write decode; fewer
     sequence slots than requests: those waiting are admitted as others end, beside kept
     columns. With 1000 blocks, the steps after a group of requests reaches its length
     caps keep their columns, less those rows (fed from the kept rows of the step in
     flight), and once the sampled request has ended the rest are all greedy; with stop
-    tokens, so do the steps after a request stops (its row in the step in flight void)."""
-    steady, kept = run(num_blocks, mode, dedup, False, seqs, stops)
-    general, none = run(num_blocks, mode, dedup, True, seqs, stops)
-    assert kept[0] >= 5 and none == [0, 0, 0]    # the kept columns planned many of the steps
+    tokens, so do the steps after a request stops (its row in the step in flight void);
+    in a closed loop (refill), requests whose prompts a step finished join the columns
+    of the next, fed from their prompts' sample rows."""
+    steady, kept = run(num_blocks, mode, dedup, False, seqs, stops, refill)
+    general, none = run(num_blocks, mode, dedup, True, seqs, stops, refill)
+    assert kept[0] >= 5 and none == [0, 0, 0, 0]    # the kept columns planned many steps
     assert kept[1] >= (2 if num_blocks == 1000 else 0)
-    assert kept[2] >= (3 if stops and num_blocks == 1000 else 0)
+    # (prefill-first runs a step's prompts in plans without decodes: none to join)
+    first = mode == "prefill-first"
+    assert kept[2] >= (3 if stops and num_blocks == 1000 and not (refill and first) else 0)
+    assert kept[3] >= (2 if (refill or seqs < N) and num_blocks == 1000 and not first else 0)
     assert steady == general
 
 
-def test_a_wide_engine_emits_what_the_synchronous_one_does(monkeypatch):
+@pytest.mark.parametrize("seqs", [N, N - 20])
+def test_a_wide_engine_emits_what_the_synchronous_one_does(monkeypatch, seqs):
     """N requests decoding together under async scheduling (steady steps, their tokens
     read by append_steady, some after rows that reached their length caps were left
-    out): the tokens and finish reasons (a stop token, the length cap) equal the
-    synchronous engine's; every request's inter-token gaps are one per token after its
-    first; check_invariants compares the kept columns with the requests after every
-    step."""
+    out; with fewer sequence slots, those waiting join the columns as others end): the
+    tokens and finish reasons (a stop token, the length cap) equal the synchronous
+    engine's; every request's inter-token gaps are one per token after its first;
+    check_invariants compares the kept columns with the requests after every step."""
     import engine.core.core as core
     from engine import LLM
 
@@ -148,7 +171,7 @@ def test_a_wide_engine_emits_what_the_synchronous_one_does(monkeypatch):
     monkeypatch.setattr(core, "append_steady",    # (whether it follows rows left out)
                         lambda *a: steady.append(a[0].fed_rows is not None) or real(*a))
     kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=8,
-              max_num_seqs=N, max_num_batched_tokens=4096, check_invariants=True)
+              max_num_seqs=seqs, max_num_batched_tokens=4096, check_invariants=True)
     prompts = [{"prompt_token_ids": [(7 * i + j) % 500 + 1 for j in range(5 + i % 9)]}
                for i in range(N)]
 
