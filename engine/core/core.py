@@ -267,10 +267,14 @@ class LLMEngine(AsyncSteps, StepFaults):
             if row_logprobs is not None:
                 row_logprobs = row_logprobs[:lo] + row_logprobs[hi:]
         kept = launched.plan.decode_columns
-        if kept is not None and row_logprobs is None and len(requests) == len(kept.requests) \
-                and self.scheduler.steady_rows(launched.plan):     # (no verifies: none kept)
-            ended = append_steady(kept, tokens, now, self.stats.recent_itls,
+        d = 0 if kept is None or row_logprobs is not None \
+            or not self.scheduler.steady_rows(launched.plan) else len(kept.requests)
+        if d:       # its decode rows (no verifies: none kept), then its prompts' rows
+            ended = append_steady(kept, tokens[:d], now, self.stats.recent_itls,
                                   out.request_ids, out.token_ids)
+            if len(requests) > d:
+                ended += append_sampled(requests[d:], tokens[d:], now, self.stats.recent_itls,
+                                        out.request_ids, out.token_ids, None, None, admits[d:])
         else:
             ended = append_sampled(requests, tokens, now, self.stats.recent_itls,
                                    out.request_ids, out.token_ids, row_logprobs,

@@ -61,12 +61,14 @@ class DecodeScheduling:
         self._pending_plan, self._pending_gone, self._pending_joined = plan, gone, joined
 
     def steady_rows(self, plan: StepPlan) -> bool:
-        """The rows of `plan`'s kept columns still resolve a pending token each, and came
-        with the last step's tokens (engine/core/steady_decodes.py append_steady): it
-        stepped on from the last plan's columns, was committed with every token pending,
-        and its requests are the running ones still."""
-        return plan is self._pending_plan and plan.decode_columns.requests == running_order(
-            self.running, self.knobs.scheduling_policy)
+        """The rows of `plan`'s kept columns (its first sample rows) still resolve a
+        pending token each, and came with the last step's tokens
+        (engine/core/steady_decodes.py append_steady): it stepped on from the last
+        plan's columns, was committed with every token pending, and its requests lead
+        the running ones still (those admitted since come after them)."""
+        cols = plan.decode_columns.requests
+        return plan is self._pending_plan and running_order(
+            self.running, self.knobs.scheduling_policy)[:len(cols)] == cols
 
     def check_columns(self) -> None:
         """The kept decode columns match their requests (check_invariants)."""

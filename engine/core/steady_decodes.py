@@ -21,7 +21,9 @@ What the columns step on through:
 - prompts the plan finished (requests admitted in it, each chunk to its last token):
   the commit counts their first tokens as pending and hands their sample rows over
   (`joined`); they decode next, appended to the columns and fed from those rows. So a
-  closed loop, where requests end and join every step, keeps its columns.
+  closed loop, where requests end and join every step, keeps its columns, and a step's
+  decode rows are read by `append_steady` while its columns lead the running requests
+  (the core's token emission; its prompts' rows the general way).
 
 Anything else (a prompt's chunk that stops short of its end, a preemption, a verify, a
 dedup follower, a step read before the next was planned, another order) leaves no
