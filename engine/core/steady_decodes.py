@@ -71,12 +71,14 @@ class DecodeColumns:
         requests once: the step that enters the steady state. Left out of the plan may
         be only requests whose pending token ends them by length (they finish when it
         is read: a closed loop has some every step); its prefill chunks, if any, are of
-        requests admitted in it."""
+        requests admitted in it. Every decode's last token is pending from the step in
+        flight, so they all come with one step's tokens (append_steady's one gap)."""
         decodes = plan.decodes
         if plan.verifies or plan.preempted or len(decodes) > len(order):
             return None
         reqs = [c.request for c in decodes]
-        if reqs != order and not _only_ending_left_out(reqs, order):
+        if reqs != order and not _only_ending_left_out(reqs, order) \
+                or not all([r.pending_row >= 0 for r in reqs]):
             return None
         return cls(reqs, np.array([c.start for c in decodes], np.int64),
                    np.array([r.table_row for r in reqs], np.int64),

@@ -147,9 +147,11 @@ def test_kept_columns_plan_and_build_what_the_pass_over_the_requests_does(
     steady, kept = run(num_blocks, mode, dedup, False, seqs, stops, refill)
     general, none = run(num_blocks, mode, dedup, True, seqs, stops, refill)
     assert kept[0] >= 5 and none == [0, 0, 0, 0]    # the kept columns planned many steps
-    assert kept[1] >= (2 if num_blocks == 1000 else 0)
-    # (prefill-first runs a step's prompts in plans without decodes: none to join)
+    # (prefill-first runs a step's prompts in plans without decodes: none to join, and
+    # the decodes after them do not all come with one step's tokens: no columns there)
     first = mode == "prefill-first"
+    assert kept[1] >= (2 if num_blocks == 1000 and not (first and (refill or seqs < N))
+                       else 0)
     assert kept[2] >= (3 if stops and num_blocks == 1000 and not (refill and first) else 0)
     assert kept[3] >= (2 if (refill or seqs < N) and num_blocks == 1000 and not first else 0)
     assert steady == general
@@ -195,3 +197,25 @@ def test_a_wide_engine_emits_what_the_synchronous_one_does(monkeypatch, seqs):
     assert got == want and steady and any(steady)
     assert {reason for _, reason, _ in got} == {"stop", "length"}
     assert all(gaps == len(tokens) - 1 for tokens, _, gaps in got)
+
+
+def test_a_plan_enters_the_steady_state_only_with_every_decode_token_pending():
+    """append_steady gives a step's rows one inter-token gap, so a plan keeps columns
+    only if every decode's last token comes with the step in flight (after a
+    prefill-first step of prompts alone, the older decodes' tokens do not), and only if
+    what it leaves out of the running order are requests its pending tokens end."""
+    from engine.core.step_plan import ScheduledChunk, StepPlan
+    from engine.core.steady_decodes import DecodeColumns
+    reqs = [Request(f"r{i}", [3] * 5, SamplingParams(max_tokens=10)) for i in range(4)]
+    for i, r in enumerate(reqs):
+        r.output_token_ids, r.pending_row = [7, -1], i     # a token pending each
+    plan = StepPlan(decodes=[ScheduledChunk(r, 6, 1, True) for r in reqs])
+    assert DecodeColumns.of(plan, reqs).requests == reqs
+    reqs[2].pending_row = -1                # its last token came with an earlier step
+    assert DecodeColumns.of(plan, reqs) is None
+    reqs[2].pending_row = 2
+    ending = Request("end", [3] * 5, SamplingParams(max_tokens=2))
+    ending.output_token_ids, ending.pending_row = [7, -1], 4    # its pending token ends it
+    assert DecodeColumns.of(plan, reqs + [ending]).requests == reqs
+    ending.length_cap = 15                  # it decodes on: left out, so no columns
+    assert DecodeColumns.of(plan, reqs + [ending]) is None
