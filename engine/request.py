@@ -270,17 +270,21 @@ class Request:
 _request_id = attrgetter("request_id")
 
 
-def add_pending_tokens(requests: list[Request]) -> None:
-    """Async scheduling: each running request of a step's sample rows (row i: requests[i])
-    with no token pending yet counts the token that step samples for it before its value
-    is known (PENDING_TOKEN, vLLM V1's output placeholders), so the next step can be
-    planned now: lengths, positions and slots include it. pending_row: its sample row
-    (the runner feeds the next step's input from there). One loop over a wide step."""
-    running, pending = RequestStatus.RUNNING, PENDING_TOKEN
-    for row, req in enumerate(requests):
+def add_pending_tokens(requests: list[Request], first: int = 0) -> int:
+    """Async scheduling: each running request of a step's sample rows (row i: requests[i],
+    from row `first` on) with no token pending yet counts the token that step samples for
+    it before its value is known (PENDING_TOKEN, vLLM V1's output placeholders), so the
+    next step can be planned now: lengths, positions and slots include it. pending_row:
+    its sample row (the runner feeds the next step's input from there). Returns how many
+    it marked. One loop over a wide step."""
+    running, pending, marked = RequestStatus.RUNNING, PENDING_TOKEN, 0
+    for row in range(first, len(requests)):
+        req = requests[row]
         if req.status is running and req.pending_row < 0:
             req.output_token_ids.append(pending)
             req.pending_row = row
+            marked += 1
+    return marked
 
 
 def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.step_plan import StepPlan
-from engine.request import PENDING_TOKEN, Request, RequestStatus
+from engine.request import PENDING_TOKEN, Request, RequestStatus, add_pending_tokens
 from engine.worker.device_io import HostCopy
 from engine.worker.step_batch import StepBatch
 
@@ -82,21 +82,9 @@ def commit_plan(plan: StepPlan, scheduler, page: int, caching: bool,
         for c in plan.decodes:
             if c.request in followers and c.request.status is running:
                 scheduler.leader_sampled(c.request)
-    if pend:
-        joined = _mark_prompts(rows, len(decodes))
-        if marked + len(gone) == len(decodes) and len(joined) == len(prefills):
-            scheduler.decodes_pending(plan, gone, joined)   # every one decodes next
+    if pend:      # the rows of prompts it finished, after the decodes' rows
+        d = len(decodes)
+        if add_pending_tokens(rows, d) == len(prefills) and marked + len(gone) == d:
+            # every one decodes next (the prompts' requests from their rows)
+            scheduler.decodes_pending(plan, gone, list(enumerate(rows[d:], d)))
     return pend
-
-
-def _mark_prompts(rows: list[Request], first: int) -> list[tuple[int, Request]]:
-    """Rows from `first` on (prefill chunks that finished their prompts): each running
-    request's token counts as pending (add_pending_tokens); returns those (row, request)."""
-    running, joined = RequestStatus.RUNNING, []
-    for row in range(first, len(rows)):
-        req = rows[row]
-        if req.status is running and req.pending_row < 0:
-            req.output_token_ids.append(PENDING_TOKEN)
-            req.pending_row = row
-            joined.append((row, req))
-    return joined

@@ -77,7 +77,7 @@ class DecodeColumns:
         if plan.verifies or plan.preempted or len(decodes) > len(order):
             return None
         reqs = [c.request for c in decodes]
-        if reqs != order and not _only_ending_left_out(reqs, order) \
+        if (reqs != order and not _only_ending_left_out(reqs, order)) \
                 or not all([r.pending_row >= 0 for r in reqs]):
             return None
         return cls(reqs, np.array([c.start for c in decodes], np.int64),
