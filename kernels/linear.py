@@ -18,7 +18,9 @@ Grid (cdiv(N, BLOCK_N), SPLIT_K). Program (n, s) reads the [BLOCK_N, K/SPLIT_K] 
 and accumulates in fp32:
   * DOT (M > 1): acc[BLOCK_N, BLOCK_M] += W_tile @ x_tile^T on tensor cores, x padded to
     BLOCK_M >= 16 rows with zeros (the weight tile is the large MMA operand);
-  * FMA (M = 1): acc[BLOCK_N, BLOCK_K] += W_tile * x_row in fp32, summed over K at the end.
+  * FMA (M = 1): acc[BLOCK_N, BLOCK_K] += W_tile * x_row in fp32, summed over K at the end;
+    at 2..ONE_STEP_MAX_M rows in one K step (the one-step plan), each row's products with
+    the tile summed over K in turn.
 Split-K partial sums (fp32, [SPLIT_K, M, N]) are merged in the same launch: each program
 bumps a per-N-tile counter (atomic, acq_rel, after a barrier so all its threads' partials
 are released) and the last of the SPLIT_K programs of a tile sums the partials in split
@@ -61,6 +63,11 @@ FUSE_MAX_TILES_PER_SM = 8       # rms_norm_linear fuses at M = 1 up to this many
 # weight, or 16 x 256 tiles for qkv and o too, were slower on the H100).
 ONE_STEP_MAX_ELEMS = 1 << 22
 ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at 4 warps
+# Up to ONE_STEP_MAX_M rows the small weights with K <= 1024 take the one-step plan too,
+# each row's dot with the tile (H200, docs/KERNELS.md "A few rows in one K step"): the
+# decode buckets 2 and 4 and a verify of 1 + 3 rows. With split-K (qwen3's o and down,
+# K 2048-3072) several rows ran 2-3x slower than the tiles, and at 8 rows qwen3 lost 4 %.
+ONE_STEP_MAX_M = 4
 M1_BLOCK_N, M1_BLOCK_K = 16, 256
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -150,6 +157,13 @@ def _linear_kernel(
                              BLOCK_M, PRO, HAS_RES, w_ty)
             ss += ssk
             acc = tl.dot(w, x, acc, input_precision=PREC)
+    elif BLOCK_M > 1:       # the one-step plan at a few rows: each row's dot with the tile
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        wf = w.to(tl.float32)
+        for m in tl.static_range(BLOCK_M):
+            xm = tl.sum(tl.where(offs_m[None, :] == m, x, 0.0), 1)
+            ym = tl.sum(wf * xm[None, :], 1)
+            acc = tl.where(offs_m[None, :] == m, ym[:, None], acc)
     else:
         acc2 = w.to(tl.float32) * tl.sum(x, 1)[None, :]                # BLOCK_M == 1
         for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
@@ -191,7 +205,7 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
     """Tiles and split-K from shapes only (graph safe); rules from the H100 sweep
     (scripts/bench_decode_ops.py, docs/KERNELS.md). elem: bytes per weight element
     (float32 dot tiles take half the K width so 4 pipeline stages fit in shared memory)."""
-    if m == 1 and n * k <= ONE_STEP_MAX_ELEMS:
+    if n * k <= ONE_STEP_MAX_ELEMS and (m == 1 or (m <= ONE_STEP_MAX_M and k <= 1024)):
         return _plan_one_step(n, k, sms)
     if m == 1:
         # FMA path, looping over K; split K until ~4 programs per SM
@@ -249,13 +263,14 @@ def _run(x2, weight, bias, m, n, k, overrides, pro=0, res=None, norm_w=None, eps
     if cfg["use_dot"]:
         block_m = max(16, next_pow2(m))
     else:
-        assert m == 1, "the FMA path handles one row"
-        block_m = 1
+        block_m = next_pow2(m)
     block_k, block_n = cfg["block_k"], cfg["block_n"]
     k_tiles = triton.cdiv(k, block_k)
     split = 1 if pro == 1 else max(1, min(cfg["split_k"], k_tiles))
     k_per_split = triton.cdiv(k_tiles, split) * block_k
     split = triton.cdiv(k, k_per_split)
+    assert block_m == 1 or cfg["use_dot"] or k_per_split == block_k, \
+        "the FMA path takes several rows in one K step only"
     tiles = triton.cdiv(n, block_n)
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     cnt = ws = y
@@ -304,10 +319,10 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     """linear(rms_norm(x, norm_weight, eps[, residual]), weight, bias).
 
     Without residual returns y; with it returns (y, x + residual) like rms_norm does.
-    fuse (None = auto): run the norm as the GEMM's prologue, or as its own kernel before
-    a plain linear. Auto fuses at one row with at most FUSE_MAX_TILES_PER_SM N tiles per
-    SM: there it wins (H100, Qwen2.5-0.5B qkv 5.0 vs 6.1 us, gate_up 8.6 vs 10.2 us); with
-    16 rows (tensor-core path) or lm_head's 9496 tiles, which each re-read x, it loses.
+    fuse (None = auto, `_fuses_norm`): run the norm as the GEMM's prologue, or as its own
+    kernel before a plain linear. At one row it wins (H100, Qwen2.5-0.5B qkv 5.0 vs 6.1
+    us, gate_up 8.6 vs 10.2 us); on the tensor-core tiles (16 rows) or lm_head's 9496
+    tiles, which each re-read x, it loses.
     """
     k = x.shape[-1]
     limit = SKINNY_MAX_M if max_m is None else max_m
@@ -319,8 +334,7 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
         m = 0
     fuse = overrides.pop("fuse", None)
     if fuse is None:
-        fuse = m == 1 and triton.cdiv(weight.shape[0], 16) <= FUSE_MAX_TILES_PER_SM * num_sms(
-            x.device)
+        fuse = _fuses_norm(m, weight.shape[0], k, x.device)
     if not m or not fuse:
         from kernels.norm import rms_norm
         if residual is None:
@@ -332,6 +346,16 @@ def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                       pro=1, res=r2, norm_w=norm_weight, eps=eps)
     y = y.view(*x.shape[:-1], weight.shape[0])
     return y if residual is None else (y, new_res.view(x.shape))
+
+
+def _fuses_norm(m: int, n: int, k: int, device) -> bool:
+    """Auto rule of rms_norm_linear: the norm as the prologue at one row (at most
+    FUSE_MAX_TILES_PER_SM 16-row N tiles an SM, so not lm_head, whose tiles would each
+    re-read x), and at up to ONE_STEP_MAX_M rows where the one-step plan gives every
+    program the whole K (qkv): each program normalises the rows it reads anyway."""
+    if m == 1:
+        return triton.cdiv(n, 16) <= FUSE_MAX_TILES_PER_SM * num_sms(device)
+    return 1 < m <= ONE_STEP_MAX_M and n * k <= ONE_STEP_MAX_ELEMS and k <= 1024
 
 
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -22,12 +22,16 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         (16, 37, 80, True, {}),
         (1, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=False)),
         (1, 40, 300, False, dict(block_n=16, block_k=32, split_k=3, use_dot=True)),
-        (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4)),
+        (3, 40, 300, True, dict(block_n=16, block_k=32, split_k=4, use_dot=True)),
         (16, 33, 256, True, dict(block_n=32, block_k=64, split_k=4)),
-        (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7)),
-        # one K step per program (the one-row plan's tiles): narrow rows, a masked K, split-K
+        (5, 21, 100, True, dict(block_n=16, block_k=16, split_k=7, use_dot=True)),
+        # one K step per program (the one-step plan's tiles): narrow rows, a masked K,
+        # split-K; one row and several (each row's dot with the tile)
         (1, 67, 45, True, dict(block_n=2, block_k=64, split_k=1, use_dot=False, num_stages=1)),
         (1, 12, 300, False, dict(block_n=4, block_k=64, split_k=5, use_dot=False, num_stages=1)),
+        (4, 67, 45, True, dict(block_n=2, block_k=64, split_k=1, use_dot=False, num_stages=1)),
+        (6, 12, 300, True, dict(block_n=4, block_k=64, split_k=5, use_dot=False, num_stages=1)),
+        (4, 37, 80, False, {}),
     ]
 
     @dtype_pairs("case", LINEAR_CASES, ids=[lambda c: f"m{c[0]}-n{c[1]}-k{c[2]}-"
@@ -63,11 +67,28 @@ if os.environ.get("TRITON_INTERPRET") == "1":
             assert_close(tri.linear(x, w, b), ref.linear(x, w, b), torch.float32, seed,
                          f"one_step_max={one_step_max} n={n} k={k}")
 
+    def test_few_rows_plans():
+        """2..ONE_STEP_MAX_M rows take the one-step plan where K fits one step without a
+        split (qwen2.5's qkv and o, qwen3's qkv), and there the norm fuses; a split K
+        (qwen3's o), a large weight or more rows keep the tensor-core tiles."""
+        import kernels.linear as lin
+        for m, n, k, one_step in ((2, 1152, 896, True), (4, 896, 896, True),
+                                  (4, 4096, 1024, True), (4, 1024, 2048, False),
+                                  (4, 9728, 896, False), (lin.ONE_STEP_MAX_M + 1, 1152, 896,
+                                                          False)):
+            cfg = lin.plan_linear(m, n, k, 132)
+            assert cfg["use_dot"] is not one_step, (m, n, k, cfg)
+            if one_step:
+                assert cfg["split_k"] == 1 and cfg["block_k"] >= k, cfg
+            assert lin._fuses_norm(m, n, k, torch.device("cpu")) is one_step, (m, n, k)
+
     # (M, K, N, residual, overrides): FMA (M=1) and dot paths, odd K (masked tail)
     RMS_LINEAR_CASES = [
         (1, 96, 40, True, {}),
-        (3, 96, 40, False, {}),
+        (3, 96, 40, False, {}),           # fused by the one-step plan (auto)
         (3, 96, 40, True, dict(fuse=True)),
+        (4, 70, 24, True, {}),            # the same, 4 rows, a masked K
+        (3, 96, 40, True, dict(fuse=False)),
         (16, 70, 33, True, dict(block_k=32, fuse=True)),
         (16, 70, 33, True, dict(block_k=32, fuse=False)),
         (1, 70, 24, False, dict(block_k=32, split_k=4)),     # split is ignored (needs 1)
