@@ -265,13 +265,14 @@ def run(args) -> dict:
 def burst(args) -> None:
     """--burst R: W1's shape instead of the closed loop: --concurrency requests at once,
     run to the end, R times (the first a warm-up). Prints the median host ms of the
-    steps in which requests finished and of the plain decode steps (no request waiting
-    or prefilling before the step, none finishing), each kind's total a round, and the
+    mixed steps (a request waiting or prefilling before the step), of the steps in which
+    requests finished and of the plain decode steps (none of those), each kind's total a
+    round, and the
     garbage collections a round ran, by generation."""
     engine, _, _ = make_engine(args)
     # the closed loop's requests (distinct prompts, its front), submitted by hand
     loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
-    sched, kinds = engine.scheduler, {"finishing": [], "decode": []}
+    sched, kinds = engine.scheduler, {"mixed": [], "finishing": [], "decode": []}
 
     def one_round(timed: bool) -> None:
         ROUND_START[0] = engine.executor.runner.forward_calls
@@ -284,8 +285,9 @@ def burst(args) -> None:
             if loop.front is not None:
                 loop.front.process(out)
             took = time.perf_counter() - t
-            if timed and (out.finished or not prefill):
-                kinds["finishing" if out.finished else "decode"].append(took)
+            if timed:
+                kind = "finishing" if out.finished else "mixed" if prefill else "decode"
+                kinds[kind].append(took)
     one_round(False)            # the warm-up
     prof = cProfile.Profile() if args.profile else None
     with gc_pauses() as pauses:
@@ -373,7 +375,7 @@ def main(argv=None) -> int:
                         "the stop token of every request (a workload ending by stop tokens)")
     p.add_argument("--burst", type=int, default=0, metavar="R",
                    help="W1's shape: --concurrency requests at once, to the end, R rounds "
-                        "(the first a warm-up); host ms of finishing and decode steps")
+                        "(the first a warm-up); host ms of mixed, finishing and decode steps")
     p.add_argument("--trees", nargs="+", metavar="DIR",
                    help="checkouts to compare (interleaved runs of this measurement)")
     p.add_argument("--runs", type=int, default=5, help="rounds over --trees")
