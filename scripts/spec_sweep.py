@@ -175,7 +175,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="dummy:qwen2.5-0.5b")
     ap.add_argument("--batches", default="256,1")
-    ap.add_argument("--ks", default="1,2,3,4,5")
+    ap.add_argument("--ks", default="1,2,3,4,5",
+                    help="draft lengths, each >= 1 (k = 0, the baseline, runs at every batch)")
     ap.add_argument("--ps", default="0,0.5,0.8,1.0")
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
@@ -189,6 +190,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ks = [1, 3, 5] if args.quick else [int(k) for k in args.ks.split(",")]
+    if min(ks) < 1:
+        ap.error("--ks: draft lengths of 1 or more (k = 0 runs at every batch as the baseline)")
     repeat = 3 if args.quick else args.repeat
     ps = [float(p) for p in args.ps.split(",")]
     rows: list = []
