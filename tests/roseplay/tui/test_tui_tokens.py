@@ -85,7 +85,10 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
             lengths = [v for v in hist["alen"] if v == v]
             assert all(0 <= v <= 100 for v in accept) and all(1 <= v <= 4 for v in lengths)
             assert any(v > 1 for v in lengths)
-            assert plot.display and app.query_one("#plot-alen").display
+            # the history takes every frame, the panel redraws (and shows the plots) at
+            # most every UPDATE_EVERY seconds: on a loaded box that is a later frame
+            assert await wait_for(pilot, lambda: plot.display
+                                  and app.query_one("#plot-alen").display, 30)
             assert await wait_for(pilot, lambda: "accepted" in widget_text(plot), 30)
             assert any(mark and mark.startswith("spec k") for mark in app.timing.history.marks)
             snap = app.snapshot          # one snapshot: its requests and its counters
