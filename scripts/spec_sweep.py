@@ -20,8 +20,9 @@ One engine per batch size (k is the live knob, p and the references are set on t
 oracle between runs), so the model loads and graphs capture once. Per
 (batch, k, p): median of --repeat runs of output throughput (tok/s), of the runs' TPOT
 p50 (ms) and of their mean step time and its host part (the step minus the time the
-host waited for the device: planning, batch building, launches, commit), acceptance
-and mean acceptance length over those runs; k = 0 is the baseline. Batch 256 is
+host waited for the device: planning, batch building, launches, commit; "x R of k =
+0's": the step against the baseline's, at batch 1 a verify step against a decode step),
+acceptance and mean acceptance length over those runs; k = 0 is the baseline. Batch 256 is
 W1-like (512 random prompt tokens -> 128 output, EOS ignored, all at t = 0); batch 1
 the same request alone. Each oracle draft is right with probability p, so accepted /
 drafted is (p + p^2 + ... + p^k) / k (printed as "expected"; 1 at p = 1), and a checked
@@ -150,7 +151,8 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                 print(f"batch {batch:4d} k {k} p {p:.1f}  tok/s {r['tok_s']:10.0f} "
                       f"{_rng(r, 'tok_s', 0)}  TPOT p50 {r['tpot_ms']:7.2f} ms "
                       f"{_rng(r, 'tpot_ms', 2)}  step {r['step_ms']:6.2f} ms (host "
-                      f"{r['host_ms']:5.2f})  acceptance {r['acceptance']:.2f} (expected "
+                      f"{r['host_ms']:5.2f}, x{r['step_ms'] / base['step_ms']:.2f} of k = 0's)"
+                      f"  acceptance {r['acceptance']:.2f} (expected "
                       f"{expected_acceptance(p, k):.2f}; per checked draft "
                       f"{r['per_draft'][0]:.2f}: "
                       f"{' '.join(f'{x:.2f}' for x in r['per_draft'][1])})  "
@@ -163,6 +165,7 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                 rows.append({"batch": batch, "k": k, "p": p, "dtype": args.dtype,
                              "same_output": same, "references_differ_from_k0": drift,
                              "off_steps": r["off"],
+                             "step_vs_k0": r["step_ms"] / base["step_ms"],
                              "expected_acceptance": expected_acceptance(p, k),
                              **{x: r[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
                                                   "tok_s_range", "tpot_ms_range",
