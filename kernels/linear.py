@@ -68,6 +68,7 @@ ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at
 # decode buckets 2 and 4 and a verify of 1 + 3 rows. With split-K (qwen3's o and down,
 # K 2048-3072) several rows ran 2-3x slower than the tiles, and at 8 rows qwen3 lost 4 %.
 ONE_STEP_MAX_M = 4
+ONE_STEP_MAX_K = 1024           # K in one step; a wider K takes 512-wide splits
 M1_BLOCK_N, M1_BLOCK_K = 16, 256
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -205,7 +206,7 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
     """Tiles and split-K from shapes only (graph safe); rules from the H100 sweep
     (scripts/bench_decode_ops.py, docs/KERNELS.md). elem: bytes per weight element
     (float32 dot tiles take half the K width so 4 pipeline stages fit in shared memory)."""
-    if n * k <= ONE_STEP_MAX_ELEMS and (m == 1 or (m <= ONE_STEP_MAX_M and k <= 1024)):
+    if _one_step(m, n, k):
         return _plan_one_step(n, k, sms)
     if m == 1:
         # FMA path, looping over K; split K until ~4 programs per SM
@@ -227,11 +228,18 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
             "num_stages": 4, "use_dot": use_dot}
 
 
+def _one_step(m: int, n: int, k: int) -> bool:
+    """The one-step plan's reach: a weight of at most ONE_STEP_MAX_ELEMS at one row, and
+    at up to ONE_STEP_MAX_M rows where K is one step (no split)."""
+    return n * k <= ONE_STEP_MAX_ELEMS and (
+        m == 1 or (m <= ONE_STEP_MAX_M and k <= ONE_STEP_MAX_K))
+
+
 def _plan_one_step(n: int, k: int, sms: int) -> dict:
-    """M = 1, one K step per program: the program's whole slab is in flight at once (and
-    loaded before the PDL wait). K up to 1024 in one step, else 512-wide splits; the tile
-    narrows until there are >= 2 programs per SM."""
-    block_k = max(16, next_pow2(k)) if k <= 1024 else 512
+    """One K step per program (`_one_step`): the program's whole slab is in flight at
+    once (and loaded before the PDL wait). K up to ONE_STEP_MAX_K in one step, else
+    512-wide splits; the tile narrows until there are >= 2 programs per SM."""
+    block_k = max(16, next_pow2(k)) if k <= ONE_STEP_MAX_K else 512
     split = triton.cdiv(k, block_k)
     block_n = max(1, ONE_STEP_TILE_ELEMS // block_k)
     while block_n > 2 and triton.cdiv(n, block_n) * split < 2 * sms:
@@ -355,7 +363,7 @@ def _fuses_norm(m: int, n: int, k: int, device) -> bool:
     program the whole K (qkv): each program normalises the rows it reads anyway."""
     if m == 1:
         return triton.cdiv(n, 16) <= FUSE_MAX_TILES_PER_SM * num_sms(device)
-    return 1 < m <= ONE_STEP_MAX_M and n * k <= ONE_STEP_MAX_ELEMS and k <= 1024
+    return m > 1 and _one_step(m, n, k)
 
 
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
