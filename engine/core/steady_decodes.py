@@ -174,8 +174,7 @@ def _only_ending_left_out(reqs: list[Request], order: list[Request]) -> bool:
     for r in order:
         if r is want:
             want = next(it, None)
-        elif r.pending_row < 0 or \
-                len(r.prompt_token_ids) + len(r.output_token_ids) < r.length_cap:
+        elif r.pending_row < 0 or r.num_tokens < r.length_cap:
             return False
     return want is None
 
