@@ -267,8 +267,7 @@ def burst(args) -> None:
     run to the end, R times (the first a warm-up). Prints the median host ms of the
     mixed steps (a request waiting or prefilling before the step), of the steps in which
     requests finished and of the plain decode steps (none of those), each kind's total a
-    round, and the
-    garbage collections a round ran, by generation."""
+    round, and the garbage collections a round ran, by generation."""
     engine, _, _ = make_engine(args)
     # the closed loop's requests (distinct prompts, its front), submitted by hand
     loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
