@@ -102,10 +102,17 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
                 or self.repetition_penalty != 1)
 
     @property
-    def needs_processing(self) -> bool:
-        """Anything beyond temperature/top-k/top-p/seed: the sampler's slower path."""
+    def alters_logits(self) -> bool:
+        """A field that changes the logits before sampling (penalties, logit bias, min_p,
+        min_tokens): the sampler's processed path."""
         return (self.uses_penalties or self.logit_bias is not None or self.min_p > 0
-                or self.min_tokens > 0 or self.logprobs is not None)
+                or self.min_tokens > 0)
+
+    @property
+    def needs_processing(self) -> bool:
+        """Anything beyond temperature/top-k/top-p/seed (logprobs too): not speculated,
+        and SamplingExtras built for its step."""
+        return self.alters_logits or self.logprobs is not None
 
     @property
     def greedy(self) -> bool:
@@ -170,6 +177,10 @@ class Request:
     processed: bool = field(init=False, default=False)   # params.needs_processing, read
     #                                  once per step (the sampler's slower path)
     plain_greedy: bool = field(init=False, default=True)  # greedy and not processed
+    alters_logits: bool = field(init=False, default=False)   # params.alters_logits, read
+    #                                  once per step
+    argmax_row: bool = field(init=False, default=True)   # greedy, no field alters its
+    #                                  logits: its token is the logits' argmax (logprobs or not)
     logprobs_trace: list | None = None   # params.logprobs: the TokenLogprobs of its first
     #                                  TRACE_TOKENS output tokens (the TUI's token scrub),
     #                                  kept by setting last_logprobs
@@ -226,6 +237,8 @@ class Request:
         self.greedy = self.params.greedy
         self.processed = self.params.needs_processing
         self.plain_greedy = self.greedy and not self.processed
+        self.alters_logits = self.params.alters_logits
+        self.argmax_row = self.greedy and not self.alters_logits
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None] * len(self.prompt_token_ids)
 
@@ -329,11 +342,17 @@ def append_sampled(requests: list[Request], tokens: list[int], now: float, itls,
     request_ids.extend(map(_request_id, requests))
     token_ids.extend(tokens)
     if row_logprobs is not None:
-        logprobs.extend(row_logprobs)
-        for req, lp in zip(requests, row_logprobs):    # the viewers' latest distribution
-            if lp is not None:
-                req.last_logprobs = lp
+        attach_logprobs(requests, row_logprobs, logprobs)
     return ended
+
+
+def attach_logprobs(requests: list[Request], row_logprobs: list, logprobs: list) -> None:
+    """The logprobs of a step's emitted rows (one entry each, None where not asked) into
+    the step's `logprobs`, and each asked one as its request's latest distribution."""
+    logprobs.extend(row_logprobs)
+    for req, lp in zip(requests, row_logprobs):
+        if lp is not None:
+            req.last_logprobs = lp
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ token ids. Speculative decoding's verified positions are decode rows (docs/SPECU
 """
 from __future__ import annotations
 
+import dataclasses
 from itertools import chain, repeat
 from operator import attrgetter
 
@@ -27,6 +28,7 @@ _NO_PREFILLS = dict(prefill_block_tables=_NO_TABLES, prefill_cu_seqlens_q=np.zer
 
 _GREEDY_COLUMNS: dict[int, SamplingColumns] = {}   # by row count: the common case, built once
 _is_plain_greedy = attrgetter("plain_greedy")
+_is_argmax_row = attrgetter("argmax_row")
 
 
 def _greedy_columns(n: int) -> SamplingColumns:
@@ -46,6 +48,9 @@ def _sampling_columns(requests: list) -> SamplingColumns:
     if all(map(_is_plain_greedy, requests)):
         return _greedy_columns(len(requests))
     params = [r.params for r in requests]
+    if all(map(_is_argmax_row, requests)):    # greedy, some asking logprobs: the shared
+        return dataclasses.replace(_greedy_columns(len(requests)),    # greedy columns
+                                   extras=sampling_extras(requests, params))
     greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
     temps = np.fromiter((p.temperature if not p.greedy else 1.0 for p in params), np.float32)
     return SamplingColumns(

@@ -27,7 +27,7 @@ from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.host_tier import HostTier
 from engine.core.kv.kv_events import KVEventRecorder
 from engine.outputs import CoreRequest, FinishedRequest, StepOutput
-from engine.request import Request, RequestStatus, append_sampled
+from engine.request import Request, RequestStatus, append_sampled, attach_logprobs
 from engine.core.scheduler import Scheduler
 from engine.core.step_plan import StepPlan
 from engine.core.spec_decode import Proposer, SpecDecoder, make_proposer
@@ -267,14 +267,19 @@ class LLMEngine(AsyncSteps, StepFaults):
             if row_logprobs is not None:
                 row_logprobs = row_logprobs[:lo] + row_logprobs[hi:]
         kept = launched.plan.decode_columns
-        d = 0 if kept is None or row_logprobs is not None \
-            or not self.scheduler.steady_rows(launched.plan) else len(kept.requests)
+        d = 0 if kept is None or not self.scheduler.steady_rows(launched.plan) \
+            else len(kept.requests)
         if d:       # its decode rows (no verifies: none kept), then its prompts' rows
             ended = append_steady(kept, tokens[:d], now, self.stats.recent_itls,
                                   out.request_ids, out.token_ids)
+            rest_lp = None
+            if row_logprobs is not None:
+                attach_logprobs(kept.requests, row_logprobs[:d], out.logprobs)
+                rest_lp = row_logprobs[d:]
             if len(requests) > d:
                 ended += append_sampled(requests[d:], tokens[d:], now, self.stats.recent_itls,
-                                        out.request_ids, out.token_ids, None, None, admits[d:])
+                                        out.request_ids, out.token_ids, rest_lp, out.logprobs,
+                                        admits[d:])
         else:
             ended = append_sampled(requests, tokens, now, self.stats.recent_itls,
                                    out.request_ids, out.token_ids, row_logprobs,

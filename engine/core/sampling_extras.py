@@ -13,8 +13,17 @@ import numpy as np
 from engine.worker.step_batch import SamplingExtras
 
 _processed = attrgetter("processed")
+_alters = attrgetter("alters_logits")
 
 _NONE_I64 = np.zeros(0, np.int64)
+_NONE_F32 = np.zeros(0, np.float32)
+# a step where no row alters its logits (only logprobs asked): no per-row pass
+_UNALTERED = dict(penalty_rows=_NONE_I64, presence=_NONE_F32, frequency=_NONE_F32,
+                  repetition=_NONE_F32, first_sample=np.zeros(0, bool), prompt_ids=_NONE_I64,
+                  prompt_lens=_NONE_I64, bias_rows=_NONE_I64, bias_tokens=_NONE_I64,
+                  bias_values=_NONE_F32, mask_rows=_NONE_I64, mask_tokens=_NONE_I64)
+for _a in _UNALTERED.values():
+    _a.flags.writeable = False
 
 
 def _penalty_columns(requests: list) -> dict:
@@ -71,13 +80,17 @@ def sampling_extras(requests: list, params: list) -> SamplingExtras | None:
     """The extras of a step's sample rows (row i: requests[i]); None if no row uses one."""
     if not any(map(_processed, requests)):
         return None
-    min_p = np.fromiter((p.min_p for p in params), np.float32, count=len(params))
+    if any(map(_alters, requests)):
+        altered = {**_penalty_columns(requests), **_bias_columns(requests),
+                   **_min_tokens_columns(requests)}
+        min_p = np.fromiter((p.min_p for p in params), np.float32, count=len(params))
+    else:
+        altered, min_p = _UNALTERED, _NONE_F32
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     raw = [j for j, i in enumerate(lp_rows) if params[i].raw_logprobs]
     return SamplingExtras(
-        **_penalty_columns(requests), **_bias_columns(requests),
-        **_min_tokens_columns(requests),
-        min_p=min_p if min_p.max() > 0 else None,
+        **altered,
+        min_p=min_p if min_p.size and min_p.max() > 0 else None,
         logprob_rows=np.asarray(lp_rows, np.int64),
         raw_rows=np.asarray(raw, np.int64) if raw else None,
         num_logprobs=max((params[i].logprobs for i in lp_rows), default=0))

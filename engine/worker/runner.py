@@ -120,12 +120,9 @@ class ModelRunner:
         model_logits = logits
         if grammar is not None:       # disallowed tokens -inf, before every sampling step
             logits = masked_logits(logits, grammar)
-        if greedy is not None and grammar is None and cols.all_greedy \
-                and cols.extras is None and batch.samples_in_order:
-            tokens = greedy         # the decode graph's own argmax: no launch after it
-            self.sampler.last_logprobs = None
-        else:
-            tokens = self.sampler.sample(logits, cols, model_logits)
+        # the decode graph's own argmax (no launch after it) where every row is greedy
+        argmax = greedy if grammar is None and batch.samples_in_order else None
+        tokens = self.sampler.sample(logits, cols, model_logits, argmax)
         if batch.draft_rows is not None:
             tokens = self._verify_random_rows(logits, batch, tokens)
         self.last_tokens = tokens

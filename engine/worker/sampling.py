@@ -9,7 +9,8 @@ output does not depend on what else is in the batch.
 
 The order is vLLM V1's: min_tokens masks and logit bias, then penalties (all three also
 change greedy rows), argmax; for random rows temperature, min_p, top-k, top-p. A step
-with none of these (SamplingColumns.extras is None) runs the plain sampling path. Logprobs
+with none of these (SamplingColumns.extras is None, or only logprobs asked) runs the
+plain sampling path, and a logprobs-only step then reads only the rows that asked. Logprobs
 (docs/SAMPLING.md) are taken per `logprobs_mode`: raw_* from the model's logits,
 processed_* from the distribution sampled from (after all of the above).
 """
@@ -42,20 +43,50 @@ class Sampler:
         self.counts.release(request_id)
 
     def sample(self, logits: torch.Tensor, cols: SamplingColumns,
-               model_logits: torch.Tensor | None = None) -> torch.Tensor:
+               model_logits: torch.Tensor | None = None,
+               argmax: torch.Tensor | None = None) -> torch.Tensor:
         """logits [R, V] (model dtype), one row per sample -> token ids, on the device.
         model_logits: the model's own, when `logits` is their grammar-masked copy
-        (engine/worker/grammar_mask.py): the raw logprobs view reads them."""
+        (engine/worker/grammar_mask.py): the raw logprobs view reads them. argmax: the
+        rows' argmax if already taken (a decode graph's own), used when every row is
+        greedy and none is altered."""
         self.last_logprobs = None
-        if cols.extras is not None:
-            return self._sample_processed(logits, cols, cols.extras,
-                                          logits if model_logits is None else model_logits)
-        if cols.all_greedy:
-            return logits.argmax(dim=-1)   # exact on bf16: no upcast needed
-        greedy_tokens = logits.argmax(dim=-1)    # in the model dtype, as the all-greedy path
-        random_tokens, _ = self._sample_random(logits.float(), cols, None)
-        return torch.where(to_device(cols.greedy, torch.bool, logits.device), greedy_tokens,
-                           random_tokens)
+        ex = cols.extras
+        model = logits if model_logits is None else model_logits
+        if ex is not None and not ex.only_logprobs:
+            return self._sample_processed(logits, cols, ex, model)
+        if cols.all_greedy:      # exact on bf16: no upcast needed
+            tokens, scaled = (logits.argmax(dim=-1) if argmax is None else argmax), None
+        else:
+            greedy_tokens = logits.argmax(dim=-1)    # in the model dtype, as all-greedy
+            random_tokens, scaled = self._sample_random(logits.float(), cols, None)
+            tokens = torch.where(to_device(cols.greedy, torch.bool, logits.device),
+                                 greedy_tokens, random_tokens)
+        if ex is not None:
+            self.last_logprobs = self._row_logprobs(logits, model, scaled, tokens, cols, ex)
+        return tokens
+
+    def _row_logprobs(self, logits: torch.Tensor, model: torch.Tensor,
+                      scaled: torch.Tensor | None, tokens: torch.Tensor,
+                      cols: SamplingColumns, ex: SamplingExtras) -> tuple:
+        """The logprobs of a step whose rows no field alters: only the rows that asked
+        are read (what `_sample_processed` gives them: the distribution sampled from,
+        i.e. the logits of a greedy row and the scaled ones of a random row)."""
+        dev = logits.device
+        rows = to_device(ex.logprob_rows, torch.int64, dev)
+        if self.logprobs_mode.startswith("raw"):
+            src = model.index_select(0, rows).float()
+        else:
+            src = logits.index_select(0, rows).float()
+            if scaled is not None:
+                greedy = to_device(cols.greedy[ex.logprob_rows], torch.bool, dev)
+                src = torch.where(greedy[:, None], src, scaled.index_select(0, rows))
+        if self.logprobs_mode.endswith("logprobs"):
+            src = torch.log_softmax(src, dim=-1)
+        out = top_logprobs(src, tokens.index_select(0, rows), ex.num_logprobs)
+        if ex.raw_rows is not None:
+            out += self._raw_view(model, tokens, ex)
+        return out
 
     def _sample_random(self, logits: torch.Tensor, cols: SamplingColumns,
                        min_p: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,6 +41,13 @@ class SamplingExtras:
     raw_rows: np.ndarray | None = None   # [Q] int64 those of them (indices into
     #                                logprob_rows) that also want the model's own top-n
 
+    @property
+    def only_logprobs(self) -> bool:
+        """No row's logits are altered (no penalty, bias, min_p or min_tokens mask): the
+        tokens are the plain path's, and only the logprob rows need more work."""
+        return not (self.penalty_rows.size or self.bias_rows.size or self.mask_rows.size
+                    or self.min_p is not None)
+
 
 @dataclass(frozen=True)
 class GrammarMask:

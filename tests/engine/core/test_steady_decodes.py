@@ -199,6 +199,46 @@ def test_a_wide_engine_emits_what_the_synchronous_one_does(monkeypatch, seqs):
     assert all(gaps == len(tokens) - 1 for tokens, _, gaps in got)
 
 
+def test_logprobs_rows_keep_the_steady_emit(monkeypatch):
+    """One request in eight asks logprobs (the TUI's workload): the steady steps still
+    read their tokens by append_steady, and every request's tokens and logprobs (one
+    entry per token, the sampled token first, rank 1) equal the synchronous engine's."""
+    import engine.core.core as core
+    from engine import LLM
+
+    steady = []
+    real = core.append_steady
+    monkeypatch.setattr(core, "append_steady",      # (whether a row asked logprobs)
+                        lambda *a: steady.append(any(r.params.logprobs is not None
+                                                     for r in a[0].requests)) or real(*a))
+    kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=8,
+              max_num_seqs=N, max_num_batched_tokens=4096, check_invariants=True)
+    prompts = [{"prompt_token_ids": [(5 * i + j) % 500 + 1 for j in range(4 + i % 9)]}
+               for i in range(N)]
+    params = [SamplingParams(max_tokens=10 + i % 5, temperature=0, ignore_eos=True,
+                             logprobs=2 if i % 8 == 3 else None) for i in range(N)]
+
+    def generate(**more):
+        with LLM(**kw, **more) as llm:
+            return [o.outputs[0] for o in llm.generate(prompts, params)]
+
+    want = generate(async_scheduling=False)
+    steady.clear()
+    got = generate(async_scheduling=True)
+    assert any(steady)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.token_ids == w.token_ids, i
+        if i % 8 != 3:
+            assert g.logprobs is None
+            continue
+        assert len(g.logprobs) == len(g.token_ids)
+        assert [lp.token_ids[0] for lp in g.logprobs] == list(g.token_ids)
+        assert all(lp.rank == 1 for lp in g.logprobs)
+        assert [lp.token_ids for lp in g.logprobs] == [lp.token_ids for lp in w.logprobs]
+        assert [v for lp in g.logprobs for v in lp.logprobs] == pytest.approx(
+            [v for lp in w.logprobs for v in lp.logprobs], abs=1e-5)
+
+
 def test_a_plan_enters_the_steady_state_only_with_every_decode_token_pending():
     """append_steady gives a step's rows one inter-token gap, so a plan keeps columns
     only if every decode's last token comes with the step in flight (after a

@@ -147,3 +147,48 @@ def test_plain_rows_keep_the_fast_columns():
     logits = torch.randn(3, V)
     sampler = Sampler(torch.device("cpu"))
     assert sampler.sample(logits, cols).tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs", "processed_logits"])
+def test_logprobs_only_steps_match_the_processed_path(mode):
+    """A step whose rows only ask logprobs samples on the plain path and reads only the
+    rows that asked: the same tokens and logprobs as the processed path, which a zero
+    logit bias on one row forces (it changes no logit), with greedy, random, seeded and
+    top-k / top-p rows in one batch and the raw view on one of them."""
+    torch.manual_seed(3)
+    logits = (torch.randn(6, V) * 2).to(torch.bfloat16)
+    rows = [req("g", temperature=0, logprobs=3),
+            req("p", temperature=0),
+            req("t", temperature=0.8, top_k=5, logprobs=V),
+            req("s", temperature=1.1, top_p=0.7, seed=11, logprobs=2),
+            req("r", temperature=0.9),
+            req("w", temperature=0, logprobs=1, raw_logprobs=True)]
+    biased = rows[:1] + [req("p", temperature=0, logit_bias={0: 0.0})] + rows[2:]
+    fast_cols, slow_cols = _sampling_columns(rows), _sampling_columns(biased)
+    assert fast_cols.extras.only_logprobs and not slow_cols.extras.only_logprobs
+    got = []
+    for cols in (fast_cols, slow_cols):
+        sampler = Sampler(torch.device("cpu"), seed=7, logprobs_mode=mode)
+        tokens = sampler.sample(logits, cols).tolist()
+        got.append((tokens, [t.tolist() for t in sampler.last_logprobs]))
+    assert got[0] == got[1]
+    assert len(got[0][1]) == 6        # the raw view's three tensors follow
+
+
+def test_greedy_logprobs_rows_share_the_greedy_columns():
+    """Greedy rows that only ask logprobs keep the shared greedy columns (no per-row pass
+    over the step), the graph's argmax is taken as the tokens, and the logprobs are read
+    from the asking rows only."""
+    rows = [req("a", temperature=0), req("b", temperature=0, logprobs=2),
+            req("c", temperature=0)]
+    cols = _sampling_columns(rows)
+    assert cols.all_greedy and cols.request_ids == () and cols.extras.only_logprobs
+    assert cols.extras.logprob_rows.tolist() == [1] and cols.extras.penalty_rows.size == 0
+    logits = torch.randn(3, V)
+    argmax = logits.argmax(-1)
+    sampler = Sampler(torch.device("cpu"))
+    assert sampler.sample(logits, cols, argmax=argmax) is argmax
+    ids, values, ranks = sampler.last_logprobs
+    lp = torch.log_softmax(logits[1], -1)
+    assert ids.tolist() == [[int(argmax[1])] + lp.topk(2).indices.tolist()]
+    assert ranks.tolist() == [1] and values[0, 0] == pytest.approx(float(lp.max()))

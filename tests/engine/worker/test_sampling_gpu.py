@@ -1,7 +1,8 @@
 """The batched sampling path on the GPU with CUDA graphs on (bf16, a Qwen2.5-0.5B-shaped
 model, vocab 151,936): plain greedy rows keep the graphs' own argmax tokens beside rows
 with penalties, bias, min_p, min_tokens and logprobs; those rows give the same tokens
-and logprobs with graphs as eagerly."""
+and logprobs with graphs as eagerly. A batch whose rows only ask logprobs (the TUI's
+workload) takes the graphs' argmax and reads only the asking rows."""
 import pytest
 import torch
 
@@ -53,13 +54,19 @@ def runs():
     plain = _run(graphs, prompts, [SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
                                                   ignore_eos=True)] * N)
     mixed = _run(graphs, prompts, params)
+    only_lp = _run(graphs, prompts, [_logprobs_only(i) for i in range(N)])
     del graphs
     eager = _run(LLM(enforce_eager=True, **KW), prompts, params)
-    return plain, mixed, eager
+    return plain, mixed, eager, only_lp
+
+
+def _logprobs_only(i: int) -> SamplingParams:
+    return SamplingParams(temperature=0, logprobs=5 if i % 4 == 1 else None,
+                          max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
 def test_plain_greedy_rows_unchanged(runs):
-    plain, mixed, _ = runs
+    plain, mixed, _, _ = runs
     for i in range(0, N, 4):
         assert mixed[i].token_ids == plain[i].token_ids and mixed[i].logprobs is None
     for i in range(1, N, 4):         # logprobs asked: still the argmax, rank 1
@@ -70,7 +77,7 @@ def test_plain_greedy_rows_unchanged(runs):
 
 
 def test_processed_rows_match_eager(runs):
-    plain, mixed, eager = runs
+    plain, mixed, eager, _ = runs
     for i in range(N):
         assert mixed[i].token_ids == eager[i].token_ids, i
         if mixed[i].logprobs is not None:
@@ -79,3 +86,19 @@ def test_processed_rows_match_eager(runs):
             assert got == pytest.approx(want, abs=2e-2)
     changed = [mixed[i].token_ids != plain[i].token_ids for i in range(2, N, 4)]
     assert sum(changed) >= len(changed) // 2        # the penalties and bias act
+
+
+def test_logprobs_only_batch_keeps_the_argmax(runs):
+    """Greedy rows, a quarter asking logprobs: every row's tokens are the plain run's,
+    and the asking rows' logprobs are those the processed path gave them in the mixed
+    run (its batch differs, so within bf16 rounding)."""
+    plain, mixed, _, only_lp = runs
+    for i in range(N):
+        assert only_lp[i].token_ids == plain[i].token_ids, i
+        if i % 4 != 1:
+            assert only_lp[i].logprobs is None
+            continue
+        assert [lp.token_ids[0] for lp in only_lp[i].logprobs] == list(only_lp[i].token_ids)
+        got = [v for lp in only_lp[i].logprobs for v in lp.logprobs]
+        want = [v for lp in mixed[i].logprobs for v in lp.logprobs]
+        assert got == pytest.approx(want, abs=2e-2)
