@@ -8,9 +8,9 @@ SDPA paged attention, oneDNN linears on packed weights, fewer-op rotary/norm/SiL
 All expose the same functions with the same signatures: store_kv_cache,
 paged_decode_attention, paged_extend_attention, rms_norm, rotary_embedding,
 silu_and_mul, linear, rms_norm_linear, silu_mul_linear, rotary_store_kv,
-rotary_decode_attention, argmax. The Triton module also has decode_order (the order its
-decode launch runs sequences in, docs/KERNELS.md "Longest first"); a backend without it
-is called without an order.
+rotary_decode_attention, argmax, top_logprobs. The Triton module also has decode_order
+(the order its decode launch runs sequences in, docs/KERNELS.md "Longest first"); a
+backend without it is called without an order.
 """
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ import torch
 from kernels import cpu_ops
 from kernels.cpu_native_build import load
 from kernels.cpu_ops import (argmax, paged_extend_attention, rms_norm,  # noqa: F401
-                             rotary_embedding, rotary_store_kv, silu_and_mul, store_kv_cache)
+                             rotary_embedding, rotary_store_kv, silu_and_mul, store_kv_cache,
+                             top_logprobs)
 
 NATIVE_MAX_ROWS = 32            # wider inputs (prefill chunks) use oneDNN / MKL
 _W_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

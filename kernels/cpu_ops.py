@@ -28,7 +28,7 @@ from kernels.cpu_linear import (linear, rms_norm, rms_norm_linear, silu_and_mul,
 from kernels.cpu_rotary import rotary_store_kv  # noqa: F401
 from kernels.kv_quant import dequantize
 from kernels.reference import (_rotary_then_decode, argmax, rotary_embedding,  # noqa: F401
-                               store_kv_cache)
+                               store_kv_cache, top_logprobs)
 
 _local = threading.local()      # each engine thread's last plans (decode, extend)
 

@@ -227,3 +227,22 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor,
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """The greedy token of each row: [M, V] -> int64 [M] (first index of the maximum)."""
     return logits.argmax(dim=-1)
+
+
+def top_logprobs(src: torch.Tensor, tokens: torch.Tensor, n: int, normalize: bool,
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Row rows[j] of src [R, V] (row j without rows), with its token tokens[j]: int32
+    [L, 2n + 3] packed as kernels/logprobs.py's LAYOUT: the token and the top n ids, their
+    values (the row's log-softmax if normalize, else the row as float32) and the token's
+    rank (1 + entries strictly above it)."""
+    x = (src if rows is None else src.index_select(0, rows)).float()
+    if normalize:
+        x = torch.log_softmax(x, dim=-1)
+    tok = tokens[:, None].to(torch.int64)
+    picked = x.gather(1, tok)
+    ranks = (x > picked).sum(dim=-1, keepdim=True) + 1
+    ids, values = tok, picked
+    if n:
+        top = torch.topk(x, n, dim=-1)
+        ids, values = torch.cat((tok, top.indices), 1), torch.cat((picked, top.values), 1)
+    return torch.cat((ids.to(torch.int32), values.view(torch.int32), ranks.to(torch.int32)), 1)

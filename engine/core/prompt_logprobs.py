@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.outputs import TokenLogprobs
-from engine.worker.sampling import HostTensors
+from engine.worker.logprobs import PackedCopy, unpack
 
 
 class PromptRows:
@@ -58,14 +58,14 @@ def prompt_rows(prefills: list, first_token_row: int) -> PromptRows | None:
 class PromptLogprobsCopy:
     """A step's prompt logprobs on their way to the host, and the requests they fill."""
 
-    def __init__(self, tensors: tuple, owners: list):
-        self.host = HostTensors(tensors)
+    def __init__(self, packed, owners: list):
+        self.host = PackedCopy(packed)
         self.owners = owners
 
     def deliver(self, out) -> None:
         """Fill each owner's positions; a request whose prompt is now complete sends its
         list in `out` (StepOutput.prompt_logprobs) and stops asking."""
-        ids, values, ranks = self.host.tolist()
+        ids, values, ranks = unpack(self.host.array())
         j = 0
         for req, start, n, completes in self.owners:
             lps = req.prompt_logprobs

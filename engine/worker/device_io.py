@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 KERNEL_COPY_MAX_BYTES = 1 << 16  # larger copies stay on the copy engine (bandwidth)
@@ -81,6 +82,13 @@ class HostCopy:
             self._event.synchronize()
         self.read = True
         return self._tensor.tolist()
+
+    def numpy(self) -> np.ndarray:
+        """As tolist, a numpy copy (the ring may reuse the buffer once it is read)."""
+        if self._event is not None:
+            self._event.synchronize()
+        self.read = True
+        return self._tensor.numpy().copy()
 
     def wait_seconds(self) -> tuple[list, float]:
         """(values, seconds the host spent blocked on the device for them): the engine's

@@ -20,13 +20,14 @@ import torch
 
 from engine.config import LOGPROBS_MODES
 from engine.worker.cuda_graphs import StepGraphs
-from engine.worker.device_io import to_device
+from engine.worker.device_io import HostCopyRing, to_device
 from engine.worker.kv_transfer import HostKVCache, KVTransfer
 from engine.worker.models.layers import AttentionMetadata
 from engine.worker.placement import attach_kv_cache, resolve_kv_cache_dtype
 from kernels.kv_quant import byte_view
 from engine.worker.rejection import rejection_sample, seeded_generators, target_probs
-from engine.worker.sampling import LogprobsCopy, Sampler, prompt_logprobs
+from engine.worker.logprobs import LogprobsCopy, prompt_logprobs
+from engine.worker.sampling import Sampler
 from engine.worker.step_buffers import device_fed, gather_fed
 from engine.worker.grammar_mask import masked_logits
 from engine.worker.step_batch import GrammarMask, SamplingColumns, StepBatch
@@ -54,9 +55,12 @@ class ModelRunner:
                  kv_cache_dtype: str = "auto", calculate_kv_scales: bool = False,
                  host_kv_bytes: int = 0):
         self.model, self.ops, self.device, self.dtype = model, ops, device, dtype
-        self.sampler = Sampler(device, seed, logprobs_mode)
+        self.sampler = Sampler(device, seed, logprobs_mode, ops.top_logprobs)
+        # the logprobs' copies to the host (two a step at most: the sampled view and the
+        # raw one), read a step later under async scheduling
+        self._logprobs_copies = HostCopyRing(slots=6)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
-        self.prompt_logprobs: tuple | None = None      # the last step's (sampling.prompt_logprobs)
+        self.prompt_logprobs: torch.Tensor | None = None   # the last step's, packed (worker/logprobs.py)
         self._deferred: tuple | None = None   # (batch, logits) of a forward whose sampling
         #                                       waits for its grammar mask (sample_deferred)
         self.block_size = block_size
@@ -151,7 +155,11 @@ class ModelRunner:
 
     def take_logprobs(self, batch: StepBatch) -> LogprobsCopy | None:
         """The last step's logprobs (rows that asked), copying to the host; None if none."""
-        return LogprobsCopy.start(self.sampler, batch.sampling)
+        packed = self.sampler.last_logprobs
+        if packed is None:
+            return None
+        ex = batch.sampling.extras
+        return LogprobsCopy(packed, ex.logprob_rows, ex.raw_rows, self._logprobs_copies)
 
     def transfer_kv(self, xfer: KVTransfer) -> None:
         """One step's copies between the device pool and the host tier, queued before
@@ -194,7 +202,7 @@ class ModelRunner:
         else:
             logits = self._eager_forward(batch, token_source)
         self.prompt_logprobs = None if lp_rows is None else prompt_logprobs(
-            logits, lp_rows, batch.prompt_logprob_targets, batch.num_prompt_logprobs)
+            self.ops.top_logprobs, logits, lp_rows, batch.prompt_logprob_targets, batch.num_prompt_logprobs)
         if batch.samples_in_order:
             return logits
         return logits.index_select(0, to_device(batch.sample_rows, torch.int64, logits.device))

@@ -20,22 +20,27 @@ import numpy as np
 import torch
 
 from engine.config import LOGPROBS_MODES
-from engine.worker.device_io import HostCopy, to_device
-from engine.outputs import TokenLogprobs
+from engine.worker.device_io import to_device
+from engine.worker.logprobs import TopLogprobs, take
 from engine.worker.penalties import TokenCounts
 from engine.worker.step_batch import SamplingColumns, SamplingExtras
-
+from kernels import reference
 
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0,
-                 logprobs_mode: str = LOGPROBS_MODES[0]):
+                 logprobs_mode: str = LOGPROBS_MODES[0],
+                 top_logprobs: TopLogprobs = reference.top_logprobs):
+        """top_logprobs: the kernel backend's (kernels/logprobs.py on the GPU)."""
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}   # seeded requests, by id
         self.counts = TokenCounts(device)                  # penalty rows' token counts
         self.logprobs_mode = logprobs_mode
-        self.last_logprobs: tuple | None = None   # the last sample's (ids, values, ranks)
+        self.top = top_logprobs
+        # the last sample's packed logprobs (engine/worker/logprobs.py): the sampled
+        # distribution's, then the model's own for the rows that asked raw_logprobs
+        self.last_logprobs: tuple[torch.Tensor, ...] | None = None
 
     def release(self, request_id: str) -> None:
         """The request ended: drop its generator and its token counts."""
@@ -72,21 +77,23 @@ class Sampler:
         """The logprobs of a step whose rows no field alters: only the rows that asked
         are read (what `_sample_processed` gives them: the distribution sampled from,
         i.e. the logits of a greedy row and the scaled ones of a random row)."""
+        rows = ex.logprob_rows
+        if self.logprobs_mode.startswith("raw") or scaled is None:
+            src = model if self.logprobs_mode.startswith("raw") else logits
+            return self._take(src, tokens, rows, ex) + self._raw_view(model, tokens, ex)
         dev = logits.device
-        rows = to_device(ex.logprob_rows, torch.int64, dev)
-        if self.logprobs_mode.startswith("raw"):
-            src = model.index_select(0, rows).float()
-        else:
-            src = logits.index_select(0, rows).float()
-            if scaled is not None:
-                greedy = to_device(cols.greedy[ex.logprob_rows], torch.bool, dev)
-                src = torch.where(greedy[:, None], src, scaled.index_select(0, rows))
-        if self.logprobs_mode.endswith("logprobs"):
-            src = torch.log_softmax(src, dim=-1)
-        out = top_logprobs(src, tokens.index_select(0, rows), ex.num_logprobs)
-        if ex.raw_rows is not None:
-            out += self._raw_view(model, tokens, ex)
-        return out
+        idx = to_device(rows, torch.int64, dev)
+        greedy = to_device(cols.greedy[rows], torch.bool, dev)
+        src = torch.where(greedy[:, None], logits.index_select(0, idx).float(),
+                          scaled.index_select(0, idx))
+        return self._take(src, tokens, rows, ex, gathered=True) \
+            + self._raw_view(model, tokens, ex)
+
+    def _take(self, src: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray,
+              ex: SamplingExtras, gathered: bool = False) -> tuple[torch.Tensor]:
+        """The sampled distribution's packed logprobs of `rows` (engine/worker/logprobs.py)."""
+        return (take(self.top, src, tokens, rows, ex.num_logprobs,
+                     self.logprobs_mode.endswith("logprobs"), gathered),)
 
     def _sample_random(self, logits: torch.Tensor, cols: SamplingColumns,
                        min_p: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +110,6 @@ class Sampler:
                           ex: SamplingExtras, model: torch.Tensor) -> torch.Tensor:
         dev = logits.device
         want_lp = ex.logprob_rows.shape[0] > 0
-        raw = model.float() if want_lp and self.logprobs_mode.startswith("raw") else None
         x = logits.to(torch.float32, copy=True)   # never the graphs' output buffer
         if ex.mask_rows.shape[0]:                 # min_tokens: no stop token yet
             x.index_put_((to_device(ex.mask_rows, torch.int64, dev),
@@ -122,10 +128,9 @@ class Sampler:
             tokens = torch.where(greedy, tokens, random_tokens)
             sampled_from = torch.where(greedy[:, None], x, scaled) if want_lp else None
         if want_lp:
-            self.last_logprobs = self._logprobs(raw if raw is not None else sampled_from,
-                                                tokens, ex)
-            if ex.raw_rows is not None:
-                self.last_logprobs += self._raw_view(model, tokens, ex)
+            src = model if self.logprobs_mode.startswith("raw") else sampled_from
+            self.last_logprobs = self._take(src, tokens, ex.logprob_rows, ex) \
+                + self._raw_view(model, tokens, ex)
         if penalized is not None:     # last: a failed sample counts nothing
             rows, slots = penalized
             self.counts.add(slots, tokens.index_select(0, rows))
@@ -143,23 +148,14 @@ class Sampler:
         self.counts.apply(x, rows, slots, ex.presence, ex.frequency, ex.repetition)
         return rows, slots
 
-    def _logprobs(self, source: torch.Tensor, tokens: torch.Tensor,
-                  ex: SamplingExtras) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ids [L, n+1], values [L, n+1], ranks [L]) of the rows that asked: entry 0 the
-        sampled token, then the top n (torch.topk on the device)."""
-        rows = to_device(ex.logprob_rows, torch.int64, source.device)
-        src = source.index_select(0, rows)
-        if self.logprobs_mode.endswith("logprobs"):
-            src = torch.log_softmax(src, dim=-1)
-        return top_logprobs(src, tokens.index_select(0, rows), ex.num_logprobs)
-
-    @staticmethod
-    def _raw_view(logits: torch.Tensor, tokens: torch.Tensor, ex: SamplingExtras) -> tuple:
-        """The model's own log-softmax top-n of the rows that asked (raw_logprobs: the TUI
-        shows it beside the processed distribution); only those rows are reduced."""
-        rows = to_device(ex.logprob_rows[ex.raw_rows], torch.int64, logits.device)
-        return top_logprobs(raw_log_softmax(logits, rows), tokens.index_select(0, rows),
-                            ex.num_logprobs)
+    def _raw_view(self, model: torch.Tensor, tokens: torch.Tensor,
+                  ex: SamplingExtras) -> tuple:
+        """The model's own log-softmax top-n of the rows that asked raw_logprobs (the TUI
+        shows it beside the processed distribution), packed; () if none did."""
+        if ex.raw_rows is None:
+            return ()
+        return (take(self.top, model, tokens, ex.logprob_rows[ex.raw_rows], ex.num_logprobs,
+                     True),)
 
     @staticmethod
     def _min_p(logits: torch.Tensor, min_p: np.ndarray | None) -> torch.Tensor:
@@ -203,78 +199,3 @@ class Sampler:
                 self.generators[rid] = gen
             noise[i].exponential_(generator=gen)
         return noise.clamp_min_(1e-10)
-
-
-def top_logprobs(src: torch.Tensor, tokens: torch.Tensor, n: int) -> tuple:
-    """(ids [L, n+1], values [L, n+1], ranks [L]) of rows src [L, V]: entry 0 the given
-    token, then the top n (torch.topk on the device); rank 1 = best."""
-    tok = tokens[:, None]
-    picked = src.gather(1, tok)
-    ranks = (src > picked).sum(dim=-1) + 1
-    if not n:
-        return tok, picked, ranks
-    top = torch.topk(src, n, dim=-1)
-    return torch.cat((tok, top.indices), 1), torch.cat((picked, top.values), 1), ranks
-
-
-def prompt_logprobs(logits: torch.Tensor, rows: np.ndarray, targets: np.ndarray,
-                    n: int) -> tuple:
-    """Prompt logprobs (engine/core/prompt_logprobs.py) of logits rows `rows` [P] of a
-    step's logits [L, V], each predicting `targets` [P]: the model's own distribution
-    (raw log-softmax, as vLLM's prompt logprobs), float32."""
-    dev = logits.device
-    src = raw_log_softmax(logits, to_device(rows, torch.int64, dev))
-    return top_logprobs(src, to_device(targets, torch.int64, dev), n)
-
-
-def raw_log_softmax(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """The model's own log-distribution (no temperature, penalty or bias) of these logits
-    rows, in float32: the raw view and prompt logprobs."""
-    return torch.log_softmax(logits.index_select(0, rows).float(), dim=-1)
-
-
-def _to_host(t: torch.Tensor) -> HostCopy:
-    """A copy to the host that is read later (the step's tokens are read first)."""
-    if not t.is_cuda:
-        return HostCopy(t)
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return HostCopy(host, event)
-
-
-class HostTensors:
-    """Device tensors on their way to the host, read (as lists) after the step's tokens."""
-
-    def __init__(self, tensors: tuple):
-        self.copies = tuple(map(_to_host, tensors))
-
-    def tolist(self) -> list:
-        return [c.tolist() for c in self.copies]
-
-
-class LogprobsCopy(HostTensors):
-    """A step's logprobs on their way to the host (only the rows that asked)."""
-
-    def __init__(self, tensors: tuple, rows: np.ndarray, raw_rows: np.ndarray | None = None):
-        super().__init__(tensors)
-        self.rows, self.raw_rows = rows, raw_rows
-
-    @classmethod
-    def start(cls, sampler: Sampler, cols: SamplingColumns) -> "LogprobsCopy | None":
-        if sampler.last_logprobs is None:
-            return None
-        return cls(sampler.last_logprobs, cols.extras.logprob_rows, cols.extras.raw_rows)
-
-    def per_row(self, requests: list) -> list[TokenLogprobs | None]:
-        """One entry per sample row (requests[i]: row i), each cut to its own top-n."""
-        ids, values, ranks, *raw = self.tolist()
-        raws = dict(zip(self.raw_rows.tolist(), zip(*raw))) if raw else {}
-        out: list[TokenLogprobs | None] = [None] * len(requests)
-        for j, row in enumerate(self.rows.tolist()):
-            n = requests[row].params.logprobs + 1
-            r = raws.get(j)
-            out[row] = TokenLogprobs(ids[j][:n], values[j][:n], ranks[j],
-                                     r and TokenLogprobs(r[0][:n], r[1][:n], r[2]))
-        return out

@@ -32,7 +32,8 @@ if not INTERPRET:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         here = Path(__file__).resolve()
         cmd = [sys.executable, "-m", "pytest", str(here),
-               str(here.with_name("test_kernels_more.py")), "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(REPO)]
+               str(here.with_name("test_kernels_more.py")),
+               str(here.with_name("test_logprobs_kernel.py")), "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", str(REPO)]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=600)
         print(proc.stdout[-6000:])

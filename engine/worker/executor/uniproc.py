@@ -86,7 +86,7 @@ class UniprocExecutor:
         return self.runner.take_logprobs(batch)
 
     @property
-    def prompt_logprobs(self) -> tuple | None:
+    def prompt_logprobs(self):
         """The last step's prompt logprobs (engine/core/prompt_logprobs.py reads them)."""
         return self.runner.prompt_logprobs
 

@@ -10,6 +10,7 @@ import torch
 
 from engine.core.batch_builder import _sampling_columns
 from engine.request import Request, SamplingParams
+from engine.worker.logprobs import unpack_tensor
 from engine.worker.sampling import Sampler
 from tests.engine.worker.sampling_ref import NEG_INF, ref_processed
 
@@ -96,7 +97,7 @@ def test_processed_logprobs_are_the_distribution_sampled_from():
     cols = _sampling_columns(rows)
     assert not cols.extras.first_sample[0]
     tokens = sampler.sample(logits, cols).tolist()
-    ids, values, ranks = sampler.last_logprobs
+    ids, values, ranks = unpack_tensor(sampler.last_logprobs[0])
     want = torch.log_softmax(ref_processed(logits[0], rows[0]), -1)
     got = torch.full((V,), NEG_INF)
     got[ids[0, 1:]] = values[0, 1:]
@@ -118,7 +119,7 @@ def test_logprobs_modes(mode):
     sampler = Sampler(torch.device("cpu"), logprobs_mode=mode)
     token = sample(sampler, logits, [r])[0]
     assert token == 5
-    ids, values, _ = sampler.last_logprobs
+    ids, values, _ = unpack_tensor(sampler.last_logprobs[0])
     source = logits[0] if mode.startswith("raw") else ref_processed(logits[0], r)
     if mode.endswith("logprobs"):
         source = torch.log_softmax(source, -1)
@@ -170,9 +171,9 @@ def test_logprobs_only_steps_match_the_processed_path(mode):
     for cols in (fast_cols, slow_cols):
         sampler = Sampler(torch.device("cpu"), seed=7, logprobs_mode=mode)
         tokens = sampler.sample(logits, cols).tolist()
-        got.append((tokens, [t.tolist() for t in sampler.last_logprobs]))
+        got.append((tokens, [t.tolist() for p in sampler.last_logprobs for t in unpack_tensor(p)]))
     assert got[0] == got[1]
-    assert len(got[0][1]) == 6        # the raw view's three tensors follow
+    assert len(got[0][1]) == 6        # the raw view's three unpacked tensors follow
 
 
 def test_greedy_logprobs_rows_share_the_greedy_columns():
@@ -188,7 +189,7 @@ def test_greedy_logprobs_rows_share_the_greedy_columns():
     argmax = logits.argmax(-1)
     sampler = Sampler(torch.device("cpu"))
     assert sampler.sample(logits, cols, argmax=argmax) is argmax
-    ids, values, ranks = sampler.last_logprobs
+    ids, values, ranks = unpack_tensor(sampler.last_logprobs[0])
     lp = torch.log_softmax(logits[1], -1)
     assert ids.tolist() == [[int(argmax[1])] + lp.topk(2).indices.tolist()]
     assert ranks.tolist() == [1] and values[0, 0] == pytest.approx(float(lp.max()))
