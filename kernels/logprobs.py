@@ -2,17 +2,18 @@
 
 torch's way (index_select, float, log_softmax, gather, a compare-and-sum for the rank,
 topk, two cats) is ~38 launches and copies for 32 rows of a 151,936-token vocabulary,
-torch.topk alone ~18 (its multi-block radix select): ~0.7 ms of host time a step on the
-H200's host, whose every op costs ~16 us to issue (docs/SAMPLING.md "Measured").
-Here one program per row walks the row once in BLOCK-wide tiles, keeping the online
-log-sum-exp, the count of entries strictly above the row's token (its rank - 1) and the
-top n in a list of slots in registers: a tile's entries above the list's smallest
-replace it one at a time, largest first, so most tiles cost one comparison. Entries of
--inf (a processed row's top-k / min_p cuts, a grammar mask) never enter the list on the
-way; if fewer than n finite entries exist, a second walk fills the rest with the first
--inf entries, as distinct ids. The result is packed per row into int32 (LAYOUT below)
-for one copy to the host. The order among equal values may differ from torch.topk's,
-which does not define it either. kernels/reference.py top_logprobs is the torch twin.
+torch.topk alone ~18 (its multi-block radix select): 0.44-0.74 ms of host time a step
+on the H200's hosts (docs/KERNELS.md "Small kernels"). Here one program per row walks
+the row once in BLOCK-wide tiles (the next one loaded before the current one is read),
+keeping per lane the online log-sum-exp and the count of entries strictly above the
+row's token (its rank - 1), reduced across lanes once at the end, and the top n in a
+list of slots in registers: a tile's entries above the list's smallest replace it one
+at a time, largest first, so most tiles cost one comparison. Entries of -inf (a
+processed row's top-k / min_p cuts, a grammar mask) never enter the list on the way;
+if fewer than n finite entries exist, a second walk fills the rest with the first -inf
+entries, as distinct ids. The result is packed per row into int32 (LAYOUT below) for
+one copy to the host. The order among equal values may differ from torch.topk's, which
+does not define it either. kernels/reference.py top_logprobs is the torch twin.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import triton.language as tl
 
 from kernels._common import next_pow2
 
-BLOCK = 4096        # logits per tile (16 per thread at 8 warps)
+BLOCK = 4096        # logits per tile (8 per thread at 16 warps: 103 registers, no spills)
 # LAYOUT of a packed row (int32, width 2n + 3): [0] the token, [1, n] the top n ids by
 # value; [n + 1] the token's value, [n + 2, 2n + 1] the top n values (float32 bits);
 # [2n + 2] the token's rank (1 + entries strictly above it).
@@ -46,17 +47,21 @@ def _top_logprobs_kernel(src_ptr, rows_ptr, tok_ptr, out_ptr, V, stride_s, strid
     top_v = tl.where(slot < N, float("-inf"), float("inf"))
     top_i = tl.full([K], -1, tl.int32)
     kth = tl.min(top_v, 0)
-    m = tl.full([], float("-inf"), tl.float32)
-    s = tl.zeros([], tl.float32)
-    above = tl.zeros([], tl.int32)
+    # per lane: the running max and sum of exp (one cross-lane reduction at the end),
+    # and the count above the token; the next tile is loaded before this one is read
+    m_l = tl.full([BLOCK], float("-inf"), tl.float32)
+    s_l = tl.zeros([BLOCK], tl.float32)
+    above_l = tl.zeros([BLOCK], tl.int32)
+    x_next = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     for c in range(0, V, BLOCK):
-        idx = c + offs
-        x = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, 0))
-        alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
-        s = s * alpha + tl.sum(tl.where(x > float("-inf"), tl.exp(x - m_new), 0.0), 0)
-        m = m_new
-        above += tl.sum((x > picked).to(tl.int32), 0)
+        x = x_next
+        nxt = c + BLOCK + offs
+        x_next = tl.load(base + nxt, mask=nxt < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m_l, x)
+        m_ok = tl.where(m_new == float("-inf"), 0.0, m_new)   # (no -inf - -inf)
+        s_l = s_l * tl.exp(m_l - m_ok) + tl.exp(x - m_ok)
+        m_l = m_new
+        above_l += (x > picked).to(tl.int32)
         if N > 0:
             cand = tl.where(x > kth, x, float("-inf"))
             best = tl.max(cand, 0)
@@ -68,6 +73,10 @@ def _top_logprobs_kernel(src_ptr, rows_ptr, tok_ptr, out_ptr, V, stride_s, strid
                 kth = tl.min(top_v, 0)
                 cand = tl.where((offs == at) | (cand <= kth), float("-inf"), cand)
                 best = tl.max(cand, 0)
+    m = tl.max(m_l, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)      # a row of -inf only: lse -inf
+    s = tl.sum(s_l * tl.exp(m_l - m), 0)
+    above = tl.sum(above_l, 0)
     if N > 0:   # fewer than N finite entries: the first -inf ones fill the empty slots
         empty = tl.sum(((slot < N) & (top_i < 0)).to(tl.int32), 0)
         c = 0
@@ -112,5 +121,5 @@ def top_logprobs(src: torch.Tensor, tokens: torch.Tensor, n: int, normalize: boo
     _top_logprobs_kernel[(L,)](
         src, rows if rows is not None else tokens, tokens, out, src.shape[1], src.stride(0),
         out.stride(0), N=n, K=max(2, next_pow2(n)), BLOCK=BLOCK, NORMALIZE=normalize,
-        HAS_ROWS=rows is not None, num_warps=8)
+        HAS_ROWS=rows is not None, num_warps=16)
     return out

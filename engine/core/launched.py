@@ -23,7 +23,7 @@ class Launched:
     host_tokens: HostCopy | None     # the same tokens on their way to the host (None:
     #                                  sampled later, when its grammar mask is filled)
     t0: float
-    logprobs: object = None          # LogprobsCopy of the rows that asked (engine/worker/sampling.py)
+    logprobs: object = None          # LogprobsCopy of the rows that asked (engine/worker/logprobs.py)
     prompt_logprobs: object = None   # PromptLogprobsCopy (engine/core/prompt_logprobs.py)
     grammar: object = None           # its constrained rows (structured manager's StepMask)
 

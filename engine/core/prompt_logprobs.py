@@ -7,7 +7,7 @@ positions q whose next token q+1 is still in the prompt (the chunk's last row of
 final chunk predicts the first output token: that one is sampled, not a prompt
 logprob). Those rows go through the LM head only for such requests, after the step's
 other logits rows (engine/core/batch_builder.py), and the runner reduces them on the
-device with the model's raw log-softmax (engine/worker/sampling.py prompt_logprobs).
+device with the model's raw log-softmax (engine/worker/logprobs.py prompt_logprobs).
 
 The host fills `Request.prompt_logprobs` by position, chunk by chunk (a preempted
 request recomputes and overwrites its positions), and sends the list once, with the

@@ -36,7 +36,7 @@ DEVICE_PACKAGES = ("torch", "triton", "kernels")
 # it (batches, the draft's columns, host copies, tier transfers, host mask buffers)
 CORE_TO_WORKER = {"engine.worker.executor", "engine.worker.step_batch",
                   "engine.worker.draft_batch", "engine.worker.device_io",
-                  "engine.worker.kv_transfer", "engine.worker.sampling",
+                  "engine.worker.kv_transfer", "engine.worker.logprobs",
                   "engine.worker.host_masks"}
 
 
