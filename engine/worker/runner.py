@@ -31,7 +31,8 @@ from engine.worker.sampling import Sampler
 from engine.worker.step_buffers import device_fed, gather_fed
 from engine.worker.grammar_mask import masked_logits
 from engine.worker.step_batch import GrammarMask, SamplingColumns, StepBatch
-from engine.worker.warmup import warm_up_attention, warm_up_logits, warm_up_token_feed
+from engine.worker.warmup import (warm_up_attention, warm_up_logits, warm_up_logprobs,
+                                  warm_up_token_feed)
 
 
 def _verified_rows_greedy(batch: StepBatch) -> SamplingColumns:
@@ -88,6 +89,7 @@ class ModelRunner:
             warm_up_attention(self)   # start-up kernel compiles (engine/worker/warmup.py)
             warm_up_logits(self, self.graphs.max_seqs)   # (verify rows included)
             warm_up_token_feed(self.device, self.graphs.max_seqs)
+            warm_up_logprobs(self)
         elif async_scheduling:   # CPU: same static-buffer decode path, unpadded, no graphs
             self.graphs = StepGraphs(self, max_graph_batch, use_graphs=False, pad=False,
                                      max_verify_rows=max_verify_rows)

@@ -121,3 +121,22 @@ def warm_up_token_feed(device: torch.device, max_rows: int) -> float:
         n = min(2 * n, max_rows)
     torch.cuda.synchronize(device)
     return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def warm_up_logprobs(runner) -> float:
+    """The logprobs kernel's variants a step can ask for (kernels/logprobs.py: its n is not
+    a constexpr, so what varies is the source's dtype, the logits' or float32 from the
+    processed path, rows picked or gathered (random rows), and normalised or not, per
+    logprobs_mode and for the raw view); returns seconds taken."""
+    t0 = time.perf_counter()
+    top, dev = runner.ops.top_logprobs, runner.device
+    norms = {runner.sampler.logprobs_mode.endswith("logprobs"), True}
+    tok = torch.zeros(1, dtype=torch.int64, device=dev)
+    for dtype in {runner.dtype, torch.float32}:
+        src = torch.zeros(2, 64, dtype=dtype, device=dev)
+        for normalize in norms:
+            top(src, tok, 1, normalize, tok)
+            top(src[:1], tok, 1, normalize)
+    torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0

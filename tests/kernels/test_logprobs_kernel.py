@@ -44,17 +44,26 @@ if INTERPRET:
     from kernels import reference as _ref
     from tests.kernels.kernel_helpers import seed, tri  # noqa: F401
 
+    @pytest.fixture(params=[1, 64], ids=["one-program-a-row", "split-rows"])
+    def sms(request, monkeypatch):
+        """The SMs the split plan sees: 1 (a program a row) or 64 (rows split over
+        several programs, the last one merging their lists)."""
+        from kernels import logprobs
+        monkeypatch.setattr(logprobs, "num_sms", lambda device: request.param)
+        return request.param
+
     @pytest.mark.parametrize("n,normalize", [(0, True), (1, True), (5, True), (5, False),
                                              (20, True)])
-    def test_top_logprobs_matches_reference(seed, monkeypatch, n, normalize):
+    def test_top_logprobs_matches_reference(seed, sms, monkeypatch, n, normalize):
         from kernels import logprobs
         monkeypatch.setattr(logprobs, "BLOCK", 256)     # several tiles a row
+        assert (logprobs.plan_splits(5, 1000, sms)[0] > 1) == (sms > 1)
         src = torch.randn(5, 1000) * 3
         src[1, 500] = src[1, 501] = src[1].max() + 1    # a tie at the top
         tokens = torch.tensor([0, 500, 999, 17, 640])
         _check(tri, _ref, src, tokens, n, normalize)
 
-    def test_rows_picked_gathered_and_half_precision(seed, monkeypatch):
+    def test_rows_picked_gathered_and_half_precision(seed, sms, monkeypatch):
         from kernels import logprobs
         monkeypatch.setattr(logprobs, "BLOCK", 128)
         src = (torch.randn(8, 700) * 2).to(torch.float16)
@@ -64,7 +73,7 @@ if INTERPRET:
         gathered = _check(tri, _ref, src[rows].contiguous(), tokens, 4, True)
         assert all(torch.equal(a, b) for a, b in zip(picked, gathered))
 
-    def test_cut_rows_fill_the_list_with_distinct_minus_inf_ids(monkeypatch):
+    def test_cut_rows_fill_the_list_with_distinct_minus_inf_ids(sms, monkeypatch):
         """A processed row with fewer finite entries than n (top-k 3 of n = 8): its three
         finite entries first, then -inf ones as distinct ids; the rank counts finite
         entries above the token only."""
