@@ -18,6 +18,8 @@ from roseplay.tui.widgets import theme
 BARS = " ▁▂▃▄▅▆▇█"
 NO_LOGPROBS = ("next token: no logprobs asked for (a prompt typed with i asks for the top 5, "
                "and so does 1 in 8 generated)")
+# before its first token a request shows no distribution whether it asked or not
+NO_TOKEN_YET = "next token: none sampled yet (its distribution shows from its first token)"
 
 
 def token_label(token_id: int, tokenizer) -> str:
@@ -120,7 +122,7 @@ def choice_text(r, tokenizer, mode: str, rows: int, width: int = 200) -> Text:
     t = spec_words(r)
     lp = r.logprobs
     if lp is None:
-        return t.append(NO_LOGPROBS, "dim")
+        return t.append(NO_LOGPROBS if r.output_tokens else NO_TOKEN_YET, "dim")
     if getattr(lp, "raw", None) is not None:
         return compare_text(t, lp, tokenizer, mode, rows, width)
     entries = top_entries(lp)

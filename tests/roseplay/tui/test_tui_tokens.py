@@ -8,7 +8,7 @@ from engine.config import MAX_SPECULATIVE_TOKENS
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.keys import KEYS, knob_key
 from roseplay.tui.widgets.help import keys_markdown, knobs_markdown
-from roseplay.tui.widgets.token_choice import pct
+from roseplay.tui.widgets.token_choice import NO_LOGPROBS, NO_TOKEN_YET, choice_text, pct
 from tests.roseplay.tui.helpers import live_source, widget_text, sync, wait_for
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("fast_pilot")]
@@ -106,6 +106,17 @@ async def test_speculation_shows_in_this_step_the_plots_and_the_kv_map():
                 assert all(flashes.get(b) in (ROLLBACK, None) for b in rolled[-1].blocks)
     finally:
         src.close()
+
+
+def test_no_distribution_says_why_before_and_after_the_first_token():
+    """Before its first token a request has no distribution whether or not it asked for
+    logprobs (a typed prompt waiting in the queue did), so the panel says none is
+    sampled yet; after it, one without logprobs says how to get them."""
+    from types import SimpleNamespace
+    view = SimpleNamespace(logprobs=None, output_tokens=0, spec_draft_tokens=0)
+    assert choice_text(view, None, "processed_logprobs", 1).plain == NO_TOKEN_YET
+    view.output_tokens = 3
+    assert choice_text(view, None, "processed_logprobs", 1).plain == NO_LOGPROBS
 
 
 @sync
