@@ -9,6 +9,7 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py --runner             # + the runner's host work
     python scripts/host_step_profile.py --speculative 3 --oracle-p 1   # verify steps
     python scripts/host_step_profile.py --kv-events          # + KV events published
+    python scripts/host_step_profile.py --runner --logprobs-every 8   # the TUI's logprobs rows
     python scripts/host_step_profile.py --front              # + the front's output processing
     python scripts/host_step_profile.py --device-ms 0.75     # + an emulated device's time
     python scripts/host_step_profile.py --burst 3 --front    # W1's shape: finishing steps
@@ -84,6 +85,7 @@ from ab_runs import interleaved, run_in_tree, spread  # noqa: E402
 from gc_pauses import gc_pauses  # noqa: E402
 from engine.ipc.proc_setup import time_collections  # noqa: E402
 from engine.request import SamplingParams  # noqa: E402
+from roseplay.workload.driver import TOP_LOGPROBS  # noqa: E402
 
 
 STOP_TOKEN, STOP_AFTER = 9, 30     # --stop-rows: the token, from this many forwards on
@@ -162,8 +164,10 @@ def attach_publisher(engine: LLMEngine):
 
 class ClosedLoop:
     def __init__(self, engine: LLMEngine, oracle: OracleProposer | None, concurrency: int,
-                 input_len: int, output_len: int, seed: int = 0, front: bool = False):
+                 input_len: int, output_len: int, seed: int = 0, front: bool = False,
+                 logprobs_every: int = 0):
         self.engine, self.input_len = engine, input_len
+        self.logprobs_every = logprobs_every   # 1 request in this many asks its top 5
         # --front: LLM.generate's output processing, each request with a finish sink
         self.front = OutputProcessor(engine.tokenizer) if front else None
         self.oracle = oracle          # proposes the stub's token 7 (--speculative)
@@ -181,7 +185,10 @@ class ClosedLoop:
         ids[0] = self.next_id          # distinct prompts: no prefix hits, no dedup
         if self.oracle is not None:
             self.oracle.refs[tuple(ids.tolist())] = self.reference
-        creq = CoreRequest(f"r{self.next_id}", tuple(ids.tolist()), params or self.params,
+        params = params or self.params
+        if self.logprobs_every and self.next_id % self.logprobs_every == 0:
+            params = params.replace(logprobs=TOP_LOGPROBS)
+        creq = CoreRequest(f"r{self.next_id}", tuple(ids.tolist()), params,
                            time.perf_counter())
         if self.front is not None:
             self.front.add(creq, None, None, _drop)
@@ -229,7 +236,7 @@ def make_engine(args):
 def run(args) -> dict:
     engine, oracle, publisher = make_engine(args)
     loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len,
-                      front=args.front)
+                      front=args.front, logprobs_every=args.logprobs_every)
     for _ in range(args.warmup_steps):
         loop.step()
     prof = cProfile.Profile() if args.profile else None
@@ -238,16 +245,21 @@ def run(args) -> dict:
         prof.enable()
     blocks = []        # each BLOCK steps' time: the best block is the load's least
     steps = []         # each step's: their median, what a load's spikes move least
-    for i in range(args.steps):
-        ts = time.perf_counter()
-        if i % BLOCK == 0:
-            tb = ts
-        tokens += loop.step()
-        steps.append(time.perf_counter() - ts)
-        if i % BLOCK == BLOCK - 1:
-            blocks.append(time.perf_counter() - tb)
+    with gc_pauses() as pauses:
+        for i in range(args.steps):
+            ts = time.perf_counter()
+            if i % BLOCK == 0:
+                tb = ts
+            tokens += loop.step()
+            steps.append(time.perf_counter() - ts)
+            if i % BLOCK == BLOCK - 1:
+                blocks.append(time.perf_counter() - tb)
     if prof:
         prof.disable()
+    print("garbage collections a 1000 steps (young, middle, full): "
+          + ", ".join(f"{1000 * sum(g == gen for g, _ in pauses) / args.steps:.1f}"
+                      for gen in range(3))
+          + f"; their pauses {1e3 * sum(t for _, t in pauses) / args.steps:.3f} ms a step")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if publisher is not None:
         publisher.close()
@@ -314,7 +326,8 @@ def measure_tree(tree: str, args) -> dict:
             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
             "--num-blocks", str(args.num_blocks), "--warmup-steps", str(args.warmup_steps),
             "--steps", str(args.steps), "--speculative", str(args.speculative),
-            "--oracle-p", str(args.oracle_p), "--device-ms", str(args.device_ms)] + (["--runner"] if args.runner else []) \
+            "--oracle-p", str(args.oracle_p), "--device-ms", str(args.device_ms),
+            "--logprobs-every", str(args.logprobs_every)] + (["--runner"] if args.runner else []) \
         + (["--kv-events"] if args.kv_events else []) + (["--front"] if args.front else [])
     out = run_in_tree(tree, [os.path.abspath(__file__), *argv],
                       HOST_STEP_TREE=os.path.abspath(tree))
@@ -369,6 +382,10 @@ def main(argv=None) -> int:
                    help="KV events on, published by the engine process's publisher")
     p.add_argument("--front", action="store_true",
                    help="+ the front's output processing of each step (LLM.generate's)")
+    p.add_argument("--logprobs-every", type=int, default=0, metavar="N",
+                   help="1 request in N asks its top 5 logprobs, as the TUI's workload does "
+                        "(with --runner the sampler takes them; a small vocabulary, "
+                        "dummy:tiny's, keeps the CPU's log-softmax out of the figure)")
     p.add_argument("--stop-rows", type=int, default=0, metavar="K",
                    help="--burst: from the 30th forward of a round on, K rows a step sample "
                         "the stop token of every request (a workload ending by stop tokens)")
