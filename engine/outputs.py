@@ -37,9 +37,12 @@ class FinishedRequest(msgspec.Struct, array_like=True, frozen=True):
     num_host_cached_tokens: int = 0     # those of the cached tokens from the host tier
 
 
-class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
+class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One output token's logprobs, vLLM's layout: entry 0 is the sampled token, then
-    the top-n (the sampled one may appear twice); rank: the sampled token's, 1 = best."""
+    the top-n (the sampled one may appear twice); rank: the sampled token's, 1 = best.
+    Not tracked by the garbage collector (gc=False: it holds lists of numbers and
+    another TokenLogprobs, never a cycle): a request's trace keeps one per token, and
+    tracked they filled the young generation (docs/PERF.md 2026-11-29)."""
     token_ids: list[int]
     logprobs: list[float]
     rank: int
