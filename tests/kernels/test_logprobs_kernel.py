@@ -88,7 +88,8 @@ if INTERPRET:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU (and the compiled kernel, not the interpreter)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_top_logprobs_gpu_at_the_engine_shape(dtype):
     """32 of 256 rows of a 151,936-token vocabulary (the TUI's workload), top 5 and 20,
