@@ -24,6 +24,7 @@ _UNALTERED = dict(penalty_rows=_NONE_I64, presence=_NONE_F32, frequency=_NONE_F3
                   bias_values=_NONE_F32, mask_rows=_NONE_I64, mask_tokens=_NONE_I64)
 for _a in _UNALTERED.values():
     _a.flags.writeable = False
+_UNALTERED["min_p"] = None
 
 
 def _penalty_columns(requests: list) -> dict:
@@ -80,17 +81,15 @@ def sampling_extras(requests: list, params: list) -> SamplingExtras | None:
     """The extras of a step's sample rows (row i: requests[i]); None if no row uses one."""
     if not any(map(_processed, requests)):
         return None
+    altered = _UNALTERED
     if any(map(_alters, requests)):
-        altered = {**_penalty_columns(requests), **_bias_columns(requests),
-                   **_min_tokens_columns(requests)}
         min_p = np.fromiter((p.min_p for p in params), np.float32, count=len(params))
-    else:
-        altered, min_p = _UNALTERED, _NONE_F32
+        altered = {**_penalty_columns(requests), **_bias_columns(requests),
+                   **_min_tokens_columns(requests), "min_p": min_p if min_p.max() > 0 else None}
     lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     raw = [j for j, i in enumerate(lp_rows) if params[i].raw_logprobs]
     return SamplingExtras(
         **altered,
-        min_p=min_p if min_p.size and min_p.max() > 0 else None,
         logprob_rows=np.asarray(lp_rows, np.int64),
         raw_rows=np.asarray(raw, np.int64) if raw else None,
         num_logprobs=max((params[i].logprobs for i in lp_rows), default=0))

@@ -78,17 +78,18 @@ class HostCopy:
 
     def tolist(self) -> list:
         """Waits for this copy only, not for work queued after it."""
-        if self._event is not None:
-            self._event.synchronize()
-        self.read = True
-        return self._tensor.tolist()
+        return self._arrived().tolist()
 
     def numpy(self) -> np.ndarray:
         """As tolist, a numpy copy (the ring may reuse the buffer once it is read)."""
+        return self._arrived().numpy().copy()
+
+    def _arrived(self) -> torch.Tensor:
+        """The host tensor once its copy has landed (marked read)."""
         if self._event is not None:
             self._event.synchronize()
         self.read = True
-        return self._tensor.numpy().copy()
+        return self._tensor
 
     def wait_seconds(self) -> tuple[list, float]:
         """(values, seconds the host spent blocked on the device for them): the engine's

@@ -16,11 +16,10 @@ from engine.worker.device_io import HostCopy, HostCopyRing, to_device
 TopLogprobs = Callable[..., torch.Tensor]    # the backend's top_logprobs
 
 
-def take(top: TopLogprobs, src: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray,
+def take(top: TopLogprobs, src: torch.Tensor, tokens: torch.Tensor, idx: torch.Tensor,
          n: int, normalize: bool, gathered: bool = False) -> torch.Tensor:
-    """The packed logprobs of sample rows `rows` (host int64; tokens [R] on the device):
-    src's row rows[j], or its row j when `gathered` (src holds just those rows)."""
-    idx = to_device(rows, torch.int64, src.device)
+    """The packed logprobs of sample rows `idx` (on the device, as tokens [R]): src's row
+    idx[j], or its row j when `gathered` (src holds just those rows)."""
     return top(src, tokens.index_select(0, idx), n, normalize, None if gathered else idx)
 
 

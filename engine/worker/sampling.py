@@ -77,22 +77,22 @@ class Sampler:
         """The logprobs of a step whose rows no field alters: only the rows that asked
         are read (what `_sample_processed` gives them: the distribution sampled from,
         i.e. the logits of a greedy row and the scaled ones of a random row)."""
-        rows = ex.logprob_rows
-        if self.logprobs_mode.startswith("raw") or scaled is None:
-            src = model if self.logprobs_mode.startswith("raw") else logits
-            return self._take(src, tokens, rows, ex) + self._raw_view(model, tokens, ex)
-        dev = logits.device
-        idx = to_device(rows, torch.int64, dev)
-        greedy = to_device(cols.greedy[rows], torch.bool, dev)
-        src = torch.where(greedy[:, None], logits.index_select(0, idx).float(),
-                          scaled.index_select(0, idx))
-        return self._take(src, tokens, rows, ex, gathered=True) \
-            + self._raw_view(model, tokens, ex)
+        idx = to_device(ex.logprob_rows, torch.int64, logits.device)
+        raw = self.logprobs_mode.startswith("raw")
+        if raw or scaled is None:
+            src, gathered = (model if raw else logits), False
+        else:       # those rows only: greedy ones from the logits, random ones scaled
+            greedy = to_device(cols.greedy[ex.logprob_rows], torch.bool, logits.device)
+            src = torch.where(greedy[:, None], logits.index_select(0, idx).float(),
+                              scaled.index_select(0, idx))
+            gathered = True
+        return self._take(src, tokens, idx, ex, gathered) + self._raw_view(model, tokens, ex)
 
-    def _take(self, src: torch.Tensor, tokens: torch.Tensor, rows: np.ndarray,
+    def _take(self, src: torch.Tensor, tokens: torch.Tensor, idx: torch.Tensor,
               ex: SamplingExtras, gathered: bool = False) -> tuple[torch.Tensor]:
-        """The sampled distribution's packed logprobs of `rows` (engine/worker/logprobs.py)."""
-        return (take(self.top, src, tokens, rows, ex.num_logprobs,
+        """The sampled distribution's packed logprobs of the rows `idx` asking
+        (engine/worker/logprobs.py)."""
+        return (take(self.top, src, tokens, idx, ex.num_logprobs,
                      self.logprobs_mode.endswith("logprobs"), gathered),)
 
     def _sample_random(self, logits: torch.Tensor, cols: SamplingColumns,
@@ -129,7 +129,8 @@ class Sampler:
             sampled_from = torch.where(greedy[:, None], x, scaled) if want_lp else None
         if want_lp:
             src = model if self.logprobs_mode.startswith("raw") else sampled_from
-            self.last_logprobs = self._take(src, tokens, ex.logprob_rows, ex) \
+            idx = to_device(ex.logprob_rows, torch.int64, dev)
+            self.last_logprobs = self._take(src, tokens, idx, ex) \
                 + self._raw_view(model, tokens, ex)
         if penalized is not None:     # last: a failed sample counts nothing
             rows, slots = penalized
@@ -154,8 +155,8 @@ class Sampler:
         shows it beside the processed distribution), packed; () if none did."""
         if ex.raw_rows is None:
             return ()
-        return (take(self.top, model, tokens, ex.logprob_rows[ex.raw_rows], ex.num_logprobs,
-                     True),)
+        idx = to_device(ex.logprob_rows[ex.raw_rows], torch.int64, model.device)
+        return (take(self.top, model, tokens, idx, ex.num_logprobs, True),)
 
     @staticmethod
     def _min_p(logits: torch.Tensor, min_p: np.ndarray | None) -> torch.Tensor:
