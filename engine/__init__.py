@@ -5,7 +5,8 @@ parts (LLM, LLMEngine, EngineLoop) load lazily, so `engine.config` and `engine.s
 can be imported without torch (the TUI's replay mode needs no model).
 """
 from engine.config import EngineConfig, InvalidRequestError, SchedulerConfig
-from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
+from engine.request import SamplingParams
+from engine.request_output import CompletionOutput, RequestMetrics, RequestOutput
 from engine.structured_outputs import StructuredOutputsParams
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SchedulerConfig", "SamplingParams",

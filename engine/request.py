@@ -1,11 +1,12 @@
-"""Requests: sampling parameters, the per-request state machine, and outputs."""
+"""Requests: sampling parameters, the per-request state machine and its token bookkeeping
+(what LLM.generate hands back: engine/request_output.py)."""
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import attrgetter, sub
+from itertools import repeat
+from operator import attrgetter
 
 import msgspec
 from msgspec.structs import force_setattr
@@ -13,7 +14,6 @@ from msgspec.structs import force_setattr
 from engine.codes import REASON_LENGTH, REASON_STOP
 from engine import validation as V
 from engine.config import InvalidRequestError
-from engine.metrics import request_latencies
 from engine.structured_outputs import StructuredOutputsParams
 
 
@@ -274,11 +274,6 @@ class Request:
         """Admitted and still computing more than the one pending decode token."""
         return self.status is RequestStatus.RUNNING and self.num_uncomputed > 1
 
-    def metrics(self) -> "RequestMetrics":
-        return RequestMetrics.from_times(self.arrival_time, self.token_times,
-                                         self.num_cached_tokens, self.num_preemptions,
-                                         self.num_host_cached_tokens)
-
 
 _request_id = attrgetter("request_id")
 
@@ -353,56 +348,3 @@ def attach_logprobs(requests: list[Request], row_logprobs: list, logprobs: list)
     for req, lp in zip(requests, row_logprobs):
         if lp is not None:
             req.last_logprobs = lp
-
-
-@dataclass(frozen=True)
-class RequestMetrics:
-    arrival_time: float
-    first_token_time: float | None
-    last_token_time: float | None
-    ttft: float | None
-    tpot: float | None
-    e2e: float | None
-    token_times: tuple[float, ...]       # each output token's time
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    num_host_cached_tokens: int = 0     # of num_cached_tokens: reloaded from the host tier
-
-    @property
-    def itls(self) -> tuple[float, ...]:
-        """The inter-token gaps, made when read: a finishing request builds its metrics
-        on the engine's thread, where 127 gaps as floats were a tenth of its cost."""
-        times = self.token_times
-        return tuple(map(sub, islice(times, 1, None), times))
-
-    @classmethod
-    def from_times(cls, arrival: float, times: list[float], cached: int = 0,
-                   preemptions: int = 0, host_cached: int = 0) -> "RequestMetrics":
-        if not times:
-            return cls(arrival, None, None, None, None, None, (), cached, preemptions,
-                       host_cached)
-        ttft, tpot, _ = request_latencies(arrival, times)
-        return cls(arrival, times[0], times[-1], ttft, tpot, times[-1] - arrival,
-                   tuple(times), cached, preemptions, host_cached)
-
-
-@dataclass(frozen=True)
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str | None
-    logprobs: tuple | None = None        # TokenLogprobs per token (params.logprobs set)
-    cumulative_logprob: float | None = None   # sum of the sampled tokens' logprobs
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: tuple[int, ...]
-    outputs: tuple[CompletionOutput, ...]
-    finished: bool
-    metrics: RequestMetrics
-    error: str | None = None
-    prompt_logprobs: tuple | None = None   # params.prompt_logprobs: entry 0 None (vLLM)

@@ -10,7 +10,8 @@ from engine.codes import REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.ipc.inproc import LLMEngine
 from engine.front.processor import InputProcessor, OutputProcessor
-from engine.request import RequestOutput, SamplingParams
+from engine.request import SamplingParams
+from engine.request_output import RequestOutput
 
 
 class LLM:

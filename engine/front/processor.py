@@ -21,7 +21,8 @@ from engine.codes import REASON_STOP
 from engine.config import InvalidRequestError, check_priority
 from engine.front.detokenizer import make_detokenizer
 from engine.outputs import CoreRequest, EngineInfo, FinishedRequest, StepOutput
-from engine.request import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams
+from engine.request import SamplingParams
+from engine.request_output import CompletionOutput, RequestMetrics, RequestOutput
 from engine.validation import check_prompt_ids, check_request_id, check_text
 
 

@@ -9,7 +9,7 @@ import weakref
 from typing import Callable, Iterator
 
 from engine.front.processor import StreamEvent
-from engine.request import CompletionOutput, RequestMetrics, RequestOutput
+from engine.request_output import CompletionOutput, RequestMetrics, RequestOutput
 
 
 class RequestStream:

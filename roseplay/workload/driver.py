@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator
 
 import msgspec
 
-from engine.request import RequestOutput
+from engine.request_output import RequestOutput
 from roseplay.workload.items import WorkItem
 from roseplay.workload.scenarios import iter_workload
 

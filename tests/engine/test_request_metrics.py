@@ -1,6 +1,6 @@
 """RequestMetrics (engine/request.py): a request's latencies from its token times, the
 inter-token gaps made when read."""
-from engine.request import RequestMetrics
+from engine.request_output import RequestMetrics
 
 
 def test_metrics_from_token_times():

@@ -1,0 +1,64 @@
+"""What LLM.generate and the streams hand back for a request (vLLM's vllm/outputs.py):
+RequestOutput with its CompletionOutput, and RequestMetrics, its latencies from the
+token times. Built by the front (engine/front/processor.py, stream.py) from the core's
+step outputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import islice
+from operator import sub
+
+from engine.metrics import request_latencies
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None
+    last_token_time: float | None
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    token_times: tuple[float, ...]       # each output token's time
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    num_host_cached_tokens: int = 0     # of num_cached_tokens: reloaded from the host tier
+
+    @property
+    def itls(self) -> tuple[float, ...]:
+        """The inter-token gaps, made when read: a finishing request builds its metrics
+        on the engine's thread, where 127 gaps as floats were a tenth of its cost."""
+        times = self.token_times
+        return tuple(map(sub, islice(times, 1, None), times))
+
+    @classmethod
+    def from_times(cls, arrival: float, times: list[float], cached: int = 0,
+                   preemptions: int = 0, host_cached: int = 0) -> "RequestMetrics":
+        if not times:
+            return cls(arrival, None, None, None, None, None, (), cached, preemptions,
+                       host_cached)
+        ttft, tpot, _ = request_latencies(arrival, times)
+        return cls(arrival, times[0], times[-1], ttft, tpot, times[-1] - arrival,
+                   tuple(times), cached, preemptions, host_cached)
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    logprobs: tuple | None = None        # TokenLogprobs per token (params.logprobs set)
+    cumulative_logprob: float | None = None   # sum of the sampled tokens' logprobs
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    outputs: tuple[CompletionOutput, ...]
+    finished: bool
+    metrics: RequestMetrics
+    error: str | None = None
+    prompt_logprobs: tuple | None = None   # params.prompt_logprobs: entry 0 None (vLLM)
