@@ -110,21 +110,26 @@ def test_async_mixed_steps_match_sync_fp32():
 
 def test_greedy_decode_steps_take_the_graphs_argmax(monkeypatch):
     """All-greedy decode steps take their tokens from the argmax captured in the decode
-    graph (the sampler is not called for them); a sampling batch still goes through the
-    sampler, and greedy tokens equal an eager engine's."""
+    graph (the sampler hands that tensor back: no argmax launch after the graph); a
+    sampling batch samples its own tokens, and greedy tokens equal an eager engine's."""
     llm = LLM(**_kw())
     runner = llm.engine.executor.runner
-    calls = []
+    graph_argmax = []       # per sampler call: whether its tokens are the graph's argmax
     real = runner.sampler.sample
-    monkeypatch.setattr(runner.sampler, "sample",
-                        lambda logits, *a: calls.append(logits.shape[0]) or real(logits, *a))
+
+    def spy(logits, cols, model_logits=None, argmax=None):
+        tokens = real(logits, cols, model_logits, argmax)
+        graph_argmax.append(argmax is not None and tokens is argmax)
+        return tokens
+    monkeypatch.setattr(runner.sampler, "sample", spy)
     prompts = _workload(151936, n=6, seed=8)
     got = _run(llm, prompts, n=24)
     assert all(len(t) == 24 for t in got)        # no step failed
     decode_replays = runner.graphs.replays["decode"]
-    assert decode_replays >= 20 and len(calls) < decode_replays / 2, (decode_replays, calls)
+    taken = sum(graph_argmax)
+    assert decode_replays >= 20 and taken >= decode_replays - 2, (decode_replays, graph_argmax)
     eager = LLM(**_kw(enforce_eager=True))
     assert _run(eager, prompts, n=24) == got
-    calls.clear()
+    graph_argmax.clear()
     llm.generate(prompts[:2], SamplingParams(max_tokens=8, temperature=0.8, seed=1))
-    assert len(calls) >= 8          # every step of a sampling batch samples
+    assert len(graph_argmax) >= 8 and not any(graph_argmax)   # each step samples its own
