@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run script: one device call made of phases, each with its own timeout and a
 # compact summary at the end (full logs in $OUT). Phases (PHASES, default "tests bench observer"):
-#   tests     GPU kernel and engine tests (GPU_TESTS, GPU_TESTS_K)
+#   tests     every gpu-marked test under GPU_TESTS (tests/kernels tests/engine), GPU_TESTS_K
 #   prefill   prefill TFLOP/s (5 runs) and its kernels      replay    kernels of the batch-1 graph
 #   preload   GEMV weight preload on/off                    ab        profile_step.py VARIANTS
 #   timeline  the GPU between two batch-1 graphs            hostops   host us of each call
@@ -25,8 +25,10 @@ source "$(dirname "$0")/gpu_common.sh"
 PHASES=${PHASES:-tests bench observer}
 M=${MODEL:-dummy:qwen2.5-0.5b}
 if [[ " $PHASES " == *" tests "* ]]; then
-  step engine_tests ${TESTS_S:-420} python3 -m pytest -q -p no:cacheprovider -o addopts= \
-    ${GPU_TESTS:-tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_gpu_linear.py tests/engine/worker/test_device_io_gpu.py tests/engine/worker/test_step_graphs_gpu.py tests/engine/worker/test_engine_gpu.py tests/engine/worker/test_sampling_gpu.py tests/engine/core/test_spec_decode_gpu.py tests/engine/core/test_draft_spec.py tests/engine/core/test_draft_graphs_gpu.py tests/engine/worker/test_prompt_logprobs_llm.py tests/kernels/test_kernels_gpu_fp8.py tests/engine/worker/test_kv_fp8_gpu.py} ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
+  # every test marked gpu (a list of files went stale: tests it missed failed unseen); the
+  # device lacks some CPU-only wheels, so a module that cannot import is reported, not fatal
+  step engine_tests ${TESTS_S:-540} python3 -m pytest -q -p no:cacheprovider -o addopts= -m gpu \
+    --continue-on-collection-errors ${GPU_TESTS:-tests/kernels tests/engine} ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
   tail -3 "$OUT/engine_tests.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" prefill "* ]]; then   # prefill TFLOP/s, 5 runs, and its kernels

@@ -292,7 +292,7 @@ def test_tui_flag_accepts_draft_model_and_lists_the_methods():
     assert all(m in text for m in ("ngram", "draft_model")) and "oracle" not in text
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_draft_model_on_cuda_keeps_float32_greedy_output():
     """GPU (float32, so no bf16 near-tie flips): the target's graphs verify the drafts of
     the draft's captured decode chains; greedy tokens as without speculation, the draft
