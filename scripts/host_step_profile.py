@@ -14,6 +14,8 @@ hide behind the device; it runs on any machine.
     python scripts/host_step_profile.py --device-ms 0.75     # + an emulated device's time
     python scripts/host_step_profile.py --burst 3 --front    # W1's shape: finishing steps
     python scripts/host_step_profile.py --burst 6 --stop-rows 2   # + stop-token finishes
+    python scripts/host_step_profile.py --runner --speculative 3 --oracle-p 0.8 \
+        --concurrency 1 --warmup-steps 300 --steps 3000 --critical-path  # a verify's path
 
 --speculative K verifies K oracle drafts per request and step (docs/SPECULATIVE.md "Host
 cost"): the stub's outputs are all token 7, so the oracle's references are 7s and
@@ -236,6 +238,10 @@ def main(argv=None) -> int:
     p.add_argument("--burst", type=int, default=0, metavar="R",
                    help="W1's shape: --concurrency requests at once, to the end, R rounds "
                         "(the first a warm-up); host ms of mixed, finishing and decode steps")
+    p.add_argument("--critical-path", action="store_true",
+                   help="with --speculative and --runner: a verify step's host time from "
+                        "its tokens' arrival to the next forward, by part "
+                        "(scripts/critical_path.py)")
     p.add_argument("--trees", nargs="+", metavar="DIR",
                    help="checkouts to compare (interleaved runs of this measurement)")
     p.add_argument("--runs", type=int, default=5, help="rounds over --trees")
@@ -244,6 +250,10 @@ def main(argv=None) -> int:
         return compare_trees(args)
     if args.burst:
         burst(args)
+        return 0
+    if args.critical_path:
+        from critical_path import measure
+        measure(args)
         return 0
     runs = [run(args) for _ in range(args.repeat)]
     ms = sorted(r["ms_per_step"] for r in runs)
