@@ -77,6 +77,11 @@ def _rng(r: dict, key: str, digits: int) -> str:
     return f"({lo:,.{digits}f}..{hi:,.{digits}f})"
 
 
+def _runs(r: dict) -> str:
+    """Each run's tok/s in the order they ran."""
+    return " / ".join(f"{x:,.0f}" for x in r["tok_s_runs"])
+
+
 def expected_acceptance(p: float, k: int) -> float:
     """Accepted / drafted when each of k drafts is right with probability p: draft i is
     accepted when drafts 1..i all are (drafts cut short near the length cap aside)."""
@@ -110,6 +115,7 @@ def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
                                                                      for r in runs))], k),
             "off": statistics.median(r["off"] for r in runs),
             "mean_len": 1 + accepted / drafts if drafts else 1.0,
+            "tok_s_runs": [r["tok_s"] for r in runs],        # in order: a slow first run shows
             "same": all(r["outputs"] == runs[0]["outputs"] for r in runs),
             "outputs": runs[-1]["outputs"]}
 
@@ -131,10 +137,11 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
         base = measure(llm, prompts, params, repeat, 0)
         print(f"batch {batch:4d} k 0        tok/s {base['tok_s']:10.0f} {_rng(base, 'tok_s', 0)}  "
               f"TPOT p50 {base['tpot_ms']:7.2f} ms {_rng(base, 'tpot_ms', 2)}  step "
-              f"{base['step_ms']:6.2f} ms (host {base['host_ms']:5.2f})", flush=True)
+              f"{base['step_ms']:6.2f} ms (host {base['host_ms']:5.2f})  runs "
+              f"{_runs(base)}", flush=True)
         rows.append({"batch": batch, "k": 0, "p": None, "dtype": args.dtype,
                      **{x: base[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
-                                             "tok_s_range", "tpot_ms_range")}})
+                                             "tok_s_range", "tpot_ms_range", "tok_s_runs")}})
         for k in ks:
             # p = 0 first, proposing the k = 0 outputs: its outputs are the references
             oracle.set_references(zip(prompts, base["outputs"]))
@@ -161,14 +168,15 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                       f"x{r['tpot_ms'] / base['tpot_ms']:.2f}"
                       f"{off}"
                       f"{'' if same else '  (outputs differ from the references)'}"
-                      f"{'  (references differ from k = 0)' if drift else ''}", flush=True)
+                      f"{'  (references differ from k = 0)' if drift else ''}  runs {_runs(r)}",
+                      flush=True)
                 rows.append({"batch": batch, "k": k, "p": p, "dtype": args.dtype,
                              "same_output": same, "references_differ_from_k0": drift,
                              "off_steps": r["off"],
                              "step_vs_k0": r["step_ms"] / base["step_ms"],
                              "expected_acceptance": expected_acceptance(p, k),
                              **{x: r[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
-                                                  "tok_s_range", "tpot_ms_range",
+                                                  "tok_s_range", "tpot_ms_range", "tok_s_runs",
                                                   "acceptance", "mean_len")},
                              "per_checked_draft": r["per_draft"][0],
                              "per_checked_draft_by_position": r["per_draft"][1]})
