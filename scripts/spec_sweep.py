@@ -45,7 +45,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmarks.oracle import OracleProposer  # noqa: E402
+from gc_pauses import gc_pauses  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
 
@@ -56,7 +58,8 @@ def run(llm: LLM, prompts, params) -> dict:
     steps0, wait0, off0 = c.steps, c.device_wait_us, c.spec_decode_steps_off
     pos0 = list(llm.engine.spec.accepted_per_pos)
     start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    with gc_pauses() as pauses:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     wall = time.perf_counter() - start
     steps = max(1, c.steps - steps0)
     tpots = [o.metrics.tpot for o in outs if o.metrics.tpot is not None]
@@ -69,6 +72,7 @@ def run(llm: LLM, prompts, params) -> dict:
             "accepted": c.spec_decode_num_accepted_tokens - a0,
             "off": (c.spec_decode_steps_off - off0) / steps,
             "per_pos": [a - b for a, b in zip(llm.engine.spec.accepted_per_pos, pos0)],
+            "gc_ms": 1e3 * sum(t for _, t in pauses),
             "outputs": [list(o.outputs[0].token_ids) for o in outs]}
 
 
@@ -78,8 +82,10 @@ def _rng(r: dict, key: str, digits: int) -> str:
 
 
 def _runs(r: dict) -> str:
-    """Each run's tok/s in the order they ran."""
-    return " / ".join(f"{x:,.0f}" for x in r["tok_s_runs"])
+    """Each run's tok/s in the order they ran, with its garbage collections' pauses where
+    they took a millisecond or more."""
+    return " / ".join(f"{x:,.0f}" + (f" (gc {g:.0f} ms)" if g >= 1 else "")
+                      for x, g in zip(r["tok_s_runs"], r["gc_ms_runs"]))
 
 
 def expected_acceptance(p: float, k: int) -> float:
@@ -116,6 +122,7 @@ def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
             "off": statistics.median(r["off"] for r in runs),
             "mean_len": 1 + accepted / drafts if drafts else 1.0,
             "tok_s_runs": [r["tok_s"] for r in runs],        # in order: a slow first run shows
+            "gc_ms_runs": [r["gc_ms"] for r in runs],
             "same": all(r["outputs"] == runs[0]["outputs"] for r in runs),
             "outputs": runs[-1]["outputs"]}
 
@@ -141,7 +148,8 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
               f"{_runs(base)}", flush=True)
         rows.append({"batch": batch, "k": 0, "p": None, "dtype": args.dtype,
                      **{x: base[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
-                                             "tok_s_range", "tpot_ms_range", "tok_s_runs")}})
+                                             "tok_s_range", "tpot_ms_range", "tok_s_runs",
+                                             "gc_ms_runs")}})
         for k in ks:
             # p = 0 first, proposing the k = 0 outputs: its outputs are the references
             oracle.set_references(zip(prompts, base["outputs"]))
@@ -177,7 +185,7 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                              "expected_acceptance": expected_acceptance(p, k),
                              **{x: r[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
                                                   "tok_s_range", "tpot_ms_range", "tok_s_runs",
-                                                  "acceptance", "mean_len")},
+                                                  "gc_ms_runs", "acceptance", "mean_len")},
                              "per_checked_draft": r["per_draft"][0],
                              "per_checked_draft_by_position": r["per_draft"][1]})
 
