@@ -29,6 +29,12 @@ drafted is (p + p^2 + ... + p^k) / k (printed as "expected"; 1 at p = 1), and a 
 draft (one whose predecessors were all accepted) is accepted with probability p
 ("per checked draft", pooled then by position). Outputs must
 equal the k's references; "differ from k = 0" marks bf16 rounding (float32: never).
+Every run generates the same prompts, so after the first their prefixes come from the
+prefix cache: a warm-up run of all of them comes first, so every measured run prefills
+alike (before 2026-11-29 the warm-up had 16 prompts and the first measured run of k = 0
+prefilled all of its prompts: the one slow run of five at batch 256). Each line ends
+with its runs' tok/s in order, and a run's garbage-collection pauses where they took a
+millisecond or more.
 
 Speculation's off-switch (speculative_config disable_by_batch_size, the engine's
 default unless --disable-by-batch-size says otherwise; "none": never off) applies: with
@@ -108,7 +114,7 @@ def per_draft(drafts: int, per_pos: list[int], k: int) -> tuple[float, list[floa
 def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
     eng = llm.engine
     eng.set_knobs(eng.knobs.replace(num_speculative_tokens=k))
-    run(llm, prompts[:16], params)                       # warm-up (new shapes)
+    run(llm, prompts, params)          # warm-up: new shapes, the prompts into the cache
     runs = [run(llm, prompts, params) for _ in range(repeat)]
     drafts, tokens, accepted = (sum(r[x] for r in runs)
                                 for x in ("drafts", "draft_tokens", "accepted"))
