@@ -88,15 +88,11 @@ class CriticalPath:
 def measure(args) -> None:
     """--critical-path: the closed loop of host_step_profile's options, warmed up, then
     --steps steps with the marks on; prints the report."""
-    from host_loop import ClosedLoop, make_engine
+    from host_loop import warm_loop
     if not (args.speculative and args.runner):
         raise SystemExit("--critical-path needs --speculative K and --runner (the marks "
                          "end at the model's forward)")
-    engine, oracle, _ = make_engine(args)
-    loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len,
-                      front=args.front)
-    for _ in range(args.warmup_steps):
-        loop.step()
+    engine, loop, _ = warm_loop(args)
     path = CriticalPath(engine)
     try:
         for _ in range(args.steps):

@@ -164,3 +164,14 @@ def make_engine(args):
     publisher = attach_publisher(engine) if args.kv_events else None
     time_collections(engine.counters)    # frozen after start-up, as the engine process
     return engine, oracle, publisher
+
+
+def warm_loop(args):
+    """(engine, closed loop, KV event publisher) as the options ask, the loop stepped
+    --warmup-steps times."""
+    engine, oracle, publisher = make_engine(args)
+    loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len,
+                      front=args.front, logprobs_every=args.logprobs_every)
+    for _ in range(args.warmup_steps):
+        loop.step()
+    return engine, loop, publisher

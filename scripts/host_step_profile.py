@@ -76,15 +76,11 @@ sys.path.insert(0, SCRIPTS)
 
 from ab_runs import interleaved, run_in_tree, spread  # noqa: E402
 from gc_pauses import gc_pauses  # noqa: E402
-from host_loop import ROUND_START, ClosedLoop, make_engine  # noqa: E402
+from host_loop import ROUND_START, ClosedLoop, make_engine, warm_loop  # noqa: E402
 
 
 def run(args) -> dict:
-    engine, oracle, publisher = make_engine(args)
-    loop = ClosedLoop(engine, oracle, args.concurrency, args.input_len, args.output_len,
-                      front=args.front, logprobs_every=args.logprobs_every)
-    for _ in range(args.warmup_steps):
-        loop.step()
+    engine, loop, publisher = warm_loop(args)
     prof = cProfile.Profile() if args.profile else None
     tokens, t0, c0 = 0, time.perf_counter(), time.process_time()
     if prof:

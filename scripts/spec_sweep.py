@@ -82,6 +82,11 @@ def run(llm: LLM, prompts, params) -> dict:
             "outputs": [list(o.outputs[0].token_ids) for o in outs]}
 
 
+# measure()'s figures that every --json row carries (k = 0's too)
+RUN_FIELDS = ("tok_s", "tpot_ms", "step_ms", "host_ms", "tok_s_range", "tpot_ms_range",
+              "tok_s_runs", "gc_ms_runs")
+
+
 def _rng(r: dict, key: str, digits: int) -> str:
     lo, hi = r[key + "_range"]
     return f"({lo:,.{digits}f}..{hi:,.{digits}f})"
@@ -153,9 +158,7 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
               f"{base['step_ms']:6.2f} ms (host {base['host_ms']:5.2f})  runs "
               f"{_runs(base)}", flush=True)
         rows.append({"batch": batch, "k": 0, "p": None, "dtype": args.dtype,
-                     **{x: base[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
-                                             "tok_s_range", "tpot_ms_range", "tok_s_runs",
-                                             "gc_ms_runs")}})
+                     **{x: base[x] for x in RUN_FIELDS}})
         for k in ks:
             # p = 0 first, proposing the k = 0 outputs: its outputs are the references
             oracle.set_references(zip(prompts, base["outputs"]))
@@ -189,9 +192,7 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
                              "off_steps": r["off"],
                              "step_vs_k0": r["step_ms"] / base["step_ms"],
                              "expected_acceptance": expected_acceptance(p, k),
-                             **{x: r[x] for x in ("tok_s", "tpot_ms", "step_ms", "host_ms",
-                                                  "tok_s_range", "tpot_ms_range", "tok_s_runs",
-                                                  "gc_ms_runs", "acceptance", "mean_len")},
+                             **{x: r[x] for x in RUN_FIELDS + ("acceptance", "mean_len")},
                              "per_checked_draft": r["per_draft"][0],
                              "per_checked_draft_by_position": r["per_draft"][1]})
 

@@ -61,7 +61,8 @@ class ModelRunner:
         # raw one), read a step later under async scheduling
         self._logprobs_copies = HostCopyRing(slots=6)
         self.last_tokens: torch.Tensor | None = None   # the last step's samples, on device
-        self.prompt_logprobs: torch.Tensor | None = None   # the last step's, packed (worker/logprobs.py)
+        # the last step's prompt logprobs, packed (engine/worker/logprobs.py)
+        self.prompt_logprobs: torch.Tensor | None = None
         self._deferred: tuple | None = None   # (batch, logits) of a forward whose sampling
         #                                       waits for its grammar mask (sample_deferred)
         self.block_size = block_size
@@ -204,7 +205,8 @@ class ModelRunner:
         else:
             logits = self._eager_forward(batch, token_source)
         self.prompt_logprobs = None if lp_rows is None else prompt_logprobs(
-            self.ops.top_logprobs, logits, lp_rows, batch.prompt_logprob_targets, batch.num_prompt_logprobs)
+            self.ops.top_logprobs, logits, lp_rows, batch.prompt_logprob_targets,
+            batch.num_prompt_logprobs)
         if batch.samples_in_order:
             return logits
         return logits.index_select(0, to_device(batch.sample_rows, torch.int64, logits.device))
