@@ -57,7 +57,8 @@ from kernels._common import (check_float, check_kv, dot_precision, next_pow2, nu
 from kernels.kv_quant import FP8_DTYPE
 from kernels.pdl import pdl_enter
 from kernels.reference import _rotary_then_decode
-from kernels.rotary_kv import rope_inputs, rope_store_new_kv, rotary_store_kv
+from kernels.rotary_kv import (attend_launch_tile, launch_rows_kv, rope_inputs, rope_store_new_kv,
+                               rotary_store_kv, rows_before)
 
 TARGET_PROGRAMS_PER_SM = 4      # at most this many phase-1 programs per multiprocessor
 MIN_SPLIT_TOKENS = 128          # never split finer than this (by table width)
@@ -108,6 +109,7 @@ def _decode_split_kernel(
     MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
     MERGE_ALL: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
     FP8: tl.constexpr, ORDERED: tl.constexpr = False, NUM_KV: tl.constexpr = 1,
+    SHARED: tl.constexpr = False,
 ):
     if ORDERED:     # program p runs (order[p // NUM_KV], p % NUM_KV): longest first
         lin = tl.program_id(0) + tl.num_programs(0) * tl.program_id(1)
@@ -162,9 +164,12 @@ def _decode_split_kernel(
         # registers below; the tables, lengths, positions and slots are host-filled.
         cos, sin, lo, partner, slot = rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d,
                                                    d_mask, stride_cs, HALF)
+        new_lo = ctx - (slot >= 0).to(tl.int32)      # [new_lo, ctx): stored this launch
+        if SHARED:
+            new_lo -= rows_before(slot_ptr, bt_row, stride_btm, b64, ctx, slot, PAGE)
         tok = start + offs_n
         valid = tok < end
-        new = (tok == ctx - 1) & (slot >= 0)
+        new = valid & (tok >= new_lo)
         row_k, row_v = kv_rows(tok, valid, bt_row, stride_btm, stride_kb, stride_ks,
                                stride_vb, stride_vs, PAGE, True)
         early = valid & ~new
@@ -180,10 +185,18 @@ def _decode_split_kernel(
             g_mask, stride_qd, nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb,
             stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb,
             stride_vs, stride_vh, stride_vd, ks, vs, PAGE, FP8)
-        # fold the early tile, this step's position from registers
-        k0 = tl.where(new[:, None], k_new[None, :], k0)
+        # fold the early tile, the positions this launch stores from registers
         v0 = widen_v(v0)
-        v0 = tl.where(new[:, None], v_new.to(v0.dtype)[None, :], v0)
+        if SHARED:
+            k_new, v_new = launch_rows_kv(
+                tok, new, ctx, b64, kvh, offs_d, d_mask, lo, partner, cs_ptr, stride_cs,
+                nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb, stride_nvh, k_ptr, v_ptr,
+                ks, vs, HALF, FP8)
+            k0 = tl.where(new[:, None], k_new, k0)
+            v0 = tl.where(new[:, None], v_new.to(v0.dtype), v0)
+        else:
+            k0 = tl.where(new[:, None], k_new[None, :], k0)
+            v0 = tl.where(new[:, None], v_new.to(v0.dtype)[None, :], v0)
         m_i, alpha, p, l_i = softmax_step(q, m_i, l_i, k0, valid[None, :], qk_scale, PREC,
                                           True)
         acc = pv_step(acc, alpha, p, v0, q, PREC)
@@ -192,10 +205,21 @@ def _decode_split_kernel(
     for n0 in range(first, end, BLOCK_N):
         tok = n0 + offs_n
         valid = tok < end
-        m_i, l_i, acc = attend_tile(
-            q, m_i, l_i, acc, tok, valid, valid[None, :], bt_row, k_head, v_head, offs_d,
-            d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-            stride_vd, qk_scale, HEAD_DIM, PAGE, PREC, True)
+        shared_tile = False
+        if SHARED:
+            shared_tile = n0 + BLOCK_N > new_lo
+        if shared_tile:     # (verify rows) positions that other rows store this launch
+            m_i, l_i, acc = attend_launch_tile(
+                q, m_i, l_i, acc, tok, valid, new_lo, ctx, b64, kvh, bt_row, k_head, v_head,
+                offs_d, d_mask, lo, partner, cs_ptr, stride_cs, nk_ptr, nv_ptr, stride_nkb,
+                stride_nkh, stride_nvb, stride_nvh, k_ptr, v_ptr, ks, vs, stride_btm,
+                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, qk_scale,
+                HEAD_DIM, PAGE, PREC, HALF, FP8)
+        else:
+            m_i, l_i, acc = attend_tile(
+                q, m_i, l_i, acc, tok, valid, valid[None, :], bt_row, k_head, v_head, offs_d,
+                d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+                stride_vd, qk_scale, HEAD_DIM, PAGE, PREC, True)
 
     if SINGLE:
         denom = tl.where(l_i > 0.0, l_i, 1.0)
@@ -296,12 +320,17 @@ def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: t
                             k_cache: torch.Tensor, v_cache: torch.Tensor,
                             slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                             context_lens: torch.Tensor, scale: float,
-                            **knobs) -> torch.Tensor:
+                            rows_shared: bool = False, **knobs) -> torch.Tensor:
     """rotary_store_kv then paged_decode_attention in one launch (a decode-only step):
     each program rotates its query heads itself, and the split that covers a sequence's
-    last position stores the rotated key and the value there before reading it. Neox
-    rotary over the whole head only, and not a crowded 16-bit launch at head_dim >= 128
-    (_two_launches); otherwise the two ops run one after the other."""
+    last position stores the rotated key and the value there before reading it.
+    rows_shared (speculative decoding's verify rows: consecutive rows of one sequence in
+    position order): a row also takes the positions its sequence's earlier rows store in
+    this launch from their rotated keys and values in registers (rows_before,
+    launch_rows_kv), never from the cache another program is writing. Neox rotary over
+    the whole head only, and not a crowded 16-bit launch at head_dim >= 128
+    (_two_launches); otherwise the two ops run one after the other (which stores every
+    row before any attends)."""
     if not is_neox or cos_sin_cache.shape[-1] != query.shape[-1] or query.shape[0] == 0 \
             or _two_launches(query, k_cache):
         return _rotary_store_then_decode(
@@ -312,7 +341,7 @@ def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: t
     assert cos_sin_cache.stride(-1) == 1 and slot_mapping.shape[0] == query.shape[0]
     rope = (positions, key, value, cos_sin_cache, slot_mapping)
     return paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale,
-                                  _rope=rope, **knobs)
+                                  _rope=rope, _shared=rows_shared, **knobs)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -321,7 +350,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            v_scale: torch.Tensor | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            num_splits: int | None = None, order: torch.Tensor | None = None,
-                           _rope: tuple | None = None) -> torch.Tensor:
+                           _rope: tuple | None = None, _shared: bool = False) -> torch.Tensor:
     """One query token per sequence. q [B, H, D] -> out [B, H, D] (q.dtype). An fp8
     cache is read with its per-head scales (k_scale, v_scale [H_kv]; None: unit).
 
@@ -330,7 +359,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     and no long sequence is left for the tail of the launch (longest-processing-time
     first). The other keyword-only knobs exist for the tests and the benchmark sweep;
     callers leave them unset. _rope: (positions, key, value, cos_sin_cache, slot_mapping) from
-    rotary_decode_attention.
+    rotary_decode_attention, and _shared its rows_shared.
     """
     check_float(q)
     ks, vs, fp8 = check_kv(k_cache, v_cache, k_scale, v_scale)
@@ -380,7 +409,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         MERGE_G=merge_g,
         MERGE_S=max(2, min(64, MERGE_TILE // (merge_g * block_d))),
         MERGE_ALL=max(16, next_pow2(splits)), ROPE=_rope is not None, HALF=head_dim // 2,
-        FP8=fp8, ORDERED=order is not None, NUM_KV=num_kv_heads,
+        FP8=fp8, ORDERED=order is not None, NUM_KV=num_kv_heads, SHARED=_shared,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(q.device),
         **({"maxnreg": MAX_REGISTERS}
            if MAX_REGISTERS and batch * num_kv_heads >= sms else {}),

@@ -185,10 +185,12 @@ def _rotary_then_decode(rotary_store_kv, paged_decode_attention):
     (the Triton backend fuses the two into one launch)."""
     def rotary_decode_attention(positions, query, key, value, cos_sin_cache, is_neox: bool,
                                 k_cache, v_cache, slot_mapping, block_tables, context_lens,
-                                scale: float, **knobs) -> torch.Tensor:
+                                scale: float, rows_shared: bool = False,
+                                **knobs) -> torch.Tensor:
         """A decode-only step's attention: rotary_store_kv, then paged_decode_attention
         of the rotated query (knobs: the decode attention's own; k_scale and v_scale go
-        to both)."""
+        to both). Every row is stored before any attends, so rows of one sequence
+        (rows_shared, speculative decoding's verify rows) see each other's K/V."""
         scales = {k: knobs.pop(k) for k in ("k_scale", "v_scale") if k in knobs}
         q = rotary_store_kv(positions, query, key, value, cos_sin_cache, is_neox,
                             k_cache, v_cache, slot_mapping, **scales)

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels import pdl
+from kernels._attn_tile import kv_rows, load_v, pv_step, softmax_step, widen_v
 from kernels._common import check_float, check_kv, next_pow2
 from kernels.kv_store import to_cache
 from kernels.pdl import pdl_enter
@@ -171,3 +172,74 @@ def rope_store_new_kv(q, q_rows, b64, kvh, last, cos, sin, lo, partner, slot, of
                  + offs_d * stride_vd, v_new, mask=d_mask)
         tl.debug_barrier()
     return q_rot, k_new, v_new
+
+
+# -- decode rows of one sequence in one launch (speculative decoding's verify rows) ----
+@triton.jit
+def rows_before(slot_ptr, bt_row, stride_btm, b64, ctx, slot, PAGE: tl.constexpr):
+    """How many rows just before row b64 store into its own context this launch: its
+    sequence's earlier verified positions (row b - i stores position ctx - 1 - i into a
+    block of this row's table). A slot names one block's one position, and only the
+    request that owns a block alone writes it, so no other sequence's row matches.
+    Host-filled inputs only: readable before the PDL wait."""
+    back = tl.full([], 0, tl.int32)
+    go = slot >= 0
+    while go:
+        r = b64 - back - 1
+        p = ctx - 2 - back
+        ok = (r >= 0) & (p >= 0)
+        s_r = tl.load(slot_ptr + r, mask=ok, other=-1).to(tl.int64)
+        blk = tl.load(bt_row + (p // PAGE) * stride_btm, mask=ok, other=0).to(tl.int64)
+        go = ok & (s_r >= 0) & (s_r == blk * PAGE + p % PAGE)
+        back += go.to(tl.int32)
+    return back
+
+
+@triton.jit
+def launch_rows_kv(tok, new, ctx, b64, kvh, offs_d, d_mask, lo, partner, cs_ptr, stride_cs,
+                   nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb, stride_nvh,
+                   k_ptr, v_ptr, ks, vs, HALF: tl.constexpr, FP8: tl.constexpr):
+    """The key and value tiles [N, D] (cache dtype) of the positions `tok` marked `new`,
+    which rows of this launch store: position p is row b - (ctx - 1 - p), its sequence's
+    decode rows being consecutive and in position order. Rotated and rounded as
+    rotary_store_kv stores them, so a tile that takes them is bit-equal to one read after
+    the store."""
+    row = b64 - (ctx - 1 - tok).to(tl.int64)
+    m = new[:, None] & d_mask[None, :]
+    half_i = tl.where(lo, offs_d, offs_d - HALF)
+    cs_row = cs_ptr + tok.to(tl.int64)[:, None] * stride_cs
+    cos = tl.load(cs_row + half_i[None, :], mask=m, other=1.0)
+    sin = tl.load(cs_row + HALF + half_i[None, :], mask=m, other=0.0)
+    k_rows = nk_ptr + row[:, None] * stride_nkb + kvh * stride_nkh
+    k = tl.load(k_rows + offs_d[None, :], mask=m, other=0.0)
+    kp = tl.load(k_rows + partner[None, :], mask=m, other=0.0)
+    k_rot = rotate_tile(k.to(tl.float32), kp.to(tl.float32), cos, sin, lo[None, :]).to(k.dtype)
+    v = tl.load(nv_ptr + row[:, None] * stride_nvb + kvh * stride_nvh + offs_d[None, :],
+                mask=m, other=0.0)
+    return to_cache(k_rot, ks, k_ptr, FP8), to_cache(v, vs, v_ptr, FP8)
+
+
+@triton.jit
+def attend_launch_tile(q, m_i, l_i, acc, tok, valid, new_lo, ctx, b64, kvh, bt_row, k_head,
+                       v_head, offs_d, d_mask, lo, partner, cs_ptr, stride_cs, nk_ptr, nv_ptr,
+                       stride_nkb, stride_nkh, stride_nvb, stride_nvh, k_ptr, v_ptr, ks, vs,
+                       stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+                       stride_vd, scale_log2, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                       PREC: tl.constexpr, HALF: tl.constexpr, FP8: tl.constexpr):
+    """attend_tile of a tile whose positions from new_lo on are stored by this launch's
+    rows: those come from launch_rows_kv, the others from the cache (the same values and
+    the same folding as attend_tile after the store)."""
+    new = valid & (tok >= new_lo)
+    cached = valid & ~new
+    row_k, row_v = kv_rows(tok, cached, bt_row, stride_btm, stride_kb, stride_ks, stride_vb,
+                           stride_vs, PAGE, True)
+    k = tl.load(k_head + row_k[:, None] + offs_d[None, :] * stride_kd,
+                mask=cached[:, None] & d_mask[None, :], other=0.0)
+    v = widen_v(load_v(v_head, row_v, cached, offs_d, d_mask, stride_vd, HEAD_DIM, True))
+    k_new, v_new = launch_rows_kv(tok, new, ctx, b64, kvh, offs_d, d_mask, lo, partner,
+                                  cs_ptr, stride_cs, nk_ptr, nv_ptr, stride_nkb, stride_nkh,
+                                  stride_nvb, stride_nvh, k_ptr, v_ptr, ks, vs, HALF, FP8)
+    k = tl.where(new[:, None], k_new, k)
+    v = tl.where(new[:, None], v_new.to(v.dtype), v)
+    m_new, alpha, p, l_i = softmax_step(q, m_i, l_i, k, valid[None, :], scale_log2, PREC, True)
+    return m_new, l_i, pv_step(acc, alpha, p, v, q, PREC)

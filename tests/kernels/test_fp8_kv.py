@@ -200,6 +200,37 @@ else:
         assert same_bytes(fused[1], want[1]) and same_bytes(fused[2], want[2]), f"seed {seed}"
         assert_close(fused[0], want[0], dtype, seed, "rotary_decode_attention fp8")
 
+    @pytest.mark.parametrize("dtype,splits", [(DTYPES[0], 2), (DTYPES[1], None)])
+    def test_rotary_decode_attention_fp8_shared_rows(seed, poison, dtype, splits):
+        """A verify step's rows of one sequence in one fused launch (rows_shared, the
+        programs run last row first): each row takes its earlier rows' quantized K/V
+        from registers, bit-equal to rotary_store_kv + decode attention, caches too."""
+        group, h_kv, d, page, lens = 2, 2, 32, 8, [24, 9]
+        h = group * h_kv
+        kc0, vc0, tables, _, _ = fp8_paged(lens, page, h_kv, d)
+        ks, vs = pow2_scales(h_kv), pow2_scales(h_kv)
+        seq = torch.tensor([0, 0, 0, 0, 1])
+        positions = torch.tensor([20, 21, 22, 23, 8])
+        ctx = (positions + 1).to(torch.int32)
+        rows_tables = tables[seq].contiguous()
+        slots = tables[seq, positions // page].long() * page + positions % page
+        t = len(seq)
+        qkv = torch.cat((torch.randn(t, h, d), grid_values(t, h_kv, d, scale=ks),
+                         grid_values(t, h_kv, d, scale=vs)), 1).to(dtype)
+        query, key, value = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
+        args = (positions, query, key, value, quarter_turns(64, d), True)
+        sc = dict(k_scale=ks, v_scale=vs, num_splits=splits)
+        order = torch.arange(t - 1, -1, -1, dtype=torch.int32)
+        kc, vc = kc0.clone(), vc0.clone()
+        fused = tri.rotary_decode_attention(*args, kc, vc, slots, rows_tables, ctx,
+                                            d ** -0.5, rows_shared=True, order=order, **sc)
+        kc2, vc2 = kc0.clone(), vc0.clone()
+        q = tri.rotary_store_kv(*args, kc2, vc2, slots, k_scale=ks, v_scale=vs)
+        composed = tri.paged_decode_attention(q, kc2, vc2, rows_tables, ctx, d ** -0.5,
+                                              order=order, **sc)
+        assert torch.equal(fused, composed), f"fused != composed (seed {seed})"
+        assert same_bytes(kc, kc2) and same_bytes(vc, vc2)
+
     @pytest.mark.parametrize("dtype,group,h_kv,d,page", [(DTYPES[0], 1, 2, 32, 16),
                                                          (DTYPES[1], 7, 1, 16, 4)])
     def test_extend_attention_fp8(seed, poison, dtype, group, h_kv, d, page):

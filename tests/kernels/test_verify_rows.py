@@ -4,7 +4,9 @@ With every row's K/V stored first, the decode attention of those rows equals the
 extend attention of the same tokens (the torch reference) on each backend a verify step
 runs: the reference, the CPU C kernel (it stores and attends row by row, in order, in
 one call: rotary_decode_attention) and the Triton decode kernel (under the interpreter
-without CUDA; store then attend, as a verify step runs it)."""
+without CUDA): store then attend, and the one fused launch with rows_shared, in which a
+row takes its sequence's earlier rows from registers (bit-equal to store then attend,
+wherever the new positions fall among tiles and splits)."""
 import os
 
 import pytest
@@ -18,9 +20,10 @@ H = H_KV * GROUP
 PREFIXES, NEW = [21, 6], [4, 3]       # cached tokens, then verified positions, per request
 
 
-def _case(dtype: torch.dtype, device: str) -> dict:
+def _case(dtype: torch.dtype, device: str, prefixes=PREFIXES, new=NEW) -> dict:
     """Two requests with cached prefixes, their new rows' q/k/v, positions and slots, the
     extend layout (one sequence each) and the decode-row layout (one row a position)."""
+    PREFIXES, NEW = prefixes, new     # noqa: N806 (the module's names, per case)
     g = torch.Generator().manual_seed(7)
     rand = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)   # noqa: E731
     blocks = [-(-(p + n) // BLOCK) for p, n in zip(PREFIXES, NEW)]
@@ -41,7 +44,7 @@ def _case(dtype: torch.dtype, device: str) -> dict:
         tables=tables.to(device),
         cu=torch.tensor([0, NEW[0], t], dtype=torch.int32, device=device),
         lens=torch.tensor([p + n for p, n in zip(PREFIXES, NEW)], dtype=torch.int32,
-                          device=device),
+                          device=device), max_new=max(NEW),
         row_tables=tables[seq].contiguous().to(device),          # the request's row, repeated
         row_lens=(positions + 1).to(torch.int32).to(device))
 
@@ -51,17 +54,19 @@ def _want(c: dict) -> torch.Tensor:
     kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
     q = ref.rotary_store_kv(c["positions"], c["q"], c["k"], c["v"], c["cos_sin"], True, kc,
                             vc, c["slots"])
-    return ref.paged_extend_attention(q, kc, vc, c["tables"], c["cu"], c["lens"], max(NEW),
-                                      D ** -0.5)
+    return ref.paged_extend_attention(q, kc, vc, c["tables"], c["cu"], c["lens"],
+                                      c["max_new"], D ** -0.5)
 
 
-def _decode_rows(ops, c: dict, fused: bool) -> torch.Tensor:
+def _decode_rows(ops, c: dict, fused: bool, **knobs) -> torch.Tensor:
     kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
     args = (c["positions"], c["q"], c["k"], c["v"], c["cos_sin"], True, kc, vc, c["slots"])
     if fused:
-        return ops.rotary_decode_attention(*args, c["row_tables"], c["row_lens"], D ** -0.5)
+        return ops.rotary_decode_attention(*args, c["row_tables"], c["row_lens"], D ** -0.5,
+                                           rows_shared=True, **knobs)
     q = ops.rotary_store_kv(*args)
-    return ops.paged_decode_attention(q, kc, vc, c["row_tables"], c["row_lens"], D ** -0.5)
+    return ops.paged_decode_attention(q, kc, vc, c["row_tables"], c["row_lens"], D ** -0.5,
+                                      **knobs)
 
 
 def _check(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
@@ -83,13 +88,47 @@ def test_cpu_native_decode_rows_in_one_call_equal_extend():
     _check(_decode_rows(cpu_native, c, fused=True), _want(c), 1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="the Triton kernels need CUDA or the interpreter")
-def test_triton_decode_rows_after_the_store_equal_extend():
+def test_reference_fused_call_with_shared_rows_equals_extend():
+    c = _case(torch.float32, "cpu")
+    _check(_decode_rows(ref, c, fused=True), _want(c), 1e-5)
+
+
+def _triton():
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernels need CUDA or the interpreter")
     if os.environ.get("TRITON_INTERPRET") == "1":
         import tests.kernels.kernel_helpers  # noqa: F401  (its interpreter patch)
     from kernels import get_ops
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return get_ops("triton"), "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_triton_decode_rows_after_the_store_equal_extend():
+    tri, device = _triton()
     c = _case(torch.float32, device)
     want = _want({k: v.cpu() if torch.is_tensor(v) else v for k, v in c.items()})
-    _check(_decode_rows(get_ops("triton"), c, fused=False), want, 1e-4)
+    _check(_decode_rows(tri, c, fused=False), want, 1e-4)
+
+
+# prefixes / verified rows: the new positions inside one tile, across a 16-token tile
+# boundary (14 + 4) and a split's; knobs: one tile a split, 16-token tiles in 1 to 3
+# splits (the early tile and the loop's tiles both take new positions)
+@pytest.mark.parametrize("prefixes,new", [([21, 6], [4, 3]), ([14, 30], [4, 2]),
+                                          ([0, 47], [3, 1])])
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 16, "num_splits": 1},
+                                   {"block_n": 16, "num_splits": 2},
+                                   {"block_n": 16, "num_splits": 3}])
+def test_triton_fused_shared_rows_equal_the_store_then_attend(prefixes, new, knobs):
+    """One launch for a verify step (rows_shared): each row takes the K/V of its
+    sequence's earlier rows from their rotated keys and values, bit-equal to storing every
+    row first and then attending, and equal to the causal extend. The programs run the
+    rows last first (the `order` knob), so under the interpreter, which runs programs one
+    after another, a row that read its earlier rows from the cache would read them before
+    their store."""
+    tri, device = _triton()
+    c = _case(torch.float32, device, prefixes, new)
+    want = _want({k: v.cpu() if torch.is_tensor(v) else v for k, v in c.items()})
+    rows = c["positions"].shape[0]
+    knobs["order"] = torch.arange(rows - 1, -1, -1, dtype=torch.int32, device=device)
+    fused = _decode_rows(tri, c, fused=True, **knobs)
+    assert torch.equal(fused, _decode_rows(tri, c, fused=False, **knobs))
+    _check(fused, want, 1e-4)

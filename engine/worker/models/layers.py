@@ -27,8 +27,8 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None   # [D, M] int32
     decode_context_lens: torch.Tensor | None = None   # [D] int32
     # decode rows of one sequence (speculative decoding's verified positions, in position
-    # order): every row's K/V is stored before any row attends (so not the fused Triton
-    # store-in-attention launch; the CPU C kernel stores and attends row by row, in order)
+    # order): each row sees the K/V its sequence's earlier rows store in the same step
+    # (rotary_decode_attention's rows_shared)
     decode_rows_shared: bool = False
     prefill_block_tables: torch.Tensor | None = None  # [P, M] int32
     prefill_cu_seqlens_q: torch.Tensor | None = None  # [P+1] int32

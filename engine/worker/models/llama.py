@@ -108,18 +108,19 @@ class LlamaDecoderLayer(nn.Module):
 
     def _attention(self, positions, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
         """Rotary, this step's K/V into the paged cache, attention: one launch for a
-        decode-only step (ops.rotary_decode_attention), else rotary_store_kv then the
+        decode-only step (ops.rotary_decode_attention; a verify step's rows of one
+        sequence see each other's K/V: rows_shared), else rotary_store_kv then the
         attention (which skips its own store)."""
         ops, attn, cos_sin = self.model.ops, self.attn, self.model.cos_sin_cache
         if attn.calibrating:        # the scales come from the rotated keys, then the store
             q, k = ops.rotary_embedding(positions, q, k, cos_sin, True)
             return attn(q, k, v, meta)
-        if meta.query_start_loc is None and meta.num_decode_tokens == q.shape[0] \
-                and not meta.decode_rows_shared:
+        if meta.query_start_loc is None and meta.num_decode_tokens == q.shape[0]:
             return ops.rotary_decode_attention(
                 positions, q, k, v, cos_sin, True, attn.k_cache, attn.v_cache,
                 meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-                attn.scale, **attn.kv_scales, **meta.order_kwargs(ops))
+                attn.scale, rows_shared=meta.decode_rows_shared, **attn.kv_scales,
+                **meta.order_kwargs(ops))
         q = ops.rotary_store_kv(positions, q, k, v, cos_sin, True, attn.k_cache,
                                 attn.v_cache, meta.slot_mapping, **attn.kv_scales)
         return attn(q, k, v, meta, kv_stored=True)

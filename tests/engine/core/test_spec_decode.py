@@ -261,22 +261,30 @@ def test_oracle_drafter_sets_acceptance_and_keeps_output(tmp_path, p):
 
 
 def _fused_at_its_worst(positions, query, key, value, cos_sin, is_neox, k_cache, v_cache,
-                        slots, tables, lens, scale):
+                        slots, tables, lens, scale, rows_shared=False):
     """The GPU's fused rotary + store + decode attention launch in its worst order: each
-    row reads the cache as it was before the launch, plus its own K/V. Exact for one row a
-    sequence; a verify step's later rows of a sequence would read stale K/V, so verify
-    steps must not come here (AttentionMetadata.decode_rows_shared)."""
+    row reads the cache as it was before the launch, plus its own K/V, plus with
+    rows_shared (a verify step, AttentionMetadata.decode_rows_shared) the K/V of the rows
+    just before it that store into its context (kernels/rotary_kv.py rows_before). A
+    verify step that did not say so would read its earlier rows' K/V stale."""
     from kernels import reference
     k0, v0 = k_cache.clone(), v_cache.clone()
     q = reference.rotary_store_kv(positions, query, key, value, cos_sin, is_neox, k_cache,
                                   v_cache, slots)
     out = torch.empty_like(q)
+    page = k_cache.shape[1]
     for i in range(q.shape[0]):
         k_i, v_i = k0.clone(), v0.clone()
-        if slots[i] >= 0:
-            for mine, stored in ((k_i, k_cache), (v_i, v_cache)):
-                rows = stored.view(-1, *stored.shape[2:])
-                mine.view(-1, *mine.shape[2:])[slots[i]] = rows[slots[i]]
+        seen = [i] if slots[i] >= 0 else []
+        while rows_shared and seen and seen[-1] > 0:
+            r, p = seen[-1] - 1, int(lens[i]) - 2 - (i - seen[-1])
+            if p < 0 or slots[r] != int(tables[i, p // page]) * page + p % page:
+                break
+            seen.append(r)
+        for mine, stored in ((k_i, k_cache), (v_i, v_cache)):
+            rows = stored.view(-1, *stored.shape[2:])
+            for r in seen:
+                mine.view(-1, *mine.shape[2:])[slots[r]] = rows[slots[r]]
         out[i] = reference.paged_decode_attention(q[i:i + 1], k_i, v_i, tables[i:i + 1],
                                                   lens[i:i + 1], scale)[0]
     return out
@@ -289,7 +297,7 @@ def test_verify_steps_through_the_graph_buffers_match_plain_engine(mixed_tokens)
     bucketed past the decode buckets), verify rows beside prefill chunks the mixed graphs
     (without them, as cudagraph_mode full_decode_only: eagerly); greedy tokens equal the
     plain engine's. The fused decode op is the GPU's at its worst order
-    (_fused_at_its_worst): plain decode steps take it, verify steps must not."""
+    (_fused_at_its_worst): plain decode steps and verify steps (rows_shared) take it."""
 
     from engine.worker.cuda_graphs import StepGraphs
     from kernels import reference
