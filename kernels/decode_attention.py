@@ -54,6 +54,7 @@ from kernels import pdl
 from kernels._attn_tile import attend_tile, kv_rows, load_v, pv_step, softmax_step, widen_v
 from kernels._common import (check_float, check_kv, dot_precision, next_pow2, num_sms,
                              zeroed_scratch)
+from kernels._split_merge import merge_splits
 from kernels.kv_quant import FP8_DTYPE
 from kernels.pdl import pdl_enter
 from kernels.reference import _rotary_then_decode
@@ -164,12 +165,14 @@ def _decode_split_kernel(
         # registers below; the tables, lengths, positions and slots are host-filled.
         cos, sin, lo, partner, slot = rope_inputs(pos_ptr, cs_ptr, slot_ptr, b64, offs_d,
                                                    d_mask, stride_cs, HALF)
-        new_lo = ctx - (slot >= 0).to(tl.int32)      # [new_lo, ctx): stored this launch
-        if SHARED:
-            new_lo -= rows_before(slot_ptr, bt_row, stride_btm, b64, ctx, slot, PAGE)
         tok = start + offs_n
         valid = tok < end
-        new = valid & (tok >= new_lo)
+        if SHARED:      # [new_lo, ctx): positions this launch stores
+            new_lo = ctx - (slot >= 0).to(tl.int32) \
+                - rows_before(slot_ptr, bt_row, stride_btm, b64, ctx, slot, PAGE)
+            new = valid & (tok >= new_lo)
+        else:
+            new = (tok == ctx - 1) & (slot >= 0)
         row_k, row_v = kv_rows(tok, valid, bt_row, stride_btm, stride_kb, stride_ks,
                                stride_vb, stride_vs, PAGE, True)
         early = valid & ~new
@@ -186,16 +189,17 @@ def _decode_split_kernel(
             stride_nvh, k_ptr, v_ptr, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb,
             stride_vs, stride_vh, stride_vd, ks, vs, PAGE, FP8)
         # fold the early tile, the positions this launch stores from registers
-        v0 = widen_v(v0)
         if SHARED:
             k_new, v_new = launch_rows_kv(
                 tok, new, ctx, b64, kvh, offs_d, d_mask, lo, partner, cs_ptr, stride_cs,
                 nk_ptr, nv_ptr, stride_nkb, stride_nkh, stride_nvb, stride_nvh, k_ptr, v_ptr,
                 ks, vs, HALF, FP8)
             k0 = tl.where(new[:, None], k_new, k0)
+            v0 = widen_v(v0)
             v0 = tl.where(new[:, None], v_new.to(v0.dtype), v0)
         else:
             k0 = tl.where(new[:, None], k_new[None, :], k0)
+            v0 = widen_v(v0)
             v0 = tl.where(new[:, None], v_new.to(v0.dtype)[None, :], v0)
         m_i, alpha, p, l_i = softmax_step(q, m_i, l_i, k0, valid[None, :], qk_scale, PREC,
                                           True)
@@ -205,16 +209,19 @@ def _decode_split_kernel(
     for n0 in range(first, end, BLOCK_N):
         tok = n0 + offs_n
         valid = tok < end
-        shared_tile = False
-        if SHARED:
-            shared_tile = n0 + BLOCK_N > new_lo
-        if shared_tile:     # (verify rows) positions that other rows store this launch
-            m_i, l_i, acc = attend_launch_tile(
-                q, m_i, l_i, acc, tok, valid, new_lo, ctx, b64, kvh, bt_row, k_head, v_head,
-                offs_d, d_mask, lo, partner, cs_ptr, stride_cs, nk_ptr, nv_ptr, stride_nkb,
-                stride_nkh, stride_nvb, stride_nvh, k_ptr, v_ptr, ks, vs, stride_btm,
-                stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, qk_scale,
-                HEAD_DIM, PAGE, PREC, HALF, FP8)
+        if SHARED:      # (verify rows) a tile with positions other rows store this launch
+            if n0 + BLOCK_N > new_lo:
+                m_i, l_i, acc = attend_launch_tile(
+                    q, m_i, l_i, acc, tok, valid, new_lo, ctx, b64, kvh, bt_row, k_head,
+                    v_head, offs_d, d_mask, lo, partner, cs_ptr, stride_cs, nk_ptr, nv_ptr,
+                    stride_nkb, stride_nkh, stride_nvb, stride_nvh, k_ptr, v_ptr, ks, vs,
+                    stride_btm, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+                    stride_vd, qk_scale, HEAD_DIM, PAGE, PREC, HALF, FP8)
+            else:
+                m_i, l_i, acc = attend_tile(
+                    q, m_i, l_i, acc, tok, valid, valid[None, :], bt_row, k_head, v_head,
+                    offs_d, d_mask, stride_btm, stride_kb, stride_ks, stride_kd, stride_vb,
+                    stride_vs, stride_vd, qk_scale, HEAD_DIM, PAGE, PREC, True)
         else:
             m_i, l_i, acc = attend_tile(
                 q, m_i, l_i, acc, tok, valid, valid[None, :], bt_row, k_head, v_head, offs_d,
@@ -232,45 +239,10 @@ def _decode_split_kernel(
         tl.store(pm_ptr + part, m_i, mask=g_mask)
         tl.store(pl_ptr + part, l_i, mask=g_mask)
         tl.store(pacc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
-        # The last valid split of (b, kvh) to finish merges them all: every thread's
-        # partials are stored before the barrier, the counter bump releases them and
-        # acquires the others'; the last one resets the counter for the next launch.
-        tl.debug_barrier()
-        n_valid = (ctx + tokens_per_split - 1) // tokens_per_split
-        cidx = b64 * tl.num_programs(1) + kvh
-        done = tl.atomic_add(cnt_ptr + cidx, 1, sem="acq_rel", scope="gpu")
-        if done == n_valid - 1:
-            tl.store(cnt_ptr + cidx, 0)
-            # merge rows: the GROUP heads padded to MERGE_G (no tl.dot here, so no
-            # 16-row minimum); the running max of every valid split in one load
-            offs_h = tl.arange(0, MERGE_G)
-            h_mask = offs_h < GROUP
-            base = (b64 * num_heads + kvh * GROUP + offs_h) * num_splits     # [MERGE_G]
-            offs_all = tl.arange(0, MERGE_ALL)
-            am = h_mask[:, None] & (offs_all < n_valid)[None, :]
-            m_max = tl.max(tl.load(pm_ptr + base[:, None] + offs_all[None, :], mask=am,
-                                   other=float("-inf"), cache_modifier=".cg"), 1)
-            m_max = tl.where(h_mask, m_max, 0.0)
-            l_tot = tl.zeros([MERGE_G], tl.float32)
-            acc_tot = tl.zeros([MERGE_G, BLOCK_D], tl.float32)
-            for s0 in range(0, n_valid, MERGE_S):
-                offs_s = s0 + tl.arange(0, MERGE_S)
-                sm = h_mask[:, None] & (offs_s < n_valid)[None, :]           # [G, S]
-                idx = base[:, None] + offs_s[None, :]
-                mc = tl.load(pm_ptr + idx, mask=sm, other=float("-inf"),
-                             cache_modifier=".cg")
-                w = tl.where(sm, tl.exp2(mc - m_max[:, None]), 0.0)
-                lc = tl.load(pl_ptr + idx, mask=sm, other=0.0, cache_modifier=".cg")
-                l_tot += tl.sum(lc * w, 1)
-                a = tl.load(pacc_ptr + idx[:, :, None] * HEAD_DIM
-                            + offs_d[None, None, :],
-                            mask=sm[:, :, None] & d_mask[None, None, :], other=0.0,
-                            cache_modifier=".cg")                            # [G, S, D]
-                acc_tot += tl.sum(a * w[:, :, None], 1)
-            out = acc_tot * (vs / tl.where(l_tot > 0.0, l_tot, 1.0))[:, None]
-            tl.store(out_ptr + b64 * stride_ob + (kvh * GROUP + offs_h)[:, None] * stride_oh
-                     + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
-                     mask=h_mask[:, None] & d_mask[None, :])
+        merge_splits(out_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr, b64, kvh, ctx,
+                     tokens_per_split, num_heads, num_splits, offs_d, d_mask, vs, stride_ob,
+                     stride_oh, stride_od, GROUP, HEAD_DIM, BLOCK_D, MERGE_G, MERGE_S,
+                     MERGE_ALL)
 
 
 

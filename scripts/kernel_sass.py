@@ -5,7 +5,8 @@ of 16, the engine's strides, a wide launch's register cap). What a kernel change
 to loads, conversions and register pressure shows here before a device run
 (docs/KERNELS.md "FP8 tiles").
 
-    python scripts/kernel_sass.py --kv fp8 [--rope] [--block-n 64] [--stages 2] [--warps 4]
+    python scripts/kernel_sass.py --kv fp8 [--rope] [--rows-shared] [--block-n 64] [--stages 2]
+        [--warps 4]
     python scripts/kernel_sass.py --kv fp8 --json     # one JSON line (the tests read it)
 
 Run without TRITON_INTERPRET (the interpreter compiles nothing).
@@ -41,14 +42,17 @@ INTS = dict(min_split_tokens=64, num_heads=16, num_splits=3, stride_nkb=3072,
             stride_btb=512, stride_btm=1, stride_ob=2048, stride_oh=128, stride_od=1)
 
 
-def compile_decode(fp8: bool, rope: bool, block_n: int, stages: int, warps: int = da.NUM_WARPS):
+def compile_decode(fp8: bool, rope: bool, block_n: int, stages: int, warps: int = da.NUM_WARPS,
+                   shared: bool = False):
     """The kernel as a launch at those shapes specializes it (pointers and ints divisible
-    by 16 marked so, ints equal to 1 constant)."""
+    by 16 marked so, ints equal to 1 constant); shared: a verify step's launch (rows of one
+    sequence, rotary_decode_attention's rows_shared; implies rope)."""
     fn = da._decode_split_kernel
     kv = "*fp8e4nv" if fp8 else "*bf16"
     consts = dict(GROUP=2, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=block_n, PAGE=16,
                   SINGLE=False, PREC="tf32", MERGE_G=2, MERGE_S=32, MERGE_ALL=16, PDL=True,
-                  ROPE=rope, HALF=64, FP8=fp8, ORDERED=True, NUM_KV=8)
+                  ROPE=rope or shared, HALF=64, FP8=fp8, ORDERED=True, NUM_KV=8,
+                  SHARED=shared)
     sig, attrs, cx = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -92,6 +96,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kv", choices=("bf16", "fp8"), default="fp8")
     p.add_argument("--rope", action="store_true", help="the fused rotary launch")
+    p.add_argument("--rows-shared", action="store_true",
+                   help="a verify step's fused launch (rows of one sequence; implies --rope)")
     p.add_argument("--block-n", type=int, default=64)
     p.add_argument("--stages", type=int, default=da.NUM_STAGES)
     p.add_argument("--warps", type=int, default=da.NUM_WARPS,
@@ -99,7 +105,8 @@ def main() -> int:
                         f"{da.CROWDED_FP8['num_warps']}, block-n {da.CROWDED_FP8['block_n']})")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    rep = sass_report(compile_decode(a.kv == "fp8", a.rope, a.block_n, a.stages, a.warps))
+    rep = sass_report(compile_decode(a.kv == "fp8", a.rope, a.block_n, a.stages, a.warps,
+                                     a.rows_shared))
     if a.json:
         print(json.dumps(rep))
         return 0

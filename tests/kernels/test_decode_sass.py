@@ -3,7 +3,9 @@ sm_90 with Triton's bundled tools (scripts/kernel_sass.py), an fp8 cache's tiles
 the tensor cores without byte-wide shared-memory reads (main before 2026-11-27 read the
 V tile with 64 LDS.U8 a thread a tile and ran at half its bytes' floor), and the fused
 rotary launch stays within the register cap that lets 4 programs share a multiprocessor
-(docs/KERNELS.md "FP8 tiles")."""
+(docs/KERNELS.md "FP8 tiles"). The verify rows' launch (rows_shared) compiles too: the
+interpreter runs only the branches a call takes, so a name missing from an untaken
+constexpr branch (the plain decode's, once) shows only here or on the device."""
 from __future__ import annotations
 
 import importlib.util
@@ -51,13 +53,15 @@ def _report(*args: str) -> dict:
 
 @pytest.fixture(scope="module")
 def fast_reports() -> dict:
-    """The fast tests' launches, compiled in one child: fp8, and a crowded fp8 step's."""
+    """The fast tests' launches, compiled in one child: fp8, a crowded fp8 step's, and a
+    verify step's (bf16 and fp8)."""
     import kernels.decode_attention as da
     crowded = da.CROWDED_FP8
-    fp8, crowd = _reports(["--kv", "fp8"],
-                          ["--kv", "fp8", "--rope", "--block-n", str(crowded["block_n"]),
-                           "--warps", str(crowded["num_warps"])])
-    return {"fp8": fp8, "crowded": crowd}
+    fp8, crowd, shared, shared_fp8 = _reports(
+        ["--kv", "fp8"], ["--kv", "fp8", "--rope", "--block-n", str(crowded["block_n"]),
+                          "--warps", str(crowded["num_warps"])],
+        ["--kv", "bf16", "--rows-shared"], ["--kv", "fp8", "--rows-shared"])
+    return {"fp8": fp8, "crowded": crowd, "shared": shared, "shared_fp8": shared_fp8}
 
 
 def test_fp8_decode_reads_no_bytes_from_shared_memory(fast_reports):
@@ -73,6 +77,18 @@ def test_a_crowded_fp8_launch_reads_no_bytes_and_keeps_the_cap(fast_reports):
     rep = fast_reports["crowded"]
     assert rep["ops"].get("LDS.U8", 0) == 0, rep["ops"]
     assert rep["registers"] <= da.MAX_REGISTERS, rep
+
+
+def test_the_verify_rows_launch_compiles_without_byte_reads(fast_reports):
+    """rows_shared's launch (rows_before, launch_rows_kv, attend_launch_tile) compiles
+    for sm_90 within the register cap, and its fp8 tiles, the substituted rows included,
+    reach the tensor cores without byte-wide shared-memory reads."""
+    import kernels.decode_attention as da
+    for name in ("shared", "shared_fp8"):
+        rep = fast_reports[name]
+        assert rep["ops"].get("HMMA.16816.F32.BF16", 0) + rep["ops"].get(
+            "HMMA.16816.F32", 0) > 0 and rep["registers"] <= da.MAX_REGISTERS, rep
+    assert fast_reports["shared_fp8"]["ops"].get("LDS.U8", 0) == 0
 
 
 @pytest.mark.slow
