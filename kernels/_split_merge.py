@@ -1,6 +1,8 @@
 """The merge of split-K decode attention's partials (kernels/decode_attention.py): the
-last valid split program of a (sequence, KV head) to finish folds every split's running
-max, sum and output into the result, one launch and no reduce kernel."""
+last valid split program of a (sequence, KV head) to finish (a per-(b, kvh) counter bumped
+with an acq_rel atomic after a barrier; the last one resets it, so the persistent
+counters stay zeroed and no memset is needed) folds every split's running max, sum and
+output into the result (rescaling by exp2(m - max)): one launch, no reduce kernel."""
 from __future__ import annotations
 
 import triton

@@ -8,11 +8,9 @@ online softmax over KV positions [s * tokens_per_split, (s+1) * tokens_per_split
 to context_lens[b], BLOCK_N tokens per step, each tile gathered through the block table.
 It writes the partial (running max m, sum l, unnormalised acc) in fp32.
 
-Merge: the last valid split program of each (b, kvh) to finish (a per-(b, kvh) counter
-bumped with an acq_rel atomic after a barrier; the last one resets it, so the persistent
-counters stay zeroed and no memset is needed) merges the splits of its GROUP heads
-(rescaling by exp2(m - max)) and writes the output: one launch, no reduce kernel.
-With a single split, phase 1 normalises and writes the output itself (one launch).
+Merge (kernels/_split_merge.py): the last valid split program of each (b, kvh) to finish
+merges the splits of its GROUP heads and writes the output: one launch, no reduce
+kernel. With a single split, phase 1 normalises and writes the output itself.
 
 Split sizes (docs/KERNELS.md "Splits sized by each context"): each sequence's context is
 cut into num_splits ranges of max(ceil(ctx / num_splits) rounded up to BLOCK_N,
@@ -26,7 +24,9 @@ PDL wait a program loads what the previous kernel does not write (its context le
 first tile's block-table entries and K/V rows, cos/sin, slot); only q and this step's
 K/V wait. The position this launch stores is masked out of that tile and put in from
 registers, so the result is bit-equal to the two-op path. Batch-1 graph replay 0.729 ->
-0.693 ms (H100).
+0.693 ms (H100). Verify rows (rows_shared, docs/KERNELS.md "Verify rows in the fused
+launch"): the positions a row's sequence stores in this launch (rows_before counts them
+from the slots) come from those rows' keys and values, rotated in registers.
 
 FP8 KV (kernels/kv_quant.py): tiles are loaded as e4m3 (half the bytes of bf16) and
 take float16 dots (kernels/_attn_tile.py: K converted after its shared-memory load, V
@@ -80,6 +80,9 @@ MAX_REGISTERS = 128
 # (docs/KERNELS.md "Crowded fp8 launches").
 CROWDED_PAIRS_PER_SM = 8
 CROWDED_FP8 = {"block_n": 32, "num_warps": 2}
+# verify rows (rows_shared) take the fused launch up to this many (row, KV head) pairs
+# (qwen2.5-0.5b, H200: 8-64 pairs gained, 128 lost; docs/KERNELS.md "Verify rows")
+SHARED_MAX_PAIRS = 64
 MAX_SPLITS = 256
 MERGE_TILE = 8192               # fp32 partial elements a merge step loads (G x S x D)
 
@@ -245,7 +248,6 @@ def _decode_split_kernel(
                      MERGE_ALL)
 
 
-
 def plan_splits(batch: int, num_kv_heads: int, max_blocks: int, page: int, block_n: int,
                 sms: int) -> tuple[int, int]:
     """(num_splits, tokens_per_split) from shapes only, so a captured graph stays valid."""
@@ -276,15 +278,18 @@ def default_config(head_dim: int, dtype: torch.dtype, fp8: bool = False,
     return cfg
 
 
-def _two_launches(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+def _two_launches(query: torch.Tensor, k_cache: torch.Tensor, rows_shared: bool = False) -> bool:
     """A 16-bit cache at head_dim >= 128 whose (sequence, KV head) pairs are more than
     TARGET_PROGRAMS_PER_SM a multiprocessor: rotary_store_kv and the plain decode beat
     the fused launch, whose rotary registers spill under the cap (qwen3-0.6b bf16, H200,
     2026-11-29, µs a layer fused / two: batch 64 46.3 / 47.0, 80 73.7 / 67.5, 256 169.7 /
-    156.3; fp8 and head_dim 64 stay fused: docs/KERNELS.md "Two launches")."""
+    156.3; fp8 and head_dim 64 stay fused: docs/KERNELS.md "Two launches"). Verify rows
+    (rows_shared) with more than SHARED_MAX_PAIRS (row, KV head) pairs: the two ops too."""
+    pairs = query.shape[0] * k_cache.shape[2]
+    if rows_shared and pairs > SHARED_MAX_PAIRS:
+        return True
     return k_cache.dtype != FP8_DTYPE and query.dtype != torch.float32 \
-        and query.shape[-1] >= 128 \
-        and query.shape[0] * k_cache.shape[2] > TARGET_PROGRAMS_PER_SM * num_sms(query.device)
+        and query.shape[-1] >= 128 and pairs > TARGET_PROGRAMS_PER_SM * num_sms(query.device)
 
 
 def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
@@ -304,7 +309,7 @@ def rotary_decode_attention(positions: torch.Tensor, query: torch.Tensor, key: t
     (_two_launches); otherwise the two ops run one after the other (which stores every
     row before any attends)."""
     if not is_neox or cos_sin_cache.shape[-1] != query.shape[-1] or query.shape[0] == 0 \
-            or _two_launches(query, k_cache):
+            or _two_launches(query, k_cache, rows_shared):
         return _rotary_store_then_decode(
             positions, query, key, value, cos_sin_cache, is_neox, k_cache, v_cache,
             slot_mapping, block_tables, context_lens, scale, **knobs)

@@ -322,6 +322,17 @@ else:
         assert not da._two_launches(q.float(), kc.float())
         assert not da._two_launches(q, kc.to(torch.float8_e4m3fn))
 
+    def test_wide_verify_launches_run_as_two_ops():
+        """Verify rows (rows_shared) keep the fused launch up to SHARED_MAX_PAIRS (row, KV
+        head) pairs, whatever the dtype and head size; past it the two ops."""
+        from kernels import decode_attention as da
+        kc = torch.zeros(2, 16, 2, 64, dtype=torch.float16)
+        rows = da.SHARED_MAX_PAIRS // 2
+        q = torch.zeros(rows + 1, 14, 64, dtype=torch.float16)
+        assert not da._two_launches(q[:rows], kc, rows_shared=True)
+        assert da._two_launches(q, kc, rows_shared=True)
+        assert not da._two_launches(q, kc)
+
     # --------------------------------------------------------- rotary + kv store
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("is_neox,rot_dim,cache_dtype", [
