@@ -8,8 +8,8 @@ Two kinds of graph, one mechanism (same buffers, same capture loop, same replay)
   * verify: decode-only steps with speculative decoding's verified positions (several
     decode rows per request, docs/SPECULATIVE.md), one graph per bucketed row count up
     to the configured k's widest step (VERIFY_BUCKETS, captured only when the engine
-    starts with speculation): the decode graph, but every row's K/V stored before the
-    attention reads (the fused store-in-attention launch cannot order a request's rows);
+    starts with speculation): the decode graph, its attention told that rows of one
+    request see each other's K/V (rotary_decode_attention's rows_shared);
   * mixed: any step (prefill chunks and decodes, or decodes beyond the largest decode
     bucket), one graph per bucketed token count (MIXED_BUCKETS, capped by
     max_num_batched_tokens), the unified attention kernel (kernels/unified_attention.py,
