@@ -1,8 +1,9 @@
 """FP8 KV caches on the GPU: each Triton kernel that stores or reads the cache against
 kernels/reference.py at engine shapes with random values (the interpreter tests,
 tests/kernels/test_fp8_kv.py, store grid values only: the interpreter's fp8 rounding is
-not the hardware's), the fused rotary decode bit-equal to its two ops, and a CUDA graph
-that reads scales changed in place after capture (calculate_kv_scales)."""
+not the hardware's), the fused rotary decode bit-equal to its two ops (a verify step's
+rows of one request too), and a CUDA graph that reads scales changed in place after
+capture (calculate_kv_scales)."""
 from __future__ import annotations
 
 import pytest
@@ -141,6 +142,38 @@ def test_rotary_decode_attention_fp8_fused_equals_two_ops(tri, seed, batch, h, h
     kc2, vc2 = kc0.clone(), vc0.clone()
     q = tri.rotary_store_kv(*args, kc2, vc2, slots, **sc)
     composed = tri.paged_decode_attention(q, kc2, vc2, tables, ctx, d ** -0.5, **sc)
+    assert torch.equal(fused, composed), f"seed {seed}"
+    assert same_bytes(kc, kc2) and same_bytes(vc, vc2)
+
+
+@pytest.mark.parametrize("requests,k,h,h_kv,d", [(1, 3, 14, 2, 64), (8, 3, 14, 2, 64),
+                                                  (16, 3, 14, 2, 64), (2, 3, 16, 8, 128),
+                                                  (1, 5, 16, 8, 128)])
+def test_rotary_decode_attention_fp8_shared_rows_equal_two_ops(tri, seed, requests, k, h,
+                                                               h_kv, d):
+    """A verify step's rows (1 + k a request, rows_shared) in one launch, where the rows
+    of a request run concurrently: bit-equal to storing every row first, caches too (8
+    requests of 1 + 3 rows at 2 KV heads fill SHARED_MAX_PAIRS, as 2 do at 8; 16 take the
+    two ops)."""
+    bs = 16
+    lens = torch.randint(k + 2, 2000, (requests,)).tolist()
+    kc0, vc0, tables, ks, vs = fp8_paged(lens, bs, h_kv, d)
+    seq = torch.arange(requests, device="cuda").repeat_interleave(k + 1)
+    positions = torch.cat([torch.arange(n - k - 1, n) for n in lens]).cuda()
+    ctx = (positions + 1).to(torch.int32)
+    row_tables = tables[seq].contiguous()
+    slots = tables[seq, positions // bs].long() * bs + positions % bs
+    t = seq.shape[0]
+    qkv = torch.randn(t, h + 2 * h_kv, d, device="cuda").to(torch.bfloat16)
+    args = (positions, qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:],
+            torch.randn(4096, d, device="cuda"), True)
+    sc = dict(k_scale=ks, v_scale=vs)
+    kc, vc = kc0.clone(), vc0.clone()
+    fused = tri.rotary_decode_attention(*args, kc, vc, slots, row_tables, ctx, d ** -0.5,
+                                        rows_shared=True, **sc)
+    kc2, vc2 = kc0.clone(), vc0.clone()
+    q = tri.rotary_store_kv(*args, kc2, vc2, slots, **sc)
+    composed = tri.paged_decode_attention(q, kc2, vc2, row_tables, ctx, d ** -0.5, **sc)
     assert torch.equal(fused, composed), f"seed {seed}"
     assert same_bytes(kc, kc2) and same_bytes(vc, vc2)
 

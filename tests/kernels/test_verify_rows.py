@@ -93,17 +93,25 @@ def test_reference_fused_call_with_shared_rows_equals_extend():
     _check(_decode_rows(ref, c, fused=True), _want(c), 1e-5)
 
 
-def _triton():
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the Triton kernels need CUDA or the interpreter")
-    if os.environ.get("TRITON_INTERPRET") == "1":
+# The Triton tests run on the interpreter (the CPU suite, TRITON_INTERPRET=1) and on the
+# GPU (gpu-marked, so scripts/gpu_phases.sh's `-m gpu` runs them where programs of one
+# launch really race)
+BACKENDS = [pytest.param("interpreter"), pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _triton(backend: str):
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if (backend == "interpreter") != interpreted:
+        pytest.skip("the interpreter runs in the CPU suite, the GPU case on CUDA")
+    if interpreted:
         import tests.kernels.kernel_helpers  # noqa: F401  (its interpreter patch)
     from kernels import get_ops
-    return get_ops("triton"), "cuda" if torch.cuda.is_available() else "cpu"
+    return get_ops("triton"), "cpu" if interpreted else "cuda"
 
 
-def test_triton_decode_rows_after_the_store_equal_extend():
-    tri, device = _triton()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_triton_decode_rows_after_the_store_equal_extend(backend):
+    tri, device = _triton(backend)
     c = _case(torch.float32, device)
     want = _want({k: v.cpu() if torch.is_tensor(v) else v for k, v in c.items()})
     _check(_decode_rows(tri, c, fused=False), want, 1e-4)
@@ -117,14 +125,15 @@ def test_triton_decode_rows_after_the_store_equal_extend():
 @pytest.mark.parametrize("knobs", [{}, {"block_n": 16, "num_splits": 1},
                                    {"block_n": 16, "num_splits": 2},
                                    {"block_n": 16, "num_splits": 3}])
-def test_triton_fused_shared_rows_equal_the_store_then_attend(prefixes, new, knobs):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_triton_fused_shared_rows_equal_the_store_then_attend(prefixes, new, knobs, backend):
     """One launch for a verify step (rows_shared): each row takes the K/V of its
     sequence's earlier rows from their rotated keys and values, bit-equal to storing every
     row first and then attending, and equal to the causal extend. The programs run the
     rows last first (the `order` knob), so under the interpreter, which runs programs one
     after another, a row that read its earlier rows from the cache would read them before
     their store."""
-    tri, device = _triton()
+    tri, device = _triton(backend)
     c = _case(torch.float32, device, prefixes, new)
     want = _want({k: v.cpu() if torch.is_tensor(v) else v for k, v in c.items()})
     rows = c["positions"].shape[0]
