@@ -8,6 +8,8 @@ to loads, conversions and register pressure shows here before a device run
     python scripts/kernel_sass.py --kv fp8 [--rope] [--rows-shared] [--block-n 64] [--stages 2]
         [--warps 4]
     python scripts/kernel_sass.py --kv fp8 --json     # one JSON line (the tests read it)
+    python scripts/kernel_sass.py --kv bf16 --rope --ptx > a.ptx   # its instructions, to
+        # diff against another tree's (debug sections, source lines and labels left out)
 
 Run without TRITON_INTERPRET (the interpreter compiles nothing).
 """
@@ -104,9 +106,18 @@ def main() -> int:
                    help=f"warps a program (a crowded fp8 launch: "
                         f"{da.CROWDED_FP8['num_warps']}, block-n {da.CROWDED_FP8['block_n']})")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--ptx", action="store_true",
+                   help="print the PTX instructions instead (no debug sections, source "
+                        "lines or labels)")
     a = p.parse_args()
-    rep = sass_report(compile_decode(a.kv == "fp8", a.rope, a.block_n, a.stages, a.warps,
-                                     a.rows_shared))
+    kernel = compile_decode(a.kv == "fp8", a.rope, a.block_n, a.stages, a.warps,
+                            a.rows_shared)
+    if a.ptx:
+        code = re.sub(r"\$L__tmp\d+", "$T", kernel.asm["ptx"].split(".section")[0])
+        print("\n".join(line for line in code.splitlines() if line.strip() != "$T:"
+                        and not line.lstrip().startswith((".loc", ".file"))))
+        return 0
+    rep = sass_report(kernel)
     if a.json:
         print(json.dumps(rep))
         return 0
