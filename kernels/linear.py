@@ -70,6 +70,10 @@ ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at
 ONE_STEP_MAX_M = 4
 ONE_STEP_MAX_K = 1024           # K in one step; a wider K takes 512-wide splits
 M1_BLOCK_N, M1_BLOCK_K = 16, 256
+# The dot path's tile width for an N of 16-128 tiles a multiprocessor (gate_up): 128 from
+# the H100 sweep at 2-16 rows; on qwen2.5-0.5b's gate_up that is 76 programs on 132 SMs at
+# a verify's 4 rows (docs/KERNELS.md "Known limits": a sweep of 64 and 32 is next)
+DOT_MID_BLOCK_N = 128
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -222,7 +226,7 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
             tiles = triton.cdiv(n, block_n)
             split = max(1, min(k_tiles // 4, triton.cdiv(2 * sms, tiles)))
         else:                           # one K pass; width by how many tiles N makes
-            block_n = 16 if n <= 16 * sms else (128 if n <= 128 * sms else 64)
+            block_n = 16 if n <= 16 * sms else (DOT_MID_BLOCK_N if n <= 128 * sms else 64)
             split = 1
     return {"block_n": block_n, "block_k": block_k, "split_k": split, "num_warps": 4,
             "num_stages": 4, "use_dot": use_dot}
