@@ -141,3 +141,74 @@ def test_triton_fused_shared_rows_equal_the_store_then_attend(prefixes, new, kno
     fused = _decode_rows(tri, c, fused=True, **knobs)
     assert torch.equal(fused, _decode_rows(tri, c, fused=False, **knobs))
     _check(fused, want, 1e-4)
+
+
+def _random_layout(seed: int, device: str) -> dict:
+    """1-4 requests of 1-4 rows each (1: a plain decode row), prefixes of 0-40 tokens,
+    the first requests sharing their prefix's full blocks (the prefix cache's layout:
+    shared blocks are full and never written), then 0-2 padding rows (slot -1, context 1,
+    a block of their own)."""
+    g = torch.Generator().manual_seed(seed)
+    rint = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))   # noqa: E731
+    n_req = rint(1, 4)
+    rows = [rint(1, 4) for _ in range(n_req)]
+    prefixes = [rint(0, 40) for _ in range(n_req)]
+    width = -(-(max(p + n for p, n in zip(prefixes, rows))) // BLOCK) + 1
+    free = iter(torch.randperm(n_req * width + 8, generator=g).tolist())
+    pad_block = next(free)
+    shared = [next(free) for _ in range(min(prefixes) // BLOCK)] if n_req > 1 else []
+    tables = torch.zeros(n_req, width, dtype=torch.int32)
+    for r, (p, n) in enumerate(zip(prefixes, rows)):
+        for b in range(-(-(p + n) // BLOCK)):
+            tables[r, b] = shared[b] if b < len(shared) else next(free)
+    num_blocks = n_req * width + 8
+    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefixes, rows)])
+    seq = torch.repeat_interleave(torch.arange(n_req), torch.tensor(rows))
+    slots = tables[seq, positions // BLOCK].long() * BLOCK + positions % BLOCK
+    row_tables, lens = tables[seq], positions + 1
+    pads = rint(0, 2)
+    if pads:
+        pad_table = torch.full((pads, width), pad_block, dtype=torch.int32)
+        row_tables = torch.cat((row_tables, pad_table))
+        positions = torch.cat((positions, torch.zeros(pads, dtype=torch.long)))
+        slots = torch.cat((slots, torch.full((pads,), -1, dtype=torch.long)))
+        lens = torch.cat((lens, torch.ones(pads, dtype=torch.long)))
+    t = positions.shape[0]
+    rand = lambda *s: torch.randn(*s, generator=g).to(device)   # noqa: E731
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    return dict(k_cache=rand(num_blocks, BLOCK, H_KV, D), v_cache=rand(num_blocks, BLOCK, H_KV, D),
+                q=rand(t, H, D), k=rand(t, H_KV, D), v=rand(t, H_KV, D),
+                positions=positions.to(device), slots=slots.to(device),
+                cos_sin=rope_cos_sin_cache(inv_freq, 64).to(device),
+                row_tables=row_tables.contiguous().to(device),
+                row_lens=lens.to(torch.int32).to(device),
+                order=torch.randperm(t, generator=g).to(torch.int32).to(device))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_triton_fused_shared_rows_on_random_layouts(seed, backend):
+    """Requests of several rows beside plain decode rows, prefix blocks shared between
+    requests, padding rows, programs in a random order, 16-token tiles in 2 splits: the
+    fused launch with rows_shared equals storing every row first, bit for bit (outputs
+    and caches): no row takes another sequence's positions as its own, and none misses
+    its own sequence's."""
+    tri, device = _triton(backend)
+    c = _random_layout(seed, device)
+    knobs = dict(block_n=16, num_splits=2, order=c.pop("order"))
+    caches = []
+    outs = []
+    for fused in (True, False):
+        kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
+        args = (c["positions"], c["q"], c["k"], c["v"], c["cos_sin"], True, kc, vc,
+                c["slots"])
+        if fused:
+            outs.append(tri.rotary_decode_attention(*args, c["row_tables"], c["row_lens"],
+                                                    D ** -0.5, rows_shared=True, **knobs))
+        else:
+            q = tri.rotary_store_kv(*args)
+            outs.append(tri.paged_decode_attention(q, kc, vc, c["row_tables"], c["row_lens"],
+                                                   D ** -0.5, **knobs))
+        caches.append((kc, vc))
+    assert torch.equal(outs[0], outs[1]), f"seed {seed}"
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
