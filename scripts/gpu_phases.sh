@@ -14,6 +14,8 @@
 #   design    the three --ab runs of docs/PERF.md (max_num_seqs, chunk budget, prefix cache)
 #   spy       py-spy of the engine process              observer  the TUI's cost (alternating)
 #   closed30  the closed loop alone, 30 s windows        hf        the HF transformers peer
+#   verify    the verify graph against the decode graph (VERIFY_BATCHES, default 1 4 16) and
+#             the batch-1 speculation sweep (k = 3, p 0 / 0.8 / 1, 5 runs)
 #   PHASES="tests host bench observer closed30 hf" bash scripts/gpu_phases.sh   (wheels in .whl)
 #   MODEL=dummy:llama-3.2-1b CLOSED_S=15 PHASES="bench closed30" OUT=... bash scripts/gpu_phases.sh
 #   PHASES="kvdtype" OUT=... bash scripts/gpu_phases.sh       (KV_MODELS=dummy:qwen3-0.6b: one model)
@@ -43,6 +45,15 @@ if [[ " $PHASES " == *" ab "* ]]; then   # decode step/replay of VARIANTS, alter
   step ab ${AB_S:-300} python3 scripts/profile_step.py --model "$M" --batches ${AB_BATCHES:-1,4,16,32} \
     --rounds ${AB_ROUNDS:-2} --variants "$VARIANTS" ${AB_ARGS:-}
   grep -E "^ +[0-9]+ +[0-9]+ +[0-9]+ " "$OUT/ab.log" | tee -a "$SUMMARY"
+fi
+if [[ " $PHASES " == *" verify "* ]]; then   # a verify step's graph, and the batch-1 sweep
+  for b in ${VERIFY_BATCHES:-1 4 16}; do
+    step verify_b$b 120 python3 scripts/verify_replay.py --model "$M" --batch $b
+    grep -E "graph|verify /" "$OUT/verify_b$b.log" | tee -a "$SUMMARY"
+  done
+  step spec_b1 200 python3 scripts/spec_sweep.py --model "$M" --batches 1 --ks 3 \
+    --ps 0,0.8,1.0 --repeat 5
+  grep -E "^batch" "$OUT/spec_b1.log" | tee -a "$SUMMARY"
 fi
 if [[ " $PHASES " == *" timeline "* ]]; then   # the GPU between two batch-1 decode graphs
   step timeline 150 python3 scripts/step_timeline.py --model "$M" --batch ${TL_BATCH:-1} ${TL_ARGS:-}

@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="requests in each step")
     ap.add_argument("--input-len", type=int, default=512)
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("verify_replay.py replays CUDA graphs: it needs a CUDA device")
     oracle = OracleProposer(p=0.0)
     with LLM(model=a.model, max_num_seqs=max(16, a.batch), max_num_batched_tokens=8192,
              num_speculative_tokens=a.k, proposer=oracle,
