@@ -42,19 +42,30 @@ INTS = dict(min_split_tokens=64, num_heads=16, num_splits=3, stride_nkb=3072,
             stride_qh=128, stride_qd=1, stride_kb=16384, stride_ks=1024, stride_kh=128,
             stride_kd=1, stride_vb=16384, stride_vs=1024, stride_vh=128, stride_vd=1,
             stride_btb=512, stride_btm=1, stride_ob=2048, stride_oh=128, stride_od=1)
+# --shape qwen2.5: qwen2.5-0.5b's 14 query heads on 2 KV heads x 64 (INTS' head strides)
+QWEN25 = dict(consts=dict(GROUP=7, HEAD_DIM=64, BLOCK_D=64, HALF=32, NUM_KV=2, MERGE_G=8),
+              ints=dict(num_heads=14, stride_nkb=1152, stride_nkh=64, stride_nvb=1152,
+                        stride_nvh=64, stride_cs=64, stride_qb=896, stride_qh=64,
+                        stride_kb=2048, stride_ks=128, stride_kh=64, stride_vb=2048,
+                        stride_vs=128, stride_vh=64, stride_ob=896, stride_oh=64))
 
 
 def compile_decode(fp8: bool, rope: bool, block_n: int, stages: int, warps: int = da.NUM_WARPS,
-                   shared: bool = False):
+                   shared: bool = False, shape: str = "qwen3", cap: bool = True):
     """The kernel as a launch at those shapes specializes it (pointers and ints divisible
     by 16 marked so, ints equal to 1 constant); shared: a verify step's launch (rows of one
-    sequence, rotary_decode_attention's rows_shared; implies rope)."""
+    sequence, rotary_decode_attention's rows_shared; implies rope). shape: qwen3-0.6b's
+    heads or qwen2.5-0.5b's; cap: the register cap of a launch that fills the SMs."""
     fn = da._decode_split_kernel
     kv = "*fp8e4nv" if fp8 else "*bf16"
     consts = dict(GROUP=2, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=block_n, PAGE=16,
                   SINGLE=False, PREC="tf32", MERGE_G=2, MERGE_S=32, MERGE_ALL=16, PDL=True,
                   ROPE=rope or shared, HALF=64, FP8=fp8, ORDERED=True, NUM_KV=8,
                   SHARED=shared)
+    ints = dict(INTS)
+    if shape == "qwen2.5":
+        consts.update(QWEN25["consts"])
+        ints.update(QWEN25["ints"])
     sig, attrs, cx = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
@@ -64,16 +75,15 @@ def compile_decode(fp8: bool, rope: bool, block_n: int, stages: int, warps: int 
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name == "scale_log2":
             sig[name] = "fp32"
-        elif INTS[name] == 1 and name not in fn.do_not_specialize:
+        elif ints[name] == 1 and name not in fn.do_not_specialize:
             sig[name], cx[(i,)] = "constexpr", 1
         else:
             sig[name] = "i32"
-            if INTS[name] % 16 == 0 and name not in fn.do_not_specialize:
+            if ints[name] % 16 == 0 and name not in fn.do_not_specialize:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     options = dict(num_warps=warps, num_stages=stages)
-    cap = getattr(da, "MAX_REGISTERS", None)
-    if cap:
-        options["maxnreg"] = cap
+    if cap and getattr(da, "MAX_REGISTERS", None):
+        options["maxnreg"] = da.MAX_REGISTERS
     return triton.compile(ASTSource(fn, sig, constexprs=cx, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=options)
 
@@ -100,6 +110,10 @@ def main() -> int:
     p.add_argument("--rope", action="store_true", help="the fused rotary launch")
     p.add_argument("--rows-shared", action="store_true",
                    help="a verify step's fused launch (rows of one sequence; implies --rope)")
+    p.add_argument("--shape", choices=("qwen3", "qwen2.5"), default="qwen3",
+                   help="qwen3-0.6b's heads (16 on 8 KV x 128) or qwen2.5-0.5b's (14 on 2 x 64)")
+    p.add_argument("--no-cap", action="store_true",
+                   help="without the register cap (a launch that does not fill the SMs)")
     p.add_argument("--block-n", type=int, default=64)
     p.add_argument("--stages", type=int, default=da.NUM_STAGES)
     p.add_argument("--warps", type=int, default=da.NUM_WARPS,
@@ -111,7 +125,7 @@ def main() -> int:
                         "lines or labels)")
     a = p.parse_args()
     kernel = compile_decode(a.kv == "fp8", a.rope, a.block_n, a.stages, a.warps,
-                            a.rows_shared)
+                            a.rows_shared, a.shape, not a.no_cap)
     if a.ptx:
         code = re.sub(r"\$L__tmp\d+", "$T", kernel.asm["ptx"].split(".section")[0])
         print("\n".join(line for line in code.splitlines() if line.strip() != "$T:"
