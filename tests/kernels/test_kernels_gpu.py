@@ -231,6 +231,43 @@ def test_rotary_store_kv_cuda_graph_replay(tri, seed):
         check(caches[0], want[0], dtype, seed, "rotary_store_kv graph k")
 
 
+@pytest.mark.parametrize("requests,k", [(1, 3), (8, 3), (4, 6), (16, 3)])
+def test_rotary_decode_attention_shared_rows_match_two_ops(tri, seed, requests, k):
+    """A verify step's rows (1 + k a request, rows_shared) in the one fused launch, on
+    real parallel programs: bit-equal to rotary_store_kv + decode attention, caches
+    included (bf16, qwen2.5-0.5b's heads, a table as wide as max_model_len 8192; 16
+    requests of 1 + 3 rows pass SHARED_MAX_PAIRS and take the two ops)."""
+    h, h_kv, d, bs, width = 14, 2, 64, 16, 512
+    lens = torch.randint(k + 2, 3000, (requests,))
+    need = [(int(n) + bs - 1) // bs for n in lens]
+    perm = torch.randperm(sum(need) + 4)
+    tables = torch.zeros(requests, width, dtype=torch.int32)
+    at = 0
+    for r, n in enumerate(need):
+        tables[r, :n] = perm[at:at + n].int()
+        at += n
+    seq = torch.arange(requests).repeat_interleave(k + 1)
+    pos = torch.cat([torch.arange(int(n) - k - 1, int(n)) for n in lens])
+    row_tables = tables[seq].contiguous().cuda()
+    slots = (tables[seq, pos // bs].long() * bs + pos % bs).cuda()
+    pos, ctx = pos.cuda(), (pos + 1).int().cuda()
+    t = seq.shape[0]
+    qkv = torch.randn(t, h + 2 * h_kv, d, device="cuda").bfloat16()
+    q, k_, v = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
+    cos_sin = torch.randn(4096, d, device="cuda")
+    caches = [torch.randn(sum(need) + 4, bs, h_kv, d, device="cuda").bfloat16()
+              for _ in range(2)]
+    a = [c.clone() for c in caches]
+    b_ = [c.clone() for c in caches]
+    fused = tri.rotary_decode_attention(pos, q, k_, v, cos_sin, True, a[0], a[1], slots,
+                                        row_tables, ctx, d ** -0.5, rows_shared=True)
+    q_rot = tri.rotary_store_kv(pos, q, k_, v, cos_sin, True, b_[0], b_[1], slots)
+    composed = tri.paged_decode_attention(q_rot, b_[0], b_[1], row_tables, ctx, d ** -0.5)
+    torch.cuda.synchronize()
+    assert torch.equal(a[0], b_[0]) and torch.equal(a[1], b_[1]), f"caches (seed {seed})"
+    assert torch.equal(fused, composed), f"outputs (seed {seed})"
+
+
 @pytest.mark.parametrize("batch", [1, 16, 256])
 def test_rotary_decode_attention_matches_two_ops(tri, seed, batch):
     """The fused launch on real parallel programs (the split that reads the new position
