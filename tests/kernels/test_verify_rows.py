@@ -118,12 +118,11 @@ def test_triton_decode_rows_after_the_store_equal_extend(backend):
 
 
 # prefixes / verified rows: the new positions inside one tile, across a 16-token tile
-# boundary (14 + 4) and a split's; knobs: one tile a split, 16-token tiles in 1 to 3
+# boundary (14 + 4) and a split's; knobs: one tile a split, 16-token tiles in 2 or 3
 # splits (the early tile and the loop's tiles both take new positions)
 @pytest.mark.parametrize("prefixes,new", [([21, 6], [4, 3]), ([14, 30], [4, 2]),
                                           ([0, 47], [3, 1])])
-@pytest.mark.parametrize("knobs", [{}, {"block_n": 16, "num_splits": 1},
-                                   {"block_n": 16, "num_splits": 2},
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 16, "num_splits": 2},
                                    {"block_n": 16, "num_splits": 3}])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_triton_fused_shared_rows_equal_the_store_then_attend(prefixes, new, knobs, backend):

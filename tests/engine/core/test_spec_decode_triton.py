@@ -17,15 +17,15 @@ def test_verify_steps_on_the_triton_kernels_match_the_torch_engine():
     proposing the torch engine's own tokens: every verify step's attention is the one
     fused launch with rows_shared, run longest context first (so a request's later rows
     go before its earlier ones), and every draft is accepted with the same tokens. With
-    rows_shared off the later rows read their earlier rows' K/V before its store (4 of 96
-    drafts accepted when tried)."""
+    rows_shared off the later rows read their earlier rows' K/V before its store (few drafts
+    accepted, the tokens differ)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton interpreter runs in the CPU suite (the GPU has "
                     "test_spec_decode_gpu.py)")
     g = torch.Generator().manual_seed(3)
     prompts = [{"prompt_token_ids": torch.randint(0, 64, (n,), generator=g).tolist()}
-               for n in (5, 9, 17)]
-    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+               for n in (5, 17)]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     kw = dict(model="dummy:tiny", device="cpu", dtype="float32", block_size=4,
               num_blocks=64, max_num_batched_tokens=64, max_num_seqs=4)
     with LLM(attention_backend="torch", **kw) as llm:
