@@ -37,18 +37,25 @@ def time_steps(llm, n=30):
     return (time.perf_counter() - t) / n
 
 
-def time_replay(llm, bs, n=50):
-    graphs = llm.engine.executor.runner.graphs
-    bucket = min(b for b in graphs.buckets if b >= bs)
-    g = graphs.graphs[("decode", bucket)][0]
+def time_graph(graph, n=50, warm=1) -> float:
+    """Seconds a replay of a captured CUDA graph, over n back-to-back replays (CUDA
+    events) after `warm` untimed ones."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay()
+    for _ in range(warm):
+        graph.replay()
     start.record()
     for _ in range(n):
-        g.replay()
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / n / 1e3
+
+
+def time_replay(llm, bs, n=50):
+    """time_graph of the decode graph of batch bs's bucket."""
+    graphs = llm.engine.executor.runner.graphs
+    bucket = min(b for b in graphs.buckets if b >= bs)
+    return time_graph(graphs.graphs[("decode", bucket)][0], n)
 
 
 def reset(llm):

@@ -19,23 +19,10 @@ sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmarks.oracle import OracleProposer  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
-from profile_step import reset  # noqa: E402
+from profile_step import reset, time_graph  # noqa: E402
 
 REFERENCE_TOKENS = 400      # the oracle's references (drafts need them)
 STEPS = 100                 # steps of each kind before timing, well within the references
-
-
-def timed(graph, n: int = 200) -> float:
-    """µs a replay over n back-to-back replays."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(5):
-        graph.replay()
-    start.record()
-    for _ in range(n):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / n
 
 
 def run_steps(llm: LLM, prompts, kind: str) -> None:
@@ -82,7 +69,8 @@ def main() -> None:
             run_steps(llm, prompts, kind)
             buckets = graphs.decode_buckets if kind == "decode" else graphs.verify_buckets
             bucket = min(b for b in buckets if b >= rows)
-            times[kind] = sorted(timed(graphs.graphs[(kind, bucket)][0]) for _ in range(5))
+            graph = graphs.graphs[(kind, bucket)][0]
+            times[kind] = sorted(1e6 * time_graph(graph, 200, warm=5) for _ in range(5))
             t = times[kind]
             print(f"{kind:6s} graph, {rows} rows (bucket {bucket}): {statistics.median(t):7.1f} "
                   f"µs ({t[0]:.1f}..{t[-1]:.1f})", flush=True)
