@@ -231,21 +231,29 @@ def test_rotary_store_kv_cuda_graph_replay(tri, seed):
         check(caches[0], want[0], dtype, seed, "rotary_store_kv graph k")
 
 
+def _wide_tables(lens: torch.Tensor, bs: int, width: int = 512) -> tuple[torch.Tensor, int]:
+    """Block tables (host) as wide as max_model_len 8192 at pages of 16, each sequence's
+    blocks a random disjoint set of the pool; and the pool's size (4 blocks spare)."""
+    need = [(int(n) + bs - 1) // bs for n in lens]
+    num_blocks = sum(need) + 4
+    perm = torch.randperm(num_blocks)
+    tables = torch.zeros(len(need), width, dtype=torch.int32)
+    at = 0
+    for r, n in enumerate(need):
+        tables[r, :n] = perm[at:at + n].int()
+        at += n
+    return tables, num_blocks
+
+
 @pytest.mark.parametrize("requests,k", [(1, 3), (8, 3), (4, 6), (16, 3)])
 def test_rotary_decode_attention_shared_rows_match_two_ops(tri, seed, requests, k):
     """A verify step's rows (1 + k a request, rows_shared) in the one fused launch, on
     real parallel programs: bit-equal to rotary_store_kv + decode attention, caches
     included (bf16, qwen2.5-0.5b's heads, a table as wide as max_model_len 8192; 16
     requests of 1 + 3 rows pass SHARED_MAX_PAIRS and take the two ops)."""
-    h, h_kv, d, bs, width = 14, 2, 64, 16, 512
+    h, h_kv, d, bs = 14, 2, 64, 16
     lens = torch.randint(k + 2, 3000, (requests,))
-    need = [(int(n) + bs - 1) // bs for n in lens]
-    perm = torch.randperm(sum(need) + 4)
-    tables = torch.zeros(requests, width, dtype=torch.int32)
-    at = 0
-    for r, n in enumerate(need):
-        tables[r, :n] = perm[at:at + n].int()
-        at += n
+    tables, num_blocks = _wide_tables(lens, bs)
     seq = torch.arange(requests).repeat_interleave(k + 1)
     pos = torch.cat([torch.arange(int(n) - k - 1, int(n)) for n in lens])
     row_tables = tables[seq].contiguous().cuda()
@@ -255,7 +263,7 @@ def test_rotary_decode_attention_shared_rows_match_two_ops(tri, seed, requests, 
     qkv = torch.randn(t, h + 2 * h_kv, d, device="cuda").bfloat16()
     q, k_, v = qkv[:, :h], qkv[:, h:h + h_kv], qkv[:, h + h_kv:]
     cos_sin = torch.randn(4096, d, device="cuda")
-    caches = [torch.randn(sum(need) + 4, bs, h_kv, d, device="cuda").bfloat16()
+    caches = [torch.randn(num_blocks, bs, h_kv, d, device="cuda").bfloat16()
               for _ in range(2)]
     a = [c.clone() for c in caches]
     b_ = [c.clone() for c in caches]
@@ -273,16 +281,9 @@ def test_rotary_decode_attention_matches_two_ops(tri, seed, batch):
     """The fused launch on real parallel programs (the split that reads the new position
     is the one that stored it): bit-equal to rotary_store_kv + decode attention, caches
     included, with the engine's shapes and a table as wide as max_model_len 8192."""
-    h, h_kv, d, bs, width = 14, 2, 64, 16, 512
+    h, h_kv, d, bs = 14, 2, 64, 16
     lens = torch.randint(1, 3000, (batch,))
-    need = [(int(n) + bs - 1) // bs for n in lens]
-    num_blocks = sum(need) + 4
-    perm = torch.randperm(num_blocks)
-    tables = torch.zeros(batch, width, dtype=torch.int32)
-    at = 0
-    for b, n in enumerate(need):
-        tables[b, :n] = perm[at:at + n].int()
-        at += n
+    tables, num_blocks = _wide_tables(lens, bs)
     tables, ctx = tables.cuda(), lens.int().cuda()
     pos = (lens - 1).cuda()
     slots = tables[torch.arange(batch, device="cuda"), pos // bs].long() * bs + pos % bs
