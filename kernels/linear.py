@@ -70,10 +70,6 @@ ONE_STEP_TILE_ELEMS = 8192      # weights per program and step: 64 per thread at
 ONE_STEP_MAX_M = 4
 ONE_STEP_MAX_K = 1024           # K in one step; a wider K takes 512-wide splits
 M1_BLOCK_N, M1_BLOCK_K = 16, 256
-# The dot path's tile width for an N of 16-128 tiles a multiprocessor (gate_up): 128 from
-# the H100 sweep at 2-16 rows; on qwen2.5-0.5b's gate_up that is 76 programs on 132 SMs at
-# a verify's 4 rows (docs/KERNELS.md "Known limits": a sweep of 64 and 32 is next)
-DOT_MID_BLOCK_N = 128
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -226,10 +222,21 @@ def plan_linear(m: int, n: int, k: int, sms: int, elem: int = 2) -> dict:
             tiles = triton.cdiv(n, block_n)
             split = max(1, min(k_tiles // 4, triton.cdiv(2 * sms, tiles)))
         else:                           # one K pass; width by how many tiles N makes
-            block_n = 16 if n <= 16 * sms else (DOT_MID_BLOCK_N if n <= 128 * sms else 64)
+            block_n = 16 if n <= 16 * sms else _mid_width(m, n, sms)
             split = 1
     return {"block_n": block_n, "block_k": block_k, "split_k": split, "num_warps": 4,
             "num_stages": 4, "use_dot": use_dot}
+
+
+def _mid_width(m: int, n: int, sms: int) -> int:
+    """The one-K-pass tile width for an N of more than 16 rows an SM: at up to 16 rows 64
+    where that still gives every SM a program, else 32; above, 128 (or 64 past 128 rows an
+    SM). H200 (docs/KERNELS.md "Tile widths at 2-32 rows"): at 2-16 rows qwen3-0.6b's
+    gate_up and qkv on 32 (not 128: 48 and 32 programs) and qwen2.5-0.5b's gate_up on 64
+    replayed 1-3 % faster; at 32 rows 64 lost 9 % on qwen2.5-0.5b."""
+    if m <= 16:
+        return 64 if triton.cdiv(n, 64) >= sms else 32
+    return 128 if n <= 128 * sms else 64
 
 
 def _one_step(m: int, n: int, k: int) -> bool:

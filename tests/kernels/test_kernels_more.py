@@ -67,6 +67,21 @@ if os.environ.get("TRITON_INTERPRET") == "1":
             assert_close(tri.linear(x, w, b), ref.linear(x, w, b), torch.float32, seed,
                          f"one_step_max={one_step_max} n={n} k={k}")
 
+    def test_one_pass_tiles_fill_the_sms():
+        """The tensor-core plan's one-K-pass width at up to 16 rows: 64 where N gives every
+        SM a program at that width (qwen2.5's gate_up, the LM head), else 32 (qwen3's
+        gate_up and qkv), so a mid-sized N never runs on fewer programs than 32-wide tiles
+        give; at 17-32 rows 128 up to 128 rows an SM."""
+        import kernels.linear as lin
+        for m, n, k, width in ((8, 9728, 896, 64), (8, 6144, 1024, 32), (16, 4096, 1024, 32),
+                               (16, 151936, 896, 64), (8, 1152, 896, 16), (32, 9728, 896, 128),
+                               (32, 6144, 1024, 128), (32, 151936, 896, 64)):
+            cfg = lin.plan_linear(m, n, k, 132)
+            assert (cfg["use_dot"], cfg["split_k"], cfg["block_n"]) == (True, 1, width), cfg
+        for n in range(16 * 132 + 1, 160 * 132, 97):
+            cfg = lin.plan_linear(8, n, 896, 132)
+            assert -(-n // cfg["block_n"]) >= min(132, -(-n // 32)), (n, cfg)
+
     def test_few_rows_plans():
         """2..ONE_STEP_MAX_M rows take the one-step plan where K fits one step without a
         split (qwen2.5's qkv and o, qwen3's qkv), and there the norm fuses; a split K
