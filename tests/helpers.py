@@ -66,12 +66,21 @@ def engines_owned_by(pid: int) -> list[int]:
 
 def free_port_block(span: int = 5) -> int:
     """A port P with P..P+span-1 free on 127.0.0.1 (an engine at tcp://127.0.0.1:P binds
-    five: its three sockets and its KV events' two)."""
+    three: its sockets; five with its KV events' two). Drawn at random below the kernel's
+    ephemeral range where there is room: bind(0) draws from that range, and so does every
+    outgoing connection, which could take one of the ports between this check and the
+    engine's bind (parallel test workers open many)."""
+    import random
     import socket
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(100):
+        if low - span > 10000:
+            base = rng.randrange(10000, low - span)
+        else:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                base = probe.getsockname()[1]
         if base + span > 65535:
             continue
         socks = []
@@ -86,3 +95,12 @@ def free_port_block(span: int = 5) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no block of free ports on 127.0.0.1")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 from tests.roseplay.tmux import ROOT, Tmux
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-from tests.helpers import engines_owned_by  # noqa: E402
+from tests.helpers import engines_owned_by, free_port_block  # noqa: E402
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -29,38 +28,29 @@ def wait_gone(pid: int, timeout: float = 5.0) -> list[int]:
     return engines_owned_by(pid)
 
 
-def free_port_triple() -> int:
-    """A port P with P, P+1, P+2 free on 127.0.0.1 (the engine binds all three)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            for p in (port + 1, port + 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no three free ports in a row")
-
-
-def wait_for_measured_requests(address: str, count: int, timeout: float = 60.0) -> None:
+def wait_for_measured_requests(proc: subprocess.Popen, address: str, count: int,
+                               timeout: float = 60.0) -> None:
     """Watch the bench's engine (as `roseplay --connect` would) until `count` requests
-    have finished, so that the interrupt lands inside the measured run."""
+    have finished, so that the interrupt lands inside the measured run. Fails at once,
+    with the bench's output, if the bench exits first."""
     from engine.front.client import EngineClient
     deadline = time.monotonic() + timeout
-    while True:
+
+    def bench_running():
+        if proc.poll() is not None:
+            pytest.fail(f"the bench exited (rc {proc.returncode}) before the interrupt:\n"
+                        f"{proc.stdout.read()[-3000:]}")
+        assert time.monotonic() < deadline, "the bench never got going"
+        return True
+
+    while bench_running():
         try:
             watcher = EngineClient(connect=address, label="watch", startup_timeout=5)
             break
         except Exception:
-            if time.monotonic() > deadline:
-                raise
             time.sleep(0.2)
     try:
-        while watcher.snapshot().counters.finished < count:
-            assert time.monotonic() < deadline, "the bench never got going"
+        while watcher.snapshot().counters.finished < count and bench_running():
             time.sleep(0.1)
     finally:
         watcher.close()
@@ -68,7 +58,7 @@ def wait_for_measured_requests(address: str, count: int, timeout: float = 60.0) 
 
 def test_ctrl_c_during_bench_prints_what_was_measured(tmp_path):
     out_json = tmp_path / "partial.json"
-    address = f"tcp://127.0.0.1:{free_port_triple()}"
+    address = f"tcp://127.0.0.1:{free_port_block(3)}"
     cmd = [sys.executable, "-m", "roseplay", "bench", "--model", "dummy:tiny", "--device", "cpu",
            "--num-prompts", "5000", "--input-len", "32", "--output-len", "64", "--warmup", "2",
            "--no-progress", "--json", str(out_json), "--engine-address", address]
@@ -77,7 +67,7 @@ def test_ctrl_c_during_bench_prints_what_was_measured(tmp_path):
                             text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        wait_for_measured_requests(address, 50)       # 2 warm-up + 48 measured
+        wait_for_measured_requests(proc, address, 50)     # 2 warm-up + 48 measured
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
         out, _ = proc.communicate(timeout=30)

@@ -1,5 +1,5 @@
 """Raw peers of an engine address for the attack tests (tests/engine/ipc/
-test_unauthenticated_peers.py, test_engine_auth.py): a free tcp port range, a ZMTP peer
+test_unauthenticated_peers.py, test_engine_auth.py): a ZMTP peer
 that announces one big frame, a TCP proxy that records what a client sent, and what an
 engine process costs (/proc: resident memory, its peak, CPU time)."""
 from __future__ import annotations
@@ -14,26 +14,6 @@ from devtools.procs import status_fields
 # ZMTP 3.0 greeting of a client that asks for the CURVE mechanism (rfc.zeromq.org/spec/23)
 CURVE_GREETING = (b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"CURVE".ljust(20, b"\0")
                   + b"\0" + b"\0" * 31)
-
-
-def free_port_base() -> int:
-    """Three consecutive free ports (the engine binds PORT..PORT+2)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + 2 < 65536 and all(_port_free(base + i) for i in (1, 2)):
-            return base
-    raise RuntimeError("no free port range")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def tcp_port(endpoint: str) -> int:

@@ -8,12 +8,12 @@ import pytest
 from engine.front.client import EngineClient
 from engine.ipc import attach
 from engine.ipc.launch import EngineDied
-from tests.engine.ipc.peers import free_port_base
+from tests.helpers import free_port_block
 
 
 def test_an_unanswered_attach_says_so_and_ends(monkeypatch):
     monkeypatch.setattr(attach, "WAIT_REPORT_S", 0.3)
-    address = f"tcp://127.0.0.1:{free_port_base()}"
+    address = f"tcp://127.0.0.1:{free_port_block(3)}"
     heard: list[str] = []
     with pytest.raises(EngineDied, match=address):
         EngineClient(connect=address, engine_key="", startup_timeout=1.5,

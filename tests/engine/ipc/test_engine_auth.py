@@ -20,8 +20,7 @@ from engine.ipc import protocol as P
 from engine.outputs import CoreRequest
 from engine import commands as C
 from roseplay.serve.cli import main as serve_main
-from tests.helpers import wait_for
-from tests.engine.ipc.peers import free_port_base
+from tests.helpers import free_port_block, wait_for
 
 TIMEOUT = 60
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -30,7 +29,7 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def owner():
     c = EngineClient(model="default", device="cpu", num_blocks=256, label="owner",
-                     address=f"tcp://127.0.0.1:{free_port_base()}")
+                     address=f"tcp://127.0.0.1:{free_port_block(3)}")
     yield c
     path = auth.key_file(c.address)
     c.close()
@@ -97,10 +96,10 @@ def test_the_key_file_is_private(owner):
 def test_a_killed_engines_key_file_does_not_outlive_it():
     """A killed engine cannot remove its key file: its owner does once it reaps it, and
     the next engine start removes one that an engine killed with its owner left."""
-    stale = auth.key_file(f"tcp://127.0.0.1:{free_port_base()}")
+    stale = auth.key_file(f"tcp://127.0.0.1:{free_port_block(3)}")
     os.close(leftovers.lock_into_place(stale, b"0" * 64))   # as a SIGKILL leaves it
     c = EngineClient(model="dummy:tiny", device="cpu", label="owner", snapshots=False,
-                     address=f"tcp://127.0.0.1:{free_port_base()}")
+                     address=f"tcp://127.0.0.1:{free_port_block(3)}")
     path = auth.key_file(c.address)
     try:
         assert not os.path.exists(stale)               # swept by the start

@@ -31,8 +31,8 @@ from engine.front.client import EngineClient
 from engine.ipc import auth, curve
 from engine.ipc import protocol as P
 from engine.outputs import CoreRequest
-from tests.helpers import wait_for
-from tests.engine.ipc.peers import (Recorder, cpu_seconds, free_port_base, peak_rss,
+from tests.helpers import free_port_block, wait_for
+from tests.engine.ipc.peers import (Recorder, cpu_seconds, peak_rss,
                                     reset_peak_rss, send_big_frame, tcp_port)
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,7 +47,7 @@ FLOOD = 100_000
 @pytest.fixture(scope="module")
 def engine():
     c = EngineClient(model="default", device="cpu", num_blocks=256, label="owner",
-                     address=f"tcp://127.0.0.1:{free_port_base()}", snapshots=False)
+                     address=f"tcp://127.0.0.1:{free_port_block(3)}", snapshots=False)
     yield c
     c.close()
 
