@@ -12,7 +12,6 @@ from roseplay.cli_flags import engine_kwargs
 
 
 def _parsers():
-    from roseplay.cli import build_parser
     from roseplay.serve.cli import build_parser as serve_parser
     from tests.engine.test_config_owners import _parsers as tui_and_bench
     return {**tui_and_bench(), "serve": serve_parser()}

@@ -38,7 +38,7 @@ def run(path, prompts, on_step=None, priority=None, **kw):
 
 @pytest.fixture(scope="module")
 def reference(ckpt):
-    path, hf = ckpt, ckpt.hf
+    path = ckpt
     prompts = mixed_workload()
     _, ref = run(path, prompts, enable_prefix_caching=False, max_num_batched_tokens=4096,
                  max_num_seqs=1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.oracle import OracleProposer
-from engine import LLM, SamplingParams
+from engine import LLM
 from tests.engine.core.structured_schemas import MODELS, check
 from tests.engine.core.test_structured import PROMPTS, cases, constrained, run
 

@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import dataclasses
 import io
-import os
 
 import pytest
 from hypothesis import given

@@ -3,7 +3,6 @@ streams. Shared harness and invariants: tests/engine/fault_harness.py."""
 from __future__ import annotations
 
 import gc
-import queue
 import threading
 import time
 

@@ -7,7 +7,6 @@ leaked (tests/engine/fuzz_values.py)."""
 from __future__ import annotations
 
 import json
-import os
 
 import msgspec
 import pytest
