@@ -15,18 +15,16 @@ import time
 
 import httpx
 
-from roseplay.serve.server import bind
 from devtools.procs import children
+from tests.helpers import free_port_block
 
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
 START_TIMEOUT = 120
 
 
 def free_port() -> int:
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
+    """A free 127.0.0.1 port for the server (tests/helpers.free_port_block)."""
+    return free_port_block(1)
 
 
 def alive(pid: int) -> bool:

@@ -13,14 +13,7 @@ import pytest
 
 from roseplay.cli import main
 from roseplay.serve import cli as serve_cli
-from roseplay.serve.server import bind
-
-
-def free_port() -> int:
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
+from tests.roseplay.serve.serve_proc import free_port
 
 
 def test_serve_subprocess_serves_then_exits_on_ctrl_c():
