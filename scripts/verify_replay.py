@@ -6,7 +6,7 @@ tokens and about 100 generated. CUDA events over 200 replays, five timings each,
 is the verify graph's own device work.
 
 PYTHONPATH=. python3 scripts/verify_replay.py [--model dummy:qwen2.5-0.5b] [--k 3] [--batch 1]
-    [--set kernels.linear.SILU_FUSE_MAX_M=4]
+    [--set kernels.linear.ONE_STEP_MAX_M=1]
 """
 import argparse
 import os
