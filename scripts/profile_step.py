@@ -66,6 +66,15 @@ def reset(llm):
     eng.clear_prefix_cache()
 
 
+def add_set_argument(ap) -> None:
+    """--set MODULE.NAME=INT (repeatable), for apply_settings: the A/B flag of this script,
+    scripts/verify_replay.py and scripts/spec_sweep.py."""
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
+                    help="override a module constant before the engine is built, for A/B "
+                         "runs, e.g. kernels.linear.SKINNY_MAX_M=16 or "
+                         "kernels.decode_attention.TARGET_PROGRAMS_PER_SM=8")
+
+
 def apply_settings(items):
     for item in items:
         target, value = item.split("=")
@@ -119,10 +128,7 @@ def main():
     ap.add_argument("--profile-batches", default="1,256", help="kernel tables for these batches")
     ap.add_argument("--cprofile-batch", type=int, default=0,
                     help="also cProfile the host side of 30 decode steps at this batch")
-    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
-                    help="override a module constant before the engine is built, for A/B "
-                         "runs, e.g. kernels.linear.SKINNY_MAX_M=16 or "
-                         "kernels.decode_attention.TARGET_PROGRAMS_PER_SM=8")
+    add_set_argument(ap)
     ap.add_argument("--variants", default="",
                     help="A/B in one process: ';'-separated variants, each a ','-separated "
                          "list of MODULE.NAME=INT; the decode graphs are recaptured for each "

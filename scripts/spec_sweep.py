@@ -54,7 +54,7 @@ sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmarks.oracle import OracleProposer  # noqa: E402
 from gc_pauses import gc_pauses  # noqa: E402
-from profile_step import apply_settings  # noqa: E402
+from profile_step import add_set_argument, apply_settings  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
 
@@ -215,9 +215,7 @@ def main() -> None:
                          "none (never off: verify steps at every batch), or N")
     ap.add_argument("--quick", action="store_true", help="k in {1, 3, 5}, repeat 3")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
-                    help="override a module constant before the engines are built (A/B runs), "
-                         "as scripts/profile_step.py --set")
+    add_set_argument(ap)
     args = ap.parse_args()
     apply_settings(args.set)
     ks = [1, 3, 5] if args.quick else [int(k) for k in args.ks.split(",")]

@@ -20,7 +20,7 @@ sys.path.insert(0, os.getcwd())
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmarks.oracle import OracleProposer  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
-from profile_step import apply_settings, reset, time_graph  # noqa: E402
+from profile_step import add_set_argument, apply_settings, reset, time_graph  # noqa: E402
 
 REFERENCE_TOKENS = 400      # the oracle's references (drafts need them)
 STEPS = 100                 # steps of each kind before timing, well within the references
@@ -46,9 +46,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="drafts a verify")
     ap.add_argument("--batch", type=int, default=1, help="requests in each step")
     ap.add_argument("--input-len", type=int, default=512)
-    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=INT",
-                    help="override a module constant before the engine is built (A/B runs), "
-                         "as scripts/profile_step.py --set")
+    add_set_argument(ap)
     a = ap.parse_args()
     apply_settings(a.set)
     if not torch.cuda.is_available():
