@@ -23,18 +23,17 @@ PREFIXES, NEW = [21, 6], [4, 3]       # cached tokens, then verified positions, 
 def _case(dtype: torch.dtype, device: str, prefixes=PREFIXES, new=NEW) -> dict:
     """Two requests with cached prefixes, their new rows' q/k/v, positions and slots, the
     extend layout (one sequence each) and the decode-row layout (one row a position)."""
-    PREFIXES, NEW = prefixes, new     # noqa: N806 (the module's names, per case)
     g = torch.Generator().manual_seed(7)
     rand = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)   # noqa: E731
-    blocks = [-(-(p + n) // BLOCK) for p, n in zip(PREFIXES, NEW)]
+    blocks = [-(-(p + n) // BLOCK) for p, n in zip(prefixes, new)]
     num_blocks = sum(blocks) + 2
     perm = torch.randperm(num_blocks, generator=g)
     tables = torch.zeros(2, max(blocks) + 1, dtype=torch.int32)
     tables[0, :blocks[0]], tables[1, :blocks[1]] = perm[:blocks[0]], perm[blocks[0]:sum(blocks)]
-    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(PREFIXES, NEW)])
-    seq = torch.repeat_interleave(torch.arange(2), torch.tensor(NEW))
+    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefixes, new)])
+    seq = torch.repeat_interleave(torch.arange(2), torch.tensor(new))
     slots = tables[seq, positions // BLOCK].long() * BLOCK + positions % BLOCK
-    t = sum(NEW)
+    t = sum(new)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
     return dict(
         k_cache=rand(num_blocks, BLOCK, H_KV, D), v_cache=rand(num_blocks, BLOCK, H_KV, D),
@@ -42,9 +41,9 @@ def _case(dtype: torch.dtype, device: str, prefixes=PREFIXES, new=NEW) -> dict:
         positions=positions.to(device), slots=slots.to(device),
         cos_sin=rope_cos_sin_cache(inv_freq, 64).to(device),
         tables=tables.to(device),
-        cu=torch.tensor([0, NEW[0], t], dtype=torch.int32, device=device),
-        lens=torch.tensor([p + n for p, n in zip(PREFIXES, NEW)], dtype=torch.int32,
-                          device=device), max_new=max(NEW),
+        cu=torch.tensor([0, new[0], t], dtype=torch.int32, device=device),
+        lens=torch.tensor([p + n for p, n in zip(prefixes, new)], dtype=torch.int32,
+                          device=device), max_new=max(new),
         row_tables=tables[seq].contiguous().to(device),          # the request's row, repeated
         row_lens=(positions + 1).to(torch.int32).to(device))
 
