@@ -57,15 +57,20 @@ def _want(c: dict) -> torch.Tensor:
                                       c["max_new"], D ** -0.5)
 
 
-def _decode_rows(ops, c: dict, fused: bool, **knobs) -> torch.Tensor:
+def _decode_rows(ops, c: dict, fused: bool, with_caches: bool = False, **knobs):
+    """The decode rows' attention on copies of the caches: the one fused call with
+    rows_shared, or rotary_store_kv then the decode attention; with_caches: (output,
+    k cache, v cache)."""
     kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
     args = (c["positions"], c["q"], c["k"], c["v"], c["cos_sin"], True, kc, vc, c["slots"])
     if fused:
-        return ops.rotary_decode_attention(*args, c["row_tables"], c["row_lens"], D ** -0.5,
-                                           rows_shared=True, **knobs)
-    q = ops.rotary_store_kv(*args)
-    return ops.paged_decode_attention(q, kc, vc, c["row_tables"], c["row_lens"], D ** -0.5,
-                                      **knobs)
+        out = ops.rotary_decode_attention(*args, c["row_tables"], c["row_lens"], D ** -0.5,
+                                          rows_shared=True, **knobs)
+    else:
+        q = ops.rotary_store_kv(*args)
+        out = ops.paged_decode_attention(q, kc, vc, c["row_tables"], c["row_lens"],
+                                         D ** -0.5, **knobs)
+    return (out, kc, vc) if with_caches else out
 
 
 def _check(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
@@ -194,19 +199,7 @@ def test_triton_fused_shared_rows_on_random_layouts(seed, backend):
     tri, device = _triton(backend)
     c = _random_layout(seed, device)
     knobs = dict(block_n=16, num_splits=2, order=c.pop("order"))
-    caches = []
-    outs = []
-    for fused in (True, False):
-        kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
-        args = (c["positions"], c["q"], c["k"], c["v"], c["cos_sin"], True, kc, vc,
-                c["slots"])
-        if fused:
-            outs.append(tri.rotary_decode_attention(*args, c["row_tables"], c["row_lens"],
-                                                    D ** -0.5, rows_shared=True, **knobs))
-        else:
-            q = tri.rotary_store_kv(*args)
-            outs.append(tri.paged_decode_attention(q, kc, vc, c["row_tables"], c["row_lens"],
-                                                   D ** -0.5, **knobs))
-        caches.append((kc, vc))
-    assert torch.equal(outs[0], outs[1]), f"seed {seed}"
-    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    fused = _decode_rows(tri, c, fused=True, with_caches=True, **knobs)
+    stored_first = _decode_rows(tri, c, fused=False, with_caches=True, **knobs)
+    assert torch.equal(fused[0], stored_first[0]), f"seed {seed}"
+    assert torch.equal(fused[1], stored_first[1]) and torch.equal(fused[2], stored_first[2])
