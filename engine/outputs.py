@@ -10,7 +10,10 @@ engine/commands.py's.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import msgspec
+import numpy as np
 
 from engine.request import SamplingParams
 
@@ -35,6 +38,7 @@ class FinishedRequest(msgspec.Struct, array_like=True, frozen=True):
     num_cached_tokens: int
     num_preemptions: int
     num_host_cached_tokens: int = 0     # those of the cached tokens from the host tier
+    trace: TokenTrace | None = None     # SamplingParams.token_trace: its token trace
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -48,6 +52,74 @@ class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True, gc=False):
     rank: int
     raw: "TokenLogprobs | None" = None   # SamplingParams.raw_logprobs: the same from the
     #                                     model's own log-softmax, before any processing
+
+
+# a traced token's origin (TokenTrace.origin's low 2 bits; the drafts its verify checked
+# sit above them): sampled by the target in a step without drafts for it, a draft the
+# target accepted, the target's token after every draft of its verify was accepted (the
+# bonus), or in place of the first rejected draft (the correction)
+TOKEN_PLAIN, TOKEN_DRAFT, TOKEN_BONUS, TOKEN_CORRECTION = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """A finished request's output token by token (the TUI's token scrub), for its first
+    `len(self)` tokens (engine/request.py TRACE_TOKENS): ids, emission times, speculative
+    origin, and the logprobs it asked for: `top` entries a token (the sampled one, then
+    the top-n), processed and, with raw_logprobs, the model's own. Packed little-endian
+    arrays, so a snapshot carries a trace at the cost of a copy (engine/core/token_trace.py
+    packs them)."""
+    request_id: str
+    num_tokens: int          # output tokens in all (the trace may keep fewer)
+    token_ids: bytes         # int32 a token
+    times: bytes             # float64 a token: its emission time (serving clock)
+    origin: bytes            # uint8 a token: TOKEN_* | drafts of its verify << 2
+    top: int = 0             # logprobs entries a token; 0: it asked for none
+    logprobs: bytes = b""    # int32 ids [n, top], float64 values [n, top], int32 ranks [n]
+    raw_logprobs: bytes = b""   # the same from the model's own log-softmax (or empty)
+
+    def __len__(self) -> int:
+        return len(self.origin)
+
+    def ids(self) -> np.ndarray:
+        return np.frombuffer(self.token_ids, "<i4")
+
+    def token_times(self) -> np.ndarray:
+        return np.frombuffer(self.times, "<f8")
+
+    def origins(self) -> tuple[np.ndarray, np.ndarray]:
+        """(TOKEN_* of each token, drafts of its verify: 0 for a plain token)."""
+        codes = np.frombuffer(self.origin, np.uint8)
+        return codes & 3, codes >> 2
+
+    def sampled_probs(self) -> np.ndarray:
+        """Each token's own probability (exp of entry 0's logprob: the sampled token,
+        in the request's logprobs mode); empty without logprobs."""
+        n = len(self)
+        if not self.logprobs or not self.top:
+            return np.zeros(0)
+        values = np.frombuffer(self.logprobs, "<f8", n * self.top, 4 * n * self.top)
+        return np.exp(values.reshape(n, self.top)[:, 0])
+
+    def logprobs_at(self, i: int) -> TokenLogprobs | None:
+        """Token i's logprobs (None: it asked for none), its raw ones inside."""
+        lp = _unpack_logprobs(self.logprobs, len(self), self.top, i)
+        if lp is not None and self.raw_logprobs:
+            raw = _unpack_logprobs(self.raw_logprobs, len(self), self.top, i)
+            lp = TokenLogprobs(lp.token_ids, lp.logprobs, lp.rank, raw)
+        return lp
+
+
+def _unpack_logprobs(data: bytes, n: int, top: int, i: int) -> TokenLogprobs | None:
+    if not data or not top or not 0 <= i < n:
+        return None
+    ids = np.frombuffer(data, "<i4", n * top).reshape(n, top)[i]
+    values = np.frombuffer(data, "<f8", n * top, 4 * n * top).reshape(n, top)[i]
+    rank = int(np.frombuffer(data, "<i4", n, 12 * n * top)[i])
+    if rank < 0:                        # this token has none (raw: not asked for it)
+        return None
+    keep = ids >= 0                     # a shorter entry's padding
+    return TokenLogprobs(ids[keep].tolist(), values[keep].tolist(), rank)
 
 
 class StepOutput(msgspec.Struct, tag=True, omit_defaults=True):

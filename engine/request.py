@@ -55,6 +55,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     # roseplay extra (the TUI's model-vs-processed view): each logprobs entry also
     # carries the model's own top-n (TokenLogprobs.raw); needs logprobs
     raw_logprobs: bool = False
+    # roseplay extra (a viewer's own prompt): the final output carries the request's
+    # token trace (RequestOutput.trace); a snapshot keeps only the latest few
+    token_trace: bool = False
     # vLLM's structured outputs: json / regex / choice / grammar / json_object, each token
     # masked to what the grammar allows (docs/STRUCTURED_OUTPUTS.md)
     structured_outputs: StructuredOutputsParams | None = None
@@ -84,6 +87,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         V.check_logprobs("prompt_logprobs", self.prompt_logprobs)
         if V.check_bool("raw_logprobs", self.raw_logprobs) and self.logprobs is None:
             raise InvalidRequestError("raw_logprobs needs logprobs (the top-n to show)")
+        V.check_bool("token_trace", self.token_trace)
         so = self.structured_outputs
         if isinstance(so, dict):      # as the wire decodes a map into the Struct
             try:

@@ -9,6 +9,7 @@ from itertools import islice
 from operator import sub
 
 from engine.metrics import request_latencies
+from engine.outputs import TokenTrace
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,4 @@ class RequestOutput:
     metrics: RequestMetrics
     error: str | None = None
     prompt_logprobs: tuple | None = None   # params.prompt_logprobs: entry 0 None (vLLM)
+    trace: TokenTrace | None = None        # params.token_trace: engine/outputs.py TokenTrace

@@ -38,6 +38,7 @@ from engine.core.views import engine_snapshot, request_view
 from engine.snapshot import EngineSnapshot
 from engine.core.stats import StatsRecorder
 from engine.core.steady_decodes import append_steady
+from engine.core.token_trace import build_trace
 
 # finished requests a snapshot still shows: re-sent in every snapshot, so few
 RECENT_FINISHED = 64
@@ -305,11 +306,13 @@ class LLMEngine(AsyncSteps, StepFaults):
         self.executor.release(req.request_id)
         self.spec.release(req.request_id)
         self.recent_finished.append(request_view(req))
-        self.stats.on_finish(req)
+        trace = build_trace(req)
+        self.stats.on_finish(req, trace)
         if out is not None:
             out.finished.append(FinishedRequest(req.request_id, reason, error, req.arrival_time,
                                                 req.num_cached_tokens, req.num_preemptions,
-                                                req.num_host_cached_tokens))
+                                                req.num_host_cached_tokens,
+                                                trace if req.params.token_trace else None))
 
     def _record(self, plan: StepPlan, t0: float, sampled: int) -> None:
         sched, now = self.scheduler, self.clock.now()

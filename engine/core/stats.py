@@ -10,7 +10,7 @@ from collections import deque
 
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
-from engine.core.token_trace import build_trace
+from engine.outputs import TokenTrace
 from engine.engine_stats import EngineStats
 from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
@@ -61,7 +61,8 @@ class StatsRecorder:
         self.last_step = step
         self.recent_steps.append(step)
 
-    def on_finish(self, req: Request) -> None:
+    def on_finish(self, req: Request, trace: TokenTrace | None) -> None:
+        """Count an ended request; keep its trace (engine/core/token_trace.py build_trace)."""
         c = self.counters
         st = req.status
         c.finished += st is RequestStatus.FINISHED
@@ -74,7 +75,6 @@ class StatsRecorder:
             parts = ttft_split(req.arrival_time, ttft, req.scheduled_ts, req.last_chunk_ts)
             if parts is not None:
                 self.recent_ttft_parts.append((t, *parts))
-        trace = build_trace(req)
         if trace is not None:
             self._traces[bool(req.spec_trace)].append(trace)
             self._traces_tuple = tuple(self._traces[0]) + tuple(self._traces[1])

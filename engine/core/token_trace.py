@@ -1,24 +1,26 @@
-"""A finished request's token trace (engine/snapshot.py TokenTrace): its output tokens
+"""A finished request's token trace (engine/outputs.py TokenTrace): its output tokens
 with their emission times, speculative origin and logprobs, packed once when it ends.
 
 Only requests that asked for logprobs (their TokenLogprobs are kept as they are
-emitted: Request.last_logprobs) or were verified with drafts (Request.spec_trace, one
-entry per verify: engine/core/spec_decode.py) have one; the stats recorder keeps the latest
-few (TRACE_KEEP of each kind), so memory stays bounded whatever the workload.
+emitted: Request.last_logprobs), were verified with drafts (Request.spec_trace, one
+entry per verify: engine/core/spec_decode.py) or asked for it (SamplingParams.token_trace)
+have one; the stats recorder keeps the latest few (TRACE_KEEP of each kind), so memory
+stays bounded whatever the workload, and a request that asked gets its own in its final
+output (FinishedRequest.trace), however many others ended beside it.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from engine.request import TRACE_TOKENS, Request
-from engine.snapshot import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TokenTrace
+from engine.outputs import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TokenTrace
 
 
 def build_trace(req: Request) -> TokenTrace | None:
     """The trace of an ended request (no pending token left), or None when it has no
-    tokens or nothing to trace."""
+    tokens or nothing to trace (no logprobs, no drafts, and it did not ask for one)."""
     out, lps, verifies = req.output_token_ids, req.logprobs_trace, req.spec_trace
-    if not out or (lps is None and not verifies):
+    if not out or (lps is None and not verifies and not req.params.token_trace):
         return None
     n = min(len(out), len(req.token_times), TRACE_TOKENS)
     top, packed, raw = 0, b"", b""

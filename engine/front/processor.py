@@ -231,7 +231,8 @@ class OutputProcessor:
         output = RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,
                                (CompletionOutput(0, st.text, tuple(st.output_ids), reason, lps,
                                                  cumulative),),
-                               True, metrics, error, st.prompt_logprobs)
+                               True, metrics, error, st.prompt_logprobs,
+                               fin.trace if fin is not None else None)
         event = self._delta(st, True, reason, error, output)
         _call(st.on_event, event)
         _call(st.on_finish, event)

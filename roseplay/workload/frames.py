@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import SchedulerConfig
-from engine.outputs import TokenLogprobs
+from engine.outputs import TokenLogprobs, TokenTrace
 from engine.snapshot import (RUNTIME_FIELDS, ChunkInfo, EngineCounters, EngineEvent, EngineSnapshot, RequestView,
-                             StepStats, TokenTrace)
+                             StepStats)
 from roseplay.workload import record_schema as schema
 from roseplay.workload.record_schema import BadRecording
 

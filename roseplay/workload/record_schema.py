@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from engine.config import MAX_SPECULATIVE_TOKENS
-from engine.snapshot import ChunkInfo, EngineCounters, EngineEvent, RequestView, StepStats, TokenTrace
+from engine.outputs import TokenTrace
+from engine.snapshot import ChunkInfo, EngineCounters, EngineEvent, RequestView, StepStats
 
 MAX_LINE_CHARS = 64 << 20        # one JSON line (a keyframe of a very large pool fits)
 MAX_NUM_BLOCKS = 10_000_000

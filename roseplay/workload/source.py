@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from engine.config import InvalidRequestError, SchedulerConfig
+from roseplay.workload.own_prompts import OwnPrompts
 from roseplay.workload.scenarios import SCENARIOS
 
 if TYPE_CHECKING:      # the client API both transports implement
@@ -38,17 +39,19 @@ class LiveSource:
         self.loop, self.driver, self.recorder = loop, driver, recorder
         self._knobs: SchedulerConfig = loop.knobs
         self._user_ids = 0
-        self._user_streams: dict = {}    # a dropped stream cancels its request: keep them
+        self.own = OwnPrompts()          # the typed prompts' streams and traces
         self.info = loop.info            # EngineInfo: never reach into loop.engine here
         self.tokenizer = loop.tokenizer
         self.vocab_size = self.info.vocab_size
 
     # -- reading ---------------------------------------------------------------------
     def snapshot(self):
-        return self.loop.snapshot()
+        """The engine's snapshot, with the typed prompts' traces (roseplay/workload/
+        own_prompts.py)."""
+        return self.own.merge(self.loop.snapshot())
 
     def workload(self) -> dict:
-        self._drain_user_streams()
+        self.own.drain()
         d, dp = self.driver, self.replicas()
         out = {"scenario": d.scenario_name, "concurrency": d.concurrency,
                "rate": d.request_rate, "submitted": d.submitted, "in_flight": d.num_in_flight,
@@ -154,7 +157,7 @@ class LiveSource:
         """Submit a user prompt (with its scheduling priority: lower goes first, and
         SamplingParams fields over the defaults); raises InvalidRequestError (the engine
         keeps serving). It asks for the top logprobs, the model's own too (raw_logprobs:
-        the Selected panel shows both)."""
+        the Selected panel shows both), and for its token trace (the scrub, key w)."""
         from engine.request import SamplingParams
         from roseplay.workload.driver import TOP_LOGPROBS
         text = text.strip()
@@ -168,21 +171,11 @@ class LiveSource:
         rid = f"you-{self._user_ids}"
         params = SamplingParams(**{"max_tokens": USER_MAX_TOKENS, "temperature": 0.8,
                                    "seed": self._user_ids, **(sampling or {}),
-                                   "logprobs": TOP_LOGPROBS, "raw_logprobs": True})
-        self._user_streams[rid] = self.loop.submit(prompt, params, request_id=rid,
-                                                   priority=priority)
+                                   "logprobs": TOP_LOGPROBS, "raw_logprobs": True,
+                                   "token_trace": True})
+        self.own.add(rid, self.loop.submit(prompt, params, request_id=rid, priority=priority))
         self._event("submit", request_id=rid, prompt=text, priority=priority)
         return rid
-
-    def _drain_user_streams(self) -> None:
-        import queue
-        for rid, stream in list(self._user_streams.items()):
-            try:
-                while not stream.get(timeout=0).finished:
-                    pass
-            except queue.Empty:
-                continue
-            del self._user_streams[rid]
 
     def close(self) -> None:
         self.driver.stop(timeout=5.0)

@@ -5,9 +5,10 @@ came from under speculative decoding (a draft the target accepted, the target's 
 token after a fully accepted draft, its correction in place of a rejected one, or a
 plain decode), and, when the request asked for logprobs, the distribution it was
 sampled from (the model's own beside it with raw_logprobs: what penalties and bias
-moved). The data is the engine's TokenTrace (engine/snapshot.py): only requests that
+moved). The data is the engine's TokenTrace (engine/outputs.py): only requests that
 asked for logprobs or were verified with drafts have one (a request with logprobs is
-never speculated: docs/SPECULATIVE.md), and the engine keeps the latest few; the app
+never speculated: docs/SPECULATIVE.md), and the engine keeps the latest few (a typed
+prompt's own comes back in its final output: roseplay/workload/own_prompts.py); the app
 keeps what it saw in a TraceStore: the latest KEEP traces, and the latest KEEP_OWN of
 the prompts typed here.
 """
@@ -22,7 +23,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from engine.snapshot import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TOKEN_PLAIN
+from engine.outputs import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TOKEN_PLAIN
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.requests import fmt_ms
 from roseplay.tui.widgets.token_choice import choice_text
@@ -33,8 +34,7 @@ ORIGIN_STYLE = {TOKEN_DRAFT: "decode", TOKEN_BONUS: "tput", TOKEN_CORRECTION: "s
 
 class TraceStore:
     """The token traces the app has seen in snapshots, bounded: the latest KEEP, and
-    the latest KEEP_OWN typed prompts besides (a snapshot carries only the engine's
-    latest few, so a typed prompt's trace would soon be gone)."""
+    the latest KEEP_OWN typed prompts besides (so the others' churn never evicts them)."""
 
     KEEP, KEEP_OWN = 32, 16
 

@@ -1,4 +1,4 @@
-"""Token traces (engine/core/token_trace.py, engine/snapshot.py TokenTrace): a finished
+"""Token traces (engine/core/token_trace.py, engine/outputs.py TokenTrace): a finished
 request's output token by token for the TUI's scrub. The logprobs kept are exactly the
 ones streamed for each token (processed and raw); speculative origins match the
 verifies (accepted drafts, then the target's bonus or correction, all emitted at the
@@ -12,7 +12,7 @@ from engine.core import spec_decode, stats as stats_mod, token_trace
 from engine.core.core import LLMEngine
 from engine import request as request_mod
 from engine.request import SamplingParams
-from engine.snapshot import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TOKEN_PLAIN
+from engine.outputs import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TOKEN_PLAIN
 from tests.helpers import add_request
 
 ENGINE = dict(model="dummy:tiny", device="cpu", dtype="float32", num_blocks=128,
@@ -125,3 +125,25 @@ def test_speculative_origins_follow_the_verifies():
         plain = codes == TOKEN_PLAIN
         assert not drafts[plain].any()
         assert 0 < req.num_accepted_tokens < req.num_draft_tokens    # p = 0.5: both kinds
+
+
+def test_a_request_that_asks_gets_its_trace_in_its_final_output(engine):
+    """However many traced requests end after it (the snapshot keeps only TRACE_KEEP of
+    them), a request with token_trace gets its own trace in its FinishedRequest, even
+    with no logprobs; the others' carry none."""
+    greedy = dict(max_tokens=6, **GREEDY)
+    mine = add_request(engine, _prompt(0), SamplingParams(token_trace=True, **greedy), "mine")
+    for k in range(1, stats_mod.TRACE_KEEP + 3):
+        add_request(engine, _prompt(k), SamplingParams(logprobs=1, **greedy), f"o{k}")
+    finished = {}
+    while engine.has_unfinished():
+        finished.update((f.request_id, f) for f in engine.step().finished)
+    finished.update((f.request_id, f) for f in engine.flush().finished)
+    trace = finished.pop("mine").trace
+    assert trace.ids().tolist() == mine.output_token_ids and trace.num_tokens == 6
+    assert trace.token_times().tolist() == mine.token_times
+    assert trace.top == 0 and trace.logprobs_at(0) is None
+    assert set(trace.origins()[0].tolist()) == {TOKEN_PLAIN}
+    assert len(finished) == stats_mod.TRACE_KEEP + 2
+    assert all(f.trace is None for f in finished.values())
+    assert engine.snapshot().trace("mine") is None      # the window has moved on

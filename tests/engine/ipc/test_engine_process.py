@@ -16,7 +16,7 @@ from engine import LLM, SamplingParams
 from engine.front.client import EngineClient
 from engine.config import InvalidRequestError, KnobChanges
 from engine.ipc import protocol as P
-from engine.outputs import CoreRequest, FinishedRequest, StepOutput
+from engine.outputs import CoreRequest, FinishedRequest, StepOutput, TokenTrace
 from engine import commands as C
 from devtools.procs import process_state
 from tests.helpers import engines_owned_by
@@ -50,8 +50,13 @@ def test_protocol_round_trips():
             P.Heartbeat(), P.Bye(), P.Shutdown()]
     for m in msgs:
         assert P.client_decoder.decode(P.encoder.encode(m)) == m
-    out = StepOutput(2.0, ["a", "b"], [5, 6], [FinishedRequest("a", "length", None, 1.0, 16, 0)])
-    assert P.core_decoder.decode(P.encoder.encode(out)) == out
+    trace = TokenTrace("b", 2, np.array([5, 6], "<i4").tobytes(),
+                       np.array([1.5, 2.0], "<f8").tobytes(), bytes(2))
+    out = StepOutput(2.0, ["a", "b"], [5, 6], [FinishedRequest("a", "length", None, 1.0, 16, 0),
+                                               FinishedRequest("b", "stop", None, 1.0, 0, 0,
+                                                               trace=trace)])
+    again = P.core_decoder.decode(P.encoder.encode(out))
+    assert again == out and again.finished[1].trace.ids().tolist() == [5, 6]
     with pytest.raises(msgspec.ValidationError):     # a wrong type never reaches the core
         P.client_decoder.decode(P.encoder.encode({"type": "CoreRequest", "request_id": {},
                                                   "prompt_token_ids": "x", "params": {},

@@ -15,7 +15,7 @@ import pytest
 from engine.config import MAX_SPECULATIVE_TOKENS, make_config
 from engine.core.core import LLMEngine
 from engine.request import SamplingParams
-from engine.snapshot import TOKEN_DRAFT, TokenTrace
+from engine.outputs import TOKEN_DRAFT, TokenTrace
 from roseplay.tui.app import RoseplayApp
 from roseplay.workload.frames import FrameDecoder, FrameEncoder
 from roseplay.workload.record import header_for

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.snapshot import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TokenTrace
+from engine.outputs import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TokenTrace
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.layout import plan
 from roseplay.tui.widgets.step import StepPanel
