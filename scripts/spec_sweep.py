@@ -22,7 +22,11 @@ oracle between runs), so the model loads and graphs capture once. Per
 p50 (ms) and of their mean step time and its host part (the step minus the time the
 host waited for the device: planning, batch building, launches, commit; "x R of k =
 0's": the step against the baseline's, at batch 1 a verify step against a decode step),
-acceptance and mean acceptance length over those runs; k = 0 is the baseline. Batch 256 is
+acceptance and mean acceptance length over those runs; k = 0 is the baseline. Each
+(k, p) alternates its runs with runs at k = 0 ("k = 0 beside"), and its ratios are to
+those: a sweep takes minutes and the host's speed drifts over them (docs/PERF.md, the
+H200 table of 2026-11-29 11:44 UTC: batch 256 at p > 0 read x0.81-0.89 against the k = 0
+row measured minutes before, with speculation off in every step measured). Batch 256 is
 W1-like (512 random prompt tokens -> 128 output, EOS ignored, all at t = 0); batch 1
 the same request alone. Each oracle draft is right with probability p, so accepted /
 drafted is (p + p^2 + ... + p^k) / k (printed as "expected"; 1 at p = 1), and a checked
@@ -117,11 +121,8 @@ def per_draft(drafts: int, per_pos: list[int], k: int) -> tuple[float, list[floa
     return pooled, [a / n if n else 0.0 for a, n in zip(per_pos[:k], checked)]
 
 
-def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
-    eng = llm.engine
-    eng.set_knobs(eng.knobs.replace(num_speculative_tokens=k))
-    run(llm, prompts, params)          # warm-up: new shapes, the prompts into the cache
-    runs = [run(llm, prompts, params) for _ in range(repeat)]
+def summarize(runs: list[dict], k: int) -> dict:
+    """The median figures of runs at one k, their ranges and the acceptance pooled."""
     drafts, tokens, accepted = (sum(r[x] for r in runs)
                                 for x in ("drafts", "draft_tokens", "accepted"))
     return {**{x: statistics.median(r[x] for r in runs)
@@ -139,6 +140,23 @@ def measure(llm: LLM, prompts, params, repeat: int, k: int) -> dict:
             "outputs": runs[-1]["outputs"]}
 
 
+def measure(llm: LLM, prompts, params, repeat: int, k: int,
+            beside: bool = False) -> tuple[dict, dict | None]:
+    """`repeat` runs at k after a warm-up (new shapes, the prompts into the cache); with
+    `beside`, each followed by a run at k = 0, so that a drift of the host over the
+    minutes of a sweep falls on both alike. Returns (k's figures, k = 0's beside them)."""
+    eng = llm.engine
+    sides = [k, 0] if beside else [k]
+    runs: dict[int, list] = {x: [] for x in sides}
+    for i in range(repeat + 1):
+        for x in sides:
+            eng.set_knobs(eng.knobs.replace(num_speculative_tokens=x))
+            r = run(llm, prompts, params)
+            if i:
+                runs[x].append(r)
+    return summarize(runs[k], k), summarize(runs[0], 0) if beside else None
+
+
 def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
     params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
     oracle = OracleProposer()
@@ -153,7 +171,7 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
         rng = np.random.default_rng(0)
         vocab = llm.engine.vocab_size
         prompts = [rng.integers(10, vocab - 10, args.input_len).tolist() for _ in range(batch)]
-        base = measure(llm, prompts, params, repeat, 0)
+        base, _ = measure(llm, prompts, params, repeat, 0)
         print(f"batch {batch:4d} k 0        tok/s {base['tok_s']:10.0f} {_rng(base, 'tok_s', 0)}  "
               f"TPOT p50 {base['tpot_ms']:7.2f} ms {_rng(base, 'tpot_ms', 2)}  step "
               f"{base['step_ms']:6.2f} ms (host {base['host_ms']:5.2f})  runs "
@@ -164,34 +182,36 @@ def sweep(args, batch: int, ks, ps, repeat: int, rows: list) -> None:
             # p = 0 first, proposing the k = 0 outputs: its outputs are the references
             oracle.set_references(zip(prompts, base["outputs"]))
             oracle.p = 0.0
-            at_0 = measure(llm, prompts, params, repeat if 0.0 in ps else 1, k)
-            refs = at_0["outputs"]
+            at_0 = measure(llm, prompts, params, repeat if 0.0 in ps else 1, k, 0.0 in ps)
+            refs = at_0[0]["outputs"]
             oracle.set_references(zip(prompts, refs))
             for p in ps:
                 oracle.p = p
-                r = at_0 if p == 0.0 else measure(llm, prompts, params, repeat, k)
+                r, k0 = at_0 if p == 0.0 else measure(llm, prompts, params, repeat, k, True)
                 same = r["same"] and r["outputs"] == refs
                 drift = refs != base["outputs"]
                 off = f"  off in {100 * r['off']:.0f}% of steps" if r["off"] else ""
                 print(f"batch {batch:4d} k {k} p {p:.1f}  tok/s {r['tok_s']:10.0f} "
                       f"{_rng(r, 'tok_s', 0)}  TPOT p50 {r['tpot_ms']:7.2f} ms "
                       f"{_rng(r, 'tpot_ms', 2)}  step {r['step_ms']:6.2f} ms (host "
-                      f"{r['host_ms']:5.2f}, x{r['step_ms'] / base['step_ms']:.2f} of k = 0's)"
+                      f"{r['host_ms']:5.2f}, x{r['step_ms'] / k0['step_ms']:.2f} of k = 0's)"
                       f"  acceptance {r['acceptance']:.2f} (expected "
                       f"{expected_acceptance(p, k):.2f}; per checked draft "
                       f"{r['per_draft'][0]:.2f}: "
                       f"{' '.join(f'{x:.2f}' for x in r['per_draft'][1])})  "
                       f"mean len {r['mean_len']:.2f}  throughput "
-                      f"x{r['tok_s'] / base['tok_s']:.2f}  TPOT "
-                      f"x{r['tpot_ms'] / base['tpot_ms']:.2f}"
-                      f"{off}"
+                      f"x{r['tok_s'] / k0['tok_s']:.2f}  TPOT "
+                      f"x{r['tpot_ms'] / k0['tpot_ms']:.2f}"
+                      f"{off}  k = 0 beside: {k0['tok_s']:.0f} tok/s {_rng(k0, 'tok_s', 0)}, "
+                      f"TPOT {k0['tpot_ms']:.2f} ms, step {k0['step_ms']:.2f} ms"
                       f"{'' if same else '  (outputs differ from the references)'}"
                       f"{'  (references differ from k = 0)' if drift else ''}  runs {_runs(r)}",
                       flush=True)
                 rows.append({"batch": batch, "k": k, "p": p, "dtype": args.dtype,
                              "same_output": same, "references_differ_from_k0": drift,
                              "off_steps": r["off"],
-                             "step_vs_k0": r["step_ms"] / base["step_ms"],
+                             "step_vs_k0": r["step_ms"] / k0["step_ms"],
+                             "k0_beside": {x: k0[x] for x in RUN_FIELDS},
                              "expected_acceptance": expected_acceptance(p, k),
                              **{x: r[x] for x in RUN_FIELDS + ("acceptance", "mean_len")},
                              "per_checked_draft": r["per_draft"][0],
