@@ -40,8 +40,10 @@ from engine.core.stats import StatsRecorder
 from engine.core.steady_decodes import append_steady
 from engine.core.token_trace import build_trace
 
-# finished requests a snapshot still shows: re-sent in every snapshot, so few
-RECENT_FINISHED = 64
+# finished requests a snapshot still shows: re-sent in every snapshot, so few; and the
+# latest RECENT_TRACED that asked for their trace (SamplingParams.token_trace: a viewer's
+# own prompts), shown beside them however many others ended since
+RECENT_FINISHED, RECENT_TRACED = 64, 16
 _STATUS = {REASON_STOP: RequestStatus.FINISHED, REASON_LENGTH: RequestStatus.FINISHED,
            REASON_CANCELLED: RequestStatus.CANCELLED, REASON_ERROR: RequestStatus.ERROR}
 
@@ -101,6 +103,7 @@ class LLMEngine(AsyncSteps, StepFaults):
         self._chained = 0          # steps launched in a row before their previous one's
         #                            tokens were read, while speculating (_may_chain)
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
+        self.recent_traced: deque = deque(maxlen=RECENT_TRACED)
 
     # -- knobs and requests --------------------------------------------------------------
     @property
@@ -305,7 +308,10 @@ class LLMEngine(AsyncSteps, StepFaults):
         del self.requests[req.request_id]
         self.executor.release(req.request_id)
         self.spec.release(req.request_id)
-        self.recent_finished.append(request_view(req))
+        view = request_view(req)
+        self.recent_finished.append(view)
+        if req.params.token_trace:
+            self.recent_traced.append(view)
         trace = build_trace(req)
         self.stats.on_finish(req, trace)
         if out is not None:

@@ -60,6 +60,16 @@ def _grammar_view(req: Request) -> GrammarView | None:
     return GrammarView(g.params.kind, "" if g.ready or req.status.done else COMPILING)
 
 
+def ended_views(engine) -> tuple:
+    """The latest ended requests' views, then those of the latest traced ones that
+    have left that window (engine/core/core.py RECENT_TRACED)."""
+    recent, traced = tuple(engine.recent_finished), engine.recent_traced
+    if not traced:
+        return recent
+    shown = {v.request_id for v in recent}
+    return recent + tuple(v for v in traced if v.request_id not in shown)
+
+
 def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
     """An immutable view of an LLMEngine now (cheap: arrays copied, views built)."""
     st, pool, ex = engine.stats, engine.pool, engine.executor
@@ -70,7 +80,7 @@ def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:
         knobs=engine.knobs, paused=paused, num_blocks=pool.num_blocks,
         block_size=pool.block_size, block_state=pool.states(),
         block_refcount=compact_counts(pool.refcounts),
-        requests=active + tuple(engine.recent_finished), last_step=st.last_step,
+        requests=active + ended_views(engine), last_step=st.last_step,
         recent_steps=tuple(st.recent_steps), counters=st.counters.freeze(),
         recent_latencies=tuple(st.recent_latencies), recent_itls=tuple(st.recent_itls),
         error=st.last_error, events=engine.events.recent(),

@@ -287,7 +287,7 @@ class RoseplayApp(Actions, App):
             self.status.show(snap, src.kind, src.paused, src.position(), workload,
                              *self.down)
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
-                               waiting_reason(snap), stop is not None)
+                               waiting_reason(snap), stop is not None, pin=not replay)
             self.requests.show_subtitle(stop)
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None

@@ -200,18 +200,30 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         self.sort, self.state_filter = "arrival", None
         self.selected: str | None = None     # chosen by the user (None: follow the first)
         self.pending: str | None = None      # select this one as soon as it shows up
+        self._kept = None                    # the selected row's last view (show's `pin`)
         self.top = 0
         self._shown: dict[int, tuple] = {}   # line y -> what it showed when last drawn
 
     # -- data --------------------------------------------------------------------------
-    def show(self, requests, budget: int, reason: str = "", stopped: bool = False) -> None:
-        """`stopped`: the engine stopped for good: rows in flight then read cut off."""
+    def show(self, requests, budget: int, reason: str = "", stopped: bool = False,
+             pin: bool = True) -> None:
+        """`stopped`: the engine stopped for good: rows in flight then read cut off.
+        `pin`: the selected request, once ended, keeps its row as last seen after the
+        snapshot lets it go (an ended request stays in snapshots only while it is among
+        the latest RECENT_FINISHED, engine/core/core.py: seconds under load); a replay,
+        whose frames go back in time, passes False."""
+        kept = self._kept
+        if pin and kept is not None and kept.request_id == self.selected \
+                and kept.state not in ACTIVE \
+                and not any(r.request_id == kept.request_id for r in requests):
+            requests = [*requests, kept]
         self.rows, self.budget = arrange(requests, self.sort, self.state_filter), budget
         self.reason, self.stopped = reason, stopped
         if self.pending and any(r.request_id == self.pending for r in self.rows):
             self.selected, self.pending = self.pending, None
         if self.selected and not any(r.request_id == self.selected for r in self.rows):
             self.selected = None
+        self._kept = self.current if self.selected else None
         self._scroll_to_cursor()
         self._refresh_changed()
 

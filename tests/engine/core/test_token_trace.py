@@ -147,3 +147,26 @@ def test_a_request_that_asks_gets_its_trace_in_its_final_output(engine):
     assert len(finished) == stats_mod.TRACE_KEEP + 2
     assert all(f.trace is None for f in finished.values())
     assert engine.snapshot().trace("mine") is None      # the window has moved on
+
+
+def test_a_traced_requests_view_outlives_the_finished_window(monkeypatch):
+    """Snapshots show the latest RECENT_FINISHED ended requests, then the latest
+    RECENT_TRACED that asked for their trace beyond them, each once."""
+    from engine.core import core as core_mod
+    monkeypatch.setattr(core_mod, "RECENT_FINISHED", 2)
+    eng = LLMEngine(make_config(**ENGINE))
+    try:
+        greedy = dict(max_tokens=4, **GREEDY)
+        add_request(eng, _prompt(0), SamplingParams(token_trace=True, **greedy), "mine")
+        _serve(eng)
+        for k in range(1, 5):
+            add_request(eng, _prompt(k), SamplingParams(**greedy), f"o{k}")
+            _serve(eng)
+        ids = [v.request_id for v in eng.snapshot().requests]
+        assert ids == ["o3", "o4", "mine"]
+        assert eng.snapshot().request("mine").state == "finished"
+        add_request(eng, _prompt(9), SamplingParams(token_trace=True, **greedy), "again")
+        _serve(eng)
+        assert [v.request_id for v in eng.snapshot().requests] == ["o4", "again", "mine"]
+    finally:
+        eng.close()

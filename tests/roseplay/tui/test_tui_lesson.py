@@ -153,6 +153,40 @@ async def test_the_scrub_walks_a_typed_prompt_token_by_token(monkeypatch):
 
 
 @sync
+async def test_a_typed_prompt_stays_selected_and_walkable_after_others_end(monkeypatch):
+    """A newcomer types a prompt and looks a few seconds later: a snapshot shows only the
+    latest RECENT_FINISHED ended requests (2 here; seconds' worth under load), yet the
+    prompt (it asks for its trace: engine/core/core.py RECENT_TRACED) keeps its row,
+    selected and finished, and `w` walks its tokens."""
+    from engine.core import core as core_mod
+    monkeypatch.setattr(core_mod, "RECENT_FINISHED", 2)
+    fast_idle(monkeypatch)
+    src = live_source(concurrency=4)
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert await wait_for(pilot, lambda: app.snapshot is not None, 60)
+            await pilot.press("i", *"to be")
+            app.query_one("#prompt-sampling").value = "max_tokens=8"
+            await pilot.press("enter", "escape")
+            rid = "you-1"
+            assert await wait_for(pilot, lambda: getattr(src.snapshot().request(rid), "state",
+                                                         None) == "finished", 60)
+            n0 = src.snapshot().counters.finished
+            assert await wait_for(pilot, lambda: src.snapshot().counters.finished >= n0 + 6, 60)
+            app.refresh_panels()
+            await pilot.pause()
+            row = app.requests.current
+            assert row is not None and row.request_id == rid and row.state == "finished"
+            assert "w tokens" in widget_text(app.detail)
+            await pilot.press("w")
+            n = len(app.traces.get(rid))
+            assert await wait_for(pilot, lambda: f"token 1 of {n}" in screen_text(app), 10)
+    finally:
+        src.close()
+
+
+@sync
 async def test_w_says_why_a_request_has_no_trace(monkeypatch):
     fast_idle(monkeypatch)
     src = live_source(engine=dict(max_num_seqs=2), concurrency=2)

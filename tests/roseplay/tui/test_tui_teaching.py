@@ -220,6 +220,37 @@ async def test_escape_brings_the_followed_request_back_into_view():
 
 
 @sync
+async def test_a_selected_request_keeps_its_row_after_the_snapshot_lets_it_go():
+    """An ended request stays in snapshots only while it is among the latest few; the
+    one the user selected keeps its row, as last seen, until it is unselected (live),
+    and a replay's frames, which go back in time, never keep one."""
+    from roseplay.tui.widgets.requests import ACTIVE, RequestList
+    snap = session_snapshot(12)
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=(120, 30)) as pilot:
+        lst = app.query_one(RequestList)
+        views, budget = list(snap.requests), snap.knobs.max_num_batched_tokens
+        live = next(r for r in views if r.state in ACTIVE)
+        done = dataclasses.replace(live, state="finished")
+        others = [r for r in views if r is not live]
+        lst.show(views, budget)
+        lst.select(live.request_id)
+        lst.show(others, budget)                 # gone while active: its end is unknown
+        assert lst.selected is None
+        lst.select(live.request_id)
+        for frame in ([*others, done], others, others):     # (no await: the app's own
+            lst.show(frame, budget)                          # frames stay out of it)
+            assert lst.current is done and done in lst.rows
+        lst.show(others, budget, pin=False)      # a replay's frame
+        assert lst.selected is None and done not in lst.rows
+        lst.show([*others, done], budget)
+        lst.select(done.request_id)
+        lst.select(None)                         # unselected: let go at the next frame
+        lst.show(others, budget)
+        assert done not in lst.rows
+
+
+@sync
 async def test_time_series_for_a_tuner_with_a_mark_where_a_knob_changed():
     from roseplay.tui.widgets.timing import MARK_BG, Plot, TimeAxis
     snap = session_snapshot(12)
