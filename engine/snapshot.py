@@ -223,7 +223,6 @@ def ttft_split(arrival: float, ttft: float | None, scheduled_ts: float | None,
     return queued, before, ttft - queued - before
 
 
-
 @dataclass(frozen=True)
 class EngineSnapshot:
     time: float

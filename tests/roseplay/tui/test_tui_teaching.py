@@ -227,7 +227,7 @@ async def test_a_selected_request_keeps_its_row_after_the_snapshot_lets_it_go():
     from roseplay.tui.widgets.requests import ACTIVE, RequestList
     snap = session_snapshot(12)
     app = RoseplayApp(source=StaticSource(snap))
-    async with app.run_test(size=(120, 30)) as pilot:
+    async with app.run_test(size=(120, 30)):
         lst = app.query_one(RequestList)
         views, budget = list(snap.requests), snap.knobs.max_num_batched_tokens
         live = next(r for r in views if r.state in ACTIVE)
