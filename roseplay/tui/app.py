@@ -42,7 +42,7 @@ from roseplay.tui.widgets.step import StepPanel
 from roseplay.tui.widgets.step_strip import StepStrip
 from roseplay.tui.widgets.timing import TimingPanel
 from roseplay.tui.widgets.token_scrub import TraceStore
-from roseplay.tui.widgets.ttft_split import request_split, scrub_hint
+from roseplay.tui.widgets.ttft_split import request_split
 
 REFRESH_HZ = 12
 MESSAGE_SECONDS = 5.0   # a message stays on the message line this long (unless it says)
@@ -281,7 +281,7 @@ class RoseplayApp(Actions, App):
         if replay:              # its changes up to this frame wait for the point it makes
             self._replay_notices(src)
         self.window.feed(snap)
-        self.traces.feed(snap)
+        self.traces.feed(snap, replay)
         self.feed_guide(snap)
         with self.batch_update():
             self.status.show(snap, src.kind, src.paused, src.position(), workload,
@@ -294,9 +294,8 @@ class RoseplayApp(Actions, App):
             if not self.show_replicas(snap, highlight, current, stop):
                 flash = flash_blocks(snap) if stop is None else None    # nothing is new
                 self.kv.show(snap, highlight, self.window, flash, stop)
-            info = getattr(src, "info", None) if src.kind == "live" else None
             self.detail.show(current, getattr(src, "tokenizer", None),
-                             getattr(info, "logprobs_mode", None), no_text_reason(src),
+                             logprobs_mode(src, snap), no_text_reason(src),
                              self._detail_extra(current, stop is not None), stop is not None)
             self.step_panel.show(snap, stop is not None)
             self.strip.show(snap)
@@ -306,15 +305,16 @@ class RoseplayApp(Actions, App):
                              final=replay and src.at_end, stopped_at=stop)
 
     def _detail_extra(self, current, stopped: bool = False):
-        """The selected request's TTFT split, and `w` when its token trace is held."""
+        """The selected request's TTFT split; `w` in the panel's border when its token
+        trace is held (there it fits at every size)."""
+        held = current is not None and self.traces.get(current.request_id) is not None
+        hint = "w tokens" if held else ""
+        if self.detail.border_subtitle != hint:
+            self.detail.border_subtitle = hint
         if current is None:
             return None
-        hint = scrub_hint(current, self.traces.get(current.request_id))
-        width, now = max(20, self.detail.size.width), self.snapshot.time
-        split = request_split(current, now, width - hint.cell_len, stopped)
-        if split.cell_len + hint.cell_len > width:    # the split first; `w` is in the help
-            return request_split(current, now, width, stopped)
-        return split.append_text(hint)
+        return request_split(current, self.snapshot.time, max(20, self.detail.size.width),
+                             stopped)
 
     def _replay_notices(self, src) -> None:
         if not self._noticed:
@@ -352,6 +352,14 @@ class RoseplayApp(Actions, App):
         if not self.is_headless:
             remove_exit_signals()
         self.close_source()
+
+
+def logprobs_mode(src, snap) -> str | None:
+    """What the requests' logprobs hold: the live engine's mode, or the one a recording
+    kept (None: not known, so the Selected panel shows no next-token choices)."""
+    if src.kind == "live":
+        return getattr(getattr(src, "info", None), "logprobs_mode", None)
+    return snap.logprobs_mode or None
 
 
 def no_text_reason(src) -> str:

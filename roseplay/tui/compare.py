@@ -174,6 +174,10 @@ class CompareReplaySource:
         return self.lead.recording
 
     @property
+    def tokenizer(self):
+        return self.lead.tokenizer
+
+    @property
     def speed(self) -> float:
         return self.lead.speed
 

@@ -22,7 +22,7 @@ from collections import deque
 
 from engine.snapshot import EngineSnapshot
 from roseplay.workload.frames import FrameEncoder
-from roseplay.workload.record_text import TextTracker
+from roseplay.workload.record_text import PieceTracker, TextTracker
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)           # version 1: no keyframes, no engine events
@@ -46,7 +46,8 @@ class Recorder:
     fails (disk full, the file's disk gone) stops it too, with `error` saying why: the
     session goes on unrecorded, and the file replays up to its last flush. `close()`
     writes a final frame and closes the file. With the engine's `tokenizer`, each
-    request's generated text is recorded too (the header says `"text": true`).
+    request's generated text is recorded too (the header says `"text": true`), and the
+    text of each token the frames show (record_text.py `PieceTracker`).
     """
 
     def __init__(self, path: str, snapshot_fn, workload_fn, interval: float = 0.1,
@@ -68,6 +69,7 @@ class Recorder:
         self.error: str | None = None
         # the generated text, decoded here: a replay loads no tokenizer (record_text.py)
         self._text = TextTracker(tokenizer) if tokenizer is not None else None
+        self._pieces = PieceTracker(tokenizer) if tokenizer is not None else None
         self._write(header_for(snapshot_fn(), text=self._text is not None, **info))
         self._thread = threading.Thread(target=self._run, name="roseplay-recorder", daemon=True)
         self._thread.start()
@@ -105,9 +107,12 @@ class Recorder:
         if not force and snap is self._last_snap and workload == self._last_workload:
             return
         self._last_snap, self._last_workload = snap, workload
-        if self._text is not None:
-            snap = self._text.with_text(snap)
-        self._write(self._encoder.encode(snap, time.perf_counter() - self._t0, workload))
+        frame = self._encoder.encode(snap if self._text is None else self._text.with_text(snap),
+                                     time.perf_counter() - self._t0, workload)
+        pieces = self._pieces.new_pieces(snap) if self._pieces is not None else None
+        if pieces:
+            frame["pieces"] = pieces
+        self._write(frame)
         self.frames += 1
         now = time.perf_counter()
         if now - self._flushed >= FLUSH_EVERY:

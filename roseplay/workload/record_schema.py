@@ -224,3 +224,19 @@ def check_plain_dict(d, what: str) -> dict:
         if what == "workload" and key in d and not any(is_type(d[key], t) for t in types):
             raise BadRecording(f"workload: {key} has the wrong type")
     return d
+
+
+MAX_PIECE_CHARS = 256      # one token's text
+
+
+def check_pieces(d) -> dict[int, str]:
+    """A frame's token pieces ({str(id): text}) as {id: text}."""
+    if not isinstance(d, dict):
+        raise BadRecording("frame: pieces is not an object")
+    out = {}
+    for key, text in d.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < 1 << 31
+                and isinstance(text, str) and len(text) <= MAX_PIECE_CHARS):
+            raise BadRecording("frame: a token piece that is not id -> short text")
+        out[int(key)] = text
+    return out

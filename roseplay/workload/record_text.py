@@ -7,10 +7,18 @@ each request's output ids from frame to frame (the new ones are the end of the t
 and puts the decoded text in the view's `text` field, which frames store as appended
 suffixes (roseplay/workload/frames.py `text+`). Ids that went by between two frames unseen (more
 than a tail's worth) leave a "…" in the text.
+
+The token scrub and the token choices show single tokens. `PieceTracker` writes, once
+each, the text of every token id a frame shows as a token (a trace's tokens and top
+candidates, a request's latest logprobs, a grammar's choices) in the frame's `pieces`
+map; a replay reads them all into a `RecordedVocab`, which decodes those ids as the
+live app's tokenizer did.
 """
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from engine.snapshot import EngineSnapshot
 
@@ -62,3 +70,59 @@ class TextTracker:
 
     def _join(self, before: str, ids: list[int]) -> str:
         return before + (self.tokenizer.decode(ids, skip_special_tokens=True) if ids else "")
+
+
+class PieceTracker:
+    """The token pieces a frame adds: {str(id): tokenizer.decode([id])} for the ids it
+    shows as tokens that no earlier frame of the recording wrote."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._sent: set[int] = set()
+        self._traces: set[tuple[str, int, int]] = set()     # traces already walked
+
+    def new_pieces(self, snap: EngineSnapshot) -> dict[str, str]:
+        ids = set(self._view_ids(snap.requests))
+        for t in snap.traces:
+            key = (t.request_id, t.num_tokens, len(t))
+            if key not in self._traces:
+                self._traces.add(key)
+                ids.update(trace_ids(t))
+        ids -= self._sent
+        self._sent |= ids
+        return {str(i): self.tokenizer.decode([i]) for i in sorted(ids)}
+
+    @staticmethod
+    def _view_ids(views):
+        for v in views:
+            lp = v.logprobs
+            while lp is not None:
+                yield from lp.token_ids
+                lp = lp.raw
+            if v.grammar is not None:
+                yield from (tok for tok, _, _ in v.grammar.top)
+                if v.grammar.token >= 0:
+                    yield v.grammar.token
+
+
+def trace_ids(t) -> set[int]:
+    """Every token id a trace holds: its tokens and each token's logprobs entries."""
+    n = len(t)
+    arrays = [t.ids()] + [np.frombuffer(b, "<i4", n * t.top) for b in (t.logprobs,
+                                                                      t.raw_logprobs) if b]
+    return {int(i) for a in arrays for i in np.unique(a)}
+
+
+class RecordedVocab:
+    """A replay's stand-in for the tokenizer: the pieces the recording wrote (ids it never
+    wrote read #id). It decodes tokens one by one, as the scrub and the choices ask;
+    whole outputs come from the text the recording kept, so a decode that skips special
+    tokens (how an output is decoded) gives ""."""
+
+    def __init__(self, pieces: dict[int, str]):
+        self.pieces = pieces
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        if skip_special_tokens:
+            return ""
+        return "".join(self.pieces.get(int(i), f"#{int(i)}") for i in ids)

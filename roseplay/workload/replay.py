@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from roseplay.workload.frames import FrameDecoder, ReplayFrame
 from roseplay.workload.record import MAX_RECORDING_BYTES, READABLE_VERSIONS, iter_lines
-from roseplay.workload.record_schema import BadRecording, check_plain_dict, parse_line
+from roseplay.workload.record_schema import (BadRecording, check_pieces, check_plain_dict,
+                                             parse_line)
 
 CACHED_FRAMES = 16
 MAX_NOTES = 5
@@ -45,6 +46,7 @@ class Recording:
         self._groups: list[bytes] = []          # zlib blocks of "\n"-joined frame lines
         self._open: list[str] = []              # lines of the group being read
         self._group_cache: tuple[int, list[str]] = (-1, [])
+        self.pieces: dict[int, str] = {}    # token id -> its text (frames' `pieces`)
         self.notes: list[str] = []      # bad lines skipped (the first few)
         self.skipped = 0
         self.end_note: str | None = None
@@ -98,6 +100,7 @@ class Recording:
                 if resync and not obj.get("key"):
                     self.skipped += 1
                     continue
+                pieces = check_pieces(obj.get("pieces", {}))
                 checker.decode(obj)
             except BadRecording as exc:
                 self._note(f"line {number}: {exc}")
@@ -110,6 +113,7 @@ class Recording:
             self.entries.append(FrameEntry(obj["t"], obj["step"], len(self._groups),
                                            len(self._open), key, tuple(pending)))
             self._open.append(line.rstrip("\n"))
+            self.pieces.update(pieces)
             pending = []
 
     def _close_group(self) -> None:

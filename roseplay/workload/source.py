@@ -207,6 +207,13 @@ class ReplaySource:
     def frame(self):
         return self.recording[self.index]
 
+    @property
+    def tokenizer(self):
+        """The recorded token pieces (record_text.py RecordedVocab); None if it has none."""
+        from roseplay.workload.record_text import RecordedVocab
+        pieces = self.recording.pieces
+        return RecordedVocab(pieces) if pieces else None
+
     def _advance(self) -> None:
         if self._paused:
             return

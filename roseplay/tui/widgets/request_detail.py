@@ -34,8 +34,8 @@ class RequestDetail(Widget):
              no_text: str = "this model has no tokenizer: no text",
              extra: Text | None = None, stopped: bool = False) -> None:
         """tokenizer: decodes the request's last output tokens (the engine sends ids; a
-        recording carries the text); logprobs_mode: a live engine's (EngineInfo), to show
-        the next-token distribution (None: a replay, whose recordings hold no logprobs);
+        recording carries the text and its tokens' pieces); logprobs_mode: what the
+        requests' logprobs hold, to show the next-token distribution (None: not known);
         no_text: why a request with output tokens has no text; extra: lines under the
         text (its TTFT split), rows kept for them; stopped: the engine stopped for good,
         so a request in flight reads cut off (no cursor: nothing more comes)."""

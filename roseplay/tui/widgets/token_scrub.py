@@ -34,7 +34,9 @@ ORIGIN_STYLE = {TOKEN_DRAFT: "decode", TOKEN_BONUS: "tput", TOKEN_CORRECTION: "s
 
 class TraceStore:
     """The token traces the app has seen in snapshots, bounded: the latest KEEP, and
-    the latest KEEP_OWN typed prompts besides (so the others' churn never evicts them)."""
+    the latest KEEP_OWN typed prompts besides (so the others' churn never evicts them).
+    In a replay, a frame older than the last one (a seek back) starts it again from that
+    frame's traces: a request that ends later has no trace yet at that time."""
 
     KEEP, KEEP_OWN = 32, 16
 
@@ -42,9 +44,15 @@ class TraceStore:
         self._own: OrderedDict = OrderedDict()
         self._others: OrderedDict = OrderedDict()
         self._last: tuple = ()
+        self._time = float("-inf")
 
-    def feed(self, snap) -> None:
+    def feed(self, snap, replay: bool = False) -> None:
         traces = snap.traces
+        if replay and snap.time < self._time:
+            self._own.clear()
+            self._others.clear()
+            self._last = ()
+        self._time = snap.time
         if traces is self._last:
             return
         self._last = traces

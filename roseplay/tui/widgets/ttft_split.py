@@ -105,12 +105,3 @@ def window_split(snap, start: float) -> Text:
         t.append(" ")
     return t
 
-
-def scrub_hint(r, trace) -> Text:
-    """`w`, when the app holds the request's token trace."""
-    t = Text()
-    if trace is not None:
-        t.append(" · ", "dim")
-        t.append("w", "bold")
-        t.append(" tokens", "dim")
-    return t

@@ -142,3 +142,32 @@ def test_hostile_traces_are_refused(snaps, damage):
     dec = FrameDecoder(header_for(snaps[-1]))
     with pytest.raises(BadRecording):
         dec.decode(json.loads(json.dumps(frame)))
+
+
+@sync
+async def test_a_replay_moved_back_holds_no_trace_from_later(snaps, tmp_path):
+    """Seen at the end, r2's trace is not offered once the replay seeks back to a frame
+    where r2 has not ended (`w` and its hint: only what was known at that time). The
+    hint is in the Selected panel's border, so it shows at 80x24 too."""
+    path = tmp_path / "lesson.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write("\n".join(_lines(snaps)) + "\n")
+    src = ReplaySource(str(path), start_paused=True)
+    early = next(i for i, s in enumerate(snaps) if s.request("r2") is not None
+                 and s.request("r2").state != "finished")
+    app = RoseplayApp(source=src)
+    async with app.run_test(size=(80, 24)) as pilot:
+        src.seek(len(src.recording) - 1)
+        app.refresh_panels()
+        app.requests.select("r2")
+        app.refresh_panels()
+        await pilot.pause()
+        assert app.traces.get("r2") is not None and "w tokens" in widget_text(app.detail)
+        src.seek(early)
+        app.refresh_panels()
+        await pilot.pause()
+        assert app.traces.get("r2") is None
+        assert "w tokens" not in widget_text(app.detail)
+        await pilot.press("w")
+        await pilot.pause()
+        assert "token 1 of" not in screen_text(app)
