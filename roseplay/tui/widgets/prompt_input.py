@@ -134,11 +134,13 @@ class PromptBar(Vertical):
         self.post_message(self.Closed())
 
     def action_cycle(self, step: int) -> None:
-        """Tab / Shift+Tab: the next / previous field of the box, wrapping around."""
+        """Tab / Shift+Tab: the next / previous field of the box, wrapping around. The
+        focus moves now, not after the next redraw (Widget.focus): a second Tab typed
+        before it moves on from this one's field."""
         fields = [self.query_one(f, Input) for f in self.FIELDS]
         focused = self.app.focused
         i = fields.index(focused) if focused in fields else -1
-        fields[(i + step) % len(fields)].focus()
+        self.screen.set_focus(fields[(i + step) % len(fields)])
 
     def on_descendant_blur(self, event) -> None:
         """Focus left a field: once it has settled, close the box if the focus went

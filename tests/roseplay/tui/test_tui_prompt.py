@@ -56,3 +56,27 @@ async def test_the_prompt_box_sends_the_priority_typed():
             assert await wait_for(pilot, lambda: ("you-2", -5) in sent, 30)   # the box keeps it
     finally:
         src.close()
+
+
+@sync
+async def test_two_quick_tabs_reach_the_sampling_field():
+    """Tab, Tab typed fast (as a terminal delivers them, no redraw between) move two
+    fields: each Tab moves from where the last one left the focus."""
+    src = live_source(paused=True)
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("i")
+            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+            app.simulate_key("tab")
+            app.simulate_key("tab")           # queued behind the first, as typed
+            await pilot.pause()
+            await pilot.press(*"seed=3")
+            assert app.query_one("#prompt-sampling").value == "seed=3"
+            app.simulate_key("shift+tab")
+            app.simulate_key("shift+tab")
+            app.simulate_key("shift+tab")     # all the way round
+            await pilot.pause()
+            assert app.focused is app.query_one("#prompt-sampling")
+    finally:
+        src.close()
