@@ -18,13 +18,13 @@ from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Static
 
 from roseplay.tui.actions import Actions
 from roseplay.tui.marks import RecordedMarks
 from roseplay.tui.commands import RoseplayCommands
 from roseplay.tui.engine_state import SERVING, engine_down
-from roseplay.tui.keys import action_mode, bindings
+from roseplay.tui.keys import TEXT_ACTIONS, action_mode, bindings
 from roseplay.tui.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
                                     remove_exit_signals, start_loading)
 from roseplay.tui.layout import LEFT, RIGHT, TITLES, plan
@@ -337,7 +337,12 @@ class RoseplayApp(Actions, App):
 
     def check_action(self, action: str, parameters) -> bool | None:
         """Keys of the other mode (replay keys on a live engine, the prompt in a replay)
-        are hidden and do nothing."""
+        are hidden and do nothing. A key that opens a text field (bound with priority:
+        keys.py `takes_text`) is typed as text where a field has the focus or another
+        screen is on top (help, the palette, a dialog)."""
+        if action in TEXT_ACTIONS and (isinstance(self.focused, Input) or self.screen
+                                       is not getattr(self, "main_screen", self.screen)):
+            return False
         mode = action_mode(action)
         kind = self.source.kind if self.source is not None else "live"
         return mode in ("both", kind)

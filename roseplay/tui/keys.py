@@ -23,6 +23,11 @@ class Key:
     mode: str = "both"
     footer: bool = False
     knob: str = ""       # the live knob it changes (the knobs panel shows the key)
+    # opens a text field: bound with priority, so the App runs it as the key arrives and
+    # what is typed right after reaches the field (Textual routes each key to the widget
+    # focused when it arrives: a binding run from that widget's queue moves the focus
+    # only after the next keys went to the old widget, as the app's own keys)
+    takes_text: bool = False
 
 
 KEYS = (
@@ -84,7 +89,7 @@ KEYS = (
     Key("x", "clear_cache", "Clear", "clear the prefix cache (cached blocks become free)", "x",
         "live"),
     Key("i,slash", "prompt", "Prompt", "type a prompt (Enter sends it, Esc closes)", "i",
-        "live", footer=True),
+        "live", footer=True, takes_text=True),
     Key("o", "sort(1)", "Sort", "sort the requests: arrival, state, TTFT, TPOT, prompt, hit, "
         "generated, priority", "o"),
     Key("O", "sort(-1)", "Sort back", "previous sort order", "O"),
@@ -97,7 +102,8 @@ KEYS = (
     Key("z", "zoom(1)", "Zoom", "zoom the next panel to the whole screen", "z", footer=True),
     Key("Z", "zoom(0)", "All", "back to all panels", "Z"),
     Key("l", "edit_slos", "SLOs", "goodput SLOs: type ttft:MS tpot:MS e2el:MS; the timing "
-        "panel shows the share of finished requests meeting all of them", "l"),
+        "panel shows the share of finished requests meeting all of them", "l",
+        takes_text=True),
     Key("0", "reset_stats", "Reset", "reset stats: totals, the 10 s window and the plots", "0"),
     Key("t", "theme", "Theme", "colour-blind-safe colours on / off", "t"),
     Key("question_mark,f1", "help", "Help", "this help", "?", footer=True),
@@ -115,8 +121,11 @@ LIST_KEYS = (("↑ ↓  k j", "select a request (its blocks turn yellow on the m
 def bindings() -> list[Binding]:
     # ctrl+c quits too, from any widget (Textual's default only toasts "press ctrl+q")
     return [Binding(k.keys, k.action, k.label, show=k.footer, key_display=k.display,
-                    tooltip=k.help) for k in KEYS] + [
+                    tooltip=k.help, priority=k.takes_text) for k in KEYS] + [
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
+
+
+TEXT_ACTIONS = frozenset(k.action for k in KEYS if k.takes_text)
 
 
 def for_mode(kind: str) -> list[Key]:

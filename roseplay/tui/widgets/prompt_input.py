@@ -113,8 +113,11 @@ class PromptBar(Vertical):
         yield Static("", id="prompt-status", markup=False)
 
     def open(self) -> None:
+        """Show the box with the focus in its prompt field at once (not after the next
+        redraw, as Widget.focus does): what is typed right after `i` is the prompt's,
+        never the app's keys (`h`, `e`, `o` ... change knobs or open dialogs)."""
         self.add_class("-open")
-        self.query_one("#prompt-input", Input).focus()
+        self.screen.set_focus(self.query_one("#prompt-input", Input))
 
     @property
     def priority(self) -> int:

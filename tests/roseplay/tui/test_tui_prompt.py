@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from textual import events
 
 from roseplay.tui.app import RoseplayApp
 from tests.roseplay.tui.helpers import live_source, screen_text, sync, wait_for
@@ -78,5 +79,35 @@ async def test_two_quick_tabs_reach_the_sampling_field():
             app.simulate_key("shift+tab")     # all the way round
             await pilot.pause()
             assert app.focused is app.query_one("#prompt-sampling")
+    finally:
+        src.close()
+
+
+@sync
+async def test_what_is_typed_right_after_i_is_the_prompts():
+    """`i` then `hello` in one burst (fast typing, a paste): the letters fill the prompt;
+    none reaches the app's keys (h: preemption_mode, e: eviction_policy, l: the SLO
+    dialog), and `i` in the field is a letter. The same for `l` (the SLO dialog); over
+    another screen `i` opens nothing."""
+    src = live_source(paused=True)
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=(120, 40)) as pilot:
+            before = src.knobs
+            for key in "ihello, i said":     # queued together, none drawn in between
+                app.post_message(events.Key(key, key))
+            await pilot.pause()
+            assert app.query_one("#prompt-input").value == "hello, i said"   # `i` as text
+            assert src.knobs == before and len(app.screen_stack) == 1
+            await pilot.press("escape")
+            for key in "lhe":                # the SLO dialog's key, then letters
+                app.post_message(events.Key(key, key))
+            await pilot.pause()
+            assert src.knobs == before and len(app.screen_stack) == 2
+            await pilot.press("escape", "question_mark")
+            await pilot.pause()
+            await pilot.press("i")           # over the help screen: no prompt opens
+            await pilot.pause()
+            assert not app.prompt_bar.is_open
     finally:
         src.close()
