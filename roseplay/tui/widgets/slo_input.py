@@ -5,6 +5,7 @@ both); an empty line clears the SLOs. A bad entry stays on screen with the reaso
 """
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -41,7 +42,14 @@ class SloScreen(ModalScreen):
                          id="slo-status", markup=False)
 
     def on_mount(self) -> None:
-        self.query_one(Input).focus()
+        self.set_focus(self.query_one(Input))
+
+    def on_key(self, event: events.Key) -> None:
+        """A letter the screen itself gets was typed right after `l`, before the field
+        had the focus (the field takes every letter after): it goes into the field."""
+        if event.is_printable:
+            event.stop()
+            self.query_one(Input).insert_text_at_cursor(event.character)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()

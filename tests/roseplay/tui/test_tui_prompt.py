@@ -100,10 +100,11 @@ async def test_what_is_typed_right_after_i_is_the_prompts():
             assert app.query_one("#prompt-input").value == "hello, i said"   # `i` as text
             assert src.knobs == before and len(app.screen_stack) == 1
             await pilot.press("escape")
-            for key in "lhe":                # the SLO dialog's key, then letters
+            for key in "lttft:9":            # the SLO dialog's key, then its text
                 app.post_message(events.Key(key, key))
             await pilot.pause()
             assert src.knobs == before and len(app.screen_stack) == 2
+            assert app.screen.query_one("#slo-input").value == "ttft:9"
             await pilot.press("escape", "question_mark")
             await pilot.pause()
             await pilot.press("i")           # over the help screen: no prompt opens
