@@ -23,6 +23,48 @@ def live_source(**workload):
     return start_live(engine, **opts)
 
 
+def logprobs_snapshots(max_tokens: int, max_num_seqs: int) -> list:
+    """Each step's snapshot of a dummy engine serving 3 prompts that ask for 2 logprobs,
+    raw too (their token traces), in 16-token chunks; the last after the final flush."""
+    from engine.config import make_config
+    from engine.core.core import LLMEngine
+    from engine.request import SamplingParams
+    from tests.helpers import add_request
+    eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
+                                num_blocks=64, block_size=8, max_num_batched_tokens=16,
+                                max_num_seqs=max_num_seqs))
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                                logprobs=2, raw_logprobs=True)
+        for k in range(3):
+            add_request(eng, {"prompt_token_ids": list(range(k + 1, k + 30))}, params, f"r{k}")
+        out = []
+        while eng.has_unfinished():
+            eng.step()
+            out.append(eng.snapshot())
+        eng.flush()
+        return out + [eng.snapshot()]
+    finally:
+        eng.close()
+
+
+def replay_at_end(path):
+    """(source, app) of a paused replay of `path` at its last frame."""
+    from roseplay.tui.app import RoseplayApp
+    from roseplay.workload.source import ReplaySource
+    src = ReplaySource(str(path), start_paused=True)
+    src.seek(len(src.recording) - 1)
+    return src, RoseplayApp(source=src)
+
+
+async def select_shown(pilot, app, request_id: str) -> None:
+    """Select a request and let the panels show it."""
+    app.refresh_panels()
+    app.requests.select(request_id)
+    app.refresh_panels()
+    await pilot.pause()
+
+
 def widget_text(widget) -> str:
     """What the widget shows on screen now (its rendered lines, border included)."""
     w, h = widget.outer_size

@@ -12,9 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from engine.config import MAX_SPECULATIVE_TOKENS, make_config
-from engine.core.core import LLMEngine
-from engine.request import SamplingParams
+from engine.config import MAX_SPECULATIVE_TOKENS
 from engine.outputs import TOKEN_DRAFT, TokenTrace
 from roseplay.tui.app import RoseplayApp
 from roseplay.workload.frames import FrameDecoder, FrameEncoder
@@ -23,8 +21,8 @@ from roseplay.workload.record_schema import BadRecording
 from roseplay.workload.source import ReplaySource
 from roseplay.tui.widgets.requests import fmt_ms
 from roseplay.tui.widgets.step_strip import StepStrip
-from tests.helpers import add_request
-from tests.roseplay.tui.helpers import screen_text, sync, widget_text
+from tests.roseplay.tui.helpers import (logprobs_snapshots, replay_at_end, screen_text,
+                                        select_shown, sync, widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,22 +31,8 @@ pytestmark = pytest.mark.timeout(120)
 def snaps():
     """Snapshots of a dummy engine serving logprobs requests in chunks (one seat: a
     queue), the last with a speculative trace and a verify's per-position counts added."""
-    eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
-                                num_blocks=64, block_size=8, max_num_batched_tokens=16,
-                                max_num_seqs=1))
-    try:
-        params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=2,
-                                raw_logprobs=True)
-        for k in range(3):
-            add_request(eng, {"prompt_token_ids": list(range(k + 1, k + 30))}, params, f"r{k}")
-        out = []
-        while eng.has_unfinished():
-            eng.step()
-            out.append(eng.snapshot())
-        eng.flush()
-        last = eng.snapshot()
-    finally:
-        eng.close()
+    snaps = logprobs_snapshots(max_tokens=4, max_num_seqs=1)
+    out, last = snaps[:-1], snaps[-1]
     spec = TokenTrace("s0", 3, np.arange(3, dtype="<i4").tobytes(),
                       np.array([1.0, 1.5, 1.5]).tobytes(), bytes([0, TOKEN_DRAFT | 8, 2 | 8]))
     verify = dataclasses.replace(last.recent_steps[-1], step=last.recent_steps[-1].step + 1,
@@ -92,14 +76,9 @@ async def test_a_replay_shows_the_strip_the_split_and_the_scrub(snaps, tmp_path)
     path = tmp_path / "lesson.jsonl.gz"
     with gzip.open(path, "wt") as fh:
         fh.write("\n".join(_lines(snaps)) + "\n")
-    src = ReplaySource(str(path), start_paused=True)
-    src.seek(len(src.recording) - 1)
-    app = RoseplayApp(source=src)
+    src, app = replay_at_end(path)
     async with app.run_test(size=(120, 40)) as pilot:
-        app.refresh_panels()
-        app.requests.select("r2")
-        app.refresh_panels()
-        await pilot.pause()
+        await select_shown(pilot, app, "r2")
         snap = src.snapshot()
         assert "budget 16 used" in widget_text(app.query_one(StepStrip))
         queued = snap.request("r2").ttft_split()[0]
@@ -158,10 +137,7 @@ async def test_a_replay_moved_back_holds_no_trace_from_later(snaps, tmp_path):
     app = RoseplayApp(source=src)
     async with app.run_test(size=(80, 24)) as pilot:
         src.seek(len(src.recording) - 1)
-        app.refresh_panels()
-        app.requests.select("r2")
-        app.refresh_panels()
-        await pilot.pause()
+        await select_shown(pilot, app, "r2")
         assert app.traces.get("r2") is not None and "w tokens" in widget_text(app.detail)
         src.seek(early)
         app.refresh_panels()

@@ -8,17 +8,13 @@ import json
 
 import pytest
 
-from engine.config import make_config
-from engine.core.core import LLMEngine
-from engine.request import SamplingParams
 from engine.tokenizer import load_tokenizer
-from roseplay.tui.app import RoseplayApp
 from roseplay.workload.record import Recorder
 from roseplay.workload.record_text import trace_ids
 from roseplay.workload.replay import Recording
 from roseplay.workload.source import ReplaySource
-from tests.helpers import add_request
-from tests.roseplay.tui.helpers import screen_text, sync, widget_text
+from tests.roseplay.tui.helpers import (logprobs_snapshots, replay_at_end, screen_text,
+                                        select_shown, sync, widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,22 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def snaps():
     """Snapshots of a dummy engine serving requests that ask for 2 logprobs, raw too."""
-    eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
-                                num_blocks=64, block_size=8, max_num_batched_tokens=16,
-                                max_num_seqs=2))
-    try:
-        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2,
-                                raw_logprobs=True)
-        for k in range(3):
-            add_request(eng, {"prompt_token_ids": list(range(k + 1, k + 20))}, params, f"r{k}")
-        out = []
-        while eng.has_unfinished():
-            eng.step()
-            out.append(eng.snapshot())
-        eng.flush()
-        out.append(eng.snapshot())
-    finally:
-        eng.close()
+    out = logprobs_snapshots(max_tokens=6, max_num_seqs=2)
     assert len(out[-1].traces) == 3
     return out
 
@@ -114,14 +95,9 @@ async def test_the_replays_token_scrub_shows_text(snaps, tmp_path):
     tokenizer = load_tokenizer("default")
     path = tmp_path / "s.jsonl.gz"
     _record(path, snaps, tokenizer)
-    src = ReplaySource(str(path), start_paused=True)
-    src.seek(len(src.recording) - 1)
-    app = RoseplayApp(source=src)
+    src, app = replay_at_end(path)
     async with app.run_test(size=(120, 40)) as pilot:
-        app.refresh_panels()
-        app.requests.select("r1")
-        app.refresh_panels()
-        await pilot.pause()
+        await select_shown(pilot, app, "r1")
         trace = src.snapshot().trace("r1")
         first = tokenizer.decode([int(trace.ids()[0])]).replace("\n", "⏎")
         lp = src.snapshot().request("r1").logprobs
