@@ -23,6 +23,7 @@ from textual.widgets import Footer, Input, Static
 from roseplay.tui.actions import Actions
 from roseplay.tui.marks import RecordedMarks
 from roseplay.tui.commands import RoseplayCommands
+from roseplay.tui.dp_actions import DecisionStore
 from roseplay.tui.engine_state import SERVING, engine_down
 from roseplay.tui.keys import TEXT_ACTIONS, action_mode, bindings
 from roseplay.tui.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
@@ -85,6 +86,7 @@ class RoseplayApp(Actions, App):
         self.guide_results: dict[str, dict] = {}   # guide / setup key -> last measured
         self._source_closed = threading.Event()
         self.traces = TraceStore()      # token traces seen in snapshots (key w)
+        self.decisions = DecisionStore()    # routing decisions kept (data parallel)
         self._message: tuple[str, str, float] = ("", "information", 0.0)
         self.messages: deque = deque(maxlen=MESSAGES_KEPT)     # (severity, text)
         self._note_shown = None

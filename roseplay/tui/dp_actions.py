@@ -1,9 +1,14 @@
 """Data parallelism in the app (a mixin of RoseplayApp, through Actions): each frame the
 replicas' own snapshots go to their small KV maps (widgets/replica_maps.py) and the
 router's decision for the selected request to the routing card (widgets/routing_card.py);
-`u` / `U` cycle the routing policy live (DPClient.set_routing_policy)."""
+`u` / `U` cycle the routing policy live (DPClient.set_routing_policy).
+
+The router keeps its latest RECENT_DECISIONS (seconds under load); the app keeps the
+typed prompts' decisions and the selected requests' besides (DecisionStore), so the
+card a newcomer opens on the prompt just typed is still there when they look."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import partial
 
 from engine.config import ROUTING_POLICIES
@@ -11,6 +16,32 @@ from roseplay.tui.widgets.knobs import cycled
 from roseplay.tui.widgets.routing_card import card_rows
 from roseplay.tui.widgets.borders import border_form
 from roseplay.tui.widgets.stopped import with_caption
+from roseplay.workload.own_prompts import OWN_PREFIX
+
+
+class DecisionStore:
+    """The routing decisions the app keeps past the router's window: the typed prompts'
+    and those it showed for a selected request, the latest KEEP of them."""
+
+    KEEP = 16
+
+    def __init__(self):
+        self._kept: OrderedDict = OrderedDict()
+
+    def find(self, router, rid: str | None):
+        """The router's decision for rid, else the one kept here (None: neither)."""
+        kept, recent = self._kept, list(router.recent)
+        for d in recent:
+            if d.request_id.startswith(OWN_PREFIX):
+                kept[d.request_id] = d
+        found = next((d for d in reversed(recent) if d.request_id == rid), None) \
+            if rid else None
+        if found is not None:
+            kept[rid] = found
+            kept.move_to_end(rid)
+        while len(kept) > self.KEEP:
+            kept.popitem(last=False)
+        return found or kept.get(rid)
 
 
 class RoutingActions:
@@ -56,8 +87,7 @@ class RoutingActions:
         figures = self.replica_windows.figures(snaps, routed,
                                                [dp.alive(r) for r in range(dp.size)])
         rid = current.request_id if current is not None else None
-        decision = next((d for d in reversed(list(router.recent)) if d.request_id == rid),
-                        None) if rid else None
+        decision = self.decisions.find(router, rid)
         chosen = decision.chosen if decision is not None else (
             dp.replica_of(rid) if rid else None)
         kv.replica_maps.show(snaps, figures, router.policy,

@@ -14,6 +14,8 @@ import queue
 import threading
 from collections import OrderedDict
 
+OWN_PREFIX = "you-"        # a typed prompt's request id: you-1, you-2 ...
+
 
 class OwnPrompts:
     """The typed prompts' streams (a dropped stream cancels its request: they are kept

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from engine.metrics import prefix_hit_rate
+from roseplay.workload.own_prompts import OWN_PREFIX
 
 SAMPLE_EVERY = 0.1      # seconds between snapshots read while measuring
 WARMUP_STEPS = 20       # engine steps a setup runs before it is measured: a new workload's
@@ -225,7 +226,7 @@ def active_ids(snap) -> set[str]:
     """The requests a new setup waits to see end (typed prompts stay)."""
     return {r.request_id for r in snap.requests
             if r.state not in ("finished", "cancelled", "error")
-            and not r.request_id.startswith("you-")}
+            and not r.request_id.startswith(OWN_PREFIX)}
 
 
 def measure(source, seconds: float, warmup: float = 1.0, expect: dict | None = None,

@@ -27,7 +27,7 @@ def card_text(decision, request_id: str | None, width: int, kept: int = 0) -> Te
         return t
     if decision is None:
         t.append(f"{request_id}: no routing decision kept (the router keeps its last "
-                 f"{kept}; a typed or older request may be gone)", "dim")
+                 f"{kept}, the app the typed prompts' and those it showed)", "dim")
         return t
     d = decision
     t.append(f"{request_id} → replica {d.chosen}", "bold #f2d34f")

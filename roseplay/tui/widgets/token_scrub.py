@@ -27,8 +27,8 @@ from engine.outputs import TOKEN_BONUS, TOKEN_CORRECTION, TOKEN_DRAFT, TOKEN_PLA
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.requests import fmt_ms
 from roseplay.tui.widgets.token_choice import choice_text
+from roseplay.workload.own_prompts import OWN_PREFIX
 
-OWN_PREFIX = "you-"        # the prompts typed in the app (roseplay/workload/source.py submit)
 ORIGIN_STYLE = {TOKEN_DRAFT: "decode", TOKEN_BONUS: "tput", TOKEN_CORRECTION: "shared"}
 
 

@@ -140,6 +140,31 @@ def test_a_card_shows_only_what_its_policy_weighed():
     assert "no routing decision kept" in card_text(None, "z", 80, 256).plain
 
 
+def test_a_typed_prompts_decision_outlives_the_routers_window():
+    """The router keeps its latest few decisions; the app keeps a typed prompt's and a
+    shown request's past them (the card a newcomer opens on you-1 after 300 others)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from roseplay.tui.dp_actions import DecisionStore
+    loads = (ReplicaLoad(0, 1, 8), ReplicaLoad(0, 1, 8))
+
+    def decision(rid):
+        return RouteDecision(rid, "least_load", 1, "least", 3, (), loads, (1.0, 1.0))
+    router, store = SimpleNamespace(recent=deque(maxlen=4)), DecisionStore()
+    router.recent.extend([decision("you-1"), decision("w0-1")])
+    assert store.find(router, "w0-1").request_id == "w0-1"      # shown while selected
+    router.recent.extend(decision(f"w0-{i}") for i in range(2, 300))
+    assert store.find(router, "you-1").request_id == "you-1"
+    assert store.find(router, "w0-1").request_id == "w0-1"
+    assert store.find(router, "w0-5") is None                    # never shown, gone
+    for i in range(DecisionStore.KEEP + 4):                      # more shown than it keeps
+        router.recent.append(decision(f"x-{i}"))
+        assert store.find(router, f"x-{i}").request_id == f"x-{i}"
+    assert store.find(router, "you-1") is None                   # the oldest went first
+    assert store.find(router, f"x-{DecisionStore.KEEP + 3 - router.recent.maxlen}")
+
+
 def test_a_recorded_routing_change_marks_the_plots_as_live():
     from roseplay.tui.marks import change_label, event_label
     assert event_label({"what": "routing", "policy": "cache_aware"}) == "route cache_aware"
