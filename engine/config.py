@@ -53,7 +53,10 @@ MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, 
 # engine's every 1 s: engine/ipc/liveness.py)
 CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
 # the router's policies (engine/front/router.py, docs/ROUTING.md)
-ROUTING_POLICIES = ("round_robin", "least_load", "consistent_hash", "cache_aware")
+# (in the order u cycles them: cache_aware's guide steps to round_robin, consistent_hash's
+# back to least_load, each with one key)
+ROUTING_POLICIES = ("round_robin", "least_load", "consistent_hash", "cache_first",
+                    "cache_aware")
 MAX_DP_SIZE = 64   # engine replicas behind one front
 
 
@@ -179,7 +182,9 @@ class EngineConfig:
         "least_load", "How the data-parallel front picks a replica (live): round_robin, "
                       "least_load (vLLM's 4 x waiting + running), consistent_hash (on the "
                       "prompt's first block), cache_aware (the longest cached prefix, traded "
-                      "against load: docs/ROUTING.md).", choices=ROUTING_POLICIES)
+                      "against load by Dynamo's cost), cache_first (SGLang's rule: the "
+                      "longest cached prefix while the loads are even, else the least "
+                      "load): docs/ROUTING.md.", choices=ROUTING_POLICIES)
     kv_overlap_score_weight: float = knob_field(
         1.0, "cache_aware's cost of one prompt block a replica must prefill, against one "
              "KV block in use there (Dynamo's kv_overlap_score_weight; docs/ROUTING.md).")

@@ -49,6 +49,11 @@ class ReplicaCache:
             n += 1
         return n
 
+    def held_blocks(self) -> int:
+        """Blocks this replica caches, in both tiers (cache_first sends a new prefix to
+        the replica holding the fewest)."""
+        return len(self.hashes) + len(self.host)
+
     def clear(self) -> None:
         self.hashes.clear()
         self.host.clear()

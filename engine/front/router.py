@@ -15,6 +15,12 @@ RouteDecision that keeps what it weighed (the routing card shows it). Policies, 
   (its stats, plus the prompts routed to it since), w = kv_overlap_score_weight (one
   block to prefill against one block of load; Dynamo's cost). Ties: least_load, then
   the lowest rank.
+- cache_first: SGLang's cache_aware rule. While the replicas' loads (vLLM's score) are
+  within BALANCE_THRESHOLD of each other, the replica holding the longest cached prefix
+  if it holds at least CACHE_SHARE of the prompt, else the one whose index holds the
+  fewest blocks (a new prefix goes where there is room); past the threshold, the least
+  loaded. The cache decides while the loads allow it, where cache_aware trades the two
+  on every request.
 
 A request may pin a replica (data_parallel_rank): honoured while that replica lives.
 """
@@ -31,6 +37,12 @@ from engine.config import ROUTING_POLICIES, InvalidRequestError
 
 VIRTUAL_NODES = 64        # ring points per replica (consistent_hash)
 RECENT_DECISIONS = 256    # kept for the routing card
+# cache_first: loads within this many points of vLLM's score (4 x waiting + running) are
+# even (SGLang's balance_abs_threshold is 32 running requests; 8 held the skewed and the
+# uniform workloads on the CPU, docs/ROUTING.md "cache_first"), and a cached prefix of at
+# least this share of the prompt decides (SGLang's cache_threshold)
+BALANCE_THRESHOLD = 8
+CACHE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,9 @@ class Router:
         elif policy == "consistent_hash":
             chosen = self._on_ring(token_ids, live)
             reason = "the ring's owner of the prompt's first block"
+        elif policy == "cache_first":
+            cached = self._cached(token_ids)
+            chosen, reason = self._cache_first(cached, blocks, loads, live)
         else:
             cached, costs = self._cache_costs(token_ids, blocks, loads)
             chosen = min(live, key=lambda r: (costs[r], loads[r].score, r))
@@ -138,11 +153,31 @@ class Router:
                 return r
         raise NoReplica("every engine replica is gone")
 
+    def _cached(self, token_ids) -> tuple[int, ...]:
+        """C_r: the prompt's leading full blocks each replica's index holds."""
+        chain = prompt_block_hashes(token_ids, self.block_size)
+        return tuple(self.caches[r].prefix_blocks(chain) if self.caches else 0
+                     for r in range(self.size))
+
+    def _cache_first(self, cached, blocks: int, loads: list[ReplicaLoad], live: list[int]
+                     ) -> tuple[int, str]:
+        spread = max(loads[r].score for r in live) - min(loads[r].score for r in live)
+        if spread > BALANCE_THRESHOLD:
+            chosen = min(live, key=lambda r: (loads[r].score, r))
+            return chosen, (f"loads {spread} apart (> {BALANCE_THRESHOLD}): the least 4 x "
+                            f"waiting + running ({loads[chosen].score})")
+        best = max(live, key=lambda r: (cached[r], -loads[r].score, -r))
+        if blocks and cached[best] >= CACHE_SHARE * blocks:
+            return best, (f"loads within {BALANCE_THRESHOLD}: the longest cached prefix "
+                          f"({cached[best]}/{blocks} blocks)")
+        held = [self.caches[r].held_blocks() if self.caches else 0 for r in range(self.size)]
+        chosen = min(live, key=lambda r: (held[r], loads[r].score, r))
+        return chosen, (f"no replica holds half the prompt: the one caching the fewest "
+                        f"blocks ({held[chosen]})")
+
     def _cache_costs(self, token_ids, blocks: int, loads: list[ReplicaLoad]
                      ) -> tuple[tuple[int, ...], tuple[float, ...]]:
-        chain = prompt_block_hashes(token_ids, self.block_size)
-        cached = tuple(self.caches[r].prefix_blocks(chain) if self.caches else 0
-                       for r in range(self.size))
+        cached = self._cached(token_ids)
         costs = tuple(self.weight * (blocks - c) + load.active_blocks if load.alive
                       else float("inf") for c, load in zip(cached, loads))
         return cached, costs

@@ -57,7 +57,7 @@ class RoutingActions:
 
     def action_routing(self, direction: int) -> None:
         """The next routing policy (round_robin → least_load → consistent_hash →
-        cache_aware)."""
+        cache_first → cache_aware)."""
         dp = self.replicas()
         if self.source is None:
             return

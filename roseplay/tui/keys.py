@@ -75,7 +75,8 @@ KEYS = (
         "preemption: recompute ↔ swap to the host tier (preemption_mode; swap needs "
         "--kv-offloading-size)", "h", "live", knob="preemption_mode"),
     Key("u", "routing(1)", "Route", "data-parallel routing policy: round_robin → least_load "
-        "→ consistent_hash → cache_aware (roseplay --data-parallel-size 2 or more)", "u",
+        "→ consistent_hash → cache_first → cache_aware (roseplay --data-parallel-size 2 or "
+        "more)", "u",
         "live"),
     Key("U", "routing(-1)", "Route back", "previous routing policy", "U", "live"),
     Key("s", "scenario(1)", "Scenario", "next scenario", "s", "live"),

@@ -283,8 +283,8 @@ def one_press(name: str, old, new) -> str | None:
     """The key that turns knob `name` from `old` to `new` in one press, if one does."""
     from roseplay.tui.keys import KEYS
     if name == "routing":       # u / U cycle the router's policies
-        i = ROUTING_POLICIES.index(old)
-        step = {ROUTING_POLICIES[(i + 1) % 4]: "u", ROUTING_POLICIES[(i - 1) % 4]: "U"}
+        i, n = ROUTING_POLICIES.index(old), len(ROUTING_POLICIES)
+        step = {ROUTING_POLICIES[(i + 1) % n]: "u", ROUTING_POLICIES[(i - 1) % n]: "U"}
         return step.get(new)
     f = next((f for f in knob_fields(SchedulerConfig) if f.name == name), None)
     if f is None:

@@ -61,9 +61,12 @@ its pool, its prefix hit rate, TTFT p50 and output tok/s over the last 10 s. The
 line: the routing policy, requests per replica and the **imbalance** (most / mean: 1.00
 is even). The **Routing** panel is the selected request's routing card: the replica it
 went to and the router's own reason, then per replica what the router weighed at that
-moment: the prompt's blocks that replica held (`cached`, cache_aware only), its waiting,
-running and active KV blocks, and its cost under the policy (`4w+r` for least_load,
-`w x uncached + active` for cache_aware; round_robin and consistent_hash weigh none).
+moment: the prompt's blocks that replica held (`cached`, cache_aware and cache_first),
+its waiting, running and active KV blocks, and its cost under the policy (`4w+r` for
+least_load and cache_first, `w x uncached + active` for cache_aware; round_robin and
+consistent_hash weigh none). cache_first (SGLang's rule) follows the cache while the
+loads are within 8 of each other; cache_aware (Dynamo's cost) trades them on every
+request.
 `u` / `U` cycle the policy live; guides `a` and `b` show what it changes.
 
 ## Requests

@@ -27,7 +27,8 @@ WORKLOAD_HELP = {
     "routing_policy": "Which replica serves a request (--data-parallel-size > 1; u / U): "
                       "round_robin in turn, least_load the least 4 x waiting + running, "
                       "consistent_hash by the prompt's first block, cache_aware the least "
-                      "w x uncached + active blocks (docs/ROUTING.md).",
+                      "w x uncached + active blocks, cache_first the longest cached "
+                      "prefix while the loads are even (docs/ROUTING.md).",
 }
 NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)

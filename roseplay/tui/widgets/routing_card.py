@@ -1,6 +1,6 @@
 """The routing card: for the selected request, what the data-parallel router weighed
 (engine/front/router.py RouteDecision): per replica the prompt's blocks it held
-(cache_aware), the waiting, running and active blocks the router saw, each replica's
+(cache_aware, cache_first), the waiting, running and active blocks the router saw, each replica's
 cost under the policy, and the winner with the router's own reason."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.text import Text
 from roseplay.tui.widgets.text_view import TextView
 
 # what each policy's cost column is (None: the policy weighs no cost)
-COST_HEAD = {"least_load": "4w+r", "cache_aware": "cost"}
+COST_HEAD = {"least_load": "4w+r", "cache_aware": "cost", "cache_first": "4w+r"}
 BLIND = {"round_robin": "blind to load and caches", "consistent_hash": "blind to load"}
 
 

@@ -106,3 +106,26 @@ def test_replica_cache_follows_both_tiers_and_counts_a_host_hit():
     assert c.prefix_blocks(chain) == 3          # host, device, host
     c.apply(batch(AllBlocksCleared()))
     assert not c.hashes and not c.host
+
+
+def test_cache_first_follows_the_cache_while_the_loads_are_even():
+    """SGLang's rule: the longest cached prefix (half the prompt or more) while the loads
+    are within BALANCE_THRESHOLD, even against a higher load; past it, the least load;
+    a prompt no replica holds half of goes to the replica caching the fewest blocks."""
+    from engine.front.router import BALANCE_THRESHOLD
+    shared = list(range(1, 33))                                  # 8 blocks
+    caches = caches_holding([list(range(100, 164))], [shared])   # r0 16 other blocks
+    r = Router(2, BS, "cache_first", caches=caches)
+    prompt = shared + [50, 51, 52, 53]                           # 9 blocks, 8 on r1
+    near = ReplicaLoad(0, BALANCE_THRESHOLD, 99)                 # r1 busier, within it
+    d = r.choose("a", prompt, [IDLE, near])
+    assert d.chosen == 1 and d.cached_blocks == (0, 8) and "longest cached prefix" in d.reason
+    far = ReplicaLoad(0, BALANCE_THRESHOLD + 1, 0)
+    d = r.choose("b", prompt, [IDLE, far])
+    assert d.chosen == 0 and "apart" in d.reason and d.costs == (0.0, BALANCE_THRESHOLD + 1)
+    half = list(range(1, 13)) + [70] * 12                        # 3 of 6 blocks on r1: half
+    assert r.choose("c", half, [IDLE, IDLE]).chosen == 1
+    new = [9] * 40                                               # no one holds it
+    d = r.choose("d", new, [IDLE, IDLE])
+    assert d.chosen == 1 and "fewest blocks (8)" in d.reason     # r1 caches 8, r0 16
+    assert r.choose("e", prompt, [IDLE, DEAD]).chosen == 0       # the dead hold nothing

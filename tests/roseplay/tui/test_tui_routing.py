@@ -199,6 +199,8 @@ async def test_the_policy_key_cycles_the_routers_policy_live(app, source):
                               == "round_robin", 60)     # the next requests go by it
         source.pause()
         await pilot.press("U", "U")
+        assert dp.router.policy == "cache_first"
+        await pilot.press("U")
         assert dp.router.policy == "consistent_hash"
         title, run = typed_command(app, "routing least_load")
         run()
