@@ -13,6 +13,8 @@ from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.knob_words import SHORT_NAMES, fmt_value
 
 MARK = {True: ("✓", "tput"), False: ("✗", "preempt"), None: ("…", "free")}
+LEGENDS = ("the claim, measured (✓ holds, ✗ does not, … not yet):",
+           "the claim: ✓ holds, ✗ does not, … not yet")
 
 
 def card_text(run, width: int, rows: int) -> Text:
@@ -31,8 +33,8 @@ def card_text(run, width: int, rows: int) -> Text:
     narrow = width < 50         # 80x24: the verdicts before anything that can wait
     add(head, "bold", 1 if narrow else 2)
     add(run.status(), "italic", 2)
-    if not narrow:
-        add("the claim, measured (✓ holds, ✗ does not, … not yet):", "dim")
+    if not narrow:      # the legend whole, in the longest form that fits (never cut)
+        add(next(f for f in LEGENDS if len(f) <= width or f is LEGENDS[-1]), "dim")
     marks = []
     for claim, ok in run.rows():
         mark, color = MARK[ok]

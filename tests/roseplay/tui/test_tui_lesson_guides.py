@@ -181,3 +181,16 @@ async def test_guide_1_puts_chunk_k_of_n_in_view_at_80x24(monkeypatch):
             assert await wait_for(pilot, seen, 60), widget_text(app.query_one(RequestList))
     finally:
         src.close()
+
+
+def test_the_scorecards_legend_is_never_cut():
+    """At 120x40 the Knobs panel is 50 columns: the legend read "(✓ holds, ✗ does not,
+    … not" (its first wrapped line only); it now takes a form that fits whole."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.guide_card import LEGENDS, card_text
+    run = SimpleNamespace(guide=BY_KEY["3"], status=lambda: "window clean", rows=lambda: [],
+                          versus_hint=lambda hint: "")
+    for width, legend in ((len(LEGENDS[0]), LEGENDS[0]), (50, LEGENDS[1])):
+        lines = card_text(run, width, 20).plain.splitlines()
+        assert legend in lines, (width, lines)
