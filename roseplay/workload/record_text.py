@@ -79,15 +79,15 @@ class PieceTracker:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._sent: set[int] = set()
-        self._traces: set[tuple[str, int, int]] = set()     # traces already walked
+        self._walked: set[tuple[str, int, int]] = set()     # the last frame's traces
 
     def new_pieces(self, snap: EngineSnapshot) -> dict[str, str]:
         ids = set(self._view_ids(snap.requests))
-        for t in snap.traces:
-            key = (t.request_id, t.num_tokens, len(t))
-            if key not in self._traces:
-                self._traces.add(key)
+        keys = [(t.request_id, t.num_tokens, len(t)) for t in snap.traces]
+        for key, t in zip(keys, snap.traces):     # a trace stays in the window until it
+            if key not in self._walked:           # leaves: walk it once, when it comes
                 ids.update(trace_ids(t))
+        self._walked = set(keys)
         ids -= self._sent
         self._sent |= ids
         return {str(i): self.tokenizer.decode([i]) for i in sorted(ids)}

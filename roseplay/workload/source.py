@@ -8,6 +8,7 @@ replay refuses with `ReadOnlyError`.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import TYPE_CHECKING
@@ -207,7 +208,7 @@ class ReplaySource:
     def frame(self):
         return self.recording[self.index]
 
-    @property
+    @functools.cached_property
     def tokenizer(self):
         """The recorded token pieces (record_text.py RecordedVocab); None if it has none."""
         from roseplay.workload.record_text import RecordedVocab

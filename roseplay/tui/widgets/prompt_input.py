@@ -115,7 +115,7 @@ class PromptBar(Vertical):
     def open(self) -> None:
         """Show the box with the focus in its prompt field at once (not after the next
         redraw, as Widget.focus does): what is typed right after `i` is the prompt's,
-        never the app's keys (`h`, `e`, `o` ... change knobs or open dialogs)."""
+        never the app's keys (`h`, `e` change knobs, `l` opens the SLO dialog)."""
         self.add_class("-open")
         self.screen.set_focus(self.query_one("#prompt-input", Input))
 
