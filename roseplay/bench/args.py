@@ -71,6 +71,15 @@ def parse_ab(text: str | None) -> tuple[str, list] | None:
     return name, parsed
 
 
+SECRET_FLAGS = ("api_key", "engine_key")
+
+
+def recorded_args(args) -> dict:
+    """The flags as `--json` records them: without the function and the secrets (a
+    result file is shared; the engine key and the API key are not)."""
+    return {k: v for k, v in vars(args).items() if k != "func" and k not in SECRET_FLAGS}
+
+
 def check_args(args) -> None:
     """Refuses flag values no run could use (a clear error before any engine starts)."""
     for flag in ("num_prompts", "input_len", "output_len"):

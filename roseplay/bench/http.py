@@ -25,6 +25,7 @@ import httpx
 from rich.console import Console
 
 from roseplay.bench import report
+from roseplay.bench.args import recorded_args
 from roseplay.bench.clients import ClientLoad, ClientPool, Job, run_load
 from roseplay.bench.common import arrivals, progress, workload_items
 from roseplay.bench.sse import Outcome
@@ -236,7 +237,7 @@ def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad,
     if per_replica:          # a data-parallel server: each replica's share
         from roseplay.bench.replicas import print_replicas
         print_replicas(console, per_replica, 50)     # print_summary's width
-    payload = {"bench": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
+    payload = {"bench": recorded_args(args),
                "mode": "http", "summary": summary, "requests": records,
                "server_metrics_delta": server, "server_means_ms": own,
                "client": client.as_dict(), "data_parallel": per_replica}

@@ -25,7 +25,7 @@ from rich.progress import Progress
 
 from engine.config import SchedulerConfig
 from roseplay.bench import report
-from roseplay.bench.args import add_arguments, check_args, parse_ab
+from roseplay.bench.args import add_arguments, check_args, parse_ab, recorded_args
 from roseplay.bench.common import arrivals as _arrivals, progress as _progress, workload_items
 from roseplay.cli_flags import (engine_addresses, engine_kwargs, goodput_slos,
                                  say_on_stderr)
@@ -251,7 +251,7 @@ def _report(console: Console, args, results, extra: dict, mode: str) -> None:
                       f"greedy token agreement: {100 * extra['greedy_agreement_vs_hf_cb']:.0f} %",
                       highlight=False)
     if args.json:
-        payload = {"bench": {k: v for k, v in vars(args).items() if k != "func"},
+        payload = {"bench": recorded_args(args),
                    "mode": mode, "summary": summaries[0], "requests": results[0].requests,
                    "runs": [report.run_payload(r, s) for r, s in zip(results, summaries)]}
         payload[mode if mode != "single" else "info"] = extra
@@ -293,8 +293,8 @@ def _interrupted(console: Console, args, results: list, partial, t0: float) -> i
     """Ctrl-C: the engine is closed by now; report what was measured, exit 130 (SIGINT)."""
     if partial is not None and partial.requests:
         results.append(partial)
-    bench_args = {k: v for k, v in vars(args).items() if k != "func"}
-    report.print_interrupted(console, results, time.perf_counter() - t0, args.json, bench_args)
+    report.print_interrupted(console, results, time.perf_counter() - t0, args.json,
+                             recorded_args(args))
     return 130
 
 

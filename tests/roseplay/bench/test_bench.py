@@ -227,3 +227,18 @@ def test_ab_eviction_policy_reports_block_residency(tmp_path, capsys):
         assert blocks["lifetime"]["count"] == blocks["idle_before_evict"]["count"] == eng["evictions"]
         assert 0 < blocks["lifetime"]["p50_s"] and blocks["idle_before_evict"]["mean_s"] <= \
             blocks["lifetime"]["mean_s"]
+
+
+def test_json_leaves_the_secrets_out(tmp_path, capsys):
+    """--json records the flags but never the engine key or the API key: a result file
+    is shared, the keys are not."""
+    path = tmp_path / "k.json"
+    rc, _ = run_bench(capsys, "--num-prompts", "2", "--input-len", "4", "--output-len", "2",
+                      "--warmup", "0", "--engine-key", "s3cret-engine-key", "--json", str(path))
+    assert rc == 0
+    text = path.read_text()
+    assert "s3cret-engine-key" not in text
+    assert json.loads(text)["bench"]["num_prompts"] == 2
+    ns = bench_args.add_arguments(__import__("argparse").ArgumentParser()).parse_args(
+        ["--api-key", "s3cret-api-key", "--engine-key", "k"])
+    assert not {"api_key", "engine_key", "func"} & set(bench_args.recorded_args(ns))
