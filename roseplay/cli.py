@@ -12,7 +12,7 @@ import os
 import sys
 
 from roseplay.cli_checks import (check_bench_config, check_compare, check_engine, check_model,
-                                 check_record_path)
+                                 check_output_path, check_record_path)
 from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, add_goodput_flag
 from roseplay.tui.defaults import note_app_defaults
 from roseplay.tui.launch import CannotStart, run_tui
@@ -91,7 +91,9 @@ def _bench(argv: list[str]) -> int:
     bench.add_parser(parser.add_subparsers(dest="command", required=True,
                                            parser_class=OneLineParser))
     args = parser.parse_args(argv)
-    problem = check_model(getattr(args, "model", None)) or check_bench_config(args)
+    problem = (check_model(getattr(args, "model", None))
+               or check_output_path("--json", getattr(args, "json", None))
+               or check_bench_config(args))
     if problem:
         return _fail(problem)
     try:

@@ -32,15 +32,21 @@ def check_model(name: str | None) -> str | None:
 
 def check_record_path(path: str | None) -> str | None:
     """Why the app could not write a recording to `path` (None if it can)."""
+    return check_output_path("--record", path)
+
+
+def check_output_path(flag: str, path: str | None) -> str | None:
+    """Why `flag`'s file could not be written at `path` (None if it can): told before
+    the run, not after it, when its results would be lost."""
     if path is None:
         return None
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        return f"--record {path}: is a directory"
+        return f"{flag} {path}: is a directory"
     if not os.path.isdir(folder):
-        return f"--record {path}: folder {folder} does not exist"
+        return f"{flag} {path}: folder {folder} does not exist"
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return f"--record {path}: not writable"
+        return f"{flag} {path}: not writable"
     return None
 
 

@@ -9,18 +9,18 @@ import argparse
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
                                 add_goodput_flag, engine_addresses, field_by_name,
                                 parse_knob_value)
-from roseplay.workload.flags import add_workload_flags
+from roseplay.workload.flags import add_workload_flags, number
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     w = p.add_argument_group("workload (EOS ignored)")
     rate = add_workload_flags(w, "bench")
-    rate.add_argument("--submit-interval-ms", type=float, default=None,
+    rate.add_argument("--submit-interval-ms", type=number(float, 0), default=None,
                       help="One request every MS milliseconds.")
-    w.add_argument("--num-prompts", type=int, default=64, help="Measured requests (default: 64).")
-    w.add_argument("--range-ratio", type=float, default=0.0, help="Lengths uniform in "
+    w.add_argument("--num-prompts", type=number(int, 1), default=64, help="Measured requests (default: 64).")
+    w.add_argument("--range-ratio", type=_range_ratio, default=0.0, help="Lengths uniform in "
                    "[L*(1-r), L*(1+r)] (default: 0).")
-    w.add_argument("--warmup", type=int, default=8, help="Warm-up requests of the same scenario "
+    w.add_argument("--warmup", type=number(int, 0), default=8, help="Warm-up requests of the same scenario "
                    "(other seed), run and discarded before each measured run; the prefix "
                    "cache is cleared after them (default: 8).")
     b = p.add_argument_group("bench")
@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "side-by-side table with ratios vs the first.")
     b.add_argument("--compare", choices=["hf"], help="Also run HF transformers (continuous "
                    "batching and plain generate) on the same workload and weights.")
-    b.add_argument("--hf-batch-size", type=int, default=64, help="Batch of HF plain generate.")
-    b.add_argument("--repeat", type=int, default=1, help="Measured runs on one engine (prefix "
+    b.add_argument("--hf-batch-size", type=number(int, 1), default=64, help="Batch of HF plain generate.")
+    b.add_argument("--repeat", type=number(int, 1), default=1, help="Measured runs on one engine (prefix "
                    "cache cleared before each); prints every run's throughput and the median "
                    "with min..max (default: 1).")
     b.add_argument("--in-process", action="store_true", help="Run the engine on a thread of "
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     h.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                    help="/v1/completions (token-id prompts sent as ids) or "
                         "/v1/chat/completions (default: completions).")
-    h.add_argument("--num-clients", type=int, default=1, metavar="N",
+    h.add_argument("--num-clients", type=number(int, 1), default=1, metavar="N",
                    help="Client processes sharing the load and one report: request i goes "
                         "to process i %% N, each keeps its share of --max-concurrency. One "
                         "process reads a few 10k SSE chunks/s; the report prints each run's "
@@ -55,6 +55,17 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "(default: 1).")
     add_engine_flags(p)
     return p
+
+
+def _range_ratio(text: str) -> float:
+    """[0, 1), as vLLM's --random-range-ratio: a length L*(1-r) must stay positive."""
+    value = number(float, 0)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+_range_ratio.__name__ = "float"
 
 
 def parse_ab(text: str | None) -> tuple[str, list] | None:
@@ -81,22 +92,12 @@ def recorded_args(args) -> dict:
 
 
 def check_args(args) -> None:
-    """Refuses flag values no run could use (a clear error before any engine starts)."""
-    for flag in ("num_prompts", "input_len", "output_len"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
-    if args.warmup < 0:
-        raise ValueError("--warmup must be >= 0")
-    if args.max_concurrency is not None and args.max_concurrency < 1:
-        raise ValueError("--max-concurrency must be >= 1")
-    if args.request_rate is not None and args.request_rate <= 0:
-        raise ValueError("--request-rate must be > 0")
+    """Refuses flag combinations no run could use (a clear error before any engine
+    starts); each flag's own range is its argparse type's."""
     if args.ab and args.compare:
         raise ValueError("use --ab or --compare, not both")
-    if args.num_clients < 1:
-        raise ValueError("--num-clients must be >= 1")
-    if args.repeat < 1:
-        raise ValueError("--repeat must be >= 1")
+    if args.base_url and (args.ab or args.compare):
+        raise ValueError("--ab and --compare need the in-process engine (drop --base-url)")
     if args.repeat > 1 and (args.ab or args.compare):
         raise ValueError("--repeat works with a single configuration (not --ab / --compare)")
     if engine_addresses(args)[1] and (args.in_process or args.compare or args.ab):

@@ -151,9 +151,6 @@ def server_means(delta: dict[str, float]) -> dict[str, float]:
 
 def run(args, console: Console) -> int:
     """The --base-url branch of `roseplay bench`."""
-    if args.ab or args.compare:
-        console.print("[red]bench: --ab and --compare need the in-process engine (drop --base-url)[/red]")
-        return 2
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         model = args.model or served_models(args.base_url, headers)[0]

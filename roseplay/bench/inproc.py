@@ -264,8 +264,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_args(args)
         ab = parse_ab(args.ab)
-    except ValueError as exc:
-        console.print(f"[red]bench: {exc}[/red]")
+    except ValueError as exc:      # one line on stderr, as argparse's own errors
+        print(f"roseplay bench: error: {exc}", file=sys.stderr)
         return 2
     if args.base_url:
         from roseplay.bench import http as bench_http   # lazy: the in-process bench needs no httpx

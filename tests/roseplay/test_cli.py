@@ -127,3 +127,41 @@ def test_a_model_that_fails_to_load_closes_the_app_with_one_line(monkeypatch, ca
     err = capsys.readouterr().err
     assert err == ("roseplay: error: could not start: InvalidRequestError: cannot fetch model "
                    "'org/x' from the hub: offline\n")
+
+
+BAD_BENCH_FLAGS = [
+    (["--range-ratio", "-1"], "--range-ratio: must be >= 0"),
+    (["--range-ratio", "1"], "--range-ratio: must be in [0, 1)"),
+    (["--range-ratio", "nan"], "--range-ratio: must be >= 0"),
+    (["--submit-interval-ms", "-5"], "--submit-interval-ms: must be >= 0"),
+    (["--submit-interval-ms", "nan"], "--submit-interval-ms: must be >= 0"),
+    (["--hf-batch-size", "0"], "--hf-batch-size: must be >= 1"),
+    (["--num-prompts", "0"], "--num-prompts: must be >= 1"),
+    (["--warmup", "-1"], "--warmup: must be >= 0"),
+    (["--repeat", "0"], "--repeat: must be >= 1"),
+    (["--num-clients", "0"], "--num-clients: must be >= 1"),
+    (["--json", "/nonexistent-dir/b.json"], "folder /nonexistent-dir does not exist"),
+    (["--ab", "max_num_seqs=1,2", "--compare", "hf"], "use --ab or --compare, not both"),
+    (["--ab", "max_num_seqs=1,2", "--base-url", "http://127.0.0.1:9"],
+     "--ab and --compare need the in-process engine"),
+    (["--ab", "nosuch=1,2"], "unknown knob 'nosuch'"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_BENCH_FLAGS,
+                         ids=[" ".join(a) for a, _ in BAD_BENCH_FLAGS])
+def test_each_bad_bench_flag_exits_2_with_one_line(argv, message, capsys, monkeypatch):
+    """A bench flag no run can use: one line on stderr and exit status 2, before any
+    engine starts (a traceback, a silently accepted value, or a run whose --json
+    cannot be written were each possible)."""
+    import roseplay.cli as cli
+    from roseplay.bench import inproc
+    monkeypatch.setattr(inproc, "make_loop", lambda *a, **k: pytest.fail("an engine started"))
+    try:
+        rc = cli.main(["bench", "--model", "dummy:tiny", *argv])
+    except SystemExit as exc:
+        rc = exc.code
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.err.count("\n") == 1, captured.err
+    assert "error:" in captured.err and message in captured.err, captured.err
+    assert "Traceback" not in captured.err + captured.out

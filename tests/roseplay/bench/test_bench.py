@@ -205,7 +205,9 @@ def test_compare_hf_same_weights(tmp_path, capsys):
 
 
 def test_bad_args_return_2(capsys):
-    assert bench.main([*BASE, "--num-prompts", "0"]) == 2
+    with pytest.raises(SystemExit) as exc:          # argparse's own error: the flag's type
+        bench.main([*BASE, "--num-prompts", "0"])
+    assert exc.value.code == 2
     assert bench.main([*BASE, "--ab", "max_num_seqs=1,2", "--compare", "hf"]) == 2
 
 
