@@ -45,7 +45,8 @@ class StreamEvent:
 
 
 class InputProcessor:
-    """Prompt (text, token ids, or {"prompt_token_ids", "prompt"}) -> validated CoreRequest."""
+    """Prompt (text, token ids, {"prompt": text} or {"prompt_token_ids", "prompt"}: vLLM's
+    TextPrompt and TokensPrompt) -> validated CoreRequest."""
 
     def __init__(self, tokenizer, model_name: str, vocab_size: int, max_model_len: int,
                  num_blocks: int, block_size: int):
@@ -87,8 +88,12 @@ class InputProcessor:
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt:
-                raise InvalidRequestError("a dict prompt needs 'prompt_token_ids'")
+            if "prompt_token_ids" not in prompt:       # vLLM's TextPrompt: {"prompt": text}
+                text = prompt.get("prompt")
+                if not isinstance(text, str):
+                    raise InvalidRequestError("a dict prompt needs 'prompt_token_ids' (a list "
+                                              "of integers) or 'prompt' (a string)")
+                return self._tokenize(text)
             ids = prompt["prompt_token_ids"]
             if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
                 raise InvalidRequestError("prompt_token_ids must be a list of integers, got "

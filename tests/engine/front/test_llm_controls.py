@@ -17,3 +17,12 @@ def test_reset_prefix_cache_makes_the_next_run_cold():
         cold = llm.generate([PROMPT], GREEDY)[0]
         assert cold.metrics.num_cached_tokens == 0
         assert first.outputs[0].token_ids == warm.outputs[0].token_ids == cold.outputs[0].token_ids
+
+
+def test_text_prompt_dict_is_the_text():
+    """vLLM's TextPrompt, {"prompt": text}, is tokenized as the text itself (it was
+    refused for lacking 'prompt_token_ids')."""
+    with LLM(model="default", device="cpu") as llm:
+        plain, as_dict = llm.generate([PROMPT, {"prompt": PROMPT}], GREEDY)
+        assert as_dict.prompt == PROMPT and as_dict.prompt_token_ids == plain.prompt_token_ids
+        assert as_dict.outputs[0].token_ids == plain.outputs[0].token_ids
