@@ -246,12 +246,16 @@ class OutputProcessor:
     def _delta(st: RequestState, finished: bool, reason: str | None, error: str | None,
                output: RequestOutput | None) -> StreamEvent:
         n_tok, n_text = st.sent_tokens, st.sent_text
+        # a stream holds back what may be the start of a stop string (vLLM's stop buffer):
+        # text sent is never taken back when a later token completes the stop string
+        end = len(st.text) if finished or not st.params.stop else \
+            len(st.text) - max(map(len, st.params.stop)) + 1
         event = StreamEvent(st.request_id, tuple(st.output_ids[n_tok:]), tuple(st.times[n_tok:]),
-                            st.text[n_text:], finished, reason, error, output,
+                            st.text[n_text:max(n_text, end)], finished, reason, error, output,
                             None if st.logprobs is None else tuple(st.logprobs[n_tok:]),
                             None if st.sent_prompt_logprobs else st.prompt_logprobs)
         st.sent_prompt_logprobs = st.prompt_logprobs is not None
-        st.sent_tokens, st.sent_text = len(st.output_ids), max(n_text, len(st.text))
+        st.sent_tokens, st.sent_text = len(st.output_ids), max(n_text, end)
         return event
 
 

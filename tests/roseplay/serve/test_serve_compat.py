@@ -1,0 +1,75 @@
+"""What clients of OpenAI's and vLLM's servers rely on, on the default path (the engine
+in its own process, the bundled model, 127.0.0.1): a stream never sends text that a stop
+string later cuts (streamed text = non-streamed text)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from engine.front.client import EngineClient
+from roseplay.serve.app import build_app
+from roseplay.serve.server import ServerThread
+
+pytestmark = pytest.mark.timeout(120)
+PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with EngineClient(label="server", snapshots=False) as engine, \
+            ServerThread(build_app(engine)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+def streamed(http, path: str, body: dict) -> tuple[dict, dict]:
+    """Texts and finish reasons per choice of a streamed request."""
+    texts, reasons = {}, {}
+    with http.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for c in json.loads(line[6:])["choices"]:
+                part = c["text"] if "text" in c else (c["delta"].get("content") or "")
+                texts[c["index"]] = texts.get(c["index"], "") + part
+                if c["finish_reason"]:
+                    reasons[c["index"]] = c["finish_reason"]
+    return texts, reasons
+
+
+def stop_across_tokens(http) -> tuple[str, str]:
+    """A stop string made of the last character of one greedy token and the first of the
+    next (it matches only when the second arrives), and the text before it."""
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 32, "temperature": 0,
+            "logprobs": 0}
+    lps = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    text = "".join(lps["tokens"])
+    for prev, tok, at in zip(lps["tokens"], lps["tokens"][1:], lps["text_offset"][1:]):
+        stop = prev[-1:] + tok[:1]
+        if len(stop) == 2 and text.find(stop) == at - 1:
+            return stop, text[:at - 1]
+    pytest.skip("no token boundary makes a stop string here")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_stream_holds_back_the_start_of_a_stop_string(http, path):
+    stop, want = stop_across_tokens(http)
+    body = {"model": "default", "max_tokens": 32, "temperature": 0, "stop": [stop]}
+    if path == "/v1/completions":
+        body["prompt"] = PROMPT
+    else:       # the play template renders this chat as PROMPT (roseplay/serve/chat.py)
+        body["messages"] = [{"role": "user", "content": "What news from the court?"}]
+    whole = http.post(path, json=body).json()["choices"][0]
+    text = whole["text"] if "text" in whole else whole["message"]["content"]
+    if path == "/v1/completions":
+        assert text == want
+    assert whole["finish_reason"] == "stop"
+    assert streamed(http, path, body) == ({0: text}, {0: "stop"})
