@@ -16,7 +16,7 @@ tool_choice, response_format, structured_outputs) are kept raw until their size 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta
@@ -40,17 +40,29 @@ MAX_TOOL_CALLS = 128               # an assistant message's tool calls
 
 
 class _Request(msgspec.Struct, kw_only=True):
-    """msgspec decodes strictly and ignores unknown fields by default."""
+    """msgspec decodes strictly and ignores unknown fields by default.
+
+    OpenAI's API takes null for its optional fields (`"n": null`, `"stream": null`: what
+    clients that send every field write) and means the default, as vLLM does: the
+    fields in NULL_DEFAULTS accept null and read it as the default given there."""
+    NULL_DEFAULTS: ClassVar[dict[str, object]] = {}
+
+    def __post_init__(self) -> None:
+        for name, default in self.NULL_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
 
 
 class StreamOptions(_Request, kw_only=True):
-    include_usage: bool = False
+    NULL_DEFAULTS = {"include_usage": False}
+    include_usage: bool | None = False
 
 
 class SamplingFields(_Request, kw_only=True, dict=True):
     """What both endpoints share (dict=True: check_supported keeps what it parsed)."""
+    NULL_DEFAULTS = {"n": 1, "stream": False, "return_token_ids": False}
     model: str
-    n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = 1
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None                 # vLLM extra
@@ -58,7 +70,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[int], Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False                 # vLLM extra
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
@@ -67,7 +79,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     repetition_penalty: float | None = None  # vLLM extras: repetition_penalty, min_p, min_tokens
     min_p: float | None = None
     min_tokens: int = 0
-    return_token_ids: bool = False           # vLLM extra: token ids in every choice/chunk
+    return_token_ids: bool | None = False           # vLLM extra: token ids in every choice/chunk
     priority: int = 0                        # vLLM extra: lower first (scheduling_policy=priority)
     data_parallel_rank: int | None = None    # roseplay extra: the replica that serves it
     #                                          (--data-parallel-size; docs/ROUTING.md)
@@ -167,9 +179,10 @@ PromptType = str | list[str | int | list[int]]
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
+    NULL_DEFAULTS = {**SamplingFields.NULL_DEFAULTS, "echo": False}
     prompt: PromptType
     max_tokens: int | None = 16              # OpenAI's default for completions
-    echo: bool = False
+    echo: bool | None = False
     logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
     suffix: str | None = None
@@ -244,15 +257,17 @@ class ChatMessage(_Request, kw_only=True):
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
+    NULL_DEFAULTS = {**SamplingFields.NULL_DEFAULTS, "logprobs": False,
+                     "parallel_tool_calls": True}
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     # tool calling (roseplay/serve/tools.py): kept raw, decoded once their size is known
     tools: raw_field({"type": "array", "items": {"type": "object"}}) = msgspec.UNSET
     tool_choice: raw_field({"anyOf": [{"type": "string"}, {"type": "object"}]}) = msgspec.UNSET
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True       # vLLM extra
 
     def check_supported(self) -> None:

@@ -1,6 +1,7 @@
 """What clients of OpenAI's and vLLM's servers rely on, on the default path (the engine
 in its own process, the bundled model, 127.0.0.1): a stream never sends text that a stop
-string later cuts (streamed text = non-streamed text)."""
+string later cuts (streamed text = non-streamed text), and explicit nulls in optional
+fields mean their defaults."""
 from __future__ import annotations
 
 import json
@@ -73,3 +74,24 @@ def test_a_stream_holds_back_the_start_of_a_stop_string(http, path):
         assert text == want
     assert whole["finish_reason"] == "stop"
     assert streamed(http, path, body) == ({0: text}, {0: "stop"})
+
+
+@pytest.mark.parametrize("path,body,fields", [
+    ("/v1/completions", {"prompt": PROMPT},
+     ("n", "stream", "echo", "return_token_ids", "stream_options")),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]},
+     ("n", "stream", "logprobs", "parallel_tool_calls", "return_token_ids"))])
+def test_null_means_the_default(http, path, body, fields):
+    """OpenAI's API takes null in its optional fields (clients that send every field
+    write `"n": null`); it was a 400 ("Expected `int`, got `null`")."""
+    base = {"model": "default", "max_tokens": 2, "temperature": 0, **body}
+    want = http.post(path, json=base).json()
+    got = http.post(path, json={**base, **dict.fromkeys(fields)})
+    assert got.status_code == 200, got.text
+    assert [c.get("text", c.get("message")) for c in got.json()["choices"]] == \
+        [c.get("text", c.get("message")) for c in want["choices"]]
+    assert "token_ids" not in got.json()["choices"][0]
+    usage_null = {**base, "stream": True, "stream_options": {"include_usage": None}}
+    with http.stream("POST", path, json=usage_null) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+    assert r.status_code == 200 and json.loads(lines[-1][6:])["usage"] is None

@@ -148,7 +148,9 @@ def test_openapi_documents_the_request_bodies(http):
     body = schema["paths"]["/v1/completions"]["post"]["requestBody"]
     ref = body["content"]["application/json"]["schema"]["$ref"]
     props = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
-    assert props["n"]["minimum"] == 1 and "prompt" in props and "max_tokens" in props
+    n = props["n"].get("anyOf", [props["n"]])      # null is allowed too (the default)
+    assert {"type": "null"} in n and any(v.get("minimum") == 1 for v in n)
+    assert "prompt" in props and "max_tokens" in props
     chat = schema["paths"]["/v1/chat/completions"]["post"]["requestBody"]
     assert chat["content"]["application/json"]["schema"]["$ref"].endswith("ChatCompletionRequest")
     assert "ChatMessage" in schema["components"]["schemas"]
