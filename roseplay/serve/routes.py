@@ -1,5 +1,5 @@
-"""The endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics,
-and vLLM's dev endpoint POST /reset_prefix_cache.
+"""The endpoints: /v1/completions, /v1/chat/completions, /v1/models (and one model's card),
+/health, /metrics, /version, and vLLM's dev endpoint POST /reset_prefix_cache.
 
 Both generation endpoints share one path (inputs -> Generation -> a Formatter that
 writes the endpoint's JSON). Streaming is SSE (`data: {json}\\n\\n` ... `data: [DONE]`),
@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from roseplay import __version__
 from roseplay.serve import prompts as inputs
 from roseplay.serve.constrained import first_batch, grammar_error
 from roseplay.serve.body import parse_body
@@ -324,6 +325,20 @@ async def models(request: Request):
     st = _state(request)
     cards = [ModelCard(id=name, max_model_len=st.max_model_len) for name in st.model_names]
     return JSONResponse(ModelList(data=cards).model_dump())
+
+
+@router.get("/v1/models/{name:path}")
+async def model(request: Request, name: str):
+    """OpenAI's model retrieve (`client.models.retrieve`): the card, or model_not_found."""
+    st = _state(request)
+    st.check_model(name)
+    return JSONResponse(ModelCard(id=name, max_model_len=st.max_model_len).model_dump())
+
+
+@router.get("/version")
+async def version():
+    """vLLM's version endpoint: the server's version."""
+    return JSONResponse({"version": __version__})
 
 
 @router.get("/health")

@@ -1,15 +1,17 @@
 """What clients of OpenAI's and vLLM's servers rely on, on the default path (the engine
 in its own process, the bundled model, 127.0.0.1): a stream never sends text that a stop
-string later cuts (streamed text = non-streamed text), and explicit nulls in optional
-fields mean their defaults."""
+string later cuts (streamed text = non-streamed text), explicit nulls in optional fields
+mean their defaults, and the model retrieve and /version routes answer."""
 from __future__ import annotations
 
 import json
 
 import httpx
+import openai
 import pytest
 
 from engine.front.client import EngineClient
+from roseplay import __version__
 from roseplay.serve.app import build_app
 from roseplay.serve.server import ServerThread
 
@@ -95,3 +97,13 @@ def test_null_means_the_default(http, path, body, fields):
     with http.stream("POST", path, json=usage_null) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: {")]
     assert r.status_code == 200 and json.loads(lines[-1][6:])["usage"] is None
+
+
+def test_models_retrieve_and_version(server, http):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+    card = client.models.retrieve("default")
+    assert (card.id, card.object, card.owned_by) == ("default", "model", "roseplay")
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("nope")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    assert http.get("/version").json() == {"version": __version__}
