@@ -61,6 +61,10 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     # vLLM's structured outputs: json / regex / choice / grammar / json_object, each token
     # masked to what the grammar allows (docs/STRUCTURED_OUTPUTS.md)
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's n: sequences per prompt. The engine runs one per request: LLM.generate fans
+    # n out into n requests (seed + i when seeded) and gathers them into one
+    # RequestOutput; a stream (EngineClient.submit) takes n = 1 only
+    n: int = 1
 
     def __post_init__(self):
         # one validation layer (engine/validation.py): named field, accepted range
@@ -73,6 +77,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         force_setattr(self, "stop", V.check_stop(self.stop))
         force_setattr(self, "stop_token_ids", V.check_stop_token_ids(self.stop_token_ids))
         V.check_bool("ignore_eos", self.ignore_eos)
+        V.check_int("n", self.n, 1, V.MAX_N)
         self._check_extras()
 
     def _check_extras(self) -> None:

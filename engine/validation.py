@@ -37,13 +37,14 @@ MIN_REPETITION_PENALTY = 1e-4     # is scaled by at most 1e4 either way (1e-40 m
 MAX_LOGIT_BIAS = 100.0            # OpenAI: a bias in [-100, 100]
 MAX_LOGIT_BIAS_ENTRIES = 1024     # each is a scatter entry of every step: bounded work
 MAX_LOGPROBS = 20                 # vLLM's default max_logprobs; OpenAI's top_logprobs bound
+MAX_N = 1024                      # sequences per prompt (SamplingParams.n): each is a request
 
 __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check_stop",
            "check_stop_token_ids", "check_priority", "INT32_MAX", "MAX_TOKENS", "MAX_TOP_K",
            "MAX_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
            "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids", "MAX_PENALTY",
            "MAX_REPETITION_PENALTY", "MIN_REPETITION_PENALTY", "MIN_TOP_P", "MAX_LOGIT_BIAS",
-           "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS",
+           "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS", "MAX_N",
            "check_logit_bias", "check_logprobs", "check_bool", "check_top_p"]
 
 

@@ -1,6 +1,7 @@
 """The vLLM-like offline API: LLM(model=...).generate(prompts, sampling_params)."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 from typing import Callable, Sequence
 
@@ -12,6 +13,7 @@ from engine.ipc.inproc import LLMEngine
 from engine.front.processor import InputProcessor, OutputProcessor
 from engine.request import SamplingParams
 from engine.request_output import RequestOutput
+from engine.validation import MAX_SEED, check_bool
 
 
 class LLM:
@@ -55,6 +57,10 @@ class LLM:
     @property
     def tokenizer(self):
         return self.dp.tokenizer if self.dp is not None else self._engine().tokenizer
+
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's LLM.get_tokenizer); None for a model without one."""
+        return self.tokenizer
 
     def close(self) -> None:
         """Release everything the engine holds; idempotent. The LLM is unusable after."""
@@ -103,22 +109,36 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  on_step: Callable[[LLMEngine], None] | None = None,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order.
+                 priority: Sequence[int] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order, one
+        RequestOutput per prompt with `n` CompletionOutputs (SamplingParams.n).
 
-        A prompt is a string, a list of token ids, or {"prompt_token_ids": [...]}.
+        A prompt is a string, a list of token ids, {"prompt": text} or
+        {"prompt_token_ids": [...]} (vLLM's TextPrompt and TokensPrompt).
         `on_step` (optional) is called after every engine step (tests, progress bars).
         `priority`: one per prompt (vLLM's LLM.generate), used by scheduling_policy=priority.
+        `use_tqdm`: a progress bar of finished requests on stderr (vLLM's keyword; off by
+        default here, so a script's output is its own).
         """
         if self.dp is None:
             self._engine()
         prompts = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompts))
         priorities = _priority_list(priority, len(prompts))
-        made = [self.inputs.process(p, sp, priority=pr)
-                for p, sp, pr in zip(prompts, params, priorities)]
-        if self.dp is not None:
-            return self._generate_routed(made, on_step)
+        made = [self.inputs.process(p, one, priority=pr)
+                for p, sp, pr in zip(prompts, params, priorities) for one in _samples(sp)]
+        bar = _progress_bar(use_tqdm, len(made))
+        try:
+            outs = self._generate_routed(made, on_step, bar) if self.dp is not None \
+                else self._generate_here(made, on_step, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        return _gather(outs, [sp.n for sp in params])
+
+    def _generate_here(self, made, on_step, bar) -> list[RequestOutput]:
+        """The engine in this process: add every request, step until all have ended."""
         results: dict[str, RequestOutput] = {}
         for creq, text in made:
             self.outputs.add(creq, text, None, lambda ev: results.__setitem__(ev.request_id, ev.output))
@@ -127,9 +147,11 @@ class LLM:
             self._apply(self.engine.step())
             if on_step is not None:
                 on_step(self.engine)
+            if bar is not None:
+                bar.update(len(results) - bar.n)
         return [results[creq.request_id] for creq, _ in made]
 
-    def _generate_routed(self, made, on_step) -> list[RequestOutput]:
+    def _generate_routed(self, made, on_step, bar) -> list[RequestOutput]:
         """data_parallel_size > 1: every prompt to the replica the router picks."""
         if on_step is not None:
             raise InvalidRequestError("on_step needs data_parallel_size 1 (the engine in "
@@ -137,7 +159,12 @@ class LLM:
         streams = [self.dp.submit({"prompt_token_ids": list(creq.prompt_token_ids),
                                    "prompt": text}, creq.params, priority=creq.priority,
                                   on_finish=lambda ev: None) for creq, text in made]
-        return [s.result() for s in streams]
+        outs = []
+        for s in streams:
+            outs.append(s.result())
+            if bar is not None:
+                bar.update(1)
+        return outs
 
     def _apply(self, out) -> None:
         for rid in self.outputs.process(out):    # stop strings matched
@@ -164,6 +191,41 @@ def _params_list(sampling_params, n: int) -> list[SamplingParams]:
         raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
                                   f"{n} prompts: pass one, or one per prompt")
     return params
+
+
+def _samples(sp: SamplingParams) -> list[SamplingParams]:
+    """A prompt's n requests: n = 1 as given; else sample i with seed + i when seeded (so
+    the n differ, and each is reproducible) and only sample 0 asking the prompt's
+    logprobs (one computation; the others keep the prefix cache)."""
+    if sp.n == 1:
+        return [sp]
+    return [sp.replace(n=1, seed=None if sp.seed is None else (sp.seed + i) % (MAX_SEED + 1),
+                       prompt_logprobs=sp.prompt_logprobs if i == 0 else None)
+            for i in range(sp.n)]
+
+
+def _gather(outs: list[RequestOutput], ns: list[int]) -> list[RequestOutput]:
+    """One RequestOutput per prompt: its n samples' completions, index i the i-th (the
+    first sample's id, prompt, metrics and prompt logprobs; the first error)."""
+    gathered, at = [], 0
+    for n in ns:
+        group, at = outs[at:at + n], at + n
+        if n == 1:
+            gathered.append(group[0])
+            continue
+        completions = tuple(dataclasses.replace(o.outputs[0], index=i)
+                            for i, o in enumerate(group))
+        error = next((o.error for o in group if o.error is not None), None)
+        gathered.append(dataclasses.replace(group[0], outputs=completions, error=error))
+    return gathered
+
+
+def _progress_bar(use_tqdm, total: int):
+    """A tqdm bar over `total` requests (None without use_tqdm)."""
+    if not check_bool("use_tqdm", use_tqdm) or not total:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc="Processed prompts", unit="req", dynamic_ncols=True)
 
 
 def _priority_list(priority, n: int) -> list[int]:

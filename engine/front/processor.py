@@ -75,6 +75,9 @@ class InputProcessor:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams")
+        if params.n != 1:
+            raise InvalidRequestError(f"n={params.n}: a request runs one sequence (LLM.generate "
+                                      "fans n out; here submit n requests)")
         text, ids = self._tokenize(prompt)
         self.validate_ids(ids, params)
         if params.stop and self.tokenizer is None:

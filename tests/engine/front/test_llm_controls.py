@@ -26,3 +26,31 @@ def test_text_prompt_dict_is_the_text():
         plain, as_dict = llm.generate([PROMPT, {"prompt": PROMPT}], GREEDY)
         assert as_dict.prompt == PROMPT and as_dict.prompt_token_ids == plain.prompt_token_ids
         assert as_dict.outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+def test_n_samples_per_prompt_gathered_in_one_output(capsys):
+    """vLLM's SamplingParams.n: one RequestOutput per prompt with n completions, index i
+    the i-th; a seeded prompt's sample i is the seed + i request (reproducible); only
+    the request whose n is 1 reaches a stream (EngineClient.submit refuses n > 1)."""
+    from engine import InvalidRequestError
+    import pytest
+    with LLM(model="default", device="cpu") as llm:
+        sp = SamplingParams(n=3, max_tokens=6, seed=5, ignore_eos=True, prompt_logprobs=1)
+        outs = llm.generate([PROMPT, "ROMEO:"], sp, use_tqdm=True)
+        assert "Processed prompts" in capsys.readouterr().err
+        assert len(outs) == 2
+        for out in outs:
+            assert [c.index for c in out.outputs] == [0, 1, 2]
+            assert out.prompt_logprobs is not None and out.error is None
+        for i, c in enumerate(outs[0].outputs):
+            alone = llm.generate(PROMPT, sp.replace(n=1, seed=5 + i, prompt_logprobs=None))[0]
+            assert c.token_ids == alone.outputs[0].token_ids
+        greedy = llm.generate(PROMPT, GREEDY.replace(n=2))[0].outputs
+        assert greedy[0].token_ids == greedy[1].token_ids
+        with pytest.raises(InvalidRequestError, match=r"n=2: a request runs one sequence"):
+            llm.inputs.process(PROMPT, SamplingParams(n=2))
+        with pytest.raises(InvalidRequestError, match=r"use_tqdm must be a boolean"):
+            llm.generate(PROMPT, GREEDY, use_tqdm="yes")
+        assert llm.get_tokenizer() is llm.tokenizer is not None
+    with pytest.raises(InvalidRequestError, match=r"n must be an integer in \[1, 1024\]"):
+        SamplingParams(n=0)
