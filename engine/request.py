@@ -210,7 +210,7 @@ class Request:
     #                                  join; vLLM: a preemption does not move it)
     last_chunk_ts: float | None = None   # its last prompt chunk (the one whose logits give
     #                                  the first token) was scheduled
-    prefill_chunks: int = 0          # chunks computed before its first token, every admission
+    prefill_chunks: int = 0          # chunks scheduled before its first token, every admission
     prefill_preemptions: int = 0     # preemptions before its first token (their requeue
     #                                  and recompute count in the prefill part, as in vLLM)
     grammar: object = None           # structured outputs: its RequestGrammar (compile,

@@ -186,7 +186,7 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     # the TTFT split (engine/request.py, vLLM's names): serving-clock times and counts
     scheduled_ts: float | None = None    # first scheduled (its first admission)
     last_chunk_ts: float | None = None   # its last prompt chunk scheduled
-    prefill_chunks: int = 0          # chunks computed before its first token (all admissions)
+    prefill_chunks: int = 0          # chunks scheduled before its first token (all admissions)
     prefill_preemptions: int = 0     # preemptions before its first token
     grammar: GrammarView | None = None   # structured outputs: None for a free request
     host_cached_tokens: int = 0      # of cached_tokens: reloaded from the host tier

@@ -20,6 +20,8 @@ NO_LOGPROBS = ("next token: no logprobs asked for (a prompt typed with i asks fo
                "and so does 1 in 8 generated)")
 # before its first token a request shows no distribution whether it asked or not
 NO_TOKEN_YET = "next token: none sampled yet (its distribution shows from its first token)"
+NO_LOGPROBS_SHORT = "next token: no logprobs asked for"
+NO_TOKEN_YET_SHORT = "next token: none sampled yet"
 
 
 def token_label(token_id: int, tokenizer) -> str:
@@ -121,8 +123,11 @@ def choice_text(r, tokenizer, mode: str, rows: int, width: int = 200) -> Text:
     more: a bar per token."""
     t = spec_words(r)
     lp = r.logprobs
-    if lp is None:
-        return t.append(NO_LOGPROBS if r.output_tokens else NO_TOKEN_YET, "dim")
+    if lp is None:      # one line: the words that fit it whole, not a cut sentence
+        forms = (NO_LOGPROBS, NO_LOGPROBS_SHORT) if r.output_tokens else \
+            (NO_TOKEN_YET, NO_TOKEN_YET_SHORT)
+        fits = rows > 1 or t.cell_len + len(forms[0]) <= width
+        return t.append(forms[0] if fits else forms[1], "dim")
     if getattr(lp, "raw", None) is not None:
         return compare_text(t, lp, tokenizer, mode, rows, width)
     entries = top_entries(lp)

@@ -42,21 +42,27 @@ def request_split(r, now: float, width: int = 1000, stopped: bool = False) -> Te
     `stopped`: before the engine stopped, which ended the wait)."""
     parts = r.ttft_split()
     if parts is None:
-        return _unfinished(r, now, "before the stop" if stopped else "so far")
+        return _unfinished(r, now, "before the stop" if stopped else "so far", width)
     forms = [_split_words(r, parts, bar, short) for bar, short in
              ((True, False), (False, False), (False, True))]
     return next((f for f in forms if f.cell_len <= width), forms[-1])
 
 
-def _unfinished(r, now: float, until: str = "so far") -> Text:
+def _unfinished(r, now: float, until: str = "so far", width: int = 1000) -> Text:
     t = Text("TTFT: ", "bold")
     if r.scheduled_ts is None:
         if r.state not in ("waiting", "preempted"):
             return t.append("never scheduled", "dim")
         return t.append(f"queued {fmt_ms(now - r.arrival_time)} {until}", "dim")
     t.append(f"queued {fmt_ms(r.queued_time)}", _color(PART_COLORS[0]))
-    return t.append(f", then {r.prefill_chunks} chunk"
-                    f"{'' if r.prefill_chunks == 1 else 's'} {until}", "dim")
+    # the chunks computed since its admission, as the request list's "chunk k/n"; a
+    # chunk scheduled but not computed is in the step in flight (async scheduling)
+    done, sent = r.chunks_done, r.prefill_chunks
+    flight = ", 1 in flight" if sent - done == 1 and not r.preemptions else ""
+    forms = [f", then {done} chunk{'' if done == 1 else 's'} computed {until}{flight}",
+             f", {done} computed{flight}", f", {done} computed"]
+    room = width - t.cell_len
+    return t.append(next((f for f in forms if len(f) <= room), forms[-1]), "dim")
 
 
 def _split_words(r, parts, bar: bool, short: bool) -> Text:

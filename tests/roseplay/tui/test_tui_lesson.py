@@ -204,3 +204,24 @@ async def test_w_says_why_a_request_has_no_trace(monkeypatch):
             assert "Tokens of" not in screen_text(app)
     finally:
         src.close()
+
+
+def test_an_unfinished_ttft_counts_the_chunks_the_request_list_counts():
+    """A prefilling request's Selected line counts the chunks computed, as the request
+    list's "chunk k/n" does, and names a chunk scheduled in the step in flight; a
+    narrow panel gets a shorter form, not a cut one."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.ttft_split import request_split
+    r = SimpleNamespace(ttft_split=lambda: None, scheduled_ts=1.0, state="prefilling",
+                        queued_time=0.5, arrival_time=0.0, prefill_chunks=11, chunks_done=10,
+                        preemptions=0)
+    assert request_split(r, now=2.0).plain == (
+        "TTFT: queued 500ms, then 10 chunks computed so far, 1 in flight")
+    assert request_split(r, now=2.0, width=44).plain == (
+        "TTFT: queued 500ms, 10 computed, 1 in flight")
+    assert request_split(r, now=2.0, width=43).plain == "TTFT: queued 500ms, 10 computed"
+    r.preemptions = 1           # chunks scheduled before a preemption are not in flight
+    assert request_split(r, now=2.0).plain == "TTFT: queued 500ms, then 10 chunks computed so far"
+    r.preemptions, r.chunks_done = 0, 11
+    assert request_split(r, now=2.0).plain == "TTFT: queued 500ms, then 11 chunks computed so far"

@@ -8,7 +8,8 @@ from engine.config import MAX_SPECULATIVE_TOKENS
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.keys import KEYS, knob_key
 from roseplay.tui.widgets.help import keys_markdown, knobs_markdown
-from roseplay.tui.widgets.token_choice import NO_LOGPROBS, NO_TOKEN_YET, choice_text, pct
+from roseplay.tui.widgets.token_choice import (NO_LOGPROBS, NO_LOGPROBS_SHORT, NO_TOKEN_YET,
+                                              NO_TOKEN_YET_SHORT, choice_text, pct)
 from tests.roseplay.tui.helpers import live_source, widget_text, sync, wait_for
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("fast_pilot")]
@@ -115,8 +116,12 @@ def test_no_distribution_says_why_before_and_after_the_first_token():
     from types import SimpleNamespace
     view = SimpleNamespace(logprobs=None, output_tokens=0, spec_draft_tokens=0)
     assert choice_text(view, None, "processed_logprobs", 1).plain == NO_TOKEN_YET
+    # a line narrower than the sentence (the Selected panel at 80x24) gets its short form
+    assert choice_text(view, None, "processed_logprobs", 1, 42).plain == NO_TOKEN_YET_SHORT
+    assert choice_text(view, None, "processed_logprobs", 3, 42).plain == NO_TOKEN_YET
     view.output_tokens = 3
     assert choice_text(view, None, "processed_logprobs", 1).plain == NO_LOGPROBS
+    assert choice_text(view, None, "processed_logprobs", 1, 42).plain == NO_LOGPROBS_SHORT
 
 
 @sync
