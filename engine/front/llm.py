@@ -10,6 +10,7 @@ import torch
 from engine.codes import REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.ipc.inproc import LLMEngine
+from engine.front.chat_template import pick_template, render
 from engine.front.processor import InputProcessor, OutputProcessor
 from engine.request import SamplingParams
 from engine.request_output import RequestOutput
@@ -137,6 +138,26 @@ class LLM:
                 bar.close()
         return _gather(outs, [sp.n for sp in params])
 
+    def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False, chat_template: str | None = None,
+             add_generation_prompt: bool = True, tools: list[dict] | None = None
+             ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a
+        list of them, each rendered by `chat_template`, else the tokenizer's, else the
+        bundled model's play template (engine/front/chat_template.py, as the server's
+        chat completions), then generated as generate() does; one RequestOutput per
+        conversation."""
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer: chat needs one (use "
+                                      "generate with token-id prompts)")
+        template = pick_template(self.tokenizer, chat_template)
+        prompts = []
+        for conversation in _conversations(messages):
+            text, ids = render(self.tokenizer, template, conversation,
+                               check_bool("add_generation_prompt", add_generation_prompt), tools)
+            prompts.append({"prompt_token_ids": ids, "prompt": text})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
     def _generate_here(self, made, on_step, bar) -> list[RequestOutput]:
         """The engine in this process: add every request, step until all have ended."""
         results: dict[str, RequestOutput] = {}
@@ -191,6 +212,22 @@ def _params_list(sampling_params, n: int) -> list[SamplingParams]:
         raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
                                   f"{n} prompts: pass one, or one per prompt")
     return params
+
+
+def _conversations(messages) -> list[list[dict]]:
+    """chat's messages: one conversation (a list of dicts) or a list of them."""
+    bad = InvalidRequestError("messages must be a list of {'role', 'content'} dicts, or a "
+                              "list of such lists (one per conversation)")
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence) \
+            or not messages:
+        raise bad
+    batch = [messages] if isinstance(messages[0], dict) else list(messages)
+    for conversation in batch:
+        if isinstance(conversation, (str, bytes)) or not isinstance(conversation, Sequence) \
+                or not conversation or not all(isinstance(m, dict) and "role" in m
+                                               for m in conversation):
+            raise bad
+    return [list(c) for c in batch]
 
 
 def _samples(sp: SamplingParams) -> list[SamplingParams]:

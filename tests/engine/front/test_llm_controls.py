@@ -54,3 +54,22 @@ def test_n_samples_per_prompt_gathered_in_one_output(capsys):
         assert llm.get_tokenizer() is llm.tokenizer is not None
     with pytest.raises(InvalidRequestError, match=r"n must be an integer in \[1, 1024\]"):
         SamplingParams(n=0)
+
+
+def test_chat_renders_the_template_and_generates():
+    """vLLM's LLM.chat: the bundled model's play template (the server's), one output per
+    conversation, equal to generate() on the rendered prompt; bad messages refused."""
+    from engine import InvalidRequestError
+    import pytest
+    sp = SamplingParams(max_tokens=8, temperature=0.0, stop="\n\n")
+    user = [{"role": "user", "content": "Speak."}]
+    with LLM(model="default", device="cpu") as llm:
+        one, = llm.chat(user, sp)
+        assert one.prompt == "ROMEO.\nSpeak.\n\nJULIET.\n"
+        again, = llm.generate({"prompt_token_ids": list(one.prompt_token_ids)}, sp)
+        assert one.outputs[0].token_ids == again.outputs[0].token_ids
+        both = llm.chat([user, [{"role": "system", "content": "A room."}, *user]], sp)
+        assert len(both) == 2 and both[1].prompt.startswith("A room.\n\nROMEO.")
+        for bad in ("hi", [], [[]], [1], [{"content": "no role"}], user[0]):
+            with pytest.raises(InvalidRequestError, match="messages must be a list"):
+                llm.chat(bad, sp)

@@ -1,0 +1,90 @@
+"""Chat templates: messages -> prompt text -> token ids, for LLM.chat and the server's
+/v1/chat/completions (roseplay/serve/chat.py adds the server's --chat-template file).
+
+The template is, in order: the caller's, the tokenizer's own `chat_template`, else
+PLAY_TEMPLATE. The bundled Shakespeare model was trained on plays, where a turn is a
+speaker's name in capitals with a full stop on its own line, the speech, and a blank
+line; PLAY_TEMPLATE writes a chat that way:
+
+    {system text}\\n\\n                 (system / developer messages, as a stage note)
+    ROMEO.\\n{user text}\\n\\n           (user turns)
+    JULIET.\\n{assistant text}\\n\\n     (assistant turns; a tool call as a stage direction,
+                                       "[She sends for NAME: {arguments}]")
+    MESSENGER.\\n{tool result}\\n\\n    (tool messages: a tool's answer)
+    JULIET.\\n                          (the generation prompt: Juliet answers)
+
+so the model continues as Juliet. Her reply ends where the play's next speaker would
+begin: pass stop=["\\n\\n"] to end it there (the model otherwise goes on with the scene).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+
+from engine.config import InvalidRequestError
+from engine.validation import check_text
+
+PLAY_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] in ('system', 'developer') %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}ROMEO.\n{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'tool' %}MESSENGER.\n{{ m['content'] }}\n\n"
+    "{% else %}JULIET.\n"
+    "{% for c in m.get('tool_calls') or [] %}[She sends for {{ c['function']['name'] }}: "
+    "{{ c['function']['arguments'] | tojson }}]\n{% endfor %}"
+    "{{ m['content'] }}\n\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}JULIET.\n{% endif %}"
+)
+
+
+def pick_template(tokenizer, override: str | None = None) -> str:
+    return override or getattr(tokenizer, "chat_template", None) or PLAY_TEMPLATE
+
+
+def render(tokenizer, template: str, messages: list[dict],
+           add_generation_prompt: bool = True,
+           tools: list[dict] | None = None) -> tuple[str, list[int]]:
+    """The prompt text and its token ids (no extra special tokens: the template has them);
+    `tools` go to templates that show them (the play template does not). A template
+    error is an InvalidRequestError (the messages', or the template's, fault)."""
+    try:
+        if template == PLAY_TEMPLATE:
+            text = _play().render(messages=messages, tools=tools, documents=None,
+                                  add_generation_prompt=add_generation_prompt)
+        else:
+            text = tokenizer.apply_chat_template(messages, chat_template=template,
+                                                 tokenize=False, tools=tools,
+                                                 add_generation_prompt=add_generation_prompt)
+    except Exception as exc:
+        raise InvalidRequestError(f"chat template failed: {type(exc).__name__}: {exc}") from None
+    check_text("messages", text)      # a lone surrogate fails in the tokenizer: refused here
+    return text, list(tokenizer.encode(text, add_special_tokens=False))
+
+
+@functools.cache
+def _play():
+    """PLAY_TEMPLATE compiled in the environment transformers renders chat templates in
+    (a sandbox with trim_blocks, lstrip_blocks and loop controls; `tojson` without HTML
+    escaping, raise_exception, strftime_now), by jinja2 itself: the play template, which
+    a model without its own template gets, then needs no transformers. Importing it cost
+    the first chat request of `roseplay serve` on the bundled model ~5 s on a 2-core box;
+    tests/roseplay/serve/test_chat_render.py holds the two renderings equal."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(PLAY_TEMPLATE)
