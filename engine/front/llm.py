@@ -161,16 +161,27 @@ class LLM:
     def _generate_here(self, made, on_step, bar) -> list[RequestOutput]:
         """The engine in this process: add every request, step until all have ended."""
         results: dict[str, RequestOutput] = {}
-        for creq, text in made:
-            self.outputs.add(creq, text, None, lambda ev: results.__setitem__(ev.request_id, ev.output))
-            self.engine.add(creq)
-        while self.engine.has_unfinished():
-            self._apply(self.engine.step())
-            if on_step is not None:
-                on_step(self.engine)
-            if bar is not None:
-                bar.update(len(results) - bar.n)
+        try:
+            for creq, text in made:
+                self.outputs.add(creq, text, None,
+                                 lambda ev: results.__setitem__(ev.request_id, ev.output))
+                self.engine.add(creq)
+            while self.engine.has_unfinished():
+                self._apply(self.engine.step())
+                if on_step is not None:
+                    on_step(self.engine)
+                if bar is not None:
+                    bar.update(len(results) - bar.n)
+        except BaseException:        # Ctrl-C, or on_step raised: the next call must not
+            self._abort([creq.request_id for creq, _ in made])   # run this one's requests
+            raise
         return [results[creq.request_id] for creq, _ in made]
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """End the requests of an interrupted generate() that are still live."""
+        for rid in request_ids:
+            if self.outputs.has(rid):
+                self.outputs.process(self.engine.abort_output(rid))
 
     def _generate_routed(self, made, on_step, bar) -> list[RequestOutput]:
         """data_parallel_size > 1: every prompt to the replica the router picks."""

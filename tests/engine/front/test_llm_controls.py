@@ -73,3 +73,24 @@ def test_chat_renders_the_template_and_generates():
         for bad in ("hi", [], [[]], [1], [{"content": "no role"}], user[0]):
             with pytest.raises(InvalidRequestError, match="messages must be a list"):
                 llm.chat(bad, sp)
+
+
+def test_an_interrupted_generate_leaves_nothing_running():
+    """An exception out of generate() (Ctrl-C, or on_step raising) ends that call's
+    requests: the next call ran them all to their end first (200 steps for 2 tokens)."""
+    import pytest
+
+    class Stop(Exception):
+        pass
+
+    def stop(engine):
+        raise Stop
+
+    long = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    with LLM(model="default", device="cpu") as llm:
+        with pytest.raises(Stop):
+            llm.generate([PROMPT] * 4, long, on_step=stop)
+        assert not llm.engine.has_unfinished() and not llm.outputs.states
+        steps = []
+        out, = llm.generate(PROMPT, GREEDY, on_step=steps.append)
+        assert len(out.outputs[0].token_ids) == 4 and len(steps) <= 8
