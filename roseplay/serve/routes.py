@@ -32,7 +32,7 @@ from roseplay.serve.protocol import (ChatChoice, ChatCompletionRequest,
                                      ModelList, openapi_schemas, usage)
 from roseplay.serve.siblings import PromptLogprobs, SharedPromptLogprobs
 from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body, usage_chunk
-from roseplay.serve.tool_parsers import read_all
+from roseplay.serve.tool_parsers import by_call, read_all
 
 router = APIRouter()
 
@@ -158,7 +158,7 @@ class ChatFormat(CompletionFormat):
             content, calls = content + more, calls + tail
         delta = {"content": content or None}
         if calls:
-            delta["tool_calls"] = [d.openai() for d in calls]
+            delta["tool_calls"] = [d.openai() for d in by_call(calls)]
         return delta, _tool_reason(self.tools, parser, reason)
 
     def _message(self, c) -> tuple[ChatMessageOut, str | None]:

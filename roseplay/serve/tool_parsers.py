@@ -37,6 +37,21 @@ def _header(index: int, name: str) -> CallDelta:
     return CallDelta(index, "", "call_" + secrets.token_hex(12), name)
 
 
+def by_call(deltas: list[CallDelta]) -> list[CallDelta]:
+    """One delta per call: a stream's `delta.tool_calls` names each index once, as
+    OpenAI's does (a call's header and its first arguments read in one piece are one
+    entry; a client that reads `tool_calls[0]` would lose the second)."""
+    out: list[CallDelta] = []
+    for d in deltas:
+        if out and out[-1].index == d.index:
+            last = out[-1]
+            out[-1] = CallDelta(d.index, last.arguments + d.arguments, last.id or d.id,
+                                last.name or d.name)
+        else:
+            out.append(d)
+    return out
+
+
 def read_all(parser, text: str) -> tuple[str, list[dict]]:
     """(content, OpenAI tool_calls) of a whole output."""
     content, deltas = parser.feed(text)

@@ -107,3 +107,26 @@ def test_models_retrieve_and_version(server, http):
         client.models.retrieve("nope")
     assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
     assert http.get("/version").json() == {"version": __version__}
+
+
+def test_a_streamed_tool_call_names_its_index_once_per_chunk(http):
+    """The first chunk of a named tool call carried [{index 0, id, name, ""}, {index 0,
+    "{"}]; OpenAI's deltas name an index once (clients read tool_calls[0])."""
+    tool = {"type": "function", "function": {"name": "summon", "parameters": {
+        "type": "object", "properties": {"who": {"enum": ["nurse", "friar"]}},
+        "required": ["who"], "additionalProperties": False}}}
+    body = {"model": "default", "messages": [{"role": "user", "content": "Who?"}],
+            "max_tokens": 40, "temperature": 0, "tools": [tool],
+            "tool_choice": {"type": "function", "function": {"name": "summon"}}}
+    whole = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    arguments, names = "", []
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    calls = c["delta"].get("tool_calls") or []
+                    assert len({d["index"] for d in calls}) == len(calls), calls
+                    names += [d["function"]["name"] for d in calls if "id" in d]
+                    arguments += "".join(d["function"]["arguments"] for d in calls)
+    assert names == ["summon"]
+    assert arguments == whole["message"]["tool_calls"][0]["function"]["arguments"]

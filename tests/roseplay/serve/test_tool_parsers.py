@@ -1,14 +1,16 @@
 """The tool-call readers (roseplay/serve/tool_parsers.py): the same calls and content
 whether the text comes whole or a character at a time (a stream's deltas), a Hermes
 block that is not a call stays content, a tag cut at a piece's end is held back, and
-without parallel_tool_calls only the first call counts."""
+without parallel_tool_calls only the first call counts; a stream's delta names each
+call once (by_call)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from roseplay.serve.tool_parsers import CallArrayParser, HermesParser, NamedParser, read_all
+from roseplay.serve.tool_parsers import (CallArrayParser, HermesParser, NamedParser, by_call,
+                                         read_all)
 
 
 def pieces(parser, text: str, size: int) -> tuple[str, list[dict]]:
@@ -62,3 +64,16 @@ def test_a_call_array_in_any_pieces(size):
 def test_a_named_call_is_the_whole_output():
     content, calls = read_all(NamedParser("summon"), '{"who": "friar"}')
     assert content == "" and plain(calls) == [("summon", {"who": "friar"})]
+
+
+@pytest.mark.parametrize("make,text", [(HermesParser, HERMES), (CallArrayParser, ARRAY),
+                                       (lambda: NamedParser("summon"), '{"who": "friar"}')])
+def test_a_delta_names_each_call_once(make, text):
+    """Read in one piece, a call's header and arguments were two entries of one index in
+    a chunk's delta.tool_calls; OpenAI's deltas name an index once."""
+    parser = make()
+    deltas = by_call(parser.feed(text)[1] + parser.finish()[1])
+    assert len({d.index for d in deltas}) == len(deltas) > 0
+    assert all(d.id.startswith("call_") and d.name and d.arguments for d in deltas)
+    assert [(d.name, json.loads(d.arguments)) for d in deltas] == \
+        plain(read_all(make(), text)[1])
