@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     w = p.add_argument_group("workload (EOS ignored)")
     rate = add_workload_flags(w, "bench")
     rate.add_argument("--submit-interval-ms", type=number(float, 0), default=None,
-                      help="One request every MS milliseconds.")
+                      help="One request every MS milliseconds (0: all at once).")
     w.add_argument("--num-prompts", type=number(int, 1), default=64, help="Measured requests (default: 64).")
     w.add_argument("--range-ratio", type=_range_ratio, default=0.0, help="Lengths uniform in "
                    "[L*(1-r), L*(1+r)] (default: 0).")
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "side-by-side table with ratios vs the first.")
     b.add_argument("--compare", choices=["hf"], help="Also run HF transformers (continuous "
                    "batching and plain generate) on the same workload and weights.")
-    b.add_argument("--hf-batch-size", type=number(int, 1), default=64, help="Batch of HF plain generate.")
+    b.add_argument("--hf-batch-size", type=number(int, 1), default=64, help="Batch of HF plain generate (default: 64).")
     b.add_argument("--repeat", type=number(int, 1), default=1, help="Measured runs on one engine (prefix "
                    "cache cleared before each); prints every run's throughput and the median "
                    "with min..max (default: 1).")

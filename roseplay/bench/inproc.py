@@ -1,6 +1,8 @@
-"""`roseplay bench`: a vLLM-benchmark_serving-style benchmark of the in-process engine.
+"""`roseplay bench`: a vLLM-benchmark_serving-style benchmark of the engine (in its own
+process; --in-process: on a thread of this one; --base-url: a server's).
 
-The engine runs on its EngineLoop thread (the TUI's streaming front); a WorkloadDriver
+The engine runs in its own process behind an EngineClient (--in-process: an EngineLoop
+thread; the TUI's streaming front either way); a WorkloadDriver
 submits a scenario's work items (burst, --submit-interval-ms or Poisson
 --request-rate, optional --max-concurrency) and the timings are the engine's own token
 timestamps (TTFT from submission). --warmup N requests run first and are excluded.

@@ -29,6 +29,8 @@ def test_bench_subcommand_is_wired():
     out = subprocess.run([sys.executable, "-m", "roseplay", "bench", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--num-prompts" in out.stdout
+    # the engine runs in its own process by default (--in-process is the option)
+    assert "benchmark of the engine (in its own" in " ".join(out.stdout.split())
 
 
 def test_defaults_and_engine_kwargs():
