@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.config import InvalidRequestError
-from engine.validation import check_text
+from engine.validation import MAX_TOKENS, check_text
 from roseplay.serve import chat
 from roseplay.serve.errors import invalid
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -78,20 +78,25 @@ def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int) ->
     return {"prompt_token_ids": list(prompt), "prompt": text}
 
 
-def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
+def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
+                field: str = "max_tokens") -> int:
+    """The output's length; a 400 names `field`, the request field it came from (chat's
+    max_completion_tokens or max_tokens)."""
     if requested is None:
         requested = max(1, max_model_len - prompt_len)
-    if requested >= 1 and prompt_len + requested > max_model_len:
+    if not 1 <= requested <= MAX_TOKENS:
+        raise invalid(f"{field} must be an integer in [1, {MAX_TOKENS}], got {requested}", field)
+    if prompt_len + requested > max_model_len:
         raise invalid(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
-            f"{requested} in the completion). Please reduce the prompt or max_tokens.",
-            "max_tokens" if prompt_len < max_model_len else "prompt")
+            f"{requested} in the completion). Please reduce the prompt or {field}.",
+            field if prompt_len < max_model_len else "prompt")
     return requested
 
 
 def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
-            max_model_len: int) -> EngineInputs:
+            max_model_len: int, field: str = "max_tokens") -> EngineInputs:
     """n choices per prompt (best_of candidates: the routes keep the n best): choice
     index = prompt_index * n + i (OpenAI's order)."""
     all_prompts, params, bias = [], [], req.logit_bias_ids()
@@ -99,7 +104,7 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
         n_prompt = len(p["prompt_token_ids"])
         if n_prompt == 0:
             raise InvalidRequestError("prompt is empty (0 tokens)")
-        max_tokens = _max_tokens(requested, n_prompt, max_model_len)
+        max_tokens = _max_tokens(requested, n_prompt, max_model_len, field)
         for i in range(req.num_candidates):
             all_prompts.append(p)
             params.append(req.sampling_params(max_tokens, i, bias))
@@ -112,6 +117,9 @@ def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
     if len(req.prompts()) * req.num_candidates > MAX_CHOICES:   # before tokenizing them all
         raise invalid(f"{len(req.prompts())} prompts x n={req.num_candidates} choices; at "
                       f"most {MAX_CHOICES} per request", "n")
+    if tokenizer is None and req.stop:     # (the engine's own 400 would name no field)
+        raise invalid("this model has no tokenizer: stop strings can never match (use "
+                      "stop_token_ids)", "stop")
     prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len)
                for p in req.prompts()]
     return _expand(req, prompts, req.max_tokens, max_model_len)
@@ -122,5 +130,6 @@ def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
     messages = [message_dict(m) for m in req.messages]
     tools = req.tool_spec.for_template() if req.tool_spec is not None else None
     text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools)
+    field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
     return _expand(req, [{"prompt_token_ids": ids, "prompt": text}],
-                   req.requested_max_tokens, max_model_len)
+                   req.requested_max_tokens, max_model_len, field)

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from engine.front.client import EngineClient
+from engine.front.loop import EngineLoop
 from roseplay import __version__
 from roseplay.serve.app import build_app
 from roseplay.serve.server import ServerThread
@@ -130,3 +131,14 @@ def test_a_streamed_tool_call_names_its_index_once_per_chunk(http):
                     arguments += "".join(d["function"]["arguments"] for d in calls)
     assert names == ["summon"]
     assert arguments == whole["message"]["tool_calls"][0]["function"]["arguments"]
+
+
+def test_stop_strings_without_a_tokenizer_name_stop():
+    """A dummy model has no tokenizer, so stop strings can never match: the 400 named
+    `model` (the engine's message begins with it), not the field to change."""
+    with EngineLoop(model="dummy:tiny", device="cpu", num_blocks=32) as loop, \
+            ServerThread(build_app(loop)) as srv, httpx.Client(base_url=srv.url) as http:
+        body = {"model": "dummy:tiny", "prompt": [1, 2, 3], "max_tokens": 2}
+        r = http.post("/v1/completions", json={**body, "stop": ["x"]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+        assert http.post("/v1/completions", json={**body, "stop_token_ids": [5]}).status_code == 200

@@ -80,6 +80,8 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {**GOOD, "best_of": 3, "stream": True}, "best_of"),
     ("completions", {**GOOD, "stream_options": {"include_usage": True}}, "stream_options"),
     ("completions", {"prompt": PROMPT}, "model"),
+    ("chat/completions", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ("chat/completions", {**CHAT, "max_completion_tokens": 5000}, "max_completion_tokens"),
     ("chat/completions", {**CHAT, "messages": []}, "messages"),
     ("chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages"),
     ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages"),
