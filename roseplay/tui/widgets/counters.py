@@ -70,6 +70,12 @@ class CounterWindow:
         """Seconds of engine time the window's `recent` figures cover."""
         return self._samples[-1][0] - self._samples[0][0] if self._samples else 0.0
 
+    def rate(self, name: str) -> float | None:
+        """`name` a second over the window (the Timing line's tok/s and the compare
+        table's: one figure); None while the window spans no time (just restarted)."""
+        span = self.span()
+        return self.recent(name) / span if span > 0 else None
+
     def total(self, name: str) -> int:
         return getattr(self.now, name) - (getattr(self.base, name) if self.base else 0)
 

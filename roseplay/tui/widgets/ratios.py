@@ -70,8 +70,7 @@ def side_metrics(snap, window, slos: dict, stopped: bool = False) -> dict[str, f
     good, total = goodput_share(snap, start, slos) if slos else (0, 0)
     hit = window.hit_rate(recent=True)
     nan = math.nan
-    span = window.span()
-    tok_rate = window.recent("generated_tokens") / span if span > 0 else nan
+    tok_rate = _or_nan(window.rate("generated_tokens"))
     out = {"ttft_p50": _or_nan(t50), "ttft_p95": _or_nan(t95),
            "tpot_p50": _or_nan(pctl(tpot, (50,))[0]), "itl_p50": _or_nan(pctl(itl, (50,))[0]),
            "tput": tok_rate, "goodput": good / total if total else nan,

@@ -55,8 +55,6 @@ class TimingHistory:
         self._since = -math.inf      # first tokens before the reset stay out of the curve
         self._tokens = 0
         self._counters = None
-        self.rate = 0.0          # output tokens / s over the last few buckets
-        self._recent: deque = deque(maxlen=4)
 
     def mark(self, label: str) -> None:
         """A knob changed: the next point without a mark carries `label` (two changes
@@ -106,8 +104,6 @@ class TimingHistory:
         add["accept"](100.0 * accept)
         add["alen"](length)
         self.marks.append(self._take_mark(final))
-        self._recent.append((dt, dtok))
-        self.rate = sum(b for _, b in self._recent) / max(1e-9, sum(a for a, _ in self._recent))
         self._t, self._tokens, self._counters = now, tokens, snap.counters
 
 
@@ -119,7 +115,7 @@ class TimingStats(Widget):
         super().__init__(**kwargs)
         self._text = Text()
 
-    def show(self, snap, rate: float, since: float | None, slos: dict | None = None,
+    def show(self, snap, rate: float | None, since: float | None, slos: dict | None = None,
              stopped: bool = False) -> None:
         """Percentiles over the last WINDOW seconds (from the last reset or knob change,
         if later; the header says how many): TTFT of the requests whose first token came
@@ -143,7 +139,8 @@ class TimingStats(Widget):
             if name == "TTFT":          # where its time went (roseplay/tui/widgets/ttft_split.py)
                 t.append_text(window_split(snap, start))
                 t.append("\n")
-        t.append(f"{BLANK} tok/s" if stopped else f"{rate:,.0f} tok/s", "bold")
+        t.append(f"{BLANK} tok/s" if stopped else "- tok/s" if rate is None else
+                 f"{rate:,.0f} tok/s", "bold")
         if slos:
             good, total = goodput_share(snap, start, slos)
             t.append(" · good ", "dim")
@@ -236,7 +233,7 @@ class TimingPanel(WidthBorders, Container):
         if key == last_key or (throttle and not stopped and now - last_mono < UPDATE_EVERY):
             return
         self._shown_at = (key, now)
-        self.stats.show(snap, self.history.rate, window.since, self.slos, stopped)
+        self.stats.show(snap, window.rate("generated_tokens"), window.since, self.slos, stopped)
         goodput = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         self.set_borders(partial(caption_borders, stopped_at, goodput))
         marks = self.history.marks

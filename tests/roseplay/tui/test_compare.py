@@ -277,6 +277,30 @@ async def test_compare_screen_at_80x24_says_what_it_hid():
         assert "compare enable_prefix_caching: A on · B off" in text
 
 
+@sync
+async def test_each_sides_timing_tok_s_is_the_tables():
+    """A side's Timing line and the B / A table read one output tok/s (the counters'
+    10 s window): the Timing line read the last 2 s and disagreed with the table."""
+    import re
+
+    from roseplay.tui.widgets.ratios import RatioTable
+    from roseplay.tui.widgets.timing import TimingStats
+    from tests.roseplay.tui.helpers import widget_text
+    app = CompareApp(source=CompareReplaySource(COMPARE_SESSION, start_paused=True))
+    async with app.run_test(size=(200, 60)) as pilot:
+        for _ in range(40):         # past the first frames: both windows span seconds
+            app.action_step()
+        app.refresh_panels()
+        await pilot.pause(0.1)
+        table = [line.strip("│ ").split() for line in
+                 widget_text(app.query_one(RatioTable)).splitlines()]
+        rows = {cells[0]: cells for cells in table if cells[:1] in (["A"], ["B"])}
+        for i, side in enumerate("AB"):
+            stats = widget_text(app.timings[i].query_one(TimingStats))
+            rate = re.search(r"([\d,]+) tok/s", stats).group(1)
+            assert rate == rows[side][3], (side, stats, table)    # TTFT, TPOT, then tok/s
+
+
 def test_ratio_table_numbers_and_colours():
     from roseplay.tui.widgets.counters import CounterWindow
     from roseplay.tui.widgets.ratios import METRICS, _ratio_style, ratio, side_metrics
