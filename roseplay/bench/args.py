@@ -98,6 +98,12 @@ def check_args(args) -> None:
         raise ValueError("use --ab or --compare, not both")
     if args.base_url and (args.ab or args.compare):
         raise ValueError("--ab and --compare need the in-process engine (drop --base-url)")
+    client_only = [flag for flag, given in (("--api-key", args.api_key is not None),
+                                            ("--endpoint", args.endpoint != "completions"),
+                                            ("--num-clients", args.num_clients > 1)) if given]
+    if client_only and not args.base_url:
+        raise ValueError(f"{', '.join(client_only)}: HTTP client flags, they need --base-url "
+                         "(the bench drives its own engine without it)")
     if args.repeat > 1 and (args.ab or args.compare):
         raise ValueError("--repeat works with a single configuration (not --ab / --compare)")
     if engine_addresses(args)[1] and (args.in_process or args.compare or args.ab):

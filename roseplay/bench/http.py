@@ -19,6 +19,7 @@ has; a server without it answers 404 and keeps its cache), as the direct bench c
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 import httpx
@@ -153,13 +154,15 @@ def run(args, console: Console) -> int:
     """The --base-url branch of `roseplay bench`."""
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
-        model = args.model or served_models(args.base_url, headers)[0]
+        served = served_models(args.base_url, headers)   # reachable, key accepted: else
+        model = args.model or served[0]                  # one line, not N failed requests
         tokenizer, vocab = client_tokenizer(model)
         items, warmup = workload_items(args, tokenizer, vocab)
         job = load_job(args, items, model, tokenizer, headers, arrivals(args))
         warm_job = load_job(args, warmup, model, tokenizer, headers, {}) if warmup else None
-    except (httpx.HTTPError, OSError, ValueError) as exc:
-        console.print(f"[red]bench: {type(exc).__name__}: {exc}[/red]")
+    except (httpx.HTTPError, OSError, ValueError) as exc:   # one line on stderr
+        print(f"roseplay bench: error: {args.base_url}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     runs = []

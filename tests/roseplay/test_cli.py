@@ -147,6 +147,10 @@ BAD_BENCH_FLAGS = [
     (["--ab", "max_num_seqs=1,2", "--base-url", "http://127.0.0.1:9"],
      "--ab and --compare need the in-process engine"),
     (["--ab", "nosuch=1,2"], "unknown knob 'nosuch'"),
+    (["--endpoint", "chat"], "--endpoint: HTTP client flags, they need --base-url"),
+    (["--api-key", "k", "--num-clients", "2"], "--api-key, --num-clients: HTTP client flags"),
+    (["--base-url", "http://127.0.0.1:9", "--tokenizer-free"], "unrecognized arguments"),
+    (["--base-url", "http://127.0.0.1:9"], "http://127.0.0.1:9: ConnectError"),
 ]
 
 

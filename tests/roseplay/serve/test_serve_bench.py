@@ -31,8 +31,9 @@ def dummy_server():
 def run_json(tmp_path, capsys, *argv) -> tuple[int, dict | None, str]:
     path = tmp_path / "out.json"
     rc = bench.main([*WORKLOAD, "--json", str(path), *argv])
-    out = capsys.readouterr().out
-    return rc, (json.loads(path.read_text()) if path.exists() else None), out
+    captured = capsys.readouterr()       # the report on stdout, an error line on stderr
+    return rc, (json.loads(path.read_text()) if path.exists() else None), \
+        captured.out + captured.err
 
 
 def test_http_bench_matches_the_in_process_workload(dummy_server, tmp_path, capsys):
@@ -69,9 +70,11 @@ def test_http_bench_repeats_report_median_and_every_run(dummy_server, tmp_path, 
 
 
 def test_http_bench_without_the_key_fails_clearly(dummy_server, tmp_path, capsys):
+    """The server is asked for its models first: a refused key is one line before any
+    request runs (not a report of 8 failed requests)."""
     rc, data, out = run_json(tmp_path, capsys, "--base-url", dummy_server.url,
                              "--model", "dummy:tiny", "--warmup", "0")
-    assert rc == 1 and "HTTP 401" in out and data["summary"]["failed_requests"] == 8
+    assert rc == 2 and "401" in out and "roseplay bench: error:" in out and data is None
 
 
 def test_http_bench_chat_needs_text(dummy_server, tmp_path, capsys):
