@@ -132,11 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     except (InvalidRequestError, RuntimeError) as exc:
         print(f"roseplay serve: {exc}", file=sys.stderr)
         return 2
+    sock = None
     try:
+        # bound before the banner, which then says the port it got (--port 0 picks one)
+        sock = None if args.tui else _listen(args)
+        port = sock.getsockname()[1] if sock is not None else args.port
         info = loop.info
         print(f"roseplay serve: {info.model_name} on {info.device} ({info.dtype}, "
               f"{info.num_blocks} KV blocks of {info.block_size}) at "
-              f"http://{args.host}:{args.port}/v1", file=sys.stderr)
+              f"{url(args.host, port)}/v1", file=sys.stderr)
         address = getattr(loop, "address", None)
         if getattr(loop, "router", None) is not None:
             attached = [c.address for c in loop.replicas if c.proc is None]
@@ -152,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.tui:
             return _serve_with_tui(build_app(loop, config), args, address)
         if args.api_server_count > 1:
-            code = _serve_group(loop, config, args)
+            code = _serve_group(loop, config, args, sock)
         else:
             from roseplay.serve.server import serve_forever
-            code = serve_forever(build_app(loop, config), args.host, args.port, args.log_level)
+            code = serve_forever(build_app(loop, config), args.host, port, args.log_level,
+                                 sock=sock)
     except KeyboardInterrupt:    # a second Ctrl-C during the drain
         code = EXIT_CUT
     except OSError as exc:
@@ -165,9 +170,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"roseplay serve: {exc}", file=sys.stderr)
         return 1
     finally:
+        if sock is not None:
+            sock.close()
         loop.close()
     _report_exit(code, getattr(loop, "fatal_error", None))
     return code
+
+
+def _listen(args):
+    """The listening socket: SO_REUSEPORT when several API-server processes share it."""
+    from roseplay.serve.server import bind
+    return bind(args.host, args.port, reuse_port=args.api_server_count > 1)
+
+
+def url(host: str, port: int) -> str:
+    """http://host:port, an IPv6 host in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _report_exit(code: int, engine_error: str | None) -> None:
@@ -201,19 +219,19 @@ def check_front_flags(args) -> None:
                          "no --tui (drop --in-process / --tui)")
 
 
-def _serve_group(loop, config, args) -> int:
-    """API server 0 here, 1..N-1 in processes of their own (multiproc.py)."""
+def _serve_group(loop, config, args, sock) -> int:
+    """API server 0 here, 1..N-1 in processes of their own (multiproc.py), all on
+    `sock`'s address (SO_REUSEPORT)."""
     from roseplay.serve.app import build_app
-    from roseplay.serve.multiproc import ApiServerGroup, reuse_port_socket
+    from roseplay.serve.multiproc import ApiServerGroup
     from roseplay.serve.server import FLUSH_S, serve_forever
-    sock = reuse_port_socket(args.host, args.port)
     try:
         group = ApiServerGroup(args.api_server_count, loop, config, args.host,
                                sock.getsockname()[1], args.log_level)
         try:
             app = build_app(loop, config)        # while the API servers start
             group.wait_ready()
-            code = serve_forever(app, args.host, args.port, args.log_level,
+            code = serve_forever(app, args.host, sock.getsockname()[1], args.log_level,
                                  sock=sock, watch=group.check, on_stop=group.stop)
             return group.wait(code, config.shutdown_timeout + 2 * FLUSH_S + 5)
         finally:

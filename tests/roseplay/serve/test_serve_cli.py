@@ -1,8 +1,10 @@
 """The real `roseplay serve` command: a subprocess on 127.0.0.1 that serves, then exits
-cleanly on Ctrl-C; flag errors and the not-yet --tui say so."""
+cleanly on Ctrl-C (--port 0: on the port its banner names); flag errors and the not-yet
+--tui say so."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,3 +106,35 @@ def test_bench_refuses_a_bad_engine_config_before_it_starts(capsys):
     assert main(["serve", "--model", "dummy:tiny", "--device", "cpu",
                  "--speculative-config", spec]) == 2
     assert 'draft_model needs a "model"' in capsys.readouterr().err
+
+
+def test_port_0_serves_on_the_port_the_banner_names(tmp_path):
+    """--port 0 picks a free port; the banner said `http://127.0.0.1:0/v1`, so nobody
+    could find the server. It is bound before the banner, which names its port."""
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "roseplay", "serve", "--model",
+                                 "dummy:tiny", "--device", "cpu", "--num-blocks", "64",
+                                 "--port", "0", "--log-level", "warning"],
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (match := re.search(r"at http://127\.0\.0\.1:(\d+)/v1", log.read_text())) is None:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "no banner"
+            time.sleep(0.2)
+        port = int(match.group(1))
+        assert port != 0
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+                break
+            except httpx.ConnectError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
