@@ -86,12 +86,22 @@ def check_bench_config(args) -> str | None:
     when the bench drives a server, --base-url): a bad flag is exit status 2, as in
     `roseplay` and `roseplay serve`, not a failed run."""
     from engine.config import InvalidRequestError, make_config
+    from roseplay.bench.args import parse_ab
     if getattr(args, "base_url", None) or not hasattr(args, "device"):
         return None
     try:
         make_config(**engine_kwargs(args))
     except InvalidRequestError as exc:
         return str(exc)
+    try:
+        knob, values = parse_ab(getattr(args, "ab", None)) or (None, [])
+    except ValueError:
+        return None              # the bench names a malformed --ab itself
+    for value in values:         # else the last value's engine fails after the others ran
+        try:
+            make_config(**engine_kwargs(args, **{knob: value}))
+        except InvalidRequestError as exc:
+            return f"--ab {knob}={value}: {exc}"
     return None
 
 

@@ -147,7 +147,9 @@ def _result(loop, driver: WorkloadDriver, snap0, label: str, finished_only: bool
         from roseplay.bench.replicas import replica_figures
         stats["data_parallel"] = replica_figures(loop, records, reps0,
                                                  loop.replica_snapshots(), wall)
-    for err in driver.submit_errors[:3]:
+    # why requests failed: refused at submit, or ended with an error (a failing step)
+    errors = driver.submit_errors + [o.error for o in outputs if o.error is not None]
+    for err in errors[:3]:
         print(f"request failed: {err}", file=sys.stderr)
     result = report.RunResult(label, wall, records, stats, dict(dataclasses.asdict(loop.knobs)),
                               failed=driver.failed, steps=report.step_records(snap0, snap1))

@@ -151,6 +151,7 @@ BAD_BENCH_FLAGS = [
     (["--api-key", "k", "--num-clients", "2"], "--api-key, --num-clients: HTTP client flags"),
     (["--base-url", "http://127.0.0.1:9", "--tokenizer-free"], "unrecognized arguments"),
     (["--base-url", "http://127.0.0.1:9"], "http://127.0.0.1:9: ConnectError"),
+    (["--ab", "num_blocks=64,1"], "--ab num_blocks=1: num_blocks must be an integer >= 2"),
 ]
 
 

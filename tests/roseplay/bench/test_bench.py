@@ -244,3 +244,20 @@ def test_json_leaves_the_secrets_out(tmp_path, capsys):
     ns = bench_args.add_arguments(__import__("argparse").ArgumentParser()).parse_args(
         ["--api-key", "s3cret-api-key", "--engine-key", "k"])
     assert not {"api_key", "engine_key", "func"} & set(bench_args.recorded_args(ns))
+
+
+def test_requests_that_end_in_an_error_are_explained(capsys, monkeypatch):
+    """A request the engine runs and fails (here: every forward raises) is counted and
+    its error printed; only the errors of requests refused at submit were printed, so
+    such a run reported 'Failed requests: 4' and nan with no reason."""
+    from engine.core.core import LLMEngine
+
+    def broken(self, plan):
+        raise RuntimeError("the forward broke")
+
+    monkeypatch.setattr(LLMEngine, "_launch", broken)
+    rc = bench.main([*BASE, "--in-process", "--num-prompts", "4", "--input-len", "8",
+                     "--output-len", "2", "--warmup", "0"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "Failed requests:                                  4" in captured.out
+    assert "request failed:" in captured.err and "the forward broke" in captured.err
