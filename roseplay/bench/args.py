@@ -30,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "batching and plain generate) on the same workload and weights.")
     b.add_argument("--hf-batch-size", type=number(int, 1), default=64, help="Batch of HF plain generate (default: 64).")
     b.add_argument("--repeat", type=number(int, 1), default=1, help="Measured runs on one engine (prefix "
-                   "cache cleared before each); prints every run's throughput and the median "
-                   "with min..max (default: 1).")
+                   "cache cleared before each); prints every run's report, then each run's "
+                   "throughput and the median with min..max; --json's summary is the last "
+                   "run's (default: 1).")
     b.add_argument("--in-process", action="store_true", help="Run the engine on a thread of "
                    "this process instead of its own process (the old architecture).")
     add_engine_address_flag(b)

@@ -240,8 +240,9 @@ def _run_single(args, console: Console, results: list) -> dict:
 
 def _report(console: Console, args, results, extra: dict, mode: str) -> None:
     summaries = [report.summarize(r, goodput_slos(args)) for r in results]
-    if mode == "single":
-        report.print_summary(console, results[0], summaries[0])
+    if mode == "single":          # every --repeat run, as the HTTP bench prints them
+        for result, summary in zip(results, summaries):
+            report.print_summary(console, result, summary)
     elif mode == "ab":
         console.print(f"A/B of {extra['knob']} ({extra['mode']})")
         console.print(report.side_by_side(f"--ab {args.ab}", [str(v) for v in extra["values"]], summaries))
@@ -255,8 +256,9 @@ def _report(console: Console, args, results, extra: dict, mode: str) -> None:
                       f"greedy token agreement: {100 * extra['greedy_agreement_vs_hf_cb']:.0f} %",
                       highlight=False)
     if args.json:
-        payload = {"bench": recorded_args(args),
-                   "mode": mode, "summary": summaries[0], "requests": results[0].requests,
+        main = -1 if mode == "single" else 0    # the last --repeat run (as the HTTP
+        payload = {"bench": recorded_args(args),  # bench's), else the first: the baseline
+                   "mode": mode, "summary": summaries[main], "requests": results[main].requests,
                    "runs": [report.run_payload(r, s) for r, s in zip(results, summaries)]}
         payload[mode if mode != "single" else "info"] = extra
         report.dump_json(args.json, payload)

@@ -261,3 +261,16 @@ def test_requests_that_end_in_an_error_are_explained(capsys, monkeypatch):
     captured = capsys.readouterr()
     assert rc == 1 and "Failed requests:                                  4" in captured.out
     assert "request failed:" in captured.err and "the forward broke" in captured.err
+
+
+def test_repeat_prints_every_run_and_records_the_last(tmp_path, capsys):
+    """--repeat N prints each run's report (only the first was printed, while the HTTP
+    bench prints all) and --json's summary is the last run's, as the HTTP bench's."""
+    path = tmp_path / "r.json"
+    rc, out = run_bench(capsys, "--num-prompts", "3", "--input-len", "8", "--output-len", "2",
+                        "--warmup", "0", "--repeat", "2", "--json", str(path))
+    assert rc == 0 and out.count("Serving Benchmark Result") == 2
+    assert "run 1/2" in out and "run 2/2" in out
+    data = json.loads(path.read_text())
+    assert data["summary"] == data["runs"][-1]["summary"]
+    assert data["requests"] == data["runs"][-1]["requests"]
