@@ -38,6 +38,10 @@ class LLM:
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None,
                  proposer=None, **kwargs):
         self.dp = None
+        if config is not None and (model is not None or kwargs):   # they would be ignored
+            given = ["model"] * (model is not None) + sorted(kwargs)
+            raise InvalidRequestError(f"pass config or engine keywords, not both: got config "
+                                      f"and {', '.join(given)}")
         if config is None:
             if model is not None:
                 kwargs["model"] = model

@@ -94,3 +94,16 @@ def test_an_interrupted_generate_leaves_nothing_running():
         steps = []
         out, = llm.generate(PROMPT, GREEDY, on_step=steps.append)
         assert len(out.outputs[0].token_ids) == 4 and len(steps) <= 8
+
+
+def test_config_with_keywords_is_refused():
+    """LLM(config=..., max_num_seqs=3) ignored the keywords (an unknown one too)."""
+    import pytest
+    from engine import InvalidRequestError
+    from engine.config import make_config
+    config = make_config(model="dummy:tiny", device="cpu")
+    for kwargs in (dict(max_num_seqs=3), dict(bogus=1), dict(model="default")):
+        with pytest.raises(InvalidRequestError, match="pass config or engine keywords"):
+            LLM(config=config, **kwargs)
+    with LLM(config=config) as llm:
+        assert llm.generate([[1, 2, 3]], GREEDY)[0].outputs[0].token_ids
