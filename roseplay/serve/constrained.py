@@ -5,8 +5,9 @@ the field the constraint came from (docs/STRUCTURED_OUTPUTS.md).
 response_format: {"type": "text"} (no constraint), {"type": "json_object"}, or
 {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}; on
 both endpoints, as vLLM. structured_outputs (vLLM's extra): {"json" | "regex" | "choice"
-| "grammar" | "json_object", "disable_any_whitespace", "disable_additional_properties"}.
-Both are kept raw by the request models and decoded here once their size is known.
+| "grammar" | "json_object", "disable_any_whitespace", "disable_additional_properties"};
+vLLM's older guided_json / guided_regex / guided_choice / guided_grammar mean the same.
+All are kept raw by the request models and decoded here once their size is known.
 
 A grammar compiles in the engine (off its step loop); a failure there ends the request
 with an error whose text starts with GRAMMAR_ERROR. The routes turn it into a 400 with
@@ -68,6 +69,24 @@ def from_structured_outputs(value) -> StructuredOutputsParams | None:
     if not isinstance(value, dict):
         raise invalid("structured_outputs must be an object", "structured_outputs")
     return params(param="structured_outputs", **value)
+
+
+GUIDED = ("json", "regex", "choice", "grammar")     # vLLM's guided_* request fields
+
+
+def from_guided(raws: dict) -> tuple:
+    """vLLM's guided_json / guided_regex / guided_choice / guided_grammar (its fields
+    before structured_outputs; raw) -> (the constraint, the field it came from), or
+    (None, None) when none is given."""
+    given = {kind: value for kind, raw in raws.items()
+             if (value := decode_small(raw, "guided_" + kind)) is not None}
+    if not given:
+        return None, None
+    field = "guided_" + next(iter(given))
+    if len(given) > 1:
+        raise invalid(f"{' and '.join('guided_' + k for k in given)} both constrain the "
+                      "output; send one", field)
+    return params(param=field, **given), field
 
 
 def params(param: str, **fields) -> StructuredOutputsParams:

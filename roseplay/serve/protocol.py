@@ -87,6 +87,11 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     # structured outputs, raw until their size is known (roseplay/serve/constrained.py)
     response_format: raw_field({"type": "object"}) = msgspec.UNSET
     structured_outputs: raw_field({"type": "object"}) = msgspec.UNSET   # vLLM extra
+    # vLLM's older spelling of structured_outputs, which clients still send
+    guided_json: raw_field({"type": ["object", "string"]}) = msgspec.UNSET
+    guided_regex: raw_field({"type": "string"}) = msgspec.UNSET
+    guided_choice: raw_field({"type": "array", "items": {"type": "string"}}) = msgspec.UNSET
+    guided_grammar: raw_field({"type": "string"}) = msgspec.UNSET
 
     def check_supported(self) -> None:
         self._constraint = self._parse_constraint()
@@ -100,15 +105,17 @@ class SamplingFields(_Request, kw_only=True, dict=True):
 
     def _parse_constraint(self) -> tuple:
         """(StructuredOutputsParams or None, the request field it comes from)."""
-        fmt = constrained.from_response_format(
-            constrained.decode_small(self.response_format, "response_format"))
-        so = constrained.from_structured_outputs(
-            constrained.decode_small(self.structured_outputs, "structured_outputs"))
-        if fmt is not None and so is not None:
-            raise invalid("response_format and structured_outputs both constrain the output; "
-                          "send one", "structured_outputs")
-        return (fmt, "response_format") if fmt is not None else \
-            (so, "structured_outputs" if so is not None else None)
+        found = [(c, field) for c, field in (
+            (constrained.from_response_format(constrained.decode_small(
+                self.response_format, "response_format")), "response_format"),
+            (constrained.from_structured_outputs(constrained.decode_small(
+                self.structured_outputs, "structured_outputs")), "structured_outputs"),
+            constrained.from_guided({kind: getattr(self, "guided_" + kind)
+                                     for kind in constrained.GUIDED})) if c is not None]
+        if len(found) > 1:
+            raise invalid(f"{found[0][1]} and {found[1][1]} both constrain the output; "
+                          "send one", found[1][1])
+        return found[0] if found else (None, None)
 
     @property
     def constraint(self):

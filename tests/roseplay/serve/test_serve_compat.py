@@ -142,3 +142,33 @@ def test_stop_strings_without_a_tokenizer_name_stop():
         r = http.post("/v1/completions", json={**body, "stop": ["x"]})
         assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
         assert http.post("/v1/completions", json={**body, "stop_token_ids": [5]}).status_code == 200
+
+
+def test_vllm_guided_fields_constrain_the_output(http):
+    """vLLM's guided_json / guided_regex / guided_choice / guided_grammar (its fields
+    before structured_outputs, still in clients' code) were ignored as unknown fields:
+    the output came unconstrained, with a 200."""
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 40, "temperature": 0}
+    out = {}
+    for field, value in [("guided_choice", ["aye", "nay"]), ("guided_regex", "[0-9]{3}"),
+                         ("guided_grammar", 'root ::= "yes" | "no"'),
+                         ("guided_json", {"type": "object", "properties": {
+                             "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                             "required": ["n"],
+                             "additionalProperties": False})]:
+        r = http.post("/v1/completions", json={**body, field: value})
+        assert r.status_code == 200, r.text
+        out[field] = r.json()["choices"][0]["text"]
+    assert out["guided_choice"] in ("aye", "nay") and out["guided_grammar"] in ("yes", "no")
+    assert out["guided_regex"].isdigit() and len(out["guided_regex"]) == 3
+    assert set(json.loads(out["guided_json"])) == {"n"}
+    chat = {"model": "default", "messages": [{"role": "user", "content": "Aye?"}],
+            "max_tokens": 4, "guided_choice": ["aye", "nay"]}
+    assert http.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"][
+        "content"] in ("aye", "nay")
+    for extra, param in [({"guided_regex": "("}, "guided_regex"),
+                         ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_regex"),
+                         ({"guided_regex": "b", "structured_outputs": {"regex": "c"}},
+                          "guided_regex")]:
+        r = http.post("/v1/completions", json={**body, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
