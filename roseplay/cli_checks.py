@@ -85,12 +85,12 @@ def check_bench_config(args) -> str | None:
     """Why the bench's own engine could not start with these flags (None if it can, or
     when the bench drives a server, --base-url): a bad flag is exit status 2, as in
     `roseplay` and `roseplay serve`, not a failed run."""
-    from engine.config import InvalidRequestError, make_config
+    from engine.config import InvalidRequestError
     from roseplay.bench.args import parse_ab
     if getattr(args, "base_url", None) or not hasattr(args, "device"):
         return None
     try:
-        make_config(**engine_kwargs(args))
+        _bench_engine(args, {})
     except InvalidRequestError as exc:
         return str(exc)
     try:
@@ -99,10 +99,26 @@ def check_bench_config(args) -> str | None:
         return None              # the bench names a malformed --ab itself
     for value in values:         # else the last value's engine fails after the others ran
         try:
-            make_config(**engine_kwargs(args, **{knob: value}))
+            _bench_engine(args, {knob: value})
         except InvalidRequestError as exc:
             return f"--ab {knob}={value}: {exc}"
     return None
+
+
+def _bench_engine(args, overrides: dict) -> None:
+    """The bench's engine config as make_config checks it, and, when it runs in this
+    process (--in-process, --compare hf: HF beside it), as an in-process engine."""
+    from engine.config import InvalidRequestError, make_config
+    config = make_config(**engine_kwargs(args, **overrides))
+    if getattr(args, "in_process", False) or getattr(args, "compare", None):
+        try:
+            config.check_in_process()
+        except InvalidRequestError as exc:
+            if args.in_process:
+                raise
+            raise InvalidRequestError("--compare hf runs the engine in this process (beside "
+                                      "HF): data_parallel_size > 1 and kv_events_config need "
+                                      "it in its own process") from exc
 
 
 def local_tokenizer(name: str | None):

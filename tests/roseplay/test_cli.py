@@ -152,6 +152,9 @@ BAD_BENCH_FLAGS = [
     (["--base-url", "http://127.0.0.1:9", "--tokenizer-free"], "unrecognized arguments"),
     (["--base-url", "http://127.0.0.1:9"], "http://127.0.0.1:9: ConnectError"),
     (["--ab", "num_blocks=64,1"], "--ab num_blocks=1: num_blocks must be an integer >= 2"),
+    (["--in-process", "--data-parallel-size", "2"], "need the engine in its own process"),
+    (["--compare", "hf", "--data-parallel-size", "2"], "--compare hf runs the engine in this"),
+    (["--in-process", "--ab", "data_parallel_size=1,2"], "--ab data_parallel_size=2: "),
 ]
 
 
