@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from roseplay.cli_flags import engine_kwargs
+from roseplay.cli_flags import engine_addresses, engine_kwargs
 from roseplay.tui.defaults import app_engine_kwargs
 
 
@@ -90,8 +90,13 @@ def check_bench_config(args) -> str | None:
     if getattr(args, "base_url", None) or not hasattr(args, "device"):
         return None
     try:
+        attached = engine_addresses(args)[1]
+        if attached:      # running engines: only the front's own knobs may be given
+            from engine.front.dp_attach import front_config
+            front_config(attached, engine_kwargs(args))
+            return None
         _bench_engine(args, {})
-    except InvalidRequestError as exc:
+    except ValueError as exc:          # InvalidRequestError is one
         return str(exc)
     try:
         knob, values = parse_ab(getattr(args, "ab", None)) or (None, [])

@@ -155,6 +155,10 @@ BAD_BENCH_FLAGS = [
     (["--in-process", "--data-parallel-size", "2"], "need the engine in its own process"),
     (["--compare", "hf", "--data-parallel-size", "2"], "--compare hf runs the engine in this"),
     (["--in-process", "--ab", "data_parallel_size=1,2"], "--ab data_parallel_size=2: "),
+    (["--engine-address", "tcp://127.0.0.1:9", "--engine-address", "tcp://127.0.0.1:19"],
+     "model: engine settings of running engines cannot be set"),
+    (["--engine-address", "tcp://127.0.0.1:9", "--engine-address", "tcp://127.0.0.1:19",
+      "--data-parallel-size", "3"], "--data-parallel-size 3 conflicts with the 2"),
 ]
 
 
