@@ -23,7 +23,7 @@ from textual.widgets import Footer, Input, Static
 from roseplay.tui.actions import Actions
 from roseplay.tui.marks import RecordedMarks
 from roseplay.tui.commands import RoseplayCommands
-from roseplay.tui.dp_actions import DecisionStore
+from roseplay.tui.dp_actions import MERGED_NOTE, DecisionStore
 from roseplay.tui.engine_state import SERVING, engine_down
 from roseplay.tui.keys import TEXT_ACTIONS, action_mode, bindings
 from roseplay.tui.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
@@ -295,7 +295,8 @@ class RoseplayApp(Actions, App):
             highlight = current if current is not None and current.state in ACTIVE else None
             if not self.show_replicas(snap, highlight, current, stop):
                 flash = flash_blocks(snap) if stop is None else None    # nothing is new
-                self.kv.show(snap, highlight, self.window, flash, stop)
+                merged = (workload or {}).get("replicas", 0) if replay else 0
+                self.kv.show(snap, highlight, self.window, flash, stop, merged)
             self.detail.show(current, getattr(src, "tokenizer", None),
                              logprobs_mode(src, snap), no_text_reason(src),
                              self._detail_extra(current, stop is not None), stop is not None)
@@ -324,6 +325,10 @@ class RoseplayApp(Actions, App):
             notice = src.notice()
             if notice:
                 self.notify(notice, title="incomplete recording", severity="warning",
+                            timeout=12)
+            n = (src.workload() or {}).get("replicas")
+            if n:
+                self.notify(MERGED_NOTE.format(n=n), title="a data-parallel recording",
                             timeout=12)
         for event in src.take_events():
             self.notify(describe_event(event), title="recorded", timeout=3)

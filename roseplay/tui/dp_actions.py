@@ -19,6 +19,13 @@ from roseplay.tui.widgets.stopped import with_caption
 from roseplay.workload.own_prompts import OWN_PREFIX
 
 
+# a recording keeps the front's merged snapshot (engine/front/dp_views.py merge_snapshots),
+# not each replica's, nor the router's decisions
+MERGED_NOTE = ("recorded with {n} data-parallel replicas: this replay shows their pools "
+               "(one map, replica after replica) and requests merged; each replica's own "
+               "map, its load and the routing card show live only")
+
+
 class DecisionStore:
     """The routing decisions the app keeps past the router's window: the typed prompts'
     and those it showed for a selected request, the latest KEEP of them."""

@@ -137,12 +137,17 @@ def hover_text(snap, block: int | None) -> str:
 _MODEL_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def pool_title(snap, width: int) -> str:
+def pool_title(snap, width: int, merged: int = 0) -> str:
     """The pool's geometry, in the longest form that fits; an fp8 pool adds its bytes a
     block beside the model dtype's: the same memory holds 2x (bfloat16) or 4x (float32)
-    the blocks."""
+    the blocks. `merged`: the pools of that many data-parallel replicas shown as one (a
+    recording keeps the front's merged snapshot, not each replica's)."""
     n, bs = snap.num_blocks, snap.block_size
     forms = [f"KV cache · {n} blocks × {bs} tokens", f"KV · {n} × {bs} tok"]
+    if merged:
+        forms = [f"KV cache · {merged} replicas merged · {n} blocks × {bs} tokens",
+                 f"KV · {merged} replicas merged · {n} × {bs} tok",
+                 f"KV · {merged} merged · {n} × {bs} tok", f"KV · {merged} merged · {n} × {bs}"]
     if snap.kv_cache_dtype != "auto" and snap.kv_bytes_per_rank:
         kib = snap.kv_bytes_per_rank / max(1, n) / 1024
         model = f"{snap.dtype} {_MODEL_BYTES.get(snap.dtype, 1) * kib:g}"
@@ -152,7 +157,7 @@ def pool_title(snap, width: int) -> str:
     return border_form(forms, width)
 
 
-def pool_borders(kv, snap, stopped_at: int | None, width: int) -> tuple[str, str]:
+def pool_borders(kv, snap, stopped_at: int | None, merged: int, width: int) -> tuple[str, str]:
     """The KV panel's title and subtitle at `width`: the pool's geometry, and which
     blocks the map shows when it cannot show every one (the stop, when stopped)."""
     first, end = kv.shown_blocks()      # say so when the map does not show every block
@@ -162,7 +167,8 @@ def pool_borders(kv, snap, stopped_at: int | None, width: int) -> tuple[str, str
                  f"{first}-{end - 1} of {snap.num_blocks}: scroll, z")
         subtitle = border_form(forms, width)
     # a map cut by the panel keeps saying so: the legend's `now` row says the stop
-    return pool_title(snap, width), with_caption(stopped_at, subtitle, width, keep_words=True)
+    return pool_title(snap, width, merged), with_caption(stopped_at, subtitle, width,
+                                                        keep_words=True)
 
 
 class KVPanel(WidthBorders, Vertical):
@@ -183,13 +189,14 @@ class KVPanel(WidthBorders, Vertical):
         yield self.replica_maps
 
     def show(self, snap, selected, window, flash: dict[int, int] | None = None,
-             stopped_at: int | None = None) -> None:
+             stopped_at: int | None = None, merged: int = 0) -> None:
         """`stopped_at`: the step the engine stopped after (None while it serves): the
-        map and counts are as of then, and the caption says so."""
+        map and counts are as of then, and the caption says so. `merged`: the replicas
+        whose pools the snapshot holds as one (a data-parallel recording), or 0."""
         kv = self.map
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
         kv.show(snap.block_state, snap.block_refcount, blocks, flash)
-        self.set_borders(partial(pool_borders, kv, snap, stopped_at))
+        self.set_borders(partial(pool_borders, kv, snap, stopped_at, merged))
         self.host.show(snap)
         hover = hover_text(snap, kv.hover_block)
         self.legend.show_legend(snap, selected.request_id if selected else None, kv.mode,

@@ -112,3 +112,31 @@ def test_a_live_recording_of_the_bundled_model_replays_its_text(tmp_path):
             want = tokenizer.decode(list(live[r.request_id].output_tail),
                                     skip_special_tokens=True)
             assert r.text and r.text.endswith(want[-20:]), (r.text, want)
+
+
+@sync
+async def test_a_data_parallel_recording_says_its_pools_are_merged(tmp_path):
+    """A recording keeps the front's merged snapshot: its replay says so (the KV title,
+    a notice) rather than show the replicas' pools as one engine's."""
+    from roseplay.tui.dp_actions import MERGED_NOTE
+    from tests.roseplay.tui.helpers import notices
+    snap = session_snapshot(12)
+    path = tmp_path / "dp.jsonl.gz"
+    rec = Recorder(str(path), lambda: snap, lambda: {"replicas": 2, "routing_policy":
+                                                     "least_load"}, interval=3600)
+    rec.close()
+    app = RoseplayApp(source=ReplaySource(str(path), start_paused=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        assert f"2 replicas merged · {snap.num_blocks} × 16 tok" in app.kv.border_title
+        assert MERGED_NOTE.format(n=2) in notices(app)
+    single = tmp_path / "one.jsonl.gz"      # one engine: its pool, no note
+    rec = Recorder(str(single), lambda: snap, lambda: {}, interval=3600)
+    rec.close()
+    app = RoseplayApp(source=ReplaySource(str(single), start_paused=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        assert "merged" not in app.kv.border_title
+        assert "data-parallel" not in notices(app)
