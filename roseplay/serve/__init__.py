@@ -1,8 +1,9 @@
 """`roseplay serve`: an OpenAI-compatible HTTP server on the engine (FastAPI + uvicorn).
 
 Modules, one job each:
-  protocol.py   OpenAI request models (msgspec, decoded from the raw body) and response
-                models (pydantic); request -> SamplingParams
+  protocol.py   OpenAI request models (msgspec, decoded from the raw body); request ->
+                SamplingParams
+  responses.py  OpenAI response models (pydantic)
   errors.py     OpenAI error JSON, status mapping, API-key check, body-size limit
   chat.py       chat templates (the tokenizer's, or the bundled model's own)
   bridge.py     engine events -> asyncio (a Mailbox: one wake-up per batch), cancellation

@@ -26,10 +26,10 @@ from roseplay.serve.body import parse_body
 from roseplay.serve.bridge import Generation, new_id
 from roseplay.serve.errors import OpenAIError, error_body
 from roseplay.serve.logprobs import LogprobsWriter, best_of
-from roseplay.serve.protocol import (ChatChoice, ChatCompletionRequest,
-                                     ChatCompletionResponse, ChatMessageOut, CompletionChoice,
-                                     CompletionRequest, CompletionResponse, ModelCard,
-                                     ModelList, openapi_schemas, usage)
+from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, openapi_schemas
+from roseplay.serve.responses import (ChatChoice, ChatCompletionResponse, ChatMessageOut,
+                                      CompletionChoice, CompletionResponse, ModelCard, ModelList,
+                                      usage)
 from roseplay.serve.siblings import PromptLogprobs, SharedPromptLogprobs
 from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body, usage_chunk
 from roseplay.serve.tool_parsers import by_call, read_all

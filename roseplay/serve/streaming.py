@@ -7,7 +7,7 @@ ONE write, and the events of one choice are coalesced into one chunk (their text
 token ids joined: vLLM's stream interval, adaptive). An idle server still sends a
 chunk per engine step; a loaded one sends fewer, larger chunks instead of falling
 behind. Chunks are encoded by msgspec, each request's fixed fields (id, object,
-created, model) once. The JSON is the pydantic models' (roseplay/serve/protocol.py).
+created, model) once. The JSON is the pydantic models' (roseplay/serve/responses.py).
 """
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.front.client import EngineClient
 from roseplay.bench.clients import Job, run_load
 from roseplay.serve.app import build_app
-from roseplay.serve.protocol import (ChatChunkChoice, ChatCompletionChunk, CompletionChoice,
-                                     CompletionResponse, DeltaMessage, usage)
+from roseplay.serve.responses import (ChatChunkChoice, ChatCompletionChunk, CompletionChoice,
+                                      CompletionResponse, DeltaMessage, usage)
 from roseplay.serve.server import ServerThread
 from roseplay.serve.streaming import ChunkEncoder, coalesce, usage_chunk
 
