@@ -3,9 +3,9 @@
 Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, ignore_eos,
 stop_token_ids, return_token_ids, repetition_penalty, min_p, min_tokens) and structured
 outputs (response_format, vLLM's structured_outputs, chat's tools/tool_choice:
-roseplay/serve/constrained.py, tools.py). Fields the engine cannot honour (suffix) are
-refused with a clear 400 rather than silently ignored. Unknown fields are ignored, as
-OpenAI and vLLM do.
+roseplay/serve/constrained.py, tools.py). Fields the engine cannot honour (suffix, and
+vLLM's REFUSED_EXTRAS when set) are refused with a clear 400 rather than silently
+ignored. Unknown fields are ignored, as OpenAI and vLLM do.
 Types are strict (JSON's): `true` is not an integer and `"5"` not a number, so a
 client's type mistake gets a 400 naming the field instead of a surprising meaning.
 Request bodies are msgspec Structs decoded from the raw bytes in one typed pass
@@ -26,7 +26,7 @@ from engine.validation import (MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_SEED, M
                                MAX_STOP_TOKEN_IDS)
 from roseplay.serve import constrained
 from roseplay.serve.tools import Tools
-from roseplay.serve.body import parse_logit_bias, raw_field
+from roseplay.serve.body import parse_logit_bias, raw_field, raw_value
 from roseplay.serve.errors import invalid
 
 MAX_N = 128     # choices per request (each one is an engine request)
@@ -35,6 +35,10 @@ MAX_N = 128     # choices per request (each one is an engine request)
 MAX_MESSAGES = 4096
 MAX_CONTENT_PARTS = 1024           # text parts of one message's content
 MAX_TOOL_CALLS = 128               # an assistant message's tool calls
+# vLLM sampling extras the engine cannot honour: ignored as unknown fields, they gave
+# another answer than asked (the stop string cut, no beam search, every token allowed)
+REFUSED_EXTRAS = ("include_stop_str_in_output", "use_beam_search", "allowed_token_ids",
+                  "bad_words", "prompt_logprobs")
 
 
 class _Request(msgspec.Struct, kw_only=True):
@@ -90,8 +94,16 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     guided_regex: raw_field({"type": "string"}) = msgspec.UNSET
     guided_choice: raw_field({"type": "array", "items": {"type": "string"}}) = msgspec.UNSET
     guided_grammar: raw_field({"type": "string"}) = msgspec.UNSET
+    include_stop_str_in_output: bool | None = None        # REFUSED_EXTRAS when set
+    use_beam_search: bool | None = None
+    allowed_token_ids: raw_field({"type": "array"}) = msgspec.UNSET
+    bad_words: raw_field({"type": "array"}) = msgspec.UNSET
+    prompt_logprobs: int | None = None
 
     def check_supported(self) -> None:
+        for name in REFUSED_EXTRAS:
+            if _is_set(getattr(self, name)):
+                raise invalid(f"{name} is not supported by this engine", name)
         self._constraint = self._parse_constraint()
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true")
@@ -176,6 +188,13 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def _is_set(value) -> bool:
+    """A refused extra asks for something: not absent, null, false or an empty list."""
+    if isinstance(value, msgspec.Raw):
+        return raw_value(value) not in (None, b"[]")
+    return value is not None and value is not False and value is not msgspec.UNSET
 
 
 # one array type per msgspec union: the kind of list (all strings, all ids, all id
