@@ -11,8 +11,9 @@ import argparse
 import os
 import sys
 
-from roseplay.cli_checks import (check_bench_config, check_compare, check_engine, check_model,
-                                 check_output_path, check_record_path)
+from roseplay.cli_checks import (check_bench_config, check_compare, check_engine,
+                                 check_engine_access, check_model, check_output_path,
+                                 check_record_path)
 from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, add_goodput_flag
 from roseplay.tui.defaults import note_app_defaults
 from roseplay.tui.launch import CannotStart, run_tui
@@ -93,6 +94,8 @@ def _bench(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     problem = (check_model(getattr(args, "model", None))
                or check_output_path("--json", getattr(args, "json", None))
+               or check_engine_access(getattr(args, "engine_address", None),
+                                      getattr(args, "engine_key", None))
                or check_bench_config(args))
     if problem:
         return _fail(problem)
@@ -108,6 +111,15 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
+def _app_problem(args) -> str | None:
+    """Why the app cannot start with these flags (None if it can), before it opens."""
+    if args.replay:
+        return None
+    if args.connect:
+        return check_engine_access(args.connect, args.engine_key)
+    return check_model(args.model) or check_record_path(args.record) or check_engine(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
@@ -120,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine_key:          # read by every EngineClient of this process
         from engine.ipc.auth import ENGINE_KEY_ENV
         os.environ[ENGINE_KEY_ENV] = args.engine_key
-    problem = None if args.replay or args.connect else (
-        check_model(args.model) or check_record_path(args.record) or check_engine(args))
+    problem = _app_problem(args)
     if args.compare and not problem:
         problem = check_compare(args)
     if problem:

@@ -50,6 +50,22 @@ def check_output_path(flag: str, path: str | None) -> str | None:
     return None
 
 
+def check_engine_access(addresses: list[str] | None, key: str | None) -> str | None:
+    """Why these engine addresses (--connect, --engine-address) or --engine-key cannot be
+    used (None if they can): a malformed address or an unreadable key file, told before
+    the app opens or an engine starts."""
+    from engine.ipc.auth import given_key
+    from engine.ipc.protocol import endpoints
+    try:
+        for address in addresses or ():
+            endpoints(address)
+        if addresses or key:
+            given_key(key)
+    except ValueError as exc:          # InvalidRequestError is one
+        return str(exc)
+    return None
+
+
 def check_engine(args) -> str | None:
     """Why the engine could not serve this workload, before the app opens (None if it
     can): the knobs as the engine checks them, a KV pool too small for the scenario's

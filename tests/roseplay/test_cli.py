@@ -64,12 +64,17 @@ BAD_FLAGS = [
     (["--model", "dummy:nope"], "unknown dummy preset 'nope'"),
     (["--record", "/nonexistent-dir/s.jsonl.gz"], "folder /nonexistent-dir does not exist"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--connect", "nonsense"], "engine address 'nonsense': expected tcp://HOST:PORT"),
+    (["--connect", "tcp://127.0.0.1:9", "--engine-key", "@/nonexistent-key"],
+     "cannot read the engine key file /nonexistent-key"),
 ]
 
 
 @pytest.mark.parametrize("argv,message", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
 def test_each_bad_flag_exits_non_zero_with_one_line(argv, message, capsys, monkeypatch):
     import roseplay.cli as cli
+    from engine.ipc.auth import ENGINE_KEY_ENV
+    monkeypatch.setenv(ENGINE_KEY_ENV, "")      # main sets it from --engine-key: undone after
     monkeypatch.setattr(cli, "run_tui", lambda args: pytest.fail("the app started"))
     try:
         rc = cli.main(argv)
@@ -152,6 +157,8 @@ BAD_BENCH_FLAGS = [
     (["--base-url", "http://127.0.0.1:9", "--tokenizer-free"], "unrecognized arguments"),
     (["--base-url", "http://127.0.0.1:9"], "http://127.0.0.1:9: ConnectError"),
     (["--ab", "num_blocks=64,1"], "--ab num_blocks=1: num_blocks must be an integer >= 2"),
+    (["--engine-address", "localhost:5555"], "engine address 'localhost:5555': expected"),
+    (["--engine-key", "@/nonexistent-key"], "cannot read the engine key file"),
     (["--in-process", "--data-parallel-size", "2"], "need the engine in its own process"),
     (["--compare", "hf", "--data-parallel-size", "2"], "--compare hf runs the engine in this"),
     (["--in-process", "--ab", "data_parallel_size=1,2"], "--ab data_parallel_size=2: "),
@@ -169,7 +176,9 @@ def test_each_bad_bench_flag_exits_2_with_one_line(argv, message, capsys, monkey
     engine starts (a traceback, a silently accepted value, or a run whose --json
     cannot be written were each possible)."""
     import roseplay.cli as cli
+    from engine.ipc.auth import ENGINE_KEY_ENV
     from roseplay.bench import inproc
+    monkeypatch.setenv(ENGINE_KEY_ENV, "")
     monkeypatch.setattr(inproc, "make_loop", lambda *a, **k: pytest.fail("an engine started"))
     try:
         rc = cli.main(["bench", "--model", "dummy:tiny", *argv])
