@@ -18,6 +18,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from roseplay import __version__
 from roseplay.serve import prompts as inputs
@@ -329,7 +330,10 @@ async def models(request: Request):
 
 @router.get("/v1/models/{name:path}")
 async def model(request: Request, name: str):
-    """OpenAI's model retrieve (`client.models.retrieve`): the card, or model_not_found."""
+    """OpenAI's model retrieve (`client.models.retrieve`): the card, or model_not_found.
+    A trailing slash is the app's 404 that names the route without it (no redirects)."""
+    if not name or name.endswith("/"):
+        raise StarletteHTTPException(404)
     st = _state(request)
     st.check_model(name)
     return JSONResponse(ModelCard(id=name, max_model_len=st.max_model_len).model_dump())

@@ -108,6 +108,9 @@ def test_models_retrieve_and_version(server, http):
         client.models.retrieve("nope")
     assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
     assert http.get("/version").json() == {"version": __version__}
+    for path in ("/v1/models/", "/v1/models/default/"):     # no redirect, no model named ""
+        r = http.get(path)
+        assert r.status_code == 404 and "without the trailing slash" in r.json()["error"]["message"]
 
 
 def test_a_streamed_tool_call_names_its_index_once_per_chunk(http):
