@@ -122,7 +122,7 @@ def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
                       "stop_token_ids)", "stop")
     prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len)
                for p in req.prompts()]
-    return _expand(req, prompts, req.max_tokens, max_model_len)
+    return _expand(req, prompts, 1 if req.echo_only else req.max_tokens, max_model_len)
 
 
 def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,

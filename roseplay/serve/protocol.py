@@ -186,6 +186,11 @@ class SamplingFields(_Request, kw_only=True, dict=True):
         return 0 if n is None and self.num_candidates > self.n else n
 
     @property
+    def echo_only(self) -> bool:
+        """The response is the prompt alone (completions' echo with max_tokens 0)."""
+        return False
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -239,6 +244,12 @@ class CompletionRequest(SamplingFields, kw_only=True):
     @property
     def num_candidates(self) -> int:
         return self.best_of or self.n
+
+    @property
+    def echo_only(self) -> bool:
+        """max_tokens 0 with echo: the prompt's text and logprobs alone (OpenAI's legacy
+        scoring call; vLLM's too: the engine samples one token, which is dropped)."""
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list: one string or token-id list per prompt."""

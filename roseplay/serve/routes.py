@@ -106,7 +106,8 @@ class CompletionFormat:
         if not self.req.echo or c.output is None:
             return self.logprobs.format(c.index, _logprobs(c))
         return self.logprobs.echo(c.index, c.output.prompt_token_ids[0],
-                                  self.prompt_logprobs.get(c.index // self.req.n), _logprobs(c))
+                                  self.prompt_logprobs.get(c.index // self.req.n),
+                                  None if self.req.echo_only else _logprobs(c))
 
     def streamed(self, gen):
         """The Generation as the SSE response reads it: with n > 1 and echo + logprobs,
@@ -126,9 +127,11 @@ class CompletionFormat:
         return usage_chunk(self.id, "text_completion", self.model, u)
 
     def response(self, choices, u) -> dict:
-        out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c),
+        generated = not self.req.echo_only
+        out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c) * generated,
                                 finish_reason=_finish_reason(c.finish_reason),
-                                token_ids=c.token_ids if self.req.return_token_ids else None)
+                                token_ids=(c.token_ids if generated else [])
+                                if self.req.return_token_ids else None)
                for c in choices]
         body = CompletionResponse(id=self.id, model=self.model, choices=out, usage=u).model_dump()
         return _with_logprobs(body, [self._choice_logprobs(c) for c in choices])
@@ -208,7 +211,8 @@ def _logprobs(c):
 
 
 def _usage(fmt, choices):
-    return usage(sum(fmt.ins.prompt_lens), sum(len(c.token_ids) for c in choices))
+    completion = 0 if fmt.req.echo_only else sum(len(c.token_ids) for c in choices)
+    return usage(sum(fmt.ins.prompt_lens), completion)
 
 
 def _first_error(choices) -> str | None:

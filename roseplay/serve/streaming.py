@@ -11,6 +11,7 @@ created, model) once. The JSON is the pydantic models' (roseplay/serve/responses
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class ChunkEncoder:
         self.chat = fmt.prefix == "chatcmpl"
         self.ids = bool(fmt.req.return_token_ids)
         self.echo = None if self.chat or not fmt.req.echo else fmt._echo
+        self.echo_only = fmt.req.echo_only
         self.first_prompt_token = lambda i: fmt.ins.prompts[i]["prompt_token_ids"][0]
         self.logprobs = getattr(fmt, "logprobs", None)    # a LogprobsWriter
         # chat: the delta's fields and finish reason (tool calls read from the text:
@@ -81,6 +83,9 @@ class ChunkEncoder:
         self._tail = b'],"usage":null}\n\n'
 
     def chunk(self, p: Piece, first: bool) -> bytes:
+        if self.echo_only:      # the one sampled token is dropped (protocol echo_only)
+            p = dataclasses.replace(p, text="", token_ids=[],
+                                    logprobs=None if p.logprobs is None else [])
         text = (self.echo(p.choice.index) + p.text) if first and self.echo else p.text
         reason = FINISH_REASONS.get(p.finish_reason, p.finish_reason)
         logprobs = self.logprobs.format(p.choice.index, p.logprobs) if self.logprobs else None

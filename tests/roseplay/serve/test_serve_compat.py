@@ -175,3 +175,23 @@ def test_vllm_guided_fields_constrain_the_output(http):
                           "guided_regex")]:
         r = http.post("/v1/completions", json={**body, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(http):
+    """OpenAI's legacy scoring call (and vLLM's): echo with max_tokens 0 returns the
+    prompt's text and logprobs alone; it was a 400 (max_tokens must be >= 1)."""
+    body = {"model": "default", "prompt": PROMPT, "echo": True, "logprobs": 1,
+            "temperature": 0}
+    one = http.post("/v1/completions", json={**body, "max_tokens": 1}).json()
+    r = http.post("/v1/completions", json={**body, "max_tokens": 0, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    choice, n_prompt = r.json()["choices"][0], r.json()["usage"]["prompt_tokens"]
+    assert choice["text"] == PROMPT and choice["token_ids"] == []
+    assert r.json()["usage"]["completion_tokens"] == 0
+    lps = choice["logprobs"]
+    assert "".join(lps["tokens"]) == PROMPT and len(lps["tokens"]) == n_prompt
+    assert lps == {k: v[:n_prompt] for k, v in one["choices"][0]["logprobs"].items()}
+    texts, _ = streamed(http, "/v1/completions", {**body, "max_tokens": 0, "n": 2})
+    assert texts == {0: PROMPT, 1: PROMPT}
+    r = http.post("/v1/completions", json={**body, "echo": False, "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
