@@ -327,7 +327,7 @@ class RoseplayApp(Actions, App):
                 self.notify(notice, title="incomplete recording", severity="warning",
                             timeout=12)
             n = (src.workload() or {}).get("replicas")
-            if n:
+            if n and src.replicas() is None:      # recorded before the replicas' frames
                 self.notify(MERGED_NOTE.format(n=n), title="a data-parallel recording",
                             timeout=12)
         for event in src.take_events():

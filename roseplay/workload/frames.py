@@ -118,10 +118,13 @@ class FrameEncoder:
         self._events: set = set()
         self._traces: tuple = ()
 
-    def encode(self, snap: EngineSnapshot, t: float, workload: dict) -> dict:
+    def encode(self, snap: EngineSnapshot, t: float, workload: dict,
+               key: bool | None = None) -> dict:
+        """The frame of `snap`; `key` (a replica's stream, record_replicas.py) makes it a
+        keyframe or not whatever the count, so its keyframes fall on the merged one's."""
         frame: dict = {"kind": "frame", "t": round(t, 4), "time": snap.time, "step": snap.step,
                        "paused": snap.paused}
-        if self.count % self.keyframe_every == 0:
+        if key if key is not None else self.count % self.keyframe_every == 0:
             self._reset()
             frame["key"] = True
         self.count += 1
@@ -206,6 +209,7 @@ class ReplayFrame:
     snapshot: EngineSnapshot
     workload: dict
     events: tuple[dict, ...] = ()
+    replicas: object = None     # a data-parallel session's RecordedFront (record_replicas.py)
 
 
 class FrameDecoder:

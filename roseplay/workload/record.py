@@ -22,6 +22,7 @@ from collections import deque
 
 from engine.snapshot import EngineSnapshot
 from roseplay.workload.frames import FrameEncoder
+from roseplay.workload.record_replicas import ReplicaEncoder
 from roseplay.workload.record_text import PieceTracker, TextTracker
 
 FORMAT_VERSION = 2
@@ -47,11 +48,14 @@ class Recorder:
     session goes on unrecorded, and the file replays up to its last flush. `close()`
     writes a final frame and closes the file. With the engine's `tokenizer`, each
     request's generated text is recorded too (the header says `"text": true`), and the
-    text of each token the frames show (record_text.py `PieceTracker`).
+    text of each token the frames show (record_text.py `PieceTracker`). With
+    `replicas_fn` giving a data-parallel front, each replica's frames and the router's
+    too (record_replicas.py).
     """
 
     def __init__(self, path: str, snapshot_fn, workload_fn, interval: float = 0.1,
-                 max_bytes: int = MAX_RECORDING_BYTES, tokenizer=None, **info):
+                 max_bytes: int = MAX_RECORDING_BYTES, tokenizer=None, replicas_fn=None,
+                 **info):
         self.path = path
         self._snapshot_fn, self._workload_fn = snapshot_fn, workload_fn
         self.interval, self.max_bytes = interval, max_bytes
@@ -70,6 +74,11 @@ class Recorder:
         # the generated text, decoded here: a replay loads no tokenizer (record_text.py)
         self._text = TextTracker(tokenizer) if tokenizer is not None else None
         self._pieces = PieceTracker(tokenizer) if tokenizer is not None else None
+        # data parallelism: each replica's frames and the router's (record_replicas.py)
+        self._dp = replicas_fn() if replicas_fn is not None else None
+        self._replicas = ReplicaEncoder() if self._dp is not None else None
+        if self._dp is not None:
+            info["replica_blocks"] = [s.num_blocks for s in self._dp.replica_snapshots()]
         self._write(header_for(snapshot_fn(), text=self._text is not None, **info))
         self._thread = threading.Thread(target=self._run, name="roseplay-recorder", daemon=True)
         self._thread.start()
@@ -101,7 +110,8 @@ class Recorder:
             pass
 
     def _capture(self, force: bool) -> None:
-        snap, workload = self._snapshot_fn(), self._workload_fn()
+        replicas, snap = self._read()
+        workload = self._workload_fn()
         while self._events:
             self._write(self._events.popleft())
         if not force and snap is self._last_snap and workload == self._last_workload:
@@ -112,6 +122,9 @@ class Recorder:
         pieces = self._pieces.new_pieces(snap) if self._pieces is not None else None
         if pieces:
             frame["pieces"] = pieces
+        if replicas is not None:
+            frame["dp"] = self._replicas.encode(self._dp, replicas, frame["t"],
+                                                bool(frame.get("key")))
         self._write(frame)
         self.frames += 1
         now = time.perf_counter()
@@ -121,6 +134,19 @@ class Recorder:
         if self.bytes >= self.max_bytes:
             self.full = True
             self._fh.close()
+
+    def _read(self) -> tuple[list | None, EngineSnapshot]:
+        """The replicas' snapshots (None: one engine) and the merged one made of the same
+        ones: each replica publishes its own, so one that arrives between the two reads
+        (the last frame's cancellations) is read again, not recorded beside an older merge."""
+        if self._dp is None:
+            return None, self._snapshot_fn()
+        for _ in range(3):
+            replicas = self._dp.replica_snapshots()
+            snap = self._snapshot_fn()
+            if all(a is b for a, b in zip(replicas, self._dp.replica_snapshots())):
+                break
+        return replicas, snap
 
     def file_bytes(self) -> int:
         """The gzipped file's size on disk (up to its last flush), what the REC badge shows:

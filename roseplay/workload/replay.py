@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from roseplay.workload.frames import FrameDecoder, ReplayFrame
 from roseplay.workload.record import MAX_RECORDING_BYTES, READABLE_VERSIONS, iter_lines
+from roseplay.workload.record_replicas import ReplicaDecoder
 from roseplay.workload.record_schema import (BadRecording, check_pieces, check_plain_dict,
                                              parse_line)
 
@@ -54,6 +55,7 @@ class Recording:
         self._keys = [i for i, e in enumerate(self.entries) if e.key]
         self._times = [e.t for e in self.entries]
         self._decoder: FrameDecoder | None = None
+        self._dp_decoder: ReplicaDecoder | None = None
         self._decoded = -1
         self._cache: OrderedDict[int, ReplayFrame] = OrderedDict()
 
@@ -71,6 +73,7 @@ class Recording:
         if self.header.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"recording format {self.header.get('version')!r} is not supported")
         checker = FrameDecoder(self.header)     # BadRecording (a ValueError) if the header is bad
+        self._dp_checker = self._replica_decoder()
         self._scan(lines, checker)
         self._close_group()
         if not self.entries:
@@ -102,6 +105,8 @@ class Recording:
                     continue
                 pieces = check_pieces(obj.get("pieces", {}))
                 checker.decode(obj)
+                if self._dp_checker is not None:
+                    self._dp_checker.decode(obj.get("dp"))
             except BadRecording as exc:
                 self._note(f"line {number}: {exc}")
                 resync = True
@@ -115,6 +120,11 @@ class Recording:
             self._open.append(line.rstrip("\n"))
             self.pieces.update(pieces)
             pending = []
+
+    def _replica_decoder(self) -> ReplicaDecoder | None:
+        """A data-parallel recording's replicas (None: one engine, or a recording from
+        before 2026-11-29, whose replay shows the replicas' pools merged)."""
+        return ReplicaDecoder(self.header) if "replica_blocks" in self.header else None
 
     def _close_group(self) -> None:
         if self._open:
@@ -162,12 +172,16 @@ class Recording:
         start = self._keys[bisect.bisect_right(self._keys, i) - 1]
         if self._decoder is None or not start <= self._decoded < i:
             self._decoder, self._decoded = FrameDecoder(self.header), start - 1
-        snap = workload = None
+            self._dp_decoder = self._replica_decoder()
+        snap = workload = front = None
         for j in range(self._decoded + 1, i + 1):
-            snap, workload = self._decoder.decode(parse_line(self._line(self.entries[j])))
+            obj = parse_line(self._line(self.entries[j]))
+            snap, workload = self._decoder.decode(obj)
+            if self._dp_decoder is not None:
+                front = self._dp_decoder.decode(obj.get("dp"))
         self._decoded = i
         e = self.entries[i]
-        return ReplayFrame(e.t, snap, workload, e.events)
+        return ReplayFrame(e.t, snap, workload, e.events, front)
 
     def index_at(self, t: float) -> int:
         """The last frame at or before recording time t (0 if t is before the first)."""

@@ -302,7 +302,8 @@ class ReplaySource:
     submit = set_routing_policy = _read_only
 
     def replicas(self):
-        return None         # a recording keeps the merged view only
+        """The recorded data-parallel front at this frame (record_replicas.py), or None."""
+        return self.frame.replicas
 
     def close(self) -> None:
         pass
@@ -361,7 +362,7 @@ def start_live(engine_kwargs: dict, *, scenario: str = "shared-prefix", concurre
     if record:
         from roseplay.workload.record import Recorder
         source.recorder = Recorder(record, source.snapshot, source.workload,
-                                   tokenizer=loop.tokenizer,
+                                   tokenizer=loop.tokenizer, replicas_fn=source.replicas,
                                    engine=dict(engine_kwargs))
     driver.start()
     return source
