@@ -113,7 +113,9 @@ class ReplicaDecoder:
 
     def __init__(self, header: dict):
         blocks = header.get("replica_blocks")
-        if not (isinstance(blocks, list) and 1 <= len(blocks) <= MAX_REPLICAS):
+        if not (isinstance(blocks, list) and 1 <= len(blocks) <= MAX_REPLICAS
+                and all(is_type(n, "int") for n in blocks)
+                and sum(blocks) == header.get("num_blocks")):     # the merged pool's
             raise BadRecording("header: replica_blocks must list each replica's pool")
         self._decoders = [FrameDecoder(dict(header, num_blocks=n)) for n in blocks]
         self._recent: deque = deque(maxlen=RECENT_DECISIONS)

@@ -9,8 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from engine.front.dp_views import merge_snapshots
 from engine.front.router import ReplicaLoad, Router
 from roseplay.tui.app import RoseplayApp
+from roseplay.tui.widgets.requests import arrange
 from roseplay.workload.record import Recorder
 from roseplay.workload.replay import Recording
 from roseplay.workload.source import ReplaySource
@@ -39,10 +41,10 @@ class FakeFront:
 def _record(path) -> list[dict]:
     """FRAMES frames; each routes a request (replica 1 dies at frame 110, the policy turns
     round_robin at 50). Returns what each frame's replay must show."""
-    front, merged = FakeFront(), session_snapshot(12)
+    front = FakeFront()
     front.snaps, expected = [session_snapshot(5), session_snapshot(24)], []
-    rec = Recorder(str(path), lambda: merged, lambda: {"replicas": 2}, interval=3600,
-                   replicas_fn=lambda: front)
+    rec = Recorder(str(path), lambda: merge_snapshots(front.snaps), lambda: {"replicas": 2},
+                   interval=3600, replicas_fn=lambda: front)
     for k in range(FRAMES):
         front.snaps = [session_snapshot(5 + k % 20), session_snapshot(24 - k % 20)]
         if k == 50:
@@ -51,7 +53,8 @@ def _record(path) -> list[dict]:
             front.dead.add(1)
         loads = [ReplicaLoad(k % 3, 2, 10), ReplicaLoad(1, k % 4, 5, alive=1 not in front.dead)]
         # the last frame routes the request a replay selects first (its routing card)
-        rid = f"req-{k}" if k < FRAMES - 1 else merged.requests[0].request_id
+        first = arrange(merge_snapshots(front.snaps).requests)[0].request_id
+        rid = f"req-{k}" if k < FRAMES - 1 else first
         front.router.choose(rid, list(range(40)), loads)
         rec.capture(force=True)
         expected.append({"steps": [s.step for s in front.snaps], "routed": list(front.router.routed),
@@ -75,7 +78,8 @@ def test_each_frame_replays_the_replicas_and_the_routers_decisions(tmp_path):
     path = tmp_path / "dp.jsonl.gz"
     expected = _record(path)
     recording = Recording(str(path))
-    assert recording.header["replica_blocks"] == [expected[0]["snaps"][0].num_blocks] * 2
+    n = expected[0]["snaps"][0].num_blocks
+    assert recording.header["replica_blocks"] == [n, n] and recording.header["num_blocks"] == 2 * n
     assert len(recording) == FRAMES + 1 and not recording.skipped
     for i in (0, 1, 2, 60, 99, 100, 101, 115, 3, 119, 50):       # seeks back and forth
         _check(recording[i].replicas, expected[i])
@@ -119,3 +123,21 @@ async def test_a_data_parallel_replay_draws_the_replicas_and_the_routing_card(tm
         assert app.requests.current.request_id == last.request_id
         assert f"{last.request_id} → replica {last.chosen} · round_robin" in widget_text(app.routing)
         assert "replica 1 · routed 55" in screen_text(app)      # dead: its load blank
+
+
+def test_a_header_whose_replicas_do_not_make_its_pool_is_refused(tmp_path):
+    """Each replica's pool is allocated on reading: their sum must be the merged pool
+    (a hostile header asking for 64 pools of a million blocks is refused)."""
+    path = tmp_path / "dp.jsonl.gz"
+    _record(path)
+    with gzip.open(path, "rt") as fh:
+        lines = fh.read().splitlines()
+    header = json.loads(lines[0])
+    n = header["num_blocks"]
+    for blocks in ([1 << 20] * 64, [n, n], [n / 2 + 0.5, n / 2 - 0.5], f"{n // 2},{n // 2}"):
+        lines[0] = json.dumps(dict(header, replica_blocks=blocks))
+        bad = tmp_path / "bad.jsonl.gz"
+        with gzip.open(bad, "wt") as fh:
+            fh.write("\n".join(lines) + "\n")
+        with pytest.raises(ValueError, match="replica_blocks"):
+            Recording(str(bad))
