@@ -55,7 +55,7 @@ def test_a_front_refuses_engine_knobs_of_running_engines(capsys):
 def test_bench_refuses_the_same_way(capsys):
     assert main(["bench", "--engine-address", "tcp://127.0.0.1:5000", "--engine-address",
                  "tcp://127.0.0.1:5010", "--in-process"]) == 2
-    assert "not with --in-process" in " ".join(capsys.readouterr().out.split())
+    assert "not with --in-process" in " ".join(capsys.readouterr().err.split())   # one line
 
 
 class Proc:
