@@ -4,7 +4,7 @@ Requests accept OpenAI's fields plus vLLM's sampling extras (top_k, ignore_eos,
 stop_token_ids, return_token_ids, repetition_penalty, min_p, min_tokens) and structured
 outputs (response_format, vLLM's structured_outputs, chat's tools/tool_choice:
 roseplay/serve/constrained.py, tools.py). Fields the engine cannot honour (suffix, and
-vLLM's REFUSED_EXTRAS when set) are refused with a clear 400 rather than silently
+vLLM's extras in REFUSED when set) are refused with a clear 400 rather than silently
 ignored. Unknown fields are ignored, as OpenAI and vLLM do.
 Types are strict (JSON's): `true` is not an integer and `"5"` not a number, so a
 client's type mistake gets a 400 naming the field instead of a surprising meaning.
@@ -35,10 +35,6 @@ MAX_N = 128     # choices per request (each one is an engine request)
 MAX_MESSAGES = 4096
 MAX_CONTENT_PARTS = 1024           # text parts of one message's content
 MAX_TOOL_CALLS = 128               # an assistant message's tool calls
-# vLLM sampling extras the engine cannot honour: ignored as unknown fields, they gave
-# another answer than asked (the stop string cut, no beam search, every token allowed)
-REFUSED_EXTRAS = ("include_stop_str_in_output", "use_beam_search", "allowed_token_ids",
-                  "bad_words", "prompt_logprobs")
 
 
 class _Request(msgspec.Struct, kw_only=True):
@@ -63,6 +59,10 @@ class StreamOptions(_Request, kw_only=True):
 class SamplingFields(_Request, kw_only=True, dict=True):
     """What both endpoints share (dict=True: check_supported keeps what it parsed)."""
     NULL_DEFAULTS = {"n": 1, "stream": False, "return_token_ids": False}
+    # vLLM extras the engine cannot honour: ignored as unknown fields, they gave another
+    # answer than asked (the stop string cut, no beam search, every token allowed)
+    REFUSED: ClassVar[tuple[str, ...]] = ("include_stop_str_in_output", "use_beam_search",
+                                          "allowed_token_ids", "bad_words", "prompt_logprobs")
     model: str
     n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = 1
     temperature: float | None = None
@@ -94,14 +94,14 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     guided_regex: raw_field({"type": "string"}) = msgspec.UNSET
     guided_choice: raw_field({"type": "array", "items": {"type": "string"}}) = msgspec.UNSET
     guided_grammar: raw_field({"type": "string"}) = msgspec.UNSET
-    include_stop_str_in_output: bool | None = None        # REFUSED_EXTRAS when set
+    include_stop_str_in_output: bool | None = None        # REFUSED when set
     use_beam_search: bool | None = None
     allowed_token_ids: raw_field({"type": "array"}) = msgspec.UNSET
     bad_words: raw_field({"type": "array"}) = msgspec.UNSET
     prompt_logprobs: int | None = None
 
     def check_supported(self) -> None:
-        for name in REFUSED_EXTRAS:
+        for name in self.REFUSED:
             if _is_set(getattr(self, name)):
                 raise invalid(f"{name} is not supported by this engine", name)
         self._constraint = self._parse_constraint()
@@ -294,6 +294,8 @@ class ChatMessage(_Request, kw_only=True):
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     NULL_DEFAULTS = {**SamplingFields.NULL_DEFAULTS, "logprobs": False,
                      "parallel_tool_calls": True}
+    # the template would close the last assistant message, not continue it
+    REFUSED = SamplingFields.REFUSED + ("continue_final_message",)
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -304,6 +306,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tool_choice: raw_field({"anyOf": [{"type": "string"}, {"type": "object"}]}) = msgspec.UNSET
     parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True       # vLLM extra
+    continue_final_message: bool | None = None   # vLLM extra, REFUSED when true
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -85,6 +85,8 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {**GOOD, "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ("completions", {**GOOD, "bad_words": ["lord"]}, "bad_words"),
     ("chat/completions", {**CHAT, "prompt_logprobs": 0}, "prompt_logprobs"),
+    ("chat/completions", {**CHAT, "continue_final_message": True,
+                          "add_generation_prompt": False}, "continue_final_message"),
     ("chat/completions", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("chat/completions", {**CHAT, "max_completion_tokens": 5000}, "max_completion_tokens"),
     ("chat/completions", {**CHAT, "messages": []}, "messages"),
