@@ -52,10 +52,21 @@ class ClientLoad:
                 "chunks_per_s": self.chunks / self.wall_s if self.wall_s else 0.0}
 
 
-async def drive(job: Job, on_done=None, ready=None) -> tuple[list[Outcome], float, float]:
+class LoadInterrupted(Exception):
+    """Ctrl-C during a load: `outcomes`, the requests this process saw finish before it
+    (none from client processes: each drops its share)."""
+
+    def __init__(self, outcomes: list[Outcome]):
+        super().__init__("interrupted")
+        self.outcomes = outcomes
+
+
+async def drive(job: Job, on_done=None, ready=None, finished: list | None = None
+                ) -> tuple[list[Outcome], float, float]:
     """The job's outcomes, and the CPU and wall time from the first arrival to the last
     answer (connection pool set-up and tear-down left out). ready(): called once the
-    client is built, just before the first arrival (client processes meet there)."""
+    client is built, just before the first arrival (client processes meet there).
+    `finished` gets each outcome as it comes (what an interrupted run keeps)."""
     slots = asyncio.Semaphore(job.max_concurrency)
     limits = httpx.Limits(max_connections=job.max_concurrency,
                           max_keepalive_connections=job.max_concurrency)
@@ -69,6 +80,8 @@ async def drive(job: Job, on_done=None, ready=None) -> tuple[list[Outcome], floa
             await asyncio.sleep(max(0.0, t0 + job.offsets[index] - time.perf_counter()))
             async with slots:
                 out = await send(http, job.path, body, index, prompt_len)
+            if finished is not None:
+                finished.append(out)
             if on_done:
                 on_done()
             return out
@@ -118,10 +131,18 @@ def run_load(job: Job, pool: "ClientPool | None" = None, on_progress=None
             count[0] += 1
             if on_progress:
                 on_progress(count[0])
-        outcomes, cpu, wall = run_loop(drive(job, tick))
+        finished: list[Outcome] = []
+        try:
+            outcomes, cpu, wall = run_loop(drive(job, tick, finished=finished))
+        except KeyboardInterrupt:
+            raise LoadInterrupted(sorted(finished, key=lambda o: o.index)) from None
         load = ClientLoad(1, cpu, wall, cpu / wall if wall else 0.0)
     else:
-        outcomes, load = pool.run(job, on_progress)
+        try:
+            outcomes, load = pool.run(job, on_progress)
+        except KeyboardInterrupt:
+            pool.abort()
+            raise LoadInterrupted([]) from None
     outcomes.sort(key=lambda o: o.index)
     load.chunks = sum(len(o.times) for o in outcomes)
     return outcomes, load
@@ -162,6 +183,15 @@ class ClientPool:
         load = ClientLoad(self.n, sum(g[1] for g in got), max(g[2] for g in got),
                           max(g[1] / g[2] for g in got if g[2]))
         return outcomes, load
+
+    def abort(self) -> None:
+        """Ctrl-C: end the client processes now. Waiting for them could take
+        JOIN_TIMEOUT_S each: one that has put a result nobody reads cannot exit."""
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self._procs:
+            p.join(5)
 
     def close(self) -> None:
         for inbox in self._inboxes:

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from roseplay.bench import report
 from roseplay.bench.args import recorded_args
-from roseplay.bench.clients import ClientLoad, ClientPool, Job, run_load
+from roseplay.bench.clients import ClientLoad, ClientPool, Job, LoadInterrupted, run_load
 from roseplay.bench.common import arrivals, progress, workload_items
 from roseplay.bench.sse import Outcome
 from roseplay.bench import http_replicas as replicas
@@ -165,22 +165,17 @@ def run(args, console: Console) -> int:
               file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    runs = []
-    pool = ClientPool(args.num_clients) if args.num_clients > 1 else None
-    with progress(console, args) as bar, (pool or contextlib.nullcontext()):
-        def load(j: Job, label: str):
-            task = bar.add_task(label, total=len(j.requests))
-            return run_load(j, pool, lambda n: bar.update(task, completed=n))
-        if warm_job:
-            load(warm_job, "warm-up")
-        for i in range(args.repeat):      # measured runs on the same server, one by one
-            reset_prefix_cache(args.base_url, headers)
-            before = scrape_counters(args.base_url, headers), replicas.scrape(args.base_url,
-                                                                              headers)
-            outcomes, client = load(job, f"{args.endpoint} @ {args.base_url}" + (
-                f" run {i + 1}/{args.repeat}" if args.repeat > 1 else ""))
-            runs.append((outcomes, client, before, (scrape_counters(args.base_url, headers),
-                                                    replicas.scrape(args.base_url, headers))))
+    runs, measuring = [], [False]
+    try:
+        _load_runs(args, console, job, warm_job, headers, runs, measuring)
+    except (KeyboardInterrupt, LoadInterrupted) as exc:   # Ctrl-C: what finished, exit 130
+        partial = getattr(exc, "outcomes", None) if measuring[0] else None
+        results = [_result(args, r[0], model) for r in runs]
+        if partial:
+            results.append(_result(args, partial, model, " (interrupted)"))
+        report.print_interrupted(console, results, time.perf_counter() - t0, args.json,
+                                 recorded_args(args))
+        return 130
     reported = [_report(console, args, *run, model) for run in runs]
     results = [result for result, _ in reported]
     if args.json:     # every run; the last one's requests and server deltas in full
@@ -194,6 +189,36 @@ def run(args, console: Console) -> int:
         console.print(client_line([run[1] for run in runs]), highlight=False)
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
+
+
+def _load_runs(args, console: Console, job: Job, warm_job: Job | None, headers: dict,
+               runs: list, measuring: list) -> None:
+    """The warm-up, then each measured run with the server's counters around it, into
+    `runs`; measuring[0] is True once the warm-up is over."""
+    pool = ClientPool(args.num_clients) if args.num_clients > 1 else None
+    with progress(console, args) as bar, (pool or contextlib.nullcontext()):
+        def load(j: Job, label: str):
+            task = bar.add_task(label, total=len(j.requests))
+            return run_load(j, pool, lambda n: bar.update(task, completed=n))
+        if warm_job:
+            load(warm_job, "warm-up")
+        measuring[0] = True
+        for i in range(args.repeat):      # measured runs on the same server, one by one
+            reset_prefix_cache(args.base_url, headers)
+            before = scrape_counters(args.base_url, headers), replicas.scrape(args.base_url,
+                                                                              headers)
+            outcomes, client = load(job, f"{args.endpoint} @ {args.base_url}" + (
+                f" run {i + 1}/{args.repeat}" if args.repeat > 1 else ""))
+            runs.append((outcomes, client, before, (scrape_counters(args.base_url, headers),
+                                                    replicas.scrape(args.base_url, headers))))
+
+
+def _result(args, outcomes: list[Outcome], model: str, suffix: str = "") -> report.RunResult:
+    """One run's RunResult from its outcomes (failed ones counted, not measured)."""
+    records = [o.record for o in outcomes if o.record is not None]
+    failed = sum(o.error is not None for o in outcomes)
+    return report.RunResult(f"{args.endpoint} @ {args.base_url} ({model}){suffix}",
+                            report.wall_duration(records), records, failed=failed)
 
 
 def client_line(loads: list[ClientLoad]) -> str:
@@ -211,12 +236,9 @@ def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad,
     """Print one run's report; return it and its JSON payload. before/after: the server's
     counters and its per-replica figures (roseplay/bench/http_replicas.py)."""
     (before, replicas0), (after, replicas1) = before, after
-    records = [o.record for o in outcomes if o.record is not None]
-    failed = [o for o in outcomes if o.error is not None]
-    for o in failed[:3]:
+    for o in [o for o in outcomes if o.error is not None][:3]:
         console.print(f"request {o.index} failed: {o.error}", highlight=False)
-    result = report.RunResult(f"{args.endpoint} @ {args.base_url} ({model})",
-                              report.wall_duration(records), records, failed=len(failed))
+    result = _result(args, outcomes, model)
     summary = report.summarize(result, goodput_slos(args))
     report.print_summary(console, result, summary)
     console.print(client_line([client]), highlight=False)
@@ -238,7 +260,7 @@ def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad,
         from roseplay.bench.replicas import print_replicas
         print_replicas(console, per_replica, 50)     # print_summary's width
     payload = {"bench": recorded_args(args),
-               "mode": "http", "summary": summary, "requests": records,
+               "mode": "http", "summary": summary, "requests": result.requests,
                "server_metrics_delta": server, "server_means_ms": own,
                "client": client.as_dict(), "data_parallel": per_replica}
     return result, payload

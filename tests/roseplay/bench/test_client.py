@@ -101,3 +101,38 @@ def test_ceiling_tool_reports_rates_and_client_cpu(tmp_path, capsys):
     assert "--num-clients 2:" in text and "chunks/s" in text and "cores" in text
     (row,) = __import__("json").loads(out.read_text())
     assert row["num_clients"] == 2 and row["output_tok_s"] > 0 and row["chunks_per_s"] > 0 and row["client_cores"] > 0
+
+
+def test_ctrl_c_reports_the_finished_requests(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during an HTTP bench run: the requests that finished are reported and
+    written, exit 130 (it was a KeyboardInterrupt traceback and nothing kept)."""
+    import asyncio
+    import json
+    import signal
+
+    from roseplay.bench import clients, http, inproc
+    from roseplay.bench.sse import Outcome
+
+    async def send(http_client, path, body, index, prompt_len):
+        if index == 3:                      # Ctrl-C while request 3 is in flight
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(60)
+        t = 100.0 + index
+        return Outcome(index, {"prompt_len": 8, "output_len": 2, "ttft": 0.01, "tpot": 0.01,
+                               "e2e": 0.02, "itls": [0.01], "arrival_time": t,
+                               "last_token_time": t + 0.02})
+
+    monkeypatch.setattr(clients, "send", send)
+    monkeypatch.setattr(http, "served_models", lambda url, headers: ["dummy:tiny"])
+    monkeypatch.setattr(http, "reset_prefix_cache", lambda url, headers: True)
+    monkeypatch.setattr(http, "scrape_counters", lambda url, headers: {})
+    monkeypatch.setattr(http.replicas, "scrape", lambda url, headers: None)
+    path = tmp_path / "int.json"
+    rc = inproc.main(["--base-url", "http://127.0.0.1:9", "--model", "dummy:tiny",
+                      "--num-prompts", "6", "--input-len", "8", "--output-len", "2",
+                      "--max-concurrency", "1", "--warmup", "0", "--no-progress",
+                      "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 130 and "interrupted after" in out and "(interrupted)" in out
+    data = json.loads(path.read_text())
+    assert data["mode"] == "interrupted" and data["summary"]["successful_requests"] == 3
