@@ -174,7 +174,7 @@ def run(args, console: Console) -> int:
         if partial:
             results.append(_result(args, partial, model, " (interrupted)"))
         report.print_interrupted(console, results, time.perf_counter() - t0, args.json,
-                                 recorded_args(args))
+                                 recorded_args(args), goodput_slos(args))
         return 130
     reported = [_report(console, args, *run, model) for run in runs]
     results = [result for result, _ in reported]

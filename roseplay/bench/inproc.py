@@ -300,7 +300,7 @@ def _interrupted(console: Console, args, results: list, partial, t0: float) -> i
     if partial is not None and partial.requests:
         results.append(partial)
     report.print_interrupted(console, results, time.perf_counter() - t0, args.json,
-                             recorded_args(args))
+                             recorded_args(args), goodput_slos(args))
     return 130
 
 

@@ -344,16 +344,18 @@ def print_repeats(console: Console, results: list[RunResult], cpu: str) -> None:
 
 
 def print_interrupted(console: Console, results: list[RunResult], elapsed: float,
-                      json_path: str | None, bench_args: dict) -> None:
-    """After Ctrl-C: every finished run and the finished part of the interrupted one."""
+                      json_path: str | None, bench_args: dict,
+                      slos: dict[str, float] | None = None) -> None:
+    """After Ctrl-C: every finished run and the finished part of the interrupted one
+    (with the goodput of `slos`, as a finished run's report)."""
     console.print(f"[yellow]interrupted after {elapsed:.1f} s[/yellow]")
     if not results:
         console.print("nothing was measured yet")
         return
-    for result in results:
-        print_summary(console, result)
+    summaries = [summarize(r, slos) for r in results]
+    for result, summary in zip(results, summaries):
+        print_summary(console, result, summary)
     if json_path:
-        summaries = [summarize(r) for r in results]
         dump_json(json_path, {"bench": bench_args, "mode": "interrupted",
                               "summary": summaries[-1],
                               "runs": [run_payload(r, s) for r, s in zip(results, summaries)]})

@@ -131,8 +131,10 @@ def test_ctrl_c_reports_the_finished_requests(tmp_path, capsys, monkeypatch):
     rc = inproc.main(["--base-url", "http://127.0.0.1:9", "--model", "dummy:tiny",
                       "--num-prompts", "6", "--input-len", "8", "--output-len", "2",
                       "--max-concurrency", "1", "--warmup", "0", "--no-progress",
-                      "--json", str(path)])
+                      "--json", str(path), "--goodput", "ttft:100"])
     out = capsys.readouterr().out
     assert rc == 130 and "interrupted after" in out and "(interrupted)" in out
+    assert "Request goodput (req/s):" in out          # the SLOs asked for, kept
     data = json.loads(path.read_text())
     assert data["mode"] == "interrupted" and data["summary"]["successful_requests"] == 3
+    assert data["summary"]["good_requests"] == 3
