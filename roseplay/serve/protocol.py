@@ -52,8 +52,9 @@ class _Request(msgspec.Struct, kw_only=True):
 
 
 class StreamOptions(_Request, kw_only=True):
-    NULL_DEFAULTS = {"include_usage": False}
+    NULL_DEFAULTS = {"include_usage": False, "continuous_usage_stats": False}
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False     # vLLM extra: usage in every chunk
 
 
 class SamplingFields(_Request, kw_only=True, dict=True):
@@ -193,6 +194,12 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's continuous_usage_stats (with include_usage): every chunk carries its
+        choice's usage so far."""
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
 def _is_set(value) -> bool:

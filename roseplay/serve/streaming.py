@@ -81,11 +81,17 @@ class ChunkEncoder:
                 "text_completion", "created": int(time.time()), "model": fmt.model}
         self._head = b"data: " + _encode(head)[:-1] + b',"choices":['
         self._tail = b'],"usage":null}\n\n'
+        # continuous usage: each choice's prompt length and output tokens so far
+        self.continuous = fmt.req.continuous_usage
+        self._prompt_len = lambda i: fmt.ins.prompt_lens[i // fmt.req.n]
+        self._generated: dict[int, int] = {}
 
     def chunk(self, p: Piece, first: bool) -> bytes:
         if self.echo_only:      # the one sampled token is dropped (protocol echo_only)
             p = dataclasses.replace(p, text="", token_ids=[],
                                     logprobs=None if p.logprobs is None else [])
+        index = p.choice.index
+        self._generated[index] = self._generated.get(index, 0) + len(p.token_ids)
         text = (self.echo(p.choice.index) + p.text) if first and self.echo else p.text
         reason = FINISH_REASONS.get(p.finish_reason, p.finish_reason)
         logprobs = self.logprobs.format(p.choice.index, p.logprobs) if self.logprobs else None
@@ -104,7 +110,13 @@ class ChunkEncoder:
                       "finish_reason": reason}
         if self.ids:
             choice["token_ids"] = p.token_ids
-        return self._head + _encode(choice) + self._tail
+        return self._head + _encode(choice) + (self._usage(index) if self.continuous
+                                               else self._tail)
+
+    def _usage(self, index: int) -> bytes:
+        prompt, generated = self._prompt_len(index), self._generated[index]
+        return b'],"usage":' + _encode({"prompt_tokens": prompt, "completion_tokens": generated,
+                                        "total_tokens": prompt + generated}) + b"}\n\n"
 
 
 def _text_delta(index: int, text: str, finished: bool, reason: str | None):

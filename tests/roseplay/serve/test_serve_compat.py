@@ -195,3 +195,31 @@ def test_echo_with_max_tokens_0_scores_the_prompt(http):
     assert texts == {0: PROMPT, 1: PROMPT}
     r = http.post("/v1/completions", json={**body, "echo": False, "max_tokens": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_puts_usage_in_every_chunk(http, path):
+    """vLLM's stream_options.continuous_usage_stats was ignored: every chunk said
+    usage null. Each chunk now carries its choice's usage so far."""
+    body = {"model": "default", "max_tokens": 6, "n": 2, "temperature": 1.0, "seed": 3,
+            "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if path == "/v1/completions":
+        body["prompt"] = PROMPT
+    else:
+        body["messages"] = [{"role": "user", "content": "What news?"}]
+    seen, final = {}, None
+    with http.stream("POST", path, json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if not chunk["choices"]:
+                final = chunk["usage"]
+                continue
+            (choice,), u = chunk["choices"], chunk["usage"]
+            assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+            assert u["completion_tokens"] >= seen.get(choice["index"], 0)
+            seen[choice["index"]] = u["completion_tokens"]
+    assert seen == {0: 6, 1: 6} and final["completion_tokens"] == 12
+    assert final["prompt_tokens"] == u["prompt_tokens"]

@@ -34,7 +34,8 @@ def event(rid, ids, text, finished=False, reason=None, error=None):
 
 
 def fmt(prefix: str, return_token_ids: bool, echo: bool = False):
-    req = SimpleNamespace(return_token_ids=return_token_ids, echo=echo, echo_only=False)
+    req = SimpleNamespace(return_token_ids=return_token_ids, echo=echo, echo_only=False,
+                          continuous_usage=False)
     return SimpleNamespace(prefix=prefix, req=req, id="cmpl-x", model="m",
                            _echo=lambda i: "PROMPT ")
 
