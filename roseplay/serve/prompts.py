@@ -60,7 +60,9 @@ def on_loop(req: SamplingFields) -> bool:
     return chars <= ON_LOOP_TEXT_CHARS and ids <= ON_LOOP_TOKEN_IDS
 
 
-def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int) -> dict:
+def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int,
+                      keep: int | None = None) -> dict:
+    """keep: the prompt's last `keep` tokens only (vLLM's truncate_prompt_tokens)."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise invalid("this model has no tokenizer: send the prompt as token ids (a "
@@ -68,14 +70,34 @@ def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int) ->
         if not prompt:
             raise InvalidRequestError("prompt is empty")
         check_text("prompt", prompt)    # a lone surrogate fails in the tokenizer: a 400 here
-        return {"prompt_token_ids": list(tokenizer.encode(prompt)), "prompt": prompt}
+        return truncated({"prompt_token_ids": list(tokenizer.encode(prompt)), "prompt": prompt},
+                         keep, tokenizer)
     if prompt and not 0 <= min(prompt) <= max(prompt) < vocab_size:   # before decoding them
         raise invalid(f"token ids must be in [0, {vocab_size}); got min "
                       f"{min(prompt)}, max {max(prompt)}", "prompt")
+    prompt = prompt[-keep:] if keep else prompt
     if len(prompt) >= max_model_len:         # before decoding a long list of them
         _max_tokens(1, len(prompt), max_model_len)
     text = tokenizer.decode(prompt) if tokenizer is not None else None
     return {"prompt_token_ids": list(prompt), "prompt": text}
+
+
+def truncate_to(req: SamplingFields, max_model_len: int) -> int | None:
+    """vLLM's truncate_prompt_tokens: how many of a prompt's last tokens to keep (-1: the
+    context's length), or None."""
+    keep = req.truncate_prompt_tokens
+    if keep is not None and not (keep == -1 or 1 <= keep <= max_model_len):
+        raise invalid(f"truncate_prompt_tokens must be -1 or in [1, {max_model_len}] (the "
+                      f"context), got {keep}", "truncate_prompt_tokens")
+    return max_model_len if keep == -1 else keep
+
+
+def truncated(prompt: dict, keep: int | None, tokenizer) -> dict:
+    """The prompt's last `keep` tokens, its text decoded from them (what echo shows)."""
+    ids = prompt["prompt_token_ids"]
+    if not keep or len(ids) <= keep:
+        return prompt
+    return {"prompt_token_ids": ids[-keep:], "prompt": tokenizer.decode(ids[-keep:])}
 
 
 def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
@@ -120,7 +142,8 @@ def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
     if tokenizer is None and req.stop:     # (the engine's own 400 would name no field)
         raise invalid("this model has no tokenizer: stop strings can never match (use "
                       "stop_token_ids)", "stop")
-    prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len)
+    keep = truncate_to(req, max_model_len)
+    prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len, keep)
                for p in req.prompts()]
     return _expand(req, prompts, 1 if req.echo_only else req.max_tokens, max_model_len)
 
@@ -131,5 +154,6 @@ def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
     tools = req.tool_spec.for_template() if req.tool_spec is not None else None
     text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools)
     field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
-    return _expand(req, [{"prompt_token_ids": ids, "prompt": text}],
-                   req.requested_max_tokens, max_model_len, field)
+    prompt = truncated({"prompt_token_ids": ids, "prompt": text},
+                       truncate_to(req, max_model_len), tokenizer)
+    return _expand(req, [prompt], req.requested_max_tokens, max_model_len, field)

@@ -100,6 +100,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     allowed_token_ids: raw_field({"type": "array"}) = msgspec.UNSET
     bad_words: raw_field({"type": "array"}) = msgspec.UNSET
     prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None     # vLLM extra: keep the last k (-1: context)
 
     def check_supported(self) -> None:
         for name in self.REFUSED:

@@ -223,3 +223,26 @@ def test_continuous_usage_stats_puts_usage_in_every_chunk(http, path):
             seen[choice["index"]] = u["completion_tokens"]
     assert seen == {0: 6, 1: 6} and final["completion_tokens"] == 12
     assert final["prompt_tokens"] == u["prompt_tokens"]
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(http):
+    """vLLM's truncate_prompt_tokens was ignored: a prompt longer than the context was a
+    400 instead of its last k tokens, and a shorter one ran whole."""
+    ids = list(range(1, 2001))                    # past the bundled model's 1024
+    body = {"model": "default", "max_tokens": 2, "temperature": 0, "echo": True,
+            "truncate_prompt_tokens": 10}
+    r = http.post("/v1/completions", json={**body, "prompt": ids})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 10
+    tail = http.post("/v1/completions", json={**body, "prompt": ids[-10:],
+                                             "truncate_prompt_tokens": None}).json()
+    assert r.json()["choices"][0]["text"] == tail["choices"][0]["text"]
+    r = http.post("/v1/completions", json={**body, "prompt": "Hark! " * 600})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 10, r.text
+    chat = {"model": "default", "max_tokens": 2, "truncate_prompt_tokens": 5,
+            "messages": [{"role": "user", "content": "What news from the court?"}]}
+    assert http.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens"] == 5
+    for bad in (0, -2, 5000):
+        r = http.post("/v1/completions", json={**body, "prompt": ids,
+                                               "truncate_prompt_tokens": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
