@@ -81,8 +81,11 @@ def test_two_drivers_send_the_same_prompts_in_the_same_order(rate, concurrency):
         # a driver held up by the slow engine's 50 ms requests falls further behind with
         # each of the 12 arrivals; 0.15 s leaves room for thread wake-ups on a busy box
         assert max(abs(x[0] - y[0]) for x, y in zip(a, b)) < 0.15
-    else:           # closed loop: the slow engine's slots free later
-        assert b[-1][0] - a[-1][0] > 0.1
+    else:           # closed loop: a request goes out when one of the 2 in flight ends,
+        # so at least the slow engine's 50 ms after the earlier of them went out (a lower
+        # bound that load cannot break, where a gap between the two drivers' last sends
+        # read 0.09 s against 0.1 on a busy box)
+        assert all(b[k + 2][0] - b[k][0] >= 0.045 for k in range(len(b) - 2))
 
 
 def test_parse_compare():
