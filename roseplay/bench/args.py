@@ -18,8 +18,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     rate.add_argument("--submit-interval-ms", type=number(float, 0), default=None,
                       help="One request every MS milliseconds (0: all at once).")
     w.add_argument("--num-prompts", type=number(int, 1), default=64, help="Measured requests (default: 64).")
-    w.add_argument("--range-ratio", type=_range_ratio, default=0.0, help="Lengths uniform in "
-                   "[L*(1-r), L*(1+r)] (default: 0).")
+    w.add_argument("--range-ratio", "--random-range-ratio", type=_range_ratio, default=0.0,
+                   help="Lengths uniform in [L*(1-r), L*(1+r)] (default: 0).")
+    for flag, dest in (("--random-input-len", "input_len"), ("--random-output-len", "output_len")):
+        w.add_argument(flag, dest=dest, type=number(int, 1), default=argparse.SUPPRESS,
+                       help=f"vLLM bench serve's name for --{dest.replace('_', '-')}.")
     w.add_argument("--warmup", type=number(int, 0), default=8, help="Warm-up requests of the same scenario "
                    "(other seed), run and discarded before each measured run; the prefix "
                    "cache is cleared after them (default: 8).")
@@ -39,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_engine_key_flag(b)
     add_goodput_flag(b)
     b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
-    b.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    b.add_argument("--no-progress", "--disable-tqdm", action="store_true",
+                   help="No progress bar.")
     h = p.add_argument_group("HTTP client (roseplay/bench/http.py)")
     h.add_argument("--base-url", metavar="URL", help="Drive an OpenAI-compatible server at URL "
                    "(roseplay serve, vLLM, SGLang) instead of the in-process engine; engine "

@@ -137,9 +137,9 @@ def test_a_model_that_fails_to_load_closes_the_app_with_one_line(monkeypatch, ca
 
 
 BAD_BENCH_FLAGS = [
-    (["--range-ratio", "-1"], "--range-ratio: must be >= 0"),
-    (["--range-ratio", "1"], "--range-ratio: must be in [0, 1)"),
-    (["--range-ratio", "nan"], "--range-ratio: must be >= 0"),
+    (["--range-ratio", "-1"], "range-ratio: must be >= 0"),
+    (["--range-ratio", "1"], "range-ratio: must be in [0, 1)"),
+    (["--range-ratio", "nan"], "range-ratio: must be >= 0"),
     (["--submit-interval-ms", "-5"], "--submit-interval-ms: must be >= 0"),
     (["--submit-interval-ms", "nan"], "--submit-interval-ms: must be >= 0"),
     (["--hf-batch-size", "0"], "--hf-batch-size: must be >= 1"),

@@ -274,3 +274,17 @@ def test_repeat_prints_every_run_and_records_the_last(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["summary"] == data["runs"][-1]["summary"]
     assert data["requests"] == data["runs"][-1]["requests"]
+
+
+def test_vllm_bench_serve_flag_names_are_taken():
+    """vLLM's `bench serve` spellings of the random dataset's lengths and of the progress
+    bar name the same settings (a vLLM command line was 'unrecognized arguments')."""
+    import argparse
+    parser = bench_args.add_arguments(argparse.ArgumentParser())
+    ns = parser.parse_args(["--random-input-len", "12", "--random-output-len", "3",
+                            "--random-range-ratio", "0.5", "--disable-tqdm"])
+    assert (ns.input_len, ns.output_len, ns.range_ratio, ns.no_progress) == (12, 3, 0.5, True)
+    ns = parser.parse_args([])
+    assert (ns.input_len, ns.output_len, ns.range_ratio, ns.no_progress) == (128, 64, 0.0, False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--random-input-len", "0"])
