@@ -161,7 +161,8 @@ def run(args, console: Console) -> int:
         job = load_job(args, items, model, tokenizer, headers, arrivals(args))
         warm_job = load_job(args, warmup, model, tokenizer, headers, {}) if warmup else None
     except (httpx.HTTPError, OSError, ValueError) as exc:   # one line on stderr
-        print(f"roseplay bench: error: {args.base_url}: {type(exc).__name__}: {exc}",
+        first = (str(exc).splitlines() or [""])[0]     # httpx adds a line of MDN link
+        print(f"roseplay bench: error: {args.base_url}: {type(exc).__name__}: {first}",
               file=sys.stderr)
         return 2
     t0 = time.perf_counter()

@@ -138,3 +138,23 @@ def test_ctrl_c_reports_the_finished_requests(tmp_path, capsys, monkeypatch):
     data = json.loads(path.read_text())
     assert data["mode"] == "interrupted" and data["summary"]["successful_requests"] == 3
     assert data["summary"]["good_requests"] == 3
+
+
+def test_a_server_refusing_the_models_call_is_one_line(capsys, monkeypatch):
+    """An HTTP error before the run (a /v1 too many in --base-url: 404) is one line on
+    stderr, exit 2 (httpx's message ends with a second line, a link)."""
+    import httpx
+
+    from roseplay.bench import http, inproc
+
+    def served_models(url, headers):
+        request = httpx.Request("GET", url + "/v1/models")
+        raise httpx.HTTPStatusError("Client error '404 Not Found'\nFor more information "
+                                    "check: https://example", request=request,
+                                    response=httpx.Response(404, request=request))
+
+    monkeypatch.setattr(http, "served_models", served_models)
+    rc = inproc.main(["--base-url", "http://127.0.0.1:9/v1", "--model", "dummy:tiny",
+                      "--num-prompts", "2", "--warmup", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "404 Not Found" in err, err
