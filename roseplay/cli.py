@@ -89,25 +89,28 @@ def _bench(argv: list[str]) -> int:
     from engine.config import InvalidRequestError
     from roseplay.bench import inproc as bench  # lazy: the TUI does not need it
     parser = OneLineParser(prog="roseplay")
-    bench.add_parser(parser.add_subparsers(dest="command", required=True,
-                                           parser_class=OneLineParser))
-    args = parser.parse_args(argv)
+    sub = bench.add_parser(parser.add_subparsers(dest="command", required=True,
+                                                 parser_class=OneLineParser))
+    args, extra = parser.parse_known_args(argv)
+    if extra:          # the bench's error, not the app's (argparse hands them up)
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     problem = (check_model(getattr(args, "model", None))
                or check_output_path("--json", getattr(args, "json", None))
                or check_engine_access(getattr(args, "engine_address", None),
                                       getattr(args, "engine_key", None))
                or check_bench_config(args))
     if problem:
-        return _fail(problem)
+        return _fail(problem, prog="roseplay bench")
     try:
         return args.func(args) or 0
     except (InvalidRequestError, OSError) as exc:
-        return _fail(str(exc), 1)
+        return _fail(str(exc), 1, prog="roseplay bench")
 
 
-def _fail(message: str, code: int = 2) -> int:
+def _fail(message: str, code: int = 2, prog: str = "roseplay") -> int:
+    """One line on stderr, prefixed as argparse's errors of the same command."""
     first = message.strip().splitlines()[0] if message.strip() else "error"
-    print(f"roseplay: error: {first}", file=sys.stderr)
+    print(f"{prog}: error: {first}", file=sys.stderr)
     return code
 
 

@@ -186,5 +186,6 @@ def test_each_bad_bench_flag_exits_2_with_one_line(argv, message, capsys, monkey
         rc = exc.code
     captured = capsys.readouterr()
     assert rc == 2 and captured.err.count("\n") == 1, captured.err
-    assert "error:" in captured.err and message in captured.err, captured.err
+    assert captured.err.startswith("roseplay bench: error:") and message in captured.err, \
+        captured.err
     assert "Traceback" not in captured.err + captured.out
