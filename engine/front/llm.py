@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from engine.codes import REASON_STOP
+from engine.codes import REASON_CANCELLED, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.ipc.inproc import LLMEngine
 from engine.front.chat_template import pick_template, render
@@ -182,10 +182,12 @@ class LLM:
         return [results[creq.request_id] for creq, _ in made]
 
     def _abort(self, request_ids: list[str]) -> None:
-        """End the requests of an interrupted generate() that are still live."""
+        """End the requests of an interrupted generate() that are still live (and forget
+        one the engine never took: engine.add raised)."""
         for rid in request_ids:
             if self.outputs.has(rid):
                 self.outputs.process(self.engine.abort_output(rid))
+                self.outputs.fail(rid, REASON_CANCELLED, None)
 
     def _generate_routed(self, made, on_step, bar) -> list[RequestOutput]:
         """data_parallel_size > 1: every prompt to the replica the router picks."""

@@ -94,6 +94,19 @@ def test_an_interrupted_generate_leaves_nothing_running():
         steps = []
         out, = llm.generate(PROMPT, GREEDY, on_step=steps.append)
         assert len(out.outputs[0].token_ids) == 4 and len(steps) <= 8
+        add, added = llm.engine.add, []
+
+        def add_twice(creq):             # the engine refuses the second request
+            if added:
+                raise Stop
+            added.append(creq)
+            return add(creq)
+
+        llm.engine.add = add_twice
+        with pytest.raises(Stop):
+            llm.generate([PROMPT] * 3, long)
+        llm.engine.add = add
+        assert not llm.engine.has_unfinished() and not llm.outputs.states
 
 
 def test_config_with_keywords_is_refused():
