@@ -111,6 +111,10 @@ def check_args(args) -> None:
                          "(the bench drives its own engine without it)")
     if args.repeat > 1 and (args.ab or args.compare):
         raise ValueError("--repeat works with a single configuration (not --ab / --compare)")
-    if engine_addresses(args)[1] and (args.in_process or args.compare or args.ab):
+    address, attached = engine_addresses(args)
+    if attached and (args.in_process or args.compare or args.ab):
         raise ValueError("--engine-address given more than once attaches to running engines: "
                          "not with --in-process / --compare / --ab (their settings are fixed)")
+    if address and (args.in_process or args.compare):   # it was silently not bound
+        raise ValueError("--engine-address binds the engine's own process: not with "
+                         "--in-process / --compare hf (the engine runs in this process)")

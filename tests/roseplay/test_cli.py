@@ -159,6 +159,8 @@ BAD_BENCH_FLAGS = [
     (["--ab", "num_blocks=64,1"], "--ab num_blocks=1: num_blocks must be an integer >= 2"),
     (["--engine-address", "localhost:5555"], "engine address 'localhost:5555': expected"),
     (["--engine-key", "@/nonexistent-key"], "cannot read the engine key file"),
+    (["--engine-address", "tcp://127.0.0.1:5555", "--in-process"],
+     "--engine-address binds the engine's own process: not with --in-process"),
     (["--in-process", "--data-parallel-size", "2"], "need the engine in its own process"),
     (["--compare", "hf", "--data-parallel-size", "2"], "--compare hf runs the engine in this"),
     (["--in-process", "--ab", "data_parallel_size=1,2"], "--ab data_parallel_size=2: "),
