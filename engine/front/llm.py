@@ -224,7 +224,11 @@ def _params_list(sampling_params, n: int) -> list[SamplingParams]:
     if isinstance(sampling_params, dict) or not hasattr(sampling_params, "__iter__"):
         raise InvalidRequestError("sampling_params must be a SamplingParams or a list of "
                                   f"them, got {type(sampling_params).__name__}")
-    params = list(sampling_params)
+    params = [SamplingParams() if p is None else p for p in sampling_params]
+    bad = [p for p in params if not isinstance(p, SamplingParams)]
+    if bad:     # (each is read as one: p.n)
+        raise InvalidRequestError("sampling_params must be a SamplingParams or a list of "
+                                  f"them, got a list holding {type(bad[0]).__name__}")
     if len(params) != n:
         raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
                                   f"{n} prompts: pass one, or one per prompt")

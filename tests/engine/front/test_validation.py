@@ -203,6 +203,7 @@ def test_generate_refuses_bad_batches_atomically(tiny):
             tiny.generate, [[1]], {"max_tokens": 3})
     refused(r"sampling_params must be a SamplingParams or a list of them, got int",
             tiny.generate, [[1]], 3)
+    refused(r"got a list holding int", tiny.generate, [[1]], frozenset([0]))   # (AttributeError)
     refused(r"prompt must be a string or token ids, got int", tiny.generate, [1, 2, 3], sp)
     assert not tiny.engine.has_unfinished()
     assert [len(o.outputs[0].token_ids) for o in tiny.generate([[1, 2], [3]], [sp, sp])] == [2, 2]
