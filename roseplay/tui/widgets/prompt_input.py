@@ -80,8 +80,12 @@ class PromptBar(Vertical):
     PromptBar > #prompt-status.-error { color: $error; text-style: bold; }
     """
     BINDINGS = [Binding("escape", "close", "Close prompt", key_display="esc"),
-                Binding("tab", "cycle(1)", "Next field", show=False),
-                Binding("shift+tab", "cycle(-1)", "Previous field", show=False)]
+                # priority: the app runs them as the key arrives, so letters typed
+                # after a Tab land in the field it reaches, not in the one whose
+                # queue still held the Tab
+                Binding("tab", "cycle(1)", "Next field", show=False, priority=True),
+                Binding("shift+tab", "cycle(-1)", "Previous field", show=False,
+                        priority=True)]
     FIELDS = ("#prompt-input", "#prompt-priority", "#prompt-sampling")
 
     class Submitted(Message):

@@ -112,3 +112,25 @@ async def test_what_is_typed_right_after_i_is_the_prompts():
             assert not app.prompt_bar.is_open
     finally:
         src.close()
+
+
+@sync
+async def test_text_typed_after_fast_tabs_lands_in_the_field_they_reach():
+    """`ROMEO.`, Tab, Tab, `choice=yes|no` in one burst (fast typing, a paste): the
+    sampling field gets the choice whole. The letters after the Tabs went to the prompt
+    field while its queue still held the Tabs (`choice=yes|` there, `no` in sampling)."""
+    src = live_source(paused=True)
+    try:
+        app = RoseplayApp(source=src)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("i")
+            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+            burst = [*"ROMEO.", "tab", "tab", *"choice=yes", "vertical_line", *"no"]
+            for key in burst:                  # queued together, none drawn in between
+                app.post_message(events.Key(key, "|" if key == "vertical_line" else
+                                            None if key == "tab" else key))
+            await pilot.pause()
+            assert app.query_one("#prompt-input").value == "ROMEO."
+            assert app.query_one("#prompt-sampling").value == "choice=yes|no"
+    finally:
+        src.close()
