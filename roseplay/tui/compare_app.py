@@ -158,7 +158,8 @@ class CompareApp(RoseplayApp):
                 self._head(i, src, snap, stop)
             self.ratios.show(*metrics)
             self.scope.update(scope_text(src, self.knobs.last_changed))
-            subtitle = self.agreement.text() if greedy else ""
+            subtitle = (self.agreement.text(self.ratios.outer_size.width - 6)
+                        if greedy else "")   # (the border's corners and padding)
             if self.ratios.border_subtitle != subtitle:
                 self.ratios.border_subtitle = subtitle
 

@@ -55,14 +55,22 @@ class TokenAgreement:
             self.first_diffs.append(next((i for i, (x, y) in enumerate(pairs) if x != y),
                                          min(na, nb)))
 
-    def text(self) -> str:
-        """"B's tokens = A's in 31/40 requests · 9 diverged (first at token 12, median)"."""
+    def text(self, width: int = 0) -> str:
+        """"B's tokens = A's in 31/40 requests · 9 diverged after 12 equal tokens
+        (median)", or the longest shorter form that fits `width` (0: any): a form cut
+        short had read "(first at token 18, medi…", a first difference, not a median."""
         n = self.identical + self.diverged
         if not n:
             return "B's tokens = A's: no request finished on both sides yet"
-        out = f"B's tokens = A's in {self.identical}/{n} requests"
+        forms = [f"B's tokens = A's in {self.identical}/{n} requests",
+                 f"B's tokens = A's in {self.identical}/{n}", f"same tokens {self.identical}/{n}"]
         if self.diverged:
-            out += f" · {self.diverged} diverged"
-            if self.first_diffs:
-                out += f" (first at token {statistics.median(self.first_diffs):g}, median)"
-        return out
+            d = self.diverged
+            after = statistics.median(self.first_diffs) if self.first_diffs else None
+            tails = ([f" · {d} diverged after {after:g} equal tokens (median)",
+                      f" · {d} diverged after {after:g} equal (median)",
+                      f" · {d} diverged, median after {after:g}"] if after is not None
+                     else [f" · {d} diverged"] * 3)
+            forms = [forms[0] + tails[0], forms[1] + tails[1], forms[2] + tails[2],
+                     forms[2] + f" · {d} diverged", forms[2]]
+        return next((f for f in forms if not width or len(f) <= width), forms[-1])

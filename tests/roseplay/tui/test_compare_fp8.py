@@ -35,8 +35,20 @@ def test_agreement_counts_each_request_once_and_finds_the_first_difference():
     agree.feed(a, b)
     agree.feed(a, b)                                  # the same snapshots again: no recount
     assert (agree.identical, agree.diverged, agree.first_diffs) == (1, 2, [2])
-    assert agree.text() == ("B's tokens = A's in 1/3 requests · 2 diverged (first at token 2, "
-                            "median)")
+    assert agree.text() == ("B's tokens = A's in 1/3 requests · 2 diverged after 2 equal "
+                            "tokens (median)")
+
+
+def test_agreement_never_cuts_the_median_off_a_narrow_border():
+    """At 80x24 the border has 74 columns: the line was cut to "(first at token 18,
+    medi…", a first difference where a median was meant. Each width gets a whole form."""
+    agree = TokenAgreement()
+    agree.identical, agree.diverged, agree.first_diffs = 28, 16, [17, 18, 19]
+    for width in (74, 60, 48):
+        text = agree.text(width)
+        assert len(text) <= width and "…" not in text
+        assert "median" in text and "16 diverged" in text and "28/44" in text, text
+    assert agree.text(20) == "same tokens 28/44"
 
 
 def test_agreement_waits_for_the_side_that_runs_behind():
