@@ -121,6 +121,10 @@ class EngineAPI(Protocol):
         """Block until no request is unfinished and no command is pending; False on
         timeout or if the engine died."""
 
+    def draining(self, seconds: float) -> None:
+        """This owner drains its open requests for up to `seconds`, then closes: an
+        engine process that gets SIGTERM with it serves the drain (engine/ipc/core_proc.py)."""
+
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Stop (or, attached to another's engine, leave) it; idempotent."""
 

@@ -159,6 +159,9 @@ class EngineClient(CoreControls):
         """Block until no request is unfinished and no command is pending."""
         return self.transport.wait_idle(timeout)
 
+    def draining(self, seconds: float) -> None:
+        self.transport.draining(seconds)
+
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         if self._closed:
             return

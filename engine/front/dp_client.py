@@ -333,6 +333,10 @@ class DPClient(CoreControls):
                                             left() if deadline else 60.0) and ok
         return ok and self.fatal_error is None
 
+    def draining(self, seconds: float) -> None:
+        for c in self.replicas:
+            c.draining(seconds)
+
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Stop every replica (each EngineClient: the process it started; one attached by
         address detaches, its engine keeps serving) and the index; idempotent."""

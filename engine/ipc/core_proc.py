@@ -16,7 +16,10 @@ stopped, or gone without a Bye) has its requests ended with an error and their b
 freed, its pause ends, and it is told so (Detached, also the answer to anything a
 non-member sends): it can attach again. A Bye's requests are cancelled. When the engine
 stops (its owner's Shutdown, SIGTERM, the owner's death, a fatal error) every request
-still running ends with an error, and every client gets Fatal with the reason.
+still running ends with an error, and every client gets Fatal with the reason. A SIGTERM
+to an owned engine stops it SIGTERM_GRACE_S later, unless its owner announced a drain
+(Draining: it got the signal too, from a stop of the whole group): then at the owner's
+Shutdown, or at the drain's end.
 """
 from __future__ import annotations
 
@@ -45,6 +48,10 @@ from engine.validation import check_prompt_ids, check_request_id
 SNAPSHOT_INTERVAL = 1 / 15  # the UI pulls at 12 Hz: a faster rate only builds frames nobody draws
 ABORT_REASONS = (REASON_CANCELLED, REASON_STOP, REASON_ERROR)
 FLUSH_MS = 500    # at exit, the most time the last messages (ends, Fatal) get to go out
+# an owned engine's SIGTERM waits this long for its owner's Draining: a signal sent to the
+# whole group reaches both, and the owner's drain then needs the engine
+SIGTERM_GRACE_S = 1.0
+SIGTERM_REASON = "the engine process got SIGTERM"
 
 
 class EngineCoreProc:
@@ -76,6 +83,8 @@ class EngineCoreProc:
         self.core.on_snapshot = self.output.on_snapshot
         self.core.on_stats = lambda stats: self.output.put(None, P.Stats(stats))
         self._stop = threading.Event()
+        self._sigterm_at: float | None = None       # SIGTERM's time, while it waits
+        self._drain_until: float | None = None      # the owner's announced drain end
         if engine.kv_events is not None:
             self._start_kv_events(address)
 
@@ -216,6 +225,27 @@ class EngineCoreProc:
             self._drop_client(client, REASON_CANCELLED, ENGINE_CLOSED)
             self.stop("the engine was shut down by its owner")
 
+    def _draining(self, client: bytes, msg: P.Draining) -> None:
+        if self.owner_token is None or msg.token == self.owner_token:
+            self._drain_until = time.monotonic() + msg.seconds
+
+    def on_sigterm(self) -> None:
+        """Stop, unless an owner may be draining (a SIGTERM to the whole group): then
+        wait for its Draining (SIGTERM_GRACE_S) and its Shutdown (up to the drain's end;
+        _check_sigterm). The signal handler's: it only notes the time."""
+        if self.owner_pid is None:
+            self.stop(SIGTERM_REASON)
+        elif self._sigterm_at is None:
+            self._sigterm_at = time.monotonic()
+
+    def _check_sigterm(self) -> None:
+        if self._sigterm_at is None:
+            return
+        now, until = time.monotonic(), self._drain_until
+        if until is not None and now >= until or \
+                until is None and now - self._sigterm_at >= SIGTERM_GRACE_S:
+            self.stop(SIGTERM_REASON)
+
     def stop(self, why: str) -> None:
         """Stop (any thread): the requests still running end with an error naming `why`
         (not a silent cancel: their clients did not ask for it), and every client
@@ -257,6 +287,7 @@ class EngineCoreProc:
             self.output.put(client, P.Detached(why))    # a stopped client reads it later
         if self.owner_pid is not None and os.getppid() != self.owner_pid:
             self.stop(f"the engine's owner (pid {self.owner_pid}) died")
+        self._check_sigterm()
 
 
 NOT_ATTACHED = "this client is not attached to the engine (dropped, or no Hello yet)"
@@ -271,6 +302,7 @@ _HANDLERS = {     # what concerns the sender (ownership, its pause, its answers)
     P.Heartbeat: lambda self, c, m: None,
     P.Bye: EngineCoreProc._bye,
     P.Shutdown: EngineCoreProc._shutdown,
+    P.Draining: EngineCoreProc._draining,
 }
 
 
@@ -301,7 +333,7 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
     except Exception as exc:
         status("error", f"{type(exc).__name__}: {exc}")
         return
-    signal.signal(signal.SIGTERM, lambda *a: proc.stop("the engine process got SIGTERM"))
+    signal.signal(signal.SIGTERM, lambda *a: proc.on_sigterm())
     time_collections(engine.counters)
     proc.core.on_idle = collect_when_idle()
     status("ready", address)

@@ -82,6 +82,9 @@ class InprocTransport:
     def engine_stats(self) -> EngineStats:
         return self.core.stats
 
+    def draining(self, seconds: float) -> None:
+        pass            # no process of its own: no signal reaches the engine apart
+
     def close(self, timeout: float) -> None:
         self.core.stop()
         if self.thread.is_alive() and threading.current_thread() is not self.thread:

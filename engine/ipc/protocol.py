@@ -3,7 +3,7 @@
 What the core takes and gives is sent as it is: a CoreRequest, the commands of
 engine/commands.py, and each client's part of a StepOutput (engine/outputs.py). Only
 what the process seam itself needs is declared here: attaching (Hello, Welcome,
-Detached), liveness (Heartbeat, Bye), the owner's Shutdown, the answers to StepOnce and
+Detached), liveness (Heartbeat, Bye), the owner's Draining and Shutdown, the answers to StepOnce and
 Barrier, stats, Fatal, and the snapshot frame.
 
 Why msgspec + pyzmq (as vLLM V1): msgpack is compact and msgspec decodes straight into
@@ -43,6 +43,7 @@ from engine.engine_stats import EngineStats
 
 CONTROL_MESSAGE_BYTES = 64 * 1024   # MAXMSGSIZE of the sockets clients only subscribe on
 MAX_LABEL_CHARS = 64
+MAX_DRAIN_S = 3600.0     # the longest drain an owner may announce
 
 
 def max_message_bytes(max_model_len: int) -> int:
@@ -76,7 +77,17 @@ class Shutdown(msgspec.Struct, tag=True):
     token: str = ""
 
 
-ClientMessage = typing.Union[(Hello, CoreRequest, *COMMANDS, Heartbeat, Bye, Shutdown)]
+class Draining(msgspec.Struct, tag=True):
+    """The owner drains its open requests for up to `seconds` before its Shutdown: a
+    SIGTERM that reached the engine with it (a whole process group or cgroup stopped,
+    as systemd and `timeout` do) then waits for that Shutdown, so the drain is served.
+    Honoured only with the owner's token."""
+    seconds: Annotated[float, msgspec.Meta(ge=0, le=MAX_DRAIN_S)]
+    token: str = ""
+
+
+ClientMessage = typing.Union[(Hello, CoreRequest, *COMMANDS, Heartbeat, Bye, Shutdown,
+                              Draining)]
 
 
 class KVEventsEndpoints(msgspec.Struct, frozen=True):

@@ -73,4 +73,7 @@ class CoreTransport(Protocol):
 
     def engine_stats(self) -> EngineStats: ...
 
+    def draining(self, seconds: float) -> None:
+        """Tell an engine process this transport owns that its owner drains (else nothing)."""
+
     def close(self, timeout: float) -> None: ...

@@ -199,6 +199,10 @@ class ZmqTransport:
         detached = self._attach.detached
         return f"attaching to the engine again ({detached})" if detached else None
 
+    def draining(self, seconds: float) -> None:
+        if self.proc is not None:      # the owner's (attached to another's: not ours to say)
+            self.send(P.Draining(seconds, self._owner_token))
+
     def close(self, timeout: float) -> None:
         if self.closed:
             return

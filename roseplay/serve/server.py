@@ -28,6 +28,7 @@ from roseplay.serve.shutdown import EXIT_CUT, EXIT_DRAINED, EXIT_ENGINE_DIED
 
 DEFAULT_HOST = "127.0.0.1"
 FLUSH_S = 2.0          # after the drain: time for cut streams to write their last events
+STOP_MARGIN_S = FLUSH_S * 2 + 5     # past the drain: uvicorn's own shutdown, the engine's stop
 logger = logging.getLogger("roseplay.serve")
 
 
@@ -194,6 +195,9 @@ class Server(uvicorn.Server):
         drain = self.serve_state.drain
         drain.begin()
         timeout = 0 if self.force_exit else self.serve_state.config.shutdown_timeout
+        # a SIGTERM to the whole group (systemd, `timeout`) reached the engine process
+        # too: it serves the drain when told of it (engine/ipc/core_proc.py)
+        self.serve_state.loop.draining(timeout + STOP_MARGIN_S)
         if not await drain.wait(timeout, lambda: self.force_exit):
             n = drain.cut()
             logger.warning("roseplay serve: drain time (%s s) over; ended %d open "
@@ -238,7 +242,7 @@ class ServerThread:
 
     def stop(self, timeout: float | None = None) -> None:
         if timeout is None:
-            timeout = self.app.state.serve.config.shutdown_timeout + FLUSH_S * 2 + 5
+            timeout = self.app.state.serve.config.shutdown_timeout + STOP_MARGIN_S
         self.server.should_exit = True
         if self._thread.is_alive():
             self._thread.join(timeout)

@@ -77,14 +77,16 @@ def solo_tokens(url: str, max_tokens: int = MAX_TOKENS) -> list[int]:
     return r.json()["choices"][0]["token_ids"]
 
 
-def assert_sigterm_drains_open_streams(srv, streams: int, max_tokens: int = MAX_TOKENS) -> None:
+def assert_sigterm_drains_open_streams(srv, streams: int, max_tokens: int = MAX_TOKENS,
+                                       group: bool = False) -> None:
     """SIGTERM while `streams` streams are open: new requests are refused at once, every
-    open stream then finishes with a solo run's tokens, and the server exits 0."""
+    open stream then finishes with a solo run's tokens, and the server exits 0. `group`:
+    the signal goes to the server's whole process group, its engine process too."""
     ref = solo_tokens(srv.url, max_tokens)
     readers = open_streams(srv.url, streams, max_tokens)
     os.kill(srv.engine_pid, signal.SIGSTOP)       # the streams stay open ...
     try:
-        srv.signal(signal.SIGTERM)
+        srv.signal(signal.SIGTERM, group)
         assert refused(srv.url), "still accepting after SIGTERM"   # ... while it drains
     finally:
         os.kill(srv.engine_pid, signal.SIGCONT)

@@ -38,9 +38,12 @@ def alive(pid: int) -> bool:
 class ServeProc:
     """with ServeProc("--shutdown-timeout", "1") as srv: srv.url, srv.proc, srv.engine_pid"""
 
-    def __init__(self, *args: str, engine_address: str | None = None, env: dict | None = None):
-        """env: the server's environment (default: this process's)."""
-        self.env = env
+    def __init__(self, *args: str, engine_address: str | None = None, env: dict | None = None,
+                 new_session: bool = False):
+        """env: the server's environment (default: this process's); new_session: the
+        server and its engine in a process group of their own, which signal(group=True)
+        signals whole (as systemd's stop and `timeout` do)."""
+        self.env, self.new_session = env, new_session
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--port", str(self.port), "--log-level", "warning", *args]
@@ -55,7 +58,8 @@ class ServeProc:
         # output to a file: a pipe read only at the end could fill up and block the server
         self._log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "roseplay", "serve", *self.args],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=self.new_session)
         try:
             return self._come_up()
         except BaseException:       # not up in time (or interrupted): leave nothing running
@@ -108,8 +112,12 @@ class ServeProc:
         assert len(kids) == 1, kids
         return kids[0]
 
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
+    def signal(self, sig: int, group: bool = False) -> None:
+        if group:
+            assert self.new_session, "the test's own group would be signalled"
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
 
     def _read_log(self) -> str:
         self._log.seek(0)

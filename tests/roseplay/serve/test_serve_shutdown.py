@@ -24,6 +24,14 @@ def test_sigterm_lets_open_streams_finish_then_exits_0():
         assert_sigterm_drains_open_streams(srv, 3)
 
 
+def test_sigterm_to_the_whole_group_drains_open_streams_then_exits_0():
+    """systemd's stop (every process of the unit), `timeout`, `kill -TERM -PGID`: the
+    engine process gets SIGTERM with the server and serves its drain. Before, it stopped
+    at once: the streams ended with "the engine process got SIGTERM", exit 4."""
+    with ServeProc("--shutdown-timeout", "60", new_session=True) as srv:
+        assert_sigterm_drains_open_streams(srv, 2, group=True)
+
+
 def test_sigterm_ends_streams_with_an_error_after_the_drain_time():
     with ServeProc("--shutdown-timeout", "1") as srv:
         readers = open_streams(srv.url, 2)
