@@ -114,21 +114,31 @@ class TimeAxis(Widget):
             self.refresh()
 
     def render(self) -> Text:
-        n = max(0, self.size.width - Plot.LABEL)
-        if n < 12:
-            return Text("")
-        left, mid = f"-{n * BUCKET:.0f} s", f"-{n * BUCKET / 2:.0f} s"
-        line = list("─" * n)
-        end = "stop" if self.stopped else "now"
-        for pos, word in ((0, left), (n // 2 - len(mid) // 2, mid), (n - len(end), end)):
+        return axis_text(max(0, self.size.width - Plot.LABEL), self.marks, self.stopped)
+
+
+def axis_text(n: int, marks: list, stopped: bool = False) -> Text:
+    """The axis of `n` columns after its `time →` label: `-N s`, `-N/2 s` and `now` (or
+    `stop`), each mark's label over them. A word a label covers in part gives way
+    whole: a label ending inside `now` had left `▲preempt swapow`, one over `-22 s`
+    `-22▲…`, a time of 22 whose unit was gone."""
+    if n < 12:
+        return Text("")
+    left, mid = f"-{n * BUCKET:.0f} s", f"-{n * BUCKET / 2:.0f} s"
+    line = list("─" * n)
+    end = "stop" if stopped else "now"
+    shown = marks[-n:]
+    labels = place_labels([(n - len(shown) + i, label)
+                           for i, label in enumerate(shown) if label], n)
+    covered = {c for start, word in labels for c in range(start, start + len(word))}
+    for pos, word in ((0, left), (n // 2 - len(mid) // 2, mid), (n - len(end), end)):
+        if not covered.intersection(range(pos, pos + len(word))):
             line[pos:pos + len(word)] = word
-        t = Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
-        shown = self.marks[-n:]
-        for start, word in place_labels([(n - len(shown) + i, label)
-                                         for i, label in enumerate(shown) if label], n):
-            start += Plot.LABEL
-            t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
-        return t
+    t = Text(f"{'time →':<{Plot.LABEL}}" + "".join(line)[:n])
+    for start, word in labels:
+        start += Plot.LABEL
+        t = t[:start] + Text(word, "bold #f2d34f") + t[start + len(word):]
+    return t
 
 
 def place_labels(marks: list[tuple[int, str]], n: int) -> list[tuple[int, str]]:
