@@ -126,7 +126,8 @@ class EngineConfig:
                                                 "torch_sdpa (oneDNN linears + batched SDPA paged "
                                                 "attention), cpu_native (torch_sdpa with the "
                                                 "decode step's linears and attention in C), "
-                                                "triton.",
+                                                "triton (CUDA; on a CPU only under "
+                                                "TRITON_INTERPRET=1).",
                                         choices=("auto", "torch", "torch_sdpa", "cpu_native",
                                                  "triton"))
     tensor_parallel_size: int = knob_field(

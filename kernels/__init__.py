@@ -20,7 +20,9 @@ from types import ModuleType
 
 from kernels import reference
 
-if os.environ.get("TRITON_INTERPRET") == "1":
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # Triton's CPU interpreter, set
+#                                                          before Triton is imported
+if INTERPRETED:
     from kernels import interpreter
     interpreter.patch()
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig, SpeculativeConfig
+from engine.config import (DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig,
+                           InvalidRequestError, SpeculativeConfig)
 from engine.worker.draft_runner import DraftRunner, build_draft_runner
 from engine.worker.models.loader import LoadedModel, load_model
 from engine.worker.placement import (blocks_from_memory, kv_bytes_per_block,
                                      resolve_kv_cache_dtype)
 from engine.worker.runner import ModelRunner
-from kernels import default_cpu_backend, get_ops
+from kernels import INTERPRETED, default_cpu_backend, get_ops
 from kernels.cpu_native_build import build_in_background
 
 
@@ -34,6 +35,11 @@ def setup_worker(config: EngineConfig, device: torch.device,
                  dtype: torch.dtype) -> WorkerSetup:
     """Load the model and build the runner; a failure stops the workers it started."""
     backend = config.attention_backend
+    if backend == "triton" and device.type == "cpu" and not INTERPRETED:
+        # else it loads, then every step fails in Triton ("0 active drivers")
+        raise InvalidRequestError("attention_backend triton needs a CUDA device (or "
+                                  "TRITON_INTERPRET=1, Triton's slow CPU interpreter); on "
+                                  "the CPU: auto, cpu_native, torch_sdpa or torch")
     if backend == "auto" and device.type == "cuda":
         backend = "triton"
     elif backend == "auto" and config.kv_cache_dtype != "auto":

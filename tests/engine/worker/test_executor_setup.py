@@ -28,3 +28,18 @@ def test_a_failed_start_stops_the_workers_it_started(monkeypatch):
                               tensor_parallel_size=2, num_blocks=16, block_size=4))
     assert len(started) == 1 and started[0].exitcode is not None   # rank 1, joined
     assert _tp_workers() == []
+
+
+def test_triton_on_the_cpu_is_refused_before_the_model_loads(monkeypatch):
+    """attention_backend triton on a CPU without Triton's interpreter: one clear error at
+    start (it loaded, then every step failed in Triton with "0 active drivers")."""
+    from engine.config import InvalidRequestError
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded before the backend was checked")
+
+    monkeypatch.setattr(setup, "INTERPRETED", False)
+    monkeypatch.setattr(setup, "load_model", no_load)
+    with pytest.raises(InvalidRequestError, match="triton needs a CUDA device"):
+        LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
+                              attention_backend="triton", num_blocks=16, block_size=4))
