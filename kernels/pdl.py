@@ -20,14 +20,14 @@ GEMV's weights into L2 before the wait was tried there and gained nothing.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # fixed before any @triton.jit
+from kernels import INTERPRETED
+
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,7 +38,7 @@ def _capable(index: int) -> bool:
 def enabled(device: torch.device) -> bool:
     """PDL on this device: CUDA compute capability >= 9.0, not the interpreter (cached:
     it is asked at every launch)."""
-    if _INTERPRETED or device.type != "cuda":
+    if INTERPRETED or device.type != "cuda":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
