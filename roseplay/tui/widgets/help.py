@@ -71,7 +71,7 @@ request.
 
 ## Requests
 One row per request: *waiting* (the row says why: `max_num_seqs` full, the token
-budget used up, or no free KV block), *prefilling* its prompt (the bar and "chunk
+budget used up, or too few free KV blocks for its next chunk), *prefilling* its prompt (the bar and "chunk
 k/n": a long prompt is computed over several steps when the token budget is smaller
 than the prompt: chunked prefill), *decoding* one token per step, *preempted*,
 *dedup* (an identical prompt admitted in the same step rides on its twin's prefill),

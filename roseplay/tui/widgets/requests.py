@@ -85,13 +85,28 @@ def waiting_reason(snap) -> str:
         return f"max_num_seqs {k.max_num_seqs} full"
     if s is not None and s.decode_tokens + s.prefill_tokens >= k.max_num_batched_tokens:
         return "token budget used up"
-    if snap.num_free == 0 and snap.num_cached == 0:
+    room = snap.num_free + snap.num_cached      # cached blocks are evicted on demand
+    if room == 0:
         return "no free KV block"
+    need = blocks_wanted(snap)
+    if need is not None and need > room:
+        return f"needs {need} KV blocks, {room} free"
     return "admitted at the next step"
 
 
+def blocks_wanted(snap) -> int | None:
+    """The fewest blocks a queued request's next chunk takes (its tokens left, at most
+    the budget): a pool with fewer free or cached blocks admits none of them, which read
+    "admitted at the next step" for 17 s on a full pool with 6 cached blocks."""
+    budget, size = snap.knobs.max_num_batched_tokens, max(1, snap.block_size)
+    wants = [-(-min(r.prompt_tokens + r.output_tokens - r.computed_tokens, budget) // size)
+             for r in snap.requests if r.state in ("waiting", "preempted")]
+    return min(wants) if wants else None
+
+
 SHORT_REASONS = (("max_num_seqs", "seqs full"), ("token budget", "budget full"),
-                 ("no free KV", "no KV block"), ("admitted", "next step"))
+                 ("no free KV", "no KV block"), ("needs", "KV too full"),
+                 ("admitted", "next step"))
 
 
 def short_reason(reason: str) -> str:

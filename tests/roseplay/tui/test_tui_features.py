@@ -145,6 +145,24 @@ def test_waiting_reason_names_what_holds_the_queue():
     assert waiting_reason(snap) == "admitted at the next step"
 
 
+def test_a_pool_too_full_for_any_queued_chunk_is_the_reason_they_wait():
+    """A full pool with 6 cached blocks left: no queued request's next chunk fits, so none
+    is admitted (it read "admitted at the next step" for 17 s, guide 3 with swap)."""
+    snap = session_snapshot(12)
+    snap = dataclasses.replace(snap, knobs=snap.knobs.replace(max_num_batched_tokens=512))
+    state = np.ones_like(snap.block_state)
+    state[:6] = 2                                       # 6 cached (evictable), no free
+    queued = dataclasses.replace(snap.requests[0], request_id="w-queued", state="waiting",
+                                 prompt_tokens=300, computed_tokens=0, output_tokens=0)
+    reqs = snap.requests + (queued,)
+    budget = snap.knobs.max_num_batched_tokens
+    need = -(-min(300, budget) // snap.block_size)
+    full = dataclasses.replace(snap, block_state=state, requests=reqs)
+    assert need > 6 and waiting_reason(full) == f"needs {need} KV blocks, 6 free"
+    roomy = dataclasses.replace(full, knobs=snap.knobs.replace(max_num_batched_tokens=16))
+    assert waiting_reason(roomy) == "admitted at the next step"     # a 1-block chunk fits
+
+
 def test_sort_and_filter_of_the_request_list():
     reqs = session_snapshot(12).requests
     active = arrange(reqs, state="active")
