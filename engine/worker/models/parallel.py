@@ -125,7 +125,9 @@ def gather_vocab(local: torch.Tensor, tp: TPInfo, vocab_size: int) -> torch.Tens
     s, v_local = local.shape
     out = local.new_empty(tp.size * s, v_local)
     _all_gather_single(out, local.contiguous())
-    return out.view(tp.size, s, v_local).permute(1, 0, 2).reshape(s, -1)[:, :vocab_size].contiguous()
+    # (the width spelled out: a step without sample rows, a prefill chunk, has s = 0)
+    return out.view(tp.size, s, v_local).permute(1, 0, 2).reshape(s, tp.size * v_local)[
+        :, :vocab_size].contiguous()
 
 
 def vocab_embedding(ids: torch.Tensor, weight: torch.Tensor, tp: TPInfo) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Tensor parallelism end to end: TP=2 (gloo, 2 processes, float32) through LLM.generate
 gives the same tokens as TP=1, greedy and seeded sampling alike, with async scheduling
 on (continuation steps take their inputs from each rank's own samples), over a sharded
-checkpoint, with prompts longer than several blocks, prefix-cache hits and preemptions;
+checkpoint, with prompts longer than several blocks, prefix-cache hits, preemptions and
+prefill chunks that sample nothing;
 a cancelled stream leaves the others exact; a killed rank ends every stream with an error.
 
 ROSEPLAY_TEST_DEVICE=cuda runs the same on 2 GPUs (NCCL, CUDA graphs), under a hard
@@ -144,3 +145,15 @@ def test_tp2_host_tier_reloads_and_swaps_as_tp1(tmp_path):
         llm.engine.close()
     assert got == want + want[:2]
     assert c.swap_ins > 0 and c.kv_reload_blocks > c.swap_ins and c.kv_offload_dropped == 0
+
+
+def test_tp2_prefill_chunks_that_sample_nothing_run_as_tp1():
+    """A budget of 3 cuts each prompt into chunks that sample no row: the vocab all-gather
+    of zero rows must give [0, V] logits (it raised on every rank, failing every request)."""
+    prompts = [{"prompt_token_ids": list(range(1 + i, 12 + 2 * i))} for i in range(3)]
+    params = params_mix(len(prompts))
+    knobs = dict(model="dummy:tiny", device=DEVICE, dtype="float32", max_num_batched_tokens=3)
+    with LLM(**knobs) as ref:
+        want = _tokens(ref.generate(prompts, params))
+    with LLM(tensor_parallel_size=2, **knobs) as llm:
+        assert _tokens(llm.generate(prompts, params)) == want
