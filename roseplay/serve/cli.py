@@ -262,7 +262,7 @@ def _serve_with_tui(app, args, address: str) -> int:
     from roseplay.tui.app import RoseplayApp
     from roseplay.serve.server import ServerThread
     from roseplay.workload.source import start_live
-    with ServerThread(app, args.host, args.port, log_level="warning").start():
+    with ServerThread(app, args.host, args.port, log_level="warning"):     # (started)
         factory = lambda: start_live({}, connect=address)   # noqa: E731
         tui = RoseplayApp(source_factory=factory, loading_message=f"attaching to {address} …")
         tui.run()

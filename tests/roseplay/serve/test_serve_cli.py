@@ -138,3 +138,28 @@ def test_port_0_serves_on_the_port_the_banner_names(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_with_the_tui_serves_while_the_tui_runs(monkeypatch, capsys):
+    """`roseplay serve --tui`: the server on a thread, the TUI in front attached to its
+    engine. It failed at once ("threads can only be started once": the server thread
+    was started twice). The TUI here is a stand-in that asks the server for a completion
+    while it "runs", as a user's client would."""
+    import roseplay.tui.app as tui_app
+    port, seen = free_port(), {}
+
+    class StandIn:
+        load_error = None
+
+        def __init__(self, source_factory, loading_message):
+            seen["attach"] = loading_message
+
+        def run(self):
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                           json={"model": "dummy:tiny", "prompt": [1, 2, 3], "max_tokens": 2})
+            seen["status"] = r.status_code
+
+    monkeypatch.setattr(tui_app, "RoseplayApp", StandIn)
+    assert main(["serve", "--tui", "--model", "dummy:tiny", "--device", "cpu",
+                 "--num-blocks", "64", "--port", str(port)]) == 0, capsys.readouterr().err
+    assert seen["status"] == 200 and seen["attach"].startswith("attaching to ")
