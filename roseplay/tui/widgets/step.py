@@ -48,25 +48,38 @@ def chunk_words(step, snap) -> Text:
     return t
 
 
-def spec_words(step, k: int, method: str = "", pause: str = "") -> Text:
+def spec_words(step, k: int, method: str = "", pause: str = "", width: int = 0) -> Text:
     """Speculative decoding this step: the method and k, drafts proposed and accepted,
     the acceptance % (nothing while speculation is off); `pause`: why the step drafted
-    nothing (EngineSnapshot.spec_pause: too many requests decoding)."""
-    t = Text()
+    nothing (EngineSnapshot.spec_pause: too many requests decoding). The longest form
+    that fits `width` (0: any): cut, it read `(19%, 7 req, ngram k…` at 120x40."""
+    forms = spec_forms(step, k, method, pause)
+    return next((t for t in forms if not width or len(t.plain.rstrip()) <= width),
+                forms[-1] if forms else Text())
+
+
+def spec_forms(step, k: int, method: str, pause: str) -> list[Text]:
+    """spec_words' forms, longest first."""
+    name = f"{method} " if method else ""
     if pause:
-        t.append(f"spec {f'{method} ' if method else ''}k={k}: ", "bold")
-        t.append(f"{pause}   ", theme.color("prefill"))
-    elif step.spec_verified:
-        share = 100 * step.spec_accepted_tokens / max(1, step.spec_draft_tokens)
-        t.append("spec ", "bold")
-        t.append(f"{step.spec_draft_tokens} drafted → ")
-        t.append(f"{step.spec_accepted_tokens} accepted", theme.color("decode"))
-        t.append(f" ({share:.0f}%, {step.spec_verified} req{f', {method}' if method else ''}"
-                 f" k={k})   ")
-    elif k:
-        name = f"{method} " if method else ""
-        t.append(f"spec {name}k={k}: no drafts this step   ", "dim")
-    return t
+        brief = pause.replace("speculation off", "off")
+        return [Text.assemble((f"spec {name}k={k}: ", "bold"), (pause, theme.color("prefill"))),
+                Text.assemble((f"spec {name}k={k} ", "bold"), (brief, theme.color("prefill"))),
+                Text.assemble(("spec ", "bold"), (brief, theme.color("prefill"))),
+                Text.assemble(("spec ", "bold"), (brief.replace("disable_by_batch_size ", ""),
+                                                  theme.color("prefill")))]
+    if step.spec_verified:
+        d, a, n = step.spec_draft_tokens, step.spec_accepted_tokens, step.spec_verified
+        share = f"{100 * a / max(1, d):.0f}%"
+        tails = [f" ({share}, {n} req{f', {method}' if method else ''} k={k})",
+                 f" ({share}) {n} req {name}k={k}", f" ({share}) k={k}"]
+        return [Text.assemble(("spec ", "bold"), f"{d} drafted → ",
+                              (f"{a} accepted", theme.color("decode")), tail)
+                for tail in tails]
+    if k:
+        return [Text(f"spec {name}k={k}: no drafts this step", "dim"),
+                Text(f"spec k={k}: no drafts", "dim")]
+    return []
 
 
 class StepPanel(ReshownOnResize, WidthBorders, Widget):
@@ -115,9 +128,11 @@ class StepPanel(ReshownOnResize, WidthBorders, Widget):
         n = len(s.prefill_chunks)
         t.append(f" prefill {s.prefill_tokens} tok in {n} chunk{'' if n == 1 else 's'}\n")
         spec = spec_words(s, snap.knobs.num_speculative_tokens,    # before the chunks: a
-                          snap.spec_method, snap.spec_pause)
-        t.append_text(spec)                                       # long list is cut, not it
+                          snap.spec_method, snap.spec_pause,      # long list is cut, not it
+                          self.size.width or 80)
+        t.append_text(spec)
         if s.prefill_chunks or not spec:        # (no "prefill -" cut after the spec words)
+            t.append("   " if spec else "")
             t.append("prefill ", "dim")
             t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
         t.append("\n")

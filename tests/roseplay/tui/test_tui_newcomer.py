@@ -3,13 +3,16 @@ label, the waiting reason of a full pool, a cut speculation line (built data, no
 engine)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 from textual.app import App
 
+from roseplay.tui.app import RoseplayApp
 from roseplay.tui.widgets.plots import Plot, TimeAxis
-from tests.roseplay.tui.helpers import sync, widget_text
+from roseplay.tui.widgets.step import StepPanel
+from tests.roseplay.tui.helpers import StaticSource, session_snapshot, sync, widget_text
 
 pytestmark = pytest.mark.timeout(60)
 N = 46                                       # the axis's columns at 120x40
@@ -46,3 +49,33 @@ async def test_the_axis_words_show_without_marks():
     line = await _axis([""] * N)
     assert line.startswith("time →") and "-23 s" in line and "-12 s" in line
     assert line.rstrip().endswith("now") and (await _axis([], True)).rstrip().endswith("stop")
+
+
+def _speculating(snap, disable_at: int = 0):
+    """Seven requests verified 21 drafts this step, 4 accepted, n-gram k=3 (120x40 cut
+    this to `(19%, 7 req, ngram k…`)."""
+    step = dataclasses.replace(snap.last_step, spec_verified=7, spec_draft_tokens=21,
+                               spec_accepted_tokens=4, prefill_chunks=(),
+                               spec_off=40 if disable_at else 0)
+    return dataclasses.replace(snap, last_step=step, spec_method="ngram",
+                               spec_disable_by_batch_size=disable_at,
+                               knobs=snap.knobs.replace(num_speculative_tokens=3))
+
+
+@pytest.mark.parametrize("size", [(120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("disable_at", [0, 1])
+@sync
+async def test_this_steps_speculation_line_is_whole(size, disable_at):
+    snap = _speculating(session_snapshot(12), disable_at)
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=size) as pilot:
+        for _ in range(2):
+            app.refresh_panels()
+            await pilot.pause()
+        text = widget_text(app.query_one(StepPanel))
+        line = next(row for row in text.splitlines() if "spec" in row)
+        assert not line.rstrip("│ ").endswith("…"), line
+        if disable_at:
+            assert re.search(r"spec .*off: 40 decoding > (disable_by_batch_size )?1", line), line
+        else:
+            assert re.search(r"spec 21 drafted → 4 accepted \(19%.* k=3", line), line

@@ -56,7 +56,7 @@ async def test_this_step_shows_the_pause_line():
         app.refresh_panels()
         await pilot.pause()
         text = widget_text(app.query_one(StepPanel))
-        assert "spec ngram k=3: speculation off: 40 decoding > disable_by" in text
+        assert "spec ngram k=3 off: 40 decoding > disable_by_batch_size 32" in text  # whole
         source.snap = speculating(base, 0)
         app.refresh_panels()
         await pilot.pause()
