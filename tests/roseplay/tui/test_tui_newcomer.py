@@ -79,3 +79,22 @@ async def test_this_steps_speculation_line_is_whole(size, disable_at):
             assert re.search(r"spec .*off: 40 decoding > (disable_by_batch_size )?1", line), line
         else:
             assert re.search(r"spec 21 drafted → 4 accepted \(19%.* k=3", line), line
+
+
+@pytest.mark.parametrize("height", [1, 2])
+@sync
+async def test_a_small_value_under_a_tall_scale_is_drawn_not_blank(height):
+    """Guide d after the default workload: TTFT points of 8 ms under the 1453 ms the
+    minute before set were blank, the same as points with no first token in them."""
+    class PlotApp(App):
+        def compose(self):
+            yield Plot("TTFT", "decode", lambda v: f"{v:.0f}ms")
+    app = PlotApp()
+    async with app.run_test(size=(Plot.LABEL + 20, 4)) as pilot:
+        plot = app.query_one(Plot)
+        plot.styles.height = height
+        plot.show([1453.0] * 10 + [8.0] * 8 + [float("nan"), 0.0])
+        await pilot.pause()
+        bottom = widget_text(plot).splitlines()[height - 1][Plot.LABEL:]
+        assert bottom[10:18] == "▁" * 8, bottom
+        assert bottom[18:] == "  "                 # no point, and 0: nothing to draw
