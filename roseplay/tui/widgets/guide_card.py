@@ -25,13 +25,20 @@ def card_text(run, width: int, rows: int) -> Text:
     lines: list[tuple[str, str]] = []
 
     def add(text: str, style: str = "", wrap: int = 1) -> None:
-        for line in (textwrap.wrap(text, width) or [""])[:wrap]:
+        wrapped = textwrap.wrap(text, width) or [""]
+        if len(wrapped) > wrap:     # what is left out is said to be: "queue" read whole
+            wrapped[wrap - 1] = wrapped[wrap - 1][:width - 1] + "…"
+        for line in wrapped[:wrap]:
             lines.append((line, style))
-    head = f"guide {g.key}: {g.scenario} · " + ", ".join(
-        f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}" for k, v in g.knobs.items()) + \
-        f" · {g.concurrency or 16} in flight" + (f" · routing {g.routing}" if g.routing else "")
+    knobs = ", ".join(f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}" for k, v in g.knobs.items())
+    rest_of_head = f" · {g.concurrency or 16} in flight" + \
+        (f" · routing {g.routing}" if g.routing else "")
     narrow = width < 50         # 80x24: the verdicts before anything that can wait
-    add(head, "bold", 1 if narrow else 2)
+    # narrow: the knobs first, so the setup's own knob is on the first line (guide 9's
+    # "queue priority" was wrapped off, the line read "guide 9: mixed · queue")
+    head = (f"guide {g.key}: {knobs} · {g.scenario}" if narrow else
+            f"guide {g.key}: {g.scenario} · {knobs}") + rest_of_head
+    add(head, "bold", 2)
     add(run.status(), "italic", 2)
     if not narrow:      # the legend whole, in the longest form that fits (never cut)
         add(next(f for f in LEGENDS if len(f) <= width or f is LEGENDS[-1]), "dim")

@@ -194,3 +194,21 @@ def test_the_scorecards_legend_is_never_cut():
     for width, legend in ((len(LEGENDS[0]), LEGENDS[0]), (50, LEGENDS[1])):
         lines = card_text(run, width, 20).plain.splitlines()
         assert legend in lines, (width, lines)
+
+
+def test_a_narrow_scorecard_names_the_guides_own_knob():
+    """At 80x24 the card is 30 columns: guide 9's head read "guide 9: mixed · queue",
+    its `priority` wrapped off unsaid. The knobs now come first, and a line that leaves
+    words out ends with "…"."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.guide_card import card_text
+    for key, knob in (("9", "queue priority"), ("6", "prefix cache OFF"), ("1", "budget 32")):
+        run = SimpleNamespace(guide=BY_KEY[key], status=lambda: "window clean",
+                              rows=lambda: [("TTFT p50 306 ms < the default's -", None)],
+                              versus_hint=lambda hint: "")
+        lines = card_text(run, 30, 11).plain.splitlines()
+        assert knob in lines[0], lines
+        assert any("TTFT p50" in line for line in lines), lines
+        assert any(line.startswith("watch:") for line in lines), lines
+        assert lines[1].endswith("…") or "in flight" in " ".join(lines[:2]), lines
