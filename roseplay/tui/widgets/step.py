@@ -131,7 +131,10 @@ class StepPanel(ReshownOnResize, WidthBorders, Widget):
                           snap.spec_method, snap.spec_pause,      # long list is cut, not it
                           self.size.width or 80)
         t.append_text(spec)
-        if s.prefill_chunks or not spec:        # (no "prefill -" cut after the spec words)
+        room = (self.size.width or 80) - len(spec.plain) - len("   prefill ") - 8
+        # the chunks after the spec words only where they have room: the line's "…"
+        # fell on the spec words (`ngram k=…`), and "prefill -" says nothing there
+        if (s.prefill_chunks and room >= 0) or not spec:
             t.append("   " if spec else "")
             t.append("prefill ", "dim")
             t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))

@@ -51,11 +51,11 @@ async def test_the_axis_words_show_without_marks():
     assert line.rstrip().endswith("now") and (await _axis([], True)).rstrip().endswith("stop")
 
 
-def _speculating(snap, disable_at: int = 0):
+def _speculating(snap, disable_at: int = 0, chunks: tuple = ()):
     """Seven requests verified 21 drafts this step, 4 accepted, n-gram k=3 (120x40 cut
-    this to `(19%, 7 req, ngram k…`)."""
+    this to `(19%, 7 req, ngram k…`, and with a prefill chunk after it to `ngram k=…`)."""
     step = dataclasses.replace(snap.last_step, spec_verified=7, spec_draft_tokens=21,
-                               spec_accepted_tokens=4, prefill_chunks=(),
+                               spec_accepted_tokens=4, prefill_chunks=chunks,
                                spec_off=40 if disable_at else 0)
     return dataclasses.replace(snap, last_step=step, spec_method="ngram",
                                spec_disable_by_batch_size=disable_at,
@@ -64,9 +64,11 @@ def _speculating(snap, disable_at: int = 0):
 
 @pytest.mark.parametrize("size", [(120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("disable_at", [0, 1])
+@pytest.mark.parametrize("chunked", [False, True])
 @sync
-async def test_this_steps_speculation_line_is_whole(size, disable_at):
-    snap = _speculating(session_snapshot(12), disable_at)
+async def test_this_steps_speculation_line_is_whole(size, disable_at, chunked):
+    chunks = session_snapshot(0).last_step.prefill_chunks if chunked else ()
+    snap = _speculating(session_snapshot(12), disable_at, chunks)
     app = RoseplayApp(source=StaticSource(snap))
     async with app.run_test(size=size) as pilot:
         for _ in range(2):
@@ -74,11 +76,11 @@ async def test_this_steps_speculation_line_is_whole(size, disable_at):
             await pilot.pause()
         text = widget_text(app.query_one(StepPanel))
         line = next(row for row in text.splitlines() if "spec" in row)
-        assert not line.rstrip("│ ").endswith("…"), line
+        assert chunked or not line.rstrip("│ ").endswith("…"), line   # (chunks: cut after)
         if disable_at:
-            assert re.search(r"spec .*off: 40 decoding > (disable_by_batch_size )?1", line), line
+            assert re.search(r"spec .*off: 40 decoding > (disable_by_batch_size )?1\b", line), line
         else:
-            assert re.search(r"spec 21 drafted → 4 accepted \(19%.* k=3", line), line
+            assert re.search(r"spec 21 drafted → 4 accepted \(19%.* k=3\b", line), line
 
 
 @pytest.mark.parametrize("height", [1, 2])
