@@ -29,17 +29,20 @@ def grammar_rows(g, lines: int) -> int:
     return 2 if lines >= 10 and g.allowed >= 0 else 1
 
 
-def head_text(g, tokenizer) -> Text:
+def head_text(g, tokenizer, brief: bool = False) -> Text:
+    """`brief`: without the share and the compile note's why, for a narrow panel."""
     t = Text()
     t.append(f"grammar {g.kind}", f"bold {GRAMMAR_STYLE}")
     if g.state == "compiling":
-        return t.append(" · compiling (the request waits for it, not in the queue)", "dim")
+        return t.append(" · compiling" + ("" if brief else
+                                          " (the request waits for it, not in the queue)"), "dim")
     if g.allowed < 0:
         return t.append(f" · {NO_VIEW}", "dim")
     share = g.allowed / g.vocab if g.vocab else 0.0
     t.append(f" · {g.state} · ", "")
     t.append(f"{g.allowed:,}/{g.vocab:,} allowed", "bold")
-    t.append(f" ({pct(share)})", "dim")
+    if not brief:
+        t.append(f" ({pct(share)})", "dim")
     if g.token >= 0:
         t.append(" · took ", "dim")
         t.append(token_label(g.token, tokenizer), "bold")
@@ -62,11 +65,18 @@ def top_text(g, tokenizer, width: int) -> Text:
 
 
 def grammar_text(g, tokenizer, rows: int, width: int = 200) -> Text:
-    """`rows` 1: the head, then the top choices as far as the line goes; 2: a line each."""
+    """`rows` 1: the head, then the top choices as far as the line goes; 2: a line each.
+    Each line fits `width`: a longer one wrapped onto the panel's next row, which pushed
+    the head's `took` and the next-token line out of a 120x40 panel."""
     t = head_text(g, tokenizer)
-    if g.allowed < 0 or not g.top or rows < 1:
-        return t
-    if rows == 1:
-        t.append(" · ")
-        return t.append_text(top_text(g, tokenizer, width - t.cell_len))
-    return t.append("\n").append_text(top_text(g, tokenizer, width))
+    if t.cell_len > width:
+        t = head_text(g, tokenizer, brief=True)
+    if g.allowed >= 0 and g.top and rows >= 1:
+        if rows > 1:
+            t.append("\n").append_text(top_text(g, tokenizer, width))
+        elif t.cell_len + len(" · model's top: …") <= width:
+            t.append(" · ").append_text(top_text(g, tokenizer, width - t.cell_len))
+    lines = t.split("\n")
+    for line in lines:
+        line.truncate(width, overflow="ellipsis")
+    return Text("\n").join(lines)

@@ -111,3 +111,18 @@ async def test_a_typed_schema_shows_the_mask_each_step():
                 app.query_one(RequestList)), 10)
     finally:
         src.close()
+
+
+def test_a_grammar_line_fits_the_selected_panel():
+    """A 62-column panel (120x40): the one-row line wrapped (`… (0.0%) ·`, then `took`
+    and the model's top on a row the panel had no room for, which pushed the next-token
+    line out too). Each line now fits: the share goes first, then the top choices."""
+    g = GrammarView("json_object", "in number", 2, 4096, ((5, -0.2, False), (9, -1.9, True)), 34)
+    for width in (62, 50, 30):
+        for rows in (1, 2):
+            lines = grammar_text(g, None, rows, width).plain.splitlines()
+            assert len(lines) == rows and all(len(line) <= width for line in lines), lines
+    assert grammar_text(g, None, 1, 62).plain == \
+        "grammar json_object · in number · 2/4,096 allowed · took #34"
+    assert grammar_text(GrammarView("regex", "compiling"), None, 1, 40).plain == \
+        "grammar regex · compiling"
