@@ -61,10 +61,17 @@ class HostTierView(Vertical):
         yield self.line
         yield self.map
 
-    def show(self, snap) -> None:
+    def show(self, snap, spare: int = MAP_ROWS + 1) -> None:
+        """`spare`: the panel's rows left after the legend and the device map's least:
+        too few for the host map, the line alone takes one (the map's least then
+        gives it up; at 80x24 the whole view fell below the panel, unseen)."""
         on = snap.host_num_blocks > 0
         if self.display != on:
             self.display = on
         if on:
+            rows = MAP_ROWS + 1 if spare >= MAP_ROWS + 1 else 1
+            if self.styles.height is None or self.styles.height.value != rows:
+                self.styles.height = rows
+                self.map.display = rows > 1
             self.line.show(host_line(snap, self.size.width or 80))
             self.map.show(snap.host_block_state, snap.host_block_refcount, None)

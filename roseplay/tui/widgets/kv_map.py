@@ -88,6 +88,7 @@ class KVMap(ScrollView):
     DEFAULT_CSS = """
     KVMap { height: 1fr; min-height: 3; scrollbar-size-vertical: 1; }
     """
+    MIN_ROWS = 3
     # roomiest first; "roomy" and "tall" leave a blank row between block rows (a tall
     # panel, 200x60, used to fall to "digits" and fill half its rows)
     MODES = ("roomy", "tall", "digits", "solid", "half")

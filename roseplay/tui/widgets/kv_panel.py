@@ -27,6 +27,7 @@ class KVLegend(ReshownOnResize, TextView):
     would otherwise stay on screen until the next snapshot."""
 
     DEFAULT_CSS = "KVLegend { height: 4; text-wrap: nowrap; text-overflow: ellipsis; }"
+    ROWS = 4
 
     def show_legend(self, snap, selected_id: str | None, mode: str, hover: str, window,
                     stopped: bool) -> None:
@@ -197,7 +198,10 @@ class KVPanel(WidthBorders, Vertical):
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
         kv.show(snap.block_state, snap.block_refcount, blocks, flash)
         self.set_borders(partial(pool_borders, kv, snap, stopped_at, merged))
-        self.host.show(snap)
+        self.host.show(snap, self.size.height - KVLegend.ROWS - KVMap.MIN_ROWS)
+        least = KVMap.MIN_ROWS - (1 if self.host.display and not self.host.map.display else 0)
+        if kv.styles.min_height is None or kv.styles.min_height.value != least:
+            kv.styles.min_height = least      # (the host line's row, on a small panel)
         hover = hover_text(snap, kv.hover_block)
         self.legend.show_legend(snap, selected.request_id if selected else None, kv.mode,
                                 hover, window, stopped_at is not None)

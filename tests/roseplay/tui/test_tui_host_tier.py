@@ -11,7 +11,8 @@ import pytest
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.widgets.kv_host import HostTierView, host_line
 from roseplay.tui.widgets.kv_map import CACHED, USED
-from tests.roseplay.tui.helpers import SIZE, StaticSource, session_snapshot, sync, widget_text
+from tests.roseplay.tui.helpers import (SIZE, StaticSource, screen_text, session_snapshot, sync,
+                                        widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,3 +80,23 @@ def test_the_hit_cell_marks_hits_from_the_host_tier():
     assert hit_cell(R(cached_tokens=0, host_cached_tokens=0))[0] == "-"
     assert hit_cell(R(cached_tokens=48, host_cached_tokens=0))[0] == "48"
     assert hit_cell(R(cached_tokens=48, host_cached_tokens=32))[0] == "48h"
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
+@sync
+async def test_the_host_tier_line_is_on_screen_at_every_size(size):
+    """At 80x24 the KV panel has rows for the map's least and the legend only: the host
+    view fell below it, and `--kv-offloading-size` showed nothing of its tier. The line
+    now takes a row from the map (its map where the panel has room for it)."""
+    from roseplay.tui.widgets.kv_panel import KVPanel
+    app = RoseplayApp(source=StaticSource(with_host_tier(session_snapshot(12))))
+    async with app.run_test(size=size) as pilot:
+        for _ in range(3):          # shown, laid out, then drawn at its width
+            app.refresh_panels()
+            await pilot.pause()
+        panel, line = app.query_one(KVPanel), app.query_one(HostTierView).line
+        shown = panel.content_region.intersection(line.region)
+        assert shown.height == 1 and shown.width == line.region.width, (shown, line.region)
+        text = screen_text(app)
+        assert "30 cached, 10 swapped" in text or "host 30c 10s → 4 ← 2" in text, text
+        assert "in use" in screen_text(app)            # the legend stays
