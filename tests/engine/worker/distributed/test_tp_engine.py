@@ -106,23 +106,6 @@ def test_cancel_and_reused_ids_under_tp_stay_exact(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_rank_ends_every_stream_with_an_error(tmp_path):
-    make_checkpoint("llama", tmp_path)
-    with EngineLoop(model=str(tmp_path), tensor_parallel_size=2, **{**KNOBS, "num_blocks": 256}) as loop:
-        sp = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
-        streams = [loop.submit({"prompt_token_ids": list(range(1 + i, 30 + i))}, sp)
-                   for i in range(3)]
-        for s in streams:
-            s.get(timeout=60)
-        os.kill(loop.engine.executor.group.procs[0].pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        for s in streams:
-            out = s.result(timeout=10)
-            assert out.outputs[0].finish_reason == "error" and "rank 1" in out.error
-        assert time.monotonic() - t0 < 10
-
-
-@pytest.mark.slow
 def test_tp2_host_tier_reloads_and_swaps_as_tp1(tmp_path):
     """The host tier under TP=2: each rank copies its shard of every block (the
     KVTransfer goes to the workers before the step), so reloaded prefixes and swapped-in
@@ -157,3 +140,22 @@ def test_tp2_prefill_chunks_that_sample_nothing_run_as_tp1():
         want = _tokens(ref.generate(prompts, params))
     with LLM(tensor_parallel_size=2, **knobs) as llm:
         assert _tokens(llm.generate(prompts, params)) == want
+
+
+# last in the file: on CUDA a killed rank leaves NCCL unable to destroy its process group
+# ("left to process exit"), so no later test of this process could start one
+@pytest.mark.slow
+def test_killed_rank_ends_every_stream_with_an_error(tmp_path):
+    make_checkpoint("llama", tmp_path)
+    with EngineLoop(model=str(tmp_path), tensor_parallel_size=2, **{**KNOBS, "num_blocks": 256}) as loop:
+        sp = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+        streams = [loop.submit({"prompt_token_ids": list(range(1 + i, 30 + i))}, sp)
+                   for i in range(3)]
+        for s in streams:
+            s.get(timeout=60)
+        os.kill(loop.engine.executor.group.procs[0].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        for s in streams:
+            out = s.result(timeout=10)
+            assert out.outputs[0].finish_reason == "error" and "rank 1" in out.error
+        assert time.monotonic() - t0 < 10
