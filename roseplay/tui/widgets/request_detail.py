@@ -41,7 +41,7 @@ class RequestDetail(Widget):
         so a request in flight reads cut off (no cursor: nothing more comes)."""
         t = Text(overflow="fold")
         if r is None:
-            t.append("Select a request with ↑/↓ (or a click); Esc follows the newest.", "dim")
+            t.append("Select a request with ↑/↓ (or a click); Esc follows the first active one.", "dim")
         else:
             # the prompt gets at most half the lines: the output always shows (80x24: 3)
             width, lines = max(20, self.size.width), max(2, self.size.height)

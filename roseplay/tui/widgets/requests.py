@@ -18,11 +18,11 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from engine.codes import RUNNING_STATES
 from roseplay.tui.widgets.grammar_line import GRAMMAR_STYLE
 from roseplay.tui.widgets.kv_host import hit_cell
 from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE, with_caption
+from roseplay.tui.widgets.wait_reason import short_reason, waiting_reason  # noqa: F401
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
@@ -75,43 +75,6 @@ SORTS = {"arrival": None,
          "generated": lambda r: -r.output_tokens,
          "priority": lambda r: r.priority}        # lower first, as the priority policy serves
 FILTERS = (None, "active", "waiting", "prefilling", "decoding", "preempted", "finished")
-
-
-def waiting_reason(snap) -> str:
-    """Why waiting requests wait: the seat limit, the token budget, or KV blocks."""
-    k, s = snap.knobs, snap.last_step
-    running = sum(r.state in RUNNING_STATES for r in snap.requests)
-    if running >= k.max_num_seqs:
-        return f"max_num_seqs {k.max_num_seqs} full"
-    if s is not None and s.decode_tokens + s.prefill_tokens >= k.max_num_batched_tokens:
-        return "token budget used up"
-    room = snap.num_free + snap.num_cached      # cached blocks are evicted on demand
-    if room == 0:
-        return "no free KV block"
-    need = blocks_wanted(snap)
-    if need is not None and need > room:
-        return f"needs {need} KV blocks, {room} free"
-    return "admitted at the next step"
-
-
-def blocks_wanted(snap) -> int | None:
-    """The fewest blocks a queued request's next chunk takes (its tokens left, at most
-    the budget): a pool with fewer free or cached blocks admits none of them, which read
-    "admitted at the next step" for 17 s on a full pool with 6 cached blocks."""
-    budget, size = snap.knobs.max_num_batched_tokens, max(1, snap.block_size)
-    wants = [-(-min(r.prompt_tokens + r.output_tokens - r.computed_tokens, budget) // size)
-             for r in snap.requests if r.state in ("waiting", "preempted")]
-    return min(wants) if wants else None
-
-
-SHORT_REASONS = (("max_num_seqs", "seqs full"), ("token budget", "budget full"),
-                 ("no free KV", "no KV block"), ("needs", "KV too full"),
-                 ("admitted", "next step"))
-
-
-def short_reason(reason: str) -> str:
-    """A waiting reason in a narrow progress column (the full words are in ? help)."""
-    return next((short for start, short in SHORT_REASONS if reason.startswith(start)), reason)
 
 
 def arrange(requests, sort: str = "arrival", state: str | None = None) -> list:
@@ -264,10 +227,11 @@ class RequestList(WidthBorders, Widget, can_focus=True):
 
     @property
     def current(self):
-        """The highlighted request: the user's choice, else the first active one."""
+        """The highlighted request: the user's choice, else the first active row (below
+        the finished ones a sort by TTFT puts first)."""
         if self.selected:
             return next((r for r in self.rows if r.request_id == self.selected), None)
-        return self.rows[0] if self.rows and self.rows[0].state in ACTIVE else None
+        return next((r for r in self.rows if r.state in ACTIVE), None)
 
     def _cursor(self) -> int:
         cur = self.current

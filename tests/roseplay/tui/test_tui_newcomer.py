@@ -100,3 +100,25 @@ async def test_a_small_value_under_a_tall_scale_is_drawn_not_blank(height):
         bottom = widget_text(plot).splitlines()[height - 1][Plot.LABEL:]
         assert bottom[10:18] == "▁" * 8, bottom
         assert bottom[18:] == "  "                 # no point, and 0: nothing to draw
+
+
+@sync
+async def test_a_sort_that_puts_finished_rows_first_still_follows_an_active_request():
+    """Sorted by TTFT the finished rows come first: with nothing chosen the list followed
+    nothing, the Selected panel asked to pick one, and Esc ("follows the newest") did
+    not help. It follows the first active row of the list now."""
+    from roseplay.tui.widgets.request_detail import RequestDetail
+    from roseplay.tui.widgets.requests import ACTIVE, RequestList
+    snap = session_snapshot(12)
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=(120, 40)) as pilot:
+        lst = app.query_one(RequestList)
+        while lst.sort != "TTFT":
+            await pilot.press("o")
+        await pilot.press("escape")
+        app.refresh_panels()
+        await pilot.pause()
+        assert lst.rows[0].state not in ACTIVE                  # (the sort's point)
+        first = next(r for r in lst.rows if r.state in ACTIVE)
+        assert lst.current is first
+        assert first.request_id in widget_text(app.query_one(RequestDetail))

@@ -1,0 +1,42 @@
+"""Why the request list's waiting rows wait: the seat limit, the token budget, or a
+pool too full for any queued request's next chunk (RequestList's progress column)."""
+from __future__ import annotations
+
+from engine.codes import RUNNING_STATES
+
+
+def waiting_reason(snap) -> str:
+    """Why waiting requests wait: the seat limit, the token budget, or KV blocks."""
+    k, s = snap.knobs, snap.last_step
+    running = sum(r.state in RUNNING_STATES for r in snap.requests)
+    if running >= k.max_num_seqs:
+        return f"max_num_seqs {k.max_num_seqs} full"
+    if s is not None and s.decode_tokens + s.prefill_tokens >= k.max_num_batched_tokens:
+        return "token budget used up"
+    room = snap.num_free + snap.num_cached      # cached blocks are evicted on demand
+    if room == 0:
+        return "no free KV block"
+    need = blocks_wanted(snap)
+    if need is not None and need > room:
+        return f"needs {need} KV blocks, {room} free"
+    return "admitted at the next step"
+
+
+def blocks_wanted(snap) -> int | None:
+    """The fewest blocks a queued request's next chunk takes (its tokens left, at most
+    the budget): a pool with fewer free or cached blocks admits none of them, which read
+    "admitted at the next step" for 17 s on a full pool with 6 cached blocks."""
+    budget, size = snap.knobs.max_num_batched_tokens, max(1, snap.block_size)
+    wants = [-(-min(r.prompt_tokens + r.output_tokens - r.computed_tokens, budget) // size)
+             for r in snap.requests if r.state in ("waiting", "preempted")]
+    return min(wants) if wants else None
+
+
+SHORT_REASONS = (("max_num_seqs", "seqs full"), ("token budget", "budget full"),
+                 ("no free KV", "no KV block"), ("needs", "KV too full"),
+                 ("admitted", "next step"))
+
+
+def short_reason(reason: str) -> str:
+    """A waiting reason in a narrow progress column (the full words are in ? help)."""
+    return next((short for start, short in SHORT_REASONS if reason.startswith(start)), reason)
