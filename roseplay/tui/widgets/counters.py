@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from engine.metrics import prefix_hit_rate
+from roseplay.tui.widgets.latency import view_latencies
 
 WINDOW = 10.0       # seconds behind the "last 10 s" figures (and the timing percentiles)
 
@@ -23,12 +24,14 @@ class CounterWindow:
         self.restart_time: float | None = None   # the window's start after a knob change
         self.now = None
         self.peak: int | None = None         # KV blocks in use at most since the last reset
+        self._ended: dict = {}               # request id -> its finished view, for WINDOW s
 
     def feed(self, snap) -> None:
         t, c = snap.time, snap.counters
         if self._samples and (t < self._samples[-1][0] or c.steps < self._samples[-1][1].steps):
             self._samples.clear()
             self.base = self.reset_time = self.restart_time = self.peak = None
+            self._ended = {}
         if not self._samples or self._samples[-1][1] is not c:
             self._samples.append((t, c))
         while len(self._samples) > 1 and self._samples[1][0] <= t - self.window:
@@ -36,6 +39,24 @@ class CounterWindow:
         self.now = c
         if self.base is not None:
             self.peak = max(self.peak or 0, snap.num_used)
+        self._keep_ended(snap)
+
+    def _keep_ended(self, snap) -> None:
+        """A snapshot holds the latest RECENT_FINISHED (64) ended requests: under load
+        more finish in WINDOW s (120), and the goodput share read "of 64". Each finished
+        view the app sees is kept until it ended WINDOW s ago."""
+        for r in snap.requests:
+            if r.state == "finished" and r.ttft is not None:
+                self._ended[r.request_id] = r
+        old = snap.time - self.window
+        for rid in [rid for rid, r in self._ended.items()
+                    if r.arrival_time + view_latencies(r)[2] < old]:
+            del self._ended[rid]
+
+    def requests(self, snap) -> list:
+        """The snapshot's requests and the finished ones of the window it let go of."""
+        ids = {r.request_id for r in snap.requests}
+        return [*snap.requests, *(r for rid, r in self._ended.items() if rid not in ids)]
 
     def reset(self) -> None:
         """Totals count from now on; the window starts empty."""

@@ -34,11 +34,12 @@ def view_latencies(view) -> tuple[float | None, float | None, float | None]:
     return view.ttft, view.tpot, e2el
 
 
-def goodput_share(snap, start: float, slos: dict) -> tuple[int, int]:
+def goodput_share(snap, start: float, slos: dict, requests=None) -> tuple[int, int]:
     """(requests meeting every SLO, requests finished) among the finished requests in
-    the snapshot whose last token came after `start` (engine time)."""
+    the snapshot (or `requests`: CounterWindow.requests, with those it let go of) whose
+    last token came after `start` (engine time)."""
     good = total = 0
-    for view in snap.requests:
+    for view in (snap.requests if requests is None else requests):
         if view.state != "finished" or view.ttft is None:
             continue
         lat = view_latencies(view)

@@ -63,11 +63,12 @@ def side_metrics(snap, window, slos: dict, stopped: bool = False) -> dict[str, f
     engine stopped for good has no figure of now (tok/s, KV in use, steps)."""
     start = max(snap.time - WINDOW, window.since if window.since is not None else -math.inf)
     lat = [x for x in snap.recent_latencies if x[0] >= start]
-    ttft = window_ttfts(snap.requests, start)      # the Timing table's population
+    requests = window.requests(snap)      # (with the window's finished the snapshot let go)
+    ttft = window_ttfts(requests, start)      # the Timing table's population
     tpot = [x[2] for x in lat if x[2] is not None]
     itl = [x[1] for x in snap.recent_itls if x[0] >= start]
     t50, t95 = pctl(ttft, (50, 95))
-    good, total = goodput_share(snap, start, slos) if slos else (0, 0)
+    good, total = goodput_share(snap, start, slos, requests) if slos else (0, 0)
     hit = window.hit_rate(recent=True)
     nan = math.nan
     tok_rate = _or_nan(window.rate("generated_tokens"))

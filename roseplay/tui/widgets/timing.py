@@ -116,7 +116,7 @@ class TimingStats(Widget):
         self._text = Text()
 
     def show(self, snap, rate: float | None, since: float | None, slos: dict | None = None,
-             stopped: bool = False) -> None:
+             stopped: bool = False, requests=None) -> None:
         """Percentiles over the last WINDOW seconds (from the last reset or knob change,
         if later; the header says how many): TTFT of the requests whose first token came
         in it (the TTFT plot's population: its points are the p50 of the RECENT latest),
@@ -126,7 +126,8 @@ class TimingStats(Widget):
         start = max(snap.time - WINDOW, since if since is not None else -math.inf)
         lat = [x for x in snap.recent_latencies if x[0] >= start]
         itl = [x[1] for x in snap.recent_itls if x[0] >= start]
-        ttft = window_ttfts(snap.requests, start)
+        requests = snap.requests if requests is None else requests   # (with the window's
+        ttft = window_ttfts(requests, start)                          # finished let go of)
         t = Text(no_wrap=True)
         span = f"{min(WINDOW, snap.time - start):.0f} s"
         t.append(f"{span:<6}{'p50':>9}{'p95':>9}{'p99':>9}\n", "bold #aab2c0")
@@ -142,7 +143,7 @@ class TimingStats(Widget):
         t.append(f"{BLANK} tok/s" if stopped else "- tok/s" if rate is None else
                  f"{rate:,.0f} tok/s", "bold")
         if slos:
-            good, total = goodput_share(snap, start, slos)
+            good, total = goodput_share(snap, start, slos, requests)
             t.append(" · good ", "dim")
             t.append(f"{100 * good / total:.0f}%" if total else "-", f"bold {theme.color('tput')}")
             t.append(f" of {total}", "dim")
@@ -233,7 +234,8 @@ class TimingPanel(WidthBorders, Container):
         if key == last_key or (throttle and not stopped and now - last_mono < UPDATE_EVERY):
             return
         self._shown_at = (key, now)
-        self.stats.show(snap, window.rate("generated_tokens"), window.since, self.slos, stopped)
+        self.stats.show(snap, window.rate("generated_tokens"), window.since, self.slos, stopped,
+                        window.requests(snap))
         goodput = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         self.set_borders(partial(caption_borders, stopped_at, goodput))
         marks = self.history.marks

@@ -122,3 +122,30 @@ async def test_a_sort_that_puts_finished_rows_first_still_follows_an_active_requ
         first = next(r for r in lst.rows if r.state in ACTIVE)
         assert lst.current is first
         assert first.request_id in widget_text(app.query_one(RequestDetail))
+
+
+def _finished(snap, first: int, last: int) -> tuple:
+    """Requests f-first … f-last, each finished 2 s before the snapshot (10 tokens)."""
+    done = next(r for r in snap.requests if r.state == "finished")
+    return tuple(dataclasses.replace(done, request_id=f"f-{i}", arrival_time=snap.time - 2.2,
+                                     ttft=0.1 + i / 1000, tpot=0.01, output_tokens=10)
+                 for i in range(first, last + 1))
+
+
+@sync
+async def test_goodput_counts_every_request_the_window_finished():
+    """A snapshot keeps the latest 64 finished requests: with 100 done in the window the
+    Timing line read "good 100% of 64" beside "120 req done". The app keeps what it saw."""
+    from roseplay.tui.widgets.timing import TimingStats
+    base = session_snapshot(12)
+    source = StaticSource(dataclasses.replace(base, requests=_finished(base, 1, 64)))
+    app = RoseplayApp(source=source, slos={"ttft": 1000.0})
+    async with app.run_test(size=(120, 40)) as pilot:
+        for lo, hi, dt in ((1, 64, 0.0), (37, 100, 0.1)):
+            source.snap = dataclasses.replace(base, requests=_finished(base, lo, hi),
+                                              time=base.time + dt)
+            app.timing._shown_at = (None, -1.0)
+            app.refresh_panels()
+            await pilot.pause()
+        text = widget_text(app.query_one(TimingStats))
+        assert "good 100% of 100" in text, text
