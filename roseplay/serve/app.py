@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from roseplay.serve import chat
 from roseplay.serve.bridge import EngineBridge
@@ -42,8 +43,18 @@ class ServeConfig:
     timeout_keep_alive: float = DEFAULT_TIMEOUT_KEEP_ALIVE_S  # idle keep-alive connection
     timeout_request_read: float = DEFAULT_TIMEOUT_REQUEST_READ_S
     http: str = DEFAULT_HTTP                    # uvicorn's HTTP/1.1 parser: httptools or h11
+    # CORS for browser clients (vLLM's --allowed-*): none by default, see docs/SERVE.md
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allowed_credentials: bool = False
 
     def __post_init__(self):
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            value = getattr(self, name)     # (a list after a JSON round trip: multiproc.py)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{name} must be a list of strings, got {value!r:.80}")
+            object.__setattr__(self, name, tuple(value))
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError("max_waiting must be >= 0")
         if self.max_body_bytes < 1:
@@ -95,6 +106,11 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
     app.include_router(routing_router)
     app.add_middleware(GateMiddleware, drain=app.state.serve.drain,
                        max_bytes=config.max_body_bytes, api_key=config.api_key)
+    if config.allowed_origins:      # outermost: a preflight never meets the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=list(config.allowed_methods),
+                           allow_headers=list(config.allowed_headers),
+                           allow_credentials=config.allowed_credentials)
     app.openapi = lambda: _openapi(app)
     return app
 

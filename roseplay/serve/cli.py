@@ -6,6 +6,7 @@ knob `roseplay` and `bench` take. The server binds 127.0.0.1 unless --host says 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -37,6 +38,18 @@ with requests ended by an error at the --shutdown-timeout, %d the engine process
 (every open request got an error first), %d an API-server process died
 (--api-server-count), 2 bad flags or model.
 """ % (EXIT_DRAINED, EXIT_CUT, EXIT_ENGINE_DIED, EXIT_API_SERVER_DIED)
+
+
+def json_list(text: str) -> list[str]:
+    """A JSON list of strings (vLLM's --allowed-* flags take JSON)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"a JSON list of strings, like '[\"*\"]', "
+                                         f"got {text!r:.60}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file or the text) instead of the tokenizer's "
                         "(or, without one, the play template of docs/SERVE.md).")
+    for name, default, what in (
+            ("origins", "[]", "Origins a browser page may call the server from, as a JSON "
+             "list (vLLM's flag; '[\"*\"]' for any). Default: none, no CORS: a server on "
+             "127.0.0.1 without --api-key would otherwise answer any web page the user "
+             "opens (vLLM's default is any)."),
+            ("methods", '["*"]', "HTTP methods such pages may use, as a JSON list."),
+            ("headers", '["*"]', "Request headers such pages may send, as a JSON list.")):
+        s.add_argument(f"--allowed-{name}", type=json_list, default=json_list(default),
+                       metavar="JSON", help=f"{what} (default: {default}).")
+    s.add_argument("--allowed-credentials", action="store_true",
+                   help="Let such pages send cookies and authorization (CORS credentials).")
     s.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     s.add_argument("--tui", action="store_true",
@@ -108,7 +132,11 @@ def serve_config(args) -> ServeConfig:
                        chat_template=args.chat_template,
                        shutdown_timeout=args.shutdown_timeout,
                        timeout_keep_alive=args.timeout_keep_alive,
-                       timeout_request_read=args.timeout_request_read, http=args.http)
+                       timeout_request_read=args.timeout_request_read, http=args.http,
+                       allowed_origins=args.allowed_origins,
+                       allowed_methods=args.allowed_methods,
+                       allowed_headers=args.allowed_headers,
+                       allowed_credentials=args.allowed_credentials)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -246,3 +246,30 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(http):
         r = http.post("/v1/completions", json={**body, "prompt": ids,
                                                "truncate_prompt_tokens": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_cors_only_for_the_origins_allowed():
+    """A browser page's preflight and its call get CORS headers for an allowed origin
+    (vLLM's --allowed-origins), before the key check; none by default."""
+    from fastapi.testclient import TestClient
+
+    from roseplay.serve.app import ServeConfig
+    page = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"}
+    with EngineLoop(model="dummy:tiny", device="cpu", num_blocks=32) as loop:
+        config = ServeConfig(api_key="sk-1", allowed_origins=["http://ui.example"])
+        with TestClient(build_app(loop, config)) as c:
+            pre = c.options("/v1/completions", headers=page)
+            assert pre.status_code == 200 and \
+                pre.headers["access-control-allow-origin"] == "http://ui.example"
+            r = c.get("/v1/models", headers={"Origin": "http://ui.example",
+                                             "Authorization": "Bearer sk-1"})
+            assert r.status_code == 200 and \
+                r.headers["access-control-allow-origin"] == "http://ui.example"
+            other = c.options("/v1/completions", headers={**page, "Origin": "http://evil.example"})
+            assert "access-control-allow-origin" not in other.headers
+        with TestClient(build_app(loop, ServeConfig())) as c:      # the default: no CORS
+            r = c.options("/v1/completions", headers=page)
+            assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+    with pytest.raises(ValueError, match="allowed_origins must be a list of strings"):
+        ServeConfig(allowed_origins="*")
