@@ -57,6 +57,11 @@ class FastTokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        """Each id's token string (transformers' name; from tokenizer.json, not by
+        loading AutoTokenizer for it)."""
+        return [self._tok.id_to_token(int(i)) for i in ids]
+
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

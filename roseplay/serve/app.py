@@ -19,6 +19,7 @@ from roseplay.serve.metrics import ServerMetrics
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.routes import openapi_paths, router
 from roseplay.serve.routing import routing_router
+from roseplay.serve.tokenize import tokenize_router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
 
 if TYPE_CHECKING:      # the client API both transports implement
@@ -104,6 +105,7 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
                                     + ChatCompletionRequest.__struct_fields__))
     app.include_router(router)
     app.include_router(routing_router)
+    app.include_router(tokenize_router)
     app.add_middleware(GateMiddleware, drain=app.state.serve.drain,
                        max_bytes=config.max_body_bytes, api_key=config.api_key)
     if config.allowed_origins:      # outermost: a preflight never meets the key check

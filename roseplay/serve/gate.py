@@ -16,7 +16,7 @@ from fastapi import HTTPException
 
 from roseplay.serve.errors import REQUEST_TOO_LARGE, OpenAIError
 
-KEYED_DEV_PATHS = frozenset({"/reset_prefix_cache", "/routing"})
+KEYED_DEV_PATHS = frozenset({"/reset_prefix_cache", "/routing", "/tokenize", "/detokenize"})
 logger = logging.getLogger("roseplay.serve")
 
 

@@ -273,3 +273,27 @@ def test_cors_only_for_the_origins_allowed():
             assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
     with pytest.raises(ValueError, match="allowed_origins must be a list of strings"):
         ServeConfig(allowed_origins="*")
+
+
+def test_tokenize_and_detokenize_as_the_engine_sees_the_prompt(http):
+    """vLLM's /tokenize and /detokenize: a prompt's ids are those /v1/completions feeds
+    the engine (its usage counts them), a chat's those of its template; ids come back
+    to the text; bad input is a 400 naming its field."""
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    used = http.post("/v1/completions", json=body).json()["usage"]["prompt_tokens"]
+    r = http.post("/tokenize", json={"model": "default", "prompt": PROMPT,
+                                     "return_token_strs": True}).json()
+    assert r["count"] == len(r["tokens"]) == used == len(r["token_strs"])
+    assert r["max_model_len"] > used and "".join(r["token_strs"]).startswith("RO")
+    back = http.post("/detokenize", json={"model": "default", "tokens": r["tokens"]}).json()
+    assert back == {"prompt": PROMPT}
+    chat = {"model": "default", "messages": [{"role": "user", "content": "Speak."}]}
+    used = http.post("/v1/chat/completions", json={**chat, "max_tokens": 1}).json()
+    t = http.post("/tokenize", json=chat).json()
+    assert t["count"] == used["usage"]["prompt_tokens"] and t["token_strs"] is None
+    for path, bad, param in (("/tokenize", {"prompt": "a", "messages": chat["messages"]}, "prompt"),
+                             ("/tokenize", {"model": "nope", "prompt": "a"}, "model"),
+                             ("/detokenize", {"tokens": [-1]}, "tokens"),
+                             ("/detokenize", {"tokens": "abc"}, "tokens")):
+        r = http.post(path, json=bad)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text

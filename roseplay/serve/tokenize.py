@@ -1,0 +1,97 @@
+"""POST /tokenize and POST /detokenize (vLLM's): a prompt's token ids as the engine gets
+them (the encode of /v1/completions, or the chat template of /v1/chat/completions), and
+token ids back to text. Clients use them to count a prompt against the context before
+sending it. Keyed like /v1/* under --api-key (gate.py); a model without a tokenizer
+(`dummy:*`) answers 400. Long inputs are handled on a worker thread, as generation's."""
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from msgspec import Meta
+
+from engine.validation import check_text
+from roseplay.serve import chat
+from roseplay.serve.body import parse_body
+from roseplay.serve.errors import invalid
+from roseplay.serve.prompts import ON_LOOP_ITEMS, ON_LOOP_TEXT_CHARS, ON_LOOP_TOKEN_IDS
+from roseplay.serve.protocol import MAX_MESSAGES, ChatMessage, _Request
+from roseplay.serve.tools import message_dict
+
+tokenize_router = APIRouter()
+MAX_DETOKENIZE_IDS = 1 << 20
+
+
+class TokenizeRequest(_Request, kw_only=True):
+    """vLLM's TokenizeCompletionRequest or TokenizeChatRequest: `prompt` or `messages`."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)] | None = None
+    add_special_tokens: bool | None = None      # default: True for a prompt (the encode's)
+    add_generation_prompt: bool = True          # messages: as chat completions' default
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Request, kw_only=True):
+    model: str | None = None
+    tokens: Annotated[list[int], Meta(max_length=MAX_DETOKENIZE_IDS)]
+
+
+def _checked(request: Request, model: str | None):
+    st = request.app.state.serve
+    if model is not None:
+        st.check_model(model)
+    if st.tokenizer is None:
+        raise invalid("this model has no tokenizer: its prompts are token ids already",
+                      "model")
+    return st
+
+
+def _ids(req: TokenizeRequest, st) -> list[int]:
+    if (req.prompt is None) == (req.messages is None):
+        raise invalid("send a prompt (text) or messages (a chat), one of them", "prompt")
+    if req.prompt is not None:
+        check_text("prompt", req.prompt)
+        special = True if req.add_special_tokens is None else req.add_special_tokens
+        return list(st.tokenizer.encode(req.prompt, add_special_tokens=special))
+    if req.add_special_tokens:     # the template writes the special tokens it wants
+        raise invalid("add_special_tokens: the chat template adds them (send false)",
+                      "add_special_tokens")
+    _, ids = chat.render(st.tokenizer, st.chat_template, [message_dict(m) for m in req.messages],
+                         req.add_generation_prompt)
+    return list(ids)
+
+
+def _tokenized(req: TokenizeRequest, st) -> dict:
+    ids = _ids(req, st)
+    strs = st.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+    return {"count": len(ids), "max_model_len": st.max_model_len, "tokens": ids,
+            "token_strs": strs}
+
+
+@tokenize_router.post("/tokenize")
+async def tokenize(request: Request):
+    req = parse_body(TokenizeRequest, await request.body())
+    st = _checked(request, req.model)
+    small = (len(req.prompt or "") <= ON_LOOP_TEXT_CHARS and len(req.messages or ())
+             <= ON_LOOP_ITEMS and sum(len(m.text()) for m in req.messages or ())
+             <= ON_LOOP_TEXT_CHARS)
+    body = _tokenized(req, st) if small else await asyncio.to_thread(_tokenized, req, st)
+    return JSONResponse(body)
+
+
+@tokenize_router.post("/detokenize")
+async def detokenize(request: Request):
+    req = parse_body(DetokenizeRequest, await request.body())
+    st = _checked(request, req.model)
+    ids = req.tokens
+    if ids and not 0 <= min(ids) <= max(ids) < st.vocab_size:
+        raise invalid(f"token ids must be in [0, {st.vocab_size}); got min {min(ids)}, "
+                      f"max {max(ids)}", "tokens")
+    if len(ids) <= ON_LOOP_TOKEN_IDS:
+        text = st.tokenizer.decode(ids)
+    else:
+        text = await asyncio.to_thread(st.tokenizer.decode, ids)
+    return JSONResponse({"prompt": text})
