@@ -119,7 +119,8 @@ class CompareApp(RoseplayApp):
         cols = (w - 4 - 6) // 10
         if cols < len(METRICS):
             hidden.append(f"{len(METRICS) - max(1, cols)} B / A columns")
-        note = f"hidden at {w}×{h}: {'; '.join(hidden)} · ? help" if hidden else ""
+        note = f"hidden at {w}×{h}: {'; '.join(hidden)}" if hidden else ""
+        note += " · ? help" if note and len(note) + 11 <= w else ""     # (cut to "· ?")
         self.laid_out(note, note)
 
     # -- the pull loop ---------------------------------------------------------------------

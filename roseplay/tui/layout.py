@@ -51,8 +51,9 @@ def plan(width: int, height: int, zoom: str | None = None, extra_rows: int = 0,
     if not filled[1]:
         return _plan(filled, left_width, "")
     hidden = ", ".join(filled[1])
-    return _plan(filled, left_width, f"hidden at {width}×{height}: {hidden} · "
-                                     f"z zooms a panel · ? help")
+    note = f"hidden at {width}×{height}: {hidden} · z zooms a panel"
+    # " · ? help" where it fits the line (its padding: 2); at 80x24 it was cut to "· ?"
+    return _plan(filled, left_width, note + (" · ? help" if len(note) + 11 <= width else ""))
 
 
 def _plan(filled, left_width: int, note: str) -> Plan:

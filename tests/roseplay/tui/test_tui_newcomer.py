@@ -149,3 +149,16 @@ async def test_goodput_counts_every_request_the_window_finished():
             await pilot.pause()
         text = widget_text(app.query_one(TimingStats))
         assert "good 100% of 100" in text, text
+
+
+@sync
+async def test_a_message_longer_than_its_line_says_it_was_cut():
+    """A knob's explanation on the message line was cut at a word ("… in one forward
+    (speculative"), nothing showing that more was left out."""
+    app = RoseplayApp(source=StaticSource(session_snapshot(12)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.notify("num_speculative_tokens: Draft tokens proposed per decoding request per "
+                   "step and verified in one forward (speculative decoding) " * 2)
+        await pilot.pause()
+        line = widget_text(app.note).rstrip()
+        assert line.endswith("…") and line.startswith(" · num_speculative_tokens"), line
