@@ -51,6 +51,8 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: tuple | None = None        # TokenLogprobs per token (params.logprobs set)
     cumulative_logprob: float | None = None   # sum of the sampled tokens' logprobs
+    stop_reason: int | str | None = None   # vLLM's: the stop string or stop_token_ids id
+    #                                        that ended it; None for EOS, a length or no stop
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,16 @@ def make_detokenizer(tokenizer, stop: tuple[str, ...] = ()):
     return IncrementalDetokenizer(tokenizer, stop)
 
 
-def _match_stop(stop: tuple[str, ...], text: str, new_text: str) -> tuple[str, bool]:
-    """Cut new_text at the first stop string that ends in the part added to text."""
+def _match_stop(stop: tuple[str, ...], text: str, new_text: str) -> tuple[str, str | None]:
+    """Cut new_text at the first stop string that ends in the part added to text; and
+    that string (vLLM's stop_reason), None if none matched."""
     if stop:
         window_start = max(0, len(text) - max(map(len, stop)) + 1)
-        cut = [i for s in stop if (i := new_text.find(s, window_start)) >= 0]
+        cut = [(i, s) for s in stop if (i := new_text.find(s, window_start)) >= 0]
         if cut:
-            return new_text[:min(cut)], True
-    return new_text, False
+            i, s = min(cut, key=lambda c: c[0])
+            return new_text[:i], s
+    return new_text, None
 
 
 class ByteTableDetokenizer:
@@ -50,8 +52,8 @@ class ByteTableDetokenizer:
         self.read = 0
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def step(self, output_ids: list[int], text: str) -> tuple[str, bool]:
-        """Return (new full text, hit_stop)."""
+    def step(self, output_ids: list[int], text: str) -> tuple[str, str | None]:
+        """Return (new full text, the stop string it hit or None)."""
         table = self.table
         n = len(table)
         new = output_ids[self.read:]
@@ -59,7 +61,7 @@ class ByteTableDetokenizer:
         data = b"".join(table[t] if 0 <= t < n else b"" for t in new)
         delta = self.utf8.decode(data)
         if not delta:
-            return text, False
+            return text, None
         return _match_stop(self.stop, text, text + delta)
 
 
@@ -76,15 +78,15 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = 0
 
-    def step(self, output_ids: list[int], text: str) -> tuple[str, bool]:
-        """Return (new full text, hit_stop)."""
+    def step(self, output_ids: list[int], text: str) -> tuple[str, str | None]:
+        """Return (new full text, the stop string it hit or None)."""
         if self.tokenizer is None:
-            return text, False
+            return text, None
         decode = self.tokenizer.decode
         prefix = decode(output_ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
         full = decode(output_ids[self.prefix_offset:], skip_special_tokens=True)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
-            return text, False
+            return text, None
         delta = full[len(prefix):]
         self.prefix_offset, self.read_offset = self.read_offset, len(output_ids)
         return _match_stop(self.stop, text, text + delta)

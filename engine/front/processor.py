@@ -139,6 +139,7 @@ class RequestState:
     sent_tokens: int = 0
     sent_text: int = 0
     stopped: bool = False          # a stop string matched: ended here, the core aborts it
+    stop_reason: int | str | None = None   # the stop string or stop token id that ended it
     logprobs: list | None = None   # TokenLogprobs per output token (params.logprobs set)
     held_stop: tuple = ()          # stop strings matched only once output > min_tokens
     prompt_logprobs: tuple | None = None   # params.prompt_logprobs: entry 0 None (vLLM)
@@ -195,8 +196,8 @@ class OutputProcessor:
                 st.detok.stop, st.held_stop = st.held_stop, ()
             if st.detok is not None:
                 st.text, hit = st.detok.step(st.output_ids, st.text)
-                if hit:
-                    st.stopped = True
+                if hit is not None:
+                    st.stopped, st.stop_reason = True, hit
                     aborts.append(rid)
             if st.on_event is not None:
                 touched[rid] = st
@@ -204,6 +205,8 @@ class OutputProcessor:
             st = states.get(fin.request_id)
             if st is not None:
                 reason = REASON_STOP if st.stopped else fin.finish_reason
+                if reason == REASON_STOP and not st.stopped:
+                    st.stop_reason = _stop_token(st)
                 self._finish(st, reason, fin.error, fin)
                 touched.pop(fin.request_id, None)
         for st in touched.values():
@@ -238,7 +241,7 @@ class OutputProcessor:
         cumulative = None if lps is None else math.fsum(lp.logprobs[0] for lp in lps if lp)
         output = RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,
                                (CompletionOutput(0, st.text, tuple(st.output_ids), reason, lps,
-                                                 cumulative),),
+                                                 cumulative, st.stop_reason),),
                                True, metrics, error, st.prompt_logprobs,
                                fin.trace if fin is not None else None)
         event = self._delta(st, True, reason, error, output)
@@ -270,3 +273,10 @@ def _call(callback, event: StreamEvent) -> None:
         callback(event)
     except Exception:
         pass
+
+
+def _stop_token(st: RequestState) -> int | None:
+    """A stop by token: the id if one of stop_token_ids ended it (vLLM's stop_reason),
+    None for EOS (a stop the model's own end token made)."""
+    last = st.output_ids[-1] if st.output_ids else None
+    return last if last in (st.params.stop_token_ids or ()) else None

@@ -21,11 +21,19 @@ def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
                  total_tokens=prompt_tokens + completion_tokens)
 
 
+def stop_reason(choice) -> int | str | None:
+    """vLLM's stop_reason of a finished choice: the stop string or stop_token_ids id that
+    ended it (engine CompletionOutput.stop_reason); None for EOS, a length, or no stop."""
+    out = getattr(choice, "output", None)
+    return out.outputs[0].stop_reason if out is not None and out.outputs else None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: dict | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None        # vLLM extra
     token_ids: list[int] | None = _TOKEN_IDS    # only with return_token_ids
 
 
@@ -54,6 +62,7 @@ class ChatChoice(BaseModel):
     message: ChatMessageOut
     logprobs: dict | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None        # vLLM extra
     token_ids: list[int] | None = _TOKEN_IDS
 
 
@@ -62,6 +71,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: dict | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None        # vLLM extra
     token_ids: list[int] | None = _TOKEN_IDS
 
 

@@ -30,7 +30,7 @@ from roseplay.serve.logprobs import LogprobsWriter, best_of
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, openapi_schemas
 from roseplay.serve.responses import (ChatChoice, ChatCompletionResponse, ChatMessageOut,
                                       CompletionChoice, CompletionResponse, ModelCard, ModelList,
-                                      usage)
+                                      stop_reason, usage)
 from roseplay.serve.siblings import PromptLogprobs, SharedPromptLogprobs
 from roseplay.serve.streaming import DONE, FINISH_REASONS, sse_body, usage_chunk
 from roseplay.serve.tool_parsers import by_call, read_all
@@ -130,6 +130,7 @@ class CompletionFormat:
         generated = not self.req.echo_only
         out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c) * generated,
                                 finish_reason=_finish_reason(c.finish_reason),
+                                stop_reason=stop_reason(c),
                                 token_ids=(c.token_ids if generated else [])
                                 if self.req.return_token_ids else None)
                for c in choices]
@@ -179,6 +180,7 @@ class ChatFormat(CompletionFormat):
         for c in choices:
             message, reason = self._message(c)
             out.append(ChatChoice(index=c.index, message=message, finish_reason=reason,
+                                  stop_reason=stop_reason(c),
                                   token_ids=c.token_ids if self.req.return_token_ids else None))
         body = ChatCompletionResponse(id=self.id, model=self.model, choices=out,
                                       usage=u).model_dump()

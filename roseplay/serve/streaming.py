@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import msgspec
 
 from roseplay.serve.errors import error_body
+from roseplay.serve.responses import stop_reason
 
 FINISH_REASONS = {"cancelled": "abort"}     # engine -> OpenAI/vLLM spelling
 DONE = b"data: [DONE]\n\n"
@@ -108,6 +109,8 @@ class ChunkEncoder:
         else:
             choice = {"index": p.choice.index, "text": text, "logprobs": logprobs,
                       "finish_reason": reason}
+        # vLLM's extra: null until the chunk that ends the choice
+        choice["stop_reason"] = stop_reason(p.choice) if p.finished else None
         if self.ids:
             choice["token_ids"] = p.token_ids
         return self._head + _encode(choice) + (self._usage(index) if self.continuous

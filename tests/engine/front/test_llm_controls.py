@@ -120,3 +120,23 @@ def test_config_with_keywords_is_refused():
             LLM(config=config, **kwargs)
     with LLM(config=config) as llm:
         assert llm.generate([[1, 2, 3]], GREEDY)[0].outputs[0].token_ids
+
+
+def test_stop_reason_names_the_stop_string_or_token():
+    """vLLM's CompletionOutput.stop_reason: the stop string that matched (the earliest in
+    the text, whatever its place in the list), the stop_token_ids id that ended it, and
+    None for a length cap."""
+    sp = SamplingParams(max_tokens=40, temperature=0.0)
+    with LLM(model="default", device="cpu") as llm:
+        free = llm.generate([PROMPT], sp)[0].outputs[0]
+        assert free.finish_reason == "length" and free.stop_reason is None
+        first, later = free.text.split()[3], free.text.split()[6]
+        out = llm.generate([PROMPT], SamplingParams(max_tokens=40, temperature=0.0,
+                                                    stop=[later, "zzz", first]))[0].outputs[0]
+        assert out.finish_reason == "stop" and out.stop_reason == first
+        assert free.text.startswith(out.text) and first not in out.text
+        token = free.token_ids[5]
+        out = llm.generate([PROMPT], SamplingParams(max_tokens=40, temperature=0.0,
+                                                    stop_token_ids=[token]))[0].outputs[0]
+        assert out.finish_reason == "stop" and out.stop_reason == token
+        assert out.token_ids == free.token_ids[:free.token_ids.index(token) + 1]

@@ -297,3 +297,23 @@ def test_tokenize_and_detokenize_as_the_engine_sees_the_prompt(http):
                              ("/detokenize", {"tokens": "abc"}, "tokens")):
         r = http.post(path, json=bad)
         assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
+
+
+def test_stop_reason_in_choices_and_the_last_chunk(http):
+    """vLLM's stop_reason: the stop string that ended a choice, streamed (on the chunk
+    that ends it) or not; null for a length cap."""
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    free = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert free["finish_reason"] == "length" and free["stop_reason"] is None
+    stop = free["text"].split()[2]
+    got = http.post("/v1/completions", json={**body, "stop": ["zzz", stop]}).json()["choices"][0]
+    assert got["finish_reason"] == "stop" and got["stop_reason"] == stop
+    last = None
+    with http.stream("POST", "/v1/chat/completions", json={
+            "model": "default", "messages": [{"role": "user", "content": "Speak."}],
+            "max_tokens": 24, "temperature": 0, "stream": True, "stop": [" "]}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                c = json.loads(line[6:])["choices"]
+                last = c[0] if c else last
+    assert last["finish_reason"] == "stop" and last["stop_reason"] == " "
