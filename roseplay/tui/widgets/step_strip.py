@@ -137,7 +137,30 @@ def budget_words(n: StripNumbers, snap) -> str:
     return " → ".join(f"{b or '?'}{f' {m}' if name_mode else ''}" for b, m in pairs)
 
 
-def number_lines(n: StripNumbers, snap, wide: bool) -> list[Text]:
+def budget_line(n: StripNumbers, snap, width: int = 0) -> Text:
+    """`budget 512 used 5% · 1.0 chunks/prompt (9)`, or the longest shorter form that
+    fits `width` (0: any): with a mode named it wrapped at 120x40, leaving `· 1.0`."""
+    words = budget_words(n, snap)
+    use = f"{100 * n.budget_use:.0f}%" if n.budget_use is not None else ""
+    used, short = (f" used {use}", f" {use}") if use else ("", "")
+    num = f"{n.chunks / n.prompts:.1f}" if n.prompts else ""
+    forms = [("budget ", used, f" chunks/prompt ({n.prompts})"),
+             ("budget ", used, " chunks/prompt"), ("budget ", used, " per prompt"),
+             ("", short, " chunks/prompt"), ("", short, " per prompt")]
+    if not n.prompts:
+        forms = [("budget ", used, "no first token in these steps"),
+                 ("", short, "no first token in these steps"), ("", short, "no first token")]
+    pre, use_s, tail = next((f for f in forms if not width or len(f[0]) + len(words)
+                             + len(f[1]) + 3 + len(num) + len(f[2]) <= width), forms[-1])
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(pre)
+    t.append(words, "bold")
+    t.append(f"{use_s} · ")
+    t.append(num, "bold")
+    return t.append(tail, "" if n.prompts else "dim")
+
+
+def number_lines(n: StripNumbers, snap, wide: bool, width: int = 0) -> list[Text]:
     """The numbers under the bars: composition, budget and chunks per prompt, then
     speculative decoding (while it is on or ran in these steps)."""
     first = Text(no_wrap=True, overflow="ellipsis")
@@ -148,17 +171,7 @@ def number_lines(n: StripNumbers, snap, wide: bool) -> list[Text]:
         first.append(f"  ({_share(n.mixed, n.steps)} mixed; a step: decode "
                      f"{n.decode_tokens / max(1, n.steps):.1f} + prefill "
                      f"{n.prefill_tokens / max(1, n.steps):.1f} tokens)", "dim")
-    second = Text(no_wrap=True, overflow="ellipsis")
-    second.append("budget ")
-    second.append(budget_words(n, snap), "bold")
-    second.append(f" used {100 * n.budget_use:.0f}%" if n.budget_use is not None else "")
-    second.append(" · ")
-    if n.prompts:
-        second.append(f"{n.chunks / n.prompts:.1f}", "bold")
-        second.append(f" chunks/prompt ({n.prompts})")
-    else:
-        second.append("no first token in these steps", "dim")
-    lines = [first, second]
+    lines = [first, budget_line(n, snap, width)]
     k = snap.knobs.num_speculative_tokens
     if n.verified or k:
         third = Text(no_wrap=True, overflow="ellipsis")
@@ -209,7 +222,7 @@ class StepStrip(ReshownOnResize, Widget):
         for row in bar_rows(steps):
             t.append_text(row)
             t.append("\n")
-        lines = number_lines(strip_numbers(snap, steps), snap, wide=width >= 90)
+        lines = number_lines(strip_numbers(snap, steps), snap, wide=width >= 90, width=width)
         room = max(1, height - BAR_ROWS)
         t.append_text(Text("\n").join(lines[:room]))
         if height > BAR_ROWS + len(lines):       # zoomed: what the bars are

@@ -162,3 +162,31 @@ async def test_a_message_longer_than_its_line_says_it_was_cut():
         await pilot.pause()
         line = widget_text(app.note).rstrip()
         assert line.endswith("…") and line.startswith(" · num_speculative_tokens"), line
+
+
+@pytest.mark.parametrize("size", [(120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
+@sync
+async def test_the_strips_budget_line_keeps_chunks_per_prompt_with_a_mode_named(size):
+    """`m` to prefill-first: the line wrapped at 120x40, its end below the panel, and
+    read `budget 512 prefill-first used 5% · 1.0`, a number without its unit."""
+    from roseplay.tui.widgets.step_strip import StepStrip
+    snap = session_snapshot(12)
+    steps = tuple(dataclasses.replace(s, mode="mixed-chunk" if i < 5 else "prefill-first",
+                                      budget=512) for i, s in enumerate(snap.recent_steps))
+    snap = dataclasses.replace(snap, recent_steps=steps, last_step=steps[-1],
+                               knobs=snap.knobs.replace(scheduling_mode="prefill-first",
+                                                        max_num_batched_tokens=512))
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=size) as pilot:
+        for _ in range(2):
+            app.refresh_panels()
+            await pilot.pause()
+        strip = app.query_one(StepStrip)
+        assert strip.display and strip.size.height
+        line = next(row for row in widget_text(strip).splitlines() if "prefill-first" in row)
+        line = line.strip("│ ")
+        assert re.search(r"· (\d+\.\d (chunks/prompt|per prompt)|no first token"
+                         r"( in these steps)?)$", line), line
+        # the short "no first token" goes with the short form only (the long one wrapped
+        # there: "budget 512 prefill-first used 3% · no first token")
+        assert line.endswith("in these steps") or not line.startswith("budget"), line
