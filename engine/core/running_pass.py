@@ -22,10 +22,13 @@ def classify(order: list[Request], page: int, refs, followers: bool) -> list[int
     """Each request's code: PREFILL (more than one token to compute), FAST (decodes
     next, its slot in a block it owns alone), SLOW (decodes next, needs a block or a
     copy), SKIP (a dedup follower, or a request whose pending token ends it by length:
-    its token count reaches Request.length_cap). `refs`: the pool's refcounts."""
+    its token count reaches Request.length_cap). A prompt's last token is a PREFILL chunk
+    of a request that asks prompt logprobs: that chunk delivers them
+    (engine/core/prompt_logprobs.py). `refs`: the pool's refcounts."""
     codes = [PREFILL if (n := len(r.prompt_token_ids) + len(r.output_token_ids)
                          - (c := r.num_computed_tokens)) > 1
              else SKIP if n != 1 or (r.pending_row >= 0 and n + c >= r.length_cap)
+             else PREFILL if r.prompt_logprobs is not None and c < len(r.prompt_token_ids)
              else FAST if (i := c // page) < len(t := r.block_table) and refs[t[i]] == 1
              else SLOW
              for r in order]

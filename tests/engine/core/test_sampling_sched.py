@@ -57,3 +57,22 @@ def test_logprobs_mode_knob_reaches_the_sampler():
     for r, p in zip(raw.logprobs, processed.logprobs):
         assert r.token_ids == p.token_ids and r.rank == p.rank
         assert r.logprobs[1] < p.logprobs[1]      # T < 1 sharpens: the top one gains
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_prompt_logprobs_when_a_chunk_leaves_only_the_last_prompt_token(async_scheduling):
+    """A budget that leaves one prompt token for the next step: that token runs as a
+    prefill chunk and delivers the prompt logprobs (run as a decode, it never did, and
+    the request came back without them); every length against every budget."""
+    sp = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, prompt_logprobs=1)
+    prompts = [{"prompt_token_ids": list(range(7, 7 + n))} for n in range(1, 9)]
+    want = LLM(model="dummy:tiny", device="cpu").generate(prompts, sp)
+    for budget in (1, 2, 3):
+        llm = LLM(model="dummy:tiny", device="cpu", max_num_batched_tokens=budget,
+                  async_scheduling=async_scheduling, check_invariants=True)
+        for prompt, ref in zip(prompts, want):
+            got = llm.generate(prompt, sp)[0]
+            assert got.outputs[0].token_ids == ref.outputs[0].token_ids
+            assert got.prompt_logprobs is not None, (budget, len(ref.prompt_logprobs))
+            assert [e and (e.token_ids, e.rank) for e in got.prompt_logprobs] == \
+                [e and (e.token_ids, e.rank) for e in ref.prompt_logprobs]
