@@ -43,8 +43,9 @@ def request_split(r, now: float, width: int = 1000, stopped: bool = False) -> Te
     parts = r.ttft_split()
     if parts is None:
         return _unfinished(r, now, "before the stop" if stopped else "so far", width)
-    forms = [_split_words(r, parts, bar, short) for bar, short in
-             ((True, False), (False, False), (False, True))]
+    forms = [_split_words(r, parts, bar, short, tight) for bar, short, tight in
+             ((True, False, False), (False, False, False), (False, True, False),
+              (False, True, True))]     # tight: at 80x24 the short form lost its "ms"
     return next((f for f in forms if f.cell_len <= width), forms[-1])
 
 
@@ -65,25 +66,26 @@ def _unfinished(r, now: float, until: str = "so far", width: int = 1000) -> Text
     return t.append(next((f for f in forms if len(f) <= room), forms[-1]), "dim")
 
 
-def _split_words(r, parts, bar: bool, short: bool) -> Text:
+def _split_words(r, parts, bar: bool, short: bool, tight: bool = False) -> Text:
+    """`tight`: no spaces around = and + (`TTFT 1430ms=queue 1397ms+1→token 32.2ms`)."""
     queued, prefill, last = parts
-    n = r.prefill_chunks
+    n, plus = r.prefill_chunks, "+" if tight else " + "
     t = Text()
-    t.append(f"TTFT {fmt_ms(r.ttft)} ", "bold")
+    t.append(f"TTFT {fmt_ms(r.ttft)}" + ("" if tight else " "), "bold")
     if bar:
         t.append_text(split_bar(parts, 8))
         t.append(" ")
-    t.append("= queue " if not bar else "queue ")
+    t.append("queue " if bar else "=queue " if tight else "= queue ")
     t.append(fmt_ms(queued), _color(PART_COLORS[0]))
     if n == 0:                      # a dedup follower: the leader computed its prompt
-        t.append(" + leader's prefill ")
+        t.append(f"{plus}leader's prefill ")
         t.append(fmt_ms(prefill), _color(PART_COLORS[1]))
         t.append(" (dedup)", "dim")
     else:
         if n > 1:                   # one chunk: scheduled and computed at once
-            t.append(f" + chunk{'s 1-' if n > 2 else ' '}{n - 1} ")
+            t.append(f"{plus}chunk{'s 1-' if n > 2 else ' '}{n - 1} ")
             t.append(fmt_ms(prefill), _color(PART_COLORS[1]))
-        t.append(f" + {n}→token " if short else f" + chunk {n}→token ")
+        t.append(f"{plus}{n}→token " if short else f"{plus}chunk {n}→token ")
         t.append(fmt_ms(last), _color(PART_COLORS[2]))
     if r.prefill_preemptions:
         t.append(f" (preempted ×{r.prefill_preemptions}: chunks recomputed)", "dim")

@@ -190,3 +190,16 @@ async def test_the_strips_budget_line_keeps_chunks_per_prompt_with_a_mode_named(
         # the short "no first token" goes with the short form only (the long one wrapped
         # there: "budget 512 prefill-first used 3% · no first token")
         assert line.endswith("in these steps") or not line.startswith("budget"), line
+
+
+def test_a_finished_ttft_split_fits_the_selected_panel_at_80x24():
+    """The 42-column panel cut `TTFT 1430ms = queue 1397ms + 1→token 32.2…`: its last
+    part lost its unit. A tight form fits whole."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.ttft_split import request_split
+    r = SimpleNamespace(ttft_split=lambda: (1.3974, 0.0, 0.0322), ttft=1.4296,
+                        prefill_chunks=1, prefill_preemptions=0)
+    assert request_split(r, now=2.0, width=42).plain == "TTFT 1430ms=queue 1397ms+1→token 32.2ms"
+    assert request_split(r, now=2.0, width=44).plain == \
+        "TTFT 1430ms = queue 1397ms + 1→token 32.2ms"
