@@ -172,21 +172,36 @@ def number_lines(n: StripNumbers, snap, wide: bool, width: int = 0) -> list[Text
                      f"{n.decode_tokens / max(1, n.steps):.1f} + prefill "
                      f"{n.prefill_tokens / max(1, n.steps):.1f} tokens)", "dim")
     lines = [first, budget_line(n, snap, width)]
-    k = snap.knobs.num_speculative_tokens
-    if n.verified or k:
-        third = Text(no_wrap=True, overflow="ellipsis")
-        third.append(f"spec {snap.spec_method or '?'} k={k}: ", "bold")
-        third.append(f"{n.drafted} drafted → {n.accepted} accepted "
-                     f"({_share(n.accepted, n.drafted)}) in {n.verified} verifies")
-        if n.drafted_by_pos:    # vLLM's per-position acceptance: how fast it decays
-            third.append(" · by pos ")
-            third.append(" ".join(f"{100 * a / d:.0f}" for d, a in
-                                  zip(n.drafted_by_pos, n.accepted_by_pos) if d) + "%", "bold")
-        if n.spec_off:
-            third.append(f" · off in {n.spec_off} steps (> disable_by_batch_size "
-                         f"{snap.spec_disable_by_batch_size} decoding)", theme.color("prefill"))
-        lines.append(third)
+    if n.verified or snap.knobs.num_speculative_tokens:
+        lines.append(spec_line(n, snap, width))
     return lines
+
+
+def spec_line(n: StripNumbers, snap, width: int = 0) -> Text:
+    """The steps' drafts, acceptance by position and the off-switch, the longest form
+    that fits `width` (0: any): at 160x48 it wrapped, leaving `in 426 verifies ·`."""
+    k, share = snap.knobs.num_speculative_tokens, _share(n.accepted, n.drafted)
+    heads = [f"spec {snap.spec_method or '?'} k={k}: ", f"spec k={k}: "]
+    counts = [f"{n.drafted} drafted → {n.accepted} accepted ({share}) in {n.verified} verifies",
+              f"{n.drafted} → {n.accepted} accepted ({share})", f"{n.drafted} → {n.accepted} ({share})"]
+    pos = " ".join(f"{100 * a / d:.0f}" for d, a in zip(n.drafted_by_pos, n.accepted_by_pos)
+                   if d) + "%" if n.drafted_by_pos else ""   # vLLM's per-position acceptance
+    offs = ([f" · off in {n.spec_off} steps (> disable_by_batch_size "
+             f"{snap.spec_disable_by_batch_size} decoding)", f" · off in {n.spec_off} steps", ""]
+            if n.spec_off else [""])
+    # shorter counts and head first, then the off-switch's words, then the positions
+    forms = [(h, c, p, o) for p in ([pos, ""] if pos else [""]) for o in offs
+             for c in counts for h in heads]
+    size = (lambda f: len(f[0]) + len(f[1]) + (len(f[2]) + 9 if f[2] else 0) + len(f[3]))
+    head, count, by, off = next((f for f in forms if not width or size(f) <= width),
+                                min(forms, key=size))
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(head, "bold")
+    t.append(count)
+    if by:
+        t.append(" · by pos ")
+        t.append(by, "bold")
+    return t.append(off, theme.color("prefill"))
 
 
 class StepStrip(ReshownOnResize, Widget):

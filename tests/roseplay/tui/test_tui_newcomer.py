@@ -203,3 +203,24 @@ def test_a_finished_ttft_split_fits_the_selected_panel_at_80x24():
     assert request_split(r, now=2.0, width=42).plain == "TTFT 1430ms=queue 1397ms+1→token 32.2ms"
     assert request_split(r, now=2.0, width=44).plain == \
         "TTFT 1430ms = queue 1397ms + 1→token 32.2ms"
+
+
+@pytest.mark.parametrize("width", [62, 70, 120])
+def test_the_strips_speculation_line_keeps_its_positions(width):
+    """At 160x48 (70 columns) the line wrapped, leaving `… in 426 verifies ·` and the
+    acceptance by position below the panel. Each width gets a whole form with them."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.step_strip import spec_line
+    n = SimpleNamespace(drafted=1250, accepted=116, verified=426, drafted_by_pos=(426, 420, 404),
+                        accepted_by_pos=(85, 25, 6), spec_off=12)
+    snap = SimpleNamespace(knobs=SimpleNamespace(num_speculative_tokens=3), spec_method="ngram",
+                           spec_disable_by_batch_size=32)
+    line = spec_line(n, snap, width).plain
+    assert len(line) <= width and "by pos 20 6 1%" in line, line
+    assert "1250" in line and "116" in line and "(9%)" in line and "off in 12 steps" in line
+    narrow = spec_line(n, snap, 40).plain           # too narrow for all: whole words
+    assert len(narrow) <= 40 and not narrow.endswith(("·", "…")), narrow
+    assert spec_line(n, snap).plain == (
+        "spec ngram k=3: 1250 drafted → 116 accepted (9%) in 426 verifies · by pos 20 6 1% · "
+        "off in 12 steps (> disable_by_batch_size 32 decoding)")
