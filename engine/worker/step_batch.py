@@ -120,5 +120,8 @@ class StepBatch:
 
     @property
     def samples_in_order(self) -> bool:
-        """Every logits row is sampled once, in order (no follower repeats a row)."""
-        return self.sample_rows.shape[0] == self.logits_indices.shape[0]
+        """Every logits row is sampled once, in order (no follower repeats a row). Not
+        with prompt-logprob rows: they follow the sampled rows and sample nothing, so a
+        follower's repeat could make the counts equal while the rows differ."""
+        return self.prompt_logprob_rows is None and \
+            self.sample_rows.shape[0] == self.logits_indices.shape[0]

@@ -70,3 +70,18 @@ def test_prompt_logprobs_survive_preemption_and_chunks():
         for a, b in zip(g.prompt_logprobs[1:], r.prompt_logprobs[1:]):
             assert a.token_ids == b.token_ids and a.rank == b.rank
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_dedup_follower_beside_prompt_logprob_rows_samples_its_leaders_row():
+    """A step whose prefill completes a prompt with a dedup follower (2 sample rows: the
+    leader's row twice) and one prompt-logprob row (2 logits rows): the counts match, yet
+    the follower must sample its leader's row, not the prompt row (it took that one)."""
+    a = {"prompt_token_ids": list(range(40, 55))}   # 15 tokens: chunks of 8 + 7, then
+    b = {"prompt_token_ids": list(range(90, 101))}  # 1 token of b beside the 7
+    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    want = LLM(model="dummy:tiny", device="cpu").generate(a, greedy)[0].outputs[0].token_ids
+    llm = LLM(model="dummy:tiny", device="cpu", max_num_batched_tokens=8)
+    out = llm.generate([a, a, b], [greedy, greedy, greedy.replace(prompt_logprobs=0)])
+    assert llm.engine.stats.counters.dedup_joined > 0
+    assert [o.outputs[0].token_ids for o in out[:2]] == [want, want]
+    assert len(out[2].prompt_logprobs) == len(b["prompt_token_ids"])
