@@ -96,6 +96,7 @@ def _counters(**kw):
 
 class _Snap:
     num_used = 0
+    requests = ()      # (the window keeps the finished ones it sees: none here)
 
     def __init__(self, t, **counters):
         self.time, self.counters = t, _counters(**counters)
