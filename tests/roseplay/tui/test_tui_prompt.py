@@ -17,8 +17,7 @@ async def test_typed_text_and_errors_are_visible(size):
     try:
         app = RoseplayApp(source=src)
         async with app.run_test(size=size) as pilot:
-            await pilot.press("i")
-            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+            await _open_prompt(pilot, app)
             await pilot.press(*"hello roseplay")
             assert await wait_for(pilot, lambda: "hello roseplay" in screen_text(app), 30), \
                 screen_text(app)
@@ -46,8 +45,7 @@ async def test_the_prompt_box_sends_the_priority_typed():
     try:
         app = RoseplayApp(source=src)
         async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.press("i")
-            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+            await _open_prompt(pilot, app)
             box = app.query_one("#prompt-priority")         # on screen, beside the prompt
             assert box.region.right <= 120 and "priority 0" in screen_text(app)
             await pilot.press(*"to the front", "tab", "minus", "5", "enter")
@@ -59,6 +57,12 @@ async def test_the_prompt_box_sends_the_priority_typed():
         src.close()
 
 
+async def _open_prompt(pilot, app) -> None:
+    """`i`, then wait until the prompt field has the focus."""
+    await pilot.press("i")
+    assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+
+
 @sync
 async def test_two_quick_tabs_reach_the_sampling_field():
     """Tab, Tab typed fast (as a terminal delivers them, no redraw between) move two
@@ -67,8 +71,7 @@ async def test_two_quick_tabs_reach_the_sampling_field():
     try:
         app = RoseplayApp(source=src)
         async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.press("i")
-            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+            await _open_prompt(pilot, app)
             app.simulate_key("tab")
             app.simulate_key("tab")           # queued behind the first, as typed
             await pilot.pause()
@@ -123,8 +126,7 @@ async def test_text_typed_after_fast_tabs_lands_in_the_field_they_reach():
     try:
         app = RoseplayApp(source=src)
         async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.press("i")
-            assert await wait_for(pilot, lambda: app.focused is app.query_one("#prompt-input"), 30)
+            await _open_prompt(pilot, app)
             burst = [*"ROMEO.", "tab", "tab", *"choice=yes", "vertical_line", *"no"]
             for key in burst:                  # queued together, none drawn in between
                 app.post_message(events.Key(key, "|" if key == "vertical_line" else
