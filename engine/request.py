@@ -33,7 +33,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     does, so a value built in Python is never refused later by the engine process
     (tests/engine/front/test_validation.py compares the two). The field list is here only."""
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16        # None (vLLM's): up to the context's end, resolved
+    #                                    by the front for the prompt (InputProcessor)
     temperature: float = 1.0
     top_k: int = -1          # -1 (or 0): no top-k cut
     top_p: float = 1.0
@@ -68,7 +69,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
 
     def __post_init__(self):
         # one validation layer (engine/validation.py): named field, accepted range
-        V.check_int("max_tokens", self.max_tokens, 1, V.MAX_TOKENS)
+        if self.max_tokens is not None:
+            V.check_int("max_tokens", self.max_tokens, 1, V.MAX_TOKENS)
         V.check_int("top_k", self.top_k, -1, V.MAX_TOP_K)     # -1 or 0: no top-k cut
         V.check_number("temperature", self.temperature, 0, V.MAX_TEMPERATURE)
         V.check_top_p(self.top_p)
@@ -86,7 +88,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         V.check_number("repetition_penalty", self.repetition_penalty,
                        V.MIN_REPETITION_PENALTY, V.MAX_REPETITION_PENALTY)
         V.check_number("min_p", self.min_p, 0, 1)
-        V.check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        V.check_int("min_tokens", self.min_tokens, 0,
+                    V.MAX_TOKENS if self.max_tokens is None else self.max_tokens)
         force_setattr(self, "logit_bias", V.check_logit_bias(self.logit_bias))
         V.check_logprobs("logprobs", self.logprobs)
         V.check_logprobs("prompt_logprobs", self.prompt_logprobs)

@@ -23,7 +23,7 @@ from engine.front.detokenizer import make_detokenizer
 from engine.outputs import CoreRequest, EngineInfo, FinishedRequest, StepOutput
 from engine.request import SamplingParams
 from engine.request_output import CompletionOutput, RequestMetrics, RequestOutput
-from engine.validation import check_prompt_ids, check_request_id, check_text
+from engine.validation import MAX_TOKENS, check_prompt_ids, check_request_id, check_text
 
 
 _REQUEST_IDS = itertools.count()     # default ids, unique in this process
@@ -79,6 +79,9 @@ class InputProcessor:
             raise InvalidRequestError(f"n={params.n}: a request runs one sequence (LLM.generate "
                                       "fans n out; here submit n requests)")
         text, ids = self._tokenize(prompt)
+        if params.max_tokens is None:       # vLLM's None: the rest of the context
+            params = params.replace(max_tokens=min(MAX_TOKENS, max(1, self.max_model_len
+                                                                   - len(ids))))
         self.validate_ids(ids, params)
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "

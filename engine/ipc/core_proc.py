@@ -196,6 +196,9 @@ class EngineCoreProc:
             check_request_id(msg.request_id)
             check_priority(msg.priority)
             params = msg.params
+            if params.max_tokens is None:
+                raise InvalidRequestError("max_tokens None reached the engine: the front "
+                                          "resolves it for the prompt (InputProcessor)")
             e = self.engine    # the process boundary re-checks what the front checked
             check_prompt_ids(msg.prompt_token_ids, params.max_tokens, e.vocab_size,
                              e.max_model_len, e.pool.num_blocks * e.pool.block_size,

@@ -140,3 +140,13 @@ def test_stop_reason_names_the_stop_string_or_token():
                                                     stop_token_ids=[token]))[0].outputs[0]
         assert out.finish_reason == "stop" and out.stop_reason == token
         assert out.token_ids == free.token_ids[:free.token_ids.index(token) + 1]
+
+
+def test_max_tokens_none_runs_to_the_end_of_the_context():
+    """vLLM's max_tokens=None: the output may take the rest of the context (it was
+    refused); the front resolves it for each prompt, so the engine gets an integer."""
+    with LLM(model="dummy:tiny", device="cpu", max_model_len=32) as llm:
+        long, short = llm.generate([list(range(1, 21)), [1, 2, 3]], SamplingParams(
+            max_tokens=None, ignore_eos=True, temperature=0.0))
+    assert [len(o.outputs[0].token_ids) for o in (long, short)] == [12, 29]
+    assert long.outputs[0].finish_reason == short.outputs[0].finish_reason == "length"

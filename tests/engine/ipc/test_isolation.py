@@ -129,7 +129,9 @@ def test_a_wrong_typed_raw_submit_is_refused_naming_the_field(client, solo):
     """msgspec checks every field's type as the core decodes a Submit: the sender's
     request ends with an error naming the field, and the engine serves on."""
     ids = list(client.inputs.process(PROMPT)[0].prompt_token_ids)
-    cases = [({"max_tokens": "8"}, ids, "max_tokens: Expected `int`, got `str`"),
+    cases = [({"max_tokens": "8"}, ids, "max_tokens: Expected `int | null`, got `str`"),
+             ({"max_tokens": None}, ids, "max_tokens None reached the engine: the front "
+                                         "resolves it for the prompt (InputProcessor)"),
              ({"temperature": True}, ids, "temperature: Expected `float`, got `bool`"),
              ({"stop": 5}, ids, "stop: Expected `str | array | null`, got `int`"),
              ({"beam_width": 5}, ids, "Object contains unknown field `beam_width`"),
