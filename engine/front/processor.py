@@ -141,8 +141,10 @@ class RequestState:
     text: str = ""
     sent_tokens: int = 0
     sent_text: int = 0
-    stopped: bool = False          # a stop string matched: ended here, the core aborts it
-    stop_reason: int | str | None = None   # the stop string or stop token id that ended it
+    stop_string: str | None = None   # the stop string that matched: it ended here, the
+    #                                  core aborts it
+    hold: int = 0                  # a stream holds back this many characters: the longest
+    #                                stop string's less one (vLLM's stop buffer)
     logprobs: list | None = None   # TokenLogprobs per output token (params.logprobs set)
     held_stop: tuple = ()          # stop strings matched only once output > min_tokens
     prompt_logprobs: tuple | None = None   # params.prompt_logprobs: entry 0 None (vLLM)
@@ -170,6 +172,8 @@ class OutputProcessor:
             creq.request_id, prompt_text, creq.prompt_token_ids, p, on_event, on_finish, detok)
         if p.logprobs is not None:
             st.logprobs = []
+        if p.stop:
+            st.hold = max(map(len, p.stop)) - 1
         if p.min_tokens and p.stop and detok is not None:   # vLLM: no stop string before
             st.held_stop, detok.stop = p.stop, ()           # min_tokens output tokens
 
@@ -189,7 +193,7 @@ class OutputProcessor:
         for rid, token, lp in zip(out.request_ids, out.token_ids,
                                   itertools.repeat(None) if logprobs is None else logprobs):
             st = states.get(rid)
-            if st is None or st.stopped:
+            if st is None or st.stop_string is not None:
                 continue
             st.output_ids.append(token)
             st.times.append(now)
@@ -200,16 +204,14 @@ class OutputProcessor:
             if st.detok is not None:
                 st.text, hit = st.detok.step(st.output_ids, st.text)
                 if hit is not None:
-                    st.stopped, st.stop_reason = True, hit
+                    st.stop_string = hit
                     aborts.append(rid)
             if st.on_event is not None:
                 touched[rid] = st
         for fin in out.finished:
             st = states.get(fin.request_id)
             if st is not None:
-                reason = REASON_STOP if st.stopped else fin.finish_reason
-                if reason == REASON_STOP and not st.stopped:
-                    st.stop_reason = _stop_token(st)
+                reason = REASON_STOP if st.stop_string is not None else fin.finish_reason
                 self._finish(st, reason, fin.error, fin)
                 touched.pop(fin.request_id, None)
         for st in touched.values():
@@ -242,9 +244,10 @@ class OutputProcessor:
                                             fin.num_host_cached_tokens if fin else 0)
         lps = None if st.logprobs is None else tuple(st.logprobs)
         cumulative = None if lps is None else math.fsum(lp.logprobs[0] for lp in lps if lp)
+        stop_reason = _stop_reason(st) if reason == REASON_STOP else None
         output = RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,
                                (CompletionOutput(0, st.text, tuple(st.output_ids), reason, lps,
-                                                 cumulative, st.stop_reason),),
+                                                 cumulative, stop_reason),),
                                True, metrics, error, st.prompt_logprobs,
                                fin.trace if fin is not None else None)
         event = self._delta(st, True, reason, error, output)
@@ -257,8 +260,7 @@ class OutputProcessor:
         n_tok, n_text = st.sent_tokens, st.sent_text
         # a stream holds back what may be the start of a stop string (vLLM's stop buffer):
         # text sent is never taken back when a later token completes the stop string
-        end = len(st.text) if finished or not st.params.stop else \
-            len(st.text) - max(map(len, st.params.stop)) + 1
+        end = len(st.text) if finished else len(st.text) - st.hold
         event = StreamEvent(st.request_id, tuple(st.output_ids[n_tok:]), tuple(st.times[n_tok:]),
                             st.text[n_text:max(n_text, end)], finished, reason, error, output,
                             None if st.logprobs is None else tuple(st.logprobs[n_tok:]),
@@ -278,8 +280,10 @@ def _call(callback, event: StreamEvent) -> None:
         pass
 
 
-def _stop_token(st: RequestState) -> int | None:
-    """A stop by token: the id if one of stop_token_ids ended it (vLLM's stop_reason),
-    None for EOS (a stop the model's own end token made)."""
+def _stop_reason(st: RequestState) -> int | str | None:
+    """vLLM's stop_reason of a stopped request: the stop string that matched, else the
+    stop_token_ids id that ended it; None for EOS (the model's own end token)."""
+    if st.stop_string is not None:
+        return st.stop_string
     last = st.output_ids[-1] if st.output_ids else None
     return last if last in (st.params.stop_token_ids or ()) else None
