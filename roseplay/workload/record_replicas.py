@@ -68,9 +68,11 @@ class ReplicaEncoder:
             self._encoders, key = [FrameEncoder() for _ in snaps], True
         router = dp.router
         recent = list(router.recent)
-        if not key and self._last is not None and self._last in recent:
-            recent = recent[recent.index(self._last) + 1:]
-        self._last = router.recent[-1] if router.recent else None
+        seen = next((i for i in range(len(recent) - 1, -1, -1) if recent[i] is self._last),
+                    None) if not key else None      # the newest written, by identity
+        if seen is not None:
+            recent = recent[seen + 1:]
+        self._last = recent[-1] if recent else self._last
         return {"r": [enc.encode(s, t, {}, key=key) for enc, s in zip(self._encoders, snaps)],
                 "policy": router.policy, "routed": list(router.routed),
                 "alive": [bool(dp.alive(r)) for r in range(len(snaps))],

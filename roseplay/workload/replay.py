@@ -73,14 +73,13 @@ class Recording:
         if self.header.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"recording format {self.header.get('version')!r} is not supported")
         checker = FrameDecoder(self.header)     # BadRecording (a ValueError) if the header is bad
-        self._dp_checker = self._replica_decoder()
-        self._scan(lines, checker)
+        self._scan(lines, checker, self._replica_decoder())
         self._close_group()
         if not self.entries:
             raise ValueError("the recording holds no readable frame"
                              + (f" ({self.end_note})" if self.end_note else ""))
 
-    def _scan(self, lines, checker: FrameDecoder) -> None:
+    def _scan(self, lines, checker: FrameDecoder, dp_checker: ReplicaDecoder | None) -> None:
         pending, resync, total = [], False, 0
         for number, (line, why) in enumerate(lines, start=2):
             if why:
@@ -105,8 +104,8 @@ class Recording:
                     continue
                 pieces = check_pieces(obj.get("pieces", {}))
                 checker.decode(obj)
-                if self._dp_checker is not None:
-                    self._dp_checker.decode(obj.get("dp"))
+                if dp_checker is not None:
+                    dp_checker.decode(obj.get("dp"))
             except BadRecording as exc:
                 self._note(f"line {number}: {exc}")
                 resync = True
