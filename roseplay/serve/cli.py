@@ -15,7 +15,7 @@ from roseplay.cli_checks import check_model
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
                                 engine_addresses, engine_kwargs, say_on_stderr)
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
-from roseplay.serve.server import DEFAULT_HOST
+from roseplay.serve.server import DEFAULT_HOST, url
 from roseplay.serve.app import (DEFAULT_HTTP, DEFAULT_TIMEOUT_KEEP_ALIVE_S,
                                 DEFAULT_TIMEOUT_REQUEST_READ_S, HTTP_PARSERS)
 from roseplay.serve.multiproc import EXIT_API_SERVER_DIED
@@ -40,16 +40,14 @@ with requests ended by an error at the --shutdown-timeout, %d the engine process
 """ % (EXIT_DRAINED, EXIT_CUT, EXIT_ENGINE_DIED, EXIT_API_SERVER_DIED)
 
 
-def json_list(text: str) -> list[str]:
-    """A JSON list of strings (vLLM's --allowed-* flags take JSON)."""
+def json_flag(text: str):
+    """A flag's JSON (vLLM's --allowed-* flags take JSON lists); ServeConfig checks what
+    it holds."""
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise argparse.ArgumentTypeError(f"a JSON list of strings, like '[\"*\"]', "
-                                         f"got {text!r:.60}")
-    return value
+        raise argparse.ArgumentTypeError(f"not JSON (a list of strings, like '[\"*\"]'): "
+                                         f"{text!r:.60}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
              "opens (vLLM's default is any)."),
             ("methods", '["*"]', "HTTP methods such pages may use, as a JSON list."),
             ("headers", '["*"]', "Request headers such pages may send, as a JSON list.")):
-        s.add_argument(f"--allowed-{name}", type=json_list, default=json_list(default),
+        s.add_argument(f"--allowed-{name}", type=json_flag, default=json.loads(default),
                        metavar="JSON", help=f"{what} (default: {default}).")
     s.add_argument("--allowed-credentials", action="store_true",
                    help="Let such pages send cookies and authorization (CORS credentials).")
@@ -209,11 +207,6 @@ def _listen(args):
     """The listening socket: SO_REUSEPORT when several API-server processes share it."""
     from roseplay.serve.server import bind
     return bind(args.host, args.port, reuse_port=args.api_server_count > 1)
-
-
-def url(host: str, port: int) -> str:
-    """http://host:port, an IPv6 host in brackets."""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _report_exit(code: int, engine_error: str | None) -> None:

@@ -127,6 +127,11 @@ def _has_unread_bytes(transport) -> bool:
         return False
 
 
+def url(host: str, port: int) -> str:
+    """http://host:port, an IPv6 host in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def bind(host: str = DEFAULT_HOST, port: int = 0, reuse_port: bool = False) -> socket.socket:
     """The listening socket; reuse_port: one address that several API-server processes
     bind, the kernel spreading connections over them (multiproc.py)."""
@@ -227,8 +232,7 @@ class ServerThread:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return url(self.host, self.port)
 
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self._thread.start()
