@@ -40,24 +40,33 @@ ON_LOOP_ITEMS = 16
 
 def on_loop(req: SamplingFields) -> bool:
     """Whether the request's inputs are cheap enough to build on the event loop."""
-    chars = ids = 0
     if isinstance(req, ChatCompletionRequest):
-        items = len(req.messages) + sum(len(m.content) for m in req.messages
-                                        if isinstance(m.content, list))
-        if items > ON_LOOP_ITEMS:
-            return False
-        chars = sum(len(m.text()) for m in req.messages)
-    else:
-        prompts = (req.prompt if isinstance(req.prompt, list) and req.prompt
-                   and not isinstance(req.prompt[0], int) else [req.prompt])
-        if len(prompts) > ON_LOOP_ITEMS:
-            return False
-        for p in prompts:
-            if isinstance(p, str):
-                chars += len(p)
-            else:
-                ids += len(p)
+        return messages_on_loop(req.messages)
+    return prompts_on_loop(req.prompt if isinstance(req.prompt, list) and req.prompt
+                           and not isinstance(req.prompt[0], int) else [req.prompt])
+
+
+def messages_on_loop(messages) -> bool:
+    """A chat's messages: cheap enough to render and tokenize on the event loop."""
+    items = len(messages) + sum(len(m.content) for m in messages
+                                if isinstance(m.content, list))
+    return items <= ON_LOOP_ITEMS and sum(len(m.text()) for m in messages) <= ON_LOOP_TEXT_CHARS
+
+
+def prompts_on_loop(prompts) -> bool:
+    """Prompts (texts or token-id lists): cheap enough to turn into inputs on the loop."""
+    if len(prompts) > ON_LOOP_ITEMS:
+        return False
+    chars = sum(len(p) for p in prompts if isinstance(p, str))
+    ids = sum(len(p) for p in prompts if not isinstance(p, str))
     return chars <= ON_LOOP_TEXT_CHARS and ids <= ON_LOOP_TOKEN_IDS
+
+
+def check_vocab_ids(ids, vocab_size: int, param: str) -> None:
+    """Token ids of a request field, each in the vocabulary (a 400 naming `param`)."""
+    if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
+        raise invalid(f"token ids must be in [0, {vocab_size}); got min {min(ids)}, "
+                      f"max {max(ids)}", param)
 
 
 def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int,
@@ -72,9 +81,7 @@ def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int,
         check_text("prompt", prompt)    # a lone surrogate fails in the tokenizer: a 400 here
         return truncated({"prompt_token_ids": list(tokenizer.encode(prompt)), "prompt": prompt},
                          keep, tokenizer)
-    if prompt and not 0 <= min(prompt) <= max(prompt) < vocab_size:   # before decoding them
-        raise invalid(f"token ids must be in [0, {vocab_size}); got min "
-                      f"{min(prompt)}, max {max(prompt)}", "prompt")
+    check_vocab_ids(prompt, vocab_size, "prompt")      # before decoding them
     prompt = prompt[-keep:] if keep else prompt
     if len(prompt) >= max_model_len:         # before decoding a long list of them
         _max_tokens(1, len(prompt), max_model_len)

@@ -16,7 +16,7 @@ from engine.validation import check_text
 from roseplay.serve import chat
 from roseplay.serve.body import parse_body
 from roseplay.serve.errors import invalid
-from roseplay.serve.prompts import ON_LOOP_ITEMS, ON_LOOP_TEXT_CHARS, ON_LOOP_TOKEN_IDS
+from roseplay.serve.prompts import check_vocab_ids, messages_on_loop, prompts_on_loop
 from roseplay.serve.protocol import MAX_MESSAGES, ChatMessage, _Request
 from roseplay.serve.tools import message_dict
 
@@ -75,9 +75,8 @@ def _tokenized(req: TokenizeRequest, st) -> dict:
 async def tokenize(request: Request):
     req = parse_body(TokenizeRequest, await request.body())
     st = _checked(request, req.model)
-    small = (len(req.prompt or "") <= ON_LOOP_TEXT_CHARS and len(req.messages or ())
-             <= ON_LOOP_ITEMS and sum(len(m.text()) for m in req.messages or ())
-             <= ON_LOOP_TEXT_CHARS)
+    small = messages_on_loop(req.messages) if req.messages is not None else \
+        prompts_on_loop([req.prompt or ""])
     body = _tokenized(req, st) if small else await asyncio.to_thread(_tokenized, req, st)
     return JSONResponse(body)
 
@@ -87,10 +86,8 @@ async def detokenize(request: Request):
     req = parse_body(DetokenizeRequest, await request.body())
     st = _checked(request, req.model)
     ids = req.tokens
-    if ids and not 0 <= min(ids) <= max(ids) < st.vocab_size:
-        raise invalid(f"token ids must be in [0, {st.vocab_size}); got min {min(ids)}, "
-                      f"max {max(ids)}", "tokens")
-    if len(ids) <= ON_LOOP_TOKEN_IDS:
+    check_vocab_ids(ids, st.vocab_size, "tokens")
+    if prompts_on_loop([ids]):
         text = st.tokenizer.decode(ids)
     else:
         text = await asyncio.to_thread(st.tokenizer.decode, ids)
