@@ -12,8 +12,7 @@ import os
 import sys
 
 from roseplay.cli_checks import (check_bench_config, check_compare, check_engine,
-                                 check_engine_access, check_model, check_output_path,
-                                 check_record_path)
+                                 check_engine_access, check_model, check_output_path)
 from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, add_goodput_flag
 from roseplay.tui.defaults import note_app_defaults
 from roseplay.tui.launch import CannotStart, run_tui
@@ -120,7 +119,8 @@ def _app_problem(args) -> str | None:
         return None
     if args.connect:
         return check_engine_access(args.connect, args.engine_key)
-    return check_model(args.model) or check_record_path(args.record) or check_engine(args)
+    return (check_model(args.model) or check_output_path("--record", args.record)
+            or check_engine(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,11 +30,6 @@ def check_model(name: str | None) -> str | None:
     return None
 
 
-def check_record_path(path: str | None) -> str | None:
-    """Why the app could not write a recording to `path` (None if it can)."""
-    return check_output_path("--record", path)
-
-
 def check_output_path(flag: str, path: str | None) -> str | None:
     """Why `flag`'s file could not be written at `path` (None if it can): told before
     the run, not after it, when its results would be lost."""
