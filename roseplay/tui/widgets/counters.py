@@ -24,7 +24,7 @@ class CounterWindow:
         self.restart_time: float | None = None   # the window's start after a knob change
         self.now = None
         self.peak: int | None = None         # KV blocks in use at most since the last reset
-        self._ended: dict = {}               # request id -> its finished view, for WINDOW s
+        self._ended: dict = {}               # request id -> (its end, its finished view)
 
     def feed(self, snap) -> None:
         t, c = snap.time, snap.counters
@@ -47,16 +47,15 @@ class CounterWindow:
         view the app sees is kept until it ended WINDOW s ago."""
         for r in snap.requests:
             if r.state == "finished" and r.ttft is not None:
-                self._ended[r.request_id] = r
+                self._ended[r.request_id] = (r.arrival_time + view_latencies(r)[2], r)
         old = snap.time - self.window
-        for rid in [rid for rid, r in self._ended.items()
-                    if r.arrival_time + view_latencies(r)[2] < old]:
+        for rid in [rid for rid, (end, _) in self._ended.items() if end < old]:
             del self._ended[rid]
 
     def requests(self, snap) -> list:
         """The snapshot's requests and the finished ones of the window it let go of."""
         ids = {r.request_id for r in snap.requests}
-        return [*snap.requests, *(r for rid, r in self._ended.items() if rid not in ids)]
+        return [*snap.requests, *(r for rid, (_, r) in self._ended.items() if rid not in ids)]
 
     def reset(self) -> None:
         """Totals count from now on; the window starts empty."""
