@@ -74,12 +74,11 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         V.check_int("top_k", self.top_k, -1, V.MAX_TOP_K)     # -1 or 0: no top-k cut
         V.check_number("temperature", self.temperature, 0, V.MAX_TEMPERATURE)
         V.check_top_p(self.top_p)
-        if self.seed is not None:
-            V.check_int("seed", self.seed, 0, V.MAX_SEED)
+        V.check_int("n", self.n, 1, V.MAX_N)
+        V.check_seed(self.seed, self.n)
         force_setattr(self, "stop", V.check_stop(self.stop))
         force_setattr(self, "stop_token_ids", V.check_stop_token_ids(self.stop_token_ids))
         V.check_bool("ignore_eos", self.ignore_eos)
-        V.check_int("n", self.n, 1, V.MAX_N)
         self._check_extras()
 
     def _check_extras(self) -> None:
@@ -135,6 +134,13 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     def replace(self, **changes) -> "SamplingParams":
         """A validated copy with `changes` (as dataclasses.replace)."""
         return SamplingParams(**{**msgspec.structs.asdict(self), **changes})
+
+
+def sample_seed(seed: int | None, i: int) -> int | None:
+    """The seed of sample i of a seeded prompt (LLM.generate's n, the server's n and
+    best_of): seed + i, as vLLM's parallel sampling, so the samples differ and each is
+    reproducible alone; V.check_seed(seed, samples) keeps every one in range."""
+    return None if seed is None else seed + i
 
 
 class RequestStatus(enum.Enum):

@@ -45,7 +45,7 @@ __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check
            "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids", "MAX_PENALTY",
            "MAX_REPETITION_PENALTY", "MIN_REPETITION_PENALTY", "MIN_TOP_P", "MAX_LOGIT_BIAS",
            "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS", "MAX_N",
-           "check_logit_bias", "check_logprobs", "check_bool", "check_top_p"]
+           "check_logit_bias", "check_logprobs", "check_bool", "check_top_p", "check_seed"]
 
 
 def _show(value) -> str:
@@ -59,6 +59,20 @@ def check_int(name: str, value, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise InvalidRequestError(f"{name} must be an integer in [{lo}, {hi}], got {_show(value)}")
     return value
+
+
+def check_seed(seed, samples: int = 1) -> int | None:
+    """None, or a seed whose `samples` choices' seeds (choice i samples with seed + i:
+    engine.request.sample_seed) all fit in [0, MAX_SEED]: SamplingParams with its n, the
+    server with its n or best_of."""
+    if seed is None:
+        return None
+    check_int("seed", seed, 0, MAX_SEED)
+    top = MAX_SEED - (samples - 1)
+    if seed > top:
+        raise InvalidRequestError(f"seed must be at most {top} with {samples} choices (choice i "
+                                  f"samples with seed + i, at most {MAX_SEED}), got {seed}")
+    return seed
 
 
 def check_number(name: str, value, lo: float, hi: float, lo_open: bool = False) -> float:

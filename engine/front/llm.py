@@ -12,9 +12,9 @@ from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.ipc.inproc import LLMEngine
 from engine.front.chat_template import pick_template, render
 from engine.front.processor import InputProcessor, OutputProcessor
-from engine.request import SamplingParams
+from engine.request import SamplingParams, sample_seed
 from engine.request_output import RequestOutput
-from engine.validation import MAX_SEED, check_bool
+from engine.validation import check_bool
 
 
 class LLM:
@@ -252,12 +252,12 @@ def _conversations(messages) -> list[list[dict]]:
 
 
 def _samples(sp: SamplingParams) -> list[SamplingParams]:
-    """A prompt's n requests: n = 1 as given; else sample i with seed + i when seeded (so
-    the n differ, and each is reproducible) and only sample 0 asking the prompt's
-    logprobs (one computation; the others keep the prefix cache)."""
+    """A prompt's n requests: n = 1 as given; else sample i with sample_seed (SamplingParams
+    checked that every one fits) and only sample 0 asking the prompt's logprobs (one
+    computation; the others keep the prefix cache)."""
     if sp.n == 1:
         return [sp]
-    return [sp.replace(n=1, seed=None if sp.seed is None else (sp.seed + i) % (MAX_SEED + 1),
+    return [sp.replace(n=1, seed=sample_seed(sp.seed, i),
                        prompt_logprobs=sp.prompt_logprobs if i == 0 else None)
             for i in range(sp.n)]
 

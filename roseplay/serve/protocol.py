@@ -21,9 +21,9 @@ import msgspec
 from msgspec import Meta
 
 from engine.config import InvalidRequestError
-from engine.request import SamplingParams
-from engine.validation import (MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_SEED, MAX_STOP_STRINGS,
-                               MAX_STOP_TOKEN_IDS)
+from engine.request import SamplingParams, sample_seed
+from engine.validation import (MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_STOP_STRINGS,
+                               MAX_STOP_TOKEN_IDS, check_seed)
 from roseplay.serve import constrained
 from roseplay.serve.tools import Tools
 from roseplay.serve.body import parse_logit_bias, raw_field, raw_value
@@ -69,7 +69,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None                 # vLLM extra
-    seed: Annotated[int, Meta(ge=0)] | None = None      # <= MAX_SEED: check_supported
+    seed: Annotated[int, Meta(ge=0)] | None = None      # check_seed: check_supported
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[int], Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False                 # vLLM extra
@@ -109,11 +109,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
         self._constraint = self._parse_constraint()
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true")
-        last = self.num_candidates - 1
-        if self.seed is not None and self.seed > MAX_SEED - last:
-            raise invalid(f"seed must be at most {MAX_SEED - last} with {last + 1} choices "
-                          f"(choice i samples with seed + i, at most {MAX_SEED}), got "
-                          f"{self.seed}", "seed")
+        check_seed(self.seed, self.num_candidates)
 
     def _parse_constraint(self) -> tuple:
         """(StructuredOutputsParams or None, the request field it comes from)."""
@@ -145,7 +141,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
         seeded request's choice i gets seed + i; only choice 0 asks for the prompt's
         logprobs, which the routes show for all (one computation per prompt however
         large n: roseplay/serve/siblings.py)."""
-        seed = None if self.seed is None else self.seed + choice
+        seed = sample_seed(self.seed, choice)
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
