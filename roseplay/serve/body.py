@@ -60,14 +60,18 @@ def parse_body(model: type, body: bytes):
         return msgspec.json.decode(body, type=model)
     except msgspec.ValidationError as exc:
         raise field_error(exc) from None
-    except UnicodeDecodeError as exc:    # msgspec's own error for bytes that are not UTF-8
-        raise invalid(f"the request body is not valid UTF-8 (byte {exc.start}); JSON text "
-                      "is UTF-8", None) from None
+    except UnicodeDecodeError as exc:    # msgspec < 0.23's error for bytes not UTF-8
+        raise _not_utf8(exc) from None
     except RecursionError:               # msgspec's, for arrays/objects nested too deep
         raise invalid("the request body is nested too deeply", None) from None
     except msgspec.DecodeError:
         pass
     return _surrogates(model, body)
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> InvalidRequestError:
+    return invalid(f"the request body is not valid UTF-8 (byte {exc.start}); JSON text "
+                   "is UTF-8", None)
 
 
 def _no_constant(name: str):
@@ -80,6 +84,8 @@ def _surrogates(model: type, body: bytes):
     fields again (a lone surrogate in a field the model ignores is ignored too)."""
     try:
         obj = json.loads(body, parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:    # msgspec >= 0.23 raises DecodeError for these
+        raise _not_utf8(exc) from None
     except (ValueError, RecursionError) as exc:
         where = f" at character {exc.pos}" if getattr(exc, "pos", None) is not None else ""
         raise invalid(f"JSON decode error{where}: {getattr(exc, 'msg', exc)}", None) from None
