@@ -130,7 +130,12 @@ def wall_duration(records: list[dict]) -> float:
 
 
 def _ms(s: Summary) -> dict:
+    """A latency summary in ms; with no value (TPOT and ITL when every output has one
+    token: no gap between tokens) every figure is 0 and count 0, as vLLM's bench prints
+    (`np.mean(tpots or 0)`), not NaN."""
     scale = 1000.0
+    if not s.count:
+        return {"mean": 0.0, "median": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0, "count": 0}
     return {"mean": s.mean * scale, "median": s.p50 * scale, "p95": s.p95 * scale,
             "p99": s.p99 * scale, "max": s.max * scale, "count": s.count}
 

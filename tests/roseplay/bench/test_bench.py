@@ -288,3 +288,21 @@ def test_vllm_bench_serve_flag_names_are_taken():
     assert (ns.input_len, ns.output_len, ns.range_ratio, ns.no_progress) == (128, 64, 0.0, False)
     with pytest.raises(SystemExit):
         parser.parse_args(["--random-input-len", "0"])
+
+
+def test_one_output_token_shows_tpot_and_itl_as_vllm(tmp_path, capsys):
+    """--output-len 1 leaves no gap between tokens: TPOT and ITL print 0.00 and --json
+    holds 0 with count 0, as vLLM's bench (`np.mean(tpots or 0)`); they printed nan and
+    the JSON held null."""
+    path = tmp_path / "one.json"
+    rc, out = run_bench(capsys, "--num-prompts", "3", "--input-len", "8", "--output-len", "1",
+                        "--warmup", "0", "--json", str(path))
+    assert rc == 0 and "nan" not in out.lower()
+    for short in ("TPOT", "ITL"):
+        for stat in ("Mean", "Median", "P95", "P99"):
+            assert f"{f'{stat} {short} (ms):':<40} {'0.00':>10}" in out
+    s = json.loads(path.read_text())["summary"]
+    for key in ("tpot_ms", "itl_ms"):
+        assert s[key] == {"mean": 0.0, "median": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0,
+                          "count": 0}
+    assert s["ttft_ms"]["count"] == 3 and s["ttft_ms"]["mean"] > 0
