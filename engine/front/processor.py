@@ -44,6 +44,9 @@ class StreamEvent:
     prompt_logprobs: tuple | None = None    # the prompt's (params.prompt_logprobs), once
 
 
+PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})   # vLLM's TextPrompt / TokensPrompt
+
+
 class InputProcessor:
     """Prompt (text, token ids, {"prompt": text} or {"prompt_token_ids", "prompt"}: vLLM's
     TextPrompt and TokensPrompt) -> validated CoreRequest."""
@@ -94,6 +97,11 @@ class InputProcessor:
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
+            other = sorted(map(str, set(prompt) - PROMPT_KEYS))
+            if other:        # vLLM's multi_modal_data, cache_salt, ...: not honoured here
+                raise InvalidRequestError(f"a dict prompt's {other[0]!r} is not supported by "
+                                          "this engine (a dict prompt takes 'prompt' and "
+                                          "'prompt_token_ids')")
             if "prompt_token_ids" not in prompt:       # vLLM's TextPrompt: {"prompt": text}
                 text = prompt.get("prompt")
                 if not isinstance(text, str):

@@ -159,6 +159,11 @@ def test_bad_speculative_config_values_are_refused(text, match):
     ({}, None, r"needs 'prompt_token_ids' \(a list of integers\) or 'prompt'"),
     ({"prompt_token_ids": 5}, None, r"prompt_token_ids must be a list of integers"),
     ({"prompt_token_ids": None}, None, r"prompt_token_ids must be a list of integers"),
+    # vLLM's other prompt keys were ignored: the output ran without what they ask
+    ({"prompt_token_ids": [1, 2], "multi_modal_data": {"image": 0}}, None,
+     r"a dict prompt's 'multi_modal_data' is not supported by this engine"),
+    ({"prompt_token_ids": [1, 2], "cache_salt": "u1"}, None, r"'cache_salt' is not supported"),
+    ({"prompt_token_ids": [1, 2], "promt": "typo"}, None, r"'promt' is not supported"),
     ("To be or not", None, r"has no tokenizer.*prompt_token_ids"),
     ([512], None, r"token ids must be in \[0, 512\); got min 512, max 512"),
     ([1, 2, -1], None, r"token ids must be in \[0, 512\); got min -1"),
