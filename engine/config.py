@@ -44,6 +44,7 @@ DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_CPU_BLOCKS = 2048      # the KV pool on CPU when num_blocks is not given
 MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in practice)
 MAX_KV_OFFLOADING_GIB = 1 << 20    # kv_offloading_size: beyond any host's memory
+MAX_SEED = 2 ** 64 - 1   # torch generators take 64 bits (the engine's seed, a request's)
 # vLLM's logprobs_mode values; the first is roseplay's default (docs/SAMPLING.md)
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
 # vLLM's --kv-cache-dtype values: auto (the model's dtype) or float8 e4m3 (two spellings)
@@ -134,7 +135,7 @@ class EngineConfig:
         1, "GPUs (ranks) one model is sharded over: heads, MLP and vocab split, one worker "
            "process per extra rank, NCCL on CUDA (gloo on CPU). Must divide the attention "
            "heads.", minimum=1)
-    seed: int = knob_field(0, "Seed for dummy weights and unseeded sampling.")
+    seed: int = knob_field(0, "Seed for dummy weights and unseeded sampling.", minimum=0)
     logprobs_mode: str = knob_field(
         LOGPROBS_MODES[0], "What a request's logprobs hold (vLLM's logprobs_mode): "
         "processed_logprobs (default: log-softmax of the distribution each token is sampled "
@@ -234,6 +235,9 @@ class EngineConfig:
                 or not 0.0 <= size <= MAX_KV_OFFLOADING_GIB:
             raise InvalidRequestError(f"kv_offloading_size must be a number of GiB in "
                                       f"[0, {MAX_KV_OFFLOADING_GIB}], got {size!r}")
+        seed = self.seed     # a wider one failed in torch: 'Overflow when unpacking long long'
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise InvalidRequestError(f"seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
         ct, (lo, hi) = self.client_timeout, CLIENT_TIMEOUT_RANGE
         if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not lo <= ct <= hi:
             raise InvalidRequestError(f"client_timeout must be in [{lo:g}, {hi:g}] seconds, "

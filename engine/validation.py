@@ -16,12 +16,11 @@ from typing import Annotated
 
 import msgspec
 
-from engine.config import InvalidRequestError, check_priority
+from engine.config import MAX_SEED, InvalidRequestError, check_priority
 
 INT32_MAX = 2 ** 31 - 1
 MAX_TOKENS = INT32_MAX            # a bound a numpy int32 column and msgpack both carry
 MAX_TOP_K = INT32_MAX             # larger than any vocabulary: clamped to it when sampling
-MAX_SEED = 2 ** 64 - 1            # torch generators take 64 bits
 MAX_TEMPERATURE = 1e4             # flat beyond this; inf would turn every logit into NaN
 MAX_STOP_STRINGS = 64             # each is searched after every token: bounded work per step
 MAX_STOP_CHARS = 1024

@@ -35,6 +35,8 @@ def check_output_path(flag: str, path: str | None) -> str | None:
     the run, not after it, when its results would be lost."""
     if path is None:
         return None
+    if not path.strip():         # it was taken as no path: the run wrote nothing
+        return f"{flag}: the path is empty"
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         return f"{flag} {path}: is a directory"
@@ -83,8 +85,11 @@ def check_engine(args) -> str | None:
         if tokenizer is not None:
             problem = pool_problem(args.scenario, config.num_blocks, config.block_size,
                                    tokenizer=tokenizer, **sizes)
-    if problem:
-        return problem
+    return problem or device_problem(config)
+
+
+def device_problem(config) -> str | None:
+    """--device cuda without a visible CUDA device (None otherwise)."""
     if config.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -106,9 +111,11 @@ def check_bench_config(args) -> str | None:
             from engine.front.dp_attach import front_config
             front_config(attached, engine_kwargs(args))
             return None
-        _bench_engine(args, {})
+        problem = device_problem(_bench_engine(args, {}))
     except ValueError as exc:          # InvalidRequestError is one
         return str(exc)
+    if problem:
+        return problem
     try:
         knob, values = parse_ab(getattr(args, "ab", None)) or (None, [])
     except ValueError:
@@ -121,7 +128,7 @@ def check_bench_config(args) -> str | None:
     return None
 
 
-def _bench_engine(args, overrides: dict) -> None:
+def _bench_engine(args, overrides: dict):
     """The bench's engine config as make_config checks it, and, when it runs in this
     process (--in-process, --compare hf: HF beside it), as an in-process engine."""
     from engine.config import InvalidRequestError, make_config
@@ -135,6 +142,7 @@ def _bench_engine(args, overrides: dict) -> None:
             raise InvalidRequestError("--compare hf runs the engine in this process (beside "
                                       "HF): data_parallel_size > 1 and kv_events_config need "
                                       "it in its own process") from exc
+    return config
 
 
 def local_tokenizer(name: str | None):

@@ -11,19 +11,22 @@ from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_e
                                 parse_knob_value)
 from roseplay.workload.flags import add_workload_flags, number
 
+MAX_PROMPTS = 10 ** 7      # the workload is built as a list before the run
+
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     w = p.add_argument_group("workload (EOS ignored)")
     rate = add_workload_flags(w, "bench")
     rate.add_argument("--submit-interval-ms", type=number(float, 0), default=None,
                       help="One request every MS milliseconds (0: all at once).")
-    w.add_argument("--num-prompts", type=number(int, 1), default=64, help="Measured requests (default: 64).")
+    w.add_argument("--num-prompts", type=number(int, 1, MAX_PROMPTS), default=64,
+                   help="Measured requests (default: 64).")
     w.add_argument("--range-ratio", "--random-range-ratio", type=_range_ratio, default=0.0,
                    help="Lengths uniform in [L*(1-r), L*(1+r)] (default: 0).")
     for flag, dest in (("--random-input-len", "input_len"), ("--random-output-len", "output_len")):
         w.add_argument(flag, dest=dest, type=number(int, 1), default=argparse.SUPPRESS,
                        help=f"vLLM bench serve's name for --{dest.replace('_', '-')}.")
-    w.add_argument("--warmup", type=number(int, 0), default=8, help="Warm-up requests of the same scenario "
+    w.add_argument("--warmup", type=number(int, 0, MAX_PROMPTS), default=8, help="Warm-up requests of the same scenario "
                    "(other seed), run and discarded before each measured run; the prefix "
                    "cache is cleared after them (default: 8).")
     b = p.add_argument_group("bench")

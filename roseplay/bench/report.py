@@ -147,7 +147,9 @@ def summarize(result: RunResult, slos: dict[str, float] | None = None) -> dict:
     n_in = sum(r["prompt_len"] for r in reqs)
     n_out = sum(r["output_len"] for r in reqs)
     dur = result.duration
-    rate = (lambda x: x / dur) if dur > 0 else (lambda x: math.nan)
+    # no duration: no request produced a token (each failed), so every rate is 0, as
+    # vLLM's bench prints for such a run (NaN read as a broken figure)
+    rate = (lambda x: x / dur) if dur > 0 else (lambda x: 0.0)
     out = {"successful_requests": len(reqs), "failed_requests": result.failed,
            "duration_s": dur, "total_input_tokens": n_in, "total_output_tokens": n_out,
            "request_throughput": rate(len(reqs)), "output_throughput": rate(n_out),
@@ -157,8 +159,8 @@ def summarize(result: RunResult, slos: dict[str, float] | None = None) -> dict:
     out["itl_ms"] = _ms(Summary.of(x for r in reqs for x in r["itls"]))
     out["e2e_ms"] = _ms(Summary.of(r["e2e"] for r in reqs))
     if slos:
-        good, per_s = goodput(((r["ttft"], r["tpot"], r["e2e"]) for r in reqs), slos, dur)
-        out.update(goodput_slos_ms=dict(slos), good_requests=good, request_goodput=per_s)
+        good, _ = goodput(((r["ttft"], r["tpot"], r["e2e"]) for r in reqs), slos, dur)
+        out.update(goodput_slos_ms=dict(slos), good_requests=good, request_goodput=rate(good))
     if result.engine:
         out["engine"] = dict(result.engine)
     return out

@@ -12,6 +12,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from engine.validation import MAX_TEMPERATURE, MAX_TOKENS
 from roseplay.workload.scenarios import SCENARIOS
 
 
@@ -33,8 +34,9 @@ WORKLOAD_DEFAULTS = {
 }
 
 
-def number(kind: type, low: float, *, strict: bool = False, hint: str = ""):
-    """An argparse type: an int/float >= low (> low if strict), finite."""
+def number(kind: type, low: float, high: float | None = None, *, strict: bool = False,
+           hint: str = ""):
+    """An argparse type: an int/float >= low (> low if strict), <= high if given, finite."""
     def convert(text: str):
         try:
             value = kind(text)
@@ -43,6 +45,8 @@ def number(kind: type, low: float, *, strict: bool = False, hint: str = ""):
         if not math.isfinite(value) or value < low or (strict and value == low):
             raise argparse.ArgumentTypeError(
                 f"must be {'>' if strict else '>='} {low:g}, got {text}{hint}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {kind(high)}, got {text}")
         return value
     convert.__name__ = kind.__name__
     return convert
@@ -59,9 +63,10 @@ def add_workload_flags(group, command: str):
     group.add_argument("--input-len", type=number(int, 1), default=d.input_len,
                        help="Prompt tokens of token-id prompts (the random scenario, dummy "
                             f"models); text scenarios use their own text (default: {d.input_len}).")
-    group.add_argument("--output-len", type=number(int, 1), default=d.output_len,
+    group.add_argument("--output-len", type=number(int, 1, MAX_TOKENS), default=d.output_len,
                        help=f"max_tokens per workload request (default: {d.output_len}).")
-    group.add_argument("--temperature", type=number(float, 0), default=d.temperature,
+    group.add_argument("--temperature", type=number(float, 0, MAX_TEMPERATURE),
+                       default=d.temperature,
                        help="Sampling temperature of workload requests, 0: greedy "
                             f"(default: {d.temperature:g}).")
     cap = "none" if d.concurrency is None else d.concurrency

@@ -63,6 +63,9 @@ BAD_FLAGS = [
     (["--model", "nosuch"], "unknown model 'nosuch'"),
     (["--model", "dummy:nope"], "unknown dummy preset 'nope'"),
     (["--record", "/nonexistent-dir/s.jsonl.gz"], "folder /nonexistent-dir does not exist"),
+    (["--record", ""], "--record: the path is empty"),
+    (["--output-len", str(2 ** 31)], "--output-len: must be <= 2147483647"),
+    (["--seed", str(2 ** 64)], "seed must be an integer in [0, 18446744073709551615]"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--connect", "nonsense"], "engine address 'nonsense': expected tcp://HOST:PORT"),
     (["--connect", "tcp://127.0.0.1:9", "--engine-key", "@/nonexistent-key"],
@@ -168,6 +171,14 @@ BAD_BENCH_FLAGS = [
      "model: engine settings of running engines cannot be set"),
     (["--engine-address", "tcp://127.0.0.1:9", "--engine-address", "tcp://127.0.0.1:19",
       "--data-parallel-size", "3"], "--data-parallel-size 3 conflicts with the 2"),
+    # each was a traceback, a failed run (exit 1) or a value silently dropped
+    (["--num-prompts", str(10 ** 22)], "--num-prompts: must be <= 10000000"),
+    (["--warmup", str(10 ** 22)], "--warmup: must be <= 10000000"),
+    (["--output-len", str(2 ** 31)], "--output-len: must be <= 2147483647"),
+    (["--temperature", "1e9"], "--temperature: must be <= 10000.0"),
+    (["--seed", "-1"], "seed must be >= 0"),
+    (["--seed", str(2 ** 64)], "seed must be an integer in [0, 18446744073709551615]"),
+    (["--json", ""], "--json: the path is empty"),
 ]
 
 
@@ -191,3 +202,16 @@ def test_each_bad_bench_flag_exits_2_with_one_line(argv, message, capsys, monkey
     assert captured.err.startswith("roseplay bench: error:") and message in captured.err, \
         captured.err
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_bench_device_cuda_without_cuda_exits_2(capsys):
+    """As the app: --device cuda without a visible device is one line and exit 2 before
+    any engine starts (the bench's engine failed to start: exit 1)."""
+    import torch
+    import roseplay.cli as cli
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    assert cli.main(["bench", "--model", "dummy:tiny", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("roseplay bench: error: --device cuda: no CUDA device is visible here; "
+                   "use --device cpu (or auto)\n")

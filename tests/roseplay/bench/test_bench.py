@@ -260,6 +260,9 @@ def test_requests_that_end_in_an_error_are_explained(capsys, monkeypatch):
                      "--output-len", "2", "--warmup", "0"])
     captured = capsys.readouterr()
     assert rc == 1 and "Failed requests:                                  4" in captured.out
+    # no request made a token: every rate is 0 (it printed nan)
+    assert "nan" not in captured.out.lower()
+    assert f"{'Request throughput (req/s):':<40} {'0.00':>10}" in captured.out
     assert "request failed:" in captured.err and "the forward broke" in captured.err
 
 
