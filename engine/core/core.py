@@ -302,8 +302,13 @@ class LLMEngine(AsyncSteps, StepFaults):
     def _finish(self, req: Request, reason: str, error: str | None,
                 out: StepOutput | None) -> None:
         req.drop_pending()
+        followers = self.scheduler.followers.get(req)
+        followers = list(followers) if followers else ()
         if req.grammar is None or not self.structured.release(req):
             self.scheduler.remove(req)       # (a request still compiling never entered it)
+        for f in followers:     # sent back to the queue: a row of theirs in a step in flight
+            if not f.output_token_ids:      # drew from their seeded generators (and
+                self.executor.release(f.request_id)   # counts) for a token never emitted
         req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
         del self.requests[req.request_id]
         self.executor.release(req.request_id)

@@ -14,6 +14,7 @@ from engine.config import make_config
 from engine.core.core import LLMEngine
 from engine.core.kv.prefix_cache import key_tokens
 from engine.request import SamplingParams
+from engine.worker.device_io import HostCopyRing
 from engine.worker.runner import ModelRunner
 from engine.worker.sampling import Sampler
 
@@ -86,6 +87,8 @@ class KVCheckingRunner:
         self.sampler, self.last_tokens = Sampler(torch.device("cpu")), None
         self.graphs = None          # no step graphs: tokens always come from the sampler
         self.prompt_logprobs = None  # no prompt logprobs (the engine reads it each launch)
+        self._logprobs_copies = HostCopyRing(slots=6)   # (the real runner's logprobs path)
+        self._deferred = None
 
     # the real runner's step: this forward, then sampling
     execute_model = ModelRunner.execute_model
@@ -94,6 +97,7 @@ class KVCheckingRunner:
     _sample = ModelRunner._sample
     _verify_random_rows = ModelRunner._verify_random_rows
     release = ModelRunner.release
+    close = ModelRunner.close
 
     def transfer_kv(self, xfer):
         """The real pools' order (engine/worker/kv_transfer.py): host blocks read for
@@ -147,17 +151,22 @@ class KVCheckingRunner:
         cu = batch.prefill_cu_seqlens_q.tolist()
         seqs += [(batch.prefill_block_tables[j], int(batch.prefill_context_lens[j]),
                   d + cu[j + 1] - 1) for j in range(batch.num_prefills)]
-        next_of_row = {}
+        ctx_of_row = {}
         for table, n, last_row in seqs:
             assert len(table) * bs >= n, "block table shorter than the context"
             ctx = self.read(table, n)
             assert -1 not in ctx, f"context reads an unwritten KV slot: {ctx}"
-            next_of_row[last_row] = next_token(ctx)
-        rows = [next_of_row[int(i)] for i in batch.logits_indices.tolist()]
-        logits = torch.zeros(len(rows), self.vocab)
-        if rows:
-            logits[torch.arange(len(rows)), torch.tensor(rows)] = 1.0
+            ctx_of_row[last_row] = ctx
+        logits = self.logits([ctx_of_row[int(i)] for i in batch.logits_indices.tolist()])
         return logits[torch.from_numpy(batch.sample_rows)] if not batch.samples_in_order else logits
+
+    def logits(self, contexts: list[list[int]]) -> torch.Tensor:
+        """One row per context: a one-hot of next_token (a subclass may rank every token)."""
+        logits = torch.zeros(len(contexts), self.vocab)
+        if contexts:
+            rows = torch.tensor([next_token(ctx) for ctx in contexts])
+            logits[torch.arange(len(contexts)), rows] = 1.0
+        return logits
 
     def check_index(self):
         """Every indexed block still holds the tokens of its key."""
@@ -216,7 +225,8 @@ def check_all(eng: LLMEngine) -> None:
         else:
             assert r.num_uncomputed >= 1, f"{r.request_id} can never be scheduled"
             assert len(r.block_table) * pool.block_size >= r.num_computed_tokens
-    assert len(sched.running) + len(sched.waiting) == len(eng.requests)
+    assert len(sched.running) + len(sched.waiting) + eng.structured.num_compiling \
+        == len(eng.requests)        # (a grammar still compiling: in neither queue)
     if eng.host is not None:                 # both tiers: no block lost or owned twice
         eng.host.check([r for r in sched.waiting if r.swap is not None])
         assert not any(r.swap is not None for r in sched.running)

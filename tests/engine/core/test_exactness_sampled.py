@@ -1,0 +1,285 @@
+"""Exactness of sampled, processed and constrained requests under random operations: a
+seeded request's tokens, a greedy one's under penalties, logit_bias, min_tokens or a
+grammar, and every token's logprobs equal those of the same request run alone, whatever
+other requests, cancels, live knobs (budget, max_num_seqs, prefix caching, scheduling,
+preemption mode, speculative k) and cache clears do; with or without a host tier and
+async scheduling. tests/engine/core/test_exactness.py covers greedy requests with a
+one-hot model; here the fake model ranks every token (DenseRunner), so masks, penalties,
+bias and sampling change what it picks. After the drain no block, host slot, grammar or
+sampler state is left."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine.config import (EVICTION_POLICIES, PREEMPTION_MODES, SCHEDULING_MODES,
+                           SCHEDULING_POLICIES)
+from engine.config import InvalidRequestError
+from engine.request import SamplingParams
+from tests.engine.core.kv_checking import KVCheckingRunner, VOCAB, check_all, make_engine
+from tests.helpers import add_request
+
+SEEDS = range(24)
+OPS = 40
+KNOB_CHOICES = dict(max_num_batched_tokens=[1, 2, 3, 8, 64, 512], max_num_seqs=[1, 2, 8, 64],
+                    enable_prefix_caching=[True, True, False], scheduling_mode=SCHEDULING_MODES,
+                    scheduling_policy=SCHEDULING_POLICIES, eviction_policy=EVICTION_POLICIES,
+                    preemption_mode=PREEMPTION_MODES)
+# bounded constraints over the synthetic byte-level vocabulary of dummy:tiny
+GRAMMARS = [{"regex": "[a-d]{1,3}(,[0-9]{1,2}){0,3}"}, {"choice": ["yes", "no", "maybe so"]},
+            {"json": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                             "maximum": 99}},
+                      "required": ["n"], "additionalProperties": False}},
+            {"regex": "(ab|cd)+"}]
+
+
+def dense_row(ctx: list[int]) -> torch.Tensor:
+    """The fake model's logits: a deterministic ranking of every token for a context."""
+    h = len(ctx) * 1000003
+    for i, t in enumerate(ctx[-6:]):
+        h = (h * 31 + (t + 1) * (i + 7)) % 2147483647
+    return torch.randn(VOCAB, generator=torch.Generator().manual_seed(h)) * 3
+
+
+class DenseRunner(KVCheckingRunner):
+    def logits(self, contexts):
+        if not contexts:
+            return torch.zeros(0, self.vocab)
+        return torch.stack([dense_row(ctx) for ctx in contexts])
+
+
+class DenseDrafter:
+    """Drafts the dense model's argmax with chance `accept` (a Proposer)."""
+    method = "oracle"
+
+    def __init__(self, accept: float, seed: int):
+        self.accept, self.rng = accept, random.Random(seed)
+
+    def release(self, request_id: str) -> None:
+        pass
+
+    def propose(self, reqs, rooms):
+        out = []
+        for req, room in zip(reqs, rooms):
+            ctx, draft = req.all_token_ids(), []
+            for _ in range(room):
+                t = int(dense_row(ctx).argmax())
+                if self.rng.random() >= self.accept:
+                    t = (t + 1) % VOCAB
+                draft.append(t)
+                ctx.append(t)
+            out.append(draft)
+        return out
+
+
+def dense_engine(num_blocks: int, block_size: int, **kw):
+    eng = make_engine(num_blocks, block_size, **kw)
+    eng.executor.runner = DenseRunner(eng.pool, host=eng.host)
+    return eng
+
+
+def draw_params(rng: random.Random, speculating: bool) -> SamplingParams:
+    """Greedy or seeded, with any mix of the processed fields and a grammar. Under
+    speculation a seeded request is exact only when not speculated: it asks logprobs
+    (docs/SPECULATIVE.md "What is exact")."""
+    kw = dict(max_tokens=rng.randint(1, 12), ignore_eos=rng.random() < 0.5)
+    if rng.random() < 0.5:
+        kw.update(temperature=rng.choice([0.5, 1.0, 1.5]), seed=rng.randrange(2 ** 32),
+                  top_k=rng.choice([-1, 5, 50]), top_p=rng.choice([1.0, 0.9]))
+    else:
+        kw.update(temperature=0)
+    if rng.random() < 0.3:
+        kw.update(logprobs=rng.choice([0, 3]), raw_logprobs=rng.random() < 0.3)
+    if rng.random() < 0.25:
+        kw.update(presence_penalty=0.5, frequency_penalty=0.7, repetition_penalty=1.3)
+    if rng.random() < 0.2:
+        kw.update(logit_bias={rng.randrange(VOCAB): 5.0, rng.randrange(VOCAB): -100.0})
+    if rng.random() < 0.15:
+        kw.update(min_tokens=rng.randint(0, kw["max_tokens"]), min_p=0.05)
+    if rng.random() < 0.2:
+        kw.update(stop_token_ids=[rng.randrange(VOCAB) for _ in range(3)])
+    if rng.random() < 0.35:
+        kw.update(structured_outputs=rng.choice(GRAMMARS))
+    if speculating and "seed" in kw and "logprobs" not in kw:
+        kw.update(logprobs=0)
+    return SamplingParams(**kw)
+
+
+class Stream:
+    """A request's emitted tokens and logprobs, as the front receives them."""
+
+    def __init__(self):
+        self.tokens, self.logprobs, self.reason, self.error = [], [], None, None
+
+    def take(self, out, rid: str) -> None:
+        for i, r in enumerate(out.request_ids):
+            if r == rid:
+                self.tokens.append(out.token_ids[i])
+                self.logprobs.append(None if out.logprobs is None else out.logprobs[i])
+        for f in out.finished:
+            if f.request_id == rid:
+                self.reason, self.error = f.finish_reason, f.error
+
+
+def same_logprobs(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (a.token_ids == b.token_ids and a.rank == b.rank
+            and all(abs(x - y) <= 1e-5 or x == y for x, y in zip(a.logprobs, b.logprobs))
+            and same_logprobs(a.raw, b.raw))
+
+
+class Solo:
+    """Each request alone on an engine of its own knobs (big pool, no host tier)."""
+
+    def __init__(self):
+        self.eng = dense_engine(64, 4, max_num_batched_tokens=512, max_num_seqs=64,
+                                async_scheduling=False)
+        self.n = 0
+
+    def run(self, prompt, params) -> Stream:
+        self.n += 1
+        rid = f"solo{self.n}"
+        add_request(self.eng, {"prompt_token_ids": prompt}, params, request_id=rid)
+        s = Stream()
+        while self.eng.has_unfinished():
+            s.take(self.eng.step(), rid)
+        assert s.reason in ("length", "stop"), (s.reason, s.error)
+        return s
+
+
+class Run:
+    def __init__(self, seed: int, solo: Solo):
+        self.rng = rng = random.Random(seed)
+        self.solo = solo
+        self.speculating = rng.random() < 0.4
+        self.eng = dense_engine(rng.randint(6, 24), rng.choice([1, 2, 4, 8]),
+                                max_num_batched_tokens=rng.choice([1, 3, 8, 32, 512]),
+                                max_num_seqs=rng.choice([1, 2, 4, 64]),
+                                num_speculative_tokens=rng.choice([1, 3]) if self.speculating
+                                else 0,
+                                async_scheduling=rng.random() < 0.7,
+                                host_blocks=rng.choice([0, 0, 4, 16]),
+                                proposer=DenseDrafter(rng.choice([0.0, 0.6, 1.0]), seed))
+        self.prompts: list[list[int]] = []
+        self.reqs: dict[str, tuple] = {}     # id -> (Stream, solo Stream)
+
+    def submit(self) -> None:
+        rng = self.rng
+        if self.prompts and rng.random() < 0.5:
+            prompt = rng.choice(self.prompts)
+        else:
+            prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+            self.prompts.append(prompt)
+        params = draw_params(rng, self.speculating)
+        seeds = [params.seed]
+        if params.seed is not None and rng.random() < 0.3:    # n > 1: seed + i each
+            seeds += [params.seed + 1, params.seed + 2]
+        elif rng.random() < 0.3:                              # identical copies (dedup)
+            seeds += [params.seed]
+        for seed in seeds:
+            p = params if seed == params.seed else params.replace(seed=seed)
+            rid = f"r{len(self.reqs)}"
+            try:
+                add_request(self.eng, {"prompt_token_ids": prompt}, p, request_id=rid)
+            except InvalidRequestError:      # can never fit this pool
+                return
+            self.reqs[rid] = (Stream(), self.solo.run(prompt, p), p)
+
+    def step(self, out) -> None:
+        for rid, (s, _, _) in self.reqs.items():
+            if s.reason is None:
+                s.take(out, rid)
+
+    def operate(self) -> None:
+        rng, eng = self.rng, self.eng
+        op = rng.random()
+        if op < 0.25:
+            self.submit()
+        elif op < 0.35 and eng.requests:
+            self.step(eng.abort_output(rng.choice(sorted(eng.requests))))
+        elif op < 0.45:
+            choices = dict(KNOB_CHOICES, num_speculative_tokens=[0, 1, 3] if self.speculating
+                           else [0])
+            changes = {k: rng.choice(v) for k, v in choices.items() if rng.random() < 0.5}
+            eng.set_knobs(eng.knobs.replace(**changes))
+        elif op < 0.5:
+            eng.clear_prefix_cache()
+        else:
+            self.step(eng.step())
+        check_all(eng)
+        self.check_outputs()
+
+    def check_outputs(self) -> None:
+        for rid, (s, want, params) in self.reqs.items():
+            n = len(s.tokens)
+            assert s.tokens == want.tokens[:n], \
+                f"{rid} {params}: {s.tokens} is not a prefix of {want.tokens}"
+            for i, (a, b) in enumerate(zip(s.logprobs, want.logprobs)):
+                assert same_logprobs(a, b), f"{rid} token {i}: logprobs {a} != {b}"
+            assert s.reason in (None, "cancelled", want.reason), (rid, s.reason, s.error)
+            if s.reason in ("length", "stop"):
+                assert s.tokens == want.tokens, rid
+
+    def drain(self) -> None:
+        eng = self.eng
+        for _ in range(3000):
+            if not eng.has_unfinished():
+                break
+            self.step(eng.step())
+            check_all(eng)
+        self.step(eng.flush())
+        assert not eng.has_unfinished(), "the engine did not drain"
+        self.check_outputs()
+        assert all(s.reason in ("length", "stop", "cancelled") for s, _, _ in self.reqs.values())
+        eng.clear_prefix_cache()
+        assert eng.pool.num_free == eng.pool.num_blocks
+        assert eng.host is None or eng.host.pool.num_free == eng.host.num_blocks
+        assert eng.structured.active == 0 and not eng.structured.compiling
+        sampler = eng.executor.runner.sampler
+        assert not sampler.generators and not sampler.counts.slots, \
+            (sorted(sampler.generators), sorted(sampler.counts.slots))
+
+
+@pytest.fixture(scope="module")
+def solo():
+    s = Solo()
+    yield s
+    s.eng.close()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_operations_never_change_a_sampled_or_constrained_requests_tokens(seed, solo):
+    run = Run(seed, solo)
+    try:
+        for _ in range(OPS):
+            run.operate()
+        run.drain()
+    finally:
+        run.eng.close()
+
+
+def test_a_seeded_follower_sent_back_by_its_leaders_cancel_keeps_its_tokens(solo):
+    """The leader's prompt step is in flight (async scheduling) with a seeded dedup
+    follower's row when the leader is cancelled: the follower goes back to the queue and
+    samples its first token afresh, from a generator that row's draw did not advance."""
+    prompt = list(range(10, 30))
+    lead = SamplingParams(max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)
+    follow = lead.replace(seed=6)
+    want = solo.run(prompt, follow).tokens
+    eng = dense_engine(32, 4, max_num_batched_tokens=512, async_scheduling=True)
+    try:
+        add_request(eng, {"prompt_token_ids": prompt}, lead, request_id="lead")
+        add_request(eng, {"prompt_token_ids": prompt}, follow, request_id="follow")
+        s = Stream()
+        s.take(eng.step(), "follow")           # launched, left in flight
+        assert eng.requests["follow"].dedup_leader is eng.requests["lead"]
+        s.take(eng.abort_output("lead"), "follow")
+        while eng.has_unfinished():
+            s.take(eng.step(), "follow")
+        assert (s.tokens, s.reason) == (want, "length")
+        assert not eng.executor.runner.sampler.generators
+    finally:
+        eng.close()
