@@ -41,25 +41,26 @@ def decode_small(raw, param: str):
         raise invalid(f"{param} is not valid JSON: {exc}", param) from None
 
 
-def from_response_format(fmt) -> StructuredOutputsParams | None:
-    """OpenAI's response_format (decoded) -> the constraint (None for text)."""
+def from_response_format(fmt, param: str = "response_format") -> StructuredOutputsParams | None:
+    """OpenAI's response_format (decoded) -> the constraint (None for text); a 400 names
+    `param`, the request field it came from."""
     if fmt is None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
         return None
     if kind == "json_object":
-        return params(json_object=True, param="response_format")
+        return params(json_object=True, param=param)
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, (dict, bool)):
-            raise invalid("response_format json_schema needs json_schema.schema (a JSON "
-                          "schema object)", "response_format")
+            raise invalid(f"{param} json_schema needs json_schema.schema (a JSON "
+                          "schema object)", param)
         return params(json=schema if isinstance(schema, dict) else str(schema).lower(),
-                      param="response_format")
-    raise invalid("response_format type must be text, json_object or json_schema, got "
-                  f"{str(kind)[:40]!r}", "response_format")
+                      param=param)
+    raise invalid(f"{param} type must be text, json_object or json_schema, got "
+                  f"{str(kind)[:40]!r}", param)
 
 
 def from_structured_outputs(value) -> StructuredOutputsParams | None:

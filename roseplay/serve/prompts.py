@@ -160,7 +160,7 @@ def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
     messages = [message_dict(m) for m in req.messages]
     tools = req.tool_spec.for_template() if req.tool_spec is not None else None
     text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools)
-    field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+    field = req.max_tokens_field
     prompt = truncated({"prompt_token_ids": ids, "prompt": text},
                        truncate_to(req, max_model_len), tokenizer)
     return _expand(req, [prompt], req.requested_max_tokens, max_model_len, field)

@@ -64,6 +64,9 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     # answer than asked (the stop string cut, no beam search, every token allowed)
     REFUSED: ClassVar[tuple[str, ...]] = ("include_stop_str_in_output", "use_beam_search",
                                           "allowed_token_ids", "bad_words", "prompt_logprobs")
+    # the request field OpenAI's output format is read from (a grammar error's param):
+    # response_format here, `text` for /v1/responses (roseplay/serve/responses_api.py)
+    FORMAT_FIELD: ClassVar[str] = "response_format"
     model: str
     n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = 1
     temperature: float | None = None
@@ -104,7 +107,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
 
     def check_supported(self) -> None:
         for name in self.REFUSED:
-            if _is_set(getattr(self, name)):
+            if is_set(getattr(self, name)):
                 raise invalid(f"{name} is not supported by this engine", name)
         self._constraint = self._parse_constraint()
         if self.stream_options is not None and not self.stream:
@@ -113,9 +116,10 @@ class SamplingFields(_Request, kw_only=True, dict=True):
 
     def _parse_constraint(self) -> tuple:
         """(StructuredOutputsParams or None, the request field it comes from)."""
+        fmt = self.FORMAT_FIELD
         found = [(c, field) for c, field in (
             (constrained.from_response_format(constrained.decode_small(
-                self.response_format, "response_format")), "response_format"),
+                self.response_format, fmt), fmt), fmt),
             (constrained.from_structured_outputs(constrained.decode_small(
                 self.structured_outputs, "structured_outputs")), "structured_outputs"),
             constrained.from_guided({kind: getattr(self, "guided_" + kind)
@@ -199,7 +203,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
         return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
-def _is_set(value) -> bool:
+def is_set(value) -> bool:
     """A refused extra asks for something: not absent, null, false or an empty list."""
     if isinstance(value, msgspec.Raw):
         return raw_value(value) not in (None, b"[]")
@@ -337,6 +341,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
+
+    @property
+    def max_tokens_field(self) -> str:
+        """The request field requested_max_tokens came from (a 400's param)."""
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
 
 
 def openapi_schemas(models: tuple[type[_Request], ...]) -> tuple[list[dict], dict]:

@@ -47,8 +47,7 @@ class SSEResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(self, gen: Generation, fmt):
-        super().__init__(sse_body(gen, fmt, lambda: _usage(fmt, gen.choices)),
-                         headers={"Cache-Control": "no-cache"})
+        super().__init__(fmt.sse(gen), headers={"Cache-Control": "no-cache"})
         self.generation = gen
 
     async def __call__(self, scope, receive, send):
@@ -91,12 +90,16 @@ def _finish_reason(reason: str | None) -> str | None:
 
 
 class CompletionFormat:
+    """What the generation path (`generate`) asks of an endpoint: the engine ids' prefix,
+    the Generation as streamed (`streamed`), its SSE body (`sse`), the choices kept
+    (`chosen`) and the JSON of the non-streamed response (`encode`)."""
     prefix = "cmpl"
 
     def __init__(self, req: CompletionRequest, rid: str, model: str, ins: inputs.EngineInputs,
                  tokenizer=None):
         self.req, self.id, self.model, self.ins = req, rid, model, ins
-        self.logprobs = LogprobsWriter(tokenizer, req.num_logprobs, self.prefix == "chatcmpl")
+        self.logprobs = LogprobsWriter(tokenizer, req.num_logprobs,
+                                       isinstance(req, ChatCompletionRequest))
         self.prompt_logprobs = PromptLogprobs(req.num_candidates)   # choice 0's, shared
 
     def _echo(self, index: int) -> str:
@@ -114,6 +117,29 @@ class CompletionFormat:
         siblings wait for choice 0's prompt logprobs (roseplay/serve/siblings.py)."""
         shared = self.req.prompt_logprobs_asked is not None and self.req.n > 1
         return SharedPromptLogprobs(gen, self.req.n) if shared else gen
+
+    def sse(self, gen):
+        """The SSE body of the streamed Generation (roseplay/serve/streaming.py)."""
+        return sse_body(gen, self, lambda: self.usage(gen.choices))
+
+    def chosen(self, choices):
+        """The finished choices the response shows: best_of's n best of its candidates
+        (the prompt's logprobs kept for all first)."""
+        self.prompt_logprobs.keep(choices)
+        if self.req.num_candidates > self.req.n:
+            return best_of(choices, self.req.n, self.req.num_candidates)
+        return choices
+
+    def usage(self, choices):
+        completion = 0 if self.req.echo_only else sum(len(c.token_ids) for c in choices)
+        return usage(sum(self.ins.prompt_lens), completion)
+
+    def encode(self, choices) -> bytes:
+        """The non-streamed response's JSON, a choice at a time: no single encode holds
+        the GIL for the whole response."""
+        body = self.response(choices, self.usage(choices))
+        body["choices"] = [msgspec.Raw(_encode_json(c)) for c in body["choices"]]
+        return _encode_json(body)
 
     def response_size(self, choices) -> int:
         """Tokens the response writes, each with its logprobs entries: what building it
@@ -212,11 +238,6 @@ def _logprobs(c):
     return c.output.outputs[0].logprobs if c.output is not None else None
 
 
-def _usage(fmt, choices):
-    completion = 0 if fmt.req.echo_only else sum(len(c.token_ids) for c in choices)
-    return usage(sum(fmt.ins.prompt_lens), completion)
-
-
 def _first_error(choices) -> str | None:
     return next((c.error or "request failed" for c in choices if c.finish_reason == "error"), None)
 
@@ -236,7 +257,10 @@ async def _until_disconnect(request: Request, work):
     return task.result() if task.done() and not task.cancelled() else None
 
 
-async def _generate(request: Request, fmt_cls, req, make_inputs):
+async def generate(request: Request, fmt_cls, req, make_inputs):
+    """One generation request of any endpoint: `req` (a SamplingFields) -> engine inputs
+    (`make_inputs(req, state)`) -> engine requests -> the response `fmt_cls` writes
+    (a CompletionFormat or subclass: SSE or JSON)."""
     st = _state(request)
     req.check_supported()
     st.check_model(req.model)
@@ -266,10 +290,7 @@ async def _generate(request: Request, fmt_cls, req, make_inputs):
         raise err
     if (err := _first_error(choices)) is not None:
         raise OpenAIError(getattr(gen, "error_status", 500), err)
-    fmt.prompt_logprobs.keep(choices)
-    if req.num_candidates > req.n:
-        choices = best_of(choices, req.n, req.num_candidates)
-    return await _json_response(fmt, choices)
+    return await _json_response(fmt, fmt.chosen(choices))
 
 
 # a response of more tokens (x logprobs entries) than this is built on a worker thread:
@@ -283,26 +304,25 @@ async def _json_response(fmt, choices) -> Response:
     """The non-streamed response's JSON, encoded by msgspec; built off the event loop
     when it is big (the worker thread holds the GIL in turns of 5 ms, so the loop and
     its streams go on)."""
-    def build() -> bytes:
-        body = fmt.response(choices, _usage(fmt, choices))
-        # a choice at a time: no single encode holds the GIL for the whole response
-        body["choices"] = [msgspec.Raw(_encode_json(c)) for c in body["choices"]]
-        return _encode_json(body)
     big = fmt.response_size(choices) > ON_LOOP_RESPONSE_TOKENS
-    body = await asyncio.to_thread(build) if big else build()
+    body = await asyncio.to_thread(fmt.encode, choices) if big else fmt.encode(choices)
     return Response(body, media_type="application/json")
 
 
 async def completions(request: Request):
     req = parse_body(CompletionRequest, await request.body())
-    return await _generate(request, CompletionFormat, req, lambda r, st: inputs.completion_inputs(
+    return await generate(request, CompletionFormat, req, lambda r, st: inputs.completion_inputs(
         r, st.tokenizer, st.max_model_len, st.vocab_size))
+
+
+def chat_inputs(req: ChatCompletionRequest, st) -> inputs.EngineInputs:
+    """A chat's engine inputs: its messages through the server's chat template."""
+    return inputs.chat_inputs(req, st.tokenizer, st.chat_template, st.max_model_len)
 
 
 async def chat_completions(request: Request):
     req = parse_body(ChatCompletionRequest, await request.body())
-    return await _generate(request, ChatFormat, req, lambda r, st: inputs.chat_inputs(
-        r, st.tokenizer, st.chat_template, st.max_model_len))
+    return await generate(request, ChatFormat, req, chat_inputs)
 
 
 # Plain Starlette routes: the body is msgspec's to decode, so FastAPI's request handler
@@ -314,16 +334,17 @@ for _path, (_endpoint, _) in GENERATE.items():
     router.add_route(_path, _endpoint, methods=["POST"], include_in_schema=False)
 
 
-def openapi_paths() -> tuple[dict, dict]:
-    """The generation routes' OpenAPI paths and the request schemas they refer to."""
-    refs, components = openapi_schemas(tuple(model for _, model in GENERATE.values()))
+def openapi_paths(routes: dict) -> tuple[dict, dict]:
+    """The OpenAPI paths of generation routes ({path: (endpoint, request model)}, as
+    GENERATE) and the request schemas they refer to."""
+    refs, components = openapi_schemas(tuple(model for _, model in routes.values()))
     paths = {path: {"post": {
         "summary": endpoint.__name__.replace("_", " ").capitalize(),
         "operationId": endpoint.__name__,
         "requestBody": {"required": True, "content": {"application/json": {"schema": ref}}},
         "responses": {"200": {"description": "The completion (JSON, or SSE with stream)"},
                       "400": {"description": "OpenAI error body naming the field (param)"}}}}
-        for (path, (endpoint, _)), ref in zip(GENERATE.items(), refs)}
+        for (path, (endpoint, _)), ref in zip(routes.items(), refs)}
     return paths, components
 
 
