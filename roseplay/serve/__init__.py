@@ -10,6 +10,8 @@ Modules, one job each:
   streaming.py  the SSE body: queued events coalesced per choice, msgspec-encoded chunks
   metrics.py    Prometheus metrics with vLLM's names
   routes.py     /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
+  responses_api.py     /v1/responses (OpenAI's Responses API): request -> the chat it runs as
+  responses_events.py  the Response object and its SSE events
   app.py        build_app(loop, ServeConfig): the FastAPI app
   server.py     uvicorn in a thread (tests) or in the foreground (the CLI)
   cli.py        `roseplay serve [engine flags] [--host] [--port] [--api-key] ...`

@@ -17,7 +17,8 @@ from roseplay.serve.errors import OpenAIError, install_handlers
 from roseplay.serve.gate import GateMiddleware
 from roseplay.serve.metrics import ServerMetrics
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
-from roseplay.serve.routes import openapi_paths, router
+from roseplay.serve.responses_api import RESPONSES, ResponsesRequest, responses_router
+from roseplay.serve.routes import GENERATE, openapi_paths, router
 from roseplay.serve.routing import routing_router
 from roseplay.serve.tokenize import tokenize_router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
@@ -102,8 +103,10 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
                   docs_url=None, redoc_url=None, redirect_slashes=False)
     app.state.serve = ServeState(loop, config)
     install_handlers(app, frozenset(CompletionRequest.__struct_fields__
-                                    + ChatCompletionRequest.__struct_fields__))
+                                    + ChatCompletionRequest.__struct_fields__
+                                    + ResponsesRequest.__struct_fields__))
     app.include_router(router)
+    app.include_router(responses_router)
     app.include_router(routing_router)
     app.include_router(tokenize_router)
     app.add_middleware(GateMiddleware, drain=app.state.serve.drain,
@@ -121,7 +124,7 @@ def _openapi(app: FastAPI) -> dict:
     """FastAPI's schema plus the generation routes with their msgspec request models."""
     if app.openapi_schema is None:
         schema = FastAPI.openapi(app)
-        paths, components = openapi_paths()
+        paths, components = openapi_paths({**GENERATE, **RESPONSES})
         schema["paths"] = {**paths, **schema.get("paths", {})}
         schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
     return app.openapi_schema
