@@ -21,6 +21,7 @@ from roseplay.tui.widgets.knobs import (CONCURRENCY_STEPS, cycled, knob_bounds, 
                                         live_fields, next_in, stepped)
 from roseplay.tui.widgets.requests import FILTERS, SORTS
 
+PAUSE_ACTIONS = {"pause": False, "resume": True}   # space's two bindings: the state each is for
 WORKLOAD_SETTERS = {"scenario": "set_scenario", "concurrency": "set_concurrency",
                     "rate": "set_rate"}
 
@@ -66,7 +67,21 @@ class Actions(GuideActions, RoutingActions):
     # -- engine ----------------------------------------------------------------------------
     def action_pause(self) -> None:
         if self.source is not None:
-            self._control(self.source.resume if self.source.paused else self.source.pause)
+            self._control(self.source.pause)
+
+    def action_resume(self) -> None:
+        if self.source is not None:
+            self._control(self.source.resume)
+
+    def is_paused(self) -> bool:
+        return self.source is not None and self.source.paused
+
+    def _follow_paused(self) -> None:
+        """Space's binding follows the source: `n`, a replay's end and a guide pause it
+        too, so the footer is refreshed whenever the state changes, not on the key."""
+        if self.is_paused() != self._paused_shown:
+            self._paused_shown = self.is_paused()
+            self.refresh_bindings()
 
     def action_step(self) -> None:
         if self.source is not None:

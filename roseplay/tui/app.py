@@ -20,7 +20,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, Static
 
-from roseplay.tui.actions import Actions
+from roseplay.tui.actions import PAUSE_ACTIONS, Actions
 from roseplay.tui.marks import RecordedMarks
 from roseplay.tui.commands import RoseplayCommands
 from roseplay.tui.dp_actions import MERGED_NOTE, DecisionStore
@@ -92,6 +92,7 @@ class RoseplayApp(Actions, App):
         self._note_shown = None
         self.layout_note = ""
         self._input_seen = False   # a key, mouse or resize event since the last frame
+        self._paused_shown = False     # the state space's footer binding was drawn for
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -240,6 +241,7 @@ class RoseplayApp(Actions, App):
         UI thread's own CPU time (rendering included) and skipping frames above
         UI_CPU_SHARE keeps the engine fast, while key presses still redraw at once.
         """
+        self._follow_paused()
         now, cpu = time.monotonic(), time.thread_time()
         window = self._cpu_window
         window.append((now, cpu))
@@ -344,12 +346,15 @@ class RoseplayApp(Actions, App):
 
     def check_action(self, action: str, parameters) -> bool | None:
         """Keys of the other mode (replay keys on a live engine, the prompt in a replay)
-        are hidden and do nothing. A key that opens a text field (bound with priority:
+        are hidden and do nothing. Space pauses a running source and resumes a paused
+        one (the footer names which). A key that opens a text field (bound with priority:
         keys.py `takes_text`) is typed as text where a field has the focus or another
         screen is on top (help, the palette, a dialog)."""
         if action in TEXT_ACTIONS and (isinstance(self.focused, Input) or self.screen
                                        is not getattr(self, "main_screen", self.screen)):
             return False
+        if action in PAUSE_ACTIONS and PAUSE_ACTIONS[action] != self.is_paused():
+            return False            # space: the other of its two bindings applies
         mode = action_mode(action)
         kind = self.source.kind if self.source is not None else "live"
         return mode in ("both", kind)

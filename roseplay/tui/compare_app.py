@@ -34,7 +34,7 @@ from roseplay.tui.widgets.status import StatusBar
 from roseplay.tui.widgets.stopped import STOP_STYLE
 from roseplay.tui.widgets.timing import TimingPanel
 
-COMPARE_ACTIONS = {"pause", "step", "step_back", "seek", "seek_to", "speed", "toggle_cache",
+COMPARE_ACTIONS = {"pause", "resume", "step", "step_back", "seek", "seek_to", "speed", "toggle_cache",
                    "budget", "seqs", "scenario", "concurrency", "rate", "clear_cache",
                    "edit_slos", "reset_stats", "theme", "help", "quit"}
 KEY_ACTIONS = {k.action.split("(")[0] for k in KEYS}

@@ -31,8 +31,12 @@ class Key:
 
 
 KEYS = (
-    Key("space", "pause", "Pause", "pause / resume (the replay's timeline in a replay)",
-        "space", footer=True),
+    # one key, two bindings: the footer, the palette and a press take the one that applies
+    # (RoseplayApp.check_action), so a paused app reads "space Resume"
+    Key("space", "pause", "Pause", "pause (the replay's timeline in a replay)", "space",
+        footer=True),
+    Key("space", "resume", "Resume", "resume (play the replay on from this frame)", "space",
+        footer=True),
     Key("n", "step", "Step", "one engine step, then stay paused (replay: next frame)", "n",
         footer=True),
     Key("b", "step_back", "Back", "previous frame", "b", "replay"),
@@ -120,9 +124,14 @@ LIST_KEYS = (("↑ ↓  k j", "select a request (its blocks turn yellow on the m
 
 
 def bindings() -> list[Binding]:
+    """One Binding per key: `display` writes a Key's first key only, and a second key is
+    written as Textual writes it (where a focused field takes `?` as text, the footer
+    shows the f1 that still opens the help, not a `?` that types)."""
     # ctrl+c quits too, from any widget (Textual's default only toasts "press ctrl+q")
-    return [Binding(k.keys, k.action, k.label, show=k.footer, key_display=k.display,
-                    tooltip=k.help, priority=k.takes_text) for k in KEYS] + [
+    return [Binding(key, k.action, k.label, show=k.footer,
+                    key_display=k.display if i == 0 else None, tooltip=k.help,
+                    priority=k.takes_text)
+            for k in KEYS for i, key in enumerate(k.keys.split(","))] + [
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
 
 

@@ -1,0 +1,65 @@
+"""The footer names what each key it shows does now: space reads Resume while paused,
+however the pause came (space, `n`, a replay), and where a field has the focus the help
+key it shows is one the field leaves to the app."""
+from __future__ import annotations
+
+import pytest
+
+from roseplay.tui.app import RoseplayApp
+from roseplay.tui.widgets.help import HelpScreen
+from roseplay.tui.widgets.prompt_input import PromptBar
+from tests.roseplay.tui.helpers import (StaticSource, screen_text, session_snapshot, sync,
+                                        wait_for)
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
+
+
+def footer(app) -> str:
+    return screen_text(app).splitlines()[-1]
+
+
+@sync
+async def test_space_reads_resume_while_paused_and_pause_while_serving(paused_source):
+    """It read `space Pause` while paused (the key resumed)."""
+    source = paused_source
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: "space Resume" in footer(app), 30), footer(app)
+        assert "Pause" not in footer(app)
+        await pilot.press("space")
+        assert await wait_for(pilot, lambda: not source.paused, 30)
+        assert await wait_for(pilot, lambda: "space Pause" in footer(app), 30), footer(app)
+        assert "Resume" not in footer(app)
+        await pilot.press("n")          # a step pauses: the footer follows without space
+        assert await wait_for(pilot, lambda: source.paused, 30)
+        assert await wait_for(pilot, lambda: "space Resume" in footer(app), 30), footer(app)
+        await pilot.press("space")
+        assert await wait_for(pilot, lambda: not source.paused, 30)
+        await pilot.press("space")
+        assert await wait_for(pilot, lambda: source.paused, 30)
+
+
+@sync
+async def test_a_paused_replay_reads_resume():
+    app = RoseplayApp(source=StaticSource(session_snapshot()))
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: "space Resume" in footer(app), 30), footer(app)
+
+
+@sync
+async def test_with_the_prompt_focused_the_footer_shows_f1_which_opens_the_help(
+        paused_source):
+    """It showed `? Help` while `?` typed a question mark into the prompt."""
+    app = RoseplayApp(source=paused_source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: "? Help" in footer(app), 30), footer(app)
+        await pilot.press("i")
+        field = app.query_one("#prompt-input")
+        assert await wait_for(pilot, lambda: app.focused is field, 30)
+        await pilot.press("question_mark")
+        assert await wait_for(pilot, lambda: field.value == "?", 30)
+        assert await wait_for(pilot, lambda: "f1 Help" in footer(app), 30), footer(app)
+        assert "? Help" not in footer(app)
+        await pilot.press("f1")
+        assert await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), 30)
+        assert app.query_one(PromptBar).is_open
