@@ -23,28 +23,37 @@ _CHECK_LEN = 12
 _PROBE = "Hi , it 's here . Isn 't it ? I 'm sure ! We 've seen , they 're here ."
 
 
-def make_detokenizer(tokenizer, stop: tuple[str, ...] = ()):
-    table = byte_table(tokenizer)
-    if table is not None:
-        return ByteTableDetokenizer(table, stop)
-    return IncrementalDetokenizer(tokenizer, stop)
+def make_detokenizer(tokenizer, stop: tuple[str, ...] = (), skip_special_tokens: bool = True,
+                     include_stop: bool = False):
+    """A request's detokenizer (SamplingParams' stop, skip_special_tokens and
+    include_stop_str_in_output): the byte table skips special tokens, so a request that
+    shows them takes the decoding window."""
+    table = byte_table(tokenizer) if skip_special_tokens else None
+    detok = ByteTableDetokenizer(table, stop) if table is not None else \
+        IncrementalDetokenizer(tokenizer, stop, skip_special_tokens)
+    detok.include_stop = include_stop
+    return detok
 
 
-def _match_stop(stop: tuple[str, ...], text: str, new_text: str) -> tuple[str, str | None]:
-    """Cut new_text at the first stop string that ends in the part added to text; and
-    that string (vLLM's stop_reason), None if none matched."""
+def _match_stop(stop: tuple[str, ...], text: str, new_text: str,
+                include: bool = False) -> tuple[str, str | None]:
+    """Cut new_text at the first stop string that ends in the part added to text (after
+    it with `include`: vLLM's include_stop_str_in_output); and that string (vLLM's
+    stop_reason), None if none matched."""
     if stop:
         window_start = max(0, len(text) - max(map(len, stop)) + 1)
         cut = [(i, s) for s in stop if (i := new_text.find(s, window_start)) >= 0]
         if cut:
             i, s = min(cut, key=lambda c: c[0])
-            return new_text[:i], s
+            return new_text[:i + len(s) if include else i], s
     return new_text, None
 
 
 class ByteTableDetokenizer:
     """Text deltas from a token -> bytes table; incomplete UTF-8 sequences are held back
     until their last byte arrives, invalid ones become U+FFFD (as `decode` makes them)."""
+
+    include_stop = False
 
     def __init__(self, table: list[bytes], stop: tuple[str, ...] = ()):
         self.table = table
@@ -62,7 +71,7 @@ class ByteTableDetokenizer:
         delta = self.utf8.decode(data)
         if not delta:
             return text, None
-        return _match_stop(self.stop, text, text + delta)
+        return _match_stop(self.stop, text, text + delta, self.include_stop)
 
 
 class IncrementalDetokenizer:
@@ -72,9 +81,12 @@ class IncrementalDetokenizer:
     out right, and holds back text ending in U+FFFD (an incomplete UTF-8 sequence).
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+    include_stop = False
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.stop = stop
+        self.skip = skip_special_tokens
         self.prefix_offset = 0
         self.read_offset = 0
 
@@ -83,13 +95,14 @@ class IncrementalDetokenizer:
         if self.tokenizer is None:
             return text, None
         decode = self.tokenizer.decode
-        prefix = decode(output_ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        full = decode(output_ids[self.prefix_offset:], skip_special_tokens=True)
+        prefix = decode(output_ids[self.prefix_offset:self.read_offset],
+                        skip_special_tokens=self.skip)
+        full = decode(output_ids[self.prefix_offset:], skip_special_tokens=self.skip)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
             return text, None
         delta = full[len(prefix):]
         self.prefix_offset, self.read_offset = self.read_offset, len(output_ids)
-        return _match_stop(self.stop, text, text + delta)
+        return _match_stop(self.stop, text, text + delta, self.include_stop)
 
 
 def byte_table(tokenizer) -> list[bytes] | None:

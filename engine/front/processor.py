@@ -174,13 +174,15 @@ class OutputProcessor:
         p = creq.params
         # text is decoded incrementally only when someone reads it per step or it is
         # needed for stop strings; otherwise once, at the end
-        detok = (make_detokenizer(self.tokenizer, p.stop)
-                 if self.tokenizer is not None and (p.stop or on_event is not None) else None)
+        detok = (make_detokenizer(self.tokenizer, p.stop, p.skip_special_tokens,
+                                  p.include_stop_str_in_output)
+                 if self.tokenizer is not None and p.detokenize
+                 and (p.stop or on_event is not None) else None)
         st = self.states[creq.request_id] = RequestState(
             creq.request_id, prompt_text, creq.prompt_token_ids, p, on_event, on_finish, detok)
         if p.logprobs is not None:
             st.logprobs = []
-        if p.stop:
+        if p.stop and not p.include_stop_str_in_output:   # (kept text is never cut)
             st.hold = max(map(len, p.stop)) - 1
         if p.min_tokens and p.stop and detok is not None:   # vLLM: no stop string before
             st.held_stop, detok.stop = p.stop, ()           # min_tokens output tokens
@@ -243,8 +245,10 @@ class OutputProcessor:
 
     def _deliver(self, st: RequestState, reason: str, error: str | None,
                  fin: FinishedRequest | None) -> None:
-        if st.detok is None and self.tokenizer is not None and st.output_ids:
-            st.text = self.tokenizer.decode(st.output_ids, skip_special_tokens=True)
+        p = st.params
+        if st.detok is None and self.tokenizer is not None and st.output_ids and p.detokenize:
+            st.text = self.tokenizer.decode(st.output_ids,
+                                            skip_special_tokens=p.skip_special_tokens)
         arrival = fin.arrival_time if fin is not None else (st.times[0] if st.times else 0.0)
         metrics = RequestMetrics.from_times(arrival, st.times,
                                             fin.num_cached_tokens if fin else 0,
