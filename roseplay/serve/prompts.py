@@ -108,9 +108,10 @@ def truncated(prompt: dict, keep: int | None, tokenizer) -> dict:
 
 
 def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
-                field: str = "max_tokens") -> int:
+                field: str = "max_tokens", prompt_field: str = "prompt") -> int:
     """The output's length; a 400 names `field`, the request field it came from (chat's
-    max_completion_tokens or max_tokens)."""
+    max_completion_tokens or max_tokens), or `prompt_field` when the prompt alone fills
+    the context."""
     if requested is None:
         requested = max(1, max_model_len - prompt_len)
     if not 1 <= requested <= MAX_TOKENS:
@@ -120,7 +121,7 @@ def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
             f"{requested} in the completion). Please reduce the prompt or {field}.",
-            field if prompt_len < max_model_len else "prompt")
+            field if prompt_len < max_model_len else prompt_field)
     return requested
 
 
@@ -133,7 +134,7 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
         n_prompt = len(p["prompt_token_ids"])
         if n_prompt == 0:
             raise InvalidRequestError("prompt is empty (0 tokens)")
-        max_tokens = _max_tokens(requested, n_prompt, max_model_len, field)
+        max_tokens = _max_tokens(requested, n_prompt, max_model_len, field, req.PROMPT_FIELD)
         for i in range(req.num_candidates):
             all_prompts.append(p)
             params.append(req.sampling_params(max_tokens, i, bias))

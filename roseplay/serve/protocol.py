@@ -67,6 +67,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     # the request field OpenAI's output format is read from (a grammar error's param):
     # response_format here, `text` for /v1/responses (roseplay/serve/responses_api.py)
     FORMAT_FIELD: ClassVar[str] = "response_format"
+    PROMPT_FIELD: ClassVar[str] = "prompt"     # the field that holds the prompt (a 400's param)
     model: str
     n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = 1
     temperature: float | None = None
@@ -304,6 +305,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
                      "parallel_tool_calls": True}
     # the template would close the last assistant message, not continue it
     REFUSED = SamplingFields.REFUSED + ("continue_final_message",)
+    PROMPT_FIELD = "messages"
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

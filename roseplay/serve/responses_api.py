@@ -215,7 +215,7 @@ def _text(where: str, item: InputItem) -> str:
 class ResponsesChat(ChatCompletionRequest, kw_only=True):
     """The chat request a Responses request runs as: its 400s name the Responses fields
     (max_output_tokens, text), and `source` is the request the response echoes."""
-    FORMAT_FIELD = "text"
+    FORMAT_FIELD, PROMPT_FIELD = "text", "input"
     source: Any = None
 
     @property

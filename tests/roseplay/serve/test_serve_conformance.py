@@ -90,6 +90,9 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("chat/completions", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("chat/completions", {**CHAT, "max_completion_tokens": 5000}, "max_completion_tokens"),
     ("chat/completions", {**CHAT, "messages": []}, "messages"),
+    # a prompt as long as the context: the field that holds it (chat has no `prompt`)
+    ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": "ROMEO. " * 900}]},
+     "messages"),
     ("chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages"),
     ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages"),
     ("chat/completions", {**CHAT, "messages": [{"content": "x"}]}, "messages"),

@@ -173,6 +173,7 @@ REFUSED = [  # (body changes, param, words of the message)
     ({"input": 5}, "input", ""),
     ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be"),
     ({"max_output_tokens": 5000}, "max_output_tokens", "maximum context length"),
+    ({"input": "ROMEO. " * 900}, "input", "maximum context length"),
     ({"temperature": -1}, "temperature", "temperature must be"),
     ({"model": "nope"}, "model", "does not exist"),
 ]
