@@ -25,6 +25,7 @@ class CounterWindow:
         self.now = None
         self.peak: int | None = None         # KV blocks in use at most since the last reset
         self._ended: dict = {}               # request id -> (its end, its finished view)
+        self._itls: deque = deque()          # (time, gap) of every token gap seen, WINDOW s
 
     def feed(self, snap) -> None:
         t, c = snap.time, snap.counters
@@ -32,6 +33,7 @@ class CounterWindow:
             self._samples.clear()
             self.base = self.reset_time = self.restart_time = self.peak = None
             self._ended = {}
+            self._itls.clear()
         if not self._samples or self._samples[-1][1] is not c:
             self._samples.append((t, c))
         while len(self._samples) > 1 and self._samples[1][0] <= t - self.window:
@@ -40,6 +42,9 @@ class CounterWindow:
         if self.base is not None:
             self.peak = max(self.peak or 0, snap.num_used)
         self._keep_ended(snap)
+        self._itls.extend(newer(snap.recent_itls, self._itls[-1][0] if self._itls else None))
+        while self._itls and self._itls[0][0] < t - self.window:
+            self._itls.popleft()
 
     def _keep_ended(self, snap) -> None:
         """A snapshot holds the latest RECENT_FINISHED (64) ended requests: under load
@@ -56,6 +61,12 @@ class CounterWindow:
         """The snapshot's requests and the finished ones of the window it let go of."""
         ids = {r.request_id for r in snap.requests}
         return [*snap.requests, *(r for rid, (_, r) in self._ended.items() if rid not in ids)]
+
+    def itls(self) -> deque:
+        """(time, gap) of the token gaps of the last WINDOW s: a snapshot holds the latest
+        RECENT_SAMPLES (2048), which 16 requests decoding on the bundled CPU model fill in
+        under 2 s (the "10 s" ITL percentiles read those); the gaps the app sees are kept."""
+        return self._itls
 
     def reset(self) -> None:
         """Totals count from now on; the window starts empty."""
@@ -103,3 +114,14 @@ class CounterWindow:
         """Prefix-cache hit rate (hit tokens / looked-up tokens); None with no lookups."""
         get = self.recent if recent else self.total
         return prefix_hit_rate(get("prefix_hit_tokens"), get("prefix_queried_tokens"))
+
+
+def newer(samples, after, key=lambda x: x[0]) -> list:
+    """The items of `samples` (a snapshot's bounded recent list, oldest first) later than
+    `after` by `key` (all of them for None): what came since the last snapshot read."""
+    fresh = []
+    for x in reversed(samples):
+        if after is not None and key(x) <= after:
+            break
+        fresh.append(x)
+    return fresh[::-1]

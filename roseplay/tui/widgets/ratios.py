@@ -66,7 +66,7 @@ def side_metrics(snap, window, slos: dict, stopped: bool = False) -> dict[str, f
     requests = window.requests(snap)      # (with the window's finished the snapshot let go)
     ttft = window_ttfts(requests, start)      # the Timing table's population
     tpot = [x[2] for x in lat if x[2] is not None]
-    itl = [x[1] for x in snap.recent_itls if x[0] >= start]
+    itl = [x[1] for x in window.itls() if x[0] >= start]    # (the window keeps them all)
     t50, t95 = pctl(ttft, (50, 95))
     good, total = goodput_share(snap, start, slos, requests) if slos else (0, 0)
     hit = window.hit_rate(recent=True)

@@ -116,7 +116,7 @@ class TimingStats(Widget):
         self._text = Text()
 
     def show(self, snap, rate: float | None, since: float | None, slos: dict | None = None,
-             stopped: bool = False, requests=None) -> None:
+             stopped: bool = False, requests=None, itls=None) -> None:
         """Percentiles over the last WINDOW seconds (from the last reset or knob change,
         if later; the header says how many): TTFT of the requests whose first token came
         in it (the TTFT plot's population: its points are the p50 of the RECENT latest),
@@ -125,7 +125,7 @@ class TimingStats(Widget):
         stopped for good: the window ends at its stop, and no token comes now (no tok/s)."""
         start = max(snap.time - WINDOW, since if since is not None else -math.inf)
         lat = [x for x in snap.recent_latencies if x[0] >= start]
-        itl = [x[1] for x in snap.recent_itls if x[0] >= start]
+        itl = [x[1] for x in (snap.recent_itls if itls is None else itls) if x[0] >= start]
         requests = snap.requests if requests is None else requests   # (with the window's
         ttft = window_ttfts(requests, start)                          # finished let go of)
         t = Text(no_wrap=True)
@@ -235,7 +235,7 @@ class TimingPanel(WidthBorders, Container):
             return
         self._shown_at = (key, now)
         self.stats.show(snap, window.rate("generated_tokens"), window.since, self.slos, stopped,
-                        window.requests(snap))
+                        window.requests(snap), window.itls())
         goodput = f"goodput: {slo_text(self.slos)} (l edits)" if self.slos else ""
         self.set_borders(partial(caption_borders, stopped_at, goodput))
         marks = self.history.marks

@@ -1,0 +1,76 @@
+"""A figure said to be over a window is over that window: a snapshot holds only the latest
+2048 token gaps and 256 steps (engine/core/stats.py), which 16 requests decoding on the
+bundled CPU model fill in under 2 s and 4 s, so the Timing table's "10 s" ITL, the
+compare table's and a guide scorecard's ITL and mixed steps read the last seconds only.
+Built snapshots: two frames, each with a full list of gaps (steps) of its own."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+from roseplay.tui.app import RoseplayApp
+from roseplay.tui.guides.check import Window
+from roseplay.tui.widgets.ratios import side_metrics
+from roseplay.tui.widgets.requests import fmt_ms
+from tests.roseplay.tui.helpers import StaticSource, session_snapshot, sync, widget_text
+
+pytestmark = pytest.mark.timeout(120)
+FULL = 2048          # RECENT_SAMPLES: the gaps a snapshot holds
+
+
+def _frames():
+    """Two frames 1 s apart: 2048 gaps of 50 ms in the first second, 2048 of 10 ms in the
+    next (the second frame's list holds only its own)."""
+    snap = session_snapshot(12)
+    t = snap.time
+    first = dataclasses.replace(snap, time=t + 1, recent_itls=tuple(
+        (t + (i + 1) / FULL, 0.050) for i in range(FULL)))
+    second = dataclasses.replace(snap, time=t + 2, recent_itls=tuple(
+        (t + 1 + (i + 1) / FULL, 0.010) for i in range(FULL)))
+    return first, second
+
+
+@sync
+async def test_the_timing_table_and_compare_itl_count_every_gap_of_the_window():
+    """The table's ITL p95 read 10.0ms: the second frame's gaps only."""
+    first, second = _frames()
+    app = RoseplayApp(source=StaticSource(first))
+    async with app.run_test(size=(120, 40)) as pilot:
+        for snap in (first, second):
+            app.source.snap = snap
+            app.timing.reset_shown()
+            app.refresh_panels()
+            await pilot.pause()
+        gaps = [0.050] * FULL + [0.010] * FULL
+        p50, p95 = (fmt_ms(float(np.percentile(gaps, q))) for q in (50, 95))
+        table = widget_text(app.timing.stats)
+        assert re.search(rf"ITL +{p50} +{p95} ", table), table
+        assert side_metrics(second, app.window, {})["itl_p50"] == pytest.approx(
+            float(np.percentile(gaps, 50)))
+
+
+def test_a_guide_window_counts_every_gap_and_step_it_saw():
+    """A scorecard's ITL and mixed steps read the last 256 steps and 2048 gaps."""
+    first, second = _frames()
+    step = first.recent_steps[-1]
+    prefill_only = dataclasses.replace(step, decode_tokens=0, prefill_tokens=16)
+    mixed = dataclasses.replace(step, decode_tokens=4, prefill_tokens=16)
+    base = first.step
+    first = dataclasses.replace(first, step=base + 256, recent_steps=tuple(
+        dataclasses.replace(mixed, step=base + 1 + i) for i in range(256)))
+    second = dataclasses.replace(second, step=base + 512, recent_steps=tuple(
+        dataclasses.replace(prefill_only, step=base + 257 + i) for i in range(256)))
+    start = dataclasses.replace(first, time=first.time - 1, step=base,
+                                recent_itls=(), recent_steps=())
+    window = Window(start)
+    for snap in (first, second):
+        window.feed(snap)
+    result = window.result()
+    assert result["mixed_steps"] == pytest.approx(0.5)        # it read 0.0
+    gaps = [0.050] * FULL + [0.010] * FULL
+    assert result["itl_p50"] == pytest.approx(float(np.percentile(gaps, 50)))
+    assert result["itl_p99"] == pytest.approx(0.050)           # it read 10 ms
+    assert window.counts()["token gaps"] == 2 * FULL
