@@ -121,7 +121,7 @@ async def responses_sse(fmt: ResponsesFormat, gen):
     request (gen.close())."""
     event = Events()
     part = {"output_index": 0, "item_id": fmt.item_id, "content_index": 0}
-    opened, ended = False, False
+    opened, ended, held = False, False, []
     try:
         start = fmt.response_object("in_progress", [])
         yield event("response.created", response=start) + event("response.in_progress",
@@ -133,9 +133,11 @@ async def responses_sse(fmt: ResponsesFormat, gen):
                 if not opened:
                     out += _opening(fmt, event, part)
                     opened = True
-                if p.text:
+                held += p.logprobs or ()
+                if p.text:      # tokens without text yet give their logprobs to the next
                     out.append(event("response.output_text.delta", **part, delta=p.text,
-                                     logprobs=fmt.logprob_entries(p.logprobs) or []))
+                                     logprobs=fmt.logprob_entries(held) or []))
+                    held = []
             if errors:
                 out += _failed(fmt, event, errors[0])
                 ended = True

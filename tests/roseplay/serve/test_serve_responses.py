@@ -129,12 +129,19 @@ def test_instructions_are_a_system_message_and_items_are_turns(client):
 
 
 def test_output_logprobs_when_included(client):
-    r = client.responses.create(model="default", input=ASK, max_output_tokens=6, temperature=0,
-                                include=["message.output_text.logprobs"], top_logprobs=2)
+    ask = dict(model="default", input=ASK, max_output_tokens=6, temperature=0,
+               include=["message.output_text.logprobs"], top_logprobs=2)
+    r = client.responses.create(**ask)
     lps = r.output[0].content[0].logprobs
     assert "".join(lp.token for lp in lps) == r.output_text and len(lps) == r.usage.output_tokens
     assert all(len(lp.top_logprobs) == 2 and lp.top_logprobs[0].logprob == lp.logprob
                for lp in lps)
+    events = list(client.responses.create(**ask, stream=True))
+    streamed = [(lp.token, lp.logprob) for e in events if e.type == "response.output_text.delta"
+                for lp in e.logprobs]
+    assert streamed == [(lp.token, lp.logprob) for lp in lps]
+    assert [lp.token for lp in events[-1].response.output[0].content[0].logprobs] == \
+        [lp.token for lp in lps]
 
 
 def test_text_format_json_schema_constrains_the_output(client):
