@@ -78,17 +78,19 @@ class Plot(Widget):
     def _label(self, y: int, height: int, finite, top: float) -> str:
         """Name and latest value (units included); the full scale on the second row, or
         after a slash on a one-row plot. Once the engine stopped, a blank in place of the
-        latest value (the bars end at the stop; a one-row plot keeps its scale)."""
+        latest value (the bars end at the stop; a one-row plot keeps its scale). The scale
+        goes only where a blank is left before the bars (`TTFT 1179ms/1792ms▄▄` ran into
+        them)."""
         if y == 0 and self.stopped and finite:
             text, scale = f"{self.label} {BLANK}", f" top {self.fmt(top)}"
             return text + (scale if height == 1 and top > 0 and
-                           len(text + scale) <= self.LABEL else "")
+                           len(text + scale) < self.LABEL else "")
         if y == 0:      # the latest point's value ("-": none in it, not an older one)
             if not finite or math.isnan(self.values[-1]):
                 return f"{self.label} -"
             text = f"{self.label} {self.fmt(finite[-1])}"
             return text + (f"/{self.fmt(top)}" if height == 1 and top > 0 and
-                           len(text) + 1 + len(self.fmt(top)) <= self.LABEL else "")
+                           len(text) + 1 + len(self.fmt(top)) < self.LABEL else "")
         if y == 1:
             return f" top {self.fmt(top)}" if finite else " no data yet"
         return ""

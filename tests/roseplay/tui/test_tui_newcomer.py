@@ -224,3 +224,22 @@ def test_the_strips_speculation_line_keeps_its_positions(width):
     assert spec_line(n, snap).plain == (
         "spec ngram k=3: 1250 drafted → 116 accepted (9%) in 426 verifies · by pos 20 6 1% · "
         "off in 12 steps (> disable_by_batch_size 32 decoding)")
+
+
+@sync
+async def test_a_plot_label_never_runs_into_its_bars():
+    """At 200x60 the TTFT label read `TTFT 1179ms/1792ms▄▄`: 18 characters, the whole
+    label column, and the bars started right after it."""
+    class PlotApp(App):
+        def compose(self):
+            yield Plot("TTFT", "decode", lambda v: f"{v:.0f}ms")
+    app = PlotApp()
+    async with app.run_test(size=(Plot.LABEL + 20, 4)) as pilot:
+        plot = app.query_one(Plot)
+        for values in ([1792.0] * 4 + [1179.0], [179.0] * 4 + [17.0]):
+            plot.show(values)
+            await pilot.pause()
+            line = widget_text(plot).splitlines()[0]
+            assert line[Plot.LABEL - 1] == " ", line
+            assert line.startswith(f"TTFT {values[-1]:.0f}ms"), line
+        assert line.startswith("TTFT 17ms/179ms "), line       # the scale where it fits
