@@ -25,12 +25,13 @@ def load_template(value: str | None) -> str | None:
 
 def render(tokenizer, template: str, messages: list[dict],
            add_generation_prompt: bool = True,
-           tools: list[dict] | None = None) -> tuple[str, list[int]]:
-    """The prompt text and its token ids (engine/front/chat_template.py render)."""
+           tools: list[dict] | None = None, param: str = "messages") -> tuple[str, list[int]]:
+    """The prompt text and its token ids (engine/front/chat_template.py render); a 400
+    names `param`, the request field the messages came from."""
     if tokenizer is None:
-        raise invalid("this model has no tokenizer: /v1/chat/completions needs one (use "
-                      "/v1/completions with token-id prompts)", "messages")
+        raise invalid("this model has no tokenizer: /v1/chat/completions and /v1/responses "
+                      "need one (use /v1/completions with token-id prompts)", param)
     try:
         return chat_template.render(tokenizer, template, messages, add_generation_prompt, tools)
     except InvalidRequestError as exc:
-        raise invalid(str(exc), "messages") from None
+        raise invalid(str(exc), param) from None

@@ -160,7 +160,8 @@ def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
                 max_model_len: int) -> EngineInputs:
     messages = [message_dict(m) for m in req.messages]
     tools = req.tool_spec.for_template() if req.tool_spec is not None else None
-    text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools)
+    text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools,
+                            req.PROMPT_FIELD)
     field = req.max_tokens_field
     prompt = truncated({"prompt_token_ids": ids, "prompt": text},
                        truncate_to(req, max_model_len), tokenizer)

@@ -205,10 +205,11 @@ def _text(where: str, item: InputItem) -> str:
         return item.content or ""
     kinds = ("input_text", "output_text") if item.role == "assistant" else ("input_text",)
     for j, part in enumerate(item.content):
-        if part.type not in kinds or part.text is None:
+        if part.type not in kinds:
             raise invalid(f"{where}.content[{j}]: {part.type[:40]!r} parts are not supported "
-                          f"by this model (it reads text: {' or '.join(kinds)} parts with "
-                          "text)", "input")
+                          f"by this model (it reads text: {' or '.join(kinds)} parts)", "input")
+        if part.text is None:
+            raise invalid(f"{where}.content[{j}]: the {part.type} part has no text", "input")
     return "".join(part.text for part in item.content)
 
 

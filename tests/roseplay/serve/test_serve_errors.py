@@ -287,9 +287,13 @@ def test_dummy_model_takes_token_ids_only():
         base = {"model": "dummy:tiny", "max_tokens": 5, "ignore_eos": True}
         check_error(httpx.post(srv.url + "/v1/completions", json={**base, "prompt": "hi"}),
                     400, in_message="send the prompt as token ids")
-        check_error(httpx.post(srv.url + "/v1/chat/completions", json={
+        err = check_error(httpx.post(srv.url + "/v1/chat/completions", json={
             **base, "messages": [{"role": "user", "content": "hi"}]}), 400,
             in_message="no tokenizer")
+        assert err["param"] == "messages"
+        err = check_error(httpx.post(srv.url + "/v1/responses", json={
+            "model": "dummy:tiny", "input": "hi"}), 400, in_message="no tokenizer")
+        assert err["param"] == "input" and "/v1/responses" in err["message"]
         r = httpx.post(srv.url + "/v1/completions", json={**base, "prompt": [1, 2, 3],
                                                           "return_token_ids": True})
         choice = r.json()["choices"][0]

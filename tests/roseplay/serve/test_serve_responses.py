@@ -176,6 +176,8 @@ REFUSED = [  # (body changes, param, words of the message)
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input",
      "input[0]: items of type 'function_call_output'"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input", "input[0].role must be"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input",
+     "input[0].content[0]: the input_text part has no text"),
     ({"input": []}, "input", ""),
     ({"input": 5}, "input", ""),
     ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens must be"),
