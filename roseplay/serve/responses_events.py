@@ -25,7 +25,7 @@ import time
 import msgspec
 
 from roseplay.serve.constrained import decode_small
-from roseplay.serve.routes import ChatFormat
+from roseplay.serve.routes import ChatFormat, choice_logprobs, choice_text
 from roseplay.serve.streaming import coalesce
 
 _encode = msgspec.json.Encoder().encode
@@ -92,11 +92,9 @@ class ResponsesFormat(ChatFormat):
     def finished(self, choices) -> dict:
         """The Response of finished choices (one: a response has one output message)."""
         c = choices[0]
-        text = c.output.outputs[0].text if c.output is not None else ""
-        lps = self.logprob_entries(c.output.outputs[0].logprobs) if c.output is not None else None
         status = _status(c.finish_reason)
-        return self.response_object(status, [self.message(text, status, lps)],
-                                    self.usage_object(choices))
+        message = self.message(choice_text(c), status, self.logprob_entries(choice_logprobs(c)))
+        return self.response_object(status, [message], self.usage_object(choices))
 
     def encode(self, choices) -> bytes:
         return _encode(self.finished(choices))

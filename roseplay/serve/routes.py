@@ -107,10 +107,10 @@ class CompletionFormat:
 
     def _choice_logprobs(self, c) -> dict | None:
         if not self.req.echo or c.output is None:
-            return self.logprobs.format(c.index, _logprobs(c))
+            return self.logprobs.format(c.index, choice_logprobs(c))
         return self.logprobs.echo(c.index, c.output.prompt_token_ids[0],
                                   self.prompt_logprobs.get(c.index // self.req.n),
-                                  None if self.req.echo_only else _logprobs(c))
+                                  None if self.req.echo_only else choice_logprobs(c))
 
     def streamed(self, gen):
         """The Generation as the SSE response reads it: with n > 1 and echo + logprobs,
@@ -154,7 +154,8 @@ class CompletionFormat:
 
     def response(self, choices, u) -> dict:
         generated = not self.req.echo_only
-        out = [CompletionChoice(index=c.index, text=self._echo(c.index) + _text(c) * generated,
+        out = [CompletionChoice(index=c.index,
+                                text=self._echo(c.index) + choice_text(c) * generated,
                                 finish_reason=_finish_reason(c.finish_reason),
                                 stop_reason=stop_reason(c),
                                 token_ids=(c.token_ids if generated else [])
@@ -196,8 +197,8 @@ class ChatFormat(CompletionFormat):
         parser = self.tools.parser() if self.tools is not None else None
         reason = _finish_reason(c.finish_reason)
         if parser is None:
-            return ChatMessageOut(content=_text(c)), reason
-        content, calls = read_all(parser, _text(c))
+            return ChatMessageOut(content=choice_text(c)), reason
+        content, calls = read_all(parser, choice_text(c))
         return ChatMessageOut(content=content or None, tool_calls=calls or None), \
             _tool_reason(self.tools, parser, reason)
 
@@ -210,7 +211,7 @@ class ChatFormat(CompletionFormat):
                                   token_ids=c.token_ids if self.req.return_token_ids else None))
         body = ChatCompletionResponse(id=self.id, model=self.model, choices=out,
                                       usage=u).model_dump()
-        return _with_logprobs(body, [self.logprobs.format(c.index, _logprobs(c))
+        return _with_logprobs(body, [self.logprobs.format(c.index, choice_logprobs(c))
                                      for c in choices])
 
 
@@ -230,11 +231,11 @@ def _with_logprobs(body: dict, logprobs: list) -> dict:
     return body
 
 
-def _text(c) -> str:
+def choice_text(c) -> str:
     return c.output.outputs[0].text if c.output is not None else ""
 
 
-def _logprobs(c):
+def choice_logprobs(c):
     return c.output.outputs[0].logprobs if c.output is not None else None
 
 
