@@ -12,7 +12,8 @@ import os
 import sys
 
 from roseplay.cli_checks import (check_bench_config, check_compare, check_engine,
-                                 check_engine_access, check_model, check_output_path)
+                                 check_engine_access, check_model, check_output_path,
+                                 check_session)
 from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, add_goodput_flag
 from roseplay.tui.defaults import note_app_defaults
 from roseplay.tui.launch import CannotStart, run_tui
@@ -115,10 +116,9 @@ def _fail(message: str, code: int = 2, prog: str = "roseplay") -> int:
 
 def _app_problem(args) -> str | None:
     """Why the app cannot start with these flags (None if it can), before it opens."""
-    if args.replay:
-        return None
-    if args.connect:
-        return check_engine_access(args.connect, args.engine_key)
+    if args.replay or args.connect:
+        return check_session(args) or (check_engine_access(args.connect, args.engine_key)
+                                       if args.connect else None)
     return (check_model(args.model) or check_output_path("--record", args.record)
             or check_engine(args))
 

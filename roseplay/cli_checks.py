@@ -63,6 +63,29 @@ def check_engine_access(addresses: list[str] | None, key: str | None) -> str | N
     return None
 
 
+def check_session(args) -> str | None:
+    """Flags the app's kind of session would drop (None if none): a replay runs no engine
+    and records nothing, an attached app (--connect) starts no engine of its own."""
+    given = sorted(engine_kwargs(args))
+    if args.replay:
+        dropped = [flag for flag, on in (("--record", args.record), ("--connect", args.connect),
+                                         ("--in-process", args.in_process)) if on]
+        dropped += ["--" + name.replace("_", "-") for name in given]
+        if dropped:
+            return (f"{', '.join(dropped)}: --replay plays a recording back (no engine runs, "
+                    "nothing is recorded); drop them")
+        return None
+    if args.connect:
+        from engine.front.dp_attach import front_config
+        if args.in_process:
+            return "--in-process starts the app's own engine: not with --connect"
+        try:
+            front_config(args.connect, engine_kwargs(args))
+        except ValueError as exc:          # InvalidRequestError is one
+            return str(exc)
+    return None
+
+
 def check_engine(args) -> str | None:
     """Why the engine could not serve this workload, before the app opens (None if it
     can): the knobs as the engine checks them, a KV pool too small for the scenario's
@@ -72,6 +95,8 @@ def check_engine(args) -> str | None:
     from roseplay.workload.fit import pool_problem
     try:
         config = make_config(**app_engine_kwargs(args))
+        if args.in_process:
+            config.check_in_process()
     except InvalidRequestError as exc:
         return str(exc)
     # token-id prompts: exact for a model without a tokenizer, an estimate for text; a
