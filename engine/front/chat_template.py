@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from datetime import datetime
 
 from engine.config import InvalidRequestError
@@ -39,6 +40,47 @@ PLAY_TEMPLATE = (
 )
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")     # OpenAI's, as the server's
+
+
+def conversations(messages) -> list[list[dict]]:
+    """LLM.chat's messages: one conversation (a list of {"role", "content"} dicts) or a
+    list of them, each message checked and its content made text: a string, None, or
+    OpenAI's content parts, whose text parts are joined (as the server's chat
+    completions; a list reached the template as its Python repr)."""
+    bad = InvalidRequestError("messages must be a list of {'role', 'content'} dicts, or a "
+                              "list of such lists (one per conversation)")
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence) \
+            or not messages:
+        raise bad
+    batch = [messages] if isinstance(messages[0], dict) else list(messages)
+    for conversation in batch:
+        if isinstance(conversation, (str, bytes)) or not isinstance(conversation, Sequence) \
+                or not conversation or not all(isinstance(m, dict) and "role" in m
+                                               for m in conversation):
+            raise bad
+    return [[_message(m) for m in conversation] for conversation in batch]
+
+
+def _message(m: dict) -> dict:
+    if m["role"] not in ROLES:
+        raise InvalidRequestError(f"message role must be one of {', '.join(ROLES)}, got "
+                                  f"{m['role']!r}")
+    content = m.get("content")
+    if isinstance(content, list):
+        kinds = [p.get("type") if isinstance(p, dict) else type(p).__name__ for p in content]
+        other = next((k for k in kinds if k != "text"), None)
+        if other is not None or not all(isinstance(p.get("text"), str) for p in content):
+            raise InvalidRequestError(f"message content parts must be {{'type': 'text', "
+                                      f"'text': str}} (this engine reads text only), got "
+                                      f"{other or 'a text part without text'!r}")
+        return {**m, "content": "".join(p["text"] for p in content)}
+    if content is not None and not isinstance(content, str):
+        raise InvalidRequestError(f"message content must be a string, a list of text parts "
+                                  f"or None, got {type(content).__name__}")
+    return m
+
+
 def pick_template(tokenizer, override: str | None = None) -> str:
     return override or getattr(tokenizer, "chat_template", None) or PLAY_TEMPLATE
 
@@ -49,6 +91,10 @@ def render(tokenizer, template: str, messages: list[dict],
     """The prompt text and its token ids (no extra special tokens: the template has them);
     `tools` go to templates that show them (the play template does not). A template
     error is an InvalidRequestError (the messages', or the template's, fault)."""
+    if tools is not None and (not isinstance(tools, list)
+                              or not all(isinstance(t, dict) for t in tools)):
+        raise InvalidRequestError(f"tools must be a list of tool dicts, got "
+                                  f"{type(tools).__name__}")
     try:
         if template == PLAY_TEMPLATE:
             text = _play().render(messages=messages, tools=tools, documents=None,

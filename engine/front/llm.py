@@ -10,7 +10,7 @@ import torch
 from engine.codes import REASON_CANCELLED, REASON_STOP
 from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.ipc.inproc import LLMEngine
-from engine.front.chat_template import pick_template, render
+from engine.front.chat_template import conversations, pick_template, render
 from engine.front.processor import InputProcessor, OutputProcessor
 from engine.request import SamplingParams, sample_seed
 from engine.request_output import RequestOutput
@@ -156,7 +156,7 @@ class LLM:
                                       "generate with token-id prompts)")
         template = pick_template(self.tokenizer, chat_template)
         prompts = []
-        for conversation in _conversations(messages):
+        for conversation in conversations(messages):
             text, ids = render(self.tokenizer, template, conversation,
                                check_bool("add_generation_prompt", add_generation_prompt), tools)
             prompts.append({"prompt_token_ids": ids, "prompt": text})
@@ -233,22 +233,6 @@ def _params_list(sampling_params, n: int) -> list[SamplingParams]:
         raise InvalidRequestError(f"sampling_params has {len(params)} entries for "
                                   f"{n} prompts: pass one, or one per prompt")
     return params
-
-
-def _conversations(messages) -> list[list[dict]]:
-    """chat's messages: one conversation (a list of dicts) or a list of them."""
-    bad = InvalidRequestError("messages must be a list of {'role', 'content'} dicts, or a "
-                              "list of such lists (one per conversation)")
-    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence) \
-            or not messages:
-        raise bad
-    batch = [messages] if isinstance(messages[0], dict) else list(messages)
-    for conversation in batch:
-        if isinstance(conversation, (str, bytes)) or not isinstance(conversation, Sequence) \
-                or not conversation or not all(isinstance(m, dict) and "role" in m
-                                               for m in conversation):
-            raise bad
-    return [list(c) for c in batch]
 
 
 def _samples(sp: SamplingParams) -> list[SamplingParams]:

@@ -75,6 +75,32 @@ def test_chat_renders_the_template_and_generates():
                 llm.chat(bad, sp)
 
 
+def test_chat_reads_content_parts_and_refuses_what_it_cannot_render():
+    """OpenAI's content parts are joined into the text, as the server's chat completions
+    do (the template wrote the list's Python repr into the prompt); an unknown role, a
+    non-text part or content, and tools that are not a list are refused (an unknown
+    role rendered as the assistant, tools='x' was ignored)."""
+    from engine import InvalidRequestError
+    import pytest
+    sp = SamplingParams(max_tokens=2, temperature=0.0)
+    parts = [{"type": "text", "text": "Speak"}, {"type": "text", "text": "."}]
+    with LLM(model="default", device="cpu") as llm:
+        joined, = llm.chat([{"role": "user", "content": parts}], sp)
+        plain, = llm.chat([{"role": "user", "content": "Speak."}], sp)
+        assert joined.prompt == plain.prompt == "ROMEO.\nSpeak.\n\nJULIET.\n"
+        assert joined.outputs[0].token_ids == plain.outputs[0].token_ids
+        for message, match in (
+                ({"role": "wizard", "content": "hi"}, "message role must be one of system, "),
+                ({"role": "user", "content": 5}, "message content must be a string, a list"),
+                ({"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
+                 "content parts must be .*got 'image_url'"),
+                ({"role": "user", "content": [{"type": "text"}]}, "a text part without text")):
+            with pytest.raises(InvalidRequestError, match=match):
+                llm.chat([message], sp)
+        with pytest.raises(InvalidRequestError, match="tools must be a list of tool dicts"):
+            llm.chat([{"role": "user", "content": "hi"}], sp, tools="x")
+
+
 def test_an_interrupted_generate_leaves_nothing_running():
     """An exception out of generate() (Ctrl-C, or on_step raising) ends that call's
     requests: the next call ran them all to their end first (200 steps for 2 tokens)."""
