@@ -227,9 +227,6 @@ class EngineConfig:
             raise InvalidRequestError("kv_cache_dtype fp8 needs another attention_backend "
                                       "than cpu_native (its C kernels read float32 KV): "
                                       "auto, torch_sdpa, torch or triton")
-        if not isinstance(self.calculate_kv_scales, bool):
-            raise InvalidRequestError(f"calculate_kv_scales must be a bool, got "
-                                      f"{self.calculate_kv_scales!r}")
         size = self.kv_offloading_size
         if isinstance(size, bool) or not isinstance(size, (int, float)) \
                 or not 0.0 <= size <= MAX_KV_OFFLOADING_GIB:

@@ -35,8 +35,12 @@ def knob_field(default, help: str, **extra):
 
 
 def check_choices(config) -> None:
-    """Every field with `choices` in its metadata holds one of them."""
+    """Every field with `choices` in its metadata holds one of them, and every bool field
+    a bool (LLM(enforce_eager="no") was taken, as a true value)."""
     for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.type in ("bool", bool) and not isinstance(value, bool):
+            raise InvalidRequestError(f"{f.name} must be a bool, got {value!r}")
         choices = f.metadata.get("choices")
         if choices and getattr(config, f.name) not in choices:
             raise InvalidRequestError(f"{f.name} must be one of {', '.join(choices)}, "
@@ -126,9 +130,6 @@ class SchedulerConfig:
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise InvalidRequestError(f"{f} must be an integer in [1, {top}], got {value!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise InvalidRequestError(
-                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         check_choices(self)
 
     def replace(self, **changes) -> "SchedulerConfig":

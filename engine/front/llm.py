@@ -128,6 +128,8 @@ class LLM:
         """
         if self.dp is None:
             self._engine()
+        if on_step is not None and not callable(on_step):    # (it raised mid-run)
+            raise InvalidRequestError(f"on_step must be callable, got {type(on_step).__name__}")
         prompts = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompts))
         priorities = _priority_list(priority, len(prompts))

@@ -403,3 +403,19 @@ def test_loop_duplicate_request_id_is_refused_at_submit(ckpt):
 def test_make_config_rejects_nothing_valid():
     cfg = make_config(model="dummy:tiny", num_gpu_blocks=10, max_num_seqs=3)
     assert cfg.num_blocks == 10 and cfg.scheduler.max_num_seqs == 3
+
+
+@pytest.mark.parametrize("name", ["enforce_eager", "async_scheduling", "check_invariants",
+                                  "calculate_kv_scales", "enable_prefix_caching"])
+def test_bool_knobs_take_bools_only(name):
+    """LLM(enforce_eager="no") was taken, as a true value: every bool knob refuses
+    anything but a bool, naming it."""
+    for value in ("no", 0, 1, None):
+        refused(rf"{name} must be a bool, got {value!r}", make_config, model="dummy:tiny",
+                **{name: value})
+
+
+def test_generate_refuses_an_on_step_it_cannot_call(tiny):
+    """It raised 'int object is not callable' after the requests had started."""
+    refused("on_step must be callable, got int", tiny.generate, [[1, 2]], None, on_step=5)
+    assert not tiny.engine.has_unfinished()
