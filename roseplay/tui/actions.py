@@ -9,6 +9,7 @@ from __future__ import annotations
 from engine.codes import RUNNING_STATES
 from engine.config import InvalidRequestError
 from roseplay.tui.guide_actions import GuideActions
+from roseplay.tui.keys import other_mode_note
 from roseplay.tui.layout import TITLES, ZOOM_ORDER
 from roseplay.tui.marks import RecordedMarks, change_label
 from roseplay.workload.scenarios import SCENARIOS
@@ -72,6 +73,18 @@ class Actions(GuideActions, RoutingActions):
     def action_resume(self) -> None:
         if self.source is not None:
             self._control(self.source.resume)
+
+    def on_key(self, event) -> None:
+        """A key that reached the app with its binding off said nothing: the message
+        line says where it acts (`c` in a replay, `b` on a live engine)."""
+        if self.source is None or self.screen is not self.main_screen:
+            return
+        note = self.unbound_note(event.key)
+        if note:
+            self.notify(note, timeout=5)
+
+    def unbound_note(self, name: str) -> str | None:
+        return other_mode_note(name, self.source.kind)
 
     def is_paused(self) -> bool:
         return self.source is not None and self.source.paused

@@ -22,7 +22,7 @@ from textual.widgets import Footer, Static
 from roseplay.tui.app import RoseplayApp
 from roseplay.tui.commands import CompareCommands
 from roseplay.tui.engine_state import engine_down, side_downs
-from roseplay.tui.keys import KEYS
+from roseplay.tui.keys import KEYS, key_of
 from roseplay.tui.widgets.agreement import TokenAgreement
 from roseplay.tui.widgets.counters import CounterWindow
 from roseplay.tui.widgets.events import flash_blocks
@@ -101,6 +101,13 @@ class CompareApp(RoseplayApp):
         if action in KEY_ACTIONS and action not in COMPARE_ACTIONS:
             return False
         return super().check_action(action, parameters)
+
+    def unbound_note(self, name: str) -> str | None:
+        k = key_of(name)
+        if k is not None and k.action.split("(")[0] not in COMPARE_ACTIONS:
+            return f"{k.display} ({k.label}) is not in the compare view (roseplay without " \
+                   "--compare has it)"
+        return super().unbound_note(name)
 
     # -- layout ----------------------------------------------------------------------------
     def apply_layout(self) -> None:

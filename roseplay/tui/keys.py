@@ -153,5 +153,22 @@ def knob_key(name: str) -> str | None:
     return "/".join(down + up) or None
 
 
+def key_of(name: str) -> Key | None:
+    """The Key a Textual key name ("c", "left") is one of the keys of."""
+    return next((k for k in KEYS if name in k.keys.split(",")), None)
+
+
+def other_mode_note(name: str, kind: str) -> str | None:
+    """What the message line says for a key of the other mode (its binding is off, so
+    it does nothing): where it works; None for a key of this mode or none of ours."""
+    k = key_of(name)
+    if k is None or k.mode in ("both", kind):
+        return None
+    if k.mode == "live":
+        return (f"{k.display} acts on a live engine only ({k.help}); a replay plays the "
+                "knobs and the workload as recorded")
+    return f"{k.display} acts in a replay only ({k.help}; roseplay --replay FILE)"
+
+
 def action_mode(action: str) -> str:
     return next((k.mode for k in KEYS if k.action.split("(")[0] == action), "both")
