@@ -124,15 +124,20 @@ class KnobsPanel(Widget):
                          "" if value == now else "  (from next step)"))
         scen = workload.get("scenario") or "-"
         title = SCENARIOS[scen].title if scen in SCENARIOS else ""
-        rows.append(("s", "scenario", scen, f"  {title}"))
-        rows.append(("</>", "concurrency", f"{workload.get('concurrency') or '∞'}",
-                     f"  in flight {workload.get('in_flight', 0)}"))
+        load = [("s", "scenario", scen, f"  {title}"),
+                ("</>", "concurrency", f"{workload.get('concurrency') or '∞'}",
+                 f"  in flight {workload.get('in_flight', 0)}")]
         rate = workload.get("rate")
-        rows.append(("r", "request rate", "∞" if rate is None else f"{rate:g}/s",
-                      "  as fast as slots free" if rate is None else "  Poisson arrivals"))
+        load.append(("r", "request rate", "∞" if rate is None else f"{rate:g}/s",
+                     "  as fast as slots free" if rate is None else "  Poisson arrivals"))
         if workload.get("routing_policy"):      # data parallelism: the router's policy
-            rows.append(("u", "routing", workload["routing_policy"],
+            load.append(("u", "routing", workload["routing_policy"],
                          f"  {workload.get('replicas')} replicas"))
+        # the panel's rows: a row each, or the workload on one where they do not all fit
+        # (at 120x40 the request rate's row was cut off unsaid)
+        height = self.size.height or len(rows) + len(load) + self.help_lines
+        merged = len(rows) + len(load) > height
+        rows += [] if merged else load
         width = max(len(r[2]) for r in rows) + 2      # values never run into their names
         short = self.size.width and self.size.width < width + 6 + 23    # short names fit
         if short:       # shorter values and names: "512 tok/step" left 9 columns for
@@ -143,8 +148,14 @@ class KnobsPanel(Widget):
         for key, name, value, note in rows:     # a note is shown whole or not at all
             self._row(t, key, NARROW_NAMES.get(name, name) if short else name, value,
                       "" if short or len(note) > room else note, width)
+        if merged:      # tight: "s mixed  </> 32  r ∞" in 80x24's 30 columns
+            t.append(" ")
+            for key, _, value, _ in load:
+                t.append(key, "bold reverse #5fb3f0")
+                t.append(f" {value}  ", "bold #f2d34f")
         t.rstrip()
-        self._update((t, self._help_text(read_only, workload)))
+        lines = min(self.help_lines, height - len(rows) - merged)
+        self._update((t, self._help_text(read_only, workload, lines)))
 
     @staticmethod
     def _row(t: Text, key: str, name: str, value: str, note: str, width: int) -> None:
@@ -155,12 +166,15 @@ class KnobsPanel(Widget):
         t.append(f"{name:<23}" if note else name)
         t.append(note + "\n", "dim")
 
-    def _help_text(self, read_only: bool, workload: dict) -> Text:
-        """The help line(s), wrapped to the panel; a cut text ends with "… (? help)"."""
+    def _help_text(self, read_only: bool, workload: dict, room: int) -> Text:
+        """The help line(s), wrapped to the panel's `room` lines left under the rows (none:
+        the message line shows the same text); a cut text ends with "… (? help)"."""
+        if room <= 0:
+            return Text()
         width = max(20, self.size.width or 60)
         lines = textwrap.wrap(self.help_line(read_only, workload), width) or [""]
-        if len(lines) > self.help_lines:
-            lines = lines[:self.help_lines]
+        if len(lines) > room:
+            lines = lines[:room]
             lines[-1] = lines[-1][:max(0, width - 11)].rstrip() + "… (? help)"
         return Text("\n".join(lines), "dim italic", no_wrap=True, overflow="ellipsis")
 

@@ -224,3 +224,26 @@ def test_the_terminal_says_loading_before_textual_starts(tmp_path):
             proc.kill()
             proc.wait()
         os.close(main)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@sync
+async def test_the_knobs_panel_shows_every_knob_and_the_workload(size):
+    """At 120x40 the panel's 10 rows held the eight knobs, scenario and concurrency: the
+    request rate's row (key r) and the help line were cut off unsaid."""
+    from roseplay.tui.widgets.knobs import KnobsPanel
+    source = StaticSource(session_snapshot(12))
+    source.kind, source.position = "live", lambda: ""
+    app = RoseplayApp(source=source)
+    async with app.run_test(size=size) as pilot:
+        await _shown(app, pilot)
+        await _shown(app, pilot)
+        panel = app.query_one(KnobsPanel)
+        text = widget_text(panel)
+        rows = text.splitlines()[1:-1]
+        assert len(rows) == panel.size.height, text
+        for key in ("c", "-/+", "[/]", "m", "p", "e", "h", "D/d"):
+            assert any(row.startswith(f"│ {key:>4}  ") for row in rows), (key, text)
+        assert re.search(r"\bs +shared-prefix .*</> +8 .*\br +∞", text.replace("\n", " ")), text
+        assert not any(row.rstrip(" │").endswith("…") for row in rows
+                       if "(? help)" not in row), text
