@@ -19,11 +19,14 @@ from roseplay.tui.guides.catalog import GUIDES, ROUTING_GUIDES, describe, split_
 from roseplay.tui.keys import LIST_KEYS, for_mode, knob_key
 from roseplay.workload.scenarios import SCENARIOS
 from roseplay.tui.widgets.knobs import live_fields
+from roseplay.tui.widgets.timing import UPDATE_EVERY
 
 PANELS = """\
 # roseplay: what you are looking at
 
-{source} Every panel redraws {hz} times a second from the engine's latest *snapshot*.
+{source} The panels redraw from the engine's latest *snapshot*, up to {hz} times a
+second (the Timing figures {timing_hz} times, so they can be read; paused, on each step
+and key).
 Panels that do not fit the terminal are listed in the line above the footer:
 `z` zooms one panel to the whole screen.
 
@@ -236,7 +239,8 @@ class HelpScreen(ModalScreen):
                   "A real inference engine runs in its own process (two in a compare view), "
                   "steered over ZMQ; a workload driver keeps sending it prompts.")
         with VerticalScroll(id="help-scroll"):
-            intro, panels = PANELS.format(source=source, hz=f"{self._hz:g}").split(
+            intro, panels = PANELS.format(source=source, hz=f"{self._hz:g}",
+                                          timing_hz=f"{1 / UPDATE_EVERY:g}").split(
                 "## KV cache", 1)
             yield Static(RichMarkdown(intro), id="help-intro")
             yield Static(guides_text(self._kind), id="help-guides")

@@ -125,3 +125,21 @@ def test_the_strip_shows_from_120x40_and_zooms_at_80x24():
     small = plan(80, 24)
     assert "strip" not in small.heights and "Steps" in small.note
     assert plan(80, 24, zoom="strip").heights == {"strip": None}
+
+
+@sync
+async def test_the_help_says_how_often_the_panels_redraw():
+    """It said "Every panel redraws 12 times a second": the Timing figures redraw every
+    UPDATE_EVERY s, a paused engine's panels on each step and key."""
+    from roseplay.tui.app import REFRESH_HZ
+    from roseplay.tui.widgets.help import HelpScreen
+    from roseplay.tui.widgets.timing import UPDATE_EVERY
+    app = RoseplayApp(source=StaticSource(session_snapshot(12)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        intro = " ".join(_flat(app).split())
+        assert "Every panel redraws" not in intro
+        assert (f"up to {REFRESH_HZ:g} times a second (the Timing figures "
+                f"{1 / UPDATE_EVERY:g} times") in intro, intro
