@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
-                                add_goodput_flag, engine_addresses, field_by_name,
-                                parse_knob_value)
+                                add_goodput_flag, engine_addresses, engine_kwargs,
+                                field_by_name, parse_knob_value)
 from roseplay.workload.flags import add_workload_flags, number
 
 MAX_PROMPTS = 10 ** 7      # the workload is built as a list before the run
+HF_BATCH_SIZE = 64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -34,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "side-by-side table with ratios vs the first.")
     b.add_argument("--compare", choices=["hf"], help="Also run HF transformers (continuous "
                    "batching and plain generate) on the same workload and weights.")
-    b.add_argument("--hf-batch-size", type=number(int, 1), default=64, help="Batch of HF plain generate (default: 64).")
+    b.add_argument("--hf-batch-size", type=number(int, 1), default=None,
+                   help=f"Batch of HF plain generate, with --compare hf (default: "
+                        f"{HF_BATCH_SIZE}).")
     b.add_argument("--repeat", type=number(int, 1), default=1, help="Measured runs on one engine (prefix "
                    "cache cleared before each); prints every run's report, then each run's "
                    "throughput and the median with min..max; --json's summary is the last "
@@ -90,6 +93,13 @@ def parse_ab(text: str | None) -> tuple[str, list] | None:
     return name, parsed
 
 
+def server_root(url: str) -> str:
+    """--base-url without a trailing / or /v1: the bench adds /v1/... itself, and OpenAI
+    clients' base URLs end in /v1 (it asked for /v1/v1/models)."""
+    url = url.rstrip("/")
+    return url.removesuffix("/v1") if url.endswith("/v1") else url
+
+
 SECRET_FLAGS = ("api_key", "engine_key")
 
 
@@ -112,6 +122,17 @@ def check_args(args) -> None:
     if client_only and not args.base_url:
         raise ValueError(f"{', '.join(client_only)}: HTTP client flags, they need --base-url "
                          "(the bench drives its own engine without it)")
+    if args.base_url:
+        args.base_url = server_root(args.base_url)
+        engine_only = [flag for flag, given in (("--in-process", args.in_process),
+                                                ("--engine-address", args.engine_address),
+                                                ("--engine-key", args.engine_key)) if given]
+        engine_only += ["--" + k.replace("_", "-") for k in engine_kwargs(args) if k != "model"]
+        if engine_only:        # each was ignored: the server's engine is set where it starts
+            raise ValueError(f"{', '.join(engine_only)}: the engine's own flags, not with "
+                             "--base-url (the server's engine is set where it starts)")
+    if args.hf_batch_size is not None and args.compare != "hf":
+        raise ValueError("--hf-batch-size sets HF's batch: it needs --compare hf")
     if args.repeat > 1 and (args.ab or args.compare):
         raise ValueError("--repeat works with a single configuration (not --ab / --compare)")
     address, attached = engine_addresses(args)

@@ -156,6 +156,9 @@ def run(args, console: Console) -> int:
     try:
         served = served_models(args.base_url, headers)   # reachable, key accepted: else
         model = args.model or served[0]                  # one line, not N failed requests
+        if model not in served:                          # (each request's 404)
+            raise ValueError(f"model {model!r} is not served there (it serves: "
+                             f"{', '.join(served)})")
         tokenizer, vocab = client_tokenizer(model)
         items, warmup = workload_items(args, tokenizer, vocab)
         job = load_job(args, items, model, tokenizer, headers, arrivals(args))

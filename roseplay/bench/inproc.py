@@ -27,7 +27,8 @@ from rich.progress import Progress
 
 from engine.config import SchedulerConfig
 from roseplay.bench import report
-from roseplay.bench.args import add_arguments, check_args, parse_ab, recorded_args
+from roseplay.bench.args import (HF_BATCH_SIZE, add_arguments, check_args, parse_ab,
+                                 recorded_args)
 from roseplay.bench.common import arrivals as _arrivals, progress as _progress, workload_items
 from roseplay.cli_flags import (engine_addresses, engine_kwargs, goodput_slos,
                                  say_on_stderr)
@@ -216,7 +217,8 @@ def _run_compare(args, console: Console, results: list) -> dict:
     console.print("[dim]running HF continuous batching...[/dim]")
     cb, cb_tokens = hf_compare.run_hf_cb(hf_model, prompts, max_new, device, budget)
     console.print("[dim]running HF generate...[/dim]")
-    gen = hf_compare.run_hf_generate(hf_model, prompts, max_new, device, args.hf_batch_size)
+    gen = hf_compare.run_hf_generate(hf_model, prompts, max_new, device,
+                                     args.hf_batch_size or HF_BATCH_SIZE)
     ours_tokens = [list(o.outputs[0].token_ids) for o in outputs if o.error is None]
     results += [cb, gen]
     return {"device": str(device), "dtype": str(dtype).removeprefix("torch."),

@@ -187,6 +187,11 @@ BAD_BENCH_FLAGS = [
     (["--seed", "-1"], "seed must be >= 0"),
     (["--seed", str(2 ** 64)], "seed must be an integer in [0, 18446744073709551615]"),
     (["--json", ""], "--json: the path is empty"),
+    (["--base-url", "http://127.0.0.1:9", "--num-blocks", "8", "--in-process"],
+     "--in-process, --num-blocks: the engine's own flags, not with --base-url"),
+    (["--base-url", "http://127.0.0.1:9", "--engine-address", "tcp://127.0.0.1:5555"],
+     "--engine-address: the engine's own flags, not with --base-url"),
+    (["--hf-batch-size", "8"], "--hf-batch-size sets HF's batch: it needs --compare hf"),
 ]
 
 
