@@ -141,7 +141,7 @@ def test_ctrl_c_reports_the_finished_requests(tmp_path, capsys, monkeypatch):
 
 
 def test_a_server_refusing_the_models_call_is_one_line(capsys, monkeypatch):
-    """An HTTP error before the run (a /v1 too many in --base-url: 404) is one line on
+    """An HTTP error before the run (a server without /v1/models: 404) is one line on
     stderr, exit 2 (httpx's message ends with a second line, a link)."""
     import httpx
 
