@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
@@ -112,7 +113,10 @@ def parse_json_config(cls, value, name: str):
 
 
 def check_type(name: str, value, types, low=None) -> None:
+    """`value` is one of `types` (a bool only where bool is one), finite, >= low if given
+    (NaN passed a low bound, and inf was taken as a weight)."""
     if isinstance(value, bool) and bool not in types or not isinstance(value, types) \
+            or (isinstance(value, float) and not math.isfinite(value)) \
             or (low is not None and value < low):
         bound = f" >= {low}" if low is not None else ""
         raise InvalidRequestError(f"{name} must be {'/'.join(t.__name__ for t in types)}"
