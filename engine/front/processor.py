@@ -147,6 +147,8 @@ class RequestState:
     output_ids: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     text: str = ""
+    text_before_last: int = 0      # len(text) before the last token's (a stop token's
+    #                                text is dropped, as vLLM's: _stop_token_text)
     sent_tokens: int = 0
     sent_text: int = 0
     stop_string: str | None = None   # the stop string that matched: it ended here, the
@@ -212,6 +214,7 @@ class OutputProcessor:
             if st.held_stop and len(st.output_ids) > st.params.min_tokens:
                 st.detok.stop, st.held_stop = st.held_stop, ()
             if st.detok is not None:
+                st.text_before_last = len(st.text)
                 st.text, hit = st.detok.step(st.output_ids, st.text)
                 if hit is not None:
                     st.stop_string = hit
@@ -246,9 +249,15 @@ class OutputProcessor:
     def _deliver(self, st: RequestState, reason: str, error: str | None,
                  fin: FinishedRequest | None) -> None:
         p = st.params
+        # vLLM: a stop token's text (EOS, a stop_token_ids id) is not in the output unless
+        # include_stop_str_in_output (a stop string's is cut by the detokenizer)
+        drop = int(reason == REASON_STOP and st.stop_string is None and bool(st.output_ids)
+                   and not p.include_stop_str_in_output)
         if st.detok is None and self.tokenizer is not None and st.output_ids and p.detokenize:
-            st.text = self.tokenizer.decode(st.output_ids,
+            st.text = self.tokenizer.decode(st.output_ids[:len(st.output_ids) - drop],
                                             skip_special_tokens=p.skip_special_tokens)
+        elif drop and st.detok is not None:     # (text already sent stays: never taken back)
+            st.text = st.text[:max(st.text_before_last, st.sent_text)]
         arrival = fin.arrival_time if fin is not None else (st.times[0] if st.times else 0.0)
         metrics = RequestMetrics.from_times(arrival, st.times,
                                             fin.num_cached_tokens if fin else 0,

@@ -49,3 +49,25 @@ def test_detokenize_false_leaves_the_text_empty(llm):
     for name in ("detokenize", "skip_special_tokens", "include_stop_str_in_output"):
         with pytest.raises(InvalidRequestError, match=f"{name} must be a boolean"):
             SamplingParams(**{name: 1})
+
+
+def test_a_stop_token_text_is_left_out_unless_asked(llm):
+    """vLLM's detokenizer leaves out the text of the token that stopped the output (a
+    stop_token_ids id, EOS) unless include_stop_str_in_output; it was kept. The token
+    id stays in token_ids, and a stream sends the same text."""
+    free = llm.generate(PROMPT, SamplingParams(**GREEDY))[0].outputs[0]
+    token = free.token_ids[2]
+    end = free.token_ids.index(token) + 1
+    stop = dict(**GREEDY, stop_token_ids=[token])
+    cut = llm.generate(PROMPT, SamplingParams(**stop))[0].outputs[0]
+    kept = llm.generate(PROMPT, SamplingParams(**stop, include_stop_str_in_output=True)
+                        )[0].outputs[0]
+    assert cut.token_ids == kept.token_ids == free.token_ids[:end] and cut.stop_reason == token
+    assert kept.text == llm.tokenizer.decode(free.token_ids[:end])
+    assert cut.text == llm.tokenizer.decode(free.token_ids[:end - 1]) != kept.text
+    eos = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=3, logit_bias={0: 100.0},
+                                              skip_special_tokens=False))[0].outputs[0]
+    assert eos.token_ids == (0,) and eos.finish_reason == "stop" and eos.text == ""
+    with EngineLoop(model="default", device="cpu") as loop:
+        events = list(loop.submit(PROMPT, SamplingParams(**stop)))
+    assert "".join(e.text for e in events) == cut.text
