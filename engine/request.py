@@ -23,7 +23,8 @@ MAX_TEMPERATURE = V.MAX_TEMPERATURE
 TRACE_TOKENS = 256         # output tokens a request's trace keeps (logprobs, speculation)
 
 
-class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True,
+                     kw_only=True):
     """vLLM-style sampling parameters. temperature 0 means greedy.
 
     A msgspec Struct (as vLLM's): the engine-process wire carries it as it is, and
@@ -31,7 +32,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     is a msgspec.ValidationError naming the field); a field this engine does not know is
     refused, not ignored. __post_init__ checks every field's type as strictly as the wire
     does, so a value built in Python is never refused later by the engine process
-    (tests/engine/front/test_validation.py compares the two). The field list is here only."""
+    (tests/engine/front/test_validation.py compares the two). The field list is here only.
+    Keywords only: vLLM's first field is n, so SamplingParams(2) meant another field."""
 
     max_tokens: int | None = 16        # None (vLLM's): up to the context's end, resolved
     #                                    by the front for the prompt (InputProcessor)

@@ -428,3 +428,11 @@ def test_generate_refuses_a_priority_its_policy_would_ignore(tiny):
             tiny.generate, [[1, 2], [3, 4]], None, priority=[0, 3])
     assert not tiny.engine.has_unfinished()
     assert len(tiny.generate([[1, 2]], SamplingParams(max_tokens=1), priority=[0])) == 1
+
+
+def test_sampling_params_take_keywords_only():
+    """SamplingParams(2) was max_tokens=2 here and n=2 in vLLM (its first field)."""
+    with pytest.raises(TypeError, match="positional"):
+        SamplingParams(2)
+    with pytest.raises(TypeError, match="detokenise"):      # a misspelt field, by name
+        SamplingParams(detokenise=False)
