@@ -149,7 +149,7 @@ HOSTILE_BODIES = [  # (body changes, words of the 400's message)
     ({"top_k": 2 ** 64}, "top_k must be an integer in [-1, 2147483647]"),
     ({"top_k": 2 ** 63, "temperature": 1}, "top_k must be an integer in [-1, 2147483647]"),
     ({"stop_token_ids": [2 ** 64]}, "stop_token_ids entry must be an integer in [0, "),
-    ({"seed": 2 ** 70}, "seed must be at most 18446744073709551615"),
+    ({"seed": 2 ** 70}, "seed must be an integer in [0, 18446744073709551615]"),
     ({"stop": ["\ud800"]}, "stop is not valid Unicode"),
     ({"prompt": "a\ud800b"}, "prompt is not valid Unicode"),
 ]
