@@ -20,17 +20,21 @@ def spec_label(snap) -> str:
     return f"{snap.spec_method or '?'} k={snap.knobs.num_speculative_tokens}"
 
 
-def burst_numbers(snap, start: float) -> tuple[int, int, int, int]:
-    """(gaps, gaps of 0 s, verifies, accepted drafts) since `start` (engine time)."""
-    gaps = [g for t, g in snap.recent_itls if t >= start]
-    steps = [s for s in snap.recent_steps if s.wall_time >= start]
+def burst_numbers(snap, start: float, window=None) -> tuple[int, int, int, int]:
+    """(gaps, gaps of 0 s, verifies, accepted drafts) since `start` (engine time), of the
+    gaps and steps `window` (a CounterWindow: the Timing table's) kept, else of the
+    snapshot's latest."""
+    gaps = [g for t, g in (snap.recent_itls if window is None else window.itls())
+            if t >= start]
+    steps = [s for s in (snap.recent_steps if window is None else window.steps())
+             if s.wall_time >= start]
     return (len(gaps), sum(1 for g in gaps if g == 0.0), sum(s.spec_verified for s in steps),
             sum(s.spec_accepted_tokens for s in steps))
 
 
-def burst_text(snap, start: float) -> Text | None:
+def burst_text(snap, start: float, window=None) -> Text | None:
     """The ITL plot's note while speculation is on or ran in the window; None else."""
-    gaps, zero, verifies, accepted = burst_numbers(snap, start)
+    gaps, zero, verifies, accepted = burst_numbers(snap, start, window)
     k = snap.knobs.num_speculative_tokens
     if not k and not verifies:
         return None
@@ -57,8 +61,8 @@ class SpecNote(Widget):
         self._text = Text()
         self.display = False
 
-    def show(self, snap, start: float) -> None:
-        text = burst_text(snap, start)
+    def show(self, snap, start: float, window=None) -> None:
+        text = burst_text(snap, start, window)
         if (text is not None) != self.display:
             self.display = text is not None
         if text is not None and text != self._text:

@@ -242,7 +242,7 @@ class TimingPanel(WidthBorders, Container):
         self._show_spec_plots(snap)
         since = window.reset_time
         self.spec_note.show(snap, max(snap.time - WINDOW,
-                                      since if since is not None else -math.inf))
+                                      since if since is not None else -math.inf), window)
         for name, plot in self.plots.items():
             plot.show(self.history.series[name], marks, stopped)
         self.axis.show(marks, stopped)
