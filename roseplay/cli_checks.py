@@ -110,11 +110,15 @@ def check_engine(args) -> str | None:
         if tokenizer is not None:
             problem = pool_problem(args.scenario, config.num_blocks, config.block_size,
                                    tokenizer=tokenizer, **sizes)
-    return problem or device_problem(config)
+    return problem or config_problem(config)
 
 
-def device_problem(config) -> str | None:
-    """--device cuda without a visible CUDA device (None otherwise)."""
+def config_problem(config) -> str | None:
+    """What a valid config still cannot start with (None if nothing): a speculative draft
+    model that is no model, --device cuda without a visible CUDA device."""
+    draft = getattr(config.speculative_config, "model", None)
+    if draft is not None and (problem := check_model(draft)):
+        return f"--speculative-config model: {problem}"
     if config.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -136,7 +140,7 @@ def check_bench_config(args) -> str | None:
             from engine.front.dp_attach import front_config
             front_config(attached, engine_kwargs(args))
             return None
-        problem = device_problem(_bench_engine(args, {}))
+        problem = config_problem(_bench_engine(args, {}))
     except ValueError as exc:          # InvalidRequestError is one
         return str(exc)
     if problem:

@@ -192,6 +192,8 @@ BAD_BENCH_FLAGS = [
     (["--base-url", "http://127.0.0.1:9", "--engine-address", "tcp://127.0.0.1:5555"],
      "--engine-address: the engine's own flags, not with --base-url"),
     (["--hf-batch-size", "8"], "--hf-batch-size sets HF's batch: it needs --compare hf"),
+    (["--speculative-config", '{"method": "draft_model", "model": "/nonexistent-draft"}'],
+     "--speculative-config model: unknown model '/nonexistent-draft'"),
     (["--kv-overlap-score-weight", "nan"], "kv_overlap_score_weight must be int/float >= 0"),
     (["--kv-overlap-score-weight", "inf"], "kv_overlap_score_weight must be int/float >= 0"),
 ]
