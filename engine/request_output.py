@@ -54,6 +54,10 @@ class CompletionOutput:
     stop_reason: int | str | None = None   # vLLM's: the stop string or stop_token_ids id
     #                                        that ended it; None for EOS, a length or no stop
 
+    def finished(self) -> bool:
+        """vLLM's CompletionOutput.finished(): it has a finish reason."""
+        return self.finish_reason is not None
+
 
 @dataclass(frozen=True)
 class RequestOutput:
@@ -66,3 +70,8 @@ class RequestOutput:
     error: str | None = None
     prompt_logprobs: tuple | None = None   # params.prompt_logprobs: entry 0 None (vLLM)
     trace: TokenTrace | None = None        # params.token_trace: engine/outputs.py TokenTrace
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """vLLM's RequestOutput.num_cached_tokens: prompt tokens the prefix cache served."""
+        return self.metrics.num_cached_tokens
