@@ -11,6 +11,7 @@ engine/commands.py's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -52,6 +53,51 @@ class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True, gc=False):
     rank: int
     raw: "TokenLogprobs | None" = None   # SamplingParams.raw_logprobs: the same from the
     #                                     model's own log-softmax, before any processing
+
+    # -- vLLM's view of an entry, dict[token id, Logprob] (what its scripts read:
+    # lp[token_id].logprob, lp.items()): read-only, the sampled token first, a top-n
+    # entry's rank its place (the sampled token's own rank where it is one of them)
+    def as_dict(self) -> dict[int, "Logprob"]:
+        out: dict[int, Logprob] = {}
+        for i, (token, value) in enumerate(zip(self.token_ids, self.logprobs)):
+            if token not in out:
+                out[token] = Logprob(value, self.rank if i == 0 else i)
+        return out
+
+    def __getitem__(self, token_id: int) -> "Logprob":
+        return self.as_dict()[token_id]
+
+    def get(self, token_id: int, default=None):
+        return self.as_dict().get(token_id, default)
+
+    def __contains__(self, token_id) -> bool:
+        return token_id in self.token_ids
+
+    def __iter__(self):
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+    def __bool__(self) -> bool:        # (not its length: an entry is always there)
+        return True
+
+    def keys(self):
+        return self.as_dict().keys()
+
+    def values(self):
+        return self.as_dict().values()
+
+    def items(self):
+        return self.as_dict().items()
+
+
+class Logprob(NamedTuple):
+    """vLLM's Logprob: a token's logprob and rank (1 = the best); decoded_token stays None
+    (the output's text is decoded once, by the front)."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
 # a traced token's origin (TokenTrace.origin's low 2 bits; the drafts its verify checked

@@ -71,3 +71,21 @@ def test_a_stop_token_text_is_left_out_unless_asked(llm):
     with EngineLoop(model="default", device="cpu") as loop:
         events = list(loop.submit(PROMPT, SamplingParams(**stop)))
     assert "".join(e.text for e in events) == cut.text
+
+
+def test_logprobs_read_as_vllm_dicts(llm):
+    """Each logprobs entry also reads as vLLM's dict[token id, Logprob] (a vLLM script's
+    lp[token_id].logprob and lp.items() raised here): the sampled token with its rank,
+    the top-n with theirs, the same values as the entry's lists."""
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=4, logprobs=3, seed=1,
+                                              prompt_logprobs=2))[0]
+    for token, lp in zip(out.outputs[0].token_ids, out.outputs[0].logprobs):
+        assert lp[token].logprob == lp.logprobs[0] and lp[token].rank == lp.rank
+        assert token in lp and lp.get(-1) is None and lp and 3 <= len(lp) <= 4
+        top = [(t, v) for t, v in zip(lp.token_ids[1:], lp.logprobs[1:])]
+        assert [(t, x.logprob) for t, x in lp.items() if t != token] == \
+            [(t, v) for t, v in top if t != token]
+        assert sorted(x.rank for t, x in lp.items() if t != token) == \
+            [i + 1 for i, (t, _) in enumerate(top) if t != token]
+    first = out.prompt_logprobs[1]
+    assert first[out.prompt_token_ids[1]].rank == first.rank
