@@ -51,6 +51,7 @@ MESSAGES_KEPT = 50
 MESSAGE_STYLE = {"information": ("·", "#aab2c0"), "warning": ("⚠", "bold #ff9f43"),
                  "error": ("✗", "bold #ff5555")}
 HINT = "? help explains every panel and lists the guides · ctrl+p palette"
+TYPING_HINT = "Enter sends the prompt · Tab: priority, sampling · Esc closes · f1 help"
 UI_CPU_SHARE = 0.3      # most of one core the UI thread may use before it skips frames
 PROMPT_ROWS = 4         # the open prompt box: its top border, the input, up to 2 status rows
 
@@ -179,8 +180,8 @@ class RoseplayApp(Actions, App):
         if not hasattr(self, "note"):
             return
         w, h = self.size
-        extra = PROMPT_ROWS if self.prompt_bar.has_class("-open") else 0
-        p = plan(w, h, self.zoom, extra, self.routing_rows())
+        typing = self.prompt_bar.has_class("-open")
+        p = plan(w, h, self.zoom, PROMPT_ROWS if typing else 0, self.routing_rows(), typing)
         q = self.main_screen.query_one
         for pid in LEFT + RIGHT:
             widget = q(f"#{pid}")
@@ -228,7 +229,9 @@ class RoseplayApp(Actions, App):
             mark, style = MESSAGE_STYLE.get(severity, MESSAGE_STYLE["information"])
             line.append(f"{mark} {text}", style)
         else:
-            line.append(self.layout_note or HINT, "" if self.layout_note else "dim")
+            bar = getattr(self, "prompt_bar", None)        # (none on the compare screen)
+            hint = TYPING_HINT if bar is not None and bar.is_open else HINT   # ? types
+            line.append(self.layout_note or hint, "" if self.layout_note else "dim")
         if line != self._note_shown:
             self._note_shown = line
             self.note.update(line)

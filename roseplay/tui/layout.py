@@ -38,22 +38,28 @@ def _timing_mode(inner_width: int) -> str:
 
 
 def plan(width: int, height: int, zoom: str | None = None, extra_rows: int = 0,
-         routing_rows: int = 0) -> Plan:
+         routing_rows: int = 0, typing: bool = False) -> Plan:
     """`extra_rows`: rows taken by something else (the open prompt box); `routing_rows`:
-    the routing card's (data parallelism; 0: no card)."""
+    the routing card's (data parallelism; 0: no card); `typing`: a text field has the
+    keys (the prompt box), so z and ? type into it and the note says Esc first (it said
+    `z zooms a panel · ? help` over a footer reading `f1 Help`)."""
     rows = height - 3 - extra_rows       # the status line, the message line, the footer
+    esc = "Esc, then " if typing else ""
     if zoom in TITLES:
         mode = _timing_mode(width - 4) if zoom == "timing" else "side"
-        note = (f"zoom: {TITLES[zoom]} · z next panel · Z all panels")
+        note = (f"zoom: {TITLES[zoom]} · {esc}z next panel · Z all panels")
         return Plan({zoom: None}, width if zoom in LEFT else 0, mode, 3, note)
     left_width = max(40, round(width * 0.45)) if width >= WIDE else round(width * 0.42)
     filled = _fill(width - left_width, rows, left_width, routing_rows)
     if not filled[1]:
         return _plan(filled, left_width, "")
-    hidden = ", ".join(filled[1])
-    note = f"hidden at {width}×{height}: {hidden} · z zooms a panel"
-    # " · ? help" where it fits the line (its padding: 2); at 80x24 it was cut to "· ?"
-    return _plan(filled, left_width, note + (" · ? help" if len(note) + 11 <= width else ""))
+    note = f"hidden at {width}×{height}: {', '.join(filled[1])}"
+    # each hint where it fits the line whole (its padding: 2); at 80x24 "· ? help" was cut
+    # to "· ?"
+    for hint in (f" · {esc}z zooms a panel", "" if typing else " · ? help"):
+        if hint and len(note + hint) + 2 <= width:
+            note += hint
+    return _plan(filled, left_width, note)
 
 
 def _plan(filled, left_width: int, note: str) -> Plan:

@@ -111,3 +111,27 @@ async def test_a_key_the_compare_view_lacks_says_so():
             assert "not in the compare view" in notices(app).splitlines()[-1]
         await pilot.press("c")                  # a live key in this replay: the replay's note
         assert await wait_for(pilot, lambda: "c acts on a live engine only" in notices(app), 30)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
+@sync
+async def test_with_the_prompt_open_the_message_line_offers_no_key_that_types(
+        paused_source, size):
+    """At 120x40 it read `hidden at 120×40: Steps · z zooms a panel · ? help` above a
+    footer reading `f1 Help`, and both z and ? typed into the prompt."""
+    app = RoseplayApp(source=paused_source)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("i")
+        field = app.query_one("#prompt-input")
+        assert await wait_for(pilot, lambda: app.focused is field, 30)
+        line = lambda: screen_text(app).splitlines()[-2]        # noqa: E731
+        assert await wait_for(pilot, lambda: "Esc" in line() or "hidden" in line(), 30)
+        assert "? help" not in line() and "· z zooms" not in line(), line()
+        assert not line().rstrip().endswith("…"), line()
+        if "hidden" not in line():
+            assert "f1 help" in line(), line()
+        elif size != (80, 24):          # (there the hidden panels take the line)
+            assert "Esc, then z zooms a panel" in line(), line()
+        await pilot.press("escape")
+        assert await wait_for(pilot, lambda: "Esc" not in line(), 30), line()
+        assert "? help" in line() or size == (80, 24), line()
