@@ -93,6 +93,10 @@ def parse_ab(text: str | None) -> tuple[str, list] | None:
     return name, parsed
 
 
+# engine knobs the HTTP bench reads itself: the model's name and tokenizer, the workload's seed
+CLIENT_KNOBS = ("model", "seed")
+
+
 def server_root(url: str) -> str:
     """--base-url without a trailing / or /v1: the bench adds /v1/... itself, and OpenAI
     clients' base URLs end in /v1 (it asked for /v1/v1/models)."""
@@ -127,7 +131,8 @@ def check_args(args) -> None:
         engine_only = [flag for flag, given in (("--in-process", args.in_process),
                                                 ("--engine-address", args.engine_address),
                                                 ("--engine-key", args.engine_key)) if given]
-        engine_only += ["--" + k.replace("_", "-") for k in engine_kwargs(args) if k != "model"]
+        engine_only += ["--" + k.replace("_", "-") for k in engine_kwargs(args)
+                        if k not in CLIENT_KNOBS]
         if engine_only:        # each was ignored: the server's engine is set where it starts
             raise ValueError(f"{', '.join(engine_only)}: the engine's own flags, not with "
                              "--base-url (the server's engine is set where it starts)")

@@ -163,13 +163,14 @@ def test_a_server_refusing_the_models_call_is_one_line(capsys, monkeypatch):
 def test_base_url_ending_in_v1_and_a_model_not_served(capsys, monkeypatch):
     """--base-url as OpenAI clients write it (…/v1) names the server's root (the bench
     asked for /v1/v1/models); a --model the server does not serve is one line, exit 2,
-    before any request (each request's 404 made a failed run)."""
+    before any request (each request's 404 made a failed run). --seed, the workload's,
+    is taken with --base-url."""
     from roseplay.bench import http, inproc
     asked = []
     monkeypatch.setattr(http, "served_models", lambda url, headers: asked.append(url) or
                         ["default"])
     rc = inproc.main(["--base-url", "http://127.0.0.1:9/v1/", "--model", "dummy:tiny",
-                      "--num-prompts", "2", "--warmup", "0", "--no-progress"])
+                      "--seed", "3", "--num-prompts", "2", "--warmup", "0", "--no-progress"])
     err = capsys.readouterr().err
     assert asked == ["http://127.0.0.1:9"]
     assert rc == 2 and err.count("\n") == 1, err
