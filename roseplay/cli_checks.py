@@ -63,6 +63,12 @@ def check_engine_access(addresses: list[str] | None, key: str | None) -> str | N
     return None
 
 
+def attached_kwargs(args) -> dict:
+    """The engine flags given to a front over running engines, less --seed: the seed of
+    the workload it drives (its engines' own seed is set where they start)."""
+    return {k: v for k, v in engine_kwargs(args).items() if k != "seed"}
+
+
 def check_session(args) -> str | None:
     """Flags the app's kind of session would drop (None if none): a replay runs no engine
     and records nothing, an attached app (--connect) starts no engine of its own."""
@@ -80,7 +86,7 @@ def check_session(args) -> str | None:
         if args.in_process:
             return "--in-process starts the app's own engine: not with --connect"
         try:
-            front_config(args.connect, engine_kwargs(args))
+            front_config(args.connect, attached_kwargs(args))
         except ValueError as exc:          # InvalidRequestError is one
             return str(exc)
     return None
@@ -138,7 +144,7 @@ def check_bench_config(args) -> str | None:
         attached = engine_addresses(args)[1]
         if attached:      # running engines: only the front's own knobs may be given
             from engine.front.dp_attach import front_config
-            front_config(attached, engine_kwargs(args))
+            front_config(attached, attached_kwargs(args))
             return None
         problem = config_problem(_bench_engine(args, {}))
     except ValueError as exc:          # InvalidRequestError is one

@@ -232,3 +232,18 @@ def test_bench_device_cuda_without_cuda_exits_2(capsys):
     err = capsys.readouterr().err
     assert err == ("roseplay bench: error: --device cuda: no CUDA device is visible here; "
                    "use --device cpu (or auto)\n")
+
+
+def test_seed_is_the_workload_seed_with_running_engines(monkeypatch):
+    """--seed seeds the workload an attached app or bench drives: taken with --connect
+    and with --engine-address given twice (an engine knob there is refused)."""
+    import roseplay.cli as cli
+    from engine.ipc.auth import ENGINE_KEY_ENV
+    from roseplay.bench.args import add_arguments
+    from roseplay.cli_checks import check_bench_config
+    monkeypatch.setenv(ENGINE_KEY_ENV, "")
+    monkeypatch.setattr(cli, "run_tui", lambda args: 0)
+    assert cli.main(["--connect", "tcp://127.0.0.1:9", "--seed", "5"]) == 0
+    args = add_arguments(__import__("argparse").ArgumentParser()).parse_args(["--engine-address", "tcp://127.0.0.1:9", "--engine-address",
+                              "tcp://127.0.0.1:19", "--seed", "5"])
+    assert check_bench_config(args) is None
