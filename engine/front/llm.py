@@ -132,8 +132,7 @@ class LLM:
             raise InvalidRequestError(f"on_step must be callable, got {type(on_step).__name__}")
         prompts = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompts))
-        priorities = _priority_list(priority, len(prompts),
-                                    (self.dp or self.engine).knobs.scheduling_policy)
+        priorities = _priority_list(priority, len(prompts))
         made = [self.inputs.process(p, one, priority=pr)
                 for p, sp, pr in zip(prompts, params, priorities) for one in _samples(sp)]
         bar = _progress_bar(use_tqdm, len(made))
@@ -273,9 +272,7 @@ def _progress_bar(use_tqdm, total: int):
     return tqdm(total=total, desc="Processed prompts", unit="req", dynamic_ncols=True)
 
 
-def _priority_list(priority, n: int, policy: str) -> list[int]:
-    """One priority per prompt; one other than 0 needs scheduling_policy priority (as
-    vLLM's LLM.generate: under another policy it would be ignored)."""
+def _priority_list(priority, n: int) -> list[int]:
     if priority is None:
         return [0] * n
     if isinstance(priority, (str, bytes, dict)) or not hasattr(priority, "__iter__"):
@@ -283,8 +280,4 @@ def _priority_list(priority, n: int, policy: str) -> list[int]:
     out = list(priority)
     if len(out) != n:
         raise InvalidRequestError(f"priority has {len(out)} entries for {n} prompts")
-    used = next((p for p in out if p != 0), 0)
-    if used != 0 and policy != "priority":
-        raise InvalidRequestError(f"priority {used!r} needs scheduling_policy 'priority' (this "
-                                  f"engine's is {policy!r}: it would be ignored)")
     return out

@@ -421,15 +421,6 @@ def test_generate_refuses_an_on_step_it_cannot_call(tiny):
     assert not tiny.engine.has_unfinished()
 
 
-def test_generate_refuses_a_priority_its_policy_would_ignore(tiny):
-    """As vLLM's LLM.generate: a priority other than 0 needs scheduling_policy priority
-    (under fcfs it was taken and ignored)."""
-    refused(r"priority 3 needs scheduling_policy 'priority' \(this engine's is 'fcfs'",
-            tiny.generate, [[1, 2], [3, 4]], None, priority=[0, 3])
-    assert not tiny.engine.has_unfinished()
-    assert len(tiny.generate([[1, 2]], SamplingParams(max_tokens=1), priority=[0])) == 1
-
-
 def test_sampling_params_take_keywords_only():
     """SamplingParams(2) was max_tokens=2 here and n=2 in vLLM (its first field)."""
     with pytest.raises(TypeError, match="positional"):
