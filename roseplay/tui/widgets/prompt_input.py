@@ -11,6 +11,7 @@ and a click elsewhere closes it (the typed text stays for the next `i`).
 """
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -18,6 +19,23 @@ from textual.message import Message
 from textual.widgets import Input, Static
 
 MAX_PROMPT_CHARS = 20000     # longer pastes are cut by the box itself (the engine checks tokens)
+
+
+class Field(Input):
+    """An Input whose own editing keys (backspace, ←/→, ctrl+u, Enter …) act in the order
+    they were typed. Textual inserts a letter as the field takes the key but runs the
+    field's bindings only once the key has bubbled up to the App, after the letters typed
+    right behind it: fast typing, a paste or a loaded CPU turned `ROMEO` ⌫⌫ `XY` into
+    `ROMEO`, and ctrl+u then new sampling fields into an empty field sent as typed."""
+
+    async def _on_key(self, event: events.Key) -> None:
+        """Before Input's own handler (Textual calls each class's along the MRO, until
+        one prevents the default): a bound key runs here, as it arrives."""
+        for binding in self._bindings.key_to_bindings.get(event.key, ()):
+            if not binding.priority and await self.app.run_action(binding.action, self):
+                event.stop()
+                event.prevent_default()
+                return
 
 
 SAMPLING_FIELDS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float,
@@ -100,13 +118,13 @@ class PromptBar(Vertical):
 
     def compose(self) -> ComposeResult:
         with Horizontal():
-            yield Input(placeholder="prompt · Enter sends · Tab: priority, sampling · Esc",
+            yield Field(placeholder="prompt · Enter sends · Tab: priority, sampling · Esc",
                         id="prompt-input", compact=True, max_length=MAX_PROMPT_CHARS,
                         select_on_focus=False)
-            yield Input(placeholder="priority 0", id="prompt-priority", compact=True,
+            yield Field(placeholder="priority 0", id="prompt-priority", compact=True,
                         select_on_focus=False, type="integer", max_length=11, tooltip="scheduling_policy=priority: "
                         "lower goes first (the workload's chat turns are 0, documents 1)")
-            yield Input(placeholder="sampling: temperature=0 json …",
+            yield Field(placeholder="sampling: temperature=0 json …",
                         id="prompt-sampling", compact=True, max_length=400,
                         select_on_focus=False,
                         tooltip="SamplingParams fields as name=value (vLLM names): "

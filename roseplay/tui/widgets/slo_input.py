@@ -13,6 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
 from engine.metrics import parse_slos
+from roseplay.tui.widgets.prompt_input import Field
 from roseplay.tui.widgets.timing import slo_text
 
 
@@ -36,7 +37,7 @@ class SloScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("[b]Goodput SLOs[/b] (ms): a request is [i]good[/i] when it meets all")
-            yield Input(" ".join(f"{k}:{v:g}" for k, v in self._slos.items()),
+            yield Field(" ".join(f"{k}:{v:g}" for k, v in self._slos.items()),
                         placeholder="ttft:200 tpot:50 e2el:2000", compact=True, id="slo-input")
             yield Static("keys ttft, tpot, e2el; Enter sets, an empty line clears, Esc cancels",
                          id="slo-status", markup=False)

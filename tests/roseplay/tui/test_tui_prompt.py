@@ -136,3 +136,40 @@ async def test_text_typed_after_fast_tabs_lands_in_the_field_they_reach():
             assert app.query_one("#prompt-sampling").value == "choice=yes|no"
     finally:
         src.close()
+
+
+def _typed_at_once(app, keys) -> None:
+    """Keys that arrive together (fast typing, a paste, a loaded CPU): all in the app's
+    queue before the first is handled, as a terminal delivers them (Pilot waits between
+    keys, so its presses never overtake each other)."""
+    from textual import events
+    from textual.keys import _character_to_key
+    for key in keys:
+        char = key if len(key) == 1 else None
+        app.post_message(events.Key(_character_to_key(key) if char else key, char))
+
+
+@sync
+async def test_editing_keys_typed_fast_act_in_their_order(paused_source):
+    """`ROMEO` ⌫⌫ `XY` read `ROMEO` (the backspaces ran after the letters behind them),
+    and ctrl+u then `top_k=5` then Enter sent an empty sampling field."""
+    sent = []
+    submit = paused_source.loop.submit
+
+    def spy(prompt, params, **kwargs):
+        if kwargs.get("request_id", "").startswith("you-"):     # (not the workload's)
+            sent.append(params.top_k)
+        return submit(prompt, params, **kwargs)
+    paused_source.loop.submit = spy
+    app = RoseplayApp(source=paused_source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _open_prompt(pilot, app)
+        field = app.query_one("#prompt-input")
+        _typed_at_once(app, [*"ROMEO", "backspace", "backspace", *"XY", "left", "Z"])
+        assert await wait_for(pilot, lambda: field.value == "ROMXZY", 30), field.value
+        await pilot.press("tab", "tab")
+        sampling = app.query_one("#prompt-sampling")
+        assert await wait_for(pilot, lambda: app.focused is sampling, 30)
+        _typed_at_once(app, [*"top_k=9", "ctrl+u", *"top_k=5", "enter"])
+        assert await wait_for(pilot, lambda: sent == [5], 30), (sent, sampling.value)
+        assert sampling.value == "top_k=5"
