@@ -186,7 +186,10 @@ class Sampler:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs          # mass strictly above each token
-        drop = before >= to_device(top_p, torch.float32, logits.device)[:, None]  # keeps the top
+        p = to_device(top_p, torch.float32, logits.device)[:, None]
+        # keeps the top; a row of top_p 1 keeps everything, as alone (its tail's mass
+        # above it can round to 1.0 in float32)
+        drop = (before >= p) & (p < 1.0)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

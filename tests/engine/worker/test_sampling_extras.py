@@ -193,3 +193,20 @@ def test_greedy_logprobs_rows_share_the_greedy_columns():
     lp = torch.log_softmax(logits[1], -1)
     assert ids.tolist() == [[int(argmax[1])] + lp.topk(2).indices.tolist()]
     assert ranks.tolist() == [1] and values[0, 0] == pytest.approx(float(lp.max()))
+
+
+def test_a_row_without_top_p_keeps_its_tail_beside_a_row_with_one():
+    """top_p=1 keeps every token whatever the batch: beside a row with top_p < 1 the cut
+    runs over every row, and a tail whose mass above it rounds to 1.0 in float32 was
+    dropped from the row that asked for none (its logprobs -inf, its draws changed)."""
+    logits = torch.zeros(2, V)
+    logits[:, 0] = 30.0                  # the rest of the row: e^-30 each, above it ~1.0
+    alone = Sampler(torch.device("cpu"))
+    r = req("r", temperature=1.0, seed=3, logprobs=V)
+    alone.sample(logits[:1], _sampling_columns([r]))
+    beside = Sampler(torch.device("cpu"))
+    beside.sample(logits, _sampling_columns([r, req("p", temperature=1.0, top_p=0.5)]))
+    ids, values, _ = unpack_tensor(alone.last_logprobs[0])
+    ids2, values2, _ = unpack_tensor(beside.last_logprobs[0])
+    assert values[0].isinf().sum() == 0                 # alone: every token has its logprob
+    assert ids2[0].tolist() == ids[0].tolist() and torch.equal(values2[0], values[0])
