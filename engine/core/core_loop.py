@@ -148,7 +148,13 @@ class CoreLoop:
         if single:
             clock.pause()
             self._single_steps.popleft()()
+        else:      # asked for before another client resumed: this step answers them
+            self._answer_single_steps()
         self._publish(force=self._paused)
+
+    def _answer_single_steps(self) -> None:
+        while self._single_steps:
+            self._single_steps.popleft()()
 
     def _release_barriers(self) -> None:
         if self._barriers and not self._commands:
@@ -214,7 +220,10 @@ class CoreLoop:
                 self._single_steps.popleft()()
                 return False
             return True
-        return self.engine.has_unfinished()
+        if not self.engine.has_unfinished():      # (resumed: no step to answer them)
+            self._answer_single_steps()
+            return False
+        return True
 
     def _add(self, creq: CoreRequest) -> None:
         try:
@@ -274,8 +283,7 @@ class CoreLoop:
             self._emit(out)
         except Exception:
             pass
-        while self._single_steps:
-            self._single_steps.popleft()()
+        self._answer_single_steps()
         try:
             self._snapshot = self.engine.snapshot(paused=self._paused)
         except Exception:
