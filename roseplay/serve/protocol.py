@@ -62,8 +62,8 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     NULL_DEFAULTS = {"n": 1, "stream": False, "return_token_ids": False}
     # vLLM extras the engine cannot honour: ignored as unknown fields, they gave another
     # answer than asked (the stop string cut, no beam search, every token allowed)
-    REFUSED: ClassVar[tuple[str, ...]] = ("include_stop_str_in_output", "use_beam_search",
-                                          "allowed_token_ids", "bad_words", "prompt_logprobs")
+    REFUSED: ClassVar[tuple[str, ...]] = ("use_beam_search", "allowed_token_ids", "bad_words",
+                                          "prompt_logprobs")
     # the request field OpenAI's output format is read from (a grammar error's param):
     # response_format here, `text` for /v1/responses (roseplay/serve/responses_api.py)
     FORMAT_FIELD: ClassVar[str] = "response_format"
@@ -99,7 +99,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     guided_regex: raw_field({"type": "string"}) = msgspec.UNSET
     guided_choice: raw_field({"type": "array", "items": {"type": "string"}}) = msgspec.UNSET
     guided_grammar: raw_field({"type": "string"}) = msgspec.UNSET
-    include_stop_str_in_output: bool | None = None        # REFUSED when set
+    include_stop_str_in_output: bool | None = False      # vLLM extra: keep the stop text
     use_beam_search: bool | None = None
     allowed_token_ids: raw_field({"type": "array"}) = msgspec.UNSET
     bad_words: raw_field({"type": "array"}) = msgspec.UNSET
@@ -154,6 +154,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
             top_p=1.0 if self.top_p is None else self.top_p,
             seed=seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=bool(self.include_stop_str_in_output),
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,

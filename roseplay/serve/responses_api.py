@@ -66,9 +66,7 @@ class ResponsesRequest(_Request, kw_only=True):
                         "turns in `input`",
         "store": "responses are not stored by this server: send store false or leave it out",
         "background": "background responses need a store, which this server does not have",
-        "prompt": "prompt templates are not supported by this server",
-        "include_stop_str_in_output": "include_stop_str_in_output is not supported by "
-                                      "this engine"}
+        "prompt": "prompt templates are not supported by this server"}
     model: str
     input: str | Annotated[list[InputItem], Meta(min_length=1, max_length=MAX_MESSAGES)]
     instructions: str | None = None
@@ -102,7 +100,7 @@ class ResponsesRequest(_Request, kw_only=True):
     logit_bias: raw_field({"type": "object"}) = msgspec.UNSET
     structured_outputs: raw_field({"type": "object"}) = msgspec.UNSET
     priority: int = 0
-    include_stop_str_in_output: bool | None = None
+    include_stop_str_in_output: bool | None = False
     data_parallel_rank: int | None = None     # roseplay extra (docs/ROUTING.md)
 
     def as_chat(self) -> "ResponsesChat":
@@ -116,7 +114,9 @@ class ResponsesRequest(_Request, kw_only=True):
             model=self.model, messages=self.messages(),
             max_completion_tokens=self.max_output_tokens, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-            stop=self.stop, ignore_eos=self.ignore_eos, repetition_penalty=self.repetition_penalty,
+            stop=self.stop, ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            repetition_penalty=self.repetition_penalty,
             logit_bias=self.logit_bias, structured_outputs=self.structured_outputs,
             response_format=self._response_format(), stream=self.stream, user=self.user,
             priority=self.priority, data_parallel_rank=self.data_parallel_rank,

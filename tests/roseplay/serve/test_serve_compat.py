@@ -317,3 +317,36 @@ def test_stop_reason_in_choices_and_the_last_chunk(http):
                 c = json.loads(line[6:])["choices"]
                 last = c[0] if c else last
     assert last["finish_reason"] == "stop" and last["stop_reason"] == " "
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses"])
+def test_include_stop_str_in_output_keeps_the_stop_string(http, path):
+    """vLLM's include_stop_str_in_output (refused until the front honoured it): the text
+    runs up to and with the stop string, streamed or not; the finish is still a stop."""
+    free = http.post("/v1/completions", json={"model": "default", "prompt": PROMPT,
+                                              "max_tokens": 24, "temperature": 0}).json()
+    stop = free["choices"][0]["text"].split()[2]
+    body = {"model": "default", "temperature": 0, "stop": [stop]}
+    if path == "/v1/responses":
+        body |= {"input": "What news from the court?", "max_output_tokens": 24}
+    elif path == "/v1/completions":
+        body |= {"prompt": PROMPT, "max_tokens": 24}
+    else:
+        body |= {"messages": [{"role": "user", "content": "What news from the court?"}],
+                 "max_tokens": 24}
+
+    def text(json_body):
+        r = http.post(path, json=json_body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        if path == "/v1/responses":
+            return out["output"][0]["content"][0]["text"]
+        choice = out["choices"][0]
+        assert choice["finish_reason"] == "stop"
+        return choice.get("text", (choice.get("message") or {}).get("content"))
+
+    cut, kept = text(body), text({**body, "include_stop_str_in_output": True})
+    assert stop not in cut
+    assert kept.startswith(cut) and kept.endswith(stop) and len(kept) > len(cut)
+    if path != "/v1/responses":
+        assert streamed(http, path, {**body, "include_stop_str_in_output": True})[0] == {0: kept}

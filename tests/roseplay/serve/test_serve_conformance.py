@@ -80,7 +80,6 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {**GOOD, "best_of": 3, "stream": True}, "best_of"),
     ("completions", {**GOOD, "stream_options": {"include_usage": True}}, "stream_options"),
     ("completions", {"prompt": PROMPT}, "model"),
-    ("completions", {**GOOD, "include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ("completions", {**GOOD, "use_beam_search": True}, "use_beam_search"),
     ("completions", {**GOOD, "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ("completions", {**GOOD, "bad_words": ["lord"]}, "bad_words"),
@@ -154,7 +153,7 @@ def test_unknown_fields_are_ignored_and_nulls_mean_the_default(http):
                                            "stop": None, "seed": None, "user": None})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     # vLLM's extras the engine cannot honour are refused only when they ask for something
-    unasked = {"include_stop_str_in_output": False, "use_beam_search": None,
+    unasked = {"use_beam_search": None,
                "allowed_token_ids": [], "bad_words": None, "prompt_logprobs": None}
     assert http.post("/v1/completions", json={**GOOD, **unasked}).status_code == 200
 

@@ -170,7 +170,6 @@ REFUSED = [  # (body changes, param, words of the message)
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text", "needs a schema"),
     ({"text": {"format": {"type": "grammar"}}}, "text", "type must be"),
     ({"text": {"verbosity": "low"}}, "text", "verbosity"),
-    ({"include_stop_str_in_output": True}, "include_stop_str_in_output", "not supported"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input", "input[0].content[0]: 'input_image' parts are not supported"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input",
