@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allowed-credentials", action="store_true",
                    help="Let such pages send cookies and authorization (CORS credentials).")
     s.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="The HTTP server's (uvicorn's) log level; no access log (default: info).")
     s.add_argument("--tui", action="store_true",
                    help="Show the live TUI of the server's engine in this terminal (the server "
                         "runs on a thread; quitting the TUI stops the server).")

@@ -1,0 +1,24 @@
+"""Every flag of the three commands says what it does in --help (README: `roseplay --help`
+describes every flag)."""
+import argparse
+
+import pytest
+
+from roseplay.bench import inproc as bench
+from roseplay.cli import build_parser
+from roseplay.serve.cli import build_parser as build_serve_parser
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="roseplay bench")
+    bench.add_arguments(parser)
+    return parser
+
+
+@pytest.mark.parametrize("command, make", [("roseplay", build_parser),
+                                           ("serve", build_serve_parser),
+                                           ("bench", _bench_parser)])
+def test_every_flag_has_help_text(command, make):
+    silent = [a.option_strings[0] for a in make()._actions
+              if a.option_strings and not (a.help or "").strip()]
+    assert silent == [], f"{command}: flags without help: {silent}"
