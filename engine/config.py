@@ -122,7 +122,8 @@ class EngineConfig:
                                               "stay on the device; vLLM V1's async scheduling).")
     attention_backend: str = knob_field("auto", "Kernels: auto (triton on CUDA; on CPU "
                                                 "cpu_native where a C compiler builds it with "
-                                                "AVX-512, else torch_sdpa), torch (the plain "
+                                                "AVX2 + FMA + F16C or AVX-512, else torch_sdpa), "
+                                                "torch (the plain "
                                                 "references), "
                                                 "torch_sdpa (oneDNN linears + batched SDPA paged "
                                                 "attention), cpu_native (torch_sdpa with the "

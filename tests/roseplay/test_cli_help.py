@@ -22,3 +22,11 @@ def test_every_flag_has_help_text(command, make):
     silent = [a.option_strings[0] for a in make()._actions
               if a.option_strings and not (a.help or "").strip()]
     assert silent == [], f"{command}: flags without help: {silent}"
+
+
+def test_attention_backend_help_names_every_cpu_that_auto_runs_the_c_layer_on():
+    """kernels.default_cpu_backend picks cpu_native with 8-float vectors (AVX2 + FMA + F16C)
+    as with 16 (AVX-512); the help named AVX-512 alone."""
+    help_text = next(a.help for a in build_parser()._actions
+                     if "--attention-backend" in a.option_strings)
+    assert "AVX2 + FMA + F16C" in help_text and "AVX-512" in help_text
