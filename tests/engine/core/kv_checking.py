@@ -192,9 +192,10 @@ def tiny_block_bytes(block_size: int) -> int:
 
 
 def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, proposer=None,
-                **knobs) -> LLMEngine:
-    """A real LLMEngine on dummy:tiny with the KV-checking runner; host_blocks: a host tier
-    of that many blocks (kv_offloading_size); proposer: its drafts (speculation)."""
+                runner=KVCheckingRunner, **knobs) -> LLMEngine:
+    """A real LLMEngine on dummy:tiny with the KV-checking runner (or a subclass);
+    host_blocks: a host tier of that many blocks (kv_offloading_size); proposer: its
+    drafts (speculation)."""
     if host_blocks:
         knobs["kv_offloading_size"] = host_gib(block_size, host_blocks)
     eng = LLMEngine(make_config(model="dummy:tiny", device="cpu", dtype="float32",
@@ -202,7 +203,9 @@ def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, proposer
                                 max_model_len=MAX_MODEL_LEN, check_invariants=True, **knobs),
                     proposer)
     assert (eng.host.num_blocks if eng.host else 0) == host_blocks
-    eng.executor.runner = KVCheckingRunner(eng.pool, host=eng.host)
+    checking = runner(eng.pool, host=eng.host)
+    checking.kv_cache = eng.executor.runner.kv_cache    # (snapshots read its size)
+    eng.executor.runner = checking
     return eng
 
 

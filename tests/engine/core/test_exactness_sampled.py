@@ -82,9 +82,7 @@ class DenseDrafter:
 
 
 def dense_engine(num_blocks: int, block_size: int, **kw):
-    eng = make_engine(num_blocks, block_size, **kw)
-    eng.executor.runner = DenseRunner(eng.pool, host=eng.host)
-    return eng
+    return make_engine(num_blocks, block_size, runner=DenseRunner, **kw)
 
 
 def draw_params(rng: random.Random, speculating: bool) -> SamplingParams:
