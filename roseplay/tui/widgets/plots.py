@@ -27,7 +27,7 @@ class Plot(Widget):
     flatten the curve for minutes."""
 
     DEFAULT_CSS = "Plot { height: 1; }"
-    LABEL = 18
+    LABEL = 19          # "TTFT 23.9ms/24.4ms" and the blank before the bars
 
     def __init__(self, name: str, color_key: str, fmt, fixed_top: float | None = None,
                  **kwargs):
