@@ -196,4 +196,8 @@ class PromptBar(Vertical):
         status = self.query_one("#prompt-status", Static)
         status.update(f"✓ {message}")
         status.remove_class("-error")
-        self.query_one("#prompt-input", Input).value = ""
+        prompt = self.query_one("#prompt-input", Input)
+        prompt.value = ""
+        # the next prompt is typed there: Enter sent from the sampling field left the
+        # focus in it, and the next prompt's words went into the sampling fields
+        self.screen.set_focus(prompt)

@@ -51,7 +51,7 @@ async def test_the_prompt_box_sends_the_priority_typed():
             await pilot.press(*"to the front", "tab", "minus", "5", "enter")
             assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 90)
             assert ("you-1", -5) in sent
-            await pilot.press("shift+tab", *"default", "enter")
+            await pilot.press(*"default", "enter")      # (the focus is back in the prompt)
             assert await wait_for(pilot, lambda: ("you-2", -5) in sent, 30)   # the box keeps it
     finally:
         src.close()
@@ -173,3 +173,19 @@ async def test_editing_keys_typed_fast_act_in_their_order(paused_source):
         _typed_at_once(app, [*"top_k=9", "ctrl+u", *"top_k=5", "enter"])
         assert await wait_for(pilot, lambda: sent == [5], 30), (sent, sampling.value)
         assert sampling.value == "top_k=5"
+
+
+@sync
+async def test_after_a_prompt_is_sent_the_next_is_typed_in_the_prompt_field(paused_source):
+    """Enter in the sampling field sent the prompt and left the focus there: the next
+    prompt's words went into the sampling field."""
+    app = RoseplayApp(source=paused_source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _open_prompt(pilot, app)
+        await pilot.press(*"ROMEO:", "tab", "tab", *"top_k=5", "enter")
+        assert await wait_for(pilot, lambda: "submitted as you-1" in screen_text(app), 30)
+        prompt = app.query_one("#prompt-input")
+        assert await wait_for(pilot, lambda: app.focused is prompt, 30)
+        await pilot.press(*"JULIET")
+        assert prompt.value == "JULIET"
+        assert app.query_one("#prompt-sampling").value == "top_k=5"     # kept for the next
