@@ -97,6 +97,7 @@ def _counters(**kw):
 class _Snap:
     num_used = 0
     requests = ()      # (the window keeps the finished ones it sees: none here)
+    recent_itls = recent_steps = ()     # (and the token gaps and steps: none either)
 
     def __init__(self, t, **counters):
         self.time, self.counters = t, _counters(**counters)
