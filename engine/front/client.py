@@ -15,6 +15,8 @@ engine thread in process, the IO thread over ZMQ).
 """
 from __future__ import annotations
 
+import itertools
+import secrets
 import threading
 from typing import Callable
 
@@ -34,6 +36,11 @@ from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
 
 __all__ = ["EngineClient", "EngineDied", "EngineKeyRefused", "STARTUP_TIMEOUT"]
+
+# default request ids: unique across the processes attached to one engine, which refuses
+# an id live for another client (each process counting from the same first id collided)
+_ID_TAG = secrets.token_hex(4)
+_DEFAULT_IDS = itertools.count()
 
 
 class EngineClient(CoreControls):
@@ -89,6 +96,8 @@ class EngineClient(CoreControls):
         (lower first, as vLLM). Callbacks run on the transport's thread (an asyncio
         server forwards them with call_soon_threadsafe)."""
         self._check_running()
+        if request_id is None:
+            request_id = f"req-{_ID_TAG}-{next(_DEFAULT_IDS)}"
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         packed = self.transport.pack(creq)    # a value the wire refuses leaves no state
         stream = RequestStream(creq.request_id, self._cancel_dropped)
