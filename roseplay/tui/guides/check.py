@@ -20,7 +20,7 @@ from array import array
 import numpy as np
 
 from engine.metrics import prefix_hit_rate
-from roseplay.tui.widgets.counters import newer
+from roseplay.tui.widgets.counters import newer, step_time
 from roseplay.workload.own_prompts import OWN_PREFIX
 
 SAMPLE_EVERY = 0.1      # seconds between snapshots read while measuring
@@ -80,7 +80,7 @@ class Window:
         # 256 steps (under 2 s and 4 s on the bundled CPU model), and the scorecard read
         # those as the window's
         self.gaps = array("d")              # the latest MAX_GAPS of them (16 MB)
-        self.gap_t, self.step_no = first.time, first.step      # the latest read
+        self.gap_t = self.step_t = first.time       # the latest read (engine time)
         self.steps_read = self.mixed = 0        # steps; those with decodes and prefill together
 
     def feed(self, snap) -> None:
@@ -88,14 +88,14 @@ class Window:
             return                          # an older snapshot (a replay seek): skip it
         self.last = snap
         gaps = newer(snap.recent_itls, self.gap_t)
-        steps = newer(snap.recent_steps, self.step_no, key=lambda s: s.step)
+        steps = newer(snap.recent_steps, self.step_t, key=step_time)
         if gaps:
             self.gap_t = gaps[-1][0]
             self.gaps.extend(g for _, g in gaps)
             if len(self.gaps) > 1.1 * MAX_GAPS:
                 del self.gaps[:len(self.gaps) - MAX_GAPS]
         if steps:
-            self.step_no = steps[-1].step
+            self.step_t = steps[-1].wall_time
             self.steps_read += len(steps)
             self.mixed += sum(bool(s.decode_tokens and s.prefill_tokens) for s in steps)
         if snap.last_step is not None:

@@ -45,8 +45,8 @@ class CounterWindow:
             self.peak = max(self.peak or 0, snap.num_used)
         self._keep_ended(snap)
         self._itls.extend(newer(snap.recent_itls, self._itls[-1][0] if self._itls else None))
-        self._steps.extend(newer(snap.recent_steps, self._steps[-1].step if self._steps
-                                 else None, key=lambda s: s.step))
+        self._steps.extend(newer(snap.recent_steps, self._steps[-1].wall_time if self._steps
+                                 else None, key=step_time))
         while self._itls and self._itls[0][0] < t - self.window:
             self._itls.popleft()
         while self._steps and self._steps[0].wall_time < t - self.window:
@@ -125,6 +125,12 @@ class CounterWindow:
         """Prefix-cache hit rate (hit tokens / looked-up tokens); None with no lookups."""
         get = self.recent if recent else self.total
         return prefix_hit_rate(get("prefix_hit_tokens"), get("prefix_queried_tokens"))
+
+
+def step_time(step) -> float:
+    """A step's key for `newer`: its time, not its number (replicas' merged snapshots
+    order their steps by time, each replica numbering its own)."""
+    return step.wall_time
 
 
 def newer(samples, after, key=lambda x: x[0]) -> list:

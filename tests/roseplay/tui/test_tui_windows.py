@@ -58,13 +58,14 @@ def test_a_guide_window_counts_every_gap_and_step_it_saw():
     step = first.recent_steps[-1]
     prefill_only = dataclasses.replace(step, decode_tokens=0, prefill_tokens=16)
     mixed = dataclasses.replace(step, decode_tokens=4, prefill_tokens=16)
-    base = first.step
+    base, t = first.step, first.time - 1
     first = dataclasses.replace(first, step=base + 256, recent_steps=tuple(
-        dataclasses.replace(mixed, step=base + 1 + i) for i in range(256)))
+        dataclasses.replace(mixed, step=base + 1 + i, wall_time=t + (i + 1) / 256)
+        for i in range(256)))
     second = dataclasses.replace(second, step=base + 512, recent_steps=tuple(
-        dataclasses.replace(prefill_only, step=base + 257 + i) for i in range(256)))
-    start = dataclasses.replace(first, time=first.time - 1, step=base,
-                                recent_itls=(), recent_steps=())
+        dataclasses.replace(prefill_only, step=base + 257 + i, wall_time=t + 1 + (i + 1) / 256)
+        for i in range(256)))
+    start = dataclasses.replace(first, time=t, step=base, recent_itls=(), recent_steps=())
     window = Window(start)
     for snap in (first, second):
         window.feed(snap)
@@ -104,3 +105,20 @@ async def test_the_speculation_note_counts_the_gaps_and_verifies_of_the_window()
             await pilot.pause()
         note = widget_text(app.query_one("#spec-note"))
         assert "4.0 tok/verify at once → 50% of ITL gaps 0 ms" in note, note
+
+
+def test_a_window_keeps_the_steps_of_replicas_merged_by_time():
+    """Replicas number their own steps: a merged snapshot orders them by time, and a
+    window that read the newest by number stopped at the other replica's lower ones."""
+    from roseplay.tui.widgets.counters import CounterWindow
+    snap = session_snapshot(12)
+    step, t = snap.recent_steps[-1], snap.time
+    frames = []
+    for k in range(2):      # replica A at steps 500…, B at 100…, interleaved in time
+        steps = tuple(dataclasses.replace(step, step=(500 if i % 2 else 100) + 10 * k + i,
+                                          wall_time=t + k + (i + 1) / 20) for i in range(20))
+        frames.append(dataclasses.replace(snap, time=t + k + 1, recent_steps=steps))
+    window = CounterWindow()
+    for frame in frames:
+        window.feed(frame)
+    assert len(window.steps()) == 40
