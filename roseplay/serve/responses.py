@@ -98,6 +98,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "roseplay"
+    root: str | None = None         # vLLM's: the model the name serves (--model)
+    parent: str | None = None       # vLLM's: the base model of an adapter (none here)
     max_model_len: int | None = None
 
 

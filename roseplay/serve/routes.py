@@ -1,5 +1,5 @@
 """The endpoints: /v1/completions, /v1/chat/completions, /v1/models (and one model's card),
-/health, /metrics, /version, and vLLM's dev endpoint POST /reset_prefix_cache.
+/health (and /ping), /metrics, /version, and vLLM's dev endpoint POST /reset_prefix_cache.
 
 Both generation endpoints share one path (inputs -> Generation -> a Formatter that
 writes the endpoint's JSON). Streaming is SSE (`data: {json}\\n\\n` ... `data: [DONE]`),
@@ -352,8 +352,11 @@ def openapi_paths(routes: dict) -> tuple[dict, dict]:
 @router.get("/v1/models")
 async def models(request: Request):
     st = _state(request)
-    cards = [ModelCard(id=name, max_model_len=st.max_model_len) for name in st.model_names]
-    return JSONResponse(ModelList(data=cards).model_dump())
+    return JSONResponse(ModelList(data=[_card(st, name) for name in st.model_names]).model_dump())
+
+
+def _card(st, name: str) -> ModelCard:
+    return ModelCard(id=name, root=st.loop.info.model_name, max_model_len=st.max_model_len)
 
 
 @router.get("/v1/models/{name:path}")
@@ -364,7 +367,7 @@ async def model(request: Request, name: str):
         raise StarletteHTTPException(404)
     st = _state(request)
     st.check_model(name)
-    return JSONResponse(ModelCard(id=name, max_model_len=st.max_model_len).model_dump())
+    return JSONResponse(_card(st, name).model_dump())
 
 
 @router.get("/version")
@@ -374,9 +377,12 @@ async def version():
 
 
 @router.get("/health")
+@router.get("/ping")
+@router.post("/ping")
 async def health(request: Request):
     """200 while requests can be served; 503 while they cannot: the engine is gone, or
-    it dropped this server, which is attaching again (engine/ipc/attach.py)."""
+    it dropped this server, which is attaching again (engine/ipc/attach.py). /ping (GET
+    and POST) is vLLM's alias, the probe SageMaker and some load balancers send."""
     st = _state(request)
     error = st.engine_error() or getattr(st.loop, "unavailable", None)
     if error:

@@ -180,7 +180,12 @@ def test_streamed_chat_with_two_choices(client):
 def test_served_model_names(loop):
     app = build_app(loop, ServeConfig(served_model_name=("shakespeare", "default")))
     with ServerThread(app) as srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="-") as c:
-        assert [m.id for m in c.models.list().data] == ["shakespeare", "default"]
+        cards = c.models.list().data
+        assert [m.id for m in cards] == ["shakespeare", "default"]
+        # vLLM's card: root names the model behind every served name, parent is null
+        for card in (*cards, c.models.retrieve("shakespeare")):
+            assert card.model_extra["root"] == loop.info.model_name
+            assert card.model_extra["parent"] is None
         for name in ("shakespeare", "default"):
             assert c.completions.create(model=name, prompt="Hail", max_tokens=2).model == name
 

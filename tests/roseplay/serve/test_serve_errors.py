@@ -114,6 +114,9 @@ def test_api_key_is_required_on_v1_only(strict):
     assert httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
     assert httpx.get(url + "/health").status_code == 200
     assert httpx.get(url + "/metrics").status_code == 200
+    # vLLM's /ping probe (SageMaker, load balancers), GET and POST, open as /health
+    assert httpx.get(url + "/ping").status_code == 200
+    assert httpx.post(url + "/ping").status_code == 200
     with openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0) as c:
         with pytest.raises(openai.AuthenticationError):
             c.completions.create(model="default", prompt=PROMPT, max_tokens=2)
