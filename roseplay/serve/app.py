@@ -81,7 +81,7 @@ class ServeState:
         self.model_names = config.served_model_name or (info.model_name,)
         self.chat_template = chat.pick_template(self.tokenizer, chat.load_template(
             config.chat_template))
-        self.metrics = ServerMetrics(loop, self.model_names[0])
+        self.metrics = ServerMetrics(loop, self.model_names[0], self.max_model_len)
         self.bridge = EngineBridge(loop, self.metrics, config.max_waiting)
         self.drain = Drain()
 

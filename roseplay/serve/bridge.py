@@ -56,6 +56,18 @@ class Choice:
     output: object = None
     counts_prompt: bool = True      # the first choice of its prompt (n > 1: one counts it)
     engine: int = 0                 # the replica serving it (data parallelism; metrics)
+    group: "PromptGroup | None" = None
+
+
+@dataclass
+class PromptGroup:
+    """The n choices of one prompt: vLLM's request-level metrics (request_params_n,
+    request_params_max_tokens, request_max_num_generation_tokens) observe the prompt
+    once, when its last choice finishes."""
+    max_tokens: int
+    n: int = 0
+    left: int = 0
+    max_generated: int = 0
 
 
 # a random tag per process and a counter: unique across API-server processes, and a
@@ -121,12 +133,19 @@ class EngineBridge:
                                    f"their first token (--max-waiting {self.max_waiting}); "
                                    "retry later", code="queue_full")
         gen = Generation(self, self.mailbox(asyncio.get_running_loop()))
-        seen: set[int] = set()       # the n choices of a prompt share its dict
+        groups: dict[int, PromptGroup] = {}     # the n choices of a prompt share its dict
         try:
             for i, (prompt, sp) in enumerate(zip(prompts, params)):
                 gen.submit(i, f"{response_id}-{i}", prompt, sp, priority, pin)
-                gen.choices[-1].counts_prompt = id(prompt) not in seen
-                seen.add(id(prompt))
+                choice, group = gen.choices[-1], groups.get(id(prompt))
+                choice.counts_prompt = group is None
+                if group is None:
+                    group = groups[id(prompt)] = PromptGroup(
+                        sp.max_tokens if sp.max_tokens is not None
+                        else self.loop.info.max_model_len - choice.prompt_len)
+                group.n += 1
+                group.left += 1
+                choice.group = group
         except BaseException:
             gen.close()
             raise
@@ -226,8 +245,14 @@ class Generation:
             # send the engine one more Abort (a message per request under load)
             c.stream.detach()
             c.stream = None
-        self.bridge.metrics.observe_finish(output, reason, time.perf_counter(), c.arrival,
-                                           c.counts_prompt, c.engine)
+        m = self.bridge.metrics
+        m.observe_finish(output, reason, time.perf_counter(), c.arrival, c.counts_prompt,
+                         c.engine)
+        if (g := c.group) is not None:
+            g.left -= 1
+            g.max_generated = max(g.max_generated, len(c.token_ids))
+            if g.left == 0:
+                m.observe_request(g.n, g.max_tokens, g.max_generated, c.engine)
 
     def close(self) -> None:
         """Cancel what is still running (client gone, or an error): blocks go back to the

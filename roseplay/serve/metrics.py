@@ -39,6 +39,18 @@ E2E_BUCKETS = (0.01, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"         # prometheus_client's own variable
 API_SERVER_INDEX_ENV = "ROSEPLAY_API_SERVER_INDEX"  # which process observed a request
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+N_BUCKETS = (1, 2, 5, 10, 20)     # vLLM's request_params_n
+
+
+def buckets_1_2_5(limit: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to limit (vLLM's build_1_2_5_buckets)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > limit:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
 
 
 def spec_decode_metrics(stats: list, labels: list[str], keys: list[list[str]]):
@@ -164,7 +176,8 @@ class ServerMetrics:
     engine that served the request (label `engine`: a data-parallel replica's rank, "0"
     for one engine), as vLLM's do."""
 
-    def __init__(self, loop, model_name: str):
+    def __init__(self, loop, model_name: str, max_model_len: int | None = None):
+        """max_model_len: the top of vLLM's max_tokens buckets (TOKEN_BUCKETS without)."""
         self.model = model_name
         engines = [str(e) for e in range(getattr(loop, "size", 1))]
         self.registry = CollectorRegistry()
@@ -189,6 +202,14 @@ class ServerMetrics:
                                     TOKEN_BUCKETS)
         self.output_len = histogram("vllm:request_generation_tokens",
                                     "Generated tokens per request.", TOKEN_BUCKETS)
+        per_model_len = buckets_1_2_5(max_model_len) if max_model_len else TOKEN_BUCKETS
+        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request "
+                                  "parameter.", N_BUCKETS)
+        self.params_max_tokens = histogram("vllm:request_params_max_tokens", "Histogram of "
+                                           "the max_tokens request parameter.", per_model_len)
+        self.max_generation = histogram("vllm:request_max_num_generation_tokens",
+                                        "Histogram of maximum number of requested generation "
+                                        "tokens.", per_model_len)
         self.prompt_tokens = per_engine(Counter(
             "vllm:prompt_tokens", "Prompt tokens of finished requests.", lab, registry=reg))
         self._success = Counter("vllm:request_success", "Finished requests by finish reason.",
@@ -235,6 +256,14 @@ class ServerMetrics:
         self.output_len[engine].observe(len(output.outputs[0].token_ids))
         if output.metrics.tpot is not None:
             self.tpot[engine].observe(output.metrics.tpot)
+
+    def observe_request(self, n: int, max_tokens: int, max_generated: int,
+                        engine: int = 0) -> None:
+        """One prompt once its n choices have finished (however they ended, as vLLM):
+        its n, its max_tokens, and the most tokens a choice generated."""
+        self.params_n[engine].observe(n)
+        self.params_max_tokens[engine].observe(max_tokens)
+        self.max_generation[engine].observe(max_generated)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

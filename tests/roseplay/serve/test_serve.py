@@ -292,3 +292,37 @@ def test_metrics_running_gauge_during_a_stream(server, loop):
         assert m["vllm:num_requests_running"] >= 1 and m["vllm:kv_cache_usage_perc"] > 0
         assert sum(1 for line in lines if line == "data: [DONE]") == 1
     wait_idle(loop)
+
+
+def test_request_level_metrics_observe_each_prompt_once(server, client, loop):
+    """vLLM's request_params_n, request_params_max_tokens and
+    request_max_num_generation_tokens: one sample per prompt when its n choices have
+    finished, a cancelled stream's included; buckets 1-2-5 up to max_model_len."""
+    wait_idle(loop)
+    before = scrape(server)
+    client.completions.create(model="default", prompt=PROMPTS[:2], n=3, max_tokens=7,
+                              temperature=0.8, seed=1, extra_body={"ignore_eos": True})
+    body = {"model": "default", "prompt": PROMPTS[0], "n": 2, "max_tokens": 500,
+            "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: "))   # then leave
+    wait_idle(loop)
+    deadline = time.monotonic() + 10
+    while (m := scrape(server))["vllm:request_params_n_count"] \
+            - before["vllm:request_params_n_count"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    def grew(name):
+        return m[name] - before[name]
+    assert grew("vllm:request_params_n_count") == 3      # two prompts, then the stream
+    assert grew("vllm:request_params_n_sum") == 3 + 3 + 2
+    assert grew("vllm:request_params_max_tokens_sum") == 7 + 7 + 500
+    generated = grew("vllm:request_max_num_generation_tokens_sum")
+    assert grew("vllm:request_max_num_generation_tokens_count") == 3
+    assert 7 + 7 + 1 <= generated < 7 + 7 + 500           # the stream was cut short
+    text = httpx.get(server.url + "/metrics").text
+    bounds = {s.labels["le"] for fam in text_string_to_metric_families(text)
+              if fam.name == "vllm:request_params_max_tokens" for s in fam.samples
+              if s.name.endswith("_bucket")}
+    assert bounds == {"1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0",
+                      "500.0", "1000.0", "+Inf"}       # max_model_len 1024
