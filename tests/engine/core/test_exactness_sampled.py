@@ -7,8 +7,9 @@ async scheduling. tests/engine/core/test_exactness.py covers greedy requests wit
 one-hot model; here the fake model ranks every token (DenseRunner), so masks, penalties,
 bias and sampling change what it picks; some runs poison a token (a forward whose
 context holds it raises: only such requests may end with an error), and odd seeds keep
-steady decode columns from one decode on (MIN_DECODES 1). After the drain no block,
-host slot, grammar or sampler state is left."""
+steady decode columns from one decode on (MIN_DECODES 1). After every operation the KV
+events so far (KVMirror: what a router reads) describe each tier's prefix index; after
+the drain no block, host slot, grammar or sampler state is left."""
 from __future__ import annotations
 
 import random
@@ -20,6 +21,7 @@ from engine.config import (EVICTION_POLICIES, PREEMPTION_MODES, SCHEDULING_MODES
                            SCHEDULING_POLICIES)
 from engine.config import InvalidRequestError
 from engine.core import decode_scheduling, scheduler
+from engine.core.kv.kv_events import REMOVED, STORED
 from engine.request import SamplingParams
 from tests.engine.core.kv_checking import KVCheckingRunner, VOCAB, check_all, make_engine
 from tests.helpers import add_request
@@ -112,6 +114,36 @@ def draw_params(rng: random.Random, speculating: bool) -> SamplingParams:
     return SamplingParams(**kw)
 
 
+class KVMirror:
+    """What a router knows of each tier's prefix index from the engine's KV events."""
+
+    def __init__(self):
+        self.tiers: dict[str, set[int]] = {}
+
+    def apply(self, events) -> None:
+        for ev in events:
+            if ev[0] == STORED:
+                tier = self.tiers.setdefault(ev[4], set())
+                assert not tier.intersection(ev[1]), "a block stored twice"
+                tier.update(ev[1])
+            elif ev[0] == REMOVED:
+                tier = self.tiers.setdefault(ev[2], set())
+                assert tier.issuperset(ev[1]), "an unknown block removed"
+                tier.difference_update(ev[1])
+            else:
+                self.tiers.clear()
+
+    def check(self, eng) -> None:
+        """The events so far (published and pending) describe each tier's index."""
+        now = KVMirror()
+        now.tiers = {m: set(t) for m, t in self.tiers.items()}
+        now.apply(eng.kv_events.pending)
+        for pool in (eng.pool, eng.host and eng.host.pool):
+            if pool:
+                want = {int(pool.block_hash[b]) for b in pool.index.blocks()}
+                assert now.tiers.get(pool.medium, set()) == want, f"{pool.medium} events"
+
+
 class Stream:
     """A request's emitted tokens and logprobs, as the front receives them."""
 
@@ -167,7 +199,10 @@ class Run:
                                 else 0,
                                 async_scheduling=rng.random() < 0.7,
                                 host_blocks=rng.choice([0, 0, 4, 16]),
-                                proposer=DenseDrafter(rng.choice([0.0, 0.6, 1.0]), seed))
+                                proposer=DenseDrafter(rng.choice([0.0, 0.6, 1.0]), seed),
+                                kv_events_config={"enable_kv_cache_events": True})
+        self.kv = KVMirror()
+        self.eng.kv_events.sink = lambda seq, ts, events: self.kv.apply(events)
         self.poison = rng.randrange(VOCAB) if rng.random() < 0.3 else None
         self.eng.executor.runner.poison = self.poison
         self.prompts: list[list[int]] = []
@@ -225,6 +260,7 @@ class Run:
         if self.poison is not None:
             self.eng.stats.last_error = None
         check_all(self.eng)
+        self.kv.check(self.eng)
         self.check_outputs()
 
     def check_outputs(self) -> None:
