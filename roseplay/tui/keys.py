@@ -33,10 +33,10 @@ class Key:
 KEYS = (
     # one key, two bindings: the footer, the palette and a press take the one that applies
     # (RoseplayApp.check_action), so a paused app reads "space Resume"
-    Key("space", "pause", "Pause", "pause (the replay's timeline in a replay)", "space",
+    Key("space", "pause", "Pause", "pause the engine (a replay: its timeline)", "space",
         footer=True),
-    Key("space", "resume", "Resume", "resume (play the replay on from this frame)", "space",
-        footer=True),
+    Key("space", "resume", "Resume", "resume the engine (a replay: play on from this frame)",
+        "space", footer=True),
     Key("n", "step", "Step", "one engine step, then stay paused (replay: next frame)", "n",
         footer=True),
     Key("b", "step_back", "Back", "previous frame", "b", "replay"),

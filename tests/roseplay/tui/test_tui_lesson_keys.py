@@ -100,7 +100,7 @@ async def test_the_palette_lists_roseplays_commands_only(paused_source):
     app = RoseplayApp(source=source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("ctrl+p")
-        assert await wait_for(pilot, lambda: "resume (play" in screen_text(app), 30)
+        assert await wait_for(pilot, lambda: "resume the engine" in screen_text(app), 30)
         from textual.command import CommandList
         options = app.screen.query_one(CommandList)
         count = -1
@@ -111,8 +111,8 @@ async def test_the_palette_lists_roseplays_commands_only(paused_source):
         for textual_own in ("Change the current theme", "Quit the application",
                             "Save an SVG", "Show help for the focused widget"):
             assert not any(textual_own in p for p in prompts), prompts
-        assert prompts[0].startswith("resume (play"), prompts[:3]   # paused: not "pause"
-        assert not any(p.startswith("pause (") for p in prompts), prompts[:3]
+        assert prompts[0].startswith("resume the engine"), prompts[:3]   # paused: not "pause"
+        assert not any(p.startswith("pause the engine") for p in prompts), prompts[:3]
 
 
 @sync
