@@ -342,3 +342,34 @@ def test_a_seeded_follower_sent_back_by_its_leaders_cancel_keeps_its_tokens(solo
         assert not eng.executor.runner.sampler.generators
     finally:
         eng.close()
+
+
+def test_seeded_followers_recomputed_after_a_failed_token_read_keep_their_tokens(solo):
+    """Reading a step's tokens fails (async scheduling, budget 1): its plans' requests
+    end with the error, and the dedup followers whose first tokens it held are
+    recomputed; they draw those tokens afresh, as alone (the failed step's draws had
+    advanced their seeded generators)."""
+    prompt = list(range(10, 14))
+    lead = SamplingParams(max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)
+    follow = [lead.replace(seed=6 + i) for i in range(3)]
+    want = [solo.run(prompt, p).tokens for p in follow]
+    eng = dense_engine(32, 4, max_num_batched_tokens=1, async_scheduling=True)
+    try:
+        for rid, p in [("lead", lead)] + [(f"f{i}", p) for i, p in enumerate(follow)]:
+            add_request(eng, {"prompt_token_ids": prompt}, p, request_id=rid)
+        real, calls = eng._emit_tokens, []
+
+        def emit(launched, out):
+            calls.append(1)
+            if len(calls) == 4:        # the step that samples the prompt's last token
+                raise RuntimeError("device lost")
+            return real(launched, out)
+        eng._emit_tokens = emit
+        streams = [Stream() for _ in follow]
+        while eng.has_unfinished():
+            out = eng.step()
+            for i, s in enumerate(streams):
+                s.take(out, f"f{i}")
+        assert [(s.tokens, s.reason) for s in streams] == [(w, "length") for w in want]
+    finally:
+        eng.close()
