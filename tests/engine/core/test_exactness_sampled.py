@@ -344,16 +344,18 @@ def test_a_seeded_follower_sent_back_by_its_leaders_cancel_keeps_its_tokens(solo
         eng.close()
 
 
-def test_seeded_followers_recomputed_after_a_failed_token_read_keep_their_tokens(solo):
-    """Reading a step's tokens fails (async scheduling, budget 1): its plans' requests
-    end with the error, and the dedup followers whose first tokens it held are
-    recomputed; they draw those tokens afresh, as alone (the failed step's draws had
-    advanced their seeded generators)."""
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_seeded_followers_recomputed_after_a_failed_token_read_keep_their_tokens(
+        solo, async_scheduling):
+    """Reading a step's tokens fails (budget 1): its plans' requests end with the error,
+    and the dedup followers whose first tokens it held are recomputed (async_steps.py;
+    synchronous: StepFaults._fail_plan); they draw those tokens afresh, as alone (the
+    failed step's draws had advanced their seeded generators)."""
     prompt = list(range(10, 14))
     lead = SamplingParams(max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)
     follow = [lead.replace(seed=6 + i) for i in range(3)]
     want = [solo.run(prompt, p).tokens for p in follow]
-    eng = dense_engine(32, 4, max_num_batched_tokens=1, async_scheduling=True)
+    eng = dense_engine(32, 4, max_num_batched_tokens=1, async_scheduling=async_scheduling)
     try:
         for rid, p in [("lead", lead)] + [(f"f{i}", p) for i, p in enumerate(follow)]:
             add_request(eng, {"prompt_token_ids": prompt}, p, request_id=rid)
