@@ -12,6 +12,7 @@ Modules, one job each:
   routes.py     /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
   responses_api.py     /v1/responses (OpenAI's Responses API): request -> the chat it runs as
   responses_events.py  the Response object and its SSE events
+  server_info.py  /server_info: the model a worker serves, for routers in front (SGLang's)
   app.py        build_app(loop, ServeConfig): the FastAPI app
   server.py     uvicorn in a thread (tests) or in the foreground (the CLI)
   cli.py        `roseplay serve [engine flags] [--host] [--port] [--api-key] ...`

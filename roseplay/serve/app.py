@@ -20,6 +20,7 @@ from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.responses_api import RESPONSES, ResponsesRequest, responses_router
 from roseplay.serve.routes import GENERATE, openapi_paths, router
 from roseplay.serve.routing import routing_router
+from roseplay.serve.server_info import server_info_router
 from roseplay.serve.tokenize import tokenize_router
 from roseplay.serve.shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, Drain
 
@@ -109,6 +110,7 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
     app.include_router(responses_router)
     app.include_router(routing_router)
     app.include_router(tokenize_router)
+    app.include_router(server_info_router)
     app.add_middleware(GateMiddleware, drain=app.state.serve.drain,
                        max_bytes=config.max_body_bytes, api_key=config.api_key)
     if config.allowed_origins:      # outermost: a preflight never meets the key check

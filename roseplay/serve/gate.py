@@ -16,7 +16,8 @@ from fastapi import HTTPException
 
 from roseplay.serve.errors import REQUEST_TOO_LARGE, OpenAIError
 
-KEYED_DEV_PATHS = frozenset({"/reset_prefix_cache", "/routing", "/tokenize", "/detokenize"})
+KEYED_DEV_PATHS = frozenset({"/reset_prefix_cache", "/routing", "/tokenize", "/detokenize",
+                             "/server_info"})
 logger = logging.getLogger("roseplay.serve")
 
 

@@ -1,7 +1,8 @@
 """An existing router package in front of `roseplay serve` workers: SGLang's router
 (`sglang-router`, a test extra in pyproject.toml) routes the official `openai` client's
-requests round robin across two workers on the bundled model; its greedy completions
-are a single engine's, both workers serve, and every process is gone afterwards."""
+requests round robin across two workers on the bundled model; it lists their model in its
+/v1/models, its greedy completions are a single engine's, both workers serve, and every
+process is gone afterwards."""
 from __future__ import annotations
 
 import subprocess
@@ -30,6 +31,9 @@ class RouterProc:
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                      "--port", str(self.port), "--policy", "round_robin", "--log-level", "warn",
+                     # its metrics listener: 127.0.0.1 and a free port (its 29000 default
+                     # is taken by any other router on the host, and then it exits)
+                     "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                      "--worker-urls", *workers]
 
     def __enter__(self) -> "RouterProc":
@@ -100,6 +104,10 @@ def test_sglang_router_routes_across_roseplay_workers():
         direct = completions(a.url)              # one engine alone: the reference
         before = [requests_served(a.url), requests_served(b.url)]
         with RouterProc([a.url, b.url]) as router:
+            # the router learns the workers' model from their /server_info (it listed
+            # "unknown", a model no worker serves)
+            listed = httpx.get(router.url + "/v1/models", timeout=10).json()["data"]
+            assert [m["id"] for m in listed] == ["default"]
             routed = completions(router.url)
             assert router.proc.poll() is None
         served = [requests_served(a.url) - before[0], requests_served(b.url) - before[1]]

@@ -114,6 +114,11 @@ def test_api_key_is_required_on_v1_only(strict):
     assert httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
     assert httpx.get(url + "/health").status_code == 200
     assert httpx.get(url + "/metrics").status_code == 200
+    # /server_info (what SGLang's router reads for a worker's model) tells what
+    # /v1/models tells: keyed alike
+    check_error(httpx.get(url + "/server_info"), 401, "invalid_api_key")
+    info = httpx.get(url + "/server_info", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert info["served_model_name"] == "default" and info["max_model_len"] == 1024
     # vLLM's /ping probe (SageMaker, load balancers), GET and POST, open as /health
     assert httpx.get(url + "/ping").status_code == 200
     assert httpx.post(url + "/ping").status_code == 200
