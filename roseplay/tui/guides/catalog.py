@@ -68,7 +68,8 @@ GUIDES = (
                "so no step stalls the decodes with a whole prompt: ITL is smoother (p99 "
                "down). Whether the documents' first token comes later depends on a step's "
                "fixed cost: large on a GPU (vLLM's trade: smoother ITL, later TTFT), small "
-               "on this CPU engine, where TTFT p50 stays near key 2's (x0.7-1.0 measured).",
+               "on this CPU engine, where TTFT p50 comes no later than key 2's (x0.3-1.0 "
+               "measured).",
           VLLM, "chunk k/n at the top of the request list (sorted by state: prefilling "
           "first) and in This step; chunks per prompt up against key 2",
           "mixed", {"max_num_batched_tokens": 32, **APP}, concurrency=APP_CONCURRENCY, versus="2",

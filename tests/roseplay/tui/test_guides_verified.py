@@ -56,7 +56,7 @@ def needed() -> dict[str, dict]:
         for key, expect in ((setup if isinstance(setup, str) else knob, expect)
                             for knob, (setup, expect) in KNOB_EFFECTS.items())]
     checks += [("default", {"mixed_steps": ">0"}, None),
-               ("1", dict.fromkeys(BARELY_MOVE, "same"), "2"),
+               ("1", {"ttft_p50": "lower"}, "2"),      # (test_guide_1_ttft_comes_no_later)
                ("d", {"spec_mean_accepted_len": "higher"}, None),
                ("spec-off", {"spec_acceptance": "=0"}, None)]
     for key, expect, versus in checks:
@@ -183,6 +183,14 @@ def test_guide_d_drafts_are_mostly_right_on_the_repetitive_text(results):
     assert results["spec-off"]["spec_acceptance"] == 0
 
 
+def test_guide_d_tpot_falls_by_about_what_it_says(results):
+    """"TPOT falls to 0.45-0.7x the spec-off run's (roseplay bench, 2026-11-25)": the
+    app's windows read a ratio in that band, give or take a loaded machine's noise."""
+    ratio = results["d"]["tpot_p50"] / results["spec-off"]["tpot_p50"]
+    print(f"guide d: TPOT p50 x{ratio:.2f} the spec-off run's")
+    assert 0.45 / 1.3 < ratio < 0.7 * 1.3, ratio
+
+
 def test_the_repetitive_scenario_is_greedy_and_cycles_its_openings():
     from roseplay.workload.scenarios import REPETITIVE_PROMPTS, build_workload
     from tests.roseplay.workload.test_scenarios import CharTokenizer
@@ -196,19 +204,18 @@ def test_the_repetitive_scenario_is_greedy_and_cycles_its_openings():
     assert ids["prompt_token_ids"] == unit * 4
 
 
-BARELY_MOVE = ("ttft_p50",)     # guide 1: "where TTFT p50 stays near key 2's (x0.7-1.0
-BARELY = 1.5        # measured)": within a factor of 1.5 either way (x1.04 and x0.73 on
-#                     2026-11-29; on a GPU a small budget's many steps delay the documents'
-#                     first token several-fold). It read "TTFT and ITL barely move": ITL
-#                     p50 was 1.6x guide 2's, and p99 lower (now on its scorecard)
+NO_LATER = 1.5      # guide 1: "TTFT p50 comes no later than key 2's (x0.3-1.0 measured)":
+#                     below 1.5x its (x1.04, x0.73 and x0.34 in three runs of 2026-11-29;
+#                     on a GPU a small budget's many steps delay the documents' first token
+#                     several-fold). It read "TTFT and ITL barely move": ITL p50 was 1.6x
+#                     guide 2's, and p99 lower (on its scorecard now)
 
 
-def test_guide_1_ttft_barely_moves_on_this_cpu(results):
+def test_guide_1_ttft_comes_no_later_on_this_cpu(results):
     """Guide 1's words beyond its scorecard: a 32-token budget against guide 2's 2048."""
-    for name in BARELY_MOVE:
-        small, large = results["1"][name], results["2"][name]
-        print(f"{name}: budget 32 {small:.4g} s, budget 2048 {large:.4g} s")
-        assert large / BARELY < small < large * BARELY, (name, small, large)
+    small, large = results["1"]["ttft_p50"], results["2"]["ttft_p50"]
+    print(f"ttft_p50: budget 32 {small:.4g} s, budget 2048 {large:.4g} s")
+    assert small < large * NO_LATER, (small, large)
 
 
 def test_the_default_runs_decodes_and_prefill_chunks_in_one_step(results):
