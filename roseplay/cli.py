@@ -32,7 +32,8 @@ commands:
 
 keys in the app: space pause/resume · n one step · c prefix cache · -/+ token budget
 (halve/double) · [/] max running seqs · m/M scheduling mode · p/P queue policy ·
-e eviction policy · s/S scenario · </> concurrency · r/R rate ·
+e eviction policy · h preemption mode · d/D draft tokens (speculative decoding) ·
+u/U routing policy (data parallel) · s/S scenario · </> concurrency · r/R rate ·
 x clear prefix cache · i type a prompt · o/f sort/filter requests · z zoom a panel ·
 l goodput SLOs · 0 reset stats · t colour-blind theme · ctrl+p commands (type a knob
 value) · ? help (knob guidance: a digit shows a claim live) · q quit

@@ -30,3 +30,15 @@ def test_attention_backend_help_names_every_cpu_that_auto_runs_the_c_layer_on():
     help_text = next(a.help for a in build_parser()._actions
                      if "--attention-backend" in a.option_strings)
     assert "AVX2 + FMA + F16C" in help_text and "AVX-512" in help_text
+
+
+def test_help_lists_the_key_of_every_live_knob():
+    """`roseplay --help`'s key list names each key that turns a live knob (it left out
+    h, preemption_mode, and d/D, num_speculative_tokens)."""
+    import re
+
+    from roseplay.cli import EPILOG
+    from roseplay.tui.keys import KEYS
+    missing = [k.display for k in KEYS if k.knob
+               and not re.search(rf"(?<!\w){re.escape(k.display)}(?!\w)", EPILOG)]
+    assert missing == []
