@@ -86,11 +86,16 @@ class ServeState:
         self.bridge = EngineBridge(loop, self.metrics, config.max_waiting)
         self.drain = Drain()
 
-    def check_model(self, name: str) -> None:
+    def check_model(self, name: str | None) -> str:
+        """The served name a request asks for; one that leaves `model` out (or null) gets
+        the first, as vLLM's server (OpenAI requires the field; vLLM's clients skip it)."""
+        if name is None:
+            return self.model_names[0]
         if name not in self.model_names:
             raise OpenAIError(404, f"The model `{name}` does not exist. Served: "
                                    f"{', '.join(self.model_names)}", code="model_not_found",
                               param="model")
+        return name
 
     def engine_error(self) -> str | None:
         return getattr(self.loop, "fatal_error", None)

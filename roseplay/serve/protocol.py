@@ -68,7 +68,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     # response_format here, `text` for /v1/responses (roseplay/serve/responses_api.py)
     FORMAT_FIELD: ClassVar[str] = "response_format"
     PROMPT_FIELD: ClassVar[str] = "prompt"     # the field that holds the prompt (a 400's param)
-    model: str
+    model: str | None = None        # left out or null: the first served name (as vLLM)
     n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = 1
     temperature: float | None = None
     top_p: float | None = None

@@ -67,7 +67,7 @@ class ResponsesRequest(_Request, kw_only=True):
         "store": "responses are not stored by this server: send store false or leave it out",
         "background": "background responses need a store, which this server does not have",
         "prompt": "prompt templates are not supported by this server"}
-    model: str
+    model: str | None = None        # left out or null: the first served name (as vLLM)
     input: str | Annotated[list[InputItem], Meta(min_length=1, max_length=MAX_MESSAGES)]
     instructions: str | None = None
     max_output_tokens: int | None = None

@@ -264,13 +264,13 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     (a CompletionFormat or subclass: SSE or JSON)."""
     st = _state(request)
     req.check_supported()
-    st.check_model(req.model)
+    model = st.check_model(req.model)
     # a long prompt on a worker thread: tokenizing it takes seconds (the tokenizer releases
     # the GIL); a short one here, the thread hop would cost more than the work
     ins = make_inputs(req, st) if inputs.on_loop(req) else \
         await asyncio.to_thread(make_inputs, req, st)
     rid = new_id(fmt_cls.prefix, req.user)
-    fmt = fmt_cls(req, rid, req.model, ins, st.tokenizer)
+    fmt = fmt_cls(req, rid, model, ins, st.tokenizer)
     gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority, req.data_parallel_rank)
     st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:

@@ -41,8 +41,7 @@ class DetokenizeRequest(_Request, kw_only=True):
 
 def _checked(request: Request, model: str | None):
     st = request.app.state.serve
-    if model is not None:
-        st.check_model(model)
+    st.check_model(model)
     if st.tokenizer is None:
         raise invalid("this model has no tokenizer: its prompts are token ids already",
                       "model")

@@ -188,6 +188,18 @@ def test_served_model_names(loop):
             assert card.model_extra["parent"] is None
         for name in ("shakespeare", "default"):
             assert c.completions.create(model=name, prompt="Hail", max_tokens=2).model == name
+        # `model` left out or null (vLLM's clients skip it): the first served name
+        chat = {"messages": [{"role": "user", "content": "Hail"}], "max_tokens": 2}
+        for path, body in (("/v1/completions", {"prompt": "Hail", "max_tokens": 2}),
+                           ("/v1/chat/completions", chat),
+                           ("/v1/chat/completions", {**chat, "stream": True}),
+                           ("/v1/responses", {"input": "Hail", "max_output_tokens": 2}),
+                           ("/v1/completions", {"model": None, "prompt": "Hail",
+                                                "max_tokens": 2})):
+            r = httpx.post(srv.url + path, json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            first = json.loads(r.text.split("data: ")[1]) if body.get("stream") else r.json()
+            assert first["model"] == "shakespeare", (path, r.text)
 
 
 def test_models_and_health(server, client):

@@ -79,7 +79,7 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {**GOOD, "min_tokens": 99}, "min_tokens"),
     ("completions", {**GOOD, "best_of": 3, "stream": True}, "best_of"),
     ("completions", {**GOOD, "stream_options": {"include_usage": True}}, "stream_options"),
-    ("completions", {"prompt": PROMPT}, "model"),
+    ("completions", {"model": 5, "prompt": PROMPT}, "model"),   # left out: the served one
     ("completions", {**GOOD, "use_beam_search": True}, "use_beam_search"),
     ("completions", {**GOOD, "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ("completions", {**GOOD, "bad_words": ["lord"]}, "bad_words"),
