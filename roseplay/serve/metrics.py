@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (GCCollector, PlatformCollector, ProcessCollector,
+                               CollectorRegistry, Counter, Histogram, generate_latest)
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -182,6 +183,11 @@ class ServerMetrics:
         engines = [str(e) for e in range(getattr(loop, "size", 1))]
         self.registry = CollectorRegistry()
         self.registry.register(EngineStatsCollector(loop, model_name))
+        # the process_* and python_* series of prometheus_client's default registry,
+        # which vLLM serves (memory, CPU, open fds); not with several API-server
+        # processes, whose /metrics (as vLLM's) is the multiprocess sum alone
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=self.registry)
         lab = ["model_name", "engine"]
         reg = self.registry
 
