@@ -49,8 +49,8 @@ def invalid(message: str, param: str | None) -> InvalidRequestError:
     return exc
 
 
-def error_response(exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def error_response(exc: OpenAIError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 def param_of(exc: Exception, fields: frozenset[str]) -> str | None:
@@ -91,8 +91,9 @@ def install_handlers(app: FastAPI, fields: frozenset[str]) -> None:
         message = str(exc.detail)
         if exc.status_code == 404:
             message = _not_found(app, request.scope)
+        # the exception's headers stay: a 405's Allow (RFC 9110 15.5.6: it MUST be sent)
         return error_response(OpenAIError(exc.status_code, message,
-                                           code=_CODES.get(exc.status_code)))
+                                          code=_CODES.get(exc.status_code)), exc.headers)
 
 
 def _not_found(app: FastAPI, scope) -> str:

@@ -377,8 +377,7 @@ async def version():
 
 
 @router.get("/health")
-@router.get("/ping")
-@router.post("/ping")
+@router.api_route("/ping", methods=["GET", "POST"])
 async def health(request: Request):
     """200 while requests can be served; 503 while they cannot: the engine is gone, or
     it dropped this server, which is attaching again (engine/ipc/attach.py). /ping (GET

@@ -134,7 +134,10 @@ def test_unknown_model_and_route_are_404(server):
     err = check_error(r, 404, "model_not_found", "gpt-4")
     assert err["param"] == "model"
     check_error(httpx.get(server.url + "/v1/nothing"), 404, "not_found")
-    check_error(httpx.get(server.url + "/v1/completions"), 405, "method_not_allowed")
+    r = httpx.get(server.url + "/v1/completions")
+    check_error(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == "POST"      # RFC 9110: a 405 names the methods allowed
+    assert httpx.delete(server.url + "/ping").headers["allow"] == "GET, POST"
     with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as c:
         with pytest.raises(openai.NotFoundError):
             c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
