@@ -59,6 +59,8 @@ class XGrammarMatcher:
         return ""
 
     def forced_bytes(self) -> bytes:
+        if self.m.is_terminated():     # (it took EOS: nothing comes next; xgrammar raises)
+            return b""
         return self.m.find_jump_forward_string().encode("utf-8", "surrogatepass")
 
 

@@ -108,3 +108,21 @@ def test_auto_falls_back_to_xgrammar_where_llguidance_cannot_read_the_tokenizer(
     assert backend("auto").name == "xgrammar"
     with pytest.raises(ValueError, match="cannot read"):
         backend("guidance")
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_constrained_request_ended_by_its_grammar_fails_no_step(backend):
+    """Async scheduling: a constrained request that asks logprobs and ignores EOS ends
+    when its grammar takes EOS, while the next step, launched before, still has its
+    row; that step's grammar view of it must not ask the finished matcher what comes
+    next (xgrammar raises on a terminated matcher: the step failed, and its requests
+    were rerun one by one)."""
+    llm = LLM(model="dummy:tiny", device="cpu", async_scheduling=True,
+              structured_outputs_config={"backend": backend})
+    outs = llm.generate(
+        [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 9]}],
+        [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=1,
+                        structured_outputs={"choice": ["yes", "no"]}),
+         SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)])
+    assert [o.outputs[0].finish_reason for o in outs] == ["stop", "length"]
+    assert llm.engine.stats.last_error is None, llm.engine.stats.last_error
