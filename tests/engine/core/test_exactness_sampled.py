@@ -171,9 +171,11 @@ def same_logprobs(a, b) -> bool:
 class Solo:
     """Each request alone on an engine of its own knobs (big pool, no host tier)."""
 
-    def __init__(self):
+    def __init__(self, backend: str = "guidance"):
+        self.backend = backend          # the grammar library (both engines use it)
         self.eng = dense_engine(64, 4, max_num_batched_tokens=512, max_num_seqs=64,
-                                async_scheduling=False)
+                                async_scheduling=False,
+                                structured_outputs_config={"backend": backend})
         self.n = 0
 
     def run(self, prompt, params) -> Stream:
@@ -200,7 +202,8 @@ class Run:
                                 async_scheduling=rng.random() < 0.7,
                                 host_blocks=rng.choice([0, 0, 4, 16]),
                                 proposer=DenseDrafter(rng.choice([0.0, 0.6, 1.0]), seed),
-                                kv_events_config={"enable_kv_cache_events": True})
+                                kv_events_config={"enable_kv_cache_events": True},
+                                structured_outputs_config={"backend": solo.backend})
         self.kv = KVMirror()
         self.eng.kv_events.sink = lambda seq, ts, events: self.kv.apply(events)
         self.poison = rng.randrange(VOCAB) if rng.random() < 0.3 else None
@@ -311,7 +314,24 @@ def test_random_operations_never_change_a_sampled_or_constrained_requests_tokens
     if seed % 2:     # steady decode columns from the first decode on (steady_decodes.py)
         for module in (scheduler, decode_scheduling):
             monkeypatch.setattr(module, "MIN_DECODES", 1)
-    run = Run(seed, solo)
+    operate(Run(seed, solo))
+
+
+@pytest.fixture(scope="module")
+def xsolo():
+    s = Solo("xgrammar")
+    yield s
+    s.eng.close()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_operations_on_the_xgrammar_backend(seed, xsolo):
+    """The same with xgrammar's matchers (drafts checked token by token, then rolled
+    back; a finished matcher asked nothing)."""
+    operate(Run(1000 + seed, xsolo))
+
+
+def operate(run: Run) -> None:
     try:
         for _ in range(OPS):
             run.operate()
