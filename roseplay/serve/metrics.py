@@ -204,6 +204,8 @@ class ServerMetrics:
                               "Per-request (last - first) / (n - 1).", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
                              E2E_BUCKETS)
+        self.decode = histogram("vllm:request_decode_time_seconds", "First token to last "
+                                "token (vLLM's decode phase).", E2E_BUCKETS)
         self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
                                     TOKEN_BUCKETS)
         self.output_len = histogram("vllm:request_generation_tokens",
@@ -262,6 +264,9 @@ class ServerMetrics:
         self.output_len[engine].observe(len(output.outputs[0].token_ids))
         if output.metrics.tpot is not None:
             self.tpot[engine].observe(output.metrics.tpot)
+        if output.metrics.first_token_time is not None:
+            self.decode[engine].observe(output.metrics.last_token_time
+                                        - output.metrics.first_token_time)
 
     def observe_request(self, n: int, max_tokens: int, max_generated: int,
                         engine: int = 0) -> None:

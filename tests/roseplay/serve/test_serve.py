@@ -284,6 +284,12 @@ def test_metrics_parse_and_match_the_snapshot(server, client, loop):
                               ("vllm:e2e_request_latency_seconds", 1)):
         assert m[name + "_count"] - before[name + "_count"] == per_request
     assert m["vllm:request_generation_tokens_sum"] - before["vllm:request_generation_tokens_sum"] == 10
+    # vLLM's decode phase, first token to last: within the request's end-to-end time
+    def grew(name):
+        return m[name] - before[name]
+    assert grew("vllm:request_decode_time_seconds_count") == 1
+    assert 0 < grew("vllm:request_decode_time_seconds_sum") \
+        <= grew("vllm:e2e_request_latency_seconds_sum")
     # the process series vLLM's /metrics carries (prometheus_client's default collectors)
     assert m["process_resident_memory_bytes"] > 0 and m["process_open_fds"] > 0
     assert m["process_cpu_seconds_total"] > 0 and m["python_info"] == 1
