@@ -12,6 +12,7 @@ from roseplay.tui.guide_actions import GuideActions
 from roseplay.tui.keys import other_mode_note
 from roseplay.tui.layout import TITLES, ZOOM_ORDER
 from roseplay.tui.marks import RecordedMarks, change_label
+from roseplay.tui.source_data import logprobs_mode
 from roseplay.workload.scenarios import SCENARIOS
 from roseplay.tui.dp_actions import RoutingActions
 from roseplay.workload.source import RATE_STEPS, ReadOnlyError, ReplaySource
@@ -311,8 +312,7 @@ class Actions(GuideActions, RoutingActions):
         if self.traces.get(rid) is None:
             self.notify(no_trace_words(rid, self.traces), severity="warning", timeout=8)
             return
-        mode = getattr(self.snapshot, "logprobs_mode", "") or getattr(
-            getattr(self.source, "info", None), "logprobs_mode", "")
+        mode = logprobs_mode(self.source, self.snapshot) or ""
         self.push_screen(TokenScrubScreen(self.traces, rid, getattr(self.source, "tokenizer",
                                                                     None), mode))
 

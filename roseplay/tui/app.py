@@ -21,14 +21,15 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, Static
 
 from roseplay.tui.actions import PAUSE_ACTIONS, Actions
-from roseplay.tui.marks import RecordedMarks
+from roseplay.tui.marks import RecordedMarks, describe_event
 from roseplay.tui.commands import RoseplayCommands
 from roseplay.tui.dp_actions import MERGED_NOTE, DecisionStore
 from roseplay.tui.engine_state import SERVING, engine_down
 from roseplay.tui.keys import TEXT_ACTIONS, action_mode, bindings
-from roseplay.tui.lifecycle import (SourceLoaded, exit_watchdog, install_exit_signals,
-                                    remove_exit_signals, start_loading)
+from roseplay.tui.lifecycle import (SourceLoaded, error_line, exit_watchdog,
+                                    install_exit_signals, remove_exit_signals, start_loading)
 from roseplay.tui.layout import LEFT, RIGHT, TITLES, plan
+from roseplay.tui.source_data import logprobs_mode, no_text_reason
 from roseplay.tui.widgets.counters import CounterWindow
 from roseplay.tui.widgets.events import EventLog, flash_blocks
 from roseplay.tui.widgets.knobs import KnobsPanel
@@ -373,35 +374,3 @@ class RoseplayApp(Actions, App):
             remove_exit_signals()
         self.close_source()
 
-
-def logprobs_mode(src, snap) -> str | None:
-    """What the requests' logprobs hold: the live engine's mode, or the one a recording
-    kept (None: not known, so the Selected panel shows no next-token choices)."""
-    if src.kind == "live":
-        return getattr(getattr(src, "info", None), "logprobs_mode", None)
-    return snap.logprobs_mode or None
-
-
-def no_text_reason(src) -> str:
-    """Why a request's output has no text: the model has no tokenizer, or the recording
-    kept none (made before recordings kept the text, or of such a model)."""
-    header = getattr(src, "header", None)
-    if src.kind == "replay" and isinstance(header, dict) and not header.get("text"):
-        return "no text in this recording"     # (no tokenizer, or made before text was kept)
-    return "this model has no tokenizer: no text"
-
-
-def error_line(exc: BaseException) -> str:
-    """`Type: message` once: an engine process's error arrives with its type already
-    in the message ("InvalidRequestError: ...")."""
-    name, text = type(exc).__name__, str(exc).strip()
-    if not text:
-        return name
-    return text if text.startswith(f"{name}:") else f"{name}: {text}"
-
-
-def describe_event(event: dict) -> str:
-    what = event.get("what", "?")
-    data = {k: v for k, v in event.items() if k not in ("kind", "t", "what")}
-    detail = ", ".join(f"{k}={v}" for k, v in data.items())
-    return f"{event.get('t', 0):.1f} s: {what}{f' ({detail})' if detail else ''}"

@@ -78,3 +78,12 @@ def exit_watchdog(code: int, grace: float = EXIT_GRACE_S) -> None:
     timer = threading.Timer(grace, os._exit, (code,))
     timer.daemon = True
     timer.start()
+
+
+def error_line(exc: BaseException) -> str:
+    """`Type: message` once: an engine process's error arrives with its type already
+    in the message ("InvalidRequestError: ...")."""
+    name, text = type(exc).__name__, str(exc).strip()
+    if not text:
+        return name
+    return text if text.startswith(f"{name}:") else f"{name}: {text}"

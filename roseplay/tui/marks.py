@@ -51,3 +51,10 @@ class RecordedMarks:
         elif self._guide_t is not None and 0 <= t - self._guide_t < self.GUIDE_SECONDS:
             return None
         return event_label(event)
+
+
+def describe_event(event: dict) -> str:
+    what = event.get("what", "?")
+    data = {k: v for k, v in event.items() if k not in ("kind", "t", "what")}
+    detail = ", ".join(f"{k}={v}" for k, v in data.items())
+    return f"{event.get('t', 0):.1f} s: {what}{f' ({detail})' if detail else ''}"

@@ -14,7 +14,8 @@ import pytest
 from engine.codes import EV_COW, EV_EVICT, EV_PREFIX_HIT
 from engine.config import InvalidRequestError
 from engine.snapshot import EngineEvent
-from roseplay.tui.app import RoseplayApp, error_line
+from roseplay.tui.app import RoseplayApp
+from roseplay.tui.lifecycle import error_line
 from roseplay.tui.commands import RoseplayCommands
 from roseplay.workload.source import ReplaySource
 from roseplay.tui.widgets.events import EventLog
