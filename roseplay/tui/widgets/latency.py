@@ -55,7 +55,12 @@ def slo_text(slos: dict) -> str:
     return " ".join(f"{k}≤{v:g}" for k, v in slos.items())
 
 
+def window_firsts(requests, start: float) -> list:
+    """The requests whose first token came at or after `start` (engine time): the Timing
+    table's TTFT row, its split line's, the TTFT plot's and the compare table's population."""
+    return [r for r in requests if r.ttft is not None and r.arrival_time + r.ttft >= start]
+
+
 def window_ttfts(requests, start: float) -> list[float]:
-    """TTFT of the requests whose first token came at or after `start` (engine time):
-    the Timing table's, the TTFT plot's and the compare table's population."""
-    return [r.ttft for r in requests if r.ttft is not None and r.arrival_time + r.ttft >= start]
+    """TTFT of `window_firsts`."""
+    return [r.ttft for r in window_firsts(requests, start)]

@@ -138,7 +138,7 @@ class TimingStats(Widget):
             t.append(f"{name:<6}", f"bold {theme.color(color)}")
             t.append("".join(f"{fmt_ms(v):>9}" for v in pctl(values)) + "\n")
             if name == "TTFT":          # where its time went (roseplay/tui/widgets/ttft_split.py)
-                t.append_text(window_split(snap, start))
+                t.append_text(window_split(requests, start))
                 t.append("\n")
         t.append(f"{BLANK} tok/s" if stopped else "- tok/s" if rate is None else
                  f"{rate:,.0f} tok/s", "bold")

@@ -5,14 +5,15 @@ chunk's logits give the first token). The parts come from the engine's timestamp
 (RequestView.ttft_split, engine/snapshot.py) and add up to the request's TTFT.
 
 `request_split` is the Selected panel's line for one request; `window_split` the Timing
-panel's line: each part's share of the TTFT of the requests finished in its window
-(EngineSnapshot.recent_ttft_parts, the requests of its TTFT row).
+panel's line: each part's share of the summed TTFT of the requests whose first token came
+in its window, the requests of its TTFT row (latency.window_firsts).
 """
 from __future__ import annotations
 
 from rich.text import Text
 
 from roseplay.tui.widgets import theme
+from roseplay.tui.widgets.latency import window_firsts
 from roseplay.tui.widgets.requests import fmt_ms
 
 PART_COLORS = ("#9aa0aa", "prefill", "decode")   # queued, prefill, last chunk -> token
@@ -92,18 +93,18 @@ def _split_words(r, parts, bar: bool, short: bool, tight: bool = False) -> Text:
     return t
 
 
-def window_shares(snap, start: float) -> tuple[int, tuple[float, float, float] | None]:
-    """(requests, each part's share of their summed TTFT) for the requests whose last
-    token came at or after `start`; None shares when there is none."""
-    rows = [x for x in snap.recent_ttft_parts if x[0] >= start]
-    sums = [sum(x[i] for x in rows) for i in (1, 2, 3)]
+def window_shares(requests, start: float) -> tuple[int, tuple[float, float, float] | None]:
+    """(requests, each part's share of their summed TTFT) for the requests whose first
+    token came at or after `start` (the TTFT row's); None shares when there is none."""
+    rows = [p for p in (r.ttft_split() for r in window_firsts(requests, start)) if p]
+    sums = [sum(x[i] for x in rows) for i in (0, 1, 2)]
     total = sum(sums)
     return len(rows), (tuple(s / total for s in sums) if rows and total > 0 else None)
 
 
-def window_split(snap, start: float) -> Text:
+def window_split(requests, start: float) -> Text:
     """"└ queue 83% prefill 12% last 5%": the Timing panel's line under TTFT."""
-    _, shares = window_shares(snap, start)
+    _, shares = window_shares(requests, start)
     t = Text(no_wrap=True)
     t.append("└ ", "dim")
     for word, key, i in (("queue", PART_COLORS[0], 0), ("prefill", PART_COLORS[1], 1),

@@ -106,9 +106,11 @@ async def test_the_ttft_split_adds_up_in_selected_and_timing(monkeypatch):
             chunks = f"chunks 1-{n - 1}" if n > 2 else "chunk 1"
             assert f"{chunks} {fmt_ms(prefill)}" in detail
             assert f"{n}→token {fmt_ms(last)}" in detail
-            # Timing: each part's share of the TTFT of the requests in its 10 s window
-            rows = [x for x in snap.recent_ttft_parts if x[0] >= snap.time - 10]
-            sums = [sum(x[i] for x in rows) for i in (1, 2, 3)]
+            # Timing: each part's share of the TTFT of the requests whose first token came
+            # in its 10 s window (its TTFT row's)
+            rows = [r.ttft_split() for r in app.window.requests(snap)
+                    if r.ttft is not None and r.arrival_time + r.ttft >= snap.time - 10]
+            sums = [sum(x[i] for x in rows) for i in (0, 1, 2)]
             shares = [f"{100 * v / sum(sums):.0f}%" for v in sums]
             timing = widget_text(app.query_one(TimingStats))
             assert f"└ queue {shares[0]} prefill {shares[1]} last {shares[2]}" in timing

@@ -122,3 +122,26 @@ def test_a_window_keeps_the_steps_of_replicas_merged_by_time():
     for frame in frames:
         window.feed(frame)
     assert len(window.steps()) == 40
+
+
+@sync
+async def test_the_ttft_split_line_counts_the_requests_of_the_ttft_row():
+    """The `└ queue/prefill/last` line read the requests that finished in the window
+    (recent_ttft_parts) while the TTFT row above it read those whose first token came in
+    it: one that finished now after its first token 19 s ago set the shares alone."""
+    snap = session_snapshot(12)
+    t, base = snap.time, snap.requests[0]
+    old = dataclasses.replace(base, request_id="old", state="finished", arrival_time=t - 20,
+                              ttft=1.0, scheduled_ts=t - 19.1, last_chunk_ts=t - 19.05)
+    new = dataclasses.replace(base, request_id="new", state="decoding", arrival_time=t - 3,
+                              ttft=2.0, scheduled_ts=t - 2.5, last_chunk_ts=t - 1.5)
+    snap = dataclasses.replace(snap, requests=(old, new),
+                               recent_ttft_parts=((t - 0.5, 0.9, 0.05, 0.05),))
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.timing.reset_shown()
+        app.refresh_panels()
+        await pilot.pause()
+        table = widget_text(app.timing.stats)
+    assert re.search(r"TTFT +2000ms +2000ms", table), table      # "new" alone
+    assert "└ queue 25% prefill 50% last 25%" in table, table     # its split: 0.5+1.0+0.5
