@@ -243,3 +243,17 @@ async def test_a_plot_label_never_runs_into_its_bars():
             assert line[Plot.LABEL - 1] == " ", line
             assert line.startswith(f"TTFT {values[-1]:.0f}ms"), line
         assert line.startswith("TTFT 17ms/179ms "), line       # the scale where it fits
+
+
+def test_a_chunked_prompts_ttft_split_fits_the_selected_panel_at_80x24():
+    """The 42-column panel cut `TTFT 1550ms=queue 1397ms+chunks 1-3 120ms+4→…`: the
+    last chunk's part lost its figure. The compact form adds the chunks together."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.ttft_split import request_split
+    r = SimpleNamespace(ttft_split=lambda: (1.3974, 0.120, 0.0322), ttft=1.5496,
+                        prefill_chunks=4, prefill_preemptions=0)
+    assert request_split(r, now=2.0, width=42).plain == "TTFT 1550ms=queue 1397ms+4 chunks 152ms"
+    assert "chunk 4→token 32.2ms" in request_split(r, now=2.0, width=80).plain
+    r.prefill_chunks = 12
+    assert request_split(r, now=2.0, width=42).plain == "TTFT 1550ms=queue 1397ms+12 chunks 152ms"
