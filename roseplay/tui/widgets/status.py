@@ -10,6 +10,11 @@ from textual.widget import Widget
 # kernels/__init__.py picks cpu_native (the C layer) on a CPU with AVX-512, else torch_sdpa
 DECODE_PATHS = {"cpu_native": "C layer (cpu_native)", "torch_sdpa": "torch_sdpa (no C layer)",
                 "triton": "triton", "torch": "torch reference"}
+SHORT_PATHS = {"cpu_native": "C layer", "torch_sdpa": "torch_sdpa", "triton": "triton",
+               "torch": "torch ref"}
+# what a narrow line gives up, least important first, each in addition to those before
+# (the first: nothing); the step, the counts and the errors are never dropped
+FORMS = ("", "kv", "short decode", "short hint", "device", "decode", "hint", "model")
 
 
 class StatusBar(Widget):
@@ -18,19 +23,31 @@ class StatusBar(Widget):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._text = Text(" roseplay ", "bold reverse")
+        self._forms = [self._text]
 
     def loading(self, message: str) -> None:
         t = Text(" roseplay ", "bold #111111 on #f2d34f")
         t.append(f"  {message}", "bold")
+        self._forms = [t]
         self._set(t)
 
     def show(self, snap, kind: str, paused: bool, position: str = "",
              workload: dict | None = None, unavailable: str = "",
              stopped: bool = False) -> None:
-        """Most important first (a narrow terminal cuts the end): mode, position, step,
-        finished, the engine's error, requests the engine refused, then the model and
-        device. `unavailable`: why a live engine cannot serve now (the client's word: a
-        dead engine's last snapshot carries no error); `stopped`: for good."""
+        """Most important first: mode, position, step, finished, the engine's error,
+        requests the engine refused, then the decode path, the model and device. The
+        line drawn is the fullest of FORMS that fits the width (render): 120 columns cut
+        the end while paused or recording. `unavailable`: why a live engine cannot serve
+        now (the client's word: a dead engine's last snapshot carries no error);
+        `stopped`: for good."""
+        args = (snap, kind, paused, position, workload or {}, unavailable, stopped)
+        self._forms = [self._line(*args, level) for level in range(len(FORMS))]
+        self._set(self._forms[0])
+
+    def _line(self, snap, kind, paused, position, workload, unavailable, stopped,
+              level: int) -> Text:
+        """The line at `level`: FORMS[1..level] shortened or dropped."""
+        cut = set(FORMS[1:level + 1])
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" roseplay ", "bold #111111 on #f2d34f")
         t.append(" ")
@@ -46,7 +63,8 @@ class StatusBar(Widget):
             t.append(f" {unavailable}  ", "bold #ff5555" if stopped else "bold #ff9f43")
         elif paused:
             t.append(" ❚❚ PAUSED ", "bold #111111 on #ff9f43")
-            t.append("  n: one step · space: resume  ", "dim")
+            t.append("  " if "hint" in cut else "  n: step · space: resume  "
+                     if "short hint" in cut else "  n: one step · space: resume  ", "dim")
         else:
             t.append(" ▶ SERVING ", "bold #111111 on #4cc97a")
             t.append("  ")
@@ -54,25 +72,28 @@ class StatusBar(Widget):
             t.append(position, "bold #ff6b6b")
         t.append(f"step {snap.step}", "bold")
         t.append(f"  finished {snap.counters.finished}")
-        n = (workload or {}).get("replicas")
+        n = workload.get("replicas")
         if n:           # data parallelism: the router's policy (u), before what a width cuts
             t.append(f"  DP={n} ", "bold")
             t.append(f"routing {workload.get('routing_policy')}", "bold #5fb3f0")
         if snap.error and snap.error != unavailable:
             t.append(f"  ⚠ {snap.error}", "bold #ff5555")
-        refused = refusal(workload or {})
+        refused = refusal(workload)
         if refused:
             t.append(f"  ⚠ {refused}", "bold #ff5555")
-        if snap.backend:
+        if snap.backend and "decode" not in cut:
             t.append("  decode ", "dim")
-            t.append(DECODE_PATHS.get(snap.backend, snap.backend), "bold")
-        t.append(f"  {snap.model} ", "bold")
-        t.append(f"· {snap.device} {snap.dtype}", "dim")
+            names = SHORT_PATHS if "short decode" in cut else DECODE_PATHS
+            t.append(names.get(snap.backend, snap.backend), "bold")
+        if "model" not in cut:
+            t.append(f"  {snap.model} ", "bold")
+            if "device" not in cut:
+                t.append(f"· {snap.device} {snap.dtype}", "dim")
         tp, kv = snap.tensor_parallel_size, snap.kv_bytes_per_rank
-        if kv:
+        if kv and "kv" not in cut:
             where = f" x {tp} ranks (TP={tp})" if tp > 1 else ""
             t.append(f" · KV {kv / 2 ** 30:.2f} GiB{where}", "dim")
-        self._set(t)
+        return t
 
     def _set(self, t: Text) -> None:
         if t != self._text:
@@ -80,7 +101,8 @@ class StatusBar(Widget):
             self.refresh()
 
     def render(self) -> Text:
-        return self._text
+        width = self.size.width
+        return next((f for f in self._forms if f.cell_len <= width), self._forms[-1])
 
 
 def refusal(workload: dict) -> str:

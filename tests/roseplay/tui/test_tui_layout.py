@@ -245,3 +245,34 @@ async def test_the_kv_legend_takes_the_form_of_its_new_width_without_a_new_snaps
         assert await wait_for(pilot, lambda: "free" in widget_text(legend), 10)
         await pilot.resize_terminal(30, 6)
         assert await wait_for(pilot, lambda: widget_text(legend) == narrow, 10)
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+@sync
+async def test_the_status_line_fits_while_paused_and_recording(width):
+    """Paused and recording, the top line ran past 120 columns (`… decode C layer
+    (cpu_native)…`): the fullest form that fits is drawn, the KV size, the decode path's
+    long name, the pause hint's words and the device going first; never the step."""
+    from dataclasses import replace
+
+    from textual.app import App
+
+    from roseplay.tui.widgets.status import StatusBar
+    snap = replace(session_snapshot(12), backend="cpu_native", model="default",
+                   kv_bytes_per_rank=2 ** 26, step=40340)
+
+    class Top(App):
+        def compose(self):
+            yield StatusBar()
+
+    app = Top()
+    async with app.run_test(size=(width, 3)) as pilot:
+        bar = app.query_one(StatusBar)
+        bar.show(snap, "live", True, "● REC 123.4 MB  ")
+        await pilot.pause()
+        line = widget_text(bar).rstrip()
+    assert "…" not in line and len(line) <= width, line
+    assert "PAUSED" in line and "● REC 123.4 MB" in line and "step 40340" in line, line
+    assert ("n: one step · space: resume" in line and "KV 0.06 GiB" in line) == (width == 200)
+    if width == 120:
+        assert "n: step · space: resume" in line and "decode C layer" in line, line
