@@ -377,7 +377,7 @@ async def version():
 
 
 @router.get("/health")
-@router.api_route("/ping", methods=["GET", "POST"])
+@router.api_route("/ping", methods=["GET", "POST"], include_in_schema=False)  # /health's alias
 async def health(request: Request):
     """200 while requests can be served; 503 while they cannot: the engine is gone, or
     it dropped this server, which is attaching again (engine/ipc/attach.py). /ping (GET

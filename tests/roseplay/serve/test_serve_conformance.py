@@ -158,6 +158,7 @@ def test_unknown_fields_are_ignored_and_nulls_mean_the_default(http):
     assert http.post("/v1/completions", json={**GOOD, **unasked}).status_code == 200
 
 
+@pytest.mark.filterwarnings("error::UserWarning")   # FastAPI's duplicate operation ids
 def test_openapi_documents_the_request_bodies(http):
     schema = http.get("/openapi.json").json()
     body = schema["paths"]["/v1/completions"]["post"]["requestBody"]
