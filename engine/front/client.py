@@ -15,8 +15,6 @@ engine thread in process, the IO thread over ZMQ).
 """
 from __future__ import annotations
 
-import itertools
-import secrets
 import threading
 from typing import Callable
 
@@ -35,17 +33,7 @@ from engine.outputs import StepOutput
 from engine.request import SamplingParams
 from engine.snapshot import EngineSnapshot
 
-__all__ = ["EngineClient", "EngineDied", "EngineKeyRefused", "STARTUP_TIMEOUT",
-           "default_request_id"]
-
-# default request ids: unique across the processes attached to one engine, which refuses
-# an id live for another client (each process counting from the same first id collided)
-_ID_TAG = secrets.token_hex(4)
-_DEFAULT_IDS = itertools.count()
-
-
-def default_request_id() -> str:
-    return f"req-{_ID_TAG}-{next(_DEFAULT_IDS)}"
+__all__ = ["EngineClient", "EngineDied", "EngineKeyRefused", "STARTUP_TIMEOUT"]
 
 
 class EngineClient(CoreControls):
@@ -101,8 +89,6 @@ class EngineClient(CoreControls):
         (lower first, as vLLM). Callbacks run on the transport's thread (an asyncio
         server forwards them with call_soon_threadsafe)."""
         self._check_running()
-        if request_id is None:
-            request_id = default_request_id()
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         packed = self.transport.pack(creq)    # a value the wire refuses leaves no state
         stream = RequestStream(creq.request_id, self._cancel_dropped)

@@ -30,7 +30,7 @@ from typing import Callable
 from engine.config import InvalidRequestError, SchedulerConfig, make_config
 from engine.engine_stats import EngineStats
 from engine.front.api import CLOSE_TIMEOUT, CoreControls, EngineStopped
-from engine.front.client import STARTUP_TIMEOUT, EngineClient, default_request_id
+from engine.front.client import STARTUP_TIMEOUT, EngineClient
 from engine.front.dp_attach import attach_replicas, front_config
 from engine.front.dp_views import merge_snapshots, stats_sum
 from engine.front.kv_index import KVIndexFeed
@@ -181,8 +181,6 @@ class DPClient(CoreControls):
         if self.closed or self.fatal_error:
             raise EngineStopped(f"engine is stopped ({self.fatal_error or 'closed'})")
         pinned = self._check_rank(data_parallel_rank)
-        if request_id is None:
-            request_id = default_request_id()
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         rid, ids = creq.request_id, list(creq.prompt_token_ids)
         prompt = {"prompt_token_ids": ids, "prompt": text}

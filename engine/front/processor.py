@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,7 +27,14 @@ from engine.request_output import CompletionOutput, RequestMetrics, RequestOutpu
 from engine.validation import MAX_TOKENS, check_prompt_ids, check_request_id, check_text
 
 
-_REQUEST_IDS = itertools.count()     # default ids, unique in this process
+# default request ids: unique across the processes attached to one engine, which refuses
+# an id live for another client (each process counting from the same first id collided)
+_ID_TAG = secrets.token_hex(4)
+_REQUEST_IDS = itertools.count()
+
+
+def default_request_id() -> str:
+    return f"req-{_ID_TAG}-{next(_REQUEST_IDS)}"
 
 
 @dataclass(frozen=True)
@@ -90,7 +98,7 @@ class InputProcessor:
             raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "
                                       "can never match (use stop_token_ids)")
         rid = check_request_id(request_id) if request_id is not None \
-            else f"req-{next(_REQUEST_IDS)}"
+            else default_request_id()
         preview = text[:80] if text is not None else None
         return CoreRequest(rid, tuple(ids), params, arrival, preview,
                            check_priority(priority)), text
