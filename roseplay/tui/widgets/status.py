@@ -14,7 +14,7 @@ SHORT_PATHS = {"cpu_native": "C layer", "torch_sdpa": "torch_sdpa", "triton": "t
                "torch": "torch ref"}
 # what a narrow line gives up, least important first, each in addition to those before
 # (the first: nothing); the step, the counts and the errors are never dropped
-FORMS = ("", "kv", "short decode", "short hint", "device", "decode", "hint", "model")
+FORMS = ("", "kv", "short hint", "device", "short decode", "decode", "hint", "model")
 
 
 class StatusBar(Widget):
