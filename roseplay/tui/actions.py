@@ -58,7 +58,7 @@ class Actions(GuideActions, RoutingActions):
         room for it only on a tall screen)."""
         help_line = getattr(self.knobs, "help_line", None)
         if help_line is not None and self.source is not None:
-            self.notify(help_line(False, self.source.workload()), timeout=8)
+            self.notify(help_line(False, self.source.workload(), self.source.knobs), timeout=8)
 
     def mark_change(self, label: str) -> None:
         """A mark with `label` on the time series where a knob changed; the 10 s figures

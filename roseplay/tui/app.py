@@ -309,7 +309,7 @@ class RoseplayApp(Actions, App):
             self.step_panel.show(snap, stop is not None)
             self.strip.show(snap)
             self.events.show(snap, stop)
-            self.knobs.show(src.knobs, snap.knobs, workload, replay)
+            self.knobs.show(src.knobs, snap.knobs, workload, replay, snap.host_num_blocks > 0)
             self.timing.show(snap, self.window, throttle=not src.paused,
                              final=replay and src.at_end, stopped_at=stop)
 

@@ -32,6 +32,11 @@ WORKLOAD_HELP = {
 }
 NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# swap without a host tier: KVCacheManager.swap_out has nowhere to copy the blocks, so
+# every swap preemption frees them and recomputes (engine/core/scheduler.py preempt)
+NO_TIER_SWAP = ("swap recomputes: no host tier (--kv-offloading-size not set), "
+                "so a preempted request's blocks are freed and computed again on "
+                "re-admission, as under recompute; the event log says so each time.")
 
 
 def live_fields() -> list[dataclasses.Field]:
@@ -93,10 +98,13 @@ class KnobsPanel(Widget):
         self._content: tuple[Text, ...] = (Text(),)
         self.last_changed: str | None = None
         self.help_lines = 1
+        self.host_tier = True       # the engine has a host KV tier (kv_offloading_size > 0)
+        self._requested: SchedulerConfig | None = None
         self.guide_run = None       # a running guide: its scorecard replaces the knobs
 
     def show(self, requested: SchedulerConfig, applied: SchedulerConfig, workload: dict,
-             read_only: bool = False) -> None:
+             read_only: bool = False, host_tier: bool = True) -> None:
+        self.host_tier, self._requested = host_tier, requested
         if self.guide_run is not None:
             self._set_title(f"Guide {self.guide_run.guide.key} · scorecard")
             self._update((card_text(self.guide_run, self.size.width or 60,
@@ -122,6 +130,8 @@ class KnobsPanel(Widget):
             key = knob_key(f.name) or ""
             rows.append((key, f.name, fmt_value(f.name, value),
                          "" if value == now else "  (from next step)"))
+            if f.name == "preemption_mode" and value == "swap" and not self.host_tier:
+                rows[-1] = (*rows[-1][:3], "  recomputes: no host tier")
         scen = workload.get("scenario") or "-"
         title = SCENARIOS[scen].title if scen in SCENARIOS else ""
         load = [("s", "scenario", scen, f"  {title}"),
@@ -178,7 +188,9 @@ class KnobsPanel(Widget):
             lines[-1] = lines[-1][:max(0, width - 11)].rstrip() + "… (? help)"
         return Text("\n".join(lines), "dim italic", no_wrap=True, overflow="ellipsis")
 
-    def help_line(self, read_only: bool, workload: dict) -> str:
+    def help_line(self, read_only: bool, workload: dict, knobs=None) -> str:
+        """The last changed knob's help; `knobs`: the values requested now (default: those
+        last shown), which say whether swap runs without a host tier."""
         if read_only:
             return "replay: knobs show what was set while recording"
         name = self.last_changed
@@ -187,6 +199,9 @@ class KnobsPanel(Widget):
             return f"scenario {scenario.name} ({scenario.title}): {scenario.description}"
         if name in WORKLOAD_HELP:
             return f"{name}: {WORKLOAD_HELP[name]}"
+        if name == "preemption_mode" and not self.host_tier and \
+                getattr(knobs or self._requested, name, "") == "swap":
+            return NO_TIER_SWAP         # its start fits the panel's line
         if name:
             return f"{name}: {knob_field(name).metadata['help']}"
         return "press a key to change a knob; ? explains every panel"

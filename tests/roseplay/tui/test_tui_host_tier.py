@@ -100,3 +100,30 @@ async def test_the_host_tier_line_is_on_screen_at_every_size(size):
         text = screen_text(app)
         assert "30 cached, 10 swapped" in text or "host 30c 10s → 4 ← 2" in text, text
         assert "in use" in screen_text(app)            # the legend stays
+
+
+@pytest.mark.parametrize("tier", [False, True])
+@sync
+async def test_swap_without_a_host_tier_says_it_recomputes(tier):
+    """`h` to swap on an engine without a host tier showed only the knob's help: that
+    every swap preemption recomputes there (KVCacheManager.swap_out has nowhere to copy
+    to) was in the event log alone. The knob's row and the message line say it."""
+    from roseplay.tui.widgets.knobs import KnobsPanel, NO_TIER_SWAP
+    from tests.roseplay.tui.helpers import live_source, notices, wait_for
+    src = live_source(engine=dict(kv_offloading_size=0.01) if tier else {})
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert await wait_for(pilot, lambda: app.snapshot is not None)
+            await pilot.press("h")
+            assert await wait_for(pilot, lambda: src.snapshot().knobs.preemption_mode == "swap")
+            app.refresh_panels()
+            await pilot.pause()
+            knobs = widget_text(app.query_one(KnobsPanel))
+            assert ("swap recomputes: no host tier" in knobs) != tier, knobs
+            assert (NO_TIER_SWAP in notices(app)) != tier, notices(app)
+            await pilot.press("h")                  # back to recompute: its own help
+            assert await wait_for(pilot, lambda: "swap recomputes" not in
+                                  widget_text(app.query_one(KnobsPanel)))
+    finally:
+        src.close()
