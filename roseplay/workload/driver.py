@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import queue
 import random
+import secrets
 import threading
 import time
 from collections import deque
@@ -33,6 +34,10 @@ REFUSED_BACKOFF = 0.5   # an endless driver's pause after the engine refused a r
 #                         forever, spinning a core)
 KEPT_ERRORS = 100       # submit_errors keeps the first ones (a report prints a few)
 _DRIVER_IDS = itertools.count()
+# Three letters of a random tag per process (no i, l, o: read apart from 1 and 0): two
+# processes attached to one engine (two `roseplay --connect`, a TUI and a bench) draw
+# different ids, which the engine needs (it refuses an id live for another client)
+PROCESS_TAG = "".join(secrets.choice("abcdefghjkmnpqrstuvwxyz") for _ in range(3))
 TOP_LOGPROBS = 5    # what a request asks for when the TUI should show its distribution
 
 
@@ -63,7 +68,10 @@ class WorkloadDriver:
     `scenario` is a scenario name (items from `iter_workload(name, **workload)`) or any
     iterable of WorkItems (e.g. a `build_workload` list). Items with an `arrival`
     offset are submitted at that offset; others follow the arrival process. Request ids
-    are f"{id_prefix}{n}" for the n-th submission (`submission_index` inverts it).
+    are f"{id_prefix}{n}" for the n-th submission (`submission_index` inverts it); the
+    default prefix, `w<k><PROCESS_TAG>-` for this process's k-th driver (`w0kqf-12`), is
+    unique across the processes attached to one engine, and its counter stays last: a
+    narrow column keeps an id's end (roseplay/tui/widgets/requests.py `short_id`).
     `epoch` (a perf_counter time) is when arrival offsets count from: drivers that share
     one workload stream (roseplay/workload/shared.py) share it.
     """
@@ -78,7 +86,7 @@ class WorkloadDriver:
         self.loop = loop
         self.logprobs_every = logprobs_every   # every Nth request asks for TOP_LOGPROBS (0: none)
         self._epoch = epoch          # perf_counter time item arrivals count from (shared)
-        self.id_prefix = id_prefix if id_prefix is not None else f"w{next(_DRIVER_IDS)}-"
+        self.id_prefix = id_prefix if id_prefix is not None else f"w{next(_DRIVER_IDS)}{PROCESS_TAG}-"
         self.workload = dict(workload or {})
         self.num_requests = num_requests
         self.on_output = on_output

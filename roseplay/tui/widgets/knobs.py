@@ -130,7 +130,7 @@ class KnobsPanel(Widget):
             key = knob_key(f.name) or ""
             rows.append((key, f.name, fmt_value(f.name, value),
                          "" if value == now else "  (from next step)"))
-            if f.name == "preemption_mode" and value == "swap" and not self.host_tier:
+            if f.name == "preemption_mode" and value == now == "swap" and not self.host_tier:
                 rows[-1] = (*rows[-1][:3], "  recomputes: no host tier")
         scen = workload.get("scenario") or "-"
         title = SCENARIOS[scen].title if scen in SCENARIOS else ""
