@@ -118,8 +118,11 @@ class EngineAPI(Protocol):
         published when the engine last went idle or paused."""
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until no request is unfinished and no command is pending; False on
-        timeout or if the engine died."""
+        """Block until the engine has no step to run and no command sent before is
+        pending; snapshot() is then current. Idle is not "every request finished": a
+        pause, any client's, leaves its requests unfinished and the engine idle (a
+        caller inspects them, or attaches, while paused). False on timeout or if the
+        engine died."""
 
     def draining(self, seconds: float) -> None:
         """This owner drains its open requests for up to `seconds`, then closes: an

@@ -156,7 +156,8 @@ class EngineClient(CoreControls):
         return self.transport.snapshot()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until no request is unfinished and no command is pending."""
+        """EngineAPI.wait_idle: no step to run (a pause, any client's, leaves requests
+        unfinished) and no command pending."""
         return self.transport.wait_idle(timeout)
 
     def draining(self, seconds: float) -> None:
