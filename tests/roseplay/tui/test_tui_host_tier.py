@@ -127,3 +127,36 @@ async def test_swap_without_a_host_tier_says_it_recomputes(tier):
                                   widget_text(app.query_one(KnobsPanel)))
     finally:
         src.close()
+
+
+@sync
+async def test_a_swap_waiting_for_the_next_step_keeps_its_note():
+    """Paused, `h` to swap: the row says `(from next step)` until the engine applies it,
+    then that swap recomputes here."""
+    import dataclasses as dc
+
+    from textual.app import App
+
+    from engine.scheduler_config import SchedulerConfig
+    from roseplay.tui.widgets.knobs import KnobsPanel
+
+    class Panel(App):
+        def compose(self):
+            yield KnobsPanel()
+
+    swap, old = SchedulerConfig(preemption_mode="swap"), SchedulerConfig()
+    workload = {"scenario": "mixed", "concurrency": 32, "rate": None, "in_flight": 0}
+    app = Panel()
+    async with app.run_test(size=(200, 30)) as pilot:
+        panel = app.query_one(KnobsPanel)
+        row = lambda: next(line for line in widget_text(panel).splitlines()   # noqa: E731
+                           if "preemption_mode" in line)
+        panel.show(swap, old, workload, host_tier=False)
+        await pilot.pause()
+        assert "(from next step)" in row() and "recomputes" not in row(), row()
+        panel.show(swap, dc.replace(old, preemption_mode="swap"), workload, host_tier=False)
+        await pilot.pause()
+        assert "recomputes: no host tier" in row(), row()
+        panel.show(swap, swap, workload, host_tier=True)
+        await pilot.pause()
+        assert "recomputes" not in row(), row()
