@@ -6,6 +6,9 @@ import msgspec
 
 from engine.kv_metrics import Histogram, KVBlockMetrics
 
+# vLLM's vllm:iteration_tokens_total buckets (tokens in one engine step)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
 # vLLM's transfer_type label values of the kv_offload metrics, in the order of the
 # two-entry fields below
 TRANSFER_TYPES = ("GPU_to_CPU", "CPU_to_GPU")
@@ -46,3 +49,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     kv_offload_bytes: tuple[int, int] = (0, 0)
     kv_offload_seconds: tuple[float, float] = (0.0, 0.0)
     kv_offload_sizes: tuple[Histogram, ...] = ()
+    # tokens of each step: prompt tokens computed + tokens emitted (vLLM's
+    # iteration_tokens_total; vLLM counts a prompt once, in its first token's step)
+    iteration_tokens: Histogram = msgspec.field(default_factory=lambda: Histogram(
+        ITERATION_TOKENS_BUCKETS, (0,) * (len(ITERATION_TOKENS_BUCKETS) + 1)))

@@ -1,9 +1,11 @@
 """KV-block residency histograms as plain data (vLLM's buckets and names): what the
 core's BlockLifetimes (engine/core/kv/block_metrics.py) freezes into every snapshot and
-EngineStats, and what /metrics and the bench read."""
+EngineStats, and what /metrics and the bench read; HistogramAccumulator fills one of
+other buckets sample by sample (EngineStats.iteration_tokens)."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 
 # vLLM's kv_cache_residency_buckets (seconds)
@@ -43,6 +45,22 @@ class Histogram:
                 return lo + (self.buckets[i] - lo) * (rank - seen) / n
             seen += n
         return self.buckets[-1]
+
+
+class HistogramAccumulator:
+    """A Histogram being filled one sample at a time (a hot path's: a bisect, no numpy)."""
+
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+
+    def add(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    def freeze(self) -> Histogram:
+        return Histogram(self.buckets, tuple(self.counts), self.sum, sum(self.counts))
 
 
 @dataclass(frozen=True)

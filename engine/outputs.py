@@ -40,6 +40,9 @@ class FinishedRequest(msgspec.Struct, array_like=True, frozen=True):
     num_preemptions: int
     num_host_cached_tokens: int = 0     # those of the cached tokens from the host tier
     trace: TokenTrace | None = None     # SamplingParams.token_trace: its token trace
+    scheduled_ts: float | None = None   # first scheduled (serving clock; vLLM's
+    #                                     RequestStateStats.scheduled_ts: a preemption
+    #                                     does not move it); None: never scheduled
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True, gc=False):

@@ -24,6 +24,31 @@ class RequestMetrics:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     num_host_cached_tokens: int = 0     # of num_cached_tokens: reloaded from the host tier
+    first_scheduled_time: float | None = None   # vLLM's: its first scheduling (a
+    #                                  preemption does not move it); None: never scheduled
+
+    # -- vLLM's request phases (FinishedRequestStats), None where a phase did not happen:
+    # queued = first scheduled - arrival, prefill = first token - first scheduled,
+    # inference = last token - first scheduled, decode = last token - first token
+    @property
+    def queued_time(self) -> float | None:
+        s = self.first_scheduled_time
+        return None if s is None else s - self.arrival_time
+
+    @property
+    def prefill_time(self) -> float | None:
+        s, t = self.first_scheduled_time, self.first_token_time
+        return None if s is None or t is None else t - s
+
+    @property
+    def inference_time(self) -> float | None:
+        s, t = self.first_scheduled_time, self.last_token_time
+        return None if s is None or t is None else t - s
+
+    @property
+    def decode_time(self) -> float | None:
+        t = self.first_token_time
+        return None if t is None else self.last_token_time - t
 
     @property
     def itls(self) -> tuple[float, ...]:
@@ -34,13 +59,14 @@ class RequestMetrics:
 
     @classmethod
     def from_times(cls, arrival: float, times: list[float], cached: int = 0,
-                   preemptions: int = 0, host_cached: int = 0) -> "RequestMetrics":
+                   preemptions: int = 0, host_cached: int = 0,
+                   scheduled: float | None = None) -> "RequestMetrics":
         if not times:
             return cls(arrival, None, None, None, None, None, (), cached, preemptions,
-                       host_cached)
+                       host_cached, scheduled)
         ttft, tpot, _ = request_latencies(arrival, times)
         return cls(arrival, times[0], times[-1], ttft, tpot, times[-1] - arrival,
-                   tuple(times), cached, preemptions, host_cached)
+                   tuple(times), cached, preemptions, host_cached, scheduled)
 
 
 @dataclass(frozen=True)

@@ -323,7 +323,8 @@ class LLMEngine(AsyncSteps, StepFaults):
             out.finished.append(FinishedRequest(req.request_id, reason, error, req.arrival_time,
                                                 req.num_cached_tokens, req.num_preemptions,
                                                 req.num_host_cached_tokens,
-                                                trace if req.params.token_trace else None))
+                                                trace if req.params.token_trace else None,
+                                                req.scheduled_ts))
 
     def _record(self, plan: StepPlan, t0: float, sampled: int) -> None:
         sched, now = self.scheduler, self.clock.now()

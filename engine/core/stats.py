@@ -11,7 +11,8 @@ from collections import deque
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
 from engine.outputs import TokenTrace
-from engine.engine_stats import EngineStats
+from engine.engine_stats import ITERATION_TOKENS_BUCKETS, EngineStats
+from engine.kv_metrics import HistogramAccumulator
 from engine.metrics import request_latencies
 from engine.request import Request, RequestStatus
 from engine.snapshot import ChunkInfo, StepStats, ttft_split
@@ -36,6 +37,7 @@ class StatsRecorder:
         self._traces_tuple: tuple = ()
         self.last_error: str | None = None
         self.peak_used_blocks = 0
+        self.iteration_tokens = HistogramAccumulator(ITERATION_TOKENS_BUCKETS)
 
     def on_step(self, plan, t0: float, now: float, sampled: int, num_running: int,
                 num_waiting: int, num_evicted: int, pool: BlockPool) -> None:
@@ -49,6 +51,7 @@ class StatsRecorder:
         if not plan:
             return
         c.steps += 1
+        self.iteration_tokens.add(prefill_tokens + sampled)
         chunks = tuple(ChunkInfo(ch.request.request_id, ch.start, ch.num_tokens,
                                  ch.request.num_prefill_target) for ch in plan.prefills)
         step = StepStats(c.steps, now, now - t0, decode_tokens, prefill_tokens, chunks,
@@ -114,6 +117,7 @@ def engine_stats(engine, now: float) -> EngineStats:
                        spec_draft_faults=getattr(engine.spec.draft, "faults", 0),
                        spec_draft_disabled=getattr(engine.spec.draft, "disabled", False),
                        kv_events_seq=engine.kv_events.seq if engine.kv_events else -1,
+                       iteration_tokens=engine.stats.iteration_tokens.freeze(),
                        **host_stats(engine.host))
 
 

@@ -38,6 +38,8 @@ def stats_sum(stats: list[EngineStats]) -> EngineStats:
             out[name] = max(values)
         elif name == "kv_block_metrics":
             out[name] = block_metrics_sum(values)
+        elif isinstance(values[0], Histogram):     # iteration_tokens
+            out[name] = _hist_sum(values)
         elif name == "kv_offload_sizes":      # a histogram per transfer type
             out[name] = tuple(map(_hist_sum, zip(*values))) if all(values) else values[0]
         elif isinstance(values[0], tuple):       # per position, per transfer type

@@ -270,7 +270,8 @@ class OutputProcessor:
         metrics = RequestMetrics.from_times(arrival, st.times,
                                             fin.num_cached_tokens if fin else 0,
                                             fin.num_preemptions if fin else 0,
-                                            fin.num_host_cached_tokens if fin else 0)
+                                            fin.num_host_cached_tokens if fin else 0,
+                                            fin.scheduled_ts if fin else None)
         lps = None if st.logprobs is None else tuple(st.logprobs)
         cumulative = None if lps is None else math.fsum(lp.logprobs[0] for lp in lps if lp)
         stop_reason = _stop_reason(st) if reason == REASON_STOP else None

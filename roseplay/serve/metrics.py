@@ -20,6 +20,7 @@ from prometheus_client import (GCCollector, PlatformCollector, ProcessCollector,
                                CollectorRegistry, Counter, Histogram, generate_latest)
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from engine.codes import REASON_CANCELLED, REASON_ERROR, REASON_LENGTH, REASON_STOP
 from engine.engine_stats import TRANSFER_TYPES
@@ -35,12 +36,22 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.01, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-               40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# vLLM's request_latency_buckets (its e2e and request-phase histograms)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# the e2e histogram's: two bounds below vLLM's first (since the server's first version)
+E2E_BUCKETS = (0.01, 0.1) + REQUEST_LATENCY_BUCKETS
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"         # prometheus_client's own variable
 API_SERVER_INDEX_ENV = "ROSEPLAY_API_SERVER_INDEX"  # which process observed a request
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 N_BUCKETS = (1, 2, 5, 10, 20)     # vLLM's request_params_n
+# vLLM's request-phase histograms: vllm:request_<phase>_time_seconds, each observing a
+# RequestMetrics property (engine/request_output.py)
+PHASES = {"queue": ("queued_time", "Histogram of time spent in WAITING phase for request."),
+          "prefill": ("prefill_time", "Histogram of time spent in PREFILL phase for request."),
+          "inference": ("inference_time", "Histogram of time spent in RUNNING phase for "
+                        "request."),
+          "decode": ("decode_time", "Histogram of time spent in DECODE phase for request.")}
 
 
 def buckets_1_2_5(limit: int) -> tuple[int, ...]:
@@ -82,9 +93,10 @@ def spec_decode_metrics(stats: list, labels: list[str], keys: list[list[str]]):
 
 
 def _buckets(h) -> list[tuple[str, int]]:
-    """A Histogram (engine/kv_metrics.py) as prometheus' cumulative (bound, count) pairs."""
+    """A Histogram (engine/kv_metrics.py) as prometheus' cumulative (bound, count) pairs,
+    the bounds written as prometheus_client's Histogram writes them (vLLM's: le="8.0")."""
     cumulative = [sum(h.counts[:i + 1]) for i in range(len(h.counts))]
-    return list(zip([f"{b:g}" for b in h.buckets] + ["+Inf"], cumulative))
+    return list(zip([floatToGoString(b) for b in h.buckets] + ["+Inf"], cumulative))
 
 
 def kv_offload_metrics(stats: list, labels: list[str], keys: list[list[str]]):
@@ -163,6 +175,11 @@ class EngineStatsCollector:
                       lambda st: st.generation_tokens)
         yield from spec_decode_metrics(stats, labels, keys)
         yield from kv_offload_metrics(stats, labels, keys)
+        fam = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number "
+                                    "of tokens per engine_step.", labels=labels)
+        for key, st in zip(keys, stats):
+            fam.add_metric(key, _buckets(st.iteration_tokens), st.iteration_tokens.sum)
+        yield fam
         for name in BLOCK_METRICS:      # every block is tracked (vLLM samples 1%)
             fam = HistogramMetricFamily(f"vllm:kv_block_{name}_seconds", BLOCK_DOCS[name],
                                         labels=labels)
@@ -204,8 +221,10 @@ class ServerMetrics:
                               "Per-request (last - first) / (n - 1).", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
                              E2E_BUCKETS)
-        self.decode = histogram("vllm:request_decode_time_seconds", "First token to last "
-                                "token (vLLM's decode phase).", E2E_BUCKETS)
+        # vLLM's request phases, on the engine's clock: by RequestMetrics property
+        self.phases = {prop: histogram(f"vllm:request_{phase}_time_seconds", doc,
+                                       REQUEST_LATENCY_BUCKETS)
+                       for phase, (prop, doc) in PHASES.items()}
         self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
                                     TOKEN_BUCKETS)
         self.output_len = histogram("vllm:request_generation_tokens",
@@ -264,9 +283,10 @@ class ServerMetrics:
         self.output_len[engine].observe(len(output.outputs[0].token_ids))
         if output.metrics.tpot is not None:
             self.tpot[engine].observe(output.metrics.tpot)
-        if output.metrics.first_token_time is not None:
-            self.decode[engine].observe(output.metrics.last_token_time
-                                        - output.metrics.first_token_time)
+        for prop, hist in self.phases.items():
+            seconds = getattr(output.metrics, prop)
+            if seconds is not None:     # (None: a phase the request never reached)
+                hist[engine].observe(max(0.0, seconds))
 
     def observe_request(self, n: int, max_tokens: int, max_generated: int,
                         engine: int = 0) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 
 from engine.config import SchedulerConfig
 from engine.core.kv.host_tier import TRANSFER_SIZE_BUCKETS
-from engine.engine_stats import EngineStats
+from engine.engine_stats import ITERATION_TOKENS_BUCKETS, EngineStats
 from engine.front.dp_views import merge_snapshots, stats_sum
 from engine.kv_metrics import Histogram
 from engine.snapshot import EngineCounters, EngineSnapshot
@@ -30,6 +30,19 @@ def test_host_tier_stats_sum_per_transfer_type():
     assert [h.count for h in s.kv_offload_sizes] == [5, 5]
     assert [h.counts[0] for h in s.kv_offload_sizes] == [5, 5]
     assert s.spec_decode_num_accepted_tokens_per_pos == (4, 6)
+
+
+def test_iteration_tokens_sum_over_replicas():
+    """vllm:iteration_tokens_total of a data-parallel front's summed stats: every
+    replica's steps, bucket by bucket."""
+    def stats(counts, total):
+        return EngineStats(iteration_tokens=Histogram(
+            ITERATION_TOKENS_BUCKETS, counts + (0,) * (len(ITERATION_TOKENS_BUCKETS) + 1
+                                                       - len(counts)), total, sum(counts)))
+    s = stats_sum([stats((2, 1), 12.0), stats((0, 3), 21.0)])
+    assert s.iteration_tokens.counts[:3] == (2, 4, 0)
+    assert (s.iteration_tokens.count, s.iteration_tokens.sum) == (6, 33.0)
+    assert s.iteration_tokens.buckets == ITERATION_TOKENS_BUCKETS
 
 
 def test_without_host_tiers_the_sum_keeps_the_defaults():

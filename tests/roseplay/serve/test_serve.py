@@ -290,6 +290,34 @@ def test_metrics_parse_and_match_the_snapshot(server, client, loop):
     assert grew("vllm:request_decode_time_seconds_count") == 1
     assert 0 < grew("vllm:request_decode_time_seconds_sum") \
         <= grew("vllm:e2e_request_latency_seconds_sum")
+    # vLLM's phases from the first scheduling, one sample per finished request: queue +
+    # prefill is the engine's TTFT, prefill + decode its inference time
+    for phase in ("queue", "prefill", "inference"):
+        assert grew(f"vllm:request_{phase}_time_seconds_count") == 1
+    assert grew("vllm:request_inference_time_seconds_sum") == pytest.approx(
+        grew("vllm:request_prefill_time_seconds_sum")
+        + grew("vllm:request_decode_time_seconds_sum"), abs=1e-6)
+    # tokens per engine step: every step counted, prompt tokens computed + emitted
+    assert m["vllm:iteration_tokens_total_count"] == c.steps
+    assert m["vllm:iteration_tokens_total_sum"] == c.prefill_tokens + c.generated_tokens
+    # vLLM's types, labels and buckets
+    fams = {f.name: f for f in text_string_to_metric_families(
+        httpx.get(server.url + "/metrics").text)}
+    latency = ["0.3", "0.5", "0.8", "1.0", "1.5", "2.0", "2.5", "5.0", "10.0", "15.0",
+               "20.0", "30.0", "40.0", "50.0", "60.0", "120.0", "240.0", "480.0", "960.0",
+               "1920.0", "7680.0", "+Inf"]
+    steps = ["1.0", "8.0", "16.0", "32.0", "64.0", "128.0", "256.0", "512.0", "1024.0",
+             "2048.0", "4096.0", "8192.0", "16384.0", "+Inf"]
+    for name, bounds in (("vllm:request_queue_time_seconds", latency),
+                         ("vllm:request_prefill_time_seconds", latency),
+                         ("vllm:request_inference_time_seconds", latency),
+                         ("vllm:request_decode_time_seconds", latency),
+                         ("vllm:iteration_tokens_total", steps)):
+        fam = fams[name]
+        buckets = [x for x in fam.samples if x.name == name + "_bucket"]
+        assert fam.type == "histogram" and [b.labels["le"] for b in buckets] == bounds
+        assert {(b.labels["model_name"], b.labels["engine"]) for b in buckets} \
+            == {("default", "0")}
     # the process series vLLM's /metrics carries (prometheus_client's default collectors)
     assert m["process_resident_memory_bytes"] > 0 and m["process_open_fds"] > 0
     assert m["process_cpu_seconds_total"] > 0 and m["python_info"] == 1
