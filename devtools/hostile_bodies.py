@@ -28,7 +28,7 @@ FIXED = [
     ("json-string", "chat/completions", b'"hello"'),
     ("nan-literal", "completions", b'{"model": "default", "prompt": "x", "temperature": NaN}'),
     ("deep-nesting", "completions", b'{"model": "default", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"),
-    ("no-model", "completions", {"prompt": PROMPT}),
+    ("model-empty", "completions", {**GOOD, "model": ""}),    # (no model: the served one)
     ("model-int", "completions", {**GOOD, "model": 7}),
     ("unknown-model", "completions", {**GOOD, "model": "gpt-9"}),
     ("prompt-bool", "completions", {**GOOD, "prompt": True}),
