@@ -324,21 +324,25 @@ def test_metrics_parse_and_match_the_snapshot(server, client, loop):
 
 
 def test_metrics_running_gauge_during_a_stream(server, loop):
-    body = {"model": "default", "prompt": PROMPTS[0], "max_tokens": 200, "temperature": 0,
+    body = {"model": "default", "prompt": PROMPTS[0], "max_tokens": 900, "temperature": 0,
             "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-        lines = r.iter_lines()
+        lines = r.iter_lines()      # keep it: a dropped iterator closes the connection
         rid = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
-        deadline = time.monotonic() + 10   # a snapshot after its first token (the one
-        state = None                       # before may show its last chunk in flight)
-        while state != "decoding" and time.monotonic() < deadline:
-            state = getattr(loop.snapshot().request(rid + "-0"), "state", None)
-            time.sleep(0.01)
-        assert state == "decoding"
-        while (m := scrape(server))["vllm:num_requests_running"] < 1 \
-                and time.monotonic() < deadline:   # EngineStats: at most 20 Hz while busy
-            time.sleep(0.01)
-        assert m["vllm:num_requests_running"] >= 1 and m["vllm:kv_cache_usage_perc"] > 0
+        loop.pause()                # 900 tokens finish within a second on cpu_native
+        try:
+            deadline = time.monotonic() + 30
+            state = None            # a snapshot after its first token (the one before may
+            while state != "decoding" and time.monotonic() < deadline:  # show a chunk)
+                state = getattr(loop.snapshot().request(rid + "-0"), "state", None)
+                time.sleep(0.01)
+            assert state == "decoding"
+            while (m := scrape(server))["vllm:num_requests_running"] < 1 \
+                    and time.monotonic() < deadline:   # EngineStats: at most 20 Hz while busy
+                time.sleep(0.01)
+            assert m["vllm:num_requests_running"] >= 1 and m["vllm:kv_cache_usage_perc"] > 0
+        finally:
+            loop.resume()
         assert sum(1 for line in lines if line == "data: [DONE]") == 1
     wait_idle(loop)
 
