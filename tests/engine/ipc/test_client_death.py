@@ -43,10 +43,12 @@ DOOMED = textwrap.dedent("""
                         request_id=f"doomed-{i}")
                for i, p in enumerate(sys.argv[2:] * 2)]
     streams[0].get(timeout=120)      # running: the rest admitted or queued behind it
-    print("RUNNING", flush=True)
+    c.pause()                        # its pause, held until the engine drops it: from here
+    print("HOLDING", flush=True)     # the engine steps only when this client says so
     sys.stdin.readline()
-    c.pause()                        # its pause, held until the engine drops it
-    print("HOLDING", flush=True)
+    for _ in range(24):              # the survivors run beside its requests, which a
+        c.step_once().wait(60)       # loaded machine cannot let end before the kill
+    print("STEPPED", flush=True)
     sys.stdin.readline()
 """)
 
@@ -61,11 +63,13 @@ def test_a_killed_clients_state_is_released_and_others_keep_their_tokens():
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 cwd=ROOT)
         try:
-            assert proc.stdout.readline().strip() == "RUNNING"
+            assert proc.stdout.readline().strip() == "HOLDING"
             streams = [owner.submit(p, sp) for p, sp in zip(PROMPTS, SURVIVORS)]
+            wait_for(lambda: all(owner.snapshot().request(s.request_id) is not None
+                                 for s in streams), what="the survivors reached the engine")
             proc.stdin.write("\n")
             proc.stdin.flush()
-            assert proc.stdout.readline().strip() == "HOLDING"
+            assert proc.stdout.readline().strip() == "STEPPED"
             os.kill(proc.pid, signal.SIGKILL)
         finally:
             proc.wait(30)
