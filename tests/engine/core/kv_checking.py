@@ -22,12 +22,17 @@ VOCAB = 512          # dummy:tiny
 MAX_MODEL_LEN = 64
 
 
-def next_token(ctx) -> int:
-    """The fake model: a deterministic function of the whole context."""
+def context_hash(ctx) -> int:
+    """What the fake models read of a context: its length and last six tokens."""
     h = len(ctx) * 1000003
     for i, t in enumerate(ctx[-6:]):
         h = (h * 31 + (t + 1) * (i + 7)) % 2147483647
-    return h % VOCAB
+    return h
+
+
+def next_token(ctx) -> int:
+    """The fake model: a deterministic function of the whole context."""
+    return context_hash(ctx) % VOCAB
 
 
 def expected(prompt, params: SamplingParams, eos) -> tuple[list[int], str]:
@@ -45,11 +50,11 @@ def expected(prompt, params: SamplingParams, eos) -> tuple[list[int], str]:
 class OracleDrafter:
     """A Proposer (engine/core/spec_decode.py) handed to the engine: each draft is the
     fake model's next token with chance `accept`, else a wrong one (so verify steps
-    accept, reject and roll back)."""
+    accept, reject and roll back). `model`: the fake model's next token for a context."""
     method = "oracle"
 
-    def __init__(self, accept: float, seed: int):
-        self.accept = accept
+    def __init__(self, accept: float, seed: int, model=next_token):
+        self.accept, self.model = accept, model
         self.rng = np.random.default_rng(seed)
 
     def release(self, request_id: str) -> None:
@@ -60,7 +65,7 @@ class OracleDrafter:
         for req, room in zip(reqs, rooms):
             ctx, draft = req.all_token_ids(), []
             for _ in range(room):
-                t = next_token(ctx)
+                t = self.model(ctx)
                 if self.rng.random() >= self.accept:
                     t = (t + 1) % VOCAB
                 draft.append(t)

@@ -23,7 +23,8 @@ from engine.config import InvalidRequestError
 from engine.core import decode_scheduling, scheduler
 from engine.core.kv.kv_events import REMOVED, STORED
 from engine.request import SamplingParams
-from tests.engine.core.kv_checking import KVCheckingRunner, VOCAB, check_all, make_engine
+from tests.engine.core.kv_checking import (VOCAB, KVCheckingRunner, OracleDrafter, check_all,
+                                           context_hash, make_engine)
 from tests.helpers import add_request
 
 SEEDS = range(48)
@@ -42,10 +43,8 @@ GRAMMARS = [{"regex": "[a-d]{1,3}(,[0-9]{1,2}){0,3}"}, {"choice": ["yes", "no", 
 
 def dense_row(ctx: list[int]) -> torch.Tensor:
     """The fake model's logits: a deterministic ranking of every token for a context."""
-    h = len(ctx) * 1000003
-    for i, t in enumerate(ctx[-6:]):
-        h = (h * 31 + (t + 1) * (i + 7)) % 2147483647
-    return torch.randn(VOCAB, generator=torch.Generator().manual_seed(h)) * 3
+    seed = context_hash(ctx)
+    return torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
 
 
 class DenseRunner(KVCheckingRunner):
@@ -59,28 +58,9 @@ class DenseRunner(KVCheckingRunner):
         return torch.stack([dense_row(ctx) for ctx in contexts])
 
 
-class DenseDrafter:
+def dense_drafter(accept: float, seed: int) -> OracleDrafter:
     """Drafts the dense model's argmax with chance `accept` (a Proposer)."""
-    method = "oracle"
-
-    def __init__(self, accept: float, seed: int):
-        self.accept, self.rng = accept, random.Random(seed)
-
-    def release(self, request_id: str) -> None:
-        pass
-
-    def propose(self, reqs, rooms):
-        out = []
-        for req, room in zip(reqs, rooms):
-            ctx, draft = req.all_token_ids(), []
-            for _ in range(room):
-                t = int(dense_row(ctx).argmax())
-                if self.rng.random() >= self.accept:
-                    t = (t + 1) % VOCAB
-                draft.append(t)
-                ctx.append(t)
-            out.append(draft)
-        return out
+    return OracleDrafter(accept, seed, model=lambda ctx: int(dense_row(ctx).argmax()))
 
 
 def dense_engine(num_blocks: int, block_size: int, **kw):
@@ -201,7 +181,7 @@ class Run:
                                 else 0,
                                 async_scheduling=rng.random() < 0.7,
                                 host_blocks=rng.choice([0, 0, 4, 16]),
-                                proposer=DenseDrafter(rng.choice([0.0, 0.6, 1.0]), seed),
+                                proposer=dense_drafter(rng.choice([0.0, 0.6, 1.0]), seed),
                                 kv_events_config={"enable_kv_cache_events": True},
                                 structured_outputs_config={"backend": solo.backend})
         self.kv = KVMirror()

@@ -18,7 +18,7 @@ import pytest
 from engine.commands import ResetPrefixCache
 from engine.config import InvalidRequestError
 from engine.front.loop import EngineLoop
-from tests.engine.core.test_exactness_sampled import (KNOB_CHOICES, VOCAB, DenseDrafter, Solo,
+from tests.engine.core.test_exactness_sampled import (KNOB_CHOICES, VOCAB, dense_drafter, Solo,
                                                       dense_engine, draw_params, same_logprobs)
 
 pytestmark = pytest.mark.timeout(300)
@@ -89,7 +89,7 @@ def test_concurrent_clients_get_their_solo_tokens(solo, round_):
     eng = dense_engine(rng.randint(14, 24), 4, host_blocks=rng.choice([0, 8]),
                        max_num_batched_tokens=rng.choice([3, 8, 64]), max_num_seqs=8,
                        num_speculative_tokens=1, async_scheduling=True,
-                       proposer=DenseDrafter(0.6, round_))
+                       proposer=dense_drafter(0.6, round_))
     loop = EngineLoop(eng)
     lock, results, prompts, errors = threading.Lock(), [], [], []
     threads = [threading.Thread(target=client, args=(loop, solo, lock, round_ * THREADS + s,
