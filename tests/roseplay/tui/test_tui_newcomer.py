@@ -83,14 +83,17 @@ async def test_this_steps_speculation_line_is_whole(size, disable_at, chunked):
             assert re.search(r"spec 21 drafted → 4 accepted \(19%.* k=3\b", line), line
 
 
+class PlotApp(App):
+    """A TTFT plot alone, as the Timing panel draws it."""
+    def compose(self):
+        yield Plot("TTFT", "decode", lambda v: f"{v:.0f}ms")
+
+
 @pytest.mark.parametrize("height", [1, 2])
 @sync
 async def test_a_small_value_under_a_tall_scale_is_drawn_not_blank(height):
     """Guide d after the default workload: TTFT points of 8 ms under the 1453 ms the
     minute before set were blank, the same as points with no first token in them."""
-    class PlotApp(App):
-        def compose(self):
-            yield Plot("TTFT", "decode", lambda v: f"{v:.0f}ms")
     app = PlotApp()
     async with app.run_test(size=(Plot.LABEL + 20, 4)) as pilot:
         plot = app.query_one(Plot)
@@ -230,9 +233,6 @@ def test_the_strips_speculation_line_keeps_its_positions(width):
 async def test_a_plot_label_never_runs_into_its_bars():
     """At 200x60 the TTFT label read `TTFT 1179ms/1792ms▄▄`: 18 characters, the whole
     label column, and the bars started right after it."""
-    class PlotApp(App):
-        def compose(self):
-            yield Plot("TTFT", "decode", lambda v: f"{v:.0f}ms")
     app = PlotApp()
     async with app.run_test(size=(Plot.LABEL + 20, 4)) as pilot:
         plot = app.query_one(Plot)
