@@ -8,6 +8,8 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 
+import numpy as np
+
 # vLLM's kv_cache_residency_buckets (seconds)
 RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
                      10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
@@ -48,7 +50,8 @@ class Histogram:
 
 
 class HistogramAccumulator:
-    """A Histogram being filled one sample at a time (a hot path's: a bisect, no numpy)."""
+    """A Histogram being filled: one sample at a time (a hot path's: a bisect, no numpy),
+    or an array of them (`add_many`: a step's freed blocks)."""
 
     def __init__(self, buckets: tuple[float, ...]):
         self.buckets = buckets
@@ -58,6 +61,15 @@ class HistogramAccumulator:
     def add(self, value: float) -> None:
         self.counts[bisect_left(self.buckets, value)] += 1
         self.sum += value
+
+    def add_many(self, values) -> None:
+        """`values`: a numpy array (the same bucket rule: the first bound >= the value)."""
+        if values.size:
+            at, n = np.unique(np.searchsorted(self.buckets, values, side="left"),
+                              return_counts=True)
+            for i, count in zip(at.tolist(), n.tolist()):
+                self.counts[i] += count
+            self.sum += float(values.sum())
 
     def freeze(self) -> Histogram:
         return Histogram(self.buckets, tuple(self.counts), self.sum, sum(self.counts))

@@ -17,25 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.kv_metrics import BLOCK_METRICS, RESIDENCY_BUCKETS, Histogram, KVBlockMetrics
+from engine.kv_metrics import (BLOCK_METRICS, RESIDENCY_BUCKETS, HistogramAccumulator,
+                               KVBlockMetrics)
 
 ACCESS_HISTORY = 4   # vLLM's deque(maxlen=4)
 MAX_TRACKED = 4096   # blocks tracked in full; beyond, a 1-in-stride sample by block id
-
-
-class _Accumulator:
-    def __init__(self):
-        self.counts = np.zeros(len(RESIDENCY_BUCKETS) + 1, dtype=np.int64)
-        self.sum = 0.0
-
-    def add(self, values: np.ndarray) -> None:
-        if values.size:
-            np.add.at(self.counts, np.searchsorted(RESIDENCY_BUCKETS, values, side="left"), 1)
-            self.sum += float(values.sum())
-
-    def freeze(self) -> Histogram:
-        return Histogram(RESIDENCY_BUCKETS, tuple(int(c) for c in self.counts), self.sum,
-                         int(self.counts.sum()))
 
 
 class BlockLifetimes:
@@ -46,7 +32,7 @@ class BlockLifetimes:
         self.birth = np.zeros(num_blocks)
         self.hits = np.zeros((num_blocks, ACCESS_HISTORY))   # ring of hit times
         self.num_hits = np.zeros(num_blocks, dtype=np.int64)  # hits since allocation
-        self._acc = {name: _Accumulator() for name in BLOCK_METRICS}
+        self._acc = {name: HistogramAccumulator(RESIDENCY_BUCKETS) for name in BLOCK_METRICS}
 
     def _tracked(self, blocks: list[int]) -> list[int]:
         s = self.stride
@@ -77,9 +63,9 @@ class BlockLifetimes:
         idx = np.asarray(tracked)
         n = self.num_hits[idx]
         last = np.where(n > 0, self.hits[idx, (n - 1) % ACCESS_HISTORY], self.birth[idx])
-        self._acc["lifetime"].add(now - self.birth[idx])
-        self._acc["idle_before_evict"].add(now - last)
-        self._acc["reuse_gap"].add(self._gaps(idx[n >= 2], n[n >= 2]))
+        self._acc["lifetime"].add_many(now - self.birth[idx])
+        self._acc["idle_before_evict"].add_many(now - last)
+        self._acc["reuse_gap"].add_many(self._gaps(idx[n >= 2], n[n >= 2]))
 
     def _gaps(self, idx: np.ndarray, n: np.ndarray) -> np.ndarray:
         """Consecutive differences of each block's recorded hits, oldest first."""

@@ -30,7 +30,7 @@ import numpy as np
 from engine.core.kv.block_pool import BlockPool
 from engine.core.kv.counters import Counters
 from engine.kv_events import MEDIUM_CPU
-from engine.kv_metrics import Histogram
+from engine.kv_metrics import HistogramAccumulator
 from engine.worker.kv_transfer import KVTransfer
 
 # vLLM's kv_offload_size buckets (bytes of one transfer)
@@ -70,20 +70,6 @@ class TierStep:
         return sum(map(len, self.reloads.values())) + sum(map(len, self.swap_ins.values()))
 
 
-class _SizeHistogram:
-    def __init__(self):
-        self.counts = np.zeros(len(TRANSFER_SIZE_BUCKETS) + 1, dtype=np.int64)
-        self.sum = 0.0
-
-    def add(self, nbytes: int) -> None:
-        self.counts[np.searchsorted(TRANSFER_SIZE_BUCKETS, nbytes, side="left")] += 1
-        self.sum += nbytes
-
-    def freeze(self) -> Histogram:
-        return Histogram(TRANSFER_SIZE_BUCKETS, tuple(int(c) for c in self.counts), self.sum,
-                         int(self.counts.sum()))
-
-
 class HostTier:
     def __init__(self, num_blocks: int, device: BlockPool, bytes_per_block: int,
                  counters: Counters):
@@ -103,7 +89,8 @@ class HostTier:
         #                                                  key: None for a swap-in, request)
         self._swap_outs: list = []     # requests swapped out this step
         self.last = TierStep()
-        self.sizes = (_SizeHistogram(), _SizeHistogram())   # bytes per transfer: out, in
+        self.sizes = (HistogramAccumulator(TRANSFER_SIZE_BUCKETS),   # bytes per transfer:
+                      HistogramAccumulator(TRANSFER_SIZE_BUCKETS))   # out, in
         self.timer = lambda: (0.0, 0.0)   # seconds the copies took (out, in): the engine
         #                                   sets its runner's HostKVCache.copy_seconds
 
