@@ -93,7 +93,17 @@ def install_handlers(app: FastAPI, fields: frozenset[str]) -> None:
             message = _not_found(app, request.scope)
         # the exception's headers stay: a 405's Allow (RFC 9110 15.5.6: it MUST be sent)
         return error_response(OpenAIError(exc.status_code, message,
-                                          code=_CODES.get(exc.status_code)), exc.headers)
+                                          code=_CODES.get(exc.status_code)),
+                              _sorted_allow(exc.headers))
+
+
+def _sorted_allow(headers: dict | None) -> dict | None:
+    """Allow's methods in one order (Starlette joins a route's set of methods, whose
+    order changes with the process's hash seed)."""
+    if not headers or "Allow" not in headers:
+        return headers
+    methods = sorted(m.strip() for m in headers["Allow"].split(","))
+    return {**headers, "Allow": ", ".join(methods)}
 
 
 def _not_found(app: FastAPI, scope) -> str:
