@@ -10,6 +10,7 @@ Modules, one job each:
   streaming.py  the SSE body: queued events coalesced per choice, msgspec-encoded chunks
   metrics.py    Prometheus metrics with vLLM's names
   routes.py     /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
+  formats.py    how completions and chat write their output (SSE body, usage, JSON)
   responses_api.py     /v1/responses (OpenAI's Responses API): request -> the chat it runs as
   responses_events.py  the Response object and its SSE events
   server_info.py  /server_info: the model a worker serves, for routers in front (SGLang's)

@@ -25,7 +25,7 @@ import time
 import msgspec
 
 from roseplay.serve.constrained import decode_small
-from roseplay.serve.routes import ChatFormat, choice_logprobs, choice_text
+from roseplay.serve.formats import ChatFormat, choice_logprobs, choice_text
 from roseplay.serve.streaming import coalesce
 
 _encode = msgspec.json.Encoder().encode
