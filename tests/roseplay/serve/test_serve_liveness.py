@@ -40,14 +40,15 @@ def test_a_server_stopped_past_client_timeout_serves_again():
         ref = solo_tokens(srv.url, 8)
         watch = EngineClient(connect=f"ipc://{srv.engine_dir}/engine", label="watch")
         try:
-            # 8 streams: each decodes slower than alone, so none ends before the drop
-            readers = open_streams(srv.url, 8, LONG)   # (one alone could on a fast CPU)
+            readers = open_streams(srv.url, 8, LONG)
+            watch.pause()        # none ends before the drop, however fast the CPU decodes
             srv.signal(signal.SIGSTOP)
             try:
                 wait_for(lambda: any(r.finish_reason == "error"
                                      for r in watch.snapshot().requests))   # dropped
             finally:
                 srv.signal(signal.SIGCONT)
+                watch.resume()
             results = [r.result() for r in readers]
             wait_for(lambda: httpx.get(srv.url + "/health", timeout=10).status_code == 200)
             tokens = total(scrape(srv.url), "vllm:generation_tokens_total")
