@@ -86,8 +86,7 @@ class AsyncSteps:
             for req in prev.requests:       # followers: their tokens are never read, so
                 if req.num_pending and req.request_id in self.requests:   # recompute them
                     req.drop_pending()
-                    if not req.output_token_ids:    # and draw their first afresh (a seeded
-                        self.executor.release(req.request_id)     # generator: as alone)
+                    self._redraw_first(req)
                     if req.status is RequestStatus.RUNNING:
                         self.scheduler.preempt(req)
         if settled and follow and not chain:    # (a verify): the next step, planned with

@@ -299,6 +299,13 @@ class LLMEngine(AsyncSteps, StepFaults):
         for req, reason, error in ended:
             self._finish(req, reason, error, out)
 
+    def _redraw_first(self, req: Request) -> None:
+        """A request sent back before its first token was emitted draws that token
+        afresh, as alone: a lost step's draw had advanced its seeded generator (and
+        penalty counts), so its sampler state goes."""
+        if not req.output_token_ids:
+            self.executor.release(req.request_id)
+
     def _finish(self, req: Request, reason: str, error: str | None,
                 out: StepOutput | None) -> None:
         req.drop_pending()
@@ -307,8 +314,7 @@ class LLMEngine(AsyncSteps, StepFaults):
         if req.grammar is None or not self.structured.release(req):
             self.scheduler.remove(req)       # (a request still compiling never entered it)
         for f in followers:     # sent back to the queue: a row of theirs in a step in flight
-            if not f.output_token_ids:      # drew from their seeded generators (and
-                self.executor.release(f.request_id)   # counts) for a token never emitted
+            self._redraw_first(f)   # drew from their generators for a token never emitted
         req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
         del self.requests[req.request_id]
         self.executor.release(req.request_id)

@@ -50,7 +50,6 @@ class StepFaults:
                 self._finish(req, REASON_ERROR, msg, out)
         for req in list(self.scheduler.running):   # followers that took a leader's blocks
             if req.dedup_leader is None and req.num_uncomputed < 1:   # but not its token:
-                self.scheduler.preempt(req)       # never schedulable as is: recompute it,
-                if not req.output_token_ids:      # drawing its first token afresh (the
-                    self.executor.release(req.request_id)   # failed step's draw is lost)
+                self.scheduler.preempt(req)       # never schedulable as is: recompute it
+                self._redraw_first(req)
         self.stats.last_error = msg
