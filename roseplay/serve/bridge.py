@@ -139,10 +139,8 @@ class EngineBridge:
                 gen.submit(i, f"{response_id}-{i}", prompt, sp, priority, pin)
                 choice, group = gen.choices[-1], groups.get(id(prompt))
                 choice.counts_prompt = group is None
-                if group is None:
-                    group = groups[id(prompt)] = PromptGroup(
-                        sp.max_tokens if sp.max_tokens is not None
-                        else self.loop.info.max_model_len - choice.prompt_len)
+                if group is None:      # (max_tokens: resolved for the prompt, prompts.py)
+                    group = groups[id(prompt)] = PromptGroup(sp.max_tokens)
                 group.n += 1
                 group.left += 1
                 choice.group = group
