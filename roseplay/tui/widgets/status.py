@@ -23,12 +23,12 @@ class StatusBar(Widget):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._text = Text(" roseplay ", "bold reverse")
-        self._forms = [self._text]
+        self._args: tuple | None = None     # show's, for the shorter forms render builds
 
     def loading(self, message: str) -> None:
         t = Text(" roseplay ", "bold #111111 on #f2d34f")
         t.append(f"  {message}", "bold")
-        self._forms = [t]
+        self._args = None
         self._set(t)
 
     def show(self, snap, kind: str, paused: bool, position: str = "",
@@ -40,9 +40,8 @@ class StatusBar(Widget):
         the end while paused or recording. `unavailable`: why a live engine cannot serve
         now (the client's word: a dead engine's last snapshot carries no error);
         `stopped`: for good."""
-        args = (snap, kind, paused, position, workload or {}, unavailable, stopped)
-        self._forms = [self._line(*args, level) for level in range(len(FORMS))]
-        self._set(self._forms[0])
+        self._args = (snap, kind, paused, position, workload or {}, unavailable, stopped)
+        self._set(self._line(*self._args, 0))
 
     def _line(self, snap, kind, paused, position, workload, unavailable, stopped,
               level: int) -> Text:
@@ -101,8 +100,14 @@ class StatusBar(Widget):
             self.refresh()
 
     def render(self) -> Text:
-        width = self.size.width
-        return next((f for f in self._forms if f.cell_len <= width), self._forms[-1])
+        """The fullest form that fits: the shorter ones are built here, on a redraw (a
+        change or a resize), not on every frame's show."""
+        width, t = self.size.width, self._text
+        for level in range(1, len(FORMS) if self._args is not None else 1):
+            if t.cell_len <= width:
+                break
+            t = self._line(*self._args, level)
+        return t
 
 
 def refusal(workload: dict) -> str:
