@@ -14,7 +14,23 @@ import queue
 import threading
 from collections import OrderedDict
 
-OWN_PREFIX = "you-"        # a typed prompt's request id: you-1, you-2 ...
+from roseplay.workload.driver import PROCESS_TAG
+
+OWN_PREFIX = "you-"        # every typed prompt's id starts so (this process's or another's)
+
+
+def own_request_id(n: int) -> str:
+    """This process's n-th typed prompt's request id, `you-kqf-1`: the per-process tag of
+    the workload's ids (roseplay/workload/driver.py PROCESS_TAG) keeps two apps attached
+    to one engine apart, which refuses an id live for another client (both sent you-1)."""
+    return f"{OWN_PREFIX}{PROCESS_TAG}-{n}"
+
+
+def short_own_id(request_id: str) -> str:
+    """A typed prompt's id without its tag (`you…-1`), for a narrow id column: its end
+    alone (`…kqf-1`) would read like the workload's `w0kqf-1`."""
+    head, tag, n = request_id[len(OWN_PREFIX):].rpartition("-")
+    return f"{OWN_PREFIX[:-1]}…-{n}" if tag and head else request_id
 
 
 class OwnPrompts:

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from engine.config import InvalidRequestError, SchedulerConfig
-from roseplay.workload.own_prompts import OWN_PREFIX, OwnPrompts
+from roseplay.workload.own_prompts import OwnPrompts, own_request_id
 from roseplay.workload.scenarios import SCENARIOS
 
 if TYPE_CHECKING:      # the client API both transports implement
@@ -169,7 +169,7 @@ class LiveSource:
             prompt = {"prompt": text,
                       "prompt_token_ids": [b % self.vocab_size for b in text.encode()]}
         self._user_ids += 1
-        rid = f"{OWN_PREFIX}{self._user_ids}"
+        rid = own_request_id(self._user_ids)
         params = SamplingParams(**{"max_tokens": USER_MAX_TOKENS, "temperature": 0.8,
                                    "seed": self._user_ids, **(sampling or {}),
                                    "logprobs": TOP_LOGPROBS, "raw_logprobs": True,

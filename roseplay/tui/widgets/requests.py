@@ -23,6 +23,7 @@ from roseplay.tui.widgets.kv_host import hit_cell
 from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE, with_caption
 from roseplay.tui.widgets.wait_reason import short_reason, waiting_reason  # noqa: F401
+from roseplay.workload.own_prompts import OWN_PREFIX, short_own_id
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
@@ -126,15 +127,18 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot",
 
 def short_id(request_id: str, width: int) -> str:
     """A request id in `width` cells: ids that differ only at the end (`cmpl-<tag><n>`
-    from `roseplay serve`) keep their end, "…" standing for the common start."""
+    from `roseplay serve`) keep their end, "…" standing for the common start; a typed
+    prompt's keeps `you` and drops its process's tag (`you…-12`)."""
     if len(request_id) <= width:
         return request_id
+    if request_id.startswith(OWN_PREFIX) and len(own := short_own_id(request_id)) <= width:
+        return own
     return "…" + request_id[len(request_id) - max(0, width - 1):] if width > 1 else "…"
 
 
 def id_cell(r, width: int) -> list[Segment]:
     """The request's id; a constrained one (structured outputs) marked with a "{"."""
-    style = st("bold" if r.request_id.startswith("you") else "")
+    style = st("bold" if r.request_id.startswith(OWN_PREFIX) else "")
     if getattr(r, "grammar", None) is None:
         return [Segment(short_id(r.request_id, width).ljust(width), style)]
     return [Segment("{", st(GRAMMAR_STYLE)),

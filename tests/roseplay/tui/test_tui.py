@@ -6,6 +6,7 @@ import re
 import pytest
 
 from roseplay.tui.app import RoseplayApp
+from roseplay.workload.own_prompts import own_request_id
 from roseplay.tui.widgets.knobs import KnobsPanel
 from roseplay.tui.widgets.kv_map import KVMap
 from roseplay.tui.widgets.kv_panel import KVLegend
@@ -188,13 +189,13 @@ async def test_submitted_prompt_appears_and_finishes(paused_source):
         await pilot.press(*"to be or not to be")
         source.resume()
         await pilot.press("enter")
-        assert await wait_for(pilot, lambda: (r := source.snapshot().request("you-1")) is not None
+        assert await wait_for(pilot, lambda: (r := source.snapshot().request(own_request_id(1))) is not None
                               and r.state == "finished")
-        assert "submitted as you-1" in widget_text(app.query_one("#prompt-status"))
+        assert f"submitted as {own_request_id(1)}" in widget_text(app.query_one("#prompt-status"))
         await pilot.press("escape")
-        assert await wait_for(pilot, lambda: "you-1" in widget_text(app.query_one(RequestList)), 30)
+        assert await wait_for(pilot, lambda: "you…-1" in widget_text(app.query_one(RequestList)), 30)
         detail = widget_text(app.query_one(RequestDetail))
-        assert "you-1" in detail and "to be or not to be" in detail
+        assert own_request_id(1) in detail and "to be or not to be" in detail
 
 
 @sync

@@ -10,6 +10,7 @@ import pytest
 
 from engine.config import InvalidRequestError
 from roseplay.tui.app import RoseplayApp
+from roseplay.workload.own_prompts import own_request_id
 from roseplay.tui.widgets.prompt_input import parse_sampling
 from roseplay.tui.widgets.token_choice import pct
 from tests.roseplay.tui.helpers import live_source, sync, wait_for, widget_text
@@ -56,7 +57,7 @@ async def test_typed_bias_and_penalty_show_model_and_processed_p():
             await pilot.press("enter", "escape")
             app.set_zoom("detail")           # room for a row per token (z to it)
             detail = app.query_one("#detail")
-            view = lambda: app.snapshot.request("you-1")           # noqa: E731
+            view = lambda: app.snapshot.request(own_request_id(1))           # noqa: E731
             seen = {}
 
             def agrees() -> bool:

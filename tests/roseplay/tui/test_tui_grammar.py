@@ -13,6 +13,7 @@ import pytest
 from engine.config import InvalidRequestError
 from engine.snapshot import GrammarView
 from roseplay.tui.app import RoseplayApp
+from roseplay.workload.own_prompts import own_request_id
 from roseplay.workload.record import Recorder
 from roseplay.workload.replay import Recording
 from roseplay.tui.widgets.grammar_line import NO_VIEW, grammar_text
@@ -87,7 +88,7 @@ async def test_a_typed_schema_shows_the_mask_each_step():
             assert await wait_for(pilot, lambda: detail.size.height >= 24, 10)
 
             def agrees() -> bool:
-                g = app.snapshot.request("you-1").grammar
+                g = app.snapshot.request(own_request_id(1)).grammar
                 text = widget_text(detail)
                 if f"grammar json · {g.state} · {g.allowed:,}/{g.vocab:,} allowed" in text:
                     seen.append((g, text))
@@ -97,7 +98,7 @@ async def test_a_typed_schema_shows_the_mask_each_step():
             for _ in range(40):
                 src.step_once()
                 await settle(pilot, src)
-                r = app.snapshot.request("you-1")
+                r = app.snapshot.request(own_request_id(1))
                 if r is not None and r.grammar.allowed >= 0:
                     assert await wait_for(pilot, agrees, 10), widget_text(detail)
                 if len(seen) == 3:
@@ -107,7 +108,7 @@ async def test_a_typed_schema_shows_the_mask_each_step():
                 assert g.allowed == 1 and g.state.startswith("expecting '")
                 assert "model's top:" in text and text.count("✗") >= 4, text
             app.set_zoom(None)
-            assert await wait_for(pilot, lambda: "{you-1" in widget_text(
+            assert await wait_for(pilot, lambda: "{you…-1" in widget_text(
                 app.query_one(RequestList)), 10)
     finally:
         src.close()

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from roseplay.tui.app import RoseplayApp
+from roseplay.workload.own_prompts import own_request_id
 from roseplay.tui.widgets.requests import fmt_ms
 from roseplay.tui.widgets.step_strip import STRIP_MAX, StepStrip
 from roseplay.tui.widgets.timing import TimingStats
@@ -171,7 +172,7 @@ async def test_a_typed_prompt_stays_selected_and_walkable_after_others_end(monke
             await pilot.press("i", *"to be")
             app.query_one("#prompt-sampling").value = "max_tokens=8"
             await pilot.press("enter", "escape")
-            rid = "you-1"
+            rid = own_request_id(1)
             assert await wait_for(pilot, lambda: getattr(src.snapshot().request(rid), "state",
                                                          None) == "finished", 60)
             n0 = src.snapshot().counters.finished

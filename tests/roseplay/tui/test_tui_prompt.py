@@ -5,6 +5,7 @@ import pytest
 from textual import events
 
 from roseplay.tui.app import RoseplayApp
+from roseplay.workload.own_prompts import own_request_id
 from tests.roseplay.tui.helpers import live_source, screen_text, sync, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("fast_pilot")]
@@ -50,9 +51,9 @@ async def test_the_prompt_box_sends_the_priority_typed():
             assert box.region.right <= 120 and "priority 0" in screen_text(app)
             await pilot.press(*"to the front", "tab", "minus", "5", "enter")
             assert await wait_for(pilot, lambda: "(priority -5)" in screen_text(app), 90)
-            assert ("you-1", -5) in sent
+            assert (own_request_id(1), -5) in sent
             await pilot.press(*"default", "enter")      # (the focus is back in the prompt)
-            assert await wait_for(pilot, lambda: ("you-2", -5) in sent, 30)   # the box keeps it
+            assert await wait_for(pilot, lambda: (own_request_id(2), -5) in sent, 30)   # the box keeps it
     finally:
         src.close()
 
@@ -183,7 +184,7 @@ async def test_after_a_prompt_is_sent_the_next_is_typed_in_the_prompt_field(paus
     async with app.run_test(size=(120, 40)) as pilot:
         await _open_prompt(pilot, app)
         await pilot.press(*"ROMEO:", "tab", "tab", *"top_k=5", "enter")
-        assert await wait_for(pilot, lambda: "submitted as you-1" in screen_text(app), 30)
+        assert await wait_for(pilot, lambda: f"submitted as {own_request_id(1)}" in screen_text(app), 30)
         prompt = app.query_one("#prompt-input")
         assert await wait_for(pilot, lambda: app.focused is prompt, 30)
         await pilot.press(*"JULIET")

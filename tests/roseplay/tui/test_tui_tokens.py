@@ -6,6 +6,7 @@ import pytest
 
 from engine.config import MAX_SPECULATIVE_TOKENS
 from roseplay.tui.app import RoseplayApp
+from roseplay.workload.own_prompts import own_request_id
 from roseplay.tui.keys import KEYS, knob_key
 from roseplay.tui.widgets.help import keys_markdown, knobs_markdown
 from roseplay.tui.widgets.token_choice import (NO_LOGPROBS, NO_LOGPROBS_SHORT, NO_TOKEN_YET,
@@ -145,7 +146,7 @@ async def test_a_typed_prompt_shows_its_next_token_distribution():
             assert await wait_for(pilot, lambda: "type a prompt with i" in widget_text(detail)
                                   or any(r.logprobs for r in app.snapshot.requests), 20)
             await pilot.press("i", *"to be or not", "enter")
-            view = lambda: app.snapshot.request("you-1")           # noqa: E731
+            view = lambda: app.snapshot.request(own_request_id(1))           # noqa: E731
             assert await wait_for(pilot, lambda: view() is not None
                                   and view().logprobs is not None, 30)
             lp = view().logprobs

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import subprocess
+import sys
+import textwrap
 
 from engine.outputs import TokenTrace
 from roseplay.workload import own_prompts, source as source_mod
-from roseplay.workload.driver import TOP_LOGPROBS
+from roseplay.workload.driver import PROCESS_TAG, TOP_LOGPROBS
 from tests.helpers import wait_for
 from tests.roseplay.tui.helpers import live_source
 
@@ -71,3 +74,44 @@ def test_own_prompts_keep_the_latest_traces_and_merge_once():
     assert own.merge(_Snap()) is not merged          # a new engine snapshot: merged anew
     own.drain()                                      # the running one stays held
     assert list(own._streams) == ["you-running"]
+
+
+def test_typed_prompts_of_two_attached_processes_do_not_collide():
+    """Two apps attached to one engine each type a prompt: both are served (each process
+    counted you-1 before, and the engine refused the second while the first was live)."""
+    first = live_source(scenario="shared-prefix", concurrency=1, in_process=False,
+                        paused=True)
+    try:
+        live = first.submit("the first viewer's", sampling={"max_tokens": 4})
+        code = textwrap.dedent(f"""
+            from roseplay.workload.source import start_live
+            src = start_live({{}}, connect={first.loop.address!r})
+            try:
+                rid = src.submit("the second viewer's", sampling={{"max_tokens": 2}})
+                src.resume()
+                out = src.own._streams[rid].result(timeout=60)
+                print(rid, out.outputs[0].finish_reason, out.error)
+            finally:
+                src.close()
+        """)
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+        rid, reason, error = run.stdout.split(maxsplit=2)
+        assert (reason, error.strip()) == ("length", "None"), run.stdout + run.stderr
+        assert rid.startswith(own_prompts.OWN_PREFIX) and rid != live
+        assert live == own_prompts.own_request_id(1)
+        assert first.own._streams[live].result(timeout=60).outputs[0].finish_reason == "length"
+    finally:
+        first.close()
+
+
+def test_a_typed_prompt_keeps_you_in_the_narrow_id_column():
+    """The 7-wide id column shows a typed prompt's `you` and number, not its tag: the end
+    alone (`…kqf-1`) read like the workload's `w0kqf-1`."""
+    from roseplay.tui.widgets.requests import short_id
+    tag = PROCESS_TAG
+    assert own_prompts.own_request_id(12) == f"you-{tag}-12"
+    assert short_id(own_prompts.own_request_id(12), 7) == "you…-12"
+    assert short_id(own_prompts.own_request_id(3), 6) == "you…-3"    # "{" before it
+    assert short_id(own_prompts.own_request_id(3), 9) == f"you-{tag}-3"
+    assert short_id(f"w0{tag}-12", 7) == f"…{tag}-12"                  # the workload's
