@@ -10,6 +10,8 @@ in its window, the requests of its TTFT row (latency.window_firsts).
 """
 from __future__ import annotations
 
+import math
+
 from rich.text import Text
 
 from roseplay.tui.widgets import theme
@@ -120,15 +122,28 @@ def window_shares(requests, start: float) -> tuple[int, tuple[float, float, floa
     return len(rows), (tuple(s / total for s in sums) if rows and total > 0 else None)
 
 
+def whole_percents(shares) -> list[int]:
+    """Whole percents of `shares` (which add up to 1) that add up to 100: each rounded
+    down, and the points left to the largest remainders, the first of a tie (rounded
+    one by one, thirds read 33% 33% 33%)."""
+    exact = [100 * s for s in shares]
+    out = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(out)), key=lambda i: out[i] - exact[i])
+    for i in by_remainder[:max(0, 100 - sum(out))]:
+        out[i] += 1
+    return out
+
+
 def window_split(requests, start: float) -> Text:
     """"└ queue 83% prefill 12% last 5%": the Timing panel's line under TTFT."""
     _, shares = window_shares(requests, start)
+    percents = whole_percents(shares) if shares else None
     t = Text(no_wrap=True)
     t.append("└ ", "dim")
     for word, key, i in (("queue", PART_COLORS[0], 0), ("prefill", PART_COLORS[1], 1),
                          ("last", PART_COLORS[2], 2)):
         t.append(f"{word} ", _color(key))
-        t.append(f"{100 * shares[i]:.0f}%" if shares else "-", "bold")
+        t.append(f"{percents[i]}%" if percents else "-", "bold")
         t.append(" ")
     return t
 

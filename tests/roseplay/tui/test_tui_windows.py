@@ -15,6 +15,7 @@ from roseplay.tui.app import RoseplayApp
 from roseplay.tui.guides.check import Window
 from roseplay.tui.widgets.ratios import side_metrics
 from roseplay.tui.widgets.requests import fmt_ms
+from roseplay.tui.widgets.ttft_split import window_split
 from tests.roseplay.tui.helpers import StaticSource, session_snapshot, sync, widget_text
 
 pytestmark = pytest.mark.timeout(120)
@@ -145,3 +146,22 @@ async def test_the_ttft_split_line_counts_the_requests_of_the_ttft_row():
         table = widget_text(app.timing.stats)
     assert re.search(r"TTFT +2000ms +2000ms", table), table      # "new" alone
     assert "└ queue 25% prefill 50% last 25%" in table, table     # its split: 0.5+1.0+0.5
+
+
+@pytest.mark.parametrize("parts, shown", [
+    ((1.0, 1.0, 1.0), "queue 34% prefill 33% last 33%"),        # read 33% 33% 33%
+    ((0.125, 0.125, 0.75), "queue 13% prefill 12% last 75%"),   # read 12% 12% 75%
+    ((0.335, 0.335, 0.33), "queue 34% prefill 33% last 33%"),   # read 34% 34% 33%
+])
+def test_the_ttft_split_lines_shares_add_up_to_100(parts, shown):
+    """The `└` line's shares are rounded together (largest remainder): one by one they
+    summed to 99 % or 101 %."""
+    snap = session_snapshot(12)
+    t, base = snap.time, snap.requests[0]
+    queued, prefill, last = parts
+    r = dataclasses.replace(base, request_id="r", state="decoding", arrival_time=t - 5,
+                            ttft=queued + prefill + last, scheduled_ts=t - 5 + queued,
+                            last_chunk_ts=t - 5 + queued + prefill)
+    line = window_split([r], t - 10).plain
+    assert shown in line, line
+    assert sum(map(int, re.findall(r"(\d+)%", line))) == 100
