@@ -6,6 +6,7 @@ Modules, one job each:
   responses.py  OpenAI response models (pydantic)
   errors.py     OpenAI error JSON, status mapping, API-key check, body-size limit
   chat.py       chat templates (the tokenizer's, or the bundled model's own)
+  request_ids.py  response and engine ids (X-Request-Id, vLLM's request_id), the echo
   bridge.py     engine events -> asyncio (a Mailbox: one wake-up per batch), cancellation
   streaming.py  the SSE body: queued events coalesced per choice, msgspec-encoded chunks
   metrics.py    Prometheus metrics with vLLM's names

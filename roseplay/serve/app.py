@@ -17,6 +17,7 @@ from roseplay.serve.errors import OpenAIError, install_handlers
 from roseplay.serve.gate import GateMiddleware
 from roseplay.serve.metrics import ServerMetrics
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
+from roseplay.serve.request_ids import RequestIdMiddleware
 from roseplay.serve.responses_api import RESPONSES, ResponsesRequest, responses_router
 from roseplay.serve.routes import GENERATE, openapi_paths, router
 from roseplay.serve.routing import routing_router
@@ -51,6 +52,7 @@ class ServeConfig:
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allowed_credentials: bool = False
+    enable_request_id_headers: bool = False     # X-Request-Id on every response (vLLM's)
 
     def __post_init__(self):
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
@@ -118,6 +120,8 @@ def build_app(loop: EngineAPI, config: ServeConfig | None = None) -> FastAPI:
     app.include_router(server_info_router)
     app.add_middleware(GateMiddleware, drain=app.state.serve.drain,
                        max_bytes=config.max_body_bytes, api_key=config.api_key)
+    if config.enable_request_id_headers:    # around the gate: its 401/413/503 carry it too
+        app.add_middleware(RequestIdMiddleware)
     if config.allowed_origins:      # outermost: a preflight never meets the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
                            allow_methods=list(config.allowed_methods),

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
-import re
-import secrets
 import threading
 import time
 import weakref
@@ -37,8 +34,6 @@ from engine.codes import REASON_CANCELLED, REASON_ERROR
 from roseplay.serve.errors import OpenAIError
 from roseplay.serve.metrics import ServerMetrics
 
-
-USER_LABEL_CHARS = 16
 
 
 @dataclass
@@ -68,19 +63,6 @@ class PromptGroup:
     n: int = 0
     left: int = 0
     max_generated: int = 0
-
-
-# a random tag per process and a counter: unique across API-server processes, and a
-# fraction of uuid4's cost per request
-_ID_TAG, _ID_COUNT = secrets.token_hex(4), itertools.count()
-
-
-def new_id(prefix: str, user: str | None = None) -> str:
-    """OpenAI-style ids that label requests in the engine (and the TUI): the prefix says
-    the endpoint ("cmpl-" completions, "chatcmpl-" chat), then the request's OpenAI
-    `user` field when given (so a class's clients tell themselves apart), then hex."""
-    label = re.sub(r"[^A-Za-z0-9_.]", "", user or "")[:USER_LABEL_CHARS] if user else ""
-    return f"{prefix}-{label + '-' if label else ''}{_ID_TAG}{next(_ID_COUNT):08x}"
 
 
 class Mailbox:
@@ -121,10 +103,11 @@ class EngineBridge:
             box = self._mailboxes[aloop] = Mailbox(aloop)
         return box
 
-    def start(self, response_id: str, prompts: list[dict],
+    def start(self, engine_id: str, prompts: list[dict],
               params: list, priority: int = 0,
               data_parallel_rank: int | None = None) -> "Generation":
-        """Submit one engine request per (prompt, params) pair: ids f"{response_id}-{i}";
+        """Submit one engine request per (prompt, params) pair: ids f"{engine_id}-{i}"
+        (request_ids.assign: unique in this server, whatever the client sent);
         data_parallel_rank pins them to a replica (a data-parallel front; one engine
         takes only 0)."""
         pin = _pin(self.loop, data_parallel_rank)
@@ -136,7 +119,7 @@ class EngineBridge:
         groups: dict[int, PromptGroup] = {}     # the n choices of a prompt share its dict
         try:
             for i, (prompt, sp) in enumerate(zip(prompts, params)):
-                gen.submit(i, f"{response_id}-{i}", prompt, sp, priority, pin)
+                gen.submit(i, f"{engine_id}-{i}", prompt, sp, priority, pin)
                 choice, group = gen.choices[-1], groups.get(id(prompt))
                 choice.counts_prompt = group is None
                 if group is None:      # (max_tokens: resolved for the prompt, prompts.py)

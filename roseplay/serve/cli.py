@@ -11,7 +11,7 @@ import os
 import sys
 
 from engine.config import InvalidRequestError
-from roseplay.cli_checks import check_model
+from roseplay.cli_checks import check_model, check_serve_engine
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
                                 engine_addresses, engine_kwargs, say_on_stderr)
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="JSON", help=f"{what} (default: {default}).")
     s.add_argument("--allowed-credentials", action="store_true",
                    help="Let such pages send cookies and authorization (CORS credentials).")
+    s.add_argument("--enable-request-id-headers", action="store_true",
+                   help="Send an X-Request-Id header with every response (vLLM's flag): "
+                        "the request's X-Request-Id as sent, else the base of the "
+                        "response's id (cmpl-BASE, chatcmpl-BASE, resp_BASE), else a new "
+                        "one. Without it the request header still names the response's "
+                        "id; engine ids stay unique whatever clients send.")
     s.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="The HTTP server's (uvicorn's) log level; no access log (default: info).")
@@ -135,7 +141,8 @@ def serve_config(args) -> ServeConfig:
                        allowed_origins=args.allowed_origins,
                        allowed_methods=args.allowed_methods,
                        allowed_headers=args.allowed_headers,
-                       allowed_credentials=args.allowed_credentials)
+                       allowed_credentials=args.allowed_credentials,
+                       enable_request_id_headers=args.enable_request_id_headers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,14 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.headless:
             from roseplay.serve.headless import check_headless, run_headless
             check_headless(args, parser)
-            return run_headless(args)
-        config = serve_config(args)
-        check_front_flags(args)
+        else:
+            config = serve_config(args)
+            check_front_flags(args)
     except ValueError as exc:
         parser.error(str(exc))
-    if problem := check_model(args.model):      # before an engine process starts for it
+    if problem := check_model(args.model) or check_serve_engine(args):   # before the slow start
         print(f"roseplay serve: {problem}", file=sys.stderr)
         return 2
+    if args.headless:
+        return run_headless(args)
     from roseplay.serve.app import build_app    # lazy: --help needs no engine
     try:
         loop = _engine(args)

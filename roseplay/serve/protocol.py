@@ -91,6 +91,8 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     data_parallel_rank: int | None = None    # roseplay extra: the replica that serves it
     #                                          (--data-parallel-size; docs/ROUTING.md)
     user: str | None = None
+    request_id: str | None = None            # vLLM extra: the response id's base
+    #                                          (X-Request-Id wins; request_ids.py)
     # structured outputs, raw until their size is known (roseplay/serve/constrained.py)
     response_format: raw_field({"type": "object"}) = msgspec.UNSET
     structured_outputs: raw_field({"type": "object"}) = msgspec.UNSET   # vLLM extra

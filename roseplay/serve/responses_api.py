@@ -102,6 +102,7 @@ class ResponsesRequest(_Request, kw_only=True):
     priority: int = 0
     include_stop_str_in_output: bool | None = False
     data_parallel_rank: int | None = None     # roseplay extra (docs/ROUTING.md)
+    request_id: str | None = None             # vLLM extra: the response's id (X-Request-Id wins)
 
     def as_chat(self) -> "ResponsesChat":
         """The chat request this runs as; a 400 naming the field for what it cannot do."""
@@ -121,7 +122,7 @@ class ResponsesRequest(_Request, kw_only=True):
             response_format=self._response_format(), stream=self.stream, user=self.user,
             priority=self.priority, data_parallel_rank=self.data_parallel_rank,
             logprobs=logprobs, top_logprobs=self.top_logprobs if logprobs else None,
-            source=self)
+            request_id=self.request_id and self.request_id.removeprefix("resp_"), source=self)
 
     def _check_options(self) -> None:
         choice = constrained.decode_small(self.tool_choice, "tool_choice")

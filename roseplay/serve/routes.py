@@ -23,7 +23,8 @@ from roseplay import __version__
 from roseplay.serve import prompts as inputs
 from roseplay.serve.constrained import first_batch, grammar_error
 from roseplay.serve.body import parse_body
-from roseplay.serve.bridge import Generation, new_id
+from roseplay.serve import request_ids
+from roseplay.serve.bridge import Generation
 from roseplay.serve.errors import OpenAIError, error_body
 from roseplay.serve.formats import ChatFormat, CompletionFormat
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, openapi_schemas
@@ -110,9 +111,12 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     # the GIL); a short one here, the thread hop would cost more than the work
     ins = make_inputs(req, st) if inputs.on_loop(req) else \
         await asyncio.to_thread(make_inputs, req, st)
-    rid = new_id(fmt_cls.prefix, req.user)
-    fmt = fmt_cls(req, rid, model, ins, st.tokenizer)
-    gen = st.bridge.start(rid, ins.prompts, ins.params, req.priority, req.data_parallel_rank)
+    ids = request_ids.assign(fmt_cls.prefix, req.user,
+                             request_ids.client_id(request, req.request_id))
+    request_ids.note(request, ids)
+    fmt = fmt_cls(req, ids.response, model, ins, st.tokenizer)
+    gen = st.bridge.start(ids.engine, ins.prompts, ins.params, req.priority,
+                          req.data_parallel_rank)
     st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
         stream = fmt.streamed(gen)
