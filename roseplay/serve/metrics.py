@@ -36,11 +36,10 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-# vLLM's request_latency_buckets (its e2e and request-phase histograms)
+# vLLM's request_latency_buckets (vllm/v1/metrics/loggers.py: its e2e and request-phase
+# histograms)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-# the e2e histogram's: two bounds below vLLM's first (since the server's first version)
-E2E_BUCKETS = (0.01, 0.1) + REQUEST_LATENCY_BUCKETS
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"         # prometheus_client's own variable
 API_SERVER_INDEX_ENV = "ROSEPLAY_API_SERVER_INDEX"  # which process observed a request
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -220,7 +219,7 @@ class ServerMetrics:
         self.tpot = histogram("vllm:request_time_per_output_token_seconds",
                               "Per-request (last - first) / (n - 1).", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
-                             E2E_BUCKETS)
+                             REQUEST_LATENCY_BUCKETS)
         # vLLM's request phases, on the engine's clock: by RequestMetrics property
         self.phases = {prop: histogram(f"vllm:request_{phase}_time_seconds", doc,
                                        REQUEST_LATENCY_BUCKETS)

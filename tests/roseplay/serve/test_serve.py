@@ -308,7 +308,8 @@ def test_metrics_parse_and_match_the_snapshot(server, client, loop):
                "1920.0", "7680.0", "+Inf"]
     steps = ["1.0", "8.0", "16.0", "32.0", "64.0", "128.0", "256.0", "512.0", "1024.0",
              "2048.0", "4096.0", "8192.0", "16384.0", "+Inf"]
-    for name, bounds in (("vllm:request_queue_time_seconds", latency),
+    for name, bounds in (("vllm:e2e_request_latency_seconds", latency),
+                         ("vllm:request_queue_time_seconds", latency),
                          ("vllm:request_prefill_time_seconds", latency),
                          ("vllm:request_inference_time_seconds", latency),
                          ("vllm:request_decode_time_seconds", latency),
