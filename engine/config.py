@@ -70,6 +70,22 @@ def check_priority(priority) -> int:
     return priority
 
 
+def resolve_max_model_len(given: int | None, model_len: tuple[str, int]) -> int:
+    """The engine's max_model_len from the model's (field, length): the given one, else
+    the model's capped at DEFAULT_MAX_MODEL_LEN. One above the model's is refused as vLLM
+    refuses it; vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN has no counterpart, because the
+    position embeddings and the rope table end at the model's length."""
+    field, length = model_len
+    if given is None:
+        return min(DEFAULT_MAX_MODEL_LEN, length)
+    if given > length:
+        raise InvalidRequestError(
+            f"max_model_len ({given}) is greater than the model's maximum ({field}={length} "
+            f"in its config): give at most {length}, or leave it unset for "
+            f"{min(DEFAULT_MAX_MODEL_LEN, length)}")
+    return given
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Fixed at start."""
@@ -108,7 +124,7 @@ class EngineConfig:
                                                      "activations and the KV pool.")
     max_model_len: int | None = knob_field(
         None, f"Longest prompt + output (default: the model's, capped at "
-              f"{DEFAULT_MAX_MODEL_LEN}; a value above the model's is lowered to it).")
+              f"{DEFAULT_MAX_MODEL_LEN}; one above the model's is refused, as in vLLM).")
     enforce_eager: bool = knob_field(False, "Disable CUDA graphs (steps still run through the "
                                             "graphs' padded buffers, eagerly).")
     cudagraph_mode: str = knob_field(

@@ -116,20 +116,41 @@ def check_engine(args) -> str | None:
         if tokenizer is not None:
             problem = pool_problem(args.scenario, config.num_blocks, config.block_size,
                                    tokenizer=tokenizer, **sizes)
-    return problem or config_problem(config)
+    return problem or (None if args.compare else config_problem(config))   # (each side's:
+    #                                                                   check_compare)
 
 
 def config_problem(config) -> str | None:
     """What a valid config still cannot start with (None if nothing): a speculative draft
-    model that is no model, --device cuda without a visible CUDA device."""
+    model that is no model, a max_model_len above the model's (read from a model here,
+    not fetched), --device cuda without a visible CUDA device."""
+    from engine.config import InvalidRequestError, resolve_max_model_len
+    from engine.worker.models.config_check import local_context_length
     draft = getattr(config.speculative_config, "model", None)
     if draft is not None and (problem := check_model(draft)):
         return f"--speculative-config model: {problem}"
+    if (model_len := local_context_length(config.model)) is not None:
+        try:
+            resolve_max_model_len(config.max_model_len, model_len)
+        except InvalidRequestError as exc:
+            return str(exc)
     if config.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             return "--device cuda: no CUDA device is visible here; use --device cpu (or auto)"
     return None
+
+
+def check_serve_engine(args) -> str | None:
+    """Why the engine `roseplay serve` starts could not start with these flags (None if
+    it can, or when it attaches to running engines), before its process starts."""
+    from engine.config import make_config
+    try:
+        if engine_addresses(args)[1]:
+            return None
+        return config_problem(make_config(**engine_kwargs(args)))
+    except ValueError as exc:          # InvalidRequestError is one
+        return str(exc)
 
 
 def check_bench_config(args) -> str | None:
@@ -157,9 +178,11 @@ def check_bench_config(args) -> str | None:
         return None              # the bench names a malformed --ab itself
     for value in values:         # else the last value's engine fails after the others ran
         try:
-            _bench_engine(args, {knob: value})
+            problem = config_problem(_bench_engine(args, {knob: value}))
         except InvalidRequestError as exc:
-            return f"--ab {knob}={value}: {exc}"
+            problem = str(exc)
+        if problem:
+            return f"--ab {knob}={value}: {problem}"
     return None
 
 
@@ -191,11 +214,19 @@ def local_tokenizer(name: str | None):
 
 def check_compare(args) -> str | None:
     """Parse --compare in place (KNOB, [A, B]); why it cannot run, or None."""
+    from engine.config import InvalidRequestError, make_config
     from roseplay.tui.compare import parse_compare
     if args.connect or args.replay:
         return "--compare starts its own two engines: not with --connect or --replay"
     try:
-        args.compare = parse_compare(args.compare)
+        args.compare = knob, values = parse_compare(args.compare)
     except ValueError as exc:
         return str(exc)
+    for value in values:         # each side's engine, as it starts
+        try:
+            problem = config_problem(make_config(**dict(app_engine_kwargs(args), **{knob: value})))
+        except InvalidRequestError as exc:
+            problem = str(exc)
+        if problem:
+            return f"--compare {knob}={value}: {problem}"
     return None

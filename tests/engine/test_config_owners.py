@@ -19,18 +19,12 @@ TINY_POSITIONS = 2048        # dummy:tiny's max_position_embeddings (engine/work
 @pytest.mark.timeout(120)
 def test_engine_process_defaults_come_from_the_config():
     """The engine process (the default path) sizes a CPU pool and max_model_len from the
-    constants in engine/config.py; the in-process engine lowers a max_model_len above
-    the model's to the model's, as --max-model-len's help says."""
-    from engine import LLM
+    constants in engine/config.py (a max_model_len above the model's is refused:
+    tests/engine/test_max_model_len.py)."""
     from engine.front.client import EngineClient
     with EngineClient(model="dummy:tiny", device="cpu", snapshots=False) as client:
         assert client.info.num_blocks == DEFAULT_CPU_BLOCKS
         assert client.info.max_model_len == min(DEFAULT_MAX_MODEL_LEN, TINY_POSITIONS)
-    llm = LLM(model="dummy:tiny", device="cpu", num_blocks=64, max_model_len=100_000)
-    try:
-        assert llm.engine.max_model_len == TINY_POSITIONS
-    finally:
-        llm.engine.close()
 
 
 def test_max_model_len_help_names_its_cap():

@@ -75,6 +75,12 @@ BAD_FLAGS = [
     (["--output-len", str(2 ** 31)], "--output-len: must be <= 2147483647"),
     (["--seed", str(2 ** 64)], "seed must be an integer in [0, 18446744073709551615]"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    # above the model's, it was lowered without a word; vLLM refuses it
+    (["--max-model-len", "1025"], "max_model_len (1025) is greater than the model's maximum"),
+    (["--compare", "max_model_len=512,4096"],
+     "--compare max_model_len=4096: max_model_len (4096) is greater than the model's"),
+    (["--compare", "model=dummy:tiny,default", "--max-model-len", "2048"],
+     "--compare model=default: max_model_len (2048) is greater than the model's"),
     (["--connect", "nonsense"], "engine address 'nonsense': expected tcp://HOST:PORT"),
     (["--connect", "tcp://127.0.0.1:9", "--engine-key", "@/nonexistent-key"],
      "cannot read the engine key file /nonexistent-key"),
@@ -94,6 +100,17 @@ def test_each_bad_flag_exits_non_zero_with_one_line(argv, message, capsys, monke
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert err.startswith("roseplay: error:") and message in err
+
+
+def test_compare_checks_each_sides_model_not_the_flags(monkeypatch):
+    """--compare model=A,B: each side's max_model_len is checked against its own model,
+    not against --model's (the bundled one, 1024 positions), which no side runs."""
+    import roseplay.cli as cli
+    started = []
+    monkeypatch.setattr(cli, "run_tui", lambda args: started.append(args.compare) or 0)
+    assert cli.main(["--compare", "model=dummy:tiny,dummy:qwen2.5-0.5b",
+                     "--max-model-len", "2048"]) == 0
+    assert started == [("model", ["dummy:tiny", "dummy:qwen2.5-0.5b"])]
 
 
 def test_model_directory_without_config_fails_before_loading(tmp_path, capsys):
@@ -196,6 +213,9 @@ BAD_BENCH_FLAGS = [
      "--speculative-config model: unknown model '/nonexistent-draft'"),
     (["--kv-overlap-score-weight", "nan"], "kv_overlap_score_weight must be int/float >= 0"),
     (["--kv-overlap-score-weight", "inf"], "kv_overlap_score_weight must be int/float >= 0"),
+    (["--max-model-len", "4096"], "max_model_len (4096) is greater than the model's maximum "
+                                  "(max_position_embeddings=2048"),
+    (["--ab", "max_model_len=512,4096"], "--ab max_model_len=4096: max_model_len (4096) is"),
 ]
 
 

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import (DEFAULT_CPU_BLOCKS, DEFAULT_MAX_MODEL_LEN, EngineConfig,
-                           InvalidRequestError, SpeculativeConfig)
+from engine.config import (DEFAULT_CPU_BLOCKS, EngineConfig, InvalidRequestError,
+                           SpeculativeConfig, resolve_max_model_len)
 from engine.worker.draft_runner import DraftRunner, build_draft_runner
+from engine.worker.models.config_check import context_length, local_context_length
 from engine.worker.models.loader import LoadedModel, load_model
 from engine.worker.placement import (blocks_from_memory, kv_bytes_per_block,
                                      resolve_kv_cache_dtype)
@@ -24,7 +25,7 @@ from kernels.cpu_native_build import build_in_background
 class WorkerSetup:
     loaded: LoadedModel
     backend: str                     # the attention backend, "auto" resolved
-    max_model_len: int               # the config's, capped by the model's
+    max_model_len: int               # the config's (at most the model's), else the model's
     num_blocks: int                  # the target model's KV blocks (the pool's size)
     draft: DraftRunner | None        # speculative method draft_model, else None
     runner: ModelRunner
@@ -34,6 +35,8 @@ class WorkerSetup:
 def setup_worker(config: EngineConfig, device: torch.device,
                  dtype: torch.dtype) -> WorkerSetup:
     """Load the model and build the runner; a failure stops the workers it started."""
+    if (local := local_context_length(config.model)) is not None:
+        resolve_max_model_len(config.max_model_len, local)     # refused before the load
     backend = config.attention_backend
     if backend == "triton" and device.type == "cpu" and not INTERPRETED:
         # else it loads, then every step fails in Triton ("0 active drivers")
@@ -121,7 +124,7 @@ def verify_rows(config: EngineConfig) -> int:
 
 def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype,
                   loaded: LoadedModel, backend: str, group) -> WorkerSetup:
-    max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, loaded.max_model_len)
+    max_model_len = resolve_max_model_len(config.max_model_len, context_length(loaded.hf_config))
     ops = get_ops(backend)
     # the pool's bytes a block in kv_cache_dtype, and in the model's dtype (CPU sizing)
     sizes = [kv_bytes_per_block(loaded.model, config.block_size, t) for t in

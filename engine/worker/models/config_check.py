@@ -2,7 +2,14 @@
 a positive integer in range, named in the error (before anything is allocated)."""
 from __future__ import annotations
 
+import json
+import os
+
 from engine.config import InvalidRequestError
+
+# the config fields that set a model's longest context, first found wins (vLLM's derived
+# max_model_len): Llama-likes' and GPT-2's (which transformers maps to the first)
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions")
 
 # The rope table is built for every position (float32, head_dim wide): 2M positions at
 # head_dim 128 is 1 GiB. Longer contexts are refused rather than allocated blindly.
@@ -44,3 +51,33 @@ def check_gpt2_config(cfg) -> None:
     if cfg.n_embd % cfg.n_head:
         raise InvalidRequestError(f"config field n_head ({cfg.n_head}) must divide n_embd "
                                   f"({cfg.n_embd})")
+
+
+def context_length(cfg) -> tuple[str, int] | None:
+    """(field, value) of a config's longest context: an HF config's attributes or
+    config.json's dict; None where it names none."""
+    for field in CONTEXT_FIELDS:
+        value = cfg.get(field) if isinstance(cfg, dict) else getattr(cfg, field, None)
+        if value:
+            return field, value
+    return None
+
+
+def local_context_length(name: str) -> tuple[str, int] | None:
+    """The context length of a model found here (a dummy preset, the bundled model, a
+    checkpoint directory), read without torch or transformers, for a check before the
+    slow start; None for a hub id (not fetched for a check) or an unreadable config
+    (the loader names what is wrong)."""
+    from engine.tokenizer import resolve_model_path
+    from engine.worker.models.presets import PRESETS, preset_fields
+    if not isinstance(name, str):
+        return None
+    if name.startswith("dummy:"):
+        preset = name.removeprefix("dummy:")
+        return context_length(preset_fields(preset)) if preset in PRESETS else None
+    try:
+        with open(os.path.join(resolve_model_path(name), "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return context_length(cfg) if isinstance(cfg, dict) else None

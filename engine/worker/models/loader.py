@@ -21,7 +21,8 @@ from torch import nn
 from engine.config import DEFAULT_DRAFT_MODEL, InvalidRequestError
 from engine.worker.models.parallel import TPInfo, split, take
 from engine.worker.models.gpt2 import GPT2LMHeadModel
-from engine.worker.models.config_check import check_gpt2_config, check_llama_config
+from engine.worker.models.config_check import (check_gpt2_config, check_llama_config,
+                                               context_length)
 from engine.worker.models.llama import LlamaForCausalLM, layer_segments
 from engine.worker.models.presets import PRESETS, preset_config
 from engine.tokenizer import DEFAULT_MODEL_DIR, load_tokenizer_dir, resolve_model_path  # noqa: F401
@@ -52,14 +53,14 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
         model = _build(hf_config, device, dtype, tp)
         _init_dummy(model, seed)
         return LoadedModel(model, hf_config, None, name, _eos_ids(hf_config, None),
-                           hf_config.max_position_embeddings)
+                           context_length(hf_config)[1])
     path = _local_dir(resolve_model_path(name))
     hf_config = _read_config(path)
     model = _build(hf_config, device, dtype, tp)
     _load_safetensors(model, path)
     tokenizer = load_tokenizer_dir(path)
-    max_len = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions")
-    return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path), max_len)
+    return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path),
+                       context_length(hf_config)[1])
 
 
 def model_config(name: str):

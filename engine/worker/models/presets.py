@@ -72,13 +72,19 @@ def _preset(name: str) -> tuple[str, dict]:
     return model_type, dict(kwargs)
 
 
+def preset_fields(name: str) -> dict:
+    """The preset's fields with the defaults it leaves out, as plain data (no transformers)."""
+    model_type, kwargs = _preset(name)
+    return dict(DEFAULTS[model_type], model_type=model_type, **kwargs)
+
+
 def preset_config(name: str):
     """The preset's config: plain attributes, or AutoConfig's where its rope scaling needs
     transformers' rope functions (which take a whole HF config) anyway."""
     model_type, kwargs = _preset(name)
     if "rope_scaling" in kwargs:
         return preset_hf_config(name)
-    cfg = dict(DEFAULTS[model_type], model_type=model_type, **kwargs)
+    cfg = preset_fields(name)
     if model_type == "gpt2":        # GPT2Config's attribute_map: the common names too
         cfg.update(hidden_size=cfg["n_embd"], num_attention_heads=cfg["n_head"],
                    num_hidden_layers=cfg["n_layer"], max_position_embeddings=cfg["n_positions"])

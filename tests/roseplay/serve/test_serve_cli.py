@@ -66,6 +66,16 @@ def test_serve_help_and_flag_errors(capsys, monkeypatch):
     monkeypatch.setattr(serve_cli, "_engine", lambda args: pytest.fail("an engine started"))
     assert main(["serve", "--model", "dummy:nope", "--device", "cpu"]) == 2
     assert "unknown dummy preset" in capsys.readouterr().err
+    # so is a max_model_len above the model's (it was lowered without a word), headless too
+    from roseplay.serve import headless
+    monkeypatch.setattr(headless, "run_headless", lambda args: pytest.fail("an engine started"))
+    for headless in ([], ["--headless", "--engine-address", "tcp://127.0.0.1:9"]):
+        assert main(["serve", *headless, "--model", "dummy:tiny", "--device", "cpu",
+                     "--max-model-len", "4096"]) == 2
+        err = capsys.readouterr().err
+        assert err == ("roseplay serve: max_model_len (4096) is greater than the model's "
+                       "maximum (max_position_embeddings=2048 in its config): give at most "
+                       "2048, or leave it unset for 2048\n"), err
 
 
 BAD_SPECULATIVE = ['{"method": ["x"]}', '{"method": "oracle"}',
