@@ -140,14 +140,14 @@ async def responses_sse(fmt: ResponsesFormat, gen):
                 out += _failed(fmt, event, errors[0])
                 ended = True
             elif gen.done and not _left(gen):
-                out += _done(fmt, event, part, gen.choices, opened)
+                out += _done(fmt, event, part, gen.choices, opened, held)
                 ended = True
             if out:
                 yield b"".join(out)
             if ended:
                 return
         if not ended and not _left(gen):
-            yield b"".join(_done(fmt, event, part, gen.choices, opened))
+            yield b"".join(_done(fmt, event, part, gen.choices, opened, held))
     finally:
         gen.close()
 
@@ -164,10 +164,17 @@ def _opening(fmt: ResponsesFormat, event: Events, part: dict) -> list[bytes]:
             event("response.content_part.added", **part, part=fmt.part(""))]
 
 
-def _done(fmt: ResponsesFormat, event: Events, part: dict, choices, opened: bool) -> list[bytes]:
+def _done(fmt: ResponsesFormat, event: Events, part: dict, choices, opened: bool,
+          held: list) -> list[bytes]:
+    """The ending events. Logprobs still held (a stop string's tokens: no text to send)
+    go out in an empty delta first, as vLLM's chat sends them in its last chunk: the
+    deltas' logprobs are then the final object's."""
     final = fmt.finished(choices)
     item = final["output"][0]
     out = [] if opened else _opening(fmt, event, part)
+    if held:
+        out.append(event("response.output_text.delta", **part, delta="",
+                         logprobs=fmt.logprob_entries(held) or []))
     content = item["content"][0]
     return out + [
         event("response.output_text.done", **part, text=content["text"],

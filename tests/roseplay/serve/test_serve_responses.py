@@ -144,6 +144,22 @@ def test_output_logprobs_when_included(client):
         [lp.token for lp in lps]
 
 
+def test_streamed_logprobs_of_a_stop_string_are_the_final_ones(client):
+    """The stop string's tokens have logprobs (the final object's, as vLLM's) but no text
+    to send: the stream still gives them, in an empty delta before output_text.done."""
+    ask = dict(model="default", input=ASK, max_output_tokens=60, temperature=0,
+               include=["message.output_text.logprobs"], extra_body=STOP)
+    final = client.responses.create(**ask).output[0].content[0].logprobs
+    assert "".join(lp.token for lp in final).endswith("\n\n")
+    events = list(client.responses.create(**ask, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [(lp.token, lp.logprob) for e in deltas for lp in e.logprobs] == \
+        [(lp.token, lp.logprob) for lp in final]
+    assert "".join(e.delta for e in deltas) == events[-1].response.output_text
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in final]
+
+
 def test_text_format_json_schema_constrains_the_output(client):
     schema = {"type": "object", "properties": {"who": {"enum": ["nurse", "friar"]}},
               "required": ["who"], "additionalProperties": False}
