@@ -119,6 +119,9 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot",
         }.get(r.state, (r.finish_reason or r.state, "dim"))
         if r.state == "waiting" and len(text) > width:
             text = short_reason(text)
+        elif r.state == "preempted" and len(text) > width:    # (the state column says it)
+            text = next((w for w in (f"×{r.preemptions}: recompute", f"×{r.preemptions}")
+                         if len(w) <= width), text)
         return [Segment(_fit(text, width, "<"), st(style))]
     bw = max(1 if len(label) + 3 > width else 3, width - len(label))
     color = CUT_STYLE if cut else color

@@ -50,23 +50,30 @@ def request_split(r, now: float, width: int = 1000, stopped: bool = False) -> Te
              ((True, False, False), (False, False, False), (False, True, False),
               (False, True, True))]     # tight: at 80x24 the short form lost its "ms"
     forms.append(_compact_words(r, parts))
+    if r.prefill_preemptions:       # the note stays, the total gives way (the list has it)
+        forms.append(_compact_words(r, parts, total=False))
     return next((f for f in forms if f.cell_len <= width), forms[-1])
 
 
-def _compact_words(r, parts) -> Text:
+def _compact_words(r, parts, total: bool = True) -> Text:
     """Two parts: the queue, and the chunks up to the first token together (vLLM's
     prefill_time): `TTFT 1430ms=queue 1397ms+4 chunks 152ms`. The 42-column panel of
-    80x24 cut the tight form of a chunked prompt to `…+chunks 1-3 120ms+4→…`."""
+    80x24 cut the tight form of a chunked prompt to `…+chunks 1-3 120ms+4→…`. Without
+    the `total`, a prompt preempted in prefill keeps its note there: `queue 1397ms+4
+    chunks 152ms, preempted ×1` (the note had wrapped onto a row the panel lacks)."""
     queued, prefill, last = parts
     n = r.prefill_chunks
     t = Text()
-    t.append(f"TTFT {fmt_ms(r.ttft)}", "bold")
-    t.append("=queue ")
+    if total:
+        t.append(f"TTFT {fmt_ms(r.ttft)}", "bold")
+        t.append("=")
+    t.append("queue ")
     t.append(fmt_ms(queued), _color(PART_COLORS[0]))
     t.append("+dedup " if n == 0 else f"+{n} chunk{'' if n == 1 else 's'} ")
     t.append(fmt_ms(prefill + last), _color(PART_COLORS[1]))
     if r.prefill_preemptions:
-        t.append(f" (preempted ×{r.prefill_preemptions})", "dim")
+        t.append(f" (preempted ×{r.prefill_preemptions})" if total else
+                 f", preempted ×{r.prefill_preemptions}", "dim")
     return t
 
 
