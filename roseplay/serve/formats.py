@@ -109,6 +109,9 @@ class ChatFormat(CompletionFormat):
     def usage_chunk(self, u) -> bytes:
         return usage_chunk(self.id, "chat.completion.chunk", self.model, u)
 
+    def _echo(self, index: int) -> str:
+        return self.req.echo_text
+
     def tool_delta(self, index: int, text: str, finished: bool, reason: str | None):
         """A streamed chunk's delta fields and finish reason (streaming.ChunkEncoder): the
         text read for tool calls, when the request has tools."""
@@ -129,10 +132,11 @@ class ChatFormat(CompletionFormat):
     def _message(self, c) -> tuple[ChatMessageOut, str | None]:
         parser = self.tools.parser() if self.tools is not None else None
         reason = _finish_reason(c.finish_reason)
+        echo = self._echo(c.index)
         if parser is None:
-            return ChatMessageOut(content=choice_text(c)), reason
+            return ChatMessageOut(content=echo + choice_text(c)), reason
         content, calls = read_all(parser, choice_text(c))
-        return ChatMessageOut(content=content or None, tool_calls=calls or None), \
+        return ChatMessageOut(content=echo + (content or "") or None, tool_calls=calls or None), \
             _tool_reason(self.tools, parser, reason)
 
     def response(self, choices, u) -> dict:

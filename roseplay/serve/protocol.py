@@ -305,7 +305,7 @@ class ChatMessage(_Request, kw_only=True):
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     NULL_DEFAULTS = {**SamplingFields.NULL_DEFAULTS, "logprobs": False,
-                     "parallel_tool_calls": True}
+                     "parallel_tool_calls": True, "echo": False}
     # the template would close the last assistant message, not continue it
     REFUSED = SamplingFields.REFUSED + ("continue_final_message",)
     PROMPT_FIELD = "messages"
@@ -320,6 +320,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True       # vLLM extra
     continue_final_message: bool | None = None   # vLLM extra, REFUSED when true
+    echo: bool | None = False                # vLLM extra: the reply repeats the last
+    #                                          message first when it is the assistant's
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -332,6 +334,13 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
                 raise invalid(f"tool_choice {self._tools.mode} and {self.constraint_field} "
                               "both constrain the output; send one", "tool_choice")
             self._constraint = (tool_constraint, self._tools.field)
+
+    @property
+    def echo_text(self) -> str:
+        """What vLLM's chat `echo` puts before each choice's content: the last message's
+        text when its role is the reply's (assistant), else nothing."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
 
     @property
     def tool_spec(self):

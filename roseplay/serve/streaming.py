@@ -71,7 +71,7 @@ class ChunkEncoder:
     def __init__(self, fmt):
         self.chat = fmt.prefix == "chatcmpl"
         self.ids = bool(fmt.req.return_token_ids)
-        self.echo = None if self.chat or not fmt.req.echo else fmt._echo
+        self.echo = fmt._echo if fmt.req.echo else None     # chat: vLLM's echo extra
         self.echo_only = fmt.req.echo_only
         self.first_prompt_token = lambda i: fmt.ins.prompts[i]["prompt_token_ids"][0]
         self.logprobs = getattr(fmt, "logprobs", None)    # a LogprobsWriter
@@ -93,21 +93,23 @@ class ChunkEncoder:
                                     logprobs=None if p.logprobs is None else [])
         index = p.choice.index
         self._generated[index] = self._generated.get(index, 0) + len(p.token_ids)
-        text = (self.echo(p.choice.index) + p.text) if first and self.echo else p.text
+        echo = self.echo(index) if first and self.echo else ""
         reason = FINISH_REASONS.get(p.finish_reason, p.finish_reason)
         logprobs = self.logprobs.format(p.choice.index, p.logprobs) if self.logprobs else None
         if first and self.echo and p.prompt_logprobs is not None:
             logprobs = self.logprobs.echo(p.choice.index, self.first_prompt_token(p.choice.index),
                                           p.prompt_logprobs, p.logprobs)
         if self.chat:
-            delta, reason = self.tool_delta(p.choice.index, text, p.finished, reason)
+            delta, reason = self.tool_delta(index, p.text, p.finished, reason)
+            if echo:        # before the content, never read for tool calls
+                delta["content"] = echo + (delta["content"] or "")
             if not (p.finished or self.ids or any(v is not None for v in delta.values())):
                 return b""
             choice = {"index": p.choice.index, "delta": {"role": "assistant" if first else None,
                                                          **delta},
                       "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": p.choice.index, "text": text, "logprobs": logprobs,
+            choice = {"index": p.choice.index, "text": echo + p.text, "logprobs": logprobs,
                       "finish_reason": reason}
         # vLLM's extra: null until the chunk that ends the choice
         choice["stop_reason"] = stop_reason(p.choice) if p.finished else None

@@ -100,6 +100,26 @@ def test_null_means_the_default(http, path, body, fields):
     assert r.status_code == 200 and json.loads(lines[-1][6:])["usage"] is None
 
 
+def test_chat_echo_repeats_the_assistant_message_first(http):
+    """vLLM's chat `echo`: each choice's content starts with the last message's text when
+    that message is the assistant's (streamed: in the choice's first chunk); it was
+    ignored as an unknown field."""
+    turns = [{"role": "user", "content": "What news?"}, {"role": "assistant", "content": "Sir,"}]
+    body = {"model": "default", "messages": turns, "max_tokens": 4, "temperature": 0, "n": 2,
+            "add_generation_prompt": False}
+    plain = [c["message"]["content"] for c in http.post("/v1/chat/completions", json=body)
+             .json()["choices"]]
+    echoed = [c["message"]["content"] for c in http.post(
+        "/v1/chat/completions", json={**body, "echo": True}).json()["choices"]]
+    assert echoed == ["Sir," + text for text in plain]
+    texts, _ = streamed(http, "/v1/chat/completions", {**body, "echo": True})
+    assert texts == {0: echoed[0], 1: echoed[1]}
+    user_last = {**body, "messages": turns[:1], "add_generation_prompt": True}
+    assert http.post("/v1/chat/completions", json={**user_last, "echo": True}).json() \
+        ["choices"][0]["message"]["content"] == http.post(
+        "/v1/chat/completions", json=user_last).json()["choices"][0]["message"]["content"]
+
+
 def test_models_retrieve_and_version(server, http):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
     card = client.models.retrieve("default")
