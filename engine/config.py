@@ -30,6 +30,7 @@ from engine.config_json import (  # noqa: F401  (defined there, re-exported: one
     SPECULATIVE_METHODS, STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig,
     StructuredOutputsConfig, check_type, split_speculative_config)
 from engine.errors import InvalidRequestError
+from engine.ranges import check_int, check_number
 from engine.scheduler_config import (  # noqa: F401  (defined there, re-exported: one owner)
     EVICTION_POLICIES, KNOB_MAXIMUM, PREEMPTION_MODES, SCHEDULING_MODES, SCHEDULING_POLICIES,
     KnobChanges, SchedulerConfig, changed_knobs, check_choices, knob_field)
@@ -63,11 +64,7 @@ MAX_DP_SIZE = 64   # engine replicas behind one front
 
 def check_priority(priority) -> int:
     """A request's priority (vLLM: lower is served first): an int32."""
-    if isinstance(priority, bool) or not isinstance(priority, int) \
-            or not -MAX_PRIORITY - 1 <= priority <= MAX_PRIORITY:
-        raise InvalidRequestError(f"priority must be an integer in [{-MAX_PRIORITY - 1}, "
-                                  f"{MAX_PRIORITY}], got {str(priority)[:40]!r}")
-    return priority
+    return check_int("priority", priority, -MAX_PRIORITY - 1, MAX_PRIORITY)
 
 
 def resolve_max_model_len(given: int | None, model_len: tuple[str, int]) -> int:
@@ -223,39 +220,21 @@ class EngineConfig:
             # the JSON's k starts the live knob (k's one home) unless the knob is given
             object.__setattr__(self, "scheduler", self.scheduler.replace(
                 num_speculative_tokens=k or DEFAULT_SPECULATIVE_TOKENS))
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise InvalidRequestError(f"block_size must be an integer >= 1, got {self.block_size!r}")
-        if self.num_blocks is not None and (not isinstance(self.num_blocks, int)
-                                            or self.num_blocks < 2):
-            raise InvalidRequestError(f"num_blocks must be an integer >= 2, got {self.num_blocks!r}")
-        tps = self.tensor_parallel_size
-        if isinstance(tps, bool) or not isinstance(tps, int) or not 1 <= tps <= MAX_TP_SIZE:
-            raise InvalidRequestError(
-                f"tensor_parallel_size must be an integer in [1, {MAX_TP_SIZE}], got {tps!r}")
-        gmu = self.gpu_memory_utilization
-        if isinstance(gmu, bool) or not isinstance(gmu, (int, float)) or not 0.0 < gmu <= 1.0:
-            raise InvalidRequestError(f"gpu_memory_utilization must be in (0, 1], got {gmu!r}")
-        if self.max_model_len is not None and (isinstance(self.max_model_len, bool) or not
-                                               isinstance(self.max_model_len, int)
-                                               or self.max_model_len < 1):
-            raise InvalidRequestError(
-                f"max_model_len must be an integer >= 1, got {self.max_model_len!r}")
+        check_int("block_size", self.block_size, 1)
+        if self.num_blocks is not None:
+            check_int("num_blocks", self.num_blocks, 2)
+        check_int("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_TP_SIZE)
+        check_number("gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, lo_open=True)
+        if self.max_model_len is not None:
+            check_int("max_model_len", self.max_model_len, 1)
         if self.kv_cache_dtype != "auto" and self.attention_backend == "cpu_native":
             raise InvalidRequestError("kv_cache_dtype fp8 needs another attention_backend "
                                       "than cpu_native (its C kernels read float32 KV): "
                                       "auto, torch_sdpa, torch or triton")
-        size = self.kv_offloading_size
-        if isinstance(size, bool) or not isinstance(size, (int, float)) \
-                or not 0.0 <= size <= MAX_KV_OFFLOADING_GIB:
-            raise InvalidRequestError(f"kv_offloading_size must be a number of GiB in "
-                                      f"[0, {MAX_KV_OFFLOADING_GIB}], got {size!r}")
-        seed = self.seed     # a wider one failed in torch: 'Overflow when unpacking long long'
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-            raise InvalidRequestError(f"seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
-        ct, (lo, hi) = self.client_timeout, CLIENT_TIMEOUT_RANGE
-        if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not lo <= ct <= hi:
-            raise InvalidRequestError(f"client_timeout must be in [{lo:g}, {hi:g}] seconds, "
-                                      f"got {ct!r}")
+        check_number("kv_offloading_size", self.kv_offloading_size, 0, MAX_KV_OFFLOADING_GIB)
+        # a seed wider than MAX_SEED failed in torch: 'Overflow when unpacking long long'
+        check_int("seed", self.seed, 0, MAX_SEED)
+        check_number("client_timeout", self.client_timeout, *CLIENT_TIMEOUT_RANGE)
         check_choices(self)
 
     def _check_data_parallel(self) -> None:

@@ -19,6 +19,7 @@ import msgspec
 
 from engine.config_json import MAX_SPECULATIVE_TOKENS
 from engine.errors import InvalidRequestError
+from engine.ranges import check_int
 
 # upper bounds of the live knobs: far above what any pool here fills (a limit above what
 # the pool can hold just never binds), but 10**30 from a client is refused
@@ -122,14 +123,10 @@ class SchedulerConfig:
            "speculative_config's num_speculative_tokens.", live=True, minimum=0, step=1)
 
     def __post_init__(self):
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise InvalidRequestError(f"num_speculative_tokens must be an integer in "
-                                      f"[0, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        check_int("num_speculative_tokens", self.num_speculative_tokens, 0,
+                  MAX_SPECULATIVE_TOKENS)
         for f, top in KNOB_MAXIMUM.items():
-            value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise InvalidRequestError(f"{f} must be an integer in [1, {top}], got {value!r}")
+            check_int(f, getattr(self, f), 1, top)
         check_choices(self)
 
     def replace(self, **changes) -> "SchedulerConfig":

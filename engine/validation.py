@@ -11,12 +11,12 @@ these functions; nothing else re-implements them.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Annotated
 
 import msgspec
 
 from engine.config import MAX_SEED, InvalidRequestError, check_priority
+from engine.ranges import check_int, check_number, show
 
 INT32_MAX = 2 ** 31 - 1
 MAX_TOKENS = INT32_MAX            # a bound a numpy int32 column and msgpack both carry
@@ -47,19 +47,6 @@ __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check
            "check_logit_bias", "check_logprobs", "check_bool", "check_top_p", "check_seed"]
 
 
-def _show(value) -> str:
-    return repr(value)[:60]
-
-
-def check_int(name: str, value, lo: int, hi: int) -> int:
-    """An int (not a bool) in [lo, hi]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be an integer in [{lo}, {hi}], got {_show(value)}")
-    if not lo <= value <= hi:
-        raise InvalidRequestError(f"{name} must be an integer in [{lo}, {hi}], got {_show(value)}")
-    return value
-
-
 def check_seed(seed, samples: int = 1) -> int | None:
     """None, or a seed whose `samples` choices' seeds (choice i samples with seed + i:
     engine.request.sample_seed) all fit in [0, MAX_SEED]: SamplingParams with its n, the
@@ -74,22 +61,10 @@ def check_seed(seed, samples: int = 1) -> int | None:
     return seed
 
 
-def check_number(name: str, value, lo: float, hi: float, lo_open: bool = False) -> float:
-    """A finite int or float (not a bool) in [lo, hi] ((lo, hi] with lo_open)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            (isinstance(value, float) and math.isnan(value)):
-        raise InvalidRequestError(f"{name} must be a number, got {_show(value)}")
-    inside = (lo < value if lo_open else lo <= value) and value <= hi
-    if not inside:
-        raise InvalidRequestError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], "
-                                  f"got {_show(value)}")
-    return value
-
-
 def check_bool(name: str, value) -> bool:
     """A bool, as the wire decodes one (1 and "true" are not)."""
     if not isinstance(value, bool):
-        raise InvalidRequestError(f"{name} must be a boolean, got {_show(value)}")
+        raise InvalidRequestError(f"{name} must be a boolean, got {show(value)}")
     return value
 
 
@@ -100,7 +75,7 @@ def check_top_p(value) -> float:
     if value < MIN_TOP_P:
         raise InvalidRequestError(f"top_p must be at least {MIN_TOP_P:.4g} (float32's smallest "
                                   f"normal number; the sampler computes in float32, where a "
-                                  f"smaller top_p is 0 and keeps no token), got {_show(value)}")
+                                  f"smaller top_p is 0 and keeps no token), got {show(value)}")
     return value
 
 

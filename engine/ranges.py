@@ -1,0 +1,35 @@
+"""The range rules every knob and request field is checked with: an int (not a bool) in
+[lo, hi], a finite number in [lo, hi]. A module of their own so that engine/config.py
+(the knobs) and engine/validation.py (the requests, which reads the config's bounds)
+share one rule and one message without importing each other both ways."""
+from __future__ import annotations
+
+import math
+
+from engine.errors import InvalidRequestError
+
+
+def show(value) -> str:
+    """A refused value as a message quotes it (bounded: a client's value may be huge)."""
+    return repr(value)[:60]
+
+
+def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
+    """An int (not a bool) in [lo, hi] (>= lo without hi)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo \
+            or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise InvalidRequestError(f"{name} must be an integer {bound}, got {show(value)}")
+    return value
+
+
+def check_number(name: str, value, lo: float, hi: float, lo_open: bool = False) -> float:
+    """A finite int or float (not a bool) in [lo, hi] ((lo, hi] with lo_open)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and math.isnan(value)):
+        raise InvalidRequestError(f"{name} must be a number, got {show(value)}")
+    inside = (lo < value if lo_open else lo <= value) and value <= hi
+    if not inside:
+        raise InvalidRequestError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], "
+                                  f"got {show(value)}")
+    return value
