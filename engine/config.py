@@ -60,6 +60,10 @@ CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
 ROUTING_POLICIES = ("round_robin", "least_load", "consistent_hash", "cache_first",
                     "cache_aware")
 MAX_DP_SIZE = 64   # engine replicas behind one front
+# vLLM's other names of a knob: LLM(...) keywords (vLLM's EngineArgs field; the older
+# num_gpu_blocks) and dtype values (its ModelDType's half and float)
+ARGUMENT_ALIASES = {"num_gpu_blocks_override": "num_blocks", "num_gpu_blocks": "num_blocks"}
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 
 def check_priority(priority) -> int:
@@ -92,8 +96,9 @@ class EngineConfig:
     device: str = knob_field("auto", "auto (CUDA if present, else CPU), cpu, or cuda.",
                              choices=("auto", "cpu", "cuda"))
     dtype: str = knob_field(
-        "auto", "Weights and KV dtype: auto (bfloat16 on CUDA, float32 on CPU).",
-        choices=("auto", "float32", "float16", "bfloat16"))
+        "auto", "Weights and KV dtype: auto (bfloat16 on CUDA, float32 on CPU); vLLM's half "
+                "and float name float16 and float32.",
+        choices=("auto", "float32", "float16", "bfloat16", *DTYPE_ALIASES))
     block_size: int = knob_field(16, "Tokens per KV block.", minimum=1)
     num_blocks: int | None = knob_field(None, "KV blocks in the pool (default: from "
                                               "gpu_memory_utilization on CUDA, the bytes of "
@@ -209,6 +214,8 @@ class EngineConfig:
     def __post_init__(self):
         object.__setattr__(self, "kv_events_config",
                            KVEventsConfig.parse(self.kv_events_config))
+        if isinstance(self.dtype, str):
+            object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         self._check_data_parallel()
         spec, k = split_speculative_config(self.speculative_config)
         if spec is not None and spec.method == "draft_model":
@@ -291,7 +298,10 @@ def split_kwargs(kwargs: dict) -> tuple[dict, dict]:
 
 def make_config(**kwargs) -> EngineConfig:
     """Build an EngineConfig from flat keyword arguments (LLM(...) style)."""
-    if "num_gpu_blocks" in kwargs:  # vLLM's spelling
-        kwargs["num_blocks"] = kwargs.pop("num_gpu_blocks")
+    for alias, name in ARGUMENT_ALIASES.items():
+        if alias in kwargs:
+            if name in kwargs:
+                raise InvalidRequestError(f"{alias} and {name} are one argument: give one")
+            kwargs[name] = kwargs.pop(alias)
     engine_kw, sched_kw = split_kwargs(kwargs)
     return EngineConfig(**engine_kw, scheduler=SchedulerConfig(**sched_kw))

@@ -19,7 +19,7 @@ from engine.validation import check_bool
 
 class LLM:
     """Offline batched generation. Keyword arguments are the knobs of engine.config
-    (model, device, dtype, block_size, num_blocks / num_gpu_blocks,
+    (model, device, dtype, block_size, num_blocks / num_gpu_blocks_override,
     gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, enable_prefix_caching,
     max_model_len, enforce_eager, attention_backend, seed, check_invariants).
 

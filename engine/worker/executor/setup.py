@@ -122,6 +122,19 @@ def verify_rows(config: EngineConfig) -> int:
                max(sched.max_num_seqs, sched.max_num_batched_tokens))
 
 
+def host_kv_bytes(config: EngineConfig, bytes_per_block: int) -> int:
+    """This rank's bytes of the host KV tier; a kv_offloading_size that holds no block is
+    refused (the tier was left out without a word)."""
+    size = int(config.kv_offloading_size * 2 ** 30) // config.tensor_parallel_size
+    if 0 < size < bytes_per_block:
+        block = bytes_per_block * config.tensor_parallel_size
+        raise InvalidRequestError(
+            f"kv_offloading_size {config.kv_offloading_size:g} GiB holds no KV block (one "
+            f"is {block} bytes, {block / 2 ** 30:.3g} GiB): give at least that, or 0 for no "
+            f"host tier")
+    return size
+
+
 def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype,
                   loaded: LoadedModel, backend: str, group) -> WorkerSetup:
     max_model_len = resolve_max_model_len(config.max_model_len, context_length(loaded.hf_config))
@@ -146,8 +159,7 @@ def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype
                      logprobs_mode=config.logprobs_mode, kv_cache_dtype=config.kv_cache_dtype,
                      calculate_kv_scales=config.calculate_kv_scales)
     # the host KV tier: each rank holds its shard of every host block
-    runner_kw["host_kv_bytes"] = int(config.kv_offloading_size * 2 ** 30) \
-        // config.tensor_parallel_size
+    runner_kw["host_kv_bytes"] = host_kv_bytes(config, sizes[0])
     if group is not None:
         group.allocate_kv(num_blocks, config.block_size, **runner_kw)
     runner = ModelRunner(loaded.model, ops, device, dtype, num_blocks, config.block_size,

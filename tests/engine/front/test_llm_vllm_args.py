@@ -1,0 +1,45 @@
+"""LLM(...) keywords as a vLLM user writes them: vLLM's other names of a knob are taken
+(num_gpu_blocks_override, dtype half / float), and a value that would be dropped without
+a word (a kv_offloading_size smaller than one KV block) is refused by name."""
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig, InvalidRequestError, make_config
+from roseplay.cli import build_parser
+from roseplay.cli_flags import engine_kwargs
+
+
+def test_num_gpu_blocks_override_is_vllms_name_of_num_blocks():
+    """It was refused as an unknown engine argument (only num_gpu_blocks was taken)."""
+    assert make_config(num_gpu_blocks_override=48).num_blocks == 48
+    assert make_config(num_gpu_blocks=40).num_blocks == 40
+    with pytest.raises(InvalidRequestError, match="num_gpu_blocks_override and num_blocks "
+                                                  "are one argument"):
+        make_config(num_gpu_blocks_override=48, num_blocks=64)
+
+
+@pytest.mark.parametrize("alias,dtype", [("half", "float16"), ("float", "float32")])
+def test_vllms_dtype_names(alias, dtype):
+    """dtype="half" (vLLM's ModelDType) was refused: only float16 was a choice."""
+    assert EngineConfig(dtype=alias).dtype == dtype
+    args = build_parser().parse_args(["--dtype", alias])
+    assert make_config(**engine_kwargs(args)).dtype == dtype
+
+
+def test_half_runs():
+    with LLM(model="dummy:tiny", device="cpu", num_gpu_blocks_override=48,
+             dtype="half") as llm:
+        assert llm.engine.executor.dtype_name == "float16"
+        assert llm.engine.pool.num_blocks == 48
+        out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))
+        assert len(out[0].outputs[0].token_ids) == 2
+
+
+def test_a_host_tier_smaller_than_one_block_is_refused():
+    """kv_offloading_size=1e-9 (one byte) started with no host tier and said nothing."""
+    with pytest.raises(InvalidRequestError, match=r"^kv_offloading_size 1e-09 GiB holds no "
+                                                  r"KV block \(one is \d+ bytes"):
+        LLM(model="dummy:tiny", device="cpu", num_blocks=48, kv_offloading_size=1e-9)
+    with LLM(model="dummy:tiny", device="cpu", num_blocks=48,
+             kv_offloading_size=0.001) as llm:
+        assert llm.engine.host is not None and llm.engine.host.num_blocks > 0
