@@ -121,11 +121,14 @@ def burst(args) -> None:
     run to the end, R times (the first a warm-up). Prints the median host ms of the
     mixed steps (a request waiting or prefilling before the step), of the steps in which
     requests finished and of the plain decode steps (none of those), each kind's total a
-    round, and the garbage collections a round ran, by generation."""
+    round, the same of the thread's CPU time (with --device-ms it counts the spin that
+    waits for the emulated device), and the garbage collections a round ran, by
+    generation."""
     engine, _, _ = make_engine(args)
     # the closed loop's requests (distinct prompts, its front), submitted by hand
     loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
     sched, kinds = engine.scheduler, {"mixed": [], "finishing": [], "decode": []}
+    cpu = {kind: [] for kind in kinds}   # each step's thread CPU time (no --device-ms)
 
     def one_round(timed: bool) -> None:
         ROUND_START[0] = engine.executor.runner.forward_calls
@@ -133,7 +136,7 @@ def burst(args) -> None:
             loop.submit()
         while engine.has_unfinished():
             prefill = bool(sched.waiting) or any(q.num_uncomputed > 1 for q in sched.running)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             out = engine.step()
             if loop.front is not None:
                 loop.front.process(out)
@@ -141,6 +144,7 @@ def burst(args) -> None:
             if timed:
                 kind = "finishing" if out.finished else "mixed" if prefill else "decode"
                 kinds[kind].append(took)
+                cpu[kind].append(time.thread_time() - c)
     one_round(False)            # the warm-up
     prof = cProfile.Profile() if args.profile else None
     with gc_pauses() as pauses:
@@ -156,7 +160,9 @@ def burst(args) -> None:
     for kind, took in kinds.items():
         print(f"{kind} steps: {len(took)}, median host {1e3 * statistics.median(took):.3f} ms "
               f"({1e3 * min(took):.3f}..{1e3 * max(took):.3f}), "
-              f"{1e3 * sum(took) / rounds:.2f} ms a round")
+              f"{1e3 * sum(took) / rounds:.2f} ms a round, cpu "
+              f"{1e3 * statistics.median(cpu[kind]):.3f} ms median, "
+              f"{1e3 * sum(cpu[kind]) / rounds:.2f} ms a round")
     print("garbage collections a round (young, middle, full): "
           + ", ".join(f"{sum(g == gen for g, _ in pauses) / rounds:.1f}" for gen in range(3)))
 

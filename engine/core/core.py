@@ -296,8 +296,7 @@ class LLMEngine(AsyncSteps, StepFaults):
             done = {id(r) for r, _, _ in ended}
             ended += [e for e in self.structured.advance(launched.grammar, step_logprobs)
                       if id(e[0]) not in done]
-        for req, reason, error in ended:
-            self._finish(req, reason, error, out)
+        self._finish_all(ended, out)
 
     def _redraw_first(self, req: Request) -> None:
         """A request sent back before its first token was emitted draws that token
@@ -308,29 +307,40 @@ class LLMEngine(AsyncSteps, StepFaults):
 
     def _finish(self, req: Request, reason: str, error: str | None,
                 out: StepOutput | None) -> None:
-        req.drop_pending()
-        followers = self.scheduler.followers.get(req)
-        followers = list(followers) if followers else ()
-        if req.grammar is None or not self.structured.release(req):
-            self.scheduler.remove(req)       # (a request still compiling never entered it)
-        for f in followers:     # sent back to the queue: a row of theirs in a step in flight
-            self._redraw_first(f)   # drew from their generators for a token never emitted
-        req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
-        del self.requests[req.request_id]
-        self.executor.release(req.request_id)
-        self.spec.release(req.request_id)
-        view = request_view(req)
-        self.recent_finished.append(view)
-        if req.params.token_trace:
-            self.recent_traced.append(view)
-        trace = build_trace(req)
-        self.stats.on_finish(req, trace)
-        if out is not None:
-            out.finished.append(FinishedRequest(req.request_id, reason, error, req.arrival_time,
-                                                req.num_cached_tokens, req.num_preemptions,
-                                                req.num_host_cached_tokens,
-                                                trace if req.params.token_trace else None,
-                                                req.scheduled_ts))
+        self._finish_all(((req, reason, error),), out)
+
+    def _finish_all(self, ended, out: StepOutput | None) -> None:
+        """End each (request, reason, error) in turn; their blocks are freed together,
+        once every one has left the scheduler, and then each one's view, stats and
+        output are made (a W1 finishing step ends 16 requests of ~40 blocks each)."""
+        dropped = []
+        for req, reason, error in ended:
+            req.drop_pending()
+            followers = self.scheduler.followers.get(req)
+            followers = list(followers) if followers else ()
+            if req.grammar is None or not self.structured.release(req):
+                self.scheduler.unlink(req)   # (a request still compiling never entered it)
+                dropped.append(req)
+            for f in followers:   # sent back to the queue: a row of theirs in a step in flight
+                self._redraw_first(f)   # drew from their generators for a token never emitted
+            req.status, req.finish_reason, req.error = _STATUS[reason], reason, error
+            del self.requests[req.request_id]
+            self.executor.release(req.request_id)
+            self.spec.release(req.request_id)
+        if dropped:
+            self.scheduler.kv.drop_all(dropped)
+        for req, reason, error in ended:
+            view = request_view(req)
+            self.recent_finished.append(view)
+            if req.params.token_trace:
+                self.recent_traced.append(view)
+            trace = build_trace(req)
+            self.stats.on_finish(req, trace)
+            if out is not None:
+                out.finished.append(FinishedRequest(
+                    req.request_id, reason, error, req.arrival_time, req.num_cached_tokens,
+                    req.num_preemptions, req.num_host_cached_tokens,
+                    trace if req.params.token_trace else None, req.scheduled_ts))
 
     def _record(self, plan: StepPlan, t0: float, sampled: int) -> None:
         sched, now = self.scheduler, self.clock.now()

@@ -85,12 +85,17 @@ class Scheduler(DecodeScheduling):
 
     def remove(self, req: Request) -> None:
         """Take a request out (finished, cancelled, failed) and free its blocks."""
+        self.unlink(req)
+        self.kv.drop(req)
+
+    def unlink(self, req: Request) -> None:
+        """remove() but for its blocks, which the caller frees (KVManager.drop_all: the
+        requests a step ends, together)."""
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
         self._drop_links(req)
-        self.kv.drop(req)
 
     # -- the step plan ---------------------------------------------------------------
     def schedule(self) -> StepPlan:

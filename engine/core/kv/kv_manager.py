@@ -219,14 +219,30 @@ class KVManager:
 
     def drop(self, req: Request) -> None:
         """The request ends: its blocks in both tiers are freed."""
-        self.free(req)
-        if req.swap is not None:
-            self.host.drop_swap(req)
+        self.drop_all((req,))
+
+    def drop_all(self, reqs) -> None:
+        """drop() of each request, its device blocks released with the others' in one
+        pass (the pool's states and orders as after drop() of each in turn: the host
+        tier's blocks are released request by request, in its own pool)."""
+        host = self.host
+        if host is not None:
+            for req in reqs:
+                host.cancel(req)          # reloads queued for blocks it gives back
+                if req.swap is not None:
+                    host.drop_swap(req)
+        self.pool.release_tables([req.block_table for req in reqs])
+        for req in reqs:
+            self._forget_blocks(req)
 
     def free(self, req: Request) -> None:
         if self.host is not None:
             self.host.cancel(req)         # reloads queued for blocks it gives back
         self.pool.release(req.block_table)
+        self._forget_blocks(req)
+
+    def _forget_blocks(self, req: Request) -> None:
+        """The request's table is released: it holds no block and has computed nothing."""
         self.tables.release(req)
         req.block_table = []
         req.block_hashes = []

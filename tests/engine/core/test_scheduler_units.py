@@ -75,6 +75,34 @@ def test_one_release_caches_a_table_tail_first_and_frees_the_rest(policy):
         pool.release([got[0]])
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_tables_released_together_as_one_at_a_time(policy):
+    """release_tables (a step's ended requests, KVManager.drop_all) leaves the pool as
+    releasing each table in turn: the same refcounts, free order and eviction order,
+    a block shared by two tables freed at the second."""
+    def pool_with_tables():
+        pool = BlockPool(12, BS, Counters())
+        pool.eviction_policy = policy
+        a, b = pool.allocate(4), pool.allocate(3)
+        pool.incref(a[0])                     # a prefix block both tables hold
+        b = [a[0]] + b
+        for block in (a[0], a[1], a[3], b[2]):
+            pool.index.insert(block_key(ROOT_HASH, [block]), block)
+        return pool, [a, b, pool.allocate(2)]
+
+    one, tables = pool_with_tables()
+    for table in tables:
+        one.release(table)
+    together, tables = pool_with_tables()
+    together.release_tables(tables)
+    assert list(together.refcounts) == list(one.refcounts) == [0] * 12
+    assert list(together.states()) == list(one.states())
+    assert list(together._free) == list(one._free)
+    assert together.allocate(12) == one.allocate(12)       # free, then evicted in order
+    evicted = one.take_evicted()
+    assert together.take_evicted() == evicted and len(evicted) == 4
+
+
 def test_prefix_cache_compares_exact_keys():
     cache = PrefixCache()
     key = block_key(ROOT_HASH, (1, 2, 3, 4))
