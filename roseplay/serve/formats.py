@@ -38,6 +38,14 @@ class CompletionFormat:
     def _echo(self, index: int) -> str:
         return (self.ins.prompt_texts[index // self.req.n] or "") if self.req.echo else ""
 
+    def prompt_ids(self, index: int) -> list[int] | None:
+        """The prompt token ids of choice `index` (vLLM's prompt_token_ids), with
+        return_token_ids; None without."""
+        if not self.req.return_token_ids:
+            return None
+        first = index // self.req.n * self.req.num_candidates    # its prompt's first request
+        return list(self.ins.prompts[first]["prompt_token_ids"])
+
     def _choice_logprobs(self, c) -> dict | None:
         if not self.req.echo or c.output is None:
             return self.logprobs.format(c.index, choice_logprobs(c))
@@ -92,7 +100,8 @@ class CompletionFormat:
                                 finish_reason=_finish_reason(c.finish_reason),
                                 stop_reason=stop_reason(c),
                                 token_ids=(c.token_ids if generated else [])
-                                if self.req.return_token_ids else None)
+                                if self.req.return_token_ids else None,
+                                prompt_token_ids=self.prompt_ids(c.index))
                for c in choices]
         body = CompletionResponse(id=self.id, model=self.model, choices=out, usage=u).model_dump()
         return _with_logprobs(body, [self._choice_logprobs(c) for c in choices])
@@ -146,8 +155,8 @@ class ChatFormat(CompletionFormat):
             out.append(ChatChoice(index=c.index, message=message, finish_reason=reason,
                                   stop_reason=stop_reason(c),
                                   token_ids=c.token_ids if self.req.return_token_ids else None))
-        body = ChatCompletionResponse(id=self.id, model=self.model, choices=out,
-                                      usage=u).model_dump()
+        body = ChatCompletionResponse(id=self.id, model=self.model, choices=out, usage=u,
+                                      prompt_token_ids=self.prompt_ids(0)).model_dump()
         return _with_logprobs(body, [self.logprobs.format(c.index, choice_logprobs(c))
                                      for c in choices])
 

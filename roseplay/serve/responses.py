@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-# vLLM's `token_ids` extra appears in a choice only when the request asked for it
+# vLLM's `token_ids` and `prompt_token_ids` extras appear only when the request asked
+# for them (return_token_ids)
 _TOKEN_IDS = Field(None, exclude_if=lambda v: v is None)
 
 class Usage(BaseModel):
@@ -35,6 +36,7 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None        # vLLM extra
     token_ids: list[int] | None = _TOKEN_IDS    # only with return_token_ids
+    prompt_token_ids: list[int] | None = _TOKEN_IDS
 
 
 class CompletionResponse(BaseModel):
@@ -82,6 +84,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = _TOKEN_IDS     # vLLM extra: return_token_ids
 
 
 class ChatCompletionChunk(BaseModel):
@@ -91,6 +94,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = _TOKEN_IDS     # a choice's first chunk
 
 
 class ModelCard(BaseModel):

@@ -74,6 +74,7 @@ class ChunkEncoder:
         self.echo = fmt._echo if fmt.req.echo else None     # chat: vLLM's echo extra
         self.echo_only = fmt.req.echo_only
         self.first_prompt_token = lambda i: fmt.ins.prompts[i]["prompt_token_ids"][0]
+        self.prompt_ids = fmt.prompt_ids
         self.logprobs = getattr(fmt, "logprobs", None)    # a LogprobsWriter
         # chat: the delta's fields and finish reason (tool calls read from the text:
         # roseplay/serve/routes.py ChatFormat.tool_delta)
@@ -113,10 +114,16 @@ class ChunkEncoder:
                       "finish_reason": reason}
         # vLLM's extra: null until the chunk that ends the choice
         choice["stop_reason"] = stop_reason(p.choice) if p.finished else None
+        tail = self._usage(index) if self.continuous else self._tail
         if self.ids:
             choice["token_ids"] = p.token_ids
-        return self._head + _encode(choice) + (self._usage(index) if self.continuous
-                                               else self._tail)
+            if first:       # vLLM's: in a choice's first chunk (chat: the chunk's field)
+                ids = self.prompt_ids(index)
+                if self.chat:
+                    tail = tail[:-3] + b',"prompt_token_ids":' + _encode(ids) + b"}\n\n"
+                else:
+                    choice["prompt_token_ids"] = ids
+        return self._head + _encode(choice) + tail
 
     def _usage(self, index: int) -> bytes:
         prompt, generated = self._prompt_len(index), self._generated[index]

@@ -37,7 +37,8 @@ def fmt(prefix: str, return_token_ids: bool, echo: bool = False):
     req = SimpleNamespace(return_token_ids=return_token_ids, echo=echo, echo_only=False,
                           continuous_usage=False)
     return SimpleNamespace(prefix=prefix, req=req, id="cmpl-x", model="m",
-                           _echo=lambda i: "PROMPT ")
+                           _echo=lambda i: "PROMPT ",
+                           prompt_ids=lambda i: [9, 8] if return_token_ids else None)
 
 
 def test_coalesce_joins_a_choices_events_in_order():
@@ -62,13 +63,15 @@ def test_chunks_are_the_pydantic_models_json(chat, ids):
         raw = enc.chunk(piece, first)
         assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
         kw = dict(finish_reason="abort", token_ids=[5, 6] if ids else None)
+        prompt_ids = [9, 8] if ids and first else None     # vLLM's: the first chunk's
         if chat:
             choice = ChatChunkChoice(index=2, delta=DeltaMessage(
                 role="assistant" if first else None, content="é\n\"q\""), **kw)
-            model = ChatCompletionChunk(id="cmpl-x", model="m", choices=[choice])
+            model = ChatCompletionChunk(id="cmpl-x", model="m", choices=[choice],
+                                        prompt_token_ids=prompt_ids)
         else:
             model = CompletionResponse(id="cmpl-x", model="m", choices=[
-                CompletionChoice(index=2, text="é\n\"q\"", **kw)])
+                CompletionChoice(index=2, text="é\n\"q\"", prompt_token_ids=prompt_ids, **kw)])
         want = json.loads(model.model_dump_json())
         got = json.loads(raw[6:])
         assert abs(got.pop("created") - want.pop("created")) <= 2 and got == want

@@ -1,0 +1,58 @@
+"""vLLM's extra request fields, as a vLLM client reads their answers (the engine in its
+own process, the bundled model, 127.0.0.1)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from engine.front.client import EngineClient
+from roseplay.serve.app import build_app
+from roseplay.serve.server import ServerThread
+
+pytestmark = pytest.mark.timeout(120)
+PROMPTS = ["ROMEO.\nWhat news?", "JULIET.\nAy me!"]
+MESSAGES = [{"role": "user", "content": "What news from the court?"}]
+
+
+@pytest.fixture(scope="module")
+def http():
+    with EngineClient(label="server", snapshots=False) as engine, \
+            ServerThread(build_app(engine)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as client:
+        yield client
+
+
+def chunks(http, path: str, body: dict) -> list[dict]:
+    with http.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def test_return_token_ids_gives_the_prompt_token_ids(http):
+    """vLLM's return_token_ids answers prompt_token_ids too (completions: in each choice;
+    chat: in the response; streamed: a choice's first chunk), the ids /tokenize gives;
+    only token_ids came back."""
+    want = [http.post("/tokenize", json={"prompt": p}).json()["tokens"] for p in PROMPTS]
+    body = {"model": "default", "prompt": PROMPTS, "n": 2, "max_tokens": 3,
+            "return_token_ids": True}
+    choices = http.post("/v1/completions", json=body).json()["choices"]
+    assert [c["prompt_token_ids"] for c in choices] == [want[0], want[0], want[1], want[1]]
+    streamed = [c for chunk in chunks(http, "/v1/completions", body) for c in chunk["choices"]]
+    firsts = {}
+    for c in streamed:
+        if "prompt_token_ids" in c:
+            assert c["index"] not in firsts
+            firsts[c["index"]] = c["prompt_token_ids"]
+    assert firsts == {0: want[0], 1: want[0], 2: want[1], 3: want[1]}
+
+    chat_ids = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    body = {"model": "default", "messages": MESSAGES, "n": 2, "max_tokens": 3,
+            "return_token_ids": True}
+    assert http.post("/v1/chat/completions", json=body).json()["prompt_token_ids"] == chat_ids
+    got = [(chunk["choices"][0]["index"], chunk["prompt_token_ids"])
+           for chunk in chunks(http, "/v1/chat/completions", body) if "prompt_token_ids" in chunk]
+    assert sorted(got) == [(0, chat_ids), (1, chat_ids)]
+    plain = http.post("/v1/chat/completions", json={**body, "return_token_ids": False}).json()
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
