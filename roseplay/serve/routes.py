@@ -25,7 +25,7 @@ from roseplay.serve.constrained import first_batch, grammar_error
 from roseplay.serve.body import parse_body
 from roseplay.serve import request_ids
 from roseplay.serve.bridge import Generation
-from roseplay.serve.errors import OpenAIError, error_body
+from roseplay.serve.errors import OpenAIError, error_body, invalid
 from roseplay.serve.formats import ChatFormat, CompletionFormat
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, openapi_schemas
 from roseplay.serve.responses import ModelCard, ModelList
@@ -116,7 +116,7 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     request_ids.note(request, ids)
     fmt = fmt_cls(req, ids.response, model, ins, st.tokenizer)
     gen = st.bridge.start(ids.engine, ins.prompts, ins.params, req.priority,
-                          req.data_parallel_rank)
+                          data_parallel_rank(request, req.data_parallel_rank))
     st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
         stream = fmt.streamed(gen)
@@ -137,6 +137,22 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     if (err := _first_error(choices)) is not None:
         raise OpenAIError(getattr(gen, "error_status", 500), err)
     return await _json_response(fmt, fmt.chosen(choices))
+
+
+DP_RANK_HEADER = "x-data-parallel-rank"
+
+
+def data_parallel_rank(request: Request, body_rank: int | None) -> int | None:
+    """The replica a request pins: vLLM's X-data-parallel-rank header (what routers in
+    front of vLLM send), else the body's data_parallel_rank; None: the router chooses.
+    A header that is no integer is a 400 (vLLM ignores it)."""
+    header = request.headers.get(DP_RANK_HEADER)
+    if header is None:
+        return body_rank
+    if not header.strip().isdecimal() or not header.strip().isascii():
+        raise invalid(f"the X-data-parallel-rank header must be a replica's rank (an "
+                      f"integer), got {header[:40]!r}", "data_parallel_rank")
+    return int(header)
 
 
 # a response of more tokens (x logprobs entries) than this is built on a worker thread:

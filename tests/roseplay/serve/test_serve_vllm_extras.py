@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from engine import LLM
 from engine.front.client import EngineClient
 from roseplay.serve.app import build_app
 from roseplay.serve.server import ServerThread
@@ -56,3 +57,24 @@ def test_return_token_ids_gives_the_prompt_token_ids(http):
     assert sorted(got) == [(0, chat_ids), (1, chat_ids)]
     plain = http.post("/v1/chat/completions", json={**body, "return_token_ids": False}).json()
     assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+
+
+def test_x_data_parallel_rank_header_pins_the_replica():
+    """vLLM's X-data-parallel-rank header (what routers in front of vLLM send) pins the
+    replica, as the body's data_parallel_rank does, and wins over it; it was ignored."""
+    body = {"model": "dummy:tiny", "prompt": [5, 6, 7, 8], "max_tokens": 2, "temperature": 0}
+    with LLM(model="dummy:tiny", device="cpu", num_blocks=256, block_size=4, seed=0,
+             data_parallel_size=2, routing_policy="round_robin") as llm, \
+            ServerThread(build_app(llm.dp)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as client:
+        for rank in (1, 1, 0, 1):
+            r = client.post("/v1/completions", json=body,
+                            headers={"X-data-parallel-rank": str(rank)})
+            assert r.status_code == 200, r.text
+            assert llm.dp.router.recent[-1].chosen == rank
+        r = client.post("/v1/completions", json={**body, "data_parallel_rank": 0},
+                        headers={"X-Data-Parallel-Rank": "1"})
+        assert r.status_code == 200 and llm.dp.router.recent[-1].chosen == 1
+        for bad in ("2", "one", "-1"):
+            r = client.post("/v1/completions", json=body, headers={"X-data-parallel-rank": bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "data_parallel_rank"
