@@ -64,12 +64,18 @@ def from_response_format(fmt, param: str = "response_format") -> StructuredOutpu
 
 
 def from_structured_outputs(value) -> StructuredOutputsParams | None:
-    """vLLM's structured_outputs object -> the constraint."""
+    """vLLM's structured_outputs object -> the constraint. Its `disable_fallback` (no
+    other backend on a grammar error) is what the engine always does: it has no
+    fallback per request, so the field is read and dropped."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise invalid("structured_outputs must be an object", "structured_outputs")
-    return params(param="structured_outputs", **value)
+    if value.get("disable_fallback") not in (None, True, False):
+        raise invalid("structured_outputs.disable_fallback must be a boolean",
+                      "structured_outputs")
+    fields = {k: v for k, v in value.items() if k != "disable_fallback"}
+    return params(param="structured_outputs", **fields)
 
 
 GUIDED = ("json", "regex", "choice", "grammar")     # vLLM's guided_* request fields

@@ -113,6 +113,22 @@ def test_completions_take_a_json_schema_and_vllm_fields(client):
     assert r.choices[0].text.isdigit() and len(r.choices[0].text) == 3
 
 
+@pytest.mark.parametrize("disable_fallback", [True, False])
+def test_vllm_disable_fallback_is_taken(client, disable_fallback):
+    """vLLM's structured_outputs.disable_fallback (no other backend on an error): the
+    engine has no fallback per request, so either value is honoured; it was a 400
+    (unknown field)."""
+    r = client.completions.create(model="default", prompt="ROMEO.\n", max_tokens=12,
+                                  temperature=0, extra_body={"structured_outputs": {
+                                      "regex": "[0-9]{3}", "disable_fallback": disable_fallback}})
+    assert r.choices[0].text.isdigit() and len(r.choices[0].text) == 3
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="default", prompt="ROMEO.\n", max_tokens=2,
+                                  extra_body={"structured_outputs": {
+                                      "regex": "[0-9]", "disable_fallback": "yes"}})
+    assert e.value.body["param"] == "structured_outputs"
+
+
 def test_a_streamed_schema_adds_up_to_the_whole_answer(client):
     fmt = {"type": "json_schema", "json_schema": {"name": "order", "strict": True,
                                                   "schema": Order.model_json_schema()}}
