@@ -21,7 +21,9 @@ asked for, shown to viewers; they are never written back into the core.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from engine.config_json import (  # noqa: F401  (defined there, re-exported: one owner)
@@ -69,6 +71,29 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 def check_priority(priority) -> int:
     """A request's priority (vLLM: lower is served first): an int32."""
     return check_int("priority", priority, -MAX_PRIORITY - 1, MAX_PRIORITY)
+
+
+TOKEN_COUNT_SUFFIXES = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12,
+                        "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+_TOKEN_COUNT = re.compile(r"(\d+)(?:\.(\d+))?([kmgtKMGT]?)")
+
+
+def parse_token_count(text: str) -> int:
+    """A flag's token count as vLLM's --max-model-len reads one: 4096, 32k (32,000),
+    25.6k, 32K (32,768); a binary suffix (upper case) takes a whole number only."""
+    match = _TOKEN_COUNT.fullmatch(str(text).strip())
+    if match is None:
+        raise ValueError("a whole number, with k, m, g, t (x 1000s) or K, M, G, T "
+                         "(x 1024s) after it if you like")
+    whole, fraction, suffix = match.groups()
+    if fraction is not None and suffix.isupper():
+        number, decimal = f"{whole}.{fraction}", TOKEN_COUNT_SUFFIXES[suffix.lower()]
+        raise ValueError(f"a binary suffix takes a whole number: {number}{suffix.lower()} "
+                         f"is {number} x {decimal}")
+    value = Decimal(f"{whole}.{fraction or 0}") * TOKEN_COUNT_SUFFIXES.get(suffix, 1)
+    if value != int(value):
+        raise ValueError("not a whole number of tokens")
+    return int(value)
 
 
 def resolve_max_model_len(given: int | None, model_len: tuple[str, int]) -> int:
@@ -126,7 +151,9 @@ class EngineConfig:
                                                      "activations and the KV pool.")
     max_model_len: int | None = knob_field(
         None, f"Longest prompt + output (default: the model's, capped at "
-              f"{DEFAULT_MAX_MODEL_LEN}; one above the model's is refused, as in vLLM).")
+              f"{DEFAULT_MAX_MODEL_LEN}; one above the model's is refused, as in vLLM). "
+              f"A flag takes vLLM's 32k (32,000) and 32K (32,768) too.",
+        parse=parse_token_count)
     enforce_eager: bool = knob_field(False, "Disable CUDA graphs (steps still run through the "
                                             "graphs' padded buffers, eagerly).")
     cudagraph_mode: str = knob_field(

@@ -64,6 +64,7 @@ def _converter(f: dataclasses.Field):
     minimum = f.metadata.get("minimum")
     choices = f.metadata.get("choices")
     check = f.metadata.get("check")      # e.g. speculative_config's JSON: parsed here too
+    parse = f.metadata.get("parse", typ)  # e.g. max_model_len's 32k
 
     def convert(text: str):
         if _optional(f) and str(text).strip().lower() in ("none", "auto", ""):
@@ -71,10 +72,11 @@ def _converter(f: dataclasses.Field):
         if typ is bool:
             return parse_bool(text)
         try:
-            value = typ(text)
-        except ValueError:
+            value = parse(text)
+        except ValueError as exc:
+            why = f" ({exc})" if parse is not typ else ""     # a parser's own reason
             raise argparse.ArgumentTypeError(
-                f"{f.name} expects {typ.__name__}, got {text!r}") from None
+                f"{f.name} expects {typ.__name__}, got {text!r}{why}") from None
         if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"{f.name} must be >= {minimum}, got {value}")
         if choices and value not in choices:

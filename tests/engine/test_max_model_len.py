@@ -4,7 +4,8 @@ model's length from its config (engine/worker/models/config_check.py), checked b
 the load and again on the loaded config."""
 import pytest
 
-from engine.config import DEFAULT_MAX_MODEL_LEN, InvalidRequestError, resolve_max_model_len
+from engine.config import (DEFAULT_MAX_MODEL_LEN, InvalidRequestError, parse_token_count,
+                           resolve_max_model_len)
 from engine.worker.models.config_check import context_length, local_context_length
 from engine.worker.models.presets import PRESETS, preset_config
 
@@ -64,3 +65,27 @@ def test_the_engine_process_refuses_it():
     from engine.front.client import EngineClient
     with pytest.raises(InvalidRequestError, match=r"max_model_len \(4096\) is greater"):
         EngineClient(model="dummy:tiny", device="cpu", snapshots=False, max_model_len=4096)
+
+
+@pytest.mark.parametrize("text,tokens", [("4096", 4096), ("32k", 32_000), ("25.6k", 25_600),
+                                         ("1.1k", 1_100), ("32K", 32_768), ("1M", 2 ** 20),
+                                         ("1m", 10 ** 6), (" 8k ", 8_000)])
+def test_flag_takes_vllms_token_counts(text, tokens):
+    """--max-model-len 32k (vLLM's human-readable count) was refused: expected int."""
+    from roseplay.cli import build_parser
+    assert parse_token_count(text) == tokens
+    assert build_parser().parse_args(["--max-model-len", text]).max_model_len == tokens
+
+
+@pytest.mark.parametrize("text,why", [("1.5K", "a binary suffix takes a whole number: 1.5k"),
+                                      ("0.0001k", "not a whole number of tokens"),
+                                      ("2.5", "not a whole number of tokens"),
+                                      ("1e3", "a whole number, with k"), ("-1", "a whole number"),
+                                      ("k", "a whole number")])
+def test_flag_refuses_other_counts_saying_why(text, why, capsys):
+    from roseplay.cli import build_parser
+    with pytest.raises(ValueError, match=why):
+        parse_token_count(text)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--max-model-len", text])
+    assert f"max_model_len expects int, got {text!r} ({why}" in capsys.readouterr().err

@@ -39,7 +39,7 @@ def test_scheduler_config_and_priority_ranges():
     with pytest.raises(InvalidRequestError, match=r"^max_num_seqs must be an integer in "
                                                   r"\[1, 65536\], got '8'$"):
         SchedulerConfig(max_num_seqs="8")
-    with pytest.raises(InvalidRequestError, match=r"^priority must be an integer in "
-                                                  r"\[-2147483648, 2147483647\], got 1099511627776$"):
+    with pytest.raises(InvalidRequestError, match=r"^priority must be an integer in \[-2147483648, "
+                                                  r"2147483647\], got 1099511627776$"):
         check_priority(2 ** 40)
     assert check_priority(-5) == -5
