@@ -132,7 +132,7 @@ GUIDES = (
                "(priority 0, most requests) before the queued documents (priority 1): "
                "the median time to first token drops against fcfs.", VLLM,
           "the request list's pri column: documents (1) wait while chat turns (0) start; "
-          "TTFT down against p back to fcfs",
+          "TTFT down against P back to fcfs",
           "mixed", {"scheduling_policy": "priority", **APP}, concurrency=APP_CONCURRENCY,
           versus="default", expect={"ttft_p50": "lower"},
           compare="scheduling_policy=priority,fcfs",

@@ -121,3 +121,18 @@ async def test_slos_from_the_cli_and_the_l_editor():
         app.refresh_panels()
         await pilot.pause(0.1)
         assert "goodput: ttft≤250 e2el≤5000" in screen_text(app)
+
+
+def test_a_key_a_guide_names_to_turn_back_is_the_one_that_does():
+    """Guide 9 said `p back to fcfs`: from priority, p turns to lpm; P goes back. A key a
+    guide's watch text names for its other side is the one `turn_hint` finds."""
+    import re
+
+    from roseplay.tui.guides.catalog import ROUTING_GUIDES, turn_hint
+    named = 0
+    for g in (*GUIDES, *ROUTING_GUIDES):
+        for key in re.findall(r"(?:^|[;,] |against )(\S)(?: back to| flips it back|: )",
+                              g.watch):
+            named += 1
+            assert turn_hint(g).split()[0] == key, (g.key, g.watch)
+    assert named >= 4           # 9, 0, a and b name theirs
