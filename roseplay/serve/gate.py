@@ -17,7 +17,7 @@ from fastapi import HTTPException
 from roseplay.serve.errors import REQUEST_TOO_LARGE, OpenAIError
 
 KEYED_DEV_PATHS = frozenset({"/reset_prefix_cache", "/routing", "/tokenize", "/detokenize",
-                             "/server_info"})
+                             "/server_info", "/invocations"})
 logger = logging.getLogger("roseplay.serve")
 
 

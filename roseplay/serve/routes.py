@@ -1,5 +1,6 @@
-"""The endpoints: /v1/completions, /v1/chat/completions, /v1/models (and one model's card),
-/health (and /ping), /metrics, /version, and vLLM's dev endpoint POST /reset_prefix_cache.
+"""The endpoints: /v1/completions, /v1/chat/completions (and SageMaker's /invocations,
+which takes either body), /v1/models (and one model's card), /health (and /ping),
+/metrics, /version, and vLLM's dev endpoint POST /reset_prefix_cache.
 
 Both generation endpoints share one path (inputs -> Generation -> a format that
 writes the endpoint's JSON: roseplay/serve/formats.py). Streaming is SSE (`data: {json}\\n\\n` ... `data: [DONE]`),
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -186,6 +188,25 @@ async def chat_completions(request: Request):
     return await generate(request, ChatFormat, req, chat_inputs)
 
 
+class _Invocation(msgspec.Struct):
+    """What /invocations reads first: which endpoint's body it is."""
+    messages: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    prompt: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+async def invocations(request: Request):
+    """SageMaker's inference route (vLLM's): a body with `messages` is a chat completion,
+    one with `prompt` a completion (chat first, as vLLM tries them); anything else a 400
+    naming both fields."""
+    body = parse_body(_Invocation, await request.body())
+    if body.messages is not msgspec.UNSET:
+        return await chat_completions(request)
+    if body.prompt is not msgspec.UNSET:
+        return await completions(request)
+    raise invalid("/invocations takes a chat completion (messages) or a completion "
+                  "(prompt) request body; this one has neither", "messages")
+
+
 # Plain Starlette routes: the body is msgspec's to decode, so FastAPI's request handler
 # (dependency solving, exit stacks, response checks) would only add its ~60 us per
 # request; /openapi.json gets their request schemas from openapi_paths().
@@ -193,6 +214,7 @@ GENERATE = {"/v1/completions": (completions, CompletionRequest),
             "/v1/chat/completions": (chat_completions, ChatCompletionRequest)}
 for _path, (_endpoint, _) in GENERATE.items():
     router.add_route(_path, _endpoint, methods=["POST"], include_in_schema=False)
+router.add_route("/invocations", invocations, methods=["POST"], include_in_schema=False)
 
 
 def openapi_paths(routes: dict) -> tuple[dict, dict]:

@@ -9,7 +9,7 @@ import pytest
 
 from engine import LLM
 from engine.front.client import EngineClient
-from roseplay.serve.app import build_app
+from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
@@ -18,9 +18,14 @@ MESSAGES = [{"role": "user", "content": "What news from the court?"}]
 
 
 @pytest.fixture(scope="module")
-def http():
-    with EngineClient(label="server", snapshots=False) as engine, \
-            ServerThread(build_app(engine)) as srv, \
+def engine():
+    with EngineClient(label="server", snapshots=False) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def http(engine):
+    with ServerThread(build_app(engine)) as srv, \
             httpx.Client(base_url=srv.url, timeout=60) as client:
         yield client
 
@@ -78,3 +83,27 @@ def test_x_data_parallel_rank_header_pins_the_replica():
         for bad in ("2", "one", "-1"):
             r = client.post("/v1/completions", json=body, headers={"X-data-parallel-rank": bad})
             assert r.status_code == 400 and r.json()["error"]["param"] == "data_parallel_rank"
+
+
+def test_sagemaker_invocations_take_a_chat_or_a_completion(http, engine):
+    """vLLM's POST /invocations (SageMaker's route, beside /ping): a body with messages is
+    a chat completion, one with prompt a completion, streamed or not; it was a 404."""
+    chat = {"model": "default", "messages": MESSAGES, "max_tokens": 5, "temperature": 0}
+    cmpl = {"model": "default", "prompt": PROMPTS[0], "max_tokens": 5, "temperature": 0}
+    for path, body, key in (("/v1/chat/completions", chat, "message"),
+                            ("/v1/completions", cmpl, "text")):
+        want = http.post(path, json=body).json()
+        got = http.post("/invocations", json=body)
+        assert got.status_code == 200, got.text
+        assert got.json()["object"] == want["object"]
+        assert got.json()["choices"][0][key] == want["choices"][0][key]
+        assert [c["object"] for c in chunks(http, "/invocations", body)][0] == \
+            want["object"] + (".chunk" if key == "message" else "")
+    r = http.post("/invocations", json={"model": "default", "input": "Hail"})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    r = http.post("/invocations", json={**chat, "max_tokens": "5"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    with ServerThread(build_app(engine, ServeConfig(api_key="k"))) as srv:
+        assert httpx.post(srv.url + "/invocations", json=chat).status_code == 401
+        assert httpx.post(srv.url + "/invocations", json=chat, timeout=60,
+                          headers={"Authorization": "Bearer k"}).status_code == 200
