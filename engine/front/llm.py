@@ -212,12 +212,15 @@ class LLM:
 
 
 def _prompt_list(prompts) -> list:
+    """The prompts as a list; a string, a dict or a non-empty list of ints is one prompt
+    (vLLM's prompt_to_seq)."""
     if isinstance(prompts, (str, dict)):
         return [prompts]
     if prompts is None or not hasattr(prompts, "__iter__") or isinstance(prompts, bytes):
         raise InvalidRequestError(f"prompts must be a string, token ids, a dict prompt or a "
                                   f"list of them, got {type(prompts).__name__}")
-    return list(prompts)
+    prompts = list(prompts)
+    return [prompts] if prompts and all(isinstance(p, int) for p in prompts) else prompts
 
 
 def _params_list(sampling_params, n: int) -> list[SamplingParams]:

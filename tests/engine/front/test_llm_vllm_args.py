@@ -43,3 +43,17 @@ def test_a_host_tier_smaller_than_one_block_is_refused():
     with LLM(model="dummy:tiny", device="cpu", num_blocks=48,
              kv_offloading_size=0.001) as llm:
         assert llm.engine.host is not None and llm.engine.host.num_blocks > 0
+
+
+def test_a_list_of_ints_is_one_token_prompt():
+    """generate([1, 2, 3]) is one prompt of three tokens in vLLM (prompt_to_seq); it was
+    taken as three prompts and refused ('prompt must be a string or token ids, got int')."""
+    with LLM(model="dummy:tiny", device="cpu", num_blocks=48) as llm:
+        sp = SamplingParams(max_tokens=3, temperature=0)
+        one = llm.generate([1, 2, 3], sp)
+        assert len(one) == 1 and one[0].prompt_token_ids == (1, 2, 3)
+        assert one[0].outputs[0].token_ids == llm.generate([[1, 2, 3]], sp)[0].outputs[0].token_ids
+        assert [o.prompt_token_ids for o in llm.generate([[4], [5, 6]], sp)] == [(4,), (5, 6)]
+        assert llm.generate([], sp) == []
+        with pytest.raises(InvalidRequestError, match="prompt_token_ids must be integers"):
+            llm.generate([1, True], sp)

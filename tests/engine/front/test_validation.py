@@ -183,7 +183,9 @@ def test_bad_speculative_config_values_are_refused(text, match):
 ], ids=lambda v: repr(v)[:40])
 def test_bad_prompts_are_refused(tiny, prompt, params, match):
     refused(match, tiny.inputs.process, prompt, params)
-    refused(match, tiny.generate, [prompt], params)
+    # ([5] alone is one token prompt, as in vLLM: the int goes beside another prompt)
+    refused(match, tiny.generate, [prompt, [1]] if isinstance(prompt, int) else [prompt],
+            params)
     assert not tiny.engine.has_unfinished()
 
 
@@ -206,7 +208,8 @@ def test_generate_refuses_bad_batches_atomically(tiny):
     refused(r"sampling_params must be a SamplingParams or a list of them, got int",
             tiny.generate, [[1]], 3)
     refused(r"got a list holding int", tiny.generate, [[1]], frozenset([0]))   # (AttributeError)
-    refused(r"prompt must be a string or token ids, got int", tiny.generate, [1, 2, 3], sp)
+    # (a list of ints alone is one token prompt, as in vLLM: test_llm_vllm_args.py)
+    refused(r"prompt must be a string or token ids, got int", tiny.generate, [1, "a"], sp)
     assert not tiny.engine.has_unfinished()
     assert [len(o.outputs[0].token_ids) for o in tiny.generate([[1, 2], [3]], [sp, sp])] == [2, 2]
 
