@@ -124,7 +124,7 @@ class LLM:
         `on_step` (optional) is called after every engine step (tests, progress bars).
         `priority`: one per prompt (vLLM's LLM.generate), used by scheduling_policy=priority.
         `use_tqdm`: a progress bar of finished requests on stderr (vLLM's keyword; off by
-        default here, so a script's output is its own).
+        default here, so a script's output is its own), or the function that makes it.
         """
         if self.dp is None:
             self._engine()
@@ -268,11 +268,14 @@ def _gather(outs: list[RequestOutput], ns: list[int]) -> list[RequestOutput]:
 
 
 def _progress_bar(use_tqdm, total: int):
-    """A tqdm bar over `total` requests (None without use_tqdm)."""
-    if not check_bool("use_tqdm", use_tqdm) or not total:
+    """A tqdm bar over `total` requests (None without use_tqdm); use_tqdm may be the
+    function that makes it, as in vLLM (e.g. functools.partial(tqdm, leave=False))."""
+    make = use_tqdm if callable(use_tqdm) else None
+    if (make is None and not check_bool("use_tqdm", use_tqdm)) or not total:
         return None
-    from tqdm import tqdm
-    return tqdm(total=total, desc="Processed prompts", unit="req", dynamic_ncols=True)
+    if make is None:
+        from tqdm import tqdm as make
+    return make(total=total, desc="Processed prompts", unit="req", dynamic_ncols=True)
 
 
 def _priority_list(priority, n: int) -> list[int]:

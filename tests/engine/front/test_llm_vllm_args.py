@@ -57,3 +57,26 @@ def test_a_list_of_ints_is_one_token_prompt():
         assert llm.generate([], sp) == []
         with pytest.raises(InvalidRequestError, match="prompt_token_ids must be integers"):
             llm.generate([1, True], sp)
+
+
+def test_use_tqdm_may_be_the_function_that_makes_the_bar():
+    """vLLM's use_tqdm=functools.partial(tqdm, leave=False) was refused ('must be a
+    boolean'); it makes the bar over the batch's requests."""
+    made = []
+
+    class Bar:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            self.n = 0
+
+        def update(self, k):
+            self.n += k
+
+        def close(self):
+            made.append(self.n)
+
+    with LLM(model="dummy:tiny", device="cpu", num_blocks=48) as llm:
+        llm.generate([[1], [2]], SamplingParams(max_tokens=2), use_tqdm=Bar)
+        assert made[0]["total"] == 2 and made[-1] == 2
+        with pytest.raises(InvalidRequestError, match="use_tqdm must be a boolean"):
+            llm.generate([[1]], use_tqdm="yes")
