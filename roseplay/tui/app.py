@@ -38,7 +38,7 @@ from roseplay.tui.widgets.prompt_input import PromptBar
 from roseplay.tui.widgets.replica_load import ReplicaWindows
 from roseplay.tui.widgets.request_detail import RequestDetail
 from roseplay.tui.widgets.routing_card import RoutingCard
-from roseplay.tui.widgets.requests import ACTIVE, RequestList, waiting_reason
+from roseplay.tui.widgets.requests import ACTIVE, RequestList, seat_reasons, waiting_reason
 from roseplay.tui.widgets.status import StatusBar
 from roseplay.tui.widgets.step import StepPanel
 from roseplay.tui.widgets.step_strip import StepStrip
@@ -294,8 +294,10 @@ class RoseplayApp(Actions, App):
         with self.batch_update():
             self.status.show(snap, src.kind, src.paused, src.position(), workload,
                              *self.down)
-            self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens,
-                               waiting_reason(snap), stop is not None, pin=not replay)
+            reason = waiting_reason(snap)
+            self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens, reason,
+                               stop is not None, pin=not replay,
+                               reasons=seat_reasons(snap, reason))
             self.requests.show_subtitle(stop)
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None

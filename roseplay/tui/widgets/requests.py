@@ -22,7 +22,8 @@ from roseplay.tui.widgets.grammar_line import GRAMMAR_STYLE
 from roseplay.tui.widgets.kv_host import hit_cell
 from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE, with_caption
-from roseplay.tui.widgets.wait_reason import short_reason, waiting_reason  # noqa: F401
+from roseplay.tui.widgets.wait_reason import (seat_reasons, short_reason,  # noqa: F401
+                                              waiting_reason)
 from roseplay.workload.own_prompts import OWN_PREFIX, short_own_id
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
@@ -181,6 +182,7 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         self.rows: list = []
         self.budget = 1
         self.reason = ""
+        self.reasons: dict[str, str] = {}   # queued rows the free seats leave behind
         self.stopped = False                 # the engine stopped: no row is in flight now
         self.sort, self.state_filter = "arrival", None
         self.selected: str | None = None     # chosen by the user (None: follow the first)
@@ -191,8 +193,10 @@ class RequestList(WidthBorders, Widget, can_focus=True):
 
     # -- data --------------------------------------------------------------------------
     def show(self, requests, budget: int, reason: str = "", stopped: bool = False,
-             pin: bool = True) -> None:
-        """`stopped`: the engine stopped for good: rows in flight then read cut off.
+             pin: bool = True, reasons: dict[str, str] | None = None) -> None:
+        """`reason`: why the waiting rows wait, `reasons` those that differ (wait_reason.py
+        seat_reasons). `stopped`: the engine stopped for good: rows in flight then read
+        cut off.
         `pin`: the selected request, once ended, keeps its row as last seen after the
         snapshot lets it go (an ended request stays in snapshots only while it is among
         the latest RECENT_FINISHED, engine/core/core.py: seconds under load); a replay,
@@ -203,7 +207,7 @@ class RequestList(WidthBorders, Widget, can_focus=True):
                 and not any(r.request_id == kept.request_id for r in requests):
             requests = [*requests, kept]
         self.rows, self.budget = arrange(requests, self.sort, self.state_filter), budget
-        self.reason, self.stopped = reason, stopped
+        self.reason, self.reasons, self.stopped = reason, reasons or {}, stopped
         if self.pending and any(r.request_id == self.pending for r in self.rows):
             self.selected, self.pending = self.pending, None
         if self.selected and not any(r.request_id == self.selected for r in self.rows):
@@ -218,7 +222,10 @@ class RequestList(WidthBorders, Widget, can_focus=True):
             return (y == 0, i < len(self.rows), self.size.width)
         r = self.rows[i]
         return (r, r is self.current, self.budget, self.size.width,
-                self.reason if r.state == "waiting" else "", self.stopped)
+                self._reason(r) if r.state == "waiting" else "", self.stopped)
+
+    def _reason(self, r) -> str:
+        return self.reasons.get(r.request_id, self.reason)
 
     def _refresh_changed(self) -> None:
         dirty = []
@@ -343,7 +350,7 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         cells = {"id": lambda w: id_cell(r, w), "state": state,
                  # scheduling_policy=priority: lower first (the workload's documents: 1)
                  "pri": (str(r.priority), "#c792ea" if r.priority else "dim"),
-                 "progress": lambda w: progress_cell(r, self.budget, w, self.reason, cut),
+                 "progress": lambda w: progress_cell(r, self.budget, w, self._reason(r), cut),
                  "prompt": (str(r.prompt_tokens), ""),
                  "hit": hit_cell(r),
                  "gen": (str(r.output_tokens), ""), "TTFT": (fmt_ms(r.ttft), ""),

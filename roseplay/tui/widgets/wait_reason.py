@@ -1,8 +1,11 @@
 """Why the request list's waiting rows wait: the seat limit, the token budget, or a
-pool too full for any queued request's next chunk (RequestList's progress column)."""
+pool too full for any queued request's next chunk (RequestList's progress column); and
+which of them the free seats leave behind (`seat_reasons`)."""
 from __future__ import annotations
 
 from engine.codes import RUNNING_STATES
+
+ADMITTED = "admitted at the next step"
 
 
 def waiting_reason(snap) -> str:
@@ -19,7 +22,27 @@ def waiting_reason(snap) -> str:
     need = blocks_wanted(snap)
     if need is not None and need > room:
         return f"needs {need} KV blocks, {room} free"
-    return "admitted at the next step"
+    return ADMITTED
+
+
+def seat_reasons(snap, reason: str) -> dict[str, str]:
+    """The queued requests the free seats leave behind, each with the seat limit as its
+    reason, when `reason` says the next step admits: with 15 of 16 seats taken, all 16
+    queued rows read "admitted at the next step" and one was. The admission order is
+    engine/core/sched_policy.py's: fcfs preempted requests first, then arrival; priority
+    (priority, arrival); lpm's (the most cached prefix first) is the engine's to know,
+    and its rows keep `reason`."""
+    k = snap.knobs
+    if reason != ADMITTED or k.scheduling_policy == "lpm":
+        return {}
+    seats = k.max_num_seqs - sum(r.state in RUNNING_STATES for r in snap.requests)
+    queue = [r for r in snap.requests if r.state in ("waiting", "preempted")]
+    if k.scheduling_policy == "priority":
+        queue.sort(key=lambda r: (r.priority, r.arrival_time))
+    else:
+        queue.sort(key=lambda r: (r.state != "preempted", r.arrival_time))
+    full = f"max_num_seqs {k.max_num_seqs} full"
+    return {r.request_id: full for r in queue[max(0, seats):]}
 
 
 def blocks_wanted(snap) -> int | None:

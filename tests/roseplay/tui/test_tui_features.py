@@ -18,7 +18,7 @@ from roseplay.tui.widgets.counters import CounterWindow
 from roseplay.tui.widgets.events import EventLog
 from roseplay.tui.widgets.kv_map import COW, PREEMPTED, SELECTED, KVMap, styles
 from roseplay.tui.widgets.kv_panel import KVLegend
-from roseplay.tui.widgets.requests import ACTIVE, RequestList, arrange, waiting_reason
+from roseplay.tui.widgets.requests import ACTIVE, RequestList, arrange, seat_reasons, waiting_reason
 from tests.roseplay.tui.helpers import (SESSION, SIZE, StaticSource, notices, palette_query,
                                         screen_text, session_snapshot, sync, wait_for,
                                         widget_text)
@@ -163,6 +163,34 @@ def test_a_pool_too_full_for_any_queued_chunk_is_the_reason_they_wait():
     assert need > 6 and waiting_reason(full) == f"needs {need} KV blocks, 6 free"
     roomy = dataclasses.replace(full, knobs=snap.knobs.replace(max_num_batched_tokens=16))
     assert waiting_reason(roomy) == "admitted at the next step"     # a 1-block chunk fits
+
+
+@pytest.mark.parametrize("policy, admitted", [("fcfs", {"q0", "pre"}),
+                                               ("priority", {"q1", "q2"}),
+                                               ("lpm", {"q0", "q1", "q2", "pre"})])
+def test_only_the_queued_requests_the_free_seats_take_are_admitted_next(policy, admitted):
+    """10 of 12 seats taken: the two first in admission order are admitted at the next
+    step, the rest wait for a seat (all read "admitted at the next step"); lpm's order is
+    the engine's to know: its rows keep the one reason."""
+    snap = session_snapshot(12)           # 8 decoding, budget 64, last step 8 tokens
+    base = snap.requests[0]
+    t = base.arrival_time
+    running = tuple(dataclasses.replace(base, request_id=f"r{i}") for i in range(2))
+    queued = tuple(dataclasses.replace(base, request_id=f"q{i}", state="waiting", priority=p,
+                                       arrival_time=t + 1 + i, output_tokens=0,
+                                       computed_tokens=0) for i, p in enumerate((1, 0, 0)))
+    pre = dataclasses.replace(base, request_id="pre", state="preempted", priority=1,
+                              arrival_time=t + 5, preemptions=1, output_tokens=0,
+                              computed_tokens=0)
+    snap = dataclasses.replace(snap, requests=snap.requests + running + queued + (pre,),
+                               knobs=snap.knobs.replace(max_num_seqs=12,
+                                                        scheduling_policy=policy))
+    reason = waiting_reason(snap)
+    assert reason == "admitted at the next step"
+    left = seat_reasons(snap, reason)
+    assert {"q0", "q1", "q2", "pre"} - set(left) == admitted
+    assert set(left.values()) <= {"max_num_seqs 12 full"}
+    assert seat_reasons(snap, "token budget used up") == {}
 
 
 def test_sort_and_filter_of_the_request_list():
