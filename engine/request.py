@@ -174,7 +174,10 @@ class Request:
     """One request's mutable state, owned by the engine thread."""
 
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: tuple[int, ...] | list[int]   # read only: LLMEngine.add keeps the
+    #                                  CoreRequest's tuple, which the garbage collector
+    #                                  untracks at its first pass (a list's 512 ids were
+    #                                  walked again in every generation it reached)
     params: SamplingParams
     prompt: str | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
@@ -274,17 +277,17 @@ class Request:
         if self.params.prompt_logprobs is not None:
             self.prompt_logprobs = [None] * len(self.prompt_token_ids)
 
-    def token_slice(self, start: int, end: int) -> list[int]:
-        """Tokens [start, end) of prompt + output, without joining the two lists."""
+    def token_slice(self, start: int, end: int) -> tuple[int, ...] | list[int]:
+        """Tokens [start, end) of prompt + output, without joining the two sequences."""
         n = len(self.prompt_token_ids)
         if end <= n:
             return self.prompt_token_ids[start:end]
         if start >= n:
             return self.output_token_ids[start - n:end - n]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+        return [*self.prompt_token_ids[start:], *self.output_token_ids[:end - n]]
 
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        return [*self.prompt_token_ids, *self.output_token_ids]
 
     @property
     def num_pending(self) -> int:

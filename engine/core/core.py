@@ -122,7 +122,8 @@ class LLMEngine(AsyncSteps, StepFaults):
         """Queue a validated request (engine/front/processor.py validated it in the front)."""
         if creq.request_id in self.requests:
             raise InvalidRequestError(f"duplicate request id {creq.request_id!r}")
-        req = Request(creq.request_id, list(creq.prompt_token_ids), creq.params,
+        ids = creq.prompt_token_ids     # a tuple is kept as it is (Request.prompt_token_ids)
+        req = Request(creq.request_id, ids if type(ids) is tuple else list(ids), creq.params,
                       prompt=creq.prompt_preview,
                       arrival_time=self.clock.to_serving(creq.arrival_time),
                       priority=creq.priority)
