@@ -70,8 +70,10 @@ def check_vocab_ids(ids, vocab_size: int, param: str) -> None:
 
 
 def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int,
-                      keep: int | None = None) -> dict:
-    """keep: the prompt's last `keep` tokens only (vLLM's truncate_prompt_tokens)."""
+                      keep: int | None = None, special: bool = True) -> dict:
+    """keep: the prompt's last `keep` tokens only (vLLM's truncate_prompt_tokens);
+    special: a text's encode adds the tokenizer's special tokens (BOS; vLLM's
+    add_special_tokens, true by default on completions)."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise invalid("this model has no tokenizer: send the prompt as token ids (a "
@@ -79,8 +81,8 @@ def completion_prompt(tokenizer, prompt, vocab_size: int, max_model_len: int,
         if not prompt:
             raise InvalidRequestError("prompt is empty")
         check_text("prompt", prompt)    # a lone surrogate fails in the tokenizer: a 400 here
-        return truncated({"prompt_token_ids": list(tokenizer.encode(prompt)), "prompt": prompt},
-                         keep, tokenizer)
+        ids = tokenizer.encode(prompt, add_special_tokens=special)
+        return truncated({"prompt_token_ids": list(ids), "prompt": prompt}, keep, tokenizer)
     check_vocab_ids(prompt, vocab_size, "prompt")      # before decoding them
     prompt = prompt[-keep:] if keep else prompt
     if len(prompt) >= max_model_len:         # before decoding a long list of them
@@ -151,8 +153,8 @@ def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
         raise invalid("this model has no tokenizer: stop strings can never match (use "
                       "stop_token_ids)", "stop")
     keep = truncate_to(req, max_model_len)
-    prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len, keep)
-               for p in req.prompts()]
+    prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len, keep,
+                                 req.add_special_tokens) for p in req.prompts()]
     return _expand(req, prompts, 1 if req.echo_only else req.max_tokens, max_model_len)
 
 

@@ -227,6 +227,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True          # vLLM extra: the encode adds BOS (and such)
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -320,6 +321,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True       # vLLM extra
     continue_final_message: bool | None = None   # vLLM extra, REFUSED when true
+    add_special_tokens: bool = False         # vLLM extra: true refused (check_supported)
     echo: bool | None = False                # vLLM extra: the reply repeats the last
     #                                          message first when it is the assistant's
 
@@ -327,6 +329,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         super().check_supported()
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        if self.add_special_tokens:      # as /tokenize: the template writes its own
+            raise invalid("add_special_tokens: the chat template adds the special tokens "
+                          "it wants (send false)", "add_special_tokens")
         self._tools = Tools.parse(self.tools, self.tool_choice, self.parallel_tool_calls)
         tool_constraint = self._tools.constraint() if self._tools is not None else None
         if tool_constraint is not None:

@@ -10,6 +10,9 @@ import pytest
 from engine import LLM
 from engine.front.client import EngineClient
 from roseplay.serve.app import ServeConfig, build_app
+from roseplay.serve.body import parse_body
+from roseplay.serve.prompts import completion_inputs
+from roseplay.serve.protocol import CompletionRequest
 from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
@@ -107,3 +110,34 @@ def test_sagemaker_invocations_take_a_chat_or_a_completion(http, engine):
         assert httpx.post(srv.url + "/invocations", json=chat).status_code == 401
         assert httpx.post(srv.url + "/invocations", json=chat, timeout=60,
                           headers={"Authorization": "Bearer k"}).status_code == 200
+
+
+class BosTokenizer:
+    """A tokenizer whose special token is a BOS (1), as Llama's: one char, one id."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [1] * add_special_tokens + [ord(c) for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(i) for i in ids if i != 1)
+
+
+@pytest.mark.parametrize("sent,want", [({}, [1, 72, 105]),
+                                       ({"add_special_tokens": True}, [1, 72, 105]),
+                                       ({"add_special_tokens": False}, [72, 105])])
+def test_completions_add_special_tokens(sent, want):
+    """vLLM's add_special_tokens on /v1/completions (true by default: the encode adds
+    BOS); false was ignored, so a prompt that carries its own BOS got two."""
+    req = parse_body(CompletionRequest, json.dumps({"prompt": "Hi", **sent}).encode())
+    ins = completion_inputs(req, BosTokenizer(), 64, 256)
+    assert ins.prompts[0]["prompt_token_ids"] == want and ins.prompt_lens == [len(want)]
+
+
+def test_chat_add_special_tokens_true_is_refused(http):
+    """Chat's default is false, as vLLM's (the template writes the special tokens); true
+    is a 400 naming the field, as /tokenize's, not ignored."""
+    body = {"model": "default", "messages": MESSAGES, "max_tokens": 2}
+    assert http.post("/v1/chat/completions", json={**body, "add_special_tokens": False}) \
+        .status_code == 200
+    r = http.post("/v1/chat/completions", json={**body, "add_special_tokens": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "add_special_tokens"
