@@ -63,6 +63,15 @@ def eviction_rate(snap) -> float | None:
     return sum(len(e.blocks) for e in recent if e.time >= since) / RATE_SECONDS
 
 
+def eviction_words(rate: float, room: int) -> str:
+    """The eviction rate's line in whole words, the longest that fits `room` (the
+    sentence was cut to `… reused for new tokens…` at 120x40)."""
+    forms = (f"{rate:.0f} cached blocks/s reused for new tokens (routine once the pool "
+             "is full)", f"{rate:.0f} cached blocks/s reused for new tokens",
+             f"{rate:.0f} cached blocks/s reused", f"{rate:.0f} blocks/s")
+    return next((f for f in forms if len(f) <= room), forms[-1])
+
+
 def _blocks(blocks, most: int = 6) -> str:
     shown = " ".join(map(str, blocks[:most]))
     return shown + (f" …+{len(blocks) - most}" if len(blocks) > most else "")
@@ -142,8 +151,7 @@ class EventLog(ReshownOnResize, WidthBorders, Widget):
             rows -= 1
             t.append(f"{'now':<7}", "dim")
             t.append(f"  {'evict':<10}", f"bold {theme.color('evict')}")
-            t.append(f" {evicted:.0f} cached blocks/s reused for new tokens (routine once "
-                     f"the pool is full)\n")
+            t.append(f" {eviction_words(evicted, self.size.width - 20)}\n")
         shown = [e for e in snap.events if e.kind not in ROUTINE]
         for e in reversed(shown[-max(1, rows):]):
             word, color = LABEL.get(e.kind, (e.kind, "free"))

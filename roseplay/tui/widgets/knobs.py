@@ -31,6 +31,10 @@ WORKLOAD_HELP = {
                       "prefix while the loads are even (docs/ROUTING.md).",
 }
 NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow Knobs panel
+# before any knob is turned: the longest that fits the panel's row whole (120x40 cut the
+# first to "? explain… (? help)", 80x24 to "press a key to turn… (? help)")
+FIRST_HINTS = ("press a key to turn a knob; ? explains every panel",
+               "a key turns a knob · ? help")
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # swap without a host tier: KVCacheManager.swap_out has nowhere to copy the blocks, so
 # every swap preemption frees them and recomputes (engine/core/scheduler.py preempt)
@@ -204,7 +208,8 @@ class KnobsPanel(Widget):
             return NO_TIER_SWAP         # its start fits the panel's line
         if name:
             return f"{name}: {knob_field(name).metadata['help']}"
-        return "press a key to change a knob; ? explains every panel"
+        width = self.size.width or 200
+        return next((h for h in FIRST_HINTS if len(h) <= width), FIRST_HINTS[-1])
 
     def render(self) -> Group:
         return Group(*self._content)

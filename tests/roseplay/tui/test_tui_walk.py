@@ -1,0 +1,52 @@
+"""What a newcomer's walk through the app at 80x24, 120x40 and 200x60 read cut: the
+Knobs panel's first hint (`? explain… (? help)` at 120x40, `press a key to turn… (? help)`
+at 80x24) and the event log's eviction line (`… reused for new tokens…` at 120x40)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.codes import EV_EVICT
+from engine.snapshot import EngineEvent
+from roseplay.tui.app import RoseplayApp
+from roseplay.tui.widgets.events import EventLog
+from roseplay.tui.widgets.knobs import KnobsPanel
+from tests.roseplay.tui.helpers import (StaticSource, live_source, session_snapshot, sync,
+                                        widget_text)
+
+pytestmark = pytest.mark.timeout(120)
+SIZES = [(80, 24), (120, 40), (200, 60)]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@sync
+async def test_the_knobs_first_hint_is_whole(size):
+    src = live_source(concurrency=1, paused=True)
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=size) as pilot:
+            app.refresh_panels()
+            await pilot.pause()
+            knobs = widget_text(app.query_one(KnobsPanel))
+    finally:
+        src.close()
+    assert "…" not in knobs, knobs
+    if size != (80, 24):                  # (80x24's panel has no row for it)
+        assert "press a key to turn a knob; ? explains every panel" in knobs, knobs
+
+
+@pytest.mark.parametrize("size", SIZES[1:])         # (80x24 hides the event log)
+@sync
+async def test_the_eviction_line_is_whole_words(size):
+    snap = session_snapshot(12)
+    snap = dataclasses.replace(snap, events=tuple(
+        EngineEvent(snap.step, snap.time - 0.1 * i, EV_EVICT, None, (4 * i, 4 * i + 1))
+        for i in range(10)))
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=size) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        log = app.query_one(EventLog)
+        line = next(row for row in widget_text(log).splitlines() if "evict" in row)
+    assert "20 cached blocks/s reused" in line and "…" not in line, line
