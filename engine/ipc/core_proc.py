@@ -334,7 +334,9 @@ def run_engine_core(engine_kwargs: dict, address: str, status, owner_pid: int | 
         proc = EngineCoreProc(engine, address, owner_pid, owner_token, engine_key)
         key_file = auth.write_key(address, proc.engine_key)
     except Exception as exc:
-        status("error", f"{type(exc).__name__}: {exc}")
+        # launch.py raises the text as an InvalidRequestError: its own name is not repeated
+        status("error", str(exc) if isinstance(exc, InvalidRequestError)
+               else f"{type(exc).__name__}: {exc}")
         return
     signal.signal(signal.SIGTERM, lambda *a: proc.on_sigterm())
     time_collections(engine.counters)

@@ -264,6 +264,9 @@ def test_bad_engine_flags_fail_fast_with_the_engines_message(client):
     before = set(engine_pids())
     with pytest.raises(Exception, match="unknown dummy preset"):
         EngineClient(model="dummy:nosuch", device="cpu")
+    with pytest.raises(InvalidRequestError) as refused:     # its name once, not twice
+        EngineClient(model="default", device="cpu", max_model_len=10**6)
+    assert str(refused.value).startswith("max_model_len (1000000) is greater than")
     assert set(engine_pids()) <= before
 
 
