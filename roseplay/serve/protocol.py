@@ -63,7 +63,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     # vLLM extras the engine cannot honour: ignored as unknown fields, they gave another
     # answer than asked (the stop string cut, no beam search, every token allowed)
     REFUSED: ClassVar[tuple[str, ...]] = ("use_beam_search", "allowed_token_ids", "bad_words",
-                                          "prompt_logprobs")
+                                          "prompt_logprobs", "cache_salt")
     # the request field OpenAI's output format is read from (a grammar error's param):
     # response_format here, `text` for /v1/responses (roseplay/serve/responses_api.py)
     FORMAT_FIELD: ClassVar[str] = "response_format"
@@ -106,6 +106,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     allowed_token_ids: raw_field({"type": "array"}) = msgspec.UNSET
     bad_words: raw_field({"type": "array"}) = msgspec.UNSET
     prompt_logprobs: int | None = None
+    cache_salt: str | None = None     # vLLM's: a prefix-cache partition (not kept apart here)
     truncate_prompt_tokens: int | None = None     # vLLM extra: keep the last k (-1: context)
 
     def check_supported(self) -> None:

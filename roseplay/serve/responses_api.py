@@ -66,7 +66,9 @@ class ResponsesRequest(_Request, kw_only=True):
                         "turns in `input`",
         "store": "responses are not stored by this server: send store false or leave it out",
         "background": "background responses need a store, which this server does not have",
-        "prompt": "prompt templates are not supported by this server"}
+        "prompt": "prompt templates are not supported by this server",
+        "cache_salt": "cache_salt is not supported by this engine (its prefix cache is "
+                      "shared by every request)"}
     model: str | None = None        # left out or null: the first served name (as vLLM)
     input: str | Annotated[list[InputItem], Meta(min_length=1, max_length=MAX_MESSAGES)]
     instructions: str | None = None
@@ -103,6 +105,7 @@ class ResponsesRequest(_Request, kw_only=True):
     include_stop_str_in_output: bool | None = False
     data_parallel_rank: int | None = None     # roseplay extra (docs/ROUTING.md)
     request_id: str | None = None             # vLLM extra: the response's id (X-Request-Id wins)
+    cache_salt: str | None = None             # vLLM extra, REFUSED
 
     def as_chat(self) -> "ResponsesChat":
         """The chat request this runs as; a 400 naming the field for what it cannot do."""

@@ -83,6 +83,8 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {**GOOD, "use_beam_search": True}, "use_beam_search"),
     ("completions", {**GOOD, "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ("completions", {**GOOD, "bad_words": ["lord"]}, "bad_words"),
+    ("completions", {**GOOD, "cache_salt": "tenant-a"}, "cache_salt"),     # was ignored
+    ("chat/completions", {**CHAT, "cache_salt": "tenant-a"}, "cache_salt"),
     ("chat/completions", {**CHAT, "prompt_logprobs": 0}, "prompt_logprobs"),
     ("chat/completions", {**CHAT, "continue_final_message": True,
                           "add_generation_prompt": False}, "continue_final_message"),

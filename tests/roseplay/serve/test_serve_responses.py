@@ -176,6 +176,7 @@ REFUSED = [  # (body changes, param, words of the message)
     ({"previous_response_id": "resp_1"}, "previous_response_id", "not stored"),
     ({"conversation": "conv_1"}, "conversation", "not stored"),
     ({"store": True}, "store", "not stored"),
+    ({"cache_salt": "tenant-a"}, "cache_salt", "prefix cache"),
     ({"background": True}, "background", "store"),
     ({"reasoning": {"effort": "high"}}, "reasoning", "reasoning"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt", "prompt templates"),
