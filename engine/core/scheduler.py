@@ -221,7 +221,10 @@ class Scheduler(DecodeScheduling):
 
     @staticmethod
     def _prompt_key(req: Request) -> tuple:
-        return (req.num_tokens, hash(tuple(req.all_token_ids())))
+        ids = req.prompt_token_ids       # (a submitted prompt's tuple: hashed as it is)
+        if req.output_token_ids or type(ids) is not tuple:
+            ids = tuple(req.all_token_ids())
+        return (req.num_tokens, hash(ids))
 
     def _join_leader(self, req: Request, plan: StepPlan) -> bool:
         """Same-prompt dedup: wait on a running request with identical tokens that has

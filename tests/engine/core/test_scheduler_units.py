@@ -161,7 +161,8 @@ def test_prefix_hit_and_dedup_join_count_once():
     compute(sched, sched.schedule())      # 2 full blocks indexed
     sched.remove(first)
     b, c = req("b", range(1, 11)), req("c", range(1, 11))
-    sched.add(b)
+    c.prompt_token_ids = tuple(c.prompt_token_ids)   # as LLMEngine.add keeps a submitted
+    sched.add(b)                                     # prompt: the same dedup key
     sched.add(c)
     plan = sched.schedule()
     assert plan.prefix_hits == [("b", (0, 1))] and b.num_cached_tokens == 8
