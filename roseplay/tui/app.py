@@ -44,6 +44,7 @@ from roseplay.tui.widgets.step import StepPanel
 from roseplay.tui.widgets.step_strip import StepStrip
 from roseplay.tui.widgets.timing import TimingPanel
 from roseplay.tui.widgets.token_scrub import TraceStore
+from roseplay.tui.widgets.clip import clip_words
 from roseplay.tui.widgets.ttft_split import request_split
 
 REFRESH_HZ = 12
@@ -228,7 +229,8 @@ class RoseplayApp(Actions, App):
         line = Text(no_wrap=True, overflow="ellipsis")
         if text and time.monotonic() < until:
             mark, style = MESSAGE_STYLE.get(severity, MESSAGE_STYLE["information"])
-            line.append(f"{mark} {text}", style)
+            width = (self.note.size.width or self.size.width) - len(mark) - 2
+            line.append(f"{mark} {clip_words(text, width)}", style)
         else:
             bar = getattr(self, "prompt_bar", None)        # (none on the compare screen)
             hint = TYPING_HINT if bar is not None and bar.is_open else HINT   # ? types

@@ -50,3 +50,23 @@ async def test_the_eviction_line_is_whole_words(size):
         log = app.query_one(EventLog)
         line = next(row for row in widget_text(log).splitlines() if "evict" in row)
     assert "20 cached blocks/s reused" in line and "…" not in line, line
+
+
+@pytest.mark.parametrize("size", SIZES)
+@sync
+async def test_a_knobs_explanation_on_the_message_line_ends_at_a_whole_word(size):
+    """`c` at 120x40 read `… Turning i…`: the line ends at a sentence or a word."""
+    src = live_source(concurrency=1, paused=True)
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await pilot.press("c")
+            await pilot.pause()
+            shown = widget_text(app.note).strip()
+            full = app.messages[-1][1]
+    finally:
+        src.close()
+    assert shown.startswith("· enable_prefix_caching: "), shown
+    words = shown[2:].rstrip(" …").split()
+    assert words == full.split()[:len(words)] and len(shown) <= size[0], (shown, full)
+    assert shown.endswith("…") == (len(full) + 4 > size[0])
