@@ -323,6 +323,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     add_generation_prompt: bool = True       # vLLM extra
     continue_final_message: bool | None = None   # vLLM extra, REFUSED when true
     add_special_tokens: bool = False         # vLLM extra: true refused (check_supported)
+    chat_template: str | None = None         # vLLM extra: refused (check_supported)
     echo: bool | None = False                # vLLM extra: the reply repeats the last
     #                                          message first when it is the assistant's
 
@@ -330,6 +331,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         super().check_supported()
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        if self.chat_template is not None:     # as vLLM without --trust-request-chat-template
+            raise invalid("chat_template: a template per request is not taken (a template "
+                          "runs code on the server); start the server with --chat-template",
+                          "chat_template")
         if self.add_special_tokens:      # as /tokenize: the template writes its own
             raise invalid("add_special_tokens: the chat template adds the special tokens "
                           "it wants (send false)", "add_special_tokens")
