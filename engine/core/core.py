@@ -102,6 +102,8 @@ class LLMEngine(AsyncSteps, StepFaults):
         self._inflight: Launched | None = None
         self._chained = 0          # steps launched in a row before their previous one's
         #                            tokens were read, while speculating (_may_chain)
+        # each an ended Request until a snapshot views it (views.ended_views), then its
+        # RequestView: a finishing step builds none (W1's end 16 a step, mostly unseen)
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
         self.recent_traced: deque = deque(maxlen=RECENT_TRACED)
 
@@ -331,10 +333,11 @@ class LLMEngine(AsyncSteps, StepFaults):
         if dropped:
             self.scheduler.kv.drop_all(dropped)
         for req, reason, error in ended:
-            view = request_view(req)
-            self.recent_finished.append(view)
+            # a grammar's view may still change (the step in flight's row): viewed now
+            ended = req if req.grammar is None else request_view(req)
+            self.recent_finished.append(ended)
             if req.params.token_trace:
-                self.recent_traced.append(view)
+                self.recent_traced.append(ended)
             trace = build_trace(req)
             self.stats.on_finish(req, trace)
             if out is not None:

@@ -63,11 +63,21 @@ def _grammar_view(req: Request) -> GrammarView | None:
 def ended_views(engine) -> tuple:
     """The latest ended requests' views, then those of the latest traced ones that
     have left that window (engine/core/core.py RECENT_TRACED)."""
-    recent, traced = tuple(engine.recent_finished), engine.recent_traced
+    recent, traced = _viewed(engine.recent_finished), engine.recent_traced
     if not traced:
         return recent
     shown = {v.request_id for v in recent}
-    return recent + tuple(v for v in traced if v.request_id not in shown)
+    return recent + tuple(v for v in _viewed(traced) if v.request_id not in shown)
+
+
+def _viewed(ended) -> tuple:
+    """The views of a deque of ended requests, each built once, at the first snapshot
+    that shows it (the deque keeps the view in the request's place): an ended request
+    changes no more."""
+    for i, item in enumerate(ended):
+        if type(item) is Request:
+            ended[i] = request_view(item)
+    return tuple(ended)
 
 
 def engine_snapshot(engine, paused: bool = False) -> EngineSnapshot:

@@ -170,3 +170,21 @@ def test_a_traced_requests_view_outlives_the_finished_window(monkeypatch):
         assert [v.request_id for v in eng.snapshot().requests] == ["o4", "again", "mine"]
     finally:
         eng.close()
+
+
+def test_an_ended_requests_view_is_built_once_by_a_snapshot(engine):
+    """A step that ends requests builds no view of them (W1's end: 16 a step, mostly
+    never shown); the first snapshot views each as it ended (finished, its tokens, its
+    blocks given back) and every later one shows that same view."""
+    greedy = dict(max_tokens=5, **GREEDY)
+    reqs = [add_request(engine, _prompt(k), SamplingParams(**greedy), f"e{k}") for k in range(3)]
+    _serve(engine)
+    assert all(type(item) is request_mod.Request for item in engine.recent_finished)
+    first = engine.snapshot()
+    for req in reqs:
+        view = first.request(req.request_id)
+        assert view.state == "finished" and view.finish_reason == "length"
+        assert view.output_tokens == 5 and view.blocks == () and view.computed_tokens == 0
+        assert view.output_tail == tuple(req.output_token_ids) and view.ttft is not None
+    again = engine.snapshot()
+    assert all(again.request(r.request_id) is first.request(r.request_id) for r in reqs)
