@@ -119,7 +119,7 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot",
             "error": (f"error: {r.error or ''}", "#ff5555"),
         }.get(r.state, (r.finish_reason or r.state, "dim"))
         if r.state == "waiting" and len(text) > width:
-            text = short_reason(text)
+            text = short_reason(text, width)
         elif r.state == "preempted" and len(text) > width:    # (the state column says it)
             text = next((w for w in (f"×{r.preemptions}: recompute", f"×{r.preemptions}")
                          if len(w) <= width), text)

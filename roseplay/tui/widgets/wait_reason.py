@@ -55,11 +55,16 @@ def blocks_wanted(snap) -> int | None:
     return min(wants) if wants else None
 
 
-SHORT_REASONS = (("max_num_seqs", "seqs full"), ("token budget", "budget full"),
-                 ("no free KV", "no KV block"), ("needs", "KV too full"),
-                 ("admitted", "next step"))
+# a reason's start, then shorter forms: 80x24's progress column has 8 cells (it read
+# "seqs fu…", "budget …", "next st…")
+SHORT_REASONS = (("max_num_seqs", "seqs full", "no seat"),
+                 ("token budget", "budget full", "budget"),
+                 ("no free KV", "no KV block", "no block"), ("needs", "KV too full", "KV full"),
+                 ("admitted", "next step", "up next"))
 
 
-def short_reason(reason: str) -> str:
-    """A waiting reason in a narrow progress column (the full words are in ? help)."""
-    return next((short for start, short in SHORT_REASONS if reason.startswith(start)), reason)
+def short_reason(reason: str, width: int = 11) -> str:
+    """A waiting reason in a narrow progress column, the longest form that fits `width`
+    (the full words are in ? help)."""
+    forms = next((f[1:] for f in SHORT_REASONS if reason.startswith(f[0])), (reason,))
+    return next((f for f in forms if len(f) <= width), forms[-1])

@@ -298,12 +298,19 @@ async def test_nothing_is_cut_mid_word_at_120x40():
     view = dataclasses.replace(next(r for r in snap.requests if r.state == "decoding"),
                                state="prefilling", chunks_done=2, computed_tokens=64,
                                prefill_target=256)
-    for width in (11, 16, 30):      # the progress column at 80, 120 and 200 columns
+    for width in (8, 11, 16, 30):   # the progress column at 80, 120 and 200 columns
         text = "".join(seg.text for seg in progress_cell(view, 32, width))
         assert len(text) == width and "2/8" in text and "…" not in text, text
     waiting = dataclasses.replace(view, state="waiting")
     text = "".join(seg.text for seg in progress_cell(waiting, 32, 11, "max_num_seqs 16 full"))
     assert text.strip() == "seqs full"
+    # 80x24's 8 cells read "seqs fu…", "budget …", "next st…"
+    for reason, short in (("max_num_seqs 16 full", "no seat"),
+                          ("token budget used up", "budget"), ("no free KV block", "no block"),
+                          ("needs 18 KV blocks, 6 free", "KV full"),
+                          ("admitted at the next step", "up next")):
+        text = "".join(seg.text for seg in progress_cell(waiting, 32, 8, reason))
+        assert text.strip() == short and len(text) == 8, text
 
 
 @sync
