@@ -187,9 +187,11 @@ class KnobsPanel(Widget):
             return Text()
         width = max(20, self.size.width or 60)
         lines = textwrap.wrap(self.help_line(read_only, workload), width) or [""]
-        if len(lines) > room:
-            lines = lines[:room]
-            lines[-1] = lines[-1][:max(0, width - 11)].rstrip() + "… (? help)"
+        if len(lines) > room:       # cut at a word (80x24 read "scheduling_mode: Wh…")
+            lines, more = lines[:room], lines[room - 1] + " "
+            cut = more[:max(0, width - 10)]
+            cut = cut if cut.endswith(" ") or " " not in cut else cut[:cut.rfind(" ")]
+            lines[-1] = cut.rstrip(" ,;:") + "… (? help)"
         return Text("\n".join(lines), "dim italic", no_wrap=True, overflow="ellipsis")
 
     def help_line(self, read_only: bool, workload: dict, knobs=None) -> str:

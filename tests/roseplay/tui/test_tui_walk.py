@@ -70,3 +70,26 @@ async def test_a_knobs_explanation_on_the_message_line_ends_at_a_whole_word(size
     words = shown[2:].rstrip(" …").split()
     assert words == full.split()[:len(words)] and len(shown) <= size[0], (shown, full)
     assert shown.endswith("…") == (len(full) + 4 > size[0])
+
+
+@pytest.mark.parametrize("size", SIZES[:2])
+@sync
+async def test_a_cut_knob_help_ends_at_a_whole_word(size):
+    """The Knobs panel's help line after `m` read `scheduling_mode: Wh… (? help)` at
+    80x24 and `… holds: b… (? help)` at 120x40."""
+    src = live_source(concurrency=1, paused=True)
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await pilot.press("m")
+            await pilot.pause()
+            help_row = widget_text(app.query_one(KnobsPanel)).splitlines()[-2]
+    finally:
+        src.close()
+    shown = help_row.strip("│ ")
+    assert shown.endswith("… (? help)"), shown
+    full = app.knobs.help_line(False, {}).split()
+    words = shown[:-len("… (? help)")].split()
+    assert words and words[:-1] == full[:len(words) - 1], (shown, full)
+    assert full[len(words) - 1].startswith(words[-1]) and \
+        full[len(words) - 1].rstrip(":,;") == words[-1], (shown, full)
