@@ -34,8 +34,9 @@ BLOCK_DOCS = {"lifetime": "KV cache block lifetime from allocation to eviction."
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-               0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# vLLM's inter-token (and per-request time-per-output-token) buckets
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+               5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 # vLLM's request_latency_buckets (vllm/v1/metrics/loggers.py: its e2e and request-phase
 # histograms)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
@@ -194,7 +195,7 @@ class ServerMetrics:
     for one engine), as vLLM's do."""
 
     def __init__(self, loop, model_name: str, max_model_len: int | None = None):
-        """max_model_len: the top of vLLM's max_tokens buckets (TOKEN_BUCKETS without)."""
+        """max_model_len: the top of vLLM's token-count buckets (TOKEN_BUCKETS without)."""
         self.model = model_name
         engines = [str(e) for e in range(getattr(loop, "size", 1))]
         self.registry = CollectorRegistry()
@@ -224,11 +225,12 @@ class ServerMetrics:
         self.phases = {prop: histogram(f"vllm:request_{phase}_time_seconds", doc,
                                        REQUEST_LATENCY_BUCKETS)
                        for phase, (prop, doc) in PHASES.items()}
-        self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
-                                    TOKEN_BUCKETS)
-        self.output_len = histogram("vllm:request_generation_tokens",
-                                    "Generated tokens per request.", TOKEN_BUCKETS)
+        # vLLM's token-count histograms: 1-2-5 buckets up to max_model_len
         per_model_len = buckets_1_2_5(max_model_len) if max_model_len else TOKEN_BUCKETS
+        self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per request.",
+                                    per_model_len)
+        self.output_len = histogram("vllm:request_generation_tokens",
+                                    "Generated tokens per request.", per_model_len)
         self.params_n = histogram("vllm:request_params_n", "Histogram of the n request "
                                   "parameter.", N_BUCKETS)
         self.params_max_tokens = histogram("vllm:request_params_max_tokens", "Histogram of "

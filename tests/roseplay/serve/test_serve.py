@@ -308,7 +308,15 @@ def test_metrics_parse_and_match_the_snapshot(server, client, loop):
                "1920.0", "7680.0", "+Inf"]
     steps = ["1.0", "8.0", "16.0", "32.0", "64.0", "128.0", "256.0", "512.0", "1024.0",
              "2048.0", "4096.0", "8192.0", "16384.0", "+Inf"]
-    for name, bounds in (("vllm:e2e_request_latency_seconds", latency),
+    itl = ["0.01", "0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5",
+           "0.75", "1.0", "2.5", "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "+Inf"]
+    tokens = ["1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "200.0", "500.0",
+              "1000.0", "+Inf"]           # vLLM's 1-2-5 up to max_model_len (1024)
+    for name, bounds in (("vllm:inter_token_latency_seconds", itl),
+                         ("vllm:request_time_per_output_token_seconds", itl),
+                         ("vllm:request_prompt_tokens", tokens),
+                         ("vllm:request_generation_tokens", tokens),
+                         ("vllm:e2e_request_latency_seconds", latency),
                          ("vllm:request_queue_time_seconds", latency),
                          ("vllm:request_prefill_time_seconds", latency),
                          ("vllm:request_inference_time_seconds", latency),
