@@ -32,6 +32,10 @@ TIMEOUT = 180
      "--port: not with --headless"),
     (["--headless", "--engine-address", "tcp://127.0.0.1:5000", "--routing-policy",
       "cache_aware", "--tui"], "--tui, --routing-policy: not with --headless"),
+    # the HTTP server's CORS and X-Request-Id flags (they were taken and ignored)
+    (["--headless", "--engine-address", "tcp://127.0.0.1:5000", "--allowed-origins", '["*"]',
+      "--enable-request-id-headers"],
+     "--allowed-origins, --enable-request-id-headers: not with --headless"),
     (["--engine-address", "tcp://127.0.0.1:5000", "--engine-address", "tcp://127.0.0.1:5010",
       "--data-parallel-size", "3"], "--data-parallel-size 3 conflicts with the 2"),
     (["--engine-address", "tcp://127.0.0.1:5000", "--engine-address", "tcp://127.0.0.1:5010",
