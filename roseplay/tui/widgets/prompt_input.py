@@ -28,6 +28,17 @@ class Field(Input):
     right behind it: fast typing, a paste or a loaded CPU turned `ROMEO` ⌫⌫ `XY` into
     `ROMEO`, and ctrl+u then new sampling fields into an empty field sent as typed."""
 
+    def __init__(self, *args, forms: tuple[str, ...] = (), **kwargs):
+        """`forms`: placeholders, longest first: the longest that fits shows (80x24
+        cut the prompt field's to `prompt · Enter sends · Tab:`)."""
+        super().__init__(*args, **kwargs)
+        self.forms = forms
+
+    def on_resize(self) -> None:
+        if self.forms:          # (a cell for the cursor)
+            self.placeholder = next((f for f in self.forms if len(f) < self.size.width),
+                                    self.forms[-1])
+
     async def _on_key(self, event: events.Key) -> None:
         """Before Input's own handler (Textual calls each class's along the MRO, until
         one prevents the default): a bound key runs here, as it arrives."""
@@ -38,6 +49,9 @@ class Field(Input):
                 return
 
 
+PROMPT_FORMS = ("prompt · Enter sends · Tab: priority, sampling · Esc",
+                "prompt · Enter sends · Esc closes", "prompt · Enter sends · Esc",
+                "prompt · Enter sends")
 SAMPLING_FIELDS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float,
                    "presence_penalty": float, "frequency_penalty": float,
                    "repetition_penalty": float, "min_tokens": int, "max_tokens": int,
@@ -118,9 +132,8 @@ class PromptBar(Vertical):
 
     def compose(self) -> ComposeResult:
         with Horizontal():
-            yield Field(placeholder="prompt · Enter sends · Tab: priority, sampling · Esc",
-                        id="prompt-input", compact=True, max_length=MAX_PROMPT_CHARS,
-                        select_on_focus=False)
+            yield Field(placeholder=PROMPT_FORMS[0], forms=PROMPT_FORMS, id="prompt-input",
+                        compact=True, max_length=MAX_PROMPT_CHARS, select_on_focus=False)
             yield Field(placeholder="priority 0", id="prompt-priority", compact=True,
                         select_on_focus=False, type="integer", max_length=11, tooltip="scheduling_policy=priority: "
                         "lower goes first (the workload's chat turns are 0, documents 1)")

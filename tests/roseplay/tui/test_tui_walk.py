@@ -93,3 +93,22 @@ async def test_a_cut_knob_help_ends_at_a_whole_word(size):
     assert words and words[:-1] == full[:len(words) - 1], (shown, full)
     assert full[len(words) - 1].startswith(words[-1]) and \
         full[len(words) - 1].rstrip(":,;") == words[-1], (shown, full)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@sync
+async def test_the_prompt_fields_placeholder_is_whole(size):
+    """80x24 cut the prompt field's placeholder to `prompt · Enter sends · Tab:`."""
+    from textual.widgets import Input
+    src = live_source(concurrency=1, paused=True)
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await pilot.press("i")
+            await pilot.pause()
+            field = app.query_one("#prompt-input", Input)
+            shown, width = widget_text(field).strip(), field.size.width
+    finally:
+        src.close()
+    assert shown == field.placeholder and shown.startswith("prompt · Enter sends"), shown
+    assert len(shown) < width
