@@ -207,9 +207,12 @@ class EngineInfo(msgspec.Struct, frozen=True):
     dtype: str
     backend: str
     logprobs_mode: str = "processed_logprobs"   # what requests' logprobs hold (viewers say it)
+    structured_outputs_backend: str = "auto"    # the grammar library the front checks
+    #                                             constraints with (engine/grammars.py)
 
     @classmethod
     def of(cls, e) -> "EngineInfo":
         return cls(e.model_name, e.vocab_size, e.max_model_len, e.pool.num_blocks,
                    e.pool.block_size, str(e.device), str(e.dtype).removeprefix("torch."),
-                   e.backend, e.config.logprobs_mode)
+                   e.backend, e.config.logprobs_mode,
+                   e.config.structured_outputs_config.backend)

@@ -8,9 +8,10 @@ what the grammar allows; docs/STRUCTURED_OUTPUTS.md.
 
 Checked here, in the front and again as the engine process decodes it: the kind, the
 types, and the size (MAX_GRAMMAR_BYTES: compiling is the engine's work, so a spec's
-size is bounded before it gets there). Whether a schema compiles is the engine's to say:
-a failure ends the request with an error that starts with GRAMMAR_ERROR (the server
-answers it with a 400 naming the request field the constraint came from).
+size is bounded before it gets there). Whether the grammar library reads the spec is
+checked by the front at submit (engine/grammars.py); whether it compiles is the engine's
+to say: a failure ends the request with an error that starts with GRAMMAR_ERROR (the
+server answers it with a 400 naming the request field the constraint came from).
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from typing import Callable
 from engine.codes import REASON_STOP
 from engine.config import InvalidRequestError, check_priority
 from engine.front.detokenizer import make_detokenizer
+from engine.grammars import check_grammar
 from engine.outputs import CoreRequest, EngineInfo, FinishedRequest, StepOutput
 from engine.request import SamplingParams
 from engine.request_output import CompletionOutput, RequestMetrics, RequestOutput
@@ -60,8 +61,9 @@ class InputProcessor:
     TextPrompt and TokensPrompt) -> validated CoreRequest."""
 
     def __init__(self, tokenizer, model_name: str, vocab_size: int, max_model_len: int,
-                 num_blocks: int, block_size: int):
+                 num_blocks: int, block_size: int, grammar_backend: str = "auto"):
         self.tokenizer = tokenizer
+        self.grammar_backend = grammar_backend     # whose library reads constraints
         self.model_name = model_name
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -71,7 +73,7 @@ class InputProcessor:
     def of(cls, tokenizer, info: EngineInfo) -> "InputProcessor":
         """For the engine that `info` describes (what every transport's front knows)."""
         return cls(tokenizer, info.model_name, info.vocab_size, info.max_model_len,
-                   info.num_blocks, info.block_size)
+                   info.num_blocks, info.block_size, info.structured_outputs_backend)
 
     @classmethod
     def for_engine(cls, e) -> "InputProcessor":
@@ -97,6 +99,8 @@ class InputProcessor:
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "
                                       "can never match (use stop_token_ids)")
+        # a constraint its library cannot read is refused here, as vLLM's processor does
+        check_grammar(params.structured_outputs, self.grammar_backend)
         rid = check_request_id(request_id) if request_id is not None \
             else default_request_id()
         preview = text[:80] if text is not None else None

@@ -1,25 +1,8 @@
-"""What both grammar backends share (guidance.py, xgrammar_backend.py)."""
+"""What both grammar backends share (guidance.py, xgrammar_backend.py); the grammars
+themselves are built in engine/grammars.py, which the front's check reads too."""
 from __future__ import annotations
 
 
 class GrammarError(ValueError):
     """The grammar library refused a request's constraint (invalid, unsupported, or over
     its limits): the request ends with a 400."""
-
-
-def no_additional_properties(schema):
-    """vLLM's disable_additional_properties: every object schema without its own
-    additionalProperties takes none."""
-    if isinstance(schema, dict):
-        schema = {k: no_additional_properties(v) for k, v in schema.items()}
-        if (schema.get("type") == "object" or "properties" in schema) \
-                and "additionalProperties" not in schema:
-            schema["additionalProperties"] = False
-    elif isinstance(schema, list):
-        schema = [no_additional_properties(v) for v in schema]
-    return schema
-
-
-def reason(exc: Exception) -> str:
-    """A library's error as one bounded line of text."""
-    return (str(exc).strip() or type(exc).__name__)[:500]

@@ -11,12 +11,11 @@ the GIL, with speculative drafts in the same call.
 """
 from __future__ import annotations
 
-import json
-
 import llguidance
 import numpy as np
 
-from engine.core.structured.common import GrammarError, no_additional_properties
+from engine.core.structured.common import GrammarError
+from engine.grammars import guidance_grammar
 from engine.structured_outputs import StructuredOutputsParams
 
 
@@ -74,20 +73,8 @@ class GuidanceBackend:
 
     def grammar(self, p: StructuredOutputsParams) -> str:
         """The request's constraint as an llguidance grammar (text)."""
-        kind = p.kind
         try:
-            if kind in ("json", "json_object"):
-                schema = p.json if kind == "json" else '{"type": "object"}'
-                options = _json_options(p.disable_any_whitespace
-                                        or self.disable_any_whitespace)
-                if p.disable_additional_properties:
-                    schema = no_additional_properties(json.loads(schema))
-                return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
-            if kind == "choice":
-                return llguidance.grammar_from("choice", list(p.choice))
-            if kind == "regex":
-                return llguidance.LLMatcher.grammar_from_regex(p.regex)
-            return llguidance.grammar_from("grammar", p.grammar)
+            return guidance_grammar(p, p.disable_any_whitespace or self.disable_any_whitespace)
         except (ValueError, TypeError, RecursionError) as exc:
             raise GrammarError(str(exc)[:500]) from None
 
@@ -128,12 +115,4 @@ class GuidanceBackend:
         if len(plain) < len(entries):
             self.executor.unsafe_compute_mask_ptr_with_draft_token(
                 [(m.m, row, drafts) for m, row, drafts in entries if drafts], ptr, size, rows)
-
-
-def _json_options(compact: bool) -> dict:
-    """JSON whitespace: any between tokens (vLLM's default), or none but json.dumps'
-    separators (", " and ": "): docs/STRUCTURED_OUTPUTS.md "Whitespace"."""
-    if not compact:
-        return {"whitespace_flexible": True}
-    return {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 

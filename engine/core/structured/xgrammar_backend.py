@@ -10,18 +10,14 @@ no error text from a matcher, and drafts checked token by token with a rollback.
 """
 from __future__ import annotations
 
-import json
-import re
-
 import numpy as np
 from tokenizers import Tokenizer
 
-from engine.core.structured.common import GrammarError, no_additional_properties, reason
+from engine.core.structured.common import GrammarError
+from engine.grammars import reason, xgrammar_grammar
 from engine.structured_outputs import StructuredOutputsParams
 from engine.worker.host_masks import tensor_view
 
-COMPACT = (", ", ": ")       # json.dumps' separators: guidance.py's compact JSON too
-_WHERE = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")   # "[20:11:21] /project/cpp/x.cc:83: "
 
 
 class XGrammarMatcher:
@@ -94,26 +90,12 @@ class XGrammarBackend:
             self.xgr.GrammarMatcher(compiled).fill_next_token_bitmask(
                 tensor_view(np.empty((1, self.words), np.int32)))
         except (RuntimeError, ValueError, TypeError, RecursionError) as exc:
-            raise GrammarError(_WHERE.sub("", reason(exc))) from None
+            raise GrammarError(reason(exc)) from None
         return compiled
 
     def _compile(self, p: StructuredOutputsParams):
-        kind, c = p.kind, self.compiler
-        if kind in ("json", "json_object"):
-            schema = json.loads(p.json) if kind == "json" else {"type": "object"}
-            if p.disable_additional_properties:
-                schema = no_additional_properties(schema)
-            compact = p.disable_any_whitespace or self.disable_any_whitespace
-            return c.compile_json_schema(json.dumps(schema), any_whitespace=not compact,
-                                         separators=COMPACT if compact else None)
-        if kind == "regex":
-            return c.compile_regex(p.regex)
-        if kind == "choice":
-            alternatives = " | ".join(json.dumps(s, ensure_ascii=False) for s in p.choice)
-            return c.compile_grammar(f"root ::= {alternatives}")
-        if "::=" in p.grammar:            # GBNF / EBNF as llama.cpp writes it
-            return c.compile_grammar(p.grammar)
-        return c.compile_lark(p.grammar)
+        compact = p.disable_any_whitespace or self.disable_any_whitespace
+        return self.compiler.compile_grammar(xgrammar_grammar(p, compact))
 
     def matcher(self, compiled) -> XGrammarMatcher:
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled))

@@ -16,6 +16,7 @@ from benchmarks.oracle import OracleProposer
 from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine.config import InvalidRequestError, StructuredOutputsConfig
 from engine.core.structured import make_manager
+from engine.front import processor
 from engine.structured_outputs import GRAMMAR_ERROR
 from tests.engine.core.structured_schemas import check
 from tests.engine.core.test_structured import cases, run
@@ -55,15 +56,21 @@ def test_xgrammar_with_speculation_gives_the_same_tokens(reference):
     assert c.spec_decode_num_draft_tokens > c.spec_decode_num_accepted_tokens > 0
 
 
-def test_xgrammar_kinds_and_a_clean_error(xllm):
+def test_xgrammar_kinds_and_a_clean_error(xllm, monkeypatch):
+    """Its error text without the C++ source path, both where the front's check refuses
+    the spec and where the engine's compile does (the check passed by)."""
     kinds = [{"choice": ["aye", 'nay, "sir"']}, {"regex": "[0-9]{3}"},
-             {"grammar": 'root ::= "yes" | "no"'}, {"grammar": 'start: "yes" | "no"'},
-             {"json": {"type": "no-such-type"}}]
-    outs = llm_texts(xllm, kinds)
+             {"grammar": 'root ::= "yes" | "no"'}, {"grammar": 'start: "yes" | "no"'}]
+    bad = {"json": {"type": "no-such-type"}}
+    with pytest.raises(InvalidRequestError) as refused:
+        llm_texts(xllm, [bad])
+    with monkeypatch.context() as m:
+        m.setattr(processor, "check_grammar", lambda params, backend: None)
+        outs = llm_texts(xllm, kinds + [bad])
     assert outs[0][0] in ("aye", 'nay, "sir"') and outs[1][0].isdigit()
     assert outs[2][0] in ("yes", "no") and outs[3][0] in ("yes", "no")
-    error = outs[4][1]
-    assert error.startswith(GRAMMAR_ERROR) and "no-such-type" in error and ".cc:" not in error
+    for error in (outs[4][1], str(refused.value)):
+        assert error.startswith(GRAMMAR_ERROR) and "no-such-type" in error and ".cc:" not in error
 
 
 def llm_texts(llm, kinds: list[dict]) -> list[tuple[str, str | None]]:

@@ -12,6 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine import LLM, SamplingParams
+from engine.config import InvalidRequestError
 from engine.core.structured.vocab import synthetic_tokenizer_json
 from engine.front.client import EngineClient
 from engine.structured_outputs import GRAMMAR_ERROR
@@ -70,9 +71,12 @@ def test_the_engine_process_carries_the_constraint():
         ok = client.submit("ROMEO.\n", SamplingParams(
             max_tokens=MAX_TOKENS, temperature=0,
             structured_outputs={"json": schema(MODELS[0])})).result(timeout=300)
-        bad = client.submit("ROMEO.\n", SamplingParams(
-            max_tokens=8, structured_outputs={"json": {"type": "no-such-type"}})
+        bad = client.submit("ROMEO.\n", SamplingParams(   # unsatisfiable: the engine's
+            max_tokens=8, structured_outputs={"json": {"$ref": "#"}})   # compile refuses it
         ).result(timeout=300)
+        with pytest.raises(InvalidRequestError, match=GRAMMAR_ERROR):   # the front's check
+            client.submit("ROMEO.\n", SamplingParams(
+                max_tokens=8, structured_outputs={"json": {"type": "no-such-type"}}))
     check(MODELS[0], ok.outputs[0].text)
     assert bad.outputs[0].finish_reason == "error" and bad.error.startswith(GRAMMAR_ERROR)
     json.loads(ok.outputs[0].text)
