@@ -124,29 +124,33 @@ def _decode_columns(decodes: list, device_fed: bool):
 
 
 def _prefill_columns(prefills: list, ids: list, tables: BlockTables, block_size: int,
-                     d: int) -> tuple[list, list, np.ndarray, list, dict]:
+                     d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list, dict]:
     """The prefill chunks' columns (their token ids appended to `ids`): positions and
-    slots (one array per chunk), the logits rows of the chunks that sample, those
-    chunks, and the StepBatch's prefill fields."""
+    slots (every chunk's, one array each: W1's first step has 16 chunks of 512), the
+    logits rows of the chunks that sample, those chunks, and the StepBatch's prefill
+    fields."""
     lens = [c.num_tokens for c in prefills]
-    pos_parts, slot_parts = [], []
     for c in prefills:
-        r = c.request
-        ids.extend(r.token_slice(c.start, c.start + c.num_tokens))
-        p = np.arange(c.start, c.start + c.num_tokens, dtype=np.int64)
-        table = tables.row(r)
-        pos_parts.append(p)
-        slot_parts.append(table[p // block_size] * block_size + p % block_size)
-    ends = d - 1 + np.cumsum(lens, dtype=np.int64)   # a chunk's last token: its logits row
+        ids.extend(c.request.token_slice(c.start, c.start + c.num_tokens))
+    n = np.asarray(lens, dtype=np.int64)
+    cum = np.cumsum(n)
+    # a token's position: its chunk's start plus its offset in the chunk
+    starts = np.fromiter((c.start for c in prefills), np.int64, len(prefills))
+    positions = np.arange(int(cum[-1]), dtype=np.int64) + np.repeat(starts - cum + n, n)
+    rows = np.repeat(np.fromiter((c.request.table_row for c in prefills), np.int64,
+                                 len(prefills)), n)
+    block, offset = np.divmod(positions, block_size)
+    slots = tables.matrix[rows, block] * block_size + offset
+    ends = d - 1 + cum                   # a chunk's last token: its logits row
     sampled = [c for c in prefills if c.sample]
     if len(sampled) < len(prefills):
         ends = ends[[c.sample for c in prefills]]
     fields = dict(
         prefill_block_tables=tables.gather([c.request for c in prefills]),
-        prefill_cu_seqlens_q=np.concatenate(([0], np.cumsum(lens))).astype(np.int32),
+        prefill_cu_seqlens_q=np.concatenate(([0], cum)).astype(np.int32),
         prefill_context_lens=np.asarray([c.start + c.num_tokens for c in prefills], np.int32),
         prefill_max_seqlen_q=max(lens))
-    return pos_parts, slot_parts, ends, sampled, fields
+    return positions, slots, ends, sampled, fields
 
 
 def _verify_columns(verifies: list) -> tuple:
@@ -235,10 +239,11 @@ def build_step_batch(plan: StepPlan, followers: dict, block_size: int, tables: B
     # sample rows: every decode row, every prefill chunk that reaches the end of its tokens
     dec_ends = np.arange(d, dtype=np.int64)
     if prefills:
-        pos_parts, slot_parts, ends, sampled, prefill = _prefill_columns(
+        positions, slots, ends, sampled, prefill = _prefill_columns(
             prefills, ids, tables, block_size, d)
-        positions = np.concatenate([dec_pos] + pos_parts)
-        slots = np.concatenate([dec_slots] + slot_parts)
+        if d:
+            positions = np.concatenate((dec_pos, positions))
+            slots = np.concatenate((dec_slots, slots))
         logits_indices = np.concatenate((dec_ends, ends))
     else:
         positions, slots, logits_indices, sampled, prefill = \
