@@ -104,6 +104,15 @@ def params(param: str, **fields) -> StructuredOutputsParams:
         raise invalid(f"{param}: {exc}", param) from None
 
 
+def refused_at_submit(exc: InvalidRequestError, field: str | None) -> InvalidRequestError:
+    """A constraint the engine's front refused at submit (its grammar library cannot read
+    it: engine/grammars.py): the 400 names the request field it came from, as a compile
+    failure's does."""
+    if field and str(exc).startswith(GRAMMAR_ERROR) and not getattr(exc, "param", None):
+        exc.param = field
+    return exc
+
+
 def grammar_error(choices, field: str | None) -> OpenAIError | None:
     """The 400 of a request whose grammar the engine refused (None: no such error)."""
     for c in choices:

@@ -21,12 +21,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.config import InvalidRequestError
 from roseplay import __version__
 from roseplay.serve import prompts as inputs
-from roseplay.serve.constrained import first_batch, grammar_error
-from roseplay.serve.body import parse_body
 from roseplay.serve import request_ids
+from roseplay.serve.body import parse_body
 from roseplay.serve.bridge import Generation
+from roseplay.serve.constrained import first_batch, grammar_error, refused_at_submit
 from roseplay.serve.errors import OpenAIError, error_body, invalid
 from roseplay.serve.formats import ChatFormat, CompletionFormat
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, openapi_schemas
@@ -117,8 +118,11 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
                              request_ids.client_id(request, req.request_id))
     request_ids.note(request, ids)
     fmt = fmt_cls(req, ids.response, model, ins, st.tokenizer)
-    gen = st.bridge.start(ids.engine, ins.prompts, ins.params, req.priority,
-                          data_parallel_rank(request, req.data_parallel_rank))
+    try:
+        gen = st.bridge.start(ids.engine, ins.prompts, ins.params, req.priority,
+                              data_parallel_rank(request, req.data_parallel_rank))
+    except InvalidRequestError as exc:     # (a grammar its library cannot read, say)
+        raise refused_at_submit(exc, req.constraint_field) from None
     st.drain.add(gen)              # a shutdown waits for it, then ends it
     if req.stream:
         stream = fmt.streamed(gen)

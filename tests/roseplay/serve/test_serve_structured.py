@@ -238,10 +238,9 @@ def test_a_schema_that_does_not_compile_is_a_400(client, stream):
     assert err.value.status_code == 400
 
 
-@pytest.mark.xfail(strict=True, reason="a grammar refused at submit (engine/grammars.py) "
-                   "reaches the server as an InvalidRequestError from bridge.start, whose "
-                   "param is not req.constraint_field yet (roseplay/serve/routes.py generate)")
 def test_a_schema_that_does_not_compile_names_its_field(client):
+    """A grammar refused at submit (engine/grammars.py) names the request field it came
+    from, as a compile failure did (it was a 400 with param null)."""
     with pytest.raises(openai.BadRequestError) as err:
         chat(client, response_format=BAD_SCHEMA)
     assert err.value.body["param"] == "response_format"
