@@ -34,14 +34,17 @@ class GuideActions:
     # -- a running guide: its scorecard (roseplay/tui/guides/run.py) ------------------------------
     def start_guide(self, guide) -> None:
         """Totals and the 10 s figures from a clean start (the plots go on: their
-        `▲guide` mark shows the change), the guide's view of the request list, and its
-        scorecard in the Knobs panel (the app's main screen only)."""
+        `▲guide` mark shows the change), the guide's view of the request list (from its
+        top), and its scorecard in the Knobs panel (the app's main screen only)."""
         from roseplay.tui.guides.run import GuideRun
         from roseplay.tui.guides.catalog import clean_knobs
         self.reset_windows()
         if not isinstance(self.knobs, KnobsPanel):
             return
         self.requests.sort = guide.view.get("sort", "arrival")
+        if guide.view:          # its view's top is what it asks to watch: the list follows
+            self.requests.select(None)   # it (a typed prompt, selected, kept it scrolled
+            #                              to that finished row, below the prefilling ones)
         self.knobs.guide_run = GuideRun(guide, self.source.snapshot(), clean_knobs(guide),
                                         self.guide_results)
 

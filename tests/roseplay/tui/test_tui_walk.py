@@ -13,7 +13,7 @@ from roseplay.tui.app import RoseplayApp
 from roseplay.tui.widgets.events import EventLog
 from roseplay.tui.widgets.knobs import KnobsPanel
 from tests.roseplay.tui.helpers import (StaticSource, live_source, session_snapshot, sync,
-                                        widget_text)
+                                        wait_for, widget_text)
 
 pytestmark = pytest.mark.timeout(120)
 SIZES = [(80, 24), (120, 40), (200, 60)]
@@ -112,3 +112,31 @@ async def test_the_prompt_fields_placeholder_is_whole(size):
         src.close()
     assert shown == field.placeholder and shown.startswith("prompt · Enter sends"), shown
     assert len(shown) < width
+
+
+@sync
+async def test_a_guide_that_sorts_the_list_shows_its_top():
+    """Guide 1 sorts by state to show `chunk k/n` at the top, but a typed prompt, selected
+    and finished, kept the list scrolled down to its row: the guide follows the top."""
+    src = live_source(concurrency=24, paused=True)
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            lst = app.requests
+
+            def ended():
+                src.step_once()
+                app.refresh_panels()
+                return sum(r.state == "finished" for r in lst.rows) > lst.size.height
+            assert await wait_for(pilot, ended, 60)
+            ended = [r.request_id for r in lst.rows if r.state == "finished"]
+            lst.select(ended[-1])              # the last row: the list scrolls down to it
+            await pilot.pause()
+            assert lst.top > 0
+            await pilot.press("question_mark", "1")
+            await pilot.pause()
+            app.refresh_panels()
+            await pilot.pause()
+            assert lst.sort == "state" and lst.selected is None and lst.top == 0
+    finally:
+        src.close()
