@@ -27,6 +27,8 @@ import time
 from collections import OrderedDict, deque
 from typing import Callable
 
+import msgspec
+
 from engine.config import InvalidRequestError, SchedulerConfig, make_config
 from engine.engine_stats import EngineStats
 from engine.front.api import CLOSE_TIMEOUT, CoreControls, EngineStopped
@@ -245,6 +247,9 @@ class DPClient(CoreControls):
         stats' time on this process's clock: the engine may run on another host)."""
         loads = []
         for r, c in enumerate(self.replicas):
+            if not self.alive(r):          # nothing runs there now, whatever it was sent
+                loads.append(ReplicaLoad(0, 0, 0, False))
+                continue
             st, sent = c.engine_stats(), self._sent[r]
             built = st.time + c.transport.clock_offset
             while sent and sent[0][0] <= built:
@@ -318,7 +323,17 @@ class DPClient(CoreControls):
         return stats_sum(live or [c.engine_stats() for c in self.replicas])
 
     def replica_stats(self) -> list[EngineStats]:
-        return [c.engine_stats() for c in self.replicas]
+        return [self._stats(r) for r in range(len(self.replicas))]
+
+    def _stats(self, rank: int) -> EngineStats:
+        """A replica's latest stats; a dead one's keep its counters (a Prometheus counter
+        never goes back) but hold nothing now: its last stats were its load as it died,
+        which /metrics and /routing showed as running for good."""
+        st = self.replicas[rank].engine_stats()
+        if self.alive(rank):
+            return st
+        return msgspec.structs.replace(st, num_running=0, num_waiting=0, num_used_blocks=0,
+                                       spec_draft_num_used_blocks=0, host_num_used_blocks=0)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Every live replica idle, and the router's index holding every KV event they

@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.front.router import ReplicaLoad
 from tests.helpers import engines_owned_by, wait_for
 
 KW = dict(model="dummy:tiny", device="cpu", num_blocks=2048, block_size=4, seed=0)
@@ -172,8 +173,15 @@ def every_policy_routes_to_0(dp) -> None:
 
 def test_a_killed_replica_fails_only_its_requests(llm):
     dp = llm.dp
-    kill_replica_1(dp, lambda: os.kill(dp.replicas[1].proc.pid, signal.SIGKILL),
-                   PROMPTS[:3], PROMPTS[3:], 300, "died", 60)
+
+    def kill():     # once replica 1's stats say its 3 requests run (its load as it dies)
+        wait_for(lambda: dp.replica_stats()[1].num_running == 3)
+        os.kill(dp.replicas[1].proc.pid, signal.SIGKILL)
+    kill_replica_1(dp, kill, PROMPTS[:3], PROMPTS[3:], 300, "died", 60)
     wait_for(lambda: not dp.alive(1))
     assert dp.fatal_error is None and dp.unavailable is None
     every_policy_routes_to_0(dp)
+    dead = dp.replica_stats()[1]       # holds nothing now; its counters stay
+    assert (dead.num_running, dead.num_waiting, dead.num_used_blocks) == (0, 0, 0)
+    assert dead.generation_tokens > 0
+    assert dp.loads()[1] == ReplicaLoad(0, 0, 0, alive=False)
