@@ -30,21 +30,25 @@ def budget_bar(decode: int, prefill: int, budget: int, width: int) -> Text:
     return t
 
 
-def chunk_words(step, snap) -> Text:
-    t = Text()
+def chunk_words(step, snap, width: int = 0) -> Text:
+    """This step's prefill chunks, as many whole ones as fit `width` (0: four), then
+    how many more (two chunks at 120x40 read `… [259:266/266] …`: the second was cut)."""
     budget = snap.knobs.max_num_batched_tokens
-    for i, c in enumerate(step.prefill_chunks[:4]):
+    chunks, shown = step.prefill_chunks, []
+    for c in chunks[:4]:
         view = snap.request(c.request_id)
-        if i:
-            t.append(" · ")
-        t.append(c.request_id, "bold")
+        t = Text(c.request_id, "bold")
         if view is not None and view.chunks_done:
             t.append(f" chunk {view.chunks_done}/{view.chunks_total(budget)}")
         t.append(f" {c.num_tokens} tok", theme.color("prefill"))
-        t.append(f" [{c.start}:{c.start + c.num_tokens}/{c.total}]", "dim")
-    more = len(step.prefill_chunks) - 4
-    if more > 0:
-        t.append(f" · +{more} more", "dim")
+        shown.append((t, Text(f" [{c.start}:{c.start + c.num_tokens}/{c.total}]", "dim")))
+    for n in range(len(shown), 0, -1):          # the most chunks that fit, ranges first
+        for ranges in (True, False):
+            t = Text(" · ").join(head + tail if ranges else head for head, tail in shown[:n])
+            if len(chunks) > n:
+                t.append(f" · +{len(chunks) - n} more", "dim")
+            if not width or t.cell_len <= width:
+                return t
     return t
 
 
@@ -137,7 +141,9 @@ class StepPanel(ReshownOnResize, WidthBorders, Widget):
         if (s.prefill_chunks and room >= 0) or not spec:
             t.append("   " if spec else "")
             t.append("prefill ", "dim")
-            t.append_text(chunk_words(s, snap) if s.prefill_chunks else Text("-", "dim"))
+            left = (self.size.width or 80) - len(spec.plain) - (3 if spec else 0) - 8
+            t.append_text(chunk_words(s, snap, max(1, left)) if s.prefill_chunks
+                          else Text("-", "dim"))
         t.append("\n")
         counts = (("hit blocks", "hit", s.prefix_hit_blocks), ("COW", "COW", s.cow_copies),
                   ("evict", "ev", s.evictions), ("preempt", "pre", s.preemptions),

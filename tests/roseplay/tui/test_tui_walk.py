@@ -140,3 +140,25 @@ async def test_a_guide_that_sorts_the_list_shows_its_top():
             assert lst.sort == "state" and lst.selected is None and lst.top == 0
     finally:
         src.close()
+
+
+@pytest.mark.parametrize("size", SIZES[1:])
+@sync
+async def test_this_steps_prefill_line_names_whole_chunks(size):
+    """Two chunks in a step read `prefill w0-3673 chunk 3/3 7 tok [259:266/266] …` at
+    120x40: the second cut. Whole chunks, then how many more."""
+    from engine.snapshot import ChunkInfo
+    from roseplay.tui.widgets.step import StepPanel
+    snap = session_snapshot(12)
+    rid = snap.requests[0].request_id
+    chunks = tuple(ChunkInfo(f"{rid}{'x' * i}", 259, 7, 266) for i in range(3))
+    snap = dataclasses.replace(snap, last_step=dataclasses.replace(
+        snap.last_step, prefill_chunks=chunks, prefill_tokens=21))
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=size) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        line = next(row for row in widget_text(app.query_one(StepPanel)).splitlines()
+                    if "prefill " in row and " tok in " not in row).strip("│ ")
+    assert "…" not in line and f"{rid} chunk 1/1 7 tok" in line, line
+    assert line.endswith(("more", "/266]", "7 tok")), line
