@@ -30,7 +30,8 @@ def card_text(run, width: int, rows: int) -> Text:
             wrapped[wrap - 1] = wrapped[wrap - 1][:width - 1] + "…"
         for line in wrapped[:wrap]:
             lines.append((line, style))
-    knobs = ", ".join(f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}" for k, v in g.knobs.items())
+    knobs = ", ".join(f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}"
+                      for k, v in g.knobs.items()) or "default knobs"   # (7, 8: "random ·  ·")
     rest_of_head = f" · {g.concurrency or 16} in flight" + \
         (f" · routing {g.routing}" if g.routing else "")
     narrow = width < 50         # 80x24: the verdicts before anything that can wait

@@ -212,3 +212,16 @@ def test_a_narrow_scorecard_names_the_guides_own_knob():
         assert any("TTFT p50" in line for line in lines), lines
         assert any(line.startswith("watch:") for line in lines), lines
         assert lines[1].endswith("…") or "in flight" in " ".join(lines[:2]), lines
+
+
+@pytest.mark.parametrize("width", [30, 50])
+def test_a_guide_on_default_knobs_says_so_in_its_scorecard(width):
+    """Guides 7 and 8 set no knob: the head read "guide 7: random ·  · 2 in flight"."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.guide_card import card_text
+    for key in ("7", "8"):
+        run = SimpleNamespace(guide=BY_KEY[key], status=lambda: "window clean",
+                              rows=lambda: [], versus_hint=lambda hint: "")
+        head = " ".join(card_text(run, width, 11).plain.splitlines()[:2])
+        assert "default knobs" in head and "·  ·" not in head and ":  ·" not in head, head
