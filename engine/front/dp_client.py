@@ -21,6 +21,7 @@ replica is.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -30,6 +31,7 @@ from typing import Callable
 import msgspec
 
 from engine.config import InvalidRequestError, SchedulerConfig, make_config
+from engine.config_json import KVEventsConfig
 from engine.engine_stats import EngineStats
 from engine.front.api import CLOSE_TIMEOUT, CoreControls, EngineStopped
 from engine.front.client import STARTUP_TIMEOUT, EngineClient
@@ -96,8 +98,11 @@ class DPClient(CoreControls):
         else:
             config = make_config(**engine_kwargs)    # bad knobs: refused before any start
             self.size = config.data_parallel_size
-            if not config.kv_events_enabled:
-                engine_kwargs["kv_events_config"] = {"enable_kv_cache_events": True}
+            if not config.kv_events_enabled:     # the index needs them; the rest of a
+                given = config.kv_events_config or KVEventsConfig()   # given config holds
+                engine_kwargs["kv_events_config"] = {**dataclasses.asdict(given),
+                                                     "enable_kv_cache_events": True,
+                                                     "publisher": "zmq"}
                 config = make_config(**engine_kwargs)
             key = auth.given_key(engine_key) or auth.new_key()    # one for every replica
             self.replicas = self._start(engine_kwargs, config, address, key, label,

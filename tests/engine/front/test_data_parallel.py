@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.front.dp_client import DPClient
 from engine.front.router import ReplicaLoad
 from tests.helpers import engines_owned_by, wait_for
 
@@ -141,6 +142,20 @@ def test_bench_base_url_reports_each_replica(llm, tmp_path):
     assert [r["output_tokens"] for r in rows] == [16, 16] and all(r["alive"] for r in rows)
     assert all(r["ttft_p50_ms"] > 0 for r in rows)
     assert "Replicas (round_robin)" in out.getvalue()
+
+
+def test_a_given_kv_events_config_is_kept_when_turned_on():
+    """Data parallelism turns the events on; the rest of a given config (a topic, say,
+    that an outside consumer subscribes to) is kept, and the router reads them there."""
+    with DPClient(**KW, data_parallel_size=2, routing_policy="cache_aware",
+                  kv_events_config={"topic": "kv", "publisher": "null"}) as dp:
+        assert [c.transport.kv_events.topic for c in dp.replicas] == ["kv", "kv"]
+        a = list(range(1, 33))
+        dp.submit(a + [1], greedy(2), data_parallel_rank=1).result(60)
+        assert dp.wait_idle(60)
+        dp.submit(a + [2], greedy(2)).result(60)
+        d = dp.router.recent[-1]
+        assert d.chosen == 1 and d.cached_blocks[1] == 8, d
 
 
 def kill_replica_1(dp, kill, doomed_prompts, kept_prompts, kept_tokens: int, error: str,
