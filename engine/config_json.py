@@ -151,8 +151,7 @@ class KVEventsConfig:
                                       f"{self.publisher!r:.60}")
         for name in ("endpoint", "replay_endpoint"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and
-                                          value.startswith(("tcp://", "ipc://"))):
+            if value is not None and not _zmq_endpoint(value):
                 raise InvalidRequestError(f"kv_events_config {name} must be tcp://HOST:PORT "
                                           f"or ipc:///PATH, got {value!r:.60}")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
@@ -167,6 +166,18 @@ class KVEventsConfig:
     def parse(cls, value) -> "KVEventsConfig | None":
         """From a KVEventsConfig, a dict, or vLLM's JSON text (`--kv-events-config`)."""
         return parse_json_config(cls, value, "kv_events_config")
+
+
+def _zmq_endpoint(value) -> bool:
+    """tcp://HOST:PORT (a port number, that replica r's PORT+r can be made of) or
+    ipc:///PATH: what zmq binds, refused here in one line rather than at the bind."""
+    if not isinstance(value, str):
+        return False
+    if value.startswith("ipc://"):
+        return len(value) > len("ipc://")
+    host, _, port = value.removeprefix("tcp://").rpartition(":")
+    return value.startswith("tcp://") and bool(host) and port.isdigit() \
+        and 0 < int(port) < 65536
 
 
 # vLLM's names; "llguidance" (the library's) is read as "guidance"

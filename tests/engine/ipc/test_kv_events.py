@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from engine.block_hash import key_tokens, prompt_block_hashes
-from engine.config import KVEventsConfig, make_config
+from engine.config import InvalidRequestError, KVEventsConfig, make_config
 from engine.core.core import LLMEngine
 from engine.ipc import curve
 from engine.ipc.kv_publisher import KVEventPublisher
@@ -256,6 +256,19 @@ def test_config_in_vllms_shape():
                                '"endpoint": "tcp://127.0.0.1:5557", "topic": "t"}')
     assert cfg.enabled and cfg.replay_endpoint is None and cfg.buffer_steps == 10_000
     assert not KVEventsConfig(enable_kv_cache_events=True, publisher="null").enabled
+    assert KVEventsConfig(endpoint="tcp://*:5557", replay_endpoint="ipc:///tmp/r").endpoint
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:notaport", "tcp://127.0.0.1",
+                                      "tcp://:5557", "tcp://h:0", "tcp://h:70000", "ipc://",
+                                      "udp://h:1"])
+def test_an_endpoint_zmq_cannot_bind_is_refused_in_one_line(endpoint):
+    """It was taken, and the engine process failed at its bind with zmq's
+    'ZMQError: Invalid argument' (or int()'s error for replica 1's PORT+1)."""
+    for name in ("endpoint", "replay_endpoint"):
+        with pytest.raises(InvalidRequestError, match=f"kv_events_config {name} must be "
+                                                      "tcp://HOST:PORT or ipc:///PATH"):
+            KVEventsConfig.parse({"enable_kv_cache_events": True, name: endpoint})
 
 
 def test_router_index_joins_late_and_follows(engine):
