@@ -106,6 +106,8 @@ class LLMEngine(AsyncSteps, StepFaults):
         # RequestView: a finishing step builds none (W1's end 16 a step, mostly unseen)
         self.recent_finished: deque = deque(maxlen=RECENT_FINISHED)
         self.recent_traced: deque = deque(maxlen=RECENT_TRACED)
+        self._retired: list = []   # ended requests past those windows: freed at the
+        #                            next launch (~10 us each: 512 prompt ids, its times)
 
     # -- knobs and requests --------------------------------------------------------------
     @property
@@ -239,9 +241,11 @@ class LLMEngine(AsyncSteps, StepFaults):
         kept = plan.decode_columns      # a steady decode step's rows: the kept columns'
         admits = kept.admits if kept is not None and len(kept.admits) == len(requests) \
             else [r.admit_seq for r in requests]
-        return Launched(plan, batch, requests, admits, tokens, t0,
-                        None if tokens is None else ex.take_logprobs(batch),
-                        take_prompt_logprobs(ex, plan), grammar)
+        launched = Launched(plan, batch, requests, admits, tokens, t0,
+                            None if tokens is None else ex.take_logprobs(batch),
+                            take_prompt_logprobs(ex, plan), grammar)
+        self._retired.clear()      # freed while the device runs the step
+        return launched
 
     def _after_step(self, plan: StepPlan, t0: float, out: StepOutput) -> None:
         if self.config.check_invariants:
@@ -334,10 +338,12 @@ class LLMEngine(AsyncSteps, StepFaults):
             self.scheduler.kv.drop_all(dropped)
         for req, reason, error in ended:
             # a grammar's view may still change (the step in flight's row): viewed now
-            ended = req if req.grammar is None else request_view(req)
-            self.recent_finished.append(ended)
-            if req.params.token_trace:
-                self.recent_traced.append(ended)
+            shown = req if req.grammar is None else request_view(req)
+            for window in (self.recent_finished, self.recent_traced) \
+                    if req.params.token_trace else (self.recent_finished,):
+                if len(window) == window.maxlen:
+                    self._retired.append(window[0])
+                window.append(shown)
             trace = build_trace(req)
             self.stats.on_finish(req, trace)
             if out is not None:

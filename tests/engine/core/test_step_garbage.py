@@ -67,3 +67,30 @@ def test_an_added_prompt_is_the_submitted_tuple():
         assert list(req.token_slice(18, 22)) == [21, 22, *out[:2]]
         assert req.token_slice(18, 22) == [21, 22, *out[:2]]
         assert list(req.token_slice(2, 6)) == [5, 6, 7, 8]
+
+
+def test_requests_past_the_ended_window_are_freed_at_the_next_launch(monkeypatch):
+    """An ended request that leaves the snapshot's window (RECENT_FINISHED) is freed at
+    the next step's launch, while the device runs that step, not in the step that ends
+    requests (~10 us each where nothing else holds its prompt: W1's finishing steps)."""
+    import weakref
+    from engine.core import core as core_mod
+    monkeypatch.setattr(core_mod, "RECENT_FINISHED", 2)
+    with LLM(model="dummy:tiny", device="cpu", dtype="float32") as llm:
+        engine = llm.engine
+        refs = {}
+        for i, n in enumerate((1, 2, 3, 12)):      # one ends a step; the last runs on
+            params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+            req = engine.add(CoreRequest(f"w{i}", (5 + i,) * 6, params, time.perf_counter()))
+            refs[req.request_id] = weakref.ref(req)
+        del req
+        ended = []
+        while "w2" not in ended:
+            ended += [f.request_id for f in engine.step().finished]
+        assert ended == ["w0", "w1", "w2"]
+        first = refs["w0"]()
+        assert first is not None and first in engine._retired   # out of the window
+        del first
+        engine.step()                                            # the next launch
+        assert refs["w0"]() is None and refs["w1"]() is not None
+        assert not engine._retired
