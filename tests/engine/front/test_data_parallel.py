@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.config import InvalidRequestError
 from engine.front.dp_client import DPClient
 from engine.front.router import ReplicaLoad
 from tests.helpers import engines_owned_by, wait_for
@@ -142,6 +143,18 @@ def test_bench_base_url_reports_each_replica(llm, tmp_path):
     assert [r["output_tokens"] for r in rows] == [16, 16] and all(r["alive"] for r in rows)
     assert all(r["ttft_p50_ms"] > 0 for r in rows)
     assert "Replicas (round_robin)" in out.getvalue()
+
+
+def test_an_invalid_grammar_is_refused_before_it_is_routed(llm):
+    """The front's grammar check (engine/grammars.py) runs before the router: nothing
+    is routed or sent, and the next request is served."""
+    dp = llm.dp
+    routed = list(dp.router.routed)
+    bad = SamplingParams(max_tokens=4, structured_outputs={"regex": "("})
+    with pytest.raises(InvalidRequestError, match="structured_outputs.regex is invalid"):
+        dp.submit(PROMPTS[0], bad)
+    assert dp.router.routed == routed
+    assert dp.submit(PROMPTS[0], greedy(2)).result(60).error is None
 
 
 def test_a_given_kv_events_config_is_kept_when_turned_on():
