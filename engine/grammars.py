@@ -26,6 +26,7 @@ from engine.structured_outputs import GRAMMAR_ERROR, StructuredOutputsParams
 CHECKED_SPECS = 256      # specs whose check a front remembers (least recently used out)
 COMPACT = (", ", ": ")   # compact JSON: json.dumps' separators (both backends)
 _WHERE = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")   # xgrammar's "[20:11:21] /x/y.cc:83: "
+_ECHO = re.compile(r"^(\^+|\d+ \| .*)$")        # llguidance's caret and source lines
 
 
 def no_additional_properties(schema):
@@ -41,9 +42,14 @@ def no_additional_properties(schema):
     return schema
 
 
-def reason(exc: Exception) -> str:
-    """A library's error as one bounded line of text (xgrammar's C++ source path cut)."""
-    return _WHERE.sub("", str(exc).strip() or type(exc).__name__)[:500]
+def reason(exc: Exception | str) -> str:
+    """A library's error as one bounded line of text: xgrammar's C++ source path cut,
+    llguidance's source echo and caret lines ("   1 | start: /(/", "      ^") dropped
+    (an error bar, a log line and a JSON message show one line)."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines()]
+    kept = [ln for ln in lines if ln and not _ECHO.match(ln) and ln != "<non-verbose/>"]
+    return _WHERE.sub("", " ".join(kept) or text)[:500]
 
 
 def _schema(p: StructuredOutputsParams):
@@ -101,7 +107,7 @@ def _refusal(p: StructuredOutputsParams, backend: str) -> str:
         import llguidance
         error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             guidance_grammar(p, compact=False))
-        return ("; ".join(m.strip() for m in messages)[:500] or "refused") if error else ""
+        return (reason("; ".join(messages)) if messages else "refused") if error else ""
     except (RuntimeError, ValueError, TypeError, RecursionError) as exc:
         return reason(exc)
 

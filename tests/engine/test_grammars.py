@@ -2,7 +2,7 @@
 processor refuses it (engine/grammars.py check_grammar): LLM.generate raises an
 InvalidRequestError (a ValueError) naming the field, with the backend the config selects;
 nothing reaches the engine (its compile counter stays), and the engine serves the next
-request. An empty choice list is refused where the params are built."""
+request. The library's reason reads as one line. An empty choice list is refused where the params are built."""
 from __future__ import annotations
 
 import pytest
@@ -38,6 +38,7 @@ def test_an_invalid_constraint_raises_at_generate_and_the_engine_serves_on(llm, 
         llm.generate([[1, 2, 3], [4, 5, 6]], [SamplingParams(max_tokens=4), bad])
     assert isinstance(err.value, ValueError)
     assert str(err.value).startswith(f"{GRAMMAR_ERROR}: {field} is invalid: "), str(err.value)
+    assert "\n" not in str(err.value) and ".cc:" not in str(err.value)   # one line
     assert llm.engine.counters.grammar_compiles == compiles and not llm.engine.requests
     good = SamplingParams(max_tokens=3, temperature=0,
                           structured_outputs=StructuredOutputsParams(choice=["a", "b"]))

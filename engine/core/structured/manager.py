@@ -31,6 +31,7 @@ from engine.core.structured.compiler import GrammarCompiler, LazyBackend
 from engine.worker.host_masks import MaskRing
 from engine.core.structured.view import StepViews
 from engine.request import RequestStatus
+from engine.grammars import reason
 from engine.structured_outputs import GRAMMAR_ERROR
 from engine.worker.step_batch import GrammarMask
 
@@ -109,7 +110,7 @@ class StructuredOutputManager:
                     g.matcher = self.backend.ready.matcher(compiled)
                     ready(req)
                 except Exception as exc:
-                    failed.append((req, f"{GRAMMAR_ERROR}: {_reason(exc)}"))
+                    failed.append((req, f"{GRAMMAR_ERROR}: {reason(exc)}"))
                 g.future = None
             elif now - g.since > timeout:
                 del self.compiling[rid]
@@ -230,8 +231,3 @@ class StructuredOutputManager:
 
     def close(self) -> None:
         self.compiler.close()
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.replace("\n<non-verbose/>", "")[:500]

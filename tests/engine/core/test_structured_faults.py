@@ -50,7 +50,7 @@ def test_a_grammar_that_fails_ends_its_request_only(llm, alone, name, monkeypatc
     bad = SamplingParams(max_tokens=12, structured_outputs=HOSTILE[name])
     out = llm.generate([PROMPT, PROMPT], [bad, FREE])
     assert out[0].outputs[0].finish_reason == "error"
-    assert out[0].error.startswith(GRAMMAR_ERROR), out[0].error
+    assert out[0].error.startswith(GRAMMAR_ERROR) and "\n" not in out[0].error, out[0].error
     assert out[1].outputs[0].token_ids == alone
     assert llm.engine.structured.active == 0 and not llm.engine.requests
 
