@@ -169,15 +169,15 @@ class KVEventsConfig:
 
 
 def _zmq_endpoint(value) -> bool:
-    """tcp://HOST:PORT (a port number, that replica r's PORT+r can be made of) or
-    ipc:///PATH: what zmq binds, refused here in one line rather than at the bind."""
+    """tcp://HOST:PORT (a port number, or * for one the system picks) or ipc:///PATH:
+    what zmq binds, refused here in one line rather than at the bind."""
     if not isinstance(value, str):
         return False
     if value.startswith("ipc://"):
         return len(value) > len("ipc://")
     host, _, port = value.removeprefix("tcp://").rpartition(":")
-    return value.startswith("tcp://") and bool(host) and port.isdigit() \
-        and 0 < int(port) < 65536
+    return value.startswith("tcp://") and bool(host) and (
+        port == "*" or port.isdigit() and 0 < int(port) < 65536)
 
 
 # vLLM's names; "llguidance" (the library's) is read as "guidance"

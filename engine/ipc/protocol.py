@@ -206,13 +206,14 @@ def endpoints(address: str) -> tuple[str, str, str]:
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
     """Replica `rank`'s copy of a given endpoint (vLLM's rule): tcp PORT+rank, ipc
-    PATH_dp<rank>; rank 0 keeps it."""
+    PATH_dp<rank>; rank 0 keeps it, and so does a wildcard port (tcp://H:*: each
+    replica binds one the system picks, and its Welcome says which)."""
     if rank == 0:
         return endpoint
     if endpoint.startswith("ipc://"):
         return f"{endpoint}_dp{rank}"
     host, _, port = endpoint.rpartition(":")
-    return f"{host}:{int(port) + rank}"
+    return endpoint if port == "*" else f"{host}:{int(port) + rank}"
 
 
 def kv_event_endpoints(address: str, config, rank: int = 0) -> tuple[str, str | None]:

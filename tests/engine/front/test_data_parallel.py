@@ -159,10 +159,16 @@ def test_an_invalid_grammar_is_refused_before_it_is_routed(llm):
 
 def test_a_given_kv_events_config_is_kept_when_turned_on():
     """Data parallelism turns the events on; the rest of a given config (a topic, say,
-    that an outside consumer subscribes to) is kept, and the router reads them there."""
+    that an outside consumer subscribes to) is kept, and the router reads them there.
+    A wildcard port (tcp://H:*) is each replica's own (replica 1 died making PORT+1)."""
     with DPClient(**KW, data_parallel_size=2, routing_policy="cache_aware",
-                  kv_events_config={"topic": "kv", "publisher": "null"}) as dp:
-        assert [c.transport.kv_events.topic for c in dp.replicas] == ["kv", "kv"]
+                  kv_events_config={"topic": "kv", "publisher": "null",
+                                    "endpoint": "tcp://127.0.0.1:*",
+                                    "replay_endpoint": "tcp://127.0.0.1:*"}) as dp:
+        events = [c.transport.kv_events for c in dp.replicas]
+        assert [e.topic for e in events] == ["kv", "kv"]
+        assert len({e.endpoint for e in events} | {e.replay_endpoint for e in events}) == 4
+        assert all(not e.endpoint.endswith(":*") for e in events)
         a = list(range(1, 33))
         dp.submit(a + [1], greedy(2), data_parallel_rank=1).result(60)
         assert dp.wait_idle(60)
