@@ -118,33 +118,41 @@ def run(args) -> dict:
 
 def burst(args) -> None:
     """--burst R: W1's shape instead of the closed loop: --concurrency requests at once,
-    run to the end, R times (the first a warm-up). Prints the median host ms of the
-    mixed steps (a request waiting or prefilling before the step), of the steps in which
-    requests finished and of the plain decode steps (none of those), each kind's total a
-    round, the same of the thread's CPU time (with --device-ms it counts the spin that
-    waits for the emulated device), and the garbage collections a round ran, by
-    generation."""
+    run to the end, R times (the first a warm-up), the prefix cache cleared before each
+    (as the bench does before a run). Prints the median host ms of the start (the
+    submissions and the first step, to its launch), of the mixed steps (a request
+    waiting or prefilling before the step), of the steps in which requests finished and
+    of the plain decode steps (none of those), each kind's total a round, the same of
+    the thread's CPU time (with --device-ms it counts the spin that waits for the
+    emulated device), and the garbage collections a round ran, by generation."""
     engine, _, _ = make_engine(args)
     # the closed loop's requests (distinct prompts, its front), submitted by hand
     loop = ClosedLoop(engine, None, 0, args.input_len, args.output_len, front=args.front)
-    sched, kinds = engine.scheduler, {"mixed": [], "finishing": [], "decode": []}
+    sched = engine.scheduler
+    kinds = {"start": [], "mixed": [], "finishing": [], "decode": []}
     cpu = {kind: [] for kind in kinds}   # each step's thread CPU time (no --device-ms)
 
     def one_round(timed: bool) -> None:
         ROUND_START[0] = engine.executor.runner.forward_calls
+        engine.clear_prefix_cache()
+        t, c = time.perf_counter(), time.thread_time()
         for _ in range(args.concurrency):
             loop.submit()
+        first = True
         while engine.has_unfinished():
             prefill = bool(sched.waiting) or any(q.num_uncomputed > 1 for q in sched.running)
-            t, c = time.perf_counter(), time.thread_time()
+            if not first:       # (the start's clocks run from its first submission)
+                t, c = time.perf_counter(), time.thread_time()
             out = engine.step()
             if loop.front is not None:
                 loop.front.process(out)
             took = time.perf_counter() - t
             if timed:
-                kind = "finishing" if out.finished else "mixed" if prefill else "decode"
+                kind = "start" if first else "finishing" if out.finished \
+                    else "mixed" if prefill else "decode"
                 kinds[kind].append(took)
                 cpu[kind].append(time.thread_time() - c)
+            first = False
     one_round(False)            # the warm-up
     prof = cProfile.Profile() if args.profile else None
     with gc_pauses() as pauses:
@@ -158,7 +166,8 @@ def burst(args) -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     rounds = max(args.burst - 1, 1)
     for kind, took in kinds.items():
-        print(f"{kind} steps: {len(took)}, median host {1e3 * statistics.median(took):.3f} ms "
+        name = kind if kind == "start" else f"{kind} steps"
+        print(f"{name}: {len(took)}, median host {1e3 * statistics.median(took):.3f} ms "
               f"({1e3 * min(took):.3f}..{1e3 * max(took):.3f}), "
               f"{1e3 * sum(took) / rounds:.2f} ms a round, cpu "
               f"{1e3 * statistics.median(cpu[kind]):.3f} ms median, "
