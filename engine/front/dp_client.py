@@ -97,6 +97,10 @@ class DPClient(CoreControls):
                 on_progress)
         else:
             config = make_config(**engine_kwargs)    # bad knobs: refused before any start
+            if config.data_parallel_rank:
+                raise InvalidRequestError(
+                    f"data_parallel_rank {config.data_parallel_rank}: the front gives each "
+                    f"replica it starts its own (0..{config.data_parallel_size - 1}); drop it")
             self.size = config.data_parallel_size
             if not config.kv_events_enabled:     # the index needs them; the rest of a
                 given = config.kv_events_config or KVEventsConfig()   # given config holds

@@ -157,6 +157,12 @@ def test_an_invalid_grammar_is_refused_before_it_is_routed(llm):
     assert dp.submit(PROMPTS[0], greedy(2)).result(60).error is None
 
 
+def test_a_given_data_parallel_rank_is_refused_before_any_start():
+    """The front numbers the replicas it starts; a given rank was dropped unsaid."""
+    with pytest.raises(InvalidRequestError, match="data_parallel_rank 1: the front gives"):
+        DPClient(**KW, data_parallel_size=2, data_parallel_rank=1)
+
+
 def test_a_given_kv_events_config_is_kept_when_turned_on():
     """Data parallelism turns the events on; the rest of a given config (a topic, say,
     that an outside consumer subscribes to) is kept, and the router reads them there.
