@@ -26,6 +26,7 @@ from engine.structured_outputs import GRAMMAR_ERROR, StructuredOutputsParams
 CHECKED_SPECS = 256      # specs whose check a front remembers (least recently used out)
 COMPACT = (", ", ": ")   # compact JSON: json.dumps' separators (both backends)
 _WHERE = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")   # xgrammar's "[20:11:21] /x/y.cc:83: "
+NEEDS_TOKENIZER = "requires tokenizer_info"   # xgrammar's word for a Lark special token
 _ECHO = re.compile(r"^(\^+|\d+ \| .*)$")        # llguidance's caret and source lines
 
 
@@ -53,9 +54,12 @@ def reason(exc: Exception | str) -> str:
 
 
 def _schema(p: StructuredOutputsParams):
-    """The JSON schema of a json / json_object constraint (a dict, or text as given)."""
+    """The JSON schema of a json / json_object constraint (a dict, or text as given;
+    the schema `true`, any JSON value, as `{}`: llguidance takes only objects)."""
     if p.kind == "json_object":
         return {"type": "object"}
+    if p.json.strip() == "true":
+        return {}
     return no_additional_properties(json.loads(p.json)) \
         if p.disable_additional_properties else p.json
 
@@ -77,10 +81,11 @@ def guidance_grammar(p: StructuredOutputsParams, compact: bool) -> str:
     return llguidance.grammar_from("grammar", p.grammar)
 
 
-def xgrammar_grammar(p: StructuredOutputsParams, compact: bool):
-    """xgrammar's Grammar of a constraint (parsed, not compiled: it needs no tokenizer).
-    A `grammar` with `::=` is GBNF / EBNF as llama.cpp writes it, else Lark. Raises
-    RuntimeError (or ValueError, TypeError) on a spec the library refuses."""
+def xgrammar_grammar(p: StructuredOutputsParams, compact: bool, tokenizer_info=None):
+    """xgrammar's Grammar of a constraint (parsed, not compiled). A `grammar` with `::=`
+    is GBNF / EBNF as llama.cpp writes it, else Lark, whose named special tokens
+    (`<|endoftext|>`) need the engine's `tokenizer_info`. Raises RuntimeError (or
+    ValueError, TypeError) on a spec the library refuses."""
     import xgrammar as xgr        # here: its import loads transformers (seconds)
     kind = p.kind
     if kind in ("json", "json_object"):
@@ -95,14 +100,18 @@ def xgrammar_grammar(p: StructuredOutputsParams, compact: bool):
         return xgr.Grammar.from_ebnf(f"root ::= {alternatives}")
     if "::=" in p.grammar:
         return xgr.Grammar.from_ebnf(p.grammar)
-    return xgr.Grammar.from_lark(p.grammar)
+    return xgr.Grammar.from_lark(p.grammar, tokenizer_info=tokenizer_info)
 
 
 def _refusal(p: StructuredOutputsParams, backend: str) -> str:
     """The library's reason for refusing the constraint ("" when it reads it)."""
     try:
         if backend == "xgrammar":
-            xgrammar_grammar(p, compact=False)
+            try:
+                xgrammar_grammar(p, compact=False)
+            except RuntimeError as exc:   # a named special token: the engine, which has
+                if NEEDS_TOKENIZER not in str(exc):   # the tokenizer, decides
+                    raise
             return ""
         import llguidance
         error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(

@@ -47,6 +47,14 @@ def test_an_invalid_constraint_raises_at_generate_and_the_engine_serves_on(llm, 
     assert llm.engine.counters.grammar_compiles == compiles + (compiles == 0)
 
 
+def test_the_schema_true_takes_any_json_value(llm):
+    """JSON Schema's `true` (what `response_format` json_schema with schema true sends):
+    llguidance refused it ('Expecting object schema to apply options')."""
+    sp = SamplingParams(max_tokens=6, temperature=0, structured_outputs={"json": "true"})
+    out = llm.generate([[1, 2, 3]], sp)[0]
+    assert out.error is None and out.outputs[0].finish_reason in ("stop", "length")
+
+
 def test_an_empty_choice_list_is_refused_where_the_params_are_built():
     with pytest.raises(InvalidRequestError, match="structured_outputs.choice must be"):
         SamplingParams(structured_outputs=StructuredOutputsParams(choice=[]))

@@ -95,7 +95,7 @@ class XGrammarBackend:
 
     def _compile(self, p: StructuredOutputsParams):
         compact = p.disable_any_whitespace or self.disable_any_whitespace
-        return self.compiler.compile_grammar(xgrammar_grammar(p, compact))
+        return self.compiler.compile_grammar(xgrammar_grammar(p, compact, self.info))
 
     def matcher(self, compiled) -> XGrammarMatcher:
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled))

@@ -73,6 +73,13 @@ def test_xgrammar_kinds_and_a_clean_error(xllm, monkeypatch):
         assert error.startswith(GRAMMAR_ERROR) and "no-such-type" in error and ".cc:" not in error
 
 
+def test_xgrammar_lark_takes_the_models_special_tokens(xllm):
+    """A Lark grammar naming a special token: the front's check (no tokenizer) lets the
+    engine decide, and the engine reads it with the model's tokenizer."""
+    out = llm_texts(xllm, [{"grammar": 'start: "aye" <|endoftext|>'}])
+    assert out == [("aye", None)]
+
+
 def llm_texts(llm, kinds: list[dict]) -> list[tuple[str, str | None]]:
     outs = llm.generate([f"{i}:" for i in range(len(kinds))],
                         [SamplingParams(max_tokens=12, temperature=0, structured_outputs=k)
