@@ -190,6 +190,7 @@ class RequestView:                          # and a frozen init costs 8x (treat 
     prefill_preemptions: int = 0     # preemptions before its first token
     grammar: GrammarView | None = None   # structured outputs: None for a free request
     host_cached_tokens: int = 0      # of cached_tokens: reloaded from the host tier
+    swapped: bool = False            # preempted by swap: its KV waits in the host tier
 
     def chunks_total(self, budget: int) -> int:
         """Chunks this prefill takes at the given budget (done + still needed)."""

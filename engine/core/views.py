@@ -48,7 +48,7 @@ def request_view(req: Request) -> RequestView:
                        req.num_draft_tokens, req.num_accepted_tokens, req.last_logprobs,
                        req.scheduled_ts, req.last_chunk_ts, req.prefill_chunks,
                        req.prefill_preemptions, _grammar_view(req),
-                       req.num_host_cached_tokens)
+                       req.num_host_cached_tokens, req.swap is not None)
 
 
 def _grammar_view(req: Request) -> GrammarView | None:

@@ -92,7 +92,7 @@ def check_header(h: dict) -> dict:
 # newer than format 1: may be absent
 LATER_REQUEST_FIELDS = ("output_tail", "priority", "spec_draft_tokens", "spec_accepted_tokens",
                         "logprobs", "scheduled_ts", "last_chunk_ts", "prefill_chunks",
-                        "prefill_preemptions", "host_cached_tokens",
+                        "prefill_preemptions", "host_cached_tokens", "swapped",
                         "grammar")      # never recorded: a replay shows no grammar mask
 
 
@@ -107,6 +107,8 @@ def check_request(d, num_blocks: int) -> dict:
     for name in ("scheduled_ts", "last_chunk_ts"):
         if d.get(name) is not None and not is_type(d[name], "float"):
             raise BadRecording(f"request: {name} is not a number")
+    if "swapped" in d and type(d["swapped"]) is not bool:
+        raise BadRecording("request: swapped is not true or false")
     lp = d.get("logprobs")
     if lp is not None and not (isinstance(lp, list) and len(lp) == 3
                                and is_type(lp[0], "tuple[int") and isinstance(lp[1], list)

@@ -115,18 +115,24 @@ def progress_cell(r, budget: int, width: int, reason: str = "queued for a slot",
     else:
         text, style = {
             "waiting": (reason, "dim"),
-            "preempted": (f"preempted ×{r.preemptions}: recompute", "#ff6b6b"),
+            "preempted": (f"preempted ×{r.preemptions}: {_comeback(r)}", "#ff6b6b"),
             "error": (f"error: {r.error or ''}", "#ff5555"),
         }.get(r.state, (r.finish_reason or r.state, "dim"))
         if r.state == "waiting" and len(text) > width:
             text = short_reason(text, width)
         elif r.state == "preempted" and len(text) > width:    # (the state column says it)
-            text = next((w for w in (f"×{r.preemptions}: recompute", f"×{r.preemptions}")
+            text = next((w for w in (f"×{r.preemptions}: {_comeback(r)}", f"×{r.preemptions}")
                          if len(w) <= width), text)
         return [Segment(_fit(text, width, "<"), st(style))]
     bw = max(1 if len(label) + 3 > width else 3, width - len(label))
     color = CUT_STYLE if cut else color
     return bar(frac, bw, color) + [Segment(_fit(label, width - bw, "<"), st(color))]
+
+
+def _comeback(r) -> str:
+    """How a preempted request gets its KV back: reloaded from the host tier (swap) or
+    computed again."""
+    return "swapped" if r.swapped else "recompute"
 
 
 def short_id(request_id: str, width: int) -> str:

@@ -160,6 +160,8 @@ def test_a_swapped_out_request_resumes_with_its_tokens_and_gives_its_host_blocks
     swapped = next(r for r in reqs if r.swap is not None)
     assert eng.host.pool.num_used == len(swapped.swap.blocks)
     assert any(e.kind == "swap_out" for e in eng.events.recent())
+    view = eng.snapshot().request(swapped.request_id)     # the TUI's "×1: swapped"
+    assert view.state == "preempted" and view.swapped
     step_until(eng, lambda: not eng.has_unfinished())
     for r, p in zip(reqs, prompts):
         assert r.output_token_ids == expected(p, params, eng.eos_token_ids)[0]
@@ -183,6 +185,7 @@ def test_swap_without_a_host_tier_recomputes_and_says_so():
     c = eng.stats.counters
     assert c.preemptions > 0 and c.swap_fallbacks == c.preemptions and c.swap_outs == 0
     assert any(e.kind == "swap_fallback" for e in eng.events.recent())
+    assert not any(v.swapped for v in eng.snapshot().requests)
 
 
 def test_a_failed_copy_fails_its_step_and_leaves_no_block_behind():

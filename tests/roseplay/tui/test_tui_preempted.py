@@ -27,7 +27,8 @@ def _snapshot():
                               ttft=None, scheduled_ts=t - 2, last_chunk_ts=None,
                               prefill_chunks=3, chunks_done=2, prefill_preemptions=1,
                               preemptions=1, output_tokens=0)
-    return dataclasses.replace(snap, requests=(done, now) + snap.requests)
+    swapped = dataclasses.replace(now, request_id="swp", swapped=True)
+    return dataclasses.replace(snap, requests=(done, now, swapped) + snap.requests)
 
 
 async def _shown(size, rid: str) -> tuple[str, str]:
@@ -55,3 +56,11 @@ async def test_a_preempted_rows_note_is_whole_in_the_request_list():
     assert "preempted  ×1 " in row and "…" not in row, row
     _, row = await _shown((120, 40), "now")
     assert "×1: recompute" in row and "…" not in row, row
+
+
+@sync
+async def test_a_swapped_rows_note_says_it_waits_in_the_host_tier():
+    """Under preemption_mode=swap with a host tier the request reloads its KV: its row
+    said 'recompute' like every preempted row."""
+    _, row = await _shown((120, 40), "swp")
+    assert "×1: swapped" in row and "recompute" not in row, row

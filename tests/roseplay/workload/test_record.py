@@ -268,3 +268,20 @@ def test_a_steps_per_position_counts_are_checked_and_optional():
     for bad in ("3", [1, -1], [1.5], [1] * 99, None):
         with pytest.raises(BadRecording):
             check_step({**d, "spec_drafted_per_pos": bad})
+
+
+def test_a_requests_swapped_flag_is_recorded_checked_and_optional():
+    """`swapped` (preempted by swap: its KV in the host tier) round-trips, is absent in
+    older recordings (read as not swapped) and is refused when not a bool."""
+    from engine.snapshot import RequestView
+    from roseplay.workload.frames import _req_dict
+    from roseplay.workload.record_schema import BadRecording, check_request
+    view = RequestView("r", "preempted", 1.0, 8, 0, 8, 0, 0, 2, 16, 0.1, None, None, (),
+                       1, "", "", None, None, swapped=True)
+    d = json.loads(json.dumps(_req_dict(view)))
+    assert check_request(dict(d), 4)["swapped"] is True
+    old = {k: v for k, v in d.items() if k != "swapped"}
+    assert "swapped" not in check_request(old, 4)
+    for bad in (1, "yes", None):
+        with pytest.raises(BadRecording):
+            check_request({**d, "swapped": bad}, 4)
