@@ -49,7 +49,7 @@ class CompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    role: str | None = None
+    role: str | None = Field(None, exclude_if=lambda v: v is None)   # the first delta's only
     content: str | None = None
 
 

@@ -106,8 +106,9 @@ class ChunkEncoder:
                 delta["content"] = echo + (delta["content"] or "")
             if not (p.finished or self.ids or any(v is not None for v in delta.values())):
                 return b""
-            choice = {"index": p.choice.index, "delta": {"role": "assistant" if first else None,
-                                                         **delta},
+            # the role in a choice's first delta only (OpenAI and vLLM leave it out after)
+            choice = {"index": p.choice.index,
+                      "delta": {"role": "assistant", **delta} if first else delta,
                       "logprobs": logprobs, "finish_reason": reason}
         else:
             choice = {"index": p.choice.index, "text": echo + p.text, "logprobs": logprobs,

@@ -168,6 +168,27 @@ def test_the_openai_client_streams_a_chat_with_usage(server):
         full.usage.completion_tokens
 
 
+def test_a_chat_streams_its_role_in_each_choices_first_delta_only(server):
+    """OpenAI and vLLM send `"role": "assistant"` in a choice's first delta and leave the
+    key out of the later ones; every later delta carried `"role":null` (read from the raw
+    SSE bytes: the openai client reads a missing role and a null one alike)."""
+    body = {"model": "default", "stream": True, "temperature": 0, "max_tokens": 12, "n": 2,
+            "ignore_eos": True, "messages": [{"role": "user", "content": "What news?"}]}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                      timeout=60) as r:
+        assert r.status_code == 200
+        raw = b"".join(r.iter_bytes())
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]" and b'"role":null' not in raw
+    deltas = {0: [], 1: []}
+    for e in events[:-1]:
+        for c in json.loads(e.removeprefix(b"data: "))["choices"]:
+            deltas[c["index"]].append(c["delta"])
+    for ds in deltas.values():
+        assert len(ds) >= 2 and ds[0]["role"] == "assistant"
+        assert all("role" not in d for d in ds[1:])
+
+
 def test_server_histograms_agree_with_the_client(server):
     """The server times a request from its arrival in the front to the engine's token
     timestamps; the client from sending to reading. The server's figures can only be
