@@ -21,6 +21,7 @@ asked for, shown to viewers; they are never written back into the core.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -62,10 +63,30 @@ CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
 ROUTING_POLICIES = ("round_robin", "least_load", "consistent_hash", "cache_first",
                     "cache_aware")
 MAX_DP_SIZE = 64   # engine replicas behind one front
+# vLLM's --generation-config values besides a folder: the model's file, or none
+GENERATION_CONFIG_MODES = ("auto", "vllm")
+GENERATION_CONFIG_FILE = "generation_config.json"
 # vLLM's other names of a knob: LLM(...) keywords (vLLM's EngineArgs field; the older
 # num_gpu_blocks) and dtype values (its ModelDType's half and float)
 ARGUMENT_ALIASES = {"num_gpu_blocks_override": "num_blocks", "num_gpu_blocks": "num_blocks"}
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
+def check_generation_config(value) -> str:
+    """generation_config: auto, vllm, or a folder holding generation_config.json (what
+    the file says is checked as the engine starts: engine/worker/models/loader.py)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"generation_config must be auto, vllm or a folder, got "
+                                  f"{value!r}")
+    if value in GENERATION_CONFIG_MODES:
+        return value
+    if not os.path.isdir(value):
+        raise InvalidRequestError(f"generation_config {value!r} is not a folder (auto: the "
+                                  f"model's {GENERATION_CONFIG_FILE}; vllm: none)")
+    if not os.path.isfile(os.path.join(value, GENERATION_CONFIG_FILE)):
+        raise InvalidRequestError(f"generation_config {value!r} holds no "
+                                  f"{GENERATION_CONFIG_FILE}")
+    return value
 
 
 def check_priority(priority) -> int:
@@ -182,6 +203,15 @@ class EngineConfig:
            "process per extra rank, NCCL on CUDA (gloo on CPU). Must divide the attention "
            "heads.", minimum=1)
     seed: int = knob_field(0, "Seed for dummy weights and unseeded sampling.", minimum=0)
+    generation_config: str = knob_field(
+        "auto", "Where default sampling parameters come from (vLLM's --generation-config): "
+                "auto (default): the model's generation_config.json (its "
+                "repetition_penalty, temperature, top_k, top_p, min_p, and max_new_tokens "
+                "as max_tokens) for the requests of `roseplay serve` and LLM.generate / "
+                "chat that leave them out; vllm: none, the engine's own defaults; a "
+                "folder: its generation_config.json, whose max_new_tokens also caps every "
+                "request. The app's and bench's workloads set their own "
+                "(docs/SAMPLING.md).", check=check_generation_config)
     logprobs_mode: str = knob_field(
         LOGPROBS_MODES[0], "What a request's logprobs hold (vLLM's logprobs_mode): "
         "processed_logprobs (default: log-softmax of the distribution each token is sampled "
@@ -269,6 +299,7 @@ class EngineConfig:
         # a seed wider than MAX_SEED failed in torch: 'Overflow when unpacking long long'
         check_int("seed", self.seed, 0, MAX_SEED)
         check_number("client_timeout", self.client_timeout, *CLIENT_TIMEOUT_RANGE)
+        check_generation_config(self.generation_config)
         check_choices(self)
 
     def _check_data_parallel(self) -> None:

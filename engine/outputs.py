@@ -16,6 +16,7 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
+from engine.config import GENERATION_CONFIG_MODES
 from engine.request import SamplingParams
 
 
@@ -209,10 +210,17 @@ class EngineInfo(msgspec.Struct, frozen=True):
     logprobs_mode: str = "processed_logprobs"   # what requests' logprobs hold (viewers say it)
     structured_outputs_backend: str = "auto"    # the grammar library the front checks
     #                                             constraints with (engine/grammars.py)
+    # the model's generation-config defaults (EngineConfig.generation_config): what a
+    # request of the server, or LLM.generate without SamplingParams, leaves out gets
+    default_sampling_params: dict[str, int | float] = {}
+    override_max_tokens: int | None = None      # a folder's max_tokens: every request's cap
 
     @classmethod
     def of(cls, e) -> "EngineInfo":
+        defaults = e.executor.default_sampling_params
+        from_folder = e.config.generation_config not in GENERATION_CONFIG_MODES
         return cls(e.model_name, e.vocab_size, e.max_model_len, e.pool.num_blocks,
                    e.pool.block_size, str(e.device), str(e.dtype).removeprefix("torch."),
                    e.backend, e.config.logprobs_mode,
-                   e.config.structured_outputs_config.backend)
+                   e.config.structured_outputs_config.backend, defaults,
+                   defaults.get("max_tokens") if from_folder else None)

@@ -12,6 +12,7 @@ from engine.config import EngineConfig, InvalidRequestError, make_config
 from engine.ipc.inproc import LLMEngine
 from engine.front.chat_template import conversations, pick_template, render
 from engine.front.processor import InputProcessor, OutputProcessor
+from engine.outputs import EngineInfo
 from engine.request import SamplingParams, sample_seed
 from engine.request_output import RequestOutput
 from engine.validation import check_bool
@@ -33,7 +34,11 @@ class LLM:
 
     `proposer`: speculative drafts from this object instead of speculative_config's
     method (engine/core/spec_decode.py Proposer; docs/SPECULATIVE.md "Proposers"), with
-    k from num_speculative_tokens; one engine in this process only."""
+    k from num_speculative_tokens; one engine in this process only.
+
+    generate() and chat() without sampling_params (or with None for a prompt) use
+    get_default_sampling_params(): the model's generation config
+    (generation_config="auto", as vLLM's LLM), SamplingParams() with "vllm"."""
 
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None,
                  proposer=None, **kwargs):
@@ -53,11 +58,20 @@ class LLM:
                 from engine.front.dp_client import DPClient
                 self.engine, self.dp = None, DPClient(label="llm", snapshots=False, **kwargs)
                 self.inputs, self.outputs = self.dp.inputs, None
+                self._defaults = self.dp.info.default_sampling_params
                 return
         config.check_in_process()
         self.engine = e = LLMEngine(config, proposer)
-        self.inputs = InputProcessor.for_engine(e)
+        info = EngineInfo.of(e)
+        self.inputs = InputProcessor.of(e.tokenizer, info)
         self.outputs = OutputProcessor(e.tokenizer)
+        self._defaults = info.default_sampling_params
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's LLM.get_default_sampling_params: SamplingParams with the model's
+        generation-config defaults (EngineConfig.generation_config; docs/SAMPLING.md
+        "Default sampling parameters"), the engine's own for the fields it leaves out."""
+        return SamplingParams(**self._defaults)
 
     @property
     def tokenizer(self):
@@ -131,7 +145,7 @@ class LLM:
         if on_step is not None and not callable(on_step):    # (it raised mid-run)
             raise InvalidRequestError(f"on_step must be callable, got {type(on_step).__name__}")
         prompts = _prompt_list(prompts)
-        params = _params_list(sampling_params, len(prompts))
+        params = _params_list(sampling_params, len(prompts), self.get_default_sampling_params)
         priorities = _priority_list(priority, len(prompts))
         made = [self.inputs.process(p, one, priority=pr)
                 for p, sp, pr in zip(prompts, params, priorities) for one in _samples(sp)]
@@ -223,13 +237,18 @@ def _prompt_list(prompts) -> list:
     return [prompts] if prompts and all(isinstance(p, int) for p in prompts) else prompts
 
 
-def _params_list(sampling_params, n: int) -> list[SamplingParams]:
+def _params_list(sampling_params, n: int, defaults: Callable[[], SamplingParams]
+                 ) -> list[SamplingParams]:
+    """One SamplingParams per prompt; None (all, or one prompt's) is `defaults()`."""
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [sampling_params or SamplingParams()] * n
+        return [sampling_params or defaults()] * n
     if isinstance(sampling_params, dict) or not hasattr(sampling_params, "__iter__"):
         raise InvalidRequestError("sampling_params must be a SamplingParams or a list of "
                                   f"them, got {type(sampling_params).__name__}")
-    params = [SamplingParams() if p is None else p for p in sampling_params]
+    params = list(sampling_params)
+    if any(p is None for p in params):
+        default = defaults()
+        params = [default if p is None else p for p in params]
     bad = [p for p in params if not isinstance(p, SamplingParams)]
     if bad:     # (each is read as one: p.n)
         raise InvalidRequestError("sampling_params must be a SamplingParams or a list of "

@@ -16,6 +16,7 @@ from roseplay.serve.bridge import EngineBridge
 from roseplay.serve.errors import OpenAIError, install_handlers
 from roseplay.serve.gate import GateMiddleware
 from roseplay.serve.metrics import ServerMetrics
+from roseplay.serve.prompts import SamplingDefaults
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.request_ids import RequestIdMiddleware
 from roseplay.serve.responses_api import RESPONSES, ResponsesRequest, responses_router
@@ -81,6 +82,8 @@ class ServeState:
         self.tokenizer = loop.tokenizer
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
+        # the model's generation-config defaults for what requests leave out (prompts.py)
+        self.sampling_defaults = SamplingDefaults.of(info)
         self.model_names = config.served_model_name or (info.model_name,)
         self.chat_template = chat.pick_template(self.tokenizer, chat.load_template(
             config.chat_template))

@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"roseplay serve: {info.model_name} on {info.device} ({info.dtype}, "
               f"{info.num_blocks} KV blocks of {info.block_size}) at "
               f"{url(args.host, port)}/v1", file=sys.stderr)
+        if line := defaults_line(info):
+            print(f"roseplay serve: {line}", file=sys.stderr)
         address = getattr(loop, "address", None)
         if getattr(loop, "router", None) is not None:
             attached = [c.address for c in loop.replicas if c.proc is None]
@@ -211,6 +213,19 @@ def main(argv: list[str] | None = None) -> int:
         loop.close()
     _report_exit(code, getattr(loop, "fatal_error", None))
     return code
+
+
+def defaults_line(info) -> str | None:
+    """What vLLM's server logs at start when the model's generation config sets default
+    sampling parameters (None when it sets none)."""
+    if not info.default_sampling_params:
+        return None
+    given = ", ".join(f"{k}={v}" for k, v in info.default_sampling_params.items())
+    cap = "" if info.override_max_tokens is None else \
+        f"; max_tokens {info.override_max_tokens} caps every request"
+    return (f"Default sampling parameters have been overridden by the model's Hugging Face "
+            f"generation config: {given} (for requests that leave them out{cap}); "
+            f"--generation-config vllm turns them off")
 
 
 def _listen(args):

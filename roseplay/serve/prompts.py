@@ -2,15 +2,16 @@
 
 Text is tokenized here with the engine's tokenizer (`tokenizer.encode`, as the engine
 itself would), so the server knows every prompt's length: it fills in the default
-max_tokens (the rest of the context, as vLLM) and refuses prompt + max_tokens over
-max_model_len with vLLM's 400 message instead of silently cutting the output. The
+max_tokens (the model's generation-config default, at most the rest of the context, as
+vLLM's get_max_tokens) and refuses prompt + max_tokens over max_model_len with vLLM's
+400 message instead of silently cutting the output. The
 routes call these on a worker thread when the prompt is long or has many parts (a
 tokenizer or template pass each), on the event loop when it is short (`on_loop`: the
 thread hop costs more than the work); every 400 names its request field (`param`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.config import InvalidRequestError
 from engine.validation import MAX_TOKENS, check_text
@@ -28,6 +29,22 @@ class EngineInputs:
     prompt_texts: list[str | None]
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """The model's generation-config defaults (EngineInfo's; vLLM's serving classes'
+    default_sampling_params and override_max_tokens): `params` fills the sampling fields
+    a request leaves out (null), its max_tokens the output length of one that sets none
+    (at most the rest of the context); override_max_tokens (a --generation-config
+    folder's max_new_tokens) caps every request's."""
+    params: dict = field(default_factory=dict)
+    override_max_tokens: int | None = None
+
+    @classmethod
+    def of(cls, info) -> "SamplingDefaults":
+        return cls(dict(info.default_sampling_params), info.override_max_tokens)
+
+
+NO_DEFAULTS = SamplingDefaults()
 MAX_CHOICES = 1024     # prompts x n of one request: each is an engine request
 # at most this much prompt is turned into inputs on the event loop (about 0.4 ms of
 # tokenizing, or of decoding token ids, on one core); more goes to a worker thread.
@@ -110,12 +127,14 @@ def truncated(prompt: dict, keep: int | None, tokenizer) -> dict:
 
 
 def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
-                field: str = "max_tokens", prompt_field: str = "prompt") -> int:
+                field: str = "max_tokens", prompt_field: str = "prompt",
+                defaults: SamplingDefaults = NO_DEFAULTS) -> int:
     """The output's length; a 400 names `field`, the request field it came from (chat's
     max_completion_tokens or max_tokens), or `prompt_field` when the prompt alone fills
-    the context."""
+    the context. None: the default's max_tokens, at most the rest of the context."""
     if requested is None:
-        requested = max(1, max_model_len - prompt_len)
+        rest = max(1, max_model_len - prompt_len)
+        requested = min(rest, defaults.params.get("max_tokens", rest))
     if not 1 <= requested <= MAX_TOKENS:
         raise invalid(f"{field} must be an integer in [1, {MAX_TOKENS}], got {requested}", field)
     if prompt_len + requested > max_model_len:
@@ -124,11 +143,13 @@ def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
             f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
             f"{requested} in the completion). Please reduce the prompt or {field}.",
             field if prompt_len < max_model_len else prompt_field)
-    return requested
+    cap = defaults.override_max_tokens
+    return requested if cap is None else min(requested, cap)
 
 
 def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
-            max_model_len: int, field: str = "max_tokens") -> EngineInputs:
+            max_model_len: int, field: str = "max_tokens",
+            defaults: SamplingDefaults = NO_DEFAULTS) -> EngineInputs:
     """n choices per prompt (best_of candidates: the routes keep the n best): choice
     index = prompt_index * n + i (OpenAI's order)."""
     all_prompts, params, bias = [], [], req.logit_bias_ids()
@@ -136,16 +157,17 @@ def _expand(req: SamplingFields, prompts: list[dict], requested: int | None,
         n_prompt = len(p["prompt_token_ids"])
         if n_prompt == 0:
             raise InvalidRequestError("prompt is empty (0 tokens)")
-        max_tokens = _max_tokens(requested, n_prompt, max_model_len, field, req.PROMPT_FIELD)
+        max_tokens = _max_tokens(requested, n_prompt, max_model_len, field, req.PROMPT_FIELD,
+                                 defaults)
         for i in range(req.num_candidates):
             all_prompts.append(p)
-            params.append(req.sampling_params(max_tokens, i, bias))
+            params.append(req.sampling_params(max_tokens, i, bias, defaults.params))
     return EngineInputs(all_prompts, params, [len(p["prompt_token_ids"]) for p in prompts],
                         [p.get("prompt") for p in prompts])
 
 
 def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
-                      vocab_size: int) -> EngineInputs:
+                      vocab_size: int, defaults: SamplingDefaults = NO_DEFAULTS) -> EngineInputs:
     if len(req.prompts()) * req.num_candidates > MAX_CHOICES:   # before tokenizing them all
         raise invalid(f"{len(req.prompts())} prompts x n={req.num_candidates} choices; at "
                       f"most {MAX_CHOICES} per request", "n")
@@ -155,11 +177,12 @@ def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
     keep = truncate_to(req, max_model_len)
     prompts = [completion_prompt(tokenizer, p, vocab_size, max_model_len, keep,
                                  req.add_special_tokens) for p in req.prompts()]
-    return _expand(req, prompts, 1 if req.echo_only else req.max_tokens, max_model_len)
+    return _expand(req, prompts, 1 if req.echo_only else req.max_tokens, max_model_len,
+                   defaults=defaults)
 
 
 def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
-                max_model_len: int) -> EngineInputs:
+                max_model_len: int, defaults: SamplingDefaults = NO_DEFAULTS) -> EngineInputs:
     messages = [message_dict(m) for m in req.messages]
     tools = req.tool_spec.for_template() if req.tool_spec is not None else None
     text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools,
@@ -167,4 +190,4 @@ def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
     field = req.max_tokens_field
     prompt = truncated({"prompt_token_ids": ids, "prompt": text},
                        truncate_to(req, max_model_len), tokenizer)
-    return _expand(req, [prompt], req.requested_max_tokens, max_model_len, field)
+    return _expand(req, [prompt], req.requested_max_tokens, max_model_len, field, defaults)

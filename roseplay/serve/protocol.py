@@ -35,6 +35,9 @@ MAX_N = 128     # choices per request (each one is an engine request)
 MAX_MESSAGES = 4096
 MAX_CONTENT_PARTS = 1024           # text parts of one message's content
 MAX_TOOL_CALLS = 128               # an assistant message's tool calls
+# the sampling fields a model's generation config gives defaults for (vLLM's
+# to_sampling_params; max_tokens: roseplay/serve/prompts.py)
+MODEL_DEFAULTED = ("temperature", "top_k", "top_p", "repetition_penalty", "min_p")
 
 
 class _Request(msgspec.Struct, kw_only=True):
@@ -144,24 +147,27 @@ class SamplingFields(_Request, kw_only=True, dict=True):
         return self.__dict__.get("_constraint", (None, None))[1]
 
     def sampling_params(self, max_tokens: int, choice: int = 0,
-                        logit_bias: dict[int, float] | None = None) -> SamplingParams:
+                        logit_bias: dict[int, float] | None = None,
+                        defaults: dict | None = None) -> SamplingParams:
         """The SamplingParams of a prompt's choice (or best_of candidate) `choice`: a
         seeded request's choice i gets seed + i; only choice 0 asks for the prompt's
         logprobs, which the routes show for all (one computation per prompt however
-        large n: roseplay/serve/siblings.py)."""
+        large n: roseplay/serve/siblings.py). A field of MODEL_DEFAULTED the request
+        leaves out (null) takes the model's default (`defaults`: its generation config,
+        vLLM's default_sampling_params), else the engine's."""
         seed = sample_seed(self.seed, choice)
+        given = {name: value for name in MODEL_DEFAULTED
+                 if (value := getattr(self, name)) is not None}
+        sampled = {name: value for name, value in (defaults or {}).items()
+                   if name in MODEL_DEFAULTED} | given
         return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_k=-1 if self.top_k is None else self.top_k,
-            top_p=1.0 if self.top_p is None else self.top_p,
+            max_tokens=max_tokens, **sampled,
             seed=seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=bool(self.include_stop_str_in_output),
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            logit_bias=logit_bias, min_p=self.min_p or 0.0, min_tokens=self.min_tokens,
+            logit_bias=logit_bias, min_tokens=self.min_tokens,
             logprobs=self.engine_logprobs,
             prompt_logprobs=self.prompt_logprobs_asked if choice == 0 else None,
             structured_outputs=self.constraint)

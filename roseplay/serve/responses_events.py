@@ -49,23 +49,24 @@ class ResponsesFormat(ChatFormat):
 
     def response_object(self, status: str, output: list, usage: dict | None = None,
                         error: dict | None = None) -> dict:
-        """The Response object: the output and usage, and the request's settings."""
-        src = self.source
+        """The Response object: the output and usage, and the request's settings (the
+        sampling ones as they ran, the model's defaults filled in, as vLLM's)."""
+        src, params = self.source, self.ins.params[0]
         text = src.text_format()
         return {
             "id": self.response_id, "object": "response", "created_at": self.created,
             "status": status, "background": False, "error": error,
             "incomplete_details": INCOMPLETE if status == "incomplete" else None,
-            "instructions": src.instructions, "max_output_tokens": src.max_output_tokens,
+            "instructions": src.instructions, "max_output_tokens": params.max_tokens,
             "max_tool_calls": src.max_tool_calls, "metadata": src.metadata or {},
             "model": self.model, "output": output,
             "parallel_tool_calls": src.parallel_tool_calls, "previous_response_id": None,
             "reasoning": None, "service_tier": "default", "store": False,
-            "temperature": 1.0 if src.temperature is None else src.temperature,
+            "temperature": params.temperature,
             "text": {"format": text or {"type": "text"}},
             "tool_choice": decode_small(src.tool_choice, "tool_choice") or "auto", "tools": [],
             "top_logprobs": src.top_logprobs or 0,
-            "top_p": 1.0 if src.top_p is None else src.top_p,
+            "top_p": params.top_p,
             "truncation": "disabled", "usage": usage, "user": src.user}
 
     def message(self, text: str, status: str, logprobs: list | None = None) -> dict:

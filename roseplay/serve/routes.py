@@ -179,12 +179,13 @@ async def _json_response(fmt, choices) -> Response:
 async def completions(request: Request):
     req = parse_body(CompletionRequest, await request.body())
     return await generate(request, CompletionFormat, req, lambda r, st: inputs.completion_inputs(
-        r, st.tokenizer, st.max_model_len, st.vocab_size))
+        r, st.tokenizer, st.max_model_len, st.vocab_size, st.sampling_defaults))
 
 
 def chat_inputs(req: ChatCompletionRequest, st) -> inputs.EngineInputs:
     """A chat's engine inputs: its messages through the server's chat template."""
-    return inputs.chat_inputs(req, st.tokenizer, st.chat_template, st.max_model_len)
+    return inputs.chat_inputs(req, st.tokenizer, st.chat_template, st.max_model_len,
+                              st.sampling_defaults)
 
 
 async def chat_completions(request: Request):

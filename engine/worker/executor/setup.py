@@ -5,6 +5,7 @@ model's runner and the ModelRunner every step runs on. The executor
 (engine/worker/executor/) wraps what this builds; the core never calls it."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ from engine.config import (DEFAULT_CPU_BLOCKS, EngineConfig, InvalidRequestError
                            SpeculativeConfig, resolve_max_model_len)
 from engine.worker.draft_runner import DraftRunner, build_draft_runner
 from engine.worker.models.config_check import context_length, local_context_length
-from engine.worker.models.loader import LoadedModel, load_model
+from engine.worker.models.loader import LoadedModel, default_sampling_params, load_model
 from engine.worker.placement import (blocks_from_memory, kv_bytes_per_block,
                                      resolve_kv_cache_dtype)
 from engine.worker.runner import ModelRunner
@@ -30,6 +31,8 @@ class WorkerSetup:
     draft: DraftRunner | None        # speculative method draft_model, else None
     runner: ModelRunner
     tp_group: object = None          # TPWorkerGroup of ranks 1..N-1 (engine/worker/distributed)
+    # the model's generation-config sampling defaults (EngineConfig.generation_config)
+    default_sampling_params: dict = dataclasses.field(default_factory=dict)
 
 
 def setup_worker(config: EngineConfig, device: torch.device,
@@ -37,6 +40,7 @@ def setup_worker(config: EngineConfig, device: torch.device,
     """Load the model and build the runner; a failure stops the workers it started."""
     if (local := local_context_length(config.model)) is not None:
         resolve_max_model_len(config.max_model_len, local)     # refused before the load
+    defaults = default_sampling_params(config.model, config.generation_config)   # likewise
     backend = config.attention_backend
     if backend == "triton" and device.type == "cpu" and not INTERPRETED:
         # else it loads, then every step fails in Triton ("0 active drivers")
@@ -51,7 +55,8 @@ def setup_worker(config: EngineConfig, device: torch.device,
         build_in_background()       # on a first launch cc runs while the model loads
     if config.tensor_parallel_size == 1:
         loaded = load_model(config.model, device, dtype, config.seed)
-        return _build_runner(config, device, dtype, loaded, _resolve_backend(backend), None)
+        return _build_runner(config, device, dtype, loaded, _resolve_backend(backend), None,
+                             defaults)
     from engine.worker.distributed.worker import TPWorkerGroup, WorkerSpec
     backend = _resolve_backend(backend)          # the workers are told it
     group = TPWorkerGroup(WorkerSpec(
@@ -60,7 +65,7 @@ def setup_worker(config: EngineConfig, device: torch.device,
     try:
         loaded = load_model(config.model, device, dtype, config.seed, tp=group.start())
         group.wait_ready()
-        return _build_runner(config, device, dtype, loaded, backend, group)
+        return _build_runner(config, device, dtype, loaded, backend, group, defaults)
     except BaseException:
         group.shutdown()
         raise
@@ -136,7 +141,7 @@ def host_kv_bytes(config: EngineConfig, bytes_per_block: int) -> int:
 
 
 def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype,
-                  loaded: LoadedModel, backend: str, group) -> WorkerSetup:
+                  loaded: LoadedModel, backend: str, group, defaults: dict) -> WorkerSetup:
     max_model_len = resolve_max_model_len(config.max_model_len, context_length(loaded.hf_config))
     ops = get_ops(backend)
     # the pool's bytes a block in kv_cache_dtype, and in the model's dtype (CPU sizing)
@@ -164,4 +169,5 @@ def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype
         group.allocate_kv(num_blocks, config.block_size, **runner_kw)
     runner = ModelRunner(loaded.model, ops, device, dtype, num_blocks, config.block_size,
                          **runner_kw)
-    return WorkerSetup(loaded, backend, max_model_len, num_blocks, draft, runner, group)
+    return WorkerSetup(loaded, backend, max_model_len, num_blocks, draft, runner, group,
+                       defaults)

@@ -39,6 +39,7 @@ class UniprocExecutor:
         self.vocab_size = loaded.model.config.vocab_size
         self.max_model_len = setup.max_model_len
         self.num_blocks = setup.num_blocks
+        self.default_sampling_params = setup.default_sampling_params   # (EngineInfo's)
         self._host_copies = HostCopyRing()         # the sampled tokens' way to the host
 
     # -- what the core sizes itself by ---------------------------------------------------

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from engine.config import DEFAULT_DRAFT_MODEL, InvalidRequestError
+from engine.config import DEFAULT_DRAFT_MODEL, GENERATION_CONFIG_FILE, InvalidRequestError
+from engine.request import SamplingParams
 from engine.worker.models.parallel import TPInfo, split, take
 from engine.worker.models.gpt2 import GPT2LMHeadModel
 from engine.worker.models.config_check import (check_gpt2_config, check_llama_config,
@@ -204,12 +205,70 @@ def bundled_config(path: Path = DEFAULT_MODEL_DIR) -> SimpleNamespace:
 
 def _eos_ids(hf_config, path: str | None) -> tuple[int, ...]:
     ids = getattr(hf_config, "eos_token_id", None)
-    if path and os.path.exists(os.path.join(path, "generation_config.json")):
+    if path and os.path.exists(os.path.join(path, GENERATION_CONFIG_FILE)):
         try:   # the file's eos_token_id, as GenerationConfig reads it
-            with open(os.path.join(path, "generation_config.json")) as f:
-                ids = json.load(f).get("eos_token_id") or ids
-        except (OSError, ValueError, AttributeError):
+            ids = _json_object(os.path.join(path, GENERATION_CONFIG_FILE)).get(
+                "eos_token_id") or ids
+        except InvalidRequestError:
             pass
     if ids is None:
         return ()
     return tuple(ids) if isinstance(ids, (list, tuple)) else (int(ids),)
+
+
+def _json_object(file: str) -> dict:
+    """A JSON file holding an object; InvalidRequestError naming the file otherwise."""
+    try:
+        with open(file) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InvalidRequestError(f"unreadable {file}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidRequestError(f"{file} holds no JSON object")
+    return data
+
+
+# the generation-config fields that become default sampling parameters (vLLM's
+# ModelConfig.get_diff_sampling_param); HF's max_new_tokens is the engine's max_tokens
+GENERATION_SAMPLING_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p",
+                              "max_new_tokens")
+
+
+def default_sampling_params(model: str, generation_config: str = "auto") -> dict:
+    """The sampling defaults a model's generation config sets, as vLLM's
+    ModelConfig.get_diff_sampling_param: the fields of GENERATION_SAMPLING_FIELDS that
+    hold a value, max_new_tokens as max_tokens. generation_config (EngineConfig's, vLLM's
+    --generation-config): auto reads the model's generation_config.json, else the same
+    fields of its config.json (transformers' GenerationConfig.from_model_config), a dummy
+    preset none; vllm reads nothing; a folder reads its generation_config.json. The
+    values are checked as SamplingParams checks them: a bad file is refused as the
+    engine starts, before the model loads (engine/worker/executor/setup.py)."""
+    file = _generation_file(model, generation_config)
+    if file is None:
+        return {}
+    data = _json_object(file)
+    found = {name: data[name] for name in GENERATION_SAMPLING_FIELDS
+             if data.get(name) is not None}
+    if "max_new_tokens" in found:
+        found["max_tokens"] = found.pop("max_new_tokens")
+    try:
+        SamplingParams(**found)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(f"{file}: {exc} (--generation-config vllm leaves the "
+                                  f"model's generation config out)") from None
+    return found
+
+
+def _generation_file(model: str, generation_config: str) -> str | None:
+    """The file the defaults come from (None: no file)."""
+    if generation_config == "vllm":
+        return None
+    if generation_config != "auto":       # a folder (EngineConfig checked it has the file)
+        return os.path.join(generation_config, GENERATION_CONFIG_FILE)
+    if model.startswith("dummy:"):
+        return None
+    path = _local_dir(resolve_model_path(model))
+    for name in (GENERATION_CONFIG_FILE, "config.json"):
+        if os.path.exists(os.path.join(path, name)):
+            return os.path.join(path, name)
+    return None
