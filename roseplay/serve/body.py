@@ -11,6 +11,7 @@ built every element, so a field that would be costly to build and is refused whe
 for JSON syntax, ~40x faster) and decoded here once its size is known
 (`parse_logit_bias`).
 
+`json_body` reads a request's: its Content-Type must be application/json, as vLLM's.
 Failures: a type or range error is msgspec's message with the field (`param`); bytes
 that are not UTF-8, not JSON, or nested past msgspec's recursion limit, a 400 without
 one; JSON's lone-surrogate escapes ("\\ud800"), which msgspec refuses as malformed,
@@ -52,6 +53,20 @@ def raw_value(raw) -> bytes | None:
         return None
     data = bytes(raw).strip()
     return None if data == b"null" else data
+
+
+async def json_body(request, model: type):
+    """The request model from a JSON request (parse_body). A Content-Type other than
+    application/json (its parameters, such as charset, aside), or none, is a 400, as
+    vLLM's validate_json_request answers it on its JSON endpoints (a 400, not a 415):
+    a text/plain or form body was read as JSON."""
+    body = await request.body()
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        sent = f"Content-Type {media!r:.80}" if media else "no Content-Type"
+        raise invalid(f"Unsupported Media Type: Only 'application/json' is allowed (the "
+                      f"request has {sent})", None)
+    return parse_body(model, body)
 
 
 def parse_body(model: type, body: bytes):

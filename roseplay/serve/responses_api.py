@@ -26,7 +26,7 @@ from msgspec import Meta
 
 from engine.validation import MAX_LOGPROBS, MAX_STOP_STRINGS
 from roseplay.serve import constrained
-from roseplay.serve.body import parse_body, raw_field
+from roseplay.serve.body import json_body, raw_field
 from roseplay.serve.errors import OpenAIError, invalid
 from roseplay.serve.protocol import (MAX_CONTENT_PARTS, MAX_MESSAGES, ChatCompletionRequest,
                                      ChatMessage, _Request, is_set)
@@ -229,7 +229,7 @@ class ResponsesChat(ChatCompletionRequest, kw_only=True):
 
 
 async def create_response(request: Request):
-    req = parse_body(ResponsesRequest, await request.body())
+    req = await json_body(request, ResponsesRequest)
     return await generate(request, ResponsesFormat, req.as_chat(), chat_inputs)
 
 

@@ -25,7 +25,7 @@ from engine.config import InvalidRequestError
 from roseplay import __version__
 from roseplay.serve import prompts as inputs
 from roseplay.serve import request_ids
-from roseplay.serve.body import parse_body
+from roseplay.serve.body import json_body
 from roseplay.serve.bridge import Generation
 from roseplay.serve.constrained import first_batch, grammar_error, refused_at_submit
 from roseplay.serve.errors import OpenAIError, error_body, invalid
@@ -177,7 +177,7 @@ async def _json_response(fmt, choices) -> Response:
 
 
 async def completions(request: Request):
-    req = parse_body(CompletionRequest, await request.body())
+    req = await json_body(request, CompletionRequest)
     return await generate(request, CompletionFormat, req, lambda r, st: inputs.completion_inputs(
         r, st.tokenizer, st.max_model_len, st.vocab_size, st.sampling_defaults))
 
@@ -189,7 +189,7 @@ def chat_inputs(req: ChatCompletionRequest, st) -> inputs.EngineInputs:
 
 
 async def chat_completions(request: Request):
-    req = parse_body(ChatCompletionRequest, await request.body())
+    req = await json_body(request, ChatCompletionRequest)
     return await generate(request, ChatFormat, req, chat_inputs)
 
 
@@ -203,7 +203,7 @@ async def invocations(request: Request):
     """SageMaker's inference route (vLLM's): a body with `messages` is a chat completion,
     one with `prompt` a completion (chat first, as vLLM tries them); anything else a 400
     naming both fields."""
-    body = parse_body(_Invocation, await request.body())
+    body = await json_body(request, _Invocation)
     if body.messages is not msgspec.UNSET:
         return await chat_completions(request)
     if body.prompt is not msgspec.UNSET:

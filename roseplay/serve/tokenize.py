@@ -14,7 +14,7 @@ from msgspec import Meta
 
 from engine.validation import check_text
 from roseplay.serve import chat
-from roseplay.serve.body import parse_body
+from roseplay.serve.body import json_body
 from roseplay.serve.errors import invalid
 from roseplay.serve.prompts import check_vocab_ids, messages_on_loop, prompts_on_loop
 from roseplay.serve.protocol import MAX_MESSAGES, ChatMessage, _Request
@@ -72,7 +72,7 @@ def _tokenized(req: TokenizeRequest, st) -> dict:
 
 @tokenize_router.post("/tokenize")
 async def tokenize(request: Request):
-    req = parse_body(TokenizeRequest, await request.body())
+    req = await json_body(request, TokenizeRequest)
     st = _checked(request, req.model)
     small = messages_on_loop(req.messages) if req.messages is not None else \
         prompts_on_loop([req.prompt or ""])
@@ -82,7 +82,7 @@ async def tokenize(request: Request):
 
 @tokenize_router.post("/detokenize")
 async def detokenize(request: Request):
-    req = parse_body(DetokenizeRequest, await request.body())
+    req = await json_body(request, DetokenizeRequest)
     st = _checked(request, req.model)
     ids = req.tokens
     check_vocab_ids(ids, st.vocab_size, "tokens")

@@ -93,6 +93,30 @@ def test_invalid_parameters_are_400(server, endpoint, changes, words):
     assert err["type"] == "invalid_request_error"
 
 
+JSON_BODIES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+               "/v1/completions": {"prompt": "hi"}, "/v1/responses": {"input": "hi"},
+               "/invocations": {"prompt": "hi"}, "/tokenize": {"prompt": "hi"},
+               "/detokenize": {"tokens": [1, 2]}}
+
+
+@pytest.mark.parametrize("path", list(JSON_BODIES))
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
+                                          None])
+def test_a_body_not_sent_as_json_is_400(server, path, content_type):
+    """vLLM's JSON endpoints refuse any Content-Type but application/json with a 400
+    (validate_json_request); a text/plain body (and curl -d's form type, and none) was
+    read as JSON and served."""
+    body = json.dumps({"model": "default", "max_tokens": 1, **JSON_BODIES[path]}).encode()
+    headers = {} if content_type is None else {"content-type": content_type}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        r = http.post(path, content=body, headers=headers)
+        err = check_error(r, 400, in_message="Only 'application/json' is allowed")
+        assert err["param"] is None and (content_type or "no Content-Type") in err["message"]
+        for sent in ("application/json; charset=utf-8", "Application/JSON"):   # the same type
+            assert http.post(path, content=body, headers={"content-type": sent}
+                             ).status_code == 200
+
+
 def test_malformed_json_is_400_not_422(server):
     r = httpx.post(server.url + "/v1/completions", content=b"{not json",
                    headers={"content-type": "application/json"})
