@@ -47,8 +47,7 @@ class LoadedModel:
 def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
                tp: TPInfo = TPInfo()) -> LoadedModel:
     """This rank's model (its shard of every weight when tp.size > 1)."""
-    if not isinstance(name, str) or not name:
-        raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
+    _check_name(name)
     if name.startswith("dummy:"):
         hf_config = preset_config(name.removeprefix("dummy:"))
         model = _build(hf_config, device, dtype, tp)
@@ -66,11 +65,15 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
 
 def model_config(name: str):
     """The HF config of a model name (no weights read): a preset's or the checkpoint's."""
-    if not isinstance(name, str) or not name:
-        raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
+    _check_name(name)
     if name.startswith("dummy:"):
         return preset_config(name.removeprefix("dummy:"))
     return _read_config(_local_dir(resolve_model_path(name)))
+
+
+def _check_name(name) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"model must be a non-empty string, got {name!r}")
 
 
 def check_tensor_parallel(hf_config, size: int) -> None:
@@ -261,6 +264,7 @@ def default_sampling_params(model: str, generation_config: str = "auto") -> dict
 
 def _generation_file(model: str, generation_config: str) -> str | None:
     """The file the defaults come from (None: no file)."""
+    _check_name(model)
     if generation_config == "vllm":
         return None
     if generation_config != "auto":       # a folder (EngineConfig checked it has the file)
