@@ -4,7 +4,8 @@ engine processes that run elsewhere (`roseplay serve --headless`, docs/ROUTING.m
 
 Each address gets an EngineClient attached to it (the engine's key: the one given, else
 the address's key file, engine/ipc/auth.py); closing it detaches and leaves the engine
-serving. The engines must serve one model (tokenizer) in blocks of one size, and each
+serving. The engines must serve one model (tokenizer) in blocks of one size, answer a
+request alike (the front fills and checks every request with replica 0's info), and each
 must publish its KV events (the router's index reads them): the endpoints come in each
 engine's Welcome.
 """
@@ -61,8 +62,16 @@ def attach_replicas(addresses: list[str], engine_key: str | None, label: str,
     return clients
 
 
+# what the front takes from replica 0's Welcome for every request (its checks, its
+# grammar library, its defaults): a replica that differs would answer by the route
+SAME_MODEL = ("model_name", "block_size", "vocab_size")
+SAME_ANSWERS = ("structured_outputs_backend", "logprobs_mode", "default_sampling_params",
+                "override_max_tokens")
+
+
 def check_replicas(clients: list[EngineClient]) -> None:
-    """Every engine publishes KV events; all serve one model in blocks of one size."""
+    """Every engine publishes KV events; all serve one model in blocks of one size and
+    answer a request alike (one grammar library, logprobs mode and generation config)."""
     for c in clients:
         if c.transport.kv_events is None:
             raise InvalidRequestError(
@@ -70,9 +79,11 @@ def check_replicas(clients: list[EngineClient]) -> None:
                 f"index needs: start it with {KV_EVENTS_FLAG}")
     first = clients[0]
     for c in clients[1:]:
-        for field in ("model_name", "block_size", "vocab_size"):
-            mine, theirs = getattr(first.info, field), getattr(c.info, field)
-            if mine != theirs:
-                raise InvalidRequestError(
-                    f"the engines must serve one model in blocks of one size: {field} is "
-                    f"{mine!r} at {first.address} and {theirs!r} at {c.address}")
+        for fields, what in ((SAME_MODEL, "serve one model in blocks of one size"),
+                             (SAME_ANSWERS, "answer a request alike")):
+            for field in fields:
+                mine, theirs = getattr(first.info, field), getattr(c.info, field)
+                if mine != theirs:
+                    raise InvalidRequestError(
+                        f"the engines must {what}: {field} is {mine!r} at {first.address} "
+                        f"and {theirs!r} at {c.address}")

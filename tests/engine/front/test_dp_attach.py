@@ -28,6 +28,7 @@ KEY = "dp-attach-test-key"
 KW = dict(model="dummy:tiny", device="cpu", num_blocks=2048, block_size=4, seed=0)
 EVENTS = {"enable_kv_cache_events": True}
 CLIENT_TIMEOUT = 4.0      # how soon an attached front judges a killed engine gone
+EV = P.KVEventsEndpoints("tcp://127.0.0.1:1", None, "")     # a replica's, for the checks
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +132,17 @@ def test_the_app_connects_to_several_engines_as_one_front(engines, monkeypatch):
     assert all(e.proc.poll() is None for e in engines)
 
 
+def replica(address, events=EV, **info):
+    """A replica for check_replicas: its address, its Welcome's info and events."""
+    fields = {"model_name": "m", "block_size": 4, "vocab_size": 512,
+              "structured_outputs_backend": "auto", "logprobs_mode": "processed_logprobs",
+              "default_sampling_params": {}, "override_max_tokens": None, **info}
+    return types.SimpleNamespace(address=address, info=types.SimpleNamespace(**fields),
+                                 transport=types.SimpleNamespace(kv_events=events))
+
+
 def test_replicas_must_publish_events_and_serve_one_model_in_one_block_size():
     """(A real engine without events: tests/roseplay/serve/test_serve_dp_attach.py.)"""
-    ev = P.KVEventsEndpoints("tcp://127.0.0.1:1", None, "")
-
-    def replica(address, events=ev, **info):
-        fields = {"model_name": "m", "block_size": 4, "vocab_size": 512, **info}
-        return types.SimpleNamespace(address=address, info=types.SimpleNamespace(**fields),
-                                     transport=types.SimpleNamespace(kv_events=events))
     check_replicas([replica("a"), replica("b")])
     with pytest.raises(InvalidRequestError, match="engine at b publishes no KV events.*"
                                                   "--kv-events-config"):
@@ -146,6 +150,21 @@ def test_replicas_must_publish_events_and_serve_one_model_in_one_block_size():
     for field, value in (("model_name", "other"), ("block_size", 16), ("vocab_size", 7)):
         with pytest.raises(InvalidRequestError, match=f"{field} is .* at a and .* at b"):
             check_replicas([replica("a"), replica("b", **{field: value})])
+
+
+@pytest.mark.parametrize("field, value", [
+    ("structured_outputs_backend", "xgrammar"), ("logprobs_mode", "raw_logprobs"),
+    ("default_sampling_params", {"temperature": 0.6}), ("override_max_tokens", 64)])
+def test_replicas_must_answer_a_request_alike(field, value):
+    """The front checks requests and fills their defaults with replica 0's info: another
+    replica's grammar library, logprobs or generation-config defaults would make the answer
+    depend on the route."""
+    check_replicas([replica("a"), replica("b")])
+    with pytest.raises(InvalidRequestError) as e:
+        check_replicas([replica("a"), replica("b", **{field: value})])
+    default = replica("a").info.__dict__[field]
+    assert "\n" not in str(e.value)
+    assert f"{field} is {default!r} at a and {value!r} at b" in str(e.value)
 
 
 def test_the_front_takes_only_routing_knobs_and_one_replica_per_address():
