@@ -26,7 +26,9 @@ class LLM:
 
     With data_parallel_size=N > 1 the engines run in N processes behind a router
     (docs/ROUTING.md): `generate()` works the same, `add_request` and `on_step` need one
-    engine in this process.
+    engine in this process. So does one engine with kv_events_config on: its process
+    publishes the KV events on the config's endpoint, keyed by $ROSEPLAY_ENGINE_KEY
+    (docs/ROUTING.md "KV events").
 
     `close()` (or `with LLM(...) as llm:`) releases the tensor-parallel workers, the
     process group, CUDA graphs, the weights and the KV cache, so that another LLM (any
@@ -44,23 +46,28 @@ class LLM:
                  proposer=None, **kwargs):
         self.dp = None
         if config is not None and (model is not None or kwargs):   # they would be ignored
-            given = ["model"] * (model is not None) + sorted(kwargs)
+            named = ["model"] * (model is not None) + sorted(kwargs)
             raise InvalidRequestError(f"pass config or engine keywords, not both: got config "
-                                      f"and {', '.join(given)}")
-        if config is None:
+                                      f"and {', '.join(named)}")
+        given = config is not None
+        if not given:
             if model is not None:
                 kwargs["model"] = model
             config = make_config(**kwargs)
-            if config.data_parallel_size > 1:      # N engine processes behind a router
-                if proposer is not None:
-                    raise InvalidRequestError("a proposer needs the engine in this process "
-                                              "(data_parallel_size 1)")
-                from engine.front.dp_client import DPClient
-                self.engine, self.dp = None, DPClient(label="llm", snapshots=False, **kwargs)
-                self.inputs, self.outputs = self.dp.inputs, None
-                self._defaults = self.dp.info.default_sampling_params
-                return
-        config.check_in_process()
+        own_process = _own_process(config)
+        if own_process and (given or proposer is not None):
+            raise InvalidRequestError(
+                f"a proposer needs the engine in this process, without {own_process}"
+                if not given
+                else f"LLM(config=...) runs the engine in this process, without "
+                     f"{own_process}: give the knobs as keywords, LLM(model=..., ...), to "
+                     f"start engine processes")
+        if own_process:      # engine processes behind a router (one replica or N)
+            from engine.front.dp_client import DPClient
+            self.engine, self.dp = None, DPClient(label="llm", snapshots=False, **kwargs)
+            self.inputs, self.outputs = self.dp.inputs, None
+            self._defaults = self.dp.info.default_sampling_params
+            return
         self.engine = e = LLMEngine(config, proposer)
         info = EngineInfo.of(e)
         self.inputs = InputProcessor.of(e.tokenizer, info)
@@ -114,8 +121,8 @@ class LLM:
     def _engine(self) -> LLMEngine:
         if self.engine is None:
             raise RuntimeError("this LLM is closed" if self.dp is None else
-                               "with data_parallel_size > 1 the engines run in their own "
-                               "processes: use generate()")
+                               "with data_parallel_size > 1 or kv_events_config the engines "
+                               "run in their own processes: use generate()")
         return self.engine
 
     def add_request(self, prompt, params: SamplingParams | None = None,
@@ -223,6 +230,14 @@ class LLM:
     def _apply(self, out) -> None:
         for rid in self.outputs.process(out):    # stop strings matched
             self.outputs.process(self.engine.abort_output(rid, REASON_STOP))
+
+
+def _own_process(config: EngineConfig) -> str:
+    """What runs the engine in its own process ("" for none): N replicas, or one whose
+    process publishes its KV events (as vLLM's LLM does on the config's endpoint)."""
+    if config.data_parallel_size > 1:
+        return "data_parallel_size > 1"
+    return "kv_events_config" if config.kv_events_enabled else ""
 
 
 def _prompt_list(prompts) -> list:
