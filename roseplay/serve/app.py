@@ -82,6 +82,8 @@ class ServeState:
         self.tokenizer = loop.tokenizer
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
+        # whose library checks a constraint at submit (constrained.check_on_loop)
+        self.grammar_backend = info.structured_outputs_backend
         # the model's generation-config defaults for what requests leave out (prompts.py)
         self.sampling_defaults = SamplingDefaults.of(info)
         self.model_names = config.served_model_name or (info.model_name,)

@@ -14,17 +14,29 @@ with an error whose text starts with GRAMMAR_ERROR. The routes turn it into a 40
 `param` = the field: a non-streamed request at its end, a streamed one before its
 response starts (the SSE response begins with the first token of a constrained request,
 so its status can still be 400: `first_batch`).
+
+The front checks a constraint at submit (engine/grammars.py `check_grammar`: the library
+parses it). A schema of real size takes that tens to hundreds of ms, and xgrammar's first
+use imports it (seconds): such a check runs on a worker thread before the submit
+(`check_on_loop`), whose own check then finds it in the front's cache; the event loop
+and every other client's stream go on meanwhile.
 """
 from __future__ import annotations
+
+import sys
 
 import msgspec
 
 from engine.structured_outputs import GRAMMAR_ERROR, MAX_GRAMMAR_BYTES, StructuredOutputsParams
 from engine.config import InvalidRequestError
+from engine.grammars import check_grammar
 from roseplay.serve.body import raw_value
 from roseplay.serve.errors import OpenAIError, invalid
 
 MAX_FIELD_BYTES = 2 * MAX_GRAMMAR_BYTES   # a raw response_format / structured_outputs / tools
+# a constraint's text up to this many characters is checked at submit on the event loop
+# (its library reads it in about a millisecond); a longer one on a worker thread
+ON_LOOP_SPEC_CHARS = 1024
 
 
 def decode_small(raw, param: str):
@@ -111,6 +123,30 @@ def refused_at_submit(exc: InvalidRequestError, field: str | None) -> InvalidReq
     if field and str(exc).startswith(GRAMMAR_ERROR) and not getattr(exc, "param", None):
         exc.param = field
     return exc
+
+
+def check_on_loop(p: StructuredOutputsParams | None, backend: str | None) -> bool:
+    """Whether the front's check of constraint `p` at submit is cheap enough for the
+    event loop: no constraint (or json_object, which is not parsed), or a short spec
+    whose library (engine/grammars.py: xgrammar's, else llguidance) is imported already.
+    backend None: no front in this process checks it."""
+    if p is None or p.kind == "json_object" or backend is None:
+        return True
+    library = "xgrammar" if backend == "xgrammar" else "llguidance"
+    return library in sys.modules and len(p.spec) <= ON_LOOP_SPEC_CHARS
+
+
+def check_constraint(p: StructuredOutputsParams | None, backend: str | None,
+                     field: str | None) -> None:
+    """The front's check at submit, ahead of it (a worker thread calls this): a refusal
+    is the 400 naming `field`; a pass is remembered by the front, whose submit then
+    does not parse the spec again."""
+    if p is None or backend is None:
+        return
+    try:
+        check_grammar(p, backend)
+    except InvalidRequestError as exc:
+        raise refused_at_submit(exc, field) from None
 
 
 def grammar_error(choices, field: str | None) -> OpenAIError | None:

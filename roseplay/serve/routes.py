@@ -27,7 +27,8 @@ from roseplay.serve import prompts as inputs
 from roseplay.serve import request_ids
 from roseplay.serve.body import json_body
 from roseplay.serve.bridge import Generation
-from roseplay.serve.constrained import first_batch, grammar_error, refused_at_submit
+from roseplay.serve.constrained import (check_constraint, check_on_loop, first_batch,
+                                        grammar_error, refused_at_submit)
 from roseplay.serve.errors import OpenAIError, error_body, invalid
 from roseplay.serve.formats import ChatFormat, CompletionFormat
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, openapi_schemas
@@ -111,9 +112,12 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     req.check_supported()
     model = st.check_model(req.model)
     # a long prompt on a worker thread: tokenizing it takes seconds (the tokenizer releases
-    # the GIL); a short one here, the thread hop would cost more than the work
-    ins = make_inputs(req, st) if inputs.on_loop(req) else \
-        await asyncio.to_thread(make_inputs, req, st)
+    # the GIL); so is a constraint whose check at submit is slow (constrained.py); a short
+    # one here, the thread hop would cost more than the work
+    if inputs.on_loop(req) and check_on_loop(req.constraint, st.grammar_backend):
+        ins = make_inputs(req, st)
+    else:
+        ins = await asyncio.to_thread(_checked_inputs, make_inputs, req, st)
     ids = request_ids.assign(fmt_cls.prefix, req.user,
                              request_ids.client_id(request, req.request_id))
     request_ids.note(request, ids)
@@ -143,6 +147,14 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     if (err := _first_error(choices)) is not None:
         raise OpenAIError(getattr(gen, "error_status", 500), err)
     return await _json_response(fmt, fmt.chosen(choices))
+
+
+def _checked_inputs(make_inputs, req, st) -> inputs.EngineInputs:
+    """The engine inputs, and the front's check of the constraint done ahead of the submit
+    (on a worker thread, where both go)."""
+    ins = make_inputs(req, st)
+    check_constraint(req.constraint, st.grammar_backend, req.constraint_field)
+    return ins
 
 
 DP_RANK_HEADER = "x-data-parallel-rank"
