@@ -27,6 +27,7 @@ class ReplicaFigures:
     ttft_p50: float | None  # s, requests that finished in the last WINDOW s
     tok_s: float | None     # output tokens a second, last WINDOW s
     routed: int             # requests the router sent here
+    step: int = 0           # its snapshot's (a dead replica's last: what its map shows)
 
     @property
     def score(self) -> int:
@@ -72,4 +73,4 @@ class ReplicaWindows:
                             last.prefix_queried_tokens - first.prefix_queried_tokens),
             float(np.median(ttfts)) if ttfts else None,
             (last.generated_tokens - first.generated_tokens) / span if span > 0 else None,
-            routed)
+            routed, snap.step)

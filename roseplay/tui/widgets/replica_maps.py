@@ -3,17 +3,25 @@ drawing, scaled down to fit: one cell stands for `k` blocks), its load under it
 (replica_load.py), and the router's totals on the last line."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
+from textual.color import Color
 from textual.containers import Horizontal, Vertical
+from textual.strip import Strip
 
 from roseplay.tui.widgets.kv_map import KVMap
 from roseplay.tui.widgets.replica_load import ReplicaFigures, imbalance
-from roseplay.tui.widgets.stopped import BLANK
+from roseplay.tui.widgets.stopped import BLANK, STOP_STYLE
 from roseplay.tui.widgets.text_view import TextView
 
 LOAD_ROWS = 4       # the figures under each map
 IN_USE, CACHED = 1, 2   # block states (EngineSnapshot.block_state: free, in use, cached)
+DEAD = " dead"          # after a dead replica's head
+STOPPED_DIM = 0.4       # how much of its colours a dead replica's map keeps (0: none)
 
 
 def scale_blocks(state: np.ndarray, refcount: np.ndarray, selected: np.ndarray, k: int):
@@ -42,11 +50,24 @@ class MiniKVMap(KVMap):
         super().__init__(**kwargs)
         self.k = 1
         self._given = None
+        self.stopped = False        # a dead replica's: its last pool, dimmed
 
-    def show_pool(self, state, refcount, selected) -> None:
-        self._given = (state, refcount, selected)
+    def show_pool(self, state, refcount, selected, stopped: bool = False) -> None:
+        self._given = (state, refcount, selected, stopped)
         self.k = self.blocks_per_cell(len(state))
+        if stopped != self.stopped:       # every row redrawn, faded or not
+            self.stopped = stopped
+            self._strips.clear()
+            self.refresh()
         super().show(*scale_blocks(state, refcount, selected, self.k))
+
+    def _build(self, row: int) -> Strip:
+        strip = super()._build(row)
+        if not self.stopped:
+            return strip
+        bg = self.background_colors[1]
+        return Strip([Segment(seg.text, dimmed(seg.style, bg)) for seg in strip],
+                     strip.cell_length)
 
     def blocks_per_cell(self, n: int) -> int:
         """The fewest blocks a cell so that the densest drawing ("half": two cells a
@@ -61,26 +82,45 @@ class MiniKVMap(KVMap):
             self._relayout()
 
 
+@functools.lru_cache(maxsize=1024)
+def dimmed(style: Style | None, background: Color) -> Style | None:
+    """`style` with its colours STOPPED_DIM of the way from the panel's background (the
+    cell keeps its glyph and its state's hue, faded: a pool that no longer changes)."""
+    if style is None:
+        return None
+    fade = lambda c: None if c is None or c.is_default else background.blend(   # noqa: E731
+        Color.from_rich_color(c), STOPPED_DIM).rich_color
+    return style + Style.from_color(fade(style.color), fade(style.bgcolor))
+
+
 def load_text(f: ReplicaFigures, width: int, chosen: bool = False) -> Text:
-    """The figures under replica `f.rank`'s map, in the longest forms that fit."""
-    def pick(*forms: str) -> str:
-        return next((s for s in forms if len(s) <= width), forms[-1])
+    """The figures under replica `f.rank`'s map, in the longest forms that fit. A dead
+    replica's head keeps " dead" whole (the words before it shrink), and its KV line
+    says which step its map is as of (its last snapshot, as a stopped engine's panels)."""
+    def pick(*forms: str, keep: str = "") -> str:
+        return next((s for s in forms if len(s + keep) <= width), forms[-1])
     pct = "-" if f.hit_rate is None else f"{100 * f.hit_rate:.0f}%"
     ttft = "-" if f.ttft_p50 is None else f"{1000 * f.ttft_p50:.0f}ms"
     toks = BLANK if not f.alive else "-" if f.tok_s is None else f"{f.tok_s:.0f}"
     t = Text(no_wrap=True, overflow="ellipsis")
+    dead = "" if f.alive else DEAD
     head = pick(f"replica {f.rank} · routed {f.routed}", f"r{f.rank} routed {f.routed}",
-                f"r{f.rank} {f.routed}")
+                f"r{f.rank} {f.routed}", keep=dead)
     t.append(head, "bold reverse #f2d34f" if chosen else "bold")
-    if not f.alive:
-        t.append(" dead", "bold #ff5555")
+    t.append(dead, STOP_STYLE)
     # a dead replica's last snapshot is not its load now: it serves nothing
     w, r, score = (f.waiting, f.running, f.score) if f.alive else (BLANK,) * 3
     t.append("\n" + pick(f"waiting {w} · running {r} · 4w+r {score}",
                          f"wait {w} run {r} 4w+r {score}", f"w{w} r{r} 4w+r {score}",
                          f"w{w} r{r} ={score}"))
-    t.append("\n" + pick(f"KV {f.used}/{f.total} blocks · hit {pct}",
-                         f"KV {f.used}/{f.total} hit {pct}", f"{f.used}/{f.total} {pct}"))
+    kv = f"KV {f.used}/{f.total}"
+    if f.alive:
+        t.append("\n" + pick(f"{kv} blocks · hit {pct}", f"{kv} hit {pct}",
+                             f"{f.used}/{f.total} {pct}"))
+    else:
+        t.append("\n" + pick(f"{kv} blocks · as of step {f.step}",
+                             f"{kv} · as of step {f.step}", f"{kv} @{f.step}",
+                             f"{f.used}/{f.total} @{f.step}"), "dim")
     t.append("\n" + pick(f"TTFT p50 {ttft} · {toks} tok/s", f"TTFT {ttft} {toks} tok/s",
                          f"{ttft} {toks}t/s"), "dim")
     return t
@@ -145,7 +185,7 @@ class ReplicaMaps(Vertical):
         for col, snap, f in zip(self.columns, snaps, figures):
             req = snap.request(selected_id) if selected_id and f.rank == chosen else None
             blocks = np.asarray(req.blocks if req is not None else (), np.int64)
-            col.map.show_pool(snap.block_state, snap.block_refcount, blocks)
+            col.map.show_pool(snap.block_state, snap.block_refcount, blocks, not f.alive)
             col.load.show(load_text(f, max(8, col.size.width), f.rank == chosen))
         self.totals.show(totals_text(policy, [f.routed for f in figures],
                                      max(20, self.size.width)))

@@ -122,7 +122,7 @@ async def test_a_data_parallel_replay_draws_the_replicas_and_the_routing_card(tm
         last = expected[-1]["last"]
         assert app.requests.current.request_id == last.request_id
         assert f"{last.request_id} → replica {last.chosen} · round_robin" in widget_text(app.routing)
-        assert "replica 1 · routed 55" in screen_text(app)      # dead: its load blank
+        assert "r1 routed 55 dead" in screen_text(app)      # dead: " dead" kept whole
 
 
 def test_a_header_whose_replicas_do_not_make_its_pool_is_refused(tmp_path):
