@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from engine.config import DEFAULT_DRAFT_MODEL, GENERATION_CONFIG_FILE, InvalidRequestError
+from engine.config_json import json_object
 from engine.request import SamplingParams
 from engine.worker.models.parallel import TPInfo, split, take
 from engine.worker.models.gpt2 import GPT2LMHeadModel
@@ -223,12 +224,10 @@ def _json_object(file: str) -> dict:
     """A JSON file holding an object; InvalidRequestError naming the file otherwise."""
     try:
         with open(file) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
+            text = f.read()
+    except OSError as exc:
         raise InvalidRequestError(f"unreadable {file}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidRequestError(f"{file} holds no JSON object")
-    return data
+    return json_object(text, file)
 
 
 # the generation-config fields that become default sampling parameters (vLLM's

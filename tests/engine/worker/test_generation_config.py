@@ -41,8 +41,8 @@ def test_a_checkpoint_without_the_file_gives_its_config_jsons_fields(tmp_path):
 
 @pytest.mark.parametrize("text,why", [
     ('{"temperature": "hot"}', "temperature"), ('{"max_new_tokens": 0}', "max_tokens"),
-    ('{"top_k": 2.5}', "top_k"), ("[1, 2]", "holds no JSON object"),
-    ("{not json", "unreadable")])
+    ('{"top_k": 2.5}', "top_k"), ("[1, 2]", "must be an object"),
+    ("{not json", "is not JSON")])
 def test_a_bad_file_is_refused_naming_it(tmp_path, text, why):
     (tmp_path / "generation_config.json").write_text(text)
     with pytest.raises(InvalidRequestError, match=why) as exc:

@@ -19,18 +19,26 @@ pytestmark = pytest.mark.timeout(120)
 SIZES = [(80, 24), (120, 40), (200, 60)]
 
 
-@pytest.mark.parametrize("size", SIZES)
-@sync
-async def test_the_knobs_first_hint_is_whole(size):
+async def after_keys(size, keys, read):
+    """`read(app)` on a paused live session of `size` once `keys` are pressed."""
     src = live_source(concurrency=1, paused=True)
     app = RoseplayApp(source=src)
     try:
         async with app.run_test(size=size) as pilot:
-            app.refresh_panels()
+            if keys:
+                await pilot.press(*keys)
+            else:
+                app.refresh_panels()
             await pilot.pause()
-            knobs = widget_text(app.query_one(KnobsPanel))
+            return app, read(app)
     finally:
         src.close()
+
+
+@pytest.mark.parametrize("size", SIZES)
+@sync
+async def test_the_knobs_first_hint_is_whole(size):
+    _, knobs = await after_keys(size, (), lambda app: widget_text(app.query_one(KnobsPanel)))
     assert "…" not in knobs, knobs
     if size != (80, 24):                  # (80x24's panel has no row for it)
         assert "press a key to turn a knob; ? explains every panel" in knobs, knobs
@@ -56,16 +64,8 @@ async def test_the_eviction_line_is_whole_words(size):
 @sync
 async def test_a_knobs_explanation_on_the_message_line_ends_at_a_whole_word(size):
     """`c` at 120x40 read `… Turning i…`: the line ends at a sentence or a word."""
-    src = live_source(concurrency=1, paused=True)
-    app = RoseplayApp(source=src)
-    try:
-        async with app.run_test(size=size) as pilot:
-            await pilot.press("c")
-            await pilot.pause()
-            shown = widget_text(app.note).strip()
-            full = app.messages[-1][1]
-    finally:
-        src.close()
+    app, shown = await after_keys(size, ("c",), lambda app: widget_text(app.note).strip())
+    full = app.messages[-1][1]
     assert shown.startswith("· enable_prefix_caching: "), shown
     words = shown[2:].rstrip(" …").split()
     assert words == full.split()[:len(words)] and len(shown) <= size[0], (shown, full)
@@ -77,15 +77,8 @@ async def test_a_knobs_explanation_on_the_message_line_ends_at_a_whole_word(size
 async def test_a_cut_knob_help_ends_at_a_whole_word(size):
     """The Knobs panel's help line after `m` read `scheduling_mode: Wh… (? help)` at
     80x24 and `… holds: b… (? help)` at 120x40."""
-    src = live_source(concurrency=1, paused=True)
-    app = RoseplayApp(source=src)
-    try:
-        async with app.run_test(size=size) as pilot:
-            await pilot.press("m")
-            await pilot.pause()
-            help_row = widget_text(app.query_one(KnobsPanel)).splitlines()[-2]
-    finally:
-        src.close()
+    app, help_row = await after_keys(
+        size, ("m",), lambda app: widget_text(app.query_one(KnobsPanel)).splitlines()[-2])
     shown = help_row.strip("│ ")
     assert shown.endswith("… (? help)"), shown
     full = app.knobs.help_line(False, {}).split()
@@ -100,17 +93,11 @@ async def test_a_cut_knob_help_ends_at_a_whole_word(size):
 async def test_the_prompt_fields_placeholder_is_whole(size):
     """80x24 cut the prompt field's placeholder to `prompt · Enter sends · Tab:`."""
     from textual.widgets import Input
-    src = live_source(concurrency=1, paused=True)
-    app = RoseplayApp(source=src)
-    try:
-        async with app.run_test(size=size) as pilot:
-            await pilot.press("i")
-            await pilot.pause()
-            field = app.query_one("#prompt-input", Input)
-            shown, width = widget_text(field).strip(), field.size.width
-    finally:
-        src.close()
-    assert shown == field.placeholder and shown.startswith("prompt · Enter sends"), shown
+    def read(app):
+        field = app.query_one("#prompt-input", Input)
+        return field.placeholder, widget_text(field).strip(), field.size.width
+    _, (placeholder, shown, width) = await after_keys(size, ("i",), read)
+    assert shown == placeholder and shown.startswith("prompt · Enter sends"), shown
     assert len(shown) < width
 
 
