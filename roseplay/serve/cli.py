@@ -247,6 +247,10 @@ def _report_exit(code: int, engine_error: str | None) -> None:
               f"--shutdown-timeout (exit code {code})", file=sys.stderr)
 
 
+# the data-parallel front's router: nothing to route with one engine
+ROUTER_KNOBS = ("routing_policy", "kv_overlap_score_weight")
+
+
 def check_front_flags(args) -> None:
     """ValueError for API-server and data-parallel flags that do not go together."""
     if args.api_server_count < 1:
@@ -260,6 +264,12 @@ def check_front_flags(args) -> None:
         raise ValueError("data parallelism (--data-parallel-size > 1, or --engine-address "
                          "given more than once) runs one API server and no --tui (drop "
                          "--api-server-count / --tui)")
+    routed = [name for name in ROUTER_KNOBS if getattr(args, name, None) is not None]
+    if routed and not (attached or (args.data_parallel_size or 1) > 1):
+        flags = ", ".join("--" + name.replace("_", "-") for name in routed)
+        raise ValueError(f"{flags}: routes among engine replicas, and this server has one "
+                         "engine (add --data-parallel-size N, or --engine-address once per "
+                         "running engine)")
     if args.api_server_count > 1 and (args.tui or args.in_process):
         raise ValueError("--api-server-count > 1 needs the engine in its own process and "
                          "no --tui (drop --in-process / --tui)")

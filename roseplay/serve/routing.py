@@ -10,9 +10,9 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from engine.config import ROUTING_POLICIES
+from engine.config import ROUTING_POLICIES, InvalidRequestError
 from roseplay.serve.body import parse_body
-from roseplay.serve.errors import OpenAIError
+from roseplay.serve.errors import OpenAIError, invalid
 
 routing_router = APIRouter()
 RECENT_SHOWN = 16
@@ -55,5 +55,8 @@ async def routing(request: Request):
 async def set_routing(request: Request):
     dp = _front(request)
     change = parse_body(RoutingChange, await request.body())
-    dp.set_routing_policy(change.policy)        # an unknown policy: 400 naming it
+    try:
+        dp.set_routing_policy(change.policy)
+    except InvalidRequestError as exc:     # an unknown policy: the 400 names the field
+        raise invalid(str(exc), "policy") from None
     return JSONResponse(routing_state(dp))

@@ -16,6 +16,8 @@ import httpx
 import pytest
 
 from roseplay.cli import main
+from roseplay.serve import cli as serve_cli
+from roseplay.serve.cli import build_parser, check_front_flags
 from tests.helpers import engines_owned_by, free_port_block
 from tests.roseplay.serve.serve_proc import alive, free_port
 
@@ -47,6 +49,28 @@ def test_flags_that_make_no_sense_are_exit_2(argv, says, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["serve", *argv])
     assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--routing-policy", "cache_aware"], "--routing-policy: routes among engine replicas"),
+    (["--data-parallel-size", "1", "--routing-policy", "round_robin",
+      "--kv-overlap-score-weight", "2"],
+     "--routing-policy, --kv-overlap-score-weight: routes among engine replicas"),
+])
+def test_the_router_knobs_with_one_engine_are_exit_2(argv, says, capsys, monkeypatch):
+    """They were taken and ignored: a server of one engine routes nothing."""
+    monkeypatch.setattr(serve_cli, "_engine", lambda args: pytest.fail("an engine started"))
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--model", "dummy:tiny", "--device", "cpu", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and says in err.strip().splitlines()[-1], err   # one line
+
+
+def test_the_router_knobs_go_with_replicas():
+    for argv in (["--data-parallel-size", "2"], ["--engine-address", "tcp://127.0.0.1:5000",
+                                                 "--engine-address", "tcp://127.0.0.1:5010"]):
+        check_front_flags(build_parser().parse_args([*argv, "--routing-policy", "cache_aware",
+                                                     "--kv-overlap-score-weight", "2"]))
 
 
 def test_a_front_refuses_engine_knobs_of_running_engines(capsys):
