@@ -85,24 +85,65 @@ def pick_template(tokenizer, override: str | None = None) -> str:
     return override or getattr(tokenizer, "chat_template", None) or PLAY_TEMPLATE
 
 
+# chat_template_kwargs that are no template variable: the template is the server's, the
+# conversation is `messages`, and the renderer returns text (vLLM refuses the first two)
+RESERVED_KWARGS = ("chat_template", "tokenize", "messages")
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """vLLM's chat_template_kwargs: a dict of extra template variables (enable_thinking,
+    say); InvalidRequestError for another type or a RESERVED_KWARGS key."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidRequestError("chat_template_kwargs must be an object of template "
+                                  "variables")
+    if reserved := [k for k in RESERVED_KWARGS if k in kwargs]:
+        raise InvalidRequestError(f"chat_template_kwargs cannot set {', '.join(reserved)} "
+                                  "(the server's template renders the messages to text)")
+    return kwargs
+
+
+@functools.lru_cache(maxsize=16)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables `template` reads and does not set itself (jinja2.meta): what
+    chat_template_kwargs can give it; empty when jinja cannot parse it here (an
+    extension tag), so that nothing reaches the renderer's own arguments."""
+    import jinja2
+    import jinja2.meta
+    from jinja2.ext import loopcontrols
+    try:
+        ast = jinja2.Environment(extensions=[loopcontrols]).parse(template)
+    except jinja2.TemplateError:
+        return frozenset()
+    return frozenset(jinja2.meta.find_undeclared_variables(ast))
+
+
 def render(tokenizer, template: str, messages: list[dict],
            add_generation_prompt: bool = True,
-           tools: list[dict] | None = None) -> tuple[str, list[int]]:
+           tools: list[dict] | None = None,
+           template_kwargs: dict | None = None) -> tuple[str, list[int]]:
     """The prompt text and its token ids (no extra special tokens: the template has them);
-    `tools` go to templates that show them (the play template does not). A template
-    error is an InvalidRequestError (the messages', or the template's, fault)."""
+    `tools` go to templates that show them (the play template does not).
+    `template_kwargs` (vLLM's chat_template_kwargs, check_template_kwargs) are set over
+    these as template variables, those the template reads (others are dropped, as vLLM
+    does). A template error is an InvalidRequestError (the messages', or the template's,
+    fault)."""
+    used = template_variables(template)
+    variables = {"add_generation_prompt": add_generation_prompt, "tools": tools,
+                 **{k: v for k, v in check_template_kwargs(template_kwargs).items()
+                    if k in used}}
+    tools = variables["tools"]
     if tools is not None and (not isinstance(tools, list)
                               or not all(isinstance(t, dict) for t in tools)):
         raise InvalidRequestError(f"tools must be a list of tool dicts, got "
                                   f"{type(tools).__name__}")
     try:
         if template == PLAY_TEMPLATE:
-            text = _play().render(messages=messages, tools=tools, documents=None,
-                                  add_generation_prompt=add_generation_prompt)
+            text = _play().render(messages=messages, **{"documents": None, **variables})
         else:
             text = tokenizer.apply_chat_template(messages, chat_template=template,
-                                                 tokenize=False, tools=tools,
-                                                 add_generation_prompt=add_generation_prompt)
+                                                 tokenize=False, **variables)
     except Exception as exc:
         raise InvalidRequestError(f"chat template failed: {type(exc).__name__}: {exc}") from None
     check_text("messages", text)      # a lone surrogate fails in the tokenizer: refused here

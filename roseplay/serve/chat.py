@@ -8,9 +8,11 @@ from pathlib import Path
 from engine.config import InvalidRequestError
 from engine.front import chat_template
 from engine.front.chat_template import PLAY_TEMPLATE, pick_template
+from roseplay.serve.constrained import decode_small
 from roseplay.serve.errors import invalid
 
-__all__ = ["PLAY_TEMPLATE", "load_template", "pick_template", "render"]
+__all__ = ["PLAY_TEMPLATE", "load_template", "pick_template", "render", "template_kwargs"]
+KWARGS_FIELD = "chat_template_kwargs"
 
 
 def load_template(value: str | None) -> str | None:
@@ -23,15 +25,27 @@ def load_template(value: str | None) -> str | None:
     return value
 
 
+def template_kwargs(raw) -> dict:
+    """vLLM's chat_template_kwargs (kept raw by the request models until its size is
+    known): extra template variables, or a 400 naming the field."""
+    try:
+        return chat_template.check_template_kwargs(decode_small(raw, KWARGS_FIELD))
+    except InvalidRequestError as exc:
+        raise invalid(str(exc), KWARGS_FIELD) from None
+
+
 def render(tokenizer, template: str, messages: list[dict],
            add_generation_prompt: bool = True,
-           tools: list[dict] | None = None, param: str = "messages") -> tuple[str, list[int]]:
-    """The prompt text and its token ids (engine/front/chat_template.py render); a 400
-    names `param`, the request field the messages came from."""
+           tools: list[dict] | None = None, param: str = "messages",
+           kwargs: dict | None = None) -> tuple[str, list[int]]:
+    """The prompt text and its token ids (engine/front/chat_template.py render, `kwargs`
+    its template_kwargs); a 400 names `param`, the request field the messages came
+    from."""
     if tokenizer is None:
         raise invalid("this model has no tokenizer: /v1/chat/completions and /v1/responses "
                       "need one (use /v1/completions with token-id prompts)", param)
     try:
-        return chat_template.render(tokenizer, template, messages, add_generation_prompt, tools)
+        return chat_template.render(tokenizer, template, messages, add_generation_prompt, tools,
+                                    kwargs)
     except InvalidRequestError as exc:
         raise invalid(str(exc), param) from None

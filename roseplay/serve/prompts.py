@@ -186,7 +186,7 @@ def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
     messages = [message_dict(m) for m in req.messages]
     tools = req.tool_spec.for_template() if req.tool_spec is not None else None
     text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools,
-                            req.PROMPT_FIELD)
+                            req.PROMPT_FIELD, req.template_kwargs)
     field = req.max_tokens_field
     prompt = truncated({"prompt_token_ids": ids, "prompt": text},
                        truncate_to(req, max_model_len), tokenizer)

@@ -24,7 +24,7 @@ from engine.config import InvalidRequestError
 from engine.request import SamplingParams, sample_seed
 from engine.validation import (MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS, MAX_STOP_STRINGS,
                                MAX_STOP_TOKEN_IDS, check_seed)
-from roseplay.serve import constrained
+from roseplay.serve import chat, constrained
 from roseplay.serve.tools import Tools
 from roseplay.serve.body import parse_logit_bias, raw_field, raw_value
 from roseplay.serve.errors import invalid
@@ -330,6 +330,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     continue_final_message: bool | None = None   # vLLM extra, REFUSED when true
     add_special_tokens: bool = False         # vLLM extra: true refused (check_supported)
     chat_template: str | None = None         # vLLM extra: refused (check_supported)
+    # vLLM extra: template variables (enable_thinking, ...), kept raw: chat.template_kwargs
+    chat_template_kwargs: raw_field({"type": "object"}) = msgspec.UNSET
     echo: bool | None = False                # vLLM extra: the reply repeats the last
     #                                          message first when it is the assistant's
 
@@ -344,6 +346,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         if self.add_special_tokens:      # as /tokenize: the template writes its own
             raise invalid("add_special_tokens: the chat template adds the special tokens "
                           "it wants (send false)", "add_special_tokens")
+        self._template_kwargs = chat.template_kwargs(self.chat_template_kwargs)
         self._tools = Tools.parse(self.tools, self.tool_choice, self.parallel_tool_calls)
         tool_constraint = self._tools.constraint() if self._tools is not None else None
         if tool_constraint is not None:
@@ -358,6 +361,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         text when its role is the reply's (assistant), else nothing."""
         last = self.messages[-1]
         return last.text() if self.echo and last.role == "assistant" else ""
+
+    @property
+    def template_kwargs(self) -> dict:
+        """chat_template_kwargs, decoded and checked (check_supported)."""
+        return self.__dict__.get("_template_kwargs") or {}
 
     @property
     def tool_spec(self):

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from msgspec import Meta
 
 from engine.validation import check_text
 from roseplay.serve import chat
-from roseplay.serve.body import json_body
+from roseplay.serve.body import json_body, raw_field
 from roseplay.serve.errors import invalid
 from roseplay.serve.prompts import check_vocab_ids, messages_on_loop, prompts_on_loop
 from roseplay.serve.protocol import MAX_MESSAGES, ChatMessage, _Request
@@ -31,6 +32,7 @@ class TokenizeRequest(_Request, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool | None = None      # default: True for a prompt (the encode's)
     add_generation_prompt: bool = True          # messages: as chat completions' default
+    chat_template_kwargs: raw_field({"type": "object"}) = msgspec.UNSET    # messages: as chat's
     return_token_strs: bool = False
 
 
@@ -59,7 +61,8 @@ def _ids(req: TokenizeRequest, st) -> list[int]:
         raise invalid("add_special_tokens: the chat template adds them (send false)",
                       "add_special_tokens")
     _, ids = chat.render(st.tokenizer, st.chat_template, [message_dict(m) for m in req.messages],
-                         req.add_generation_prompt)
+                         req.add_generation_prompt,
+                         kwargs=chat.template_kwargs(req.chat_template_kwargs))
     return list(ids)
 
 

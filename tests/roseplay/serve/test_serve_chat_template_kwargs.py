@@ -1,0 +1,78 @@
+"""vLLM's chat_template_kwargs (chat completions and /tokenize): extra variables for the
+chat template, those it reads (others dropped, as vLLM), over the request's own
+(add_generation_prompt); the template's and the renderer's own names refused with a 400
+naming the field. The bundled model, a --chat-template that reads enable_thinking."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from engine.front import chat_template
+from engine.front.loop import EngineLoop
+from engine.tokenizer import DEFAULT_MODEL_DIR, load_tokenizer_dir
+from roseplay.serve.app import ServeConfig, build_app
+from roseplay.serve.server import ServerThread
+
+pytestmark = pytest.mark.timeout(300)
+THINK_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+                  "{% if enable_thinking is defined and not enable_thinking %}[silent]\n"
+                  "{% endif %}{% if add_generation_prompt %}JULIET.\n{% endif %}")
+MESSAGES = [{"role": "user", "content": "What news from the court?"}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer_dir(str(DEFAULT_MODEL_DIR))
+
+
+@pytest.fixture(scope="module")
+def http():
+    with EngineLoop(device="cpu") as loop, \
+            ServerThread(build_app(loop, ServeConfig(chat_template=THINK_TEMPLATE))) as srv, \
+            httpx.Client(base_url=srv.url, timeout=120) as client:
+        yield client
+
+
+def ids(tok, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def test_chat_template_kwargs_reach_the_template(http, tok):
+    body = {"messages": MESSAGES, "max_tokens": 1, "return_token_ids": True}
+    plain = http.post("/v1/chat/completions", json=body).json()
+    quiet = http.post("/v1/chat/completions", json={
+        **body, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    text = "What news from the court?\n"
+    assert plain["prompt_token_ids"] == ids(tok, text + "JULIET.\n")
+    assert quiet["prompt_token_ids"] == ids(tok, text + "[silent]\nJULIET.\n")
+    assert quiet["usage"]["prompt_tokens"] == len(quiet["prompt_token_ids"])
+    # /tokenize renders as the chat does; a kwarg sets add_generation_prompt, as vLLM's
+    r = http.post("/tokenize", json={"messages": MESSAGES, "chat_template_kwargs": {
+        "enable_thinking": False, "add_generation_prompt": False}})
+    assert r.status_code == 200 and r.json()["tokens"] == ids(tok, text + "[silent]\n")
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"chat_template": "{{ messages }}"}, "cannot set chat_template"),
+    ({"tokenize": True}, "cannot set tokenize"),
+    ({"messages": []}, "cannot set messages"),
+    (["enable_thinking"], "must be an object"),
+])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_what_chat_template_kwargs_cannot_set_is_a_400(http, path, kwargs, says):
+    r = http.post(path, json={"messages": MESSAGES, "max_tokens": 1,
+                              "chat_template_kwargs": kwargs})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "chat_template_kwargs" and says in err["message"], err
+
+
+def test_kwargs_the_template_does_not_read_are_dropped(tok):
+    """The bundled model's play template reads no enable_thinking: the prompt is the
+    same (a name of the renderer's, return_dict, never reaches it)."""
+    want = chat_template.render(tok, chat_template.PLAY_TEMPLATE, MESSAGES)
+    for kwargs in ({"enable_thinking": False}, {"return_dict": True, "x": [1]}):
+        assert chat_template.render(tok, chat_template.PLAY_TEMPLATE, MESSAGES,
+                                    template_kwargs=kwargs) == want
+    assert chat_template.template_variables(THINK_TEMPLATE) == {
+        "messages", "enable_thinking", "add_generation_prompt"}
