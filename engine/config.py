@@ -21,6 +21,7 @@ asked for, shown to viewers; they are never written back into the core.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ MAX_DP_SIZE = 64   # engine replicas behind one front
 # vLLM's --generation-config values besides a folder: the model's file, or none
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 GENERATION_CONFIG_FILE = "generation_config.json"
+# the generation-config fields that become default sampling parameters (vLLM's
+# ModelConfig.get_diff_sampling_param); HF's max_new_tokens is the engine's max_tokens
+GENERATION_SAMPLING_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p",
+                              "max_new_tokens")
 # vLLM's other names of a knob: LLM(...) keywords (vLLM's EngineArgs field; the older
 # num_gpu_blocks) and dtype values (its ModelDType's half and float)
 ARGUMENT_ALIASES = {"num_gpu_blocks_override": "num_blocks", "num_gpu_blocks": "num_blocks"}
@@ -87,6 +92,44 @@ def check_generation_config(value) -> str:
         raise InvalidRequestError(f"generation_config {value!r} holds no "
                                   f"{GENERATION_CONFIG_FILE}")
     return value
+
+
+def parse_override_generation_config(value) -> dict | None:
+    """vLLM's --override-generation-config: generation-config fields (a JSON object or its
+    text) set over what --generation-config gives (a null takes the field out). A key that
+    sets no sampling default (vLLM keeps it and nothing reads it) is refused, and so is a
+    value SamplingParams refuses."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise InvalidRequestError(f"override_generation_config is not valid JSON: "
+                                      f"{exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError("override_generation_config must be a JSON object, e.g. "
+                                  "'{\"temperature\": 0.5}'")
+    if other := sorted(map(str, set(value) - set(GENERATION_SAMPLING_FIELDS))):
+        raise InvalidRequestError(f"override_generation_config: {', '.join(other)} sets no "
+                                  f"sampling default (it takes "
+                                  f"{', '.join(GENERATION_SAMPLING_FIELDS)})")
+    from engine.request import SamplingParams     # (it imports this module)
+    try:
+        SamplingParams(**sampling_defaults(value))
+    except (InvalidRequestError, TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"override_generation_config: {exc}") from None
+    return dict(value)
+
+
+def sampling_defaults(generation_config: dict) -> dict:
+    """The default sampling parameters a generation config's fields set (those of
+    GENERATION_SAMPLING_FIELDS that hold a value; max_new_tokens as max_tokens)."""
+    found = {name: generation_config[name] for name in GENERATION_SAMPLING_FIELDS
+             if generation_config.get(name) is not None}
+    if "max_new_tokens" in found:
+        found["max_tokens"] = found.pop("max_new_tokens")
+    return found
 
 
 def check_priority(priority) -> int:
@@ -212,6 +255,12 @@ class EngineConfig:
                 "folder: its generation_config.json, whose max_new_tokens also caps every "
                 "request. The app's and bench's workloads set their own "
                 "(docs/SAMPLING.md).", check=check_generation_config)
+    override_generation_config: dict | str | None = knob_field(
+        None, "Generation-config fields set over --generation-config's, as vLLM's JSON, "
+              "e.g. '{\"temperature\": 0.5, \"max_new_tokens\": 128}' (repetition_penalty, "
+              "temperature, top_k, top_p, min_p, max_new_tokens; null takes one out); it "
+              "applies with --generation-config vllm too (docs/SAMPLING.md).",
+        check=parse_override_generation_config)
     logprobs_mode: str = knob_field(
         LOGPROBS_MODES[0], "What a request's logprobs hold (vLLM's logprobs_mode): "
         "processed_logprobs (default: log-softmax of the distribution each token is sampled "
@@ -300,6 +349,8 @@ class EngineConfig:
         check_int("seed", self.seed, 0, MAX_SEED)
         check_number("client_timeout", self.client_timeout, *CLIENT_TIMEOUT_RANGE)
         check_generation_config(self.generation_config)
+        object.__setattr__(self, "override_generation_config",
+                           parse_override_generation_config(self.override_generation_config))
         check_choices(self)
 
     def _check_data_parallel(self) -> None:

@@ -40,7 +40,8 @@ def setup_worker(config: EngineConfig, device: torch.device,
     """Load the model and build the runner; a failure stops the workers it started."""
     if (local := local_context_length(config.model)) is not None:
         resolve_max_model_len(config.max_model_len, local)     # refused before the load
-    defaults = default_sampling_params(config.model, config.generation_config)   # likewise
+    defaults = default_sampling_params(config.model, config.generation_config,   # likewise
+                                       config.override_generation_config)
     backend = config.attention_backend
     if backend == "triton" and device.type == "cpu" and not INTERPRETED:
         # else it loads, then every step fails in Triton ("0 active drivers")

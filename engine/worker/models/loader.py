@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from engine.config import DEFAULT_DRAFT_MODEL, GENERATION_CONFIG_FILE, InvalidRequestError
+from engine.config import (DEFAULT_DRAFT_MODEL, GENERATION_CONFIG_FILE, InvalidRequestError,
+                           sampling_defaults)
 from engine.config_json import json_object
 from engine.request import SamplingParams
 from engine.worker.models.parallel import TPInfo, split, take
@@ -230,29 +231,20 @@ def _json_object(file: str) -> dict:
     return json_object(text, file)
 
 
-# the generation-config fields that become default sampling parameters (vLLM's
-# ModelConfig.get_diff_sampling_param); HF's max_new_tokens is the engine's max_tokens
-GENERATION_SAMPLING_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p",
-                              "max_new_tokens")
-
-
-def default_sampling_params(model: str, generation_config: str = "auto") -> dict:
+def default_sampling_params(model: str, generation_config: str = "auto",
+                            override: dict | None = None) -> dict:
     """The sampling defaults a model's generation config sets, as vLLM's
     ModelConfig.get_diff_sampling_param: the fields of GENERATION_SAMPLING_FIELDS that
     hold a value, max_new_tokens as max_tokens. generation_config (EngineConfig's, vLLM's
     --generation-config): auto reads the model's generation_config.json, else the same
     fields of its config.json (transformers' GenerationConfig.from_model_config), a dummy
-    preset none; vllm reads nothing; a folder reads its generation_config.json. The
-    values are checked as SamplingParams checks them: a bad file is refused as the
-    engine starts, before the model loads (engine/worker/executor/setup.py)."""
+    preset none; vllm reads nothing; a folder reads its generation_config.json.
+    `override` (--override-generation-config) is set over what was read (a None takes a
+    field out). The values are checked as SamplingParams checks them: a bad file is
+    refused as the engine starts, before the model loads
+    (engine/worker/executor/setup.py)."""
     file = _generation_file(model, generation_config)
-    if file is None:
-        return {}
-    data = _json_object(file)
-    found = {name: data[name] for name in GENERATION_SAMPLING_FIELDS
-             if data.get(name) is not None}
-    if "max_new_tokens" in found:
-        found["max_tokens"] = found.pop("max_new_tokens")
+    found = sampling_defaults({**(_json_object(file) if file else {}), **(override or {})})
     try:
         SamplingParams(**found)
     except InvalidRequestError as exc:

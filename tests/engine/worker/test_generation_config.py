@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from engine.config import InvalidRequestError
+from engine.config import InvalidRequestError, make_config
 from engine.worker.models.loader import default_sampling_params
 
 
@@ -48,3 +48,25 @@ def test_a_bad_file_is_refused_naming_it(tmp_path, text, why):
     with pytest.raises(InvalidRequestError, match=why) as exc:
         default_sampling_params("dummy:tiny", str(tmp_path))
     assert str(tmp_path / "generation_config.json") in str(exc.value)
+
+
+def test_override_generation_config_is_set_over_the_file():
+    """vLLM's --override-generation-config: its fields over the file's (null takes one
+    out), with `vllm` over nothing."""
+    assert default_sampling_params("default", override={"temperature": 0.5}) == {
+        "max_tokens": 256, "temperature": 0.5}
+    assert default_sampling_params("default", override={"max_new_tokens": 8}) == {
+        "max_tokens": 8}
+    assert default_sampling_params("default", override={"max_new_tokens": None}) == {}
+    assert default_sampling_params("default", "vllm", {"top_k": 5}) == {"top_k": 5}
+
+
+@pytest.mark.parametrize("value,why", [
+    ('{"do_sample": true}', "do_sample sets no sampling default"),
+    ('{"temperature": -1}', "temperature"), ('{"max_new_tokens": 0}', "max_tokens"),
+    ('["temperature"]', "must be a JSON object"), ("{not json", "is not valid JSON")])
+def test_a_bad_override_is_refused_by_the_config(value, why):
+    with pytest.raises(InvalidRequestError, match=why):
+        make_config(override_generation_config=value)
+    assert make_config(override_generation_config='{"top_p": 0.9}'
+                       ).override_generation_config == {"top_p": 0.9}

@@ -16,6 +16,7 @@ from engine.front.loop import EngineLoop
 from engine.outputs import EngineInfo
 from roseplay.serve.app import build_app
 from roseplay.serve.cli import defaults_line
+from roseplay.serve.cli import main as serve_main
 from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(180)
@@ -130,3 +131,23 @@ def test_the_start_line_names_the_defaults():
     assert "temperature=0.6, max_tokens=12" in defaults_line(capped)
     assert "max_tokens 12 caps every request" in defaults_line(capped)
     assert defaults_line(EngineInfo("m", 10, 64, 8, 16, "cpu", "float32", "torch")) is None
+
+
+def test_override_generation_config_sets_the_defaults():
+    """vLLM's --override-generation-config over the bundled model's file: its
+    max_new_tokens is the output length of a chat that sets none (the file's 256 else);
+    a key that sets no default is exit 2 at the command line."""
+    with EngineLoop(device="cpu", max_model_len=MAX_MODEL_LEN, override_generation_config={
+            "max_new_tokens": 5, "temperature": 0}) as loop, \
+            ServerThread(build_app(loop)) as srv:
+        assert loop.info.default_sampling_params == {"max_tokens": 5, "temperature": 0}
+        r = chat(srv.url)
+        assert r["usage"]["completion_tokens"] == 5
+        assert r["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_bad_override_is_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        serve_main(["--device", "cpu", "--override-generation-config", '{"do_sample": true}'])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "do_sample sets no sampling default" in err, err
