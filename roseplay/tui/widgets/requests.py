@@ -34,6 +34,7 @@ COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("pri", 3, ">"), ("progress", 0, 
            ("prompt", 6, ">"), ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"),
            ("TPOT", 6, ">"))
 PROGRESS_MIN, PROGRESS_MAX = 8, 40
+ID_MAX = 16             # a wide list gives the id what progress cannot use (whole ids)
 DROP_ORDER = ("prompt", "hit", "gen", "pri", "TPOT")   # what a narrow list gives up first
 BAR_EMPTY = "#343a46"
 _STYLES: dict[str, Style] = {}
@@ -333,8 +334,10 @@ class RequestList(WidthBorders, Widget, can_focus=True):
 
     def _widths(self, cols) -> list[int]:
         fixed = sum(w for _, w, _ in cols) + len(cols)
-        progress = max(PROGRESS_MIN, min(PROGRESS_MAX, self.size.width - fixed))
-        return [w or progress for _, w, _ in cols]
+        room = self.size.width - fixed
+        progress = max(PROGRESS_MIN, min(PROGRESS_MAX, room))
+        more_id = max(0, min(ID_MAX - COLUMNS[0][1], room - progress))
+        return [w + more_id if name == "id" else w or progress for name, w, _ in cols]
 
     def _strip(self, cells: dict, background: Style | None) -> Strip:
         cols = self.columns()

@@ -64,3 +64,22 @@ async def test_a_swapped_rows_note_says_it_waits_in_the_host_tier():
     said 'recompute' like every preempted row."""
     _, row = await _shown((120, 40), "swp")
     assert "×1: swapped" in row and "recompute" not in row, row
+
+
+@sync
+async def test_a_wide_list_shows_whole_ids():
+    """At 200x60 the id column kept 7 cells (`…j-1147`) beside a 40-cell progress bar and
+    empty room: what progress cannot use goes to the id, up to 16 cells."""
+    from roseplay.tui.widgets.requests import ID_MAX
+    long_id = "w0yjj-1147"
+    for size, whole in (((200, 60), True), ((80, 24), False)):
+        app = RoseplayApp(source=StaticSource(dataclasses.replace(
+            _snapshot(), requests=tuple(dataclasses.replace(r, request_id=f"{long_id}{i}")
+                                        for i, r in enumerate(_snapshot().requests)))))
+        async with app.run_test(size=size) as pilot:
+            app.refresh_panels()
+            await pilot.pause()
+            text = widget_text(app.requests)
+            widths = app.requests._widths(app.requests.columns())
+        assert (f" {long_id}1 " in text) == whole, text
+        assert widths[0] == (ID_MAX if whole else 7), widths
