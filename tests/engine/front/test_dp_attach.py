@@ -167,6 +167,24 @@ def test_replicas_must_answer_a_request_alike(field, value):
     assert f"{field} is {default!r} at a and {value!r} at b" in str(e.value)
 
 
+def test_an_engine_that_would_answer_otherwise_is_refused_and_left_serving(engines):
+    """Its Welcome's info is what the check reads: an engine started with another
+    logprobs_mode is refused by name, and both engines are detached, still serving."""
+    kwargs = {**KW, "kv_events_config": EVENTS, "logprobs_mode": "raw_logprobs"}
+    other = EngineLaunch(kwargs, f"tcp://127.0.0.1:{free_port_block()}", KEY)
+    try:
+        wait_ready(other.proc, other.status, None, 300)
+        with pytest.raises(InvalidRequestError, match=r"^the engines must answer a request "
+                                                      r"alike: logprobs_mode is "
+                                                      r"'processed_logprobs' at .* and "
+                                                      r"'raw_logprobs' at tcp://127\.0\.0\.1"):
+            DPClient(engine_addresses=[engines[0].address, other.address],
+                     engine_key=KEY).close()
+        assert engines[0].proc.poll() is None and other.proc.poll() is None
+    finally:
+        other.abort()
+
+
 def test_the_front_takes_only_routing_knobs_and_one_replica_per_address():
     cfg = front_config(["tcp://h:1", "tcp://h:9"], {"routing_policy": "cache_aware"})
     assert cfg.data_parallel_size == 2 and cfg.routing_policy == "cache_aware"
