@@ -291,13 +291,12 @@ def test_router_index_joins_late_and_follows(engine):
 
 
 def test_an_engine_in_this_process_refuses_events_and_replicas():
-    """The engine process publishes; a thread of the caller (EngineLoop, one-replica LLM)
-    refuses the config before it loads anything."""
-    from engine import LLM
+    """The engine process publishes; a thread of the caller (EngineLoop) refuses the
+    config before it loads anything (LLM starts an engine process for it:
+    tests/engine/front/test_llm_kv_events.py)."""
     from engine.front.loop import EngineLoop
     from tests.helpers import refused
     on = {"enable_kv_cache_events": True}
     refused("own process", EngineLoop, model="dummy:tiny", device="cpu", kv_events_config=on)
-    refused("own process", LLM, model="dummy:tiny", device="cpu", kv_events_config=on)
     refused("own process", EngineLoop, model="dummy:tiny", device="cpu",
             data_parallel_size=2)
