@@ -77,7 +77,9 @@ def test_a_big_schema_check_leaves_other_streams_running(server, monkeypatch):
         finally:
             gate.set()
         r = big.result()
-    assert seen[-1] == "[DONE]" and len(seen) >= 3, seen
+    # (a loaded box may get all 8 tokens in one chunk: the chunks are not counted)
+    assert seen[-1] == "[DONE]", seen
+    assert json.loads(seen[-2])["choices"][0]["finish_reason"] == "length", seen
     assert r.status_code == 200, r.text
 
 
