@@ -21,8 +21,6 @@ asked for, shown to viewers; they are never written back into the core.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -34,7 +32,9 @@ from engine.config_json import (  # noqa: F401  (defined there, re-exported: one
     SPECULATIVE_METHODS, STRUCTURED_OUTPUTS_BACKENDS, KVEventsConfig, SpeculativeConfig,
     StructuredOutputsConfig, check_type, split_speculative_config)
 from engine.errors import InvalidRequestError
-from engine.ranges import check_int, check_number
+from engine.generation_config import check_generation_config, parse_override_generation_config
+from engine.ranges import (  # noqa: F401  (MAX_SEED, check_priority: re-exported)
+    MAX_PRIORITY, MAX_SEED, check_int, check_number, check_priority)
 from engine.scheduler_config import (  # noqa: F401  (defined there, re-exported: one owner)
     EVICTION_POLICIES, KNOB_MAXIMUM, PREEMPTION_MODES, SCHEDULING_MODES, SCHEDULING_POLICIES,
     KnobChanges, SchedulerConfig, changed_knobs, check_choices, knob_field)
@@ -49,12 +49,10 @@ DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_CPU_BLOCKS = 2048      # the KV pool on CPU when num_blocks is not given
 MAX_TP_SIZE = 64   # ranks of one tensor-parallel group (one host: 8 GPUs in practice)
 MAX_KV_OFFLOADING_GIB = 1 << 20    # kv_offloading_size: beyond any host's memory
-MAX_SEED = 2 ** 64 - 1   # torch generators take 64 bits (the engine's seed, a request's)
 # vLLM's logprobs_mode values; the first is roseplay's default (docs/SAMPLING.md)
 LOGPROBS_MODES = ("processed_logprobs", "processed_logits", "raw_logprobs", "raw_logits")
 # vLLM's --kv-cache-dtype values: auto (the model's dtype) or float8 e4m3 (two spellings)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
-MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 # client_timeout spans several heartbeats of both ends (a client's every 0.5 s, the
 # engine's every 1 s: engine/ipc/liveness.py)
 CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
@@ -64,77 +62,10 @@ CLIENT_TIMEOUT_RANGE = (2.0, 86400.0)
 ROUTING_POLICIES = ("round_robin", "least_load", "consistent_hash", "cache_first",
                     "cache_aware")
 MAX_DP_SIZE = 64   # engine replicas behind one front
-# vLLM's --generation-config values besides a folder: the model's file, or none
-GENERATION_CONFIG_MODES = ("auto", "vllm")
-GENERATION_CONFIG_FILE = "generation_config.json"
-# the generation-config fields that become default sampling parameters (vLLM's
-# ModelConfig.get_diff_sampling_param); HF's max_new_tokens is the engine's max_tokens
-GENERATION_SAMPLING_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p",
-                              "max_new_tokens")
 # vLLM's other names of a knob: LLM(...) keywords (vLLM's EngineArgs field; the older
 # num_gpu_blocks) and dtype values (its ModelDType's half and float)
 ARGUMENT_ALIASES = {"num_gpu_blocks_override": "num_blocks", "num_gpu_blocks": "num_blocks"}
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
-
-
-def check_generation_config(value) -> str:
-    """generation_config: auto, vllm, or a folder holding generation_config.json (what
-    the file says is checked as the engine starts: engine/worker/models/loader.py)."""
-    if not isinstance(value, str) or not value:
-        raise InvalidRequestError(f"generation_config must be auto, vllm or a folder, got "
-                                  f"{value!r}")
-    if value in GENERATION_CONFIG_MODES:
-        return value
-    if not os.path.isdir(value):
-        raise InvalidRequestError(f"generation_config {value!r} is not a folder (auto: the "
-                                  f"model's {GENERATION_CONFIG_FILE}; vllm: none)")
-    if not os.path.isfile(os.path.join(value, GENERATION_CONFIG_FILE)):
-        raise InvalidRequestError(f"generation_config {value!r} holds no "
-                                  f"{GENERATION_CONFIG_FILE}")
-    return value
-
-
-def parse_override_generation_config(value) -> dict | None:
-    """vLLM's --override-generation-config: generation-config fields (a JSON object or its
-    text) set over what --generation-config gives (a null takes the field out). A key that
-    sets no sampling default (vLLM keeps it and nothing reads it) is refused, and so is a
-    value SamplingParams refuses."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise InvalidRequestError(f"override_generation_config is not valid JSON: "
-                                      f"{exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidRequestError("override_generation_config must be a JSON object, e.g. "
-                                  "'{\"temperature\": 0.5}'")
-    if other := sorted(map(str, set(value) - set(GENERATION_SAMPLING_FIELDS))):
-        raise InvalidRequestError(f"override_generation_config: {', '.join(other)} sets no "
-                                  f"sampling default (it takes "
-                                  f"{', '.join(GENERATION_SAMPLING_FIELDS)})")
-    from engine.request import SamplingParams     # (it imports this module)
-    try:
-        SamplingParams(**sampling_defaults(value))
-    except (InvalidRequestError, TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"override_generation_config: {exc}") from None
-    return dict(value)
-
-
-def sampling_defaults(generation_config: dict) -> dict:
-    """The default sampling parameters a generation config's fields set (those of
-    GENERATION_SAMPLING_FIELDS that hold a value; max_new_tokens as max_tokens)."""
-    found = {name: generation_config[name] for name in GENERATION_SAMPLING_FIELDS
-             if generation_config.get(name) is not None}
-    if "max_new_tokens" in found:
-        found["max_tokens"] = found.pop("max_new_tokens")
-    return found
-
-
-def check_priority(priority) -> int:
-    """A request's priority (vLLM: lower is served first): an int32."""
-    return check_int("priority", priority, -MAX_PRIORITY - 1, MAX_PRIORITY)
 
 
 TOKEN_COUNT_SUFFIXES = {"k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12,

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
-from engine.config import GENERATION_CONFIG_MODES
+from engine.generation_config import GENERATION_CONFIG_MODES
 from engine.request import SamplingParams
 
 

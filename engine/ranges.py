@@ -8,6 +8,9 @@ import math
 
 from engine.errors import InvalidRequestError
 
+MAX_SEED = 2 ** 64 - 1   # torch generators take 64 bits (the engine's seed, a request's)
+MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
+
 
 def show(value) -> str:
     """A refused value as a message quotes it (bounded: a client's value may be huge)."""
@@ -33,3 +36,8 @@ def check_number(name: str, value, lo: float, hi: float, lo_open: bool = False) 
         raise InvalidRequestError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], "
                                   f"got {show(value)}")
     return value
+
+
+def check_priority(priority) -> int:
+    """A request's priority (vLLM: lower is served first): an int32."""
+    return check_int("priority", priority, -MAX_PRIORITY - 1, MAX_PRIORITY)

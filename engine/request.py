@@ -13,7 +13,7 @@ from msgspec.structs import force_setattr
 
 from engine.codes import REASON_LENGTH, REASON_STOP
 from engine import validation as V
-from engine.config import InvalidRequestError
+from engine.errors import InvalidRequestError
 from engine.structured_outputs import StructuredOutputsParams
 
 

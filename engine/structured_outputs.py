@@ -20,7 +20,7 @@ import json
 import msgspec
 from msgspec.structs import force_setattr
 
-from engine.config import InvalidRequestError
+from engine.errors import InvalidRequestError
 
 MAX_GRAMMAR_BYTES = 128 * 1024     # a spec's text (schema, regex, grammar, choices): a
 #                                    real tool list or schema is a few KiB; compiling is

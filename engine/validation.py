@@ -15,8 +15,8 @@ from typing import Annotated
 
 import msgspec
 
-from engine.config import MAX_SEED, InvalidRequestError, check_priority
-from engine.ranges import check_int, check_number, show
+from engine.errors import InvalidRequestError
+from engine.ranges import MAX_SEED, check_int, check_number, check_priority, show
 
 INT32_MAX = 2 ** 31 - 1
 MAX_TOKENS = INT32_MAX            # a bound a numpy int32 column and msgpack both carry

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from engine.config import (DEFAULT_DRAFT_MODEL, GENERATION_CONFIG_FILE, InvalidRequestError,
-                           sampling_defaults)
+from engine.config import DEFAULT_DRAFT_MODEL, InvalidRequestError
+from engine.generation_config import GENERATION_CONFIG_FILE, sampling_defaults
 from engine.config_json import json_object
 from engine.request import SamplingParams
 from engine.worker.models.parallel import TPInfo, split, take

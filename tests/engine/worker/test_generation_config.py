@@ -64,7 +64,7 @@ def test_override_generation_config_is_set_over_the_file():
 @pytest.mark.parametrize("value,why", [
     ('{"do_sample": true}', "do_sample sets no sampling default"),
     ('{"temperature": -1}', "temperature"), ('{"max_new_tokens": 0}', "max_tokens"),
-    ('["temperature"]', "must be a JSON object"), ("{not json", "is not valid JSON")])
+    ('["temperature"]', "must be an object"), ("{not json", "is not JSON")])
 def test_a_bad_override_is_refused_by_the_config(value, why):
     with pytest.raises(InvalidRequestError, match=why):
         make_config(override_generation_config=value)
