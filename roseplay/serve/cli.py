@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"roseplay serve: {info.model_name} on {info.device} ({info.dtype}, "
               f"{info.num_blocks} KV blocks of {info.block_size}) at "
               f"{url(args.host, port)}/v1", file=sys.stderr)
-        if line := defaults_line(info):
+        if line := defaults_line(info, bool(getattr(args, "override_generation_config", None))):
             print(f"roseplay serve: {line}", file=sys.stderr)
         address = getattr(loop, "address", None)
         if getattr(loop, "router", None) is not None:
@@ -215,17 +215,20 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def defaults_line(info) -> str | None:
+def defaults_line(info, override: bool = False) -> str | None:
     """What vLLM's server logs at start when the model's generation config sets default
-    sampling parameters (None when it sets none)."""
+    sampling parameters (None when it sets none); `override`: --override-generation-config
+    set some of them."""
     if not info.default_sampling_params:
         return None
     given = ", ".join(f"{k}={v}" for k, v in info.default_sampling_params.items())
     cap = "" if info.override_max_tokens is None else \
         f"; max_tokens {info.override_max_tokens} caps every request"
-    return (f"Default sampling parameters have been overridden by the model's Hugging Face "
-            f"generation config: {given} (for requests that leave them out{cap}); "
-            f"--generation-config vllm turns them off")
+    source = "the model's Hugging Face generation config" + (
+        " and --override-generation-config" if override else "")
+    return (f"Default sampling parameters have been overridden by {source}: {given} (for "
+            f"requests that leave them out{cap}); --generation-config vllm turns the "
+            f"model's off")
 
 
 def _listen(args):

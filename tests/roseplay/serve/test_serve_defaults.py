@@ -131,6 +131,9 @@ def test_the_start_line_names_the_defaults():
     assert "temperature=0.6, max_tokens=12" in defaults_line(capped)
     assert "max_tokens 12 caps every request" in defaults_line(capped)
     assert defaults_line(EngineInfo("m", 10, 64, 8, 16, "cpu", "float32", "torch")) is None
+    # an override's values were credited to the model's file alone
+    assert "generation config and --override-generation-config: max_tokens=256" in \
+        defaults_line(info, override=True)
 
 
 def test_override_generation_config_sets_the_defaults():
