@@ -298,10 +298,17 @@ class EngineConfig:
     def kv_events_enabled(self) -> bool:
         return self.kv_events_config is not None and self.kv_events_config.enabled
 
+    def needs_own_process(self) -> str:
+        """What runs the engine in a process of its own ("" for nothing): N replicas, or
+        the KV events its process publishes."""
+        if self.data_parallel_size > 1:
+            return "data_parallel_size > 1"
+        return "kv_events_config" if self.kv_events_enabled else ""
+
     def check_in_process(self) -> None:
         """An engine on a thread of the caller (EngineLoop, LLM) publishes no KV events
         (the engine process does) and is one replica."""
-        if self.data_parallel_size > 1 or self.kv_events_enabled:
+        if self.needs_own_process():
             raise InvalidRequestError("data_parallel_size > 1 and kv_events_config need the "
                                       "engine in its own process (drop --in-process)")
 

@@ -54,7 +54,7 @@ class LLM:
             if model is not None:
                 kwargs["model"] = model
             config = make_config(**kwargs)
-        own_process = _own_process(config)
+        own_process = config.needs_own_process()     # (its KV events: as vLLM's LLM)
         if own_process and (given or proposer is not None):
             raise InvalidRequestError(
                 f"a proposer needs the engine in this process, without {own_process}"
@@ -230,14 +230,6 @@ class LLM:
     def _apply(self, out) -> None:
         for rid in self.outputs.process(out):    # stop strings matched
             self.outputs.process(self.engine.abort_output(rid, REASON_STOP))
-
-
-def _own_process(config: EngineConfig) -> str:
-    """What runs the engine in its own process ("" for none): N replicas, or one whose
-    process publishes its KV events (as vLLM's LLM does on the config's endpoint)."""
-    if config.data_parallel_size > 1:
-        return "data_parallel_size > 1"
-    return "kv_events_config" if config.kv_events_enabled else ""
 
 
 def _prompt_list(prompts) -> list:
