@@ -66,10 +66,12 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
     structured_outputs: StructuredOutputsParams | None = None
     # -- vLLM's output text fields, applied by the front (engine/front/processor.py):
     # detokenize False leaves the text empty (token ids only; no stop strings then),
-    # skip_special_tokens False shows special tokens in it, include_stop_str_in_output
-    # keeps the stop string that ended it
+    # skip_special_tokens False shows special tokens in it (spaces_between_special_tokens
+    # False: two in a row without the space a decoder puts between tokens),
+    # include_stop_str_in_output keeps the stop string that ended it
     detokenize: bool = True
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # vLLM's n: sequences per prompt. The engine runs one per request: LLM.generate fans
     # n out into n requests (seed + i when seeded) and gathers them into one
@@ -88,7 +90,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unk
         force_setattr(self, "stop", V.check_stop(self.stop))
         force_setattr(self, "stop_token_ids", V.check_stop_token_ids(self.stop_token_ids))
         V.check_bool("ignore_eos", self.ignore_eos)
-        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+        for name in ("skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
             V.check_bool(name, getattr(self, name))
         if not V.check_bool("detokenize", self.detokenize) and self.stop:
             raise InvalidRequestError("stop strings need detokenize=True (they match the "

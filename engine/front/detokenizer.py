@@ -17,6 +17,7 @@ import random
 from engine.tokenizer import byte_level_chars
 
 _TABLE_ATTR = "_roseplay_byte_table"     # cached on the tokenizer object
+_ADDED_ATTR = "_roseplay_added_ids"
 _CHECK_SEQUENCES = 64
 _CHECK_LEN = 12
 # text that transformers' clean_up_tokenization would change: a decode that does it differs
@@ -24,15 +25,51 @@ _PROBE = "Hi , it 's here . Isn 't it ? I 'm sure ! We 've seen , they 're here 
 
 
 def make_detokenizer(tokenizer, stop: tuple[str, ...] = (), skip_special_tokens: bool = True,
-                     include_stop: bool = False):
-    """A request's detokenizer (SamplingParams' stop, skip_special_tokens and
-    include_stop_str_in_output): the byte table skips special tokens, so a request that
-    shows them takes the decoding window."""
+                     include_stop: bool = False, spaces_between_special_tokens: bool = True):
+    """A request's detokenizer (SamplingParams' stop, skip_special_tokens,
+    include_stop_str_in_output, spaces_between_special_tokens): the byte table skips
+    special tokens, so a request that shows them takes the decoding window."""
     table = byte_table(tokenizer) if skip_special_tokens else None
     detok = ByteTableDetokenizer(table, stop) if table is not None else \
-        IncrementalDetokenizer(tokenizer, stop, skip_special_tokens)
+        IncrementalDetokenizer(tokenizer, stop, skip_special_tokens,
+                               spaces_between_special_tokens)
     detok.include_stop = include_stop
     return detok
+
+
+def decode(tokenizer, ids, skip_special_tokens: bool = True,
+           spaces_between_special_tokens: bool = True) -> str:
+    """`tokenizer.decode` with vLLM's spaces_between_special_tokens. False (with the
+    special tokens shown) joins an added token to the added token before it without the
+    space a decoder puts between tokens: a slow transformers tokenizer takes the option
+    itself; a fast one has none, so the ids are decoded in pieces cut between two added
+    tokens, as vLLM's fast detokenizer returns such a token's text alone."""
+    ids = list(ids)
+    if skip_special_tokens or spaces_between_special_tokens:
+        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    if getattr(tokenizer, "is_fast", None) is False:
+        return tokenizer.decode(ids, skip_special_tokens=False,
+                                spaces_between_special_tokens=False)
+    added = added_token_ids(tokenizer)
+    cuts = [i for i in range(1, len(ids)) if ids[i] in added and ids[i - 1] in added]
+    return "".join(tokenizer.decode(ids[a:b], skip_special_tokens=False)
+                   for a, b in zip([0] + cuts, cuts + [len(ids)]))
+
+
+def added_token_ids(tokenizer) -> frozenset[int]:
+    """The ids of the tokenizer's added tokens (special or not), cached on it."""
+    cached = getattr(tokenizer, _ADDED_ATTR, None)
+    if cached is not None:
+        return cached
+    backend = _backend(tokenizer)
+    found = backend.get_added_tokens_decoder() if backend is not None else \
+        getattr(tokenizer, "added_tokens_decoder", {})
+    ids = frozenset(found)
+    try:
+        setattr(tokenizer, _ADDED_ATTR, ids)
+    except (AttributeError, TypeError):
+        pass
+    return ids
 
 
 def _match_stop(stop: tuple[str, ...], text: str, new_text: str,
@@ -83,10 +120,12 @@ class IncrementalDetokenizer:
 
     include_stop = False
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = (), skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.stop = stop
         self.skip = skip_special_tokens
+        self.spaces = spaces_between_special_tokens
         self.prefix_offset = 0
         self.read_offset = 0
 
@@ -94,10 +133,9 @@ class IncrementalDetokenizer:
         """Return (new full text, the stop string it hit or None)."""
         if self.tokenizer is None:
             return text, None
-        decode = self.tokenizer.decode
-        prefix = decode(output_ids[self.prefix_offset:self.read_offset],
-                        skip_special_tokens=self.skip)
-        full = decode(output_ids[self.prefix_offset:], skip_special_tokens=self.skip)
+        tok, skip, spaces = self.tokenizer, self.skip, self.spaces
+        prefix = decode(tok, output_ids[self.prefix_offset:self.read_offset], skip, spaces)
+        full = decode(tok, output_ids[self.prefix_offset:], skip, spaces)
         if full.endswith("\ufffd") or len(full) <= len(prefix):
             return text, None
         delta = full[len(prefix):]

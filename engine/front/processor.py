@@ -20,7 +20,7 @@ from typing import Callable
 
 from engine.codes import REASON_STOP
 from engine.config import InvalidRequestError, check_priority
-from engine.front.detokenizer import make_detokenizer
+from engine.front.detokenizer import decode, make_detokenizer
 from engine.grammars import check_grammar
 from engine.outputs import CoreRequest, EngineInfo, FinishedRequest, StepOutput
 from engine.request import SamplingParams
@@ -189,7 +189,8 @@ class OutputProcessor:
         # text is decoded incrementally only when someone reads it per step or it is
         # needed for stop strings; otherwise once, at the end
         detok = (make_detokenizer(self.tokenizer, p.stop, p.skip_special_tokens,
-                                  p.include_stop_str_in_output)
+                                  p.include_stop_str_in_output,
+                                  p.spaces_between_special_tokens)
                  if self.tokenizer is not None and p.detokenize
                  and (p.stop or on_event is not None) else None)
         st = self.states[creq.request_id] = RequestState(
@@ -266,8 +267,8 @@ class OutputProcessor:
         drop = int(reason == REASON_STOP and st.stop_string is None and bool(st.output_ids)
                    and not p.include_stop_str_in_output)
         if st.detok is None and self.tokenizer is not None and st.output_ids and p.detokenize:
-            st.text = self.tokenizer.decode(st.output_ids[:len(st.output_ids) - drop],
-                                            skip_special_tokens=p.skip_special_tokens)
+            st.text = decode(self.tokenizer, st.output_ids[:len(st.output_ids) - drop],
+                             p.skip_special_tokens, p.spaces_between_special_tokens)
         elif drop and st.detok is not None:     # (text already sent stays: never taken back)
             st.text = st.text[:max(st.text_before_last, st.sent_text)]
         arrival = fin.arrival_time if fin is not None else (st.times[0] if st.times else 0.0)

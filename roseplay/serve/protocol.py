@@ -105,6 +105,8 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     guided_choice: raw_field({"type": "array", "items": {"type": "string"}}) = msgspec.UNSET
     guided_grammar: raw_field({"type": "string"}) = msgspec.UNSET
     include_stop_str_in_output: bool | None = False      # vLLM extra: keep the stop text
+    skip_special_tokens: bool = True         # vLLM extras: the output text's special
+    spaces_between_special_tokens: bool = True   # tokens (SamplingParams' fields)
     use_beam_search: bool | None = None
     allowed_token_ids: raw_field({"type": "array"}) = msgspec.UNSET
     bad_words: raw_field({"type": "array"}) = msgspec.UNSET
@@ -165,6 +167,8 @@ class SamplingFields(_Request, kw_only=True, dict=True):
             seed=seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=bool(self.include_stop_str_in_output),
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias=logit_bias, min_tokens=self.min_tokens,

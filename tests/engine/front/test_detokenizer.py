@@ -5,8 +5,10 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models
 
+from engine.errors import InvalidRequestError
 from engine.front.detokenizer import (ByteTableDetokenizer, IncrementalDetokenizer, byte_table,
-                                make_detokenizer)
+                                      decode, make_detokenizer)
+from engine.request import SamplingParams
 from engine.tokenizer import load_tokenizer
 
 
@@ -99,3 +101,29 @@ def test_other_tokenizers_keep_the_decode_window(tok):
     assert isinstance(detok, IncrementalDetokenizer)
     assert stream(detok, [1, 2, 3])[0] == word.decode([1, 2, 3])
     assert byte_table(CleaningTokenizer(tok)) is None     # the check on decode catches it
+
+
+class SpecialWordTokenizer(WordTokenizer):
+    """WordTokenizer with two special tokens: its decoder puts a space between any two
+    tokens, special ones included."""
+
+    def __init__(self):
+        super().__init__()
+        self._tok.add_special_tokens(["[SEP]", "[EOS]"])     # ids 4, 5
+
+
+def test_spaces_between_special_tokens_false_joins_two_in_a_row():
+    """vLLM's spaces_between_special_tokens: False drops the space between two special
+    tokens in a row, shown (skip_special_tokens False), streamed or decoded at once; the
+    space before a special token that follows a word stays (it was always the
+    decoder's)."""
+    tok, ids = SpecialWordTokenizer(), [1, 4, 5, 2, 4]
+    assert tok.decode(ids) == "hello [SEP] [EOS] world [SEP]"
+    assert decode(tok, ids, False, False) == "hello [SEP][EOS] world [SEP]"
+    assert decode(tok, ids, False, True) == tok.decode(ids)
+    assert decode(tok, ids, True, False) == "hello world"
+    streamed = make_detokenizer(tok, skip_special_tokens=False,
+                                spaces_between_special_tokens=False)
+    assert stream(streamed, ids)[0] == "hello [SEP][EOS] world [SEP]"
+    with pytest.raises(InvalidRequestError, match="spaces_between_special_tokens must be"):
+        SamplingParams(spaces_between_special_tokens=1)
