@@ -44,6 +44,8 @@ class ServeConfig:
     max_waiting: int | None = None              # 429 above this many requests without a token
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     chat_template: str | None = None            # a Jinja file or string (see chat.py)
+    # template variables under every request's chat_template_kwargs (vLLM's flag)
+    default_chat_template_kwargs: dict | None = None
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S     # drain time on SIGTERM
     timeout_keep_alive: float = DEFAULT_TIMEOUT_KEEP_ALIVE_S  # idle keep-alive connection
     timeout_request_read: float = DEFAULT_TIMEOUT_REQUEST_READ_S
@@ -71,6 +73,10 @@ class ServeConfig:
             raise ValueError("timeout_keep_alive and timeout_request_read must be > 0")
         if self.http not in HTTP_PARSERS:
             raise ValueError(f"http must be one of {', '.join(HTTP_PARSERS)}")
+        try:
+            chat.check_default_kwargs(self.default_chat_template_kwargs)
+        except ValueError as exc:
+            raise ValueError(f"default_chat_template_kwargs: {exc}") from None
 
 
 class ServeState:
@@ -89,6 +95,7 @@ class ServeState:
         self.model_names = config.served_model_name or (info.model_name,)
         self.chat_template = chat.pick_template(self.tokenizer, chat.load_template(
             config.chat_template))
+        self.template_defaults = config.default_chat_template_kwargs or {}
         self.metrics = ServerMetrics(loop, self.model_names[0], self.max_model_len)
         self.bridge = EngineBridge(loop, self.metrics, config.max_waiting)
         self.drain = Drain()

@@ -11,7 +11,8 @@ from engine.front.chat_template import PLAY_TEMPLATE, pick_template
 from roseplay.serve.constrained import decode_small
 from roseplay.serve.errors import invalid
 
-__all__ = ["PLAY_TEMPLATE", "load_template", "pick_template", "render", "template_kwargs"]
+__all__ = ["PLAY_TEMPLATE", "check_default_kwargs", "load_template", "pick_template", "render",
+           "template_kwargs", "with_defaults"]
 KWARGS_FIELD = "chat_template_kwargs"
 
 
@@ -32,6 +33,21 @@ def template_kwargs(raw) -> dict:
         return chat_template.check_template_kwargs(decode_small(raw, KWARGS_FIELD))
     except InvalidRequestError as exc:
         raise invalid(str(exc), KWARGS_FIELD) from None
+
+
+def check_default_kwargs(defaults):
+    """--default-chat-template-kwargs (null: none), checked once at start as a request's
+    chat_template_kwargs is: a ValueError (exit 2) for what a request would get a 400 for."""
+    try:
+        return chat_template.check_template_kwargs(defaults)
+    except InvalidRequestError as exc:
+        raise ValueError(f"the default {exc}") from None
+
+
+def with_defaults(defaults: dict, kwargs: dict) -> dict:
+    """A request's chat_template_kwargs over --default-chat-template-kwargs: the
+    request's win key by key, as vLLM merges them."""
+    return {**defaults, **kwargs} if defaults else kwargs
 
 
 def render(tokenizer, template: str, messages: list[dict],

@@ -14,6 +14,7 @@ from engine.config import InvalidRequestError
 from roseplay.cli_checks import check_model, check_serve_engine
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
                                 engine_addresses, engine_kwargs, say_on_stderr)
+from roseplay.serve import chat
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST, url
 from roseplay.serve.app import (DEFAULT_HTTP, DEFAULT_TIMEOUT_KEEP_ALIVE_S,
@@ -40,14 +41,24 @@ with requests ended by an error at the --shutdown-timeout, %d the engine process
 """ % (EXIT_DRAINED, EXIT_CUT, EXIT_ENGINE_DIED, EXIT_API_SERVER_DIED)
 
 
-def json_flag(text: str):
-    """A flag's JSON (vLLM's --allowed-* flags take JSON lists); ServeConfig checks what
-    it holds."""
+def json_flag(example: str):
+    """A flag's JSON reader (vLLM's --allowed-* flags take JSON lists,
+    --default-chat-template-kwargs an object); ServeConfig checks what it holds."""
+    def read(text: str):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise argparse.ArgumentTypeError(f"not JSON ({example}): {text!r:.60}") from None
+    return read
+
+
+def template_kwargs_flag(text: str) -> dict:
+    """--default-chat-template-kwargs: a JSON object of template variables."""
+    value = json_flag("an object, like '{\"enable_thinking\": false}'")(text)
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(f"not JSON (a list of strings, like '[\"*\"]'): "
-                                         f"{text!r:.60}") from None
+        return chat.check_default_kwargs(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file or the text) instead of the tokenizer's "
                         "(or, without one, the play template of docs/SERVE.md).")
+    s.add_argument("--default-chat-template-kwargs", metavar="JSON", default=None,
+                   type=template_kwargs_flag,
+                   help="Template variables every chat (and /tokenize of messages) gets, "
+                        "as a JSON object (vLLM's flag), under the request's own "
+                        "chat_template_kwargs, which win key by key; e.g. "
+                        "'{\"enable_thinking\": false}' turns a reasoning model's thinking "
+                        "off unless a request turns it on (default: none).")
     for name, default, what in (
             ("origins", "[]", "Origins a browser page may call the server from, as a JSON "
              "list (vLLM's flag; '[\"*\"]' for any). Default: none, no CORS: a server on "
@@ -95,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
              "opens (vLLM's default is any)."),
             ("methods", '["*"]', "HTTP methods such pages may use, as a JSON list."),
             ("headers", '["*"]', "Request headers such pages may send, as a JSON list.")):
-        s.add_argument(f"--allowed-{name}", type=json_flag, default=json.loads(default),
+        s.add_argument(f"--allowed-{name}", type=json_flag("a list of strings, like '[\"*\"]'"),
+                       default=json.loads(default),
                        metavar="JSON", help=f"{what} (default: {default}).")
     s.add_argument("--allowed-credentials", action="store_true",
                    help="Let such pages send cookies and authorization (CORS credentials).")
@@ -135,6 +154,7 @@ def serve_config(args) -> ServeConfig:
                        served_model_name=tuple(args.served_model_name or ()),
                        max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
                        chat_template=args.chat_template,
+                       default_chat_template_kwargs=args.default_chat_template_kwargs,
                        shutdown_timeout=args.shutdown_timeout,
                        timeout_keep_alive=args.timeout_keep_alive,
                        timeout_request_read=args.timeout_request_read, http=args.http,

@@ -182,11 +182,14 @@ def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
 
 
 def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
-                max_model_len: int, defaults: SamplingDefaults = NO_DEFAULTS) -> EngineInputs:
+                max_model_len: int, defaults: SamplingDefaults = NO_DEFAULTS,
+                template_defaults: dict | None = None) -> EngineInputs:
+    """`template_defaults`: --default-chat-template-kwargs."""
     messages = [message_dict(m) for m in req.messages]
     tools = req.tool_spec.for_template() if req.tool_spec is not None else None
     text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools,
-                            req.PROMPT_FIELD, req.template_kwargs)
+                            req.PROMPT_FIELD,
+                            chat.with_defaults(template_defaults, req.template_kwargs))
     field = req.max_tokens_field
     prompt = truncated({"prompt_token_ids": ids, "prompt": text},
                        truncate_to(req, max_model_len), tokenizer)

@@ -197,7 +197,7 @@ async def completions(request: Request):
 def chat_inputs(req: ChatCompletionRequest, st) -> inputs.EngineInputs:
     """A chat's engine inputs: its messages through the server's chat template."""
     return inputs.chat_inputs(req, st.tokenizer, st.chat_template, st.max_model_len,
-                              st.sampling_defaults)
+                              st.sampling_defaults, st.template_defaults)
 
 
 async def chat_completions(request: Request):

@@ -62,7 +62,8 @@ def _ids(req: TokenizeRequest, st) -> list[int]:
                       "add_special_tokens")
     _, ids = chat.render(st.tokenizer, st.chat_template, [message_dict(m) for m in req.messages],
                          req.add_generation_prompt,
-                         kwargs=chat.template_kwargs(req.chat_template_kwargs))
+                         kwargs=chat.with_defaults(st.template_defaults,
+                                                   chat.template_kwargs(req.chat_template_kwargs)))
     return list(ids)
 
 

@@ -76,3 +76,45 @@ def test_kwargs_the_template_does_not_read_are_dropped(tok):
                                     template_kwargs=kwargs) == want
     assert chat_template.template_variables(THINK_TEMPLATE) == {
         "messages", "enable_thinking", "add_generation_prompt"}
+
+
+@pytest.fixture(scope="module")
+def quiet_http():
+    """A server started with --default-chat-template-kwargs '{"enable_thinking": false}'."""
+    config = ServeConfig(chat_template=THINK_TEMPLATE,
+                         default_chat_template_kwargs={"enable_thinking": False})
+    with EngineLoop(device="cpu") as loop, ServerThread(build_app(loop, config)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=120) as client:
+        yield client
+
+
+def test_default_chat_template_kwargs_go_under_the_request_s(quiet_http, tok):
+    """vLLM's --default-chat-template-kwargs: every chat (and /tokenize of messages) gets
+    them; a request's chat_template_kwargs win key by key."""
+    body = {"messages": MESSAGES, "max_tokens": 1, "return_token_ids": True}
+    text = "What news from the court?\n"
+    quiet = quiet_http.post("/v1/chat/completions", json=body).json()
+    assert quiet["prompt_token_ids"] == ids(tok, text + "[silent]\nJULIET.\n")
+    loud = quiet_http.post("/v1/chat/completions", json={
+        **body, "chat_template_kwargs": {"enable_thinking": True}}).json()
+    assert loud["prompt_token_ids"] == ids(tok, text + "JULIET.\n")
+    r = quiet_http.post("/tokenize", json={"messages": MESSAGES})
+    assert r.status_code == 200 and r.json()["tokens"] == quiet["prompt_token_ids"]
+
+
+@pytest.mark.parametrize("value, says", [
+    ("not json", "not JSON (an object"),
+    ('["enable_thinking"]', "the default chat_template_kwargs must be an object"),
+    ('{"tokenize": true}', "the default chat_template_kwargs cannot set tokenize"),
+])
+def test_a_bad_default_chat_template_kwargs_is_exit_2(value, says, capsys):
+    from roseplay.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--device", "cpu", "--port", "0", "--default-chat-template-kwargs",
+              value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --default-chat-template-kwargs: {says}" in err, err
+    assert "Traceback" not in err
+    with pytest.raises(ValueError, match="default_chat_template_kwargs: the default"):
+        ServeConfig(default_chat_template_kwargs=["enable_thinking"])
