@@ -81,15 +81,25 @@ class LogprobsWriter:
         self._prompts[id(prompt_logprobs)] = (prompt_logprobs, encoded, end)
         return encoded, end
 
-    def _top(self, e) -> list[tuple[int, float]]:
-        return list(zip(e.token_ids[1:1 + self.n], e.logprobs[1:1 + self.n]))
+    def _top(self, e, count: int) -> list[tuple[int, float]]:
+        """vLLM's top logprobs of a token: its logprobs dict in order (the sampled token
+        first, then the top n by rank, each id once), the first `count`. So a sampled
+        token outside the top n comes first and pushes the n-th out of chat's list, as
+        vLLM's chat, Responses and completions answer (OpenAI ranks the true top n)."""
+        out, seen = [], set()
+        for t, lp in zip(e.token_ids[:1 + self.n], e.logprobs[:1 + self.n]):
+            if t not in seen:
+                seen.add(t)
+                out.append((t, lp))
+        return out[:count]
 
     def _chat(self, entries) -> dict:
         def item(tid, lp):
             text = self.token_text(tid)
             return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode())}
         content = [{**item(e.token_ids[0], e.logprobs[0]),
-                    "top_logprobs": [item(t, lp) for t, lp in self._top(e)]} for e in entries]
+                    "top_logprobs": [item(t, lp) for t, lp in self._top(e, self.n)]}
+                   for e in entries]
         return {"content": content}
 
     def _completion(self, index: int, entries) -> dict:
@@ -99,10 +109,9 @@ class LogprobsWriter:
             text = self.token_text(e.token_ids[0])
             tokens.append(text)
             values.append(_finite(e.logprobs[0]))
-            # the sampled token is listed too when outside the top n (OpenAI, vLLM)
-            top = {self.token_text(t): _finite(lp) for t, lp in self._top(e)}
-            top.setdefault(text, _finite(e.logprobs[0]))
-            tops.append(top)
+            # n + 1 entries: the sampled token too when outside the top n (OpenAI,
+            # vLLM); keyed by text, as vLLM's (two ids of one text: one key, the later's)
+            tops.append({self.token_text(t): _finite(lp) for t, lp in self._top(e, self.n + 1)})
             offsets.append(offset)
             offset += len(text)
         self._offsets[index] = offset
