@@ -221,7 +221,9 @@ class EngineConfig:
               "\"compile_timeout\": 10}': backend auto (llguidance; xgrammar where it cannot read "
               "the tokenizer), guidance (alias llguidance) or xgrammar; "
               "compile_timeout (seconds a request waits for its grammar, then a 400); "
-              "grammar_cache_size; disable_any_whitespace (docs/STRUCTURED_OUTPUTS.md).",
+              "grammar_cache_size; disable_any_whitespace; disable_additional_properties "
+              "(default true: objects take only the properties their schema lists, as "
+              "vLLM's default xgrammar; docs/STRUCTURED_OUTPUTS.md).",
         check=StructuredOutputsConfig.parse)
     kv_events_config: KVEventsConfig | dict | str | None = knob_field(
         None, "KV cache events as vLLM's JSON, e.g. '{\"enable_kv_cache_events\": true, "

@@ -195,6 +195,10 @@ class StructuredOutputsConfig:
     # JSON: no whitespace but ", " and ": " (True, roseplay's default), or any between
     # tokens (False, vLLM's: a small model can fill it with newlines)
     disable_any_whitespace: bool = True
+    # JSON: an object schema that lists properties takes no others unless it says so
+    # (True: what vLLM's default backend, xgrammar, does in its strict mode; False: JSON
+    # Schema's reading, unlisted properties allowed; both backends)
+    disable_additional_properties: bool = True
 
     def __post_init__(self):
         if self.backend not in STRUCTURED_OUTPUTS_BACKENDS:
@@ -211,8 +215,9 @@ class StructuredOutputsConfig:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1 << 16:
             raise InvalidRequestError(f"grammar_cache_size must be an integer in [0, 65536], "
                                       f"got {n!r:.60}")
-        if not isinstance(self.disable_any_whitespace, bool):
-            raise InvalidRequestError("disable_any_whitespace must be a boolean")
+        for name in ("disable_any_whitespace", "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"structured_outputs_config {name} must be a boolean")
 
     @classmethod
     def parse(cls, value) -> "StructuredOutputsConfig":

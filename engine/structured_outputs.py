@@ -1,8 +1,9 @@
 """Structured outputs: what a request asks its tokens to obey (vLLM's StructuredOutputsParams).
 
 Exactly one constraint per request: `json` (a JSON schema, a dict or its text), `regex`,
-`choice` (one of these strings), `grammar` (Lark, or GBNF/EBNF as llama.cpp writes it) or
-`json_object` (any JSON object, OpenAI's response_format json_object). The engine core
+`choice` (one of these strings), `grammar` (Lark, or GBNF/EBNF as llama.cpp writes it),
+`json_object` (any JSON object, OpenAI's response_format json_object) or `structural_tag`
+(vLLM's: JSON text of free text with schema-constrained tags; STRUCTURAL_TAG). The engine core
 compiles it off the step loop (engine/core/structured/) and masks every sampled token to
 what the grammar allows; docs/STRUCTURED_OUTPUTS.md.
 
@@ -27,7 +28,12 @@ MAX_GRAMMAR_BYTES = 128 * 1024     # a spec's text (schema, regex, grammar, choi
 #                                    the engine's work, so a bigger one is refused here
 MAX_CHOICES = 1024                 # `choice` strings
 GRAMMAR_ERROR = "structured output grammar"   # the prefix of an engine's compile error
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
+KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+JSON_KINDS = ("json", "json_object", "structural_tag")   # what JSON switches apply to
+# structural_tag's two forms, as vLLM's response_format {"type": "structural_tag", ...}:
+# {"structures": [{"begin", "schema", "end"}], "triggers": [...]} (both backends) or
+# {"format": {...}} (xgrammar's structural tag format; the xgrammar backend only)
+STRUCTURAL_TAG = "structural_tag"
 
 
 class StructuredOutputsParams(msgspec.Struct, frozen=True, omit_defaults=True,
@@ -40,8 +46,11 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, omit_defaults=True,
     grammar: str | None = None
     json_object: bool = False
     disable_any_whitespace: bool = False        # JSON: no whitespace between tokens
-    disable_additional_properties: bool = False  # JSON: objects without additionalProperties
-    #                                             in the schema take none
+    disable_additional_properties: bool = False  # JSON: objects listing properties take
+    #                                             no others unless the schema says so
+    whitespace_pattern: str | None = None       # JSON: the regex of whitespace between
+    #                                             tokens (the guidance backend only)
+    structural_tag: str | None = None           # JSON text (STRUCTURAL_TAG)
 
     def __post_init__(self):
         for name in ("json_object", "disable_any_whitespace", "disable_additional_properties"):
@@ -51,7 +60,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, omit_defaults=True,
             force_setattr(self, "json", _schema_text(self.json))
         if self.choice is not None:
             force_setattr(self, "choice", _choices(self.choice))
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "whitespace_pattern", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidRequestError(f"structured_outputs.{name} must be a non-empty string")
@@ -59,11 +68,16 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, omit_defaults=True,
         if len(given) != 1:
             raise InvalidRequestError(
                 "structured_outputs needs exactly one of json, regex, choice, grammar, "
-                f"json_object; got {', '.join(given) if given else 'none'}")
-        if len(self.spec.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+                f"json_object, structural_tag; got {', '.join(given) if given else 'none'}")
+        size = len((self.spec + (self.whitespace_pattern or "")).encode("utf-8", "surrogatepass"))
+        if size > MAX_GRAMMAR_BYTES:
             raise InvalidRequestError(f"structured_outputs.{self.kind} is larger than "
                                       f"{MAX_GRAMMAR_BYTES} bytes")
         _check_utf8(self.spec, self.kind)
+        if self.whitespace_pattern is not None:
+            _check_whitespace_pattern(self)
+        if self.structural_tag is not None:
+            check_structural_tag(structural_tag(self))
 
     @property
     def kind(self) -> str:
@@ -82,7 +96,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, omit_defaults=True,
     def key(self) -> tuple:
         """What a compiled grammar depends on (the compile cache's key)."""
         return (self.kind, self.spec, self.disable_any_whitespace,
-                self.disable_additional_properties)
+                self.disable_additional_properties, self.whitespace_pattern)
 
 
 def _schema_text(schema) -> str:
@@ -103,6 +117,57 @@ def _schema_text(schema) -> str:
         raise InvalidRequestError("structured_outputs.json must be a JSON schema: an object "
                                   f"(or true/false), got {type(value).__name__}")
     return schema
+
+
+def _check_whitespace_pattern(p: StructuredOutputsParams) -> None:
+    """whitespace_pattern shapes JSON only, and says what disable_any_whitespace denies."""
+    _check_utf8(p.whitespace_pattern, "whitespace_pattern")
+    if p.kind not in JSON_KINDS:
+        raise InvalidRequestError(f"structured_outputs.whitespace_pattern applies to "
+                                  f"{', '.join(JSON_KINDS)}, not {p.kind}")
+    if p.disable_any_whitespace:
+        raise InvalidRequestError("structured_outputs.whitespace_pattern and "
+                                  "disable_any_whitespace contradict; send one")
+
+
+def structural_tag(p: StructuredOutputsParams) -> dict:
+    """The structural tag's object (its text is checked to be one at construction)."""
+    try:
+        value = json.loads(p.structural_tag)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequestError(f"structured_outputs.structural_tag is not valid JSON: "
+                                  f"{exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError("structured_outputs.structural_tag must be the JSON text "
+                                  "of an object")
+    return value
+
+
+def check_structural_tag(tag: dict) -> None:
+    """The shape of a structural tag's either form (STRUCTURAL_TAG); what the grammar
+    library makes of it is its own check (engine/grammars.py)."""
+    name = "structured_outputs.structural_tag"
+    if tag.get("type", STRUCTURAL_TAG) != STRUCTURAL_TAG:
+        raise InvalidRequestError(f"{name} type must be {STRUCTURAL_TAG!r}")
+    if "structures" not in tag:
+        if not isinstance(tag.get("format"), dict):
+            raise InvalidRequestError(f"{name} needs `structures` and `triggers`, or a "
+                                      "`format` object")
+        return
+    structures, triggers = tag.get("structures"), tag.get("triggers")
+    if not isinstance(triggers, list) or not triggers or \
+            any(not isinstance(t, str) or not t for t in triggers):
+        raise InvalidRequestError(f"{name} triggers must be a list of non-empty strings")
+    if not isinstance(structures, list) or not structures:
+        raise InvalidRequestError(f"{name} structures must be a non-empty list")
+    for s in structures:
+        if not isinstance(s, dict) or not isinstance(s.get("begin"), str) \
+                or not isinstance(s.get("end"), str) or not isinstance(s.get("schema"), dict):
+            raise InvalidRequestError(f"{name} structures must be objects with a string "
+                                      "`begin`, a `schema` object and a string `end`")
+        if not any(s["begin"].startswith(t) for t in triggers):
+            raise InvalidRequestError(f"{name}: begin {s['begin'][:60]!r} starts with none "
+                                      f"of the triggers")
 
 
 def _choices(choice) -> tuple[str, ...]:

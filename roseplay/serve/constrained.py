@@ -2,10 +2,13 @@
 -> the engine's StructuredOutputsParams, and the engine's grammar errors -> a 400 naming
 the field the constraint came from (docs/STRUCTURED_OUTPUTS.md).
 
-response_format: {"type": "text"} (no constraint), {"type": "json_object"}, or
-{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}; on
-both endpoints, as vLLM. structured_outputs (vLLM's extra): {"json" | "regex" | "choice"
-| "grammar" | "json_object", "disable_any_whitespace", "disable_additional_properties"};
+response_format: {"type": "text"} (no constraint), {"type": "json_object"},
+{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}, or
+vLLM's {"type": "structural_tag", "structures", "triggers"} / {"type": "structural_tag",
+"format"} (its JSON text becomes structured_outputs.structural_tag); on both endpoints,
+as vLLM. structured_outputs (vLLM's extra): {"json" | "regex" | "choice" | "grammar" |
+"json_object" | "structural_tag", "disable_any_whitespace",
+"disable_additional_properties", "whitespace_pattern"};
 vLLM's older guided_json / guided_regex / guided_choice / guided_grammar mean the same.
 All are kept raw by the request models and decoded here once their size is known.
 
@@ -23,6 +26,7 @@ and every other client's stream go on meanwhile.
 """
 from __future__ import annotations
 
+import json
 import sys
 
 import msgspec
@@ -71,8 +75,10 @@ def from_response_format(fmt, param: str = "response_format") -> StructuredOutpu
                           "schema object)", param)
         return params(json=schema if isinstance(schema, dict) else str(schema).lower(),
                       param=param)
-    raise invalid(f"{param} type must be text, json_object or json_schema, got "
-                  f"{str(kind)[:40]!r}", param)
+    if kind == "structural_tag":
+        return params(structural_tag=json.dumps(fmt), param=param)
+    raise invalid(f"{param} type must be text, json_object, json_schema or structural_tag, "
+                  f"got {str(kind)[:40]!r}", param)
 
 
 def from_structured_outputs(value) -> StructuredOutputsParams | None:
@@ -130,7 +136,8 @@ def check_on_loop(p: StructuredOutputsParams | None, backend: str | None) -> boo
     event loop: no constraint (or json_object, which is not parsed), or a short spec
     whose library (engine/grammars.py: xgrammar's, else llguidance) is imported already.
     backend None: no front in this process checks it."""
-    if p is None or p.kind == "json_object" or backend is None:
+    if p is None or p.kind == "json_object" and p.whitespace_pattern is None \
+            or backend is None:
         return True
     library = "xgrammar" if backend == "xgrammar" else "llguidance"
     return library in sys.modules and len(p.spec) <= ON_LOOP_SPEC_CHARS

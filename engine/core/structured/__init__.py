@@ -27,7 +27,7 @@ def make_manager(config, tokenizer, vocab_size: int, eos_ids: tuple[int, ...],
                 raise GrammarError("structured outputs need a fast tokenizer "
                                    "(tokenizer.json); this model's has none")
             text = synthetic_tokenizer_json(vocab_size, eos_ids)
-        args = (text, vocab_size, eos_ids, so.disable_any_whitespace)
+        args = (text, vocab_size, eos_ids, so)
         if so.backend == "xgrammar":
             return _xgrammar(*args)
         from engine.core.structured.guidance import GuidanceBackend

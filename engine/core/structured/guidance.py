@@ -15,7 +15,7 @@ import llguidance
 import numpy as np
 
 from engine.core.structured.common import GrammarError
-from engine.grammars import guidance_grammar
+from engine.grammars import JsonStyle, guidance_grammar
 from engine.structured_outputs import StructuredOutputsParams
 
 
@@ -61,21 +61,21 @@ class GuidanceBackend:
     name = "guidance"
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: tuple[int, ...],
-                 disable_any_whitespace: bool = False):
+                 config=None):
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size,
                                                 eos_token=list(eos_ids) or None)
         self.vocab_size = vocab_size
         self.eos_ids = tuple(eos_ids)
         self.words = -(-vocab_size // 32)          # int32 words of one bitmask row
         self.limits = llguidance.LLParserLimits(verbose_errors=False)
-        self.disable_any_whitespace = disable_any_whitespace
+        self.config = config            # StructuredOutputsConfig: its JSON switches
         self.executor = llguidance.LLExecutor()
 
     def grammar(self, p: StructuredOutputsParams) -> str:
         """The request's constraint as an llguidance grammar (text)."""
         try:
-            return guidance_grammar(p, p.disable_any_whitespace or self.disable_any_whitespace)
-        except (ValueError, TypeError, RecursionError) as exc:
+            return guidance_grammar(p, JsonStyle.of(p, self.config))
+        except (ValueError, TypeError, RecursionError, AssertionError) as exc:
             raise GrammarError(str(exc)[:500]) from None
 
     def compile(self, p: StructuredOutputsParams) -> llguidance.LLMatcher:

@@ -14,7 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from engine.core.structured.common import GrammarError
-from engine.grammars import reason, xgrammar_grammar
+from engine.grammars import JsonStyle, reason, xgrammar_grammar
 from engine.structured_outputs import StructuredOutputsParams
 from engine.worker.host_masks import tensor_view
 
@@ -64,7 +64,7 @@ class XGrammarBackend:
     name = "xgrammar"
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: tuple[int, ...],
-                 disable_any_whitespace: bool = False):
+                 config=None):
         import xgrammar as xgr      # here: its import loads transformers and rich (the
         self.xgr = xgr              # engine imports no UI package unless this backend runs)
         vocab = Tokenizer.from_str(tokenizer_json).get_vocab(with_added_tokens=True)
@@ -81,7 +81,7 @@ class XGrammarBackend:
         self.vocab_size = vocab_size
         self.eos_ids = tuple(eos_ids)
         self.words = -(-vocab_size // 32)
-        self.disable_any_whitespace = disable_any_whitespace
+        self.config = config            # StructuredOutputsConfig: its JSON switches
 
     def compile(self, p: StructuredOutputsParams):
         """The request's compiled grammar, checked by a first mask."""
@@ -94,8 +94,8 @@ class XGrammarBackend:
         return compiled
 
     def _compile(self, p: StructuredOutputsParams):
-        compact = p.disable_any_whitespace or self.disable_any_whitespace
-        return self.compiler.compile_grammar(xgrammar_grammar(p, compact, self.info))
+        return self.compiler.compile_grammar(
+            xgrammar_grammar(p, JsonStyle.of(p, self.config), self.info))
 
     def matcher(self, compiled) -> XGrammarMatcher:
         return XGrammarMatcher(self.xgr.GrammarMatcher(compiled))
