@@ -74,6 +74,11 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, omit_defaults=True,
             raise InvalidRequestError(f"structured_outputs.{self.kind} is larger than "
                                       f"{MAX_GRAMMAR_BYTES} bytes")
         _check_utf8(self.spec, self.kind)
+        if self.regex is not None and "\x00" in self.regex:
+            # vLLM refuses it too: never meaningful in a pattern, and the libraries
+            # would let the model write a NUL byte into the text
+            raise InvalidRequestError("structured_outputs.regex must not contain a NUL "
+                                      "character ('\\x00')")
         if self.whitespace_pattern is not None:
             _check_whitespace_pattern(self)
         if self.structural_tag is not None:

@@ -75,3 +75,9 @@ def test_a_check_is_kept_per_spec(monkeypatch):
     check_grammar(StructuredOutputsParams(regex="[0-9]{3}"), "guidance")
     check_grammar(StructuredOutputsParams(regex="[0-9]{3}"), "guidance")
     assert len(calls) == 2
+
+
+def test_a_regex_with_a_nul_is_refused_where_the_params_are_built():
+    """As vLLM's: the libraries took it, and the model wrote a NUL byte into its text."""
+    with pytest.raises(InvalidRequestError, match="must not contain a NUL"):
+        StructuredOutputsParams(regex="a\x00b")
