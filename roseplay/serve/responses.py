@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -97,6 +98,23 @@ class ChatCompletionChunk(BaseModel):
     prompt_token_ids: list[int] | None = _TOKEN_IDS     # a choice's first chunk
 
 
+class ModelPermission(BaseModel):
+    """vLLM's card lists one, OpenAI's old permission object with its defaults: clients
+    written against vLLM read `permission[0]`."""
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -105,6 +123,7 @@ class ModelCard(BaseModel):
     root: str | None = None         # vLLM's: the model the name serves (--model)
     parent: str | None = None       # vLLM's: the base model of an adapter (none here)
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
 
 
 class ModelList(BaseModel):

@@ -370,3 +370,30 @@ def test_include_stop_str_in_output_keeps_the_stop_string(http, path):
     assert kept.startswith(cut) and kept.endswith(stop) and len(kept) > len(cut)
     if path != "/v1/responses":
         assert streamed(http, path, {**body, "include_stop_str_in_output": True})[0] == {0: kept}
+
+
+def test_model_cards_carry_vllm_s_permission(server, http):
+    """vLLM's card lists one permission object (OpenAI's old field, its defaults); it was
+    left out, and clients written against vLLM read permission[0]."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+    for card in (client.models.list().data[0].model_dump(),
+                 http.get("/v1/models/default").json()):
+        perm, = card["permission"]
+        assert perm["object"] == "model_permission" and perm["id"].startswith("modelperm-")
+        assert (perm["allow_sampling"], perm["allow_logprobs"], perm["organization"],
+                perm["allow_fine_tuning"]) == (True, True, "*", False)
+
+
+def test_chat_top_logprobs_0_without_logprobs_asks_for_nothing(server):
+    """top_logprobs 0 with logprobs false or left out (what clients that send every field
+    write) is served without logprobs, as vLLM's; it was a 400. A top_logprobs above 0
+    without logprobs stays one."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0)
+    body = dict(model="default", messages=[{"role": "user", "content": "What news?"}],
+                max_tokens=2, temperature=0, top_logprobs=0)
+    for logprobs in ({}, {"logprobs": False}):
+        r = client.chat.completions.create(**body, **logprobs)
+        assert r.choices[0].logprobs is None and r.usage.completion_tokens == 2
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**{**body, "top_logprobs": 1})
+    assert e.value.body["param"] == "top_logprobs"
