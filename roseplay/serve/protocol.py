@@ -341,7 +341,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:     # 0 asks for nothing (as vLLM)
             raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
         if self.chat_template is not None:     # as vLLM without --trust-request-chat-template
             raise invalid("chat_template: a template per request is not taken (a template "
