@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 
-def clip_words(text: str, width: int) -> str:
+def clip_words(text: str, width: int, more: bool = False) -> str:
     """`text` whole when it fits; else its sentences that fit and " …", when they fill
-    half the width at least; else its words that fit and "…"."""
-    if len(text) <= width:
+    half the width at least; else its words that fit and "…". `more`: the text goes on
+    past it (a wrapped line's last shown line): cut, with its "…", even where it fits."""
+    if len(text) <= width and not more:
         return text
+    text += " " if more else ""         # its last word ends there
     room = max(0, width - 2)
     sentence = text.rfind(". ", 0, room)
     if sentence + 1 >= width // 2:

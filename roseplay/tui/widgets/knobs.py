@@ -15,6 +15,7 @@ from textual.widget import Widget
 from engine.config import KNOB_MAXIMUM, MAX_SPECULATIVE_TOKENS, SchedulerConfig, knob_fields
 from roseplay.tui.keys import knob_key
 from roseplay.workload.scenarios import SCENARIOS
+from roseplay.tui.widgets.clip import clip_words
 from roseplay.tui.widgets.guide_card import card_text
 from roseplay.tui.widgets.knob_words import SHORT_NAMES, fmt_value
 
@@ -35,6 +36,7 @@ NARROW_NAMES = {**SHORT_NAMES, "enable_prefix_caching": "cache"}    # a narrow K
 # first to "? explain… (? help)", 80x24 to "press a key to turn… (? help)")
 FIRST_HINTS = ("press a key to turn a knob; ? explains every panel",
                "a key turns a knob · ? help")
+MORE_HELP = " (? help)"     # after a cut help line: the help screen has it whole
 CONCURRENCY_STEPS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # swap without a host tier: KVCacheManager.swap_out has nowhere to copy the blocks, so
 # every swap preemption frees them and recomputes (engine/core/scheduler.py preempt)
@@ -188,10 +190,8 @@ class KnobsPanel(Widget):
         width = max(20, self.size.width or 60)
         lines = textwrap.wrap(self.help_line(read_only, workload), width) or [""]
         if len(lines) > room:       # cut at a word (80x24 read "scheduling_mode: Wh…")
-            lines, more = lines[:room], lines[room - 1] + " "
-            cut = more[:max(0, width - 10)]
-            cut = cut if cut.endswith(" ") or " " not in cut else cut[:cut.rfind(" ")]
-            lines[-1] = cut.rstrip(" ,;:") + "… (? help)"
+            lines = lines[:room]
+            lines[-1] = clip_words(lines[-1], width - len(MORE_HELP), more=True) + MORE_HELP
         return Text("\n".join(lines), "dim italic", no_wrap=True, overflow="ellipsis")
 
     def help_line(self, read_only: bool, workload: dict, knobs=None) -> str:
