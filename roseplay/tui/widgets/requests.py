@@ -9,6 +9,7 @@ object), so 256 rows cost only the few lines that moved since the last frame.
 from __future__ import annotations
 
 from functools import partial
+from string import ascii_letters
 
 from rich.segment import Segment
 from rich.style import Style
@@ -24,6 +25,7 @@ from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE, with_caption
 from roseplay.tui.widgets.wait_reason import (seat_reasons, short_reason,  # noqa: F401
                                               waiting_reason)
+from roseplay.workload.driver import PROCESS_TAG
 from roseplay.workload.own_prompts import OWN_PREFIX, short_own_id
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
@@ -139,12 +141,38 @@ def _comeback(r) -> str:
 def short_id(request_id: str, width: int) -> str:
     """A request id in `width` cells: ids that differ only at the end (`cmpl-<tag><n>`
     from `roseplay serve`) keep their end, "…" standing for the common start; a typed
-    prompt's keeps `you` and drops its process's tag (`you…-12`)."""
+    prompt's keeps `you` and drops its process's tag (`you…-12`); a workload's keeps its
+    process's tag and its whole counter (`…kqf-10000`, else `…kqf10000`: the tag is
+    letters, the counter digits), so no two read alike past 9999."""
     if len(request_id) <= width:
         return request_id
-    if request_id.startswith(OWN_PREFIX) and len(own := short_own_id(request_id)) <= width:
-        return own
+    form = next((f for f in id_forms(request_id) if len(f) <= width), None)
+    if form is not None:
+        return form
     return "…" + request_id[len(request_id) - max(0, width - 1):] if width > 1 else "…"
+
+
+def id_forms(request_id: str) -> list[str]:
+    """The short forms of an id that keep what tells it apart, longest first: a workload
+    id's tag and whole counter; where no tag fits, this process's own ids drop their tag
+    (every row of this app's has it: `w0…10000`), and another process's keep its end."""
+    if request_id.startswith(OWN_PREFIX):
+        own = short_own_id(request_id)
+        return [own, own.replace("…-", "…")] if own != request_id else []
+    head, dash, n = request_id.rpartition("-")
+    tag = head[len(head.rstrip(ascii_letters)):]
+    if not (dash and tag and n.isdigit()):
+        return []
+    mine = [f"{head[:-len(tag)]}…{n}"] if tag == PROCESS_TAG else []
+    return [f"…{tag}-{n}", f"…{tag}{n}", *mine]
+
+
+def id_need(request_id: str) -> int:
+    """The cells an id needs to read apart from the others: whole, else its longest
+    short form (`…kqf-10000`), else the column's width."""
+    if len(request_id) <= COLUMNS[0][1]:
+        return len(request_id)
+    return len(next(iter(id_forms(request_id)), "")) or COLUMNS[0][1]
 
 
 def id_cell(r, width: int) -> list[Segment]:
@@ -196,6 +224,7 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         self.pending: str | None = None      # select this one as soon as it shows up
         self._kept = None                    # the selected row's last view (show's `pin`)
         self.top = 0
+        self.id_need = 0                     # cells the ids shown need (show's rows)
         self._shown: dict[int, tuple] = {}   # line y -> what it showed when last drawn
 
     # -- data --------------------------------------------------------------------------
@@ -214,6 +243,9 @@ class RequestList(WidthBorders, Widget, can_focus=True):
                 and not any(r.request_id == kept.request_id for r in requests):
             requests = [*requests, kept]
         self.rows, self.budget = arrange(requests, self.sort, self.state_filter), budget
+        # the id column's cells its ids need to read apart (a grammar's "{" takes one)
+        self.id_need = max((id_need(r.request_id) + (getattr(r, "grammar", None) is not None)
+                            for r in self.rows), default=0)
         self.reason, self.reasons, self.stopped = reason, reasons or {}, stopped
         if self.pending and any(r.request_id == self.pending for r in self.rows):
             self.selected, self.pending = self.pending, None
@@ -226,9 +258,9 @@ class RequestList(WidthBorders, Widget, can_focus=True):
     def _line_key(self, y: int) -> tuple:
         i = self.top + y - 1
         if y == 0 or i >= len(self.rows):
-            return (y == 0, i < len(self.rows), self.size.width)
+            return (y == 0, i < len(self.rows), self.size.width, self.id_need)
         r = self.rows[i]
-        return (r, r is self.current, self.budget, self.size.width,
+        return (r, r is self.current, self.budget, self.size.width, self.id_need,
                 self._reason(r) if r.state == "waiting" else "", self.stopped)
 
     def _reason(self, r) -> str:
@@ -309,7 +341,7 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         """The columns that fit the width (DROP_ORDER goes first), progress at least 8."""
         cols = list(COLUMNS)
         for name in DROP_ORDER:
-            if sum(w for _, w, _ in cols) + len(cols) + PROGRESS_MIN <= self.size.width:
+            if sum(w for _, w, _ in cols) + len(cols) - 1 + PROGRESS_MIN <= self.size.width:
                 break
             cols = [c for c in cols if c[0] != name]
         return cols
@@ -333,17 +365,22 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         return None, with_caption(stop, border_form(forms, width), width)
 
     def _widths(self, cols) -> list[int]:
-        fixed = sum(w for _, w, _ in cols) + len(cols)
+        fixed = sum(w for _, w, _ in cols) + len(cols) - 1     # (a blank between two)
         room = self.size.width - fixed
         progress = max(PROGRESS_MIN, min(PROGRESS_MAX, room))
-        more_id = max(0, min(ID_MAX - COLUMNS[0][1], room - progress))
+        # what progress cannot use, and what the ids need of what it can spare (80x24:
+        # `w0kqf-10000` takes 9 cells of a 10-cell bar: `…kqf10000`, not `…-10000`)
+        need = min(self.id_need, COLUMNS[0][1] + room - PROGRESS_MIN) - COLUMNS[0][1]
+        more_id = max(0, min(ID_MAX - COLUMNS[0][1], max(room - progress, need)))
+        progress = min(progress, room - more_id) if more_id else progress
         return [w + more_id if name == "id" else w or progress for name, w, _ in cols]
 
     def _strip(self, cells: dict, background: Style | None) -> Strip:
         cols = self.columns()
         segments: list[Segment] = []
         for (name, _, align), w in zip(cols, self._widths(cols)):
-            segments.append(Segment(" "))
+            if segments:        # the panel's padding is the first column's margin
+                segments.append(Segment(" "))
             cell = cells[name]
             if callable(cell):
                 segments.extend(cell(w))
@@ -374,8 +411,8 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         i = self.top + y - 1
         if i >= len(self.rows):
             if i == len(self.rows) == 0:
-                empty = f"  no {self.state_filter} request" if self.state_filter else \
-                    "  no requests yet"
+                empty = f" no {self.state_filter} request" if self.state_filter else \
+                    " no requests yet"
                 return Strip([Segment(empty, st("dim"))]).adjust_cell_length(self.size.width)
             return Strip.blank(self.size.width)
         r = self.rows[i]

@@ -82,4 +82,4 @@ async def test_a_wide_list_shows_whole_ids():
             text = widget_text(app.requests)
             widths = app.requests._widths(app.requests.columns())
         assert (f" {long_id}1 " in text) == whole, text
-        assert widths[0] == (ID_MAX if whole else 7), widths
+        assert widths[0] == (ID_MAX if whole else 8), widths     # (its tag: `…j-11470`)
