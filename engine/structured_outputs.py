@@ -44,7 +44,7 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, omit_defaults=True,
     regex: str | None = None
     choice: tuple[str, ...] | None = None       # a list is accepted; stored as a tuple
     grammar: str | None = None
-    json_object: bool = False
+    json_object: bool | None = False            # None: not asked (vLLM's default), as False
     disable_any_whitespace: bool = False        # JSON: no whitespace between tokens
     disable_additional_properties: bool = False  # JSON: objects listing properties take
     #                                             no others unless the schema says so
@@ -53,6 +53,8 @@ class StructuredOutputsParams(msgspec.Struct, frozen=True, omit_defaults=True,
     structural_tag: str | None = None           # JSON text (STRUCTURAL_TAG)
 
     def __post_init__(self):
+        if self.json_object is None:
+            force_setattr(self, "json_object", False)
         for name in ("json_object", "disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"structured_outputs.{name} must be a boolean")

@@ -5,6 +5,7 @@ nothing reaches the engine (its compile counter stays), and the engine serves th
 request. The library's reason reads as one line. An empty choice list is refused where the params are built."""
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
@@ -81,3 +82,12 @@ def test_a_regex_with_a_nul_is_refused_where_the_params_are_built():
     """As vLLM's: the libraries took it, and the model wrote a NUL byte into its text."""
     with pytest.raises(InvalidRequestError, match="must not contain a NUL"):
         StructuredOutputsParams(regex="a\x00b")
+
+
+def test_json_object_none_is_vllms_not_asked():
+    """vLLM's field is `bool | None = None`: a client that sends every field sends
+    `"json_object": null` beside its constraint (it was refused: 'must be a boolean')."""
+    p = StructuredOutputsParams(regex="[0-9]", json_object=None)
+    assert p.kind == "regex" and p.json_object is False
+    assert msgspec.convert({"choice": ["a"], "json_object": None, "json": None},
+                           StructuredOutputsParams).kind == "choice"
