@@ -83,14 +83,10 @@ class Scheduler(DecodeScheduling):
         req.length_cap = min(req.length_cap, self.max_model_len)
         self.waiting.append(req)
 
-    def remove(self, req: Request) -> None:
-        """Take a request out (finished, cancelled, failed) and free its blocks."""
-        self.unlink(req)
-        self.kv.drop(req)
-
     def unlink(self, req: Request) -> None:
-        """remove() but for its blocks, which the caller frees (KVManager.drop_all: the
-        requests a step ends, together)."""
+        """Take a request out (finished, cancelled, failed) but for its blocks, which the
+        caller frees once every request the step ends is out (KVManager.drop_all: their
+        blocks together)."""
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:

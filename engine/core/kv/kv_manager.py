@@ -217,14 +217,10 @@ class KVManager:
         req.num_computed_tokens = rec.num_computed_tokens
         req.block_hashes = list(rec.block_hashes)
 
-    def drop(self, req: Request) -> None:
-        """The request ends: its blocks in both tiers are freed."""
-        self.drop_all((req,))
-
     def drop_all(self, reqs) -> None:
-        """drop() of each request, its device blocks released with the others' in one
-        pass (the pool's states and orders as after drop() of each in turn: the host
-        tier's blocks are released request by request, in its own pool)."""
+        """These requests end: their blocks in both tiers are freed, the device blocks in
+        one pass (the pool's states and orders as after freeing each request's in turn;
+        the host tier's are released request by request, in its own pool)."""
         host = self.host
         if host is not None:
             for req in reqs:

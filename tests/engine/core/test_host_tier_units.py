@@ -15,7 +15,7 @@ from engine.core.kv.host_tier import HostTier
 from engine.core.scheduler import Scheduler
 from engine.request import SamplingParams
 from tests.engine.core.kv_checking import check_all, expected, make_engine
-from tests.engine.core.test_scheduler_units import compute, req
+from tests.engine.core.test_scheduler_units import compute, end, req
 from tests.helpers import add_request
 
 BS = 4
@@ -43,7 +43,7 @@ def run_alone(sched, r):
     """Admit, compute and end one request (its full blocks stay cached)."""
     sched.add(r)
     compute(sched, sched.schedule())
-    sched.remove(r)
+    end(sched, r)
 
 
 def test_an_evicted_block_goes_to_the_host_under_its_key_and_comes_back():

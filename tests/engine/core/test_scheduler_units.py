@@ -38,6 +38,15 @@ def compute(sched, plan):
             sched.leader_sampled(c.request)
 
 
+def end(sched, *reqs):
+    """What the engine does with the requests a step ends (LLMEngine._finish_all): each
+    leaves the scheduler, then their blocks are freed together."""
+    for r in reqs:
+        sched.unlink(r)
+        r.status = RequestStatus.FINISHED
+    sched.kv.drop_all(reqs)
+
+
 def test_pool_states_refcounts_and_lru_eviction():
     counters = Counters()
     pool = BlockPool(4, BS, counters)
@@ -159,7 +168,7 @@ def test_prefix_hit_and_dedup_join_count_once():
     first = req("a", range(1, 11))
     sched.add(first)
     compute(sched, sched.schedule())      # 2 full blocks indexed
-    sched.remove(first)
+    end(sched, first)
     b, c = req("b", range(1, 11)), req("c", range(1, 11))
     c.prompt_token_ids = tuple(c.prompt_token_ids)   # as LLMEngine.add keeps a submitted
     sched.add(b)                                     # prompt: the same dedup key

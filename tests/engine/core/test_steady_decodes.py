@@ -11,8 +11,9 @@ from engine.core.kv.counters import Counters
 from engine.core.launched import commit_plan
 from engine.core.scheduler import Scheduler
 from engine.core.steady_decodes import MIN_DECODES
-from engine.request import Request, RequestStatus, SamplingParams, add_pending_tokens, \
+from engine.request import Request, SamplingParams, add_pending_tokens, \
     append_sampled
+from tests.engine.core.test_scheduler_units import end
 
 BS = 4
 N = MIN_DECODES + 24     # running requests: the kept columns need MIN_DECODES decodes,
@@ -111,9 +112,9 @@ def run(num_blocks, mode, dedup, forget, seqs=N, stops=False, refill=False):
             tokens = [5 + i for i in range(len(inflight[1]))]
             if stops and step in STOP_STEPS:
                 tokens[7 * step % len(tokens)] = STOP
-            for r, reason in append_sampled(inflight[1], tokens, 1.0, [], [], []):
-                sched.remove(r)
-                r.status = RequestStatus.FINISHED
+            ended = append_sampled(inflight[1], tokens, 1.0, [], [], [])
+            end(sched, *(r for r, _ in ended))       # together, as the engine ends them
+            for r, reason in ended:
                 stopped |= reason == "stop"
                 joining = next(more, None)
                 if joining is not None:
