@@ -2,7 +2,8 @@
 snapshots (engine counters and latency samples, no UI), and whether they move as claimed.
 
 `Window` accumulates what the TUI's panels show from its first snapshot on: TTFT
-percentiles of the requests whose first token came in the window, ITL percentiles of
+percentiles of the requests whose first token came in the window and of those still
+waiting for one, at their wait so far (`NAMES`: "incl. waiting"), ITL percentiles of
 its token gaps, TPOT p50 of the requests that finished in it, output tokens per second,
 the prefix hit rate, preemptions, the mean running / waiting counts and KV use. It is
 `ready` for a claim once each number the claim names has enough samples (a loaded
@@ -42,7 +43,9 @@ NEEDS = {"ttft_p50": ("first tokens", 8), "ttft_p90": ("first tokens", 8),
          "spec_mean_accepted_len": ("verifies", 8), "preemptions": ("steps", 20),
          "evictions": ("steps", 20), "waiting_prompt_len": ("samples", 10),
          "queued": ("samples", 10)}
-NAMES = {"ttft_p50": "TTFT p50", "ttft_p90": "TTFT p90", "tpot_p50": "TPOT p50",
+# a TTFT here counts a request still waiting for its first token with its wait so far:
+# the Timing table's "TTFT" (first tokens only) is another figure, and its name says so
+NAMES = {"ttft_p50": "TTFT p50 incl. waiting", "ttft_p90": "TTFT p90 incl. waiting", "tpot_p50": "TPOT p50",
          "itl_p50": "ITL p50", "itl_p99": "ITL p99", "tok_s": "output tok/s",
          "hit_rate": "prefix hit rate", "chunks_p90": "chunks per prompt p90",
          "mixed_steps": "mixed steps", "running": "running (mean)",

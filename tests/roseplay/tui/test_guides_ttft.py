@@ -1,0 +1,44 @@
+"""The scorecard's TTFT and the Timing table's are two figures: the scorecard counts a
+request still waiting for its first token with its wait so far (a setup that delays
+long prompts past the window must not look fast), the table counts first tokens only.
+Both read "TTFT p50" on one screen, 648 ms beside 914 ms: the scorecard's says what it
+counts."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from roseplay.tui.guides.catalog import BY_KEY
+from roseplay.tui.guides.check import NAMES, Window
+from roseplay.tui.guides.run import GuideRun
+from roseplay.tui.widgets.latency import pctl, window_ttfts
+from tests.roseplay.tui.helpers import session_snapshot
+
+
+def snapshots():
+    """Two first tokens of 0.1 s in the window and three requests waiting 2 s so far."""
+    first = session_snapshot(12)
+    base, t = first.requests[0], first.time
+    done = [dataclasses.replace(base, request_id=f"d{i}", state="finished",
+                                arrival_time=t + 0.5, ttft=0.1) for i in range(2)]
+    waiting = [dataclasses.replace(base, request_id=f"w{i}", state="waiting",
+                                   arrival_time=t + 0.5, ttft=None) for i in range(3)]
+    first = dataclasses.replace(first, requests=())
+    last = dataclasses.replace(first, time=t + 2.5, requests=tuple(done + waiting))
+    return first, last
+
+
+def test_the_scorecards_ttft_says_it_counts_the_waiting():
+    first, last = snapshots()
+    window = Window(first)
+    window.feed(last)
+    scorecard = window.result()["ttft_p50"]
+    table = pctl(window_ttfts(last.requests, first.time), (50,))[0]
+    assert table == pytest.approx(0.1) and scorecard == pytest.approx(2.0)
+    guide = BY_KEY["9"]
+    assert "ttft_p50" in guide.expect
+    run = GuideRun(guide, first, {}, {"9": window.result()})
+    (row, _), = run.rows()
+    assert row.startswith(f"{NAMES['ttft_p50']} 2000 ms"), row
+    assert NAMES["ttft_p50"] != "TTFT p50" and "waiting" in NAMES["ttft_p50"], row
