@@ -1,7 +1,7 @@
 """The scorecard's TTFT and the Timing table's are two figures: the scorecard counts a
 request still waiting for its first token with its wait so far (a setup that delays
 long prompts past the window must not look fast), the table counts first tokens only.
-Both read "TTFT p50" on one screen, 648 ms beside 914 ms: the scorecard's says what it
+Both read "TTFT p50" on one screen with two numbers: the scorecard's says what it
 counts."""
 from __future__ import annotations
 
