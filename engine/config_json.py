@@ -199,6 +199,9 @@ class StructuredOutputsConfig:
     # (True: what vLLM's default backend, xgrammar, does in its strict mode; False: JSON
     # Schema's reading, unlisted properties allowed; both backends)
     disable_additional_properties: bool = True
+    # vLLM's "no other backend on a grammar error": what this engine always does (auto
+    # picks one backend at start, never another per request), so either value is kept
+    disable_fallback: bool = False
 
     def __post_init__(self):
         if self.backend not in STRUCTURED_OUTPUTS_BACKENDS:
@@ -215,7 +218,8 @@ class StructuredOutputsConfig:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 1 << 16:
             raise InvalidRequestError(f"grammar_cache_size must be an integer in [0, 65536], "
                                       f"got {n!r:.60}")
-        for name in ("disable_any_whitespace", "disable_additional_properties"):
+        for name in ("disable_any_whitespace", "disable_additional_properties",
+                     "disable_fallback"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"structured_outputs_config {name} must be a boolean")
 

@@ -102,3 +102,12 @@ def test_the_switch_is_checked_once():
         StructuredOutputsConfig(disable_additional_properties="yes")
     assert StructuredOutputsConfig.parse('{"disable_additional_properties": false}') \
         .disable_additional_properties is False
+
+
+def test_vllms_disable_fallback_is_taken():
+    """vLLM's config JSON with disable_fallback (what auto always does here: no other
+    backend per request) was refused as an unknown field."""
+    cfg = StructuredOutputsConfig.parse('{"backend": "xgrammar", "disable_fallback": true}')
+    assert cfg.backend == "xgrammar" and cfg.disable_fallback is True
+    with pytest.raises(InvalidRequestError, match="disable_fallback must be a boolean"):
+        StructuredOutputsConfig(disable_fallback=1)
