@@ -56,6 +56,8 @@ class ServeConfig:
     allowed_headers: tuple[str, ...] = ("*",)
     allowed_credentials: bool = False
     enable_request_id_headers: bool = False     # X-Request-Id on every response (vLLM's)
+    # logprobs name tokens "token_id:N" unless a request says otherwise (vLLM's flag)
+    return_tokens_as_token_ids: bool = False
 
     def __post_init__(self):
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):

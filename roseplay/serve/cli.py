@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "response's id (cmpl-BASE, chatcmpl-BASE, resp_BASE), else a new "
                         "one. Without it the request header still names the response's "
                         "id; engine ids stay unique whatever clients send.")
+    s.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="Name each token of a response's logprobs 'token_id:N' instead of "
+                        "its text (vLLM's flag), for requests that leave vLLM's "
+                        "return_tokens_as_token_ids out: a token that is a piece of a "
+                        "character is then told apart from its neighbours.")
     s.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="The HTTP server's (uvicorn's) log level; no access log (default: info).")
@@ -162,7 +167,8 @@ def serve_config(args) -> ServeConfig:
                        allowed_methods=args.allowed_methods,
                        allowed_headers=args.allowed_headers,
                        allowed_credentials=args.allowed_credentials,
-                       enable_request_id_headers=args.enable_request_id_headers)
+                       enable_request_id_headers=args.enable_request_id_headers,
+                       return_tokens_as_token_ids=args.return_tokens_as_token_ids)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,8 @@ class CompletionFormat:
                  tokenizer=None):
         self.req, self.id, self.model, self.ins = req, rid, model, ins
         self.logprobs = LogprobsWriter(tokenizer, req.num_logprobs,
-                                       isinstance(req, ChatCompletionRequest))
+                                       isinstance(req, ChatCompletionRequest),
+                                       as_ids=bool(req.return_tokens_as_token_ids))
         self.prompt_logprobs = PromptLogprobs(req.num_candidates)   # choice 0's, shared
 
     def _echo(self, index: int) -> str:

@@ -26,7 +26,8 @@ NOT_HEADLESS = ("host", "port", "api_key", "served_model_name", "max_waiting",
                 "timeout_request_read", "http", "chat_template",
                 "default_chat_template_kwargs", "allowed_origins",
                 "allowed_methods", "allowed_headers", "allowed_credentials",
-                "enable_request_id_headers", "tui", "in_process",
+                "enable_request_id_headers", "return_tokens_as_token_ids", "tui",
+                "in_process",
                 "api_server_count", "data_parallel_size", "routing_policy",
                 "kv_overlap_score_weight")
 

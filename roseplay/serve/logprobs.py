@@ -27,9 +27,11 @@ def _finite(value: float) -> float:
 class LogprobsWriter:
     """One response's logprobs: `n` top entries per token (None: not asked)."""
 
-    def __init__(self, tokenizer, n: int | None, chat: bool, text_start: int = 0):
+    def __init__(self, tokenizer, n: int | None, chat: bool, text_start: int = 0,
+                 as_ids: bool = False):
         self.tokenizer, self.n, self.chat = tokenizer, n, chat
         self.text_start = text_start
+        self.as_ids = as_ids            # vLLM's return_tokens_as_token_ids
         self._offsets: dict[int, int] = {}      # completions: next text_offset per choice
         self._texts: dict[int, str] = {}
         self._prompts: dict[int, tuple] = {}    # echo: id(prompt list) -> (it, columns, end)
@@ -40,6 +42,12 @@ class LogprobsWriter:
             text = self._texts[token_id] = (self.tokenizer.decode([token_id])
                                             if self.tokenizer is not None else f"token_id:{token_id}")
         return text
+
+    def token_name(self, token_id: int) -> str:
+        """What a logprobs entry calls the token: its text, or "token_id:N" with vLLM's
+        return_tokens_as_token_ids (a token whose text is a piece of a character is then
+        still told apart; offsets and `bytes` stay the text's)."""
+        return f"token_id:{token_id}" if self.as_ids else self.token_text(token_id)
 
     def format(self, index: int, entries) -> dict | None:
         """The logprobs of choice `index`'s next tokens (entries: TokenLogprobs each)."""
@@ -70,10 +78,9 @@ class LogprobsWriter:
         cached = self._prompts.get(id(prompt_logprobs))
         if cached is not None and cached[0] is prompt_logprobs:
             return cached[1], cached[2]
-        first = self.token_text(first_token)
-        self._offsets[-1] = len(first)
+        self._offsets[-1] = len(self.token_text(first_token))
         head = self._completion(-1, [e for e in prompt_logprobs[1:] if e is not None])
-        for key, value in (("tokens", first), ("token_logprobs", None), ("top_logprobs", None),
+        for key, value in (("tokens", self.token_name(first_token)), ("token_logprobs", None), ("top_logprobs", None),
                            ("text_offset", 0)):
             head[key].insert(0, value)
         encoded = {key: _encode(column)[1:-1] for key, column in head.items()}
@@ -95,8 +102,8 @@ class LogprobsWriter:
 
     def _chat(self, entries) -> dict:
         def item(tid, lp):
-            text = self.token_text(tid)
-            return {"token": text, "logprob": _finite(lp), "bytes": list(text.encode())}
+            return {"token": self.token_name(tid), "logprob": _finite(lp),
+                    "bytes": list(self.token_text(tid).encode())}
         content = [{**item(e.token_ids[0], e.logprobs[0]),
                     "top_logprobs": [item(t, lp) for t, lp in self._top(e, self.n)]}
                    for e in entries]
@@ -106,14 +113,13 @@ class LogprobsWriter:
         tokens, values, tops, offsets = [], [], [], []
         offset = self._offsets.get(index, self.text_start)
         for e in entries:
-            text = self.token_text(e.token_ids[0])
-            tokens.append(text)
+            tokens.append(self.token_name(e.token_ids[0]))
             values.append(_finite(e.logprobs[0]))
             # n + 1 entries: the sampled token too when outside the top n (OpenAI,
             # vLLM); keyed by text, as vLLM's (two ids of one text: one key, the later's)
-            tops.append({self.token_text(t): _finite(lp) for t, lp in self._top(e, self.n + 1)})
+            tops.append({self.token_name(t): _finite(lp) for t, lp in self._top(e, self.n + 1)})
             offsets.append(offset)
-            offset += len(text)
+            offset += len(self.token_text(e.token_ids[0]))
         self._offsets[index] = offset
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
                 "text_offset": offsets}

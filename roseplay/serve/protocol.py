@@ -90,6 +90,9 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     min_p: float | None = None
     min_tokens: int = 0
     return_token_ids: bool | None = False           # vLLM extra: token ids in every choice/chunk
+    # vLLM extra: logprobs name each token "token_id:N" (null: the server's
+    # --return-tokens-as-token-ids, which routes.generate sets)
+    return_tokens_as_token_ids: bool | None = None
     priority: int = 0                        # vLLM extra: lower first (scheduling_policy=priority)
     data_parallel_rank: int | None = None    # roseplay extra: the replica that serves it
     #                                          (--data-parallel-size; docs/ROUTING.md)

@@ -111,6 +111,8 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     st = _state(request)
     req.check_supported()
     model = st.check_model(req.model)
+    if req.return_tokens_as_token_ids is None:
+        req.return_tokens_as_token_ids = st.config.return_tokens_as_token_ids
     # a long prompt on a worker thread: tokenizing it takes seconds (the tokenizer releases
     # the GIL); so is a constraint whose check at submit is slow (constrained.py); a short
     # one here, the thread hop would cost more than the work

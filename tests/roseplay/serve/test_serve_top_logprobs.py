@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from engine.front.client import EngineClient
-from roseplay.serve.app import build_app
+from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,3 +67,43 @@ def test_top_logprobs_0_lists_none_in_chat_and_the_sampled_token_in_completions(
     lp = http.post("/v1/completions", json={"prompt": "ROMEO.\n", "logprobs": 0, **SAMPLED,
                                             "max_tokens": 4}).json()["choices"][0]["logprobs"]
     assert lp["top_logprobs"] == [{t: v} for t, v in zip(lp["tokens"], lp["token_logprobs"])]
+
+
+def test_return_tokens_as_token_ids_names_tokens_by_id(http):
+    """vLLM's return_tokens_as_token_ids: each logprobs token (and its top entries) is
+    "token_id:N"; it was ignored and the texts came back. Offsets and bytes stay the
+    text's."""
+    body = {"prompt": "ROMEO.\n", "logprobs": 1, "max_tokens": 4, "temperature": 0,
+            "return_token_ids": True}
+    plain = http.post("/v1/completions", json=body).json()["choices"][0]
+    named = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": True}
+                      ).json()["choices"][0]
+    assert named["logprobs"]["tokens"] == [f"token_id:{t}" for t in plain["token_ids"]]
+    assert named["logprobs"]["text_offset"] == plain["logprobs"]["text_offset"]
+    assert [next(iter(top)) for top in named["logprobs"]["top_logprobs"]] == \
+        named["logprobs"]["tokens"]
+    chat = {"messages": [{"role": "user", "content": "What news?"}], "logprobs": True,
+            "top_logprobs": 1, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+    plain = http.post("/v1/chat/completions", json=chat).json()["choices"][0]
+    named = http.post("/v1/chat/completions", json={**chat, "return_tokens_as_token_ids": True}
+                      ).json()["choices"][0]
+    content = named["logprobs"]["content"]
+    assert [e["token"] for e in content] == [f"token_id:{t}" for t in plain["token_ids"]]
+    assert [e["bytes"] for e in content] == [e["bytes"] for e in plain["logprobs"]["content"]]
+    assert [e["top_logprobs"][0]["token"] for e in content] == [e["token"] for e in content]
+
+
+def test_the_server_flag_sets_the_default():
+    """--return-tokens-as-token-ids: requests that leave the field out (or null) get ids;
+    false still gets texts."""
+    body = {"prompt": "ROMEO.\n", "logprobs": 0, "max_tokens": 2, "temperature": 0,
+            "return_token_ids": True}
+    with EngineClient(label="server", snapshots=False) as engine, \
+            ServerThread(build_app(engine, ServeConfig(return_tokens_as_token_ids=True))) as srv, \
+            httpx.Client(base_url=srv.url, timeout=60) as client:
+        for extra in ({}, {"return_tokens_as_token_ids": None}):
+            c = client.post("/v1/completions", json={**body, **extra}).json()["choices"][0]
+            assert c["logprobs"]["tokens"] == [f"token_id:{t}" for t in c["token_ids"]]
+        c = client.post("/v1/completions", json={**body, "return_tokens_as_token_ids": False}
+                        ).json()["choices"][0]
+        assert not any(t.startswith("token_id:") for t in c["logprobs"]["tokens"])
