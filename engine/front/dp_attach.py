@@ -5,7 +5,8 @@ engine processes that run elsewhere (`roseplay serve --headless`, docs/ROUTING.m
 Each address gets an EngineClient attached to it (the engine's key: the one given, else
 the address's key file, engine/ipc/auth.py); closing it detaches and leaves the engine
 serving. The engines must serve one model (tokenizer) in blocks of one size, answer a
-request alike (the front fills and checks every request with replica 0's info), and each
+request alike (the front fills and checks every request with replica 0's info, its pool
+the smallest of theirs), and each
 must publish its KV events (the router's index reads them): the endpoints come in each
 engine's Welcome.
 """
@@ -65,13 +66,15 @@ def attach_replicas(addresses: list[str], engine_key: str | None, label: str,
 # what the front takes from replica 0's Welcome for every request (its checks, its
 # grammar library, its defaults): a replica that differs would answer by the route
 SAME_MODEL = ("model_name", "block_size", "vocab_size")
-SAME_ANSWERS = ("structured_outputs_backend", "logprobs_mode", "default_sampling_params",
-                "override_max_tokens")
+SAME_ANSWERS = ("max_model_len", "structured_outputs_backend", "logprobs_mode",
+                "default_sampling_params", "override_max_tokens")
 
 
 def check_replicas(clients: list[EngineClient]) -> None:
     """Every engine publishes KV events; all serve one model in blocks of one size and
-    answer a request alike (one grammar library, logprobs mode and generation config)."""
+    answer a request alike (one max_model_len, as vLLM's data-parallel ranks; one grammar
+    library, logprobs mode and generation config). Their KV pools may differ: the front
+    checks requests against the smallest (DPClient.info)."""
     for c in clients:
         if c.transport.kv_events is None:
             raise InvalidRequestError(

@@ -139,7 +139,11 @@ class DPClient(CoreControls):
 
     def _setup(self, config) -> None:
         first = self.replicas[0]
-        self.info, self.tokenizer = first.info, first.tokenizer
+        # replica 0's info with the smallest pool: a request the front takes fits every
+        # replica, so where the router sends it never decides whether it fails
+        self.info = msgspec.structs.replace(
+            first.info, num_blocks=min(c.info.num_blocks for c in self.replicas))
+        self.tokenizer = first.tokenizer
         self.inputs = InputProcessor.of(self.tokenizer, self.info)
         events = [c.transport.kv_events for c in self.replicas]    # their Welcomes'
         self.kv_index = KVIndexFeed([(e.endpoint, e.replay_endpoint) for e in events],

@@ -134,7 +134,7 @@ def test_the_app_connects_to_several_engines_as_one_front(engines, monkeypatch):
 
 def replica(address, events=EV, **info):
     """A replica for check_replicas: its address, its Welcome's info and events."""
-    fields = {"model_name": "m", "block_size": 4, "vocab_size": 512,
+    fields = {"model_name": "m", "block_size": 4, "vocab_size": 512, "max_model_len": 256,
               "structured_outputs_backend": "auto", "logprobs_mode": "processed_logprobs",
               "default_sampling_params": {}, "override_max_tokens": None, **info}
     return types.SimpleNamespace(address=address, info=types.SimpleNamespace(**fields),
@@ -153,7 +153,7 @@ def test_replicas_must_publish_events_and_serve_one_model_in_one_block_size():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("structured_outputs_backend", "xgrammar"), ("logprobs_mode", "raw_logprobs"),
+    ("max_model_len", 128), ("structured_outputs_backend", "xgrammar"), ("logprobs_mode", "raw_logprobs"),
     ("default_sampling_params", {"temperature": 0.6}), ("override_max_tokens", 64)])
 def test_replicas_must_answer_a_request_alike(field, value):
     """The front checks requests and fills their defaults with replica 0's info: another
@@ -183,6 +183,28 @@ def test_an_engine_that_would_answer_otherwise_is_refused_and_left_serving(engin
         assert engines[0].proc.poll() is None and other.proc.poll() is None
     finally:
         other.abort()
+
+
+def test_a_request_is_checked_against_the_smallest_pool(engines):
+    """Replicas' pools may differ (each sizes its own): the front checks a request against
+    the smallest, so one that fits replica 0 and not replica 1 is refused at submit
+    whichever replica it would go to (it was taken, and failed late on replica 1)."""
+    kwargs = {**KW, "kv_events_config": EVENTS, "num_blocks": 16}     # 64 tokens
+    small = EngineLaunch(kwargs, f"tcp://127.0.0.1:{free_port_block()}", KEY)
+    try:
+        wait_ready(small.proc, small.status, None, 300)
+        with DPClient(engine_addresses=[engines[0].address, small.address],
+                      engine_key=KEY) as front:
+            assert front.info.num_blocks == 16
+            assert front.info.max_model_len == front.replicas[0].info.max_model_len
+            for rank in (None, 1, 0):
+                with pytest.raises(InvalidRequestError, match=r"can never fit the KV pool "
+                                                              r"\(16 blocks x 4"):
+                    front.submit(list(range(1, 41)), greedy(40), data_parallel_rank=rank)
+            out = front.submit(list(range(1, 41)), greedy(8), data_parallel_rank=1).result(60)
+            assert out.error is None and len(out.outputs[0].token_ids) == 8
+    finally:
+        small.abort()
 
 
 def test_the_front_takes_only_routing_knobs_and_one_replica_per_address():
