@@ -29,7 +29,7 @@ CHECKED_SPECS = 256      # specs whose check a front remembers (least recently u
 COMPACT = (", ", ": ")   # compact JSON: json.dumps' separators (both backends)
 _WHERE = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")   # xgrammar's "[20:11:21] /x/y.cc:83: "
 NEEDS_TOKENIZER = "requires tokenizer_info"   # xgrammar's word for a Lark special token
-_ECHO = re.compile(r"^(\^+|\d+ \| .*)$")        # llguidance's caret and source lines
+_ECHO = re.compile(r"^(\^+|\d+ \|( .*)?)$")     # llguidance's caret and source lines
 
 
 # JSON Schema keywords whose values are schemas (or lists of them), and those whose

@@ -91,3 +91,12 @@ def test_json_object_none_is_vllms_not_asked():
     assert p.kind == "regex" and p.json_object is False
     assert msgspec.convert({"choice": ["a"], "json_object": None, "json": None},
                            StructuredOutputsParams).kind == "choice"
+
+
+def test_an_empty_source_line_is_not_left_in_the_reason():
+    """llguidance echoes its grammar's lines under an error; an empty one ('   5 | ')
+    was left in the message as '5 |'."""
+    from engine.grammars import reason
+    text = ('at 7(8): failed to compile JSON schema: Invalid type: nope\n   5 | \n'
+            '   6 | tag_0_trig[lazy]: TAG_TEXT "<a"\n              ^\n')
+    assert reason(text) == "at 7(8): failed to compile JSON schema: Invalid type: nope"
