@@ -45,8 +45,9 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
 def closed_objects(schema):
     """A copy of `schema` in which an object schema that lists properties (or
     patternProperties) and says nothing of additionalProperties or unevaluatedProperties
-    takes no others: vLLM's disable_additional_properties, what xgrammar's strict mode
-    (vLLM's default) does. An object without listed properties stays open, as there."""
+    takes no others, and a tuple (prefixItems) no items past its listed ones: vLLM's
+    disable_additional_properties, and what xgrammar's strict mode (vLLM's default)
+    does. An object without listed properties stays open, as there."""
     if isinstance(schema, list):
         return [closed_objects(s) for s in schema]
     if not isinstance(schema, dict):
@@ -62,6 +63,11 @@ def closed_objects(schema):
             isinstance(out.get("properties"), dict)
             or isinstance(out.get("patternProperties"), dict)):
         out["additionalProperties"] = False
+    if "unevaluatedItems" not in out:       # a tuple takes no items past the listed ones
+        if isinstance(out.get("prefixItems"), list) and "items" not in out:
+            out["items"] = False
+        elif isinstance(out.get("items"), list) and "additionalItems" not in out:
+            out["additionalItems"] = False          # (draft 4's tuple form)
     return out
 
 

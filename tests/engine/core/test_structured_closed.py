@@ -53,6 +53,15 @@ def test_the_matcher_refuses_an_unlisted_key_by_default(name):
     assert takes(name, nested, '{"m": {"free": 1}}')    # no listed properties: open
 
 
+@pytest.mark.parametrize("name", ["guidance", "xgrammar"])
+def test_a_tuple_takes_only_its_listed_items_by_default(name):
+    """As xgrammar's strict mode: llguidance let the model add items past prefixItems."""
+    pair = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"}]}
+    assert takes(name, pair, "[1, 2]") and not takes(name, pair, "[1, 2, 3]")
+    assert takes(name, pair, "[1, 2, 3]", disable_additional_properties=False)
+    assert takes(name, dict(pair, items={"type": "integer"}), "[1, 2, 3]")
+
+
 def biased(schema=SCHEMA, **config) -> tuple[str, str]:
     """The bundled model under `schema` with the token `z` pushed up: where the grammar
     lets it, it writes a key of z's."""
