@@ -58,6 +58,10 @@ class ServeConfig:
     enable_request_id_headers: bool = False     # X-Request-Id on every response (vLLM's)
     # logprobs name tokens "token_id:N" unless a request says otherwise (vLLM's flag)
     return_tokens_as_token_ids: bool = False
+    # usage.prompt_tokens_details.cached_tokens where the prefix cache served any (vLLM's)
+    enable_prompt_tokens_details: bool = False
+    # every stream ends with its usage chunk, stream_options or not (vLLM's)
+    enable_force_include_usage: bool = False
 
     def __post_init__(self):
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):

@@ -129,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "its text (vLLM's flag), for requests that leave vLLM's "
                         "return_tokens_as_token_ids out: a token that is a piece of a "
                         "character is then told apart from its neighbours.")
+    s.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="Add usage.prompt_tokens_details.cached_tokens, the prompt tokens "
+                        "the prefix cache served, to responses where it served any "
+                        "(vLLM's flag; the Responses API always has them).")
+    s.add_argument("--enable-force-include-usage", action="store_true",
+                   help="End every stream with its usage chunk, as stream_options "
+                        "{\"include_usage\": true} asks (vLLM's flag).")
     s.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="The HTTP server's (uvicorn's) log level; no access log (default: info).")
@@ -168,7 +175,9 @@ def serve_config(args) -> ServeConfig:
                        allowed_headers=args.allowed_headers,
                        allowed_credentials=args.allowed_credentials,
                        enable_request_id_headers=args.enable_request_id_headers,
-                       return_tokens_as_token_ids=args.return_tokens_as_token_ids)
+                       return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                       enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                       enable_force_include_usage=args.enable_force_include_usage)
 
 
 def main(argv: list[str] | None = None) -> int:

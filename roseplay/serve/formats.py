@@ -10,7 +10,8 @@ from roseplay.serve import prompts as inputs
 from roseplay.serve.logprobs import LogprobsWriter, best_of
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
 from roseplay.serve.responses import (ChatChoice, ChatCompletionResponse, ChatMessageOut,
-                                      CompletionChoice, CompletionResponse, stop_reason, usage)
+                                      CompletionChoice, CompletionResponse, PromptTokensDetails,
+                                      stop_reason, usage)
 from roseplay.serve.siblings import PromptLogprobs, SharedPromptLogprobs
 from roseplay.serve.streaming import FINISH_REASONS, sse_body, usage_chunk
 from roseplay.serve.tool_parsers import by_call, read_all
@@ -29,8 +30,10 @@ class CompletionFormat:
     prefix = "cmpl"
 
     def __init__(self, req: CompletionRequest, rid: str, model: str, ins: inputs.EngineInputs,
-                 tokenizer=None):
+                 tokenizer=None, prompt_tokens_details: bool = False):
+        """`prompt_tokens_details`: vLLM's --enable-prompt-tokens-details."""
         self.req, self.id, self.model, self.ins = req, rid, model, ins
+        self.prompt_tokens_details = prompt_tokens_details
         self.logprobs = LogprobsWriter(tokenizer, req.num_logprobs,
                                        isinstance(req, ChatCompletionRequest),
                                        as_ids=bool(req.return_tokens_as_token_ids))
@@ -74,7 +77,19 @@ class CompletionFormat:
 
     def usage(self, choices):
         completion = 0 if self.req.echo_only else sum(len(c.token_ids) for c in choices)
-        return usage(sum(self.ins.prompt_lens), completion)
+        u = usage(sum(self.ins.prompt_lens), completion)
+        if self.prompt_tokens_details and (cached := self.cached_tokens(choices)):
+            u.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached)
+        return u
+
+    def cached_tokens(self, choices) -> int:
+        """Prompt tokens the prefix cache served: each prompt's first choice's (its other
+        choices share that prompt, as vLLM's n share one request's)."""
+        first: dict[int, int] = {}
+        for c in sorted(choices, key=lambda c: c.index):
+            if c.output is not None:
+                first.setdefault(c.index // self.req.n, c.output.metrics.num_cached_tokens)
+        return sum(first.values())
 
     def encode(self, choices) -> bytes:
         """The non-streamed response's JSON, a choice at a time: no single encode holds

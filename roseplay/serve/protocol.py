@@ -210,6 +210,13 @@ class SamplingFields(_Request, kw_only=True, dict=True):
         """The response is the prompt alone (completions' echo with max_tokens 0)."""
         return False
 
+    def force_include_usage(self) -> None:
+        """vLLM's --enable-force-include-usage: a stream ends with its usage chunk even
+        when stream_options leaves it out (continuous_usage_stats stays as asked)."""
+        if self.stream:
+            self.stream_options = self.stream_options or StreamOptions()
+            self.stream_options.include_usage = True
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)

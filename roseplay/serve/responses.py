@@ -12,10 +12,16 @@ from pydantic import BaseModel, Field
 # for them (return_token_ids)
 _TOKEN_IDS = Field(None, exclude_if=lambda v: v is None)
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0          # prompt tokens the prefix cache served
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # vLLM's --enable-prompt-tokens-details, set when the cache served any (else null)
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> Usage:

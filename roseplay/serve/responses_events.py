@@ -84,8 +84,8 @@ class ResponsesFormat(ChatFormat):
 
     def usage_object(self, choices) -> dict:
         u = self.usage(choices)
-        cached = sum(c.output.metrics.num_cached_tokens for c in choices if c.output is not None)
-        return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": cached},
+        return {"input_tokens": u.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": self.cached_tokens(choices)},
                 "output_tokens": u.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": u.total_tokens}

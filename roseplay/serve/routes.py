@@ -113,6 +113,8 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     model = st.check_model(req.model)
     if req.return_tokens_as_token_ids is None:
         req.return_tokens_as_token_ids = st.config.return_tokens_as_token_ids
+    if st.config.enable_force_include_usage:
+        req.force_include_usage()
     # a long prompt on a worker thread: tokenizing it takes seconds (the tokenizer releases
     # the GIL); so is a constraint whose check at submit is slow (constrained.py); a short
     # one here, the thread hop would cost more than the work
@@ -123,7 +125,8 @@ async def generate(request: Request, fmt_cls, req, make_inputs):
     ids = request_ids.assign(fmt_cls.prefix, req.user,
                              request_ids.client_id(request, req.request_id))
     request_ids.note(request, ids)
-    fmt = fmt_cls(req, ids.response, model, ins, st.tokenizer)
+    fmt = fmt_cls(req, ids.response, model, ins, st.tokenizer,
+                  st.config.enable_prompt_tokens_details)
     try:
         gen = st.bridge.start(ids.engine, ins.prompts, ins.params, req.priority,
                               data_parallel_rank(request, req.data_parallel_rank))

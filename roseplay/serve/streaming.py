@@ -165,11 +165,12 @@ async def sse_body(gen, fmt, usage):
 
 def usage_chunk(rid: str, obj: str, model: str, usage) -> bytes:
     """The `data: ...` line of stream_options.include_usage's last chunk (no choices)."""
+    counts = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+              "total_tokens": usage.total_tokens}
+    if usage.prompt_tokens_details is not None:
+        counts["prompt_tokens_details"] = usage.prompt_tokens_details.model_dump()
     return b"data: " + _encode({"id": rid, "object": obj, "created": int(time.time()),
-                                "model": model, "choices": [], "usage": {
-                                    "prompt_tokens": usage.prompt_tokens,
-                                    "completion_tokens": usage.completion_tokens,
-                                    "total_tokens": usage.total_tokens}}) + b"\n\n"
+                                "model": model, "choices": [], "usage": counts}) + b"\n\n"
 
 
 def _tail(fmt, usage) -> list[bytes]:

@@ -20,7 +20,8 @@ from engine.front.client import EngineClient
 from roseplay.bench.clients import Job, run_load
 from roseplay.serve.app import build_app
 from roseplay.serve.responses import (ChatChunkChoice, ChatCompletionChunk, CompletionChoice,
-                                      CompletionResponse, DeltaMessage, usage)
+                                      CompletionResponse, DeltaMessage, PromptTokensDetails,
+                                      usage)
 from roseplay.serve.server import ServerThread
 from roseplay.serve.streaming import ChunkEncoder, coalesce, usage_chunk
 
@@ -79,11 +80,17 @@ def test_chunks_are_the_pydantic_models_json(chat, ids):
 
 @pytest.mark.parametrize("model,obj", [(CompletionResponse, "text_completion"),
                                        (ChatCompletionChunk, "chat.completion.chunk")])
-def test_usage_chunk_is_the_pydantic_models_json(model, obj):
+@pytest.mark.parametrize("cached", [None, 16])
+def test_usage_chunk_is_the_pydantic_models_json(model, obj, cached):
+    """... but for a null prompt_tokens_details, which vLLM's usage chunk leaves out."""
     u = usage(7, 3)
+    if cached is not None:
+        u.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached)
     raw = usage_chunk("cmpl-x", obj, "m", u)
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
     want = json.loads(model(id="cmpl-x", model="m", choices=[], usage=u).model_dump_json())
+    if cached is None:
+        assert want["usage"].pop("prompt_tokens_details") is None
     got = json.loads(raw[6:])
     assert abs(got.pop("created") - want.pop("created")) <= 2 and got == want
 
