@@ -171,7 +171,7 @@ class KnobsPanel(Widget):
                 t.append(f" {value}  ", "bold #f2d34f")
         t.rstrip()
         lines = min(self.help_lines, height - len(rows) - merged)
-        self._update((t, self._help_text(read_only, workload, lines)))
+        self._update((t, self._help_text(read_only, workload, lines, bool(short))))
 
     @staticmethod
     def _row(t: Text, key: str, name: str, value: str, note: str, width: int) -> None:
@@ -182,13 +182,19 @@ class KnobsPanel(Widget):
         t.append(f"{name:<23}" if note else name)
         t.append(note + "\n", "dim")
 
-    def _help_text(self, read_only: bool, workload: dict, room: int) -> Text:
+    def _help_text(self, read_only: bool, workload: dict, room: int,
+                   short: bool = False) -> Text:
         """The help line(s), wrapped to the panel's `room` lines left under the rows (none:
-        the message line shows the same text); a cut text ends with "… (? help)"."""
+        the message line shows the same text); a cut text ends with "… (? help)".
+        `short`: the rows show the short names, and so does the help (80x24's one line
+        read `max_num_batched_toke… (? help)`: the name alone did not fit)."""
         if room <= 0:
             return Text()
         width = max(20, self.size.width or 60)
-        lines = textwrap.wrap(self.help_line(read_only, workload), width) or [""]
+        text, name = self.help_line(read_only, workload), self.last_changed
+        if short and name and text.startswith(f"{name}: "):
+            text = NARROW_NAMES.get(name, name) + text[len(name):]
+        lines = textwrap.wrap(text, width) or [""]
         if len(lines) > room:       # cut at a word (80x24 read "scheduling_mode: Wh…")
             lines = lines[:room]
             lines[-1] = clip_words(lines[-1], width - len(MORE_HELP), more=True) + MORE_HELP

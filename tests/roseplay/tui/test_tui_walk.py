@@ -72,16 +72,28 @@ async def test_a_knobs_explanation_on_the_message_line_ends_at_a_whole_word(size
     assert shown.endswith("…") == (len(full) + 4 > size[0])
 
 
-@pytest.mark.parametrize("size", SIZES[:2])
+@pytest.mark.parametrize("size,key", [(SIZES[0], "m"), (SIZES[1], "m"), (SIZES[0], "minus"),
+                                      (SIZES[0], "c")])
 @sync
-async def test_a_cut_knob_help_ends_at_a_whole_word(size):
+async def test_a_cut_knob_help_ends_at_a_whole_word(size, key):
     """The Knobs panel's help line after `m` read `scheduling_mode: Wh… (? help)` at
-    80x24 and `… holds: b… (? help)` at 120x40."""
-    app, help_row = await after_keys(
-        size, ("m",), lambda app: widget_text(app.query_one(KnobsPanel)).splitlines()[-2])
+    80x24 and `… holds: b… (? help)` at 120x40; after `-` or `c` at 80x24 the knob's name
+    alone was cut (`max_num_batched_toke… (? help)`): a narrow panel's help names the
+    knob as its row does (`budget: …`)."""
+    from roseplay.tui.widgets.knobs import NARROW_NAMES
+
+    def read(app):
+        rows = widget_text(app.query_one(KnobsPanel)).splitlines()
+        return rows[-2], rows[1:-2]
+    app, (help_row, knob_rows) = await after_keys(size, (key,), read)
     shown = help_row.strip("│ ")
     assert shown.endswith("… (? help)"), shown
-    full = app.knobs.help_line(False, {}).split()
+    name = app.knobs.last_changed
+    full = app.knobs.help_line(False, {})
+    assert full.startswith(f"{name}: ")
+    if not any(f" {name} " in row for row in knob_rows):        # rows with short names
+        full = f"{NARROW_NAMES[name]}{full[len(name):]}"
+    full = full.split()
     words = shown[:-len("… (? help)")].split()
     assert words and words[:-1] == full[:len(words) - 1], (shown, full)
     assert full[len(words) - 1].startswith(words[-1]) and \
