@@ -55,7 +55,7 @@ def test_a_hub_model_is_checked_on_its_loaded_config(monkeypatch):
     """A model not read before the load (a hub id) is refused on the loaded config."""
     from engine import LLM
     from engine.worker.executor import setup
-    monkeypatch.setattr(setup, "local_context_length", lambda name: None)
+    monkeypatch.setattr(setup, "local_context_length", lambda name, files=None: None)
     with pytest.raises(InvalidRequestError, match=r"max_model_len \(4096\) is greater"):
         LLM(model="dummy:tiny", device="cpu", num_blocks=64, max_model_len=4096)
 

@@ -13,7 +13,7 @@ import torch
 from engine.config import (DEFAULT_CPU_BLOCKS, EngineConfig, InvalidRequestError,
                            SpeculativeConfig, resolve_max_model_len)
 from engine.worker.draft_runner import DraftRunner, build_draft_runner
-from engine.worker.models.config_check import context_length, local_context_length
+from engine.worker.models.config_check import ConfigFiles, context_length, local_context_length
 from engine.worker.models.loader import LoadedModel, default_sampling_params, load_model
 from engine.worker.placement import (blocks_from_memory, kv_bytes_per_block,
                                      resolve_kv_cache_dtype)
@@ -38,10 +38,11 @@ class WorkerSetup:
 def setup_worker(config: EngineConfig, device: torch.device,
                  dtype: torch.dtype) -> WorkerSetup:
     """Load the model and build the runner; a failure stops the workers it started."""
-    if (local := local_context_length(config.model)) is not None:
+    files = ConfigFiles()      # the checkpoint's config files, read once for the start
+    if (local := local_context_length(config.model, files)) is not None:
         resolve_max_model_len(config.max_model_len, local)     # refused before the load
     defaults = default_sampling_params(config.model, config.generation_config,   # likewise
-                                       config.override_generation_config)
+                                       config.override_generation_config, files)
     backend = config.attention_backend
     if backend == "triton" and device.type == "cpu" and not INTERPRETED:
         # else it loads, then every step fails in Triton ("0 active drivers")
@@ -55,7 +56,7 @@ def setup_worker(config: EngineConfig, device: torch.device,
     elif backend == "auto":
         build_in_background()       # on a first launch cc runs while the model loads
     if config.tensor_parallel_size == 1:
-        loaded = load_model(config.model, device, dtype, config.seed)
+        loaded = load_model(config.model, device, dtype, config.seed, files=files)
         return _build_runner(config, device, dtype, loaded, _resolve_backend(backend), None,
                              defaults)
     from engine.worker.distributed.worker import TPWorkerGroup, WorkerSpec
@@ -64,7 +65,8 @@ def setup_worker(config: EngineConfig, device: torch.device,
         config.model, config.tensor_parallel_size, device.type,
         str(dtype).removeprefix("torch."), config.seed, attention_backend=backend))
     try:
-        loaded = load_model(config.model, device, dtype, config.seed, tp=group.start())
+        loaded = load_model(config.model, device, dtype, config.seed, tp=group.start(),
+                            files=files)
         group.wait_ready()
         return _build_runner(config, device, dtype, loaded, backend, group, defaults)
     except BaseException:

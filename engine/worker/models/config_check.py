@@ -63,11 +63,34 @@ def context_length(cfg) -> tuple[str, int] | None:
     return None
 
 
-def local_context_length(name: str) -> tuple[str, int] | None:
+class ConfigFiles:
+    """The small files of one start (config.json, generation_config.json), each read
+    once: the checks before the load and the load share what was read (a file that
+    could not be read raises its error again)."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str | OSError] = {}
+
+    def text(self, file: str) -> str:
+        got = self._texts.get(file)
+        if got is None:
+            try:
+                with open(file) as f:
+                    got = f.read()
+            except OSError as exc:
+                got = exc
+            self._texts[file] = got
+        if isinstance(got, OSError):
+            raise got
+        return got
+
+
+def local_context_length(name: str, files: ConfigFiles | None = None
+                         ) -> tuple[str, int] | None:
     """The context length of a model found here (a dummy preset, the bundled model, a
     checkpoint directory), read without torch or transformers, for a check before the
     slow start; None for a hub id (not fetched for a check) or an unreadable config
-    (the loader names what is wrong)."""
+    (the loader names what is wrong). `files`: the start's, which the load reads again."""
     from engine.tokenizer import resolve_model_path
     from engine.worker.models.presets import PRESETS, preset_fields
     if not isinstance(name, str):
@@ -76,8 +99,8 @@ def local_context_length(name: str) -> tuple[str, int] | None:
         preset = name.removeprefix("dummy:")
         return context_length(preset_fields(preset)) if preset in PRESETS else None
     try:
-        with open(os.path.join(resolve_model_path(name), "config.json")) as f:
-            cfg = json.load(f)
+        cfg = json.loads((files or ConfigFiles()).text(
+            os.path.join(resolve_model_path(name), "config.json")))
     except (OSError, ValueError):
         return None
     return context_length(cfg) if isinstance(cfg, dict) else None

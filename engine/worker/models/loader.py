@@ -24,8 +24,8 @@ from engine.config_json import json_object
 from engine.request import SamplingParams
 from engine.worker.models.parallel import TPInfo, split, take
 from engine.worker.models.gpt2 import GPT2LMHeadModel
-from engine.worker.models.config_check import (check_gpt2_config, check_llama_config,
-                                               context_length)
+from engine.worker.models.config_check import (ConfigFiles, check_gpt2_config,
+                                               check_llama_config, context_length)
 from engine.worker.models.llama import LlamaForCausalLM, layer_segments
 from engine.worker.models.presets import PRESETS, preset_config
 from engine.tokenizer import DEFAULT_MODEL_DIR, load_tokenizer_dir, resolve_model_path  # noqa: F401
@@ -47,8 +47,10 @@ class LoadedModel:
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
-               tp: TPInfo = TPInfo()) -> LoadedModel:
-    """This rank's model (its shard of every weight when tp.size > 1)."""
+               tp: TPInfo = TPInfo(), files: ConfigFiles | None = None) -> LoadedModel:
+    """This rank's model (its shard of every weight when tp.size > 1). `files`: what the
+    start read of the checkpoint's configs already (engine/worker/executor/setup.py)."""
+    files = files or ConfigFiles()
     _check_name(name)
     if name.startswith("dummy:"):
         hf_config = preset_config(name.removeprefix("dummy:"))
@@ -57,11 +59,11 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
         return LoadedModel(model, hf_config, None, name, _eos_ids(hf_config, None),
                            context_length(hf_config)[1])
     path = _local_dir(resolve_model_path(name))
-    hf_config = _read_config(path)
+    hf_config = _read_config(path, files)
     model = _build(hf_config, device, dtype, tp)
     _load_safetensors(model, path)
     tokenizer = load_tokenizer_dir(path)
-    return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path),
+    return LoadedModel(model, hf_config, tokenizer, name, _eos_ids(hf_config, path, files),
                        context_length(hf_config)[1])
 
 
@@ -109,19 +111,30 @@ def _local_dir(name: str) -> str:
         raise InvalidRequestError(f"cannot fetch model {name!r} from the hub: {exc}") from exc
 
 
-def _read_config(path: str):
-    if not os.path.exists(os.path.join(path, "config.json")):
+def _read_config(path: str, files: ConfigFiles | None = None):
+    """The checkpoint's config: its config.json's object, as transformers' AutoConfig
+    builds it from the dict it reads (the file read once per start: `files`)."""
+    file = os.path.join(path, "config.json")
+    if not os.path.exists(file):
         raise InvalidRequestError(f"{path} has no config.json: not an HF checkpoint")
     if Path(path).resolve() in (DEFAULT_MODEL_DIR, Path(DEFAULT_DRAFT_MODEL)):
-        return bundled_config(Path(path).resolve())
-    from transformers import AutoConfig
+        return bundled_config(Path(path).resolve(), files)
+    from transformers import CONFIG_MAPPING
     try:
-        cfg = AutoConfig.from_pretrained(path)
+        fields = json.loads((files or ConfigFiles()).text(file))
+        if not isinstance(fields, dict):
+            raise ValueError(f"config.json holds a {type(fields).__name__}, not an object")
+    except (OSError, ValueError) as exc:
+        raise InvalidRequestError(f"unreadable config in {path}: {exc}") from exc
+    model_type = fields.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise InvalidRequestError(f"unsupported architecture {model_type!r}; supported: "
+                                  f"{', '.join(sorted(ARCHITECTURES))}")
+    try:
+        cfg = CONFIG_MAPPING[model_type].from_dict(fields)
     except Exception as exc:
         raise InvalidRequestError(f"unreadable config in {path}: {exc}") from exc
-    if cfg.model_type not in ARCHITECTURES:
-        raise InvalidRequestError(f"unsupported architecture {cfg.model_type!r}; supported: "
-                                  f"{', '.join(sorted(ARCHITECTURES))}")
+    cfg._name_or_path = path
     return cfg
 
 
@@ -200,19 +213,20 @@ def _init_dummy(model: nn.Module, seed: int) -> None:
         p.data.copy_(full if tuple(shape) == tuple(p.shape) else take(full, shard))
 
 
-def bundled_config(path: Path = DEFAULT_MODEL_DIR) -> SimpleNamespace:
+def bundled_config(path: Path = DEFAULT_MODEL_DIR,
+                   files: ConfigFiles | None = None) -> SimpleNamespace:
     """The bundled model's (or its bundled draft's) config.json as attributes: it sets
     every field the Llama code reads (tests/engine/ipc/test_startup.py checks them
     against AutoConfig's)."""
-    with open(path / "config.json") as f:
-        return SimpleNamespace(**json.load(f))
+    return SimpleNamespace(**json.loads((files or ConfigFiles()).text(
+        str(path / "config.json"))))
 
 
-def _eos_ids(hf_config, path: str | None) -> tuple[int, ...]:
+def _eos_ids(hf_config, path: str | None, files: ConfigFiles | None = None) -> tuple[int, ...]:
     ids = getattr(hf_config, "eos_token_id", None)
     if path and os.path.exists(os.path.join(path, GENERATION_CONFIG_FILE)):
         try:   # the file's eos_token_id, as GenerationConfig reads it
-            ids = _json_object(os.path.join(path, GENERATION_CONFIG_FILE)).get(
+            ids = _json_object(os.path.join(path, GENERATION_CONFIG_FILE), files).get(
                 "eos_token_id") or ids
         except InvalidRequestError:
             pass
@@ -221,18 +235,18 @@ def _eos_ids(hf_config, path: str | None) -> tuple[int, ...]:
     return tuple(ids) if isinstance(ids, (list, tuple)) else (int(ids),)
 
 
-def _json_object(file: str) -> dict:
+def _json_object(file: str, files: ConfigFiles | None = None) -> dict:
     """A JSON file holding an object; InvalidRequestError naming the file otherwise."""
     try:
-        with open(file) as f:
-            text = f.read()
+        text = (files or ConfigFiles()).text(file)
     except OSError as exc:
         raise InvalidRequestError(f"unreadable {file}: {exc}") from exc
     return json_object(text, file)
 
 
 def default_sampling_params(model: str, generation_config: str = "auto",
-                            override: dict | None = None) -> dict:
+                            override: dict | None = None,
+                            files: ConfigFiles | None = None) -> dict:
     """The sampling defaults a model's generation config sets, as vLLM's
     ModelConfig.get_diff_sampling_param: the fields of GENERATION_SAMPLING_FIELDS that
     hold a value, max_new_tokens as max_tokens. generation_config (EngineConfig's, vLLM's
@@ -244,7 +258,8 @@ def default_sampling_params(model: str, generation_config: str = "auto",
     refused as the engine starts, before the model loads
     (engine/worker/executor/setup.py)."""
     file = _generation_file(model, generation_config)
-    found = sampling_defaults({**(_json_object(file) if file else {}), **(override or {})})
+    found = sampling_defaults({**(_json_object(file, files) if file else {}),
+                               **(override or {})})
     try:
         SamplingParams(**found)
     except InvalidRequestError as exc:
