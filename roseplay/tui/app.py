@@ -299,7 +299,8 @@ class RoseplayApp(Actions, App):
             reason = waiting_reason(snap)
             self.requests.show(snap.requests, snap.knobs.max_num_batched_tokens, reason,
                                stop is not None, pin=not replay,
-                               reasons=seat_reasons(snap, reason))
+                               reasons=seat_reasons(snap, reason),
+                               priority=snap.knobs.scheduling_policy == "priority")
             self.requests.show_subtitle(stop)
             current = self.requests.current
             highlight = current if current is not None and current.state in ACTIVE else None

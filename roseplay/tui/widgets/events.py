@@ -18,7 +18,7 @@ from engine.codes import (EV_CHUNK_DONE, EV_COW, EV_DEDUP_JOIN, EV_EVICT, EV_OFF
                           EV_SWAP_IN, EV_SWAP_OUT)
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.kv_map import COW, HIT, LETTER, PREEMPTED, ROLLBACK
-from roseplay.tui.widgets.requests import short_id
+from roseplay.tui.widgets.request_ids import short_id
 from roseplay.tui.widgets.reshow import ReshownOnResize
 from roseplay.tui.widgets.borders import WidthBorders
 from roseplay.tui.widgets.stopped import STOP_STYLE, caption_borders

@@ -9,7 +9,6 @@ object), so 256 rows cost only the few lines that moved since the last frame.
 from __future__ import annotations
 
 from functools import partial
-from string import ascii_letters
 
 from rich.segment import Segment
 from rich.style import Style
@@ -25,19 +24,22 @@ from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import CUT_OFF, CUT_STYLE, with_caption
 from roseplay.tui.widgets.wait_reason import (seat_reasons, short_reason,  # noqa: F401
                                               waiting_reason)
-from roseplay.workload.driver import PROCESS_TAG
-from roseplay.workload.own_prompts import OWN_PREFIX, short_own_id
+from roseplay.tui.widgets.request_ids import ID_WIDTH, id_need, short_id
+from roseplay.workload.own_prompts import OWN_PREFIX
 
 ACTIVE = ("waiting", "compiling", "prefilling", "decoding", "preempted", "dedup")
 STATE_STYLE = {"waiting": "#9aa0aa", "prefilling": "bold #f2c14e", "decoding": "bold #4cc97a",
                "preempted": "bold #ff6b6b", "dedup": "bold #c792ea", "compiling": GRAMMAR_STYLE, "finished": "#6f9fd8",
                "cancelled": "#777777", "error": "bold #ff5555"}
-COLUMNS = (("id", 7, "<"), ("state", 10, "<"), ("pri", 3, ">"), ("progress", 0, "<"),
+COLUMNS = (("id", ID_WIDTH, "<"), ("state", 10, "<"), ("pri", 3, ">"), ("progress", 0, "<"),
            ("prompt", 6, ">"), ("hit", 5, ">"), ("gen", 4, ">"), ("TTFT", 6, ">"),
            ("TPOT", 6, ">"))
 PROGRESS_MIN, PROGRESS_MAX = 8, 40
 ID_MAX = 16             # a wide list gives the id what progress cannot use (whole ids)
 DROP_ORDER = ("prompt", "hit", "gen", "pri", "TPOT")   # what a narrow list gives up first
+# under scheduling_policy=priority the pri column says why a row waits (guide 9 watches
+# it): TPOT goes before it (80x24 hid pri)
+PRIORITY_DROP_ORDER = ("prompt", "hit", "gen", "TPOT", "pri")
 BAR_EMPTY = "#343a46"
 _STYLES: dict[str, Style] = {}
 
@@ -138,43 +140,6 @@ def _comeback(r) -> str:
     return "swapped" if r.swapped else "recompute"
 
 
-def short_id(request_id: str, width: int) -> str:
-    """A request id in `width` cells: ids that differ only at the end (`cmpl-<tag><n>`
-    from `roseplay serve`) keep their end, "…" standing for the common start; a typed
-    prompt's keeps `you` and drops its process's tag (`you…-12`); a workload's keeps its
-    process's tag and its whole counter (`…kqf-10000`, else `…kqf10000`: the tag is
-    letters, the counter digits), so no two read alike past 9999."""
-    if len(request_id) <= width:
-        return request_id
-    form = next((f for f in id_forms(request_id) if len(f) <= width), None)
-    if form is not None:
-        return form
-    return "…" + request_id[len(request_id) - max(0, width - 1):] if width > 1 else "…"
-
-
-def id_forms(request_id: str) -> list[str]:
-    """The short forms of an id that keep what tells it apart, longest first: a workload
-    id's tag and whole counter; where no tag fits, this process's own ids drop their tag
-    (every row of this app's has it: `w0…10000`), and another process's keep its end."""
-    if request_id.startswith(OWN_PREFIX):
-        own = short_own_id(request_id)
-        return [own, own.replace("…-", "…")] if own != request_id else []
-    head, dash, n = request_id.rpartition("-")
-    tag = head[len(head.rstrip(ascii_letters)):]
-    if not (dash and tag and n.isdigit()):
-        return []
-    mine = [f"{head[:-len(tag)]}…{n}"] if tag == PROCESS_TAG else []
-    return [f"…{tag}-{n}", f"…{tag}{n}", *mine]
-
-
-def id_need(request_id: str) -> int:
-    """The cells an id needs to read apart from the others: whole, else its longest
-    short form (`…kqf-10000`), else the column's width."""
-    if len(request_id) <= COLUMNS[0][1]:
-        return len(request_id)
-    return len(next(iter(id_forms(request_id)), "")) or COLUMNS[0][1]
-
-
 def id_cell(r, width: int) -> list[Segment]:
     """The request's id; a constrained one (structured outputs) marked with a "{"."""
     style = st("bold" if r.request_id.startswith(OWN_PREFIX) else "")
@@ -225,18 +190,25 @@ class RequestList(WidthBorders, Widget, can_focus=True):
         self._kept = None                    # the selected row's last view (show's `pin`)
         self.top = 0
         self.id_need = 0                     # cells the ids shown need (show's rows)
+        self.priority = False                # scheduling_policy=priority (show's)
         self._shown: dict[int, tuple] = {}   # line y -> what it showed when last drawn
 
     # -- data --------------------------------------------------------------------------
     def show(self, requests, budget: int, reason: str = "", stopped: bool = False,
-             pin: bool = True, reasons: dict[str, str] | None = None) -> None:
+             pin: bool = True, reasons: dict[str, str] | None = None,
+             priority: bool = False) -> None:
         """`reason`: why the waiting rows wait, `reasons` those that differ (wait_reason.py
         seat_reasons). `stopped`: the engine stopped for good: rows in flight then read
         cut off.
         `pin`: the selected request, once ended, keeps its row as last seen after the
         snapshot lets it go (an ended request stays in snapshots only while it is among
         the latest RECENT_FINISHED, engine/core/core.py: seconds under load); a replay,
-        whose frames go back in time, passes False."""
+        whose frames go back in time, passes False. `priority`: the queue orders by
+        priority (the pri column stays longer)."""
+        if priority != self.priority:
+            self.priority = priority
+            self._shown.clear()         # other columns: every line anew
+            self.refresh()
         kept = self._kept
         if pin and kept is not None and kept.request_id == self.selected \
                 and kept.state not in ACTIVE \
@@ -340,7 +312,7 @@ class RequestList(WidthBorders, Widget, can_focus=True):
     def columns(self) -> list[tuple]:
         """The columns that fit the width (DROP_ORDER goes first), progress at least 8."""
         cols = list(COLUMNS)
-        for name in DROP_ORDER:
+        for name in PRIORITY_DROP_ORDER if self.priority else DROP_ORDER:
             if sum(w for _, w, _ in cols) + len(cols) - 1 + PROGRESS_MIN <= self.size.width:
                 break
             cols = [c for c in cols if c[0] != name]

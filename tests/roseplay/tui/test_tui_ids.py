@@ -9,7 +9,7 @@ import re
 import pytest
 
 from roseplay.tui.app import RoseplayApp
-from roseplay.tui.widgets.requests import short_id
+from roseplay.tui.widgets.request_ids import short_id
 from roseplay.workload.driver import PROCESS_TAG
 from roseplay.workload.own_prompts import own_request_id
 from tests.roseplay.tui.helpers import StaticSource, session_snapshot, sync, widget_text

@@ -161,3 +161,18 @@ async def test_this_steps_prefill_line_names_whole_chunks(size):
                     if "prefill " in row and " tok in " not in row).strip("│ ")
     assert "…" not in line and f"{rid} chunk 1/1 7 tok" in line, line
     assert line.endswith(("more", "/266]", "7 tok")), line
+
+
+@sync
+async def test_a_priority_queue_shows_the_pri_column_at_80x24():
+    """Guide 9 (scheduling_policy priority) says to watch the list's pri column, which
+    80x24 hid ("4 columns hidden"): under priority TPOT gives way to it."""
+    snap = session_snapshot(12)
+    for policy, shown in (("fcfs", False), ("priority", True)):
+        app = RoseplayApp(source=StaticSource(dataclasses.replace(
+            snap, knobs=snap.knobs.replace(scheduling_policy=policy))))
+        async with app.run_test(size=(80, 24)) as pilot:
+            app.refresh_panels()
+            await pilot.pause()
+            header = widget_text(app.requests).splitlines()[1].split()
+        assert ("pri" in header) == shown and ("TPOT" in header) != shown, (policy, header)

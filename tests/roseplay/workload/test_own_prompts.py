@@ -108,7 +108,7 @@ def test_typed_prompts_of_two_attached_processes_do_not_collide():
 def test_a_typed_prompt_keeps_you_in_the_narrow_id_column():
     """The 7-wide id column shows a typed prompt's `you` and number, not its tag: the end
     alone (`…kqf-1`) read like the workload's `w0kqf-1`."""
-    from roseplay.tui.widgets.requests import short_id
+    from roseplay.tui.widgets.request_ids import short_id
     tag = PROCESS_TAG
     assert own_prompts.own_request_id(12) == f"you-{tag}-12"
     assert short_id(own_prompts.own_request_id(12), 7) == "you…-12"
