@@ -222,10 +222,16 @@ _checked: OrderedDict[bytes, str] = OrderedDict()
 _lock = threading.Lock()
 
 
+def parsed_at_submit(p: StructuredOutputsParams | None) -> bool:
+    """Whether check_grammar reads the constraint: json_object is `{"type": "object"}`,
+    nothing to parse, unless a whitespace_pattern comes with it."""
+    return p is not None and (p.kind != "json_object" or p.whitespace_pattern is not None)
+
+
 def check_grammar(p: StructuredOutputsParams | None, backend: str) -> None:
     """Raises InvalidRequestError (its text starts with GRAMMAR_ERROR and names the
     field, as the engine's) when `backend`'s library cannot read the constraint."""
-    if p is None or p.kind == "json_object" and p.whitespace_pattern is None:
+    if not parsed_at_submit(p):
         return
     digest = hashlib.blake2b(repr((backend, p.key)).encode("utf-8", "surrogatepass"),
                              digest_size=16).digest()

@@ -33,7 +33,7 @@ import msgspec
 
 from engine.structured_outputs import GRAMMAR_ERROR, MAX_GRAMMAR_BYTES, StructuredOutputsParams
 from engine.config import InvalidRequestError
-from engine.grammars import check_grammar
+from engine.grammars import check_grammar, parsed_at_submit
 from roseplay.serve.body import raw_value
 from roseplay.serve.errors import OpenAIError, invalid
 
@@ -133,11 +133,10 @@ def refused_at_submit(exc: InvalidRequestError, field: str | None) -> InvalidReq
 
 def check_on_loop(p: StructuredOutputsParams | None, backend: str | None) -> bool:
     """Whether the front's check of constraint `p` at submit is cheap enough for the
-    event loop: no constraint (or json_object, which is not parsed), or a short spec
+    event loop: nothing to parse (engine/grammars.py parsed_at_submit), or a short spec
     whose library (engine/grammars.py: xgrammar's, else llguidance) is imported already.
     backend None: no front in this process checks it."""
-    if p is None or p.kind == "json_object" and p.whitespace_pattern is None \
-            or backend is None:
+    if not parsed_at_submit(p) or backend is None:
         return True
     library = "xgrammar" if backend == "xgrammar" else "llguidance"
     return library in sys.modules and len(p.spec) <= ON_LOOP_SPEC_CHARS
