@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from engine.config import InvalidRequestError
 from engine.front import chat_template
 from engine.front.chat_template import PLAY_TEMPLATE, pick_template
@@ -12,7 +14,7 @@ from roseplay.serve.constrained import decode_small
 from roseplay.serve.errors import invalid
 
 __all__ = ["PLAY_TEMPLATE", "check_default_kwargs", "load_template", "pick_template", "render",
-           "template_kwargs", "with_defaults"]
+           "request_kwargs", "template_kwargs", "with_defaults"]
 KWARGS_FIELD = "chat_template_kwargs"
 
 
@@ -20,10 +22,11 @@ def load_template(value: str | None) -> str | None:
     """`--chat-template`: a path to a Jinja file, or the template text itself."""
     if not value:
         return None
-    path = Path(value)
-    if len(value) < 4096 and path.is_file():
-        return path.read_text()
-    return value
+    try:
+        is_file = len(value) < 4096 and Path(value).is_file()
+    except OSError:      # a template text whose line is longer than a file name may be
+        is_file = False
+    return Path(value).read_text() if is_file else value
 
 
 def template_kwargs(raw) -> dict:
@@ -33,6 +36,23 @@ def template_kwargs(raw) -> dict:
         return chat_template.check_template_kwargs(decode_small(raw, KWARGS_FIELD))
     except InvalidRequestError as exc:
         raise invalid(str(exc), KWARGS_FIELD) from None
+
+
+def request_kwargs(raw_kwargs, raw_documents=msgspec.UNSET,
+                   reasoning_effort: str | None = None) -> dict:
+    """A chat request's template variables, as vLLM passes them: its `documents` (RAG
+    templates read them) under its chat_template_kwargs, its `reasoning_effort` over
+    them. Fields kept raw are decoded here (a 400 names the field)."""
+    kwargs = template_kwargs(raw_kwargs)
+    documents = decode_small(raw_documents, "documents")
+    if documents is not None:
+        if not (isinstance(documents, list) and all(isinstance(d, dict) for d in documents)):
+            raise invalid("documents must be a list of objects (each a document's "
+                          "fields, as {\"title\": ..., \"text\": ...})", "documents")
+        kwargs = {"documents": documents, **kwargs}
+    if reasoning_effort is not None:
+        kwargs = {**kwargs, "reasoning_effort": reasoning_effort}
+    return kwargs
 
 
 def check_default_kwargs(defaults):

@@ -66,7 +66,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     # vLLM extras the engine cannot honour: ignored as unknown fields, they gave another
     # answer than asked (the stop string cut, no beam search, every token allowed)
     REFUSED: ClassVar[tuple[str, ...]] = ("use_beam_search", "allowed_token_ids", "bad_words",
-                                          "prompt_logprobs", "cache_salt")
+                                          "prompt_logprobs", "cache_salt", "logits_processors")
     # the request field OpenAI's output format is read from (a grammar error's param):
     # response_format here, `text` for /v1/responses (roseplay/serve/responses_api.py)
     FORMAT_FIELD: ClassVar[str] = "response_format"
@@ -115,6 +115,8 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     bad_words: raw_field({"type": "array"}) = msgspec.UNSET
     prompt_logprobs: int | None = None
     cache_salt: str | None = None     # vLLM's: a prefix-cache partition (not kept apart here)
+    # vLLM's per-request logits processors (its v1 engine refuses them too)
+    logits_processors: raw_field({"type": "array"}) = msgspec.UNSET
     truncate_prompt_tokens: int | None = None     # vLLM extra: keep the last k (-1: context)
 
     def check_supported(self) -> None:
@@ -348,6 +350,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     chat_template_kwargs: raw_field({"type": "object"}) = msgspec.UNSET
     echo: bool | None = False                # vLLM extra: the reply repeats the last
     #                                          message first when it is the assistant's
+    # template variables as vLLM passes them (chat.request_kwargs): OpenAI's
+    # reasoning_effort, vLLM's documents (kept raw)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    documents: raw_field({"type": "array", "items": {"type": "object"}}) = msgspec.UNSET
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -360,7 +366,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         if self.add_special_tokens:      # as /tokenize: the template writes its own
             raise invalid("add_special_tokens: the chat template adds the special tokens "
                           "it wants (send false)", "add_special_tokens")
-        self._template_kwargs = chat.template_kwargs(self.chat_template_kwargs)
+        self._template_kwargs = chat.request_kwargs(self.chat_template_kwargs, self.documents,
+                                                    self.reasoning_effort)
         self._tools = Tools.parse(self.tools, self.tool_choice, self.parallel_tool_calls)
         tool_constraint = self._tools.constraint() if self._tools is not None else None
         if tool_constraint is not None:
@@ -378,7 +385,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
     @property
     def template_kwargs(self) -> dict:
-        """chat_template_kwargs, decoded and checked (check_supported)."""
+        """The template variables the request sets (check_supported)."""
         return self.__dict__.get("_template_kwargs") or {}
 
     @property

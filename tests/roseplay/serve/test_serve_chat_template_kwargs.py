@@ -10,11 +10,15 @@ import pytest
 from engine.front import chat_template
 from engine.front.loop import EngineLoop
 from engine.tokenizer import DEFAULT_MODEL_DIR, load_tokenizer_dir
+from roseplay.serve import chat
 from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(300)
-THINK_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+THINK_TEMPLATE = ("{% if documents %}{% for d in documents %}[doc {{ d['title'] }}]\n"
+                  "{% endfor %}{% endif %}{% if reasoning_effort %}"
+                  "[effort {{ reasoning_effort }}]\n{% endif %}"
+                  "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
                   "{% if enable_thinking is defined and not enable_thinking %}[silent]\n"
                   "{% endif %}{% if add_generation_prompt %}JULIET.\n{% endif %}")
 MESSAGES = [{"role": "user", "content": "What news from the court?"}]
@@ -75,7 +79,24 @@ def test_kwargs_the_template_does_not_read_are_dropped(tok):
         assert chat_template.render(tok, chat_template.PLAY_TEMPLATE, MESSAGES,
                                     template_kwargs=kwargs) == want
     assert chat_template.template_variables(THINK_TEMPLATE) == {
-        "messages", "enable_thinking", "add_generation_prompt"}
+        "messages", "enable_thinking", "add_generation_prompt", "documents", "reasoning_effort"}
+
+
+def test_documents_and_reasoning_effort_reach_the_template(http, tok):
+    """vLLM passes a chat's `documents` (RAG templates read them) and OpenAI's
+    `reasoning_effort` to the template; both were ignored. reasoning_effort wins over a
+    chat_template_kwargs of that name, as vLLM sets it last."""
+    body = {"messages": MESSAGES, "max_tokens": 1, "return_token_ids": True,
+            "documents": [{"title": "Verona", "text": "Two households."}],
+            "reasoning_effort": "low",
+            "chat_template_kwargs": {"reasoning_effort": "high", "enable_thinking": False}}
+    r = http.post("/v1/chat/completions", json=body).json()
+    assert r["prompt_token_ids"] == ids(tok, "[doc Verona]\n[effort low]\nWhat news from the "
+                                             "court?\n[silent]\nJULIET.\n"), r
+    for field, value in (("documents", ["Verona"]), ("documents", {"title": "x"}),
+                         ("reasoning_effort", "extreme")):
+        r = http.post("/v1/chat/completions", json={**body, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +139,10 @@ def test_a_bad_default_chat_template_kwargs_is_exit_2(value, says, capsys):
     assert "Traceback" not in err
     with pytest.raises(ValueError, match="default_chat_template_kwargs: the default"):
         ServeConfig(default_chat_template_kwargs=["enable_thinking"])
+
+
+def test_a_template_text_longer_than_a_file_name_is_read_as_text():
+    """--chat-template takes a file or the template itself: a text over 255 characters
+    without a slash made the file check raise ENAMETOOLONG, and the server did not start."""
+    assert len(THINK_TEMPLATE) > 255 and "/" not in THINK_TEMPLATE
+    assert chat.load_template(THINK_TEMPLATE) == THINK_TEMPLATE

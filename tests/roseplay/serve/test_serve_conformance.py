@@ -85,6 +85,10 @@ PARAMS = [  # (endpoint, body, the param the 400 must name)
     ("completions", {**GOOD, "bad_words": ["lord"]}, "bad_words"),
     ("completions", {**GOOD, "cache_salt": "tenant-a"}, "cache_salt"),     # was ignored
     ("chat/completions", {**CHAT, "cache_salt": "tenant-a"}, "cache_salt"),
+    # vLLM's per-request logits processors (its v1 engine refuses them): were ignored
+    ("completions", {**GOOD, "logits_processors": ["my.module.Proc"]}, "logits_processors"),
+    ("chat/completions", {**CHAT, "logits_processors": [{"qualname": "x"}]},
+     "logits_processors"),
     ("chat/completions", {**CHAT, "chat_template": "{{ messages }}"}, "chat_template"),
     ("chat/completions", {**CHAT, "prompt_logprobs": 0}, "prompt_logprobs"),
     ("chat/completions", {**CHAT, "continue_final_message": True,
