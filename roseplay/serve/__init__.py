@@ -3,6 +3,7 @@
 Modules, one job each:
   protocol.py   OpenAI request models (msgspec, decoded from the raw body); request ->
                 SamplingParams
+  messages.py   the request models' base (OpenAI's nulls) and a chat's messages
   responses.py  OpenAI response models (pydantic)
   errors.py     OpenAI error JSON, status mapping, API-key check, body-size limit
   chat.py       chat templates (the tokenizer's, or the bundled model's own)

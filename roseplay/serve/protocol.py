@@ -28,30 +28,12 @@ from roseplay.serve import chat, constrained
 from roseplay.serve.tools import Tools
 from roseplay.serve.body import parse_logit_bias, raw_field, raw_value
 from roseplay.serve.errors import invalid
+from roseplay.serve.messages import MAX_MESSAGES, ChatMessage, _Request
 
 MAX_N = 128     # choices per request (each one is an engine request)
-# a chat's messages: each renders as at least a few tokens, so more never fits a context;
-# the bound keeps a body of empty messages from costing seconds of templating
-MAX_MESSAGES = 4096
-MAX_CONTENT_PARTS = 1024           # text parts of one message's content
-MAX_TOOL_CALLS = 128               # an assistant message's tool calls
 # the sampling fields a model's generation config gives defaults for (vLLM's
 # to_sampling_params; max_tokens: roseplay/serve/prompts.py)
 MODEL_DEFAULTED = ("temperature", "top_k", "top_p", "repetition_penalty", "min_p")
-
-
-class _Request(msgspec.Struct, kw_only=True):
-    """msgspec decodes strictly and ignores unknown fields by default.
-
-    OpenAI's API takes null for its optional fields (`"n": null`, `"stream": null`: what
-    clients that send every field write) and means the default, as vLLM does: the
-    fields in NULL_DEFAULTS accept null and read it as the default given there."""
-    NULL_DEFAULTS: ClassVar[dict[str, object]] = {}
-
-    def __post_init__(self) -> None:
-        for name, default in self.NULL_DEFAULTS.items():
-            if getattr(self, name) is None:
-                setattr(self, name, default)
 
 
 class StreamOptions(_Request, kw_only=True):
@@ -295,36 +277,6 @@ class CompletionRequest(SamplingFields, kw_only=True):
         if not p:
             raise InvalidRequestError("prompt is empty")
         return list(p)
-
-
-class TextPart(_Request, kw_only=True):
-    type: Literal["text"]
-    text: str
-
-
-class ToolCallFunction(_Request, kw_only=True):
-    name: str
-    arguments: str
-
-
-class ToolCallIn(_Request, kw_only=True):
-    """A tool call an assistant message carries back (a tool round trip)."""
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
-
-
-class ChatMessage(_Request, kw_only=True):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | Annotated[list[TextPart], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
-    name: str | None = None
-    tool_calls: Annotated[list[ToolCallIn], Meta(max_length=MAX_TOOL_CALLS)] | None = None
-    tool_call_id: str | None = None           # role tool: the call it answers
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -18,7 +18,7 @@ from roseplay.serve import chat
 from roseplay.serve.body import json_body, raw_field
 from roseplay.serve.errors import invalid
 from roseplay.serve.prompts import check_vocab_ids, messages_on_loop, prompts_on_loop
-from roseplay.serve.protocol import MAX_MESSAGES, ChatMessage, _Request
+from roseplay.serve.messages import MAX_MESSAGES, ChatMessage, _Request
 from roseplay.serve.tools import message_dict
 
 tokenize_router = APIRouter()
