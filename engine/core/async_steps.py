@@ -48,8 +48,12 @@ class AsyncSteps:
         previous step's tokens were read and its matchers advanced; now its mask is
         filled and its sampling queued (vLLM V1's deferred grammar bitmask)."""
         ex = self.executor
-        launched.host_tokens = ex.sample_deferred(self.structured.fill(launched.grammar))
-        launched.logprobs = ex.take_logprobs(launched.batch)
+        try:
+            launched.host_tokens = ex.sample_deferred(self.structured.fill(launched.grammar))
+            launched.logprobs = ex.take_logprobs(launched.batch)
+        except Exception:
+            ex.rewind_draws()     # rerun request by request: draws as never made
+            raise
         for req in launched.requests:     # ended meanwhile: drop the sampler state its
             if req.request_id not in self.requests:   # row just made again
                 ex.release(req.request_id)

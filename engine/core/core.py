@@ -237,13 +237,17 @@ class LLMEngine(AsyncSteps, StepFaults):
         if grammar is not None:
             batch = dataclasses.replace(batch, grammar=grammar.mask)
         ex = self.executor
-        tokens = ex.execute_model(batch)     # copying to the host; None: sampled once masked
-        kept = plan.decode_columns      # a steady decode step's rows: the kept columns'
-        admits = kept.admits if kept is not None and len(kept.admits) == len(requests) \
-            else [r.admit_seq for r in requests]
-        launched = Launched(plan, batch, requests, admits, tokens, t0,
-                            None if tokens is None else ex.take_logprobs(batch),
-                            take_prompt_logprobs(ex, plan), grammar)
+        try:
+            tokens = ex.execute_model(batch)   # copying to the host; None: sampled once masked
+            kept = plan.decode_columns    # a steady decode step's rows: the kept columns'
+            admits = kept.admits if kept is not None and len(kept.admits) == len(requests) \
+                else [r.admit_seq for r in requests]
+            launched = Launched(plan, batch, requests, admits, tokens, t0,
+                                None if tokens is None else ex.take_logprobs(batch),
+                                take_prompt_logprobs(ex, plan), grammar)
+        except Exception:
+            ex.rewind_draws()     # its requests run again (_isolate): draws as never made
+            raise
         self._retired.clear()      # freed while the device runs the step
         return launched
 

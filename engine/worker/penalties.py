@@ -69,9 +69,9 @@ class TokenCounts:
         ids = to_device(prompt_ids, torch.int64, self.device)
         self.in_prompt.index_put_((rows, ids), torch.ones_like(ids, dtype=torch.bool))
 
-    def add(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Count one sampled token per slot."""
-        self.counts.index_put_((slots, tokens), torch.ones_like(tokens, dtype=torch.int32),
+    def add(self, slots: torch.Tensor, tokens: torch.Tensor, n: int = 1) -> None:
+        """Count one sampled token per slot (n -1: take back a failed launch's)."""
+        self.counts.index_put_((slots, tokens), torch.full_like(tokens, n, dtype=torch.int32),
                                accumulate=True)
 
     def apply(self, logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,

@@ -108,6 +108,7 @@ class ModelRunner:
         whose decode rows may read them: batch.prev_token_rows). A batch whose grammar
         mask is still to come (batch.grammar.bitmask None) runs its forward only and
         returns None: sample_deferred(mask) samples it (engine/core/core.py)."""
+        self.sampler.begin()
         prev = self.last_tokens if batch.prev_token_rows is not None else None
         logits = self.execute(batch, prev)
         greedy = self.graphs.greedy if self.graphs is not None else None
@@ -152,6 +153,8 @@ class ModelRunner:
                              cols.top_k[rows], cols.top_p[rows])
         seeded = seeded_generators(self.sampler.generators, cols, rows, dev) \
             if cols.seeded.any() else None
+        for gen in {id(g): g for g in (seeded or {}).values()}.values():
+            self.sampler.will_draw(gen)
         out = rejection_sample(probs, to_device(drafts, torch.int64, dev), None,
                                self.sampler.generator, seeded)
         return tokens.clone().index_copy_(0, idx, out.to(tokens.dtype))
@@ -172,6 +175,10 @@ class ModelRunner:
     def kv_copy_seconds(self) -> tuple[float, float]:
         """(to the host, from the host): seconds the tier's completed copies took."""
         return self.host_kv.copy_seconds()
+
+    def rewind_draws(self) -> None:
+        """The launch failed after its sampling: undo its draws (Sampler.rewind)."""
+        self.sampler.rewind()
 
     def release(self, request_ids) -> None:
         """These requests ended: drop their sampler state. The core passes one id (it

@@ -41,11 +41,34 @@ class Sampler:
         # the last sample's packed logprobs (engine/worker/logprobs.py): the sampled
         # distribution's, then the model's own for the rows that asked raw_logprobs
         self.last_logprobs: tuple[torch.Tensor, ...] | None = None
+        # the launch's draws from seeded generators (each with its state before) and its
+        # penalty rows' counted tokens: what rewind() undoes when the launch fails
+        self.drawn: list[tuple[torch.Generator, torch.Tensor]] = []
+        self.counted: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def release(self, request_id: str) -> None:
         """The request ended: drop its generator and its token counts."""
         self.generators.pop(request_id, None)
         self.counts.release(request_id)
+
+    def begin(self) -> None:
+        """A launch begins (ModelRunner.execute_model): rewind() undoes what it draws."""
+        if self.drawn or self.counted:
+            self.drawn, self.counted = [], []
+
+    def will_draw(self, gen: torch.Generator) -> None:
+        """`gen` (a seeded request's) is about to draw for this launch."""
+        self.drawn.append((gen, gen.get_state()))
+
+    def rewind(self) -> None:
+        """The launch failed after it drew: each seeded generator goes back to its state
+        before the launch, and the penalty rows' counts lose its tokens, so that its
+        rerun (engine/core/step_faults.py) draws and counts as if it never had."""
+        for gen, state in reversed(self.drawn):
+            gen.set_state(state)
+        for slots, tokens in self.counted:
+            self.counts.add(slots, tokens, -1)
+        self.drawn, self.counted = [], []
 
     def sample(self, logits: torch.Tensor, cols: SamplingColumns,
                model_logits: torch.Tensor | None = None,
@@ -134,7 +157,9 @@ class Sampler:
                 + self._raw_view(model, tokens, ex)
         if penalized is not None:     # last: a failed sample counts nothing
             rows, slots = penalized
-            self.counts.add(slots, tokens.index_select(0, rows))
+            counted = tokens.index_select(0, rows)
+            self.counts.add(slots, counted)
+            self.counted.append((slots, counted))
         return tokens
 
     def _penalize(self, x: torch.Tensor, cols: SamplingColumns,
@@ -201,5 +226,6 @@ class Sampler:
             if gen is None:
                 gen = torch.Generator(device=probs.device).manual_seed(int(cols.seed[i]))
                 self.generators[rid] = gen
+            self.will_draw(gen)
             noise[i].exponential_(generator=gen)
         return noise.clamp_min_(1e-10)

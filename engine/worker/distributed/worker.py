@@ -119,6 +119,8 @@ def worker_main(rank: int, spec: WorkerSpec, port: int, shm: tuple | None, conn)
                                      **payload)
             elif kind == "xfer":           # copies between the KV tiers, before a step
                 runner.transfer_kv(payload)
+            elif kind == "rewind":         # the last step's launch failed (on rank 0)
+                runner.rewind_draws()
             else:
                 batch, released = payload
                 runner.release(released)
@@ -243,6 +245,11 @@ class TPWorkerGroup:
         """Send a step to every worker (rank 0 then runs the same step), with the request
         ids whose sampler state ends before it."""
         self._send(("step", (batch, tuple(released))))
+
+    def send_rewind(self) -> None:
+        """Each worker undoes its last step's draws (Sampler.rewind): rank 0's launch of
+        it failed, and its requests run again."""
+        self._send(("rewind", None))
 
     def send_transfer(self, xfer) -> None:
         """Send a step's copies between the KV tiers (engine/worker/kv_transfer.py): each

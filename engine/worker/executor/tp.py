@@ -37,6 +37,12 @@ class TPExecutor(UniprocExecutor):
         self.runner.release((request_id,))
         self._released.append(request_id)
 
+    def rewind_draws(self) -> None:
+        """Every rank undoes the failed launch's draws (the workers before their next
+        step: their messages keep their order)."""
+        self.group.send_rewind()
+        self.runner.rewind_draws()
+
     def close(self) -> None:
         """Stop the workers; rank 0's CUDA graphs go first (they may hold the NCCL
         communicator the group's teardown waits for). After a rank died, syncing the

@@ -99,6 +99,11 @@ class UniprocExecutor:
         """(to the host, from the host): seconds the tier's completed copies took."""
         return self.runner.kv_copy_seconds()
 
+    def rewind_draws(self) -> None:
+        """The launch failed: its seeded draws and penalty counts are undone, so that a
+        rerun of its requests draws as if it never had (Sampler.rewind)."""
+        self.runner.rewind_draws()
+
     def release(self, request_id: str) -> None:
         """The request ended: its sampler state goes."""
         self.runner.release((request_id,))
