@@ -19,7 +19,7 @@ from roseplay.serve.body import json_body, raw_field
 from roseplay.serve.errors import invalid
 from roseplay.serve.prompts import check_vocab_ids, messages_on_loop, prompts_on_loop
 from roseplay.serve.messages import MAX_MESSAGES, ChatMessage, _Request
-from roseplay.serve.tools import message_dict
+from roseplay.serve.tools import Tools, message_dict
 
 tokenize_router = APIRouter()
 MAX_DETOKENIZE_IDS = 1 << 20
@@ -33,6 +33,8 @@ class TokenizeRequest(_Request, kw_only=True):
     add_special_tokens: bool | None = None      # default: True for a prompt (the encode's)
     add_generation_prompt: bool = True          # messages: as chat completions' default
     chat_template_kwargs: raw_field({"type": "object"}) = msgspec.UNSET    # messages: as chat's
+    # messages: the tools a chat sends, which templates write into the prompt (kept raw)
+    tools: raw_field({"type": "array", "items": {"type": "object"}}) = msgspec.UNSET
     return_token_strs: bool = False
 
 
@@ -60,8 +62,10 @@ def _ids(req: TokenizeRequest, st) -> list[int]:
     if req.add_special_tokens:     # the template writes the special tokens it wants
         raise invalid("add_special_tokens: the chat template adds them (send false)",
                       "add_special_tokens")
+    tools = Tools.parse(req.tools, msgspec.UNSET, True)
     _, ids = chat.render(st.tokenizer, st.chat_template, [message_dict(m) for m in req.messages],
                          req.add_generation_prompt,
+                         tools.for_template() if tools is not None else None,
                          kwargs=chat.with_defaults(st.template_defaults,
                                                    chat.template_kwargs(req.chat_template_kwargs)))
     return list(ids)

@@ -16,7 +16,8 @@ from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(300)
 THINK_TEMPLATE = ("{% if documents %}{% for d in documents %}[doc {{ d['title'] }}]\n"
-                  "{% endfor %}{% endif %}{% if reasoning_effort %}"
+                  "{% endfor %}{% endif %}{% if tools %}[tools {{ tools | length }}]\n"
+                  "{% endif %}{% if reasoning_effort %}"
                   "[effort {{ reasoning_effort }}]\n{% endif %}"
                   "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
                   "{% if enable_thinking is defined and not enable_thinking %}[silent]\n"
@@ -79,7 +80,8 @@ def test_kwargs_the_template_does_not_read_are_dropped(tok):
         assert chat_template.render(tok, chat_template.PLAY_TEMPLATE, MESSAGES,
                                     template_kwargs=kwargs) == want
     assert chat_template.template_variables(THINK_TEMPLATE) == {
-        "messages", "enable_thinking", "add_generation_prompt", "documents", "reasoning_effort"}
+        "messages", "enable_thinking", "add_generation_prompt", "documents", "reasoning_effort",
+        "tools"}
 
 
 def test_documents_and_reasoning_effort_reach_the_template(http, tok):
@@ -97,6 +99,22 @@ def test_documents_and_reasoning_effort_reach_the_template(http, tok):
                          ("reasoning_effort", "extreme")):
         r = http.post("/v1/chat/completions", json={**body, field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_tokenize_renders_a_chat_s_tools(http, tok):
+    """vLLM's /tokenize of messages takes the chat's `tools`, which a template writes into
+    the prompt: the count is the chat's. They were ignored (a shorter count)."""
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    body = {"messages": MESSAGES, "tools": tools}
+    chat = http.post("/v1/chat/completions", json={**body, "max_tokens": 1,
+                                                   "return_token_ids": True}).json()
+    want = ids(tok, "[tools 1]\nWhat news from the court?\nJULIET.\n")
+    assert chat["prompt_token_ids"] == want
+    r = http.post("/tokenize", json=body)
+    assert r.status_code == 200 and r.json()["tokens"] == want, r.text
+    r = http.post("/tokenize", json={**body, "tools": [{"type": "function"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
 
 
 @pytest.fixture(scope="module")
