@@ -4,6 +4,8 @@ the SSE body, the choices kept, the usage and the non-streamed JSON (CompletionF
 in roseplay/serve/responses_events.py)."""
 from __future__ import annotations
 
+import time
+
 import msgspec
 
 from roseplay.serve import prompts as inputs
@@ -34,6 +36,9 @@ class CompletionFormat:
         """`prompt_tokens_details`: vLLM's --enable-prompt-tokens-details."""
         self.req, self.id, self.model, self.ins = req, rid, model, ins
         self.prompt_tokens_details = prompt_tokens_details
+        # one creation time for every chunk of a stream (its usage chunk too) and the
+        # response, as vLLM's: the request's
+        self.created = int(time.time())
         self.logprobs = LogprobsWriter(tokenizer, req.num_logprobs,
                                        isinstance(req, ChatCompletionRequest),
                                        as_ids=bool(req.return_tokens_as_token_ids))
@@ -107,7 +112,7 @@ class CompletionFormat:
         return tokens * (1 if self.req.num_logprobs is None else 2 + self.req.num_logprobs)
 
     def usage_chunk(self, u) -> bytes:
-        return usage_chunk(self.id, "text_completion", self.model, u)
+        return usage_chunk(self.id, "text_completion", self.model, u, self.created)
 
     def response(self, choices, u) -> dict:
         generated = not self.req.echo_only
@@ -119,7 +124,8 @@ class CompletionFormat:
                                 if self.req.return_token_ids else None,
                                 prompt_token_ids=self.prompt_ids(c.index))
                for c in choices]
-        body = CompletionResponse(id=self.id, model=self.model, choices=out, usage=u).model_dump()
+        body = CompletionResponse(id=self.id, created=self.created, model=self.model,
+                                  choices=out, usage=u).model_dump()
         return _with_logprobs(body, [self._choice_logprobs(c) for c in choices])
 
 
@@ -132,7 +138,7 @@ class ChatFormat(CompletionFormat):
         self.tool_streams: dict[int, object] = {}    # choice -> its streamed parser
 
     def usage_chunk(self, u) -> bytes:
-        return usage_chunk(self.id, "chat.completion.chunk", self.model, u)
+        return usage_chunk(self.id, "chat.completion.chunk", self.model, u, self.created)
 
     def _echo(self, index: int) -> str:
         return self.req.echo_text
@@ -171,7 +177,8 @@ class ChatFormat(CompletionFormat):
             out.append(ChatChoice(index=c.index, message=message, finish_reason=reason,
                                   stop_reason=stop_reason(c),
                                   token_ids=c.token_ids if self.req.return_token_ids else None))
-        body = ChatCompletionResponse(id=self.id, model=self.model, choices=out, usage=u,
+        body = ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
+                                      choices=out, usage=u,
                                       prompt_token_ids=self.prompt_ids(0)).model_dump()
         return _with_logprobs(body, [self.logprobs.format(c.index, choice_logprobs(c))
                                      for c in choices])

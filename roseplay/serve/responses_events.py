@@ -20,7 +20,6 @@ event and response.failed. There is no `data: [DONE]` (OpenAI sends none here).
 from __future__ import annotations
 
 import itertools
-import time
 
 import msgspec
 
@@ -45,7 +44,6 @@ class ResponsesFormat(ChatFormat):
         self.source = self.req.source
         tail = self.id.split("-", 1)[1]
         self.response_id, self.item_id = "resp_" + tail, "msg_" + tail
-        self.created = int(time.time())
 
     def response_object(self, status: str, output: list, usage: dict | None = None,
                         error: dict | None = None) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 
 import msgspec
@@ -80,7 +79,7 @@ class ChunkEncoder:
         # roseplay/serve/routes.py ChatFormat.tool_delta)
         self.tool_delta = getattr(fmt, "tool_delta", _text_delta)
         head = {"id": fmt.id, "object": "chat.completion.chunk" if self.chat else
-                "text_completion", "created": int(time.time()), "model": fmt.model}
+                "text_completion", "created": fmt.created, "model": fmt.model}
         self._head = b"data: " + _encode(head)[:-1] + b',"choices":['
         self._tail = b'],"usage":null}\n\n'
         # continuous usage: each choice's prompt length and output tokens so far
@@ -163,13 +162,13 @@ async def sse_body(gen, fmt, usage):
         gen.close()
 
 
-def usage_chunk(rid: str, obj: str, model: str, usage) -> bytes:
+def usage_chunk(rid: str, obj: str, model: str, usage, created: int) -> bytes:
     """The `data: ...` line of stream_options.include_usage's last chunk (no choices)."""
     counts = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
               "total_tokens": usage.total_tokens}
     if usage.prompt_tokens_details is not None:
         counts["prompt_tokens_details"] = usage.prompt_tokens_details.model_dump()
-    return b"data: " + _encode({"id": rid, "object": obj, "created": int(time.time()),
+    return b"data: " + _encode({"id": rid, "object": obj, "created": created,
                                 "model": model, "choices": [], "usage": counts}) + b"\n\n"
 
 

@@ -22,6 +22,7 @@ from roseplay.serve.app import build_app
 from roseplay.serve.responses import (ChatChunkChoice, ChatCompletionChunk, CompletionChoice,
                                       CompletionResponse, DeltaMessage, PromptTokensDetails,
                                       usage)
+from roseplay.serve import formats
 from roseplay.serve.server import ServerThread
 from roseplay.serve.streaming import ChunkEncoder, coalesce, usage_chunk
 
@@ -34,10 +35,13 @@ def event(rid, ids, text, finished=False, reason=None, error=None):
                            finish_reason=reason, error=error)
 
 
+CREATED = 1_700_000_000
+
+
 def fmt(prefix: str, return_token_ids: bool, echo: bool = False):
     req = SimpleNamespace(return_token_ids=return_token_ids, echo=echo, echo_only=False,
                           continuous_usage=False)
-    return SimpleNamespace(prefix=prefix, req=req, id="cmpl-x", model="m",
+    return SimpleNamespace(prefix=prefix, req=req, id="cmpl-x", model="m", created=CREATED,
                            _echo=lambda i: "PROMPT ",
                            prompt_ids=lambda i: [9, 8] if return_token_ids else None)
 
@@ -75,7 +79,8 @@ def test_chunks_are_the_pydantic_models_json(chat, ids):
                 CompletionChoice(index=2, text="é\n\"q\"", prompt_token_ids=prompt_ids, **kw)])
         want = json.loads(model.model_dump_json())
         got = json.loads(raw[6:])
-        assert abs(got.pop("created") - want.pop("created")) <= 2 and got == want
+        want.pop("created")      # the model's own clock; a chunk carries the response's
+        assert got.pop("created") == CREATED and got == want
 
 
 @pytest.mark.parametrize("model,obj", [(CompletionResponse, "text_completion"),
@@ -86,13 +91,13 @@ def test_usage_chunk_is_the_pydantic_models_json(model, obj, cached):
     u = usage(7, 3)
     if cached is not None:
         u.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached)
-    raw = usage_chunk("cmpl-x", obj, "m", u)
+    raw = usage_chunk("cmpl-x", obj, "m", u, CREATED)
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
-    want = json.loads(model(id="cmpl-x", model="m", choices=[], usage=u).model_dump_json())
+    want = json.loads(model(id="cmpl-x", created=CREATED, model="m", choices=[],
+                            usage=u).model_dump_json())
     if cached is None:
         assert want["usage"].pop("prompt_tokens_details") is None
-    got = json.loads(raw[6:])
-    assert abs(got.pop("created") - want.pop("created")) <= 2 and got == want
+    assert json.loads(raw[6:]) == want
 
 
 def test_echo_goes_with_the_first_chunk_only():
@@ -244,3 +249,16 @@ def test_finished_requests_send_the_engine_no_abort(server, loop, monkeypatch):
         time.sleep(0.05)
     gc.collect()
     assert dropped == []
+
+
+def test_every_chunk_and_the_usage_chunk_carry_the_response_s_created(monkeypatch):
+    """vLLM stamps a response once: each chunk, the usage chunk and the JSON response
+    carry the request's `created`. The usage chunk read the clock at the stream's end (a
+    second or more after its first chunk on a long stream)."""
+    clock = iter([CREATED, CREATED + 90])
+    monkeypatch.setattr(formats.time, "time", lambda: next(clock))
+    f = formats.CompletionFormat(SimpleNamespace(num_logprobs=None, num_candidates=1,
+                                                 return_tokens_as_token_ids=False),
+                                 "cmpl-x", "m", None)
+    assert f.created == CREATED
+    assert json.loads(f.usage_chunk(usage(1, 1))[6:])["created"] == CREATED
