@@ -37,8 +37,8 @@ class Guide:
 
     `versus` is the guide it is measured against (the other side of its compare pair,
     `compare`: run both at once with `roseplay --compare KNOB=A,B`), and `expect` the
-    direction of each named number: "lower" / "higher" than the `versus` guide's, or
-    ">0" / "=0" on its own. tests/roseplay/tui/test_guides_verified.py checks every one of them on
+    direction of each named number: "lower" / "higher" / "no later" (at most x1.5) than
+    the `versus` guide's, or ">0" / "=0" on its own. tests/roseplay/tui/test_guides_verified.py checks every one of them on
     the bundled model on the CPU.
     """
     key: str
@@ -69,11 +69,12 @@ GUIDES = (
                "down). Whether the documents' first token comes later depends on a step's "
                "fixed cost: large on a GPU (vLLM's trade: smoother ITL, later TTFT), small "
                "on this CPU engine, where TTFT p50 comes no later than key 2's (x0.3-1.0 "
-               "measured).",
+               "measured; the scorecard allows x1.5 for a loaded machine's noise).",
           VLLM, "chunk k/n at the top of the request list (sorted by state: prefilling "
           "first) and in This step; chunks per prompt up against key 2",
           "mixed", {"max_num_batched_tokens": 32, **APP}, concurrency=APP_CONCURRENCY, versus="2",
-          expect={"chunks_p90": "higher", "mixed_steps": "higher", "itl_p99": "lower"},
+          expect={"chunks_p90": "higher", "mixed_steps": "higher", "itl_p99": "lower",
+                  "ttft_p50": "no later"},
           compare="max_num_batched_tokens=32,2048", view={"sort": "state"},
           shows=(r"budget 32 tok/step", r"chunk \d+/\d+")),
     Guide("2", "A large token budget prefills a whole prompt in one step: one chunk per "

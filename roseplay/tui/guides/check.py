@@ -187,15 +187,24 @@ class Window:
 
 
 # -- the claim's verdict -------------------------------------------------------------------
+# the directions that compare with the `versus` setup's number; "no later": at most
+# NO_LATER times it (guide 1's TTFT against guide 2's: x0.34-1.04 in three runs of
+# 2026-11-29, a loaded machine's noise on top)
+COMPARED = ("lower", "higher", "no later")
+NO_LATER = 1.5
+
+
 def verdict(name: str, direction: str, mine: dict, theirs: dict | None) -> bool | None:
-    """Whether `mine[name]` moves as `direction` says (">0", "=0", "lower" or "higher"
-    than `theirs`); None: no number to judge (no sample, or no versus measured)."""
+    """Whether `mine[name]` moves as `direction` says (">0", "=0", or COMPARED with
+    `theirs`); None: no number to judge (no sample, or no versus measured)."""
     value = mine.get(name)
     if direction in (">0", "=0"):
         return None if value is None else (value > 0 if direction == ">0" else value == 0)
     other = theirs.get(name) if theirs else None
     if value is None or other is None:
         return None
+    if direction == "no later":
+        return value <= NO_LATER * other
     return value < other if direction == "lower" else value > other
 
 

@@ -19,7 +19,7 @@ for the partner's scorecard).
 """
 from __future__ import annotations
 
-from roseplay.tui.guides.check import Settling, Window, active_ids, verdicts
+from roseplay.tui.guides.check import COMPARED, NO_LATER, Settling, Window, active_ids, verdicts
 
 
 class Side(Settling):
@@ -68,7 +68,7 @@ class GuideRun:
         compared on)."""
         if key == self.guide.key:
             return self.guide.expect
-        return {n: d for n, d in self.guide.expect.items() if d in ("lower", "higher")}
+        return {n: d for n, d in self.guide.expect.items() if d in COMPARED}
 
     def turned(self, setup: dict):
         """A knob or the workload changed, to `setup` (guides.setup_of's keys): the versus
@@ -103,7 +103,7 @@ class GuideRun:
                 claim = f"{value} {direction[0]} 0"
             else:
                 other = fmt_metric(name, (theirs or {}).get(name))
-                op = "<" if direction == "lower" else ">"
+                op = {"lower": "<", "higher": ">"}.get(direction, f"≤ {NO_LATER:g}x")
                 claim = f"{value} {op} {versus_name(self.guide.versus)}'s {other}"
             out.append((f"{NAMES.get(name, name)} {claim}", ok if mine else None))
         return out
@@ -125,7 +125,7 @@ class GuideRun:
     def versus_hint(self, turn: str | None) -> str:
         """How to measure the other side of a comparison, if it is not measured yet."""
         versus = self.guide.versus
-        if not any(d in ("lower", "higher") for d in self.guide.expect.values()) or \
+        if not any(d in COMPARED for d in self.guide.expect.values()) or \
                 versus in self.results:
             return ""
         if turn:

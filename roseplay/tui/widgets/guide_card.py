@@ -39,14 +39,20 @@ def card_text(run, width: int, rows: int) -> Text:
     # "queue priority" was wrapped off, the line read "guide 9: mixed · queue")
     head = (f"guide {g.key}: {knobs} · {g.scenario}" if narrow else
             f"guide {g.key}: {g.scenario} · {knobs}") + rest_of_head
-    add(head, "bold", 2)
-    add(run.status(), "italic", 2)
-    if not narrow:      # the legend whole, in the longest form that fits (never cut)
-        add(next(f for f in LEGENDS if len(f) <= width or f is LEGENDS[-1]), "dim")
     marks = []
     for claim, ok in run.rows():
         mark, color = MARK[ok]
         marks.append((f"{mark} {claim}", f"bold {theme.color(color)}"))
+    # every verdict in view: a narrow card short of rows gives the head, then the status
+    # one line each (80x24's 10 rows cut guide 1's fourth verdict)
+    marked = sum(min(2, len(textwrap.wrap(text, width))) for text, _ in marks)
+    head_rows = status_rows = 2
+    if narrow and 4 + marked > rows:
+        head_rows, status_rows = 1, 1 if 3 + marked > rows else 2
+    add(head, "bold", head_rows)
+    add(run.status(), "italic", status_rows)
+    if not narrow:      # the legend whole, in the longest form that fits (never cut)
+        add(next(f for f in LEGENDS if len(f) <= width or f is LEGENDS[-1]), "dim")
     hint = run.versus_hint(turn_hint(g))
     rest = [(f"watch: {g.watch}", "dim")]
     if hint:

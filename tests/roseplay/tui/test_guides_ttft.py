@@ -42,3 +42,20 @@ def test_the_scorecards_ttft_says_it_counts_the_waiting():
     (row, _), = run.rows()
     assert row.startswith(f"{NAMES['ttft_p50']} 2000 ms"), row
     assert NAMES["ttft_p50"] != "TTFT p50" and "waiting" in NAMES["ttft_p50"], row
+
+
+@pytest.mark.parametrize("mine,ok", [(0.72, True), (1.0, False)])
+def test_guide_1s_ttft_claim_is_on_its_scorecard(mine, ok):
+    """Guide 1 claims TTFT p50 comes no later than guide 2's on this CPU: a test checked
+    it, the scorecard did not show it. Its row now says the check (x1.5: noise)."""
+    from roseplay.tui.widgets.guide_card import card_text
+    first, _ = snapshots()
+    numbers = {"chunks_p90": 9.0, "mixed_steps": 0.9, "itl_p99": 0.02}
+    results = {"1": {**numbers, "ttft_p50": mine},
+               "2": {"chunks_p90": 1.0, "mixed_steps": 0.2, "itl_p99": 0.05, "ttft_p50": 0.6}}
+    run = GuideRun(BY_KEY["1"], first, {}, results)
+    rows = dict(run.rows())
+    row = f"{NAMES['ttft_p50']} {1000 * mine:.0f} ms ≤ 1.5x guide 2's 600 ms"
+    assert rows[row] is ok, rows
+    card = card_text(run, 30, 10).plain        # 80x24's scorecard: every verdict shown
+    assert card.count("✓") + card.count("✗") == 4, card

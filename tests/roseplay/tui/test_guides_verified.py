@@ -56,7 +56,6 @@ def needed() -> dict[str, dict]:
         for key, expect in ((setup if isinstance(setup, str) else knob, expect)
                             for knob, (setup, expect) in KNOB_EFFECTS.items())]
     checks += [("default", {"mixed_steps": ">0"}, None),
-               ("1", {"ttft_p50": "lower"}, "2"),      # (test_guide_1_ttft_comes_no_later)
                ("d", {"spec_mean_accepted_len": "higher"}, None),
                ("spec-off", {"spec_acceptance": "=0"}, None)]
     for key, expect, versus in checks:
@@ -202,20 +201,6 @@ def test_the_repetitive_scenario_is_greedy_and_cycles_its_openings():
     ids = build_workload("repetitive", 1, vocab_size=512, input_len=32)[0].prompt
     unit = ids["prompt_token_ids"][:8]          # token ids: one unit, repeated
     assert ids["prompt_token_ids"] == unit * 4
-
-
-NO_LATER = 1.5      # guide 1: "TTFT p50 comes no later than key 2's (x0.3-1.0 measured)":
-#                     below 1.5x its (x1.04, x0.73 and x0.34 in three runs of 2026-11-29;
-#                     on a GPU a small budget's many steps delay the documents' first token
-#                     several-fold). It read "TTFT and ITL barely move": ITL p50 was 1.6x
-#                     guide 2's, and p99 lower (on its scorecard now)
-
-
-def test_guide_1_ttft_comes_no_later_on_this_cpu(results):
-    """Guide 1's words beyond its scorecard: a 32-token budget against guide 2's 2048."""
-    small, large = results["1"]["ttft_p50"], results["2"]["ttft_p50"]
-    print(f"ttft_p50: budget 32 {small:.4g} s, budget 2048 {large:.4g} s")
-    assert small < large * NO_LATER, (small, large)
 
 
 def test_the_default_runs_decodes_and_prefill_chunks_in_one_step(results):
