@@ -41,15 +41,12 @@ def decode(tokenizer, ids, skip_special_tokens: bool = True,
            spaces_between_special_tokens: bool = True) -> str:
     """`tokenizer.decode` with vLLM's spaces_between_special_tokens. False (with the
     special tokens shown) joins an added token to the added token before it without the
-    space a decoder puts between tokens: a slow transformers tokenizer takes the option
-    itself; a fast one has none, so the ids are decoded in pieces cut between two added
-    tokens, as vLLM's fast detokenizer returns such a token's text alone."""
+    space a decoder puts between tokens: the ids are decoded in pieces cut between two
+    added tokens, as vLLM's fast detokenizer returns such a token's text alone
+    (transformers' decode takes the option and, since v5, ignores it)."""
     ids = list(ids)
     if skip_special_tokens or spaces_between_special_tokens:
         return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-    if getattr(tokenizer, "is_fast", None) is False:
-        return tokenizer.decode(ids, skip_special_tokens=False,
-                                spaces_between_special_tokens=False)
     added = added_token_ids(tokenizer)
     cuts = [i for i in range(1, len(ids)) if ids[i] in added and ids[i - 1] in added]
     return "".join(tokenizer.decode(ids[a:b], skip_special_tokens=False)
