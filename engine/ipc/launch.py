@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -27,6 +29,42 @@ def child_env() -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # idle OpenMP threads sleep, not spin
     return env
+
+
+_spawns: queue.SimpleQueue | None = None
+_spawns_lock = threading.Lock()
+
+
+def spawn(start):
+    """`start()` (it starts a process) on a thread that lives as long as this process:
+    the main thread, else one kept for it. An engine process asks Linux to stop it when
+    its parent dies (PR_SET_PDEATHSIG, engine/ipc/proc_setup.py), and Linux means the
+    thread that forked it: an engine started from a caller's short-lived thread (a
+    worker, a notebook's executor) got SIGTERM as soon as that thread returned."""
+    global _spawns
+    if threading.current_thread() is threading.main_thread():
+        return start()
+    with _spawns_lock:
+        if _spawns is None:
+            _spawns = queue.SimpleQueue()
+            threading.Thread(target=_spawn_loop, args=(_spawns,), name="roseplay-spawn",
+                             daemon=True).start()
+    done, box = threading.Event(), []
+    _spawns.put((start, box, done))
+    done.wait()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+def _spawn_loop(jobs: queue.SimpleQueue) -> None:
+    while True:
+        start, box, done = jobs.get()
+        try:
+            box.append(start())
+        except BaseException as exc:      # raised again in the caller's thread
+            box.append(exc)
+        done.set()
 
 
 class EngineDied(RuntimeError):
@@ -64,8 +102,8 @@ class EngineLaunch:
         env["ROSEPLAY_OWNER_TOKEN"] = self.owner_token
         env[auth.ENGINE_KEY_ENV] = self.engine_key      # the environment: not seen in ps
         try:
-            self.proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
-                                         env=env)
+            self.proc = spawn(lambda: subprocess.Popen(
+                cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, env=env))
         except BaseException:
             os.close(read_fd)
             self._remove_dir()
