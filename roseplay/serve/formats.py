@@ -43,6 +43,7 @@ class CompletionFormat:
                                        isinstance(req, ChatCompletionRequest),
                                        as_ids=bool(req.return_tokens_as_token_ids))
         self.prompt_logprobs = PromptLogprobs(req.num_candidates)   # choice 0's, shared
+        self._prompt_lists: dict[int, list] = {}     # vLLM's prompt_logprobs, by prompt
 
     def _echo(self, index: int) -> str:
         return (self.ins.prompt_texts[index // self.req.n] or "") if self.req.echo else ""
@@ -65,7 +66,7 @@ class CompletionFormat:
     def streamed(self, gen):
         """The Generation as the SSE response reads it: with n > 1 and echo + logprobs,
         siblings wait for choice 0's prompt logprobs (roseplay/serve/siblings.py)."""
-        shared = self.req.prompt_logprobs_asked is not None and self.req.n > 1
+        shared = self.req.echo_logprobs is not None and self.req.n > 1
         return SharedPromptLogprobs(gen, self.req.n) if shared else gen
 
     def sse(self, gen):
@@ -109,7 +110,10 @@ class CompletionFormat:
         echo = getattr(self.req, "echo", False)       # completions only
         echoed = sum(self.ins.prompt_lens) * self.req.n if echo else 0
         tokens = echoed + sum(len(c.token_ids) for c in choices)
-        return tokens * (1 if self.req.num_logprobs is None else 2 + self.req.num_logprobs)
+        size = tokens * (1 if self.req.num_logprobs is None else 2 + self.req.num_logprobs)
+        if self.req.prompt_logprobs is not None:
+            size += sum(self.ins.prompt_lens) * self.req.n * (2 + self.req.prompt_logprobs)
+        return size
 
     def usage_chunk(self, u) -> bytes:
         return usage_chunk(self.id, "text_completion", self.model, u, self.created)
@@ -126,7 +130,21 @@ class CompletionFormat:
                for c in choices]
         body = CompletionResponse(id=self.id, created=self.created, model=self.model,
                                   choices=out, usage=u).model_dump()
+        if self.req.prompt_logprobs is not None:     # each choice its prompt's, as vLLM's
+            for choice, c in zip(body["choices"], choices):
+                choice["prompt_logprobs"] = self._prompt_logprobs(c.index // self.req.n)
         return _with_logprobs(body, [self._choice_logprobs(c) for c in choices])
+
+    def _prompt_logprobs(self, prompt: int) -> list | None:
+        """vLLM's prompt_logprobs of prompt `prompt` (formatted once, shared by its
+        choices)."""
+        lps = self.prompt_logprobs.get(prompt)
+        if lps is None:
+            return None
+        done = self._prompt_lists.get(prompt)
+        if done is None:
+            done = self._prompt_lists[prompt] = self.logprobs.prompt(lps, self.req.prompt_logprobs)
+        return done
 
 
 class ChatFormat(CompletionFormat):
@@ -180,6 +198,8 @@ class ChatFormat(CompletionFormat):
         body = ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
                                       choices=out, usage=u,
                                       prompt_token_ids=self.prompt_ids(0)).model_dump()
+        if self.req.prompt_logprobs is not None:     # the response's, as vLLM's
+            body["prompt_logprobs"] = self._prompt_logprobs(0)
         return _with_logprobs(body, [self.logprobs.format(c.index, choice_logprobs(c))
                                      for c in choices])
 

@@ -70,6 +70,22 @@ class LogprobsWriter:
                                            _encode(out[key])[1:-1], b"]")))
                 for key in head}
 
+    def prompt(self, prompt_logprobs, n: int) -> list:
+        """vLLM's prompt_logprobs: per prompt token (the first None: nothing predicts it)
+        its logprobs dict, the token first and then the top n by rank, each id once, as
+        {id: {"logprob", "rank", "decoded_token"}}."""
+        out = []
+        for e in prompt_logprobs:
+            if e is None:
+                out.append(None)
+                continue
+            entry = {}
+            for i, (t, lp) in enumerate(zip(e.token_ids[:1 + n], e.logprobs[:1 + n])):
+                entry.setdefault(str(t), {"logprob": _finite(lp), "rank": e.rank if i == 0 else i,
+                                          "decoded_token": self.token_text(t)})
+            out.append(entry)
+        return out
+
     def _prompt_part(self, first_token: int, prompt_logprobs) -> tuple[dict, int]:
         """The prompt's columns as JSON (each list's items, without the brackets) and
         the text offset after it: formatted and encoded once per prompt list, so n

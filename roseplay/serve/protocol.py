@@ -48,7 +48,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     # vLLM extras the engine cannot honour: ignored as unknown fields, they gave another
     # answer than asked (the stop string cut, no beam search, every token allowed)
     REFUSED: ClassVar[tuple[str, ...]] = ("use_beam_search", "allowed_token_ids", "bad_words",
-                                          "prompt_logprobs", "cache_salt", "logits_processors")
+                                          "cache_salt", "logits_processors")
     # the request field OpenAI's output format is read from (a grammar error's param):
     # response_format here, `text` for /v1/responses (roseplay/serve/responses_api.py)
     FORMAT_FIELD: ClassVar[str] = "response_format"
@@ -95,7 +95,8 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     use_beam_search: bool | None = None
     allowed_token_ids: raw_field({"type": "array"}) = msgspec.UNSET
     bad_words: raw_field({"type": "array"}) = msgspec.UNSET
-    prompt_logprobs: int | None = None
+    # vLLM extra: each prompt token's logprobs and the top n (not streamed)
+    prompt_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     cache_salt: str | None = None     # vLLM's: a prefix-cache partition (not kept apart here)
     # vLLM's per-request logits processors (its v1 engine refuses them too)
     logits_processors: raw_field({"type": "array"}) = msgspec.UNSET
@@ -108,6 +109,9 @@ class SamplingFields(_Request, kw_only=True, dict=True):
         self._constraint = self._parse_constraint()
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true")
+        if self.prompt_logprobs and self.stream:      # as vLLM's (0 asks for nothing)
+            raise invalid("prompt_logprobs are not available when stream is true",
+                          "prompt_logprobs")
         check_seed(self.seed, self.num_candidates)
 
     def _parse_constraint(self) -> tuple:
@@ -174,7 +178,16 @@ class SamplingFields(_Request, kw_only=True, dict=True):
 
     @property
     def prompt_logprobs_asked(self) -> int | None:
-        """Top-n of each prompt token's logprobs (completions echo + logprobs)."""
+        """Top-n of each prompt token's logprobs the engine computes (for choice 0 of a
+        prompt): vLLM's prompt_logprobs (not streamed), completions' echo + logprobs, the
+        larger."""
+        asked = [n for n in (self.echo_logprobs,
+                             None if self.stream else self.prompt_logprobs) if n is not None]
+        return max(asked) if asked else None
+
+    @property
+    def echo_logprobs(self) -> int | None:
+        """Top-n of the echoed prompt's logprobs (completions' echo + logprobs)."""
         return None
 
     @property
@@ -256,7 +269,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
         return self.logprobs
 
     @property
-    def prompt_logprobs_asked(self) -> int | None:
+    def echo_logprobs(self) -> int | None:
         return self.logprobs if self.echo else None
 
     @property

@@ -107,3 +107,49 @@ def test_the_server_flag_sets_the_default():
         c = client.post("/v1/completions", json={**body, "return_tokens_as_token_ids": False}
                         ).json()["choices"][0]
         assert not any(t.startswith("token_id:") for t in c["logprobs"]["tokens"])
+
+
+def check_prompt_logprobs(got: list, prompt_ids: list[int], k: int) -> None:
+    """vLLM's prompt_logprobs: None for the first token, then per token its dict, the
+    token's own entry first (its rank), then the top k by rank, each id once."""
+    assert len(got) == len(prompt_ids) and got[0] is None
+    for entry, token in zip(got[1:], prompt_ids[1:]):
+        keys = list(entry)
+        assert keys[0] == str(token) and len(keys) <= k + 1
+        ranks = [entry[key]["rank"] for key in keys[1:]]
+        assert ranks == sorted(ranks) and all(1 <= r <= k for r in ranks)
+        assert all(set(v) == {"logprob", "rank", "decoded_token"} for v in entry.values())
+
+
+def test_prompt_logprobs_are_served_as_vllm_s(http):
+    """vLLM's prompt_logprobs (completions: each choice its prompt's; chat: the
+    response's; not streamed): they were refused, though the engine computes them."""
+    body = {"prompt": ["ROMEO.\nWhat news?", "JULIET.\nAy me!"], "max_tokens": 2, "n": 2,
+            "temperature": 0, "prompt_logprobs": 2, "return_token_ids": True}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    for c in choices:
+        check_prompt_logprobs(c["prompt_logprobs"], c["prompt_token_ids"], 2)
+    assert choices[0]["prompt_logprobs"] == choices[1]["prompt_logprobs"]
+    # the same numbers as echo + logprobs gives the echoed prompt
+    echo = http.post("/v1/completions", json={**body, "prompt": body["prompt"][0], "n": 1,
+                                              "echo": True, "logprobs": 1}).json()["choices"][0]
+    own = [e[str(t)]["logprob"] for e, t in zip(choices[0]["prompt_logprobs"][1:],
+                                                 choices[0]["prompt_token_ids"][1:])]
+    # (within float noise: the two ran in batches of other sizes)
+    assert own == pytest.approx(echo["logprobs"]["token_logprobs"][1:len(own) + 1], abs=1e-3)
+    tokens = http.post("/tokenize", json={"prompt": body["prompt"][0],
+                                          "return_token_strs": True}).json()
+    first = choices[0]["prompt_logprobs"][1]
+    assert first[str(tokens["tokens"][1])]["decoded_token"] == tokens["token_strs"][1]
+
+    chat = {"messages": [{"role": "user", "content": "What news?"}], "max_tokens": 2,
+            "prompt_logprobs": 0, "return_token_ids": True}
+    r = http.post("/v1/chat/completions", json=chat).json()
+    check_prompt_logprobs(r["prompt_logprobs"], r["prompt_token_ids"], 0)
+    # streamed: 0 asks for nothing (as vLLM), more is a 400 naming the field
+    with http.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as s:
+        assert s.status_code == 200
+    r = http.post("/v1/chat/completions", json={**chat, "stream": True, "prompt_logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
