@@ -217,14 +217,21 @@ class LLM:
         if on_step is not None:
             raise InvalidRequestError("on_step needs data_parallel_size 1 (the engine in "
                                       "this process)")
-        streams = [self.dp.submit({"prompt_token_ids": list(creq.prompt_token_ids),
-                                   "prompt": text}, creq.params, priority=creq.priority,
-                                  on_finish=lambda ev: None) for creq, text in made]
-        outs = []
-        for s in streams:
-            outs.append(s.result())
-            if bar is not None:
-                bar.update(1)
+        streams, outs = [], []
+        try:
+            for creq, text in made:
+                streams.append(self.dp.submit(
+                    {"prompt_token_ids": list(creq.prompt_token_ids), "prompt": text},
+                    creq.params, priority=creq.priority, on_finish=lambda ev: None))
+            for s in streams:
+                outs.append(s.result())
+                if bar is not None:
+                    bar.update(1)
+        except BaseException:     # Ctrl-C, or the bar raised: the engines end this call's
+            for s in streams:     # requests too (as _generate_here does), not run them out
+                if s.output is None:
+                    self.dp.cancel(s.request_id)
+            raise
         return outs
 
     def _apply(self, out) -> None:

@@ -64,3 +64,32 @@ def test_what_needs_the_engine_in_this_process_says_what_to_do(llm):
                                                   r"this process, without kv_events_config: "
                                                   r"give the knobs as keywords"):
         LLM(config=make_config(model="dummy:tiny", device="cpu", kv_events_config=events))
+
+
+def test_an_interrupted_generate_ends_its_requests_in_the_engine_process(llm, monkeypatch):
+    """An exception out of generate() (Ctrl-C) ends the requests it sent, as with the
+    engine in this process (test_llm_controls.py): they ran on to their end. The engine
+    is paused, so they are still queued when the third submit raises."""
+    llm, _ = llm
+    dp, sent = llm.dp, []
+    submit = dp.submit
+
+    def submit_twice(*args, **kwargs):
+        if len(sent) == 2:
+            raise KeyboardInterrupt
+        sent.append(submit(*args, **kwargs))
+        return sent[-1]
+
+    long = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    dp.pause()
+    try:
+        monkeypatch.setattr(dp, "submit", submit_twice)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate([PROMPT] * 3, long)
+    finally:
+        monkeypatch.undo()
+        dp.resume()
+    outs = [s.result(60) for s in sent]
+    assert [(o.outputs[0].finish_reason, o.outputs[0].token_ids) for o in outs] == \
+        [("cancelled", ())] * 2
+    assert dp.wait_idle(60)
