@@ -223,15 +223,18 @@ class TimingPanel(WidthBorders, Container):
         self._shown_at = (None, -1.0)
 
     def show(self, snap, window, throttle: bool = True, final: bool = False,
-             stopped_at: int | None = None) -> None:
+             stopped_at: int | None = None, hold: bool = False) -> None:
         """Feed the history every frame (`final`: no later frame comes); redraw on a new
         snapshot, at most every UPDATE_EVERY seconds while `throttle` (a running engine:
-        text changes every frame). `stopped_at`: the step the engine stopped after (None
-        while it serves): drawn at once, as the last figures before the stop, captioned."""
+        text changes every frame), never while `hold` (the compare screen redraws both
+        sides and its table in one frame). `stopped_at`: the step the engine stopped
+        after (None while it serves): drawn at once, as the last figures before the
+        stop, captioned."""
         self.history.feed(snap, final)
         last_key, last_mono = self._shown_at
         now, key, stopped = time.monotonic(), (snap.time, stopped_at), stopped_at is not None
-        if key == last_key or (throttle and not stopped and now - last_mono < UPDATE_EVERY):
+        if key == last_key or (not stopped and (hold or (
+                throttle and now - last_mono < UPDATE_EVERY))):
             return
         self._shown_at = (key, now)
         self.stats.show(snap, window.rate("generated_tokens"), window.since, self.slos, stopped,
