@@ -55,5 +55,12 @@ class ChatMessage(_Request, kw_only=True):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return join_parts(part.text for part in self.content)
         return self.content or ""
+
+
+def join_parts(texts) -> str:
+    """A message's text parts as the template gets them: one per line, as vLLM joins a
+    content list for a template that reads a string (they ran together before
+    2026-11-29: "What news" + "from the court?" read "What newsfrom the court?")."""
+    return "\n".join(texts)

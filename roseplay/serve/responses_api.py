@@ -28,7 +28,8 @@ from engine.validation import MAX_LOGPROBS, MAX_STOP_STRINGS
 from roseplay.serve import constrained
 from roseplay.serve.body import json_body, raw_field
 from roseplay.serve.errors import OpenAIError, invalid
-from roseplay.serve.messages import MAX_CONTENT_PARTS, MAX_MESSAGES, ChatMessage, _Request
+from roseplay.serve.messages import (MAX_CONTENT_PARTS, MAX_MESSAGES, ChatMessage, _Request,
+                                     join_parts)
 from roseplay.serve.protocol import ChatCompletionRequest, is_set
 from roseplay.serve.responses_events import ResponsesFormat
 from roseplay.serve.routes import chat_inputs, generate
@@ -214,7 +215,7 @@ def _text(where: str, item: InputItem) -> str:
                           f"by this model (it reads text: {' or '.join(kinds)} parts)", "input")
         if part.text is None:
             raise invalid(f"{where}.content[{j}]: the {part.type} part has no text", "input")
-    return "".join(part.text for part in item.content)
+    return join_parts(part.text for part in item.content)
 
 
 class ResponsesChat(ChatCompletionRequest, kw_only=True):

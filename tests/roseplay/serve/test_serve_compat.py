@@ -397,3 +397,15 @@ def test_chat_top_logprobs_0_without_logprobs_asks_for_nothing(server):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**{**body, "top_logprobs": 1})
     assert e.value.body["param"] == "top_logprobs"
+
+
+def test_text_parts_are_joined_one_per_line(http):
+    """A message whose content is text parts reaches the template as vLLM gives a
+    template that reads a string: the parts joined by newlines (they ran together)."""
+    def prompt(content):
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1,
+                "return_token_ids": True}
+        return http.post("/v1/chat/completions", json=body).json()["prompt_token_ids"]
+    parts = [{"type": "text", "text": "What news"}, {"type": "text", "text": "from the court?"}]
+    assert prompt(parts) == prompt("What news\nfrom the court?") != prompt(
+        "What newsfrom the court?")

@@ -104,14 +104,14 @@ def test_the_stream_helper_reads_the_final_response(client):
 
 def test_instructions_are_a_system_message_and_items_are_turns(client):
     instructions = "A room in the castle. Enter ROMEO and JULIET."
-    turns = [{"role": "user", "content": "Good morrow."},
+    turns = [{"role": "user", "content": "Good\nmorrow."},
              {"role": "assistant", "content": "Good morrow, sweet Romeo."},
              {"role": "user", "content": ASK}]
     want, want_usage = chat(client, [{"role": "system", "content": instructions}, *turns], 40,
                             **STOP)
     items = [{"type": "message", "role": "user",
-              "content": [{"type": "input_text", "text": "Good "}, {"type": "input_text",
-                                                                    "text": "morrow."}]},
+              "content": [{"type": "input_text", "text": "Good"}, {"type": "input_text",
+                                                                   "text": "morrow."}]},
              # an assistant message handed back as the output item it was
              {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
               "content": [{"type": "output_text", "text": "Good morrow, sweet Romeo.",
