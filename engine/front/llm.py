@@ -167,12 +167,13 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False, chat_template: str | None = None,
-             add_generation_prompt: bool = True, tools: list[dict] | None = None
-             ) -> list[RequestOutput]:
+             add_generation_prompt: bool = True, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a
         list of them, each rendered by `chat_template`, else the tokenizer's, else the
         bundled model's play template (engine/front/chat_template.py, as the server's
-        chat completions), then generated as generate() does; one RequestOutput per
+        chat completions), with `chat_template_kwargs` as extra template variables
+        (enable_thinking, say), then generated as generate() does; one RequestOutput per
         conversation."""
         if self.tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer: chat needs one (use "
@@ -181,7 +182,8 @@ class LLM:
         prompts = []
         for conversation in conversations(messages):
             text, ids = render(self.tokenizer, template, conversation,
-                               check_bool("add_generation_prompt", add_generation_prompt), tools)
+                               check_bool("add_generation_prompt", add_generation_prompt), tools,
+                               chat_template_kwargs)
             prompts.append({"prompt_token_ids": ids, "prompt": text})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

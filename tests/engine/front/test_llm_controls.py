@@ -179,3 +179,21 @@ def test_max_tokens_none_runs_to_the_end_of_the_context():
             max_tokens=None, ignore_eos=True, temperature=0.0))
     assert [len(o.outputs[0].token_ids) for o in (long, short)] == [12, 29]
     assert long.outputs[0].finish_reason == short.outputs[0].finish_reason == "length"
+
+
+def test_chat_takes_chat_template_kwargs():
+    """vLLM's LLM.chat(chat_template_kwargs=...): extra variables the template reads
+    (the keyword was a TypeError); a reserved one is refused as the server refuses it."""
+    from engine import InvalidRequestError
+    import pytest
+    template = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    sp = SamplingParams(max_tokens=2, temperature=0.0)
+    user = [{"role": "user", "content": "Speak."}]
+    with LLM(model="default", device="cpu") as llm:
+        out, = llm.chat(user, sp, chat_template=template,
+                        chat_template_kwargs={"greeting": "Hark! ", "unread": 1})
+        assert out.prompt == "Hark! Speak."
+        plain, = llm.chat(user, sp, chat_template=template)
+        assert plain.prompt == "Speak."
+        with pytest.raises(InvalidRequestError, match="chat_template_kwargs cannot set tokenize"):
+            llm.chat(user, sp, chat_template_kwargs={"tokenize": True})
