@@ -242,20 +242,30 @@ class StepStrip(ReshownOnResize, Widget):
         t.append_text(Text("\n").join(lines[:room]))
         if height > BAR_ROWS + len(lines):       # zoomed: what the bars are
             t.append("\n")
-            t.append_text(legend())
+            t.append_text(legend(width))
         return t
 
     def render(self) -> Text:
         return self._text
 
 
-def legend() -> Text:
+# what the bars are, longest first: the longest that fits the panel's width whole (at
+# 200x60 the first was cut to "… full height = the most", unsaid)
+LEGENDS = ((" prefill tokens, a column a step (newest right), full height = the most "
+            "tokens a step here computed; ", " budget or mode changed"),
+           (" prefill tokens, a column a step (newest right); ", " budget or mode changed"),
+           (" prefill, a step a column; ", " knob changed"))
+
+
+def legend(width: int = 200) -> Text:
+    for words, mark in LEGENDS:
+        if len("█ decode  █") + len(words) + 2 + len(mark) <= width or mark is LEGENDS[-1][1]:
+            break
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append("█", theme.color("decode"))
     t.append(" decode  ")
     t.append("█", theme.color("prefill"))
-    t.append(" prefill tokens, a column a step (newest right), full height = the most "
-             "tokens a step here computed; ")
+    t.append(words)
     t.append("  ", f"on {MARK_BG}")
-    t.append(" budget or mode changed", "dim")
+    t.append(mark, "dim")
     return t

@@ -176,3 +176,19 @@ async def test_a_priority_queue_shows_the_pri_column_at_80x24():
             await pilot.pause()
             header = widget_text(app.requests).splitlines()[1].split()
         assert ("pri" in header) == shown and ("TPOT" in header) != shown, (policy, header)
+
+
+@pytest.mark.parametrize("size", SIZES[2:])          # (smaller: no row for it)
+@sync
+async def test_the_steps_legend_is_whole(size):
+    """At 200x60 the Steps panel's legend read `… full height = the most`, cut unsaid:
+    the longest form that fits shows whole."""
+    from roseplay.tui.widgets.step_strip import StepStrip
+    app = RoseplayApp(source=StaticSource(session_snapshot(12)))
+    async with app.run_test(size=size) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        strip = app.query_one(StepStrip)
+        rows = widget_text(strip).splitlines()
+    legend = [row.strip("│ ") for row in rows if "█ decode" in row]
+    assert legend and legend[0].endswith("changed"), rows
