@@ -189,7 +189,8 @@ def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
     tools = req.tool_spec.for_template() if req.tool_spec is not None else None
     text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools,
                             req.PROMPT_FIELD,
-                            chat.with_defaults(template_defaults, req.template_kwargs))
+                            chat.with_defaults(template_defaults, req.template_kwargs),
+                            req.continue_final_message)
     field = req.max_tokens_field
     prompt = truncated({"prompt_token_ids": ids, "prompt": text},
                        truncate_to(req, max_model_len), tokenizer)

@@ -294,9 +294,8 @@ class CompletionRequest(SamplingFields, kw_only=True):
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     NULL_DEFAULTS = {**SamplingFields.NULL_DEFAULTS, "logprobs": False,
-                     "parallel_tool_calls": True, "echo": False}
-    # the template would close the last assistant message, not continue it
-    REFUSED = SamplingFields.REFUSED + ("continue_final_message",)
+                     "parallel_tool_calls": True, "echo": False,
+                     "continue_final_message": False}
     PROMPT_FIELD = "messages"
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = None
@@ -308,7 +307,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tool_choice: raw_field({"anyOf": [{"type": "string"}, {"type": "object"}]}) = msgspec.UNSET
     parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True       # vLLM extra
-    continue_final_message: bool | None = None   # vLLM extra, REFUSED when true
+    continue_final_message: bool | None = False  # vLLM extra: the reply goes on with the
+    #                                              last message (chat.render)
     add_special_tokens: bool = False         # vLLM extra: true refused (check_supported)
     chat_template: str | None = None         # vLLM extra: refused (check_supported)
     # vLLM extra: template variables (enable_thinking, ...), kept raw: chat.template_kwargs
@@ -328,6 +328,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
             raise invalid("chat_template: a template per request is not taken (a template "
                           "runs code on the server); start the server with --chat-template",
                           "chat_template")
+        chat.check_continue(self.continue_final_message, self.add_generation_prompt)
         if self.add_special_tokens:      # as /tokenize: the template writes its own
             raise invalid("add_special_tokens: the chat template adds the special tokens "
                           "it wants (send false)", "add_special_tokens")

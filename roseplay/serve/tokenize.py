@@ -32,6 +32,7 @@ class TokenizeRequest(_Request, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool | None = None      # default: True for a prompt (the encode's)
     add_generation_prompt: bool = True          # messages: as chat completions' default
+    continue_final_message: bool = False        # messages: as chat completions'
     chat_template_kwargs: raw_field({"type": "object"}) = msgspec.UNSET    # messages: as chat's
     # messages: the tools a chat sends, which templates write into the prompt (kept raw)
     tools: raw_field({"type": "array", "items": {"type": "object"}}) = msgspec.UNSET
@@ -62,12 +63,14 @@ def _ids(req: TokenizeRequest, st) -> list[int]:
     if req.add_special_tokens:     # the template writes the special tokens it wants
         raise invalid("add_special_tokens: the chat template adds them (send false)",
                       "add_special_tokens")
+    chat.check_continue(req.continue_final_message, req.add_generation_prompt)
     tools = Tools.parse(req.tools, msgspec.UNSET, True)
     _, ids = chat.render(st.tokenizer, st.chat_template, [message_dict(m) for m in req.messages],
                          req.add_generation_prompt,
                          tools.for_template() if tools is not None else None,
                          kwargs=chat.with_defaults(st.template_defaults,
-                                                   chat.template_kwargs(req.chat_template_kwargs)))
+                                                   chat.template_kwargs(req.chat_template_kwargs)),
+                         continue_final_message=req.continue_final_message)
     return list(ids)
 
 

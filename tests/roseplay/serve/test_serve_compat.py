@@ -409,3 +409,24 @@ def test_text_parts_are_joined_one_per_line(http):
     parts = [{"type": "text", "text": "What news"}, {"type": "text", "text": "from the court?"}]
     assert prompt(parts) == prompt("What news\nfrom the court?") != prompt(
         "What newsfrom the court?")
+
+
+def test_continue_final_message_goes_on_with_the_last_message(http):
+    """vLLM's continue_final_message (with add_generation_prompt false): the prompt ends
+    with the last message's text, not its end of turn, and the reply continues it (the
+    greedy completion of those ids); /tokenize renders it alike. It was refused."""
+    turns = [{"role": "user", "content": "What news from the court?"},
+             {"role": "assistant", "content": "The King"}]
+    body = {"messages": turns, "add_generation_prompt": False, "continue_final_message": True,
+            "max_tokens": 6, "temperature": 0, "return_token_ids": True, "echo": True}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    ids = r.json()["prompt_token_ids"]
+    assert http.post("/detokenize", json={"tokens": ids}).json()["prompt"].endswith(
+        "JULIET.\nThe King")
+    assert http.post("/tokenize", json={k: body[k] for k in (
+        "messages", "add_generation_prompt", "continue_final_message")}).json()["tokens"] == ids
+    content = r.json()["choices"][0]["message"]["content"]
+    going_on = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 6,
+                                                  "temperature": 0}).json()
+    assert content == "The King" + going_on["choices"][0]["text"]
