@@ -6,15 +6,18 @@ socket directory and its status pipe until a client takes it over.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
+import weakref
 
 from engine.config import InvalidRequestError, make_config
 from engine.ipc import auth
@@ -29,6 +32,24 @@ def child_env() -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # idle OpenMP threads sleep, not spin
     return env
+
+
+_started: "weakref.WeakSet[subprocess.Popen]" = weakref.WeakSet()   # engines of this process
+
+
+@atexit.register
+def _stop_started() -> None:
+    """At this process's exit, each engine process it started that still runs (its front
+    never closed) gets SIGCONT and SIGTERM: one stopped (SIGSTOP, a debugger) would hold
+    its parent's-death signal until continued, outliving its owner and holding the
+    owner's stdout, so that a parent reading it waited forever."""
+    for proc in list(_started):
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+            except OSError:
+                pass
 
 
 _spawns: queue.SimpleQueue | None = None
@@ -104,6 +125,7 @@ class EngineLaunch:
         try:
             self.proc = spawn(lambda: subprocess.Popen(
                 cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, env=env))
+            _started.add(self.proc)
         except BaseException:
             os.close(read_fd)
             self._remove_dir()

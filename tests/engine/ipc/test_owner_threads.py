@@ -6,11 +6,14 @@ flight, streams held) exits at once and leaves no engine process behind."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+
+import pytest
 
 from engine.front.client import EngineClient
 from engine.ipc.core_proc import SIGTERM_GRACE_S
@@ -50,22 +53,29 @@ NEVER_CLOSED = textwrap.dedent("""
     held[0].get(60), held[1].get(60)               # both replicas are generating
     dp.watch(True)
     print(*(c.proc.pid for c in dp.replicas), flush=True)
+    if sys.argv[1:] == ["stop"]:                    # replica 1 stopped (SIGSTOP) as well
+        os.kill(dp.replicas[1].proc.pid, signal.SIGSTOP)
     # exits with the front open: no close(), streams held, replicas mid-generation
 """)
 
 
-def test_an_owner_that_never_closes_its_front_exits_at_once_and_leaves_no_engine():
+@pytest.mark.parametrize("replica_1", ["running", "stop"])
+def test_an_owner_that_never_closes_its_front_exits_at_once_and_leaves_no_engine(replica_1):
     """Its engines hold copies of its stdout: the pipe closes only once they are gone
-    too, so communicate() returning is the engines' exit as well as the owner's."""
-    proc = subprocess.Popen([sys.executable, "-c", NEVER_CLOSED], cwd=ROOT,
+    too, so communicate() returning is the engines' exit as well as the owner's. A
+    replica stopped with SIGSTOP held its owner's death signal until continued: it
+    outlived the owner (stopped for good), and the pipe never closed."""
+    proc = subprocess.Popen([sys.executable, "-c", NEVER_CLOSED, replica_1], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT})
     try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        for pid in engines_owned_by(proc.pid):     # what holds the pipe
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+        raise
     assert proc.returncode == 0, err[-2000:]
     pids = [int(p) for p in out.split()]
     assert len(pids) == 2
