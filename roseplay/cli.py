@@ -14,7 +14,8 @@ import sys
 from roseplay.cli_checks import (check_bench_config, check_compare, check_engine,
                                  check_engine_access, check_model, check_output_path,
                                  check_session)
-from roseplay.cli_flags import add_engine_flags, add_engine_key_flag, add_goodput_flag
+from roseplay.cli_flags import (add_engine_flags, add_engine_key_flag, add_goodput_flag,
+                                usage_error)
 from roseplay.tui.defaults import note_app_defaults
 from roseplay.tui.launch import CannotStart, run_tui
 from roseplay.workload.flags import add_workload_flags, number
@@ -44,7 +45,7 @@ class OneLineParser(argparse.ArgumentParser):
     """Bad flags: one line on stderr (not argparse's usage block) and exit status 2."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, usage_error(self.prog, message) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,15 +102,19 @@ def _bench(argv: list[str]) -> int:
                                       getattr(args, "engine_key", None))
                or check_bench_config(args))
     if problem:
-        return _fail(problem, prog="roseplay bench")
+        return _fail(problem, prog="roseplay bench", usage=True)
     try:
         return args.func(args) or 0
     except (InvalidRequestError, OSError) as exc:
         return _fail(str(exc), 1, prog="roseplay bench")
 
 
-def _fail(message: str, code: int = 2, prog: str = "roseplay") -> int:
-    """One line on stderr, prefixed as argparse's errors of the same command."""
+def _fail(message: str, code: int = 2, prog: str = "roseplay", usage: bool = False) -> int:
+    """One line on stderr, prefixed as argparse's errors of the same command; `usage`: a
+    bad flag, which ends as argparse's own (see PROG --help)."""
+    if usage:
+        print(usage_error(prog, message), file=sys.stderr)
+        return code
     first = message.strip().splitlines()[0] if message.strip() else "error"
     print(f"{prog}: error: {first}", file=sys.stderr)
     return code
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare and not problem:
         problem = check_compare(args)
     if problem:
-        return _fail(problem)
+        return _fail(problem, usage=True)
     try:
         return run_tui(args)
     except CannotStart as exc:

@@ -172,10 +172,7 @@ def check_bench_config(args) -> str | None:
         return str(exc)
     if problem:
         return problem
-    try:
-        knob, values = parse_ab(getattr(args, "ab", None)) or (None, [])
-    except ValueError:
-        return None              # the bench names a malformed --ab itself
+    knob, values = parse_ab(getattr(args, "ab", None)) or (None, [])   # parsed: its type
     for value in values:         # else the last value's engine fails after the others ran
         try:
             problem = config_problem(_bench_engine(args, {knob: value}))

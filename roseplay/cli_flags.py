@@ -194,6 +194,13 @@ def engine_addresses(args: argparse.Namespace) -> tuple[str | None, list[str] | 
     return None, given
 
 
+def usage_error(prog: str, message: str) -> str:
+    """A bad flag's one line, as every command prints it: argparse's own errors and the
+    checks after parsing read alike (`prog: error: ... (see prog --help)`)."""
+    first = message.strip().splitlines()[0] if message.strip() else "error"
+    return f"{prog}: error: {first} (see {prog} --help)"
+
+
 def say_on_stderr(prog: str):
     """A progress callback for attaching to running engines: `prog: text` on stderr."""
     return lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True)

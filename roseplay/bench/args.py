@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "(other seed), run and discarded before each measured run; the prefix "
                    "cache is cleared after them (default: 8).")
     b = p.add_argument_group("bench")
-    b.add_argument("--ab", metavar="KNOB=V1,V2,...", help="Run once per knob value; "
+    b.add_argument("--ab", metavar="KNOB=V1,V2,...", type=_ab_flag, help="Run once per knob value; "
                    "side-by-side table with ratios vs the first.")
     b.add_argument("--compare", choices=["hf"], help="Also run HF transformers (continuous "
                    "batching and plain generate) on the same workload and weights.")
@@ -85,12 +85,26 @@ def parse_ab(text: str | None) -> tuple[str, list] | None:
         return None
     name, sep, values = text.partition("=")
     if not sep or not values:
-        raise ValueError(f"--ab expects KNOB=V1,V2,..., got {text!r}")
+        raise ValueError(f"expected KNOB=V1,V2,..., got {text!r}")
     name = field_by_name(name.strip()).name
     parsed = [parse_knob_value(name, v.strip()) for v in values.split(",")]
     if len(parsed) < 2:
-        raise ValueError("--ab needs at least two values")
+        raise ValueError(f"needs at least two values, got {text!r}")
     return name, parsed
+
+
+def _ab_flag(text: str) -> str:
+    """--ab's argparse type: the text, once it parses, so that a bad value is argparse's
+    error naming the flag (`argument --ab: ...`), as every other flag's."""
+    try:
+        if parse_ab(text) is None:
+            raise ValueError(f"expected KNOB=V1,V2,..., got {text!r}")
+    except ValueError as exc:         # InvalidRequestError is one
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+_ab_flag.__name__ = "str"
 
 
 # engine knobs the HTTP bench reads itself: the model's name and tokenizer, the workload's seed

@@ -31,7 +31,7 @@ from roseplay.bench.args import (HF_BATCH_SIZE, add_arguments, check_args, parse
                                  recorded_args)
 from roseplay.bench.common import arrivals as _arrivals, progress as _progress, workload_items
 from roseplay.cli_flags import (engine_addresses, engine_kwargs, goodput_slos,
-                                 say_on_stderr)
+                                 say_on_stderr, usage_error)
 from roseplay.workload.driver import WorkloadDriver
 from roseplay.workload.items import WorkItem
 
@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         check_args(args)
         ab = parse_ab(args.ab)
     except ValueError as exc:      # one line on stderr, as argparse's own errors
-        print(f"roseplay bench: error: {exc}", file=sys.stderr)
+        print(usage_error("roseplay bench", str(exc)), file=sys.stderr)
         return 2
     if args.base_url:
         from roseplay.bench import http as bench_http   # lazy: the in-process bench needs no httpx

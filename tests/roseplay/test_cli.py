@@ -100,6 +100,8 @@ def test_each_bad_flag_exits_non_zero_with_one_line(argv, message, capsys, monke
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert err.startswith("roseplay: error:") and message in err
+    # as argparse's own errors: the checks after parsing left the pointer to --help out
+    assert err.endswith(" (see roseplay --help)\n"), err
 
 
 def test_compare_checks_each_sides_model_not_the_flags(monkeypatch):
@@ -177,9 +179,14 @@ BAD_BENCH_FLAGS = [
     (["--num-clients", "0"], "--num-clients: must be >= 1"),
     (["--json", "/nonexistent-dir/b.json"], "folder /nonexistent-dir does not exist"),
     (["--ab", "max_num_seqs=1,2", "--compare", "hf"], "use --ab or --compare, not both"),
+    # --ab's value is argparse's to refuse, naming the flag (it read '--ab expects ...')
+    (["--ab", "foo"], "argument --ab: expected KNOB=V1,V2,..., got 'foo'"),
+    (["--ab", "max_num_seqs=4"], "argument --ab: needs at least two values"),
+    (["--ab", "max_num_seqs=a,b"], "argument --ab: max_num_seqs expects int, got 'a'"),
+    (["--ab", ""], "argument --ab: expected KNOB=V1,V2,..., got ''"),
     (["--ab", "max_num_seqs=1,2", "--base-url", "http://127.0.0.1:9"],
      "--ab and --compare need the in-process engine"),
-    (["--ab", "nosuch=1,2"], "unknown knob 'nosuch'"),
+    (["--ab", "nosuch=1,2"], "argument --ab: unknown knob 'nosuch'"),
     (["--endpoint", "chat"], "--endpoint: HTTP client flags, they need --base-url"),
     (["--api-key", "k", "--num-clients", "2"], "--api-key, --num-clients: HTTP client flags"),
     (["--base-url", "http://127.0.0.1:9", "--tokenizer-free"], "unrecognized arguments"),
@@ -238,6 +245,8 @@ def test_each_bad_bench_flag_exits_2_with_one_line(argv, message, capsys, monkey
     assert rc == 2 and captured.err.count("\n") == 1, captured.err
     assert captured.err.startswith("roseplay bench: error:") and message in captured.err, \
         captured.err
+    if "ConnectError" not in message:     # a server not reached is no flag's fault
+        assert captured.err.endswith(" (see roseplay bench --help)\n"), captured.err
     assert "Traceback" not in captured.err + captured.out
 
 
@@ -251,7 +260,7 @@ def test_bench_device_cuda_without_cuda_exits_2(capsys):
     assert cli.main(["bench", "--model", "dummy:tiny", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err == ("roseplay bench: error: --device cuda: no CUDA device is visible here; "
-                   "use --device cpu (or auto)\n")
+                   "use --device cpu (or auto) (see roseplay bench --help)\n")
 
 
 def test_seed_is_the_workload_seed_with_running_engines(monkeypatch):
