@@ -20,6 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     rate = add_workload_flags(w, "bench")
     rate.add_argument("--submit-interval-ms", type=number(float, 0), default=None,
                       help="One request every MS milliseconds (0: all at once).")
+    w.add_argument("--burstiness", type=number(float, 0, strict=True), default=1.0,
+                   help="Shape of the gaps between --request-rate's arrivals, as vLLM's bench "
+                        "draws them (gamma, mean 1/rate): 1 is Poisson, below 1 burstier "
+                        "(requests come in clumps), above 1 more even (default: 1).")
     w.add_argument("--num-prompts", type=number(int, 1, MAX_PROMPTS), default=64,
                    help="Measured requests (default: 64).")
     w.add_argument("--range-ratio", "--random-range-ratio", type=_range_ratio, default=0.0,
@@ -150,6 +154,9 @@ def check_args(args) -> None:
         if engine_only:        # each was ignored: the server's engine is set where it starts
             raise ValueError(f"{', '.join(engine_only)}: the engine's own flags, not with "
                              "--base-url (the server's engine is set where it starts)")
+    if args.burstiness != 1.0 and args.request_rate is None:   # it shapes a rate's gaps
+        raise ValueError("--burstiness shapes the gaps of --request-rate: give a rate "
+                         "(without one every request is sent at once)")
     if args.hf_batch_size is not None and args.compare != "hf":
         raise ValueError("--hf-batch-size sets HF's batch: it needs --compare hf")
     if args.repeat > 1 and (args.ab or args.compare):

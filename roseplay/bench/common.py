@@ -24,12 +24,13 @@ def workload_items(args, tokenizer, vocab_size: int) -> tuple[list[WorkItem], li
 
 
 def arrivals(args) -> dict:
-    """The arrival process of the flags, as WorkloadDriver / arrival_offsets take it."""
+    """The arrival process of the flags, as WorkloadDriver / arrival_offsets take it
+    (the burstiness shapes the gaps of a request rate only)."""
     rate = args.request_rate
     if rate is not None and math.isinf(rate):
         rate = None
     interval = args.submit_interval_ms / 1000.0 if args.submit_interval_ms is not None else None
-    return {"request_rate": rate, "submit_interval": interval}
+    return {"request_rate": rate, "submit_interval": interval, "burstiness": args.burstiness}
 
 
 def progress(console: Console, args) -> Progress:

@@ -211,7 +211,7 @@ def _run_compare(args, console: Console, results: list) -> dict:
     prompts = [list(o.prompt_token_ids) for o in outputs if o.error is None]
     max_new = [it.params.max_tokens for it, o in zip(items, outputs) if o.error is None]
     hf_model.to(device)
-    if any(_arrivals(args).values()):
+    if _arrivals(args)["request_rate"] or args.submit_interval_ms:
         console.print("[yellow]note: HF requests all arrive at t=0 (burst); ours followed "
                       "the requested arrival process[/yellow]")
     console.print("[dim]running HF continuous batching...[/dim]")

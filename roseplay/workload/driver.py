@@ -1,7 +1,8 @@
 """WorkloadDriver: feeds scenario work items to an EngineLoop on one background thread.
 
 Arrival process (`next_gap`): a burst at t=0 (no rate, no interval), a fixed
-`submit_interval` (s), or Poisson arrivals at `request_rate` (req/s); an optional
+`submit_interval` (s), or arrivals at `request_rate` (req/s): Poisson, or gamma-distributed
+gaps of shape `burstiness` (vLLM's --burstiness; 1 is Poisson); an optional
 `concurrency` cap holds arrivals until a slot frees (like vLLM's --max-concurrency).
 One thread submits and consumes every stream by non-blocking polls (no thread per
 request); it never blocks the engine. TTFT is measured from submission (the engine
@@ -42,22 +43,27 @@ TOP_LOGPROBS = 5    # what a request asks for when the TUI should show its distr
 
 
 def next_gap(rng: random.Random, request_rate: float | None,
-             submit_interval: float | None) -> float:
-    """Seconds until the next arrival: 0 (burst), fixed interval, or exponential."""
+             submit_interval: float | None, burstiness: float = 1.0) -> float:
+    """Seconds until the next arrival: 0 (burst), fixed interval, or a gamma draw of
+    shape `burstiness` and mean 1 / request_rate, as vLLM's bench draws them: 1 is
+    exponential (Poisson arrivals), below 1 burstier, above 1 more even."""
     if submit_interval is not None:
         return submit_interval
     if request_rate is None or request_rate == float("inf"):
         return 0.0
-    return rng.expovariate(request_rate)
+    if burstiness == 1.0:     # the same draws as before the shape was a setting
+        return rng.expovariate(request_rate)
+    return rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness))
 
 
 def arrival_offsets(n: int, *, request_rate: float | None = None,
-                    submit_interval: float | None = None, seed: int = 0) -> list[float]:
+                    submit_interval: float | None = None, burstiness: float = 1.0,
+                    seed: int = 0) -> list[float]:
     """Arrival offsets (s) of n requests from t=0; the first arrives at 0."""
     rng, t, out = random.Random(seed), 0.0, []
     for i in range(n):
         if i:
-            t += next_gap(rng, request_rate, submit_interval)
+            t += next_gap(rng, request_rate, submit_interval, burstiness)
         out.append(t)
     return out
 
@@ -78,8 +84,9 @@ class WorkloadDriver:
 
     def __init__(self, loop, scenario: str | Iterable[WorkItem] = "shared-prefix", *,
                  concurrency: int | None = None, request_rate: float | None = None,
-                 submit_interval: float | None = None, num_requests: int | None = None,
-                 workload: dict | None = None, seed: int = 0, keep_outputs: int | None = None,
+                 submit_interval: float | None = None, burstiness: float = 1.0,
+                 num_requests: int | None = None, workload: dict | None = None,
+                 seed: int = 0, keep_outputs: int | None = None,
                  on_output: Callable[[RequestOutput], None] | None = None,
                  cancel_on_stop: bool = True, id_prefix: str | None = None,
                  epoch: float | None = None, logprobs_every: int = 0):
@@ -99,6 +106,7 @@ class WorkloadDriver:
         self.set_scenario(scenario)
         self.concurrency = concurrency
         self.request_rate, self.submit_interval = request_rate, submit_interval
+        self.burstiness = burstiness      # the gaps' gamma shape under request_rate
         maxlen = keep_outputs if keep_outputs is not None else (None if num_requests else 1024)
         self.outputs: deque[RequestOutput] = deque(maxlen=maxlen)
         self.in_flight: dict[str, tuple] = {}      # request id -> (stream, item)
@@ -249,7 +257,7 @@ class WorkloadDriver:
 
     def _advance_due(self, now: float) -> None:
         """Schedule the next arrival; an endless driver catches up at most 1 s of backlog."""
-        gap = next_gap(self._rng, self.request_rate, self.submit_interval)
+        gap = next_gap(self._rng, self.request_rate, self.submit_interval, self.burstiness)
         if not gap:
             self._next_due = now
         elif self.num_requests is None:

@@ -152,6 +152,24 @@ def test_bench_arrival_interval(tmp_path, capsys):
     assert all(b > a for a, b in zip(arr, arr[1:])) and arr[-1] - arr[0] >= 4 * 0.04 * 0.9
 
 
+def test_burstiness_is_taken_as_vllm_bench_serve_takes_it(tmp_path, capsys):
+    """--burstiness (vLLM's name: the gamma shape of --request-rate's gaps) is a flag of
+    the bench, recorded in --json; a vLLM command line with it was 'unrecognized
+    arguments'. Without a rate it shapes nothing: refused, as other flags that would be
+    ignored."""
+    path = tmp_path / "b.json"
+    rc, out = run_bench(capsys, "--num-prompts", "4", "--input-len", "8", "--output-len", "2",
+                        "--warmup", "0", "--request-rate", "200", "--burstiness", "0.5",
+                        "--json", str(path))
+    assert rc == 0 and "Successful requests:" in out
+    assert json.loads(path.read_text())["bench"]["burstiness"] == 0.5
+    assert bench.main([*BASE, "--burstiness", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--burstiness shapes the gaps of --request-rate" in err
+    with pytest.raises(SystemExit):
+        bench.main([*BASE, "--request-rate", "5", "--burstiness", "0"])
+
+
 @pytest.mark.slow
 def test_ab_prefix_caching_on_shared_prefix(tmp_path, capsys):
     path = tmp_path / "ab.json"

@@ -146,6 +146,25 @@ def test_arrival_offsets_interval_poisson_burst():
     assert pois == arrival_offsets(2000, request_rate=50.0, seed=1)
 
 
+def test_burstiness_shapes_the_gaps_of_a_rate():
+    """vLLM's --burstiness: gamma gaps of shape B and mean 1/rate; 1 is the Poisson process
+    (the same draws as without it), below 1 the gaps vary more (clumps), above 1 less. The
+    squared coefficient of variation of a gamma is 1/B."""
+    poisson = arrival_offsets(2000, request_rate=50.0, seed=1)
+    assert arrival_offsets(2000, request_rate=50.0, burstiness=1.0, seed=1) == poisson
+
+    def gaps(b):
+        t = arrival_offsets(4000, request_rate=50.0, burstiness=b, seed=3)
+        return [y - x for x, y in zip(t, t[1:])]
+
+    for b in (0.25, 4.0):
+        g = gaps(b)
+        assert statistics.mean(g) == pytest.approx(1 / 50.0, rel=0.1)
+        cv2 = statistics.pvariance(g) / statistics.mean(g) ** 2
+        assert cv2 == pytest.approx(1 / b, rel=0.25), b
+    assert arrival_offsets(3, submit_interval=0.5, burstiness=0.1) == [0, 0.5, 1.0]
+
+
 # -- driver --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def loop():
