@@ -176,7 +176,8 @@ class EngineConfig:
         1, "GPUs (ranks) one model is sharded over: heads, MLP and vocab split, one worker "
            "process per extra rank, NCCL on CUDA (gloo on CPU). Must divide the attention "
            "heads.", minimum=1)
-    seed: int = knob_field(0, "Seed for dummy weights and unseeded sampling.", minimum=0)
+    seed: int = knob_field(0, "Seed for dummy weights and unseeded sampling (replica r of "
+                                 "data parallelism samples with seed + r).", minimum=0)
     generation_config: str = knob_field(
         "auto", "Where default sampling parameters come from (vLLM's --generation-config): "
                 "auto (default): the model's generation_config.json (its "
@@ -295,6 +296,13 @@ class EngineConfig:
                                       f"{MAX_DP_SIZE}, got {rank}, {size}")
         w = self.kv_overlap_score_weight
         check_type("kv_overlap_score_weight", w, (int, float), 0)
+
+    @property
+    def sampler_seed(self) -> int:
+        """The seed of the sampler's own generator (unseeded requests): `seed` plus the
+        data-parallel rank, so that replicas draw apart (two unseeded samples of one
+        prompt on two replicas were the same text); weights use `seed` alone."""
+        return (self.seed + self.data_parallel_rank) % (MAX_SEED + 1)
 
     @property
     def kv_events_enabled(self) -> bool:

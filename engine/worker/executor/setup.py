@@ -163,7 +163,7 @@ def _build_runner(config: EngineConfig, device: torch.device, dtype: torch.dtype
                      max_graph_batch=max(config.scheduler.max_num_seqs, 256),
                      max_verify_rows=verify_rows(config),
                      max_mixed_graph_tokens=config.scheduler.max_num_batched_tokens
-                     if config.cudagraph_mode == "full" else 0, seed=config.seed,
+                     if config.cudagraph_mode == "full" else 0, seed=config.sampler_seed,
                      logprobs_mode=config.logprobs_mode, kv_cache_dtype=config.kv_cache_dtype,
                      calculate_kv_scales=config.calculate_kv_scales)
     # the host KV tier: each rank holds its shard of every host block

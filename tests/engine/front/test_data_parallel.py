@@ -39,6 +39,21 @@ def test_greedy_tokens_through_the_router_equal_one_engines(llm):
     assert llm.dp.router.routed == [3, 3]          # round robin: both replicas served
 
 
+def test_replicas_sample_apart(llm):
+    """Unseeded samples of one prompt on two replicas differ: each replica's sampler is
+    seeded with seed + its rank (both drew the same noise in lockstep: n=2 gave one text
+    twice). Seeded requests draw alike wherever they run."""
+    dp = llm.dp
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    one, two = (dp.submit(PROMPTS[1], sampled, data_parallel_rank=r).result(60)
+                for r in (0, 1))
+    assert one.outputs[0].token_ids != two.outputs[0].token_ids
+    seeded = sampled.replace(seed=9)
+    one, two = (dp.submit(PROMPTS[1], seeded, data_parallel_rank=r).result(60)
+                for r in (0, 1))
+    assert one.outputs[0].token_ids == two.outputs[0].token_ids
+
+
 def test_cache_aware_follows_the_replicas_caches(llm):
     dp = llm.dp
     dp.set_routing_policy("cache_aware")
