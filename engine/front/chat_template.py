@@ -122,13 +122,20 @@ def template_variables(template: str) -> frozenset[str]:
 def render(tokenizer, template: str, messages: list[dict],
            add_generation_prompt: bool = True,
            tools: list[dict] | None = None,
-           template_kwargs: dict | None = None) -> tuple[str, list[int]]:
+           template_kwargs: dict | None = None,
+           continue_final_message: bool = False) -> tuple[str, list[int]]:
     """The prompt text and its token ids (no extra special tokens: the template has them);
     `tools` go to templates that show them (the play template does not).
     `template_kwargs` (vLLM's chat_template_kwargs, check_template_kwargs) are set over
     these as template variables, those the template reads (others are dropped, as vLLM
-    does). A template error is an InvalidRequestError (the messages', or the template's,
-    fault)."""
+    does). `continue_final_message` (vLLM's, with add_generation_prompt false): the text
+    ends with the last message's content, which the model then continues (whatever the
+    template writes after it is cut, as transformers cuts it). A template error is an
+    InvalidRequestError (the messages', or the template's, fault)."""
+    if continue_final_message and add_generation_prompt:
+        raise InvalidRequestError("continue_final_message and add_generation_prompt cannot "
+                                  "both be true (the model either continues the last "
+                                  "message or starts a new one)")
     used = template_variables(template)
     variables = {"add_generation_prompt": add_generation_prompt, "tools": tools,
                  **{k: v for k, v in check_template_kwargs(template_kwargs).items()
@@ -146,8 +153,20 @@ def render(tokenizer, template: str, messages: list[dict],
                                                  tokenize=False, **variables)
     except Exception as exc:
         raise InvalidRequestError(f"chat template failed: {type(exc).__name__}: {exc}") from None
+    if continue_final_message:
+        text = _up_to_final(text, messages[-1].get("content"))
     check_text("messages", text)      # a lone surrogate fails in the tokenizer: refused here
     return text, list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _up_to_final(text: str, final) -> str:
+    """`text` cut after the last message's content (stripped, as transformers finds it)."""
+    final = (final or "").strip()
+    at = text.rfind(final) if final else -1
+    if at < 0:
+        raise InvalidRequestError("continue_final_message: the last message has no text "
+                                  "that the rendered prompt shows")
+    return text[:at + len(final)]
 
 
 @functools.cache

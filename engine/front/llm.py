@@ -168,13 +168,16 @@ class LLM:
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False, chat_template: str | None = None,
              add_generation_prompt: bool = True, tools: list[dict] | None = None,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None,
+             continue_final_message: bool = False) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a
         list of them, each rendered by `chat_template`, else the tokenizer's, else the
         bundled model's play template (engine/front/chat_template.py, as the server's
         chat completions), with `chat_template_kwargs` as extra template variables
         (enable_thinking, say), then generated as generate() does; one RequestOutput per
-        conversation."""
+        conversation. `continue_final_message` (with add_generation_prompt=False): the
+        model continues the last message (an assistant's start, say) instead of
+        answering it."""
         if self.tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer: chat needs one (use "
                                       "generate with token-id prompts)")
@@ -183,7 +186,8 @@ class LLM:
         for conversation in conversations(messages):
             text, ids = render(self.tokenizer, template, conversation,
                                check_bool("add_generation_prompt", add_generation_prompt), tools,
-                               chat_template_kwargs)
+                               chat_template_kwargs,
+                               check_bool("continue_final_message", continue_final_message))
             prompts.append({"prompt_token_ids": ids, "prompt": text})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

@@ -197,3 +197,23 @@ def test_chat_takes_chat_template_kwargs():
         assert plain.prompt == "Speak."
         with pytest.raises(InvalidRequestError, match="chat_template_kwargs cannot set tokenize"):
             llm.chat(user, sp, chat_template_kwargs={"tokenize": True})
+
+
+def test_chat_continues_the_final_message():
+    """vLLM's LLM.chat(continue_final_message=True, add_generation_prompt=False): the
+    prompt ends with the last message's text, which the model continues (the keyword was
+    a TypeError); with add_generation_prompt too it is refused, as vLLM refuses it."""
+    from engine import InvalidRequestError
+    import pytest
+    sp = SamplingParams(max_tokens=4, temperature=0.0)
+    start = [{"role": "user", "content": "Speak."}, {"role": "assistant", "content": "I will "}]
+    with LLM(model="default", device="cpu") as llm:
+        out, = llm.chat(start, sp, add_generation_prompt=False, continue_final_message=True)
+        assert out.prompt == "ROMEO.\nSpeak.\n\nJULIET.\nI will"
+        same, = llm.generate(out.prompt, sp)
+        assert same.outputs[0].token_ids == out.outputs[0].token_ids
+        with pytest.raises(InvalidRequestError, match="cannot both be true"):
+            llm.chat(start, sp, continue_final_message=True)
+        with pytest.raises(InvalidRequestError, match="last message has no text"):
+            llm.chat([*start[:1], {"role": "assistant", "content": None}], sp,
+                     add_generation_prompt=False, continue_final_message=True)
