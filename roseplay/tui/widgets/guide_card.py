@@ -8,7 +8,8 @@ import textwrap
 
 from rich.text import Text
 
-from roseplay.tui.guides.catalog import turn_hint
+from roseplay.tui.guides.catalog import find, turn_hint
+from roseplay.tui.guides.run import versus_name
 from roseplay.tui.widgets import theme
 from roseplay.tui.widgets.knob_words import SHORT_NAMES, fmt_value
 
@@ -21,6 +22,9 @@ def card_text(run, width: int, rows: int) -> Text:
     """At most `rows` lines of `width`: status first, then the verdicts, then the rest."""
     g = run.guide
     width = max(20, width)
+    # the setup the engine runs: the versus's while the run measures it (guide 5's head
+    # read "prefix cache ON" while guide 6's cache-off setup ran)
+    setup = find(g.versus) if getattr(run, "measuring_versus", False) else g
     t = Text(no_wrap=True, overflow="ellipsis")
     lines: list[tuple[str, str]] = []
 
@@ -31,14 +35,15 @@ def card_text(run, width: int, rows: int) -> Text:
         for line in wrapped[:wrap]:
             lines.append((line, style))
     knobs = ", ".join(f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}"
-                      for k, v in g.knobs.items()) or "default knobs"   # (7, 8: "random ·  ·")
-    rest_of_head = f" · {g.concurrency or 16} in flight" + \
-        (f" · routing {g.routing}" if g.routing else "")
+                      for k, v in setup.knobs.items()) or "default knobs"   # (7, 8: "random ·  ·")
+    rest_of_head = f" · {setup.concurrency or 16} in flight" + \
+        (f" · routing {setup.routing}" if setup.routing else "")
     narrow = width < 50         # 80x24: the verdicts before anything that can wait
     # narrow: the knobs first, so the setup's own knob is on the first line (guide 9's
     # "queue priority" was wrapped off, the line read "guide 9: mixed · queue")
-    head = (f"guide {g.key}: {knobs} · {g.scenario}" if narrow else
-            f"guide {g.key}: {g.scenario} · {knobs}") + rest_of_head
+    name = f"guide {g.key}" if setup is g else f"guide {g.key}, now {versus_name(setup.key)}"
+    head = (f"{name}: {knobs} · {setup.scenario}" if narrow else
+            f"{name}: {setup.scenario} · {knobs}") + rest_of_head
     marks = []
     for claim, ok in run.rows():
         mark, color = MARK[ok]

@@ -59,3 +59,16 @@ def test_guide_1s_ttft_claim_is_on_its_scorecard(mine, ok):
     assert rows[row] is ok, rows
     card = card_text(run, 30, 10).plain        # 80x24's scorecard: every verdict shown
     assert card.count("✓") + card.count("✗") == 4, card
+
+
+def test_the_cards_head_names_the_setup_that_runs():
+    """Guide 5's card, measuring guide 6 after `c`, read "guide 5: prefix cache ON" over
+    an engine running with the cache off."""
+    from roseplay.tui.widgets.guide_card import card_text
+    first, _ = snapshots()
+    run = GuideRun(BY_KEY["5"], first, {}, {})
+    assert "prefix cache ON" in card_text(run, 60, 10).plain.splitlines()[0]
+    run.measure_versus(BY_KEY["6"], first, {})
+    for width in (30, 60):
+        head = " ".join(card_text(run, width, 10).plain.splitlines()[:2])
+        assert "guide 5, now guide 6" in head and "prefix cache OFF" in head, head
