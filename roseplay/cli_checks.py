@@ -167,7 +167,8 @@ def check_bench_config(args) -> str | None:
             from engine.front.dp_attach import front_config
             front_config(attached, attached_kwargs(args))
             return None
-        problem = config_problem(_bench_engine(args, {}))
+        config = _bench_engine(args, {})
+        problem = config_problem(config) or every_request_refused(args, config)
     except ValueError as exc:          # InvalidRequestError is one
         return str(exc)
     if problem:
@@ -175,11 +176,48 @@ def check_bench_config(args) -> str | None:
     knob, values = parse_ab(getattr(args, "ab", None)) or (None, [])   # parsed: its type
     for value in values:         # else the last value's engine fails after the others ran
         try:
-            problem = config_problem(_bench_engine(args, {knob: value}))
+            config = _bench_engine(args, {knob: value})
+            problem = config_problem(config) or every_request_refused(args, config)
         except InvalidRequestError as exc:
             problem = str(exc)
         if problem:
             return f"--ab {knob}={value}: {problem}"
+    return None
+
+
+def every_request_refused(args, config) -> str | None:
+    """Why the engine would refuse every request of the bench's workload (None if some
+    may run): the random scenario's shortest prompt (--input-len less --range-ratio, exact
+    token ids) at or past max_model_len, or with its shortest max_tokens past a
+    --num-blocks pool. vLLM's bench sends such a run and reports each request failed
+    (0.00 everywhere); told before the engine starts, the flag to change is named. The
+    other scenarios' lengths are their own (the report explains each refusal)."""
+    from engine.config import InvalidRequestError, resolve_max_model_len
+    from engine.worker.models.config_check import local_context_length
+    if args.scenario != "random":
+        return None
+    r = args.range_ratio
+    prompt = max(1, int(args.input_len * (1 - r)))       # WorkloadSpec.sample_len's low end
+    out = max(1, int(args.output_len * (1 - r)))
+    given = f"--input-len {args.input_len}" + (f" --range-ratio {r:g}" if r else "")
+    model_len = local_context_length(config.model)
+    try:
+        max_len = (resolve_max_model_len(config.max_model_len, model_len) if model_len
+                   else config.max_model_len)
+    except InvalidRequestError:
+        return None                     # config_problem names it
+    if max_len is not None and prompt >= max_len:
+        return (f"{given}: every prompt has {prompt} tokens or more and max_model_len is "
+                f"{max_len} (a prompt leaves room for 1 token), so the engine would refuse "
+                f"every request; use --input-len {max_len - 1} or less")
+    if config.num_blocks is not None:
+        need = min(prompt + out, max_len or prompt + out)
+        capacity = config.num_blocks * config.block_size
+        if need > capacity:
+            return (f"{given} --output-len {args.output_len}: every request needs {need} "
+                    f"tokens or more and --num-blocks {config.num_blocks} holds {capacity}, "
+                    f"so the engine would refuse every request; use --num-blocks "
+                    f"{-(-need // config.block_size)} or more")
     return None
 
 

@@ -223,6 +223,16 @@ BAD_BENCH_FLAGS = [
     (["--max-model-len", "4096"], "max_model_len (4096) is greater than the model's maximum "
                                   "(max_position_embeddings=2048"),
     (["--ab", "max_model_len=512,4096"], "--ab max_model_len=4096: max_model_len (4096) is"),
+    # flags under which the engine refuses every request: the run printed 0.00 everywhere
+    (["--input-len", "5000"], "--input-len 5000: every prompt has 5000 tokens or more and "
+                              "max_model_len is 2048"),
+    (["--input-len", "4200", "--range-ratio", "0.5"],
+     "--input-len 4200 --range-ratio 0.5: every prompt has 2100 tokens or more"),
+    (["--num-blocks", "4", "--input-len", "60", "--output-len", "8"],
+     "every request needs 68 tokens or more and --num-blocks 4 holds 64, so the engine would "
+     "refuse every request; use --num-blocks 5 or more"),
+    (["--ab", "max_model_len=512,1024", "--input-len", "600"],
+     "--ab max_model_len=512: --input-len 600: every prompt has 600 tokens or more"),
 ]
 
 
@@ -275,4 +285,20 @@ def test_seed_is_the_workload_seed_with_running_engines(monkeypatch):
     assert cli.main(["--connect", "tcp://127.0.0.1:9", "--seed", "5"]) == 0
     args = add_arguments(__import__("argparse").ArgumentParser()).parse_args(["--engine-address", "tcp://127.0.0.1:9", "--engine-address",
                               "tcp://127.0.0.1:19", "--seed", "5"])
+    assert check_bench_config(args) is None
+
+
+@pytest.mark.parametrize("argv", [["--input-len", "2047", "--output-len", "64"],
+                                  ["--input-len", "3000", "--range-ratio", "0.5"],
+                                  ["--num-blocks", "5", "--input-len", "60", "--output-len", "8"],
+                                  ["--scenario", "shared-prefix", "--input-len", "5000"]])
+def test_a_bench_some_requests_of_which_may_run_is_not_refused(argv):
+    """The up-front refusal is for flags under which every request fails: a prompt that
+    fits (2047 < 2048), a range reaching below max_model_len, a pool just large enough,
+    a scenario whose lengths are its own, each runs (and reports what failed)."""
+    import argparse
+
+    from roseplay.bench.args import add_arguments
+    from roseplay.cli_checks import check_bench_config
+    args = add_arguments(argparse.ArgumentParser()).parse_args(["--model", "dummy:tiny", *argv])
     assert check_bench_config(args) is None
