@@ -123,10 +123,11 @@ class GuideRun:
         return text + (f" · needs {lacking[0]}" if lacking else "")
 
     def versus_hint(self, turn: str | None) -> str:
-        """How to measure the other side of a comparison, if it is not measured yet."""
+        """How to measure the other side of a comparison, if it is not measured yet nor
+        being measured (after `P` it still said to press `P`)."""
         versus = self.guide.versus
         if not any(d in COMPARED for d in self.guide.expect.values()) or \
-                versus in self.results:
+                versus in self.results or self.measuring_versus:
             return ""
         if turn:
             return f"for the comparison: {turn} (measures {versus_name(versus)})"

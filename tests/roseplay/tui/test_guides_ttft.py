@@ -68,7 +68,9 @@ def test_the_cards_head_names_the_setup_that_runs():
     first, _ = snapshots()
     run = GuideRun(BY_KEY["5"], first, {}, {})
     assert "prefix cache ON" in card_text(run, 60, 10).plain.splitlines()[0]
+    assert run.versus_hint("c") == "for the comparison: c (measures guide 6)"
     run.measure_versus(BY_KEY["6"], first, {})
+    assert run.versus_hint("c") == ""           # (c was pressed: it measures guide 6)
     for width in (30, 60):
         head = " ".join(card_text(run, width, 10).plain.splitlines()[:2])
         assert "guide 5, now guide 6" in head and "prefix cache OFF" in head, head
