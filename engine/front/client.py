@@ -91,7 +91,7 @@ class EngineClient(CoreControls):
         self._check_running()
         creq, text = self.inputs.process(prompt, params, request_id, priority)
         packed = self.transport.pack(creq)    # a value the wire refuses leaves no state
-        stream = RequestStream(creq.request_id, self._cancel_dropped)
+        stream = RequestStream(creq.request_id, self.cancel, self._cancel_dropped)
         on_event, on_finish = chain_sinks(stream, on_event, on_finish)
         with self._submit_lock:       # the front's table is the one place ids are live
             if self.outputs.has(creq.request_id):

@@ -221,7 +221,7 @@ class DPClient(CoreControls):
         rid, replica = creq.request_id, self.replicas[decision.chosen]
         args = (prompt, creq.params, rid)
         if on_event is None and on_finish is None:      # the caller reads a stream
-            stream = RequestStream(rid, self._cancel_dropped)
+            stream = RequestStream(rid, self.cancel, self._cancel_dropped)
             replica.submit(*args, on_event=self._tracked(rid, stream.sink),
                            priority=creq.priority).detach()
             return stream

@@ -19,13 +19,16 @@ class RequestStream:
     Several threads may read one stream: the final event wakes all of them.
     """
 
-    def __init__(self, request_id: str, cancel: Callable[[str], None]):
+    def __init__(self, request_id: str, cancel: Callable[[str], None],
+                 dropped: Callable[[str], None] | None = None):
+        """cancel: what `cancel()` calls; dropped: what a consumer dropping the stream
+        before its end calls (its error says so), `cancel` if None."""
         self.request_id = request_id
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._final: StreamEvent | None = None
         self.output: RequestOutput | None = None
         self._cancel = cancel
-        self._finalizer = weakref.finalize(self, cancel, request_id)
+        self._finalizer = weakref.finalize(self, dropped or cancel, request_id)
 
     @property
     def sink(self) -> Callable[[StreamEvent], None]:

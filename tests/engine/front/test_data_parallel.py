@@ -54,6 +54,20 @@ def test_replicas_sample_apart(llm):
     assert one.outputs[0].token_ids == two.outputs[0].token_ids
 
 
+def test_a_streams_cancel_is_the_callers_cancel(llm):
+    """A routed stream's cancel() ends its request on its replica as dp.cancel does
+    (cancelled, no error: it read as a dropped stream's)."""
+    dp = llm.dp
+    dp.pause()
+    try:
+        stream = dp.submit(PROMPTS[0], greedy(8))
+        stream.cancel()
+    finally:
+        dp.resume()
+    out = stream.result(60)
+    assert out.outputs[0].finish_reason == "cancelled" and out.error is None
+
+
 def test_cache_aware_follows_the_replicas_caches(llm):
     dp = llm.dp
     dp.set_routing_policy("cache_aware")

@@ -146,6 +146,18 @@ def test_cancel_ends_with_cancelled_and_no_error(api):
     assert api.wait_idle(TIMEOUT) and api.snapshot().num_used == 0
 
 
+def test_a_streams_cancel_is_the_callers_cancel(api):
+    """stream.cancel() ends the request as api.cancel does: cancelled, no error (it read
+    as a dropped stream's, 'stream dropped by its consumer')."""
+    api.pause()
+    stream = api.submit(PROMPTS[0], GREEDY)
+    stream.cancel()
+    out = stream.result(TIMEOUT)
+    assert out.outputs[0].finish_reason == "cancelled" and out.error is None
+    api.resume()
+    assert api.wait_idle(TIMEOUT)
+
+
 def test_a_dropped_stream_is_cancelled(api):
     api.pause()
     api.submit(PROMPTS[0], GREEDY, request_id="dropped")
