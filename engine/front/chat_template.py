@@ -160,13 +160,16 @@ def render(tokenizer, template: str, messages: list[dict],
 
 
 def _up_to_final(text: str, final) -> str:
-    """`text` cut after the last message's content (stripped, as transformers finds it)."""
-    final = (final or "").strip()
-    at = text.rfind(final) if final else -1
-    if at < 0:
+    """`text` cut after the last message's content, as transformers' apply_chat_template
+    cuts it: found stripped, its trailing spaces kept where the template kept them."""
+    final = final or ""
+    core = final.strip()
+    if not core or core not in text:
         raise InvalidRequestError("continue_final_message: the last message has no text "
                                   "that the rendered prompt shows")
-    return text[:at + len(final)]
+    at = text.rindex(core)
+    whole = len(final.lstrip())
+    return text[:at + whole] if text[at:at + whole] == final else text[:at + len(core)]
 
 
 @functools.cache

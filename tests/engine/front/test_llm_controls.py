@@ -209,7 +209,7 @@ def test_chat_continues_the_final_message():
     start = [{"role": "user", "content": "Speak."}, {"role": "assistant", "content": "I will "}]
     with LLM(model="default", device="cpu") as llm:
         out, = llm.chat(start, sp, add_generation_prompt=False, continue_final_message=True)
-        assert out.prompt == "ROMEO.\nSpeak.\n\nJULIET.\nI will"
+        assert out.prompt == "ROMEO.\nSpeak.\n\nJULIET.\nI will "   # (its space: kept)
         same, = llm.generate(out.prompt, sp)
         assert same.outputs[0].token_ids == out.outputs[0].token_ids
         with pytest.raises(InvalidRequestError, match="cannot both be true"):
