@@ -209,6 +209,10 @@ class MarkdownText(Static):
         self.source = source
 
 
+CLOSE_HINT = "↑↓ PgUp PgDn scroll · a guide's key runs it · esc closes"
+REPLAY_CLOSE_HINT = "↑↓ PgUp PgDn scroll · esc closes"
+
+
 class HelpScreen(ModalScreen):
     """A scrollable explanation; esc / q / ? close it, a digit picks a guide's setup
     (the app's `pick_guide`)."""
@@ -249,7 +253,10 @@ class HelpScreen(ModalScreen):
                                id="help-body")
 
     def on_mount(self) -> None:
-        self.query_one(VerticalScroll).focus()
+        scroll = self.query_one(VerticalScroll)
+        scroll.focus()
+        # how to move and leave, in view from the first page (it was said at the end only)
+        scroll.border_subtitle = CLOSE_HINT if self._kind == "live" else REPLAY_CLOSE_HINT
 
     def action_pick(self, key: str) -> None:
         """A digit: close, then switch the engine to that guide's setup (live only)."""

@@ -192,3 +192,14 @@ async def test_the_steps_legend_is_whole(size):
         rows = widget_text(strip).splitlines()
     legend = [row.strip("│ ") for row in rows if "█ decode" in row]
     assert legend and legend[0].endswith("changed"), rows
+
+
+@pytest.mark.parametrize("size", SIZES[:2])
+@sync
+async def test_the_help_says_how_to_leave_on_its_first_page(size):
+    """`?` at 80x24 opened a page with no footer and no word on scrolling or closing
+    (`esc, q or ? closes this screen` was its last line, screens below)."""
+    from tests.roseplay.tui.helpers import screen_text
+    from roseplay.tui.widgets.help import CLOSE_HINT
+    app, text = await after_keys(size, ("question_mark",), screen_text)
+    assert CLOSE_HINT in text, text
