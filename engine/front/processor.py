@@ -92,9 +92,10 @@ class InputProcessor:
             raise InvalidRequestError(f"n={params.n}: a request runs one sequence (LLM.generate "
                                       "fans n out; here submit n requests)")
         text, ids = self._tokenize(prompt)
-        if params.max_tokens is None:       # vLLM's None: the rest of the context
-            params = params.replace(max_tokens=min(MAX_TOKENS, max(1, self.max_model_len
-                                                                   - len(ids))))
+        if params.max_tokens is None:   # vLLM's None: the rest of the context, which is
+            #                             the pool's room where the pool holds less
+            context = min(self.max_model_len, self.num_blocks * self.block_size)
+            params = params.replace(max_tokens=min(MAX_TOKENS, max(1, context - len(ids))))
         self.validate_ids(ids, params)
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"model {self.model_name!r} has no tokenizer: stop strings "

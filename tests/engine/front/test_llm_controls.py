@@ -181,6 +181,20 @@ def test_max_tokens_none_runs_to_the_end_of_the_context():
     assert long.outputs[0].finish_reason == short.outputs[0].finish_reason == "length"
 
 
+def test_max_tokens_none_runs_to_the_end_of_a_pool_smaller_than_the_context():
+    """A KV pool that holds less than max_model_len (16 blocks of 4: 64 tokens of 2,048)
+    is the context's end for max_tokens=None: the request runs until the pool is full
+    (it was refused: 'prompt + max_tokens = 2048 tokens can never fit the KV pool')."""
+    import pytest
+    from engine import InvalidRequestError
+    with LLM(model="dummy:tiny", device="cpu", num_blocks=16, block_size=4) as llm:
+        out, = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=None, ignore_eos=True,
+                                                        temperature=0.0))
+        assert len(out.outputs[0].token_ids) == 61 and out.outputs[0].finish_reason == "length"
+        with pytest.raises(InvalidRequestError, match="can never fit the KV pool"):
+            llm.generate([list(range(1, 65))], SamplingParams(max_tokens=None))
+
+
 def test_chat_takes_chat_template_kwargs():
     """vLLM's LLM.chat(chat_template_kwargs=...): extra variables the template reads
     (the keyword was a TypeError); a reserved one is refused as the server refuses it."""
