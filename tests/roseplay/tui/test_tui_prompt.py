@@ -5,6 +5,7 @@ import pytest
 from textual import events
 
 from roseplay.tui.app import RoseplayApp
+from roseplay.tui.widgets.help import HelpScreen
 from roseplay.workload.own_prompts import own_request_id
 from tests.roseplay.tui.helpers import live_source, screen_text, sync, wait_for
 
@@ -109,8 +110,10 @@ async def test_what_is_typed_right_after_i_is_the_prompts():
             await pilot.pause()
             assert src.knobs == before and len(app.screen_stack) == 2
             assert app.screen.query_one("#slo-input").value == "ttft:9"
-            await pilot.press("escape", "question_mark")
-            await pilot.pause()
+            await pilot.press("escape")      # (a loaded box: the dialog gone before `?`,
+            assert await wait_for(pilot, lambda: len(app.screen_stack) == 1)   # which it
+            await pilot.press("question_mark")                                 # took)
+            assert await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
             await pilot.press("i")           # over the help screen: no prompt opens
             await pilot.pause()
             assert not app.prompt_bar.is_open
