@@ -9,6 +9,7 @@ import pytest
 from devtools.procs import process_state
 from engine import InvalidRequestError
 from engine.front.processor import InputProcessor
+from engine.outputs import EngineInfo
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
@@ -34,7 +35,8 @@ def refused(match, fn, *args, **kwargs):
 
 def add_request(eng, prompt, params=None, request_id=None, priority=0):
     """Validate like the front does and queue on the core; returns the core Request."""
-    creq, _ = InputProcessor.for_engine(eng).process(prompt, params, request_id, priority)
+    inputs = InputProcessor.of(eng.tokenizer, EngineInfo.of(eng))
+    creq, _ = inputs.process(prompt, params, request_id, priority)
     return eng.add(creq)
 
 

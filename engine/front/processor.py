@@ -75,11 +75,6 @@ class InputProcessor:
         return cls(tokenizer, info.model_name, info.vocab_size, info.max_model_len,
                    info.num_blocks, info.block_size, info.structured_outputs_backend)
 
-    @classmethod
-    def for_engine(cls, e) -> "InputProcessor":
-        """For an LLMEngine in this process (LLM)."""
-        return cls.of(e.tokenizer, EngineInfo.of(e))
-
     def process(self, prompt, params: SamplingParams | None = None,
                 request_id: str | None = None, priority: int = 0
                 ) -> tuple[CoreRequest, str | None]:
