@@ -44,6 +44,13 @@ def request_split(r, now: float, width: int = 1000, stopped: bool = False) -> Te
     longest form that fits `width`; or how far it got (queued so far, chunks so far;
     `stopped`: before the engine stopped, which ended the wait)."""
     parts = r.ttft_split()
+    if parts is None and r.ttft is not None:    # a recording made before the engine
+        #                                          stamped scheduled_ts: it read "TTFT:
+        #                                          never scheduled" for a decoding request
+        forms = [" (no queue/prefill split in this recording)", " (no split recorded)", ""]
+        t = Text(f"TTFT {fmt_ms(r.ttft)}", "bold")
+        return t.append(next(f for f in forms if t.cell_len + len(f) <= width or not f),
+                        "dim")
     if parts is None:
         return _unfinished(r, now, "before the stop" if stopped else "so far", width)
     forms = [_split_words(r, parts, bar, short, tight) for bar, short, tight in

@@ -220,7 +220,7 @@ def test_an_unfinished_ttft_counts_the_chunks_the_request_list_counts():
     from types import SimpleNamespace
 
     from roseplay.tui.widgets.ttft_split import request_split
-    r = SimpleNamespace(ttft_split=lambda: None, scheduled_ts=1.0, state="prefilling",
+    r = SimpleNamespace(ttft_split=lambda: None, ttft=None, scheduled_ts=1.0, state="prefilling",
                         queued_time=0.5, arrival_time=0.0, prefill_chunks=11, chunks_done=10,
                         preemptions=0)
     assert request_split(r, now=2.0).plain == (

@@ -257,3 +257,17 @@ def test_a_chunked_prompts_ttft_split_fits_the_selected_panel_at_80x24():
     assert "chunk 4→token 32.2ms" in request_split(r, now=2.0, width=80).plain
     r.prefill_chunks = 12
     assert request_split(r, now=2.0, width=42).plain == "TTFT 1550ms=queue 1397ms+12 chunks 152ms"
+
+
+@pytest.mark.parametrize("width", [42, 80])
+def test_a_recorded_ttft_without_its_split_is_not_never_scheduled(width):
+    """An older recording's requests have a TTFT and no scheduled_ts: the Selected panel
+    read `TTFT: never scheduled` for a decoding request whose row said 24.8ms."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.ttft_split import request_split
+    r = SimpleNamespace(ttft_split=lambda: None, ttft=0.0248, state="decoding",
+                        scheduled_ts=None, arrival_time=0.0)
+    shown = request_split(r, now=2.0, width=width).plain
+    assert shown.startswith("TTFT 24.8ms") and "never" not in shown, shown
+    assert len(shown) <= width
