@@ -70,6 +70,8 @@ def side_metrics(snap, window, slos: dict, stopped: bool = False) -> dict[str, f
     t50, t95 = pctl(ttft, (50, 95))
     good, total = goodput_share(snap, start, slos, requests) if slos else (0, 0)
     hit = window.hit_rate(recent=True)
+    if hit is None and not snap.knobs.enable_prefix_caching:
+        hit = 0.0     # no lookup, nothing reused: the hit plot's 0 (the cell read "-")
     nan = math.nan
     tok_rate = _or_nan(window.rate("generated_tokens"))
     out = {"ttft_p50": _or_nan(t50), "ttft_p95": _or_nan(t95),

@@ -353,6 +353,25 @@ def test_ratio_table_numbers_and_colours():
     assert _ratio_style(1.02, True) == "dim"
 
 
+def test_the_table_reads_a_hit_rate_of_0_with_the_cache_off():
+    """Side B with the cache off read `-` for its hit rate (and its B/A `-`), where the
+    side's hit plot reads 0 and its KV legend `off`: no prompt token is reused."""
+    import dataclasses
+
+    from roseplay.tui.widgets.counters import CounterWindow
+    from roseplay.tui.widgets.ratios import side_metrics
+    from tests.roseplay.tui.helpers import session_snapshot
+    first, last = session_snapshot(5), session_snapshot(25)
+    off = [dataclasses.replace(s, knobs=s.knobs.replace(enable_prefix_caching=False),
+                               counters=dataclasses.replace(
+                                   s.counters, prefix_hit_tokens=0, prefix_queried_tokens=0))
+           for s in (first, last)]
+    window = CounterWindow()
+    for snap in off:
+        window.feed(snap)
+    assert side_metrics(off[1], window, {})["hit"] == 0.0
+
+
 def test_replay_flag_opens_a_compare_recording_side_by_side():
     import argparse
     from roseplay.tui.app import RoseplayApp
