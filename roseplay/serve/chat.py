@@ -14,8 +14,7 @@ from roseplay.serve.constrained import decode_small
 from roseplay.serve.errors import invalid
 
 __all__ = ["PLAY_TEMPLATE", "check_continue", "check_default_kwargs", "load_template",
-           "open_final_message", "pick_template", "render", "request_kwargs", "template_kwargs",
-           "with_defaults"]
+           "pick_template", "render", "request_kwargs", "template_kwargs", "with_defaults"]
 KWARGS_FIELD = "chat_template_kwargs"
 
 
@@ -73,23 +72,11 @@ def with_defaults(defaults: dict, kwargs: dict) -> dict:
 
 def check_continue(continue_final_message: bool, add_generation_prompt: bool) -> None:
     """vLLM's continue_final_message goes on with the last message, so no new turn may
-    be opened after it (a 400, as vLLM's)."""
+    be opened after it: a 400 naming the field, before the render (whose own refusal,
+    the Python API's, would name `messages`)."""
     if continue_final_message and add_generation_prompt:
         raise invalid("continue_final_message and add_generation_prompt cannot both be "
                       "true (send add_generation_prompt: false)", "continue_final_message")
-
-
-def open_final_message(text: str, final: str, param: str) -> str:
-    """The rendered chat cut right after the last message's text, as transformers'
-    continue_final_message cuts it: what the template writes after a message (its end
-    of turn) goes, so the model continues that message."""
-    if final and final in text:
-        return text[:text.rindex(final) + len(final)].rstrip()
-    if final.strip() not in text:
-        raise invalid("continue_final_message: the chat template does not write the last "
-                      "message's text as it is, so there is no end of it to continue "
-                      "from", param)
-    return text[:text.rindex(final.strip()) + len(final.strip())]
 
 
 def render(tokenizer, template: str, messages: list[dict],
@@ -98,17 +85,13 @@ def render(tokenizer, template: str, messages: list[dict],
            kwargs: dict | None = None,
            continue_final_message: bool = False) -> tuple[str, list[int]]:
     """The prompt text and its token ids (engine/front/chat_template.py render, `kwargs`
-    its template_kwargs; `continue_final_message`: open_final_message); a 400 names
-    `param`, the request field the messages came from."""
+    its template_kwargs); a 400 names `param`, the request field the messages came
+    from."""
     if tokenizer is None:
         raise invalid("this model has no tokenizer: /v1/chat/completions and /v1/responses "
                       "need one (use /v1/completions with token-id prompts)", param)
     try:
-        text, ids = chat_template.render(tokenizer, template, messages, add_generation_prompt,
-                                         tools, kwargs)
+        return chat_template.render(tokenizer, template, messages, add_generation_prompt,
+                                    tools, kwargs, continue_final_message)
     except InvalidRequestError as exc:
         raise invalid(str(exc), param) from None
-    if continue_final_message:
-        text = open_final_message(text, messages[-1].get("content") or "", param)
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
-    return text, ids
