@@ -43,11 +43,13 @@ class FastTokenizer:
     anything else (chat templates, special-token attributes) from transformers'
     AutoTokenizer, loaded on first use."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, config: dict | None = None):
+        """config: tokenizer_config.json's contents as read at load (None: read here)."""
         from tokenizers import Tokenizer
         self.path = path
         self._tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
         self._hf = None
+        self._config = _tokenizer_config(path) if config is None else config
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # encode_batch, not encode: it releases the GIL, so a server that tokenizes a long
@@ -69,7 +71,7 @@ class FastTokenizer:
     def chat_template(self):
         """None where no file of the checkpoint holds a chat template (a server asks at
         start, and transformers would cost it seconds for that answer); else transformers'."""
-        if not _has_chat_template(self.path):
+        if not _has_chat_template(self.path, self._config):
             return None
         return self.__getattr__("chat_template")
 
@@ -102,17 +104,17 @@ def _tokenizer_config(path: str):
         return None
 
 
-def _has_chat_template(path: str) -> bool:
+def _has_chat_template(path: str, cfg) -> bool:
+    """cfg: its tokenizer_config.json's contents (_tokenizer_config)."""
     if any(os.path.exists(os.path.join(path, f)) for f in CHAT_TEMPLATE_FILES):
         return True
-    cfg = _tokenizer_config(path)
     return not isinstance(cfg, dict) or "chat_template" in cfg
 
 
-def _is_plain(path: str) -> bool:
+def _is_plain(path: str, cfg) -> bool:
+    """cfg: as _has_chat_template's; None: let transformers say what is wrong with it."""
     if not os.path.exists(os.path.join(path, "tokenizer.json")):
         return False
-    cfg = _tokenizer_config(path)      # None: let transformers say what is wrong with it
     return (isinstance(cfg, dict) and cfg.get("tokenizer_class") in PLAIN_CLASSES
             and cfg.get("clean_up_tokenization_spaces") is False
             and not any(k in cfg for k in ALTERING_OPTIONS))
@@ -122,9 +124,10 @@ def load_tokenizer_dir(path: str):
     """The tokenizer of a checkpoint directory; None when it has none."""
     if not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
         return None
-    if _is_plain(path):
+    cfg = _tokenizer_config(path)          # read once: the chat-template check reads it too
+    if _is_plain(path, cfg):
         try:
-            return FastTokenizer(path)
+            return FastTokenizer(path, cfg)
         except Exception as exc:
             raise InvalidRequestError(f"unreadable tokenizer in {path} (tokenizer.json): "
                                       f"{type(exc).__name__}: {exc}") from exc
