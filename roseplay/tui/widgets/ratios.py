@@ -49,7 +49,7 @@ METRICS = (
     Metric("ttft_p95", "TTFT p95", fmt_ms, False),
     Metric("itl_p50", "ITL p50", fmt_ms, False),
     Metric("done", "req done", _num, True),
-    Metric("kv_used", "KV used", _num, False),
+    Metric("kv_used", "KV now", _num, False),     # blocks in use now (not over 10 s)
     Metric("steps", "steps", _num, True),
 )
 

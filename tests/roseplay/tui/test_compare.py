@@ -347,6 +347,9 @@ def test_ratio_table_numbers_and_colours():
     assert m["tput"] == pytest.approx(made / (last.time - first.time))
     assert m["goodput"] == 1.0 and m["kv_used"] == last.num_used
     assert set(m) == {x.key for x in METRICS}
+    # under "B / A · last 10 s": the blocks in use are now's, and the column says so
+    assert m["kv_used"] == last.num_used and METRICS[[x.key for x in METRICS].index(
+        "kv_used")].title == "KV now"
     assert ratio(2.0, 1.0) == 2.0 and ratio(0, 0) == 1.0 and math.isnan(ratio(math.nan, 1.0))
     assert "#ff6b6b" in _ratio_style(2.0, higher_is_better=False)     # TTFT doubled: worse
     assert "#4cc97a" in _ratio_style(2.0, higher_is_better=True)      # tok/s doubled: better
