@@ -139,8 +139,7 @@ class DPClient(CoreControls):
 
     def _setup(self, config) -> None:
         first = self.replicas[0]
-        # replica 0's info with the smallest pool: a request the front takes fits every
-        # replica, so where the router sends it never decides whether it fails
+        # replica 0's info with the smallest pool: a request taken fits every replica
         self.info = msgspec.structs.replace(
             first.info, num_blocks=min(c.info.num_blocks for c in self.replicas))
         self.tokenizer = first.tokenizer
@@ -385,7 +384,6 @@ class DPClient(CoreControls):
 
     def _live(self) -> list[EngineClient]:
         return [c for r, c in enumerate(self.replicas) if self.alive(r)]
-
 
 
 def engine_front(*, label: str, snapshots: bool = True, address: str | None = None,

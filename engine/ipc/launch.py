@@ -34,7 +34,9 @@ def child_env() -> dict:
     return env
 
 
-_started: "weakref.WeakSet[subprocess.Popen]" = weakref.WeakSet()   # engines of this process
+# the engine processes started here -> the pid that started them (a forked child's exit
+# leaves its parent's alone)
+_started: "weakref.WeakKeyDictionary[subprocess.Popen, int]" = weakref.WeakKeyDictionary()
 
 
 @atexit.register
@@ -43,8 +45,8 @@ def _stop_started() -> None:
     never closed) gets SIGCONT and SIGTERM: one stopped (SIGSTOP, a debugger) would hold
     its parent's-death signal until continued, outliving its owner and holding the
     owner's stdout, so that a parent reading it waited forever."""
-    for proc in list(_started):
-        if proc.poll() is None:
+    for proc, owner in list(_started.items()):
+        if owner == os.getpid() and proc.poll() is None:
             try:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.terminate()
@@ -125,7 +127,7 @@ class EngineLaunch:
         try:
             self.proc = spawn(lambda: subprocess.Popen(
                 cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, env=env))
-            _started.add(self.proc)
+            _started[self.proc] = os.getpid()
         except BaseException:
             os.close(read_fd)
             self._remove_dir()
