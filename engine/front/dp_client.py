@@ -140,9 +140,8 @@ class DPClient(CoreControls):
     def _setup(self, config) -> None:
         first = self.replicas[0]
         # replica 0's info with the smallest pool: a request taken fits every replica
-        self.info = msgspec.structs.replace(
-            first.info, num_blocks=min(c.info.num_blocks for c in self.replicas))
-        self.tokenizer = first.tokenizer
+        self.info, self.tokenizer = msgspec.structs.replace(
+            first.info, num_blocks=min(c.info.num_blocks for c in self.replicas)), first.tokenizer
         self.inputs = InputProcessor.of(self.tokenizer, self.info)
         events = [c.transport.kv_events for c in self.replicas]    # their Welcomes'
         self.kv_index = KVIndexFeed([(e.endpoint, e.replay_endpoint) for e in events],
@@ -179,8 +178,7 @@ class DPClient(CoreControls):
         return None if not all(reasons) else reasons[0]
 
     def alive(self, rank: int) -> bool:
-        c = self.replicas[rank]
-        return c.fatal_error is None and not self.closed
+        return self.replicas[rank].fatal_error is None and not self.closed
 
     def set_routing_policy(self, policy: str) -> str:
         """Switch the routing policy live (InvalidRequestError for an unknown one)."""
