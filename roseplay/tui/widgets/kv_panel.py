@@ -90,23 +90,33 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
     elif tier == 0:
         since, recent_label = ("rst" if window.base is not None else "all", f"{seconds}s")
     off = not snap.knobs.enable_prefix_caching      # no lookups: the rate would be stale
+    lines = []
     for label, recent in ((recent_label, True), (since, False)):
         if recent and stopped:
-            t.append(f"\n{'now':<{pad}}", "dim")
-            t.append(f"{BLANK} the engine stopped", "dim")
+            lines.append((label, None))
             continue
         get = window.recent if recent else window.total
         hit, ev, pre, cow = ("off" if off and recent else _pct(window.hit_rate(recent)),
                              get("evictions"), get("preemptions"), get("cow_copies"))
         if recent:      # routine once the pool is full: a rate, not a flash or event each
             ev = f"{ev / max(window.span(), 1.0):.0f}/s"
-        forms = (f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
-                 f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
-                 f"hit {hit} ev {ev} pre {pre} C {cow}",
-                 f"hit {hit} ev {_k(ev)} pre {_k(pre)} C {_k(cow)}",
-                 f"hit {hit} ev{_k(ev)} pre{_k(pre)} C{_k(cow)}")[2 - tier:]
+        lines.append((label, (f"hit {hit:>4}  evicted {ev:<4} preempted {pre:<3} COW {cow}",
+                              f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
+                              f"hit {hit} ev {ev} pre {pre} C {cow}",
+                              f"hit {hit} ev {_k(ev)} pre {_k(pre)} C {_k(cow)}",
+                              f"hit {hit} ev{_k(ev)} pre{_k(pre)} C{_k(cow)}")[2 - tier:]))
+    # one wording for both lines, the longest that fits both (120x40 read "ev 203/s" above
+    # "evicted 5911"); a line that fits none takes its shortest
+    shown = [forms for _, forms in lines if forms is not None]
+    pick = next((i for i in range(len(shown[0])) if all(pad + len(f[i]) <= width
+                                                          for f in shown)), -1)
+    for label, forms in lines:
+        if forms is None:
+            t.append(f"\n{'now':<{pad}}", "dim")
+            t.append(f"{BLANK} the engine stopped", "dim")
+            continue
         t.append(f"\n{label:<{pad}}", "dim")
-        t.append(next((f for f in forms if pad + len(f) <= width), forms[-1]))
+        t.append(forms[pick])
     return t
 
 

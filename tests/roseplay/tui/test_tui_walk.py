@@ -203,3 +203,22 @@ async def test_the_help_says_how_to_leave_on_its_first_page(size):
     from roseplay.tui.widgets.help import CLOSE_HINT
     app, text = await after_keys(size, ("question_mark",), screen_text)
     assert CLOSE_HINT in text, text
+
+
+@pytest.mark.parametrize("width", [46, 50, 52, 60])
+def test_the_kv_legends_two_lines_read_one_wording(width):
+    """At 120x40 the last 10 s read `ev 203/s pre 0 C 0` above the totals' `evicted 5911 ·
+    preempted 0 · COW 0`: one line fit the long wording, the other not. Both take the
+    longest wording that fits both."""
+    from types import SimpleNamespace
+
+    from roseplay.tui.widgets.kv_panel import legend_text
+    counts = {"evictions": 5911, "preemptions": 0, "cow_copies": 0}
+    recent = {"evictions": 2030, "preemptions": 0, "cow_copies": 0}
+    window = SimpleNamespace(window=10.0, span=lambda: 10.0, base=None,
+                             peak_used=lambda snap: 244, hit_rate=lambda recent: 0.65,
+                             recent=recent.get, total=counts.get)
+    lines = legend_text(session_snapshot(12), None, "full", "", window, width).plain.splitlines()
+    recent_line, total_line = lines[-2], lines[-1]
+    assert all(len(line) <= width for line in lines[-2:]), lines
+    assert ("evicted" in recent_line) == ("evicted" in total_line), lines
