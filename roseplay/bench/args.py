@@ -9,6 +9,7 @@ import argparse
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
                                 add_goodput_flag, engine_addresses, engine_kwargs,
                                 field_by_name, parse_knob_value)
+from roseplay.bench.vllm_result import add_result_flags, check_result_flags
 from roseplay.workload.flags import add_workload_flags, number
 
 MAX_PROMPTS = 10 ** 7      # the workload is built as a list before the run
@@ -51,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_engine_address_flag(b)
     add_engine_key_flag(b)
     add_goodput_flag(b)
-    b.add_argument("--json", metavar="PATH", help="Write summary + per-request details.")
+    b.add_argument("--json", metavar="PATH", help="Write summary + per-request details "
+                   "(and vLLM's result fields, as --save-result).")
+    add_result_flags(b)
     b.add_argument("--no-progress", "--disable-tqdm", action="store_true",
                    help="No progress bar.")
     h = p.add_argument_group("HTTP client (roseplay/bench/http.py)")
@@ -157,6 +160,7 @@ def check_args(args) -> None:
     if args.burstiness != 1.0 and args.request_rate is None:   # it shapes a rate's gaps
         raise ValueError("--burstiness shapes the gaps of --request-rate: give a rate "
                          "(without one every request is sent at once)")
+    check_result_flags(args)
     if args.hf_batch_size is not None and args.compare != "hf":
         raise ValueError("--hf-batch-size sets HF's batch: it needs --compare hf")
     if args.repeat > 1 and (args.ab or args.compare):

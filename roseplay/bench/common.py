@@ -1,6 +1,6 @@
 """What both benches share (the in-process one, roseplay/bench/inproc.py, and the HTTP one,
-roseplay/bench/http.py): the workload of the bench flags, the arrival process and the
-progress bar. Its own module so that neither bench imports the other's privates."""
+roseplay/bench/http.py): the workload of the bench flags, the arrival process, the
+summary's options, the progress bar and the host CPU's name. Its own module so that neither bench imports the other's privates."""
 from __future__ import annotations
 
 import math
@@ -8,6 +8,7 @@ import math
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from roseplay.cli_flags import goodput_slos
 from roseplay.workload.items import WorkItem
 from roseplay.workload.scenarios import build_workload
 
@@ -33,7 +34,27 @@ def arrivals(args) -> dict:
     return {"request_rate": rate, "submit_interval": interval, "burstiness": args.burstiness}
 
 
+def summary_options(args) -> dict:
+    """report.summarize's keywords of the flags: --goodput's SLOs, --percentile-metrics,
+    --metric-percentiles."""
+    return {"slos": goodput_slos(args), "metrics": args.percentile_metrics,
+            "percentiles": args.metric_percentiles}
+
+
 def progress(console: Console, args) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console, transient=True,
                     disable=args.no_progress)
+
+
+def host_cpu() -> str:
+    """The host CPU's model name (numbers depend on it: the host prepares every step)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"

@@ -25,13 +25,13 @@ import time
 import httpx
 from rich.console import Console
 
-from roseplay.bench import report
+from roseplay.bench import report, vllm_result
 from roseplay.bench.args import recorded_args
 from roseplay.bench.clients import ClientLoad, ClientPool, Job, LoadInterrupted, run_load
-from roseplay.bench.common import arrivals, progress, workload_items
+from roseplay.bench.common import (arrivals, host_cpu, progress, summary_options,
+                                   workload_items)
 from roseplay.bench.sse import Outcome
 from roseplay.bench import http_replicas as replicas
-from roseplay.cli_flags import goodput_slos
 from roseplay.workload.driver import arrival_offsets
 from roseplay.workload.items import WorkItem
 
@@ -177,19 +177,23 @@ def run(args, console: Console) -> int:
         results = [_result(args, r[0], model) for r in runs]
         if partial:
             results.append(_result(args, partial, model, " (interrupted)"))
-        report.print_interrupted(console, results, time.perf_counter() - t0, args.json,
-                                 recorded_args(args), goodput_slos(args))
+        report.print_interrupted(
+            console, results, time.perf_counter() - t0, vllm_result.result_path(args, model),
+            {"bench": recorded_args(args)}, summary_options(args),
+            lambda reqs, summary: vllm_result.fields(args, reqs, summary, model))
         return 130
     reported = [_report(console, args, *run, model) for run in runs]
     results = [result for result, _ in reported]
-    if args.json:     # every run; the last one's requests and server deltas in full
+    path = vllm_result.result_path(args, model)
+    if path:     # every run; the last one's requests and server deltas in full
         result, payload = reported[-1]
-        payload["runs"] = [dict(report.run_payload(r, report.summarize(r, goodput_slos(args))),
-                                client=p["client"]) for r, p in reported]
-        report.dump_json(args.json, payload)
-        console.print(f"wrote {args.json}")
+        payload["runs"] = [dict(report.run_payload(r, p["summary"]), client=p["client"])
+                           for r, p in reported]
+        payload.update(vllm_result.fields(args, result.requests, payload["summary"], model))
+        report.dump_json(path, payload)
+        console.print(f"wrote {path}")
     if len(results) > 1:
-        report.print_repeats(console, results, report.host_cpu() + " (the client's)")
+        report.print_repeats(console, results, host_cpu() + " (the client's)")
         console.print(client_line([run[1] for run in runs]), highlight=False)
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
@@ -243,7 +247,7 @@ def _report(console: Console, args, outcomes: list[Outcome], client: ClientLoad,
     for o in [o for o in outcomes if o.error is not None][:3]:
         console.print(f"request {o.index} failed: {o.error}", highlight=False)
     result = _result(args, outcomes, model)
-    summary = report.summarize(result, goodput_slos(args))
+    summary = report.summarize(result, **summary_options(args))
     report.print_summary(console, result, summary)
     console.print(client_line([client]), highlight=False)
     server = {k: after[k] - before.get(k, 0.0) for k in after}

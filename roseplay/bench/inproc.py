@@ -26,12 +26,12 @@ from rich.console import Console
 from rich.progress import Progress
 
 from engine.config import SchedulerConfig
-from roseplay.bench import report
+from roseplay.bench import report, vllm_result
 from roseplay.bench.args import (HF_BATCH_SIZE, add_arguments, check_args, parse_ab,
                                  recorded_args)
-from roseplay.bench.common import arrivals as _arrivals, progress as _progress, workload_items
-from roseplay.cli_flags import (engine_addresses, engine_kwargs, goodput_slos,
-                                 say_on_stderr, usage_error)
+from roseplay.bench.common import (arrivals as _arrivals, host_cpu, progress as _progress,
+                                   summary_options, workload_items)
+from roseplay.cli_flags import engine_addresses, engine_kwargs, say_on_stderr, usage_error
 from roseplay.workload.driver import WorkloadDriver
 from roseplay.workload.items import WorkItem
 
@@ -241,7 +241,7 @@ def _run_single(args, console: Console, results: list) -> dict:
 
 
 def _report(console: Console, args, results, extra: dict, mode: str) -> None:
-    summaries = [report.summarize(r, goodput_slos(args)) for r in results]
+    summaries = [report.summarize(r, **summary_options(args)) for r in results]
     if mode == "single":          # every --repeat run, as the HTTP bench prints them
         for result, summary in zip(results, summaries):
             report.print_summary(console, result, summary)
@@ -257,14 +257,21 @@ def _report(console: Console, args, results, extra: dict, mode: str) -> None:
                       f"TTFT p50 HF CB / roseplay: x{report.ratio(cb['ttft_ms']['median'], ours['ttft_ms']['median']):.2f}; "
                       f"greedy token agreement: {100 * extra['greedy_agreement_vs_hf_cb']:.0f} %",
                       highlight=False)
-    if args.json:
+    path = vllm_result.result_path(args, _model(args))
+    if path:
         main = -1 if mode == "single" else 0    # the last --repeat run (as the HTTP
         payload = {"bench": recorded_args(args),  # bench's), else the first: the baseline
                    "mode": mode, "summary": summaries[main], "requests": results[main].requests,
                    "runs": [report.run_payload(r, s) for r, s in zip(results, summaries)]}
         payload[mode if mode != "single" else "info"] = extra
-        report.dump_json(args.json, payload)
-        console.print(f"wrote {args.json}")
+        payload.update(vllm_result.fields(args, results[main].requests, summaries[main],
+                                          _model(args)))
+        report.dump_json(path, payload)
+        console.print(f"wrote {path}")
+
+
+def _model(args) -> str:
+    return args.model or "default"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -292,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         return _interrupted(console, args, results, getattr(exc, "result", None), t0)
     _report(console, args, results, extra, mode)
     if len(results) > 1 and mode == "single":
-        report.print_repeats(console, results, report.host_cpu())
+        report.print_repeats(console, results, host_cpu())
     console.print(f"[dim]total wall time {time.perf_counter() - t0:.1f} s[/dim]")
     return 0 if all(r.failed == 0 for r in results) else 1
 
@@ -301,8 +308,11 @@ def _interrupted(console: Console, args, results: list, partial, t0: float) -> i
     """Ctrl-C: the engine is closed by now; report what was measured, exit 130 (SIGINT)."""
     if partial is not None and partial.requests:
         results.append(partial)
-    report.print_interrupted(console, results, time.perf_counter() - t0, args.json,
-                             recorded_args(args), goodput_slos(args))
+    model = _model(args)
+    report.print_interrupted(console, results, time.perf_counter() - t0,
+                             vllm_result.result_path(args, model), {"bench": recorded_args(args)},
+                             summary_options(args),
+                             lambda reqs, summary: vllm_result.fields(args, reqs, summary, model))
     return 130
 
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.table import Table
 
-from engine.metrics import Summary, goodput, prefix_hit_rate
+from engine.metrics import Summary, goodput, percentile, prefix_hit_rate
+from roseplay.bench.vllm_result import (DEFAULT_METRICS, DEFAULT_PERCENTILES, METRICS,
+                                        latencies, p_word)
 
 LATENCIES = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
              ("itl", "ITL", "Inter-token Latency"), ("e2e", "E2E", "End-to-end Latency"))
-STAT_COLUMNS = (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99"))
 
 
 @dataclass
@@ -140,9 +141,13 @@ def _ms(s: Summary) -> dict:
             "p99": s.p99 * scale, "max": s.max * scale, "count": s.count}
 
 
-def summarize(result: RunResult, slos: dict[str, float] | None = None) -> dict:
+def summarize(result: RunResult, slos: dict[str, float] | None = None,
+              metrics: tuple[str, ...] = DEFAULT_METRICS,
+              percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> dict:
     """The vLLM benchmark_serving numbers (latencies in ms) plus engine stats; with SLOs
-    (ms, `--goodput ttft:200 ...`), the request goodput too."""
+    (ms, `--goodput ttft:200 ...`), the request goodput too. Each latency holds mean,
+    median, p95, p99, max and `percentiles` (--metric-percentiles: p25, p99.9, ...);
+    `metrics` (--percentile-metrics, vLLM's names) are the ones the block prints."""
     reqs = result.requests
     n_in = sum(r["prompt_len"] for r in reqs)
     n_out = sum(r["output_len"] for r in reqs)
@@ -158,6 +163,13 @@ def summarize(result: RunResult, slos: dict[str, float] | None = None) -> dict:
     out["tpot_ms"] = _ms(Summary.of(r["tpot"] for r in reqs))
     out["itl_ms"] = _ms(Summary.of(x for r in reqs for x in r["itls"]))
     out["e2e_ms"] = _ms(Summary.of(r["e2e"] for r in reqs))
+    for name, key in METRICS.items():
+        stats = out[f"{key}_ms"]
+        for p in percentiles:
+            if f"p{p_word(p)}" not in stats:
+                values = latencies(reqs, name)
+                stats[f"p{p_word(p)}"] = 1000 * percentile(values, p) if values else 0.0
+    out["percentile_metrics"], out["metric_percentiles"] = list(metrics), list(percentiles)
     if slos:
         good, _ = goodput(((r["ttft"], r["tpot"], r["e2e"]) for r in reqs), slos, dur)
         out.update(goodput_slos_ms=dict(slos), good_requests=good, request_goodput=rate(good))
@@ -185,9 +197,15 @@ def print_summary(console: Console, result: RunResult, summary: dict | None = No
             ("Total token throughput (tok/s):", s["total_token_throughput"], ".2f")]
     for label, value, fmt in rows:
         console.print(f"{label:<40} {value:>10{fmt}}", highlight=False)
+    shown = {METRICS[m] for m in s.get("percentile_metrics", DEFAULT_METRICS)}
+    columns = [("mean", "Mean"), ("median", "Median")] + [
+        (f"p{p_word(p)}", f"P{p_word(p)}") for p in s.get("metric_percentiles",
+                                                          DEFAULT_PERCENTILES)]
     for key, short, long in LATENCIES:
+        if key not in shown:
+            continue
         console.print("{s:{c}^{n}}".format(s=f" {long} ", n=w, c="-"))
-        for stat, name in STAT_COLUMNS:
+        for stat, name in columns:
             console.print(f"{f'{name} {short} (ms):':<40} {s[key + '_ms'][stat]:>10.2f}",
                           highlight=False)
     if "engine" in s:
@@ -351,32 +369,24 @@ def print_repeats(console: Console, results: list[RunResult], cpu: str) -> None:
 
 
 def print_interrupted(console: Console, results: list[RunResult], elapsed: float,
-                      json_path: str | None, bench_args: dict,
-                      slos: dict[str, float] | None = None) -> None:
+                      json_path: str | None, payload: dict, options: dict | None = None,
+                      vllm_fields=None) -> None:
     """After Ctrl-C: every finished run and the finished part of the interrupted one
-    (with the goodput of `slos`, as a finished run's report)."""
+    (summarized with `options`, summarize's keywords, as a finished run's report);
+    `payload`: the JSON's fields besides the runs, `vllm_fields(records, summary)`:
+    vLLM's of the last run."""
     console.print(f"[yellow]interrupted after {elapsed:.1f} s[/yellow]")
     if not results:
         console.print("nothing was measured yet")
         return
-    summaries = [summarize(r, slos) for r in results]
+    summaries = [summarize(r, **(options or {})) for r in results]
     for result, summary in zip(results, summaries):
         print_summary(console, result, summary)
     if json_path:
-        dump_json(json_path, {"bench": bench_args, "mode": "interrupted",
-                              "summary": summaries[-1],
-                              "runs": [run_payload(r, s) for r, s in zip(results, summaries)]})
+        payload = dict(payload, mode="interrupted", summary=summaries[-1],
+                       runs=[run_payload(r, s) for r, s in zip(results, summaries)])
+        if vllm_fields:
+            payload.update(vllm_fields(results[-1].requests, summaries[-1]))
+        dump_json(json_path, payload)
         console.print(f"wrote {json_path}")
 
-
-def host_cpu() -> str:
-    """The host CPU's model name (numbers depend on it: the host prepares every step)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "unknown"

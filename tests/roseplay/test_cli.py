@@ -223,6 +223,17 @@ BAD_BENCH_FLAGS = [
     (["--max-model-len", "4096"], "max_model_len (4096) is greater than the model's maximum "
                                   "(max_position_embeddings=2048"),
     (["--ab", "max_model_len=512,4096"], "--ab max_model_len=4096: max_model_len (4096) is"),
+    # vLLM's result flags: a name without the file, two names for one file, bad values
+    (["--result-dir", "/tmp"], "--result-dir: where --save-result writes; give --save-result"),
+    (["--save-result", "--json", "/tmp/x.json"],
+     "--json PATH and --save-result each name the result file: give one"),
+    (["--save-result", "--result-dir", "/nonexistent-dir"],
+     "--result-dir /nonexistent-dir: no such folder"),
+    (["--metric-percentiles", "0"], "argument --metric-percentiles: each must be in (0, 100]"),
+    (["--metric-percentiles", "nan"], "argument --metric-percentiles: each must be in (0, 100]"),
+    (["--metric-percentiles", "p99"], "argument --metric-percentiles: expected numbers"),
+    (["--percentile-metrics", "ttft,e2e"],
+     "argument --percentile-metrics: expected some of ttft,tpot,itl,e2el, got 'ttft,e2e'"),
     # flags under which the engine refuses every request: the run printed 0.00 everywhere
     (["--input-len", "5000"], "--input-len 5000: every prompt has 5000 tokens or more and "
                               "max_model_len is 2048"),

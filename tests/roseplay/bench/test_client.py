@@ -138,6 +138,7 @@ def test_ctrl_c_reports_the_finished_requests(tmp_path, capsys, monkeypatch):
     data = json.loads(path.read_text())
     assert data["mode"] == "interrupted" and data["summary"]["successful_requests"] == 3
     assert data["summary"]["good_requests"] == 3
+    assert data["completed"] == 3 and data["backend"] == "openai"   # vLLM's fields too
 
 
 def test_a_server_refusing_the_models_call_is_one_line(capsys, monkeypatch):
