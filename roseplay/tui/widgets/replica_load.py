@@ -11,6 +11,7 @@ import numpy as np
 
 from engine.codes import PREEMPTED, RUNNING_STATES, WAITING
 from engine.metrics import prefix_hit_rate
+from roseplay.tui.widgets.latency import window_ttfts
 
 WINDOW = 10.0     # seconds, as the KV legend's and the Timing panel's "last 10 s"
 
@@ -24,7 +25,7 @@ class ReplicaFigures:
     used: int               # KV blocks in use
     total: int
     hit_rate: float | None  # last WINDOW s (None: no lookup)
-    ttft_p50: float | None  # s, requests that finished in the last WINDOW s
+    ttft_p50: float | None  # s, requests whose first token came in the last WINDOW s
     tok_s: float | None     # output tokens a second, last WINDOW s
     routed: int             # requests the router sent here
     step: int = 0           # its snapshot's (a dead replica's last: what its map shows)
@@ -64,8 +65,10 @@ class ReplicaWindows:
         t0, first = hist[0]
         last, span = snap.counters, snap.time - t0
         states = [r.state for r in snap.requests]
-        ttfts = [ttft for t, ttft, _ in snap.recent_latencies
-                 if snap.time - t <= WINDOW and ttft is not None]
+        # the Timing table's population: first tokens in the window (finished requests'
+        # alone left out the ones still decoding, and a replica's "TTFT p50" read
+        # another figure than the Timing table's)
+        ttfts = window_ttfts(snap.requests, snap.time - WINDOW)
         return ReplicaFigures(
             rank, alive, sum(s in (WAITING, PREEMPTED) for s in states),
             sum(s in RUNNING_STATES for s in states), snap.num_used, snap.num_blocks,

@@ -247,3 +247,21 @@ async def test_one_engine_has_no_replicas_and_refuses_the_key(monkeypatch):
             assert src.workload()["scenario"] == "shared-prefix"
     finally:
         src.close()
+
+
+def test_a_replicas_ttft_p50_is_the_timing_tables_figure():
+    """A replica's `TTFT p50` was the median of its finished requests' TTFTs, the Timing
+    table's of the first tokens in the window: two figures under one name."""
+    import dataclasses
+
+    from roseplay.tui.widgets.latency import pctl, window_ttfts
+    from roseplay.tui.widgets.replica_load import WINDOW, ReplicaWindows
+    from tests.roseplay.tui.helpers import session_snapshot
+    snap = session_snapshot(12)
+    base, t = snap.requests[0], snap.time
+    decoding = [dataclasses.replace(base, request_id=f"d{i}", state="decoding",
+                                    arrival_time=t - 2, ttft=1.0) for i in range(3)]
+    snap = dataclasses.replace(snap, requests=tuple(decoding),
+                               recent_latencies=((t - 1, 0.1, 0.01),))   # one finished
+    figures, = ReplicaWindows().figures([snap], [3], [True])
+    assert figures.ttft_p50 == pctl(window_ttfts(snap.requests, t - WINDOW), (50,))[0] == 1.0
