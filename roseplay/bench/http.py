@@ -31,6 +31,7 @@ from roseplay.bench.clients import ClientLoad, ClientPool, Job, LoadInterrupted,
 from roseplay.bench.common import (arrivals, host_cpu, progress, summary_options,
                                    workload_items)
 from roseplay.bench.sse import Outcome
+from roseplay.cli_flags import usage_error
 from roseplay.bench import http_replicas as replicas
 from roseplay.workload.driver import arrival_offsets
 from roseplay.workload.items import WorkItem
@@ -74,7 +75,7 @@ def request_body(item: WorkItem, model: str, endpoint: str, tokenizer) -> dict:
             prompt.get("prompt") or (tokenizer.decode(prompt["prompt_token_ids"]) if tokenizer
                                      else None))
         if text is None:
-            raise ValueError("chat needs text prompts: this model has no tokenizer "
+            raise ValueError(f"--endpoint chat needs text prompts: {model} has no tokenizer "
                              "(use --endpoint completions)")
         body["messages"] = [{"role": "user", "content": text}]
     return body
@@ -157,16 +158,19 @@ def run(args, console: Console) -> int:
         served = served_models(args.base_url, headers)   # reachable, key accepted: else
         model = args.model or served[0]                  # one line, not N failed requests
         if model not in served:                          # (each request's 404)
-            raise ValueError(f"model {model!r} is not served there (it serves: "
+            raise ValueError(f"--model {model}: not served at {args.base_url} (it serves: "
                              f"{', '.join(served)})")
         tokenizer, vocab = client_tokenizer(model)
         items, warmup = workload_items(args, tokenizer, vocab)
         job = load_job(args, items, model, tokenizer, headers, arrivals(args))
         warm_job = load_job(args, warmup, model, tokenizer, headers, {}) if warmup else None
-    except (httpx.HTTPError, OSError, ValueError) as exc:   # one line on stderr
+    except (httpx.HTTPError, OSError) as exc:   # one line on stderr
         first = (str(exc).splitlines() or [""])[0]     # httpx adds a line of MDN link
         print(f"roseplay bench: error: {args.base_url}: {type(exc).__name__}: {first}",
               file=sys.stderr)
+        return 2
+    except ValueError as exc:     # a flag the server or the model cannot take
+        print(usage_error("roseplay bench", str(exc)), file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     runs, measuring = [], [False]

@@ -175,4 +175,19 @@ def test_base_url_ending_in_v1_and_a_model_not_served(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert asked == ["http://127.0.0.1:9"]
     assert rc == 2 and err.count("\n") == 1, err
-    assert "model 'dummy:tiny' is not served there (it serves: default)" in err
+    assert err == ("roseplay bench: error: --model dummy:tiny: not served at "
+                   "http://127.0.0.1:9 (it serves: default) (see roseplay bench --help)\n")
+
+
+def test_chat_on_a_model_without_a_tokenizer_names_the_flag(capsys, monkeypatch):
+    """--endpoint chat on a dummy model (token ids, no text): the flag is named, as other
+    flag errors are (it read 'http://...: ValueError: chat needs text prompts')."""
+    from roseplay.bench import http, inproc
+    monkeypatch.setattr(http, "served_models", lambda url, headers: ["dummy:tiny"])
+    rc = inproc.main(["--base-url", "http://127.0.0.1:9", "--model", "dummy:tiny",
+                      "--endpoint", "chat", "--num-prompts", "2", "--warmup", "0",
+                      "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("roseplay bench: error: --endpoint chat needs text prompts: "
+                               "dummy:tiny has no tokenizer (use --endpoint completions) "
+                               "(see roseplay bench --help)\n"), err
