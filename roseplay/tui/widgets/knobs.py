@@ -192,8 +192,11 @@ class KnobsPanel(Widget):
             return Text()
         width = max(20, self.size.width or 60)
         text, name = self.help_line(read_only, workload), self.last_changed
+        scenario = SCENARIOS.get(workload.get("scenario") or "")
         if short and name and text.startswith(f"{name}: "):
             text = NARROW_NAMES.get(name, name) + text[len(name):]
+        elif short and name == "scenario" and scenario is not None and not read_only:
+            text = f"{scenario.name}: {scenario.description}"     # ("scenario… (? help)")
         lines = textwrap.wrap(text, width) or [""]
         if len(lines) > room:       # cut at a word (80x24 read "scheduling_mode: Wh…")
             lines = lines[:room]

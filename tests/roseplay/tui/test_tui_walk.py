@@ -73,7 +73,7 @@ async def test_a_knobs_explanation_on_the_message_line_ends_at_a_whole_word(size
 
 
 @pytest.mark.parametrize("size,key", [(SIZES[0], "m"), (SIZES[1], "m"), (SIZES[0], "minus"),
-                                      (SIZES[0], "c")])
+                                      (SIZES[0], "c"), (SIZES[0], "s")])
 @sync
 async def test_a_cut_knob_help_ends_at_a_whole_word(size, key):
     """The Knobs panel's help line after `m` read `scheduling_mode: Wh… (? help)` at
@@ -81,17 +81,21 @@ async def test_a_cut_knob_help_ends_at_a_whole_word(size, key):
     alone was cut (`max_num_batched_toke… (? help)`): a narrow panel's help names the
     knob as its row does (`budget: …`)."""
     from roseplay.tui.widgets.knobs import NARROW_NAMES
+    from roseplay.workload.scenarios import SCENARIOS
 
     def read(app):
         rows = widget_text(app.query_one(KnobsPanel)).splitlines()
-        return rows[-2], rows[1:-2]
-    app, (help_row, knob_rows) = await after_keys(size, (key,), read)
+        return rows[-2], rows[1:-2], app.source.workload()
+    app, (help_row, knob_rows, workload) = await after_keys(size, (key,), read)
     shown = help_row.strip("│ ")
     assert shown.endswith("… (? help)"), shown
     name = app.knobs.last_changed
-    full = app.knobs.help_line(False, {})
-    assert full.startswith(f"{name}: ")
-    if not any(f" {name} " in row for row in knob_rows):        # rows with short names
+    full = app.knobs.help_line(False, workload)
+    if name == "scenario":      # 80x24 read "scenario… (? help)": its name and words
+        scenario = SCENARIOS[workload["scenario"]]
+        full = f"{scenario.name}: {scenario.description}"
+    elif not any(f" {name} " in row for row in knob_rows):      # rows with short names
+        assert full.startswith(f"{name}: ")
         full = f"{NARROW_NAMES[name]}{full[len(name):]}"
     full = full.split()
     words = shown[:-len("… (? help)")].split()
