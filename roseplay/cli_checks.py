@@ -185,6 +185,34 @@ def check_bench_config(args) -> str | None:
     return None
 
 
+def shortest_random_request(args) -> tuple[int, int, str] | None:
+    """(prompt tokens, max_tokens, the flags that set them) of the random scenario's
+    shortest request: token ids, exact (None for the other scenarios)."""
+    if args.scenario != "random":
+        return None
+    r = args.range_ratio
+    prompt = max(1, int(args.input_len * (1 - r)))       # WorkloadSpec.sample_len's low end
+    out = max(1, int(args.output_len * (1 - r)))
+    return prompt, out, f"--input-len {args.input_len}" + (f" --range-ratio {r:g}" if r else "")
+
+
+def server_refuses_every_request(args, max_model_len: int | None) -> str | None:
+    """Why a server of `max_model_len` (its /v1/models card) would refuse every request
+    of the bench's workload (None if some may run): an OpenAI-compatible server (vLLM's,
+    roseplay's) refuses prompt + max_tokens past it. Token-id prompts on /v1/completions
+    only: chat text is tokenized again there, with the template's tokens."""
+    shortest = shortest_random_request(args)
+    if shortest is None or max_model_len is None or args.endpoint != "completions":
+        return None
+    prompt, out, given = shortest
+    if prompt + out <= max_model_len:
+        return None
+    return (f"{given} --output-len {args.output_len}: every request asks for {prompt + out} "
+            f"tokens or more (prompt + max_tokens) and the server's max_model_len is "
+            f"{max_model_len}, so it would refuse every request; ask for {max_model_len} "
+            f"or fewer")
+
+
 def every_request_refused(args, config) -> str | None:
     """Why the engine would refuse every request of the bench's workload (None if some
     may run): the random scenario's shortest prompt (--input-len less --range-ratio, exact
@@ -194,12 +222,9 @@ def every_request_refused(args, config) -> str | None:
     other scenarios' lengths are their own (the report explains each refusal)."""
     from engine.config import InvalidRequestError, resolve_max_model_len
     from engine.worker.models.config_check import local_context_length
-    if args.scenario != "random":
+    if (shortest := shortest_random_request(args)) is None:
         return None
-    r = args.range_ratio
-    prompt = max(1, int(args.input_len * (1 - r)))       # WorkloadSpec.sample_len's low end
-    out = max(1, int(args.output_len * (1 - r)))
-    given = f"--input-len {args.input_len}" + (f" --range-ratio {r:g}" if r else "")
+    prompt, out, given = shortest
     model_len = local_context_length(config.model)
     try:
         max_len = (resolve_max_model_len(config.max_model_len, model_len) if model_len

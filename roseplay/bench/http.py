@@ -31,6 +31,7 @@ from roseplay.bench.clients import ClientLoad, ClientPool, Job, LoadInterrupted,
 from roseplay.bench.common import (arrivals, host_cpu, progress, summary_options,
                                    workload_items)
 from roseplay.bench.sse import Outcome
+from roseplay.cli_checks import server_refuses_every_request
 from roseplay.cli_flags import usage_error
 from roseplay.bench import http_replicas as replicas
 from roseplay.workload.driver import arrival_offsets
@@ -40,10 +41,12 @@ ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 # -- model / tokenizer ----------------------------------------------------------------------
-def served_models(base_url: str, headers: dict) -> list[str]:
+def served_models(base_url: str, headers: dict) -> dict[str, int | None]:
+    """The server's models: id -> its max_model_len (vLLM's model card field; None where
+    the server does not say)."""
     r = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
     r.raise_for_status()
-    return [m["id"] for m in r.json()["data"]]
+    return {m["id"]: m.get("max_model_len") for m in r.json()["data"]}
 
 
 def client_tokenizer(model: str):
@@ -156,10 +159,12 @@ def run(args, console: Console) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         served = served_models(args.base_url, headers)   # reachable, key accepted: else
-        model = args.model or served[0]                  # one line, not N failed requests
+        model = args.model or next(iter(served))        # one line, not N failed requests
         if model not in served:                          # (each request's 404)
             raise ValueError(f"--model {model}: not served at {args.base_url} (it serves: "
                              f"{', '.join(served)})")
+        if problem := server_refuses_every_request(args, served[model]):
+            raise ValueError(problem)
         tokenizer, vocab = client_tokenizer(model)
         items, warmup = workload_items(args, tokenizer, vocab)
         job = load_job(args, items, model, tokenizer, headers, arrivals(args))

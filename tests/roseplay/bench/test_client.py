@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from roseplay.bench.clients import ClientPool, Job, run_load, split
-from roseplay.bench.sse import SSEParser, has_output
+from roseplay.bench.sse import Outcome, SSEParser, has_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -111,7 +111,6 @@ def test_ctrl_c_reports_the_finished_requests(tmp_path, capsys, monkeypatch):
     import signal
 
     from roseplay.bench import clients, http, inproc
-    from roseplay.bench.sse import Outcome
 
     async def send(http_client, path, body, index, prompt_len):
         if index == 3:                      # Ctrl-C while request 3 is in flight
@@ -123,7 +122,7 @@ def test_ctrl_c_reports_the_finished_requests(tmp_path, capsys, monkeypatch):
                                "last_token_time": t + 0.02})
 
     monkeypatch.setattr(clients, "send", send)
-    monkeypatch.setattr(http, "served_models", lambda url, headers: ["dummy:tiny"])
+    monkeypatch.setattr(http, "served_models", lambda url, headers: {"dummy:tiny": 2048})
     monkeypatch.setattr(http, "reset_prefix_cache", lambda url, headers: True)
     monkeypatch.setattr(http, "scrape_counters", lambda url, headers: {})
     monkeypatch.setattr(http.replicas, "scrape", lambda url, headers: None)
@@ -169,7 +168,7 @@ def test_base_url_ending_in_v1_and_a_model_not_served(capsys, monkeypatch):
     from roseplay.bench import http, inproc
     asked = []
     monkeypatch.setattr(http, "served_models", lambda url, headers: asked.append(url) or
-                        ["default"])
+                        {"default": None})
     rc = inproc.main(["--base-url", "http://127.0.0.1:9/v1/", "--model", "dummy:tiny",
                       "--seed", "3", "--num-prompts", "2", "--warmup", "0", "--no-progress"])
     err = capsys.readouterr().err
@@ -183,7 +182,7 @@ def test_chat_on_a_model_without_a_tokenizer_names_the_flag(capsys, monkeypatch)
     """--endpoint chat on a dummy model (token ids, no text): the flag is named, as other
     flag errors are (it read 'http://...: ValueError: chat needs text prompts')."""
     from roseplay.bench import http, inproc
-    monkeypatch.setattr(http, "served_models", lambda url, headers: ["dummy:tiny"])
+    monkeypatch.setattr(http, "served_models", lambda url, headers: {"dummy:tiny": 2048})
     rc = inproc.main(["--base-url", "http://127.0.0.1:9", "--model", "dummy:tiny",
                       "--endpoint", "chat", "--num-prompts", "2", "--warmup", "0",
                       "--no-progress"])
@@ -191,3 +190,40 @@ def test_chat_on_a_model_without_a_tokenizer_names_the_flag(capsys, monkeypatch)
     assert rc == 2 and err == ("roseplay bench: error: --endpoint chat needs text prompts: "
                                "dummy:tiny has no tokenizer (use --endpoint completions) "
                                "(see roseplay bench --help)\n"), err
+
+
+@pytest.mark.parametrize("argv, refused", [
+    (["--input-len", "2040", "--output-len", "16"], True),      # 2056 > 2048
+    (["--input-len", "2032", "--output-len", "16"], False),     # 2048: it fits
+    (["--input-len", "4000", "--range-ratio", "0.5"], False),   # from 2000 + 32: some fit
+    (["--input-len", "4000", "--scenario", "shared-prefix"], False),   # its own lengths
+])
+def test_a_workload_the_server_refuses_whole_is_refused_before_it_runs(argv, refused, capsys,
+                                                                        monkeypatch):
+    """The server's max_model_len (its /v1/models card, vLLM's field) against the random
+    scenario's shortest prompt + max_tokens: every request would be a 400 (the run printed
+    0.00 everywhere), so the bench says which flags, exit 2, before any request."""
+    from roseplay.bench import clients, http, inproc
+    sent = []
+
+    async def send(http_client, path, body, index, prompt_len):
+        sent.append(index)
+        return Outcome(index, None, "HTTP 400")
+
+    monkeypatch.setattr(clients, "send", send)
+    monkeypatch.setattr(http, "served_models", lambda url, headers: {"dummy:tiny": 2048})
+    monkeypatch.setattr(http, "reset_prefix_cache", lambda url, headers: True)
+    monkeypatch.setattr(http, "scrape_counters", lambda url, headers: {})
+    monkeypatch.setattr(http.replicas, "scrape", lambda url, headers: {"engines": {}, "routing": None})
+    rc = inproc.main(["--base-url", "http://127.0.0.1:9", "--model", "dummy:tiny",
+                      "--output-len", "32", "--num-prompts", "2", "--warmup", "0",
+                      "--no-progress", *argv])
+    err = capsys.readouterr().err
+    if refused:
+        assert rc == 2 and sent == [] and err == (
+            "roseplay bench: error: --input-len 2040 --output-len 16: every request asks for "
+            "2056 tokens or more (prompt + max_tokens) and the server's max_model_len is "
+            "2048, so it would refuse every request; ask for 2048 or fewer (see roseplay "
+            "bench --help)\n"), err
+    else:
+        assert sent == [0, 1] and rc == 1        # sent, each failed (the stub's 400)

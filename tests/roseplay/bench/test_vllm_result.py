@@ -55,7 +55,7 @@ def test_percentile_flags_shape_the_block_and_the_file(tmp_path, capsys, monkeyp
                                "arrival_time": t, "last_token_time": t + 0.05})
 
     monkeypatch.setattr(clients, "send", send)
-    monkeypatch.setattr(http, "served_models", lambda url, headers: ["dummy:tiny"])
+    monkeypatch.setattr(http, "served_models", lambda url, headers: {"dummy:tiny": 2048})
     monkeypatch.setattr(http, "reset_prefix_cache", lambda url, headers: True)
     monkeypatch.setattr(http, "scrape_counters", lambda url, headers: {})
     monkeypatch.setattr(http.replicas, "scrape",
