@@ -143,9 +143,22 @@ def _slo(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _SLOs(argparse.Action):
+    """--goodput's SLOs, each metric once: `ttft:200 ttft:50` kept the last one silently."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        names = [name for name, _ in values]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise argparse.ArgumentError(self, f"{', '.join(twice)} given more than once "
+                                               "(one value per metric)")
+        setattr(namespace, self.dest, values)
+
+
 def add_goodput_flag(group) -> None:
     """`--goodput ttft:MS tpot:MS e2el:MS` (vLLM's spelling), for the bench and the app."""
     group.add_argument("--goodput", nargs="+", type=_slo, metavar="KEY:MS", default=None,
+                       action=_SLOs,
                        help="Service-level objectives in ms (keys ttft, tpot, e2el; any "
                             "subset): goodput counts the requests that meet every one of "
                             "them, per second (vLLM's --goodput, from DistServe).")

@@ -223,6 +223,8 @@ BAD_BENCH_FLAGS = [
     (["--max-model-len", "4096"], "max_model_len (4096) is greater than the model's maximum "
                                   "(max_position_embeddings=2048"),
     (["--ab", "max_model_len=512,4096"], "--ab max_model_len=4096: max_model_len (4096) is"),
+    (["--goodput", "ttft:5", "e2el:9", "ttft:6"],
+     "argument --goodput: ttft given more than once (one value per metric)"),
     # vLLM's result flags: a name without the file, two names for one file, bad values
     (["--result-dir", "/tmp"], "--result-dir: where --save-result writes; give --save-result"),
     (["--save-result", "--json", "/tmp/x.json"],
