@@ -113,10 +113,17 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix, in every replica (vLLM's LLM.reset_prefix_cache)."""
+        self._check_open()
         if self.dp is not None:
             self.dp.reset_prefix_cache()
         else:
             self._engine().clear_prefix_cache()
+
+    def _check_open(self) -> None:
+        """RuntimeError once close() ran, wherever the engines run (a closed front's
+        reset_prefix_cache did nothing)."""
+        if (self.dp.closed if self.dp is not None else self.engine is None):
+            raise RuntimeError("this LLM is closed")
 
     def _engine(self) -> LLMEngine:
         if self.engine is None:
@@ -147,8 +154,7 @@ class LLM:
         `use_tqdm`: a progress bar of finished requests on stderr (vLLM's keyword; off by
         default here, so a script's output is its own), or the function that makes it.
         """
-        if self.dp is None:
-            self._engine()
+        self._check_open()
         if on_step is not None and not callable(on_step):    # (it raised mid-run)
             raise InvalidRequestError(f"on_step must be callable, got {type(on_step).__name__}")
         prompts = _prompt_list(prompts)

@@ -35,6 +35,19 @@ def test_plain_llm_twice_and_as_a_context_manager():
     assert second.engine is None
 
 
+def test_a_closed_llm_says_so_wherever_its_engines_ran():
+    """With its engines in their own processes too: generate and
+    reset_prefix_cache raise 'this LLM is closed' (reset_prefix_cache did nothing,
+    generate said 'engine is stopped (closed)')."""
+    llm = LLM(model="dummy:tiny", device="cpu", num_blocks=64, data_parallel_size=2)
+    assert llm.generate([[1, 2, 3]], GREEDY)[0].outputs[0].finish_reason == "length"
+    llm.close()
+    llm.close()
+    for call in (lambda: llm.generate([[1, 2, 3]], GREEDY), llm.reset_prefix_cache):
+        with pytest.raises(RuntimeError, match="^this LLM is closed$"):
+            call()
+
+
 @pytest.mark.slow
 def test_tensor_parallel_llm_twice_in_one_process():
     with LLM(**KNOBS) as ref:
