@@ -38,8 +38,9 @@ class Guide:
     `versus` is the guide it is measured against (the other side of its compare pair,
     `compare`: run both at once with `roseplay --compare KNOB=A,B`), and `expect` the
     direction of each named number: "lower" / "higher" / "no later" (at most x1.5) than
-    the `versus` guide's, or ">0" / "=0" on its own. tests/roseplay/tui/test_guides_verified.py checks every one of them on
-    the bundled model on the CPU.
+    the `versus` guide's, or ">0" / "=0" on its own.
+    tests/roseplay/tui/test_guides_verified.py checks every one of them on the bundled
+    model on the CPU.
     """
     key: str
     claim: str

@@ -45,7 +45,8 @@ NEEDS = {"ttft_p50": ("first tokens", 8), "ttft_p90": ("first tokens", 8),
          "queued": ("samples", 10)}
 # a TTFT here counts a request still waiting for its first token with its wait so far:
 # the Timing table's "TTFT" (first tokens only) is another figure, and its name says so
-NAMES = {"ttft_p50": "TTFT p50 incl. waiting", "ttft_p90": "TTFT p90 incl. waiting", "tpot_p50": "TPOT p50",
+NAMES = {"ttft_p50": "TTFT p50 incl. waiting", "ttft_p90": "TTFT p90 incl. waiting",
+         "tpot_p50": "TPOT p50",
          "itl_p50": "ITL p50", "itl_p99": "ITL p99", "tok_s": "output tok/s",
          "hit_rate": "prefix hit rate", "chunks_p90": "chunks per prompt p90",
          "mixed_steps": "mixed steps", "running": "running (mean)",

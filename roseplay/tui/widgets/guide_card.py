@@ -34,8 +34,8 @@ def card_text(run, width: int, rows: int) -> Text:
             wrapped[wrap - 1] = wrapped[wrap - 1][:width - 1] + "…"
         for line in wrapped[:wrap]:
             lines.append((line, style))
-    knobs = ", ".join(f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}"
-                      for k, v in setup.knobs.items()) or "default knobs"   # (7, 8: "random ·  ·")
+    knobs = ", ".join(f"{SHORT_NAMES.get(k, k)} {fmt_value(k, v)}"      # (7, 8: "random ·  ·")
+                      for k, v in setup.knobs.items()) or "default knobs"
     rest_of_head = f" · {setup.concurrency or 16} in flight" + \
         (f" · routing {setup.routing}" if setup.routing else "")
     narrow = width < 50         # 80x24: the verdicts before anything that can wait
