@@ -14,6 +14,7 @@ import asyncio
 import math
 import multiprocessing as mp
 import queue
+import signal
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from roseplay.bench.sse import Outcome, send
 
 TIMEOUT_S = 6 * 3600
 JOIN_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0      # a stopped client process's share comes back within it
 
 
 @dataclass
@@ -53,8 +55,8 @@ class ClientLoad:
 
 
 class LoadInterrupted(Exception):
-    """Ctrl-C during a load: `outcomes`, the requests this process saw finish before it
-    (none from client processes: each drops its share)."""
+    """Ctrl-C during a load: `outcomes`, the requests that finished before it (this
+    process's, or what each client process sends back as it stops)."""
 
     def __init__(self, outcomes: list[Outcome]):
         super().__init__("interrupted")
@@ -99,16 +101,37 @@ def run_loop(coro):
         return asyncio.run(coro)
     return uvloop.run(coro)
 
+async def _stoppable(job: Job, tick, ready, finished: list) -> tuple[list[Outcome], float, float]:
+    """drive(), cancelled by SIGTERM (the parent's stop on Ctrl-C) through the event loop:
+    an exception raised by a plain signal handler can land in a transport's write, which
+    takes it for a broken socket and runs on."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+    try:
+        return await drive(job, tick, ready, finished)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
 def _worker(inbox, barrier, done, results) -> None:
     """A client process: for each job (None: stop), build its HTTP client, wait for the
     others, run its share, send back what it saw. It lives for the whole bench, so the
-    warm-up also warms it (lazy imports, first-call code paths)."""
+    warm-up also warms it (lazy imports, first-call code paths). Ctrl-C is the parent's
+    to handle (the terminal sends it to the whole group): the parent's SIGTERM stops a
+    run, and the requests that finished go back as ("stopped", outcomes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     def tick():
         with done.get_lock():
             done.value += 1
-    while (job := inbox.get()) is not None:
+    while (job := inbox.get()) is not None:    # (SIGTERM here: nothing to send back)
+        finished: list[Outcome] = []
         try:
-            results.put(run_loop(drive(job, tick, lambda: barrier.wait(JOIN_TIMEOUT_S))))
+            results.put(run_loop(_stoppable(job, tick, lambda: barrier.wait(JOIN_TIMEOUT_S),
+                                            finished)))
+        except asyncio.CancelledError:
+            results.put(("stopped", finished))
+            return
         except BaseException as exc:      # the parent must hear of it, not wait forever
             results.put(exc)
 
@@ -141,8 +164,7 @@ def run_load(job: Job, pool: "ClientPool | None" = None, on_progress=None
         try:
             outcomes, load = pool.run(job, on_progress)
         except KeyboardInterrupt:
-            pool.abort()
-            raise LoadInterrupted([]) from None
+            raise LoadInterrupted(sorted(pool.stop(), key=lambda o: o.index)) from None
     outcomes.sort(key=lambda o: o.index)
     load.chunks = sum(len(o.times) for o in outcomes)
     return outcomes, load
@@ -167,7 +189,7 @@ class ClientPool:
             self._done.value = 0
         for inbox, share in zip(self._inboxes, split(job, self.n)):
             inbox.put(share)
-        got: list = []
+        self._got = got = []        # what stop() keeps of a run cut short
         while len(got) < self.n:
             try:
                 got.append(self._results.get(timeout=0.1))
@@ -184,14 +206,33 @@ class ClientPool:
                           max(g[1] / g[2] for g in got if g[2]))
         return outcomes, load
 
-    def abort(self) -> None:
-        """Ctrl-C: end the client processes now. Waiting for them could take
-        JOIN_TIMEOUT_S each: one that has put a result nobody reads cannot exit."""
+    def stop(self) -> list[Outcome]:
+        """Ctrl-C: stop the client processes (SIGTERM: each sends back the requests it saw
+        finish, then exits) and return those outcomes; a process that does not answer
+        within STOP_TIMEOUT_S is killed and its share is lost."""
+        got = getattr(self, "_got", [])
         for p in self._procs:
             if p.is_alive():
                 p.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while len(got) < self.n and time.monotonic() < deadline:
+            try:
+                got.append(self._results.get(timeout=0.1))
+            except queue.Empty:
+                if not any(p.is_alive() for p in self._procs):
+                    break
         for p in self._procs:
-            p.join(5)
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        outcomes = []
+        for g in got:
+            if isinstance(g, tuple) and g and g[0] == "stopped":
+                outcomes += g[1]
+            elif isinstance(g, tuple):          # a share that ended before the Ctrl-C
+                outcomes += g[0]
+        return outcomes
 
     def close(self) -> None:
         for inbox in self._inboxes:

@@ -92,6 +92,28 @@ def test_two_client_processes_share_one_report(canned):
     assert max(starts) - min(starts) < 5.0          # one clock, one start: a merged run
 
 
+@pytest.mark.timeout(60)
+def test_ctrl_c_keeps_what_the_client_processes_finished(canned):
+    """Ctrl-C during a --num-clients 2 run: each client process sends back the requests it
+    saw finish, and all end (the run reported 'nothing was measured yet', each process
+    dropping its share). Requests 6..11 arrive a minute on: the interrupt comes first."""
+    from roseplay.bench.clients import LoadInterrupted
+    reqs = [(i, body(4), 3) for i in range(12)]
+    job = Job(canned, "/v1/completions", {}, reqs, [0.0] * 6 + [60.0] * 6, 12)
+
+    def ctrl_c(done: int):
+        if done >= 6:
+            raise KeyboardInterrupt
+
+    with ClientPool(2) as pool:
+        procs = pool._procs
+        with pytest.raises(LoadInterrupted) as exc:
+            run_load(job, pool, on_progress=ctrl_c)
+    assert [o.index for o in exc.value.outcomes] == list(range(6))
+    assert all(o.error is None and o.record["output_len"] == 4 for o in exc.value.outcomes)
+    assert not any(p.is_alive() for p in procs)
+
+
 @pytest.mark.timeout(120)
 def test_ceiling_tool_reports_rates_and_client_cpu(tmp_path, capsys):
     out = tmp_path / "ceiling.json"
