@@ -100,13 +100,25 @@ def _bench(argv: list[str]) -> int:
                or check_output_path("--json", getattr(args, "json", None))
                or check_engine_access(getattr(args, "engine_address", None),
                                       getattr(args, "engine_key", None))
-               or check_bench_config(args))
+               or _combination_problem(args) or check_bench_config(args))
     if problem:
         return _fail(problem, prog="roseplay bench", usage=True)
     try:
         return args.func(args) or 0
     except (InvalidRequestError, OSError) as exc:
         return _fail(str(exc), 1, prog="roseplay bench")
+
+
+def _combination_problem(args) -> str | None:
+    """The bench's flag combinations (bench/args.py check_args; run() checks them again,
+    for `python -m roseplay.bench.inproc`), before its engine's checks: --host / --port
+    name a server whose engine is not this one's."""
+    from roseplay.bench.args import check_args
+    try:
+        check_args(args)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _fail(message: str, code: int = 2, prog: str = "roseplay", usage: bool = False) -> int:

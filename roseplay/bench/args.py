@@ -32,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for flag, dest in (("--random-input-len", "input_len"), ("--random-output-len", "output_len")):
         w.add_argument(flag, dest=dest, type=number(int, 1), default=argparse.SUPPRESS,
                        help=f"vLLM bench serve's name for --{dest.replace('_', '-')}.")
+    w.add_argument("--dataset-name", dest="scenario", type=_dataset, default=argparse.SUPPRESS,
+                   help="vLLM bench serve's name for --scenario: its random dataset is "
+                        "the random scenario; its other datasets are not built in.")
+    w.add_argument("--ignore-eos", action="store_true",
+                   help="Taken from vLLM's command lines: the bench's requests ignore EOS "
+                        "whether it is given or not (each makes its max_tokens).")
     w.add_argument("--warmup", type=number(int, 0, MAX_PROMPTS), default=8, help="Warm-up requests of the same scenario "
                    "(other seed), run and discarded before each measured run; the prefix "
                    "cache is cleared after them (default: 8).")
@@ -62,9 +68,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "(roseplay serve, vLLM, SGLang) instead of the in-process engine; engine "
                    "flags then only name the model (--model: the tokenizer and model name).")
     h.add_argument("--api-key", default=None, help="Bearer key for --base-url.")
-    h.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+    h.add_argument("--endpoint", type=_endpoint, default="completions",
+                   metavar="{completions,chat}",
                    help="/v1/completions (token-id prompts sent as ids) or "
-                        "/v1/chat/completions (default: completions).")
+                        "/v1/chat/completions; vLLM's paths name them too (default: "
+                        "completions).")
+    h.add_argument("--host", default=None, help="vLLM bench serve's server address: with "
+                   "--port, --base-url http://HOST:PORT (default host: 127.0.0.1).")
+    h.add_argument("--port", type=number(int, 1, 65535), default=None,
+                   help="See --host (default port: 8000).")
     h.add_argument("--num-clients", type=number(int, 1), default=1, metavar="N",
                    help="Client processes sharing the load and one report: request i goes "
                         "to process i %% N, each keeps its share of --max-concurrency. One "
@@ -84,6 +96,29 @@ def _range_ratio(text: str) -> float:
 
 
 _range_ratio.__name__ = "float"
+
+ENDPOINTS = {"completions": "completions", "/v1/completions": "completions",
+             "chat": "chat", "/v1/chat/completions": "chat"}
+
+
+def _endpoint(text: str) -> str:
+    """completions or chat; vLLM's --endpoint paths name them."""
+    if text not in ENDPOINTS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(ENDPOINTS)}, got {text!r}")
+    return ENDPOINTS[text]
+
+
+def _dataset(text: str) -> str:
+    """vLLM's --dataset-name: random is the random scenario; the rest are not built in."""
+    from roseplay.workload.scenarios import SCENARIOS
+    if text not in SCENARIOS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not built in: random (vLLM's random dataset), or a scenario of "
+            f"--scenario: {', '.join(SCENARIOS)}")
+    return text
+
+
+_endpoint.__name__ = _dataset.__name__ = "str"
 
 
 def parse_ab(text: str | None) -> tuple[str, list] | None:
@@ -137,6 +172,11 @@ def recorded_args(args) -> dict:
 def check_args(args) -> None:
     """Refuses flag combinations no run could use (a clear error before any engine
     starts); each flag's own range is its argparse type's."""
+    if args.host is not None or args.port is not None:     # vLLM's spelling of --base-url
+        if args.base_url:
+            raise ValueError("--host / --port and --base-url each name the server: give one")
+        args.base_url, args.host, args.port = (
+            f"http://{args.host or '127.0.0.1'}:{args.port or 8000}", None, None)
     if args.ab and args.compare:
         raise ValueError("use --ab or --compare, not both")
     if args.base_url and (args.ab or args.compare):

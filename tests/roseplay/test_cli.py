@@ -225,6 +225,9 @@ BAD_BENCH_FLAGS = [
     (["--ab", "max_model_len=512,4096"], "--ab max_model_len=4096: max_model_len (4096) is"),
     (["--goodput", "ttft:5", "e2el:9", "ttft:6"],
      "argument --goodput: ttft given more than once (one value per metric)"),
+    (["--dataset-name", "sharegpt"], "argument --dataset-name: 'sharegpt' is not built in"),
+    (["--host", "127.0.0.1", "--num-blocks", "8"],
+     "--num-blocks: the engine's own flags, not with --base-url"),
     # vLLM's result flags: a name without the file, two names for one file, bad values
     (["--result-dir", "/tmp"], "--result-dir: where --save-result writes; give --save-result"),
     (["--save-result", "--json", "/tmp/x.json"],

@@ -311,6 +311,30 @@ def test_vllm_bench_serve_flag_names_are_taken():
         parser.parse_args(["--random-input-len", "0"])
 
 
+
+def test_a_vllm_bench_serve_command_line_is_taken():
+    """vLLM's --endpoint paths, --dataset-name random, --ignore-eos and --host / --port
+    (a vLLM command line was 'unrecognized arguments' or 'invalid choice'); its datasets
+    that are not built in are refused, naming the scenarios."""
+    import argparse
+    parser = bench_args.add_arguments(argparse.ArgumentParser())
+    ns = parser.parse_args(["--endpoint", "/v1/chat/completions", "--dataset-name", "random",
+                            "--ignore-eos", "--host", "localhost", "--port", "8001"])
+    bench_args.check_args(ns)
+    assert (ns.endpoint, ns.scenario, ns.base_url) == ("chat", "random", "http://localhost:8001")
+    ns = parser.parse_args(["--port", "9000"])
+    bench_args.check_args(ns)
+    assert ns.base_url == "http://127.0.0.1:9000"
+    assert parser.parse_args(["--endpoint", "/v1/completions"]).endpoint == "completions"
+    for bad in (["--dataset-name", "sharegpt"], ["--endpoint", "/v1/embeddings"],
+                ["--port", "0"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+    ns = parser.parse_args(["--port", "9000", "--base-url", "http://127.0.0.1:8000"])
+    with pytest.raises(ValueError, match="--host / --port and --base-url each name the server"):
+        bench_args.check_args(ns)
+
+
 def test_one_output_token_shows_tpot_and_itl_as_vllm(tmp_path, capsys):
     """--output-len 1 leaves no gap between tokens: TPOT and ITL print 0.00 and --json
     holds 0 with count 0, as vLLM's bench (`np.mean(tpots or 0)`); they printed nan and
