@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     w.add_argument("--dataset-name", dest="scenario", type=_dataset, default=argparse.SUPPRESS,
                    help="vLLM bench serve's name for --scenario: its random dataset is "
                         "the random scenario; its other datasets are not built in.")
-    w.add_argument("--ignore-eos", action="store_true",
+    w.add_argument("--ignore-eos", action="store_true", default=True,   # (recorded as done)
                    help="Taken from vLLM's command lines: the bench's requests ignore EOS "
                         "whether it is given or not (each makes its max_tokens).")
     w.add_argument("--warmup", type=number(int, 0, MAX_PROMPTS), default=8, help="Warm-up requests of the same scenario "
