@@ -34,14 +34,17 @@ class SamplingDefaults:
     """The model's generation-config defaults (EngineInfo's; vLLM's serving classes'
     default_sampling_params and override_max_tokens): `params` fills the sampling fields
     a request leaves out (null), its max_tokens the output length of one that sets none
-    (at most the rest of the context); override_max_tokens (a --generation-config
+    (at most the rest of the context, or of the KV pool where it holds fewer tokens:
+    `pool_tokens`, as LLM's InputProcessor); override_max_tokens (a --generation-config
     folder's max_new_tokens) caps every request's."""
     params: dict = field(default_factory=dict)
     override_max_tokens: int | None = None
+    pool_tokens: int | None = None
 
     @classmethod
     def of(cls, info) -> "SamplingDefaults":
-        return cls(dict(info.default_sampling_params), info.override_max_tokens)
+        return cls(dict(info.default_sampling_params), info.override_max_tokens,
+                   info.num_blocks * info.block_size)
 
 
 NO_DEFAULTS = SamplingDefaults()
@@ -131,9 +134,11 @@ def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
                 defaults: SamplingDefaults = NO_DEFAULTS) -> int:
     """The output's length; a 400 names `field`, the request field it came from (chat's
     max_completion_tokens or max_tokens), or `prompt_field` when the prompt alone fills
-    the context. None: the default's max_tokens, at most the rest of the context."""
+    the context. None: the default's max_tokens, at most the rest of the context (of the
+    KV pool where it holds fewer tokens: more could never be served)."""
     if requested is None:
-        rest = max(1, max_model_len - prompt_len)
+        context = min(max_model_len, defaults.pool_tokens or max_model_len)
+        rest = max(1, context - prompt_len)
         requested = min(rest, defaults.params.get("max_tokens", rest))
     if not 1 <= requested <= MAX_TOKENS:
         raise invalid(f"{field} must be an integer in [1, {MAX_TOKENS}], got {requested}", field)

@@ -116,6 +116,17 @@ def test_generation_config_vllm_reads_nothing():
         assert r["usage"]["total_tokens"] == 320
 
 
+def test_without_max_tokens_a_small_pool_is_the_contexts_end():
+    """A KV pool that holds fewer tokens than max_model_len (16 blocks of 16: 256 of
+    1,024): a chat or completion without max_tokens runs to the pool's end, as LLM's
+    max_tokens=None; it was a 400 ('can never fit the KV pool')."""
+    with EngineLoop(device="cpu", num_blocks=16, block_size=16, max_model_len=MAX_MODEL_LEN,
+                    generation_config="vllm") as loop, ServerThread(build_app(loop)) as srv:
+        assert chat(srv.url, temperature=0)["usage"]["total_tokens"] == 256
+        r = completion(srv.url, prompt=[1, 2, 3], max_tokens=None, temperature=0)
+        assert r["usage"]["total_tokens"] == 256
+
+
 def test_the_start_line_names_the_defaults():
     """What vLLM's server logs at start ("Default sampling parameters have been
     overridden by the model's Hugging Face generation config ..."), with the values."""
