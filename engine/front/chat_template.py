@@ -74,11 +74,19 @@ def _message(m: dict) -> dict:
             raise InvalidRequestError(f"message content parts must be {{'type': 'text', "
                                       f"'text': str}} (this engine reads text only), got "
                                       f"{other or 'a text part without text'!r}")
-        return {**m, "content": "".join(p["text"] for p in content)}
+        return {**m, "content": join_parts(p["text"] for p in content)}
     if content is not None and not isinstance(content, str):
         raise InvalidRequestError(f"message content must be a string, a list of text parts "
                                   f"or None, got {type(content).__name__}")
     return m
+
+
+def join_parts(texts) -> str:
+    """A message's text parts as the template gets them: one per line, as vLLM joins a
+    content list for a template that reads a string (they ran together before
+    2026-11-29: "What news" + "from the court?" read "What newsfrom the court?"; the
+    server and LLM.chat both join here)."""
+    return "\n".join(texts)
 
 
 def pick_template(tokenizer, override: str | None = None) -> str:

@@ -8,6 +8,8 @@ from typing import Annotated, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
+from engine.front.chat_template import join_parts
+
 # a chat's messages: each renders as at least a few tokens, so more never fits a context;
 # the bound keeps a body of empty messages from costing seconds of templating
 MAX_MESSAGES = 4096
@@ -57,10 +59,3 @@ class ChatMessage(_Request, kw_only=True):
         if isinstance(self.content, list):
             return join_parts(part.text for part in self.content)
         return self.content or ""
-
-
-def join_parts(texts) -> str:
-    """A message's text parts as the template gets them: one per line, as vLLM joins a
-    content list for a template that reads a string (they ran together before
-    2026-11-29: "What news" + "from the court?" read "What newsfrom the court?")."""
-    return "\n".join(texts)

@@ -24,12 +24,12 @@ import msgspec
 from fastapi import APIRouter, Request
 from msgspec import Meta
 
+from engine.front.chat_template import join_parts
 from engine.validation import MAX_LOGPROBS, MAX_STOP_STRINGS
 from roseplay.serve import constrained
 from roseplay.serve.body import json_body, raw_field
 from roseplay.serve.errors import OpenAIError, invalid
-from roseplay.serve.messages import (MAX_CONTENT_PARTS, MAX_MESSAGES, ChatMessage, _Request,
-                                     join_parts)
+from roseplay.serve.messages import MAX_CONTENT_PARTS, MAX_MESSAGES, ChatMessage, _Request
 from roseplay.serve.protocol import ChatCompletionRequest, is_set
 from roseplay.serve.responses_events import ResponsesFormat
 from roseplay.serve.routes import chat_inputs, generate

@@ -79,18 +79,19 @@ def test_chat_renders_the_template_and_generates():
 
 
 def test_chat_reads_content_parts_and_refuses_what_it_cannot_render():
-    """OpenAI's content parts are joined into the text, as the server's chat completions
-    do (the template wrote the list's Python repr into the prompt); an unknown role, a
+    """OpenAI's content parts are joined into the text one per line, as the server's chat
+    completions and vLLM join them (the template wrote the list's Python repr into the
+    prompt; then the parts ran together, 'Speak' + 'Go.' read 'SpeakGo.'); an unknown role, a
     non-text part or content, and tools that are not a list are refused (an unknown
     role rendered as the assistant, tools='x' was ignored)."""
     from engine import InvalidRequestError
     import pytest
     sp = SamplingParams(max_tokens=2, temperature=0.0)
-    parts = [{"type": "text", "text": "Speak"}, {"type": "text", "text": "."}]
+    parts = [{"type": "text", "text": "Speak"}, {"type": "text", "text": "Go."}]
     with LLM(model="default", device="cpu") as llm:
         joined, = llm.chat([{"role": "user", "content": parts}], sp)
-        plain, = llm.chat([{"role": "user", "content": "Speak."}], sp)
-        assert joined.prompt == plain.prompt == "ROMEO.\nSpeak.\n\nJULIET.\n"
+        plain, = llm.chat([{"role": "user", "content": "Speak\nGo."}], sp)
+        assert joined.prompt == plain.prompt == "ROMEO.\nSpeak\nGo.\n\nJULIET.\n"
         assert joined.outputs[0].token_ids == plain.outputs[0].token_ids
         for message, match in (
                 ({"role": "wizard", "content": "hi"}, "message role must be one of system, "),
