@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from roseplay.cli_flags import engine_addresses, engine_kwargs
+from roseplay.cli_flags import engine_addresses, engine_kwargs, parse_ab
 from roseplay.tui.defaults import app_engine_kwargs
 
 
@@ -158,7 +158,6 @@ def check_bench_config(args) -> str | None:
     when the bench drives a server, --base-url): a bad flag is exit status 2, as in
     `roseplay` and `roseplay serve`, not a failed run."""
     from engine.config import InvalidRequestError
-    from roseplay.bench.args import parse_ab
     if getattr(args, "base_url", None) or not hasattr(args, "device"):
         return None
     try:

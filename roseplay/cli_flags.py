@@ -6,7 +6,7 @@ help, choices and minimum taken from the field metadata. Flags default to None (
 given), so `engine_kwargs(args)` returns only what the user set and make_config fills
 in the engine's own defaults. A field with `metadata["check"]` (speculative_config's
 JSON) is parsed by it as the flag is read: a bad value is argparse's error, exit 2. `parse_knob_value` converts text ("true", "224") to a
-field's type (for `bench --ab KNOB=V1,V2`).
+field's type, `parse_ab` a whole `bench --ab KNOB=V1,V2` (read by the bench and its checks).
 """
 from __future__ import annotations
 
@@ -99,6 +99,20 @@ def parse_knob_value(name: str, text: str):
         return _converter(field_by_name(name))(text)
     except argparse.ArgumentTypeError as exc:
         raise ValueError(str(exc)) from None
+
+
+def parse_ab(text: str | None) -> tuple[str, list] | None:
+    """"max_num_batched_tokens=8192,224" -> ("max_num_batched_tokens", [8192, 224])."""
+    if not text:
+        return None
+    name, sep, values = text.partition("=")
+    if not sep or not values:
+        raise ValueError(f"expected KNOB=V1,V2,..., got {text!r}")
+    name = field_by_name(name.strip()).name
+    parsed = [parse_knob_value(name, v.strip()) for v in values.split(",")]
+    if len(parsed) < 2:
+        raise ValueError(f"needs at least two values, got {text!r}")
+    return name, parsed
 
 
 def _help(f: dataclasses.Field) -> str:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 
 from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
-                                add_goodput_flag, engine_addresses, engine_kwargs,
-                                field_by_name, parse_knob_value)
+                                add_goodput_flag, engine_addresses, engine_kwargs, parse_ab)
 from roseplay.bench.vllm_result import add_result_flags, check_result_flags
 from roseplay.workload.flags import add_workload_flags, number
 
@@ -119,20 +118,6 @@ def _dataset(text: str) -> str:
 
 
 _endpoint.__name__ = _dataset.__name__ = "str"
-
-
-def parse_ab(text: str | None) -> tuple[str, list] | None:
-    """"max_num_batched_tokens=8192,224" -> ("max_num_batched_tokens", [8192, 224])."""
-    if not text:
-        return None
-    name, sep, values = text.partition("=")
-    if not sep or not values:
-        raise ValueError(f"expected KNOB=V1,V2,..., got {text!r}")
-    name = field_by_name(name.strip()).name
-    parsed = [parse_knob_value(name, v.strip()) for v in values.split(",")]
-    if len(parsed) < 2:
-        raise ValueError(f"needs at least two values, got {text!r}")
-    return name, parsed
 
 
 def _ab_flag(text: str) -> str:
