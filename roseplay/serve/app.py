@@ -62,6 +62,8 @@ class ServeConfig:
     enable_prompt_tokens_details: bool = False
     # every stream ends with its usage chunk, stream_options or not (vLLM's)
     enable_force_include_usage: bool = False
+    # a chat's tools stay out of its template with tool_choice none (vLLM's flag)
+    exclude_tools_when_tool_choice_none: bool = False
 
     def __post_init__(self):
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):

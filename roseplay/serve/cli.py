@@ -136,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--enable-force-include-usage", action="store_true",
                    help="End every stream with its usage chunk, as stream_options "
                         "{\"include_usage\": true} asks (vLLM's flag).")
+    s.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                   help="Leave a chat's tools out of its template when its tool_choice is "
+                        "none (vLLM's flag); without it the template shows them and the "
+                        "model may only not call them.")
     s.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="The HTTP server's (uvicorn's) log level; no access log (default: info).")
@@ -177,7 +181,9 @@ def serve_config(args) -> ServeConfig:
                        enable_request_id_headers=args.enable_request_id_headers,
                        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-                       enable_force_include_usage=args.enable_force_include_usage)
+                       enable_force_include_usage=args.enable_force_include_usage,
+                       exclude_tools_when_tool_choice_none=(
+                           args.exclude_tools_when_tool_choice_none))
 
 
 def main(argv: list[str] | None = None) -> int:

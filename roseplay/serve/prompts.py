@@ -188,10 +188,13 @@ def completion_inputs(req: CompletionRequest, tokenizer, max_model_len: int,
 
 def chat_inputs(req: ChatCompletionRequest, tokenizer, template: str,
                 max_model_len: int, defaults: SamplingDefaults = NO_DEFAULTS,
-                template_defaults: dict | None = None) -> EngineInputs:
-    """`template_defaults`: --default-chat-template-kwargs."""
+                template_defaults: dict | None = None,
+                exclude_tools_none: bool = False) -> EngineInputs:
+    """`template_defaults`: --default-chat-template-kwargs; `exclude_tools_none`:
+    --exclude-tools-when-tool-choice-none."""
     messages = [message_dict(m) for m in req.messages]
-    tools = req.tool_spec.for_template() if req.tool_spec is not None else None
+    tools = req.tool_spec.for_template(exclude_tools_none) if req.tool_spec is not None \
+        else None
     text, ids = chat.render(tokenizer, template, messages, req.add_generation_prompt, tools,
                             req.PROMPT_FIELD,
                             chat.with_defaults(template_defaults, req.template_kwargs),

@@ -202,7 +202,8 @@ async def completions(request: Request):
 def chat_inputs(req: ChatCompletionRequest, st) -> inputs.EngineInputs:
     """A chat's engine inputs: its messages through the server's chat template."""
     return inputs.chat_inputs(req, st.tokenizer, st.chat_template, st.max_model_len,
-                              st.sampling_defaults, st.template_defaults)
+                              st.sampling_defaults, st.template_defaults,
+                              st.config.exclude_tools_when_tool_choice_none)
 
 
 async def chat_completions(request: Request):

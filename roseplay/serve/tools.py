@@ -102,9 +102,11 @@ class Tools:
             schema["$defs"] = defs
         return params(json=schema, param="tools")
 
-    def for_template(self) -> list[dict] | None:
-        """The tools as chat templates take them (none with tool_choice none)."""
-        if self.mode == "none":
+    def for_template(self, exclude_when_none: bool = False) -> list[dict] | None:
+        """The tools as chat templates take them: with tool_choice none too (the model may
+        read of them, it only may not call them), as vLLM, unless its
+        --exclude-tools-when-tool-choice-none drops them then."""
+        if self.mode == "none" and exclude_when_none:
             return None
         return [msgspec.to_builtins(t) for t in self.tools]
 

@@ -164,3 +164,24 @@ def test_a_template_text_longer_than_a_file_name_is_read_as_text():
     without a slash made the file check raise ENAMETOOLONG, and the server did not start."""
     assert len(THINK_TEMPLATE) > 255 and "/" not in THINK_TEMPLATE
     assert chat.load_template(THINK_TEMPLATE) == THINK_TEMPLATE
+
+
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {}}}]
+
+
+def test_tool_choice_none_keeps_the_tools_in_the_template_unless_told(http, tok):
+    """vLLM renders a chat's tools with tool_choice none too (the model may only not call
+    them; they were left out), and leaves them out under
+    --exclude-tools-when-tool-choice-none."""
+    body = {"messages": MESSAGES, "max_tokens": 1, "return_token_ids": True,
+            "tools": TOOLS, "tool_choice": "none"}
+    text = "[tools 1]\nWhat news from the court?\nJULIET.\n"
+    assert http.post("/v1/chat/completions", json=body).json()["prompt_token_ids"] == \
+        ids(tok, text)
+    config = ServeConfig(chat_template=THINK_TEMPLATE, exclude_tools_when_tool_choice_none=True)
+    with EngineLoop(device="cpu") as loop, ServerThread(build_app(loop, config)) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120).json()
+        assert r["prompt_token_ids"] == ids(tok, text.removeprefix("[tools 1]\n"))
+        auto = httpx.post(srv.url + "/v1/chat/completions", timeout=120,
+                          json={**body, "tool_choice": "auto"}).json()
+        assert auto["prompt_token_ids"] == ids(tok, text)
