@@ -41,6 +41,8 @@ LABEL = {EV_COW: ("COW", "cow"), EV_PREEMPT: ("preempt", "preempt"),
          EV_SPEC_VERIFY: ("spec verify", "decode"), EV_RELOAD: ("reload", "hit"),
          EV_SWAP_OUT: ("swap out", "preempt"), EV_SWAP_IN: ("swap in", "hit"),
          EV_SWAP_FALLBACK: ("no swap", "preempt")}
+ID_NARROW, ID_WIDE = 8, 12      # the id column's cells (`w0kqf-10000` is 11)
+WIDE_LOG = 90                   # a log this wide takes ID_WIDE
 
 
 def flash_blocks(snap) -> dict[int, int]:
@@ -153,6 +155,9 @@ class EventLog(ReshownOnResize, WidthBorders, Widget):
             t.append(f"  {'evict':<10}", f"bold {theme.color('evict')}")
             t.append(f" {eviction_words(evicted, self.size.width - 20)}\n")
         shown = [e for e in snap.events if e.kind not in ROUTINE]
+        # a wide log (200x60, zoomed) has room for whole ids (`w0wuf-3165`: it read
+        # `…wuf3165` beside 60 empty cells); a narrow one their short form
+        idw = ID_WIDE if self.size.width >= WIDE_LOG else ID_NARROW
         for e in reversed(shown[-max(1, rows):]):
             word, color = LABEL.get(e.kind, (e.kind, "free"))
             t.append(f"#{e.step:<6}", "dim")     # 1-based (engine/core/stats.py)
@@ -160,8 +165,8 @@ class EventLog(ReshownOnResize, WidthBorders, Widget):
             # rejected no draft rolled nothing back: no R)
             letter = LETTER.get(FLASH.get(e.kind), " ") if e.blocks else " "
             t.append(f"{letter} {word:<10}", f"bold {theme.color(color)}")
-            t.append(f" {short_id(e.request_id or '-', 8):<8} ")
-            t.append(describe(e, max(10, self.size.width - 29)) + "\n")
+            t.append(f" {short_id(e.request_id or '-', idw):<{idw}} ")
+            t.append(describe(e, max(10, self.size.width - 21 - idw)) + "\n")
         t.rstrip()
         self._text = t
         self.refresh()

@@ -62,3 +62,26 @@ def test_short_forms_keep_the_tag_where_it_fits():
     assert short_id(f"w0{PROCESS_TAG}-1234", 8) == f"…{PROCESS_TAG}1234"
     assert short_id(own_request_id(10000), 9) == "you…10000"
     assert short_id("cmpl-ab12cd34ef", 8) == "…2cd34ef"     # serve's: the end
+
+
+@pytest.mark.parametrize("size,whole", [((200, 60), True), ((120, 40), False)])
+@sync
+async def test_a_wide_event_log_shows_whole_ids(size, whole):
+    """At 200x60 (and zoomed) the event log cut ids to 8 cells, `…wuf3165`, beside 60
+    empty ones: a wide log has 12."""
+    from engine.codes import EV_PREEMPT
+    from engine.snapshot import EngineEvent
+    from roseplay.tui.widgets.events import EventLog
+    snap = session_snapshot(12)
+    rid = f"w0{PROCESS_TAG}-10000"
+    snap = dataclasses.replace(snap, events=(EngineEvent(snap.step - 1, snap.time, EV_PREEMPT,
+                                                         rid, (3, 4)),))
+    app = RoseplayApp(source=StaticSource(snap))
+    async with app.run_test(size=size) as pilot:
+        app.refresh_panels()
+        await pilot.pause()
+        line = next(row for row in widget_text(app.query_one(EventLog)).splitlines()
+                    if "preempt" in row)
+    assert (f" {rid} " in line) == whole and "freed 2" in line, line
+    if not whole:
+        assert f" {short_id(rid, 8)} " in line, line
