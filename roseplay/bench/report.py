@@ -20,7 +20,7 @@ from roseplay.bench.vllm_result import (DEFAULT_METRICS, DEFAULT_PERCENTILES, ME
                                         latencies, p_word)
 
 LATENCIES = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
-             ("itl", "ITL", "Inter-token Latency"), ("e2e", "E2E", "End-to-end Latency"))
+             ("itl", "ITL", "Inter-token Latency"), ("e2e", "E2EL", "End-to-end Latency"))
 
 
 @dataclass

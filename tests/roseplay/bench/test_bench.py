@@ -113,7 +113,7 @@ def test_bench_block_and_json(tmp_path, capsys):
     for line in ("Serving Benchmark Result", "Successful requests:", "Benchmark duration (s):",
                  "Total input tokens:", "Total generated tokens:", "Request throughput (req/s):",
                  "Output token throughput (tok/s):", "Total token throughput (tok/s):",
-                 "Median TTFT (ms):", "P99 TPOT (ms):", "P95 ITL (ms):", "Mean E2E (ms):",
+                 "Median TTFT (ms):", "P99 TPOT (ms):", "P95 ITL (ms):", "Mean E2EL (ms):",
                  "Prefix cache hit rate", "Preemptions:", "Evictions:", "COW copies:",
                  "Peak KV usage"):
         assert line in out, line
