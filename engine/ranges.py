@@ -9,6 +9,14 @@ import math
 from engine.errors import InvalidRequestError
 
 MAX_SEED = 2 ** 64 - 1   # torch generators take 64 bits (the engine's seed, a request's)
+# a request's seed may be any signed 64-bit value too, as vLLM's server takes it; torch
+# seeds a generator with a negative one's two's complement (-1 as 2**64 - 1): seed_bits
+MIN_SEED = -2 ** 63
+
+
+def seed_bits(seed: int) -> int:
+    """The 64 bits torch's manual_seed makes of a request's seed (the same generator)."""
+    return seed & MAX_SEED
 MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 
 

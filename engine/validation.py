@@ -16,7 +16,7 @@ from typing import Annotated
 import msgspec
 
 from engine.errors import InvalidRequestError
-from engine.ranges import MAX_SEED, check_int, check_number, check_priority, show
+from engine.ranges import MAX_SEED, MIN_SEED, check_int, check_number, check_priority, show
 
 INT32_MAX = 2 ** 31 - 1
 MAX_TOKENS = INT32_MAX            # a bound a numpy int32 column and msgpack both carry
@@ -40,7 +40,7 @@ MAX_N = 1024                      # sequences per prompt (SamplingParams.n): eac
 
 __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check_stop",
            "check_stop_token_ids", "check_priority", "INT32_MAX", "MAX_TOKENS", "MAX_TOP_K",
-           "MAX_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
+           "MAX_SEED", "MIN_SEED", "MAX_TEMPERATURE", "MAX_STOP_STRINGS", "MAX_STOP_CHARS",
            "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids", "MAX_PENALTY",
            "MAX_REPETITION_PENALTY", "MIN_REPETITION_PENALTY", "MIN_TOP_P", "MAX_LOGIT_BIAS",
            "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS", "MAX_N",
@@ -49,11 +49,11 @@ __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check
 
 def check_seed(seed, samples: int = 1) -> int | None:
     """None, or a seed whose `samples` choices' seeds (choice i samples with seed + i:
-    engine.request.sample_seed) all fit in [0, MAX_SEED]: SamplingParams with its n, the
-    server with its n or best_of."""
+    engine.request.sample_seed) all fit in [MIN_SEED, MAX_SEED]: SamplingParams with its
+    n, the server with its n or best_of."""
     if seed is None:
         return None
-    check_int("seed", seed, 0, MAX_SEED)
+    check_int("seed", seed, MIN_SEED, MAX_SEED)
     top = MAX_SEED - (samples - 1)
     if seed > top:
         raise InvalidRequestError(f"seed must be at most {top} with {samples} choices (choice i "

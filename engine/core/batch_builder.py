@@ -17,6 +17,7 @@ from engine.core.kv.block_tables import BlockTables
 from engine.core.prompt_logprobs import prompt_rows
 from engine.core.sampling_extras import sampling_extras
 from engine.core.step_plan import StepPlan
+from engine.ranges import seed_bits
 from engine.worker.step_batch import SamplingColumns, StepBatch
 
 _EMPTY_I32 = np.zeros((0,), dtype=np.int32)
@@ -58,7 +59,7 @@ def _sampling_columns(requests: list) -> SamplingColumns:
         np.fromiter((p.top_k for p in params), np.int64, count=len(params)),
         np.fromiter((p.top_p for p in params), np.float32, count=len(params)),
         np.fromiter((p.seed is not None for p in params), bool, count=len(params)),
-        np.fromiter((p.seed or 0 for p in params), np.uint64, count=len(params)),
+        np.fromiter((seed_bits(p.seed or 0) for p in params), np.uint64, count=len(params)),
         sampling_extras(requests, params))
 
 

@@ -58,7 +58,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None                 # vLLM extra
-    seed: Annotated[int, Meta(ge=0)] | None = None      # check_seed: check_supported
+    seed: int | None = None      # check_seed: check_supported
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[int], Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False                 # vLLM extra

@@ -96,7 +96,7 @@ class ResponsesRequest(_Request, kw_only=True):
     prompt: raw_field({"type": "object"}) = msgspec.UNSET
     # vLLM's extras on /v1/responses
     top_k: int | None = None
-    seed: Annotated[int, Meta(ge=0)] | None = None
+    seed: int | None = None     # [MIN_SEED, MAX_SEED]: SamplingParams checks it
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
     ignore_eos: bool = False
     repetition_penalty: float | None = None

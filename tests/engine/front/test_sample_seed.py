@@ -51,3 +51,20 @@ def test_server_choices_at_the_top_seed():
     assert [req.sampling_params(4, i).seed for i in range(3)] == \
         [MAX_SEED - 2, MAX_SEED - 1, MAX_SEED]
     assert _completion(seed=MAX_SEED).sampling_params(4).seed == MAX_SEED
+
+
+def test_a_negative_seed_is_torchs_two_complement():
+    """Any signed 64-bit seed, as vLLM's server takes it (a negative one was refused):
+    torch seeds a generator with -1 as with 2**64 - 1, so the two sample alike; n=2
+    from -1 samples -1 and 0; below -2**63 is refused."""
+    sp = SamplingParams(max_tokens=6, ignore_eos=True, temperature=1.0)
+    with LLM(model="dummy:tiny", device="cpu", dtype="float32") as llm:
+        def run(**kw):
+            return [c.token_ids for c in
+                    llm.generate({"prompt_token_ids": PROMPT}, sp.replace(**kw))[0].outputs]
+        assert run(seed=-1) == run(seed=MAX_SEED) == run(seed=-1)
+        assert run(seed=-1, n=2) == run(seed=-1) + run(seed=0)
+    with pytest.raises(InvalidRequestError, match="seed must be an integer in "
+                                                  r"\[-9223372036854775808, "):
+        SamplingParams(seed=-2 ** 63 - 1)
+    assert _completion(seed=-5, n=2).seed == -5
