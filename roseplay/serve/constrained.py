@@ -99,18 +99,24 @@ def from_structured_outputs(value) -> StructuredOutputsParams | None:
 GUIDED = ("json", "regex", "choice", "grammar")     # vLLM's guided_* request fields
 
 
-def from_guided(raws: dict) -> tuple:
+def from_guided(raws: dict, whitespace_pattern: str | None = None) -> tuple:
     """vLLM's guided_json / guided_regex / guided_choice / guided_grammar (its fields
     before structured_outputs; raw) -> (the constraint, the field it came from), or
-    (None, None) when none is given."""
+    (None, None) when none is given. `whitespace_pattern`: its guided_whitespace_pattern,
+    the constraint's whitespace_pattern (a 400 naming it without one)."""
     given = {kind: value for kind, raw in raws.items()
              if (value := decode_small(raw, "guided_" + kind)) is not None}
     if not given:
+        if whitespace_pattern is not None:
+            raise invalid("guided_whitespace_pattern shapes a guided_json's whitespace: "
+                          "send one with it", "guided_whitespace_pattern")
         return None, None
     field = "guided_" + next(iter(given))
     if len(given) > 1:
         raise invalid(f"{' and '.join('guided_' + k for k in given)} both constrain the "
                       "output; send one", field)
+    if whitespace_pattern is not None:
+        given["whitespace_pattern"] = whitespace_pattern
     return params(param=field, **given), field
 
 

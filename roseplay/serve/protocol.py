@@ -89,6 +89,7 @@ class SamplingFields(_Request, kw_only=True, dict=True):
     guided_regex: raw_field({"type": "string"}) = msgspec.UNSET
     guided_choice: raw_field({"type": "array", "items": {"type": "string"}}) = msgspec.UNSET
     guided_grammar: raw_field({"type": "string"}) = msgspec.UNSET
+    guided_whitespace_pattern: str | None = None     # a guided_json's whitespace_pattern
     include_stop_str_in_output: bool | None = False      # vLLM extra: keep the stop text
     skip_special_tokens: bool = True         # vLLM extras: the output text's special
     spaces_between_special_tokens: bool = True   # tokens (SamplingParams' fields)
@@ -123,7 +124,8 @@ class SamplingFields(_Request, kw_only=True, dict=True):
             (constrained.from_structured_outputs(constrained.decode_small(
                 self.structured_outputs, "structured_outputs")), "structured_outputs"),
             constrained.from_guided({kind: getattr(self, "guided_" + kind)
-                                     for kind in constrained.GUIDED})) if c is not None]
+                                     for kind in constrained.GUIDED},
+                                    self.guided_whitespace_pattern)) if c is not None]
         if len(found) > 1:
             raise invalid(f"{found[0][1]} and {found[1][1]} both constrain the output; "
                           "send one", found[1][1])

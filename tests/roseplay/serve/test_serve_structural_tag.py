@@ -76,6 +76,20 @@ def test_whitespace_pattern(served):
         err.value.body["message"]
 
 
+def test_guided_whitespace_pattern_is_whitespace_pattern(served):
+    """vLLM's older guided_whitespace_pattern beside guided_json shapes the JSON as
+    whitespace_pattern does (it was taken and ignored); alone it is a 400 naming it."""
+    name, client = served
+    if name == "guidance":
+        old = complete(client, guided_json=SCHEMA, guided_whitespace_pattern="[ ]{0,3}").text
+        assert old == complete(client, structured_outputs={
+            "json": SCHEMA, "whitespace_pattern": "[ ]{0,3}"}).text
+        assert "  " in old, old
+    with pytest.raises(openai.BadRequestError) as err:
+        complete(client, guided_whitespace_pattern="[ ]?")
+    assert err.value.body["param"] == "guided_whitespace_pattern"
+
+
 @pytest.mark.parametrize("fmt, says", [
     ({"type": "structural_tag"}, "or a `format` object"),
     ({"type": "structural_tag", "triggers": ["<"], "structures": [
