@@ -34,6 +34,20 @@ def arrivals(args) -> dict:
     return {"request_rate": rate, "submit_interval": interval, "burstiness": args.burstiness}
 
 
+def traffic_lines(args) -> str:
+    """The arrival process, as vLLM's bench prints it before a run (rate, burstiness,
+    concurrency cap), or the fixed interval of --submit-interval-ms."""
+    if args.submit_interval_ms is not None:
+        lines = [f"Traffic: one request every {args.submit_interval_ms:g} ms"]
+    elif args.request_rate is None:
+        lines = ["Traffic request rate: inf"]
+    else:
+        shape = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
+        lines = [f"Traffic request rate: {args.request_rate:g}",
+                 f"Burstiness factor: {args.burstiness:g} ({shape})"]
+    return "\n".join(lines + [f"Maximum request concurrency: {args.max_concurrency}"])
+
+
 def summary_options(args) -> dict:
     """report.summarize's keywords of the flags: --goodput's SLOs, --percentile-metrics,
     --metric-percentiles."""

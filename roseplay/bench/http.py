@@ -29,7 +29,7 @@ from roseplay.bench import report, vllm_result
 from roseplay.bench.args import recorded_args
 from roseplay.bench.clients import ClientLoad, ClientPool, Job, LoadInterrupted, run_load
 from roseplay.bench.common import (arrivals, host_cpu, progress, summary_options,
-                                   workload_items)
+                                   traffic_lines, workload_items)
 from roseplay.bench.sse import Outcome
 from roseplay.cli_checks import server_refuses_every_request
 from roseplay.cli_flags import usage_error
@@ -177,6 +177,7 @@ def run(args, console: Console) -> int:
     except ValueError as exc:     # a flag the server or the model cannot take
         print(usage_error("roseplay bench", str(exc)), file=sys.stderr)
         return 2
+    console.print(traffic_lines(args), highlight=False)
     t0 = time.perf_counter()
     runs, measuring = [], [False]
     try:

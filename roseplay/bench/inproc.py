@@ -30,7 +30,7 @@ from roseplay.bench import report, vllm_result
 from roseplay.bench.args import (HF_BATCH_SIZE, add_arguments, check_args, parse_ab,
                                  recorded_args)
 from roseplay.bench.common import (arrivals as _arrivals, host_cpu, progress as _progress,
-                                   summary_options, workload_items)
+                                   summary_options, traffic_lines, workload_items)
 from roseplay.cli_flags import engine_addresses, engine_kwargs, say_on_stderr, usage_error
 from roseplay.workload.driver import WorkloadDriver
 from roseplay.workload.items import WorkItem
@@ -285,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
     if args.base_url:
         from roseplay.bench import http as bench_http   # lazy: the in-process bench needs no httpx
         return bench_http.run(args, console)
+    console.print(traffic_lines(args), highlight=False)
     t0 = time.perf_counter()
     mode = "ab" if ab else ("compare" if args.compare == "hf" else "single")
     results: list[report.RunResult] = []

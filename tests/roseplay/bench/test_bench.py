@@ -162,6 +162,9 @@ def test_burstiness_is_taken_as_vllm_bench_serve_takes_it(tmp_path, capsys):
                         "--warmup", "0", "--request-rate", "200", "--burstiness", "0.5",
                         "--json", str(path))
     assert rc == 0 and "Successful requests:" in out
+    # the arrival process, as vLLM's bench prints it before the run
+    assert ("Traffic request rate: 200\nBurstiness factor: 0.5 (Gamma distribution)\n"
+            "Maximum request concurrency: None\n") in out
     assert json.loads(path.read_text())["bench"]["burstiness"] == 0.5
     assert bench.main([*BASE, "--burstiness", "0.5"]) == 2
     err = capsys.readouterr().err

@@ -71,6 +71,7 @@ def test_percentile_flags_shape_the_block_and_the_file(tmp_path, capsys, monkeyp
                        ("P50 TTFT (ms):", "25.00"), ("P99.9 TTFT (ms):", "39.97")):
         assert f"{row:<40} {value:>10}" in out, row
     assert "TPOT" not in out and "P99 TTFT" not in out and "Inter-token" not in out
+    assert "Traffic request rate: inf\nMaximum request concurrency: None\n" in out
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["backend"] == "openai" and data["completed"] == 4
     assert data["p99.9_ttft_ms"] == pytest.approx(39.97) and data["p50_ttft_ms"] == 25.0
