@@ -92,10 +92,6 @@ class StructuredOutputManager:
         g.matcher = self.backend.ready.matcher(got)
         return True
 
-    @property
-    def num_compiling(self) -> int:
-        return len(self.compiling)
-
     def poll(self, ready) -> list:
         """Finished compiles: ready(request) for each request whose grammar is ready;
         returns (request, error) of those whose compile failed or timed out."""

@@ -233,7 +233,7 @@ def check_all(eng: LLMEngine) -> None:
         else:
             assert r.num_uncomputed >= 1, f"{r.request_id} can never be scheduled"
             assert len(r.block_table) * pool.block_size >= r.num_computed_tokens
-    assert len(sched.running) + len(sched.waiting) + eng.structured.num_compiling \
+    assert len(sched.running) + len(sched.waiting) + len(eng.structured.compiling) \
         == len(eng.requests)        # (a grammar still compiling: in neither queue)
     if eng.host is not None:                 # both tiers: no block lost or owned twice
         eng.host.check([r for r in sched.waiting if r.swap is not None])
