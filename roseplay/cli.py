@@ -14,8 +14,8 @@ import sys
 from roseplay.cli_checks import (check_bench_config, check_compare, check_engine,
                                  check_engine_access, check_model, check_output_path,
                                  check_session)
-from roseplay.cli_flags import (add_engine_flags, add_engine_key_flag, add_goodput_flag,
-                                usage_error)
+from roseplay.cli_flags import (OneLineParser, add_engine_flags, add_engine_key_flag,
+                                add_goodput_flag, usage_error)
 from roseplay.tui.defaults import note_app_defaults
 from roseplay.tui.launch import CannotStart, run_tui
 from roseplay.workload.flags import add_workload_flags, number
@@ -39,13 +39,6 @@ x clear prefix cache · i type a prompt · o/f sort/filter requests · z zoom a 
 l goodput SLOs · 0 reset stats · t colour-blind theme · ctrl+p commands (type a knob
 value) · ? help (knob guidance: a digit shows a claim live) · q quit
 """
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad flags: one line on stderr (not argparse's usage block) and exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, usage_error(self.prog, message) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -228,6 +228,13 @@ def usage_error(prog: str, message: str) -> str:
     return f"{prog}: error: {first} (see {prog} --help)"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags: one line on stderr (not argparse's usage block) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, usage_error(self.prog, message) + "\n")
+
+
 def say_on_stderr(prog: str):
     """A progress callback for attaching to running engines: `prog: text` on stderr."""
     return lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True)

@@ -31,7 +31,8 @@ from roseplay.bench.args import (HF_BATCH_SIZE, add_arguments, check_args, parse
                                  recorded_args)
 from roseplay.bench.common import (arrivals as _arrivals, host_cpu, progress as _progress,
                                    summary_options, traffic_lines, workload_items)
-from roseplay.cli_flags import engine_addresses, engine_kwargs, say_on_stderr, usage_error
+from roseplay.cli_flags import (OneLineParser, engine_addresses, engine_kwargs, say_on_stderr,
+                                usage_error)
 from roseplay.workload.driver import WorkloadDriver
 from roseplay.workload.items import WorkItem
 
@@ -318,7 +319,7 @@ def _interrupted(console: Console, args, results: list, partial, t0: float) -> i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="roseplay bench", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="roseplay bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

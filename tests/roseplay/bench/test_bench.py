@@ -229,6 +229,10 @@ def test_bad_args_return_2(capsys):
     with pytest.raises(SystemExit) as exc:          # argparse's own error: the flag's type
         bench.main([*BASE, "--num-prompts", "0"])
     assert exc.value.code == 2
+    # one line, as `roseplay bench` prints it (`python -m roseplay.bench.inproc` printed
+    # argparse's usage block)
+    assert capsys.readouterr().err == ("roseplay bench: error: argument --num-prompts: must "
+                                       "be >= 1, got 0 (see roseplay bench --help)\n")
     assert bench.main([*BASE, "--ab", "max_num_seqs=1,2", "--compare", "hf"]) == 2
 
 
