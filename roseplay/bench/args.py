@@ -72,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="/v1/completions (token-id prompts sent as ids) or "
                         "/v1/chat/completions; vLLM's paths name them too (default: "
                         "completions).")
+    h.add_argument("--backend", dest="endpoint", type=_backend, default=argparse.SUPPRESS,
+                   metavar="{vllm,openai,openai-chat}",
+                   help="vLLM bench serve's name for the endpoint: vllm and openai are "
+                        "completions, openai-chat is chat.")
     h.add_argument("--host", default=None, help="vLLM bench serve's server address: with "
                    "--port, --base-url http://HOST:PORT (default host: 127.0.0.1).")
     h.add_argument("--port", type=number(int, 1, 65535), default=None,
@@ -107,6 +111,17 @@ def _endpoint(text: str) -> str:
     return ENDPOINTS[text]
 
 
+BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat"}
+
+
+def _backend(text: str) -> str:
+    """vLLM's --backend of an OpenAI-compatible server: the endpoint it drives."""
+    if text not in BACKENDS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(BACKENDS)} (the "
+                                         f"OpenAI-compatible ones), got {text!r}")
+    return BACKENDS[text]
+
+
 def _dataset(text: str) -> str:
     """vLLM's --dataset-name: random is the random scenario; the rest are not built in."""
     from roseplay.workload.scenarios import SCENARIOS
@@ -117,7 +132,7 @@ def _dataset(text: str) -> str:
     return text
 
 
-_endpoint.__name__ = _dataset.__name__ = "str"
+_endpoint.__name__ = _dataset.__name__ = _backend.__name__ = "str"
 
 
 def _ab_flag(text: str) -> str:

@@ -320,7 +320,7 @@ def test_vllm_bench_serve_flag_names_are_taken():
 
 
 def test_a_vllm_bench_serve_command_line_is_taken():
-    """vLLM's --endpoint paths, --dataset-name random, --ignore-eos and --host / --port
+    """vLLM's --endpoint paths, --backend, --dataset-name random, --ignore-eos and --host / --port
     (a vLLM command line was 'unrecognized arguments' or 'invalid choice'); its datasets
     that are not built in are refused, naming the scenarios."""
     import argparse
@@ -333,8 +333,10 @@ def test_a_vllm_bench_serve_command_line_is_taken():
     bench_args.check_args(ns)
     assert ns.base_url == "http://127.0.0.1:9000"
     assert parser.parse_args(["--endpoint", "/v1/completions"]).endpoint == "completions"
+    assert [parser.parse_args(["--backend", b]).endpoint
+            for b in ("vllm", "openai", "openai-chat")] == ["completions", "completions", "chat"]
     for bad in (["--dataset-name", "sharegpt"], ["--endpoint", "/v1/embeddings"],
-                ["--port", "0"]):
+                ["--port", "0"], ["--backend", "tgi"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
     ns = parser.parse_args(["--port", "9000", "--base-url", "http://127.0.0.1:8000"])
