@@ -100,15 +100,15 @@ def _range_ratio(text: str) -> float:
 
 _range_ratio.__name__ = "float"
 
-ENDPOINTS = {"completions": "completions", "/v1/completions": "completions",
-             "chat": "chat", "/v1/chat/completions": "chat"}
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 def _endpoint(text: str) -> str:
     """completions or chat; vLLM's --endpoint paths name them."""
-    if text not in ENDPOINTS:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(ENDPOINTS)}, got {text!r}")
-    return ENDPOINTS[text]
+    names = {**{n: n for n in ENDPOINT_PATHS}, **{p: n for n, p in ENDPOINT_PATHS.items()}}
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(names)}, got {text!r}")
+    return names[text]
 
 
 BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat"}

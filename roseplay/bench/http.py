@@ -26,7 +26,7 @@ import httpx
 from rich.console import Console
 
 from roseplay.bench import report, vllm_result
-from roseplay.bench.args import recorded_args
+from roseplay.bench.args import ENDPOINT_PATHS, recorded_args
 from roseplay.bench.clients import ClientLoad, ClientPool, Job, LoadInterrupted, run_load
 from roseplay.bench.common import (arrivals, host_cpu, progress, summary_options,
                                    traffic_lines, workload_items)
@@ -37,7 +37,6 @@ from roseplay.bench import http_replicas as replicas
 from roseplay.workload.driver import arrival_offsets
 from roseplay.workload.items import WorkItem
 
-ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 # -- model / tokenizer ----------------------------------------------------------------------
@@ -90,7 +89,7 @@ def load_job(args, items: list[WorkItem], model: str, tokenizer, headers: dict,
     offsets = arrival_offsets(len(items), seed=args.seed or 0, **arrival)
     requests = [(i, request_body(it, model, args.endpoint, tokenizer), it.prompt_len_hint)
                 for i, it in enumerate(items)]
-    return Job(args.base_url, ENDPOINTS[args.endpoint], headers, requests, offsets,
+    return Job(args.base_url, ENDPOINT_PATHS[args.endpoint], headers, requests, offsets,
                args.max_concurrency or len(items))
 
 
