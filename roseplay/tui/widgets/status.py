@@ -2,6 +2,8 @@
 path, then the model and device."""
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual.widget import Widget
 
@@ -14,7 +16,8 @@ SHORT_PATHS = {"cpu_native": "C layer", "torch_sdpa": "torch_sdpa", "triton": "t
                "torch": "torch ref"}
 # what a narrow line gives up, least important first, each in addition to those before
 # (the first: nothing); the step, the counts and the errors are never dropped
-FORMS = ("", "kv", "short hint", "device", "short decode", "decode", "hint", "model")
+FORMS = ("", "kv", "short hint", "device", "short decode", "decode", "hint", "model",
+         "frame", "replay words")     # a replay's frame count, then its "playing"/"paused"
 
 
 class StatusBar(Widget):
@@ -50,9 +53,12 @@ class StatusBar(Widget):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" roseplay ", "bold #111111 on #f2d34f")
         t.append(" ")
-        if kind == "replay":
+        if kind == "replay":        # (80x24 cut a long one's "finished 488" to "finished…")
             t.append(" REPLAY ", "bold #111111 on #c792ea")
-            t.append(" ❚❚ paused " if paused else " ▶ playing ", "bold")
+            t.append((" ❚❚ " if paused else " ▶ ") if "replay words" in cut else
+                     " ❚❚ paused " if paused else " ▶ playing ", "bold")
+            if "frame" in cut:
+                position = re.sub(r"  frame \d+/\d+", "", position)
             t.append(position + "  ", "#c792ea")
             t.append("(recorded engine paused)  " if snap.paused else "", "dim")
         elif unavailable:       # in place of SERVING / PAUSED: the engine serves nothing now

@@ -226,3 +226,28 @@ def test_the_kv_legends_two_lines_read_one_wording(width):
     recent_line, total_line = lines[-2], lines[-1]
     assert all(len(line) <= width for line in lines[-2:]), lines
     assert ("evicted" in recent_line) == ("evicted" in total_line), lines
+
+
+@sync
+async def test_a_long_replays_top_line_keeps_its_counts_at_80x24():
+    """A 47 s recording's top line read `… frame 205/413  step 2096  finished…` at 80x24:
+    the frame count, then the words playing/paused give way; step and finished stay."""
+    from textual.app import App
+
+    from roseplay.tui.widgets.status import StatusBar
+    snap = session_snapshot(12)
+    snap = dataclasses.replace(snap, step=2096, counters=dataclasses.replace(
+        snap.counters, finished=488))
+
+    class Bar(App):
+        def compose(self):
+            yield StatusBar()
+    app = Bar()
+    async with app.run_test(size=(80, 3)) as pilot:
+        bar = app.query_one(StatusBar)
+        for paused in (False, True):
+            bar.show(snap, "replay", paused, "  23.4/47.6 s  frame 205/413")
+            await pilot.pause()
+            line = widget_text(bar).rstrip()
+            assert "step 2096  finished 488" in line and "…" not in line, line
+            assert "23.4/47.6 s" in line, line
