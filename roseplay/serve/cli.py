@@ -12,8 +12,9 @@ import sys
 
 from engine.config import InvalidRequestError
 from roseplay.cli_checks import check_model, check_serve_engine
-from roseplay.cli_flags import (add_engine_address_flag, add_engine_flags, add_engine_key_flag,
-                                engine_addresses, engine_kwargs, say_on_stderr)
+from roseplay.cli_flags import (OneLineParser, add_engine_address_flag, add_engine_flags,
+                                add_engine_key_flag, engine_addresses, engine_kwargs,
+                                say_on_stderr)
 from roseplay.serve import chat
 from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
 from roseplay.serve.server import DEFAULT_HOST, url
@@ -62,11 +63,11 @@ def template_kwargs_flag(text: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="roseplay serve", epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="An OpenAI-compatible server (/v1/completions, "
-                                            "/v1/chat/completions, /v1/models, /health, "
-                                            "/metrics) on the roseplay engine.")
+    p = OneLineParser(prog="roseplay serve", epilog=EPILOG,
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      description="An OpenAI-compatible server (/v1/completions, "
+                                  "/v1/chat/completions, /v1/models, /health, /metrics) on "
+                                  "the roseplay engine.")
     s = p.add_argument_group("server")
     s.add_argument("--host", default=DEFAULT_HOST, help="Address to bind (default: 127.0.0.1; "
                    "0.0.0.0 exposes the server to the network).")

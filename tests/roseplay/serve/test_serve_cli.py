@@ -96,6 +96,19 @@ def test_bad_speculative_config_is_exit_2_in_every_command(value, capsys):
         assert "argument --speculative-config: " in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("argv", [["--bogus"], ["--max-num-seqs", "0"],
+                                  ["--default-chat-template-kwargs", "{x"]])
+def test_a_bad_serve_flag_is_one_line(argv, capsys):
+    """roseplay serve's bad flags read as the other commands' do: one line ending with
+    where to look (it printed argparse's whole usage block, ~50 lines)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("roseplay serve: error: ") and \
+        err.endswith("(see roseplay serve --help)\n"), err
+
+
 @pytest.mark.parametrize("value", ['{"backend": "outlines"}', '{"compile_timeout": "5"}',
                                    '{"grammar_cache_size": -1}', '{"nope": 1}', "not json"])
 def test_bad_structured_outputs_config_is_exit_2(value, capsys):
