@@ -122,7 +122,7 @@ class RoseplayApp(Actions, App):
         self.set_slos(self.slos)
         if self.source is None and self._factory is not None:
             self.status.loading(self._loading_message)
-            start_loading(self, self._factory, self._source_closed)
+            start_loading(self, self._factory)
         if not self.is_headless:
             install_exit_signals(self, self._exit_on_signal)
         self.set_interval(1 / self._refresh_hz, self._tick)
@@ -372,7 +372,7 @@ class RoseplayApp(Actions, App):
         src, self.source = self.source, None
         if src is not None:
             src.close()
-        self._source_closed.set()     # after close: it ends the thread that started the engine
+        self._source_closed.set()     # a load that ends after this closes its source
 
     def on_unmount(self) -> None:
         if not self.is_headless:

@@ -2,9 +2,9 @@
 model) loads on the other core while the app imports Textual and composes its screen,
 instead of after (about half a second of a 2-core laptop's start-up).
 
-Imports neither textual nor torch. The thread that built the source stays (asleep)
-until `release()`: the engine process has PR_SET_PDEATHSIG, which Linux fires when the
-parent *thread* ends (roseplay/tui/lifecycle.py).
+Imports neither textual nor torch. The thread that builds the source ends with the
+build: engine processes are forked from a thread that lives as long as the process
+(engine/ipc/launch.py spawn), so their PR_SET_PDEATHSIG does not fire when it ends.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class EarlyStart:
     or raises its error."""
 
     def __init__(self, factory: Callable[[], object]):
-        self._ready, self._release = threading.Event(), threading.Event()
+        self._ready = threading.Event()
         self.source, self.error, self.taken = None, None, False
         self._lock, self._closing = threading.Lock(), False
         threading.Thread(target=self._run, args=(factory,), name="roseplay-start",
@@ -59,7 +59,6 @@ class EarlyStart:
         except Exception as exc:          # re-raised to the app's loader
             self.error = exc
         self._ready.set()
-        self._release.wait()
 
     def __call__(self):
         self._ready.wait()
@@ -73,7 +72,7 @@ class EarlyStart:
 
     def release(self, wait: float = LOAD_WAIT_S) -> None:
         """After the app: close a source it never took (it failed before loading, or quit
-        first), and let the thread end. A quit during the load stops the engine process
+        first). A quit during the load stops the engine process
         being started and waits (up to `wait` s) for its client to clean up."""
         if not self.taken and not self._ready.is_set():
             stop_loading_engines()      # its client then fails, and removes its folder
@@ -83,4 +82,3 @@ class EarlyStart:
             mine = self._ready.is_set() and not self.taken
         if mine and self.source is not None:
             self.source.close()
-        self._release.set()

@@ -4,8 +4,8 @@ The load runs on a daemon thread of its own, not a Textual thread worker: those 
 asyncio's default executor, whose threads the interpreter joins at exit, so quitting
 during a 10 s model load used to wait for the load to end (and could abort in a
 finalizer). A load that finishes after the app has gone closes what it built. The thread
-then stays (asleep) until `done` is set: the engine process it started has
-PR_SET_PDEATHSIG, which Linux fires when the parent *thread* ends, not the process.
+ends with the load: the engine process it starts is forked from a thread that lives as
+long as the process (engine/ipc/launch.py spawn), so its PR_SET_PDEATHSIG outlives it.
 
 SIGTERM and SIGHUP end the app through its normal exit (Textual's driver then leaves the
 alternate screen, turns mouse tracking off and shows the cursor); the default action
@@ -34,9 +34,8 @@ class SourceLoaded(Message):
         self.error = error
 
 
-def start_loading(app, factory: Callable[[], object], done: threading.Event) -> threading.Thread:
-    """Run `factory` on a daemon thread; post SourceLoaded to `app` when it returns; keep
-    the thread until `done` is set (the app closed its source)."""
+def start_loading(app, factory: Callable[[], object]) -> threading.Thread:
+    """Run `factory` on a daemon thread; post SourceLoaded to `app` when it returns."""
     def load() -> None:
         try:
             msg = SourceLoaded(source=factory())
@@ -45,8 +44,6 @@ def start_loading(app, factory: Callable[[], object], done: threading.Event) -> 
         if not app.is_running or not app.post_message(msg):
             if msg.source is not None:      # the user quit meanwhile: nobody will use it
                 msg.source.close()
-            return
-        done.wait()
     thread = threading.Thread(target=load, name="roseplay-load", daemon=True)
     thread.start()
     return thread

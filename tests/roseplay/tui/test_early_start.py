@@ -4,6 +4,7 @@ imports no Textual (it runs before the app is imported)."""
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -51,3 +52,30 @@ def test_the_module_imports_no_textual_and_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_the_engine_outlives_the_thread_that_started_it():
+    """The start thread ends once the source is built (it used to stay asleep until the
+    app quit, for the engine's PR_SET_PDEATHSIG); the engine process steps on past the
+    time its SIGTERM would have stopped it."""
+    from engine.ipc.core_proc import SIGTERM_GRACE_S
+    from tests.roseplay.tui.helpers import live_source
+
+    early = EarlyStart(lambda: live_source(in_process=False))
+    source = early()
+    try:
+        starter = next((t for t in threading.enumerate() if t.name == "roseplay-start"), None)
+        if starter is not None:
+            starter.join(10)
+            assert not starter.is_alive()
+        proc = source.loop.proc
+        step = source.snapshot().step
+        until, give_up = time.monotonic() + SIGTERM_GRACE_S + 2.0, time.monotonic() + 120
+        while time.monotonic() < until or source.snapshot().step <= step + 3:
+            assert time.monotonic() < give_up, "the engine stopped stepping"
+            assert proc.poll() is None, "the engine process ended with its starting thread"
+            time.sleep(0.1)
+        assert proc.poll() is None
+    finally:
+        early.release()
+        source.close()
