@@ -10,7 +10,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.containers import Vertical
 
-from roseplay.tui.widgets.kv_host import HostTierView
+from roseplay.tui.widgets.kv_host import HostTierView, percent
 from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import BLANK, with_caption
 from roseplay.tui.widgets.replica_maps import ReplicaMaps
@@ -35,10 +35,6 @@ class KVLegend(ReshownOnResize, TextView):
                                       window, stopped))
         self.show(legend_text(snap, selected_id, mode, hover, window, self.size.width,
                               stopped))
-
-
-def _pct(rate: float | None) -> str:
-    return "-" if rate is None else f"{100 * rate:.0f}%"
 
 
 def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
@@ -96,7 +92,7 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
             lines.append((label, None))
             continue
         get = window.recent if recent else window.total
-        hit, ev, pre, cow = ("off" if off and recent else _pct(window.hit_rate(recent)),
+        hit, ev, pre, cow = ("off" if off and recent else percent(window.hit_rate(recent)),
                              get("evictions"), get("preemptions"), get("cow_copies"))
         if recent:      # routine once the pool is full: a rate, not a flash or event each
             ev = f"{ev / max(window.span(), 1.0):.0f}/s"
@@ -208,7 +204,7 @@ class KVPanel(WidthBorders, Vertical):
         blocks = np.asarray(selected.blocks if selected else (), dtype=np.int64)
         kv.show(snap.block_state, snap.block_refcount, blocks, flash)
         self.set_borders(partial(pool_borders, kv, snap, stopped_at, merged))
-        self.host.show(snap, self.size.height - KVLegend.ROWS - KVMap.MIN_ROWS)
+        self.host.show(snap, self.size.height - KVLegend.ROWS - KVMap.MIN_ROWS, window)
         least = KVMap.MIN_ROWS - (1 if self.host.display and not self.host.map.display else 0)
         if kv.styles.min_height is None or kv.styles.min_height.value != least:
             kv.styles.min_height = least      # (the host line's row, on a small panel)

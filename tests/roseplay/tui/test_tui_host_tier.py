@@ -1,5 +1,6 @@
 """The host KV tier on screen: a second, smaller map under the KV map with its blocks
-(cached, swapped with their refcount) and what the last step copied each way; absent
+(cached, swapped with their refcount) and its totals (copies each way, swaps, prefix hits
+by tier), the last step's copies in the step panel; absent
 without a host tier (the screen is the same as before)."""
 from __future__ import annotations
 
@@ -37,9 +38,10 @@ async def test_the_host_tier_map_shows_under_the_kv_map_only_with_a_tier():
             await pilot.pause()
         view = app.query_one(HostTierView)
         assert view.display
-        assert "host 60: 30 cached, 10 swapped · → 4 ← 2" in widget_text(view.line)
-        assert host_line(source.snap, 200).plain == \
-            "host tier 60 blocks: 30 cached, 10 swapped · last step → 4 ← 2 blocks (6.0 MB)"
+        assert "host 60: 30 cached, 10 swapped · →" in widget_text(view.line)
+        assert host_line(source.snap, 200).plain == (
+            "host tier 60 blocks: 30 cached, 10 swapped · total →host 0 ←host 0 · "
+            "swap out 0 in 0 · hit device 58% host 0%")
         cats = view.map._cat
         assert (cats == CACHED).sum() == 30 and (cats == USED).sum() == 10
         from roseplay.tui.widgets.step import StepPanel
@@ -98,7 +100,7 @@ async def test_the_host_tier_line_is_on_screen_at_every_size(size):
         shown = panel.content_region.intersection(line.region)
         assert shown.height == 1 and shown.width == line.region.width, (shown, line.region)
         text = screen_text(app)
-        assert "30 cached, 10 swapped" in text or "host 30c 10s → 4 ← 2" in text, text
+        assert "30 cached, 10 swapped" in text or "30c 10s" in text, text
         assert "in use" in screen_text(app)            # the legend stays
 
 
@@ -160,3 +162,45 @@ async def test_a_swap_waiting_for_the_next_step_keeps_its_note():
         panel.show(swap, swap, workload, host_tier=True)
         await pilot.pause()
         assert "recomputes" not in row(), row()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)])
+@sync
+async def test_the_host_line_reads_the_engines_totals(size):
+    """A live engine with a host tier, swap preemption: the host line's copies each way,
+    swaps and host-tier hit rate are the engine's counters in the frame drawn, and the
+    device and host hit rates add up to the legend's total hit. It showed the last step's
+    copies (`→ 0 ← 0` on most steps) and no swap or per-tier hit figure."""
+    import re
+
+    from engine.metrics import prefix_hit_rate
+    from tests.roseplay.tui.helpers import live_source, settle, wait_for
+    src = live_source(engine=dict(kv_offloading_size=0.01, num_blocks=48,
+                                  preemption_mode="swap"), scenario="multi-turn", concurrency=8)
+    app = RoseplayApp(source=src)
+    try:
+        async with app.run_test(size=size) as pilot:
+            c = lambda: src.snapshot().counters      # noqa: E731
+            assert await wait_for(pilot, lambda: c().swap_outs and c().host_prefix_hit_tokens
+                                  and c().kv_reload_blocks, timeout=60)
+            await pilot.press("space")
+            await settle(pilot, src)
+            assert await wait_for(pilot, lambda: app.snapshot.step == src.snapshot().step)
+            app.refresh_panels()
+            await pilot.pause()
+            drawn = app.snapshot.counters
+            line = widget_text(app.query_one(HostTierView).line)
+            nums = re.search(r"→(?:host )?(\d+) ←(?:host )?(\d+)", line)
+            assert nums and (int(nums[1]), int(nums[2])) == (drawn.kv_offload_blocks,
+                                                             drawn.kv_reload_blocks), line
+            host = prefix_hit_rate(drawn.host_prefix_hit_tokens, drawn.prefix_queried_tokens)
+            assert re.search(rf"hit (?:host )?{100 * host:.0f}%", line), line
+            if "swap" in line:
+                assert f"{drawn.swap_outs}" in line.split("swap", 1)[1], line
+            long = host_line(app.snapshot, 200, app.window).plain
+            dev = re.search(r"hit device (\d+)% host (\d+)%", long)
+            both = prefix_hit_rate(drawn.prefix_hit_tokens, drawn.prefix_queried_tokens)
+            assert abs(int(dev[1]) + int(dev[2]) - 100 * both) <= 1, long
+            assert f"swap out {drawn.swap_outs} in {drawn.swap_ins}" in long, long
+    finally:
+        src.close()
