@@ -96,6 +96,7 @@ class RoseplayApp(Actions, App):
         self.layout_note = ""
         self._input_seen = False   # a key, mouse or resize event since the last frame
         self._paused_shown = False     # the state space's footer binding was drawn for
+        self.step_replica: int | None = None    # data parallelism: whose step *This step* is
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -311,7 +312,7 @@ class RoseplayApp(Actions, App):
             self.detail.show(current, getattr(src, "tokenizer", None),
                              logprobs_mode(src, snap), no_text_reason(src),
                              self._detail_extra(current, stop is not None), stop is not None)
-            self.step_panel.show(snap, stop is not None)
+            self.step_panel.show(snap, stop is not None, self.step_replica)
             self.strip.show(snap)
             self.events.show(snap, stop)
             self.knobs.show(src.knobs, snap.knobs, workload, replay, snap.host_num_blocks > 0)

@@ -83,6 +83,7 @@ class RoutingActions:
         the step the engine stopped after (every replica dead), for the caption."""
         dp, kv = self.replicas(), self.kv
         on = dp is not None
+        self.step_replica = None
         if kv.replica_maps.display != on:       # (a replica died: the maps stay)
             for widget in (kv.map, kv.legend, kv.host):
                 widget.display = not on
@@ -91,6 +92,7 @@ class RoutingActions:
             return False
         router = dp.router
         snaps, routed = dp.replica_snapshots(), list(router.routed)
+        self.step_replica = step_replica(snaps, snap.last_step)
         figures = self.replica_windows.figures(snaps, routed,
                                                [dp.alive(r) for r in range(dp.size)])
         rid = current.request_id if current is not None else None
@@ -105,6 +107,16 @@ class RoutingActions:
 
     def _replica_titles(self, snaps, stop: int | None = None) -> None:
         self.kv.set_borders(partial(replica_borders, self.kv.replica_maps, snaps, stop))
+
+
+def step_replica(snaps, step) -> int | None:
+    """The replica that ran `step` (the merged snapshot's last step is one replica's):
+    the one whose recent steps hold it, None if none does (it read as the replicas'
+    summed step count over that replica's running and waiting)."""
+    if step is None:
+        return None
+    return next((r for r, s in enumerate(snaps) if s is not None and any(
+        x.wall_time == step.wall_time and x.step == step.step for x in s.recent_steps)), None)
 
 
 def replica_borders(maps, snaps, stop: int | None, width: int) -> tuple[str, str]:

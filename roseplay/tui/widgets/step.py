@@ -96,20 +96,21 @@ class StepPanel(ReshownOnResize, WidthBorders, Widget):
         self._text = Text()
         self._key = None
 
-    def show(self, snap, stopped: bool = False) -> None:
+    def show(self, snap, stopped: bool = False, replica: int | None = None) -> None:
         """`stopped`: the engine stopped for good after this step: it is the last one,
-        and its counts are of then (ran, waited), not of now."""
-        self.redraw_on_resize(partial(self.show, snap, stopped))
+        and its counts are of then (ran, waited), not of now. `replica`: data
+        parallelism's replica that ran it (its own step number, running and waiting)."""
+        self.redraw_on_resize(partial(self.show, snap, stopped, replica))
         key = (snap.last_step, snap.knobs.max_num_batched_tokens, snap.paused, self.size.width,
-               theme.generation(), snap.knobs.num_speculative_tokens, stopped)
+               theme.generation(), snap.knobs.num_speculative_tokens, stopped, replica)
         if key == self._key:
             return
         self._key = key
-        self._text = self._build(snap, stopped)
+        self._text = self._build(snap, stopped, replica)
         self.set_borders(partial(caption_borders, snap.step if stopped else None, ""))
         self.refresh()
 
-    def _build(self, snap, stopped: bool = False) -> Text:
+    def _build(self, snap, stopped: bool = False, replica: int | None = None) -> Text:
         s, budget = snap.last_step, snap.knobs.max_num_batched_tokens
         t = Text(no_wrap=True, overflow="ellipsis")
         if s is None:
@@ -117,10 +118,18 @@ class StepPanel(ReshownOnResize, WidthBorders, Widget):
                             "no step yet: the engine is waiting for requests", "dim")
         # the top line's number: last_step is that step (StepStats.step is 1-based in a
         # live engine; recordings made before 2026-11 stored it 0-based)
-        t.append(f"{'last step' if stopped else 'step'} {snap.step}", "bold")
-        t.append(f"  {s.duration * 1000:7.1f} ms   ")
-        t.append(f"ran {s.num_running}  waited {s.num_waiting}\n" if stopped else
-                 f"running {s.num_running}  waiting {s.num_waiting}\n")
+        word = "last step" if stopped else "step"
+        step = f"{word} {snap.step}"
+        ms, counts = f"  {s.duration * 1000:7.1f} ms   ", (
+            f"ran {s.num_running}  waited {s.num_waiting}" if stopped else
+            f"running {s.num_running}  waiting {s.num_waiting}")
+        if replica is not None:     # the replicas' steps are counted apart (snap.step sums)
+            step = f"replica {replica} {word} {s.step}"
+            if len(step + ms + counts) > (self.size.width or 80):
+                step, ms = f"r{replica} {word} {s.step}", f"  {s.duration * 1000:.1f} ms  "
+        t.append(step, "bold")
+        t.append(ms)
+        t.append(counts + "\n")
         used = s.decode_tokens + s.prefill_tokens
         t.append("budget ")
         t.append_text(budget_bar(s.decode_tokens, s.prefill_tokens, budget,

@@ -265,3 +265,27 @@ def test_a_replicas_ttft_p50_is_the_timing_tables_figure():
                                recent_latencies=((t - 1, 0.1, 0.01),))   # one finished
     figures, = ReplicaWindows().figures([snap], [3], [True])
     assert figures.ttft_p50 == pctl(window_ttfts(snap.requests, t - WINDOW), (50,))[0] == 1.0
+
+
+@pytest.mark.parametrize("size", ((120, 40), (200, 60)))
+@sync
+async def test_this_step_names_the_replica_whose_step_it_is(app, source, size):
+    """The merged snapshot's last step is one replica's: *This step* names that replica,
+    with its own step number, running and waiting. It read `step N` with N the replicas'
+    steps summed (the status line's count) over one replica's running and waiting."""
+    from roseplay.tui.widgets.step import StepPanel
+    dp = source.replicas()
+    async with app.run_test(size=size) as pilot:
+        snaps = await paused(pilot, source)
+        assert await wait_for(pilot, lambda: app.snapshot is not None and
+                              app.snapshot.last_step is not None)
+        last = app.snapshot.last_step
+        owner = next(r for r, s in enumerate(snaps) if any(
+            x.wall_time == last.wall_time for x in s.recent_steps))
+        app.refresh_panels()
+        await pilot.pause()
+        first = next(line for line in widget_text(app.query_one(StepPanel)).splitlines()
+                     if "step" in line and "This step" not in line)
+        assert re.search(rf"(replica |r){owner} step {last.step}\b", first), first
+        assert f"running {last.num_running}  waiting {last.num_waiting}" in first, first
+        assert dp.size == 2
