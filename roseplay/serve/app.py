@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from roseplay.serve import chat
-from roseplay.serve.bridge import EngineBridge
+from roseplay.serve.bridge import DEFAULT_MAX_STREAM_BACKLOG, EngineBridge
 from roseplay.serve.errors import OpenAIError, install_handlers
 from roseplay.serve.gate import GateMiddleware
 from roseplay.serve.metrics import ServerMetrics
@@ -43,6 +43,7 @@ class ServeConfig:
     served_model_name: tuple[str, ...] = ()     # default: the engine's model name
     max_waiting: int | None = None              # 429 above this many requests without a token
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_stream_backlog: int = DEFAULT_MAX_STREAM_BACKLOG    # unread tokens of one stream
     chat_template: str | None = None            # a Jinja file or string (see chat.py)
     # template variables under every request's chat_template_kwargs (vLLM's flag)
     default_chat_template_kwargs: dict | None = None
@@ -75,6 +76,8 @@ class ServeConfig:
             raise ValueError("max_waiting must be >= 0")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
+        if self.max_stream_backlog < 1:
+            raise ValueError("max_stream_backlog must be >= 1")
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown_timeout must be >= 0")
         if self.timeout_keep_alive <= 0 or self.timeout_request_read <= 0:
@@ -105,7 +108,8 @@ class ServeState:
             config.chat_template))
         self.template_defaults = config.default_chat_template_kwargs or {}
         self.metrics = ServerMetrics(loop, self.model_names[0], self.max_model_len)
-        self.bridge = EngineBridge(loop, self.metrics, config.max_waiting)
+        self.bridge = EngineBridge(loop, self.metrics, config.max_waiting,
+                                   config.max_stream_backlog)
         self.drain = Drain()
 
     def check_model(self, name: str | None) -> str:

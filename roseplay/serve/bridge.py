@@ -19,6 +19,11 @@ Admission control: `pending` counts this server's requests that have no token ye
 (queued in the engine or prefilling). With `max_waiting` set, a request whose choices
 would take `pending` over it is refused with 429 (nothing is submitted); without it,
 requests queue in the engine without bound, as in vLLM.
+
+Slow readers: the engine never waits for a client, so a stream whose client reads
+slower than its tokens come keeps them queued here. `max_backlog` bounds that queue (its
+tokens, each top logprob one more): past it the stream's queue is dropped, its requests
+are cancelled and it ends with an error event, as a cut stream does.
 """
 from __future__ import annotations
 
@@ -34,6 +39,10 @@ from engine.codes import REASON_CANCELLED, REASON_ERROR
 from roseplay.serve.errors import OpenAIError
 from roseplay.serve.metrics import ServerMetrics
 
+# what one stream may hold unread (a client that reads slower than its tokens come): its
+# tokens, each logprob returned counting as one more; 100-350 bytes each, so at most
+# ~20 MB a stream (docs/SERVE.md "Limits and timeouts")
+DEFAULT_MAX_STREAM_BACKLOG = 1 << 16
 
 
 @dataclass
@@ -92,8 +101,10 @@ class Mailbox:
 
 
 class EngineBridge:
-    def __init__(self, loop, metrics: ServerMetrics, max_waiting: int | None = None):
+    def __init__(self, loop, metrics: ServerMetrics, max_waiting: int | None = None,
+                 max_backlog: int = DEFAULT_MAX_STREAM_BACKLOG):
         self.loop, self.metrics, self.max_waiting = loop, metrics, max_waiting
+        self.max_backlog = max_backlog
         self.pending = 0
         self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -143,12 +154,20 @@ class Generation:
         self._queue: deque = deque()
         self._wake: asyncio.Future | None = None
         self._mailbox = mailbox
+        self._unread = 0        # tokens in _queue
+        self._weight = 1        # backlog units per token: 1, +1 per logprob returned
+        self._overrun = False   # the backlog passed max_backlog: the queue was dropped
 
     def _on_event(self, event) -> None:        # engine thread: hand over, nothing more
         self._mailbox.post(self, event)
 
     def _receive(self, event) -> None:         # the event loop (Mailbox._deliver)
+        if self._overrun and not isinstance(event, EndEvent):
+            return
         self._queue.append(event)
+        self._unread += len(event.token_ids)
+        if self._unread * self._weight > self.bridge.max_backlog:
+            self._drop_backlog()
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
@@ -168,6 +187,17 @@ class Generation:
         self.choices.append(choice)
         self._by_id[request_id] = choice
         self.bridge.pending += 1
+        if params.logprobs is not None:    # the sampled token's logprob and the top ones
+            self._weight = max(self._weight, 2 + params.logprobs)
+
+    def _drop_backlog(self) -> None:
+        """The client left more than max_backlog unread: free what it did not read and
+        end its unfinished choices with an error (their engine requests cancelled)."""
+        self._queue.clear()
+        self._unread, self._overrun = 0, True
+        self.end_with_error(f"the client read too slowly: more than "
+                            f"{self.bridge.max_backlog} tokens unread (--max-stream-backlog); "
+                            "the request was cancelled", status=500)
 
     @property
     def done(self) -> bool:
@@ -186,6 +216,7 @@ class Generation:
             batch = []
             while self._queue and not self.done:
                 event = self._queue.popleft()
+                self._unread -= len(event.token_ids)
                 choice = self._by_id.get(event.request_id)
                 if choice is None or choice.finished:
                     continue

@@ -16,7 +16,8 @@ from roseplay.cli_flags import (OneLineParser, add_engine_address_flag, add_engi
                                 add_engine_key_flag, engine_addresses, engine_kwargs,
                                 say_on_stderr)
 from roseplay.serve import chat
-from roseplay.serve.app import DEFAULT_MAX_BODY_BYTES, ServeConfig
+from roseplay.serve.app import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BACKLOG,
+                                ServeConfig)
 from roseplay.serve.server import DEFAULT_HOST, url
 from roseplay.serve.app import (DEFAULT_HTTP, DEFAULT_TIMEOUT_KEEP_ALIVE_S,
                                 DEFAULT_TIMEOUT_REQUEST_READ_S, HTTP_PARSERS)
@@ -82,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "first token yet (default: no cap; they queue in the engine).")
     s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help=f"Largest request body; more gets 413 (default: {DEFAULT_MAX_BODY_BYTES}).")
+    s.add_argument("--max-stream-backlog", type=int, default=DEFAULT_MAX_STREAM_BACKLOG,
+                   metavar="TOKENS",
+                   help="End a stream whose client leaves more than this many tokens unread "
+                        "(each top logprob counts as one more) with an error event, and "
+                        "cancel its requests: a client that reads slower than its tokens "
+                        f"come holds no more server memory (default: {DEFAULT_MAX_STREAM_BACKLOG}).")
     s.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                    help="On SIGTERM/Ctrl-C, stop accepting and let open requests finish for "
                         "this many seconds; then end the rest with an error event and [DONE] "
@@ -170,6 +177,7 @@ def serve_config(args) -> ServeConfig:
     return ServeConfig(api_key=args.api_key or None,
                        served_model_name=tuple(args.served_model_name or ()),
                        max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes,
+                       max_stream_backlog=args.max_stream_backlog,
                        chat_template=args.chat_template,
                        default_chat_template_kwargs=args.default_chat_template_kwargs,
                        shutdown_timeout=args.shutdown_timeout,

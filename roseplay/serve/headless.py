@@ -22,7 +22,7 @@ from roseplay.serve.shutdown import EXIT_DRAINED, EXIT_ENGINE_DIED
 
 # the server's flags and the front's knobs: nothing to do with an engine alone
 NOT_HEADLESS = ("host", "port", "api_key", "served_model_name", "max_waiting",
-                "max_body_bytes", "shutdown_timeout", "timeout_keep_alive",
+                "max_body_bytes", "max_stream_backlog", "shutdown_timeout", "timeout_keep_alive",
                 "timeout_request_read", "http", "chat_template",
                 "default_chat_template_kwargs", "allowed_origins",
                 "allowed_methods", "allowed_headers", "allowed_credentials",
