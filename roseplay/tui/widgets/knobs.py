@@ -166,9 +166,9 @@ class KnobsPanel(Widget):
                       "" if short or len(note) > room else note, width)
         if merged:      # tight: "s mixed  </> 32  r ∞" in 80x24's 30 columns
             t.append(" ")
-            for key, _, value, _ in load:
+            for key, value, gap in merged_load(load, (self.size.width or 200) - 1):
                 t.append(key, "bold reverse #5fb3f0")
-                t.append(f" {value}  ", "bold #f2d34f")
+                t.append(f" {value}{gap}", "bold #f2d34f")
         t.rstrip()
         lines = min(self.help_lines, height - len(rows) - merged)
         self._update((t, self._help_text(read_only, workload, lines, bool(short))))
@@ -224,3 +224,16 @@ class KnobsPanel(Widget):
 
     def render(self) -> Group:
         return Group(*self._content)
+
+
+def merged_load(load: list, width: int) -> list[tuple[str, str, str]]:
+    """The workload's knobs on one line, (key, value, gap) each: two spaces apart, else
+    one, else the last ones left out whole (the routing policy first: the status line
+    names it too). 80x24 with replicas cut it to `u…`."""
+    items = [(key, value) for key, _, value, _ in load]
+    while items:
+        for gap in ("  ", " "):
+            if sum(len(f"{k} {v}{gap}") for k, v in items) - len(gap) <= width:
+                return [(k, v, gap) for k, v in items]
+        items.pop()
+    return []

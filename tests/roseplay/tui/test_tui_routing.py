@@ -289,3 +289,21 @@ async def test_this_step_names_the_replica_whose_step_it_is(app, source, size):
         assert re.search(rf"(replica |r){owner} step {last.step}\b", first), first
         assert f"running {last.num_running}  waiting {last.num_waiting}" in first, first
         assert dp.size == 2
+
+
+@pytest.mark.parametrize("size", SIZES)
+@sync
+async def test_the_knobs_workload_line_is_whole_with_replicas(app, source, size):
+    """80x24 puts the workload's knobs on one line; with replicas the routing policy
+    made it `s shared-prefix  </> 4  r ∞  u…`: now whole words only (the policy left
+    out where it does not fit: the status line names it)."""
+    from roseplay.tui.widgets.knobs import KnobsPanel
+    async with app.run_test(size=size) as pilot:
+        assert await wait_for(pilot, lambda: app.snapshot is not None)
+        app.refresh_panels()
+        await pilot.pause()
+        text = widget_text(app.query_one(KnobsPanel))
+        assert "…" not in text.replace("… (? help)", ""), text
+        assert "r ∞" in text or "request rate" in text, text
+        policy = source.replicas().router.policy
+        assert policy in text or policy in screen_text(app), screen_text(app)
