@@ -39,6 +39,7 @@ class GroupProc(ServeProc):
         self.api_pids = [k for k in kids if "roseplay.serve.multiproc" in cmdline(k)]
         engine = [k for k in kids if "engine.ipc.core_proc" in cmdline(k)]
         assert len(self.api_pids) == 1 and len(engine) == 1, kids
+        self.engine_pids = engine
         env = environ_of(self.api_pids[0])
         assert "ROSEPLAY_ENGINE_KEY" not in cmdline(self.api_pids[0])
         self.metrics_dir = env["PROMETHEUS_MULTIPROC_DIR"]

@@ -39,11 +39,13 @@ class ServeProc:
     """with ServeProc("--shutdown-timeout", "1") as srv: srv.url, srv.proc, srv.engine_pid"""
 
     def __init__(self, *args: str, engine_address: str | None = None, env: dict | None = None,
-                 new_session: bool = False):
+                 new_session: bool = False, engines: int = 1):
         """env: the server's environment (default: this process's); new_session: the
         server and its engine in a process group of their own, which signal(group=True)
-        signals whole (as systemd's stop and `timeout` do)."""
-        self.env, self.new_session = env, new_session
+        signals whole (as systemd's stop and `timeout` do); engines: how many engine
+        processes it starts (--data-parallel-size), their pids in engine_pids."""
+        self.env, self.new_session, self.engines = env, new_session, engines
+        self.engine_pids: list[int] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--port", str(self.port), "--log-level", "warning", *args]
@@ -108,9 +110,9 @@ class ServeProc:
         return self
 
     def _engine_pid(self) -> int:
-        kids = children(self.proc.pid)
-        assert len(kids) == 1, kids
-        return kids[0]
+        self.engine_pids = sorted(children(self.proc.pid), key=_replica_rank)
+        assert len(self.engine_pids) == self.engines, self.engine_pids
+        return self.engine_pids[0]
 
     def signal(self, sig: int, group: bool = False) -> None:
         if group:
@@ -138,8 +140,9 @@ class ServeProc:
 
     def _stop(self, check: bool) -> None:
         if self.proc.poll() is None:         # the test failed: clean up, check nothing
-            if self.engine_pid and alive(self.engine_pid):
-                os.kill(self.engine_pid, signal.SIGCONT)     # a test may have stopped it
+            for pid in self.engine_pids:
+                if alive(pid):
+                    os.kill(pid, signal.SIGCONT)     # a test may have stopped it
             self.proc.kill()
             self.wait()
             if self.engine_dir:
@@ -151,8 +154,8 @@ class ServeProc:
     def assert_clean(self) -> None:
         """No engine process, no listening socket, no engine tmp dir left."""
         deadline = time.monotonic() + 10
-        while self.engine_pid and alive(self.engine_pid):
-            assert time.monotonic() < deadline, "the engine process outlived the server"
+        while any(alive(pid) for pid in self.engine_pids):
+            assert time.monotonic() < deadline, "an engine process outlived the server"
             time.sleep(0.05)
         try:
             httpx.get(self.url + "/health", timeout=2)
@@ -160,6 +163,13 @@ class ServeProc:
         except httpx.ConnectError:
             pass
         assert self.engine_dir is None or not os.path.exists(self.engine_dir), self.engine_dir
+
+
+def _replica_rank(pid: int) -> int:
+    """The data_parallel_rank an engine process was started with (0 alone)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        match = re.search(rb'"data_parallel_rank": (\d+)', f.read())
+    return int(match.group(1)) if match else 0
 
 
 def stream_body(max_tokens: int, prompt: str = PROMPT, **extra) -> dict:
