@@ -29,6 +29,8 @@ class ReplicaFigures:
     tok_s: float | None     # output tokens a second, last WINDOW s
     routed: int             # requests the router sent here
     step: int = 0           # its snapshot's (a dead replica's last: what its map shows)
+    host: tuple = ()        # its host KV tier (none: empty): blocks, cached, swapped,
+    #                         and the blocks copied to it and back since the engine started
 
     @property
     def score(self) -> int:
@@ -76,4 +78,13 @@ class ReplicaWindows:
                             last.prefix_queried_tokens - first.prefix_queried_tokens),
             float(np.median(ttfts)) if ttfts else None,
             (last.generated_tokens - first.generated_tokens) / span if span > 0 else None,
-            routed, snap.step)
+            routed, snap.step, host_figures(snap))
+
+
+def host_figures(snap) -> tuple:
+    """A replica's host tier: (blocks, cached, swapped, copied to, copied back), or ()."""
+    state = snap.host_block_state
+    if not len(state):
+        return ()
+    return (len(state), int((state == 2).sum()), int((state == 1).sum()),
+            snap.counters.kv_offload_blocks, snap.counters.kv_reload_blocks)

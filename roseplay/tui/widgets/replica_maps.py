@@ -18,7 +18,7 @@ from roseplay.tui.widgets.replica_load import ReplicaFigures, imbalance
 from roseplay.tui.widgets.stopped import BLANK, STOP_STYLE
 from roseplay.tui.widgets.text_view import TextView
 
-LOAD_ROWS = 4       # the figures under each map
+LOAD_ROWS = 4       # the figures under each map (a fifth: its host tier)
 IN_USE, CACHED = 1, 2   # block states (EngineSnapshot.block_state: free, in use, cached)
 DEAD = " dead"          # after a dead replica's head
 STOPPED_DIM = 0.4       # how much of its colours a dead replica's map keeps (0: none)
@@ -123,6 +123,11 @@ def load_text(f: ReplicaFigures, width: int, chosen: bool = False) -> Text:
                              f"{f.used}/{f.total} @{f.step}"), "dim")
     t.append("\n" + pick(f"TTFT p50 {ttft} · {toks} tok/s", f"TTFT {ttft} {toks} tok/s",
                          f"{ttft} {toks}t/s"), "dim")
+    if f.host:      # its host KV tier (the merged host map gives way to the maps)
+        n, cached, swapped, out, back = f.host
+        t.append("\n" + pick(f"host {n}: {cached} cached · {swapped} swapped · "
+                             f"total →{out} ←{back}", f"host {cached}c {swapped}s →{out} ←{back}",
+                             f"h {cached}c {swapped}s"))
     return t
 
 
@@ -186,6 +191,9 @@ class ReplicaMaps(Vertical):
             req = snap.request(selected_id) if selected_id and f.rank == chosen else None
             blocks = np.asarray(req.blocks if req is not None else (), np.int64)
             col.map.show_pool(snap.block_state, snap.block_refcount, blocks, not f.alive)
+            rows = LOAD_ROWS + bool(f.host)
+            if col.load.styles.height is None or col.load.styles.height.value != rows:
+                col.load.styles.height = rows
             col.load.show(load_text(f, max(8, col.size.width), f.rank == chosen))
         self.totals.show(totals_text(policy, [f.routed for f in figures],
                                      max(20, self.size.width)))
