@@ -40,9 +40,9 @@ from roseplay.serve.errors import OpenAIError
 from roseplay.serve.metrics import ServerMetrics
 
 # what one stream may hold unread (a client that reads slower than its tokens come): its
-# tokens, each logprob returned counting as one more; 100-350 bytes each, so at most
-# ~20 MB a stream (docs/SERVE.md "Limits and timeouts")
-DEFAULT_MAX_STREAM_BACKLOG = 1 << 16
+# tokens, each logprob returned counting as one more; 100-330 bytes each (measured), so
+# at most ~45 MB a stream (docs/SERVE.md "Limits and timeouts")
+DEFAULT_MAX_STREAM_BACKLOG = 1 << 17
 
 
 @dataclass
