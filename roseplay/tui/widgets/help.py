@@ -54,13 +54,22 @@ totals). A narrow legend abbreviates: **f** free, **u** used, **s** shared, **c*
 cached; **ev** evicted, **pre** preempted, **C** COW copies; `10s` the last 10 s, `all`
 the total, `rst` since the reset. A map taller than its panel scrolls; its bottom line
 then says which blocks show (`blocks 0-173 of 512: scroll, z`).
+With a **host tier** (`--kv-offloading-size`) a smaller map of host memory follows:
+**░** cached blocks the device evicted (copied there, kept under their prefix), solid the
+blocks of a request preempted by **swap** (`h`). Its line gives the pool and, since the
+start or `0`, the blocks copied to the host (`→`: offloads and swap-outs) and back (`←`:
+reloads and swap-ins), the swaps, and the prefix hit rate **by tier**: prompt tokens
+found in device blocks and in host blocks, of those looked up (together the legend's
+`hit`). A request's hit cell reads `48h` when some of its hit came from the host.
 
 ## Replicas and routing (`roseplay --data-parallel-size N`)
 With N engine replicas the KV panel shows each replica's own pool as a small map (one
 cell stands for the blocks the border's `1 cell = k blocks` says: the state most of them
 have, their highest refcount), and under each: its requests routed, **waiting**,
 **running** and vLLM's load score **4w+r** (4 x waiting + running), KV blocks in use of
-its pool, its prefix hit rate, TTFT p50 and output tok/s over the last 10 s. The last
+its pool, its prefix hit rate, TTFT p50 and output tok/s over the last 10 s (with a
+host tier, its host pool and the blocks copied each way since the start). *This step* is
+one replica's step: it names the replica (`r1 step 902`). The last
 line: the routing policy, requests per replica and the **imbalance** (most / mean: 1.00
 is even). The **Routing** panel is the selected request's routing card: the replica it
 went to and the router's own reason, then per replica what the router weighed at that
