@@ -183,14 +183,14 @@ class KVCheckingRunner:
                     f"host block {block} does not hold its key's tokens"
 
 
-def host_gib(block_size: int, blocks: int) -> float:
-    """kv_offloading_size (GiB) of a host tier of `blocks` blocks of dummy:tiny (float32)."""
-    return (blocks + 0.5) * tiny_block_bytes(block_size) / 2 ** 30
+def host_gib(block_size: int, blocks: int, model: str = "dummy:tiny") -> float:
+    """kv_offloading_size (GiB) of a host tier of `blocks` blocks of `model` (float32)."""
+    return (blocks + 0.5) * block_bytes(block_size, model) / 2 ** 30
 
 
-def tiny_block_bytes(block_size: int) -> int:
+def block_bytes(block_size: int, model: str = "dummy:tiny") -> int:
     from engine.worker.models.loader import model_config
-    cfg = model_config("dummy:tiny")
+    cfg = model_config(model)
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return 2 * cfg.num_hidden_layers * block_size * heads * head_dim * 4
@@ -216,6 +216,13 @@ def make_engine(num_blocks: int, block_size: int, host_blocks: int = 0, proposer
 
 def check_all(eng: LLMEngine) -> None:
     assert not eng.executor.runner.violations, eng.executor.runner.violations[0]
+    check_pool(eng)
+    eng.executor.runner.check_index()
+
+
+def check_pool(eng: LLMEngine) -> None:
+    """The pool/scheduler invariants of any runner (the real model's too): every block
+    free, cached or held as the block tables say; queues consistent; no failed step."""
     assert eng.stats.last_error is None, eng.stats.last_error
     pool, sched = eng.pool, eng.scheduler
     pool.check(sched.block_tables())
@@ -238,4 +245,3 @@ def check_all(eng: LLMEngine) -> None:
     if eng.host is not None:                 # both tiers: no block lost or owned twice
         eng.host.check([r for r in sched.waiting if r.swap is not None])
         assert not any(r.swap is not None for r in sched.running)
-    eng.executor.runner.check_index()
