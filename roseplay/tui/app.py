@@ -24,7 +24,7 @@ from roseplay.tui.actions import PAUSE_ACTIONS, Actions
 from roseplay.tui.marks import RecordedMarks, describe_event
 from roseplay.tui.commands import RoseplayCommands
 from roseplay.tui.dp_actions import MERGED_NOTE, DecisionStore
-from roseplay.tui.engine_state import SERVING, engine_down
+from roseplay.tui.engine_state import SERVING, engine_down, kv_events_endpoints
 from roseplay.tui.keys import TEXT_ACTIONS, action_mode, bindings
 from roseplay.tui.lifecycle import (SourceLoaded, error_line, exit_watchdog,
                                     install_exit_signals, remove_exit_signals, start_loading)
@@ -119,6 +119,7 @@ class RoseplayApp(Actions, App):
     def on_mount(self) -> None:
         self.main_screen = self.screen     # other screens (help, palette) may be on top
         self.setup_panels()
+        self.status.kv_events = kv_events_endpoints(self.source)
         self.apply_layout()
         self.set_slos(self.slos)
         if self.source is None and self._factory is not None:
@@ -148,6 +149,7 @@ class RoseplayApp(Actions, App):
             event.source.close()         # quit while it loaded
         else:
             self.source = event.source
+            self.status.kv_events = kv_events_endpoints(self.source)
             self.apply_layout()         # data parallelism: room for the routing card; the
             #                             panels are drawn once it is laid out
 

@@ -39,3 +39,15 @@ def client_down(loop) -> tuple[str, bool]:
     if not why:
         return SERVING
     return str(why), getattr(loop, "fatal_error", None) is not None
+
+
+def kv_events_endpoints(src) -> list[str]:
+    """Where the live engine publishes its KV events (kv_events_config; every replica's
+    with data parallelism), as its clients' Welcome said: [] with none, in-process (only
+    an engine process publishes) or in a replay."""
+    if src is None or src.kind != "live" or getattr(src, "sides", None) is not None:
+        return []
+    loop = getattr(src, "loop", None)
+    clients = getattr(loop, "replicas", None) or [loop]
+    found = (getattr(getattr(c, "transport", None), "kv_events", None) for c in clients)
+    return [ev.endpoint for ev in found if ev is not None]

@@ -1,5 +1,5 @@
 """The top line: serving/paused/stopped, step, replay position, errors, the decode
-path, then the model and device."""
+path, then the model and device, the KV pool's size and where KV events go."""
 from __future__ import annotations
 
 import re
@@ -16,7 +16,7 @@ SHORT_PATHS = {"cpu_native": "C layer", "torch_sdpa": "torch_sdpa", "triton": "t
                "torch": "torch ref"}
 # what a narrow line gives up, least important first, each in addition to those before
 # (the first: nothing); the step, the counts and the errors are never dropped
-FORMS = ("", "kv", "short hint", "device", "short decode", "decode", "hint", "model",
+FORMS = ("", "kv events", "kv", "short hint", "device", "short decode", "decode", "hint", "model",
          "frame", "replay words")     # a replay's frame count, then its "playing"/"paused"
 
 
@@ -27,6 +27,7 @@ class StatusBar(Widget):
         super().__init__(**kwargs)
         self._text = Text(" roseplay ", "bold reverse")
         self._args: tuple | None = None     # show's, for the shorter forms render builds
+        self.kv_events: list[str] = []      # where the engine publishes KV events (each replica)
 
     def loading(self, message: str) -> None:
         t = Text(" roseplay ", "bold #111111 on #f2d34f")
@@ -98,6 +99,9 @@ class StatusBar(Widget):
         if kv and "kv" not in cut:
             where = f" x {tp} ranks (TP={tp})" if tp > 1 else ""
             t.append(f" · KV {kv / 2 ** 30:.2f} GiB{where}", "dim")
+        if self.kv_events and "kv events" not in cut and kind != "replay":
+            more = f" +{len(self.kv_events) - 1}" if len(self.kv_events) > 1 else ""
+            t.append(f" · KV events {self.kv_events[0]}{more}", "dim")
         return t
 
     def _set(self, t: Text) -> None:
