@@ -54,10 +54,20 @@ def host_line(snap, width: int = 80, window=None) -> Text:
              f"swap {s_out}/{s_in} · hit host {host}",
              f"host {n}: {cached}c {used}s · →{out} ←{back} · swap {s_out}/{s_in}"
              f" · hit {host}",
-             f"host {cached}c {used}s →{out} ←{back} hit {host}")
+             f"host {cached}c {used}s →{out} ←{back} hit {host}",
+             f"host {cached}c {used}s →{short_count(out)} ←{short_count(back)} hit {host}",
+             f"host {cached}c {used}s hit {host}")      # (80x24: the copies go whole)
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(next((f for f in forms if len(f) <= width), forms[-1]), "bold")
     return t
+
+
+def short_count(n) -> str:
+    """A count in at most 4 characters (12345 -> 12k); a rate ("40/s") as it is."""
+    if not isinstance(n, int) or n < 1000:
+        return str(n)
+    return f"{n / 1000:.1f}k" if n < 10_000 else f"{n // 1000}k" if n < 1_000_000 else \
+        f"{n // 1_000_000}M"
 
 
 def percent(rate: float | None) -> str:

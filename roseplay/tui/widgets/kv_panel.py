@@ -10,7 +10,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.containers import Vertical
 
-from roseplay.tui.widgets.kv_host import HostTierView, percent
+from roseplay.tui.widgets.kv_host import HostTierView, percent, short_count as _k
 from roseplay.tui.widgets.borders import WidthBorders, border_form
 from roseplay.tui.widgets.stopped import BLANK, with_caption
 from roseplay.tui.widgets.replica_maps import ReplicaMaps
@@ -100,7 +100,9 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
                               f"hit {hit} · evicted {ev} · preempted {pre} · COW {cow}",
                               f"hit {hit} ev {ev} pre {pre} C {cow}",
                               f"hit {hit} ev {_k(ev)} pre {_k(pre)} C {_k(cow)}",
-                              f"hit {hit} ev{_k(ev)} pre{_k(pre)} C{_k(cow)}")[2 - tier:]))
+                              f"hit {hit} ev{_k(ev)} pre{_k(pre)} C{_k(cow)}",
+                              f"hit {hit} ev{_k(ev)} p{_k(pre)} C{_k(cow)}",
+                              f"{hit} ev{_k(ev)} p{_k(pre)} C{_k(cow)}")[2 - tier:]))
     # one wording for both lines, the longest that fits both (120x40 read "ev 203/s" above
     # "evicted 5911"); a line that fits none takes its shortest
     shown = [forms for _, forms in lines if forms is not None]
@@ -114,14 +116,6 @@ def legend_text(snap, selected_id: str | None, mode: str, hover: str, window,
         t.append(f"\n{label:<{pad}}", "dim")
         t.append(forms[pick])
     return t
-
-
-def _k(n) -> str:
-    """A count in at most 4 characters (12345 -> 12k); a rate ("40/s") as it is."""
-    if not isinstance(n, int) or n < 1000:
-        return str(n)
-    return f"{n / 1000:.1f}k" if n < 10_000 else f"{n // 1000}k" if n < 1_000_000 else \
-        f"{n // 1_000_000}M"
 
 
 def _cell_words(mode: str) -> str:

@@ -5,6 +5,7 @@ without a host tier (the screen is the same as before)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -204,3 +205,26 @@ async def test_the_host_line_reads_the_engines_totals(size):
             assert f"swap out {drawn.swap_outs} in {drawn.swap_ins}" in long, long
     finally:
         src.close()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+@sync
+async def test_large_totals_fit_the_legend_and_the_host_line_whole(size):
+    """A long run at 80x24 (thousands evicted, preempted, copied): the totals line read
+    `all hit 52% ev4.2k pre1.4k C1…` and the host line `host 37c 18s →3160 ←3252 hit …`.
+    Each takes a shorter whole form."""
+    from roseplay.tui.widgets.kv_panel import KVLegend
+    base = with_host_tier(session_snapshot(12))
+    counters = dataclasses.replace(base.counters, evictions=4200, preemptions=1400,
+                                   cow_copies=1234, kv_offload_blocks=3160,
+                                   kv_reload_blocks=3252, host_prefix_hit_tokens=100)
+    app = RoseplayApp(source=StaticSource(dataclasses.replace(base, counters=counters)))
+    async with app.run_test(size=size) as pilot:
+        for _ in range(2):
+            app.refresh_panels()
+            await pilot.pause()
+        legend = widget_text(app.query_one(KVLegend))
+        line = widget_text(app.query_one(HostTierView).line)
+        assert "…" not in legend and "…" not in line, (legend, line)
+        assert "1.2k" in legend or "1234" in legend, legend
+        assert re.search(r"hit \d+%", line), line
