@@ -51,7 +51,7 @@ Under the map: the prefix hit rate (`off` while the cache is off), evictions,
 preemptions and COW copies over the **last 10 s** (fewer seconds just after a knob
 change: the window starts again there) and in total (`0` and every guide reset the
 totals). A narrow legend abbreviates: **f** free, **u** used, **s** shared, **c**
-cached; **ev** evicted, **pre** preempted, **C** COW copies; `10s` the last 10 s, `all`
+cached; **ev** evicted, **pre** or **p** preempted, **C** COW copies; `10s` the last 10 s, `all`
 the total, `rst` since the reset. A map taller than its panel scrolls; its bottom line
 then says which blocks show (`blocks 0-173 of 512: scroll, z`).
 With a **host tier** (`--kv-offloading-size`) a smaller map of host memory follows:
