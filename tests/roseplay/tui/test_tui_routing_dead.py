@@ -44,8 +44,9 @@ async def test_a_dead_replica_reads_dead_and_stopped_where_it_fits(size):
     src = FrontSource()
     app = RoseplayApp(source=src)
     async with app.run_test(size=size) as pilot:
-        app.refresh_panels()
-        await pilot.pause()
+        for _ in range(2):      # shown, laid out, then drawn at its width (a loaded box
+            app.refresh_panels()    # laid it out after the first frame: `KV 40/96 @73`)
+            await pilot.pause()
         live, dead = (widget_text(app.query_one(f"#replica-load-{r}")) for r in (0, 1))
         head = dead.splitlines()[0].rstrip()
         assert head.endswith(" dead") and "…" not in head, dead
