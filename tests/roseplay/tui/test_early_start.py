@@ -1,6 +1,7 @@
 """roseplay/tui/early_start.py: the TUI's source starts before the app exists, the app's
 factory gets it (or its error), a source the app never took is closed, and the module
-imports no Textual (it runs before the app is imported)."""
+imports no Textual (it runs before the app is imported); the threads that start the engine
+end with the load and the engine outlives them."""
 import subprocess
 import sys
 import threading
@@ -79,3 +80,26 @@ def test_the_engine_outlives_the_thread_that_started_it():
     finally:
         early.release()
         source.close()
+
+
+def test_the_apps_load_thread_ends_and_its_engine_serves_on():
+    """The app's loader thread (roseplay-load) ends once the source is built; it stayed
+    asleep until the app quit. The engine it started steps on after it ended."""
+    import asyncio
+
+    from engine.ipc.core_proc import SIGTERM_GRACE_S
+    from roseplay.tui.app import RoseplayApp
+    from tests.roseplay.tui.helpers import live_source, wait_for
+
+    async def run():
+        app = RoseplayApp(source_factory=lambda: live_source(in_process=False))
+        async with app.run_test(size=(80, 24)) as pilot:
+            assert await wait_for(pilot, lambda: app.source is not None, 120)
+            loaders = [t for t in threading.enumerate() if t.name == "roseplay-load"]
+            assert await wait_for(pilot, lambda: not any(t.is_alive() for t in loaders), 10)
+            proc, step = app.source.loop.proc, app.source.snapshot().step
+            until = time.monotonic() + SIGTERM_GRACE_S + 2.0
+            assert await wait_for(pilot, lambda: time.monotonic() > until and
+                                  app.source.snapshot().step > step + 3, 120)
+            assert proc.poll() is None
+    asyncio.run(run())
