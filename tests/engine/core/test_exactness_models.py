@@ -148,6 +148,13 @@ class Run:
         rng = self.rng
         if self.prompts and rng.random() < 0.3:
             return rng.choice(self.prompts)
+        if self.prompts and rng.random() < 0.2:    # a prompt, its output, the prompt again:
+            head = rng.choice(self.prompts)[-12:]  # the n-gram drafts are mostly right
+            out = self.solo.run(head, SamplingParams(max_tokens=12, temperature=0,
+                                                     ignore_eos=True)).token_ids
+            prompt = head + list(out) + head
+            self.prompts.append(prompt)
+            return prompt
         head = rng.choice(self.prompts)[:rng.randint(1, 24)] \
             if self.prompts and rng.random() < 0.5 else []
         piece = [rng.randrange(self.vocab) for _ in range(rng.randint(1, 12))]
