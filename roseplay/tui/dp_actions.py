@@ -122,8 +122,9 @@ def step_replica(snaps, step) -> int | None:
 def replica_borders(maps, snaps, stop: int | None, width: int) -> tuple[str, str]:
     """The KV panel's title and subtitle at `width` over the replicas' maps."""
     n = snaps[0].num_blocks
-    forms = (f"KV cache · {len(snaps)} replicas × {n} blocks × {snaps[0].block_size} tokens",
-             f"KV · {len(snaps)} × {n} blocks")
+    fp8 = " · fp8" if snaps[0].kv_cache_dtype != "auto" else ""    # as one pool's title
+    forms = (f"KV cache · {len(snaps)} replicas × {n} blocks × {snaps[0].block_size} tokens"
+             f"{fp8}", f"KV · {len(snaps)} × {n} blocks{fp8}", f"KV · {len(snaps)} × {n} blocks")
     k = maps.scale()
     return (border_form(forms, width),
             with_caption(stop, f"1 cell = {k} blocks" if k > 1 else "", width))

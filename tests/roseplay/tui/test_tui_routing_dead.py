@@ -75,3 +75,17 @@ def test_the_head_drops_words_before_dead():
     kvs = {w: load_text(f, w).plain.splitlines()[2] for w in (40, 24, 14)}
     assert kvs == {40: "KV 40/96 blocks · as of step 73", 24: "KV 40/96 · as of step 73",
                    14: "KV 40/96 @73"}
+
+
+@pytest.mark.parametrize("dtype", ["auto", "fp8"])
+def test_the_replicas_title_says_an_fp8_pool(dtype):
+    """One pool's title says `fp8` (kv_panel.pool_title); the replicas' said nothing of it."""
+    from roseplay.tui.dp_actions import replica_borders
+
+    class Maps:
+        def scale(self):
+            return 1
+    snap = dataclasses.replace(session_snapshot(), kv_cache_dtype=dtype)
+    for width in (120, 36):
+        title, _ = replica_borders(Maps(), [snap, snap], None, width)
+        assert ("fp8" in title) == (dtype == "fp8"), title
