@@ -8,8 +8,9 @@ path (stop strings end requests as in engine/front/llm.py). Seeded random sequen
 submits (fresh prompts, prompts sharing a prefix, earlier ones again, identical copies
 at once: dedup), steps, cancels (any request, or a running one: under async scheduling
 its next step is already launched), live knob changes (prefix caching, budget,
-max_num_seqs, policy, preemption mode, n-gram k) and cache clears, on pools small
-enough to preempt, by recompute or by swap into a host tier (kv_offloading_size).
+max_num_seqs, scheduling mode and policy, eviction, preemption mode, n-gram k) and cache
+clears, on pools small enough to preempt, by recompute or by swap into a host tier
+(kv_offloading_size).
 Requests are greedy or seeded (temperature 1, top-k / top-p), with stop token ids and
 stop strings drawn from their own solo output so that they end early. After every
 operation the pool's invariants hold and each request's tokens so far are a prefix of
@@ -24,7 +25,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from engine.codes import REASON_CANCELLED, REASON_STOP
 from engine.config import PREEMPTION_MODES, InvalidRequestError, make_config
@@ -41,15 +41,6 @@ MAX_PROMPT, MAX_TOKENS = 40, 24
 SEEDS, SLOW_SEEDS = range(12), range(12, 212)
 OPS = 50
 TIE = 1e-3      # the solo run's top-two logprob gap below which rounding may flip a token
-
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def engine(model: str, **knobs) -> LLMEngine:
@@ -164,7 +155,8 @@ class Run:
 
     def params(self, prompt) -> SamplingParams:
         rng = self.rng
-        kw = dict(max_tokens=rng.randint(1, MAX_TOKENS), ignore_eos=rng.random() < 0.7, temperature=0)
+        kw = dict(max_tokens=rng.randint(1, MAX_TOKENS), ignore_eos=rng.random() < 0.7,
+                  temperature=0)
         if rng.random() < 0.4:
             kw.update(temperature=1.0, seed=rng.randrange(2 ** 31),
                       top_k=rng.choice([-1, 20]), top_p=rng.choice([1.0, 0.9]))
