@@ -1,8 +1,9 @@
 """The host KV tier under the KV cache map (docs/KV_TIERS.md "Host tier"): a second,
 smaller map of the host pool's blocks (cached: a full block the device evicted, kept
 under its prefix key; used: a swapped-out request's block, with its refcount) and one
-line of its totals: blocks copied each way, swap preemptions, prefix hits by tier. Hidden when the engine has no host tier
-(kv_offloading_size 0), so the screen is the same as without it. Also the request
+line of its totals: blocks copied each way, swap preemptions, prefix hits by tier.
+Hidden when the engine has no host tier (kv_offloading_size 0), so the screen is the
+same as without it. Also the request
 list's hit cell, which marks hits that came from the host tier."""
 from __future__ import annotations
 
