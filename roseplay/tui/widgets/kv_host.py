@@ -52,6 +52,8 @@ def host_line(snap, width: int = 80, window=None) -> Text:
              f"←host {back} · swap out {s_out} in {s_in}{recompute} · "
              f"hit device {dev} host {host}",
              f"host {n}: {cached} cached, {used} swapped · →{out} ←{back} · "
+             f"swap {s_out}/{s_in} · hit device {dev} host {host}",      # (200x60)
+             f"host {n}: {cached} cached, {used} swapped · →{out} ←{back} · "
              f"swap {s_out}/{s_in} · hit host {host}",
              f"host {n}: {cached}c {used}s · →{out} ←{back} · swap {s_out}/{s_in}"
              f" · hit {host}",
