@@ -157,6 +157,7 @@ class Generation:
         self._unread = 0        # tokens in _queue
         self._weight = 1        # backlog units per token: 1, +1 per logprob returned
         self._overrun = False   # the backlog passed max_backlog: the queue was dropped
+        self.writing = False    # its SSE response is being sent (routes.SSEResponse)
 
     def _on_event(self, event) -> None:        # engine thread: hand over, nothing more
         self._mailbox.post(self, event)

@@ -52,9 +52,16 @@ class SSEResponse(StreamingResponse):
 
     async def __call__(self, scope, receive, send):
         watch = asyncio.ensure_future(_on_disconnect(receive, self.generation.abort))
+        self.generation.writing = True     # a drain waits for the last byte, not event
         try:
             await self._stream(send)
+        except asyncio.CancelledError:
+            if not scope["app"].state.serve.drain.draining:
+                raise
+            # past the drain, uvicorn cancels a write its client never took: nobody reads
+            # this stream, and uvicorn closes it (a line of log, not a traceback)
         finally:
+            self.generation.writing = False
             watch.cancel()
             await self.body_iterator.aclose()
             self.generation.close()

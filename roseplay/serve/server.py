@@ -127,6 +127,13 @@ def _has_unread_bytes(transport) -> bool:
         return False
 
 
+def _unsent(connections) -> int:
+    """Connections whose response bytes wait in the transport's buffer (their clients
+    read slower than the server wrote): the process exiting would drop them."""
+    return sum(1 for c in connections
+               if (t := getattr(c, "transport", None)) is not None and t.get_write_buffer_size())
+
+
 def url(host: str, port: int) -> str:
     """http://host:port, an IPv6 host in brackets."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -203,10 +210,15 @@ class Server(uvicorn.Server):
         # a SIGTERM to the whole group (systemd, `timeout`) reached the engine process
         # too: it serves the drain when told of it (engine/ipc/core_proc.py)
         self.serve_state.loop.draining(timeout + STOP_MARGIN_S)
-        if not await drain.wait(timeout, lambda: self.force_exit):
-            n = drain.cut()
+        unsent = lambda: _unsent(self.server_state.connections)     # noqa: E731
+        if not await drain.wait(timeout, lambda: self.force_exit, unsent):
+            n, cut_writes = drain.cut(), unsent()
             logger.warning("roseplay serve: drain time (%s s) over; ended %d open "
                            "request(s) with an error", timeout, n)
+            if cut_writes:      # uvicorn closes them with what their clients did not read
+                drain.cut_count += cut_writes
+                logger.warning("roseplay serve: %d response(s) not read by their clients "
+                               "in the drain time are cut", cut_writes)
         if drain.cut_count and self.exit_code == EXIT_DRAINED:
             self.exit_code = EXIT_CUT
         await super().shutdown(sockets)      # waits up to FLUSH_S for the last writes

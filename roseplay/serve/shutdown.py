@@ -24,7 +24,7 @@ class Drain:
         # every Generation the routes started (a closed one is done; the set forgets
         # it once it is garbage)
         self.open: weakref.WeakSet = weakref.WeakSet()
-        self.cut_count = 0               # choices ended by cut()
+        self.cut_count = 0     # choices ended by cut(), and responses cut unsent (server.py)
 
     def add(self, gen) -> None:
         self.open.add(gen)
@@ -32,11 +32,13 @@ class Drain:
     def begin(self) -> None:
         self.draining = True
 
-    async def wait(self, timeout: float, give_up=lambda: False) -> bool:
-        """Wait until every open generation is done (True), or `timeout` passed or
-        `give_up()` (a second Ctrl-C) holds (False)."""
+    async def wait(self, timeout: float, give_up=lambda: False, unsent=lambda: 0) -> bool:
+        """Wait until every open generation is done, its stream written and `unsent()`
+        (connections with response bytes not yet sent) is 0 (True), or `timeout` passed
+        or `give_up()` (a second Ctrl-C) holds (False). A stream whose events are all
+        read may still have megabytes to go to a slow client."""
         deadline = time.monotonic() + timeout
-        while any(not g.done for g in self.open):
+        while any(not g.done or g.writing for g in self.open) or unsent():
             if time.monotonic() >= deadline or give_up():
                 return False
             await asyncio.sleep(0.05)
