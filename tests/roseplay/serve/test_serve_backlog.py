@@ -6,8 +6,6 @@ error event and [DONE]; a client that keeps up is never cut, however long its st
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +15,7 @@ from roseplay.serve.app import ServeConfig, build_app
 from roseplay.serve.bridge import EngineBridge
 from roseplay.serve.server import ServerThread
 from tests import helpers
+from tests.roseplay.serve.raw_sockets import post_unread, read_until
 
 pytestmark = pytest.mark.timeout(120)
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
@@ -122,16 +121,10 @@ def test_a_client_that_reads_nothing_has_its_requests_cancelled_then_gets_an_err
     token; once it reads, its stream ends with an error event naming the flag, and
     [DONE]."""
     config = ServeConfig(max_stream_backlog=2000)
-    body = json.dumps({"model": "default", "prompt": PROMPT, "max_tokens": 900, "n": 4,
-                       "logprobs": 20, "ignore_eos": True, "stream": True}).encode()
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 900, "n": 4, "logprobs": 20,
+            "ignore_eos": True, "stream": True}
     with ServerThread(build_app(loop, config)) as srv:
-        slow = socket.socket()
-        try:
-            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-            slow.connect((srv.host, srv.port))
-            slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                         b"Content-Type: application/json\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+        with post_unread(srv.port, "/v1/completions", body) as slow:
             helpers.wait_for(lambda: _live(loop), 60)
             rids = [r.request_id for r in _live(loop)]
             helpers.wait_for(lambda: not _live(loop), 90)
@@ -139,12 +132,7 @@ def test_a_client_that_reads_nothing_has_its_requests_cancelled_then_gets_an_err
                 req = loop.snapshot().request(rid)
                 assert req.state == "cancelled" and req.output_tokens < 900, req
             slow.settimeout(60)
-            data = b""
-            while b"data: [DONE]" not in data:
-                chunk = slow.recv(1 << 16)
-                assert chunk, "the server closed the stream without [DONE]"
-                data += chunk
+            data = read_until(slow, b"data: [DONE]")
+            assert b"data: [DONE]" in data, data[-300:]
             assert data.count(b"--max-stream-backlog") == 4, data[-600:]   # one per choice
-        finally:
-            slow.close()
         helpers.wait_for(lambda: loop.snapshot().num_used == 0, 30)
