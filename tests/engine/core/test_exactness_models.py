@@ -223,7 +223,7 @@ class Run:
 
     def drain(self) -> None:
         eng = self.eng
-        for _ in range(3000):
+        for _ in range(10000):     # (a budget of 1 token thrashing a small pool: slow)
             if not eng.has_unfinished():
                 break
             self.front.apply(eng.step())
