@@ -126,7 +126,8 @@ async def test_the_help_explains_the_narrow_legend():
         app.push_screen(HelpScreen("live"))
         await pilot.pause()
         text = " ".join(app.screen.query_one("#help-body").source.split())
-        for words in ("**f** free", "**ev** evicted", "**pre** preempted", "**C** COW"):
+        for words in ("**f** free", "**ev** evicted", "**pre** or **p** preempted",
+                      "**C** COW"):
             assert words in text
 
 
