@@ -245,3 +245,14 @@ def check_pool(eng: LLMEngine) -> None:
     if eng.host is not None:                 # both tiers: no block lost or owned twice
         eng.host.check([r for r in sched.waiting if r.swap is not None])
         assert not any(r.swap is not None for r in sched.running)
+
+
+def run_ops(run, ops: int) -> None:
+    """A randomized exactness run (test_exactness_sampled.py, test_exactness_models.py):
+    `ops` of its random operations, then its drain; its engine closed either way."""
+    try:
+        for _ in range(ops):
+            run.operate()
+        run.drain()
+    finally:
+        run.eng.close()

@@ -32,7 +32,7 @@ from engine.core.core import LLMEngine
 from engine.front.processor import InputProcessor, OutputProcessor
 from engine.outputs import EngineInfo
 from engine.request import SamplingParams
-from tests.engine.core.kv_checking import check_pool, host_gib
+from tests.engine.core.kv_checking import check_pool, host_gib, run_ops
 from tests.engine.core.test_exactness import KNOB_CHOICES
 
 MODELS = {"dummy:tiny": 512, "default": 4096}     # model -> vocabulary drawn from
@@ -244,21 +244,12 @@ def solo(request):
     s.front.eng.close()
 
 
-def operate(run: Run) -> None:
-    try:
-        for _ in range(OPS):
-            run.operate()
-        run.drain()
-    finally:
-        run.eng.close()
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_operations_on_real_models_never_change_a_requests_tokens(seed, solo):
-    operate(Run(solo.front.eng.config.model, seed, solo))
+    run_ops(Run(solo.front.eng.config.model, seed, solo), OPS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SLOW_SEEDS)
 def test_random_operations_on_real_models_sweep(seed, solo):
-    operate(Run(solo.front.eng.config.model, seed, solo))
+    run_ops(Run(solo.front.eng.config.model, seed, solo), OPS)

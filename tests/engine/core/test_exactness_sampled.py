@@ -24,7 +24,7 @@ from engine.core import decode_scheduling, scheduler
 from engine.core.kv.kv_events import REMOVED, STORED
 from engine.request import SamplingParams
 from tests.engine.core.kv_checking import (VOCAB, KVCheckingRunner, OracleDrafter, check_all,
-                                           context_hash, make_engine)
+                                           context_hash, make_engine, run_ops)
 from tests.helpers import add_request
 
 SEEDS = range(48)
@@ -294,7 +294,7 @@ def test_random_operations_never_change_a_sampled_or_constrained_requests_tokens
     if seed % 2:     # steady decode columns from the first decode on (steady_decodes.py)
         for module in (scheduler, decode_scheduling):
             monkeypatch.setattr(module, "MIN_DECODES", 1)
-    operate(Run(seed, solo))
+    run_ops(Run(seed, solo), OPS)
 
 
 @pytest.fixture(scope="module")
@@ -308,13 +308,6 @@ def xsolo():
 def test_random_operations_on_the_xgrammar_backend(seed, xsolo):
     """The same with xgrammar's matchers (drafts checked token by token, then rolled
     back; a finished matcher asked nothing)."""
-    operate(Run(1000 + seed, xsolo))
+    run_ops(Run(1000 + seed, xsolo), OPS)
 
 
-def operate(run: Run) -> None:
-    try:
-        for _ in range(OPS):
-            run.operate()
-        run.drain()
-    finally:
-        run.eng.close()

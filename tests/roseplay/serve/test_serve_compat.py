@@ -10,7 +10,6 @@ import httpx
 import openai
 import pytest
 
-from engine.front.client import EngineClient
 from engine.front.loop import EngineLoop
 from roseplay import __version__
 from roseplay.serve.app import build_app
@@ -18,19 +17,6 @@ from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
 PROMPT = "ROMEO.\nWhat news from the court?\n\nJULIET.\n"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with EngineClient(label="server", snapshots=False) as engine, \
-            ServerThread(build_app(engine)) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
 
 
 def streamed(http, path: str, body: dict) -> tuple[dict, dict]:

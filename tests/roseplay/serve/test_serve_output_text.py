@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
-from engine.front.client import EngineClient
 from roseplay.serve.body import parse_body
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest
-from roseplay.serve.app import build_app
-from roseplay.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)
 EOS = "<|endoftext|>"
@@ -22,14 +18,6 @@ FORCED = {"max_tokens": 3, "temperature": 0, "ignore_eos": True, "logit_bias": {
 BODIES = {"/v1/completions": {"prompt": "ROMEO.\n", **FORCED},
           "/v1/chat/completions": {"messages": [{"role": "user", "content": "Speak."}],
                                    **FORCED}}
-
-
-@pytest.fixture(scope="module")
-def http():
-    with EngineClient(label="server", snapshots=False) as engine, \
-            ServerThread(build_app(engine)) as srv, \
-            httpx.Client(base_url=srv.url, timeout=60) as client:
-        yield client
 
 
 def text_of(http, path: str, body: dict, stream: bool) -> str:

@@ -18,14 +18,6 @@ K = 3
 SAMPLED = {"max_tokens": 40, "temperature": 2.0, "seed": 11}
 
 
-@pytest.fixture(scope="module")
-def http():
-    with EngineClient(label="server", snapshots=False) as engine, \
-            ServerThread(build_app(engine)) as srv, \
-            httpx.Client(base_url=srv.url, timeout=60) as client:
-        yield client
-
-
 def test_chat_top_logprobs_start_with_the_sampled_token(http):
     r = http.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "What news?"}], "logprobs": True,

@@ -1,30 +1,13 @@
 """vLLM's answers that clients of its server read, through the official `openai` client
 and raw JSON: the model card's permission, chat's top_logprobs 0, text parts, and
-continue_final_message. The engine in its own process, the bundled model, 127.0.0.1."""
+continue_final_message. The engine in its own process, the bundled model, 127.0.0.1
+(conftest.py's server)."""
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 
-from engine.front.client import EngineClient
-from roseplay.serve.app import build_app
-from roseplay.serve.server import ServerThread
-
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def server():
-    with EngineClient(label="server", snapshots=False) as engine, \
-            ServerThread(build_app(engine)) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
 
 
 def test_model_cards_carry_vllm_s_permission(server, http):
