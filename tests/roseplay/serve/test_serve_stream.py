@@ -183,8 +183,10 @@ def test_the_openai_client_streams_a_chat_with_usage(server):
 def test_a_chat_streams_its_role_in_each_choices_first_delta_only(server):
     """OpenAI and vLLM send `"role": "assistant"` in a choice's first delta and leave the
     key out of the later ones; every later delta carried `"role":null` (read from the raw
-    SSE bytes: the openai client reads a missing role and a null one alike)."""
-    body = {"model": "default", "stream": True, "temperature": 0, "max_tokens": 12, "n": 2,
+    SSE bytes: the openai client reads a missing role and a null one alike). A loaded box
+    may join a choice's tokens into fewer deltas (streaming.coalesce), even one: 48
+    tokens leave later deltas in practice, and the rule is checked on those there are."""
+    body = {"model": "default", "stream": True, "temperature": 0, "max_tokens": 48, "n": 2,
             "ignore_eos": True, "messages": [{"role": "user", "content": "What news?"}]}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
                       timeout=60) as r:
@@ -197,7 +199,7 @@ def test_a_chat_streams_its_role_in_each_choices_first_delta_only(server):
         for c in json.loads(e.removeprefix(b"data: "))["choices"]:
             deltas[c["index"]].append(c["delta"])
     for ds in deltas.values():
-        assert len(ds) >= 2 and ds[0]["role"] == "assistant"
+        assert ds and ds[0]["role"] == "assistant"
         assert all("role" not in d for d in ds[1:])
 
 
