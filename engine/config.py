@@ -34,7 +34,7 @@ from engine.config_json import (  # noqa: F401  (defined there, re-exported: one
 from engine.errors import InvalidRequestError
 from engine.generation_config import check_generation_config, parse_override_generation_config
 from engine.ranges import (  # noqa: F401  (MAX_SEED, check_priority: re-exported)
-    MAX_PRIORITY, MAX_SEED, check_int, check_number, check_priority)
+    MAX_PRIORITY, MAX_SEED, check_int, check_number, check_priority, seed_bits)
 from engine.scheduler_config import (  # noqa: F401  (defined there, re-exported: one owner)
     EVICTION_POLICIES, KNOB_MAXIMUM, PREEMPTION_MODES, SCHEDULING_MODES, SCHEDULING_POLICIES,
     KnobChanges, SchedulerConfig, changed_knobs, check_choices, knob_field)
@@ -302,7 +302,7 @@ class EngineConfig:
         """The seed of the sampler's own generator (unseeded requests): `seed` plus the
         data-parallel rank, so that replicas draw apart (two unseeded samples of one
         prompt on two replicas were the same text); weights use `seed` alone."""
-        return (self.seed + self.data_parallel_rank) % (MAX_SEED + 1)
+        return seed_bits(self.seed + self.data_parallel_rank)
 
     @property
     def kv_events_enabled(self) -> bool:

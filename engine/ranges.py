@@ -12,12 +12,13 @@ MAX_SEED = 2 ** 64 - 1   # torch generators take 64 bits (the engine's seed, a r
 # a request's seed may be any signed 64-bit value too, as vLLM's server takes it; torch
 # seeds a generator with a negative one's two's complement (-1 as 2**64 - 1): seed_bits
 MIN_SEED = -2 ** 63
+MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 
 
 def seed_bits(seed: int) -> int:
-    """The 64 bits torch's manual_seed makes of a request's seed (the same generator)."""
+    """The 64 bits torch's manual_seed makes of a seed (the same generator): a negative
+    one's two's complement, a sum past MAX_SEED wrapped."""
     return seed & MAX_SEED
-MAX_PRIORITY = 2 ** 31 - 1   # a request's priority lies in [-MAX_PRIORITY - 1, MAX_PRIORITY]
 
 
 def show(value) -> str:
