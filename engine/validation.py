@@ -44,7 +44,14 @@ __all__ = ["check_int", "check_number", "check_text", "check_request_id", "check
            "MAX_STOP_TOKEN_IDS", "MAX_REQUEST_ID_CHARS", "check_prompt_ids", "MAX_PENALTY",
            "MAX_REPETITION_PENALTY", "MIN_REPETITION_PENALTY", "MIN_TOP_P", "MAX_LOGIT_BIAS",
            "MAX_LOGIT_BIAS_ENTRIES", "MAX_LOGPROBS", "MAX_N",
-           "check_logit_bias", "check_logprobs", "check_bool", "check_top_p", "check_seed"]
+           "check_logit_bias", "check_logprobs", "check_bool", "check_top_p", "check_seed",
+           "context_tokens"]
+
+
+def context_tokens(max_model_len: int, num_blocks: int, block_size: int) -> int:
+    """The most tokens one request can hold: the context, or the KV pool where it holds
+    fewer (what max_tokens=None runs to, in LLM and the server alike)."""
+    return min(max_model_len, num_blocks * block_size)
 
 
 def check_seed(seed, samples: int = 1) -> int | None:

@@ -25,7 +25,8 @@ from engine.grammars import check_grammar
 from engine.outputs import CoreRequest, EngineInfo, FinishedRequest, StepOutput
 from engine.request import SamplingParams
 from engine.request_output import CompletionOutput, RequestMetrics, RequestOutput
-from engine.validation import MAX_TOKENS, check_prompt_ids, check_request_id, check_text
+from engine.validation import (MAX_TOKENS, check_prompt_ids, check_request_id, check_text,
+                               context_tokens)
 
 
 # default request ids: unique across the processes attached to one engine, which refuses
@@ -89,7 +90,7 @@ class InputProcessor:
         text, ids = self._tokenize(prompt)
         if params.max_tokens is None:   # vLLM's None: the rest of the context, which is
             #                             the pool's room where the pool holds less
-            context = min(self.max_model_len, self.num_blocks * self.block_size)
+            context = context_tokens(self.max_model_len, self.num_blocks, self.block_size)
             params = params.replace(max_tokens=min(MAX_TOKENS, max(1, context - len(ids))))
         self.validate_ids(ids, params)
         if params.stop and self.tokenizer is None:

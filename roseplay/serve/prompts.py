@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.config import InvalidRequestError
-from engine.validation import MAX_TOKENS, check_text
+from engine.validation import MAX_TOKENS, check_text, context_tokens
 from roseplay.serve import chat
 from roseplay.serve.errors import invalid
 from roseplay.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -34,17 +34,17 @@ class SamplingDefaults:
     """The model's generation-config defaults (EngineInfo's; vLLM's serving classes'
     default_sampling_params and override_max_tokens): `params` fills the sampling fields
     a request leaves out (null), its max_tokens the output length of one that sets none
-    (at most the rest of the context, or of the KV pool where it holds fewer tokens:
-    `pool_tokens`, as LLM's InputProcessor); override_max_tokens (a --generation-config
-    folder's max_new_tokens) caps every request's."""
+    (at most the rest of `context`: validation.context_tokens, as LLM's InputProcessor);
+    override_max_tokens (a --generation-config folder's max_new_tokens) caps every
+    request's."""
     params: dict = field(default_factory=dict)
     override_max_tokens: int | None = None
-    pool_tokens: int | None = None
+    context: int | None = None
 
     @classmethod
     def of(cls, info) -> "SamplingDefaults":
         return cls(dict(info.default_sampling_params), info.override_max_tokens,
-                   info.num_blocks * info.block_size)
+                   context_tokens(info.max_model_len, info.num_blocks, info.block_size))
 
 
 NO_DEFAULTS = SamplingDefaults()
@@ -137,7 +137,7 @@ def _max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
     the context. None: the default's max_tokens, at most the rest of the context (of the
     KV pool where it holds fewer tokens: more could never be served)."""
     if requested is None:
-        context = min(max_model_len, defaults.pool_tokens or max_model_len)
+        context = defaults.context or max_model_len
         rest = max(1, context - prompt_len)
         requested = min(rest, defaults.params.get("max_tokens", rest))
     if not 1 <= requested <= MAX_TOKENS:
